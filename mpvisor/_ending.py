@@ -1,0 +1,147 @@
+"""How did this attempt end?
+
+A pure function of what the parent observed about one attempt process (`Facts`) to its one
+ending (`AttemptEnd`). No I/O: `_process.py` gathers the facts, this module decides. The rules,
+first match wins (SPEC §1.4, §1.11, §2, §3.1):
+
+| # | fact | ending |
+|---|---|---|
+| 1 | the process could not be started | FAILED `could not start: ...` (no pid) |
+| 2 | a report (result/failure) was read before any stop request | the report stands |
+| 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
+| 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
+| 5 | the launcher died | FAILED `launcher died ...` |
+| 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
+| 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
+| 8 | a report (no stop requested) | by the report's kind |
+| 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
+| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N |
+
+`killed` (mpvisor SIGKILLed the tree while the main process ran) never changes the kind: it sets
+`exit_code` to None and is announced by `ATTEMPT_KILLED` before the terminal event.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from ._wire import Failure, Result
+
+
+class EndKind(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # retryable
+    FATAL = "fatal"  # permanent
+    CANCELED = "canceled"
+    TIMED_OUT = "timed_out"  # retryable
+
+
+class StopReason(enum.Enum):
+    TIMEOUT = "timeout"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    how: str  # "exit" or "signal"
+    value: int
+
+    @property
+    def exit_code(self) -> int:
+        return self.value if self.how == "exit" else -self.value
+
+    def describe(self) -> str:
+        if self.how == "exit":
+            return f"exited with status {self.value}"
+        return f"killed by signal {_signal_name(self.value)}"
+
+
+@dataclass(slots=True)
+class Facts:
+    """What the parent saw of one attempt (filled in by `_process.AttemptProcess`)."""
+
+    kind: str = "fn"  # "fn" (a Python target) or "cmd" (a program)
+    pid: int | None = None
+    could_not_start: str | None = None
+    report: Result | Failure | None = None
+    report_before_stop: bool = False
+    calling: bool = False  # the child reported it was about to call the target / exec
+    stop: StopReason | None = None
+    timeout: float | None = None
+    killed: str | None = None  # why mpvisor killed the tree while the main process ran
+    status: ExitStatus | None = None
+    protocol_error: str | None = None
+    start_timed_out: float | None = None
+    launcher_died: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    kind: EndKind
+    reason: str | None = None
+    exit_code: int | None = None
+    value: Any = None
+    traceback: str | None = None
+    killed: str | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in (EndKind.FAILED, EndKind.TIMED_OUT)
+
+
+def decide(f: Facts) -> AttemptEnd:
+    """The one ending of an attempt, from what was observed (first matching rule wins)."""
+    if f.could_not_start is not None:
+        return AttemptEnd(EndKind.FAILED, f.could_not_start)
+    if f.report is not None and f.report_before_stop:
+        return _from_report(f.report, f.killed)
+    if f.stop is StopReason.TIMEOUT:
+        return AttemptEnd(EndKind.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
+    if f.stop is StopReason.CANCEL:
+        return AttemptEnd(EndKind.CANCELED, f.killed or "canceled", killed=f.killed)
+    if f.launcher_died:
+        return AttemptEnd(EndKind.FAILED, f"launcher died while attempt pid {f.pid} ran")
+    if f.start_timed_out is not None:
+        reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"
+        return AttemptEnd(EndKind.FAILED, reason, killed=f.killed)
+    if f.protocol_error is not None and (f.killed or f.status is None or f.status.exit_code == 0):
+        return AttemptEnd(EndKind.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
+    if f.report is not None:
+        return _from_report(f.report, f.killed)
+    return _from_status(f)
+
+
+def _from_report(report: Result | Failure, killed: str | None) -> AttemptEnd:
+    if isinstance(report, Result):
+        return AttemptEnd(EndKind.SUCCEEDED, value=report.value, killed=killed)
+    kind = {
+        "fail": EndKind.FAILED,
+        "error": EndKind.FAILED,
+        "fatal": EndKind.FATAL,
+        "canceled": EndKind.CANCELED,
+    }[report.kind]
+    return AttemptEnd(kind, report.reason, report.exit_code, traceback=report.traceback, killed=killed)
+
+
+def _from_status(f: Facts) -> AttemptEnd:
+    status = f.status
+    if status is None:  # cannot happen: without a launcher death, the launcher reports a status
+        return AttemptEnd(EndKind.FAILED, f"attempt pid {f.pid} ended without a status")
+    if f.kind == "cmd" and f.calling and status.how == "exit" and status.value == 0:
+        return AttemptEnd(EndKind.SUCCEEDED, value=None)
+    if f.kind == "cmd" and f.calling:
+        return AttemptEnd(EndKind.FAILED, f"program {status.describe()}", status.exit_code)
+    reason = f"attempt process pid {f.pid} {status.describe()} before reporting a result"
+    if f.protocol_error is not None:
+        reason += f" ({f.protocol_error})"
+    return AttemptEnd(EndKind.FAILED, reason, status.exit_code)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return f"{signal.Signals(signum).name} ({signum})"
+    except ValueError:
+        return str(signum)

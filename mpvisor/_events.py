@@ -1,0 +1,130 @@
+"""What happened, as a record anyone may observe?
+
+Owns the vocabulary of observation: `EventKind`, the frozen `Event` record, and its plain-data
+form `event_to_dict` (what `JsonLinesWriter` and `mpvisor run --events json` write). It leaves
+delivery to `_bus.py` and the meaning of `OutcomeKind`, `RejectionKind` and `BackoffSource` to
+their own modules: this module only renders them by label, so it imports none of them.
+
+Events observe; outcomes decide. Nothing in mpvisor reads an event to decide membership, an
+outcome or slot ownership, because any consumer may lose events.
+
+| a field's value | in `event_to_dict` |
+|---|---|
+| `None` (absent) | omitted |
+| an object with a `label` (every mpvisor enum) | its `label` |
+| another `Enum` | its lower-case name |
+| `progress` `(done, total)` | a 2-list `[done, total]` |
+| anything else (`int`, `float`, `str`) | as is |
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class EventKind(enum.Enum):
+    """What an `Event` reports; each value is its stable label (the lower-case name)."""
+
+    SUBSCRIBER_PANICKED = "subscriber_panicked"
+    RUNTIME_FAILURE = "runtime_failure"
+    SUBSCRIBER_OVERFLOW = "subscriber_overflow"
+    SHUTDOWN_REQUESTED = "shutdown_requested"
+    ALL_STOPPED_WITHIN_GRACE = "all_stopped_within_grace"
+    GRACE_EXCEEDED = "grace_exceeded"
+    ATTEMPT_STARTING = "attempt_starting"
+    ATTEMPT_SUCCEEDED = "attempt_succeeded"
+    ATTEMPT_CANCELED = "attempt_canceled"
+    ATTEMPT_FAILED = "attempt_failed"
+    ATTEMPT_TIMED_OUT = "attempt_timed_out"
+    ATTEMPT_KILLED = "attempt_killed"
+    ATTEMPT_PROGRESS = "attempt_progress"
+    ATTEMPT_OUTPUT = "attempt_output"
+    BACKOFF_SCHEDULED = "backoff_scheduled"
+    TASK_ADD_REQUESTED = "task_add_requested"
+    TASK_ADDED = "task_added"
+    TASK_ADD_FAILED = "task_add_failed"
+    TASK_REMOVE_REQUESTED = "task_remove_requested"
+    TASK_REMOVED = "task_removed"
+    TASK_FINISHED = "task_finished"
+    CONTROLLER_SUBMITTED = "controller_submitted"
+    CONTROLLER_REJECTED = "controller_rejected"
+    CONTROLLER_SLOT_TRANSITION = "controller_slot_transition"
+
+    @property
+    def label(self) -> str:
+        """The stable lower-case name, safe for logs, metrics and JSON."""
+        return str(self.value)
+
+
+# The events that end an attempt that started: exactly one per started attempt (SPEC §4).
+ATTEMPT_TERMINAL_KINDS = frozenset(
+    {
+        EventKind.ATTEMPT_SUCCEEDED,
+        EventKind.ATTEMPT_FAILED,
+        EventKind.ATTEMPT_TIMED_OUT,
+        EventKind.ATTEMPT_CANCELED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One published observation; only `seq`, `at` and `kind` are always present.
+
+    `seq` increases by one per published event of a runtime, starting at 1; `at` is wall-clock
+    epoch seconds. `outcome_kind` is an `OutcomeKind`, `rejection_kind` a `RejectionKind` and
+    `backoff_source` a `BackoffSource`; they are typed `object` here so this module depends on
+    none of them.
+    """
+
+    seq: int
+    at: float
+    kind: EventKind
+    task: str | None = None
+    id: int | None = None
+    slot: str | None = None
+    attempt: int | None = None
+    pid: int | None = None
+    timeout: float | None = None
+    delay: float | None = None
+    duration: float | None = None
+    reason: str | None = None
+    outcome_kind: object | None = None
+    rejection_kind: object | None = None
+    exit_code: int | None = None
+    backoff_source: object | None = None
+    progress: tuple[float, float | None] | None = None
+    stream: str | None = None
+    line: str | None = None
+
+
+def label_of(value: object) -> str | None:
+    """The label of an enum-like value (`.label`, else an Enum's lower-case name), else None."""
+    label = getattr(value, "label", None)
+    if isinstance(label, str):
+        return label
+    if isinstance(value, enum.Enum):
+        return value.name.lower()
+    return None
+
+
+def _plain(value: object) -> Any:
+    """One field's value as JSON-ready data."""
+    label = label_of(value)
+    if label is not None:
+        return label
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """The event's present fields by name, enums as their labels (SPEC §4)."""
+    out: dict[str, Any] = {}
+    for field in fields(event):
+        value = getattr(event, field.name)
+        if value is not None:
+            out[field.name] = _plain(value)
+    return out

@@ -1,0 +1,428 @@
+"""Who forks, signals, reaps and cleans up after attempt processes?
+
+The launcher: a single-threaded helper process the parent starts once (and again if it dies). It
+has imported mpvisor and the `preload` modules, so forking an attempt from it is cheap and never
+forks the (possibly multi-threaded) parent. It is the parent of every attempt process and a child
+subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
+
+Control messages travel on a SOCK_SEQPACKET socket (one msgpack list per packet, fds attached):
+
+| parent -> launcher | launcher does |
+|---|---|
+| `spawn key exec_python` + fds | fork; the child sets up and runs `_child` (or execs a fresh interpreter) |
+| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
+| `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
+| `stop` | kill every tree, reap them, exit |
+
+| launcher -> parent | when |
+|---|---|
+| `ready pid error` | once, after the preload imports (error names a failed module) |
+| `started key pid` + pidfd | the child has completed `setsid()` |
+| `start_failed key error` | `fork()` failed |
+| `exited key how value killed` | leader reaped and every adopted process of its tree reaped |
+
+Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
+then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
+re-parented to the attempt process itself while it lives (each attempt is a subreaper too), and
+to the launcher when it dies, so any process the launcher did not fork comes from a dead
+attempt's tree: it is killed at once, through a pidfd checked against its start time.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from . import _child, _platform
+from ._wire import pack, unpack
+
+_PID = struct.Struct("=i")
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
+
+
+class _Attempt:
+    __slots__ = ("adopted", "exec_python", "key", "killed", "pid", "reported_start", "status")
+
+    def __init__(self, key: int, pid: int) -> None:
+        self.key = key
+        self.pid = pid
+        self.reported_start = False
+        self.status: tuple[str, int] | None = None  # ("exit", code) or ("signal", signum)
+        self.killed = False  # we SIGKILLed the group while the leader still ran
+        self.adopted: set[int] = set()  # orphans of its tree still to reap
+
+    def __repr__(self) -> str:
+        return f"<attempt key={self.key} pid={self.pid} status={self.status} adopted={sorted(self.adopted)}>"
+
+
+class Launcher:
+    """The launcher's event loop: control socket, ready pipe, SIGCHLD."""
+
+    def __init__(self, ctl: socket.socket, parent_pid: int) -> None:
+        self.ctl = ctl
+        self.parent_pid = parent_pid
+        self.me = os.getpid()
+        self.attempts: dict[int, _Attempt] = {}  # by pid, until reported exited
+        self.by_key: dict[int, _Attempt] = {}
+        self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
+        self.draining: set[_Attempt] = set()
+        self.parent_gone = False
+        self.ready_r, self.ready_w = os.pipe()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.ready_r, self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.ctl, selectors.EVENT_READ, self._on_control)
+        self.sel.register(self.ready_r, selectors.EVENT_READ, self._on_ready)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_wake)
+        self.children_file = f"/proc/{self.me}/task/{self.me}/children"
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while not (self.parent_gone or _parent_died):
+            for key, _ in self.sel.select():
+                key.data()
+                if self.parent_gone or _parent_died:
+                    break
+        self._stop_everything()
+
+    def _send(self, msg: list[Any], fds: list[int] | None = None) -> None:
+        try:
+            if fds:
+                socket.send_fds(self.ctl, [pack(msg)], fds)
+            else:
+                self.ctl.send(pack(msg))
+        except OSError:
+            self.parent_gone = True
+
+    def _on_control(self) -> None:
+        while True:
+            try:
+                data, fds = recv_fds(self.ctl, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self.parent_gone = True
+                return
+            msg = unpack(data)
+            self._handle(msg, fds)
+
+    def _handle(self, msg: list[Any], fds: list[int]) -> None:
+        match msg:
+            case ["spawn", int(key), bool(exec_python)]:
+                self._spawn(key, exec_python, fds)
+            case ["signal", int(key), int(signum), bool(group)]:
+                self._signal(key, signum, group)
+            case ["kill", int(key)]:
+                self._kill(key)
+            case ["stop"]:
+                self.parent_gone = True
+            case _:
+                for fd in fds:
+                    os.close(fd)
+
+    def _on_wake(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self._on_ready()  # a child's ready write happens before its exit: read it first
+        self._reap()
+
+    # --- starting -----------------------------------------------------------------------------
+
+    def _spawn(self, key: int, exec_python: bool, fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            self._send(["start_failed", key, f"could not start: {exc}"])
+            return
+        if pid == 0:
+            self._become_attempt(exec_python, fds)
+        for fd in fds:
+            os.close(fd)
+        attempt = _Attempt(key, pid)
+        self.attempts[pid] = attempt
+        self.by_key[key] = attempt
+
+    def _become_attempt(self, exec_python: bool, fds: list[int]) -> None:
+        try:
+            os.setsid()
+            _platform.set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != self.me:
+                os._exit(1)
+            _platform.set_child_subreaper()
+            _platform.set_oom_score_adj(500)
+            signal.set_wakeup_fd(-1)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            for signum in (*TERMINAL_SIGNALS, signal.SIGCHLD, PARENT_DEATH_SIGNAL):
+                signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.write(self.ready_w, _PID.pack(os.getpid()))
+            sock_fd = _setup_fds(fds)
+            if exec_python:
+                _exec_python(sock_fd)
+            _child.run(sock_fd)
+        finally:
+            os._exit(1)
+
+    def _on_ready(self) -> None:
+        try:
+            data = os.read(self.ready_r, _PID.size * 512)
+        except BlockingIOError:
+            return
+        for (pid,) in _PID.iter_unpack(data):
+            attempt = self.attempts.get(pid)
+            if attempt is None or attempt.reported_start:
+                continue
+            attempt.reported_start = True
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1  # cannot happen for an unreaped child; report without one
+            self._send(["started", attempt.key, pid], [pidfd] if pidfd >= 0 else None)
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def _signal(self, key: int, signum: int, group: bool) -> None:
+        attempt = self.by_key.get(key)
+        if attempt is None or attempt.status is not None:
+            return  # already exited: its group may be gone, and its pid is not ours to reuse
+        try:
+            if group:
+                os.killpg(attempt.pid, signum)
+            else:
+                os.kill(attempt.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _kill(self, key: int) -> None:
+        attempt = self.by_key.get(key)
+        if attempt is None or attempt.status is not None:
+            return
+        attempt.killed = _still_running(attempt.pid)
+        _killpg(attempt.pid)
+
+    # --- reaping ------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+            if info is None:
+                break
+            pid = info.si_pid
+            attempt = self.attempts.get(pid)
+            if attempt is not None and attempt.status is None:
+                attempt.status = _status(info)
+                _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
+                self.draining.add(attempt)
+            _waitpid(pid)
+            self.adopted.pop(pid, None)
+            for draining in self.draining:
+                draining.adopted.discard(pid)
+        self._adopt_orphans()
+        self._report_drained()
+
+    def _adopt_orphans(self) -> None:
+        """Kill every child we did not fork: an orphan of a dead attempt's tree."""
+        for pid in self._children():
+            if pid in self.attempts or pid in self.adopted:
+                continue
+            self.adopted[pid] = _platform.start_time(pid)
+            for attempt in self.draining:
+                attempt.adopted.add(pid)
+            _kill_checked(pid, self.adopted[pid])
+
+    def _report_drained(self) -> None:
+        for attempt in [a for a in self.draining if not a.adopted]:
+            self.draining.discard(attempt)
+            del self.attempts[attempt.pid]
+            del self.by_key[attempt.key]
+            assert attempt.status is not None
+            how, value = attempt.status
+            if not attempt.reported_start:
+                self._send(["start_failed", attempt.key, f"could not start: child ended ({how} {value})"])
+            else:
+                self._send(["exited", attempt.key, how, value, attempt.killed])
+
+    def _children(self) -> list[int]:
+        try:
+            with open(self.children_file, "rb") as f:
+                return [int(p) for p in f.read().split()]
+        except OSError:
+            return []
+
+    def _stop_everything(self) -> None:
+        """The parent is gone (or asked): kill every tree, reap it all, exit."""
+        self.sel.unregister(self.ctl)
+        for attempt in self.attempts.values():
+            if attempt.status is None:
+                _killpg(attempt.pid)
+        deadline = time.monotonic() + STOP_DEADLINE
+        while time.monotonic() < deadline:
+            self._reap()
+            pids = self._children()
+            if not pids:
+                break
+            for pid in pids:
+                if pid not in self.attempts:
+                    _kill_checked(pid, self.adopted.get(pid))
+            self.sel.select(timeout=0.05)
+        os._exit(0)
+
+
+def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_LEN(8 * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
+
+
+def _setup_fds(fds: list[int]) -> int:
+    """In a new attempt: stdin from /dev/null, captured stdout/stderr, every other fd closed."""
+    sock_fd = fds[0]
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    if len(fds) == 3:
+        os.dup2(fds[1], 1)
+        os.dup2(fds[2], 2)
+    keep = sorted({0, 1, 2, sock_fd})
+    start = 3
+    for fd in keep[3:] + [_max_fd()]:
+        if fd > start:
+            os.closerange(start, fd)
+        start = fd + 1
+    return sock_fd
+
+
+def _max_fd() -> int:
+    return int(os.sysconf("SC_OPEN_MAX"))
+
+
+def _exec_python(sock_fd: int) -> None:
+    os.set_inheritable(sock_fd, True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {root!r}); "
+        f"from mpvisor._child import spawn_main; spawn_main({sock_fd})"
+    )
+    os.execv(sys.executable, [sys.executable, "-c", code])
+
+
+def _status(info: os.waitid_result) -> tuple[str, int]:
+    if info.si_code == os.CLD_EXITED:
+        return ("exit", info.si_status)
+    return ("signal", info.si_status)
+
+
+def _still_running(pid: int) -> bool:
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)  # before its setsid() the leader is not in that group yet
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _waitpid(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _kill_checked(pid: int, start_time: int | None) -> None:
+    """SIGKILL `pid` through a pidfd opened first, then checked against its recorded start time."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if start_time is not None and _platform.start_time(pid) != start_time:
+            return  # the pid now names another process: never signal it
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+    finally:
+        os.close(pidfd)
+
+
+_parent_died = False
+
+
+def _on_parent_death(signum: int, frame: object) -> None:
+    global _parent_died
+    _parent_died = True
+
+
+def _prepare_process(parent_pid: int) -> None:
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    _platform.set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before we could ask to follow it
+    _platform.set_child_subreaper()
+
+
+def _preload(modules: list[str]) -> str | None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            return f"preload module {name!r} failed to import: {type(exc).__name__}: {exc}"
+        if _platform.thread_count() > 1:
+            return f"preload module {name!r} started a thread in the launcher, which must stay single-threaded"
+    return None
+
+
+def main(argv: list[str]) -> None:
+    parent_pid, ctl_fd, preload = int(argv[0]), int(argv[1]), argv[2:]
+    _prepare_process(parent_pid)
+    ctl = socket.socket(fileno=ctl_fd)
+    os.set_inheritable(ctl_fd, False)
+    launcher = Launcher(ctl, parent_pid)
+    signal.set_wakeup_fd(launcher.wake_w)
+    launcher._send(["ready", os.getpid(), _preload(preload)])
+    launcher.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,94 @@
+"""How did a task end, once and for all?
+
+Owns the final, reliable result of a task (SPEC §3.4): `OutcomeKind`, `RejectionKind` and the
+`TaskOutcome` record a waiter resolves to. Deciding *which* outcome applies belongs to
+`_restart` (after an attempt) and to the registry and controller (removals, rejections).
+
+| `OutcomeKind` | when | label |
+|---|---|---|
+| `COMPLETED` | the policy stopped after a success | `outcome_completed` |
+| `FAILED` | retries exhausted (or `once` failed) | `outcome_failed` |
+| `FATAL` | a permanent failure | `outcome_fatal` |
+| `CANCELED` | removed or shut down within the grace window, or canceled itself | `outcome_canceled` |
+| `FORCE_ABORTED` | its tree was killed after the grace window | `outcome_force_aborted` |
+| `PANICKED` | a bug in mpvisor's own per-task code | `outcome_panicked` |
+| `REJECTED` | never registered; `.rejection` says why | `outcome_rejected` |
+
+Invariant: `.rejection` is set exactly when the kind is `REJECTED`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class OutcomeKind(enum.Enum):
+    """The kind of a task's final outcome."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    FATAL = "fatal"
+    CANCELED = "canceled"
+    FORCE_ABORTED = "force_aborted"
+    PANICKED = "panicked"
+    REJECTED = "rejected"
+
+    @property
+    def label(self) -> str:
+        """A stable string for metrics and logs: `outcome_<lower-case name>`."""
+        return f"outcome_{self.name.lower()}"
+
+
+class RejectionKind(enum.Enum):
+    """Why a task was never registered."""
+
+    ALREADY_EXISTS = "already_exists"
+    BATCH_REJECTED = "batch_rejected"
+    SLOT_BUSY = "slot_busy"
+    QUEUE_FULL = "queue_full"
+    SUPERSEDED_BY_REPLACE = "superseded_by_replace"
+    REMOVED_FROM_QUEUE = "removed_from_queue"
+    CONTROLLER_SHUTTING_DOWN = "controller_shutting_down"
+    ADMISSION_FAILED = "admission_failed"
+
+    @property
+    def label(self) -> str:
+        """A stable string for metrics and logs: the lower-case name."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """The one final result of a watched task."""
+
+    kind: OutcomeKind
+    reason: str | None = None
+    exit_code: int | None = None
+    rejection: RejectionKind | None = None  # set exactly when kind is REJECTED
+    value: Any = None  # the final successful attempt's result, for COMPLETED
+    traceback: str | None = None
+    attempts: int = 0  # attempts started
+    duration: float | None = None  # registration to terminal cleanup; None when REJECTED
+
+    def __post_init__(self) -> None:
+        if (self.kind is OutcomeKind.REJECTED) != (self.rejection is not None):
+            raise ValueError(
+                f"rejection must be set exactly for REJECTED outcomes, got kind={self.kind!r} "
+                f"rejection={self.rejection!r}"
+            )
+
+    @classmethod
+    def rejected(cls, kind: RejectionKind, reason: str | None = None) -> TaskOutcome:
+        """The outcome of a task that was never registered."""
+        return cls(OutcomeKind.REJECTED, reason=reason, rejection=kind)
+
+    @property
+    def label(self) -> str:
+        """The kind's stable label (`outcome_completed`, ...)."""
+        return self.kind.label
+
+    def is_success(self) -> bool:
+        """True only for `COMPLETED`."""
+        return self.kind is OutcomeKind.COMPLETED

@@ -1,0 +1,100 @@
+"""Can this machine run mpvisor, and how do we reach the Linux calls the stdlib lacks?
+
+Owns the few system calls that `os` and `signal` do not wrap (`prctl` for parent-death signals
+and child subreapers), the platform check behind `serve()`, the soft-to-hard `RLIMIT_NOFILE`
+raise, and reading a process's start time from `/proc/<pid>/stat` (the identity that, with a
+pid, names one process for its whole life).
+
+| need | call |
+|---|---|
+| die with my parent | `set_parent_death_signal(sig)` (then compare `os.getppid()`) |
+| adopt orphans of my tree | `set_child_subreaper()` |
+| be picked first by the OOM killer | `set_oom_score_adj(500)` |
+| is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import resource
+import sys
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl(option: int, arg: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Ask the kernel to send `signum` to this process when its parent thread exits."""
+    _prctl(PR_SET_PDEATHSIG, signum)
+
+
+def set_child_subreaper() -> None:
+    """Make orphaned descendants re-parent to this process instead of init."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_oom_score_adj(value: int) -> None:
+    """Raise this process's OOM score adjustment (lowering it would need privileges)."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(value))
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    """The (major, minor) of a kernel release string such as `6.1.0-18-amd64`."""
+    parts = (release or platform.release()).split(".")
+    digits = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:2]]
+    return (digits[0], digits[1] if len(digits) > 1 else 0)
+
+
+def unsupported_reason(system: str | None = None, release: str | None = None) -> str | None:
+    """Why this platform cannot serve, or None when it can."""
+    system = system if system is not None else sys.platform
+    if not system.startswith("linux"):
+        return f"mpvisor needs Linux >= 5.3 (pidfds, prctl, child subreapers); this is {system!r}"
+    if kernel_version(release) < (5, 3):
+        return f"mpvisor needs Linux >= 5.3 (pidfds, prctl, child subreapers); this kernel is {release or platform.release()}"
+    return None
+
+
+def require_supported() -> None:
+    """Raise `RuntimeError` saying what is required when this platform cannot serve."""
+    reason = unsupported_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+
+
+def raise_nofile_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (each live attempt costs a few fds)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks since boot, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields resume after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def thread_count() -> int:
+    """How many threads this process has (C extensions' threads included)."""
+    return len(os.listdir("/proc/self/task"))

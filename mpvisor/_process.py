@@ -1,0 +1,548 @@
+"""How does the runtime start, stop and learn the end of one attempt process?
+
+The launcher boundary (SPEC §1.10). `LauncherClient` keeps one launcher process alive (started
+from a keeper thread that lives as long as the supervisor, so the launcher's parent-death signal
+is tied to it) and speaks the control protocol of `_launcher.py` on the runtime loop.
+`AttemptProcess` is the only thing the rest of the runtime sees: start it, await its end, ask it
+to stop, kill it. Nothing outside this module touches a pid, a pipe or a signal.
+
+Attempt phases (one value, `AttemptProcess.phase`):
+
+    spawning --started--> running --exited--> draining --EOF or 1 s--> done
+        \--start_failed / launcher died------------------------------> done
+
+Facts gathered on the way (`_ending.Facts`) decide the ending once the phase is `done`. The parent
+holds 2 fds per live attempt (the protocol socket and a pidfd), 4 with `capture_output`, and no
+thread: everything is readiness callbacks on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._launcher import recv_fds
+from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
+from ._errors import ConfigError
+from ._output import LineSplitter
+from ._wire import (
+    VERSION,
+    Calling,
+    Failure,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Progress,
+    Result,
+    Start,
+    encode,
+    parse,
+)
+
+EOF_WAIT = 1.0  # seconds to read pipes to EOF once the tree is gone
+
+
+class LauncherClient:
+    """The parent's end of the launcher: one at a time, restarted if it dies."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        preload: tuple[str, ...],
+        on_death: Callable[[str], None],
+    ) -> None:
+        self.loop = loop
+        self.preload = preload
+        self.on_death = on_death
+        self.pid: int | None = None
+        self._sock: socket.socket | None = None
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._error: str | None = None
+        self._attempts: dict[int, AttemptProcess] = {}
+        self._next_key = 0
+        self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self._closing = False
+        self._restart = threading.Event()
+        self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<LauncherClient pid={self.pid} attempts={len(self._attempts)} closing={self._closing}>"
+
+    # --- the keeper thread: start the launcher, wait for it to end, start another ------------
+
+    def _keeper(self) -> None:
+        while not self._closing:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            code = (
+                f"import sys; sys.path[:0] = {sys.path!r}; from mpvisor._launcher import main; "
+                f"main(sys.argv[1:])"
+            )
+            argv = [sys.executable, "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
+            try:
+                proc = subprocess.Popen(
+                    argv, pass_fds=[theirs.fileno()], process_group=0, stdin=subprocess.DEVNULL
+                )
+            except OSError as exc:
+                theirs.close()
+                ours.close()
+                self.loop.call_soon_threadsafe(self._fail_ready, f"cannot start the launcher: {exc}")
+                return
+            theirs.close()
+            self.loop.call_soon_threadsafe(self._attach, ours, proc.pid)
+            proc.wait()
+            self._restart.wait()
+            self._restart.clear()
+
+    def _fail_ready(self, error: str) -> None:
+        self._error = error
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _attach(self, sock: socket.socket, pid: int) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self.pid = pid
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+        self._flush()
+
+    async def ready(self) -> None:
+        """Wait until the launcher runs; `ConfigError` if a `preload` module failed."""
+        await asyncio.shield(self._ready)
+        if self._error is not None:
+            raise ConfigError(self._error)
+
+    # --- the control channel -----------------------------------------------------------------
+
+    def _send(self, msg: list[Any], fds: list[int] | None = None) -> None:
+        from ._wire import pack
+
+        self._outbox.append((pack(msg), fds or []))
+        self._flush()
+
+    def _flush(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while self._outbox:
+            data, fds = self._outbox[0]
+            try:
+                if fds:
+                    socket.send_fds(sock, [data], fds)
+                else:
+                    sock.send(data)
+            except BlockingIOError:
+                self.loop.add_writer(sock.fileno(), self._on_writable)
+                return
+            except OSError:
+                return  # the launcher is gone: _on_readable sees EOF and fails what was sent
+            self._outbox.popleft()
+            for fd in fds:
+                os.close(fd)
+
+    def _on_writable(self) -> None:
+        assert self._sock is not None
+        self.loop.remove_writer(self._sock.fileno())
+        self._flush()
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                data, fds = recv_fds(sock)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._on_launcher_gone()
+                return
+            from ._wire import unpack
+
+            self._dispatch(unpack(data), fds)
+
+    def _dispatch(self, msg: list[Any], fds: list[int]) -> None:
+        match msg:
+            case ["ready", int(pid), error]:
+                self._error = error
+                if not self._ready.done():
+                    self._ready.set_result(None)
+            case ["started", int(key), int(pid)]:
+                attempt = self._attempts.get(key)
+                pidfd = fds[0] if fds else None
+                if attempt is None:
+                    if pidfd is not None:
+                        os.close(pidfd)
+                    return
+                attempt._on_started(pid, pidfd)
+            case ["start_failed", int(key), str(error)]:
+                attempt = self._attempts.pop(key, None)
+                if attempt is not None:
+                    attempt._on_start_failed(error)
+            case ["exited", int(key), str(how), int(value), bool(killed)]:
+                attempt = self._attempts.pop(key, None)
+                if attempt is not None:
+                    attempt._on_exited(ExitStatus(how, value), killed)
+
+    def _on_launcher_gone(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        self.loop.remove_reader(sock.fileno())
+        if self._outbox:
+            self.loop.remove_writer(sock.fileno())
+        for _, fds in self._outbox:
+            for fd in fds:
+                os.close(fd)
+        self._outbox.clear()
+        sock.close()
+        self._sock = None
+        attempts, self._attempts = self._attempts, {}
+        for attempt in attempts.values():
+            attempt._on_launcher_died()
+        if not self._closing:
+            self.on_death(f"the launcher (pid {self.pid}) died; a new one is starting")
+            self._ready = self.loop.create_future()
+            self._restart.set()
+
+    # --- what AttemptProcess uses --------------------------------------------------------------
+
+    def _spawn(self, attempt: AttemptProcess, exec_python: bool, fds: list[int]) -> int:
+        self._next_key += 1
+        key = self._next_key
+        self._attempts[key] = attempt
+        self._send(["spawn", key, exec_python], fds)
+        return key
+
+    def _signal(self, key: int, signum: int, group: bool) -> None:
+        self._send(["signal", key, signum, group])
+
+    def _kill(self, key: int) -> None:
+        self._send(["kill", key])
+
+    async def close(self) -> None:
+        """Stop the launcher (it kills whatever is left) and let the keeper thread end."""
+        self._closing = True
+        if self._sock is not None:
+            self._send(["stop"])
+        self._restart.set()
+        await asyncio.to_thread(self._thread.join, 5.0)
+
+
+class AttemptProcess:
+    """One attempt process: spawn it, read its frames, stop or kill it, learn its end."""
+
+    def __init__(
+        self,
+        client: LauncherClient,
+        start: Start,
+        *,
+        exec_python: bool,
+        capture_output: bool,
+        timeout: float | None,
+        start_timeout: float,
+        timeout_kill_after: float,
+        on_progress: Callable[[Progress], None] | None = None,
+        on_output: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.loop = client.loop
+        self.start_msg = start
+        self.facts = Facts(kind=start.kind, timeout=timeout)
+        self.phase = "spawning"
+        self.pid: int | None = None
+        self._on_progress = on_progress
+        self._on_output = on_output
+        self._timeout = timeout
+        self._kill_after = timeout_kill_after
+        self._decoder = FrameDecoder(start.max_frame)
+        self._hello: Hello | None = None
+        self._sock: socket.socket | None = None
+        self._pidfd: int | None = None
+        self._streams: dict[int, LineSplitter] = {}
+        self._started: asyncio.Future[int] = self.loop.create_future()
+        self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._pending_kill: str | None = None
+        self._pending_signal = False
+        self._exited = False
+        self._outgoing = encode(start)
+        self._spawn(exec_python, capture_output, start_timeout)
+
+    def __repr__(self) -> str:
+        return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase} pid={self.pid}>"
+
+    # --- the runtime's interface ---------------------------------------------------------------
+
+    async def started(self) -> int:
+        """The attempt's pid once it leads its own session; `None`-less: raises nothing, see `end`."""
+        return await asyncio.shield(self._started)
+
+    async def end(self) -> AttemptEnd:
+        """The attempt's ending, once its tree is reaped and its pipes are closed."""
+        return await asyncio.shield(self._done)
+
+    def stop(self, reason: StopReason, grace: float) -> None:
+        """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later."""
+        if self.facts.stop is not None or self.phase == "done":
+            return
+        self.facts.stop = reason
+        if self.facts.report is None:
+            self.facts.report_before_stop = False
+        if reason is StopReason.TIMEOUT:
+            why = f"killed pid {self.pid}: still running timeout_kill_after={grace} s after the timeout"
+        else:
+            why = f"killed pid {self.pid}: it did not stop within the grace window of {grace} s"
+        self._request_sigterm()
+        self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the attempt's whole tree now (`why` becomes the ATTEMPT_KILLED reason)."""
+        if self.phase in ("done", "draining") or self._exited:
+            return
+        if self.key_known:
+            self.facts.killed = self.facts.killed or why
+            self.client._kill(self.key)
+        else:
+            self._pending_kill = why
+
+    # --- spawning ---------------------------------------------------------------------------------
+
+    @property
+    def key_known(self) -> bool:
+        return self.pid is not None
+
+    def _spawn(self, exec_python: bool, capture: bool, start_timeout: float) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setblocking(False)
+        self._sock = ours
+        fds = [theirs.detach()]
+        if capture:
+            for stream in ("stdout", "stderr"):
+                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                os.set_blocking(w, True)
+                self._streams[r] = LineSplitter(stream)
+                fds.append(w)
+        self.key = self.client._spawn(self, exec_python, fds)
+        self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
+        self._write_start()
+
+    def _write_start(self) -> None:
+        assert self._sock is not None
+        try:
+            sent = self._sock.send(self._outgoing)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._outgoing = b""  # the child is gone; its exit status will speak
+            return
+        self._outgoing = self._outgoing[sent:]
+        if self._outgoing:
+            self.loop.add_writer(self._sock.fileno(), self._on_writable)
+
+    def _on_writable(self) -> None:
+        assert self._sock is not None
+        self.loop.remove_writer(self._sock.fileno())
+        self._write_start()
+
+    def _on_started(self, pid: int, pidfd: int | None) -> None:
+        self.pid = pid
+        self.facts.pid = pid
+        self._pidfd = pidfd
+        self.phase = "running"
+        assert self._sock is not None
+        self.loop.add_reader(self._sock.fileno(), self._on_readable)
+        for fd in self._streams:
+            self.loop.add_reader(fd, self._on_stream, fd)
+        self._started.set_result(pid)
+        if self._pending_signal:
+            self._request_sigterm()
+        if self._pending_kill is not None:
+            self.kill(self._pending_kill)
+
+    def _on_start_failed(self, error: str) -> None:
+        self.facts.could_not_start = error
+        self._close_fds()
+        self._finish()
+
+    def _request_sigterm(self) -> None:
+        if not self.key_known:
+            self._pending_signal = True
+            return
+        self.client._signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
+
+    def _on_start_timeout(self, limit: float) -> None:
+        if self.facts.calling or self.facts.stop is not None:
+            return
+        self.facts.start_timed_out = limit
+        self.kill(f"killed pid {self.pid}: start-up timed out after {limit} s")
+
+    def _on_timeout(self) -> None:
+        self.stop(StopReason.TIMEOUT, self._kill_after)
+
+    # --- frames -------------------------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        try:
+            data = self._sock.recv(1 << 18)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._on_eof()
+            return
+        if self.facts.protocol_error is not None:
+            return  # already condemned: discard what follows
+        try:
+            for obj in self._decoder.feed(data):
+                self._on_message(obj)
+        except ProtocolError as exc:
+            self._protocol_error(str(exc))
+
+    def _on_message(self, obj: Any) -> None:
+        if self._hello is None:
+            message = parse(obj, ("hello",))
+            assert isinstance(message, Hello)
+            if message.v != VERSION:
+                raise ProtocolError(f"protocol version {message.v}, expected {VERSION}")
+            self._hello = message
+            return
+        if self.facts.report is not None:
+            raise ProtocolError(f"a frame after the attempt's report: {obj!r:.60}")
+        allowed = ("progress", "result", "failure") if self.facts.calling else ("calling", "failure")
+        message = parse(obj, allowed)
+        if isinstance(message, Calling):
+            self._on_calling()
+        elif isinstance(message, Progress):
+            if self._on_progress is not None:
+                self._on_progress(message)
+        elif isinstance(message, (Result, Failure)):
+            self.facts.report = message
+            self.facts.report_before_stop = self.facts.stop is None
+
+    def _on_calling(self) -> None:
+        self.facts.calling = True
+        self._cancel_timer("start")
+        if self._timeout:
+            self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
+
+    def _protocol_error(self, error: str) -> None:
+        self.facts.protocol_error = error
+        self.kill(f"killed pid {self.pid}: protocol error: {error}")
+
+    def _on_eof(self) -> None:
+        assert self._sock is not None
+        self.loop.remove_reader(self._sock.fileno())
+        if self.facts.protocol_error is None and self.facts.report is None:
+            try:
+                self._decoder.finish()
+            except ProtocolError as exc:
+                self.facts.protocol_error = str(exc)
+        self._sock.close()
+        self._sock = None
+        self._maybe_done()
+
+    def _on_stream(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        splitter = self._streams[fd]
+        lines = splitter.feed(data) if data else splitter.finish()
+        if self._on_output is not None:
+            for line in lines:
+                self._on_output(splitter.stream, line)
+        if not data:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+            del self._streams[fd]
+            self._maybe_done()
+
+    # --- the end ------------------------------------------------------------------------------------
+
+    def _on_exited(self, status: ExitStatus, killed: bool) -> None:
+        self._exited = True
+        self.facts.status = status
+        if not killed:
+            self.facts.killed = None
+        self.phase = "draining"
+        self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
+        self._maybe_done()
+
+    def _on_launcher_died(self) -> None:
+        self.facts.launcher_died = True
+        if self.pid is None:
+            self.facts.could_not_start = "launcher died before the attempt started"
+            self._close_fds()
+            self._finish()
+            return
+        self._exited = True
+        self.phase = "draining"
+        if self._pidfd is not None:
+            self.loop.add_reader(self._pidfd, self._on_pidfd)
+        else:
+            self._on_pidfd()
+
+    def _on_pidfd(self) -> None:
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+        self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
+        self._maybe_done()
+
+    def _give_up_on_eof(self) -> None:
+        self._close_fds()
+        self._finish()
+
+    def _maybe_done(self) -> None:
+        if self.phase == "draining" and "eof" in self._timers and self._sock is None and not self._streams:
+            self._close_fds()
+            self._finish()
+
+    def _close_fds(self) -> None:
+        if self._sock is not None:
+            self.loop.remove_reader(self._sock.fileno())
+            self.loop.remove_writer(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for fd, splitter in list(self._streams.items()):
+            self.loop.remove_reader(fd)
+            if self._on_output is not None:
+                for line in splitter.finish():
+                    self._on_output(splitter.stream, line)
+            os.close(fd)
+        self._streams.clear()
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _finish(self) -> None:
+        if self.phase == "done":
+            return
+        self.phase = "done"
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if not self._started.done():
+            self._started.set_exception(_NotStarted())
+            self._started.exception()  # mark retrieved: `end()` reports the reason
+        self._done.set_result(decide(self.facts))
+
+    def _cancel_timer(self, name: str) -> None:
+        timer = self._timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+
+
+class _NotStarted(Exception):
+    """The attempt never got a pid (`end()` says why)."""

@@ -1,0 +1,131 @@
+"""When does a task run again?
+
+Owns the pure decision taken after each attempt ends: run again after a delay, run again at
+once, or stop with an outcome. It does no I/O and keeps no state: the failure streak goes in
+and comes out as a `Streak` value, and jitter draws from the caller's `random.Random`. The
+runtime applies the returned action (sleeps, publishes `BACKOFF_SCHEDULED`, starts the next
+attempt, or finishes the task).
+
+| attempt ended | `NEVER` (once) | `ON_FAILURE` (restartable) | `ALWAYS(interval)` |
+|---|---|---|---|
+| `SUCCEEDED` | Stop(COMPLETED) | Stop(COMPLETED) | RunAgain(interval, SUCCESS); RunNow if no interval |
+| `FAILED` / `TIMED_OUT` | Stop(FAILED, reason) | RunAgain(backoff, FAILURE) or limit | RunAgain(backoff, FAILURE) or limit |
+| `FATAL` | Stop(FATAL, reason) | Stop(FATAL, reason) | Stop(FATAL, reason) |
+| `CANCELED` | Stop(CANCELED, reason) | Stop(CANCELED, reason) | Stop(CANCELED, reason) |
+
+"limit": once a streak of failures has used `max_retries` retries (None = unlimited), the next
+failure stops with Stop(FAILED, "retry limit reached after M of M retries: <last error>").
+A success resets the streak; the backoff's retry index is the streak's failures minus 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from ._backoff import BackoffPolicy, delay
+from ._outcome import OutcomeKind
+from ._spec import RestartKind, RestartPolicy
+
+
+class AttemptResult(enum.Enum):
+    """How one attempt ended, as far as the restart decision cares."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # retryable
+    FATAL = "fatal"
+    CANCELED = "canceled"
+    TIMED_OUT = "timed_out"  # retryable
+
+
+class BackoffSource(enum.Enum):
+    """What a scheduled delay follows: a success (an interval) or a failure (a backoff)."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Streak:
+    """Consecutive failed attempts since the last success (or the start)."""
+
+    failures: int = 0  # >= 0
+
+
+@dataclass(frozen=True)
+class RunAgain:
+    """Start the next attempt after `delay` seconds (published as `BACKOFF_SCHEDULED`)."""
+
+    delay: float
+    source: BackoffSource
+
+
+@dataclass(frozen=True)
+class RunNow:
+    """Start the next attempt at once, with no `BACKOFF_SCHEDULED` event."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The task is over: finish it with this outcome kind and reason."""
+
+    outcome_kind: OutcomeKind
+    reason: str | None = None
+
+
+Action: TypeAlias = RunAgain | RunNow | Stop
+
+
+def decide(
+    policy: RestartPolicy,
+    result: AttemptResult,
+    streak: Streak,
+    *,
+    max_retries: int | None,
+    backoff: BackoffPolicy,
+    rng: random.Random,
+    reason: str | None = None,
+) -> tuple[Action, Streak]:
+    """What to do after an attempt ended with `result`, and the streak that follows it."""
+    match result:
+        case AttemptResult.SUCCEEDED:
+            return _after_success(policy), Streak()
+        case AttemptResult.FATAL:
+            return Stop(OutcomeKind.FATAL, reason), streak
+        case AttemptResult.CANCELED:
+            return Stop(OutcomeKind.CANCELED, reason), streak
+        case AttemptResult.FAILED | AttemptResult.TIMED_OUT:
+            failed = Streak(streak.failures + 1)
+            return _after_failure(policy, failed, max_retries, backoff, rng, reason), failed
+
+
+def _after_success(policy: RestartPolicy) -> Action:
+    if policy.kind is not RestartKind.ALWAYS:
+        return Stop(OutcomeKind.COMPLETED)
+    if policy.interval is None:
+        return RunNow()
+    return RunAgain(policy.interval, BackoffSource.SUCCESS)
+
+
+def _after_failure(
+    policy: RestartPolicy,
+    streak: Streak,
+    max_retries: int | None,
+    backoff: BackoffPolicy,
+    rng: random.Random,
+    reason: str | None,
+) -> Action:
+    if policy.kind is RestartKind.NEVER:
+        return Stop(OutcomeKind.FAILED, reason)
+    retries_used = streak.failures - 1
+    if max_retries is not None and retries_used >= max_retries:
+        last = reason if reason is not None else "no reason given"
+        limit = f"retry limit reached after {max_retries} of {max_retries} retries: {last}"
+        return Stop(OutcomeKind.FAILED, limit)
+    return RunAgain(delay(backoff, retries_used, rng), BackoffSource.FAILURE)

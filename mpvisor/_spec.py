@@ -1,0 +1,204 @@
+"""How is a task to be supervised?
+
+Owns the immutable description of a supervised task: `RestartPolicy`, `TaskDefaults`,
+`TaskSpec` (a task plus its restart policy and, optionally, backoff, timeout and retry limit)
+and `ResolvedSpec`, the concrete settings the runtime uses. What happens after an attempt is
+decided in `_restart`; the work itself is described in `_task`.
+
+| setting | given on the spec | never given |
+|---|---|---|
+| restart | always (every constructor sets it) | — |
+| backoff | that `BackoffPolicy` | `INHERIT` → `TaskDefaults.backoff` at add/submit time |
+| timeout | seconds; `None` or `0` = no timeout | `INHERIT` → `TaskDefaults.timeout` |
+| max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
+
+| constructor | restart policy |
+|---|---|
+| `TaskSpec.once(task)` | `RestartPolicy.NEVER` |
+| `TaskSpec.restartable(task)` | `RestartPolicy.ON_FAILURE` |
+| `TaskSpec.periodic(task, every)` | `RestartPolicy.always(every)` (`every` finite, >= 0) |
+
+A timeout of 0 is kept on the spec as given and resolves to "no timeout". An interval of 0
+reruns at once but still schedules (and publishes) a zero delay; `always()` with no interval
+reruns with no delay event at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import ClassVar, Final, Literal, TypeAlias
+
+from . import _validate
+from ._backoff import BackoffPolicy, JitterPolicy
+from ._task import CommandTask, TaskFn
+
+
+class _Inherit(enum.Enum):
+    """The type of `INHERIT`: a one-member enum, so type checkers can narrow on it."""
+
+    INHERIT = "INHERIT"
+
+    def __repr__(self) -> str:
+        return "mpvisor.INHERIT"
+
+
+INHERIT: Final = _Inherit.INHERIT
+"""A setting not given on the spec: it takes the `TaskDefaults` value when added."""
+
+Inherit: TypeAlias = Literal[_Inherit.INHERIT]
+Task: TypeAlias = TaskFn | CommandTask
+
+
+class RestartKind(enum.Enum):
+    """When a task runs again: never, after failures, or always."""
+
+    NEVER = "never"
+    ON_FAILURE = "on_failure"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a task runs again; fatal errors and cancellation always stop it."""
+
+    NEVER: ClassVar[RestartPolicy]
+    ON_FAILURE: ClassVar[RestartPolicy]
+
+    kind: RestartKind
+    interval: float | None = None  # only for ALWAYS: the wait after a success; None = at once
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, RestartKind):
+            raise TypeError(f"kind must be a RestartKind, got {self.kind!r}")
+        interval = _validate.duration("interval", self.interval, allow_none=True)
+        if interval is not None and self.kind is not RestartKind.ALWAYS:
+            raise ValueError(f"interval is only valid for always(), got {self.interval!r}")
+        object.__setattr__(self, "interval", interval)
+
+    @classmethod
+    def always(cls, interval: float | timedelta | None = None) -> RestartPolicy:
+        """Run again after every success (after `interval`, if given) and retry failures."""
+        return cls(RestartKind.ALWAYS, _validate.duration("interval", interval, allow_none=True))
+
+    def __repr__(self) -> str:
+        if self.kind is RestartKind.ALWAYS:
+            return f"RestartPolicy.always(interval={self.interval!r})"
+        return f"RestartPolicy.{self.kind.name}"
+
+
+RestartPolicy.NEVER = RestartPolicy(RestartKind.NEVER)
+RestartPolicy.ON_FAILURE = RestartPolicy(RestartKind.ON_FAILURE)
+
+
+DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
+
+
+@dataclass(frozen=True, init=False)
+class TaskDefaults:
+    """The settings a spec inherits for what it does not give (never its restart policy)."""
+
+    backoff: BackoffPolicy
+    timeout: float | None  # None = no timeout
+    max_retries: int | None  # None = unlimited
+
+    def __init__(
+        self,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        timeout: float | timedelta | None = None,
+        max_retries: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "backoff", _checked_backoff(backoff))
+        object.__setattr__(self, "timeout", _validate.duration("timeout", timeout, allow_none=True))
+        object.__setattr__(
+            self,
+            "max_retries",
+            _validate.non_negative_int("max_retries", max_retries, allow_none=True),
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A spec with every inherited setting filled in: what the runtime runs."""
+
+    task: Task
+    restart: RestartPolicy
+    backoff: BackoffPolicy
+    timeout: float | None  # None = no timeout (also when 0 was given)
+    max_retries: int | None  # None = unlimited
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task and how to supervise it. Builders return a new spec."""
+
+    task: Task
+    restart: RestartPolicy
+    backoff: BackoffPolicy | Inherit = INHERIT
+    timeout: float | Inherit | None = INHERIT  # None or 0 = no timeout
+    max_retries: int | Inherit | None = INHERIT  # None = unlimited
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, (TaskFn, CommandTask)):
+            raise TypeError(f"task must be a TaskFn or CommandTask, got {self.task!r}")
+        if not isinstance(self.restart, RestartPolicy):
+            raise TypeError(f"restart must be a RestartPolicy, got {self.restart!r}")
+        if self.backoff is not INHERIT:
+            _checked_backoff(self.backoff)
+        if self.timeout is not INHERIT:
+            timeout = _validate.duration("timeout", self.timeout, allow_none=True)
+            object.__setattr__(self, "timeout", timeout)
+        if self.max_retries is not INHERIT:
+            _validate.non_negative_int("max_retries", self.max_retries, allow_none=True)
+
+    @classmethod
+    def once(cls, task: Task) -> TaskSpec:
+        """Run one attempt; stop after it, whatever its result."""
+        return cls(task, RestartPolicy.NEVER)
+
+    @classmethod
+    def restartable(cls, task: Task) -> TaskSpec:
+        """Retry failures after a backoff; stop after a success."""
+        return cls(task, RestartPolicy.ON_FAILURE)
+
+    @classmethod
+    def periodic(cls, task: Task, every: float | timedelta) -> TaskSpec:
+        """Run again `every` seconds after each success; retry failures after a backoff."""
+        interval = _validate.duration("every", every)
+        return cls(task, RestartPolicy.always(interval))
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    def with_backoff(self, backoff: BackoffPolicy) -> TaskSpec:
+        return dataclasses.replace(self, backoff=backoff)
+
+    def with_timeout(self, timeout: float | timedelta | None) -> TaskSpec:
+        seconds = _validate.duration("timeout", timeout, allow_none=True)
+        return dataclasses.replace(self, timeout=seconds)
+
+    def with_max_retries(self, max_retries: int | None) -> TaskSpec:
+        return dataclasses.replace(self, max_retries=max_retries)
+
+    def with_restart(self, restart: RestartPolicy) -> TaskSpec:
+        return dataclasses.replace(self, restart=restart)
+
+    def resolve(self, defaults: TaskDefaults) -> ResolvedSpec:
+        """Fill every `INHERIT` setting from `defaults` (at add or submit time)."""
+        backoff = defaults.backoff if self.backoff is INHERIT else self.backoff
+        timeout = defaults.timeout if self.timeout is INHERIT else self.timeout
+        retries = defaults.max_retries if self.max_retries is INHERIT else self.max_retries
+        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries)
+
+
+def _checked_backoff(backoff: object) -> BackoffPolicy:
+    if not isinstance(backoff, BackoffPolicy):
+        raise TypeError(f"backoff must be a BackoffPolicy, got {backoff!r}")
+    return backoff

@@ -1,0 +1,234 @@
+"""What crosses the pipe between the parent and an attempt process, and how is it framed?
+
+A sans-IO codec: it turns messages into bytes and bytes into messages, and never touches a file
+descriptor. A frame is a 4-byte big-endian length followed by that many bytes of msgpack. The
+decoder refuses a declared length over its limit before buffering it, and reports every
+malformed input (oversized, truncated at end of stream, undecodable, ext types, non-str/bytes
+map keys, a message that breaks the schema) as one error type, `ProtocolError`.
+
+The schema (protocol version `VERSION`, sent in the child's first message):
+
+| direction | message | fields |
+|---|---|---|
+| child -> parent | `Hello` | `v` (protocol version), `pid` |
+| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, args, kwargs, env, cwd, path, max_frame, main_path |
+| child -> parent | `Calling` | (the target is about to be called, or the program exec'd: the timeout clock starts) |
+| child -> parent | `Progress` | done, total, message |
+| child -> parent | `Result` | value |
+| child -> parent | `Failure` | kind (`fail`/`fatal`/`canceled`/`error`), reason, exit_code, traceback |
+
+A stop request is not a message: the parent asks with SIGTERM (see `_context.py`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+HEADER = struct.Struct(">I")
+MAX_HEADER_LENGTH = 2**32 - 1
+
+
+class ProtocolError(Exception):
+    """Malformed input on the attempt channel (oversized, truncated, undecodable, off-schema)."""
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
+def pack(obj: Any) -> bytes:
+    """Encode one msgpack value (ext types and non-msgpack values raise `TypeError`)."""
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one msgpack value strictly, or raise `ProtocolError`."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except Exception as exc:  # untrusted bytes: any decoder complaint is a protocol error
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+
+
+def frame(payload: bytes) -> bytes:
+    """Prefix `payload` with its length."""
+    return HEADER.pack(len(payload)) + payload
+
+
+def encode(message: Message) -> bytes:
+    """One message as one frame."""
+    return frame(pack(message.to_wire()))
+
+
+class FrameDecoder:
+    """Feed bytes in any chunking; get whole decoded values out.
+
+    `feed` returns the values completed by the new bytes; `finish` checks that the stream did not
+    stop inside a frame."""
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._need: int | None = None  # body length of the frame being read, once its header is in
+
+    def __repr__(self) -> str:
+        return f"<FrameDecoder buffered={len(self._buf)} need={self._need} max={self.max_frame}>"
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        out: list[Any] = []
+        while True:
+            if self._need is None:
+                if len(self._buf) < HEADER.size:
+                    return out
+                (self._need,) = HEADER.unpack_from(self._buf)
+                del self._buf[: HEADER.size]
+                if self._need > self.max_frame:
+                    raise ProtocolError(
+                        f"frame of {self._need} bytes exceeds max_frame_bytes={self.max_frame}"
+                    )
+            if len(self._buf) < self._need:
+                return out
+            body = bytes(self._buf[: self._need])
+            del self._buf[: self._need]
+            self._need = None
+            out.append(unpack(body))
+
+    def finish(self) -> None:
+        if self._need is not None:
+            raise ProtocolError(
+                f"truncated frame: stream ended after {len(self._buf)} of {self._need} bytes"
+            )
+        if self._buf:
+            raise ProtocolError(f"truncated frame: stream ended inside a {HEADER.size}-byte header")
+
+
+# --- messages -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    pid: int
+    v: int = VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "hello", "v": self.v, "pid": self.pid}
+
+
+@dataclass(frozen=True, slots=True)
+class Calling:
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "calling"}
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    done: float
+    total: float | None = None
+    message: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "progress", "done": self.done, "total": self.total, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    value: Any
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "result", "value": self.value}
+
+
+FAILURE_KINDS = ("fail", "fatal", "canceled", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    kind: str
+    reason: str
+    exit_code: int | None = None
+    traceback: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": "failure",
+            "kind": self.kind,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+            "traceback": self.traceback,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    task: str
+    id: int
+    attempt: int
+    kind: str  # "fn" or "cmd"
+    target: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    path: list[str]
+    max_frame: int
+    main_path: str | None = None
+    v: int = VERSION
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "start", **{f: getattr(self, f) for f in self.__slots__}}  # type: ignore[attr-defined]
+
+
+Message = Hello | Calling | Progress | Result | Failure | Start
+
+_SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
+    "hello": (Hello, {"v": (int,), "pid": (int,)}),
+    "calling": (Calling, {}),
+    "progress": (
+        Progress,
+        {"done": (int, float), "total": (int, float, type(None)), "message": (str, type(None))},
+    ),
+    "result": (Result, {"value": (object,)}),
+    "failure": (
+        Failure,
+        {
+            "kind": (str,),
+            "reason": (str,),
+            "exit_code": (int, type(None)),
+            "traceback": (str, type(None)),
+        },
+    ),
+}
+
+
+def parse(obj: Any, allowed: tuple[str, ...] = tuple(_SCHEMA)) -> Message:
+    """Check a decoded value against the schema of the messages in `allowed`."""
+    if not isinstance(obj, dict) or obj.get("t") not in allowed:
+        raise ProtocolError(f"unexpected message: {_short(obj)}")
+    cls, fields = _SCHEMA[obj["t"]]
+    if set(obj) != {"t", *fields}:
+        raise ProtocolError(f"malformed {obj['t']!r} message: fields {sorted(map(str, obj))}")
+    for name, types in fields.items():
+        value = obj[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types and types != (object,)):
+            raise ProtocolError(f"malformed {obj['t']!r} message: {name}={_short(value)}")
+    if cls is Failure and obj["kind"] not in FAILURE_KINDS:
+        raise ProtocolError(f"malformed 'failure' message: kind={obj['kind']!r}")
+    return cls(**{k: v for k, v in obj.items() if k != "t"})  # type: ignore[no-any-return]
+
+
+def parse_start(obj: Any) -> Start:
+    """The child's check of the parent's start message (trusted, but versioned)."""
+    if not isinstance(obj, dict) or obj.get("t") != "start" or obj.get("v") != VERSION:
+        raise ProtocolError(f"unexpected start message: {_short(obj)}")
+    return Start(**{k: v for k, v in obj.items() if k != "t"})
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,393 @@
+"""Specs, defaults, configs, the restart decision table, outcomes and errors, without processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from mpvisor import _errors
+from mpvisor._backoff import BackoffPolicy, JitterPolicy
+from mpvisor._config import ControllerConfig, SupervisorConfig
+from mpvisor._errors import ConfigError
+from mpvisor._outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._restart import (
+    Action,
+    AttemptResult,
+    BackoffSource,
+    RunAgain,
+    RunNow,
+    Stop,
+    Streak,
+    decide,
+)
+from mpvisor._spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
+from mpvisor._task import CommandTask, TaskFn
+
+TASK = TaskFn("job", "workers.basic:quick")
+FIXED = BackoffPolicy.constant(0.25)
+
+# --- specs ---------------------------------------------------------------------------------
+
+
+def test_spec_constructors_set_their_restart_policy() -> None:
+    """DEF-04: once, restartable and periodic(every) give NEVER, ON_FAILURE and always(every)."""
+    assert TaskSpec.once(TASK).restart == RestartPolicy.NEVER
+    assert TaskSpec.restartable(TASK).restart == RestartPolicy.ON_FAILURE
+    assert TaskSpec.periodic(TASK, 5).restart == RestartPolicy.always(5.0)
+    assert TaskSpec.periodic(TASK, timedelta(seconds=2)).restart.interval == 2.0
+    assert RestartPolicy.always().interval is None
+    assert RestartPolicy.always(1).kind is RestartKind.ALWAYS
+
+
+def test_spec_builders_return_new_specs_and_accessors_reflect_them() -> None:
+    """DEF-04: each `.with_*` returns a new spec, leaves the original alone, and reads back."""
+    original = TaskSpec.once(TASK)
+    built = (
+        original.with_backoff(FIXED)
+        .with_timeout(timedelta(seconds=3))
+        .with_max_retries(2)
+        .with_restart(RestartPolicy.ON_FAILURE)
+    )
+    assert (built.name, built.task, built.restart) == ("job", TASK, RestartPolicy.ON_FAILURE)
+    assert (built.backoff, built.timeout, built.max_retries) == (FIXED, 3.0, 2)
+    assert original == TaskSpec.once(TASK)
+    assert original.restart == RestartPolicy.NEVER
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.timeout = 1.0  # type: ignore[misc]
+
+
+def test_settings_never_given_read_inherit_and_explicit_values_read_back() -> None:
+    """DEF-04: unset backoff/timeout/max_retries read INHERIT; an explicit None or 0 reads back."""
+    spec = TaskSpec.restartable(TASK)
+    assert (spec.backoff, spec.timeout, spec.max_retries) == (INHERIT, INHERIT, INHERIT)
+    assert repr(INHERIT) == "mpvisor.INHERIT"
+    assert spec.with_timeout(None).timeout is None
+    assert spec.with_timeout(0).timeout == 0.0
+    assert spec.with_max_retries(None).max_retries is None
+    assert spec.with_max_retries(0).max_retries == 0
+
+
+def test_resolve_takes_defaults_only_for_inherited_settings() -> None:
+    """DEF-03: TaskDefaults fill INHERIT settings; explicit None overrides; a 0 timeout is none."""
+    defaults = TaskDefaults(backoff=FIXED, timeout=7, max_retries=3)
+    inherited = TaskSpec.restartable(TASK).resolve(defaults)
+    assert (inherited.backoff, inherited.timeout, inherited.max_retries) == (FIXED, 7.0, 3)
+    assert (inherited.name, inherited.restart) == ("job", RestartPolicy.ON_FAILURE)
+    explicit = TaskSpec.restartable(TASK).with_timeout(None).with_max_retries(None)
+    resolved = explicit.with_backoff(BackoffPolicy.constant(1)).resolve(defaults)
+    assert (resolved.backoff.first, resolved.timeout, resolved.max_retries) == (1.0, None, None)
+    assert TaskSpec.once(TASK).with_timeout(0).resolve(defaults).timeout is None
+
+
+def test_task_defaults_and_their_default_backoff() -> None:
+    """DEF-03: TaskDefaults() is exponential(0.2, max=30) with EQUAL jitter and no restart."""
+    defaults = TaskDefaults()
+    expected = BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.EQUAL)
+    assert (defaults.backoff, defaults.timeout, defaults.max_retries) == (expected, None, None)
+    assert [f.name for f in dataclasses.fields(defaults)] == ["backoff", "timeout", "max_retries"]
+    assert TaskDefaults(timeout=timedelta(milliseconds=300)).timeout == 0.3
+
+
+def test_a_command_task_can_be_supervised() -> None:
+    """A CommandTask is as valid a task as a TaskFn; anything else is refused."""
+    assert TaskSpec.once(CommandTask("cmd", ["true"])).name == "cmd"
+    with pytest.raises(TypeError, match="task must be"):
+        TaskSpec.once("workers.basic:quick")  # type: ignore[arg-type]
+
+
+# --- invalid settings ----------------------------------------------------------------------
+
+
+def _builders() -> list[tuple[str, Any, str, str]]:
+    nan, inf = float("nan"), float("inf")
+    return [
+        ("timeout-negative", lambda: TaskSpec.once(TASK).with_timeout(-1), "timeout", "-1"),
+        ("timeout-nan", lambda: TaskSpec.once(TASK).with_timeout(nan), "timeout", "nan"),
+        ("interval-inf", lambda: TaskSpec.periodic(TASK, inf), "every", "inf"),
+        ("interval-negative", lambda: RestartPolicy.always(-2), "interval", "-2"),
+        ("retries-negative", lambda: TaskSpec.once(TASK).with_max_retries(-1), "max_retries", "-1"),
+        ("defaults-retries", lambda: TaskDefaults(max_retries=-1), "max_retries", "-1"),
+        ("defaults-timeout", lambda: TaskDefaults(timeout=-3), "timeout", "-3"),
+        ("grace-negative", lambda: SupervisorConfig(grace=-1), "grace", "-1"),
+        ("grace-nan", lambda: SupervisorConfig(grace=nan), "grace", "nan"),
+        ("grace-inf", lambda: SupervisorConfig(grace=inf), "grace", "inf"),
+        ("kill-after", lambda: SupervisorConfig(timeout_kill_after=-1), "timeout_kill_after", "-1"),
+        (
+            "sub-timeout",
+            lambda: SupervisorConfig(subscriber_shutdown_timeout=inf),
+            "subscriber_shutdown_timeout",
+            "inf",
+        ),
+        ("start-timeout-zero", lambda: SupervisorConfig(start_timeout=0), "start_timeout", "0"),
+        ("bus-zero", lambda: SupervisorConfig(bus_capacity=0), "bus_capacity", "0"),
+        ("registry-zero", lambda: SupervisorConfig(registry_capacity=0), "registry_capacity", "0"),
+        ("frame-zero", lambda: SupervisorConfig(max_frame_bytes=0), "max_frame_bytes", "0"),
+        ("concurrent-zero", lambda: SupervisorConfig(max_concurrent=0), "max_concurrent", "0"),
+        ("preload-str", lambda: SupervisorConfig(preload="numpy"), "preload", "'numpy'"),  # type: ignore[arg-type]
+        ("preload-bad", lambda: SupervisorConfig(preload=["a-b"]), "preload", "'a-b'"),
+        ("start-method", lambda: SupervisorConfig(start_method="fork"), "start_method", "'fork'"),  # type: ignore[arg-type]
+        ("capture", lambda: SupervisorConfig(capture_output=1), "capture_output", "1"),  # type: ignore[arg-type]
+        ("seed", lambda: SupervisorConfig(seed=1.5), "seed", "1.5"),  # type: ignore[arg-type]
+        ("controller-queue", lambda: ControllerConfig(queue_capacity=0), "queue_capacity", "0"),
+        ("slot-queue", lambda: ControllerConfig(max_slot_queue=-1), "max_slot_queue", "-1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "value"), [b[1:] for b in _builders()], ids=[b[0] for b in _builders()]
+)
+def test_invalid_settings_fail_at_once_naming_field_and_value(
+    build: Any, field: str, value: str
+) -> None:
+    """DEF-11: bad durations, capacities and limits raise ValueError naming field and value."""
+    with pytest.raises(ValueError) as caught:
+        build()
+    assert field in str(caught.value)
+    assert value in str(caught.value)
+
+
+def test_a_zero_max_slot_queue_is_valid() -> None:
+    """DEF-11: a `max_slot_queue` of 0 is accepted."""
+    assert ControllerConfig(max_slot_queue=0).max_slot_queue == 0
+
+
+def test_config_errors_are_value_errors() -> None:
+    """DEF-11: ConfigError is both an MpvisorError and a ValueError."""
+    with pytest.raises(ConfigError):
+        SupervisorConfig(bus_capacity=0)
+    assert issubclass(ConfigError, ValueError)
+
+
+# --- configs -------------------------------------------------------------------------------
+
+
+def test_supervisor_config_defaults() -> None:
+    """DEF-01: SupervisorConfig() has the documented defaults."""
+    config = SupervisorConfig()
+    assert dataclasses.asdict(config) == {
+        "grace": 60.0,
+        "subscriber_shutdown_timeout": 5.0,
+        "max_concurrent": None,
+        "bus_capacity": 1024,
+        "registry_capacity": 1024,
+        "max_frame_bytes": 64 * 1024 * 1024,
+        "timeout_kill_after": 1.0,
+        "start_timeout": 30.0,
+        "preload": (),
+        "start_method": "launcher",
+        "capture_output": False,
+        "seed": None,
+    }
+
+
+def test_supervisor_config_normalises_its_values() -> None:
+    """Durations become float seconds (timedelta accepted) and preload a tuple."""
+    config = SupervisorConfig(
+        grace=timedelta(seconds=2), start_timeout=1, preload=["json", "os.path"]
+    )
+    assert (config.grace, config.start_timeout, config.preload) == (2.0, 1.0, ("json", "os.path"))
+    assert isinstance(config.start_timeout, float)
+    assert SupervisorConfig(start_method="spawn", seed=7).seed == 7
+    assert dataclasses.replace(config, grace=3).grace == 3.0
+
+
+def test_controller_config_defaults() -> None:
+    """DEF-02: ControllerConfig() has queue_capacity 1024 and max_slot_queue 100."""
+    config = ControllerConfig()
+    assert (config.queue_capacity, config.max_slot_queue) == (1024, 100)
+
+
+# --- the restart decision ------------------------------------------------------------------
+
+NEVER, ON_FAILURE = RestartPolicy.NEVER, RestartPolicy.ON_FAILURE
+ALWAYS, EVERY_5 = RestartPolicy.always(), RestartPolicy.always(5)
+R = AttemptResult
+FAILED, CANCELED, FATAL = OutcomeKind.FAILED, OutcomeKind.CANCELED, OutcomeKind.FATAL
+RETRY = RunAgain(0.25, BackoffSource.FAILURE)
+
+
+@pytest.mark.parametrize(
+    ("policy", "result", "expected"),
+    [
+        (NEVER, R.SUCCEEDED, Stop(OutcomeKind.COMPLETED)),
+        (NEVER, R.FAILED, Stop(FAILED, "why")),
+        (NEVER, R.TIMED_OUT, Stop(FAILED, "why")),
+        (NEVER, R.FATAL, Stop(FATAL, "why")),
+        (NEVER, R.CANCELED, Stop(CANCELED, "why")),
+        (ON_FAILURE, R.SUCCEEDED, Stop(OutcomeKind.COMPLETED)),
+        (ON_FAILURE, R.FAILED, RETRY),
+        (ON_FAILURE, R.TIMED_OUT, RETRY),
+        (ON_FAILURE, R.FATAL, Stop(FATAL, "why")),
+        (ON_FAILURE, R.CANCELED, Stop(CANCELED, "why")),
+        (ALWAYS, R.SUCCEEDED, RunNow()),
+        (ALWAYS, R.FAILED, RETRY),
+        (ALWAYS, R.TIMED_OUT, RETRY),
+        (ALWAYS, R.FATAL, Stop(FATAL, "why")),
+        (ALWAYS, R.CANCELED, Stop(CANCELED, "why")),
+        (EVERY_5, R.SUCCEEDED, RunAgain(5.0, BackoffSource.SUCCESS)),
+        (EVERY_5, R.FAILED, RETRY),
+        (EVERY_5, R.TIMED_OUT, RETRY),
+        (EVERY_5, R.FATAL, Stop(FATAL, "why")),
+        (EVERY_5, R.CANCELED, Stop(CANCELED, "why")),
+    ],
+)
+def test_the_restart_decision_table(
+    policy: RestartPolicy, result: AttemptResult, expected: object
+) -> None:
+    """Each restart policy and attempt result gives the action of SPEC §3.1's table."""
+    action, _ = decide(
+        policy,
+        result,
+        Streak(),
+        max_retries=None,
+        backoff=FIXED,
+        rng=random.Random(0),
+        reason="why",
+    )
+    assert action == expected
+
+
+def _run(
+    policy: RestartPolicy, results: list[AttemptResult], max_retries: int | None
+) -> list[Action]:
+    """Feed attempt results through `decide`, carrying the streak, and collect the actions."""
+    streak, actions, rng = Streak(), list[Action](), random.Random(0)
+    backoff = BackoffPolicy.exponential(1, max=100)
+    for result in results:
+        action, streak = decide(
+            policy, result, streak, max_retries=max_retries, backoff=backoff, rng=rng, reason="boom"
+        )
+        actions.append(action)
+    return actions
+
+
+@pytest.mark.parametrize(("max_retries", "attempts"), [(0, 1), (1, 2), (3, 4)])
+def test_max_retries_counts_retries_after_the_first_failure(
+    max_retries: int, attempts: int
+) -> None:
+    """`max_retries` n allows n + 1 attempts, then stops with the retry-limit reason."""
+    actions = _run(ON_FAILURE, [R.FAILED] * attempts, max_retries)
+    assert all(isinstance(a, RunAgain) for a in actions[:-1])
+    assert actions[-1] == Stop(
+        FAILED, f"retry limit reached after {max_retries} of {max_retries} retries: boom"
+    )
+
+
+def test_backoff_grows_with_the_streak_and_a_success_resets_it() -> None:
+    """The retry index counts the current failure streak and a success resets it to 0."""
+    results = [R.FAILED, R.TIMED_OUT, R.FAILED, R.SUCCEEDED, R.FAILED, R.FAILED]
+    actions = _run(RestartPolicy.always(2), results, max_retries=3)
+    delays = [a.delay for a in actions if isinstance(a, RunAgain)]
+    assert delays == [1.0, 2.0, 4.0, 2.0, 1.0, 2.0]
+    assert actions[3] == RunAgain(2.0, BackoffSource.SUCCESS)
+
+
+def test_the_streak_resets_so_the_limit_applies_per_streak() -> None:
+    """A success between failures gives the task a fresh set of retries."""
+    results = [R.FAILED, R.FAILED, R.SUCCEEDED, R.FAILED, R.FAILED]
+    actions = _run(RestartPolicy.always(), results, max_retries=1)
+    assert actions[1] == Stop(FAILED, "retry limit reached after 1 of 1 retries: boom")
+    _, streak = decide(
+        ALWAYS, R.SUCCEEDED, Streak(4), max_retries=1, backoff=FIXED, rng=random.Random(0)
+    )
+    assert streak == Streak(0)
+    assert _run(ALWAYS, results[2:], max_retries=1)[-1] == Stop(
+        FAILED, "retry limit reached after 1 of 1 retries: boom"
+    )
+
+
+def test_a_once_task_reason_never_carries_the_retry_limit_prefix() -> None:
+    """A `once` task's failure keeps the plain reason, whatever max_retries is."""
+    for max_retries in (None, 0, 3):
+        assert _run(NEVER, [R.FAILED], max_retries) == [Stop(FAILED, "boom")]
+
+
+def test_unlimited_retries_never_stop_on_failures() -> None:
+    """With max_retries None, a failure streak of any length keeps retrying, capped at max."""
+    actions = _run(ON_FAILURE, [R.FAILED] * 50, None)
+    assert all(isinstance(a, RunAgain) for a in actions)
+    assert actions[-1] == RunAgain(100.0, BackoffSource.FAILURE)
+
+
+def test_backoff_source_labels() -> None:
+    """BackoffSource labels are the lower-case names."""
+    assert [s.label for s in BackoffSource] == ["success", "failure"]
+
+
+# --- outcomes and errors -------------------------------------------------------------------
+
+
+def test_outcome_rejection_and_error_labels_are_stable() -> None:
+    """OUT-15: outcome, rejection and error labels are stable; the error hierarchy and fields."""
+    assert {k.label for k in OutcomeKind} == {f"outcome_{k.name.lower()}" for k in OutcomeKind}
+    assert OutcomeKind.FORCE_ABORTED.label == "outcome_force_aborted"
+    assert [k.label for k in RejectionKind] == [
+        "already_exists", "batch_rejected", "slot_busy", "queue_full", "superseded_by_replace",
+        "removed_from_queue", "controller_shutting_down", "admission_failed",
+    ]  # fmt: skip
+    labels: dict[type[_errors.MpvisorError], str] = {
+        _errors.MpvisorError: "mpvisor_error",
+        _errors.ConfigError: "config_error",
+        _errors.ShuttingDown: "shutting_down",
+        _errors.AlreadyRunning: "already_running",
+        _errors.TaskAlreadyExists: "task_already_exists",
+        _errors.CommandQueueFull: "command_queue_full",
+        _errors.TaskTerminationTimeout: "task_termination_timeout",
+        _errors.GraceExceeded: "grace_exceeded",
+        _errors.ControllerError: "controller_error",
+        _errors.ControllerNotConfigured: "controller_not_configured",
+        _errors.ControllerFull: "controller_full",
+        _errors.ControllerClosed: "controller_closed",
+        _errors.AlreadySubmitted: "already_submitted",
+    }
+    assert {error: error.label for error in labels} == labels
+    assert all(issubclass(error, _errors.MpvisorError) for error in labels)
+    controller = [
+        label for error, label in labels.items() if issubclass(error, _errors.ControllerError)
+    ]
+    assert controller == [
+        "controller_error", "controller_not_configured", "controller_full", "controller_closed",
+        "already_submitted",
+    ]  # fmt: skip
+    assert issubclass(_errors.ConfigError, ValueError)
+    for verdict in (_errors.Fail, _errors.Fatal, _errors.Canceled):
+        assert not issubclass(verdict, _errors.MpvisorError)
+    assert issubclass(_errors.Fail, Exception) and issubclass(_errors.Fatal, Exception)
+    assert not issubclass(_errors.Canceled, Exception) and issubclass(
+        _errors.Canceled, BaseException
+    )
+
+
+def test_error_fields() -> None:
+    """OUT-15: errors carry their fields."""
+    assert _errors.TaskAlreadyExists("n").name == "n"
+    timeout = _errors.TaskTerminationTimeout(4, 1.5)
+    assert (timeout.id, timeout.timeout) == (4, 1.5)
+    grace = _errors.GraceExceeded(2.0, ["a", "b"])
+    assert (grace.grace, grace.stuck) == (2.0, ["a", "b"])
+    assert (_errors.Fail("x", exit_code=3).exit_code, _errors.Fatal("y").reason) == (3, "y")
+
+
+def test_task_outcome_helpers() -> None:
+    """TaskOutcome: is_success only for COMPLETED, label from its kind, and the rejected helper."""
+    done = TaskOutcome(OutcomeKind.COMPLETED, value=[1], attempts=1, duration=0.5)
+    assert done.is_success() and done.label == "outcome_completed"
+    assert not any(
+        TaskOutcome(k).is_success()
+        for k in OutcomeKind
+        if k not in (OutcomeKind.COMPLETED, OutcomeKind.REJECTED)
+    )
+    rejected = TaskOutcome.rejected(RejectionKind.SLOT_BUSY, "slot s is busy")
+    assert (rejected.kind, rejected.rejection, rejected.reason) == (
+        OutcomeKind.REJECTED,
+        RejectionKind.SLOT_BUSY,
+        "slot s is busy",
+    )
+    assert (rejected.attempts, rejected.duration, rejected.label) == (0, None, "outcome_rejected")
+    assert not rejected.is_success()
+    with pytest.raises(ValueError, match="rejection"):
+        TaskOutcome(OutcomeKind.REJECTED)

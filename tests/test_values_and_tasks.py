@@ -1,0 +1,304 @@
+"""The msgpack value model and the two task descriptions, checked without any process."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from mpvisor._task import CommandTask, TaskFn, target_path
+from mpvisor._values import INT_MAX, INT_MIN, MAX_DEPTH, check_value
+
+
+def module_level_target(x: int) -> int:
+    """A target reachable as `tests.test_values_and_tasks:module_level_target`."""
+    return x
+
+
+class Holder:
+    """A class whose methods are used as targets."""
+
+    def method(self) -> None:
+        """An instance method."""
+
+    @classmethod
+    def class_method(cls) -> None:
+        """A class method."""
+
+    @staticmethod
+    def static_method() -> None:
+        """A static method."""
+
+
+# --- values --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0,
+        INT_MIN,
+        INT_MAX,
+        1.5,
+        float("nan"),
+        "text",
+        b"\x00bytes",
+        [1, "a", b"b"],
+        (1, (2, (3,))),
+        {"k": {b"k": [None, {"deep": 1.0}]}},
+        {},
+        [],
+    ],
+)
+def test_msgpack_values_are_accepted(value: object) -> None:
+    """PRC-06: None, bool, int in range, float, str, bytes, list, tuple and dict nest freely."""
+    check_value(value, "args[0]")
+    assert TaskFn("t", "m:f", args=[value], kwargs={"v": value}).args[0] is value
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "named"),
+    [
+        (object(), "args[0]", "args[0]"),
+        ({1, 2}, "kwargs['x']", "kwargs['x']"),
+        (2**64, "args[1]", "args[1]"),
+        (INT_MIN - 1, "args[0]", "args[0]"),
+        ({1: "a"}, "args[0]", "args[0]"),
+        (bytearray(b"x"), "args[0]", "args[0]"),
+        ([0, 1, {"k": {3}}], "args[0]", "args[0][2]['k']"),
+        ({"a": [1, 2, object()]}, "kwargs['y']", "kwargs['y']['a'][2]"),
+    ],
+)
+def test_non_msgpack_values_raise_type_error_naming_where(
+    value: object, where: str, named: str
+) -> None:
+    """PRC-06: a set, an object, an out-of-range int or a dict with int keys is refused by path."""
+    with pytest.raises(TypeError) as caught:
+        check_value(value, where)
+    assert named in str(caught.value)
+
+
+def test_the_refusal_names_the_offending_type() -> None:
+    """PRC-06: the message names the type of the refused value."""
+    with pytest.raises(TypeError, match=r"args\[0\]\[1\].*set"):
+        check_value([1, {2}], "args[0]")
+
+
+def test_deep_nesting_gives_type_error_not_recursion_error() -> None:
+    """A value nested deeper than msgpack can pack is a TypeError, whatever the depth."""
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(TypeError, match="nested deeper"):
+        check_value(deep, "args[0]")
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    """A value exactly at msgpack's nesting limit is still a msgpack value."""
+    deep: list[Any] = []
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    assert TaskFn("t", "m:f", args=[deep]).args == (deep,)
+
+
+def test_a_self_containing_value_is_refused() -> None:
+    """A list that contains itself is refused with a TypeError, not an endless walk."""
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(TypeError, match=r"args\[0\]"):
+        check_value(loop, "args[0]")
+
+
+# --- TaskFn --------------------------------------------------------------------------------
+
+
+def test_a_callable_target_is_recorded_as_module_and_qualname() -> None:
+    """PRC-09: a module-level callable is recorded as `module:qualname`."""
+    task = TaskFn("t", module_level_target, args=[1], kwargs={"x": 2})
+    assert task.target == f"{__name__}:module_level_target"
+    assert task.args == (1,)
+    assert task.kwargs == {"x": 2}
+
+
+def test_class_and_static_methods_are_recorded_by_qualname() -> None:
+    """Class methods and static methods are reachable as `module:Class.method`."""
+    assert target_path(Holder.class_method) == f"{__name__}:Holder.class_method"
+    assert target_path(Holder.static_method) == f"{__name__}:Holder.static_method"
+    assert target_path(Holder) == f"{__name__}:Holder"
+
+
+def test_a_module_level_builtin_is_reachable() -> None:
+    """A built-in function of a module is recorded with that module."""
+    assert target_path(len) == "builtins:len"
+
+
+def test_a_target_defined_in_main_is_recorded_as_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRC-09: a callable defined in `__main__` is recorded as `__main__:qualname`."""
+    main = types.ModuleType("__main__")
+    exec("def job():\n    return 1\n", main.__dict__)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert TaskFn("m", main.job).target == "__main__:job"
+
+
+@pytest.mark.parametrize(
+    "target", ["pkg.mod:func", "m:f", "a.b.c:Cls.method", "_private._mod:_f", "modülé:fünc"]
+)
+def test_well_formed_target_strings_are_kept(target: str) -> None:
+    """DEF-11: a `package.module:attr` string of dotted identifiers is accepted as given."""
+    assert TaskFn("t", target).target == target
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "",
+        "module",
+        "mod:",
+        ":func",
+        "a:b:c",
+        "pkg..mod:f",
+        "pkg.mod:f()",
+        "1mod:f",
+        "mod:f-g",
+        " m:f",
+    ],
+)
+def test_malformed_target_strings_are_refused_naming_target_and_value(target: str) -> None:
+    """DEF-11: a target string not of the form `package.module:attr` is a ValueError."""
+    with pytest.raises(ValueError) as caught:
+        TaskFn("t", target)
+    assert "target" in str(caught.value)
+    assert repr(target) in str(caught.value)
+
+
+def _nested_function() -> Any:
+    def inner() -> None:
+        """A nested function."""
+
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("target", "error"),
+    [
+        (lambda: None, ValueError),
+        (_nested_function(), ValueError),
+        (Holder().method, TypeError),
+        (functools.partial(module_level_target, 1), TypeError),
+        ([].append, TypeError),
+        (object(), TypeError),
+        (42, TypeError),
+    ],
+    ids=["lambda", "nested", "bound-method", "partial", "builtin-method", "object", "int"],
+)
+def test_unreachable_callable_targets_are_refused(target: object, error: type[Exception]) -> None:
+    """DEF-11: a lambda, nested function, bound method or partial is refused naming target."""
+    with pytest.raises(error) as caught:
+        TaskFn("t", target)  # type: ignore[arg-type]
+    assert "target" in str(caught.value)
+
+
+def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
+    """A callable whose `module:qualname` resolves to another object cannot be imported back."""
+
+    def impostor() -> None:
+        """Pretends to be `module_level_target`."""
+
+    impostor.__qualname__ = "module_level_target"
+    with pytest.raises(ValueError, match="not reachable"):
+        TaskFn("t", impostor)
+
+
+@pytest.mark.parametrize(("name", "error"), [("", ValueError), (None, TypeError), (3, TypeError)])
+def test_task_names_must_be_non_empty_strings(name: object, error: type[Exception]) -> None:
+    """DEF-11: an empty or non-string task name is refused naming the field and value."""
+    with pytest.raises(error) as caught:
+        TaskFn(name, "m:f")  # type: ignore[arg-type]
+    assert "name" in str(caught.value)
+    assert repr(name) in str(caught.value)
+    with pytest.raises(error):
+        CommandTask(name, ["true"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "named"),
+    [
+        ((object(),), None, "args[0]"),
+        ((1, {2}), None, "args[1]"),
+        ((), {"x": {1, 2}}, "kwargs['x']"),
+        ((), {"d": {1: "a"}}, "kwargs['d']"),
+        ((2**64,), None, "args[0]"),
+        (([0, 1, {"k": object()}],), None, "args[0][2]['k']"),
+    ],
+)
+def test_task_arguments_must_be_msgpack(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None, named: str
+) -> None:
+    """PRC-06: a non-msgpack argument raises TypeError naming it when the task is defined."""
+    with pytest.raises(TypeError) as caught:
+        TaskFn("t", "m:f", args=args, kwargs=kwargs)
+    assert named in str(caught.value)
+
+
+def test_keyword_argument_names_must_be_strings() -> None:
+    """PRC-06: keyword argument names are str, never bytes or ints."""
+    with pytest.raises(TypeError, match="kwargs keys"):
+        TaskFn("t", "m:f", kwargs={b"x": 1})  # type: ignore[dict-item]
+
+
+def test_task_fn_copies_its_arguments_and_is_frozen() -> None:
+    """A TaskFn keeps its own tuple of args and copy of kwargs, and cannot be changed."""
+    kwargs = {"a": 1}
+    task = TaskFn("t", "m:f", args=[1, 2], kwargs=kwargs)
+    kwargs["a"] = 2
+    assert task.args == (1, 2)
+    assert task.kwargs == {"a": 1}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.name = "u"  # type: ignore[misc]
+    assert task == TaskFn("t", "m:f", args=(1, 2), kwargs={"a": 1})
+    assert repr(task) == "TaskFn('t', 'm:f', args=(1, 2), kwargs={'a': 1})"
+
+
+# --- CommandTask ---------------------------------------------------------------------------
+
+
+def test_command_task_stores_argv_env_and_cwd() -> None:
+    """A CommandTask keeps argv as a tuple, env as a dict and cwd as a str."""
+    task = CommandTask(
+        "c", ["sh", "-c", "exit 0"], env={"A": "1", "HOME": None}, cwd=pathlib.Path("/tmp")
+    )
+    assert task.argv == ("sh", "-c", "exit 0")
+    assert task.env == {"A": "1", "HOME": None}
+    assert task.cwd == "/tmp"
+    assert "CommandTask('c', ['sh', '-c', 'exit 0']" in repr(task)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"argv": []}, TypeError, "argv"),
+        ({"argv": "sh -c true"}, TypeError, "argv"),
+        ({"argv": ["sh", 3]}, TypeError, "argv[1]"),
+        ({"argv": [""]}, ValueError, "argv[0]"),
+        ({"argv": ["sh", "a\0b"]}, ValueError, "argv[1]"),
+        ({"argv": ["sh"], "env": {"A": 1}}, TypeError, "env['A']"),
+        ({"argv": ["sh"], "env": {"A=B": "1"}}, ValueError, "env"),
+        ({"argv": ["sh"], "env": [("A", "1")]}, TypeError, "env"),
+        ({"argv": ["sh"], "cwd": 3}, TypeError, "cwd"),
+        ({"argv": ["sh"], "cwd": b"/tmp"}, TypeError, "cwd"),
+    ],
+)
+def test_invalid_command_tasks_are_refused(
+    kwargs: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    """DEF-11: a bad argv, env or cwd is refused at once naming the field."""
+    with pytest.raises(error) as caught:
+        CommandTask("c", **kwargs)
+    assert named in str(caught.value)

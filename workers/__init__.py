@@ -1,0 +1,19 @@
+"""Which targets do the tests, examples and benchmarks run?
+
+Importable task modules whose functions run inside real mpvisor attempts. Every public function
+is module-level, takes msgpack values, and accepts `marker=None`: given a file path, it appends
+`started <task> <attempt> <pid>` there first (plus `cancel-seen`, `finally`, ... where its
+module says), so tests read runs, order and overlap from files, never from logs.
+
+| module | workers |
+|---|---|
+| `basic` | values, echo, sleep, raise, `Fail`/`Fatal`/`Canceled`, flaky and scripted retries, CPU burn, environment probe, pickle bomb, progress |
+| `coop` | cancellation: cooperative, shielded, pure-Python loop, async, gated, slow stop, timeout probe, double-cancel counter |
+| `misbehave` | `os._exit`, `sys.exit`, SIGSEGV, SIGKILL, stubborn (with a tree), leftovers, output floods, huge and unencodable results, hang |
+| `overlap` | the `flock` probe that detects two live owners of a slot |
+| `slow_import_1s` | a module that takes 1 s to import |
+| `hanging_import` | a module whose import never finishes (never import it in the test process) |
+
+Only `slow_import_1s` and `hanging_import` do anything at import time. No worker spins except
+`coop.pure_loop`, which exists to prove that a pure-Python loop still gets `Canceled`.
+"""

@@ -1,0 +1,221 @@
+"""What does a well-behaved (or plainly failing) target look like?
+
+Owns the everyday workers: values, plain failures, retries and probes of the child's
+surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbehave`.
+
+| function | does | ends |
+|---|---|---|
+| `quick(value="ok")` | nothing | returns `value` |
+| `echo(*args, **kwargs)` | nothing | returns `[list(args), kwargs]` (without `marker`) |
+| `sleeper(t)` | `time.sleep(t)` (interrupted by `Canceled`) | returns `t` |
+| `raising()` | | `RuntimeError("kaboom")` |
+| `raise_exc(type_name, message)` | | the builtin exception `type_name(message)` |
+| `failing(code=None)` | | `Fail("boom", exit_code=code)` |
+| `fatal(code=None)` | | `Fatal("unrecoverable", exit_code=code)` |
+| `flaky(k)` | | `Fail("transient-err")` while `attempt <= k`, then returns `attempt` |
+| `self_canceled()` | | `Canceled()` |
+| `sequence(outcomes)` | picks `outcomes[min(attempt, len) - 1]` | `"ok"`: returns `attempt`; `"fail"`, `"fatal"`; `"hang"`: cooperative wait |
+| `attempt_info()` | | returns pid, attempt, task_id, task_name |
+| `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` (PRC-01) |
+| `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
+| `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
+| `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` (PRC-07) |
+| `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
+| `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
+
+Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import pathlib
+import pickle
+import select
+import sys
+import threading
+import time
+
+from mpvisor._errors import Canceled, Fail, Fatal
+
+from ._marker import context, mark
+
+SEQUENCE_STEPS = ("ok", "fail", "fatal", "hang")
+
+_already_ran = False  # set by fresh_process_check; a fresh process always starts with False
+
+
+def quick(value: object = "ok", marker: str | None = None) -> object:
+    """Return `value` at once."""
+    mark(marker, "started")
+    return value
+
+
+def echo(*args: object, marker: str | None = None, **kwargs: object) -> list[object]:
+    """Return the arguments as `[list(args), kwargs]`, for round-trip tests."""
+    mark(marker, "started")
+    return [list(args), kwargs]
+
+
+def sleeper(t: float, marker: str | None = None) -> float:
+    """Sleep `t` seconds (a cancellation interrupts the sleep) and return `t`."""
+    mark(marker, "started")
+    time.sleep(t)
+    return t
+
+
+def raising(marker: str | None = None) -> None:
+    """Raise `RuntimeError("kaboom")`."""
+    mark(marker, "started")
+    raise RuntimeError("kaboom")
+
+
+def raise_exc(type_name: str, message: str, marker: str | None = None) -> None:
+    """Raise the builtin exception called `type_name` with `message`."""
+    mark(marker, "started")
+    exc_type = getattr(builtins, type_name, None)
+    if not (isinstance(exc_type, type) and issubclass(exc_type, Exception)):
+        raise TypeError(f"type_name must name a builtin Exception subclass, got {type_name!r}")
+    raise exc_type(message)
+
+
+def failing(code: int | None = None, marker: str | None = None) -> None:
+    """Raise `Fail("boom", exit_code=code)`."""
+    mark(marker, "started")
+    raise Fail("boom", exit_code=code)
+
+
+def fatal(code: int | None = None, marker: str | None = None) -> None:
+    """Raise `Fatal("unrecoverable", exit_code=code)`."""
+    mark(marker, "started")
+    raise Fatal("unrecoverable", exit_code=code)
+
+
+def _fail_until(k: int) -> int:
+    attempt = context().attempt
+    if attempt <= k:
+        raise Fail("transient-err")
+    return attempt
+
+
+def flaky(k: int, marker: str | None = None) -> int:
+    """Raise `Fail("transient-err")` on attempts 1..k, then return the attempt number."""
+    mark(marker, "started")
+    return _fail_until(k)
+
+
+def self_canceled(marker: str | None = None) -> None:
+    """Raise `Canceled()` although nobody asked the attempt to stop."""
+    mark(marker, "started")
+    raise Canceled()
+
+
+def sequence(outcomes: list[str], marker: str | None = None) -> int:
+    """Act out `outcomes[attempt - 1]` (the last entry repeats): ok, fail, fatal or hang."""
+    unknown = [step for step in outcomes if step not in SEQUENCE_STEPS]
+    if not outcomes or unknown:
+        raise ValueError(f"outcomes must be a non-empty list of {SEQUENCE_STEPS}, got {outcomes!r}")
+    mark(marker, "started")
+    ctx = context()
+    step = outcomes[min(ctx.attempt, len(outcomes)) - 1]
+    if step == "fail":
+        raise Fail("boom")
+    if step == "fatal":
+        raise Fatal("unrecoverable")
+    if step == "hang":
+        while not ctx.wait_cancelled(0.05):
+            pass
+        ctx.check_cancelled()
+    return ctx.attempt
+
+
+def attempt_info(marker: str | None = None) -> dict[str, object]:
+    """Return this attempt's pid, attempt number, task id and task name."""
+    mark(marker, "started")
+    ctx = context()
+    return {
+        "pid": os.getpid(),
+        "attempt": ctx.attempt,
+        "task_id": ctx.task_id,
+        "task_name": ctx.task_name,
+    }
+
+
+def fresh_process_check(k: int, marker: str | None = None) -> int:
+    """Raise `Fatal` if this module already ran in this process; otherwise behave like `flaky(k)`."""
+    global _already_ran
+    mark(marker, "started")
+    if _already_ran:
+        raise Fatal("module state survived from an earlier attempt: the process was reused")
+    _already_ran = True
+    return _fail_until(k)
+
+
+def cpu_burn(seconds: float, marker: str | None = None) -> int:
+    """Count in pure Python until `seconds` of CPU time are spent; return the count."""
+    mark(marker, "started")
+    deadline = time.process_time() + seconds
+    count = 0
+    while time.process_time() < deadline:
+        for _ in range(10_000):
+            count += 1
+    return count
+
+
+def _stdin_at_eof() -> bool:
+    """True if reading stdin returns end-of-file at once (never blocks)."""
+    try:
+        readable, _, _ = select.select([0], [], [], 0)
+        return bool(readable) and os.read(0, 1) == b""
+    except OSError:
+        return False
+
+
+def env_probe(marker: str | None = None) -> dict[str, object]:
+    """Return what the child inherited: environment, cwd, sys.path, stdin, logging, OOM score, ids."""
+    mark(marker, "started")
+    return {
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "path": list(sys.path),
+        "stdin_eof": _stdin_at_eof(),
+        "root_handlers": len(logging.getLogger().handlers),
+        "oom_score_adj": pathlib.Path("/proc/self/oom_score_adj").read_text().strip(),
+        "threads": threading.active_count(),
+        "sid": os.getsid(0),
+        "pgid": os.getpgid(0),
+    }
+
+
+class _Bomb:
+    """Pickles to a call of `Path.write_text(bomb_path, ...)`: harmless until someone loads it."""
+
+    def __init__(self, bomb_path: str) -> None:
+        self.bomb_path = bomb_path
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (pathlib.Path.write_text, (pathlib.Path(self.bomb_path), "unpickled\n"))
+
+
+def pickle_bomb(bomb_path: str, marker: str | None = None) -> bytes:
+    """Return pickle bytes whose loading writes `bomb_path` (building them writes nothing)."""
+    mark(marker, "started")
+    return pickle.dumps(_Bomb(bomb_path))
+
+
+def progress_many(n: int, marker: str | None = None) -> int:
+    """Report progress `n` times in a tight loop; return `n`."""
+    mark(marker, "started")
+    ctx = context()
+    for done in range(1, n + 1):
+        ctx.progress(done, n)
+    return n
+
+
+def progress_once(marker: str | None = None) -> str:
+    """Report `progress(3, 10, "x")` once; return `"progressed"`."""
+    mark(marker, "started")
+    context().progress(3, 10, "x")
+    return "progressed"
