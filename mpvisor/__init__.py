@@ -1,10 +1,16 @@
 """mpvisor: supervise Python work in child processes.
 
-Every public name is re-exported here; the modules behind them are private.
+Every public name is re-exported here; the modules behind them are private. The names a target
+uses inside an attempt (`context`, `Fail`, `Fatal`, `Canceled`, ...) are imported eagerly; the
+parent-side runtime is imported on first use, so that the launcher (which imports mpvisor before
+forking every attempt) stays small and each fork stays cheap.
 """
 
-from ._backoff import BackoffPolicy, JitterPolicy
-from ._config import ControllerConfig, SupervisorConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._context import TaskContext, context
 from ._errors import (
     AlreadyRunning,
@@ -24,12 +30,51 @@ from ._errors import (
     TaskAlreadyExists,
     TaskTerminationTimeout,
 )
-from ._events import Event, EventKind
-from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
-from ._restart import BackoffSource
-from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
-from ._task import CommandTask, TaskFn
-from ._writers import JsonLinesWriter, LogWriter
+
+if TYPE_CHECKING:
+    from ._backoff import BackoffPolicy, JitterPolicy
+    from ._config import ControllerConfig, SupervisorConfig
+    from ._events import Event, EventKind
+    from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
+    from ._restart import BackoffSource
+    from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
+    from ._task import CommandTask, TaskFn
+    from ._writers import JsonLinesWriter, LogWriter
+
+_LAZY = {
+    "BackoffPolicy": "._backoff",
+    "JitterPolicy": "._backoff",
+    "ControllerConfig": "._config",
+    "SupervisorConfig": "._config",
+    "Event": "._events",
+    "EventKind": "._events",
+    "OutcomeKind": "._outcome",
+    "RejectionKind": "._outcome",
+    "TaskOutcome": "._outcome",
+    "BackoffSource": "._restart",
+    "INHERIT": "._spec",
+    "RestartPolicy": "._spec",
+    "TaskDefaults": "._spec",
+    "TaskSpec": "._spec",
+    "CommandTask": "._task",
+    "TaskFn": "._task",
+    "JsonLinesWriter": "._writers",
+    "LogWriter": "._writers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpvisor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = (
     "INHERIT",

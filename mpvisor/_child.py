@@ -19,19 +19,17 @@ returns: every path ends in `os._exit`.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import importlib.util
-import inspect
 import os
 import signal
-import socket
 import sys
-import traceback
+import types
 from typing import Any, NoReturn
 
 from . import _context
 from ._errors import Canceled, Fail, Fatal
+from ._values import check_value
 from ._wire import (
     HEADER,
     Calling,
@@ -51,23 +49,23 @@ _SIGTERM = {signal.SIGTERM}
 
 
 class _Channel:
-    """The child's blocking end of the attempt socket."""
+    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up)."""
 
     def __init__(self, fd: int) -> None:
-        self.sock = socket.socket(fileno=fd)
-        self.sock.setblocking(True)
-        os.set_inheritable(fd, False)
+        self.fd = fd
 
     def send(self, message: Message) -> None:
-        self.sock.sendall(frame(pack(message.to_wire())))
+        self.send_frame(pack(message.to_wire()))
 
     def send_frame(self, payload: bytes) -> None:
-        self.sock.sendall(frame(payload))
+        data = memoryview(frame(payload))
+        while data:
+            data = data[os.write(self.fd, data) :]
 
     def read_exact(self, n: int) -> bytes:
         chunks = bytearray()
         while len(chunks) < n:
-            chunk = self.sock.recv(min(n - len(chunks), 1 << 20))
+            chunk = os.read(self.fd, min(n - len(chunks), 1 << 20))
             if not chunk:
                 raise EOFError("the parent closed the attempt channel")
             chunks += chunk
@@ -95,17 +93,27 @@ def run(fd: int) -> NoReturn:
 def spawn_main(fd: int) -> NoReturn:
     """Entry point of a `start_method="spawn"` attempt: a fresh interpreter exec'd by the launcher."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+    os.set_inheritable(fd, False)
     run(fd)
 
 
 def _adopt_environment(start: Start) -> None:
-    os.environ.clear()
-    os.environ.update(start.env)
-    try:
-        os.chdir(start.cwd)
-    except OSError:
-        pass  # a vanished directory: stay where the launcher is, the target will notice
-    sys.path[:] = start.path
+    """Take the parent's environment, working directory and `sys.path` as they were at the start
+    request. Each is `None` when it equals what the launcher started with (the usual case)."""
+    if start.env is not None:
+        env = os.environ
+        for key in [k for k in env if k not in start.env]:
+            del env[key]
+        for key, value in start.env.items():
+            if env.get(key) != value:
+                env[key] = value
+    if start.cwd is not None:
+        try:
+            os.chdir(start.cwd)
+        except OSError:
+            pass  # a vanished directory: stay where the launcher is; the target will notice
+    if start.path is not None:
+        sys.path[:] = start.path
 
 
 def _exec_command(channel: _Channel, start: Start) -> NoReturn:
@@ -117,7 +125,7 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     _flush_std()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
     try:
-        os.execvpe(start.argv[0], start.argv, start.env)
+        os.execvpe(start.argv[0], start.argv, dict(os.environ))
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
         failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}")
@@ -131,7 +139,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except BaseException as exc:
         reason = f"cannot import target {start.target!r}: {type(exc).__name__}: {exc}"
-        _finish(channel, Failure("fatal", reason, traceback=traceback.format_exc()))
+        _finish(channel, Failure("fatal", reason, traceback=_traceback()))
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m))
     )
@@ -182,35 +190,44 @@ def _call(target: Any, start: Start, ctx: _context.TaskContext) -> Message:
     try:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
-            if inspect.iscoroutinefunction(target):
-                value = _run_async(target(*start.args, **start.kwargs), ctx)
-            else:
-                value = target(*start.args, **start.kwargs)
-                if inspect.iscoroutine(value):
-                    value = _run_async(value, ctx)
+            value = target(*start.args, **start.kwargs)
+            if isinstance(value, types.CoroutineType):
+                value = _run_async(value, ctx)
         finally:
             signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
         return Result(value)
-    except (Canceled, asyncio.CancelledError):
+    except Canceled:
         return Failure("canceled", "the attempt was canceled")
     except Fail as exc:
-        return Failure("fail", exc.reason, _exit_code(exc.exit_code), traceback.format_exc())
+        return Failure("fail", exc.reason, _exit_code(exc.exit_code), _traceback())
     except Fatal as exc:
-        return Failure("fatal", exc.reason, _exit_code(exc.exit_code), traceback.format_exc())
+        return Failure("fatal", exc.reason, _exit_code(exc.exit_code), _traceback())
     except SystemExit as exc:
         _exit_like_sys_exit(exc)
     except BaseException as exc:
-        return Failure("error", f"{type(exc).__name__}: {exc}", None, traceback.format_exc())
+        return Failure("error", f"{type(exc).__name__}: {exc}", None, _traceback())
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
+    """Run an `async def` target's coroutine to completion; its cancellation is `Canceled`."""
+    import asyncio
+
     async def main() -> Any:
         task = asyncio.current_task()
         assert task is not None
         ctx._bind_async(asyncio.get_running_loop(), task)
         return await coro
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise Canceled() from None
+
+
+def _traceback() -> str:
+    import traceback
+
+    return traceback.format_exc()
 
 
 def _exit_code(code: object) -> int | None:
@@ -243,8 +260,6 @@ def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: 
 def _encode_report(message: Message, max_frame: int) -> bytes:
     if not isinstance(message, Result):
         return pack(message.to_wire())
-    from ._values import check_value
-
     try:
         check_value(message.value, "the result")
         payload = pack(message.to_wire())

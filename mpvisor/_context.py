@@ -15,13 +15,15 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # asyncio is imported only by attempts that run an `async def` target
+    import asyncio
 
 from ._errors import Canceled
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import array
 import errno
+import gc
 import os
 import selectors
 import signal
@@ -268,8 +269,7 @@ class Launcher:
 
     def _children(self) -> list[int]:
         try:
-            with open(self.children_file, "rb") as f:
-                return [int(p) for p in f.read().split()]
+            return [int(p) for p in _platform.read_small_file(self.children_file).split()]
         except OSError:
             return []
 
@@ -295,6 +295,7 @@ class Launcher:
 def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
     fds = array.array("i")
+    flags |= socket.MSG_CMSG_CLOEXEC  # received fds must not leak into an attempt's exec
     data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_LEN(8 * fds.itemsize), flags)
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -349,12 +350,11 @@ def _still_running(pid: int) -> bool:
 def _killpg(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.kill(pid, signal.SIGKILL)  # before its setsid() the leader is not in that group yet
-    except (ProcessLookupError, PermissionError):
-        pass
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signal.SIGKILL)  # before its setsid() the leader leads no group yet
+        except ProcessLookupError:
+            pass
 
 
 def _waitpid(pid: int) -> None:
@@ -420,7 +420,9 @@ def main(argv: list[str]) -> None:
     os.set_inheritable(ctl_fd, False)
     launcher = Launcher(ctl, parent_pid)
     signal.set_wakeup_fd(launcher.wake_w)
-    launcher._send(["ready", os.getpid(), _preload(preload)])
+    error = _preload(preload)
+    gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
+    launcher._send(["ready", os.getpid(), error])
     launcher.serve()
 
 

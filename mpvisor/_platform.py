@@ -48,8 +48,11 @@ def set_child_subreaper() -> None:
 
 def set_oom_score_adj(value: int) -> None:
     """Raise this process's OOM score adjustment (lowering it would need privileges)."""
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write(str(value))
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
 
 
 def kernel_version(release: str | None = None) -> tuple[int, int]:
@@ -86,8 +89,7 @@ def raise_nofile_limit() -> None:
 def start_time(pid: int) -> int | None:
     """The start time of `pid` in clock ticks since boot, or None if it does not exist."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_small_file(f"/proc/{pid}/stat")
     except OSError:
         return None
     # The command name may hold spaces and parentheses: fields resume after the last ')'.
@@ -98,3 +100,15 @@ def start_time(pid: int) -> int | None:
 def thread_count() -> int:
     """How many threads this process has (C extensions' threads included)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def read_small_file(path: str) -> bytes:
+    """The contents of a small (procfs) file, in as few system calls as possible."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

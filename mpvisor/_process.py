@@ -71,6 +71,7 @@ class LauncherClient:
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
+        self._baseline: tuple[dict[str, str], str, list[str]] = ({}, "", [])
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
         self._thread.start()
 
@@ -82,8 +83,9 @@ class LauncherClient:
     def _keeper(self) -> None:
         while not self._closing:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._baseline = (dict(os.environ), os.getcwd(), list(sys.path))
             code = (
-                f"import sys; sys.path[:0] = {sys.path!r}; from mpvisor._launcher import main; "
+                f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
                 f"main(sys.argv[1:])"
             )
             argv = [sys.executable, "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
@@ -113,6 +115,17 @@ class LauncherClient:
         self.pid = pid
         self.loop.add_reader(sock.fileno(), self._on_readable)
         self._flush()
+
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
+        """The parent's environ, cwd and sys.path for a start request: each `None` when it is
+        what the launcher started with (so that neither side copies it per attempt)."""
+        env, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
+        base_env, base_cwd, base_path = self._baseline
+        return (
+            None if env == base_env else env,
+            None if cwd == base_cwd else cwd,
+            None if path == base_path else path,
+        )
 
     async def ready(self) -> None:
         """Wait until the launcher runs; `ConfigError` if a `preload` module failed."""

@@ -11,7 +11,7 @@ The schema (protocol version `VERSION`, sent in the child's first message):
 | direction | message | fields |
 |---|---|---|
 | child -> parent | `Hello` | `v` (protocol version), `pid` |
-| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, args, kwargs, env, cwd, path, max_frame, main_path |
+| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, args, kwargs, env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path |
 | child -> parent | `Calling` | (the target is about to be called, or the program exec'd: the timeout clock starts) |
 | child -> parent | `Progress` | done, total, message |
 | child -> parent | `Result` | value |
@@ -173,9 +173,9 @@ class Start:
     args: list[Any]
     kwargs: dict[str, Any]
     argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    path: list[str]
+    env: dict[str, str] | None  # None: as the launcher started (likewise cwd and path)
+    cwd: str | None
+    path: list[str] | None
     max_frame: int
     main_path: str | None = None
     v: int = VERSION
