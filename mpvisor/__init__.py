@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
     from ._task import CommandTask, TaskFn
     from ._writers import JsonLinesWriter, LogWriter
+    from ._registry import TaskInfo, TaskWaiter
+    from ._handle import SupervisorHandle
+    from ._supervisor import Supervisor, SupervisorBuilder, run
 
 _LAZY = {
     "BackoffPolicy": "._backoff",
@@ -60,6 +63,12 @@ _LAZY = {
     "TaskFn": "._task",
     "JsonLinesWriter": "._writers",
     "LogWriter": "._writers",
+    "TaskInfo": "._registry",
+    "TaskWaiter": "._registry",
+    "SupervisorHandle": "._handle",
+    "Supervisor": "._supervisor",
+    "SupervisorBuilder": "._supervisor",
+    "run": "._supervisor",
 }
 
 
@@ -104,12 +113,19 @@ __all__ = (
     "RejectionKind",
     "RestartPolicy",
     "ShuttingDown",
+    "Supervisor",
+    "SupervisorBuilder",
+    "SupervisorConfig",
+    "SupervisorHandle",
     "TaskAlreadyExists",
     "TaskContext",
     "TaskDefaults",
     "TaskFn",
+    "TaskInfo",
     "TaskOutcome",
     "TaskSpec",
     "TaskTerminationTimeout",
+    "TaskWaiter",
     "context",
+    "run",
 )

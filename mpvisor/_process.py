@@ -265,8 +265,12 @@ class AttemptProcess:
         timeout_kill_after: float,
         on_progress: Callable[[Progress], None] | None = None,
         on_output: Callable[[str, str], None] | None = None,
+        on_report: Callable[[Result | Failure], None] | None = None,
     ) -> None:
         self.client = client
+        self._on_report = on_report
+        self.created_at = client.loop.time()
+        self.duration: float | None = None
         self.loop = client.loop
         self.start_msg = start
         self.facts = Facts(kind=start.kind, timeout=timeout)
@@ -442,6 +446,8 @@ class AttemptProcess:
         elif isinstance(message, (Result, Failure)):
             self.facts.report = message
             self.facts.report_before_stop = self.facts.stop is None
+            if self.facts.report_before_stop and self._on_report is not None:
+                self._on_report(message)
 
     def _on_calling(self) -> None:
         self.facts.calling = True
@@ -543,6 +549,7 @@ class AttemptProcess:
         if self.phase == "done":
             return
         self.phase = "done"
+        self.duration = self.loop.time() - self.created_at
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()

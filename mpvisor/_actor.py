@@ -1,0 +1,298 @@
+"""What happens to one registered task, attempt after attempt, until it ends?
+
+The per-task loop: wait for a permit (`max_concurrent`), run one attempt process, publish how it
+ended, ask the pure restart policy (`_restart.decide`) what comes next, and sleep the backoff or
+interval. A stop request (removal, replace, shutdown) interrupts every wait: a task waiting for a
+permit or sleeping ends `CANCELED` without another attempt; a running attempt is asked to stop
+and killed after the grace window. The registry owns membership and calls `finish` when the
+loop is over; this module never frees a name.
+
+| the attempt ended ... | and a stop was claimed | task outcome |
+|---|---|---|
+| any way, its tree never killed by the grace timer | yes | CANCELED |
+| killed after the grace window | yes | FORCE_ABORTED |
+| SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_restart.decide` says |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._ending import AttemptEnd, EndKind, StopReason
+from ._events import EventKind
+from ._outcome import OutcomeKind, TaskOutcome
+from ._process import AttemptProcess
+from ._restart import AttemptResult, RunAgain, RunNow, Stop, Streak, decide
+from ._spec import ResolvedSpec
+from ._task import CommandTask
+from ._wire import Failure, Progress, Result, Start
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+_RESULTS = {
+    EndKind.SUCCEEDED: AttemptResult.SUCCEEDED,
+    EndKind.FAILED: AttemptResult.FAILED,
+    EndKind.FATAL: AttemptResult.FATAL,
+    EndKind.CANCELED: AttemptResult.CANCELED,
+    EndKind.TIMED_OUT: AttemptResult.TIMED_OUT,
+}
+_REPORT_KINDS = {
+    "fail": EndKind.FAILED,
+    "error": EndKind.FAILED,
+    "fatal": EndKind.FATAL,
+    "canceled": EndKind.CANCELED,
+}
+_ATTEMPT_EVENTS = {
+    EndKind.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
+    EndKind.FAILED: EventKind.ATTEMPT_FAILED,
+    EndKind.FATAL: EventKind.ATTEMPT_FAILED,
+    EndKind.CANCELED: EventKind.ATTEMPT_CANCELED,
+    EndKind.TIMED_OUT: EventKind.ATTEMPT_TIMED_OUT,
+}
+
+
+@dataclass
+class Claim:
+    """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`)."""
+
+    by_shutdown: bool
+
+
+class TaskActor:
+    """One registered task: its settings, its loop, and what a stop request must reach."""
+
+    def __init__(self, runtime: Runtime, id: int, spec: ResolvedSpec, owned_by_controller: bool) -> None:
+        self.runtime = runtime
+        self.id = id
+        self.spec = spec
+        self.name = spec.name
+        self.owned_by_controller = owned_by_controller
+        self.registered_at = time.monotonic()
+        self.attempt = 0
+        self.pid: int | None = None
+        self.claim: Claim | None = None  # set once, by the one call that claimed the removal
+        self.stop_decided = False  # the policy stops the task after the attempt already known
+        self.finished = False
+        self.final_kind: OutcomeKind | None = None  # set at terminal cleanup
+        self.current: AttemptProcess | None = None
+        self._stop = asyncio.Event()
+        self._rng = self._make_rng()
+        self.streak = Streak()  # the current failure streak (reset by a success)
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "claimed" if self.claim else "running"
+        return f"<TaskActor {self.name!r} id={self.id} {state} attempt={self.attempt} pid={self.pid}>"
+
+    def _make_rng(self) -> random.Random:
+        seed = self.runtime.config.seed
+        return random.Random(f"{seed}:{self.name}") if seed is not None else random.Random()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._main(), name=f"mpvisor-task-{self.name}")
+
+    # --- stopping ---------------------------------------------------------------------------
+
+    def claimable(self) -> bool:
+        return self.claim is None and not self.stop_decided and not self.finished
+
+    def request_stop(self, claim: Claim) -> None:
+        """Stop this task (the caller checked `claimable`): no further attempt starts."""
+        self.claim = claim
+        self._stop.set()
+        if self.current is not None:
+            self.current.stop(StopReason.CANCEL, self.runtime.config.grace)
+
+    def kill_now(self, why: str) -> None:
+        """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
+        if self.current is not None:
+            self.current.kill(why)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            outcome = await self._loop()
+        except Exception as exc:  # a bug in mpvisor's own per-task code, never the user's
+            if self.current is not None:
+                self.current.kill(f"mpvisor failed supervising it: {exc!r}")
+                await self.current.end()
+            outcome = self._outcome(OutcomeKind.PANICKED, f"mpvisor panicked: {type(exc).__name__}: {exc}")
+        self.runtime.registry.finish(self, outcome)
+
+    async def _loop(self) -> TaskOutcome:
+        while True:
+            if not await self._acquire_permit():
+                return self._canceled()
+            try:
+                end = await self._run_attempt()
+            finally:
+                self.runtime.release_permit()
+            if self.claim is not None:
+                return self._claimed_outcome(end)
+            action, self.streak = decide(
+                self.spec.restart,
+                _RESULTS[end.kind],
+                self.streak,
+                max_retries=self.spec.max_retries,
+                backoff=self.spec.backoff,
+                rng=self._rng,
+                reason=end.reason,
+            )
+            match action:
+                case Stop(kind, reason):
+                    return self._outcome(kind, reason, end)
+                case RunNow():
+                    continue
+                case RunAgain(delay, source):
+                    self._publish(
+                        EventKind.BACKOFF_SCHEDULED,
+                        delay=delay,
+                        backoff_source=source,
+                        reason=end.reason if source.label == "failure" else None,
+                    )
+                    if not await self._sleep(delay):
+                        return self._canceled()
+
+    async def _acquire_permit(self) -> bool:
+        """Wait for a permit unless a stop comes first; True when one was taken."""
+        if self._stop.is_set():
+            return False
+        acquire = self.runtime.acquire_permit()
+        if acquire is None:
+            return True
+        return await self._first(acquire, release_on_loss=True)
+
+    async def _sleep(self, delay: float) -> bool:
+        """Sleep `delay` unless a stop comes first; True when the sleep completed."""
+        if delay <= 0:
+            return not self._stop.is_set()
+        return await self._first(asyncio.sleep(delay), release_on_loss=False)
+
+    async def _first(self, waited: Any, *, release_on_loss: bool) -> bool:
+        work = asyncio.ensure_future(waited)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if self._stop.is_set():
+            if work.done() and not work.cancelled() and release_on_loss:
+                self.runtime.release_permit()
+            work.cancel()
+            return False
+        return True
+
+    async def _run_attempt(self) -> AttemptEnd:
+        self.attempt += 1
+        attempt = self.runtime.start_attempt(self)
+        self.current = attempt
+        try:
+            self.pid = await attempt.started()
+            self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
+        except Exception:
+            pass  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
+        end = await attempt.end()
+        pid, self.pid, self.current = self.pid, None, None
+        if end.killed is not None and pid is not None:
+            self._publish(EventKind.ATTEMPT_KILLED, attempt=self.attempt, pid=pid, reason=end.killed)
+        fields: dict[str, Any] = {"attempt": self.attempt, "pid": pid, "reason": end.reason}
+        if end.kind is EndKind.SUCCEEDED:
+            fields["duration"] = attempt.duration
+        elif end.kind is EndKind.TIMED_OUT:
+            fields["timeout"] = self.spec.timeout
+        else:
+            fields["exit_code"] = end.exit_code
+        self._publish(_ATTEMPT_EVENTS[end.kind], **fields)
+        return end
+
+    def on_report(self, report: Result | Failure) -> None:
+        """A report was read before any stop request: if the policy stops after it, the task's
+        stop is decided and a removal can no longer claim it (SPEC §3.3)."""
+        kind = EndKind.SUCCEEDED if isinstance(report, Result) else _REPORT_KINDS[report.kind]
+        action, _ = decide(
+            self.spec.restart,
+            _RESULTS[kind],
+            self.streak,
+            max_retries=self.spec.max_retries,
+            backoff=self.spec.backoff,
+            rng=random.Random(0),  # a throwaway: the task's own draws stay repeatable
+            reason=None,
+        )
+        if isinstance(action, Stop):
+            self.stop_decided = True
+
+    # --- outcomes -----------------------------------------------------------------------------
+
+    def _canceled(self) -> TaskOutcome:
+        return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
+
+    def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
+        if end.killed is not None and end.kind is EndKind.CANCELED:
+            grace = self.runtime.config.grace
+            reason = f"did not stop within the grace window of {grace} s: {end.killed}"
+            return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
+        return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
+
+    def _stop_reason(self) -> str:
+        return "canceled by shutdown" if self.claim and self.claim.by_shutdown else "canceled"
+
+    def _outcome(self, kind: OutcomeKind, reason: str | None, end: AttemptEnd | None = None) -> TaskOutcome:
+        keep_failure = end is not None and kind in (OutcomeKind.FAILED, OutcomeKind.FATAL)
+        return TaskOutcome(
+            kind,
+            reason=reason,
+            exit_code=end.exit_code if keep_failure and end is not None else None,
+            value=end.value if end is not None and kind is OutcomeKind.COMPLETED else None,
+            traceback=end.traceback if keep_failure and end is not None else None,
+            attempts=self.attempt,
+            duration=time.monotonic() - self.registered_at,
+        )
+
+    def _publish(self, kind: EventKind, **fields: Any) -> None:
+        self.runtime.bus.publish(kind, task=self.name, id=self.id, **fields)
+
+    # --- the start request -------------------------------------------------------------------
+
+    def start_request(self, env: Any, cwd: str | None, path: list[str] | None) -> Start:
+        task = self.spec.task
+        common = dict(task=self.name, id=self.id, attempt=self.attempt, max_frame=self.runtime.config.max_frame_bytes)
+        if isinstance(task, CommandTask):
+            merged = dict(env if env is not None else self.runtime.launcher_env())
+            for key, value in (task.env or {}).items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            return Start(kind="cmd", target="", args=[], kwargs={}, argv=list(task.argv), env=merged,
+                         cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
+        target, main_path = _resolve_main(task.target)
+        return Start(kind="fn", target=target, args=list(task.args), kwargs=dict(task.kwargs), argv=[],
+                     env=env, cwd=cwd, path=path, main_path=main_path, **common)  # type: ignore[arg-type]
+
+    def on_progress(self, progress: Progress) -> None:
+        self._publish(
+            EventKind.ATTEMPT_PROGRESS, attempt=self.attempt, pid=self.pid,
+            progress=(progress.done, progress.total), reason=progress.message,
+        )
+
+    def on_output(self, stream: str, line: str) -> None:
+        self._publish(EventKind.ATTEMPT_OUTPUT, attempt=self.attempt, pid=self.pid, stream=stream, line=line)
+
+
+def _resolve_main(target: str) -> tuple[str, str | None]:
+    """Map a target defined in the running script (`__main__`) to what the child can import."""
+    module, _, qualname = target.partition(":")
+    if module != "__main__":
+        return target, None
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+        return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
+    return target, getattr(main, "__file__", None)

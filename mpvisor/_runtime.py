@@ -1,0 +1,183 @@
+"""What does one running supervisor own, and how does it shut down?
+
+`Runtime` is the supervisor's state on its event loop: the event bus, the registry, the
+launcher client, the concurrency permits, the optional controller, and the one shared shutdown.
+`SupervisorHandle` is the public face of a runtime (every management call); it holds nothing
+but the runtime, so the handle alone keeps it alive.
+
+Shutdown (SPEC §6), one operation whatever started it, its result cached for every caller:
+
+1. close intake: new calls raise `ShuttingDown` / `ControllerClosed`; queued commands are answered;
+2. publish `SHUTDOWN_REQUESTED`; the controller rejects what it has not handed over; every task is
+   claimed for removal (cooperative stop; tasks between attempts end at once);
+3. each claimed attempt is killed by its own grace timer; shutdown waits for every task to be
+   cleaned up, then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
+   `ALL_STOPPED_WITHIN_GRACE`;
+4. stop the launcher, join the controller and registry, drain subscribers (bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ._bus import Bus
+from ._config import SupervisorConfig
+from ._errors import GraceExceeded
+from ._events import EventKind
+from ._outcome import OutcomeKind
+from ._process import AttemptProcess, LauncherClient
+from ._registry import Registry
+from ._spec import TaskDefaults
+
+if TYPE_CHECKING:
+    from ._actor import TaskActor
+    from ._controller import Controller
+    from ._config import ControllerConfig
+    from ._bus import Subscriber
+
+_ids = itertools.count(1)  # TaskIds increase in allocation order, process-wide
+
+
+def next_id() -> int:
+    return next(_ids)
+
+
+class Runtime:
+    """One supervisor's live state, bound to one event loop."""
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        subscribers: tuple[Subscriber, ...],
+        defaults: TaskDefaults,
+        controller: ControllerConfig | None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.config = config
+        self.defaults = defaults
+        self.bus = Bus(subscribers, config.bus_capacity)
+        self.registry = Registry(self, config.registry_capacity)
+        self.client: LauncherClient | None = None
+        self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
+        self.controller: Controller | None = None
+        if controller is not None:
+            from ._controller import Controller
+
+            self.controller = Controller(self, controller)
+        self.shutting_down = False
+        self.interrupted = False  # a SIGINT/SIGTERM started the shutdown (`run` mode)
+        self._shutdown: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self.ensure_launcher()
+
+    def __repr__(self) -> str:
+        return f"<Runtime {self.registry!r} launcher={self.client!r} shutting_down={self.shutting_down}>"
+
+    # --- the launcher ---------------------------------------------------------------------------
+
+    def ensure_launcher(self) -> LauncherClient:
+        if self.client is None:
+            self.client = LauncherClient(self.loop, self.config.preload, self._on_launcher_death)
+        return self.client
+
+    async def ready(self) -> None:
+        """Wait until the launcher runs (`ConfigError` if a preload module failed)."""
+        await self.ensure_launcher().ready()
+
+    async def stop_launcher(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.close()
+
+    def _on_launcher_death(self, reason: str) -> None:
+        self.bus.publish(EventKind.RUNTIME_FAILURE, reason=reason)
+
+    def launcher_env(self) -> dict[str, str]:
+        return self.ensure_launcher()._baseline[0]
+
+    def start_attempt(self, actor: TaskActor) -> AttemptProcess:
+        client = self.ensure_launcher()
+        env, cwd, path = client.environment()
+        start = actor.start_request(env, cwd, path)
+        config = self.config
+        return AttemptProcess(
+            client,
+            start,
+            exec_python=config.start_method == "spawn" and start.kind == "fn",
+            capture_output=config.capture_output,
+            timeout=actor.spec.timeout,
+            start_timeout=config.start_timeout,
+            timeout_kill_after=config.timeout_kill_after,
+            on_progress=actor.on_progress,
+            on_output=actor.on_output if config.capture_output else None,
+            on_report=actor.on_report,
+        )
+
+    # --- permits --------------------------------------------------------------------------------
+
+    def acquire_permit(self) -> Any:
+        return self.permits.acquire() if self.permits is not None else None
+
+    def release_permit(self) -> None:
+        if self.permits is not None:
+            self.permits.release()
+
+    # --- shutdown --------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Join the one shutdown (its result, or its error, is the same for every caller)."""
+        if self._shutdown is None:
+            self.shutting_down = True
+            self._shutdown = self.loop.create_task(self._run_shutdown(), name="mpvisor-shutdown")
+            self.notify()
+        await asyncio.shield(self._shutdown)
+
+    def notify(self) -> None:
+        """Something `run` waits for may have happened (no tasks left, controller idle, shutdown)."""
+        self._changed.set()
+
+    async def wait_for_change(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    @property
+    def shutdown_started(self) -> bool:
+        return self._shutdown is not None
+
+    def kill_all_now(self, why: str) -> None:
+        """End the grace window at once (a second SIGINT in `run` mode)."""
+        for actor in list(self.registry.by_id.values()):
+            actor.kill_now(why)
+
+    async def _run_shutdown(self) -> None:
+        if self.controller is not None:
+            await self.controller.close_intake()
+        await self.registry.close()
+        self.bus.publish(EventKind.SHUTDOWN_REQUESTED)
+        if self.controller is not None:
+            self.controller.reject_pending()
+        claimed = [a for a in list(self.registry.by_id.values()) if self.registry.claim(a, by_shutdown=True)]
+        grace = self.config.grace
+        deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
+        try:
+            await self.registry.empty.wait()
+        finally:
+            deadline.cancel()
+        stuck = sorted(a.name for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED)
+        if stuck:
+            self.bus.publish(EventKind.GRACE_EXCEEDED, reason=f"killed after the grace window of {grace} s: {', '.join(stuck)}")
+        else:
+            self.bus.publish(EventKind.ALL_STOPPED_WITHIN_GRACE)
+        await self.stop_launcher()
+        if self.controller is not None:
+            await self.controller.join()
+        await self.registry.stop()
+        await self.bus.close(self.config.subscriber_shutdown_timeout)
+        if stuck:
+            raise GraceExceeded(grace, stuck)
+
+    def _kill_leftovers(self, grace: float) -> None:
+        """A task whose stop was already decided but whose process lingers past the grace."""
+        self.kill_all_now(f"still running after the shutdown grace window of {grace} s")

@@ -1,0 +1,221 @@
+"""How does a user build a supervisor, serve it, and run a batch to completion?
+
+`Supervisor` holds settings until it is first served; then it is bound to that event loop and
+to one `Runtime` for good. `serve()` starts the launcher and returns a handle at once;
+`run(specs)` registers a batch atomically, waits until nothing is left (or a signal or any
+caller starts shutdown), shuts down, and returns one outcome per spec.
+
+| call | where | result |
+|---|---|---|
+| `serve()` | inside a running loop | the handle (the same runtime every time, also after shutdown) |
+| `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins |
+| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time |
+| `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import _platform
+from ._config import ControllerConfig, SupervisorConfig
+from ._errors import AlreadyRunning, GraceExceeded, ShuttingDown, TaskAlreadyExists
+from ._handle import SupervisorHandle
+from ._outcome import TaskOutcome
+from ._runtime import Runtime
+from ._spec import TaskDefaults, TaskSpec
+
+if TYPE_CHECKING:
+    from ._bus import Subscriber
+
+
+class Supervisor:
+    """Settings for one runtime; `serve()` or `run()` brings it to life on the current loop."""
+
+    def __init__(
+        self,
+        config: SupervisorConfig | None = None,
+        subscribers: Iterable[Subscriber] = (),
+        *,
+        task_defaults: TaskDefaults | None = None,
+        controller: ControllerConfig | None = None,
+    ) -> None:
+        self.config = config if config is not None else SupervisorConfig()
+        if not isinstance(self.config, SupervisorConfig):
+            raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
+        self.subscribers = tuple(subscribers)
+        for sub in self.subscribers:
+            if not callable(getattr(sub, "on_event", None)) or not isinstance(getattr(sub, "name", None), str):
+                raise TypeError(f"subscriber {sub!r} needs a `name` string and an `on_event(event)` method")
+        self.task_defaults = task_defaults if task_defaults is not None else TaskDefaults()
+        self.controller_config = controller
+        self._runtime: Runtime | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ran = False
+
+    def __repr__(self) -> str:
+        return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
+
+    @staticmethod
+    def builder(config: SupervisorConfig | None = None) -> SupervisorBuilder:
+        return SupervisorBuilder(config)
+
+    # --- serving --------------------------------------------------------------------------------
+
+    def serve(self) -> SupervisorHandle:
+        """Start the runtime (once) on the running loop and return a handle on it."""
+        _platform.require_supported()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("Supervisor.serve() needs a running asyncio event loop (call it from async code)") from None
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError("this supervisor is bound to the event loop it was first served on")
+        _refuse_unguarded_main()
+        if self._runtime is None:
+            _platform.raise_nofile_limit()
+            self._loop = loop
+            self._runtime = Runtime(self.config, self.subscribers, self.task_defaults, self.controller_config)
+        elif not self._runtime.shutting_down:
+            self._runtime.ensure_launcher()
+        return SupervisorHandle(self._runtime)
+
+    async def __aenter__(self) -> SupervisorHandle:
+        return self.serve()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._runtime is not None
+        try:
+            await self._runtime.shutdown()
+        except GraceExceeded as grace:
+            if exc is None:
+                raise
+            exc.add_note(f"mpvisor: shutdown after this error also failed: {grace}")
+
+    # --- running a batch ------------------------------------------------------------------------
+
+    async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
+        """Register `specs` at once, wait until no work is left, shut down; outcomes by name."""
+        specs = list(specs)
+        if self._ran:
+            raise AlreadyRunning("Supervisor.run() can be called only once")
+        handle = self.serve()
+        runtime = handle._rt
+        self._ran = True
+        if runtime.shutdown_started:
+            if specs:
+                raise ShuttingDown("the supervisor is shutting down")
+            await runtime.shutdown()
+            return {}
+        with _SignalHandlers(runtime):
+            try:
+                waiters = await handle._add(specs, wait=True)
+            except TaskAlreadyExists:
+                await runtime.stop_launcher()
+                raise
+            await _until_idle_or_shutdown(runtime)
+            await runtime.shutdown()
+        return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
+
+
+class SupervisorBuilder:
+    """Collects settings for a `Supervisor`; each method returns the builder."""
+
+    def __init__(self, config: SupervisorConfig | None = None) -> None:
+        self._config = config
+        self._subscribers: list[Subscriber] = []
+        self._defaults: TaskDefaults | None = None
+        self._controller: ControllerConfig | None = None
+
+    def with_controller(self, config: ControllerConfig | None = None) -> SupervisorBuilder:
+        self._controller = config if config is not None else ControllerConfig()
+        return self
+
+    def with_subscribers(self, subscribers: Iterable[Subscriber]) -> SupervisorBuilder:
+        self._subscribers.extend(subscribers)
+        return self
+
+    def with_task_defaults(self, defaults: TaskDefaults) -> SupervisorBuilder:
+        self._defaults = defaults
+        return self
+
+    def build(self) -> Supervisor:
+        return Supervisor(self._config, self._subscribers, task_defaults=self._defaults, controller=self._controller)
+
+
+def run(
+    specs: Sequence[TaskSpec],
+    config: SupervisorConfig | None = None,
+    *,
+    subscribers: Iterable[Subscriber] = (),
+    task_defaults: TaskDefaults | None = None,
+    controller: ControllerConfig | None = None,
+) -> dict[str, TaskOutcome]:
+    """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
+    supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
+    return asyncio.run(supervisor.run(specs))
+
+
+async def _until_idle_or_shutdown(runtime: Runtime) -> None:
+    """Return when no task is registered and the controller holds no work, or shutdown began."""
+    while not runtime.shutdown_started:
+        idle = runtime.registry.empty.is_set() and (runtime.controller is None or runtime.controller.idle())
+        if idle:
+            return
+        await runtime.wait_for_change()
+
+
+class _SignalHandlers:
+    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored).
+    A second SIGINT ends the grace window at once."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.previous: dict[int, Any] = {}
+        self.interrupts = 0
+
+    def __enter__(self) -> _SignalHandlers:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        loop = self.runtime.loop
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.previous[signum] = signal.getsignal(signum)
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def _on_signal(self, signum: int) -> None:
+        self.runtime.interrupted = True
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                self.runtime.kill_all_now("a second SIGINT ended the grace window")
+        self.runtime.loop.create_task(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        try:
+            await self.runtime.shutdown()
+        except Exception:
+            pass  # `run` reports it: it awaits the same shutdown
+
+    def __exit__(self, *exc: object) -> None:
+        loop = self.runtime.loop
+        for signum, previous in self.previous.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, previous)
+
+
+def _refuse_unguarded_main() -> None:
+    from . import _context
+
+    if _context.importing_main_script:
+        raise _context.UnguardedMainScript(
+            'a supervisor was started while an attempt imported the main script: its start-up code '
+            'must sit under `if __name__ == "__main__":`'
+        )
