@@ -1,4 +1,4 @@
-"""How does the runtime start, stop and learn the end of one attempt process?
+r"""How does the runtime start, stop and learn the end of one attempt process?
 
 The launcher boundary (SPEC §1.10). `LauncherClient` keeps one launcher process alive (started
 from a keeper thread that lives as long as the supervisor, so the launcher's parent-death signal

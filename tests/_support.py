@@ -183,3 +183,37 @@ class Collector:
                         f"no {kind} with {fields} within {timeout} s; kinds seen: {seen}"
                     )
                 self._changed.wait(remaining)
+
+
+def run(coro: Any) -> Any:
+    """Run an async test body on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+class supervised:
+    """`async with supervised(config, ...) as (handle, collector):` serves a supervisor with a
+    `Collector` subscribed, and shuts it down on exit (a `GraceExceeded` is left to the test:
+    it propagates unless `expect_grace_exceeded=True`)."""
+
+    def __init__(self, config: Any = None, *, subscribers: Iterable[Any] = (), controller: Any = None,
+                 task_defaults: Any = None, expect_grace_exceeded: bool = False) -> None:
+        from mpvisor import Supervisor
+
+        self.collector = Collector()
+        self.supervisor = Supervisor(config, [self.collector, *subscribers],
+                                     task_defaults=task_defaults, controller=controller)
+        self.expect_grace_exceeded = expect_grace_exceeded
+        self.handle: Any = None
+
+    async def __aenter__(self) -> tuple[Any, Collector]:
+        self.handle = self.supervisor.serve()
+        return self.handle, self.collector
+
+    async def __aexit__(self, *exc: object) -> None:
+        from mpvisor import GraceExceeded
+
+        try:
+            await self.handle.shutdown()
+        except GraceExceeded:
+            if not self.expect_grace_exceeded:
+                raise
