@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from ._registry import TaskInfo, TaskWaiter
     from ._handle import SupervisorHandle
     from ._supervisor import Supervisor, SupervisorBuilder, run
+    from ._controller import ControllerSnapshot, ControllerSpec, PreparedSubmission
+    from ._slots import AdmissionPolicy, SlotStatus, SlotView
 
 _LAZY = {
     "BackoffPolicy": "._backoff",
@@ -69,6 +71,12 @@ _LAZY = {
     "Supervisor": "._supervisor",
     "SupervisorBuilder": "._supervisor",
     "run": "._supervisor",
+    "ControllerSnapshot": "._controller",
+    "ControllerSpec": "._controller",
+    "PreparedSubmission": "._controller",
+    "AdmissionPolicy": "._slots",
+    "SlotStatus": "._slots",
+    "SlotView": "._slots",
 }
 
 
@@ -87,6 +95,7 @@ def __dir__() -> list[str]:
 
 __all__ = (
     "INHERIT",
+    "AdmissionPolicy",
     "AlreadyRunning",
     "AlreadySubmitted",
     "BackoffPolicy",
@@ -100,6 +109,8 @@ __all__ = (
     "ControllerError",
     "ControllerFull",
     "ControllerNotConfigured",
+    "ControllerSnapshot",
+    "ControllerSpec",
     "Event",
     "EventKind",
     "Fail",
@@ -110,9 +121,12 @@ __all__ = (
     "LogWriter",
     "MpvisorError",
     "OutcomeKind",
+    "PreparedSubmission",
     "RejectionKind",
     "RestartPolicy",
     "ShuttingDown",
+    "SlotStatus",
+    "SlotView",
     "Supervisor",
     "SupervisorBuilder",
     "SupervisorConfig",

@@ -102,15 +102,15 @@ class SupervisorHandle:
     async def try_cancel_by_name_with_timeout(self, name: str, timeout: float | timedelta) -> bool:
         return await self._cancel(_validate.name("name", name), wait=False, timeout=_timeout(timeout))
 
-    async def _remove(self, key: int | str, *, wait: bool) -> RemoveAnswer:
+    async def _remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
         self._check_open()
         controller = self._rt.controller
         if controller is not None and isinstance(key, int):
-            return await controller.remove(key, wait=wait)
+            return await controller.remove(key, wait=wait, until_cleanup=until_cleanup)
         return await self._rt.registry.call(Remove(key), wait=wait)  # type: ignore[no-any-return]
 
     async def _cancel(self, key: int | str, *, wait: bool, timeout: float | None) -> bool:
-        claimed, cleaned, id = await self._remove(key, wait=wait)
+        claimed, cleaned, id = await self._remove(key, wait=wait, until_cleanup=True)
         if cleaned is None or id is None:
             return claimed
         try:

@@ -68,6 +68,9 @@ class TaskWaiter:
 class Add:
     specs: list[tuple[int, ResolvedSpec]]
     owned_by_controller: bool = False
+    # The controller's direct view of its admission, called inside the registration step:
+    on_accept: Callable[[TaskActor], None] | None = None  # before the task's loop starts
+    on_reject: Callable[[RejectionKind], None] | None = None
     reply: asyncio.Future[list[TaskWaiter]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -186,6 +189,8 @@ class Registry:
                 publish(EventKind.TASK_ADD_FAILED, task=spec.name, id=id, rejection_kind=kind,
                         reason=f"a task named {spec.name!r} is already registered" if clash else
                         f"the batch was rejected: {duplicate!r} is already registered")
+            if command.on_reject is not None:
+                command.on_reject(RejectionKind.ALREADY_EXISTS)
             raise TaskAlreadyExists(duplicate)
         actors = [TaskActor(self.runtime, id, spec, command.owned_by_controller) for id, spec in command.specs]
         waiters = []
@@ -200,6 +205,8 @@ class Registry:
         if actors:
             self.empty.clear()
         for actor in actors:
+            if command.on_accept is not None:
+                command.on_accept(actor)
             actor.start()
         return waiters
 

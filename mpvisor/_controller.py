@@ -1,0 +1,407 @@
+"""How does submitted work reach the registry, one owner per slot?
+
+The controller's I/O shell around the pure `SlotTable` (`_slots.py`). One loop on the runtime's
+event loop owns every slot transition. It is fed only by:
+
+| source | bounded | what it carries |
+|---|---|---|
+| the command queue (`queue_capacity`) | yes | submissions, and every remove/cancel by id |
+| the inbox | no | the registry's accept/reject of an admission, an owner's terminal cleanup |
+| shutdown | - | close intake, reject what was not handed over, settle |
+
+Events never drive it. A removal forwarded to the registry stays "in flight" until the registry
+answers it (a `cancel`: until terminal cleanup); while `queue_capacity` of them are in flight the
+loop takes no further command, so intake backs up into `ControllerFull` / `CommandQueueFull`.
+The waiter of an admitted task resolves only after the loop has processed its cleanup, so the
+slot has moved on by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _validate
+from ._config import ControllerConfig
+from ._errors import AlreadySubmitted, CommandQueueFull, ControllerClosed, ControllerFull, ShuttingDown
+from ._events import EventKind
+from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
+from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
+from ._slots import Admit, AdmissionPolicy, Reject, RemoveOwner, SlotTable, SlotView, Transition
+from ._spec import ResolvedSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from ._actor import TaskActor
+    from ._runtime import Runtime
+
+
+class ControllerSpec:
+    """One submission: a task spec, an admission policy and an optional slot (default: the task name)."""
+
+    def __init__(self, task_spec: TaskSpec, admission: AdmissionPolicy, slot: str | None = None) -> None:
+        if not isinstance(task_spec, TaskSpec):
+            raise TypeError(f"task_spec must be a TaskSpec, got {task_spec!r}")
+        if not isinstance(admission, AdmissionPolicy):
+            raise TypeError(f"admission must be an AdmissionPolicy, got {admission!r}")
+        self._task_spec = task_spec
+        self._admission = admission
+        self._slot = None if slot is None else _validate.name("slot", slot)
+
+    def __repr__(self) -> str:
+        return f"<ControllerSpec {self._admission.label} {self.task_spec.name!r} slot={self.slot_name!r}>"
+
+    @classmethod
+    def queue(cls, task_spec: TaskSpec) -> ControllerSpec:
+        return cls(task_spec, AdmissionPolicy.QUEUE)
+
+    @classmethod
+    def replace(cls, task_spec: TaskSpec) -> ControllerSpec:
+        return cls(task_spec, AdmissionPolicy.REPLACE)
+
+    @classmethod
+    def drop_if_running(cls, task_spec: TaskSpec) -> ControllerSpec:
+        return cls(task_spec, AdmissionPolicy.DROP_IF_RUNNING)
+
+    def with_slot(self, slot: str) -> ControllerSpec:
+        return ControllerSpec(self._task_spec, self._admission, slot)
+
+    def without_slot(self) -> ControllerSpec:
+        return ControllerSpec(self._task_spec, self._admission, None)
+
+    def with_admission(self, admission: AdmissionPolicy) -> ControllerSpec:
+        return ControllerSpec(self._task_spec, admission, self._slot)
+
+    def with_task_spec(self, task_spec: TaskSpec) -> ControllerSpec:
+        return ControllerSpec(task_spec, self._admission, self._slot)
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self._admission
+
+    @property
+    def slot_override(self) -> str | None:
+        return self._slot
+
+    @property
+    def slot_name(self) -> str:
+        return self._slot if self._slot is not None else self._task_spec.name
+
+    @property
+    def task_spec(self) -> TaskSpec:
+        return self._task_spec
+
+
+@dataclass(frozen=True)
+class ControllerSnapshot:
+    """A best-effort view of the slots (not a transaction)."""
+
+    slots: list[SlotView]
+    running_count: int
+    total_queued: int
+
+    def slot(self, name: str) -> SlotView | None:
+        return next((view for view in self.slots if view.slot == name), None)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A submission the controller holds: queued, or handed to the registry."""
+
+    id: int
+    slot: str
+    admission: AdmissionPolicy
+    spec: ResolvedSpec
+    outcome: asyncio.Future[TaskOutcome]
+    claimed: bool = False  # removed while its registration was pending
+    cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
+
+
+class PreparedSubmission:
+    """A submission with its id reserved; single use (`AlreadySubmitted` the second time)."""
+
+    def __init__(self, controller: Controller, id: int, spec: ControllerSpec) -> None:
+        self._controller = controller
+        self.id = id
+        self.spec = spec
+        self._used = False
+
+    def __repr__(self) -> str:
+        return f"<PreparedSubmission id={self.id} {self.spec!r} used={self._used}>"
+
+    async def submit(self) -> int:
+        await self._send(wait=True)
+        return self.id
+
+    async def try_submit(self) -> int:
+        await self._send(wait=False)
+        return self.id
+
+    async def submit_and_watch(self) -> tuple[int, TaskWaiter]:
+        return self.id, await self._send(wait=True)
+
+    async def try_submit_and_watch(self) -> tuple[int, TaskWaiter]:
+        return self.id, await self._send(wait=False)
+
+    async def _send(self, *, wait: bool) -> TaskWaiter:
+        if self._used:
+            raise AlreadySubmitted(f"submission {self.id} was already submitted")
+        self._used = True
+        return await self._controller.submit(self.id, self.spec, wait=wait)
+
+
+@dataclass
+class _Submit:
+    item: _Pending
+
+
+@dataclass
+class _Removal:
+    id: int
+    until_cleanup: bool
+    reply: asyncio.Future[RemoveAnswer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Controller:
+    """The serialized controller loop and its intake."""
+
+    def __init__(self, runtime: Runtime, config: ControllerConfig) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.table: SlotTable[_Pending] = SlotTable(config.max_slot_queue)
+        self.queue: asyncio.Queue[_Submit | _Removal] = asyncio.Queue(config.queue_capacity)
+        self.inbox: collections.deque[Callable[[], None]] = collections.deque()
+        self.admitting: dict[int, _Pending] = {}  # handed to the registry, decision pending
+        self.owners: dict[int, _Pending] = {}  # registered owners, until their cleanup is processed
+        self.in_flight = 0  # removals forwarded to the registry and not yet answered
+        self.closed = False
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()  # set after every step the loop takes
+        runtime.registry.on_cleanup = self._on_cleanup
+        self._task = runtime.loop.create_task(self._serve(), name="mpvisor-controller")
+
+    def __repr__(self) -> str:
+        return (
+            f"<Controller slots={len(self.table.snapshot(0))} queued={self.queue.qsize()} "
+            f"admitting={len(self.admitting)} in_flight={self.in_flight} closed={self.closed}>"
+        )
+
+    # --- intake ----------------------------------------------------------------------------------
+
+    def prepare(self, spec: ControllerSpec) -> PreparedSubmission:
+        from ._runtime import next_id
+
+        if not isinstance(spec, ControllerSpec):
+            raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
+        return PreparedSubmission(self, next_id(), spec)
+
+    async def submit(self, id: int, spec: ControllerSpec, *, wait: bool) -> TaskWaiter:
+        if self.closed:
+            raise ControllerClosed("the controller is closed: the supervisor is shutting down")
+        await self.runtime.ready()
+        resolved = spec.task_spec.resolve(self.runtime.defaults)
+        item = _Pending(id, spec.slot_name, spec.admission, resolved, self.runtime.loop.create_future())
+        await self._put(_Submit(item), wait, ControllerFull)
+        return TaskWaiter(id, item.outcome)
+
+    async def remove(self, id: int, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
+        if self.closed:
+            raise ShuttingDown("the supervisor is shutting down")
+        removal = _Removal(id, until_cleanup)
+        await self._put(removal, wait, CommandQueueFull)
+        return await removal.reply
+
+    async def _put(self, command: _Submit | _Removal, wait: bool, full: type[Exception]) -> None:
+        if wait:
+            await self.queue.put(command)
+        else:
+            try:
+                self.queue.put_nowait(command)
+            except asyncio.QueueFull:
+                raise full(f"the controller's command queue is full ({self.config.queue_capacity})") from None
+        self._wake.set()
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        while True:
+            while self.inbox:
+                self.inbox.popleft()()
+                self._changed.set()
+            capacity_left = self.closed or self.in_flight < self.config.queue_capacity
+            if capacity_left and not self.queue.empty():
+                self._take(self.queue.get_nowait())
+                self._changed.set()
+                continue
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _post(self, step: Callable[[], None]) -> None:
+        self.inbox.append(step)
+        self._wake.set()
+
+    def _take(self, command: _Submit | _Removal) -> None:
+        match command:
+            case _Submit(item):
+                self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=item.spec.name, id=item.id, slot=item.slot)
+                self._apply(self.table.submit(item, self._now()))
+            case _Removal():
+                self._remove(command)
+
+    def _apply(self, effects: list[Any]) -> None:
+        for effect in effects:
+            match effect:
+                case Transition():
+                    self.runtime.bus.publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason)
+                case Admit(item):
+                    self._admit(item)
+                case Reject(item, kind):
+                    self._reject(item, kind, publish=True)
+                case RemoveOwner(_, owner_id):
+                    actor = self.runtime.registry.by_id.get(owner_id)
+                    if actor is not None:
+                        self.runtime.registry.claim(actor, by_shutdown=False)
+
+    def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
+        if publish:
+            self.runtime.bus.publish(
+                EventKind.CONTROLLER_REJECTED, task=item.spec.name, id=item.id, slot=item.slot,
+                rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=reason or kind.label,
+            )
+        if not item.outcome.done():
+            item.outcome.set_result(TaskOutcome.rejected(kind, reason or kind.label))
+        if item.cleaned is not None and not item.cleaned.done():
+            item.cleaned.set_result(None)
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def _admit(self, item: _Pending) -> None:
+        self.admitting[item.id] = item
+        add = Add([(item.id, item.spec)], owned_by_controller=True,
+                  on_accept=lambda actor: self._accepted_now(item, actor),
+                  on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
+        self.runtime.loop.create_task(self._hand_over(item, add))
+
+    async def _hand_over(self, item: _Pending, add: Add) -> None:
+        try:
+            await self.runtime.registry.call(add, wait=True)
+        except ShuttingDown:
+            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
+        except Exception:
+            pass  # a rejection: on_reject already posted the decision
+
+    def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
+        """Called by the registry inside the registration step, before the task's loop starts."""
+        if item.claimed:
+            self.runtime.registry.claim(actor, by_shutdown=False)
+        self._post(lambda: self._decided(item, actor, None))
+
+    def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
+        self.admitting.pop(item.id, None)
+        now = self._now()
+        if actor is not None:
+            self.owners[item.id] = item
+            self._apply(self.table.registry_accepted(item.slot, item.id, now))
+            return
+        assert rejection is not None
+        publish = rejection is RejectionKind.ADMISSION_FAILED  # ALREADY_EXISTS: TASK_ADD_FAILED instead
+        self._reject(item, rejection, publish=publish)
+        self._apply(self.table.registry_rejected(item.slot, item.id, now))
+
+    def _on_cleanup(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+        self._post(lambda: self._cleaned(actor, outcome, future))
+
+    def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+        item = self.owners.pop(actor.id, None)
+        if item is not None:
+            self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
+            if not item.outcome.done():
+                item.outcome.set_result(outcome)
+        if not future.done():
+            future.set_result(outcome)  # what `watch(id)` handed out
+        self.runtime.notify()
+
+    # --- removal -------------------------------------------------------------------------------
+
+    def _remove(self, removal: _Removal) -> None:
+        queued = self.table.purge(removal.id)
+        if queued is not None:
+            self.runtime.bus.publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.spec.name, id=queued.id)
+            self._reject(queued, RejectionKind.REMOVED_FROM_QUEUE, publish=True)
+            removal.reply.set_result((True, None, queued.id))
+            return
+        admitting = self.admitting.get(removal.id)
+        if admitting is not None:
+            first = not admitting.claimed
+            admitting.claimed = True
+            if admitting.cleaned is None:
+                admitting.cleaned = self.runtime.loop.create_future()
+                admitting.outcome.add_done_callback(lambda _: _resolve(admitting.cleaned))
+            removal.reply.set_result((first, admitting.cleaned, admitting.id))
+            return
+        self.in_flight += 1
+        self.runtime.loop.create_task(self._forward(removal))
+
+    async def _forward(self, removal: _Removal) -> None:
+        try:
+            answer = await self.runtime.registry.call(Remove(removal.id), wait=True)
+        except BaseException as exc:
+            self._post(self._removal_done)
+            removal.reply.set_exception(exc)
+            return
+        removal.reply.set_result(answer)
+        cleaned = answer[1]
+        if removal.until_cleanup and cleaned is not None:
+            await asyncio.shield(cleaned)
+        self._post(self._removal_done)
+
+    def _removal_done(self) -> None:
+        self.in_flight -= 1
+
+    # --- shutdown and reading ----------------------------------------------------------------
+
+    async def close_intake(self) -> None:
+        """Refuse new submissions; let the loop take what was already accepted."""
+        self.closed = True  # from now on the loop takes queued commands regardless of the cap
+        await self._until(lambda: self.queue.empty())
+
+    def reject_pending(self) -> None:
+        """Reject every submission not handed to the registry; from now on freed slots go idle."""
+        for effect in self.table.close():
+            if isinstance(effect, Reject):
+                self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
+
+    async def join(self) -> None:
+        """Wait until every admission and cleanup has been processed, then stop the loop."""
+        await self._until(self._is_settled)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            self._changed.clear()
+            self._wake.set()
+            await self._changed.wait()
+
+    def _is_settled(self) -> bool:
+        return not self.inbox and not self.admitting and not self.owners and self.queue.empty() and self.in_flight == 0
+
+    def idle(self) -> bool:
+        return self._is_settled() and self.table.total_queued == 0
+
+    def snapshot(self) -> ControllerSnapshot:
+        now = self._now()
+        return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued)
+
+    def _now(self) -> float:
+        return self.runtime.loop.time()
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)

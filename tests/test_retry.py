@@ -1,0 +1,320 @@
+"""Failure, retry and backoff with real attempt processes (BEHAVIOURS §4, RTY-01..15, 19, 20).
+
+The pure backoff arithmetic (RTY-16..18) lives in `test_backoff.py`. Here every attempt runs in
+a child process from `workers/`; what happened is read from events (a `Collector`), outcomes,
+marker files and the process table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import mpvisor
+from mpvisor import (
+    BackoffPolicy,
+    BackoffSource,
+    EventKind,
+    JitterPolicy,
+    OutcomeKind,
+    RestartPolicy,
+    Supervisor,
+    SupervisorConfig,
+    TaskFn,
+    TaskSpec,
+)
+from mpvisor._events import ATTEMPT_TERMINAL_KINDS
+from tests._support import Collector, async_wait_for, child_pids_of_self, read_markers, run, supervised
+from workers import basic, coop, runtime_probes
+
+pytestmark = pytest.mark.timeout(60)
+
+K = EventKind
+FAST = BackoffPolicy.constant(0.01)
+CONFIG = SupervisorConfig(grace=1)
+
+
+def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
+    return TaskFn(name, target, args, kwargs or None)
+
+
+def always(task: TaskFn) -> TaskSpec:
+    return TaskSpec.once(task).with_restart(RestartPolicy.always())
+
+
+async def run_batch(specs: list[TaskSpec], config: SupervisorConfig = CONFIG) -> tuple[dict[str, Any], Collector]:
+    """`Supervisor.run(specs)` with a collector; its events are complete once `run` returns."""
+    collector = Collector()
+    outcomes = await Supervisor(config, [collector]).run(specs)
+    return outcomes, collector
+
+
+def delays(collector: Collector, task: str, source: BackoffSource = BackoffSource.FAILURE) -> list[float]:
+    return [e.delay for e in collector.of(K.BACKOFF_SCHEDULED, task=task, backoff_source=source)]
+
+
+def seq_of(collector: Collector, kind: EventKind, **fields: object) -> int:
+    [event] = collector.of(kind, **fields)
+    return int(event.seq)
+
+
+@pytest.mark.parametrize("code", [7, None])
+def test_a_failure_exit_code_reaches_attempt_and_task_events(code: int | None) -> None:
+    """RTY-01: a once task failing with exit code 7 / None reports it on both events."""
+    collector = Collector()
+    outcomes = mpvisor.run([TaskSpec.once(fn("f", basic.failing, code))], CONFIG, subscribers=[collector])
+    [failed] = collector.of(K.ATTEMPT_FAILED, task="f")
+    assert (failed.attempt, failed.exit_code) == (1, code)
+    [finished] = collector.of(K.TASK_FINISHED, task="f")
+    assert finished.outcome_kind is OutcomeKind.FAILED
+    assert finished.exit_code == code and finished.reason
+    assert outcomes["f"].kind is OutcomeKind.FAILED and outcomes["f"].exit_code == code
+
+
+def test_a_raising_worker_is_reaped_and_run_returns() -> None:
+    """RTY-02: `run([once raising])` returns, the task is removed, the reason says kaboom."""
+    collector = Collector()
+    outcomes = mpvisor.run([TaskSpec.once(fn("r", basic.raising))], CONFIG, subscribers=[collector])
+    assert outcomes["r"].kind is OutcomeKind.FAILED
+    assert collector.of(K.TASK_REMOVED, task="r")
+    [failed] = collector.of(K.ATTEMPT_FAILED, task="r")
+    assert "kaboom" in failed.reason
+    assert child_pids_of_self() == []
+
+
+def test_restartable_recovers_after_exceptions(tmp_path) -> None:
+    """RTY-03: plain exceptions on attempts 1-2, then a value: 3 attempts in 3 pids, COMPLETED."""
+    marker = str(tmp_path / "marker")
+    spec = TaskSpec.restartable(fn("rec", runtime_probes.raise_until, 2, marker=marker)).with_backoff(FAST)
+    outcomes, collector = run(run_batch([spec]))
+    assert outcomes["rec"].kind is OutcomeKind.COMPLETED and outcomes["rec"].value == 3
+    assert outcomes["rec"].attempts == 3
+    starts = collector.of(K.ATTEMPT_STARTING, task="rec")
+    assert [e.attempt for e in starts] == [1, 2, 3]
+    assert len({e.pid for e in starts}) == 3
+    assert [m[3] for m in read_markers(marker)] == [e.pid for e in starts]
+    assert [e.reason for e in collector.of(K.ATTEMPT_FAILED, task="rec")] == [
+        "RuntimeError: early-1",
+        "RuntimeError: early-2",
+    ]
+
+
+def test_an_unprompted_canceled_stops_even_under_always() -> None:
+    """RTY-04: a target raising Canceled by itself stops an `always` task after one attempt."""
+    outcomes, collector = run(run_batch([always(fn("c", basic.self_canceled))]))
+    assert outcomes["c"].kind is OutcomeKind.CANCELED and outcomes["c"].attempts == 1
+    assert len(collector.of(K.ATTEMPT_STARTING, task="c")) == 1
+    assert len(collector.of(K.ATTEMPT_CANCELED, task="c")) == 1
+    [finished] = collector.of(K.TASK_FINISHED, task="c")
+    assert finished.outcome_kind is OutcomeKind.CANCELED
+
+
+@pytest.mark.parametrize("target", [coop.cooperative, coop.cooperative_returning], ids=lambda f: f.__name__)
+def test_cooperative_cancellation_is_a_canceled_attempt(tmp_path, target: Any) -> None:
+    """RTY-05: cancel → True; the attempt ends ATTEMPT_CANCELED, then CANCELED and removal."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(CONFIG) as (handle, collector):
+            task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("co", target, marker=marker)))
+            await async_wait_for(lambda: read_markers(marker))
+            assert await handle.cancel(task_id) is True
+            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+            removed = await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+            ends = [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_TERMINAL_KINDS]
+            assert [e.kind for e in ends] == [K.ATTEMPT_CANCELED]
+            [finished] = collector.of(K.TASK_FINISHED, id=task_id)
+            assert finished.outcome_kind is OutcomeKind.CANCELED
+            assert ends[0].seq < finished.seq < removed[0].seq
+
+    run(body())
+
+
+def test_a_flaky_task_retries_with_failure_backoff_then_succeeds() -> None:
+    """RTY-06: flaky(2): 3 starts, 2 failures each followed by a FAILURE backoff, 1 success."""
+    outcomes, collector = run(run_batch([TaskSpec.restartable(fn("fl", basic.flaky, 2)).with_backoff(FAST)]))
+    assert outcomes["fl"].kind is OutcomeKind.COMPLETED
+    assert len(collector.of(K.ATTEMPT_STARTING, task="fl")) == 3
+    assert len(collector.of(K.ATTEMPT_FAILED, task="fl")) == 2
+    backoffs = collector.of(K.BACKOFF_SCHEDULED, task="fl")
+    assert len(backoffs) == 2
+    for event in backoffs:
+        assert event.backoff_source is BackoffSource.FAILURE
+        assert event.delay == pytest.approx(0.01)
+        assert "transient-err" in event.reason
+    assert len(collector.of(K.ATTEMPT_SUCCEEDED, task="fl")) == 1
+    [finished] = collector.of(K.TASK_FINISHED, task="fl")
+    assert finished.outcome_kind is OutcomeKind.COMPLETED and finished.reason is None
+
+
+@pytest.mark.parametrize("policy", ["restartable", "always"])
+def test_fatal_is_never_retried(policy: str) -> None:
+    """RTY-07: Fatal(7) under restartable / always: one attempt, no backoff, FATAL with code 7."""
+    task = fn("fa", basic.fatal, 7)
+    spec = TaskSpec.restartable(task) if policy == "restartable" else always(task)
+    outcomes, collector = run(run_batch([spec.with_backoff(FAST)]))
+    assert outcomes["fa"].attempts == 1
+    [failed] = collector.of(K.ATTEMPT_FAILED, task="fa")
+    assert failed.exit_code == 7
+    assert collector.of(K.BACKOFF_SCHEDULED) == []
+    [finished] = collector.of(K.TASK_FINISHED, task="fa")
+    assert finished.outcome_kind is OutcomeKind.FATAL and finished.exit_code == 7
+    assert "unrecoverable" in finished.reason
+
+
+@pytest.mark.parametrize("retries", [1, 3])
+def test_max_retries_bounds_the_attempts_of_a_failure_streak(retries: int) -> None:
+    """RTY-08: with max_retries N, N+1 attempts, N backoffs, and the retry-limit reason."""
+    spec = TaskSpec.restartable(fn("mr", basic.failing, 42)).with_backoff(FAST).with_max_retries(retries)
+    outcomes, collector = run(run_batch([spec]))
+    assert len(collector.of(K.ATTEMPT_STARTING, task="mr")) == retries + 1
+    failed = collector.of(K.ATTEMPT_FAILED, task="mr")
+    assert [e.exit_code for e in failed] == [42] * (retries + 1)
+    assert len(collector.of(K.BACKOFF_SCHEDULED, task="mr")) == retries
+    [finished] = collector.of(K.TASK_FINISHED, task="mr")
+    assert finished.outcome_kind is OutcomeKind.FAILED and finished.exit_code == 42
+    assert finished.reason == f"retry limit reached after {retries} of {retries} retries: {failed[-1].reason}"
+    assert outcomes["mr"].reason == finished.reason
+
+
+def test_zero_max_retries_allows_a_single_attempt() -> None:
+    """RTY-09: max_retries 0: one attempt, no backoff, `retry limit reached after 0 of 0`."""
+    spec = TaskSpec.restartable(fn("z", basic.failing)).with_backoff(FAST).with_max_retries(0)
+    outcomes, collector = run(run_batch([spec]))
+    assert outcomes["z"].attempts == 1
+    assert collector.of(K.BACKOFF_SCHEDULED) == []
+    [failed] = collector.of(K.ATTEMPT_FAILED, task="z")
+    assert outcomes["z"].kind is OutcomeKind.FAILED
+    assert outcomes["z"].reason == f"retry limit reached after 0 of 0 retries: {failed.reason}"
+
+
+def test_once_stops_at_the_first_failure_with_the_plain_reason() -> None:
+    """RTY-10: a once task fails after one attempt with the error itself as reason."""
+    outcomes, collector = run(run_batch([TaskSpec.once(fn("o", basic.failing)).with_max_retries(5)]))
+    assert outcomes["o"].attempts == 1 and outcomes["o"].kind is OutcomeKind.FAILED
+    assert collector.of(K.BACKOFF_SCHEDULED) == []
+    [failed] = collector.of(K.ATTEMPT_FAILED, task="o")
+    assert "boom" in failed.reason
+    assert outcomes["o"].reason == failed.reason
+    assert not outcomes["o"].reason.startswith("retry limit")
+
+
+@pytest.mark.parametrize(
+    "task",
+    [fn("sr", basic.sequence, ["fail", "ok"]), fn("sr", runtime_probes.alternate)],
+    ids=["fail-then-succeed", "alternating"],
+)
+def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
+    """RTY-11: `always` with max_retries 1: failures after successes never exhaust the budget."""
+    spec = always(task).with_backoff(FAST).with_max_retries(1)
+
+    async def body() -> Collector:
+        async with supervised(CONFIG) as (handle, collector):
+            await handle.add(spec)
+            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_STARTING, task="sr")) >= 6)
+            assert collector.of(K.TASK_FINISHED, task="sr") == []
+            return collector
+
+    collector = run(body())
+    cut = seq_of(collector, K.SHUTDOWN_REQUESTED)
+    failures = [e for e in collector.of(K.ATTEMPT_FAILED, task="sr") if e.seq < cut]
+    backoffs = [e for e in collector.of(K.BACKOFF_SCHEDULED, task="sr") if e.seq < cut]
+    assert failures
+    assert len(backoffs) == len(failures)
+    assert all(e.backoff_source is BackoffSource.FAILURE for e in backoffs)
+    [finished] = collector.of(K.TASK_FINISHED, task="sr")
+    assert finished.seq > cut and finished.outcome_kind is OutcomeKind.CANCELED
+
+
+def test_the_backoff_index_restarts_after_a_success() -> None:
+    """RTY-12: fail, fail, succeed, fail with exponential(0.01): delays 0.01, 0.02, then 0.01."""
+    task = fn("ix", basic.sequence, ["fail", "fail", "ok", "fail"])
+    spec = always(task).with_backoff(BackoffPolicy.exponential(0.01, factor=2.0))
+
+    async def body() -> Collector:
+        async with supervised(CONFIG) as (handle, collector):
+            await handle.add(spec)
+            await async_wait_for(lambda: len(delays(collector, "ix")) >= 3)
+            return collector
+
+    collector = run(body())
+    assert delays(collector, "ix")[:3] == pytest.approx([0.01, 0.02, 0.01])
+    assert collector.of(K.BACKOFF_SCHEDULED, backoff_source=BackoffSource.SUCCESS) == []
+
+
+def test_always_without_interval_restarts_without_backoff_events() -> None:
+    """RTY-13: `always(quick)` reruns at least 5 times within 10 s with no BACKOFF_SCHEDULED."""
+
+    async def body() -> Collector:
+        async with supervised(CONFIG) as (handle, collector):
+            await handle.add(always(fn("a", basic.quick)))
+            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="a")) >= 5, timeout=10)
+            return collector
+
+    collector = run(body())
+    assert len(collector.of(K.ATTEMPT_STARTING, task="a")) >= 5
+    assert collector.of(K.BACKOFF_SCHEDULED) == []
+
+
+def test_periodic_waits_its_interval_after_each_success() -> None:
+    """RTY-14: periodic 0.2: SUCCESS backoffs of 0.2 between runs, each start ≥ 0.19 s later."""
+
+    async def body() -> Collector:
+        async with supervised(CONFIG) as (handle, collector):
+            await handle.add(TaskSpec.periodic(fn("p", basic.quick), 0.2))
+            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="p")) >= 3)
+            return collector
+
+    collector = run(body())
+    starts = collector.of(K.ATTEMPT_STARTING, task="p")
+    assert len(starts) >= 3
+    assert collector.of(K.ATTEMPT_FAILED) == []
+    ends = [e for e in collector.events if e.task == "p" and e.kind in ATTEMPT_TERMINAL_KINDS]
+    intervals = collector.of(K.BACKOFF_SCHEDULED, task="p")
+    assert all(e.backoff_source is BackoffSource.SUCCESS and e.delay == pytest.approx(0.2) for e in intervals)
+    for n in range(1, len(starts)):
+        end = next(e for e in ends if e.attempt == n)
+        interval = next(e for e in intervals if end.seq < e.seq < starts[n].seq)
+        assert interval.delay == pytest.approx(0.2)
+        assert starts[n].at - end.at >= 0.19
+
+
+def test_exponential_delays_grow_and_cap() -> None:
+    """RTY-15: exponential(0.01, max=0.04), max_retries 4: delays 0.01, 0.02, 0.04, 0.04."""
+    backoff = BackoffPolicy.exponential(0.01, max=0.04)
+    spec = TaskSpec.restartable(fn("ex", basic.failing)).with_backoff(backoff).with_max_retries(4)
+    _, collector = run(run_batch([spec]))
+    assert delays(collector, "ex") == pytest.approx([0.01, 0.02, 0.04, 0.04])
+
+
+def test_attempts_never_overlap_and_run_in_fresh_processes(tmp_path) -> None:
+    """RTY-19: flaky(3): attempts 1..4 in distinct pids, each after the previous one is gone."""
+    marker = str(tmp_path / "marker")
+    task = fn("ov", runtime_probes.flaky_checking_predecessors, 3, marker=marker)
+    outcomes, collector = run(run_batch([TaskSpec.restartable(task).with_backoff(FAST)]))
+    assert outcomes["ov"].kind is OutcomeKind.COMPLETED
+    starts = collector.of(K.ATTEMPT_STARTING, task="ov")
+    assert [e.attempt for e in starts] == [1, 2, 3, 4]
+    assert len({e.pid for e in starts}) == 4
+    markers = read_markers(marker)
+    assert [word for word, *_ in markers] == ["started"] * 4, markers  # no `overlap`
+    assert [(attempt, pid) for _, _, attempt, pid in markers] == [(e.attempt, e.pid) for e in starts]
+    ends = [e for e in collector.events if e.task == "ov" and e.kind in ATTEMPT_TERMINAL_KINDS]
+    for end, next_start in zip(ends, starts[1:], strict=False):
+        assert end.attempt == next_start.attempt - 1 and end.seq < next_start.seq
+
+
+def _jitter_delays(seed: int) -> list[float]:
+    backoff = BackoffPolicy.exponential(0.01).with_jitter(JitterPolicy.FULL)
+    spec = TaskSpec.restartable(fn("jit", basic.failing)).with_backoff(backoff).with_max_retries(3)
+    _, collector = run(run_batch([spec], SupervisorConfig(grace=1, seed=seed)))
+    return delays(collector, "jit")
+
+
+def test_a_seed_makes_jitter_repeatable() -> None:
+    """RTY-20: the same seed gives the same jittered delays on two supervisors; 8 differs."""
+    first, second, other = _jitter_delays(7), _jitter_delays(7), _jitter_delays(8)
+    assert len(first) == 3
+    assert first == second
+    assert other != first

@@ -1,0 +1,54 @@
+"""What does a plain script calling `mpvisor.run` do when it is signalled (SHD-15, SHD-25)?
+
+Run as `python signalled_run.py SCENARIO LOG_PATH WORK_DIR`. It calls the blocking
+`mpvisor.run` with a `JsonLinesWriter(LOG_PATH)` subscriber; the test signals it once its
+workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines log.
+
+| scenario | tasks | grace |
+|---|---|---|
+| `cooperative` | restartable `coop.cooperative` "plain" and `runtime_probes.cooperative_with_child` "parent" | 1 |
+| `stubborn` | once `misbehave.stubborn_tree` "stubborn" | 30 |
+
+Exit status: 0 when `run` returned, 3 when it raised `GraceExceeded`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _specs(scenario: str, work_dir: str) -> tuple[list[object], float]:
+    from mpvisor import TaskFn, TaskSpec
+    from workers import coop, misbehave, runtime_probes
+
+    marker = os.path.join(work_dir, "marker")
+    records = os.path.join(work_dir, "records")
+    if scenario == "cooperative":
+        return [
+            TaskSpec.restartable(TaskFn("plain", coop.cooperative, kwargs={"marker": marker})),
+            TaskSpec.restartable(
+                TaskFn("parent", runtime_probes.cooperative_with_child, (records,), {"marker": marker})
+            ),
+        ], 1.0
+    if scenario == "stubborn":
+        return [TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (records,), {"marker": marker}))], 30.0
+    raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+def main(scenario: str, log_path: str, work_dir: str) -> int:
+    import mpvisor
+
+    specs, grace = _specs(scenario, work_dir)
+    try:
+        mpvisor.run(specs, mpvisor.SupervisorConfig(grace=grace),  # type: ignore[arg-type]
+                    subscribers=[mpvisor.JsonLinesWriter(log_path)])
+    except mpvisor.GraceExceeded:
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
