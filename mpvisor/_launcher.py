@@ -141,7 +141,6 @@ class Launcher:
                 pass
         except BlockingIOError:
             pass
-        self._on_ready()  # a child's ready write happens before its exit: read it first
         self._reap()
 
     # --- starting -----------------------------------------------------------------------------
@@ -234,6 +233,8 @@ class Launcher:
                 break
             pid = info.si_pid
             attempt = self.attempts.get(pid)
+            if attempt is not None and not attempt.reported_start:
+                self._on_ready()  # it wrote its ready pid before it exited: report that first
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own

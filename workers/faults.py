@@ -42,6 +42,12 @@ Faults (`FAULTS`):
 
 `target(value)` is the target every injected task runs: it returns `value`, unless its task
 name asks for a fault while running (attempt 1 only, so a retry succeeds).
+
+Two plain workers for the timeout tests live here too (they need no preload):
+
+| function | does | ends |
+|---|---|---|
+| `sleep_then_raise(seconds)` | sleeps `seconds` | `RuntimeError("slept then raised")` (TMO-07) |
 """
 
 from __future__ import annotations
@@ -171,6 +177,12 @@ def target(value: object = "ok") -> object:
             raise RuntimeError("workers.faults was not preloaded: no attempt socket known")
         strike(_channel_fd, fault)
     return value
+
+
+def sleep_then_raise(seconds: float) -> NoReturn:
+    """Sleep `seconds`, then raise `RuntimeError` (an ordinary, retryable failure)."""
+    time.sleep(seconds)
+    raise RuntimeError("slept then raised")
 
 
 # --- the patches ------------------------------------------------------------------------------
