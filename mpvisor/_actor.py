@@ -57,6 +57,9 @@ _ATTEMPT_EVENTS = {
 }
 
 
+_SCRATCH_RNG = random.Random(0)
+
+
 @dataclass
 class Claim:
     """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`)."""
@@ -222,7 +225,7 @@ class TaskActor:
             self.streak,
             max_retries=self.spec.max_retries,
             backoff=self.spec.backoff,
-            rng=random.Random(0),  # a throwaway: the task's own draws stay repeatable
+            rng=_SCRATCH_RNG,  # not the task's own: its draws stay repeatable
             reason=None,
         )
         if isinstance(action, Stop):

@@ -72,6 +72,7 @@ class LauncherClient:
         self._closing = False
         self._restart = threading.Event()
         self._baseline: tuple[dict[str, str], str, list[str]] = ({}, "", [])
+        self._baseline_environ: dict[bytes, bytes] = {}
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
         self._thread.start()
 
@@ -84,6 +85,7 @@ class LauncherClient:
         while not self._closing:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._baseline = (dict(os.environ), os.getcwd(), list(sys.path))
+            self._baseline_environ = dict(os.environ._data)  # type: ignore[attr-defined]
             code = (
                 f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
                 f"main(sys.argv[1:])"
@@ -119,12 +121,13 @@ class LauncherClient:
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """The parent's environ, cwd and sys.path for a start request: each `None` when it is
         what the launcher started with (so that neither side copies it per attempt)."""
-        env, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
-        base_env, base_cwd, base_path = self._baseline
+        _, base_cwd, base_path = self._baseline
+        same_env = os.environ._data == self._baseline_environ  # type: ignore[attr-defined]
+        cwd, path = os.getcwd(), sys.path
         return (
-            None if env == base_env else env,
+            None if same_env else dict(os.environ),
             None if cwd == base_cwd else cwd,
-            None if path == base_path else path,
+            None if path == base_path else list(path),
         )
 
     async def ready(self) -> None:

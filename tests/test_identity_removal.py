@@ -684,8 +684,11 @@ def test_a_cancel_storm_drains_every_task():
         async with supervised(SupervisorConfig(grace=10.0)) as (handle, events):
             ids = [await handle.add(restartable(f"storm-{i}", coop.cooperative)) for i in range(64)]
             await async_wait_for(lambda: len(handle.alive_snapshot()) == 64, timeout=30)
-            pids = [e.pid for e in events.of(EventKind.ATTEMPT_STARTING)]
-            assert len(pids) == 64
+            starting = await async_wait_for(
+                lambda: len(events.of(EventKind.ATTEMPT_STARTING)) == 64
+                and events.of(EventKind.ATTEMPT_STARTING)
+            )
+            pids = [e.pid for e in starting]
             began = time.monotonic()
             answers = await asyncio.gather(*(handle.cancel(i) for i in ids))
             assert time.monotonic() - began < 30

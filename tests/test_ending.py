@@ -1,0 +1,103 @@
+"""How an attempt's observed facts map to its one ending (pure: `_ending.decide`)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from mpvisor._ending import EndKind, ExitStatus, Facts, StopReason, decide
+from mpvisor._wire import Failure, Result
+
+EXIT0 = ExitStatus("exit", 0)
+EXIT3 = ExitStatus("exit", 3)
+SEGV = ExitStatus("signal", signal.SIGSEGV)
+KILL = ExitStatus("signal", signal.SIGKILL)
+KILLED = "killed pid 7: it did not stop within the grace window of 1.0 s"
+
+
+@pytest.mark.parametrize(
+    "report, kind, exit_code",
+    [
+        (Result({"v": 1}), EndKind.SUCCEEDED, None),
+        (Failure("fail", "boom", 7), EndKind.FAILED, 7),
+        (Failure("error", "RuntimeError: kaboom"), EndKind.FAILED, None),
+        (Failure("fatal", "unrecoverable", 137), EndKind.FATAL, 137),
+        (Failure("canceled", "the attempt was canceled"), EndKind.CANCELED, None),
+    ],
+)
+@pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV])
+def test_a_report_stands_whatever_exit_status_follows(report, kind, exit_code, status):
+    """SPEC §1.4, §2: a complete report decides; the exit status after it does not."""
+    end = decide(Facts(pid=7, calling=True, report=report, report_before_stop=True, status=status))
+    assert (end.kind, end.exit_code) == (kind, exit_code)
+
+
+@pytest.mark.parametrize(
+    "status, exit_code, words",
+    [
+        (EXIT0, 0, "exited with status 0"),
+        (EXIT3, 3, "exited with status 3"),
+        (SEGV, -signal.SIGSEGV, "SIGSEGV"),
+        (KILL, -signal.SIGKILL, "SIGKILL"),
+    ],
+)
+def test_an_exit_before_reporting_is_a_retryable_failure(status, exit_code, words):
+    """SPEC §2: exits and signals nobody asked for are FAILED with their code."""
+    end = decide(Facts(pid=7, calling=True, status=status))
+    assert end.kind is EndKind.FAILED and end.exit_code == exit_code and words in (end.reason or "")
+
+
+@pytest.mark.parametrize(
+    "report",
+    [None, Result(1), Failure("fail", "x"), Failure("fatal", "x"), Failure("canceled", "x")],
+)
+@pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV, KILL])
+@pytest.mark.parametrize("killed", [None, KILLED])
+def test_the_stop_reason_decides_after_a_request(report, status, killed):
+    """SPEC §2: after a timeout it is TIMED_OUT, after a removal CANCELED, however it ended."""
+    facts = dict(pid=7, calling=True, report=report, report_before_stop=False, status=status, killed=killed)
+    timed_out = decide(Facts(stop=StopReason.TIMEOUT, timeout=0.3, **facts))
+    canceled = decide(Facts(stop=StopReason.CANCEL, **facts))
+    assert timed_out.kind is EndKind.TIMED_OUT and "timed out" in (timed_out.reason or "")
+    assert canceled.kind is EndKind.CANCELED
+    assert timed_out.exit_code is None and canceled.exit_code is None
+    assert canceled.killed == killed
+
+
+def test_a_report_read_before_the_request_stands():
+    """SPEC §2: a result frame read before the stop request stands."""
+    end = decide(Facts(pid=7, calling=True, report=Result(5), report_before_stop=True, stop=StopReason.CANCEL, status=EXIT0))
+    assert end.kind is EndKind.SUCCEEDED and end.value == 5
+
+
+@pytest.mark.parametrize(
+    "facts, kind, prefix",
+    [
+        (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), EndKind.FAILED, "could not start"),
+        (Facts(pid=7, launcher_died=True), EndKind.FAILED, "launcher died"),
+        (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), EndKind.FAILED, "start-up timed out"),
+        (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), EndKind.FAILED, "protocol error:"),
+        (Facts(pid=7, calling=True, protocol_error="truncated", status=EXIT0), EndKind.FAILED, "protocol error:"),
+    ],
+)
+def test_start_failures_launcher_death_and_protocol_errors(facts, kind, prefix):
+    """SPEC §1.4, §1.11, §3.1: these endings are retryable failures with stable prefixes."""
+    end = decide(facts)
+    assert end.kind is kind and (end.reason or "").startswith(prefix) and end.retryable
+
+
+def test_a_frame_cut_short_by_a_signal_reports_the_signal():
+    """SPEC §1.4 / PRC-05: when the process had already died otherwise, its status decides."""
+    end = decide(Facts(pid=7, calling=True, protocol_error="truncated frame", status=SEGV))
+    assert end.kind is EndKind.FAILED and end.exit_code == -signal.SIGSEGV
+
+
+@pytest.mark.parametrize(
+    "status, kind, exit_code",
+    [(EXIT0, EndKind.SUCCEEDED, None), (EXIT3, EndKind.FAILED, 3), (KILL, EndKind.FAILED, -9)],
+)
+def test_a_program_ends_by_its_status(status, kind, exit_code):
+    """SPEC §3.1 CommandTask: status 0 is success with value None; others carry their code."""
+    end = decide(Facts(kind="cmd", pid=7, calling=True, status=status))
+    assert (end.kind, end.exit_code, end.value) == (kind, exit_code, None)

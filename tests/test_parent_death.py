@@ -1,0 +1,75 @@
+"""If the parent dies, even by SIGKILL, does everything it started die with it? (PRC-04)
+
+The parent is `workers/scripts/parent_for_death.py`, run as a subprocess of the test: it serves
+mpvisor with two cooperative attempts and a `stubborn_tree` attempt (a child, a grandchild, a
+`setsid()` grandchild and a double-forked orphan, all ignoring SIGTERM), reports every pid it
+started (the launcher's too) with its create time, and waits. The test SIGKILLs it and checks
+that within 2 s (plus CI slack) none of those processes exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests._support import wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "workers", "scripts", "parent_for_death.py")
+CONTRACT_SECONDS = 2.0
+CI_SLACK = 2.0
+
+
+def dead(record: dict) -> bool:
+    """True if the recorded process (pid and create time) no longer runs.
+
+    A zombie whose parent is PID 1 counts as dead: it has exited, and only init's reaping is
+    outstanding. In this container PID 1 reaps orphans late, so a process killed after its own
+    parent died (re-parented to init) can linger as a zombie for ~2 s; it holds no resources but
+    its process-table slot. A zombie with any other parent (the launcher, say) is not dead here:
+    that parent would still be alive and failing to reap.
+    """
+    try:
+        process = psutil.Process(record["pid"])
+        if abs(process.create_time() - record["create_time"]) > 1e-3:
+            return True  # the pid now names another process
+        return process.status() == psutil.STATUS_ZOMBIE and process.ppid() == 1
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["launcher", "spawn"])
+def test_parent_death_kills_every_attempt(start_method, tmp_path):
+    """PRC-04, PRC-14: SIGKILL of the parent takes the launcher, every attempt and every
+    descendant (setsid and double-forked ones included) within 2 s (+ CI slack)."""
+    out, records = tmp_path / "pids.json", tmp_path / "tree.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen(
+        [sys.executable, SCRIPT, str(out), str(records), start_method], env=env, cwd=ROOT
+    )
+    try:
+        wait_for(lambda: out.exists() or parent.poll() is not None, timeout=20)
+        assert parent.poll() is None, f"the parent script ended early with {parent.returncode}"
+        report = json.loads(out.read_text())
+        everyone = [report["launcher"], *report["attempts"], *report["tree"]]
+        assert len(report["attempts"]) == 3 and len(report["tree"]) == 4
+        assert {r["role"] for r in report["tree"]} == {"child", "grandchild", "setsid-grandchild", "orphan"}
+        assert not any(dead(r) for r in everyone), "all must be alive before the kill"
+        killed_at = time.monotonic()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        survivors = lambda: [r for r in everyone if not dead(r)]  # noqa: E731
+        wait_for(lambda: not survivors(), timeout=CONTRACT_SECONDS + CI_SLACK, interval=0.02)
+        assert time.monotonic() - killed_at <= CONTRACT_SECONDS + CI_SLACK
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()

@@ -1,0 +1,768 @@
+"""Shutdown with real attempt processes (BEHAVIOURS §7, SHD-01..27).
+
+One shutdown operation, whoever starts it (`shutdown()`, `run` finishing, a signal to a script
+calling `mpvisor.run`), with its result shared by every caller; cooperative stops within the
+grace, tree kills after it, and nothing left running afterwards. Signals are tested on a real
+script (`workers/run_scripts/signalled_run.py`) in its own session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+import mpvisor
+from mpvisor import (
+    AlreadyRunning,
+    BackoffPolicy,
+    EventKind,
+    GraceExceeded,
+    OutcomeKind,
+    ShuttingDown,
+    Supervisor,
+    SupervisorConfig,
+    TaskAlreadyExists,
+    TaskFn,
+    TaskSpec,
+)
+from tests._support import (
+    Collector,
+    all_gone,
+    async_wait_for,
+    child_pids_of_self,
+    pid_gone,
+    read_markers,
+    read_records,
+    run,
+    supervised,
+    wait_for,
+)
+from workers import basic, coop, misbehave
+
+pytestmark = pytest.mark.timeout(60)
+
+K = EventKind
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "workers" / "run_scripts" / "signalled_run.py"
+CONFIG = SupervisorConfig(grace=1)
+
+
+def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
+    return TaskFn(name, target, args, kwargs or None)
+
+
+def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
+    return TaskSpec.once(fn(name, target, *args, **kwargs))
+
+
+class Gate:
+    """A `coop.gated` worker's files: its marker, and the release file the test creates."""
+
+    def __init__(self, tmp_path: pathlib.Path, name: str = "gate") -> None:
+        self.marker = str(tmp_path / f"{name}.marker")
+        self.release_path = str(tmp_path / f"{name}.release")
+
+    def task(self, name: str) -> TaskFn:
+        return fn(name, coop.gated, self.release_path, marker=self.marker)
+
+    def words(self) -> list[str]:
+        return [word for word, *_ in read_markers(self.marker)]
+
+    async def reached(self, word: str) -> None:
+        await async_wait_for(lambda: word in self.words())
+
+    def release(self) -> None:
+        pathlib.Path(self.release_path).touch()
+
+
+def counts(collector: Collector) -> tuple[int, int, int]:
+    """(SHUTDOWN_REQUESTED, ALL_STOPPED_WITHIN_GRACE, GRACE_EXCEEDED) counts."""
+    return (len(collector.of(K.SHUTDOWN_REQUESTED)), len(collector.of(K.ALL_STOPPED_WITHIN_GRACE)),
+            len(collector.of(K.GRACE_EXCEEDED)))
+
+
+async def still_pending(*tasks: asyncio.Task[Any], for_seconds: float = 0.3) -> None:
+    """Assert that none of `tasks` finishes within `for_seconds` (a behaviour about time)."""
+    done, _ = await asyncio.wait(tasks, timeout=for_seconds)
+    assert not done, done
+
+
+async def started(marker: str, count: int = 1) -> None:
+    await async_wait_for(lambda: len([m for m in read_markers(marker) if m[0] == "started"]) >= count)
+
+
+def test_cooperative_shutdown_stops_everything_within_grace(tmp_path) -> None:
+    """SHD-01: two cooperative tasks stop within grace 5; no GRACE_EXCEEDED, nothing left."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
+            for name in ("c1", "c2"):
+                await handle.add(TaskSpec.restartable(fn(name, coop.cooperative, marker=marker)))
+            await started(marker, 2)
+            await handle.shutdown()
+            assert child_pids_of_self() == []
+        requested, = collector.of(K.SHUTDOWN_REQUESTED)
+        stopped, = collector.of(K.ALL_STOPPED_WITHIN_GRACE)
+        assert requested.seq < stopped.seq
+        assert collector.of(K.GRACE_EXCEEDED) == []
+        assert sorted(e.task for e in collector.of(K.TASK_REMOVED)) == ["c1", "c2"]
+
+    run(body())
+
+
+def test_shutdown_with_no_tasks() -> None:
+    """SHD-02: with no task, shutdown() returns normally and publishes requested/all-stopped."""
+
+    async def body() -> Collector:
+        async with supervised() as (handle, collector):
+            await handle.shutdown()
+        return collector
+
+    assert counts(run(body())) == (1, 1, 0)
+
+
+def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
+    """SHD-03: two pending shutdown() calls return normally after release; a third returns at
+    once; counts 1/1/0 and one TASK_REMOVED."""
+    gate = Gate(tmp_path)
+
+    async def body() -> Collector:
+        async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
+            await handle.add(TaskSpec.once(gate.task("g")))
+            await gate.reached("started")
+            first = asyncio.create_task(handle.shutdown())
+            await gate.reached("cancel-seen")
+            second = asyncio.create_task(handle.shutdown())
+            await still_pending(first, second)
+            gate.release()
+            assert await asyncio.gather(first, second) == [None, None]
+            began = time.monotonic()
+            await handle.shutdown()
+            assert time.monotonic() - began < 0.5
+        return collector
+
+    collector = run(body())
+    assert counts(collector) == (1, 1, 0)
+    assert len(collector.of(K.TASK_REMOVED)) == 1
+
+
+def test_concurrent_shutdown_callers_share_grace_exceeded(tmp_path) -> None:
+    """SHD-04: concurrent, late and later callers all get the same GraceExceeded(0.3, [a, b])."""
+    marker = str(tmp_path / "marker")
+    names = ["shared-stuck-a", "shared-stuck-b"]
+
+    async def body() -> Collector:
+        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
+            for name in names:
+                await handle.add(once(name, misbehave.stubborn, marker=marker))
+            await started(marker, 2)
+            callers = [asyncio.create_task(handle.shutdown()) for _ in range(2)]
+            await async_wait_for(lambda: collector.of(K.SHUTDOWN_REQUESTED))
+            callers.append(asyncio.create_task(handle.shutdown()))  # late: while the others wait
+            results = await asyncio.gather(*callers, return_exceptions=True)
+            with pytest.raises(GraceExceeded) as after:
+                await handle.shutdown()
+            for error in [*results, after.value]:
+                assert isinstance(error, GraceExceeded), error
+                assert error.grace == 0.3 and error.stuck == names
+        return collector
+
+    assert counts(run(body())) == (1, 0, 1)
+
+
+def test_a_stubborn_task_is_killed_after_grace_and_named_stuck(tmp_path) -> None:
+    """SHD-05: a stubborn tree is killed after grace 0.3: FORCE_ABORTED, named stuck, tree gone."""
+    marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
+            _, waiter = await handle.add_and_watch(once("stubborn", misbehave.stubborn_tree, records, marker=marker))
+            await async_wait_for(lambda: read_records(records))
+            with pytest.raises(GraceExceeded) as raised:
+                await handle.shutdown()
+            assert all_gone(read_records(records))
+            assert raised.value.grace == 0.3 and "stubborn" in raised.value.stuck
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.FORCE_ABORTED
+            [finished] = await async_wait_for(lambda: collector.of(K.TASK_FINISHED, task="stubborn"))
+            assert finished.outcome_kind is OutcomeKind.FORCE_ABORTED
+            assert "grace" in finished.reason and "0.3" in finished.reason
+            assert len(read_records(records)) == 4
+
+    run(body())
+
+
+def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
+    """SHD-06: with a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> Collector:
+        async with supervised(SupervisorConfig(grace=1.0), expect_grace_exceeded=True) as (handle, collector):
+            _, coop_waiter = await handle.add_and_watch(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
+            await handle.add(once("stuck", misbehave.stubborn, marker=marker))
+            await started(marker, 2)
+            with pytest.raises(GraceExceeded) as raised:
+                await handle.shutdown()
+            assert raised.value.stuck == ["stuck"]
+            assert (await coop_waiter.wait()).kind is OutcomeKind.CANCELED
+        return collector
+
+    assert counts(run(body())) == (1, 0, 1)
+
+
+def test_zero_grace_kills_at_once(tmp_path) -> None:
+    """SHD-07: grace 0: within 3 s, GraceExceeded(0.0) names "z" and its process is gone."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=0), expect_grace_exceeded=True) as (handle, _):
+            await handle.add(once("z", misbehave.stubborn, marker=marker))
+            await started(marker)
+            [(_, _, _, pid)] = read_markers(marker)
+            began = time.monotonic()
+            with pytest.raises(GraceExceeded) as raised:
+                await handle.shutdown()
+            assert time.monotonic() - began < 3
+            assert raised.value.grace == 0.0 and "z" in raised.value.stuck
+            assert pid_gone(pid)
+
+    run(body())
+
+
+def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> None:
+    """SHD-08: cancelling the first shutdown() caller leaves the second pending until release;
+    it then returns normally; counts 1/1/0."""
+    gate = Gate(tmp_path)
+
+    async def body() -> Collector:
+        async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
+            await handle.add(TaskSpec.once(gate.task("g")))
+            await gate.reached("started")
+            first = asyncio.create_task(handle.shutdown())
+            await gate.reached("cancel-seen")
+            first.cancel()
+            second = asyncio.create_task(handle.shutdown())
+            await still_pending(second)
+            gate.release()
+            assert await second is None
+            assert first.cancelled()
+        return collector
+
+    assert counts(run(body())) == (1, 1, 0)
+
+
+def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> None:
+    """SHD-09: the only shutdown() caller is cancelled; the grace still runs: the waiter is
+    pending 0.5 s later, then resolves CANCELED and ALL_STOPPED_WITHIN_GRACE is published."""
+    gate = Gate(tmp_path)
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
+            _, waiter = await handle.add_and_watch(TaskSpec.once(gate.task("g")))
+            await gate.reached("started")
+            caller = asyncio.create_task(handle.shutdown())
+            await gate.reached("cancel-seen")
+            caller.cancel()
+            await asyncio.sleep(0.5)  # the behaviour: nothing is killed early
+            assert not waiter.done()
+            gate.release()
+            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+            await async_wait_for(lambda: collector.of(K.ALL_STOPPED_WITHIN_GRACE))
+            assert collector.of(K.GRACE_EXCEEDED) == []
+
+    run(body())
+
+
+def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
+    """SHD-10: `run` in the background and shutdown() on a served handle both wait for the
+    release, then return normally; counts 1/1/0."""
+    gate = Gate(tmp_path)
+
+    async def body() -> None:
+        collector = Collector()
+        supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
+        running = asyncio.create_task(supervisor.run([TaskSpec.restartable(gate.task("g"))]))
+        await gate.reached("started")
+        stopping = asyncio.create_task(supervisor.serve().shutdown())
+        await gate.reached("cancel-seen")
+        await still_pending(running, stopping)
+        gate.release()
+        outcomes = await running
+        assert await stopping is None
+        assert outcomes["g"].kind is OutcomeKind.CANCELED
+        assert counts(collector) == (1, 1, 0)
+
+    run(body())
+
+
+def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
+    """SHD-11: `run([])` during a shutdown waits for it, then both return normally."""
+    gate = Gate(tmp_path)
+
+    async def body() -> None:
+        collector = Collector()
+        supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
+        handle = supervisor.serve()
+        await handle.add(TaskSpec.once(gate.task("g")))
+        await gate.reached("started")
+        stopping = asyncio.create_task(handle.shutdown())
+        await gate.reached("cancel-seen")
+        running = asyncio.create_task(supervisor.run([]))
+        await still_pending(running, stopping)
+        gate.release()
+        assert await running == {}
+        assert await stopping is None
+        assert counts(collector) == (1, 1, 0)
+
+    run(body())
+
+
+def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
+    """SHD-12: `run([once gated])` is pending 0.5 s after its worker started; after release it
+    returns normally with the process gone."""
+    gate = Gate(tmp_path)
+
+    async def body() -> None:
+        running = asyncio.create_task(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))
+        await gate.reached("started")
+        await still_pending(running, for_seconds=0.5)
+        gate.release()
+        outcomes = await running
+        assert outcomes["g"].kind is OutcomeKind.COMPLETED
+        [(_, _, _, pid)] = read_markers(gate.marker)
+        assert pid_gone(pid)
+        assert child_pids_of_self() == []
+
+    run(body())
+
+
+def test_natural_completion_reports_all_stopped() -> None:
+    """SHD-13: `run([once quick])` ends with ALL_STOPPED_WITHIN_GRACE; `run([])` returns at once."""
+    collector = Collector()
+    outcomes = mpvisor.run([once("q", basic.quick)], CONFIG, subscribers=[collector])
+    assert outcomes["q"].kind is OutcomeKind.COMPLETED
+    assert counts(collector) == (1, 1, 0)
+    began = time.monotonic()
+    assert mpvisor.run([]) == {}
+    assert time.monotonic() - began < 2
+
+
+@pytest.mark.parametrize("first", ["returned", "raised"])
+def test_run_is_single_shot(first: str) -> None:
+    """SHD-14: after a `run` that returned (or raised TaskAlreadyExists), `run([])` raises
+    AlreadyRunning."""
+
+    async def body() -> None:
+        supervisor = Supervisor(CONFIG)
+        if first == "returned":
+            assert await supervisor.run([]) == {}
+        else:
+            with pytest.raises(TaskAlreadyExists):
+                await supervisor.run([once("d", basic.quick), once("d", basic.quick)])
+        with pytest.raises(AlreadyRunning):
+            await supervisor.run([])
+        if first == "raised":
+            await supervisor.serve().shutdown()
+
+    run(body())
+
+
+# --- scripts in their own session, signalled ------------------------------------------------------
+
+
+def start_script(scenario: str, work: pathlib.Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), scenario, str(work / "events.jsonl"), str(work)],
+        cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL,
+    )
+
+
+def descendants_of(pid: int) -> list[dict[str, Any]]:
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            found.append({"pid": process.pid, "create_time": process.create_time()})
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def log_of(work: pathlib.Path) -> list[dict[str, Any]]:
+    text = (work / "events.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def stop_script(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigint", "sigint-group"])
+def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str) -> None:
+    """SHD-15: SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
+    `mpvisor.run` script down gracefully: CANCELED outcomes, all stopped, no descendant left."""
+    process = start_script("cooperative", tmp_path)
+    try:
+        wait_for(lambda: len(read_markers(tmp_path / "marker")) >= 2, timeout=20)
+        records = read_records(tmp_path / "records")
+        assert [r["role"] for r in records] == ["grandchild"]
+        tree = descendants_of(process.pid) + records
+        if how == "sigterm":
+            process.send_signal(signal.SIGTERM)
+        elif how == "sigint":
+            process.send_signal(signal.SIGINT)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+    finally:
+        stop_script(process)
+    log = log_of(tmp_path)
+    kinds = [line["kind"] for line in log]
+    assert kinds.count("shutdown_requested") == 1 and kinds.count("all_stopped_within_grace") == 1
+    finished = {line["task"]: line["outcome_kind"] for line in log if line["kind"] == "task_finished"}
+    assert finished == {"plain": "outcome_canceled", "parent": "outcome_canceled"}
+    wait_for(lambda: all_gone(tree), timeout=5)
+
+
+def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
+    """SHD-25: with grace 30, a second SIGINT 0.5 s after the first kills the stubborn tree at
+    once: the script exits within 5 s, the task is FORCE_ABORTED, no descendant is left."""
+    process = start_script("stubborn", tmp_path)
+    try:
+        wait_for(lambda: len(read_records(tmp_path / "records")) == 4, timeout=20)
+        tree = descendants_of(process.pid) + read_records(tmp_path / "records")
+        process.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        time.sleep(0.5)  # the behaviour: a second Ctrl-C half a second into the grace window
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=10)
+        assert time.monotonic() - began < 5
+    finally:
+        stop_script(process)
+    finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
+    assert [(line["task"], line["outcome_kind"]) for line in finished] == [("stubborn", "outcome_force_aborted")]
+    wait_for(lambda: all_gone(tree), timeout=5)
+
+
+# --- subscribers at shutdown -----------------------------------------------------------------------
+
+
+class Blocking:
+    """A subscriber whose callback blocks on its first event until `gate` is set."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.finished = threading.Event()
+
+    def on_event(self, event: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.gate.wait()
+            self.finished.set()
+
+
+@pytest.mark.parametrize("mode", ["shutdown", "run"])
+def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
+    """SHD-16: with subscriber_shutdown_timeout 0.2, shutdown (resp. `run`) returns within 5 s
+    while a callback is still blocked; the callback finishes after release."""
+    blocking = Blocking()
+    config = SupervisorConfig(grace=1, subscriber_shutdown_timeout=0.2)
+
+    async def body() -> None:
+        supervisor = Supervisor(config, [blocking])
+        began = time.monotonic()
+        if mode == "run":
+            outcomes = await supervisor.run([once("q", basic.quick)])
+            assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        else:
+            handle = supervisor.serve()
+            _, waiter = await handle.add_and_watch(once("q", basic.quick))
+            await waiter.wait()
+            await handle.shutdown()
+        assert time.monotonic() - began < 5
+        assert blocking.entered.is_set() and not blocking.finished.is_set()
+
+    try:
+        run(body())
+    finally:
+        blocking.gate.set()
+    assert blocking.finished.wait(5)
+
+
+def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
+    """SHD-17: two shutdown() callers both wait for a blocked callback (drain timeout 5) and
+    return within 2 s of its release."""
+    blocking = Blocking()
+
+    async def body() -> None:
+        supervisor = Supervisor(SupervisorConfig(grace=1, subscriber_shutdown_timeout=5), [blocking])
+        handle = supervisor.serve()
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))
+        await waiter.wait()
+        callers = [asyncio.create_task(handle.shutdown()) for _ in range(2)]
+        await still_pending(*callers, for_seconds=0.5)
+        blocking.gate.set()
+        released = time.monotonic()
+        assert await asyncio.gather(*callers) == [None, None]
+        assert time.monotonic() - released < 2
+
+    try:
+        run(body())
+    finally:
+        blocking.gate.set()
+
+
+# --- adds racing shutdown ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
+    """SHD-18: 100 add_and_watch racing shutdown(): each returns or raises ShuttingDown, every
+    returned waiter resolves, refused workers never start, nothing is left."""
+    marker = str(tmp_path / "marker")
+    rng = random.Random(18)
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, collector):
+            async def add(i: int) -> Any:
+                await asyncio.sleep(rng.uniform(0, 0.05))
+                return await handle.add_and_watch(TaskSpec.restartable(fn(f"r{i}", coop.cooperative, marker=marker)))
+
+            async def stop() -> None:
+                await asyncio.sleep(0.025)
+                await handle.shutdown()
+
+            began = time.monotonic()
+            results = await asyncio.gather(*(add(i) for i in range(100)), stop(), return_exceptions=True)
+            *adds, stopped = results
+            assert stopped is None or isinstance(stopped, GraceExceeded)
+            assert time.monotonic() - began < 15
+            accepted = [r for r in adds if not isinstance(r, BaseException)]
+            refused = [i for i, r in enumerate(adds) if isinstance(r, BaseException)]
+            assert all(isinstance(adds[i], ShuttingDown) for i in refused), [adds[i] for i in refused]
+            assert accepted and refused
+            outcomes = await asyncio.wait_for(asyncio.gather(*(w.wait() for _, w in accepted)), 15)
+            assert all(o.kind in (OutcomeKind.CANCELED, OutcomeKind.FORCE_ABORTED) for o in outcomes)
+            ran = {task for _, task, _, _ in read_markers(marker)}
+            assert not ran & {f"r{i}" for i in refused}
+            assert child_pids_of_self() == []
+
+    run(body())
+
+
+def test_an_add_accepted_before_shutdown_is_drained_not_lost() -> None:
+    """SHD-19: an add_and_watch that returned just before shutdown() resolves; both TASK_ADDED
+    and TASK_REMOVED are published for it."""
+
+    async def body() -> None:
+        async with supervised(CONFIG) as (handle, collector):
+            task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("last", coop.cooperative)))
+            await handle.shutdown()
+            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+            assert collector.of(K.TASK_ADDED, id=task_id)
+
+    run(body())
+
+
+@pytest.mark.parametrize("between", ["backoff", "interval", "permit"])
+def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, between: str) -> None:
+    """SHD-20: a task in a 30 s backoff, a 30 s interval, or waiting for a permit ends CANCELED
+    at shutdown (grace 30) with no further attempt, within 5 s."""
+    marker = str(tmp_path / "marker")
+    config = SupervisorConfig(grace=30, max_concurrent=1 if between == "permit" else None)
+
+    async def body() -> None:
+        async with supervised(config) as (handle, collector):
+            if between == "backoff":
+                spec = TaskSpec.restartable(fn("b", basic.failing)).with_backoff(BackoffPolicy.constant(30))
+            elif between == "interval":
+                spec = TaskSpec.periodic(fn("b", basic.quick), 30)
+            else:
+                await handle.add(TaskSpec.restartable(fn("holder", coop.cooperative, marker=marker)))
+                await started(marker)
+                spec = once("b", basic.quick)
+            task_id, waiter = await handle.add_and_watch(spec)
+            if between == "permit":
+                await async_wait_for(lambda: collector.of(K.TASK_ADDED, id=task_id))
+            else:
+                await async_wait_for(lambda: collector.of(K.BACKOFF_SCHEDULED, id=task_id))
+            starts_before = len(collector.of(K.ATTEMPT_STARTING, id=task_id))
+            assert starts_before == (0 if between == "permit" else 1)
+            began = time.monotonic()
+            await handle.shutdown()
+            assert time.monotonic() - began < 5
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.CANCELED
+            assert outcome.attempts == starts_before
+            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+            assert len(collector.of(K.ATTEMPT_STARTING, id=task_id)) == starts_before
+
+    run(body())
+
+
+def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
+    """SHD-21: a stubborn task removed 0.5 s before shutdown() (grace 1) is killed on its own
+    deadline; shutdown returns normally after it is gone; ALL_STOPPED_WITHIN_GRACE."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
+            task_id, waiter = await handle.add_and_watch(once("s", misbehave.stubborn, marker=marker))
+            await started(marker)
+            [(_, _, _, pid)] = read_markers(marker)
+            assert await handle.remove(task_id)
+            removed_at = time.monotonic()
+            await asyncio.sleep(0.5)  # the behaviour: shutdown starts half-way through its grace
+            await handle.shutdown()
+            assert time.monotonic() - removed_at >= 0.9
+            assert pid_gone(pid)
+            assert waiter.done() and (await waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
+        assert counts(collector) == (1, 1, 0)
+
+    run(body())
+
+
+def test_no_process_survives_shutdown(tmp_path) -> None:
+    """SHD-22: after shutdown of cooperative, stubborn and stubborn+tree tasks (grace 0.3), the
+    parent has no child process and no recorded descendant exists."""
+    marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, _):
+            await handle.add(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
+            await handle.add(once("stubborn", misbehave.stubborn, marker=marker))
+            await handle.add(once("tree", misbehave.stubborn_tree, records, marker=marker))
+            await started(marker, 3)
+            await async_wait_for(lambda: read_records(records))
+            with pytest.raises(GraceExceeded):
+                await handle.shutdown()
+            assert child_pids_of_self() == []
+            assert all_gone(read_records(records))
+
+    run(body())
+
+
+@pytest.mark.parametrize("case", ["normal", "exception", "stubborn-exception"])
+def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
+    """SHD-23: `async with supervisor` shuts down on exit: the waiter is CANCELED, nothing is
+    left, `add` raises ShuttingDown; an exception in the block wins over GraceExceeded and
+    carries a note about the grace."""
+    marker = str(tmp_path / "marker")
+    stubborn = case == "stubborn-exception"
+    supervisor = Supervisor(SupervisorConfig(grace=0.3 if stubborn else 1))
+    target = misbehave.stubborn if stubborn else coop.cooperative
+
+    class Inside(Exception):
+        pass
+
+    async def body() -> None:
+        handle = None
+        waiter = None
+        try:
+            async with supervisor as handle:
+                _, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("w", target, marker=marker)))
+                await started(marker)
+                if case != "normal":
+                    raise Inside("from the block")
+        except Inside as error:
+            assert case != "normal"
+            notes = getattr(error, "__notes__", [])
+            if stubborn:
+                assert any("grace" in note for note in notes), notes
+        assert handle is not None and waiter is not None
+        expected = OutcomeKind.FORCE_ABORTED if stubborn else OutcomeKind.CANCELED
+        assert (await waiter.wait()).kind is expected
+        assert child_pids_of_self() == []
+        with pytest.raises(ShuttingDown):
+            await handle.add(once("late", basic.quick))
+
+    run(body())
+
+
+def test_run_returns_one_outcome_per_spec() -> None:
+    """SHD-24: `run` returns one outcome per name, each matching its TASK_FINISHED."""
+    collector = Collector()
+    outcomes = mpvisor.run([once("a", basic.quick), once("b", basic.failing, 3), once("c", basic.fatal, 4)],
+                           CONFIG, subscribers=[collector])
+    assert set(outcomes) == {"a", "b", "c"}
+    assert outcomes["a"].kind is OutcomeKind.COMPLETED and outcomes["a"].value == "ok"
+    assert outcomes["b"].kind is OutcomeKind.FAILED and outcomes["b"].exit_code == 3
+    assert outcomes["c"].kind is OutcomeKind.FATAL and outcomes["c"].exit_code == 4
+    for name, outcome in outcomes.items():
+        [finished] = collector.of(K.TASK_FINISHED, task=name)
+        assert (finished.outcome_kind, finished.reason, finished.exit_code) == (outcome.kind, outcome.reason,
+                                                                                outcome.exit_code)
+
+
+def test_run_restores_the_signal_handlers(tmp_path) -> None:
+    """SHD-26: `run` on the main thread restores custom SIGINT/SIGTERM handlers; a `run` on a
+    worker thread's loop never changes them."""
+    gate = Gate(tmp_path)
+
+    def on_int(signum: int, frame: object) -> None:
+        raise AssertionError("the custom SIGINT handler ran")
+
+    def on_term(signum: int, frame: object) -> None:
+        raise AssertionError("the custom SIGTERM handler ran")
+
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, on_int)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        outcomes = asyncio.run(Supervisor(CONFIG).run([once("q", basic.quick)]))
+        assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        assert signal.getsignal(signal.SIGINT) is on_int and signal.getsignal(signal.SIGTERM) is on_term
+        result: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: result.update(asyncio.run(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))))
+        thread.start()
+        try:
+            wait_for(lambda: "started" in gate.words())
+            assert signal.getsignal(signal.SIGINT) is on_int and signal.getsignal(signal.SIGTERM) is on_term
+        finally:
+            gate.release()
+            thread.join(20)
+        assert result["g"].kind is OutcomeKind.COMPLETED
+        assert signal.getsignal(signal.SIGINT) is on_int and signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
+    """SHD-27: `run([once quick])` once shutdown has begun raises ShuttingDown; it never runs."""
+    gate = Gate(tmp_path)
+    marker = str(tmp_path / "refused")
+
+    async def body() -> None:
+        supervisor = Supervisor(SupervisorConfig(grace=10))
+        handle = supervisor.serve()
+        await handle.add(TaskSpec.once(gate.task("g")))
+        await gate.reached("started")
+        stopping = asyncio.create_task(handle.shutdown())
+        await gate.reached("cancel-seen")
+        with pytest.raises(ShuttingDown):
+            await supervisor.run([once("q", basic.quick, marker=marker)])
+        gate.release()
+        await stopping
+        assert read_markers(marker) == []
+
+    run(body())

@@ -1,0 +1,176 @@
+"""The attempt channel's codec: framing, the value model, the schema (pure, no processes)."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpvisor._wire import (
+    Calling,
+    Failure,
+    FrameDecoder,
+    Hello,
+    Progress,
+    ProtocolError,
+    Result,
+    Start,
+    encode,
+    frame,
+    pack,
+    parse,
+    parse_start,
+    unpack,
+)
+
+values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary(),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=8) | st.binary(max_size=8), children, max_size=5),
+    max_leaves=20,
+)
+
+messages = st.one_of(
+    st.builds(Hello, pid=st.integers(min_value=1, max_value=2**31)),
+    st.just(Calling()),
+    st.builds(
+        Progress,
+        done=st.integers(min_value=0, max_value=10**6) | st.floats(allow_nan=False, allow_infinity=False),
+        total=st.none() | st.integers(min_value=0, max_value=10**6),
+        message=st.none() | st.text(max_size=20),
+    ),
+    st.builds(Result, value=values),
+    st.builds(
+        Failure,
+        kind=st.sampled_from(["fail", "fatal", "canceled", "error"]),
+        reason=st.text(max_size=40),
+        exit_code=st.none() | st.integers(min_value=-64, max_value=255),
+        traceback=st.none() | st.text(max_size=40),
+    ),
+)
+
+
+def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), st.lists(st.integers(min_value=0), max_size=12))
+def test_every_message_round_trips_under_any_chunking(batch, cuts):
+    """Issue 1/6 item 2: messages decode to themselves whatever the read boundaries."""
+    stream = b"".join(encode(m) for m in batch)
+    decoder = FrameDecoder(max_frame=1 << 20)
+    decoded = []
+    for chunk in _chunks(stream, cuts):
+        decoded.extend(decoder.feed(chunk))
+    decoder.finish()
+    assert [parse(obj) for obj in decoded] == batch
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(min_value=0), max_size=6))
+def test_arbitrary_bytes_decode_or_raise_protocol_error(data, cuts):
+    """Issue 1/6 item 2: garbage decodes or raises ProtocolError, never anything else."""
+    decoder = FrameDecoder(max_frame=64)
+    try:
+        for chunk in _chunks(data, cuts):
+            for obj in decoder.feed(chunk):
+                parse(obj)
+        decoder.finish()
+    except ProtocolError:
+        pass
+
+
+def test_an_oversized_frame_is_refused_from_its_header_alone():
+    """SPEC §1.4: the declared length is checked before anything is buffered."""
+    decoder = FrameDecoder(max_frame=1024)
+    with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=1024"):
+        decoder.feed(struct.pack(">I", 1025))
+
+
+@pytest.mark.parametrize(
+    "stream, message",
+    [
+        (b"\x00\x00", "inside a 4-byte header"),
+        (struct.pack(">I", 10) + b"abc", "after 3 of 10 bytes"),
+    ],
+)
+def test_a_stream_cut_inside_a_frame_is_truncated(stream, message):
+    """PRC-05 (pure part): a truncated frame is a protocol error at end of stream."""
+    decoder = FrameDecoder(max_frame=1024)
+    assert decoder.feed(stream) == []
+    with pytest.raises(ProtocolError, match=message):
+        decoder.finish()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        msgpack.packb(msgpack.ExtType(5, b"x")),
+        msgpack.packb({1: "int key"}),
+        b"\xa3\xff\xfe\xfd",  # a str that is not UTF-8
+        b"\xc1",  # a byte msgpack never uses
+        msgpack.packb(1) + msgpack.packb(2),  # two values in one frame
+    ],
+)
+def test_undecodable_payloads_are_protocol_errors(payload):
+    """SPEC §1.3: ext types and non-str/bytes keys are refused both ways."""
+    with pytest.raises(ProtocolError):
+        FrameDecoder(max_frame=1024).feed(frame(payload))
+
+
+def test_bytes_and_str_stay_distinct_and_tuples_arrive_as_lists():
+    """SPEC §1.3 value model."""
+    assert unpack(pack({"s": "x", "b": b"x", "t": (1, 2), b"k": None})) == {
+        "s": "x",
+        "b": b"x",
+        "t": [1, 2],
+        b"k": None,
+    }
+
+
+def test_ext_types_are_refused_when_encoding():
+    """SPEC §1.3: nothing but plain msgpack values are sent."""
+    with pytest.raises(TypeError):
+        pack({"x": object()})
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"t": "hello", "v": 1},
+        {"t": "hello", "v": 1, "pid": "7"},
+        {"t": "result"},
+        {"t": "failure", "kind": "oops", "reason": "", "exit_code": None, "traceback": None},
+        {"t": "progress", "done": True, "total": None, "message": None},
+        {"t": "nonsense"},
+        [1, 2, 3],
+    ],
+)
+def test_messages_off_the_schema_are_protocol_errors(obj):
+    """The schema is declared: a missing, extra or mistyped field is refused."""
+    with pytest.raises(ProtocolError):
+        parse(obj)
+
+
+def test_a_message_may_be_limited_to_what_the_step_allows():
+    """A result before the handshake is off-protocol."""
+    with pytest.raises(ProtocolError, match="unexpected message"):
+        parse(Result(1).to_wire(), ("hello",))
+
+
+def test_the_start_message_carries_its_version():
+    """The parent's start message round-trips and names the protocol version."""
+    start = Start("t", 1, 2, "fn", "m:f", [1], {"a": b"x"}, [], None, None, None, 1024)
+    assert parse_start(unpack(encode(start)[4:])) == start
+    with pytest.raises(ProtocolError):
+        parse_start({**start.to_wire(), "v": 99})
