@@ -30,6 +30,7 @@ One module on purpose: the queue, its thread and the throttle exist only for the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import contextlib
 import logging
 import threading
@@ -47,6 +48,8 @@ DEFAULT_QUEUE_CAPACITY = 1024
 TROUBLE_INTERVAL = 1.0  # seconds between two reports of one kind about one subscriber
 _log = logging.getLogger("mpvisor.bus")
 
+
+_SEQ = itertools.count(1)  # `seq` increases process-wide, across supervisors
 
 def _call_soon(
     loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
@@ -232,7 +235,7 @@ class Bus:
         self._clock = clock
         self._mailboxes = [_Mailbox(s, self._panicked) for s in subscribers]
         self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
-        self._seq = 0  # the last seq assigned
+        self._seq = 0  # the last seq this bus assigned
         self._alive: dict[str, int | None] = {}  # task name -> the attempt that runs
         self._throttles: dict[_TroubleKey, _Throttle] = {}
         self._timers: dict[_TroubleKey, asyncio.TimerHandle] = {}  # one per pending report
@@ -248,7 +251,7 @@ class Bus:
 
     def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event:
         loop = self._bind()
-        self._seq += 1
+        self._seq = next(_SEQ)
         event = Event(seq=self._seq, at=self._clock(), kind=kind, **fields)
         self._track(event)
         if self._phase == "open":

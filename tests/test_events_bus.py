@@ -97,6 +97,16 @@ class Collector:
             return [e for e in self.received if e.kind is kind]
 
 
+
+@pytest.fixture(autouse=True)
+def fresh_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seq` is process-wide; these tests read it from 1, so each starts a fresh counter."""
+    import itertools
+
+    from mpvisor import _bus
+
+    monkeypatch.setattr(_bus, "_SEQ", itertools.count(1))
+
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
 

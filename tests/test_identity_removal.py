@@ -593,7 +593,7 @@ def test_removal_by_name_issued_with_the_add_finds_the_task(form, warm):
 
 
 @pytest.mark.timeout(60)
-def test_removal_racing_natural_completion_yields_one_terminal_pair():
+def test_removal_racing_natural_completion_yields_one_terminal_pair(tmp_path):
     """IDR-21: 50 removes racing quick once tasks: one TASK_FINISHED then one TASK_REMOVED each,
     remove True exactly for the CANCELED ones, and each waiter matches its event."""
     rng = random.Random(21)
@@ -602,8 +602,12 @@ def test_removal_racing_natural_completion_yields_one_terminal_pair():
         async with supervised(CONFIG) as (handle, events):
 
             async def race(i: int) -> tuple[int, bool, Any]:
-                spec = once(f"race-{i}", basic.sleeper, rng.uniform(0.0, 0.05))
+                marker = tmp_path / f"race-{i}"
+                spec = once(f"race-{i}", basic.sleeper, rng.uniform(0.0, 0.05), marker=str(marker))
                 task_id, waiter = await handle.add_and_watch(spec)
+                # remove once the target runs, at a random moment around the end of its sleep
+                await async_wait_for(lambda: marker.exists(), timeout=20)
+                await asyncio.sleep(rng.uniform(0.0, 0.1))  # spreads the race, syncs nothing
                 claimed = await handle.remove(task_id)
                 return task_id, claimed, await waiter.wait()
 

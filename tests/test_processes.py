@@ -1,0 +1,917 @@
+"""Does every attempt run in its own fresh process, and does mpvisor keep that process in hand?
+(PRC-01 .. PRC-31, without the controller, the CLI and the blocking facade)
+
+Real attempt processes from `workers/`; the process table is read with psutil, pids are
+matched with their create times. Lifecycle, cancel, timeout and tree-kill tests run under
+both start methods (PRC-14). Launcher-specific tests reach the launcher's pid through
+`handle._rt.client.pid` (the one internal the tests use).
+"""
+
+from __future__ import annotations
+
+import _imp
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import mpvisor
+from mpvisor import (
+    BackoffPolicy,
+    CommandTask,
+    ConfigError,
+    EventKind,
+    GraceExceeded,
+    LogWriter,
+    OutcomeKind,
+    Supervisor,
+    SupervisorConfig,
+    TaskFn,
+    TaskSpec,
+)
+from tests._support import (
+    all_gone,
+    async_wait_for,
+    open_fd_count,
+    pid_gone,
+    read_markers,
+    read_records,
+    run,
+    supervised,
+    wait_for,
+    zombie_children,
+)
+from workers import basic, coop, misbehave
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "workers", "scripts")
+FAST = BackoffPolicy.constant(0.01)
+START_METHODS = ("launcher", "spawn")
+TERMINAL = (
+    EventKind.ATTEMPT_SUCCEEDED,
+    EventKind.ATTEMPT_FAILED,
+    EventKind.ATTEMPT_TIMED_OUT,
+    EventKind.ATTEMPT_CANCELED,
+)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+async def seen(collector, kind, timeout: float = 5.0, **fields):
+    """The first event of `kind` with `fields`, waited for without blocking the loop."""
+    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout))[0]
+
+
+async def finished(handle, collector, spec):
+    """Add `spec`, wait for its outcome and for its `TASK_REMOVED` to be delivered."""
+    task_id, waiter = await handle.add_and_watch(spec)
+    outcome = await waiter.wait()
+    await seen(collector, EventKind.TASK_REMOVED, id=task_id)
+    return task_id, outcome
+
+
+def once(name, target, *args, **kwargs):
+    return TaskSpec.once(TaskFn(name, target, args, kwargs or None))
+
+
+def restartable(name, target, *args, **kwargs):
+    return TaskSpec.restartable(TaskFn(name, target, args, kwargs or None)).with_backoff(FAST)
+
+
+def terminal_events(collector, task_id):
+    return [e for e in collector.events if e.id == task_id and e.kind in TERMINAL]
+
+
+def launcher_pid(handle) -> int:
+    pid = handle._rt.client.pid
+    assert pid is not None
+    return pid
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone_or_orphan_zombie(pid: int) -> bool:
+    """Gone, or a zombie re-parented to PID 1 (its parent died; this container's PID 1 reaps
+    orphans late, so such a zombie may linger ~2 s although the process has ended)."""
+    try:
+        process = psutil.Process(pid)
+        return process.status() == psutil.STATUS_ZOMBIE and process.ppid() == 1
+    except psutil.NoSuchProcess:
+        return True
+
+
+@contextlib.contextmanager
+def std_streams_to_devnull():
+    """Point fds 1 and 2 at /dev/null (a launcher started meanwhile inherits that)."""
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+# --- PRC-01, PRC-02: fresh, isolated processes ---------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_each_attempt_runs_in_a_fresh_process(start_method):
+    """PRC-01, PRC-14: four attempts, four distinct processes; no module state survives."""
+    spec = restartable("fresh", basic.fresh_process_check, 3)
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
+            task_id, outcome = await finished(handle, events, spec)
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 4
+            assert outcome.attempts == 4
+            pids = [e.pid for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)]
+            assert len(set(pids)) == 4 and os.getpid() not in pids
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+def test_a_crashing_attempt_affects_nothing_else():
+    """PRC-02: a task that SIGSEGVs again and again leaves its sibling and the parent alone."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            sibling_id = await handle.add(TaskSpec.restartable(TaskFn("sibling", coop.cooperative)))
+            sibling = await seen(events, EventKind.ATTEMPT_STARTING, id=sibling_id)
+            crasher_id = await handle.add(restartable("crasher", misbehave.segfault))
+            await async_wait_for(
+                lambda: len(events.of(EventKind.ATTEMPT_FAILED, id=crasher_id, exit_code=-signal.SIGSEGV)) >= 5)
+            _, outcome = await finished(handle, events, once("meanwhile", basic.quick, "still-here"))
+            assert outcome.value == "still-here"
+            assert handle.is_alive("sibling") and alive(sibling.pid)
+            assert len(events.of(EventKind.ATTEMPT_STARTING, id=sibling_id)) == 1
+            assert terminal_events(events, sibling_id) == []
+            assert await handle.cancel(crasher_id) is True
+            assert [info.name for info in await handle.list()] == ["sibling"]
+
+    run(body())
+
+
+# --- PRC-03: stopping kills the whole tree --------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("how", ["cancel", "timeout", "shutdown"])
+def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
+    """PRC-03, PRC-14: cancel, timeout and shutdown each kill a stubborn tree whole (the
+    setsid() grandchild and the double-forked orphan included) before the task's cleanup ends."""
+    records = tmp_path / "tree.jsonl"
+    spec = once("tree", misbehave.stubborn_tree, str(records))
+    if how == "timeout":
+        spec = spec.with_timeout(0.5)
+    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.3, start_method=start_method)
+
+    async def body():
+        async with supervised(config, expect_grace_exceeded=True) as (handle, events):
+            task_id, waiter = await handle.add_and_watch(spec)
+            starting = await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+            tree = await async_wait_for(lambda: read_records(records))
+            everyone = [*tree, {"pid": starting.pid}]
+            assert len(tree) == 4 and not any(pid_gone(r["pid"], r.get("create_time")) for r in everyone)
+            if how == "cancel":
+                assert await handle.cancel(task_id) is True
+            elif how == "shutdown":
+                with pytest.raises(GraceExceeded) as raised:
+                    await handle.shutdown()
+                assert raised.value.stuck == ["tree"]
+            outcome = await waiter.wait()
+            assert all_gone(everyone), "terminal cleanup ended with part of the tree alive"
+            expected = OutcomeKind.FAILED if how == "timeout" else OutcomeKind.FORCE_ABORTED
+            assert outcome.kind is expected
+
+    run(body())
+
+
+# --- PRC-06 .. PRC-10: values, pickles, output, targets, context ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "named"),
+    [
+        ((object(),), None, "args[0]"),
+        ((), {"tags": {1, 2}}, "kwargs['tags']"),
+        (({1: "int key"},), None, "args[0]"),
+        ((2**64,), None, "args[0]"),
+    ],
+    ids=["object", "set-kwarg", "int-keys", "2**64"],
+)
+def test_arguments_must_be_msgpack(args, kwargs, named):
+    """PRC-06: a non-msgpack argument raises TypeError naming it, before anything is registered."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            with pytest.raises(TypeError, match=named.replace("[", r"\[")):
+                await handle.add(TaskSpec.once(TaskFn("bad", basic.echo, args, kwargs)))
+            assert await handle.list() == []
+            assert events.of(EventKind.TASK_ADD_REQUESTED) == []
+
+    run(body())
+
+
+def test_msgpack_values_round_trip_through_the_child():
+    """PRC-06: None, bool, int, float, str, bytes, list, tuple and dict travel there and back
+    (a tuple comes back as a list; bytes stay bytes, distinct from str)."""
+    args = (None, True, False, -(2**63), 2**64 - 1, 1.5, "text", b"bytes", [1, [2, "x"]], (3, (4,)))
+    kwargs = {"mapping": {"str": {"nested": b"\x00\xff"}, b"bytes-key": [None]}, "empty": {}}
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            _, outcome = await finished(handle, events, TaskSpec.once(TaskFn("echo", basic.echo, args, kwargs)))
+            assert outcome.kind is OutcomeKind.COMPLETED
+            returned_args, returned_kwargs = outcome.value
+            assert returned_args == [None, True, False, -(2**63), 2**64 - 1, 1.5, "text", b"bytes",
+                                     [1, [2, "x"]], [3, [4]]]
+            assert type(returned_args[7]) is bytes and type(returned_args[6]) is str
+            assert returned_kwargs == kwargs
+
+    run(body())
+
+
+def test_nothing_from_a_child_is_unpickled(tmp_path):
+    """PRC-07: pickle bytes returned by a child stay bytes; loading them never happens."""
+    bomb = tmp_path / "unpickled"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            _, outcome = await finished(handle, events, once("bomb", basic.pickle_bomb, str(bomb)))
+            assert outcome.kind is OutcomeKind.COMPLETED
+            assert isinstance(outcome.value, bytes) and b"write_text" in outcome.value
+
+    run(body())
+    assert not bomb.exists()
+
+
+@pytest.mark.timeout(60)
+def test_user_output_floods_never_touch_the_protocol():
+    """PRC-08: 50 MB on stdout and 50 MB on stderr of the parent's streams, and the value
+    still arrives intact."""
+    flood = once("flood", misbehave.flood, 50 * 1024 * 1024)
+
+    async def body():
+        with std_streams_to_devnull():  # the launcher inherits /dev/null as stdout and stderr
+            supervisor = Supervisor(SupervisorConfig(grace=1))
+            handle = supervisor.serve()
+            _, waiter = await handle.add_and_watch(once("warm-up", basic.quick))
+            await waiter.wait()
+        try:
+            _, waiter = await handle.add_and_watch(flood)
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "flooded"
+        finally:
+            await handle.shutdown()
+
+    run(body())
+
+
+@pytest.mark.timeout(60)
+def test_captured_output_arrives_as_events_not_on_the_parents_stdout(capfd):
+    """PRC-08: with capture_output, a flood becomes ATTEMPT_OUTPUT events with task, id,
+    attempt, pid, stream and line, and nothing reaches the parent's stdout or stderr."""
+    nbytes = 4 * 1024 * 1024  # 4096 lines of 1 KiB per stream
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, capture_output=True)) as (handle, events):
+            task_id, outcome = await finished(handle, events, once("flood", misbehave.flood, nbytes))
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "flooded"
+            starting = events.of(EventKind.ATTEMPT_STARTING, id=task_id)[0]
+            output = events.of(EventKind.ATTEMPT_OUTPUT, id=task_id)
+            assert output, "no ATTEMPT_OUTPUT event"
+            assert {(e.task, e.attempt, e.pid) for e in output} == {("flood", 1, starting.pid)}
+            assert {e.stream for e in output} == {"stdout", "stderr"}
+            assert all(e.line == "f" * 1023 for e in output)
+
+    capfd.readouterr()
+    run(body())
+    captured = capfd.readouterr()
+    assert "fff" not in captured.out and "fff" not in captured.err
+
+
+def test_target_forms(tmp_path):
+    """PRC-09: a callable (recorded as module:qualname), a "pkg.mod:func" string and a
+    coroutine function run; an unimportable target ends FATAL naming it."""
+    assert TaskFn("c", basic.quick).target == "workers.basic:quick"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            specs = {
+                "callable": once("callable", basic.quick, "by-callable"),
+                "string": TaskSpec.once(TaskFn("string", "workers.basic:quick", ("by-string",))),
+                "coroutine": once("coroutine", coop.async_quick, "by-coroutine"),
+                "no-module": TaskSpec.once(TaskFn("no-module", "workers.no_such_module:fn")),
+                "no-attr": TaskSpec.once(TaskFn("no-attr", "workers.basic:no_such_function")),
+            }
+            waiters = {name: (await handle.add_and_watch(spec))[1] for name, spec in specs.items()}
+            outcomes = {name: await waiter.wait() for name, waiter in waiters.items()}
+            assert [outcomes[n].value for n in ("callable", "string", "coroutine")] == [
+                "by-callable", "by-string", "by-coroutine"]
+            for name, target in (("no-module", "workers.no_such_module:fn"),
+                                 ("no-attr", "workers.basic:no_such_function")):
+                assert outcomes[name].kind is OutcomeKind.FATAL
+                assert target in outcomes[name].reason
+                assert outcomes[name].attempts == 1
+
+    run(body())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("script", "kind", "says"),
+    [
+        ("guarded_main.py", "COMPLETED", None),
+        ("unguarded_main.py", "FATAL", 'must sit under `if __name__ == "__main__":`'),
+    ],
+)
+def test_a_target_in_the_main_script(script, kind, says, tmp_path):
+    """PRC-09: a target defined in the running script works when its start-up code is guarded;
+    unguarded, the attempt ends FATAL saying the code must sit under the __main__ guard."""
+    out = tmp_path / "outcome.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), str(out)], env=env,
+                          cwd=tmp_path, timeout=30, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    outcome = json.loads(out.read_text())
+    assert outcome["kind"] == kind, outcome
+    if says is None:
+        assert outcome["value"] == "ran as __mp_main__"
+    else:
+        assert says in outcome["reason"]
+
+
+def test_context_inside_and_outside_an_attempt():
+    """PRC-10: inside, context() knows the task name, its id and the attempt; outside an
+    attempt it raises RuntimeError."""
+    with pytest.raises(RuntimeError, match="inside an attempt"):
+        mpvisor.context()
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            task_id, outcome = await finished(handle, events, TaskSpec.restartable(
+                TaskFn("ctx", basic.sequence, (["fail", "ok"],))).with_backoff(FAST))
+            assert outcome.value == 2
+            _, info = await finished(handle, events, once("info", basic.attempt_info))
+            info_id = events.of(EventKind.TASK_ADDED, task="info")[0].id
+            assert info.value["task_id"] == info_id and info.value["task_name"] == "info"
+            assert info.value["attempt"] == 1
+            assert info.value["pid"] == events.of(EventKind.ATTEMPT_STARTING, id=info_id)[0].pid
+
+    run(body())
+
+
+# --- PRC-11, PRC-25, PRC-26: cancellation in the child --------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_cancellation_raises_canceled_and_runs_cleanup(start_method, tmp_path):
+    """PRC-11, PRC-14: a pure-Python loop gets Canceled and runs its finally; inside shield()
+    `cancelled` turns true and Canceled comes only when the block is left (a value returned
+    from inside is dropped)."""
+    loop_marker, shield_marker = tmp_path / "loop", tmp_path / "shield"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=5, start_method=start_method)) as (handle, events):
+            loop_id, loop_waiter = await handle.add_and_watch(
+                once("loop", coop.pure_loop, marker=str(loop_marker)))
+            shield_id, shield_waiter = await handle.add_and_watch(
+                once("shielded", coop.cooperative_returning, marker=str(shield_marker)))
+            for path in (loop_marker, shield_marker):
+                await async_wait_for(lambda path=path: read_markers(path))
+            assert await handle.cancel(loop_id) is True
+            assert await handle.cancel(shield_id) is True
+            assert [m[0] for m in read_markers(loop_marker)] == ["started", "finally"]
+            assert [m[0] for m in read_markers(shield_marker)] == ["started", "cancel-seen"]
+            for task_id, waiter in ((loop_id, loop_waiter), (shield_id, shield_waiter)):
+                outcome = await waiter.wait()
+                assert outcome.kind is OutcomeKind.CANCELED and outcome.value is None
+                await seen(events, EventKind.TASK_REMOVED, id=task_id)
+                assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_CANCELED]
+                assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+def test_cancellation_details_in_the_child(tmp_path):
+    """PRC-25: `except Exception` misses Canceled; check_cancelled() raises inside shield();
+    wait_cancelled(0.05) is False then True and never raises; an async target sees
+    CancelledError and ends ATTEMPT_CANCELED; a removal during a timed-out attempt's stop
+    raises no second Canceled (the counter reads 1) and keeps the attempt TIMED_OUT."""
+    details, aio, counter_marker = tmp_path / "details", tmp_path / "async", tmp_path / "counter-m"
+    counter = tmp_path / "counter"
+    config = SupervisorConfig(grace=3, timeout_kill_after=0.5)
+
+    async def body():
+        async with supervised(config) as (handle, events):
+            details_id = await handle.add(once("details", coop.cancel_details, marker=str(details)))
+            aio_id = await handle.add(once("aio", coop.async_cooperative, marker=str(aio)))
+            counted_id, counted = await handle.add_and_watch(
+                once("counted", coop.double_cancel_counter, str(counter), marker=str(counter_marker))
+                .with_timeout(0.3))
+            await async_wait_for(lambda: len(read_markers(details)) >= 2 and read_markers(aio))
+            assert await handle.cancel(details_id) is True
+            assert [m[0] for m in read_markers(details)] == ["started", "wait-false", "wait-true", "check-raised"]
+            assert await handle.cancel(aio_id) is True
+            assert [m[0] for m in read_markers(aio)] == ["started", "cancel-seen"]
+            await async_wait_for(lambda: [m for m in read_markers(counter_marker) if m[0] == "finally"])
+            assert await handle.remove(counted_id) is True  # while the timed-out attempt stops
+            outcome = await counted.wait()
+            assert outcome.kind is OutcomeKind.CANCELED
+            assert counter.read_text() == "1\n"
+            for task_id, kind in ((details_id, EventKind.ATTEMPT_CANCELED),
+                                  (aio_id, EventKind.ATTEMPT_CANCELED),
+                                  (counted_id, EventKind.ATTEMPT_TIMED_OUT)):
+                await seen(events, EventKind.TASK_REMOVED, id=task_id)
+                assert [e.kind for e in terminal_events(events, task_id)] == [kind]
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_request_before_the_target_runs_skips_it(start_method, tmp_path):
+    """PRC-26, PRC-14: cancelled while its module still imports (1 s), the target never runs."""
+    marker = tmp_path / "marker"
+    spec = TaskSpec.once(TaskFn("late", "workers.slow_import_1s:target", kwargs={"marker": str(marker)}))
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=5, start_method=start_method)) as (handle, events):
+            task_id, waiter = await handle.add_and_watch(spec)
+            await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+            assert await handle.cancel(task_id) is True
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.CANCELED
+            await seen(events, EventKind.TASK_REMOVED, id=task_id)
+            assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_CANCELED]
+            assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
+
+    run(body())
+    assert not marker.exists()
+
+
+# --- PRC-12: programs -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_command_task_is_supervised_like_python_work(tmp_path, monkeypatch):
+    """PRC-12: exit 0 completes with None; exit 3 is a retryable failure with exit_code 3; a
+    missing program is FATAL naming argv[0]; env adds and removes variables."""
+    monkeypatch.setenv("HOME", "/home/somebody")
+    env_out = tmp_path / "env"
+    show_env = f'echo "A=${{A-unset}} HOME=${{HOME-unset}}" > {env_out}'
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            _, ok = await finished(handle, events, TaskSpec.once(CommandTask("ok", ["sh", "-c", "exit 0"])))
+            assert ok.kind is OutcomeKind.COMPLETED and ok.value is None
+            three_id, three = await finished(handle, events, TaskSpec.restartable(
+                CommandTask("three", ["sh", "-c", "exit 3"])).with_backoff(FAST).with_max_retries(1))
+            assert three.kind is OutcomeKind.FAILED and three.exit_code == 3 and three.attempts == 2
+            assert [e.exit_code for e in events.of(EventKind.ATTEMPT_FAILED, id=three_id)] == [3, 3]
+            _, missing = await finished(handle, events, TaskSpec.once(
+                CommandTask("missing", ["/no/such/program-xyz", "arg"])))
+            assert missing.kind is OutcomeKind.FATAL and "/no/such/program-xyz" in missing.reason
+            _, shown = await finished(handle, events, TaskSpec.once(
+                CommandTask("env", ["sh", "-c", show_env], env={"A": "1", "HOME": None})))
+            assert shown.kind is OutcomeKind.COMPLETED
+            assert env_out.read_text() == "A=1 HOME=unset\n"
+
+    run(body())
+
+
+TRAP_SCRIPT = """
+trap 'echo trapped >> "$1"' TERM
+(trap '' TERM; exec sleep 3600) &
+echo $$ $! > "$2"
+while :; do wait; done
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
+    """PRC-12: a shell that traps TERM without exiting, with a `sleep 3600` child ignoring TERM,
+    gets SIGTERM on its group first (the trap runs), then is killed as a tree."""
+    trapped, pids_file = tmp_path / "trapped", tmp_path / "pids"
+    spec = TaskSpec.once(CommandTask("trapper", ["sh", "-c", TRAP_SCRIPT, "sh", str(trapped), str(pids_file)]))
+    if how == "timeout":
+        spec = spec.with_timeout(0.3)
+    config = SupervisorConfig(grace=0.5, timeout_kill_after=0.5)
+
+    async def body():
+        async with supervised(config) as (handle, events):
+            task_id, waiter = await handle.add_and_watch(spec)
+            text = await async_wait_for(lambda: pids_file.exists() and pids_file.read_text().endswith("\n")
+                                        and pids_file.read_text())
+            records = [{"pid": pid, "create_time": psutil.Process(pid).create_time()}
+                       for pid in map(int, text.split())]
+            if how == "cancel":
+                assert await handle.cancel(task_id) is True
+            outcome = await waiter.wait()
+            assert all_gone(records)
+            assert trapped.read_text() == "trapped\n"
+            expected = OutcomeKind.FORCE_ABORTED if how == "cancel" else OutcomeKind.FAILED
+            assert outcome.kind is expected
+            await seen(events, EventKind.TASK_REMOVED, id=task_id)
+            assert len(events.of(EventKind.ATTEMPT_KILLED, id=task_id)) == 1
+
+    run(body())
+
+
+# --- PRC-13, PRC-15, PRC-28: threads, fds, zombies ------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_attempts_start_safely_from_a_threaded_parent():
+    """PRC-13: 8 parent threads keep taking the logging, import and stdout locks (holding them
+    across short sleeps) while 50 attempts start: all complete, nothing deadlocks."""
+    stop = threading.Event()
+
+    def hold(acquire, release):
+        while not stop.is_set():
+            acquire()
+            try:
+                time.sleep(0.002)
+            finally:
+                release()
+            time.sleep(0.0005)
+
+    def write_stdout():
+        while not stop.is_set():
+            sys.stdout.write("")
+            sys.stdout.flush()
+            time.sleep(0.0005)
+
+    logging_lock = logging._lock  # type: ignore[attr-defined]
+    holders = (
+        [(hold, (logging_lock.acquire, logging_lock.release))] * 3
+        + [(hold, (_imp.acquire_lock, _imp.release_lock))] * 3
+        + [(write_stdout, ())] * 2
+    )
+    threads = [threading.Thread(target=fn, args=args, daemon=True) for fn, args in holders]
+    for thread in threads:
+        thread.start()
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            watched = [await handle.add_and_watch(once(f"t{i}", basic.quick, i)) for i in range(50)]
+            outcomes = await asyncio.wait_for(asyncio.gather(*(w.wait() for _, w in watched)), 30)
+            assert [o.value for o in outcomes] == list(range(50))
+
+    try:
+        run(body())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+
+
+@pytest.mark.timeout(60)
+def test_no_leaked_fds_or_zombies_after_many_attempts():
+    """PRC-15: after 200 attempts (4 at a time) the parent's fd count is back at its baseline,
+    and neither it nor the launcher keeps a zombie child."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            _, waiter = await handle.add_and_watch(once("warm-up", basic.quick))
+            await waiter.wait()
+            baseline = open_fd_count()
+            watched = [await handle.add_and_watch(restartable(f"flaky-{i}", basic.flaky, 49))
+                       for i in range(4)]
+            outcomes = await asyncio.gather(*(w.wait() for _, w in watched))
+            assert [(o.kind, o.attempts) for o in outcomes] == [(OutcomeKind.COMPLETED, 50)] * 4
+            assert open_fd_count() == baseline
+            assert zombie_children() == []
+            launcher = psutil.Process(launcher_pid(handle))
+            assert [c.pid for c in launcher.children() if c.status() == psutil.STATUS_ZOMBIE] == []
+
+    run(body())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("capture_output", [False, True])
+def test_attempts_cost_few_fds_and_no_threads(capture_output):
+    """PRC-28: 64 live attempts cost the parent at most 3 fds each (5 with capture_output) and
+    no thread; after serve() the soft RLIMIT_NOFILE equals the hard limit."""
+    count, per_attempt = 64, (5 if capture_output else 3)
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=2, capture_output=capture_output)) as (handle, events):
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            assert soft == hard
+            _, waiter = await handle.add_and_watch(once("warm-up", basic.quick))
+            await waiter.wait()
+            fds, threads = open_fd_count(), psutil.Process().num_threads()
+            for i in range(count):
+                await handle.add(TaskSpec.restartable(TaskFn(f"live-{i}", coop.cooperative)))
+            await async_wait_for(lambda: len(events.of(EventKind.ATTEMPT_STARTING)) == count + 1, timeout=30)
+            assert len(handle.alive_snapshot()) == count
+            grown = open_fd_count() - fds
+            assert grown <= per_attempt * count, f"{grown} fds for {count} attempts"
+            assert psutil.Process().num_threads() == threads
+
+    run(body())
+
+
+# --- PRC-16, PRC-19 ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_progress_reports_become_events():
+    """PRC-16: progress(3, 10, "x") is an ATTEMPT_PROGRESS event; 10 000 calls in a tight loop
+    give far fewer events and do not delay the result."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            once_id, outcome = await finished(handle, events, once("one", basic.progress_once))
+            assert outcome.value == "progressed"
+            (progress,) = events.of(EventKind.ATTEMPT_PROGRESS, id=once_id)
+            assert (progress.progress, progress.task, progress.attempt) == ((3, 10), "one", 1)
+            many_id, outcome = await finished(handle, events, once("many", basic.progress_many, 10_000))
+            assert outcome.value == 10_000
+            reports = events.of(EventKind.ATTEMPT_PROGRESS, id=many_id)
+            assert 1 <= len(reports) <= 100
+            assert reports[-1].progress == (10_000, 10_000)
+            (succeeded,) = events.of(EventKind.ATTEMPT_SUCCEEDED, id=many_id)
+            assert succeeded.duration < 2.0
+
+    run(body())
+
+
+CONTRACT_NAMES = (
+    # §2 and §3.5: inside the child, and the errors
+    "context", "TaskContext", "Canceled", "Fail", "Fatal", "MpvisorError", "ConfigError",
+    "ShuttingDown", "AlreadyRunning", "TaskAlreadyExists", "CommandQueueFull",
+    "TaskTerminationTimeout", "GraceExceeded", "ControllerError", "ControllerNotConfigured",
+    "ControllerFull", "ControllerClosed", "AlreadySubmitted",
+    # §3.1 .. §3.4: describing, building, running, the handle, outcomes
+    "TaskFn", "CommandTask", "TaskSpec", "RestartPolicy", "TaskDefaults", "INHERIT",
+    "BackoffPolicy", "JitterPolicy", "SupervisorConfig", "ControllerConfig", "Supervisor",
+    "SupervisorBuilder", "SupervisorHandle", "run", "TaskInfo", "TaskWaiter", "TaskOutcome",
+    "OutcomeKind", "RejectionKind",
+    # §4: events and the shipped subscribers
+    "Event", "EventKind", "BackoffSource", "LogWriter", "JsonLinesWriter",
+)
+
+
+def test_the_public_surface_matches_all():
+    """PRC-19: every public name of the contract is importable from mpvisor, and `__all__` (a
+    tuple) lists exactly mpvisor's own public objects."""
+    assert isinstance(mpvisor.__all__, tuple) and len(set(mpvisor.__all__)) == len(mpvisor.__all__)
+    missing = [name for name in CONTRACT_NAMES if name not in mpvisor.__all__]
+    assert missing == []
+    for name in mpvisor.__all__:
+        assert getattr(mpvisor, name) is not None
+    namespace: dict[str, object] = {}
+    exec("from mpvisor import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(mpvisor.__all__)
+
+    def own(value: object) -> bool:
+        module = getattr(value, "__module__", None) or getattr(type(value), "__module__", "")
+        return isinstance(module, str) and module.split(".")[0] == "mpvisor"
+
+    public = {n for n in dir(mpvisor) if not n.startswith("_") and own(getattr(mpvisor, n))}
+    assert public == set(mpvisor.__all__)
+
+
+# --- PRC-20, PRC-21, PRC-24, PRC-29: the attempt's surroundings ----------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_leftover_descendants_die_at_terminal_cleanup(start_method, tmp_path):
+    """PRC-20, PRC-14: what a completed target left running (a multiprocessing worker, a Popen
+    child, a setsid daemon) is gone by the time its waiter resolves."""
+    records = tmp_path / "left.jsonl"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
+            _, waiter = await handle.add_and_watch(once("leaver", misbehave.leaver, str(records)))
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "left"
+            left = read_records(records)
+            assert {r["role"] for r in left} == {"mp-worker", "popen", "setsid-daemon"}
+            assert all_gone(left), [r for r in left if not pid_gone(r["pid"], r["create_time"])]
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_the_reported_pid_already_leads_its_own_session(start_method, tmp_path):
+    """PRC-21, PRC-14: when ATTEMPT_STARTING is seen, its pid already leads its own session and
+    process group, distinct from the parent's and the launcher's."""
+    release = tmp_path / "release"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
+            ids = [await handle.add(once(f"gated-{i}", coop.gated, str(release))) for i in range(3)]
+            launcher = launcher_pid(handle)
+            for task_id in ids:
+                pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)).pid
+                assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+                assert pid not in (os.getpgid(0), os.getsid(0), os.getpgid(launcher), os.getsid(launcher))
+                assert psutil.Process(pid).ppid() == launcher
+            release.touch()
+            for task_id in ids:
+                await seen(events, EventKind.TASK_REMOVED, id=task_id)
+                assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_SUCCEEDED]
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_the_child_sees_the_parents_environment_at_start(start_method, tmp_path, monkeypatch):
+    """PRC-24, PRC-29, PRC-14: an attempt sees os.environ, the working directory and sys.path
+    as changed after serve(), reads EOF from stdin, finds the root logger without handlers,
+    starts no thread of its own, and has raised its oom_score_adj to 500."""
+    monkeypatch.setenv("MPVISOR_TEST_GONE", "present-at-serve")
+    extra = tmp_path / "extra-path"
+    extra.mkdir()
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
+            _, waiter = await handle.add_and_watch(once("warm-up", basic.quick))
+            await waiter.wait()  # the launcher runs with the environment of serve() time
+            monkeypatch.setenv("MPVISOR_TEST_ADDED", "after-serve")
+            monkeypatch.delenv("MPVISOR_TEST_GONE")
+            monkeypatch.chdir(tmp_path)
+            monkeypatch.syspath_prepend(str(extra))
+            _, outcome = await finished(handle, events, once("probe", basic.env_probe))
+            probe = outcome.value
+            assert probe["env"]["MPVISOR_TEST_ADDED"] == "after-serve"
+            assert "MPVISOR_TEST_GONE" not in probe["env"]
+            assert os.path.realpath(probe["cwd"]) == os.path.realpath(tmp_path)
+            assert str(extra) in probe["path"]
+            assert probe["stdin_eof"] is True
+            assert probe["root_handlers"] == 0
+            assert probe["threads"] == 1
+            assert probe["oom_score_adj"] == "500"
+
+    run(body())
+
+
+# --- PRC-22, PRC-23: the launcher -----------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_ignores_terminal_signals():
+    """PRC-22: the launcher leads its own process group; SIGINT, SIGTERM, SIGHUP and SIGTSTP
+    (to it and to its group) leave it and the running attempts untouched; later attempts start."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            ids = [await handle.add(TaskSpec.restartable(TaskFn(f"coop-{i}", coop.cooperative))) for i in range(2)]
+            pids = [(await seen(events, EventKind.ATTEMPT_STARTING, id=i)).pid for i in ids]
+            launcher = launcher_pid(handle)
+            assert os.getpgid(launcher) == launcher != os.getpgid(0)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP):
+                os.kill(launcher, signum)
+                os.killpg(launcher, signum)
+            _, outcome = await finished(handle, events, once("later", basic.quick, "later"))
+            assert outcome.value == "later"
+            assert launcher_pid(handle) == launcher and alive(launcher)
+            assert psutil.Process(launcher).status() != psutil.STATUS_STOPPED
+            assert all(alive(pid) for pid in pids)
+            for task_id in ids:
+                assert len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) == 1
+                assert terminal_events(events, task_id) == []
+            assert events.of(EventKind.RUNTIME_FAILURE) == []
+
+    run(body())
+
+
+@pytest.mark.timeout(30)
+def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
+    """PRC-23: when the launcher is SIGKILLed, each running attempt ends ATTEMPT_FAILED with a
+    reason starting "launcher died", RUNTIME_FAILURE is published, the next attempts start under
+    a new launcher, and a later task completes."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+            ids = [await handle.add(restartable(f"coop-{i}", coop.cooperative)) for i in range(2)]
+            old_pids = [(await seen(events, EventKind.ATTEMPT_STARTING, id=i)).pid for i in ids]
+            old_launcher = launcher_pid(handle)
+            os.kill(old_launcher, signal.SIGKILL)
+            for task_id in ids:
+                failed = await seen(events, EventKind.ATTEMPT_FAILED, id=task_id, attempt=1)
+                assert failed.reason.startswith("launcher died"), failed.reason
+            await seen(events, EventKind.RUNTIME_FAILURE)
+            new_pids = [(await seen(events, EventKind.ATTEMPT_STARTING, id=i, attempt=2)).pid for i in ids]
+            new_launcher = launcher_pid(handle)
+            assert new_launcher != old_launcher
+            assert all(psutil.Process(pid).ppid() == new_launcher for pid in new_pids)
+            assert all(gone_or_orphan_zombie(pid) for pid in old_pids)
+            _, outcome = await finished(handle, events, once("after", basic.quick, "after"))
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "after"
+
+    run(body())
+
+
+# --- PRC-27: preload ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "module", ["workers.no_such_preload_module", "workers.scripts.thread_on_import"],
+    ids=["missing", "starts-a-thread"],
+)
+def test_a_bad_preload_fails_the_first_call(module):
+    """PRC-27: serve() returns at once; the first add, and run, raise ConfigError naming the
+    preload module (and no process is left behind)."""
+    config = SupervisorConfig(grace=1, preload=(module,))
+
+    async def body():
+        supervisor = Supervisor(config)
+        started = time.monotonic()
+        handle = supervisor.serve()
+        assert time.monotonic() - started < 0.5
+        try:
+            with pytest.raises(ConfigError, match=module.replace(".", r"\.")):
+                await handle.add(once("never", basic.quick))
+        finally:
+            await handle.shutdown()
+
+    run(body())
+    with pytest.raises(ConfigError, match=module.replace(".", r"\.")):
+        mpvisor.run([once("never", basic.quick)], config)
+    wait_for(lambda: not psutil.Process().children(recursive=True), timeout=5)
+
+
+# --- PRC-31: captured output ------------------------------------------------------------------
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.timeout(30)
+def test_captured_output_is_split_and_decoded():
+    """PRC-31: captured lines keep their order per stream, a 200 KiB line arrives in pieces of
+    at most 64 KiB, invalid UTF-8 arrives as U+FFFD, and LogWriter logs each line on the logger
+    mpvisor.output."""
+    output_logger = logging.getLogger("mpvisor.output")
+    handler, level = _Records(), output_logger.level
+    output_logger.addHandler(handler)
+    output_logger.setLevel(logging.DEBUG)
+
+    async def body():
+        config = SupervisorConfig(grace=1, capture_output=True)
+        async with supervised(config, subscribers=[LogWriter()]) as (handle, events):
+            task_id, outcome = await finished(handle, events, once("lines", misbehave.lines))
+            assert outcome.value == "lines"
+            lines = events.of(EventKind.ATTEMPT_OUTPUT, id=task_id)
+            stdout = [e.line for e in lines if e.stream == "stdout"]
+            stderr = [e.line for e in lines if e.stream == "stderr"]
+            assert stderr == list(misbehave.STDERR_LINES)
+            assert stdout[:3] == list(misbehave.STDOUT_LINES)
+            assert stdout[3] == misbehave.INVALID_UTF8.rstrip(b"\n").decode("utf-8", errors="replace")
+            assert "\ufffd" in stdout[3]
+            pieces = stdout[4:]
+            assert "".join(pieces) == "L" * misbehave.LONG_LINE_BYTES
+            assert all(len(p.encode()) <= 64 * 1024 for p in pieces) and len(pieces) == 4
+        return lines
+
+    try:
+        lines = run(body())
+        logged = [r for r in handler.records if getattr(r, "mpvisor_event", None) is not None]
+        assert {r.name for r in logged} == {"mpvisor.output"}
+        assert [r.mpvisor_event.line for r in logged] == [e.line for e in lines]
+        assert {r.levelno for r in logged} == {logging.DEBUG}
+    finally:
+        output_logger.removeHandler(handler)
+        output_logger.setLevel(level)
