@@ -235,6 +235,7 @@ class Controller:
                 self._take(self.queue.get_nowait())
                 self._changed.set()
                 continue
+            self.runtime.notify()  # `run` may be waiting for the controller to hold no work
             self._wake.clear()
             await self._wake.wait()
 
@@ -321,7 +322,6 @@ class Controller:
                 item.outcome.set_result(outcome)
         if not future.done():
             future.set_result(outcome)  # what `watch(id)` handed out
-        self.runtime.notify()
 
     # --- removal -------------------------------------------------------------------------------
 

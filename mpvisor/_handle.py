@@ -122,9 +122,8 @@ class SupervisorHandle:
     # --- reading ---------------------------------------------------------------------------------
 
     async def watch(self, id: int) -> TaskWaiter | None:
-        if self._rt.shutting_down:
-            return self._rt.registry.watch(id)
-        return await self._rt.registry.call(Watch(id), wait=True)  # type: ignore[no-any-return]
+        self._check_open()
+        return await self._rt.registry.call(Watch(_id(id)), wait=True)  # type: ignore[no-any-return]
 
     async def list(self) -> list[TaskInfo]:
         return self._rt.registry.list()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _platform
 from ._config import ControllerConfig, SupervisorConfig
-from ._errors import AlreadyRunning, GraceExceeded, ShuttingDown, TaskAlreadyExists
+from ._errors import AlreadyRunning, GraceExceeded, ShuttingDown
 from ._handle import SupervisorHandle
 from ._outcome import TaskOutcome
 from ._runtime import Runtime
@@ -117,7 +117,7 @@ class Supervisor:
         with _SignalHandlers(runtime):
             try:
                 waiters = await handle._add(specs, wait=True)
-            except TaskAlreadyExists:
+            except BaseException:  # a rejected batch (or a failed preload): nothing may keep running
                 await runtime.stop_launcher()
                 raise
             await _until_idle_or_shutdown(runtime)
