@@ -90,7 +90,9 @@ class LauncherClient:
                 f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
                 f"main(sys.argv[1:])"
             )
-            argv = [sys.executable, "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
+            # -S: no site hooks (.pth files) run in the launcher, so every fork stays small; its
+            # sys.path is the parent's, set explicitly above.
+            argv = [sys.executable, "-S", "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
             try:
                 proc = subprocess.Popen(
                     argv, pass_fds=[theirs.fileno()], process_group=0, stdin=subprocess.DEVNULL
