@@ -239,7 +239,7 @@ class TaskActor:
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
         if end.killed is not None and end.kind is EndKind.CANCELED:
             grace = self.runtime.config.grace
-            reason = f"did not stop within the grace window of {grace} s: {end.killed}"
+            reason = f"did not stop within the grace window of {grace} s; its process tree was killed"
             return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 

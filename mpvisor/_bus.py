@@ -258,8 +258,9 @@ class Bus:
             for box in self._mailboxes:
                 if box is not skip and not box.offer(event):
                     self._note(box, EventKind.SUBSCRIBER_OVERFLOW, "", loop)
-            for stream in list(self._streams):
-                stream._offer(event)
+            if self._streams:
+                for stream in list(self._streams):
+                    stream._offer(event)
         return event
 
     def _bind(self) -> asyncio.AbstractEventLoop:

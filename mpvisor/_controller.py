@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 
+INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
+
+
 class ControllerSpec:
     """One submission: a task spec, an admission policy and an optional slot (default: the task name)."""
 
@@ -226,6 +229,7 @@ class Controller:
     # --- the loop -----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
+        taken = 0
         while True:
             while self.inbox:
                 self.inbox.popleft()()
@@ -234,6 +238,9 @@ class Controller:
             if capacity_left and not self.queue.empty():
                 self._take(self.queue.get_nowait())
                 self._changed.set()
+                taken += 1
+                if taken % INTAKE_BATCH == 0:
+                    await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
                 continue
             self.runtime.notify()  # `run` may be waiting for the controller to hold no work
             self._wake.clear()

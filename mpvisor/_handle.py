@@ -16,6 +16,7 @@ earlier submissions). The handle holds nothing but its runtime.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -56,12 +57,11 @@ class SupervisorHandle:
         waiter = (await self._add([spec], wait=False))[0]
         return waiter.id, waiter
 
-    async def _add(self, specs: Iterable[TaskSpec], *, wait: bool) -> list[TaskWaiter]:
+    async def _add(self, specs: Iterable[TaskSpec], *, wait: bool) -> builtins.list[TaskWaiter]:
         from ._runtime import next_id
 
         resolved = [(next_id(), _checked_spec(spec).resolve(self._rt.defaults)) for spec in specs]
-        self._check_open()
-        await self._rt.ready()
+        await self._enter()
         return await self._rt.registry.call(Add(resolved), wait=wait)  # type: ignore[no-any-return]
 
     # --- removing --------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class SupervisorHandle:
         return await self._cancel(_validate.name("name", name), wait=False, timeout=_timeout(timeout))
 
     async def _remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
-        self._check_open()
+        await self._enter()
         controller = self._rt.controller
         if controller is not None and isinstance(key, int):
             return await controller.remove(key, wait=wait, until_cleanup=until_cleanup)
@@ -122,16 +122,16 @@ class SupervisorHandle:
     # --- reading ---------------------------------------------------------------------------------
 
     async def watch(self, id: int) -> TaskWaiter | None:
-        self._check_open()
+        await self._enter()
         return await self._rt.registry.call(Watch(_id(id)), wait=True)  # type: ignore[no-any-return]
 
-    async def list(self) -> list[TaskInfo]:
+    async def list(self) -> builtins.list[TaskInfo]:
         return self._rt.registry.list()
 
     def is_alive(self, name: str) -> bool:
         return self._rt.bus.alive(name)
 
-    def alive_snapshot(self) -> list[str]:
+    def alive_snapshot(self) -> builtins.list[str]:
         return self._rt.bus.alive_snapshot()
 
     def events(self) -> EventStream:
@@ -167,9 +167,12 @@ class SupervisorHandle:
     async def shutdown(self) -> None:
         await self._rt.shutdown()
 
-    def _check_open(self) -> None:
+    async def _enter(self) -> None:
+        """Every management call starts here: refused after shutdown began, and held until the
+        launcher is ready (all calls wait alike, so they reach their queue in the order issued)."""
         if self._rt.shutting_down:
             raise ShuttingDown("the supervisor is shutting down")
+        await self._rt.ready()
 
 
 def _checked_spec(spec: object) -> TaskSpec:

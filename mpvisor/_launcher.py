@@ -48,6 +48,7 @@ from ._wire import pack, unpack
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
+CONTROL_BATCH = 32  # control messages handled before the loop looks at exits again
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
 
@@ -108,7 +109,7 @@ class Launcher:
             self.parent_gone = True
 
     def _on_control(self) -> None:
-        while True:
+        for _ in range(CONTROL_BATCH):
             try:
                 data, fds = recv_fds(self.ctl, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -120,6 +121,7 @@ class Launcher:
                 return
             msg = unpack(data)
             self._handle(msg, fds)
+            self._on_ready()  # report starts as they happen, not after the whole burst
 
     def _handle(self, msg: list[Any], fds: list[int]) -> None:
         match msg:

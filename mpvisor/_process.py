@@ -134,7 +134,8 @@ class LauncherClient:
 
     async def ready(self) -> None:
         """Wait until the launcher runs; `ConfigError` if a `preload` module failed."""
-        await asyncio.shield(self._ready)
+        if not self._ready.done():
+            await asyncio.shield(self._ready)
         if self._error is not None:
             raise ConfigError(self._error)
 

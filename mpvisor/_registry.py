@@ -145,6 +145,7 @@ class Registry:
             except Exception as exc:  # a command that could not be decided
                 if not command.reply.done():
                     command.reply.set_exception(exc)
+            del command  # hold nothing between commands (a dropped waiter can be collected)
 
     def _handle(self, command: Command) -> None:
         match command:

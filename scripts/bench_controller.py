@@ -24,7 +24,9 @@ supervisor (`Supervisor.builder(...).with_controller(ControllerConfig())`), next
 (e) memory: 100 slots whose owners (`workers.coop:cooperative`) are all running, then 10,000
     `submit`s queued behind them (100 per slot); parent RSS growth / 10,000 once the controller
     has taken them (target <= 2 KiB per queued submission). Specs are built inside the loop and
-    not kept, so the delta is what the controller holds.
+    not kept, so the delta is what the controller holds. It runs first, before other phases
+    leave freed memory that new objects would reuse unseen; a second pass on a fresh supervisor
+    measures the Python heap growth with `tracemalloc`, for comparison.
 (f) completion under flood: 4 asyncio tasks flood `try_submit` of drop-if-running submissions
     (`workers.basic:sleeper(0.02)`) into one slot (on `ControllerFull` they yield and retry);
     the first one taken after the slot goes idle becomes its owner. Latency per owner change:
@@ -52,6 +54,7 @@ import os
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -251,29 +254,42 @@ async def phase_d(total: int, slots: int, concurrency: int | None) -> float:
     return elapsed
 
 
-async def phase_e(total: int, slots: int) -> float:
-    """Parent RSS per submission queued behind running owners."""
+async def phase_e(total: int, slots: int, *, traced: bool) -> float:
+    """Parent memory per submission queued behind running owners.
+
+    `traced=False`: psutil RSS growth (what the target is about). `traced=True`: the growth of
+    the Python heap by `tracemalloc` (exact, but tracemalloc's own bookkeeping inflates RSS, so
+    it runs as a separate pass on its own supervisor).
+    """
     handle = await serve()
     stream = handle.events()
+    prefix = f"owner-{'t' if traced else 'r'}-"
     for s in range(slots):
-        await handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn(f"owner-{s}", COOP))).with_slot(f"mem-{s}"))
-    await wait_for_event(stream, lambda e: e.kind is EventKind.ATTEMPT_STARTING and (e.task or "").startswith("owner-"), slots)
+        await handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn(f"{prefix}{s}", COOP))).with_slot(f"mem-{s}"))
+    await wait_for_event(stream, lambda e: e.kind is EventKind.ATTEMPT_STARTING and (e.task or "").startswith(prefix), slots)
     del stream  # stop buffering events for this iterator
     await barrier(handle)  # the barrier's own allocations happen before the baseline
-    before = rss()
+    if traced:
+        tracemalloc.start()
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0] if traced else rss()
     per_slot = total // slots
     for i in range(per_slot):
         for s in range(slots):
             await handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn(f"e{s}-{i}", NOOP))).with_slot(f"mem-{s}"))
     await barrier(handle)
-    after = rss()
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0] if traced else rss()
+    if traced:
+        tracemalloc.stop()
     queued = handle.controller_snapshot().total_queued
     if queued != per_slot * slots:
         raise RuntimeError(f"(e) expected {per_slot * slots} queued, the snapshot says {queued}")
     per_item = (after - before) / queued
     down = await shutdown(handle)
     check_no_children()
-    print(f"  (e) {queued} submissions queued behind {slots} running owners: RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB "
+    what = "Python heap (tracemalloc)" if traced else "RSS"
+    print(f"  (e) {queued} submissions queued behind {slots} running owners: {what} {before / 2**20:.2f} -> {after / 2**20:.2f} MiB "
           f"-> {per_item:,.0f} bytes each; shutdown (rejects them all) {down:.3f} s")
     return per_item
 
@@ -335,13 +351,15 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"bench_controller: N={args.n:,} (a, c), {args.slots:,} slots (b), {args.drain:,} over 100 slots (d), "
           f"{args.queued:,} queued (e), {args.samples} samples (f)")
     print(f"  cpus: {os.cpu_count()}  load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # (e) first: RSS growth is only visible while the heap has not yet grown and shrunk again.
+    per_item = await phase_e(args.queued, 100, traced=False)
+    per_item_heap = await phase_e(args.queued, 100, traced=True)
     rate_c = await phase_c(args.n)
     rate_a, rate_a_watch = await phase_a(args.n)
     rate_b = await phase_b(args.slots)
     rate_c2 = await phase_c(args.n)  # once more after the others, to see the loop's own drift
     rate_c = max(rate_c, rate_c2)
     drain = await phase_d(args.drain, 100, args.drain_concurrency)
-    per_item = await phase_e(args.queued, 100)
     admission, start, _, _ = await phase_f(args.samples, 4, 0.02)
     print(f"  load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
@@ -352,7 +370,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"  (b) submissions into idle slots             {rate_b:12,.0f} /s   {100 * rate_b / rate_c:6.1f} % of (c)")
     print(f"  (c) asyncio.Queue producer/consumer (best)  {rate_c:12,.0f} /s")
     print(f"  (d) drain of {args.drain:,} noop tasks, max_concurrent={args.drain_concurrency}: {drain:.2f} s ({args.drain / drain:,.0f} tasks/s)")
-    print(f"  (e) parent memory per queued submission: {per_item:,.0f} bytes")
+    print(f"  (e) parent memory per queued submission: {per_item:,.0f} bytes RSS ({per_item_heap:,.0f} bytes of Python heap)")
     med_a, p90_a = statistics.median(admission), pct(admission, 0.9)
     med_s, p90_s = statistics.median(start), pct(start, 0.9)
     print(f"  (f) cleanup -> next admission under flood: median {1000 * med_a:.2f} ms, p90 {1000 * p90_a:.2f} ms, "

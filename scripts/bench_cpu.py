@@ -98,6 +98,7 @@ async def main_async(args: argparse.Namespace) -> int:
     jobs, seconds, runs, concurrency = args.jobs, args.seconds, args.runs, args.concurrency
     print(f"bench_cpu: {jobs} jobs of ~{seconds} s, {concurrency} at a time, median of {runs} round(s)")
     print(f"  cpus: {os.cpu_count()}  python: {sys.version.split()[0]}  pool start method: {multiprocessing.get_start_method()}")
+    print(f"  load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     iterations, estimate = calibrate(seconds)
     print(f"  calibrated: burn({iterations}) ~ {estimate:.3f} s in the parent")
@@ -147,6 +148,7 @@ async def main_async(args: argparse.Namespace) -> int:
         # the default executor's threads are not processes; anything here is a real leftover
         raise RuntimeError(f"processes left behind: {[(p.pid, p.name()) for p in leftovers]}")
 
+    print(f"  load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     mp_median = statistics.median(mp_times)
     pool_median = statistics.median(pool_times)
     ratio = mp_median / pool_median

@@ -1,7 +1,8 @@
 """What does mpvisor cost the parent while many resident tasks sit idle, and how fast do they stop?
 
 Starts `--tasks` (default 200) resident tasks, each `TaskSpec.restartable(TaskFn(name,
-"workers.coop:cooperative"))`, on a supervisor with the default config, and waits until every
+"workers.coop:cooperative"))`, on a supervisor with the default config (`--preload MODULE`
+sets `SupervisorConfig.preload` instead, e.g. `--preload workers.coop`), and waits until every
 one of them has an attempt running (a subscriber counts `ATTEMPT_STARTING` events and sets an
 `asyncio.Event` through `loop.call_soon_threadsafe`; `alive_snapshot()` confirms). It then
 measures, in the parent process:
@@ -39,6 +40,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if (ROOT / "workers").is_dir() and str(ROOT) not in sys.path:
@@ -46,7 +48,7 @@ if (ROOT / "workers").is_dir() and str(ROOT) not in sys.path:
 
 import psutil  # noqa: E402
 
-from mpvisor import Event, EventKind, OutcomeKind, Supervisor, TaskFn, TaskSpec  # noqa: E402
+from mpvisor import Event, EventKind, OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec  # noqa: E402
 
 TARGET_IDLE_CPU_PCT = 2.0
 TARGET_RSS_PER_TASK = 64 * 1024
@@ -82,7 +84,7 @@ def rss() -> int:
 
 
 def descendants() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    return list(psutil.Process().children(recursive=True))
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -100,11 +102,11 @@ def verdict(ok: bool, what: str) -> str:
     return f"target {'met' if ok else 'missed'}: {what}"
 
 
-async def bench_mpvisor(tasks: int, window: float) -> dict[str, float]:
+async def bench_mpvisor(tasks: int, window: float, preload: tuple[str, ...]) -> dict[str, float]:
     loop = asyncio.get_running_loop()
     prefix = "idle-"
     counter = StartCounter(loop, prefix, tasks)
-    supervisor = Supervisor(subscribers=[counter])
+    supervisor = Supervisor(SupervisorConfig(preload=preload), subscribers=[counter])
     handle = supervisor.serve()
     _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("warm-up", "workers.trivial:noop")))
     warm = await waiter.wait()
@@ -120,10 +122,11 @@ async def bench_mpvisor(tasks: int, window: float) -> dict[str, float]:
     added = time.perf_counter() - add_started
     try:
         await asyncio.wait_for(counter.all_started.wait(), START_DEADLINE_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise RuntimeError(f"only {counter.started} of {tasks} tasks started within {START_DEADLINE_S} s") from None
     all_up = time.perf_counter() - add_started
-    alive = [n for n in handle.alive_snapshot() if n.startswith(prefix)]
+    # cast: mypy reads `-> list[str]` in SupervisorHandle as the handle's own `list` method
+    alive = [n for n in cast("list[str]", handle.alive_snapshot()) if n.startswith(prefix)]
     if len(alive) != tasks:
         raise RuntimeError(f"alive_snapshot() lists {len(alive)} of {tasks} tasks after all started")
     rss_up = rss()
@@ -195,8 +198,9 @@ async def main_async(args: argparse.Namespace) -> int:
     tasks, window = args.tasks, args.window
     print(f"bench_idle: {tasks} resident tasks, {window} s idle window")
     print(f"  cpus: {os.cpu_count()}  load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("mpvisor (default config, restartable workers.coop:cooperative):")
-    mp = await bench_mpvisor(tasks, window)
+    config = f"preload={args.preload}" if args.preload else "default config"
+    print(f"mpvisor ({config}, restartable workers.coop:cooperative):")
+    mp = await bench_mpvisor(tasks, window, tuple(args.preload))
     base: dict[str, float] | None = None
     if not args.no_compare:
         print(f"multiprocessing.Process x {tasks} waiting on one Event (comparison):")
@@ -218,6 +222,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (20 tasks, 1 s window)")
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--window", type=float, default=5.0, help="seconds of idleness measured")
+    parser.add_argument(
+        "--preload", action="append", default=[], metavar="MODULE",
+        help="SupervisorConfig.preload entry (repeatable); default none, i.e. the default config",
+    )
     parser.add_argument("--no-compare", action="store_true", help="skip the multiprocessing comparison")
     args = parser.parse_args(argv)
     if args.quick:

@@ -78,6 +78,12 @@ async def eventually(check: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def timeline(collector: Collector) -> list[tuple[Any, ...]]:
+    """The events so far, minus add bookkeeping, for a failure message."""
+    skip = (EventKind.TASK_ADD_REQUESTED, EventKind.TASK_ADD_FAILED)
+    return [(e.seq, e.kind.name, e.id, e.attempt, e.pid, e.reason) for e in collector.events if e.kind not in skip]
+
+
 def attempt_processes() -> list[int]:
     """Live (non-zombie) children of the launcher(s) the test process started."""
     pids = []
@@ -753,7 +759,10 @@ def test_an_add_storm_on_one_name_registers_exactly_one(tmp_path):
                 e.rejection_kind is RejectionKind.ALREADY_EXISTS
                 for e in events.of(EventKind.TASK_ADD_FAILED)
             )
-            await async_wait_for(lambda: words(marker, "started"))
+            try:
+                await async_wait_for(lambda: words(marker, "started"))
+            except AssertionError as exc:
+                raise AssertionError(f"the winner never started: {timeline(events)}; {await handle.list()}") from exc
             assert await handle.cancel(winners[0]) is True
         assert len(words(marker, "started")) == 1
 

@@ -391,7 +391,7 @@ CHILD_ENDINGS = {
     "Fatal": (basic.fatal, (5,), OutcomeKind.FATAL, 5, lambda r: "unrecoverable" in r),
     "Canceled": (basic.self_canceled, (), OutcomeKind.CANCELED, None, None),
     "other-exception": (basic.raising, (), OutcomeKind.FAILED, None, lambda r: r == "RuntimeError: kaboom"),
-    "unencodable": (misbehave.unencodable, (), OutcomeKind.FATAL, None, lambda r: "set" in r),
+    "unencodable": (misbehave.unencodable, (), OutcomeKind.FATAL, None, lambda r: "type set" in r),
     "unimportable": (
         "workers.no_such_module_anywhere:target",
         (),

@@ -212,32 +212,18 @@ def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
 # --- PRC-06 .. PRC-10: values, pickles, output, targets, context ----------------------------
 
 
-@pytest.mark.parametrize(
-    ("args", "kwargs", "named"),
-    [
-        ((object(),), None, "args[0]"),
-        ((), {"tags": {1, 2}}, "kwargs['tags']"),
-        (({1: "int key"},), None, "args[0]"),
-        ((2**64,), None, "args[0]"),
-    ],
-    ids=["object", "set-kwarg", "int-keys", "2**64"],
-)
-def test_arguments_must_be_msgpack(args, kwargs, named):
-    """PRC-06: a non-msgpack argument raises TypeError naming it, before anything is registered."""
-
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            with pytest.raises(TypeError, match=named.replace("[", r"\[")):
-                await handle.add(TaskSpec.once(TaskFn("bad", basic.echo, args, kwargs)))
-            assert await handle.list() == []
-            assert events.of(EventKind.TASK_ADD_REQUESTED) == []
-
-    run(body())
+INVALID_ARGUMENTS = [
+    ((object(),), None, "args[0]"),
+    ((), {"tags": {1, 2}}, "kwargs['tags']"),
+    (({1: "int key"},), None, "args[0]"),
+    ((2**64,), None, "args[0]"),
+]
 
 
-def test_msgpack_values_round_trip_through_the_child():
-    """PRC-06: None, bool, int, float, str, bytes, list, tuple and dict travel there and back
-    (a tuple comes back as a list; bytes stay bytes, distinct from str)."""
+def test_arguments_must_be_msgpack():
+    """PRC-06: None, bool, int, float, str, bytes, list, tuple and dict travel there and back (a
+    tuple comes back as a list; bytes stay bytes); an object, a set, int keys or 2**64 raise
+    TypeError naming the argument, before anything is registered."""
     args = (None, True, False, -(2**63), 2**64 - 1, 1.5, "text", b"bytes", [1, [2, "x"]], (3, (4,)))
     kwargs = {"mapping": {"str": {"nested": b"\x00\xff"}, b"bytes-key": [None]}, "empty": {}}
 
@@ -250,6 +236,12 @@ def test_msgpack_values_round_trip_through_the_child():
                                      [1, [2, "x"]], [3, [4]]]
             assert type(returned_args[7]) is bytes and type(returned_args[6]) is str
             assert returned_kwargs == kwargs
+            for bad_args, bad_kwargs, named in INVALID_ARGUMENTS:
+                with pytest.raises(TypeError) as raised:
+                    await handle.add(TaskSpec.once(TaskFn("bad", basic.echo, bad_args, bad_kwargs)))
+                assert named in str(raised.value)
+            assert await handle.list() == []
+            assert [e.task for e in events.of(EventKind.TASK_ADD_REQUESTED)] == ["echo"]
 
     run(body())
 
@@ -507,10 +499,20 @@ def test_command_task_is_supervised_like_python_work(tmp_path, monkeypatch):
     run(body())
 
 
+def read_lines(path) -> list[str]:
+    """The complete lines of `path` (none if it does not exist)."""
+    try:
+        return path.read_text().split("\n")[:-1]
+    except FileNotFoundError:
+        return []
+
+
 TRAP_SCRIPT = """
 trap 'echo trapped >> "$1"' TERM
 (trap '' TERM; exec sleep 3600) &
-echo $$ $! > "$2"
+ignorer=$!
+(trap 'echo child-trapped >> "$1"; exit 0' TERM; echo child-ready >> "$2"; sleep 3600 & wait) &
+echo pids $$ $ignorer >> "$2"
 while :; do wait; done
 """
 
@@ -519,7 +521,8 @@ while :; do wait; done
 @pytest.mark.parametrize("how", ["cancel", "timeout"])
 def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
     """PRC-12: a shell that traps TERM without exiting, with a `sleep 3600` child ignoring TERM,
-    gets SIGTERM on its group first (the trap runs), then is killed as a tree."""
+    gets SIGTERM on its whole group first (its trap and a child's trap run), then is killed as
+    a tree."""
     trapped, pids_file = tmp_path / "trapped", tmp_path / "pids"
     spec = TaskSpec.once(CommandTask("trapper", ["sh", "-c", TRAP_SCRIPT, "sh", str(trapped), str(pids_file)]))
     if how == "timeout":
@@ -529,15 +532,15 @@ def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
     async def body():
         async with supervised(config) as (handle, events):
             task_id, waiter = await handle.add_and_watch(spec)
-            text = await async_wait_for(lambda: pids_file.exists() and pids_file.read_text().endswith("\n")
-                                        and pids_file.read_text())
-            records = [{"pid": pid, "create_time": psutil.Process(pid).create_time()}
-                       for pid in map(int, text.split())]
+            lines = await async_wait_for(lambda: len(read_lines(pids_file)) == 2 and read_lines(pids_file))
+            assert "child-ready" in lines  # its TERM trap is in place
+            (pids,) = [line.split()[1:] for line in lines if line.startswith("pids ")]
+            records = [{"pid": pid, "create_time": psutil.Process(pid).create_time()} for pid in map(int, pids)]
             if how == "cancel":
                 assert await handle.cancel(task_id) is True
             outcome = await waiter.wait()
             assert all_gone(records)
-            assert trapped.read_text() == "trapped\n"
+            assert sorted(trapped.read_text().split()) == ["child-trapped", "trapped"]
             expected = OutcomeKind.FORCE_ABORTED if how == "cancel" else OutcomeKind.FAILED
             assert outcome.kind is expected
             await seen(events, EventKind.TASK_REMOVED, id=task_id)
@@ -865,6 +868,39 @@ def test_a_bad_preload_fails_the_first_call(module):
     with pytest.raises(ConfigError, match=module.replace(".", r"\.")):
         mpvisor.run([once("never", basic.quick)], config)
     wait_for(lambda: not psutil.Process().children(recursive=True), timeout=5)
+
+
+def _launchers_of_this_process() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if any("mpvisor._launcher" in part for part in child.cmdline()):
+                found.append(child)
+    return found
+
+
+@pytest.mark.timeout(30)
+def test_a_shutdown_right_after_serve_leaves_no_launcher():
+    """PRC-27, PRC-04 (SPEC §1.9, §6): serve() returns at once and starts the launcher; a
+    shutdown before any call has waited for it still stops it, promptly, leaving no process."""
+    before = {p.pid for p in _launchers_of_this_process()}
+
+    async def body():
+        handle = Supervisor(SupervisorConfig(grace=1)).serve()
+        started = time.monotonic()
+        await handle.shutdown()
+        return time.monotonic() - started
+
+    try:
+        took = run(body())
+        leftovers = [p.pid for p in _launchers_of_this_process() if p.pid not in before]
+        assert leftovers == [], f"launcher(s) {leftovers} outlived shutdown"
+        assert took < 2.0, f"shutdown took {took:.1f} s"
+    finally:  # never let a leaked launcher fail every later test's leftover check
+        for process in _launchers_of_this_process():
+            if process.pid not in before:
+                process.kill()
+                process.wait(5)
 
 
 # --- PRC-31: captured output ------------------------------------------------------------------

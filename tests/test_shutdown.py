@@ -59,6 +59,33 @@ SCRIPT = ROOT / "workers" / "run_scripts" / "signalled_run.py"
 CONFIG = SupervisorConfig(grace=1)
 
 
+def live_children() -> list[psutil.Process]:
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def kill_what_a_failing_test_left():
+    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
+    pid after a short wait, so that later tests do not inherit it, and fail the test."""
+    yield
+    deadline = time.monotonic() + 3
+    while (left := live_children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        described = [(p.pid, " ".join(p.cmdline())[-60:]) for p in left]
+        for process in left:
+            process.kill()
+        psutil.wait_procs(left, timeout=5)
+        pytest.fail(f"processes left running after the test (killed now): {described}")
+
+
 def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
     return TaskFn(name, target, args, kwargs or None)
 
@@ -129,6 +156,7 @@ def test_shutdown_with_no_tasks() -> None:
     async def body() -> Collector:
         async with supervised() as (handle, collector):
             await handle.shutdown()
+            assert child_pids_of_self() == []  # the launcher included
         return collector
 
     assert counts(run(body())) == (1, 1, 0)
@@ -541,6 +569,9 @@ def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
 
     async def body() -> None:
         async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, collector):
+            _, warm_up = await handle.add_and_watch(once("warm-up", basic.quick))  # the launcher is ready
+            await warm_up.wait()
+
             async def add(i: int) -> Any:
                 await asyncio.sleep(rng.uniform(0, 0.05))
                 return await handle.add_and_watch(TaskSpec.restartable(fn(f"r{i}", coop.cooperative, marker=marker)))

@@ -24,7 +24,6 @@ anything runs, so a typo fails at once.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -81,6 +80,8 @@ def pure_loop(marker: str | None = None) -> NoReturn:
 
 async def async_cooperative(marker: str | None = None) -> NoReturn:
     """Sleep in asyncio until the task is cancelled; record it and re-raise."""
+    import asyncio  # imported here: the synchronous workers of this module stay cheap to start
+
     mark(marker, "started")
     try:
         while True:
@@ -92,6 +93,8 @@ async def async_cooperative(marker: str | None = None) -> NoReturn:
 
 async def async_quick(value: object = "async-ok", marker: str | None = None) -> object:
     """Return `value` from a coroutine."""
+    import asyncio
+
     mark(marker, "started")
     await asyncio.sleep(0)
     return value

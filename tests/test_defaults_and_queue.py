@@ -1,0 +1,539 @@
+"""Inherited task defaults, the platform check, the management queue and start-up, with real
+attempt processes (BEHAVIOURS §9: DEF-03, 05, 06, 08, 09, 10, 12; §10: MQB-01..12, 16).
+
+The pure default and validation lines (DEF-01, 02, 04, 11 and the value part of DEF-03) live
+in `test_spec_and_restart.py` and `test_values_and_tasks.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import pathlib
+import random
+import subprocess
+import sys
+import time
+import weakref
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+import mpvisor
+from mpvisor import (
+    BackoffPolicy,
+    CommandQueueFull,
+    ControllerConfig,
+    ControllerError,
+    ControllerNotConfigured,
+    ControllerSpec,
+    EventKind,
+    OutcomeKind,
+    Supervisor,
+    SupervisorConfig,
+    TaskAlreadyExists,
+    TaskDefaults,
+    TaskFn,
+    TaskSpec,
+)
+from mpvisor import _platform
+from tests._support import (
+    Collector,
+    async_wait_for,
+    child_pids_of_self,
+    read_markers,
+    run,
+    supervised,
+)
+from workers import basic, coop
+
+pytestmark = pytest.mark.timeout(60)
+
+K = EventKind
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FAST = BackoffPolicy.constant(0.01)
+CONFIG = SupervisorConfig(grace=1)
+TIMEOUT_DEFAULTS = TaskDefaults(timeout=0.3)
+
+
+def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
+    return TaskFn(name, target, args, kwargs or None)
+
+
+def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
+    return TaskSpec.once(fn(name, target, *args, **kwargs))
+
+
+def parked(name: str) -> TaskSpec:
+    """A task that runs one quick attempt, then stays registered (in a 1 h interval) with no
+    process: cheap to keep listed."""
+    return TaskSpec.periodic(fn(name, basic.quick), 3600)
+
+
+async def warm_up(handle: Any) -> None:
+    """Run one quick task, so that the launcher is up before the test's own calls."""
+    _, waiter = await handle.add_and_watch(once("warm-up", basic.quick))
+    assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+
+
+def started_tasks(marker: str) -> set[str]:
+    return {task for word, task, _, _ in read_markers(marker) if word == "started"}
+
+
+def backoff_delays(collector: Collector, task: str) -> list[float]:
+    return [e.delay for e in collector.of(K.BACKOFF_SCHEDULED, task=task)]
+
+
+@pytest.fixture(autouse=True)
+def kill_what_a_failing_test_left():
+    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
+    pid after a short wait, so that later tests do not inherit it, and fail the test."""
+    yield
+    deadline = time.monotonic() + 3
+    me = psutil.Process()
+
+    def live() -> list[psutil.Process]:
+        found = []
+        for process in me.children(recursive=True):
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    while (left := live()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        pids = [p.pid for p in left]
+        for process in left:
+            process.kill()
+        psutil.wait_procs(left, timeout=5)
+        pytest.fail(f"processes left running after the test (killed now): {pids}")
+
+
+# --- §9 defaults, with processes ----------------------------------------------------------------
+
+
+def test_task_defaults_and_their_default_backoff() -> None:
+    """DEF-03: under TaskDefaults(), a restartable failing task's first two delays lie in
+    [0.1, 0.2] and [0.2, 0.4] (exponential 0.2 with EQUAL jitter)."""
+
+    async def body() -> None:
+        async with supervised(CONFIG) as (handle, collector):
+            await handle.add(TaskSpec.restartable(fn("d", basic.failing)))
+            await async_wait_for(lambda: len(backoff_delays(collector, "d")) >= 2)
+            first, second = backoff_delays(collector, "d")[:2]
+            assert 0.1 <= first <= 0.2
+            assert 0.2 <= second <= 0.4
+
+    run(body())
+
+
+def test_an_inherited_timeout_applies_to_added_tasks() -> None:
+    """DEF-05: TaskDefaults(timeout=0.3) times out an added once sleeper(3600): FAILED."""
+
+    async def body() -> None:
+        async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
+            _, waiter = await handle.add_and_watch(once("s", basic.sleeper, 3600))
+            outcome = await asyncio.wait_for(waiter.wait(), 10)
+            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
+            [timed_out] = await async_wait_for(lambda: collector.of(K.ATTEMPT_TIMED_OUT, task="s"))
+            assert timed_out.timeout == pytest.approx(0.3)
+
+    run(body())
+
+
+def test_an_inherited_timeout_applies_to_run_batches() -> None:
+    """DEF-06: with the same defaults, `run([once sleeper(3600)])` returns within 5 s."""
+    began = time.monotonic()
+    outcomes = mpvisor.run([once("s", basic.sleeper, 3600)], CONFIG, task_defaults=TIMEOUT_DEFAULTS)
+    assert time.monotonic() - began < 5
+    assert outcomes["s"].kind is OutcomeKind.FAILED and "timed out" in outcomes["s"].reason
+
+
+def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
+    """DEF-08: `.with_timeout(None)` beats TaskDefaults(timeout=0.3): still running after 1 s,
+    COMPLETED after release."""
+    marker, release = str(tmp_path / "marker"), tmp_path / "release"
+    spec = once("g", coop.gated, str(release), marker=marker).with_timeout(None)
+
+    async def body() -> None:
+        async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
+            _, waiter = await handle.add_and_watch(spec)
+            await async_wait_for(lambda: read_markers(marker))
+            await asyncio.sleep(1.0)  # the behaviour: well past the inherited 0.3 s
+            assert handle.is_alive("g") and not waiter.done()
+            assert collector.of(K.ATTEMPT_TIMED_OUT) == []
+            release.touch()
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "released"
+
+    run(body())
+
+
+def test_a_default_retry_limit_versus_explicit_unlimited() -> None:
+    """DEF-09: TaskDefaults(max_retries=1): failing → FAILED after 2 attempts; flaky(2) with
+    `with_max_retries(None)` → COMPLETED after 3."""
+    defaults = TaskDefaults(max_retries=1, backoff=FAST)
+    outcomes = mpvisor.run(
+        [TaskSpec.restartable(fn("limited", basic.failing)),
+         TaskSpec.restartable(fn("unlimited", basic.flaky, 2)).with_max_retries(None)],
+        CONFIG, task_defaults=defaults,
+    )
+    assert outcomes["limited"].kind is OutcomeKind.FAILED and outcomes["limited"].attempts == 2
+    assert outcomes["limited"].reason.startswith("retry limit reached after 1 of 1 retries: ")
+    assert outcomes["unlimited"].kind is OutcomeKind.COMPLETED and outcomes["unlimited"].attempts == 3
+
+
+def test_an_inherited_backoff_and_its_explicit_override() -> None:
+    """DEF-10: TaskDefaults(backoff=constant(0.05)) gives delays of 0.05; `.with_backoff(
+    constant(0.02))` gives 0.02."""
+    collector = Collector()
+    mpvisor.run(
+        [TaskSpec.restartable(fn("inherited", basic.failing)).with_max_retries(2),
+         TaskSpec.restartable(fn("explicit", basic.failing)).with_max_retries(2)
+         .with_backoff(BackoffPolicy.constant(0.02))],
+        CONFIG, subscribers=[collector], task_defaults=TaskDefaults(backoff=BackoffPolicy.constant(0.05)),
+    )
+    assert backoff_delays(collector, "inherited") == pytest.approx([0.05, 0.05])
+    assert backoff_delays(collector, "explicit") == pytest.approx([0.02, 0.02])
+
+
+@pytest.mark.parametrize("system, release", [("freebsd14", "14.0-RELEASE"), ("linux", "5.2.21-generic")],
+                         ids=["not-linux", "old-kernel"])
+def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release: str) -> None:
+    """DEF-12: reported as non-Linux (or Linux < 5.3), `serve()` and `run` raise RuntimeError
+    saying what is required, and start nothing."""
+    monkeypatch.setattr(_platform, "sys", SimpleNamespace(platform=system))
+    monkeypatch.setattr(_platform, "platform", SimpleNamespace(release=lambda: release))
+
+    async def body() -> None:
+        with pytest.raises(RuntimeError) as served:
+            Supervisor(CONFIG).serve()
+        with pytest.raises(RuntimeError) as ran:
+            await Supervisor(CONFIG).run([once("q", basic.quick)])
+        for error in (served.value, ran.value):
+            assert "Linux" in str(error) and "5.3" in str(error)
+        assert child_pids_of_self() == []
+
+    run(body())
+
+
+def test_import_works_on_an_unsupported_platform() -> None:
+    """DEF-12: with `sys.platform` reported as darwin, `import mpvisor` and every public name
+    work, and `serve()` raises RuntimeError naming the requirement."""
+    code = (
+        "import sys; sys.platform = 'darwin'\n"
+        "import asyncio, mpvisor\n"
+        "[getattr(mpvisor, name) for name in mpvisor.__all__]\n"
+        "async def main():\n"
+        "    try:\n"
+        "        mpvisor.Supervisor().serve()\n"
+        "    except RuntimeError as error:\n"
+        "        assert 'Linux' in str(error) and '5.3' in str(error), error\n"
+        "        print('refused')\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"
+
+
+# --- §10 management queue, backpressure and start-up ---------------------------------------------
+
+
+def test_a_supervisor_can_be_built_outside_an_event_loop() -> None:
+    """MQB-01: the plain constructor and the builder (subscribers, controller, task defaults)
+    work with no running loop; both supervisors then serve and run tasks."""
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+    plain_events, built_events = Collector(), Collector()
+    plain = Supervisor(CONFIG, [plain_events])
+    built = (Supervisor.builder(CONFIG).with_subscribers([built_events]).with_controller(ControllerConfig())
+             .with_task_defaults(TaskDefaults(max_retries=0)).build())
+    assert isinstance(plain, Supervisor) and isinstance(built, Supervisor)
+
+    async def body() -> None:
+        handle = plain.serve()
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        await handle.shutdown()
+        handle = built.serve()
+        _, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("f", basic.failing)))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 1  # the inherited max_retries=0
+        await handle.shutdown()
+
+    run(body())
+    assert plain_events.of(K.TASK_FINISHED, task="q") and built_events.of(K.TASK_FINISHED, task="f")
+
+
+def test_serve_outside_a_loop_fails_clearly_and_later_works() -> None:
+    """MQB-02: `serve()` with no running loop raises RuntimeError naming the event loop; inside a
+    loop it then works and shutdown returns normally."""
+    supervisor = Supervisor(CONFIG)
+    with pytest.raises(RuntimeError, match="event loop"):
+        supervisor.serve()
+    assert child_pids_of_self() == []
+
+    async def body() -> None:
+        handle = supervisor.serve()
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        await handle.shutdown()
+
+    run(body())
+
+
+def test_the_handle_alone_keeps_the_runtime_usable() -> None:
+    """MQB-03: with the supervisor unreferenced (and collected), the handle still adds, watches
+    and shuts down."""
+
+    async def body() -> None:
+        supervisor = Supervisor.builder(CONFIG).build()
+        handle = supervisor.serve()
+        gone = weakref.ref(supervisor)
+        del supervisor
+        gc.collect()
+        assert gone() is None
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        await handle.shutdown()
+
+    run(body())
+
+
+@pytest.mark.parametrize("how", ["constructor", "builder"])
+def test_submitting_without_a_controller_raises_not_configured(how: str) -> None:
+    """MQB-04: without a controller, prepare_submission, submit, try_submit, submit_and_watch and
+    controller_snapshot raise ControllerNotConfigured (a ControllerError)."""
+    supervisor = Supervisor(CONFIG) if how == "constructor" else Supervisor.builder(CONFIG).build()
+    cspec = ControllerSpec.queue(once("x", basic.quick)).with_slot("s")
+
+    async def body() -> None:
+        handle = supervisor.serve()
+        await warm_up(handle)  # see SHD-02: a shutdown racing the launcher's start is tested there
+        with pytest.raises(ControllerNotConfigured) as raised:
+            handle.prepare_submission(cspec)
+        assert isinstance(raised.value, ControllerError)
+        for call in (handle.submit, handle.try_submit, handle.submit_and_watch, handle.try_submit_and_watch):
+            with pytest.raises(ControllerNotConfigured):
+                await call(cspec)
+        with pytest.raises(ControllerNotConfigured):
+            handle.controller_snapshot()
+        assert await handle.list() == []
+        await handle.shutdown()
+
+    run(body())
+
+
+def test_add_waits_for_registry_capacity() -> None:
+    """MQB-05: with registry_capacity 1, 32 concurrent adds all succeed and are all listed."""
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, _):
+            ids = await asyncio.gather(*(handle.add(parked(f"p{i}")) for i in range(32)))
+            listed = await handle.list()
+            assert sorted(ids) == [info.id for info in listed]
+            assert {info.name for info in listed} == {f"p{i}" for i in range(32)}
+
+    run(body())
+
+
+def test_try_add_fails_fast_on_a_full_queue_without_side_effects(tmp_path) -> None:
+    """MQB-06: 64 try_add in one loop turn with registry_capacity 1: some raise CommandQueueFull;
+    those publish nothing and never run; a later try_add succeeds."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+            await warm_up(handle)
+            names = [f"t{i}" for i in range(64)]
+            results = await asyncio.gather(*(handle.try_add_and_watch(once(n, basic.quick, marker=marker)) for n in names),
+                                           return_exceptions=True)
+            refused = {n for n, r in zip(names, results, strict=True) if isinstance(r, CommandQueueFull)}
+            accepted = [r for r in results if not isinstance(r, BaseException)]
+            assert refused and len(refused) + len(accepted) == 64
+            await asyncio.gather(*(waiter.wait() for _, waiter in accepted))
+            _, waiter = await handle.try_add_and_watch(once("later", basic.quick, marker=marker))
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+            requested = {e.task for e in collector.of(K.TASK_ADD_REQUESTED)}
+            assert not refused & requested
+            assert not refused & started_tasks(marker)
+            assert started_tasks(marker) == set(names) - refused | {"later"}
+
+    run(body())
+
+
+REMOVAL_FORMS = {
+    "try_remove": lambda h, task_id, name: h.try_remove(task_id),
+    "try_cancel": lambda h, task_id, name: h.try_cancel(task_id),
+    "try_remove_by_name": lambda h, task_id, name: h.try_remove_by_name(name),
+    "try_cancel_by_name": lambda h, task_id, name: h.try_cancel_by_name(name),
+    "try_cancel_with_timeout": lambda h, task_id, name: h.try_cancel_with_timeout(task_id, 10),
+}
+
+
+@pytest.mark.parametrize("form", sorted(REMOVAL_FORMS))
+def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
+    """MQB-07: 32 try-removals gathered with a burst of adds (registry_capacity 1): some raise
+    CommandQueueFull, and no refused call publishes TASK_REMOVE_REQUESTED."""
+    call = REMOVAL_FORMS[form]
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+            names = [f"target{i}" for i in range(32)]
+            ids = await asyncio.gather(*(handle.add(parked(n)) for n in names))
+            removals = [call(handle, task_id, name) for task_id, name in zip(ids, names, strict=True)]
+            adds = [handle.add(parked(f"burst{i}")) for i in range(16)]
+            results = await asyncio.gather(*removals, *adds, return_exceptions=True)
+            removal_results, add_results = results[:32], results[32:]
+            assert all(isinstance(r, int) for r in add_results), add_results
+            refused = [task_id for task_id, r in zip(ids, removal_results, strict=True) if isinstance(r, CommandQueueFull)]
+            claimed = [task_id for task_id, r in zip(ids, removal_results, strict=True) if r is True]
+            assert refused
+            assert len(refused) + len(claimed) == 32, removal_results
+            requested = {e.id for e in collector.of(K.TASK_REMOVE_REQUESTED)}
+            assert not requested & set(refused)
+            assert set(claimed) <= requested
+
+    run(body())
+
+
+def test_try_add_returns_after_the_registry_decision() -> None:
+    """MQB-08: a returned try_add is listed at once; try_add_and_watch resolves COMPLETED; a
+    duplicate raises TaskAlreadyExists."""
+
+    async def body() -> None:
+        async with supervised(CONFIG) as (handle, _):
+            task_id = await handle.try_add(parked("kept"))
+            assert [(info.id, info.name) for info in await handle.list()] == [(task_id, "kept")]
+            watched_id, waiter = await handle.try_add_and_watch(once("watched", basic.quick))
+            assert waiter.id == watched_id
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+            with pytest.raises(TaskAlreadyExists):
+                await handle.try_add(once("kept", basic.quick))
+
+    run(body())
+
+
+def test_a_run_batch_takes_one_queue_slot(tmp_path) -> None:
+    """MQB-09: with registry_capacity 1, `run` of four once tasks returns and all four ran."""
+    marker = str(tmp_path / "marker")
+    names = [f"q{i}" for i in range(4)]
+    outcomes = mpvisor.run([once(n, basic.quick, marker=marker) for n in names],
+                           SupervisorConfig(grace=1, registry_capacity=1))
+    assert {n: o.kind for n, o in outcomes.items()} == dict.fromkeys(names, OutcomeKind.COMPLETED)
+    assert started_tasks(marker) == set(names)
+
+
+def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_path) -> None:
+    """MQB-10: an add cancelled while waiting for registry capacity is never registered, never
+    listed and never runs."""
+    marker = str(tmp_path / "marker")
+
+    async def body() -> None:
+        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+            await warm_up(handle)
+            burst = [asyncio.create_task(handle.add_and_watch(once(f"b{i}", basic.quick, marker=marker)))
+                     for i in range(20)]
+            victim = asyncio.create_task(handle.add(once("victim", basic.quick, marker=marker)))
+            await asyncio.sleep(0)  # one loop turn: the burst fills the queue, the victim waits
+            assert not victim.done()
+            victim.cancel()
+            for _, waiter in await asyncio.gather(*burst):
+                assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+            with pytest.raises(asyncio.CancelledError):
+                await victim
+            assert "victim" not in {info.name for info in await handle.list()}
+        assert [e for e in collector.events if e.task == "victim"] == []
+        assert "victim" not in started_tasks(marker)
+        assert len(started_tasks(marker)) == 20
+
+    run(body())
+
+
+@pytest.mark.timeout(90)
+def test_abandoned_adds_are_never_half_registered() -> None:
+    """MQB-11: 100 adds cancelled at random points: each name is never registered, or is
+    registered and ends with one TASK_FINISHED then one TASK_REMOVED."""
+    rng = random.Random(11)
+
+    async def body() -> tuple[Collector, list[Any]]:
+        async with supervised(SupervisorConfig(grace=1, registry_capacity=4)) as (handle, collector):
+            await warm_up(handle)
+            loop = asyncio.get_running_loop()
+            adds = []
+            for i in range(100):
+                task = asyncio.create_task(handle.add(parked(f"a{i}")))
+                loop.call_later(rng.uniform(0, 0.05), task.cancel)
+                adds.append(task)
+            results = await asyncio.gather(*adds, return_exceptions=True)
+        return collector, results
+
+    collector, results = run(body())
+    assert any(isinstance(r, asyncio.CancelledError) for r in results)
+    for i, result in enumerate(results):
+        kinds = [e.kind for e in collector.events if e.task == f"a{i}" and e.kind in
+                 (K.TASK_ADD_REQUESTED, K.TASK_ADDED, K.TASK_ADD_FAILED, K.TASK_FINISHED, K.TASK_REMOVED)]
+        assert kinds in ([], [K.TASK_ADD_REQUESTED, K.TASK_ADDED, K.TASK_FINISHED, K.TASK_REMOVED]), (i, kinds)
+        if isinstance(result, int):
+            assert kinds, i
+        if not kinds:
+            assert not [e for e in collector.events if e.task == f"a{i}"]
+
+
+UNKNOWN_ID, UNKNOWN_NAME = 10**12, "nobody-has-this-name"
+LOOKUPS = {
+    "remove": lambda h: h.remove(UNKNOWN_ID),
+    "remove_by_name": lambda h: h.remove_by_name(UNKNOWN_NAME),
+    "cancel": lambda h: h.cancel(UNKNOWN_ID),
+    "cancel_by_name": lambda h: h.cancel_by_name(UNKNOWN_NAME),
+    "cancel_with_timeout": lambda h: h.cancel_with_timeout(UNKNOWN_ID, 0),
+    "cancel_by_name_with_timeout": lambda h: h.cancel_by_name_with_timeout(UNKNOWN_NAME, 0),
+    "try_remove": lambda h: h.try_remove(UNKNOWN_ID),
+    "try_remove_by_name": lambda h: h.try_remove_by_name(UNKNOWN_NAME),
+    "try_cancel": lambda h: h.try_cancel(UNKNOWN_ID),
+    "try_cancel_by_name": lambda h: h.try_cancel_by_name(UNKNOWN_NAME),
+    "try_cancel_with_timeout": lambda h: h.try_cancel_with_timeout(UNKNOWN_ID, 0),
+    "try_cancel_by_name_with_timeout": lambda h: h.try_cancel_by_name_with_timeout(UNKNOWN_NAME, 0),
+}
+
+
+@pytest.mark.parametrize("form", list(LOOKUPS))
+def test_removing_unknown_targets_returns_false(form: str) -> None:
+    """MQB-12: every removal form on an unknown id or name returns False and publishes no
+    TASK_REMOVE_REQUESTED, TASK_FINISHED or TASK_REMOVED."""
+
+    async def body() -> None:
+        async with supervised(CONFIG) as (handle, collector):
+            await warm_up(handle)
+            before = len(collector.events)  # the warm-up's last events may arrive later: filtered out
+            assert await LOOKUPS[form](handle) is False
+            await handle.shutdown()
+            later = [e for e in collector.events[before:] if e.task != "warm-up"]
+            assert not [e for e in later if e.kind in (K.TASK_REMOVE_REQUESTED, K.TASK_FINISHED, K.TASK_REMOVED)]
+
+    run(body())
+
+
+def test_a_supervisor_stays_bound_to_its_first_loop() -> None:
+    """MQB-16: a supervisor served and shut down in one `asyncio.run` refuses `serve()` in a
+    second one."""
+    supervisor = Supervisor(CONFIG)
+
+    async def first() -> None:
+        handle = supervisor.serve()
+        await warm_up(handle)
+        await handle.shutdown()
+
+    async def second() -> None:
+        with pytest.raises(RuntimeError):
+            supervisor.serve()
+
+    run(first())
+    run(second())
+    assert child_pids_of_self() == []
