@@ -34,17 +34,17 @@ from ._errors import (
 if TYPE_CHECKING:
     from ._backoff import BackoffPolicy, JitterPolicy
     from ._config import ControllerConfig, SupervisorConfig
+    from ._controller import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._events import Event, EventKind
+    from ._handle import SupervisorHandle
     from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
+    from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
+    from ._slots import AdmissionPolicy, SlotStatus, SlotView
     from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
+    from ._supervisor import Supervisor, SupervisorBuilder, run
     from ._task import CommandTask, TaskFn
     from ._writers import JsonLinesWriter, LogWriter
-    from ._registry import TaskInfo, TaskWaiter
-    from ._handle import SupervisorHandle
-    from ._supervisor import Supervisor, SupervisorBuilder, run
-    from ._controller import ControllerSnapshot, ControllerSpec, PreparedSubmission
-    from ._slots import AdmissionPolicy, SlotStatus, SlotView
 
 _LAZY = {
     "BackoffPolicy": "._backoff",

@@ -30,8 +30,8 @@ One module on purpose: the queue, its thread and the throttle exist only for the
 from __future__ import annotations
 
 import asyncio
-import itertools
 import contextlib
+import itertools
 import logging
 import threading
 import time

@@ -121,7 +121,10 @@ class TaskContext:
         raise Canceled()
 
     def _bind_async(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-        self._async_cancel = lambda: loop.call_soon_threadsafe(task.cancel)
+        def cancel() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        self._async_cancel = cancel
 
 
 def _sigwait(timeout: float | None) -> bool:

@@ -26,11 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate
 from ._config import ControllerConfig
-from ._errors import AlreadySubmitted, CommandQueueFull, ControllerClosed, ControllerFull, ShuttingDown
+from ._errors import (
+    AlreadySubmitted,
+    CommandQueueFull,
+    ControllerClosed,
+    ControllerFull,
+    ShuttingDown,
+)
 from ._events import EventKind
 from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
 from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
-from ._slots import Admit, AdmissionPolicy, Reject, RemoveOwner, SlotTable, SlotView, Transition
+from ._slots import AdmissionPolicy, Admit, Reject, RemoveOwner, SlotTable, SlotView, Transition
 from ._spec import ResolvedSpec, TaskSpec
 
 if TYPE_CHECKING:

@@ -115,7 +115,7 @@ class SupervisorHandle:
             return claimed
         try:
             await asyncio.wait_for(asyncio.shield(cleaned), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TaskTerminationTimeout(id, timeout or 0.0) from None
         return claimed
 

@@ -316,7 +316,7 @@ def _setup_fds(fds: list[int]) -> int:
         os.dup2(fds[2], 2)
     keep = sorted({0, 1, 2, sock_fd})
     start = 3
-    for fd in keep[3:] + [_max_fd()]:
+    for fd in [*keep[3:], _max_fd()]:
         if fd > start:
             os.closerange(start, fd)
         start = fd + 1

@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._launcher import recv_fds
 from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
 from ._errors import ConfigError
+from ._launcher import recv_fds
 from ._output import LineSplitter
 from ._wire import (
     VERSION,
@@ -39,8 +39,8 @@ from ._wire import (
     Failure,
     FrameDecoder,
     Hello,
-    ProtocolError,
     Progress,
+    ProtocolError,
     Result,
     Start,
     encode,

@@ -33,9 +33,9 @@ from ._spec import TaskDefaults
 
 if TYPE_CHECKING:
     from ._actor import TaskActor
-    from ._controller import Controller
-    from ._config import ControllerConfig
     from ._bus import Subscriber
+    from ._config import ControllerConfig
+    from ._controller import Controller
 
 _ids = itertools.count(1)  # TaskIds increase in allocation order, process-wide
 

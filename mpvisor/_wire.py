@@ -181,7 +181,7 @@ class Start:
     v: int = VERSION
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": "start", **{f: getattr(self, f) for f in self.__slots__}}  # type: ignore[attr-defined]
+        return {"t": "start", **{f: getattr(self, f) for f in self.__slots__}}
 
 
 Message = Hello | Calling | Progress | Result | Failure | Start

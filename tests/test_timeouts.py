@@ -108,7 +108,7 @@ def test_zero_or_none_timeout_means_no_timeout(timeout):
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
+            _task_id, outcome = await finished(handle, events, spec)
             assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 0.5
             assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
 
@@ -226,7 +226,7 @@ def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
 
     async def body():
         async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
+            _task_id, outcome = await finished(handle, events, spec)
             assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "imported"
             assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
 
