@@ -48,6 +48,7 @@ from ._wire import (
 )
 
 EOF_WAIT = 1.0  # seconds to read pipes to EOF once the tree is gone
+CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 
 
 class LauncherClient:
@@ -71,6 +72,9 @@ class LauncherClient:
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
+        self._lock = threading.Lock()
+        self._gone: asyncio.Future[None] = loop.create_future()  # the keeper thread has ended
+        self._proc: subprocess.Popen[bytes] | None = None
         self._baseline: tuple[dict[str, str], str, list[str]] = ({}, "", [])
         self._baseline_environ: dict[bytes, bytes] = {}
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
@@ -82,31 +86,41 @@ class LauncherClient:
     # --- the keeper thread: start the launcher, wait for it to end, start another ------------
 
     def _keeper(self) -> None:
-        while not self._closing:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            self._baseline = (dict(os.environ), os.getcwd(), list(sys.path))
-            self._baseline_environ = dict(os.environ._data)  # type: ignore[attr-defined]
-            code = (
-                f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
-                f"main(sys.argv[1:])"
-            )
-            # -S: no site hooks (.pth files) run in the launcher, so every fork stays small; its
-            # sys.path is the parent's, set explicitly above.
-            argv = [sys.executable, "-S", "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
-            try:
-                proc = subprocess.Popen(
-                    argv, pass_fds=[theirs.fileno()], process_group=0, stdin=subprocess.DEVNULL
-                )
-            except OSError as exc:
-                theirs.close()
-                ours.close()
-                self.loop.call_soon_threadsafe(self._fail_ready, f"cannot start the launcher: {exc}")
+        while True:
+            with self._lock:  # `close()` either sees this launcher attached later, or none started
+                if self._closing:
+                    break
+                started = self._start_launcher()
+            if started is None:
                 return
-            theirs.close()
-            self.loop.call_soon_threadsafe(self._attach, ours, proc.pid)
-            proc.wait()
+            started.wait()
             self._restart.wait()
             self._restart.clear()
+        self.loop.call_soon_threadsafe(_resolve, self._gone)
+
+    def _start_launcher(self) -> subprocess.Popen[bytes] | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._baseline = (dict(os.environ), os.getcwd(), list(sys.path))
+        self._baseline_environ = dict(os.environ._data)  # type: ignore[attr-defined]
+        code = (
+            f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
+            f"main(sys.argv[1:])"
+        )
+        # -S: no site hooks (.pth files) run in the launcher, so every fork stays small; its
+        # sys.path is the parent's, set explicitly above.
+        argv = [sys.executable, "-S", "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], process_group=0, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            ours.close()
+            self.loop.call_soon_threadsafe(self._fail_ready, f"cannot start the launcher: {exc}")
+            self.loop.call_soon_threadsafe(_resolve, self._gone)
+            return None
+        finally:
+            theirs.close()
+        self._proc = proc
+        self.loop.call_soon_threadsafe(self._attach, ours, proc.pid)
+        return proc
 
     def _fail_ready(self, error: str) -> None:
         self._error = error
@@ -118,6 +132,9 @@ class LauncherClient:
         self._sock = sock
         self.pid = pid
         self.loop.add_reader(sock.fileno(), self._on_readable)
+        if self._closing:
+            self._outbox.clear()  # what was queued for it will never run: `close()` fails it
+            self._send(["stop"])
         self._flush()
 
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
@@ -249,11 +266,17 @@ class LauncherClient:
 
     async def close(self) -> None:
         """Stop the launcher (it kills whatever is left) and let the keeper thread end."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
         if self._sock is not None:
-            self._send(["stop"])
+            self._send(["stop"])  # not attached yet: `_attach` sends it
         self._restart.set()
-        await asyncio.to_thread(self._thread.join, 5.0)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT)
+        except asyncio.TimeoutError:
+            if self._proc is not None:
+                self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
+            await asyncio.shield(self._gone)
 
 
 class AttemptProcess:
@@ -568,6 +591,11 @@ class AttemptProcess:
         timer = self._timers.pop(name, None)
         if timer is not None:
             timer.cancel()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _NotStarted(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import itertools
 import pathlib
 import random
 import time
@@ -206,7 +207,7 @@ def assert_owners_never_overlap(collector: Collector, ids: set[int]) -> None:
         if starts:
             intervals.append((starts[0].seq, seq_of(collector, EventKind.TASK_REMOVED, id=task_id), task_id))
     intervals.sort()
-    for (_, removed, old), (start, _, new) in zip(intervals, intervals[1:]):
+    for (_, removed, old), (start, _, new) in itertools.pairwise(intervals):
         assert removed < start, f"task {new} started (seq {start}) before task {old} was removed (seq {removed})"
 
 
@@ -394,7 +395,7 @@ def test_watched_submission_resolves_to_the_admitted_tasks_outcome():
     spec = restartable("f", basic.failing, 9).with_max_retries(1)
 
     async def body():
-        async with controlled() as (handle, events):
+        async with controlled() as (handle, _events):
             task_id, waiter = await handle.submit_and_watch(Q(spec, "s"))
             assert waiter.id == task_id
             submitted = await outcome(waiter)
@@ -426,7 +427,7 @@ def test_slot_state_does_not_depend_on_event_delivery(tmp_path):
     config = SupervisorConfig(grace=1.0, bus_capacity=1, subscriber_shutdown_timeout=0.2)
 
     async def body():
-        async with controlled(config, subscribers=[Sluggish()]) as (handle, events):
+        async with controlled(config, subscribers=[Sluggish()]) as (handle, _events):
             _, first = await handle.submit_and_watch(Q(once("one", basic.quick, marker=str(marker)), "s"))
             _, second = await handle.submit_and_watch(Q(once("two", basic.quick, marker=str(marker)), "s"))
             resolved: list[tuple[str, Any]] = []
@@ -449,7 +450,7 @@ def test_owner_completion_progresses_under_a_submission_flood(tmp_path):
     gate = Gate(tmp_path)
 
     async def body():
-        async with controlled(GATED, queue_capacity=4096) as (handle, events):
+        async with controlled(GATED, queue_capacity=4096) as (handle, _events):
             owner, waiter = await handle.submit_and_watch(Q(gate.once("owner"), "hot"))
             await gate.started()
             stop = asyncio.Event()
@@ -491,7 +492,7 @@ def test_many_distinct_slots_all_reach_running():
     count = 64
 
     async def body():
-        async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
+        async with controlled(SupervisorConfig(grace=5.0)) as (handle, _events):
             await asyncio.gather(*(
                 handle.submit(Q(restartable(f"svc-{i}", coop.cooperative), f"slot-{i}")) for i in range(count)))
 
@@ -556,7 +557,7 @@ def test_an_owners_waiter_resolves_after_its_slot_has_moved_on(tmp_path, queued)
     first_gate, next_gate = Gate(tmp_path, "first"), Gate(tmp_path, "next")
 
     async def body():
-        async with controlled(GATED) as (handle, events):
+        async with controlled(GATED) as (handle, _events):
             _, waiter = await handle.submit_and_watch(Q(first_gate.once("first"), "s"))
             next_id = await handle.submit(Q(next_gate.once("next"), "s")) if queued else None
             await first_gate.started()
@@ -780,7 +781,7 @@ def test_snapshot_reports_the_running_slot_and_its_queue_depth():
     """SNP-01: an occupant and one queued item: RUNNING, owner, depth 1, running 1, queued 1."""
 
     async def body():
-        async with controlled(queue_capacity=16, max_slot_queue=4) as (handle, events):
+        async with controlled(queue_capacity=16, max_slot_queue=4) as (handle, _events):
             occupant = await handle.submit(Q(restartable("occupant", coop.cooperative), "s"))
             await handle.submit(Q(once("queued", basic.quick), "s"))
             view = await slot_where(handle, "s", lambda v: v is not None and v.status is SlotStatus.RUNNING
@@ -798,7 +799,7 @@ def test_snapshot_is_sorted_and_its_totals_add_up(tmp_path):
     gate = Gate(tmp_path)
 
     async def body():
-        async with controlled(GATED) as (handle, events):
+        async with controlled(GATED) as (handle, _events):
             await handle.submit(Q(restartable("c-owner", coop.cooperative), "c"))
             await handle.submit(Q(once("c-1", basic.quick), "c"))
             await handle.submit(Q(once("c-2", basic.quick), "c"))
@@ -826,7 +827,7 @@ def test_a_terminating_slot_keeps_the_old_owner_and_ages(tmp_path):
     marker = tmp_path / "old.marker"
 
     async def body():
-        async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
+        async with controlled(SupervisorConfig(grace=5.0)) as (handle, _events):
             old = await handle.submit(Q(restartable("old", coop.slow_stop, 2.0, marker=str(marker)), "s"))
             await async_wait_for(lambda: words(marker, "started"))
             new = await handle.submit(R(restartable("new", coop.cooperative), "s"))
@@ -848,7 +849,7 @@ def test_an_idle_slot_is_dropped_or_shown_idle():
     """SNP-04: once its only task completed, a slot is absent or IDLE with no owner and depth 0."""
 
     async def body():
-        async with controlled() as (handle, events):
+        async with controlled() as (handle, _events):
             _, waiter = await handle.submit_and_watch(Q(once("only", basic.quick), "s"))
             assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
             snap = handle.controller_snapshot()

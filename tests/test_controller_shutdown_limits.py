@@ -101,7 +101,7 @@ def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
     marker = tmp_path / "m"
 
     async def body():
-        async with controlled(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, events):
+        async with controlled(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, _events):
             _, polite = await handle.submit_and_watch(Q(restartable("polite", coop.cooperative), "s1"))
             _, stuck = await handle.submit_and_watch(Q(once("stuck", misbehave.stubborn, marker=str(marker)), "s2"))
             await running(handle, "polite")
@@ -116,30 +116,40 @@ def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
 
 
 SUBMIT_FORMS = ["submit", "try_submit", "submit_and_watch", "try_submit_and_watch", "prepared"]
+CLOSED_CASES = [(form, "after-work") for form in SUBMIT_FORMS] + [("submit", "right-after-serve")]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("form", SUBMIT_FORMS)
-def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form):
-    """CSH-03: after shutdown every submit form (a prepared one too) raises ControllerClosed; nothing runs."""
+@pytest.mark.parametrize(("form", "when"), CLOSED_CASES, ids=[f"{f}-{w}" for f, w in CLOSED_CASES])
+def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when):
+    """CSH-03: after shutdown every submit form (a prepared one too) raises ControllerClosed; nothing
+    runs, and no process is left, also when shutdown came right after serve()."""
     marker = tmp_path / "late.marker"
     spec = Q(once("late", basic.quick, marker=str(marker)), "s")
 
     async def body():
         async with controlled() as (handle, events):
             prepared = handle.prepare_submission(spec)
-            _, warm_up = await handle.submit_and_watch(Q(once("warm-up", basic.quick), "s"))
-            assert (await outcome(warm_up)).kind is OutcomeKind.COMPLETED
+            if when == "after-work":
+                _, warm_up = await handle.submit_and_watch(Q(once("warm-up", basic.quick), "s"))
+                assert (await outcome(warm_up)).kind is OutcomeKind.COMPLETED
+            began = time.monotonic()
             await handle.shutdown()
+            elapsed = time.monotonic() - began
             with pytest.raises(ControllerClosed):
                 if form == "prepared":
                     await prepared.submit()
                 else:
                     await getattr(handle, form)(spec)
         assert not marker.exists()
-        assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == ["warm-up"]
+        assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == (
+            ["warm-up"] if when == "after-work" else [])
+        return elapsed
 
-    run(body())
+    elapsed = run(body())
+    leftovers = leftover_processes()
+    assert leftovers == [], f"processes left after shutdown returned: {leftovers}"
+    assert elapsed < 2.0, f"an idle shutdown took {elapsed:.2f} s"
 
 
 @pytest.mark.timeout(90)
@@ -198,7 +208,7 @@ def test_removals_racing_shutdown_never_hang():
     rng = random.Random(5)
 
     async def body():
-        async with controlled(SupervisorConfig(grace=grace)) as (handle, events):
+        async with controlled(SupervisorConfig(grace=grace)) as (handle, _events):
             ids = []
             for slot in ("a", "b", "c"):
                 ids.append(await handle.submit(Q(restartable(f"{slot}-owner", coop.cooperative), slot)))
@@ -228,7 +238,7 @@ def test_shutdown_returns_after_the_controller_has_settled():
     """CSH-06: when shutdown returns, every waiter (running and queued) is resolved; intake is closed."""
 
     async def body():
-        async with controlled() as (handle, events):
+        async with controlled() as (handle, _events):
             _, owner = await handle.submit_and_watch(Q(restartable("owner", coop.cooperative), "s"))
             _, queued = await handle.submit_and_watch(Q(once("queued", basic.quick), "s"))
             _, other = await handle.submit_and_watch(Q(restartable("other", coop.cooperative), "t"))
@@ -322,7 +332,7 @@ def test_try_submit_reports_controller_full():
     """MQB-13: 256 try_submit_and_watch in one turn with queue_capacity=1: some ControllerFull, the rest resolve."""
 
     async def body():
-        async with controlled(queue_capacity=1) as (handle, events):
+        async with controlled(queue_capacity=1) as (handle, _events):
             await handle.add(once("warm-up", basic.quick))
             results = await asyncio.gather(*(
                 handle.try_submit_and_watch(D(once(f"t-{i}", basic.quick), "s")) for i in range(256)),
@@ -400,7 +410,7 @@ def test_a_name_is_free_as_soon_as_a_slot_owners_waiter_resolves():
     """IDR-29: right after a controller submission "job" resolved, add(once("job")) succeeds."""
 
     async def body():
-        async with controlled() as (handle, events):
+        async with controlled() as (handle, _events):
             _, waiter = await handle.submit_and_watch(Q(once("job", basic.quick), "s"))
             assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
             again, direct = await handle.add_and_watch(once("job", basic.quick))
@@ -415,7 +425,7 @@ def test_watch_of_a_queued_submission_returns_none():
     """OUT-18 (controller case): watch() of a queued submission is None; of its slot's owner, a waiter."""
 
     async def body():
-        async with controlled() as (handle, events):
+        async with controlled() as (handle, _events):
             owner = await handle.submit(Q(restartable("owner", coop.cooperative), "s"))
             await running(handle, "owner")
             queued = await handle.submit(Q(once("queued", basic.quick), "s"))
@@ -546,7 +556,7 @@ def test_the_limit_applies_across_controller_slots(tmp_path):
     marker = tmp_path / "m"
 
     async def body():
-        async with controlled(SupervisorConfig(grace=1.0, max_concurrent=2)) as (handle, events):
+        async with controlled(SupervisorConfig(grace=1.0, max_concurrent=2)) as (handle, _events):
             ids = {f"c-{i}": await handle.submit(Q(restartable(f"c-{i}", coop.cooperative, marker=str(marker)),
                                                   f"slot-{i}")) for i in range(5)}
             await async_wait_for(lambda: handle.controller_snapshot().running_count == 5)
@@ -569,7 +579,7 @@ def test_an_inherited_timeout_applies_to_controller_submissions():
     """DEF-07: TaskDefaults(timeout=0.3) applies to a submitted task: FAILED, "timed out"."""
 
     async def body():
-        async with controlled(task_defaults=TaskDefaults(timeout=0.3)) as (handle, events):
+        async with controlled(task_defaults=TaskDefaults(timeout=0.3)) as (handle, _events):
             _, waiter = await handle.submit_and_watch(Q(once("sleepy", basic.sleeper, 3600), "s"))
             result = await outcome(waiter)
         assert result.kind is OutcomeKind.FAILED

@@ -48,8 +48,7 @@ def dead(record: dict) -> bool:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("start_method", ["launcher", "spawn"])
 def test_parent_death_kills_every_attempt(start_method, tmp_path):
-    """PRC-04, PRC-14: SIGKILL of the parent takes the launcher, every attempt and every
-    descendant (setsid and double-forked ones included) within 2 s (+ CI slack)."""
+    """PRC-04, PRC-14: SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack)."""
     out, records = tmp_path / "pids.json", tmp_path / "tree.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     parent = subprocess.Popen(

@@ -1,5 +1,7 @@
 """Does every attempt run in its own fresh process, and does mpvisor keep that process in hand?
-(PRC-01 .. PRC-31, without the controller, the CLI and the blocking facade)
+(PRC-01 .. PRC-31, without the controller, the CLI and the blocking facade; PRC-19, the public
+surface, is checked in `test_public_surface.py`; PRC-04 in `test_parent_death.py`; PRC-05 in
+`test_protocol_faults.py`)
 
 Real attempt processes from `workers/`; the process table is read with psutil, pids are
 matched with their create times. Lifecycle, cancel, timeout and tree-kill tests run under
@@ -181,8 +183,7 @@ def test_a_crashing_attempt_affects_nothing_else():
 @pytest.mark.parametrize("start_method", START_METHODS)
 @pytest.mark.parametrize("how", ["cancel", "timeout", "shutdown"])
 def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
-    """PRC-03, PRC-14: cancel, timeout and shutdown each kill a stubborn tree whole (the
-    setsid() grandchild and the double-forked orphan included) before the task's cleanup ends."""
+    """PRC-03, PRC-14: cancel, timeout and shutdown each kill a stubborn tree whole, setsid and orphan included."""
     records = tmp_path / "tree.jsonl"
     spec = once("tree", misbehave.stubborn_tree, str(records))
     if how == "timeout":
@@ -230,9 +231,7 @@ INVALID_ARGUMENTS = [
 
 
 def test_arguments_must_be_msgpack():
-    """PRC-06: None, bool, int, float, str, bytes, list, tuple and dict travel there and back (a
-    tuple comes back as a list; bytes stay bytes); an object, a set, int keys or 2**64 raise
-    TypeError naming the argument, before anything is registered."""
+    """PRC-06: msgpack values round-trip (tuple -> list, bytes stay bytes); others raise TypeError naming them."""
     args = (None, True, False, -(2**63), 2**64 - 1, 1.5, "text", b"bytes", [1, [2, "x"]], (3, (4,)))
     kwargs = {"mapping": {"str": {"nested": b"\x00\xff"}, b"bytes-key": [None]}, "empty": {}}
 
@@ -271,8 +270,7 @@ def test_nothing_from_a_child_is_unpickled(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_user_output_floods_never_touch_the_protocol():
-    """PRC-08: 50 MB on stdout and 50 MB on stderr of the parent's streams, and the value
-    still arrives intact."""
+    """PRC-08: 50 MB on the parent's stdout and stderr, and the value still arrives intact."""
     flood = once("flood", misbehave.flood, 50 * 1024 * 1024)
 
     async def body():
@@ -293,8 +291,7 @@ def test_user_output_floods_never_touch_the_protocol():
 
 @pytest.mark.timeout(60)
 def test_captured_output_arrives_as_events_not_on_the_parents_stdout(capfd):
-    """PRC-08: with capture_output, a flood becomes ATTEMPT_OUTPUT events with task, id,
-    attempt, pid, stream and line, and nothing reaches the parent's stdout or stderr."""
+    """PRC-08: with capture_output a flood arrives as ATTEMPT_OUTPUT events, never on the parent's streams."""
     nbytes = 4 * 1024 * 1024  # 4096 lines of 1 KiB per stream
 
     async def body():
@@ -316,8 +313,7 @@ def test_captured_output_arrives_as_events_not_on_the_parents_stdout(capfd):
 
 
 def test_target_forms(tmp_path):
-    """PRC-09: a callable (recorded as module:qualname), a "pkg.mod:func" string and a
-    coroutine function run; an unimportable target ends FATAL naming it."""
+    """PRC-09: callable, string and coroutine targets run; an unimportable target ends FATAL naming it."""
     assert TaskFn("c", basic.quick).target == "workers.basic:quick"
 
     async def body():
@@ -351,8 +347,7 @@ def test_target_forms(tmp_path):
     ],
 )
 def test_a_target_in_the_main_script(script, kind, says, tmp_path):
-    """PRC-09: a target defined in the running script works when its start-up code is guarded;
-    unguarded, the attempt ends FATAL saying the code must sit under the __main__ guard."""
+    """PRC-09: a __main__ target runs when guarded; unguarded it ends FATAL asking for the __main__ guard."""
     out = tmp_path / "outcome.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), str(out)], env=env,
@@ -367,8 +362,7 @@ def test_a_target_in_the_main_script(script, kind, says, tmp_path):
 
 
 def test_context_inside_and_outside_an_attempt():
-    """PRC-10: inside, context() knows the task name, its id and the attempt; outside an
-    attempt it raises RuntimeError."""
+    """PRC-10: context() gives task name, id and attempt inside; RuntimeError outside an attempt."""
     with pytest.raises(RuntimeError, match="inside an attempt"):
         mpvisor.context()
 
@@ -392,9 +386,7 @@ def test_context_inside_and_outside_an_attempt():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_cancellation_raises_canceled_and_runs_cleanup(start_method, tmp_path):
-    """PRC-11, PRC-14: a pure-Python loop gets Canceled and runs its finally; inside shield()
-    `cancelled` turns true and Canceled comes only when the block is left (a value returned
-    from inside is dropped)."""
+    """PRC-11, PRC-14: a pure loop gets Canceled and runs finally; shield() defers Canceled to its exit."""
     loop_marker, shield_marker = tmp_path / "loop", tmp_path / "shield"
 
     async def body():
@@ -421,10 +413,7 @@ def test_cancellation_raises_canceled_and_runs_cleanup(start_method, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_cancellation_details_in_the_child(tmp_path):
-    """PRC-25: `except Exception` misses Canceled; check_cancelled() raises inside shield();
-    wait_cancelled(0.05) is False then True and never raises; an async target sees
-    CancelledError and ends ATTEMPT_CANCELED; a removal during a timed-out attempt's stop
-    raises no second Canceled (the counter reads 1) and keeps the attempt TIMED_OUT."""
+    """PRC-25: Canceled escapes except Exception; wait/check_cancelled semantics; async cancel; no second Canceled."""
     details, aio, counter_marker = tmp_path / "details", tmp_path / "async", tmp_path / "counter-m"
     counter = tmp_path / "counter"
     config = SupervisorConfig(grace=3, timeout_kill_after=0.5)
@@ -482,8 +471,7 @@ def test_a_request_before_the_target_runs_skips_it(start_method, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_command_task_is_supervised_like_python_work(tmp_path, monkeypatch):
-    """PRC-12: exit 0 completes with None; exit 3 is a retryable failure with exit_code 3; a
-    missing program is FATAL naming argv[0]; env adds and removes variables."""
+    """PRC-12: programs: exit 0 completes, exit 3 retries with code 3, a missing one is FATAL, env merges."""
     monkeypatch.setenv("HOME", "/home/somebody")
     env_out = tmp_path / "env"
     show_env = f'echo "A=${{A-unset}} HOME=${{HOME-unset}}" > {env_out}'
@@ -528,9 +516,7 @@ while :; do wait; done
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["cancel", "timeout"])
 def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
-    """PRC-12: a shell that traps TERM without exiting, with a `sleep 3600` child ignoring TERM,
-    gets SIGTERM on its whole group first (its trap and a child's trap run), then is killed as
-    a tree."""
+    """PRC-12: a TERM-trapping shell's group gets SIGTERM first (traps run), then its tree is killed."""
     trapped, pids_file = tmp_path / "trapped", tmp_path / "pids"
     spec = TaskSpec.once(CommandTask("trapper", ["sh", "-c", TRAP_SCRIPT, "sh", str(trapped), str(pids_file)]))
     if how == "timeout":
@@ -562,8 +548,7 @@ def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_attempts_start_safely_from_a_threaded_parent():
-    """PRC-13: 8 parent threads keep taking the logging, import and stdout locks (holding them
-    across short sleeps) while 50 attempts start: all complete, nothing deadlocks."""
+    """PRC-13: 50 attempts start and complete while 8 parent threads churn the logging, import and stdout locks."""
     stop = threading.Event()
 
     def hold(acquire, release):
@@ -607,8 +592,7 @@ def test_attempts_start_safely_from_a_threaded_parent():
 
 @pytest.mark.timeout(60)
 def test_no_leaked_fds_or_zombies_after_many_attempts():
-    """PRC-15: after 200 attempts (4 at a time) the parent's fd count is back at its baseline,
-    and neither it nor the launcher keeps a zombie child."""
+    """PRC-15: after 200 attempts the fd count is back at baseline and no zombie child remains."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, _events):
@@ -630,8 +614,7 @@ def test_no_leaked_fds_or_zombies_after_many_attempts():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("capture_output", [False, True])
 def test_attempts_cost_few_fds_and_no_threads(capture_output):
-    """PRC-28: 64 live attempts cost the parent at most 3 fds each (5 with capture_output) and
-    no thread; after serve() the soft RLIMIT_NOFILE equals the hard limit."""
+    """PRC-28: 64 live attempts cost <= 3 fds each (5 captured) and no thread; soft NOFILE == hard."""
     count, per_attempt = 64, (5 if capture_output else 3)
 
     async def body():
@@ -657,8 +640,7 @@ def test_attempts_cost_few_fds_and_no_threads(capture_output):
 
 @pytest.mark.timeout(30)
 def test_progress_reports_become_events():
-    """PRC-16: progress(3, 10, "x") is an ATTEMPT_PROGRESS event; 10 000 calls in a tight loop
-    give far fewer events and do not delay the result."""
+    """PRC-16: progress(3, 10, 'x') is an event; 10 000 calls give few events and no delay."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -683,8 +665,7 @@ def test_progress_reports_become_events():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_leftover_descendants_die_at_terminal_cleanup(start_method, tmp_path):
-    """PRC-20, PRC-14: what a completed target left running (a multiprocessing worker, a Popen
-    child, a setsid daemon) is gone by the time its waiter resolves."""
+    """PRC-20, PRC-14: what a completed target left running is gone when its waiter resolves."""
     records = tmp_path / "left.jsonl"
 
     async def body():
@@ -702,8 +683,7 @@ def test_leftover_descendants_die_at_terminal_cleanup(start_method, tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_the_reported_pid_already_leads_its_own_session(start_method, tmp_path):
-    """PRC-21, PRC-14: when ATTEMPT_STARTING is seen, its pid already leads its own session and
-    process group, distinct from the parent's and the launcher's."""
+    """PRC-21, PRC-14: the pid in ATTEMPT_STARTING already leads its own session and group."""
     release = tmp_path / "release"
 
     async def body():
@@ -726,9 +706,7 @@ def test_the_reported_pid_already_leads_its_own_session(start_method, tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_the_child_sees_the_parents_environment_at_start(start_method, tmp_path, monkeypatch):
-    """PRC-24, PRC-29, PRC-14: an attempt sees os.environ, the working directory and sys.path
-    as changed after serve(), reads EOF from stdin, finds the root logger without handlers,
-    starts no thread of its own, and has raised its oom_score_adj to 500."""
+    """PRC-24, PRC-29, PRC-14: env, cwd and sys.path at start; stdin EOF; no handlers or threads; oom 500."""
     monkeypatch.setenv("MPVISOR_TEST_GONE", "present-at-serve")
     extra = tmp_path / "extra-path"
     extra.mkdir()
@@ -760,8 +738,7 @@ def test_the_child_sees_the_parents_environment_at_start(start_method, tmp_path,
 
 @pytest.mark.timeout(30)
 def test_the_launcher_ignores_terminal_signals():
-    """PRC-22: the launcher leads its own process group; SIGINT, SIGTERM, SIGHUP and SIGTSTP
-    (to it and to its group) leave it and the running attempts untouched; later attempts start."""
+    """PRC-22: the launcher has its own group and shrugs off SIGINT/TERM/HUP/TSTP; attempts go on."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -787,9 +764,7 @@ def test_the_launcher_ignores_terminal_signals():
 
 @pytest.mark.timeout(30)
 def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
-    """PRC-23: when the launcher is SIGKILLed, each running attempt ends ATTEMPT_FAILED with a
-    reason starting "launcher died", RUNTIME_FAILURE is published, the next attempts start under
-    a new launcher, and a later task completes."""
+    """PRC-23: a killed launcher fails its attempts ('launcher died'), RUNTIME_FAILURE, a new one takes over."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -821,8 +796,7 @@ def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
     ids=["missing", "starts-a-thread"],
 )
 def test_a_bad_preload_fails_the_first_call(module):
-    """PRC-27: serve() returns at once; the first add, and run, raise ConfigError naming the
-    preload module (and no process is left behind)."""
+    """PRC-27: serve() returns at once; the first add and run raise ConfigError naming the preload module."""
     config = SupervisorConfig(grace=1, preload=(module,))
 
     async def body():
@@ -853,8 +827,7 @@ def _launchers_of_this_process() -> list[psutil.Process]:
 
 @pytest.mark.timeout(30)
 def test_a_shutdown_right_after_serve_leaves_no_launcher():
-    """PRC-27, PRC-04 (SPEC §1.9, §6): serve() returns at once and starts the launcher; a
-    shutdown before any call has waited for it still stops it, promptly, leaving no process."""
+    """PRC-27, PRC-04: a shutdown right after serve() stops the just-started launcher promptly."""
     before = {p.pid for p in _launchers_of_this_process()}
 
     async def body():
@@ -889,9 +862,7 @@ class _Records(logging.Handler):
 
 @pytest.mark.timeout(30)
 def test_captured_output_is_split_and_decoded():
-    """PRC-31: captured lines keep their order per stream, a 200 KiB line arrives in pieces of
-    at most 64 KiB, invalid UTF-8 arrives as U+FFFD, and LogWriter logs each line on the logger
-    mpvisor.output."""
+    """PRC-31: captured lines keep order, long lines split at 64 KiB, bad UTF-8 -> U+FFFD, logged on mpvisor.output."""
     output_logger = logging.getLogger("mpvisor.output")
     handler, level = _Records(), output_logger.level
     output_logger.addHandler(handler)

@@ -93,8 +93,7 @@ def _check_attempt_one(collector, task_id: int, fault: str, step: str) -> list[s
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("step", faults.STEPS)
 def test_protocol_faults_end_only_that_attempt(step, tmp_path, monkeypatch):
-    """PRC-05: garbage/truncated/oversized frames, crashes, exits and signals at one protocol step
-    end only that attempt, as SPEC §1.4 and §2 say; a sibling and the parent carry on."""
+    """PRC-05: each fault at one protocol step ends only that attempt as SPEC §1.4/§2 say; others carry on."""
     plan = tmp_path / "plan"
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(plan))  # before serve(): the launcher inherits it
     config = SupervisorConfig(grace=1, max_frame_bytes=MiB, preload=("workers.faults",))

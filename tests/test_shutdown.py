@@ -402,8 +402,11 @@ def test_run_is_single_shot(first: str) -> None:
                 await supervisor.run([once("d", basic.quick), once("d", basic.quick)])
         with pytest.raises(AlreadyRunning):
             await supervisor.run([])
-        if first == "raised":
-            await supervisor.serve().shutdown()
+        if first == "raised":  # serve() still gives a working handle; shut it down properly
+            handle = supervisor.serve()
+            _, waiter = await handle.add_and_watch(once("q", basic.quick))  # the launcher is up (SHD-02)
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+            await handle.shutdown()
 
     run(body())
 
@@ -568,7 +571,7 @@ def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
     rng = random.Random(18)
 
     async def body() -> None:
-        async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, collector):
+        async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, _):
             _, warm_up = await handle.add_and_watch(once("warm-up", basic.quick))  # the launcher is ready
             await warm_up.wait()
 

@@ -133,8 +133,7 @@ def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_path):
-    """TMO-05, PRC-14: a stubborn tree that outlives its timeout is killed whole, within
-    timeout + timeout_kill_after (+ 2 s), and the task ends FAILED."""
+    """TMO-05, PRC-14: a timed-out stubborn tree dies whole within timeout + kill_after + 2 s; FAILED."""
     records = tmp_path / "tree.jsonl"
     spec = TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (str(records),))).with_timeout(0.3)
     config = SupervisorConfig(grace=1, timeout_kill_after=0.5, start_method=start_method)
@@ -181,8 +180,7 @@ def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_the_timeout_is_per_attempt():
-    """TMO-07: three 0.4 s attempts under a 1.0 s timeout never time out, though the task
-    runs longer than 1 s in total."""
+    """TMO-07: 0.4 s attempts under a 1.0 s timeout never time out, though the task runs > 1 s."""
     spec = (TaskSpec.restartable(TaskFn("steady", faults.sleep_then_raise, (0.4,)))
             .with_timeout(1.0).with_backoff(FAST).with_max_retries(2))
 
@@ -201,8 +199,7 @@ def test_the_timeout_is_per_attempt():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("action", coop.TIMEOUT_ACTIONS)
 def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_path):
-    """TMO-08: once the timeout asked it to stop, returning, Fail, Fatal, Canceled or
-    sys.exit(3) all end the attempt ATTEMPT_TIMED_OUT, and the task FAILED."""
+    """TMO-08: after a timeout, any ending of the child is ATTEMPT_TIMED_OUT, and the task FAILED."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(
         TaskFn("probe", coop.timeout_probe, (action,), {"marker": str(marker)})).with_timeout(0.3)
