@@ -273,7 +273,7 @@ class LauncherClient:
         self._restart.set()
         try:
             await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if self._proc is not None:
                 self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
             await asyncio.shield(self._gone)
