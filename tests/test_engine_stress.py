@@ -28,3 +28,42 @@ def test_short_attempts_always_start_and_complete():
             assert zombie_children() == []
 
     run(body())
+
+
+MIXED = [
+    ("workers.basic:quick", (), OutcomeKind.COMPLETED),
+    ("workers.basic:raising", (), OutcomeKind.FAILED),
+    ("workers.basic:failing", (3,), OutcomeKind.FAILED),
+    ("workers.basic:fatal", (4,), OutcomeKind.FATAL),
+    ("workers.misbehave:exit_now", (5,), OutcomeKind.FAILED),
+    ("workers.misbehave:sys_exit", (0,), OutcomeKind.FAILED),
+    ("workers.misbehave:segfault", (), OutcomeKind.FAILED),
+    ("workers.misbehave:self_kill", (), OutcomeKind.FAILED),
+    ("workers.misbehave:unencodable", (), OutcomeKind.FATAL),
+    ("workers.basic:self_canceled", (), OutcomeKind.CANCELED),
+]
+
+
+@pytest.mark.timeout(180)
+def test_a_thousand_mixed_attempts_leak_no_fd_zombie_or_thread():
+    """Issue 1/6 item 7: 1,000 attempts ending every way leave the parent's fd count, zombie
+    children and thread count where they were."""
+    import os
+    import threading
+
+    async def body():
+        async with supervised(SupervisorConfig(max_concurrent=4)) as (handle, events):
+            await (await handle.add_and_watch(TaskSpec.once(TaskFn("warm-up", "workers.basic:quick"))))[1].wait()
+            fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+            waiters = []
+            for i in range(1000):
+                target, args, _ = MIXED[i % len(MIXED)]
+                waiters.append((await handle.add_and_watch(TaskSpec.once(TaskFn(f"m{i}", target, args))))[1])
+            outcomes = await asyncio.gather(*(w.wait() for w in waiters))
+            for i, outcome in enumerate(outcomes):
+                assert outcome.kind is MIXED[i % len(MIXED)][2], (i, outcome)
+            assert len(os.listdir("/proc/self/fd")) == fds
+            assert threading.active_count() == threads
+            assert zombie_children() == []
+
+    run(body())
