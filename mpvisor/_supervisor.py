@@ -117,8 +117,9 @@ class Supervisor:
         with _SignalHandlers(runtime):
             try:
                 waiters = await handle._add(specs, wait=True)
-            except BaseException:  # a rejected batch (or a failed preload): nothing may keep running
-                await runtime.stop_launcher()
+            except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
+                if _holds_no_work(runtime):  # but tasks added through other handles go on
+                    await runtime.stop_launcher()
                 raise
             await _until_idle_or_shutdown(runtime)
             await runtime.shutdown()
@@ -163,12 +164,15 @@ def run(
     return asyncio.run(supervisor.run(specs))
 
 
+def _holds_no_work(runtime: Runtime) -> bool:
+    """No task is registered and the controller holds no work."""
+    return runtime.registry.empty.is_set() and (runtime.controller is None or runtime.controller.idle())
+
+
 async def _until_idle_or_shutdown(runtime: Runtime) -> None:
-    """Return when no task is registered and the controller holds no work, or shutdown began."""
-    while not runtime.shutdown_started:
-        idle = runtime.registry.empty.is_set() and (runtime.controller is None or runtime.controller.idle())
-        if idle:
-            return
+    """Return when the runtime holds no work (tasks added through other handles count), or
+    shutdown began."""
+    while not runtime.shutdown_started and not _holds_no_work(runtime):
         await runtime.wait_for_change()
 
 
