@@ -20,7 +20,6 @@ returns: every path ends in `os._exit`.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -166,6 +165,8 @@ def _import_target(start: Start) -> Any:
 
 def _import_main_script(path: str) -> Any:
     """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does."""
+    import importlib.util
+
     spec = importlib.util.spec_from_file_location("__mp_main__", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the main script {path!r}")

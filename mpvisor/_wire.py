@@ -23,8 +23,7 @@ A stop request is not a message: the parent asks with SIGTERM (see `_context.py`
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -107,11 +106,11 @@ class FrameDecoder:
             raise ProtocolError(f"truncated frame: stream ended inside a {HEADER.size}-byte header")
 
 
-# --- messages -----------------------------------------------------------------------------
+# --- messages (NamedTuples: the launcher imports this module, and dataclasses would pull in
+# inspect & co. into every forked attempt) ----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(NamedTuple):
     pid: int
     v: int = VERSION
 
@@ -119,14 +118,12 @@ class Hello:
         return {"t": "hello", "v": self.v, "pid": self.pid}
 
 
-@dataclass(frozen=True, slots=True)
-class Calling:
+class Calling(NamedTuple):
     def to_wire(self) -> dict[str, Any]:
         return {"t": "calling"}
 
 
-@dataclass(frozen=True, slots=True)
-class Progress:
+class Progress(NamedTuple):
     done: float
     total: float | None = None
     message: str | None = None
@@ -135,8 +132,7 @@ class Progress:
         return {"t": "progress", "done": self.done, "total": self.total, "message": self.message}
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     value: Any
 
     def to_wire(self) -> dict[str, Any]:
@@ -146,8 +142,7 @@ class Result:
 FAILURE_KINDS = ("fail", "fatal", "canceled", "error")
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
+class Failure(NamedTuple):
     kind: str
     reason: str
     exit_code: int | None = None
@@ -163,8 +158,7 @@ class Failure:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Start:
+class Start(NamedTuple):
     task: str
     id: int
     attempt: int
@@ -181,7 +175,7 @@ class Start:
     v: int = VERSION
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": "start", **{f: getattr(self, f) for f in self.__slots__}}
+        return {"t": "start", **self._asdict()}
 
 
 Message = Hello | Calling | Progress | Result | Failure | Start

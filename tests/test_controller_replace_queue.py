@@ -7,9 +7,12 @@ Helpers and notation come from `test_controller_admission.py`.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from mpvisor import (
@@ -20,7 +23,7 @@ from mpvisor import (
     SupervisorConfig,
     TaskTerminationTimeout,
 )
-from tests._support import all_gone, async_wait_for, pid_gone, read_records, run
+from tests._support import all_gone, async_wait_for, pid_gone, read_records, run, wait_for
 from tests.test_controller_admission import (
     GATED,
     Gate,
@@ -54,6 +57,23 @@ def successor(name: str, watch: list[Any], marker: Any, **probe: Any) -> Any:
 
 def transitions(events: Any, slot: str) -> list[str]:
     return [e.reason for e in events.of(EventKind.CONTROLLER_SLOT_TRANSITION, slot=slot)]
+
+
+def test_the_successor_probe_sees_a_live_predecessor(tmp_path):
+    """REP-03, REP-04, QUE-10, PRC-20 (fixture check): the successor probe sees live and zombie predecessors only."""
+    me = psutil.Process()
+    marker, records = tmp_path / "m", tmp_path / "r.jsonl"
+    marker.write_text(f"started old 1 {me.pid}\n")
+    records.write_text(json.dumps({"role": "x", "pid": me.pid, "create_time": me.create_time()}) + "\n")
+    found = controller_probes._recorded(str(marker)) + controller_probes._recorded(str(records))
+    assert [controller_probes._exists(pid, created) for pid, created in found] == [True, True]
+    assert not controller_probes._exists(me.pid, me.create_time() - 10.0)
+    child = subprocess.Popen(["true"])
+    wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
+    assert controller_probes._exists(child.pid, None)
+    child.wait()
+    assert not controller_probes._exists(child.pid, None)
+    assert controller_probes._recorded(str(tmp_path / "missing")) == []
 
 
 # --- 1.2 replace ---------------------------------------------------------------------------
@@ -93,8 +113,7 @@ def test_replace_into_an_idle_slot_is_a_plain_admission():
 
 @pytest.mark.timeout(60)
 def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path):
-    """REP-03: during a 1 s shielded stop the slot is TERMINATING with the old owner; the new owner
-    starts only after the old pid is gone and the old TASK_REMOVED; the overlap probe stays clean."""
+    """REP-03: while the old owner stops slowly the slot is TERMINATING with it; the new one starts after it is reaped."""
     probe = Probe(tmp_path)
     old_marker, new_marker = tmp_path / "old.marker", tmp_path / "new.marker"
 
@@ -126,8 +145,7 @@ def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_replacing_a_stubborn_owner_waits_for_the_grace_kill(tmp_path):
-    """REP-04, PRC-03 (replace): a stubborn+tree owner is FORCE_ABORTED after the 1 s grace with its
-    whole tree gone; only then does the replacement run and complete."""
+    """REP-04, PRC-03 (replace): a stubborn+tree owner is FORCE_ABORTED after grace, whole tree gone, then the replacement runs."""
     record, old_marker, new_marker = tmp_path / "tree.jsonl", tmp_path / "old.marker", tmp_path / "new.marker"
 
     async def body():
@@ -210,8 +228,7 @@ def test_repeated_replacements_keep_only_the_latest_head(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("max_slot_queue", [0, 1])
 def test_replace_creates_a_head_even_with_a_zero_slot_queue(tmp_path, max_slot_queue):
-    """REP-07, QUE-04: a replace head is accepted whatever max_slot_queue is, counts toward the
-    depth (a later Q is QUEUE_FULL), and runs after the owner."""
+    """REP-07, QUE-04: a replace head is accepted even at max_slot_queue 0, counts toward depth, and runs after the owner."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -285,8 +302,7 @@ def test_replace_over_a_registration_the_registry_refuses_removes_nobody(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
-    """REP-10: with an owner needing 3 s to stop, each replace submit returns within 0.5 s and the
-    first replacement is SUPERSEDED_BY_REPLACE."""
+    """REP-10: replace submits return within 0.5 s while the owner needs 3 s to stop; the first one is superseded."""
     marker = tmp_path / "owner.marker"
 
     async def body():
@@ -384,8 +400,7 @@ def test_a_full_slot_queue_rejects_with_queue_full():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("max_slot_queue", [3, 0])
 def test_slot_queue_limit_boundary(max_slot_queue):
-    """QUE-03: max_slot_queue items queue behind the owner (not counted), the rest are QUEUE_FULL;
-    an idle slot admits even with max_slot_queue=0."""
+    """QUE-03: max_slot_queue items queue behind the (uncounted) owner, the rest are QUEUE_FULL; an idle slot still admits."""
 
     async def body():
         async with controlled(max_slot_queue=max_slot_queue) as (handle, _events):
@@ -404,8 +419,7 @@ def test_slot_queue_limit_boundary(max_slot_queue):
 
 @pytest.mark.timeout(60)
 def test_remove_purges_a_queued_submission_before_it_starts(tmp_path):
-    """QUE-05: remove of a queued submission: True, REMOVE_REQUESTED then REJECTED(REMOVED_FROM_QUEUE),
-    and it never runs after the occupant leaves."""
+    """QUE-05: remove of a queued submission is True, REMOVE_REQUESTED precedes REMOVED_FROM_QUEUE, and it never runs."""
     marker = tmp_path / "victim.marker"
 
     async def body():
@@ -582,8 +596,7 @@ def test_queue_storm_runs_everything_one_at_a_time(tmp_path):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("registry", ["accepts", "refuses"])
 def test_removing_a_submission_being_admitted_claims_it(tmp_path, registry):
-    """QUE-13: a removal in the same turn as the submission claims it while it is being admitted:
-    accepted → CANCELED before any attempt; refused → REJECTED/ALREADY_EXISTS, the direct task untouched."""
+    """QUE-13: a removal in the submission's own turn claims it while admitting: CANCELED, or the registry's ALREADY_EXISTS."""
     gate = Gate(tmp_path)
 
     async def body():
