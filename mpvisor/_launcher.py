@@ -48,6 +48,7 @@ from ._wire import pack, unpack
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
+_RESET_IN_ATTEMPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL)
 CONTROL_BATCH = 32  # control messages handled before the loop looks at exits again
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
@@ -173,9 +174,9 @@ class Launcher:
             _platform.set_oom_score_adj(500)
             signal.set_wakeup_fd(-1)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            for signum in (*TERMINAL_SIGNALS, signal.SIGCHLD, PARENT_DEATH_SIGNAL):
+            for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
                 signal.signal(signum, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process
             os.write(self.ready_w, _PID.pack(os.getpid()))
             sock_fd = _setup_fds(fds)
             if exec_python:

@@ -4,7 +4,7 @@ Runs, in one process and one run:
 
 | contender | what one "attempt" is |
 |---|---|
-| raw `os.fork()` + `os.wait()` | fork a child that `_exit`s at once, wait for it (the limit) |
+| raw `os.fork()` + `os.wait()` | fork a child that `_exit`s at once, wait for it (the limit; measured first, before this process imports mpvisor, asyncio or pebble, so it forks a small process) |
 | mpvisor | `add_and_watch(TaskSpec.once(TaskFn(..., workers.trivial:noop)))` then `wait()`, 2 at a time, `max_concurrent=2`, otherwise the default config, no subscribers |
 | multiprocessing fork / forkserver | `Process(target=noop)`, start + join, 2 at a time |
 | pebble `ProcessPool(max_workers=2, max_tasks=1)` | `schedule(noop)` and wait (a fresh worker per task) |
@@ -33,8 +33,7 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec  # noqa: E402
-from workers.trivial import noop  # noqa: E402
+from workers.trivial import noop  # noqa: E402  (the raw fork loop runs before mpvisor is imported)
 
 
 def raw_fork(n: int) -> float:
@@ -74,6 +73,8 @@ def pebble_pool(n: int) -> float | None:
 
 
 async def _mpvisor(n: int) -> float:
+    from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
     supervisor = Supervisor(SupervisorConfig(max_concurrent=2))
     handle = supervisor.serve()
     counter = iter(range(n + 2))
