@@ -54,9 +54,14 @@ def set_oom_score_adj(value: int) -> None:
         os.close(fd)
 
 
+def kernel_release() -> str:
+    """This kernel's release string, e.g. `6.1.0-18-amd64`."""
+    return os.uname().release
+
+
 def kernel_version(release: str | None = None) -> tuple[int, int]:
     """The (major, minor) of a kernel release string such as `6.1.0-18-amd64`."""
-    parts = (release or os.uname().release).split(".")
+    parts = (release or kernel_release()).split(".")
     digits = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:2]]
     return (digits[0], digits[1] if len(digits) > 1 else 0)
 
@@ -67,7 +72,7 @@ def unsupported_reason(system: str | None = None, release: str | None = None) ->
     if not system.startswith("linux"):
         return f"mpvisor needs Linux >= 5.3 (pidfds, prctl, child subreapers); this is {system!r}"
     if kernel_version(release) < (5, 3):
-        return f"mpvisor needs Linux >= 5.3 (pidfds, prctl, child subreapers); this kernel is {release or os.uname().release}"
+        return f"mpvisor needs Linux >= 5.3 (pidfds, prctl, child subreapers); this kernel is {release or kernel_release()}"
     return None
 
 

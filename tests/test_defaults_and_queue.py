@@ -208,7 +208,7 @@ def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release
     """DEF-12: reported as non-Linux (or Linux < 5.3), `serve()` and `run` raise RuntimeError
     saying what is required, and start nothing."""
     monkeypatch.setattr(_platform, "sys", SimpleNamespace(platform=system))
-    monkeypatch.setattr(_platform, "platform", SimpleNamespace(release=lambda: release))
+    monkeypatch.setattr(_platform, "kernel_release", lambda: release)
 
     async def body() -> None:
         with pytest.raises(RuntimeError) as served:

@@ -18,6 +18,7 @@ from mpvisor._wire import (
     ProtocolError,
     Result,
     Start,
+    VERSION,
     encode,
     frame,
     pack,
@@ -39,7 +40,7 @@ values = st.recursive(
 )
 
 messages = st.one_of(
-    st.builds(Hello, pid=st.integers(min_value=1, max_value=2**31)),
+    st.builds(Hello, pid=st.integers(min_value=1, max_value=2**31), v=st.just(VERSION)),
     st.just(Calling()),
     st.builds(
         Progress,
