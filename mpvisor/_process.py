@@ -341,21 +341,19 @@ class AttemptProcess:
         if self.facts.stop is not None or self.phase == "done":
             return
         self.facts.stop = reason
-        if self.facts.report is None:
-            self.facts.report_before_stop = False
         if reason is StopReason.TIMEOUT:
-            why = f"killed pid {self.pid}: still running timeout_kill_after={grace} s after the timeout"
+            why = f"still running timeout_kill_after={grace} s after the timeout"
         else:
-            why = f"killed pid {self.pid}: it did not stop within the grace window of {grace} s"
+            why = f"it did not stop within the grace window of {grace} s"
         self._request_sigterm()
         self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
 
     def kill(self, why: str) -> None:
-        """SIGKILL the attempt's whole tree now (`why` becomes the ATTEMPT_KILLED reason)."""
+        """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
         if self.phase in ("done", "draining") or self._exited:
             return
         if self.key_known:
-            self.facts.killed = self.facts.killed or why
+            self.facts.killed = self.facts.killed or f"killed pid {self.pid}: {why}"
             self.client._kill(self.key)
         else:
             self._pending_kill = why
@@ -429,7 +427,7 @@ class AttemptProcess:
         if self.facts.calling or self.facts.stop is not None:
             return
         self.facts.start_timed_out = limit
-        self.kill(f"killed pid {self.pid}: start-up timed out after {limit} s")
+        self.kill(f"start-up timed out after {limit} s")
 
     def _on_timeout(self) -> None:
         self.stop(StopReason.TIMEOUT, self._kill_after)
@@ -461,6 +459,8 @@ class AttemptProcess:
             assert isinstance(message, Hello)
             if message.v != VERSION:
                 raise ProtocolError(f"protocol version {message.v}, expected {VERSION}")
+            if self.pid is not None and message.pid != self.pid:
+                raise ProtocolError(f"hello from pid {message.pid}, but the attempt is pid {self.pid}")
             self._hello = message
             return
         if self.facts.report is not None:
@@ -486,7 +486,7 @@ class AttemptProcess:
 
     def _protocol_error(self, error: str) -> None:
         self.facts.protocol_error = error
-        self.kill(f"killed pid {self.pid}: protocol error: {error}")
+        self.kill(f"protocol error: {error}")
 
     def _on_eof(self) -> None:
         assert self._sock is not None
