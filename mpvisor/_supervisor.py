@@ -31,6 +31,7 @@ from ._runtime import Runtime
 from ._spec import TaskDefaults, TaskSpec
 
 if TYPE_CHECKING:
+    from ._blocking import BlockingHandle
     from ._bus import Subscriber
 
 
@@ -61,6 +62,11 @@ class Supervisor:
     def __repr__(self) -> str:
         return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
 
+    @property
+    def interrupted(self) -> bool:
+        """True when SIGINT or SIGTERM started this supervisor's shutdown (`run` mode)."""
+        return self._runtime is not None and self._runtime.interrupted
+
     @staticmethod
     def builder(config: SupervisorConfig | None = None) -> SupervisorBuilder:
         return SupervisorBuilder(config)
@@ -84,6 +90,12 @@ class Supervisor:
         elif not self._runtime.shutting_down:
             self._runtime.ensure_launcher()
         return SupervisorHandle(self._runtime)
+
+    def serve_blocking(self) -> BlockingHandle:
+        """Run the runtime on a background thread; return a handle whose methods block (SPEC §8)."""
+        from ._blocking import serve_blocking
+
+        return serve_blocking(self)
 
     async def __aenter__(self) -> SupervisorHandle:
         return self.serve()

@@ -14,21 +14,52 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `all_gone(records)` | every recorded process is gone |
 | `Collector` | every event delivered to it; `of(kind, **fields)`, `wait_for(kind, **fields)` |
 | `child_pids_of_self()`, `zombie_children()`, `open_fd_count()` | the test process's descendants, unreaped children, open fds |
+| `live_children()` | the test process's living (non-zombie) descendants, as `psutil.Process`es |
+| `attempt_processes()` | pids of the live (non-zombie) children of the launcher(s) the test process started |
+| `FAST`, `CONFIG` | `BackoffPolicy.constant(0.01)`; `SupervisorConfig(grace=1.0)` |
+| `fn(name, target, *args, **kwargs)` | `TaskFn(name, target, args, kwargs)` |
+| `once(...)` / `restartable(...)` | `TaskSpec.once(fn(...))`; `TaskSpec.restartable(fn(...))` with `FAST` backoff |
+| `words(marker, word, task=None)` | the marker lines of `word` (for `task`, if given) |
+| `seen(collector, kind, **fields)` | async: the first event of `kind` with `fields`, waited for off the loop |
+| `ATTEMPT_ENDS`, `terminal_events(collector, id)` | the four attempt-ending kinds; a task's ending events |
+| `finished(handle, collector, spec)` | async: add `spec`, await its outcome and its delivered `TASK_REMOVED` |
+| `ids_listed(handle)` | async: the ids `handle.list()` returns |
+| `eventually(check)` | async: poll the async predicate `check()` until true, or `AssertionError` |
+| `timeline(collector)` | the events so far, minus add bookkeeping, for a failure message |
+| `Gate` | a `coop.gated` worker's release and marker files: `task`, `once`, `has`, `started`, `reached`, `cancel_seen`, `open` |
+| `Blocked` | a subscriber (queue capacity 1) whose `on_event` blocks until `unblock()` |
+| `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
+| `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import psutil  # type: ignore[import-untyped]
 
+from mpvisor import BackoffPolicy, EventKind, SupervisorConfig, TaskFn, TaskSpec
+from workers import coop
+
 T = TypeVar("T")
+
+FAST = BackoffPolicy.constant(0.01)
+CONFIG = SupervisorConfig(grace=1.0)
+START_METHODS = ("launcher", "spawn")
+ATTEMPT_ENDS = (
+    EventKind.ATTEMPT_SUCCEEDED,
+    EventKind.ATTEMPT_FAILED,
+    EventKind.ATTEMPT_TIMED_OUT,
+    EventKind.ATTEMPT_CANCELED,
+)
 
 
 def _describe(predicate: Callable[[], object]) -> str:
@@ -109,6 +140,31 @@ def all_gone(records: Iterable[Mapping[str, Any]]) -> bool:
 def child_pids_of_self() -> list[int]:
     """Pids of every living descendant of the test process."""
     return [child.pid for child in psutil.Process().children(recursive=True)]
+
+
+def live_children() -> list[psutil.Process]:
+    """Every living (non-zombie) descendant of the test process."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def attempt_processes() -> list[int]:
+    """Live (non-zombie) children of the launcher(s) the test process started."""
+    pids = []
+    for launcher in psutil.Process().children():
+        try:
+            for child in launcher.children():
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
 
 
 def zombie_children() -> list[int]:
@@ -217,3 +273,125 @@ class supervised:
         except GraceExceeded:
             if not self.expect_grace_exceeded:
                 raise
+
+
+# --- task specs ---------------------------------------------------------------------------------
+
+
+def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
+    """`TaskFn(name, target, args, kwargs)` (no keyword arguments and `None` are the same)."""
+    return TaskFn(name, target, args, kwargs)
+
+
+def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
+    return TaskSpec.once(fn(name, target, *args, **kwargs))
+
+
+def restartable(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
+    """A restartable task with the `FAST` backoff."""
+    return TaskSpec.restartable(fn(name, target, *args, **kwargs)).with_backoff(FAST)
+
+
+# --- markers, events and handles ----------------------------------------------------------------
+
+
+def words(marker: str | pathlib.Path, word: str, task: str | None = None) -> list[tuple[str, str, int, int]]:
+    """The marker lines of `word` (for `task`, if given)."""
+    return [m for m in read_markers(marker) if m[0] == word and (task is None or m[1] == task)]
+
+
+async def seen(collector: Collector, kind: EventKind, timeout: float = 5.0, **fields: Any) -> Any:
+    """The first event of `kind` with `fields`, waiting for it without blocking the loop."""
+    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout=timeout))[0]
+
+
+def terminal_events(collector: Collector, task_id: int) -> list[Any]:
+    """The attempt-ending events (`ATTEMPT_ENDS`) of task `task_id`."""
+    return [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_ENDS]
+
+
+async def finished(handle: Any, collector: Collector, spec: TaskSpec) -> tuple[int, Any]:
+    """Add `spec`, wait for its outcome and for its `TASK_REMOVED` to be delivered."""
+    task_id, waiter = await handle.add_and_watch(spec)
+    outcome = await waiter.wait()
+    await seen(collector, EventKind.TASK_REMOVED, id=task_id)
+    return task_id, outcome
+
+
+async def ids_listed(handle: Any) -> list[int]:
+    """The ids of the tasks `handle.list()` returns, in its order."""
+    return [info.id for info in await handle.list()]
+
+
+async def eventually(check: Callable[[], Awaitable[object]], timeout: float = 10.0) -> None:
+    """Poll the async predicate `check()` until it is true, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"{_describe(check)} still false after {timeout} s"
+        await asyncio.sleep(0.01)
+
+
+def timeline(collector: Collector) -> list[tuple[Any, ...]]:
+    """The events so far, minus add bookkeeping, for a failure message."""
+    skip = (EventKind.TASK_ADD_REQUESTED, EventKind.TASK_ADD_FAILED)
+    return [(e.seq, e.kind.name, e.id, e.attempt, e.pid, e.reason) for e in collector.events if e.kind not in skip]
+
+
+class Gate:
+    """The release file and marker file of `coop.gated` workers."""
+
+    def __init__(self, tmp_path: pathlib.Path, label: str = "gate") -> None:
+        self.release_path = str(tmp_path / f"{label}.release")
+        self.marker = str(tmp_path / f"{label}.marker")
+
+    def task(self, name: str, on_release: str = "return") -> TaskFn:
+        return fn(name, coop.gated, self.release_path, marker=self.marker, on_release=on_release)
+
+    def once(self, name: str) -> TaskSpec:
+        return TaskSpec.once(self.task(name))
+
+    def has(self, word: str) -> bool:
+        return bool(words(self.marker, word))
+
+    async def started(self, name: str | None = None) -> int:
+        """The pid of the first attempt (of task `name`, if given) that marked `started`."""
+        return (await async_wait_for(lambda: words(self.marker, "started", name)))[0][3]
+
+    async def reached(self, word: str) -> None:
+        """Wait until the marker holds a line of `word`."""
+        await async_wait_for(lambda: self.has(word))
+
+    async def cancel_seen(self) -> None:
+        await async_wait_for(lambda: words(self.marker, "cancel-seen"))
+
+    def open(self) -> None:
+        pathlib.Path(self.release_path).touch()
+
+
+class Blocked:
+    """A subscriber whose `on_event` blocks until `unblock()`."""
+
+    name = "blocked"
+    queue_capacity = 1
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def on_event(self, event: Any) -> None:
+        self.gate.wait()
+
+    def unblock(self) -> None:
+        self.gate.set()
+
+
+class LogRecords(logging.Handler):
+    """A handler that keeps every record it is given (thread-safe)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._guard:
+            self.records.append(record)

@@ -1,14 +1,16 @@
 """Shared fixtures: every test leaves no process behind, and async tests run on a fresh loop.
 
 `run(coro)` runs a test body on its own event loop (no pytest plugin needed). The autouse
-fixture `no_leftover_processes` fails a test that leaves a child of the test process running
-(a launcher, an attempt, a descendant) once its own shutdown is done.
+fixture `no_leftover_processes` fails a test that leaves a descendant of the test process
+running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills those
+processes by pid first, so that one leaking test does not make every later test fail.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -17,19 +19,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests._support import wait_for  # noqa: E402
+from tests._support import live_children  # noqa: E402
+
+LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
+
+
+def _describe(process: psutil.Process) -> tuple[int, str]:
+    try:
+        return process.pid, " ".join(process.cmdline())[-60:]
+    except psutil.Error:
+        return process.pid, "?"
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """Whatever a test starts, it must be gone (and reaped) shortly after the test ends."""
+    """Whatever a test starts, it must be gone shortly after the test ends. If mpvisor leaves a
+    process of the test running (a bug the test reports), kill it by pid after a short wait, so
+    that later tests do not inherit it, and fail the test with its pids."""
     yield
-    me = psutil.Process()
-
-    def clean() -> bool:
-        try:
-            return not [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        except psutil.NoSuchProcess:
-            return False
-
-    wait_for(clean, timeout=10.0, interval=0.02)
+    deadline = time.monotonic() + LEFTOVER_WAIT
+    while (left := live_children()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if left:
+        described = [_describe(process) for process in left]
+        for process in left:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=5)
+        pytest.fail(f"processes left running after the test (killed now): {described}")

@@ -5,64 +5,26 @@ controller case (CON-05) lives with the controller tests."""
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import time
-from typing import Any
 
-import psutil
 import pytest
 
-from mpvisor import BackoffPolicy, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
-from tests._support import Collector, async_wait_for, pid_gone, read_markers, run, supervised
-from workers import basic, coop, overlap
-
-FAST = BackoffPolicy.constant(0.01)
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
-
-
-def restartable(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.restartable(fn(name, target, *args, **kwargs)).with_backoff(FAST)
-
-
-def words(marker: str | pathlib.Path, word: str) -> list[tuple[str, str, int, int]]:
-    return [m for m in read_markers(marker) if m[0] == word]
-
-
-async def seen(collector: Collector, kind: EventKind, timeout: float = 5.0, **fields: Any) -> Any:
-    """The first event of `kind` with `fields`, waiting for it without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout=timeout))[0]
-
-
-def attempt_processes() -> list[int]:
-    """Live (non-zombie) children of the launcher(s) the test process started."""
-    pids = []
-    for launcher in psutil.Process().children():
-        try:
-            for child in launcher.children():
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
-ATTEMPT_ENDS = (
-    EventKind.ATTEMPT_SUCCEEDED,
-    EventKind.ATTEMPT_FAILED,
-    EventKind.ATTEMPT_TIMED_OUT,
-    EventKind.ATTEMPT_CANCELED,
+from mpvisor import BackoffPolicy, EventKind, OutcomeKind, SupervisorConfig, TaskSpec
+from tests._support import (
+    ATTEMPT_ENDS,
+    async_wait_for,
+    attempt_processes,
+    fn,
+    once,
+    pid_gone,
+    read_markers,
+    restartable,
+    run,
+    seen,
+    supervised,
+    words,
 )
-
+from workers import basic, coop, overlap
 
 # --- tests ------------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ import random
 import time
 from typing import Any
 
-import psutil
 import pytest
 
 from mpvisor import (
@@ -34,14 +33,24 @@ from mpvisor import (
     RejectionKind,
     SlotStatus,
     SupervisorConfig,
-    TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, async_wait_for, read_markers, run, supervised
+from tests._support import (
+    CONFIG,
+    Collector,
+    Gate,
+    async_wait_for,
+    attempt_processes,
+    once,
+    read_markers,
+    restartable,
+    run,
+    seen,
+    supervised,
+    words,
+)
 from workers import basic, coop, overlap
 
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1.0)
 GATED = SupervisorConfig(grace=10.0)  # gated owners stop only on release: never let grace decide
 LIFECYCLE = (EventKind.TASK_ADDED, EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED, EventKind.TASK_REMOVED)
 CONTROLLER_KINDS = (
@@ -52,18 +61,6 @@ CONTROLLER_KINDS = (
 
 
 # --- helpers (shared with the other controller test modules) --------------------------------
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
-
-
-def restartable(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.restartable(fn(name, target, *args, **kwargs)).with_backoff(FAST)
 
 
 def Q(spec: TaskSpec, slot: str | None = None) -> ControllerSpec:
@@ -88,18 +85,8 @@ def controlled(config: SupervisorConfig = CONFIG, *, queue_capacity: int = 1024,
     return supervised(config, controller=controller, **kwargs)
 
 
-def words(marker: str | pathlib.Path, word: str, task: str | None = None) -> list[tuple[str, str, int, int]]:
-    """The marker lines of `word` (for `task`, if given)."""
-    return [m for m in read_markers(marker) if m[0] == word and (task is None or m[1] == task)]
-
-
 def started_names(marker: str | pathlib.Path) -> list[str]:
     return [m[1] for m in words(marker, "started")]
-
-
-async def seen(collector: Collector, kind: EventKind, timeout: float = 5.0, **fields: Any) -> Any:
-    """The first event of `kind` with `fields`, waiting for it without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout=timeout))[0]
 
 
 def seq_of(collector: Collector, kind: EventKind, **fields: Any) -> int:
@@ -135,19 +122,6 @@ def idle_view(view: Any) -> bool:
     return view is None or (view.status is SlotStatus.IDLE and view.owner_id is None and view.queue_depth == 0)
 
 
-def attempt_processes() -> list[int]:
-    """Live (non-zombie) children of the launcher(s) the test process started."""
-    pids = []
-    for launcher in psutil.Process().children():
-        try:
-            for child in launcher.children():
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
 async def outcome(waiter: Any, timeout: float = 10.0) -> Any:
     return await asyncio.wait_for(waiter.wait(), timeout)
 
@@ -155,29 +129,6 @@ async def outcome(waiter: Any, timeout: float = 10.0) -> Any:
 def assert_rejected(result: Any, kind: RejectionKind) -> None:
     assert result.kind is OutcomeKind.REJECTED, result
     assert result.rejection is kind, result
-
-
-class Gate:
-    """The release file and marker file of `coop.gated` workers."""
-
-    def __init__(self, tmp_path: pathlib.Path, label: str = "gate") -> None:
-        self.release_path = str(tmp_path / f"{label}.release")
-        self.marker = str(tmp_path / f"{label}.marker")
-
-    def task(self, name: str, on_release: str = "return") -> TaskFn:
-        return fn(name, coop.gated, self.release_path, marker=self.marker, on_release=on_release)
-
-    def once(self, name: str) -> TaskSpec:
-        return TaskSpec.once(self.task(name))
-
-    async def started(self, name: str | None = None) -> int:
-        return (await async_wait_for(lambda: words(self.marker, "started", name)))[0][3]
-
-    async def cancel_seen(self) -> None:
-        await async_wait_for(lambda: words(self.marker, "cancel-seen"))
-
-    def open(self) -> None:
-        pathlib.Path(self.release_path).touch()
 
 
 class Probe:

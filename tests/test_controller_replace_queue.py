@@ -1,7 +1,7 @@
 """The controller's Replace and Queue policies (BEHAVIOURS §1.2, §1.3), with real attempt
 processes: retiring owners, displacing heads, FIFO order, queue limits and removing queued work.
 
-Helpers and notation come from `test_controller_admission.py`.
+Helpers and notation come from `test_controller_admission.py` and `_support.py`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,21 @@ from mpvisor import (
     SupervisorConfig,
     TaskTerminationTimeout,
 )
-from tests._support import all_gone, async_wait_for, pid_gone, read_records, run, wait_for
+from tests._support import (
+    Gate,
+    all_gone,
+    async_wait_for,
+    once,
+    pid_gone,
+    read_records,
+    restartable,
+    run,
+    seen,
+    wait_for,
+    words,
+)
 from tests.test_controller_admission import (
     GATED,
-    Gate,
     Probe,
     Q,
     R,
@@ -35,15 +46,11 @@ from tests.test_controller_admission import (
     controlled,
     idle_view,
     lifecycle_of,
-    once,
     outcome,
-    restartable,
     running,
-    seen,
     seq_of,
     slot_where,
     started_names,
-    words,
 )
 from workers import basic, controller_probes, coop, misbehave
 

@@ -1,7 +1,7 @@
 """The controller at shutdown and at its limits (BEHAVIOURS §1.7, MQB-13..15), and the controller
 cases other sections leave to it (IDR-29, OUT-18, EVT-09, EVT-10, CON-05, DEF-07, PRC-20).
 
-Helpers and notation come from `test_controller_admission.py`.
+Helpers and notation come from `test_controller_admission.py` and `_support.py`.
 """
 
 from __future__ import annotations
@@ -32,35 +32,35 @@ from mpvisor import (
     TaskTerminationTimeout,
 )
 from tests._support import (
+    CONFIG,
     Collector,
+    Gate,
     all_gone,
     async_wait_for,
+    attempt_processes,
     child_pids_of_self,
+    once,
     read_records,
+    restartable,
     run,
+    seen,
     wait_for,
+    words,
 )
 from tests.test_controller_admission import (
-    CONFIG,
     GATED,
     LIFECYCLE,
     D,
-    Gate,
     Q,
     R,
     assert_rejected,
-    attempt_processes,
     controlled,
     lifecycle_of,
-    once,
     outcome,
-    restartable,
     running,
-    seen,
     seq_of,
     slot_where,
     started_names,
-    words,
 )
 from workers import basic, controller_probes, coop, misbehave
 

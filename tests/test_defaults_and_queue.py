@@ -18,7 +18,6 @@ import weakref
 from types import SimpleNamespace
 from typing import Any
 
-import psutil
 import pytest
 
 import mpvisor
@@ -35,14 +34,17 @@ from mpvisor import (
     SupervisorConfig,
     TaskAlreadyExists,
     TaskDefaults,
-    TaskFn,
     TaskSpec,
     _platform,
 )
 from tests._support import (
+    CONFIG,
+    FAST,
     Collector,
     async_wait_for,
     child_pids_of_self,
+    fn,
+    once,
     read_markers,
     run,
     supervised,
@@ -53,17 +55,7 @@ pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1)
 TIMEOUT_DEFAULTS = TaskDefaults(timeout=0.3)
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs or None)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
 
 
 def parked(name: str) -> TaskSpec:
@@ -84,34 +76,6 @@ def started_tasks(marker: str) -> set[str]:
 
 def backoff_delays(collector: Collector, task: str) -> list[float]:
     return [e.delay for e in collector.of(K.BACKOFF_SCHEDULED, task=task)]
-
-
-@pytest.fixture(autouse=True)
-def kill_what_a_failing_test_left():
-    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
-    pid after a short wait, so that later tests do not inherit it, and fail the test."""
-    yield
-    deadline = time.monotonic() + 3
-    me = psutil.Process()
-
-    def live() -> list[psutil.Process]:
-        found = []
-        for process in me.children(recursive=True):
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        return found
-
-    while (left := live()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        pids = [p.pid for p in left]
-        for process in left:
-            process.kill()
-        psutil.wait_procs(left, timeout=5)
-        pytest.fail(f"processes left running after the test (killed now): {pids}")
 
 
 # --- §9 defaults, with processes ----------------------------------------------------------------

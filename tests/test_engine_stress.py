@@ -53,7 +53,7 @@ def test_a_thousand_mixed_attempts_leak_no_fd_zombie_or_thread():
     import threading
 
     async def body():
-        async with supervised(SupervisorConfig(max_concurrent=4)) as (handle, events):
+        async with supervised(SupervisorConfig(max_concurrent=4)) as (handle, _events):
             await (await handle.add_and_watch(TaskSpec.once(TaskFn("warm-up", "workers.basic:quick"))))[1].wait()
             fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
             zombies = set(zombie_children())

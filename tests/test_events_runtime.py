@@ -17,13 +17,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import psutil
 import pytest
 
 import mpvisor
 from mpvisor import (
     AlreadyRunning,
-    BackoffPolicy,
     BackoffSource,
     EventKind,
     JsonLinesWriter,
@@ -34,14 +32,18 @@ from mpvisor import (
     Supervisor,
     SupervisorConfig,
     TaskAlreadyExists,
-    TaskFn,
     TaskSpec,
 )
 from mpvisor._events import ATTEMPT_TERMINAL_KINDS
 from tests._support import (
+    CONFIG,
+    FAST,
     Collector,
+    LogRecords,
     async_wait_for,
     child_pids_of_self,
+    fn,
+    once,
     read_markers,
     run,
     supervised,
@@ -51,47 +53,9 @@ from workers import basic, coop, misbehave
 pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1)
 LIFECYCLE = [K.TASK_ADD_REQUESTED, K.TASK_ADDED, K.ATTEMPT_STARTING, K.ATTEMPT_SUCCEEDED,
              K.TASK_FINISHED, K.TASK_REMOVED]
 NEVER_FOR_REJECTED = (K.TASK_ADDED, K.ATTEMPT_STARTING, K.TASK_FINISHED, K.TASK_REMOVED)
-
-
-@pytest.fixture(autouse=True)
-def kill_what_a_failing_test_left():
-    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
-    pid after a short wait, so that later tests do not inherit it, and fail the test."""
-    yield
-    me = psutil.Process()
-
-    def live() -> list[psutil.Process]:
-        found = []
-        for process in me.children(recursive=True):
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        return found
-
-    deadline = time.monotonic() + 3
-    while (left := live()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        pids = [p.pid for p in left]
-        for process in left:
-            process.kill()
-        psutil.wait_procs(left, timeout=5)
-        pytest.fail(f"processes left running after the test (killed now): {pids}")
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs or None)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
 
 
 def kinds_of(events: Iterable[Any], **fields: object) -> list[EventKind]:
@@ -504,22 +468,11 @@ def expected_level(event: Any) -> int:
     return logging.INFO
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self._guard = threading.Lock()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with self._guard:
-            self.records.append(record)
-
-
 def test_log_writer_logs_one_record_per_event_at_its_level() -> None:
     """EVT-15 (LogWriter): one record per event on `mpvisor.events`, DEBUG for progress,
     WARNING for a failed attempt, ERROR for a failed task, INFO for TASK_ADDED."""
     logger = logging.getLogger("mpvisor.events")
-    handler = _Records()
+    handler = LogRecords()
     previous_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

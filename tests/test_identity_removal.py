@@ -4,13 +4,10 @@ form, with real attempt processes. Controller cases (IDR-29) live with the contr
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import random
-import threading
 import time
 from typing import Any
 
-import psutil
 import pytest
 
 from mpvisor import (
@@ -21,120 +18,31 @@ from mpvisor import (
     ShuttingDown,
     SupervisorConfig,
     TaskAlreadyExists,
-    TaskFn,
     TaskSpec,
     TaskTerminationTimeout,
 )
 from tests._support import (
-    Collector,
+    CONFIG,
+    FAST,
+    Blocked,
+    Gate,
     all_gone,
     async_wait_for,
+    attempt_processes,
+    eventually,
+    fn,
+    ids_listed,
+    once,
     pid_gone,
-    read_markers,
     read_records,
+    restartable,
     run,
+    seen,
     supervised,
+    timeline,
+    words,
 )
 from workers import basic, coop, misbehave
-
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1.0)
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
-
-
-def restartable(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.restartable(fn(name, target, *args, **kwargs)).with_backoff(FAST)
-
-
-def words(marker: str | pathlib.Path, word: str, task: str | None = None) -> list[tuple[str, str, int, int]]:
-    """The marker lines of `word` (for `task`, if given)."""
-    return [m for m in read_markers(marker) if m[0] == word and (task is None or m[1] == task)]
-
-
-async def seen(collector: Collector, kind: EventKind, timeout: float = 5.0, **fields: Any) -> Any:
-    """The first event of `kind` with `fields`, waiting for it without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout=timeout))[0]
-
-
-async def ids_listed(handle: Any) -> list[int]:
-    return [info.id for info in await handle.list()]
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> None:
-    """Poll the async predicate `check()` until it is true, or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"{check.__qualname__} still false after {timeout} s"
-        await asyncio.sleep(0.01)
-
-
-def timeline(collector: Collector) -> list[tuple[Any, ...]]:
-    """The events so far, minus add bookkeeping, for a failure message."""
-    skip = (EventKind.TASK_ADD_REQUESTED, EventKind.TASK_ADD_FAILED)
-    return [(e.seq, e.kind.name, e.id, e.attempt, e.pid, e.reason) for e in collector.events if e.kind not in skip]
-
-
-def attempt_processes() -> list[int]:
-    """Live (non-zombie) children of the launcher(s) the test process started."""
-    pids = []
-    for launcher in psutil.Process().children():
-        try:
-            for child in launcher.children():
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
-class Gate:
-    """A `coop.gated` worker's release file and marker file."""
-
-    def __init__(self, tmp_path: pathlib.Path, label: str = "gate") -> None:
-        self.release_path = str(tmp_path / f"{label}.release")
-        self.marker = str(tmp_path / f"{label}.marker")
-
-    def task(self, name: str, on_release: str = "return") -> TaskFn:
-        return fn(name, coop.gated, self.release_path, marker=self.marker, on_release=on_release)
-
-    def has(self, word: str) -> bool:
-        return bool(words(self.marker, word))
-
-    async def started(self) -> int:
-        return (await async_wait_for(lambda: words(self.marker, "started")))[0][3]
-
-    async def cancel_seen(self) -> None:
-        await async_wait_for(lambda: self.has("cancel-seen"))
-
-    def open(self) -> None:
-        pathlib.Path(self.release_path).touch()
-
-
-class Blocked:
-    """A subscriber whose `on_event` blocks until `unblock()`."""
-
-    name = "blocked"
-    queue_capacity = 1
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-
-    def on_event(self, event: Any) -> None:
-        self.gate.wait()
-
-    def unblock(self) -> None:
-        self.gate.set()
-
 
 # --- adding -----------------------------------------------------------------------------------
 

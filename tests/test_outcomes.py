@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import pathlib
 import re
-import threading
 import time
 import weakref
 from typing import Any
@@ -16,88 +14,28 @@ from typing import Any
 import pytest
 
 from mpvisor import (
-    BackoffPolicy,
     EventKind,
     GraceExceeded,
     OutcomeKind,
     SupervisorConfig,
     TaskAlreadyExists,
-    TaskFn,
     TaskSpec,
 )
 from tests._support import (
-    Collector,
+    CONFIG,
+    Blocked,
+    Gate,
     async_wait_for,
+    fn,
+    once,
     pid_gone,
-    read_markers,
+    restartable,
     run,
+    seen,
     supervised,
+    words,
 )
 from workers import basic, coop, misbehave
-
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1.0)
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
-
-
-def restartable(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.restartable(fn(name, target, *args, **kwargs)).with_backoff(FAST)
-
-
-def words(marker: str | pathlib.Path, word: str) -> list[tuple[str, str, int, int]]:
-    return [m for m in read_markers(marker) if m[0] == word]
-
-
-async def seen(collector: Collector, kind: EventKind, timeout: float = 5.0, **fields: Any) -> Any:
-    """The first event of `kind` with `fields`, waiting for it without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout=timeout))[0]
-
-
-class Gate:
-    """A `coop.gated` worker's release file and marker file."""
-
-    def __init__(self, tmp_path: pathlib.Path, label: str = "gate") -> None:
-        self.release_path = str(tmp_path / f"{label}.release")
-        self.marker = str(tmp_path / f"{label}.marker")
-
-    def task(self, name: str, on_release: str = "return") -> TaskFn:
-        return fn(name, coop.gated, self.release_path, marker=self.marker, on_release=on_release)
-
-    async def started(self) -> int:
-        return (await async_wait_for(lambda: words(self.marker, "started")))[0][3]
-
-    async def cancel_seen(self) -> None:
-        await async_wait_for(lambda: words(self.marker, "cancel-seen"))
-
-    def open(self) -> None:
-        pathlib.Path(self.release_path).touch()
-
-
-class Blocked:
-    """A subscriber whose `on_event` blocks until `unblock()`."""
-
-    name = "blocked"
-    queue_capacity = 1
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-
-    def on_event(self, event: Any) -> None:
-        self.gate.wait()
-
-    def unblock(self) -> None:
-        self.gate.set()
-
 
 # --- outcomes of the task's own ending --------------------------------------------------------
 

@@ -29,7 +29,6 @@ import pytest
 
 import mpvisor
 from mpvisor import (
-    BackoffPolicy,
     CommandTask,
     ConfigError,
     EventKind,
@@ -42,14 +41,22 @@ from mpvisor import (
     TaskSpec,
 )
 from tests._support import (
+    FAST,
+    START_METHODS,
+    LogRecords,
     all_gone,
     async_wait_for,
+    finished,
+    once,
     open_fd_count,
     pid_gone,
     read_markers,
     read_records,
+    restartable,
     run,
+    seen,
     supervised,
+    terminal_events,
     wait_for,
     zombie_children,
 )
@@ -57,42 +64,9 @@ from workers import basic, coop, misbehave
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "workers", "scripts")
-FAST = BackoffPolicy.constant(0.01)
-START_METHODS = ("launcher", "spawn")
-TERMINAL = (
-    EventKind.ATTEMPT_SUCCEEDED,
-    EventKind.ATTEMPT_FAILED,
-    EventKind.ATTEMPT_TIMED_OUT,
-    EventKind.ATTEMPT_CANCELED,
-)
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-async def seen(collector, kind, timeout: float = 5.0, **fields):
-    """The first event of `kind` with `fields`, waited for without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout))[0]
-
-
-async def finished(handle, collector, spec):
-    """Add `spec`, wait for its outcome and for its `TASK_REMOVED` to be delivered."""
-    task_id, waiter = await handle.add_and_watch(spec)
-    outcome = await waiter.wait()
-    await seen(collector, EventKind.TASK_REMOVED, id=task_id)
-    return task_id, outcome
-
-
-def once(name, target, *args, **kwargs):
-    return TaskSpec.once(TaskFn(name, target, args, kwargs or None))
-
-
-def restartable(name, target, *args, **kwargs):
-    return TaskSpec.restartable(TaskFn(name, target, args, kwargs or None)).with_backoff(FAST)
-
-
-def terminal_events(collector, task_id):
-    return [e for e in collector.events if e.id == task_id and e.kind in TERMINAL]
 
 
 def launcher_pid(handle) -> int:
@@ -851,20 +825,11 @@ def test_a_shutdown_right_after_serve_leaves_no_launcher():
 # --- PRC-31: captured output ------------------------------------------------------------------
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.mark.timeout(30)
 def test_captured_output_is_split_and_decoded():
     """PRC-31: captured lines keep order, long lines split at 64 KiB, bad UTF-8 -> U+FFFD, logged on mpvisor.output."""
     output_logger = logging.getLogger("mpvisor.output")
-    handler, level = _Records(), output_logger.level
+    handler, level = LogRecords(), output_logger.level
     output_logger.addHandler(handler)
     output_logger.setLevel(logging.DEBUG)
 

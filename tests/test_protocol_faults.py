@@ -16,11 +16,16 @@ import signal
 
 import pytest
 
-from mpvisor import BackoffPolicy, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
-from tests._support import async_wait_for, pid_gone, run, supervised
+from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+from tests._support import (
+    FAST,
+    pid_gone,
+    run,
+    seen,
+    supervised,
+)
 from workers import basic, coop, faults
 
-FAST = BackoffPolicy.constant(0.01)
 MiB = 1024 * 1024
 
 # (fault, step) -> what attempt 1 must end as: ("protocol", killed) | ("status", exit_code) |
@@ -41,11 +46,6 @@ def expected(fault: str, step: str) -> tuple[object, ...]:
         return PROTOCOL_EXITED  # half a result frame, then exit status 0
     codes = {"crash": -signal.SIGSEGV, "signal": -signal.SIGKILL, "exit0": 0, "exit3": 3}
     return ("status", codes[fault])
-
-
-async def seen(collector, kind, timeout: float = 5.0, **fields):
-    """The first event of `kind` with `fields`, waited for without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout))[0]
 
 
 def _cases(step: str) -> list[str]:

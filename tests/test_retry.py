@@ -7,10 +7,8 @@ marker files and the process table.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import psutil
 import pytest
 
 import mpvisor
@@ -28,9 +26,12 @@ from mpvisor import (
 )
 from mpvisor._events import ATTEMPT_TERMINAL_KINDS
 from tests._support import (
+    CONFIG,
+    FAST,
     Collector,
     async_wait_for,
     child_pids_of_self,
+    fn,
     read_markers,
     run,
     supervised,
@@ -40,40 +41,6 @@ from workers import basic, coop, runtime_probes
 pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
-FAST = BackoffPolicy.constant(0.01)
-CONFIG = SupervisorConfig(grace=1)
-
-
-@pytest.fixture(autouse=True)
-def kill_what_a_failing_test_left():
-    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
-    pid after a short wait, so that later tests do not inherit it, and fail the test."""
-    yield
-    me = psutil.Process()
-
-    def live() -> list[psutil.Process]:
-        found = []
-        for process in me.children(recursive=True):
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        return found
-
-    deadline = time.monotonic() + 3
-    while (left := live()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        pids = [p.pid for p in left]
-        for process in left:
-            process.kill()
-        psutil.wait_procs(left, timeout=5)
-        pytest.fail(f"processes left running after the test (killed now): {pids}")
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs or None)
 
 
 def always(task: TaskFn) -> TaskSpec:

@@ -6,7 +6,15 @@ import asyncio
 
 import pytest
 
-from mpvisor import EventKind, OutcomeKind, Supervisor, SupervisorConfig, TaskAlreadyExists, TaskFn, TaskSpec
+from mpvisor import (
+    EventKind,
+    OutcomeKind,
+    Supervisor,
+    SupervisorConfig,
+    TaskAlreadyExists,
+    TaskFn,
+    TaskSpec,
+)
 from tests._support import Collector, run
 
 

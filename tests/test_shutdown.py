@@ -34,14 +34,17 @@ from mpvisor import (
     Supervisor,
     SupervisorConfig,
     TaskAlreadyExists,
-    TaskFn,
     TaskSpec,
 )
 from tests._support import (
+    CONFIG,
     Collector,
+    Gate,
     all_gone,
     async_wait_for,
     child_pids_of_self,
+    fn,
+    once,
     pid_gone,
     read_markers,
     read_records,
@@ -56,62 +59,6 @@ pytestmark = pytest.mark.timeout(60)
 K = EventKind
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workers" / "run_scripts" / "signalled_run.py"
-CONFIG = SupervisorConfig(grace=1)
-
-
-def live_children() -> list[psutil.Process]:
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-@pytest.fixture(autouse=True)
-def kill_what_a_failing_test_left():
-    """If mpvisor leaves a process of this test running (a bug the test reports), kill it by
-    pid after a short wait, so that later tests do not inherit it, and fail the test."""
-    yield
-    deadline = time.monotonic() + 3
-    while (left := live_children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        described = [(p.pid, " ".join(p.cmdline())[-60:]) for p in left]
-        for process in left:
-            process.kill()
-        psutil.wait_procs(left, timeout=5)
-        pytest.fail(f"processes left running after the test (killed now): {described}")
-
-
-def fn(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskFn:
-    return TaskFn(name, target, args, kwargs or None)
-
-
-def once(name: str, target: Any, *args: Any, **kwargs: Any) -> TaskSpec:
-    return TaskSpec.once(fn(name, target, *args, **kwargs))
-
-
-class Gate:
-    """A `coop.gated` worker's files: its marker, and the release file the test creates."""
-
-    def __init__(self, tmp_path: pathlib.Path, name: str = "gate") -> None:
-        self.marker = str(tmp_path / f"{name}.marker")
-        self.release_path = str(tmp_path / f"{name}.release")
-
-    def task(self, name: str) -> TaskFn:
-        return fn(name, coop.gated, self.release_path, marker=self.marker)
-
-    def words(self) -> list[str]:
-        return [word for word, *_ in read_markers(self.marker)]
-
-    async def reached(self, word: str) -> None:
-        await async_wait_for(lambda: word in self.words())
-
-    def release(self) -> None:
-        pathlib.Path(self.release_path).touch()
 
 
 def counts(collector: Collector) -> tuple[int, int, int]:
@@ -175,7 +122,7 @@ def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
             await gate.reached("cancel-seen")
             second = asyncio.create_task(handle.shutdown())
             await still_pending(first, second)
-            gate.release()
+            gate.open()
             assert await asyncio.gather(first, second) == [None, None]
             began = time.monotonic()
             await handle.shutdown()
@@ -284,7 +231,7 @@ def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> Non
             first.cancel()
             second = asyncio.create_task(handle.shutdown())
             await still_pending(second)
-            gate.release()
+            gate.open()
             assert await second is None
             assert first.cancelled()
         return collector
@@ -306,7 +253,7 @@ def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> No
             caller.cancel()
             await asyncio.sleep(0.5)  # the behaviour: nothing is killed early
             assert not waiter.done()
-            gate.release()
+            gate.open()
             assert (await waiter.wait()).kind is OutcomeKind.CANCELED
             await async_wait_for(lambda: collector.of(K.ALL_STOPPED_WITHIN_GRACE))
             assert collector.of(K.GRACE_EXCEEDED) == []
@@ -327,7 +274,7 @@ def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
         stopping = asyncio.create_task(supervisor.serve().shutdown())
         await gate.reached("cancel-seen")
         await still_pending(running, stopping)
-        gate.release()
+        gate.open()
         outcomes = await running
         assert await stopping is None
         assert outcomes["g"].kind is OutcomeKind.CANCELED
@@ -350,7 +297,7 @@ def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
         await gate.reached("cancel-seen")
         running = asyncio.create_task(supervisor.run([]))
         await still_pending(running, stopping)
-        gate.release()
+        gate.open()
         assert await running == {}
         assert await stopping is None
         assert counts(collector) == (1, 1, 0)
@@ -367,7 +314,7 @@ def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
         running = asyncio.create_task(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))
         await gate.reached("started")
         await still_pending(running, for_seconds=0.5)
-        gate.release()
+        gate.open()
         outcomes = await running
         assert outcomes["g"].kind is OutcomeKind.COMPLETED
         [(_, _, _, pid)] = read_markers(gate.marker)
@@ -769,10 +716,10 @@ def test_run_restores_the_signal_handlers(tmp_path) -> None:
             target=lambda: result.update(asyncio.run(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))))
         thread.start()
         try:
-            wait_for(lambda: "started" in gate.words())
+            wait_for(lambda: gate.has("started"))
             assert signal.getsignal(signal.SIGINT) is on_int and signal.getsignal(signal.SIGTERM) is on_term
         finally:
-            gate.release()
+            gate.open()
             thread.join(20)
         assert result["g"].kind is OutcomeKind.COMPLETED
         assert signal.getsignal(signal.SIGINT) is on_int and signal.getsignal(signal.SIGTERM) is on_term
@@ -795,7 +742,7 @@ def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
         await gate.reached("cancel-seen")
         with pytest.raises(ShuttingDown):
             await supervisor.run([once("q", basic.quick, marker=marker)])
-        gate.release()
+        gate.open()
         await stopping
         assert read_markers(marker) == []
 

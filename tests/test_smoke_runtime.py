@@ -11,7 +11,7 @@ def test_once_quick_completes_and_leaves_nothing_behind():
     """IDR-03, OUT-02: a once task completes with its value and is unlisted afterwards."""
 
     async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        async with supervised(SupervisorConfig(grace=1)) as (handle, _events):
             task_id, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("q", basic.quick, ({"n": 1, "b": b"x"},))))
             outcome = await waiter.wait()
             assert outcome.kind is OutcomeKind.COMPLETED

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from mpvisor import (
-    BackoffPolicy,
     BackoffSource,
     EventKind,
     OutcomeKind,
@@ -22,41 +21,21 @@ from mpvisor import (
     TaskSpec,
 )
 from tests._support import (
+    ATTEMPT_ENDS,
+    FAST,
+    START_METHODS,
     all_gone,
     async_wait_for,
+    finished,
     pid_gone,
     read_markers,
     read_records,
     run,
+    seen,
     supervised,
+    terminal_events,
 )
 from workers import basic, coop, faults, misbehave
-
-FAST = BackoffPolicy.constant(0.01)
-START_METHODS = ("launcher", "spawn")
-TERMINAL = (
-    EventKind.ATTEMPT_SUCCEEDED,
-    EventKind.ATTEMPT_FAILED,
-    EventKind.ATTEMPT_TIMED_OUT,
-    EventKind.ATTEMPT_CANCELED,
-)
-
-
-async def seen(collector, kind, timeout: float = 5.0, **fields):
-    """The first event of `kind` with `fields`, waited for without blocking the loop."""
-    return (await async_wait_for(lambda: collector.of(kind, **fields), timeout))[0]
-
-
-async def finished(handle, collector, spec):
-    """Add `spec`, wait for its outcome and for its `TASK_REMOVED` to be delivered."""
-    task_id, waiter = await handle.add_and_watch(spec)
-    outcome = await waiter.wait()
-    await seen(collector, EventKind.TASK_REMOVED, id=task_id)
-    return task_id, outcome
-
-
-def terminal_events(collector, task_id):
-    return [e for e in collector.events if e.id == task_id and e.kind in TERMINAL]
 
 
 @pytest.mark.timeout(30)
@@ -241,7 +220,7 @@ def test_a_hung_start_up_is_bounded_by_start_timeout():
             task_id, outcome = await finished(handle, events, spec)
             per_attempt = [
                 [e.kind for e in events.events if e.id == task_id and e.attempt == n
-                 and e.kind in (EventKind.ATTEMPT_KILLED, *TERMINAL)]
+                 and e.kind in (EventKind.ATTEMPT_KILLED, *ATTEMPT_ENDS)]
                 for n in (1, 2)
             ]
             assert per_attempt == [[EventKind.ATTEMPT_KILLED, EventKind.ATTEMPT_FAILED]] * 2

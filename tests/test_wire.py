@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import msgpack
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpvisor._wire import (
+    VERSION,
     Calling,
     Failure,
     FrameDecoder,
@@ -18,7 +20,6 @@ from mpvisor._wire import (
     ProtocolError,
     Result,
     Start,
-    VERSION,
     encode,
     frame,
     pack,
@@ -61,7 +62,7 @@ messages = st.one_of(
 
 def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=300, deadline=None)
