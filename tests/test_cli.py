@@ -102,3 +102,26 @@ def test_cli_sigint_shuts_down_gracefully_with_130(tmp_path):
     _, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 130, stderr
     assert "outcome_canceled" in outcome_line(stderr)
+
+
+@pytest.mark.timeout(60)
+def test_cli_progress_draws_a_bar_on_a_terminal():
+    """SPEC §8: `mpvisor run --progress` shows a progress bar on a terminal (stderr is a pty)."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--progress", "workers.basic:progress_once"],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    assert proc.wait(timeout=30) == 0
+    assert b"3/10" in seen and b"[#" in seen, seen
