@@ -73,7 +73,7 @@ ATTEMPT_TERMINAL_KINDS = frozenset(
 class Event:
     """One published observation; only `seq`, `at` and `kind` are always present.
 
-    `seq` increases by one per published event of a runtime, starting at 1; `at` is wall-clock
+    `seq` increases with every published event in this process (across supervisors); `at` is wall-clock
     epoch seconds. `outcome_kind` is an `OutcomeKind`, `rejection_kind` a `RejectionKind` and
     `backoff_source` a `BackoffSource`; they are typed `object` here so this module depends on
     none of them.

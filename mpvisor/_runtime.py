@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ._bus import Bus
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ._config import ControllerConfig
     from ._controller import Controller
 
+_log = logging.getLogger("mpvisor.runtime")
 _ids = itertools.count(1)  # TaskIds increase in allocation order, process-wide
 
 
@@ -92,6 +94,7 @@ class Runtime:
             await client.close()
 
     def _on_launcher_death(self, reason: str) -> None:
+        _log.warning("%s", reason)
         self.bus.publish(EventKind.RUNTIME_FAILURE, reason=reason)
 
     def launcher_env(self) -> dict[str, str]:
