@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 
+_log = logging.getLogger("mpvisor.runtime")
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 
@@ -238,7 +240,11 @@ class Controller:
         taken = 0
         while True:
             while self.inbox:
-                self.inbox.popleft()()
+                step = self.inbox.popleft()
+                try:
+                    step()
+                except Exception as exc:  # a bug in mpvisor: report it, keep the loop serving
+                    self._report_bug(exc)
                 self._changed.set()
             capacity_left = self.closed or self.in_flight < self.config.queue_capacity
             if capacity_left and not self.queue.empty():
@@ -257,6 +263,20 @@ class Controller:
         self._wake.set()
 
     def _take(self, command: _Submit | _Removal) -> None:
+        try:
+            self._apply_command(command)
+        except Exception as exc:  # a bug in mpvisor: the command still gets an answer
+            self._report_bug(exc)
+            if isinstance(command, _Submit) and not command.item.outcome.done():
+                command.item.outcome.set_result(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, repr(exc)))
+            if isinstance(command, _Removal) and not command.reply.done():
+                command.reply.set_exception(exc)
+
+    def _report_bug(self, exc: Exception) -> None:
+        _log.error("controller step failed", exc_info=exc)
+        self.runtime.bus.publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
+
+    def _apply_command(self, command: _Submit | _Removal) -> None:
         match command:
             case _Submit(item):
                 self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=item.spec.name, id=item.id, slot=item.slot)
