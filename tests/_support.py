@@ -15,6 +15,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `Collector` | every event delivered to it; `of(kind, **fields)`, `wait_for(kind, **fields)` |
 | `child_pids_of_self()`, `zombie_children()`, `open_fd_count()` | the test process's descendants, unreaped children, open fds |
 | `live_children()` | the test process's living (non-zombie) descendants, as `psutil.Process`es |
+| `kill_leftovers(timeout)` | `"pid cmdline"` of the descendants still alive after `timeout` s, which it then kills |
 | `attempt_processes()` | pids of the live (non-zombie) children of the launcher(s) the test process started |
 | `FAST`, `CONFIG` | `BackoffPolicy.constant(0.01)`; `SupervisorConfig(grace=1.0)` |
 | `fn(name, target, *args, **kwargs)` | `TaskFn(name, target, args, kwargs)` |
@@ -30,6 +31,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `Blocked` | a subscriber (queue capacity 1) whose `on_event` blocks until `unblock()` |
 | `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
+| `run(coro)`, `supervised(config, ...)` | a test body on a fresh loop; `async with` a served supervisor and its `Collector` |
 """
 
 from __future__ import annotations
@@ -142,16 +144,42 @@ def child_pids_of_self() -> list[int]:
     return [child.pid for child in psutil.Process().children(recursive=True)]
 
 
-def live_children() -> list[psutil.Process]:
-    """Every living (non-zombie) descendant of the test process."""
+def _zombies_or_not(processes: Iterable[psutil.Process], zombie: bool) -> list[psutil.Process]:
+    """Those of `processes` that are (or, with `zombie=False`, are not) zombies; gone ones are left out."""
     found = []
-    for process in psutil.Process().children(recursive=True):
+    for process in processes:
         try:
-            if process.status() != psutil.STATUS_ZOMBIE:
+            if (process.status() == psutil.STATUS_ZOMBIE) == zombie:
                 found.append(process)
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+def live_children() -> list[psutil.Process]:
+    """Every living (non-zombie) descendant of the test process."""
+    return _zombies_or_not(psutil.Process().children(recursive=True), zombie=False)
+
+
+def kill_leftovers(timeout: float = 3.0) -> list[str]:
+    """Descendants of the test process still alive after `timeout` s, as `"pid cmdline"`; they
+    are then killed (by pid), so that a leak fails only the test that finds it."""
+    deadline = time.monotonic() + timeout
+    while (left := live_children()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    described = []
+    for process in left:
+        try:
+            described.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+        except psutil.Error:
+            described.append(f"{process.pid} ?")
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5.0)
+    return described
 
 
 def attempt_processes() -> list[int]:
@@ -169,14 +197,7 @@ def attempt_processes() -> list[int]:
 
 def zombie_children() -> list[int]:
     """Pids of the test process's children that exited and were not reaped."""
-    zombies = []
-    for child in psutil.Process().children():
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                zombies.append(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return zombies
+    return [child.pid for child in _zombies_or_not(psutil.Process().children(), zombie=True)]
 
 
 def open_fd_count() -> int:

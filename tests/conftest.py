@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests._support import live_children  # noqa: E402
+from tests._support import kill_leftovers  # noqa: E402
 
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
-
-
-def _describe(process: psutil.Process) -> tuple[int, str]:
-    try:
-        return process.pid, " ".join(process.cmdline())[-60:]
-    except psutil.Error:
-        return process.pid, "?"
 
 
 @pytest.fixture(autouse=True)
@@ -37,15 +28,5 @@ def no_leftover_processes():
     process of the test running (a bug the test reports), kill it by pid after a short wait, so
     that later tests do not inherit it, and fail the test with its pids."""
     yield
-    deadline = time.monotonic() + LEFTOVER_WAIT
-    while (left := live_children()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if left:
-        described = [_describe(process) for process in left]
-        for process in left:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(left, timeout=5)
-        pytest.fail(f"processes left running after the test (killed now): {described}")
+    if left := kill_leftovers(LEFTOVER_WAIT):
+        pytest.fail(f"processes left running after the test (killed now): {left}")

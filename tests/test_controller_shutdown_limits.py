@@ -11,7 +11,6 @@ import random
 import time
 from typing import Any
 
-import psutil
 import pytest
 
 from mpvisor import (
@@ -39,12 +38,12 @@ from tests._support import (
     async_wait_for,
     attempt_processes,
     child_pids_of_self,
+    kill_leftovers,
     once,
     read_records,
     restartable,
     run,
     seen,
-    wait_for,
     words,
 )
 from tests.test_controller_admission import (
@@ -146,7 +145,7 @@ def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when
         return elapsed
 
     elapsed = run(body())
-    leftovers = leftover_processes()
+    leftovers = kill_leftovers()
     assert leftovers == [], f"processes left after shutdown returned: {leftovers}"
     assert elapsed < 2.0, f"an idle shutdown took {elapsed:.2f} s"
 
@@ -253,32 +252,6 @@ def test_shutdown_returns_after_the_controller_has_settled():
     run(body())
 
 
-def leftover_processes(timeout: float = 3.0) -> list[str]:
-    """Descendants of the test process still alive after `timeout` s; they are then killed (by pid),
-    so that a leak found here fails this test only, not the tests after it."""
-    try:
-        wait_for(lambda: not live_descendants(), timeout=timeout)
-        return []
-    except AssertionError:
-        found = live_descendants()
-        described = [f"{p.pid} {' '.join(p.cmdline()[:2])}" for p in found]
-        for proc in found:
-            proc.kill()
-        psutil.wait_procs(found, timeout=5.0)
-        return described
-
-
-def live_descendants() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 @pytest.mark.timeout(60)
 def test_an_empty_run_with_a_controller_closes_intake():
     """CSH-07: run([]) with a controller returns at once; later submissions raise ControllerClosed."""
@@ -294,7 +267,7 @@ def test_an_empty_run_with_a_controller_closes_intake():
         return elapsed
 
     elapsed = run(body())
-    leftovers = leftover_processes()
+    leftovers = kill_leftovers()
     assert leftovers == [], f"processes left after run([]) returned: {leftovers}"
     assert elapsed < 2.0, f"run([]) took {elapsed:.2f} s"
 
@@ -310,7 +283,7 @@ def test_a_rejected_run_batch_leaves_the_controller_usable():
                       .with_subscribers([collector]).build())
         with pytest.raises(TaskAlreadyExists):
             await supervisor.run([once("dup", basic.quick), once("dup", basic.quick)])
-        leftovers.extend(await asyncio.to_thread(leftover_processes))
+        leftovers.extend(await asyncio.to_thread(kill_leftovers))
         handle = supervisor.serve()
         _, waiter = await handle.submit_and_watch(Q(once("after", basic.quick), "s"))
         assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
@@ -320,7 +293,7 @@ def test_a_rejected_run_batch_leaves_the_controller_usable():
     assert collector.of(EventKind.ALL_STOPPED_WITHIN_GRACE)
     assert collector.of(EventKind.GRACE_EXCEEDED) == []
     assert leftovers == [], f"processes left after the refused run batch: {leftovers}"
-    assert leftover_processes() == []
+    assert kill_leftovers() == []
 
 
 # --- 10. the controller's command queue (MQB) ------------------------------------------------

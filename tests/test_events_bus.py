@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from mpvisor._bus import Bus, EventStream, _Throttle
 from mpvisor._errors import ConfigError
 from mpvisor._events import Event, EventKind, event_to_dict, label_of
 from mpvisor._writers import JsonLinesWriter, LogWriter, level_for
+from tests._support import run
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -97,7 +98,6 @@ class Collector:
             return [e for e in self.received if e.kind is kind]
 
 
-
 @pytest.fixture(autouse=True)
 def fresh_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     """`seq` is process-wide; these tests read it from 1, so each starts a fresh counter."""
@@ -106,9 +106,6 @@ def fresh_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     from mpvisor import _bus
 
     monkeypatch.setattr(_bus, "_SEQ", itertools.count(1))
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(coro)
 
 
 async def until(collector: Collector, predicate: Callable[[list[Event]], bool]) -> None:
