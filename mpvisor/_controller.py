@@ -117,7 +117,7 @@ class ControllerSnapshot:
         return next((view for view in self.slots if view.slot == name), None)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     """A submission the controller holds: queued, or handed to the registry."""
 
@@ -204,14 +204,19 @@ class Controller:
     def prepare(self, spec: ControllerSpec) -> PreparedSubmission:
         from ._runtime import next_id
 
+        return PreparedSubmission(self, next_id(), self.check_spec(spec))
+
+    @staticmethod
+    def check_spec(spec: object) -> ControllerSpec:
         if not isinstance(spec, ControllerSpec):
             raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
-        return PreparedSubmission(self, next_id(), spec)
+        return spec
 
     async def submit(self, id: int, spec: ControllerSpec, *, wait: bool) -> TaskWaiter:
         if self.closed:
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
-        await self.runtime.ready()
+        if not self.runtime.is_ready():
+            await self.runtime.ready()
         resolved = spec.task_spec.resolve(self.runtime.defaults)
         item = _Pending(id, spec.slot_name, spec.admission, resolved, self.runtime.loop.create_future())
         await self._put(_Submit(item), wait, ControllerFull)
@@ -225,13 +230,12 @@ class Controller:
         return await removal.reply
 
     async def _put(self, command: _Submit | _Removal, wait: bool, full: type[Exception]) -> None:
-        if wait:
-            await self.queue.put(command)
-        else:
-            try:
-                self.queue.put_nowait(command)
-            except asyncio.QueueFull:
+        try:
+            self.queue.put_nowait(command)
+        except asyncio.QueueFull:
+            if not wait:
                 raise full(f"the controller's command queue is full ({self.config.queue_capacity})") from None
+            await self.queue.put(command)
         self._wake.set()
 
     # --- the loop -----------------------------------------------------------------------------

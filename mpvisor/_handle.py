@@ -148,16 +148,26 @@ class SupervisorHandle:
         return self._controller().prepare(spec)  # type: ignore[no-any-return]
 
     async def submit(self, spec: ControllerSpec) -> int:
-        return await self.prepare_submission(spec).submit()
+        return (await self._submit(spec, wait=True)).id
 
     async def try_submit(self, spec: ControllerSpec) -> int:
-        return await self.prepare_submission(spec).try_submit()
+        return (await self._submit(spec, wait=False)).id
 
     async def submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
-        return await self.prepare_submission(spec).submit_and_watch()
+        waiter = await self._submit(spec, wait=True)
+        return waiter.id, waiter
 
     async def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
-        return await self.prepare_submission(spec).try_submit_and_watch()
+        waiter = await self._submit(spec, wait=False)
+        return waiter.id, waiter
+
+    async def _submit(self, spec: ControllerSpec, *, wait: bool) -> TaskWaiter:
+        """A submission with a fresh id (what `prepare_submission(spec).submit*()` does)."""
+        from ._runtime import next_id
+
+        controller = self._controller()
+        controller.check_spec(spec)
+        return await controller.submit(next_id(), spec, wait=wait)  # type: ignore[no-any-return]
 
     def controller_snapshot(self) -> ControllerSnapshot:
         return self._controller().snapshot()  # type: ignore[no-any-return]

@@ -20,6 +20,7 @@ Invariant: `.rejection` is set exactly when the kind is `REJECTED`.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,8 +82,9 @@ class TaskOutcome:
 
     @classmethod
     def rejected(cls, kind: RejectionKind, reason: str | None = None) -> TaskOutcome:
-        """The outcome of a task that was never registered."""
-        return cls(OutcomeKind.REJECTED, reason=reason, rejection=kind)
+        """The outcome of a task that was never registered (immutable, so equal ones are shared:
+        a busy slot may reject thousands of submissions a second)."""
+        return _rejected(kind, reason)
 
     @property
     def label(self) -> str:
@@ -92,3 +94,8 @@ class TaskOutcome:
     def is_success(self) -> bool:
         """True only for `COMPLETED`."""
         return self.kind is OutcomeKind.COMPLETED
+
+
+@functools.lru_cache(maxsize=256)
+def _rejected(kind: RejectionKind, reason: str | None) -> TaskOutcome:
+    return TaskOutcome(OutcomeKind.REJECTED, reason=reason, rejection=kind)

@@ -88,6 +88,11 @@ class Runtime:
         """Wait until the launcher runs (`ConfigError` if a preload module failed)."""
         await self.ensure_launcher().ready()
 
+    def is_ready(self) -> bool:
+        """The launcher runs and its preload succeeded: `ready()` would return at once."""
+        client = self.client
+        return client is not None and client._ready.done() and client._error is None
+
     async def stop_launcher(self) -> None:
         if self.client is not None:
             client, self.client = self.client, None

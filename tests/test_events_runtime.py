@@ -437,7 +437,7 @@ def test_json_lines_writer_records_every_event(tmp_path) -> None:
     assert [d["seq"] for d in written] == sorted(by_seq)
     for record in written:
         event = by_seq[record["seq"]]
-        present = {name: getattr(event, name) for name in event.__dataclass_fields__ if getattr(event, name) is not None}
+        present = {name: getattr(event, name) for name in event._fields if getattr(event, name) is not None}
         assert set(record) == set(present)
         assert record == {name: _plain(value) for name, value in present.items()}
         assert None not in record.values()
