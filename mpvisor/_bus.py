@@ -50,6 +50,8 @@ _log = logging.getLogger("mpvisor.bus")
 
 
 _SEQ = itertools.count(1)  # `seq` increases process-wide, across supervisors
+_ALIVE_KINDS = ATTEMPT_TERMINAL_KINDS | {EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED}
+
 
 def _call_soon(
     loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
@@ -250,7 +252,7 @@ class Bus:
         return self._publish(kind, None, fields)
 
     def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event:
-        loop = self._bind()
+        loop = self._loop if self._loop is not None else self._bind()  # bound: stay on that loop
         self._seq = next(_SEQ)
         event = Event(seq=self._seq, at=self._clock(), kind=kind, **fields)
         self._track(event)
@@ -276,7 +278,7 @@ class Bus:
 
     def _track(self, event: Event) -> None:
         name = event.task
-        if name is None:
+        if name is None or event.kind not in _ALIVE_KINDS:
             return
         if event.kind is EventKind.ATTEMPT_STARTING:
             self._alive[name] = event.attempt

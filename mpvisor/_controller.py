@@ -37,8 +37,9 @@ from ._errors import (
 from ._events import EventKind
 from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
 from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
+from ._runtime import next_id
 from ._slots import AdmissionPolicy, Admit, Reject, RemoveOwner, SlotTable, SlotView, Transition
-from ._spec import ResolvedSpec, TaskSpec
+from ._spec import TaskSpec
 
 if TYPE_CHECKING:
     from ._actor import TaskActor
@@ -124,10 +125,25 @@ class _Pending:
     id: int
     slot: str
     admission: AdmissionPolicy
-    spec: ResolvedSpec
-    outcome: asyncio.Future[TaskOutcome]
+    task_spec: TaskSpec  # resolved against the task defaults when it is handed to the registry
+    outcome: asyncio.Future[TaskOutcome] | None  # None: nobody watches it (yet)
     claimed: bool = False  # removed while its registration was pending
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
+
+    @property
+    def name(self) -> str:
+        return self.task_spec.name
+
+    def watched(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[TaskOutcome]:
+        if self.outcome is None:
+            self.outcome = loop.create_future()
+        return self.outcome
+
+    def resolve(self, outcome: TaskOutcome) -> None:
+        if self.outcome is not None and not self.outcome.done():
+            self.outcome.set_result(outcome)
+        if self.cleaned is not None and not self.cleaned.done():
+            self.cleaned.set_result(None)
 
 
 class PreparedSubmission:
@@ -143,29 +159,29 @@ class PreparedSubmission:
         return f"<PreparedSubmission id={self.id} {self.spec!r} used={self._used}>"
 
     async def submit(self) -> int:
-        await self._send(wait=True)
+        await self._controller.submit(self._use(), self.spec, wait=True, watch=False)
         return self.id
 
     async def try_submit(self) -> int:
-        await self._send(wait=False)
+        await self._controller.submit(self._use(), self.spec, wait=False, watch=False)
         return self.id
 
     async def submit_and_watch(self) -> tuple[int, TaskWaiter]:
-        return self.id, await self._send(wait=True)
+        return self.id, await self._watched(wait=True)
 
     async def try_submit_and_watch(self) -> tuple[int, TaskWaiter]:
-        return self.id, await self._send(wait=False)
+        return self.id, await self._watched(wait=False)
 
-    async def _send(self, *, wait: bool) -> TaskWaiter:
+    async def _watched(self, *, wait: bool) -> TaskWaiter:
+        waiter = await self._controller.submit(self._use(), self.spec, wait=wait, watch=True)
+        assert waiter is not None
+        return waiter
+
+    def _use(self) -> int:
         if self._used:
             raise AlreadySubmitted(f"submission {self.id} was already submitted")
         self._used = True
-        return await self._controller.submit(self.id, self.spec, wait=wait)
-
-
-@dataclass
-class _Submit:
-    item: _Pending
+        return self.id
 
 
 @dataclass
@@ -182,7 +198,7 @@ class Controller:
         self.runtime = runtime
         self.config = config
         self.table: SlotTable[_Pending] = SlotTable(config.max_slot_queue)
-        self.queue: asyncio.Queue[_Submit | _Removal] = asyncio.Queue(config.queue_capacity)
+        self.queue: asyncio.Queue[_Pending | _Removal] = asyncio.Queue(config.queue_capacity)
         self.inbox: collections.deque[Callable[[], None]] = collections.deque()
         self.admitting: dict[int, _Pending] = {}  # handed to the registry, decision pending
         self.owners: dict[int, _Pending] = {}  # registered owners, until their cleanup is processed
@@ -202,8 +218,6 @@ class Controller:
     # --- intake ----------------------------------------------------------------------------------
 
     def prepare(self, spec: ControllerSpec) -> PreparedSubmission:
-        from ._runtime import next_id
-
         return PreparedSubmission(self, next_id(), self.check_spec(spec))
 
     @staticmethod
@@ -212,15 +226,15 @@ class Controller:
             raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
         return spec
 
-    async def submit(self, id: int, spec: ControllerSpec, *, wait: bool) -> TaskWaiter:
+    async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
         if self.closed:
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
         if not self.runtime.is_ready():
             await self.runtime.ready()
-        resolved = spec.task_spec.resolve(self.runtime.defaults)
-        item = _Pending(id, spec.slot_name, spec.admission, resolved, self.runtime.loop.create_future())
-        await self._put(_Submit(item), wait, ControllerFull)
-        return TaskWaiter(id, item.outcome)
+        loop = self.runtime.loop
+        item = _Pending(id, spec.slot_name, spec.admission, spec.task_spec, loop.create_future() if watch else None)
+        await self._put(item, wait, ControllerFull)
+        return TaskWaiter(id, item.outcome) if item.outcome is not None else None
 
     async def remove(self, id: int, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
         if self.closed:
@@ -229,7 +243,7 @@ class Controller:
         await self._put(removal, wait, CommandQueueFull)
         return await removal.reply
 
-    async def _put(self, command: _Submit | _Removal, wait: bool, full: type[Exception]) -> None:
+    async def _put(self, command: _Pending | _Removal, wait: bool, full: type[Exception]) -> None:
         try:
             self.queue.put_nowait(command)
         except asyncio.QueueFull:
@@ -266,13 +280,13 @@ class Controller:
         self.inbox.append(step)
         self._wake.set()
 
-    def _take(self, command: _Submit | _Removal) -> None:
+    def _take(self, command: _Pending | _Removal) -> None:
         try:
             self._apply_command(command)
         except Exception as exc:  # a bug in mpvisor: the command still gets an answer
             self._report_bug(exc)
-            if isinstance(command, _Submit) and not command.item.outcome.done():
-                command.item.outcome.set_result(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, repr(exc)))
+            if isinstance(command, _Pending):
+                command.resolve(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, repr(exc)))
             if isinstance(command, _Removal) and not command.reply.done():
                 command.reply.set_exception(exc)
 
@@ -280,10 +294,10 @@ class Controller:
         _log.error("controller step failed", exc_info=exc)
         self.runtime.bus.publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
 
-    def _apply_command(self, command: _Submit | _Removal) -> None:
+    def _apply_command(self, command: _Pending | _Removal) -> None:
         match command:
-            case _Submit(item):
-                self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=item.spec.name, id=item.id, slot=item.slot)
+            case _Pending() as item:
+                self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=item.name, id=item.id, slot=item.slot)
                 self._apply(self.table.submit(item, self._now()))
             case _Removal():
                 self._remove(command)
@@ -303,21 +317,19 @@ class Controller:
                         self.runtime.registry.claim(actor, by_shutdown=False)
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
+        outcome = TaskOutcome.rejected(kind, reason or kind.label)
         if publish:
             self.runtime.bus.publish(
-                EventKind.CONTROLLER_REJECTED, task=item.spec.name, id=item.id, slot=item.slot,
-                rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=reason or kind.label,
+                EventKind.CONTROLLER_REJECTED, task=item.name, id=item.id, slot=item.slot,
+                rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=outcome.reason,
             )
-        if not item.outcome.done():
-            item.outcome.set_result(TaskOutcome.rejected(kind, reason or kind.label))
-        if item.cleaned is not None and not item.cleaned.done():
-            item.cleaned.set_result(None)
+        item.resolve(outcome)
 
     # --- admission ---------------------------------------------------------------------------
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
-        add = Add([(item.id, item.spec)], owned_by_controller=True,
+        add = Add([(item.id, item.task_spec.resolve(self.runtime.defaults))], owned_by_controller=True,
                   on_accept=lambda actor: self._accepted_now(item, actor),
                   on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
         self.runtime.loop.create_task(self._hand_over(item, add))
@@ -355,8 +367,7 @@ class Controller:
         item = self.owners.pop(actor.id, None)
         if item is not None:
             self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
-            if not item.outcome.done():
-                item.outcome.set_result(outcome)
+            item.resolve(outcome)
         if not future.done():
             future.set_result(outcome)  # what `watch(id)` handed out
 
@@ -365,7 +376,7 @@ class Controller:
     def _remove(self, removal: _Removal) -> None:
         queued = self.table.purge(removal.id)
         if queued is not None:
-            self.runtime.bus.publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.spec.name, id=queued.id)
+            self.runtime.bus.publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.name, id=queued.id)
             self._reject(queued, RejectionKind.REMOVED_FROM_QUEUE, publish=True)
             removal.reply.set_result((True, None, queued.id))
             return
@@ -375,7 +386,7 @@ class Controller:
             admitting.claimed = True
             if admitting.cleaned is None:
                 admitting.cleaned = self.runtime.loop.create_future()
-                admitting.outcome.add_done_callback(lambda _: _resolve(admitting.cleaned))
+                admitting.watched(self.runtime.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))
             removal.reply.set_result((first, admitting.cleaned, admitting.id))
             return
         self.in_flight += 1

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import _validate
 from ._errors import ControllerNotConfigured, ShuttingDown, TaskTerminationTimeout
 from ._registry import Add, Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
+from ._runtime import next_id
 from ._spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ class SupervisorHandle:
         return waiter.id, waiter
 
     async def _add(self, specs: Iterable[TaskSpec], *, wait: bool) -> builtins.list[TaskWaiter]:
-        from ._runtime import next_id
-
         resolved = [(next_id(), _checked_spec(spec).resolve(self._rt.defaults)) for spec in specs]
         await self._enter()
         return await self._rt.registry.call(Add(resolved), wait=wait)  # type: ignore[no-any-return]
@@ -148,26 +147,16 @@ class SupervisorHandle:
         return self._controller().prepare(spec)  # type: ignore[no-any-return]
 
     async def submit(self, spec: ControllerSpec) -> int:
-        return (await self._submit(spec, wait=True)).id
+        return await self.prepare_submission(spec).submit()
 
     async def try_submit(self, spec: ControllerSpec) -> int:
-        return (await self._submit(spec, wait=False)).id
+        return await self.prepare_submission(spec).try_submit()
 
     async def submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
-        waiter = await self._submit(spec, wait=True)
-        return waiter.id, waiter
+        return await self.prepare_submission(spec).submit_and_watch()
 
     async def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
-        waiter = await self._submit(spec, wait=False)
-        return waiter.id, waiter
-
-    async def _submit(self, spec: ControllerSpec, *, wait: bool) -> TaskWaiter:
-        """A submission with a fresh id (what `prepare_submission(spec).submit*()` does)."""
-        from ._runtime import next_id
-
-        controller = self._controller()
-        controller.check_spec(spec)
-        return await controller.submit(next_id(), spec, wait=wait)  # type: ignore[no-any-return]
+        return await self.prepare_submission(spec).try_submit_and_watch()
 
     def controller_snapshot(self) -> ControllerSnapshot:
         return self._controller().snapshot()  # type: ignore[no-any-return]

@@ -39,11 +39,7 @@ if TYPE_CHECKING:
     from ._controller import Controller
 
 _log = logging.getLogger("mpvisor.runtime")
-_ids = itertools.count(1)  # TaskIds increase in allocation order, process-wide
-
-
-def next_id() -> int:
-    return next(_ids)
+next_id = itertools.count(1).__next__  # TaskIds increase in allocation order, process-wide
 
 
 class Runtime:
