@@ -260,7 +260,7 @@ class Bus:
             for box in self._mailboxes:
                 if box is not skip and not box.offer(event):
                     self._note(box, EventKind.SUBSCRIBER_OVERFLOW, "", loop)
-            if self._streams:
+            if self._streams.data:  # type: ignore[attr-defined]  # live iterators; WeakSet's len() is slow
                 for stream in list(self._streams):
                     stream._offer(event)
         return event

@@ -159,12 +159,10 @@ class PreparedSubmission:
         return f"<PreparedSubmission id={self.id} {self.spec!r} used={self._used}>"
 
     async def submit(self) -> int:
-        await self._controller.submit(self._use(), self.spec, wait=True, watch=False)
-        return self.id
+        return await self._controller.submit_unwatched(self._use(), self.spec, wait=True)
 
     async def try_submit(self) -> int:
-        await self._controller.submit(self._use(), self.spec, wait=False, watch=False)
-        return self.id
+        return await self._controller.submit_unwatched(self._use(), self.spec, wait=False)
 
     async def submit_and_watch(self) -> tuple[int, TaskWaiter]:
         return self.id, await self._watched(wait=True)
@@ -205,7 +203,8 @@ class Controller:
         self.in_flight = 0  # removals forwarded to the registry and not yet answered
         self.closed = False
         self._wake = asyncio.Event()
-        self._changed = asyncio.Event()  # set after every step the loop takes
+        self._changed = asyncio.Event()  # set after every step the loop takes, while watched
+        self._watching = 0  # callers of `_until` waiting on `_changed`
         runtime.registry.on_cleanup = self._on_cleanup
         self._task = runtime.loop.create_task(self._serve(), name="mpvisor-controller")
 
@@ -226,30 +225,54 @@ class Controller:
             raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
         return spec
 
+    async def submit_unwatched(self, id: int, spec: ControllerSpec, *, wait: bool) -> int:
+        """`submit` without a waiter (the common, cheapest path): returns the id."""
+        self._check_open()
+        if not self.runtime.is_ready():
+            await self.runtime.ready()  # like every management call (ConfigError for a bad preload)
+        item = self._pending(id, spec, None)
+        if not self._offer(item, wait, ControllerFull):
+            await self._put(item)
+        return id
+
     async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
+        self._check_open()
+        if not self.runtime.is_ready():
+            await self.runtime.ready()  # like every management call (ConfigError for a bad preload)
+        item = self._pending(id, spec, self.runtime.loop.create_future() if watch else None)
+        if not self._offer(item, wait, ControllerFull):
+            await self._put(item)
+        return TaskWaiter(id, item.outcome) if item.outcome is not None else None
+
+    def _check_open(self) -> None:
         if self.closed:
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
-        if not self.runtime.is_ready():
-            await self.runtime.ready()
-        loop = self.runtime.loop
-        item = _Pending(id, spec.slot_name, spec.admission, spec.task_spec, loop.create_future() if watch else None)
-        await self._put(item, wait, ControllerFull)
-        return TaskWaiter(id, item.outcome) if item.outcome is not None else None
+
+    def _pending(self, id: int, spec: ControllerSpec, outcome: asyncio.Future[TaskOutcome] | None) -> _Pending:
+        self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
+        return _Pending(id, spec.slot_name, spec.admission, spec.task_spec, outcome)
 
     async def remove(self, id: int, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
         if self.closed:
             raise ShuttingDown("the supervisor is shutting down")
         removal = _Removal(id, until_cleanup)
-        await self._put(removal, wait, CommandQueueFull)
+        if not self._offer(removal, wait, CommandQueueFull):
+            await self._put(removal)
         return await removal.reply
 
-    async def _put(self, command: _Pending | _Removal, wait: bool, full: type[Exception]) -> None:
+    def _offer(self, command: _Pending | _Removal, wait: bool, full: type[Exception]) -> bool:
+        """Queue `command` if there is room (True); else False to wait, or `full` for try_*."""
         try:
             self.queue.put_nowait(command)
         except asyncio.QueueFull:
             if not wait:
                 raise full(f"the controller's command queue is full ({self.config.queue_capacity})") from None
-            await self.queue.put(command)
+            return False
+        self._wake.set()
+        return True
+
+    async def _put(self, command: _Pending | _Removal) -> None:
+        await self.queue.put(command)
         self._wake.set()
 
     # --- the loop -----------------------------------------------------------------------------
@@ -267,7 +290,8 @@ class Controller:
             capacity_left = self.closed or self.in_flight < self.config.queue_capacity
             if capacity_left and not self.queue.empty():
                 self._take(self.queue.get_nowait())
-                self._changed.set()
+                if self._watching:
+                    self._changed.set()
                 taken += 1
                 if taken % INTAKE_BATCH == 0:
                     await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
@@ -295,12 +319,11 @@ class Controller:
         self.runtime.bus.publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
 
     def _apply_command(self, command: _Pending | _Removal) -> None:
-        match command:
-            case _Pending() as item:
-                self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=item.name, id=item.id, slot=item.slot)
-                self._apply(self.table.submit(item, self._now()))
-            case _Removal():
-                self._remove(command)
+        if isinstance(command, _Removal):
+            self._remove(command)
+            return
+        self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot)
+        self._apply(self.table.submit(command, self._now()))
 
     def _apply(self, effects: list[Any]) -> None:
         for effect in effects:
@@ -431,10 +454,14 @@ class Controller:
             pass
 
     async def _until(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            self._changed.clear()
-            self._wake.set()
-            await self._changed.wait()
+        self._watching += 1
+        try:
+            while not condition():
+                self._changed.clear()
+                self._wake.set()
+                await self._changed.wait()
+        finally:
+            self._watching -= 1
 
     def _is_settled(self) -> bool:
         return not self.inbox and not self.admitting and not self.owners and self.queue.empty() and self.in_flight == 0

@@ -147,10 +147,12 @@ class SupervisorHandle:
         return self._controller().prepare(spec)  # type: ignore[no-any-return]
 
     async def submit(self, spec: ControllerSpec) -> int:
-        return await self.prepare_submission(spec).submit()
+        controller = self._controller()
+        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=True)  # type: ignore[no-any-return]
 
     async def try_submit(self, spec: ControllerSpec) -> int:
-        return await self.prepare_submission(spec).try_submit()
+        controller = self._controller()
+        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=False)  # type: ignore[no-any-return]
 
     async def submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
         return await self.prepare_submission(spec).submit_and_watch()

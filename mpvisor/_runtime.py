@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._bus import Bus
 from ._config import SupervisorConfig
-from ._errors import GraceExceeded
+from ._errors import GraceExceeded, ShuttingDown
 from ._events import EventKind
 from ._outcome import OutcomeKind
 from ._process import AttemptProcess, LauncherClient
@@ -81,7 +81,10 @@ class Runtime:
         return self.client
 
     async def ready(self) -> None:
-        """Wait until the launcher runs (`ConfigError` if a preload module failed)."""
+        """Wait until the launcher runs (`ConfigError` if a preload module failed); never starts
+        a launcher once shutdown has stopped it."""
+        if self.shutting_down and self.client is None:
+            raise ShuttingDown("the supervisor is shutting down")
         await self.ensure_launcher().ready()
 
     def is_ready(self) -> bool:
