@@ -254,8 +254,9 @@ class Bus:
     def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event:
         loop = self._loop if self._loop is not None else self._bind()  # bound: stay on that loop
         self._seq = next(_SEQ)
-        event = Event(seq=self._seq, at=self._clock(), kind=kind, **fields)
-        self._track(event)
+        event = Event(self._seq, self._clock(), kind, **fields)
+        if kind in _ALIVE_KINDS:
+            self._track(event)
         if self._phase == "open":
             for box in self._mailboxes:
                 if box is not skip and not box.offer(event):
@@ -277,8 +278,9 @@ class Bus:
         return loop
 
     def _track(self, event: Event) -> None:
+        """Keep the `is_alive` view (for the kinds in `_ALIVE_KINDS`)."""
         name = event.task
-        if name is None or event.kind not in _ALIVE_KINDS:
+        if name is None:
             return
         if event.kind is EventKind.ATTEMPT_STARTING:
             self._alive[name] = event.attempt

@@ -328,12 +328,12 @@ class Controller:
     def _apply(self, effects: list[Any]) -> None:
         for effect in effects:
             match effect:
+                case Reject(item, kind):  # first: the common effect of a busy slot
+                    self._reject(item, kind, publish=True)
                 case Transition():
                     self.runtime.bus.publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason)
                 case Admit(item):
                     self._admit(item)
-                case Reject(item, kind):
-                    self._reject(item, kind, publish=True)
                 case RemoveOwner(_, owner_id):
                     actor = self.runtime.registry.by_id.get(owner_id)
                     if actor is not None:
