@@ -27,8 +27,9 @@ from ._bus import Bus
 from ._config import SupervisorConfig
 from ._errors import GraceExceeded, ShuttingDown
 from ._events import EventKind
+from ._launcher_client import LauncherClient
 from ._outcome import OutcomeKind
-from ._process import AttemptProcess, LauncherClient
+from ._process import AttemptProcess
 from ._registry import Registry
 from ._spec import TaskDefaults
 
