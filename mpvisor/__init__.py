@@ -34,7 +34,6 @@ from ._errors import (
 if TYPE_CHECKING:
     from ._backoff import BackoffPolicy, JitterPolicy
     from ._config import ControllerConfig, SupervisorConfig
-    from ._controller import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._events import Event, EventKind
     from ._handle import SupervisorHandle
     from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from ._restart import BackoffSource
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
     from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
+    from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor, SupervisorBuilder, run
     from ._task import CommandTask, TaskFn
     from ._writers import JsonLinesWriter, LogWriter
@@ -71,9 +71,9 @@ _LAZY = {
     "Supervisor": "._supervisor",
     "SupervisorBuilder": "._supervisor",
     "run": "._supervisor",
-    "ControllerSnapshot": "._controller",
-    "ControllerSpec": "._controller",
-    "PreparedSubmission": "._controller",
+    "ControllerSnapshot": "._submission",
+    "ControllerSpec": "._submission",
+    "PreparedSubmission": "._submission",
     "AdmissionPolicy": "._slots",
     "SlotStatus": "._slots",
     "SlotView": "._slots",

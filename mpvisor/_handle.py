@@ -29,8 +29,8 @@ from ._spec import TaskSpec
 
 if TYPE_CHECKING:
     from ._bus import EventStream
-    from ._controller import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._runtime import Runtime
+    from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
 
 
 class SupervisorHandle:
