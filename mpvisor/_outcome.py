@@ -56,8 +56,8 @@ class RejectionKind(enum.Enum):
 
     @property
     def label(self) -> str:
-        """A stable string for metrics and logs: the lower-case name."""
-        return self.name.lower()
+        """A stable string for metrics and logs: the lower-case name (which is the value)."""
+        return self._value_
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeAlias, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from ._outcome import RejectionKind
 from ._validate import non_negative_int
@@ -124,32 +124,29 @@ def owner_of(phase: Phase) -> int | None:
     return None if isinstance(phase, Idle) else phase.owner
 
 
-# Effects, applied by the shell in the order returned.
-@dataclass(frozen=True, slots=True)
-class Admit(Generic[ItemT]):
+# Effects, applied by the shell in the order returned (NamedTuples: immutable and cheap, as a
+# busy slot may reject many thousands of submissions a second).
+class Admit(NamedTuple, Generic[ItemT]):
     """Hand `item` to the registry: it is now the slot's (admitting) owner."""
 
     item: ItemT
 
 
-@dataclass(frozen=True, slots=True)
-class Reject(Generic[ItemT]):
+class Reject(NamedTuple, Generic[ItemT]):
     """Resolve `item` as rejected by the controller (it never reached the registry)."""
 
     item: ItemT
     kind: RejectionKind
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveOwner:
+class RemoveOwner(NamedTuple):
     """Ask the registry to remove the registered owner `owner_id` of `slot` (a Replace)."""
 
     slot: str
     owner_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
     """The slot's public status (or, admitting->admitting, its owner) changed."""
 
     slot: str
