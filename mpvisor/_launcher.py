@@ -50,6 +50,7 @@ TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
 _RESET_IN_ATTEMPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL)
 CONTROL_BATCH = 32  # control messages handled before the loop looks at exits again
+CHILDREN_READS = 4  # at most, per look at our children (see `_children`)
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
 
@@ -271,11 +272,19 @@ class Launcher:
             else:
                 self._send(["exited", attempt.key, how, value, attempt.killed])
 
-    def _children(self) -> list[int]:
-        try:
-            return [int(p) for p in _platform.read_small_file(self.children_file).split()]
-        except OSError:
-            return []
+    def _children(self) -> set[int]:
+        """Our children, by our own `children` file. The kernel may skip an entry while other
+        children exit during the read, so read again until a read adds nothing new."""
+        seen: set[int] = set()
+        for _ in range(CHILDREN_READS):
+            try:
+                found = {int(p) for p in _platform.read_small_file(self.children_file).split()}
+            except OSError:
+                return seen
+            if found <= seen:
+                break
+            seen |= found
+        return seen
 
     def _stop_everything(self) -> None:
         """The parent is gone (or asked): kill every tree, reap it all, exit."""
