@@ -139,6 +139,20 @@ def all_gone(records: Iterable[Mapping[str, Any]]) -> bool:
     return all(pid_gone(record["pid"], record.get("create_time")) for record in records)
 
 
+def still_there(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """For a failure message: the recorded processes that are not gone, with status and parent."""
+    found = []
+    for record in records:
+        if pid_gone(record["pid"], record.get("create_time")):
+            continue
+        try:
+            process = psutil.Process(record["pid"])
+            found.append(f"{record.get('role', '?')} pid={record['pid']} {process.status()} ppid={process.ppid()}")
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def child_pids_of_self() -> list[int]:
     """Pids of every living descendant of the test process."""
     return [child.pid for child in psutil.Process().children(recursive=True)]

@@ -55,6 +55,7 @@ from tests._support import (
     restartable,
     run,
     seen,
+    still_there,
     supervised,
     terminal_events,
     wait_for,
@@ -178,7 +179,7 @@ def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
                     await handle.shutdown()
                 assert raised.value.stuck == ["tree"]
             outcome = await waiter.wait()
-            assert all_gone(everyone), "terminal cleanup ended with part of the tree alive"
+            assert all_gone(everyone), f"terminal cleanup ended with part of the tree alive: {still_there(everyone)}"
             expected = OutcomeKind.FAILED if how == "timeout" else OutcomeKind.FORCE_ABORTED
             assert outcome.kind is expected
             await seen(events, EventKind.TASK_REMOVED, id=task_id)
