@@ -222,7 +222,7 @@ class Launcher:
         attempt = self.by_key.get(key)
         if attempt is None or attempt.status is not None:
             return
-        attempt.killed = _still_running(attempt.pid)
+        attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
 
     # --- reaping ------------------------------------------------------------------------------
