@@ -25,7 +25,9 @@ Attempt process life in the launcher: forked -> (ready byte) started -> exited (
 then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
 re-parented to the attempt process itself while it lives (each attempt is a subreaper too), and
 to the launcher when it dies, so any process the launcher did not fork comes from a dead
-attempt's tree: it is killed at once, through a pidfd checked against its start time.
+attempt's tree: it is killed at once, through a pidfd checked against its start time. An
+attempt's drain waits for every orphan adopted before or while it turned zombie (its children
+re-parent to the launcher a moment before it does).
 """
 
 from __future__ import annotations
@@ -243,6 +245,9 @@ class Launcher:
                 attempt.status = _status(info)
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
                 self.draining.add(attempt)
+                # Orphans adopted while it was exiting (its children re-parent to us before it
+                # turns zombie) may be from its tree: it is over only once they are reaped too.
+                attempt.adopted.update(self.adopted)
             _waitpid(pid)
             self.adopted.pop(pid, None)
             for draining in self.draining:
