@@ -278,8 +278,8 @@ class Launcher:
                 self._send(["exited", attempt.key, how, value, attempt.killed])
 
     def _children(self) -> set[int]:
-        """Our children, by our own `children` file. The kernel may skip an entry while other
-        children exit during the read, so read again until a read adds nothing new."""
+        """Our children, by our own `children` file. While a killed tree dies, its orphans keep
+        re-parenting to us, so read again until a read adds nothing new."""
         seen: set[int] = set()
         for _ in range(CHILDREN_READS):
             try:
