@@ -17,13 +17,14 @@ loop is over; this module never frees a name.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._ending import AttemptEnd, EndKind, StopReason
+from ._ending import AttemptEnd, StopReason, from_report
 from ._events import EventKind
 from ._outcome import OutcomeKind, TaskOutcome
 from ._process import AttemptProcess
@@ -35,25 +36,12 @@ from ._wire import Failure, Progress, Result, Start
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-_RESULTS = {
-    EndKind.SUCCEEDED: AttemptResult.SUCCEEDED,
-    EndKind.FAILED: AttemptResult.FAILED,
-    EndKind.FATAL: AttemptResult.FATAL,
-    EndKind.CANCELED: AttemptResult.CANCELED,
-    EndKind.TIMED_OUT: AttemptResult.TIMED_OUT,
-}
-_REPORT_KINDS = {
-    "fail": EndKind.FAILED,
-    "error": EndKind.FAILED,
-    "fatal": EndKind.FATAL,
-    "canceled": EndKind.CANCELED,
-}
 _ATTEMPT_EVENTS = {
-    EndKind.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
-    EndKind.FAILED: EventKind.ATTEMPT_FAILED,
-    EndKind.FATAL: EventKind.ATTEMPT_FAILED,
-    EndKind.CANCELED: EventKind.ATTEMPT_CANCELED,
-    EndKind.TIMED_OUT: EventKind.ATTEMPT_TIMED_OUT,
+    AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
+    AttemptResult.FAILED: EventKind.ATTEMPT_FAILED,
+    AttemptResult.FATAL: EventKind.ATTEMPT_FAILED,
+    AttemptResult.CANCELED: EventKind.ATTEMPT_CANCELED,
+    AttemptResult.TIMED_OUT: EventKind.ATTEMPT_TIMED_OUT,
 }
 
 
@@ -141,7 +129,7 @@ class TaskActor:
                 return self._claimed_outcome(end)
             action, self.streak = decide(
                 self.spec.restart,
-                _RESULTS[end.kind],
+                end.kind,
                 self.streak,
                 max_retries=self.spec.max_retries,
                 backoff=self.spec.backoff,
@@ -206,9 +194,9 @@ class TaskActor:
         if end.killed is not None and pid is not None:
             self._publish(EventKind.ATTEMPT_KILLED, attempt=self.attempt, pid=pid, reason=end.killed)
         fields: dict[str, Any] = {"attempt": self.attempt, "pid": pid, "reason": end.reason}
-        if end.kind is EndKind.SUCCEEDED:
+        if end.kind is AttemptResult.SUCCEEDED:
             fields["duration"] = attempt.duration
-        elif end.kind is EndKind.TIMED_OUT:
+        elif end.kind is AttemptResult.TIMED_OUT:
             fields["timeout"] = self.spec.timeout
         else:
             fields["exit_code"] = end.exit_code
@@ -218,10 +206,9 @@ class TaskActor:
     def on_report(self, report: Result | Failure) -> None:
         """A report was read before any stop request: if the policy stops after it, the task's
         stop is decided and a removal can no longer claim it (SPEC §3.3)."""
-        kind = EndKind.SUCCEEDED if isinstance(report, Result) else _REPORT_KINDS[report.kind]
         action, _ = decide(
             self.spec.restart,
-            _RESULTS[kind],
+            from_report(report).kind,
             self.streak,
             max_retries=self.spec.max_retries,
             backoff=self.spec.backoff,
@@ -237,7 +224,7 @@ class TaskActor:
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
-        if end.killed is not None and end.kind is EndKind.CANCELED:
+        if end.killed is not None and end.kind is AttemptResult.CANCELED:
             grace = self.runtime.config.grace
             reason = f"did not stop within the grace window of {grace} s; its process tree was killed"
             return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
@@ -267,7 +254,7 @@ class TaskActor:
         task = self.spec.task
         common = dict(task=self.name, id=self.id, attempt=self.attempt, max_frame=self.runtime.config.max_frame_bytes)
         if isinstance(task, CommandTask):
-            merged = dict(env if env is not None else self.runtime.launcher_env())
+            merged = dict(os.environ)  # SPEC §3.1: `env` is merged over the parent's environment
             for key, value in (task.env or {}).items():
                 if value is None:
                     merged.pop(key, None)

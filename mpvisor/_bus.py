@@ -346,10 +346,6 @@ class Bus:
         """The names of the tasks with a running attempt, sorted."""
         return sorted(self._alive)
 
-    @property
-    def closed(self) -> bool:
-        return self._phase != "open"
-
     # -- closing -------------------------------------------------------------------------------
 
     async def close(self, timeout: float) -> None:

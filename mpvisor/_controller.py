@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._config import ControllerConfig
-from ._errors import CommandQueueFull, ControllerClosed, ControllerFull, ShuttingDown
+from ._errors import (
+    CommandQueueFull,
+    ControllerClosed,
+    ControllerFull,
+    ShuttingDown,
+    TaskAlreadyExists,
+)
 from ._events import EventKind
 from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
 from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
@@ -250,10 +256,10 @@ class Controller:
     async def _hand_over(self, item: _Pending, add: Add) -> None:
         try:
             await self.runtime.registry.call(add, wait=True)
-        except ShuttingDown:
-            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
-        except Exception:
+        except TaskAlreadyExists:
             pass  # a rejection: on_reject already posted the decision
+        except Exception:  # a closing registry, or a command that failed: it could not decide
+            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""

@@ -28,15 +28,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from ._restart import AttemptResult
 from ._wire import Failure, Result
-
-
-class EndKind(enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # retryable
-    FATAL = "fatal"  # permanent
-    CANCELED = "canceled"
-    TIMED_OUT = "timed_out"  # retryable
 
 
 class StopReason(enum.Enum):
@@ -80,48 +73,45 @@ class Facts:
 
 @dataclass(frozen=True, slots=True)
 class AttemptEnd:
-    kind: EndKind
+    kind: AttemptResult
     reason: str | None = None
     exit_code: int | None = None
     value: Any = None
     traceback: str | None = None
     killed: str | None = None
 
-    @property
-    def retryable(self) -> bool:
-        return self.kind in (EndKind.FAILED, EndKind.TIMED_OUT)
-
 
 def decide(f: Facts) -> AttemptEnd:
     """The one ending of an attempt, from what was observed (first matching rule wins)."""
     if f.could_not_start is not None:
-        return AttemptEnd(EndKind.FAILED, f.could_not_start)
+        return AttemptEnd(AttemptResult.FAILED, f.could_not_start)
     if f.report is not None and f.report_before_stop:
-        return _from_report(f.report, f.killed)
+        return from_report(f.report, f.killed)
     if f.stop is StopReason.TIMEOUT:
-        return AttemptEnd(EndKind.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
+        return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
     if f.stop is StopReason.CANCEL:
-        return AttemptEnd(EndKind.CANCELED, f.killed or "canceled", killed=f.killed)
+        return AttemptEnd(AttemptResult.CANCELED, f.killed or "canceled", killed=f.killed)
     if f.launcher_died:
-        return AttemptEnd(EndKind.FAILED, f"launcher died while attempt pid {f.pid} ran")
+        return AttemptEnd(AttemptResult.FAILED, f"launcher died while attempt pid {f.pid} ran")
     if f.start_timed_out is not None:
         reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"
-        return AttemptEnd(EndKind.FAILED, reason, killed=f.killed)
+        return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed)
     if f.protocol_error is not None and (f.killed or f.status is None or f.status.exit_code == 0):
-        return AttemptEnd(EndKind.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
+        return AttemptEnd(AttemptResult.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
     if f.report is not None:
-        return _from_report(f.report, f.killed)
+        return from_report(f.report, f.killed)
     return _from_status(f)
 
 
-def _from_report(report: Result | Failure, killed: str | None) -> AttemptEnd:
+def from_report(report: Result | Failure, killed: str | None = None) -> AttemptEnd:
+    """What a report (result or failure frame) says about the attempt, on its own."""
     if isinstance(report, Result):
-        return AttemptEnd(EndKind.SUCCEEDED, value=report.value, killed=killed)
+        return AttemptEnd(AttemptResult.SUCCEEDED, value=report.value, killed=killed)
     kind = {
-        "fail": EndKind.FAILED,
-        "error": EndKind.FAILED,
-        "fatal": EndKind.FATAL,
-        "canceled": EndKind.CANCELED,
+        "fail": AttemptResult.FAILED,
+        "error": AttemptResult.FAILED,
+        "fatal": AttemptResult.FATAL,
+        "canceled": AttemptResult.CANCELED,
     }[report.kind]
     return AttemptEnd(kind, report.reason, report.exit_code, traceback=report.traceback, killed=killed)
 
@@ -129,15 +119,15 @@ def _from_report(report: Result | Failure, killed: str | None) -> AttemptEnd:
 def _from_status(f: Facts) -> AttemptEnd:
     status = f.status
     if status is None:  # cannot happen: without a launcher death, the launcher reports a status
-        return AttemptEnd(EndKind.FAILED, f"attempt pid {f.pid} ended without a status")
+        return AttemptEnd(AttemptResult.FAILED, f"attempt pid {f.pid} ended without a status")
     if f.kind == "cmd" and f.calling and status.how == "exit" and status.value == 0:
-        return AttemptEnd(EndKind.SUCCEEDED, value=None)
+        return AttemptEnd(AttemptResult.SUCCEEDED, value=None)
     if f.kind == "cmd" and f.calling:
-        return AttemptEnd(EndKind.FAILED, f"program {status.describe()}", status.exit_code)
+        return AttemptEnd(AttemptResult.FAILED, f"program {status.describe()}", status.exit_code)
     reason = f"attempt process pid {f.pid} {status.describe()} before reporting a result"
     if f.protocol_error is not None:
         reason += f" ({f.protocol_error})"
-    return AttemptEnd(EndKind.FAILED, reason, status.exit_code)
+    return AttemptEnd(AttemptResult.FAILED, reason, status.exit_code)
 
 
 def _signal_name(signum: int) -> str:

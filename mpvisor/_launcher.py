@@ -57,7 +57,7 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "exec_python", "key", "killed", "pid", "reported_start", "status")
+    __slots__ = ("adopted", "key", "killed", "pid", "reported_start", "status")
 
     def __init__(self, key: int, pid: int) -> None:
         self.key = key

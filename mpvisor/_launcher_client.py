@@ -59,8 +59,8 @@ class LauncherClient:
         self._lock = threading.Lock()
         self._gone: asyncio.Future[None] = loop.create_future()  # the keeper thread has ended
         self._proc: subprocess.Popen[bytes] | None = None
-        self._baseline: tuple[dict[str, str], str, list[str]] = ({}, "", [])
-        self._baseline_environ: dict[bytes, bytes] = {}
+        # What the current launcher started with: os.environ's raw data, cwd, sys.path.
+        self._baseline: tuple[dict[bytes, bytes], str, list[str]] = ({}, "", [])
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
         self._thread.start()
 
@@ -84,8 +84,7 @@ class LauncherClient:
 
     def _start_launcher(self) -> subprocess.Popen[bytes] | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._baseline = (dict(os.environ), os.getcwd(), list(sys.path))
-        self._baseline_environ = dict(os.environ._data)  # type: ignore[attr-defined]
+        self._baseline = (dict(os.environ._data), os.getcwd(), list(sys.path))  # type: ignore[attr-defined]
         code = (
             f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
             f"main(sys.argv[1:])"
@@ -124,11 +123,10 @@ class LauncherClient:
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """The parent's environ, cwd and sys.path for a start request: each `None` when it is
         what the launcher started with (so that neither side copies it per attempt)."""
-        _, base_cwd, base_path = self._baseline
-        same_env = os.environ._data == self._baseline_environ  # type: ignore[attr-defined]
+        base_environ, base_cwd, base_path = self._baseline
         cwd, path = os.getcwd(), sys.path
         return (
-            None if same_env else dict(os.environ),
+            None if os.environ._data == base_environ else dict(os.environ),  # type: ignore[attr-defined]
             None if cwd == base_cwd else cwd,
             None if path == base_path else list(path),
         )

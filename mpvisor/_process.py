@@ -84,7 +84,6 @@ class AttemptProcess:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._pending_kill: str | None = None
         self._pending_signal = False
-        self._exited = False
         self._outgoing = encode(start)
         self._spawn(exec_python, capture_output, start_timeout)
 
@@ -115,19 +114,15 @@ class AttemptProcess:
 
     def kill(self, why: str) -> None:
         """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
-        if self.phase in ("done", "draining") or self._exited:
+        if self.phase in ("done", "draining"):  # its tree is already gone
             return
-        if self.key_known:
+        if self.pid is not None:  # it leads its session: its tree can be signalled
             self.facts.killed = self.facts.killed or f"killed pid {self.pid}: {why}"
             self.client._kill(self.key)
         else:
             self._pending_kill = why
 
     # --- spawning ---------------------------------------------------------------------------------
-
-    @property
-    def key_known(self) -> bool:
-        return self.pid is not None
 
     def _spawn(self, exec_python: bool, capture: bool, start_timeout: float) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,7 +178,7 @@ class AttemptProcess:
         self._finish()
 
     def _request_sigterm(self) -> None:
-        if not self.key_known:
+        if self.pid is None:  # not yet in its own session: signal once it is
             self._pending_signal = True
             return
         self.client._signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
@@ -284,7 +279,6 @@ class AttemptProcess:
     # --- the end ------------------------------------------------------------------------------------
 
     def _on_exited(self, status: ExitStatus, killed: bool) -> None:
-        self._exited = True
         self.facts.status = status
         if not killed:
             self.facts.killed = None
@@ -299,7 +293,6 @@ class AttemptProcess:
             self._close_fds()
             self._finish()
             return
-        self._exited = True
         self.phase = "draining"
         if self._pidfd is not None:
             self.loop.add_reader(self._pidfd, self._on_pidfd)

@@ -102,9 +102,6 @@ class Runtime:
         _log.warning("%s", reason)
         self.bus.publish(EventKind.RUNTIME_FAILURE, reason=reason)
 
-    def launcher_env(self) -> dict[str, str]:
-        return self.ensure_launcher()._baseline[0]
-
     def start_attempt(self, actor: TaskActor) -> AttemptProcess:
         client = self.ensure_launcher()
         env, cwd, path = client.environment()

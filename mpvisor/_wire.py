@@ -29,7 +29,6 @@ import msgpack
 
 VERSION = 1
 HEADER = struct.Struct(">I")
-MAX_HEADER_LENGTH = 2**32 - 1
 
 
 class ProtocolError(Exception):

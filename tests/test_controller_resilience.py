@@ -44,3 +44,31 @@ def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
             assert "injected slot-table bug" in failure.reason
 
     run(body())
+
+
+@pytest.mark.timeout(60)
+def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(monkeypatch):
+    """SPEC §3.4 ADMISSION_FAILED: a registration command that fails (not a rejection) resolves
+    the submission REJECTED/ADMISSION_FAILED instead of leaving its slot admitting forever."""
+    from mpvisor._registry import Registry
+
+    real_add = Registry._add
+
+    def add(self, command):
+        if command.specs[0][1].name == "undecidable":
+            raise RuntimeError("injected registry failure")
+        return real_add(self, command)
+
+    monkeypatch.setattr(Registry, "_add", add)
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig()) as (handle, _events):
+            spec = TaskSpec.once(TaskFn("undecidable", "workers.basic:quick"))
+            _, failed = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
+            outcome = await failed.wait()
+            assert outcome.kind is OutcomeKind.REJECTED and outcome.rejection is RejectionKind.ADMISSION_FAILED
+            after = TaskSpec.once(TaskFn("after", "workers.basic:quick"))
+            _, next_one = await handle.submit_and_watch(ControllerSpec.queue(after).with_slot("s"))
+            assert (await next_one.wait()).kind is OutcomeKind.COMPLETED
+
+    run(body())

@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from mpvisor._ending import EndKind, ExitStatus, Facts, StopReason, decide
+from mpvisor._ending import ExitStatus, Facts, StopReason, decide
+from mpvisor._restart import AttemptResult
 from mpvisor._wire import Failure, Result
 
 EXIT0 = ExitStatus("exit", 0)
@@ -19,11 +20,11 @@ KILLED = "killed pid 7: it did not stop within the grace window of 1.0 s"
 @pytest.mark.parametrize(
     "report, kind, exit_code",
     [
-        (Result({"v": 1}), EndKind.SUCCEEDED, None),
-        (Failure("fail", "boom", 7), EndKind.FAILED, 7),
-        (Failure("error", "RuntimeError: kaboom"), EndKind.FAILED, None),
-        (Failure("fatal", "unrecoverable", 137), EndKind.FATAL, 137),
-        (Failure("canceled", "the attempt was canceled"), EndKind.CANCELED, None),
+        (Result({"v": 1}), AttemptResult.SUCCEEDED, None),
+        (Failure("fail", "boom", 7), AttemptResult.FAILED, 7),
+        (Failure("error", "RuntimeError: kaboom"), AttemptResult.FAILED, None),
+        (Failure("fatal", "unrecoverable", 137), AttemptResult.FATAL, 137),
+        (Failure("canceled", "the attempt was canceled"), AttemptResult.CANCELED, None),
     ],
 )
 @pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV])
@@ -45,7 +46,7 @@ def test_a_report_stands_whatever_exit_status_follows(report, kind, exit_code, s
 def test_an_exit_before_reporting_is_a_retryable_failure(status, exit_code, words):
     """SPEC §2: exits and signals nobody asked for are FAILED with their code."""
     end = decide(Facts(pid=7, calling=True, status=status))
-    assert end.kind is EndKind.FAILED and end.exit_code == exit_code and words in (end.reason or "")
+    assert end.kind is AttemptResult.FAILED and end.exit_code == exit_code and words in (end.reason or "")
 
 
 @pytest.mark.parametrize(
@@ -59,8 +60,8 @@ def test_the_stop_reason_decides_after_a_request(report, status, killed):
     facts = dict(pid=7, calling=True, report=report, report_before_stop=False, status=status, killed=killed)
     timed_out = decide(Facts(stop=StopReason.TIMEOUT, timeout=0.3, **facts))
     canceled = decide(Facts(stop=StopReason.CANCEL, **facts))
-    assert timed_out.kind is EndKind.TIMED_OUT and "timed out" in (timed_out.reason or "")
-    assert canceled.kind is EndKind.CANCELED
+    assert timed_out.kind is AttemptResult.TIMED_OUT and "timed out" in (timed_out.reason or "")
+    assert canceled.kind is AttemptResult.CANCELED
     assert timed_out.exit_code is None and canceled.exit_code is None
     assert canceled.killed == killed
 
@@ -68,34 +69,34 @@ def test_the_stop_reason_decides_after_a_request(report, status, killed):
 def test_a_report_read_before_the_request_stands():
     """SPEC §2: a result frame read before the stop request stands."""
     end = decide(Facts(pid=7, calling=True, report=Result(5), report_before_stop=True, stop=StopReason.CANCEL, status=EXIT0))
-    assert end.kind is EndKind.SUCCEEDED and end.value == 5
+    assert end.kind is AttemptResult.SUCCEEDED and end.value == 5
 
 
 @pytest.mark.parametrize(
     "facts, kind, prefix",
     [
-        (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), EndKind.FAILED, "could not start"),
-        (Facts(pid=7, launcher_died=True), EndKind.FAILED, "launcher died"),
-        (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), EndKind.FAILED, "start-up timed out"),
-        (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), EndKind.FAILED, "protocol error:"),
-        (Facts(pid=7, calling=True, protocol_error="truncated", status=EXIT0), EndKind.FAILED, "protocol error:"),
+        (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), AttemptResult.FAILED, "could not start"),
+        (Facts(pid=7, launcher_died=True), AttemptResult.FAILED, "launcher died"),
+        (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), AttemptResult.FAILED, "start-up timed out"),
+        (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), AttemptResult.FAILED, "protocol error:"),
+        (Facts(pid=7, calling=True, protocol_error="truncated", status=EXIT0), AttemptResult.FAILED, "protocol error:"),
     ],
 )
 def test_start_failures_launcher_death_and_protocol_errors(facts, kind, prefix):
     """SPEC §1.4, §1.11, §3.1: these endings are retryable failures with stable prefixes."""
     end = decide(facts)
-    assert end.kind is kind and (end.reason or "").startswith(prefix) and end.retryable
+    assert end.kind is kind and (end.reason or "").startswith(prefix)
 
 
 def test_a_frame_cut_short_by_a_signal_reports_the_signal():
     """SPEC §1.4 / PRC-05: when the process had already died otherwise, its status decides."""
     end = decide(Facts(pid=7, calling=True, protocol_error="truncated frame", status=SEGV))
-    assert end.kind is EndKind.FAILED and end.exit_code == -signal.SIGSEGV
+    assert end.kind is AttemptResult.FAILED and end.exit_code == -signal.SIGSEGV
 
 
 @pytest.mark.parametrize(
     "status, kind, exit_code",
-    [(EXIT0, EndKind.SUCCEEDED, None), (EXIT3, EndKind.FAILED, 3), (KILL, EndKind.FAILED, -9)],
+    [(EXIT0, AttemptResult.SUCCEEDED, None), (EXIT3, AttemptResult.FAILED, 3), (KILL, AttemptResult.FAILED, -9)],
 )
 def test_a_program_ends_by_its_status(status, kind, exit_code):
     """SPEC §3.1 CommandTask: status 0 is success with value None; others carry their code."""
