@@ -247,17 +247,26 @@ class Bus:
 
     # -- publishing (on the loop) -------------------------------------------------------------
 
-    def publish(self, kind: EventKind, **fields: Any) -> Event:
-        """Stamp, record and fan out one event without blocking; return it."""
+    def publish(self, kind: EventKind, **fields: Any) -> Event | None:
+        """Stamp, record and fan out one event without blocking; return it.
+
+        An event nobody can observe (no subscriber, no live `events()` iterator, and not a kind
+        the alive view reads) is not built: it only takes its `seq`, and None is returned. A busy
+        slot's two events per rejected submission are most of the controller's intake cost.
+        """
         return self._publish(kind, None, fields)
 
-    def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event:
+    def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event | None:
         loop = self._loop if self._loop is not None else self._bind()  # bound: stay on that loop
-        self._seq = next(_SEQ)
-        event = Event(self._seq, self._clock(), kind, **fields)
-        if kind in _ALIVE_KINDS:
+        self._seq = seq = next(_SEQ)
+        open_ = self._phase == "open"
+        tracked = kind in _ALIVE_KINDS
+        if not tracked and not (open_ and (self._mailboxes or self._streams.data)):  # type: ignore[attr-defined]
+            return None
+        event = Event(seq, self._clock(), kind, **fields)
+        if tracked:
             self._track(event)
-        if self._phase == "open":
+        if open_:
             for box in self._mailboxes:
                 if box is not skip and not box.offer(event):
                     self._note(box, EventKind.SUBSCRIBER_OVERFLOW, "", loop)

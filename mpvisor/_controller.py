@@ -5,7 +5,7 @@ event loop owns every slot transition. It is fed only by:
 
 | source | bounded | what it carries |
 |---|---|---|
-| the command queue (`queue_capacity`) | yes | submissions, and every remove/cancel by id |
+| the command queue (`queue_capacity`, an `Intake`) | yes | submissions, and every remove/cancel by id |
 | the inbox | no | the registry's accept/reject of an admission, an owner's terminal cleanup |
 | shutdown | - | close intake, reject what was not handed over, settle |
 
@@ -34,6 +34,7 @@ from ._errors import (
     TaskAlreadyExists,
 )
 from ._events import EventKind
+from ._intake import Intake
 from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
 from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
 from ._runtime import next_id
@@ -55,16 +56,13 @@ class _Pending:
     """A submission the controller holds: queued, or handed to the registry."""
 
     id: int
+    name: str
     slot: str
     admission: AdmissionPolicy
     task_spec: TaskSpec  # resolved against the task defaults when it is handed to the registry
     outcome: asyncio.Future[TaskOutcome] | None  # None: nobody watches it (yet)
     claimed: bool = False  # removed while its registration was pending
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
-
-    @property
-    def name(self) -> str:
-        return self.task_spec.name
 
     def watched(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[TaskOutcome]:
         if self.outcome is None:
@@ -92,21 +90,23 @@ class Controller:
         self.runtime = runtime
         self.config = config
         self.table: SlotTable[_Pending] = SlotTable(config.max_slot_queue)
-        self.queue: asyncio.Queue[_Pending | _Removal] = asyncio.Queue(config.queue_capacity)
+        self._wake = asyncio.Event()
+        self.queue: Intake[_Pending | _Removal] = Intake(config.queue_capacity, self._wake.set)
         self.inbox: collections.deque[Callable[[], None]] = collections.deque()
         self.admitting: dict[int, _Pending] = {}  # handed to the registry, decision pending
         self.owners: dict[int, _Pending] = {}  # registered owners, until their cleanup is processed
         self.in_flight = 0  # removals forwarded to the registry and not yet answered
         self.closed = False
-        self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set after every step the loop takes, while watched
         self._watching = 0  # callers of `_until` waiting on `_changed`
+        self._publish = runtime.bus.publish
+        self._now = runtime.loop.time  # the clock of slot ages
         runtime.registry.on_cleanup = self._on_cleanup
         self._task = runtime.loop.create_task(self._serve(), name="mpvisor-controller")
 
     def __repr__(self) -> str:
         return (
-            f"<Controller slots={len(self.table.snapshot(0))} queued={self.queue.qsize()} "
+            f"<Controller slots={len(self.table.snapshot(0))} queued={len(self.queue)} "
             f"admitting={len(self.admitting)} in_flight={self.in_flight} closed={self.closed}>"
         )
 
@@ -146,7 +146,8 @@ class Controller:
 
     def _pending(self, id: int, spec: ControllerSpec, outcome: asyncio.Future[TaskOutcome] | None) -> _Pending:
         self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
-        return _Pending(id, spec.slot_name, spec.admission, spec.task_spec, outcome)
+        task_spec = spec.task_spec
+        return _Pending(id, task_spec.name, spec.slot_name, spec.admission, task_spec, outcome)
 
     async def remove(self, id: int, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
         if self.closed:
@@ -158,43 +159,44 @@ class Controller:
 
     def _offer(self, command: _Pending | _Removal, wait: bool, full: type[Exception]) -> bool:
         """Queue `command` if there is room (True); else False to wait, or `full` for try_*."""
-        try:
-            self.queue.put_nowait(command)
-        except asyncio.QueueFull:
-            if not wait:
-                raise full(f"the controller's command queue is full ({self.config.queue_capacity})") from None
-            return False
-        self._wake.set()
-        return True
+        if self.queue.offer(command):
+            return True
+        if not wait:
+            raise full(f"the controller's command queue is full ({self.config.queue_capacity})")
+        return False
 
     async def _put(self, command: _Pending | _Removal) -> None:
         await self.queue.put(command)
-        self._wake.set()
 
     # --- the loop -----------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        taken = 0
+        queue, inbox, cap = self.queue, self.inbox, self.config.queue_capacity
         while True:
-            while self.inbox:
-                step = self.inbox.popleft()
-                try:
-                    step()
-                except Exception as exc:  # a bug in mpvisor: report it, keep the loop serving
-                    self._report_bug(exc)
-                self._changed.set()
-            capacity_left = self.closed or self.in_flight < self.config.queue_capacity
-            if capacity_left and not self.queue.empty():
-                self._take(self.queue.get_nowait())
-                if self._watching:
-                    self._changed.set()
+            taken = 0
+            while taken < INTAKE_BATCH:
+                if inbox:
+                    self._run_inbox()  # decisions and cleanups first, and between commands
+                if not queue or (self.in_flight >= cap and not self.closed):
+                    break
+                self._take(queue.take())
                 taken += 1
-                if taken % INTAKE_BATCH == 0:
-                    await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
-                continue
-            self.runtime.notify()  # `run` may be waiting for the controller to hold no work
-            self._wake.clear()
-            await self._wake.wait()
+            if self._watching:
+                self._changed.set()
+            if taken == INTAKE_BATCH:
+                await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
+            elif not inbox:
+                self.runtime.notify()  # `run` may be waiting for the controller to hold no work
+                self._wake.clear()
+                await self._wake.wait()
+
+    def _run_inbox(self) -> None:
+        while self.inbox:
+            step = self.inbox.popleft()
+            try:
+                step()
+            except Exception as exc:  # a bug in mpvisor: report it, keep the loop serving
+                self._report_bug(exc)
 
     def _post(self, step: Callable[[], None]) -> None:
         self.inbox.append(step)
@@ -202,7 +204,11 @@ class Controller:
 
     def _take(self, command: _Pending | _Removal) -> None:
         try:
-            self._apply_command(command)
+            if isinstance(command, _Removal):
+                self._remove(command)
+            else:
+                self._publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot)
+                self._apply(self.table.submit(command, self._now()))
         except Exception as exc:  # a bug in mpvisor: the command still gets an answer
             self._report_bug(exc)
             if isinstance(command, _Pending):
@@ -212,14 +218,7 @@ class Controller:
 
     def _report_bug(self, exc: Exception) -> None:
         _log.error("controller step failed", exc_info=exc)
-        self.runtime.bus.publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
-
-    def _apply_command(self, command: _Pending | _Removal) -> None:
-        if isinstance(command, _Removal):
-            self._remove(command)
-            return
-        self.runtime.bus.publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot)
-        self._apply(self.table.submit(command, self._now()))
+        self._publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
 
     def _apply(self, effects: list[Any]) -> None:
         for effect in effects:
@@ -227,7 +226,7 @@ class Controller:
                 case Reject(item, kind):  # first: the common effect of a busy slot
                     self._reject(item, kind, publish=True)
                 case Transition():
-                    self.runtime.bus.publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason)
+                    self._publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason)
                 case Admit(item):
                     self._admit(item)
                 case RemoveOwner(_, owner_id):
@@ -236,9 +235,9 @@ class Controller:
                         self.runtime.registry.claim(actor, by_shutdown=False)
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
-        outcome = TaskOutcome.rejected(kind, reason or kind.label)
+        outcome = TaskOutcome.rejected(kind, reason)
         if publish:
-            self.runtime.bus.publish(
+            self._publish(
                 EventKind.CONTROLLER_REJECTED, task=item.name, id=item.id, slot=item.slot,
                 rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=outcome.reason,
             )
@@ -295,7 +294,7 @@ class Controller:
     def _remove(self, removal: _Removal) -> None:
         queued = self.table.purge(removal.id)
         if queued is not None:
-            self.runtime.bus.publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.name, id=queued.id)
+            self._publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.name, id=queued.id)
             self._reject(queued, RejectionKind.REMOVED_FROM_QUEUE, publish=True)
             removal.reply.set_result((True, None, queued.id))
             return
@@ -332,7 +331,7 @@ class Controller:
     async def close_intake(self) -> None:
         """Refuse new submissions; let the loop take what was already accepted."""
         self.closed = True  # from now on the loop takes queued commands regardless of the cap
-        await self._until(lambda: self.queue.empty())
+        await self._until(lambda: not self.queue)
 
     def reject_pending(self) -> None:
         """Reject every submission not handed to the registry; from now on freed slots go idle."""
@@ -360,7 +359,7 @@ class Controller:
             self._watching -= 1
 
     def _is_settled(self) -> bool:
-        return not self.inbox and not self.admitting and not self.owners and self.queue.empty() and self.in_flight == 0
+        return not self.inbox and not self.admitting and not self.owners and not self.queue and self.in_flight == 0
 
     def idle(self) -> bool:
         return self._is_settled() and self.table.total_queued == 0
@@ -368,9 +367,6 @@ class Controller:
     def snapshot(self) -> ControllerSnapshot:
         now = self._now()
         return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued)
-
-    def _now(self) -> float:
-        return self.runtime.loop.time()
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

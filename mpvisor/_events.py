@@ -51,6 +51,10 @@ class EventKind(enum.Enum):
     CONTROLLER_REJECTED = "controller_rejected"
     CONTROLLER_SLOT_TRANSITION = "controller_slot_transition"
 
+    # Members are singletons compared by identity, so the C-level identity hash is consistent
+    # with equality; Enum's own hashes the name in Python, and every publish looks a kind up.
+    __hash__ = object.__hash__
+
     @property
     def label(self) -> str:
         """The stable lower-case name, safe for logs, metrics and JSON."""

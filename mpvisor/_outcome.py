@@ -20,7 +20,6 @@ Invariant: `.rejection` is set exactly when the kind is `REJECTED`.
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +53,10 @@ class RejectionKind(enum.Enum):
     CONTROLLER_SHUTTING_DOWN = "controller_shutting_down"
     ADMISSION_FAILED = "admission_failed"
 
+    # Members are singletons compared by identity, so the C-level identity hash is consistent
+    # with equality; Enum's own hashes the name in Python, on a controller's hot path.
+    __hash__ = object.__hash__
+
     @property
     def label(self) -> str:
         """A stable string for metrics and logs: the lower-case name (which is the value)."""
@@ -82,9 +85,13 @@ class TaskOutcome:
 
     @classmethod
     def rejected(cls, kind: RejectionKind, reason: str | None = None) -> TaskOutcome:
-        """The outcome of a task that was never registered (immutable, so equal ones are shared:
-        a busy slot may reject thousands of submissions a second)."""
-        return _rejected(kind, reason)
+        """The outcome of a task that was never registered; `reason` defaults to the kind's label.
+
+        Immutable, so the default ones are shared: a busy slot may reject 100,000 submissions a
+        second."""
+        if reason is None:
+            return _REJECTED[kind]
+        return TaskOutcome(OutcomeKind.REJECTED, reason=reason, rejection=kind)
 
     @property
     def label(self) -> str:
@@ -96,6 +103,4 @@ class TaskOutcome:
         return self.kind is OutcomeKind.COMPLETED
 
 
-@functools.lru_cache(maxsize=256)
-def _rejected(kind: RejectionKind, reason: str | None) -> TaskOutcome:
-    return TaskOutcome(OutcomeKind.REJECTED, reason=reason, rejection=kind)
+_REJECTED = {kind: TaskOutcome(OutcomeKind.REJECTED, reason=kind.label, rejection=kind) for kind in RejectionKind}

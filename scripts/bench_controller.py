@@ -9,7 +9,9 @@ supervisor (`Supervisor.builder(...).with_controller(ControllerConfig())`), next
     "workers.trivial:noop"))).with_slot("busy"))`, the last one with `submit_and_watch`; the
     clock stops when that last waiter resolves (`REJECTED/slot_busy`; commands are taken in
     order, so every earlier one was processed). Also the same with `submit_and_watch` for all N,
-    gathering every waiter. Specs are built before the clock starts.
+    gathering every waiter, and the `submit` run again while an `events()` iterator is read by
+    another task (events nobody observes are not built, so this shows what observing costs).
+    Specs are built before the clock starts.
 (b) queued intake: N submissions into N distinct slots with `max_concurrent=2`, so every owner
     is admitted and then holds its slot while waiting for a permit (two of them run
     `workers.coop:cooperative`). Timed: the submit calls, and the time until the controller has
@@ -17,7 +19,9 @@ supervisor (`Supervisor.builder(...).with_controller(ControllerConfig())`), next
     after every earlier command was taken).
 (c) the floor: a producer task and a consumer task exchanging N items through an
     `asyncio.Queue(maxsize=1024)` (the controller's default command-queue capacity) on the same
-    loop. Ratios (a)/(c) (target >= 10 %) and (b)/(c) are printed.
+    loop. Ratios (a)/(c) (target >= 10 %) and (b)/(c) are printed. (a) `submit` and (c) each
+    run `--rounds` times (default 3) and the best of each is compared, so a noisy neighbour on a
+    shared machine does not decide the ratio; every round is printed.
 (d) drain: 10,000 once-tasks (`workers.trivial:noop`) queued across 100 slots (100 per slot),
     `max_concurrent` as `--drain-concurrency` (default 2, printed); the time from the first
     submit until every waiter resolved `COMPLETED`.
@@ -150,22 +154,26 @@ def check_no_children() -> None:
 # --- the phases ----------------------------------------------------------------------------------
 
 
-async def phase_a(n: int) -> tuple[float, float]:
-    """Rejections per second by a busy drop-if-running slot: submit (last watched), and watch-all."""
+async def phase_a(n: int, rounds: int) -> tuple[float, float, float]:
+    """Rejections per second by a busy drop-if-running slot: submit (last watched; the best of
+    `rounds`), watch-all, and submit while an events() iterator is consumed."""
     handle = await serve()
     stream = handle.events()
     _, owner = await handle.submit_and_watch(ControllerSpec.queue(TaskSpec.once(TaskFn("owner", COOP))).with_slot("busy"))
     await wait_for_event(stream, lambda e: e.kind is EventKind.ATTEMPT_STARTING and e.task == "owner")
     del stream
 
-    rates = []
-    for variant in ("submit", "submit_and_watch"):
+    rates: dict[str, float] = {}
+    for r, variant in enumerate(["submit"] * rounds + ["submit_and_watch", "submit, observed"]):
         specs = [
-            ControllerSpec.drop_if_running(TaskSpec.once(TaskFn(f"{variant[:1]}{i}", NOOP))).with_slot("busy")
+            ControllerSpec.drop_if_running(TaskSpec.once(TaskFn(f"{variant[:1]}{r}-{i}", NOOP))).with_slot("busy")
             for i in range(n)
         ]
+        observer = None
+        if variant == "submit, observed":
+            observer = asyncio.create_task(count_events(handle.events()))  # subscribed from here on
         started = time.perf_counter()
-        if variant == "submit":
+        if variant != "submit_and_watch":
             for spec in specs[:-1]:
                 await handle.submit(spec)
             _, last = await handle.submit_and_watch(specs[-1])
@@ -177,15 +185,25 @@ async def phase_a(n: int) -> tuple[float, float]:
                 waiters.append(waiter)
             outcomes = await asyncio.gather(*(w.wait() for w in waiters))
         elapsed = time.perf_counter() - started
+        if observer is not None:
+            observer.cancel()
+            await asyncio.gather(observer, return_exceptions=True)
         if any(o.rejection is not RejectionKind.SLOT_BUSY for o in outcomes):
             raise RuntimeError(f"(a) expected REJECTED/slot_busy, got {outcomes[-1]!r}")
-        rates.append(n / elapsed)
+        rates[variant] = max(rates.get(variant, 0.0), n / elapsed)
         print(f"  (a) {variant:<17} {n} rejected in {elapsed:.3f} s -> {n / elapsed:10,.0f} /s")
     await shutdown(handle)
     if (await owner.wait()).kind is not OutcomeKind.CANCELED:
         raise RuntimeError("(a) the owner did not end CANCELED")
     check_no_children()
-    return rates[0], rates[1]
+    return rates["submit"], rates["submit_and_watch"], rates["submit, observed"]
+
+
+async def count_events(stream: object) -> int:
+    count = 0
+    async for _ in stream:  # type: ignore[attr-defined]
+        count += 1
+    return count
 
 
 async def phase_b(slots: int) -> float:
@@ -208,8 +226,13 @@ async def phase_b(slots: int) -> float:
     return slots / taken
 
 
-async def phase_c(n: int) -> float:
-    """The floor: a producer and a consumer exchanging `n` items through an asyncio.Queue."""
+async def phase_c(n: int, rounds: int = 1) -> float:
+    """The floor: a producer and a consumer exchanging `n` items through an asyncio.Queue
+    (the best of `rounds`)."""
+    return max([await exchange(n) for _ in range(rounds)])
+
+
+async def exchange(n: int) -> float:
     queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1024)
 
     async def produce() -> None:
@@ -354,8 +377,8 @@ async def main_async(args: argparse.Namespace) -> int:
     # (e) first: RSS growth is only visible while the heap has not yet grown and shrunk again.
     per_item = await phase_e(args.queued, 100, traced=False)
     per_item_heap = await phase_e(args.queued, 100, traced=True)
-    rate_c = await phase_c(args.n)
-    rate_a, rate_a_watch = await phase_a(args.n)
+    rate_c = await phase_c(args.n, args.rounds)
+    rate_a, rate_a_watch, rate_a_observed = await phase_a(args.n, args.rounds)
     rate_b = await phase_b(args.slots)
     rate_c2 = await phase_c(args.n)  # once more after the others, to see the loop's own drift
     rate_c = max(rate_c, rate_c2)
@@ -367,6 +390,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print("results:")
     print(f"  (a) busy-slot rejections (submit)           {rate_a:12,.0f} /s   {100 * rate_a / rate_c:6.1f} % of (c)")
     print(f"  (a) busy-slot rejections (submit_and_watch) {rate_a_watch:12,.0f} /s   {100 * rate_a_watch / rate_c:6.1f} % of (c)")
+    print(f"  (a) busy-slot rejections (submit, observed) {rate_a_observed:12,.0f} /s   {100 * rate_a_observed / rate_c:6.1f} % of (c)")
     print(f"  (b) submissions into idle slots             {rate_b:12,.0f} /s   {100 * rate_b / rate_c:6.1f} % of (c)")
     print(f"  (c) asyncio.Queue producer/consumer (best)  {rate_c:12,.0f} /s")
     print(f"  (d) drain of {args.drain:,} noop tasks, max_concurrent={args.drain_concurrency}: {drain:.2f} s ({args.drain / drain:,.0f} tasks/s)")
@@ -387,6 +411,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a short smoke run with small counts")
     parser.add_argument("--n", type=int, default=20_000, help="submissions for (a) and items for (c)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of (a) submit and of (c); the best of each is compared")
     parser.add_argument("--slots", type=int, default=1_000, help="slots for (b)")
     parser.add_argument("--drain", type=int, default=10_000, help="noop tasks for (d), over 100 slots")
     parser.add_argument("--drain-concurrency", type=int, default=2, help="max_concurrent for (d); 0 = None")
@@ -396,7 +421,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.n, args.slots, args.drain, args.queued, args.samples = 2_000, 100, 500, 2_000, 5
     args.drain_concurrency = args.drain_concurrency or None
-    if min(args.n, args.slots, args.drain, args.queued, args.samples) < 1:
+    if min(args.n, args.rounds, args.slots, args.drain, args.queued, args.samples) < 1:
         parser.error("counts must be positive")
     if args.drain < 100 or args.queued < 100:
         parser.error("--drain and --queued need at least 100 (they are spread over 100 slots)")

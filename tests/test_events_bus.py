@@ -388,6 +388,30 @@ def test_the_alive_view_is_never_lossy(terminal: EventKind) -> None:
     run(main())
 
 
+def test_an_event_nobody_observes_is_not_built_but_takes_its_seq() -> None:
+    """With no subscriber and no live iterator an event is only counted: `publish` returns None,
+    the alive view is still kept, and the next observed event's seq shows the skipped ones."""
+
+    async def main() -> None:
+        bus = Bus([], bus_capacity=16)
+        assert bus.publish(K.CONTROLLER_SUBMITTED, task="x", id=1, slot="s") is None
+        bus.publish(K.ATTEMPT_STARTING, task="coop", attempt=1, pid=10)  # the alive view reads it
+        assert bus.alive_snapshot() == ["coop"]
+        stream = bus.events()
+        first = bus.publish(K.CONTROLLER_REJECTED, task="x", id=1, slot="s")
+        second = bus.publish(K.TASK_REMOVED, task="x")
+        assert first is not None and second is not None and second.seq == first.seq + 1
+        del stream  # no live iterator left: unobserved again
+        assert bus.publish(K.TASK_REMOVED, task="y") is None
+        third = bus.events()
+        later = bus.publish(K.TASK_REMOVED, task="z")
+        assert later is not None and later.seq == second.seq + 2  # the unobserved one took a number
+        await bus.close(timeout=DEADLINE)
+        assert [e async for e in third] == [later]
+
+    run(main())
+
+
 def test_bad_bus_settings_are_refused_with_the_field_named() -> None:
     """Bad capacities and subscribers fail at construction, naming the field."""
     with pytest.raises(ConfigError, match="bus_capacity"):

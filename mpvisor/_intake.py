@@ -1,0 +1,85 @@
+"""How do commands wait for room in the controller's bounded intake, in the order they were issued?
+
+`Intake` is the controller's command queue: a FIFO of at most `capacity` commands that one
+consumer (the controller loop) drains with `take()` without awaiting, and producers fill with
+`offer()` (room now, or False) or `put()` (wait for room). It replaces an `asyncio.Queue`
+because the controller's intake is its hot path (a busy slot may reject 100,000 submissions a
+second) and the loop never awaits the queue itself: it is woken by the `wake` callback, so the
+getter machinery of `asyncio.Queue` was pure overhead.
+
+Order and bounds:
+
+- `take()` hands the freed place to the first waiting producer and reserves it, so a place is
+  never promised twice and the queue never holds more than `capacity`;
+- so a waiting producer is never overtaken: while anyone waits, every place is held or
+  reserved and `offer()` refuses; commands enter in the order their callers asked;
+- a producer canceled after its place was granted passes the place on to the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Intake(Generic[T]):
+    """A bounded FIFO with waiting producers and one non-blocking consumer."""
+
+    __slots__ = ("_items", "_putters", "_reserved", "_wake", "capacity")
+
+    def __init__(self, capacity: int, wake: Callable[[], None]) -> None:
+        self.capacity = capacity
+        self._items: collections.deque[T] = collections.deque()
+        self._putters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._reserved = 0  # places granted to waiting producers that have not resumed yet
+        self._wake = wake  # called after every item that enters
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"<Intake {len(self._items)}/{self.capacity} waiting={len(self._putters)} reserved={self._reserved}>"
+
+    def offer(self, item: T) -> bool:
+        """Append `item` if there is a place nobody was promised (True); else False."""
+        if len(self._items) + self._reserved >= self.capacity:
+            return False
+        self._items.append(item)
+        self._wake()
+        return True
+
+    async def put(self, item: T) -> None:
+        """Append `item`, waiting behind earlier producers for room."""
+        if self.offer(item):
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._putters.append(granted)
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self._reserved -= 1  # granted a place while being canceled: pass it on
+            else:
+                self._putters.remove(granted)
+            self._grant()
+            raise
+        self._reserved -= 1
+        self._items.append(item)
+        self._wake()
+
+    def take(self) -> T:
+        """Remove and return the oldest item (IndexError when empty); grant its place."""
+        item = self._items.popleft()
+        self._grant()
+        return item
+
+    def _grant(self) -> None:
+        while self._putters and len(self._items) + self._reserved < self.capacity:
+            granted = self._putters.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                self._reserved += 1
