@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from ._config import ControllerConfig, SupervisorConfig
     from ._events import Event, EventKind
     from ._handle import SupervisorHandle
+    from ._metrics import PrometheusMetrics
     from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
+    from ._runtime import TaskId
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
     from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
@@ -65,6 +67,8 @@ _LAZY = {
     "TaskFn": "._task",
     "JsonLinesWriter": "._writers",
     "LogWriter": "._writers",
+    "PrometheusMetrics": "._metrics",
+    "TaskId": "._runtime",
     "TaskInfo": "._registry",
     "TaskWaiter": "._registry",
     "SupervisorHandle": "._handle",
@@ -122,6 +126,7 @@ __all__ = (
     "MpvisorError",
     "OutcomeKind",
     "PreparedSubmission",
+    "PrometheusMetrics",
     "RejectionKind",
     "RestartPolicy",
     "ShuttingDown",
@@ -135,6 +140,7 @@ __all__ = (
     "TaskContext",
     "TaskDefaults",
     "TaskFn",
+    "TaskId",
     "TaskInfo",
     "TaskOutcome",
     "TaskSpec",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import _validate
 from ._errors import ControllerNotConfigured, ShuttingDown, TaskTerminationTimeout
 from ._registry import Add, Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
-from ._runtime import next_id
+from ._runtime import TaskId, next_id
 from ._spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -44,17 +44,17 @@ class SupervisorHandle:
 
     # --- adding ---------------------------------------------------------------------------------
 
-    async def add(self, spec: TaskSpec) -> int:
+    async def add(self, spec: TaskSpec) -> TaskId:
         return (await self._add([spec], wait=True))[0].id
 
-    async def try_add(self, spec: TaskSpec) -> int:
+    async def try_add(self, spec: TaskSpec) -> TaskId:
         return (await self._add([spec], wait=False))[0].id
 
-    async def add_and_watch(self, spec: TaskSpec) -> tuple[int, TaskWaiter]:
+    async def add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, TaskWaiter]:
         waiter = (await self._add([spec], wait=True))[0]
         return waiter.id, waiter
 
-    async def try_add_and_watch(self, spec: TaskSpec) -> tuple[int, TaskWaiter]:
+    async def try_add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, TaskWaiter]:
         waiter = (await self._add([spec], wait=False))[0]
         return waiter.id, waiter
 
@@ -65,10 +65,10 @@ class SupervisorHandle:
 
     # --- removing --------------------------------------------------------------------------------
 
-    async def remove(self, id: int) -> bool:
+    async def remove(self, id: TaskId) -> bool:
         return (await self._remove(_id(id), wait=True))[0]
 
-    async def try_remove(self, id: int) -> bool:
+    async def try_remove(self, id: TaskId) -> bool:
         return (await self._remove(_id(id), wait=False))[0]
 
     async def remove_by_name(self, name: str) -> bool:
@@ -77,16 +77,16 @@ class SupervisorHandle:
     async def try_remove_by_name(self, name: str) -> bool:
         return (await self._remove(_validate.name("name", name), wait=False))[0]
 
-    async def cancel(self, id: int) -> bool:
+    async def cancel(self, id: TaskId) -> bool:
         return await self._cancel(_id(id), wait=True, timeout=None)
 
-    async def try_cancel(self, id: int) -> bool:
+    async def try_cancel(self, id: TaskId) -> bool:
         return await self._cancel(_id(id), wait=False, timeout=None)
 
-    async def cancel_with_timeout(self, id: int, timeout: float | timedelta) -> bool:
+    async def cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
         return await self._cancel(_id(id), wait=True, timeout=_timeout(timeout))
 
-    async def try_cancel_with_timeout(self, id: int, timeout: float | timedelta) -> bool:
+    async def try_cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
         return await self._cancel(_id(id), wait=False, timeout=_timeout(timeout))
 
     async def cancel_by_name(self, name: str) -> bool:
@@ -120,7 +120,7 @@ class SupervisorHandle:
 
     # --- reading ---------------------------------------------------------------------------------
 
-    async def watch(self, id: int) -> TaskWaiter | None:
+    async def watch(self, id: TaskId) -> TaskWaiter | None:
         await self._enter()
         return await self._rt.registry.call(Watch(_id(id)), wait=True)  # type: ignore[no-any-return]
 
@@ -146,18 +146,18 @@ class SupervisorHandle:
     def prepare_submission(self, spec: ControllerSpec) -> PreparedSubmission:
         return self._controller().prepare(spec)  # type: ignore[no-any-return]
 
-    async def submit(self, spec: ControllerSpec) -> int:
+    async def submit(self, spec: ControllerSpec) -> TaskId:
         controller = self._controller()
         return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=True)  # type: ignore[no-any-return]
 
-    async def try_submit(self, spec: ControllerSpec) -> int:
+    async def try_submit(self, spec: ControllerSpec) -> TaskId:
         controller = self._controller()
         return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=False)  # type: ignore[no-any-return]
 
-    async def submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
+    async def submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, TaskWaiter]:
         return await self.prepare_submission(spec).submit_and_watch()
 
-    async def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[int, TaskWaiter]:
+    async def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, TaskWaiter]:
         return await self.prepare_submission(spec).try_submit_and_watch()
 
     def controller_snapshot(self) -> ControllerSnapshot:
@@ -182,7 +182,7 @@ def _checked_spec(spec: object) -> TaskSpec:
     return spec
 
 
-def _id(value: object) -> int:
+def _id(value: object) -> TaskId:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"id must be a TaskId (an int), got {value!r}")
     return value

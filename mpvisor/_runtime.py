@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._bus import Bus
 from ._config import SupervisorConfig
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._controller import Controller
 
 _log = logging.getLogger("mpvisor.runtime")
+TaskId: TypeAlias = int  # a task's identity: unique in this process, never reused
 next_id = itertools.count(1).__next__  # TaskIds increase in allocation order, process-wide
 
 

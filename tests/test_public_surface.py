@@ -19,7 +19,7 @@ CONTRACT = {
     "ControllerNotConfigured", "ControllerFull", "ControllerClosed", "AlreadySubmitted",
     "Event", "EventKind", "BackoffSource", "LogWriter", "JsonLinesWriter",
     "ControllerConfig", "ControllerSpec", "AdmissionPolicy", "PreparedSubmission",
-    "ControllerSnapshot", "SlotView", "SlotStatus",
+    "ControllerSnapshot", "SlotView", "SlotStatus", "PrometheusMetrics", "TaskId",
 }
 
 
