@@ -331,7 +331,7 @@ class Controller:
     async def close_intake(self) -> None:
         """Refuse new submissions; let the loop take what was already accepted."""
         self.closed = True  # from now on the loop takes queued commands regardless of the cap
-        await self._until(lambda: not self.queue)
+        await self._until(self.queue.drained)
 
     def reject_pending(self) -> None:
         """Reject every submission not handed to the registry; from now on freed slots go idle."""
@@ -359,7 +359,7 @@ class Controller:
             self._watching -= 1
 
     def _is_settled(self) -> bool:
-        return not self.inbox and not self.admitting and not self.owners and not self.queue and self.in_flight == 0
+        return not self.inbox and not self.admitting and not self.owners and self.queue.drained() and self.in_flight == 0
 
     def idle(self) -> bool:
         return self._is_settled() and self.table.total_queued == 0

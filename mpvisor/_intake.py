@@ -44,6 +44,10 @@ class Intake(Generic[T]):
     def __repr__(self) -> str:
         return f"<Intake {len(self._items)}/{self.capacity} waiting={len(self._putters)} reserved={self._reserved}>"
 
+    def drained(self) -> bool:
+        """Nothing held, nobody waiting, no place promised: every command issued was taken."""
+        return not (self._items or self._putters or self._reserved)
+
     def offer(self, item: T) -> bool:
         """Append `item` if there is a place nobody was promised (True); else False."""
         if len(self._items) + self._reserved >= self.capacity:

@@ -83,10 +83,12 @@ def test_a_place_granted_to_a_producer_canceled_before_it_resumed_passes_on() ->
         first, second = asyncio.create_task(intake.put(1)), asyncio.create_task(intake.put(2))
         await settle()
         assert intake.take() == 0  # grants the place to `first`...
+        assert len(intake) == 0 and not intake.drained()  # empty, but a place is promised
         first.cancel()  # ...which is canceled before it could use it
         await settle()
         assert first.cancelled() and second.done()
         assert drain(intake) == [2]
+        assert intake.drained()
         assert intake.offer(3)
 
     asyncio.run(asyncio.wait_for(main(), 10))
@@ -146,6 +148,7 @@ def test_random_producers_and_takes_keep_bounds_order_and_lose_nothing(capacity:
             expected = [i for i in requested if i not in canceled and i not in still_waiting]
             assert entered == expected
             assert not still_waiting or not entered or min(still_waiting) > max(entered), "a waiting producer was overtaken"
+            assert intake.drained() == (not held and not still_waiting)
         for task in putters.values():
             task.cancel()
         await asyncio.gather(*putters.values(), return_exceptions=True)
