@@ -29,6 +29,7 @@ def drain(intake: Intake[int]) -> list[int]:
 
 
 def test_offer_fills_to_capacity_and_take_is_fifo() -> None:
+    """Offers enter up to the capacity and wake the consumer once each; take() is FIFO."""
     wakes: list[None] = []
     intake: Intake[int] = Intake(3, lambda: wakes.append(None))
     assert [intake.offer(i) for i in range(4)] == [True, True, True, False]
@@ -39,6 +40,7 @@ def test_offer_fills_to_capacity_and_take_is_fifo() -> None:
 
 
 def test_waiting_producers_enter_in_order_and_are_never_overtaken() -> None:
+    """A freed place goes to the first waiting producer; an offer cannot take it."""
     async def main() -> None:
         intake: Intake[int] = Intake(2, lambda: None)
         assert intake.offer(0) and intake.offer(1)
@@ -60,6 +62,7 @@ def test_waiting_producers_enter_in_order_and_are_never_overtaken() -> None:
 
 
 def test_a_canceled_waiting_producer_leaves_the_line_without_entering() -> None:
+    """A producer canceled while waiting never enters; the next one gets the place."""
     async def main() -> None:
         intake: Intake[int] = Intake(1, lambda: None)
         assert intake.offer(0)
@@ -77,6 +80,7 @@ def test_a_canceled_waiting_producer_leaves_the_line_without_entering() -> None:
 
 
 def test_a_place_granted_to_a_producer_canceled_before_it_resumed_passes_on() -> None:
+    """A place granted to a producer that is canceled before it resumes goes to the next one."""
     async def main() -> None:
         intake: Intake[int] = Intake(1, lambda: None)
         assert intake.offer(0)

@@ -41,6 +41,7 @@ def ev(seq: int, kind: EventKind, **fields: object) -> Event:
 
 
 def test_events_become_counters_gauges_and_histograms() -> None:
+    """Each metric follows the events it is built from."""
     metrics, registry = fresh()
     feed = [
         ev(1, K.ATTEMPT_STARTING, task="a", id=1, attempt=1, pid=10),
@@ -107,12 +108,14 @@ def test_a_supervisor_run_is_counted_and_scrapable() -> None:
 
 
 def test_without_the_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without prometheus_client, building one names the extra to install."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what an absent package looks like
     with pytest.raises(ImportError, match=r"pip install 'mpvisor\[prometheus\]'"):
         PrometheusMetrics()
 
 
 def test_importing_mpvisor_does_not_import_prometheus_client() -> None:
+    """The optional dependency is imported only when a PrometheusMetrics is built."""
     code = "import sys, mpvisor; mpvisor.PrometheusMetrics; print('prometheus_client' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
     assert out.stdout.strip() == "False"
