@@ -1,11 +1,12 @@
-"""How do commands wait for room in the controller's bounded intake, in the order they were issued?
+"""How do commands wait for room in a bounded command queue, in the order they were issued?
 
-`Intake` is the controller's command queue: a FIFO of at most `capacity` commands that one
-consumer (the controller loop) drains with `take()` without awaiting, and producers fill with
-`offer()` (room now, or False) or `put()` (wait for room). It replaces an `asyncio.Queue`
-because the controller's intake is its hot path (a busy slot may reject 100,000 submissions a
-second) and the loop never awaits the queue itself: it is woken by the `wake` callback, so the
-getter machinery of `asyncio.Queue` was pure overhead.
+`Intake` is the command queue of the registry and of the controller: a FIFO of at most
+`capacity` commands, drained by one consumer loop with `take()` (it never awaits the queue; the
+`wake` callback tells it a command entered), and filled by producers with `offer()` (room now,
+or False: the `try_*` calls) or `put()` (wait for room). It replaces `asyncio.Queue`, whose getter
+machinery the consumers did not use, and which lets a producer woken for a freed place lose it
+to a later `put_nowait`. The controller's intake is also its hot path (a busy slot may reject
+100,000 submissions a second).
 
 Order and bounds:
 

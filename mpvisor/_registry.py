@@ -1,7 +1,7 @@
 """Which tasks exist, and who may remove them?
 
 The registry is the only authority on membership. It takes commands from one bounded queue
-(`registry_capacity`) and handles each in one synchronous step on the runtime loop, so commands
+(`registry_capacity`, an `Intake`: a caller waiting for room is never overtaken) and handles each in one synchronous step on the runtime loop, so commands
 apply in the order they were issued and nothing interleaves with a claim. It owns ids-to-tasks,
 names-to-tasks, removal claims, and terminal cleanup (in the order SPEC §4 gives).
 
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ._actor import Claim, TaskActor
 from ._errors import CommandQueueFull, ShuttingDown, TaskAlreadyExists
 from ._events import EventKind
+from ._intake import Intake
 from ._outcome import RejectionKind, TaskOutcome
 from ._spec import ResolvedSpec
 
@@ -105,7 +106,8 @@ class Registry:
 
     def __init__(self, runtime: Runtime, capacity: int) -> None:
         self.runtime = runtime
-        self.queue: asyncio.Queue[Command] = asyncio.Queue(capacity)
+        self._wake = asyncio.Event()  # set when a command enters the queue
+        self.queue: Intake[Command] = Intake(capacity, self._wake.set)
         self.by_id: dict[int, TaskActor] = {}
         self.by_name: dict[str, TaskActor] = {}
         self.outcomes: dict[int, asyncio.Future[TaskOutcome]] = {}
@@ -117,7 +119,7 @@ class Registry:
         self._loop_task = asyncio.get_running_loop().create_task(self._serve(), name="mpvisor-registry")
 
     def __repr__(self) -> str:
-        return f"<Registry tasks={len(self.by_id)} queued={self.queue.qsize()} closed={self.closed}>"
+        return f"<Registry tasks={len(self.by_id)} queued={len(self.queue)} closed={self.closed}>"
 
     # --- the command queue -----------------------------------------------------------------
 
@@ -128,16 +130,17 @@ class Registry:
             raise ShuttingDown("the supervisor is shutting down")
         if wait:
             await self.queue.put(command)
-        else:
-            try:
-                self.queue.put_nowait(command)
-            except asyncio.QueueFull:
-                raise CommandQueueFull(f"the registry's command queue is full ({self.queue.maxsize})") from None
+        elif not self.queue.offer(command):
+            raise CommandQueueFull(f"the registry's command queue is full ({self.queue.capacity})")
         return await command.reply
 
     async def _serve(self) -> None:
         while True:
-            command = await self.queue.get()
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            command = self.queue.take()
             if command.reply.done():
                 continue
             try:
@@ -171,8 +174,8 @@ class Registry:
             await self._loop_task
         except asyncio.CancelledError:
             pass
-        while not self.queue.empty():
-            command = self.queue.get_nowait()
+        while self.queue:
+            command = self.queue.take()
             if not command.reply.done():
                 command.reply.set_exception(ShuttingDown("the supervisor is shutting down"))
 
