@@ -185,6 +185,10 @@ class _Mailbox:
             self._items.clear()
             self._cond.notify()
 
+    def join(self) -> None:
+        """Wait for a thread that has signalled `done` to return (it has nothing left to do)."""
+        self._thread.join(timeout=1.0)
+
     def _next(self) -> Event | None:
         with self._cond:
             while not self._items and self._phase == "open":
@@ -379,7 +383,9 @@ class Bus:
             await asyncio.wait(waiting, timeout=timeout)
         for box in self._mailboxes:
             if box.done is not None and not box.done.done():
-                box.abandon()
+                box.abandon()  # still blocked in its callback at the deadline: left behind
+            elif box.done is not None:
+                box.join()  # it signalled its end as its last step: no subscriber thread outlives close
         self._phase = "closed"
 
     def __repr__(self) -> str:

@@ -259,6 +259,9 @@ class LauncherClient:
             if self._proc is not None:
                 self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
             await asyncio.shield(self._gone)
+        # `_gone` is resolved as the keeper's last step: the join only waits for it to return, so
+        # no mpvisor thread outlives the shutdown that closed it.
+        self._thread.join(timeout=1.0)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

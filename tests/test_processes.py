@@ -758,6 +758,8 @@ def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
             assert all(gone_or_orphan_zombie(pid) for pid in old_pids)
             _, outcome = await finished(handle, events, once("after", basic.quick, "after"))
             assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "after"
+        # the shutdown is over: the replacement launcher's keeper thread has ended too
+        assert [t.name for t in threading.enumerate() if t.name.startswith("mpvisor")] == []
 
     run(body())
 
