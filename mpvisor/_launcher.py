@@ -1,6 +1,7 @@
 """Who forks, signals, reaps and cleans up after attempt processes?
 
-The launcher: a single-threaded helper process the parent starts once (and again if it dies). It
+The launcher: a single-threaded helper process the parent starts once (and again if it dies),
+forked at once by its guardian (`_guardian.py`), which stays above it to clean up if it is killed. It
 has imported mpvisor and the `preload` modules, so forking an attempt from it is cheap and never
 forks the (possibly multi-threaded) parent. It is the parent of every attempt process and a child
 subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
@@ -44,7 +45,7 @@ import sys
 import time
 from typing import Any
 
-from . import _child, _platform
+from . import _child, _guardian, _platform
 from ._wire import pack, unpack
 
 _PID = struct.Struct("=i")
@@ -92,6 +93,7 @@ class Launcher:
         self.sel.register(self.ready_r, selectors.EVENT_READ, self._on_ready)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_wake)
         self.children_file = f"/proc/{self.me}/task/{self.me}/children"
+        self.reporting = True  # False once the launcher stops: attempts end as "launcher died"
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -266,6 +268,8 @@ class Launcher:
             _kill_checked(pid, self.adopted[pid])
 
     def _report_drained(self) -> None:
+        if not self.reporting:
+            return
         for attempt in [a for a in self.draining if not a.adopted]:
             self.draining.discard(attempt)
             del self.attempts[attempt.pid]
@@ -292,8 +296,12 @@ class Launcher:
         return seen
 
     def _stop_everything(self) -> None:
-        """The parent is gone (or asked): kill every tree, reap it all, exit."""
+        """The parent is gone (or asked): kill every tree, reap it all, exit.
+
+        Nothing is reported any more: an attempt ended here ended because the launcher went away,
+        which the parent learns from the control socket's EOF ("launcher died")."""
         self.sel.unregister(self.ctl)
+        self.reporting = False
         for attempt in self.attempts.values():
             if attempt.status is None:
                 _killpg(attempt.pid)
@@ -408,6 +416,7 @@ def _on_parent_death(signum: int, frame: object) -> None:
 
 
 def _prepare_process(parent_pid: int) -> None:
+    os.setpgid(0, 0)  # its own process group, apart from the guardian's
     for signum in TERMINAL_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
@@ -433,10 +442,11 @@ def _preload(modules: list[str]) -> str | None:
 
 def main(argv: list[str]) -> None:
     parent_pid, ctl_fd, preload = int(argv[0]), int(argv[1]), argv[2:]
-    _prepare_process(parent_pid)
+    guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd])  # returns in the launcher
+    _prepare_process(guardian)
     ctl = socket.socket(fileno=ctl_fd)
     os.set_inheritable(ctl_fd, False)
-    launcher = Launcher(ctl, parent_pid)
+    launcher = Launcher(ctl, guardian)
     signal.set_wakeup_fd(launcher.wake_w)
     error = _preload(preload)
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages

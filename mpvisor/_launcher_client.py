@@ -1,8 +1,10 @@
 """How does the parent keep a launcher running and talk to it?
 
 `LauncherClient` owns one launcher process at a time: a keeper thread (alive as long as the
-supervisor, so the launcher's parent-death signal is tied to it) starts it, waits for it to end,
-and starts another if it died. On the runtime loop, the client speaks the control protocol of
+supervisor, so the parent-death signal of what it starts is tied to it) starts the launcher's
+guardian (`_guardian.py`, which forks the launcher), waits for the guardian to end (after a
+killed launcher: once it has cleaned up), and starts another if the launcher died. `pid` is the
+launcher's own, from its `ready` message. On the runtime loop, the client speaks the control protocol of
 `_launcher.py` over a SOCK_SEQPACKET socket and routes each reply to its `AttemptProcess`.
 
 | event | the client |
@@ -102,7 +104,7 @@ class LauncherClient:
         finally:
             theirs.close()
         self._proc = proc
-        self.loop.call_soon_threadsafe(self._attach, ours, proc.pid)
+        self.loop.call_soon_threadsafe(self._attach, ours)
         return proc
 
     def _fail_ready(self, error: str) -> None:
@@ -110,10 +112,9 @@ class LauncherClient:
         if not self._ready.done():
             self._ready.set_result(None)
 
-    def _attach(self, sock: socket.socket, pid: int) -> None:
+    def _attach(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
-        self.pid = pid
         self.loop.add_reader(sock.fileno(), self._on_readable)
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
@@ -191,6 +192,7 @@ class LauncherClient:
     def _dispatch(self, msg: list[Any], fds: list[int]) -> None:
         match msg:
             case ["ready", int(pid), error]:
+                self.pid = pid  # the launcher's own pid (the process started is its guardian)
                 self._error = error
                 if not self._ready.done():
                     self._ready.set_result(None)

@@ -197,13 +197,13 @@ def kill_leftovers(timeout: float = 3.0) -> list[str]:
 
 
 def attempt_processes() -> list[int]:
-    """Live (non-zombie) children of the launcher(s) the test process started."""
+    """Live (non-zombie) children of the launcher(s) the test process started (each launcher is
+    the only child of a guardian, which is the test process's child)."""
     pids = []
-    for launcher in psutil.Process().children():
+    for guardian in psutil.Process().children():
         try:
-            for child in launcher.children():
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(child.pid)
+            for launcher in guardian.children():
+                pids.extend(c.pid for c in launcher.children() if c.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
             pass
     return pids

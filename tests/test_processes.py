@@ -765,6 +765,36 @@ def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
     run(body())
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("victim", ["launcher", "guardian"])
+def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees(victim, tmp_path):
+    """PRC-23 and beyond SPEC §1.11: SIGKILL of the launcher (its guardian kills what re-parents to
+    it) or of its guardian (the launcher sees its parent go and kills every tree) leaves no process
+    of a running stubborn tree, setsid'ed and double-forked descendants included."""
+    records = tmp_path / "tree.jsonl"
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
+            task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
+            starting = await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+            tree = [*await async_wait_for(lambda: read_records(records)), {"pid": starting.pid}]
+            launcher = launcher_pid(handle)
+            guardian = psutil.Process(launcher).ppid()
+            assert guardian == handle._rt.client._proc.pid and psutil.Process(guardian).ppid() == os.getpid()
+            os.kill(launcher if victim == "launcher" else guardian, signal.SIGKILL)
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome
+            try:
+                await async_wait_for(lambda: all_gone(tree), timeout=5.0)
+            except AssertionError:
+                raise AssertionError(f"left alive: {still_there(tree)}") from None
+            await async_wait_for(lambda: gone_or_orphan_zombie(launcher) and gone_or_orphan_zombie(guardian))
+            _, later = await finished(handle, events, once("later", basic.quick, "later"))
+            assert later.value == "later" and launcher_pid(handle) != launcher
+
+    run(body())
+
+
 # --- PRC-27: preload ------------------------------------------------------------------------
 
 

@@ -1,0 +1,76 @@
+"""Who cleans up when the launcher itself is killed?
+
+The guardian: the process the parent actually starts. It forks the launcher at once and stays
+above it as a child subreaper, doing nothing but wait for children. While the launcher lives the
+guardian has exactly one child (attempts' orphans re-parent to the attempt or the launcher,
+both subreapers, which are closer). When the launcher is gone, every attempt process it left
+(dying by its parent-death signal) and everything those started re-parent to the guardian, which
+kills and reaps them until none is left, then exits; the parent then starts a new guardian and
+launcher.
+
+| what happens | who cleans up |
+|---|---|
+| the launcher is asked to stop, or sees the parent go | the launcher kills every tree and exits; the guardian reaps it and exits |
+| the launcher is killed (SIGKILL, a crash) | the guardian kills whatever re-parents to it, until nothing does |
+| the guardian is killed | the launcher sees its parent go (SIGUSR1), kills every tree and exits |
+| the parent dies | the guardian dies with it (SIGKILL as parent-death signal), then as above |
+| guardian and launcher are killed at the same moment | nobody: what the attempts started may survive (SPEC §1.11) |
+
+The guardian only kills its own unreaped children, so a pid it signals cannot have been reused.
+It forks before the launcher imports `preload` modules, so it stays small.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+from typing import NoReturn
+
+from . import _platform
+
+
+def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int]) -> int:
+    """Become the guardian and fork the launcher; return (in the launcher) the guardian's pid.
+
+    `ignored` are the terminal signals both ignore; `close_fds` are the launcher's alone (its
+    control socket: the parent must see EOF when the launcher dies, whoever else lives on).
+    """
+    for signum in ignored:
+        signal.signal(signum, signal.SIG_IGN)
+    _platform.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before we could ask to follow it
+    _platform.set_child_subreaper()
+    guardian = os.getpid()
+    launcher = os.fork()
+    if launcher == 0:
+        return guardian
+    for fd in close_fds:
+        os.close(fd)
+    _watch(launcher)
+
+
+def _watch(launcher: int) -> NoReturn:
+    """Reap children; once the launcher is among them, kill every child as it arrives."""
+    children_file = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    launcher_gone = False
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED)
+        except ChildProcessError:
+            os._exit(0)  # no child left: the launcher and everything it left are gone
+        launcher_gone = launcher_gone or (ended is not None and ended.si_pid == launcher)
+        if launcher_gone:
+            for pid in _children(children_file):
+                try:
+                    os.kill(pid, signal.SIGKILL)  # our unreaped child: its pid cannot be reused
+                except ProcessLookupError:
+                    pass
+
+
+def _children(children_file: str) -> list[int]:
+    try:
+        return [int(pid) for pid in _platform.read_small_file(children_file).split()]
+    except OSError:
+        return []
