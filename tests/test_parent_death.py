@@ -3,7 +3,7 @@
 The parent is `workers/scripts/parent_for_death.py`, run as a subprocess of the test: it serves
 mpvisor with two cooperative attempts and a `stubborn_tree` attempt (a child, a grandchild, a
 `setsid()` grandchild and a double-forked orphan, all ignoring SIGTERM), reports every pid it
-started (the launcher's too) with its create time, and waits. The test SIGKILLs it and checks
+started (the launcher's and its guardian's too) with its create time, and waits. The test SIGKILLs it and checks
 that within 2 s (plus CI slack) none of those processes exists.
 """
 
@@ -58,7 +58,7 @@ def test_parent_death_kills_every_attempt(start_method, tmp_path):
         wait_for(lambda: out.exists() or parent.poll() is not None, timeout=20)
         assert parent.poll() is None, f"the parent script ended early with {parent.returncode}"
         report = json.loads(out.read_text())
-        everyone = [report["launcher"], *report["attempts"], *report["tree"]]
+        everyone = [report["launcher"], report["guardian"], *report["attempts"], *report["tree"]]
         assert len(report["attempts"]) == 3 and len(report["tree"]) == 4
         assert {r["role"] for r in report["tree"]} == {"child", "grandchild", "setsid-grandchild", "orphan"}
         assert not any(dead(r) for r in everyone), "all must be alive before the kill"

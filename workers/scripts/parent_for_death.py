@@ -3,8 +3,8 @@
 Run as `python parent_for_death.py OUT_JSON RECORDS START_METHOD`: it serves a supervisor, adds
 two cooperative tasks and one `stubborn_tree` task (its descendants recorded in RECORDS), waits
 until all three attempts have started and the tree is recorded, then writes, atomically, to
-OUT_JSON every process that must die with it: `{"launcher": {...}, "attempts": [...], "tree":
-[...]}`, each a `{"pid", "create_time"}` record. Then it waits forever for the test's SIGKILL.
+OUT_JSON every process that must die with it: `{"launcher": {...}, "guardian": {...},
+"attempts": [...], "tree": [...]}`, each a `{"pid", "create_time"}` record. Then it waits forever for the test's SIGKILL.
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ async def main(out_path: str, records: str, start_method: str) -> None:
     while len(_read_tree(records)) < 4 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)  # the tree records itself from inside the attempt
     assert handle._rt.client is not None and handle._rt.client.pid is not None
-    report = {"launcher": _record(handle._rt.client.pid), "attempts": attempts, "tree": _read_tree(records)}
+    guardian = handle._rt.client._proc  # the process the parent started; it forked the launcher
+    assert guardian is not None
+    report = {"launcher": _record(handle._rt.client.pid), "guardian": _record(guardian.pid),
+              "attempts": attempts, "tree": _read_tree(records)}
     with open(out_path + ".tmp", "w", encoding="utf-8") as out:
         json.dump(report, out)
     os.replace(out_path + ".tmp", out_path)
