@@ -115,6 +115,7 @@ class LauncherClient:
     def _attach(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
+        self.pid = None  # a new launcher: its pid arrives with `ready`
         self.loop.add_reader(sock.fileno(), self._on_readable)
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
