@@ -3,8 +3,8 @@
 The registry is the only authority on membership. It takes commands from one bounded queue
 (`registry_capacity`, an `Intake`: a caller waiting for room is never overtaken) and handles
 each in one synchronous step on the runtime loop, so commands apply in the order they were
-issued and nothing interleaves with a claim. It owns ids-to-tasks,
-names-to-tasks, removal claims, and terminal cleanup (in the order SPEC §4 gives).
+issued and nothing interleaves with a claim. It owns ids-to-tasks, names-to-tasks, removal
+claims, and terminal cleanup (in the order SPEC §4 gives).
 
 | command | answer |
 |---|---|
