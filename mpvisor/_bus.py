@@ -22,6 +22,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | a trouble report about subscriber S | delivered to every consumer but S |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
+| nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
 | `close(timeout)` | stop intake, end iterators, let threads drain for at most `timeout` in total, then abandon what is left; a subscriber's `close()` (if any) is called on its own thread |
 
 One module on purpose: the queue, its thread and the throttle exist only for the bus.
