@@ -2,8 +2,9 @@
 
 A chaos campaign: rounds of random work on a fresh supervisor each, until `--duration` runs
 out. Every round picks a configuration (start method, concurrency, grace, output capture) and
-a mix of tasks from `CATALOGUE` (they return, raise, exit, segfault, kill themselves, ignore
-SIGTERM, leave descendants, flood output, return huge results, time out), added directly or
+a mix of tasks from `CATALOGUE` and `COMMANDS` (they return, raise, exit, segfault, kill
+themselves, ignore SIGTERM, leave descendants, flood output, return huge results, time out; the
+commands are shell programs doing the same), added directly or
 submitted into four slots with every admission policy. Half the rounds are *storms*: random
 removals and cancels, SIGKILL of the launcher or of its guardian while attempts run, and a
 shutdown at a random moment. The other half are *calm*: queue-only, nothing interrupted,
@@ -58,6 +59,7 @@ import psutil  # noqa: E402
 from mpvisor import (  # noqa: E402
     BackoffPolicy,
     CommandQueueFull,
+    CommandTask,
     ControllerConfig,
     ControllerFull,
     ControllerSpec,
@@ -82,6 +84,7 @@ class Behaviour:
     natural: OutcomeKind  # the outcome when nothing interrupts it (as a once task, or restartable)
     timeout: float | None = None  # set for the ones that would run until stopped
     restartable_natural: OutcomeKind | None = None  # when it differs for a restartable task
+    command: tuple[str, ...] | None = None  # a `CommandTask` argv instead of a Python target
 
 
 CATALOGUE = [
@@ -103,6 +106,14 @@ CATALOGUE = [
     Behaviour("workers.misbehave:stubborn_tree", (RECORD,), OutcomeKind.FAILED, timeout=0.3),
     Behaviour("workers.misbehave:hang", (), OutcomeKind.FAILED, timeout=0.2),
     Behaviour("workers.coop:cooperative", (), OutcomeKind.FAILED, timeout=0.2),
+]
+COMMANDS = [
+    Behaviour("sh", (), OutcomeKind.COMPLETED, command=("sh", "-c", "exit 0")),
+    Behaviour("sh", (), OutcomeKind.FAILED, command=("sh", "-c", "exit 3")),
+    Behaviour("sh", (), OutcomeKind.FAILED, command=("sh", "-c", "kill -9 $$")),
+    Behaviour("sh", (), OutcomeKind.COMPLETED, command=("sh", "-c", "setsid sleep 30 & sleep 0.02")),
+    Behaviour("sh", (), OutcomeKind.FAILED, timeout=0.2,
+              command=("sh", "-c", "trap '' TERM; sleep 30 & sleep 30 & wait")),
 ]
 FLOOD = Behaviour("workers.misbehave:flood", (200_000,), OutcomeKind.COMPLETED)  # only with capture_output
 CALL_LIMIT = 30.0  # seconds any single management call may take before it counts as a hang
@@ -143,7 +154,10 @@ class Tally:
 
 def spec_for(rng: random.Random, n: int, behaviour: Behaviour, record: str) -> tuple[TaskSpec, bool]:
     args = tuple(record if a == RECORD else a for a in behaviour.args)
-    task = TaskFn(f"chaos-{n}", behaviour.target, args)
+    if behaviour.command is not None:
+        task: TaskFn | CommandTask = CommandTask(f"chaos-{n}", behaviour.command)
+    else:
+        task = TaskFn(f"chaos-{n}", behaviour.target, args)
     restartable = rng.random() < 0.3
     if restartable:
         spec = TaskSpec.restartable(task).with_max_retries(2).with_backoff(BackoffPolicy.constant(0.01))
@@ -176,7 +190,7 @@ async def play(rng: random.Random, storm: bool, record: str, tally: Tally, launc
     stream = handle.events()
     events: list[Event] = []
     reader = asyncio.create_task(collect(stream, events))
-    catalogue = CATALOGUE + ([FLOOD] if capture else [])
+    catalogue = CATALOGUE + COMMANDS + ([FLOOD] if capture else [])
     planned: list[Planned] = []
     for n in range(rng.randrange(10, 60)):
         behaviour = rng.choice(catalogue)
