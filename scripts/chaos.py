@@ -178,50 +178,61 @@ def machinery_pid(rng: random.Random) -> int | None:
     return rng.choice([guardian.pid, launcher.pid])
 
 
-async def play(rng: random.Random, storm: bool, record: str, tally: Tally, launcher_kills: bool) -> None:
-    capture = rng.random() < 0.5
+def serve(rng: random.Random, storm: bool) -> tuple[Any, SupervisorConfig]:
+    """A fresh supervisor with a random configuration (calm rounds: room for every submission)."""
     config = SupervisorConfig(
         grace=rng.choice([0.2, 0.5]), timeout_kill_after=0.3, max_concurrent=rng.choice([None, 2, 4]),
-        start_method=rng.choice(["launcher", "launcher", "spawn"]), capture_output=capture, bus_capacity=1 << 20,
+        start_method=rng.choice(["launcher", "launcher", "spawn"]), capture_output=rng.random() < 0.5,
+        bus_capacity=1 << 20,
     )
-    # calm rounds: room for every submission (a full queue is a storm's business)
     controller = ControllerConfig(queue_capacity=rng.choice([8, 64]), max_slot_queue=rng.choice([2, 8, 100]) if storm else 100)
-    handle = Supervisor.builder(config).with_controller(controller).build().serve()
+    return Supervisor.builder(config).with_controller(controller).build().serve(), config
+
+
+async def submit(rng: random.Random, handle: Any, n: int, storm: bool, record: str, catalogue: list[Behaviour]) -> Planned | None:
+    """Add or submit one random task; None if it was refused at the door (nothing accepted)."""
+    behaviour = rng.choice(catalogue)
+    spec, restartable = spec_for(rng, n, behaviour, record)
+    slot = None if rng.random() < 0.3 else f"slot-{rng.randrange(4)}"
+    try:
+        if slot is None:
+            task_id, waiter = await within(handle.add_and_watch(spec), CALL_LIMIT, "add_and_watch")
+        else:
+            policies = [ControllerSpec.queue, ControllerSpec.replace, ControllerSpec.drop_if_running]
+            submission = (rng.choice(policies) if storm else ControllerSpec.queue)(spec).with_slot(slot)
+            use_try = storm and rng.random() < 0.5
+            call = handle.try_submit_and_watch(submission) if use_try else handle.submit_and_watch(submission)
+            task_id, waiter = await within(call, CALL_LIMIT, "submit_and_watch")
+    except (ControllerFull, CommandQueueFull):
+        return None
+    return Planned(task_id, spec.name, behaviour, restartable, slot, waiter)
+
+
+async def play(rng: random.Random, storm: bool, record: str, tally: Tally, launcher_kills: bool) -> None:
+    """One round: serve, submit (stirring in storms), shut down, then check what happened."""
+    handle, config = serve(rng, storm)
     stream = handle.events()
     events: list[Event] = []
     reader = asyncio.create_task(collect(stream, events))
-    catalogue = CATALOGUE + COMMANDS + ([FLOOD] if capture else [])
+    catalogue = CATALOGUE + COMMANDS + ([FLOOD] if config.capture_output else [])
     planned: list[Planned] = []
     for n in range(rng.randrange(10, 60)):
-        behaviour = rng.choice(catalogue)
-        spec, restartable = spec_for(rng, n, behaviour, record)
-        slot = None if rng.random() < 0.3 else f"slot-{rng.randrange(4)}"
-        try:
-            if slot is None:
-                task_id, waiter = await within(handle.add_and_watch(spec), CALL_LIMIT, "add_and_watch")
-            else:
-                policy = rng.choice([ControllerSpec.queue, ControllerSpec.replace, ControllerSpec.drop_if_running]) if storm else ControllerSpec.queue
-                submission = policy(spec).with_slot(slot)
-                use_try = storm and rng.random() < 0.5
-                call = handle.try_submit_and_watch(submission) if use_try else handle.submit_and_watch(submission)
-                task_id, waiter = await within(call, CALL_LIMIT, "submit_and_watch")
-        except (ControllerFull, CommandQueueFull):
-            continue  # refused at the door: nothing was accepted
-        planned.append(Planned(task_id, spec.name, behaviour, restartable, slot, waiter))
-        if storm:
+        if (p := await submit(rng, handle, n, storm, record, catalogue)) is not None:
+            planned.append(p)
+        if storm and planned:
             await stir(rng, handle, planned, tally, launcher_kills)
-    if storm:
-        if rng.random() < 0.5:
-            await asyncio.wait([asyncio.ensure_future(p.waiter.wait()) for p in planned], timeout=rng.random())
-    else:
-        await within(asyncio.gather(*(p.waiter.wait() for p in planned)), 60, "calm round: waiters")
+    waiting = asyncio.gather(*(p.waiter.wait() for p in planned))
+    if not storm:
+        await within(asyncio.shield(waiting), 60, "calm round: waiters")
+    elif rng.random() < 0.5:
+        await asyncio.wait([waiting], timeout=rng.random())  # let some end on their own first
     started = time.monotonic()
     try:
         await within(handle.shutdown(), config.grace + 30, "shutdown")
     except GraceExceeded:
         pass  # a stubborn tree outlived the grace: it was killed, and the outcome says so
     tally.slowest_shutdown = max(tally.slowest_shutdown, time.monotonic() - started)
-    outcomes = await within(asyncio.gather(*(p.waiter.wait() for p in planned)), 10, "waiters after shutdown")
+    outcomes = await within(waiting, 10, "waiters after shutdown")
     await within(reader, 10, "the events() iterator's end")
     if stream.dropped:
         raise Broken(f"the events() iterator dropped {stream.dropped} events (bus_capacity too small)")
