@@ -68,7 +68,7 @@ class Intake(Generic[T]):
         except BaseException:
             if granted.done() and not granted.cancelled():
                 self._reserved -= 1  # granted a place while being canceled: pass it on
-            else:
+            elif granted in self._putters:  # `_grant` may already have dropped it as done
                 self._putters.remove(granted)
             self._grant()
             raise

@@ -98,12 +98,30 @@ def test_a_place_granted_to_a_producer_canceled_before_it_resumed_passes_on() ->
     asyncio.run(asyncio.wait_for(main(), 10))
 
 
+def test_a_producer_canceled_just_before_a_take_leaves_cleanly() -> None:
+    """A canceled producer whose future a take() skips before it runs still ends canceled."""
+
+    async def main() -> None:
+        intake: Intake[int] = Intake(1, lambda: None)
+        assert intake.offer(0)
+        first, second = asyncio.create_task(intake.put(1)), asyncio.create_task(intake.put(2))
+        await settle()
+        first.cancel()  # cancels its future at once; its handler runs only on the next loop turn
+        assert intake.take() == 0  # before that: skips the canceled future, grants `second`
+        await settle()
+        assert first.cancelled() and second.done() and second.exception() is None
+        assert drain(intake) == [2] and intake.drained()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
 OPS = st.lists(
     st.one_of(
         st.just(("offer",)),
         st.just(("put",)),
         st.just(("take",)),
         st.tuples(st.just("cancel"), st.integers(0, 7)),
+        st.tuples(st.just("cancel_then_take"), st.integers(0, 7)),  # no loop turn in between
     ),
     max_size=40,
 )
@@ -136,12 +154,14 @@ def test_random_producers_and_takes_keep_bounds_order_and_lose_nothing(capacity:
                 case ("take",):
                     if len(intake):
                         taken.append(intake.take())
-                case ("cancel", k):
+                case ("cancel", k) | ("cancel_then_take", k):
                     waiting = [i for i, task in putters.items() if not task.done()]
                     if waiting:
                         victim = waiting[int(str(k)) % len(waiting)]
                         putters[victim].cancel()
                         canceled.add(victim)
+                    if op[0] == "cancel_then_take" and len(intake):
+                        taken.append(intake.take())
             await settle()
             held = list(intake._items)
             assert len(held) <= capacity
@@ -153,6 +173,9 @@ def test_random_producers_and_takes_keep_bounds_order_and_lose_nothing(capacity:
             assert entered == expected
             assert not still_waiting or not entered or min(still_waiting) > max(entered), "a waiting producer was overtaken"
             assert intake.drained() == (not held and not still_waiting)
+            for i, task in putters.items():  # a canceled producer ends canceled, the others cleanly
+                if task.done():
+                    assert task.cancelled() if i in canceled else task.exception() is None, (i, task)
         for task in putters.values():
             task.cancel()
         await asyncio.gather(*putters.values(), return_exceptions=True)
