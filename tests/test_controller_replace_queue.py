@@ -272,6 +272,7 @@ def test_replace_during_admission_removes_the_owner_after_acceptance(tmp_path):
             for i, _, a, a_waiter, b in pairs:
                 assert (await outcome(a_waiter)).kind is OutcomeKind.CANCELED
                 await running(handle, f"b-{i}")
+                await seen(events, EventKind.ATTEMPT_STARTING, id=b)  # delivered in seq order: what came before is in
                 assert events.of(EventKind.TASK_ADDED, id=a)
                 replaced = [r for r in transitions(events, f"s-{i}") if "(replace)" in r]
                 assert len(replaced) == 1 and replaced[0] in REPLACED, replaced
