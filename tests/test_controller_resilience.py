@@ -15,7 +15,7 @@ from mpvisor import (
     TaskSpec,
 )
 from mpvisor._slots import SlotTable
-from tests._support import run, supervised
+from tests._support import run, seen, supervised
 
 
 @pytest.mark.timeout(60)
@@ -40,6 +40,7 @@ def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
             assert "injected slot-table bug" in (outcome.reason or "")
             _, fine = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("fine"))
             assert (await fine.wait()).kind is OutcomeKind.COMPLETED
+            await seen(events, EventKind.RUNTIME_FAILURE)  # the collector's thread may lag
             (failure,) = events.of(EventKind.RUNTIME_FAILURE)
             assert "injected slot-table bug" in failure.reason
 
