@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
-from tests._support import run, supervised, zombie_children
+from tests._support import async_wait_for, run, supervised, zombie_children
 
 
 @pytest.mark.timeout(120)
@@ -25,6 +25,7 @@ def test_short_attempts_always_start_and_complete():
             ]
             outcomes = await asyncio.gather(*(w.wait() for w in waiters))
             assert Counter(o.kind for o in outcomes) == {OutcomeKind.COMPLETED: 400}
+            await async_wait_for(lambda: len(events.of(EventKind.TASK_REMOVED)) == 400)  # the collector may lag
             assert len(events.of(EventKind.ATTEMPT_STARTING)) == 400
             assert set(zombie_children()) <= zombies
 
