@@ -53,7 +53,7 @@ def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterabl
 
 def _watch(launcher: int) -> NoReturn:
     """Reap children; once the launcher is among them, kill every child as it arrives."""
-    children_file = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    me = os.getpid()
     launcher_gone = False
     while True:
         try:
@@ -62,15 +62,9 @@ def _watch(launcher: int) -> NoReturn:
             os._exit(0)  # no child left: the launcher and everything it left are gone
         launcher_gone = launcher_gone or (ended is not None and ended.si_pid == launcher)
         if launcher_gone:
-            for pid in _children(children_file):
+            for pid in _platform.children(me, reads=2):
                 try:
                     os.kill(pid, signal.SIGKILL)  # our unreaped child: its pid cannot be reused
                 except ProcessLookupError:
                     pass
 
-
-def _children(children_file: str) -> list[int]:
-    try:
-        return [int(pid) for pid in _platform.read_small_file(children_file).split()]
-    except OSError:
-        return []

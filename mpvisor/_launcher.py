@@ -92,8 +92,6 @@ class Launcher:
         self.sel.register(self.ctl, selectors.EVENT_READ, self._on_control)
         self.sel.register(self.ready_r, selectors.EVENT_READ, self._on_ready)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_wake)
-        self.children_file = f"/proc/{self.me}/task/{self.me}/children"
-        self.reporting = True  # False once the launcher stops: attempts end as "launcher died"
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -106,6 +104,8 @@ class Launcher:
         self._stop_everything()
 
     def _send(self, msg: list[Any], fds: list[int] | None = None) -> None:
+        if self.parent_gone or _parent_died:
+            return  # stopping: the parent learns what follows from the socket's EOF
         try:
             if fds:
                 socket.send_fds(self.ctl, [pack(msg)], fds)
@@ -268,8 +268,6 @@ class Launcher:
             _kill_checked(pid, self.adopted[pid])
 
     def _report_drained(self) -> None:
-        if not self.reporting:
-            return
         for attempt in [a for a in self.draining if not a.adopted]:
             self.draining.discard(attempt)
             del self.attempts[attempt.pid]
@@ -282,18 +280,7 @@ class Launcher:
                 self._send(["exited", attempt.key, how, value, attempt.killed])
 
     def _children(self) -> set[int]:
-        """Our children, by our own `children` file. While a killed tree dies, its orphans keep
-        re-parenting to us, so read again until a read adds nothing new."""
-        seen: set[int] = set()
-        for _ in range(CHILDREN_READS):
-            try:
-                found = {int(p) for p in _platform.read_small_file(self.children_file).split()}
-            except OSError:
-                return seen
-            if found <= seen:
-                break
-            seen |= found
-        return seen
+        return _platform.children(self.me, CHILDREN_READS)
 
     def _stop_everything(self) -> None:
         """The parent is gone (or asked): kill every tree, reap it all, exit.
@@ -301,7 +288,6 @@ class Launcher:
         Nothing is reported any more: an attempt ended here ended because the launcher went away,
         which the parent learns from the control socket's EOF ("launcher died")."""
         self.sel.unregister(self.ctl)
-        self.reporting = False
         for attempt in self.attempts.values():
             if attempt.status is None:
                 _killpg(attempt.pid)

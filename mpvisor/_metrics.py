@@ -72,6 +72,7 @@ class PrometheusMetrics:
             buckets=DURATION_BUCKETS, **common,
         )
         self._attempts: dict[int | str | None, set[int | None]] = {}  # task id -> attempts running
+        self._running = 0  # the sum of the sets' sizes, kept as they change (events come per attempt)
         self._lock = threading.Lock()  # on_event runs on the bus thread, `running_attempts` anywhere
 
     def on_event(self, event: Event) -> None:
@@ -85,8 +86,8 @@ class PrometheusMetrics:
                 self.durations.observe(event.duration)
         elif kind is EventKind.TASK_FINISHED:
             with self._lock:
-                self._attempts.pop(_task_key(event), None)
-                self.running.set(self._count())
+                self._running -= len(self._attempts.pop(_task_key(event), ()))
+                self.running.set(self._running)
             self.outcomes.labels(label_of(event.outcome_kind) or "unknown").inc()
         elif kind in (EventKind.CONTROLLER_REJECTED, EventKind.TASK_ADD_FAILED):
             self.rejections.labels(label_of(event.rejection_kind) or "unknown").inc()
@@ -96,23 +97,21 @@ class PrometheusMetrics:
     def running_attempts(self) -> int:
         """What the `attempts_running` gauge shows."""
         with self._lock:
-            return self._count()
+            return self._running
 
     def _attempt(self, event: Event, *, started: bool) -> None:
         key = _task_key(event)
         with self._lock:
-            if started:
-                self._attempts.setdefault(key, set()).add(event.attempt)
-            else:
-                running = self._attempts.get(key)
-                if running is not None:
-                    running.discard(event.attempt)
-                    if not running:
-                        del self._attempts[key]
-            self.running.set(self._count())
-
-    def _count(self) -> int:
-        return sum(len(attempts) for attempts in self._attempts.values())
+            running = self._attempts.setdefault(key, set())
+            if started and event.attempt not in running:
+                running.add(event.attempt)
+                self._running += 1
+            elif not started and event.attempt in running:
+                running.discard(event.attempt)
+                self._running -= 1
+            if not running:
+                del self._attempts[key]
+            self.running.set(self._running)
 
     def __repr__(self) -> str:
         return f"<PrometheusMetrics {self.name!r} running={self.running_attempts()}>"

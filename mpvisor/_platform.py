@@ -101,6 +101,23 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def children(pid: int, reads: int) -> set[int]:
+    """`pid`'s children, by its `children` file (a single-threaded process's). While a killed tree
+    dies, its orphans keep re-parenting to us, so read again, at most `reads` times, until a read
+    adds nothing new."""
+    path = f"/proc/{pid}/task/{pid}/children"
+    seen: set[int] = set()
+    for _ in range(reads):
+        try:
+            found = {int(p) for p in read_small_file(path).split()}
+        except OSError:
+            return seen
+        if found <= seen:
+            break
+        seen |= found
+    return seen
+
+
 def thread_count() -> int:
     """How many threads this process has (C extensions' threads included)."""
     return len(os.listdir("/proc/self/task"))
