@@ -14,7 +14,7 @@ launcher.
 | the launcher is killed (SIGKILL, a crash) | the guardian kills whatever re-parents to it, until nothing does |
 | the guardian is killed | the launcher sees its parent go (SIGUSR1), kills every tree and exits |
 | the parent dies | the guardian dies with it (SIGKILL as parent-death signal), then as above |
-| guardian and launcher are killed at the same moment | nobody: what the attempts started may survive (SPEC §1.11) |
+| guardian and launcher are killed at the same moment | nobody: what the attempts started may survive (the one case in which something survives) |
 
 The guardian only kills its own unreaped children, so a pid it signals cannot have been reused.
 It forks before the launcher imports `preload` modules, so it stays small.
@@ -30,11 +30,13 @@ from typing import NoReturn
 from . import _platform
 
 
-def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int]) -> int:
+def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int], stderr_fd: int = -1) -> int:
     """Become the guardian and fork the launcher; return (in the launcher) the guardian's pid.
 
     `ignored` are the terminal signals both ignore; `close_fds` are the launcher's alone (its
     control socket: the parent must see EOF when the launcher dies, whoever else lives on).
+    `stderr_fd`, if not -1, is the parent's stderr: the guardian moves its own stderr there at
+    once, so that the start-up pipe the parent reads ends when the launcher leaves it.
     """
     for signum in ignored:
         signal.signal(signum, signal.SIG_IGN)
@@ -48,20 +50,26 @@ def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterabl
         return guardian
     for fd in close_fds:
         os.close(fd)
+    if stderr_fd >= 0:
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
     _watch(launcher)
 
 
 def _watch(launcher: int) -> NoReturn:
-    """Reap children; once the launcher is among them, kill every child as it arrives."""
+    """Reap children; once the launcher is among them, kill every child as it arrives. Exit
+    with the launcher's status (128 + N for a death by signal N), for the parent to report."""
     me = os.getpid()
-    launcher_gone = False
+    status: int | None = None
     while True:
         try:
             ended = os.waitid(os.P_ALL, 0, os.WEXITED)
         except ChildProcessError:
-            os._exit(0)  # no child left: the launcher and everything it left are gone
-        launcher_gone = launcher_gone or (ended is not None and ended.si_pid == launcher)
-        if launcher_gone:
+            os._exit(status or 0)  # no child left: the launcher and everything it left are gone
+        if ended is not None and ended.si_pid == launcher:
+            exited = ended.si_code == os.CLD_EXITED
+            status = ended.si_status if exited else 128 + ended.si_status
+        if status is not None:
             for pid in _platform.children(me, reads=2):
                 try:
                     os.kill(pid, signal.SIGKILL)  # our unreaped child: its pid cannot be reused

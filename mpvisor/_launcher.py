@@ -17,6 +17,7 @@ Control messages travel on a SOCK_SEQPACKET socket (one msgpack list per packet,
 
 | launcher -> parent | when |
 |---|---|
+| `importing pid module` | before each `preload` import (so a crash at import can be named) |
 | `ready pid error` | once, after the preload imports (error names a failed module) |
 | `started key pid` + pidfd | the child has completed `setsid()` |
 | `start_failed key error` | `fork()` failed |
@@ -43,6 +44,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _child, _guardian, _platform
@@ -337,13 +339,15 @@ def _max_fd() -> int:
 
 
 def _exec_python(sock_fd: int) -> None:
+    """Become a fresh interpreter that starts as the launcher did: the same executable and
+    flags (`site` included), then the launcher's `sys.path`, which is the parent's at the time
+    the launcher started (a start request carries the parent's newer one, if it changed)."""
     os.set_inheritable(sock_fd, True)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
-        f"import sys; sys.path.insert(0, {root!r}); "
+        f"import sys; sys.path[:] = {sys.path!r}; "
         f"from mpvisor._child import spawn_main; spawn_main({sock_fd})"
     )
-    os.execv(sys.executable, [sys.executable, "-c", code])
+    os.execv(sys.executable, _platform.interpreter_argv(code))
 
 
 def _status(info: os.waitid_result) -> tuple[str, int]:
@@ -407,16 +411,25 @@ def _prepare_process(parent_pid: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _platform.set_parent_death_signal(PARENT_DEATH_SIGNAL)
-    if os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before we could ask to follow it
+    # While `preload` imports run there is nothing to clean up, and an import may hang in C code
+    # where a Python signal handler never runs: die at once with the guardian.
+    _follow_parent(parent_pid, signal.SIGKILL)
     _platform.set_child_subreaper()
 
 
-def _preload(modules: list[str]) -> str | None:
+def _follow_parent(parent_pid: int, signum: int) -> None:
+    _platform.set_parent_death_signal(signum)
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before we could ask to follow it
+
+
+def _preload(modules: list[str], announce: Callable[[str], None]) -> str | None:
     import importlib
 
+    if _platform.thread_count() > 1:
+        return "the launcher has a thread before any preload import (started by a .pth file or sitecustomize); it must stay single-threaded"
     for name in modules:
+        announce(name)
         try:
             importlib.import_module(name)
         except BaseException as exc:
@@ -427,17 +440,35 @@ def _preload(modules: list[str]) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    parent_pid, ctl_fd, preload = int(argv[0]), int(argv[1]), argv[2:]
-    guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd])  # returns in the launcher
-    _prepare_process(guardian)
+    """The launcher's life: `argv` is the parent's pid, the control socket's fd, the fd of the
+    parent's own stderr (or -1), then the `preload` modules.
+
+    Until it is ready, the launcher's (and the guardian's) stderr is a pipe the parent reads, so
+    that a launcher that cannot start is reported with its last words; once ready, both write to
+    the parent's stderr directly, and so does every attempt they fork."""
+    parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
+    guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
+    _prepare_process(guardian)  # from here on: the launcher
     ctl = socket.socket(fileno=ctl_fd)
     os.set_inheritable(ctl_fd, False)
     launcher = Launcher(ctl, guardian)
     signal.set_wakeup_fd(launcher.wake_w)
-    error = _preload(preload)
+    error = _preload(preload, lambda name: launcher._send(["importing", os.getpid(), name]))
+    _use_parent_stderr(stderr_fd)
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
+    _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
     launcher._send(["ready", os.getpid(), error])
     launcher.serve()
+
+
+def _use_parent_stderr(stderr_fd: int) -> None:
+    """Leave the start-up pipe: write to the parent's stderr from now on (the pipe's EOF tells
+    the parent that the start-up is over)."""
+    if stderr_fd < 0:
+        return
+    sys.stderr.flush()
+    os.dup2(stderr_fd, 2)
+    os.close(stderr_fd)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,27 @@
 
 `LauncherClient` owns one launcher process at a time: a keeper thread (alive as long as the
 supervisor, so the parent-death signal of what it starts is tied to it) starts the launcher's
-guardian (`_guardian.py`, which forks the launcher), waits for the guardian to end (after a
-killed launcher: once it has cleaned up), and starts another if the launcher died. `pid` is the
-launcher's own, from its `ready` message. On the runtime loop, the client speaks the control protocol of
-`_launcher.py` over a SOCK_SEQPACKET socket and routes each reply to its `AttemptProcess`.
+guardian (`_guardian.py`, which forks the launcher), forwards the launcher's start-up stderr to
+the parent's own (keeping its last line), waits for the guardian to end (after a killed
+launcher: once it has cleaned up), and, when the loop says so, starts another. `pid` is the
+launcher's own, from its first message. On the runtime loop, the client speaks the control
+protocol of `_launcher.py` over a SOCK_SEQPACKET socket and routes each reply to its
+`AttemptProcess`.
 
 | event | the client |
 |---|---|
+| `importing pid module` | remembers which `preload` module the launcher is importing |
 | `ready pid error` | resolves `ready()` (a preload error becomes `ConfigError`) |
 | `started` / `start_failed` / `exited` | forwards it to the attempt with that key |
-| EOF on the control socket | fails every attempt as "launcher died", reports it, starts a new launcher |
+| EOF on the control socket | fails every attempt as "launcher died" |
+| the guardian ended | reports the death; restarts after `restart_delay` (below), or gives up |
+| not ready within `start_timeout` | gives up: kills it |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
+
+A launcher that cannot become ready is a configuration error, never a loop: after
+`EARLY_DEATHS` deaths in a row before `ready`, or no `ready` within `start_timeout`, the client
+gives up for good, and `ready()` (every management call) raises `ConfigError` naming the
+cause: how the launcher ended, the module it was importing, its last line on stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import _platform
 from ._ending import ExitStatus
 from ._errors import ConfigError
 from ._launcher import recv_fds
@@ -35,6 +46,37 @@ if TYPE_CHECKING:
     from ._process import AttemptProcess
 
 CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
+EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
+SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
+LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
+
+
+def restart_delay(quick_deaths: int) -> float:
+    """Seconds to wait before starting a launcher after `quick_deaths` launchers in a row died
+    young (before `ready`, or within `SHORT_LIFE` s): none after a launcher that lived, then
+    0.05 s doubling up to 2 s. Pure."""
+    if quick_deaths <= 0:
+        return 0.0
+    return min(0.05 * 2.0 ** min(quick_deaths - 1, 16), 2.0)
+
+
+def describe_guardian_status(returncode: int) -> str:
+    """How the launcher ended, from its guardian's exit status (which mirrors the launcher's:
+    128 + N for a death by signal N; negative if the guardian itself was killed). Pure."""
+    if returncode < 0:
+        return f"its guardian was killed by {_signal_name(-returncode)}"
+    if returncode > 128:
+        return f"killed by {_signal_name(returncode - 128)}"
+    return f"exited with status {returncode}"
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class LauncherClient:
@@ -45,19 +87,31 @@ class LauncherClient:
         loop: asyncio.AbstractEventLoop,
         preload: tuple[str, ...],
         on_death: Callable[[str], None],
+        start_timeout: float = 30.0,
     ) -> None:
         self.loop = loop
         self.preload = preload
         self.on_death = on_death
+        self.start_timeout = start_timeout
         self.pid: int | None = None
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future[None] = loop.create_future()
-        self._error: str | None = None
+        self._error: str | None = None  # once set, for good: `ready()` raises it as ConfigError
+        self._importing: str | None = None  # the preload module the starting launcher imports
+        self._was_ready = False  # the current launcher sent `ready`
+        self._started_at = 0.0
+        self._early_deaths = 0  # launchers in a row that died before `ready`
+        self._quick_deaths = 0  # launchers in a row that died young (see `restart_delay`)
+        self._delay = 0.0  # what the keeper waits before it starts the next launcher
+        self._start_timer: asyncio.TimerHandle | None = None
+        self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
+        self._last_line: str | None = None  # its last non-empty line so far
         self._attempts: dict[int, AttemptProcess] = {}
         self._next_key = 0
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
+        self._wake = threading.Event()  # set by `close()`: no more waiting for a restart
         self._lock = threading.Lock()
         self._gone: asyncio.Future[None] = loop.create_future()  # the keeper thread has ended
         self._proc: subprocess.Popen[bytes] | None = None
@@ -76,12 +130,15 @@ class LauncherClient:
             with self._lock:  # `close()` either sees this launcher attached later, or none started
                 if self._closing:
                     break
-                started = self._start_launcher()
-            if started is None:
-                return
-            started.wait()
-            self._restart.wait()
+                proc = self._start_launcher()
+            if proc is None:
+                break
+            returncode = proc.wait()
+            self.loop.call_soon_threadsafe(self._on_guardian_ended, proc.pid, returncode)
+            self._restart.wait()  # the loop decides: `_delay` and `_closing` are set before it
             self._restart.clear()
+            if self._delay and not self._closing:
+                self._wake.wait(self._delay)  # `close()` cuts the wait short
         self.loop.call_soon_threadsafe(_resolve, self._gone)
 
     def _start_launcher(self) -> subprocess.Popen[bytes] | None:
@@ -91,31 +148,62 @@ class LauncherClient:
             f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
             f"main(sys.argv[1:])"
         )
-        # -S: no site hooks (.pth files) run in the launcher, so every fork stays small; its
-        # sys.path is the parent's, set explicitly above.
-        argv = [sys.executable, "-S", "-c", code, str(os.getpid()), str(theirs.fileno()), *self.preload]
+        # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable
+        # installs' import hooks and sitecustomize are there as in the parent, and `sys.path`
+        # is the parent's, set explicitly above.
         try:
-            proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], process_group=0, stdin=subprocess.DEVNULL)
+            parent_stderr = os.dup(2)  # the launcher moves to it once it is ready
+        except OSError:
+            parent_stderr = -1
+        argv = _platform.interpreter_argv(code)
+        argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), *self.preload]
+        keep = [fd for fd in (theirs.fileno(), parent_stderr) if fd >= 0]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=keep,
+                process_group=0,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE if parent_stderr >= 0 else None,
+            )
         except OSError as exc:
             ours.close()
-            self.loop.call_soon_threadsafe(self._fail_ready, f"cannot start the launcher: {exc}")
-            self.loop.call_soon_threadsafe(_resolve, self._gone)
+            self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
             return None
         finally:
             theirs.close()
+            if parent_stderr >= 0:
+                os.close(parent_stderr)
         self._proc = proc
-        self.loop.call_soon_threadsafe(self._attach, ours)
+        startup = None
+        if proc.stderr is not None:  # the loop reads it: a plain fd, not the Popen's file object
+            startup = os.dup(proc.stderr.fileno())
+            proc.stderr.close()
+        self.loop.call_soon_threadsafe(self._attach, ours, startup)
         return proc
 
-    def _fail_ready(self, error: str) -> None:
-        self._error = error
+    def _give_up(self, error: str) -> None:
+        """The launcher cannot become ready: from now on every `ready()` raises `ConfigError`."""
+        if self._error is None:
+            self._error = error
         if not self._ready.done():
             self._ready.set_result(None)
 
-    def _attach(self, sock: socket.socket) -> None:
+    def _attach(self, sock: socket.socket, startup: int | None) -> None:
         sock.setblocking(False)
         self._sock = sock
-        self.pid = None  # a new launcher: its pid arrives with `ready`
+        self._last_line = None
+        if startup is not None:
+            os.set_blocking(startup, False)
+            self._startup = startup
+            self.loop.add_reader(startup, self._on_startup_output)
+        self.pid = None  # a new launcher: its pid arrives with its first message
+        self._importing = None
+        self._was_ready = False
+        self._started_at = self.loop.time()
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+        self._start_timer = self.loop.call_later(self.start_timeout, self._on_start_timeout, sock)
         self.loop.add_reader(sock.fileno(), self._on_readable)
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
@@ -134,11 +222,33 @@ class LauncherClient:
         )
 
     async def ready(self) -> None:
-        """Wait until the launcher runs; `ConfigError` if a `preload` module failed."""
+        """Wait until the launcher runs; `ConfigError` if it cannot (see the module docstring)."""
         if not self._ready.done():
             await asyncio.shield(self._ready)
         if self._error is not None:
             raise ConfigError(self._error)
+
+    def is_ready(self) -> bool:
+        """The launcher runs and its preload succeeded: `ready()` would return at once."""
+        return self._ready.done() and self._error is None
+
+    def _on_start_timeout(self, sock: socket.socket) -> None:
+        if self._sock is not sock or self._was_ready:
+            return
+        self._give_up(self._not_ready(f"was not ready within start_timeout={self.start_timeout} s"))
+        if self._proc is not None:
+            self._proc.kill()  # until it is ready, the launcher dies with its guardian
+
+    def _not_ready(self, how: str, last_line: str | None = None) -> str:
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else "the launcher"
+        text = f"{what} {how}"
+        if self._importing is not None:
+            text += f" while importing preload module {self._importing!r}"
+        elif self.preload:
+            text += " before importing any preload module"
+        if last_line:
+            text += f"; its last line on stderr: {last_line!r}"
+        return text
 
     # --- the control channel -----------------------------------------------------------------
 
@@ -192,10 +302,17 @@ class LauncherClient:
 
     def _dispatch(self, msg: list[Any], fds: list[int]) -> None:
         match msg:
-            case ["ready", int(pid), error]:
+            case ["importing", int(pid), str(module)]:
                 self.pid = pid  # the launcher's own pid (the process started is its guardian)
-                self._error = error
-                if not self._ready.done():
+                self._importing = module
+            case ["ready", int(pid), error]:
+                self.pid = pid
+                self._was_ready = True
+                self._importing = None
+                self._early_deaths = 0
+                if error is not None:
+                    self._give_up(error)
+                elif not self._ready.done():
                     self._ready.set_result(None)
             case ["started", int(key), int(pid)]:
                 attempt = self._attempts.get(key)
@@ -229,10 +346,65 @@ class LauncherClient:
         attempts, self._attempts = self._attempts, {}
         for attempt in attempts.values():
             attempt._on_launcher_died()
-        if not self._closing:
-            self.on_death(f"the launcher (pid {self.pid}) died; a new one is starting")
-            self._ready = self.loop.create_future()
-            self._restart.set()
+        if not self._closing and self._error is None and self._ready.done():
+            self._ready = self.loop.create_future()  # management calls wait for the next one
+
+    def _on_startup_output(self) -> None:
+        """Copy the launcher's start-up stderr to ours, keeping its last line, until EOF (the
+        launcher left the pipe once ready, or died)."""
+        fd = self._startup
+        assert fd is not None
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._close_startup()
+                return
+            _write_all(2, chunk)
+            lines = [line for line in chunk.splitlines() if line.strip()]
+            if lines:
+                self._last_line = lines[-1].decode("utf-8", "replace").strip()[:LAST_LINE]
+
+    def _close_startup(self) -> None:
+        if self._startup is not None:
+            self.loop.remove_reader(self._startup)
+            os.close(self._startup)
+            self._startup = None
+
+    def _on_guardian_ended(self, guardian_pid: int, returncode: int) -> None:
+        """The launcher and everything it left are gone: report it, then restart or give up."""
+        if self._sock is not None:
+            self._on_readable()  # read what it sent before it died, then its EOF
+        if self._startup is not None:
+            self._on_startup_output()  # what it wrote before it died
+            self._close_startup()  # (held open only by something it started: not ours to wait for)
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+            self._start_timer = None
+        if not self._closing and self._error is None:
+            self._decide_restart(guardian_pid, describe_guardian_status(returncode), self._last_line)
+        if self._error is not None:
+            with self._lock:
+                self._closing = True  # given up: the keeper starts nothing again
+        self._restart.set()
+
+    def _decide_restart(self, guardian_pid: int, how: str, last_line: str | None) -> None:
+        young = not self._was_ready or self.loop.time() - self._started_at < SHORT_LIFE
+        self._quick_deaths = self._quick_deaths + 1 if young else 0
+        self._delay = restart_delay(self._quick_deaths)
+        if not self._was_ready:
+            self._early_deaths += 1
+            if self._early_deaths >= EARLY_DEATHS:
+                times = f" ({self._early_deaths} launchers in a row)"
+                self._give_up(self._not_ready(f"{how} before it was ready", last_line) + times)
+                return
+        who = f"pid {self.pid}" if self.pid is not None else f"guardian pid {guardian_pid}"
+        when = f" in {self._delay:g} s" if self._delay else ""
+        self.on_death(f"the launcher ({who}) {how}; a new one starts{when}")
 
     # --- what AttemptProcess uses --------------------------------------------------------------
 
@@ -255,6 +427,9 @@ class LauncherClient:
             self._closing = True
         if self._sock is not None:
             self._send(["stop"])  # not attached yet: `_attach` sends it
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+        self._wake.set()
         self._restart.set()
         try:
             await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT)
@@ -265,6 +440,15 @@ class LauncherClient:
         # `_gone` is resolved as the keeper's last step: the join only waits for it to return, so
         # no mpvisor thread outlives the shutdown that closed it.
         self._thread.join(timeout=1.0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # our own stderr is gone: nothing to show it on
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

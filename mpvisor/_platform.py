@@ -133,3 +133,13 @@ def read_small_file(path: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def interpreter_argv(code: str) -> list[str]:
+    """`sys.executable` with this interpreter's own flags (`-O`, `-E`, `-X ...`, `-W ...`; `-S`,
+    `-s` or `-I` only if it was started with them) running `code`: an ordinary interpreter, as
+    `multiprocessing`'s spawn starts one, so `site`, .pth files and sitecustomize run as here."""
+    import subprocess
+
+    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [sys.executable, *flags, "-c", code]

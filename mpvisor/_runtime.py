@@ -79,7 +79,9 @@ class Runtime:
 
     def ensure_launcher(self) -> LauncherClient:
         if self.client is None:
-            self.client = LauncherClient(self.loop, self.config.preload, self._on_launcher_death)
+            self.client = LauncherClient(
+                self.loop, self.config.preload, self._on_launcher_death, self.config.start_timeout
+            )
         return self.client
 
     async def ready(self) -> None:
@@ -91,8 +93,7 @@ class Runtime:
 
     def is_ready(self) -> bool:
         """The launcher runs and its preload succeeded: `ready()` would return at once."""
-        client = self.client
-        return client is not None and client._ready.done() and client._error is None
+        return self.client is not None and self.client.is_ready()
 
     async def stop_launcher(self) -> None:
         if self.client is not None:
