@@ -3,12 +3,16 @@
 Every public name is re-exported here; the modules behind them are private. The names a target
 uses inside an attempt (`context`, `Fail`, `Fatal`, `Canceled`, ...) are imported eagerly; the
 parent-side runtime is imported on first use, so that the launcher (which imports mpvisor before
-forking every attempt) stays small and each fork stays cheap.
+forking every attempt) stays small and each fork stays cheap. Every public class and function
+reports `__module__ == "mpvisor"` (so `help()`, reprs and tracebacks say `mpvisor.ShuttingDown`),
+set here once its private module is loaded.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING, Any
 
 from ._context import TaskContext, context
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
     from ._task import CommandTask, TaskFn
     from ._writers import JsonLinesWriter, LogWriter
 
+__version__ = "0.1.0"  # the one place the version is written; pyproject.toml reads it from here
+
 _LAZY = {
     "BackoffPolicy": "._backoff",
     "JitterPolicy": "._backoff",
@@ -84,11 +90,31 @@ _LAZY = {
 }
 
 
+def _claim(value: object) -> None:
+    """Make a public class or function say `mpvisor.X` (in `help()`, reprs and tracebacks) rather
+    than the private module it is defined in. `__qualname__` is kept, so `mpvisor.X` is what
+    pickle looks up, and it finds the same object."""
+    if isinstance(value, (type, _types.FunctionType)):
+        module = getattr(value, "__module__", None)
+        if isinstance(module, str) and module.startswith(__name__ + "."):
+            value.__module__ = __name__
+
+
+def _claim_loaded() -> None:
+    """`_claim` the lazy names whose private module is already imported: the parent-side modules
+    import each other, so the first `mpvisor.X` typically loads (and claims) them all."""
+    for name, module in _LAZY.items():
+        loaded = _sys.modules.get(__name__ + module)
+        if loaded is not None:
+            _claim(getattr(loaded, name))
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mpvisor' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
+    _claim_loaded()
     globals()[name] = value
     return value
 
@@ -149,3 +175,8 @@ __all__ = (
     "context",
     "run",
 )
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _claim(globals()[_name])
+del _name

@@ -32,7 +32,16 @@ PROGRESS_INTERVAL = 0.05  # seconds between two progress frames (the last one is
 
 
 class TaskContext:
-    """The current attempt, as seen by its target (`mpvisor.context()`)."""
+    """The current attempt, as seen by its target: `mpvisor.context()` returns it.
+
+    Who am I: `task_name`, `task_id`, `attempt`. Has the parent asked me to stop: `cancelled`,
+    `check_cancelled()`, `wait_cancelled(timeout)`, and `shield()` to defer the request over a
+    block. Telling the parent how far I got: `progress(done, total, message)`, which becomes
+    `ATTEMPT_PROGRESS` events. Cancellation is cooperative first: in a sync target, outside
+    `shield()`, mpvisor raises `Canceled` in the main thread at most once per attempt (so
+    `finally` and `with` clean-up runs); an `async def` target's task is cancelled instead. If
+    the attempt is still alive after the grace window, its process tree is killed.
+    """
 
     def __init__(
         self,
@@ -41,9 +50,9 @@ class TaskContext:
         attempt: int,
         send_progress: Callable[[float, float | None, str | None], None] | None = None,
     ) -> None:
-        self.task_name = task_name
-        self.task_id = task_id
-        self.attempt = attempt
+        self._task_name = task_name
+        self._task_id = task_id
+        self._attempt = attempt
         self._send_progress = send_progress
         self._cancelled = False
         self._delivered = False  # mpvisor raised (or reported) the cancellation once already
@@ -53,23 +62,42 @@ class TaskContext:
 
     def __repr__(self) -> str:
         return (
-            f"<TaskContext {self.task_name!r} id={self.task_id} attempt={self.attempt} "
+            f"<TaskContext {self._task_name!r} id={self._task_id} attempt={self._attempt} "
             f"cancelled={self._cancelled} shielded={self._shield_depth > 0}>"
         )
 
     @property
+    def task_name(self) -> str:
+        """The task's name (`TaskFn.name` / `CommandTask.name`), unique among registered tasks."""
+        return self._task_name
+
+    @property
+    def task_id(self) -> int:
+        """The task's `TaskId`, as `add`/`submit` returned it; the same for every attempt."""
+        return self._task_id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number: 1 for the first, counting every attempt the task started."""
+        return self._attempt
+
+    @property
     def cancelled(self) -> bool:
-        """True once the parent asked this attempt to stop."""
+        """True once the parent asked this attempt to stop (removal, replace, shutdown or timeout);
+        it never turns false again."""
         return self._cancelled
 
     def check_cancelled(self) -> None:
-        """Raise `Canceled` if a stop was requested (also inside `shield()`)."""
+        """Raise `Canceled` if a stop was requested (whenever `cancelled` is true, also inside
+        `shield()`); otherwise return `None`."""
         if self._cancelled:
             self._delivered = True
             raise Canceled()
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
-        """Block up to `timeout` seconds for a stop request; never raises."""
+        """Block up to `timeout` seconds (`None`: without limit) for a stop request; return
+        `cancelled`. Never raises: outside `shield()`, a request it reports counts as delivered,
+        and mpvisor does not raise `Canceled` for it later."""
         try:
             if not self._cancelled and (timeout is None or timeout > 0):
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
@@ -86,7 +114,9 @@ class TaskContext:
 
     @contextmanager
     def shield(self) -> Iterator[None]:
-        """Defer cancellation: inside, nothing is raised; leaving with a request pending raises."""
+        """A context manager that defers cancellation: inside, mpvisor raises nothing (`cancelled`
+        still turns true); leaving the block with an undelivered request raises `Canceled`, also
+        when it is left by `return` (the value is then dropped). Blocks may nest."""
         self._shield_depth += 1
         try:
             yield
@@ -100,7 +130,9 @@ class TaskContext:
             raise Canceled()
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress; frames are rate limited, and a finished count is always sent."""
+        """Report progress (`done` of `total`, with an optional `message`) to the parent, where it
+        becomes an `ATTEMPT_PROGRESS` event. At most one report per 50 ms is sent (the others are
+        dropped); one with `done >= total` is always sent."""
         now = time.monotonic()
         finished = total is not None and done >= total
         if self._send_progress is None or (now - self._last_progress < PROGRESS_INTERVAL and not finished):
@@ -138,7 +170,9 @@ _current: TaskContext | None = None
 
 
 def context() -> TaskContext:
-    """The current attempt's `TaskContext`; `RuntimeError` outside an attempt."""
+    """The current attempt's `TaskContext`, for a target to call while it runs.
+
+    Raises `RuntimeError` outside an attempt (in the parent, or in a plain import)."""
     if _current is None:
         raise RuntimeError("mpvisor.context() can only be called inside an attempt (a task's target)")
     return _current
@@ -150,7 +184,8 @@ def _install(ctx: TaskContext | None) -> None:
 
 
 # Set while the child imports the user's `__main__` script under another name: a supervisor
-# started then would be the script's unguarded start-up code (SPEC §1.2).
+# started then is the script's unguarded start-up code, which would otherwise run again in every
+# attempt (and start a supervisor in each child).
 importing_main_script = False
 
 

@@ -9,14 +9,19 @@ Two families live here and never mix:
 
 Every `MpvisorError` carries its fields and a stable `label` (a lower-case string that never
 changes between releases, safe for metrics and logs). The verdicts are not `MpvisorError`s: they
-travel from the child to the parent as text inside a frame, never as pickled objects.
+travel from the child to the parent as text inside a frame, never as pickled objects. Every class
+still pickles to an equal copy (fields included) for callers who send errors elsewhere: a class
+whose constructor takes fields rather than a message says how in `__reduce__`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MpvisorError(Exception):
-    """Base class of every error mpvisor itself raises."""
+    """Base class of every error mpvisor itself raises (never of a target's `Fail`, `Fatal` or
+    `Canceled`). `label` is a stable lower-case name of the class, for metrics and logs."""
 
     label = "mpvisor_error"
 
@@ -29,19 +34,21 @@ class ConfigError(MpvisorError, ValueError):
 
 
 class ShuttingDown(MpvisorError):
-    """A management call after shutdown began."""
+    """Raised by a `SupervisorHandle` management call (`add`, `remove`, `cancel`, `watch`, ...)
+    made after shutdown began, and by a non-empty `Supervisor.run` then."""
 
     label = "shutting_down"
 
 
 class AlreadyRunning(MpvisorError):
-    """A second `Supervisor.run` on the same supervisor."""
+    """Raised by a second `Supervisor.run` on the same supervisor (`run` is single-shot)."""
 
     label = "already_running"
 
 
 class TaskAlreadyExists(MpvisorError):
-    """`add` of a name that a registered task (also one being removed) already uses."""
+    """Raised by `add` (and by a `run` batch) for a name that a registered task (also one being
+    removed) already uses; the rejected task never runs. `name` is that name."""
 
     label = "task_already_exists"
 
@@ -49,15 +56,20 @@ class TaskAlreadyExists(MpvisorError):
         super().__init__(f"a task named {name!r} is already registered")
         self.name = name
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.name,), self.__dict__
+
 
 class CommandQueueFull(MpvisorError):
-    """A `try_*` management call found the command queue full."""
+    """Raised by a `try_*` management call (`try_add`, `try_remove`, `try_cancel`, ...) that found
+    the command queue full; the waiting form would have waited for space instead."""
 
     label = "command_queue_full"
 
 
 class TaskTerminationTimeout(MpvisorError):
-    """`cancel_with_timeout` gave up waiting for terminal cleanup (the removal goes on)."""
+    """Raised by `cancel_with_timeout` (and the by-name form) when terminal cleanup of task `id`
+    took longer than `timeout` seconds; the removal goes on."""
 
     label = "task_termination_timeout"
 
@@ -66,9 +78,14 @@ class TaskTerminationTimeout(MpvisorError):
         self.id = id
         self.timeout = timeout
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.id, self.timeout), self.__dict__
+
 
 class GraceExceeded(MpvisorError):
-    """Shutdown had to kill the trees of `stuck` tasks after `grace` seconds."""
+    """Raised by `shutdown()` (and so by `run`) when it had to kill the process trees of the tasks
+    named in `stuck` (sorted) because they did not stop within `grace` seconds. The shutdown is
+    complete when it is raised."""
 
     label = "grace_exceeded"
 
@@ -80,36 +97,44 @@ class GraceExceeded(MpvisorError):
         self.grace = grace
         self.stuck = stuck
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.grace, self.stuck), self.__dict__
+
 
 class ControllerError(MpvisorError):
-    """Base class of the controller's errors."""
+    """Base class of the errors raised by the controller calls (`submit*`, `prepare_submission`,
+    `controller_snapshot`)."""
 
     label = "controller_error"
 
 
 class ControllerNotConfigured(ControllerError):
-    """A controller call on a supervisor built without `with_controller`."""
+    """Raised by a controller call on a supervisor built without `with_controller`."""
 
     label = "controller_not_configured"
 
     def __init__(self) -> None:
         super().__init__("no controller is configured: use Supervisor.builder().with_controller(...)")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (), self.__dict__
+
 
 class ControllerFull(ControllerError):
-    """A `try_submit*` call found the controller's command queue full."""
+    """Raised by `try_submit` and `try_submit_and_watch` (also of a `PreparedSubmission`) that
+    found the controller's command queue full."""
 
     label = "controller_full"
 
 
 class ControllerClosed(ControllerError):
-    """A submission after shutdown began."""
+    """Raised by a submission (`submit*`, also of a `PreparedSubmission`) after shutdown began."""
 
     label = "controller_closed"
 
 
 class AlreadySubmitted(ControllerError):
-    """A second use of a `PreparedSubmission`."""
+    """Raised by a second use of a `PreparedSubmission` (it is single-use)."""
 
     label = "already_submitted"
 
@@ -118,7 +143,9 @@ class AlreadySubmitted(ControllerError):
 
 
 class Fail(Exception):
-    """Raised by a target: this attempt failed and may be retried."""
+    """Raised by a target: this attempt failed and may be retried (as its restart policy says).
+
+    `reason` becomes the outcome's reason; `exit_code`, if given, its exit code."""
 
     def __init__(self, reason: str, exit_code: int | None = None) -> None:
         super().__init__(reason)
@@ -127,7 +154,9 @@ class Fail(Exception):
 
 
 class Fatal(Exception):
-    """Raised by a target: a permanent failure, never retried."""
+    """Raised by a target: a permanent failure, never retried (the outcome is `FATAL`).
+
+    `reason` becomes the outcome's reason; `exit_code`, if given, its exit code."""
 
     def __init__(self, reason: str, exit_code: int | None = None) -> None:
         super().__init__(reason)

@@ -186,6 +186,7 @@ class LauncherClient:
         """The launcher cannot become ready: from now on every `ready()` raises `ConfigError`."""
         if self._error is None:
             self._error = error
+            self.on_death(f"{error}; no launcher will be started again")
         if not self._ready.done():
             self._ready.set_result(None)
 
@@ -411,6 +412,11 @@ class LauncherClient:
     def _spawn(self, attempt: AttemptProcess, exec_python: bool, fds: list[int]) -> int:
         self._next_key += 1
         key = self._next_key
+        if self._error is not None:  # given up: no launcher will ever start this attempt
+            for fd in fds:
+                os.close(fd)
+            self.loop.call_soon(attempt._on_start_failed, f"could not start: {self._error}")
+            return key
         self._attempts[key] = attempt
         self._send(["spawn", key, exec_python], fds)
         return key

@@ -1,14 +1,28 @@
-"""The public surface: every contract name is importable from `mpvisor` and `__all__` agrees."""
+"""The public surface: every public API name is importable from `mpvisor` and `__all__` agrees;
+every public name says `mpvisor`, is documented, and every error survives pickling."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
+import pickle
 import subprocess
 import sys
+import traceback
+from typing import Any
+
+import pytest
 
 import mpvisor
 
-CONTRACT = {
-    # SPEC §2, §3.1, §3.2, §3.3, §3.4, §3.5, §4, §5, and the blocking convenience of §3.2
+pytestmark = pytest.mark.timeout(60)
+
+# The two names in `__all__` that are values, not classes or functions of mpvisor's own.
+VALUES = {"TaskId": int, "INHERIT": mpvisor.INHERIT}
+
+PUBLIC_API = {
+    # inside an attempt; describing tasks; building and running; the handle; outcomes; errors;
+    # events and subscribers; the controller; the blocking `run`
     "context", "TaskContext", "Canceled", "Fail", "Fatal",
     "TaskFn", "CommandTask", "TaskSpec", "RestartPolicy", "BackoffPolicy", "JitterPolicy",
     "TaskDefaults", "INHERIT", "SupervisorConfig", "Supervisor", "SupervisorBuilder",
@@ -24,10 +38,10 @@ CONTRACT = {
 
 
 def test_the_public_surface_matches_all():
-    """PRC-19: every contract name is importable, and `__all__` is exactly the public surface."""
+    """Every name of the public API is importable, and `__all__` is exactly the public surface."""
     assert isinstance(mpvisor.__all__, tuple)
     assert len(set(mpvisor.__all__)) == len(mpvisor.__all__)
-    assert set(mpvisor.__all__) >= CONTRACT
+    assert set(mpvisor.__all__) >= PUBLIC_API
     for name in mpvisor.__all__:
         assert getattr(mpvisor, name) is not None, name
     public = {n for n in dir(mpvisor) if not n.startswith("_")} - {"annotations", "importlib", "TYPE_CHECKING", "Any"}
@@ -41,3 +55,77 @@ def test_importing_mpvisor_is_light():
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
     assert out.stdout.strip() == ""
+
+
+def _public_objects() -> list[tuple[str, Any]]:
+    return [(n, getattr(mpvisor, n)) for n in mpvisor.__all__ if n not in VALUES]
+
+
+def test_every_public_class_and_function_reports_module_mpvisor():
+    """`help()`, reprs and tracebacks show `mpvisor.X`, never the private module behind it."""
+    assert mpvisor.TaskId is int and repr(mpvisor.INHERIT) == "mpvisor.INHERIT"
+    for name, obj in _public_objects():
+        assert inspect.isclass(obj) or inspect.isfunction(obj), name
+        assert (obj.__module__, obj.__qualname__) == ("mpvisor", name)
+    shown = traceback.format_exception_only(mpvisor.ShuttingDown("closing"))
+    assert shown == ["mpvisor.ShuttingDown: closing\n"]
+
+
+def test_classes_loaded_by_the_runtime_report_mpvisor_before_they_are_named():
+    """A class the caller only meets through another (the handle `serve()` returns) says `mpvisor`."""
+    code = ("import mpvisor; mpvisor.Supervisor; import mpvisor._handle as h, mpvisor._registry as r; "
+            "print(h.SupervisorHandle.__module__, r.TaskWaiter.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["mpvisor", "mpvisor"]
+
+
+def _undocumented(cls: type) -> list[str]:
+    missing = []
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("mpvisor"):
+            continue
+        for attr, member in vars(klass).items():
+            raw = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+            documentable = inspect.isfunction(raw) or isinstance(raw, property)
+            if not attr.startswith("_") and documentable and not (raw.__doc__ or "").strip():
+                missing.append(f"{cls.__name__}.{attr}")
+    return missing
+
+
+def test_every_public_class_method_and_property_has_a_docstring():
+    """`help(mpvisor.X)` says what each public class and each of its public members does."""
+    undocumented = [name for name, obj in _public_objects() if not (obj.__doc__ or "").strip()]
+    for _, obj in _public_objects():
+        if inspect.isclass(obj):
+            undocumented += _undocumented(obj)
+    assert undocumented == []
+
+
+def test_version_is_the_installed_distributions():
+    """`mpvisor.__version__` is the version pip installed (one source: the package)."""
+    assert mpvisor.__version__ == importlib.metadata.version("mpvisor")
+
+
+ERRORS = [
+    mpvisor.MpvisorError("x"), mpvisor.ConfigError("bad grace"), mpvisor.ShuttingDown("x"),
+    mpvisor.AlreadyRunning("x"), mpvisor.TaskAlreadyExists("dup"), mpvisor.CommandQueueFull("x"),
+    mpvisor.TaskTerminationTimeout(7, 1.5), mpvisor.GraceExceeded(2.0, ["a", "b"]),
+    mpvisor.ControllerError("x"), mpvisor.ControllerNotConfigured(), mpvisor.ControllerFull("x"),
+    mpvisor.ControllerClosed("x"), mpvisor.AlreadySubmitted("x"),
+    mpvisor.Fail("flaky", exit_code=3), mpvisor.Fatal("broken"), mpvisor.Canceled(),
+]
+
+
+def test_every_error_class_is_covered_by_the_pickle_test():
+    """The pickle test below covers every exception class of the public surface."""
+    classes = {obj for _, obj in _public_objects() if inspect.isclass(obj) and issubclass(obj, BaseException)}
+    assert classes == {type(error) for error in ERRORS}
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_errors_survive_a_pickle_round_trip(error):
+    """An error pickles by its public name and comes back equal: message, fields and notes."""
+    error.add_note("while testing")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert (copy.args, str(copy), vars(copy)) == (error.args, str(error), vars(error))

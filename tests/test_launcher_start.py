@@ -1,0 +1,244 @@
+"""Starting the launcher: an ordinary interpreter, and a launcher that cannot start is an error.
+
+The launcher and every attempt run `sys.executable` with `site` (editable installs' import
+hooks, .pth files, sitecustomize, the `exit`/`quit`/`help` builtins), in both start methods. A
+launcher that dies before it is ready, or is not ready within `start_timeout`, makes the
+management calls raise `ConfigError` naming how it ended, the preload module and its last
+stderr line, after a few attempts with a backoff: never a restart loop. Installed packages in
+real virtual environments are covered by `test_installs.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from mpvisor import ConfigError, EventKind, OutcomeKind, SupervisorConfig
+from mpvisor._launcher_client import EARLY_DEATHS, describe_guardian_status, restart_delay
+from tests._support import START_METHODS, live_children, once, restartable, run, supervised, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- pure: the restart backoff and how a launcher ended -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("quick_deaths", "delay"),
+    [(0, 0.0), (-1, 0.0), (1, 0.05), (2, 0.1), (3, 0.2), (6, 1.6), (7, 2.0), (50, 2.0), (10**6, 2.0)],
+)
+def test_restart_delay_is_zero_after_a_launcher_that_lived_then_doubles_up_to_two_seconds(quick_deaths, delay):
+    """No wait after a launcher that lived; 0.05 s doubling, capped at 2 s, after quick deaths."""
+    assert restart_delay(quick_deaths) == pytest.approx(delay)
+
+
+@pytest.mark.parametrize(
+    ("returncode", "text"),
+    [(0, "exited with status 0"), (3, "exited with status 3"), (128 + 11, "killed by SIGSEGV"),
+     (128 + 9, "killed by SIGKILL"), (-9, "its guardian was killed by SIGKILL"), (128 + 99, "killed by signal 99")],
+)
+def test_a_launcher_end_is_described_from_its_guardian_status(returncode, text):
+    """The guardian mirrors the launcher's status; 128 + N is a death by signal N."""
+    assert describe_guardian_status(returncode) == text
+
+
+# --- an ordinary interpreter ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_an_attempt_is_an_ordinary_interpreter_with_site(start_method):
+    """`site` ran in the attempt: no_site is 0 and exit, quit, help and copyright are builtins."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, _):
+            _, waiter = await handle.add_and_watch(once("facts", "workers.interpreter:facts"))
+            outcome = await asyncio.wait_for(waiter.wait(), 20)
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        assert outcome.value["no_site"] == 0
+        assert outcome.value["builtins"] == ["copyright", "exit", "help", "quit"]
+
+    run(body())
+
+
+SITECUSTOMIZE_PARENT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import mpvisor
+
+    async def main(method):
+        config = mpvisor.SupervisorConfig(grace=1, start_method=method)
+        async with mpvisor.Supervisor(config) as handle:
+            spec = mpvisor.TaskSpec.once(mpvisor.TaskFn("facts", "workers.interpreter:facts"))
+            _, waiter = await handle.add_and_watch(spec)
+            outcome = await asyncio.wait_for(waiter.wait(), 20)
+        print(json.dumps([sys.mpvisor_test_sitecustomized, outcome.kind.name, outcome.value]))
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_sitecustomize_that_runs_in_the_parent_runs_in_every_attempt(tmp_path, start_method):
+    """A sitecustomize on PYTHONPATH ran in the parent, so it runs in the attempt too."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text("import sys\nsys.mpvisor_test_sitecustomized = True\n")
+    script = tmp_path / "parent.py"
+    script.write_text(SITECUSTOMIZE_PARENT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site_dir), ROOT])}
+    done = subprocess.run(
+        [sys.executable, str(script), start_method], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=40,
+    )
+    assert done.returncode == 0, done.stderr
+    import json
+
+    in_parent, kind, facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (in_parent, kind, facts["sitecustomized"], facts["no_site"]) == (True, "COMPLETED", True, 0)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt(tmp_path, start_method):
+    """A sys.path entry the parent added before serving (the launcher's start) and one added
+    after it both reach the attempt, in both start methods (spawn used to lose the first)."""
+    early, late = tmp_path / "early", tmp_path / "late"
+    for where, name in ((early, "mpv_added_early"), (late, "mpv_added_late")):
+        where.mkdir()
+        (where / f"{name}.py").write_text(f"VALUE = {name!r}\n")
+    saved = list(sys.path)
+    sys.path.append(str(early))
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, _):
+            _, first = await handle.add_and_watch(
+                once("early", "workers.interpreter:import_value", "mpv_added_early", "VALUE")
+            )
+            sys.path.append(str(late))
+            _, second = await handle.add_and_watch(
+                once("late", "workers.interpreter:import_value", "mpv_added_late", "VALUE")
+            )
+            return [await asyncio.wait_for(w.wait(), 20) for w in (first, second)]
+
+    try:
+        outcomes = run(body())
+    finally:
+        sys.path[:] = saved
+    assert [(o.kind, o.value) for o in outcomes] == [
+        (OutcomeKind.COMPLETED, "mpv_added_early"),
+        (OutcomeKind.COMPLETED, "mpv_added_late"),
+    ], outcomes
+
+
+# --- a launcher that cannot start -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "start_timeout", "says"),
+    [
+        ("workers.preload.segfault", 30.0, ["killed by SIGSEGV before it was ready", "'workers.preload.segfault'", f"{EARLY_DEATHS} launchers in a row"]),
+        ("workers.preload.exits", 30.0, ["exited with status 3 before it was ready", "the licence server is unreachable"]),
+        ("workers.preload.hangs", 2.0, ["was not ready within start_timeout=2.0 s", "'workers.preload.hangs'"]),
+        ("workers.preload.raises", 30.0, ["'workers.preload.raises' failed to import", "preload refused: no config"]),
+    ],
+    ids=["segfault", "exits", "hangs", "raises"],
+)
+def test_a_launcher_that_cannot_start_is_a_config_error_never_a_loop(module, start_timeout, says):
+    """add() raises ConfigError naming the cause within start_timeout (plus the restarts' backoff);
+    the launcher was started at most EARLY_DEATHS times; later calls raise it at once; shutdown returns."""
+    config = SupervisorConfig(grace=1, preload=(module,), start_timeout=start_timeout)
+
+    async def body():
+        async with supervised(config) as (handle, collector):
+            started = time.monotonic()
+            with pytest.raises(ConfigError) as raised:
+                await asyncio.wait_for(handle.add(once("never", "builtins:abs", -1)), start_timeout + 10)
+            took = time.monotonic() - started
+            with pytest.raises(ConfigError) as again:
+                await asyncio.wait_for(handle.add(once("never-either", "builtins:abs", -1)), 1)
+        return str(raised.value), str(again.value), took, collector
+
+    error, again, took, collector = run(body())
+    for text in says:
+        assert text in error, error
+    assert again == error
+    assert took < start_timeout + 5, took
+    deaths = [e.reason for e in collector.of(EventKind.RUNTIME_FAILURE)]
+    assert 1 <= len(deaths) <= EARLY_DEATHS, deaths
+    assert deaths[-1] == f"{error}; no launcher will be started again", deaths
+    wait_for(lambda: not live_children(), timeout=5)
+
+
+def test_mpvisor_run_with_a_crashing_preload_raises_config_error_and_leaves_nothing():
+    """The blocking `mpvisor.run` raises the same ConfigError, and no process is left."""
+    import mpvisor
+
+    config = SupervisorConfig(grace=1, preload=("workers.preload.segfault",))
+    with pytest.raises(ConfigError, match="SIGSEGV"):
+        mpvisor.run([once("never", "builtins:abs", -1)], config)
+    wait_for(lambda: not live_children(), timeout=5)
+
+
+def test_a_killed_launcher_is_reported_with_its_pid_and_replaced():
+    """RUNTIME_FAILURE names the dead launcher's pid and how it ended; the next task runs."""
+
+    async def body():
+        async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
+            _, first = await handle.add_and_watch(once("first", "builtins:abs", -1))
+            assert (await asyncio.wait_for(first.wait(), 20)).value == 1
+            launcher = _the_launcher()
+            os.kill(launcher, signal.SIGKILL)
+            death = await asyncio.to_thread(collector.wait_for, EventKind.RUNTIME_FAILURE, 10)
+            _, second = await handle.add_and_watch(once("second", "builtins:abs", -2))
+            return launcher, death, await asyncio.wait_for(second.wait(), 20)
+
+    launcher, death, outcome = run(body())
+    assert f"the launcher (pid {launcher}) killed by SIGKILL; a new one starts" in death.reason
+    assert outcome.value == 2
+
+
+def _the_launcher() -> int:
+    """The launcher: the one child of this process's guardian (the guardian is our child)."""
+    for child in psutil.Process().children():
+        grandchildren = child.children()
+        if len(grandchildren) == 1:
+            return grandchildren[0].pid
+    raise AssertionError(f"no guardian with one launcher among {psutil.Process().children()}")
+
+
+def test_an_attempt_after_the_launcher_broke_for_good_fails_to_start_naming_why(tmp_path, monkeypatch):
+    """A launcher that was ready dies; its successors crash at import: the running task's retry
+    cannot start ("could not start: ... SIGSEGV ..."), and its retries run out instead of looping."""
+    crash_file = tmp_path / "crash-now"
+    monkeypatch.setenv("MPV_PRELOAD_CRASH_FILE", str(crash_file))
+    config = SupervisorConfig(grace=1, preload=("workers.preload.segfault_if",))
+    spec = restartable("long", "workers.basic:sleeper", 60).with_max_retries(6)
+
+    async def body():
+        async with supervised(config) as (handle, collector):
+            _, waiter = await handle.add_and_watch(spec)
+            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 10)
+            crash_file.write_text("")
+            os.kill(_the_launcher(), signal.SIGKILL)
+            outcome = await asyncio.wait_for(waiter.wait(), 20)
+            with pytest.raises(ConfigError, match="SIGSEGV"):
+                await handle.add(once("later", "builtins:abs", -1))
+            return outcome, collector
+
+    outcome, collector = run(body())
+    assert outcome.kind is OutcomeKind.FAILED, outcome
+    assert "retry limit reached after 6 of 6 retries: could not start: the launcher" in outcome.reason, outcome.reason
+    assert "SIGSEGV" in outcome.reason, outcome.reason
+    deaths = [e.reason for e in collector.of(EventKind.RUNTIME_FAILURE)]
+    assert len(deaths) == 1 + EARLY_DEATHS, deaths  # the killed one, then each early death
+    assert deaths[-1].endswith("no launcher will be started again"), deaths

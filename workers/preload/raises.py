@@ -1,0 +1,3 @@
+"""Importing this module raises `RuntimeError`."""
+
+raise RuntimeError("preload refused: no config")
