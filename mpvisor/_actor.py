@@ -30,8 +30,8 @@ from ._outcome import OutcomeKind, TaskOutcome
 from ._process import AttemptProcess
 from ._restart import AttemptResult, RunAgain, RunNow, Stop, Streak, decide
 from ._spec import ResolvedSpec
-from ._task import CommandTask
-from ._wire import Failure, Progress, Result, Start
+from ._task import CommandTask, TaskFn
+from ._wire import Failure, Progress, Result, Start, pack_call, start_size
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -71,6 +71,7 @@ class TaskActor:
         self.stop_decided = False  # the policy stops the task after the attempt already known
         self.finished = False
         self.final_kind: OutcomeKind | None = None  # set at terminal cleanup
+        self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
         self._rng = self._make_rng()
@@ -103,6 +104,7 @@ class TaskActor:
     def kill_now(self, why: str) -> None:
         """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
         if self.current is not None:
+            self.killed_at_once = self.killed_at_once or why
             self.current.kill(why)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -205,7 +207,7 @@ class TaskActor:
 
     def on_report(self, report: Result | Failure) -> None:
         """A report was read before any stop request: if the policy stops after it, the task's
-        stop is decided and a removal can no longer claim it (SPEC §3.3)."""
+        stop is decided and a removal can no longer claim it."""
         action, _ = decide(
             self.spec.restart,
             from_report(report).kind,
@@ -226,7 +228,7 @@ class TaskActor:
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
         if end.killed is not None and end.kind is AttemptResult.CANCELED:
             grace = self.runtime.config.grace
-            reason = f"did not stop within the grace window of {grace} s; its process tree was killed"
+            reason = self.killed_at_once or f"did not stop within the grace window of {grace} s; its process tree was killed"
             return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
@@ -242,6 +244,7 @@ class TaskActor:
             value=end.value if end is not None and kind is OutcomeKind.COMPLETED else None,
             traceback=end.traceback if keep_failure and end is not None else None,
             attempts=self.attempt,
+            timed_out=kind is OutcomeKind.FAILED and end is not None and end.kind is AttemptResult.TIMED_OUT,
             duration=time.monotonic() - self.registered_at,
         )
 
@@ -251,20 +254,8 @@ class TaskActor:
     # --- the start request -------------------------------------------------------------------
 
     def start_request(self, env: Any, cwd: str | None, path: list[str] | None) -> Start:
-        task = self.spec.task
-        common = dict(task=self.name, id=self.id, attempt=self.attempt, max_frame=self.runtime.config.max_frame_bytes)
-        if isinstance(task, CommandTask):
-            merged = dict(os.environ)  # SPEC §3.1: `env` is merged over the parent's environment
-            for key, value in (task.env or {}).items():
-                if value is None:
-                    merged.pop(key, None)
-                else:
-                    merged[key] = value
-            return Start(kind="cmd", target="", args=[], kwargs={}, argv=list(task.argv), env=merged,
-                         cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
-        target, main_path = _resolve_main(task.target)
-        return Start(kind="fn", target=target, args=list(task.args), kwargs=dict(task.kwargs), argv=[],
-                     env=env, cwd=cwd, path=path, main_path=main_path, **common)  # type: ignore[arg-type]
+        return start_message(self.spec.task, self.name, self.id, self.attempt,
+                             self.runtime.config.max_frame_bytes, env, cwd, path)
 
     def on_progress(self, progress: Progress) -> None:
         self._publish(
@@ -274,6 +265,39 @@ class TaskActor:
 
     def on_output(self, stream: str, line: str) -> None:
         self._publish(EventKind.ATTEMPT_OUTPUT, attempt=self.attempt, pid=self.pid, stream=stream, line=line)
+
+
+def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, max_frame: int,
+                  env: Any, cwd: str | None, path: list[str] | None) -> Start:
+    """The start message of one attempt (`env`, `cwd`, `path`: None when unchanged since the
+    launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built."""
+    common = dict(task=name, id=id, attempt=attempt, max_frame=max_frame)
+    if isinstance(task, CommandTask):
+        merged = dict(os.environ)  # a command's `env` is merged over the parent's environment
+        for key, value in (task.env or {}).items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=merged,
+                     cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
+    target, main_path = _resolve_main(task.target)
+    return Start(kind="fn", target=target, call=task.call, argv=[], env=env, cwd=cwd, path=path,
+                 main_path=main_path, **common)  # type: ignore[arg-type]
+
+
+def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> None:
+    """Refuse, when a task is added, one whose start message would exceed `max_frame_bytes`
+    (its arguments, nearly always): `ValueError` naming the task, the size and the limit."""
+    size = start_size(start_message(task, name, 0, 1, max_frame, None, None, None))
+    if size > max_frame:
+        raise ValueError(
+            f"task {name!r}: its start message (target and arguments) is {size} bytes, over "
+            f"max_frame_bytes={max_frame}; pass large data by path or raise max_frame_bytes"
+        )
+
+
+_NO_CALL = pack_call((), {})
 
 
 def _resolve_main(target: str) -> tuple[str, str | None]:

@@ -45,7 +45,8 @@ class JitterPolicy(enum.Enum):
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """Delays between retries: `first`, growing by `factor` per retry, capped at `max`."""
+    """Delays between retries: `first`, growing by `factor` per retry, capped at `max`, then
+    spread by `jitter` (a `JitterPolicy`; `NONE` until `with_jitter` is called)."""
 
     first: float  # >= 0, <= max
     max: float

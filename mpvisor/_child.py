@@ -9,12 +9,18 @@ returns: every path ends in `os._exit`.
 | the target ... | the child sends | then exits with |
 |---|---|---|
 | returns an encodable value within `max_frame` | `Result(value)` | 0 |
-| returns something msgpack cannot carry, or too large | `Failure("fatal", ...)` | 0 |
+| returns something msgpack cannot carry (whatever its hooks raise, `SystemExit` included), or too large | `Failure("fatal", ...)` naming the type / the size | 0 |
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
+| raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` | nothing | n |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
+| is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
+
+Only a failed handshake (no start message could be read: nobody to report to) ends with a
+status of mpvisor's own, 70. Whatever the target leaves behind is described and encoded under
+`_guarded` (below), so no user code can make the report malformed or change that status.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import os
 import signal
 import sys
 import types
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from . import _context
 from ._errors import Canceled, Fail, Fatal
@@ -61,14 +68,18 @@ class _Channel:
         while data:
             data = data[os.write(self.fd, data) :]
 
-    def read_exact(self, n: int) -> bytes:
-        chunks = bytearray()
-        while len(chunks) < n:
-            chunk = os.read(self.fd, min(n - len(chunks), 1 << 20))
-            if not chunk:
+    def read_exact(self, n: int) -> bytearray:
+        """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.readv(self.fd, [view[got:]])
+            if not k:
                 raise EOFError("the parent closed the attempt channel")
-            chunks += chunk
-        return bytes(chunks)
+            got += k
+        view.release()
+        return buf
 
     def read_start(self) -> Start:
         (length,) = HEADER.unpack(self.read_exact(HEADER.size))
@@ -137,8 +148,12 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except BaseException as exc:
-        reason = f"cannot import target {start.target!r}: {type(exc).__name__}: {exc}"
-        _finish(channel, Failure("fatal", reason, traceback=_traceback()))
+        reason = f"cannot import target {start.target!r}: {_describe(exc)}"
+        _finish(channel, Failure("fatal", reason, traceback=_traceback(exc)))
+    if not callable(target):
+        reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
+        _finish(channel, Failure("fatal", reason))
+    args, kwargs = unpack(start.call)
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m))
     )
@@ -147,7 +162,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if signal.SIGTERM in signal.sigpending():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
     signal.signal(signal.SIGTERM, ctx._on_sigterm)
-    ending = _call(target, start, ctx)
+    ending = _call(target, args, kwargs, ctx)
     _finish(channel, ending, max_frame=start.max_frame)
 
 
@@ -187,11 +202,13 @@ def _unguarded_reason(start: Start) -> str:
     )
 
 
-def _call(target: Any, start: Start, ctx: _context.TaskContext) -> Message:
+def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> Message:
+    """Call the target; how it ended, as the report to send (described with `_describe` and
+    `_traceback`, which never raise, whatever the exception's own hooks do)."""
     try:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
-            value = target(*start.args, **start.kwargs)
+            value = target(*args, **kwargs)
             if isinstance(value, types.CoroutineType):
                 value = _run_async(value, ctx)
         finally:
@@ -199,14 +216,12 @@ def _call(target: Any, start: Start, ctx: _context.TaskContext) -> Message:
         return Result(value)
     except Canceled:
         return Failure("canceled", "the attempt was canceled")
-    except Fail as exc:
-        return Failure("fail", exc.reason, _exit_code(exc.exit_code), _traceback())
-    except Fatal as exc:
-        return Failure("fatal", exc.reason, _exit_code(exc.exit_code), _traceback())
+    except (Fail, Fatal) as exc:
+        return _verdict(exc)
     except SystemExit as exc:
         _exit_like_sys_exit(exc)
     except BaseException as exc:
-        return Failure("error", f"{type(exc).__name__}: {exc}", None, _traceback())
+        return Failure("error", _describe(exc), None, _traceback(exc))
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
@@ -225,51 +240,115 @@ def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
         raise Canceled() from None
 
 
-def _traceback() -> str:
+# --- turning the target's ending into the report ------------------------------------------------
+#
+# Whatever the target left behind may run user code while it is described or encoded: a value's
+# `__index__`, `__len__` or `items()`, an exception's `__str__`, a traceback's `__notes__`. Each
+# such step runs under `_guarded`, which catches anything (`SystemExit` and `KeyboardInterrupt`
+# included) and substitutes a fallback built from type names and constants only, so that the
+# report is always well-formed and the child always ends with the status the table above says.
+
+T = TypeVar("T")
+
+
+def _guarded(step: Callable[[], T], fallback: Callable[[BaseException], T]) -> T:
+    """`step()`, or `fallback(problem)` if the step raised anything at all."""
+    try:
+        return step()
+    except BaseException as problem:
+        return fallback(problem)
+
+
+def _type_name(obj: object) -> str:
+    """The name of `obj`'s type (a str whatever a metaclass does; 'object' if even that fails)."""
+    return _guarded(lambda: _text(type(obj).__name__), lambda _: "object")
+
+
+def _text(value: object) -> str:
+    """`value` as a plain str that msgpack can encode (a lone surrogate is backslash-escaped)."""
+    text = str.__str__(value) if isinstance(value, str) else str(value)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` for an exception, or `<Type: str() raised Other>` when it cannot say."""
+    name = _type_name(exc)
+    return _guarded(lambda: f"{name}: {_text(str(exc))}", lambda p: f"<{name}: str() raised {_type_name(p)}>")
+
+
+def _traceback(exc: BaseException) -> str | None:
+    """The formatted traceback of `exc`, or as much of it as can be formatted."""
     import traceback
 
-    return traceback.format_exc()
+    def frames_only(problem: BaseException) -> str | None:
+        def frames() -> str:
+            text = _text("".join(traceback.format_tb(exc.__traceback__)))
+            return f"Traceback (most recent call last):\n{text}{_describe(exc)}\n" + (
+                f"(the full traceback could not be formatted: {_describe(problem)})\n")
+        return _guarded(frames, lambda _: None)
+
+    return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _verdict(exc: Fail | Fatal) -> Failure:
+    """The report of a `Fail` or `Fatal` the target raised (its reason made a plain str)."""
+    kind = "fail" if isinstance(exc, Fail) else "fatal"
+    name = _type_name(exc)
+    reason = _guarded(lambda: _text(exc.reason), lambda p: f"<{name}: its reason raised {_type_name(p)}>")
+    return Failure(kind, reason, _exit_code(exc.exit_code), _traceback(exc))
 
 
 def _exit_code(code: object) -> int | None:
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    """An exit code given to `Fail`/`Fatal`: kept if it is a plain int msgpack can carry."""
+    return code if type(code) is int and -(2**63) <= code < 2**63 else None
 
 
 def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
+    """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
+    byte, anything else is printed to stderr and gives 1."""
     code = exc.code
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code & 0xFF
-    else:
-        print(code, file=sys.stderr)
-        status = 1
+
+    def status() -> int:
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return int.__int__(code) & 0xFF
+        print(_text(code), file=sys.stderr)
+        return 1
+
+    exit_status = _guarded(status, lambda _: 1)
     _flush_std()
-    os._exit(status)
+    os._exit(exit_status)
 
 
 def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0) -> NoReturn:
     """Send the attempt's one report, flush the user's streams, and end with `os._exit`."""
+    payload = _encode_report(message, max_frame)
     try:
-        channel.send_frame(_encode_report(message, max_frame))
+        channel.send_frame(payload)
     except BaseException:
-        status = status or 71
+        pass  # the channel is gone (the parent, or the target closed it): the status speaks
     _flush_std()
     os._exit(status)
 
 
 def _encode_report(message: Message, max_frame: int) -> bytes:
-    if not isinstance(message, Result):
-        return pack(message.to_wire())
-    try:
-        check_value(message.value, "the result")
-        payload = pack(message.to_wire())
-    except (TypeError, ValueError, OverflowError) as exc:
-        reason = f"the result of type {type(message.value).__name__} cannot be sent as msgpack: {exc}"
-        return pack(Failure("fatal", reason).to_wire())
-    if max_frame and len(payload) > max_frame:
-        return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
-    return payload
+    """The report's msgpack bytes; never raises. A value that cannot be encoded, however it
+    refuses, is the permanent failure naming its type."""
+    if isinstance(message, Result):
+        def refused(problem: BaseException) -> bytes:
+            reason = f"the result of type {_type_name(message.value)} cannot be sent as msgpack: {_describe(problem)}"
+            return pack(Failure("fatal", reason).to_wire())
+
+        def encoded() -> bytes:
+            check_value(message.value, "the result")
+            return pack(message.to_wire())
+
+        payload = _guarded(encoded, refused)
+        if max_frame and len(payload) > max_frame:
+            return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
+        return payload
+    return pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
 
 
 def _flush_std() -> None:

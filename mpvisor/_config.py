@@ -1,6 +1,6 @@
 """What are the supervisor's and the controller's limits?
 
-Owns `SupervisorConfig` (SPEC §3.2) and `ControllerConfig` (SPEC §5): immutable, validated at
+Owns `SupervisorConfig` and `ControllerConfig`: immutable, validated at
 construction, so that a bad setting fails at once with a `ConfigError` (a `ValueError`) naming
 the field and the value. Durations are stored as float seconds (a `timedelta` is accepted).
 
@@ -34,7 +34,25 @@ _START_METHODS = ("launcher", "spawn")
 
 @dataclass(frozen=True, init=False)
 class SupervisorConfig:
-    """The supervisor's settings (SPEC §3.2)."""
+    """The supervisor's settings; invalid values raise `ConfigError` naming the field.
+
+    Durations are seconds (a `timedelta` is accepted too).
+
+    | field | default | meaning |
+    |---|---|---|
+    | `grace` | 60.0 | after a removal, replace or shutdown asks an attempt to stop, how long before its tree is killed |
+    | `subscriber_shutdown_timeout` | 5.0 | how long shutdown waits for subscribers to drain |
+    | `max_concurrent` | None | at most this many attempt processes alive at once (None: no limit) |
+    | `bus_capacity` | 1024 | events buffered per `handle.events()` iterator before it loses events |
+    | `registry_capacity` | 1024 | management commands queued before `add`, `remove`, ... wait (`try_*` raise `CommandQueueFull`) |
+    | `max_frame_bytes` | 64 MiB | largest message from a child (a larger result is a permanent failure) |
+    | `timeout_kill_after` | 1.0 | after an attempt's timeout asks it to stop, how long before its tree is killed |
+    | `start_timeout` | 30.0 | > 0: process start, handshake and import of the target |
+    | `preload` | () | modules the launcher imports once, before forking attempts |
+    | `start_method` | "launcher" | "launcher" (fork from a pre-started launcher) or "spawn" (a fresh interpreter per Python attempt) |
+    | `capture_output` | False | send attempts' stdout/stderr lines as `ATTEMPT_OUTPUT` events |
+    | `seed` | None | seed each task's jitter from it and the task name, so delays repeat |
+    """
 
     grace: float  # cooperative stop -> tree kill, on removal and shutdown
     subscriber_shutdown_timeout: float
@@ -92,7 +110,10 @@ class SupervisorConfig:
 
 @dataclass(frozen=True, init=False)
 class ControllerConfig:
-    """The controller's limits (SPEC §5)."""
+    """The controller's limits: `queue_capacity` (>= 1, default 1024) commands wait for the
+    controller, and as many forwarded removals may be in flight, before the `try_*` forms raise;
+    `max_slot_queue` (>= 0, default 100) pending submissions per slot before `QUEUE` is rejected
+    `QUEUE_FULL` (a `REPLACE` head may exceed it)."""
 
     queue_capacity: int  # >= 1: commands waiting, and removals in flight
     max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)

@@ -2,7 +2,7 @@
 
 A pure function of what the parent observed about one attempt process (`Facts`) to its one
 ending (`AttemptEnd`). No I/O: `_process.py` gathers the facts, this module decides. The rules,
-first match wins (SPEC §1.4, §1.11, §2, §3.1):
+first match wins (the reason a stop was requested decides over how the child ended):
 
 | # | fact | ending |
 |---|---|---|

@@ -61,7 +61,7 @@ class EventKind(enum.Enum):
         return str(self.value)
 
 
-# The events that end an attempt that started: exactly one per started attempt (SPEC §4).
+# The events that end an attempt that started: exactly one per started attempt.
 ATTEMPT_TERMINAL_KINDS = frozenset(
     {
         EventKind.ATTEMPT_SUCCEEDED,
@@ -124,7 +124,7 @@ def _plain(value: object) -> Any:
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The event's present fields by name, enums as their labels (SPEC §4)."""
+    """The event's present fields by name, enums as their labels (the `JsonLinesWriter` form)."""
     out: dict[str, Any] = {}
     for name, value in zip(event._fields, event, strict=True):
         if value is not None:

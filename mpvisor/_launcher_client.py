@@ -435,6 +435,8 @@ class LauncherClient:
             self._send(["stop"])  # not attached yet: `_attach` sends it
         if self._start_timer is not None:
             self._start_timer.cancel()
+        if self._proc is not None and not self._was_ready:
+            self._proc.kill()  # not ready: no attempt runs yet, and a hung import never reads `stop`
         self._wake.set()
         self._restart.set()
         try:

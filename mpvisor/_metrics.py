@@ -76,6 +76,7 @@ class PrometheusMetrics:
         self._lock = threading.Lock()  # on_event runs on the bus thread, `running_attempts` anywhere
 
     def on_event(self, event: Event) -> None:
+        """Update the metrics from `event` (called on the subscriber's own thread)."""
         kind = event.kind
         self.events.labels(kind.label).inc()
         if kind is EventKind.ATTEMPT_STARTING:

@@ -1,6 +1,6 @@
 """How did a task end, once and for all?
 
-Owns the final, reliable result of a task (SPEC §3.4): `OutcomeKind`, `RejectionKind` and the
+Owns the final, reliable result of a task: `OutcomeKind`, `RejectionKind` and the
 `TaskOutcome` record a waiter resolves to. Deciding *which* outcome applies belongs to
 `_restart` (after an attempt) and to the registry and controller (removals, rejections).
 
@@ -65,7 +65,20 @@ class RejectionKind(enum.Enum):
 
 @dataclass(frozen=True)
 class TaskOutcome:
-    """The one final result of a watched task."""
+    """The one final result of a watched task (`await waiter.wait()`).
+
+    | field | value |
+    |---|---|
+    | `kind` | the `OutcomeKind` |
+    | `reason` | why it ended, for anything but `COMPLETED` (the last attempt's error) |
+    | `exit_code` | the last attempt's exit code (`-N` for a death by signal N), if any |
+    | `rejection` | the `RejectionKind`, set exactly when `kind` is `REJECTED` |
+    | `value` | the final successful attempt's result, for `COMPLETED` |
+    | `traceback` | the last attempt's traceback, as text, if it raised |
+    | `attempts` | attempts started (0 if none) |
+    | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
+    | `timed_out` | true when it `FAILED` because its last attempt hit the task's timeout |
+    """
 
     kind: OutcomeKind
     reason: str | None = None
@@ -75,6 +88,7 @@ class TaskOutcome:
     traceback: str | None = None
     attempts: int = 0  # attempts started
     duration: float | None = None  # registration to terminal cleanup; None when REJECTED
+    timed_out: bool = False  # FAILED because its last attempt hit the task's timeout
 
     def __post_init__(self) -> None:
         if (self.kind is OutcomeKind.REJECTED) != (self.rejection is not None):

@@ -1,6 +1,6 @@
 r"""How does the runtime start, stop and learn the end of one attempt process?
 
-The launcher boundary (SPEC §1.10). `AttemptProcess` is the only thing the rest of the runtime
+The launcher boundary: `AttemptProcess` is the only thing the rest of the runtime
 sees: start it, await its end, ask it to stop, kill it. It talks to the launcher through
 `_launcher_client.LauncherClient`; nothing outside these two modules touches a pid, a pipe or a
 signal.
@@ -13,6 +13,13 @@ Attempt phases (one value, `AttemptProcess.phase`):
 Facts gathered on the way (`_ending.Facts`) decide the ending once the phase is `done`. The parent
 holds 2 fds per live attempt (the protocol socket and a pidfd), 4 with `capture_output`, and no
 thread: everything is readiness callbacks on the loop.
+
+The start message is written into the socket as soon as the attempt is spawned, and the rest of
+it whenever the socket is writable: memoryviews over its two pieces (`_wire.encode_start`: the
+fields, then the task's arguments as encoded when it was defined) advance by what each `send`
+took, so a 100 MB argument is neither re-encoded nor copied, only sent. The socket's reader and
+writer are unregistered whenever it is closed (`_close_sock`), so a later attempt that gets the
+same fd number never meets a stale registration.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from ._wire import (
     ProtocolError,
     Result,
     Start,
-    encode,
+    encode_start,
     parse,
 )
 
@@ -84,7 +91,8 @@ class AttemptProcess:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._pending_kill: str | None = None
         self._pending_signal = False
-        self._outgoing = encode(start)
+        self._outgoing = [memoryview(piece) for piece in encode_start(start) if piece]  # left to send
+        self._writing = False  # a writer callback is registered for the rest of it
         self._spawn(exec_python, capture_output, start_timeout)
 
     def __repr__(self) -> str:
@@ -140,22 +148,27 @@ class AttemptProcess:
         self._write_start()
 
     def _write_start(self) -> None:
-        assert self._sock is not None
-        try:
-            sent = self._sock.send(self._outgoing)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._outgoing = b""  # the child is gone; its exit status will speak
+        """Send what the socket takes of the start frame now; wait for writability for the rest."""
+        if self._sock is None:
             return
-        self._outgoing = self._outgoing[sent:]
-        if self._outgoing:
-            self.loop.add_writer(self._sock.fileno(), self._on_writable)
-
-    def _on_writable(self) -> None:
-        assert self._sock is not None
-        self.loop.remove_writer(self._sock.fileno())
-        self._write_start()
+        while self._outgoing:
+            piece = self._outgoing[0]
+            try:
+                sent = self._sock.send(piece)
+            except BlockingIOError:
+                break
+            except OSError:  # the child is gone; its exit status will speak
+                sent = len(piece)
+            if sent == len(piece):
+                self._outgoing.pop(0)  # the last view of a piece goes: its bytes can be freed
+            else:
+                self._outgoing[0] = piece[sent:]  # a view: nothing is copied
+        if self._outgoing and not self._writing:
+            self.loop.add_writer(self._sock.fileno(), self._write_start)
+            self._writing = True
+        elif not self._outgoing and self._writing:
+            self.loop.remove_writer(self._sock.fileno())
+            self._writing = False
 
     def _on_started(self, pid: int, pidfd: int | None) -> None:
         self.pid = pid
@@ -249,15 +262,12 @@ class AttemptProcess:
         self.kill(f"protocol error: {error}")
 
     def _on_eof(self) -> None:
-        assert self._sock is not None
-        self.loop.remove_reader(self._sock.fileno())
         if self.facts.protocol_error is None and self.facts.report is None:
             try:
                 self._decoder.finish()
             except ProtocolError as exc:
                 self.facts.protocol_error = str(exc)
-        self._sock.close()
-        self._sock = None
+        self._close_sock()
         self._maybe_done()
 
     def _on_stream(self, fd: int) -> None:
@@ -314,12 +324,19 @@ class AttemptProcess:
             self._close_fds()
             self._finish()
 
+    def _close_sock(self) -> None:
+        """Unregister the socket from the loop, then close it (its fd number may be reused)."""
+        if self._sock is None:
+            return
+        self.loop.remove_reader(self._sock.fileno())
+        self.loop.remove_writer(self._sock.fileno())
+        self._writing = False
+        self._outgoing.clear()
+        self._sock.close()
+        self._sock = None
+
     def _close_fds(self) -> None:
-        if self._sock is not None:
-            self.loop.remove_reader(self._sock.fileno())
-            self.loop.remove_writer(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
+        self._close_sock()
         for fd, splitter in list(self._streams.items()):
             self.loop.remove_reader(fd)
             if self._on_output is not None:

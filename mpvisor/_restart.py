@@ -48,6 +48,7 @@ class BackoffSource(enum.Enum):
 
     @property
     def label(self) -> str:
+        """The stable lower-case name (`"failure"`, ...), as metrics and JSON lines show it."""
         return self.name.lower()
 
 

@@ -5,7 +5,7 @@ launcher client, the concurrency permits, the optional controller, and the one s
 `SupervisorHandle` is the public face of a runtime (every management call); it holds nothing
 but the runtime, so the handle alone keeps it alive.
 
-Shutdown (SPEC §6), one operation whatever started it, its result cached for every caller:
+Shutdown, one operation whatever started it, its result cached for every caller:
 
 1. close intake: new calls raise `ShuttingDown` / `ControllerClosed`; queued commands are answered;
 2. publish `SHUTDOWN_REQUESTED`; the controller rejects what it has not handed over; every task is
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import signal
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._bus import Bus
@@ -67,9 +68,11 @@ class Runtime:
 
             self.controller = Controller(self, controller)
         self.shutting_down = False
-        self.interrupted = False  # a SIGINT/SIGTERM started the shutdown (`run` mode)
+        # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
+        self.interrupted: list[signal.Signals] = []
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()  # set when shutdown begins: a wait for the launcher ends
         self.ensure_launcher()
 
     def __repr__(self) -> str:
@@ -89,7 +92,19 @@ class Runtime:
         a launcher once shutdown has stopped it."""
         if self.shutting_down and self.client is None:
             raise ShuttingDown("the supervisor is shutting down")
-        await self.ensure_launcher().ready()
+        client = self.ensure_launcher()
+        if client.is_ready():
+            return
+        ready = asyncio.ensure_future(client.ready())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([ready, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not ready.done():  # shutdown began first: it stops the launcher, nobody waits for it
+            ready.cancel()
+            raise ShuttingDown("the supervisor is shutting down")
+        ready.result()
 
     def is_ready(self) -> bool:
         """The launcher runs and its preload succeeded: `ready()` would return at once."""
@@ -137,6 +152,7 @@ class Runtime:
         """Join the one shutdown (its result, or its error, is the same for every caller)."""
         if self._shutdown is None:
             self.shutting_down = True
+            self._stopping.set()
             self._shutdown = self.loop.create_task(self._run_shutdown(), name="mpvisor-shutdown")
             self.notify()
         await asyncio.shield(self._shutdown)

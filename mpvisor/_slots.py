@@ -166,7 +166,10 @@ Effect: TypeAlias = Admit[ItemT] | Reject[ItemT] | RemoveOwner | Transition
 
 @dataclass(frozen=True, slots=True)
 class SlotView:
-    """Point-in-time view of one slot."""
+    """Point-in-time view of one slot: `slot` (its name), `status` (`SlotStatus`), `owner_id`
+    (the `TaskId` of its admitted or admitting owner, else `None`), `queue_depth` (pending
+    submissions; the owner is not counted, a replacement head is) and `status_for` (seconds in
+    the current status)."""
 
     slot: str
     status: SlotStatus

@@ -62,7 +62,12 @@ class RestartKind(enum.Enum):
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When a task runs again; fatal errors and cancellation always stop it."""
+    """When a task runs again; fatal errors and cancellation always stop it.
+
+    `RestartPolicy.NEVER`, `RestartPolicy.ON_FAILURE` or `RestartPolicy.always(interval)`; `kind`
+    is its `RestartKind`, `interval` (only for `ALWAYS`) the wait after a success (`None`: at
+    once). The interval starts when a successful attempt ends; it is not a wall-clock schedule.
+    """
 
     NEVER: ClassVar[RestartPolicy]
     ON_FAILURE: ClassVar[RestartPolicy]
@@ -98,7 +103,12 @@ DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(Ji
 
 @dataclass(frozen=True, init=False)
 class TaskDefaults:
-    """The settings a spec inherits for what it does not give (never its restart policy)."""
+    """The settings a spec inherits for what it does not give (never its restart policy).
+
+    `backoff` (default: exponential from 0.2 s up to 30 s, EQUAL jitter), `timeout` (seconds;
+    default `None`, no timeout) and `max_retries` (default `None`, unlimited). They are fixed for
+    a supervisor's life (`SupervisorBuilder.with_task_defaults`).
+    """
 
     backoff: BackoffPolicy
     timeout: float | None  # None = no timeout
@@ -136,7 +146,14 @@ class ResolvedSpec:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A task and how to supervise it. Builders return a new spec."""
+    """A task and how to supervise it. Builders return a new spec.
+
+    `task`: the `TaskFn` or `CommandTask`; `restart`: its `RestartPolicy` (set by every
+    constructor, never inherited); `backoff`, `timeout` (seconds; `None` or 0 = none) and
+    `max_retries` (retries after the first failed attempt; `None` = unlimited) read `INHERIT`
+    unless given, and then take the supervisor's `TaskDefaults` when the task is added or
+    submitted. An explicit `None` overrides the default.
+    """
 
     task: Task
     restart: RestartPolicy
@@ -175,19 +192,26 @@ class TaskSpec:
 
     @property
     def name(self) -> str:
+        """The task's name (`task.name`)."""
         return self.task.name
 
     def with_backoff(self, backoff: BackoffPolicy) -> TaskSpec:
+        """The same spec with the delays between retries given by `backoff`."""
         return dataclasses.replace(self, backoff=backoff)
 
     def with_timeout(self, timeout: float | timedelta | None) -> TaskSpec:
+        """The same spec with a per-attempt timeout (`None` or 0: none). It runs from the call of
+        the target; past it the attempt is stopped and is a retryable failure, `timed out`."""
         seconds = _validate.duration("timeout", timeout, allow_none=True)
         return dataclasses.replace(self, timeout=seconds)
 
     def with_max_retries(self, max_retries: int | None) -> TaskSpec:
+        """The same spec allowing `max_retries` retries in a failure streak (3 allows at most 4
+        attempts, 0 allows one; `None`: unlimited); a success resets the count."""
         return dataclasses.replace(self, max_retries=max_retries)
 
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
+        """The same spec with another `RestartPolicy`."""
         return dataclasses.replace(self, restart=restart)
 
     def resolve(self, defaults: TaskDefaults) -> ResolvedSpec:

@@ -1,8 +1,8 @@
 """What work does a task do?
 
 Owns the two descriptions of a task's body, validated when they are built so that bad input
-never reaches the registry: `TaskFn` (a Python target named `module:qualname`, never pickled,
-SPEC §1.2) and `CommandTask` (an external program). How the child imports and calls a target,
+never reaches the registry: `TaskFn` (a Python target named `module:qualname`, never pickled)
+and `CommandTask` (an external program). How the child imports and calls a target,
 or execs a program, belongs to the child and the launcher.
 
 | `target` given as | recorded as | refused when |
@@ -16,7 +16,10 @@ or execs a program, belongs to the child and the launcher.
 | callable whose `module:qualname` leads elsewhere | — | module imported and lookup differs (`ValueError`) |
 
 A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
-to the script it re-imports (SPEC §1.2). Arguments must be msgpack values (`_values`).
+to the script it re-imports, as `multiprocessing`'s spawn does. Arguments must be msgpack values
+(`_values`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
+`[args, kwargs]`), so that every attempt sends those bytes as they are and the size of its start
+message is known before the task is added.
 """
 
 from __future__ import annotations
@@ -26,21 +29,24 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _validate
 from ._values import check_value
+from ._wire import pack, pack_call
 
 
 @dataclass(frozen=True, init=False)
 class TaskFn:
-    """A Python target run as `target(*args, **kwargs)` in a fresh child process."""
+    """A Python target run as `target(*args, **kwargs)` in a fresh child process; `name` is the
+    task's name, `target` its `"module:qualname"`, `args`/`kwargs` msgpack values."""
 
     name: str
     target: str  # always the `module:qualname` form, whatever the caller passed
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    call: bytes = field(repr=False, compare=False)  # `[args, kwargs]` as msgpack, encoded once
 
     def __init__(
         self,
@@ -53,6 +59,7 @@ class TaskFn:
         _set(self, "target", target_path(target))
         _set(self, "args", _checked_args(args))
         _set(self, "kwargs", _checked_kwargs(kwargs))
+        _set(self, "call", _encoded_call(self.args, self.kwargs))
 
     def __repr__(self) -> str:
         return f"TaskFn({self.name!r}, {self.target!r}, args={self.args!r}, kwargs={self.kwargs!r})"
@@ -60,7 +67,9 @@ class TaskFn:
 
 @dataclass(frozen=True, init=False)
 class CommandTask:
-    """An external program run with the same supervision as a Python target."""
+    """An external program run with the same supervision as a Python target: `name` is the
+    task's name, `argv` the program and its arguments, `env` merged over the parent's
+    environment (a `None` value removes a variable), `cwd` its working directory."""
 
     name: str
     argv: tuple[str, ...]
@@ -163,6 +172,22 @@ def _checked_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
             raise TypeError(f"kwargs keys must be str, got {key!r} of type {type(key).__name__}")
         check_value(value, f"kwargs[{key!r}]")
     return dict(kwargs)
+
+
+def _encoded_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """`[args, kwargs]` as msgpack; a value `check_value` passed can still fail to encode (a str
+    with a lone surrogate, a subclass whose hooks raise): then `TypeError` names the argument."""
+    try:
+        return pack_call(args, kwargs)
+    except Exception as exc:
+        problem = exc
+    places = [(f"args[{i}]", v) for i, v in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for where, value in places:
+        try:
+            pack(value)
+        except Exception as exc:
+            raise TypeError(f"{where} cannot be encoded as msgpack: {type(exc).__name__}: {exc}") from None
+    raise TypeError(f"the arguments cannot be encoded as msgpack: {type(problem).__name__}: {problem}")
 
 
 def _checked_argv(argv: object) -> tuple[str, ...]:

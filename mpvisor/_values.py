@@ -1,6 +1,6 @@
 """Can this value cross to a child process and back?
 
-Owns the msgpack value model (SPEC §1.3): which Python values a task's arguments, keyword
+Owns the msgpack value model: which Python values a task's arguments, keyword
 arguments and return value may hold. It only checks; encoding and decoding belong to the wire
 codec. The check walks the value with an explicit stack, so a deeply nested (or
 self-containing) value gives a `TypeError`, never a `RecursionError`.

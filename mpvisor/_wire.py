@@ -11,13 +11,18 @@ The schema (protocol version `VERSION`, sent in the child's first message):
 | direction | message | fields |
 |---|---|---|
 | child -> parent | `Hello` | `v` (protocol version), `pid` |
-| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, args, kwargs, env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path |
+| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, call (the msgpack bytes of `[args, kwargs]`), env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path |
 | child -> parent | `Calling` | (the target is about to be called, or the program exec'd: the timeout clock starts) |
 | child -> parent | `Progress` | done, total, message |
 | child -> parent | `Result` | value |
 | child -> parent | `Failure` | kind (`fail`/`fatal`/`canceled`/`error`), reason, exit_code, traceback |
 
 A stop request is not a message: the parent asks with SIGTERM (see `_context.py`).
+
+A task's arguments are encoded once, when the task is defined (`pack_call`), and every attempt's
+`Start` carries those bytes as they are (`call`): `encode_start` frames it in two pieces, so an
+attempt never walks, nor copies, a 100 MB argument again, and `start_size` knows the frame's size
+at once. The child decodes `call` with `unpack` just before it calls the target.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | bytearray | memoryview) -> Any:
     """Decode one msgpack value strictly, or raise `ProtocolError`."""
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
@@ -163,8 +168,7 @@ class Start(NamedTuple):
     attempt: int
     kind: str  # "fn" or "cmd"
     target: str
-    args: list[Any]
-    kwargs: dict[str, Any]
+    call: bytes  # `pack_call(args, kwargs)`, encoded once when the task was defined
     argv: list[str]
     env: dict[str, str] | None  # None: as the launcher started (likewise cwd and path)
     cwd: str | None
@@ -213,6 +217,41 @@ def parse(obj: Any, allowed: tuple[str, ...] = tuple(_SCHEMA)) -> Message:
     if cls is Failure and obj["kind"] not in FAILURE_KINDS:
         raise ProtocolError(f"malformed 'failure' message: kind={obj['kind']!r}")
     return cls(**{k: v for k, v in obj.items() if k != "t"})  # type: ignore[no-any-return]
+
+
+def pack_call(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> bytes:
+    """The msgpack bytes of a call's `[args, kwargs]` (what `Start.call` carries)."""
+    return pack([list(args), kwargs])
+
+
+def encode_start(start: Start) -> tuple[bytes, bytes]:
+    """The start frame in two pieces, to be sent one after the other: everything up to the
+    `call` bytes (length prefix, the other fields, `call`'s bin header), and `call` itself, never
+    copied. Decodes to the same message as `encode(start)`."""
+    fields = start.to_wire()
+    call = fields.pop("call")
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(fields) + 1)]
+    for key, value in fields.items():
+        parts += (packer.pack(key), packer.pack(value))
+    parts += (packer.pack("call"), _bin_header(len(call)))
+    head = b"".join(parts)
+    return HEADER.pack(len(head) + len(call)) + head, call
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's header of a bin value of `n` bytes (bin 8, bin 16 or bin 32)."""
+    if n < 2**8:
+        return struct.pack(">BB", 0xC4, n)
+    if n < 2**16:
+        return struct.pack(">BH", 0xC5, n)
+    return struct.pack(">BI", 0xC6, n)
+
+
+def start_size(start: Start) -> int:
+    """The number of bytes of the start frame's body (what `max_frame_bytes` limits)."""
+    head, call = encode_start(start)
+    return len(head) - HEADER.size + len(call)
 
 
 def parse_start(obj: Any) -> Start:

@@ -5,7 +5,7 @@ Owns the two shipped subscribers: `LogWriter` (one `logging` record per event) a
 (`_bus.py`); neither decides anything. Enums are compared by label, so this module depends on
 no enum but `EventKind`.
 
-`level_for` decides a `LogWriter` record's level (SPEC §4, "Shipped subscribers"):
+`level_for` decides a `LogWriter` record's level:
 
 | event | level |
 |---|---|
@@ -85,6 +85,7 @@ class LogWriter:
         self._output = logging.getLogger("mpvisor.output")
 
     def on_event(self, event: Event) -> None:
+        """Log `event` as one record (called on the subscriber's own thread)."""
         extra = {"mpvisor_event": event}
         if event.kind is EventKind.ATTEMPT_OUTPUT:
             self._output.debug(
@@ -123,6 +124,7 @@ class JsonLinesWriter:
         self._closed = False
 
     def on_event(self, event: Event) -> None:
+        """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
         line = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
         with self._lock:
             if self._closed:

@@ -15,7 +15,7 @@ from mpvisor._errors import ConfigError
 
 
 def test_backoff_arithmetic() -> None:
-    """RTY-16: exponential doubles from `first` and stops at `max`, without overflow."""
+    """Exponential doubles from `first` and stops at `max`, without overflow."""
     policy = BackoffPolicy.exponential(0.1)
     assert [base_delay(policy, n) for n in (0, 1, 2)] == [0.1, 0.2, 0.4]
     assert base_delay(policy, 20) == 30.0
@@ -27,7 +27,7 @@ def test_backoff_arithmetic() -> None:
 
 
 def test_constant_backoff_is_the_same_delay_every_time() -> None:
-    """RTY-16: `constant(0.5)` has first = max = 0.5; RANDOMIZED_BAND gives exactly 0.5."""
+    """`constant(0.5)` has first = max = 0.5; RANDOMIZED_BAND gives exactly 0.5."""
     policy = BackoffPolicy.constant(0.5)
     assert (policy.first, policy.max) == (0.5, 0.5)
     assert [base_delay(policy, n) for n in (0, 1, 7, 10**6)] == [0.5] * 4
@@ -39,7 +39,7 @@ def test_constant_backoff_is_the_same_delay_every_time() -> None:
 
 
 def test_constructors_start_without_jitter_until_asked() -> None:
-    """RTY-16: `constant` and `exponential` use JitterPolicy.NONE until `.with_jitter`."""
+    """`constant` and `exponential` use JitterPolicy.NONE until `.with_jitter`."""
     assert BackoffPolicy.constant(1).jitter is JitterPolicy.NONE
     assert BackoffPolicy.exponential(1).jitter is JitterPolicy.NONE
     jittered = BackoffPolicy.exponential(1).with_jitter(JitterPolicy.FULL)
@@ -72,7 +72,7 @@ _index = st.integers(min_value=0, max_value=10**9)
 def test_jitter_stays_in_its_band(
     first: float, factor: float, extra: float, index: int, seed: int
 ) -> None:
-    """RTY-17: NONE is the base; FULL, EQUAL and RANDOMIZED_BAND stay in their bands."""
+    """NONE is the base; FULL, EQUAL and RANDOMIZED_BAND stay in their bands."""
     policy = BackoffPolicy(first=first, max=first + extra, factor=factor)
     base = base_delay(policy, index)
     assert first <= base <= policy.max
@@ -86,7 +86,7 @@ def test_jitter_stays_in_its_band(
 
 @pytest.mark.parametrize("jitter", list(JitterPolicy))
 def test_a_zero_base_stays_zero_under_every_jitter(jitter: JitterPolicy) -> None:
-    """RTY-17: a zero base gives a zero delay whatever the jitter."""
+    """A zero base gives a zero delay whatever the jitter."""
     policy = BackoffPolicy.constant(0).with_jitter(jitter)
     assert delay(policy, 5, random.Random(0)) == 0.0
 
@@ -101,7 +101,7 @@ def test_the_same_seed_gives_the_same_delays() -> None:
 
 @pytest.mark.parametrize("factor", [0.5, 0, -1, float("nan"), float("inf"), True, "2"])
 def test_invalid_factor_is_refused(factor: object) -> None:
-    """RTY-18: a factor below 1, NaN, infinite or not a number raises naming factor and value."""
+    """A factor below 1, NaN, infinite or not a number raises naming factor and value."""
     with pytest.raises(ValueError) as caught:
         BackoffPolicy.exponential(0.1, factor=factor)  # type: ignore[arg-type]
     assert "factor" in str(caught.value)
@@ -130,7 +130,7 @@ def test_invalid_factor_is_refused(factor: object) -> None:
     ],
 )
 def test_invalid_backoff_is_refused(build: object, field: str, value: str) -> None:
-    """RTY-18: negative or non-finite delays and first > max raise ConfigError naming them."""
+    """Negative or non-finite delays and first > max raise ConfigError naming them."""
     with pytest.raises(ConfigError) as caught:
         build()  # type: ignore[operator]
     assert field in str(caught.value)
@@ -138,6 +138,6 @@ def test_invalid_backoff_is_refused(build: object, field: str, value: str) -> No
 
 
 def test_invalid_jitter_is_refused() -> None:
-    """RTY-18: a jitter that is not a JitterPolicy is refused naming the value."""
+    """A jitter that is not a JitterPolicy is refused naming the value."""
     with pytest.raises(ValueError, match=r"jitter.*'full'"):
         BackoffPolicy.exponential(1).with_jitter("full")  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
-"""The concurrency limit (BEHAVIOURS §8): `max_concurrent` bounds live attempt processes, a permit
+"""The concurrency limit: `max_concurrent` bounds live attempt processes, a permit
 is held only while an attempt's process lives, and waiting for one is cancellable. The
-controller case (CON-05) lives with the controller tests."""
+controller case lives with the controller tests."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from workers import basic, coop, overlap
 
 @pytest.mark.timeout(90)
 def test_the_concurrency_limit_bounds_live_attempt_processes(tmp_path):
-    """CON-01: with max_concurrent=4, 40 tasks are listed but only 4 attempt processes ever live."""
+    """With max_concurrent=4, 40 tasks are listed but only 4 attempt processes ever live."""
     marker = tmp_path / "m"
     samples: list[int] = []
 
@@ -78,7 +78,7 @@ def test_the_concurrency_limit_bounds_live_attempt_processes(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_cancel_while_waiting_for_a_permit_ends_without_an_attempt(tmp_path):
-    """CON-02: a task waiting for a permit is cancelled without any attempt: CANCELED."""
+    """A task waiting for a permit is cancelled without any attempt: CANCELED."""
     marker = tmp_path / "m"
 
     async def body():
@@ -103,7 +103,7 @@ def test_cancel_while_waiting_for_a_permit_ends_without_an_attempt(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_permit_is_not_held_during_backoff():
-    """CON-03: while A waits out a 3 s backoff, B takes the only permit and completes first."""
+    """While A waits out a 3 s backoff, B takes the only permit and completes first."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1.0, max_concurrent=1)) as (handle, events):
@@ -126,7 +126,7 @@ def test_the_permit_is_not_held_during_backoff():
 
 @pytest.mark.timeout(60)
 def test_the_permit_is_released_only_after_the_process_is_reaped(tmp_path):
-    """CON-04: with max_concurrent=1, 20 overlap probes never overlap, and each attempt starts
+    """With max_concurrent=1, 20 overlap probes never overlap, and each attempt starts
     only after the previous one has ended (its process reaped)."""
     lock = str(tmp_path / "global.lock")
     violations = tmp_path / "violations"
@@ -159,7 +159,7 @@ def test_the_permit_is_released_only_after_the_process_is_reaped(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_task_waiting_for_a_permit_is_listed_but_not_alive():
-    """CON-06: a task waiting for the only permit is listed (attempt 0, no pid) but not alive."""
+    """A task waiting for the only permit is listed (attempt 0, no pid) but not alive."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1.0, max_concurrent=1)) as (handle, events):

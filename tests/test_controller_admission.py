@@ -1,8 +1,8 @@
-"""The controller's admission (BEHAVIOURS §1.1, §1.4, §1.5, §1.6): slots, drop-if-running,
+"""The controller's admission: slots, drop-if-running,
 prepared submissions and snapshots, with real attempt processes.
 
 The helpers at the top are shared with `test_controller_replace_queue.py` and
-`test_controller_shutdown_limits.py`. Notation as in BEHAVIOURS: `Q(spec, "s")` is
+`test_controller_shutdown_limits.py`. Notation: `Q(spec, "s")` is
 `ControllerSpec.queue(spec).with_slot("s")`, `R` replace, `D` drop-if-running.
 """
 
@@ -166,7 +166,7 @@ def assert_owners_never_overlap(collector: Collector, ids: set[int]) -> None:
 
 
 def test_controller_spec_accessors_reflect_slot_policy_and_task():
-    """ADM-01: accessors read back slot, policy and task; without_slot falls back to the task name."""
+    """Accessors read back slot, policy and task; without_slot falls back to the task name."""
     spec = (
         ControllerSpec.queue(once("original", basic.quick))
         .with_slot("shared")
@@ -185,7 +185,7 @@ def test_controller_spec_accessors_reflect_slot_policy_and_task():
 
 @pytest.mark.timeout(60)
 def test_idle_submission_reports_submitted_then_admitting_to_running():
-    """ADM-02: CONTROLLER_SUBMITTED precedes admitting->running; lifecycle events carry the id."""
+    """CONTROLLER_SUBMITTED precedes admitting->running; lifecycle events carry the id."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -203,7 +203,7 @@ def test_idle_submission_reports_submitted_then_admitting_to_running():
 
 @pytest.mark.timeout(60)
 def test_distinct_slots_admit_independently():
-    """ADM-03: two slots each admit their submission; two live attempt processes."""
+    """Two slots each admit their submission; two live attempt processes."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -220,7 +220,7 @@ def test_distinct_slots_admit_independently():
 
 @pytest.mark.timeout(60)
 def test_slot_is_reusable_after_its_owner_completes():
-    """ADM-04: once the first owner completed, a drop-if-running submission to the slot is admitted."""
+    """Once the first owner completed, a drop-if-running submission to the slot is admitted."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -236,7 +236,7 @@ def test_slot_is_reusable_after_its_owner_completes():
 
 @pytest.mark.timeout(60)
 def test_slot_defaults_to_the_task_name():
-    """ADM-05: without with_slot the slot is the task name: "b" admits, a second "a" is SLOT_BUSY."""
+    """Without with_slot the slot is the task name: "b" admits, a second "a" is SLOT_BUSY."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -255,7 +255,7 @@ def test_slot_defaults_to_the_task_name():
 
 @pytest.mark.timeout(60)
 def test_duplicate_name_in_another_slot_is_rejected_by_the_registry(tmp_path):
-    """ADM-06: a name running in s1 submitted to s2 is REJECTED/ALREADY_EXISTS by the registry."""
+    """A name running in s1 submitted to s2 is REJECTED/ALREADY_EXISTS by the registry."""
     marker = tmp_path / "dup2.marker"
 
     async def body():
@@ -278,7 +278,7 @@ def test_duplicate_name_in_another_slot_is_rejected_by_the_registry(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("when", ["while-admitting", "after-resolved"])
 def test_registry_rejection_frees_the_slot_at_once(when):
-    """ADM-07: a registry rejection frees the lane: the next submission completes, the direct task stays."""
+    """A registry rejection frees the lane: the next submission completes, the direct task stays."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -300,7 +300,7 @@ def test_registry_rejection_frees_the_slot_at_once(when):
 
 @pytest.mark.timeout(60)
 def test_registry_rejected_queue_head_is_skipped(tmp_path):
-    """ADM-08: a queued head the registry refuses is skipped; the next item owns the slot and completes."""
+    """A queued head the registry refuses is skipped; the next item owns the slot and completes."""
     marker = tmp_path / "taken.marker"
 
     async def body():
@@ -325,7 +325,7 @@ def test_registry_rejected_queue_head_is_skipped(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_direct_add_bypasses_controller_and_cancels_by_id():
-    """ADM-09: a direct add with a controller configured never touches the controller."""
+    """A direct add with a controller configured never touches the controller."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -342,7 +342,7 @@ def test_direct_add_bypasses_controller_and_cancels_by_id():
 
 @pytest.mark.timeout(60)
 def test_watched_submission_resolves_to_the_admitted_tasks_outcome():
-    """ADM-10: a watched submission resolves to the task's FAILED outcome, as a direct add_and_watch does."""
+    """A watched submission resolves to the task's FAILED outcome, as a direct add_and_watch does."""
     spec = restartable("f", basic.failing, 9).with_max_retries(1)
 
     async def body():
@@ -373,7 +373,7 @@ class Sluggish:
 
 @pytest.mark.timeout(60)
 def test_slot_state_does_not_depend_on_event_delivery(tmp_path):
-    """ADM-11: with a tiny bus and a slow subscriber, two queued submissions complete in order."""
+    """With a tiny bus and a slow subscriber, two queued submissions complete in order."""
     marker = tmp_path / "m"
     config = SupervisorConfig(grace=1.0, bus_capacity=1, subscriber_shutdown_timeout=0.2)
 
@@ -397,7 +397,7 @@ def test_slot_state_does_not_depend_on_event_delivery(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_owner_completion_progresses_under_a_submission_flood(tmp_path):
-    """ADM-12: under four try_submit producers, the released owner resolves and the slot moves on."""
+    """Under four try_submit producers, the released owner resolves and the slot moves on."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -439,7 +439,7 @@ def test_owner_completion_progresses_under_a_submission_flood(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_many_distinct_slots_all_reach_running():
-    """ADM-13: 64 slots all reach RUNNING with 64 live attempts; shutdown leaves none."""
+    """64 slots all reach RUNNING with 64 live attempts; shutdown leaves none."""
     count = 64
 
     async def body():
@@ -464,7 +464,7 @@ def test_many_distinct_slots_all_reach_running():
 
 @pytest.mark.timeout(90)
 def test_two_owners_of_a_slot_never_have_live_processes(tmp_path):
-    """ADM-14: 30 mixed Q/R/D submissions to one slot from concurrent producers never overlap."""
+    """30 mixed Q/R/D submissions to one slot from concurrent producers never overlap."""
     probe = Probe(tmp_path)
     rng = random.Random(14)
 
@@ -504,7 +504,7 @@ def test_two_owners_of_a_slot_never_have_live_processes(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("queued", [True, False], ids=["next-queued", "nothing-queued"])
 def test_an_owners_waiter_resolves_after_its_slot_has_moved_on(tmp_path, queued):
-    """ADM-15: when an owner's waiter resolves, its name is free and the slot already moved on."""
+    """When an owner's waiter resolves, its name is free and the slot already moved on."""
     first_gate, next_gate = Gate(tmp_path, "first"), Gate(tmp_path, "next")
 
     async def body():
@@ -533,7 +533,7 @@ def test_an_owners_waiter_resolves_after_its_slot_has_moved_on(tmp_path, queued)
 
 @pytest.mark.timeout(60)
 def test_drop_if_running_rejects_a_busy_submission_without_starting_it(tmp_path):
-    """DIR-01: D on a busy slot: SUBMITTED then REJECTED(SLOT_BUSY); it never starts; the owner lives on."""
+    """D on a busy slot: SUBMITTED then REJECTED(SLOT_BUSY); it never starts; the owner lives on."""
     marker = tmp_path / "second.marker"
 
     async def body():
@@ -554,7 +554,7 @@ def test_drop_if_running_rejects_a_busy_submission_without_starting_it(tmp_path)
 
 @pytest.mark.timeout(60)
 def test_drop_if_running_admits_into_an_idle_slot():
-    """DIR-02: D into an idle slot is admitted without any rejection."""
+    """D into an idle slot is admitted without any rejection."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -568,7 +568,7 @@ def test_drop_if_running_admits_into_an_idle_slot():
 
 @pytest.mark.timeout(60)
 def test_watched_drop_leaves_no_lifecycle_events():
-    """DIR-03, EVT-09 (SLOT_BUSY): a dropped submission has CONTROLLER_REJECTED and no lifecycle events."""
+    """SLOT_BUSY: a dropped submission has CONTROLLER_REJECTED and no lifecycle events."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -585,7 +585,7 @@ def test_watched_drop_leaves_no_lifecycle_events():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("busy", ["terminating", "backoff"])
 def test_slot_is_busy_while_terminating_or_between_attempts(tmp_path, busy):
-    """DIR-04: a slot being replaced, or whose owner sits in backoff, rejects D with SLOT_BUSY."""
+    """A slot being replaced, or whose owner sits in backoff, rejects D with SLOT_BUSY."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -612,7 +612,7 @@ def test_slot_is_busy_while_terminating_or_between_attempts(tmp_path, busy):
 
 @pytest.mark.timeout(60)
 def test_drop_if_running_storm_runs_exactly_one(tmp_path):
-    """DIR-05: 40 concurrent D submissions to one slot: one worker starts, 39 SLOT_BUSY."""
+    """40 concurrent D submissions to one slot: one worker starts, 39 SLOT_BUSY."""
     marker = tmp_path / "m"
 
     async def body():
@@ -644,7 +644,7 @@ async def barrier(handle: Any, events: Collector, name: str = "barrier") -> None
 
 @pytest.mark.timeout(60)
 def test_prepared_submission_reserves_its_id_before_any_event():
-    """PRE-01: preparing reserves an id and publishes nothing; submitting uses that id throughout."""
+    """Preparing reserves an id and publishes nothing; submitting uses that id throughout."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -665,7 +665,7 @@ def test_prepared_submission_reserves_its_id_before_any_event():
 
 @pytest.mark.timeout(60)
 def test_a_discarded_prepared_submission_starts_nothing(tmp_path):
-    """PRE-02: a prepared submission dropped unsubmitted never runs and publishes nothing."""
+    """A prepared submission dropped unsubmitted never runs and publishes nothing."""
     marker = tmp_path / "discarded.marker"
 
     async def body():
@@ -684,7 +684,7 @@ def test_a_discarded_prepared_submission_starts_nothing(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_prepared_try_submit_and_watch_without_slot_uses_the_task_name():
-    """PRE-03: a prepared submission without a slot uses the task name as its slot."""
+    """A prepared submission without a slot uses the task name as its slot."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -702,7 +702,7 @@ def test_prepared_try_submit_and_watch_without_slot_uses_the_task_name():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", ["submit", "try_submit", "submit_and_watch", "try_submit_and_watch"])
 def test_a_prepared_submission_is_single_use(form):
-    """PRE-04: any second submit form raises AlreadySubmitted and adds no task or event."""
+    """Any second submit form raises AlreadySubmitted and adds no task or event."""
     for name in ("submit", "try_submit", "submit_and_watch", "try_submit_and_watch"):
         assert inspect.iscoroutinefunction(getattr(PreparedSubmission, name))
 
@@ -729,7 +729,7 @@ def test_a_prepared_submission_is_single_use(form):
 
 @pytest.mark.timeout(60)
 def test_snapshot_reports_the_running_slot_and_its_queue_depth():
-    """SNP-01: an occupant and one queued item: RUNNING, owner, depth 1, running 1, queued 1."""
+    """An occupant and one queued item: RUNNING, owner, depth 1, running 1, queued 1."""
 
     async def body():
         async with controlled(queue_capacity=16, max_slot_queue=4) as (handle, _events):
@@ -746,7 +746,7 @@ def test_snapshot_reports_the_running_slot_and_its_queue_depth():
 
 @pytest.mark.timeout(60)
 def test_snapshot_is_sorted_and_its_totals_add_up(tmp_path):
-    """SNP-02: slots come sorted by name; TERMINATING is not running; queued items add up."""
+    """Slots come sorted by name; TERMINATING is not running; queued items add up."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -774,7 +774,7 @@ def test_snapshot_is_sorted_and_its_totals_add_up(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_terminating_slot_keeps_the_old_owner_and_ages(tmp_path):
-    """SNP-03: a slot being replaced shows TERMINATING with the old owner, and its status_for grows."""
+    """A slot being replaced shows TERMINATING with the old owner, and its status_for grows."""
     marker = tmp_path / "old.marker"
 
     async def body():
@@ -797,7 +797,7 @@ def test_a_terminating_slot_keeps_the_old_owner_and_ages(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_an_idle_slot_is_dropped_or_shown_idle():
-    """SNP-04: once its only task completed, a slot is absent or IDLE with no owner and depth 0."""
+    """Once its only task completed, a slot is absent or IDLE with no owner and depth 0."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -812,7 +812,7 @@ def test_an_idle_slot_is_dropped_or_shown_idle():
 
 @pytest.mark.timeout(60)
 def test_an_owner_between_attempts_still_owns_its_slot():
-    """SNP-05: an owner in a 5 s backoff keeps its slot RUNNING while no attempt process exists."""
+    """An owner in a 5 s backoff keeps its slot RUNNING while no attempt process exists."""
 
     async def body():
         async with controlled() as (handle, events):

@@ -1,4 +1,4 @@
-"""The controller's Replace and Queue policies (BEHAVIOURS §1.2, §1.3), with real attempt
+"""The controller's Replace and Queue policies, with real attempt
 processes: retiring owners, displacing heads, FIFO order, queue limits and removing queued work.
 
 Helpers and notation come from `test_controller_admission.py` and `_support.py`.
@@ -67,7 +67,7 @@ def transitions(events: Any, slot: str) -> list[str]:
 
 
 def test_the_successor_probe_sees_a_live_predecessor(tmp_path):
-    """REP-03, REP-04, QUE-10, PRC-20 (fixture check): the successor probe sees live and zombie predecessors only."""
+    """Fixture check: the successor probe sees live and zombie predecessors only."""
     me = psutil.Process()
     marker, records = tmp_path / "m", tmp_path / "r.jsonl"
     marker.write_text(f"started old 1 {me.pid}\n")
@@ -88,7 +88,7 @@ def test_the_successor_probe_sees_a_live_predecessor(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_replace_retires_the_running_owner_and_latest_wins():
-    """REP-01: a replace retires the running owner (CANCELED) and the newest runs."""
+    """A replace retires the running owner (CANCELED) and the newest runs."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -106,7 +106,7 @@ def test_replace_retires_the_running_owner_and_latest_wins():
 
 @pytest.mark.timeout(60)
 def test_replace_into_an_idle_slot_is_a_plain_admission():
-    """REP-02: a replace into an idle slot is admitted with no terminating transition."""
+    """A replace into an idle slot is admitted with no terminating transition."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -120,7 +120,7 @@ def test_replace_into_an_idle_slot_is_a_plain_admission():
 
 @pytest.mark.timeout(60)
 def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path):
-    """REP-03: while the old owner stops slowly the slot is TERMINATING with it; the new one starts after it is reaped."""
+    """While the old owner stops slowly the slot is TERMINATING with it; the new one starts after it is reaped."""
     probe = Probe(tmp_path)
     old_marker, new_marker = tmp_path / "old.marker", tmp_path / "new.marker"
 
@@ -152,7 +152,7 @@ def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_replacing_a_stubborn_owner_waits_for_the_grace_kill(tmp_path):
-    """REP-04, PRC-03 (replace): a stubborn+tree owner is FORCE_ABORTED after grace, whole tree gone, then the replacement runs."""
+    """Replace: a stubborn+tree owner is FORCE_ABORTED after grace, whole tree gone, then the replacement runs."""
     record, old_marker, new_marker = tmp_path / "tree.jsonl", tmp_path / "old.marker", tmp_path / "new.marker"
 
     async def body():
@@ -182,7 +182,7 @@ def test_replacing_a_stubborn_owner_waits_for_the_grace_kill(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_replace_displaces_the_queue_head_and_keeps_the_fifo_tail(tmp_path):
-    """REP-05: a replace supersedes the queue head, keeps the tail; the run order is r, then b."""
+    """A replace supersedes the queue head, keeps the tail; the run order is r, then b."""
     gate, marker = Gate(tmp_path), tmp_path / "runs"
 
     async def body():
@@ -210,7 +210,7 @@ def test_replace_displaces_the_queue_head_and_keeps_the_fifo_tail(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_repeated_replacements_keep_only_the_latest_head(tmp_path):
-    """REP-06: r1 and r2 are superseded, depth stays 1, the owner ends once, only r3 runs."""
+    """R1 and r2 are superseded, depth stays 1, the owner ends once, only r3 runs."""
     gate, marker = Gate(tmp_path), tmp_path / "runs"
 
     async def body():
@@ -235,7 +235,7 @@ def test_repeated_replacements_keep_only_the_latest_head(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("max_slot_queue", [0, 1])
 def test_replace_creates_a_head_even_with_a_zero_slot_queue(tmp_path, max_slot_queue):
-    """REP-07, QUE-04: a replace head is accepted even at max_slot_queue 0, counts toward depth, and runs after the owner."""
+    """A replace head is accepted even at max_slot_queue 0, counts toward depth, and runs after the owner."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -257,7 +257,7 @@ def test_replace_creates_a_head_even_with_a_zero_slot_queue(tmp_path, max_slot_q
 
 @pytest.mark.timeout(60)
 def test_replace_during_admission_removes_the_owner_after_acceptance(tmp_path):
-    """REP-08: Q(a) and R(b) in one turn: a is registered and CANCELED, b runs, no overlap (x20)."""
+    """Q(a) and R(b) in one turn: a is registered and CANCELED, b runs, no overlap (x20)."""
     reps = 20
 
     async def body():
@@ -286,7 +286,7 @@ def test_replace_during_admission_removes_the_owner_after_acceptance(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_replace_over_a_registration_the_registry_refuses_removes_nobody(tmp_path):
-    """REP-09: Q("taken") refused by the registry while R(b) waits: b runs, the direct task is untouched."""
+    """Q("taken") refused by the registry while R(b) waits: b runs, the direct task is untouched."""
     marker = tmp_path / "refused.marker"
 
     async def body():
@@ -310,7 +310,7 @@ def test_replace_over_a_registration_the_registry_refuses_removes_nobody(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
-    """REP-10: replace submits return within 0.5 s while the owner needs 3 s to stop; the first one is superseded."""
+    """Replace submits return within 0.5 s while the owner needs 3 s to stop; the first one is superseded."""
     marker = tmp_path / "owner.marker"
 
     async def body():
@@ -331,7 +331,7 @@ def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_replace_storm_leaves_exactly_one_owner():
-    """REP-11: 30 concurrent replaces leave one run-* alive; the others CANCELED or SUPERSEDED."""
+    """30 concurrent replaces leave one run-* alive; the others CANCELED or SUPERSEDED."""
     count = 30
 
     async def body():
@@ -369,7 +369,7 @@ def test_replace_storm_leaves_exactly_one_owner():
 
 @pytest.mark.timeout(60)
 def test_queue_drains_in_fifo_order(tmp_path):
-    """QUE-01: three queued tasks run t1, t2, t3 one at a time."""
+    """Three queued tasks run t1, t2, t3 one at a time."""
     probe = Probe(tmp_path, "q")
 
     async def body():
@@ -387,7 +387,7 @@ def test_queue_drains_in_fifo_order(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_full_slot_queue_rejects_with_queue_full():
-    """QUE-02: with max_slot_queue=1, p1 is queued and p2 is QUEUE_FULL."""
+    """With max_slot_queue=1, p1 is queued and p2 is QUEUE_FULL."""
 
     async def body():
         async with controlled(max_slot_queue=1) as (handle, events):
@@ -408,7 +408,7 @@ def test_a_full_slot_queue_rejects_with_queue_full():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("max_slot_queue", [3, 0])
 def test_slot_queue_limit_boundary(max_slot_queue):
-    """QUE-03: max_slot_queue items queue behind the (uncounted) owner, the rest are QUEUE_FULL; an idle slot still admits."""
+    """Max_slot_queue items queue behind the (uncounted) owner, the rest are QUEUE_FULL; an idle slot still admits."""
 
     async def body():
         async with controlled(max_slot_queue=max_slot_queue) as (handle, _events):
@@ -427,7 +427,7 @@ def test_slot_queue_limit_boundary(max_slot_queue):
 
 @pytest.mark.timeout(60)
 def test_remove_purges_a_queued_submission_before_it_starts(tmp_path):
-    """QUE-05: remove of a queued submission is True, REMOVE_REQUESTED precedes REMOVED_FROM_QUEUE, and it never runs."""
+    """Remove of a queued submission is True, REMOVE_REQUESTED precedes REMOVED_FROM_QUEUE, and it never runs."""
     marker = tmp_path / "victim.marker"
 
     async def body():
@@ -449,7 +449,7 @@ def test_remove_purges_a_queued_submission_before_it_starts(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_cancel_of_a_queued_submission_resolves_its_waiter():
-    """QUE-06: cancel of a queued submission: True, then False; REMOVED_FROM_QUEUE; no lifecycle events."""
+    """Cancel of a queued submission: True, then False; REMOVED_FROM_QUEUE; no lifecycle events."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -477,7 +477,7 @@ REMOVAL_FORMS = {
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", list(REMOVAL_FORMS))
 def test_every_removal_form_purges_queued_work_at_once(form):
-    """QUE-07: every removal form of a queued submission returns True at once (never a timeout)."""
+    """Every removal form of a queued submission returns True at once (never a timeout)."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -494,7 +494,7 @@ def test_every_removal_form_purges_queued_work_at_once(form):
 
 @pytest.mark.timeout(60)
 def test_one_task_name_can_queue_twice_in_a_slot(tmp_path):
-    """QUE-08: a second "job" queued behind the running "job" runs after it, with its own id."""
+    """A second "job" queued behind the running "job" runs after it, with its own id."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -515,7 +515,7 @@ def test_one_task_name_can_queue_twice_in_a_slot(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_queued_work_is_not_registered_before_it_owns_the_slot():
-    """QUE-09: queued items are not listed and get TASK_ADDED only once they own the slot."""
+    """Queued items are not listed and get TASK_ADDED only once they own the slot."""
 
     async def body():
         async with controlled() as (handle, events):
@@ -538,7 +538,7 @@ def test_queued_work_is_not_registered_before_it_owns_the_slot():
 
 @pytest.mark.timeout(60)
 def test_cancelling_the_owner_advances_the_slot_only_after_cleanup(tmp_path):
-    """QUE-10: while a cancelled owner stops, the slot stays RUNNING with it; q starts after it is gone."""
+    """While a cancelled owner stops, the slot stays RUNNING with it; q starts after it is gone."""
     gate, q_marker = Gate(tmp_path), tmp_path / "q.marker"
 
     async def body():
@@ -568,7 +568,7 @@ def test_cancelling_the_owner_advances_the_slot_only_after_cleanup(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("policy", ["queued", "replace-head"])
 def test_cancelling_the_owner_does_not_purge_the_queue(policy):
-    """QUE-11: cancelling the owner leaves a queued item (or a pending replace head) to run."""
+    """Cancelling the owner leaves a queued item (or a pending replace head) to run."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -584,7 +584,7 @@ def test_cancelling_the_owner_does_not_purge_the_queue(policy):
 
 @pytest.mark.timeout(90)
 def test_queue_storm_runs_everything_one_at_a_time(tmp_path):
-    """QUE-12: 30 concurrent queued submissions all complete, one at a time."""
+    """30 concurrent queued submissions all complete, one at a time."""
     probe = Probe(tmp_path)
 
     async def body():
@@ -604,7 +604,7 @@ def test_queue_storm_runs_everything_one_at_a_time(tmp_path):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("registry", ["accepts", "refuses"])
 def test_removing_a_submission_being_admitted_claims_it(tmp_path, registry):
-    """QUE-13: a removal in the submission's own turn claims it while admitting: CANCELED, or the registry's ALREADY_EXISTS."""
+    """A removal in the submission's own turn claims it while admitting: CANCELED, or the registry's ALREADY_EXISTS."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -635,7 +635,7 @@ def test_removing_a_submission_being_admitted_claims_it(tmp_path, registry):
 
 @pytest.mark.timeout(60)
 def test_by_name_removal_does_not_see_queued_submissions(tmp_path):
-    """QUE-14: remove_by_name and cancel_by_name do not see a queued submission; it runs later."""
+    """Remove_by_name and cancel_by_name do not see a queued submission; it runs later."""
     gate = Gate(tmp_path)
 
     async def body():

@@ -49,7 +49,7 @@ def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(monkeypatch):
-    """SPEC §3.4 ADMISSION_FAILED: a registration command that fails (not a rejection) resolves
+    """ADMISSION_FAILED: a registration command that fails (not a rejection) resolves
     the submission REJECTED/ADMISSION_FAILED instead of leaving its slot admitting forever."""
     from mpvisor._registry import Registry
 

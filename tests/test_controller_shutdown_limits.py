@@ -1,5 +1,5 @@
-"""The controller at shutdown and at its limits (BEHAVIOURS §1.7, MQB-13..15), and the controller
-cases other sections leave to it (IDR-29, OUT-18, EVT-09, EVT-10, CON-05, DEF-07, PRC-20).
+"""The controller at shutdown and at its limits (its queue and in-flight removals), and the controller
+cases other sections leave to it.
 
 Helpers and notation come from `test_controller_admission.py` and `_support.py`.
 """
@@ -77,7 +77,7 @@ async def resolved_at_once(waiter: Any) -> Any:
 
 @pytest.mark.timeout(60)
 def test_shutdown_never_starts_queued_submissions(tmp_path):
-    """CSH-01, EVT-09 (CONTROLLER_SHUTTING_DOWN): a queued submission is rejected at shutdown, never started."""
+    """CONTROLLER_SHUTTING_DOWN: a queued submission is rejected at shutdown, never started."""
     marker = tmp_path / "queued.marker"
 
     async def body():
@@ -96,7 +96,7 @@ def test_shutdown_never_starts_queued_submissions(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
-    """CSH-02: grace 0.5: the cooperative owner ends CANCELED, the stubborn one FORCE_ABORTED and stuck."""
+    """Grace 0.5: the cooperative owner ends CANCELED, the stubborn one FORCE_ABORTED and stuck."""
     marker = tmp_path / "m"
 
     async def body():
@@ -121,7 +121,7 @@ CLOSED_CASES = [(form, "after-work") for form in SUBMIT_FORMS] + [("submit", "ri
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("form", "when"), CLOSED_CASES, ids=[f"{f}-{w}" for f, w in CLOSED_CASES])
 def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when):
-    """CSH-03: after shutdown (also right after serve) every submit form raises ControllerClosed; nothing runs or is left."""
+    """After shutdown (also right after serve) every submit form raises ControllerClosed; nothing runs or is left."""
     marker = tmp_path / "late.marker"
     spec = Q(once("late", basic.quick, marker=str(marker)), "s")
 
@@ -152,7 +152,7 @@ def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when
 
 @pytest.mark.timeout(90)
 def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
-    """CSH-04: 50 watched submissions to 5 slots racing shutdown all resolve; nothing starts afterwards."""
+    """50 watched submissions to 5 slots racing shutdown all resolve; nothing starts afterwards."""
     marker = tmp_path / "m"
     rng = random.Random(4)
     allowed_rejections = (RejectionKind.CONTROLLER_SHUTTING_DOWN, RejectionKind.ADMISSION_FAILED)
@@ -201,7 +201,7 @@ def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_removals_racing_shutdown_never_hang():
-    """CSH-05: remove/cancel calls racing shutdown return a bool or raise ShuttingDown within grace + 5 s."""
+    """Remove/cancel calls racing shutdown return a bool or raise ShuttingDown within grace + 5 s."""
     grace = 1.0
     rng = random.Random(5)
 
@@ -233,7 +233,7 @@ def test_removals_racing_shutdown_never_hang():
 
 @pytest.mark.timeout(60)
 def test_shutdown_returns_after_the_controller_has_settled():
-    """CSH-06: when shutdown returns, every waiter (running and queued) is resolved; intake is closed."""
+    """When shutdown returns, every waiter (running and queued) is resolved; intake is closed."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -254,7 +254,7 @@ def test_shutdown_returns_after_the_controller_has_settled():
 
 @pytest.mark.timeout(60)
 def test_an_empty_run_with_a_controller_closes_intake():
-    """CSH-07: run([]) with a controller returns at once; later submissions raise ControllerClosed."""
+    """Run([]) with a controller returns at once; later submissions raise ControllerClosed."""
 
     async def body():
         supervisor = Supervisor.builder(CONFIG).with_controller(ControllerConfig()).build()
@@ -274,7 +274,7 @@ def test_an_empty_run_with_a_controller_closes_intake():
 
 @pytest.mark.timeout(60)
 def test_a_rejected_run_batch_leaves_the_controller_usable():
-    """CSH-08: a run batch refused with TaskAlreadyExists leaves no process; the controller still works."""
+    """A run batch refused with TaskAlreadyExists leaves no process; the controller still works."""
     collector = Collector()
     leftovers: list[str] = []
 
@@ -301,7 +301,7 @@ def test_a_rejected_run_batch_leaves_the_controller_usable():
 
 @pytest.mark.timeout(60)
 def test_try_submit_reports_controller_full():
-    """MQB-13: 256 try_submit_and_watch in one turn with queue_capacity=1: some ControllerFull, the rest resolve."""
+    """256 try_submit_and_watch in one turn with queue_capacity=1: some ControllerFull, the rest resolve."""
 
     async def body():
         async with controlled(queue_capacity=1) as (handle, _events):
@@ -322,7 +322,7 @@ def test_try_submit_reports_controller_full():
 
 @pytest.mark.timeout(60)
 def test_controller_try_removals_report_command_queue_full():
-    """MQB-14: try_remove/try_cancel/try_cancel_with_timeout in a submission burst raise CommandQueueFull; the burst is unaffected."""
+    """Try_remove/try_cancel/try_cancel_with_timeout in a submission burst raise CommandQueueFull; the burst is unaffected."""
     unknown = 10**12
 
     async def body():
@@ -347,7 +347,7 @@ def test_controller_try_removals_report_command_queue_full():
 
 @pytest.mark.timeout(60)
 def test_pending_removals_cap_controller_intake(tmp_path):
-    """MQB-15: a cancel in flight fills queue_capacity=1: one submit queues, the next try_submit is ControllerFull."""
+    """A cancel in flight fills queue_capacity=1: one submit queues, the next try_submit is ControllerFull."""
     gate, marker = Gate(tmp_path), tmp_path / "accepted.marker"
 
     async def body():
@@ -377,7 +377,7 @@ def test_pending_removals_cap_controller_intake(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_name_is_free_as_soon_as_a_slot_owners_waiter_resolves():
-    """IDR-29: right after a controller submission "job" resolved, add(once("job")) succeeds."""
+    """Right after a controller submission "job" resolved, add(once("job")) succeeds."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -392,7 +392,7 @@ def test_a_name_is_free_as_soon_as_a_slot_owners_waiter_resolves():
 
 @pytest.mark.timeout(60)
 def test_watch_of_a_queued_submission_returns_none():
-    """OUT-18 (controller case): watch() of a queued submission is None; of its slot's owner, a waiter."""
+    """watch() (controller case): of a queued submission is None; of its slot's owner, a waiter."""
 
     async def body():
         async with controlled() as (handle, _events):
@@ -422,7 +422,7 @@ REJECTIONS = [
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", REJECTIONS, ids=lambda k: k.label)
 def test_rejected_work_has_no_lifecycle_events(kind):
-    """EVT-09 (controller cases): a rejected submission has CONTROLLER_REJECTED or TASK_ADD_FAILED and no lifecycle events."""
+    """Rejections (controller cases): a rejected submission has CONTROLLER_REJECTED or TASK_ADD_FAILED and no lifecycle events."""
     victim = once("victim", basic.quick)
 
     async def body():
@@ -458,7 +458,7 @@ def test_rejected_work_has_no_lifecycle_events(kind):
 
 @pytest.mark.timeout(90)
 def test_every_added_task_gets_one_finished_then_one_removed_under_the_controller():
-    """EVT-10 (replace racing the others): every admitted id gets one TASK_FINISHED, then one TASK_REMOVED."""
+    """Exactly-once lifecycle events (replace racing the others): every admitted id gets one TASK_FINISHED, then one TASK_REMOVED."""
     rng = random.Random(10)
 
     def spec(i: int) -> Any:
@@ -519,7 +519,7 @@ def test_every_added_task_gets_one_finished_then_one_removed_under_the_controlle
 
 @pytest.mark.timeout(60)
 def test_the_limit_applies_across_controller_slots(tmp_path):
-    """CON-05: max_concurrent=2 over five slot owners: five RUNNING slots, two live attempts; a cancel lets a third start."""
+    """Max_concurrent=2 over five slot owners: five RUNNING slots, two live attempts; a cancel lets a third start."""
     marker = tmp_path / "m"
 
     async def body():
@@ -543,7 +543,7 @@ def test_the_limit_applies_across_controller_slots(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_an_inherited_timeout_applies_to_controller_submissions():
-    """DEF-07: TaskDefaults(timeout=0.3) applies to a submitted task: FAILED, "timed out"."""
+    """TaskDefaults(timeout=0.3) applies to a submitted task: FAILED, "timed out"."""
 
     async def body():
         async with controlled(task_defaults=TaskDefaults(timeout=0.3)) as (handle, _events):
@@ -557,7 +557,7 @@ def test_an_inherited_timeout_applies_to_controller_submissions():
 
 @pytest.mark.timeout(60)
 def test_leftover_descendants_die_before_the_slot_moves_on(tmp_path):
-    """PRC-20 (slot owner): a leaver's descendants are gone when its waiter resolves, before its successor starts."""
+    """Leftover descendants (slot owner): a leaver's descendants are gone when its waiter resolves, before its successor starts."""
     record, next_marker = tmp_path / "left.jsonl", tmp_path / "next.marker"
 
     async def body():

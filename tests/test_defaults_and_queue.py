@@ -1,7 +1,7 @@
 """Inherited task defaults, the platform check, the management queue and start-up, with real
-attempt processes (BEHAVIOURS §9: DEF-03, 05, 06, 08, 09, 10, 12; §10: MQB-01..12, 16).
+attempt processes.
 
-The pure default and validation lines (DEF-01, 02, 04, 11 and the value part of DEF-03) live
+The pure default and validation checks live
 in `test_spec_and_restart.py` and `test_values_and_tasks.py`.
 """
 
@@ -82,7 +82,7 @@ def backoff_delays(collector: Collector, task: str) -> list[float]:
 
 
 def test_task_defaults_and_their_default_backoff() -> None:
-    """DEF-03: under TaskDefaults(), a restartable failing task's first two delays lie in
+    """Under TaskDefaults(), a restartable failing task's first two delays lie in
     [0.1, 0.2] and [0.2, 0.4] (exponential 0.2 with EQUAL jitter)."""
 
     async def body() -> None:
@@ -97,7 +97,7 @@ def test_task_defaults_and_their_default_backoff() -> None:
 
 
 def test_an_inherited_timeout_applies_to_added_tasks() -> None:
-    """DEF-05: TaskDefaults(timeout=0.3) times out an added once sleeper(3600): FAILED."""
+    """TaskDefaults(timeout=0.3) times out an added once sleeper(3600): FAILED."""
 
     async def body() -> None:
         async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
@@ -111,7 +111,7 @@ def test_an_inherited_timeout_applies_to_added_tasks() -> None:
 
 
 def test_an_inherited_timeout_applies_to_run_batches() -> None:
-    """DEF-06: with the same defaults, `run([once sleeper(3600)])` returns within 5 s."""
+    """With the same defaults, `run([once sleeper(3600)])` returns within 5 s."""
     began = time.monotonic()
     outcomes = mpvisor.run([once("s", basic.sleeper, 3600)], CONFIG, task_defaults=TIMEOUT_DEFAULTS)
     assert time.monotonic() - began < 5
@@ -119,7 +119,7 @@ def test_an_inherited_timeout_applies_to_run_batches() -> None:
 
 
 def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
-    """DEF-08: `.with_timeout(None)` beats TaskDefaults(timeout=0.3): still running after 1 s,
+    """`.with_timeout(None)` beats TaskDefaults(timeout=0.3): still running after 1 s,
     COMPLETED after release."""
     marker, release = str(tmp_path / "marker"), tmp_path / "release"
     spec = once("g", coop.gated, str(release), marker=marker).with_timeout(None)
@@ -139,7 +139,7 @@ def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
 
 
 def test_a_default_retry_limit_versus_explicit_unlimited() -> None:
-    """DEF-09: TaskDefaults(max_retries=1): failing → FAILED after 2 attempts; flaky(2) with
+    """TaskDefaults(max_retries=1): failing → FAILED after 2 attempts; flaky(2) with
     `with_max_retries(None)` → COMPLETED after 3."""
     defaults = TaskDefaults(max_retries=1, backoff=FAST)
     outcomes = mpvisor.run(
@@ -153,7 +153,7 @@ def test_a_default_retry_limit_versus_explicit_unlimited() -> None:
 
 
 def test_an_inherited_backoff_and_its_explicit_override() -> None:
-    """DEF-10: TaskDefaults(backoff=constant(0.05)) gives delays of 0.05; `.with_backoff(
+    """TaskDefaults(backoff=constant(0.05)) gives delays of 0.05; `.with_backoff(
     constant(0.02))` gives 0.02."""
     collector = Collector()
     mpvisor.run(
@@ -169,7 +169,7 @@ def test_an_inherited_backoff_and_its_explicit_override() -> None:
 @pytest.mark.parametrize("system, release", [("freebsd14", "14.0-RELEASE"), ("linux", "5.2.21-generic")],
                          ids=["not-linux", "old-kernel"])
 def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release: str) -> None:
-    """DEF-12: reported as non-Linux (or Linux < 5.3), `serve()` and `run` raise RuntimeError
+    """Reported as non-Linux (or Linux < 5.3), `serve()` and `run` raise RuntimeError
     saying what is required, and start nothing."""
     monkeypatch.setattr(_platform, "sys", SimpleNamespace(platform=system))
     monkeypatch.setattr(_platform, "kernel_release", lambda: release)
@@ -187,7 +187,7 @@ def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release
 
 
 def test_import_works_on_an_unsupported_platform() -> None:
-    """DEF-12: with `sys.platform` reported as darwin, `import mpvisor` and every public name
+    """With `sys.platform` reported as darwin, `import mpvisor` and every public name
     work, and `serve()` raises RuntimeError naming the requirement."""
     code = (
         "import sys; sys.platform = 'darwin'\n"
@@ -210,7 +210,7 @@ def test_import_works_on_an_unsupported_platform() -> None:
 
 
 def test_a_supervisor_can_be_built_outside_an_event_loop() -> None:
-    """MQB-01: the plain constructor and the builder (subscribers, controller, task defaults)
+    """The plain constructor and the builder (subscribers, controller, task defaults)
     work with no running loop; both supervisors then serve and run tasks."""
     with pytest.raises(RuntimeError):
         asyncio.get_running_loop()
@@ -236,7 +236,7 @@ def test_a_supervisor_can_be_built_outside_an_event_loop() -> None:
 
 
 def test_serve_outside_a_loop_fails_clearly_and_later_works() -> None:
-    """MQB-02: `serve()` with no running loop raises RuntimeError naming the event loop; inside a
+    """`serve()` with no running loop raises RuntimeError naming the event loop; inside a
     loop it then works and shutdown returns normally."""
     supervisor = Supervisor(CONFIG)
     with pytest.raises(RuntimeError, match="event loop"):
@@ -253,7 +253,7 @@ def test_serve_outside_a_loop_fails_clearly_and_later_works() -> None:
 
 
 def test_the_handle_alone_keeps_the_runtime_usable() -> None:
-    """MQB-03: with the supervisor unreferenced (and collected), the handle still adds, watches
+    """With the supervisor unreferenced (and collected), the handle still adds, watches
     and shuts down."""
 
     async def body() -> None:
@@ -272,14 +272,14 @@ def test_the_handle_alone_keeps_the_runtime_usable() -> None:
 
 @pytest.mark.parametrize("how", ["constructor", "builder"])
 def test_submitting_without_a_controller_raises_not_configured(how: str) -> None:
-    """MQB-04: without a controller, prepare_submission, submit, try_submit, submit_and_watch and
+    """Without a controller, prepare_submission, submit, try_submit, submit_and_watch and
     controller_snapshot raise ControllerNotConfigured (a ControllerError)."""
     supervisor = Supervisor(CONFIG) if how == "constructor" else Supervisor.builder(CONFIG).build()
     cspec = ControllerSpec.queue(once("x", basic.quick)).with_slot("s")
 
     async def body() -> None:
         handle = supervisor.serve()
-        await warm_up(handle)  # see SHD-02: a shutdown racing the launcher's start is tested there
+        await warm_up(handle)  # see a shutdown racing the launcher's start is tested there
         with pytest.raises(ControllerNotConfigured) as raised:
             handle.prepare_submission(cspec)
         assert isinstance(raised.value, ControllerError)
@@ -295,7 +295,7 @@ def test_submitting_without_a_controller_raises_not_configured(how: str) -> None
 
 
 def test_add_waits_for_registry_capacity() -> None:
-    """MQB-05: with registry_capacity 1, 32 concurrent adds all succeed and are all listed."""
+    """With registry_capacity 1, 32 concurrent adds all succeed and are all listed."""
 
     async def body() -> None:
         async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, _):
@@ -308,7 +308,7 @@ def test_add_waits_for_registry_capacity() -> None:
 
 
 def test_try_add_fails_fast_on_a_full_queue_without_side_effects(tmp_path) -> None:
-    """MQB-06: 64 try_add in one loop turn with registry_capacity 1: some raise CommandQueueFull;
+    """64 try_add in one loop turn with registry_capacity 1: some raise CommandQueueFull;
     those publish nothing and never run; a later try_add succeeds."""
     marker = str(tmp_path / "marker")
 
@@ -343,7 +343,7 @@ REMOVAL_FORMS = {
 
 @pytest.mark.parametrize("form", sorted(REMOVAL_FORMS))
 def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
-    """MQB-07: 32 try-removals gathered with a burst of adds (registry_capacity 1): some raise
+    """32 try-removals gathered with a burst of adds (registry_capacity 1): some raise
     CommandQueueFull, and no refused call publishes TASK_REMOVE_REQUESTED."""
     call = REMOVAL_FORMS[form]
 
@@ -369,7 +369,7 @@ def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
 
 
 def test_try_add_returns_after_the_registry_decision() -> None:
-    """MQB-08: a returned try_add is listed at once; try_add_and_watch resolves COMPLETED; a
+    """A returned try_add is listed at once; try_add_and_watch resolves COMPLETED; a
     duplicate raises TaskAlreadyExists."""
 
     async def body() -> None:
@@ -386,7 +386,7 @@ def test_try_add_returns_after_the_registry_decision() -> None:
 
 
 def test_a_run_batch_takes_one_queue_slot(tmp_path) -> None:
-    """MQB-09: with registry_capacity 1, `run` of four once tasks returns and all four ran."""
+    """With registry_capacity 1, `run` of four once tasks returns and all four ran."""
     marker = str(tmp_path / "marker")
     names = [f"q{i}" for i in range(4)]
     outcomes = mpvisor.run([once(n, basic.quick, marker=marker) for n in names],
@@ -396,7 +396,7 @@ def test_a_run_batch_takes_one_queue_slot(tmp_path) -> None:
 
 
 def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_path) -> None:
-    """MQB-10: an add cancelled while waiting for registry capacity is never registered, never
+    """An add cancelled while waiting for registry capacity is never registered, never
     listed and never runs."""
     marker = str(tmp_path / "marker")
 
@@ -423,7 +423,7 @@ def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_path) -
 
 @pytest.mark.timeout(90)
 def test_abandoned_adds_are_never_half_registered() -> None:
-    """MQB-11: 100 adds cancelled at random points: each name is never registered, or is
+    """100 adds cancelled at random points: each name is never registered, or is
     registered and ends with one TASK_FINISHED then one TASK_REMOVED."""
     rng = random.Random(11)
 
@@ -472,7 +472,7 @@ LOOKUPS = {
 
 @pytest.mark.parametrize("form", list(LOOKUPS))
 def test_removing_unknown_targets_returns_false(form: str) -> None:
-    """MQB-12: every removal form on an unknown id or name returns False and publishes no
+    """Every removal form on an unknown id or name returns False and publishes no
     TASK_REMOVE_REQUESTED, TASK_FINISHED or TASK_REMOVED."""
 
     async def body() -> None:
@@ -488,7 +488,7 @@ def test_removing_unknown_targets_returns_false(form: str) -> None:
 
 
 def test_a_supervisor_stays_bound_to_its_first_loop() -> None:
-    """MQB-16: a supervisor served and shut down in one `asyncio.run` refuses `serve()` in a
+    """A supervisor served and shut down in one `asyncio.run` refuses `serve()` in a
     second one."""
     supervisor = Supervisor(CONFIG)
 

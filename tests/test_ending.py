@@ -29,7 +29,7 @@ KILLED = "killed pid 7: it did not stop within the grace window of 1.0 s"
 )
 @pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV])
 def test_a_report_stands_whatever_exit_status_follows(report, kind, exit_code, status):
-    """SPEC §1.4, §2: a complete report decides; the exit status after it does not."""
+    """A complete report decides; the exit status after it does not."""
     end = decide(Facts(pid=7, calling=True, report=report, report_before_stop=True, status=status))
     assert (end.kind, end.exit_code) == (kind, exit_code)
 
@@ -44,7 +44,7 @@ def test_a_report_stands_whatever_exit_status_follows(report, kind, exit_code, s
     ],
 )
 def test_an_exit_before_reporting_is_a_retryable_failure(status, exit_code, words):
-    """SPEC §2: exits and signals nobody asked for are FAILED with their code."""
+    """Exits and signals nobody asked for are FAILED with their code."""
     end = decide(Facts(pid=7, calling=True, status=status))
     assert end.kind is AttemptResult.FAILED and end.exit_code == exit_code and words in (end.reason or "")
 
@@ -56,7 +56,7 @@ def test_an_exit_before_reporting_is_a_retryable_failure(status, exit_code, word
 @pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV, KILL])
 @pytest.mark.parametrize("killed", [None, KILLED])
 def test_the_stop_reason_decides_after_a_request(report, status, killed):
-    """SPEC §2: after a timeout it is TIMED_OUT, after a removal CANCELED, however it ended."""
+    """After a timeout it is TIMED_OUT, after a removal CANCELED, however it ended."""
     facts = dict(pid=7, calling=True, report=report, report_before_stop=False, status=status, killed=killed)
     timed_out = decide(Facts(stop=StopReason.TIMEOUT, timeout=0.3, **facts))
     canceled = decide(Facts(stop=StopReason.CANCEL, **facts))
@@ -67,7 +67,7 @@ def test_the_stop_reason_decides_after_a_request(report, status, killed):
 
 
 def test_a_report_read_before_the_request_stands():
-    """SPEC §2: a result frame read before the stop request stands."""
+    """A result frame read before the stop request stands."""
     end = decide(Facts(pid=7, calling=True, report=Result(5), report_before_stop=True, stop=StopReason.CANCEL, status=EXIT0))
     assert end.kind is AttemptResult.SUCCEEDED and end.value == 5
 
@@ -83,13 +83,13 @@ def test_a_report_read_before_the_request_stands():
     ],
 )
 def test_start_failures_launcher_death_and_protocol_errors(facts, kind, prefix):
-    """SPEC §1.4, §1.11, §3.1: these endings are retryable failures with stable prefixes."""
+    """These endings are retryable failures with stable prefixes."""
     end = decide(facts)
     assert end.kind is kind and (end.reason or "").startswith(prefix)
 
 
 def test_a_frame_cut_short_by_a_signal_reports_the_signal():
-    """SPEC §1.4 / PRC-05: when the process had already died otherwise, its status decides."""
+    """When the process had already died otherwise, its status decides."""
     end = decide(Facts(pid=7, calling=True, protocol_error="truncated frame", status=SEGV))
     assert end.kind is AttemptResult.FAILED and end.exit_code == -signal.SIGSEGV
 
@@ -99,6 +99,6 @@ def test_a_frame_cut_short_by_a_signal_reports_the_signal():
     [(EXIT0, AttemptResult.SUCCEEDED, None), (EXIT3, AttemptResult.FAILED, 3), (KILL, AttemptResult.FAILED, -9)],
 )
 def test_a_program_ends_by_its_status(status, kind, exit_code):
-    """SPEC §3.1 CommandTask: status 0 is success with value None; others carry their code."""
+    """CommandTask: status 0 is success with value None; others carry their code."""
     end = decide(Facts(kind="cmd", pid=7, calling=True, status=status))
     assert (end.kind, end.exit_code, end.value) == (kind, exit_code, None)

@@ -1,4 +1,4 @@
-"""Events and subscribers with real attempt processes (BEHAVIOURS §6, EVT-01..15, 17..19).
+"""Events and subscribers with real attempt processes.
 
 `test_events_bus.py` checks the bus and the writers on their own; here the events come from
 real supervisors running `workers/` targets, and subscribers are real threads fed by them.
@@ -107,7 +107,7 @@ class Recorder:
 
 
 def test_a_once_success_publishes_the_canonical_sequence() -> None:
-    """EVT-01: once quick publishes exactly the six lifecycle events, in that seq order."""
+    """Once quick publishes exactly the six lifecycle events, in that seq order."""
     collector = Collector()
     outcomes = mpvisor.run([once("q", basic.quick)], CONFIG, subscribers=[collector])
     assert outcomes["q"].kind is OutcomeKind.COMPLETED
@@ -121,7 +121,7 @@ def test_a_once_success_publishes_the_canonical_sequence() -> None:
 
 
 def test_a_once_failure_publishes_a_failed_attempt_then_a_failed_task() -> None:
-    """EVT-02: once failing: one start, one ATTEMPT_FAILED (boom), TASK_FINISHED(FAILED)."""
+    """Once failing: one start, one ATTEMPT_FAILED (boom), TASK_FINISHED(FAILED)."""
     collector = Collector()
     mpvisor.run([once("f", basic.failing)], CONFIG, subscribers=[collector])
     assert len(collector.of(K.ATTEMPT_STARTING, task="f")) == 1
@@ -133,7 +133,7 @@ def test_a_once_failure_publishes_a_failed_attempt_then_a_failed_task() -> None:
 
 
 def test_a_static_batch_registers_everything_before_anything_starts() -> None:
-    """EVT-03: run([a, b, c]): three of each lifecycle event; every add precedes every start."""
+    """Run([a, b, c]): three of each lifecycle event; every add precedes every start."""
     collector = Collector()
     mpvisor.run([once(n, basic.quick) for n in "abc"], CONFIG, subscribers=[collector])
     for kind in LIFECYCLE:
@@ -148,7 +148,7 @@ def test_a_static_batch_registers_everything_before_anything_starts() -> None:
 
 
 def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usable(tmp_path) -> None:
-    """EVT-04: a batch with a duplicate name runs nothing, leaves no process, and the
+    """A batch with a duplicate name runs nothing, leaves no process, and the
     supervisor is still servable afterwards (while a second `run` is refused)."""
     marker = str(tmp_path / "marker")
 
@@ -182,7 +182,7 @@ def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usable(tmp_
 
 
 def test_one_id_follows_a_task_through_its_lifecycle(tmp_path) -> None:
-    """EVT-05: every event for "life" that carries an id carries the id `add` returned."""
+    """Every event for "life" that carries an id carries the id `add` returned."""
     marker = str(tmp_path / "marker")
 
     async def body() -> None:
@@ -200,7 +200,7 @@ def test_one_id_follows_a_task_through_its_lifecycle(tmp_path) -> None:
 
 
 def test_attempt_events_carry_the_attempt_number_and_child_pid(tmp_path) -> None:
-    """EVT-06: each ATTEMPT_* event carries its attempt's number and the pid that attempt saw."""
+    """Each ATTEMPT_* event carries its attempt's number and the pid that attempt saw."""
     marker = str(tmp_path / "marker")
     collector = Collector()
     spec = TaskSpec.restartable(fn("fl", basic.flaky, 1, marker=marker)).with_backoff(FAST)
@@ -214,7 +214,7 @@ def test_attempt_events_carry_the_attempt_number_and_child_pid(tmp_path) -> None
 
 
 def test_subscribers_receive_events_in_sequence_order() -> None:
-    """EVT-07: seq strictly increases in delivery order; every `at` lies in the test's window."""
+    """Seq strictly increases in delivery order; every `at` lies in the test's window."""
     collector = Collector()
     started = time.time()
     mpvisor.run([once(f"q{i}", basic.quick) for i in range(4)] + [once("f", basic.failing)],
@@ -228,7 +228,7 @@ def test_subscribers_receive_events_in_sequence_order() -> None:
 
 @pytest.mark.timeout(90)
 def test_added_precedes_the_first_attempt_under_an_add_storm() -> None:
-    """EVT-08: under 200 concurrent adds, every TASK_ADDED precedes its first ATTEMPT_STARTING."""
+    """Under 200 concurrent adds, every TASK_ADDED precedes its first ATTEMPT_STARTING."""
 
     async def body() -> None:
         async with supervised(CONFIG) as (handle, collector):
@@ -246,7 +246,7 @@ def test_added_precedes_the_first_attempt_under_an_add_storm() -> None:
 
 
 def test_rejected_work_has_no_lifecycle_events_when_the_name_exists(tmp_path) -> None:
-    """EVT-09 (ALREADY_EXISTS via add): the refused id has TASK_ADD_FAILED and no lifecycle."""
+    """A refused `add` (ALREADY_EXISTS): the refused id has TASK_ADD_FAILED and no lifecycle."""
     marker, refused_marker = str(tmp_path / "marker"), str(tmp_path / "refused")
 
     async def body() -> Collector:
@@ -265,7 +265,7 @@ def test_rejected_work_has_no_lifecycle_events_when_the_name_exists(tmp_path) ->
 
 
 def test_rejected_work_has_no_lifecycle_events_in_a_rejected_batch(tmp_path) -> None:
-    """EVT-09 (BATCH_REJECTED): the innocent member of a refused batch has no lifecycle events."""
+    """A refused batch (BATCH_REJECTED): the innocent member of a refused batch has no lifecycle events."""
     marker = str(tmp_path / "marker")
     collector = Collector()
     batch = [once("innocent", basic.quick, marker=marker), once("twin", basic.quick, marker=marker),
@@ -281,7 +281,7 @@ def test_rejected_work_has_no_lifecycle_events_in_a_rejected_batch(tmp_path) -> 
 
 @pytest.mark.timeout(90)
 def test_every_added_task_gets_one_finished_then_one_removed() -> None:
-    """EVT-10 (without a controller): 100 tasks ending by completion, failure, fatal error,
+    """Exactly-once lifecycle events (without a controller): 100 tasks ending by completion, failure, fatal error,
     remove, cancel and shutdown, racing one another: one TASK_FINISHED, then one TASK_REMOVED."""
     plan = (["quick"] * 20 + ["failing"] * 15 + ["fatal"] * 15 + ["remove"] * 20 + ["cancel"] * 15
             + ["shutdown"] * 15)
@@ -318,7 +318,7 @@ def test_every_added_task_gets_one_finished_then_one_removed() -> None:
 
 
 def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
-    """EVT-11: a subscriber raising on its first event is reported (never to itself), keeps
+    """A subscriber raising on its first event is reported (never to itself), keeps
     receiving; the others see every event and the tasks are unaffected."""
     raiser = Recorder("raiser", raises="first")
 
@@ -341,7 +341,7 @@ def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
 
 
 def test_a_slow_subscriber_loses_only_its_own_events() -> None:
-    """EVT-12: a slow subscriber with queue_capacity 4 overflows; the report names it and never
+    """A slow subscriber with queue_capacity 4 overflows; the report names it and never
     reaches it; the collector misses nothing; 20 tasks finish within 10 s."""
     slow = Recorder("slow", delay=0.2, queue_capacity=4)
 
@@ -363,7 +363,7 @@ def test_a_slow_subscriber_loses_only_its_own_events() -> None:
 
 
 def test_shutdown_delivers_events_still_queued_for_subscribers() -> None:
-    """EVT-13: when shutdown() returns, a slow collector has every TASK_REMOVED and
+    """When shutdown() returns, a slow collector has every TASK_REMOVED and
     ALL_STOPPED_WITHIN_GRACE."""
     slow = Recorder("slow-collector", delay=0.01)
 
@@ -381,7 +381,7 @@ def test_shutdown_delivers_events_still_queued_for_subscribers() -> None:
 
 
 def test_the_events_iterator_yields_published_events() -> None:
-    """EVT-14: `events()` yields the task's lifecycle in seq order and ends after shutdown()."""
+    """`events()` yields the task's lifecycle in seq order and ends after shutdown()."""
 
     async def body() -> None:
         async with supervised(CONFIG) as (handle, _):
@@ -412,7 +412,7 @@ def _plain(value: Any) -> Any:
 
 
 def test_json_lines_writer_records_every_event(tmp_path) -> None:
-    """EVT-15 (JsonLinesWriter): one JSON object per event with its present fields by name,
+    """JsonLinesWriter: one JSON object per event with its present fields by name,
     enums as labels; lines are readable before shutdown."""
     path = tmp_path / "events.jsonl"
 
@@ -450,7 +450,7 @@ def test_json_lines_writer_records_every_event(tmp_path) -> None:
 
 
 def expected_level(event: Any) -> int:
-    """SPEC §4's LogWriter levels."""
+    """The level LogWriter gives each kind of event (see `_writers.level_for`)."""
     if event.kind in (K.ATTEMPT_PROGRESS, K.ATTEMPT_OUTPUT):
         return logging.DEBUG
     if event.kind in (K.ATTEMPT_FAILED, K.ATTEMPT_TIMED_OUT, K.ATTEMPT_KILLED, K.SUBSCRIBER_OVERFLOW,
@@ -469,7 +469,7 @@ def expected_level(event: Any) -> int:
 
 
 def test_log_writer_logs_one_record_per_event_at_its_level() -> None:
-    """EVT-15 (LogWriter): one record per event on `mpvisor.events`, DEBUG for progress,
+    """LogWriter: one record per event on `mpvisor.events`, DEBUG for progress,
     WARNING for a failed attempt, ERROR for a failed task, INFO for TASK_ADDED."""
     logger = logging.getLogger("mpvisor.events")
     handler = LogRecords()
@@ -500,7 +500,7 @@ def test_log_writer_logs_one_record_per_event_at_its_level() -> None:
 
 @pytest.mark.parametrize("case", ["removed", "timed-out", "cooperative"])
 def test_a_kill_is_announced_with_the_pid_and_the_grace(tmp_path, case: str) -> None:
-    """EVT-17: a stubborn attempt killed after the grace (resp. `timeout_kill_after`) gets one
+    """A stubborn attempt killed after the grace (resp. `timeout_kill_after`) gets one
     ATTEMPT_KILLED naming its pid and that limit before its terminal event, which has no exit
     code; a cooperative one removed within the grace gets none."""
     marker = str(tmp_path / "marker")
@@ -540,7 +540,7 @@ def test_a_kill_is_announced_with_the_pid_and_the_grace(tmp_path, case: str) -> 
 
 
 def test_the_alive_view_is_never_lossy(tmp_path) -> None:
-    """EVT-18: with bus_capacity 1 and a blocked subscriber, `alive_snapshot()` settles on
+    """With bus_capacity 1 and a blocked subscriber, `alive_snapshot()` settles on
     exactly the one task still running after 20 quick ones completed."""
     marker = str(tmp_path / "marker")
     gate = threading.Event()
@@ -565,7 +565,7 @@ def test_the_alive_view_is_never_lossy(tmp_path) -> None:
 
 
 def test_subscriber_trouble_is_reported_at_most_once_a_second() -> None:
-    """EVT-19: a subscriber raising on every event and one with queue_capacity 1 that sleeps
+    """A subscriber raising on every event and one with queue_capacity 1 that sleeps
     0.2 s per event each get at most one report a second, counting the troubles in between."""
     raiser = Recorder("raiser", raises="every")
     sluggish = Recorder("sluggish", delay=0.2, queue_capacity=1)

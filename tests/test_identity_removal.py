@@ -1,5 +1,5 @@
-"""Identity and removal (BEHAVIOURS §2): ids, names, `list()`, the alive view, and every removal
-form, with real attempt processes. Controller cases (IDR-29) live with the controller tests."""
+"""Identity and removal: ids, names, `list()`, the alive view, and every removal
+form, with real attempt processes. Controller cases live with the controller tests."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from workers import basic, coop, misbehave
 
 @pytest.mark.timeout(60)
 def test_add_registers_returns_an_id_and_starts_a_process(tmp_path):
-    """IDR-01: add returns an id; the attempt's pid (the worker's own) is in the event and list()."""
+    """Add returns an id; the attempt's pid (the worker's own) is in the event and list()."""
     marker = tmp_path / "m"
 
     async def body():
@@ -68,7 +68,7 @@ def test_add_registers_returns_an_id_and_starts_a_process(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_duplicate_add_is_refused_and_never_runs(tmp_path):
-    """IDR-02: a second add of a running name raises TaskAlreadyExists and never runs."""
+    """A second add of a running name raises TaskAlreadyExists and never runs."""
     first, second = tmp_path / "first", tmp_path / "second"
 
     async def body():
@@ -92,7 +92,7 @@ def test_a_duplicate_add_is_refused_and_never_runs(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_add_returns_an_id_even_when_the_task_finishes_instantly():
-    """IDR-03: add of a once quick task returns an id; the task then leaves list()."""
+    """Add of a once quick task returns an id; the task then leaves list()."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -106,7 +106,7 @@ def test_add_returns_an_id_even_when_the_task_finishes_instantly():
 
 @pytest.mark.timeout(60)
 def test_add_returning_means_registered():
-    """IDR-04: with bus_capacity=1 and a blocked subscriber, a returned add is already listed."""
+    """With bus_capacity=1 and a blocked subscriber, a returned add is already listed."""
     blocked = Blocked()
     config = SupervisorConfig(grace=1.0, bus_capacity=1, subscriber_shutdown_timeout=1.0)
 
@@ -128,7 +128,7 @@ def test_add_returning_means_registered():
 
 @pytest.mark.timeout(60)
 def test_remove_by_id_removes_only_that_task():
-    """IDR-05: remove(a) claims a alone; a leaves list() and the alive view, b keeps running."""
+    """Remove(a) claims a alone; a leaves list() and the alive view, b keeps running."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -149,7 +149,7 @@ def test_remove_by_id_removes_only_that_task():
 
 @pytest.mark.timeout(60)
 def test_list_is_sorted_by_id_and_follows_removals():
-    """IDR-06: list() is ascending by id in add order; a cancelled task leaves it."""
+    """List() is ascending by id in add order; a cancelled task leaves it."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -165,7 +165,7 @@ def test_list_is_sorted_by_id_and_follows_removals():
 
 @pytest.mark.timeout(60)
 def test_removing_an_unknown_or_stale_id_is_a_no_op():
-    """IDR-07: remove, try_remove and cancel of a gone id return False and publish nothing."""
+    """Remove, try_remove and cancel of a gone id return False and publish nothing."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -190,7 +190,7 @@ def test_removing_an_unknown_or_stale_id_is_a_no_op():
 
 @pytest.mark.timeout(60)
 def test_remove_by_name_claims_once_and_stays_listed_until_cleanup(tmp_path):
-    """IDR-08: remove_by_name claims once; the task stays listed until its gated worker ends."""
+    """Remove_by_name claims once; the task stays listed until its gated worker ends."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -212,7 +212,7 @@ def test_remove_by_name_claims_once_and_stays_listed_until_cleanup(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_second_cancel_returns_false():
-    """IDR-09: cancel(id) returns True once the task is gone; a second cancel returns False."""
+    """Cancel(id) returns True once the task is gone; a second cancel returns False."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -226,7 +226,7 @@ def test_a_second_cancel_returns_false():
 
 @pytest.mark.timeout(60)
 def test_cancel_by_name_returns_true_then_false():
-    """IDR-10: cancel_by_name claims and waits; again (and for an unknown name) it is False."""
+    """Cancel_by_name claims and waits; again (and for an unknown name) it is False."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -250,7 +250,7 @@ TIMED_CANCELS = {
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", list(TIMED_CANCELS))
 def test_timed_cancel_forms_return_true_when_cleanup_is_quick(form):
-    """IDR-11: every timed cancel form returns True within 5 s and the attempt process is gone."""
+    """Every timed cancel form returns True within 5 s and the attempt process is gone."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -266,7 +266,7 @@ def test_timed_cancel_forms_return_true_when_cleanup_is_quick(form):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", ["cancel_with_timeout", "try_cancel_by_name_with_timeout"])
 def test_a_cancel_timeout_does_not_stop_the_removal(tmp_path, form):
-    """IDR-12: a zero-timeout cancel raises TaskTerminationTimeout; the removal goes on."""
+    """A zero-timeout cancel raises TaskTerminationTimeout; the removal goes on."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -295,7 +295,7 @@ def test_a_cancel_timeout_does_not_stop_the_removal(tmp_path, form):
 
 @pytest.mark.timeout(60)
 def test_cancel_returns_only_after_the_process_is_reaped(tmp_path):
-    """IDR-13: cancel returns after a 0.5 s finally: the process is reaped and the name free."""
+    """Cancel returns after a 0.5 s finally: the process is reaped and the name free."""
     marker = tmp_path / "m"
 
     async def body():
@@ -317,7 +317,7 @@ def test_cancel_returns_only_after_the_process_is_reaped(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", ["remove", "cancel"])
 def test_explicit_removal_kills_the_tree_after_grace(tmp_path, form):
-    """IDR-14: a stubborn tree is killed after the grace: FORCE_ABORTED, and every process gone."""
+    """A stubborn tree is killed after the grace: FORCE_ABORTED, and every process gone."""
     records = tmp_path / "tree.jsonl"
     grace = 0.5
 
@@ -353,7 +353,7 @@ def test_explicit_removal_kills_the_tree_after_grace(tmp_path, form):
 
 @pytest.mark.timeout(60)
 def test_a_name_stays_reserved_while_its_task_is_being_removed(tmp_path):
-    """IDR-15: a name being removed is still taken; after cleanup it can be added again."""
+    """A name being removed is still taken; after cleanup it can be added again."""
     gate = Gate(tmp_path)
     second = tmp_path / "second"
 
@@ -378,7 +378,7 @@ def test_a_name_stays_reserved_while_its_task_is_being_removed(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_re_adding_a_name_after_removal_gets_a_new_id():
-    """IDR-16: a name re-added after cleanup gets a new id; the old id is not listed."""
+    """A name re-added after cleanup gets a new id; the old id is not listed."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -393,7 +393,7 @@ def test_re_adding_a_name_after_removal_gets_a_new_id():
 
 @pytest.mark.timeout(60)
 def test_alive_view_follows_running_attempts():
-    """IDR-17: the alive view lists running tasks, sorted; a finished task leaves it and list()."""
+    """The alive view lists running tasks, sorted; a finished task leaves it and list()."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -418,7 +418,7 @@ def test_alive_view_follows_running_attempts():
 
 @pytest.mark.timeout(60)
 def test_a_task_between_attempts_is_listed_but_not_alive():
-    """IDR-18: during a 5 s backoff the task is listed (attempt 1, pid None), not alive, no process."""
+    """During a 5 s backoff the task is listed (attempt 1, pid None), not alive, no process."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -462,7 +462,7 @@ MANAGEMENT_CALLS = {
 
 @pytest.mark.timeout(60)
 def test_management_calls_after_shutdown_raise_shutting_down():
-    """IDR-19: after shutdown every management call raises ShuttingDown; read-only calls answer."""
+    """After shutdown every management call raises ShuttingDown; read-only calls answer."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -484,7 +484,7 @@ def test_management_calls_after_shutdown_raise_shutting_down():
 @pytest.mark.parametrize("warm", [False, True], ids=["fresh-supervisor", "warm-supervisor"])
 @pytest.mark.parametrize("form", ["remove_by_name", "cancel_by_name"])
 def test_removal_by_name_issued_with_the_add_finds_the_task(form, warm):
-    """IDR-20: a by-name removal gathered in the same turn right after add finds the task."""
+    """A by-name removal gathered in the same turn right after add finds the task."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -508,7 +508,7 @@ def test_removal_by_name_issued_with_the_add_finds_the_task(form, warm):
 
 @pytest.mark.timeout(60)
 def test_removal_racing_natural_completion_yields_one_terminal_pair(tmp_path):
-    """IDR-21: 50 removes racing quick once tasks: one TASK_FINISHED then one TASK_REMOVED each,
+    """50 removes racing quick once tasks: one TASK_FINISHED then one TASK_REMOVED each,
     remove True exactly for the CANCELED ones, and each waiter matches its event."""
     rng = random.Random(21)
 
@@ -543,7 +543,7 @@ def test_removal_racing_natural_completion_yields_one_terminal_pair(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_concurrent_removes_of_one_id_have_one_claimant(tmp_path):
-    """IDR-22: 32 concurrent removes of one id: exactly one True, one TASK_REMOVE_REQUESTED."""
+    """32 concurrent removes of one id: exactly one True, one TASK_REMOVE_REQUESTED."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -564,7 +564,7 @@ def test_concurrent_removes_of_one_id_have_one_claimant(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_concurrent_cancels_of_one_id_have_one_claimant(tmp_path):
-    """IDR-23: 16 concurrent cancels: none returns before release, one True, all after cleanup."""
+    """16 concurrent cancels: none returns before release, one True, all after cleanup."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -596,7 +596,7 @@ def test_concurrent_cancels_of_one_id_have_one_claimant(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_a_cancel_storm_drains_every_task():
-    """IDR-24: 64 cooperative tasks cancelled concurrently: all True, list() empty, no process."""
+    """64 cooperative tasks cancelled concurrently: all True, list() empty, no process."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=10.0)) as (handle, events):
@@ -620,7 +620,7 @@ def test_a_cancel_storm_drains_every_task():
 
 @pytest.mark.timeout(90)
 def test_an_add_storm_with_unique_names_registers_then_drains():
-    """IDR-25: 64 concurrent adds get 64 distinct ids; 64 concurrent removes empty the registry."""
+    """64 concurrent adds get 64 distinct ids; 64 concurrent removes empty the registry."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=10.0)) as (handle, events):
@@ -648,7 +648,7 @@ def test_an_add_storm_with_unique_names_registers_then_drains():
 
 @pytest.mark.timeout(60)
 def test_an_add_storm_on_one_name_registers_exactly_one(tmp_path):
-    """IDR-26: 64 concurrent adds of "dup": one succeeds, 63 TaskAlreadyExists, one worker ran."""
+    """64 concurrent adds of "dup": one succeeds, 63 TaskAlreadyExists, one worker ran."""
     marker = tmp_path / "m"
 
     async def body():
@@ -679,7 +679,7 @@ def test_an_add_storm_on_one_name_registers_exactly_one(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_interleaved_adds_and_removes_drain_to_empty():
-    """IDR-27: 100 tasks each added then removed concurrently, then removed again: all drain."""
+    """100 tasks each added then removed concurrently, then removed again: all drain."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=10.0)) as (handle, events):
@@ -710,7 +710,7 @@ def test_interleaved_adds_and_removes_drain_to_empty():
 
 @pytest.mark.timeout(60)
 def test_cancel_does_not_depend_on_event_delivery(tmp_path):
-    """IDR-28: with bus_capacity=1 and a blocked subscriber, cancel waits for cleanup, then True."""
+    """With bus_capacity=1 and a blocked subscriber, cancel waits for cleanup, then True."""
     gate = Gate(tmp_path)
     blocked = Blocked()
     config = SupervisorConfig(grace=30.0, bus_capacity=1, subscriber_shutdown_timeout=1.0)
@@ -736,7 +736,7 @@ def test_cancel_does_not_depend_on_event_delivery(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_an_accepted_cancel_survives_its_callers_cancellation(tmp_path):
-    """IDR-30: cancelling the caller of an accepted cancel does not undo the removal."""
+    """Cancelling the caller of an accepted cancel does not undo the removal."""
     gate = Gate(tmp_path)
 
     async def body():

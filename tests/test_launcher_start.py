@@ -23,7 +23,15 @@ import pytest
 
 from mpvisor import ConfigError, EventKind, OutcomeKind, SupervisorConfig
 from mpvisor._launcher_client import EARLY_DEATHS, describe_guardian_status, restart_delay
-from tests._support import START_METHODS, live_children, once, restartable, run, supervised, wait_for
+from tests._support import (
+    START_METHODS,
+    live_children,
+    once,
+    restartable,
+    run,
+    supervised,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -242,3 +250,40 @@ def test_an_attempt_after_the_launcher_broke_for_good_fails_to_start_naming_why(
     deaths = [e.reason for e in collector.of(EventKind.RUNTIME_FAILURE)]
     assert len(deaths) == 1 + EARLY_DEATHS, deaths  # the killed one, then each early death
     assert deaths[-1].endswith("no launcher will be started again"), deaths
+
+
+HANGING_PRELOAD_PARENT = textwrap.dedent(
+    """
+    import sys
+    import mpvisor
+
+    config = mpvisor.SupervisorConfig(grace=1, preload=("workers.preload.hangs",))
+    spec = mpvisor.TaskSpec.once(mpvisor.TaskFn("never", "builtins:abs", (-1,)))
+    try:
+        mpvisor.run([spec], config)
+    except mpvisor.ShuttingDown as exc:
+        print("shut down:", exc, flush=True)
+    """
+)
+
+
+def test_sigterm_while_the_launcher_hangs_at_import_shuts_down_at_once(tmp_path):
+    """`run` waiting for a launcher stuck in a preload import (start_timeout 30 s) stops at
+    SIGTERM within a few seconds, and the launcher and its guardian are gone."""
+    script = tmp_path / "parent.py"
+    script.write_text(HANGING_PRELOAD_PARENT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        helpers = wait_for(lambda: len(parent.children(recursive=True)) >= 2 and parent.children(recursive=True), 20)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert "shut down:" in out, (out, err)
+    assert took < 4.0, took
+    wait_for(lambda: not any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers), 5)

@@ -1,5 +1,5 @@
-"""Outcomes and waiters (BEHAVIOURS §3): what a watched task resolves to, how each ending in the
-child maps to an outcome, and when a waiter resolves. OUT-15 (labels and errors, pure) lives in
+"""Outcomes and waiters: what a watched task resolves to, how each ending in the child maps to
+an outcome, and when a waiter resolves. Labels and errors (pure) live in
 test_spec_and_restart.py; controller cases live with the controller tests."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from workers import basic, coop, misbehave
 
 @pytest.mark.timeout(60)
 def test_outcome_reason_and_exit_code_match_the_finished_event():
-    """OUT-01: FAILED after retries; the outcome's reason and exit code equal TASK_FINISHED's."""
+    """FAILED after retries; the outcome's reason and exit code equal TASK_FINISHED's."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -67,7 +67,7 @@ VALUE = {"n": 1, "b": b"x", "l": [1.5, None]}
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", ["add_and_watch", "try_add_and_watch"])
 def test_watched_add_forms_resolve_completed_with_the_value(form):
-    """OUT-02: both watched add forms resolve COMPLETED with the returned msgpack value."""
+    """Both watched add forms resolve COMPLETED with the returned msgpack value."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -85,7 +85,7 @@ def test_watched_add_forms_resolve_completed_with_the_value(form):
 
 @pytest.mark.timeout(60)
 def test_a_fatal_outcome_keeps_reason_and_exit_code():
-    """OUT-03: a restartable Fatal(137) ends FATAL after exactly one attempt, with its code."""
+    """A restartable Fatal(137) ends FATAL after exactly one attempt, with its code."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -111,7 +111,7 @@ def test_a_fatal_outcome_keeps_reason_and_exit_code():
     ids=["RuntimeError", "PermissionError"],
 )
 def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, args, reason, function):
-    """OUT-04: an uncaught exception fails with `Type: message` and the traceback as text."""
+    """An uncaught exception fails with `Type: message` and the traceback as text."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -129,7 +129,7 @@ def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, args, r
 
 @pytest.mark.timeout(60)
 def test_an_unprompted_canceled_resolves_canceled():
-    """OUT-05: a restartable worker raising Canceled by itself ends CANCELED after one attempt."""
+    """A restartable worker raising Canceled by itself ends CANCELED after one attempt."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -143,7 +143,7 @@ def test_an_unprompted_canceled_resolves_canceled():
 
 @pytest.mark.timeout(60)
 def test_cancel_resolves_canceled():
-    """OUT-06: cancel of a restartable cooperative task resolves its waiter CANCELED."""
+    """Cancel of a restartable cooperative task resolves its waiter CANCELED."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -159,7 +159,7 @@ def test_cancel_resolves_canceled():
 
 @pytest.mark.timeout(60)
 def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
-    """OUT-07: a graceful shutdown resolves a running watched task's waiter CANCELED."""
+    """A graceful shutdown resolves a running watched task's waiter CANCELED."""
     marker = tmp_path / "m"
 
     async def body():
@@ -177,7 +177,7 @@ def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_shutdown_force_aborts_a_stubborn_watched_task(tmp_path):
-    """OUT-08: grace 0.3 and a stubborn task: shutdown raises GraceExceeded, outcome FORCE_ABORTED."""
+    """Grace 0.3 and a stubborn task: shutdown raises GraceExceeded, outcome FORCE_ABORTED."""
     marker = tmp_path / "m"
 
     async def body():
@@ -196,7 +196,7 @@ def test_shutdown_force_aborts_a_stubborn_watched_task(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_waiter_stays_pending_across_periodic_reruns(tmp_path):
-    """OUT-09: a periodic task's waiter stays pending across reruns; cancel resolves it CANCELED."""
+    """A periodic task's waiter stays pending across reruns; cancel resolves it CANCELED."""
     marker = tmp_path / "m"
 
     async def body():
@@ -216,7 +216,7 @@ def test_a_waiter_stays_pending_across_periodic_reruns(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_duplicate_watched_add_raises_instead_of_returning_a_waiter():
-    """OUT-10: add_and_watch of a registered name raises TaskAlreadyExists."""
+    """Add_and_watch of a registered name raises TaskAlreadyExists."""
 
     async def body():
         async with supervised(CONFIG) as (handle, _):
@@ -232,7 +232,7 @@ def test_a_duplicate_watched_add_raises_instead_of_returning_a_waiter():
 
 @pytest.mark.timeout(60)
 def test_dropping_a_waiter_does_not_affect_its_task():
-    """OUT-11: a deleted, garbage-collected waiter leaves its task running; cancel still works."""
+    """A deleted, garbage-collected waiter leaves its task running; cancel still works."""
 
     async def body():
         async with supervised(CONFIG) as (handle, events):
@@ -255,7 +255,7 @@ def test_dropping_a_waiter_does_not_affect_its_task():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("loss", ["bus_capacity=2", "blocked-subscriber"])
 def test_outcomes_are_delivered_despite_event_loss(loss):
-    """OUT-12: lost events change no outcome: FAILED with a tiny bus, COMPLETED with a blocked
+    """Lost events change no outcome: FAILED with a tiny bus, COMPLETED with a blocked
     subscriber, and the task is unlisted with its name free."""
     blocked = Blocked()
 
@@ -298,7 +298,7 @@ ENDINGS = {
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_a_waiter_resolves_only_after_terminal_cleanup(tmp_path, ending):
-    """OUT-13: when wait() returns, the attempt process is gone and the name is free at once."""
+    """When wait() returns, the attempt process is gone and the name is free at once."""
     target, args, cancel = ENDINGS[ending]
     marker = tmp_path / "m"
 
@@ -347,7 +347,7 @@ CHILD_ENDINGS = {
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ending", list(CHILD_ENDINGS))
 def test_each_child_ending_maps_to_its_outcome_and_never_to_panicked(ending):
-    """OUT-14: each way a once target can end maps to its contracted outcome, never PANICKED."""
+    """Each way a once target can end maps to its contracted outcome, never PANICKED."""
     target, args, kind, exit_code, reason_ok = CHILD_ENDINGS[ending]
 
     async def body():
@@ -374,7 +374,7 @@ def test_each_child_ending_maps_to_its_outcome_and_never_to_panicked(ending):
 
 @pytest.mark.timeout(60)
 def test_a_result_too_large_is_fatal():
-    """OUT-16: a 2 MiB result over a 1 MiB max_frame_bytes is FATAL `result too large: N bytes`."""
+    """A 2 MiB result over a 1 MiB max_frame_bytes is FATAL `result too large: N bytes`."""
 
     async def body():
         config = SupervisorConfig(grace=1.0, max_frame_bytes=1024 * 1024)
@@ -391,7 +391,7 @@ def test_a_result_too_large_is_fatal():
 
 @pytest.mark.timeout(60)
 def test_outcomes_count_attempts_and_time():
-    """OUT-17: attempts and duration: flaky(2) gives 3 attempts and a bounded positive duration;
+    """Attempts and duration: flaky(2) gives 3 attempts and a bounded positive duration;
     a task cancelled while waiting for a permit has 0 attempts."""
 
     async def body():
@@ -420,7 +420,7 @@ def test_outcomes_count_attempts_and_time():
 
 @pytest.mark.timeout(60)
 def test_watch_returns_a_waiter_for_a_registered_task(tmp_path):
-    """OUT-18: watch(id) gives a waiter that many tasks await repeatedly; unknown ids give None."""
+    """Watch(id) gives a waiter that many tasks await repeatedly; unknown ids give None."""
     gate = Gate(tmp_path)
 
     async def body():
@@ -449,7 +449,7 @@ def test_watch_returns_a_waiter_for_a_registered_task(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("on_release", ["return", "fail", "fatal", "exit3", "sigkill"])
 def test_a_requested_stop_decides_the_ending(tmp_path, on_release):
-    """OUT-19: after a cancel, however the worker ends, its attempt is ATTEMPT_CANCELED and the
+    """After a cancel, however the worker ends, its attempt is ATTEMPT_CANCELED and the
     outcome CANCELED."""
     gate = Gate(tmp_path)
 

@@ -1,4 +1,4 @@
-"""If the parent dies, even by SIGKILL, does everything it started die with it? (PRC-04)
+"""If the parent dies, even by SIGKILL, does everything it started die with it?
 
 The parent is `workers/scripts/parent_for_death.py`, run as a subprocess of the test: it serves
 mpvisor with two cooperative attempts and a `stubborn_tree` attempt (a child, a grandchild, a
@@ -48,7 +48,7 @@ def dead(record: dict) -> bool:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("start_method", ["launcher", "spawn"])
 def test_parent_death_kills_every_attempt(start_method, tmp_path):
-    """PRC-04, PRC-14: SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack)."""
+    """SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack)."""
     out, records = tmp_path / "pids.json", tmp_path / "tree.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     parent = subprocess.Popen(

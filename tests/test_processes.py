@@ -1,11 +1,11 @@
 """Does every attempt run in its own fresh process, and does mpvisor keep that process in hand?
-(PRC-01 .. PRC-31, without the controller, the CLI and the blocking facade; PRC-19, the public
-surface, is checked in `test_public_surface.py`; PRC-04 in `test_parent_death.py`; PRC-05 in
-`test_protocol_faults.py`)
+(Without the controller, the CLI and the blocking facade; the public surface is checked in
+`test_public_surface.py`, the parent's death in `test_parent_death.py`, protocol faults in
+`test_protocol_faults.py`.)
 
 Real attempt processes from `workers/`; the process table is read with psutil, pids are
 matched with their create times. Lifecycle, cancel, timeout and tree-kill tests run under
-both start methods (PRC-14). Launcher-specific tests reach the launcher's pid through
+both start methods. Launcher-specific tests reach the launcher's pid through
 `handle._rt.client.pid` (the one internal the tests use).
 """
 
@@ -109,13 +109,13 @@ def std_streams_to_devnull():
             os.close(fd)
 
 
-# --- PRC-01, PRC-02: fresh, isolated processes ---------------------------------------------
+# --- fresh, isolated processes ---------------------------------------------
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_each_attempt_runs_in_a_fresh_process(start_method):
-    """PRC-01, PRC-14: four attempts, four distinct processes; no module state survives."""
+    """Four attempts, four distinct processes; no module state survives."""
     spec = restartable("fresh", basic.fresh_process_check, 3)
 
     async def body():
@@ -131,7 +131,7 @@ def test_each_attempt_runs_in_a_fresh_process(start_method):
 
 @pytest.mark.timeout(30)
 def test_a_crashing_attempt_affects_nothing_else():
-    """PRC-02: a task that SIGSEGVs again and again leaves its sibling and the parent alone."""
+    """A task that SIGSEGVs again and again leaves its sibling and the parent alone."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -151,14 +151,14 @@ def test_a_crashing_attempt_affects_nothing_else():
     run(body())
 
 
-# --- PRC-03: stopping kills the whole tree --------------------------------------------------
+# --- stopping kills the whole tree --------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 @pytest.mark.parametrize("how", ["cancel", "timeout", "shutdown"])
 def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
-    """PRC-03, PRC-14: cancel, timeout and shutdown each kill a stubborn tree whole, setsid and orphan included."""
+    """Cancel, timeout and shutdown each kill a stubborn tree whole, setsid and orphan included."""
     records = tmp_path / "tree.jsonl"
     spec = once("tree", misbehave.stubborn_tree, str(records))
     if how == "timeout":
@@ -194,7 +194,7 @@ def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
     run(body())
 
 
-# --- PRC-06 .. PRC-10: values, pickles, output, targets, context ----------------------------
+# --- values, pickles, output, targets, context ----------------------------
 
 
 INVALID_ARGUMENTS = [
@@ -206,7 +206,7 @@ INVALID_ARGUMENTS = [
 
 
 def test_arguments_must_be_msgpack():
-    """PRC-06: msgpack values round-trip (tuple -> list, bytes stay bytes); others raise TypeError naming them."""
+    """Msgpack values round-trip (tuple -> list, bytes stay bytes); others raise TypeError naming them."""
     args = (None, True, False, -(2**63), 2**64 - 1, 1.5, "text", b"bytes", [1, [2, "x"]], (3, (4,)))
     kwargs = {"mapping": {"str": {"nested": b"\x00\xff"}, b"bytes-key": [None]}, "empty": {}}
 
@@ -230,7 +230,7 @@ def test_arguments_must_be_msgpack():
 
 
 def test_nothing_from_a_child_is_unpickled(tmp_path):
-    """PRC-07: pickle bytes returned by a child stay bytes; loading them never happens."""
+    """Pickle bytes returned by a child stay bytes; loading them never happens."""
     bomb = tmp_path / "unpickled"
 
     async def body():
@@ -245,7 +245,7 @@ def test_nothing_from_a_child_is_unpickled(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_user_output_floods_never_touch_the_protocol():
-    """PRC-08: 50 MB on the parent's stdout and stderr, and the value still arrives intact."""
+    """50 MB on the parent's stdout and stderr, and the value still arrives intact."""
     flood = once("flood", misbehave.flood, 50 * 1024 * 1024)
 
     async def body():
@@ -266,7 +266,7 @@ def test_user_output_floods_never_touch_the_protocol():
 
 @pytest.mark.timeout(60)
 def test_captured_output_arrives_as_events_not_on_the_parents_stdout(capfd):
-    """PRC-08: with capture_output a flood arrives as ATTEMPT_OUTPUT events, never on the parent's streams."""
+    """With capture_output a flood arrives as ATTEMPT_OUTPUT events, never on the parent's streams."""
     nbytes = 4 * 1024 * 1024  # 4096 lines of 1 KiB per stream
 
     async def body():
@@ -288,7 +288,7 @@ def test_captured_output_arrives_as_events_not_on_the_parents_stdout(capfd):
 
 
 def test_target_forms(tmp_path):
-    """PRC-09: callable, string and coroutine targets run; an unimportable target ends FATAL naming it."""
+    """Callable, string and coroutine targets run; an unimportable target ends FATAL naming it."""
     assert TaskFn("c", basic.quick).target == "workers.basic:quick"
 
     async def body():
@@ -322,7 +322,7 @@ def test_target_forms(tmp_path):
     ],
 )
 def test_a_target_in_the_main_script(script, kind, says, tmp_path):
-    """PRC-09: a __main__ target runs when guarded; unguarded it ends FATAL asking for the __main__ guard."""
+    """A __main__ target runs when guarded; unguarded it ends FATAL asking for the __main__ guard."""
     out = tmp_path / "outcome.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), str(out)], env=env,
@@ -337,7 +337,7 @@ def test_a_target_in_the_main_script(script, kind, says, tmp_path):
 
 
 def test_context_inside_and_outside_an_attempt():
-    """PRC-10: context() gives task name, id and attempt inside; RuntimeError outside an attempt."""
+    """Context() gives task name, id and attempt inside; RuntimeError outside an attempt."""
     with pytest.raises(RuntimeError, match="inside an attempt"):
         mpvisor.context()
 
@@ -355,13 +355,13 @@ def test_context_inside_and_outside_an_attempt():
     run(body())
 
 
-# --- PRC-11, PRC-25, PRC-26: cancellation in the child --------------------------------------
+# --- cancellation in the child --------------------------------------
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_cancellation_raises_canceled_and_runs_cleanup(start_method, tmp_path):
-    """PRC-11, PRC-14: a pure loop gets Canceled and runs finally; shield() defers Canceled to its exit."""
+    """A pure loop gets Canceled and runs finally; shield() defers Canceled to its exit."""
     loop_marker, shield_marker = tmp_path / "loop", tmp_path / "shield"
 
     async def body():
@@ -388,7 +388,7 @@ def test_cancellation_raises_canceled_and_runs_cleanup(start_method, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_cancellation_details_in_the_child(tmp_path):
-    """PRC-25: Canceled escapes except Exception; wait/check_cancelled semantics; async cancel; no second Canceled."""
+    """Canceled escapes except Exception; wait/check_cancelled semantics; async cancel; no second Canceled."""
     details, aio, counter_marker = tmp_path / "details", tmp_path / "async", tmp_path / "counter-m"
     counter = tmp_path / "counter"
     config = SupervisorConfig(grace=3, timeout_kill_after=0.5)
@@ -422,7 +422,7 @@ def test_cancellation_details_in_the_child(tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_a_request_before_the_target_runs_skips_it(start_method, tmp_path):
-    """PRC-26, PRC-14: cancelled while its module still imports (1 s), the target never runs."""
+    """Cancelled while its module still imports (1 s), the target never runs."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(TaskFn("late", "workers.slow_import_1s:target", kwargs={"marker": str(marker)}))
 
@@ -441,12 +441,12 @@ def test_a_request_before_the_target_runs_skips_it(start_method, tmp_path):
     assert not marker.exists()
 
 
-# --- PRC-12: programs -----------------------------------------------------------------------
+# --- programs -----------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 def test_command_task_is_supervised_like_python_work(tmp_path, monkeypatch):
-    """PRC-12: programs: exit 0 completes, exit 3 retries with code 3, a missing one is FATAL, env merges."""
+    """Programs: exit 0 completes, exit 3 retries with code 3, a missing one is FATAL, env merges."""
     monkeypatch.setenv("HOME", "/home/somebody")
     env_out = tmp_path / "env"
     show_env = f'echo "A=${{A-unset}} HOME=${{HOME-unset}}" > {env_out}'
@@ -491,7 +491,7 @@ while :; do wait; done
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["cancel", "timeout"])
 def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
-    """PRC-12: a TERM-trapping shell's group gets SIGTERM first (traps run), then its tree is killed."""
+    """A TERM-trapping shell's group gets SIGTERM first (traps run), then its tree is killed."""
     trapped, pids_file = tmp_path / "trapped", tmp_path / "pids"
     spec = TaskSpec.once(CommandTask("trapper", ["sh", "-c", TRAP_SCRIPT, "sh", str(trapped), str(pids_file)]))
     if how == "timeout":
@@ -518,12 +518,12 @@ def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
     run(body())
 
 
-# --- PRC-13, PRC-15, PRC-28: threads, fds, zombies ------------------------------------------
+# --- threads, fds, zombies ------------------------------------------
 
 
 @pytest.mark.timeout(60)
 def test_attempts_start_safely_from_a_threaded_parent():
-    """PRC-13: 50 attempts start and complete while 8 parent threads churn the logging, import and stdout locks."""
+    """50 attempts start and complete while 8 parent threads churn the logging, import and stdout locks."""
     stop = threading.Event()
 
     def hold(acquire, release):
@@ -567,7 +567,7 @@ def test_attempts_start_safely_from_a_threaded_parent():
 
 @pytest.mark.timeout(60)
 def test_no_leaked_fds_or_zombies_after_many_attempts():
-    """PRC-15: after 200 attempts the fd count is back at baseline and no zombie child remains."""
+    """After 200 attempts the fd count is back at baseline and no zombie child remains."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, _events):
@@ -589,7 +589,7 @@ def test_no_leaked_fds_or_zombies_after_many_attempts():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("capture_output", [False, True])
 def test_attempts_cost_few_fds_and_no_threads(capture_output):
-    """PRC-28: 64 live attempts cost <= 3 fds each (5 captured) and no thread; soft NOFILE == hard."""
+    """64 live attempts cost <= 3 fds each (5 captured) and no thread; soft NOFILE == hard."""
     count, per_attempt = 64, (5 if capture_output else 3)
 
     async def body():
@@ -610,12 +610,12 @@ def test_attempts_cost_few_fds_and_no_threads(capture_output):
     run(body())
 
 
-# --- PRC-16 ---------------------------------------------------------------------------
+# --- progress ---------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 def test_progress_reports_become_events():
-    """PRC-16: progress(3, 10, 'x') is an event; 10 000 calls give few events and no delay."""
+    """Progress(3, 10, 'x') is an event; 10 000 calls give few events and no delay."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -634,13 +634,13 @@ def test_progress_reports_become_events():
     run(body())
 
 
-# --- PRC-20, PRC-21, PRC-24, PRC-29: the attempt's surroundings ----------------------------
+# --- the attempt's surroundings ----------------------------
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_leftover_descendants_die_at_terminal_cleanup(start_method, tmp_path):
-    """PRC-20, PRC-14: what a completed target left running is gone when its waiter resolves."""
+    """What a completed target left running is gone when its waiter resolves."""
     records = tmp_path / "left.jsonl"
 
     async def body():
@@ -658,7 +658,7 @@ def test_leftover_descendants_die_at_terminal_cleanup(start_method, tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_the_reported_pid_already_leads_its_own_session(start_method, tmp_path):
-    """PRC-21, PRC-14: the pid in ATTEMPT_STARTING already leads its own session and group."""
+    """The pid in ATTEMPT_STARTING already leads its own session and group."""
     release = tmp_path / "release"
 
     async def body():
@@ -681,7 +681,7 @@ def test_the_reported_pid_already_leads_its_own_session(start_method, tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_the_child_sees_the_parents_environment_at_start(start_method, tmp_path, monkeypatch):
-    """PRC-24, PRC-29, PRC-14: env, cwd and sys.path at start; stdin EOF; no handlers or threads; oom 500."""
+    """Env, cwd and sys.path at start; stdin EOF; no handlers or threads; oom 500."""
     monkeypatch.setenv("MPVISOR_TEST_GONE", "present-at-serve")
     extra = tmp_path / "extra-path"
     extra.mkdir()
@@ -708,12 +708,12 @@ def test_the_child_sees_the_parents_environment_at_start(start_method, tmp_path,
     run(body())
 
 
-# --- PRC-22, PRC-23: the launcher -----------------------------------------------------------
+# --- the launcher -----------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 def test_the_launcher_ignores_terminal_signals():
-    """PRC-22: the launcher has its own group and shrugs off SIGINT/TERM/HUP/TSTP; attempts go on."""
+    """The launcher has its own group and shrugs off SIGINT/TERM/HUP/TSTP; attempts go on."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, events):
@@ -739,7 +739,7 @@ def test_the_launcher_ignores_terminal_signals():
 
 @pytest.mark.timeout(30)
 def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
-    """PRC-23: a killed launcher fails its attempts ('launcher died'), RUNTIME_FAILURE, a new one takes over."""
+    """A killed launcher fails its attempts ('launcher died'), RUNTIME_FAILURE, a new one takes over."""
 
     async def body():
         before = set(threading.enumerate())  # earlier tests may have left an abandoned subscriber
@@ -768,7 +768,7 @@ def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("victim", ["launcher", "guardian"])
 def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees(victim, tmp_path):
-    """PRC-23 and beyond SPEC §1.11: SIGKILL of the launcher (its guardian kills what re-parents to
+    """SIGKILL of the launcher (its guardian kills what re-parents to
     it) or of its guardian (the launcher sees its parent go and kills every tree) leaves no process
     of a running stubborn tree, setsid'ed and double-forked descendants included."""
     records = tmp_path / "tree.jsonl"
@@ -795,7 +795,7 @@ def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees(victi
     run(body())
 
 
-# --- PRC-27: preload ------------------------------------------------------------------------
+# --- preload ------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
@@ -804,7 +804,7 @@ def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees(victi
     ids=["missing", "starts-a-thread"],
 )
 def test_a_bad_preload_fails_the_first_call(module):
-    """PRC-27: serve() returns at once; the first add and run raise ConfigError naming the preload module."""
+    """Serve() returns at once; the first add and run raise ConfigError naming the preload module."""
     config = SupervisorConfig(grace=1, preload=(module,))
 
     async def body():
@@ -835,7 +835,7 @@ def _launchers_of_this_process() -> list[psutil.Process]:
 
 @pytest.mark.timeout(30)
 def test_a_shutdown_right_after_serve_leaves_no_launcher():
-    """PRC-27, PRC-04: a shutdown right after serve() stops the just-started launcher promptly."""
+    """A shutdown right after serve() stops the just-started launcher promptly."""
     before = {p.pid for p in _launchers_of_this_process()}
 
     async def body():
@@ -856,12 +856,12 @@ def test_a_shutdown_right_after_serve_leaves_no_launcher():
                 process.wait(5)
 
 
-# --- PRC-31: captured output ------------------------------------------------------------------
+# --- captured output ------------------------------------------------------------------
 
 
 @pytest.mark.timeout(30)
 def test_captured_output_is_split_and_decoded():
-    """PRC-31: captured lines keep order, long lines split at 64 KiB, bad UTF-8 -> U+FFFD, logged on mpvisor.output."""
+    """Captured lines keep order, long lines split at 64 KiB, bad UTF-8 -> U+FFFD, logged on mpvisor.output."""
     output_logger = logging.getLogger("mpvisor.output")
     handler, level = LogRecords(), output_logger.level
     output_logger.addHandler(handler)

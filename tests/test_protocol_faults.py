@@ -1,4 +1,4 @@
-"""Does a child that breaks the protocol, at any step, end only its own attempt? (PRC-05)
+"""Does a child that breaks the protocol, at any step, end only its own attempt?
 
 The failure-injection matrix: every fault of `workers.faults` at each protocol step (before the
 handshake, while the start message is read, while the target runs, while the result is sent).
@@ -35,7 +35,7 @@ PROTOCOL_EXITED = ("protocol", False)
 
 
 def expected(fault: str, step: str) -> tuple[object, ...]:
-    """The SPEC §1.4 / §2 ending of attempt 1 for `fault` injected at `step`."""
+    """The ending of attempt 1 for `fault` injected at `step` (see `_ending.py`'s rules)."""
     if fault in ("garbage", "oversized"):
         return PROTOCOL_KILLED
     if fault == "truncated":
@@ -93,7 +93,7 @@ def _check_attempt_one(collector, task_id: int, fault: str, step: str) -> list[s
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("step", faults.STEPS)
 def test_protocol_faults_end_only_that_attempt(step, tmp_path, monkeypatch):
-    """PRC-05: each fault at one protocol step ends only that attempt as SPEC §1.4/§2 say; others carry on."""
+    """Each fault at one protocol step ends only that attempt, as `_ending.py`'s rules say; others carry on."""
     plan = tmp_path / "plan"
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(plan))  # before serve(): the launcher inherits it
     config = SupervisorConfig(grace=1, max_frame_bytes=MiB, preload=("workers.faults",))
@@ -130,7 +130,7 @@ def test_protocol_faults_end_only_that_attempt(step, tmp_path, monkeypatch):
 
 
 def test_faults_module_is_inert_outside_the_launcher(tmp_path, monkeypatch):
-    """PRC-05 (fixture check): without the preload, a task named like a fault just runs."""
+    """Fixture check: without the preload, a task named like a fault just runs."""
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(tmp_path / "plan"))
     (tmp_path / "plan").write_text("garbage@handshake\n")
 

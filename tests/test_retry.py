@@ -1,6 +1,6 @@
-"""Failure, retry and backoff with real attempt processes (BEHAVIOURS §4, RTY-01..15, 19, 20).
+"""Failure, retry and backoff with real attempt processes.
 
-The pure backoff arithmetic (RTY-16..18) lives in `test_backoff.py`. Here every attempt runs in
+The pure backoff arithmetic lives in `test_backoff.py`. Here every attempt runs in
 a child process from `workers/`; what happened is read from events (a `Collector`), outcomes,
 marker files and the process table.
 """
@@ -65,7 +65,7 @@ def seq_of(collector: Collector, kind: EventKind, **fields: object) -> int:
 
 @pytest.mark.parametrize("code", [7, None])
 def test_a_failure_exit_code_reaches_attempt_and_task_events(code: int | None) -> None:
-    """RTY-01: a once task failing with exit code 7 / None reports it on both events."""
+    """A once task failing with exit code 7 / None reports it on both events."""
     collector = Collector()
     outcomes = mpvisor.run([TaskSpec.once(fn("f", basic.failing, code))], CONFIG, subscribers=[collector])
     [failed] = collector.of(K.ATTEMPT_FAILED, task="f")
@@ -77,7 +77,7 @@ def test_a_failure_exit_code_reaches_attempt_and_task_events(code: int | None) -
 
 
 def test_a_raising_worker_is_reaped_and_run_returns() -> None:
-    """RTY-02: `run([once raising])` returns, the task is removed, the reason says kaboom."""
+    """`run([once raising])` returns, the task is removed, the reason says kaboom."""
     collector = Collector()
     outcomes = mpvisor.run([TaskSpec.once(fn("r", basic.raising))], CONFIG, subscribers=[collector])
     assert outcomes["r"].kind is OutcomeKind.FAILED
@@ -88,7 +88,7 @@ def test_a_raising_worker_is_reaped_and_run_returns() -> None:
 
 
 def test_restartable_recovers_after_exceptions(tmp_path) -> None:
-    """RTY-03: plain exceptions on attempts 1-2, then a value: 3 attempts in 3 pids, COMPLETED."""
+    """Plain exceptions on attempts 1-2, then a value: 3 attempts in 3 pids, COMPLETED."""
     marker = str(tmp_path / "marker")
     spec = TaskSpec.restartable(fn("rec", runtime_probes.raise_until, 2, marker=marker)).with_backoff(FAST)
     outcomes, collector = run(run_batch([spec]))
@@ -105,7 +105,7 @@ def test_restartable_recovers_after_exceptions(tmp_path) -> None:
 
 
 def test_an_unprompted_canceled_stops_even_under_always() -> None:
-    """RTY-04: a target raising Canceled by itself stops an `always` task after one attempt."""
+    """A target raising Canceled by itself stops an `always` task after one attempt."""
     outcomes, collector = run(run_batch([always(fn("c", basic.self_canceled))]))
     assert outcomes["c"].kind is OutcomeKind.CANCELED and outcomes["c"].attempts == 1
     assert len(collector.of(K.ATTEMPT_STARTING, task="c")) == 1
@@ -116,7 +116,7 @@ def test_an_unprompted_canceled_stops_even_under_always() -> None:
 
 @pytest.mark.parametrize("target", [coop.cooperative, coop.cooperative_returning], ids=lambda f: f.__name__)
 def test_cooperative_cancellation_is_a_canceled_attempt(tmp_path, target: Any) -> None:
-    """RTY-05: cancel → True; the attempt ends ATTEMPT_CANCELED, then CANCELED and removal."""
+    """Cancel → True; the attempt ends ATTEMPT_CANCELED, then CANCELED and removal."""
     marker = str(tmp_path / "marker")
 
     async def body() -> None:
@@ -136,7 +136,7 @@ def test_cooperative_cancellation_is_a_canceled_attempt(tmp_path, target: Any) -
 
 
 def test_a_flaky_task_retries_with_failure_backoff_then_succeeds() -> None:
-    """RTY-06: flaky(2): 3 starts, 2 failures each followed by a FAILURE backoff, 1 success."""
+    """Flaky(2): 3 starts, 2 failures each followed by a FAILURE backoff, 1 success."""
     outcomes, collector = run(run_batch([TaskSpec.restartable(fn("fl", basic.flaky, 2)).with_backoff(FAST)]))
     assert outcomes["fl"].kind is OutcomeKind.COMPLETED
     assert len(collector.of(K.ATTEMPT_STARTING, task="fl")) == 3
@@ -154,7 +154,7 @@ def test_a_flaky_task_retries_with_failure_backoff_then_succeeds() -> None:
 
 @pytest.mark.parametrize("policy", ["restartable", "always"])
 def test_fatal_is_never_retried(policy: str) -> None:
-    """RTY-07: Fatal(7) under restartable / always: one attempt, no backoff, FATAL with code 7."""
+    """Fatal(7) under restartable / always: one attempt, no backoff, FATAL with code 7."""
     task = fn("fa", basic.fatal, 7)
     spec = TaskSpec.restartable(task) if policy == "restartable" else always(task)
     outcomes, collector = run(run_batch([spec.with_backoff(FAST)]))
@@ -169,7 +169,7 @@ def test_fatal_is_never_retried(policy: str) -> None:
 
 @pytest.mark.parametrize("retries", [1, 3])
 def test_max_retries_bounds_the_attempts_of_a_failure_streak(retries: int) -> None:
-    """RTY-08: with max_retries N, N+1 attempts, N backoffs, and the retry-limit reason."""
+    """With max_retries N, N+1 attempts, N backoffs, and the retry-limit reason."""
     spec = TaskSpec.restartable(fn("mr", basic.failing, 42)).with_backoff(FAST).with_max_retries(retries)
     outcomes, collector = run(run_batch([spec]))
     assert len(collector.of(K.ATTEMPT_STARTING, task="mr")) == retries + 1
@@ -183,7 +183,7 @@ def test_max_retries_bounds_the_attempts_of_a_failure_streak(retries: int) -> No
 
 
 def test_zero_max_retries_allows_a_single_attempt() -> None:
-    """RTY-09: max_retries 0: one attempt, no backoff, `retry limit reached after 0 of 0`."""
+    """Max_retries 0: one attempt, no backoff, `retry limit reached after 0 of 0`."""
     spec = TaskSpec.restartable(fn("z", basic.failing)).with_backoff(FAST).with_max_retries(0)
     outcomes, collector = run(run_batch([spec]))
     assert outcomes["z"].attempts == 1
@@ -194,7 +194,7 @@ def test_zero_max_retries_allows_a_single_attempt() -> None:
 
 
 def test_once_stops_at_the_first_failure_with_the_plain_reason() -> None:
-    """RTY-10: a once task fails after one attempt with the error itself as reason."""
+    """A once task fails after one attempt with the error itself as reason."""
     outcomes, collector = run(run_batch([TaskSpec.once(fn("o", basic.failing)).with_max_retries(5)]))
     assert outcomes["o"].attempts == 1 and outcomes["o"].kind is OutcomeKind.FAILED
     assert collector.of(K.BACKOFF_SCHEDULED) == []
@@ -210,7 +210,7 @@ def test_once_stops_at_the_first_failure_with_the_plain_reason() -> None:
     ids=["fail-then-succeed", "alternating"],
 )
 def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
-    """RTY-11: `always` with max_retries 1: failures after successes never exhaust the budget."""
+    """`always` with max_retries 1: failures after successes never exhaust the budget."""
     spec = always(task).with_backoff(FAST).with_max_retries(1)
 
     async def body() -> Collector:
@@ -232,7 +232,7 @@ def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
 
 
 def test_the_backoff_index_restarts_after_a_success() -> None:
-    """RTY-12: fail, fail, succeed, fail with exponential(0.01): delays 0.01, 0.02, then 0.01."""
+    """Fail, fail, succeed, fail with exponential(0.01): delays 0.01, 0.02, then 0.01."""
     task = fn("ix", basic.sequence, ["fail", "fail", "ok", "fail"])
     spec = always(task).with_backoff(BackoffPolicy.exponential(0.01, factor=2.0))
 
@@ -248,7 +248,7 @@ def test_the_backoff_index_restarts_after_a_success() -> None:
 
 
 def test_always_without_interval_restarts_without_backoff_events() -> None:
-    """RTY-13: `always(quick)` reruns at least 5 times within 10 s with no BACKOFF_SCHEDULED."""
+    """`always(quick)` reruns at least 5 times within 10 s with no BACKOFF_SCHEDULED."""
 
     async def body() -> Collector:
         async with supervised(CONFIG) as (handle, collector):
@@ -262,7 +262,7 @@ def test_always_without_interval_restarts_without_backoff_events() -> None:
 
 
 def test_periodic_waits_its_interval_after_each_success() -> None:
-    """RTY-14: periodic 0.2: SUCCESS backoffs of 0.2 between runs, each start ≥ 0.19 s later."""
+    """Periodic 0.2: SUCCESS backoffs of 0.2 between runs, each start ≥ 0.19 s later."""
 
     async def body() -> Collector:
         async with supervised(CONFIG) as (handle, collector):
@@ -285,7 +285,7 @@ def test_periodic_waits_its_interval_after_each_success() -> None:
 
 
 def test_exponential_delays_grow_and_cap() -> None:
-    """RTY-15: exponential(0.01, max=0.04), max_retries 4: delays 0.01, 0.02, 0.04, 0.04."""
+    """Exponential(0.01, max=0.04), max_retries 4: delays 0.01, 0.02, 0.04, 0.04."""
     backoff = BackoffPolicy.exponential(0.01, max=0.04)
     spec = TaskSpec.restartable(fn("ex", basic.failing)).with_backoff(backoff).with_max_retries(4)
     _, collector = run(run_batch([spec]))
@@ -293,7 +293,7 @@ def test_exponential_delays_grow_and_cap() -> None:
 
 
 def test_attempts_never_overlap_and_run_in_fresh_processes(tmp_path) -> None:
-    """RTY-19: flaky(3): attempts 1..4 in distinct pids, each after the previous one is gone."""
+    """Flaky(3): attempts 1..4 in distinct pids, each after the previous one is gone."""
     marker = str(tmp_path / "marker")
     task = fn("ov", runtime_probes.flaky_checking_predecessors, 3, marker=marker)
     outcomes, collector = run(run_batch([TaskSpec.restartable(task).with_backoff(FAST)]))
@@ -317,7 +317,7 @@ def _jitter_delays(seed: int) -> list[float]:
 
 
 def test_a_seed_makes_jitter_repeatable() -> None:
-    """RTY-20: the same seed gives the same jittered delays on two supervisors; 8 differs."""
+    """The same seed gives the same jittered delays on two supervisors; 8 differs."""
     first, second, other = _jitter_delays(7), _jitter_delays(7), _jitter_delays(8)
     assert len(first) == 3
     assert first == second

@@ -20,7 +20,7 @@ from tests._support import Collector, run
 
 @pytest.mark.timeout(60)
 def test_a_rejected_run_batch_leaves_other_running_tasks_alone():
-    """SPEC §3.2 (a decision, written in the README): a rejected batch runs nothing and stops
+    """(A decision, written in the README:) a rejected batch runs nothing and stops
     the launcher only if nothing else runs; a task added through serve() keeps its process."""
 
     async def body():

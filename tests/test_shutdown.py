@@ -1,4 +1,4 @@
-"""Shutdown with real attempt processes (BEHAVIOURS §7, SHD-01..27).
+"""Shutdown with real attempt processes.
 
 One shutdown operation, whoever starts it (`shutdown()`, `run` finishing, a signal to a script
 calling `mpvisor.run`), with its result shared by every caller; cooperative stops within the
@@ -78,7 +78,7 @@ async def started(marker: str, count: int = 1) -> None:
 
 
 def test_cooperative_shutdown_stops_everything_within_grace(tmp_path) -> None:
-    """SHD-01: two cooperative tasks stop within grace 5; no GRACE_EXCEEDED, nothing left."""
+    """Two cooperative tasks stop within grace 5; no GRACE_EXCEEDED, nothing left."""
     marker = str(tmp_path / "marker")
 
     async def body() -> None:
@@ -98,7 +98,7 @@ def test_cooperative_shutdown_stops_everything_within_grace(tmp_path) -> None:
 
 
 def test_shutdown_with_no_tasks() -> None:
-    """SHD-02: with no task, shutdown() returns normally and publishes requested/all-stopped."""
+    """With no task, shutdown() returns normally and publishes requested/all-stopped."""
 
     async def body() -> Collector:
         async with supervised() as (handle, collector):
@@ -110,7 +110,7 @@ def test_shutdown_with_no_tasks() -> None:
 
 
 def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
-    """SHD-03: two pending shutdown() calls return normally after release; a third returns at
+    """Two pending shutdown() calls return normally after release; a third returns at
     once; counts 1/1/0 and one TASK_REMOVED."""
     gate = Gate(tmp_path)
 
@@ -135,7 +135,7 @@ def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
 
 
 def test_concurrent_shutdown_callers_share_grace_exceeded(tmp_path) -> None:
-    """SHD-04: concurrent, late and later callers all get the same GraceExceeded(0.3, [a, b])."""
+    """Concurrent, late and later callers all get the same GraceExceeded(0.3, [a, b])."""
     marker = str(tmp_path / "marker")
     names = ["shared-stuck-a", "shared-stuck-b"]
 
@@ -159,7 +159,7 @@ def test_concurrent_shutdown_callers_share_grace_exceeded(tmp_path) -> None:
 
 
 def test_a_stubborn_task_is_killed_after_grace_and_named_stuck(tmp_path) -> None:
-    """SHD-05: a stubborn tree is killed after grace 0.3: FORCE_ABORTED, named stuck, tree gone."""
+    """A stubborn tree is killed after grace 0.3: FORCE_ABORTED, named stuck, tree gone."""
     marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
 
     async def body() -> None:
@@ -181,7 +181,7 @@ def test_a_stubborn_task_is_killed_after_grace_and_named_stuck(tmp_path) -> None
 
 
 def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
-    """SHD-06: with a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
+    """With a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
     marker = str(tmp_path / "marker")
 
     async def body() -> Collector:
@@ -199,7 +199,7 @@ def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
 
 
 def test_zero_grace_kills_at_once(tmp_path) -> None:
-    """SHD-07: grace 0: within 3 s, GraceExceeded(0.0) names "z" and its process is gone."""
+    """Grace 0: within 3 s, GraceExceeded(0.0) names "z" and its process is gone."""
     marker = str(tmp_path / "marker")
 
     async def body() -> None:
@@ -218,7 +218,7 @@ def test_zero_grace_kills_at_once(tmp_path) -> None:
 
 
 def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> None:
-    """SHD-08: cancelling the first shutdown() caller leaves the second pending until release;
+    """Cancelling the first shutdown() caller leaves the second pending until release;
     it then returns normally; counts 1/1/0."""
     gate = Gate(tmp_path)
 
@@ -240,7 +240,7 @@ def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> Non
 
 
 def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> None:
-    """SHD-09: the only shutdown() caller is cancelled; the grace still runs: the waiter is
+    """The only shutdown() caller is cancelled; the grace still runs: the waiter is
     pending 0.5 s later, then resolves CANCELED and ALL_STOPPED_WITHIN_GRACE is published."""
     gate = Gate(tmp_path)
 
@@ -262,7 +262,7 @@ def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> No
 
 
 def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
-    """SHD-10: `run` in the background and shutdown() on a served handle both wait for the
+    """`run` in the background and shutdown() on a served handle both wait for the
     release, then return normally; counts 1/1/0."""
     gate = Gate(tmp_path)
 
@@ -284,7 +284,7 @@ def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
 
 
 def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
-    """SHD-11: `run([])` during a shutdown waits for it, then both return normally."""
+    """`run([])` during a shutdown waits for it, then both return normally."""
     gate = Gate(tmp_path)
 
     async def body() -> None:
@@ -306,7 +306,7 @@ def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
 
 
 def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
-    """SHD-12: `run([once gated])` is pending 0.5 s after its worker started; after release it
+    """`run([once gated])` is pending 0.5 s after its worker started; after release it
     returns normally with the process gone."""
     gate = Gate(tmp_path)
 
@@ -325,7 +325,7 @@ def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
 
 
 def test_natural_completion_reports_all_stopped() -> None:
-    """SHD-13: `run([once quick])` ends with ALL_STOPPED_WITHIN_GRACE; `run([])` returns at once."""
+    """`run([once quick])` ends with ALL_STOPPED_WITHIN_GRACE; `run([])` returns at once."""
     collector = Collector()
     outcomes = mpvisor.run([once("q", basic.quick)], CONFIG, subscribers=[collector])
     assert outcomes["q"].kind is OutcomeKind.COMPLETED
@@ -337,7 +337,7 @@ def test_natural_completion_reports_all_stopped() -> None:
 
 @pytest.mark.parametrize("first", ["returned", "raised"])
 def test_run_is_single_shot(first: str) -> None:
-    """SHD-14: after a `run` that returned (or raised TaskAlreadyExists), `run([])` raises
+    """After a `run` that returned (or raised TaskAlreadyExists), `run([])` raises
     AlreadyRunning."""
 
     async def body() -> None:
@@ -351,7 +351,7 @@ def test_run_is_single_shot(first: str) -> None:
             await supervisor.run([])
         if first == "raised":  # serve() still gives a working handle; shut it down properly
             handle = supervisor.serve()
-            _, waiter = await handle.add_and_watch(once("q", basic.quick))  # the launcher is up (SHD-02)
+            _, waiter = await handle.add_and_watch(once("q", basic.quick))  # the launcher is up
             assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
             await handle.shutdown()
 
@@ -391,7 +391,7 @@ def stop_script(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.parametrize("how", ["sigterm", "sigint", "sigint-group"])
 def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str) -> None:
-    """SHD-15: SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
+    """SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
     `mpvisor.run` script down gracefully: CANCELED outcomes, all stopped, no descendant left."""
     process = start_script("cooperative", tmp_path)
     try:
@@ -417,7 +417,7 @@ def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str
 
 
 def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
-    """SHD-25: with grace 30, a second SIGINT 0.5 s after the first kills the stubborn tree at
+    """With grace 30, a second SIGINT 0.5 s after the first kills the stubborn tree at
     once: the script exits within 5 s, the task is FORCE_ABORTED, no descendant is left."""
     process = start_script("stubborn", tmp_path)
     try:
@@ -458,7 +458,7 @@ class Blocking:
 
 @pytest.mark.parametrize("mode", ["shutdown", "run"])
 def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
-    """SHD-16: with subscriber_shutdown_timeout 0.2, shutdown (resp. `run`) returns within 5 s
+    """With subscriber_shutdown_timeout 0.2, shutdown (resp. `run`) returns within 5 s
     while a callback is still blocked; the callback finishes after release."""
     blocking = Blocking()
     config = SupervisorConfig(grace=1, subscriber_shutdown_timeout=0.2)
@@ -485,7 +485,7 @@ def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
 
 
 def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
-    """SHD-17: two shutdown() callers both wait for a blocked callback (drain timeout 5) and
+    """Two shutdown() callers both wait for a blocked callback (drain timeout 5) and
     return within 2 s of its release."""
     blocking = Blocking()
 
@@ -512,7 +512,7 @@ def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
 
 @pytest.mark.timeout(90)
 def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
-    """SHD-18: 100 add_and_watch racing shutdown(): each returns or raises ShuttingDown, every
+    """100 add_and_watch racing shutdown(): each returns or raises ShuttingDown, every
     returned waiter resolves, refused workers never start, nothing is left."""
     marker = str(tmp_path / "marker")
     rng = random.Random(18)
@@ -549,7 +549,7 @@ def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
 
 
 def test_an_add_accepted_before_shutdown_is_drained_not_lost() -> None:
-    """SHD-19: an add_and_watch that returned just before shutdown() resolves; both TASK_ADDED
+    """An add_and_watch that returned just before shutdown() resolves; both TASK_ADDED
     and TASK_REMOVED are published for it."""
 
     async def body() -> None:
@@ -565,7 +565,7 @@ def test_an_add_accepted_before_shutdown_is_drained_not_lost() -> None:
 
 @pytest.mark.parametrize("between", ["backoff", "interval", "permit"])
 def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, between: str) -> None:
-    """SHD-20: a task in a 30 s backoff, a 30 s interval, or waiting for a permit ends CANCELED
+    """A task in a 30 s backoff, a 30 s interval, or waiting for a permit ends CANCELED
     at shutdown (grace 30) with no further attempt, within 5 s."""
     marker = str(tmp_path / "marker")
     config = SupervisorConfig(grace=30, max_concurrent=1 if between == "permit" else None)
@@ -600,7 +600,7 @@ def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, between: st
 
 
 def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
-    """SHD-21: a stubborn task removed 0.5 s before shutdown() (grace 1) is killed on its own
+    """A stubborn task removed 0.5 s before shutdown() (grace 1) is killed on its own
     deadline; shutdown returns normally after it is gone; ALL_STOPPED_WITHIN_GRACE."""
     marker = str(tmp_path / "marker")
 
@@ -622,7 +622,7 @@ def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
 
 
 def test_no_process_survives_shutdown(tmp_path) -> None:
-    """SHD-22: after shutdown of cooperative, stubborn and stubborn+tree tasks (grace 0.3), the
+    """After shutdown of cooperative, stubborn and stubborn+tree tasks (grace 0.3), the
     parent has no child process and no recorded descendant exists."""
     marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
 
@@ -643,7 +643,7 @@ def test_no_process_survives_shutdown(tmp_path) -> None:
 
 @pytest.mark.parametrize("case", ["normal", "exception", "stubborn-exception"])
 def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
-    """SHD-23: `async with supervisor` shuts down on exit: the waiter is CANCELED, nothing is
+    """`async with supervisor` shuts down on exit: the waiter is CANCELED, nothing is
     left, `add` raises ShuttingDown; an exception in the block wins over GraceExceeded and
     carries a note about the grace."""
     marker = str(tmp_path / "marker")
@@ -679,7 +679,7 @@ def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
 
 
 def test_run_returns_one_outcome_per_spec() -> None:
-    """SHD-24: `run` returns one outcome per name, each matching its TASK_FINISHED."""
+    """`run` returns one outcome per name, each matching its TASK_FINISHED."""
     collector = Collector()
     outcomes = mpvisor.run([once("a", basic.quick), once("b", basic.failing, 3), once("c", basic.fatal, 4)],
                            CONFIG, subscribers=[collector])
@@ -694,7 +694,7 @@ def test_run_returns_one_outcome_per_spec() -> None:
 
 
 def test_run_restores_the_signal_handlers(tmp_path) -> None:
-    """SHD-26: `run` on the main thread restores custom SIGINT/SIGTERM handlers; a `run` on a
+    """`run` on the main thread restores custom SIGINT/SIGTERM handlers; a `run` on a
     worker thread's loop never changes them."""
     gate = Gate(tmp_path)
 
@@ -729,7 +729,7 @@ def test_run_restores_the_signal_handlers(tmp_path) -> None:
 
 
 def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
-    """SHD-27: `run([once quick])` once shutdown has begun raises ShuttingDown; it never runs."""
+    """`run([once quick])` once shutdown has begun raises ShuttingDown; it never runs."""
     gate = Gate(tmp_path)
     marker = str(tmp_path / "refused")
 

@@ -1,5 +1,6 @@
-"""The controller's slot state machine, without processes: every row of SPEC §5's tables,
-stale messages, and a property test against a small reference model."""
+"""The controller's slot state machine, without processes: every row of the policy and
+slot-state tables (`_slots.py`), stale messages, and a property test against a small reference
+model."""
 
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ def test_enum_labels_are_stable_lower_case_names(member: Any, label: str) -> Non
 def test_transition_reason_names_both_statuses_and_a_replace(
     transition: Transition, reason: str
 ) -> None:
-    """ADM-02, REP-01: transition reasons read `from->to`, plus ` (replace)`."""
+    """Transition reasons read `from->to`, plus ` (replace)`."""
     assert transition.reason == reason
 
 
@@ -154,7 +155,7 @@ def test_reprs_show_phase_owner_and_pending_ids() -> None:
 
 @pytest.mark.parametrize("policy", list(AdmissionPolicy))
 def test_every_policy_admits_into_an_idle_slot(policy: AdmissionPolicy) -> None:
-    """ADM-02, REP-02, DIR-02: an idle slot starts admission whatever the policy."""
+    """An idle slot starts admission whatever the policy."""
     table: SlotTable[Item] = SlotTable(0)
     new = item(7, policy)
     effects = table.submit(new, 4.0)
@@ -165,7 +166,7 @@ def test_every_policy_admits_into_an_idle_slot(policy: AdmissionPolicy) -> None:
 
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_queue_on_a_busy_slot_enqueues_without_touching_the_owner(phase: str) -> None:
-    """QUE-09: a queued submission is not handed to the registry and the owner stays."""
+    """A queued submission is not handed to the registry and the owner stays."""
     table = table_in(phase)
     assert table.submit(item(5), 3.0) == []
     assert table.phase("s") == PHASES[phase]
@@ -175,7 +176,7 @@ def test_queue_on_a_busy_slot_enqueues_without_touching_the_owner(phase: str) ->
 
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_drop_if_running_on_a_busy_slot_is_slot_busy(phase: str) -> None:
-    """DIR-01, DIR-03, DIR-04: busy means admitting, running or terminating."""
+    """Busy means admitting, running or terminating."""
     table = table_in(phase)
     dropped = item(5, DROP)
     assert table.submit(dropped, 3.0) == [Reject(dropped, RejectionKind.SLOT_BUSY)]
@@ -199,7 +200,7 @@ def test_drop_if_running_on_a_busy_slot_is_slot_busy(phase: str) -> None:
 def test_replace_on_a_busy_slot_retires_the_owner_once_and_becomes_the_head(
     phase: str, expected_phase: Phase, expected_effects: list[Any]
 ) -> None:
-    """REP-01, REP-08: Replace retires a running owner now, an admitting one later, never twice."""
+    """Replace retires a running owner now, an admitting one later, never twice."""
     table = table_in(phase)
     assert table.submit(item(5, REPLACE), 3.0) == expected_effects
     assert table.phase("s") == expected_phase
@@ -209,7 +210,7 @@ def test_replace_on_a_busy_slot_retires_the_owner_once_and_becomes_the_head(
 
 @pytest.mark.parametrize("limit", [0, 1, 2, 3, 4])
 def test_slot_queue_limit_boundary(limit: int) -> None:
-    """QUE-02, QUE-03: `limit` items queue (the owner is not counted), the next is queue_full."""
+    """`limit` items queue (the owner is not counted), the next is queue_full."""
     table = table_in("running", max_slot_queue=limit)
     for n in range(limit):
         assert table.submit(item(10 + n), 3.0) == []
@@ -221,7 +222,7 @@ def test_slot_queue_limit_boundary(limit: int) -> None:
 
 @pytest.mark.parametrize("limit", [0, 1])
 def test_a_replacement_head_counts_toward_queue_depth(limit: int) -> None:
-    """QUE-04, REP-07: Replace creates the head even with a zero limit; it then fills it."""
+    """Replace creates the head even with a zero limit; it then fills it."""
     table = table_in("running", max_slot_queue=limit)
     head = item(5, REPLACE)
     assert RemoveOwner("s", OWNER) in table.submit(head, 3.0)
@@ -234,7 +235,7 @@ def test_a_replacement_head_counts_toward_queue_depth(limit: int) -> None:
 
 
 def test_replace_displaces_the_queue_head_and_keeps_the_fifo_tail() -> None:
-    """REP-05: with [a, b] queued, R(r) rejects a, depth stays 2, and r then b run."""
+    """With [a, b] queued, R(r) rejects a, depth stays 2, and r then b run."""
     table = table_in("running")
     a, b, r = item(2), item(3), item(4, REPLACE)
     table.submit(a, 2.0)
@@ -254,7 +255,7 @@ def test_replace_displaces_the_queue_head_and_keeps_the_fifo_tail() -> None:
 
 
 def test_repeated_replacements_keep_only_the_latest_head() -> None:
-    """REP-06, REP-10: r1 and r2 are superseded, the owner is removed once, only r3 runs."""
+    """R1 and r2 are superseded, the owner is removed once, only r3 runs."""
     table = table_in("running")
     r1, r2, r3 = item(2, REPLACE), item(3, REPLACE), item(4, REPLACE)
     effects = table.submit(r1, 2.0) + table.submit(r2, 2.0) + table.submit(r3, 2.0)
@@ -272,7 +273,7 @@ def test_repeated_replacements_keep_only_the_latest_head() -> None:
 
 
 def test_admitting_accepted_becomes_running() -> None:
-    """ADM-02: Admitting + registry accepts -> Running, `admitting->running`."""
+    """Admitting + registry accepts -> Running, `admitting->running`."""
     table = table_in("admitting")
     assert table.registry_accepted("s", OWNER, 5.0) == [Transition("s", ADMITTING, RUNNING)]
     assert table.snapshot(6.0) == [SlotView("s", RUNNING, OWNER, 0, 1.0)]
@@ -280,7 +281,7 @@ def test_admitting_accepted_becomes_running() -> None:
 
 
 def test_an_acceptance_after_a_replace_requests_removal_and_stays_terminating() -> None:
-    """REP-08: TERMINATING + pending registration accepted -> stay, remove that owner."""
+    """TERMINATING + pending registration accepted -> stay, remove that owner."""
     table = table_in("admitting_replaced")
     since = table.snapshot(2.0)[0].status_for
     assert table.registry_accepted("s", OWNER, 5.0) == [RemoveOwner("s", OWNER)]
@@ -302,7 +303,7 @@ def test_an_acceptance_after_a_replace_requests_removal_and_stays_terminating() 
 def test_releasing_the_owner_starts_the_next_item_or_idles(
     phase: str, message: str, was: SlotStatus, queued: bool
 ) -> None:
-    """ADM-04, ADM-07, ADM-08, QUE-10, SNP-04: a release admits the next item, else idles."""
+    """A release admits the next item, else idles."""
     table = table_in(phase)
     nxt = item(5)
     if queued:
@@ -319,7 +320,7 @@ def test_releasing_the_owner_starts_the_next_item_or_idles(
 
 
 def test_a_registry_refusal_after_a_replace_removes_nobody() -> None:
-    """REP-09: Admitting + Replace, then rejected: no removal, the replacement is admitted."""
+    """Admitting + Replace, then rejected: no removal, the replacement is admitted."""
     table = table_in("admitting")
     r = item(5, REPLACE)
     effects = table.submit(r, 3.0) + table.registry_rejected("s", OWNER, 4.0)
@@ -331,7 +332,7 @@ def test_a_registry_refusal_after_a_replace_removes_nobody() -> None:
 
 
 def test_cleanup_cannot_release_an_admission_that_is_still_pending() -> None:
-    """REP-08: a Replace during admission waits for the registry's decision first."""
+    """A Replace during admission waits for the registry's decision first."""
     table = table_in("admitting")
     table.submit(item(5, REPLACE), 3.0)
     assert table.owner_cleaned_up("s", OWNER, 4.0) == []
@@ -371,7 +372,7 @@ def test_a_message_for_a_stale_owner_changes_nothing(
 
 
 def test_purge_takes_a_queued_item_once_and_leaves_the_rest() -> None:
-    """QUE-05, QUE-06, QUE-11: purge removes only that queued item, once; never the owner."""
+    """Purge removes only that queued item, once; never the owner."""
     table = table_in("running")
     a, b, c = item(2), item(3), item(4)
     for queued in (a, b, c):
@@ -386,7 +387,7 @@ def test_purge_takes_a_queued_item_once_and_leaves_the_rest() -> None:
 
 
 def test_purging_the_replacement_head_lets_the_fifo_tail_run_next() -> None:
-    """QUE-11: removing the pending replacement leaves the owner retiring and the tail queued."""
+    """Removing the pending replacement leaves the owner retiring and the tail queued."""
     table = table_in("running")
     q, r = item(2), item(3, REPLACE)
     table.submit(q, 2.0)
@@ -398,7 +399,7 @@ def test_purging_the_replacement_head_lets_the_fifo_tail_run_next() -> None:
 
 
 def test_close_rejects_queued_work_and_never_admits_again() -> None:
-    """CSH-01, CSH-04, CSH-06: queued work is rejected at close; owners finish, then go idle."""
+    """Queued work is rejected at close; owners finish, then go idle."""
     table: SlotTable[Item] = SlotTable(5)
     owners = [item(1, slot="a"), item(2, slot="b")]
     queued = [item(3, slot="a"), item(4, REPLACE, slot="b"), item(5, slot="b")]
@@ -418,7 +419,7 @@ def test_close_rejects_queued_work_and_never_admits_again() -> None:
 
 
 def test_snapshot_is_sorted_and_its_totals_add_up() -> None:
-    """SNP-01, SNP-02, SNP-03: slots sorted by name; TERMINATING is not running; depths add up."""
+    """Slots sorted by name; TERMINATING is not running; depths add up."""
     table: SlotTable[Item] = SlotTable(4)
     for n, (slot, policy) in enumerate(
         [("c", QUEUE), ("a", QUEUE), ("b", QUEUE), ("c", QUEUE), ("c", QUEUE)], start=1
@@ -462,7 +463,7 @@ class ModelSlot:
 
 
 class Model:
-    """A direct reading of SPEC §5, written without the table's structure."""
+    """A direct reading of the slot rules, written without the table's structure."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -702,7 +703,7 @@ class SlotMachine(RuleBasedStateMachine):
 
 
 def test_slot_machine_agrees_with_the_model_and_keeps_its_invariants() -> None:
-    """ADM-14, REP-11, QUE-01, QUE-12, DIR-05, CSH-04 (pure): one owner per slot, FIFO, heads."""
+    """One owner per slot, FIFO among pending items, Replace only sets the head (pure)."""
     run_state_machine_as_test(  # type: ignore[no-untyped-call]
         SlotMachine,
         settings=settings(max_examples=500, deadline=None, stateful_step_count=50),

@@ -8,7 +8,7 @@ from workers import basic
 
 
 def test_once_quick_completes_and_leaves_nothing_behind():
-    """IDR-03, OUT-02: a once task completes with its value and is unlisted afterwards."""
+    """A once task completes with its value and is unlisted afterwards."""
 
     async def body():
         async with supervised(SupervisorConfig(grace=1)) as (handle, _events):

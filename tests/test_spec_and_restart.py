@@ -34,7 +34,7 @@ FIXED = BackoffPolicy.constant(0.25)
 
 
 def test_spec_constructors_set_their_restart_policy() -> None:
-    """DEF-04: once, restartable and periodic(every) give NEVER, ON_FAILURE and always(every)."""
+    """Once, restartable and periodic(every) give NEVER, ON_FAILURE and always(every)."""
     assert TaskSpec.once(TASK).restart == RestartPolicy.NEVER
     assert TaskSpec.restartable(TASK).restart == RestartPolicy.ON_FAILURE
     assert TaskSpec.periodic(TASK, 5).restart == RestartPolicy.always(5.0)
@@ -44,7 +44,7 @@ def test_spec_constructors_set_their_restart_policy() -> None:
 
 
 def test_spec_builders_return_new_specs_and_accessors_reflect_them() -> None:
-    """DEF-04: each `.with_*` returns a new spec, leaves the original alone, and reads back."""
+    """Each `.with_*` returns a new spec, leaves the original alone, and reads back."""
     original = TaskSpec.once(TASK)
     built = (
         original.with_backoff(FIXED)
@@ -61,7 +61,7 @@ def test_spec_builders_return_new_specs_and_accessors_reflect_them() -> None:
 
 
 def test_settings_never_given_read_inherit_and_explicit_values_read_back() -> None:
-    """DEF-04: unset backoff/timeout/max_retries read INHERIT; an explicit None or 0 reads back."""
+    """Unset backoff/timeout/max_retries read INHERIT; an explicit None or 0 reads back."""
     spec = TaskSpec.restartable(TASK)
     assert (spec.backoff, spec.timeout, spec.max_retries) == (INHERIT, INHERIT, INHERIT)
     assert repr(INHERIT) == "mpvisor.INHERIT"
@@ -72,7 +72,7 @@ def test_settings_never_given_read_inherit_and_explicit_values_read_back() -> No
 
 
 def test_resolve_takes_defaults_only_for_inherited_settings() -> None:
-    """DEF-03: TaskDefaults fill INHERIT settings; explicit None overrides; a 0 timeout is none."""
+    """TaskDefaults fill INHERIT settings; explicit None overrides; a 0 timeout is none."""
     defaults = TaskDefaults(backoff=FIXED, timeout=7, max_retries=3)
     inherited = TaskSpec.restartable(TASK).resolve(defaults)
     assert (inherited.backoff, inherited.timeout, inherited.max_retries) == (FIXED, 7.0, 3)
@@ -84,7 +84,7 @@ def test_resolve_takes_defaults_only_for_inherited_settings() -> None:
 
 
 def test_task_defaults_and_their_default_backoff() -> None:
-    """DEF-03: TaskDefaults() is exponential(0.2, max=30) with EQUAL jitter and no restart."""
+    """TaskDefaults() is exponential(0.2, max=30) with EQUAL jitter and no restart."""
     defaults = TaskDefaults()
     expected = BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.EQUAL)
     assert (defaults.backoff, defaults.timeout, defaults.max_retries) == (expected, None, None)
@@ -143,7 +143,7 @@ def _builders() -> list[tuple[str, Any, str, str]]:
 def test_invalid_settings_fail_at_once_naming_field_and_value(
     build: Any, field: str, value: str
 ) -> None:
-    """DEF-11: bad durations, capacities and limits raise ValueError naming field and value."""
+    """Bad durations, capacities and limits raise ValueError naming field and value."""
     with pytest.raises(ValueError) as caught:
         build()
     assert field in str(caught.value)
@@ -151,12 +151,12 @@ def test_invalid_settings_fail_at_once_naming_field_and_value(
 
 
 def test_a_zero_max_slot_queue_is_valid() -> None:
-    """DEF-11: a `max_slot_queue` of 0 is accepted."""
+    """A `max_slot_queue` of 0 is accepted."""
     assert ControllerConfig(max_slot_queue=0).max_slot_queue == 0
 
 
 def test_config_errors_are_value_errors() -> None:
-    """DEF-11: ConfigError is both an MpvisorError and a ValueError."""
+    """ConfigError is both an MpvisorError and a ValueError."""
     with pytest.raises(ConfigError):
         SupervisorConfig(bus_capacity=0)
     assert issubclass(ConfigError, ValueError)
@@ -166,7 +166,7 @@ def test_config_errors_are_value_errors() -> None:
 
 
 def test_supervisor_config_defaults() -> None:
-    """DEF-01: SupervisorConfig() has the documented defaults."""
+    """SupervisorConfig() has the documented defaults."""
     config = SupervisorConfig()
     assert dataclasses.asdict(config) == {
         "grace": 60.0,
@@ -196,7 +196,7 @@ def test_supervisor_config_normalises_its_values() -> None:
 
 
 def test_controller_config_defaults() -> None:
-    """DEF-02: ControllerConfig() has queue_capacity 1024 and max_slot_queue 100."""
+    """ControllerConfig() has queue_capacity 1024 and max_slot_queue 100."""
     config = ControllerConfig()
     assert (config.queue_capacity, config.max_slot_queue) == (1024, 100)
 
@@ -238,7 +238,7 @@ RETRY = RunAgain(0.25, BackoffSource.FAILURE)
 def test_the_restart_decision_table(
     policy: RestartPolicy, result: AttemptResult, expected: object
 ) -> None:
-    """Each restart policy and attempt result gives the action of SPEC §3.1's table."""
+    """Each restart policy and attempt result gives the action of `_restart.decide`'s table."""
     action, _ = decide(
         policy,
         result,
@@ -322,7 +322,7 @@ def test_backoff_source_labels() -> None:
 
 
 def test_outcome_rejection_and_error_labels_are_stable() -> None:
-    """OUT-15: outcome, rejection and error labels are stable; the error hierarchy and fields."""
+    """Outcome, rejection and error labels are stable; the error hierarchy and fields."""
     assert {k.label for k in OutcomeKind} == {f"outcome_{k.name.lower()}" for k in OutcomeKind}
     assert OutcomeKind.FORCE_ABORTED.label == "outcome_force_aborted"
     assert [k.label for k in RejectionKind] == [
@@ -363,7 +363,7 @@ def test_outcome_rejection_and_error_labels_are_stable() -> None:
 
 
 def test_error_fields() -> None:
-    """OUT-15: errors carry their fields."""
+    """Errors carry their fields."""
     assert _errors.TaskAlreadyExists("n").name == "n"
     timeout = _errors.TaskTerminationTimeout(4, 1.5)
     assert (timeout.id, timeout.timeout) == (4, 1.5)

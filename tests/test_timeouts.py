@@ -1,4 +1,4 @@
-"""When does an attempt run out of time, and what does that decide? (TMO-01 .. TMO-10)
+"""When does an attempt run out of time, and what does that decide?
 
 Attempt timeouts run from the child's report that it is about to call the target until the
 attempt ends; they ask the attempt to stop, kill its tree `timeout_kill_after` later, and end it
@@ -40,7 +40,7 @@ from workers import basic, coop, faults, misbehave
 
 @pytest.mark.timeout(30)
 def test_a_timeout_ends_the_attempt_as_timed_out_and_retries():
-    """TMO-01: each timed-out attempt ends ATTEMPT_TIMED_OUT only; retries run out as FAILED."""
+    """Each timed-out attempt ends ATTEMPT_TIMED_OUT only; retries run out as FAILED."""
     spec = (TaskSpec.restartable(TaskFn("slow", basic.sleeper, (3600,)))
             .with_timeout(0.3).with_backoff(FAST).with_max_retries(1))
 
@@ -63,7 +63,7 @@ def test_a_timeout_ends_the_attempt_as_timed_out_and_retries():
 
 @pytest.mark.timeout(30)
 def test_a_timeout_then_a_success_completes():
-    """TMO-02: a hang on attempt 1 times out, the retry returns: COMPLETED."""
+    """A hang on attempt 1 times out, the retry returns: COMPLETED."""
     spec = (TaskSpec.restartable(TaskFn("hang-once", basic.sequence, (["hang", "ok"],)))
             .with_timeout(0.3).with_backoff(FAST).with_max_retries(None))
 
@@ -82,7 +82,7 @@ def test_a_timeout_then_a_success_completes():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("timeout", [0, None])
 def test_zero_or_none_timeout_means_no_timeout(timeout):
-    """TMO-03: a timeout of 0 or None never times an attempt out."""
+    """A timeout of 0 or None never times an attempt out."""
     spec = TaskSpec.once(TaskFn("nap", basic.sleeper, (0.5,))).with_timeout(timeout)
 
     async def body():
@@ -95,7 +95,7 @@ def test_zero_or_none_timeout_means_no_timeout(timeout):
 
 
 def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
-    """TMO-04: a target raising TimeoutError fails like any exception, not as a timeout."""
+    """A target raising TimeoutError fails like any exception, not as a timeout."""
     spec = TaskSpec.once(TaskFn("upstream", basic.raise_exc, ("TimeoutError", "slow upstream")))
 
     async def body():
@@ -112,7 +112,7 @@ def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_path):
-    """TMO-05, PRC-14: a timed-out stubborn tree dies whole within timeout + kill_after + 2 s; FAILED."""
+    """A timed-out stubborn tree dies whole within timeout + kill_after + 2 s; FAILED."""
     records = tmp_path / "tree.jsonl"
     spec = TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (str(records),))).with_timeout(0.3)
     config = SupervisorConfig(grace=1, timeout_kill_after=0.5, start_method=start_method)
@@ -141,7 +141,7 @@ def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_pat
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
-    """TMO-06, PRC-14: a timed-out cooperative attempt runs its `finally` clean-up first."""
+    """A timed-out cooperative attempt runs its `finally` clean-up first."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(TaskFn("coop", coop.cooperative, kwargs={"marker": str(marker)})).with_timeout(0.3)
     config = SupervisorConfig(grace=1, timeout_kill_after=2, start_method=start_method)
@@ -159,7 +159,7 @@ def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_the_timeout_is_per_attempt():
-    """TMO-07: 0.4 s attempts under a 1.0 s timeout never time out, though the task runs > 1 s."""
+    """0.4 s attempts under a 1.0 s timeout never time out, though the task runs > 1 s."""
     spec = (TaskSpec.restartable(TaskFn("steady", faults.sleep_then_raise, (0.4,)))
             .with_timeout(1.0).with_backoff(FAST).with_max_retries(2))
 
@@ -178,7 +178,7 @@ def test_the_timeout_is_per_attempt():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("action", coop.TIMEOUT_ACTIONS)
 def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_path):
-    """TMO-08: after a timeout, any ending of the child is ATTEMPT_TIMED_OUT, and the task FAILED."""
+    """After a timeout, any ending of the child is ATTEMPT_TIMED_OUT, and the task FAILED."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(
         TaskFn("probe", coop.timeout_probe, (action,), {"marker": str(marker)})).with_timeout(0.3)
@@ -197,7 +197,7 @@ def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
-    """TMO-09, PRC-14: a 1 s import does not count against a 0.5 s timeout."""
+    """A 1 s import does not count against a 0.5 s timeout."""
     spec = TaskSpec.once(TaskFn("slow-import", "workers.slow_import_1s:target")).with_timeout(0.5)
 
     async def body():
@@ -211,7 +211,7 @@ def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
 
 @pytest.mark.timeout(30)
 def test_a_hung_start_up_is_bounded_by_start_timeout():
-    """TMO-10: an import that never ends is killed at start_timeout, as a retryable failure."""
+    """An import that never ends is killed at start_timeout, as a retryable failure."""
     spec = (TaskSpec.restartable(TaskFn("hung", "workers.hanging_import:target"))
             .with_backoff(FAST).with_max_retries(1))
 

@@ -58,7 +58,7 @@ class Holder:
     ],
 )
 def test_msgpack_values_are_accepted(value: object) -> None:
-    """PRC-06: None, bool, int in range, float, str, bytes, list, tuple and dict nest freely."""
+    """None, bool, int in range, float, str, bytes, list, tuple and dict nest freely."""
     check_value(value, "args[0]")
     assert TaskFn("t", "m:f", args=[value], kwargs={"v": value}).args[0] is value
 
@@ -79,14 +79,14 @@ def test_msgpack_values_are_accepted(value: object) -> None:
 def test_non_msgpack_values_raise_type_error_naming_where(
     value: object, where: str, named: str
 ) -> None:
-    """PRC-06: a set, an object, an out-of-range int or a dict with int keys is refused by path."""
+    """A set, an object, an out-of-range int or a dict with int keys is refused by path."""
     with pytest.raises(TypeError) as caught:
         check_value(value, where)
     assert named in str(caught.value)
 
 
 def test_the_refusal_names_the_offending_type() -> None:
-    """PRC-06: the message names the type of the refused value."""
+    """The message names the type of the refused value."""
     with pytest.raises(TypeError, match=r"args\[0\]\[1\].*set"):
         check_value([1, {2}], "args[0]")
 
@@ -120,7 +120,7 @@ def test_a_self_containing_value_is_refused() -> None:
 
 
 def test_a_callable_target_is_recorded_as_module_and_qualname() -> None:
-    """PRC-09: a module-level callable is recorded as `module:qualname`."""
+    """A module-level callable is recorded as `module:qualname`."""
     task = TaskFn("t", module_level_target, args=[1], kwargs={"x": 2})
     assert task.target == f"{__name__}:module_level_target"
     assert task.args == (1,)
@@ -140,7 +140,7 @@ def test_a_module_level_builtin_is_reachable() -> None:
 
 
 def test_a_target_defined_in_main_is_recorded_as_main(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PRC-09: a callable defined in `__main__` is recorded as `__main__:qualname`."""
+    """A callable defined in `__main__` is recorded as `__main__:qualname`."""
     main = types.ModuleType("__main__")
     exec("def job():\n    return 1\n", main.__dict__)
     monkeypatch.setitem(sys.modules, "__main__", main)
@@ -151,7 +151,7 @@ def test_a_target_defined_in_main_is_recorded_as_main(monkeypatch: pytest.Monkey
     "target", ["pkg.mod:func", "m:f", "a.b.c:Cls.method", "_private._mod:_f", "modülé:fünc"]
 )
 def test_well_formed_target_strings_are_kept(target: str) -> None:
-    """DEF-11: a `package.module:attr` string of dotted identifiers is accepted as given."""
+    """A `package.module:attr` string of dotted identifiers is accepted as given."""
     assert TaskFn("t", target).target == target
 
 
@@ -171,7 +171,7 @@ def test_well_formed_target_strings_are_kept(target: str) -> None:
     ],
 )
 def test_malformed_target_strings_are_refused_naming_target_and_value(target: str) -> None:
-    """DEF-11: a target string not of the form `package.module:attr` is a ValueError."""
+    """A target string not of the form `package.module:attr` is a ValueError."""
     with pytest.raises(ValueError) as caught:
         TaskFn("t", target)
     assert "target" in str(caught.value)
@@ -199,7 +199,7 @@ def _nested_function() -> Any:
     ids=["lambda", "nested", "bound-method", "partial", "builtin-method", "object", "int"],
 )
 def test_unreachable_callable_targets_are_refused(target: object, error: type[Exception]) -> None:
-    """DEF-11: a lambda, nested function, bound method or partial is refused naming target."""
+    """A lambda, nested function, bound method or partial is refused naming target."""
     with pytest.raises(error) as caught:
         TaskFn("t", target)  # type: ignore[arg-type]
     assert "target" in str(caught.value)
@@ -218,7 +218,7 @@ def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
 
 @pytest.mark.parametrize(("name", "error"), [("", ValueError), (None, TypeError), (3, TypeError)])
 def test_task_names_must_be_non_empty_strings(name: object, error: type[Exception]) -> None:
-    """DEF-11: an empty or non-string task name is refused naming the field and value."""
+    """An empty or non-string task name is refused naming the field and value."""
     with pytest.raises(error) as caught:
         TaskFn(name, "m:f")  # type: ignore[arg-type]
     assert "name" in str(caught.value)
@@ -241,14 +241,14 @@ def test_task_names_must_be_non_empty_strings(name: object, error: type[Exceptio
 def test_task_arguments_must_be_msgpack(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None, named: str
 ) -> None:
-    """PRC-06: a non-msgpack argument raises TypeError naming it when the task is defined."""
+    """A non-msgpack argument raises TypeError naming it when the task is defined."""
     with pytest.raises(TypeError) as caught:
         TaskFn("t", "m:f", args=args, kwargs=kwargs)
     assert named in str(caught.value)
 
 
 def test_keyword_argument_names_must_be_strings() -> None:
-    """PRC-06: keyword argument names are str, never bytes or ints."""
+    """Keyword argument names are str, never bytes or ints."""
     with pytest.raises(TypeError, match="kwargs keys"):
         TaskFn("t", "m:f", kwargs={b"x": 1})  # type: ignore[dict-item]
 
@@ -298,7 +298,7 @@ def test_command_task_stores_argv_env_and_cwd() -> None:
 def test_invalid_command_tasks_are_refused(
     kwargs: dict[str, Any], error: type[Exception], named: str
 ) -> None:
-    """DEF-11: a bad argv, env or cwd is refused at once naming the field."""
+    """A bad argv, env or cwd is refused at once naming the field."""
     with pytest.raises(error) as caught:
         CommandTask("c", **kwargs)
     assert named in str(caught.value)

@@ -21,10 +21,13 @@ from mpvisor._wire import (
     Result,
     Start,
     encode,
+    encode_start,
     frame,
     pack,
+    pack_call,
     parse,
     parse_start,
+    start_size,
     unpack,
 )
 
@@ -68,7 +71,7 @@ def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=6), st.lists(st.integers(min_value=0), max_size=12))
 def test_every_message_round_trips_under_any_chunking(batch, cuts):
-    """Issue 1/6 item 2: messages decode to themselves whatever the read boundaries."""
+    """Messages decode to themselves whatever the read boundaries."""
     stream = b"".join(encode(m) for m in batch)
     decoder = FrameDecoder(max_frame=1 << 20)
     decoded = []
@@ -81,7 +84,7 @@ def test_every_message_round_trips_under_any_chunking(batch, cuts):
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=200), st.lists(st.integers(min_value=0), max_size=6))
 def test_arbitrary_bytes_decode_or_raise_protocol_error(data, cuts):
-    """Issue 1/6 item 2: garbage decodes or raises ProtocolError, never anything else."""
+    """Garbage decodes or raises ProtocolError, never anything else."""
     decoder = FrameDecoder(max_frame=64)
     try:
         for chunk in _chunks(data, cuts):
@@ -93,7 +96,7 @@ def test_arbitrary_bytes_decode_or_raise_protocol_error(data, cuts):
 
 
 def test_an_oversized_frame_is_refused_from_its_header_alone():
-    """SPEC §1.4: the declared length is checked before anything is buffered."""
+    """The declared length is checked before anything is buffered."""
     decoder = FrameDecoder(max_frame=1024)
     with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=1024"):
         decoder.feed(struct.pack(">I", 1025))
@@ -107,7 +110,7 @@ def test_an_oversized_frame_is_refused_from_its_header_alone():
     ],
 )
 def test_a_stream_cut_inside_a_frame_is_truncated(stream, message):
-    """PRC-05 (pure part): a truncated frame is a protocol error at end of stream."""
+    """A truncated frame is a protocol error at end of stream."""
     decoder = FrameDecoder(max_frame=1024)
     assert decoder.feed(stream) == []
     with pytest.raises(ProtocolError, match=message):
@@ -125,13 +128,13 @@ def test_a_stream_cut_inside_a_frame_is_truncated(stream, message):
     ],
 )
 def test_undecodable_payloads_are_protocol_errors(payload):
-    """SPEC §1.3: ext types and non-str/bytes keys are refused both ways."""
+    """Ext types and non-str/bytes keys are refused both ways."""
     with pytest.raises(ProtocolError):
         FrameDecoder(max_frame=1024).feed(frame(payload))
 
 
 def test_bytes_and_str_stay_distinct_and_tuples_arrive_as_lists():
-    """SPEC §1.3 value model."""
+    """The value model: None, bool, int, float, str, bytes, list, tuple and str/bytes-keyed dict."""
     assert unpack(pack({"s": "x", "b": b"x", "t": (1, 2), b"k": None})) == {
         "s": "x",
         "b": b"x",
@@ -141,7 +144,7 @@ def test_bytes_and_str_stay_distinct_and_tuples_arrive_as_lists():
 
 
 def test_ext_types_are_refused_when_encoding():
-    """SPEC §1.3: nothing but plain msgpack values are sent."""
+    """Nothing but plain msgpack values are sent."""
     with pytest.raises(TypeError):
         pack({"x": object()})
 
@@ -172,7 +175,22 @@ def test_a_message_may_be_limited_to_what_the_step_allows():
 
 def test_the_start_message_carries_its_version():
     """The parent's start message round-trips and names the protocol version."""
-    start = Start("t", 1, 2, "fn", "m:f", [1], {"a": b"x"}, [], None, None, None, 1024)
+    start = Start("t", 1, 2, "fn", "m:f", pack_call([1], {"a": b"x"}), [], None, None, None, 1024)
     assert parse_start(unpack(encode(start)[4:])) == start
+    assert unpack(start.call) == [[1], {"a": b"x"}]
     with pytest.raises(ProtocolError):
         parse_start({**start.to_wire(), "v": 99})
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65535, 65536, 3 * 2**20])
+def test_the_start_frame_in_two_pieces_decodes_like_one_and_knows_its_size(size):
+    """`encode_start` frames the call's bytes without copying them (bin 8/16/32 headers), and
+    `start_size` is the body length the child reads."""
+    call = pack_call([b"x" * size], {})
+    start = Start("t", 1, 1, "fn", "m:f", call, [], {"K": "v"}, "/", ["/p"], 1024)
+    head, body = encode_start(start)
+    assert body is call
+    data = head + body
+    (length,) = struct.unpack(">I", data[:4])
+    assert length == len(data) - 4 == start_size(start)
+    assert parse_start(unpack(data[4:])) == start

@@ -84,7 +84,7 @@ def _python(code: str, *args: str, timeout: float) -> subprocess.CompletedProces
 
 
 def test_slow_import_takes_at_least_a_second() -> None:
-    """PRC-26 fixture: importing `workers.slow_import_1s` takes at least 1 s."""
+    """Slow-import fixture: importing `workers.slow_import_1s` takes at least 1 s."""
     started = time.monotonic()
     result = _python("import workers.slow_import_1s", timeout=30)
     assert result.returncode == 0, result.stderr
@@ -100,7 +100,7 @@ def test_hanging_import_never_completes() -> None:
 def test_building_the_pickle_bomb_writes_nothing_and_loading_it_does(
     tmp_path: pathlib.Path,
 ) -> None:
-    """PRC-07 fixture: `pickle_bomb` bytes are inert msgpack-able data until someone unpickles them."""
+    """No-unpickling fixture: `pickle_bomb` bytes are inert msgpack-able data until someone unpickles them."""
     bomb_path = tmp_path / "bomb"
     payload = basic.pickle_bomb(str(bomb_path))
     assert isinstance(payload, bytes)
@@ -161,7 +161,7 @@ def test_markers_name_the_word_task_attempt_and_pid(
 
 
 def test_attempt_driven_workers_follow_the_attempt_number(ctx: TaskContext) -> None:
-    """EVT-06/PRC-01 fixtures: `flaky`, `sequence`, `attempt_info` and `fresh_process_check` read `attempt`."""
+    """Attempt-number fixtures: `flaky`, `sequence`, `attempt_info` and `fresh_process_check` read `attempt`."""
     assert basic.flaky(1) == 2
     with pytest.raises(Fail, match="transient-err"):
         basic.flaky(2)
@@ -187,7 +187,7 @@ def test_attempt_driven_workers_follow_the_attempt_number(ctx: TaskContext) -> N
 def test_fresh_process_check_refuses_a_reused_process(
     ctx: TaskContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PRC-01 fixture: a second run in one process raises `Fatal`."""
+    """Fresh-process fixture: a second run in one process raises `Fatal`."""
     monkeypatch.setattr(basic, "_already_ran", False)
     assert basic.fresh_process_check(1) == 2
     with pytest.raises(Fatal, match="reused"):
@@ -195,7 +195,7 @@ def test_fresh_process_check_refuses_a_reused_process(
 
 
 def test_progress_workers_report_through_the_context(ctx: TaskContext) -> None:
-    """PRC-16 fixture: `progress_once` reports (3, 10, "x"); `progress_many` ends with (n, n)."""
+    """Progress fixture: `progress_once` reports (3, 10, "x"); `progress_many` ends with (n, n)."""
     assert basic.progress_once() == "progressed"
     assert basic.progress_many(1000) == 1000
     sent = ctx.sent  # type: ignore[attr-defined]
@@ -206,7 +206,7 @@ def test_progress_workers_report_through_the_context(ctx: TaskContext) -> None:
 def test_cooperative_raises_canceled_and_cleans_up(
     ctx: TaskContext, tmp_path: pathlib.Path
 ) -> None:
-    """PRC-11 fixture: once cancelled, `cooperative` raises `Canceled` and writes `finally`."""
+    """Cooperative-cancel fixture: once cancelled, `cooperative` raises `Canceled` and writes `finally`."""
     marker = str(tmp_path / "m")
     _request_stop(ctx)
     with pytest.raises(Canceled):
@@ -221,14 +221,14 @@ def test_cooperative_raises_canceled_and_cleans_up(
 def test_timeout_probe_ends_as_asked(
     ctx: TaskContext, action: str, expected: type[BaseException]
 ) -> None:
-    """TMO-08 fixture: after the request, `timeout_probe` ends with the parametrized ending."""
+    """Timeout fixture: after the request, `timeout_probe` ends with the parametrized ending."""
     _request_stop(ctx)
     with pytest.raises(expected):
         coop.timeout_probe(action)
 
 
 def test_timeout_probe_can_return_after_the_request(ctx: TaskContext) -> None:
-    """TMO-08 fixture: `timeout_probe("return")` returns "late" after the request."""
+    """Timeout fixture: `timeout_probe("return")` returns "late" after the request."""
     _request_stop(ctx)
     assert coop.timeout_probe("return") == "late"
     with pytest.raises(ValueError, match="action"):
@@ -315,7 +315,7 @@ def _kill_all(process: subprocess.Popen[bytes], records: str) -> None:
 
 
 def test_stubborn_tree_records_four_sigterm_ignoring_descendants(tmp_path: pathlib.Path) -> None:
-    """PRC-03/PRC-04 fixture: child, grandchild, `setsid()` grandchild and orphan, all recorded."""
+    """Tree-kill fixture: child, grandchild, `setsid()` grandchild and orphan, all recorded."""
     process, records = _start("stubborn_tree", tmp_path)
     try:
         found = {r["role"]: r["pid"] for r in wait_for(lambda: read_records(records))}
@@ -333,7 +333,7 @@ def test_stubborn_tree_records_four_sigterm_ignoring_descendants(tmp_path: pathl
 
 
 def test_leaver_returns_at_once_and_leaves_three_sleepers(tmp_path: pathlib.Path) -> None:
-    """PRC-20 fixture: `leaver` returns "left" with a multiprocessing, a Popen and a setsid child alive."""
+    """Leftover-descendants fixture: `leaver` returns "left" with a multiprocessing, a Popen and a setsid child alive."""
     process, records = _start("leaver", tmp_path)
     try:
         assert process.stdout is not None

@@ -10,6 +10,8 @@ module says), so tests read runs, order and overlap from files, never from logs.
 | `basic` | values, echo, sleep, raise, `Fail`/`Fatal`/`Canceled`, flaky and scripted retries, CPU burn, environment probe, pickle bomb, progress |
 | `coop` | cancellation: cooperative, shielded, pure-Python loop, async, gated, slow stop, timeout probe, double-cancel counter |
 | `misbehave` | `os._exit`, `sys.exit`, SIGSEGV, SIGKILL, stubborn (with a tree), leftovers, output floods, huge and unencodable results, hang |
+| `payloads` | summaries (length, SHA-256) of big arguments, for the big-argument tests and `scripts/bench_big_args.py` (no `marker`) |
+| `child_errors` | endings that are hard to report: values whose encoding hooks raise, exceptions whose `str()` or traceback raise (no `marker`) |
 | `overlap` | the `flock` probe that detects two live owners of a slot |
 | `slow_import_1s` | a module that takes 1 s to import |
 | `hanging_import` | a module whose import never finishes (never import it in the test process) |

@@ -16,10 +16,10 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `self_canceled()` | | `Canceled()` |
 | `sequence(outcomes)` | picks `outcomes[min(attempt, len) - 1]` | `"ok"`: returns `attempt`; `"fail"`, `"fatal"`; `"hang"`: cooperative wait |
 | `attempt_info()` | | returns pid, attempt, task_id, task_name |
-| `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` (PRC-01) |
+| `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` |
 | `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
 | `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
-| `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` (PRC-07) |
+| `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
 

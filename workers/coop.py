@@ -3,7 +3,7 @@
 Owns the workers that see cancellation: they wait on `ctx.wait_cancelled`, shield clean-up,
 and record what they saw in the marker file (`started`, `cancel-seen`, `finally`, ...).
 None of them spins, except `pure_loop`, which exists to prove that a pure-Python loop that
-checks nothing still gets `Canceled` (PRC-11).
+checks nothing still gets `Canceled`.
 
 | function | runs until | then |
 |---|---|---|
@@ -14,9 +14,9 @@ checks nothing still gets `Canceled` (PRC-11).
 | `async_quick(value="async-ok")` | | returns `value` |
 | `gated(release_path, on_release="return")` | `release_path` exists (all inside `shield()`) | `on_release`: return `"released"`, `canceled`, `fail`, `fatal`, `exit3`, `sigkill` |
 | `slow_stop(stop_seconds)` | cancelled | shielded `time.sleep(stop_seconds)`, `finally` marker, raises `Canceled` |
-| `timeout_probe(action)` | cancelled (one long `wait_cancelled`) | `action`: `return` (`"late"`), `fail`, `fatal`, `canceled`, `exit3` (TMO-08) |
-| `double_cancel_counter(counter_path)` | `Canceled` interrupts a sleep | appends `1` per `Canceled` that reaches it, lingers unshielded (PRC-25) |
-| `cancel_details()` | cancelled, inside `shield()` | markers for what `wait_cancelled` / `check_cancelled` did (PRC-25) |
+| `timeout_probe(action)` | cancelled (one long `wait_cancelled`) | `action`: `return` (`"late"`), `fail`, `fatal`, `canceled`, `exit3` |
+| `double_cancel_counter(counter_path)` | `Canceled` interrupts a sleep | appends `1` per `Canceled` that reaches it, lingers unshielded |
+| `cancel_details()` | cancelled, inside `shield()` | markers for what `wait_cancelled` / `check_cancelled` did |
 
 `gated` writes `cancel-seen` once when `cancelled` turns true; `on_release` is checked before
 anything runs, so a typo fails at once.
@@ -68,7 +68,7 @@ def cooperative_returning(marker: str | None = None) -> str:
 
 
 def pure_loop(marker: str | None = None) -> NoReturn:
-    """Count forever in pure Python with no system calls (spins on purpose: PRC-11)."""
+    """Count forever in pure Python with no system calls (spins on purpose: cancellation must reach a loop that never enters a system call)."""
     mark(marker, "started")
     x = 0
     try:
@@ -158,7 +158,7 @@ def slow_stop(stop_seconds: float, marker: str | None = None) -> NoReturn:
 
 
 def timeout_probe(action: str, marker: str | None = None) -> str:
-    """Block in `wait_cancelled` until cancelled, then end as `action` says (TMO-08)."""
+    """Block in `wait_cancelled` until cancelled, then end as `action` says."""
     _choose("action", action, TIMEOUT_ACTIONS)
     ctx = context()
     mark(marker, "started")

@@ -1,7 +1,7 @@
 """How does a child break the protocol at a chosen step, and how does a test choose it?
 
-Owns the failure injection behind PRC-05. This module is meant to be *preloaded*:
-`SupervisorConfig(preload=("workers.faults",))` makes the launcher import it once, before it
+Owns the failure injection of `tests/test_protocol_faults.py`. This module is meant to be
+*preloaded*: `SupervisorConfig(preload=("workers.faults",))` makes the launcher import it once, before it
 forks any attempt, so the patches below are in place in every attempt process it forks (the
 `spawn` start method execs a fresh interpreter that never imports it: use `"launcher"`). Imported
 anywhere else (the test process, a plain attempt), it changes nothing until `install()` runs,
@@ -47,7 +47,7 @@ Two plain workers for the timeout tests live here too (they need no preload):
 
 | function | does | ends |
 |---|---|---|
-| `sleep_then_raise(seconds)` | sleeps `seconds` | `RuntimeError("slept then raised")` (TMO-07) |
+| `sleep_then_raise(seconds)` | sleeps `seconds` | `RuntimeError("slept then raised")` |
 """
 
 from __future__ import annotations

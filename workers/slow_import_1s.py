@@ -1,7 +1,7 @@
 """What if importing the target takes a second?
 
 Importing this module sleeps 1.0 s at module level (and only this module does that), so a
-stop request that arrives during the import finds the target not yet called (PRC-26).
+stop request that arrives during the import finds the target not yet called.
 
 | function | does | ends |
 |---|---|---|

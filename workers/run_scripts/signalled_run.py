@@ -1,4 +1,4 @@
-"""What does a plain script calling `mpvisor.run` do when it is signalled (SHD-15, SHD-25)?
+"""What does a plain script calling `mpvisor.run` do when it is signalled?
 
 Run as `python signalled_run.py SCENARIO LOG_PATH WORK_DIR`. It calls the blocking
 `mpvisor.run` with a `JsonLinesWriter(LOG_PATH)` subscriber; the test signals it once its

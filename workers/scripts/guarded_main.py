@@ -1,4 +1,4 @@
-"""The same script as `unguarded_main.py`, with its start-up code properly guarded (PRC-09).
+"""The same script as `unguarded_main.py`, with its start-up code properly guarded.
 
 Run as `python guarded_main.py OUT_JSON`: the attempt imports this script under another module
 name, finds `work`, and runs it; the parent writes the outcome (`kind`, `reason`, `value`) to

@@ -1,4 +1,4 @@
-"""A parent that serves mpvisor and is then SIGKILLed by the test (PRC-04).
+"""A parent that serves mpvisor and is then SIGKILLed by the test.
 
 Run as `python parent_for_death.py OUT_JSON RECORDS START_METHOD`: it serves a supervisor, adds
 two cooperative tasks and one `stubborn_tree` task (its descendants recorded in RECORDS), waits

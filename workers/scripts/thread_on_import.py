@@ -1,4 +1,4 @@
-"""A module that starts a thread when it is imported (PRC-27).
+"""A module that starts a thread when it is imported.
 
 Preloaded into the launcher (`SupervisorConfig(preload=("workers.scripts.thread_on_import",))`),
 it leaves the launcher with a second thread, which mpvisor must refuse: the first management

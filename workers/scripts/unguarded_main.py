@@ -1,4 +1,4 @@
-"""A script whose start-up code is NOT under `if __name__ == "__main__":` (PRC-09).
+"""A script whose start-up code is NOT under `if __name__ == "__main__":`.
 
 Run as `python unguarded_main.py OUT_JSON`: it serves a supervisor at module level and adds a
 once task whose target, `work`, is defined here. The attempt imports this script under another

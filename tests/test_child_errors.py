@@ -1,0 +1,97 @@
+"""Does the child always turn the target's ending into a well-formed report?
+
+Whatever runs while the child describes or encodes the ending (a value's encoding hook that
+raises anything, `SystemExit` and `KeyboardInterrupt` included; an exception whose `str()`
+raises; a traceback the `traceback` module cannot format; a `Fail` with an unreadable reason or
+an exit code msgpack cannot carry) the attempt ends with the report the contract's table names,
+never with an exit status of mpvisor's own. A target that is not callable is `FATAL`, never
+retried. Every task here is restartable with one retry, so a permanent failure shows as one
+attempt and a retryable one as two.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+from tests._support import FAST, run, supervised
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = SupervisorConfig(grace=1)
+RAISED = {"exit": "SystemExit", "interrupt": "KeyboardInterrupt", "runtime": "RuntimeError"}
+
+
+def _spec(name: str, target: str, *args: object) -> TaskSpec:
+    return TaskSpec.restartable(TaskFn(name, target, args)).with_backoff(FAST).with_max_retries(1)
+
+
+async def _outcome_and_ends(handle, collector, spec):
+    task_id, waiter = await handle.add_and_watch(spec)
+    outcome = await waiter.wait()
+    collector.wait_for(EventKind.TASK_REMOVED, id=task_id)
+    ends = collector.of(EventKind.ATTEMPT_FAILED, id=task_id)
+    return outcome, ends
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt", "runtime"])
+def test_a_value_whose_encoding_raises_anything_is_fatal_naming_its_type(how):
+    async def body():
+        async with supervised(CONFIG) as (handle, collector):
+            outcome, ends = await _outcome_and_ends(
+                handle, collector, _spec(f"value-{how}", "workers.child_errors:refusing_value", how))
+            assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
+            assert "the result of type RefusingDict cannot be sent as msgpack" in outcome.reason
+            assert [e.exit_code for e in ends] == [None]
+
+    run(body())
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt", "runtime"])
+def test_an_exception_whose_str_raises_is_reported_with_a_fallback_reason(how):
+    async def body():
+        async with supervised(CONFIG) as (handle, collector):
+            outcome, ends = await _outcome_and_ends(
+                handle, collector, _spec(f"str-{how}", "workers.child_errors:unprintable", how))
+            wanted = f"<Unprintable: str() raised {RAISED[how]}>"
+            assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
+            assert outcome.reason.endswith(f": {wanted}")
+            assert "in unprintable" in (outcome.traceback or "")
+            assert [e.reason for e in ends] == [wanted, wanted]
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    "target, reason, in_traceback",
+    [
+        ("workers.child_errors:unformattable", "Unformattable: no notes", "in unformattable"),
+        ("workers.child_errors:fail_with_unprintable_reason", "<Fail: its reason raised RuntimeError>",
+         "in fail_with_unprintable_reason"),
+        ("workers.child_errors:huge_fail_code", "huge", "in huge_fail_code"),
+    ],
+)
+def test_a_failure_that_cannot_be_fully_described_still_reports(target, reason, in_traceback):
+    """A traceback that cannot be formatted keeps its frames; a reason that cannot be read, or an
+    exit code msgpack cannot carry, gives way to a fallback. Each stays a retryable failure."""
+    async def body():
+        async with supervised(CONFIG) as (handle, collector):
+            outcome, ends = await _outcome_and_ends(handle, collector, _spec("undescribable", target))
+            assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
+            assert outcome.reason.endswith(f": {reason}") and outcome.exit_code is None
+            assert in_traceback in (outcome.traceback or "")
+            assert [e.reason for e in ends] == [reason, reason]
+
+    run(body())
+
+
+@pytest.mark.parametrize("target, type_name", [("os:sep", "str"), ("workers.child_errors:_RAISES", "dict")])
+def test_a_target_that_is_not_callable_is_fatal_and_never_retried(target, type_name):
+    async def body():
+        async with supervised(CONFIG) as (handle, collector):
+            outcome, ends = await _outcome_and_ends(handle, collector, _spec("not-callable", target))
+            assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
+            assert outcome.reason == f"target {target!r} is not callable: it is {type_name}"
+            assert len(ends) == 1
+
+    run(body())

@@ -1,0 +1,79 @@
+"""Targets whose ending is hard to report: values that refuse to be encoded, exceptions that
+refuse to be described.
+
+| function | ends |
+|---|---|
+| `refusing_value(how)` | returns a dict whose `items()` raises `how` (`exit`: `SystemExit(3)`, `interrupt`: `KeyboardInterrupt`, `runtime`: `RuntimeError`) |
+| `unprintable(how)` | raises `Unprintable`, whose `__str__` raises `how` (as above) |
+| `unformattable()` | raises `Unformattable("no notes")`, whose `__notes__` raises (the traceback module cannot format it) |
+| `fail_with_unprintable_reason()` | raises `Fail(obj)`, where `str(obj)` raises `RuntimeError` |
+| `huge_fail_code()` | raises `Fail("huge", exit_code=2**70)` (too big for msgpack) |
+"""
+
+from __future__ import annotations
+
+from mpvisor._errors import Fail
+
+_RAISES: dict[str, type[BaseException]] = {
+    "exit": SystemExit,
+    "interrupt": KeyboardInterrupt,
+    "runtime": RuntimeError,
+}
+
+
+def _raise(how: str) -> None:
+    if how == "exit":
+        raise SystemExit(3)
+    raise _RAISES[how](f"raised by a hook ({how})")
+
+
+class RefusingDict(dict):  # type: ignore[type-arg]
+    """A dict whose `items()` (called by the encoder) raises."""
+
+    how = "runtime"
+
+    def items(self):  # type: ignore[no-untyped-def, override]
+        _raise(self.how)
+
+
+def refusing_value(how: str) -> object:
+    value = RefusingDict(a=1)
+    value.how = how
+    return value
+
+
+class Unprintable(Exception):
+    how = "runtime"
+
+    def __str__(self) -> str:
+        _raise(self.how)
+        return "unreachable"
+
+
+def unprintable(how: str) -> None:
+    exc = Unprintable()
+    exc.how = how
+    raise exc
+
+
+class Unformattable(Exception):
+    @property
+    def __notes__(self) -> list[str]:  # type: ignore[override]
+        raise RuntimeError("notes refuse to be read")
+
+
+def unformattable() -> None:
+    raise Unformattable("no notes")
+
+
+class _BadReason:
+    def __str__(self) -> str:
+        raise RuntimeError("this reason cannot be read")
+
+
+def fail_with_unprintable_reason() -> None:
+    raise Fail(_BadReason())  # type: ignore[arg-type]
+
+
+def huge_fail_code() -> None:
+    raise Fail("huge", exit_code=2**70)
