@@ -1,16 +1,28 @@
 """How does plain (non-async) code drive a supervisor?
 
 `Supervisor.serve_blocking()` runs the runtime on a background thread with its own event loop
-and returns a `BlockingHandle`: the same management methods as `SupervisorHandle`, each one
-blocking until the runtime answers. Waiters become `BlockingWaiter`s whose `wait(timeout)` raises
-the builtin `TimeoutError` when the timeout passes (the task goes on). The handle is a context
-manager that shuts the runtime down on exit and joins the thread.
+and returns a `BlockingHandle`: the same methods as `SupervisorHandle`, each one blocking until
+the runtime answers. The handle is a context manager: leaving the `with` block (or `close()`)
+shuts the runtime down, stops the loop and joins its thread.
 
-| call on the handle | runs as |
-|---|---|
-| a coroutine method (`add`, `cancel`, `list`, `shutdown`, ...) | `run_coroutine_threadsafe(...).result()` |
-| a plain method (`is_alive`, `alive_snapshot`, `controller_snapshot`, `prepare_submission`) | on the loop thread, waited for |
-| `events()` | a blocking iterator over the same event stream |
+Every call takes one path, `BlockingHandle._call(coroutine)`:
+
+| when | the call runs | so |
+|---|---|---|
+| the loop runs | on the loop (`run_coroutine_threadsafe`), the caller waits | as the async handle |
+| the loop is over (after `with`) | on the caller's thread, to the end or to its first suspension | reads answer from the final state (`list()` is empty, the alive view is empty, the controller's slots are idle); management calls raise `ShuttingDown` (submissions `ControllerClosed`), as they do after shutdown; a call that would have to wait raises `ShuttingDown` |
+
+Running a call on the caller's thread is safe only because nothing else runs any more: the loop
+thread has been joined, so the registry, the bus's alive view and the controller no longer
+change. Plain methods (`is_alive`, `alive_snapshot`, `controller_snapshot`,
+`prepare_submission`, `events`) are wrapped in a coroutine and take the same path.
+
+Waiters: a `BlockingWaiter` is built on the loop thread around the async `TaskWaiter`, which
+feeds it the outcome when it resolves (`TaskWaiter.when_resolved`); the outcome is then held in
+a thread-safe `concurrent.futures.Future`. So `wait(timeout)` never needs the loop: it can be
+called any number of times, from any thread, also after the `with` block. Shutdown resolves
+every waiter before it returns, so no waiter is left unresolved once the loop is over.
+`wait(timeout)` raises the builtin `TimeoutError` when the timeout passes (the task goes on).
 """
 
 from __future__ import annotations
@@ -18,88 +30,137 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ShuttingDown
 from ._registry import TaskWaiter
 
 if TYPE_CHECKING:
+    from ._bus import EventStream
     from ._events import Event
     from ._handle import SupervisorHandle
     from ._outcome import TaskOutcome
+    from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor
 
 T = TypeVar("T")
 
 
 class BlockingWaiter:
-    """A `TaskWaiter` for plain code."""
+    """A `TaskWaiter` for plain code: `wait(timeout=None)` as often as needed, from any thread.
 
-    def __init__(self, waiter: TaskWaiter, loop: asyncio.AbstractEventLoop) -> None:
+    Built on the runtime loop (the blocking handle does it); from then on it holds the outcome
+    itself once it is known.
+    """
+
+    def __init__(self, waiter: TaskWaiter) -> None:
         self.id = waiter.id
-        self._waiter = waiter
-        self._loop = loop
+        self._outcome: Future[TaskOutcome] = Future()
+        waiter.when_resolved(self._outcome.set_result)
 
     def __repr__(self) -> str:
-        return f"<BlockingWaiter {self._waiter!r}>"
+        state = self._outcome.result().label if self._outcome.done() else "pending"
+        return f"<BlockingWaiter id={self.id} {state}>"
+
+    def done(self) -> bool:
+        """True once the outcome is known (`wait()` then returns at once)."""
+        return self._outcome.done()
 
     def wait(self, timeout: float | None = None) -> TaskOutcome:
         """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on)."""
-        future = asyncio.run_coroutine_threadsafe(self._waiter.wait(), self._loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()  # only this wait: the task and its outcome are untouched
-            raise
+        return self._outcome.result(timeout)
+
+
+def _blocking(value: Any) -> Any:
+    """`value` with its `TaskWaiter`s (alone, or second in a pair) made `BlockingWaiter`s."""
+    if isinstance(value, TaskWaiter):
+        return BlockingWaiter(value)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], TaskWaiter):
+        return value[0], BlockingWaiter(value[1])
+    return value
+
+
+async def _converted(call: Coroutine[Any, Any, Any]) -> Any:
+    """Run `call` and convert its result where it ran (on the loop, while there is one)."""
+    return _blocking(await call)
+
+
+async def _plain(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+def _settled(call: Coroutine[Any, Any, T]) -> T:
+    """Run `call` on this thread once the loop is over: it returns or raises without suspending
+    (a read of state nobody changes any more, or a refused call); one that would have to wait
+    for the loop is closed and refused."""
+    try:
+        call.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    call.close()
+    raise ShuttingDown("the supervisor was shut down and its loop is over")
 
 
 class BlockingHandle:
-    """`SupervisorHandle`'s methods for plain code; `with` shuts the runtime down on exit."""
+    """`SupervisorHandle`'s methods for plain code; `with` (or `close()`) shuts the runtime down."""
 
     def __init__(self, handle: SupervisorHandle, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
         self._handle = handle
         self._loop = loop
         self._thread = thread
+        self._lock = threading.Lock()  # orders "hand a call to the loop" against "stop the loop"
+        self._over = False  # the loop thread was joined: calls run on the caller's thread
+        self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
 
     def __repr__(self) -> str:
-        return f"<BlockingHandle {self._handle!r}>"
+        state = "over" if self._over else "serving"
+        return f"<BlockingHandle {state} {self._handle!r}>"
 
     def __enter__(self) -> BlockingHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self.shutdown()
-        finally:
-            self.close()
+        self.close()
 
     def close(self) -> None:
-        """Stop the background loop (after `shutdown()`), and join its thread."""
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
+        """Shut down (if that has not happened yet), stop the background loop and join its
+        thread. Idempotent; `shutdown()`'s error, if any, propagates after the loop stopped."""
+        try:
+            if not self._over:
+                self.shutdown()
+        finally:
+            with self._lock:
+                if self._thread.is_alive():
+                    self._loop.call_soon_threadsafe(self._loop.stop)
+                    self._thread.join()
+                self._over = True
+                left = list(self._in_flight)
+            for future in left:  # a call racing `close` from another thread: never left hanging
+                try:
+                    future.set_exception(ShuttingDown("the supervisor's loop stopped during the call"))
+                except InvalidStateError:
+                    pass  # it was answered after all
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise ShuttingDown("the supervisor was shut down and its loop closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _on_loop(self, fn: Callable[[], T]) -> T:
-        result: Future[T] = Future()
-
-        def call() -> None:
-            try:
-                result.set_result(fn())
-            except BaseException as exc:
-                result.set_exception(exc)
-
-        self._loop.call_soon_threadsafe(call)
-        return result.result()
-
-    def _watched(self, pair: tuple[int, TaskWaiter]) -> tuple[int, BlockingWaiter]:
-        return pair[0], BlockingWaiter(pair[1], self._loop)
+    def _call(self, call: Coroutine[Any, Any, T]) -> T:
+        """The one path of every call: on the loop while it runs, else on this thread."""
+        with self._lock:
+            if self._over:
+                future = None
+            else:
+                try:
+                    future = asyncio.run_coroutine_threadsafe(call, self._loop)
+                except RuntimeError:  # the loop closed under us (only if its thread died)
+                    future = None
+                else:
+                    self._in_flight.add(future)
+        if future is None:
+            return _settled(call)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
 
     def __getattr__(self, name: str) -> Any:
         """Coroutine methods of the async handle, made blocking (`add`, `remove_by_name`, ...)."""
@@ -108,34 +169,29 @@ class BlockingHandle:
             raise AttributeError(name)
 
         def blocking(*args: Any, **kwargs: Any) -> Any:
-            result = self._call(method(*args, **kwargs))
-            if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], TaskWaiter):
-                return self._watched(result)
-            if isinstance(result, TaskWaiter):
-                return BlockingWaiter(result, self._loop)
-            return result
+            return self._call(_converted(method(*args, **kwargs)))
 
         blocking.__name__ = name
         return blocking
 
     def is_alive(self, name: str) -> bool:
-        return self._on_loop(lambda: self._handle.is_alive(name))
+        return self._call(_plain(lambda: self._handle.is_alive(name)))
 
     def alive_snapshot(self) -> list[str]:
-        return self._on_loop(self._handle.alive_snapshot)
+        return self._call(_plain(self._handle.alive_snapshot))
 
-    def controller_snapshot(self) -> Any:
-        return self._on_loop(self._handle.controller_snapshot)
+    def controller_snapshot(self) -> ControllerSnapshot:
+        return self._call(_plain(self._handle.controller_snapshot))
 
-    def prepare_submission(self, spec: Any) -> BlockingPreparedSubmission:
-        prepared = self._on_loop(lambda: self._handle.prepare_submission(spec))
+    def prepare_submission(self, spec: ControllerSpec) -> BlockingPreparedSubmission:
+        prepared = self._call(_plain(lambda: self._handle.prepare_submission(spec)))
         return BlockingPreparedSubmission(prepared, self)
 
     def events(self) -> Iterator[Event]:
         """A blocking iterator over the events published from now on (ends after shutdown)."""
-        return self._iterate(self._on_loop(self._handle.events))
+        return self._iterate(self._call(_plain(self._handle.events)))
 
-    def _iterate(self, stream: Any) -> Iterator[Event]:
+    def _iterate(self, stream: EventStream) -> Iterator[Event]:
         while True:
             try:
                 yield self._call(stream.__anext__())
@@ -146,7 +202,7 @@ class BlockingHandle:
 class BlockingPreparedSubmission:
     """A `PreparedSubmission` for plain code (single use, like the async one)."""
 
-    def __init__(self, prepared: Any, handle: BlockingHandle) -> None:
+    def __init__(self, prepared: PreparedSubmission, handle: BlockingHandle) -> None:
         self._prepared = prepared
         self._handle = handle
         self.id: int = prepared.id
@@ -156,16 +212,16 @@ class BlockingPreparedSubmission:
         return f"<BlockingPreparedSubmission {self._prepared!r}>"
 
     def submit(self) -> int:
-        return self._handle._call(self._prepared.submit())  # type: ignore[no-any-return]
+        return self._handle._call(self._prepared.submit())
 
     def try_submit(self) -> int:
-        return self._handle._call(self._prepared.try_submit())  # type: ignore[no-any-return]
+        return self._handle._call(self._prepared.try_submit())
 
     def submit_and_watch(self) -> tuple[int, BlockingWaiter]:
-        return self._handle._watched(self._handle._call(self._prepared.submit_and_watch()))
+        return self._handle._call(_converted(self._prepared.submit_and_watch()))  # type: ignore[no-any-return]
 
     def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
-        return self._handle._watched(self._handle._call(self._prepared.try_submit_and_watch()))
+        return self._handle._call(_converted(self._prepared.try_submit_and_watch()))  # type: ignore[no-any-return]
 
 
 def serve_blocking(supervisor: Supervisor) -> BlockingHandle:

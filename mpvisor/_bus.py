@@ -18,7 +18,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | situation | effect |
 |---|---|
 | a subscriber's queue is full | the event is dropped for it alone; `SUBSCRIBER_OVERFLOW` counts the losses |
-| `on_event` raises | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
+| `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
 | a trouble report about subscriber S | delivered to every consumer but S |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
@@ -205,17 +205,21 @@ class _Mailbox:
             self._signal_done()
 
     def _deliver(self, event: Event) -> None:
+        """Hand `event` to the subscriber. Whatever it raises is its panic, `BaseException`
+        included (`sys.exit()` raises `SystemExit`): this thread is the bus's, so nothing a
+        subscriber raises may end it, and the next event is delivered as usual."""
         try:
             self.subscriber.on_event(event)
-        except Exception as exc:
-            self._on_panic(self, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:
+            message = str(exc)
+            self._on_panic(self, f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
     def _close_subscriber(self) -> None:
         close = getattr(self.subscriber, "close", None)
         if callable(close):
             try:
                 close()
-            except Exception:
+            except BaseException:  # as in `_deliver`: the thread still signals its end
                 _log.exception("subscriber %r raised in close()", self.name)
 
     def _signal_done(self) -> None:
@@ -230,7 +234,7 @@ _TroubleKey = tuple[_Mailbox, EventKind]  # whose trouble, and which kind
 
 
 class Bus:
-    """Publishes events to subscribers and iterators; keeps the `is_alive` view (SPEC §4)."""
+    """Publishes events to subscribers and iterators; keeps the `is_alive` view."""
 
     def __init__(
         self,

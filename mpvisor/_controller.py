@@ -5,13 +5,19 @@ event loop owns every slot transition. It is fed only by:
 
 | source | bounded | what it carries |
 |---|---|---|
-| the command queue (`queue_capacity`, an `Intake`) | yes | submissions, and every remove/cancel by id |
+| the command queue (`queue_capacity`, an `Intake`) | yes | submissions, and every remove/cancel (by id or by name) |
 | the inbox | no | the registry's accept/reject of an admission, an owner's terminal cleanup |
 | shutdown | - | close intake, reject what was not handed over, settle |
 
-Events never drive it. A removal forwarded to the registry stays "in flight" until the registry
-answers it (a `cancel`: until terminal cleanup); while `queue_capacity` of them are in flight the
-loop takes no further command, so intake backs up into `ControllerFull` / `CommandQueueFull`.
+Events never drive it. Every removal is a command that names its target by id or by name, so it
+is ordered after the submissions issued before it. An id is looked up first among the submissions
+the controller still holds (queued: purged; admitting: claimed); a name, and an id it does not
+hold, go on to the registry, which resolves the target when the removal arrives there (so a name
+finds only registered tasks, including one admitted by an earlier submission, whose registration
+reached the registry first). A removal forwarded to the registry stays "in flight" until the
+registry answers it (a `cancel`: until terminal cleanup); while `queue_capacity` of them are in
+flight the loop takes no further command, so intake backs up into `ControllerFull` /
+`CommandQueueFull`.
 The waiter of an admitted task resolves only after the loop has processed its cleanup, so the
 slot has moved on by then.
 """
@@ -25,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._actor import check_start_fits
 from ._config import ControllerConfig
 from ._errors import (
     CommandQueueFull,
@@ -78,7 +85,7 @@ class _Pending:
 
 @dataclass
 class _Removal:
-    id: int
+    key: int | str  # an id, or a name (a name is resolved by the registry)
     until_cleanup: bool
     reply: asyncio.Future[RemoveAnswer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -115,10 +122,11 @@ class Controller:
     def prepare(self, spec: ControllerSpec) -> PreparedSubmission:
         return PreparedSubmission(self, next_id(), self.check_spec(spec))
 
-    @staticmethod
-    def check_spec(spec: object) -> ControllerSpec:
+    def check_spec(self, spec: object) -> ControllerSpec:
         if not isinstance(spec, ControllerSpec):
             raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
+        task_spec = spec.task_spec  # a start message over max_frame_bytes is refused here, at once
+        check_start_fits(task_spec.task, task_spec.name, self.runtime.config.max_frame_bytes)
         return spec
 
     async def submit_unwatched(self, id: int, spec: ControllerSpec, *, wait: bool) -> int:
@@ -149,10 +157,11 @@ class Controller:
         task_spec = spec.task_spec
         return _Pending(id, task_spec.name, spec.slot_name, spec.admission, task_spec, outcome)
 
-    async def remove(self, id: int, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
+    async def remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
+        """Queue a removal of the task `key` (an id or a name) behind every earlier command."""
         if self.closed:
             raise ShuttingDown("the supervisor is shutting down")
-        removal = _Removal(id, until_cleanup)
+        removal = _Removal(key, until_cleanup)
         if not self._offer(removal, wait, CommandQueueFull):
             await self._put(removal)
         return await removal.reply
@@ -292,13 +301,21 @@ class Controller:
     # --- removal -------------------------------------------------------------------------------
 
     def _remove(self, removal: _Removal) -> None:
-        queued = self.table.purge(removal.id)
+        if isinstance(removal.key, int) and self._remove_held(removal, removal.key):
+            return
+        self.in_flight += 1
+        self.runtime.loop.create_task(self._forward(removal))
+
+    def _remove_held(self, removal: _Removal, id: int) -> bool:
+        """Answer a removal of a submission this controller still holds (True), queued or being
+        admitted; False if `id` is not one of them."""
+        queued = self.table.purge(id)
         if queued is not None:
             self._publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.name, id=queued.id)
             self._reject(queued, RejectionKind.REMOVED_FROM_QUEUE, publish=True)
             removal.reply.set_result((True, None, queued.id))
-            return
-        admitting = self.admitting.get(removal.id)
+            return True
+        admitting = self.admitting.get(id)
         if admitting is not None:
             first = not admitting.claimed
             admitting.claimed = True
@@ -306,13 +323,12 @@ class Controller:
                 admitting.cleaned = self.runtime.loop.create_future()
                 admitting.watched(self.runtime.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))
             removal.reply.set_result((first, admitting.cleaned, admitting.id))
-            return
-        self.in_flight += 1
-        self.runtime.loop.create_task(self._forward(removal))
+            return True
+        return False
 
     async def _forward(self, removal: _Removal) -> None:
         try:
-            answer = await self.runtime.registry.call(Remove(removal.id), wait=True)
+            answer = await self.runtime.registry.call(Remove(removal.key), wait=True)
         except BaseException as exc:
             self._post(self._removal_done)
             removal.reply.set_exception(exc)

@@ -4,7 +4,7 @@ The registry is the only authority on membership. It takes commands from one bou
 (`registry_capacity`, an `Intake`: a caller waiting for room is never overtaken) and handles
 each in one synchronous step on the runtime loop, so commands apply in the order they were
 issued and nothing interleaves with a claim. It owns ids-to-tasks, names-to-tasks, removal
-claims, and terminal cleanup (in the order SPEC §4 gives).
+claims, and terminal cleanup (`finish`, in the order below).
 
 | command | answer |
 |---|---|
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class TaskInfo:
-    """One registered task, as `list()` reports it."""
+    """One registered task, as `list()` reports it: `id`, `name`, `attempt` and `pid`."""
 
     id: int
     name: str
@@ -63,7 +63,17 @@ class TaskWaiter:
         return await asyncio.shield(self._future)
 
     def done(self) -> bool:
+        """True once the outcome is known (`wait()` then returns at once)."""
         return self._future.done()
+
+    def when_resolved(self, callback: Callable[[TaskOutcome], None]) -> None:
+        """Call `callback(outcome)` once the outcome is known: at once if it is, else on the
+        runtime loop when it resolves (call this on that loop). The blocking facade's waiters
+        are fed this way."""
+        if self._future.done():
+            callback(self._future.result())
+        else:
+            self._future.add_done_callback(lambda future: callback(future.result()))
 
 
 @dataclass
@@ -249,7 +259,10 @@ class Registry:
     # --- terminal cleanup -------------------------------------------------------------------------
 
     def finish(self, actor: TaskActor, outcome: TaskOutcome) -> None:
-        """The actor's loop is over and its last attempt's tree is reaped: free the task (SPEC §4)."""
+        """The actor's loop is over and its last attempt's tree is reaped: free the task.
+
+        One synchronous step: `TASK_FINISHED`, the name freed, `TASK_REMOVED`, pending `cancel`
+        calls released, then the waiter (through the controller for a task it admitted)."""
         actor.finished = True
         actor.final_kind = outcome.kind
         bus = self.runtime.bus

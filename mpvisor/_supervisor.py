@@ -65,10 +65,18 @@ class Supervisor:
     @property
     def interrupted(self) -> bool:
         """True when SIGINT or SIGTERM started this supervisor's shutdown (`run` mode)."""
-        return self._runtime is not None and self._runtime.interrupted
+        return bool(self.interrupts)
+
+    @property
+    def interrupts(self) -> tuple[signal.Signals, ...]:
+        """The SIGINT/SIGTERM signals `run` received, in order (empty: not interrupted).
+
+        The first one started the graceful shutdown; a second SIGINT killed every tree at once."""
+        return tuple(self._runtime.interrupted) if self._runtime is not None else ()
 
     @staticmethod
     def builder(config: SupervisorConfig | None = None) -> SupervisorBuilder:
+        """A `SupervisorBuilder` for a supervisor with a controller, subscribers or task defaults."""
         return SupervisorBuilder(config)
 
     # --- serving --------------------------------------------------------------------------------
@@ -92,7 +100,11 @@ class Supervisor:
         return SupervisorHandle(self._runtime)
 
     def serve_blocking(self) -> BlockingHandle:
-        """Run the runtime on a background thread; return a handle whose methods block (SPEC §8)."""
+        """Run the runtime on a background thread; return a handle whose methods block.
+
+        The blocking handle has the `SupervisorHandle` methods as plain calls, its waiters'
+        `wait(timeout=None)` raises the builtin `TimeoutError` when the timeout passes (the task
+        goes on), and leaving its `with` block shuts the supervisor down."""
         from ._blocking import serve_blocking
 
         return serve_blocking(self)
@@ -148,18 +160,23 @@ class SupervisorBuilder:
         self._controller: ControllerConfig | None = None
 
     def with_controller(self, config: ControllerConfig | None = None) -> SupervisorBuilder:
+        """Add the slot-based admission controller (`submit*`), with `config`'s limits."""
         self._controller = config if config is not None else ControllerConfig()
         return self
 
     def with_subscribers(self, subscribers: Iterable[Subscriber]) -> SupervisorBuilder:
+        """Add event subscribers (objects with `on_event(event)`, e.g. `LogWriter()`), each of
+        which runs on its own thread."""
         self._subscribers.extend(subscribers)
         return self
 
     def with_task_defaults(self, defaults: TaskDefaults) -> SupervisorBuilder:
+        """Use `defaults` for the settings a `TaskSpec` does not give."""
         self._defaults = defaults
         return self
 
     def build(self) -> Supervisor:
+        """The `Supervisor` with these settings (nothing starts until `serve()` or `run`)."""
         return Supervisor(self._config, self._subscribers, task_defaults=self._defaults, controller=self._controller)
 
 
@@ -188,30 +205,39 @@ async def _until_idle_or_shutdown(runtime: Runtime) -> None:
         await runtime.wait_for_change()
 
 
+INTERRUPTED_TWICE = "interrupted twice (a second SIGINT): killed at once, without waiting for the grace window"
+
+
 class _SignalHandlers:
-    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored).
-    A second SIGINT ends the grace window at once."""
+    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored;
+    a SIGINT that was ignored when `run` began, as in a shell's background job, stays ignored).
+
+    Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
+    returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
+    is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
+    shutdown, a later one joins it."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.previous: dict[int, Any] = {}
-        self.interrupts = 0
 
     def __enter__(self) -> _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             return self
         loop = self.runtime.loop
         for signum in (signal.SIGINT, signal.SIGTERM):
-            self.previous[signum] = signal.getsignal(signum)
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT and previous == signal.SIG_IGN:
+                continue  # as Python itself does: a shell's background job must ignore Ctrl-C
+            self.previous[signum] = previous
             loop.add_signal_handler(signum, self._on_signal, signum)
         return self
 
     def _on_signal(self, signum: int) -> None:
-        self.runtime.interrupted = True
-        if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts > 1:
-                self.runtime.kill_all_now("a second SIGINT ended the grace window")
+        received = self.runtime.interrupted
+        received.append(signal.Signals(signum))
+        if signum == signal.SIGINT and received.count(signal.SIGINT) > 1:
+            self.runtime.kill_all_now(INTERRUPTED_TWICE)
         self.runtime.loop.create_task(self._shutdown())
 
     async def _shutdown(self) -> None:

@@ -30,3 +30,13 @@ def no_leftover_processes():
     yield
     if left := kill_leftovers(LEFTOVER_WAIT):
         pytest.fail(f"processes left running after the test (killed now): {left}")
+
+
+@pytest.fixture(scope="session")
+def installs(tmp_path_factory):
+    """Virtual environments `A` and `B` with mpvisor and two user packages installed the way users
+    install them (editable and not, flat and src layouts; see tests/_venv.py), built once per
+    session. A venv that cannot be built fails the tests that use it, with pip's output."""
+    from tests._venv import build_installs
+
+    return build_installs(tmp_path_factory.mktemp("installs"))

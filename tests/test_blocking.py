@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import pytest
 
 from mpvisor import (
+    ControllerClosed,
     ControllerConfig,
     ControllerSpec,
     EventKind,
@@ -15,12 +19,12 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, child_pids_of_self
+from tests._support import Collector, child_pids_of_self, wait_for
 
 
 @pytest.mark.timeout(60)
 def test_the_blocking_facade_mirrors_the_async_handle():
-    """PRC-17: add_and_watch + wait(timeout=10), cancel, submit_and_watch; wait(timeout=0.1) on a
+    """Add_and_watch + wait(timeout=10), cancel, submit_and_watch; wait(timeout=0.1) on a
     running task raises the builtin TimeoutError and the task goes on; leaving `with` shuts down
     and leaves no process."""
     events = Collector()
@@ -43,3 +47,50 @@ def test_the_blocking_facade_mirrors_the_async_handle():
     assert child_pids_of_self() == []
     with pytest.raises(ShuttingDown):
         handle.add(TaskSpec.once(TaskFn("late", "workers.basic:quick")))
+
+
+@pytest.mark.timeout(60)
+def test_waiters_and_reads_keep_working_after_the_with_block():
+    """After `with`: every waiter (resolved before, or by shutdown) can be waited on again and
+    again; list, is_alive, alive_snapshot, controller_snapshot and events() answer from the final
+    state; management calls raise ShuttingDown (submissions ControllerClosed); and nothing is
+    left behind that warns (no coroutine that was never awaited)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        supervisor = Supervisor.builder(SupervisorConfig(grace=1)).with_controller(ControllerConfig()).build()
+        with supervisor.serve_blocking() as handle:
+            _, quick = handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
+            assert quick.wait(timeout=10).value == "v"
+            coop_id, coop = handle.add_and_watch(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
+            _, slotted = handle.submit_and_watch(
+                ControllerSpec.queue(TaskSpec.once(TaskFn("slotted", "workers.basic:quick"))).with_slot("s"))
+            assert slotted.wait(timeout=10).kind is OutcomeKind.COMPLETED
+            watched = handle.watch(coop_id)
+            assert watched is not None
+            wait_for(lambda: handle.is_alive("coop"))
+            with pytest.raises(TimeoutError):
+                coop.wait(timeout=0.05)
+        for _ in range(3):
+            assert quick.wait().value == "v"
+            assert quick.wait(timeout=0).value == "v"
+            assert slotted.wait().kind is OutcomeKind.COMPLETED
+            assert coop.wait().kind is OutcomeKind.CANCELED  # resolved by the shutdown
+            assert watched.wait(timeout=0).kind is OutcomeKind.CANCELED
+            assert handle.list() == []
+            assert handle.is_alive("coop") is False
+            assert handle.alive_snapshot() == []
+            snapshot = handle.controller_snapshot()
+            assert (snapshot.running_count, snapshot.total_queued) == (0, 0)
+            assert list(handle.events()) == []
+        for call in (lambda: handle.add(TaskSpec.once(TaskFn("late", "workers.basic:quick"))),
+                     lambda: handle.cancel(coop_id), lambda: handle.remove_by_name("coop"),
+                     lambda: handle.watch(coop_id)):
+            with pytest.raises(ShuttingDown):
+                call()
+        with pytest.raises(ControllerClosed):
+            handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn("late", "workers.basic:quick"))))
+        handle.shutdown()  # the shared result again, without a loop
+        del quick, coop, slotted, watched
+        gc.collect()
+    assert child_pids_of_self() == []
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []

@@ -1,4 +1,6 @@
-"""The command line: `python -m mpvisor run ...` exit statuses, outcome line and event stream."""
+"""The command line as a shell sees it: `python -m mpvisor run ...` in a real subprocess, started
+from a temporary directory (workers import through PYTHONPATH): exit statuses, deaths by signal,
+the outcome line on stderr, the value on stdout, the event stream, and no process left behind."""
 
 from __future__ import annotations
 
@@ -7,20 +9,30 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from typing import Any
 
+import psutil
 import pytest
 
-from mpvisor import OutcomeKind, TaskOutcome
-from mpvisor._cli import exit_status, parse_arg
+from tests._support import pid_gone, read_markers, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+pytestmark = pytest.mark.timeout(60)
 
-def mpvisor_run(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mpvisor", "run", *argv], cwd=ROOT, capture_output=True,
-                          encoding="utf-8", errors="replace",
-                          timeout=timeout)
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
+
+def mpvisor(cwd: os.PathLike[str] | str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mpvisor", *argv], cwd=cwd, env=cli_env(), capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=timeout)
+
+
+def start(cwd: os.PathLike[str] | str, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "mpvisor", "run", *argv], cwd=cwd, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def outcome_line(stderr: str) -> str:
@@ -28,27 +40,54 @@ def outcome_line(stderr: str) -> str:
     return line
 
 
-@pytest.mark.timeout(60)
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def none_left(processes: list[psutil.Process]) -> bool:
+    return all(pid_gone(p.pid, p.create_time()) for p in processes)
+
+
+def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]:
+    """Read `--events json` lines from the running CLI up to the first event of `kind`."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(json.loads(line))
+        if seen[-1]["kind"] == kind:
+            return seen
+    raise AssertionError(f"the CLI ended before a {kind} event: {seen}")
+
+
+# --- exit statuses ------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     "argv, status, words",
     [
-        (["workers.basic:quick"], 0, ["outcome_completed", "attempts=1"]),
-        (["workers.basic:failing", "7"], 7, ["outcome_failed", "'boom'", "exit_code=7"]),
-        (["workers.basic:failing"], 1, ["outcome_failed", "exit_code=None"]),
+        (["workers.basic:quick"], 0, [": completed ", "attempts=1"]),
+        (["workers.basic:failing", "7"], 7, [": failed ", "'boom'", "exit_code=7"]),
+        (["workers.basic:failing"], 1, [": failed ", "exit_code=None"]),
         (["--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01", "workers.basic:failing", "3"], 3,
          ["retry limit reached after 1 of 1 retries", "attempts=2"]),
         (["--", "sh", "-c", "exit 4"], 4, ["program exited with status 4"]),
+        (["--timeout", "0.3", "workers.basic:sleeper", "30"], 124, [": failed ", "timed out after 0.3 s"]),
+        (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+          "workers.basic:sequence", '["fail", "hang"]'], 124, ["retry limit reached", "timed out", "attempts=2"]),
+        (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+          "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
+        (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
     ],
 )
-def test_cli_exit_status_and_outcome_line(argv, status, words):
-    """PRC-18: exit status follows the outcome; one stderr line names kind, reason, exit code, attempts."""
-    done = mpvisor_run(*argv)
+def test_exit_status_and_outcome_line(tmp_path, argv, status, words):
+    """The status follows the outcome (124 when the *last* attempt timed out); one stderr line
+    names the kind by its lower-case name, the reason, the exit code and the attempts."""
+    done = mpvisor(tmp_path, "run", *argv)
     assert done.returncode == status, done.stderr
     line = outcome_line(done.stderr)
-    assert all(word in line for word in words), line
+    assert all(word in line for word in words) and "outcome_" not in line, line
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "argv, status",
     [
@@ -57,61 +96,150 @@ def test_cli_exit_status_and_outcome_line(argv, status, words):
         (["workers.misbehave:sys_exit", "0"], 1),
         (["workers.basic:failing", "0"], 1),
         (["workers.basic:failing", "300"], 1),
-        (["--timeout", "0.3", "workers.basic:sleeper", "30"], 1),
     ],
 )
-def test_cli_exit_status_never_reads_a_failure_as_success(argv, status):
-    """PRC-30: deaths by signal give 128+N; exit code 0, None or out of range give 1; a timeout gives 1."""
-    done = mpvisor_run(*argv)
+def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
+    """Deaths by signal give 128+N; exit code 0, None or out of range give 1."""
+    done = mpvisor(tmp_path, "run", *argv)
     assert done.returncode == status, done.stderr
 
 
-@pytest.mark.timeout(60)
-def test_cli_events_json_keeps_stdout_for_events():
-    """PRC-18: `--events json` prints parseable JSON lines on stdout even when the target prints;
-    the target's stdout goes to stderr; ARGs parse as JSON literals, a bare word is a string."""
-    done = mpvisor_run("--events", "json", "workers.basic:echo", "hello", "3", '{"a": [1, 2]}', "true")
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "--grace", "-1", "workers.basic:quick"], ["argument --grace", "'-1'"]),
+        (["run", "--every", "0", "workers.basic:quick"], ["argument --every", "'0'"]),
+        (["run", "workers.basic:echo", "{bad json"], ["argument ARG", "'{bad json'"]),
+    ],
+)
+def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
+    """No traceback, no hot loop, nothing run: one line naming the option and the value."""
+    done = mpvisor(tmp_path, *argv)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("mpvisor run: error: ") and all(word in line for word in words), line
+
+
+def test_version(tmp_path):
+    done = mpvisor(tmp_path, "--version")
+    assert done.returncode == 0, done.stderr
+    name, number = done.stdout.split()
+    assert name == "mpvisor" and number[0].isdigit(), done.stdout
+
+
+# --- what goes to stdout ------------------------------------------------------------------------------
+
+
+def test_a_python_targets_value_is_all_of_stdout(tmp_path):
+    """`v=$(mpvisor run pkg.mod:fn ARG...)`: stdout is one JSON line, the value (bytes as
+    base64), and what the target printed went to stderr; a program's stdout is its own."""
+    script = f'v=$("{sys.executable}" -m mpvisor run workers.basic:echo 3 hello \'{{"a": [1.5, null]}}\') && printf "%s" "$v"'
+    done = subprocess.run(["sh", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[3, "hello", {"a": [1.5, None]}], {}]
+    printing = mpvisor(tmp_path, "run", "workers.misbehave:lines")
+    assert printing.returncode == 0, printing.stderr
+    assert printing.stdout == '"lines"\n' and "out-1 first" in printing.stderr
+    raw = mpvisor(tmp_path, "run", "workers.misbehave:huge_result", "3")
+    assert raw.stdout == '"eHh4"\n', raw.stderr  # b"xxx"
+    command = mpvisor(tmp_path, "run", "--", "sh", "-c", "echo hi")
+    assert (command.returncode, command.stdout) == (0, "hi\n"), command.stderr
+    failure = mpvisor(tmp_path, "run", "workers.basic:failing", "5")
+    assert (failure.returncode, failure.stdout) == (5, ""), failure.stderr
+
+
+def test_events_json_keeps_stdout_for_events(tmp_path):
+    """`--events json`: every stdout line is an event (no value line); the target's stdout goes
+    to stderr; ARGs parse as JSON literals, a bare word is a string."""
+    done = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:echo", "hello", "3", '{"a": [1, 2]}', "true")
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     kinds = [e["kind"] for e in events]
-    assert kinds[0] == "task_add_requested" and "task_finished" in kinds and kinds[-1] == "all_stopped_within_grace"
-    printing = mpvisor_run("--events", "json", "workers.misbehave:lines")
+    assert kinds[0] == "task_add_requested" and kinds[-1] == "all_stopped_within_grace"
+    (finished,) = [e for e in events if e["kind"] == "task_finished"]
+    assert finished["outcome_kind"] == "outcome_completed"  # JSON events keep the labels
+    printing = mpvisor(tmp_path, "run", "--events", "json", "workers.misbehave:lines")
     assert printing.returncode == 0, printing.stderr
-    assert all(json.loads(line) for line in printing.stdout.splitlines())
+    assert all(isinstance(json.loads(line), dict) for line in printing.stdout.splitlines())
     assert "out-1 first" in printing.stderr  # what the target printed on its stdout
-    assert exit_status(TaskOutcome(OutcomeKind.COMPLETED)) == 0
 
 
-def test_cli_args_are_json_literals_and_bare_words_are_strings():
-    """PRC-18: the ARG parsing rule."""
-    assert [parse_arg(a) for a in ["3", "1.5", "true", "null", '"x"', "[1]", "hello", "a b"]] == [
-        3, 1.5, True, None, "x", [1], "hello", "a b"]
+# --- interruption -------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_cli_sigint_shuts_down_gracefully_with_130(tmp_path):
-    """PRC-18: SIGINT gives a graceful shutdown and exit status 130."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_shuts_down_then_dies_by_that_signal(tmp_path, signum):
+    """SIGINT/SIGTERM: a graceful stop (the target's `finally` runs, the outcome line says
+    canceled), then the CLI dies by the same signal (a shell sees 130 / 143); nothing is left."""
     marker = tmp_path / "marker"
-    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--name", "coop", "workers.coop:cooperative",
-                             json.dumps(str(marker))], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not (marker.exists() and marker.read_text()):
-        assert time.monotonic() < deadline and proc.poll() is None, "the task never started"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=20)
-    assert proc.returncode == 130, stderr
-    assert "outcome_canceled" in outcome_line(stderr)
+    proc = start(tmp_path, "--name", "coop", "workers.coop:cooperative", json.dumps(str(marker)))
+    try:
+        (_, _, _, pid), = wait_for(lambda: read_markers(marker), timeout=20)
+        tree = descendants(proc.pid)
+        assert pid in [p.pid for p in tree]
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signum, stderr
+    assert ": canceled reason='canceled by shutdown'" in outcome_line(stderr)
+    assert [word for word, *_ in read_markers(marker)] == ["started", "finally"]
+    wait_for(lambda: none_left(tree), timeout=5)
 
 
-@pytest.mark.timeout(60)
-def test_cli_progress_draws_a_bar_on_a_terminal():
-    """SPEC §8: `mpvisor run --progress` shows a progress bar on a terminal (stderr is a pty)."""
+def test_a_second_sigint_kills_at_once_and_says_so(tmp_path):
+    """A target that ignores the stop request, grace 30 s: the second SIGINT kills its tree at
+    once, the outcome reason and the stderr line say it was interrupted twice, and the CLI dies
+    by SIGINT within seconds, leaving no process."""
+    marker = tmp_path / "marker"
+    proc = start(tmp_path, "--grace", "30", "--events", "json", "workers.misbehave:stubborn", json.dumps(str(marker)))
+    try:
+        wait_for(lambda: read_markers(marker), timeout=20)
+        tree = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        events_until(proc, "shutdown_requested")  # the first SIGINT was taken
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGINT, stderr
+    (finished,) = [e for e in map(json.loads, stdout.splitlines()) if e["kind"] == "task_finished"]
+    assert finished["outcome_kind"] == "outcome_force_aborted"
+    assert "interrupted twice" in finished["reason"] and "grace window of 30" not in finished["reason"], finished
+    assert "interrupted twice" in stderr and "did not stop within" not in stderr, stderr
+    wait_for(lambda: none_left(tree), timeout=5)
+
+
+def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path):
+    """Started with SIGINT ignored (what a shell does for `cmd &`), the CLI is not stopped by a
+    SIGINT: its task runs to completion and it exits 0."""
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpvisor", "run", "workers.basic:sleeper", "1", json.dumps(str(marker))],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        wait_for(lambda: read_markers(marker), timeout=20)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert ": completed " in outcome_line(stderr)
+
+
+def test_progress_draws_a_bar_on_a_terminal(tmp_path):
+    """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
     import pty
 
     primary, secondary = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--progress", "workers.basic:progress_once"],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
+                            cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=secondary)
     os.close(secondary)
     seen = b""
     while True:

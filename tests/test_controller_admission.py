@@ -1,9 +1,7 @@
 """The controller's admission: slots, drop-if-running,
 prepared submissions and snapshots, with real attempt processes.
 
-The helpers at the top are shared with `test_controller_replace_queue.py` and
-`test_controller_shutdown_limits.py`. Notation: `Q(spec, "s")` is
-`ControllerSpec.queue(spec).with_slot("s")`, `R` replace, `D` drop-if-running.
+Helpers and notation (`Q`, `R`, `D`, `controlled`, ...) come from `_controller_support.py`.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import itertools
-import pathlib
 import random
 import time
 from typing import Any
@@ -23,7 +19,6 @@ from mpvisor import (
     AdmissionPolicy,
     AlreadySubmitted,
     BackoffPolicy,
-    ControllerConfig,
     ControllerError,
     ControllerFull,
     ControllerSpec,
@@ -33,26 +28,37 @@ from mpvisor import (
     RejectionKind,
     SlotStatus,
     SupervisorConfig,
-    TaskSpec,
+)
+from tests._controller_support import (
+    GATED,
+    D,
+    Probe,
+    Q,
+    R,
+    assert_owners_never_overlap,
+    assert_rejected,
+    controlled,
+    idle_view,
+    lifecycle_of,
+    outcome,
+    running,
+    seq_of,
+    slot_where,
+    started_names,
 )
 from tests._support import (
-    CONFIG,
     Collector,
     Gate,
     async_wait_for,
     attempt_processes,
     once,
-    read_markers,
     restartable,
     run,
     seen,
-    supervised,
     words,
 )
-from workers import basic, coop, overlap
+from workers import basic, coop
 
-GATED = SupervisorConfig(grace=10.0)  # gated owners stop only on release: never let grace decide
-LIFECYCLE = (EventKind.TASK_ADDED, EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED, EventKind.TASK_REMOVED)
 CONTROLLER_KINDS = (
     EventKind.CONTROLLER_SUBMITTED,
     EventKind.CONTROLLER_REJECTED,
@@ -60,109 +66,7 @@ CONTROLLER_KINDS = (
 )
 
 
-# --- helpers (shared with the other controller test modules) --------------------------------
-
-
-def Q(spec: TaskSpec, slot: str | None = None) -> ControllerSpec:
-    built = ControllerSpec.queue(spec)
-    return built if slot is None else built.with_slot(slot)
-
-
-def R(spec: TaskSpec, slot: str | None = None) -> ControllerSpec:
-    built = ControllerSpec.replace(spec)
-    return built if slot is None else built.with_slot(slot)
-
-
-def D(spec: TaskSpec, slot: str | None = None) -> ControllerSpec:
-    built = ControllerSpec.drop_if_running(spec)
-    return built if slot is None else built.with_slot(slot)
-
-
-def controlled(config: SupervisorConfig = CONFIG, *, queue_capacity: int = 1024,
-               max_slot_queue: int = 100, **kwargs: Any) -> supervised:
-    """`supervised(...)` with a controller."""
-    controller = ControllerConfig(queue_capacity=queue_capacity, max_slot_queue=max_slot_queue)
-    return supervised(config, controller=controller, **kwargs)
-
-
-def started_names(marker: str | pathlib.Path) -> list[str]:
-    return [m[1] for m in words(marker, "started")]
-
-
-def seq_of(collector: Collector, kind: EventKind, **fields: Any) -> int:
-    """The `seq` of the first event of `kind` with `fields` (it must exist)."""
-    found = collector.of(kind, **fields)
-    assert found, f"no {kind} with {fields}"
-    return found[0].seq
-
-
-def lifecycle_of(collector: Collector, task_id: int) -> list[Any]:
-    return [e.kind for e in collector.events if e.id == task_id and e.kind in LIFECYCLE]
-
-
-async def running(handle: Any, name: str, timeout: float = 10.0) -> None:
-    await async_wait_for(lambda: handle.is_alive(name), timeout=timeout)
-
-
-async def slot_where(handle: Any, slot: str, check: Any, timeout: float = 10.0) -> Any:
-    """The first view of `slot` for which `check(view)` holds (the view may be None)."""
-    holder: list[Any] = []
-
-    def probe() -> bool:
-        view = handle.controller_snapshot().slot(slot)
-        holder[:] = [view]
-        return bool(check(view))
-
-    probe.__qualname__ = f"slot {slot!r} condition"
-    await async_wait_for(probe, timeout=timeout)
-    return holder[0]
-
-
-def idle_view(view: Any) -> bool:
-    return view is None or (view.status is SlotStatus.IDLE and view.owner_id is None and view.queue_depth == 0)
-
-
-async def outcome(waiter: Any, timeout: float = 10.0) -> Any:
-    return await asyncio.wait_for(waiter.wait(), timeout)
-
-
-def assert_rejected(result: Any, kind: RejectionKind) -> None:
-    assert result.kind is OutcomeKind.REJECTED, result
-    assert result.rejection is kind, result
-
-
-class Probe:
-    """The per-slot lock, violations file and marker of `workers.overlap` probes."""
-
-    def __init__(self, tmp_path: pathlib.Path, slot: str = "s") -> None:
-        self.lock = str(tmp_path / f"{slot}.lock")
-        self.violations = str(tmp_path / f"{slot}.violations")
-        self.marker = str(tmp_path / f"{slot}.marker")
-
-    def quick(self, name: str, hold: float = 0.0) -> TaskSpec:
-        return once(name, overlap.probe, self.lock, self.violations, hold=hold, marker=self.marker)
-
-    def coop(self, name: str) -> TaskSpec:
-        return restartable(name, overlap.probe_coop, self.lock, self.violations, marker=self.marker)
-
-    def violations_seen(self) -> list[Any]:
-        return read_markers(self.violations)
-
-
-def assert_owners_never_overlap(collector: Collector, ids: set[int]) -> None:
-    """For the tasks `ids` of one slot: each one's TASK_REMOVED precedes the next one's first
-    ATTEMPT_STARTING (intervals [first start, removal] are disjoint)."""
-    intervals = []
-    for task_id in ids:
-        starts = collector.of(EventKind.ATTEMPT_STARTING, id=task_id)
-        if starts:
-            intervals.append((starts[0].seq, seq_of(collector, EventKind.TASK_REMOVED, id=task_id), task_id))
-    intervals.sort()
-    for (_, removed, old), (start, _, new) in itertools.pairwise(intervals):
-        assert removed < start, f"task {new} started (seq {start}) before task {old} was removed (seq {removed})"
-
-
-# --- 1.1 admission ------------------------------------------------------------------------
+# --- admission ----------------------------------------------------------------------------
 
 
 def test_controller_spec_accessors_reflect_slot_policy_and_task():
@@ -528,7 +432,7 @@ def test_an_owners_waiter_resolves_after_its_slot_has_moved_on(tmp_path, queued)
     run(body())
 
 
-# --- 1.4 drop-if-running ------------------------------------------------------------------
+# --- drop-if-running ----------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
@@ -632,7 +536,7 @@ def test_drop_if_running_storm_runs_exactly_one(tmp_path):
     run(body())
 
 
-# --- 1.5 prepared submissions ---------------------------------------------------------------
+# --- prepared submissions -------------------------------------------------------------------
 
 
 async def barrier(handle: Any, events: Collector, name: str = "barrier") -> None:
@@ -724,7 +628,7 @@ def test_a_prepared_submission_is_single_use(form):
     run(body())
 
 
-# --- 1.6 snapshot ----------------------------------------------------------------------------
+# --- snapshot --------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The controller's Replace and Queue policies, with real attempt
 processes: retiring owners, displacing heads, FIFO order, queue limits and removing queued work.
 
-Helpers and notation come from `test_controller_admission.py` and `_support.py`.
+Helpers and notation come from `_controller_support.py` and `_support.py`.
 """
 
 from __future__ import annotations
@@ -23,20 +23,7 @@ from mpvisor import (
     SupervisorConfig,
     TaskTerminationTimeout,
 )
-from tests._support import (
-    Gate,
-    all_gone,
-    async_wait_for,
-    once,
-    pid_gone,
-    read_records,
-    restartable,
-    run,
-    seen,
-    wait_for,
-    words,
-)
-from tests.test_controller_admission import (
+from tests._controller_support import (
     GATED,
     Probe,
     Q,
@@ -51,6 +38,19 @@ from tests.test_controller_admission import (
     seq_of,
     slot_where,
     started_names,
+)
+from tests._support import (
+    Gate,
+    all_gone,
+    async_wait_for,
+    once,
+    pid_gone,
+    read_records,
+    restartable,
+    run,
+    seen,
+    wait_for,
+    words,
 )
 from workers import basic, controller_probes, coop, misbehave
 
@@ -83,7 +83,7 @@ def test_the_successor_probe_sees_a_live_predecessor(tmp_path):
     assert controller_probes._recorded(str(tmp_path / "missing")) == []
 
 
-# --- 1.2 replace ---------------------------------------------------------------------------
+# --- replace -------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
@@ -364,7 +364,7 @@ def test_replace_storm_leaves_exactly_one_owner():
     run(body())
 
 
-# --- 1.3 queue -------------------------------------------------------------------------------
+# --- queue ---------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)

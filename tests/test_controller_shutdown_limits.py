@@ -1,7 +1,9 @@
-"""The controller at shutdown and at its limits (its queue and in-flight removals), and the controller
-cases other sections leave to it.
+"""The controller at shutdown (queued work never starts, owners are drained, later submissions
+raise ControllerClosed), at its limits (a full command queue, the cap on pending removals), and
+where it meets the rest of the supervisor: free task names, watching, lifecycle events, the
+concurrency limit, inherited defaults and leftover descendants; with real attempt processes.
 
-Helpers and notation come from `test_controller_admission.py` and `_support.py`.
+Helpers and notation come from `_controller_support.py` and `_support.py`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,21 @@ from mpvisor import (
     TaskDefaults,
     TaskTerminationTimeout,
 )
+from tests._controller_support import (
+    GATED,
+    LIFECYCLE,
+    D,
+    Q,
+    R,
+    assert_rejected,
+    controlled,
+    lifecycle_of,
+    outcome,
+    running,
+    seq_of,
+    slot_where,
+    started_names,
+)
 from tests._support import (
     CONFIG,
     Collector,
@@ -46,21 +63,6 @@ from tests._support import (
     seen,
     words,
 )
-from tests.test_controller_admission import (
-    GATED,
-    LIFECYCLE,
-    D,
-    Q,
-    R,
-    assert_rejected,
-    controlled,
-    lifecycle_of,
-    outcome,
-    running,
-    seq_of,
-    slot_where,
-    started_names,
-)
 from workers import basic, controller_probes, coop, misbehave
 
 ENDINGS = (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.FATAL, OutcomeKind.CANCELED,
@@ -72,7 +74,7 @@ async def resolved_at_once(waiter: Any) -> Any:
     return await asyncio.wait_for(waiter.wait(), 0.1)
 
 
-# --- 1.7 controller shutdown --------------------------------------------------------------
+# --- controller shutdown ------------------------------------------------------------------
 
 
 @pytest.mark.timeout(60)
@@ -296,7 +298,7 @@ def test_a_rejected_run_batch_leaves_the_controller_usable():
     assert kill_leftovers() == []
 
 
-# --- 10. the controller's command queue (MQB) ------------------------------------------------
+# --- the controller's command queue and pending removals -------------------------------------
 
 
 @pytest.mark.timeout(60)
@@ -372,7 +374,7 @@ def test_pending_removals_cap_controller_intake(tmp_path):
     run(body())
 
 
-# --- controller cases of other sections ------------------------------------------------------
+# --- the controller with names, watching, events, limits and defaults ------------------------
 
 
 @pytest.mark.timeout(60)

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+from tests._stress_support import MIXED
 from tests._support import async_wait_for, run, supervised, zombie_children
 
 
@@ -32,24 +33,10 @@ def test_short_attempts_always_start_and_complete():
     run(body())
 
 
-MIXED = [
-    ("workers.basic:quick", (), OutcomeKind.COMPLETED),
-    ("workers.basic:raising", (), OutcomeKind.FAILED),
-    ("workers.basic:failing", (3,), OutcomeKind.FAILED),
-    ("workers.basic:fatal", (4,), OutcomeKind.FATAL),
-    ("workers.misbehave:exit_now", (5,), OutcomeKind.FAILED),
-    ("workers.misbehave:sys_exit", (0,), OutcomeKind.FAILED),
-    ("workers.misbehave:segfault", (), OutcomeKind.FAILED),
-    ("workers.misbehave:self_kill", (), OutcomeKind.FAILED),
-    ("workers.misbehave:unencodable", (), OutcomeKind.FATAL),
-    ("workers.basic:self_canceled", (), OutcomeKind.CANCELED),
-]
-
-
 @pytest.mark.timeout(180)
 def test_a_thousand_mixed_attempts_leak_no_fd_zombie_or_thread():
-    """Issue 1/6 item 7: 1,000 attempts ending every way leave the parent's fd count, zombie
-    children and thread count where they were."""
+    """1,000 attempts ending every way leave the parent's fd count, zombie children and thread
+    count where they were."""
     import os
     import threading
 

@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,7 @@ class Collector:
         *,
         queue_capacity: int = 1024,
         raises: Callable[[Event], bool] = lambda e: False,
+        fail: Callable[[Event], object] | None = None,
         gate: threading.Event | None = None,
         pause: float = 0.0,
     ) -> None:
@@ -71,6 +73,7 @@ class Collector:
         self.finished = threading.Event()  # set when a gated callback returns
         self.closed = threading.Event()
         self._raises, self._gate, self._pause = raises, gate, pause
+        self._fail = fail if fail is not None else _boom
         self._cond = threading.Condition()
 
     def on_event(self, event: Event) -> None:
@@ -84,7 +87,7 @@ class Collector:
             self.received.append(event)
             self._cond.notify_all()
         if self._raises(event):
-            raise RuntimeError(f"boom at {event.seq}")
+            self._fail(event)
 
     def close(self) -> None:
         self.closed.set()
@@ -96,6 +99,17 @@ class Collector:
     def kinds(self, kind: EventKind) -> list[Event]:
         with self._cond:
             return [e for e in self.received if e.kind is kind]
+
+
+def _boom(event: Event) -> None:
+    raise RuntimeError(f"boom at {event.seq}")
+
+
+def _raise(error: BaseException) -> Callable[[Event], None]:
+    def fail(event: Event) -> None:
+        raise error
+
+    return fail
 
 
 @pytest.fixture(autouse=True)
@@ -120,14 +134,14 @@ def count_in(event: Event) -> int:
 
 
 def test_event_kind_labels_are_lower_case_names() -> None:
-    """EVT-16: every EventKind label equals its lower-case name."""
+    """Every EventKind label equals its lower-case name."""
     assert len(EventKind) == 24
     for kind in EventKind:
         assert kind.label == kind.name.lower()
 
 
 def test_event_to_dict_omits_absent_fields_and_renders_enums_as_labels() -> None:
-    """EVT-15 (record form): fields by name, enums as labels, progress as a 2-list."""
+    """The record form: fields by name, enums as labels, progress as a 2-list."""
     event = Event(
         seq=3,
         at=1.5,
@@ -166,7 +180,7 @@ def test_event_to_dict_omits_absent_fields_and_renders_enums_as_labels() -> None
 def test_the_throttle_reports_at_most_once_an_interval_and_counts_since_the_last(
     steps: list[tuple[str, float]], expected: list[float | int | None]
 ) -> None:
-    """EVT-19 (pure): the first trouble reports at once, later ones wait for the interval."""
+    """Overflow reports (pure): the first trouble reports at once, later ones wait for the interval."""
     throttle = _Throttle(1.0)
     results: list[float | int | None] = []
     for action, now in steps:
@@ -179,7 +193,7 @@ def test_the_throttle_reports_at_most_once_an_interval_and_counts_since_the_last
 
 
 def test_subscribers_receive_events_in_sequence_order() -> None:
-    """EVT-07: seq strictly increases in delivery order and every `at` lies in the window."""
+    """Seq strictly increases in delivery order and every `at` lies in the window."""
     a, b = Collector("a"), Collector("b")
 
     async def main() -> None:
@@ -198,7 +212,7 @@ def test_subscribers_receive_events_in_sequence_order() -> None:
 
 
 def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
-    """EVT-11: SUBSCRIBER_PANICKED names it, is never delivered to it; it keeps receiving."""
+    """SUBSCRIBER_PANICKED names it, is never delivered to it; it keeps receiving."""
     raiser = Collector("raiser", raises=lambda e: e.seq == 1)
     other = Collector("other")
 
@@ -218,8 +232,44 @@ def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
     run(main())
 
 
+@pytest.mark.parametrize(
+    ("fail", "label"),
+    [
+        (lambda e: sys.exit(3), "SystemExit: 3"),
+        (_raise(KeyboardInterrupt()), "KeyboardInterrupt"),
+        (_raise(GeneratorExit("closed")), "GeneratorExit: closed"),
+        (_raise(asyncio.CancelledError()), "CancelledError"),
+        (_raise(BaseException("base")), "BaseException: base"),
+    ],
+    ids=["sys.exit", "KeyboardInterrupt", "GeneratorExit", "CancelledError", "BaseException"],
+)
+def test_a_subscriber_raising_a_base_exception_panics_like_any_other(
+    fail: Callable[[Event], object], label: str
+) -> None:
+    """`sys.exit()` or any BaseException in on_event is a panic: reported, and the subscriber
+    keeps receiving (its thread goes on)."""
+    raiser = Collector("raiser", raises=lambda e: e.seq == 1, fail=fail)
+    other = Collector("other")
+
+    async def main() -> None:
+        bus = Bus([raiser, other], bus_capacity=16)
+        bus.publish(K.TASK_ADDED, task="a")
+        await until(other, lambda got: any(e.kind is K.SUBSCRIBER_PANICKED for e in got))
+        bus.publish(K.TASK_REMOVED, task="a")
+        await until(raiser, lambda got: len(got) == 2)
+        await bus.close(timeout=DEADLINE)
+        [report] = other.kinds(K.SUBSCRIBER_PANICKED)
+        assert report.reason is not None and report.reason.startswith("raiser")
+        assert report.reason.endswith(f"last error: {label}"), report.reason
+        assert count_in(report) == 1
+        assert [e.kind for e in raiser.received] == [K.TASK_ADDED, K.TASK_REMOVED]
+        assert raiser.closed.is_set()  # the same thread went on to close it
+
+    run(main())
+
+
 def test_a_slow_subscriber_loses_only_its_own_events() -> None:
-    """EVT-12: a full queue drops for that subscriber alone; SUBSCRIBER_OVERFLOW counts them."""
+    """A full queue drops for that subscriber alone; SUBSCRIBER_OVERFLOW counts them."""
     gate = threading.Event()
     slow = Collector("slow", queue_capacity=4, gate=gate)
     other = Collector("other")
@@ -258,7 +308,7 @@ def assert_throttled(reports: list[Event], total: int) -> None:
 
 @pytest.mark.parametrize("trouble", ["panic", "overflow"])
 def test_subscriber_trouble_is_reported_at_most_once_a_second(trouble: str) -> None:
-    """EVT-19: at most one report per second per subscriber, each counting since the last."""
+    """At most one report per second per subscriber, each counting since the last."""
     gate = threading.Event()
     if trouble == "panic":
         troubled = Collector("troubled", raises=lambda e: True)
@@ -283,7 +333,7 @@ def test_subscriber_trouble_is_reported_at_most_once_a_second(trouble: str) -> N
 
 
 def test_the_events_iterator_yields_published_events() -> None:
-    """EVT-14: events() yields what is published after its creation and ends on close."""
+    """Events() yields what is published after its creation and ends on close."""
 
     async def main() -> None:
         bus = Bus([], bus_capacity=16)
@@ -323,7 +373,7 @@ def test_a_full_events_iterator_drops_only_its_own_events() -> None:
 
 
 def test_close_drains_the_queued_events_of_a_slow_subscriber() -> None:
-    """EVT-13 (logic): close delivers what is still queued before it returns."""
+    """Close delivers what is still queued before it returns."""
     slow = Collector("slow", pause=0.01)
 
     async def main() -> None:
@@ -337,7 +387,7 @@ def test_close_drains_the_queued_events_of_a_slow_subscriber() -> None:
 
 
 def test_the_subscriber_deadline_bounds_close() -> None:
-    """SHD-16 (logic): close returns within its timeout while a callback is blocked."""
+    """Close returns within its timeout while a callback is blocked."""
     gate = threading.Event()
     blocked = Collector("blocked", gate=gate)
 
@@ -364,7 +414,7 @@ def test_the_subscriber_deadline_bounds_close() -> None:
     "terminal", [K.ATTEMPT_SUCCEEDED, K.ATTEMPT_FAILED, K.ATTEMPT_TIMED_OUT, K.ATTEMPT_CANCELED]
 )
 def test_the_alive_view_is_never_lossy(terminal: EventKind) -> None:
-    """EVT-18 (logic): the alive view is exact although every consumer drops events."""
+    """The alive view is exact although every consumer drops events."""
     gate = threading.Event()
     blocked = Collector("blocked", queue_capacity=1, gate=gate)
 
@@ -446,7 +496,7 @@ def sample_events(bus: Bus) -> list[Event]:
 
 
 def test_shipped_writers_record_every_event(tmp_path: Path) -> None:
-    """EVT-15: one JSON object per line, labels, no absent field, readable before close."""
+    """One JSON object per line, labels, no absent field, readable before close."""
     path = tmp_path / "events.jsonl"
     writer = Signalling(path, expected=4)
 
@@ -469,7 +519,7 @@ def test_shipped_writers_record_every_event(tmp_path: Path) -> None:
 
 
 def test_a_json_lines_writer_leaves_a_given_stream_open() -> None:
-    """EVT-15: a stream target gets flushed lines and is not closed by the writer."""
+    """A stream target gets flushed lines and is not closed by the writer."""
     stream = io.StringIO()
     writer = JsonLinesWriter(stream)
     writer.on_event(Event(seq=1, at=2.0, kind=K.SHUTDOWN_REQUESTED))
@@ -540,7 +590,7 @@ LEVELS = [
 def test_the_log_writer_logs_one_record_per_event_at_its_level(
     event: Event, logger: str, level: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """EVT-15: one record per event on its logger, at the level SPEC §4 gives."""
+    """One record per event on its logger, at the level `level_for` gives."""
     caplog.set_level(logging.DEBUG, logger="mpvisor")
     LogWriter().on_event(event)
     assert [(r.name, r.levelno) for r in caplog.records] == [(logger, level)]
@@ -551,7 +601,7 @@ def test_the_log_writer_logs_one_record_per_event_at_its_level(
 def test_the_log_writer_logs_every_event_delivered_by_the_bus(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """EVT-15: through the bus, one record per event, at DEBUG/WARNING/ERROR/INFO."""
+    """Through the bus, one record per event, at DEBUG/WARNING/ERROR/INFO."""
     caplog.set_level(logging.DEBUG, logger="mpvisor")
 
     async def main() -> None:

@@ -18,8 +18,8 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
+from tests._stress_support import MIXED
 from tests._support import child_pids_of_self, run, supervised, zombie_children
-from tests.test_engine_stress import MIXED
 
 REMOVED = {OutcomeKind.CANCELED, OutcomeKind.REJECTED}  # stopped, or purged from a slot queue
 

@@ -1,0 +1,203 @@
+"""The command line's pure parts: option values, ARGs, exit statuses, the value and outcome lines.
+
+Everything here runs in-process (no launcher, no child): `parse` either returns or raises the
+`SystemExit(2)` of a one-line usage error."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+
+from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._cli import RESERVED, exit_status, outcome_line, parse, parse_arg, value_line, version
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# --- ARGs -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("3", 3), ("-2", -2), ("1.5", 1.5), ("1e3", 1000.0), ("true", True), ("null", None),
+        ('"x"', "x"), ('"NaN"', "NaN"), ("[1]", [1]), ('{"a": [1, 2]}', {"a": [1, 2]}),
+        ("hello", "hello"), ("a b", "a b"), ("2024-01-01", "2024-01-01"), ("1.2.3", "1.2.3"),
+        ("True", "True"), ("", ""), ("-", "-"), ("0x10", "0x10"),
+    ],
+)
+def test_an_arg_is_a_json_literal_or_a_bare_word(text, value):
+    """JSON literals parse; a text not meant as JSON stays the string it is."""
+    assert parse_arg(text) == value
+
+
+@pytest.mark.parametrize(
+    "text", ["{bad json", "[1,", '"open', "NaN", "Infinity", "[NaN]", '{"a": Infinity}',
+             "nan", "inf", "01", "+1", "1_000", "1e999999", " {"],
+)
+def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys):
+    """A text that starts like JSON, or reads as a number, must be valid JSON (no NaN/Infinity)."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["run", "workers.basic:echo", "ok", text])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("mpvisor run: error: argument ARG: ") and repr(text) in line, line
+
+
+# --- option values ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, option, value",
+    [
+        (["--grace", "-1"], "--grace", "-1"),
+        (["--grace", "nan"], "--grace", "nan"),
+        (["--grace", "inf"], "--grace", "inf"),
+        (["--grace", "soon"], "--grace", "soon"),
+        (["--every", "0"], "--every", "0"),
+        (["--every", "-5"], "--every", "-5"),
+        (["--every", "nan"], "--every", "nan"),
+        (["--timeout", "0"], "--timeout", "0"),
+        (["--timeout", "-0.5"], "--timeout", "-0.5"),
+        (["--timeout", "1e400"], "--timeout", "1e400"),
+        (["--backoff", "x"], "--backoff", "x"),
+        (["--backoff", "1:2:3:4"], "--backoff", "1:2:3:4"),
+        (["--backoff", "-1"], "--backoff", "-1"),
+        (["--backoff", "5:1"], "--backoff", "5:1"),
+        (["--backoff", "0.1:5:0.5"], "--backoff", "0.1:5:0.5"),
+        (["--backoff", "nan"], "--backoff", "nan"),
+        (["--jitter", "sometimes"], "--jitter", "sometimes"),
+        (["--max-retries", "-1"], "--max-retries", "-1"),
+        (["--max-retries", "1.5"], "--max-retries", "1.5"),
+        (["--name", ""], "--name", ""),
+        (["--restart", "maybe"], "--restart", "maybe"),
+        (["--events", "xml"], "--events", "xml"),
+    ],
+)
+def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, option, value, capsys):
+    """Status 2, one line on stderr, `mpvisor run: error: argument <option>: ... <value>`."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["run", *argv, "workers.basic:quick"])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"mpvisor run: error: argument {option}: "), line
+    assert repr(value) in line, line
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "os:"], ["argument TARGET", "'os:'"]),
+        (["run", ":getpid"], ["argument TARGET", "':getpid'"]),
+        (["run", "os.getpid"], ["argument TARGET", "'os.getpid'"]),
+        (["run"], ["TARGET [ARG...] or -- COMMAND"]),
+        (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
+        (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
+        (["run", "workers.basic:echo", "-Infinity"], ["unrecognized arguments: -Infinity"]),
+        ([], ["COMMAND"]),
+    ],
+)
+def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
+    """A malformed TARGET is named as given (not as an empty task name)."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "error: " in line and all(word in line for word in words), line
+
+
+def test_good_options_build_the_spec_they_describe():
+    """Durations, retries, backoff and jitter reach the spec; `--grace 0` is allowed."""
+    args, spec = parse(["run", "--timeout", "2.5", "--max-retries", "0", "--backoff", "0.5:8:3", "--jitter", "full",
+                        "--grace", "0", "--restart", "on-failure", "--name", "job", "workers.basic:echo", "1", "x"])
+    assert (spec.name, spec.timeout, spec.max_retries, args.grace) == ("job", 2.5, 0, 0.0)
+    assert spec.backoff == BackoffPolicy.exponential(0.5, max=8, factor=3).with_jitter(JitterPolicy.FULL)
+    assert spec.task.args == (1, "x")
+    _, alone = parse(["run", "--backoff", "60", "workers.basic:quick"])  # MAX follows a larger FIRST
+    assert alone.backoff == BackoffPolicy.exponential(60, max=60).with_jitter(JitterPolicy.EQUAL)
+    _, jitter_only = parse(["run", "--jitter", "none", "workers.basic:quick"])  # the default backoff, no jitter
+    assert jitter_only.backoff == BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.NONE)
+    _, periodic = parse(["run", "--every", "0.25", "workers.basic:quick"])
+    assert periodic.restart.interval == 0.25
+    _, command = parse(["run", "--timeout", "1", "--", "sh", "-c", "exit 3"])
+    assert (command.name, command.task.argv) == ("sh", ("sh", "-c", "exit 3"))
+
+
+def test_version_names_mpvisor_and_its_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out == f"{version()}\n"
+    assert out.startswith("mpvisor ") and out.split()[1][0].isdigit(), out
+
+
+# --- exit statuses ----------------------------------------------------------------------------------
+
+
+def failed(**fields) -> TaskOutcome:
+    return TaskOutcome(OutcomeKind.FAILED, **fields)
+
+
+@pytest.mark.parametrize(
+    "outcome, status",
+    [
+        (TaskOutcome(OutcomeKind.COMPLETED, value=5), 0),
+        (failed(exit_code=7), 7),
+        (failed(exit_code=255), 255),
+        (failed(exit_code=256), 1),
+        (failed(exit_code=0), 1),
+        (failed(exit_code=None), 1),
+        (failed(exit_code=-9), 128 + 9),
+        (failed(exit_code=-11), 128 + 11),
+        (failed(exit_code=-65), 1),
+        (failed(timed_out=True), 124),
+        (TaskOutcome(OutcomeKind.FATAL, exit_code=3), 3),
+        (TaskOutcome(OutcomeKind.FATAL), 1),
+        (TaskOutcome(OutcomeKind.CANCELED), 1),
+        (TaskOutcome(OutcomeKind.FORCE_ABORTED), 1),
+        (TaskOutcome(OutcomeKind.PANICKED), 1),
+        (TaskOutcome.rejected(RejectionKind.SLOT_BUSY), 1),
+    ],
+)
+def test_exit_status_follows_the_outcome(outcome, status):
+    assert exit_status(outcome) == status
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("kind", [OutcomeKind.COMPLETED, OutcomeKind.CANCELED, OutcomeKind.FORCE_ABORTED])
+def test_an_interruption_wins_over_the_outcome(signum, kind):
+    """Interrupted: 128 + N whatever the outcome (the CLI dies by N; this is the fallback)."""
+    assert exit_status(TaskOutcome(kind), interrupted_by=signum) == 128 + signum
+
+
+def test_the_statuses_for_admission_stay_free():
+    """3..9 are reserved: none of the fixed statuses uses them."""
+    fixed = [exit_status(TaskOutcome(OutcomeKind.COMPLETED)), exit_status(failed()), exit_status(failed(timed_out=True)),
+             2, exit_status(TaskOutcome(OutcomeKind.CANCELED), interrupted_by=signal.SIGINT)]
+    assert not set(fixed) & set(RESERVED) and list(RESERVED) == list(range(3, 10))
+
+
+# --- what is printed --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, line",
+    [
+        (None, "null"), (3, "3"), ("é", '"é"'), ([1, "a", None], '[1,"a",null]'),
+        (b"\x00\xff", '"AP8="'), ({b"k": b"v"}, '{"aw==":"dg=="}'),
+        (math.nan, '"NaN"'), ([math.inf, -math.inf], '["Infinity","-Infinity"]'),
+        ({"a": (1, 2.5)}, '{"a":[1,2.5]}'), (2**64 - 1, str(2**64 - 1)),
+    ],
+)
+def test_a_value_is_one_line_of_strict_json(value, line):
+    assert value_line(value) == line
+    assert "\n" not in value_line(value)
+
+
+def test_the_outcome_line_names_the_kind_not_the_label():
+    line = outcome_line("job", failed(reason="boom", exit_code=7, attempts=2))
+    assert line == "mpvisor: job: failed reason='boom' exit_code=7 attempts=2"
+    assert outcome_line("x", TaskOutcome(OutcomeKind.FORCE_ABORTED)).startswith("mpvisor: x: force_aborted ")
