@@ -134,7 +134,10 @@ class LauncherClient:
             if proc is None:
                 break
             returncode = proc.wait()
-            self.loop.call_soon_threadsafe(self._on_guardian_ended, proc.pid, returncode)
+            try:
+                self.loop.call_soon_threadsafe(self._on_guardian_ended, proc.pid, returncode)
+            except RuntimeError:
+                return  # the loop was closed without a shutdown: nobody is left to tell
             self._restart.wait()  # the loop decides: `_delay` and `_closing` are set before it
             self._restart.clear()
             if self._delay and not self._closing:
