@@ -6,7 +6,8 @@ has imported mpvisor and the `preload` modules, so forking an attempt from it is
 forks the (possibly multi-threaded) parent. It is the parent of every attempt process and a child
 subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
 
-Control messages travel on a SOCK_SEQPACKET socket (one msgpack list per packet, fds attached):
+Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
+attached; `_control.py` types, encodes and versions them):
 
 | parent -> launcher | launcher does |
 |---|---|
@@ -34,7 +35,6 @@ re-parent to the launcher a moment before it does).
 
 from __future__ import annotations
 
-import array
 import errno
 import gc
 import os
@@ -45,10 +45,10 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from . import _child, _guardian, _platform
-from ._wire import pack, unpack
+from . import _control as control
+from ._platform import recv_fds
 
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
@@ -105,14 +105,14 @@ class Launcher:
                     break
         self._stop_everything()
 
-    def _send(self, msg: list[Any], fds: list[int] | None = None) -> None:
+    def _send(self, message: control.ToParent, fds: list[int] | None = None) -> None:
         if self.parent_gone or _parent_died:
             return  # stopping: the parent learns what follows from the socket's EOF
         try:
             if fds:
-                socket.send_fds(self.ctl, [pack(msg)], fds)
+                socket.send_fds(self.ctl, [control.encode(message)], fds)
             else:
-                self.ctl.send(pack(msg))
+                self.ctl.send(control.encode(message))
         except OSError:
             self.parent_gone = True
 
@@ -127,23 +127,26 @@ class Launcher:
             if not data:
                 self.parent_gone = True
                 return
-            msg = unpack(data)
-            self._handle(msg, fds)
+            self._handle(data, fds)
             self._on_ready()  # report starts as they happen, not after the whole burst
 
-    def _handle(self, msg: list[Any], fds: list[int]) -> None:
-        match msg:
-            case ["spawn", int(key), bool(exec_python)]:
+    def _handle(self, data: bytes, fds: list[int]) -> None:
+        try:
+            message = control.decode(data)
+        except control.ControlError:
+            message = None
+        match message:
+            case control.Spawn(key, exec_python):
                 self._spawn(key, exec_python, fds)
-            case ["signal", int(key), int(signum), bool(group)]:
+                return
+            case control.Signal(key, signum, group):
                 self._signal(key, signum, group)
-            case ["kill", int(key)]:
+            case control.Kill(key):
                 self._kill(key)
-            case ["stop"]:
+            case control.Stop():
                 self.parent_gone = True
-            case _:
-                for fd in fds:
-                    os.close(fd)
+        for fd in fds:  # only a spawn takes fds
+            os.close(fd)
 
     def _on_wake(self) -> None:
         try:
@@ -161,7 +164,7 @@ class Launcher:
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
-            self._send(["start_failed", key, f"could not start: {exc}"])
+            self._send(control.StartFailed(key, f"could not start: {exc}"))
             return
         if pid == 0:
             self._become_attempt(exec_python, fds)
@@ -206,7 +209,7 @@ class Launcher:
                 pidfd = os.pidfd_open(pid)
             except OSError:
                 pidfd = -1  # cannot happen for an unreaped child; report without one
-            self._send(["started", attempt.key, pid], [pidfd] if pidfd >= 0 else None)
+            self._send(control.Started(attempt.key, pid), [pidfd] if pidfd >= 0 else None)
             if pidfd >= 0:
                 os.close(pidfd)
 
@@ -277,9 +280,9 @@ class Launcher:
             assert attempt.status is not None
             how, value = attempt.status
             if not attempt.reported_start:
-                self._send(["start_failed", attempt.key, f"could not start: child ended ({how} {value})"])
+                self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
             else:
-                self._send(["exited", attempt.key, how, value, attempt.killed])
+                self._send(control.Exited(attempt.key, how, value, attempt.killed))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
@@ -304,17 +307,6 @@ class Launcher:
                     _kill_checked(pid, self.adopted.get(pid))
             self.sel.select(timeout=0.05)
         os._exit(0)
-
-
-def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
-    """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
-    fds = array.array("i")
-    flags |= socket.MSG_CMSG_CLOEXEC  # received fds must not leak into an attempt's exec
-    data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_LEN(8 * fds.itemsize), flags)
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
-    return data, list(fds)
 
 
 def _setup_fds(fds: list[int]) -> int:
@@ -453,11 +445,11 @@ def main(argv: list[str]) -> None:
     os.set_inheritable(ctl_fd, False)
     launcher = Launcher(ctl, guardian)
     signal.set_wakeup_fd(launcher.wake_w)
-    error = _preload(preload, lambda name: launcher._send(["importing", os.getpid(), name]))
+    error = _preload(preload, lambda name: launcher._send(control.Importing(control.CONTROL_VERSION, os.getpid(), name)))
     _use_parent_stderr(stderr_fd)
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
     _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
-    launcher._send(["ready", os.getpid(), error])
+    launcher._send(control.Ready(control.CONTROL_VERSION, os.getpid(), error))
     launcher.serve()
 
 

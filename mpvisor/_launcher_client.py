@@ -35,15 +35,25 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
+from . import _control as control
 from . import _platform
 from ._ending import ExitStatus
 from ._errors import ConfigError
-from ._launcher import recv_fds
+from ._platform import recv_fds
 
-if TYPE_CHECKING:
-    from ._process import AttemptProcess
+
+class AttemptSink(Protocol):
+    """What a launcher reports about one attempt, in this order: `on_started` (or
+    `on_start_failed`), then `on_exited` once the attempt's whole tree is reaped, or
+    `on_launcher_died` at any point after `spawn` (the launcher went away; the attempt's process,
+    if it had one, dies with it: its pidfd tells when)."""
+
+    def on_started(self, pid: int, pidfd: int | None) -> None: ...
+    def on_start_failed(self, error: str) -> None: ...
+    def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
+    def on_launcher_died(self) -> None: ...
 
 CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
@@ -64,7 +74,7 @@ def describe_guardian_status(returncode: int) -> str:
     """How the launcher ended, from its guardian's exit status (which mirrors the launcher's:
     128 + N for a death by signal N; negative if the guardian itself was killed). Pure."""
     if returncode < 0:
-        return f"its guardian was killed by {_signal_name(-returncode)}"
+        return f"was stopped: its guardian was killed by {_signal_name(-returncode)}"
     if returncode > 128:
         return f"killed by {_signal_name(returncode - 128)}"
     return f"exited with status {returncode}"
@@ -104,9 +114,10 @@ class LauncherClient:
         self._quick_deaths = 0  # launchers in a row that died young (see `restart_delay`)
         self._delay = 0.0  # what the keeper waits before it starts the next launcher
         self._start_timer: asyncio.TimerHandle | None = None
+        self._ended: tuple[int, int] | None = None  # the guardian's pid and status, once it exited
         self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
         self._last_line: str | None = None  # its last non-empty line so far
-        self._attempts: dict[int, AttemptProcess] = {}
+        self._attempts: dict[int, AttemptSink] = {}
         self._next_key = 0
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
@@ -211,7 +222,7 @@ class LauncherClient:
         self.loop.add_reader(sock.fileno(), self._on_readable)
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
-            self._send(["stop"])
+            self._send(control.Stop())
         self._flush()
 
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
@@ -256,10 +267,8 @@ class LauncherClient:
 
     # --- the control channel -----------------------------------------------------------------
 
-    def _send(self, msg: list[Any], fds: list[int] | None = None) -> None:
-        from ._wire import pack
-
-        self._outbox.append((pack(msg), fds or []))
+    def _send(self, message: control.ToLauncher, fds: list[int] | None = None) -> None:
+        self._outbox.append((control.encode(message), fds or []))
         self._flush()
 
     def _flush(self) -> None:
@@ -300,16 +309,23 @@ class LauncherClient:
             if not data:
                 self._on_launcher_gone()
                 return
-            from ._wire import unpack
+            try:
+                message = control.decode(data)
+            except control.ControlError as exc:
+                for fd in fds:
+                    os.close(fd)
+                self._give_up(f"the launcher sent what this parent cannot read: {exc}")
+                if self._proc is not None:
+                    self._proc.kill()
+                continue
+            self._dispatch(message, fds)
 
-            self._dispatch(unpack(data), fds)
-
-    def _dispatch(self, msg: list[Any], fds: list[int]) -> None:
-        match msg:
-            case ["importing", int(pid), str(module)]:
+    def _dispatch(self, message: control.ToParent | control.ToLauncher, fds: list[int]) -> None:
+        match message:
+            case control.Importing(_, pid, module):
                 self.pid = pid  # the launcher's own pid (the process started is its guardian)
                 self._importing = module
-            case ["ready", int(pid), error]:
+            case control.Ready(_, pid, error):
                 self.pid = pid
                 self._was_ready = True
                 self._importing = None
@@ -318,22 +334,22 @@ class LauncherClient:
                     self._give_up(error)
                 elif not self._ready.done():
                     self._ready.set_result(None)
-            case ["started", int(key), int(pid)]:
+            case control.Started(key, pid):
                 attempt = self._attempts.get(key)
                 pidfd = fds[0] if fds else None
                 if attempt is None:
                     if pidfd is not None:
                         os.close(pidfd)
                     return
-                attempt._on_started(pid, pidfd)
-            case ["start_failed", int(key), str(error)]:
+                attempt.on_started(pid, pidfd)
+            case control.StartFailed(key, error):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt._on_start_failed(error)
-            case ["exited", int(key), str(how), int(value), bool(killed)]:
+                    attempt.on_start_failed(error)
+            case control.Exited(key, how, value, killed):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt._on_exited(ExitStatus(how, value), killed)
+                    attempt.on_exited(ExitStatus(how, value), killed)
 
     def _on_launcher_gone(self) -> None:
         sock = self._sock
@@ -349,9 +365,10 @@ class LauncherClient:
         self._sock = None
         attempts, self._attempts = self._attempts, {}
         for attempt in attempts.values():
-            attempt._on_launcher_died()
+            attempt.on_launcher_died()
         if not self._closing and self._error is None and self._ready.done():
             self._ready = self.loop.create_future()  # management calls wait for the next one
+        self._after_launcher()
 
     def _on_startup_output(self) -> None:
         """Copy the launcher's start-up stderr to ours, keeping its last line, until EOF (the
@@ -380,9 +397,21 @@ class LauncherClient:
             self._startup = None
 
     def _on_guardian_ended(self, guardian_pid: int, returncode: int) -> None:
-        """The launcher and everything it left are gone: report it, then restart or give up."""
+        """The guardian has exited: once the control socket is at EOF too, the launcher and
+        everything it left are gone (`_after_launcher`)."""
+        self._ended = (guardian_pid, returncode)
         if self._sock is not None:
-            self._on_readable()  # read what it sent before it died, then its EOF
+            self._on_readable()  # what it sent before it died, and its EOF if it is dead already
+        self._after_launcher()
+
+    def _after_launcher(self) -> None:
+        """Both ends of a launcher's life were seen (guardian exited, control socket at EOF):
+        report it, then restart or give up. A killed guardian's launcher may still be killing
+        its trees; the next launcher starts only after it closed the socket."""
+        if self._ended is None or self._sock is not None:
+            return
+        guardian_pid, returncode = self._ended
+        self._ended = None
         if self._startup is not None:
             self._on_startup_output()  # what it wrote before it died
             self._close_startup()  # (held open only by something it started: not ours to wait for)
@@ -410,32 +439,37 @@ class LauncherClient:
         when = f" in {self._delay:g} s" if self._delay else ""
         self.on_death(f"the launcher ({who}) {how}; a new one starts{when}")
 
-    # --- what AttemptProcess uses --------------------------------------------------------------
+    # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
-    def _spawn(self, attempt: AttemptProcess, exec_python: bool, fds: list[int]) -> int:
+    def spawn(self, attempt: AttemptSink, exec_python: bool, fds: list[int]) -> int:
+        """Start an attempt whose child inherits `fds` (the attempt socket's child end, then the
+        stdout and stderr pipes, if any; the client closes them once sent); return its key. The
+        launcher reports through `attempt`: started, start failed, exited, or launcher died."""
         self._next_key += 1
         key = self._next_key
         if self._error is not None:  # given up: no launcher will ever start this attempt
             for fd in fds:
                 os.close(fd)
-            self.loop.call_soon(attempt._on_start_failed, f"could not start: {self._error}")
+            self.loop.call_soon(attempt.on_start_failed, f"could not start: {self._error}")
             return key
         self._attempts[key] = attempt
-        self._send(["spawn", key, exec_python], fds)
+        self._send(control.Spawn(key, exec_python), fds)
         return key
 
-    def _signal(self, key: int, signum: int, group: bool) -> None:
-        self._send(["signal", key, signum, group])
+    def signal(self, key: int, signum: int, group: bool) -> None:
+        """Send `signum` to the attempt `key` (its process group if `group`) while it runs."""
+        self._send(control.Signal(key, signum, group))
 
-    def _kill(self, key: int) -> None:
-        self._send(["kill", key])
+    def kill(self, key: int) -> None:
+        """SIGKILL the attempt `key`'s whole tree."""
+        self._send(control.Kill(key))
 
     async def close(self) -> None:
         """Stop the launcher (it kills whatever is left) and let the keeper thread end."""
         with self._lock:
             self._closing = True
         if self._sock is not None:
-            self._send(["stop"])  # not attached yet: `_attach` sends it
+            self._send(control.Stop())  # not attached yet: `_attach` sends it
         if self._start_timer is not None:
             self._start_timer.cancel()
         if self._proc is not None and not self._was_ready:

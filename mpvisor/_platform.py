@@ -15,9 +15,11 @@ pid, names one process for its whole life).
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 import resource
+import socket
 import sys
 
 PR_SET_PDEATHSIG = 1
@@ -143,3 +145,14 @@ def interpreter_argv(code: str) -> list[str]:
 
     flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
     return [sys.executable, *flags, "-c", code]
+
+
+def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
+    fds = array.array("i")
+    flags |= socket.MSG_CMSG_CLOEXEC  # received fds must not leak into an attempt's exec
+    data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_LEN(8 * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)

@@ -1,9 +1,10 @@
 r"""How does the runtime start, stop and learn the end of one attempt process?
 
 The launcher boundary: `AttemptProcess` is the only thing the rest of the runtime
-sees: start it, await its end, ask it to stop, kill it. It talks to the launcher through
-`_launcher_client.LauncherClient`; nothing outside these two modules touches a pid, a pipe or a
-signal.
+sees: start it, await its end, ask it to stop, kill it. It asks the launcher through
+`LauncherClient`'s public requests (`spawn`, `signal`, `kill`) and is the `AttemptSink` the
+launcher reports to (`on_started`, `on_start_failed`, `on_exited`, `on_launcher_died`); nothing
+outside these two modules touches a pid, a pipe or a signal.
 
 Attempt phases (one value, `AttemptProcess.phase`):
 
@@ -126,7 +127,7 @@ class AttemptProcess:
             return
         if self.pid is not None:  # it leads its session: its tree can be signalled
             self.facts.killed = self.facts.killed or f"killed pid {self.pid}: {why}"
-            self.client._kill(self.key)
+            self.client.kill(self.key)
         else:
             self._pending_kill = why
 
@@ -143,7 +144,7 @@ class AttemptProcess:
                 os.set_blocking(w, True)
                 self._streams[r] = LineSplitter(stream)
                 fds.append(w)
-        self.key = self.client._spawn(self, exec_python, fds)
+        self.key = self.client.spawn(self, exec_python, fds)
         self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
         self._write_start()
 
@@ -170,7 +171,10 @@ class AttemptProcess:
             self.loop.remove_writer(self._sock.fileno())
             self._writing = False
 
-    def _on_started(self, pid: int, pidfd: int | None) -> None:
+    # --- the launcher's reports (this is its `AttemptSink`) ---------------------------------------
+
+    def on_started(self, pid: int, pidfd: int | None) -> None:
+        """The attempt leads its own session as `pid`; its pidfd, where the launcher is local."""
         self.pid = pid
         self.facts.pid = pid
         self._pidfd = pidfd
@@ -185,7 +189,8 @@ class AttemptProcess:
         if self._pending_kill is not None:
             self.kill(self._pending_kill)
 
-    def _on_start_failed(self, error: str) -> None:
+    def on_start_failed(self, error: str) -> None:
+        """The attempt could not be started."""
         self.facts.could_not_start = error
         self._close_fds()
         self._finish()
@@ -194,7 +199,7 @@ class AttemptProcess:
         if self.pid is None:  # not yet in its own session: signal once it is
             self._pending_signal = True
             return
-        self.client._signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
+        self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
 
     def _on_start_timeout(self, limit: float) -> None:
         if self.facts.calling or self.facts.stop is not None:
@@ -288,7 +293,8 @@ class AttemptProcess:
 
     # --- the end ------------------------------------------------------------------------------------
 
-    def _on_exited(self, status: ExitStatus, killed: bool) -> None:
+    def on_exited(self, status: ExitStatus, killed: bool) -> None:
+        """The attempt's tree is reaped: `status` is its main process's; `killed`, by us while it ran."""
         self.facts.status = status
         if not killed:
             self.facts.killed = None
@@ -296,7 +302,8 @@ class AttemptProcess:
         self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
         self._maybe_done()
 
-    def _on_launcher_died(self) -> None:
+    def on_launcher_died(self) -> None:
+        """The launcher went away; the attempt's process dies with it (its pidfd says when)."""
         self.facts.launcher_died = True
         if self.pid is None:
             self.facts.could_not_start = "launcher died before the attempt started"

@@ -1,0 +1,82 @@
+"""The control channel's codec: every message round-trips; anything else is a ControlError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mpvisor import _control as control
+from mpvisor._wire import pack
+
+pytestmark = pytest.mark.timeout(30)
+
+V = control.CONTROL_VERSION
+EXAMPLES = [
+    control.Spawn(1, False), control.Spawn(2**40, True), control.Signal(3, 15, True), control.Kill(4),
+    control.Stop(), control.Importing(V, 123, "numpy"), control.Ready(V, 123, None),
+    control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
+    control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
+    control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_control_message_round_trips(message):
+    """decode(encode(m)) == m for each kind of message."""
+    assert control.decode(control.encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        ["spawn", 1], ["spawn", "1", True], ["spawn", 1, 1], ["signal", 1, 15], ["kill"], ["stop", 1],
+        ["started", 1], ["exited", 1, "vanished", 0, False], ["exited", 1, "exit", 0, 0],
+        ["ready", V, 1, 2], ["nonsense"], [], {"spawn": 1}, 7, None,
+    ],
+)
+def test_a_malformed_or_unknown_packet_is_a_control_error(packet):
+    """Wrong arity, wrong types, an unknown name or not a list at all: ControlError naming it."""
+    with pytest.raises(control.ControlError, match="not a control message"):
+        control.decode(pack(packet))
+
+
+@pytest.mark.parametrize("packet", [["ready", V + 1, 1, None], ["importing", V + 1, 1, "m"], ["ready", 0, 1, None]])
+def test_a_launcher_of_another_protocol_version_is_refused(packet):
+    """The launcher's first message carries its version; another one is refused, naming both."""
+    with pytest.raises(control.ControlError, match=f"version {packet[1]}, this parent {V}"):
+        control.decode(pack(packet))
+
+
+def test_undecodable_bytes_are_a_control_error_too():
+    """Bytes that are not msgpack are refused like any bad packet (a ProtocolError)."""
+    with pytest.raises(control.ProtocolError):
+        control.decode(b"\xc1garbage")
+
+
+_ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_messages = st.one_of(
+    st.builds(control.Spawn, _ints, st.booleans()),
+    st.builds(control.Signal, _ints, _ints, st.booleans()),
+    st.builds(control.Kill, _ints),
+    st.builds(control.Importing, st.just(V), _ints, st.text()),
+    st.builds(control.Ready, st.just(V), _ints, st.none() | st.text()),
+    st.builds(control.Started, _ints, _ints),
+    st.builds(control.StartFailed, _ints, st.text()),
+    st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans()),
+)
+
+
+@given(_messages)
+def test_any_well_formed_message_round_trips(message):
+    """Property: any field values of the right types survive encoding."""
+    assert control.decode(control.encode(message)) == message
+
+
+@given(st.binary(max_size=64))
+def test_arbitrary_bytes_decode_or_raise_a_protocol_error(data):
+    """Property: arbitrary bytes never raise anything but ProtocolError (ControlError included)."""
+    try:
+        control.decode(data)
+    except control.ProtocolError:
+        pass
