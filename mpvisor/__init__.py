@@ -40,11 +40,11 @@ if TYPE_CHECKING:
     from ._config import ControllerConfig, SupervisorConfig
     from ._events import Event, EventKind
     from ._handle import SupervisorHandle
+    from ._identity import TaskId
     from ._metrics import PrometheusMetrics
     from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
-    from ._runtime import TaskId
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
     from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission

@@ -41,10 +41,10 @@ from ._errors import (
     TaskAlreadyExists,
 )
 from ._events import EventKind
+from ._identity import next_id
 from ._intake import Intake
 from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
 from ._registry import Add, Remove, RemoveAnswer, TaskWaiter
-from ._runtime import next_id
 from ._slots import AdmissionPolicy, Admit, Reject, RemoveOwner, SlotTable, Transition
 from ._spec import TaskSpec
 from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission

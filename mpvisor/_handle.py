@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from . import _validate
 from ._actor import check_start_fits
 from ._errors import ControllerNotConfigured, ShuttingDown, TaskTerminationTimeout
+from ._identity import TaskId, next_id
 from ._registry import Add, Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
-from ._runtime import TaskId, next_id
 from ._spec import TaskSpec
 
 if TYPE_CHECKING:

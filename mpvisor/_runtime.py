@@ -19,10 +19,9 @@ Shutdown, one operation whatever started it, its result cached for every caller:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from ._bus import Bus
 from ._config import SupervisorConfig
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
     from ._controller import Controller
 
 _log = logging.getLogger("mpvisor.runtime")
-TaskId: TypeAlias = int  # a task's identity: unique in this process, never reused
-next_id = itertools.count(1).__next__  # TaskIds increase in allocation order, process-wide
 
 
 class Runtime:
