@@ -74,7 +74,7 @@ _LAZY = {
     "JsonLinesWriter": "._writers",
     "LogWriter": "._writers",
     "PrometheusMetrics": "._metrics",
-    "TaskId": "._runtime",
+    "TaskId": "._identity",
     "TaskInfo": "._registry",
     "TaskWaiter": "._registry",
     "SupervisorHandle": "._handle",

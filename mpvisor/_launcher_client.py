@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from . import _control as control
 from . import _platform
@@ -43,17 +43,9 @@ from ._ending import ExitStatus
 from ._errors import ConfigError
 from ._platform import recv_fds
 
+if TYPE_CHECKING:
+    from ._launch import AttemptSink
 
-class AttemptSink(Protocol):
-    """What a launcher reports about one attempt, in this order: `on_started` (or
-    `on_start_failed`), then `on_exited` once the attempt's whole tree is reaped, or
-    `on_launcher_died` at any point after `spawn` (the launcher went away; the attempt's process,
-    if it had one, dies with it: its pidfd tells when)."""
-
-    def on_started(self, pid: int, pidfd: int | None) -> None: ...
-    def on_start_failed(self, error: str) -> None: ...
-    def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
-    def on_launcher_died(self) -> None: ...
 
 CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error

@@ -27,7 +27,7 @@ from ._bus import Bus
 from ._config import SupervisorConfig
 from ._errors import GraceExceeded, ShuttingDown
 from ._events import EventKind
-from ._launcher_client import LauncherClient
+from ._launch import Launcher, LauncherFactory, local_launcher
 from ._outcome import OutcomeKind
 from ._process import AttemptProcess
 from ._registry import Registry
@@ -51,13 +51,15 @@ class Runtime:
         subscribers: tuple[Subscriber, ...],
         defaults: TaskDefaults,
         controller: ControllerConfig | None,
+        launcher: LauncherFactory | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self._launcher_factory = launcher if launcher is not None else local_launcher
         self.config = config
         self.defaults = defaults
         self.bus = Bus(subscribers, config.bus_capacity)
         self.registry = Registry(self, config.registry_capacity)
-        self.client: LauncherClient | None = None
+        self.client: Launcher | None = None
         self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
         self.controller: Controller | None = None
         if controller is not None:
@@ -77,11 +79,9 @@ class Runtime:
 
     # --- the launcher ---------------------------------------------------------------------------
 
-    def ensure_launcher(self) -> LauncherClient:
+    def ensure_launcher(self) -> Launcher:
         if self.client is None:
-            self.client = LauncherClient(
-                self.loop, self.config.preload, self._on_launcher_death, self.config.start_timeout
-            )
+            self.client = self._launcher_factory(self.loop, self.config, self._on_launcher_death)
         return self.client
 
     async def ready(self) -> None:

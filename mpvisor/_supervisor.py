@@ -33,6 +33,7 @@ from ._spec import TaskDefaults, TaskSpec
 if TYPE_CHECKING:
     from ._blocking import BlockingHandle
     from ._bus import Subscriber
+    from ._launch import LauncherFactory
 
 
 class Supervisor:
@@ -45,7 +46,11 @@ class Supervisor:
         *,
         task_defaults: TaskDefaults | None = None,
         controller: ControllerConfig | None = None,
+        _launcher: LauncherFactory | None = None,
     ) -> None:
+        # `_launcher` builds the launcher when the supervisor is served (`_launch.py`): the
+        # local fork server unless given. Private for now: the unit tests' in-process fake uses it.
+        self._launcher_factory = _launcher
         self.config = config if config is not None else SupervisorConfig()
         if not isinstance(self.config, SupervisorConfig):
             raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
@@ -94,7 +99,9 @@ class Supervisor:
         if self._runtime is None:
             _platform.raise_nofile_limit()
             self._loop = loop
-            self._runtime = Runtime(self.config, self.subscribers, self.task_defaults, self.controller_config)
+            self._runtime = Runtime(
+                self.config, self.subscribers, self.task_defaults, self.controller_config, self._launcher_factory
+            )
         elif not self._runtime.shutting_down:
             self._runtime.ensure_launcher()
         return SupervisorHandle(self._runtime)

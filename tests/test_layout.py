@@ -42,7 +42,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(module)
         for dep in sorted(graph.get(module, ())):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return [*path[path.index(dep) :], dep]
             if dep in graph and dep not in state and (found := visit(dep)):
                 return found
         path.pop()

@@ -1,0 +1,73 @@
+"""What does the runtime ask of a launcher, and what does a launcher report back?
+
+The launcher seam, as two small interfaces: requests go down (`Launcher`), reports come up
+(`AttemptSink`), and neither side calls the other's private methods. The runtime holds one
+`Launcher` (built by a `LauncherFactory` when it is served) and builds an
+`_process.AttemptProcess` per attempt, which is that attempt's `AttemptSink`.
+
+| implementation | where | what an attempt is |
+|---|---|---|
+| `LauncherClient` | `_launcher_client.py` (+ `_launcher.py`, `_guardian.py`, `_control.py`) | a process forked by a local fork server (the default) |
+| `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
+
+The contract a `Launcher` keeps:
+- `spawn(sink, exec_python, fds)` returns a key at once; `fds[0]` is the attempt channel's
+  child end (the parent has already queued the start frame on its end), then the stdout and
+  stderr pipes' write ends with `capture_output`. The launcher owns those fds from then on.
+- Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid, pidfd)`
+  once the attempt leads its own session (or `sink.on_start_failed(error)`), and later
+  `sink.on_exited(status, killed)` only once the attempt's main process and every process of
+  its tree are reaped; or `sink.on_launcher_died()` at any time after `spawn`, when nothing more
+  will be reported (the attempt's process, if it had one, dies with the launcher).
+- `signal(key, signum, group)` and `kill(key)` reach only a running attempt (never a reaped
+  pid); a request for an attempt that has ended does nothing.
+- `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
+  will; `is_ready()` says whether `ready()` would return at once; `environment()` gives the
+  parent's environ, cwd and `sys.path` for a start request, each `None` when the launcher
+  already has it; `close()` stops the launcher and whatever still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ._config import SupervisorConfig
+    from ._ending import ExitStatus
+
+
+class AttemptSink(Protocol):
+    """What a launcher reports about one attempt (see the module docstring for the order)."""
+
+    def on_started(self, pid: int, pidfd: int | None) -> None: ...
+    def on_start_failed(self, error: str) -> None: ...
+    def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
+    def on_launcher_died(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """What the runtime asks of a launcher (see the module docstring for the contract)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def spawn(self, sink: AttemptSink, exec_python: bool, fds: list[int]) -> int: ...
+    def signal(self, key: int, signum: int, group: bool) -> None: ...
+    def kill(self, key: int) -> None: ...
+    async def ready(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]: ...
+    async def close(self) -> None: ...
+
+
+# Builds the runtime's launcher: (its loop, the supervisor's config, how to report a launcher's
+# death as RUNTIME_FAILURE).
+LauncherFactory = Callable[[asyncio.AbstractEventLoop, "SupervisorConfig", Callable[[str], None]], Launcher]
+
+
+def local_launcher(loop: asyncio.AbstractEventLoop, config: SupervisorConfig, on_death: Callable[[str], None]) -> Launcher:
+    """The default: a local fork server (`LauncherClient`) with the config's preload and start-up timeout."""
+    from ._launcher_client import LauncherClient
+
+    return LauncherClient(loop, config.preload, on_death, config.start_timeout)

@@ -1,0 +1,190 @@
+"""An in-process launcher: the runtime, registry and controller run for real, attempts do not.
+
+`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launch.py` with no process at all: it
+reads each attempt's start frame from the attempt channel, then answers on that channel as the
+child would, following the target's name. Pass it to a supervisor with
+`Supervisor(config, _launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.
+
+| target | the "attempt" |
+|---|---|
+| `fake:value` | returns its first argument |
+| `fake:fail` | fails (retryable) with reason `fake failure`, exit code 3 |
+| `fake:fatal` | fails for good (`FATAL`) |
+| `fake:crash` | dies by SIGSEGV before reporting |
+| `fake:hang` | waits; a SIGTERM makes it end canceled |
+| `fake:stubborn` | waits; ignores SIGTERM, only a kill ends it |
+| `fake:launcher_dies` | the launcher dies while it runs (every running attempt: launcher died) |
+
+Pids are made up (`FAKE_PID_BASE` + n): no process with them is ever signalled or waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpvisor._ending import ExitStatus
+from mpvisor._wire import (
+    HEADER,
+    Calling,
+    Failure,
+    Hello,
+    Message,
+    Result,
+    frame,
+    pack,
+    parse_start,
+    unpack,
+)
+
+FAKE_PID_BASE = 4_000_000  # above any real pid_max default
+
+
+@dataclass
+class _Attempt:
+    key: int
+    pid: int
+    sink: Any
+    sock: socket.socket
+    fds: list[int]
+    buffer: bytearray = field(default_factory=bytearray)
+    target: str | None = None
+    args: list[Any] = field(default_factory=list)
+    ended: bool = False
+
+
+class FakeLauncher:
+    """The `Launcher` interface, answered in the parent (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, log: list[tuple[Any, ...]]) -> None:
+        self.loop = loop
+        self.log = log
+        self._attempts: dict[int, _Attempt] = {}
+        self._next = 0
+        self._closed = False
+
+    @classmethod
+    def factory(cls, log: list[tuple[Any, ...]]) -> Callable[..., FakeLauncher]:
+        """A `LauncherFactory` whose launchers record their requests in `log`."""
+        return lambda loop, config, on_death: cls(loop, log)
+
+    def __repr__(self) -> str:
+        return f"<FakeLauncher attempts={sorted(self._attempts)}>"
+
+    # --- the Launcher interface ------------------------------------------------------------------
+
+    async def ready(self) -> None:
+        return None
+
+    def is_ready(self) -> bool:
+        return True
+
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
+        return None, None, None
+
+    def spawn(self, sink: Any, exec_python: bool, fds: list[int]) -> int:
+        self._next += 1
+        key = self._next
+        sock = socket.socket(fileno=fds[0])
+        sock.setblocking(False)
+        attempt = _Attempt(key, FAKE_PID_BASE + key, sink, sock, fds[1:])
+        self._attempts[key] = attempt
+        self.log.append(("spawn", key))
+        self.loop.call_soon(self._start, attempt)
+        return key
+
+    def signal(self, key: int, signum: int, group: bool) -> None:
+        self.log.append(("signal", key, signum))
+        attempt = self._attempts.get(key)
+        if attempt is None or attempt.ended or signum != signal.SIGTERM:
+            return
+        if attempt.target == "fake:hang":
+            self._report(attempt, Failure("canceled", "the attempt was canceled"))
+            self._exit(attempt, ExitStatus("exit", 0), killed=False)
+
+    def kill(self, key: int) -> None:
+        self.log.append(("kill", key))
+        attempt = self._attempts.get(key)
+        if attempt is not None and not attempt.ended:
+            self._exit(attempt, ExitStatus("signal", signal.SIGKILL), killed=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        for attempt in list(self._attempts.values()):
+            self._die(attempt)
+
+    # --- the "child" -------------------------------------------------------------------------------
+
+    def _start(self, attempt: _Attempt) -> None:
+        attempt.sink.on_started(attempt.pid, None)
+        self._send(attempt, Hello(attempt.pid))
+        self.loop.add_reader(attempt.sock.fileno(), self._read_start, attempt)
+        self._read_start(attempt)
+
+    def _read_start(self, attempt: _Attempt) -> None:
+        try:
+            attempt.buffer += attempt.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        if len(attempt.buffer) < HEADER.size:
+            return
+        (length,) = HEADER.unpack_from(attempt.buffer)
+        if len(attempt.buffer) < HEADER.size + length:
+            return
+        self.loop.remove_reader(attempt.sock.fileno())
+        start = parse_start(unpack(bytes(attempt.buffer[HEADER.size : HEADER.size + length])))
+        attempt.target = start.target
+        attempt.args, _ = unpack(start.call)
+        self._send(attempt, Calling())
+        self.loop.call_soon(self._run, attempt)
+
+    def _run(self, attempt: _Attempt) -> None:
+        match attempt.target:
+            case "fake:value":
+                self._report(attempt, Result(attempt.args[0] if attempt.args else None))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+            case "fake:fail":
+                self._report(attempt, Failure("fail", "fake failure", 3))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+            case "fake:fatal":
+                self._report(attempt, Failure("fatal", "fake fatal"))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+            case "fake:crash":
+                self._exit(attempt, ExitStatus("signal", signal.SIGSEGV), killed=False)
+            case "fake:launcher_dies":
+                for other in list(self._attempts.values()):
+                    self._die(other)
+            case _:  # fake:hang, fake:stubborn: wait for a signal or a kill
+                pass
+
+    def _send(self, attempt: _Attempt, message: Message) -> None:
+        attempt.sock.setblocking(True)
+        attempt.sock.sendall(frame(pack(message.to_wire())))
+        attempt.sock.setblocking(False)
+
+    def _report(self, attempt: _Attempt, message: Result | Failure) -> None:
+        self._send(attempt, message)
+
+    def _close(self, attempt: _Attempt) -> None:
+        attempt.ended = True
+        self._attempts.pop(attempt.key, None)
+        self.loop.remove_reader(attempt.sock.fileno())
+        attempt.sock.close()
+        for fd in attempt.fds:
+            os.close(fd)
+
+    def _exit(self, attempt: _Attempt, status: ExitStatus, killed: bool) -> None:
+        """The attempt's "tree" is gone: its channel closes, then the exit is reported."""
+        self._close(attempt)
+        self.log.append(("exited", attempt.key, status.how, status.value))
+        attempt.sink.on_exited(status, killed)
+
+    def _die(self, attempt: _Attempt) -> None:
+        self._close(attempt)
+        self.log.append(("launcher_died", attempt.key))
+        attempt.sink.on_launcher_died()
