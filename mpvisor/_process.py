@@ -2,7 +2,7 @@ r"""How does the runtime start, stop and learn the end of one attempt process?
 
 The launcher boundary: `AttemptProcess` is the only thing the rest of the runtime
 sees: start it, await its end, ask it to stop, kill it. It asks the launcher through
-the `Launcher`'s requests (`spawn`, `signal`, `kill`; `_launch.py`) and is the `AttemptSink` the
+the `Launcher`'s requests (`spawn`, `signal`, `kill`; `_launchers/__init__.py`) and is the `AttemptSink` the
 launcher reports to (`on_started`, `on_start_failed`, `on_exited`, `on_launcher_died`); nothing
 outside these two modules touches a pid, a pipe or a signal.
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
-from ._launch import Launcher
+from ._launchers import Launcher
 from ._output import LineSplitter
 from ._wire import (
     VERSION,

@@ -27,7 +27,7 @@ from ._bus import Bus
 from ._config import SupervisorConfig
 from ._errors import GraceExceeded, ShuttingDown
 from ._events import EventKind
-from ._launch import Launcher, LauncherFactory, local_launcher
+from ._launchers import Launcher, LauncherFactory, local_launcher
 from ._outcome import OutcomeKind
 from ._process import AttemptProcess
 from ._registry import Registry

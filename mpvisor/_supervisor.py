@@ -33,7 +33,7 @@ from ._spec import TaskDefaults, TaskSpec
 if TYPE_CHECKING:
     from ._blocking import BlockingHandle
     from ._bus import Subscriber
-    from ._launch import LauncherFactory
+    from ._launchers import LauncherFactory
 
 
 class Supervisor:
@@ -48,7 +48,7 @@ class Supervisor:
         controller: ControllerConfig | None = None,
         _launcher: LauncherFactory | None = None,
     ) -> None:
-        # `_launcher` builds the launcher when the supervisor is served (`_launch.py`): the
+        # `_launcher` builds the launcher when the supervisor is served (`_launchers/__init__.py`): the
         # local fork server unless given. Private for now: the unit tests' in-process fake uses it.
         self._launcher_factory = _launcher
         self.config = config if config is not None else SupervisorConfig()

@@ -1,6 +1,6 @@
 """An in-process launcher: the runtime, registry and controller run for real, attempts do not.
 
-`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launch.py` with no process at all: it
+`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/__init__.py` with no process at all: it
 reads each attempt's start frame from the attempt channel, then answers on that channel as the
 child would, following the target's name. Pass it to a supervisor with
 `Supervisor(config, _launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.

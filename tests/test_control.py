@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpvisor import _control as control
+from mpvisor._launchers import control
 from mpvisor._wire import pack
 
 pytestmark = pytest.mark.timeout(30)

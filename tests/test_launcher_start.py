@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from mpvisor import ConfigError, EventKind, OutcomeKind, SupervisorConfig
-from mpvisor._launcher_client import EARLY_DEATHS, describe_guardian_status, restart_delay
+from mpvisor._launchers.local import EARLY_DEATHS, describe_guardian_status, restart_delay
 from tests._support import (
     START_METHODS,
     live_children,
@@ -64,18 +64,15 @@ def test_a_launcher_end_is_described_from_its_guardian_status(returncode, text):
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_an_attempt_is_an_ordinary_interpreter_with_site(start_method):
+async def test_an_attempt_is_an_ordinary_interpreter_with_site(start_method):
     """`site` ran in the attempt: no_site is 0 and exit, quit, help and copyright are builtins."""
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, _):
-            _, waiter = await handle.add_and_watch(once("facts", "workers.interpreter:facts"))
-            outcome = await asyncio.wait_for(waiter.wait(), 20)
-        assert outcome.kind is OutcomeKind.COMPLETED, outcome
-        assert outcome.value["no_site"] == 0
-        assert outcome.value["builtins"] == ["copyright", "exit", "help", "quit"]
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("facts", "workers.interpreter:facts"))
+        outcome = await asyncio.wait_for(waiter.wait(), 20)
+    assert outcome.kind is OutcomeKind.COMPLETED, outcome
+    assert outcome.value["no_site"] == 0
+    assert outcome.value["builtins"] == ["copyright", "exit", "help", "quit"]
 
 
 SITECUSTOMIZE_PARENT = textwrap.dedent(
@@ -197,20 +194,17 @@ def test_mpvisor_run_with_a_crashing_preload_raises_config_error_and_leaves_noth
     wait_for(lambda: not live_children(), timeout=5)
 
 
-def test_a_killed_launcher_is_reported_with_its_pid_and_replaced():
+async def test_a_killed_launcher_is_reported_with_its_pid_and_replaced():
     """RUNTIME_FAILURE names the dead launcher's pid and how it ended; the next task runs."""
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
-            _, first = await handle.add_and_watch(once("first", "builtins:abs", -1))
-            assert (await asyncio.wait_for(first.wait(), 20)).value == 1
-            launcher = _the_launcher()
-            os.kill(launcher, signal.SIGKILL)
-            death = await asyncio.to_thread(collector.wait_for, EventKind.RUNTIME_FAILURE, 10)
-            _, second = await handle.add_and_watch(once("second", "builtins:abs", -2))
-            return launcher, death, await asyncio.wait_for(second.wait(), 20)
-
-    launcher, death, outcome = run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
+        _, first = await handle.add_and_watch(once("first", "builtins:abs", -1))
+        assert (await asyncio.wait_for(first.wait(), 20)).value == 1
+        launcher = _the_launcher()
+        os.kill(launcher, signal.SIGKILL)
+        death = await asyncio.to_thread(collector.wait_for, EventKind.RUNTIME_FAILURE, 10)
+        _, second = await handle.add_and_watch(once("second", "builtins:abs", -2))
+        launcher, death, outcome = launcher, death, await asyncio.wait_for(second.wait(), 20)
     assert f"the launcher (pid {launcher}) killed by SIGKILL; a new one starts" in death.reason
     assert outcome.value == 2
 
@@ -224,7 +218,7 @@ def _the_launcher() -> int:
     raise AssertionError(f"no guardian with one launcher among {psutil.Process().children()}")
 
 
-def test_an_attempt_after_the_launcher_broke_for_good_fails_to_start_naming_why(tmp_path, monkeypatch):
+async def test_an_attempt_after_the_launcher_broke_for_good_fails_to_start_naming_why(tmp_path, monkeypatch):
     """A launcher that was ready dies; its successors crash at import: the running task's retry
     cannot start ("could not start: ... SIGSEGV ..."), and its retries run out instead of looping."""
     crash_file = tmp_path / "crash-now"
@@ -232,18 +226,14 @@ def test_an_attempt_after_the_launcher_broke_for_good_fails_to_start_naming_why(
     config = SupervisorConfig(grace=1, preload=("workers.preload.segfault_if",))
     spec = restartable("long", "workers.basic:sleeper", 60).with_max_retries(6)
 
-    async def body():
-        async with supervised(config) as (handle, collector):
-            _, waiter = await handle.add_and_watch(spec)
-            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 10)
-            crash_file.write_text("")
-            os.kill(_the_launcher(), signal.SIGKILL)
-            outcome = await asyncio.wait_for(waiter.wait(), 20)
-            with pytest.raises(ConfigError, match="SIGSEGV"):
-                await handle.add(once("later", "builtins:abs", -1))
-            return outcome, collector
-
-    outcome, collector = run(body())
+    async with supervised(config) as (handle, collector):
+        _, waiter = await handle.add_and_watch(spec)
+        await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 10)
+        crash_file.write_text("")
+        os.kill(_the_launcher(), signal.SIGKILL)
+        outcome = await asyncio.wait_for(waiter.wait(), 20)
+        with pytest.raises(ConfigError, match="SIGSEGV"):
+            await handle.add(once("later", "builtins:abs", -1))
     assert outcome.kind is OutcomeKind.FAILED, outcome
     assert "retry limit reached after 6 of 6 retries: could not start: the launcher" in outcome.reason, outcome.reason
     assert "SIGSEGV" in outcome.reason, outcome.reason

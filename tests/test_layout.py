@@ -15,21 +15,30 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.unit]
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mpvisor"
 
 
+def _name(path: pathlib.Path) -> str:
+    """The module's name inside the package (`_runtime`, `_launchers.local`, `_launchers`)."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: pathlib.Path) -> set[str]:
     """The package modules `path` imports when it runs (imports under `if TYPE_CHECKING:` aside,
-    function-level imports included)."""
+    function-level imports included), by their names inside the package."""
+    here = _name(path).split(".") if path.name == "__init__.py" else _name(path).split(".")[:-1]
     found: set[str] = set()
 
     def walk(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 continue
-            if isinstance(child, ast.ImportFrom) and child.level == 1:
-                found.update([child.module] if child.module else [a.name for a in child.names])
+            if isinstance(child, ast.ImportFrom) and child.level >= 1:
+                base = here[: len(here) - (child.level - 1)]
+                names = [child.module] if child.module else [a.name for a in child.names]
+                found.update(".".join([*base, name]) for name in names)
             walk(child)
 
     walk(ast.parse(path.read_text()))
-    return found
+    return {name.strip(".") for name in found}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -57,7 +66,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_cycle():
     """No module of mpvisor imports, directly or not, a module that imports it back."""
-    graph = {path.stem: _imports(path) for path in PACKAGE.glob("*.py")}
+    graph = {_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
@@ -72,9 +81,9 @@ def test_importing_the_fork_server_stays_cheap():
     """The launcher's module (what every attempt is forked from) imports no asyncio and none of
     the parent's runtime: its forks stay small."""
     code = (
-        "import sys, mpvisor._launcher; "
+        "import sys, mpvisor._launchers.forkserver; "
         "heavy = [m for m in ('asyncio', 'mpvisor._runtime', 'mpvisor._registry', 'mpvisor._bus', "
-        "'mpvisor._controller', 'mpvisor._process', 'mpvisor._launcher_client') if m in sys.modules]; "
+        "'mpvisor._controller', 'mpvisor._process', 'mpvisor._launchers.local') if m in sys.modules]; "
         "print(heavy)"
     )
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}

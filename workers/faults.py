@@ -234,7 +234,7 @@ def _imported_by_preload() -> bool:
     frame = sys._getframe()
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "_preload" and frame.f_globals.get("__name__") == "mpvisor._launcher":
+        if code.co_name == "_preload" and frame.f_globals.get("__name__") == "mpvisor._launchers.forkserver":
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

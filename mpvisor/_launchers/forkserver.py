@@ -1,13 +1,13 @@
 """Who forks, signals, reaps and cleans up after attempt processes?
 
 The launcher: a single-threaded helper process the parent starts once (and again if it dies),
-forked at once by its guardian (`_guardian.py`), which stays above it to clean up if it is killed. It
+forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
 has imported mpvisor and the `preload` modules, so forking an attempt from it is cheap and never
 forks the (possibly multi-threaded) parent. It is the parent of every attempt process and a child
 subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
 
 Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
-attached; `_control.py` types, encodes and versions them):
+attached; `control.py` types, encodes and versions them):
 
 | parent -> launcher | launcher does |
 |---|---|
@@ -46,9 +46,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from . import _child, _guardian, _platform
-from . import _control as control
-from ._platform import recv_fds
+from .. import _child, _platform
+from .._platform import recv_fds
+from . import control
+from . import guardian as _guardian
 
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)

@@ -2,11 +2,11 @@
 
 `LauncherClient` owns one launcher process at a time: a keeper thread (alive as long as the
 supervisor, so the parent-death signal of what it starts is tied to it) starts the launcher's
-guardian (`_guardian.py`, which forks the launcher), forwards the launcher's start-up stderr to
+guardian (`guardian.py`, which forks the launcher), forwards the launcher's start-up stderr to
 the parent's own (keeping its last line), waits for the guardian to end (after a killed
 launcher: once it has cleaned up), and, when the loop says so, starts another. `pid` is the
 launcher's own, from its first message. On the runtime loop, the client speaks the control
-protocol of `_launcher.py` over a SOCK_SEQPACKET socket and routes each reply to its
+protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply to its
 `AttemptProcess`.
 
 | event | the client |
@@ -37,14 +37,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import _control as control
-from . import _platform
-from ._ending import ExitStatus
-from ._errors import ConfigError
-from ._platform import recv_fds
+from .. import _platform
+from .._ending import ExitStatus
+from .._errors import ConfigError
+from .._platform import recv_fds
+from . import control
 
 if TYPE_CHECKING:
-    from ._launch import AttemptSink
+    from . import AttemptSink
 
 
 CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
@@ -151,7 +151,7 @@ class LauncherClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._baseline = (dict(os.environ._data), os.getcwd(), list(sys.path))  # type: ignore[attr-defined]
         code = (
-            f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launcher import main; "
+            f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launchers.forkserver import main; "
             f"main(sys.argv[1:])"
         )
         # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable

@@ -1,5 +1,10 @@
 """What does the runtime ask of a launcher, and what does a launcher report back?
 
+This package is where attempts are started: the seam below, and its implementations beside it
+(`local.py`, the parent's client of `forkserver.py`, where attempt processes are forked, with
+`guardian.py` above it and `control.py` the messages between them). A launcher that places
+attempts elsewhere (a cluster) goes beside them, as another `Launcher`.
+
 The launcher seam, as two small interfaces: requests go down (`Launcher`), reports come up
 (`AttemptSink`), and neither side calls the other's private methods. The runtime holds one
 `Launcher` (built by a `LauncherFactory` when it is served) and builds an
@@ -7,7 +12,7 @@ The launcher seam, as two small interfaces: requests go down (`Launcher`), repor
 
 | implementation | where | what an attempt is |
 |---|---|---|
-| `LauncherClient` | `_launcher_client.py` (+ `_launcher.py`, `_guardian.py`, `_control.py`) | a process forked by a local fork server (the default) |
+| `LauncherClient` | `local.py` (+ `forkserver.py`, `guardian.py`, `control.py`) | a process forked by a local fork server (the default) |
 | `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
 
 The contract a `Launcher` keeps:
@@ -29,13 +34,14 @@ The contract a `Launcher` keeps:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    from ._config import SupervisorConfig
-    from ._ending import ExitStatus
+if TYPE_CHECKING:  # not at run time: the fork server imports this package, and must stay small
+    import asyncio
+
+    from .._config import SupervisorConfig
+    from .._ending import ExitStatus
 
 
 class AttemptSink(Protocol):
@@ -63,11 +69,11 @@ class Launcher(Protocol):
 
 # Builds the runtime's launcher: (its loop, the supervisor's config, how to report a launcher's
 # death as RUNTIME_FAILURE).
-LauncherFactory = Callable[[asyncio.AbstractEventLoop, "SupervisorConfig", Callable[[str], None]], Launcher]
+LauncherFactory = Callable[["asyncio.AbstractEventLoop", "SupervisorConfig", Callable[[str], None]], Launcher]
 
 
 def local_launcher(loop: asyncio.AbstractEventLoop, config: SupervisorConfig, on_death: Callable[[str], None]) -> Launcher:
     """The default: a local fork server (`LauncherClient`) with the config's preload and start-up timeout."""
-    from ._launcher_client import LauncherClient
+    from .local import LauncherClient
 
     return LauncherClient(loop, config.preload, on_death, config.start_timeout)

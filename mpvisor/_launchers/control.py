@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass
 from typing import Any
 
-from ._wire import ProtocolError, pack, unpack
+from .._wire import ProtocolError, pack, unpack
 
 CONTROL_VERSION = 1
 

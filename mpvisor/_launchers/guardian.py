@@ -27,7 +27,7 @@ import signal
 from collections.abc import Iterable
 from typing import NoReturn
 
-from . import _platform
+from .. import _platform
 
 
 def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int], stderr_fd: int = -1) -> int:
