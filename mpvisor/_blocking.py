@@ -28,19 +28,23 @@ every waiter before it returns, so no waiter is left unresolved once the loop is
 from __future__ import annotations
 
 import asyncio
+import builtins
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, InvalidStateError
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ShuttingDown
-from ._registry import TaskWaiter
+from ._registry import TaskInfo, TaskWaiter
 
 if TYPE_CHECKING:
     from ._bus import EventStream
     from ._events import Event
     from ._handle import SupervisorHandle
+    from ._identity import TaskId
     from ._outcome import TaskOutcome
+    from ._spec import TaskSpec
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor
 
@@ -72,18 +76,15 @@ class BlockingWaiter:
         return self._outcome.result(timeout)
 
 
-def _blocking(value: Any) -> Any:
-    """`value` with its `TaskWaiter`s (alone, or second in a pair) made `BlockingWaiter`s."""
-    if isinstance(value, TaskWaiter):
-        return BlockingWaiter(value)
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], TaskWaiter):
-        return value[0], BlockingWaiter(value[1])
-    return value
+async def _with_blocking_waiter(call: Coroutine[Any, Any, tuple[int, TaskWaiter]]) -> tuple[int, BlockingWaiter]:
+    """Run `call` and wrap its waiter where it ran (on the loop, while there is one)."""
+    id, waiter = await call
+    return id, BlockingWaiter(waiter)
 
 
-async def _converted(call: Coroutine[Any, Any, Any]) -> Any:
-    """Run `call` and convert its result where it ran (on the loop, while there is one)."""
-    return _blocking(await call)
+async def _blocking_waiter_or_none(call: Coroutine[Any, Any, TaskWaiter | None]) -> BlockingWaiter | None:
+    waiter = await call
+    return BlockingWaiter(waiter) if waiter is not None else None
 
 
 async def _plain(fn: Callable[[], T]) -> T:
@@ -162,28 +163,115 @@ class BlockingHandle:
             with self._lock:
                 self._in_flight.discard(future)
 
-    def __getattr__(self, name: str) -> Any:
-        """Coroutine methods of the async handle, made blocking (`add`, `remove_by_name`, ...)."""
-        method = getattr(self._handle, name)
-        if not asyncio.iscoroutinefunction(method):
-            raise AttributeError(name)
+    # The management calls: each one is `SupervisorHandle`'s coroutine of the same name (see its
+    # docstring), run to completion; a `TaskWaiter` in its answer becomes a `BlockingWaiter`.
 
-        def blocking(*args: Any, **kwargs: Any) -> Any:
-            return self._call(_converted(method(*args, **kwargs)))
+    def add(self, spec: TaskSpec) -> TaskId:
+        """`SupervisorHandle.add`, blocking."""
+        return self._call(self._handle.add(spec))
 
-        blocking.__name__ = name
-        return blocking
+    def try_add(self, spec: TaskSpec) -> TaskId:
+        """`SupervisorHandle.try_add`, blocking."""
+        return self._call(self._handle.try_add(spec))
+
+    def remove(self, id: TaskId) -> bool:
+        """`SupervisorHandle.remove`, blocking."""
+        return self._call(self._handle.remove(id))
+
+    def try_remove(self, id: TaskId) -> bool:
+        """`SupervisorHandle.try_remove`, blocking."""
+        return self._call(self._handle.try_remove(id))
+
+    def remove_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.remove_by_name`, blocking."""
+        return self._call(self._handle.remove_by_name(name))
+
+    def try_remove_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.try_remove_by_name`, blocking."""
+        return self._call(self._handle.try_remove_by_name(name))
+
+    def cancel(self, id: TaskId) -> bool:
+        """`SupervisorHandle.cancel`, blocking."""
+        return self._call(self._handle.cancel(id))
+
+    def try_cancel(self, id: TaskId) -> bool:
+        """`SupervisorHandle.try_cancel`, blocking."""
+        return self._call(self._handle.try_cancel(id))
+
+    def cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.cancel_with_timeout`, blocking."""
+        return self._call(self._handle.cancel_with_timeout(id, timeout))
+
+    def try_cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.try_cancel_with_timeout`, blocking."""
+        return self._call(self._handle.try_cancel_with_timeout(id, timeout))
+
+    def cancel_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.cancel_by_name`, blocking."""
+        return self._call(self._handle.cancel_by_name(name))
+
+    def try_cancel_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.try_cancel_by_name`, blocking."""
+        return self._call(self._handle.try_cancel_by_name(name))
+
+    def cancel_by_name_with_timeout(self, name: str, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.cancel_by_name_with_timeout`, blocking."""
+        return self._call(self._handle.cancel_by_name_with_timeout(name, timeout))
+
+    def try_cancel_by_name_with_timeout(self, name: str, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.try_cancel_by_name_with_timeout`, blocking."""
+        return self._call(self._handle.try_cancel_by_name_with_timeout(name, timeout))
+
+    def list(self) -> builtins.list[TaskInfo]:
+        """`SupervisorHandle.list`, blocking."""
+        return self._call(self._handle.list())
+
+    def submit(self, spec: ControllerSpec) -> TaskId:
+        """`SupervisorHandle.submit`, blocking."""
+        return self._call(self._handle.submit(spec))
+
+    def try_submit(self, spec: ControllerSpec) -> TaskId:
+        """`SupervisorHandle.try_submit`, blocking."""
+        return self._call(self._handle.try_submit(spec))
+
+    def shutdown(self) -> None:
+        """`SupervisorHandle.shutdown`, blocking."""
+        return self._call(self._handle.shutdown())
+
+    def add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.add_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.add_and_watch(spec)))
+
+    def try_add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.try_add_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.try_add_and_watch(spec)))
+
+    def submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.submit_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.submit_and_watch(spec)))
+
+    def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.try_submit_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.try_submit_and_watch(spec)))
+
+    def watch(self, id: TaskId) -> BlockingWaiter | None:
+        """`SupervisorHandle.watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_blocking_waiter_or_none(self._handle.watch(id)))
 
     def is_alive(self, name: str) -> bool:
+        """`SupervisorHandle.is_alive`; keeps working after shutdown."""
         return self._call(_plain(lambda: self._handle.is_alive(name)))
 
-    def alive_snapshot(self) -> list[str]:
+    def alive_snapshot(self) -> builtins.list[str]:
+        """`SupervisorHandle.alive_snapshot`; keeps working after shutdown."""
         return self._call(_plain(self._handle.alive_snapshot))
 
     def controller_snapshot(self) -> ControllerSnapshot:
+        """`SupervisorHandle.controller_snapshot`; keeps working after shutdown."""
         return self._call(_plain(self._handle.controller_snapshot))
 
     def prepare_submission(self, spec: ControllerSpec) -> BlockingPreparedSubmission:
+        """`SupervisorHandle.prepare_submission`; its coroutines become blocking calls."""
         prepared = self._call(_plain(lambda: self._handle.prepare_submission(spec)))
         return BlockingPreparedSubmission(prepared, self)
 
@@ -218,10 +306,10 @@ class BlockingPreparedSubmission:
         return self._handle._call(self._prepared.try_submit())
 
     def submit_and_watch(self) -> tuple[int, BlockingWaiter]:
-        return self._handle._call(_converted(self._prepared.submit_and_watch()))  # type: ignore[no-any-return]
+        return self._handle._call(_with_blocking_waiter(self._prepared.submit_and_watch()))
 
     def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
-        return self._handle._call(_converted(self._prepared.try_submit_and_watch()))  # type: ignore[no-any-return]
+        return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
 
 
 def serve_blocking(supervisor: Supervisor) -> BlockingHandle:

@@ -19,7 +19,7 @@ import asyncio
 import builtins
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _validate
 from ._actor import check_start_fits
@@ -30,6 +30,7 @@ from ._spec import TaskSpec
 
 if TYPE_CHECKING:
     from ._bus import EventStream
+    from ._controller import Controller
     from ._runtime import Runtime
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
 
@@ -85,7 +86,7 @@ class SupervisorHandle:
         for _, checked in resolved:  # a start message over max_frame_bytes: refused before anything is queued
             check_start_fits(checked.task, checked.name, self._rt.config.max_frame_bytes)
         await self._enter()
-        return await self._rt.registry.call(Add(resolved), wait=wait)  # type: ignore[no-any-return]
+        return await self._rt.registry.call(Add(resolved), wait=wait)
 
     # --- removing --------------------------------------------------------------------------------
 
@@ -162,7 +163,7 @@ class SupervisorHandle:
         controller = self._rt.controller
         if controller is not None:  # by id or by name: ordered after earlier submissions
             return await controller.remove(key, wait=wait, until_cleanup=until_cleanup)
-        return await self._rt.registry.call(Remove(key), wait=wait)  # type: ignore[no-any-return]
+        return await self._rt.registry.call(Remove(key), wait=wait)
 
     async def _cancel(self, key: int | str, *, wait: bool, timeout: float | None) -> bool:
         claimed, cleaned, id = await self._remove(key, wait=wait, until_cleanup=True)
@@ -181,7 +182,7 @@ class SupervisorHandle:
         while it is being removed); `None` for any other id, including a controller submission
         not yet admitted. Raises `ShuttingDown` after shutdown began."""
         await self._enter()
-        return await self._rt.registry.call(Watch(_id(id)), wait=True)  # type: ignore[no-any-return]
+        return await self._rt.registry.call(Watch(_id(id)), wait=True)
 
     async def list(self) -> builtins.list[TaskInfo]:
         """Every registered task as a `TaskInfo` (id, name, latest attempt, pid), sorted by id.
@@ -209,7 +210,7 @@ class SupervisorHandle:
 
     # --- the controller -------------------------------------------------------------------------
 
-    def _controller(self) -> Any:
+    def _controller(self) -> Controller:
         if self._rt.controller is None:
             raise ControllerNotConfigured()
         return self._rt.controller
@@ -220,7 +221,7 @@ class SupervisorHandle:
         Preparing enqueues and publishes nothing. Raises `ControllerNotConfigured` without a
         controller.
         """
-        return self._controller().prepare(spec)  # type: ignore[no-any-return]
+        return self._controller().prepare(spec)
 
     async def submit(self, spec: ControllerSpec) -> TaskId:
         """Hand `spec` to the controller and return its `TaskId`, waiting for queue space.
@@ -231,12 +232,12 @@ class SupervisorHandle:
         shutdown began.
         """
         controller = self._controller()
-        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=True)  # type: ignore[no-any-return]
+        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=True)
 
     async def try_submit(self, spec: ControllerSpec) -> TaskId:
         """`submit`, but raise `ControllerFull` instead of waiting for queue space."""
         controller = self._controller()
-        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=False)  # type: ignore[no-any-return]
+        return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=False)
 
     async def submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, TaskWaiter]:
         """`submit`, returning `(id, waiter)`: the waiter resolves `REJECTED` (with its
@@ -252,7 +253,7 @@ class SupervisorHandle:
 
         Raises `ControllerNotConfigured` without a controller; keeps working after shutdown.
         """
-        return self._controller().snapshot()  # type: ignore[no-any-return]
+        return self._controller().snapshot()
 
     # --- shutting down ---------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._actor import Claim, TaskActor
 from ._errors import CommandQueueFull, ShuttingDown, TaskAlreadyExists
@@ -110,6 +110,14 @@ class _Barrier:
 
 
 Command = Add | Remove | Watch | _Barrier
+R = TypeVar("R")
+
+
+class _Replied(Protocol[R]):
+    """A command whose answer is an `R`: what `Registry.call` returns for it."""
+
+    @property
+    def reply(self) -> asyncio.Future[R]: ...
 
 
 class Registry:
@@ -134,9 +142,11 @@ class Registry:
 
     # --- the command queue -----------------------------------------------------------------
 
-    async def call(self, command: Command, *, wait: bool) -> Any:
+    async def call(self, command: _Replied[R], *, wait: bool) -> R:
         """Queue `command` (waiting for capacity, or `CommandQueueFull` when `wait` is False)
-        and return its answer."""
+        and return its answer, typed by the command (`Add` -> its waiters, `Remove` -> a
+        `RemoveAnswer`, `Watch` -> a waiter or None)."""
+        assert isinstance(command, Add | Remove | Watch | _Barrier)
         if self.closed:
             raise ShuttingDown("the supervisor is shutting down")
         if wait:

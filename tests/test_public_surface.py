@@ -129,3 +129,19 @@ def test_errors_survive_a_pickle_round_trip(error):
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error)
     assert (copy.args, str(copy), vars(copy)) == (error.args, str(error), vars(error))
+
+
+def test_the_blocking_handle_has_every_call_of_the_async_handle_typed():
+    """BlockingHandle defines (not forwards) each public SupervisorHandle method, with the same
+    parameters and a docstring, so `help()` and type checkers see the blocking API."""
+    import inspect
+
+    from mpvisor._blocking import BlockingHandle
+
+    for name, method in inspect.getmembers(mpvisor.SupervisorHandle, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        blocking = BlockingHandle.__dict__.get(name)
+        assert blocking is not None, f"BlockingHandle lacks {name}"
+        assert list(inspect.signature(blocking).parameters) == list(inspect.signature(method).parameters), name
+        assert blocking.__doc__, name
