@@ -6,10 +6,13 @@ the `Launcher`'s requests (`spawn`, `signal`, `kill`; `_launchers/__init__.py`) 
 launcher reports to (`on_started`, `on_start_failed`, `on_exited`, `on_launcher_died`); nothing
 outside these two modules touches a pid, a pipe or a signal.
 
-Attempt phases (one value, `AttemptProcess.phase`):
+Attempt phases (one value, `AttemptProcess.phase`, a small frozen dataclass):
 
-    spawning --started--> running --exited--> draining --EOF or 1 s--> done
-        \--start_failed / launcher died------------------------------> done
+    Spawning --started--> Running(pid) --exited / launcher died--> Draining(pid) --EOF or 1 s--> Done
+        \--start_failed / launcher died before a pid-------------------------------------> Done
+
+`Spawning` carries the requests that wait for the pid (a SIGTERM, a kill), since neither can
+reach the attempt before it leads its own session.
 
 Facts gathered on the way (`_ending.Facts`) decide the ending once the phase is `done`. The parent
 holds 2 fds per live attempt (the protocol socket and a pidfd), 4 with `capture_output`, and no
@@ -30,6 +33,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
@@ -50,6 +54,36 @@ from ._wire import (
 )
 
 EOF_WAIT = 1.0  # seconds to read pipes to EOF once the tree is gone
+
+
+@dataclass(frozen=True, slots=True)
+class Spawning:
+    """Asked of the launcher; no pid yet. What was asked meanwhile happens once it has one."""
+
+    sigterm: bool = False  # a stop request arrived
+    kill: str | None = None  # a kill arrived (why)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Leads its own session as `pid`: it can be signalled and killed."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Draining:
+    """Its tree is gone (or its launcher is, and it with it): its channel is read to EOF."""
+
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Over: every fd closed, the ending decided."""
+
+
+Phase = Spawning | Running | Draining | Done
 
 
 class AttemptProcess:
@@ -76,8 +110,7 @@ class AttemptProcess:
         self.loop = client.loop
         self.start_msg = start
         self.facts = Facts(kind=start.kind, timeout=timeout)
-        self.phase = "spawning"
-        self.pid: int | None = None
+        self.phase: Phase = Spawning()
         self._on_progress = on_progress
         self._on_output = on_output
         self._timeout = timeout
@@ -90,14 +123,22 @@ class AttemptProcess:
         self._started: asyncio.Future[int] = self.loop.create_future()
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._pending_kill: str | None = None
-        self._pending_signal = False
         self._outgoing = [memoryview(piece) for piece in encode_start(start) if piece]  # left to send
         self._writing = False  # a writer callback is registered for the rest of it
         self._spawn(exec_python, capture_output, start_timeout)
 
     def __repr__(self) -> str:
-        return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase} pid={self.pid}>"
+        return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase!r}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The attempt process's pid, once it leads its own session (kept after it ended)."""
+        match self.phase:
+            case Running(pid):
+                return pid
+            case Draining(pid):
+                return pid
+        return self.facts.pid
 
     # --- the runtime's interface ---------------------------------------------------------------
 
@@ -111,7 +152,7 @@ class AttemptProcess:
 
     def stop(self, reason: StopReason, grace: float) -> None:
         """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later."""
-        if self.facts.stop is not None or self.phase == "done":
+        if self.facts.stop is not None or isinstance(self.phase, Done):
             return
         self.facts.stop = reason
         if reason is StopReason.TIMEOUT:
@@ -123,13 +164,14 @@ class AttemptProcess:
 
     def kill(self, why: str) -> None:
         """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
-        if self.phase in ("done", "draining"):  # its tree is already gone
-            return
-        if self.pid is not None:  # it leads its session: its tree can be signalled
-            self.facts.killed = self.facts.killed or f"killed pid {self.pid}: {why}"
-            self.client.kill(self.key)
-        else:
-            self._pending_kill = why
+        match self.phase:
+            case Running(pid):  # it leads its session: its tree can be signalled
+                self.facts.killed = self.facts.killed or f"killed pid {pid}: {why}"
+                self.client.kill(self.key)
+            case Spawning(kill=None) as spawning:
+                self.phase = replace(spawning, kill=why)
+            case _:  # already asked, or its tree is already gone
+                pass
 
     # --- spawning ---------------------------------------------------------------------------------
 
@@ -175,19 +217,20 @@ class AttemptProcess:
 
     def on_started(self, pid: int, pidfd: int | None) -> None:
         """The attempt leads its own session as `pid`; its pidfd, where the launcher is local."""
-        self.pid = pid
+        if not isinstance(self.phase, Spawning):
+            return  # cannot happen: the launcher reports a start once
+        waiting, self.phase = self.phase, Running(pid)
         self.facts.pid = pid
         self._pidfd = pidfd
-        self.phase = "running"
         assert self._sock is not None
         self.loop.add_reader(self._sock.fileno(), self._on_readable)
         for fd in self._streams:
             self.loop.add_reader(fd, self._on_stream, fd)
         self._started.set_result(pid)
-        if self._pending_signal:
+        if waiting.sigterm:
             self._request_sigterm()
-        if self._pending_kill is not None:
-            self.kill(self._pending_kill)
+        if waiting.kill is not None:
+            self.kill(waiting.kill)
 
     def on_start_failed(self, error: str) -> None:
         """The attempt could not be started."""
@@ -196,10 +239,11 @@ class AttemptProcess:
         self._finish()
 
     def _request_sigterm(self) -> None:
-        if self.pid is None:  # not yet in its own session: signal once it is
-            self._pending_signal = True
-            return
-        self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
+        match self.phase:
+            case Spawning() as spawning:  # not yet in its own session: signal once it is
+                self.phase = replace(spawning, sigterm=True)
+            case Running():
+                self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
 
     def _on_start_timeout(self, limit: float) -> None:
         if self.facts.calling or self.facts.stop is not None:
@@ -295,22 +339,24 @@ class AttemptProcess:
 
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
         """The attempt's tree is reaped: `status` is its main process's; `killed`, by us while it ran."""
+        if isinstance(self.phase, Done):
+            return
         self.facts.status = status
         if not killed:
             self.facts.killed = None
-        self.phase = "draining"
+        self.phase = Draining(self.pid)
         self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
         self._maybe_done()
 
     def on_launcher_died(self) -> None:
         """The launcher went away; the attempt's process dies with it (its pidfd says when)."""
         self.facts.launcher_died = True
-        if self.pid is None:
+        if not isinstance(self.phase, Running):
             self.facts.could_not_start = "launcher died before the attempt started"
             self._close_fds()
             self._finish()
             return
-        self.phase = "draining"
+        self.phase = Draining(self.phase.pid)
         if self._pidfd is not None:
             self.loop.add_reader(self._pidfd, self._on_pidfd)
         else:
@@ -327,7 +373,7 @@ class AttemptProcess:
         self._finish()
 
     def _maybe_done(self) -> None:
-        if self.phase == "draining" and "eof" in self._timers and self._sock is None and not self._streams:
+        if isinstance(self.phase, Draining) and "eof" in self._timers and self._sock is None and not self._streams:
             self._close_fds()
             self._finish()
 
@@ -357,9 +403,9 @@ class AttemptProcess:
             self._pidfd = None
 
     def _finish(self) -> None:
-        if self.phase == "done":
+        if isinstance(self.phase, Done):
             return
-        self.phase = "done"
+        self.phase = Done()
         self.duration = self.loop.time() - self.created_at
         for timer in self._timers.values():
             timer.cancel()

@@ -31,7 +31,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `Blocked` | a subscriber (queue capacity 1) whose `on_event` blocks until `unblock()` |
 | `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
-| `run(coro)`, `supervised(config, ...)` | a test body on a fresh loop; `async with` a served supervisor and its `Collector` |
+| `run(coro)`, `supervised(config, ...)` | a coroutine on a fresh loop, for a sync test (an `async def test_` needs none: conftest runs it); `async with` a served supervisor and its `Collector` |
 """
 
 from __future__ import annotations
@@ -277,7 +277,8 @@ class Collector:
 
 
 def run(coro: Any) -> Any:
-    """Run an async test body on a fresh event loop."""
+    """Run `coro` on a fresh event loop, from a sync test that needs code outside the loop
+    (an `async def test_...` is run on its own loop by tests/conftest.py)."""
     return asyncio.run(coro)
 
 

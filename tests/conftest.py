@@ -1,13 +1,20 @@
 """Shared fixtures: every test leaves no process behind, and async tests run on a fresh loop.
 
-`run(coro)` runs a test body on its own event loop (no pytest plugin needed). The autouse
-fixture `no_leftover_processes` fails a test that leaves a descendant of the test process
-running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills those
-processes by pid first, so that one leaking test does not make every later test fail.
+An `async def test_...` function runs on a fresh event loop of its own (`asyncio.run`), with
+its fixture arguments, exactly as pytest calls a plain test: `pytest_pyfunc_call` below is the
+whole mechanism (no plugin needed). `run(coro)` from tests/_support.py stays for the few sync
+tests that run a coroutine for a reason (code that must run after the loop closed, or two
+loops in one test). Pure tests that start no process are marked `unit` (`pytest -m unit`).
+
+The autouse fixture `no_leftover_processes` fails a test that leaves a descendant of the test
+process running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills
+those processes by pid first, so that one leaking test does not make every later test fail.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import sys
 
@@ -20,6 +27,16 @@ if ROOT not in sys.path:
 from tests._support import kill_leftovers  # noqa: E402
 
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an `async def` test on a fresh event loop, passing its fixture arguments."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    funcargs = pyfuncitem.funcargs
+    asyncio.run(pyfuncitem.obj(**{name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}))
+    return True
 
 
 @pytest.fixture(autouse=True)

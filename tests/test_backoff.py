@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from mpvisor._backoff import BackoffPolicy, JitterPolicy, base_delay, delay
 from mpvisor._errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 
 def test_backoff_arithmetic() -> None:
     """Exponential doubles from `first` and stops at `max`, without overflow."""

@@ -67,7 +67,7 @@ def test_the_encoded_arguments_are_kept_on_the_task():
 
 
 @pytest.mark.parametrize("via", ["add", "add_and_watch", "try_add", "submit"])
-def test_a_start_over_max_frame_bytes_is_refused_at_add(via):
+async def test_a_start_over_max_frame_bytes_is_refused_at_add(via):
     """Refused at once, naming the task, the size and the limit; nothing is registered, and the
     next task runs."""
     limit = MiB
@@ -75,35 +75,29 @@ def test_a_start_over_max_frame_bytes_is_refused_at_add(via):
     config = SupervisorConfig(grace=1, max_frame_bytes=limit)
     controller = ControllerConfig() if via == "submit" else None
 
-    async def body():
-        async with supervised(config, controller=controller) as (handle, collector):
-            with pytest.raises(ValueError) as refused:
-                if via == "submit":
-                    await handle.submit(ControllerSpec.queue(big))
-                else:
-                    await getattr(handle, via)(big)
-            message = str(refused.value)
-            assert "'too-big'" in message and f"max_frame_bytes={limit}" in message
-            size = int(message.split(" bytes")[0].rsplit(" ", 1)[1])
-            assert 2 * MiB < size < 2 * MiB + 200
-            assert await handle.list() == []
-            assert collector.of(EventKind.TASK_ADD_REQUESTED) == []
-            _, waiter = await handle.add_and_watch(once("next", payloads.sizes, b"abc"))
-            assert (await waiter.wait()).value == [[3], {}]
-
-    run(body())
+    async with supervised(config, controller=controller) as (handle, collector):
+        with pytest.raises(ValueError) as refused:
+            if via == "submit":
+                await handle.submit(ControllerSpec.queue(big))
+            else:
+                await getattr(handle, via)(big)
+        message = str(refused.value)
+        assert "'too-big'" in message and f"max_frame_bytes={limit}" in message
+        size = int(message.split(" bytes")[0].rsplit(" ", 1)[1])
+        assert 2 * MiB < size < 2 * MiB + 200
+        assert await handle.list() == []
+        assert collector.of(EventKind.TASK_ADD_REQUESTED) == []
+        _, waiter = await handle.add_and_watch(once("next", payloads.sizes, b"abc"))
+        assert (await waiter.wait()).value == [[3], {}]
 
 
-def test_a_start_just_under_the_limit_is_accepted():
+async def test_a_start_just_under_the_limit_is_accepted():
     """The limit is on the start message's size: one that fits runs."""
     config = SupervisorConfig(grace=1, max_frame_bytes=MiB)
 
-    async def body():
-        async with supervised(config) as (handle, _):
-            _, waiter = await handle.add_and_watch(once("fits", payloads.sizes, b"x" * (MiB - 500)))
-            assert (await waiter.wait()).value == [[MiB - 500], {}]
-
-    run(body())
+    async with supervised(config) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("fits", payloads.sizes, b"x" * (MiB - 500)))
+        assert (await waiter.wait()).value == [[MiB - 500], {}]
 
 
 def test_a_child_that_dies_while_the_start_is_sent_never_touches_the_next_task(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
-from tests._support import FAST, run, supervised
+from tests._support import FAST, supervised
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,31 +35,25 @@ async def _outcome_and_ends(handle, collector, spec):
 
 
 @pytest.mark.parametrize("how", ["exit", "interrupt", "runtime"])
-def test_a_value_whose_encoding_raises_anything_is_fatal_naming_its_type(how):
-    async def body():
-        async with supervised(CONFIG) as (handle, collector):
-            outcome, ends = await _outcome_and_ends(
-                handle, collector, _spec(f"value-{how}", "workers.child_errors:refusing_value", how))
-            assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
-            assert "the result of type RefusingDict cannot be sent as msgpack" in outcome.reason
-            assert [e.exit_code for e in ends] == [None]
-
-    run(body())
+async def test_a_value_whose_encoding_raises_anything_is_fatal_naming_its_type(how):
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec(f"value-{how}", "workers.child_errors:refusing_value", how))
+        assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
+        assert "the result of type RefusingDict cannot be sent as msgpack" in outcome.reason
+        assert [e.exit_code for e in ends] == [None]
 
 
 @pytest.mark.parametrize("how", ["exit", "interrupt", "runtime"])
-def test_an_exception_whose_str_raises_is_reported_with_a_fallback_reason(how):
-    async def body():
-        async with supervised(CONFIG) as (handle, collector):
-            outcome, ends = await _outcome_and_ends(
-                handle, collector, _spec(f"str-{how}", "workers.child_errors:unprintable", how))
-            wanted = f"<Unprintable: str() raised {RAISED[how]}>"
-            assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
-            assert outcome.reason.endswith(f": {wanted}")
-            assert "in unprintable" in (outcome.traceback or "")
-            assert [e.reason for e in ends] == [wanted, wanted]
-
-    run(body())
+async def test_an_exception_whose_str_raises_is_reported_with_a_fallback_reason(how):
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec(f"str-{how}", "workers.child_errors:unprintable", how))
+        wanted = f"<Unprintable: str() raised {RAISED[how]}>"
+        assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
+        assert outcome.reason.endswith(f": {wanted}")
+        assert "in unprintable" in (outcome.traceback or "")
+        assert [e.reason for e in ends] == [wanted, wanted]
 
 
 @pytest.mark.parametrize(
@@ -71,27 +65,21 @@ def test_an_exception_whose_str_raises_is_reported_with_a_fallback_reason(how):
         ("workers.child_errors:huge_fail_code", "huge", "in huge_fail_code"),
     ],
 )
-def test_a_failure_that_cannot_be_fully_described_still_reports(target, reason, in_traceback):
+async def test_a_failure_that_cannot_be_fully_described_still_reports(target, reason, in_traceback):
     """A traceback that cannot be formatted keeps its frames; a reason that cannot be read, or an
     exit code msgpack cannot carry, gives way to a fallback. Each stays a retryable failure."""
-    async def body():
-        async with supervised(CONFIG) as (handle, collector):
-            outcome, ends = await _outcome_and_ends(handle, collector, _spec("undescribable", target))
-            assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
-            assert outcome.reason.endswith(f": {reason}") and outcome.exit_code is None
-            assert in_traceback in (outcome.traceback or "")
-            assert [e.reason for e in ends] == [reason, reason]
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(handle, collector, _spec("undescribable", target))
+        assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2, outcome
+        assert outcome.reason.endswith(f": {reason}") and outcome.exit_code is None
+        assert in_traceback in (outcome.traceback or "")
+        assert [e.reason for e in ends] == [reason, reason]
 
 
 @pytest.mark.parametrize("target, type_name", [("os:sep", "str"), ("workers.child_errors:_RAISES", "dict")])
-def test_a_target_that_is_not_callable_is_fatal_and_never_retried(target, type_name):
-    async def body():
-        async with supervised(CONFIG) as (handle, collector):
-            outcome, ends = await _outcome_and_ends(handle, collector, _spec("not-callable", target))
-            assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
-            assert outcome.reason == f"target {target!r} is not callable: it is {type_name}"
-            assert len(ends) == 1
-
-    run(body())
+async def test_a_target_that_is_not_callable_is_fatal_and_never_retried(target, type_name):
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(handle, collector, _spec("not-callable", target))
+        assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
+        assert outcome.reason == f"target {target!r} is not callable: it is {type_name}"
+        assert len(ends) == 1

@@ -13,7 +13,7 @@ import pytest
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._cli import RESERVED, exit_status, outcome_line, parse, parse_arg, value_line, version
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 
 # --- ARGs -------------------------------------------------------------------------------------------

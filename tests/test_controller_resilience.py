@@ -15,11 +15,12 @@ from mpvisor import (
     TaskSpec,
 )
 from mpvisor._slots import SlotTable
-from tests._support import run, seen, supervised
+from tests._support import seen, supervised
+
+pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.timeout(60)
-def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
+async def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
     """Never hang: the submission whose step raised resolves REJECTED/ADMISSION_FAILED,
     RUNTIME_FAILURE is published, and the next submission is admitted and completes."""
     real_submit = SlotTable.submit
@@ -31,24 +32,20 @@ def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch):
 
     monkeypatch.setattr(SlotTable, "submit", submit)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig()) as (handle, events):
-            spec = TaskSpec.once(TaskFn("victim", "workers.basic:quick"))
-            _, broken = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("broken"))
-            outcome = await broken.wait()
-            assert outcome.kind is OutcomeKind.REJECTED and outcome.rejection is RejectionKind.ADMISSION_FAILED
-            assert "injected slot-table bug" in (outcome.reason or "")
-            _, fine = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("fine"))
-            assert (await fine.wait()).kind is OutcomeKind.COMPLETED
-            await seen(events, EventKind.RUNTIME_FAILURE)  # the collector's thread may lag
-            (failure,) = events.of(EventKind.RUNTIME_FAILURE)
-            assert "injected slot-table bug" in failure.reason
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig()) as (handle, events):
+        spec = TaskSpec.once(TaskFn("victim", "workers.basic:quick"))
+        _, broken = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("broken"))
+        outcome = await broken.wait()
+        assert outcome.kind is OutcomeKind.REJECTED and outcome.rejection is RejectionKind.ADMISSION_FAILED
+        assert "injected slot-table bug" in (outcome.reason or "")
+        _, fine = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("fine"))
+        assert (await fine.wait()).kind is OutcomeKind.COMPLETED
+        await seen(events, EventKind.RUNTIME_FAILURE)  # the collector's thread may lag
+        (failure,) = events.of(EventKind.RUNTIME_FAILURE)
+        assert "injected slot-table bug" in failure.reason
 
 
-@pytest.mark.timeout(60)
-def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(monkeypatch):
+async def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(monkeypatch):
     """ADMISSION_FAILED: a registration command that fails (not a rejection) resolves
     the submission REJECTED/ADMISSION_FAILED instead of leaving its slot admitting forever."""
     from mpvisor._registry import Registry
@@ -62,14 +59,11 @@ def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(
 
     monkeypatch.setattr(Registry, "_add", add)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig()) as (handle, _events):
-            spec = TaskSpec.once(TaskFn("undecidable", "workers.basic:quick"))
-            _, failed = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
-            outcome = await failed.wait()
-            assert outcome.kind is OutcomeKind.REJECTED and outcome.rejection is RejectionKind.ADMISSION_FAILED
-            after = TaskSpec.once(TaskFn("after", "workers.basic:quick"))
-            _, next_one = await handle.submit_and_watch(ControllerSpec.queue(after).with_slot("s"))
-            assert (await next_one.wait()).kind is OutcomeKind.COMPLETED
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig()) as (handle, _events):
+        spec = TaskSpec.once(TaskFn("undecidable", "workers.basic:quick"))
+        _, failed = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
+        outcome = await failed.wait()
+        assert outcome.kind is OutcomeKind.REJECTED and outcome.rejection is RejectionKind.ADMISSION_FAILED
+        after = TaskSpec.once(TaskFn("after", "workers.basic:quick"))
+        _, next_one = await handle.submit_and_watch(ControllerSpec.queue(after).with_slot("s"))
+        assert (await next_one.wait()).kind is OutcomeKind.COMPLETED

@@ -59,11 +59,12 @@ from tests._support import (
     once,
     read_records,
     restartable,
-    run,
     seen,
     words,
 )
 from workers import basic, controller_probes, coop, misbehave
+
+pytestmark = pytest.mark.timeout(60)
 
 ENDINGS = (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.FATAL, OutcomeKind.CANCELED,
            OutcomeKind.FORCE_ABORTED)
@@ -77,83 +78,70 @@ async def resolved_at_once(waiter: Any) -> Any:
 # --- controller shutdown ------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_shutdown_never_starts_queued_submissions(tmp_path):
+async def test_shutdown_never_starts_queued_submissions(tmp_path):
     """CONTROLLER_SHUTTING_DOWN: a queued submission is rejected at shutdown, never started."""
     marker = tmp_path / "queued.marker"
 
-    async def body():
-        async with controlled() as (handle, events):
-            await handle.submit(Q(restartable("occupant", coop.cooperative), "s"))
-            await running(handle, "occupant")
-            queued, waiter = await handle.submit_and_watch(Q(once("queued", basic.quick, marker=str(marker)), "s"))
-            await handle.shutdown()
-            assert_rejected(await resolved_at_once(waiter), RejectionKind.CONTROLLER_SHUTTING_DOWN)
-        assert events.of(EventKind.CONTROLLER_REJECTED, id=queued)
-        assert lifecycle_of(events, queued) == []
-        assert not marker.exists()
-
-    run(body())
+    async with controlled() as (handle, events):
+        await handle.submit(Q(restartable("occupant", coop.cooperative), "s"))
+        await running(handle, "occupant")
+        queued, waiter = await handle.submit_and_watch(Q(once("queued", basic.quick, marker=str(marker)), "s"))
+        await handle.shutdown()
+        assert_rejected(await resolved_at_once(waiter), RejectionKind.CONTROLLER_SHUTTING_DOWN)
+    assert events.of(EventKind.CONTROLLER_REJECTED, id=queued)
+    assert lifecycle_of(events, queued) == []
+    assert not marker.exists()
 
 
-@pytest.mark.timeout(60)
-def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
+async def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
     """Grace 0.5: the cooperative owner ends CANCELED, the stubborn one FORCE_ABORTED and stuck."""
     marker = tmp_path / "m"
 
-    async def body():
-        async with controlled(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, _events):
-            _, polite = await handle.submit_and_watch(Q(restartable("polite", coop.cooperative), "s1"))
-            _, stuck = await handle.submit_and_watch(Q(once("stuck", misbehave.stubborn, marker=str(marker)), "s2"))
-            await running(handle, "polite")
-            await async_wait_for(lambda: words(marker, "started"))
-            with pytest.raises(GraceExceeded) as raised:
-                await handle.shutdown()
-            assert raised.value.stuck == ["stuck"]
-            assert (await resolved_at_once(stuck)).kind is OutcomeKind.FORCE_ABORTED
-            assert (await resolved_at_once(polite)).kind is OutcomeKind.CANCELED
-
-    run(body())
+    async with controlled(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, _events):
+        _, polite = await handle.submit_and_watch(Q(restartable("polite", coop.cooperative), "s1"))
+        _, stuck = await handle.submit_and_watch(Q(once("stuck", misbehave.stubborn, marker=str(marker)), "s2"))
+        await running(handle, "polite")
+        await async_wait_for(lambda: words(marker, "started"))
+        with pytest.raises(GraceExceeded) as raised:
+            await handle.shutdown()
+        assert raised.value.stuck == ["stuck"]
+        assert (await resolved_at_once(stuck)).kind is OutcomeKind.FORCE_ABORTED
+        assert (await resolved_at_once(polite)).kind is OutcomeKind.CANCELED
 
 
 SUBMIT_FORMS = ["submit", "try_submit", "submit_and_watch", "try_submit_and_watch", "prepared"]
 CLOSED_CASES = [(form, "after-work") for form in SUBMIT_FORMS] + [("submit", "right-after-serve")]
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(("form", "when"), CLOSED_CASES, ids=[f"{f}-{w}" for f, w in CLOSED_CASES])
-def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when):
+async def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when):
     """After shutdown (also right after serve) every submit form raises ControllerClosed; nothing runs or is left."""
     marker = tmp_path / "late.marker"
     spec = Q(once("late", basic.quick, marker=str(marker)), "s")
 
-    async def body():
-        async with controlled() as (handle, events):
-            prepared = handle.prepare_submission(spec)
-            if when == "after-work":
-                _, warm_up = await handle.submit_and_watch(Q(once("warm-up", basic.quick), "s"))
-                assert (await outcome(warm_up)).kind is OutcomeKind.COMPLETED
-            began = time.monotonic()
-            await handle.shutdown()
-            elapsed = time.monotonic() - began
-            with pytest.raises(ControllerClosed):
-                if form == "prepared":
-                    await prepared.submit()
-                else:
-                    await getattr(handle, form)(spec)
-        assert not marker.exists()
-        assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == (
-            ["warm-up"] if when == "after-work" else [])
-        return elapsed
-
-    elapsed = run(body())
+    async with controlled() as (handle, events):
+        prepared = handle.prepare_submission(spec)
+        if when == "after-work":
+            _, warm_up = await handle.submit_and_watch(Q(once("warm-up", basic.quick), "s"))
+            assert (await outcome(warm_up)).kind is OutcomeKind.COMPLETED
+        began = time.monotonic()
+        await handle.shutdown()
+        elapsed = time.monotonic() - began
+        with pytest.raises(ControllerClosed):
+            if form == "prepared":
+                await prepared.submit()
+            else:
+                await getattr(handle, form)(spec)
+    assert not marker.exists()
+    assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == (
+        ["warm-up"] if when == "after-work" else [])
     leftovers = kill_leftovers()
     assert leftovers == [], f"processes left after shutdown returned: {leftovers}"
     assert elapsed < 2.0, f"an idle shutdown took {elapsed:.2f} s"
 
 
 @pytest.mark.timeout(90)
-def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
+async def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
     """50 watched submissions to 5 slots racing shutdown all resolve; nothing starts afterwards."""
     marker = tmp_path / "m"
     rng = random.Random(4)
@@ -176,122 +164,102 @@ def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
 
     handle_ref: list[Any] = []
 
-    async def body():
-        async with controlled(CONFIG) as (handle, events):
-            handle_ref.append(handle)
-            await handle.add(once("warm-up", basic.quick))  # the launcher is ready
-            calls = [submit(i) for i in range(50)]
-            calls.insert(25, shut_down())
-            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30.0)
-            assert attempt_processes() == []
-            starts_at_shutdown = len(started_names(marker))
-            odd = [r for r in results if isinstance(r, BaseException) and not isinstance(r, ControllerClosed)]
-            assert odd == []
-            waiters = [r[1] for r in results if isinstance(r, tuple)]
-            assert waiters
-            for waiter in waiters:
-                result = await resolved_at_once(waiter)
-                assert result.kind in ENDINGS or (
-                    result.kind is OutcomeKind.REJECTED and result.rejection in allowed_rejections), result
-            assert len(started_names(marker)) == starts_at_shutdown
-        final = seq_of(events, EventKind.ALL_STOPPED_WITHIN_GRACE)
-        assert all(e.seq < final for e in events.of(EventKind.ATTEMPT_STARTING))
-        assert child_pids_of_self() == []
-
-    run(body())
+    async with controlled(CONFIG) as (handle, events):
+        handle_ref.append(handle)
+        await handle.add(once("warm-up", basic.quick))  # the launcher is ready
+        calls = [submit(i) for i in range(50)]
+        calls.insert(25, shut_down())
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30.0)
+        assert attempt_processes() == []
+        starts_at_shutdown = len(started_names(marker))
+        odd = [r for r in results if isinstance(r, BaseException) and not isinstance(r, ControllerClosed)]
+        assert odd == []
+        waiters = [r[1] for r in results if isinstance(r, tuple)]
+        assert waiters
+        for waiter in waiters:
+            result = await resolved_at_once(waiter)
+            assert result.kind in ENDINGS or (
+                result.kind is OutcomeKind.REJECTED and result.rejection in allowed_rejections), result
+        assert len(started_names(marker)) == starts_at_shutdown
+    final = seq_of(events, EventKind.ALL_STOPPED_WITHIN_GRACE)
+    assert all(e.seq < final for e in events.of(EventKind.ATTEMPT_STARTING))
+    assert child_pids_of_self() == []
 
 
-@pytest.mark.timeout(60)
-def test_removals_racing_shutdown_never_hang():
+async def test_removals_racing_shutdown_never_hang():
     """Remove/cancel calls racing shutdown return a bool or raise ShuttingDown within grace + 5 s."""
     grace = 1.0
     rng = random.Random(5)
 
-    async def body():
-        async with controlled(SupervisorConfig(grace=grace)) as (handle, _events):
-            ids = []
-            for slot in ("a", "b", "c"):
-                ids.append(await handle.submit(Q(restartable(f"{slot}-owner", coop.cooperative), slot)))
-                for k in range(2):
-                    ids.append(await handle.submit(Q(once(f"{slot}-{k}", basic.quick), slot)))
-            for slot in ("a", "b", "c"):
-                await running(handle, f"{slot}-owner")
+    async with controlled(SupervisorConfig(grace=grace)) as (handle, _events):
+        ids = []
+        for slot in ("a", "b", "c"):
+            ids.append(await handle.submit(Q(restartable(f"{slot}-owner", coop.cooperative), slot)))
+            for k in range(2):
+                ids.append(await handle.submit(Q(once(f"{slot}-{k}", basic.quick), slot)))
+        for slot in ("a", "b", "c"):
+            await running(handle, f"{slot}-owner")
 
-            async def removal(i: int, task_id: int) -> Any:
-                for _ in range(rng.randrange(4)):
-                    await asyncio.sleep(0)
-                return await (handle.remove(task_id) if i % 2 else handle.cancel(task_id))
+        async def removal(i: int, task_id: int) -> Any:
+            for _ in range(rng.randrange(4)):
+                await asyncio.sleep(0)
+            return await (handle.remove(task_id) if i % 2 else handle.cancel(task_id))
 
-            calls = [removal(i, task_id) for i, task_id in enumerate(ids * 2)]
-            calls.insert(len(calls) // 2, handle.shutdown())
-            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), grace + 5.0)
-            shutdown_result = results.pop(len(ids))
-            assert shutdown_result is None
-            odd = [r for r in results if not isinstance(r, (bool, ShuttingDown))]
-            assert odd == []
-
-    run(body())
+        calls = [removal(i, task_id) for i, task_id in enumerate(ids * 2)]
+        calls.insert(len(calls) // 2, handle.shutdown())
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), grace + 5.0)
+        shutdown_result = results.pop(len(ids))
+        assert shutdown_result is None
+        odd = [r for r in results if not isinstance(r, (bool, ShuttingDown))]
+        assert odd == []
 
 
-@pytest.mark.timeout(60)
-def test_shutdown_returns_after_the_controller_has_settled():
+async def test_shutdown_returns_after_the_controller_has_settled():
     """When shutdown returns, every waiter (running and queued) is resolved; intake is closed."""
 
-    async def body():
-        async with controlled() as (handle, _events):
-            _, owner = await handle.submit_and_watch(Q(restartable("owner", coop.cooperative), "s"))
-            _, queued = await handle.submit_and_watch(Q(once("queued", basic.quick), "s"))
-            _, other = await handle.submit_and_watch(Q(restartable("other", coop.cooperative), "t"))
-            await running(handle, "owner")
-            await running(handle, "other")
-            await handle.shutdown()
-            assert (await resolved_at_once(owner)).kind is OutcomeKind.CANCELED
-            assert (await resolved_at_once(other)).kind is OutcomeKind.CANCELED
-            assert_rejected(await resolved_at_once(queued), RejectionKind.CONTROLLER_SHUTTING_DOWN)
-            with pytest.raises(ControllerClosed):
-                await handle.try_submit(Q(once("late", basic.quick), "s"))
-
-    run(body())
+    async with controlled() as (handle, _events):
+        _, owner = await handle.submit_and_watch(Q(restartable("owner", coop.cooperative), "s"))
+        _, queued = await handle.submit_and_watch(Q(once("queued", basic.quick), "s"))
+        _, other = await handle.submit_and_watch(Q(restartable("other", coop.cooperative), "t"))
+        await running(handle, "owner")
+        await running(handle, "other")
+        await handle.shutdown()
+        assert (await resolved_at_once(owner)).kind is OutcomeKind.CANCELED
+        assert (await resolved_at_once(other)).kind is OutcomeKind.CANCELED
+        assert_rejected(await resolved_at_once(queued), RejectionKind.CONTROLLER_SHUTTING_DOWN)
+        with pytest.raises(ControllerClosed):
+            await handle.try_submit(Q(once("late", basic.quick), "s"))
 
 
-@pytest.mark.timeout(60)
-def test_an_empty_run_with_a_controller_closes_intake():
+async def test_an_empty_run_with_a_controller_closes_intake():
     """Run([]) with a controller returns at once; later submissions raise ControllerClosed."""
 
-    async def body():
-        supervisor = Supervisor.builder(CONFIG).with_controller(ControllerConfig()).build()
-        began = time.monotonic()
-        assert await supervisor.run([]) == {}
-        elapsed = time.monotonic() - began
-        handle = supervisor.serve()
-        with pytest.raises(ControllerClosed):
-            await handle.submit(Q(once("late", basic.quick), "s"))
-        return elapsed
-
-    elapsed = run(body())
+    supervisor = Supervisor.builder(CONFIG).with_controller(ControllerConfig()).build()
+    began = time.monotonic()
+    assert await supervisor.run([]) == {}
+    elapsed = time.monotonic() - began
+    handle = supervisor.serve()
+    with pytest.raises(ControllerClosed):
+        await handle.submit(Q(once("late", basic.quick), "s"))
     leftovers = kill_leftovers()
     assert leftovers == [], f"processes left after run([]) returned: {leftovers}"
     assert elapsed < 2.0, f"run([]) took {elapsed:.2f} s"
 
 
-@pytest.mark.timeout(60)
-def test_a_rejected_run_batch_leaves_the_controller_usable():
+async def test_a_rejected_run_batch_leaves_the_controller_usable():
     """A run batch refused with TaskAlreadyExists leaves no process; the controller still works."""
     collector = Collector()
     leftovers: list[str] = []
 
-    async def body():
-        supervisor = (Supervisor.builder(CONFIG).with_controller(ControllerConfig())
-                      .with_subscribers([collector]).build())
-        with pytest.raises(TaskAlreadyExists):
-            await supervisor.run([once("dup", basic.quick), once("dup", basic.quick)])
-        leftovers.extend(await asyncio.to_thread(kill_leftovers))
-        handle = supervisor.serve()
-        _, waiter = await handle.submit_and_watch(Q(once("after", basic.quick), "s"))
-        assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
-        await handle.shutdown()
-
-    run(body())
+    supervisor = (Supervisor.builder(CONFIG).with_controller(ControllerConfig())
+                  .with_subscribers([collector]).build())
+    with pytest.raises(TaskAlreadyExists):
+        await supervisor.run([once("dup", basic.quick), once("dup", basic.quick)])
+    leftovers.extend(await asyncio.to_thread(kill_leftovers))
+    handle = supervisor.serve()
+    _, waiter = await handle.submit_and_watch(Q(once("after", basic.quick), "s"))
+    assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
+    await handle.shutdown()
     assert collector.of(EventKind.ALL_STOPPED_WITHIN_GRACE)
     assert collector.of(EventKind.GRACE_EXCEEDED) == []
     assert leftovers == [], f"processes left after the refused run batch: {leftovers}"
@@ -301,114 +269,94 @@ def test_a_rejected_run_batch_leaves_the_controller_usable():
 # --- the controller's command queue and pending removals -------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_try_submit_reports_controller_full():
+async def test_try_submit_reports_controller_full():
     """256 try_submit_and_watch in one turn with queue_capacity=1: some ControllerFull, the rest resolve."""
 
-    async def body():
-        async with controlled(queue_capacity=1) as (handle, _events):
-            await handle.add(once("warm-up", basic.quick))
-            results = await asyncio.gather(*(
-                handle.try_submit_and_watch(D(once(f"t-{i}", basic.quick), "s")) for i in range(256)),
-                return_exceptions=True)
-            full = [r for r in results if isinstance(r, ControllerFull)]
-            accepted = [r for r in results if isinstance(r, tuple)]
-            assert full
-            assert len(full) + len(accepted) == 256
-            for _, waiter in accepted:
-                result = await outcome(waiter)
-                assert result.kind is OutcomeKind.COMPLETED or result.rejection is RejectionKind.SLOT_BUSY
-
-    run(body())
+    async with controlled(queue_capacity=1) as (handle, _events):
+        await handle.add(once("warm-up", basic.quick))
+        results = await asyncio.gather(*(
+            handle.try_submit_and_watch(D(once(f"t-{i}", basic.quick), "s")) for i in range(256)),
+            return_exceptions=True)
+        full = [r for r in results if isinstance(r, ControllerFull)]
+        accepted = [r for r in results if isinstance(r, tuple)]
+        assert full
+        assert len(full) + len(accepted) == 256
+        for _, waiter in accepted:
+            result = await outcome(waiter)
+            assert result.kind is OutcomeKind.COMPLETED or result.rejection is RejectionKind.SLOT_BUSY
 
 
-@pytest.mark.timeout(60)
-def test_controller_try_removals_report_command_queue_full():
+async def test_controller_try_removals_report_command_queue_full():
     """Try_remove/try_cancel/try_cancel_with_timeout in a submission burst raise CommandQueueFull; the burst is unaffected."""
     unknown = 10**12
 
-    async def body():
-        async with controlled(queue_capacity=1) as (handle, events):
-            await handle.add(once("warm-up", basic.quick))
-            burst = [handle.submit_and_watch(Q(once(f"b-{i}", basic.quick), f"b-{i}")) for i in range(8)]
-            tries = []
-            for k in range(4):
-                tries += [handle.try_remove(unknown + 3 * k), handle.try_cancel(unknown + 3 * k + 1),
-                          handle.try_cancel_with_timeout(unknown + 3 * k + 2, 1.0)]
-            results = await asyncio.gather(*burst, *tries, return_exceptions=True)
-            submitted, removals = results[:8], results[8:]
-            assert any(isinstance(r, CommandQueueFull) for r in removals)
-            assert all(r is False or isinstance(r, CommandQueueFull) for r in removals), removals
-            for result in submitted:
-                assert isinstance(result, tuple), result
-                assert (await outcome(result[1])).kind is OutcomeKind.COMPLETED
-        assert events.of(EventKind.TASK_REMOVE_REQUESTED) == []
-
-    run(body())
+    async with controlled(queue_capacity=1) as (handle, events):
+        await handle.add(once("warm-up", basic.quick))
+        burst = [handle.submit_and_watch(Q(once(f"b-{i}", basic.quick), f"b-{i}")) for i in range(8)]
+        tries = []
+        for k in range(4):
+            tries += [handle.try_remove(unknown + 3 * k), handle.try_cancel(unknown + 3 * k + 1),
+                      handle.try_cancel_with_timeout(unknown + 3 * k + 2, 1.0)]
+        results = await asyncio.gather(*burst, *tries, return_exceptions=True)
+        submitted, removals = results[:8], results[8:]
+        assert any(isinstance(r, CommandQueueFull) for r in removals)
+        assert all(r is False or isinstance(r, CommandQueueFull) for r in removals), removals
+        for result in submitted:
+            assert isinstance(result, tuple), result
+            assert (await outcome(result[1])).kind is OutcomeKind.COMPLETED
+    assert events.of(EventKind.TASK_REMOVE_REQUESTED) == []
 
 
-@pytest.mark.timeout(60)
-def test_pending_removals_cap_controller_intake(tmp_path):
+async def test_pending_removals_cap_controller_intake(tmp_path):
     """A cancel in flight fills queue_capacity=1: one submit queues, the next try_submit is ControllerFull."""
     gate, marker = Gate(tmp_path), tmp_path / "accepted.marker"
 
-    async def body():
-        async with controlled(GATED, queue_capacity=1) as (handle, events):
-            owner = await handle.submit(Q(gate.once("owner"), "s"))
-            await gate.started()
-            cancel = asyncio.create_task(handle.cancel_with_timeout(owner, 10.0))
-            await gate.cancel_seen()
-            accepted = await asyncio.wait_for(
-                handle.submit(Q(once("accepted", basic.quick, marker=str(marker)), "other")), 1.0)
-            with pytest.raises(ControllerFull):
-                await handle.try_submit(Q(once("refused", basic.quick), "other"))
-            assert not cancel.done()
-            assert not marker.exists()
-            gate.open()
-            assert await cancel is True
-            finished = await seen(events, EventKind.TASK_FINISHED, id=accepted)
-            assert finished.outcome_kind is OutcomeKind.COMPLETED
-        assert started_names(marker) == ["accepted"]
-        assert events.of(EventKind.TASK_ADDED, task="refused") == []
-
-    run(body())
+    async with controlled(GATED, queue_capacity=1) as (handle, events):
+        owner = await handle.submit(Q(gate.once("owner"), "s"))
+        await gate.started()
+        cancel = asyncio.create_task(handle.cancel_with_timeout(owner, 10.0))
+        await gate.cancel_seen()
+        accepted = await asyncio.wait_for(
+            handle.submit(Q(once("accepted", basic.quick, marker=str(marker)), "other")), 1.0)
+        with pytest.raises(ControllerFull):
+            await handle.try_submit(Q(once("refused", basic.quick), "other"))
+        assert not cancel.done()
+        assert not marker.exists()
+        gate.open()
+        assert await cancel is True
+        finished = await seen(events, EventKind.TASK_FINISHED, id=accepted)
+        assert finished.outcome_kind is OutcomeKind.COMPLETED
+    assert started_names(marker) == ["accepted"]
+    assert events.of(EventKind.TASK_ADDED, task="refused") == []
 
 
 # --- the controller with names, watching, events, limits and defaults ------------------------
 
 
-@pytest.mark.timeout(60)
-def test_a_name_is_free_as_soon_as_a_slot_owners_waiter_resolves():
+async def test_a_name_is_free_as_soon_as_a_slot_owners_waiter_resolves():
     """Right after a controller submission "job" resolved, add(once("job")) succeeds."""
 
-    async def body():
-        async with controlled() as (handle, _events):
-            _, waiter = await handle.submit_and_watch(Q(once("job", basic.quick), "s"))
-            assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
-            again, direct = await handle.add_and_watch(once("job", basic.quick))
-            assert again != waiter.id
-            assert (await outcome(direct)).kind is OutcomeKind.COMPLETED
-
-    run(body())
+    async with controlled() as (handle, _events):
+        _, waiter = await handle.submit_and_watch(Q(once("job", basic.quick), "s"))
+        assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
+        again, direct = await handle.add_and_watch(once("job", basic.quick))
+        assert again != waiter.id
+        assert (await outcome(direct)).kind is OutcomeKind.COMPLETED
 
 
-@pytest.mark.timeout(60)
-def test_watch_of_a_queued_submission_returns_none():
+async def test_watch_of_a_queued_submission_returns_none():
     """watch() (controller case): of a queued submission is None; of its slot's owner, a waiter."""
 
-    async def body():
-        async with controlled() as (handle, _events):
-            owner = await handle.submit(Q(restartable("owner", coop.cooperative), "s"))
-            await running(handle, "owner")
-            queued = await handle.submit(Q(once("queued", basic.quick), "s"))
-            await slot_where(handle, "s", lambda v: v.queue_depth == 1)
-            assert await handle.watch(queued) is None
-            watched = await handle.watch(owner)
-            assert watched is not None and watched.id == owner
-            assert await handle.cancel(owner) is True
-            assert (await outcome(watched)).kind is OutcomeKind.CANCELED
-
-    run(body())
+    async with controlled() as (handle, _events):
+        owner = await handle.submit(Q(restartable("owner", coop.cooperative), "s"))
+        await running(handle, "owner")
+        queued = await handle.submit(Q(once("queued", basic.quick), "s"))
+        await slot_where(handle, "s", lambda v: v.queue_depth == 1)
+        assert await handle.watch(queued) is None
+        watched = await handle.watch(owner)
+        assert watched is not None and watched.id == owner
+        assert await handle.cancel(owner) is True
+        assert (await outcome(watched)).kind is OutcomeKind.CANCELED
 
 
 REJECTIONS = [
@@ -421,45 +369,41 @@ REJECTIONS = [
 ]
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", REJECTIONS, ids=lambda k: k.label)
-def test_rejected_work_has_no_lifecycle_events(kind):
+async def test_rejected_work_has_no_lifecycle_events(kind):
     """Rejections (controller cases): a rejected submission has CONTROLLER_REJECTED or TASK_ADD_FAILED and no lifecycle events."""
     victim = once("victim", basic.quick)
 
-    async def body():
-        async with controlled(max_slot_queue=1) as (handle, events):
-            if kind is RejectionKind.ALREADY_EXISTS:
-                await handle.add(restartable("victim", coop.cooperative))
-                await running(handle, "victim")
+    async with controlled(max_slot_queue=1) as (handle, events):
+        if kind is RejectionKind.ALREADY_EXISTS:
+            await handle.add(restartable("victim", coop.cooperative))
+            await running(handle, "victim")
+            rejected, waiter = await handle.submit_and_watch(Q(victim, "s"))
+        else:
+            await handle.submit(Q(restartable("occupant", coop.cooperative), "s"))
+            await running(handle, "occupant")
+            if kind is RejectionKind.SLOT_BUSY:
+                rejected, waiter = await handle.submit_and_watch(D(victim, "s"))
+            elif kind is RejectionKind.QUEUE_FULL:
+                await handle.submit(Q(once("ahead", basic.quick), "s"))
                 rejected, waiter = await handle.submit_and_watch(Q(victim, "s"))
             else:
-                await handle.submit(Q(restartable("occupant", coop.cooperative), "s"))
-                await running(handle, "occupant")
-                if kind is RejectionKind.SLOT_BUSY:
-                    rejected, waiter = await handle.submit_and_watch(D(victim, "s"))
-                elif kind is RejectionKind.QUEUE_FULL:
-                    await handle.submit(Q(once("ahead", basic.quick), "s"))
-                    rejected, waiter = await handle.submit_and_watch(Q(victim, "s"))
+                rejected, waiter = await handle.submit_and_watch(Q(victim, "s"))
+                if kind is RejectionKind.SUPERSEDED_BY_REPLACE:
+                    await handle.submit(R(once("replacement", basic.quick), "s"))
+                elif kind is RejectionKind.REMOVED_FROM_QUEUE:
+                    assert await handle.remove(rejected) is True
                 else:
-                    rejected, waiter = await handle.submit_and_watch(Q(victim, "s"))
-                    if kind is RejectionKind.SUPERSEDED_BY_REPLACE:
-                        await handle.submit(R(once("replacement", basic.quick), "s"))
-                    elif kind is RejectionKind.REMOVED_FROM_QUEUE:
-                        assert await handle.remove(rejected) is True
-                    else:
-                        await handle.shutdown()
-            assert_rejected(await outcome(waiter), kind)
-        expected = EventKind.TASK_ADD_FAILED if kind is RejectionKind.ALREADY_EXISTS else EventKind.CONTROLLER_REJECTED
-        [event] = events.of(expected, id=rejected)
-        assert event.rejection_kind is kind
-        assert lifecycle_of(events, rejected) == []
-
-    run(body())
+                    await handle.shutdown()
+        assert_rejected(await outcome(waiter), kind)
+    expected = EventKind.TASK_ADD_FAILED if kind is RejectionKind.ALREADY_EXISTS else EventKind.CONTROLLER_REJECTED
+    [event] = events.of(expected, id=rejected)
+    assert event.rejection_kind is kind
+    assert lifecycle_of(events, rejected) == []
 
 
 @pytest.mark.timeout(90)
-def test_every_added_task_gets_one_finished_then_one_removed_under_the_controller():
+async def test_every_added_task_gets_one_finished_then_one_removed_under_the_controller():
     """Exactly-once lifecycle events (replace racing the others): every admitted id gets one TASK_FINISHED, then one TASK_REMOVED."""
     rng = random.Random(10)
 
@@ -470,113 +414,98 @@ def test_every_added_task_gets_one_finished_then_one_removed_under_the_controlle
         build = R if rng.random() < 0.3 else Q
         return build(task, f"s-{i % 25}")
 
-    async def body():
-        async with controlled() as (handle, events):
-            submitted: list[Any] = []
-            late = asyncio.Event()
+    async with controlled() as (handle, events):
+        submitted: list[Any] = []
+        late = asyncio.Event()
 
-            async def submitter(k: int) -> None:
-                for i in range(k, 100, 4):
-                    submitted.append(await handle.submit_and_watch(spec(i)))
-                    await asyncio.sleep(rng.uniform(0.0, 0.04))
+        async def submitter(k: int) -> None:
+            for i in range(k, 100, 4):
+                submitted.append(await handle.submit_and_watch(spec(i)))
+                await asyncio.sleep(rng.uniform(0.0, 0.04))
 
-            async def remover() -> None:
-                for n in range(30):
-                    await asyncio.sleep(rng.uniform(0.0, 0.04))
-                    if n == 20:
-                        late.set()
-                    if not submitted:
-                        continue
-                    task_id = rng.choice(submitted)[0]
-                    try:
-                        if n % 2:
-                            await handle.remove(task_id)
-                        else:
-                            await handle.cancel_with_timeout(task_id, 2.0)
-                    except (ShuttingDown, TaskTerminationTimeout):
-                        pass
+        async def remover() -> None:
+            for n in range(30):
+                await asyncio.sleep(rng.uniform(0.0, 0.04))
+                if n == 20:
+                    late.set()
+                if not submitted:
+                    continue
+                task_id = rng.choice(submitted)[0]
+                try:
+                    if n % 2:
+                        await handle.remove(task_id)
+                    else:
+                        await handle.cancel_with_timeout(task_id, 2.0)
+                except (ShuttingDown, TaskTerminationTimeout):
+                    pass
 
-            removals = asyncio.create_task(remover())
-            await asyncio.gather(*(submitter(k) for k in range(4)))
-            await late.wait()
-            await handle.shutdown()
-            await removals
-            waiters = {task_id: await resolved_at_once(w) for task_id, w in submitted}
-        for task_id, result in waiters.items():
-            kinds = [e for e in events.events if e.id == task_id and e.kind in LIFECYCLE]
-            finished = [e for e in kinds if e.kind is EventKind.TASK_FINISHED]
-            removed = [e for e in kinds if e.kind is EventKind.TASK_REMOVED]
-            if result.kind is OutcomeKind.REJECTED:
-                assert kinds == [], (task_id, result)
-                continue
-            assert len(finished) == 1 and len(removed) == 1, (task_id, kinds)
-            assert finished[0].seq < removed[0].seq
-            assert finished[0].outcome_kind is result.kind
-            assert kinds[-1] is removed[0]
-        assert any(r.kind is OutcomeKind.CANCELED for r in waiters.values())
-        assert any("(replace)" in e.reason for e in events.of(EventKind.CONTROLLER_SLOT_TRANSITION))
-
-    run(body())
+        removals = asyncio.create_task(remover())
+        await asyncio.gather(*(submitter(k) for k in range(4)))
+        await late.wait()
+        await handle.shutdown()
+        await removals
+        waiters = {task_id: await resolved_at_once(w) for task_id, w in submitted}
+    for task_id, result in waiters.items():
+        kinds = [e for e in events.events if e.id == task_id and e.kind in LIFECYCLE]
+        finished = [e for e in kinds if e.kind is EventKind.TASK_FINISHED]
+        removed = [e for e in kinds if e.kind is EventKind.TASK_REMOVED]
+        if result.kind is OutcomeKind.REJECTED:
+            assert kinds == [], (task_id, result)
+            continue
+        assert len(finished) == 1 and len(removed) == 1, (task_id, kinds)
+        assert finished[0].seq < removed[0].seq
+        assert finished[0].outcome_kind is result.kind
+        assert kinds[-1] is removed[0]
+    assert any(r.kind is OutcomeKind.CANCELED for r in waiters.values())
+    assert any("(replace)" in e.reason for e in events.of(EventKind.CONTROLLER_SLOT_TRANSITION))
 
 
-@pytest.mark.timeout(60)
-def test_the_limit_applies_across_controller_slots(tmp_path):
+async def test_the_limit_applies_across_controller_slots(tmp_path):
     """Max_concurrent=2 over five slot owners: five RUNNING slots, two live attempts; a cancel lets a third start."""
     marker = tmp_path / "m"
 
-    async def body():
-        async with controlled(SupervisorConfig(grace=1.0, max_concurrent=2)) as (handle, _events):
-            ids = {f"c-{i}": await handle.submit(Q(restartable(f"c-{i}", coop.cooperative, marker=str(marker)),
-                                                  f"slot-{i}")) for i in range(5)}
-            await async_wait_for(lambda: handle.controller_snapshot().running_count == 5)
-            await async_wait_for(lambda: len(started_names(marker)) == 2)
-            assert len(attempt_processes()) == 2
-            assert len(await handle.list()) == 5
-            first = started_names(marker)[0]
-            assert await handle.cancel(ids[first]) is True
-            await async_wait_for(lambda: len(started_names(marker)) == 3)
-            await async_wait_for(lambda: len(attempt_processes()) == 2)
-            snap = handle.controller_snapshot()
-            assert snap.running_count == 4
-            assert all(v.status is SlotStatus.RUNNING for v in snap.slots)
-
-    run(body())
+    async with controlled(SupervisorConfig(grace=1.0, max_concurrent=2)) as (handle, _events):
+        ids = {f"c-{i}": await handle.submit(Q(restartable(f"c-{i}", coop.cooperative, marker=str(marker)),
+                                              f"slot-{i}")) for i in range(5)}
+        await async_wait_for(lambda: handle.controller_snapshot().running_count == 5)
+        await async_wait_for(lambda: len(started_names(marker)) == 2)
+        assert len(attempt_processes()) == 2
+        assert len(await handle.list()) == 5
+        first = started_names(marker)[0]
+        assert await handle.cancel(ids[first]) is True
+        await async_wait_for(lambda: len(started_names(marker)) == 3)
+        await async_wait_for(lambda: len(attempt_processes()) == 2)
+        snap = handle.controller_snapshot()
+        assert snap.running_count == 4
+        assert all(v.status is SlotStatus.RUNNING for v in snap.slots)
 
 
-@pytest.mark.timeout(60)
-def test_an_inherited_timeout_applies_to_controller_submissions():
+async def test_an_inherited_timeout_applies_to_controller_submissions():
     """TaskDefaults(timeout=0.3) applies to a submitted task: FAILED, "timed out"."""
 
-    async def body():
-        async with controlled(task_defaults=TaskDefaults(timeout=0.3)) as (handle, _events):
-            _, waiter = await handle.submit_and_watch(Q(once("sleepy", basic.sleeper, 3600), "s"))
-            result = await outcome(waiter)
-        assert result.kind is OutcomeKind.FAILED
-        assert "timed out" in result.reason
-
-    run(body())
+    async with controlled(task_defaults=TaskDefaults(timeout=0.3)) as (handle, _events):
+        _, waiter = await handle.submit_and_watch(Q(once("sleepy", basic.sleeper, 3600), "s"))
+        result = await outcome(waiter)
+    assert result.kind is OutcomeKind.FAILED
+    assert "timed out" in result.reason
 
 
-@pytest.mark.timeout(60)
-def test_leftover_descendants_die_before_the_slot_moves_on(tmp_path):
+async def test_leftover_descendants_die_before_the_slot_moves_on(tmp_path):
     """Leftover descendants (slot owner): a leaver's descendants are gone when its waiter resolves, before its successor starts."""
     record, next_marker = tmp_path / "left.jsonl", tmp_path / "next.marker"
 
-    async def body():
-        async with controlled() as (handle, events):
-            leaver, leaver_waiter = await handle.submit_and_watch(
-                Q(once("leaver", misbehave.leaver, str(record)), "s"))
-            follower, follower_waiter = await handle.submit_and_watch(Q(once(
-                "next", controller_probes.successor, [str(record)], marker=str(next_marker)), "s"))
-            result = await outcome(leaver_waiter)
-            records = read_records(record)
-            gone = all_gone(records)
-            assert result.kind is OutcomeKind.COMPLETED
-            assert len(records) == 3 and gone
-            assert (await outcome(follower_waiter)).kind is OutcomeKind.COMPLETED
-            starting = await seen(events, EventKind.ATTEMPT_STARTING, id=follower)
-            assert seq_of(events, EventKind.TASK_REMOVED, id=leaver) < starting.seq
-        assert words(next_marker, "started")
-        assert words(next_marker, "overlap") == []
-
-    run(body())
+    async with controlled() as (handle, events):
+        leaver, leaver_waiter = await handle.submit_and_watch(
+            Q(once("leaver", misbehave.leaver, str(record)), "s"))
+        follower, follower_waiter = await handle.submit_and_watch(Q(once(
+            "next", controller_probes.successor, [str(record)], marker=str(next_marker)), "s"))
+        result = await outcome(leaver_waiter)
+        records = read_records(record)
+        gone = all_gone(records)
+        assert result.kind is OutcomeKind.COMPLETED
+        assert len(records) == 3 and gone
+        assert (await outcome(follower_waiter)).kind is OutcomeKind.COMPLETED
+        starting = await seen(events, EventKind.ATTEMPT_STARTING, id=follower)
+        assert seq_of(events, EventKind.TASK_REMOVED, id=leaver) < starting.seq
+    assert words(next_marker, "started")
+    assert words(next_marker, "overlap") == []

@@ -81,33 +81,27 @@ def backoff_delays(collector: Collector, task: str) -> list[float]:
 # --- §9 defaults, with processes ----------------------------------------------------------------
 
 
-def test_task_defaults_and_their_default_backoff() -> None:
+async def test_task_defaults_and_their_default_backoff() -> None:
     """Under TaskDefaults(), a restartable failing task's first two delays lie in
     [0.1, 0.2] and [0.2, 0.4] (exponential 0.2 with EQUAL jitter)."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(TaskSpec.restartable(fn("d", basic.failing)))
-            await async_wait_for(lambda: len(backoff_delays(collector, "d")) >= 2)
-            first, second = backoff_delays(collector, "d")[:2]
-            assert 0.1 <= first <= 0.2
-            assert 0.2 <= second <= 0.4
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(TaskSpec.restartable(fn("d", basic.failing)))
+        await async_wait_for(lambda: len(backoff_delays(collector, "d")) >= 2)
+        first, second = backoff_delays(collector, "d")[:2]
+        assert 0.1 <= first <= 0.2
+        assert 0.2 <= second <= 0.4
 
 
-def test_an_inherited_timeout_applies_to_added_tasks() -> None:
+async def test_an_inherited_timeout_applies_to_added_tasks() -> None:
     """TaskDefaults(timeout=0.3) times out an added once sleeper(3600): FAILED."""
 
-    async def body() -> None:
-        async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
-            _, waiter = await handle.add_and_watch(once("s", basic.sleeper, 3600))
-            outcome = await asyncio.wait_for(waiter.wait(), 10)
-            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
-            [timed_out] = await async_wait_for(lambda: collector.of(K.ATTEMPT_TIMED_OUT, task="s"))
-            assert timed_out.timeout == pytest.approx(0.3)
-
-    run(body())
+    async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
+        _, waiter = await handle.add_and_watch(once("s", basic.sleeper, 3600))
+        outcome = await asyncio.wait_for(waiter.wait(), 10)
+        assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
+        [timed_out] = await async_wait_for(lambda: collector.of(K.ATTEMPT_TIMED_OUT, task="s"))
+        assert timed_out.timeout == pytest.approx(0.3)
 
 
 def test_an_inherited_timeout_applies_to_run_batches() -> None:
@@ -118,24 +112,21 @@ def test_an_inherited_timeout_applies_to_run_batches() -> None:
     assert outcomes["s"].kind is OutcomeKind.FAILED and "timed out" in outcomes["s"].reason
 
 
-def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
+async def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
     """`.with_timeout(None)` beats TaskDefaults(timeout=0.3): still running after 1 s,
     COMPLETED after release."""
     marker, release = str(tmp_path / "marker"), tmp_path / "release"
     spec = once("g", coop.gated, str(release), marker=marker).with_timeout(None)
 
-    async def body() -> None:
-        async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
-            _, waiter = await handle.add_and_watch(spec)
-            await async_wait_for(lambda: read_markers(marker))
-            await asyncio.sleep(1.0)  # the behaviour: well past the inherited 0.3 s
-            assert handle.is_alive("g") and not waiter.done()
-            assert collector.of(K.ATTEMPT_TIMED_OUT) == []
-            release.touch()
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "released"
-
-    run(body())
+    async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
+        _, waiter = await handle.add_and_watch(spec)
+        await async_wait_for(lambda: read_markers(marker))
+        await asyncio.sleep(1.0)  # the behaviour: well past the inherited 0.3 s
+        assert handle.is_alive("g") and not waiter.done()
+        assert collector.of(K.ATTEMPT_TIMED_OUT) == []
+        release.touch()
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "released"
 
 
 def test_a_default_retry_limit_versus_explicit_unlimited() -> None:
@@ -168,22 +159,19 @@ def test_an_inherited_backoff_and_its_explicit_override() -> None:
 
 @pytest.mark.parametrize("system, release", [("freebsd14", "14.0-RELEASE"), ("linux", "5.2.21-generic")],
                          ids=["not-linux", "old-kernel"])
-def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release: str) -> None:
+async def test_serve_refuses_an_unsupported_platform(monkeypatch, system: str, release: str) -> None:
     """Reported as non-Linux (or Linux < 5.3), `serve()` and `run` raise RuntimeError
     saying what is required, and start nothing."""
     monkeypatch.setattr(_platform, "sys", SimpleNamespace(platform=system))
     monkeypatch.setattr(_platform, "kernel_release", lambda: release)
 
-    async def body() -> None:
-        with pytest.raises(RuntimeError) as served:
-            Supervisor(CONFIG).serve()
-        with pytest.raises(RuntimeError) as ran:
-            await Supervisor(CONFIG).run([once("q", basic.quick)])
-        for error in (served.value, ran.value):
-            assert "Linux" in str(error) and "5.3" in str(error)
-        assert child_pids_of_self() == []
-
-    run(body())
+    with pytest.raises(RuntimeError) as served:
+        Supervisor(CONFIG).serve()
+    with pytest.raises(RuntimeError) as ran:
+        await Supervisor(CONFIG).run([once("q", basic.quick)])
+    for error in (served.value, ran.value):
+        assert "Linux" in str(error) and "5.3" in str(error)
+    assert child_pids_of_self() == []
 
 
 def test_import_works_on_an_unsupported_platform() -> None:
@@ -252,84 +240,72 @@ def test_serve_outside_a_loop_fails_clearly_and_later_works() -> None:
     run(body())
 
 
-def test_the_handle_alone_keeps_the_runtime_usable() -> None:
+async def test_the_handle_alone_keeps_the_runtime_usable() -> None:
     """With the supervisor unreferenced (and collected), the handle still adds, watches
     and shuts down."""
 
-    async def body() -> None:
-        supervisor = Supervisor.builder(CONFIG).build()
-        handle = supervisor.serve()
-        gone = weakref.ref(supervisor)
-        del supervisor
-        gc.collect()
-        assert gone() is None
-        _, waiter = await handle.add_and_watch(once("q", basic.quick))
-        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-        await handle.shutdown()
-
-    run(body())
+    supervisor = Supervisor.builder(CONFIG).build()
+    handle = supervisor.serve()
+    gone = weakref.ref(supervisor)
+    del supervisor
+    gc.collect()
+    assert gone() is None
+    _, waiter = await handle.add_and_watch(once("q", basic.quick))
+    assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+    await handle.shutdown()
 
 
 @pytest.mark.parametrize("how", ["constructor", "builder"])
-def test_submitting_without_a_controller_raises_not_configured(how: str) -> None:
+async def test_submitting_without_a_controller_raises_not_configured(how: str) -> None:
     """Without a controller, prepare_submission, submit, try_submit, submit_and_watch and
     controller_snapshot raise ControllerNotConfigured (a ControllerError)."""
     supervisor = Supervisor(CONFIG) if how == "constructor" else Supervisor.builder(CONFIG).build()
     cspec = ControllerSpec.queue(once("x", basic.quick)).with_slot("s")
 
-    async def body() -> None:
-        handle = supervisor.serve()
-        await warm_up(handle)  # see a shutdown racing the launcher's start is tested there
-        with pytest.raises(ControllerNotConfigured) as raised:
-            handle.prepare_submission(cspec)
-        assert isinstance(raised.value, ControllerError)
-        for call in (handle.submit, handle.try_submit, handle.submit_and_watch, handle.try_submit_and_watch):
-            with pytest.raises(ControllerNotConfigured):
-                await call(cspec)
+    handle = supervisor.serve()
+    await warm_up(handle)  # see a shutdown racing the launcher's start is tested there
+    with pytest.raises(ControllerNotConfigured) as raised:
+        handle.prepare_submission(cspec)
+    assert isinstance(raised.value, ControllerError)
+    for call in (handle.submit, handle.try_submit, handle.submit_and_watch, handle.try_submit_and_watch):
         with pytest.raises(ControllerNotConfigured):
-            handle.controller_snapshot()
-        assert await handle.list() == []
-        await handle.shutdown()
+            await call(cspec)
+    with pytest.raises(ControllerNotConfigured):
+        handle.controller_snapshot()
+    assert await handle.list() == []
+    await handle.shutdown()
 
-    run(body())
 
-
-def test_add_waits_for_registry_capacity() -> None:
+async def test_add_waits_for_registry_capacity() -> None:
     """With registry_capacity 1, 32 concurrent adds all succeed and are all listed."""
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, _):
-            ids = await asyncio.gather(*(handle.add(parked(f"p{i}")) for i in range(32)))
-            listed = await handle.list()
-            assert sorted(ids) == [info.id for info in listed]
-            assert {info.name for info in listed} == {f"p{i}" for i in range(32)}
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, _):
+        ids = await asyncio.gather(*(handle.add(parked(f"p{i}")) for i in range(32)))
+        listed = await handle.list()
+        assert sorted(ids) == [info.id for info in listed]
+        assert {info.name for info in listed} == {f"p{i}" for i in range(32)}
 
 
-def test_try_add_fails_fast_on_a_full_queue_without_side_effects(tmp_path) -> None:
+async def test_try_add_fails_fast_on_a_full_queue_without_side_effects(tmp_path) -> None:
     """64 try_add in one loop turn with registry_capacity 1: some raise CommandQueueFull;
     those publish nothing and never run; a later try_add succeeds."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
-            await warm_up(handle)
-            names = [f"t{i}" for i in range(64)]
-            refused: set[str] = set()
-            results = await asyncio.gather(*(handle.try_add_and_watch(once(n, basic.quick, marker=marker)) for n in names),
-                                           return_exceptions=True)
-            refused.update(n for n, r in zip(names, results, strict=True) if isinstance(r, CommandQueueFull))
-            accepted = [r for r in results if not isinstance(r, BaseException)]
-            assert refused and len(refused) + len(accepted) == 64
-            await asyncio.gather(*(waiter.wait() for _, waiter in accepted))
-            _, waiter = await handle.try_add_and_watch(once("later", basic.quick, marker=marker))
-            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-        assert not refused & {e.task for e in collector.events}  # no TASK_ADD_REQUESTED, nothing
-        assert not refused & started_tasks(marker)
-        assert started_tasks(marker) == set(names) - refused | {"later"}
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+        await warm_up(handle)
+        names = [f"t{i}" for i in range(64)]
+        refused: set[str] = set()
+        results = await asyncio.gather(*(handle.try_add_and_watch(once(n, basic.quick, marker=marker)) for n in names),
+                                       return_exceptions=True)
+        refused.update(n for n, r in zip(names, results, strict=True) if isinstance(r, CommandQueueFull))
+        accepted = [r for r in results if not isinstance(r, BaseException)]
+        assert refused and len(refused) + len(accepted) == 64
+        await asyncio.gather(*(waiter.wait() for _, waiter in accepted))
+        _, waiter = await handle.try_add_and_watch(once("later", basic.quick, marker=marker))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+    assert not refused & {e.task for e in collector.events}  # no TASK_ADD_REQUESTED, nothing
+    assert not refused & started_tasks(marker)
+    assert started_tasks(marker) == set(names) - refused | {"later"}
 
 
 REMOVAL_FORMS = {
@@ -342,47 +318,41 @@ REMOVAL_FORMS = {
 
 
 @pytest.mark.parametrize("form", sorted(REMOVAL_FORMS))
-def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
+async def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
     """32 try-removals gathered with a burst of adds (registry_capacity 1): some raise
     CommandQueueFull, and no refused call publishes TASK_REMOVE_REQUESTED."""
     call = REMOVAL_FORMS[form]
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
-            names = [f"target{i}" for i in range(32)]
-            ids = await asyncio.gather(*(handle.add(parked(n)) for n in names))
-            removals = [call(handle, task_id, name) for task_id, name in zip(ids, names, strict=True)]
-            adds = [handle.add(parked(f"burst{i}")) for i in range(16)]
-            results = await asyncio.gather(*removals, *adds, return_exceptions=True)
-            removal_results, add_results = results[:32], results[32:]
-            assert all(isinstance(r, int) for r in add_results), add_results
-            refused = [task_id for task_id, r in zip(ids, removal_results, strict=True) if isinstance(r, CommandQueueFull)]
-            claimed = [task_id for task_id, r in zip(ids, removal_results, strict=True) if r is True]
-            assert refused
-            assert len(refused) + len(claimed) == 32, removal_results
-        cut = collector.of(K.SHUTDOWN_REQUESTED)[0].seq  # shutdown then claims every task left
-        requested = {e.id for e in collector.of(K.TASK_REMOVE_REQUESTED) if e.seq < cut}
-        assert not requested & set(refused)
-        assert set(claimed) <= requested
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+        names = [f"target{i}" for i in range(32)]
+        ids = await asyncio.gather(*(handle.add(parked(n)) for n in names))
+        removals = [call(handle, task_id, name) for task_id, name in zip(ids, names, strict=True)]
+        adds = [handle.add(parked(f"burst{i}")) for i in range(16)]
+        results = await asyncio.gather(*removals, *adds, return_exceptions=True)
+        removal_results, add_results = results[:32], results[32:]
+        assert all(isinstance(r, int) for r in add_results), add_results
+        refused = [task_id for task_id, r in zip(ids, removal_results, strict=True) if isinstance(r, CommandQueueFull)]
+        claimed = [task_id for task_id, r in zip(ids, removal_results, strict=True) if r is True]
+        assert refused
+        assert len(refused) + len(claimed) == 32, removal_results
+    cut = collector.of(K.SHUTDOWN_REQUESTED)[0].seq  # shutdown then claims every task left
+    requested = {e.id for e in collector.of(K.TASK_REMOVE_REQUESTED) if e.seq < cut}
+    assert not requested & set(refused)
+    assert set(claimed) <= requested
 
 
-def test_try_add_returns_after_the_registry_decision() -> None:
+async def test_try_add_returns_after_the_registry_decision() -> None:
     """A returned try_add is listed at once; try_add_and_watch resolves COMPLETED; a
     duplicate raises TaskAlreadyExists."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, _):
-            task_id = await handle.try_add(parked("kept"))
-            assert [(info.id, info.name) for info in await handle.list()] == [(task_id, "kept")]
-            watched_id, waiter = await handle.try_add_and_watch(once("watched", basic.quick))
-            assert waiter.id == watched_id
-            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-            with pytest.raises(TaskAlreadyExists):
-                await handle.try_add(once("kept", basic.quick))
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        task_id = await handle.try_add(parked("kept"))
+        assert [(info.id, info.name) for info in await handle.list()] == [(task_id, "kept")]
+        watched_id, waiter = await handle.try_add_and_watch(once("watched", basic.quick))
+        assert waiter.id == watched_id
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        with pytest.raises(TaskAlreadyExists):
+            await handle.try_add(once("kept", basic.quick))
 
 
 def test_a_run_batch_takes_one_queue_slot(tmp_path) -> None:
@@ -395,51 +365,44 @@ def test_a_run_batch_takes_one_queue_slot(tmp_path) -> None:
     assert started_tasks(marker) == set(names)
 
 
-def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_path) -> None:
+async def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_path) -> None:
     """An add cancelled while waiting for registry capacity is never registered, never
     listed and never runs."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
-            await warm_up(handle)
-            burst = [asyncio.create_task(handle.add_and_watch(once(f"b{i}", basic.quick, marker=marker)))
-                     for i in range(20)]
-            victim = asyncio.create_task(handle.add(once("victim", basic.quick, marker=marker)))
-            await asyncio.sleep(0)  # one loop turn: the burst fills the queue, the victim waits
-            assert not victim.done()
-            victim.cancel()
-            for _, waiter in await asyncio.gather(*burst):
-                assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-            with pytest.raises(asyncio.CancelledError):
-                await victim
-            assert "victim" not in {info.name for info in await handle.list()}
-        assert [e for e in collector.events if e.task == "victim"] == []
-        assert "victim" not in started_tasks(marker)
-        assert len(started_tasks(marker)) == 20
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+        await warm_up(handle)
+        burst = [asyncio.create_task(handle.add_and_watch(once(f"b{i}", basic.quick, marker=marker)))
+                 for i in range(20)]
+        victim = asyncio.create_task(handle.add(once("victim", basic.quick, marker=marker)))
+        await asyncio.sleep(0)  # one loop turn: the burst fills the queue, the victim waits
+        assert not victim.done()
+        victim.cancel()
+        for _, waiter in await asyncio.gather(*burst):
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        assert "victim" not in {info.name for info in await handle.list()}
+    assert [e for e in collector.events if e.task == "victim"] == []
+    assert "victim" not in started_tasks(marker)
+    assert len(started_tasks(marker)) == 20
 
 
 @pytest.mark.timeout(90)
-def test_abandoned_adds_are_never_half_registered() -> None:
+async def test_abandoned_adds_are_never_half_registered() -> None:
     """100 adds cancelled at random points: each name is never registered, or is
     registered and ends with one TASK_FINISHED then one TASK_REMOVED."""
     rng = random.Random(11)
 
-    async def body() -> tuple[Collector, list[Any]]:
-        async with supervised(SupervisorConfig(grace=1, registry_capacity=4)) as (handle, collector):
-            await warm_up(handle)
-            loop = asyncio.get_running_loop()
-            adds = []
-            for i in range(100):
-                task = asyncio.create_task(handle.add(parked(f"a{i}")))
-                loop.call_later(rng.uniform(0, 0.05), task.cancel)
-                adds.append(task)
-            results = await asyncio.gather(*adds, return_exceptions=True)
-        return collector, results
-
-    collector, results = run(body())
+    async with supervised(SupervisorConfig(grace=1, registry_capacity=4)) as (handle, collector):
+        await warm_up(handle)
+        loop = asyncio.get_running_loop()
+        adds = []
+        for i in range(100):
+            task = asyncio.create_task(handle.add(parked(f"a{i}")))
+            loop.call_later(rng.uniform(0, 0.05), task.cancel)
+            adds.append(task)
+        results = await asyncio.gather(*adds, return_exceptions=True)
     assert any(isinstance(r, asyncio.CancelledError) for r in results)
     registered = {e.task for e in collector.of(K.TASK_ADDED)} - {"warm-up"}
     assert 0 < len(registered) < 100
@@ -471,20 +434,17 @@ LOOKUPS = {
 
 
 @pytest.mark.parametrize("form", list(LOOKUPS))
-def test_removing_unknown_targets_returns_false(form: str) -> None:
+async def test_removing_unknown_targets_returns_false(form: str) -> None:
     """Every removal form on an unknown id or name returns False and publishes no
     TASK_REMOVE_REQUESTED, TASK_FINISHED or TASK_REMOVED."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            await warm_up(handle)
-            before = len(collector.events)  # the warm-up's last events may arrive later: filtered out
-            assert await LOOKUPS[form](handle) is False
-            await handle.shutdown()
-            later = [e for e in collector.events[before:] if e.task != "warm-up"]
-            assert not [e for e in later if e.kind in (K.TASK_REMOVE_REQUESTED, K.TASK_FINISHED, K.TASK_REMOVED)]
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await warm_up(handle)
+        before = len(collector.events)  # the warm-up's last events may arrive later: filtered out
+        assert await LOOKUPS[form](handle) is False
+        await handle.shutdown()
+        later = [e for e in collector.events[before:] if e.task != "warm-up"]
+        assert not [e for e in later if e.kind in (K.TASK_REMOVE_REQUESTED, K.TASK_FINISHED, K.TASK_REMOVED)]
 
 
 def test_a_supervisor_stays_bound_to_its_first_loop() -> None:

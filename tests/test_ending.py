@@ -10,6 +10,8 @@ from mpvisor._ending import ExitStatus, Facts, StopReason, decide
 from mpvisor._restart import AttemptResult
 from mpvisor._wire import Failure, Result
 
+pytestmark = pytest.mark.unit
+
 EXIT0 = ExitStatus("exit", 0)
 EXIT3 = ExitStatus("exit", 3)
 SEGV = ExitStatus("signal", signal.SIGSEGV)

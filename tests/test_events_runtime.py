@@ -45,7 +45,6 @@ from tests._support import (
     fn,
     once,
     read_markers,
-    run,
     supervised,
 )
 from workers import basic, coop, misbehave
@@ -147,56 +146,50 @@ def test_a_static_batch_registers_everything_before_anything_starts() -> None:
     assert max(added) < min(started)
 
 
-def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usable(tmp_path) -> None:
+async def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usable(tmp_path) -> None:
     """A batch with a duplicate name runs nothing, leaves no process, and the
     supervisor is still servable afterwards (while a second `run` is refused)."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        collector = Collector()
-        supervisor = Supervisor(CONFIG, [collector])
-        batch = [once("unique", basic.quick, marker=marker), once("duplicate", basic.quick, marker=marker),
-                 once("duplicate", basic.quick, marker=marker)]
-        with pytest.raises(TaskAlreadyExists) as raised:
-            await supervisor.run(batch)
-        assert raised.value.name == "duplicate"
-        assert child_pids_of_self() == []  # the launcher included
-        failed = await async_wait_for(lambda: len(collector.of(K.TASK_ADD_FAILED)) == 3 and collector.of(K.TASK_ADD_FAILED))
-        assert [(e.task, e.rejection_kind) for e in failed] == [
-            ("unique", RejectionKind.BATCH_REJECTED),
-            ("duplicate", RejectionKind.ALREADY_EXISTS),
-            ("duplicate", RejectionKind.ALREADY_EXISTS),
-        ]
-        with pytest.raises(AlreadyRunning):
-            await supervisor.run([])
-        handle = supervisor.serve()
-        _, waiter = await handle.add_and_watch(once("after", basic.quick))
-        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-        await handle.shutdown()
-        assert read_markers(marker) == []
-        rejected_ids = {e.id for e in failed}
-        assert not [e for e in collector.events if e.id in rejected_ids and e.kind in NEVER_FOR_REJECTED]
-        assert [e.task for e in collector.of(K.TASK_ADDED)] == ["after"]
-
-    run(body())
+    collector = Collector()
+    supervisor = Supervisor(CONFIG, [collector])
+    batch = [once("unique", basic.quick, marker=marker), once("duplicate", basic.quick, marker=marker),
+             once("duplicate", basic.quick, marker=marker)]
+    with pytest.raises(TaskAlreadyExists) as raised:
+        await supervisor.run(batch)
+    assert raised.value.name == "duplicate"
+    assert child_pids_of_self() == []  # the launcher included
+    failed = await async_wait_for(lambda: len(collector.of(K.TASK_ADD_FAILED)) == 3 and collector.of(K.TASK_ADD_FAILED))
+    assert [(e.task, e.rejection_kind) for e in failed] == [
+        ("unique", RejectionKind.BATCH_REJECTED),
+        ("duplicate", RejectionKind.ALREADY_EXISTS),
+        ("duplicate", RejectionKind.ALREADY_EXISTS),
+    ]
+    with pytest.raises(AlreadyRunning):
+        await supervisor.run([])
+    handle = supervisor.serve()
+    _, waiter = await handle.add_and_watch(once("after", basic.quick))
+    assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+    await handle.shutdown()
+    assert read_markers(marker) == []
+    rejected_ids = {e.id for e in failed}
+    assert not [e for e in collector.events if e.id in rejected_ids and e.kind in NEVER_FOR_REJECTED]
+    assert [e.task for e in collector.of(K.TASK_ADDED)] == ["after"]
 
 
-def test_one_id_follows_a_task_through_its_lifecycle(tmp_path) -> None:
+async def test_one_id_follows_a_task_through_its_lifecycle(tmp_path) -> None:
     """Every event for "life" that carries an id carries the id `add` returned."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            task_id = await handle.add(TaskSpec.restartable(fn("life", coop.cooperative, marker=marker)))
-            await async_wait_for(lambda: read_markers(marker))
-            assert await handle.cancel(task_id)
-            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, task="life"))
-            events = [e for e in collector.events if e.task == "life"]
-            assert {e.id for e in events} == {task_id}
-            assert {K.ATTEMPT_STARTING, K.ATTEMPT_CANCELED, K.TASK_REMOVE_REQUESTED,
-                    K.TASK_FINISHED, K.TASK_REMOVED} <= {e.kind for e in events}
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        task_id = await handle.add(TaskSpec.restartable(fn("life", coop.cooperative, marker=marker)))
+        await async_wait_for(lambda: read_markers(marker))
+        assert await handle.cancel(task_id)
+        await async_wait_for(lambda: collector.of(K.TASK_REMOVED, task="life"))
+        events = [e for e in collector.events if e.task == "life"]
+        assert {e.id for e in events} == {task_id}
+        assert {K.ATTEMPT_STARTING, K.ATTEMPT_CANCELED, K.TASK_REMOVE_REQUESTED,
+                K.TASK_FINISHED, K.TASK_REMOVED} <= {e.kind for e in events}
 
 
 def test_attempt_events_carry_the_attempt_number_and_child_pid(tmp_path) -> None:
@@ -227,37 +220,30 @@ def test_subscribers_receive_events_in_sequence_order() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_added_precedes_the_first_attempt_under_an_add_storm() -> None:
+async def test_added_precedes_the_first_attempt_under_an_add_storm() -> None:
     """Under 200 concurrent adds, every TASK_ADDED precedes its first ATTEMPT_STARTING."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            watched = await asyncio.gather(*(handle.add_and_watch(once(f"s{i}", basic.quick)) for i in range(200)))
-            outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-            assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
-        added = {e.id: e.seq for e in collector.of(K.TASK_ADDED)}
-        first_start: dict[int, int] = {}
-        for event in collector.of(K.ATTEMPT_STARTING):
-            first_start.setdefault(event.id, event.seq)
-        assert set(added) == set(first_start) == {task_id for task_id, _ in watched}
-        assert all(added[i] < first_start[i] for i in added)
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        watched = await asyncio.gather(*(handle.add_and_watch(once(f"s{i}", basic.quick)) for i in range(200)))
+        outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+        assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
+    added = {e.id: e.seq for e in collector.of(K.TASK_ADDED)}
+    first_start: dict[int, int] = {}
+    for event in collector.of(K.ATTEMPT_STARTING):
+        first_start.setdefault(event.id, event.seq)
+    assert set(added) == set(first_start) == {task_id for task_id, _ in watched}
+    assert all(added[i] < first_start[i] for i in added)
 
 
-def test_rejected_work_has_no_lifecycle_events_when_the_name_exists(tmp_path) -> None:
+async def test_rejected_work_has_no_lifecycle_events_when_the_name_exists(tmp_path) -> None:
     """A refused `add` (ALREADY_EXISTS): the refused id has TASK_ADD_FAILED and no lifecycle."""
     marker, refused_marker = str(tmp_path / "marker"), str(tmp_path / "refused")
 
-    async def body() -> Collector:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(TaskSpec.restartable(fn("dup", coop.cooperative, marker=marker)))
-            await async_wait_for(lambda: read_markers(marker))
-            with pytest.raises(TaskAlreadyExists):
-                await handle.add(once("dup", basic.quick, marker=refused_marker))
-        return collector
-
-    collector = run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(TaskSpec.restartable(fn("dup", coop.cooperative, marker=marker)))
+        await async_wait_for(lambda: read_markers(marker))
+        with pytest.raises(TaskAlreadyExists):
+            await handle.add(once("dup", basic.quick, marker=refused_marker))
     [failed] = collector.of(K.TASK_ADD_FAILED, task="dup")
     assert failed.rejection_kind is RejectionKind.ALREADY_EXISTS
     assert kinds_of(collector.events, id=failed.id) == [K.TASK_ADD_REQUESTED, K.TASK_ADD_FAILED]
@@ -280,34 +266,30 @@ def test_rejected_work_has_no_lifecycle_events_in_a_rejected_batch(tmp_path) -> 
 
 
 @pytest.mark.timeout(90)
-def test_every_added_task_gets_one_finished_then_one_removed() -> None:
+async def test_every_added_task_gets_one_finished_then_one_removed() -> None:
     """Exactly-once lifecycle events (without a controller): 100 tasks ending by completion, failure, fatal error,
     remove, cancel and shutdown, racing one another: one TASK_FINISHED, then one TASK_REMOVED."""
     plan = (["quick"] * 20 + ["failing"] * 15 + ["fatal"] * 15 + ["remove"] * 20 + ["cancel"] * 15
             + ["shutdown"] * 15)
     targets = {"quick": basic.quick, "failing": basic.failing, "fatal": basic.fatal}
 
-    async def body() -> tuple[Collector, list[int]]:
-        async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
-            specs = [once(f"t{i}-{how}", targets[how]) if how in targets
-                     else TaskSpec.restartable(fn(f"t{i}-{how}", coop.cooperative)) for i, how in enumerate(plan)]
-            ids = await asyncio.gather(*(handle.add(spec) for spec in specs))
-            natural = {OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.FATAL}
-            await async_wait_for(lambda: natural <= {e.outcome_kind for e in collector.of(K.TASK_FINISHED)})
-            racing = []
-            for task_id, how in zip(ids, plan, strict=True):
-                if how in ("remove", "quick") and task_id % 2 == 0:
-                    racing.append(handle.remove(task_id))
-                elif how in ("cancel", "failing"):
-                    racing.append(handle.cancel(task_id))
-                elif how == "remove":
-                    racing.append(handle.try_remove(task_id))
-            results = await asyncio.gather(*racing, handle.shutdown(), return_exceptions=True)
-            for result in results:
-                assert result is None or isinstance(result, (bool, ShuttingDown)), result
-        return collector, ids
-
-    collector, ids = run(body())
+    async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
+        specs = [once(f"t{i}-{how}", targets[how]) if how in targets
+                 else TaskSpec.restartable(fn(f"t{i}-{how}", coop.cooperative)) for i, how in enumerate(plan)]
+        ids = await asyncio.gather(*(handle.add(spec) for spec in specs))
+        natural = {OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.FATAL}
+        await async_wait_for(lambda: natural <= {e.outcome_kind for e in collector.of(K.TASK_FINISHED)})
+        racing = []
+        for task_id, how in zip(ids, plan, strict=True):
+            if how in ("remove", "quick") and task_id % 2 == 0:
+                racing.append(handle.remove(task_id))
+            elif how in ("cancel", "failing"):
+                racing.append(handle.cancel(task_id))
+            elif how == "remove":
+                racing.append(handle.try_remove(task_id))
+        results = await asyncio.gather(*racing, handle.shutdown(), return_exceptions=True)
+        for result in results:
+            assert result is None or isinstance(result, (bool, ShuttingDown)), result
     outcome_kinds = {e.outcome_kind for e in collector.of(K.TASK_FINISHED)}
     assert {OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.FATAL, OutcomeKind.CANCELED} <= outcome_kinds
     for task_id in ids:
@@ -317,21 +299,17 @@ def test_every_added_task_gets_one_finished_then_one_removed() -> None:
         assert ending[0].seq < ending[1].seq
 
 
-def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
+async def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
     """A subscriber raising on its first event is reported (never to itself), keeps
     receiving; the others see every event and the tasks are unaffected."""
     raiser = Recorder("raiser", raises="first")
 
-    async def body() -> Collector:
-        async with supervised(CONFIG, subscribers=[raiser]) as (handle, collector):
-            _, first = await handle.add_and_watch(once("one", basic.quick))
-            assert (await first.wait()).kind is OutcomeKind.COMPLETED
-            await async_wait_for(lambda: collector.of(K.SUBSCRIBER_PANICKED))
-            _, second = await handle.add_and_watch(once("two", basic.quick))
-            assert (await second.wait()).kind is OutcomeKind.COMPLETED
-        return collector
-
-    collector = run(body())
+    async with supervised(CONFIG, subscribers=[raiser]) as (handle, collector):
+        _, first = await handle.add_and_watch(once("one", basic.quick))
+        assert (await first.wait()).kind is OutcomeKind.COMPLETED
+        await async_wait_for(lambda: collector.of(K.SUBSCRIBER_PANICKED))
+        _, second = await handle.add_and_watch(once("two", basic.quick))
+        assert (await second.wait()).kind is OutcomeKind.COMPLETED
     [report] = collector.of(K.SUBSCRIBER_PANICKED)
     assert report.reason.startswith("raiser")
     received = raiser.snapshot()
@@ -340,68 +318,58 @@ def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
     assert_contiguous(collector.events)
 
 
-def test_a_slow_subscriber_loses_only_its_own_events() -> None:
+async def test_a_slow_subscriber_loses_only_its_own_events() -> None:
     """A slow subscriber with queue_capacity 4 overflows; the report names it and never
     reaches it; the collector misses nothing; 20 tasks finish within 10 s."""
     slow = Recorder("slow", delay=0.2, queue_capacity=4)
 
-    async def body() -> Collector:
-        async with supervised(CONFIG, subscribers=[slow]) as (handle, collector):
-            began = time.monotonic()
-            watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(20)))
-            outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-            assert time.monotonic() - began < 10
-            assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
-            await async_wait_for(lambda: collector.of(K.SUBSCRIBER_OVERFLOW))
-        return collector
-
-    collector = run(body())
+    async with supervised(CONFIG, subscribers=[slow]) as (handle, collector):
+        began = time.monotonic()
+        watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(20)))
+        outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+        assert time.monotonic() - began < 10
+        assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
+        await async_wait_for(lambda: collector.of(K.SUBSCRIBER_OVERFLOW))
     reports = collector.of(K.SUBSCRIBER_OVERFLOW)
     assert reports and all(r.reason.startswith("slow") for r in reports)
     assert K.SUBSCRIBER_OVERFLOW not in {e.kind for e in slow.snapshot()}
     assert_contiguous(collector.events)
 
 
-def test_shutdown_delivers_events_still_queued_for_subscribers() -> None:
+async def test_shutdown_delivers_events_still_queued_for_subscribers() -> None:
     """When shutdown() returns, a slow collector has every TASK_REMOVED and
     ALL_STOPPED_WITHIN_GRACE."""
     slow = Recorder("slow-collector", delay=0.01)
 
-    async def body() -> None:
-        async with supervised(CONFIG, subscribers=[slow]) as (handle, _):
-            watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(5)))
-            await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-            await handle.shutdown()
-            received = slow.snapshot()
-            assert len([e for e in received if e.kind is K.TASK_REMOVED]) == 5
-            assert received[-1].kind is K.ALL_STOPPED_WITHIN_GRACE
-            assert_contiguous(received)
-
-    run(body())
+    async with supervised(CONFIG, subscribers=[slow]) as (handle, _):
+        watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(5)))
+        await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+        await handle.shutdown()
+        received = slow.snapshot()
+        assert len([e for e in received if e.kind is K.TASK_REMOVED]) == 5
+        assert received[-1].kind is K.ALL_STOPPED_WITHIN_GRACE
+        assert_contiguous(received)
 
 
-def test_the_events_iterator_yields_published_events() -> None:
+async def test_the_events_iterator_yields_published_events() -> None:
     """`events()` yields the task's lifecycle in seq order and ends after shutdown()."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, _):
-            stream = handle.events()
-            received: list[Any] = []
+    async with supervised(CONFIG) as (handle, _):
+        stream = handle.events()
+        received: list[Any] = []
 
-            async def consume() -> None:
-                async for event in stream:
-                    received.append(event)
+        async def consume() -> None:
+            async for event in stream:
+                received.append(event)
 
-            consumer = asyncio.create_task(consume())
-            _, waiter = await handle.add_and_watch(once("q", basic.quick))
-            await waiter.wait()
-            await handle.shutdown()
-            await asyncio.wait_for(consumer, 5)
-        assert kinds_of(received, task="q") == LIFECYCLE
-        assert [e.seq for e in received] == sorted(e.seq for e in received)
-        assert received[-1].kind is K.ALL_STOPPED_WITHIN_GRACE
-
-    run(body())
+        consumer = asyncio.create_task(consume())
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))
+        await waiter.wait()
+        await handle.shutdown()
+        await asyncio.wait_for(consumer, 5)
+    assert kinds_of(received, task="q") == LIFECYCLE
+    assert [e.seq for e in received] == sorted(e.seq for e in received)
+    assert received[-1].kind is K.ALL_STOPPED_WITHIN_GRACE
 
 
 def _plain(value: Any) -> Any:
@@ -411,7 +379,7 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def test_json_lines_writer_records_every_event(tmp_path) -> None:
+async def test_json_lines_writer_records_every_event(tmp_path) -> None:
     """JsonLinesWriter: one JSON object per event with its present fields by name,
     enums as labels; lines are readable before shutdown."""
     path = tmp_path / "events.jsonl"
@@ -420,18 +388,14 @@ def test_json_lines_writer_records_every_event(tmp_path) -> None:
         text = path.read_text(encoding="utf-8") if path.exists() else ""
         return [json.loads(line) for line in text.splitlines()]
 
-    async def body() -> Collector:
-        async with supervised(CONFIG, subscribers=[JsonLinesWriter(path)]) as (handle, collector):
-            specs = [once("ok", basic.quick), once("bad", basic.failing, 3), once("pr", basic.progress_once),
-                     TaskSpec.restartable(fn("re", basic.flaky, 1)).with_backoff(FAST)]
-            watched = await asyncio.gather(*(handle.add_and_watch(spec) for spec in specs))
-            await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-            finished = await async_wait_for(lambda: [d for d in lines() if d["kind"] == "task_finished"] or None)
-            assert {d["task"] for d in finished} <= {"ok", "bad", "pr", "re"}
-            await async_wait_for(lambda: len([d for d in lines() if d["kind"] == "task_finished"]) == 4)
-        return collector
-
-    collector = run(body())
+    async with supervised(CONFIG, subscribers=[JsonLinesWriter(path)]) as (handle, collector):
+        specs = [once("ok", basic.quick), once("bad", basic.failing, 3), once("pr", basic.progress_once),
+                 TaskSpec.restartable(fn("re", basic.flaky, 1)).with_backoff(FAST)]
+        watched = await asyncio.gather(*(handle.add_and_watch(spec) for spec in specs))
+        await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+        finished = await async_wait_for(lambda: [d for d in lines() if d["kind"] == "task_finished"] or None)
+        assert {d["task"] for d in finished} <= {"ok", "bad", "pr", "re"}
+        await async_wait_for(lambda: len([d for d in lines() if d["kind"] == "task_finished"]) == 4)
     written = lines()
     by_seq = {e.seq: e for e in collector.events}
     assert [d["seq"] for d in written] == sorted(by_seq)
@@ -499,7 +463,7 @@ def test_log_writer_logs_one_record_per_event_at_its_level() -> None:
 
 
 @pytest.mark.parametrize("case", ["removed", "timed-out", "cooperative"])
-def test_a_kill_is_announced_with_the_pid_and_the_grace(tmp_path, case: str) -> None:
+async def test_a_kill_is_announced_with_the_pid_and_the_grace(tmp_path, case: str) -> None:
     """A stubborn attempt killed after the grace (resp. `timeout_kill_after`) gets one
     ATTEMPT_KILLED naming its pid and that limit before its terminal event, which has no exit
     code; a cooperative one removed within the grace gets none."""
@@ -510,61 +474,55 @@ def test_a_kill_is_announced_with_the_pid_and_the_grace(tmp_path, case: str) -> 
     if case == "timed-out":
         spec = spec.with_timeout(0.3)
 
-    async def body() -> None:
-        async with supervised(config) as (handle, collector):
-            task_id, waiter = await handle.add_and_watch(spec)
-            await async_wait_for(lambda: read_markers(marker))
-            if case != "timed-out":
-                assert await handle.remove(task_id)
-            outcome = await waiter.wait()
-            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
-            [start] = collector.of(K.ATTEMPT_STARTING, id=task_id)
-            [end] = [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_TERMINAL_KINDS]
-            killed = collector.of(K.ATTEMPT_KILLED, id=task_id)
-            if case == "cooperative":
-                assert killed == []
-                assert end.kind is K.ATTEMPT_CANCELED and outcome.kind is OutcomeKind.CANCELED
-                return
-            [kill] = killed
-            assert kill.pid == start.pid and kill.attempt == 1
-            assert str(start.pid) in kill.reason and "0.3" in kill.reason
-            assert kill.seq < end.seq and end.exit_code is None
-            if case == "removed":
-                assert "grace" in kill.reason
-                assert end.kind is K.ATTEMPT_CANCELED and outcome.kind is OutcomeKind.FORCE_ABORTED
-            else:
-                assert "timeout_kill_after" in kill.reason
-                assert end.kind is K.ATTEMPT_TIMED_OUT and outcome.kind is OutcomeKind.FAILED
-
-    run(body())
+    async with supervised(config) as (handle, collector):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await async_wait_for(lambda: read_markers(marker))
+        if case != "timed-out":
+            assert await handle.remove(task_id)
+        outcome = await waiter.wait()
+        await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+        [start] = collector.of(K.ATTEMPT_STARTING, id=task_id)
+        [end] = [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_TERMINAL_KINDS]
+        killed = collector.of(K.ATTEMPT_KILLED, id=task_id)
+        if case == "cooperative":
+            assert killed == []
+            assert end.kind is K.ATTEMPT_CANCELED and outcome.kind is OutcomeKind.CANCELED
+            return
+        [kill] = killed
+        assert kill.pid == start.pid and kill.attempt == 1
+        assert str(start.pid) in kill.reason and "0.3" in kill.reason
+        assert kill.seq < end.seq and end.exit_code is None
+        if case == "removed":
+            assert "grace" in kill.reason
+            assert end.kind is K.ATTEMPT_CANCELED and outcome.kind is OutcomeKind.FORCE_ABORTED
+        else:
+            assert "timeout_kill_after" in kill.reason
+            assert end.kind is K.ATTEMPT_TIMED_OUT and outcome.kind is OutcomeKind.FAILED
 
 
-def test_the_alive_view_is_never_lossy(tmp_path) -> None:
+async def test_the_alive_view_is_never_lossy(tmp_path) -> None:
     """With bus_capacity 1 and a blocked subscriber, `alive_snapshot()` settles on
     exactly the one task still running after 20 quick ones completed."""
     marker = str(tmp_path / "marker")
     gate = threading.Event()
     blocked = Recorder("blocked", gate=gate, queue_capacity=1)
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1, bus_capacity=1), subscribers=[blocked]) as (handle, _):
-            unread = handle.events()  # never consumed: its queue of one overflows at once
-            try:
-                await handle.add(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
-                watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(20)))
-                outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-                assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
-                await async_wait_for(lambda: read_markers(marker))
-                await async_wait_for(lambda: handle.alive_snapshot() == ["coop"])
-                assert handle.is_alive("coop") and not handle.is_alive("q0")
-            finally:
-                gate.set()
-            del unread
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, bus_capacity=1), subscribers=[blocked]) as (handle, _):
+        unread = handle.events()  # never consumed: its queue of one overflows at once
+        try:
+            await handle.add(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
+            watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(20)))
+            outcomes = await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+            assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes)
+            await async_wait_for(lambda: read_markers(marker))
+            await async_wait_for(lambda: handle.alive_snapshot() == ["coop"])
+            assert handle.is_alive("coop") and not handle.is_alive("q0")
+        finally:
+            gate.set()
+        del unread
 
 
-def test_subscriber_trouble_is_reported_at_most_once_a_second() -> None:
+async def test_subscriber_trouble_is_reported_at_most_once_a_second() -> None:
     """A subscriber raising on every event and one with queue_capacity 1 that sleeps
     0.2 s per event each get at most one report a second, counting the troubles in between."""
     raiser = Recorder("raiser", raises="every")
@@ -581,15 +539,11 @@ def test_subscriber_trouble_is_reported_at_most_once_a_second() -> None:
         offered = len(collector.events) - len(reports)  # every event but its own reports
         return len(sluggish.snapshot()) + sum(map(reported_count, reports)) == offered
 
-    async def body() -> Collector:
-        async with supervised(CONFIG, subscribers=[raiser, sluggish]) as (handle, collector):
-            watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(50)))
-            await asyncio.gather(*(waiter.wait() for _, waiter in watched))
-            await async_wait_for(lambda: panics_all_counted(collector), timeout=10)
-            await async_wait_for(lambda: losses_all_counted(collector), timeout=15)
-        return collector
-
-    collector = run(body())
+    async with supervised(CONFIG, subscribers=[raiser, sluggish]) as (handle, collector):
+        watched = await asyncio.gather(*(handle.add_and_watch(once(f"q{i}", basic.quick)) for i in range(50)))
+        await asyncio.gather(*(waiter.wait() for _, waiter in watched))
+        await async_wait_for(lambda: panics_all_counted(collector), timeout=10)
+        await async_wait_for(lambda: losses_all_counted(collector), timeout=15)
     for kind, name in ((K.SUBSCRIBER_PANICKED, "raiser"), (K.SUBSCRIBER_OVERFLOW, "sluggish")):
         reports = about(collector, kind, name)
         assert len(reports) >= 2, kind

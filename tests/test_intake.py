@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from mpvisor._intake import Intake
 
+pytestmark = pytest.mark.unit
+
 TURNS = 3  # loop turns for a woken producer to resume and append (it needs one; margin for two)
 
 

@@ -114,7 +114,7 @@ def test_a_sitecustomize_that_runs_in_the_parent_runs_in_every_attempt(tmp_path,
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt(tmp_path, start_method):
+async def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt(tmp_path, start_method):
     """A sys.path entry the parent added before serving (the launcher's start) and one added
     after it both reach the attempt, in both start methods (spawn used to lose the first)."""
     early, late = tmp_path / "early", tmp_path / "late"
@@ -124,7 +124,7 @@ def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt(tmp_p
     saved = list(sys.path)
     sys.path.append(str(early))
 
-    async def body():
+    try:
         async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, _):
             _, first = await handle.add_and_watch(
                 once("early", "workers.interpreter:import_value", "mpv_added_early", "VALUE")
@@ -133,10 +133,7 @@ def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt(tmp_p
             _, second = await handle.add_and_watch(
                 once("late", "workers.interpreter:import_value", "mpv_added_late", "VALUE")
             )
-            return [await asyncio.wait_for(w.wait(), 20) for w in (first, second)]
-
-    try:
-        outcomes = run(body())
+            outcomes = [await asyncio.wait_for(w.wait(), 20) for w in (first, second)]
     finally:
         sys.path[:] = saved
     assert [(o.kind, o.value) for o in outcomes] == [

@@ -30,78 +30,66 @@ from tests._support import (
     once,
     pid_gone,
     restartable,
-    run,
     seen,
     supervised,
     words,
 )
 from workers import basic, coop, misbehave
 
+pytestmark = pytest.mark.timeout(60)
+
 # --- outcomes of the task's own ending --------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_outcome_reason_and_exit_code_match_the_finished_event():
+async def test_outcome_reason_and_exit_code_match_the_finished_event():
     """FAILED after retries; the outcome's reason and exit code equal TASK_FINISHED's."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, events):
-            spec = restartable("f", basic.failing, 9).with_max_retries(2)
-            task_id, waiter = await handle.add_and_watch(spec)
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FAILED
-            assert "boom" in outcome.reason
-            assert outcome.exit_code == 9
-            assert outcome.attempts == 3
-            finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
-            assert finished.outcome_kind is OutcomeKind.FAILED
-            assert finished.reason == outcome.reason
-            assert finished.exit_code == outcome.exit_code == 9
-
-    run(body())
+    async with supervised(CONFIG) as (handle, events):
+        spec = restartable("f", basic.failing, 9).with_max_retries(2)
+        task_id, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FAILED
+        assert "boom" in outcome.reason
+        assert outcome.exit_code == 9
+        assert outcome.attempts == 3
+        finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
+        assert finished.outcome_kind is OutcomeKind.FAILED
+        assert finished.reason == outcome.reason
+        assert finished.exit_code == outcome.exit_code == 9
 
 
 VALUE = {"n": 1, "b": b"x", "l": [1.5, None]}
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("form", ["add_and_watch", "try_add_and_watch"])
-def test_watched_add_forms_resolve_completed_with_the_value(form):
+async def test_watched_add_forms_resolve_completed_with_the_value(form):
     """Both watched add forms resolve COMPLETED with the returned msgpack value."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            task_id, waiter = await getattr(handle, form)(once("q", basic.quick, VALUE))
-            assert waiter.id == task_id
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.COMPLETED
-            assert outcome.is_success()
-            assert outcome.label == "outcome_completed"
-            assert outcome.value == VALUE
-            assert isinstance(outcome.value["b"], bytes)
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        task_id, waiter = await getattr(handle, form)(once("q", basic.quick, VALUE))
+        assert waiter.id == task_id
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.COMPLETED
+        assert outcome.is_success()
+        assert outcome.label == "outcome_completed"
+        assert outcome.value == VALUE
+        assert isinstance(outcome.value["b"], bytes)
 
 
-@pytest.mark.timeout(60)
-def test_a_fatal_outcome_keeps_reason_and_exit_code():
+async def test_a_fatal_outcome_keeps_reason_and_exit_code():
     """A restartable Fatal(137) ends FATAL after exactly one attempt, with its code."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, events):
-            task_id, waiter = await handle.add_and_watch(restartable("fatal", basic.fatal, 137))
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FATAL
-            assert "unrecoverable" in outcome.reason
-            assert outcome.exit_code == 137
-            assert outcome.attempts == 1
-            await seen(events, EventKind.TASK_REMOVED, id=task_id)
-            assert len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) == 1
-
-    run(body())
+    async with supervised(CONFIG) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(restartable("fatal", basic.fatal, 137))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FATAL
+        assert "unrecoverable" in outcome.reason
+        assert outcome.exit_code == 137
+        assert outcome.attempts == 1
+        await seen(events, EventKind.TASK_REMOVED, id=task_id)
+        assert len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) == 1
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("target", "args", "reason", "function"),
     [
@@ -110,182 +98,147 @@ def test_a_fatal_outcome_keeps_reason_and_exit_code():
     ],
     ids=["RuntimeError", "PermissionError"],
 )
-def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, args, reason, function):
+async def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, args, reason, function):
     """An uncaught exception fails with `Type: message` and the traceback as text."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            _, waiter = await handle.add_and_watch(once("raiser", target, *args))
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FAILED
-            assert outcome.reason == reason
-            assert isinstance(outcome.traceback, str)
-            assert function in outcome.traceback
-            for value in vars(outcome).values():  # plain data only: no exception crossed over
-                assert not isinstance(value, BaseException)
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("raiser", target, *args))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FAILED
+        assert outcome.reason == reason
+        assert isinstance(outcome.traceback, str)
+        assert function in outcome.traceback
+        for value in vars(outcome).values():  # plain data only: no exception crossed over
+            assert not isinstance(value, BaseException)
 
 
-@pytest.mark.timeout(60)
-def test_an_unprompted_canceled_resolves_canceled():
+async def test_an_unprompted_canceled_resolves_canceled():
     """A restartable worker raising Canceled by itself ends CANCELED after one attempt."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            _, waiter = await handle.add_and_watch(restartable("self", basic.self_canceled))
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-            assert outcome.attempts == 1
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(restartable("self", basic.self_canceled))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+        assert outcome.attempts == 1
 
 
-@pytest.mark.timeout(60)
-def test_cancel_resolves_canceled():
+async def test_cancel_resolves_canceled():
     """Cancel of a restartable cooperative task resolves its waiter CANCELED."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            task_id, waiter = await handle.add_and_watch(restartable("c", coop.cooperative))
-            assert await handle.cancel(task_id) is True
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-            assert outcome.label == "outcome_canceled"
-            assert not outcome.is_success()
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(restartable("c", coop.cooperative))
+        assert await handle.cancel(task_id) is True
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+        assert outcome.label == "outcome_canceled"
+        assert not outcome.is_success()
 
 
-@pytest.mark.timeout(60)
-def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
+async def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
     """A graceful shutdown resolves a running watched task's waiter CANCELED."""
     marker = tmp_path / "m"
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            _, waiter = await handle.add_and_watch(restartable("c", coop.cooperative, marker=str(marker)))
-            await async_wait_for(lambda: words(marker, "started"))
-            await handle.shutdown()
-            assert waiter.done()
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-        assert words(marker, "finally")
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(restartable("c", coop.cooperative, marker=str(marker)))
+        await async_wait_for(lambda: words(marker, "started"))
+        await handle.shutdown()
+        assert waiter.done()
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+    assert words(marker, "finally")
 
 
-@pytest.mark.timeout(60)
-def test_shutdown_force_aborts_a_stubborn_watched_task(tmp_path):
+async def test_shutdown_force_aborts_a_stubborn_watched_task(tmp_path):
     """Grace 0.3 and a stubborn task: shutdown raises GraceExceeded, outcome FORCE_ABORTED."""
     marker = tmp_path / "m"
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, _):
-            _, waiter = await handle.add_and_watch(once("stuck", misbehave.stubborn, marker=str(marker)))
-            await async_wait_for(lambda: words(marker, "started"))
-            shutdown, outcome = await asyncio.gather(handle.shutdown(), waiter.wait(), return_exceptions=True)
-            assert isinstance(shutdown, GraceExceeded)
-            assert shutdown.stuck == ["stuck"]
-            assert outcome.kind is OutcomeKind.FORCE_ABORTED
-            assert outcome.label == "outcome_force_aborted"
-        assert pid_gone(words(marker, "started")[0][3])
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("stuck", misbehave.stubborn, marker=str(marker)))
+        await async_wait_for(lambda: words(marker, "started"))
+        shutdown, outcome = await asyncio.gather(handle.shutdown(), waiter.wait(), return_exceptions=True)
+        assert isinstance(shutdown, GraceExceeded)
+        assert shutdown.stuck == ["stuck"]
+        assert outcome.kind is OutcomeKind.FORCE_ABORTED
+        assert outcome.label == "outcome_force_aborted"
+    assert pid_gone(words(marker, "started")[0][3])
 
 
-@pytest.mark.timeout(60)
-def test_a_waiter_stays_pending_across_periodic_reruns(tmp_path):
+async def test_a_waiter_stays_pending_across_periodic_reruns(tmp_path):
     """A periodic task's waiter stays pending across reruns; cancel resolves it CANCELED."""
     marker = tmp_path / "m"
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            task_id, waiter = await handle.add_and_watch(
-                TaskSpec.periodic(fn("p", basic.quick, marker=str(marker)), 0.05)
-            )
-            await async_wait_for(lambda: len(words(marker, "started")) >= 3, timeout=10)
-            assert not waiter.done()
-            assert await handle.cancel(task_id) is True
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-            assert outcome.attempts >= 3
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(
+            TaskSpec.periodic(fn("p", basic.quick, marker=str(marker)), 0.05)
+        )
+        await async_wait_for(lambda: len(words(marker, "started")) >= 3, timeout=10)
+        assert not waiter.done()
+        assert await handle.cancel(task_id) is True
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+        assert outcome.attempts >= 3
 
 
-@pytest.mark.timeout(60)
-def test_a_duplicate_watched_add_raises_instead_of_returning_a_waiter():
+async def test_a_duplicate_watched_add_raises_instead_of_returning_a_waiter():
     """Add_and_watch of a registered name raises TaskAlreadyExists."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            task_id, waiter = await handle.add_and_watch(restartable("taken", coop.cooperative))
-            with pytest.raises(TaskAlreadyExists) as raised:
-                await handle.add_and_watch(once("taken", basic.quick))
-            assert raised.value.name == "taken"
-            assert not waiter.done()
-            assert [info.id for info in await handle.list()] == [task_id]
-
-    run(body())
+    async with supervised(CONFIG) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(restartable("taken", coop.cooperative))
+        with pytest.raises(TaskAlreadyExists) as raised:
+            await handle.add_and_watch(once("taken", basic.quick))
+        assert raised.value.name == "taken"
+        assert not waiter.done()
+        assert [info.id for info in await handle.list()] == [task_id]
 
 
-@pytest.mark.timeout(60)
-def test_dropping_a_waiter_does_not_affect_its_task():
+async def test_dropping_a_waiter_does_not_affect_its_task():
     """A deleted, garbage-collected waiter leaves its task running; cancel still works."""
 
-    async def body():
-        async with supervised(CONFIG) as (handle, events):
-            task_id, waiter = await handle.add_and_watch(restartable("kept", coop.cooperative))
-            gone = weakref.ref(waiter)
-            del waiter
-            _, other = await handle.add_and_watch(once("other", basic.quick))
-            assert (await other.wait()).kind is OutcomeKind.COMPLETED
-            gc.collect()
-            assert gone() is None  # the waiter really was dropped
-            await async_wait_for(lambda: handle.is_alive("kept"))
-            assert [info.id for info in await handle.list()] == [task_id]
-            assert await handle.cancel(task_id) is True
-            finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
-            assert finished.outcome_kind is OutcomeKind.CANCELED
-
-    run(body())
+    async with supervised(CONFIG) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(restartable("kept", coop.cooperative))
+        gone = weakref.ref(waiter)
+        del waiter
+        _, other = await handle.add_and_watch(once("other", basic.quick))
+        assert (await other.wait()).kind is OutcomeKind.COMPLETED
+        gc.collect()
+        assert gone() is None  # the waiter really was dropped
+        await async_wait_for(lambda: handle.is_alive("kept"))
+        assert [info.id for info in await handle.list()] == [task_id]
+        assert await handle.cancel(task_id) is True
+        finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
+        assert finished.outcome_kind is OutcomeKind.CANCELED
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("loss", ["bus_capacity=2", "blocked-subscriber"])
-def test_outcomes_are_delivered_despite_event_loss(loss):
+async def test_outcomes_are_delivered_despite_event_loss(loss):
     """Lost events change no outcome: FAILED with a tiny bus, COMPLETED with a blocked
     subscriber, and the task is unlisted with its name free."""
     blocked = Blocked()
 
-    async def body():
-        if loss == "bus_capacity=2":
-            config = SupervisorConfig(grace=1.0, bus_capacity=2)
-            subscribers: list[Any] = []
-            spec = restartable("lossy", basic.failing).with_max_retries(5)
-            expected = OutcomeKind.FAILED
-        else:
-            config = SupervisorConfig(grace=1.0, subscriber_shutdown_timeout=1.0)
-            subscribers = [blocked]
-            spec = once("lossy", basic.quick)
-            expected = OutcomeKind.COMPLETED
-        async with supervised(config, subscribers=subscribers) as (handle, _):
-            try:
-                stream = handle.events()  # never read: with bus_capacity=2 it drops events
-                _, waiter = await handle.add_and_watch(spec)
-                outcome = await asyncio.wait_for(waiter.wait(), 20)
-                assert outcome.kind is expected
-                if expected is OutcomeKind.FAILED:
-                    assert outcome.attempts == 6
-                    assert stream.dropped > 0
-                assert await handle.list() == []
-                _, again = await handle.add_and_watch(once("lossy", basic.quick))
-                assert (await again.wait()).kind is OutcomeKind.COMPLETED
-            finally:
-                blocked.unblock()
-
-    run(body())
+    if loss == "bus_capacity=2":
+        config = SupervisorConfig(grace=1.0, bus_capacity=2)
+        subscribers: list[Any] = []
+        spec = restartable("lossy", basic.failing).with_max_retries(5)
+        expected = OutcomeKind.FAILED
+    else:
+        config = SupervisorConfig(grace=1.0, subscriber_shutdown_timeout=1.0)
+        subscribers = [blocked]
+        spec = once("lossy", basic.quick)
+        expected = OutcomeKind.COMPLETED
+    async with supervised(config, subscribers=subscribers) as (handle, _):
+        try:
+            stream = handle.events()  # never read: with bus_capacity=2 it drops events
+            _, waiter = await handle.add_and_watch(spec)
+            outcome = await asyncio.wait_for(waiter.wait(), 20)
+            assert outcome.kind is expected
+            if expected is OutcomeKind.FAILED:
+                assert outcome.attempts == 6
+                assert stream.dropped > 0
+            assert await handle.list() == []
+            _, again = await handle.add_and_watch(once("lossy", basic.quick))
+            assert (await again.wait()).kind is OutcomeKind.COMPLETED
+        finally:
+            blocked.unblock()
 
 
 ENDINGS = {
@@ -295,28 +248,24 @@ ENDINGS = {
 }
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("ending", list(ENDINGS))
-def test_a_waiter_resolves_only_after_terminal_cleanup(tmp_path, ending):
+async def test_a_waiter_resolves_only_after_terminal_cleanup(tmp_path, ending):
     """When wait() returns, the attempt process is gone and the name is free at once."""
     target, args, cancel = ENDINGS[ending]
     marker = tmp_path / "m"
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=10.0)) as (handle, _):
-            task_id, waiter = await handle.add_and_watch(once("n", target, *args, marker=str(marker)))
-            if cancel:
-                await async_wait_for(lambda: words(marker, "started"))
-                canceling = asyncio.ensure_future(handle.cancel(task_id))
-            await waiter.wait()
-            pid = words(marker, "started")[0][3]
-            assert pid_gone(pid)
-            new_id = await handle.try_add(once("n", basic.quick))
-            assert new_id != task_id
-            if cancel:
-                assert await canceling is True
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=10.0)) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(once("n", target, *args, marker=str(marker)))
+        if cancel:
+            await async_wait_for(lambda: words(marker, "started"))
+            canceling = asyncio.ensure_future(handle.cancel(task_id))
+        await waiter.wait()
+        pid = words(marker, "started")[0][3]
+        assert pid_gone(pid)
+        new_id = await handle.try_add(once("n", basic.quick))
+        assert new_id != task_id
+        if cancel:
+            assert await canceling is True
 
 
 def _signal_reason(signame: str) -> Any:
@@ -344,135 +293,115 @@ CHILD_ENDINGS = {
 }
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("ending", list(CHILD_ENDINGS))
-def test_each_child_ending_maps_to_its_outcome_and_never_to_panicked(ending):
+async def test_each_child_ending_maps_to_its_outcome_and_never_to_panicked(ending):
     """Each way a once target can end maps to its contracted outcome, never PANICKED."""
     target, args, kind, exit_code, reason_ok = CHILD_ENDINGS[ending]
 
-    async def body():
-        async with supervised(CONFIG) as (handle, events):
-            task_id, waiter = await handle.add_and_watch(once("ending", target, *args))
-            outcome = await waiter.wait()
-            assert outcome.kind is not OutcomeKind.PANICKED, outcome
-            assert outcome.kind is kind, outcome
-            assert outcome.exit_code == exit_code, outcome
-            assert outcome.attempts == 1
-            if reason_ok is not None:
-                assert reason_ok(outcome.reason), outcome.reason
-            if kind is OutcomeKind.COMPLETED:
-                assert outcome.value == "v"
-            finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
-            assert (finished.outcome_kind, finished.reason, finished.exit_code) == (
-                outcome.kind,
-                outcome.reason,
-                outcome.exit_code,
-            )
-
-    run(body())
+    async with supervised(CONFIG) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("ending", target, *args))
+        outcome = await waiter.wait()
+        assert outcome.kind is not OutcomeKind.PANICKED, outcome
+        assert outcome.kind is kind, outcome
+        assert outcome.exit_code == exit_code, outcome
+        assert outcome.attempts == 1
+        if reason_ok is not None:
+            assert reason_ok(outcome.reason), outcome.reason
+        if kind is OutcomeKind.COMPLETED:
+            assert outcome.value == "v"
+        finished = await seen(events, EventKind.TASK_FINISHED, id=task_id)
+        assert (finished.outcome_kind, finished.reason, finished.exit_code) == (
+            outcome.kind,
+            outcome.reason,
+            outcome.exit_code,
+        )
 
 
-@pytest.mark.timeout(60)
-def test_a_result_too_large_is_fatal():
+async def test_a_result_too_large_is_fatal():
     """A 2 MiB result over a 1 MiB max_frame_bytes is FATAL `result too large: N bytes`."""
 
-    async def body():
-        config = SupervisorConfig(grace=1.0, max_frame_bytes=1024 * 1024)
-        async with supervised(config) as (handle, _):
-            _, waiter = await handle.add_and_watch(restartable("big", misbehave.huge_result, 2 * 1024 * 1024))
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FATAL
-            assert re.fullmatch(r"result too large: \d+ bytes", outcome.reason), outcome.reason
-            assert int(outcome.reason.split()[3]) > 2 * 1024 * 1024
-            assert outcome.attempts == 1
-
-    run(body())
+    config = SupervisorConfig(grace=1.0, max_frame_bytes=1024 * 1024)
+    async with supervised(config) as (handle, _):
+        _, waiter = await handle.add_and_watch(restartable("big", misbehave.huge_result, 2 * 1024 * 1024))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FATAL
+        assert re.fullmatch(r"result too large: \d+ bytes", outcome.reason), outcome.reason
+        assert int(outcome.reason.split()[3]) > 2 * 1024 * 1024
+        assert outcome.attempts == 1
 
 
-@pytest.mark.timeout(60)
-def test_outcomes_count_attempts_and_time():
+async def test_outcomes_count_attempts_and_time():
     """Attempts and duration: flaky(2) gives 3 attempts and a bounded positive duration;
     a task cancelled while waiting for a permit has 0 attempts."""
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1.0, max_concurrent=1)) as (handle, _):
-            began = time.monotonic()
-            _, waiter = await handle.add_and_watch(restartable("flaky", basic.flaky, 2))
-            outcome = await waiter.wait()
-            measured = time.monotonic() - began
-            assert outcome.kind is OutcomeKind.COMPLETED
-            assert outcome.attempts == 3
-            assert outcome.value == 3
-            assert 0 < outcome.duration <= measured
+    async with supervised(SupervisorConfig(grace=1.0, max_concurrent=1)) as (handle, _):
+        began = time.monotonic()
+        _, waiter = await handle.add_and_watch(restartable("flaky", basic.flaky, 2))
+        outcome = await waiter.wait()
+        measured = time.monotonic() - began
+        assert outcome.kind is OutcomeKind.COMPLETED
+        assert outcome.attempts == 3
+        assert outcome.value == 3
+        assert 0 < outcome.duration <= measured
 
-            holder = await handle.add(restartable("holder", coop.cooperative))
-            await async_wait_for(lambda: handle.is_alive("holder"))
-            waiting_id, waiting = await handle.add_and_watch(once("waiting", basic.quick))
-            assert await handle.cancel(waiting_id) is True
-            outcome = await waiting.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-            assert outcome.attempts == 0
-            assert outcome.duration is not None and outcome.duration >= 0
-            assert await handle.cancel(holder) is True
-
-    run(body())
+        holder = await handle.add(restartable("holder", coop.cooperative))
+        await async_wait_for(lambda: handle.is_alive("holder"))
+        waiting_id, waiting = await handle.add_and_watch(once("waiting", basic.quick))
+        assert await handle.cancel(waiting_id) is True
+        outcome = await waiting.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+        assert outcome.attempts == 0
+        assert outcome.duration is not None and outcome.duration >= 0
+        assert await handle.cancel(holder) is True
 
 
-@pytest.mark.timeout(60)
-def test_watch_returns_a_waiter_for_a_registered_task(tmp_path):
+async def test_watch_returns_a_waiter_for_a_registered_task(tmp_path):
     """Watch(id) gives a waiter that many tasks await repeatedly; unknown ids give None."""
     gate = Gate(tmp_path)
 
-    async def body():
-        async with supervised(CONFIG) as (handle, _):
-            task_id = await handle.add(TaskSpec.once(gate.task("watched")))
-            waiter = await handle.watch(task_id)
-            assert waiter is not None and waiter.id == task_id
-            assert await handle.watch(task_id + 10_000) is None
+    async with supervised(CONFIG) as (handle, _):
+        task_id = await handle.add(TaskSpec.once(gate.task("watched")))
+        waiter = await handle.watch(task_id)
+        assert waiter is not None and waiter.id == task_id
+        assert await handle.watch(task_id + 10_000) is None
 
-            async def twice() -> list[Any]:
-                return [await waiter.wait(), await waiter.wait()]
+        async def twice() -> list[Any]:
+            return [await waiter.wait(), await waiter.wait()]
 
-            readers = [asyncio.ensure_future(twice()) for _ in range(2)]
-            await gate.started()
-            assert not any(r.done() for r in readers)
-            gate.open()
-            outcomes = [o for pair in await asyncio.gather(*readers) for o in pair]
-            assert len(outcomes) == 4
-            assert all(o.kind is OutcomeKind.COMPLETED and o.value == "released" for o in outcomes)
-            assert all(o == outcomes[0] for o in outcomes)
-            assert await handle.watch(task_id) is None  # cleaned up: no longer registered
-
-    run(body())
+        readers = [asyncio.ensure_future(twice()) for _ in range(2)]
+        await gate.started()
+        assert not any(r.done() for r in readers)
+        gate.open()
+        outcomes = [o for pair in await asyncio.gather(*readers) for o in pair]
+        assert len(outcomes) == 4
+        assert all(o.kind is OutcomeKind.COMPLETED and o.value == "released" for o in outcomes)
+        assert all(o == outcomes[0] for o in outcomes)
+        assert await handle.watch(task_id) is None  # cleaned up: no longer registered
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("on_release", ["return", "fail", "fatal", "exit3", "sigkill"])
-def test_a_requested_stop_decides_the_ending(tmp_path, on_release):
+async def test_a_requested_stop_decides_the_ending(tmp_path, on_release):
     """After a cancel, however the worker ends, its attempt is ATTEMPT_CANCELED and the
     outcome CANCELED."""
     gate = Gate(tmp_path)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=30.0)) as (handle, events):
-            task_id, waiter = await handle.add_and_watch(TaskSpec.once(gate.task("asked", on_release)))
-            await gate.started()
-            canceling = asyncio.ensure_future(handle.cancel(task_id))
-            await gate.cancel_seen()
-            gate.open()
-            assert await asyncio.wait_for(canceling, 10) is True
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED, outcome
-            await seen(events, EventKind.TASK_REMOVED, id=task_id)
-            terminal = {
-                EventKind.ATTEMPT_SUCCEEDED,
-                EventKind.ATTEMPT_FAILED,
-                EventKind.ATTEMPT_TIMED_OUT,
-                EventKind.ATTEMPT_CANCELED,
-            }
-            ends = [e.kind for e in events.events if e.id == task_id and e.kind in terminal]
-            assert ends == [EventKind.ATTEMPT_CANCELED]
-            [finished] = events.of(EventKind.TASK_FINISHED, id=task_id)
-            assert finished.outcome_kind is OutcomeKind.CANCELED
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=30.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(TaskSpec.once(gate.task("asked", on_release)))
+        await gate.started()
+        canceling = asyncio.ensure_future(handle.cancel(task_id))
+        await gate.cancel_seen()
+        gate.open()
+        assert await asyncio.wait_for(canceling, 10) is True
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED, outcome
+        await seen(events, EventKind.TASK_REMOVED, id=task_id)
+        terminal = {
+            EventKind.ATTEMPT_SUCCEEDED,
+            EventKind.ATTEMPT_FAILED,
+            EventKind.ATTEMPT_TIMED_OUT,
+            EventKind.ATTEMPT_CANCELED,
+        }
+        ends = [e.kind for e in events.events if e.id == task_id and e.kind in terminal]
+        assert ends == [EventKind.ATTEMPT_CANCELED]
+        [finished] = events.of(EventKind.TASK_FINISHED, id=task_id)
+        assert finished.outcome_kind is OutcomeKind.CANCELED

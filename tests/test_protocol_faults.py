@@ -20,7 +20,6 @@ from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
 from tests._support import (
     FAST,
     pid_gone,
-    run,
     seen,
     supervised,
 )
@@ -92,54 +91,48 @@ def _check_attempt_one(collector, task_id: int, fault: str, step: str) -> list[s
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("step", faults.STEPS)
-def test_protocol_faults_end_only_that_attempt(step, tmp_path, monkeypatch):
+async def test_protocol_faults_end_only_that_attempt(step, tmp_path, monkeypatch):
     """Each fault at one protocol step ends only that attempt, as `_ending.py`'s rules say; others carry on."""
     plan = tmp_path / "plan"
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(plan))  # before serve(): the launcher inherits it
     config = SupervisorConfig(grace=1, max_frame_bytes=MiB, preload=("workers.faults",))
 
-    async def body():
-        async with supervised(config) as (handle, collector):
-            sibling_id = await handle.add(TaskSpec.restartable(TaskFn("sibling", coop.cooperative)))
-            sibling = await seen(collector, EventKind.ATTEMPT_STARTING, id=sibling_id)
-            problems: list[str] = []
-            for fault in _cases(step):
-                if step in ("handshake", "start"):
-                    with open(plan, "a", encoding="utf-8") as file:
-                        file.write(f"{fault}@{step}\n")
-                spec = (TaskSpec.restartable(TaskFn(f"fault-{fault}-{step}", faults.target, (fault,)))
-                        .with_backoff(FAST).with_max_retries(1))
-                task_id, waiter = await handle.add_and_watch(spec)
-                outcome = await waiter.wait()
-                if outcome.kind is not OutcomeKind.COMPLETED or outcome.value != fault:
-                    problems.append(f"{fault}@{step}: the retry did not complete: {outcome}")
-                await seen(collector, EventKind.TASK_REMOVED, id=task_id)  # delivery lags a little
-                problems += _check_attempt_one(collector, task_id, fault, step)
-            assert problems == []
-            # The sibling kept its one process, and the parent still serves calls.
-            assert len(collector.of(EventKind.ATTEMPT_STARTING, id=sibling_id)) == 1
-            assert handle.is_alive("sibling") and not pid_gone(sibling.pid)
-            assert [info.pid for info in await handle.list()] == [sibling.pid]
-            _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("after", basic.quick, ("fine",))))
-            assert (await waiter.wait()).value == "fine"
-
-    run(body())
+    async with supervised(config) as (handle, collector):
+        sibling_id = await handle.add(TaskSpec.restartable(TaskFn("sibling", coop.cooperative)))
+        sibling = await seen(collector, EventKind.ATTEMPT_STARTING, id=sibling_id)
+        problems: list[str] = []
+        for fault in _cases(step):
+            if step in ("handshake", "start"):
+                with open(plan, "a", encoding="utf-8") as file:
+                    file.write(f"{fault}@{step}\n")
+            spec = (TaskSpec.restartable(TaskFn(f"fault-{fault}-{step}", faults.target, (fault,)))
+                    .with_backoff(FAST).with_max_retries(1))
+            task_id, waiter = await handle.add_and_watch(spec)
+            outcome = await waiter.wait()
+            if outcome.kind is not OutcomeKind.COMPLETED or outcome.value != fault:
+                problems.append(f"{fault}@{step}: the retry did not complete: {outcome}")
+            await seen(collector, EventKind.TASK_REMOVED, id=task_id)  # delivery lags a little
+            problems += _check_attempt_one(collector, task_id, fault, step)
+        assert problems == []
+        # The sibling kept its one process, and the parent still serves calls.
+        assert len(collector.of(EventKind.ATTEMPT_STARTING, id=sibling_id)) == 1
+        assert handle.is_alive("sibling") and not pid_gone(sibling.pid)
+        assert [info.pid for info in await handle.list()] == [sibling.pid]
+        _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("after", basic.quick, ("fine",))))
+        assert (await waiter.wait()).value == "fine"
     if step in ("handshake", "start"):  # every planned fault was taken by exactly one attempt
         claimed = sorted(p for p in os.listdir(plan.parent) if p.startswith("plan.claim-"))
         assert len(claimed) == len(_cases(step))
 
 
-def test_faults_module_is_inert_outside_the_launcher(tmp_path, monkeypatch):
+async def test_faults_module_is_inert_outside_the_launcher(tmp_path, monkeypatch):
     """Fixture check: without the preload, a task named like a fault just runs."""
     monkeypatch.setenv(faults.FAULT_PLAN_ENV, str(tmp_path / "plan"))
     (tmp_path / "plan").write_text("garbage@handshake\n")
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, _):
-            _, waiter = await handle.add_and_watch(
-                TaskSpec.once(TaskFn("fault-crash-result", faults.target, ("v",))))
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "v"
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(
+            TaskSpec.once(TaskFn("fault-crash-result", faults.target, ("v",))))
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "v"
     assert not (tmp_path / "plan.claim-0").exists()

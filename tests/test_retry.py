@@ -115,24 +115,21 @@ def test_an_unprompted_canceled_stops_even_under_always() -> None:
 
 
 @pytest.mark.parametrize("target", [coop.cooperative, coop.cooperative_returning], ids=lambda f: f.__name__)
-def test_cooperative_cancellation_is_a_canceled_attempt(tmp_path, target: Any) -> None:
+async def test_cooperative_cancellation_is_a_canceled_attempt(tmp_path, target: Any) -> None:
     """Cancel → True; the attempt ends ATTEMPT_CANCELED, then CANCELED and removal."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("co", target, marker=marker)))
-            await async_wait_for(lambda: read_markers(marker))
-            assert await handle.cancel(task_id) is True
-            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
-            removed = await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
-            ends = [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_TERMINAL_KINDS]
-            assert [e.kind for e in ends] == [K.ATTEMPT_CANCELED]
-            [finished] = collector.of(K.TASK_FINISHED, id=task_id)
-            assert finished.outcome_kind is OutcomeKind.CANCELED
-            assert ends[0].seq < finished.seq < removed[0].seq
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("co", target, marker=marker)))
+        await async_wait_for(lambda: read_markers(marker))
+        assert await handle.cancel(task_id) is True
+        assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+        removed = await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+        ends = [e for e in collector.events if e.id == task_id and e.kind in ATTEMPT_TERMINAL_KINDS]
+        assert [e.kind for e in ends] == [K.ATTEMPT_CANCELED]
+        [finished] = collector.of(K.TASK_FINISHED, id=task_id)
+        assert finished.outcome_kind is OutcomeKind.CANCELED
+        assert ends[0].seq < finished.seq < removed[0].seq
 
 
 def test_a_flaky_task_retries_with_failure_backoff_then_succeeds() -> None:
@@ -209,18 +206,14 @@ def test_once_stops_at_the_first_failure_with_the_plain_reason() -> None:
     [fn("sr", basic.sequence, ["fail", "ok"]), fn("sr", runtime_probes.alternate)],
     ids=["fail-then-succeed", "alternating"],
 )
-def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
+async def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
     """`always` with max_retries 1: failures after successes never exhaust the budget."""
     spec = always(task).with_backoff(FAST).with_max_retries(1)
 
-    async def body() -> Collector:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(spec)
-            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_STARTING, task="sr")) >= 6)
-            assert collector.of(K.TASK_FINISHED, task="sr") == []
-            return collector
-
-    collector = run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(spec)
+        await async_wait_for(lambda: len(collector.of(K.ATTEMPT_STARTING, task="sr")) >= 6)
+        assert collector.of(K.TASK_FINISHED, task="sr") == []
     cut = seq_of(collector, K.SHUTDOWN_REQUESTED)
     failures = [e for e in collector.of(K.ATTEMPT_FAILED, task="sr") if e.seq < cut]
     backoffs = [e for e in collector.of(K.BACKOFF_SCHEDULED, task="sr") if e.seq < cut]
@@ -231,46 +224,34 @@ def test_a_success_resets_the_failure_budget(task: TaskFn) -> None:
     assert finished.seq > cut and finished.outcome_kind is OutcomeKind.CANCELED
 
 
-def test_the_backoff_index_restarts_after_a_success() -> None:
+async def test_the_backoff_index_restarts_after_a_success() -> None:
     """Fail, fail, succeed, fail with exponential(0.01): delays 0.01, 0.02, then 0.01."""
     task = fn("ix", basic.sequence, ["fail", "fail", "ok", "fail"])
     spec = always(task).with_backoff(BackoffPolicy.exponential(0.01, factor=2.0))
 
-    async def body() -> Collector:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(spec)
-            await async_wait_for(lambda: len(delays(collector, "ix")) >= 3)
-            return collector
-
-    collector = run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(spec)
+        await async_wait_for(lambda: len(delays(collector, "ix")) >= 3)
     assert delays(collector, "ix")[:3] == pytest.approx([0.01, 0.02, 0.01])
     assert collector.of(K.BACKOFF_SCHEDULED, backoff_source=BackoffSource.SUCCESS) == []
 
 
-def test_always_without_interval_restarts_without_backoff_events() -> None:
+async def test_always_without_interval_restarts_without_backoff_events() -> None:
     """`always(quick)` reruns at least 5 times within 10 s with no BACKOFF_SCHEDULED."""
 
-    async def body() -> Collector:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(always(fn("a", basic.quick)))
-            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="a")) >= 5, timeout=10)
-            return collector
-
-    collector = run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(always(fn("a", basic.quick)))
+        await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="a")) >= 5, timeout=10)
     assert len(collector.of(K.ATTEMPT_STARTING, task="a")) >= 5
     assert collector.of(K.BACKOFF_SCHEDULED) == []
 
 
-def test_periodic_waits_its_interval_after_each_success() -> None:
+async def test_periodic_waits_its_interval_after_each_success() -> None:
     """Periodic 0.2: SUCCESS backoffs of 0.2 between runs, each start ≥ 0.19 s later."""
 
-    async def body() -> Collector:
-        async with supervised(CONFIG) as (handle, collector):
-            await handle.add(TaskSpec.periodic(fn("p", basic.quick), 0.2))
-            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="p")) >= 3)
-            return collector
-
-    collector = run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        await handle.add(TaskSpec.periodic(fn("p", basic.quick), 0.2))
+        await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="p")) >= 3)
     starts = collector.of(K.ATTEMPT_STARTING, task="p")
     assert len(starts) >= 3
     assert collector.of(K.ATTEMPT_FAILED) == []

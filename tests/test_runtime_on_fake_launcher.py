@@ -56,31 +56,25 @@ def spec(name: str, target: str, *args: Any) -> TaskSpec:
     return TaskSpec.once(TaskFn(name, target, args))
 
 
-def test_a_task_completes_with_its_value_and_no_process():
+async def test_a_task_completes_with_its_value_and_no_process():
     """A once task ends COMPLETED with the value; its attempt events carry the fake pid."""
 
-    async def body():
-        async with Fake() as (handle, collector, log):
-            _, waiter = await handle.add_and_watch(spec("v", "fake:value", {"k": [1, 2]}))
-            return await asyncio.wait_for(waiter.wait(), 5), collector, log
-
-    outcome, collector, log = run(body())
+    async with Fake() as (handle, collector, log):
+        _, waiter = await handle.add_and_watch(spec("v", "fake:value", {"k": [1, 2]}))
+        outcome = await asyncio.wait_for(waiter.wait(), 5)
     assert (outcome.kind, outcome.value, outcome.attempts) == (OutcomeKind.COMPLETED, {"k": [1, 2]}, 1)
     starting = collector.wait_for(EventKind.ATTEMPT_STARTING)
     assert starting.pid == FAKE_PID_BASE + 1 and len(collector.of(EventKind.ATTEMPT_STARTING)) == 1
     assert log == [("spawn", 1), ("exited", 1, "exit", 0)]
 
 
-def test_retries_run_out_after_max_retries_with_the_last_error():
+async def test_retries_run_out_after_max_retries_with_the_last_error():
     """restartable, max_retries=2: three attempts, then FAILED naming the limit and the error."""
     failing = TaskSpec.restartable(TaskFn("f", "fake:fail")).with_backoff(FAST).with_max_retries(2)
 
-    async def body():
-        async with Fake() as (handle, _, log):
-            _, waiter = await handle.add_and_watch(failing)
-            return await asyncio.wait_for(waiter.wait(), 5), log
-
-    outcome, log = run(body())
+    async with Fake() as (handle, _, log):
+        _, waiter = await handle.add_and_watch(failing)
+        outcome = await asyncio.wait_for(waiter.wait(), 5)
     assert outcome.kind is OutcomeKind.FAILED
     assert outcome.reason == "retry limit reached after 2 of 2 retries: fake failure"
     assert (outcome.attempts, outcome.exit_code) == (3, 3)
@@ -91,52 +85,43 @@ def test_retries_run_out_after_max_retries_with_the_last_error():
     ("target", "kind", "requests"),
     [("fake:hang", OutcomeKind.CANCELED, ["signal"]), ("fake:stubborn", OutcomeKind.FORCE_ABORTED, ["signal", "kill"])],
 )
-def test_a_cancel_asks_first_and_kills_after_the_grace(target, kind, requests):
+async def test_a_cancel_asks_first_and_kills_after_the_grace(target, kind, requests):
     """cancel(): SIGTERM; a target that ignores it is killed after the grace (FORCE_ABORTED)."""
 
-    async def body():
-        async with Fake() as (handle, collector, log):
-            task_id, waiter = await handle.add_and_watch(spec("t", target))
-            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
-            assert await handle.cancel(task_id) is True
-            return await asyncio.wait_for(waiter.wait(), 5), log
-
-    outcome, log = run(body())
+    async with Fake() as (handle, collector, log):
+        task_id, waiter = await handle.add_and_watch(spec("t", target))
+        await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
+        assert await handle.cancel(task_id) is True
+        outcome = await asyncio.wait_for(waiter.wait(), 5)
     assert outcome.kind is kind, outcome
     assert [entry[0] for entry in log if entry[0] in ("signal", "kill")] == requests
 
 
-def test_a_crash_and_a_launcher_death_are_retryable_failures():
+async def test_a_crash_and_a_launcher_death_are_retryable_failures():
     """A death by SIGSEGV and a launcher death both end the attempt retryably; the task retries."""
     crashing = TaskSpec.restartable(TaskFn("c", "fake:crash")).with_backoff(FAST).with_max_retries(0)
     orphaned = TaskSpec.restartable(TaskFn("l", "fake:launcher_dies")).with_backoff(FAST).with_max_retries(1)
 
-    async def body():
-        async with Fake() as (handle, _, _log):
-            _, crashed = await handle.add_and_watch(crashing)
-            _, lost = await handle.add_and_watch(orphaned)
-            return [await asyncio.wait_for(w.wait(), 5) for w in (crashed, lost)]
-
-    crashed, lost = run(body())
+    async with Fake() as (handle, _, _log):
+        _, crashed = await handle.add_and_watch(crashing)
+        _, lost = await handle.add_and_watch(orphaned)
+        crashed, lost = [await asyncio.wait_for(w.wait(), 5) for w in (crashed, lost)]
     assert crashed.kind is OutcomeKind.FAILED and crashed.exit_code == -11 and "SIGSEGV" in crashed.reason
     assert lost.kind is OutcomeKind.FAILED and lost.attempts == 2 and "launcher died" in lost.reason
 
 
-def test_replace_retires_the_owner_before_the_replacement_runs():
+async def test_replace_retires_the_owner_before_the_replacement_runs():
     """A slot's hanging owner is canceled by a replace, which also displaces the queue's head;
     the replacement starts only after the owner's exit was reported (its spawn follows the
     owner's exited entry in the log)."""
 
-    async def body():
-        async with Fake(controller=ControllerConfig()) as (handle, collector, log):
-            _, owner = await handle.submit_and_watch(ControllerSpec.queue(spec("owner", "fake:hang")).with_slot("s"))
-            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
-            _, queued = await handle.submit_and_watch(ControllerSpec.queue(spec("queued", "fake:value", 1)).with_slot("s"))
-            _, new = await handle.submit_and_watch(ControllerSpec.replace(spec("new", "fake:value", 2)).with_slot("s"))
-            outcomes = [await asyncio.wait_for(w.wait(), 5) for w in (owner, new, queued)]
-            return outcomes, log
-
-    (owner, new, queued), log = run(body())
+    async with Fake(controller=ControllerConfig()) as (handle, collector, log):
+        _, owner = await handle.submit_and_watch(ControllerSpec.queue(spec("owner", "fake:hang")).with_slot("s"))
+        await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
+        _, queued = await handle.submit_and_watch(ControllerSpec.queue(spec("queued", "fake:value", 1)).with_slot("s"))
+        _, new = await handle.submit_and_watch(ControllerSpec.replace(spec("new", "fake:value", 2)).with_slot("s"))
+        outcomes = [await asyncio.wait_for(w.wait(), 5) for w in (owner, new, queued)]
+        owner, new, queued = outcomes
     assert owner.kind is OutcomeKind.CANCELED
     assert (new.kind, new.value) == (OutcomeKind.COMPLETED, 2)
     assert (queued.kind, queued.rejection) == (OutcomeKind.REJECTED, RejectionKind.SUPERSEDED_BY_REPLACE)
@@ -144,19 +129,16 @@ def test_replace_retires_the_owner_before_the_replacement_runs():
     assert [entry for entry in log if entry[0] == "spawn"] == [("spawn", 1), ("spawn", 2)]
 
 
-def test_drop_if_running_rejects_while_the_slot_is_busy():
+async def test_drop_if_running_rejects_while_the_slot_is_busy():
     """A drop-if-running submission to a busy slot is REJECTED/SLOT_BUSY and never spawned."""
 
-    async def body():
-        async with Fake(controller=ControllerConfig()) as (handle, collector, log):
-            owner_id, owner = await handle.submit_and_watch(ControllerSpec.queue(spec("owner", "fake:hang")).with_slot("s"))
-            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
-            _, dropped = await handle.submit_and_watch(ControllerSpec.drop_if_running(spec("d", "fake:value", 1)).with_slot("s"))
-            rejected = await asyncio.wait_for(dropped.wait(), 5)
-            await handle.cancel(owner_id)
-            return rejected, await owner.wait(), log
-
-    rejected, owner, log = run(body())
+    async with Fake(controller=ControllerConfig()) as (handle, collector, log):
+        owner_id, owner = await handle.submit_and_watch(ControllerSpec.queue(spec("owner", "fake:hang")).with_slot("s"))
+        await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_STARTING, 5)
+        _, dropped = await handle.submit_and_watch(ControllerSpec.drop_if_running(spec("d", "fake:value", 1)).with_slot("s"))
+        rejected = await asyncio.wait_for(dropped.wait(), 5)
+        await handle.cancel(owner_id)
+        owner = await owner.wait()
     assert (rejected.kind, rejected.rejection) == (OutcomeKind.REJECTED, RejectionKind.SLOT_BUSY)
     assert owner.kind is OutcomeKind.CANCELED
     assert [entry for entry in log if entry[0] == "spawn"] == [("spawn", 1)]

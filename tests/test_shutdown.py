@@ -48,7 +48,6 @@ from tests._support import (
     pid_gone,
     read_markers,
     read_records,
-    run,
     supervised,
     wait_for,
 )
@@ -77,251 +76,214 @@ async def started(marker: str, count: int = 1) -> None:
     await async_wait_for(lambda: len([m for m in read_markers(marker) if m[0] == "started"]) >= count)
 
 
-def test_cooperative_shutdown_stops_everything_within_grace(tmp_path) -> None:
+async def test_cooperative_shutdown_stops_everything_within_grace(tmp_path) -> None:
     """Two cooperative tasks stop within grace 5; no GRACE_EXCEEDED, nothing left."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
-            for name in ("c1", "c2"):
-                await handle.add(TaskSpec.restartable(fn(name, coop.cooperative, marker=marker)))
-            await started(marker, 2)
-            await handle.shutdown()
-            assert child_pids_of_self() == []
-        requested, = collector.of(K.SHUTDOWN_REQUESTED)
-        stopped, = collector.of(K.ALL_STOPPED_WITHIN_GRACE)
-        assert requested.seq < stopped.seq
-        assert collector.of(K.GRACE_EXCEEDED) == []
-        assert sorted(e.task for e in collector.of(K.TASK_REMOVED)) == ["c1", "c2"]
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
+        for name in ("c1", "c2"):
+            await handle.add(TaskSpec.restartable(fn(name, coop.cooperative, marker=marker)))
+        await started(marker, 2)
+        await handle.shutdown()
+        assert child_pids_of_self() == []
+    requested, = collector.of(K.SHUTDOWN_REQUESTED)
+    stopped, = collector.of(K.ALL_STOPPED_WITHIN_GRACE)
+    assert requested.seq < stopped.seq
+    assert collector.of(K.GRACE_EXCEEDED) == []
+    assert sorted(e.task for e in collector.of(K.TASK_REMOVED)) == ["c1", "c2"]
 
 
-def test_shutdown_with_no_tasks() -> None:
+async def test_shutdown_with_no_tasks() -> None:
     """With no task, shutdown() returns normally and publishes requested/all-stopped."""
 
-    async def body() -> Collector:
-        async with supervised() as (handle, collector):
-            await handle.shutdown()
-            assert child_pids_of_self() == []  # the launcher included
-        return collector
-
-    assert counts(run(body())) == (1, 1, 0)
+    async with supervised() as (handle, collector):
+        await handle.shutdown()
+        assert child_pids_of_self() == []  # the launcher included
+    assert counts(collector) == (1, 1, 0)
 
 
-def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
+async def test_concurrent_shutdown_callers_share_a_clean_result(tmp_path) -> None:
     """Two pending shutdown() calls return normally after release; a third returns at
     once; counts 1/1/0 and one TASK_REMOVED."""
     gate = Gate(tmp_path)
 
-    async def body() -> Collector:
-        async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
-            await handle.add(TaskSpec.once(gate.task("g")))
-            await gate.reached("started")
-            first = asyncio.create_task(handle.shutdown())
-            await gate.reached("cancel-seen")
-            second = asyncio.create_task(handle.shutdown())
-            await still_pending(first, second)
-            gate.open()
-            assert await asyncio.gather(first, second) == [None, None]
-            began = time.monotonic()
-            await handle.shutdown()
-            assert time.monotonic() - began < 0.5
-        return collector
-
-    collector = run(body())
+    async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
+        await handle.add(TaskSpec.once(gate.task("g")))
+        await gate.reached("started")
+        first = asyncio.create_task(handle.shutdown())
+        await gate.reached("cancel-seen")
+        second = asyncio.create_task(handle.shutdown())
+        await still_pending(first, second)
+        gate.open()
+        assert await asyncio.gather(first, second) == [None, None]
+        began = time.monotonic()
+        await handle.shutdown()
+        assert time.monotonic() - began < 0.5
     assert counts(collector) == (1, 1, 0)
     assert len(collector.of(K.TASK_REMOVED)) == 1
 
 
-def test_concurrent_shutdown_callers_share_grace_exceeded(tmp_path) -> None:
+async def test_concurrent_shutdown_callers_share_grace_exceeded(tmp_path) -> None:
     """Concurrent, late and later callers all get the same GraceExceeded(0.3, [a, b])."""
     marker = str(tmp_path / "marker")
     names = ["shared-stuck-a", "shared-stuck-b"]
 
-    async def body() -> Collector:
-        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
-            for name in names:
-                await handle.add(once(name, misbehave.stubborn, marker=marker))
-            await started(marker, 2)
-            callers = [asyncio.create_task(handle.shutdown()) for _ in range(2)]
-            await async_wait_for(lambda: collector.of(K.SHUTDOWN_REQUESTED))
-            callers.append(asyncio.create_task(handle.shutdown()))  # late: while the others wait
-            results = await asyncio.gather(*callers, return_exceptions=True)
-            with pytest.raises(GraceExceeded) as after:
-                await handle.shutdown()
-            for error in [*results, after.value]:
-                assert isinstance(error, GraceExceeded), error
-                assert error.grace == 0.3 and error.stuck == names
-        return collector
-
-    assert counts(run(body())) == (1, 0, 1)
+    async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
+        for name in names:
+            await handle.add(once(name, misbehave.stubborn, marker=marker))
+        await started(marker, 2)
+        callers = [asyncio.create_task(handle.shutdown()) for _ in range(2)]
+        await async_wait_for(lambda: collector.of(K.SHUTDOWN_REQUESTED))
+        callers.append(asyncio.create_task(handle.shutdown()))  # late: while the others wait
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        with pytest.raises(GraceExceeded) as after:
+            await handle.shutdown()
+        for error in [*results, after.value]:
+            assert isinstance(error, GraceExceeded), error
+            assert error.grace == 0.3 and error.stuck == names
+    assert counts(collector) == (1, 0, 1)
 
 
-def test_a_stubborn_task_is_killed_after_grace_and_named_stuck(tmp_path) -> None:
+async def test_a_stubborn_task_is_killed_after_grace_and_named_stuck(tmp_path) -> None:
     """A stubborn tree is killed after grace 0.3: FORCE_ABORTED, named stuck, tree gone."""
     marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
-            _, waiter = await handle.add_and_watch(once("stubborn", misbehave.stubborn_tree, records, marker=marker))
-            await async_wait_for(lambda: read_records(records))
-            with pytest.raises(GraceExceeded) as raised:
-                await handle.shutdown()
-            assert all_gone(read_records(records))
-            assert raised.value.grace == 0.3 and "stubborn" in raised.value.stuck
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FORCE_ABORTED
-            [finished] = await async_wait_for(lambda: collector.of(K.TASK_FINISHED, task="stubborn"))
-            assert finished.outcome_kind is OutcomeKind.FORCE_ABORTED
-            assert "grace" in finished.reason and "0.3" in finished.reason
-            assert len(read_records(records)) == 4
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
+        _, waiter = await handle.add_and_watch(once("stubborn", misbehave.stubborn_tree, records, marker=marker))
+        await async_wait_for(lambda: read_records(records))
+        with pytest.raises(GraceExceeded) as raised:
+            await handle.shutdown()
+        assert all_gone(read_records(records))
+        assert raised.value.grace == 0.3 and "stubborn" in raised.value.stuck
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FORCE_ABORTED
+        [finished] = await async_wait_for(lambda: collector.of(K.TASK_FINISHED, task="stubborn"))
+        assert finished.outcome_kind is OutcomeKind.FORCE_ABORTED
+        assert "grace" in finished.reason and "0.3" in finished.reason
+        assert len(read_records(records)) == 4
 
 
-def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
+async def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
     """With a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> Collector:
-        async with supervised(SupervisorConfig(grace=1.0), expect_grace_exceeded=True) as (handle, collector):
-            _, coop_waiter = await handle.add_and_watch(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
-            await handle.add(once("stuck", misbehave.stubborn, marker=marker))
-            await started(marker, 2)
-            with pytest.raises(GraceExceeded) as raised:
-                await handle.shutdown()
-            assert raised.value.stuck == ["stuck"]
-            assert (await coop_waiter.wait()).kind is OutcomeKind.CANCELED
-        return collector
-
-    assert counts(run(body())) == (1, 0, 1)
+    async with supervised(SupervisorConfig(grace=1.0), expect_grace_exceeded=True) as (handle, collector):
+        _, coop_waiter = await handle.add_and_watch(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
+        await handle.add(once("stuck", misbehave.stubborn, marker=marker))
+        await started(marker, 2)
+        with pytest.raises(GraceExceeded) as raised:
+            await handle.shutdown()
+        assert raised.value.stuck == ["stuck"]
+        assert (await coop_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert counts(collector) == (1, 0, 1)
 
 
-def test_zero_grace_kills_at_once(tmp_path) -> None:
+async def test_zero_grace_kills_at_once(tmp_path) -> None:
     """Grace 0: within 3 s, GraceExceeded(0.0) names "z" and its process is gone."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=0), expect_grace_exceeded=True) as (handle, _):
-            await handle.add(once("z", misbehave.stubborn, marker=marker))
-            await started(marker)
-            [(_, _, _, pid)] = read_markers(marker)
-            began = time.monotonic()
-            with pytest.raises(GraceExceeded) as raised:
-                await handle.shutdown()
-            assert time.monotonic() - began < 3
-            assert raised.value.grace == 0.0 and "z" in raised.value.stuck
-            assert pid_gone(pid)
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=0), expect_grace_exceeded=True) as (handle, _):
+        await handle.add(once("z", misbehave.stubborn, marker=marker))
+        await started(marker)
+        [(_, _, _, pid)] = read_markers(marker)
+        began = time.monotonic()
+        with pytest.raises(GraceExceeded) as raised:
+            await handle.shutdown()
+        assert time.monotonic() - began < 3
+        assert raised.value.grace == 0.0 and "z" in raised.value.stuck
+        assert pid_gone(pid)
 
 
-def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> None:
+async def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) -> None:
     """Cancelling the first shutdown() caller leaves the second pending until release;
     it then returns normally; counts 1/1/0."""
     gate = Gate(tmp_path)
 
-    async def body() -> Collector:
-        async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
-            await handle.add(TaskSpec.once(gate.task("g")))
-            await gate.reached("started")
-            first = asyncio.create_task(handle.shutdown())
-            await gate.reached("cancel-seen")
-            first.cancel()
-            second = asyncio.create_task(handle.shutdown())
-            await still_pending(second)
-            gate.open()
-            assert await second is None
-            assert first.cancelled()
-        return collector
-
-    assert counts(run(body())) == (1, 1, 0)
+    async with supervised(SupervisorConfig(grace=10)) as (handle, collector):
+        await handle.add(TaskSpec.once(gate.task("g")))
+        await gate.reached("started")
+        first = asyncio.create_task(handle.shutdown())
+        await gate.reached("cancel-seen")
+        first.cancel()
+        second = asyncio.create_task(handle.shutdown())
+        await still_pending(second)
+        gate.open()
+        assert await second is None
+        assert first.cancelled()
+    assert counts(collector) == (1, 1, 0)
 
 
-def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> None:
+async def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> None:
     """The only shutdown() caller is cancelled; the grace still runs: the waiter is
     pending 0.5 s later, then resolves CANCELED and ALL_STOPPED_WITHIN_GRACE is published."""
     gate = Gate(tmp_path)
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
-            _, waiter = await handle.add_and_watch(TaskSpec.once(gate.task("g")))
-            await gate.reached("started")
-            caller = asyncio.create_task(handle.shutdown())
-            await gate.reached("cancel-seen")
-            caller.cancel()
-            await asyncio.sleep(0.5)  # the behaviour: nothing is killed early
-            assert not waiter.done()
-            gate.open()
-            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
-            await async_wait_for(lambda: collector.of(K.ALL_STOPPED_WITHIN_GRACE))
-            assert collector.of(K.GRACE_EXCEEDED) == []
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
+        _, waiter = await handle.add_and_watch(TaskSpec.once(gate.task("g")))
+        await gate.reached("started")
+        caller = asyncio.create_task(handle.shutdown())
+        await gate.reached("cancel-seen")
+        caller.cancel()
+        await asyncio.sleep(0.5)  # the behaviour: nothing is killed early
+        assert not waiter.done()
+        gate.open()
+        assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+        await async_wait_for(lambda: collector.of(K.ALL_STOPPED_WITHIN_GRACE))
+        assert collector.of(K.GRACE_EXCEEDED) == []
 
 
-def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
+async def test_run_and_a_handle_shutdown_share_one_operation(tmp_path) -> None:
     """`run` in the background and shutdown() on a served handle both wait for the
     release, then return normally; counts 1/1/0."""
     gate = Gate(tmp_path)
 
-    async def body() -> None:
-        collector = Collector()
-        supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
-        running = asyncio.create_task(supervisor.run([TaskSpec.restartable(gate.task("g"))]))
-        await gate.reached("started")
-        stopping = asyncio.create_task(supervisor.serve().shutdown())
-        await gate.reached("cancel-seen")
-        await still_pending(running, stopping)
-        gate.open()
-        outcomes = await running
-        assert await stopping is None
-        assert outcomes["g"].kind is OutcomeKind.CANCELED
-        assert counts(collector) == (1, 1, 0)
-
-    run(body())
+    collector = Collector()
+    supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
+    running = asyncio.create_task(supervisor.run([TaskSpec.restartable(gate.task("g"))]))
+    await gate.reached("started")
+    stopping = asyncio.create_task(supervisor.serve().shutdown())
+    await gate.reached("cancel-seen")
+    await still_pending(running, stopping)
+    gate.open()
+    outcomes = await running
+    assert await stopping is None
+    assert outcomes["g"].kind is OutcomeKind.CANCELED
+    assert counts(collector) == (1, 1, 0)
 
 
-def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
+async def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
     """`run([])` during a shutdown waits for it, then both return normally."""
     gate = Gate(tmp_path)
 
-    async def body() -> None:
-        collector = Collector()
-        supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
-        handle = supervisor.serve()
-        await handle.add(TaskSpec.once(gate.task("g")))
-        await gate.reached("started")
-        stopping = asyncio.create_task(handle.shutdown())
-        await gate.reached("cancel-seen")
-        running = asyncio.create_task(supervisor.run([]))
-        await still_pending(running, stopping)
-        gate.open()
-        assert await running == {}
-        assert await stopping is None
-        assert counts(collector) == (1, 1, 0)
-
-    run(body())
+    collector = Collector()
+    supervisor = Supervisor(SupervisorConfig(grace=10), [collector])
+    handle = supervisor.serve()
+    await handle.add(TaskSpec.once(gate.task("g")))
+    await gate.reached("started")
+    stopping = asyncio.create_task(handle.shutdown())
+    await gate.reached("cancel-seen")
+    running = asyncio.create_task(supervisor.run([]))
+    await still_pending(running, stopping)
+    gate.open()
+    assert await running == {}
+    assert await stopping is None
+    assert counts(collector) == (1, 1, 0)
 
 
-def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
+async def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
     """`run([once gated])` is pending 0.5 s after its worker started; after release it
     returns normally with the process gone."""
     gate = Gate(tmp_path)
 
-    async def body() -> None:
-        running = asyncio.create_task(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))
-        await gate.reached("started")
-        await still_pending(running, for_seconds=0.5)
-        gate.open()
-        outcomes = await running
-        assert outcomes["g"].kind is OutcomeKind.COMPLETED
-        [(_, _, _, pid)] = read_markers(gate.marker)
-        assert pid_gone(pid)
-        assert child_pids_of_self() == []
-
-    run(body())
+    running = asyncio.create_task(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))
+    await gate.reached("started")
+    await still_pending(running, for_seconds=0.5)
+    gate.open()
+    outcomes = await running
+    assert outcomes["g"].kind is OutcomeKind.COMPLETED
+    [(_, _, _, pid)] = read_markers(gate.marker)
+    assert pid_gone(pid)
+    assert child_pids_of_self() == []
 
 
 def test_natural_completion_reports_all_stopped() -> None:
@@ -336,26 +298,23 @@ def test_natural_completion_reports_all_stopped() -> None:
 
 
 @pytest.mark.parametrize("first", ["returned", "raised"])
-def test_run_is_single_shot(first: str) -> None:
+async def test_run_is_single_shot(first: str) -> None:
     """After a `run` that returned (or raised TaskAlreadyExists), `run([])` raises
     AlreadyRunning."""
 
-    async def body() -> None:
-        supervisor = Supervisor(CONFIG)
-        if first == "returned":
-            assert await supervisor.run([]) == {}
-        else:
-            with pytest.raises(TaskAlreadyExists):
-                await supervisor.run([once("d", basic.quick), once("d", basic.quick)])
-        with pytest.raises(AlreadyRunning):
-            await supervisor.run([])
-        if first == "raised":  # serve() still gives a working handle; shut it down properly
-            handle = supervisor.serve()
-            _, waiter = await handle.add_and_watch(once("q", basic.quick))  # the launcher is up
-            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
-            await handle.shutdown()
-
-    run(body())
+    supervisor = Supervisor(CONFIG)
+    if first == "returned":
+        assert await supervisor.run([]) == {}
+    else:
+        with pytest.raises(TaskAlreadyExists):
+            await supervisor.run([once("d", basic.quick), once("d", basic.quick)])
+    with pytest.raises(AlreadyRunning):
+        await supervisor.run([])
+    if first == "raised":  # serve() still gives a working handle; shut it down properly
+        handle = supervisor.serve()
+        _, waiter = await handle.add_and_watch(once("q", basic.quick))  # the launcher is up
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        await handle.shutdown()
 
 
 # --- scripts in their own session, signalled ------------------------------------------------------
@@ -457,13 +416,13 @@ class Blocking:
 
 
 @pytest.mark.parametrize("mode", ["shutdown", "run"])
-def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
+async def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
     """With subscriber_shutdown_timeout 0.2, shutdown (resp. `run`) returns within 5 s
     while a callback is still blocked; the callback finishes after release."""
     blocking = Blocking()
     config = SupervisorConfig(grace=1, subscriber_shutdown_timeout=0.2)
 
-    async def body() -> None:
+    try:
         supervisor = Supervisor(config, [blocking])
         began = time.monotonic()
         if mode == "run":
@@ -476,20 +435,17 @@ def test_the_subscriber_deadline_bounds_shutdown(mode: str) -> None:
             await handle.shutdown()
         assert time.monotonic() - began < 5
         assert blocking.entered.is_set() and not blocking.finished.is_set()
-
-    try:
-        run(body())
     finally:
         blocking.gate.set()
     assert blocking.finished.wait(5)
 
 
-def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
+async def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
     """Two shutdown() callers both wait for a blocked callback (drain timeout 5) and
     return within 2 s of its release."""
     blocking = Blocking()
 
-    async def body() -> None:
+    try:
         supervisor = Supervisor(SupervisorConfig(grace=1, subscriber_shutdown_timeout=5), [blocking])
         handle = supervisor.serve()
         _, waiter = await handle.add_and_watch(once("q", basic.quick))
@@ -500,9 +456,6 @@ def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
         released = time.monotonic()
         assert await asyncio.gather(*callers) == [None, None]
         assert time.monotonic() - released < 2
-
-    try:
-        run(body())
     finally:
         blocking.gate.set()
 
@@ -511,138 +464,123 @@ def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
+async def test_adds_racing_shutdown_reach_an_outcome_or_are_refused(tmp_path) -> None:
     """100 add_and_watch racing shutdown(): each returns or raises ShuttingDown, every
     returned waiter resolves, refused workers never start, nothing is left."""
     marker = str(tmp_path / "marker")
     rng = random.Random(18)
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, _):
-            _, warm_up = await handle.add_and_watch(once("warm-up", basic.quick))  # the launcher is ready
-            await warm_up.wait()
+    async with supervised(SupervisorConfig(grace=5), expect_grace_exceeded=True) as (handle, _):
+        _, warm_up = await handle.add_and_watch(once("warm-up", basic.quick))  # the launcher is ready
+        await warm_up.wait()
 
-            async def add(i: int) -> Any:
-                await asyncio.sleep(rng.uniform(0, 0.05))
-                return await handle.add_and_watch(TaskSpec.restartable(fn(f"r{i}", coop.cooperative, marker=marker)))
+        async def add(i: int) -> Any:
+            await asyncio.sleep(rng.uniform(0, 0.05))
+            return await handle.add_and_watch(TaskSpec.restartable(fn(f"r{i}", coop.cooperative, marker=marker)))
 
-            async def stop() -> None:
-                await asyncio.sleep(0.025)
-                await handle.shutdown()
+        async def stop() -> None:
+            await asyncio.sleep(0.025)
+            await handle.shutdown()
 
-            began = time.monotonic()
-            results = await asyncio.gather(*(add(i) for i in range(100)), stop(), return_exceptions=True)
-            *adds, stopped = results
-            assert stopped is None or isinstance(stopped, GraceExceeded)
-            assert time.monotonic() - began < 15
-            accepted = [r for r in adds if not isinstance(r, BaseException)]
-            refused = [i for i, r in enumerate(adds) if isinstance(r, BaseException)]
-            assert all(isinstance(adds[i], ShuttingDown) for i in refused), [adds[i] for i in refused]
-            assert accepted and refused
-            outcomes = await asyncio.wait_for(asyncio.gather(*(w.wait() for _, w in accepted)), 15)
-            assert all(o.kind in (OutcomeKind.CANCELED, OutcomeKind.FORCE_ABORTED) for o in outcomes)
-            ran = {task for _, task, _, _ in read_markers(marker)}
-            assert not ran & {f"r{i}" for i in refused}
-            assert child_pids_of_self() == []
-
-    run(body())
+        began = time.monotonic()
+        results = await asyncio.gather(*(add(i) for i in range(100)), stop(), return_exceptions=True)
+        *adds, stopped = results
+        assert stopped is None or isinstance(stopped, GraceExceeded)
+        assert time.monotonic() - began < 15
+        accepted = [r for r in adds if not isinstance(r, BaseException)]
+        refused = [i for i, r in enumerate(adds) if isinstance(r, BaseException)]
+        assert all(isinstance(adds[i], ShuttingDown) for i in refused), [adds[i] for i in refused]
+        assert accepted and refused
+        outcomes = await asyncio.wait_for(asyncio.gather(*(w.wait() for _, w in accepted)), 15)
+        assert all(o.kind in (OutcomeKind.CANCELED, OutcomeKind.FORCE_ABORTED) for o in outcomes)
+        ran = {task for _, task, _, _ in read_markers(marker)}
+        assert not ran & {f"r{i}" for i in refused}
+        assert child_pids_of_self() == []
 
 
-def test_an_add_accepted_before_shutdown_is_drained_not_lost() -> None:
+async def test_an_add_accepted_before_shutdown_is_drained_not_lost() -> None:
     """An add_and_watch that returned just before shutdown() resolves; both TASK_ADDED
     and TASK_REMOVED are published for it."""
 
-    async def body() -> None:
-        async with supervised(CONFIG) as (handle, collector):
-            task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("last", coop.cooperative)))
-            await handle.shutdown()
-            assert (await waiter.wait()).kind is OutcomeKind.CANCELED
-            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
-            assert collector.of(K.TASK_ADDED, id=task_id)
-
-    run(body())
+    async with supervised(CONFIG) as (handle, collector):
+        task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("last", coop.cooperative)))
+        await handle.shutdown()
+        assert (await waiter.wait()).kind is OutcomeKind.CANCELED
+        await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+        assert collector.of(K.TASK_ADDED, id=task_id)
 
 
 @pytest.mark.parametrize("between", ["backoff", "interval", "permit"])
-def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, between: str) -> None:
+async def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, between: str) -> None:
     """A task in a 30 s backoff, a 30 s interval, or waiting for a permit ends CANCELED
     at shutdown (grace 30) with no further attempt, within 5 s."""
     marker = str(tmp_path / "marker")
     config = SupervisorConfig(grace=30, max_concurrent=1 if between == "permit" else None)
 
-    async def body() -> None:
-        async with supervised(config) as (handle, collector):
-            if between == "backoff":
-                spec = TaskSpec.restartable(fn("b", basic.failing)).with_backoff(BackoffPolicy.constant(30))
-            elif between == "interval":
-                spec = TaskSpec.periodic(fn("b", basic.quick), 30)
-            else:
-                await handle.add(TaskSpec.restartable(fn("holder", coop.cooperative, marker=marker)))
-                await started(marker)
-                spec = once("b", basic.quick)
-            task_id, waiter = await handle.add_and_watch(spec)
-            if between == "permit":
-                await async_wait_for(lambda: collector.of(K.TASK_ADDED, id=task_id))
-            else:
-                await async_wait_for(lambda: collector.of(K.BACKOFF_SCHEDULED, id=task_id))
-            starts_before = len(collector.of(K.ATTEMPT_STARTING, id=task_id))
-            assert starts_before == (0 if between == "permit" else 1)
-            began = time.monotonic()
-            await handle.shutdown()
-            assert time.monotonic() - began < 5
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.CANCELED
-            assert outcome.attempts == starts_before
-            await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
-            assert len(collector.of(K.ATTEMPT_STARTING, id=task_id)) == starts_before
-
-    run(body())
+    async with supervised(config) as (handle, collector):
+        if between == "backoff":
+            spec = TaskSpec.restartable(fn("b", basic.failing)).with_backoff(BackoffPolicy.constant(30))
+        elif between == "interval":
+            spec = TaskSpec.periodic(fn("b", basic.quick), 30)
+        else:
+            await handle.add(TaskSpec.restartable(fn("holder", coop.cooperative, marker=marker)))
+            await started(marker)
+            spec = once("b", basic.quick)
+        task_id, waiter = await handle.add_and_watch(spec)
+        if between == "permit":
+            await async_wait_for(lambda: collector.of(K.TASK_ADDED, id=task_id))
+        else:
+            await async_wait_for(lambda: collector.of(K.BACKOFF_SCHEDULED, id=task_id))
+        starts_before = len(collector.of(K.ATTEMPT_STARTING, id=task_id))
+        assert starts_before == (0 if between == "permit" else 1)
+        began = time.monotonic()
+        await handle.shutdown()
+        assert time.monotonic() - began < 5
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.CANCELED
+        assert outcome.attempts == starts_before
+        await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
+        assert len(collector.of(K.ATTEMPT_STARTING, id=task_id)) == starts_before
 
 
-def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
+async def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
     """A stubborn task removed 0.5 s before shutdown() (grace 1) is killed on its own
     deadline; shutdown returns normally after it is gone; ALL_STOPPED_WITHIN_GRACE."""
     marker = str(tmp_path / "marker")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
-            task_id, waiter = await handle.add_and_watch(once("s", misbehave.stubborn, marker=marker))
-            await started(marker)
-            [(_, _, _, pid)] = read_markers(marker)
-            assert await handle.remove(task_id)
-            removed_at = time.monotonic()
-            await asyncio.sleep(0.5)  # the behaviour: shutdown starts half-way through its grace
-            await handle.shutdown()
-            assert time.monotonic() - removed_at >= 0.9
-            assert pid_gone(pid)
-            assert waiter.done() and (await waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
-        assert counts(collector) == (1, 1, 0)
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
+        task_id, waiter = await handle.add_and_watch(once("s", misbehave.stubborn, marker=marker))
+        await started(marker)
+        [(_, _, _, pid)] = read_markers(marker)
+        assert await handle.remove(task_id)
+        removed_at = time.monotonic()
+        await asyncio.sleep(0.5)  # the behaviour: shutdown starts half-way through its grace
+        await handle.shutdown()
+        assert time.monotonic() - removed_at >= 0.9
+        assert pid_gone(pid)
+        assert waiter.done() and (await waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
+    assert counts(collector) == (1, 1, 0)
 
 
-def test_no_process_survives_shutdown(tmp_path) -> None:
+async def test_no_process_survives_shutdown(tmp_path) -> None:
     """After shutdown of cooperative, stubborn and stubborn+tree tasks (grace 0.3), the
     parent has no child process and no recorded descendant exists."""
     marker, records = str(tmp_path / "marker"), str(tmp_path / "records")
 
-    async def body() -> None:
-        async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, _):
-            await handle.add(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
-            await handle.add(once("stubborn", misbehave.stubborn, marker=marker))
-            await handle.add(once("tree", misbehave.stubborn_tree, records, marker=marker))
-            await started(marker, 3)
-            await async_wait_for(lambda: read_records(records))
-            with pytest.raises(GraceExceeded):
-                await handle.shutdown()
-            assert child_pids_of_self() == []
-            assert all_gone(read_records(records))
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, _):
+        await handle.add(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
+        await handle.add(once("stubborn", misbehave.stubborn, marker=marker))
+        await handle.add(once("tree", misbehave.stubborn_tree, records, marker=marker))
+        await started(marker, 3)
+        await async_wait_for(lambda: read_records(records))
+        with pytest.raises(GraceExceeded):
+            await handle.shutdown()
+        assert child_pids_of_self() == []
+        assert all_gone(read_records(records))
 
 
 @pytest.mark.parametrize("case", ["normal", "exception", "stubborn-exception"])
-def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
+async def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
     """`async with supervisor` shuts down on exit: the waiter is CANCELED, nothing is
     left, `add` raises ShuttingDown; an exception in the block wins over GraceExceeded and
     carries a note about the grace."""
@@ -654,28 +592,25 @@ def test_async_with_shuts_down_on_exit(tmp_path, case: str) -> None:
     class Inside(Exception):
         pass
 
-    async def body() -> None:
-        handle = None
-        waiter = None
-        try:
-            async with supervisor as handle:
-                _, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("w", target, marker=marker)))
-                await started(marker)
-                if case != "normal":
-                    raise Inside("from the block")
-        except Inside as error:
-            assert case != "normal"
-            notes = getattr(error, "__notes__", [])
-            if stubborn:
-                assert any("grace" in note for note in notes), notes
-        assert handle is not None and waiter is not None
-        expected = OutcomeKind.FORCE_ABORTED if stubborn else OutcomeKind.CANCELED
-        assert (await waiter.wait()).kind is expected
-        assert child_pids_of_self() == []
-        with pytest.raises(ShuttingDown):
-            await handle.add(once("late", basic.quick))
-
-    run(body())
+    handle = None
+    waiter = None
+    try:
+        async with supervisor as handle:
+            _, waiter = await handle.add_and_watch(TaskSpec.restartable(fn("w", target, marker=marker)))
+            await started(marker)
+            if case != "normal":
+                raise Inside("from the block")
+    except Inside as error:
+        assert case != "normal"
+        notes = getattr(error, "__notes__", [])
+        if stubborn:
+            assert any("grace" in note for note in notes), notes
+    assert handle is not None and waiter is not None
+    expected = OutcomeKind.FORCE_ABORTED if stubborn else OutcomeKind.CANCELED
+    assert (await waiter.wait()).kind is expected
+    assert child_pids_of_self() == []
+    with pytest.raises(ShuttingDown):
+        await handle.add(once("late", basic.quick))
 
 
 def test_run_returns_one_outcome_per_spec() -> None:
@@ -728,22 +663,19 @@ def test_run_restores_the_signal_handlers(tmp_path) -> None:
         signal.signal(signal.SIGTERM, previous[1])
 
 
-def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
+async def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
     """`run([once quick])` once shutdown has begun raises ShuttingDown; it never runs."""
     gate = Gate(tmp_path)
     marker = str(tmp_path / "refused")
 
-    async def body() -> None:
-        supervisor = Supervisor(SupervisorConfig(grace=10))
-        handle = supervisor.serve()
-        await handle.add(TaskSpec.once(gate.task("g")))
-        await gate.reached("started")
-        stopping = asyncio.create_task(handle.shutdown())
-        await gate.reached("cancel-seen")
-        with pytest.raises(ShuttingDown):
-            await supervisor.run([once("q", basic.quick, marker=marker)])
-        gate.open()
-        await stopping
-        assert read_markers(marker) == []
-
-    run(body())
+    supervisor = Supervisor(SupervisorConfig(grace=10))
+    handle = supervisor.serve()
+    await handle.add(TaskSpec.once(gate.task("g")))
+    await gate.reached("started")
+    stopping = asyncio.create_task(handle.shutdown())
+    await gate.reached("cancel-seen")
+    with pytest.raises(ShuttingDown):
+        await supervisor.run([once("q", basic.quick, marker=marker)])
+    gate.open()
+    await stopping
+    assert read_markers(marker) == []

@@ -39,6 +39,8 @@ from mpvisor._slots import (
     Transition,
 )
 
+pytestmark = pytest.mark.unit
+
 QUEUE, REPLACE, DROP = (
     AdmissionPolicy.QUEUE,
     AdmissionPolicy.REPLACE,

@@ -27,6 +27,8 @@ from mpvisor._restart import (
 from mpvisor._spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._task import CommandTask, TaskFn
 
+pytestmark = pytest.mark.unit
+
 TASK = TaskFn("job", "workers.basic:quick")
 FIXED = BackoffPolicy.constant(0.25)
 

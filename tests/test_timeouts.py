@@ -30,205 +30,168 @@ from tests._support import (
     pid_gone,
     read_markers,
     read_records,
-    run,
     seen,
     supervised,
     terminal_events,
 )
 from workers import basic, coop, faults, misbehave
 
+pytestmark = pytest.mark.timeout(30)
 
-@pytest.mark.timeout(30)
-def test_a_timeout_ends_the_attempt_as_timed_out_and_retries():
+
+async def test_a_timeout_ends_the_attempt_as_timed_out_and_retries():
     """Each timed-out attempt ends ATTEMPT_TIMED_OUT only; retries run out as FAILED."""
     spec = (TaskSpec.restartable(TaskFn("slow", basic.sleeper, (3600,)))
             .with_timeout(0.3).with_backoff(FAST).with_max_retries(1))
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1, timeout_kill_after=1)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            ends = terminal_events(events, task_id)
-            assert [(e.kind, e.attempt, e.timeout) for e in ends] == [
-                (EventKind.ATTEMPT_TIMED_OUT, 1, 0.3),
-                (EventKind.ATTEMPT_TIMED_OUT, 2, 0.3),
-            ]
-            assert len(events.of(EventKind.BACKOFF_SCHEDULED, id=task_id)) == 1
-            (done,) = events.of(EventKind.TASK_FINISHED, id=task_id)
-            assert done.outcome_kind is OutcomeKind.FAILED and "timed out" in done.reason
-            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
-            assert outcome.attempts == 2
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, timeout_kill_after=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        ends = terminal_events(events, task_id)
+        assert [(e.kind, e.attempt, e.timeout) for e in ends] == [
+            (EventKind.ATTEMPT_TIMED_OUT, 1, 0.3),
+            (EventKind.ATTEMPT_TIMED_OUT, 2, 0.3),
+        ]
+        assert len(events.of(EventKind.BACKOFF_SCHEDULED, id=task_id)) == 1
+        (done,) = events.of(EventKind.TASK_FINISHED, id=task_id)
+        assert done.outcome_kind is OutcomeKind.FAILED and "timed out" in done.reason
+        assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
+        assert outcome.attempts == 2
 
 
-@pytest.mark.timeout(30)
-def test_a_timeout_then_a_success_completes():
+async def test_a_timeout_then_a_success_completes():
     """A hang on attempt 1 times out, the retry returns: COMPLETED."""
     spec = (TaskSpec.restartable(TaskFn("hang-once", basic.sequence, (["hang", "ok"],)))
             .with_timeout(0.3).with_backoff(FAST).with_max_retries(None))
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 2
-            assert len(events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)) == 1
-            (backoff,) = events.of(EventKind.BACKOFF_SCHEDULED, id=task_id)
-            assert backoff.backoff_source is BackoffSource.FAILURE
-            assert len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) == 2
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 2
+        assert len(events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)) == 1
+        (backoff,) = events.of(EventKind.BACKOFF_SCHEDULED, id=task_id)
+        assert backoff.backoff_source is BackoffSource.FAILURE
+        assert len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) == 2
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("timeout", [0, None])
-def test_zero_or_none_timeout_means_no_timeout(timeout):
+async def test_zero_or_none_timeout_means_no_timeout(timeout):
     """A timeout of 0 or None never times an attempt out."""
     spec = TaskSpec.once(TaskFn("nap", basic.sleeper, (0.5,))).with_timeout(timeout)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            _task_id, outcome = await finished(handle, events, spec)
-            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 0.5
-            assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        _task_id, outcome = await finished(handle, events, spec)
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == 0.5
+        assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
 
 
-def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
+@pytest.mark.timeout(120)  # the suite's default bound
+async def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
     """A target raising TimeoutError fails like any exception, not as a timeout."""
     spec = TaskSpec.once(TaskFn("upstream", basic.raise_exc, ("TimeoutError", "slow upstream")))
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            (failed,) = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
-            assert failed.reason == "TimeoutError: slow upstream"
-            assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
-            assert outcome.kind is OutcomeKind.FAILED
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        (failed,) = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
+        assert failed.reason == "TimeoutError: slow upstream"
+        assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
+        assert outcome.kind is OutcomeKind.FAILED
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_path):
+async def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_path):
     """A timed-out stubborn tree dies whole within timeout + kill_after + 2 s; FAILED."""
     records = tmp_path / "tree.jsonl"
     spec = TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (str(records),))).with_timeout(0.3)
     config = SupervisorConfig(grace=1, timeout_kill_after=0.5, start_method=start_method)
 
-    async def body():
-        async with supervised(config) as (handle, events):
-            task_id, waiter = await handle.add_and_watch(spec)
-            starting = await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
-            tree = await async_wait_for(lambda: read_records(records), timeout=5)
-            assert len(tree) == 4
-            everyone = [*tree, {"pid": starting.pid}]
-            await async_wait_for(lambda: all_gone(everyone), timeout=0.3 + 0.5 + 2)
-            elapsed = time.time() - starting.at  # the timeout clock started after this
-            assert elapsed <= 0.3 + 0.5 + 2
-            outcome = await waiter.wait()
-            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
-            await seen(events, EventKind.TASK_REMOVED, id=task_id)
-            (killed,) = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
-            assert str(starting.pid) in killed.reason and "0.5" in killed.reason
-            assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
-            assert events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)[0].exit_code is None
-
-    run(body())
+    async with supervised(config) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        starting = await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        tree = await async_wait_for(lambda: read_records(records), timeout=5)
+        assert len(tree) == 4
+        everyone = [*tree, {"pid": starting.pid}]
+        await async_wait_for(lambda: all_gone(everyone), timeout=0.3 + 0.5 + 2)
+        elapsed = time.time() - starting.at  # the timeout clock started after this
+        assert elapsed <= 0.3 + 0.5 + 2
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
+        await seen(events, EventKind.TASK_REMOVED, id=task_id)
+        (killed,) = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
+        assert str(starting.pid) in killed.reason and "0.5" in killed.reason
+        assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
+        assert events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)[0].exit_code is None
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
+async def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
     """A timed-out cooperative attempt runs its `finally` clean-up first."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(TaskFn("coop", coop.cooperative, kwargs={"marker": str(marker)})).with_timeout(0.3)
     config = SupervisorConfig(grace=1, timeout_kill_after=2, start_method=start_method)
 
-    async def body():
-        async with supervised(config) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
-            assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
-            assert [m[0] for m in read_markers(marker)] == ["started", "finally"]
-            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
-
-    run(body())
+    async with supervised(config) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
+        assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
+        assert [m[0] for m in read_markers(marker)] == ["started", "finally"]
+        assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
 
 
-@pytest.mark.timeout(30)
-def test_the_timeout_is_per_attempt():
+async def test_the_timeout_is_per_attempt():
     """0.4 s attempts under a 1.0 s timeout never time out, though the task runs > 1 s."""
     spec = (TaskSpec.restartable(TaskFn("steady", faults.sleep_then_raise, (0.4,)))
             .with_timeout(1.0).with_backoff(FAST).with_max_retries(2))
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            failed = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
-            assert [e.attempt for e in failed] == [1, 2, 3]
-            assert all(e.reason == "RuntimeError: slept then raised" for e in failed)
-            assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
-            assert outcome.kind is OutcomeKind.FAILED and outcome.duration > 1.0
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        failed = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
+        assert [e.attempt for e in failed] == [1, 2, 3]
+        assert all(e.reason == "RuntimeError: slept then raised" for e in failed)
+        assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
+        assert outcome.kind is OutcomeKind.FAILED and outcome.duration > 1.0
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("action", coop.TIMEOUT_ACTIONS)
-def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_path):
+async def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_path):
     """After a timeout, any ending of the child is ATTEMPT_TIMED_OUT, and the task FAILED."""
     marker = tmp_path / "marker"
     spec = TaskSpec.once(
         TaskFn("probe", coop.timeout_probe, (action,), {"marker": str(marker)})).with_timeout(0.3)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1, timeout_kill_after=2)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            assert [m[0] for m in read_markers(marker)] == ["started", "cancel-seen"]
-            assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
-            assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
-            assert outcome.value is None
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, timeout_kill_after=2)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        assert [m[0] for m in read_markers(marker)] == ["started", "cancel-seen"]
+        assert [e.kind for e in terminal_events(events, task_id)] == [EventKind.ATTEMPT_TIMED_OUT]
+        assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
+        assert outcome.value is None
 
 
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
+async def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
     """A 1 s import does not count against a 0.5 s timeout."""
     spec = TaskSpec.once(TaskFn("slow-import", "workers.slow_import_1s:target")).with_timeout(0.5)
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
-            _task_id, outcome = await finished(handle, events, spec)
-            assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "imported"
-            assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
+        _task_id, outcome = await finished(handle, events, spec)
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "imported"
+        assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
 
 
-@pytest.mark.timeout(30)
-def test_a_hung_start_up_is_bounded_by_start_timeout():
+async def test_a_hung_start_up_is_bounded_by_start_timeout():
     """An import that never ends is killed at start_timeout, as a retryable failure."""
     spec = (TaskSpec.restartable(TaskFn("hung", "workers.hanging_import:target"))
             .with_backoff(FAST).with_max_retries(1))
 
-    async def body():
-        async with supervised(SupervisorConfig(grace=1, start_timeout=0.5)) as (handle, events):
-            task_id, outcome = await finished(handle, events, spec)
-            per_attempt = [
-                [e.kind for e in events.events if e.id == task_id and e.attempt == n
-                 and e.kind in (EventKind.ATTEMPT_KILLED, *ATTEMPT_ENDS)]
-                for n in (1, 2)
-            ]
-            assert per_attempt == [[EventKind.ATTEMPT_KILLED, EventKind.ATTEMPT_FAILED]] * 2
-            failed = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
-            assert all(e.reason.startswith("start-up timed out") for e in failed)
-            pids = [e.pid for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)]
-            assert len(pids) == 2 and all(pid_gone(pid) for pid in pids)
-            assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2
-            assert outcome.reason.endswith(failed[-1].reason)
-
-    run(body())
+    async with supervised(SupervisorConfig(grace=1, start_timeout=0.5)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        per_attempt = [
+            [e.kind for e in events.events if e.id == task_id and e.attempt == n
+             and e.kind in (EventKind.ATTEMPT_KILLED, *ATTEMPT_ENDS)]
+            for n in (1, 2)
+        ]
+        assert per_attempt == [[EventKind.ATTEMPT_KILLED, EventKind.ATTEMPT_FAILED]] * 2
+        failed = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
+        assert all(e.reason.startswith("start-up timed out") for e in failed)
+        pids = [e.pid for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)]
+        assert len(pids) == 2 and all(pid_gone(pid) for pid in pids)
+        assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2
+        assert outcome.reason.endswith(failed[-1].reason)

@@ -14,6 +14,8 @@ import pytest
 from mpvisor._task import CommandTask, TaskFn, target_path
 from mpvisor._values import INT_MAX, INT_MIN, MAX_DEPTH, check_value
 
+pytestmark = pytest.mark.unit
+
 
 def module_level_target(x: int) -> int:
     """A target reachable as `tests.test_values_and_tasks:module_level_target`."""

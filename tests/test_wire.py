@@ -31,6 +31,8 @@ from mpvisor._wire import (
     unpack,
 )
 
+pytestmark = pytest.mark.unit
+
 values = st.recursive(
     st.none()
     | st.booleans()
