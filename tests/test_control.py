@@ -23,8 +23,9 @@ EXAMPLES = [
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_every_control_message_round_trips(message):
-    """decode(encode(m)) == m for each kind of message."""
-    assert control.decode(control.encode(message)) == message
+    """decode(encode(m)) == m, of the same type, for each kind of message."""
+    decoded = control.decode(control.encode(message))
+    assert (type(decoded), decoded) == (type(message), message)
 
 
 @pytest.mark.parametrize(
@@ -69,8 +70,9 @@ _messages = st.one_of(
 
 @given(_messages)
 def test_any_well_formed_message_round_trips(message):
-    """Property: any field values of the right types survive encoding."""
-    assert control.decode(control.encode(message)) == message
+    """Property: any field values of the right types survive encoding, and the type too."""
+    decoded = control.decode(control.encode(message))
+    assert (type(decoded), decoded) == (type(message), message)
 
 
 @given(st.binary(max_size=64))

@@ -78,11 +78,12 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_importing_the_fork_server_stays_cheap():
-    """The launcher's module (what every attempt is forked from) imports no asyncio and none of
+    """The launcher's module (what every attempt is forked from) imports no asyncio, no inspect
+    (which dataclasses brings) and none of
     the parent's runtime: its forks stay small."""
     code = (
         "import sys, mpvisor._launchers.forkserver; "
-        "heavy = [m for m in ('asyncio', 'mpvisor._runtime', 'mpvisor._registry', 'mpvisor._bus', "
+        "heavy = [m for m in ('asyncio', 'inspect', 'dataclasses', 'mpvisor._runtime', 'mpvisor._registry', 'mpvisor._bus', "
         "'mpvisor._controller', 'mpvisor._process', 'mpvisor._launchers.local') if m in sys.modules]; "
         "print(heavy)"
     )

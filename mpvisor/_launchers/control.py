@@ -2,7 +2,8 @@
 
 The control channel's codec: one typed message per SOCK_SEQPACKET packet, encoded as a msgpack
 list whose first item names the message (fds travel beside a packet, as `SCM_RIGHTS`). Pure: no
-I/O, no asyncio, so the fork server imports it cheaply. Both ends are the same mpvisor, but a
+I/O, no asyncio, and messages are `NamedTuple`s (`dataclasses` would pull `inspect` and
+`ast` into the fork server, and every attempt's fork would pay for them). Both ends are the same mpvisor, but a
 launcher started from an edited checkout could be newer than its parent: the launcher's first
 message (`Importing` or `Ready`) carries `CONTROL_VERSION`, and a parent that reads another
 version refuses that launcher (`ControlError`).
@@ -25,8 +26,7 @@ version refuses that launcher (`ControlError`).
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._wire import ProtocolError, pack, unpack
 
@@ -37,16 +37,14 @@ class ControlError(ProtocolError):
     """A control packet that is not a known message of this version."""
 
 
-@dataclass(frozen=True, slots=True)
-class Spawn:
+class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`."""
 
     key: int
     exec_python: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Signal:
+class Signal(NamedTuple):
     """Send `signum` to the attempt (its process group if `group`) while its leader is unreaped."""
 
     key: int
@@ -54,20 +52,17 @@ class Signal:
     group: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Kill:
+class Kill(NamedTuple):
     """SIGKILL the attempt's whole tree (its group while the leader is unreaped, and its orphans)."""
 
     key: int
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(NamedTuple):
     """Kill every tree, reap it all, exit."""
 
 
-@dataclass(frozen=True, slots=True)
-class Importing:
+class Importing(NamedTuple):
     """The launcher (pid) is about to import the `preload` module `module`."""
 
     version: int
@@ -75,8 +70,7 @@ class Importing:
     module: str
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
+class Ready(NamedTuple):
     """The launcher (pid) runs; `error` names a `preload` module that failed, else None."""
 
     version: int
@@ -84,24 +78,21 @@ class Ready:
     error: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
+class Started(NamedTuple):
     """The attempt `key` leads its own session as `pid` (its pidfd travels beside)."""
 
     key: int
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
-class StartFailed:
+class StartFailed(NamedTuple):
     """The attempt `key` could not be started (`error` says why)."""
 
     key: int
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class Exited:
+class Exited(NamedTuple):
     """The attempt `key`'s leader and every process of its tree are reaped; `how` and `value`
     are its status (`"exit"`, n or `"signal"`, N); `killed`: mpvisor SIGKILLed it while it ran."""
 
@@ -123,7 +114,7 @@ _NAMES: dict[type[Any], str] = {
 
 def encode(message: Message) -> bytes:
     """One packet for `message`."""
-    return pack([_NAMES[type(message)], *astuple(message)])
+    return pack([_NAMES[type(message)], *message])
 
 
 def decode(data: bytes) -> Message:

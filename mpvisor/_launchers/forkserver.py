@@ -311,24 +311,19 @@ class Launcher:
 
 
 def _setup_fds(fds: list[int]) -> int:
-    """In a new attempt: stdin from /dev/null, captured stdout/stderr, every other fd closed."""
+    """In a new attempt: captured stdout/stderr, every fd but 0-2 and the socket closed. Its
+    stdin is the launcher's own, which `main` made /dev/null (nothing to open per attempt)."""
     sock_fd = fds[0]
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
     if len(fds) == 3:
         os.dup2(fds[1], 1)
         os.dup2(fds[2], 2)
-    keep = sorted({0, 1, 2, sock_fd})
-    start = 3
-    for fd in [*keep[3:], _max_fd()]:
-        if fd > start:
-            os.closerange(start, fd)
-        start = fd + 1
+    if sock_fd > 3:
+        os.closerange(3, sock_fd)
+    os.closerange(max(sock_fd + 1, 3), _OPEN_MAX)
     return sock_fd
 
 
-def _max_fd() -> int:
-    return int(os.sysconf("SC_OPEN_MAX"))
+_OPEN_MAX = int(os.sysconf("SC_OPEN_MAX"))  # read once: `serve()` raised the limit before the launcher started
 
 
 def _exec_python(sock_fd: int) -> None:
@@ -440,6 +435,7 @@ def main(argv: list[str]) -> None:
     that a launcher that cannot start is reported with its last words; once ready, both write to
     the parent's stderr directly, and so does every attempt they fork."""
     parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
+    _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
     _prepare_process(guardian)  # from here on: the launcher
     ctl = socket.socket(fileno=ctl_fd)
@@ -452,6 +448,13 @@ def main(argv: list[str]) -> None:
     _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
     launcher._send(control.Ready(control.CONTROL_VERSION, os.getpid(), error))
     launcher.serve()
+
+
+def _stdin_from_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    if devnull != 0:
+        os.dup2(devnull, 0)
+        os.close(devnull)
 
 
 def _use_parent_stderr(stderr_fd: int) -> None:
