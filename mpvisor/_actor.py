@@ -22,7 +22,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._ending import AttemptEnd, StopReason, from_report
 from ._events import EventKind
@@ -34,7 +34,7 @@ from ._task import CommandTask, TaskFn
 from ._wire import Failure, Progress, Result, Start, pack_call, start_size
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._config import SupervisorConfig
 
 _ATTEMPT_EVENTS = {
     AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
@@ -55,11 +55,25 @@ class Claim:
     by_shutdown: bool
 
 
+class ActorHost(Protocol):
+    """What a task's actor uses of the supervisor around it (the runtime provides it; a test can
+    provide another): its settings, events, the concurrency permits, attempts, and the
+    registry's terminal cleanup."""
+
+    @property
+    def config(self) -> SupervisorConfig: ...
+    def publish(self, kind: EventKind, **fields: Any) -> object: ...
+    def acquire_permit(self) -> Any: ...
+    def release_permit(self) -> None: ...
+    def start_attempt(self, actor: TaskActor) -> AttemptProcess: ...
+    def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None: ...
+
+
 class TaskActor:
     """One registered task: its settings, its loop, and what a stop request must reach."""
 
-    def __init__(self, runtime: Runtime, id: int, spec: ResolvedSpec, owned_by_controller: bool) -> None:
-        self.runtime = runtime
+    def __init__(self, host: ActorHost, id: int, spec: ResolvedSpec, owned_by_controller: bool) -> None:
+        self.host = host
         self.id = id
         self.spec = spec
         self.name = spec.name
@@ -83,7 +97,7 @@ class TaskActor:
         return f"<TaskActor {self.name!r} id={self.id} {state} attempt={self.attempt} pid={self.pid}>"
 
     def _make_rng(self) -> random.Random:
-        seed = self.runtime.config.seed
+        seed = self.host.config.seed
         return random.Random(f"{seed}:{self.name}") if seed is not None else random.Random()
 
     def start(self) -> None:
@@ -99,7 +113,7 @@ class TaskActor:
         self.claim = claim
         self._stop.set()
         if self.current is not None:
-            self.current.stop(StopReason.CANCEL, self.runtime.config.grace)
+            self.current.stop(StopReason.CANCEL, self.host.config.grace)
 
     def kill_now(self, why: str) -> None:
         """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
@@ -117,7 +131,7 @@ class TaskActor:
                 self.current.kill(f"mpvisor failed supervising it: {exc!r}")
                 await self.current.end()
             outcome = self._outcome(OutcomeKind.PANICKED, f"mpvisor panicked: {type(exc).__name__}: {exc}")
-        self.runtime.registry.finish(self, outcome)
+        self.host.task_finished(self, outcome)
 
     async def _loop(self) -> TaskOutcome:
         while True:
@@ -126,7 +140,7 @@ class TaskActor:
             try:
                 end = await self._run_attempt()
             finally:
-                self.runtime.release_permit()
+                self.host.release_permit()
             if self.claim is not None:
                 return self._claimed_outcome(end)
             action, self.streak = decide(
@@ -157,7 +171,7 @@ class TaskActor:
         """Wait for a permit unless a stop comes first; True when one was taken."""
         if self._stop.is_set():
             return False
-        acquire = self.runtime.acquire_permit()
+        acquire = self.host.acquire_permit()
         if acquire is None:
             return True
         return await self._first(acquire, release_on_loss=True)
@@ -177,14 +191,14 @@ class TaskActor:
             stop.cancel()
         if self._stop.is_set():
             if work.done() and not work.cancelled() and release_on_loss:
-                self.runtime.release_permit()
+                self.host.release_permit()
             work.cancel()
             return False
         return True
 
     async def _run_attempt(self) -> AttemptEnd:
         self.attempt += 1
-        attempt = self.runtime.start_attempt(self)
+        attempt = self.host.start_attempt(self)
         self.current = attempt
         try:
             self.pid = await attempt.started()
@@ -227,7 +241,7 @@ class TaskActor:
 
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
         if end.killed is not None and end.kind is AttemptResult.CANCELED:
-            grace = self.runtime.config.grace
+            grace = self.host.config.grace
             reason = self.killed_at_once or f"did not stop within the grace window of {grace} s; its process tree was killed"
             return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
@@ -249,13 +263,13 @@ class TaskActor:
         )
 
     def _publish(self, kind: EventKind, **fields: Any) -> None:
-        self.runtime.bus.publish(kind, task=self.name, id=self.id, **fields)
+        self.host.publish(kind, task=self.name, id=self.id, **fields)
 
     # --- the start request -------------------------------------------------------------------
 
     def start_request(self, env: Any, cwd: str | None, path: list[str] | None) -> Start:
         return start_message(self.spec.task, self.name, self.id, self.attempt,
-                             self.runtime.config.max_frame_bytes, env, cwd, path)
+                             self.host.config.max_frame_bytes, env, cwd, path)
 
     def on_progress(self, progress: Progress) -> None:
         self._publish(

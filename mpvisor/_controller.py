@@ -29,7 +29,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._actor import check_start_fits
 from ._config import ControllerConfig
@@ -51,7 +51,8 @@ from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
 
 if TYPE_CHECKING:
     from ._actor import TaskActor
-    from ._runtime import Runtime
+    from ._config import SupervisorConfig
+    from ._spec import TaskDefaults
 
 
 _log = logging.getLogger("mpvisor.runtime")
@@ -90,11 +91,36 @@ class _Removal:
     reply: asyncio.Future[RemoveAnswer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+class ControllerHost(Protocol):
+    """What the controller uses of the supervisor around it (the runtime provides it)."""
+
+    loop: asyncio.AbstractEventLoop
+    defaults: TaskDefaults  # filled into a submission's inherited settings at admission
+
+    @property
+    def config(self) -> SupervisorConfig: ...
+    def publish(self, kind: EventKind, **fields: Any) -> object: ...
+    def notify(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    async def ready(self) -> None: ...
+
+
+class AdmissionRegistry(Protocol):
+    """The registry operations the controller needs: hand it a command, claim an owner's
+    removal, look an owner up. The registry tells the controller of an owner's terminal
+    cleanup through `Controller.owner_cleaned_up` (the runtime wires that)."""
+
+    async def call(self, command: Any, *, wait: bool) -> Any: ...
+    def claim(self, actor: TaskActor, by_shutdown: bool) -> bool: ...
+    def actor(self, id: int) -> TaskActor | None: ...
+
+
 class Controller:
     """The serialized controller loop and its intake."""
 
-    def __init__(self, runtime: Runtime, config: ControllerConfig) -> None:
-        self.runtime = runtime
+    def __init__(self, host: ControllerHost, registry: AdmissionRegistry, config: ControllerConfig) -> None:
+        self.host = host
+        self.registry = registry
         self.config = config
         self.table: SlotTable[_Pending] = SlotTable(config.max_slot_queue)
         self._wake = asyncio.Event()
@@ -106,10 +132,9 @@ class Controller:
         self.closed = False
         self._changed = asyncio.Event()  # set after every step the loop takes, while watched
         self._watching = 0  # callers of `_until` waiting on `_changed`
-        self._publish = runtime.bus.publish
-        self._now = runtime.loop.time  # the clock of slot ages
-        runtime.registry.on_cleanup = self._on_cleanup
-        self._task = runtime.loop.create_task(self._serve(), name="mpvisor-controller")
+        self._publish = host.publish
+        self._now = host.loop.time  # the clock of slot ages
+        self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
 
     def __repr__(self) -> str:
         return (
@@ -126,14 +151,14 @@ class Controller:
         if not isinstance(spec, ControllerSpec):
             raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
         task_spec = spec.task_spec  # a start message over max_frame_bytes is refused here, at once
-        check_start_fits(task_spec.task, task_spec.name, self.runtime.config.max_frame_bytes)
+        check_start_fits(task_spec.task, task_spec.name, self.host.config.max_frame_bytes)
         return spec
 
     async def submit_unwatched(self, id: int, spec: ControllerSpec, *, wait: bool) -> int:
         """`submit` without a waiter (the common, cheapest path): returns the id."""
         self._check_open()
-        if not self.runtime.is_ready():
-            await self.runtime.ready()  # like every management call (ConfigError for a bad preload)
+        if not self.host.is_ready():
+            await self.host.ready()  # like every management call (ConfigError for a bad preload)
         item = self._pending(id, spec, None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
@@ -141,9 +166,9 @@ class Controller:
 
     async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
         self._check_open()
-        if not self.runtime.is_ready():
-            await self.runtime.ready()  # like every management call (ConfigError for a bad preload)
-        item = self._pending(id, spec, self.runtime.loop.create_future() if watch else None)
+        if not self.host.is_ready():
+            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+        item = self._pending(id, spec, self.host.loop.create_future() if watch else None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
         return TaskWaiter(id, item.outcome) if item.outcome is not None else None
@@ -195,7 +220,7 @@ class Controller:
             if taken == INTAKE_BATCH:
                 await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
             elif not inbox:
-                self.runtime.notify()  # `run` may be waiting for the controller to hold no work
+                self.host.notify()  # `run` may be waiting for the controller to hold no work
                 self._wake.clear()
                 await self._wake.wait()
 
@@ -239,9 +264,9 @@ class Controller:
                 case Admit(item):
                     self._admit(item)
                 case RemoveOwner(_, owner_id):
-                    actor = self.runtime.registry.by_id.get(owner_id)
+                    actor = self.registry.actor(owner_id)
                     if actor is not None:
-                        self.runtime.registry.claim(actor, by_shutdown=False)
+                        self.registry.claim(actor, by_shutdown=False)
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
         outcome = TaskOutcome.rejected(kind, reason)
@@ -256,14 +281,14 @@ class Controller:
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
-        add = Add([(item.id, item.task_spec.resolve(self.runtime.defaults))], owned_by_controller=True,
+        add = Add([(item.id, item.task_spec.resolve(self.host.defaults))], owned_by_controller=True,
                   on_accept=lambda actor: self._accepted_now(item, actor),
                   on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
-        self.runtime.loop.create_task(self._hand_over(item, add))
+        self.host.loop.create_task(self._hand_over(item, add))
 
     async def _hand_over(self, item: _Pending, add: Add) -> None:
         try:
-            await self.runtime.registry.call(add, wait=True)
+            await self.registry.call(add, wait=True)
         except TaskAlreadyExists:
             pass  # a rejection: on_reject already posted the decision
         except Exception:  # a closing registry, or a command that failed: it could not decide
@@ -272,7 +297,7 @@ class Controller:
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
         if item.claimed:
-            self.runtime.registry.claim(actor, by_shutdown=False)
+            self.registry.claim(actor, by_shutdown=False)
         self._post(lambda: self._decided(item, actor, None))
 
     def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
@@ -287,7 +312,7 @@ class Controller:
         self._reject(item, rejection, publish=publish)
         self._apply(self.table.registry_rejected(item.slot, item.id, now))
 
-    def _on_cleanup(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+    def owner_cleaned_up(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
         self._post(lambda: self._cleaned(actor, outcome, future))
 
     def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
@@ -304,7 +329,7 @@ class Controller:
         if isinstance(removal.key, int) and self._remove_held(removal, removal.key):
             return
         self.in_flight += 1
-        self.runtime.loop.create_task(self._forward(removal))
+        self.host.loop.create_task(self._forward(removal))
 
     def _remove_held(self, removal: _Removal, id: int) -> bool:
         """Answer a removal of a submission this controller still holds (True), queued or being
@@ -320,15 +345,15 @@ class Controller:
             first = not admitting.claimed
             admitting.claimed = True
             if admitting.cleaned is None:
-                admitting.cleaned = self.runtime.loop.create_future()
-                admitting.watched(self.runtime.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))
+                admitting.cleaned = self.host.loop.create_future()
+                admitting.watched(self.host.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))
             removal.reply.set_result((first, admitting.cleaned, admitting.id))
             return True
         return False
 
     async def _forward(self, removal: _Removal) -> None:
         try:
-            answer = await self.runtime.registry.call(Remove(removal.key), wait=True)
+            answer = await self.registry.call(Remove(removal.key), wait=True)
         except BaseException as exc:
             self._post(self._removal_done)
             removal.reply.set_exception(exc)

@@ -23,17 +23,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from ._actor import Claim, TaskActor
+from ._actor import ActorHost, Claim, TaskActor
 from ._errors import CommandQueueFull, ShuttingDown, TaskAlreadyExists
 from ._events import EventKind
 from ._intake import Intake
 from ._outcome import RejectionKind, TaskOutcome
 from ._spec import ResolvedSpec
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +117,18 @@ class _Replied(Protocol[R]):
     def reply(self) -> asyncio.Future[R]: ...
 
 
+class RegistryHost(ActorHost, Protocol):
+    """What the registry uses of the supervisor around it: what its actors use, and a way to
+    say that something `run` waits for may have happened (the registry became empty)."""
+
+    def notify(self) -> None: ...
+
+
 class Registry:
     """Membership, claims and terminal cleanup, fed by one bounded command queue."""
 
-    def __init__(self, runtime: Runtime, capacity: int) -> None:
-        self.runtime = runtime
+    def __init__(self, host: RegistryHost, capacity: int) -> None:
+        self.host = host
         self._wake = asyncio.Event()  # set when a command enters the queue
         self.queue: Intake[Command] = Intake(capacity, self._wake.set)
         self.by_id: dict[int, TaskActor] = {}
@@ -203,7 +207,7 @@ class Registry:
     # --- adding ---------------------------------------------------------------------------------
 
     def _add(self, command: Add) -> list[TaskWaiter]:
-        publish = self.runtime.bus.publish
+        publish = self.host.publish
         for id, spec in command.specs:
             publish(EventKind.TASK_ADD_REQUESTED, task=spec.name, id=id)
         duplicate = self._first_duplicate(command.specs)
@@ -217,7 +221,7 @@ class Registry:
             if command.on_reject is not None:
                 command.on_reject(RejectionKind.ALREADY_EXISTS)
             raise TaskAlreadyExists(duplicate)
-        actors = [TaskActor(self.runtime, id, spec, command.owned_by_controller) for id, spec in command.specs]
+        actors = [TaskActor(self.host, id, spec, command.owned_by_controller) for id, spec in command.specs]
         waiters = []
         for actor in actors:
             self.by_id[actor.id] = actor
@@ -251,11 +255,15 @@ class Registry:
             return False, None, None
         return self.claim(actor, by_shutdown), self.cleaned[actor.id], actor.id
 
+    def actor(self, id: int) -> TaskActor | None:
+        """The registered task `id`'s actor, if it is registered."""
+        return self.by_id.get(id)
+
     def claim(self, actor: TaskActor, by_shutdown: bool) -> bool:
         """Claim `actor`'s removal if nobody has and its stop is not decided; True if claimed."""
         if not actor.claimable():
             return False
-        self.runtime.bus.publish(EventKind.TASK_REMOVE_REQUESTED, task=actor.name, id=actor.id)
+        self.host.publish(EventKind.TASK_REMOVE_REQUESTED, task=actor.name, id=actor.id)
         actor.request_stop(Claim(by_shutdown))
         return True
 
@@ -275,12 +283,12 @@ class Registry:
         calls released, then the waiter (through the controller for a task it admitted)."""
         actor.finished = True
         actor.final_kind = outcome.kind
-        bus = self.runtime.bus
-        bus.publish(EventKind.TASK_FINISHED, task=actor.name, id=actor.id, outcome_kind=outcome.kind,
+        publish = self.host.publish
+        publish(EventKind.TASK_FINISHED, task=actor.name, id=actor.id, outcome_kind=outcome.kind,
                     reason=outcome.reason, exit_code=outcome.exit_code)
         del self.by_id[actor.id]
         del self.by_name[actor.name]
-        bus.publish(EventKind.TASK_REMOVED, task=actor.name, id=actor.id)
+        publish(EventKind.TASK_REMOVED, task=actor.name, id=actor.id)
         self.cleaned.pop(actor.id).set_result(None)
         future = self.outcomes.pop(actor.id)
         if actor.owned_by_controller and self.on_cleanup is not None:
@@ -289,4 +297,4 @@ class Registry:
             future.set_result(outcome)
         if not self.by_id:
             self.empty.set()
-            self.runtime.notify()
+            self.host.notify()

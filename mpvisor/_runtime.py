@@ -28,7 +28,7 @@ from ._config import SupervisorConfig
 from ._errors import GraceExceeded, ShuttingDown
 from ._events import EventKind
 from ._launchers import Launcher, LauncherFactory, local_launcher
-from ._outcome import OutcomeKind
+from ._outcome import OutcomeKind, TaskOutcome
 from ._process import AttemptProcess
 from ._registry import Registry
 from ._spec import TaskDefaults
@@ -58,6 +58,7 @@ class Runtime:
         self.config = config
         self.defaults = defaults
         self.bus = Bus(subscribers, config.bus_capacity)
+        self.publish = self.bus.publish  # what the registry, actors and controller publish through
         self.registry = Registry(self, config.registry_capacity)
         self.client: Launcher | None = None
         self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
@@ -65,7 +66,8 @@ class Runtime:
         if controller is not None:
             from ._controller import Controller
 
-            self.controller = Controller(self, controller)
+            self.controller = Controller(self, self.registry, controller)
+            self.registry.on_cleanup = self.controller.owner_cleaned_up
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
@@ -133,6 +135,10 @@ class Runtime:
             on_output=actor.on_output if config.capture_output else None,
             on_report=actor.on_report,
         )
+
+    def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None:
+        """An actor's loop is over and its last attempt's tree reaped: the registry frees it."""
+        self.registry.finish(actor, outcome)
 
     # --- permits --------------------------------------------------------------------------------
 
