@@ -1,6 +1,6 @@
 """Outcomes and waiters: what a watched task resolves to, how each ending in the child maps to
 an outcome, and when a waiter resolves. Labels and errors (pure) live in
-test_spec_and_restart.py; controller cases live with the controller tests."""
+test_specs_configs_and_restart_decisions.py; controller cases live with the controller tests."""
 
 from __future__ import annotations
 

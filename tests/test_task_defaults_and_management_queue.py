@@ -2,7 +2,7 @@
 attempt processes.
 
 The pure default and validation checks live
-in `test_spec_and_restart.py` and `test_values_and_tasks.py`.
+in `test_specs_configs_and_restart_decisions.py` and `test_values_and_tasks.py`.
 """
 
 from __future__ import annotations
