@@ -55,6 +55,34 @@ class Claim:
     by_shutdown: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Registered and not stopping: a removal may claim it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A removal claimed it: no further attempt starts; `claim` says who asked."""
+
+    claim: Claim
+
+
+@dataclass(frozen=True, slots=True)
+class StopDecided:
+    """Its policy stops it after the attempt whose report was read: nobody can claim it now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Terminal cleanup is done: its outcome's kind, and the claim that stopped it, if any."""
+
+    kind: OutcomeKind
+    claim: Claim | None
+
+
+ActorPhase = Open | Claimed | StopDecided | Finished
+
+
 class ActorHost(Protocol):
     """What a task's actor uses of the supervisor around it (the runtime provides it; a test can
     provide another): its settings, events, the concurrency permits, attempts, and the
@@ -81,10 +109,7 @@ class TaskActor:
         self.registered_at = time.monotonic()
         self.attempt = 0
         self.pid: int | None = None
-        self.claim: Claim | None = None  # set once, by the one call that claimed the removal
-        self.stop_decided = False  # the policy stops the task after the attempt already known
-        self.finished = False
-        self.final_kind: OutcomeKind | None = None  # set at terminal cleanup
+        self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
@@ -93,8 +118,24 @@ class TaskActor:
         self.task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        state = "finished" if self.finished else "claimed" if self.claim else "running"
-        return f"<TaskActor {self.name!r} id={self.id} {state} attempt={self.attempt} pid={self.pid}>"
+        return f"<TaskActor {self.name!r} id={self.id} {self.phase!r} attempt={self.attempt} pid={self.pid}>"
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim that stops it (set once, by the one call that claimed the removal)."""
+        match self.phase:
+            case Claimed(claim) | Finished(_, claim):
+                return claim
+        return None
+
+    @property
+    def final_kind(self) -> OutcomeKind | None:
+        """Its outcome's kind, once terminal cleanup is done."""
+        return self.phase.kind if isinstance(self.phase, Finished) else None
+
+    def mark_finished(self, kind: OutcomeKind) -> None:
+        """Terminal cleanup is done (the registry's step)."""
+        self.phase = Finished(kind, self.claim)
 
     def _make_rng(self) -> random.Random:
         seed = self.host.config.seed
@@ -106,11 +147,11 @@ class TaskActor:
     # --- stopping ---------------------------------------------------------------------------
 
     def claimable(self) -> bool:
-        return self.claim is None and not self.stop_decided and not self.finished
+        return isinstance(self.phase, Open)
 
     def request_stop(self, claim: Claim) -> None:
         """Stop this task (the caller checked `claimable`): no further attempt starts."""
-        self.claim = claim
+        self.phase = Claimed(claim)
         self._stop.set()
         if self.current is not None:
             self.current.stop(StopReason.CANCEL, self.host.config.grace)
@@ -231,8 +272,8 @@ class TaskActor:
             rng=_SCRATCH_RNG,  # not the task's own: its draws stay repeatable
             reason=None,
         )
-        if isinstance(action, Stop):
-            self.stop_decided = True
+        if isinstance(action, Stop) and isinstance(self.phase, Open):
+            self.phase = StopDecided()
 
     # --- outcomes -----------------------------------------------------------------------------
 

@@ -281,8 +281,7 @@ class Registry:
 
         One synchronous step: `TASK_FINISHED`, the name freed, `TASK_REMOVED`, pending `cancel`
         calls released, then the waiter (through the controller for a task it admitted)."""
-        actor.finished = True
-        actor.final_kind = outcome.kind
+        actor.mark_finished(outcome.kind)
         publish = self.host.publish
         publish(EventKind.TASK_FINISHED, task=actor.name, id=actor.id, outcome_kind=outcome.kind,
                     reason=outcome.reason, exit_code=outcome.exit_code)
