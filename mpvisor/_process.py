@@ -1,44 +1,33 @@
-r"""How does the runtime start, stop and learn the end of one attempt process?
+r"""How does the runtime start, stop and learn the end of one attempt?
 
-The launcher boundary: `AttemptProcess` is the only thing the rest of the runtime
-sees: start it, await its end, ask it to stop, kill it. It asks the launcher through
-the `Launcher`'s requests (`spawn`, `signal`, `kill`; `_launchers/__init__.py`) and is the `AttemptSink` the
-launcher reports to (`on_started`, `on_start_failed`, `on_exited`, `on_launcher_died`); nothing
-outside these two modules touches a pid, a pipe or a signal.
+`AttemptProcess` is the only thing the rest of the runtime sees: start it, await its end, ask it
+to stop, kill it. It asks the runtime's `Launcher` (`_launchers/__init__.py`: `spawn`, `signal`,
+`kill`) and is the `AttemptSink` the launcher reports to (`on_started`, `on_data`, `on_output`,
+`on_eof`, then `on_exited` or `on_launcher_died`; or `on_start_failed`). It touches no pid, fd,
+pipe or signal: it speaks the attempt channel's protocol over the bytes the launcher hands it,
+keeps the facts, and runs the timers (start-up, timeout, grace).
 
 Attempt phases (one value, `AttemptProcess.phase`, a small frozen dataclass):
 
-    Spawning --started--> Running(pid) --exited / launcher died--> Draining(pid) --EOF or 1 s--> Done
-        \--start_failed / launcher died before a pid-------------------------------------> Done
+    Spawning --started--> Running(pid) --exited / launcher died--> Done
+        \--start_failed / launcher died before a pid-------------> Done
 
 `Spawning` carries the requests that wait for the pid (a SIGTERM, a kill), since neither can
-reach the attempt before it leads its own session.
-
-Facts gathered on the way (`_ending.Facts`) decide the ending once the phase is `done`. The parent
-holds 2 fds per live attempt (the protocol socket and a pidfd), 4 with `capture_output`, and no
-thread: everything is readiness callbacks on the loop.
-
-The start message is written into the socket as soon as the attempt is spawned, and the rest of
-it whenever the socket is writable: memoryviews over its two pieces (`_wire.encode_start`: the
-fields, then the task's arguments as encoded when it was defined) advance by what each `send`
-took, so a 100 MB argument is neither re-encoded nor copied, only sent. The socket's reader and
-writer are unregistered whenever it is closed (`_close_sock`), so a later attempt that gets the
-same fd number never meets a stale registration.
+reach the attempt before it leads its own session. The launcher reports the end only once the
+attempt's tree is gone and its channel drained, so the facts gathered on the way
+(`_ending.Facts`) decide the ending at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
 from ._launchers import Launcher
-from ._output import LineSplitter
 from ._wire import (
     VERSION,
     Calling,
@@ -52,8 +41,6 @@ from ._wire import (
     encode_start,
     parse,
 )
-
-EOF_WAIT = 1.0  # seconds to read pipes to EOF once the tree is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +59,11 @@ class Running:
 
 
 @dataclass(frozen=True, slots=True)
-class Draining:
-    """Its tree is gone (or its launcher is, and it with it): its channel is read to EOF."""
-
-    pid: int | None
-
-
-@dataclass(frozen=True, slots=True)
 class Done:
     """Over: every fd closed, the ending decided."""
 
 
-Phase = Spawning | Running | Draining | Done
+Phase = Spawning | Running | Done
 
 
 class AttemptProcess:
@@ -117,15 +97,11 @@ class AttemptProcess:
         self._kill_after = timeout_kill_after
         self._decoder = FrameDecoder(start.max_frame)
         self._hello: Hello | None = None
-        self._sock: socket.socket | None = None
-        self._pidfd: int | None = None
-        self._streams: dict[int, LineSplitter] = {}
         self._started: asyncio.Future[int] = self.loop.create_future()
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._outgoing = [memoryview(piece) for piece in encode_start(start) if piece]  # left to send
-        self._writing = False  # a writer callback is registered for the rest of it
-        self._spawn(exec_python, capture_output, start_timeout)
+        self.key = client.spawn(self, encode_start(start), exec_python=exec_python, capture_output=capture_output)
+        self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
 
     def __repr__(self) -> str:
         return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase!r}>"
@@ -133,12 +109,7 @@ class AttemptProcess:
     @property
     def pid(self) -> int | None:
         """The attempt process's pid, once it leads its own session (kept after it ended)."""
-        match self.phase:
-            case Running(pid):
-                return pid
-            case Draining(pid):
-                return pid
-        return self.facts.pid
+        return self.phase.pid if isinstance(self.phase, Running) else self.facts.pid
 
     # --- the runtime's interface ---------------------------------------------------------------
 
@@ -147,7 +118,7 @@ class AttemptProcess:
         return await asyncio.shield(self._started)
 
     async def end(self) -> AttemptEnd:
-        """The attempt's ending, once its tree is reaped and its pipes are closed."""
+        """The attempt's ending, once its tree is gone and its channel drained."""
         return await asyncio.shield(self._done)
 
     def stop(self, reason: StopReason, grace: float) -> None:
@@ -173,59 +144,14 @@ class AttemptProcess:
             case _:  # already asked, or its tree is already gone
                 pass
 
-    # --- spawning ---------------------------------------------------------------------------------
-
-    def _spawn(self, exec_python: bool, capture: bool, start_timeout: float) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        ours.setblocking(False)
-        self._sock = ours
-        fds = [theirs.detach()]
-        if capture:
-            for stream in ("stdout", "stderr"):
-                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-                os.set_blocking(w, True)
-                self._streams[r] = LineSplitter(stream)
-                fds.append(w)
-        self.key = self.client.spawn(self, exec_python, fds)
-        self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
-        self._write_start()
-
-    def _write_start(self) -> None:
-        """Send what the socket takes of the start frame now; wait for writability for the rest."""
-        if self._sock is None:
-            return
-        while self._outgoing:
-            piece = self._outgoing[0]
-            try:
-                sent = self._sock.send(piece)
-            except BlockingIOError:
-                break
-            except OSError:  # the child is gone; its exit status will speak
-                sent = len(piece)
-            if sent == len(piece):
-                self._outgoing.pop(0)  # the last view of a piece goes: its bytes can be freed
-            else:
-                self._outgoing[0] = piece[sent:]  # a view: nothing is copied
-        if self._outgoing and not self._writing:
-            self.loop.add_writer(self._sock.fileno(), self._write_start)
-            self._writing = True
-        elif not self._outgoing and self._writing:
-            self.loop.remove_writer(self._sock.fileno())
-            self._writing = False
-
     # --- the launcher's reports (this is its `AttemptSink`) ---------------------------------------
 
-    def on_started(self, pid: int, pidfd: int | None) -> None:
-        """The attempt leads its own session as `pid`; its pidfd, where the launcher is local."""
+    def on_started(self, pid: int) -> None:
+        """The attempt leads its own session as `pid`."""
         if not isinstance(self.phase, Spawning):
             return  # cannot happen: the launcher reports a start once
         waiting, self.phase = self.phase, Running(pid)
         self.facts.pid = pid
-        self._pidfd = pidfd
-        assert self._sock is not None
-        self.loop.add_reader(self._sock.fileno(), self._on_readable)
-        for fd in self._streams:
-            self.loop.add_reader(fd, self._on_stream, fd)
         self._started.set_result(pid)
         if waiting.sigterm:
             self._request_sigterm()
@@ -235,7 +161,45 @@ class AttemptProcess:
     def on_start_failed(self, error: str) -> None:
         """The attempt could not be started."""
         self.facts.could_not_start = error
-        self._close_fds()
+        self._finish()
+
+    def on_data(self, data: bytes) -> None:
+        """Bytes of the attempt channel, as the launcher read them."""
+        if self.facts.protocol_error is not None:
+            return  # already condemned: discard what follows
+        try:
+            for obj in self._decoder.feed(data):
+                self._on_message(obj)
+        except ProtocolError as exc:
+            self._protocol_error(str(exc))
+
+    def on_output(self, stream: str, line: str) -> None:
+        """A captured line of the attempt's stdout or stderr."""
+        if self._on_output is not None:
+            self._on_output(stream, line)
+
+    def on_eof(self) -> None:
+        """The channel is drained: a frame cut short is a protocol error."""
+        if self.facts.protocol_error is None and self.facts.report is None:
+            try:
+                self._decoder.finish()
+            except ProtocolError as exc:
+                self.facts.protocol_error = str(exc)
+
+    def on_exited(self, status: ExitStatus, killed: bool) -> None:
+        """The attempt's tree is gone: `status` is its main process's; `killed`, by us while it ran."""
+        if isinstance(self.phase, Done):
+            return
+        self.facts.status = status
+        if not killed:
+            self.facts.killed = None
+        self._finish()
+
+    def on_launcher_died(self) -> None:
+        """The launcher went away, and the attempt's process (if it had one) with it."""
+        self.facts.launcher_died = True
+        if not isinstance(self.phase, Running):
+            self.facts.could_not_start = "launcher died before the attempt started"
         self._finish()
 
     def _request_sigterm(self) -> None:
@@ -255,25 +219,6 @@ class AttemptProcess:
         self.stop(StopReason.TIMEOUT, self._kill_after)
 
     # --- frames -------------------------------------------------------------------------------------
-
-    def _on_readable(self) -> None:
-        assert self._sock is not None
-        try:
-            data = self._sock.recv(1 << 18)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._on_eof()
-            return
-        if self.facts.protocol_error is not None:
-            return  # already condemned: discard what follows
-        try:
-            for obj in self._decoder.feed(data):
-                self._on_message(obj)
-        except ProtocolError as exc:
-            self._protocol_error(str(exc))
 
     def _on_message(self, obj: Any) -> None:
         if self._hello is None:
@@ -309,98 +254,6 @@ class AttemptProcess:
     def _protocol_error(self, error: str) -> None:
         self.facts.protocol_error = error
         self.kill(f"protocol error: {error}")
-
-    def _on_eof(self) -> None:
-        if self.facts.protocol_error is None and self.facts.report is None:
-            try:
-                self._decoder.finish()
-            except ProtocolError as exc:
-                self.facts.protocol_error = str(exc)
-        self._close_sock()
-        self._maybe_done()
-
-    def _on_stream(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        splitter = self._streams[fd]
-        lines = splitter.feed(data) if data else splitter.finish()
-        if self._on_output is not None:
-            for line in lines:
-                self._on_output(splitter.stream, line)
-        if not data:
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            del self._streams[fd]
-            self._maybe_done()
-
-    # --- the end ------------------------------------------------------------------------------------
-
-    def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        """The attempt's tree is reaped: `status` is its main process's; `killed`, by us while it ran."""
-        if isinstance(self.phase, Done):
-            return
-        self.facts.status = status
-        if not killed:
-            self.facts.killed = None
-        self.phase = Draining(self.pid)
-        self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
-        self._maybe_done()
-
-    def on_launcher_died(self) -> None:
-        """The launcher went away; the attempt's process dies with it (its pidfd says when)."""
-        self.facts.launcher_died = True
-        if not isinstance(self.phase, Running):
-            self.facts.could_not_start = "launcher died before the attempt started"
-            self._close_fds()
-            self._finish()
-            return
-        self.phase = Draining(self.phase.pid)
-        if self._pidfd is not None:
-            self.loop.add_reader(self._pidfd, self._on_pidfd)
-        else:
-            self._on_pidfd()
-
-    def _on_pidfd(self) -> None:
-        if self._pidfd is not None:
-            self.loop.remove_reader(self._pidfd)
-        self._timers["eof"] = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
-        self._maybe_done()
-
-    def _give_up_on_eof(self) -> None:
-        self._close_fds()
-        self._finish()
-
-    def _maybe_done(self) -> None:
-        if isinstance(self.phase, Draining) and "eof" in self._timers and self._sock is None and not self._streams:
-            self._close_fds()
-            self._finish()
-
-    def _close_sock(self) -> None:
-        """Unregister the socket from the loop, then close it (its fd number may be reused)."""
-        if self._sock is None:
-            return
-        self.loop.remove_reader(self._sock.fileno())
-        self.loop.remove_writer(self._sock.fileno())
-        self._writing = False
-        self._outgoing.clear()
-        self._sock.close()
-        self._sock = None
-
-    def _close_fds(self) -> None:
-        self._close_sock()
-        for fd, splitter in list(self._streams.items()):
-            self.loop.remove_reader(fd)
-            if self._on_output is not None:
-                for line in splitter.finish():
-                    self._on_output(splitter.stream, line)
-            os.close(fd)
-        self._streams.clear()
-        if self._pidfd is not None:
-            self.loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
 
     def _finish(self) -> None:
         if isinstance(self.phase, Done):

@@ -1,8 +1,8 @@
 """An in-process launcher: the runtime, registry and controller run for real, attempts do not.
 
-`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/__init__.py` with no process at all: it
-reads each attempt's start frame from the attempt channel, then answers on that channel as the
-child would, following the target's name. Pass it to a supervisor with
+`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/__init__.py` with no process
+and no fd at all: it reads each attempt's start frame from what `spawn` is given, then hands the
+attempt the frames the child would send, following the target's name. Pass it to a supervisor with
 `Supervisor(config, _launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.
 
 | target | the "attempt" |
@@ -21,9 +21,7 @@ Pids are made up (`FAKE_PID_BASE` + n): no process with them is ever signalled o
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,9 +48,7 @@ class _Attempt:
     key: int
     pid: int
     sink: Any
-    sock: socket.socket
-    fds: list[int]
-    buffer: bytearray = field(default_factory=bytearray)
+    start: bytes  # the whole start frame, as the launcher was given it
     target: str | None = None
     args: list[Any] = field(default_factory=list)
     ended: bool = False
@@ -87,12 +83,10 @@ class FakeLauncher:
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         return None, None, None
 
-    def spawn(self, sink: Any, exec_python: bool, fds: list[int]) -> int:
+    def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int:
         self._next += 1
         key = self._next
-        sock = socket.socket(fileno=fds[0])
-        sock.setblocking(False)
-        attempt = _Attempt(key, FAKE_PID_BASE + key, sink, sock, fds[1:])
+        attempt = _Attempt(key, FAKE_PID_BASE + key, sink, b"".join(start))
         self._attempts[key] = attempt
         self.log.append(("spawn", key))
         self.loop.call_soon(self._start, attempt)
@@ -121,23 +115,12 @@ class FakeLauncher:
     # --- the "child" -------------------------------------------------------------------------------
 
     def _start(self, attempt: _Attempt) -> None:
-        attempt.sink.on_started(attempt.pid, None)
+        if attempt.ended:
+            return
+        attempt.sink.on_started(attempt.pid)
         self._send(attempt, Hello(attempt.pid))
-        self.loop.add_reader(attempt.sock.fileno(), self._read_start, attempt)
-        self._read_start(attempt)
-
-    def _read_start(self, attempt: _Attempt) -> None:
-        try:
-            attempt.buffer += attempt.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        if len(attempt.buffer) < HEADER.size:
-            return
-        (length,) = HEADER.unpack_from(attempt.buffer)
-        if len(attempt.buffer) < HEADER.size + length:
-            return
-        self.loop.remove_reader(attempt.sock.fileno())
-        start = parse_start(unpack(bytes(attempt.buffer[HEADER.size : HEADER.size + length])))
+        (length,) = HEADER.unpack_from(attempt.start)
+        start = parse_start(unpack(attempt.start[HEADER.size : HEADER.size + length]))
         attempt.target = start.target
         attempt.args, _ = unpack(start.call)
         self._send(attempt, Calling())
@@ -163,9 +146,7 @@ class FakeLauncher:
                 pass
 
     def _send(self, attempt: _Attempt, message: Message) -> None:
-        attempt.sock.setblocking(True)
-        attempt.sock.sendall(frame(pack(message.to_wire())))
-        attempt.sock.setblocking(False)
+        attempt.sink.on_data(frame(pack(message.to_wire())))
 
     def _report(self, attempt: _Attempt, message: Result | Failure) -> None:
         self._send(attempt, message)
@@ -173,13 +154,10 @@ class FakeLauncher:
     def _close(self, attempt: _Attempt) -> None:
         attempt.ended = True
         self._attempts.pop(attempt.key, None)
-        self.loop.remove_reader(attempt.sock.fileno())
-        attempt.sock.close()
-        for fd in attempt.fds:
-            os.close(fd)
+        attempt.sink.on_eof()
 
     def _exit(self, attempt: _Attempt, status: ExitStatus, killed: bool) -> None:
-        """The attempt's "tree" is gone: its channel closes, then the exit is reported."""
+        """The attempt's "tree" is gone: its channel is drained, then the exit is reported."""
         self._close(attempt)
         self.log.append(("exited", attempt.key, status.how, status.value))
         attempt.sink.on_exited(status, killed)

@@ -12,18 +12,20 @@ The launcher seam, as two small interfaces: requests go down (`Launcher`), repor
 
 | implementation | where | what an attempt is |
 |---|---|---|
-| `LauncherClient` | `local.py` (+ `forkserver.py`, `guardian.py`, `control.py`) | a process forked by a local fork server (the default) |
+| `LauncherClient` | `local.py` (+ `channel.py`, `forkserver.py`, `guardian.py`, `control.py`) | a process forked by a local fork server (the default) |
 | `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
 
-The contract a `Launcher` keeps:
-- `spawn(sink, exec_python, fds)` returns a key at once; `fds[0]` is the attempt channel's
-  child end (the parent has already queued the start frame on its end), then the stdout and
-  stderr pipes' write ends with `capture_output`. The launcher owns those fds from then on.
-- Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid, pidfd)`
-  once the attempt leads its own session (or `sink.on_start_failed(error)`), and later
-  `sink.on_exited(status, killed)` only once the attempt's main process and every process of
-  its tree are reaped; or `sink.on_launcher_died()` at any time after `spawn`, when nothing more
-  will be reported (the attempt's process, if it had one, dies with the launcher).
+The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
+- `spawn(sink, start, exec_python=..., capture_output=...)` returns a key at once. `start` is
+  the attempt's start frame, in two pieces to send one after the other; the launcher delivers
+  it to the attempt.
+- Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
+  the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
+  with the attempt channel's bytes as they arrive (frames, unchanged), and
+  `sink.on_output(stream, line)` with each captured line; then, once the attempt's main process
+  and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
+  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died()` when the launcher went
+  away (the attempt's process, if it had one, died with it; nothing more is reported).
 - `signal(key, signum, group)` and `kill(key)` reach only a running attempt (never a reaped
   pid); a request for an attempt that has ended does nothing.
 - `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
@@ -47,8 +49,11 @@ if TYPE_CHECKING:  # not at run time: the fork server imports this package, and 
 class AttemptSink(Protocol):
     """What a launcher reports about one attempt (see the module docstring for the order)."""
 
-    def on_started(self, pid: int, pidfd: int | None) -> None: ...
+    def on_started(self, pid: int) -> None: ...
     def on_start_failed(self, error: str) -> None: ...
+    def on_data(self, data: bytes) -> None: ...
+    def on_output(self, stream: str, line: str) -> None: ...
+    def on_eof(self) -> None: ...
     def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
     def on_launcher_died(self) -> None: ...
 
@@ -58,7 +63,7 @@ class Launcher(Protocol):
 
     loop: asyncio.AbstractEventLoop
 
-    def spawn(self, sink: AttemptSink, exec_python: bool, fds: list[int]) -> int: ...
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...
     def kill(self, key: int) -> None: ...
     async def ready(self) -> None: ...

@@ -46,6 +46,7 @@ from . import control
 if TYPE_CHECKING:
     from . import AttemptSink
 
+from .channel import Channel
 
 CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
@@ -109,7 +110,7 @@ class LauncherClient:
         self._ended: tuple[int, int] | None = None  # the guardian's pid and status, once it exited
         self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
         self._last_line: str | None = None  # its last non-empty line so far
-        self._attempts: dict[int, AttemptSink] = {}
+        self._attempts: dict[int, Channel] = {}
         self._next_key = 0
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
@@ -333,15 +334,15 @@ class LauncherClient:
                     if pidfd is not None:
                         os.close(pidfd)
                     return
-                attempt.on_started(pid, pidfd)
+                attempt.started(pid, pidfd)
             case control.StartFailed(key, error):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.on_start_failed(error)
+                    attempt.start_failed(error)
             case control.Exited(key, how, value, killed):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.on_exited(ExitStatus(how, value), killed)
+                    attempt.exited(ExitStatus(how, value), killed)
 
     def _on_launcher_gone(self) -> None:
         sock = self._sock
@@ -357,7 +358,7 @@ class LauncherClient:
         self._sock = None
         attempts, self._attempts = self._attempts, {}
         for attempt in attempts.values():
-            attempt.on_launcher_died()
+            attempt.launcher_died()
         if not self._closing and self._error is None and self._ready.done():
             self._ready = self.loop.create_future()  # management calls wait for the next one
         self._after_launcher()
@@ -433,18 +434,19 @@ class LauncherClient:
 
     # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
-    def spawn(self, attempt: AttemptSink, exec_python: bool, fds: list[int]) -> int:
-        """Start an attempt whose child inherits `fds` (the attempt socket's child end, then the
-        stdout and stderr pipes, if any; the client closes them once sent); return its key. The
-        launcher reports through `attempt`: started, start failed, exited, or launcher died."""
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int:
+        """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
+        `Channel` of this client's, which reports to `sink`."""
         self._next_key += 1
         key = self._next_key
+        channel = Channel(self.loop, sink, start, capture_output)
+        fds = channel.child_fds
         if self._error is not None:  # given up: no launcher will ever start this attempt
             for fd in fds:
                 os.close(fd)
-            self.loop.call_soon(attempt.on_start_failed, f"could not start: {self._error}")
+            self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
-        self._attempts[key] = attempt
+        self._attempts[key] = channel
         self._send(control.Spawn(key, exec_python), fds)
         return key
 
