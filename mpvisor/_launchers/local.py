@@ -6,15 +6,16 @@ guardian (`guardian.py`, which forks the launcher), forwards the launcher's star
 the parent's own (keeping its last line), waits for the guardian to end (after a killed
 launcher: once it has cleaned up), and, when the loop says so, starts another. `pid` is the
 launcher's own, from its first message. On the runtime loop, the client speaks the control
-protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply to its
-`AttemptProcess`.
+protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply to the attempt's
+`Channel` (`channel.py`), which owns that attempt's socket, pipes and pidfd and reports to its
+`AttemptSink`.
 
 | event | the client |
 |---|---|
 | `importing pid module` | remembers which `preload` module the launcher is importing |
 | `ready pid error` | resolves `ready()` (a preload error becomes `ConfigError`) |
-| `started` / `start_failed` / `exited` | forwards it to the attempt with that key |
-| EOF on the control socket | fails every attempt as "launcher died" |
+| `started` / `start_failed` / `exited` | forwards it to the channel with that key |
+| EOF on the control socket | tells every channel its launcher died |
 | the guardian ended | reports the death; restarts after `restart_delay` (below), or gives up |
 | not ready within `start_timeout` | gives up: kills it |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
