@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
+from . import _validate
 from ._backoff import BackoffPolicy, JitterPolicy
 from ._config import SupervisorConfig
 from ._errors import ConfigError, GraceExceeded, ShuttingDown
@@ -162,13 +163,12 @@ def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
     bound = ">= 0" if allow_zero else "> 0"
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
+        try:  # the library's one rule for durations (a ConfigError is a ValueError)
+            seconds = _validate.duration("a duration", float(text), allow_zero=allow_zero)
         except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}{hint}, got {text!r}")
-        return value
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}{hint}, got {text!r}") from None
+        assert seconds is not None
+        return seconds
 
     return parse
 
@@ -176,11 +176,10 @@ def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
 def retries(text: str) -> int:
     """An argparse `type=`: a whole number >= 0."""
     try:
-        value = int(text)
+        value = _validate.non_negative_int("a retry count", int(text))
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    assert value is not None
     return value
 
 

@@ -109,7 +109,7 @@ class AttemptProcess:
     @property
     def pid(self) -> int | None:
         """The attempt process's pid, once it leads its own session (kept after it ended)."""
-        return self.phase.pid if isinstance(self.phase, Running) else self.facts.pid
+        return self.facts.pid
 
     # --- the runtime's interface ---------------------------------------------------------------
 

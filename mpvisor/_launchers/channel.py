@@ -56,13 +56,14 @@ class Channel:
         self._pidfd: int | None = None
         self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
         self._writing = False  # a writer callback is registered for the rest of it
-        self._ending: tuple[ExitStatus, bool] | bool | None = False  # False: still running
+        self._exit: tuple[ExitStatus, bool] | None = None  # the fork server's `exited`, once it came
         self._eof_timer: asyncio.TimerHandle | None = None
         self._reported = False
         self._write_start()
 
     def __repr__(self) -> str:
-        return f"<Channel sock={self._sock is not None} streams={len(self._streams)} ending={self._ending!r}>"
+        draining = self._eof_timer is not None
+        return f"<Channel sock={self._sock is not None} streams={len(self._streams)} draining={draining} exit={self._exit!r}>"
 
     # --- what the launcher client tells it -------------------------------------------------------
 
@@ -80,16 +81,14 @@ class Channel:
         self.sink.on_start_failed(error)
 
     def exited(self, status: ExitStatus, killed: bool) -> None:
-        self._ending = (status, killed)
+        self._exit = (status, killed)
         self._drain()
 
     def launcher_died(self) -> None:
         if self._pidfd is None:  # never started, or no pidfd: nothing to wait for
             self._close_all()
-            self._ending = None
             self._report()
             return
-        self._ending = None
         self.loop.add_reader(self._pidfd, self._on_pidfd)
 
     # --- I/O ---------------------------------------------------------------------------------------
@@ -172,9 +171,9 @@ class Channel:
         if self._eof_timer is not None:
             self._eof_timer.cancel()
         self.sink.on_eof()
-        if isinstance(self._ending, tuple):
-            self.sink.on_exited(*self._ending)
-        else:
+        if self._exit is not None:
+            self.sink.on_exited(*self._exit)
+        else:  # no `exited` came: the launcher died
             self.sink.on_launcher_died()
 
     def _close_sock(self) -> None:
