@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
-    from ._spec import INHERIT, RestartPolicy, TaskDefaults, TaskSpec
+    from ._spec import INHERIT, Resources, RestartPolicy, TaskDefaults, TaskSpec
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor, SupervisorBuilder, run
     from ._task import CommandTask, TaskFn
@@ -66,6 +66,7 @@ _LAZY = {
     "TaskOutcome": "._outcome",
     "BackoffSource": "._restart",
     "INHERIT": "._spec",
+    "Resources": "._spec",
     "RestartPolicy": "._spec",
     "TaskDefaults": "._spec",
     "TaskSpec": "._spec",
@@ -154,6 +155,7 @@ __all__ = (
     "PreparedSubmission",
     "PrometheusMetrics",
     "RejectionKind",
+    "Resources",
     "RestartPolicy",
     "ShuttingDown",
     "SlotStatus",

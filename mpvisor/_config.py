@@ -15,6 +15,7 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `start_method` | "launcher" | anything but "launcher" or "spawn" |
 | `capture_output` | False | not a bool |
 | `seed` | None | not an int |
+| `launcher` | None (the local fork server) | not callable |
 | `ControllerConfig.queue_capacity` | 1024 | 0 or negative |
 | `ControllerConfig.max_slot_queue` | 100 | negative (0 is valid) |
 """
@@ -23,10 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from . import _validate
 from ._errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._launchers import LauncherFactory
 
 StartMethod: TypeAlias = Literal["launcher", "spawn"]
 _START_METHODS = ("launcher", "spawn")
@@ -52,6 +56,7 @@ class SupervisorConfig:
     | `start_method` | "launcher" | "launcher" (fork from a pre-started launcher) or "spawn" (a fresh interpreter per Python attempt) |
     | `capture_output` | False | send attempts' stdout/stderr lines as `ATTEMPT_OUTPUT` events |
     | `seed` | None | seed each task's jitter from it and the task name, so delays repeat |
+    | `launcher` | None | where attempts run: None for this machine (a local fork server), or `mpvisor.ray.RayLauncher(...)` for a Ray cluster |
     """
 
     grace: float  # cooperative stop -> tree kill, on removal and shutdown
@@ -66,6 +71,7 @@ class SupervisorConfig:
     start_method: StartMethod
     capture_output: bool
     seed: int | None
+    launcher: LauncherFactory | None  # None: the local fork server
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class SupervisorConfig:
         start_method: StartMethod = "launcher",
         capture_output: bool = False,
         seed: int | None = None,
+        launcher: LauncherFactory | None = None,
     ) -> None:
         _set(self, "grace", _seconds("grace", grace))
         _set(
@@ -106,6 +113,9 @@ class SupervisorConfig:
         _set(self, "start_method", _checked_start_method(start_method))
         _set(self, "capture_output", _checked_bool("capture_output", capture_output))
         _set(self, "seed", _checked_seed(seed))
+        if launcher is not None and not callable(launcher):
+            raise ConfigError(f"launcher must be a launcher such as mpvisor.ray.RayLauncher(...), got {launcher!r}")
+        _set(self, "launcher", launcher)
 
 
 @dataclass(frozen=True, init=False)

@@ -6,11 +6,11 @@ first match wins (the reason a stop was requested decides over how the child end
 
 | # | fact | ending |
 |---|---|---|
-| 1 | the process could not be started | FAILED `could not start: ...` (no pid) |
+| 1 | the process could not be started | CANCELED if a stop was asked first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
-| 5 | the launcher died | FAILED `launcher died ...` |
+| 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
 | 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind |
@@ -68,7 +68,7 @@ class Facts:
     status: ExitStatus | None = None
     protocol_error: str | None = None
     start_timed_out: float | None = None
-    launcher_died: bool = False
+    launcher_died: str | None = None  # how: "launcher died ...", "node lost ..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +84,11 @@ class AttemptEnd:
 def decide(f: Facts) -> AttemptEnd:
     """The one ending of an attempt, from what was observed (first matching rule wins)."""
     if f.could_not_start is not None:
+        if f.stop is StopReason.CANCEL:
+            return AttemptEnd(AttemptResult.CANCELED, f"canceled before the attempt started ({f.could_not_start})")
+        if f.start_timed_out is not None:
+            reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
+            return AttemptEnd(AttemptResult.FAILED, reason)
         return AttemptEnd(AttemptResult.FAILED, f.could_not_start)
     if f.report is not None and f.report_before_stop:
         return from_report(f.report, f.killed)
@@ -91,8 +96,8 @@ def decide(f: Facts) -> AttemptEnd:
         return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
     if f.stop is StopReason.CANCEL:
         return AttemptEnd(AttemptResult.CANCELED, f.killed or "canceled", killed=f.killed)
-    if f.launcher_died:
-        return AttemptEnd(AttemptResult.FAILED, f"launcher died while attempt pid {f.pid} ran")
+    if f.launcher_died is not None:
+        return AttemptEnd(AttemptResult.FAILED, f"{f.launcher_died} while attempt pid {f.pid} ran")
     if f.start_timed_out is not None:
         reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"
         return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed)

@@ -28,6 +28,7 @@ from typing import Any
 
 from ._ending import AttemptEnd, ExitStatus, Facts, StopReason, decide
 from ._launchers import Launcher
+from ._spec import Resources
 from ._wire import (
     VERSION,
     Calling,
@@ -82,6 +83,7 @@ class AttemptProcess:
         on_progress: Callable[[Progress], None] | None = None,
         on_output: Callable[[str, str], None] | None = None,
         on_report: Callable[[Result | Failure], None] | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self.client = client
         self._on_report = on_report
@@ -100,7 +102,8 @@ class AttemptProcess:
         self._started: asyncio.Future[int] = self.loop.create_future()
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self.key = client.spawn(self, encode_start(start), exec_python=exec_python, capture_output=capture_output)
+        self.key = client.spawn(self, encode_start(start), exec_python=exec_python, capture_output=capture_output,
+                                resources=resources)
         self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
 
     def __repr__(self) -> str:
@@ -139,8 +142,9 @@ class AttemptProcess:
             case Running(pid):  # it leads its session: its tree can be signalled
                 self.facts.killed = self.facts.killed or f"killed pid {pid}: {why}"
                 self.client.kill(self.key)
-            case Spawning(kill=None) as spawning:
+            case Spawning(kill=None) as spawning:  # the launcher ends its start (or kills it once it runs)
                 self.phase = replace(spawning, kill=why)
+                self.client.kill(self.key)
             case _:  # already asked, or its tree is already gone
                 pass
 
@@ -195,11 +199,12 @@ class AttemptProcess:
             self.facts.killed = None
         self._finish()
 
-    def on_launcher_died(self) -> None:
-        """The launcher went away, and the attempt's process (if it had one) with it."""
-        self.facts.launcher_died = True
+    def on_launcher_died(self, how: str = "launcher died") -> None:
+        """The launcher went away, and the attempt's process (if it had one) with it; `how`
+        begins the reason ("launcher died ...", "node lost ...")."""
+        self.facts.launcher_died = how
         if not isinstance(self.phase, Running):
-            self.facts.could_not_start = "launcher died before the attempt started"
+            self.facts.could_not_start = f"{how} before the attempt started"
         self._finish()
 
     def _request_sigterm(self) -> None:

@@ -51,10 +51,9 @@ class Runtime:
         subscribers: tuple[Subscriber, ...],
         defaults: TaskDefaults,
         controller: ControllerConfig | None,
-        launcher: LauncherFactory | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self._launcher_factory = launcher if launcher is not None else local_launcher
+        self._launcher_factory: LauncherFactory = config.launcher or local_launcher
         self.config = config
         self.defaults = defaults
         self.bus = Bus(subscribers, config.bus_capacity)
@@ -134,6 +133,7 @@ class Runtime:
             on_progress=actor.on_progress,
             on_output=actor.on_output if config.capture_output else None,
             on_report=actor.on_report,
+            resources=actor.spec.resources,
         )
 
     def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None:

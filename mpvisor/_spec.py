@@ -11,6 +11,7 @@ decided in `_restart`; the work itself is described in `_task`.
 | backoff | that `BackoffPolicy` | `INHERIT` → `TaskDefaults.backoff` at add/submit time |
 | timeout | seconds; `None` or `0` = no timeout | `INHERIT` → `TaskDefaults.timeout` |
 | max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
+| resources | `Resources` (placement on a cluster launcher) | `None`: the launcher's default |
 
 | constructor | restart policy |
 |---|---|
@@ -27,12 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar, Final, Literal, TypeAlias
 
 from . import _validate
 from ._backoff import BackoffPolicy, JitterPolicy
+from ._errors import ConfigError
 from ._task import CommandTask, TaskFn
 
 
@@ -129,6 +134,56 @@ class TaskDefaults:
         )
 
 
+@dataclass(frozen=True, init=False)
+class Resources:
+    """What one attempt of a task needs where it is placed: `num_cpus` (a number >= 0),
+    `memory` (bytes, an int >= 1) and custom `resources` (name -> amount >= 0), each `None` /
+    empty when not asked for. A launcher that places attempts on a cluster (`mpvisor.ray`)
+    reserves them per attempt; the local launcher accepts them and ignores them (every attempt
+    runs on this machine, bounded only by `SupervisorConfig.max_concurrent`)."""
+
+    num_cpus: float | None
+    memory: int | None
+    resources: Mapping[str, float]
+
+    def __init__(
+        self,
+        num_cpus: float | None = None,
+        memory: int | None = None,
+        resources: Mapping[str, float] | None = None,
+    ) -> None:
+        object.__setattr__(self, "num_cpus", _amount("num_cpus", num_cpus))
+        object.__setattr__(self, "memory", _validate.positive_int("memory", memory, allow_none=True))
+        if resources is None:
+            resources = {}
+        if not isinstance(resources, Mapping):
+            raise ConfigError(f"resources must be a mapping of resource names to amounts, got {resources!r}")
+        checked: dict[str, float] = {}
+        for key, amount in resources.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"resources keys must be non-empty strings, got {key!r}")
+            if key in ("CPU", "GPU", "memory"):
+                raise ConfigError(f"resources[{key!r}]: give it as num_cpus / memory, not as a custom resource")
+            value = _amount(f"resources[{key!r}]", amount)
+            assert value is not None
+            checked[key] = value
+        object.__setattr__(self, "resources", types.MappingProxyType(checked))
+
+    def __hash__(self) -> int:
+        return hash((self.num_cpus, self.memory, tuple(sorted(self.resources.items()))))
+
+    def __repr__(self) -> str:
+        return f"Resources(num_cpus={self.num_cpus!r}, memory={self.memory!r}, resources={dict(self.resources)!r})"
+
+
+def _amount(field: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{field} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class ResolvedSpec:
     """A spec with every inherited setting filled in: what the runtime runs."""
@@ -138,6 +193,7 @@ class ResolvedSpec:
     backoff: BackoffPolicy
     timeout: float | None  # None = no timeout (also when 0 was given)
     max_retries: int | None  # None = unlimited
+    resources: Resources | None = None  # None: the launcher's default placement
 
     @property
     def name(self) -> str:
@@ -152,7 +208,8 @@ class TaskSpec:
     constructor, never inherited); `backoff`, `timeout` (seconds; `None` or 0 = none) and
     `max_retries` (retries after the first failed attempt; `None` = unlimited) read `INHERIT`
     unless given, and then take the supervisor's `TaskDefaults` when the task is added or
-    submitted. An explicit `None` overrides the default.
+    submitted. An explicit `None` overrides the default. `resources` (`with_resources`) is what
+    each attempt needs where a cluster launcher places it.
     """
 
     task: Task
@@ -160,6 +217,7 @@ class TaskSpec:
     backoff: BackoffPolicy | Inherit = INHERIT
     timeout: float | Inherit | None = INHERIT  # None or 0 = no timeout
     max_retries: int | Inherit | None = INHERIT  # None = unlimited
+    resources: Resources | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, (TaskFn, CommandTask)):
@@ -173,6 +231,8 @@ class TaskSpec:
             object.__setattr__(self, "timeout", timeout)
         if self.max_retries is not INHERIT:
             _validate.non_negative_int("max_retries", self.max_retries, allow_none=True)
+        if self.resources is not None and not isinstance(self.resources, Resources):
+            raise TypeError(f"resources must be a Resources, got {self.resources!r}")
 
     @classmethod
     def once(cls, task: Task) -> TaskSpec:
@@ -210,6 +270,17 @@ class TaskSpec:
         attempts, 0 allows one; `None`: unlimited); a success resets the count."""
         return dataclasses.replace(self, max_retries=max_retries)
 
+    def with_resources(
+        self,
+        num_cpus: float | None = None,
+        memory: int | None = None,
+        resources: Mapping[str, float] | None = None,
+    ) -> TaskSpec:
+        """The same spec asking, for each attempt, `num_cpus` CPUs, `memory` bytes and custom
+        `resources` where it is placed (see `Resources`: a cluster launcher such as
+        `mpvisor.ray.RayLauncher` reserves them; the local launcher ignores them)."""
+        return dataclasses.replace(self, resources=Resources(num_cpus, memory, resources))
+
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
         """The same spec with another `RestartPolicy`."""
         return dataclasses.replace(self, restart=restart)
@@ -219,7 +290,7 @@ class TaskSpec:
         backoff = defaults.backoff if self.backoff is INHERIT else self.backoff
         timeout = defaults.timeout if self.timeout is INHERIT else self.timeout
         retries = defaults.max_retries if self.max_retries is INHERIT else self.max_retries
-        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries)
+        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources)
 
 
 def _checked_backoff(backoff: object) -> BackoffPolicy:

@@ -33,7 +33,6 @@ from ._spec import TaskDefaults, TaskSpec
 if TYPE_CHECKING:
     from ._blocking import BlockingHandle
     from ._bus import Subscriber
-    from ._launchers import LauncherFactory
 
 
 class Supervisor:
@@ -46,11 +45,7 @@ class Supervisor:
         *,
         task_defaults: TaskDefaults | None = None,
         controller: ControllerConfig | None = None,
-        _launcher: LauncherFactory | None = None,
     ) -> None:
-        # `_launcher` builds the launcher when the supervisor is served (`_launchers/__init__.py`): the
-        # local fork server unless given. Private for now: the unit tests' in-process fake uses it.
-        self._launcher_factory = _launcher
         self.config = config if config is not None else SupervisorConfig()
         if not isinstance(self.config, SupervisorConfig):
             raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
@@ -100,7 +95,7 @@ class Supervisor:
             _platform.raise_nofile_limit()
             self._loop = loop
             self._runtime = Runtime(
-                self.config, self.subscribers, self.task_defaults, self.controller_config, self._launcher_factory
+                self.config, self.subscribers, self.task_defaults, self.controller_config
             )
         elif not self._runtime.shutting_down:
             self._runtime.ensure_launcher()

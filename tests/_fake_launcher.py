@@ -3,7 +3,7 @@
 `FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/__init__.py` with no process
 and no fd at all: it reads each attempt's start frame from what `spawn` is given, then hands the
 attempt the frames the child would send, following the target's name. Pass it to a supervisor with
-`Supervisor(config, _launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.
+`SupervisorConfig(launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.
 
 | target | the "attempt" |
 |---|---|
@@ -51,6 +51,7 @@ class _Attempt:
     start: bytes  # the whole start frame, as the launcher was given it
     target: str | None = None
     args: list[Any] = field(default_factory=list)
+    started: bool = False
     ended: bool = False
 
 
@@ -83,7 +84,8 @@ class FakeLauncher:
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         return None, None, None
 
-    def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int:
+    def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Any = None) -> int:
         self._next += 1
         key = self._next
         attempt = _Attempt(key, FAKE_PID_BASE + key, sink, b"".join(start))
@@ -104,8 +106,14 @@ class FakeLauncher:
     def kill(self, key: int) -> None:
         self.log.append(("kill", key))
         attempt = self._attempts.get(key)
-        if attempt is not None and not attempt.ended:
-            self._exit(attempt, ExitStatus("signal", signal.SIGKILL), killed=True)
+        if attempt is None or attempt.ended:
+            return
+        if not attempt.started:  # killed before it ran: the start ends
+            attempt.ended = True
+            self._attempts.pop(key, None)
+            attempt.sink.on_start_failed("could not start: killed before it started")
+            return
+        self._exit(attempt, ExitStatus("signal", signal.SIGKILL), killed=True)
 
     async def close(self) -> None:
         self._closed = True
@@ -117,6 +125,7 @@ class FakeLauncher:
     def _start(self, attempt: _Attempt) -> None:
         if attempt.ended:
             return
+        attempt.started = True
         attempt.sink.on_started(attempt.pid)
         self._send(attempt, Hello(attempt.pid))
         (length,) = HEADER.unpack_from(attempt.start)

@@ -78,7 +78,7 @@ def test_a_report_read_before_the_request_stands():
     "facts, kind, prefix",
     [
         (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), AttemptResult.FAILED, "could not start"),
-        (Facts(pid=7, launcher_died=True), AttemptResult.FAILED, "launcher died"),
+        (Facts(pid=7, launcher_died="launcher died"), AttemptResult.FAILED, "launcher died"),
         (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), AttemptResult.FAILED, "start-up timed out"),
         (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), AttemptResult.FAILED, "protocol error:"),
         (Facts(pid=7, calling=True, protocol_error="truncated", status=EXIT0), AttemptResult.FAILED, "protocol error:"),

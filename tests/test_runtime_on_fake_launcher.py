@@ -7,6 +7,8 @@ fraction of a second; their process-level twins are in the other test modules.
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 from typing import Any
 
@@ -40,8 +42,8 @@ class Fake:
     def __init__(self, config: SupervisorConfig = CONFIG, controller: ControllerConfig | None = None) -> None:
         self.log: list[tuple[Any, ...]] = []
         self.collector = Collector()
-        self.supervisor = Supervisor(config, [self.collector], controller=controller,
-                                     _launcher=FakeLauncher.factory(self.log))
+        config = dataclasses.replace(config, launcher=FakeLauncher.factory(self.log))
+        self.supervisor = Supervisor(config, [self.collector], controller=controller)
 
     async def __aenter__(self) -> tuple[Any, Collector, list[tuple[Any, ...]]]:
         self.handle = self.supervisor.serve()

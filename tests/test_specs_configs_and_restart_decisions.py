@@ -183,6 +183,7 @@ def test_supervisor_config_defaults() -> None:
         "start_method": "launcher",
         "capture_output": False,
         "seed": None,
+        "launcher": None,
     }
 
 

@@ -2,8 +2,8 @@
 
 This package is where attempts are started: the seam below, and its implementations beside it
 (`local.py`, the parent's client of `forkserver.py`, where attempt processes are forked, with
-`guardian.py` above it and `control.py` the messages between them). A launcher that places
-attempts elsewhere (a cluster) goes beside them, as another `Launcher`.
+`guardian.py` above it and `control.py` the messages between them). `ray.py` places attempts
+on a Ray cluster (each under an agent that runs this same local launcher there).
 
 The launcher seam, as two small interfaces: requests go down (`Launcher`), reports come up
 (`AttemptSink`), and neither side calls the other's private methods. The runtime holds one
@@ -13,21 +13,26 @@ The launcher seam, as two small interfaces: requests go down (`Launcher`), repor
 | implementation | where | what an attempt is |
 |---|---|---|
 | `LauncherClient` | `local.py` (+ `channel.py`, `forkserver.py`, `guardian.py`, `control.py`) | a process forked by a local fork server (the default) |
+| `RayClient` | `ray.py` (public as `mpvisor.ray.RayLauncher`) | a process forked by a local launcher inside a Ray actor (an agent) placed by Ray |
 | `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
 
 The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
-- `spawn(sink, start, exec_python=..., capture_output=...)` returns a key at once. `start` is
-  the attempt's start frame, in two pieces to send one after the other; the launcher delivers
-  it to the attempt.
+- `spawn(sink, start, exec_python=..., capture_output=..., resources=...)` returns a key at
+  once. `start` is the attempt's start frame, in two pieces to send one after the other; the
+  launcher delivers it to the attempt. `resources` (a `Resources` or `None`) is what the
+  attempt needs where it is placed: a launcher that places nothing ignores it.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
   the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
   with the attempt channel's bytes as they arrive (frames, unchanged), and
   `sink.on_output(stream, line)` with each captured line; then, once the attempt's main process
   and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
-  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died()` when the launcher went
-  away (the attempt's process, if it had one, died with it; nothing more is reported).
-- `signal(key, signum, group)` and `kill(key)` reach only a running attempt (never a reaped
-  pid); a request for an attempt that has ended does nothing.
+  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
+  away (the attempt's process, if it had one, died with it, or, where nobody could see it go,
+  is fenced: nothing runs in its place until it cannot be running any more; nothing more is
+  reported). `how` starts the attempt's reason: "launcher died", or "node lost".
+- `signal(key, signum, group)` reaches only a running attempt (never a reaped pid). `kill(key)`
+  may also come before `on_started`: the launcher then ends the start (`on_start_failed`, or
+  the attempt is killed as soon as it runs). A request for an attempt that ended does nothing.
 - `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
   will; `is_ready()` says whether `ready()` would return at once; `environment()` gives the
   parent's environ, cwd and `sys.path` for a start request, each `None` when the launcher
@@ -44,6 +49,7 @@ if TYPE_CHECKING:  # not at run time: the fork server imports this package, and 
 
     from .._config import SupervisorConfig
     from .._ending import ExitStatus
+    from .._spec import Resources
 
 
 class AttemptSink(Protocol):
@@ -55,7 +61,7 @@ class AttemptSink(Protocol):
     def on_output(self, stream: str, line: str) -> None: ...
     def on_eof(self) -> None: ...
     def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
-    def on_launcher_died(self) -> None: ...
+    def on_launcher_died(self, how: str = "launcher died") -> None: ...
 
 
 class Launcher(Protocol):
@@ -63,7 +69,8 @@ class Launcher(Protocol):
 
     loop: asyncio.AbstractEventLoop
 
-    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int: ...
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Resources | None = None) -> int: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...
     def kill(self, key: int) -> None: ...
     async def ready(self) -> None: ...

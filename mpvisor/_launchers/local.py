@@ -45,6 +45,7 @@ from .._platform import recv_fds
 from . import control
 
 if TYPE_CHECKING:
+    from .._spec import Resources
     from . import AttemptSink
 
 from .channel import Channel
@@ -92,8 +93,12 @@ class LauncherClient:
         preload: tuple[str, ...],
         on_death: Callable[[str], None],
         start_timeout: float = 30.0,
+        environment: tuple[dict[str, str], str, list[str]] | None = None,
     ) -> None:
         self.loop = loop
+        # What the launcher starts with (environ, cwd, sys.path): this process's own, unless
+        # given (a Ray agent starts it with the environment of the supervisor it serves).
+        self._environment = environment
         self.preload = preload
         self.on_death = on_death
         self.start_timeout = start_timeout
@@ -151,9 +156,15 @@ class LauncherClient:
 
     def _start_launcher(self) -> subprocess.Popen[bytes] | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._baseline = (dict(os.environ._data), os.getcwd(), list(sys.path))  # type: ignore[attr-defined]
+        if self._environment is None:
+            env, cwd, path = None, None, list(sys.path)
+            self._baseline = (dict(os.environ._data), os.getcwd(), path)  # type: ignore[attr-defined]
+        else:
+            given, cwd, path = self._environment
+            env = dict(given)
+            self._baseline = ({os.fsencode(k): os.fsencode(v) for k, v in env.items()}, cwd, list(path))
         code = (
-            f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._launchers.forkserver import main; "
+            f"import sys; sys.path[:] = {path!r}; from mpvisor._launchers.forkserver import main; "
             f"main(sys.argv[1:])"
         )
         # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable
@@ -171,6 +182,8 @@ class LauncherClient:
                 argv,
                 pass_fds=keep,
                 process_group=0,
+                env=env,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stderr=subprocess.PIPE if parent_stderr >= 0 else None,
             )
@@ -435,9 +448,11 @@ class LauncherClient:
 
     # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
-    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool) -> int:
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Resources | None = None) -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
-        `Channel` of this client's, which reports to `sink`."""
+        `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
+        `resources` is ignored."""
         self._next_key += 1
         key = self._next_key
         channel = Channel(self.loop, sink, start, capture_output)

@@ -1,0 +1,531 @@
+"""How does an attempt run on a Ray cluster, with the guarantees it has on this machine?
+
+Ray places the attempt and carries its bytes; mpvisor keeps the process semantics. Each attempt
+gets an **agent**: a Ray actor of its own (`Agent`, created with the attempt's `Resources`,
+`max_restarts=0`, `max_task_retries=0`: mpvisor's restart policy alone decides), which runs the
+local launcher of this package (`local.LauncherClient`: a guardian and a fork server in the
+agent's worker, the attempt forked from it in its own session, a subreaper, every process of its
+tree reaped before `exited`). The agent relays the attempt channel's bytes unchanged and its
+reports as a list of events that the parent long-polls (`Agent.events`); requests go the other
+way as actor calls (`signal`, `kill`), which Ray delivers in order.
+
+| the agent reports | the parent's `RayClient` tells the attempt's sink |
+|---|---|
+| `placed node pid` | nothing: it remembers the node (to tell a lost node from a dead agent) |
+| `started pid` | `on_started(pid)` |
+| `data bytes` / `output stream line` | `on_data` / `on_output` |
+| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` |
+| `start_failed error` | `on_start_failed(error)` |
+| `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
+| (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
+
+**Lost, not exited.** When Ray declares the agent dead (its worker or its node died), nobody saw
+the attempt's processes go: the report waits `lost_fence` seconds more, so that the slot's next
+owner, or the retry, never overlaps a tree that is still being torn down. Why that is enough: the
+agent's guardian dies with the agent (parent-death signal), and then its fork server kills and
+reaps every tree within `forkserver.STOP_DEADLINE` (1.5 s); a node that Ray declared dead has
+stopped its workers, or is cut off and kills them when it learns it. The default fence (5 s)
+covers the first with room to spare; a cluster whose nodes may be partitioned for longer than
+Ray's own failure detection should raise it.
+
+The attempt's environment travels as on this machine: the supervisor's environ (with the
+runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
+`sys.path` entries that exist there, followed by the agent's own (a runtime_env's working_dir or
+py_modules). mpvisor must be importable on every node (installed, or shipped with
+`runtime_env={"py_modules": [mpvisor]}`). Ray itself is imported only once a `RayLauncher` is
+served: `import mpvisor` never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal as _signal
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import _validate
+from .._ending import ExitStatus
+from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    from .._config import SupervisorConfig
+    from .._spec import Resources
+    from . import AttemptSink, Launcher
+
+DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
+CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
+UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
+
+
+def _ray() -> Any:
+    """The `ray` module (imported on first use, typed loosely: its API is not this package's)."""
+    return importlib.import_module("ray")
+
+
+@dataclass(frozen=True, init=False)
+class RayLauncher:
+    """Attempts placed on a Ray cluster: pass it as `SupervisorConfig(launcher=RayLauncher())`.
+
+    `address`: the cluster to connect to, as `ray.init(address=...)` takes it; `None` connects like
+    `ray.init()` does (a cluster configured by `RAY_ADDRESS` or `ray start`, else a local one that
+    the supervisor starts and, at shutdown, stops). If Ray is already initialized in this
+    process, that connection is used and left alone.
+    `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes).
+    `lost_fence`: seconds, after Ray declared an attempt's agent or node dead, before the attempt
+    is reported lost (its slot's next owner or its retry waits for it); default 5.
+
+    Each attempt reserves its task's `Resources` (`TaskSpec.with_resources`); without them, one
+    CPU. Ray's own retries are off: mpvisor's restart policy decides.
+    """
+
+    address: str | None
+    runtime_env: Mapping[str, Any] | None
+    lost_fence: float
+
+    def __init__(
+        self,
+        address: str | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
+        lost_fence: float = DEFAULT_LOST_FENCE,
+    ) -> None:
+        if address is not None and (not isinstance(address, str) or not address):
+            raise ConfigError(f"address must be a non-empty string or None, got {address!r}")
+        if runtime_env is not None and not isinstance(runtime_env, Mapping):
+            raise ConfigError(f"runtime_env must be a mapping (Ray's runtime_env) or None, got {runtime_env!r}")
+        env_vars = (runtime_env or {}).get("env_vars", {})
+        if not isinstance(env_vars, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+            raise ConfigError(f"runtime_env['env_vars'] must map strings to strings, got {env_vars!r}")
+        fence = _validate.duration("lost_fence", lost_fence)
+        object.__setattr__(self, "address", address)
+        object.__setattr__(self, "runtime_env", dict(runtime_env) if runtime_env is not None else None)
+        object.__setattr__(self, "lost_fence", fence)
+
+    def __hash__(self) -> int:
+        return hash((self.address, repr(self.runtime_env), self.lost_fence))
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, config: SupervisorConfig, on_death: Callable[[str], None]
+    ) -> Launcher:
+        """Build the runtime's launcher (a `LauncherFactory`)."""
+        return RayClient(loop, self, config, on_death)
+
+
+# --- the connection: one per process, shared by every supervisor that uses it -----------------------
+
+_connection_lock = threading.Lock()
+_connection_users = 0
+_connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
+
+
+def _connect(address: str | None) -> None:
+    """Initialize Ray unless it is (blocking: run in an executor)."""
+    global _connection_users, _connection_ours
+    with _connection_lock:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, configure_logging=False)
+            _connection_ours = True
+        _connection_users += 1
+
+
+def _disconnect() -> None:
+    """The last supervisor that used a connection it made shuts it down (blocking)."""
+    global _connection_users, _connection_ours
+    with _connection_lock:
+        _connection_users -= 1
+        if _connection_users == 0 and _connection_ours:
+            _connection_ours = False
+            _ray().shutdown()
+
+
+# --- the parent's side ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Remote:
+    """One attempt on the cluster, as the parent knows it."""
+
+    key: int
+    sink: AttemptSink
+    agent: Any = None  # the agent's actor handle, once created
+    node: str | None = None  # the Ray node it was placed on
+    agent_pid: int | None = None
+    pid: int | None = None  # the attempt's pid there, once it leads its session
+    kill_asked: bool = False
+    waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
+    done: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class RayClient:
+    """The `Launcher` that places each attempt under an agent on a Ray cluster (module docstring)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        settings: RayLauncher,
+        config: SupervisorConfig,
+        on_death: Callable[[str], None],
+    ) -> None:
+        self.loop = loop
+        self.settings = settings
+        self.config = config
+        self.on_death = on_death
+        self._attempts: dict[int, _Remote] = {}
+        self._next_key = 0
+        self._error: str | None = None
+        self._connected = False
+        self._agent_class: Any = None
+        self._closing_agents: list[Any] = []  # (agent, its close() reference), closing
+        self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
+
+    def __repr__(self) -> str:
+        return f"<RayClient address={self.settings.address!r} attempts={len(self._attempts)} error={self._error!r}>"
+
+    async def _connect_to_ray(self) -> None:
+        try:
+            await self.loop.run_in_executor(None, _connect, self.settings.address)
+        except Exception as exc:
+            self._error = f"cannot connect to Ray (address={self.settings.address!r}): {type(exc).__name__}: {_first_line(exc)}"
+            return
+        self._connected = True
+        self._agent_class = _ray().remote(Agent)
+
+    # --- the Launcher interface -------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Once connected to the cluster; `ConfigError` if it cannot be reached."""
+        await asyncio.shield(self._connect)
+        if self._error is not None:
+            raise ConfigError(self._error)
+
+    def is_ready(self) -> bool:
+        return self._connect.done() and self._error is None
+
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
+        """Always `None`s: each agent starts its local launcher in the environment `spawn` takes."""
+        return None, None, None
+
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Resources | None = None) -> int:
+        """Create the attempt's agent with its `resources` and start the attempt under it."""
+        self._next_key += 1
+        remote = _Remote(self._next_key, sink)
+        self._attempts[remote.key] = remote
+        env = dict(os.environ)
+        env.update((self.settings.runtime_env or {}).get("env_vars", {}))
+        environment = (env, os.getcwd(), list(sys.path))
+        remote.task = self.loop.create_task(
+            self._run(remote, start, exec_python, capture_output, resources, environment),
+            name=f"mpvisor-ray-attempt-{remote.key}",
+        )
+        return remote.key
+
+    def signal(self, key: int, signum: int, group: bool) -> None:
+        self._request(key, ("signal", signum, group))
+
+    def kill(self, key: int) -> None:
+        remote = self._attempts.get(key)
+        if remote is None or remote.done:
+            return
+        if remote.pid is None and not remote.kill_asked:
+            # Not running yet (maybe not even placed): end the agent, which ends the start.
+            remote.kill_asked = True
+            if remote.agent is not None:
+                _ray().kill(remote.agent, no_restart=True)
+            return
+        self._request(key, ("kill",))
+
+    def _request(self, key: int, request: tuple[Any, ...]) -> None:
+        remote = self._attempts.get(key)
+        if remote is None or remote.done:
+            return
+        if remote.agent is None:
+            remote.waiting.append(request)
+        else:
+            _call(remote.agent, request)
+
+    async def close(self) -> None:
+        """End every agent still there, wait (bounded) for those closing, release the connection."""
+        for remote in list(self._attempts.values()):
+            if remote.agent is not None:
+                _ray().kill(remote.agent, no_restart=True)
+            if remote.task is not None:
+                remote.task.cancel()
+        tasks = [r.task for r in self._attempts.values() if r.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for remote in list(self._attempts.values()):
+            self._end(remote, lambda s: s.on_launcher_died("launcher died (the Ray launcher was closed)"))
+        closing, self._closing_agents = self._closing_agents, []
+        if closing:
+            refs = [ref for _, ref in closing]
+            try:
+                await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), CLOSE_WAIT)
+            except TimeoutError:
+                pass
+            for agent, _ in closing:
+                try:
+                    _ray().kill(agent, no_restart=True)
+                except Exception:
+                    pass  # already gone
+        if not self._connect.done():
+            self._connect.cancel()
+        if self._connected:
+            self._connected = False
+            await self.loop.run_in_executor(None, _disconnect)
+
+    # --- one attempt ------------------------------------------------------------------------------
+
+    async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
+                   resources: Resources | None, environment: tuple[dict[str, str], str, list[str]]) -> None:
+        await asyncio.shield(self._connect)
+        if self._error is not None:
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: {self._error}"))
+            return
+        if remote.kill_asked:
+            self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
+            return
+        ray = _ray()
+        try:
+            agent = self._agent_class.options(**self._options(resources)).remote()
+        except Exception as exc:  # refused by Ray at once (an infeasible or malformed request)
+            reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
+            self._end(remote, lambda s: s.on_start_failed(reason))
+            return
+        remote.agent = agent
+        config = self.config
+        agent.start.remote(start[0], start[1], exec_python, capture_output, environment, list(config.preload),
+                           config.start_timeout)
+        for request in remote.waiting:
+            _call(agent, request)
+        remote.waiting.clear()
+        pause = UNAVAILABLE_RETRY[0]
+        while not remote.done:
+            try:
+                events = await agent.events.remote()
+            except ray.exceptions.ActorUnavailableError:
+                await asyncio.sleep(pause)  # a transient outage: Ray says whether it comes back
+                pause = min(pause * 2, UNAVAILABLE_RETRY[1])
+                continue
+            except ray.exceptions.RayError as exc:
+                await self._lost(remote, exc)
+                return
+            pause = UNAVAILABLE_RETRY[0]
+            for event in events:
+                self._dispatch(remote, event)
+        self._closing_agents.append((agent, agent.close.remote()))
+
+    def _dispatch(self, remote: _Remote, event: tuple[Any, ...]) -> None:
+        sink = remote.sink
+        match event:
+            case ("data", bytes() as data):
+                sink.on_data(data)
+            case ("output", str() as stream, str() as line):
+                sink.on_output(stream, line)
+            case ("started", int() as pid):
+                remote.pid = pid
+                sink.on_started(pid)
+            case ("placed", str() as node, int() as agent_pid):
+                remote.node, remote.agent_pid = node, agent_pid
+            case ("exited", str() as how, int() as value, bool() as killed):
+                self._end(remote, lambda s: (s.on_eof(), s.on_exited(ExitStatus(how, value), killed)))
+            case ("start_failed", str() as error):
+                self._end(remote, lambda s: s.on_start_failed(error))
+            case ("launcher_died", str() as how):
+                self._end(remote, lambda s: (s.on_eof(), s.on_launcher_died(f"{how} (on Ray node {_short(remote.node)})")))
+            case ("launcher_death", str() as reason):
+                self.on_death(f"on Ray node {_short(remote.node)}: {reason}")
+
+    async def _lost(self, remote: _Remote, exc: BaseException) -> None:
+        """Ray declared the agent dead: find out how, hold the fence, then report."""
+        text = _first_line(exc)
+        never_ran = "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
+        node_dead = remote.node is not None and not await self.loop.run_in_executor(None, _node_alive, remote.node)
+        if node_dead:
+            how = f"node lost (Ray node {_short(remote.node)} died)"
+        else:
+            agent = f"the Ray agent pid {remote.agent_pid}" if remote.agent_pid is not None else "the Ray agent"
+            how = f"launcher died ({agent} died: {text})"
+        if not never_ran:
+            await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
+        if remote.kill_asked and remote.pid is None:
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: killed before it started ({how})"))
+        elif remote.pid is None and remote.node is None and never_ran:
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
+        else:
+            self._end(remote, lambda s: (s.on_eof(), s.on_launcher_died(how)))
+
+    def _end(self, remote: _Remote, report: Callable[[AttemptSink], object]) -> None:
+        if remote.done:
+            return
+        remote.done = True
+        self._attempts.pop(remote.key, None)
+        report(remote.sink)
+
+    def _options(self, resources: Resources | None) -> dict[str, Any]:
+        options: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "num_cpus": 1}
+        if resources is not None:
+            if resources.num_cpus is not None:
+                options["num_cpus"] = resources.num_cpus
+            if resources.memory is not None:
+                options["memory"] = resources.memory
+            if resources.resources:
+                options["resources"] = dict(resources.resources)
+        if self.settings.runtime_env is not None:
+            options["runtime_env"] = dict(self.settings.runtime_env)
+        return options
+
+
+def _call(agent: Any, request: tuple[Any, ...]) -> None:
+    match request:
+        case ("signal", signum, group):
+            agent.signal.remote(signum, group)
+        case ("kill",):
+            agent.kill.remote()
+
+
+def _node_alive(node_id: str) -> bool:
+    """Does the cluster still count `node_id` among its live nodes? (blocking)"""
+    try:
+        nodes = _ray().nodes()
+    except Exception:
+        return True  # cannot tell: call it a dead agent, not a lost node
+    return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
+
+
+def _short(node: str | None) -> str:
+    return node[:12] if node else "?"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- the agent: runs in a Ray worker, one attempt under a local launcher ------------------------------------
+
+
+def _local_environment(env: dict[str, str], cwd: str, path: list[str]) -> tuple[dict[str, str], str, list[str]]:
+    """The supervisor's environment as it applies on this node: its cwd if that exists here (else
+    the agent's own), its `sys.path` entries that exist here, then the agent's own."""
+    here = cwd if os.path.isdir(cwd) else os.getcwd()
+    kept = [p for p in path if p == "" or os.path.exists(p)]
+    kept += [p for p in sys.path if p not in kept]
+    return env, here, kept
+
+
+class Agent:
+    """One attempt's agent, as a Ray actor (async: its methods run on the actor's event loop).
+
+    `start` starts a local launcher (guardian, fork server) and the attempt under it; `events`
+    returns what happened since the last call, waiting for something if nothing did; `signal` and
+    `kill` are relayed to the local launcher (held until the attempt is spawned); `close` stops
+    the local launcher and ends the actor. It is the local launcher's `AttemptSink`.
+    """
+
+    def __init__(self) -> None:
+        self._events: list[Any] = []
+        self._wake: asyncio.Event | None = None
+        self._client: Any = None  # local.LauncherClient
+        self._key: int | None = None
+        self._held: list[tuple[Any, ...]] = []
+        self._killed = False
+
+    # --- the actor's methods -----------------------------------------------------------------------
+
+    async def start(self, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
+                    environment: tuple[dict[str, str], str, list[str]], preload: list[str],
+                    start_timeout: float) -> None:
+        from .local import LauncherClient
+
+        node = _ray().get_runtime_context().get_node_id()
+        self._emit(["placed", node, os.getpid()])
+        loop = asyncio.get_running_loop()
+        client = LauncherClient(loop, tuple(preload), self._on_death, start_timeout,
+                                environment=_local_environment(*environment))
+        self._client = client
+        try:
+            await client.ready()
+        except ConfigError as exc:
+            self._emit(["start_failed", f"could not start: {exc}"])
+            return
+        if self._killed:
+            self._emit(["start_failed", "could not start: killed before it started"])
+            return
+        self._key = client.spawn(self, (start0, start1), exec_python=exec_python, capture_output=capture_output)
+        held, self._held = self._held, []
+        for request in held:
+            self._apply(request)
+
+    async def events(self) -> list[Any]:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        while not self._events:
+            self._wake.clear()
+            await self._wake.wait()
+        batch, self._events = self._events, []
+        return [(e[0], bytes(e[1])) if e[0] == "data" else tuple(e) for e in batch]
+
+    async def signal(self, signum: int, group: bool) -> None:
+        self._apply(("signal", signum, group))
+
+    async def kill(self) -> None:
+        self._apply(("kill",))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        _ray().actor.exit_actor()
+
+    def _apply(self, request: tuple[Any, ...]) -> None:
+        if self._key is None:
+            if request[0] == "kill":
+                self._killed = True
+            self._held.append(request)
+            return
+        match request:
+            case ("signal", signum, group):
+                self._client.signal(self._key, _signal.Signals(signum), group)
+            case ("kill",):
+                self._client.kill(self._key)
+
+    def _emit(self, event: list[Any]) -> None:
+        self._events.append(event)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _on_death(self, reason: str) -> None:
+        self._emit(["launcher_death", reason])
+
+    # --- the local launcher's AttemptSink ------------------------------------------------------------
+
+    def on_started(self, pid: int) -> None:
+        self._emit(["started", pid])
+
+    def on_start_failed(self, error: str) -> None:
+        self._emit(["start_failed", error])
+
+    def on_data(self, data: bytes) -> None:
+        last = self._events[-1] if self._events else None
+        if last is not None and last[0] == "data":
+            last[1] += data  # one event per batch: a bytearray grown in place
+        else:
+            self._emit(["data", bytearray(data)])
+
+    def on_output(self, stream: str, line: str) -> None:
+        self._emit(["output", stream, line])
+
+    def on_eof(self) -> None:
+        pass  # the parent's sink hears it just before the end, which follows at once
+
+    def on_exited(self, status: ExitStatus, killed: bool) -> None:
+        self._emit(["exited", status.how, status.value, killed])
+
+    def on_launcher_died(self, how: str = "launcher died") -> None:
+        self._emit(["launcher_died", f"{how} (the agent's fork server)"])
