@@ -15,6 +15,10 @@ attempt the frames the child would send, following the target's name. Pass it to
 | `fake:stubborn` | waits; ignores SIGTERM, only a kill ends it |
 | `fake:launcher_dies` | the launcher dies while it runs (every running attempt: launcher died) |
 
+It also scripts the real workers the launcher contract suite (tests/test_launcher_contract.py)
+runs on every launcher, as their real processes would behave, so that one suite holds the
+fake to the same contract (`SCRIPTED` below); `die()` is the launcher dying now.
+
 Pids are made up (`FAKE_PID_BASE` + n): no process with them is ever signalled or waited for.
 """
 
@@ -33,6 +37,7 @@ from mpvisor._wire import (
     Failure,
     Hello,
     Message,
+    Progress,
     Result,
     frame,
     pack,
@@ -41,6 +46,20 @@ from mpvisor._wire import (
 )
 
 FAKE_PID_BASE = 4_000_000  # above any real pid_max default
+
+# Real workers, and what their processes do, as the fake plays them.
+SCRIPTED = {
+    "workers.basic:quick": "value",
+    "workers.misbehave:sys_exit": "exit",
+    "workers.misbehave:segfault": "crash",
+    "workers.basic:progress_many": "progress",
+    "workers.misbehave:huge_result": "huge",
+    "workers.misbehave:stubborn": "stubborn",
+    "workers.misbehave:stubborn_tree": "stubborn",
+    "workers.contract:gil_loop": "stubborn",
+    "workers.coop:cooperative": "hang",
+    "workers.hanging_import:target": "never_imports",
+}
 
 
 @dataclass
@@ -99,7 +118,7 @@ class FakeLauncher:
         attempt = self._attempts.get(key)
         if attempt is None or attempt.ended or signum != signal.SIGTERM:
             return
-        if attempt.target == "fake:hang":
+        if attempt.target in ("fake:hang", "workers.coop:cooperative"):
             self._report(attempt, Failure("canceled", "the attempt was canceled"))
             self._exit(attempt, ExitStatus("exit", 0), killed=False)
 
@@ -132,10 +151,41 @@ class FakeLauncher:
         start = parse_start(unpack(attempt.start[HEADER.size : HEADER.size + length]))
         attempt.target = start.target
         attempt.args, _ = unpack(start.call)
+        if SCRIPTED.get(start.target or "") == "never_imports":
+            return  # its import never ends: only the start-up timeout's kill ends it
         self._send(attempt, Calling())
         self.loop.call_soon(self._run, attempt)
 
+    def die(self) -> None:
+        """The launcher dies now: every attempt it runs ends with it."""
+        for attempt in list(self._attempts.values()):
+            self._die(attempt)
+
     def _run(self, attempt: _Attempt) -> None:
+        args = attempt.args
+        match SCRIPTED.get(attempt.target or ""):
+            case "value":
+                self._report(attempt, Result(args[0] if args else "ok"))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+                return
+            case "exit":
+                self._exit(attempt, ExitStatus("exit", args[0]), killed=False)
+                return
+            case "crash":
+                self._exit(attempt, ExitStatus("signal", signal.SIGSEGV), killed=False)
+                return
+            case "progress":
+                for i in range(args[0]):
+                    self._send(attempt, Progress(i + 1, args[0]))
+                self._report(attempt, Result(args[0]))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+                return
+            case "huge":
+                self._report(attempt, Result(b"x" * args[0]))
+                self._exit(attempt, ExitStatus("exit", 0), killed=False)
+                return
+            case "stubborn" | "hang":
+                return  # wait for a signal or a kill
         match attempt.target:
             case "fake:value":
                 self._report(attempt, Result(attempt.args[0] if attempt.args else None))

@@ -14,7 +14,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `all_gone(records)` | every recorded process is gone |
 | `Collector` | every event delivered to it; `of(kind, **fields)`, `wait_for(kind, **fields)` |
 | `child_pids_of_self()`, `zombie_children()`, `open_fd_count()` | the test process's descendants, unreaped children, open fds |
-| `live_children()` | the test process's living (non-zombie) descendants, as `psutil.Process`es |
+| `live_children()` | the test process's living (non-zombie) descendants, as `psutil.Process`es (but for `IGNORED_ROOTS`, the Ray cluster's) |
 | `kill_leftovers(timeout)` | `"pid cmdline"` of the descendants still alive after `timeout` s, which it then kills |
 | `attempt_processes()` | pids of the live (non-zombie) children of the launcher(s) the test process started |
 | `FAST`, `CONFIG` | `BackoffPolicy.constant(0.01)`; `SupervisorConfig(grace=1.0)` |
@@ -170,9 +170,23 @@ def _zombies_or_not(processes: Iterable[psutil.Process], zombie: bool) -> list[p
     return found
 
 
+IGNORED_ROOTS: set[int] = set()  # processes (with their descendants) that outlive tests: a Ray cluster's
+
+
 def live_children() -> list[psutil.Process]:
-    """Every living (non-zombie) descendant of the test process."""
-    return _zombies_or_not(psutil.Process().children(recursive=True), zombie=False)
+    """Every living (non-zombie) descendant of the test process, but for `IGNORED_ROOTS` and
+    their descendants (the session's Ray cluster: its own checks are in tests/_ray_support.py)."""
+    found = psutil.Process().children(recursive=True)
+    if IGNORED_ROOTS:
+        ignored = set(IGNORED_ROOTS)
+        for process in found:
+            if process.pid in IGNORED_ROOTS:
+                try:
+                    ignored.update(p.pid for p in process.children(recursive=True))
+                except psutil.NoSuchProcess:
+                    pass
+        found = [p for p in found if p.pid not in ignored]
+    return _zombies_or_not(found, zombie=False)
 
 
 def kill_leftovers(timeout: float = 3.0) -> list[str]:

@@ -57,3 +57,35 @@ def installs(tmp_path_factory):
     from tests._venv import build_installs
 
     return build_installs(tmp_path_factory.mktemp("installs"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Ray tests (marked `ray`) run last, in their own order: the session's one Ray cluster
+    starts at the first of them, so no other test shares the machine with it."""
+    items.sort(key=lambda item: item.get_closest_marker("ray") is not None)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The session's local Ray cluster (tests/_ray_support.py), started on first use."""
+    from tests import _ray_support
+
+    cluster = _ray_support.start_cluster()
+    yield cluster
+    _ray_support.stop_cluster(cluster)
+
+
+@pytest.fixture
+def on_ray(ray_cluster):
+    """The Ray cluster, for one test; afterwards no fork server or attempt of mpvisor's may be
+    left alive on it (killed, and the test failed, if one is)."""
+    from tests import _ray_support
+    from tests._support import wait_for
+
+    yield ray_cluster
+    try:
+        wait_for(lambda: not _ray_support.mpvisor_leftovers(), timeout=LEFTOVER_WAIT + 5.0)
+    except AssertionError:
+        left = _ray_support.mpvisor_leftovers()
+        _ray_support.kill_mpvisor_leftovers()
+        pytest.fail(f"mpvisor processes left on the Ray cluster (killed now): {left}")

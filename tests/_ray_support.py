@@ -1,0 +1,108 @@
+"""What do tests need to run attempts on a real Ray cluster?
+
+One local cluster per test session (`ray.cluster_utils.Cluster`, started on first use by the
+`ray_cluster` fixture of tests/conftest.py; the Ray tests run last, so no other test ever shares
+the machine with it). Its processes are children of the test process: they are registered in
+`_support.IGNORED_ROOTS`, so the per-test leftover check leaves the cluster alone, and
+`mpvisor_leftovers()` checks instead what mpvisor must not leave on it: no agent's fork server
+and no attempt process alive under the cluster once a supervisor has shut down.
+
+| helper | does |
+|---|---|
+| `start_cluster()` / `stop_cluster(c)` | the session's cluster: a head node (`HEAD_CPUS` CPUs, one `victim` resource), the test process connected to it |
+| `add_node(c, **resources)` / `remove_node(c, node)` | a second node on this machine, and its loss (its raylet and workers killed) |
+| `mpvisor_leftovers()` | live processes of mpvisor's (fork servers, attempts) under the cluster |
+| `agent_of(attempt_pid)` | the agent (the Ray worker) above an attempt: attempt -> fork server -> guardian -> agent |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+from tests import _support
+
+HEAD_CPUS = 4  # more than the machine's 2 cores: most test attempts sleep
+MPVISOR_MARKS = ("mpvisor._launchers.forkserver", "mpvisor._child")
+
+
+def _register_new_children(before: set[int]) -> None:
+    for child in psutil.Process().children():
+        if child.pid not in before:
+            _support.IGNORED_ROOTS.add(child.pid)
+
+
+def start_cluster() -> Any:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    before = {c.pid for c in psutil.Process().children()}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": HEAD_CPUS, "resources": {"victim": 1}, "include_dashboard": False},
+    )
+    ray.init(address=cluster.address, log_to_driver=False)
+    _register_new_children(before)
+    return cluster
+
+
+def stop_cluster(cluster: Any) -> None:
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
+    _support.IGNORED_ROOTS.clear()
+
+
+def add_node(cluster: Any, **node_args: Any) -> Any:
+    before = {c.pid for c in psutil.Process().children()}
+    node = cluster.add_node(**node_args)
+    cluster.wait_for_nodes()
+    _register_new_children(before)
+    return node
+
+
+def remove_node(cluster: Any, node: Any) -> None:
+    """The node is lost: its raylet and every worker on it are killed at once."""
+    cluster.remove_node(node, allow_graceful=False)
+
+
+def _cluster_processes() -> list[psutil.Process]:
+    found = []
+    for root in list(_support.IGNORED_ROOTS):
+        try:
+            found.extend(psutil.Process(root).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def mpvisor_leftovers() -> list[str]:
+    """`"pid cmdline"` of every live fork server or attempt process under the cluster."""
+    left = []
+    for process in _cluster_processes():
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if any(mark in cmdline for mark in MPVISOR_MARKS):
+            left.append(f"{process.pid} {cmdline[:100]}")
+    return left
+
+
+def kill_mpvisor_leftovers() -> None:
+    for entry in mpvisor_leftovers():
+        try:
+            psutil.Process(int(entry.split()[0])).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def agent_of(attempt_pid: int) -> int:
+    """The pid of the Ray worker that runs the attempt's agent (attempt -> fork server -> guardian -> agent)."""
+    launcher = psutil.Process(attempt_pid).ppid()
+    guardian = psutil.Process(launcher).ppid()
+    return int(psutil.Process(guardian).ppid())
