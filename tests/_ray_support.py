@@ -10,7 +10,8 @@ and no attempt process alive under the cluster once a supervisor has shut down.
 | helper | does |
 |---|---|
 | `start_cluster()` / `stop_cluster(c)` | the session's cluster: a head node (`HEAD_CPUS` CPUs, one `victim` resource), the test process connected to it |
-| `add_node(c, **resources)` / `remove_node(c, node)` | a second node on this machine, and its loss (its raylet and workers killed) |
+| `add_node(c, **resources)` / `remove_node(c, node)` | a second node on this machine (and its processes' roots), and its loss (its raylet and workers killed) |
+| `node_of(pid, roots)` | the process runs under that node |
 | `mpvisor_leftovers()` | live processes of mpvisor's (fork servers, attempts) under the cluster |
 | `agent_of(attempt_pid)` | the agent (the Ray worker) above an attempt: attempt -> fork server -> guardian -> agent |
 """
@@ -55,12 +56,22 @@ def stop_cluster(cluster: Any) -> None:
     _support.IGNORED_ROOTS.clear()
 
 
-def add_node(cluster: Any, **node_args: Any) -> Any:
+def add_node(cluster: Any, **node_args: Any) -> tuple[Any, set[int]]:
+    """A new node, and its processes' roots (children of the test process)."""
     before = {c.pid for c in psutil.Process().children()}
     node = cluster.add_node(**node_args)
     cluster.wait_for_nodes()
+    roots = {c.pid for c in psutil.Process().children()} - before
     _register_new_children(before)
-    return node
+    return node, roots
+
+
+def node_of(pid: int, roots: set[int]) -> bool:
+    """Does process `pid` descend from one of `roots` (a node's processes)?"""
+    try:
+        return any(parent.pid in roots for parent in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return False
 
 
 def remove_node(cluster: Any, node: Any) -> None:

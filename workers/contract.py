@@ -3,13 +3,14 @@
 | function | does | ends |
 |---|---|---|
 | `gil_loop()` | `sum(range(...))` over 10**18 numbers: one C call that holds the GIL and never lets a Python signal handler or another thread run | only a kill ends it |
+| `lost_once(lock_path, violations_path)` | the slot overlap probe of `overlap`; attempt 1 then waits like `coop.cooperative` | attempt 1: lost or `Canceled`; later attempts return `"retried"` |
 """
 
 from __future__ import annotations
 
 from typing import NoReturn
 
-from ._marker import mark
+from ._marker import context, mark
 
 
 def gil_loop(marker: str | None = None) -> NoReturn:
@@ -17,3 +18,15 @@ def gil_loop(marker: str | None = None) -> NoReturn:
     mark(marker, "started")
     sum(range(10**18))
     raise AssertionError("sum(range(10**18)) returned")
+
+
+def lost_once(lock_path: str, violations_path: str, marker: str | None = None) -> str:
+    """Take the slot's overlap probe (`overlap`), then: on the first attempt wait until the
+    attempt is lost (or stopped), on any later attempt return `"retried"` at once."""
+    from . import coop, overlap
+
+    overlap._probe_lock(lock_path, violations_path)
+    mark(marker, "started")
+    if context().attempt == 1:
+        coop.cooperative()
+    return "retried"

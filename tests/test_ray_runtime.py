@@ -1,0 +1,247 @@
+"""Does the whole runtime keep its guarantees when attempts run on a Ray cluster?
+
+Restarts with backoff, timeouts, cancel, shutdown with grace, the controller's three policies
+(a slot's next owner only after the previous attempt was reaped or fenced), events and outcomes,
+placement by resources, and the loss of a node mid-attempt, all on the session's local Ray
+cluster (tests/_ray_support.py). The contract each launcher keeps is tests/test_launcher_contract.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from mpvisor import (
+    ConfigError,
+    ControllerConfig,
+    EventKind,
+    GraceExceeded,
+    OutcomeKind,
+    RejectionKind,
+    Resources,
+    Supervisor,
+    SupervisorConfig,
+    TaskSpec,
+)
+from mpvisor.ray import RayLauncher
+from tests import _ray_support
+from tests._controller_support import D, Probe, Q, R, assert_owners_never_overlap, assert_rejected
+from tests._support import (
+    ATTEMPT_ENDS,
+    async_wait_for,
+    fn,
+    once,
+    read_markers,
+    restartable,
+    seen,
+    supervised,
+    words,
+)
+from workers import basic, contract, coop, misbehave
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(90), pytest.mark.usefixtures("on_ray")]
+
+
+def on_ray(lost_fence: float = 1.0, **fields: Any) -> SupervisorConfig:
+    return SupervisorConfig(**{"grace": 1.0, **fields, "launcher": RayLauncher(lost_fence=lost_fence)})
+
+
+async def test_restarts_with_backoff_until_success() -> None:
+    """A task that fails twice, then succeeds: three attempts, each after the backoff delay the
+    events announced, one COMPLETED outcome."""
+    async with supervised(on_ray()) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(restartable("flaky", basic.flaky, 2))
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.value, outcome.attempts) == (OutcomeKind.COMPLETED, 3, 3), outcome
+    assert [e.attempt for e in events.of(EventKind.ATTEMPT_FAILED, id=task_id)] == [1, 2]
+    assert len(events.of(EventKind.BACKOFF_SCHEDULED, id=task_id)) == 2
+
+
+async def test_a_timeout_stops_the_attempt_and_is_retried() -> None:
+    """Each attempt times out after 0.5 s (a stubborn one is killed `timeout_kill_after` later):
+    TIMED_OUT ends, then the retry limit ends the task FAILED with `timed_out`."""
+    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.5).with_max_retries(1)
+    async with supervised(on_ray(timeout_kill_after=0.3)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec.with_backoff(basic_backoff()))
+        outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.FAILED and outcome.timed_out and outcome.attempts == 2, outcome
+    assert len(events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)) == 2
+    assert len(events.of(EventKind.ATTEMPT_KILLED, id=task_id)) == 2
+
+
+def basic_backoff() -> Any:
+    from tests._support import FAST
+
+    return FAST
+
+
+async def test_cancel_waits_for_the_cooperative_stop(tmp_path: Any) -> None:
+    """`cancel` of a running attempt returns once it stopped cooperatively (its `finally` ran)."""
+    marker = str(tmp_path / "m")
+    async with supervised(on_ray(grace=20.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("coop", coop.cooperative, marker=marker))
+        await async_wait_for(lambda: words(marker, "started"), timeout=20.0)
+        await handle.cancel(task_id)
+        outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.CANCELED, outcome
+    assert words(marker, "finally"), read_markers(marker)
+    assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
+
+
+async def test_shutdown_with_grace_kills_what_does_not_stop(tmp_path: Any) -> None:
+    """Shutdown: a cooperative attempt stops within the grace, a SIGTERM-deaf one is killed after
+    it (GraceExceeded names it); both attempt processes are gone when shutdown returns."""
+    marker = str(tmp_path / "m")
+    supervisor = Supervisor(on_ray(grace=0.5))
+    handle = supervisor.serve()
+    coop_id, coop_waiter = await handle.add_and_watch(once("polite", coop.cooperative, marker=marker))
+    deaf_id, deaf_waiter = await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker))
+    await async_wait_for(lambda: len(words(marker, "started")) == 2, timeout=20.0)
+    pids = [m[3] for m in words(marker, "started")]
+    with pytest.raises(GraceExceeded) as raised:
+        await handle.shutdown()
+    assert raised.value.stuck == ["deaf"]
+    assert (await coop_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert (await deaf_waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
+    assert not any(psutil.pid_exists(pid) for pid in pids), pids
+
+
+async def test_placement_follows_the_tasks_resources() -> None:
+    """A task asking for a custom resource runs where it exists (the head node's `victim`); one
+    asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`."""
+    placed = TaskSpec.once(fn("placed", basic.quick, "here")).with_resources(num_cpus=0.5, resources={"victim": 1})
+    nowhere = TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
+    async with supervised(on_ray(start_timeout=3.0)) as (handle, _):
+        _, placed_waiter = await handle.add_and_watch(placed)
+        _, nowhere_waiter = await handle.add_and_watch(nowhere)
+        done, never = await placed_waiter.wait(), await nowhere_waiter.wait()
+    assert (done.kind, done.value) == (OutcomeKind.COMPLETED, "here"), done
+    assert never.kind is OutcomeKind.FAILED and never.reason.startswith("start-up timed out after 3.0 s"), never
+
+
+async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any) -> None:
+    """The attempt sees the supervisor's environ (and runtime_env's env_vars over it) and cwd."""
+    config = SupervisorConfig(grace=1.0, launcher=RayLauncher(runtime_env={"env_vars": {"FROM_RAY": "yes"}}))
+    os.environ["MPVISOR_RAY_PROBE"] = "travelled"
+    try:
+        async with supervised(config) as (handle, _):
+            _, waiter = await handle.add_and_watch(once("env", basic.env_probe))
+            outcome = await waiter.wait()
+    finally:
+        del os.environ["MPVISOR_RAY_PROBE"]
+    assert outcome.kind is OutcomeKind.COMPLETED, outcome
+    env = outcome.value["env"]
+    assert (env.get("MPVISOR_RAY_PROBE"), env.get("FROM_RAY")) == ("travelled", "yes"), env
+    assert outcome.value["cwd"] == os.getcwd()
+    assert outcome.value["sid"] == outcome.value["pgid"]  # it leads its own session there too
+    ours = [p for p in sys.path if p == "" or os.path.exists(p)]  # what exists on the node (here: all that exists)
+    assert outcome.value["path"][: len(ours)] == ours, outcome.value["path"]
+
+
+# --- the controller's policies -------------------------------------------------------------------------
+
+
+async def test_the_three_policies_keep_one_owner_per_slot(tmp_path: Any) -> None:
+    """QUEUE waits its turn, REPLACE retires the owner and takes over, DROP_IF_RUNNING is
+    rejected while the slot is busy; no two owners of the slot ever ran at once (the overlap
+    probe's lock) and each started only after the previous one was removed."""
+    probe = Probe(tmp_path)
+    async with supervised(on_ray(grace=5.0), controller=ControllerConfig()) as (handle, events):
+        first_id, first = await handle.submit_and_watch(Q(probe.coop("first"), "s"))
+        await async_wait_for(lambda: words(probe.marker, "started"), timeout=20.0)
+        _, dropped = await handle.submit_and_watch(D(probe.quick("dropped"), "s"))
+        replacing_id, replacing = await handle.submit_and_watch(R(probe.quick("replacing", hold=1.0), "s"))
+        queued_id, queued = await handle.submit_and_watch(Q(probe.quick("queued"), "s"))
+        assert_rejected(await dropped.wait(), RejectionKind.SLOT_BUSY)
+        assert (await first.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+        assert (await queued.wait()).kind is OutcomeKind.COMPLETED
+        await seen(events, EventKind.TASK_REMOVED, timeout=20.0, id=queued_id)
+    assert probe.violations_seen() == []
+    assert_owners_never_overlap(events, {first_id, queued_id, replacing_id})
+    starts = [e.id for e in events.of(EventKind.ATTEMPT_STARTING)]
+    assert starts == [first_id, replacing_id, queued_id], starts
+
+
+# --- node loss --------------------------------------------------------------------------------------------
+
+
+async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_elsewhere(
+    ray_cluster: Any, tmp_path: Any
+) -> None:
+    """A second node dies mid-attempt: the attempt ends FAILED `node lost ...` (no exit code);
+    nothing runs in its slot until the fence (2 s) after the loss; the retry runs on the
+    surviving node; the slot's queued next owner runs after it; no two owners overlapped."""
+    fence = 2.0
+    probe = Probe(tmp_path)
+    config = SupervisorConfig(grace=1.0, launcher=RayLauncher(lost_fence=fence))
+    victim = {"num_cpus": 0.1, "resources": {"victim": 1}}
+    async with supervised(config, controller=ControllerConfig()) as (handle, events):
+        # The head's one `victim` is taken first, so the task under test goes to the new node.
+        holder_id, holder = await handle.add_and_watch(TaskSpec.once(fn("holder", coop.cooperative)).with_resources(**victim))
+        holder_pid = (await seen(events, EventKind.ATTEMPT_STARTING, timeout=20.0, id=holder_id)).pid
+        node, node_roots = _ray_support.add_node(ray_cluster, num_cpus=1, resources={"victim": 1})
+        deploy = restartable("deploy", contract.lost_once, probe.lock, probe.violations, marker=probe.marker)
+        deploy_id, deployed = await handle.submit_and_watch(Q(deploy.with_resources(**victim), "env"))
+        after_id, after = await handle.submit_and_watch(Q(probe.quick("after"), "env"))
+        first = await seen(events, EventKind.ATTEMPT_STARTING, timeout=20.0, id=deploy_id, attempt=1)
+        assert _ray_support.node_of(first.pid, node_roots), "attempt 1 should run on the new node"
+        await async_wait_for(lambda: words(probe.marker, "started"), timeout=20.0)
+        lost_at = time.time()
+        _ray_support.remove_node(ray_cluster, node)
+        await handle.remove(holder_id)
+        failed = await seen(events, EventKind.ATTEMPT_FAILED, timeout=30.0, id=deploy_id, attempt=1)
+        second = await seen(events, EventKind.ATTEMPT_STARTING, timeout=30.0, id=deploy_id, attempt=2)
+        outcome, last = await deployed.wait(), await after.wait()
+        assert (await holder.wait()).kind is OutcomeKind.CANCELED
+    assert failed.reason.startswith("node lost"), failed.reason
+    assert failed.exit_code is None
+    assert second.at >= lost_at + fence, f"the retry started {second.at - lost_at:.2f} s after the loss"
+    assert not _ray_support.node_of(second.pid, node_roots) and second.pid != holder_pid
+    assert (outcome.kind, outcome.value, outcome.attempts) == (OutcomeKind.COMPLETED, "retried", 2), outcome
+    assert last.kind is OutcomeKind.COMPLETED, last
+    assert probe.violations_seen() == []
+    assert_owners_never_overlap(events, {deploy_id, after_id})
+    ends = [e for e in events.events if e.kind in ATTEMPT_ENDS and e.id == deploy_id]
+    assert [e.attempt for e in ends] == [1, 2]
+
+
+# --- settings ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"address": ""}, "address"),
+        ({"runtime_env": ["pip"]}, "runtime_env"),
+        ({"runtime_env": {"env_vars": {"A": 1}}}, "env_vars"),
+        ({"lost_fence": -1}, "lost_fence"),
+        ({"lost_fence": float("nan")}, "lost_fence"),
+    ],
+)
+def test_bad_ray_launcher_settings_name_the_field(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        RayLauncher(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"num_cpus": -1}, "num_cpus"),
+        ({"num_cpus": float("inf")}, "num_cpus"),
+        ({"memory": 0}, "memory"),
+        ({"memory": 1.5}, "memory"),
+        ({"resources": {"": 1}}, "resources"),
+        ({"resources": {"gpu_slots": -2}}, "gpu_slots"),
+        ({"resources": {"CPU": 1}}, "num_cpus"),
+        ({"resources": [("a", 1)]}, "resources"),
+    ],
+)
+def test_bad_resources_name_the_field(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Resources(**kwargs)
