@@ -1,7 +1,8 @@
 """How fast does mpvisor's Ray launcher start attempts, and how true is its "exited", next to bare Ray?
 
 Runs, in one process and one run, on one Ray cluster shared by every contender (a local one
-started once with `ray.init(num_cpus=2)`, or `--address`):
+started once with `ray.init(address="local", num_cpus=2)`, a new one even if another runs
+on this machine, or `--address`):
 
 | contender | what one "attempt" is | start latency | round trip |
 |---|---|---|---|
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         if args.address is None:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=args.address, log_to_driver=False)
         with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:

@@ -25,6 +25,14 @@ import psutil  # type: ignore[import-untyped]
 from tests import _support
 
 HEAD_CPUS = 4  # more than the machine's 2 cores: most test attempts sleep
+# Ray declares a silent node dead after failed health checks (15 s and more by default): the
+# node-loss test waits for that, so the session's cluster checks every 0.2 s.
+FAST_FAILURE_DETECTION = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 200,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
 MPVISOR_MARKS = ("mpvisor._launchers.forkserver", "mpvisor._child")
 
 
@@ -41,7 +49,12 @@ def start_cluster() -> Any:
     before = {c.pid for c in psutil.Process().children()}
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": HEAD_CPUS, "resources": {"victim": 1}, "include_dashboard": False},
+        head_node_args={
+            "num_cpus": HEAD_CPUS,
+            "resources": {"victim": 1},
+            "include_dashboard": False,
+            "_system_config": FAST_FAILURE_DETECTION,
+        },
     )
     ray.init(address=cluster.address, log_to_driver=False)
     _register_new_children(before)
