@@ -42,7 +42,9 @@ Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeou
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
-backoff); `--name` non-empty.
+backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
+attempts then run on that cluster, `mpvisor.ray.RayLauncher(address=ADDRESS)`; a cluster that
+cannot be reached ends the run with status 1 and one line saying why).
 """
 
 from __future__ import annotations
@@ -217,6 +219,18 @@ def task_name(text: str) -> str:
     return text
 
 
+def ray_address(text: str) -> str:
+    """An argparse `type=`: a Ray address (`auto`, `host:port`, `ray://host:port`, `local`),
+    accepted only where Ray is installed."""
+    import importlib.util
+
+    if not text:
+        raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
+    if importlib.util.find_spec("ray") is None:
+        raise argparse.ArgumentTypeError("Ray is not installed here (pip install 'mpvisor[ray]')")
+    return text
+
+
 def target(text: str) -> str:
     """An argparse `type=`: `package.module:function`, named in full when malformed."""
     try:
@@ -306,6 +320,8 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                      help="jitter of the backoff (default: equal)")
     run.add_argument("--grace", type=seconds(allow_zero=True), default=DEFAULT_GRACE, metavar="SECONDS",
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
+    run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
+                     help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
     run.add_argument("--events", choices=("json", "log", "none"), default="none")
     run.add_argument("--progress", action="store_true", help="show a progress bar on a terminal")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
@@ -392,7 +408,12 @@ def _main(argv: list[str]) -> _Ending:
         subscribers.append(LogWriter())
     if args.progress and sys.stderr.isatty():
         subscribers.append(ProgressBar(sys.stderr))
-    supervisor = Supervisor(SupervisorConfig(grace=args.grace), subscribers)
+    launcher = None
+    if args.ray is not None:
+        from .ray import RayLauncher
+
+        launcher = RayLauncher(address=args.ray)
+    supervisor = Supervisor(SupervisorConfig(grace=args.grace, launcher=launcher), subscribers)
     try:
         outcomes = asyncio.run(supervisor.run([spec]))
     except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first

@@ -99,8 +99,8 @@ async def test_shutdown_with_grace_kills_what_does_not_stop(tmp_path: Any) -> No
     marker = str(tmp_path / "m")
     supervisor = Supervisor(on_ray(grace=0.5))
     handle = supervisor.serve()
-    coop_id, coop_waiter = await handle.add_and_watch(once("polite", coop.cooperative, marker=marker))
-    deaf_id, deaf_waiter = await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker))
+    _, coop_waiter = await handle.add_and_watch(once("polite", coop.cooperative, marker=marker))
+    _, deaf_waiter = await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker))
     await async_wait_for(lambda: len(words(marker, "started")) == 2, timeout=20.0)
     pids = [m[3] for m in words(marker, "started")]
     with pytest.raises(GraceExceeded) as raised:
@@ -245,3 +245,30 @@ def test_bad_ray_launcher_settings_name_the_field(kwargs: dict[str, Any], named:
 def test_bad_resources_name_the_field(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         Resources(**kwargs)
+
+
+# --- the command line ----------------------------------------------------------------------------------------
+
+
+def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
+    """`mpvisor run --ray ADDRESS`, the installed executable from outside the repository: the
+    value on stdout and status 0; a task's exit status is the run's; a bad address is one line."""
+    import shutil
+    import subprocess
+
+    executable = shutil.which("mpvisor")
+    assert executable is not None, "the mpvisor executable is not on PATH"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([executable, "run", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    done = run("--ray", ray_cluster.address, "workers.basic:quick", "3")
+    assert (done.returncode, done.stdout) == (0, "3\n"), done.stderr
+    failed = run("--ray", ray_cluster.address, "workers.misbehave:sys_exit", "7")
+    assert failed.returncode == 7, failed.stderr
+    assert "mpvisor: sys_exit: failed" in failed.stderr, failed.stderr
+    empty = run("--ray", "", "workers.basic:quick")
+    assert empty.returncode == 2 and "--ray" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1, empty.stderr

@@ -7,9 +7,8 @@ fraction of a second; their process-level twins are in the other test modules.
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 from typing import Any
 
 import psutil

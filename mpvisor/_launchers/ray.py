@@ -261,7 +261,7 @@ class RayClient:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for remote in list(self._attempts.values()):
-            self._end(remote, lambda s: s.on_launcher_died("launcher died (the Ray launcher was closed)"))
+            self._end(remote, _lost("launcher died (the Ray launcher was closed)"))
         closing, self._closing_agents = self._closing_agents, []
         if closing:
             refs = [ref for _, ref in closing]
@@ -334,11 +334,11 @@ class RayClient:
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid = node, agent_pid
             case ("exited", str() as how, int() as value, bool() as killed):
-                self._end(remote, lambda s: (s.on_eof(), s.on_exited(ExitStatus(how, value), killed)))
+                self._end(remote, _exited(ExitStatus(how, value), killed))
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
             case ("launcher_died", str() as how):
-                self._end(remote, lambda s: (s.on_eof(), s.on_launcher_died(f"{how} (on Ray node {_short(remote.node)})")))
+                self._end(remote, _lost(f"{how} (on Ray node {_short(remote.node)})"))
             case ("launcher_death", str() as reason):
                 self.on_death(f"on Ray node {_short(remote.node)}: {reason}")
 
@@ -359,7 +359,7 @@ class RayClient:
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:
-            self._end(remote, lambda s: (s.on_eof(), s.on_launcher_died(how)))
+            self._end(remote, _lost(how))
 
     def _end(self, remote: _Remote, report: Callable[[AttemptSink], object]) -> None:
         if remote.done:
@@ -380,6 +380,22 @@ class RayClient:
         if self.settings.runtime_env is not None:
             options["runtime_env"] = dict(self.settings.runtime_env)
         return options
+
+
+def _exited(status: ExitStatus, killed: bool) -> Callable[[AttemptSink], None]:
+    def report(sink: AttemptSink) -> None:
+        sink.on_eof()
+        sink.on_exited(status, killed)
+
+    return report
+
+
+def _lost(how: str) -> Callable[[AttemptSink], None]:
+    def report(sink: AttemptSink) -> None:
+        sink.on_eof()
+        sink.on_launcher_died(how)
+
+    return report
 
 
 def _call(agent: Any, request: tuple[Any, ...]) -> None:
