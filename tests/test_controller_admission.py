@@ -188,6 +188,7 @@ async def test_registry_rejected_queue_head_is_skipped(tmp_path):
         owner = await handle.submit(Q(restartable("owner", coop.cooperative), "s"))
         await running(handle, "owner")
         await handle.add(restartable("taken", coop.cooperative))
+        await running(handle, "taken")  # its attempt runs (on a loaded machine it may take a while)
         _, taken = await handle.submit_and_watch(Q(once("taken", basic.quick, marker=str(marker)), "s"))
         fresh_id, fresh = await handle.submit_and_watch(Q(once("fresh", basic.quick), "s"))
         await slot_where(handle, "s", lambda v: v is not None and v.queue_depth == 2)

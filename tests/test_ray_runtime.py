@@ -272,3 +272,33 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     assert "mpvisor: sys_exit: failed" in failed.stderr, failed.stderr
     empty = run("--ray", "", "workers.basic:quick")
     assert empty.returncode == 2 and "--ray" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1, empty.stderr
+
+
+def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
+    """In a process not yet connected to Ray, an address nobody answers at (where `ray.init`
+    itself waits minutes) makes management calls raise ConfigError at `start_timeout`, naming
+    the address; the process then exits at once."""
+    import subprocess
+
+    script = tmp_path / "unreachable.py"
+    script.write_text(
+        "import asyncio, time\n"
+        "import mpvisor\n"
+        "from mpvisor.ray import RayLauncher\n"
+        "async def main():\n"
+        "    config = mpvisor.SupervisorConfig(start_timeout=2, launcher=RayLauncher(address='127.0.0.1:1'))\n"
+        "    async with mpvisor.Supervisor(config) as handle:\n"
+        "        started = time.monotonic()\n"
+        "        try:\n"
+        "            await handle.add(mpvisor.TaskSpec.once(mpvisor.TaskFn('q', 'workers.basic:quick')))\n"
+        "        except mpvisor.ConfigError as exc:\n"
+        "            print(f'{time.monotonic() - started:.1f}', exc)\n"
+        "asyncio.run(main())\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    waited, message = done.stdout.strip().split(" ", 1)
+    assert message == "cannot connect to Ray (address='127.0.0.1:1'): no answer within start_timeout=2.0 s", done.stdout
+    assert 1.9 <= float(waited) < 5.0 and took < 30.0, (waited, took)

@@ -188,10 +188,42 @@ class RayClient:
         return f"<RayClient address={self.settings.address!r} attempts={len(self._attempts)} error={self._error!r}>"
 
     async def _connect_to_ray(self) -> None:
+        """Connect (`ray.init` blocks, and waits minutes for an address nobody answers at), in a
+        daemon thread, for at most `start_timeout`: a cluster that cannot be reached is a
+        `ConfigError`, never a hang (a connection that succeeds after that is released)."""
+        address, limit = self.settings.address, self.config.start_timeout
+        outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
+        given_up = threading.Event()
+
+        def connect() -> None:
+            try:
+                _connect(address)
+                error: BaseException | None = None
+            except BaseException as exc:
+                error = exc
+            if given_up.is_set():
+                if error is None:
+                    _disconnect()
+                return
+            try:
+                self.loop.call_soon_threadsafe(_settle, outcome, error)
+            except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                if error is None:
+                    _disconnect()
+
+        threading.Thread(target=connect, name="mpvisor-ray-connect", daemon=True).start()
         try:
-            await self.loop.run_in_executor(None, _connect, self.settings.address)
-        except Exception as exc:
-            self._error = f"cannot connect to Ray (address={self.settings.address!r}): {type(exc).__name__}: {_first_line(exc)}"
+            error = await asyncio.wait_for(asyncio.shield(outcome), limit)
+        except (TimeoutError, asyncio.CancelledError) as stopped:  # no answer in time, or closed first
+            given_up.set()
+            if outcome.done() and outcome.result() is None:
+                _disconnect()  # it connected just now: nobody will use it
+            self._error = f"cannot connect to Ray (address={address!r}): no answer within start_timeout={limit} s"
+            if isinstance(stopped, asyncio.CancelledError):
+                raise
+            return
+        if error is not None:
+            self._error = f"cannot connect to Ray (address={address!r}): {type(error).__name__}: {_first_line(error)}"
             return
         self._connected = True
         self._agent_class = _ray().remote(Agent)
@@ -404,6 +436,11 @@ def _call(agent: Any, request: tuple[Any, ...]) -> None:
             agent.signal.remote(signum, group)
         case ("kill",):
             agent.kill.remote()
+
+
+def _settle(future: asyncio.Future[BaseException | None], error: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(error)
 
 
 def _node_alive(node_id: str) -> bool:
