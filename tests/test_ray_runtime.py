@@ -143,6 +143,27 @@ async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any)
     assert outcome.value["path"][: len(ours)] == ours, outcome.value["path"]
 
 
+async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires() -> None:
+    """An attempt that ends leaves its agent idle for the next attempt asking the same resources:
+    that one is a fresh process forked by the same local launcher; one asking other resources
+    gets its own agent; an idle agent retires after `AGENT_IDLE` s (its launcher is gone)."""
+    from mpvisor._launchers.ray import AGENT_IDLE
+
+    def spec(name: str, cpus: float) -> TaskSpec:
+        return TaskSpec.once(fn(name, contract.lineage)).with_resources(num_cpus=cpus)
+
+    async with supervised(on_ray()) as (handle, _):
+        firsts = []
+        for name, cpus in (("a", 1), ("b", 1), ("c", 0.5)):
+            _, waiter = await handle.add_and_watch(spec(name, cpus))
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.COMPLETED, outcome
+            firsts.append(outcome.value)
+        (a_pid, a_launcher), (b_pid, b_launcher), (_, c_launcher) = firsts
+        assert a_pid != b_pid and a_launcher == b_launcher and c_launcher != a_launcher, firsts
+        await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
+
+
 # --- the controller's policies -------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 | function | does | ends |
 |---|---|---|
 | `gil_loop()` | `sum(range(...))` over 10**18 numbers: one C call that holds the GIL and never lets a Python signal handler or another thread run | only a kill ends it |
+| `lineage()` | | returns `[pid, parent pid]` (the launcher that forked it) |
 | `lost_once(lock_path, violations_path)` | the slot overlap probe of `overlap`; attempt 1 then waits like `coop.cooperative` | attempt 1: lost or `Canceled`; later attempts return `"retried"` |
 """
 
@@ -30,3 +31,11 @@ def lost_once(lock_path: str, violations_path: str, marker: str | None = None) -
     if context().attempt == 1:
         coop.cooperative()
     return "retried"
+
+
+def lineage(marker: str | None = None) -> list[int]:
+    """Return `[pid, parent pid]`: which launcher forked this attempt."""
+    import os
+
+    mark(marker, "started")
+    return [os.getpid(), os.getppid()]

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
+AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
 UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
 
 
@@ -160,6 +161,19 @@ class _Remote:
     waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
     done: bool = False
     task: asyncio.Task[None] | None = None
+    number: int = 0  # the attempt's number on its agent (1 for a new agent, then 2, 3, ...)
+
+
+@dataclass(eq=False)
+class _Idle:
+    """An agent whose last attempt ended cleanly, kept for the next attempt of its shape."""
+
+    agent: Any
+    shape: Any  # (options, environment): what an attempt must ask for to run on it
+    attempts: int  # how many attempts it ran
+    node: str | None
+    agent_pid: int | None
+    timer: asyncio.TimerHandle | None = None
 
 
 class RayClient:
@@ -182,6 +196,8 @@ class RayClient:
         self._connected = False
         self._agent_class: Any = None
         self._closing_agents: list[Any] = []  # (agent, its close() reference), closing
+        self._idle: list[_Idle] = []
+        self._closing = False
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
 
     def __repr__(self) -> str:
@@ -265,13 +281,13 @@ class RayClient:
         remote = self._attempts.get(key)
         if remote is None or remote.done:
             return
-        if remote.pid is None and not remote.kill_asked:
-            # Not running yet (maybe not even placed): end the agent, which ends the start.
+        if remote.node is None and not remote.kill_asked:
+            # Not placed yet (maybe waiting for resources): end the agent, which ends the start.
             remote.kill_asked = True
             if remote.agent is not None:
                 _ray().kill(remote.agent, no_restart=True)
             return
-        self._request(key, ("kill",))
+        self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
 
     def _request(self, key: int, request: tuple[Any, ...]) -> None:
         remote = self._attempts.get(key)
@@ -280,10 +296,12 @@ class RayClient:
         if remote.agent is None:
             remote.waiting.append(request)
         else:
-            _call(remote.agent, request)
+            _call(remote.agent, remote.number, request)
 
     async def close(self) -> None:
         """End every agent still there, wait (bounded) for those closing, release the connection."""
+        self._closing = True
+        self._release_idle()
         for remote in list(self._attempts.values()):
             if remote.agent is not None:
                 _ray().kill(remote.agent, no_restart=True)
@@ -324,23 +342,33 @@ class RayClient:
             self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
             return
         ray = _ray()
-        try:
-            agent = self._agent_class.options(**self._options(resources)).remote()
-        except Exception as exc:  # refused by Ray at once (an infeasible or malformed request)
-            reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
-            self._end(remote, lambda s: s.on_start_failed(reason))
-            return
+        options = self._options(resources)
+        shape = (repr(sorted(options.items())), repr(environment))
+        idle = self._take_idle(shape)
+        if idle is not None:  # its local launcher runs, in this environment: only a fork to go
+            agent, remote.number = idle.agent, idle.attempts + 1
+            remote.node, remote.agent_pid = idle.node, idle.agent_pid
+        else:
+            self._release_idle()  # what idle agents hold may be what this one needs
+            try:
+                agent = self._agent_class.options(**options).remote()
+            except Exception as exc:  # refused by Ray at once (an infeasible or malformed request)
+                reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
+                self._end(remote, lambda s: s.on_start_failed(reason))
+                return
+            remote.number = 1
         remote.agent = agent
         config = self.config
-        agent.start.remote(start[0], start[1], exec_python, capture_output, environment, list(config.preload),
-                           config.start_timeout)
+        agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
+                           list(config.preload), config.start_timeout)
         for request in remote.waiting:
-            _call(agent, request)
+            _call(agent, remote.number, request)
         remote.waiting.clear()
         pause = UNAVAILABLE_RETRY[0]
+        clean = False
         while not remote.done:
             try:
-                events = await agent.events.remote()
+                events = await agent.events.remote(remote.number)
             except ray.exceptions.ActorUnavailableError:
                 await asyncio.sleep(pause)  # a transient outage: Ray says whether it comes back
                 pause = min(pause * 2, UNAVAILABLE_RETRY[1])
@@ -350,10 +378,45 @@ class RayClient:
                 return
             pause = UNAVAILABLE_RETRY[0]
             for event in events:
-                self._dispatch(remote, event)
+                clean = self._dispatch(remote, event) or clean
+        if clean and not self._closing:
+            self._keep_idle(_Idle(agent, shape, remote.number, remote.node, remote.agent_pid))
+        else:
+            self._close_agent(agent)
+
+    # --- idle agents ---------------------------------------------------------------------------------
+
+    def _take_idle(self, shape: Any) -> _Idle | None:
+        for idle in self._idle:
+            if idle.shape == shape:
+                self._idle.remove(idle)
+                if idle.timer is not None:
+                    idle.timer.cancel()
+                return idle
+        return None
+
+    def _keep_idle(self, idle: _Idle) -> None:
+        """Keep the agent `AGENT_IDLE` s for the next attempt of its shape (it holds its resources meanwhile)."""
+        idle.timer = self.loop.call_later(AGENT_IDLE, self._expire, idle)
+        self._idle.append(idle)
+
+    def _expire(self, idle: _Idle) -> None:
+        if idle in self._idle:
+            self._idle.remove(idle)
+            self._close_agent(idle.agent)
+
+    def _release_idle(self) -> None:
+        for idle in self._idle:
+            if idle.timer is not None:
+                idle.timer.cancel()
+            self._close_agent(idle.agent)
+        self._idle.clear()
+
+    def _close_agent(self, agent: Any) -> None:
         self._closing_agents.append((agent, agent.close.remote()))
 
-    def _dispatch(self, remote: _Remote, event: tuple[Any, ...]) -> None:
+    def _dispatch(self, remote: _Remote, event: tuple[Any, ...]) -> bool:
+        """Report one event of the agent's; `True` for an end after which the agent can be reused."""
         sink = remote.sink
         match event:
             case ("data", bytes() as data):
@@ -367,12 +430,14 @@ class RayClient:
                 remote.node, remote.agent_pid = node, agent_pid
             case ("exited", str() as how, int() as value, bool() as killed):
                 self._end(remote, _exited(ExitStatus(how, value), killed))
+                return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
             case ("launcher_died", str() as how):
                 self._end(remote, _lost(f"{how} (on Ray node {_short(remote.node)})"))
             case ("launcher_death", str() as reason):
                 self.on_death(f"on Ray node {_short(remote.node)}: {reason}")
+        return False
 
     async def _lost(self, remote: _Remote, exc: BaseException) -> None:
         """Ray declared the agent dead: find out how, hold the fence, then report."""
@@ -386,8 +451,8 @@ class RayClient:
             how = f"launcher died ({agent} died: {text})"
         if not never_ran:
             await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
-        if remote.kill_asked and remote.pid is None:
-            self._end(remote, lambda s: s.on_start_failed(f"could not start: killed before it started ({how})"))
+        if remote.kill_asked and remote.node is None:
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: killed before it was placed ({how})"))
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:
@@ -430,12 +495,12 @@ def _lost(how: str) -> Callable[[AttemptSink], None]:
     return report
 
 
-def _call(agent: Any, request: tuple[Any, ...]) -> None:
+def _call(agent: Any, number: int, request: tuple[Any, ...]) -> None:
     match request:
         case ("signal", signum, group):
-            agent.signal.remote(signum, group)
+            agent.signal.remote(number, signum, group)
         case ("kill",):
-            agent.kill.remote()
+            agent.kill.remote(number)
 
 
 def _settle(future: asyncio.Future[BaseException | None], error: BaseException | None) -> None:
@@ -486,23 +551,29 @@ class Agent:
         self._events: list[Any] = []
         self._wake: asyncio.Event | None = None
         self._client: Any = None  # local.LauncherClient
+        self._number = 0  # the attempt it runs now (1, 2, ...: one at a time)
         self._key: int | None = None
         self._held: list[tuple[Any, ...]] = []
         self._killed = False
 
     # --- the actor's methods -----------------------------------------------------------------------
 
-    async def start(self, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
+    async def start(self, number: int, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
                     environment: tuple[dict[str, str], str, list[str]], preload: list[str],
                     start_timeout: float) -> None:
+        """Start attempt `number` (the parent reuses an agent only after its previous attempt's
+        end, and only for an attempt in the same environment)."""
         from .local import LauncherClient
 
+        self._number, self._key, self._held, self._killed = number, None, [], False
+        self._events = [e for e in self._events if e[0] >= number]
         node = _ray().get_runtime_context().get_node_id()
         self._emit(["placed", node, os.getpid()])
-        loop = asyncio.get_running_loop()
-        client = LauncherClient(loop, tuple(preload), self._on_death, start_timeout,
-                                environment=_local_environment(*environment))
-        self._client = client
+        if self._client is None:
+            loop = asyncio.get_running_loop()
+            self._client = LauncherClient(loop, tuple(preload), self._on_death, start_timeout,
+                                          environment=_local_environment(*environment))
+        client = self._client
         try:
             await client.ready()
         except ConfigError as exc:
@@ -516,20 +587,24 @@ class Agent:
         for request in held:
             self._apply(request)
 
-    async def events(self) -> list[Any]:
+    async def events(self, number: int) -> list[Any]:
+        """What happened to attempt `number` since the last call (waits until something did)."""
         if self._wake is None:
             self._wake = asyncio.Event()
-        while not self._events:
+        while not any(e[0] == number for e in self._events):
             self._wake.clear()
             await self._wake.wait()
-        batch, self._events = self._events, []
+        batch = [e[1:] for e in self._events if e[0] == number]
+        self._events = [e for e in self._events if e[0] > number]
         return [(e[0], bytes(e[1])) if e[0] == "data" else tuple(e) for e in batch]
 
-    async def signal(self, signum: int, group: bool) -> None:
-        self._apply(("signal", signum, group))
+    async def signal(self, number: int, signum: int, group: bool) -> None:
+        if number == self._number:
+            self._apply(("signal", signum, group))
 
-    async def kill(self) -> None:
-        self._apply(("kill",))
+    async def kill(self, number: int) -> None:
+        if number == self._number:
+            self._apply(("kill",))
 
     async def close(self) -> None:
         if self._client is not None:
@@ -549,7 +624,7 @@ class Agent:
                 self._client.kill(self._key)
 
     def _emit(self, event: list[Any]) -> None:
-        self._events.append(event)
+        self._events.append([self._number, *event])
         if self._wake is not None:
             self._wake.set()
 
@@ -566,8 +641,8 @@ class Agent:
 
     def on_data(self, data: bytes) -> None:
         last = self._events[-1] if self._events else None
-        if last is not None and last[0] == "data":
-            last[1] += data  # one event per batch: a bytearray grown in place
+        if last is not None and last[:2] == [self._number, "data"]:
+            last[2] += data  # one event per batch: a bytearray grown in place
         else:
             self._emit(["data", bytearray(data)])
 
