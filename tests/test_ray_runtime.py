@@ -323,3 +323,40 @@ def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_
     waited, message = done.stdout.strip().split(" ", 1)
     assert message == "cannot connect to Ray (address='127.0.0.1:1'): no answer within start_timeout=2.0 s", done.stdout
     assert 1.9 <= float(waited) < 5.0 and took < 30.0, (waited, took)
+
+
+def test_a_killed_supervisor_leaves_nothing_on_the_cluster(ray_cluster: Any, tmp_path: Any) -> None:
+    """A supervisor process SIGKILLed while a stubborn tree runs on Ray: Ray ends the agents its
+    driver owned, the agent's guardian dies with it, and its fork server kills the tree: every
+    process of it (setsid'ed and double-forked ones included) is gone within seconds."""
+    import signal
+    import subprocess
+
+    from tests._support import all_gone, read_records, still_there, wait_for
+
+    records = tmp_path / "tree.jsonl"
+    script = tmp_path / "supervise.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "import mpvisor\n"
+        "from mpvisor.ray import RayLauncher\n"
+        "async def main():\n"
+        "    config = mpvisor.SupervisorConfig(launcher=RayLauncher(address=sys.argv[1]))\n"
+        "    async with mpvisor.Supervisor(config) as handle:\n"
+        "        _, waiter = await handle.add_and_watch(mpvisor.TaskSpec.once(\n"
+        "            mpvisor.TaskFn('tree', 'workers.misbehave:stubborn_tree', (sys.argv[2],))))\n"
+        "        await waiter.wait()\n"
+        "asyncio.run(main())\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, str(script), ray_cluster.address, str(records)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        tree = wait_for(lambda: read_records(records), timeout=60.0)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    try:
+        wait_for(lambda: all_gone(tree), timeout=15.0)
+    except AssertionError:
+        raise AssertionError(f"left alive after the supervisor died: {still_there(tree)}") from None

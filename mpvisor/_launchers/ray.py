@@ -195,7 +195,7 @@ class RayClient:
         self._error: str | None = None
         self._connected = False
         self._agent_class: Any = None
-        self._closing_agents: list[Any] = []  # (agent, its close() reference), closing
+        self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
         self._idle: list[_Idle] = []
         self._closing = False
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
@@ -269,7 +269,7 @@ class RayClient:
         env.update((self.settings.runtime_env or {}).get("env_vars", {}))
         environment = (env, os.getcwd(), list(sys.path))
         remote.task = self.loop.create_task(
-            self._run(remote, start, exec_python, capture_output, resources, environment),
+            self._guarded(remote, start, exec_python, capture_output, resources, environment),
             name=f"mpvisor-ray-attempt-{remote.key}",
         )
         return remote.key
@@ -312,18 +312,8 @@ class RayClient:
             await asyncio.gather(*tasks, return_exceptions=True)
         for remote in list(self._attempts.values()):
             self._end(remote, _lost("launcher died (the Ray launcher was closed)"))
-        closing, self._closing_agents = self._closing_agents, []
-        if closing:
-            refs = [ref for _, ref in closing]
-            try:
-                await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), CLOSE_WAIT)
-            except TimeoutError:
-                pass
-            for agent, _ in closing:
-                try:
-                    _ray().kill(agent, no_restart=True)
-                except Exception:
-                    pass  # already gone
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
         if not self._connect.done():
             self._connect.cancel()
         if self._connected:
@@ -331,6 +321,21 @@ class RayClient:
             await self.loop.run_in_executor(None, _disconnect)
 
     # --- one attempt ------------------------------------------------------------------------------
+
+    async def _guarded(self, remote: _Remote, *args: Any) -> None:
+        """`_run`, whose end is reported whatever happens: an error of its own (Ray's API
+        raising where it should not) ends the agent and is reported, after the fence, as its death."""
+        try:
+            await self._run(remote, *args)
+        except Exception as exc:
+            if remote.agent is not None:
+                try:
+                    _ray().kill(remote.agent, no_restart=True)
+                except Exception:
+                    pass
+                await asyncio.sleep(self.settings.lost_fence)  # nobody saw its tree go
+            why = f"launcher died (the Ray launcher failed: {type(exc).__name__}: {_first_line(exc)})"
+            self._end(remote, _lost(why))
 
     async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
                    resources: Resources | None, environment: tuple[dict[str, str], str, list[str]]) -> None:
@@ -413,7 +418,20 @@ class RayClient:
         self._idle.clear()
 
     def _close_agent(self, agent: Any) -> None:
-        self._closing_agents.append((agent, agent.close.remote()))
+        task = self.loop.create_task(self._retire(agent), name="mpvisor-ray-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, agent: Any) -> None:
+        """Let the agent stop its local launcher (bounded), then make sure the actor is gone."""
+        try:
+            await asyncio.wait_for(agent.close.remote(), CLOSE_WAIT)
+        except Exception:
+            pass  # it ended itself (exit_actor), died, or did not answer in time: killed below
+        try:
+            _ray().kill(agent, no_restart=True)
+        except Exception:
+            pass  # already gone
 
     def _dispatch(self, remote: _Remote, event: tuple[Any, ...]) -> bool:
         """Report one event of the agent's; `True` for an end after which the agent can be reused."""
