@@ -306,6 +306,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = _Parser(prog="mpvisor", description="Supervise work in child processes.")
     parser.add_argument("--version", action=_Version, help="print `mpvisor <version>` and exit")
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
+    commands.add_parser("slots", help="show this user's shared slots (--json), or run their server (slots serve)", add_help=False)
     run = commands.add_parser("run", help="run one task under supervision until it ends",
                               description="Run one task under supervision until it ends.")
     run.add_argument("--name", type=task_name, help="the task name (default: the function or program name)")
@@ -322,6 +323,10 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
     run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
+    run.add_argument("--slot", type=task_name, metavar="NAME",
+                     help="run only while holding this slot, shared by every mpvisor process of this user on this host")
+    run.add_argument("--policy", choices=("queue", "replace", "drop"), default=None,
+                     help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
     run.add_argument("--events", choices=("json", "log", "none"), default="none")
     run.add_argument("--progress", action="store_true", help="show a progress bar on a terminal")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
@@ -349,6 +354,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec]:
         spec = build_spec(args)
     except (TypeError, ValueError) as exc:
         run.error(str(exc))
+    if args.policy is not None and args.slot is None:
+        run.error("argument --policy: needs --slot")
     return args, spec
 
 
@@ -393,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> _Ending:
+    if argv[:1] == ["slots"]:
+        from ._slotcli import slots_main
+
+        return _Ending(slots_main(argv[1:]))
     args, spec = parse(argv)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: targets resolve from here
@@ -413,9 +424,37 @@ def _main(argv: list[str]) -> _Ending:
         from .ray import RayLauncher
 
         launcher = RayLauncher(address=args.ray)
+    lease = None
+    if args.slot is not None:
+        from . import _slotcli
+        from ._leases import LeaseError
+
+        try:
+            lease = _slotcli.SlotLease(args.slot, args.policy or "queue", spec.name)
+            decision = lease.acquire()
+        except LeaseError as exc:
+            print(f"mpvisor: slot {args.slot!r}: {exc}", file=sys.stderr)
+            return _Ending(1)
+        except KeyboardInterrupt:
+            print(f"mpvisor: slot {args.slot!r}: interrupted while queued; left the queue", file=sys.stderr)
+            return _Ending(128 + signal.SIGINT, signal.SIGINT)
+        except _slotcli._Stop:
+            print(f"mpvisor: slot {args.slot!r}: terminated while queued; left the queue", file=sys.stderr)
+            return _Ending(128 + signal.SIGTERM, signal.SIGTERM)
+        if not decision.granted:
+            kind = decision.kind or "slot_busy"
+            print(f"mpvisor: {spec.name}: rejected reason={_slotcli.REJECTED_REASON.get(kind, kind)!r} "
+                  f"slot={args.slot!r}", file=sys.stderr)
+            lease.client.close()
+            return _Ending(_slotcli.REJECTED_STATUS.get(kind, 1))
+        subscribers.append(_slotcli.LeaseSubscriber(lease))
     supervisor = Supervisor(SupervisorConfig(grace=args.grace, launcher=launcher), subscribers)
     try:
-        outcomes = asyncio.run(supervisor.run([spec]))
+        try:
+            outcomes = asyncio.run(supervisor.run([spec], _before_add=lease.before_add() if lease else None))
+        finally:
+            if lease is not None:
+                lease.release()  # `run` returned: the supervisor shut down, every tree is reaped
     except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first
         print(f"mpvisor: {exc}", file=sys.stderr)
         first = supervisor.interrupts[0] if supervisor.interrupts else None
@@ -429,6 +468,9 @@ def _main(argv: list[str]) -> _Ending:
         first = interrupts[0] if interrupts else None
         return _Ending(128 + first if first is not None else 1, first)
     outcome = outcomes[spec.name]
+    if lease is not None and lease.revoked:
+        print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
+        return _Ending(_slotcli.REPLACED)
     print(outcome_line(spec.name, outcome), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         _write_line(machine, value_line(outcome.value))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -127,8 +127,12 @@ class Supervisor:
 
     # --- running a batch ------------------------------------------------------------------------
 
-    async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
-        """Register `specs` at once, wait until no work is left, shut down; outcomes by name."""
+    async def run(self, specs: Sequence[TaskSpec], *,
+                  _before_add: Callable[[Runtime], Awaitable[None]] | None = None) -> dict[str, TaskOutcome]:
+        """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
+
+        (`_before_add`, private: awaited after the supervisor is served and before `specs` are
+        added, under the same signal handling; `mpvisor run --slot` registers its launcher there.)"""
         specs = list(specs)
         if self._ran:
             raise AlreadyRunning("Supervisor.run() can be called only once")
@@ -142,6 +146,8 @@ class Supervisor:
             return {}
         with _SignalHandlers(runtime):
             try:
+                if _before_add is not None:
+                    await _before_add(runtime)
                 waiters = await handle._add(specs, wait=True)
             except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
                 if _holds_no_work(runtime):  # but tasks added through other handles go on

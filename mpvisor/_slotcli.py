@@ -1,0 +1,172 @@
+"""How does `mpvisor run --slot NAME` share its slot with every other mpvisor process of the user?
+
+It takes the slot's lease from the slot server (`_leases.py`, `_slotserver.py`) before its task
+runs, holds it while the task runs in this process's own tree, and gives it back only once the
+supervisor has shut down (every attempt's tree reaped). Also `mpvisor slots` (the table) and
+`mpvisor slots serve`.
+
+| what happens | `mpvisor run --slot` |
+|---|---|
+| the slot is free | runs at once |
+| busy, `--policy queue` (default) | says on stderr that it waits (position, the owner), then runs |
+| busy, `--policy drop` | exits `SLOT_BUSY` (3), nothing ran |
+| queue full | exits `QUEUE_FULL` (4) |
+| replaced in the queue by a `--policy replace` | exits `SUPERSEDED` (5), nothing ran |
+| a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits `REPLACED` (6) |
+| Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
+| Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
+| it is SIGKILLed | the server releases the lease once this process, its launcher and its attempts are gone |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ._events import Event, EventKind
+from ._leases import Decision, LeaseClient, LeaseError, NoServer, pid_of
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+SLOT_BUSY = 3
+QUEUE_FULL = 4
+SUPERSEDED = 5
+REPLACED = 6
+REJECTED_STATUS = {"slot_busy": SLOT_BUSY, "queue_full": QUEUE_FULL, "superseded_by_replace": SUPERSEDED}
+REJECTED_REASON = {
+    "slot_busy": "the slot is busy (--policy drop)",
+    "queue_full": "the slot's queue is full",
+    "superseded_by_replace": "superseded by a replacement while queued",
+}
+
+
+class _Stop(Exception):
+    """A SIGTERM while waiting in the queue."""
+
+
+class SlotLease:
+    """This process's lease on one slot, from the request to its release."""
+
+    def __init__(self, slot: str, policy: str, name: str) -> None:
+        self.slot, self.policy, self.name = slot, policy, name
+        self.client = LeaseClient()
+        self.revoked = False
+
+    def acquire(self) -> Decision:
+        """Wait for the decision; Ctrl-C / SIGTERM meanwhile leave the queue and propagate."""
+        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        try:
+            me = pid_of(os.getpid())
+            return self.client.acquire(self.slot, self.policy, self.name, [me] if me else [], self._queued)
+        except (KeyboardInterrupt, _Stop):
+            self.client.withdraw()
+            self.client.close()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _queued(self, position: int, owner: dict[str, Any] | None) -> None:
+        held = ""
+        if owner:
+            since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
+            held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
+        print(f"mpvisor: slot {self.slot!r} is busy{held}; waiting, position {position} in its queue",
+              file=sys.stderr, flush=True)
+
+    def before_add(self) -> Callable[[Runtime], Awaitable[None]]:
+        """What `Supervisor.run` does before it adds the task: register the launcher (whose exit
+        comes after every tree it forked is gone) and watch for a revoke."""
+
+        async def hook(runtime: Runtime) -> None:
+            await runtime.ready()
+            client = runtime.client
+            pids = [getattr(client, "pid", None), getattr(getattr(client, "_proc", None), "pid", None)]
+            self.client.add_pids([p for p in (pid_of(pid) for pid in pids if pid) if p is not None])
+            loop = runtime.loop
+
+            def revoke() -> None:
+                self.revoked = True
+                print(f"mpvisor: slot {self.slot!r}: replaced by a newer submission; stopping", file=sys.stderr, flush=True)
+                loop.create_task(_shut(runtime))
+
+            def on_revoke() -> None:  # on the lease's thread
+                loop.call_soon_threadsafe(revoke)
+
+            self.client.watch(on_revoke)
+
+        return hook
+
+    def release(self) -> None:
+        self.client.release()
+        self.client.close()
+
+
+class LeaseSubscriber:
+    """Registers each attempt's pid with the slot server as it starts."""
+
+    name = "slot-lease"
+    queue_capacity = 1024
+
+    def __init__(self, lease: SlotLease) -> None:
+        self.lease = lease
+
+    def on_event(self, event: Event) -> None:
+        if event.kind is EventKind.ATTEMPT_STARTING and event.pid:
+            found = pid_of(event.pid)
+            if found is not None:
+                self.lease.client.add_pids([found])
+
+
+async def _shut(runtime: Runtime) -> None:
+    try:
+        await runtime.shutdown()
+    except Exception:
+        pass  # `run` reports it: it awaits the same shutdown
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop()
+
+
+# --- `mpvisor slots` -----------------------------------------------------------------------------------
+
+
+def slots_main(argv: list[str]) -> int:
+    """`mpvisor slots [--json]` and `mpvisor slots serve [...]`."""
+    if argv[:1] == ["serve"]:
+        from . import _slotserver
+
+        return _slotserver.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="mpvisor slots", description="Show this user's shared slots.")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = parser.parse_args(argv)
+    try:
+        client = LeaseClient(start=False)
+    except NoServer:
+        slots: list[dict[str, Any]] = []  # no server: nothing is held or queued
+    except LeaseError as exc:
+        print(f"mpvisor slots: {exc}", file=sys.stderr)
+        return 1
+    else:
+        try:
+            slots = client.snapshot()
+        finally:
+            client.close()
+    if args.json:
+        print(json.dumps({"slots": slots}))
+        return 0
+    print(f"{'SLOT':20s} {'STATUS':12s} {'OWNER PID':>9s}  {'OWNER':20s} {'SINCE':8s}  QUEUE")
+    for view in slots:
+        owner = view.get("owner") or {}
+        since = time.strftime("%H:%M:%S", time.localtime(owner["since"])) if owner.get("since") else "-"
+        queue = ", ".join(f"{q['name']} ({q['pid']})" for q in view.get("queue", [])) or "-"
+        print(f"{view['slot']:20s} {view['status']:12s} {owner.get('pid', '-')!s:>9s}  {owner.get('name', '-')!s:20s} {since:8s}  {queue}")
+    return 0
+
