@@ -1,0 +1,326 @@
+"""Do slots hold across every mpvisor process of a user on this host?
+
+Real `mpvisor run --slot` processes (the installed executable, from a directory outside the
+repository) against a real slot server in a per-test directory (`MPVISOR_SLOTS_DIR`): two
+deploy scripts at the same moment, 20 concurrent runs under each policy, an owner SIGKILLed, the
+server SIGKILLed, a stale socket, a second server, garbage on the socket, another uid. Owners
+are `workers/slot_owner.py`, which log `start`/`end` with timestamps: intervals of one slot must
+never overlap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from mpvisor import _leases
+from tests._support import read_records, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPVISOR = shutil.which("mpvisor")
+
+
+@pytest.fixture
+def slots(tmp_path: Any) -> Iterator[Any]:
+    """A private slot-server directory; afterwards its server (if one runs) is stopped."""
+    directory = tmp_path / "slots"
+    yield directory
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "serve" in cmdline and str(directory) in cmdline:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except psutil.TimeoutExpired:
+                process.kill()
+
+
+def env_for(slots: Any) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": ROOT, _leases.DIR_ENV: str(slots)}
+
+
+def start(slots: Any, cwd: Any, *argv: str) -> subprocess.Popen[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.Popen([MPVISOR, "run", *argv], cwd=cwd, env=env_for(slots), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def owner(log: Any, hold: float, label: str, *extra: str) -> list[str]:
+    return ["--", sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label, *extra]
+
+
+def intervals(log: Any) -> list[tuple[float, float, str]]:
+    """`(start, end, label)` of every owner that ended, by start time."""
+    starts: dict[str, float] = {}
+    found = []
+    for line in log.read_text().splitlines():
+        word, *rest = line.split()
+        if word == "start":
+            starts[rest[0]] = float(rest[1])
+        elif word == "end":
+            found.append((starts[rest[0]], float(rest[1]), rest[0]))
+    return sorted(found)
+
+
+def assert_one_owner_at_a_time(log: Any) -> list[tuple[float, float, str]]:
+    found = intervals(log)
+    for (_, end, a), (begin, _, b) in itertools.pairwise(found):
+        assert end <= begin, f"owner {b} started at {begin} before owner {a} ended at {end}"
+    return found
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def server_pids(slots: Any) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if "serve" in (p.info["cmdline"] or []) and str(slots) in (p.info["cmdline"] or [])]
+
+
+# --- the recipe: two deploy scripts --------------------------------------------------------------------
+
+
+def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tmp_path: Any) -> None:
+    """Two bash scripts started at the same moment, each `mpvisor run --slot deploy-prod --
+    ./deploy.sh`: one deploys, then the other, after the first's whole tree is gone; both exit 0.
+    The first run starts the slot server on demand."""
+    log = tmp_path / "deploys.log"
+    deploy = tmp_path / "deploy.sh"
+    deploy.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f"exec {sys.executable} -m workers.slot_owner {log} 0.5 deploy-$$\n"
+    )
+    deploy.chmod(0o755)
+    script = tmp_path / "ci-job.sh"
+    script.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\ncd {tmp_path}\n{MPVISOR} run --slot deploy-prod -- ./deploy.sh\necho deployed\n")
+    jobs = [subprocess.Popen(["bash", str(script)], env=env_for(slots), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    results = [job.communicate(timeout=60) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], results
+    assert all(out == "deployed\n" for out, _ in results), results
+    assert len(assert_one_owner_at_a_time(log)) == 2
+    assert any("waiting, position 1" in err for _, err in results), results
+    mode = os.stat(slots).st_mode
+    assert stat.S_IMODE(mode) == 0o700 and stat.S_IMODE(os.stat(slots / "slots.sock").st_mode) == 0o600
+
+
+# --- many processes, each policy ----------------------------------------------------------------------
+
+
+def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
+    """20 runs, each started once the previous one is queued: all exit 0, one owner at a time,
+    served in the order they queued."""
+    log = tmp_path / "owners.log"
+    procs = [start(slots, tmp_path, "--slot", "s", *owner(log, 1.0, "r00"))]
+    wait_for(lambda: log.exists() and "start r00" in log.read_text(), timeout=30)
+    for n in range(1, 20):
+        proc = start(slots, tmp_path, "--slot", "s", *owner(log, 0.02, f"r{n:02d}"))
+        procs.append(proc)
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # it says it waits before anything else
+        assert f"waiting, position {n}" in line or "waiting, position" in line, line
+    results = [finish(proc) for proc in procs]
+    assert [status for status, _ in results] == [0] * 20, results
+    found = assert_one_owner_at_a_time(log)
+    assert [label for _, _, label in found] == [f"r{n:02d}" for n in range(20)]
+
+
+def test_twenty_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
+    """While an owner runs, 20 concurrent `--policy drop` runs exit SLOT_BUSY (3): none ran."""
+    log = tmp_path / "owners.log"
+    holder = start(slots, tmp_path, "--slot", "s", *owner(log, 3.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    drops = [start(slots, tmp_path, "--slot", "s", "--policy", "drop", *owner(log, 0.0, f"d{n}")) for n in range(20)]
+    results = [finish(proc) for proc in drops]
+    assert [status for status, _ in results] == [3] * 20, results
+    assert all("rejected reason='the slot is busy (--policy drop)'" in err for _, err in results), results[0]
+    assert finish(holder)[0] == 0
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder"]
+
+
+def test_twenty_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slots: Any, tmp_path: Any) -> None:
+    """20 `--policy replace` runs started together on a busy slot: the owner is retired (REPLACED,
+    6), each replacement either replaces the one before (6), supersedes a queued one (5) or is
+    the last (0); never two owners at once."""
+    log = tmp_path / "owners.log"
+    holder = start(slots, tmp_path, "--slot", "s", "--grace", "5", *owner(log, 30.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    procs = [start(slots, tmp_path, "--slot", "s", "--policy", "replace", "--grace", "5", *owner(log, 1.0, f"p{n}"))
+             for n in range(20)]
+    results = [finish(proc) for proc in procs]
+    statuses = [status for status, _ in results]
+    assert finish(holder)[0] == 6
+    assert set(statuses) <= {0, 5, 6} and statuses.count(0) == 1, results
+    assert statuses.count(5) >= 1, statuses  # started together: most never ran
+    found = assert_one_owner_at_a_time(log)  # a retired owner logs its `end` when SIGTERM reaches it
+    ran = {label for _, _, label in found}
+    winner = f"p{statuses.index(0)}"
+    assert found[0][2] == "holder" and found[-1][2] == winner, found
+    assert ran <= {"holder"} | {f"p{n}" for n, status in enumerate(statuses) if status in (0, 6)}, (found, statuses)
+
+
+# --- failures --------------------------------------------------------------------------------------------
+
+
+def test_a_sigkilled_owner_keeps_the_slot_until_its_tree_is_gone(slots: Any, tmp_path: Any) -> None:
+    """The owner's mpvisor is SIGKILLed while its stubborn tree (SIGTERM-deaf, setsid'ed and
+    double-forked descendants) runs: the queued next owner starts only once every process of
+    that tree is gone."""
+    records = tmp_path / "tree.jsonl"
+    log = tmp_path / "owners.log"
+    first = start(slots, tmp_path, "--slot", "s", "workers.misbehave:stubborn_tree", str(records))
+    tree = wait_for(lambda: read_records(records), timeout=30)
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.0, "next", str(records)))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    status, err = finish(second)
+    assert status == 0, err
+    assert log.read_text().splitlines()[0] == "clean", (log.read_text(), tree)
+
+
+def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any) -> None:
+    """The server is SIGKILLed while an owner runs and two others queue: the owner keeps its
+    lease through the next server (which inherits it), the queued ones submit again, and no two
+    owners ever overlap; all exit 0."""
+    log = tmp_path / "owners.log"
+    holder = start(slots, tmp_path, "--slot", "s", *owner(log, 2.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.3, f"q{n}")) for n in range(2)]
+    for proc in queued:
+        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    (server,) = server_pids(slots)
+    os.kill(server, signal.SIGKILL)
+    results = [finish(proc) for proc in (holder, *queued)]
+    assert [status for status, _ in results] == [0, 0, 0], results
+    assert next(label for _, _, label in assert_one_owner_at_a_time(log)) == "holder"
+    assert len(intervals(log)) == 3
+    assert server_pids(slots) and server_pids(slots) != [server]
+
+
+def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, tmp_path: Any) -> None:
+    """A socket file nobody listens at (a server that died) does not stop the next run; a second
+    `mpvisor slots serve` on a directory already served exits with status 3, saying why."""
+    os.makedirs(slots, mode=0o700)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(slots / "slots.sock"))
+    stale.close()
+    done = start(slots, tmp_path, "--slot", "s", "--", "true")
+    assert finish(done)[0] == 0
+    second = subprocess.run([MPVISOR or "mpvisor", "slots", "serve", "--dir", str(slots)], env=env_for(slots),
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 3 and "another slot server already serves" in second.stderr, second
+
+
+def _raw(slots: Any) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(slots / "slots.sock"))
+    sock.settimeout(10)
+    return sock
+
+
+def _replies(sock: socket.socket) -> list[Any]:
+    decoder = _leases.FrameDecoder(_leases.MAX_FRAME)
+    found: list[Any] = []
+    while not found:
+        data = sock.recv(65536)
+        if not data:
+            break
+        found.extend(decoder.feed(data))
+    return found
+
+
+def test_garbage_gets_an_error_and_costs_only_its_own_connection(slots: Any, tmp_path: Any) -> None:
+    """An unknown request or a bad field in a good frame: an `error` reply, the connection stays;
+    an oversized or undecodable frame: an `error`, then only that client is disconnected. The
+    server still serves everyone else."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    good = _raw(slots)
+    good.sendall(_leases.encode({"t": "dance"}))
+    assert _replies(good)[0]["t"] == "error"
+    good.sendall(_leases.encode({"t": "submit", "req": 1, "slot": "", "policy": "queue", "name": "x", "pids": []}))
+    (reply,) = _replies(good)
+    assert reply["t"] == "error" and "slot" in reply["message"], reply
+    good.sendall(_leases.encode({"t": "snapshot"}))
+    assert _replies(good)[0]["t"] == "snapshot"  # still connected
+    for junk in (struct.pack(">I", 10 * _leases.MAX_FRAME) + b"x", struct.pack(">I", 3) + b"\xc1\xc1\xc1"):
+        bad = _raw(slots)
+        bad.sendall(junk)
+        replies = _replies(bad)
+        assert replies and replies[0]["t"] == "error", replies
+        assert bad.recv(1) == b""  # disconnected
+        bad.close()
+    good.sendall(_leases.encode({"t": "snapshot"}))
+    assert _replies(good)[0]["t"] == "snapshot"
+    good.close()
+    assert finish(start(slots, tmp_path, "--slot", "s", "--", "true"))[0] == 0
+
+
+def test_another_user_is_refused(slots: Any, tmp_path: Any) -> None:
+    """(Run as root, as CI is: a child drops to uid nobody.) A client of another uid gets an error
+    naming both uids and is disconnected, even when the directory's permissions would let it in."""
+    import pathlib
+    import tempfile
+
+    public = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-uid-test-"))  # tmp_path's parents are 0700
+    os.chmod(public, 0o755)
+    try:
+        _refused_as_nobody(public / "slots", tmp_path)
+    finally:
+        for pid in server_pids(public / "slots"):
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not server_pids(public / "slots"), timeout=10)
+        shutil.rmtree(public)
+
+
+def _refused_as_nobody(slots: Any, tmp_path: Any) -> None:
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0
+    os.chmod(slots, 0o755)
+    os.chmod(slots / "slots.sock", 0o666)
+    code = (
+        "import os, socket, sys; os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print(s.recv(4096)[4:].decode('latin-1'))"
+    )
+    other = subprocess.run([sys.executable, "-c", code, str(slots / "slots.sock")], capture_output=True, text=True, timeout=30)
+    os.chmod(slots, 0o700)
+    assert other.returncode == 0, other.stderr
+    assert "refused: this slot server serves uid 0 only, not uid 65534" in other.stdout, other.stdout
+
+
+def test_ctrl_c_of_a_queued_run_leaves_the_queue_and_the_table_shows_it(slots: Any, tmp_path: Any) -> None:
+    """`mpvisor slots` shows the owner and the queue; a queued run interrupted by SIGINT leaves
+    the queue and dies by SIGINT; `mpvisor slots --json` then shows the owner alone."""
+    log = tmp_path / "owners.log"
+    holder = start(slots, tmp_path, "--slot", "deploy", *owner(log, 30.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    waiting = start(slots, tmp_path, "--slot", "deploy", *owner(log, 0.0, "waiting"))
+    assert waiting.stderr is not None and "waiting, position 1" in waiting.stderr.readline()
+    table = subprocess.run([MPVISOR or "mpvisor", "slots"], env=env_for(slots), capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0 and "deploy" in table.stdout and "running" in table.stdout and "slot_owner" not in table.stderr
+    assert str(holder.pid) in table.stdout and f"({waiting.pid})" in table.stdout, table.stdout
+    waiting.send_signal(signal.SIGINT)
+    assert finish(waiting)[0] == -signal.SIGINT
+    shown = json.loads(subprocess.run([MPVISOR or "mpvisor", "slots", "--json"], env=env_for(slots), capture_output=True,
+                                      text=True, timeout=30).stdout)
+    (view,) = shown["slots"]
+    assert view["owner"]["pid"] == holder.pid and view["queue"] == [], view
+    holder.send_signal(signal.SIGTERM)
+    assert finish(holder)[0] == -signal.SIGTERM
+    assert "start waiting" not in log.read_text()
