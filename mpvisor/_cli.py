@@ -68,6 +68,7 @@ from ._config import SupervisorConfig
 from ._errors import ConfigError, GraceExceeded, ShuttingDown
 from ._events import Event, EventKind
 from ._outcome import OutcomeKind, TaskOutcome
+from ._slotcli import SlotRejected
 from ._spec import RestartPolicy, TaskDefaults, TaskSpec
 from ._supervisor import Supervisor
 from ._task import CommandTask, TaskFn, target_path
@@ -431,22 +432,9 @@ def _main(argv: list[str]) -> _Ending:
 
         try:
             lease = _slotcli.SlotLease(args.slot, args.policy or "queue", spec.name)
-            decision = lease.acquire()
         except LeaseError as exc:
             print(f"mpvisor: slot {args.slot!r}: {exc}", file=sys.stderr)
             return _Ending(1)
-        except KeyboardInterrupt:
-            print(f"mpvisor: slot {args.slot!r}: interrupted while queued; left the queue", file=sys.stderr)
-            return _Ending(128 + signal.SIGINT, signal.SIGINT)
-        except _slotcli._Stop:
-            print(f"mpvisor: slot {args.slot!r}: terminated while queued; left the queue", file=sys.stderr)
-            return _Ending(128 + signal.SIGTERM, signal.SIGTERM)
-        if not decision.granted:
-            kind = decision.kind or "slot_busy"
-            print(f"mpvisor: {spec.name}: rejected reason={_slotcli.REJECTED_REASON.get(kind, kind)!r} "
-                  f"slot={args.slot!r}", file=sys.stderr)
-            lease.client.close()
-            return _Ending(_slotcli.REJECTED_STATUS.get(kind, 1))
         subscribers.append(_slotcli.LeaseSubscriber(lease))
     supervisor = Supervisor(SupervisorConfig(grace=args.grace, launcher=launcher), subscribers)
     try:
@@ -454,7 +442,10 @@ def _main(argv: list[str]) -> _Ending:
             outcomes = asyncio.run(supervisor.run([spec], _before_add=lease.before_add() if lease else None))
         finally:
             if lease is not None:
-                lease.release()  # `run` returned: the supervisor shut down, every tree is reaped
+                lease.close()  # `run` returned: the supervisor shut down, every tree is reaped
+    except SlotRejected as exc:  # the slot server refused the lease: nothing ran
+        print(f"mpvisor: {spec.name}: rejected reason={str(exc)!r} slot={args.slot!r}", file=sys.stderr)
+        return _Ending(exc.status)
     except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first
         print(f"mpvisor: {exc}", file=sys.stderr)
         first = supervisor.interrupts[0] if supervisor.interrupts else None

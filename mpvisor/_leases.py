@@ -267,6 +267,8 @@ class LeaseClient:
         self.send(request)
         while True:
             message = self.receive()
+            if message is None and self._closed:
+                return Decision(False, "withdrawn")  # we left the queue ourselves
             if message is None:  # the server died while we waited: submit again to the next one
                 self._sock.close()
                 self._sock, self._decoder, self._pending = self._connect(), FrameDecoder(MAX_FRAME), []

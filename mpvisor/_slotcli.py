@@ -21,14 +21,16 @@ supervisor has shut down (every attempt's tree reaped). Also `mpvisor slots` (th
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ._errors import ShuttingDown
 from ._events import Event, EventKind
 from ._leases import Decision, LeaseClient, LeaseError, NoServer, pid_of
 
@@ -47,10 +49,6 @@ REJECTED_REASON = {
 }
 
 
-class _Stop(Exception):
-    """A SIGTERM while waiting in the queue."""
-
-
 class SlotLease:
     """This process's lease on one slot, from the request to its release."""
 
@@ -58,19 +56,8 @@ class SlotLease:
         self.slot, self.policy, self.name = slot, policy, name
         self.client = LeaseClient()
         self.revoked = False
-
-    def acquire(self) -> Decision:
-        """Wait for the decision; Ctrl-C / SIGTERM meanwhile leave the queue and propagate."""
-        previous = signal.signal(signal.SIGTERM, _raise_stop)
-        try:
-            me = pid_of(os.getpid())
-            return self.client.acquire(self.slot, self.policy, self.name, [me] if me else [], self._queued)
-        except (KeyboardInterrupt, _Stop):
-            self.client.withdraw()
-            self.client.close()
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        self._released = False
+        self._lock = threading.Lock()
 
     def _queued(self, position: int, owner: dict[str, Any] | None) -> None:
         held = ""
@@ -81,15 +68,33 @@ class SlotLease:
               file=sys.stderr, flush=True)
 
     def before_add(self) -> Callable[[Runtime], Awaitable[None]]:
-        """What `Supervisor.run` does before it adds the task: register the launcher (whose exit
-        comes after every tree it forked is gone) and watch for a revoke."""
+        """What `Supervisor.run` does before it adds the task: once the launcher is ready (so
+        that a grant costs only a fork), ask for the lease with this process, the launcher and
+        its guardian as the owner's processes (the launcher exits only after every tree it
+        forked is gone); wait in the queue (a shutdown, Ctrl-C or SIGTERM, leaves it); raise
+        `SlotRejected` if refused; then watch for a revoke."""
 
         async def hook(runtime: Runtime) -> None:
             await runtime.ready()
             client = runtime.client
-            pids = [getattr(client, "pid", None), getattr(getattr(client, "_proc", None), "pid", None)]
-            self.client.add_pids([p for p in (pid_of(pid) for pid in pids if pid) if p is not None])
+            candidates = [os.getpid(), getattr(client, "pid", None), getattr(getattr(client, "_proc", None), "pid", None)]
+            pids = [p for p in (pid_of(pid) for pid in candidates if pid) if p is not None]
             loop = runtime.loop
+            asked: asyncio.Future[Decision] = loop.run_in_executor(
+                None, self.client.acquire, self.slot, self.policy, self.name, pids, self._queued)
+            stopping: asyncio.Future[Any] = asyncio.ensure_future(runtime._stopping.wait())
+            try:
+                await asyncio.wait([asked, stopping], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not asked.done():  # interrupted while queued
+                self.client.withdraw()
+                self.client.close()
+                raise ShuttingDown(f"interrupted while queued for slot {self.slot!r}: left the queue")
+            decision = asked.result()
+            if not decision.granted:
+                self.client.close()
+                raise SlotRejected(decision.kind or "slot_busy")
 
             def revoke() -> None:
                 self.revoked = True
@@ -104,12 +109,30 @@ class SlotLease:
         return hook
 
     def release(self) -> None:
+        """Give the lease back (once: at the task's removal, its tree reaped, or at the end)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
         self.client.release()
+
+    def close(self) -> None:
+        self.release()
         self.client.close()
 
 
+class SlotRejected(Exception):
+    """The slot server refused the lease (`kind`: slot_busy, queue_full, superseded_by_replace)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(REJECTED_REASON.get(kind, kind))
+        self.kind = kind
+        self.status = REJECTED_STATUS.get(kind, 1)
+
+
 class LeaseSubscriber:
-    """Registers each attempt's pid with the slot server as it starts."""
+    """Registers each attempt's pid with the slot server as it starts, and releases the lease
+    as soon as the task is removed (its tree reaped), before the supervisor finishes shutting down."""
 
     name = "slot-lease"
     queue_capacity = 1024
@@ -122,6 +145,8 @@ class LeaseSubscriber:
             found = pid_of(event.pid)
             if found is not None:
                 self.lease.client.add_pids([found])
+        elif event.kind is EventKind.TASK_REMOVED:  # terminal cleanup: its last tree is reaped
+            self.lease.release()
 
 
 async def _shut(runtime: Runtime) -> None:
@@ -129,10 +154,6 @@ async def _shut(runtime: Runtime) -> None:
         await runtime.shutdown()
     except Exception:
         pass  # `run` reports it: it awaits the same shutdown
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop()
 
 
 # --- `mpvisor slots` -----------------------------------------------------------------------------------

@@ -125,21 +125,28 @@ def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tm
 
 
 def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
-    """20 runs, each started once the previous one is queued: all exit 0, one owner at a time,
-    served in the order they queued."""
+    """20 runs: one holds the slot while 19 start at once and queue; all exit 0, one owner at a
+    time, served in the order the server queued them (the position each was told)."""
     log = tmp_path / "owners.log"
-    procs = [start(slots, tmp_path, "--slot", "s", *owner(log, 1.0, "r00"))]
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the first owner holds the slot until the test writes to it
+    first = f'echo "start r00 $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end r00 $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", first)
     wait_for(lambda: log.exists() and "start r00" in log.read_text(), timeout=30)
-    for n in range(1, 20):
-        proc = start(slots, tmp_path, "--slot", "s", *owner(log, 0.02, f"r{n:02d}"))
-        procs.append(proc)
+    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.02, f"r{n:02d}")) for n in range(1, 20)]
+    positions = {}
+    for n, proc in enumerate(queued, start=1):
         assert proc.stderr is not None
         line = proc.stderr.readline()  # it says it waits before anything else
-        assert f"waiting, position {n}" in line or "waiting, position" in line, line
-    results = [finish(proc) for proc in procs]
+        assert "waiting, position " in line, line
+        positions[f"r{n:02d}"] = int(line.split("waiting, position ")[1].split()[0])
+    assert sorted(positions.values()) == list(range(1, 20)), positions
+    with open(gate, "w") as release:
+        release.write("go\n")
+    results = [finish(proc) for proc in (holder, *queued)]
     assert [status for status, _ in results] == [0] * 20, results
     found = assert_one_owner_at_a_time(log)
-    assert [label for _, _, label in found] == [f"r{n:02d}" for n in range(20)]
+    assert [label for _, _, label in found] == ["r00", *sorted(positions, key=positions.__getitem__)]
 
 
 def test_twenty_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
