@@ -31,7 +31,11 @@ its own stdout to stderr before the launcher starts, so every attempt inherits t
 | 1 | any other failure (exit code 0, None or out of range; fatal, canceled, ...) |
 | 2 | a usage error: one line on stderr naming the option and the value; nothing ran |
 | death by SIGINT / SIGTERM | interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143) |
-| 3..9 | reserved, never used today: statuses about admission (a busy slot, a full queue, superseded) will take them |
+| 3 | `--slot NAME --policy drop`: the slot is busy (nothing ran) |
+| 4 | `--slot`: the slot's queue is full (nothing ran) |
+| 5 | `--slot`: superseded by a replacement while queued (nothing ran) |
+| 6 | `--slot`: a `--policy replace` run stopped this one's task (cooperative stop, grace, tree kill) |
+| 7..9 | reserved |
 
 Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a second SIGINT kills
