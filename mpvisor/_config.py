@@ -123,14 +123,19 @@ class ControllerConfig:
     """The controller's limits: `queue_capacity` (>= 1, default 1024) commands wait for the
     controller, and as many forwarded removals may be in flight, before the `try_*` forms raise;
     `max_slot_queue` (>= 0, default 100) pending submissions per slot before `QUEUE` is rejected
-    `QUEUE_FULL` (a `REPLACE` head may exceed it)."""
+    `QUEUE_FULL` (a `REPLACE` head may exceed it). `shared=True` shares the slots with every
+    mpvisor process of this user on this host (`mpvisor run --slot` included): a submission the
+    local slot admits also takes the slot's lease from the slot server, with its policy, before
+    it is registered, and gives it back once its tree is reaped."""
 
     queue_capacity: int  # >= 1: commands waiting, and removals in flight
     max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)
+    shared: bool  # the slots are shared with the user's other processes (the slot server)
 
-    def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100) -> None:
+    def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100, shared: bool = False) -> None:
         _set(self, "queue_capacity", _validate.positive_int("queue_capacity", queue_capacity))
         _set(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
+        _set(self, "shared", _checked_bool("shared", shared))
 
 
 def _seconds(field: str, value: object, *, allow_zero: bool = True) -> float:

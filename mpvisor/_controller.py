@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,6 +58,12 @@ if TYPE_CHECKING:
 
 
 _log = logging.getLogger("mpvisor.runtime")
+_LEASE_REJECTIONS = {
+    "slot_busy": RejectionKind.SLOT_BUSY,
+    "queue_full": RejectionKind.QUEUE_FULL,
+    "superseded_by_replace": RejectionKind.SUPERSEDED_BY_REPLACE,
+    "withdrawn": RejectionKind.CONTROLLER_SHUTTING_DOWN,
+}
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 
@@ -135,6 +143,7 @@ class Controller:
         self._publish = host.publish
         self._now = host.loop.time  # the clock of slot ages
         self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
+        self.leases: dict[int, Any] = {}  # shared slots: item id -> its `_leases.LeaseClient`
 
     def __repr__(self) -> str:
         return (
@@ -281,6 +290,12 @@ class Controller:
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
+        if self.config.shared:
+            self.host.loop.create_task(self._lease_then_hand_over(item))
+            return
+        self._hand_over_now(item)
+
+    def _hand_over_now(self, item: _Pending) -> None:
         add = Add([(item.id, item.task_spec.resolve(self.host.defaults))], owned_by_controller=True,
                   on_accept=lambda actor: self._accepted_now(item, actor),
                   on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
@@ -293,6 +308,63 @@ class Controller:
             pass  # a rejection: on_reject already posted the decision
         except Exception:  # a closing registry, or a command that failed: it could not decide
             self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
+
+    async def _lease_then_hand_over(self, item: _Pending) -> None:
+        """Shared slots: take the slot's lease from the slot server (this process and its
+        launcher as the owner's processes), then hand the item to the registry; a refusal is the
+        waiter's rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
+        from . import _leases
+
+        try:
+            await self.host.ready()
+            client = await self.host.loop.run_in_executor(None, _leases.LeaseClient)
+        except Exception as exc:
+            _log.warning("slot %r: no slot server: %s", item.slot, exc)
+            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
+            return
+        self.leases[item.id] = client
+        launcher = getattr(self.host, "client", None)
+        candidates = [os.getpid(), getattr(launcher, "pid", None), getattr(getattr(launcher, "_proc", None), "pid", None)]
+        pids = [p for p in (_leases.pid_of(pid) for pid in candidates if pid) if p is not None]
+        policy = {AdmissionPolicy.QUEUE: "queue", AdmissionPolicy.REPLACE: "replace",
+                  AdmissionPolicy.DROP_IF_RUNNING: "drop"}[item.admission]
+        loop = self.host.loop
+        decided: asyncio.Future[_leases.Decision] = loop.create_future()
+
+        def ask() -> None:  # its own thread: a queued lease may wait a long time
+            try:
+                decision = client.acquire(item.slot, policy, item.name, pids)
+            except Exception:
+                decision = _leases.Decision(False, "admission_failed")
+            loop.call_soon_threadsafe(_settle, decided, decision)
+
+        threading.Thread(target=ask, name=f"mpvisor-lease-{item.id}", daemon=True).start()
+        decision = await decided
+        if not decision.granted:
+            self.leases.pop(item.id, None)
+            client.close()
+            kind = _LEASE_REJECTIONS.get(decision.kind or "", RejectionKind.ADMISSION_FAILED)
+            self._post(lambda: self._decided(item, None, kind))
+            return
+
+        def revoked() -> None:
+            actor = self.registry.actor(item.id)
+            if actor is not None:
+                self.registry.claim(actor, by_shutdown=False)
+            else:
+                item.claimed = True  # not registered yet: claimed when it is
+
+        def on_revoke() -> None:  # on the lease's thread
+            loop.call_soon_threadsafe(self._post, revoked)
+
+        client.watch(on_revoke)
+        self._hand_over_now(item)
+
+    def _release(self, item_id: int) -> None:
+        client = self.leases.pop(item_id, None)
+        if client is not None:
+            client.release()
+            client.close()
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
@@ -308,7 +380,8 @@ class Controller:
             self._apply(self.table.registry_accepted(item.slot, item.id, now))
             return
         assert rejection is not None
-        publish = rejection is RejectionKind.ADMISSION_FAILED  # ALREADY_EXISTS: TASK_ADD_FAILED instead
+        self._release(item.id)  # shared slots: a lease granted for nothing goes back at once
+        publish = rejection is not RejectionKind.ALREADY_EXISTS  # that one: TASK_ADD_FAILED instead
         self._reject(item, rejection, publish=publish)
         self._apply(self.table.registry_rejected(item.slot, item.id, now))
 
@@ -318,6 +391,7 @@ class Controller:
     def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
         item = self.owners.pop(actor.id, None)
         if item is not None:
+            self._release(item.id)  # shared slots: its tree is reaped, the next owner may start
             self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
             item.resolve(outcome)
         if not future.done():
@@ -375,7 +449,12 @@ class Controller:
         await self._until(self.queue.drained)
 
     def reject_pending(self) -> None:
-        """Reject every submission not handed to the registry; from now on freed slots go idle."""
+        """Reject every submission not handed to the registry; from now on freed slots go idle.
+        (Shared slots: a lease still being waited for is withdrawn; its acquire then returns.)"""
+        for item_id, client in list(self.leases.items()):
+            if item_id in self.admitting:
+                client.withdraw()
+                client.close()
         for effect in self.table.close():
             if isinstance(effect, Reject):
                 self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
@@ -407,7 +486,17 @@ class Controller:
 
     def snapshot(self) -> ControllerSnapshot:
         now = self._now()
-        return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued)
+        shared = []
+        if self.config.shared:
+            from . import _leases
+
+            shared = _leases.table()
+        return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued, shared)
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

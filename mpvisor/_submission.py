@@ -14,8 +14,9 @@ acts on them is `_controller.Controller`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _validate
 from ._errors import AlreadySubmitted
@@ -108,12 +109,15 @@ class ControllerSnapshot:
 
     `slots`: a `SlotView` per slot, sorted by slot name (idle slots with empty queues may be
     left out); `running_count`: slots with an owner; `total_queued`: pending submissions in all
-    slot queues.
+    slot queues. `shared`: with `ControllerConfig(shared=True)`, the slot server's table, every
+    process's slots, as `mpvisor slots --json` shows it (`{"slot", "status", "owner": {"pid",
+    "name", "since"}, "queue": [{"pid", "name"}]}` per busy slot); empty otherwise.
     """
 
     slots: list[SlotView]
     running_count: int
     total_queued: int
+    shared: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def slot(self, name: str) -> SlotView | None:
         """The `SlotView` of slot `name`, or `None` if the snapshot does not hold it."""

@@ -331,3 +331,49 @@ def test_ctrl_c_of_a_queued_run_leaves_the_queue_and_the_table_shows_it(slots: A
     holder.send_signal(signal.SIGTERM)
     assert finish(holder)[0] == -signal.SIGTERM
     assert "start waiting" not in log.read_text()
+
+
+# --- a Python program shares the slots too --------------------------------------------------------------
+
+
+def _command(log: Any, hold: float, label: str) -> Any:
+    from mpvisor import CommandTask, TaskSpec
+
+    return TaskSpec.once(CommandTask(label, [sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label],
+                                     env={"PYTHONPATH": ROOT}))
+
+
+async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """`ControllerConfig(shared=True)`: a Python program's slot owner and `mpvisor run --slot`
+    processes never run at once. The shell run queues behind the program's owner; the
+    program's DROP is refused while a shell run holds the slot; its REPLACE stops the shell run
+    (status 6) and then runs."""
+    from mpvisor import (
+        ControllerConfig,
+        ControllerSpec,
+        OutcomeKind,
+        RejectionKind,
+        SupervisorConfig,
+    )
+    from tests._support import async_wait_for, supervised
+
+    monkeypatch.setenv(_leases.DIR_ENV, str(slots))
+    log = tmp_path / "owners.log"
+    controller = ControllerConfig(shared=True)
+    async with supervised(SupervisorConfig(grace=5.0), controller=controller) as (handle, _):
+        _, first = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 1.0, "py1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start py1" in log.read_text(), timeout=30)
+        shell = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "sh1"))
+        assert shell.stderr is not None and "waiting, position 1" in shell.stderr.readline()
+        assert (await first.wait()).kind is OutcomeKind.COMPLETED
+        await async_wait_for(lambda: "start sh1" in log.read_text(), timeout=30)
+        (view,) = handle.controller_snapshot().shared  # every process's slots, as the server has them
+        assert (view["slot"], view["status"], view["owner"]["pid"]) == ("s", "running", shell.pid), view
+        _, dropped = await handle.submit_and_watch(ControllerSpec.drop_if_running(_command(log, 0.0, "py2")).with_slot("s"))
+        refused = await dropped.wait()
+        assert (refused.kind, refused.rejection) == (OutcomeKind.REJECTED, RejectionKind.SLOT_BUSY), refused
+        _, replacing = await handle.submit_and_watch(ControllerSpec.replace(_command(log, 0.0, "py3")).with_slot("s"))
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    status, err = finish(shell)
+    assert status == 6, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["py1", "sh1", "py3"]
