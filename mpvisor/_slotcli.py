@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ShuttingDown
+from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
 from ._leases import Decision, LeaseClient, LeaseError, NoServer, pid_of
 
@@ -91,7 +91,11 @@ class SlotLease:
                 self.client.withdraw()
                 self.client.close()
                 raise ShuttingDown(f"interrupted while queued for slot {self.slot!r}: left the queue")
-            decision = asked.result()
+            try:
+                decision = asked.result()
+            except LeaseError as exc:
+                self.client.close()
+                raise ConfigError(f"slot {self.slot!r}: {exc}") from None
             if not decision.granted:
                 self.client.close()
                 raise SlotRejected(decision.kind or "slot_busy")

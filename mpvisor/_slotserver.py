@@ -47,6 +47,7 @@ from ._slots import (
     Reject,
     RemoveOwner,
     SlotTable,
+    Terminating,
     Transition,
     owner_of,
     status_of,
@@ -182,6 +183,10 @@ class SlotServer:
     def _on_request(self, client: Client, message: dict[str, Any]) -> None:
         match message["t"]:
             case "hello":
+                if message["v"] != _leases.VERSION:
+                    client.send({"t": "error", "message": f"lease protocol version {message['v']}, this server speaks {_leases.VERSION}"})
+                    client.writer.close()
+                    return
                 client.pid = message["pid"]
             case "submit":
                 self._submit(client, message)
@@ -229,6 +234,8 @@ class SlotServer:
             held.client, held.req = client, message["req"]
             client.requests[held.req] = held
             self._watch(held, pids)
+            if isinstance(self.table.phase(held.slot), Terminating):  # a replacement waits for it
+                client.send({"t": "revoke", "req": held.req})
             return
         if held is None:
             request = self._new_request(message["slot"], AdmissionPolicy.QUEUE, message["name"], client, message["req"])

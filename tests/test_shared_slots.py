@@ -105,7 +105,7 @@ def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tm
     deploy = tmp_path / "deploy.sh"
     deploy.write_text(
         "#!/usr/bin/env bash\nset -euo pipefail\n"
-        f"exec {sys.executable} -m workers.slot_owner {log} 0.5 deploy-$$\n"
+        f"exec {sys.executable} -m workers.slot_owner {log} 1.5 deploy-$$\n"
     )
     deploy.chmod(0o755)
     script = tmp_path / "ci-job.sh"
@@ -152,10 +152,15 @@ def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any,
 def test_twenty_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
     """While an owner runs, 20 concurrent `--policy drop` runs exit SLOT_BUSY (3): none ran."""
     log = tmp_path / "owners.log"
-    holder = start(slots, tmp_path, "--slot", "s", *owner(log, 3.0, "holder"))
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the holder holds the slot until every drop has its answer
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
     drops = [start(slots, tmp_path, "--slot", "s", "--policy", "drop", *owner(log, 0.0, f"d{n}")) for n in range(20)]
     results = [finish(proc) for proc in drops]
+    with open(gate, "w") as release:
+        release.write("go\n")
     assert [status for status, _ in results] == [3] * 20, results
     assert all("rejected reason='the slot is busy (--policy drop)'" in err for _, err in results), results[0]
     assert finish(holder)[0] == 0
@@ -208,13 +213,18 @@ def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any)
     lease through the next server (which inherits it), the queued ones submit again, and no two
     owners ever overlap; all exit 0."""
     log = tmp_path / "owners.log"
-    holder = start(slots, tmp_path, "--slot", "s", *owner(log, 2.0, "holder"))
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the holder holds the slot until the server is gone
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep 0.5; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
     queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.3, f"q{n}")) for n in range(2)]
     for proc in queued:
         assert proc.stderr is not None and "waiting" in proc.stderr.readline()
     (server,) = server_pids(slots)
     os.kill(server, signal.SIGKILL)
+    with open(gate, "w") as release:
+        release.write("go\n")
     results = [finish(proc) for proc in (holder, *queued)]
     assert [status for status, _ in results] == [0, 0, 0], results
     assert next(label for _, _, label in assert_one_owner_at_a_time(log)) == "holder"
@@ -377,3 +387,14 @@ async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp
     status, err = finish(shell)
     assert status == 6, err
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["py1", "sh1", "py3"]
+
+
+def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: Any, tmp_path: Any) -> None:
+    """A `hello` with another version: an `error` naming both versions, then the disconnect."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0
+    sock = _raw(slots)
+    sock.sendall(_leases.encode({"t": "hello", "v": _leases.VERSION + 1, "pid": os.getpid()}))
+    (reply,) = _replies(sock)
+    assert reply["t"] == "error" and f"version {_leases.VERSION + 1}" in reply["message"], reply
+    assert sock.recv(1) == b""
+    sock.close()
