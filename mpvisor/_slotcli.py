@@ -1,8 +1,9 @@
 """How does `mpvisor run --slot NAME` share its slot with every other mpvisor process of the user?
 
-It takes the slot's lease from the slot server (`_leases.py`, `_slotserver.py`) before its task
-runs, holds it while the task runs in this process's own tree, and gives it back only once the
-supervisor has shut down (every attempt's tree reaped). Also `mpvisor slots` (the table) and
+It takes the slot's lease from the slot server (`_leases.py`, `_slotserver.py`) once its
+launcher is ready and before its task is added, holds it while the task runs in this process's
+own tree, and gives it back at the task's removal (`TASK_REMOVED`: its last tree is reaped), or,
+at the latest, once the supervisor has shut down. Also `mpvisor slots` (the table) and
 `mpvisor slots serve`.
 
 | what happens | `mpvisor run --slot` |
