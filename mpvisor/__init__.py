@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
-    from ._spec import INHERIT, Resources, RestartPolicy, TaskDefaults, TaskSpec
+    from ._spec import INHERIT, Resources, RestartIntensity, RestartPolicy, TaskDefaults, TaskSpec
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor, SupervisorBuilder, run
     from ._task import CommandTask, TaskFn
@@ -67,6 +67,7 @@ _LAZY = {
     "BackoffSource": "._restart",
     "INHERIT": "._spec",
     "Resources": "._spec",
+    "RestartIntensity": "._spec",
     "RestartPolicy": "._spec",
     "TaskDefaults": "._spec",
     "TaskSpec": "._spec",
@@ -156,6 +157,7 @@ __all__ = (
     "PrometheusMetrics",
     "RejectionKind",
     "Resources",
+    "RestartIntensity",
     "RestartPolicy",
     "ShuttingDown",
     "SlotStatus",

@@ -192,6 +192,8 @@ class TaskActor:
                 backoff=self.spec.backoff,
                 rng=self._rng,
                 reason=end.reason,
+                intensity=self.spec.restart_intensity,
+                now=time.monotonic(),
             )
             match action:
                 case Stop(kind, reason):
@@ -271,6 +273,8 @@ class TaskActor:
             backoff=self.spec.backoff,
             rng=_SCRATCH_RNG,  # not the task's own: its draws stay repeatable
             reason=None,
+            intensity=self.spec.restart_intensity,
+            now=time.monotonic(),
         )
         if isinstance(action, Stop) and isinstance(self.phase, Open):
             self.phase = StopDecided()

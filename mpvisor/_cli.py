@@ -44,6 +44,7 @@ outcome (or, when a tree had to be killed, what was killed and why).
 
 Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeout` out for no
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
+`--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
 backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
@@ -224,6 +225,20 @@ def task_name(text: str) -> str:
     return text
 
 
+def intensity(text: str) -> tuple[int, float]:
+    """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0)."""
+    count, slash, window = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        n = _validate.non_negative_int("N", int(count))
+        seconds = _validate.duration("SECONDS", float(window), allow_zero=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N/SECONDS (N >= 0 restarts within SECONDS > 0), got {text!r}") from None
+    assert n is not None and seconds is not None
+    return n, seconds
+
+
 def ray_address(text: str) -> str:
     """An argparse `type=`: a Ray address (`auto`, `host:port`, `ray://host:port`, `local`),
     accepted only where Ray is installed."""
@@ -261,6 +276,8 @@ def build_spec(args: argparse.Namespace) -> TaskSpec:
         spec = TaskSpec.restartable(task).with_restart(RestartPolicy.always())
     if args.max_retries is not None:
         spec = spec.with_max_retries(args.max_retries)
+    if args.intensity is not None:
+        spec = spec.with_restart_intensity(*args.intensity)
     if args.timeout is not None:
         spec = spec.with_timeout(args.timeout)
     if args.backoff is not None or args.jitter is not None:
@@ -319,6 +336,8 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="run again this many seconds after each success (> 0)")
     run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
+    run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
+                     help="fail the task on a restart that makes more than N restarts within SECONDS")
     run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),
                      metavar="SECONDS", help="per-attempt timeout in seconds (> 0); exit status 124 when the last attempt timed out")
     run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]", help="seconds between retries")

@@ -16,6 +16,12 @@ attempt, or finishes the task).
 "limit": once a streak of failures has used `max_retries` retries (None = unlimited), the next
 failure stops with Stop(FAILED, "retry limit reached after M of M retries: <last error>").
 A success resets the streak; the backoff's retry index is the streak's failures minus 1.
+
+Restart intensity (`RestartIntensity(max_restarts, within)`): every decision to run again
+(RunAgain or RunNow) is a restart, stamped `now` (the caller's monotonic clock) in
+`Streak.restarts`; a restart that would make more than `max_restarts` inside the sliding window
+`(now - within, now]` stops instead with Stop(FAILED, "restart intensity exceeded: ... <last
+reason>"), whatever the retry budget. Successes do not clear the window.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import TypeAlias
 
 from ._backoff import BackoffPolicy, delay
 from ._outcome import OutcomeKind
-from ._spec import RestartKind, RestartPolicy
+from ._spec import RestartIntensity, RestartKind, RestartPolicy
 
 
 class AttemptResult(enum.Enum):
@@ -54,9 +60,11 @@ class BackoffSource(enum.Enum):
 
 @dataclass(frozen=True)
 class Streak:
-    """Consecutive failed attempts since the last success (or the start)."""
+    """Consecutive failed attempts since the last success (or the start), and the times of the
+    restarts still inside the restart-intensity window (oldest first)."""
 
     failures: int = 0  # >= 0
+    restarts: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,18 +100,36 @@ def decide(
     backoff: BackoffPolicy,
     rng: random.Random,
     reason: str | None = None,
+    intensity: RestartIntensity | None = None,
+    now: float = 0.0,
 ) -> tuple[Action, Streak]:
     """What to do after an attempt ended with `result`, and the streak that follows it."""
     match result:
         case AttemptResult.SUCCEEDED:
-            return _after_success(policy), Streak()
+            return _bounded(_after_success(policy), Streak(0, streak.restarts), intensity, now, reason)
         case AttemptResult.FATAL:
             return Stop(OutcomeKind.FATAL, reason), streak
         case AttemptResult.CANCELED:
             return Stop(OutcomeKind.CANCELED, reason), streak
         case AttemptResult.FAILED | AttemptResult.TIMED_OUT:
-            failed = Streak(streak.failures + 1)
-            return _after_failure(policy, failed, max_retries, backoff, rng, reason), failed
+            failed = Streak(streak.failures + 1, streak.restarts)
+            action = _after_failure(policy, failed, max_retries, backoff, rng, reason)
+            return _bounded(action, failed, intensity, now, reason)
+    raise AssertionError(f"unknown attempt result {result!r}")
+
+
+def _bounded(action: Action, streak: Streak, intensity: RestartIntensity | None, now: float,
+             reason: str | None) -> tuple[Action, Streak]:
+    """Apply the restart intensity to a decision to run again (a Stop passes unchanged)."""
+    if isinstance(action, Stop) or intensity is None:
+        return action, streak
+    recent = tuple(t for t in streak.restarts if t > now - intensity.within)
+    if len(recent) >= intensity.max_restarts:
+        last = f": {reason}" if reason else ""
+        why = (f"restart intensity exceeded: {len(recent) + 1} restarts within {intensity.within:g} s "
+               f"(at most {intensity.max_restarts}){last}")
+        return Stop(OutcomeKind.FAILED, why), Streak(streak.failures, recent)
+    return action, Streak(streak.failures, (*recent, now))
 
 
 def _after_success(policy: RestartPolicy) -> Action:

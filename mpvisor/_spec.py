@@ -12,6 +12,7 @@ decided in `_restart`; the work itself is described in `_task`.
 | timeout | seconds; `None` or `0` = no timeout | `INHERIT` → `TaskDefaults.timeout` |
 | max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
 | resources | `Resources` (placement on a cluster launcher) | `None`: the launcher's default |
+| restart intensity | `RestartIntensity(max_restarts, within)`; `None` = no bound | `INHERIT` → `TaskDefaults.restart_intensity` |
 
 | constructor | restart policy |
 |---|---|
@@ -103,6 +104,21 @@ RestartPolicy.NEVER = RestartPolicy(RestartKind.NEVER)
 RestartPolicy.ON_FAILURE = RestartPolicy(RestartKind.ON_FAILURE)
 
 
+@dataclass(frozen=True, init=False)
+class RestartIntensity:
+    """At most `max_restarts` restarts (an int >= 0) within any `within` seconds (> 0), as
+    Erlang/OTP's intensity and period: one more restart inside that sliding window ends the task
+    `FAILED`, whatever its retry budget. Every restart counts (after a failure, and, for
+    `always()`, after a success)."""
+
+    max_restarts: int
+    within: float
+
+    def __init__(self, max_restarts: int, within: float | timedelta) -> None:
+        object.__setattr__(self, "max_restarts", _validate.non_negative_int("max_restarts", max_restarts))
+        object.__setattr__(self, "within", _validate.duration("within", within, allow_zero=False))
+
+
 DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
 
 
@@ -111,19 +127,23 @@ class TaskDefaults:
     """The settings a spec inherits for what it does not give (never its restart policy).
 
     `backoff` (default: exponential from 0.2 s up to 30 s, EQUAL jitter), `timeout` (seconds;
-    default `None`, no timeout) and `max_retries` (default `None`, unlimited). They are fixed for
-    a supervisor's life (`SupervisorBuilder.with_task_defaults`).
+    default `None`, no timeout), `max_retries` (default `None`, unlimited) and
+    `restart_intensity` (a `RestartIntensity`, default `None`: no bound). They are fixed for a
+    supervisor's life (`SupervisorBuilder.with_task_defaults`, `Supervisor(task_defaults=...)`):
+    this is where a supervisor-wide default goes.
     """
 
     backoff: BackoffPolicy
     timeout: float | None  # None = no timeout
     max_retries: int | None  # None = unlimited
+    restart_intensity: RestartIntensity | None  # None = no bound
 
     def __init__(
         self,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
         timeout: float | timedelta | None = None,
         max_retries: int | None = None,
+        restart_intensity: RestartIntensity | None = None,
     ) -> None:
         object.__setattr__(self, "backoff", _checked_backoff(backoff))
         object.__setattr__(self, "timeout", _validate.duration("timeout", timeout, allow_none=True))
@@ -132,6 +152,7 @@ class TaskDefaults:
             "max_retries",
             _validate.non_negative_int("max_retries", max_retries, allow_none=True),
         )
+        object.__setattr__(self, "restart_intensity", _checked_intensity(restart_intensity))
 
 
 @dataclass(frozen=True, init=False)
@@ -194,6 +215,7 @@ class ResolvedSpec:
     timeout: float | None  # None = no timeout (also when 0 was given)
     max_retries: int | None  # None = unlimited
     resources: Resources | None = None  # None: the launcher's default placement
+    restart_intensity: RestartIntensity | None = None  # None = no bound
 
     @property
     def name(self) -> str:
@@ -218,6 +240,7 @@ class TaskSpec:
     timeout: float | Inherit | None = INHERIT  # None or 0 = no timeout
     max_retries: int | Inherit | None = INHERIT  # None = unlimited
     resources: Resources | None = None
+    restart_intensity: RestartIntensity | Inherit | None = INHERIT  # None = no bound
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, (TaskFn, CommandTask)):
@@ -233,6 +256,8 @@ class TaskSpec:
             _validate.non_negative_int("max_retries", self.max_retries, allow_none=True)
         if self.resources is not None and not isinstance(self.resources, Resources):
             raise TypeError(f"resources must be a Resources, got {self.resources!r}")
+        if self.restart_intensity is not INHERIT:
+            _checked_intensity(self.restart_intensity)
 
     @classmethod
     def once(cls, task: Task) -> TaskSpec:
@@ -281,6 +306,12 @@ class TaskSpec:
         `mpvisor.ray.RayLauncher` reserves them; the local launcher ignores them)."""
         return dataclasses.replace(self, resources=Resources(num_cpus, memory, resources))
 
+    def with_restart_intensity(self, max_restarts: int, within_seconds: float | timedelta) -> TaskSpec:
+        """The same spec ending `FAILED` (`restart intensity exceeded ...`) on a restart that
+        would make more than `max_restarts` within `within_seconds` (a sliding window), whatever
+        its retry budget (see `RestartIntensity`)."""
+        return dataclasses.replace(self, restart_intensity=RestartIntensity(max_restarts, within_seconds))
+
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
         """The same spec with another `RestartPolicy`."""
         return dataclasses.replace(self, restart=restart)
@@ -290,7 +321,14 @@ class TaskSpec:
         backoff = defaults.backoff if self.backoff is INHERIT else self.backoff
         timeout = defaults.timeout if self.timeout is INHERIT else self.timeout
         retries = defaults.max_retries if self.max_retries is INHERIT else self.max_retries
-        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources)
+        intensity = defaults.restart_intensity if self.restart_intensity is INHERIT else self.restart_intensity
+        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity)
+
+
+def _checked_intensity(intensity: object) -> RestartIntensity | None:
+    if intensity is not None and not isinstance(intensity, RestartIntensity):
+        raise TypeError(f"restart_intensity must be a RestartIntensity or None, got {intensity!r}")
+    return intensity
 
 
 def _checked_backoff(backoff: object) -> BackoffPolicy:

@@ -96,6 +96,10 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
         (["run", "workers.basic:echo", "-Infinity"], ["unrecognized arguments: -Infinity"]),
+        (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
+        (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
+        (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
+        (["run", "--policy", "drop", "workers.basic:quick"], ["--policy", "needs --slot"]),
         ([], ["COMMAND"]),
     ],
 )
@@ -201,3 +205,11 @@ def test_the_outcome_line_names_the_kind_not_the_label():
     line = outcome_line("job", failed(reason="boom", exit_code=7, attempts=2))
     assert line == "mpvisor: job: failed reason='boom' exit_code=7 attempts=2"
     assert outcome_line("x", TaskOutcome(OutcomeKind.FORCE_ABORTED)).startswith("mpvisor: x: force_aborted ")
+
+
+def test_intensity_becomes_the_specs_restart_intensity():
+    """`--intensity 3/60` is `with_restart_intensity(3, 60)`."""
+    from mpvisor import RestartIntensity
+
+    _, spec = parse(["run", "--restart", "on-failure", "--intensity", "3/60", "workers.basic:quick"])
+    assert spec.restart_intensity == RestartIntensity(3, 60.0)

@@ -303,3 +303,24 @@ def test_a_seed_makes_jitter_repeatable() -> None:
     assert len(first) == 3
     assert first == second
     assert other != first
+
+
+async def test_restart_intensity_ends_a_crash_loop_whatever_the_retry_budget():
+    """A task that always fails, unlimited retries, at most 2 restarts within 60 s: FAILED after
+    3 attempts, the reason naming the intensity and the last failure; the same from the
+    supervisor-wide default (TaskDefaults)."""
+    from mpvisor import RestartIntensity, TaskDefaults
+    from tests._support import restartable
+    from workers import misbehave
+
+    spec = restartable("loop", misbehave.sys_exit, 3).with_max_retries(None)
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec.with_restart_intensity(2, 60))
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (mpvisor.OutcomeKind.FAILED, 3, 3), outcome
+    assert outcome.reason.startswith("restart intensity exceeded: 3 restarts within 60 s (at most 2): attempt process"), outcome
+    defaults = TaskDefaults(backoff=FAST, restart_intensity=RestartIntensity(1, 60))
+    async with supervised(CONFIG, task_defaults=defaults) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        inherited = await waiter.wait()
+    assert (inherited.kind, inherited.attempts) == (mpvisor.OutcomeKind.FAILED, 2), inherited

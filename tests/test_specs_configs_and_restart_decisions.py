@@ -90,7 +90,8 @@ def test_task_defaults_and_their_default_backoff() -> None:
     defaults = TaskDefaults()
     expected = BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.EQUAL)
     assert (defaults.backoff, defaults.timeout, defaults.max_retries) == (expected, None, None)
-    assert [f.name for f in dataclasses.fields(defaults)] == ["backoff", "timeout", "max_retries"]
+    assert [f.name for f in dataclasses.fields(defaults)] == ["backoff", "timeout", "max_retries", "restart_intensity"]
+    assert defaults.restart_intensity is None
     assert TaskDefaults(timeout=timedelta(milliseconds=300)).timeout == 0.3
 
 
@@ -394,3 +395,63 @@ def test_task_outcome_helpers() -> None:
     assert not rejected.is_success()
     with pytest.raises(ValueError, match="rejection"):
         TaskOutcome(OutcomeKind.REJECTED)
+
+
+# --- restart intensity ------------------------------------------------------------------------------
+
+
+def _intensity_model(times: list[float], max_restarts: int, within: float) -> int | None:
+    """The index of the first restart that would exceed the intensity (a plain reference)."""
+    kept: list[float] = []
+    for i, now in enumerate(times):
+        kept = [t for t in kept if t > now - within]
+        if len(kept) >= max_restarts:
+            return i
+        kept.append(now)
+    return None
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1, 2, 3])
+@pytest.mark.parametrize("within", [0.5, 1.0, 2.5])
+@pytest.mark.parametrize("gaps", [(0.1,) * 8, (0.6,) * 8, (0.1, 0.9, 0.1, 0.9, 0.1, 0.9, 0.1, 0.9), (1.0, 0.2, 0.2, 3.0, 0.1, 0.1, 0.1, 0.1)])
+@pytest.mark.parametrize("result", [AttemptResult.FAILED, AttemptResult.TIMED_OUT, AttemptResult.SUCCEEDED])
+def test_restart_intensity_stops_at_the_first_restart_over_the_window(max_restarts, within, gaps, result) -> None:
+    """Against a plain model, for failures and (with always()) successes: the first restart
+    that would make more than `max_restarts` inside `within` s stops FAILED, whatever the retry
+    budget, with a reason naming the count, the window and the bound."""
+    from mpvisor._spec import RestartIntensity
+
+    policy = RestartPolicy.always(None) if result is AttemptResult.SUCCEEDED else RestartPolicy.ON_FAILURE
+    intensity = RestartIntensity(max_restarts, within)
+    times = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+    expected = _intensity_model(times, max_restarts, within)
+    streak = Streak()
+    stopped_at = None
+    for i, now in enumerate(times):
+        action, streak = decide(policy, result, streak, max_retries=None, backoff=BackoffPolicy.constant(0.0),
+                                rng=random.Random(1), reason="boom", intensity=intensity, now=now)
+        if isinstance(action, Stop):
+            assert action.outcome_kind is OutcomeKind.FAILED
+            assert action.reason.startswith(f"restart intensity exceeded: {max_restarts + 1} restarts within {within:g} s (at most {max_restarts})")
+            assert action.reason.endswith(": boom") if result is not AttemptResult.SUCCEEDED else True
+            stopped_at = i
+            break
+        assert len(streak.restarts) <= max_restarts
+    assert stopped_at == expected
+
+
+def test_restart_intensity_is_validated_and_inherited() -> None:
+    """Bad values name the field; a spec inherits the default unless it gives its own (or None)."""
+    from mpvisor._spec import RestartIntensity
+
+    with pytest.raises(ConfigError, match="max_restarts"):
+        RestartIntensity(-1, 1.0)
+    with pytest.raises(ConfigError, match="within"):
+        RestartIntensity(3, 0)
+    with pytest.raises(TypeError, match="restart_intensity"):
+        TaskDefaults(restart_intensity=(3, 1.0))  # type: ignore[arg-type]
+    defaults = TaskDefaults(restart_intensity=RestartIntensity(5, 60))
+    spec = TaskSpec.restartable(TaskFn("t", "workers.basic:quick"))
+    assert spec.resolve(defaults).restart_intensity == RestartIntensity(5, 60)
+    assert spec.with_restart_intensity(2, 10).resolve(defaults).restart_intensity == RestartIntensity(2, 10.0)
+    assert dataclasses.replace(spec, restart_intensity=None).resolve(defaults).restart_intensity is None
