@@ -46,7 +46,15 @@ if TYPE_CHECKING:
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
-    from ._spec import INHERIT, Resources, RestartIntensity, RestartPolicy, TaskDefaults, TaskSpec
+    from ._spec import (
+        INHERIT,
+        Limits,
+        Resources,
+        RestartIntensity,
+        RestartPolicy,
+        TaskDefaults,
+        TaskSpec,
+    )
     from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from ._supervisor import Supervisor, SupervisorBuilder, run
     from ._task import CommandTask, TaskFn
@@ -66,6 +74,7 @@ _LAZY = {
     "TaskOutcome": "._outcome",
     "BackoffSource": "._restart",
     "INHERIT": "._spec",
+    "Limits": "._spec",
     "Resources": "._spec",
     "RestartIntensity": "._spec",
     "RestartPolicy": "._spec",
@@ -150,6 +159,7 @@ __all__ = (
     "GraceExceeded",
     "JitterPolicy",
     "JsonLinesWriter",
+    "Limits",
     "LogWriter",
     "MpvisorError",
     "OutcomeKind",

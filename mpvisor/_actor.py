@@ -304,6 +304,7 @@ class TaskActor:
             traceback=end.traceback if keep_failure and end is not None else None,
             attempts=self.attempt,
             timed_out=kind is OutcomeKind.FAILED and end is not None and end.kind is AttemptResult.TIMED_OUT,
+            limit=end.limit if kind is OutcomeKind.FAILED and end is not None else None,
             duration=time.monotonic() - self.registered_at,
         )
 
@@ -313,8 +314,10 @@ class TaskActor:
     # --- the start request -------------------------------------------------------------------
 
     def start_request(self, env: Any, cwd: str | None, path: list[str] | None) -> Start:
-        return start_message(self.spec.task, self.name, self.id, self.attempt,
-                             self.host.config.max_frame_bytes, env, cwd, path)
+        start = start_message(self.spec.task, self.name, self.id, self.attempt,
+                              self.host.config.max_frame_bytes, env, cwd, path)
+        limits = self.spec.limits
+        return start if limits is None else start._replace(limits=limits.to_wire())
 
     def on_progress(self, progress: Progress) -> None:
         self._publish(

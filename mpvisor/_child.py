@@ -95,6 +95,8 @@ def run(fd: int) -> NoReturn:
     except BaseException:
         os._exit(70)  # no parent to report to: the exit status speaks for us
     _adopt_environment(start)
+    if start.limits:
+        _apply_limits(channel, start.limits)
     if start.kind == "cmd":
         _exec_command(channel, start)
     _run_target(channel, start)
@@ -105,6 +107,24 @@ def spawn_main(fd: int) -> NoReturn:
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
     os.set_inheritable(fd, False)
     run(fd)
+
+
+def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
+    """`setrlimit` the attempt's limits before the target is imported (a program inherits them
+    across the exec): address space, CPU seconds (SIGXCPU at the limit, SIGKILL a second later),
+    open files. A limit that cannot be set is a permanent failure."""
+    import resource
+
+    try:
+        if limits.get("memory"):
+            resource.setrlimit(resource.RLIMIT_AS, (limits["memory"], limits["memory"]))
+        if limits.get("cpu"):
+            seconds = max(1, -(-int(limits["cpu"] * 1000) // 1000))  # whole seconds, rounded up
+            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+        if limits.get("nofile"):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"]))
+    except (ValueError, OSError) as exc:
+        _finish(channel, Failure("fatal", f"cannot apply the limits {limits}: {_describe(exc)}"))
 
 
 def _adopt_environment(start: Start) -> None:
@@ -277,8 +297,11 @@ def _describe(exc: BaseException) -> str:
 
 
 def _traceback(exc: BaseException) -> str | None:
-    """The formatted traceback of `exc`, or as much of it as can be formatted."""
-    import traceback
+    """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
+    `traceback` module itself cannot be imported: out of file descriptors, say)."""
+    traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
+    if traceback is None:
+        return None
 
     def frames_only(problem: BaseException) -> str | None:
         def frames() -> str:

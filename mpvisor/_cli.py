@@ -45,6 +45,8 @@ outcome (or, when a tree had to be killed, what was killed and why).
 Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeout` out for no
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
 `--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
+`--memory SIZE` (bytes or `512M`, `1G`), `--cpu SECONDS` and `--open-files N` each attempt's
+limits (`TaskSpec.with_limits`; an attempt that runs into one fails, the reason naming it);
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
 backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
@@ -225,6 +227,33 @@ def task_name(text: str) -> str:
     return text
 
 
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """An argparse `type=`: a size in bytes, `512M`, `1G` (binary units, an optional `iB`/`B`)."""
+    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 1048576, 512M, 1G), got {text!r}")
+    return int(value)
+
+
+def positive_count(text: str) -> int:
+    """An argparse `type=`: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def intensity(text: str) -> tuple[int, float]:
     """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0)."""
     count, slash, window = text.partition("/")
@@ -278,6 +307,8 @@ def build_spec(args: argparse.Namespace) -> TaskSpec:
         spec = spec.with_max_retries(args.max_retries)
     if args.intensity is not None:
         spec = spec.with_restart_intensity(*args.intensity)
+    if args.memory is not None or args.cpu is not None or args.open_files is not None:
+        spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files)
     if args.timeout is not None:
         spec = spec.with_timeout(args.timeout)
     if args.backoff is not None or args.jitter is not None:
@@ -336,6 +367,10 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="run again this many seconds after each success (> 0)")
     run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
+    run.add_argument("--memory", type=byte_size, metavar="SIZE",
+                     help="each attempt's address-space limit: bytes, or with K, M, G (binary: 1G = 2**30)")
+    run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS", help="each attempt's CPU-time limit")
+    run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")
     run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),

@@ -68,6 +68,7 @@ class Facts:
     status: ExitStatus | None = None
     protocol_error: str | None = None
     start_timed_out: float | None = None
+    limits: dict[str, Any] | None = None  # the attempt's `Limits`, as the start message carried them
     launcher_died: str | None = None  # how: "launcher died ...", "node lost ..."
 
 
@@ -79,10 +80,45 @@ class AttemptEnd:
     value: Any = None
     traceback: str | None = None
     killed: str | None = None
+    limit: str | None = None  # "memory", "cpu", "open_files": the limit it ran into
 
 
 def decide(f: Facts) -> AttemptEnd:
-    """The one ending of an attempt, from what was observed (first matching rule wins)."""
+    """The one ending of an attempt, from what was observed (first matching rule wins), then
+    named after the limit it ran into, if it did (`limit_of`)."""
+    return limit_of(f, _decide(f))
+
+
+def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
+    """A FAILED end explained by one of the attempt's limits: the reason starts with the limit.
+    The evidence: a `MemoryError` under a memory limit, `EMFILE` under an open-files limit, a
+    death by SIGXCPU (what the kernel sends at the CPU limit) under a CPU limit."""
+    limits = f.limits or {}
+    if end.kind is not AttemptResult.FAILED or not limits:
+        return end
+    reason = end.reason or ""
+    found: tuple[str, str] | None = None
+    if limits.get("memory") and "MemoryError" in reason:
+        found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])})")
+    elif limits.get("nofile") and "[Errno 24]" in reason:
+        found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
+    elif limits.get("cpu") and f.status is not None and f.status.how == "signal" and f.status.value == signal.SIGXCPU:
+        found = ("cpu", f"cpu limit exceeded ({limits['cpu']:g} s)")
+    if found is None:
+        return end
+    kind, head = found
+    return AttemptEnd(end.kind, f"{head}: {reason}" if reason else head, end.exit_code, end.value, end.traceback,
+                      end.killed, kind)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def _decide(f: Facts) -> AttemptEnd:
     if f.could_not_start is not None:
         if f.stop is StopReason.CANCEL:
             return AttemptEnd(AttemptResult.CANCELED, f"canceled before the attempt started ({f.could_not_start})")

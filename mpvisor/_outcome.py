@@ -78,6 +78,7 @@ class TaskOutcome:
     | `attempts` | attempts started (0 if none) |
     | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
     | `timed_out` | true when it `FAILED` because its last attempt hit the task's timeout |
+    | `limit` | when it `FAILED` because its last attempt ran into a `Limits` limit: `"memory"`, `"cpu"` or `"open_files"` |
     """
 
     kind: OutcomeKind
@@ -89,6 +90,7 @@ class TaskOutcome:
     attempts: int = 0  # attempts started
     duration: float | None = None  # registration to terminal cleanup; None when REJECTED
     timed_out: bool = False  # FAILED because its last attempt hit the task's timeout
+    limit: str | None = None  # FAILED because its last attempt ran into a limit: "memory", "cpu", "open_files"
 
     def __post_init__(self) -> None:
         if (self.kind is OutcomeKind.REJECTED) != (self.rejection is not None):

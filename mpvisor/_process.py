@@ -91,7 +91,7 @@ class AttemptProcess:
         self.duration: float | None = None
         self.loop = client.loop
         self.start_msg = start
-        self.facts = Facts(kind=start.kind, timeout=timeout)
+        self.facts = Facts(kind=start.kind, timeout=timeout, limits=start.limits)
         self.phase: Phase = Spawning()
         self._on_progress = on_progress
         self._on_output = on_output

@@ -13,6 +13,7 @@ decided in `_restart`; the work itself is described in `_task`.
 | max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
 | resources | `Resources` (placement on a cluster launcher) | `None`: the launcher's default |
 | restart intensity | `RestartIntensity(max_restarts, within)`; `None` = no bound | `INHERIT` → `TaskDefaults.restart_intensity` |
+| limits | `Limits(memory, cpu_seconds, open_files)`; `None` = none | `INHERIT` → `TaskDefaults.limits` |
 
 | constructor | restart policy |
 |---|---|
@@ -34,7 +35,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import ClassVar, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 from . import _validate
 from ._backoff import BackoffPolicy, JitterPolicy
@@ -119,6 +120,30 @@ class RestartIntensity:
         object.__setattr__(self, "within", _validate.duration("within", within, allow_zero=False))
 
 
+@dataclass(frozen=True, init=False)
+class Limits:
+    """Resource limits of each attempt process, set in the child before the target runs (for a
+    program too: they survive the exec), as `setrlimit` limits: `memory` (bytes of address space,
+    an int >= 1), `cpu_seconds` (CPU time, > 0), `open_files` (descriptors, an int >= 1); each
+    `None` when not limited. An attempt that runs into one ends as a retryable failure whose
+    reason starts with the limit (`memory limit exceeded (512 MiB)`, `cpu limit exceeded (10 s)`,
+    `open files limit exceeded (64)`), and its outcome's `limit` names it."""
+
+    memory: int | None
+    cpu_seconds: float | None
+    open_files: int | None
+
+    def __init__(self, memory: int | None = None, cpu_seconds: float | None = None,
+                 open_files: int | None = None) -> None:
+        object.__setattr__(self, "memory", _validate.positive_int("memory", memory, allow_none=True))
+        object.__setattr__(self, "cpu_seconds", _validate.duration("cpu_seconds", cpu_seconds, allow_none=True, allow_zero=False))
+        object.__setattr__(self, "open_files", _validate.positive_int("open_files", open_files, allow_none=True))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The limits as the start message carries them to the child."""
+        return {"memory": self.memory, "cpu": self.cpu_seconds, "nofile": self.open_files}
+
+
 DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
 
 
@@ -128,7 +153,8 @@ class TaskDefaults:
 
     `backoff` (default: exponential from 0.2 s up to 30 s, EQUAL jitter), `timeout` (seconds;
     default `None`, no timeout), `max_retries` (default `None`, unlimited) and
-    `restart_intensity` (a `RestartIntensity`, default `None`: no bound). They are fixed for a
+    `restart_intensity` (a `RestartIntensity`, default `None`: no bound) and `limits` (`Limits`,
+    default `None`). They are fixed for a
     supervisor's life (`SupervisorBuilder.with_task_defaults`, `Supervisor(task_defaults=...)`):
     this is where a supervisor-wide default goes.
     """
@@ -137,6 +163,7 @@ class TaskDefaults:
     timeout: float | None  # None = no timeout
     max_retries: int | None  # None = unlimited
     restart_intensity: RestartIntensity | None  # None = no bound
+    limits: Limits | None  # None = no limit
 
     def __init__(
         self,
@@ -144,6 +171,7 @@ class TaskDefaults:
         timeout: float | timedelta | None = None,
         max_retries: int | None = None,
         restart_intensity: RestartIntensity | None = None,
+        limits: Limits | None = None,
     ) -> None:
         object.__setattr__(self, "backoff", _checked_backoff(backoff))
         object.__setattr__(self, "timeout", _validate.duration("timeout", timeout, allow_none=True))
@@ -153,6 +181,7 @@ class TaskDefaults:
             _validate.non_negative_int("max_retries", max_retries, allow_none=True),
         )
         object.__setattr__(self, "restart_intensity", _checked_intensity(restart_intensity))
+        object.__setattr__(self, "limits", _checked_limits(limits))
 
 
 @dataclass(frozen=True, init=False)
@@ -216,6 +245,7 @@ class ResolvedSpec:
     max_retries: int | None  # None = unlimited
     resources: Resources | None = None  # None: the launcher's default placement
     restart_intensity: RestartIntensity | None = None  # None = no bound
+    limits: Limits | None = None  # None = no limit
 
     @property
     def name(self) -> str:
@@ -241,6 +271,7 @@ class TaskSpec:
     max_retries: int | Inherit | None = INHERIT  # None = unlimited
     resources: Resources | None = None
     restart_intensity: RestartIntensity | Inherit | None = INHERIT  # None = no bound
+    limits: Limits | Inherit | None = INHERIT  # None = no limit
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, (TaskFn, CommandTask)):
@@ -258,6 +289,8 @@ class TaskSpec:
             raise TypeError(f"resources must be a Resources, got {self.resources!r}")
         if self.restart_intensity is not INHERIT:
             _checked_intensity(self.restart_intensity)
+        if self.limits is not INHERIT:
+            _checked_limits(self.limits)
 
     @classmethod
     def once(cls, task: Task) -> TaskSpec:
@@ -312,6 +345,11 @@ class TaskSpec:
         its retry budget (see `RestartIntensity`)."""
         return dataclasses.replace(self, restart_intensity=RestartIntensity(max_restarts, within_seconds))
 
+    def with_limits(self, memory: int | None = None, cpu_seconds: float | None = None,
+                    open_files: int | None = None) -> TaskSpec:
+        """The same spec with resource limits for each attempt process (see `Limits`)."""
+        return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files))
+
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
         """The same spec with another `RestartPolicy`."""
         return dataclasses.replace(self, restart=restart)
@@ -322,13 +360,20 @@ class TaskSpec:
         timeout = defaults.timeout if self.timeout is INHERIT else self.timeout
         retries = defaults.max_retries if self.max_retries is INHERIT else self.max_retries
         intensity = defaults.restart_intensity if self.restart_intensity is INHERIT else self.restart_intensity
-        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity)
+        limits = defaults.limits if self.limits is INHERIT else self.limits
+        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity, limits)
 
 
 def _checked_intensity(intensity: object) -> RestartIntensity | None:
     if intensity is not None and not isinstance(intensity, RestartIntensity):
         raise TypeError(f"restart_intensity must be a RestartIntensity or None, got {intensity!r}")
     return intensity
+
+
+def _checked_limits(limits: object) -> Limits | None:
+    if limits is not None and not isinstance(limits, Limits):
+        raise TypeError(f"limits must be a Limits or None, got {limits!r}")
+    return limits
 
 
 def _checked_backoff(backoff: object) -> BackoffPolicy:

@@ -100,6 +100,10 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
         (["run", "--policy", "drop", "workers.basic:quick"], ["--policy", "needs --slot"]),
+        (["run", "--memory", "lots", "workers.basic:quick"], ["--memory", "'lots'"]),
+        (["run", "--memory", "0.3K", "workers.basic:quick"], ["--memory", "'0.3K'"]),
+        (["run", "--open-files", "0", "workers.basic:quick"], ["--open-files", "'0'"]),
+        (["run", "--cpu", "0", "workers.basic:quick"], ["--cpu", "'0'"]),
         ([], ["COMMAND"]),
     ],
 )
@@ -213,3 +217,12 @@ def test_intensity_becomes_the_specs_restart_intensity():
 
     _, spec = parse(["run", "--restart", "on-failure", "--intensity", "3/60", "workers.basic:quick"])
     assert spec.restart_intensity == RestartIntensity(3, 60.0)
+
+
+@pytest.mark.parametrize(("size", "expected"), [("1048576", 2**20), ("512M", 512 * 2**20), ("1G", 2**30), ("1GiB", 2**30), ("64k", 64 * 2**10), ("1.5G", 3 * 2**29)])
+def test_limits_become_the_specs_limits(size, expected):
+    """`--memory SIZE --cpu S --open-files N` is `with_limits(memory, cpu_seconds, open_files)`."""
+    from mpvisor import Limits
+
+    _, spec = parse(["run", "--memory", size, "--cpu", "60", "--open-files", "128", "workers.basic:quick"])
+    assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128)

@@ -104,3 +104,25 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
     """CommandTask: status 0 is success with value None; others carry their code."""
     end = decide(Facts(kind="cmd", pid=7, calling=True, status=status))
     assert (end.kind, end.exit_code, end.value) == (kind, exit_code, None)
+
+
+@pytest.mark.parametrize(
+    ("facts", "limit", "head"),
+    [
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 2**28}), "memory", "memory limit exceeded (256 MiB): MemoryError"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"cpu": 5}), None, "MemoryError"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True), None, "MemoryError"),
+        (Facts(pid=7, report=Failure("error", "OSError: [Errno 24] Too many"), report_before_stop=True, limits={"nofile": 9}), "open_files", "open files limit exceeded (9)"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU), limits={"cpu": 2.5}), "cpu", "cpu limit exceeded (2.5 s)"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL), limits={"cpu": 2.5}), None, "attempt process pid 7 killed by signal SIGKILL"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU)), None, "attempt process pid 7 killed by signal SIGXCPU"),
+        (Facts(pid=7, report=Failure("fatal", "MemoryError: "), report_before_stop=True, limits={"memory": 1000}), None, "MemoryError"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 1000}), "memory", "memory limit exceeded (1000 bytes)"),
+    ],
+)
+def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, head) -> None:
+    """MemoryError under a memory limit, EMFILE under an open-files limit, SIGXCPU under a CPU
+    limit: the reason starts with the limit and `limit` names it; anything else is unchanged
+    (a SIGKILL is not the CPU limit's evidence, a FATAL is not a limit's failure)."""
+    end = decide(facts)
+    assert end.limit == limit and (end.reason or "").startswith(head), end

@@ -33,7 +33,7 @@ PUBLIC_API = {
     "ControllerNotConfigured", "ControllerFull", "ControllerClosed", "AlreadySubmitted",
     "Event", "EventKind", "BackoffSource", "LogWriter", "JsonLinesWriter",
     "ControllerConfig", "ControllerSpec", "AdmissionPolicy", "PreparedSubmission",
-    "ControllerSnapshot", "SlotView", "SlotStatus", "PrometheusMetrics", "TaskId", "Resources", "RestartIntensity",
+    "ControllerSnapshot", "SlotView", "SlotStatus", "PrometheusMetrics", "TaskId", "Resources", "RestartIntensity", "Limits",
 }
 # Public submodules, imported only when asked for (`mpvisor.ray` imports Ray when served).
 SUBMODULES = {"ray"}

@@ -90,7 +90,7 @@ def test_task_defaults_and_their_default_backoff() -> None:
     defaults = TaskDefaults()
     expected = BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.EQUAL)
     assert (defaults.backoff, defaults.timeout, defaults.max_retries) == (expected, None, None)
-    assert [f.name for f in dataclasses.fields(defaults)] == ["backoff", "timeout", "max_retries", "restart_intensity"]
+    assert [f.name for f in dataclasses.fields(defaults)] == ["backoff", "timeout", "max_retries", "restart_intensity", "limits"]
     assert defaults.restart_intensity is None
     assert TaskDefaults(timeout=timedelta(milliseconds=300)).timeout == 0.3
 

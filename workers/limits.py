@@ -1,0 +1,40 @@
+"""What runs into a resource limit? (for `TaskSpec.with_limits` tests)
+
+| function | does | ends, under the limit |
+|---|---|---|
+| `hog(chunk_mib)` | allocates `chunk_mib` MiB at a time, keeping each | `MemoryError` (address-space limit) |
+| `spin()` | burns CPU in pure Python | SIGXCPU (CPU-time limit) |
+| `open_all()` | opens `/dev/null` until it cannot, keeping each | `OSError` EMFILE (open-files limit) |
+| `within(mib)` | allocates `mib` MiB once, returns `"fits"` | returns, when the limit leaves room |
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+
+def hog(chunk_mib: int = 16) -> NoReturn:
+    """Allocate `chunk_mib` MiB at a time until the allocator refuses."""
+    kept = []
+    while True:
+        kept.append(bytearray(chunk_mib * 2**20))
+
+
+def spin() -> NoReturn:
+    """Burn CPU forever (pure Python: only the CPU-time limit or a kill ends it)."""
+    x = 0
+    while True:
+        x += 1
+
+
+def open_all() -> NoReturn:
+    """Open `/dev/null` until no descriptor is left."""
+    kept = []
+    while True:
+        kept.append(open("/dev/null"))  # noqa: SIM115 (kept open on purpose)
+
+
+def within(mib: int) -> str:
+    """Allocate `mib` MiB once; `"fits"`."""
+    data = bytearray(mib * 2**20)
+    return "fits" if len(data) == mib * 2**20 else "short"
