@@ -1,0 +1,99 @@
+"""Can a signal meant for an attempt reach another process that got its pid?
+
+A reaped attempt's pid is made to reappear as an unrelated process (by setting the kernel's
+`ns_last_pid` just below it, as root: CI runs as root), then every request the launcher can be
+sent for the old attempt (a SIGTERM to its group, a SIGKILL to it, a tree kill) is sent. The
+control socket is ordered, so a second attempt spawned after those requests and seen to end
+proves the fork server has handled them; the impostor must still be alive. The fork server only
+signals unreaped children, or processes through a pidfd checked against their start time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+
+import pytest
+
+from mpvisor import TaskFn
+from mpvisor._actor import start_message
+from mpvisor._ending import ExitStatus
+from mpvisor._launchers.local import LauncherClient
+from mpvisor._wire import encode_start
+from workers import basic
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Sink:
+    """An `AttemptSink` that records the attempt's pid and end."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid: int | None = None
+        self.ended: asyncio.Future[ExitStatus | str] = loop.create_future()
+
+    def on_started(self, pid: int) -> None:
+        self.pid = pid
+
+    def on_start_failed(self, error: str) -> None:
+        self.ended.set_result(error)
+
+    def on_data(self, data: bytes) -> None:
+        pass
+
+    def on_output(self, stream: str, line: str) -> None:
+        pass
+
+    def on_eof(self) -> None:
+        pass
+
+    def on_exited(self, status: ExitStatus, killed: bool) -> None:
+        self.ended.set_result(status)
+
+    def on_launcher_died(self, how: str = "launcher died") -> None:
+        self.ended.set_result(how)
+
+
+def _spawn(client: LauncherClient, name: str) -> tuple[int, Sink]:
+    sink = Sink(client.loop)
+    start = start_message(TaskFn(name, basic.quick, ("x",)), name, 1, 1, 1 << 20, None, None, None)
+    return client.spawn(sink, encode_start(start), exec_python=False, capture_output=False), sink
+
+
+def _process_with_pid(pid: int) -> subprocess.Popen[bytes]:
+    """A `sleep` whose pid is `pid` (the kernel hands out ns_last_pid + 1 next, unless another
+    process takes it first: then try again)."""
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "30"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    raise AssertionError(f"could not make pid {pid} reappear")
+
+
+async def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalled() -> None:
+    loop = asyncio.get_running_loop()
+    client = LauncherClient(loop, (), lambda reason: None)
+    try:
+        await client.ready()
+        key, first = _spawn(client, "first")
+        assert await asyncio.wait_for(first.ended, 20) == ExitStatus("exit", 0)
+        assert first.pid is not None
+        impostor = _process_with_pid(first.pid)
+        try:
+            client.signal(key, signal.SIGTERM, True)
+            client.signal(key, signal.SIGKILL, False)
+            client.kill(key)
+            _, second = _spawn(client, "second")  # handled after the requests above
+            assert await asyncio.wait_for(second.ended, 20) == ExitStatus("exit", 0)
+            assert impostor.poll() is None, f"pid {first.pid}, now another process, was signalled"
+        finally:
+            impostor.kill()
+            impostor.wait()
+    finally:
+        await client.close()
