@@ -11,7 +11,6 @@ signals unreaped children, or processes through a pidfd checked against their st
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 
