@@ -44,10 +44,15 @@ def slots(tmp_path: Any) -> Iterator[Any]:
         cmdline = process.info["cmdline"] or []
         if "serve" in cmdline and str(directory) in cmdline:
             process.terminate()
-            try:
-                process.wait(timeout=10)
-            except psutil.TimeoutExpired:
-                process.kill()
+            # Exited is enough: a detached server's zombie waits for init, which reaps late here.
+            wait_for(lambda p=process: _exited(p), timeout=10)
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
 
 
 def env_for(slots: Any) -> dict[str, str]:
@@ -90,8 +95,10 @@ def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str
 
 
 def server_pids(slots: Any) -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "serve" in (p.info["cmdline"] or []) and str(slots) in (p.info["cmdline"] or [])]
+    """Live (not zombie) slot servers of that directory."""
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if "serve" in (p.info["cmdline"] or []) and str(slots) in (p.info["cmdline"] or [])
+            and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 # --- the recipe: two deploy scripts --------------------------------------------------------------------
@@ -303,7 +310,7 @@ def test_another_user_is_refused(slots: Any, tmp_path: Any) -> None:
     finally:
         for pid in server_pids(public / "slots"):
             os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not server_pids(public / "slots"), timeout=10)
+        wait_for(lambda: all(_exited(psutil.Process(pid)) for pid in server_pids(public / "slots")), timeout=10)
         shutil.rmtree(public)
 
 

@@ -181,14 +181,14 @@ def test_sigterm_mpvisor_run_dies_by_the_signal(installs: Installs, tmp_path: pa
 @pytest.mark.parametrize(
     "timeout_args, expected",
     [
-        (["3"], 124),
-        (["-s", "INT", "3"], 124),
-        (["--preserve-status", "3"], 128 + signal.SIGTERM),  # mpvisor itself died by SIGTERM
+        (["2"], 124),
+        (["-s", "INT", "2"], 124),
+        (["--preserve-status", "2"], 128 + signal.SIGTERM),  # mpvisor itself died by SIGTERM
     ],
     ids=["term", "int", "preserve-status"],
 )
 def test_timeout_1_bounds_mpvisor_run(installs: Installs, tmp_path: pathlib.Path, scripts, timeout_args, expected):
-    """`timeout 3 mpvisor run -- sleeper` (30 s) ends soon after 3 s with timeout's 124 (with
+    """`timeout 2 mpvisor run -- sleeper` (30 s) ends soon after 2 s with timeout's 124 (with
     `--preserve-status`, the 143 of mpvisor's death by SIGTERM), and leaves nothing running."""
     marker, pidfile = tmp_path / "marker", tmp_path / "pids"
     started = time.monotonic()

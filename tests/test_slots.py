@@ -708,5 +708,5 @@ def test_slot_machine_agrees_with_the_model_and_keeps_its_invariants() -> None:
     """One owner per slot, FIFO among pending items, Replace only sets the head (pure)."""
     run_state_machine_as_test(  # type: ignore[no-untyped-call]
         SlotMachine,
-        settings=settings(max_examples=250, deadline=None, stateful_step_count=50),
+        settings=settings(max_examples=150, deadline=None, stateful_step_count=50),
     )
