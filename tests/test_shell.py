@@ -198,7 +198,7 @@ def test_timeout_1_bounds_mpvisor_run(installs: Installs, tmp_path: pathlib.Path
     elapsed = time.monotonic() - started
     assert status == 0, (status, tail(script.stderr))
     assert _lines(marker) == ["terminated", f"status {expected}"], (_lines(marker), tail(script.stderr))
-    assert 3.0 <= elapsed < 3.0 + STOP_BOUND, elapsed
+    assert 2.0 <= elapsed < 2.0 + STOP_BOUND, elapsed
     assert not script.left_behind(), script.left_behind()
 
 

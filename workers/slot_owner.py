@@ -24,13 +24,7 @@ import subprocess
 import sys
 import time
 
-
-def _append(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{text}\n".encode())
-    finally:
-        os.close(fd)
+from ._marker import append_line
 
 
 def _alive(pid: int) -> bool:
@@ -47,17 +41,17 @@ def main(argv: list[str]) -> int:
         with open(argv[3]) as f:
             pids = [json.loads(line)["pid"] for line in f if line.strip()]
         left = [pid for pid in pids if _alive(pid)]
-        _append(log, " ".join(["dirty", *map(str, left)]) if left else "clean")
+        append_line(log, " ".join(["dirty", *map(str, left)]) if left else "clean")
     def stopped(signum: int, frame: object) -> None:
-        _append(log, f"end {label} {time.time():.6f}")
+        append_line(log, f"end {label} {time.time():.6f}")
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stopped)
-    _append(log, f"start {label} {time.time():.6f}")
+    append_line(log, f"start {label} {time.time():.6f}")
     child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({hold})"])
     time.sleep(hold)
     child.wait()
-    _append(log, f"end {label} {time.time():.6f}")
+    append_line(log, f"end {label} {time.time():.6f}")
     return 0
 
 
