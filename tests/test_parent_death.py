@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -45,22 +46,52 @@ def dead(record: dict) -> bool:
         return True
 
 
+# Runs the parent under a child subreaper: orphans re-parent to it, not to init, so the
+# parent-death chain must not rely on init. It reaps every child until none is left.
+SUBREAPER = (
+    "import ctypes, os, subprocess, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER\n"
+    "proc = subprocess.Popen(sys.argv[1:])\n"
+    "print(proc.pid, flush=True)\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.wait()\n"
+    "    except ChildProcessError:\n"
+    "        break\n"
+)
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("start_method", ["launcher", "spawn"])
-def test_parent_death_kills_every_attempt(start_method, tmp_path):
-    """SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack)."""
+@pytest.mark.parametrize(
+    ("start_method", "phase", "under_subreaper"),
+    [("launcher", "running", False), ("spawn", "running", False), ("launcher", "idle", False),
+     ("launcher", "running", True)],
+    ids=["running", "running-spawn", "idle-between-attempts", "under-a-subreaper"],
+)
+def test_parent_death_kills_every_attempt(start_method, phase, under_subreaper, tmp_path):
+    """SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack):
+    while attempts run (both start methods), while its only task waits between attempts, and
+    with a child subreaper among its ancestors."""
     out, records = tmp_path / "pids.json", tmp_path / "tree.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen(
-        [sys.executable, SCRIPT, str(out), str(records), start_method], env=env, cwd=ROOT
-    )
+    argv = [sys.executable, SCRIPT, str(out), str(records), start_method, phase]
+    wrapper = None
+    if under_subreaper:
+        wrapper = subprocess.Popen([sys.executable, "-c", SUBREAPER, *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert wrapper.stdout is not None
+        parent: Any = _Adopted(int(wrapper.stdout.readline()))
+    else:
+        parent = subprocess.Popen(argv, env=env, cwd=ROOT)
     try:
         wait_for(lambda: out.exists() or parent.poll() is not None, timeout=20)
         assert parent.poll() is None, f"the parent script ended early with {parent.returncode}"
         report = json.loads(out.read_text())
         everyone = [report["launcher"], report["guardian"], *report["attempts"], *report["tree"]]
-        assert len(report["attempts"]) == 3 and len(report["tree"]) == 4
-        assert {r["role"] for r in report["tree"]} == {"child", "grandchild", "setsid-grandchild", "orphan"}
+        if phase == "running":
+            assert len(report["attempts"]) == 3 and len(report["tree"]) == 4
+            assert {r["role"] for r in report["tree"]} == {"child", "grandchild", "setsid-grandchild", "orphan"}
+        else:
+            assert report["attempts"] == [] and report["tree"] == []
         assert not any(dead(r) for r in everyone), "all must be alive before the kill"
         killed_at = time.monotonic()
         parent.send_signal(signal.SIGKILL)
@@ -72,3 +103,25 @@ def test_parent_death_kills_every_attempt(start_method, tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+        if wrapper is not None:
+            wrapper.wait(timeout=10)  # it reaped everything and ended
+
+
+class _Adopted:
+    """The parent when a subreaper wrapper started it: signalled and waited for by pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.process = psutil.Process(pid)
+
+    def poll(self) -> int | None:
+        return None if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE else 0
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> None:
+        wait_for(lambda: self.poll() is not None, timeout=10)
