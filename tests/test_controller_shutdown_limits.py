@@ -291,7 +291,8 @@ async def test_controller_try_removals_report_command_queue_full():
     unknown = 10**12
 
     async with controlled(queue_capacity=1) as (handle, events):
-        await handle.add(once("warm-up", basic.quick))
+        _, warm = await handle.add_and_watch(once("warm-up", basic.quick))
+        await warm.wait()  # over before the shutdown: its claim would be a TASK_REMOVE_REQUESTED too
         burst = [handle.submit_and_watch(Q(once(f"b-{i}", basic.quick), f"b-{i}")) for i in range(8)]
         tries = []
         for k in range(4):

@@ -15,8 +15,8 @@ protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply t
 | `importing pid module` | remembers which `preload` module the launcher is importing |
 | `ready pid error` | resolves `ready()` (a preload error becomes `ConfigError`) |
 | `started` / `start_failed` / `exited` | forwards it to the channel with that key |
-| EOF on the control socket | tells every channel its launcher died |
-| the guardian ended | reports the death; restarts after `restart_delay` (below), or gives up |
+| EOF on the control socket | holds its channels: their launcher died |
+| the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now); reports the death; restarts after `restart_delay` (below), or gives up |
 | not ready within `start_timeout` | gives up: kills it |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
 
@@ -117,6 +117,7 @@ class LauncherClient:
         self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
         self._last_line: str | None = None  # its last non-empty line so far
         self._attempts: dict[int, Channel] = {}
+        self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
         self._next_key = 0
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
@@ -370,9 +371,12 @@ class LauncherClient:
         self._outbox.clear()
         sock.close()
         self._sock = None
-        attempts, self._attempts = self._attempts, {}
-        for attempt in attempts.values():
-            attempt.launcher_died()
+        # Their end is reported once the guardian has exited too (`_after_launcher`): only then
+        # is every process of their trees gone (a killed launcher's orphans re-parent to the
+        # guardian, which kills them before it exits; a killed guardian's launcher kills and
+        # reaps every tree before it closes the socket).
+        self._orphaned.extend(self._attempts.values())
+        self._attempts = {}
         if not self._closing and self._error is None and self._ready.done():
             self._ready = self.loop.create_future()  # management calls wait for the next one
         self._after_launcher()
@@ -419,6 +423,9 @@ class LauncherClient:
             return
         guardian_pid, returncode = self._ended
         self._ended = None
+        orphaned, self._orphaned = self._orphaned, []
+        for attempt in orphaned:
+            attempt.launcher_died()
         if self._startup is not None:
             self._on_startup_output()  # what it wrote before it died
             self._close_startup()  # (held open only by something it started: not ours to wait for)
