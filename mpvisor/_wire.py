@@ -71,7 +71,8 @@ class FrameDecoder:
     """Feed bytes in any chunking; get whole decoded values out.
 
     `feed` returns the values completed by the new bytes; `finish` checks that the stream did not
-    stop inside a frame."""
+    stop inside a frame. It holds at most one frame (`max_frame`) plus one chunk of bytes, and
+    decodes a frame where it lies, without a copy."""
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
@@ -96,10 +97,14 @@ class FrameDecoder:
                     )
             if len(self._buf) < self._need:
                 return out
-            body = bytes(self._buf[: self._need])
+            view = memoryview(self._buf)
+            try:  # decoded in place: the frame is never copied (what is held: one frame and the value)
+                value = unpack(view[: self._need])
+            finally:
+                view.release()
             del self._buf[: self._need]
             self._need = None
-            out.append(unpack(body))
+            out.append(value)
 
     def finish(self) -> None:
         if self._need is not None:

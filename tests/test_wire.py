@@ -196,3 +196,24 @@ def test_the_start_frame_in_two_pieces_decodes_like_one_and_knows_its_size(size)
     (length,) = struct.unpack(">I", data[:4])
     assert length == len(data) - 4 == start_size(start)
     assert parse_start(unpack(data[4:])) == start
+
+
+def test_the_decoder_holds_one_frame_and_never_copies_it():
+    """A 16 MiB frame fed in 256 KiB chunks: the decoder's peak allocation is about the frame
+    (buffered) plus the decoded value, never a third copy (the body is decoded where it lies)."""
+    import tracemalloc
+
+    from mpvisor._wire import FrameDecoder, frame, pack
+
+    size = 16 * 2**20
+    data = frame(pack(b"x" * size))
+    decoder = FrameDecoder(32 * 2**20)
+    chunks = [data[i : i + 2**18] for i in range(0, len(data), 2**18)]
+    tracemalloc.start()
+    try:
+        got = [value for chunk in chunks for value in decoder.feed(chunk)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [b"x" * size]
+    assert peak < 2.3 * size, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame"
