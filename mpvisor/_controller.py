@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -323,9 +322,7 @@ class Controller:
             self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
             return
         self.leases[item.id] = client
-        launcher = getattr(self.host, "client", None)
-        candidates = [os.getpid(), getattr(launcher, "pid", None), getattr(getattr(launcher, "_proc", None), "pid", None)]
-        pids = [p for p in (_leases.pid_of(pid) for pid in candidates if pid) if p is not None]
+        pids = _leases.owner_pids(getattr(self.host, "client", None))
         policy = {AdmissionPolicy.QUEUE: "queue", AdmissionPolicy.REPLACE: "replace",
                   AdmissionPolicy.DROP_IF_RUNNING: "drop"}[item.admission]
         loop = self.host.loop

@@ -112,6 +112,14 @@ def pid_of(pid: int) -> Pid | None:
     return None if start is None else Pid(pid, start)
 
 
+def owner_pids(launcher: Any) -> list[Pid]:
+    """What keeps a lease held when its owner's connection is gone: this process, and a local
+    launcher's fork server and guardian (the fork server exits only once every tree it forked is
+    gone). A launcher without local processes (Ray) adds nothing."""
+    candidates = [os.getpid(), getattr(launcher, "pid", None), getattr(getattr(launcher, "_proc", None), "pid", None)]
+    return [p for p in (pid_of(pid) for pid in candidates if pid) if p is not None]
+
+
 def encode(message: dict[str, Any]) -> bytes:
     return frame(pack(message))
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
-from ._leases import Decision, LeaseClient, LeaseError, NoServer, pid_of
+from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -77,9 +76,7 @@ class SlotLease:
 
         async def hook(runtime: Runtime) -> None:
             await runtime.ready()
-            client = runtime.client
-            candidates = [os.getpid(), getattr(client, "pid", None), getattr(getattr(client, "_proc", None), "pid", None)]
-            pids = [p for p in (pid_of(pid) for pid in candidates if pid) if p is not None]
+            pids = owner_pids(runtime.client)
             loop = runtime.loop
             asked: asyncio.Future[Decision] = loop.run_in_executor(
                 None, self.client.acquire, self.slot, self.policy, self.name, pids, self._queued)

@@ -189,18 +189,8 @@ def _poll_file(path: str, ready: Callable[[str], bool], what: str) -> str:
 
 
 async def _apoll_file(path: str, ready: Callable[[str], bool], what: str) -> str:
-    """`_poll_file` that lets the loop run between looks."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as f:
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
-        if text and ready(text):
-            return text
-        await asyncio.sleep(POLL)
-    raise TimeoutError(f"{what} took longer than {DEADLINE:.0f} s")
+    """`_poll_file` in a thread, so that the loop runs meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(None, _poll_file, path, ready, what)
 
 
 def _ray_get(ref: Any, what: str) -> Any:
