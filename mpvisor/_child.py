@@ -10,11 +10,13 @@ returns: every path ends in `os._exit`.
 |---|---|---|
 | returns an encodable value within `max_frame` | `Result(value)` | 0 |
 | returns something msgpack cannot carry (whatever its hooks raise, `SystemExit` included), or too large | `Failure("fatal", ...)` naming the type / the size | 0 |
+| returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` | nothing | n |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
+| cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
 
@@ -25,6 +27,7 @@ status of mpvisor's own, 70. Whatever the target leaves behind is described and 
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -169,7 +172,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except BaseException as exc:
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"
-        _finish(channel, Failure("fatal", reason, traceback=_traceback(exc)))
+        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc)))
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
@@ -313,6 +316,14 @@ def _traceback(exc: BaseException) -> str | None:
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
 
 
+def _kind_of_failing(exc: BaseException) -> str:
+    """`"fatal"` for a step that fails by its own nature (an import error, a value msgpack
+    cannot carry), but `"error"` (retryable) when it ran out of memory or of file descriptors:
+    that is the attempt's circumstances, maybe its limit, not the target's fault."""
+    exhausted = isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE))
+    return "error" if exhausted else "fatal"
+
+
 def _verdict(exc: Fail | Fatal) -> Failure:
     """The report of a `Fail` or `Fatal` the target raised (its reason made a plain str)."""
     kind = "fail" if isinstance(exc, Fail) else "fatal"
@@ -361,7 +372,7 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
     if isinstance(message, Result):
         def refused(problem: BaseException) -> bytes:
             reason = f"the result of type {_type_name(message.value)} cannot be sent as msgpack: {_describe(problem)}"
-            return pack(Failure("fatal", reason).to_wire())
+            return pack(Failure(_kind_of_failing(problem), reason).to_wire())
 
         def encoded() -> bytes:
             check_value(message.value, "the result")

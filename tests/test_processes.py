@@ -1,7 +1,7 @@
 """Does every attempt run in its own fresh process, and does mpvisor keep that process in hand?
 (Without the controller, the CLI and the blocking facade; the public surface is checked in
 `test_public_surface.py`, the parent's death in `test_parent_death.py`, protocol faults in
-`test_protocol_faults.py`.)
+`test_failure_matrix.py`.)
 
 Real attempt processes from `workers/`; the process table is read with psutil, pids are
 matched with their create times. Lifecycle, cancel, timeout and tree-kill tests run under

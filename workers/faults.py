@@ -1,47 +1,57 @@
-"""How does a child break the protocol at a chosen step, and how does a test choose it?
+"""How does a child die or break the protocol at a chosen phase, and how does a test choose it?
 
-Owns the failure injection of `tests/test_protocol_faults.py`. This module is meant to be
-*preloaded*: `SupervisorConfig(preload=("workers.faults",))` makes the launcher import it once, before it
+Owns the failure injection of `tests/test_failure_matrix.py` (and one fault of
+`tests/test_big_arguments.py`). This module is meant to be *preloaded*:
+`SupervisorConfig(preload=("workers.faults",))` makes the launcher import it once, before it
 forks any attempt, so the patches below are in place in every attempt process it forks (the
-`spawn` start method execs a fresh interpreter that never imports it: use `"launcher"`). Imported
-anywhere else (the test process, a plain attempt), it changes nothing until `install()` runs,
-and importing it calls `install()` only when the launcher's preload imports it.
+`spawn` start method execs a fresh interpreter that never imports it: use `"launcher"`).
+Imported anywhere else (the test process, a plain attempt), it changes nothing until `install()`
+runs, and importing it calls `install()` only when the launcher's preload imports it.
 
-Steps, and how an attempt learns which fault is its own:
+Phases (`STEPS`), and how an attempt learns which fault is its own:
 
-| step | where the fault strikes | chosen by |
+| phase | where the fault strikes | chosen by |
 |---|---|---|
 | `handshake` | in `_child.run`, before the child's `Hello` frame | the next unclaimed line of the plan file |
 | `start` | in `_Channel.read_start`, after `Hello`, before the start message is read | the next unclaimed line of the plan file |
+| `big-start` | as `start`; the test sends a start message far bigger than a socket buffer, so the parent is still writing it | the next unclaimed line of the plan file |
+| `import` | in `_child._import_target`, as the target's module is imported | the task name `fault-<fault>-import`, attempt 1 only |
 | `running` | inside the target `faults.target` | the task name `fault-<fault>-running`, attempt 1 only |
-| `result` | in `_child._finish`, while the result frame is being sent | the task name `fault-<fault>-result`, attempt 1 only |
+| `result` | in `_child._finish`, while a large result frame is being sent | the task name `fault-<fault>-result`, attempt 1 only |
 
-Before the start message the child knows nothing of its task, so the first two steps read a
+Before the start message the child knows nothing of its task, so the first three phases read a
 *plan*: a file whose path is in the environment variable `FAULT_PLAN_ENV`, set in the test
 process before `serve()` (the launcher inherits the parent's environment when it starts, and
 the child's environment is the launcher's until the start message arrives). Each line is
-`<fault>@<step>`. An attempt claims line i by creating `<plan>.claim-<i>` with `O_EXCL` (the
+`<fault>@<phase>`. An attempt claims line i by creating `<plan>.claim-<i>` with `O_EXCL` (the
 kernel lets exactly one process create it), scanning only the lines that exist when it starts;
-so a test appends one line just before it adds the one attempt that is meant to take it, and
-every other attempt (a sibling already running, the retry that follows) finds nothing left to
-claim and behaves normally.
+so a test appends one line, adds the one attempt that is meant to take it, and waits for the
+claim file before it appends the next; every other attempt (a sibling already running, a
+retry) finds nothing left to claim and behaves normally.
 
-Faults (`FAULTS`):
+Faults (`FAULTS`; `MEMORY_PHASES` lists where `memory` applies: an attempt's memory limit is
+set from its start message, so before it there is no limit to run into):
 
-| fault | what the child does at that step |
+| fault | what the child does at that phase |
 |---|---|
-| `garbage` | writes a frame whose body is not msgpack (`0xc1` bytes), then blocks until killed |
-| `truncated` | writes a frame cut short (header says more bytes than follow), then `os._exit(0)` |
-| `oversized` | writes a header announcing `OVERSIZED_BYTES` (2 MiB, over a 1 MiB `max_frame_bytes`), then blocks until killed |
-| `crash` | dies by SIGSEGV (at `result`: after writing the first half of the result frame) |
-| `exit0` | `os._exit(0)` (at `result`: after half the result frame) |
-| `exit3` | `os._exit(3)` (at `result`: after half the result frame) |
+| `raise` | raises `RuntimeError` |
+| `exit0` / `exit3` | `os._exit(0)` / `os._exit(3)` (at `result`: after half the result frame) |
+| `crash` | dies by SIGSEGV (at `result`: after half the result frame) |
 | `signal` | dies by SIGKILL (at `result`: after half the result frame) |
+| `term-deaf` | ignores SIGTERM, then sleeps forever |
+| `memory` | allocates until its memory limit refuses (`MemoryError`); at `result`, allocates until less than the result's size is left, then sends the result |
+| `hang` | loops forever in Python |
+| `hang-c` | blocks forever in a C call that signals do not interrupt (a second `pthread_mutex_lock` of the same mutex, through `ctypes`) |
+| `close` | closes its end of the attempt socket, then carries on as if nothing happened |
+| `garbage` | writes a frame whose body is not msgpack (`0xc1` bytes), then blocks until killed |
+| `oversized` | writes a header announcing `OVERSIZED_BYTES` (2 MiB, over a 1 MiB `max_frame_bytes`), then blocks until killed |
+| `truncated` | writes a frame cut short (header says more bytes than follow), then `os._exit(0)` |
 | `crash-after` | `result` only: writes the complete result frame, then dies by SIGSEGV |
 | `exit3-after` | `result` only: writes the complete result frame, then `os._exit(3)` |
 
-`target(value)` is the target every injected task runs: it returns `value`, unless its task
-name asks for a fault while running (attempt 1 only, so a retry succeeds).
+`target(value, result_bytes=0)` is the target every injected task runs: it returns `value` (or
+`[value, <result_bytes zero bytes>]`), unless its task name asks for a fault while running
+(attempt 1 only, so a retry succeeds).
 
 Two plain workers for the timeout tests live here too (they need no preload):
 
@@ -61,13 +71,18 @@ from typing import Any, NoReturn
 
 FAULT_PLAN_ENV = "MPVISOR_TEST_FAULT_PLAN"
 OVERSIZED_BYTES = 2 * 1024 * 1024
-STEPS = ("handshake", "start", "running", "result")
-FAULTS = ("garbage", "truncated", "oversized", "crash", "exit0", "exit3", "signal")
+PLANNED_STEPS = ("handshake", "start", "big-start")  # chosen by the plan file
+NAMED_STEPS = ("import", "running", "result")  # chosen by the task name
+STEPS = PLANNED_STEPS + NAMED_STEPS
+FAULTS = ("raise", "exit0", "exit3", "crash", "signal", "term-deaf", "memory", "hang", "hang-c", "close",
+          "garbage", "oversized", "truncated")
 AFTER_RESULT_FAULTS = ("crash-after", "exit3-after")
+MEMORY_PHASES = NAMED_STEPS
 
 _HEADER = struct.Struct(">I")
+_MiB = 1024 * 1024
 _channel_fd: int | None = None  # the attempt socket, learnt when the start message is read
-_planned: str | None = None  # the fault this attempt claimed for the `start` step
+_planned: str | None = None  # the fault this attempt claimed for the `start` / `big-start` phase
 
 
 # --- choosing -------------------------------------------------------------------------------
@@ -136,8 +151,51 @@ def _end_abruptly(fault: str) -> NoReturn:
     raise ValueError(f"not an abrupt ending: {fault!r}")
 
 
-def strike(fd: int, fault: str) -> NoReturn:
-    """Carry out `fault` on the attempt socket `fd` when no frame of ours is under way."""
+def _exhaust_memory(ballast: list[bytearray], smallest: int) -> None:
+    """Fill `ballast` until the address-space limit refuses even `smallest` bytes more."""
+    chunk = 16 * _MiB
+    while chunk >= smallest:
+        try:
+            while True:
+                ballast.append(bytearray(chunk))
+        except MemoryError:
+            chunk //= 4
+
+
+def _hang_in_c() -> NoReturn:
+    """Block in one C call that no signal interrupts: lock a (normal, non-recursive) mutex the
+    thread already holds. ctypes releases the GIL, so only a SIGKILL ends this."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER on glibc
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+    raise AssertionError("a normal mutex was locked twice")
+
+
+def strike(fd: int, fault: str) -> None:
+    """Carry out `fault` on the attempt socket `fd` when no frame of ours is under way; only
+    `close` returns (the child then carries on as if nothing had happened)."""
+    if fault == "close":
+        os.close(fd)
+        return
+    if fault == "raise":
+        raise RuntimeError("fault: raise")
+    if fault == "memory":
+        hog: list[bytearray] = []
+        _exhaust_memory(hog, 16 * _MiB)
+        hog.append(bytearray(16 * _MiB))  # the MemoryError a real hog meets, hog still held
+    if fault == "hang":
+        while True:
+            pass
+    if fault == "hang-c":
+        _hang_in_c()
+    if fault == "term-deaf":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        while True:
+            time.sleep(3600)
     if fault == "garbage":
         _write(fd, _HEADER.pack(4) + b"\xc1" * 4)
         _block_until_killed()
@@ -150,13 +208,22 @@ def strike(fd: int, fault: str) -> NoReturn:
     _end_abruptly(fault)
 
 
-def strike_result(fd: int, result_frame: bytes, fault: str) -> NoReturn:
-    """Carry out `fault` while the result frame `result_frame` is being sent."""
+_ballast: list[bytearray] = []  # `memory` at `result`: what keeps the result from fitting
+
+
+def strike_result(fd: int, result_frame: bytes, fault: str) -> bool:
+    """Carry out `fault` while the result frame `result_frame` is being sent; True when the
+    child should then send its result as usual (`close`, `memory`)."""
     if fault in AFTER_RESULT_FAULTS:
         _write(fd, result_frame)
         _end_abruptly(fault)
-    if fault in ("garbage", "oversized"):
+    if fault == "memory":
+        _exhaust_memory(_ballast, 64 * 1024)  # a few hundred KiB left: less than the result needs
+        del _ballast[-4:]
+        return True
+    if fault in ("garbage", "oversized", "raise", "hang", "hang-c", "term-deaf", "close"):
         strike(fd, fault)
+        return True  # `close`: send as usual, into a closed descriptor
     _write(fd, result_frame[: len(result_frame) // 2])  # the frame is cut short ...
     if fault == "truncated":
         os._exit(0)
@@ -166,8 +233,9 @@ def strike_result(fd: int, result_frame: bytes, fault: str) -> NoReturn:
 # --- the target -------------------------------------------------------------------------------
 
 
-def target(value: object = "ok") -> object:
-    """Return `value`, unless the task is named `fault-<fault>-running` (attempt 1)."""
+def target(value: object = "ok", result_bytes: int = 0) -> object:
+    """Return `value` (or `[value, bytes(result_bytes)]`), unless the task is named
+    `fault-<fault>-running` (attempt 1)."""
     from mpvisor import context
 
     ctx = context()
@@ -176,7 +244,7 @@ def target(value: object = "ok") -> object:
         if _channel_fd is None:
             raise RuntimeError("workers.faults was not preloaded: no attempt socket known")
         strike(_channel_fd, fault)
-    return value
+    return [value, bytes(result_bytes)] if result_bytes else value
 
 
 def sleep_then_raise(seconds: float) -> NoReturn:
@@ -189,12 +257,14 @@ def sleep_then_raise(seconds: float) -> NoReturn:
 
 
 def install() -> None:
-    """Wrap `_child.run`, `_Channel.read_start` and `_child._finish` (in the launcher)."""
+    """Wrap `_child.run`, `_Channel.read_start`, `_child._import_target` and `_child._finish`
+    (in the launcher)."""
     from mpvisor import _child
     from mpvisor._wire import Result
 
     original_run = _child.run
     original_read_start = _child._Channel.read_start
+    original_import_target = _child._import_target
     original_finish = _child._finish
 
     def run(fd: int) -> NoReturn:
@@ -202,7 +272,7 @@ def install() -> None:
         planned = _claim_planned()
         if planned is not None and planned[1] == "handshake":
             strike(fd, planned[0])
-        if planned is not None and planned[1] == "start":
+        if planned is not None and planned[1] in ("start", "big-start"):
             _planned = planned[0]
         original_run(fd)
 
@@ -212,6 +282,12 @@ def install() -> None:
         if _planned is not None:
             strike(self.fd, _planned)
         return original_read_start(self)
+
+    def import_target(start: Any) -> Any:
+        fault = _named_fault(start.task, start.attempt, "import")
+        if fault is not None and _channel_fd is not None:
+            strike(_channel_fd, fault)
+        return original_import_target(start)
 
     def finish(channel: Any, message: Any, *, max_frame: int = 0, status: int = 0) -> NoReturn:
         from mpvisor import _context
@@ -225,6 +301,7 @@ def install() -> None:
 
     _child.run = run  # type: ignore[assignment]
     _child._Channel.read_start = read_start  # type: ignore[method-assign]
+    _child._import_target = import_target
     _child._finish = finish  # type: ignore[assignment]
 
 
