@@ -3,8 +3,12 @@
 The parent is `workers/scripts/parent_for_death.py`, run as a subprocess of the test: it serves
 mpvisor with two cooperative attempts and a `stubborn_tree` attempt (a child, a grandchild, a
 `setsid()` grandchild and a double-forked orphan, all ignoring SIGTERM), reports every pid it
-started (the launcher's and its guardian's too) with its create time, and waits. The test SIGKILLs it and checks
-that within 2 s (plus CI slack) none of those processes exists.
+started (the launcher's and its guardian's too) with its create time, and waits (other phases:
+see the script). The test also snapshots every process descended from the parent, SIGKILLs the
+parent and checks that within 2 s (plus 2 s of slack for a loaded CI machine) none of those
+processes runs. A zombie re-parented to init counts as gone (see `dead`): here init reaps such
+orphans 1-2 s late, and the bound does not include that. Measured on this 2-core machine: every
+process is dead 0.00-0.2 s after the kill, in every phase (the test prints it with `-s`).
 """
 
 from __future__ import annotations
@@ -65,13 +69,17 @@ SUBREAPER = (
 @pytest.mark.parametrize(
     ("start_method", "phase", "under_subreaper"),
     [("launcher", "running", False), ("spawn", "running", False), ("launcher", "idle", False),
-     ("launcher", "running", True)],
-    ids=["running", "running-spawn", "idle-between-attempts", "under-a-subreaper"],
+     ("launcher", "running", True), ("launcher", "starting", False), ("spawn", "starting", False),
+     ("launcher", "thread-exited", False)],
+    ids=["running", "running-spawn", "idle-between-attempts", "under-a-subreaper", "while-starting",
+         "while-starting-spawn", "after-the-serving-thread-exited"],
 )
 def test_parent_death_kills_every_attempt(start_method, phase, under_subreaper, tmp_path):
     """SIGKILL of the parent takes launcher, attempts and all descendants within 2 s (+slack):
-    while attempts run (both start methods), while its only task waits between attempts, and
-    with a child subreaper among its ancestors."""
+    while attempts run (both start methods), while attempts are being started (both), while its
+    only task waits between attempts, with a child subreaper among its ancestors, and after the
+    thread that served the supervisor has exited. Every process descended from the parent at the
+    moment of the kill is checked, not only those it reported."""
     out, records = tmp_path / "pids.json", tmp_path / "tree.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, SCRIPT, str(out), str(records), start_method, phase]
@@ -87,24 +95,40 @@ def test_parent_death_kills_every_attempt(start_method, phase, under_subreaper, 
         assert parent.poll() is None, f"the parent script ended early with {parent.returncode}"
         report = json.loads(out.read_text())
         everyone = [report["launcher"], report["guardian"], *report["attempts"], *report["tree"]]
-        if phase == "running":
+        if phase in ("running", "thread-exited"):
             assert len(report["attempts"]) == 3 and len(report["tree"]) == 4
             assert {r["role"] for r in report["tree"]} == {"child", "grandchild", "setsid-grandchild", "orphan"}
+        elif phase == "starting":
+            assert len(report["attempts"]) == 3 and report["tree"] == []
         else:
             assert report["attempts"] == [] and report["tree"] == []
         assert not any(dead(r) for r in everyone), "all must be alive before the kill"
+        everyone += _descendants(parent.pid)
         killed_at = time.monotonic()
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         survivors = lambda: [r for r in everyone if not dead(r)]  # noqa: E731
         wait_for(lambda: not survivors(), timeout=CONTRACT_SECONDS + CI_SLACK, interval=0.02)
-        assert time.monotonic() - killed_at <= CONTRACT_SECONDS + CI_SLACK
+        took = time.monotonic() - killed_at
+        assert took <= CONTRACT_SECONDS + CI_SLACK
+        print(f"{phase}: {len(everyone)} processes gone {took:.2f} s after the kill")
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
         if wrapper is not None:
             wrapper.wait(timeout=10)  # it reaped everything and ended
+
+
+def _descendants(pid: int) -> list[dict[str, Any]]:
+    """Every process descended from `pid` now, as `dead()` records."""
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            found.append({"pid": process.pid, "create_time": process.create_time()})
+        except psutil.NoSuchProcess:
+            pass  # gone already: nothing to wait for
+    return found
 
 
 class _Adopted:
