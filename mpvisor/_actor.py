@@ -252,12 +252,11 @@ class TaskActor:
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
             self._publish(EventKind.ATTEMPT_KILLED, attempt=self.attempt, pid=pid, reason=end.killed)
-        fields: dict[str, Any] = {"attempt": self.attempt, "pid": pid, "reason": end.reason}
-        if end.kind is AttemptResult.SUCCEEDED:
-            fields["duration"] = attempt.duration
-        elif end.kind is AttemptResult.TIMED_OUT:
+        fields: dict[str, Any] = {"attempt": self.attempt, "pid": pid, "reason": end.reason,
+                                  "duration": attempt.duration, "start_latency": attempt.called_after}
+        if end.kind is AttemptResult.TIMED_OUT:
             fields["timeout"] = self.spec.timeout
-        else:
+        elif end.kind is not AttemptResult.SUCCEEDED:
             fields["exit_code"] = end.exit_code
         self._publish(_ATTEMPT_EVENTS[end.kind], **fields)
         return end

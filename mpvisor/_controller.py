@@ -249,8 +249,10 @@ class Controller:
             if isinstance(command, _Removal):
                 self._remove(command)
             else:
-                self._publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot)
-                self._apply(self.table.submit(command, self._now()))
+                effects = self.table.submit(command, self._now())
+                self._publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot,
+                              queue_depth=self.table.depth(command.slot))
+                self._apply(effects)
         except Exception as exc:  # a bug in mpvisor: the command still gets an answer
             self._report_bug(exc)
             if isinstance(command, _Pending):
@@ -268,7 +270,8 @@ class Controller:
                 case Reject(item, kind):  # first: the common effect of a busy slot
                     self._reject(item, kind, publish=True)
                 case Transition():
-                    self._publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason)
+                    self._publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason,
+                                  queue_depth=self.table.depth(effect.slot))
                 case Admit(item):
                     self._admit(item)
                 case RemoveOwner(_, owner_id):
@@ -282,6 +285,7 @@ class Controller:
             self._publish(
                 EventKind.CONTROLLER_REJECTED, task=item.name, id=item.id, slot=item.slot,
                 rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=outcome.reason,
+                queue_depth=self.table.depth(item.slot),
             )
         item.resolve(outcome)
 

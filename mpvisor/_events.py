@@ -80,6 +80,19 @@ class Event(NamedTuple):
     `backoff_source` a `BackoffSource`; they are typed `object` here so this module depends on
     none of them. A NamedTuple: immutable, and cheap to build (two are published per controller
     submission).
+
+    Timing and depth fields, as `PrometheusMetrics` reads them:
+
+    - `duration` (on every attempt-ending event): seconds from the attempt's start request to
+      its end (its tree reaped, its channel drained).
+    - `start_latency` (on an attempt-ending event): seconds from the start request to the
+      child's report that it is calling the target (a program: about to exec it); `None` if
+      it never got that far. It travels on the ending event, so an attempt's start latency is
+      observed when the attempt ends.
+    - `queue_depth` (on `CONTROLLER_SUBMITTED`, `CONTROLLER_REJECTED` and
+      `CONTROLLER_SLOT_TRANSITION`): the slot's pending submissions (the owner not counted, a
+      replacement head counted) once the controller step that published it is applied; the
+      last one delivered for a slot is its current depth.
     """
 
     seq: int
@@ -101,6 +114,8 @@ class Event(NamedTuple):
     progress: tuple[float, float | None] | None = None
     stream: str | None = None
     line: str | None = None
+    start_latency: float | None = None
+    queue_depth: int | None = None
 
 
 def label_of(value: object) -> str | None:

@@ -87,8 +87,9 @@ class AttemptProcess:
     ) -> None:
         self.client = client
         self._on_report = on_report
-        self.created_at = client.loop.time()
-        self.duration: float | None = None
+        self.created_at = client.loop.time()  # the start request: what `duration` and `called_after` count from
+        self.duration: float | None = None  # request -> end, once it ended
+        self.called_after: float | None = None  # request -> the child's `calling` report, if it came
         self.loop = client.loop
         self.start_msg = start
         self.facts = Facts(kind=start.kind, timeout=timeout, limits=start.limits)
@@ -252,6 +253,7 @@ class AttemptProcess:
 
     def _on_calling(self) -> None:
         self.facts.calling = True
+        self.called_after = self.loop.time() - self.created_at
         self._cancel_timer("start")
         if self._timeout:
             self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)

@@ -217,6 +217,11 @@ class SlotTable(Generic[ItemT]):
         state = self._slots.get(slot)
         return Idle() if state is None else state.phase
 
+    def depth(self, slot: str) -> int:
+        """How many items wait in the slot's queue (0 for a slot the table does not hold)."""
+        state = self._slots.get(slot)
+        return 0 if state is None else len(state.queue)
+
     def pending(self, slot: str) -> tuple[ItemT, ...]:
         """The slot's queue, head (next owner) first."""
         state = self._slots.get(slot)
