@@ -217,3 +217,80 @@ def test_the_decoder_holds_one_frame_and_never_copies_it():
         tracemalloc.stop()
     assert got == [b"x" * size]
     assert peak < 2.3 * size, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.0f} MiB frame"
+
+
+# The densest frames there are: one array filling 256 KiB with copies of one element, each element the
+# fewest bytes that make one new object. Empty maps are the worst (64-byte dicts from 1 byte).
+DENSE = {"empty maps": b"\x80", "empty lists": b"\x90", "1-key maps": b"\x81\xa1a\x01",
+         "pairs": b"\x92\x01\x02", "int8": b"\xd0\x80", "2-char str": b"\xa2ab", "fixints": b"\x01",
+         "float32": b"\xca\x3f\x80\x00\x00"}
+WORST_FACTOR = 75  # bytes the parent may hold per byte of a frame, frame included
+
+
+@pytest.mark.parametrize("element", DENSE.values(), ids=DENSE.keys())
+def test_a_decoded_frame_costs_at_most_75_times_its_bytes(element):
+    """What a hostile child can make the parent hold with one frame is bounded by the frame: at
+    most `WORST_FACTOR` times its bytes, the buffered frame included (measured with tracemalloc;
+    so `max_frame_bytes` bounds an attempt's memory in the parent at about 75 times itself)."""
+    import tracemalloc
+
+    count = 2**18 // len(element)
+    data = frame(b"\xdd" + struct.pack(">I", count) + element * count)
+    decoder = FrameDecoder(2**21)
+    tracemalloc.start()
+    try:
+        (value,) = decoder.feed(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(value) == count
+    assert peak < WORST_FACTOR * len(data), f"{peak / len(data):.1f} bytes held per frame byte"
+
+
+def test_nesting_deeper_than_the_decoder_allows_is_a_protocol_error():
+    """100,000 nested one-element arrays: refused (msgpack's depth limit), not a crash."""
+    with pytest.raises(ProtocolError, match="undecodable"):
+        FrameDecoder(2**20).feed(frame(b"\x91" * 100_000 + b"\x01"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=1_000, max_size=40_000), st.lists(st.integers(min_value=0), max_size=20),
+       st.sampled_from([64, 4096, 2**20]))
+def test_large_arbitrary_streams_decode_or_raise_protocol_error(data, cuts, max_frame):
+    """Tens of KiB of arbitrary bytes, in any chunking, under small and large frame limits."""
+    decoder = FrameDecoder(max_frame=max_frame)
+    try:
+        for chunk in _chunks(data, cuts):
+            for obj in decoder.feed(chunk):
+                parse(obj)
+        decoder.finish()
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=8), st.data())
+def test_valid_streams_with_corrupted_bytes_decode_or_raise_protocol_error(batch, data):
+    """A real stream of messages with bytes overwritten, inserted and deleted at random places:
+    what survives decodes and parses, or the decoder says `ProtocolError`; nothing else."""
+    stream = bytearray(b"".join(encode(m) for m in batch))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=8))):
+        at = data.draw(st.integers(min_value=0, max_value=len(stream)))
+        how = data.draw(st.sampled_from(["overwrite", "insert", "delete"]))
+        byte = data.draw(st.integers(min_value=0, max_value=255))
+        if how == "insert" or at == len(stream):
+            stream[at:at] = bytes([byte])
+        elif how == "overwrite":
+            stream[at] = byte
+        else:
+            del stream[at]
+    decoder = FrameDecoder(max_frame=2**16)
+    try:
+        for obj in decoder.feed(bytes(stream)):
+            try:
+                parse(obj)
+            except ProtocolError:
+                pass  # off the schema: the attempt is condemned; the decoder is not
+        decoder.finish()
+    except ProtocolError:
+        pass

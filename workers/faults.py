@@ -49,6 +49,8 @@ set from its start message, so before it there is no limit to run into):
 | `crash-after` | `result` only: writes the complete result frame, then dies by SIGSEGV |
 | `exit3-after` | `result` only: writes the complete result frame, then `os._exit(3)` |
 
+`flood_progress(frames)` (preloaded too) writes raw `Progress` frames past the child's rate limit.
+
 `target(value, result_bytes=0)` is the target every injected task runs: it returns `value` (or
 `[value, <result_bytes zero bytes>]`), unless its task name asks for a fault while running
 (attempt 1 only, so a retry succeeds).
@@ -245,6 +247,21 @@ def target(value: object = "ok", result_bytes: int = 0) -> object:
             raise RuntimeError("workers.faults was not preloaded: no attempt socket known")
         strike(_channel_fd, fault)
     return [value, bytes(result_bytes)] if result_bytes else value
+
+
+def flood_progress(frames: int) -> int:
+    """Write `frames` raw `Progress` frames straight onto the attempt socket, 64 KiB at a time
+    (past `context().progress()`'s 50 ms rate limit, as a hostile child would), then return
+    `frames`. Needs the preload (it learns the socket from the start message)."""
+    from mpvisor._wire import Progress, encode
+
+    if _channel_fd is None:
+        raise RuntimeError("workers.faults was not preloaded: no attempt socket known")
+    one = encode(Progress(1, frames, "flood"))
+    per_write = max(1, 65536 // len(one))
+    for sent in range(0, frames, per_write):
+        _write(_channel_fd, one * min(per_write, frames - sent))
+    return frames
 
 
 def sleep_then_raise(seconds: float) -> NoReturn:
