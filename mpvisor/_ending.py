@@ -41,6 +41,7 @@ class StopReason(enum.Enum):
 class ExitStatus:
     how: str  # "exit" or "signal"
     value: int
+    oom: bool = False  # a SIGKILL mpvisor did not send, while the kernel counted an OOM kill
 
     @property
     def exit_code(self) -> int:
@@ -49,6 +50,8 @@ class ExitStatus:
     def describe(self) -> str:
         if self.how == "exit":
             return f"exited with status {self.value}"
+        if self.oom:
+            return f"killed by the OOM killer, signal {_signal_name(self.value)},"
         return f"killed by signal {_signal_name(self.value)}"
 
 

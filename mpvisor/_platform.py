@@ -10,6 +10,7 @@ pid, names one process for its whole life).
 | die with my parent | `set_parent_death_signal(sig)` (then compare `os.getppid()`) |
 | adopt orphans of my tree | `set_child_subreaper()` |
 | be picked first by the OOM killer | `set_oom_score_adj(500)` |
+| did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 """
 
@@ -54,6 +55,68 @@ def set_oom_score_adj(value: int) -> None:
         os.write(fd, str(value).encode())
     finally:
         os.close(fd)
+
+
+def oom_count_files(cgroup: str) -> list[str]:
+    """Where the kernel counts OOM kills for the process whose `/proc/<pid>/cgroup` is `cgroup`
+    (pure: the candidates, most specific first; the caller uses the first that reads): its memory
+    cgroup's `memory.events` (cgroup v2, at `/sys/fs/cgroup` or, on a hybrid host, `.../unified`)
+    or `memory.oom_control` (v1), then the whole system's `/proc/vmstat`."""
+    files = []
+    for line in cgroup.splitlines():
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        path = path.rstrip("/")
+        if controllers == "" and path:  # v2; the root cgroup ("0::/") has no memory.events
+            files += [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
+        elif "memory" in controllers.split(","):
+            files.insert(0, f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+    return [*files, "/proc/vmstat"]
+
+
+def oom_count(text: bytes) -> int | None:
+    """The `oom_kill N` count in a `memory.events`, `memory.oom_control` or `/proc/vmstat` text."""
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == b"oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class OomKills:
+    """The kernel's count of OOM kills in this process's memory cgroup (or, where the kernel
+    keeps none for it, in the whole system), read on demand.
+
+    `explains_a_kill()` answers, for a child that just died by a SIGKILL nobody here sent: has
+    the count risen past the kills already explained? Each OOM kill explains one such death."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.explained = 0
+        try:
+            cgroup = read_small_file("/proc/self/cgroup").decode()
+        except OSError:
+            return
+        for path in oom_count_files(cgroup):
+            count = self._read(path)
+            if count is not None:
+                self.path, self.explained = path, count
+                return
+
+    @staticmethod
+    def _read(path: str) -> int | None:
+        try:
+            return oom_count(read_small_file(path))
+        except OSError:
+            return None
+
+    def explains_a_kill(self) -> bool:
+        if self.path is None:
+            return False
+        count = self._read(self.path)
+        if count is None or count <= self.explained:
+            return False
+        self.explained += 1
+        return True
 
 
 def kernel_release() -> str:

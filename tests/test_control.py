@@ -17,7 +17,7 @@ EXAMPLES = [
     control.Stop(), control.Importing(V, 123, "numpy"), control.Ready(V, 123, None),
     control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
     control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
-    control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True),
+    control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True), control.Exited(9, "signal", 9, False, True),
 ]
 
 
@@ -64,7 +64,7 @@ _messages = st.one_of(
     st.builds(control.Ready, st.just(V), _ints, st.none() | st.text()),
     st.builds(control.Started, _ints, _ints),
     st.builds(control.StartFailed, _ints, st.text()),
-    st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans()),
+    st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans(), st.booleans()),
 )
 
 

@@ -126,3 +126,17 @@ def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, h
     (a SIGKILL is not the CPU limit's evidence, a FATAL is not a limit's failure)."""
     end = decide(facts)
     assert end.limit == limit and (end.reason or "").startswith(head), end
+
+
+@pytest.mark.parametrize(
+    ("facts", "reason"),
+    [
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True)), "attempt process pid 7 killed by the OOM killer, signal SIGKILL (9), before reporting a result"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL)), "attempt process pid 7 killed by signal SIGKILL"),
+    ],
+)
+def test_an_oom_kill_is_told_apart_from_another_sigkill_when_the_kernel_says_so(facts, reason):
+    """The launcher's evidence (`ExitStatus.oom`) names the OOM killer; the exit code is -9 either way."""
+    end = decide(facts)
+    assert (end.kind, end.exit_code) == (AttemptResult.FAILED, -9)
+    assert (end.reason or "").startswith(reason), end

@@ -9,11 +9,17 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
 from mpvisor import CommandTask, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
 from tests._support import START_METHODS, fn, supervised
 from workers import limits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,3 +53,42 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
         done, over = await fits.wait(), await inherited.wait()
     assert (done.kind, done.value, done.limit) == (OutcomeKind.COMPLETED, "fits", None), done
     assert (over.kind, over.limit) == (OutcomeKind.FAILED, "open_files"), over
+
+
+def _memory_cgroup(name: str, limit: int) -> str:
+    """A new memory cgroup below this process's own, limited to `limit` bytes (v1 or v2)."""
+    own = open("/proc/self/cgroup", encoding="utf-8").read()
+    for line in own.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1
+            made = f"/sys/fs/cgroup/memory{path.rstrip('/')}/{name}"
+            os.mkdir(made)
+            _write(f"{made}/memory.limit_in_bytes", limit)
+            return made
+    path = next(line.split(":", 2)[2] for line in own.splitlines() if line.startswith("0::"))
+    made = f"/sys/fs/cgroup{path.rstrip('/')}/{name}"
+    os.mkdir(made)
+    _write(f"{made}/memory.max", limit)
+    return made
+
+
+def _write(path: str, value: int) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(str(value))
+
+
+def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
+    """No limit of mpvisor's: `mpvisor run` runs in a memory cgroup of 256 MiB, and its attempt
+    fills it until the kernel's OOM killer (which picks the attempt: the launcher raised its OOM
+    score) SIGKILLs it. The outcome says `killed by the OOM killer`, the exit status is 128 + 9
+    as for any SIGKILL. (Needs root, as any test that makes a cgroup; the pure rules are in
+    tests/test_ending.py and tests/test_platform_oom.py.)"""
+    cgroup = _memory_cgroup(f"mpvisor-oom-test-{os.getpid()}", 256 * 2**20)
+    try:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run workers.limits:resident_hog 8'
+        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        os.rmdir(cgroup)  # empty again: every process of the run has exited
+    assert done.returncode == 128 + 9, done.stderr
+    assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer, signal SIGKILL" in done.stderr, done.stderr

@@ -6,6 +6,7 @@
 | `spin()` | burns CPU in pure Python | SIGXCPU (CPU-time limit) |
 | `open_all()` | opens `/dev/null` until it cannot, keeping each | `OSError` EMFILE (open-files limit) |
 | `within(mib)` | allocates `mib` MiB once, returns `"fits"` | returns, when the limit leaves room |
+| `resident_hog(chunk_mib)` | allocates and writes `chunk_mib` MiB at a time, keeping each | the OOM killer, in a memory cgroup with a limit (the pages are touched, so they count) |
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ def hog(chunk_mib: int = 16) -> NoReturn:
     kept = []
     while True:
         kept.append(bytearray(chunk_mib * 2**20))
+
+
+def resident_hog(chunk_mib: int = 8) -> NoReturn:
+    """Allocate `chunk_mib` MiB at a time and write every page, until something kills us."""
+    kept = []
+    while True:
+        kept.append(b"\x01" * (chunk_mib * 2**20))
 
 
 def spin() -> NoReturn:

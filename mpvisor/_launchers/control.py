@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from .._wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 1
+CONTROL_VERSION = 2  # 2: `exited` carries `oom`
 
 
 class ControlError(ProtocolError):
@@ -94,12 +94,14 @@ class StartFailed(NamedTuple):
 
 class Exited(NamedTuple):
     """The attempt `key`'s leader and every process of its tree are reaped; `how` and `value`
-    are its status (`"exit"`, n or `"signal"`, N); `killed`: mpvisor SIGKILLed it while it ran."""
+    are its status (`"exit"`, n or `"signal"`, N); `killed`: mpvisor SIGKILLed it while it ran;
+    `oom`: it died by a SIGKILL mpvisor did not send while the kernel counted an OOM kill."""
 
     key: int
     how: str
     value: int
     killed: bool
+    oom: bool = False
 
 
 ToLauncher = Spawn | Signal | Kill | Stop
@@ -138,7 +140,7 @@ def decode(data: bytes) -> Message:
             return Started(key, pid)
         case ["start_failed", int(key), str(error)]:
             return StartFailed(key, error)
-        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed)]:
-            return Exited(key, how, value, killed)
+        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom)]:
+            return Exited(key, how, value, killed, oom)
         case other:
             raise ControlError(f"not a control message: {other!r:.80}")

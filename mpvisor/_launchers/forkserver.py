@@ -22,7 +22,7 @@ attached; `control.py` types, encodes and versions them):
 | `ready pid error` | once, after the preload imports (error names a failed module) |
 | `started key pid` + pidfd | the child has completed `setsid()` |
 | `start_failed key error` | `fork()` failed |
-| `exited key how value killed` | leader reaped and every adopted process of its tree reaped |
+| `exited key how value killed oom` | leader reaped and every adopted process of its tree reaped; `oom`: it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
 
 Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
 then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
@@ -61,7 +61,7 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "key", "killed", "pid", "reported_start", "status")
+    __slots__ = ("adopted", "key", "killed", "oom", "pid", "reported_start", "status")
 
     def __init__(self, key: int, pid: int) -> None:
         self.key = key
@@ -69,6 +69,7 @@ class _Attempt:
         self.reported_start = False
         self.status: tuple[str, int] | None = None  # ("exit", code) or ("signal", signum)
         self.killed = False  # we SIGKILLed the group while the leader still ran
+        self.oom = False  # it died by a SIGKILL we did not send, and the OOM killer's count rose
         self.adopted: set[int] = set()  # orphans of its tree still to reap
 
     def __repr__(self) -> str:
@@ -86,6 +87,7 @@ class Launcher:
         self.by_key: dict[int, _Attempt] = {}
         self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
         self.draining: set[_Attempt] = set()
+        self.oom_kills = _platform.OomKills()
         self.parent_gone = False
         self.ready_r, self.ready_w = os.pipe()
         self.wake_r, self.wake_w = os.pipe()
@@ -251,6 +253,8 @@ class Launcher:
                 self._on_ready()  # it wrote its ready pid before it exited: report that first
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
+                if attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
+                    attempt.oom = self.oom_kills.explains_a_kill()
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
                 self.draining.add(attempt)
                 # Orphans adopted while it was exiting (its children re-parent to us before it
@@ -283,7 +287,7 @@ class Launcher:
             if not attempt.reported_start:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
             else:
-                self._send(control.Exited(attempt.key, how, value, attempt.killed))
+                self._send(control.Exited(attempt.key, how, value, attempt.killed, attempt.oom))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)

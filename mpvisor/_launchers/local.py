@@ -354,10 +354,10 @@ class LauncherClient:
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
                     attempt.start_failed(error)
-            case control.Exited(key, how, value, killed):
+            case control.Exited(key, how, value, killed, oom):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.exited(ExitStatus(how, value), killed)
+                    attempt.exited(ExitStatus(how, value, oom), killed)
 
     def _on_launcher_gone(self) -> None:
         sock = self._sock

@@ -446,8 +446,8 @@ class RayClient:
                 sink.on_started(pid)
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid = node, agent_pid
-            case ("exited", str() as how, int() as value, bool() as killed):
-                self._end(remote, _exited(ExitStatus(how, value), killed))
+            case ("exited", str() as how, int() as value, bool() as killed, bool() as oom):
+                self._end(remote, _exited(ExitStatus(how, value, oom), killed))
                 return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
@@ -671,7 +671,7 @@ class Agent:
         pass  # the parent's sink hears it just before the end, which follows at once
 
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        self._emit(["exited", status.how, status.value, killed])
+        self._emit(["exited", status.how, status.value, killed, status.oom])
 
     def on_launcher_died(self, how: str = "launcher died") -> None:
         self._emit(["launcher_died", f"{how} (the agent's fork server)"])

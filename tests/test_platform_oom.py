@@ -1,0 +1,40 @@
+"""Where does the kernel count OOM kills, and how is the count read? (pure: texts in, answers out)"""
+
+from __future__ import annotations
+
+import pytest
+
+from mpvisor._platform import oom_count, oom_count_files
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files"),
+    [
+        ("0::/user.slice/app.service\n", ["/sys/fs/cgroup/user.slice/app.service/memory.events",
+                                          "/sys/fs/cgroup/unified/user.slice/app.service/memory.events", "/proc/vmstat"]),
+        ("0::/\n", ["/proc/vmstat"]),  # the v2 root cgroup keeps no memory.events
+        ("4:memory:/docker/abc\n1:cpu,cpuacct:/docker/abc\n0::/\n",
+         ["/sys/fs/cgroup/memory/docker/abc/memory.oom_control", "/proc/vmstat"]),
+        ("7:cpu,memory:/job\n0::/job\n", ["/sys/fs/cgroup/memory/job/memory.oom_control", "/sys/fs/cgroup/job/memory.events",
+                                          "/sys/fs/cgroup/unified/job/memory.events", "/proc/vmstat"]),
+        ("", ["/proc/vmstat"]),
+    ],
+)
+def test_the_most_specific_count_comes_first(cgroup, files):
+    assert oom_count_files(cgroup) == files
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        (b"low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n", 2),  # v2 memory.events
+        (b"oom_kill_disable 0\nunder_oom 0\noom_kill 5\n", 5),  # v1 memory.oom_control
+        (b"nr_free_pages 12\npgfault 99\noom_kill 1\n", 1),  # /proc/vmstat
+        (b"oom_kill_disable 0\nunder_oom 0\n", None),  # a kernel too old to count
+        (b"oom_kill x\n", None),
+    ],
+)
+def test_the_oom_kill_count_is_read_from_any_of_the_kernels_files(text, count):
+    assert oom_count(text) == count
