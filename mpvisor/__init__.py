@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._identity import TaskId
     from ._metrics import PrometheusMetrics
     from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
+    from ._progress import ProgressReport, drive_progress_bars, progress_reports
     from ._registry import TaskInfo, TaskWaiter
     from ._restart import BackoffSource
     from ._slots import AdmissionPolicy, SlotStatus, SlotView
@@ -72,6 +73,9 @@ _LAZY = {
     "OutcomeKind": "._outcome",
     "RejectionKind": "._outcome",
     "TaskOutcome": "._outcome",
+    "ProgressReport": "._progress",
+    "drive_progress_bars": "._progress",
+    "progress_reports": "._progress",
     "BackoffSource": "._restart",
     "INHERIT": "._spec",
     "Limits": "._spec",
@@ -164,6 +168,7 @@ __all__ = (
     "MpvisorError",
     "OutcomeKind",
     "PreparedSubmission",
+    "ProgressReport",
     "PrometheusMetrics",
     "RejectionKind",
     "Resources",
@@ -187,6 +192,8 @@ __all__ = (
     "TaskTerminationTimeout",
     "TaskWaiter",
     "context",
+    "drive_progress_bars",
+    "progress_reports",
     "run",
 )
 

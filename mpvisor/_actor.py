@@ -334,17 +334,23 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
     launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built."""
     common = dict(task=name, id=id, attempt=attempt, max_frame=max_frame)
     if isinstance(task, CommandTask):
-        merged = dict(os.environ)  # a command's `env` is merged over the parent's environment
-        for key, value in (task.env or {}).items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        return Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=merged,
+        return Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
                      cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
     target, main_path = _resolve_main(task.target)
-    return Start(kind="fn", target=target, call=task.call, argv=[], env=env, cwd=cwd, path=path,
+    own_env = env if task.env is None else _merged_env(task.env)
+    return Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=task.cwd or cwd, path=path,
                  main_path=main_path, **common)  # type: ignore[arg-type]
+
+
+def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """A task's `env` merged over the parent's environment (a `None` value removes a variable)."""
+    merged = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
 
 
 def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> None:

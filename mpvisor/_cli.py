@@ -58,264 +58,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
-import logging
-import math
 import os
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
-from . import _validate
-from ._backoff import BackoffPolicy, JitterPolicy
 from ._config import SupervisorConfig
 from ._errors import ConfigError, GraceExceeded, ShuttingDown
-from ._events import Event, EventKind
-from ._outcome import OutcomeKind, TaskOutcome
+from ._outcome import OutcomeKind
+from ._progress import ProgressBar
+from ._shell import (
+    DEFAULT_GRACE,
+    POLICIES,
+    RESERVED,
+    RESTARTS,
+    TASK_OPTIONS,
+    USAGE_ERROR,
+    backoff,
+    build_spec,
+    byte_size,
+    choice,
+    event_writers,
+    exit_status,
+    intensity,
+    jitter,
+    outcome_line,
+    parse_arg,
+    positive_count,
+    ray_address,
+    retries,
+    seconds,
+    take_stdout,
+    target,
+    task_name,
+    value_line,
+    write_line,
+)
 from ._slotcli import SlotRejected
-from ._spec import RestartPolicy, TaskDefaults, TaskSpec
+from ._spec import TaskSpec
 from ._supervisor import Supervisor
-from ._task import CommandTask, TaskFn, target_path
-from ._writers import JsonLinesWriter, LogWriter
 
-USAGE_ERROR = 2
-TIMED_OUT = 124  # as timeout(1)
-RESERVED = range(3, 10)  # for admission results (busy slot, full queue, superseded), later
-DEFAULT_GRACE = 10.0
-
-
-# --- pure decisions -------------------------------------------------------------------------------
-
-
-def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
-    """The process exit status for a task's outcome (pure; see the module table).
-
-    `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
-    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
-    if interrupted_by is not None:
-        return 128 + interrupted_by
-    if outcome.kind is OutcomeKind.COMPLETED:
-        return 0
-    if outcome.timed_out:
-        return TIMED_OUT
-    code = outcome.exit_code
-    if code is not None and 1 <= code <= 255:
-        return code
-    if code is not None and -64 <= code < 0:
-        return 128 - code
-    return 1
-
-
-def outcome_line(name: str, outcome: TaskOutcome) -> str:
-    """The one human line about an outcome: the kind's lower-case name, not its label."""
-    return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={outcome.reason!r} "
-        f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
-    )
-
-
-def value_line(value: Any) -> str:
-    """A return value as one line of strict JSON (bytes as base64, non-finite floats as names)."""
-    return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
-    return value
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of a float's range")
-    return value
-
-
-def parse_arg(text: str) -> Any:
-    """One ARG: a JSON literal, or the text itself when it is a bare word (not meant as JSON).
-
-    A text that starts with `{`, `[` or `"`, or that `float()` reads as a number, is meant as
-    JSON; if it does not parse, `argparse.ArgumentTypeError` names it."""
-    try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
-    except ValueError as exc:
-        if not _meant_as_json(text):
-            return text
-        raise argparse.ArgumentTypeError(f"not a JSON literal ({exc}): {text!r}") from None
-
-
-def _meant_as_json(text: str) -> bool:
-    if text.lstrip()[:1] in ("{", "[", '"'):
-        return True
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
-    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`)."""
-    bound = ">= 0" if allow_zero else "> 0"
-
-    def parse(text: str) -> float:
-        try:  # the library's one rule for durations (a ConfigError is a ValueError)
-            seconds = _validate.duration("a duration", float(text), allow_zero=allow_zero)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}{hint}, got {text!r}") from None
-        assert seconds is not None
-        return seconds
-
-    return parse
-
-
-def retries(text: str) -> int:
-    """An argparse `type=`: a whole number >= 0."""
-    try:
-        value = _validate.non_negative_int("a retry count", int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    assert value is not None
-    return value
-
-
-def backoff(text: str) -> BackoffPolicy:
-    """An argparse `type=`: `FIRST[:MAX[:FACTOR]]`, e.g. `0.5:30:2` (no jitter yet)."""
-    parts = text.split(":")
-    try:
-        numbers = [float(part) for part in parts]
-    except ValueError:
-        numbers = []
-    if not 1 <= len(numbers) <= 3 or not all(math.isfinite(n) for n in numbers):
-        raise argparse.ArgumentTypeError(f"expected FIRST[:MAX[:FACTOR]] as finite numbers, got {text!r}")
-    first = numbers[0]
-    cap = numbers[1] if len(numbers) > 1 else max(30.0, first)
-    factor = numbers[2] if len(numbers) > 2 else 2.0
-    try:
-        return BackoffPolicy.exponential(first, max=cap, factor=factor)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (in {text!r})") from None
-
-
-def jitter(text: str) -> JitterPolicy:
-    """An argparse `type=`: a jitter name (`none`, `full`, `equal`, `randomized-band`)."""
-    try:
-        return JitterPolicy[text.upper().replace("-", "_")]
-    except KeyError:
-        names = ", ".join(member.name.lower().replace("_", "-") for member in JitterPolicy)
-        raise argparse.ArgumentTypeError(f"expected one of {names}, got {text!r}") from None
-
-
-def task_name(text: str) -> str:
-    """An argparse `type=`: a non-empty task name."""
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a non-empty task name, got {text!r}")
-    return text
-
-
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def byte_size(text: str) -> int:
-    """An argparse `type=`: a size in bytes, `512M`, `1G` (binary units, an optional `iB`/`B`)."""
-    number = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
-    try:
-        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 1048576, 512M, 1G), got {text!r}")
-    return int(value)
-
-
-def positive_count(text: str) -> int:
-    """An argparse `type=`: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def intensity(text: str) -> tuple[int, float]:
-    """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0)."""
-    count, slash, window = text.partition("/")
-    try:
-        if not slash:
-            raise ValueError
-        n = _validate.non_negative_int("N", int(count))
-        seconds = _validate.duration("SECONDS", float(window), allow_zero=False)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N/SECONDS (N >= 0 restarts within SECONDS > 0), got {text!r}") from None
-    assert n is not None and seconds is not None
-    return n, seconds
-
-
-def ray_address(text: str) -> str:
-    """An argparse `type=`: a Ray address (`auto`, `host:port`, `ray://host:port`, `local`),
-    accepted only where Ray is installed."""
-    import importlib.util
-
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
-    if importlib.util.find_spec("ray") is None:
-        raise argparse.ArgumentTypeError("Ray is not installed here (pip install 'mpvisor[ray]')")
-    return text
-
-
-def target(text: str) -> str:
-    """An argparse `type=`: `package.module:function`, named in full when malformed."""
-    try:
-        return target_path(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def build_spec(args: argparse.Namespace) -> TaskSpec:
-    """The one task the parsed options describe (`ValueError`/`TypeError` for what argparse
-    cannot see, e.g. an int argument out of msgpack's range)."""
-    if args.command:
-        task: TaskFn | CommandTask = CommandTask(args.name or os.path.basename(args.command[0]), args.command)
-    else:
-        task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)
-    if args.every is not None:
-        spec = TaskSpec.periodic(task, args.every)
-    elif args.restart == "never":
-        spec = TaskSpec.once(task)
-    elif args.restart == "on-failure":
-        spec = TaskSpec.restartable(task)
-    else:
-        spec = TaskSpec.restartable(task).with_restart(RestartPolicy.always())
-    if args.max_retries is not None:
-        spec = spec.with_max_retries(args.max_retries)
-    if args.intensity is not None:
-        spec = spec.with_restart_intensity(*args.intensity)
-    if args.memory is not None or args.cpu is not None or args.open_files is not None:
-        spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files)
-    if args.timeout is not None:
-        spec = spec.with_timeout(args.timeout)
-    if args.backoff is not None or args.jitter is not None:
-        policy = args.backoff if args.backoff is not None else TaskDefaults().backoff
-        spec = spec.with_backoff(policy.with_jitter(args.jitter if args.jitter is not None else JitterPolicy.EQUAL))
-    return spec
-
+__all__ = ("RESERVED", "exit_status", "main", "outcome_line", "parse", "parse_arg", "value_line", "version")
 
 # --- the command line -----------------------------------------------------------------------------
 
@@ -360,10 +144,14 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser.add_argument("--version", action=_Version, help="print `mpvisor <version>` and exit")
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
     commands.add_parser("slots", help="show this user's shared slots (--json), or run their server (slots serve)", add_help=False)
-    run = commands.add_parser("run", help="run one task under supervision until it ends",
-                              description="Run one task under supervision until it ends.")
+    check = commands.add_parser("check", help="validate a task file: every error with its location (status 2), or a summary",
+                                description="Validate a task file; print every error with its location (status 2), or a one-line summary.")
+    check.add_argument("file", metavar="FILE", help="a task file (TOML)")
+    run = commands.add_parser("run", help="run one task (or a task file's tasks, --file) under supervision until it ends",
+                              description="Run one task, or the tasks of a task file, under supervision until it ends.")
+    run.add_argument("--file", metavar="FILE", help="run the tasks of this task file (TOML) instead of one TARGET or COMMAND")
     run.add_argument("--name", type=task_name, help="the task name (default: the function or program name)")
-    run.add_argument("--restart", choices=("never", "on-failure", "always"), default="never")
+    run.add_argument("--restart", type=choice(*RESTARTS), metavar="|".join(RESTARTS), help="when to run again (default: never)")
     run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="run again this many seconds after each success (> 0)")
     run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
@@ -378,16 +166,17 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]", help="seconds between retries")
     run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",
                      help="jitter of the backoff (default: equal)")
-    run.add_argument("--grace", type=seconds(allow_zero=True), default=DEFAULT_GRACE, metavar="SECONDS",
+    run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
     run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
     run.add_argument("--slot", type=task_name, metavar="NAME",
                      help="run only while holding this slot, shared by every mpvisor process of this user on this host")
-    run.add_argument("--policy", choices=("queue", "replace", "drop"), default=None,
+    run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
     run.add_argument("--events", choices=("json", "log", "none"), default="none")
-    run.add_argument("--progress", action="store_true", help="show a progress bar on a terminal")
+    run.add_argument("--progress", action="store_true",
+                     help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
     run.add_argument("args", nargs="*", type=parse_arg, metavar="ARG",
                      help="arguments: JSON literals (a bare word is a string)")
@@ -401,12 +190,25 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec]:
-    """Parse `mpvisor ...` (pure: no side effect but a usage error's `SystemExit(2)`)."""
+def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
+    """Parse `mpvisor ...` (pure: no side effect but a usage error's `SystemExit(2)`); the spec
+    is None for `run --file` and `check`, whose tasks are in a file."""
     own, command = _split_command(argv)
     parser, run = make_parser()
     args = parser.parse_args(own)
+    if args.verb == "check":
+        return args, None
     args.command = command
+    if args.file is not None:
+        if args.command or args.target is not None:
+            run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
+        for option in TASK_OPTIONS:
+            if getattr(args, option) is not None:
+                flag = "--" + option.replace("_", "-")
+                run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
+        return args, None
+    if args.grace is None:
+        args.grace = DEFAULT_GRACE
     if bool(args.command) == (args.target is not None):
         run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
     try:
@@ -416,29 +218,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec]:
     if args.policy is not None and args.slot is None:
         run.error("argument --policy: needs --slot")
     return args, spec
-
-
-class ProgressBar:
-    """Draws the latest progress report on a terminal (a subscriber)."""
-
-    name = "progress"
-    queue_capacity = 16
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.stream = stream
-
-    def on_event(self, event: Event) -> None:
-        if event.kind is EventKind.ATTEMPT_PROGRESS and event.progress is not None:
-            done, total = event.progress
-            if total:
-                filled = int(30 * min(done / total, 1.0))
-                bar = f"[{'#' * filled}{'.' * (30 - filled)}] {done:g}/{total:g}"
-            else:
-                bar = f"{done:g}"
-            self.stream.write(f"\r{event.task}: {bar} {event.reason or ''}\x1b[K")
-        elif event.kind is EventKind.TASK_FINISHED:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 @dataclass(frozen=True)
@@ -464,20 +243,25 @@ def _main(argv: list[str]) -> _Ending:
 
         return _Ending(slots_main(argv[1:]))
     args, spec = parse(argv)
+    if args.verb == "check":
+        from ._filecli import check_main
+
+        return _Ending(check_main(args.file))
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: targets resolve from here
+    if args.file is not None:
+        from ._filecli import run_file
+
+        status, die_by = run_file(args)
+        return _Ending(status, die_by)
+    assert spec is not None
     subscribers: list[Any] = []
     machine: IO[str] | None = None  # stdout, kept for the events or the value while fd 1 goes to stderr
     if args.events == "json" or not args.command:
-        machine = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-        os.dup2(2, 1)  # the target's stdout (and ours) now goes to stderr
-    if args.events == "json" and machine is not None:
-        subscribers.append(JsonLinesWriter(machine))
-    elif args.events == "log":
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-        subscribers.append(LogWriter())
-    if args.progress and sys.stderr.isatty():
-        subscribers.append(ProgressBar(sys.stderr))
+        machine = take_stdout()
+    subscribers.extend(event_writers(args, machine))
+    if args.progress:
+        subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     launcher = None
     if args.ray is not None:
         from .ray import RayLauncher
@@ -522,18 +306,9 @@ def _main(argv: list[str]) -> _Ending:
         return _Ending(_slotcli.REPLACED)
     print(outcome_line(spec.name, outcome), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
-        _write_line(machine, value_line(outcome.value))
+        write_line(machine, value_line(outcome.value))
     first = supervisor.interrupts[0] if supervisor.interrupts else None
     return _Ending(exit_status(outcome, first), first)
-
-
-def _write_line(stream: IO[str], text: str) -> None:
-    """Write one line and flush it; a reader that went away loses it (and nothing else)."""
-    try:
-        stream.write(f"{text}\n")
-        stream.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # the exit-time flush stays quiet
 
 
 def _die_by(signum: signal.Signals) -> int:

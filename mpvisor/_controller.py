@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class _Pending:
     task_spec: TaskSpec  # resolved against the task defaults when it is handed to the registry
     outcome: asyncio.Future[TaskOutcome] | None  # None: nobody watches it (yet)
     claimed: bool = False  # removed while its registration was pending
+    replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
 
     def watched(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[TaskOutcome]:
@@ -143,6 +145,9 @@ class Controller:
         self._now = host.loop.time  # the clock of slot ages
         self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
         self.leases: dict[int, Any] = {}  # shared slots: item id -> its `_leases.LeaseClient`
+        # Called on the loop with an owner's id when a replacement (local, or from another
+        # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
+        self.on_replaced: Callable[[int], None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -276,8 +281,8 @@ class Controller:
                     self._admit(item)
                 case RemoveOwner(_, owner_id):
                     actor = self.registry.actor(owner_id)
-                    if actor is not None:
-                        self.registry.claim(actor, by_shutdown=False)
+                    if actor is not None and self.registry.claim(actor, by_shutdown=False):
+                        self._replaced(owner_id)
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
         outcome = TaskOutcome.rejected(kind, reason)
@@ -332,9 +337,14 @@ class Controller:
         loop = self.host.loop
         decided: asyncio.Future[_leases.Decision] = loop.create_future()
 
+        def queued(position: int, owner: dict[str, Any] | None) -> None:  # on the lease's thread
+            reason = _leases.queued_text(item.slot, position, owner)
+            loop.call_soon_threadsafe(functools.partial(
+                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=reason))
+
         def ask() -> None:  # its own thread: a queued lease may wait a long time
             try:
-                decision = client.acquire(item.slot, policy, item.name, pids)
+                decision = client.acquire(item.slot, policy, item.name, pids, queued)
             except Exception:
                 decision = _leases.Decision(False, "admission_failed")
             loop.call_soon_threadsafe(_settle, decided, decision)
@@ -351,9 +361,10 @@ class Controller:
         def revoked() -> None:
             actor = self.registry.actor(item.id)
             if actor is not None:
-                self.registry.claim(actor, by_shutdown=False)
+                if self.registry.claim(actor, by_shutdown=False):
+                    self._replaced(item.id)
             else:
-                item.claimed = True  # not registered yet: claimed when it is
+                item.claimed = item.replaced = True  # not registered yet: claimed when it is
 
         def on_revoke() -> None:  # on the lease's thread
             loop.call_soon_threadsafe(self._post, revoked)
@@ -369,9 +380,13 @@ class Controller:
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
-        if item.claimed:
-            self.registry.claim(actor, by_shutdown=False)
+        if item.claimed and self.registry.claim(actor, by_shutdown=False) and item.replaced:
+            self._replaced(item.id)
         self._post(lambda: self._decided(item, actor, None))
+
+    def _replaced(self, id: int) -> None:
+        if self.on_replaced is not None:
+            self.on_replaced(id)
 
     def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
         self.admitting.pop(item.id, None)

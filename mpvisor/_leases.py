@@ -112,6 +112,16 @@ def pid_of(pid: int) -> Pid | None:
     return None if start is None else Pid(pid, start)
 
 
+def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
+    """What a `queued` answer tells a person: `slot 'deploy' is busy (owner: 'deploy', pid 812,
+    since 14:02:11); waiting, position 1 in its queue`."""
+    held = ""
+    if owner:
+        since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
+        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
+    return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
+
+
 def owner_pids(launcher: Any) -> list[Pid]:
     """What keeps a lease held when its owner's connection is gone: this process, and a local
     launcher's fork server and guardian (the fork server exits only once every tree it forked is

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
-from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of
+from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of, queued_text
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -60,12 +60,7 @@ class SlotLease:
         self._lock = threading.Lock()
 
     def _queued(self, position: int, owner: dict[str, Any] | None) -> None:
-        held = ""
-        if owner:
-            since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
-            held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
-        print(f"mpvisor: slot {self.slot!r} is busy{held}; waiting, position {position} in its queue",
-              file=sys.stderr, flush=True)
+        print(f"mpvisor: {queued_text(self.slot, position, owner)}", file=sys.stderr, flush=True)
 
     def before_add(self) -> Callable[[Runtime], Awaitable[None]]:
         """What `Supervisor.run` does before it adds the task: once the launcher is ready (so

@@ -2,8 +2,9 @@
 
 Owns the two descriptions of a task's body, validated when they are built so that bad input
 never reaches the registry: `TaskFn` (a Python target named `module:qualname`, never pickled)
-and `CommandTask` (an external program). How the child imports and calls a target,
-or execs a program, belongs to the child and the launcher.
+and `CommandTask` (an external program). Both may carry an environment merged over the
+parent's (a `None` value removes a variable) and a working directory. How the child imports
+and calls a target, or execs a program, belongs to the child and the launcher.
 
 | `target` given as | recorded as | refused when |
 |---|---|---|
@@ -40,13 +41,17 @@ from ._wire import pack, pack_call
 @dataclass(frozen=True, init=False)
 class TaskFn:
     """A Python target run as `target(*args, **kwargs)` in a fresh child process; `name` is the
-    task's name, `target` its `"module:qualname"`, `args`/`kwargs` msgpack values."""
+    task's name, `target` its `"module:qualname"`, `args`/`kwargs` msgpack values; `env` is
+    merged over the parent's environment in the attempt (a `None` value removes a variable)
+    and `cwd` is the attempt's working directory (both `None`: as the parent's)."""
 
     name: str
     target: str  # always the `module:qualname` form, whatever the caller passed
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     call: bytes = field(repr=False, compare=False)  # `[args, kwargs]` as msgpack, encoded once
+    env: dict[str, str | None] | None = None  # merged over the parent's environment; None removes
+    cwd: str | None = None
 
     def __init__(
         self,
@@ -54,15 +59,21 @@ class TaskFn:
         target: str | Callable[..., Any],
         args: list[Any] | tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         _set(self, "name", _validate.name("name", name))
         _set(self, "target", target_path(target))
         _set(self, "args", _checked_args(args))
         _set(self, "kwargs", _checked_kwargs(kwargs))
         _set(self, "call", _encoded_call(self.args, self.kwargs))
+        _set(self, "env", _checked_env(env))
+        _set(self, "cwd", _checked_cwd(cwd))
 
     def __repr__(self) -> str:
-        return f"TaskFn({self.name!r}, {self.target!r}, args={self.args!r}, kwargs={self.kwargs!r})"
+        where = "".join(f", {key}={value!r}" for key, value in (("env", self.env), ("cwd", self.cwd)) if value is not None)
+        return f"TaskFn({self.name!r}, {self.target!r}, args={self.args!r}, kwargs={self.kwargs!r}{where})"
 
 
 @dataclass(frozen=True, init=False)

@@ -1,0 +1,168 @@
+"""What a task file's run shows and exits with, without processes: each task's status, the worst
+status (a table and a property test), the rows built from events and outcomes, the plain lines
+and the rendered table."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mpvisor import BackoffSource, Event, EventKind, OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._batchview import (
+    BatchView,
+    Result,
+    Row,
+    render_table,
+    summary_line,
+    task_status,
+    worst_status,
+)
+from mpvisor._progress import ProgressReport
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+COMPLETED = TaskOutcome(OutcomeKind.COMPLETED, value=1, attempts=1)
+
+
+def failed(**fields: object) -> TaskOutcome:
+    return TaskOutcome(OutcomeKind.FAILED, **fields)  # type: ignore[arg-type]
+
+
+def result(name: str, outcome: TaskOutcome, *, replaced: bool = False) -> Result:
+    return Result(name, outcome, *task_status(outcome, replaced=replaced))
+
+
+# --- statuses --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "outcome, replaced, expected",
+    [
+        (COMPLETED, False, (0, False)),
+        (failed(exit_code=7), False, (7, False)),
+        (failed(timed_out=True), False, (124, False)),
+        (failed(exit_code=-9), False, (137, False)),
+        (TaskOutcome(OutcomeKind.CANCELED), False, (1, False)),
+        (TaskOutcome(OutcomeKind.CANCELED), True, (6, True)),
+        (TaskOutcome.rejected(RejectionKind.SLOT_BUSY), False, (3, True)),
+        (TaskOutcome.rejected(RejectionKind.QUEUE_FULL), False, (4, True)),
+        (TaskOutcome.rejected(RejectionKind.SUPERSEDED_BY_REPLACE), False, (5, True)),
+        (TaskOutcome.rejected(RejectionKind.CONTROLLER_SHUTTING_DOWN), False, (1, False)),
+        (TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED), False, (1, False)),
+    ],
+)
+def test_each_task_has_the_status_a_run_of_it_alone_would_have(outcome, replaced, expected):
+    assert task_status(outcome, replaced=replaced) == expected
+
+
+@pytest.mark.parametrize(
+    "outcomes, interrupted_by, status",
+    [
+        ([COMPLETED, COMPLETED], None, 0),
+        ([COMPLETED, failed(exit_code=7)], None, 7),
+        ([failed(exit_code=7), failed(timed_out=True), failed(exit_code=-9)], None, 137),  # the highest failure
+        ([failed(exit_code=1), TaskOutcome.rejected(RejectionKind.SLOT_BUSY)], None, 1),  # a failure beats a slot
+        ([COMPLETED, TaskOutcome.rejected(RejectionKind.SLOT_BUSY), TaskOutcome.rejected(RejectionKind.QUEUE_FULL)], None, 4),
+        ([failed(exit_code=7), COMPLETED], signal.SIGINT, 130),  # an interruption beats everything
+        ([COMPLETED], signal.SIGTERM, 143),
+        ([], None, 0),
+    ],
+)
+def test_the_run_exits_with_the_worst_status(outcomes, interrupted_by, status):
+    results = [result(f"t{i}", o) for i, o in enumerate(outcomes)]
+    assert worst_status(results, interrupted_by) == status
+
+
+_outcomes = st.one_of(
+    st.just(COMPLETED),
+    st.builds(lambda code: failed(exit_code=code), st.one_of(st.none(), st.integers(-64, 300))),
+    st.just(failed(timed_out=True)),
+    st.sampled_from([TaskOutcome(OutcomeKind.FATAL), TaskOutcome(OutcomeKind.CANCELED), TaskOutcome(OutcomeKind.FORCE_ABORTED)]),
+    st.sampled_from([TaskOutcome.rejected(kind) for kind in RejectionKind]),
+)
+
+
+@given(st.lists(st.tuples(_outcomes, st.booleans()), max_size=8), st.sampled_from([None, signal.SIGINT, signal.SIGTERM]))
+def test_the_worst_status_is_an_interruption_else_a_failure_else_a_slot_else_zero(pairs, interrupted_by):
+    results = [result(f"t{i}", o, replaced=r and o.kind is OutcomeKind.CANCELED) for i, (o, r) in enumerate(pairs)]
+    status = worst_status(results, interrupted_by)
+    failures = [r.status for r in results if not r.by_slot and r.status]
+    if interrupted_by is not None:
+        assert status == 128 + interrupted_by
+    elif failures:
+        assert status == max(failures) and status != 0
+    elif any(r.by_slot for r in results):
+        assert status in (3, 4, 5, 6)
+    else:
+        assert status == 0 and all(r.completed for r in results)
+
+
+def test_the_summary_counts_each_end_and_names_the_status():
+    results = [result("a", COMPLETED), result("b", failed(exit_code=7)), result("c", COMPLETED),
+               result("d", TaskOutcome(OutcomeKind.CANCELED), replaced=True)]
+    assert summary_line("tasks.toml", results, 7) == "mpvisor: tasks.toml: 4 tasks: 2 completed, 1 failed, 1 replaced; exit status 7"
+    assert summary_line("f", results[:1], 0) == "mpvisor: f: 1 task: 1 completed; exit status 0"
+
+
+# --- rows -----------------------------------------------------------------------------------------
+
+
+def event(kind: EventKind, task: str = "build", **fields: object) -> Event:
+    return Event(0, 0.0, kind, task=task, **fields)  # type: ignore[arg-type]
+
+
+def test_rows_follow_the_events_and_say_so_in_plain_lines():
+    view = BatchView(["build", "deploy"], {"deploy": "deploy-prod"})
+    assert [row.state for row in view.rows.values()] == ["pending", "waiting for slot 'deploy-prod'"]
+    steps = [
+        (event(EventKind.ATTEMPT_STARTING, attempt=1, pid=42), "mpvisor: build: attempt 1 started (pid 42)"),
+        (event(EventKind.ATTEMPT_FAILED, attempt=1, reason="boom", exit_code=3), "mpvisor: build: attempt 1 failed: boom"),
+        (event(EventKind.BACKOFF_SCHEDULED, delay=1.5, backoff_source=BackoffSource.FAILURE), "mpvisor: build: next attempt in 1.5s"),
+    ]
+    for e, line in steps:
+        assert view.apply(e) == (True, line)
+    assert view.rows["build"] == Row("build", "retry in 1.5s", 1, "attempt 1 failed: boom")
+    assert view.apply(event(EventKind.ATTEMPT_STARTING, attempt=2)) == (True, "mpvisor: build: attempt 2 started")
+    assert view.apply(event(EventKind.ATTEMPT_TIMED_OUT, attempt=2, timeout=0.5)) == (True, "mpvisor: build: attempt 2 timed out after 0.5 s")
+    queued = event(EventKind.CONTROLLER_SLOT_TRANSITION, "deploy", slot="deploy-prod", reason="slot 'deploy-prod' is busy; waiting, position 1 in its queue")
+    assert view.apply(queued) == (True, "mpvisor: deploy: slot 'deploy-prod' is busy; waiting, position 1 in its queue")
+    assert view.rows["deploy"].state == "queued in slot 'deploy-prod'"
+    assert view.apply(event(EventKind.CONTROLLER_SLOT_TRANSITION, "deploy", slot="deploy-prod")) == (False, None)
+    assert view.apply(event(EventKind.ATTEMPT_STARTING, "elsewhere", attempt=1)) == (False, None)  # not a task of the file
+    assert view.apply(event(EventKind.TASK_ADDED)) == (False, None)
+    assert view.apply(event(EventKind.BACKOFF_SCHEDULED, delay=5.0, backoff_source=BackoffSource.SUCCESS))[0]
+    assert view.rows["build"].state == "next run in 5.0s"
+
+
+def test_progress_reaches_the_row_and_the_outcome_settles_it_for_good():
+    view = BatchView(["job"])
+    view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=1))
+    for at, done in ((0.0, 1), (1.0, 3)):
+        changed, line = view.apply(Event(0, at, EventKind.ATTEMPT_PROGRESS, task="job", attempt=1, progress=(done, 10)))
+        assert changed and line is None
+    assert view.rows["job"].progress == ProgressReport("job", 1, 3, 10, None, 2.0, 3.5, 1.0)
+    view.settle(result("job", failed(reason="retry limit reached", exit_code=7, attempts=3)))
+    assert view.rows["job"] == Row("job", "failed", 3, "retry limit reached", view.rows["job"].progress)
+    assert view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=4)) == (False, None)  # settled: events change nothing
+    view.settle(result("job", TaskOutcome(OutcomeKind.CANCELED, reason="canceled"), replaced=True))
+    assert view.rows["job"].state == "replaced"
+
+
+def test_the_table_has_a_header_a_line_per_task_and_fits_the_width():
+    rows = [Row("build", "running", 2, "attempt 1 failed: boom"), Row("a-very-long-task-name-that-goes-on-and-on", "pending"),
+            Row("job", "completed", 1, "-", ProgressReport("job", 1, 3, 10, None, 2.0, 3.5, 0.0))]
+    lines = render_table(rows, 100)
+    assert lines == [
+        "TASK                      STATE             ATTEMPT  LAST OUTCOME",
+        "build                     running           2        attempt 1 failed: boom",
+        "a-very-long-task-name-t…  pending           -        -",
+        "job                       completed         1        -",
+    ]
+    with_progress = render_table(rows, 100, progress=True)
+    assert with_progress[0].split() == ["TASK", "STATE", "ATTEMPT", "PROGRESS", "LAST", "OUTCOME"]
+    assert "3/10 30% 2/s ETA 3.5s" in with_progress[3] and with_progress[1].split()[3] == "-"
+    narrow = render_table(rows, 40)
+    assert all(len(line) <= 40 for line in narrow) and narrow[1].endswith("…")

@@ -1,0 +1,224 @@
+"""Progress, without processes: rate and ETA from reports (property-tested), the text, the
+`--progress` bar on a terminal and as plain periodic lines, and the helpers for code
+(`progress_reports`, `drive_progress_bars` with a tqdm-like fake) on a made-up event stream."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import AsyncIterator, Iterable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mpvisor
+from mpvisor import Event, EventKind
+from mpvisor._progress import (
+    ProgressBar,
+    ProgressReport,
+    ProgressTracker,
+    describe,
+    duration,
+    estimate,
+    plain_due,
+    rate_text,
+)
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+def progress(task: str, attempt: int, done: float, total: float | None, at: float, message: str | None = None) -> Event:
+    return Event(0, at, EventKind.ATTEMPT_PROGRESS, task=task, attempt=attempt, progress=(done, total), reason=message)
+
+
+def finished(task: str, at: float = 0.0) -> Event:
+    return Event(0, at, EventKind.TASK_FINISHED, task=task)
+
+
+# --- rate and ETA -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "samples, total, expected",
+    [
+        ([], 10, (None, None)),
+        ([(0.0, 3)], 10, (None, None)),
+        ([(0.0, 10)], 10, (None, 0.0)),
+        ([(0.0, 0), (2.0, 4)], 10, (2.0, 3.0)),
+        ([(0.0, 0), (2.0, 4)], None, (2.0, None)),
+        ([(0.0, 4), (2.0, 4)], 10, (0.0, None)),  # stalled: no ETA
+        ([(1.0, 1), (1.0, 2)], 10, (None, None)),  # no time between the reports
+        ([(0.0, 0), (1.0, 12)], 10, (12.0, 0.0)),  # past the total: done
+    ],
+)
+def test_estimate_gives_the_rate_and_eta_of_the_samples(samples, total, expected):
+    assert estimate(samples, total) == expected
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 5), st.floats(0, 50)), min_size=2, max_size=30), st.floats(1, 2000))
+def test_the_tracker_rate_covers_the_window_and_the_eta_is_the_remaining_work_at_that_rate(steps, total):
+    """Reports of one attempt with increasing times and counts: the rate is the increase over
+    the kept window (which spans at least the window once the reports do), and rate x eta is
+    what is left."""
+    tracker = ProgressTracker(window=10.0)
+    at, done = 0.0, 0.0
+    for gap, step in steps:
+        at, done = at + gap, done + step
+        report = tracker.update("t", 1, done, total, None, at)
+    assert report.rate is not None and report.rate >= 0
+    if done >= total:
+        assert report.eta == 0.0
+    elif report.rate > 0:
+        assert report.eta is not None and math.isclose(report.eta * report.rate, total - done, rel_tol=1e-6)
+    else:
+        assert report.eta is None
+
+
+def test_the_rate_follows_the_recent_window_and_starts_over_on_a_new_attempt():
+    tracker = ProgressTracker(window=10.0)
+    for second in range(36):  # 1/s for 20 s, then 5/s for 15 s
+        done = second if second <= 20 else 20 + 5 * (second - 20)
+        report = tracker.update("t", 1, done, 1000, None, float(second))
+    assert report.rate == pytest.approx(5.0)  # the last 10 s only
+    again = tracker.update("t", 2, 1, 1000, None, 30.0)
+    assert (again.attempt, again.rate, again.eta) == (2, None, None)
+    back = tracker.update("t", 2, 0, 1000, None, 31.0)  # done went down: start over too
+    assert back.rate is None
+    other = tracker.update("u", 1, 5, None, None, 31.0)  # tasks are tracked apart
+    assert other.rate is None and tracker.update("t", 2, 4, 1000, None, 33.0).rate == pytest.approx(2.0)
+
+
+# --- text ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seconds, text", [(0.05, "0.05s"), (0.5, "0.5s"), (2.54, "2.5s"), (42.4, "42s"),
+                                           (185, "3m05s"), (7620, "2h07m"), (-1, "0s"), (math.inf, "?")])
+def test_durations_are_short(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize("rate, text", [(12.5, "12.5/s"), (0.05, "3/min"), (0.0005, "1.8/h"), (0.0, "0/h")])
+def test_rates_keep_a_unit_that_reads_well(rate, text):
+    assert rate_text(rate) == text
+
+
+def test_a_report_reads_done_total_percent_rate_eta_attempt_and_message():
+    report = ProgressReport("t", 2, 3, 10, "copying", 2.0, 3.5, 0.0)
+    assert describe(report) == "3/10 30% 2/s ETA 3.5s attempt 2: copying"
+    assert describe(report, width=10) == "[###.......] 3/10 30% 2/s ETA 3.5s attempt 2: copying"
+    assert describe(report, attempt=False, message=False) == "3/10 30% 2/s ETA 3.5s"
+    assert describe(ProgressReport("t", 1, 7, None, None, None, None, 0.0)) == "7 attempt 1"
+    assert ProgressReport("t", 1, 12, 10, None, None, 0.0, 0.0).fraction == 1.0
+
+
+def test_plain_lines_are_due_first_then_every_interval_and_when_done():
+    def at(t: float, done: float = 1) -> ProgressReport:
+        return ProgressReport("t", 1, done, 10, None, None, None, t)
+    assert plain_due(None, at(0.0))
+    assert not plain_due(0.0, at(1.9), 2.0) and plain_due(0.0, at(2.0), 2.0)
+    assert plain_due(0.0, at(0.1, done=10), 2.0)
+
+
+# --- `mpvisor run --progress` ------------------------------------------------------------------------------
+
+
+def feed(bar: ProgressBar, events: Iterable[Event]) -> None:
+    for event in events:
+        bar.on_event(event)
+
+
+def test_the_bar_on_a_terminal_redraws_one_line_with_rate_eta_and_attempt():
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=True), [progress("job", 1, 2, 10, 0.0), progress("job", 1, 4, 10, 1.0, "x"),
+                                          finished("job")])
+    first, second = stream.getvalue().split("\r")[1:]
+    assert first == "job: [######........................] 2/10 20% attempt 1\x1b[K"
+    assert second == "job: [############..................] 4/10 40% 2/s ETA 3.0s attempt 1: x\x1b[K\n"
+
+
+def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=False, interval=2.0),
+         [progress("job", 1, d, 10, float(d)) for d in range(11)] + [progress("other", 3, 1, None, 0.5)])
+    assert stream.getvalue().splitlines() == [
+        "mpvisor: job: progress 0/10 0% attempt 1",
+        "mpvisor: job: progress 2/10 20% 1/s ETA 8.0s attempt 1",
+        "mpvisor: job: progress 4/10 40% 1/s ETA 6.0s attempt 1",
+        "mpvisor: job: progress 6/10 60% 1/s ETA 4.0s attempt 1",
+        "mpvisor: job: progress 8/10 80% 1/s ETA 2.0s attempt 1",
+        "mpvisor: job: progress 10/10 100% 1/s ETA 0s attempt 1",
+        "mpvisor: other: progress 1 attempt 3",
+    ]
+
+
+# --- for code --------------------------------------------------------------------------------------------
+
+
+async def stream_of(events: Iterable[Event]) -> AsyncIterator[Event]:
+    for event in events:
+        yield event
+
+
+class FakeBar:
+    """What tqdm offers that `drive_progress_bars` uses, recorded."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.total, self.n = name, None, 0.0
+        self.calls: list[tuple[str, object]] = []
+
+    def update(self, n: float) -> None:
+        self.n += n
+        self.calls.append(("update", n))
+
+    def reset(self, total: float | None = None) -> None:
+        self.n, self.total = 0.0, total
+        self.calls.append(("reset", total))
+
+    def set_postfix_str(self, text: str) -> None:
+        self.calls.append(("postfix", text))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+
+class MinimalBar:
+    """Only `total` and `update`."""
+
+    def __init__(self) -> None:
+        self.total: float | None = None
+        self.n = 0.0
+
+    def update(self, n: float) -> None:
+        self.n += n
+
+
+async def test_progress_reports_give_each_report_with_its_pace():
+    events = [progress("a", 1, 0, 10, 0.0), Event(0, 0.5, EventKind.ATTEMPT_STARTING, task="a"),
+              progress("a", 1, 5, 10, 1.0, "half"), finished("a"), progress("a", 2, 1, 10, 5.0)]
+    reports = [r async for r in mpvisor.progress_reports(stream_of(events))]
+    assert [(r.done, r.rate, r.eta, r.message) for r in reports] == [(0, None, None, None), (5, 5.0, 1.0, "half"),
+                                                                     (1, None, None, None)]
+    assert isinstance(reports[0], mpvisor.ProgressReport)
+
+
+async def test_drive_progress_bars_keeps_one_tqdm_like_bar_per_task():
+    bars: dict[str, FakeBar] = {}
+
+    def make(name: str) -> FakeBar:
+        bars[name] = FakeBar(name)
+        return bars[name]
+
+    events = [progress("a", 1, 2, 10, 0.0), progress("b", 1, 1, 4, 0.0), progress("a", 1, 6, 10, 1.0, "m"),
+              progress("a", 2, 1, 10, 2.0), finished("b"), progress("a", 2, 10, 10, 3.0)]
+    await mpvisor.drive_progress_bars(stream_of(events), make)
+    a, b = bars["a"], bars["b"]
+    assert (a.total, a.n, b.total, b.n) == (10, 10, 4, 1)
+    assert a.calls == [("postfix", "attempt 1"), ("update", 2), ("postfix", "attempt 1: m"), ("update", 4),
+                       ("reset", 10), ("postfix", "attempt 2"), ("update", 1), ("postfix", "attempt 2"), ("update", 9),
+                       ("close", None)]  # closed when the events end
+    assert b.calls[-1] == ("close", None)
+    minimal = MinimalBar()
+    await mpvisor.drive_progress_bars(stream_of([progress("a", 1, 5, 8, 0.0), progress("a", 2, 2, 8, 1.0)]),
+                                      lambda name: minimal)
+    assert (minimal.total, minimal.n) == (8, 2)  # a new attempt without reset(): a negative update
