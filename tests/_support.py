@@ -56,6 +56,7 @@ T = TypeVar("T")
 FAST = BackoffPolicy.constant(0.01)
 CONFIG = SupervisorConfig(grace=1.0)
 START_METHODS = ("launcher", "spawn")
+start_method_override: str | None = None  # set per test in modules marked `both_start_methods`
 ATTEMPT_ENDS = (
     EventKind.ATTEMPT_SUCCEEDED,
     EventKind.ATTEMPT_FAILED,
@@ -296,6 +297,16 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def with_start_method(config: Any, start_method: str) -> Any:
+    """`config` (a `SupervisorConfig`, or None for the defaults) with another start method."""
+    import dataclasses
+
+    from mpvisor import SupervisorConfig
+
+    settings = {} if config is None else {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return SupervisorConfig(**{**settings, "start_method": start_method})
+
+
 class supervised:
     """`async with supervised(config, ...) as (handle, collector):` serves a supervisor with a
     `Collector` subscribed, and shuts it down on exit (a `GraceExceeded` is left to the test:
@@ -305,6 +316,8 @@ class supervised:
                  task_defaults: Any = None, expect_grace_exceeded: bool = False) -> None:
         from mpvisor import Supervisor
 
+        if start_method_override is not None:
+            config = with_start_method(config, start_method_override)
         self.collector = Collector()
         self.supervisor = Supervisor(config, [self.collector, *subscribers],
                                      task_defaults=task_defaults, controller=controller)

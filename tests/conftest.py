@@ -6,6 +6,9 @@ whole mechanism (no plugin needed). `run(coro)` from tests/_support.py stays for
 tests that run a coroutine for a reason (code that must run after the loop closed, or two
 loops in one test). Pure tests that start no process are marked `unit` (`pytest -m unit`).
 
+A module marked `both_start_methods` (`pytestmark`) runs each of its tests once per start method
+(`pytest_generate_tests` below; `supervised(...)` applies it).
+
 The autouse fixture `no_leftover_processes` fails a test that leaves a descendant of the test
 process running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills
 those processes by pid first, so that one leaking test does not make every later test fail.
@@ -24,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tests import _support  # noqa: E402
 from tests._support import kill_leftovers  # noqa: E402
 
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
@@ -57,6 +61,22 @@ def installs(tmp_path_factory):
     from tests._venv import build_installs
 
     return build_installs(tmp_path_factory.mktemp("installs"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module marked `both_start_methods` runs each of its tests once per start method: the
+    `supervised(...)` helper then serves its supervisor with that start method."""
+    if metafunc.definition.get_closest_marker("both_start_methods") is not None:
+        metafunc.fixturenames.append("each_start_method")
+        metafunc.parametrize("each_start_method", _support.START_METHODS, indirect=True)
+
+
+@pytest.fixture
+def each_start_method(request):
+    """The start method `supervised(...)` uses in this test (see `pytest_generate_tests`)."""
+    _support.start_method_override = request.param
+    yield request.param
+    _support.start_method_override = None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

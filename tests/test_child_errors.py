@@ -16,7 +16,7 @@ import pytest
 from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
 from tests._support import FAST, supervised
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
 
 CONFIG = SupervisorConfig(grace=1)
 RAISED = {"exit": "SystemExit", "interrupt": "KeyboardInterrupt", "runtime": "RuntimeError"}

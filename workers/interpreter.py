@@ -4,6 +4,7 @@
 |---|---|
 | `facts()` | `{"no_site", "builtins", "sitecustomized", "pid"}`: `sys.flags.no_site`, which of `exit`, `quit`, `help`, `copyright` are builtins, whether a `sitecustomize` set `sys.mpvisor_test_sitecustomized`, the attempt's pid |
 | `import_value(module, attr)` | `getattr(importlib.import_module(module), attr)` |
+| `forked_from_launcher()` | whether the fork server's module is in `sys.modules`: True when the attempt was forked from the launcher, False in a freshly exec'd (`spawn`) interpreter |
 """
 
 from __future__ import annotations
@@ -28,3 +29,9 @@ def facts() -> dict[str, Any]:
 def import_value(module: str, attr: str) -> Any:
     """An attribute of a module imported by name in the attempt."""
     return getattr(importlib.import_module(module), attr)
+
+
+def forked_from_launcher() -> bool:
+    """True in an attempt forked from the launcher (it has the fork server's module), False in a
+    fresh `spawn` interpreter."""
+    return "mpvisor._launchers.forkserver" in sys.modules
