@@ -301,12 +301,21 @@ def test_output_block(example: Example, ran: dict[str, Ran]) -> None:
     assert printed == example.block.text, f"{example.id}: the block above printed\n{printed}"
 
 
+@pytest.fixture(scope="module")
+def ran_on_ray(ray_cluster: Any) -> dict[str, Ran]:
+    """Every `ray` block, run concurrently against the session's Ray cluster."""
+    with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+        futures = {e.id: pool.submit(run_block, e.block, ray_cluster.address) for e in ON_RAY}
+        return {key: future.result() for key, future in futures.items()}
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("example", ON_RAY, ids=lambda e: e.id)
-def test_ray_block(example: Example, on_ray: Any) -> None:
+def test_ray_block(example: Example, ran_on_ray: dict[str, Ran], on_ray: Any) -> None:
     """A `ray` block runs against the session's Ray cluster (`RAY_ADDRESS`), as a user's
-    program connects to a configured cluster."""
-    outcome = run_block(example.block, ray_address=on_ray.address)
+    program connects to a configured cluster (and `on_ray` checks that nothing of mpvisor's is
+    left on it)."""
+    outcome = ran_on_ray[example.id]
     assert not outcome.problems, f"{example.id}:\n" + "\n".join(outcome.problems)
     shown = output_after(example)
     if shown is not None:
