@@ -27,6 +27,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import _leases
+from tests._slot_support import stop_servers
 from tests._support import read_records, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,19 +41,7 @@ def slots(tmp_path: Any) -> Iterator[Any]:
     """A private slot-server directory; afterwards its server (if one runs) is stopped."""
     directory = tmp_path / "slots"
     yield directory
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "serve" in cmdline and str(directory) in cmdline:
-            process.terminate()
-            # Exited is enough: a detached server's zombie waits for init, which reaps late here.
-            wait_for(lambda p=process: _exited(p), timeout=10)
-
-
-def _exited(process: psutil.Process) -> bool:
-    try:
-        return bool(process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
+    stop_servers(directory)
 
 
 def env_for(slots: Any) -> dict[str, str]:
@@ -308,9 +297,7 @@ def test_another_user_is_refused(slots: Any, tmp_path: Any) -> None:
     try:
         _refused_as_nobody(public / "slots", tmp_path)
     finally:
-        for pid in server_pids(public / "slots"):
-            os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: all(_exited(psutil.Process(pid)) for pid in server_pids(public / "slots")), timeout=10)
+        stop_servers(public / "slots")
         shutil.rmtree(public)
 
 

@@ -291,3 +291,35 @@ def test_loading_a_file_checks_its_cwd_and_reports_what_cannot_be_read(tmp_path)
     valid.write_text(ISSUE_EXAMPLE)
     assert summary("ok.toml", load(str(valid))) == "ok.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)"
     assert os.path.isabs(loaded.tasks[0].spec.task.cwd or "")
+
+
+# --- `--file` on the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "--file", "t.toml", "workers.basic:quick"], ["argument --file", "not both"]),
+        (["run", "--file", "t.toml", "--", "true"], ["argument --file", "not both"]),
+        (["run", "--file", "t.toml", "--timeout", "3"], ["argument --timeout: not with --file", "[defaults]"]),
+        (["run", "--file", "t.toml", "--slot", "s"], ["argument --slot: not with --file"]),
+        (["run", "--file", "t.toml", "--restart", "always"], ["argument --restart: not with --file"]),
+        (["check"], ["FILE"]),
+    ],
+)
+def test_file_with_a_task_of_its_own_or_task_options_is_a_usage_error(argv, words):
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
+        parse(argv)
+    assert exit_.value.code == 2
+    (line,) = err.getvalue().splitlines()
+    assert "error: " in line and all(word in line for word in words), line
+
+
+def test_file_takes_the_run_options_and_check_its_file():
+    args, spec = parse(["run", "--file", "t.toml", "--grace", "3", "--progress", "--events", "json"])
+    assert (spec, args.file, args.grace, args.progress, args.events) == (None, "t.toml", 3.0, True, "json")
+    args, spec = parse(["run", "--file", "t.toml"])
+    assert args.grace is None  # the file's [defaults] grace, else 10 s
+    args, spec = parse(["check", "t.toml"])
+    assert (args.verb, args.file, spec) == ("check", "t.toml", None)

@@ -22,6 +22,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
+| `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
 """
@@ -219,3 +220,14 @@ def progress_once(marker: str | None = None) -> str:
     mark(marker, "started")
     context().progress(3, 10, "x")
     return "progressed"
+
+
+def progress_steps(n: int, pause: float, marker: str | None = None) -> int:
+    """Report `progress(i, n, "step i")` for i = 1..n, sleeping `pause` seconds before each (the
+    work of the attempt: a pace a rate and an ETA can be read from); return `n`."""
+    mark(marker, "started")
+    ctx = context()
+    for done in range(1, n + 1):
+        time.sleep(pause)
+        ctx.progress(done, n, f"step {done}")
+    return n

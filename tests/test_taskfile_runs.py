@@ -1,0 +1,334 @@
+"""Task files and progress as a shell meets them: the installed `mpvisor` executable, run from a
+temporary directory outside the repository (workers import through `PYTHONPATH`).
+
+`mpvisor check` and an invalid `run --file` (every error, status 2, nothing run); a batch of
+Python targets and commands with its worst status, its values on stdout, a Python target's own
+environment and working directory; two runs of files sharing a slot through a real slot server
+(queue, drop, replace: statuses 0, 3, 6, never two owners at once); the live table on a
+terminal (a pty) and `--progress` with rate, ETA and attempt on a pty and as plain lines; and a
+bash script whose `mpvisor run --file` step gets Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pathlib
+import pty
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import termios
+import textwrap
+from collections.abc import Iterator
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from mpvisor import _leases
+from tests._slot_support import stop_servers
+from tests._support import pid_gone, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHELL = ROOT / "workers" / "shell"
+MPVISOR = shutil.which("mpvisor")
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def slots(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A private slot-server directory; afterwards its server (if one runs) is stopped."""
+    directory = tmp_path / "slots"
+    yield directory
+    stop_servers(directory)
+
+
+def env_for(slots: pathlib.Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if slots is not None:
+        env[_leases.DIR_ENV] = str(slots)
+    return env
+
+
+def write(path: pathlib.Path, text: str) -> pathlib.Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def mpvisor(cwd: pathlib.Path, *argv: str, slots: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.run([MPVISOR, *argv], cwd=cwd, env=env_for(slots), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=40)
+
+
+def start(cwd: pathlib.Path, *argv: str, slots: pathlib.Path | None = None) -> subprocess.Popen[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.Popen([MPVISOR, *argv], cwd=cwd, env=env_for(slots), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def on_a_terminal(cwd: pathlib.Path, *argv: str, rows: int = 20, columns: int = 90) -> tuple[int, str, str]:
+    """Run `mpvisor ARGV` with stderr on a pty of that size: (status, stdout, what the pty showed)."""
+    assert MPVISOR is not None
+    primary, secondary = pty.openpty()
+    termios.tcsetwinsize(secondary, (rows, columns))
+    proc = subprocess.Popen([MPVISOR, *argv], cwd=cwd, env={**env_for(), "TERM": "xterm"}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=secondary, text=True)
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.stdout.close()
+    return proc.wait(timeout=30), out, seen.decode("utf-8", "replace")
+
+
+# --- check, and an invalid file -----------------------------------------------------------------------
+
+
+def test_check_reports_every_error_at_once_and_an_invalid_file_runs_nothing(tmp_path: pathlib.Path) -> None:
+    marker = tmp_path / "ran"
+    write(tmp_path / "bad.toml", f"""
+        [defaults]
+        grace = -1
+        [task.build]
+        target = "workers.basic:quick"
+        kwargs = {{marker = "{marker}"}}
+        backof = "0.5"
+        [task.deploy]
+        command = ["true"]
+        timeout = "600"
+    """)
+    expected = ["bad.toml: defaults.grace: expected a finite number of seconds >= 0, got '-1'",
+                'bad.toml: task "build".backof: unknown key (did you mean backoff?)',
+                'bad.toml: task "deploy".timeout: expected a number of seconds, got a string: "600"']
+    checked = mpvisor(tmp_path, "check", "bad.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "bad.toml")
+    assert (ran.returncode, ran.stdout, ran.stderr.splitlines()) == (2, "", expected), ran.stderr
+    assert not marker.exists()
+    write(tmp_path / "good.toml", """
+        [task.build]
+        target = "workers.basic:quick"
+    """)
+    good = mpvisor(tmp_path, "check", "good.toml")
+    assert (good.returncode, good.stdout, good.stderr) == (0, "good.toml: valid, 1 task: build\n", "")
+
+
+# --- a batch ------------------------------------------------------------------------------------------
+
+
+def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathlib.Path) -> None:
+    """Five tasks at once: the values of the completed Python targets are one JSON line on
+    stdout; each task's outcome line and the summary are on stderr; the status is the highest
+    failure's (the timeout's 124 over the program's 7); a Python target runs in its own cwd
+    (relative to the file) with its env merged over the parent's."""
+    (tmp_path / "conf" / "work").mkdir(parents=True)
+    write(tmp_path / "conf" / "tasks.toml", """
+        [defaults]
+        restart = "on-failure"
+        backoff = 0.01
+        max_retries = 2
+
+        [task.echo]
+        target = "workers.basic:echo"
+        args = ["main", 42]
+
+        [task.flaky]
+        target = "workers.basic:flaky"
+        args = [1]
+
+        [task.probe]
+        target = "workers.basic:env_probe"
+        env = {MPVISOR_TASKFILE_PROBE = "yes"}
+        cwd = "work"
+
+        [task.exits]
+        command = ["sh", "-c", "echo a program; exit 7"]
+        max_retries = 0
+
+        [task.slow]
+        target = "workers.basic:sleeper"
+        args = [30]
+        timeout = 0.3
+        max_retries = 0
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")
+    assert done.returncode == 124, done.stderr
+    values = json.loads(done.stdout)
+    assert sorted(values) == ["echo", "flaky", "probe"]
+    assert values["echo"] == [["main", 42], {}] and values["flaky"] == 2
+    assert values["probe"]["cwd"] == str(tmp_path / "conf" / "work") and values["probe"]["env"]["MPVISOR_TASKFILE_PROBE"] == "yes"
+    lines = done.stderr.splitlines()
+    outcomes = {line.split(": ")[1]: line for line in lines if " attempts=" in line}
+    assert sorted(outcomes) == ["echo", "exits", "flaky", "probe", "slow"], lines
+    assert ": failed " in outcomes["exits"] and "exit_code=7" in outcomes["exits"]
+    assert "timed out" in outcomes["slow"] and ": completed " in outcomes["flaky"] and "attempts=2" in outcomes["flaky"]
+    assert "mpvisor: flaky: attempt 1 failed: transient-err" in lines and "a program" in lines
+    assert lines[-1] == "mpvisor: conf/tasks.toml: 5 tasks: 3 completed, 2 failed; exit status 124"
+
+
+# --- slots shared with other runs -------------------------------------------------------------------------
+
+
+def owner_file(path: pathlib.Path, log: pathlib.Path, tasks: dict[str, tuple[str, float, str | None]]) -> pathlib.Path:
+    """A task file of `workers.slot_owner` commands: name -> (slot, hold, policy)."""
+    text = ""
+    for name, (slot, hold, policy) in tasks.items():
+        text += f'[task.{name}]\ncommand = ["{PYTHON}", "-m", "workers.slot_owner", "{log}", "{hold}", "{name}"]\n'
+        text += f'env = {{PYTHONPATH = "{ROOT}"}}\nslot = "{slot}"\n' + (f'policy = "{policy}"\n' if policy else "")
+    path.write_text(text)
+    return path
+
+
+def intervals(log: pathlib.Path) -> list[tuple[float, float, str]]:
+    starts: dict[str, float] = {}
+    found = []
+    for line in log.read_text().splitlines():
+        word, label, at = line.split()
+        if word == "start":
+            starts[label] = float(at)
+        else:
+            found.append((starts[label], float(at), label))
+    return sorted(found)
+
+
+def test_runs_of_files_share_their_slots_with_every_other_run(tmp_path: pathlib.Path, slots: pathlib.Path) -> None:
+    """Run A owns slot `deploy` (and serializes its own two tasks in slot `pair`); run B queues
+    behind it and says so; run C (`policy = "drop"`) exits 3 at once; once B owns the slot, run E
+    (`policy = "replace"`) stops B, which exits 6, and runs. No two owners of a slot overlap."""
+    log = tmp_path / "owners.log"
+    a = start(tmp_path, "run", "--file", str(owner_file(tmp_path / "a.toml", log, {
+        "a": ("deploy", 0.8, None), "p1": ("pair", 0.2, None), "p2": ("pair", 0.2, None)})), slots=slots)
+    b = c = e = None
+    try:
+        wait_for(lambda: log.exists() and "start a " in log.read_text(), timeout=20)
+        b = start(tmp_path, "run", "--file", str(owner_file(tmp_path / "b.toml", log, {"b": ("deploy", 30, None)})), slots=slots)
+        assert b.stderr is not None
+        assert "is busy (owner: 'a', pid" in b.stderr.readline()
+        dropped = mpvisor(tmp_path, "run", "--file", str(owner_file(tmp_path / "c.toml", log, {"c": ("deploy", 0, "drop")})),
+                          slots=slots)
+        assert dropped.returncode == 3, dropped.stderr
+        assert "mpvisor: c: rejected " in dropped.stderr and "exit status 3" in dropped.stderr
+        wait_for(lambda: "start b " in log.read_text(), timeout=20)
+        e = start(tmp_path, "run", "--file", str(owner_file(tmp_path / "e.toml", log, {"e": ("deploy", 0.1, "replace")})),
+                  slots=slots)
+        results = {name: (proc.wait(timeout=30), proc.communicate()[1]) for name, proc in (("a", a), ("b", b), ("e", e))}
+    finally:
+        for proc in (a, b, c, e):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert {name: status for name, (status, _) in results.items()} == {"a": 0, "b": 6, "e": 0}, results
+    assert "replaced_in_slot='deploy'" in results["b"][1] and "1 replaced; exit status 6" in results["b"][1]
+    found = intervals(log)
+    for slot, members in (("deploy", {"a", "b", "e"}), ("pair", {"p1", "p2"})):
+        mine = [i for i in found if i[2] in members]
+        assert len(mine) == len(members), found
+        for (_, end, x), (begin, _, y) in itertools.pairwise(mine):
+            assert end <= begin, f"slot {slot}: {y} started at {begin} before {x} ended at {end}"
+
+
+# --- on a terminal, and progress ------------------------------------------------------------------------
+
+
+def test_on_a_terminal_the_table_is_redrawn_below_the_output_and_shows_progress(tmp_path: pathlib.Path) -> None:
+    """The table (task, state, attempt, progress, last outcome) lives in the bottom rows, under a
+    scroll region for the tasks' output; it ends with every task's final state, the screen is
+    given back, and the summary follows; stdout still carries the values alone."""
+    write(tmp_path / "tasks.toml", """
+        [task.steps]
+        target = "workers.basic:progress_steps"
+        args = [4, 0.06]
+        [task.exits]
+        command = ["sh", "-c", "echo output of the program; exit 3"]
+    """)
+    status, out, shown = on_a_terminal(tmp_path, "run", "--progress", "--file", "tasks.toml", rows=20)
+    assert status == 3, shown
+    assert json.loads(out) == {"steps": 4}
+    assert "\x1b[1;17r" in shown  # rows 1-17 scroll; the table (a header and 2 rows) is rows 18-20
+    assert shown.count("\x1b[r") == 1 and shown.index("\x1b[r") > shown.rindex("\x1b[18;1H")
+    last = dict(re.findall(r"\x1b\[(\d+);1H(.*?)\x1b\[K", shown[shown.rindex("\x1b[18;1H"):]))  # the last table drawn
+    header, steps, exits = last["18"], last["19"], last["20"]
+    assert header.split() == ["TASK", "STATE", "ATTEMPT", "PROGRESS", "LAST", "OUTCOME"], last
+    assert steps.split()[:5] == ["steps", "completed", "1", "4/4", "100%"] and exits.split()[:3] == ["exits", "failed", "1"], last
+    assert "output of the program" in shown and "mpvisor: exits: failed " in shown
+    assert shown.rstrip().endswith("mpvisor: tasks.toml: 2 tasks: 1 completed, 1 failed; exit status 3")
+
+
+def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_elsewhere(tmp_path: pathlib.Path) -> None:
+    status, out, shown = on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.06")
+    assert (status, out) == (0, "5\n"), shown
+    bars = [part.split("\x1b[K")[0] for part in shown.split("\r") if part.startswith("progress_steps: [")]
+    assert bars[-1].startswith("progress_steps: [##############################] 5/5 100% ") and "ETA 0s attempt 1: step 5" in bars[-1]
+    assert any("/s ETA " in bar for bar in bars[:-1]), bars
+    plain = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.06")
+    assert (plain.returncode, plain.stdout) == (0, "5\n"), plain.stderr
+    lines = [line for line in plain.stderr.splitlines() if ": progress " in line]
+    assert lines[0] == "mpvisor: progress_steps: progress 1/5 20% attempt 1: step 1"  # then one every 2 s at most
+    assert lines[-1].startswith("mpvisor: progress_steps: progress 5/5 100% ") and lines[-1].endswith("ETA 0s attempt 1: step 5")
+    assert len(lines) == 2, lines
+
+
+# --- Ctrl-C and SIGTERM -------------------------------------------------------------------------------------
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathlib.Path, how: str) -> None:
+    """Ctrl-C (SIGINT to the script's process group) while two programs of a task file run:
+    both are stopped gracefully (each sees SIGTERM), mpvisor dies by SIGINT and so does bash,
+    before its next step. SIGTERM to mpvisor alone: the same stop, and the script sees 143 and
+    goes on. Nothing of the script's tree is left."""
+    marker, p1, p2 = tmp_path / "marker", tmp_path / "p1", tmp_path / "p2"
+    write(tmp_path / "tasks.toml", f"""
+        [defaults]
+        grace = 5
+        [task.one]
+        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p1}", "{marker}"]
+        [task.two]
+        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p2}", "{marker}"]
+    """)
+    assert MPVISOR is not None
+    env = {**env_for(), "PATH": os.pathsep.join([os.path.dirname(MPVISOR), os.environ.get("PATH", "")])}
+    script = subprocess.Popen(["bash", str(SHELL / "file_steps.sh"), str(marker), "tasks.toml"], cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        wait_for(lambda: p1.exists() and p2.exists(), timeout=20)
+        seen = _tree(script.pid)
+        if how == "ctrl-c":
+            os.killpg(script.pid, signal.SIGINT)
+        else:
+            (step,) = [p for p in psutil.Process(script.pid).children() if any("mpvisor" in a for a in p.cmdline())]
+            step.send_signal(signal.SIGTERM)
+        _, err = script.communicate(timeout=20)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.communicate()
+    lines = marker.read_text().splitlines()
+    if how == "ctrl-c":
+        assert script.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
+        assert lines == ["before", "terminated", "terminated"], (lines, err)
+        assert "exit status 130" in err
+    else:
+        assert script.returncode == 0, err
+        assert lines == ["before", "terminated", "terminated", f"after {128 + signal.SIGTERM}"], (lines, err)
+    assert err.count("canceled reason='canceled by shutdown'") == 2, err
+    assert wait_for(lambda: all(pid_gone(p.pid, p.create_time()) for p in seen), timeout=5)
