@@ -121,17 +121,30 @@ class RayLauncher:
 _connection_lock = threading.Lock()
 _connection_users = 0
 _connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
+# Set by the `ray.shutdown` of a connection we made. The thread that called `ray.init` waits for
+# it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
+# parent-death signal, which Linux sends when the creating thread exits, not the process).
+_connection_closed = threading.Event()
 
 
-def _connect(address: str | None) -> None:
-    """Initialize Ray unless it is (blocking: run in an executor)."""
+def _connect(address: str | None) -> bool:
+    """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
+    so the calling thread must live until `_connection_closed` (`hold_connection`)."""
     global _connection_users, _connection_ours
     with _connection_lock:
         ray = _ray()
+        made = False
         if not ray.is_initialized():
+            _connection_closed.clear()
             ray.init(address=address, include_dashboard=False, configure_logging=False)
-            _connection_ours = True
+            _connection_ours = made = True
         _connection_users += 1
+        return made
+
+
+def _hold_connection() -> None:
+    """Keep the thread that called `ray.init` (and with it a local cluster) until `ray.shutdown`."""
+    _connection_closed.wait()
 
 
 def _disconnect() -> None:
@@ -142,6 +155,7 @@ def _disconnect() -> None:
         if _connection_users == 0 and _connection_ours:
             _connection_ours = False
             _ray().shutdown()
+            _connection_closed.set()
 
 
 # --- the parent's side ------------------------------------------------------------------------------------
@@ -212,20 +226,23 @@ class RayClient:
         given_up = threading.Event()
 
         def connect() -> None:
+            made = False
             try:
-                _connect(address)
+                made = _connect(address)
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
             if given_up.is_set():
                 if error is None:
                     _disconnect()
-                return
-            try:
-                self.loop.call_soon_threadsafe(_settle, outcome, error)
-            except RuntimeError:  # the loop is gone: nobody waits for this connection any more
-                if error is None:
-                    _disconnect()
+            else:
+                try:
+                    self.loop.call_soon_threadsafe(_settle, outcome, error)
+                except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                    if error is None:
+                        _disconnect()
+            if made:
+                _hold_connection()
 
         threading.Thread(target=connect, name="mpvisor-ray-connect", daemon=True).start()
         try:
