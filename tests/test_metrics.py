@@ -293,8 +293,8 @@ def check_events(events: Collector, owner_id: int) -> None:
 
 
 def alert_rule_blocks(text: str) -> list[str]:
-    """The ```yaml and ```promql blocks of a Markdown text."""
-    return re.findall(r"^```(?:yaml|promql)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    """The ```yaml and ```promql blocks of a Markdown text (attributes such as `no-run` allowed)."""
+    return re.findall(r"^```(?:yaml|promql)\b[^\n]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
 
 
 def exposed_names_and_labels(registry: prometheus_client.CollectorRegistry) -> dict[str, set[str]]:
