@@ -2,7 +2,14 @@
 
     mpvisor run [OPTIONS] TARGET [ARG...]      # TARGET is "package.module:function"
     mpvisor run [OPTIONS] -- COMMAND [ARG...]
+    mpvisor run --file FILE [--grace S] [--events E] [--progress] [--ray A]
+    mpvisor check FILE
+    mpvisor slots [--json] | mpvisor slots serve
     mpvisor --version
+
+This module parses the command line and runs one task; a task file (`--file`, `check`) is run
+by `_filecli` (described by `_taskfile`), `slots` by `_slotcli`. The option values, the spec
+they describe, the statuses and the lines printed are `_shell`'s, shared by all of them.
 
 ARGs are JSON literals; a bare word is a string. A text meant as JSON that does not parse is a
 usage error: one that starts with `{`, `[` or `"`, or that Python's `float()` reads as a number
@@ -20,7 +27,8 @@ strings; what the target prints goes to stderr. A COMMAND's stdout is its own. W
 `--events json`, stdout carries the events only (one JSON line each, as `JsonLinesWriter`
 writes them; no value line), and the target's stdout goes to stderr. Either way the CLI moves
 its own stdout to stderr before the launcher starts, so every attempt inherits that.
-`--progress` draws the latest `ATTEMPT_PROGRESS` on a terminal's stderr.
+`--progress` shows the task's progress on stderr (done/total, rate, ETA, attempt): a bar
+redrawn in place on a terminal, a plain line at most every 2 s otherwise (`_progress.ProgressBar`).
 
 | status | when |
 |---|---|
