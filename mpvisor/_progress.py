@@ -285,7 +285,7 @@ class _Driven:
     def __init__(self, bar: Any) -> None:
         self.bar = bar
         self.attempt: int | None = None
-        self.shown = 0.0  # the count the bar holds
+        self.shown: float = 0  # the count the bar holds (an int while the reports' are)
 
     def show(self, attempt: int, done: float, total: float | None, message: str | None) -> None:
         bar = self.bar
@@ -294,7 +294,7 @@ class _Driven:
                 bar.reset(total=total)
             else:
                 bar.update(-self.shown)
-            self.shown = 0.0
+            self.shown = 0
         self.attempt = attempt
         if total is not None and getattr(bar, "total", None) != total:
             bar.total = total

@@ -214,6 +214,7 @@ async def test_drive_progress_bars_keeps_one_tqdm_like_bar_per_task():
     await mpvisor.drive_progress_bars(stream_of(events), make)
     a, b = bars["a"], bars["b"]
     assert (a.total, a.n, b.total, b.n) == (10, 10, 4, 1)
+    assert all(isinstance(n, int) for call, n in a.calls if call == "update")  # integer counts stay integers
     assert a.calls == [("postfix", "attempt 1"), ("update", 2), ("postfix", "attempt 1: m"), ("update", 4),
                        ("reset", 10), ("postfix", "attempt 2"), ("update", 1), ("postfix", "attempt 2"), ("update", 9),
                        ("close", None)]  # closed when the events end
