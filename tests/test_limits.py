@@ -57,7 +57,8 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
 
 def _memory_cgroup(name: str, limit: int) -> str:
     """A new memory cgroup below this process's own, limited to `limit` bytes (v1 or v2)."""
-    own = open("/proc/self/cgroup", encoding="utf-8").read()
+    with open("/proc/self/cgroup", encoding="utf-8") as file:
+        own = file.read()
     for line in own.splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # v1
