@@ -41,6 +41,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import enum
+import functools
 import inspect
 import os
 import pathlib
@@ -207,7 +208,7 @@ def stop_slot_servers(directory: pathlib.Path) -> None:
         if "serve" in cmdline and str(directory) in cmdline:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.terminate()
-            wait_for(lambda p=process: _exited(p), timeout=10)
+            wait_for(functools.partial(_exited, process), timeout=10)
 
 
 def _exited(process: psutil.Process) -> bool:
@@ -232,7 +233,7 @@ def run_set_up() -> Ran:
 @pytest.fixture(scope="module")
 def ran() -> Iterator[dict[str, Ran]]:
     """Every local block (and the set-up block's demo), run concurrently, by example id."""
-    jobs: dict[str, Callable[[], Ran]] = {e.id: (lambda e=e: run_block(e.block)) for e in LOCAL}
+    jobs: dict[str, Callable[[], Ran]] = {e.id: functools.partial(run_block, e.block) for e in LOCAL}
     jobs.update({e.id: run_set_up for e in EXAMPLES if e.is_set_up})
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
@@ -387,10 +388,10 @@ def test_the_configuration_reference_states_every_setting_and_its_real_default(n
     rows = _markdown.table_rows(text, f"`{name}`")
     documented: dict[str, str] = {}
     for row in rows:
-        field = _markdown.code_spans(row[0])
-        assert len(field) == 1 and len(row) >= 3, f"{name}: a row is | `field` | `default` | meaning |, got {row}"
-        assert field[0] not in documented, f"{name}: {field[0]} is documented twice"
-        documented[field[0]] = row[1]
+        spans = _markdown.code_spans(row[0])
+        assert len(spans) == 1 and len(row) >= 3, f"{name}: a row is | `field` | `default` | meaning |, got {row}"
+        assert spans[0] not in documented, f"{name}: {spans[0]} is documented twice"
+        documented[spans[0]] = row[1]
     real = _parameters(SETTINGS[name])
     assert sorted(documented) == sorted(real), f"{name}: documented {sorted(documented)}, real {sorted(real)}"
     for field, cell in documented.items():
@@ -510,7 +511,8 @@ def test_every_kind_is_listed_with_its_label(page: str, heading: str, kinds: typ
     listed = {_markdown.code_spans(row[0])[0]: _markdown.code_spans(row[-1]) for row in rows}
     assert sorted(listed) == sorted(kinds.__members__), f"{page} {heading}: {sorted(listed)}"
     for name, member in kinds.__members__.items():
-        assert listed[name] == [member.label], f"{page} {heading}: {name}'s label is {member.label!r}, listed {listed[name]}"
+        label = getattr(member, "label")  # noqa: B009 (every mpvisor enum has one; Enum does not declare it)
+        assert listed[name] == [label], f"{page} {heading}: {name}'s label is {label!r}, listed {listed[name]}"
 
 
 def test_the_event_fields_are_the_real_ones() -> None:
