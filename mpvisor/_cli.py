@@ -70,7 +70,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 from ._config import SupervisorConfig
 from ._errors import ConfigError, GraceExceeded, ShuttingDown
@@ -82,7 +82,7 @@ from ._shell import (
     RESERVED,
     RESTARTS,
     TASK_OPTIONS,
-    USAGE_ERROR,
+    UsageParser,
     backoff,
     build_spec,
     byte_size,
@@ -110,13 +110,6 @@ from ._supervisor import Supervisor
 __all__ = ("RESERVED", "exit_status", "main", "outcome_line", "parse", "parse_arg", "value_line", "version")
 
 # --- the command line -----------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def version() -> str:
@@ -148,7 +141,7 @@ class _Version(argparse.Action):
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The `mpvisor` parser and its `run` subparser."""
-    parser = _Parser(prog="mpvisor", description="Supervise work in child processes.")
+    parser = UsageParser(prog="mpvisor", description="Supervise work in child processes.")
     parser.add_argument("--version", action=_Version, help="print `mpvisor <version>` and exit")
     commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
     commands.add_parser("slots", help="show this user's shared slots (--json), or run their server (slots serve)", add_help=False)

@@ -46,6 +46,13 @@ DEFAULT_GRACE = 10.0
 # --- statuses and lines (pure) ----------------------------------------------------------------------
 
 
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
     """The process exit status for a task's outcome (pure; see the module table).
 

@@ -21,7 +21,6 @@ at the latest, once the supervisor has shut down. Also `mpvisor slots` (the tabl
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
 from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of, queued_text
+from ._shell import UsageParser
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -162,7 +162,7 @@ def slots_main(argv: list[str]) -> int:
         from . import _slotserver
 
         return _slotserver.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="mpvisor slots", description="Show this user's shared slots.")
+    parser = UsageParser(prog="mpvisor slots", description="Show this user's shared slots.")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
     try:

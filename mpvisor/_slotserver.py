@@ -25,7 +25,6 @@ a new server inherits the leases whose processes still run (module docstring of 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import fcntl
 import json
@@ -434,9 +433,11 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mpvisor slots serve", description="Run this user's slot server in the foreground.")
+    from ._shell import UsageParser, seconds
+
+    parser = UsageParser(prog="mpvisor slots serve", description="Run this user's slot server in the foreground.")
     parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, $XDG_RUNTIME_DIR/mpvisor, or a per-user one under the temp dir)")
-    parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT, metavar="SECONDS",
+    parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=IDLE_EXIT, metavar="SECONDS",
                         help=f"exit after this long with nothing held, queued or connected (default {IDLE_EXIT:g})")
     args = parser.parse_args(argv)
     if args.dir:

@@ -110,14 +110,19 @@ def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
         (["run", "--grace", "-1", "workers.basic:quick"], ["argument --grace", "'-1'"]),
         (["run", "--every", "0", "workers.basic:quick"], ["argument --every", "'0'"]),
         (["run", "workers.basic:echo", "{bad json"], ["argument ARG", "'{bad json'"]),
+        (["slots", "serve", "--idle-exit", "nan"], ["argument --idle-exit", "'nan'"]),
+        (["slots", "serve", "--idle-exit", "-1"], ["argument --idle-exit", "'-1'"]),
+        (["slots", "--jsn"], ["--jsn"]),
     ],
 )
 def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
-    """No traceback, no hot loop, nothing run: one line naming the option and the value."""
+    """No traceback, no hot loop, nothing run: one line naming the option and the value, from
+    every subcommand."""
     done = mpvisor(tmp_path, *argv)
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()
-    assert line.startswith("mpvisor run: error: ") and all(word in line for word in words), line
+    command = {"run": "mpvisor run", "slots": "mpvisor slots serve" if "serve" in argv else "mpvisor slots"}[argv[0]]
+    assert line.startswith(f"{command}: error: ") and all(word in line for word in words), line
 
 
 def test_version(tmp_path):
