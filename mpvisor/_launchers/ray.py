@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import signal as _signal
 import sys
@@ -127,6 +128,10 @@ _connection_ours = False  # we called ray.init (so the last user calls ray.shutd
 _connection_closed = threading.Event()
 
 
+def _not_the_main_thread_warning(record: logging.LogRecord) -> bool:
+    return "current thread is not the main thread" not in record.getMessage()
+
+
 def _connect(address: str | None) -> bool:
     """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
     so the calling thread must live until `_connection_closed` (`hold_connection`)."""
@@ -136,7 +141,15 @@ def _connect(address: str | None) -> bool:
         made = False
         if not ray.is_initialized():
             _connection_closed.clear()
-            ray.init(address=address, include_dashboard=False, configure_logging=False)
+            # From a thread of ours on purpose: on the main thread `ray.init` would install a
+            # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself. Ray
+            # warns that it did not; the warning is about what we want, so it is not shown.
+            worker_log = logging.getLogger("ray._private.worker")
+            worker_log.addFilter(_not_the_main_thread_warning)
+            try:
+                ray.init(address=address, include_dashboard=False, configure_logging=False)
+            finally:
+                worker_log.removeFilter(_not_the_main_thread_warning)
             _connection_ours = made = True
         _connection_users += 1
         return made
