@@ -270,17 +270,19 @@ def run_file(args: argparse.Namespace) -> tuple[int, signal.Signals | None]:
         print(problem, file=stderr)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
         return (128 + first if first is not None else 1), first
+    missing = [t.name for t in tasks if t.name not in results]
+    for name in missing:  # the run stopped before it was handed over: say so
+        print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
     ordered = [results[t.name] for t in tasks if t.name in results]
     status = worst_status(ordered, first)
+    if missing and first is None:
+        status = max(status, 1)  # a task that did not run is no success
     print(summary_line(path, ordered, status), file=stderr)
-    values = {r.name: r.outcome.value for r in ordered if r.completed and isinstance(_task(tasks, r.name).spec.task, TaskFn)}
+    targets = {t.name for t in tasks if isinstance(t.spec.task, TaskFn)}
+    values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
     if values and args.events != "json":
         write_line(machine, value_line(values))
     return status, first
-
-
-def _task(tasks: tuple[FileTask, ...], name: str) -> FileTask:
-    return next(t for t in tasks if t.name == name)
 
 
 async def _run(supervisor: Supervisor, tasks: tuple[FileTask, ...],
