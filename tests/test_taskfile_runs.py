@@ -241,6 +241,27 @@ def test_runs_of_files_share_their_slots_with_every_other_run(tmp_path: pathlib.
             assert end <= begin, f"slot {slot}: {y} started at {begin} before {x} ended at {end}"
 
 
+def test_a_replacement_within_one_file_stops_the_owner_and_the_run_exits_6(tmp_path: pathlib.Path,
+                                                                          slots: pathlib.Path) -> None:
+    """Two tasks of one file in one slot, the second with `policy = "replace"`: the first is
+    stopped (before or during its attempt), the second runs; no task failed, so the run exits
+    with the replaced task's 6."""
+    write(tmp_path / "tasks.toml", """
+        [task.old]
+        command = ["sleep", "30"]
+        slot = "s"
+        [task.new]
+        command = ["sh", "-c", "echo the new one"]
+        slot = "s"
+        policy = "replace"
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml", slots=slots)
+    assert done.returncode == 6, done.stderr
+    assert "mpvisor: old: canceled " in done.stderr and "replaced_in_slot='s'" in done.stderr
+    assert "mpvisor: new: completed " in done.stderr and "the new one" in done.stderr
+    assert done.stderr.splitlines()[-1] == "mpvisor: tasks.toml: 2 tasks: 1 replaced, 1 completed; exit status 6"
+
+
 # --- on a terminal, and progress ------------------------------------------------------------------------
 
 
