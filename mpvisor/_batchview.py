@@ -124,9 +124,11 @@ class BatchView:
     def apply(self, event: Event) -> tuple[bool, str | None]:
         """Update the row `event` is about: `(changed, plain line or None)`."""
         name = event.task
-        if name is None or name not in self.rows or name in self.settled:
+        if name is None or name not in self.rows:
             return False, None
         row = self.rows[name]
+        if name in self.settled and not (event.kind is EventKind.ATTEMPT_PROGRESS and event.attempt == row.attempt):
+            return False, None  # the outcome decided; only its last attempt's reports may still arrive
         new, line = _step(row, event, self.tracker)
         if new is None:
             return False, None
@@ -134,7 +136,9 @@ class BatchView:
         return new != row, (f"mpvisor: {name}: {line}" if line else None)
 
     def settle(self, result: Result) -> None:
-        """The task ended: its row says so, from its outcome, and events no longer change it."""
+        """The task ended: its row says so, from its outcome, and events no longer change it, but
+        for a progress report of its last attempt that is delivered after the outcome (events
+        reach a subscriber later than outcomes reach their waiters)."""
         outcome = result.outcome
         state = "replaced" if result.by_slot and result.status == REPLACED else outcome.kind.name.lower()
         row = self.rows.get(result.name, Row(result.name))

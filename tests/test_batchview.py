@@ -151,6 +151,22 @@ def test_progress_reaches_the_row_and_the_outcome_settles_it_for_good():
     assert view.rows["job"].state == "replaced"
 
 
+def test_a_progress_report_delivered_after_the_outcome_still_reaches_the_row():
+    """Events reach a subscriber later than the outcome reaches its waiter: the last attempt's
+    final report (4/4) may come after the row was settled; it is shown, and nothing else is."""
+    view = BatchView(["steps"])
+    view.apply(event(EventKind.ATTEMPT_STARTING, "steps", attempt=1))
+    view.apply(Event(0, 0.0, EventKind.ATTEMPT_PROGRESS, task="steps", attempt=1, progress=(3, 4)))
+    view.settle(result("steps", COMPLETED))
+    changed, line = view.apply(Event(1, 0.1, EventKind.ATTEMPT_PROGRESS, task="steps", attempt=1, progress=(4, 4)))
+    assert (changed, line) == (True, None)
+    row = view.rows["steps"]
+    assert (row.state, row.attempt, row.progress.done, row.progress.total) == ("completed", 1, 4, 4)
+    stale = Event(2, 0.2, EventKind.ATTEMPT_PROGRESS, task="steps", attempt=2, progress=(1, 4))
+    assert view.apply(stale) == (False, None)  # not the attempt the outcome ended with
+    assert view.apply(event(EventKind.ATTEMPT_FAILED, "steps", attempt=1)) == (False, None)
+
+
 def test_the_table_has_a_header_a_line_per_task_and_fits_the_width():
     rows = [Row("build", "running", 2, "attempt 1 failed: boom"), Row("a-very-long-task-name-that-goes-on-and-on", "pending"),
             Row("job", "completed", 1, "-", ProgressReport("job", 1, 3, 10, None, 2.0, 3.5, 0.0))]
