@@ -52,6 +52,13 @@ class UsageParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python 3.11's argparse drops a value that is exactly "--" (`--backoff=--`) and hands
+        # the option an empty list, unchecked; the text "--" is the value, and its type decides.
+        if action.nargs is None and arg_strings == ["--"] and action.option_strings:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
+
 
 def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
     """The process exit status for a task's outcome (pure; see the module table).

@@ -135,6 +135,19 @@ def pid_gone(pid: int, create_time: float | None = None) -> bool:
     return create_time is not None and abs(started - create_time) > 1e-3
 
 
+def all_ended(records: Iterable[Mapping[str, Any]]) -> bool:
+    """True if every recorded process has exited: gone, or a zombie (of init, in this container,
+    which reaps orphans a second or two late; the zombie holds nothing but its table slot)."""
+    def ended(record: Mapping[str, Any]) -> bool:
+        if pid_gone(record["pid"], record.get("create_time")):
+            return True
+        try:
+            return psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    return all(ended(record) for record in records)
+
+
 def all_gone(records: Iterable[Mapping[str, Any]]) -> bool:
     """True if every recorded process (matched by pid and create time) is gone."""
     return all(pid_gone(record["pid"], record.get("create_time")) for record in records)

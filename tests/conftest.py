@@ -33,6 +33,17 @@ from tests._support import kill_leftovers  # noqa: E402
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile the checkout's packages once, as `pip install` does for an installed one:
+    every attempt, launcher and `mpvisor` process of the suite imports `workers` (and, from an
+    editable install, `mpvisor`) from here, and with `PYTHONDONTWRITEBYTECODE` set (as on the
+    CI machine) each of them would otherwise compile those modules again from source."""
+    import compileall
+
+    for package in ("mpvisor", "workers", "examples"):
+        compileall.compile_dir(os.path.join(ROOT, package), quiet=2)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run an `async def` test on a fresh event loop, passing its fixture arguments."""

@@ -110,6 +110,8 @@ def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
         (["run", "--grace", "-1", "workers.basic:quick"], ["argument --grace", "'-1'"]),
         (["run", "--every", "0", "workers.basic:quick"], ["argument --every", "'0'"]),
         (["run", "workers.basic:echo", "{bad json"], ["argument ARG", "'{bad json'"]),
+        (["run", "--backoff=--", "workers.basic:quick"], ["argument --backoff", "'--'"]),  # argparse 3.11 dropped it
+        (["run", "--intensity=--", "workers.basic:quick"], ["argument --intensity", "'--'"]),
         (["slots", "serve", "--idle-exit", "nan"], ["argument --idle-exit", "'nan'"]),
         (["slots", "serve", "--idle-exit", "-1"], ["argument --idle-exit", "'-1'"]),
         (["slots", "--jsn"], ["--jsn"]),

@@ -586,7 +586,7 @@ async def test_a_terminating_slot_keeps_the_old_owner_and_ages(tmp_path):
     marker = tmp_path / "old.marker"
 
     async with controlled(SupervisorConfig(grace=5.0)) as (handle, _events):
-        old = await handle.submit(Q(restartable("old", coop.slow_stop, 2.0, marker=str(marker)), "s"))
+        old = await handle.submit(Q(restartable("old", coop.slow_stop, 1.2, marker=str(marker)), "s"))
         await async_wait_for(lambda: words(marker, "started"))
         new = await handle.submit(R(restartable("new", coop.cooperative), "s"))
         first = await slot_where(handle, "s", lambda v: v.status is SlotStatus.TERMINATING)

@@ -275,11 +275,11 @@ async def test_replace_over_a_registration_the_registry_refuses_removes_nobody(t
 
 
 async def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
-    """Replace submits return within 0.5 s while the owner needs 3 s to stop; the first one is superseded."""
+    """Replace submits return within 0.5 s while the owner needs 1.5 s to stop; the first one is superseded."""
     marker = tmp_path / "owner.marker"
 
     async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
-        await handle.submit(Q(restartable("owner", coop.slow_stop, 3.0, marker=str(marker)), "s"))
+        await handle.submit(Q(restartable("owner", coop.slow_stop, 1.5, marker=str(marker)), "s"))
         await async_wait_for(lambda: words(marker, "started"))
         ids = []
         for name in ("r1", "r2"):
