@@ -208,11 +208,17 @@ def test_the_task_file_runs_and_checks(user: User) -> None:
 def test_ray_example_runs_its_attempts_on_the_cluster_it_is_given(user: User, on_ray: Any) -> None:
     """examples/ray_launcher.py with RAY_ADDRESS set to the session's cluster: the first
     attempt fails on the cluster and the retry completes there. (Ray starts the agents' workers
-    itself, outside `PYTHONPATH`: they import the installed mpvisor, which must be this checkout.)"""
+    itself, outside `PYTHONPATH`: they import the installed mpvisor, whose code must be this
+    checkout's, installed editable or not.)"""
     plain = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    installed = subprocess.run([sys.executable, "-c", "import mpvisor; print(mpvisor.__file__)"], cwd=user.home,
-                               env=plain, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    assert installed == str(ROOT / "mpvisor" / "__init__.py"), f"the installed mpvisor is {installed}: pip install -e ."
+    installed = pathlib.Path(subprocess.run(
+        [sys.executable, "-c", "import mpvisor; print(mpvisor.__file__)"], cwd=user.home,
+        env=plain, capture_output=True, text=True, timeout=30, check=True).stdout.strip()).parent
+    ours = ROOT / "mpvisor"
+    stale = [str(path.relative_to(ours)) for path in ours.rglob("*.py")
+             if not (installed / path.relative_to(ours)).is_file()
+             or (installed / path.relative_to(ours)).read_bytes() != path.read_bytes()]
+    assert stale == [], f"the installed mpvisor ({installed}) is not this checkout's: {stale}; reinstall it"
     done = user.python("ray_launcher.py", RAY_ADDRESS=on_ray.address)
     lines = done.stdout.splitlines()
     assert lines[0] == f"cluster: {on_ray.address}", lines
