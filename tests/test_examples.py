@@ -24,11 +24,11 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpvisor import _leases
+from tests._slot_support import stop_servers
 from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -88,18 +88,7 @@ class User:
         return self.run([sys.executable, example, *args], **env)
 
     def stop_slot_server(self) -> None:
-        for process in psutil.process_iter(["cmdline"]):
-            cmdline = process.info["cmdline"] or []
-            if "serve" in cmdline and str(self.slots) in cmdline:
-                process.terminate()
-                wait_for(lambda p=process: _exited(p), timeout=10)
-
-
-def _exited(process: psutil.Process) -> bool:
-    try:
-        return bool(process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
+        stop_servers(self.slots)
 
 
 def primes_below(limit: int) -> int:
