@@ -51,7 +51,7 @@ class ExitStatus:
         if self.how == "exit":
             return f"exited with status {self.value}"
         if self.oom:
-            return f"killed by the OOM killer, signal {_signal_name(self.value)},"
+            return f"killed by the OOM killer with signal {_signal_name(self.value)}"
         return f"killed by signal {_signal_name(self.value)}"
 
 

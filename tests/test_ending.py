@@ -131,8 +131,9 @@ def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, h
 @pytest.mark.parametrize(
     ("facts", "reason"),
     [
-        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True)), "attempt process pid 7 killed by the OOM killer, signal SIGKILL (9), before reporting a result"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True)), "attempt process pid 7 killed by the OOM killer with signal SIGKILL (9) before reporting a result"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL)), "attempt process pid 7 killed by signal SIGKILL"),
+        (Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("signal", signal.SIGKILL, oom=True)), "program killed by the OOM killer with signal SIGKILL (9)"),
     ],
 )
 def test_an_oom_kill_is_told_apart_from_another_sigkill_when_the_kernel_says_so(facts, reason):

@@ -92,4 +92,4 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
     finally:
         os.rmdir(cgroup)  # empty again: every process of the run has exited
     assert done.returncode == 128 + 9, done.stderr
-    assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer, signal SIGKILL" in done.stderr, done.stderr
+    assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
