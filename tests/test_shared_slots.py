@@ -383,6 +383,35 @@ async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["py1", "sh1", "py3"]
 
 
+async def test_a_shared_controllers_queued_submission_leaves_the_queue_at_shutdown(slots: Any, tmp_path: Any,
+                                                                                 monkeypatch: Any) -> None:
+    """A program's shared controller queues behind a shell run that holds the slot; when the
+    program shuts down, its queued submission ends REJECTED (the controller is shutting down)
+    and its place in the server's queue is withdrawn: the table shows the shell run alone, and
+    the queued command never starts."""
+    from mpvisor import ControllerConfig, ControllerSpec, OutcomeKind, RejectionKind, SupervisorConfig
+    from tests._support import async_wait_for, supervised
+
+    monkeypatch.setenv(_leases.DIR_ENV, str(slots))
+    log = tmp_path / "owners.log"
+    holder = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "holder"))
+    try:
+        await async_wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+        async with supervised(SupervisorConfig(grace=1.0), controller=ControllerConfig(shared=True)) as (handle, _):
+            _, queued = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 0.0, "py")).with_slot("s"))
+            await async_wait_for(lambda: [v["queue"] for v in handle.controller_snapshot().shared] != [[]], timeout=30)
+        outcome = await queued.wait()
+        assert (outcome.kind, outcome.rejection) == (OutcomeKind.REJECTED, RejectionKind.CONTROLLER_SHUTTING_DOWN), outcome
+        shown = json.loads(subprocess.run([MPVISOR or "mpvisor", "slots", "--json"], env=env_for(slots),
+                                          capture_output=True, text=True, timeout=30).stdout)
+        (view,) = shown["slots"]
+        assert view["owner"]["pid"] == holder.pid and view["queue"] == [], view
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        finish(holder)
+    assert "start py" not in log.read_text()
+
+
 def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: Any, tmp_path: Any) -> None:
     """A `hello` with another version: an `error` naming both versions, then the disconnect."""
     assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0
@@ -392,3 +421,23 @@ def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: An
     assert reply["t"] == "error" and f"version {_leases.VERSION + 1}" in reply["message"], reply
     assert sock.recv(1) == b""
     sock.close()
+
+
+def test_an_idle_server_exits_only_once_nothing_is_connected(slots: Any, tmp_path: Any) -> None:
+    """`mpvisor slots serve --idle-exit 0.6`: a connected client keeps it up well past 0.6 s; once
+    that client leaves, it exits with status 0 soon after, and takes its socket with it."""
+    os.makedirs(slots, mode=0o700)
+    server = subprocess.Popen([MPVISOR or "mpvisor", "slots", "serve", "--dir", str(slots), "--idle-exit", "0.6"],
+                              env=env_for(slots), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (slots / "slots.sock").exists(), timeout=20)
+        client = _raw(slots)
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.wait(timeout=1.0)  # connected: not idle, however long
+        client.close()
+        assert server.wait(timeout=10) == 0, server.stderr.read() if server.stderr else ""
+        assert not (slots / "slots.sock").exists()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
