@@ -389,7 +389,13 @@ async def test_a_shared_controllers_queued_submission_leaves_the_queue_at_shutdo
     program shuts down, its queued submission ends REJECTED (the controller is shutting down)
     and its place in the server's queue is withdrawn: the table shows the shell run alone, and
     the queued command never starts."""
-    from mpvisor import ControllerConfig, ControllerSpec, OutcomeKind, RejectionKind, SupervisorConfig
+    from mpvisor import (
+        ControllerConfig,
+        ControllerSpec,
+        OutcomeKind,
+        RejectionKind,
+        SupervisorConfig,
+    )
     from tests._support import async_wait_for, supervised
 
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
