@@ -1,5 +1,5 @@
 """Helpers shared by the modules that start real slot servers (`test_shared_slots.py`,
-`test_taskfile_runs.py`): each test gets a private server directory (`MPVISOR_SLOTS_DIR`),
+`test_taskfile_runs.py`, `test_examples.py`, `test_docs.py`): each test gets a private server directory (`MPVISOR_SLOTS_DIR`),
 and the server that its runs started there is stopped afterwards."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import psutil  # type: ignore[import-untyped]
 
-from tests._support import wait_for
+from tests._support import exited, wait_for
 
 
 def stop_servers(directory: str | os.PathLike[str]) -> None:
@@ -16,13 +16,9 @@ def stop_servers(directory: str | os.PathLike[str]) -> None:
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         if "serve" in cmdline and str(directory) in cmdline:
-            process.terminate()
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                continue
             # Exited is enough: a detached server's zombie waits for init, which reaps late here.
-            wait_for(lambda p=process: _exited(p), timeout=10)
-
-
-def _exited(process: psutil.Process) -> bool:
-    try:
-        return bool(process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
+            wait_for(lambda p=process: exited(p), timeout=10)

@@ -135,14 +135,22 @@ def pid_gone(pid: int, create_time: float | None = None) -> bool:
     return create_time is not None and abs(started - create_time) > 1e-3
 
 
+def exited(process: psutil.Process) -> bool:
+    """True once `process` has exited: gone, or a zombie (of init, in this container, which
+    reaps orphans a second or two late; the zombie holds nothing but its table slot)."""
+    try:
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
 def all_ended(records: Iterable[Mapping[str, Any]]) -> bool:
-    """True if every recorded process has exited: gone, or a zombie (of init, in this container,
-    which reaps orphans a second or two late; the zombie holds nothing but its table slot)."""
+    """True if every recorded process (pid and create time) has `exited`."""
     def ended(record: Mapping[str, Any]) -> bool:
         if pid_gone(record["pid"], record.get("create_time")):
             return True
         try:
-            return psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
+            return exited(psutil.Process(record["pid"]))
         except psutil.NoSuchProcess:
             return True
     return all(ended(record) for record in records)

@@ -53,14 +53,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
 import pytest
 
 import mpvisor
 from mpvisor import _cli, _leases, _slotcli, _slotserver
 from mpvisor.ray import RayLauncher
 from tests import _markdown
-from tests._support import wait_for
+from tests._slot_support import stop_servers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,7 +172,7 @@ def run_block(block: _markdown.Block, ray_address: str | None = None) -> Ran:
         except subprocess.TimeoutExpired as exc:
             return Ran([f"did not finish within {BLOCK_TIMEOUT:g} s: {exc.cmd!r}"])
         finally:
-            stop_slot_servers(directory / ".slots")
+            stop_servers(directory / ".slots")
 
 
 def _run_in(block: _markdown.Block, directory: pathlib.Path, env: dict[str, str]) -> Ran:
@@ -199,23 +198,6 @@ def _run_in(block: _markdown.Block, directory: pathlib.Path, env: dict[str, str]
         elif printed != shown:
             problems.append(f"$ {command}\nprinted:\n{printed}--- but the block shows ---\n{shown}")
     return Ran(problems)
-
-
-def stop_slot_servers(directory: pathlib.Path) -> None:
-    """A block that ran `mpvisor run --slot` started a slot server in `directory`: stop it."""
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "serve" in cmdline and str(directory) in cmdline:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.terminate()
-            wait_for(functools.partial(_exited, process), timeout=10)
-
-
-def _exited(process: psutil.Process) -> bool:
-    try:
-        return bool(process.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
 
 
 def run_set_up() -> Ran:

@@ -26,9 +26,18 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from mpvisor import _leases
+from mpvisor import (
+    CommandTask,
+    ControllerConfig,
+    ControllerSpec,
+    OutcomeKind,
+    RejectionKind,
+    SupervisorConfig,
+    TaskSpec,
+    _leases,
+)
 from tests._slot_support import stop_servers
-from tests._support import read_records, wait_for
+from tests._support import async_wait_for, read_records, supervised, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -341,8 +350,6 @@ def test_ctrl_c_of_a_queued_run_leaves_the_queue_and_the_table_shows_it(slots: A
 
 
 def _command(log: Any, hold: float, label: str) -> Any:
-    from mpvisor import CommandTask, TaskSpec
-
     return TaskSpec.once(CommandTask(label, [sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label],
                                      env={"PYTHONPATH": ROOT}))
 
@@ -352,15 +359,6 @@ async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp
     processes never run at once. The shell run queues behind the program's owner; the
     program's DROP is refused while a shell run holds the slot; its REPLACE stops the shell run
     (status 6) and then runs."""
-    from mpvisor import (
-        ControllerConfig,
-        ControllerSpec,
-        OutcomeKind,
-        RejectionKind,
-        SupervisorConfig,
-    )
-    from tests._support import async_wait_for, supervised
-
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
     log = tmp_path / "owners.log"
     controller = ControllerConfig(shared=True)
@@ -389,15 +387,6 @@ async def test_a_shared_controllers_queued_submission_leaves_the_queue_at_shutdo
     program shuts down, its queued submission ends REJECTED (the controller is shutting down)
     and its place in the server's queue is withdrawn: the table shows the shell run alone, and
     the queued command never starts."""
-    from mpvisor import (
-        ControllerConfig,
-        ControllerSpec,
-        OutcomeKind,
-        RejectionKind,
-        SupervisorConfig,
-    )
-    from tests._support import async_wait_for, supervised
-
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
     log = tmp_path / "owners.log"
     holder = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "holder"))

@@ -213,19 +213,20 @@ def strike(fd: int, fault: str) -> None:
 _ballast: list[bytearray] = []  # `memory` at `result`: what keeps the result from fitting
 
 
-def strike_result(fd: int, result_frame: bytes, fault: str) -> bool:
-    """Carry out `fault` while the result frame `result_frame` is being sent; True when the
-    child should then send its result as usual (`close`, `memory`)."""
+def strike_result(fd: int, result_frame: bytes, fault: str) -> None:
+    """Carry out `fault` while the result frame `result_frame` is being sent; only `close` and
+    `memory` return (the child then sends its result as usual, into a closed descriptor or
+    without the memory to encode it)."""
     if fault in AFTER_RESULT_FAULTS:
         _write(fd, result_frame)
         _end_abruptly(fault)
     if fault == "memory":
         _exhaust_memory(_ballast, 64 * 1024)  # a few hundred KiB left: less than the result needs
         del _ballast[-4:]
-        return True
+        return
     if fault in ("garbage", "oversized", "raise", "hang", "hang-c", "term-deaf", "close"):
-        strike(fd, fault)
-        return True  # `close`: send as usual, into a closed descriptor
+        strike(fd, fault)  # only `close` returns
+        return
     _write(fd, result_frame[: len(result_frame) // 2])  # the frame is cut short ...
     if fault == "truncated":
         os._exit(0)
