@@ -36,7 +36,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from . import _context
+from . import _context, _platform
 from ._errors import Canceled, Fail, Fatal
 from ._values import check_value
 from ._wire import (
@@ -54,7 +54,8 @@ from ._wire import (
     unpack,
 )
 
-_SIGTERM = {signal.SIGTERM}
+_SIGTERM = (int(signal.SIGTERM),)  # plain ints for the C signal functions (`_platform`)
+_SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 
 
 class _Channel:
@@ -107,7 +108,7 @@ def run(fd: int) -> NoReturn:
 
 def spawn_main(fd: int) -> NoReturn:
     """Entry point of a `start_method="spawn"` attempt: a fresh interpreter exec'd by the launcher."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+    _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
     os.set_inheritable(fd, False)
     run(fd)
 
@@ -182,9 +183,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     )
     _context._install(ctx)
     channel.send(Calling())
-    if signal.SIGTERM in signal.sigpending():
+    if _SIGTERM[0] in _platform.pending_signals():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
-    signal.signal(signal.SIGTERM, ctx._on_sigterm)
+    _platform.set_signal_handler(_SIGTERM[0], ctx._on_sigterm)
     ending = _call(target, args, kwargs, ctx)
     _finish(channel, ending, max_frame=start.max_frame)
 
@@ -230,12 +231,12 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
     `_traceback`, which never raise, whatever the exception's own hooks do)."""
     try:
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+            _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
             value = target(*args, **kwargs)
             if isinstance(value, types.CoroutineType):
                 value = _run_async(value, ctx)
         finally:
-            signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+            _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
         return Result(value)
     except Canceled:
         return Failure("canceled", "the attempt was canceled")

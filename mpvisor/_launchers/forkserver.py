@@ -54,7 +54,10 @@ from . import guardian as _guardian
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
-_RESET_IN_ATTEMPTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL)
+# Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
+_RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
+_SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
+_SIG_BLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_DFL)
 CONTROL_BATCH = 32  # control messages handled before the loop looks at exits again
 CHILDREN_READS = 4  # at most, per look at our children (see `_children`)
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
@@ -185,11 +188,11 @@ class Launcher:
                 os._exit(1)
             _platform.set_child_subreaper()
             _platform.set_oom_score_adj(500)
-            signal.set_wakeup_fd(-1)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            _platform.set_wakeup_fd(-1)
+            _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
             for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
-                signal.signal(signum, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process
+                _platform.set_signal_handler(signum, _SIG_DFL)
+            _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
             os.write(self.ready_w, _PID.pack(os.getpid()))
             sock_fd = _setup_fds(fds)
             if exec_python:
