@@ -1,19 +1,22 @@
 """How many trivial attempts per second does mpvisor run, next to its peers and the raw limit?
 
-Runs, in one process and one run:
+Runs, in one run and interleaved (round after round, each contender in turn, so that a machine
+whose speed drifts, as a shared VM's does, slows every contender alike):
 
 | contender | what one "attempt" is |
 |---|---|
-| raw `os.fork()` + `os.wait()` | fork a child that `_exit`s at once, wait for it (the limit; measured first, before this process imports mpvisor, asyncio or pebble, so it forks a small process) |
+| raw `os.fork()` + `os.wait()` | fork a child that `_exit`s at once, wait for it (the limit; run by a helper process that imports what this script imports, but never mpvisor, so it forks a process of the size this one had before mpvisor ran) |
 | mpvisor | `add_and_watch(TaskSpec.once(TaskFn(..., workers.trivial:noop)))` then `wait()`, 2 at a time, `max_concurrent=2`, otherwise the default config, no subscribers |
-| multiprocessing fork / forkserver | `Process(target=noop)`, start + join, 2 at a time |
-| pebble `ProcessPool(max_workers=2, max_tasks=1)` | `schedule(noop)` and wait (a fresh worker per task) |
+| multiprocessing fork | `Process(target=noop)`, start + join, 2 at a time |
+| multiprocessing forkserver, pebble `ProcessPool(max_workers=2, max_tasks=1)` | the same 2 at a time (a fresh worker per task); measured once, after the rounds: they are 10x slower |
 
-and prints attempts/s, each rate as a ratio of the raw fork rate, and mpvisor against its two
-targets: >= 0.55x raw fork+wait and >= 0.9x multiprocessing fork.
+and prints each contender's median rate over the rounds, each as a ratio of the raw fork rate,
+and mpvisor against its two targets, >= 0.55x raw fork+wait and >= 0.9x multiprocessing fork:
+for each the median, over the rounds, of that round's ratio.
 
-    python scripts/bench_attempts.py            # 2,000 mpvisor attempts
+    python scripts/bench_attempts.py            # 5 rounds of 400 attempts per contender
     python scripts/bench_attempts.py --quick    # a short smoke run
+    python scripts/bench_attempts.py --preload  # plus mpvisor with preload=("workers.trivial",)
 
 pebble is a benchmark-only dependency (`pip install .[bench]`); without it that row is skipped.
 The workers package is byte-compiled first, as `pip install` does for an installed package, so
@@ -27,6 +30,8 @@ import asyncio
 import compileall
 import multiprocessing
 import os
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -73,10 +78,10 @@ def pebble_pool(n: int) -> float | None:
         return n / (time.perf_counter() - start)
 
 
-async def _mpvisor(n: int) -> float:
+async def _mpvisor(n: int, preload: tuple[str, ...]) -> float:
     from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
 
-    supervisor = Supervisor(SupervisorConfig(max_concurrent=2))
+    supervisor = Supervisor(SupervisorConfig(max_concurrent=2, preload=preload))
     handle = supervisor.serve()
     counter = iter(range(n + 2))
 
@@ -96,41 +101,82 @@ async def _mpvisor(n: int) -> float:
     return rate
 
 
-def mpvisor_attempts(n: int) -> float:
-    return asyncio.run(_mpvisor(n))
+def mpvisor_attempts(n: int, preload: tuple[str, ...] = ()) -> float:
+    return asyncio.run(_mpvisor(n, preload))
+
+
+class RawForks:
+    """The raw fork loop, in a helper process started before this one imports mpvisor."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--raw-helper"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def rate(self, n: int) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def raw_helper() -> None:
+    for line in sys.stdin:
+        print(raw_fork(int(line)), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("-n", type=int, default=None, help="attempts per contender")
+    parser.add_argument("-n", type=int, default=None, help="attempts per contender per round")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5, 2 with --quick)")
+    parser.add_argument("--preload", action="store_true",
+                        help="also run mpvisor with preload=('workers.trivial',) (not a target: what preloading buys)")
+    parser.add_argument("--raw-helper", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    n = args.n or (100 if args.quick else 2000)
+    if args.raw_helper:
+        raw_helper()
+        return
+    n = args.n or (100 if args.quick else 400)
+    rounds = args.rounds or (2 if args.quick else 5)
     compileall.compile_dir(os.path.join(ROOT, "workers"), quiet=1)
+    raw = RawForks()
 
-    rows: list[tuple[str, Callable[[], float | None]]] = [
-        ("raw fork+wait", lambda: raw_fork(n)),
-        ("mpvisor (2 at a time)", lambda: mpvisor_attempts(n)),
-        ("multiprocessing fork Process", lambda: mp_processes("fork", n)),
-        ("multiprocessing forkserver Process", lambda: mp_processes("forkserver", max(20, n // 10))),
-        ("pebble ProcessPool(max_tasks=1)", lambda: pebble_pool(max(20, n // 10))),
+    per_round: dict[str, list[float]] = {"raw fork+wait": [], "mpvisor (2 at a time)": [],
+                                         "multiprocessing fork Process": []}
+    for _ in range(rounds):
+        per_round["raw fork+wait"].append(raw.rate(n))
+        per_round["mpvisor (2 at a time)"].append(mpvisor_attempts(n))
+        per_round["multiprocessing fork Process"].append(mp_processes("fork", n))
+        if args.preload:
+            per_round.setdefault("mpvisor, target module preloaded", []).append(mpvisor_attempts(n, ("workers.trivial",)))
+    raw.close()
+    once: list[tuple[str, Callable[[], float | None]]] = [
+        ("multiprocessing forkserver Process", lambda: mp_processes("forkserver", max(20, n // 4))),
+        ("pebble ProcessPool(max_tasks=1)", lambda: pebble_pool(max(20, n // 4))),
     ]
-    results: dict[str, float | None] = {}
-    for label, run in rows:
+    results: dict[str, float | None] = {label: statistics.median(rates) for label, rates in per_round.items()}
+    for label, run in once:
         results[label] = run()
-    raw = results["raw fork+wait"]
-    assert raw is not None
+    raw_rate = results["raw fork+wait"]
+    assert raw_rate is not None
+    print(f"{rounds} rounds of {n} attempts per contender (median rate; forkserver and pebble: one run)")
     print(f"{'contender':38s} {'attempts/s':>11s} {'x raw fork':>11s}")
     for label, rate in results.items():
         if rate is None:
             print(f"{label:38s} {'(not installed)':>11s}")
             continue
-        print(f"{label:38s} {rate:11.0f} {rate / raw:10.2f}x")
-    mpvisor = results["mpvisor (2 at a time)"] or 0
-    mp_fork = results["multiprocessing fork Process"] or 0
-    for goal, base, label in ((0.55, raw, "raw fork+wait"), (0.9, mp_fork, "multiprocessing fork")):
-        ratio = mpvisor / base
-        print(f"target mpvisor >= {goal:.2f}x {label}: {'met' if ratio >= goal else 'missed'} ({ratio:.2f}x)")
+        print(f"{label:38s} {rate:11.0f} {rate / raw_rate:10.2f}x")
+    mpv = per_round["mpvisor (2 at a time)"]
+    for goal, base, label in ((0.55, "raw fork+wait", "raw fork+wait"), (0.9, "multiprocessing fork Process", "multiprocessing fork")):
+        ratios = [m / b for m, b in zip(mpv, per_round[base], strict=True)]
+        ratio = statistics.median(ratios)
+        spread = f"rounds {min(ratios):.2f}-{max(ratios):.2f}"
+        print(f"target mpvisor >= {goal:.2f}x {label}: {'met' if ratio >= goal else 'missed'} ({ratio:.3f}x, {spread})")
 
 
 if __name__ == "__main__":
