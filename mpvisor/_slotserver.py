@@ -13,7 +13,7 @@ protocol and the client are `_leases.py`.
 | `submit` | applies it to the table; replies granted / queued (position, owner) / rejected |
 | `release` | the owner's tree is gone: cleanup, the next in line is granted |
 | the owner's connection closes without `release` | waits for every registered process of the owner (pidfds), then cleanup |
-| a queued client's connection closes, or `withdraw` | its request leaves the queue |
+| a queued client's connection closes, or `withdraw` | its request leaves the queue (a `withdraw` that crossed its `granted` on the way releases the slot: the client never learned it owned it) |
 | a malformed frame | `error`, then that client is disconnected (the stream cannot be resynchronised) |
 | an unknown or malformed request in a good frame | `error`; the client stays connected |
 | nothing held, queued or connected for `idle_exit` s | exits (removing its socket) |
@@ -56,6 +56,7 @@ from ._wire import FrameDecoder, ProtocolError
 IDLE_EXIT = 30.0  # seconds with nothing held, queued or connected before the server exits
 MAX_QUEUE = 1000  # pending requests per slot
 MAX_CLIENT_BUFFER = 1 << 20  # bytes queued to one client before it is dropped
+CLOSE_WAIT = 1.0  # seconds, at exit, for the connections' handlers to clean up
 _POLICY = {"queue": AdmissionPolicy.QUEUE, "replace": AdmissionPolicy.REPLACE, "drop": AdmissionPolicy.DROP_IF_RUNNING}
 _CRED = struct.Struct("3i")
 
@@ -102,6 +103,7 @@ class SlotServer:
         self.table: SlotTable[Request] = SlotTable(MAX_QUEUE)
         self.by_id: dict[int, Request] = {}  # owners and queued requests
         self.clients: set[Client] = set()
+        self.handlers: set[asyncio.Task[Any]] = set()  # one per connection, until it returns
         self.next_id = 1
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
@@ -142,6 +144,24 @@ class SlotServer:
     # --- connections -------------------------------------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            await self._serve_client(reader, writer)
+        finally:
+            self.handlers.discard(task)
+
+    async def close_connections(self, timeout: float) -> None:
+        """At exit: close every connection, and let each handler see its end and clean up as for
+        a client that went away. (Leaving them to be cancelled instead makes Python 3.11's
+        streams print a traceback for each.)"""
+        for client in list(self.clients):
+            client.writer.close()
+        if self.handlers:
+            await asyncio.wait(set(self.handlers), timeout=timeout)
+
+    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         client = Client(self, reader, writer)
         sock = writer.get_extra_info("socket")
         try:
@@ -199,9 +219,16 @@ class SlotServer:
                     self._cleanup(request)
             case "withdraw":
                 request = client.requests.pop(message["req"], None)
-                if request is not None and self.table.purge(request.id) is not None:
+                if request is None:
+                    pass
+                elif self.table.purge(request.id) is not None:
                     self._forget(request)
                     self._save()
+                elif owner_of(self.table.phase(request.slot)) == request.id:
+                    # Granted while the withdraw was on its way: the client gave up without
+                    # learning it owned the slot, so nothing ran under it. Left alone, this
+                    # lease would belong to no request of the client and never be freed.
+                    self._cleanup(request)
             case "reclaim":
                 self._reclaim(client, message)
             case "snapshot":
@@ -424,6 +451,7 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
         await server.done.wait()
     finally:
         listener.close()
+        await server.close_connections(CLOSE_WAIT)
         try:
             os.unlink(path)
         except FileNotFoundError:

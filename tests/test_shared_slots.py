@@ -35,6 +35,7 @@ from mpvisor import (
     SupervisorConfig,
     TaskSpec,
     _leases,
+    _platform,
 )
 from tests._slot_support import stop_servers
 from tests._support import async_wait_for, read_records, supervised, wait_for
@@ -405,6 +406,27 @@ async def test_a_shared_controllers_queued_submission_leaves_the_queue_at_shutdo
         holder.send_signal(signal.SIGTERM)
         finish(holder)
     assert "start py" not in log.read_text()
+
+
+def test_a_withdraw_that_crosses_its_grant_frees_the_slot(slots: Any, tmp_path: Any) -> None:
+    """A client that gives up (`withdraw`) before it reads the `granted` already on its way never
+    ran anything under the lease: the slot is free again at once, though that client stays
+    connected, and the next client is granted it. (A run interrupted while its submission waited
+    for a stopped server used to leave such a lease held for good.)"""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    quitter = _raw(slots)
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    quitter.sendall(_leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+                    + _leases.encode({"t": "submit", "req": 1, "slot": "w", "policy": "queue", "name": "q", "pids": [me]})
+                    + _leases.encode({"t": "withdraw", "req": 1})
+                    + _leases.encode({"t": "snapshot"}))
+    replies = _replies(quitter)
+    while replies[-1]["t"] != "snapshot":
+        replies += _replies(quitter)
+    assert [r["t"] for r in replies] == ["granted", "snapshot"], replies
+    assert replies[-1]["slots"] == [], replies
+    assert finish(start(slots, tmp_path, "--slot", "w", "--", "true"))[0] == 0  # granted, not queued behind q
+    quitter.close()
 
 
 def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: Any, tmp_path: Any) -> None:

@@ -353,3 +353,67 @@ def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathl
         assert lines == ["before", "terminated", "terminated", f"after {128 + signal.SIGTERM}"], (lines, err)
     assert err.count("canceled reason='canceled by shutdown'") == 2, err
     assert wait_for(lambda: all(pid_gone(p.pid, p.create_time()) for p in seen), timeout=5)
+
+
+def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pathlib.Path, slots: pathlib.Path) -> None:
+    """The slot server is stopped (SIGSTOP), so the file's slotted tasks cannot be handed over;
+    its task without a slot runs and completes. Ctrl-C then: mpvisor dies by SIGINT at once, and
+    no task is lost: each slotted one has its outcome line, rejected by the shutdown, none ran.
+    Once the server runs again, it holds no lease and queues nothing for the dead run, and it
+    exits cleanly when terminated."""
+    for_a, for_b = tmp_path / "a-ran", tmp_path / "b-ran"
+    write(tmp_path / "tasks.toml", f"""
+        [task.a]
+        command = ["touch", "{for_a}"]
+        slot = "s1"
+        [task.b]
+        command = ["touch", "{for_b}"]
+        slot = "s2"
+        [task.c]
+        command = ["true"]
+    """)
+    assert MPVISOR is not None
+    server = subprocess.Popen([MPVISOR, "slots", "serve", "--dir", str(slots), "--idle-exit", "30"], env=env_for(slots),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run = None
+    try:
+        wait_for(lambda: _answers(slots), timeout=20)  # our server, not one a client started
+        server.send_signal(signal.SIGSTOP)
+        run = start(tmp_path, "run", "--file", "tasks.toml", slots=slots)
+        assert run.stderr is not None
+        seen = [run.stderr.readline(), run.stderr.readline()]
+        assert seen[1].startswith("mpvisor: c: completed"), seen  # a and b wait for the stopped server
+        run.send_signal(signal.SIGINT)
+        _, rest = run.communicate(timeout=20)
+        status = run.returncode
+    finally:
+        server.send_signal(signal.SIGCONT)
+        if run is not None and run.poll() is None:
+            run.kill()
+            run.communicate()
+    lines = rest.splitlines()
+    assert status == -signal.SIGINT, rest
+    for name, slot in (("a", "s1"), ("b", "s2")):
+        assert f"mpvisor: {name}: rejected reason='controller_shutting_down' exit_code=None attempts=0 slot='{slot}'" in lines, rest
+    assert lines[-1] == "mpvisor: tasks.toml: 3 tasks: 2 rejected, 1 completed; exit status 130", rest
+    assert not for_a.exists() and not for_b.exists()
+    # Resumed, the server reads the dead run's requests, then its end: what it granted goes at once.
+    assert wait_for(lambda: json.loads(mpvisor(tmp_path, "slots", "--json", slots=slots).stdout) == {"slots": []},
+                    timeout=10)
+    connected = _leases.connect(str(slots), start=False)
+    try:
+        connected.sendall(_leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()}))
+        assert wait_for(lambda: json.loads(mpvisor(tmp_path, "slots", "--json", slots=slots).stdout) == {"slots": []})
+        server.terminate()  # a client still connected: the server exits cleanly all the same
+        _, server_err = server.communicate(timeout=10)
+    finally:
+        connected.close()
+    assert (server.returncode, server_err.decode()) == (0, "")
+
+
+def _answers(slots: pathlib.Path) -> bool:
+    try:
+        _leases.connect(str(slots), start=False).close()
+    except _leases.LeaseError:
+        return False
+    return True
