@@ -8,6 +8,7 @@ cluster (tests/_ray_support.py). The contract each launcher keeps is tests/test_
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -273,7 +274,9 @@ def test_bad_resources_name_the_field(kwargs: dict[str, Any], named: str) -> Non
 
 def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     """`mpvisor run --ray ADDRESS`, the installed executable from outside the repository: the
-    value on stdout and status 0; a task's exit status is the run's; a bad address is one line."""
+    value on stdout and status 0; a task's exit status is the run's; a bad address is one line.
+    `mpvisor run --file FILE --ray ADDRESS`: the file's Python targets and its program run under
+    Ray workers; the values on stdout, the worst status."""
     import shutil
     import subprocess
 
@@ -293,6 +296,16 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     assert "mpvisor: sys_exit: failed" in failed.stderr, failed.stderr
     empty = run("--ray", "", "workers.basic:quick")
     assert empty.returncode == 2 and "--ray" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1, empty.stderr
+    (tmp_path / "tasks.toml").write_text(
+        '[task.where]\ntarget = "workers.basic:ancestry"\n'
+        '[task.value]\ntarget = "workers.basic:quick"\nargs = [5]\n'
+        '[task.exits]\ncommand = ["sh", "-c", "exit 4"]\n')
+    batch = run("--file", "tasks.toml", "--ray", ray_cluster.address)
+    assert batch.returncode == 4, batch.stderr
+    values = json.loads(batch.stdout)
+    assert values["value"] == 5 and set(values) == {"where", "value"}, batch.stdout
+    assert any(line.startswith("ray::") for line in values["where"]), values["where"]  # under a Ray worker
+    assert "mpvisor: exits: failed " in batch.stderr and "exit status 4" in batch.stderr.splitlines()[-1], batch.stderr
 
 
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:

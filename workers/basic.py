@@ -19,6 +19,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` |
 | `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
 | `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
+| `ancestry()` | | returns the command line of each ancestor process, parent first (where the attempt runs: under a Ray worker, say) |
 | `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
@@ -188,6 +189,19 @@ def env_probe(marker: str | None = None) -> dict[str, object]:
         "sid": os.getsid(0),
         "pgid": os.getpgid(0),
     }
+
+
+def ancestry(marker: str | None = None) -> list[str]:
+    """Return the command line of each ancestor of this process, parent first, up to init."""
+    mark(marker, "started")
+    found = []
+    pid = os.getppid()
+    while pid > 1:
+        proc = pathlib.Path(f"/proc/{pid}")
+        found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+        stat = (proc / "stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return found
 
 
 class _Bomb:
