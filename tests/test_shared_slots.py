@@ -429,6 +429,33 @@ def test_a_withdraw_that_crosses_its_grant_frees_the_slot(slots: Any, tmp_path: 
     quitter.close()
 
 
+def test_an_owner_that_reclaims_its_lease_after_a_replacement_came_is_told_to_retire(slots: Any,
+                                                                                     tmp_path: Any) -> None:
+    """An owner whose connection went away keeps its lease while its processes run; a
+    replacement that arrives meanwhile cannot tell it to retire. When the owner reconnects and
+    reclaims the lease, the server sends it that `revoke` then; once it releases, the replacement
+    is granted the slot."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    hello = _leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+    owner = _raw(slots)
+    owner.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "r", "policy": "queue", "name": "o", "pids": [me]}))
+    assert _replies(owner) == [{"t": "granted", "req": 1}]
+    owner.close()  # gone, but its process (this one) runs: the lease stays held
+    newcomer = _raw(slots)
+    newcomer.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "r", "policy": "replace", "name": "n",
+                                             "pids": [me]}))
+    (queued,) = _replies(newcomer)
+    assert queued["t"] == "queued" and queued["owner"]["name"] == "o", queued
+    back = _raw(slots)
+    back.sendall(hello + _leases.encode({"t": "reclaim", "req": 7, "slot": "r", "name": "o", "since": 1.0, "pids": [me]}))
+    assert _replies(back) == [{"t": "revoke", "req": 7}]
+    back.sendall(_leases.encode({"t": "release", "req": 7}))
+    assert _replies(newcomer) == [{"t": "granted", "req": 1}]
+    for sock in (back, newcomer):
+        sock.close()
+
+
 def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: Any, tmp_path: Any) -> None:
     """A `hello` with another version: an `error` naming both versions, then the disconnect."""
     assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0
