@@ -254,6 +254,11 @@ class Bus:
         self._phase: Literal["open", "closing", "closed"] = "open"
         self._closing: asyncio.Future[None] | None = None
 
+    @property
+    def last_seq(self) -> int:
+        """The `seq` of the last event this bus published (0 before its first)."""
+        return self._seq
+
     # -- publishing (on the loop) -------------------------------------------------------------
 
     def publish(self, kind: EventKind, **fields: Any) -> Event | None:

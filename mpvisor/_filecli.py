@@ -14,7 +14,8 @@ to a controller whose slots are shared with every mpvisor process of the user
 `mpvisor run --slot`, exclude each other. While it runs, stderr shows a live table on a
 terminal (`LiveTable`: the bottom rows of the screen, below a scroll region that the tasks'
 own output scrolls in), plain lines as states change otherwise (`PlainLines`); each outcome
-line is printed as the task ends, from its outcome; then a summary line. Every task's stdout
+line is printed as the task ends, from its outcome, once the display has shown every event
+before it (`Caught`); then a summary line. Every task's stdout
 goes to stderr; stdout keeps one JSON line, `{"<task>": <value>, ...}` for the Python targets
 that completed (none: no line), or the events with `--events json`. Ctrl-C and SIGTERM shut
 every task down gracefully, as for one task, and mpvisor then dies by that signal.
@@ -56,6 +57,7 @@ from ._taskfile import FileTask, TaskFile, parse_text
 
 _POLICIES = {"queue": AdmissionPolicy.QUEUE, "replace": AdmissionPolicy.REPLACE, "drop": AdmissionPolicy.DROP_IF_RUNNING}
 REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
+CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
 
 
 def load(path: str) -> TaskFile:
@@ -99,6 +101,51 @@ def check_main(path: str) -> int:
 # --- what stderr shows while the tasks run ------------------------------------------------------------
 
 
+class Caught:
+    """How the loop waits until a display has handled every event published before a moment.
+
+    A task's outcome reaches its waiter on the loop at once; the events before it reach a
+    display later, on the display's own thread. An outcome line printed at once could come
+    before the task's last state lines, which the display would then drop as stale (an
+    `attempt 1 started` lost after `completed`). So `report` waits, at most `wait` s, until the
+    display has handled the event the bus numbered last when the outcome arrived; it then settles
+    the row and prints the outcome line, after every line that event order puts before it."""
+
+    def __init__(self, wait: float = CATCH_UP_WAIT) -> None:
+        self.wait = wait
+        self._seen = 0
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def passed(self, seq: int) -> None:
+        """On the display's thread: every event up to `seq` is handled."""
+        with self._lock:
+            self._seen = max(self._seen, seq)
+            ready = [w for w in self._waiting if w[0] <= seq]
+            self._waiting = [w for w in self._waiting if w[0] > seq]
+        for _, loop, future in ready:
+            loop.call_soon_threadsafe(_done, future)
+
+    async def reached(self, seq: int) -> None:
+        """On the loop: return once the display has handled event `seq` (or `wait` s passed: it
+        may have lost that event to a full queue, or be stuck in a write)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._seen >= seq:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiting.append((seq, loop, future))
+        try:
+            await asyncio.wait_for(future, self.wait)
+        except TimeoutError:
+            pass
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class PlainLines:
     """Not a terminal: one line per visible change (a subscriber), and the outcome lines."""
 
@@ -108,14 +155,15 @@ class PlainLines:
     def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock) -> None:
         self.stream, self.view, self.lock = stream, view, lock
         self.closed = False
+        self.caught = Caught()
 
     def on_event(self, event: Event) -> None:
         with self.lock:
-            if self.closed:
-                return
-            _, line = self.view.apply(event)
-            if line is not None:
-                self._write(line + "\n")
+            if not self.closed:
+                _, line = self.view.apply(event)
+                if line is not None:
+                    self._write(line + "\n")
+        self.caught.passed(event.seq)
 
     def print(self, text: str) -> None:
         with self.lock:
@@ -151,6 +199,7 @@ class LiveTable:
         self.size = (0, 0)
         self.closed = False
         self._drawn_at = 0.0
+        self.caught = Caught()
 
     @staticmethod
     def fits(stream: IO[str], tasks: int) -> bool:
@@ -164,13 +213,13 @@ class LiveTable:
 
     def on_event(self, event: Event) -> None:
         with self.lock:
-            if self.closed:
-                return
-            changed, _ = self.view.apply(event)
-            now = time.monotonic()
-            if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
-                self._drawn_at = now
-                self._draw()
+            if not self.closed:
+                changed, _ = self.view.apply(event)
+                now = time.monotonic()
+                if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
+                    self._drawn_at = now
+                    self._draw()
+        self.caught.passed(event.seq)
 
     def print(self, text: str) -> None:
         with self.lock:
@@ -292,9 +341,11 @@ async def _run(supervisor: Supervisor, tasks: tuple[FileTask, ...],
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     reporters: list[asyncio.Task[None]] = []
+    bus: Any = None  # the runtime's, once it started
 
     async def report(task: FileTask, waiter: TaskWaiter) -> None:
         outcome = await waiter.wait()
+        await display.caught.reached(bus.last_seq)  # its state lines first, then its outcome line
         status, by_slot = task_status(outcome, replaced=waiter.id in replaced)
         result = results[task.name] = Result(task.name, outcome, status, by_slot)
         extra = f" replaced_in_slot={task.slot!r}" if status == 6 and by_slot else f" slot={task.slot!r}" if task.slot else ""
@@ -302,6 +353,8 @@ async def _run(supervisor: Supervisor, tasks: tuple[FileTask, ...],
         display.print(outcome_line(task.name, outcome) + extra)
 
     async def start(runtime: Any) -> None:
+        nonlocal bus
+        bus = runtime.bus
         handle = SupervisorHandle(runtime)
         if runtime.controller is not None:
             runtime.controller.on_replaced = replaced.add

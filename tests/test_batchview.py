@@ -182,3 +182,35 @@ def test_the_table_has_a_header_a_line_per_task_and_fits_the_width():
     assert "3/10 30% 2/s ETA 3.5s" in with_progress[3] and with_progress[1].split()[3] == "-"
     narrow = render_table(rows, 40)
     assert all(len(line) <= 40 for line in narrow) and narrow[1].endswith("…")
+
+
+# --- outcome lines wait for the display (`_filecli.Caught`) -------------------------------------------
+
+
+async def test_an_outcome_line_waits_until_the_display_has_handled_the_events_before_it() -> None:
+    """`reached(seq)` returns once the display's thread has passed `seq` (at once if it already
+    has), and after `wait` s if it never does (a lost event must not hang the run)."""
+    import asyncio
+    import threading
+    import time
+
+    from mpvisor._filecli import Caught
+
+    caught = Caught(wait=5.0)
+    caught.passed(3)
+    await asyncio.wait_for(caught.reached(2), 0.5)  # already handled
+    waiting = asyncio.ensure_future(caught.reached(7))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    display = threading.Thread(target=caught.passed, args=(5,))  # not far enough yet
+    display.start()
+    display.join()
+    for _ in range(3):  # let whatever it scheduled on the loop run
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    threading.Thread(target=caught.passed, args=(9,)).start()  # a later event passes it too (7 was lost)
+    await asyncio.wait_for(waiting, 2.0)
+    never = Caught(wait=0.2)
+    started = time.monotonic()
+    await never.reached(1)
+    assert 0.2 <= time.monotonic() - started < 1.5
