@@ -54,7 +54,8 @@ from ._wire import (
     unpack,
 )
 
-_SIGTERM = (int(signal.SIGTERM),)  # plain ints for the C signal functions (`_platform`)
+_SIGTERM_NUM = int(signal.SIGTERM)
+_SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 
 
@@ -183,9 +184,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     )
     _context._install(ctx)
     channel.send(Calling())
-    if _SIGTERM[0] in _platform.pending_signals():
+    if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
-    _platform.set_signal_handler(_SIGTERM[0], ctx._on_sigterm)
+    _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending = _call(target, args, kwargs, ctx)
     _finish(channel, ending, max_frame=start.max_frame)
 

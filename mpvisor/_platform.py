@@ -8,6 +8,7 @@ pid, names one process for its whole life).
 | need | call |
 |---|---|
 | die with my parent | `set_parent_death_signal(sig)` (then compare `os.getppid()`) |
+| set a handler, the mask, the wakeup fd, read pending signals, cheaply in a new fork | `set_signal_handler`, `signal_mask`, `set_wakeup_fd`, `pending_signals` (the C functions, plain ints) |
 | adopt orphans of my tree | `set_child_subreaper()` |
 | be picked first by the OOM killer | `set_oom_score_adj(500)` |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
@@ -27,25 +28,25 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 # `signal.signal`, `pthread_sigmask` and `sigpending` wrap these C functions to turn numbers into
-# enum members and back. In a process just forked that conversion runs code and touches objects
-# nothing else in an attempt touches: about 0.25 ms of copy-on-write page faults per attempt. The
-# attempt's set-up and its calls around the target use the C functions with plain ints.
+# enum members and back. In a process just forked, that conversion runs cold code and touches
+# objects (copy-on-write faults) that the rest of an attempt mostly does not. The attempt's set-up
+# and its calls around the target use the C functions with plain ints (with the prepared `prctl`
+# below, 0.1-0.15 ms less CPU per attempt: docs/benchmarks.md).
 set_signal_handler: Callable[[int, Any], object] = _signal.signal
 signal_mask: Callable[[int, Iterable[int]], object] = _signal.pthread_sigmask
 pending_signals: Callable[[], set[int]] = _signal.sigpending
 set_wakeup_fd: Callable[[int], int] = _signal.set_wakeup_fd
-PR_SET_CHILD_SUBREAPER = 36
 
 _prctl_fn: Callable[..., int] | None = None
 
 
 def _prctl(option: int, arg: int) -> None:
-    """`prctl(option, arg)`, through a ctypes function prepared once with its argument types:
-    the launcher prepares it, so each attempt it forks makes two cheap calls (an unprepared
-    ctypes call converts every argument afresh, which in a new fork costs about 0.3 ms of
-    copy-on-write page faults)."""
+    """`prctl(option, arg)`, through a ctypes function prepared once with its argument types.
+    The launcher prepares it, so each attempt it forks makes two cheap calls; an unprepared
+    ctypes call converts every argument afresh, which runs a lot of cold code in a new fork."""
     global _prctl_fn
     if _prctl_fn is None:
         fn = ctypes.CDLL(None, use_errno=True).prctl

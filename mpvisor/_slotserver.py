@@ -153,11 +153,11 @@ class SlotServer:
             self.handlers.discard(task)
 
     async def close_connections(self, timeout: float) -> None:
-        """At exit: close every connection, and let each handler see its end and clean up as for
-        a client that went away. (Leaving them to be cancelled instead makes Python 3.11's
-        streams print a traceback for each.)"""
+        """At exit: drop every connection (what is still unsent goes too), and let each handler
+        see its end and clean up as for a client that went away. (Leaving them to be cancelled
+        instead makes Python 3.11's streams print a traceback for each.)"""
         for client in list(self.clients):
-            client.writer.close()
+            client.writer.transport.abort()
         if self.handlers:
             await asyncio.wait(set(self.handlers), timeout=timeout)
 
