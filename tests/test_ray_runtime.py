@@ -285,22 +285,34 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}
 
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([executable, "run", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=60)
+    def run(*argv: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([executable, "run", *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    done = run("--ray", ray_cluster.address, "workers.basic:quick", "3")
-    assert (done.returncode, done.stdout) == (0, "3\n"), done.stderr
-    failed = run("--ray", ray_cluster.address, "workers.misbehave:sys_exit", "7")
-    assert failed.returncode == 7, failed.stderr
-    assert "mpvisor: sys_exit: failed" in failed.stderr, failed.stderr
-    empty = run("--ray", "", "workers.basic:quick")
-    assert empty.returncode == 2 and "--ray" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1, empty.stderr
+    def ended(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+        out, err = proc.communicate(timeout=60)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
     (tmp_path / "tasks.toml").write_text(
         '[task.where]\ntarget = "workers.basic:ancestry"\n'
         '[task.value]\ntarget = "workers.basic:quick"\nargs = [5]\n'
         '[task.exits]\ncommand = ["sh", "-c", "exit 4"]\n')
-    batch = run("--file", "tasks.toml", "--ray", ray_cluster.address)
+    # Each run connects to Ray, which takes a second or so: the three run side by side.
+    started = [run("--ray", ray_cluster.address, "workers.basic:quick", "3"),
+               run("--ray", ray_cluster.address, "workers.misbehave:sys_exit", "7"),
+               run("--file", "tasks.toml", "--ray", ray_cluster.address)]
+    try:
+        done, failed, batch = [ended(proc) for proc in started]
+    finally:
+        for proc in started:  # if one did not end in time, none is left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert (done.returncode, done.stdout) == (0, "3\n"), done.stderr
+    assert failed.returncode == 7, failed.stderr
+    assert "mpvisor: sys_exit: failed" in failed.stderr, failed.stderr
+    empty = ended(run("--ray", "", "workers.basic:quick"))
+    assert empty.returncode == 2 and "--ray" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1, empty.stderr
     assert batch.returncode == 4, batch.stderr
     values = json.loads(batch.stdout)
     assert values["value"] == 5 and set(values) == {"where", "value"}, batch.stdout
