@@ -21,7 +21,7 @@ reading the file is the shell's (`_filecli`).
 | `backoff` | string `"FIRST[:MAX[:FACTOR]]"` or a number (FIRST) | `--backoff` |
 | `jitter` | string | `--jitter` |
 | `slot`, `policy` | string; `"queue"`, `"replace"`, `"drop"` | `--slot`, `--policy` |
-| `env` | table of strings, merged over the environment | (no CLI form) |
+| `env` | table of strings, merged over the environment; `false` removes a variable | (no CLI form) |
 | `cwd` | string, relative to the file's directory | (no CLI form) |
 | `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
 
@@ -186,15 +186,24 @@ def _no_dates(value: object, where: str) -> None:
         _no_dates(item, f"{where}[{key!r}]" if isinstance(key, str) else f"{where}[{key}]")
 
 
-def _env(value: object) -> dict[str, str]:
+def _env(value: object) -> dict[str, str | None]:
+    """A table of variables; `false` removes one (TOML has no null): it becomes the `None` that
+    `TaskFn` and `CommandTask` take to mean "unset"."""
     if not isinstance(value, dict):
         raise _Invalid(f"expected a table of environment variables (strings), got {_kind(value)}: {toml_text(value)}")
+    env: dict[str, str | None] = {}
     for key, item in value.items():
-        if not isinstance(item, str):
-            raise _Invalid(f"{_key(key)} must be a string, got {_kind(item)}: {toml_text(item)}")
-        if not key or "=" in key or "\0" in key or "\0" in item:
+        if item is False:
+            env[key] = None
+        elif not isinstance(item, str):
+            raise _Invalid(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
+        elif "\0" in item:
             raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
-    return value
+        else:
+            env[key] = item
+        if not key or "=" in key or "\0" in key:
+            raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
+    return env
 
 
 def _cwd(value: object) -> str:

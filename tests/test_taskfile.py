@@ -62,8 +62,8 @@ def test_a_file_describes_its_tasks_with_their_defaults_slots_and_the_runs_grace
 
 
 def test_every_key_reaches_the_spec():
-    """Limits, intensity, jitter, kwargs, a periodic task, env (merged with the defaults') and a
-    cwd relative to the file's directory."""
+    """Limits, intensity, jitter, kwargs, a periodic task, env (merged with the defaults'; false
+    removes a variable) and a cwd relative to the file's directory."""
     parsed = parse_text("""
         [defaults]
         env = {A = "1", B = "2"}
@@ -78,7 +78,7 @@ def test_every_key_reaches_the_spec():
         cpu = 60
         open_files = 128
         intensity = "3/60"
-        env = {B = "3"}
+        env = {B = "3", C = false}
         cwd = "sub/dir"
         [task.cmd]
         command = ["sh", "-c", "true"]
@@ -90,7 +90,7 @@ def test_every_key_reaches_the_spec():
     assert parsed.ok, parsed.errors
     job, cmd = parsed.tasks
     assert job.spec.task == TaskFn("job", "workers.basic:echo", (1, [2.5, True], {"k": "v"}), {"marker": "m"},
-                                   env={"A": "1", "B": "3"}, cwd="/base/sub/dir")
+                                   env={"A": "1", "B": "3", "C": None}, cwd="/base/sub/dir")
     assert job.spec.restart == RestartPolicy.always(0.25)
     assert job.spec.limits == Limits(memory=2**30, cpu_seconds=60.0, open_files=128)
     assert job.spec.restart_intensity == RestartIntensity(3, 60.0)
@@ -137,7 +137,8 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ncommand = ['x']\nargs = [1]\n", ['task "a".args: args is for a Python target; a command\'s arguments are the rest of its command array']),
         ("[task.a]\ntarget = 'm:f'\nargs = [1979-05-27]\n", ['task "a".args: [0] is a TOML date/time, which is not a msgpack value; quote it to pass it as a string']),
         ("[task.a]\ntarget = 'm:f'\nargs = 3\n", ['task "a".args: expected an array of arguments, got an integer: 3']),
-        ("[task.a]\ntarget = 'm:f'\nenv = {A = 1}\n", ['task "a".env: A must be a string, got an integer: 1']),
+        ("[task.a]\ntarget = 'm:f'\nenv = {A = 1}\n", ['task "a".env: A must be a string, or false to remove it, got an integer: 1']),
+        ("[task.a]\ntarget = 'm:f'\nenv = {A = true}\n", ['task "a".env: A must be a string, or false to remove it, got a boolean: true']),
         ("[task.a]\ntarget = 'm:f'\nenv = {'A=B' = '1'}\n", ['task "a".env: "A=B": not a valid environment variable (a non-empty name without \'=\' or NUL)']),
         ("[task.a]\ntarget = 'm:f'\ncwd = ''\n", ['task "a".cwd: expected a directory (a non-empty string), got a string: ""']),
         ("[task.a]\ntarget = 'm:f'\nmemory = 'lots'\n", ['task "a".memory: expected a size in bytes (e.g. 1048576, 512M, 1G), got \'lots\'']),

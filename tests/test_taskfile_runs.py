@@ -130,11 +130,13 @@ def test_check_reports_every_error_at_once_and_an_invalid_file_runs_nothing(tmp_
 # --- a batch ------------------------------------------------------------------------------------------
 
 
-def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathlib.Path) -> None:
+def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathlib.Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Five tasks at once: the values of the completed Python targets are one JSON line on
     stdout; each task's outcome line and the summary are on stderr; the status is the highest
     failure's (the timeout's 124 over the program's 7); a Python target runs in its own cwd
-    (relative to the file) with its env merged over the parent's."""
+    (relative to the file) with its env merged over the parent's (`false` removes a variable)."""
+    monkeypatch.setenv("MPVISOR_TASKFILE_GONE", "set in the shell")
     (tmp_path / "conf" / "work").mkdir(parents=True)
     write(tmp_path / "conf" / "tasks.toml", """
         [defaults]
@@ -152,7 +154,7 @@ def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathl
 
         [task.probe]
         target = "workers.basic:env_probe"
-        env = {MPVISOR_TASKFILE_PROBE = "yes"}
+        env = {MPVISOR_TASKFILE_PROBE = "yes", MPVISOR_TASKFILE_GONE = false}
         cwd = "work"
 
         [task.exits]
@@ -171,6 +173,7 @@ def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathl
     assert sorted(values) == ["echo", "flaky", "probe"]
     assert values["echo"] == [["main", 42], {}] and values["flaky"] == 2
     assert values["probe"]["cwd"] == str(tmp_path / "conf" / "work") and values["probe"]["env"]["MPVISOR_TASKFILE_PROBE"] == "yes"
+    assert "MPVISOR_TASKFILE_GONE" not in values["probe"]["env"]
     lines = done.stderr.splitlines()
     outcomes = {line.split(": ")[1]: line for line in lines if " attempts=" in line}
     assert sorted(outcomes) == ["echo", "exits", "flaky", "probe", "slow"], lines
