@@ -232,8 +232,7 @@ def table(timeout: float = 1.0) -> list[dict[str, Any]]:
     except LeaseError:
         return []
     try:
-        client._sock.settimeout(timeout)
-        return client.snapshot()
+        return client.snapshot(timeout)
     except (LeaseError, OSError):
         return []
     finally:
@@ -279,10 +278,13 @@ class LeaseClient:
                 pass  # the server is gone: the watcher reconnects and reclaims
 
     def receive(self) -> dict[str, Any] | None:
-        """The next message from the server, or None at EOF."""
+        """The next message from the server, or None at EOF; `LeaseError` if the socket has a
+        timeout (`snapshot`'s) and nothing came within it."""
         while not self._pending:
             try:
                 data = self._sock.recv(65536)
+            except TimeoutError:
+                raise LeaseError(f"the slot server did not answer within {self._sock.gettimeout()} s") from None
             except OSError:
                 data = b""
             if not data:
@@ -320,8 +322,10 @@ class LeaseClient:
                 case "error":
                     raise LeaseError(f"the slot server refused the request: {message.get('message')}")
 
-    def snapshot(self) -> list[dict[str, Any]]:
-        """The server's table: one `{slot, status, owner, queue}` per busy slot."""
+    def snapshot(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The server's table: one `{slot, status, owner, queue}` per busy slot; `LeaseError` if
+        it does not answer within `timeout` s (a stopped or stuck server)."""
+        self._sock.settimeout(timeout)
         self.send({"t": "snapshot"})
         while (message := self.receive()) is not None:
             if message.get("t") == "snapshot":

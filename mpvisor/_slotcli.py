@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
 from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of, queued_text
-from ._shell import UsageParser
+from ._shell import UsageParser, seconds
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -155,6 +155,8 @@ async def _shut(runtime: Runtime) -> None:
 
 # --- `mpvisor slots` -----------------------------------------------------------------------------------
 
+SHOW_WAIT = 5.0  # seconds `mpvisor slots` waits for the slot server's answer (a stopped one never answers)
+
 
 def slots_main(argv: list[str]) -> int:
     """`mpvisor slots [--json]` and `mpvisor slots serve [...]`."""
@@ -164,6 +166,8 @@ def slots_main(argv: list[str]) -> int:
         return _slotserver.main(argv[1:])
     parser = UsageParser(prog="mpvisor slots", description="Show this user's shared slots.")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--wait", type=seconds(allow_zero=False), default=SHOW_WAIT, metavar="SECONDS",
+                        help=f"how long the slot server may take to answer before this is an error (default {SHOW_WAIT:g})")
     args = parser.parse_args(argv)
     try:
         client = LeaseClient(start=False)
@@ -174,7 +178,10 @@ def slots_main(argv: list[str]) -> int:
         return 1
     else:
         try:
-            slots = client.snapshot()
+            slots = client.snapshot(args.wait)
+        except LeaseError as exc:
+            print(f"mpvisor slots: {exc}", file=sys.stderr)
+            return 1
         finally:
             client.close()
     if args.json:

@@ -362,8 +362,9 @@ def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pa
     """The slot server is stopped (SIGSTOP), so the file's slotted tasks cannot be handed over;
     its task without a slot runs and completes. Ctrl-C then: mpvisor dies by SIGINT, and no
     task is lost: each slotted one has its outcome line, rejected by the shutdown, none ran.
-    Once the server runs again, it holds no lease and queues nothing for the dead run, and it
-    exits cleanly when terminated."""
+    Meanwhile `mpvisor slots` says the server does not answer, instead of waiting for it. Once
+    the server runs again, it holds no lease and queues nothing for the dead run, and it exits
+    cleanly when terminated."""
     for_a, for_b = tmp_path / "a-ran", tmp_path / "b-ran"
     write(tmp_path / "tasks.toml", f"""
         [task.a]
@@ -386,6 +387,9 @@ def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pa
         assert run.stderr is not None
         seen = [run.stderr.readline(), run.stderr.readline()]
         assert seen[1].startswith("mpvisor: c: completed"), seen  # a and b wait for the stopped server
+        shown = mpvisor(tmp_path, "slots", "--wait", "0.3", slots=slots)  # it cannot answer either
+        assert (shown.returncode, shown.stdout, shown.stderr) == (
+            1, "", "mpvisor slots: the slot server did not answer within 0.3 s\n"), shown
         run.send_signal(signal.SIGINT)
         _, rest = run.communicate(timeout=20)
         status = run.returncode
