@@ -193,16 +193,11 @@ def _env(value: object) -> dict[str, str | None]:
         raise _Invalid(f"expected a table of environment variables (strings), got {_kind(value)}: {toml_text(value)}")
     env: dict[str, str | None] = {}
     for key, item in value.items():
-        if item is False:
-            env[key] = None
-        elif not isinstance(item, str):
+        if item is not False and not isinstance(item, str):
             raise _Invalid(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
-        elif "\0" in item:
+        if not key or "=" in key or "\0" in key or (item is not False and "\0" in item):
             raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
-        else:
-            env[key] = item
-        if not key or "=" in key or "\0" in key:
-            raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
+        env[key] = None if item is False else item
     return env
 
 
