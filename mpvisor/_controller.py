@@ -342,9 +342,14 @@ class Controller:
             loop.call_soon_threadsafe(functools.partial(
                 self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=reason))
 
+        def silent() -> None:  # on the lease's thread
+            loop.call_soon_threadsafe(functools.partial(
+                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot,
+                reason=_leases.silent_text(item.slot)))
+
         def ask() -> None:  # its own thread: a queued lease may wait a long time
             try:
-                decision = client.acquire(item.slot, policy, item.name, pids, queued)
+                decision = client.acquire(item.slot, policy, item.name, pids, queued, silent)
             except Exception:
                 decision = _leases.Decision(False, "admission_failed")
             loop.call_soon_threadsafe(_settle, decided, decision)

@@ -26,6 +26,10 @@ channel's framing, at most `MAX_FRAME` bytes), on a Unix stream socket.
 | `snapshot slots` | `[{slot, status, owner, queue}, ...]` |
 | `error message` | a request the server refused (malformed, unknown, another uid) |
 
+A client waits for a decision as long as it takes; if the server has answered nothing at all
+after `SILENT_AFTER` s, `acquire` calls its `on_silent` once (the run says so) and waits on.
+`snapshot` takes a timeout (`mpvisor slots --wait`): a server that never answers is `NoAnswer`.
+
 **No two owners, ever.** A lease is released by `release`, or, when the owner's connection
 closes without one, only once every registered process of the owner (the submitting process
 itself, its launcher, its guardian, its attempts) has exited: the server holds a pidfd on each.
@@ -70,6 +74,13 @@ class LeaseError(Exception):
 
 class NoServer(LeaseError):
     """No slot server answers (and none was to be started)."""
+
+
+class NoAnswer(LeaseError):
+    """The slot server did not answer within the time this client gave it."""
+
+
+SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting client says so
 
 
 # --- where the server lives -----------------------------------------------------------------------
@@ -120,6 +131,11 @@ def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
         since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
         held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
     return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
+
+
+def silent_text(slot: str) -> str:
+    """What a person is told when the slot server has not answered a lease request."""
+    return f"slot {slot!r}: the slot server has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"
 
 
 def owner_pids(launcher: Any) -> list[Pid]:
@@ -284,7 +300,7 @@ class LeaseClient:
             try:
                 data = self._sock.recv(65536)
             except TimeoutError:
-                raise LeaseError(f"the slot server did not answer within {self._sock.gettimeout()} s") from None
+                raise NoAnswer(f"the slot server did not answer within {self._sock.gettimeout():g} s") from None
             except OSError:
                 data = b""
             if not data:
@@ -296,13 +312,29 @@ class LeaseClient:
         return self._pending.pop(0)
 
     def acquire(self, slot: str, policy: str, name: str, pids: list[Pid],
-                on_queued: Callable[[int, dict[str, Any] | None], None] | None = None) -> Decision:
-        """Ask for `slot`'s lease and wait for the decision."""
+                on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
+                on_silent: Callable[[], None] | None = None) -> Decision:
+        """Ask for `slot`'s lease and wait for the decision; `on_silent()` once if the server
+        has said nothing at all after `SILENT_AFTER` s (the wait goes on)."""
         request = {"t": "submit", "req": self._req, "slot": slot, "policy": policy, "name": name,
                    "pids": [list(p) for p in pids]}
+        quiet = on_silent is not None  # no answer yet, and the server's silence not told yet
+        if quiet:
+            self._sock.settimeout(SILENT_AFTER)
         self.send(request)
         while True:
-            message = self.receive()
+            try:
+                message, silent = self.receive(), False
+            except NoAnswer:
+                message, silent = None, True
+            if quiet:  # an answer came, or the silence is to be told: no timeout from now on
+                quiet = False
+                with contextlib.suppress(OSError):  # closed meanwhile (a withdraw): handled below
+                    self._sock.settimeout(None)
+                if silent and not self._closed:
+                    assert on_silent is not None
+                    on_silent()
+                    continue
             if message is None and self._closed:
                 return Decision(False, "withdrawn")  # we left the queue ourselves
             if message is None:  # the server died while we waited: submit again to the next one

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigError, ShuttingDown
 from ._events import Event, EventKind
-from ._leases import Decision, LeaseClient, LeaseError, NoServer, owner_pids, pid_of, queued_text
+from ._leases import (
+    Decision,
+    LeaseClient,
+    LeaseError,
+    NoServer,
+    owner_pids,
+    pid_of,
+    queued_text,
+    silent_text,
+)
 from ._shell import UsageParser, seconds
 
 if TYPE_CHECKING:
@@ -62,6 +71,9 @@ class SlotLease:
     def _queued(self, position: int, owner: dict[str, Any] | None) -> None:
         print(f"mpvisor: {queued_text(self.slot, position, owner)}", file=sys.stderr, flush=True)
 
+    def _silent(self) -> None:
+        print(f"mpvisor: {silent_text(self.slot)}", file=sys.stderr, flush=True)
+
     def before_add(self) -> Callable[[Runtime], Awaitable[None]]:
         """What `Supervisor.run` does before it adds the task: once the launcher is ready (so
         that a grant costs only a fork), ask for the lease with this process, the launcher and
@@ -74,7 +86,7 @@ class SlotLease:
             pids = owner_pids(runtime.client)
             loop = runtime.loop
             asked: asyncio.Future[Decision] = loop.run_in_executor(
-                None, self.client.acquire, self.slot, self.policy, self.name, pids, self._queued)
+                None, self.client.acquire, self.slot, self.policy, self.name, pids, self._queued, self._silent)
             stopping: asyncio.Future[Any] = asyncio.ensure_future(runtime._stopping.wait())
             try:
                 await asyncio.wait([asked, stopping], return_when=asyncio.FIRST_COMPLETED)

@@ -362,7 +362,8 @@ def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pa
     """The slot server is stopped (SIGSTOP), so the file's slotted tasks cannot be handed over;
     its task without a slot runs and completes. Ctrl-C then: mpvisor dies by SIGINT, and no
     task is lost: each slotted one has its outcome line, rejected by the shutdown, none ran.
-    Meanwhile `mpvisor slots` says the server does not answer, instead of waiting for it. Once
+    Meanwhile each waiting task says, once, that the server does not answer (so does a
+    `mpvisor run --slot` waiting beside it), and `mpvisor slots` says so instead of waiting. Once
     the server runs again, it holds no lease and queues nothing for the dead run, and it exits
     cleanly when terminated."""
     for_a, for_b = tmp_path / "a-ran", tmp_path / "b-ran"
@@ -379,25 +380,33 @@ def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pa
     assert MPVISOR is not None
     server = subprocess.Popen([MPVISOR, "slots", "serve", "--dir", str(slots), "--idle-exit", "30"], env=env_for(slots),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    run = None
+    run = single = None
     try:
         wait_for(lambda: _answers(slots), timeout=20)  # our server, not one a client started
         server.send_signal(signal.SIGSTOP)
         run = start(tmp_path, "run", "--file", "tasks.toml", slots=slots)
-        assert run.stderr is not None
+        single = start(tmp_path, "run", "--slot", "s3", "--", "true", slots=slots)
+        assert run.stderr is not None and single.stderr is not None
         seen = [run.stderr.readline(), run.stderr.readline()]
         assert seen[1].startswith("mpvisor: c: completed"), seen  # a and b wait for the stopped server
         shown = mpvisor(tmp_path, "slots", "--wait", "0.3", slots=slots)  # it cannot answer either
         assert (shown.returncode, shown.stdout, shown.stderr) == (
             1, "", "mpvisor slots: the slot server did not answer within 0.3 s\n"), shown
+        silent = "the slot server has not answered for 2 s (stopped, or stuck?); still waiting\n"
+        assert sorted([run.stderr.readline(), run.stderr.readline()]) == [
+            f"mpvisor: a: slot 's1': {silent}", f"mpvisor: b: slot 's2': {silent}"]  # said once each
+        assert single.stderr.readline() == f"mpvisor: slot 's3': {silent}"
         run.send_signal(signal.SIGINT)
+        single.send_signal(signal.SIGINT)
         _, rest = run.communicate(timeout=20)
         status = run.returncode
+        assert single.wait(timeout=20) == -signal.SIGINT
     finally:
         server.send_signal(signal.SIGCONT)
-        if run is not None and run.poll() is None:
-            run.kill()
-            run.communicate()
+        for proc in (run, single):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     lines = rest.splitlines()
     assert status == -signal.SIGINT, rest
     for name, slot in (("a", "s1"), ("b", "s2")):
