@@ -146,10 +146,10 @@ def _done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class PlainLines:
-    """Not a terminal: one line per visible change (a subscriber), and the outcome lines."""
+class _Display:
+    """What both displays are: a subscriber that shows each event under the shared lock (until
+    `finish`), then tells `caught` it was handled; and the writer of the outcome lines."""
 
-    name = "batch-lines"
     queue_capacity = 4096
 
     def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock) -> None:
@@ -160,14 +160,29 @@ class PlainLines:
     def on_event(self, event: Event) -> None:
         with self.lock:
             if not self.closed:
-                _, line = self.view.apply(event)
-                if line is not None:
-                    self._write(line + "\n")
+                self._show(event)
         self.caught.passed(event.seq)
 
     def print(self, text: str) -> None:
         with self.lock:
             self._write(text + "\n")
+
+    def _show(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def _write(self, text: str) -> None:
+        raise NotImplementedError
+
+
+class PlainLines(_Display):
+    """Not a terminal: one line per visible change (a subscriber), and the outcome lines."""
+
+    name = "batch-lines"
+
+    def _show(self, event: Event) -> None:
+        _, line = self.view.apply(event)
+        if line is not None:
+            self._write(line + "\n")
 
     def settle(self, result: Result) -> None:
         with self.lock:
@@ -182,7 +197,7 @@ class PlainLines:
         self.stream.flush()
 
 
-class LiveTable:
+class LiveTable(_Display):
     """A terminal: the table in the bottom rows, redrawn in place (a subscriber).
 
     The rows above are a scroll region (DECSTBM): the tasks' output and the outcome lines scroll
@@ -191,15 +206,13 @@ class LiveTable:
     whole screen back and leaves the cursor below the table."""
 
     name = "batch-table"
-    queue_capacity = 4096
 
     def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock, *, progress: bool) -> None:
-        self.stream, self.view, self.lock, self.progress = stream, view, lock, progress
+        super().__init__(stream, view, lock)
+        self.progress = progress
         self.fd = stream.fileno()
         self.size = (0, 0)
-        self.closed = False
         self._drawn_at = 0.0
-        self.caught = Caught()
 
     @staticmethod
     def fits(stream: IO[str], tasks: int) -> bool:
@@ -211,19 +224,12 @@ class LiveTable:
             self._region(first=True)
             self._draw()
 
-    def on_event(self, event: Event) -> None:
-        with self.lock:
-            if not self.closed:
-                changed, _ = self.view.apply(event)
-                now = time.monotonic()
-                if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
-                    self._drawn_at = now
-                    self._draw()
-        self.caught.passed(event.seq)
-
-    def print(self, text: str) -> None:
-        with self.lock:
-            self._write(text + "\n")
+    def _show(self, event: Event) -> None:
+        changed, _ = self.view.apply(event)
+        now = time.monotonic()
+        if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
+            self._drawn_at = now
+            self._draw()
 
     def settle(self, result: Result) -> None:
         with self.lock:

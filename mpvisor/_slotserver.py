@@ -219,12 +219,10 @@ class SlotServer:
                     self._cleanup(request)
             case "withdraw":
                 request = client.requests.pop(message["req"], None)
-                if request is None:
-                    pass
-                elif self.table.purge(request.id) is not None:
+                if request is not None and self.table.purge(request.id) is not None:
                     self._forget(request)
                     self._save()
-                elif owner_of(self.table.phase(request.slot)) == request.id:
+                elif request is not None and owner_of(self.table.phase(request.slot)) == request.id:
                     # Granted while the withdraw was on its way: the client gave up without
                     # learning it owned the slot, so nothing ran under it. Left alone, this
                     # lease would belong to no request of the client and never be freed.
