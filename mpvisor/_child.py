@@ -3,7 +3,8 @@
 Runs in the attempt process, after the launcher's set-up (`_launchers/forkserver.py`: own session,
 parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked. It owns the child's
 half of the protocol: say hello, read the start message, adopt the parent's environment, import
-the target, report that it is about to call it, call it, and report how it ended. It never
+the target (from what the fork server prepared, `_prepared.py`, when it could), report that it
+is about to call it, call it, and report how it ended. It never
 returns: every path ends in `os._exit`.
 
 | the target ... | the child sends | then exits with |
@@ -36,7 +37,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from . import _context, _platform
+from . import _context, _platform, _prepared
 from ._errors import Canceled, Fail, Fatal
 from ._values import check_value
 from ._wire import (
@@ -196,7 +197,9 @@ def _import_target(start: Start) -> Any:
     if module_name == "__main__" and start.main_path is not None:
         module = _import_main_script(start.main_path)
     else:
-        module = importlib.import_module(module_name)
+        module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
+        if module is None:
+            module = importlib.import_module(module_name)
     obj: Any = module
     for part in qualname.split("."):
         obj = getattr(obj, part)

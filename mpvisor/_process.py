@@ -67,6 +67,14 @@ class Done:
 Phase = Spawning | Running | Done
 
 
+def prepared_module(start: Start) -> str:
+    """The module a fork server can prepare for this attempt (`_prepared.py`): its target's, when
+    the attempt will import it with the launcher's own `sys.path` and directory; else ""."""
+    if start.kind != "fn" or start.main_path is not None or start.path is not None or start.cwd is not None:
+        return ""
+    return start.target.partition(":")[0]
+
+
 class AttemptProcess:
     """One attempt process: spawn it, read its frames, stop or kill it, learn its end."""
 
@@ -104,7 +112,7 @@ class AttemptProcess:
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.key = client.spawn(self, encode_start(start), exec_python=exec_python, capture_output=capture_output,
-                                resources=resources)
+                                resources=resources, module="" if exec_python else prepared_module(start))
         self._timers["start"] = self.loop.call_later(start_timeout, self._on_start_timeout, start_timeout)
 
     def __repr__(self) -> str:

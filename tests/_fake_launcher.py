@@ -104,7 +104,7 @@ class FakeLauncher:
         return None, None, None
 
     def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Any = None) -> int:
+              resources: Any = None, module: str = "") -> int:
         self._next += 1
         key = self._next
         attempt = _Attempt(key, FAKE_PID_BASE + key, sink, b"".join(start))

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(30)
 
 V = control.CONTROL_VERSION
 EXAMPLES = [
-    control.Spawn(1, False), control.Spawn(2**40, True), control.Signal(3, 15, True), control.Kill(4),
+    control.Spawn(1, False), control.Spawn(2**40, True), control.Spawn(3, False, "pkg.jobs"), control.Signal(3, 15, True), control.Kill(4),
     control.Stop(), control.Importing(V, 123, "numpy"), control.Ready(V, 123, None),
     control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
     control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
@@ -31,7 +31,7 @@ def test_every_control_message_round_trips(message):
 @pytest.mark.parametrize(
     "packet",
     [
-        ["spawn", 1], ["spawn", "1", True], ["spawn", 1, 1], ["signal", 1, 15], ["kill"], ["stop", 1],
+        ["spawn", 1], ["spawn", "1", True, ""], ["spawn", 1, 1, ""], ["spawn", 1, True], ["spawn", 1, True, 7], ["signal", 1, 15], ["kill"], ["stop", 1],
         ["started", 1], ["exited", 1, "vanished", 0, False], ["exited", 1, "exit", 0, 0],
         ["ready", V, 1, 2], ["nonsense"], [], {"spawn": 1}, 7, None,
     ],
@@ -57,7 +57,7 @@ def test_undecodable_bytes_are_a_control_error_too():
 
 _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _messages = st.one_of(
-    st.builds(control.Spawn, _ints, st.booleans()),
+    st.builds(control.Spawn, _ints, st.booleans(), st.text()),
     st.builds(control.Signal, _ints, _ints, st.booleans()),
     st.builds(control.Kill, _ints),
     st.builds(control.Importing, st.just(V), _ints, st.text()),

@@ -15,7 +15,9 @@ module says), so tests read runs, order and overlap from files, never from logs.
 | `overlap` | the `flock` probe that detects two live owners of a slot |
 | `slow_import_1s` | a module that takes 1 s to import |
 | `hanging_import` | a module whose import never finishes (never import it in the test process) |
+| `imports` | how the attempt imported it (the launcher's prepared import, or a normal one); logs each import to `$WORKERS_IMPORT_LOG` |
 
-Only `slow_import_1s` and `hanging_import` do anything at import time. No worker spins except
+Only `slow_import_1s`, `hanging_import` and `imports` (which appends a line to a log file, if
+asked) do anything at import time. No worker spins except
 `coop.pure_loop`, which exists to prove that a pure-Python loop still gets `Canceled`.
 """

@@ -17,10 +17,12 @@ The launcher seam, as two small interfaces: requests go down (`Launcher`), repor
 | `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
 
 The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
-- `spawn(sink, start, exec_python=..., capture_output=..., resources=...)` returns a key at
-  once. `start` is the attempt's start frame, in two pieces to send one after the other; the
-  launcher delivers it to the attempt. `resources` (a `Resources` or `None`) is what the
-  attempt needs where it is placed: a launcher that places nothing ignores it.
+- `spawn(sink, start, exec_python=..., capture_output=..., resources=..., module=...)` returns a
+  key at once. `start` is the attempt's start frame, in two pieces to send one after the other;
+  the launcher delivers it to the attempt. `resources` (a `Resources` or `None`) is what the
+  attempt needs where it is placed: a launcher that places nothing ignores it. `module` (or "")
+  is the target's module, which the attempt will import with the launcher's `sys.path` and
+  directory: a fork server prepares it (`_prepared.py`); another launcher may ignore it.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
   the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
   with the attempt channel's bytes as they arrive (frames, unchanged), and
@@ -70,7 +72,7 @@ class Launcher(Protocol):
     loop: asyncio.AbstractEventLoop
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None) -> int: ...
+              resources: Resources | None = None, module: str = "") -> int: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...
     def kill(self, key: int) -> None: ...
     async def ready(self) -> None: ...

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python | the attempt socket's child end (+ stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_prepared.py`; "" for none) | the attempt socket's child end (+ stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from .._wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 2  # 2: `exited` carries `oom`
+CONTROL_VERSION = 3  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare
 
 
 class ControlError(ProtocolError):
@@ -38,10 +38,12 @@ class ControlError(ProtocolError):
 
 
 class Spawn(NamedTuple):
-    """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`."""
+    """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
+    the target's `module` is prepared (`_prepared.py`; "" for none)."""
 
     key: int
     exec_python: bool
+    module: str = ""
 
 
 class Signal(NamedTuple):
@@ -122,8 +124,8 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
-        case ["spawn", int(key), bool(exec_python)]:
-            return Spawn(key, exec_python)
+        case ["spawn", int(key), bool(exec_python), str(module)]:
+            return Spawn(key, exec_python, module)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:

@@ -11,7 +11,7 @@ attached; `control.py` types, encodes and versions them):
 
 | parent -> launcher | launcher does |
 |---|---|
-| `spawn key exec_python` + fds | fork; the child sets up and runs `_child` (or execs a fresh interpreter) |
+| `spawn key exec_python module` + fds | prepare `module` (`_prepared.py`), fork; the child sets up and runs `_child` (or execs a fresh interpreter) |
 | `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
 | `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
 | `stop` | kill every tree, reap them, exit |
@@ -46,7 +46,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .. import _child, _platform
+from .. import _child, _platform, _prepared
 from .._platform import recv_fds
 from . import control
 from . import guardian as _guardian
@@ -142,7 +142,9 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python):
+            case control.Spawn(key, exec_python, module):
+                if module:
+                    _prepared.ready(module)
                 self._spawn(key, exec_python, fds)
                 return
             case control.Signal(key, signum, group):

@@ -456,10 +456,10 @@ class LauncherClient:
     # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None) -> int:
+              resources: Resources | None = None, module: str = "") -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
-        `resources` is ignored."""
+        `resources` is ignored. The fork server prepares `module` first (`_prepared.py`)."""
         self._next_key += 1
         key = self._next_key
         channel = Channel(self.loop, sink, start, capture_output)
@@ -470,7 +470,7 @@ class LauncherClient:
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
         self._attempts[key] = channel
-        self._send(control.Spawn(key, exec_python), fds)
+        self._send(control.Spawn(key, exec_python, module), fds)
         return key
 
     def signal(self, key: int, signum: int, group: bool) -> None:

@@ -290,8 +290,9 @@ class RayClient:
         return None, None, None
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None) -> int:
-        """Create the attempt's agent with its `resources` and start the attempt under it."""
+              resources: Resources | None = None, module: str = "") -> int:
+        """Create the attempt's agent with its `resources` and start the attempt under it
+        (`module` is ignored: the agent's node has its own fork server and paths)."""
         self._next_key += 1
         remote = _Remote(self._next_key, sink)
         self._attempts[remote.key] = remote
