@@ -194,7 +194,7 @@ def children(pid: int, reads: int) -> set[int]:
     seen: set[int] = set()
     for _ in range(reads):
         try:
-            found = {int(p) for p in read_small_file(path).split()}
+            found = set(map(int, read_small_file(path).split()))
         except OSError:
             return seen
         if found <= seen:
@@ -230,12 +230,20 @@ def interpreter_argv(code: str) -> list[str]:
     return [sys.executable, *flags, "-c", code]
 
 
+# Plain ints: `socket`'s flags are `IntFlag`s, whose `|` runs enum code on every packet.
+MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # received fds must not leak into an attempt's exec
+_FDS_SPACE = socket.CMSG_LEN(8 * array.array("i").itemsize)  # room for the most a packet carries
+_SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
+
+
 def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
+    data, ancdata, _, _ = sock.recvmsg(65536, _FDS_SPACE, flags | _CLOEXEC)
+    if not ancdata:
+        return data, []
     fds = array.array("i")
-    flags |= socket.MSG_CMSG_CLOEXEC  # received fds must not leak into an attempt's exec
-    data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_LEN(8 * fds.itemsize), flags)
     for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     return data, list(fds)

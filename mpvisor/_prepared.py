@@ -147,7 +147,11 @@ def prepare(name: str) -> tuple[Prepared, ...] | None:
 
 def still_valid(entries: tuple[Prepared, ...]) -> bool:
     """Whether nothing a prepared import depended on changed since it was prepared."""
-    return all(_check(check[0]) == check for entry in entries for check in entry.checks)
+    for entry in entries:
+        for check in entry.checks:
+            if _check(check[0]) != check:
+                return False
+    return True
 
 
 def ready(name: str) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -58,8 +58,7 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 _RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
 _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
 _SIG_BLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_DFL)
-CONTROL_BATCH = 32  # control messages handled before the loop looks at exits again
-CHILDREN_READS = 4  # at most, per look at our children (see `_children`)
+CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
 
@@ -96,17 +95,21 @@ class Launcher:
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.ready_r, self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.ctl, selectors.EVENT_READ, self._on_control)
-        self.sel.register(self.ready_r, selectors.EVENT_READ, self._on_ready)
-        self.sel.register(self.wake_r, selectors.EVENT_READ, self._on_wake)
+        # epoll itself, not `selectors`: its per-call wrapping runs on every attempt, and each
+        # object it touches after a fork is a copy-on-write fault (docs/benchmarks.md).
+        self.poll = select.epoll()
+        self.handlers: dict[int, Callable[[], None]] = {}
+        for fd, handler in ((self.ctl.fileno(), self._on_control), (self.ready_r, self._on_ready),
+                            (self.wake_r, self._on_wake)):
+            self.poll.register(fd, select.EPOLLIN)
+            self.handlers[fd] = handler
 
     # --- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> None:
         while not (self.parent_gone or _parent_died):
-            for key, _ in self.sel.select():
-                key.data()
+            for fd, _ in self.poll.poll():
+                self.handlers[fd]()
                 if self.parent_gone or _parent_died:
                     break
         self._stop_everything()
@@ -123,18 +126,16 @@ class Launcher:
             self.parent_gone = True
 
     def _on_control(self) -> None:
-        for _ in range(CONTROL_BATCH):
-            try:
-                data, fds = recv_fds(self.ctl, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                self.parent_gone = True
-                return
-            self._handle(data, fds)
-            self._on_ready()  # report starts as they happen, not after the whole burst
+        try:
+            data, fds = recv_fds(self.ctl, _platform.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            self.parent_gone = True
+            return
+        self._handle(data, fds)
 
     def _handle(self, data: bytes, fds: list[int]) -> None:
         try:
@@ -158,8 +159,7 @@ class Launcher:
 
     def _on_wake(self) -> None:
         try:
-            while os.read(self.wake_r, 4096):
-                pass
+            os.read(self.wake_r, 4096)  # a byte per signal; more than this wakes the loop again
         except BlockingIOError:
             pass
         self._reap()
@@ -273,17 +273,23 @@ class Launcher:
         self._report_drained()
 
     def _adopt_orphans(self) -> None:
-        """Kill every child we did not fork: an orphan of a dead attempt's tree."""
-        for pid in self._children():
-            if pid in self.attempts or pid in self.adopted:
-                continue
-            self.adopted[pid] = _platform.start_time(pid)
-            for attempt in self.draining:
-                attempt.adopted.add(pid)
-            _kill_checked(pid, self.adopted[pid])
+        """Kill every child we did not fork: an orphan of a dead attempt's tree. An orphan's own
+        children re-parent to us as it dies, so look again while a look finds one (at most
+        `CHILDREN_READS` looks; each later death wakes `_reap`, which looks again)."""
+        for _ in range(CHILDREN_READS):
+            unknown = _platform.children(self.me, 1).difference(self.attempts, self.adopted)
+            if not unknown:
+                return
+            for pid in unknown:
+                self.adopted[pid] = _platform.start_time(pid)
+                for attempt in self.draining:
+                    attempt.adopted.add(pid)
+                _kill_checked(pid, self.adopted[pid])
 
     def _report_drained(self) -> None:
-        for attempt in [a for a in self.draining if not a.adopted]:
+        for attempt in list(self.draining):
+            if attempt.adopted:
+                continue
             self.draining.discard(attempt)
             del self.attempts[attempt.pid]
             del self.by_key[attempt.key]
@@ -302,7 +308,7 @@ class Launcher:
 
         Nothing is reported any more: an attempt ended here ended because the launcher went away,
         which the parent learns from the control socket's EOF ("launcher died")."""
-        self.sel.unregister(self.ctl)
+        self.poll.unregister(self.ctl.fileno())
         for attempt in self.attempts.values():
             if attempt.status is None:
                 _killpg(attempt.pid)
@@ -315,7 +321,7 @@ class Launcher:
             for pid in pids:
                 if pid not in self.attempts:
                     _kill_checked(pid, self.adopted.get(pid))
-            self.sel.select(timeout=0.05)
+            self.poll.poll(0.05)
         os._exit(0)
 
 
