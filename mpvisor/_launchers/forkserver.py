@@ -2,8 +2,11 @@
 
 The launcher: a single-threaded helper process the parent starts once (and again if it dies),
 forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
-has imported mpvisor and the `preload` modules, so forking an attempt from it is cheap and never
-forks the (possibly multi-threaded) parent. It is the parent of every attempt process and a child
+has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
+(`_prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
+multi-threaded) parent. Every page it writes after a fork is a copy-on-write fault, so its
+per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
+enum arithmetic on the way. It is the parent of every attempt process and a child
 subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
 
 Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
