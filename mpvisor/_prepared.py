@@ -74,6 +74,8 @@ def _find(name: str, search: list[str] | None) -> tuple[ModuleSpec, list[Check]]
     depended on; None if it is not found, or not found in a way this module can repeat."""
     checks: list[Check] = []
     for entry in sys.path if search is None else search:
+        if not isinstance(entry, str):
+            return None  # PathFinder skips such an entry, or takes bytes: not worth repeating
         finder = PathFinder._path_importer_cache(entry)  # type: ignore[attr-defined]
         if finder is None:
             continue  # importlib caches a path no hook accepts, and skips it from then on

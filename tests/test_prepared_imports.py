@@ -250,3 +250,10 @@ def test_a_package_that_changes_its_path_leaves_the_submodule_to_importlib(here,
     _prepared.ready("pp_moving.mod")
     assert _prepared.import_module("pp_moving.mod") is None  # the package ran; its __path__ moved
     assert importlib.import_module("pp_moving.mod").WHERE == "elsewhere"
+
+
+def test_a_sys_path_entry_that_is_not_a_string_leaves_the_import_to_importlib(here, monkeypatch):
+    _write(here / "pp_plain.py", "")
+    monkeypatch.setattr(sys, "path", [pathlib.Path(here), *sys.path])
+    assert _prepared.prepare("pp_plain") is None
+    assert pathlib.Path(here) not in sys.path_importer_cache  # nothing cached under it, either
