@@ -23,6 +23,7 @@ every task down gracefully, as for one task, and mpvisor then dies by that signa
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import json
@@ -146,7 +147,7 @@ def _done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class _Display:
+class _Display(abc.ABC):
     """What both displays are: a subscriber that shows each event under the shared lock (until
     `finish`), then tells `caught` it was handled; and the writer of the outcome lines."""
 
@@ -167,11 +168,13 @@ class _Display:
         with self.lock:
             self._write(text + "\n")
 
+    @abc.abstractmethod
     def _show(self, event: Event) -> None:
-        raise NotImplementedError
+        """Show one event (called under the lock, until `finish`)."""
 
+    @abc.abstractmethod
     def _write(self, text: str) -> None:
-        raise NotImplementedError
+        """Write `text` (already under the lock) where this display writes."""
 
 
 class PlainLines(_Display):
