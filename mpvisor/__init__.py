@@ -15,8 +15,8 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING, Any
 
-from ._context import TaskContext, context
-from ._errors import (
+from mpvisor._attempt.context import TaskContext, context
+from mpvisor._model.errors import (
     AlreadyRunning,
     AlreadySubmitted,
     Canceled,
@@ -36,18 +36,16 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
-    from ._backoff import BackoffPolicy, JitterPolicy
-    from ._config import ControllerConfig, SupervisorConfig
-    from ._events import Event, EventKind
-    from ._handle import SupervisorHandle
-    from ._identity import TaskId
-    from ._metrics import PrometheusMetrics
-    from ._outcome import OutcomeKind, RejectionKind, TaskOutcome
-    from ._progress import ProgressReport, drive_progress_bars, progress_reports
-    from ._registry import TaskInfo, TaskWaiter
-    from ._restart import BackoffSource
-    from ._slots import AdmissionPolicy, SlotStatus, SlotView
-    from ._spec import (
+    from mpvisor._admission.slots import AdmissionPolicy, SlotStatus, SlotView
+    from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
+    from mpvisor._api.handle import SupervisorHandle
+    from mpvisor._api.supervisor import Supervisor, SupervisorBuilder, run
+    from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
+    from mpvisor._model.events import Event, EventKind
+    from mpvisor._model.identity import TaskId
+    from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+    from mpvisor._model.restart import BackoffSource
+    from mpvisor._model.spec import (
         INHERIT,
         Limits,
         Resources,
@@ -56,52 +54,54 @@ if TYPE_CHECKING:
         TaskDefaults,
         TaskSpec,
     )
-    from ._submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
-    from ._supervisor import Supervisor, SupervisorBuilder, run
-    from ._task import CommandTask, TaskFn
-    from ._writers import JsonLinesWriter, LogWriter
+    from mpvisor._model.work import CommandTask, TaskFn
+    from mpvisor._observe.metrics import PrometheusMetrics
+    from mpvisor._observe.progress import ProgressReport, drive_progress_bars, progress_reports
+    from mpvisor._observe.writers import JsonLinesWriter, LogWriter
+    from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+    from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
-__version__ = "0.1.0"  # the one place the version is written; pyproject.toml reads it from here
+from mpvisor._version import __version__ as __version__
 
 _LAZY = {
-    "BackoffPolicy": "._backoff",
-    "JitterPolicy": "._backoff",
-    "ControllerConfig": "._config",
-    "SupervisorConfig": "._config",
-    "Event": "._events",
-    "EventKind": "._events",
-    "OutcomeKind": "._outcome",
-    "RejectionKind": "._outcome",
-    "TaskOutcome": "._outcome",
-    "ProgressReport": "._progress",
-    "drive_progress_bars": "._progress",
-    "progress_reports": "._progress",
-    "BackoffSource": "._restart",
-    "INHERIT": "._spec",
-    "Limits": "._spec",
-    "Resources": "._spec",
-    "RestartIntensity": "._spec",
-    "RestartPolicy": "._spec",
-    "TaskDefaults": "._spec",
-    "TaskSpec": "._spec",
-    "CommandTask": "._task",
-    "TaskFn": "._task",
-    "JsonLinesWriter": "._writers",
-    "LogWriter": "._writers",
-    "PrometheusMetrics": "._metrics",
-    "TaskId": "._identity",
-    "TaskInfo": "._registry",
-    "TaskWaiter": "._registry",
-    "SupervisorHandle": "._handle",
-    "Supervisor": "._supervisor",
-    "SupervisorBuilder": "._supervisor",
-    "run": "._supervisor",
-    "ControllerSnapshot": "._submission",
-    "ControllerSpec": "._submission",
-    "PreparedSubmission": "._submission",
-    "AdmissionPolicy": "._slots",
-    "SlotStatus": "._slots",
-    "SlotView": "._slots",
+    "BackoffPolicy": "._model.backoff",
+    "JitterPolicy": "._model.backoff",
+    "ControllerConfig": "._runtime.config",
+    "SupervisorConfig": "._runtime.config",
+    "Event": "._model.events",
+    "EventKind": "._model.events",
+    "OutcomeKind": "._model.outcome",
+    "RejectionKind": "._model.outcome",
+    "TaskOutcome": "._model.outcome",
+    "ProgressReport": "._observe.progress",
+    "drive_progress_bars": "._observe.progress",
+    "progress_reports": "._observe.progress",
+    "BackoffSource": "._model.restart",
+    "INHERIT": "._model.spec",
+    "Limits": "._model.spec",
+    "Resources": "._model.spec",
+    "RestartIntensity": "._model.spec",
+    "RestartPolicy": "._model.spec",
+    "TaskDefaults": "._model.spec",
+    "TaskSpec": "._model.spec",
+    "CommandTask": "._model.work",
+    "TaskFn": "._model.work",
+    "JsonLinesWriter": "._observe.writers",
+    "LogWriter": "._observe.writers",
+    "PrometheusMetrics": "._observe.metrics",
+    "TaskId": "._model.identity",
+    "TaskInfo": "._tasks.registry",
+    "TaskWaiter": "._tasks.registry",
+    "SupervisorHandle": "._api.handle",
+    "Supervisor": "._api.supervisor",
+    "SupervisorBuilder": "._api.supervisor",
+    "run": "._api.supervisor",
+    "ControllerSnapshot": "._admission.submission",
+    "ControllerSpec": "._admission.submission",
+    "PreparedSubmission": "._admission.submission",
+    "AdmissionPolicy": "._admission.slots",
+    "SlotStatus": "._admission.slots",
+    "SlotView": "._admission.slots",
 }
 
 

@@ -11,7 +11,7 @@ module does not import Ray; serving a supervisor with a `RayLauncher` does.
 
 from __future__ import annotations
 
-from ._launchers.ray import RayLauncher
+from mpvisor._launchers.ray import RayLauncher
 
 RayLauncher.__module__ = __name__
 

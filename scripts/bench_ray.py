@@ -77,7 +77,7 @@ import psutil  # noqa: E402
 import ray  # noqa: E402
 
 from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec  # noqa: E402
-from mpvisor._events import Event, EventKind  # noqa: E402
+from mpvisor._model.events import Event, EventKind  # noqa: E402
 from mpvisor.ray import RayLauncher  # noqa: E402
 from workers.misbehave import stubborn_tree  # noqa: E402
 from workers.trivial import noop  # noqa: E402

@@ -30,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mpvisor import _leases  # noqa: E402
+from mpvisor._admission.leases import local as _leases  # noqa: E402
 
 MPVISOR = shutil.which("mpvisor") or ""
 

@@ -13,7 +13,7 @@ one chunk. Any other exception, or a broken check, is a crash libFuzzer reports 
 that caused it. (What a decoded frame costs is measured, for the densest frames there are, by
 `tests/test_wire.py::test_a_decoded_frame_costs_at_most_75_times_its_bytes`.)
 
-`atheris` instruments `mpvisor._wire` and msgpack's pure-Python parts; its coverage guidance is
+`atheris` instruments `mpvisor._model.wire` and msgpack's pure-Python parts; its coverage guidance is
 what the hypothesis tests in `tests/test_wire.py` do not have, so long runs here find what a
 short property test cannot.
 """
@@ -25,7 +25,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from mpvisor._wire import FrameDecoder, ProtocolError, encode, parse
+    from mpvisor._model.wire import FrameDecoder, ProtocolError, encode, parse
 
 MAX_FRAME = 1 << 16
 

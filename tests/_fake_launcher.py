@@ -1,6 +1,6 @@
 """An in-process launcher: the runtime, registry and controller run for real, attempts do not.
 
-`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/__init__.py` with no process
+`FakeLauncher` keeps the `Launcher` contract of `mpvisor/_launchers/seam.py` with no process
 and no fd at all: it reads each attempt's start frame from what `spawn` is given, then hands the
 attempt the frames the child would send, following the target's name. Pass it to a supervisor with
 `SupervisorConfig(launcher=FakeLauncher.factory(log))`; `log` records what was asked of it.
@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpvisor._ending import ExitStatus
-from mpvisor._wire import (
+from mpvisor._model.wire import (
     HEADER,
     Calling,
     Failure,
@@ -44,6 +43,7 @@ from mpvisor._wire import (
     parse_start,
     unpack,
 )
+from mpvisor._tasks.ending import ExitStatus
 
 FAKE_PID_BASE = 4_000_000  # above any real pid_max default
 

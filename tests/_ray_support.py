@@ -33,7 +33,7 @@ FAST_FAILURE_DETECTION = {
     "health_check_timeout_ms": 500,
     "health_check_failure_threshold": 3,
 }
-MPVISOR_MARKS = ("mpvisor._launchers.forkserver", "mpvisor._child")
+MPVISOR_MARKS = ("mpvisor._launchers.local.forkserver", "mpvisor._attempt.child")
 
 
 def _register_new_children(before: set[int]) -> None:

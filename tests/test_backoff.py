@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpvisor._backoff import BackoffPolicy, JitterPolicy, base_delay, delay
-from mpvisor._errors import ConfigError
+from mpvisor._model.backoff import BackoffPolicy, JitterPolicy, base_delay, delay
+from mpvisor._model.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpvisor import BackoffSource, Event, EventKind, OutcomeKind, RejectionKind, TaskOutcome
-from mpvisor._batchview import (
+from mpvisor._cli.batchview import (
     BatchView,
     Result,
     Row,
@@ -20,7 +20,7 @@ from mpvisor._batchview import (
     task_status,
     worst_status,
 )
-from mpvisor._progress import ProgressReport
+from mpvisor._observe.progress import ProgressReport
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -194,7 +194,7 @@ async def test_an_outcome_line_waits_until_the_display_has_handled_the_events_be
     import threading
     import time
 
-    from mpvisor._filecli import Caught
+    from mpvisor._cli.filerun import Caught
 
     caught = Caught(wait=5.0)
     caught.passed(3)

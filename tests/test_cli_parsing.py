@@ -11,7 +11,15 @@ import signal
 import pytest
 
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
-from mpvisor._cli import RESERVED, exit_status, outcome_line, parse, parse_arg, value_line, version
+from mpvisor._cli.main import (
+    RESERVED,
+    exit_status,
+    outcome_line,
+    parse,
+    parse_arg,
+    value_line,
+    version,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpvisor._launchers import control
-from mpvisor._wire import pack
+from mpvisor._launchers.local import control
+from mpvisor._model.wire import pack
 
 pytestmark = pytest.mark.timeout(30)
 

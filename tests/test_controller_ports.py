@@ -25,8 +25,8 @@ from mpvisor import (
     TaskOutcome,
     TaskSpec,
 )
-from mpvisor._controller import Controller
-from mpvisor._identity import next_id
+from mpvisor._admission.controller import Controller
+from mpvisor._model.identity import next_id
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.unit]
 
@@ -36,7 +36,7 @@ class FakeHost:
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.config = SupervisorConfig()
+        self.max_frame_bytes = SupervisorConfig().max_frame_bytes
         self.defaults = TaskDefaults()
         self.events: list[tuple[Any, dict[str, Any]]] = []
 

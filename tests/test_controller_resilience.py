@@ -14,7 +14,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from mpvisor._slots import SlotTable
+from mpvisor._admission.slots import SlotTable
 from tests._support import seen, supervised
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ async def test_a_failing_controller_step_rejects_only_its_submission(monkeypatch
 async def test_a_registry_that_cannot_decide_an_admission_fails_it_and_frees_the_slot(monkeypatch):
     """ADMISSION_FAILED: a registration command that fails (not a rejection) resolves
     the submission REJECTED/ADMISSION_FAILED instead of leaving its slot admitting forever."""
-    from mpvisor._registry import Registry
+    from mpvisor._tasks.registry import Registry
 
     real_add = Registry._add
 

@@ -56,7 +56,10 @@ from typing import Any
 import pytest
 
 import mpvisor
-from mpvisor import _cli, _leases, _slotcli, _slotserver
+from mpvisor._admission.leases import local as _leases
+from mpvisor._admission.leases import server as _slotserver
+from mpvisor._cli import main as _cli
+from mpvisor._cli import slots as _slotcli
 from mpvisor.ray import RayLauncher
 from tests import _markdown
 from tests._slot_support import stop_servers

@@ -6,9 +6,10 @@ import signal
 
 import pytest
 
-from mpvisor._ending import ExitStatus, Facts, StopReason, decide
-from mpvisor._restart import AttemptResult
-from mpvisor._wire import Failure, Result
+from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.restart import AttemptResult
+from mpvisor._model.wire import Failure, Result
+from mpvisor._tasks.ending import Facts, StopReason, decide
 
 pytestmark = pytest.mark.unit
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from mpvisor import _bus
-from mpvisor._bus import Bus, EventStream, _Throttle
-from mpvisor._errors import ConfigError
-from mpvisor._events import Event, EventKind, event_to_dict, label_of
-from mpvisor._writers import JsonLinesWriter, LogWriter, level_for
+from mpvisor._model.errors import ConfigError
+from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
+from mpvisor._observe.writers import JsonLinesWriter, LogWriter, level_for
+from mpvisor._runtime import bus as _bus
+from mpvisor._runtime.bus import Bus, EventStream, _Throttle
 from tests._support import run
 
 pytestmark = pytest.mark.timeout(30)
@@ -118,7 +118,7 @@ def fresh_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     """`seq` is process-wide; these tests read it from 1, so each starts a fresh counter."""
     import itertools
 
-    from mpvisor import _bus
+    from mpvisor._runtime import bus as _bus
 
     monkeypatch.setattr(_bus, "_SEQ", itertools.count(1))
 

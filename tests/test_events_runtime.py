@@ -34,7 +34,7 @@ from mpvisor import (
     TaskAlreadyExists,
     TaskSpec,
 )
-from mpvisor._events import ATTEMPT_TERMINAL_KINDS
+from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS
 from tests._support import (
     CONFIG,
     FAST,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mpvisor import _leases
+from mpvisor._admission.leases import local as _leases
 from tests._slot_support import stop_servers
 from tests._support import wait_for
 

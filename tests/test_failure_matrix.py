@@ -61,7 +61,7 @@ def _status(code: int) -> Want:
 
 
 def expected(fault: str, phase: str) -> Want:
-    """The ending of `fault` in `phase`, by the contract's rules (`mpvisor/_ending.py`)."""
+    """The ending of `fault` in `phase`, by the contract's rules (`mpvisor/_tasks/ending.py`)."""
     if fault in faults.AFTER_RESULT_FAULTS:
         return Want(EventKind.ATTEMPT_SUCCEEDED, "", outcome=OutcomeKind.COMPLETED)  # a whole result stands
     if fault in ("garbage", "oversized"):

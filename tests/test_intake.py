@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpvisor._intake import Intake
+from mpvisor._tasks.intake import Intake
 
 pytestmark = pytest.mark.unit
 

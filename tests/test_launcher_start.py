@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from mpvisor import ConfigError, EventKind, OutcomeKind, SupervisorConfig
-from mpvisor._launchers.local import EARLY_DEATHS, describe_guardian_status, restart_delay
+from mpvisor._launchers.local.client import EARLY_DEATHS, describe_guardian_status, restart_delay
 from tests._support import (
     START_METHODS,
     live_children,

@@ -1,10 +1,20 @@
-"""The package's structure: no import cycle, and a fork server that stays cheap to import."""
+"""The package's structure: floors that import only downward, no import cycle of any kind, and a
+fork server that stays cheap to import.
+
+Every import counts: module-level, under `if TYPE_CHECKING:` and inside functions. A floor is a
+subpackage of `mpvisor` (`_model`, `_attempt`, ...); its `__init__` docstring ends with a line
+`May import: ...` naming the floors (or, for a folder inside a floor, the floors and modules)
+its modules may import besides their own floor. The top-level leaves (`_platform`, `_version`)
+import nothing of the package; the public faces (`__init__`, `__main__`, `ray`) may import
+anything and nothing below them imports a face.
+"""
 
 from __future__ import annotations
 
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -12,33 +22,52 @@ import pytest
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.unit]
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mpvisor"
+ROOT = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+PACKAGE = ROOT / "mpvisor"
+FACES = {"", "__main__", "ray"}  # "" is the package itself (`mpvisor/__init__.py`)
+LEAVES = {"_platform", "_version"}
 
 
 def _name(path: pathlib.Path) -> str:
-    """The module's name inside the package (`_runtime`, `_launchers.local`, `_launchers`)."""
+    """The module's name inside the package (`_runtime.runtime`, `_launchers.local`, "")."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    """The package modules `path` imports when it runs (imports under `if TYPE_CHECKING:` aside,
-    function-level imports included), by their names inside the package."""
-    here = _name(path).split(".") if path.name == "__init__.py" else _name(path).split(".")[:-1]
+def _modules() -> dict[str, pathlib.Path]:
+    return {_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+    return _imports_of(path.read_text(), _name(path), path.name == "__init__.py", modules)
+
+
+def _imports_of(code: str, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """Every package module the module `name` imports, anywhere in `code` (under
+    `TYPE_CHECKING` and inside functions too), by its name inside the package.
+    `from mpvisor.x import y` counts the module `x.y` when there is one, else `x`."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
     found: set[str] = set()
-
-    def walk(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name == "mpvisor" or a.name.startswith("mpvisor."))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(["mpvisor", *package[: len(package) - (node.level - 1)]])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module != "mpvisor" and not module.startswith("mpvisor."):
                 continue
-            if isinstance(child, ast.ImportFrom) and child.level >= 1:
-                base = here[: len(here) - (child.level - 1)]
-                names = [child.module] if child.module else [a.name for a in child.names]
-                found.update(".".join([*base, name]) for name in names)
-            walk(child)
+            for alias in node.names:
+                sub = f"{module}.{alias.name}".removeprefix("mpvisor").lstrip(".")
+                found.add(sub if sub in modules else module)
+    return {m.removeprefix("mpvisor").lstrip(".") for m in found} - {name}
 
-    walk(ast.parse(path.read_text()))
-    return {name.strip(".") for name in found}
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, set(modules)) for name, path in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -64,29 +93,113 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _rules(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    """Each folder's `May import:` line, by folder (`_model`, `_launchers.local`)."""
+    rules: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if path.name == "__init__.py" and name not in FACES:
+            docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+            line = re.search(r"^May import: (.*)\.$", docstring, re.M)
+            assert line, f"mpvisor/{name.replace('.', '/')}/__init__.py: its docstring has no 'May import: ...' line"
+            rules[name] = set(re.findall(r"`([\w.]+)`", line[1]))
+    return rules
+
+
+def _folder(module: str, rules: dict[str, set[str]]) -> str | None:
+    """The innermost folder with rules that holds `module` (None for a face or a leaf)."""
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):
+        if ".".join(parts[:cut]) in rules:
+            return ".".join(parts[:cut])
+    return None
+
+
+def _within(module: str, place: str) -> bool:
+    return module == place or module.startswith(place + ".")
+
+
+def _violations(graph: dict[str, set[str]], rules: dict[str, set[str]]) -> list[str]:
+    """Every import that goes where its module's folder may not: `importer -> imported`."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        if module in FACES:
+            continue
+        folder = _folder(module, rules)
+        for dep in sorted(deps):
+            if module in LEAVES or dep in FACES:
+                allowed = False
+            elif dep in LEAVES:
+                allowed = True
+            else:
+                assert folder is not None, module
+                floor = module.split(".")[0]
+                allowed = _within(dep, floor) or any(_within(dep, place) for place in rules[folder])
+            if not allowed:
+                bad.append(f"{module} -> {dep}")
+    return bad
+
+
 def test_the_package_has_no_import_cycle():
-    """No module of mpvisor imports, directly or not, a module that imports it back."""
-    graph = {_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+    """No module of mpvisor imports, directly or not, anywhere in it, a module that imports it back."""
+    graph = _graph()
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
-def test_the_cycle_finder_finds_a_cycle():
-    """The check above can fail: a two-module and a three-module cycle are found."""
+def test_every_module_imports_only_the_floors_its_folder_allows():
+    """Each floor imports only the floors its `__init__` names (the ones below it); no floor
+    imports a public face; the leaves import nothing of the package."""
+    modules = _modules()
+    assert _violations(_graph(), _rules(modules)) == []
+
+
+def test_every_module_lives_in_a_floor_a_leaf_or_a_face():
+    """The top level holds only the public faces and the two leaves: everything else is in a floor."""
+    top = {name for name in _modules() if "." not in name and not (PACKAGE / name).is_dir()} | {""}
+    assert top == (FACES | LEAVES)
+
+
+def test_the_checks_can_fail():
+    """The cycle finder finds two- and three-module cycles; the floor check names an upward
+    import, an import of a face, and a leaf that imports."""
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    rules = {"_low": set(), "_high": {"_low"}, "_high.inner": {"_low.x"}}
+    graph = {
+        "_low.x": {"_high.y", "_platform"},  # upward
+        "_high.y": {"_low.x", "_high.z", ""},  # fine, fine, a face
+        "_high.inner.w": {"_low.x", "_low.v", "_high.y"},  # fine, not named, fine (its floor's)
+        "_platform": {"_low.x"},  # a leaf that imports
+    }
+    assert _violations(graph, rules) == [
+        "_high.inner.w -> _low.v",
+        "_high.y -> ",
+        "_low.x -> _high.y",
+        "_platform -> _low.x",
+    ]
+
+
+def test_the_import_finder_sees_every_kind_of_import():
+    """Module-level, `TYPE_CHECKING` and function-level imports, relative and absolute, a module
+    imported from its package, and a name imported from a module, are all found."""
+    code = (
+        "from typing import TYPE_CHECKING\n"
+        "from mpvisor._model.errors import ConfigError\n"
+        "from mpvisor._launchers.local import control\n"
+        "if TYPE_CHECKING:\n    from mpvisor._runtime.config import SupervisorConfig\n"
+        "def f():\n    from .bus import Bus\n    import mpvisor._api.handle\n"
+    )
+    found = _imports_of(code, "_runtime.probe", False, set(_modules()))
+    assert found == {"_model.errors", "_launchers.local.control", "_runtime.config", "_runtime.bus", "_api.handle"}
 
 
 def test_importing_the_fork_server_stays_cheap():
     """The launcher's module (what every attempt is forked from) imports no asyncio, no inspect
-    (which dataclasses brings) and none of
-    the parent's runtime: its forks stay small."""
-    code = (
-        "import sys, mpvisor._launchers.forkserver; "
-        "heavy = [m for m in ('asyncio', 'inspect', 'dataclasses', 'mpvisor._runtime', 'mpvisor._registry', 'mpvisor._bus', "
-        "'mpvisor._controller', 'mpvisor._process', 'mpvisor._launchers.local') if m in sys.modules]; "
-        "print(heavy)"
-    )
+    (which dataclasses brings) and none of the parent's runtime: its forks stay small."""
+    heavy = ("asyncio", "inspect", "dataclasses", "mpvisor._runtime.runtime", "mpvisor._tasks.registry",
+             "mpvisor._runtime.bus", "mpvisor._admission.controller", "mpvisor._tasks.attempt",
+             "mpvisor._launchers.local.client", "mpvisor._launchers.seam")
+    code = f"import sys, mpvisor._launchers.local.forkserver; print([m for m in {heavy!r} if m in sys.modules])"
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 0, done.stderr

@@ -17,10 +17,10 @@ import subprocess
 import pytest
 
 from mpvisor import TaskFn
-from mpvisor._actor import start_message
-from mpvisor._ending import ExitStatus
-from mpvisor._launchers.local import LauncherClient
-from mpvisor._wire import encode_start
+from mpvisor._attempt.start import start_message
+from mpvisor._launchers.local.client import LauncherClient
+from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.wire import encode_start
 from workers import basic
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from mpvisor import OutcomeKind, SupervisorConfig, TaskFn, TaskSpec, _prepared
+from mpvisor import OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor._attempt import prepared as _prepared
 from tests._support import supervised
 
 pytestmark = pytest.mark.timeout(60)

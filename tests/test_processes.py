@@ -746,7 +746,7 @@ def _launchers_of_this_process() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.NoSuchProcess):
-            if any("mpvisor._launchers.forkserver" in part for part in child.cmdline()):
+            if any("mpvisor._launchers.local.forkserver" in part for part in child.cmdline()):
                 found.append(child)
     return found
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import mpvisor
 from mpvisor import Event, EventKind
-from mpvisor._progress import (
+from mpvisor._observe.progress import (
     ProgressBar,
     ProgressReport,
     ProgressTracker,

@@ -89,7 +89,7 @@ def test_every_public_class_and_function_reports_module_mpvisor():
 
 def test_classes_loaded_by_the_runtime_report_mpvisor_before_they_are_named():
     """A class the caller only meets through another (the handle `serve()` returns) says `mpvisor`."""
-    code = ("import mpvisor; mpvisor.Supervisor; import mpvisor._handle as h, mpvisor._registry as r; "
+    code = ("import mpvisor; mpvisor.Supervisor; import mpvisor._api.handle as h, mpvisor._tasks.registry as r; "
             "print(h.SupervisorHandle.__module__, r.TaskWaiter.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["mpvisor", "mpvisor"]
@@ -152,7 +152,7 @@ def test_the_blocking_handle_has_every_call_of_the_async_handle_typed():
     parameters and a docstring, so `help()` and type checkers see the blocking API."""
     import inspect
 
-    from mpvisor._blocking import BlockingHandle
+    from mpvisor._api.blocking import BlockingHandle
 
     for name, method in inspect.getmembers(mpvisor.SupervisorHandle, inspect.isfunction):
         if name.startswith("_"):

@@ -34,9 +34,9 @@ from mpvisor import (
     RejectionKind,
     SupervisorConfig,
     TaskSpec,
-    _leases,
     _platform,
 )
+from mpvisor._admission.leases import local as _leases
 from tests._slot_support import stop_servers
 from tests._support import async_wait_for, read_records, supervised, wait_for
 

@@ -20,9 +20,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from mpvisor._errors import ConfigError
-from mpvisor._outcome import RejectionKind
-from mpvisor._slots import (
+from mpvisor._admission.slots import (
     AdmissionPolicy,
     Admit,
     Admitting,
@@ -38,6 +36,8 @@ from mpvisor._slots import (
     Terminating,
     Transition,
 )
+from mpvisor._model.errors import ConfigError
+from mpvisor._model.outcome import RejectionKind
 
 pytestmark = pytest.mark.unit
 

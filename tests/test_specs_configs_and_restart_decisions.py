@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from mpvisor import _errors
-from mpvisor._backoff import BackoffPolicy, JitterPolicy
-from mpvisor._config import ControllerConfig, SupervisorConfig
-from mpvisor._errors import ConfigError
-from mpvisor._outcome import OutcomeKind, RejectionKind, TaskOutcome
-from mpvisor._restart import (
+from mpvisor._model import errors as _errors
+from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
+from mpvisor._model.errors import ConfigError
+from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.restart import (
     Action,
     AttemptResult,
     BackoffSource,
@@ -24,8 +23,9 @@ from mpvisor._restart import (
     Streak,
     decide,
 )
-from mpvisor._spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
-from mpvisor._task import CommandTask, TaskFn
+from mpvisor._model.spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
+from mpvisor._model.work import CommandTask, TaskFn
+from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
 
 pytestmark = pytest.mark.unit
 
@@ -419,7 +419,7 @@ def test_restart_intensity_stops_at_the_first_restart_over_the_window(max_restar
     """Against a plain model, for failures and (with always()) successes: the first restart
     that would make more than `max_restarts` inside `within` s stops FAILED, whatever the retry
     budget, with a reason naming the count, the window and the bound."""
-    from mpvisor._spec import RestartIntensity
+    from mpvisor._model.spec import RestartIntensity
 
     policy = RestartPolicy.always(None) if result is AttemptResult.SUCCEEDED else RestartPolicy.ON_FAILURE
     intensity = RestartIntensity(max_restarts, within)
@@ -442,7 +442,7 @@ def test_restart_intensity_stops_at_the_first_restart_over_the_window(max_restar
 
 def test_restart_intensity_is_validated_and_inherited() -> None:
     """Bad values name the field; a spec inherits the default unless it gives its own (or None)."""
-    from mpvisor._spec import RestartIntensity
+    from mpvisor._model.spec import RestartIntensity
 
     with pytest.raises(ConfigError, match="max_restarts"):
         RestartIntensity(-1, 1.0)

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpvisor import BackoffPolicy, JitterPolicy, Limits, RestartIntensity, RestartPolicy
-from mpvisor._cli import parse
-from mpvisor._filecli import load, summary
-from mpvisor._task import CommandTask, TaskFn
-from mpvisor._taskfile import DEFAULTS_ONLY, SETTINGS, TASK_ONLY, parse_text, toml_text
+from mpvisor._cli.filerun import load, summary
+from mpvisor._cli.main import parse
+from mpvisor._cli.taskfile import DEFAULTS_ONLY, SETTINGS, TASK_ONLY, parse_text, toml_text
+from mpvisor._model.work import CommandTask, TaskFn
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from mpvisor import _leases
+from mpvisor._admission.leases import local as _leases
 from tests._slot_support import stop_servers
 from tests._support import pid_gone, wait_for
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mpvisor._task import CommandTask, TaskFn, target_path
-from mpvisor._values import INT_MAX, INT_MIN, MAX_DEPTH, check_value
+from mpvisor._model.payloads import INT_MAX, INT_MIN, MAX_DEPTH, check_value
+from mpvisor._model.work import CommandTask, TaskFn, target_path
 
 pytestmark = pytest.mark.unit
 

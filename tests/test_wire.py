@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpvisor._wire import (
+from mpvisor._model.wire import (
     VERSION,
     Calling,
     Failure,
@@ -209,7 +209,7 @@ def test_the_decoder_holds_one_frame_and_never_copies_it():
     (buffered) plus the decoded value, never a third copy (the body is decoded where it lies)."""
     import tracemalloc
 
-    from mpvisor._wire import FrameDecoder, frame, pack
+    from mpvisor._model.wire import FrameDecoder, frame, pack
 
     size = 16 * 2**20
     data = frame(pack(b"x" * size))

@@ -23,8 +23,8 @@ import msgpack  # type: ignore[import-untyped]
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from mpvisor._context import TaskContext, _install
-from mpvisor._errors import Canceled, Fail, Fatal
+from mpvisor._attempt.context import TaskContext, _install
+from mpvisor._model.errors import Canceled, Fail, Fatal
 from tests._support import (
     Collector,
     all_ended,
@@ -274,7 +274,7 @@ def test_the_overlap_probe_records_a_second_live_owner(
     lock, violations = str(tmp_path / "lock"), str(tmp_path / "violations")
     assert overlap.probe(lock, violations, value=1) == 1
     assert read_markers(violations) == []
-    code = "import sys; from mpvisor._context import TaskContext, _install; _install(TaskContext('u', 1, 1)); from workers.overlap import probe; probe(*sys.argv[1:3])"
+    code = "import sys; from mpvisor._attempt.context import TaskContext, _install; _install(TaskContext('u', 1, 1)); from workers.overlap import probe; probe(*sys.argv[1:3])"
     result = _python(code, lock, violations, timeout=30)
     assert result.returncode == 0, result.stderr
     assert [(word, task) for word, task, *_ in read_markers(violations)] == [("violation", "u")]
@@ -289,7 +289,7 @@ def _ignores_sigterm(pid: int) -> bool:
 
 _RUN_IN_ATTEMPT = """
 import os, sys
-from mpvisor._context import TaskContext, _install
+from mpvisor._attempt.context import TaskContext, _install
 _install(TaskContext("tree", 1, 1))
 from workers import misbehave
 print(getattr(misbehave, sys.argv[1])(sys.argv[2], marker=sys.argv[3]), flush=True)

@@ -20,12 +20,12 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mpvisor._context import TaskContext
+    from mpvisor._attempt.context import TaskContext
 
 
 def context() -> TaskContext:
     """The running attempt's context (imported lazily: it exists only inside an attempt)."""
-    from mpvisor._context import context as current
+    from mpvisor._attempt.context import context as current
 
     return current()
 

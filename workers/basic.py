@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from mpvisor._errors import Canceled, Fail, Fatal
+from mpvisor._model.errors import Canceled, Fail, Fatal
 
 from ._marker import context, mark
 

@@ -12,7 +12,7 @@ refuse to be described.
 
 from __future__ import annotations
 
-from mpvisor._errors import Fail
+from mpvisor._model.errors import Fail
 
 _RAISES: dict[str, type[BaseException]] = {
     "exit": SystemExit,

@@ -30,12 +30,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, NoReturn
 
-from mpvisor._errors import Canceled, Fail, Fatal
+from mpvisor._model.errors import Canceled, Fail, Fatal
 
 from ._marker import append_line, context, mark
 
 if TYPE_CHECKING:
-    from mpvisor._context import TaskContext
+    from mpvisor._attempt.context import TaskContext
 
 RELEASE_ACTIONS = ("return", "canceled", "fail", "fatal", "exit3", "sigkill")
 TIMEOUT_ACTIONS = ("return", "fail", "fatal", "canceled", "exit3")

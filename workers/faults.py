@@ -254,7 +254,7 @@ def flood_progress(frames: int) -> int:
     """Write `frames` raw `Progress` frames straight onto the attempt socket, 64 KiB at a time
     (past `context().progress()`'s 50 ms rate limit, as a hostile child would), then return
     `frames`. Needs the preload (it learns the socket from the start message)."""
-    from mpvisor._wire import Progress, encode
+    from mpvisor._model.wire import Progress, encode
 
     if _channel_fd is None:
         raise RuntimeError("workers.faults was not preloaded: no attempt socket known")
@@ -277,8 +277,8 @@ def sleep_then_raise(seconds: float) -> NoReturn:
 def install() -> None:
     """Wrap `_child.run`, `_Channel.read_start`, `_child._import_target` and `_child._finish`
     (in the launcher)."""
-    from mpvisor import _child
-    from mpvisor._wire import Result
+    from mpvisor._attempt import child as _child
+    from mpvisor._model.wire import Result
 
     original_run = _child.run
     original_read_start = _child._Channel.read_start
@@ -308,7 +308,7 @@ def install() -> None:
         return original_import_target(start)
 
     def finish(channel: Any, message: Any, *, max_frame: int = 0, status: int = 0) -> NoReturn:
-        from mpvisor import _context
+        from mpvisor._attempt import context as _context
 
         ctx = _context._current
         fault = _named_fault(ctx.task_name, ctx.attempt, "result") if ctx is not None else None
@@ -329,7 +329,7 @@ def _imported_by_preload() -> bool:
     frame = sys._getframe()
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "_preload" and frame.f_globals.get("__name__") == "mpvisor._launchers.forkserver":
+        if code.co_name == "_preload" and frame.f_globals.get("__name__") == "mpvisor._launchers.local.forkserver":
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

@@ -34,4 +34,4 @@ def import_value(module: str, attr: str) -> Any:
 def forked_from_launcher() -> bool:
     """True in an attempt forked from the launcher (it has the fork server's module), False in a
     fresh `spawn` interpreter."""
-    return "mpvisor._launchers.forkserver" in sys.modules
+    return "mpvisor._launchers.local.forkserver" in sys.modules

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import psutil  # type: ignore[import-untyped]
 
-from mpvisor._errors import Fail
+from mpvisor._model.errors import Fail
 
 from ._marker import append_line, context, mark
 

@@ -49,14 +49,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import _validate
-from .._ending import ExitStatus
-from .._errors import ConfigError
+from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model import checks as _validate
+from mpvisor._model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .._config import SupervisorConfig
-    from .._spec import Resources
-    from . import AttemptSink, Launcher
+    from mpvisor._launchers.seam import AttemptSink, Launcher, LaunchSettings
+    from mpvisor._model.spec import Resources
 
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
@@ -111,10 +110,10 @@ class RayLauncher:
         return hash((self.address, repr(self.runtime_env), self.lost_fence))
 
     def __call__(
-        self, loop: asyncio.AbstractEventLoop, config: SupervisorConfig, on_death: Callable[[str], None]
+        self, loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]
     ) -> Launcher:
         """Build the runtime's launcher (a `LauncherFactory`)."""
-        return RayClient(loop, self, config, on_death)
+        return RayClient(loop, self, launch, on_death)
 
 
 # --- the connection: one per process, shared by every supervisor that uses it -----------------------
@@ -210,12 +209,12 @@ class RayClient:
         self,
         loop: asyncio.AbstractEventLoop,
         settings: RayLauncher,
-        config: SupervisorConfig,
+        launch: LaunchSettings,
         on_death: Callable[[str], None],
     ) -> None:
         self.loop = loop
         self.settings = settings
-        self.config = config
+        self.launch = launch
         self.on_death = on_death
         self._attempts: dict[int, _Remote] = {}
         self._next_key = 0
@@ -234,7 +233,7 @@ class RayClient:
         """Connect (`ray.init` blocks, and waits minutes for an address nobody answers at), in a
         daemon thread, for at most `start_timeout`: a cluster that cannot be reached is a
         `ConfigError`, never a hang (a connection that succeeds after that is released)."""
-        address, limit = self.settings.address, self.config.start_timeout
+        address, limit = self.settings.address, self.launch.start_timeout
         outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
         given_up = threading.Event()
 
@@ -394,9 +393,9 @@ class RayClient:
                 return
             remote.number = 1
         remote.agent = agent
-        config = self.config
+        launch = self.launch
         agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
-                           list(config.preload), config.start_timeout)
+                           list(launch.preload), launch.start_timeout)
         for request in remote.waiting:
             _call(agent, remote.number, request)
         remote.waiting.clear()
@@ -612,7 +611,7 @@ class Agent:
                     start_timeout: float) -> None:
         """Start attempt `number` (the parent reuses an agent only after its previous attempt's
         end, and only for an attempt in the same environment)."""
-        from .local import LauncherClient
+        from mpvisor._launchers.local.client import LauncherClient
 
         self._number, self._key, self._held, self._killed = number, None, [], False
         self._events = [e for e in self._events if e[0] >= number]

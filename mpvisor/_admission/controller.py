@@ -1,0 +1,531 @@
+"""How does submitted work reach the registry, one owner per slot?
+
+The controller's I/O shell around the pure `SlotTable` (`_slots.py`). One loop on the runtime's
+event loop owns every slot transition. It is fed only by:
+
+| source | bounded | what it carries |
+|---|---|---|
+| the command queue (`queue_capacity`, an `Intake`) | yes | submissions, and every remove/cancel (by id or by name) |
+| the inbox | no | the registry's accept/reject of an admission, an owner's terminal cleanup |
+| shutdown | - | close intake, reject what was not handed over, settle |
+
+Events never drive it. Every removal is a command that names its target by id or by name, so it
+is ordered after the submissions issued before it. An id is looked up first among the submissions
+the controller still holds (queued: purged; admitting: claimed); a name, and an id it does not
+hold, go on to the registry, which resolves the target when the removal arrives there (so a name
+finds only registered tasks, including one admitted by an earlier submission, whose registration
+reached the registry first). A removal forwarded to the registry stays "in flight" until the
+registry answers it (a `cancel`: until terminal cleanup); while `queue_capacity` of them are in
+flight the loop takes no further command, so intake backs up into `ControllerFull` /
+`CommandQueueFull`.
+The waiter of an admitted task resolves only after the loop has processed its cleanup, so the
+slot has moved on by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mpvisor._admission.slots import (
+    AdmissionPolicy,
+    Admit,
+    Reject,
+    RemoveOwner,
+    SlotTable,
+    Transition,
+)
+from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
+from mpvisor._attempt.start import check_start_fits
+from mpvisor._model.errors import (
+    CommandQueueFull,
+    ControllerClosed,
+    ControllerFull,
+    ShuttingDown,
+    TaskAlreadyExists,
+)
+from mpvisor._model.events import EventKind
+from mpvisor._model.identity import next_id
+from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.spec import TaskSpec
+from mpvisor._runtime.config import ControllerConfig
+from mpvisor._tasks.intake import Intake
+from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskWaiter
+
+if TYPE_CHECKING:
+    from mpvisor._model.spec import TaskDefaults
+    from mpvisor._tasks.actor import TaskActor
+
+
+_log = logging.getLogger("mpvisor.runtime")
+_LEASE_REJECTIONS = {
+    "slot_busy": RejectionKind.SLOT_BUSY,
+    "queue_full": RejectionKind.QUEUE_FULL,
+    "superseded_by_replace": RejectionKind.SUPERSEDED_BY_REPLACE,
+    "withdrawn": RejectionKind.CONTROLLER_SHUTTING_DOWN,
+}
+INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """A submission the controller holds: queued, or handed to the registry."""
+
+    id: int
+    name: str
+    slot: str
+    admission: AdmissionPolicy
+    task_spec: TaskSpec  # resolved against the task defaults when it is handed to the registry
+    outcome: asyncio.Future[TaskOutcome] | None  # None: nobody watches it (yet)
+    claimed: bool = False  # removed while its registration was pending
+    replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
+    cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
+
+    def watched(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[TaskOutcome]:
+        if self.outcome is None:
+            self.outcome = loop.create_future()
+        return self.outcome
+
+    def resolve(self, outcome: TaskOutcome) -> None:
+        if self.outcome is not None and not self.outcome.done():
+            self.outcome.set_result(outcome)
+        if self.cleaned is not None and not self.cleaned.done():
+            self.cleaned.set_result(None)
+
+
+@dataclass
+class _Removal:
+    key: int | str  # an id, or a name (a name is resolved by the registry)
+    until_cleanup: bool
+    reply: asyncio.Future[RemoveAnswer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ControllerHost(Protocol):
+    """What the controller uses of the supervisor around it (the runtime provides it)."""
+
+    loop: asyncio.AbstractEventLoop
+    defaults: TaskDefaults  # filled into a submission's inherited settings at admission
+
+    @property
+    def max_frame_bytes(self) -> int: ...  # a submission whose start message is larger is refused
+    def publish(self, kind: EventKind, **fields: Any) -> object: ...
+    def notify(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    async def ready(self) -> None: ...
+
+
+class AdmissionRegistry(Protocol):
+    """The registry operations the controller needs: hand it a command, claim an owner's
+    removal, look an owner up. The registry tells the controller of an owner's terminal
+    cleanup through `Controller.owner_cleaned_up` (the runtime wires that)."""
+
+    async def call(self, command: Any, *, wait: bool) -> Any: ...
+    def claim(self, actor: TaskActor, by_shutdown: bool) -> bool: ...
+    def actor(self, id: int) -> TaskActor | None: ...
+
+
+class Controller:
+    """The serialized controller loop and its intake."""
+
+    def __init__(self, host: ControllerHost, registry: AdmissionRegistry, config: ControllerConfig) -> None:
+        self.host = host
+        self.registry = registry
+        self.config = config
+        self.table: SlotTable[_Pending] = SlotTable(config.max_slot_queue)
+        self._wake = asyncio.Event()
+        self.queue: Intake[_Pending | _Removal] = Intake(config.queue_capacity, self._wake.set)
+        self.inbox: collections.deque[Callable[[], None]] = collections.deque()
+        self.admitting: dict[int, _Pending] = {}  # handed to the registry, decision pending
+        self.owners: dict[int, _Pending] = {}  # registered owners, until their cleanup is processed
+        self.in_flight = 0  # removals forwarded to the registry and not yet answered
+        self.closed = False
+        self._changed = asyncio.Event()  # set after every step the loop takes, while watched
+        self._watching = 0  # callers of `_until` waiting on `_changed`
+        self._publish = host.publish
+        self._now = host.loop.time  # the clock of slot ages
+        self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
+        self.leases: dict[int, Any] = {}  # shared slots: item id -> its `_leases.LeaseClient`
+        # Called on the loop with an owner's id when a replacement (local, or from another
+        # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
+        self.on_replaced: Callable[[int], None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Controller slots={len(self.table.snapshot(0))} queued={len(self.queue)} "
+            f"admitting={len(self.admitting)} in_flight={self.in_flight} closed={self.closed}>"
+        )
+
+    # --- intake ----------------------------------------------------------------------------------
+
+    def prepare(self, spec: ControllerSpec) -> PreparedSubmission:
+        return PreparedSubmission(self, next_id(), self.check_spec(spec))
+
+    def check_spec(self, spec: object) -> ControllerSpec:
+        if not isinstance(spec, ControllerSpec):
+            raise TypeError(f"spec must be a ControllerSpec, got {spec!r}")
+        task_spec = spec.task_spec  # a start message over max_frame_bytes is refused here, at once
+        check_start_fits(task_spec.task, task_spec.name, self.host.max_frame_bytes)
+        return spec
+
+    async def submit_unwatched(self, id: int, spec: ControllerSpec, *, wait: bool) -> int:
+        """`submit` without a waiter (the common, cheapest path): returns the id."""
+        self._check_open()
+        if not self.host.is_ready():
+            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+        item = self._pending(id, spec, None)
+        if not self._offer(item, wait, ControllerFull):
+            await self._put(item)
+        return id
+
+    async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
+        self._check_open()
+        if not self.host.is_ready():
+            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+        item = self._pending(id, spec, self.host.loop.create_future() if watch else None)
+        if not self._offer(item, wait, ControllerFull):
+            await self._put(item)
+        return TaskWaiter(id, item.outcome) if item.outcome is not None else None
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ControllerClosed("the controller is closed: the supervisor is shutting down")
+
+    def _pending(self, id: int, spec: ControllerSpec, outcome: asyncio.Future[TaskOutcome] | None) -> _Pending:
+        self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
+        task_spec = spec.task_spec
+        return _Pending(id, task_spec.name, spec.slot_name, spec.admission, task_spec, outcome)
+
+    async def remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
+        """Queue a removal of the task `key` (an id or a name) behind every earlier command."""
+        if self.closed:
+            raise ShuttingDown("the supervisor is shutting down")
+        removal = _Removal(key, until_cleanup)
+        if not self._offer(removal, wait, CommandQueueFull):
+            await self._put(removal)
+        return await removal.reply
+
+    def _offer(self, command: _Pending | _Removal, wait: bool, full: type[Exception]) -> bool:
+        """Queue `command` if there is room (True); else False to wait, or `full` for try_*."""
+        if self.queue.offer(command):
+            return True
+        if not wait:
+            raise full(f"the controller's command queue is full ({self.config.queue_capacity})")
+        return False
+
+    async def _put(self, command: _Pending | _Removal) -> None:
+        await self.queue.put(command)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        queue, inbox, cap = self.queue, self.inbox, self.config.queue_capacity
+        while True:
+            taken = 0
+            while taken < INTAKE_BATCH:
+                if inbox:
+                    self._run_inbox()  # decisions and cleanups first, and between commands
+                if not queue or (self.in_flight >= cap and not self.closed):
+                    break
+                self._take(queue.take())
+                taken += 1
+            if self._watching:
+                self._changed.set()
+            if taken == INTAKE_BATCH:
+                await asyncio.sleep(0)  # let registrations, exits and cleanups run in a storm
+            elif not inbox:
+                self.host.notify()  # `run` may be waiting for the controller to hold no work
+                self._wake.clear()
+                await self._wake.wait()
+
+    def _run_inbox(self) -> None:
+        while self.inbox:
+            step = self.inbox.popleft()
+            try:
+                step()
+            except Exception as exc:  # a bug in mpvisor: report it, keep the loop serving
+                self._report_bug(exc)
+
+    def _post(self, step: Callable[[], None]) -> None:
+        self.inbox.append(step)
+        self._wake.set()
+
+    def _take(self, command: _Pending | _Removal) -> None:
+        try:
+            if isinstance(command, _Removal):
+                self._remove(command)
+            else:
+                effects = self.table.submit(command, self._now())
+                self._publish(EventKind.CONTROLLER_SUBMITTED, task=command.name, id=command.id, slot=command.slot,
+                              queue_depth=self.table.depth(command.slot))
+                self._apply(effects)
+        except Exception as exc:  # a bug in mpvisor: the command still gets an answer
+            self._report_bug(exc)
+            if isinstance(command, _Pending):
+                command.resolve(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, repr(exc)))
+            if isinstance(command, _Removal) and not command.reply.done():
+                command.reply.set_exception(exc)
+
+    def _report_bug(self, exc: Exception) -> None:
+        _log.error("controller step failed", exc_info=exc)
+        self._publish(EventKind.RUNTIME_FAILURE, reason=f"controller step failed: {exc!r}")
+
+    def _apply(self, effects: list[Any]) -> None:
+        for effect in effects:
+            match effect:
+                case Reject(item, kind):  # first: the common effect of a busy slot
+                    self._reject(item, kind, publish=True)
+                case Transition():
+                    self._publish(EventKind.CONTROLLER_SLOT_TRANSITION, slot=effect.slot, reason=effect.reason,
+                                  queue_depth=self.table.depth(effect.slot))
+                case Admit(item):
+                    self._admit(item)
+                case RemoveOwner(_, owner_id):
+                    actor = self.registry.actor(owner_id)
+                    if actor is not None and self.registry.claim(actor, by_shutdown=False):
+                        self._replaced(owner_id)
+
+    def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
+        outcome = TaskOutcome.rejected(kind, reason)
+        if publish:
+            self._publish(
+                EventKind.CONTROLLER_REJECTED, task=item.name, id=item.id, slot=item.slot,
+                rejection_kind=kind, outcome_kind=OutcomeKind.REJECTED, reason=outcome.reason,
+                queue_depth=self.table.depth(item.slot),
+            )
+        item.resolve(outcome)
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def _admit(self, item: _Pending) -> None:
+        self.admitting[item.id] = item
+        if self.config.shared:
+            self.host.loop.create_task(self._lease_then_hand_over(item))
+            return
+        self._hand_over_now(item)
+
+    def _hand_over_now(self, item: _Pending) -> None:
+        add = Add([(item.id, item.task_spec.resolve(self.host.defaults))], owned_by_controller=True,
+                  on_accept=lambda actor: self._accepted_now(item, actor),
+                  on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
+        self.host.loop.create_task(self._hand_over(item, add))
+
+    async def _hand_over(self, item: _Pending, add: Add) -> None:
+        try:
+            await self.registry.call(add, wait=True)
+        except TaskAlreadyExists:
+            pass  # a rejection: on_reject already posted the decision
+        except Exception:  # a closing registry, or a command that failed: it could not decide
+            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
+
+    async def _lease_then_hand_over(self, item: _Pending) -> None:
+        """Shared slots: take the slot's lease from the slot server (this process and its
+        launcher as the owner's processes), then hand the item to the registry; a refusal is the
+        waiter's rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
+        from mpvisor._admission.leases import local as _leases
+
+        try:
+            await self.host.ready()
+            client = await self.host.loop.run_in_executor(None, _leases.LeaseClient)
+        except Exception as exc:
+            _log.warning("slot %r: no slot server: %s", item.slot, exc)
+            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
+            return
+        self.leases[item.id] = client
+        pids = _leases.owner_pids(getattr(self.host, "client", None))
+        policy = {AdmissionPolicy.QUEUE: "queue", AdmissionPolicy.REPLACE: "replace",
+                  AdmissionPolicy.DROP_IF_RUNNING: "drop"}[item.admission]
+        loop = self.host.loop
+        decided: asyncio.Future[_leases.Decision] = loop.create_future()
+
+        def queued(position: int, owner: dict[str, Any] | None) -> None:  # on the lease's thread
+            reason = _leases.queued_text(item.slot, position, owner)
+            loop.call_soon_threadsafe(functools.partial(
+                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=reason))
+
+        def silent() -> None:  # on the lease's thread
+            loop.call_soon_threadsafe(functools.partial(
+                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot,
+                reason=_leases.silent_text(item.slot)))
+
+        def ask() -> None:  # its own thread: a queued lease may wait a long time
+            try:
+                decision = client.acquire(item.slot, policy, item.name, pids, queued, silent)
+            except Exception:
+                decision = _leases.Decision(False, "admission_failed")
+            loop.call_soon_threadsafe(_settle, decided, decision)
+
+        threading.Thread(target=ask, name=f"mpvisor-lease-{item.id}", daemon=True).start()
+        decision = await decided
+        if not decision.granted:
+            self.leases.pop(item.id, None)
+            client.close()
+            kind = _LEASE_REJECTIONS.get(decision.kind or "", RejectionKind.ADMISSION_FAILED)
+            self._post(lambda: self._decided(item, None, kind))
+            return
+
+        def revoked() -> None:
+            actor = self.registry.actor(item.id)
+            if actor is not None:
+                if self.registry.claim(actor, by_shutdown=False):
+                    self._replaced(item.id)
+            else:
+                item.claimed = item.replaced = True  # not registered yet: claimed when it is
+
+        def on_revoke() -> None:  # on the lease's thread
+            loop.call_soon_threadsafe(self._post, revoked)
+
+        client.watch(on_revoke)
+        self._hand_over_now(item)
+
+    def _release(self, item_id: int) -> None:
+        client = self.leases.pop(item_id, None)
+        if client is not None:
+            client.release()
+            client.close()
+
+    def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
+        """Called by the registry inside the registration step, before the task's loop starts."""
+        if item.claimed and self.registry.claim(actor, by_shutdown=False) and item.replaced:
+            self._replaced(item.id)
+        self._post(lambda: self._decided(item, actor, None))
+
+    def _replaced(self, id: int) -> None:
+        if self.on_replaced is not None:
+            self.on_replaced(id)
+
+    def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
+        self.admitting.pop(item.id, None)
+        now = self._now()
+        if actor is not None:
+            self.owners[item.id] = item
+            self._apply(self.table.registry_accepted(item.slot, item.id, now))
+            return
+        assert rejection is not None
+        self._release(item.id)  # shared slots: a lease granted for nothing goes back at once
+        publish = rejection is not RejectionKind.ALREADY_EXISTS  # that one: TASK_ADD_FAILED instead
+        self._reject(item, rejection, publish=publish)
+        self._apply(self.table.registry_rejected(item.slot, item.id, now))
+
+    def owner_cleaned_up(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+        self._post(lambda: self._cleaned(actor, outcome, future))
+
+    def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+        item = self.owners.pop(actor.id, None)
+        if item is not None:
+            self._release(item.id)  # shared slots: its tree is reaped, the next owner may start
+            self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
+            item.resolve(outcome)
+        if not future.done():
+            future.set_result(outcome)  # what `watch(id)` handed out
+
+    # --- removal -------------------------------------------------------------------------------
+
+    def _remove(self, removal: _Removal) -> None:
+        if isinstance(removal.key, int) and self._remove_held(removal, removal.key):
+            return
+        self.in_flight += 1
+        self.host.loop.create_task(self._forward(removal))
+
+    def _remove_held(self, removal: _Removal, id: int) -> bool:
+        """Answer a removal of a submission this controller still holds (True), queued or being
+        admitted; False if `id` is not one of them."""
+        queued = self.table.purge(id)
+        if queued is not None:
+            self._publish(EventKind.TASK_REMOVE_REQUESTED, task=queued.name, id=queued.id)
+            self._reject(queued, RejectionKind.REMOVED_FROM_QUEUE, publish=True)
+            removal.reply.set_result((True, None, queued.id))
+            return True
+        admitting = self.admitting.get(id)
+        if admitting is not None:
+            first = not admitting.claimed
+            admitting.claimed = True
+            if admitting.cleaned is None:
+                admitting.cleaned = self.host.loop.create_future()
+                admitting.watched(self.host.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))
+            removal.reply.set_result((first, admitting.cleaned, admitting.id))
+            return True
+        return False
+
+    async def _forward(self, removal: _Removal) -> None:
+        try:
+            answer = await self.registry.call(Remove(removal.key), wait=True)
+        except BaseException as exc:
+            self._post(self._removal_done)
+            removal.reply.set_exception(exc)
+            return
+        removal.reply.set_result(answer)
+        cleaned = answer[1]
+        if removal.until_cleanup and cleaned is not None:
+            await asyncio.shield(cleaned)
+        self._post(self._removal_done)
+
+    def _removal_done(self) -> None:
+        self.in_flight -= 1
+
+    # --- shutdown and reading ----------------------------------------------------------------
+
+    async def close_intake(self) -> None:
+        """Refuse new submissions; let the loop take what was already accepted."""
+        self.closed = True  # from now on the loop takes queued commands regardless of the cap
+        await self._until(self.queue.drained)
+
+    def reject_pending(self) -> None:
+        """Reject every submission not handed to the registry; from now on freed slots go idle.
+        (Shared slots: a lease still being waited for is withdrawn; its acquire then returns.)"""
+        for item_id, client in list(self.leases.items()):
+            if item_id in self.admitting:
+                client.withdraw()
+                client.close()
+        for effect in self.table.close():
+            if isinstance(effect, Reject):
+                self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
+
+    async def join(self) -> None:
+        """Wait until every admission and cleanup has been processed, then stop the loop."""
+        await self._until(self._is_settled)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        self._watching += 1
+        try:
+            while not condition():
+                self._changed.clear()
+                self._wake.set()
+                await self._changed.wait()
+        finally:
+            self._watching -= 1
+
+    def _is_settled(self) -> bool:
+        return not self.inbox and not self.admitting and not self.owners and self.queue.drained() and self.in_flight == 0
+
+    def idle(self) -> bool:
+        return self._is_settled() and self.table.total_queued == 0
+
+    def snapshot(self) -> ControllerSnapshot:
+        now = self._now()
+        shared = []
+        if self.config.shared:
+            from mpvisor._admission.leases import local as _leases
+
+            shared = _leases.table()
+        return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued, shared)
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)

@@ -1,0 +1,405 @@
+"""How do processes of one user on one host share slots? The lease protocol, where the server
+lives, and the client a submitting process uses.
+
+Only *admission* is shared: the work stays in the submitting process. A per-user slot server
+(`_slotserver.py`) holds the slot table and grants, queues, rejects and revokes **leases**; a
+process runs its task only while it holds the slot's lease, and gives it back only once the
+task's process tree is gone. Messages are msgpack maps in length-prefixed frames (the attempt
+channel's framing, at most `MAX_FRAME` bytes), on a Unix stream socket.
+
+| client -> server | meaning |
+|---|---|
+| `hello v pid` | first message: the protocol version and the client's pid |
+| `submit req slot policy name pids` | ask for `slot`'s lease (`policy`: queue, replace, drop); `pids` keep it held (below) |
+| `pids req pids` | more processes of the owner (its launcher, its attempts): `[[pid, start_time], ...]` |
+| `release req` | the owner's tree is gone: the lease goes to the next in line |
+| `withdraw req` | leave the queue (a queued run interrupted) |
+| `reclaim req slot name since pids` | after a server restart: "I still hold this lease" |
+| `snapshot` | the table, for `mpvisor slots` |
+
+| server -> client | meaning |
+|---|---|
+| `granted req` | the lease is yours: run |
+| `queued req position owner` | you wait; `owner` is `{pid, name, since}` of the holder |
+| `rejected req kind` | `slot_busy`, `queue_full` or `superseded_by_replace` |
+| `revoke req` | a replacement arrived: retire your owner (grace, tree kill), then `release` |
+| `snapshot slots` | `[{slot, status, owner, queue}, ...]` |
+| `error message` | a request the server refused (malformed, unknown, another uid) |
+
+A client waits for a decision as long as it takes; if the server has answered nothing at all
+after `SILENT_AFTER` s, `acquire` calls its `on_silent` once (the run says so) and waits on.
+`snapshot` takes a timeout (`mpvisor slots --wait`): a server that never answers is `NoAnswer`.
+
+**No two owners, ever.** A lease is released by `release`, or, when the owner's connection
+closes without one, only once every registered process of the owner (the submitting process
+itself, its launcher, its guardian, its attempts) has exited: the server holds a pidfd on each.
+The server writes its leases to `leases.json` beside the socket; a server that starts after
+one died inherits them (held until their owner reclaims them, or its processes are gone), so a
+lease survives the server. Queues do not: a queued client whose server died submits again, and
+the queue's order becomes the order in which the clients reconnect, after every inherited owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from mpvisor import _platform
+from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
+
+VERSION = 1
+MAX_FRAME = 64 * 1024  # bytes: no request needs more; a larger frame is a protocol error
+POLICIES = ("queue", "replace", "drop")
+REJECTIONS = ("slot_busy", "queue_full", "superseded_by_replace")
+SOCKET_NAME = "slots.sock"
+LOCK_NAME = "server.lock"
+STATE_NAME = "leases.json"
+START_WAIT = 10.0  # seconds a client waits for a server it started to answer
+DIR_ENV = "MPVISOR_SLOTS_DIR"  # overrides where the server lives (tests; several independent sets)
+
+
+class LeaseError(Exception):
+    """The slot server cannot be reached or set up, or it refused this client."""
+
+
+class NoServer(LeaseError):
+    """No slot server answers (and none was to be started)."""
+
+
+class NoAnswer(LeaseError):
+    """The slot server did not answer within the time this client gave it."""
+
+
+SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting client says so
+
+
+# --- where the server lives -----------------------------------------------------------------------
+
+
+def server_dir() -> str:
+    """`$MPVISOR_SLOTS_DIR`, else `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`:
+    created 0700 if missing; refused if another user owns it or others may enter it."""
+    path = os.environ.get(DIR_ENV)
+    if not path:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        path = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise LeaseError(f"cannot create the slot server's directory {path!r}: {exc}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise LeaseError(f"the slot server's directory {path!r} is not a directory of uid {os.getuid()}'s")
+    if info.st_mode & 0o077:
+        raise LeaseError(f"the slot server's directory {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700")
+    return path
+
+
+def socket_path(directory: str) -> str:
+    return os.path.join(directory, SOCKET_NAME)
+
+
+# --- messages (pure) -----------------------------------------------------------------------------------
+
+
+class Pid(NamedTuple):
+    pid: int
+    start: int  # start time in clock ticks since boot (tells a reused pid apart)
+
+
+def pid_of(pid: int) -> Pid | None:
+    """`pid` with its start time, or None if it does not exist."""
+    start = _platform.start_time(pid)
+    return None if start is None else Pid(pid, start)
+
+
+def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
+    """What a `queued` answer tells a person: `slot 'deploy' is busy (owner: 'deploy', pid 812,
+    since 14:02:11); waiting, position 1 in its queue`."""
+    held = ""
+    if owner:
+        since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
+        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
+    return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
+
+
+def silent_text(slot: str) -> str:
+    """What a person is told when the slot server has not answered a lease request."""
+    return f"slot {slot!r}: the slot server has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"
+
+
+def owner_pids(launcher: Any) -> list[Pid]:
+    """What keeps a lease held when its owner's connection is gone: this process, and a local
+    launcher's fork server and guardian (the fork server exits only once every tree it forked is
+    gone). A launcher without local processes (Ray) adds nothing."""
+    candidates = [os.getpid(), getattr(launcher, "pid", None), getattr(getattr(launcher, "_proc", None), "pid", None)]
+    return [p for p in (pid_of(pid) for pid in candidates if pid) if p is not None]
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return frame(pack(message))
+
+
+def check_request(obj: Any) -> dict[str, Any]:
+    """A client's request, checked field by field; `ProtocolError` names what is wrong."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
+        raise ProtocolError(f"a request must be a map with a string 't', got {obj!r:.80}")
+    kind = obj["t"]
+    fields = _REQUESTS.get(kind)
+    if fields is None:
+        raise ProtocolError(f"unknown request {kind!r}")
+    for name, check in fields.items():
+        if name not in obj or not check(obj[name]):
+            raise ProtocolError(f"request {kind!r}: bad or missing field {name!r}: {obj.get(name)!r:.80}")
+    return obj
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 256
+
+
+def _is_pids(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= 1024 and all(
+        isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_int(p[1]) for p in value
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_REQUESTS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "hello": {"v": _is_int, "pid": _is_int},
+    "submit": {"req": _is_int, "slot": _is_name, "policy": lambda v: v in POLICIES, "name": _is_name, "pids": _is_pids},
+    "pids": {"req": _is_int, "pids": _is_pids},
+    "release": {"req": _is_int},
+    "withdraw": {"req": _is_int},
+    "reclaim": {"req": _is_int, "slot": _is_name, "name": _is_name, "since": _is_number, "pids": _is_pids},
+    "snapshot": {},
+}
+
+
+# --- the client ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a lease request ended before any work ran: granted, or rejected with `kind`."""
+
+    granted: bool
+    kind: str | None = None  # a REJECTIONS entry when not granted
+
+
+def connect(directory: str | None = None, *, start: bool = True) -> socket.socket:
+    """A connection to this user's slot server, starting one (detached) if none answers."""
+    directory = directory or server_dir()
+    path = socket_path(directory)
+    deadline = time.monotonic() + START_WAIT
+    started = False
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if not start:
+                raise NoServer(f"no slot server answers at {path!r}") from exc
+            if not started:
+                _start_server(directory)
+                started = True
+            if time.monotonic() > deadline:
+                raise LeaseError(f"the slot server started for {path!r} did not answer within {START_WAIT} s") from exc
+            time.sleep(0.005)  # waiting for a process this call started to bind: nothing to be notified by
+        except OSError as exc:
+            sock.close()
+            raise LeaseError(f"cannot connect to the slot server at {path!r}: {exc}") from None
+
+
+def _start_server(directory: str) -> None:
+    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal);
+    if another client started one at the same moment, one of them wins the lock, the other exits."""
+    subprocess.Popen(
+        [sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", directory],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True,
+    )
+
+
+def table(timeout: float = 1.0) -> list[dict[str, Any]]:
+    """The running server's table (`[]` if none answers within `timeout` s): a quick local
+    round trip, for snapshots."""
+    try:
+        client = LeaseClient(start=False)
+    except LeaseError:
+        return []
+    try:
+        return client.snapshot(timeout)
+    except (LeaseError, OSError):
+        return []
+    finally:
+        client.close()
+
+
+class LeaseClient:
+    """One process's connection to the slot server (blocking I/O; thread-safe sends).
+
+    `acquire` waits for a decision (calling `on_queued(position, owner)` while it waits); after a
+    grant, `watch(on_revoke)` starts a thread that reads the server's messages and calls
+    `on_revoke()` when a replacement asks this owner to retire; `add_pids` registers the owner's
+    processes; `release` gives the lease back. If the server dies meanwhile, the watcher
+    reconnects (starting a new server) and reclaims the lease."""
+
+    def __init__(self, directory: str | None = None, *, start: bool = True) -> None:
+        self.directory = directory or server_dir()
+        self._start = start  # start a server if none answers (not for a mere look at the table)
+        self._send_lock = threading.Lock()
+        self._sock = self._connect()
+        self._decoder = FrameDecoder(MAX_FRAME)
+        self._pending: list[dict[str, Any]] = []
+        self._req = 1
+        self._held: dict[str, Any] | None = None  # slot, name, since, pids: what a reclaim says
+        self._closed = False
+
+    def _connect(self) -> socket.socket:
+        sock = connect(self.directory, start=self._start)
+        sock.sendall(encode({"t": "hello", "v": VERSION, "pid": os.getpid()}))
+        return sock
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._send_lock:
+            try:
+                self._sock.sendall(encode(message))
+            except OSError:
+                pass  # the server is gone: the watcher reconnects and reclaims
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next message from the server, or None at EOF; `LeaseError` if the socket has a
+        timeout (`snapshot`'s) and nothing came within it."""
+        while not self._pending:
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                raise NoAnswer(f"the slot server did not answer within {self._sock.gettimeout():g} s") from None
+            except OSError:
+                data = b""
+            if not data:
+                return None
+            try:
+                self._pending.extend(self._decoder.feed(data))
+            except ProtocolError as exc:
+                raise LeaseError(f"the slot server sent what this client cannot read: {exc}") from None
+        return self._pending.pop(0)
+
+    def acquire(self, slot: str, policy: str, name: str, pids: list[Pid],
+                on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
+                on_silent: Callable[[], None] | None = None) -> Decision:
+        """Ask for `slot`'s lease and wait for the decision; `on_silent()` once if the server
+        has said nothing at all after `SILENT_AFTER` s (the wait goes on)."""
+        request = {"t": "submit", "req": self._req, "slot": slot, "policy": policy, "name": name,
+                   "pids": [list(p) for p in pids]}
+        quiet = on_silent is not None  # no answer yet, and the server's silence not told yet
+        if quiet:
+            self._sock.settimeout(SILENT_AFTER)
+        self.send(request)
+        while True:
+            try:
+                message, silent = self.receive(), False
+            except NoAnswer:
+                message, silent = None, True
+            if quiet:  # an answer came, or the silence is to be told: no timeout from now on
+                quiet = False
+                with contextlib.suppress(OSError):  # closed meanwhile (a withdraw): handled below
+                    self._sock.settimeout(None)
+                if silent and not self._closed:
+                    assert on_silent is not None
+                    on_silent()
+                    continue
+            if message is None and self._closed:
+                return Decision(False, "withdrawn")  # we left the queue ourselves
+            if message is None:  # the server died while we waited: submit again to the next one
+                self._sock.close()
+                self._sock, self._decoder, self._pending = self._connect(), FrameDecoder(MAX_FRAME), []
+                self.send(request)
+                continue
+            match message.get("t"):
+                case "granted":
+                    self._held = {"slot": slot, "name": name, "since": time.time(), "pids": request["pids"]}
+                    return Decision(True)
+                case "rejected":
+                    return Decision(False, str(message.get("kind")))
+                case "queued":
+                    if on_queued is not None:
+                        on_queued(int(message.get("position", 0)), message.get("owner"))
+                case "error":
+                    raise LeaseError(f"the slot server refused the request: {message.get('message')}")
+
+    def snapshot(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """The server's table: one `{slot, status, owner, queue}` per busy slot; `LeaseError` if
+        it does not answer within `timeout` s (a stopped or stuck server)."""
+        self._sock.settimeout(timeout)
+        self.send({"t": "snapshot"})
+        while (message := self.receive()) is not None:
+            if message.get("t") == "snapshot":
+                return list(message.get("slots", []))
+        raise LeaseError("the slot server closed the connection before answering")
+
+    def withdraw(self) -> None:
+        self.send({"t": "withdraw", "req": self._req})
+
+    def add_pids(self, pids: list[Pid]) -> None:
+        if self._held is not None:
+            self._held["pids"] = self._held["pids"] + [list(p) for p in pids]
+        self.send({"t": "pids", "req": self._req, "pids": [list(p) for p in pids]})
+
+    def release(self) -> None:
+        self._held = None
+        self.send({"t": "release", "req": self._req})
+
+    def watch(self, on_revoke: Callable[[], None]) -> threading.Thread:
+        """Read the server's messages on a daemon thread while the lease is held."""
+        thread = threading.Thread(target=self._watch, args=(on_revoke,), name="mpvisor-lease", daemon=True)
+        thread.start()
+        return thread
+
+    def _watch(self, on_revoke: Callable[[], None]) -> None:
+        while not self._closed:
+            try:
+                message = self.receive()
+            except LeaseError:
+                message = None
+            if self._closed:
+                return
+            if message is None:
+                if self._held is None:
+                    return  # released: nothing to keep
+                try:  # the server died: hold on to the lease through the next one
+                    sock = self._connect()
+                except LeaseError:
+                    time.sleep(0.1)  # no server could be started yet: try again (the lease stays ours)
+                    continue
+                self._sock, self._decoder, self._pending = sock, FrameDecoder(MAX_FRAME), []
+                self.send({"t": "reclaim", "req": self._req, **self._held})
+                continue
+            if message.get("t") == "revoke":
+                on_revoke()

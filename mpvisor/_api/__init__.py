@@ -1,0 +1,7 @@
+"""How does user code drive a supervisor?
+
+The public faces of a runtime: `supervisor` (`Supervisor`, its builder, `mpvisor.run`), `handle`
+(`SupervisorHandle`) and `blocking` (the blocking facade).
+
+May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_platform`.
+"""

@@ -1,0 +1,339 @@
+"""How does plain (non-async) code drive a supervisor?
+
+`Supervisor.serve_blocking()` runs the runtime on a background thread with its own event loop
+and returns a `BlockingHandle`: the same methods as `SupervisorHandle`, each one blocking until
+the runtime answers. The handle is a context manager: leaving the `with` block (or `close()`)
+shuts the runtime down, stops the loop and joins its thread.
+
+Every call takes one path, `BlockingHandle._call(coroutine)`:
+
+| when | the call runs | so |
+|---|---|---|
+| the loop runs | on the loop (`run_coroutine_threadsafe`), the caller waits | as the async handle |
+| the loop is over (after `with`) | on the caller's thread, to the end or to its first suspension | reads answer from the final state (`list()` is empty, the alive view is empty, the controller's slots are idle); management calls raise `ShuttingDown` (submissions `ControllerClosed`), as they do after shutdown; a call that would have to wait raises `ShuttingDown` |
+
+Running a call on the caller's thread is safe only because nothing else runs any more: the loop
+thread has been joined, so the registry, the bus's alive view and the controller no longer
+change. Plain methods (`is_alive`, `alive_snapshot`, `controller_snapshot`,
+`prepare_submission`, `events`) are wrapped in a coroutine and take the same path.
+
+Waiters: a `BlockingWaiter` is built on the loop thread around the async `TaskWaiter`, which
+feeds it the outcome when it resolves (`TaskWaiter.when_resolved`); the outcome is then held in
+a thread-safe `concurrent.futures.Future`. So `wait(timeout)` never needs the loop: it can be
+called any number of times, from any thread, also after the `with` block. Shutdown resolves
+every waiter before it returns, so no waiter is left unresolved once the loop is over.
+`wait(timeout)` raises the builtin `TimeoutError` when the timeout passes (the task goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future, InvalidStateError
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mpvisor._model.errors import ShuttingDown
+from mpvisor._tasks.registry import TaskInfo, TaskWaiter
+
+if TYPE_CHECKING:
+    from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
+    from mpvisor._api.handle import SupervisorHandle
+    from mpvisor._api.supervisor import Supervisor
+    from mpvisor._model.events import Event
+    from mpvisor._model.identity import TaskId
+    from mpvisor._model.outcome import TaskOutcome
+    from mpvisor._model.spec import TaskSpec
+    from mpvisor._runtime.bus import EventStream
+
+T = TypeVar("T")
+
+
+class BlockingWaiter:
+    """A `TaskWaiter` for plain code: `wait(timeout=None)` as often as needed, from any thread.
+
+    Built on the runtime loop (the blocking handle does it); from then on it holds the outcome
+    itself once it is known.
+    """
+
+    def __init__(self, waiter: TaskWaiter) -> None:
+        self.id = waiter.id
+        self._outcome: Future[TaskOutcome] = Future()
+        waiter.when_resolved(self._outcome.set_result)
+
+    def __repr__(self) -> str:
+        state = self._outcome.result().label if self._outcome.done() else "pending"
+        return f"<BlockingWaiter id={self.id} {state}>"
+
+    def done(self) -> bool:
+        """True once the outcome is known (`wait()` then returns at once)."""
+        return self._outcome.done()
+
+    def wait(self, timeout: float | None = None) -> TaskOutcome:
+        """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on)."""
+        return self._outcome.result(timeout)
+
+
+async def _with_blocking_waiter(call: Coroutine[Any, Any, tuple[int, TaskWaiter]]) -> tuple[int, BlockingWaiter]:
+    """Run `call` and wrap its waiter where it ran (on the loop, while there is one)."""
+    id, waiter = await call
+    return id, BlockingWaiter(waiter)
+
+
+async def _blocking_waiter_or_none(call: Coroutine[Any, Any, TaskWaiter | None]) -> BlockingWaiter | None:
+    waiter = await call
+    return BlockingWaiter(waiter) if waiter is not None else None
+
+
+async def _plain(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+def _settled(call: Coroutine[Any, Any, T]) -> T:
+    """Run `call` on this thread once the loop is over: it returns or raises without suspending
+    (a read of state nobody changes any more, or a refused call); one that would have to wait
+    for the loop is closed and refused."""
+    try:
+        call.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    call.close()
+    raise ShuttingDown("the supervisor was shut down and its loop is over")
+
+
+class BlockingHandle:
+    """`SupervisorHandle`'s methods for plain code; `with` (or `close()`) shuts the runtime down."""
+
+    def __init__(self, handle: SupervisorHandle, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self._handle = handle
+        self._loop = loop
+        self._thread = thread
+        self._lock = threading.Lock()  # orders "hand a call to the loop" against "stop the loop"
+        self._over = False  # the loop thread was joined: calls run on the caller's thread
+        self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
+
+    def __repr__(self) -> str:
+        state = "over" if self._over else "serving"
+        return f"<BlockingHandle {state} {self._handle!r}>"
+
+    def __enter__(self) -> BlockingHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut down (if that has not happened yet), stop the background loop and join its
+        thread. Idempotent; `shutdown()`'s error, if any, propagates after the loop stopped."""
+        try:
+            if not self._over:
+                self.shutdown()
+        finally:
+            with self._lock:
+                if self._thread.is_alive():
+                    self._loop.call_soon_threadsafe(self._loop.stop)
+                    self._thread.join()
+                self._over = True
+                left = list(self._in_flight)
+            for future in left:  # a call racing `close` from another thread: never left hanging
+                try:
+                    future.set_exception(ShuttingDown("the supervisor's loop stopped during the call"))
+                except InvalidStateError:
+                    pass  # it was answered after all
+
+    def _call(self, call: Coroutine[Any, Any, T]) -> T:
+        """The one path of every call: on the loop while it runs, else on this thread."""
+        with self._lock:
+            if self._over:
+                future = None
+            else:
+                try:
+                    future = asyncio.run_coroutine_threadsafe(call, self._loop)
+                except RuntimeError:  # the loop closed under us (only if its thread died)
+                    future = None
+                else:
+                    self._in_flight.add(future)
+        if future is None:
+            return _settled(call)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
+
+    # The management calls: each one is `SupervisorHandle`'s coroutine of the same name (see its
+    # docstring), run to completion; a `TaskWaiter` in its answer becomes a `BlockingWaiter`.
+
+    def add(self, spec: TaskSpec) -> TaskId:
+        """`SupervisorHandle.add`, blocking."""
+        return self._call(self._handle.add(spec))
+
+    def try_add(self, spec: TaskSpec) -> TaskId:
+        """`SupervisorHandle.try_add`, blocking."""
+        return self._call(self._handle.try_add(spec))
+
+    def remove(self, id: TaskId) -> bool:
+        """`SupervisorHandle.remove`, blocking."""
+        return self._call(self._handle.remove(id))
+
+    def try_remove(self, id: TaskId) -> bool:
+        """`SupervisorHandle.try_remove`, blocking."""
+        return self._call(self._handle.try_remove(id))
+
+    def remove_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.remove_by_name`, blocking."""
+        return self._call(self._handle.remove_by_name(name))
+
+    def try_remove_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.try_remove_by_name`, blocking."""
+        return self._call(self._handle.try_remove_by_name(name))
+
+    def cancel(self, id: TaskId) -> bool:
+        """`SupervisorHandle.cancel`, blocking."""
+        return self._call(self._handle.cancel(id))
+
+    def try_cancel(self, id: TaskId) -> bool:
+        """`SupervisorHandle.try_cancel`, blocking."""
+        return self._call(self._handle.try_cancel(id))
+
+    def cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.cancel_with_timeout`, blocking."""
+        return self._call(self._handle.cancel_with_timeout(id, timeout))
+
+    def try_cancel_with_timeout(self, id: TaskId, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.try_cancel_with_timeout`, blocking."""
+        return self._call(self._handle.try_cancel_with_timeout(id, timeout))
+
+    def cancel_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.cancel_by_name`, blocking."""
+        return self._call(self._handle.cancel_by_name(name))
+
+    def try_cancel_by_name(self, name: str) -> bool:
+        """`SupervisorHandle.try_cancel_by_name`, blocking."""
+        return self._call(self._handle.try_cancel_by_name(name))
+
+    def cancel_by_name_with_timeout(self, name: str, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.cancel_by_name_with_timeout`, blocking."""
+        return self._call(self._handle.cancel_by_name_with_timeout(name, timeout))
+
+    def try_cancel_by_name_with_timeout(self, name: str, timeout: float | timedelta) -> bool:
+        """`SupervisorHandle.try_cancel_by_name_with_timeout`, blocking."""
+        return self._call(self._handle.try_cancel_by_name_with_timeout(name, timeout))
+
+    def list(self) -> builtins.list[TaskInfo]:
+        """`SupervisorHandle.list`, blocking."""
+        return self._call(self._handle.list())
+
+    def submit(self, spec: ControllerSpec) -> TaskId:
+        """`SupervisorHandle.submit`, blocking."""
+        return self._call(self._handle.submit(spec))
+
+    def try_submit(self, spec: ControllerSpec) -> TaskId:
+        """`SupervisorHandle.try_submit`, blocking."""
+        return self._call(self._handle.try_submit(spec))
+
+    def shutdown(self) -> None:
+        """`SupervisorHandle.shutdown`, blocking."""
+        return self._call(self._handle.shutdown())
+
+    def add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.add_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.add_and_watch(spec)))
+
+    def try_add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.try_add_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.try_add_and_watch(spec)))
+
+    def submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.submit_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.submit_and_watch(spec)))
+
+    def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, BlockingWaiter]:
+        """`SupervisorHandle.try_submit_and_watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_with_blocking_waiter(self._handle.try_submit_and_watch(spec)))
+
+    def watch(self, id: TaskId) -> BlockingWaiter | None:
+        """`SupervisorHandle.watch`, blocking; the waiter is a `BlockingWaiter`."""
+        return self._call(_blocking_waiter_or_none(self._handle.watch(id)))
+
+    def is_alive(self, name: str) -> bool:
+        """`SupervisorHandle.is_alive`; keeps working after shutdown."""
+        return self._call(_plain(lambda: self._handle.is_alive(name)))
+
+    def alive_snapshot(self) -> builtins.list[str]:
+        """`SupervisorHandle.alive_snapshot`; keeps working after shutdown."""
+        return self._call(_plain(self._handle.alive_snapshot))
+
+    def controller_snapshot(self) -> ControllerSnapshot:
+        """`SupervisorHandle.controller_snapshot`; keeps working after shutdown."""
+        return self._call(_plain(self._handle.controller_snapshot))
+
+    def prepare_submission(self, spec: ControllerSpec) -> BlockingPreparedSubmission:
+        """`SupervisorHandle.prepare_submission`; its coroutines become blocking calls."""
+        prepared = self._call(_plain(lambda: self._handle.prepare_submission(spec)))
+        return BlockingPreparedSubmission(prepared, self)
+
+    def events(self) -> Iterator[Event]:
+        """A blocking iterator over the events published from now on (ends after shutdown)."""
+        return self._iterate(self._call(_plain(self._handle.events)))
+
+    def _iterate(self, stream: EventStream) -> Iterator[Event]:
+        while True:
+            try:
+                yield self._call(stream.__anext__())
+            except StopAsyncIteration:
+                return
+
+
+class BlockingPreparedSubmission:
+    """A `PreparedSubmission` for plain code (single use, like the async one)."""
+
+    def __init__(self, prepared: PreparedSubmission, handle: BlockingHandle) -> None:
+        self._prepared = prepared
+        self._handle = handle
+        self.id: int = prepared.id
+        self.spec = prepared.spec
+
+    def __repr__(self) -> str:
+        return f"<BlockingPreparedSubmission {self._prepared!r}>"
+
+    def submit(self) -> int:
+        return self._handle._call(self._prepared.submit())
+
+    def try_submit(self) -> int:
+        return self._handle._call(self._prepared.try_submit())
+
+    def submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        return self._handle._call(_with_blocking_waiter(self._prepared.submit_and_watch()))
+
+    def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
+
+
+def serve_blocking(supervisor: Supervisor) -> BlockingHandle:
+    """Serve `supervisor` on a new background thread and loop; return a blocking handle."""
+    ready: Future[SupervisorHandle] = Future()
+    loop = asyncio.new_event_loop()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+
+        def start() -> None:
+            try:
+                ready.set_result(supervisor.serve())
+            except BaseException as exc:
+                ready.set_exception(exc)
+                loop.stop()
+
+        loop.call_soon(start)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=main, name="mpvisor-runtime", daemon=True)
+    thread.start()
+    return BlockingHandle(ready.result(), loop, thread)

@@ -1,0 +1,401 @@
+"""What does an attempt process do, from its first instruction to `os._exit`?
+
+Runs in the attempt process, after the launcher's set-up (`_launchers/forkserver.py`: own session,
+parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked. It owns the child's
+half of the protocol: say hello, read the start message, adopt the parent's environment, import
+the target (from what the fork server prepared, `_prepared.py`, when it could), report that it
+is about to call it, call it, and report how it ended. It never
+returns: every path ends in `os._exit`.
+
+| the target ... | the child sends | then exits with |
+|---|---|---|
+| returns an encodable value within `max_frame` | `Result(value)` | 0 |
+| returns something msgpack cannot carry (whatever its hooks raise, `SystemExit` included), or too large | `Failure("fatal", ...)` naming the type / the size | 0 |
+| returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
+| raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
+| raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
+| raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
+| calls `sys.exit(n)` | nothing | n |
+| cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
+| cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
+| is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
+| is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
+
+Only a failed handshake (no start message could be read: nobody to report to) ends with a
+status of mpvisor's own, 70. Whatever the target leaves behind is described and encoded under
+`_guarded` (below), so no user code can make the report malformed or change that status.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import signal
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+from mpvisor import _platform
+from mpvisor._attempt import context as _context
+from mpvisor._attempt import prepared as _prepared
+from mpvisor._model.errors import Canceled, Fail, Fatal
+from mpvisor._model.payloads import check_value
+from mpvisor._model.wire import (
+    HEADER,
+    Calling,
+    Failure,
+    Hello,
+    Message,
+    Progress,
+    Result,
+    Start,
+    frame,
+    pack,
+    parse_start,
+    unpack,
+)
+
+_SIGTERM_NUM = int(signal.SIGTERM)
+_SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
+_SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
+
+
+class _Channel:
+    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, message: Message) -> None:
+        self.send_frame(pack(message.to_wire()))
+
+    def send_frame(self, payload: bytes) -> None:
+        data = memoryview(frame(payload))
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def read_exact(self, n: int) -> bytearray:
+        """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.readv(self.fd, [view[got:]])
+            if not k:
+                raise EOFError("the parent closed the attempt channel")
+            got += k
+        view.release()
+        return buf
+
+    def read_start(self) -> Start:
+        (length,) = HEADER.unpack(self.read_exact(HEADER.size))
+        return parse_start(unpack(self.read_exact(length)))
+
+
+def run(fd: int) -> NoReturn:
+    """The attempt process's life, on the attempt socket `fd` (SIGTERM blocked on entry)."""
+    try:
+        channel = _Channel(fd)
+        channel.send(Hello(os.getpid()))
+        start = channel.read_start()
+    except BaseException:
+        os._exit(70)  # no parent to report to: the exit status speaks for us
+    _adopt_environment(start)
+    if start.limits:
+        _apply_limits(channel, start.limits)
+    if start.kind == "cmd":
+        _exec_command(channel, start)
+    _run_target(channel, start)
+
+
+def spawn_main(fd: int) -> NoReturn:
+    """Entry point of a `start_method="spawn"` attempt: a fresh interpreter exec'd by the launcher."""
+    _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+    os.set_inheritable(fd, False)
+    run(fd)
+
+
+def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
+    """`setrlimit` the attempt's limits before the target is imported (a program inherits them
+    across the exec): address space, CPU seconds (SIGXCPU at the limit, SIGKILL a second later),
+    open files. A limit that cannot be set is a permanent failure."""
+    import resource
+
+    try:
+        if limits.get("memory"):
+            resource.setrlimit(resource.RLIMIT_AS, (limits["memory"], limits["memory"]))
+        if limits.get("cpu"):
+            seconds = max(1, -(-int(limits["cpu"] * 1000) // 1000))  # whole seconds, rounded up
+            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+        if limits.get("nofile"):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"]))
+    except (ValueError, OSError) as exc:
+        _finish(channel, Failure("fatal", f"cannot apply the limits {limits}: {_describe(exc)}"))
+
+
+def _adopt_environment(start: Start) -> None:
+    """Take the parent's environment, working directory and `sys.path` as they were at the start
+    request. Each is `None` when it equals what the launcher started with (the usual case)."""
+    if start.env is not None:
+        env = os.environ
+        for key in [k for k in env if k not in start.env]:
+            del env[key]
+        for key, value in start.env.items():
+            if env.get(key) != value:
+                env[key] = value
+    if start.cwd is not None:
+        try:
+            os.chdir(start.cwd)
+        except OSError:
+            pass  # a vanished directory: stay where the launcher is; the target will notice
+    if start.path is not None:
+        sys.path[:] = start.path
+
+
+def _exec_command(channel: _Channel, start: Start) -> NoReturn:
+    channel.send(Calling())
+    if signal.SIGTERM in signal.sigpending():
+        _finish(channel, Failure("canceled", "canceled before the program was started"))
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    _flush_std()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+    try:
+        os.execvpe(start.argv[0], start.argv, dict(os.environ))
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}")
+        _finish(channel, failure, status=127)
+
+
+def _run_target(channel: _Channel, start: Start) -> NoReturn:
+    try:
+        target = _import_target(start)
+    except _context.UnguardedMainScript:
+        _finish(channel, Failure("fatal", _unguarded_reason(start)))
+    except BaseException as exc:
+        reason = f"cannot import target {start.target!r}: {_describe(exc)}"
+        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc)))
+    if not callable(target):
+        reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
+        _finish(channel, Failure("fatal", reason))
+    args, kwargs = unpack(start.call)
+    ctx = _context.TaskContext(
+        start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m))
+    )
+    _context._install(ctx)
+    channel.send(Calling())
+    if _SIGTERM_NUM in _platform.pending_signals():
+        _finish(channel, Failure("canceled", "canceled before the target was called"))
+    _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
+    ending = _call(target, args, kwargs, ctx)
+    _finish(channel, ending, max_frame=start.max_frame)
+
+
+def _import_target(start: Start) -> Any:
+    module_name, _, qualname = start.target.partition(":")
+    if module_name == "__main__" and start.main_path is not None:
+        module = _import_main_script(start.main_path)
+    else:
+        module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
+        if module is None:
+            module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_main_script(path: str) -> Any:
+    """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the main script {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    _context.importing_main_script = True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        _context.importing_main_script = False
+    return module
+
+
+def _unguarded_reason(start: Start) -> str:
+    return (
+        f"the script {start.main_path!r} starts a supervisor when it is imported: its start-up "
+        f'code must sit under `if __name__ == "__main__":` (target {start.target!r})'
+    )
+
+
+def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> Message:
+    """Call the target; how it ended, as the report to send (described with `_describe` and
+    `_traceback`, which never raise, whatever the exception's own hooks do)."""
+    try:
+        try:
+            _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
+            value = target(*args, **kwargs)
+            if isinstance(value, types.CoroutineType):
+                value = _run_async(value, ctx)
+        finally:
+            _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+        return Result(value)
+    except Canceled:
+        return Failure("canceled", "the attempt was canceled")
+    except (Fail, Fatal) as exc:
+        return _verdict(exc)
+    except SystemExit as exc:
+        _exit_like_sys_exit(exc)
+    except BaseException as exc:
+        return Failure("error", _describe(exc), None, _traceback(exc))
+
+
+def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
+    """Run an `async def` target's coroutine to completion; its cancellation is `Canceled`."""
+    import asyncio
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        ctx._bind_async(asyncio.get_running_loop(), task)
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise Canceled() from None
+
+
+# --- turning the target's ending into the report ------------------------------------------------
+#
+# Whatever the target left behind may run user code while it is described or encoded: a value's
+# `__index__`, `__len__` or `items()`, an exception's `__str__`, a traceback's `__notes__`. Each
+# such step runs under `_guarded`, which catches anything (`SystemExit` and `KeyboardInterrupt`
+# included) and substitutes a fallback built from type names and constants only, so that the
+# report is always well-formed and the child always ends with the status the table above says.
+
+T = TypeVar("T")
+
+
+def _guarded(step: Callable[[], T], fallback: Callable[[BaseException], T]) -> T:
+    """`step()`, or `fallback(problem)` if the step raised anything at all."""
+    try:
+        return step()
+    except BaseException as problem:
+        return fallback(problem)
+
+
+def _type_name(obj: object) -> str:
+    """The name of `obj`'s type (a str whatever a metaclass does; 'object' if even that fails)."""
+    return _guarded(lambda: _text(type(obj).__name__), lambda _: "object")
+
+
+def _text(value: object) -> str:
+    """`value` as a plain str that msgpack can encode (a lone surrogate is backslash-escaped)."""
+    text = str.__str__(value) if isinstance(value, str) else str(value)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message` for an exception, or `<Type: str() raised Other>` when it cannot say."""
+    name = _type_name(exc)
+    return _guarded(lambda: f"{name}: {_text(str(exc))}", lambda p: f"<{name}: str() raised {_type_name(p)}>")
+
+
+def _traceback(exc: BaseException) -> str | None:
+    """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
+    `traceback` module itself cannot be imported: out of file descriptors, say)."""
+    traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
+    if traceback is None:
+        return None
+
+    def frames_only(problem: BaseException) -> str | None:
+        def frames() -> str:
+            text = _text("".join(traceback.format_tb(exc.__traceback__)))
+            return f"Traceback (most recent call last):\n{text}{_describe(exc)}\n" + (
+                f"(the full traceback could not be formatted: {_describe(problem)})\n")
+        return _guarded(frames, lambda _: None)
+
+    return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _kind_of_failing(exc: BaseException) -> str:
+    """`"fatal"` for a step that fails by its own nature (an import error, a value msgpack
+    cannot carry), but `"error"` (retryable) when it ran out of memory or of file descriptors:
+    that is the attempt's circumstances, maybe its limit, not the target's fault."""
+    exhausted = isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE))
+    return "error" if exhausted else "fatal"
+
+
+def _verdict(exc: Fail | Fatal) -> Failure:
+    """The report of a `Fail` or `Fatal` the target raised (its reason made a plain str)."""
+    kind = "fail" if isinstance(exc, Fail) else "fatal"
+    name = _type_name(exc)
+    reason = _guarded(lambda: _text(exc.reason), lambda p: f"<{name}: its reason raised {_type_name(p)}>")
+    return Failure(kind, reason, _exit_code(exc.exit_code), _traceback(exc))
+
+
+def _exit_code(code: object) -> int | None:
+    """An exit code given to `Fail`/`Fatal`: kept if it is a plain int msgpack can carry."""
+    return code if type(code) is int and -(2**63) <= code < 2**63 else None
+
+
+def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
+    """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
+    byte, anything else is printed to stderr and gives 1."""
+    code = exc.code
+
+    def status() -> int:
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return int.__int__(code) & 0xFF
+        print(_text(code), file=sys.stderr)
+        return 1
+
+    exit_status = _guarded(status, lambda _: 1)
+    _flush_std()
+    os._exit(exit_status)
+
+
+def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0) -> NoReturn:
+    """Send the attempt's one report, flush the user's streams, and end with `os._exit`."""
+    payload = _encode_report(message, max_frame)
+    try:
+        channel.send_frame(payload)
+    except BaseException:
+        pass  # the channel is gone (the parent, or the target closed it): the status speaks
+    _flush_std()
+    os._exit(status)
+
+
+def _encode_report(message: Message, max_frame: int) -> bytes:
+    """The report's msgpack bytes; never raises. A value that cannot be encoded, however it
+    refuses, is the permanent failure naming its type."""
+    if isinstance(message, Result):
+        def refused(problem: BaseException) -> bytes:
+            reason = f"the result of type {_type_name(message.value)} cannot be sent as msgpack: {_describe(problem)}"
+            return pack(Failure(_kind_of_failing(problem), reason).to_wire())
+
+        def encoded() -> bytes:
+            check_value(message.value, "the result")
+            return pack(message.to_wire())
+
+        payload = _guarded(encoded, refused)
+        if max_frame and len(payload) > max_frame:
+            return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
+        return payload
+    return pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:
+            pass

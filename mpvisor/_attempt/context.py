@@ -1,0 +1,193 @@
+"""Inside an attempt: who am I, and has the parent asked me to stop?
+
+Owns the child's `TaskContext` and the SIGTERM handler that turns the parent's stop request
+into cooperative cancellation. The child runtime (`_child.py`) installs it just before calling
+the target; mpvisor's own code runs with SIGTERM blocked, so a request never spoils a result.
+
+| the request arrives while ... | what happens |
+|---|---|
+| SIGTERM is blocked (mpvisor's own code) | it waits; before the call, a pending one skips the target |
+| a sync target runs, outside `shield()` | `Canceled` is raised in the main thread (once per attempt) |
+| a sync target runs, inside `shield()` | `cancelled` turns true; `Canceled` is raised when the block exits |
+| an `async def` target runs | its task is cancelled (`CancelledError` counts as `Canceled`) |
+| `wait_cancelled()` waits | it returns `True` (and, outside `shield()`, counts as delivered) |
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # asyncio is imported only by attempts that run an `async def` target
+    import asyncio
+
+from mpvisor._model.errors import Canceled
+
+_SIGTERM = {signal.SIGTERM}
+PROGRESS_INTERVAL = 0.05  # seconds between two progress frames (the last one is always sent)
+
+
+class TaskContext:
+    """The current attempt, as seen by its target: `mpvisor.context()` returns it.
+
+    Who am I: `task_name`, `task_id`, `attempt`. Has the parent asked me to stop: `cancelled`,
+    `check_cancelled()`, `wait_cancelled(timeout)`, and `shield()` to defer the request over a
+    block. Telling the parent how far I got: `progress(done, total, message)`, which becomes
+    `ATTEMPT_PROGRESS` events. Cancellation is cooperative first: in a sync target, outside
+    `shield()`, mpvisor raises `Canceled` in the main thread at most once per attempt (so
+    `finally` and `with` clean-up runs); an `async def` target's task is cancelled instead. If
+    the attempt is still alive after the grace window, its process tree is killed.
+    """
+
+    def __init__(
+        self,
+        task_name: str,
+        task_id: int,
+        attempt: int,
+        send_progress: Callable[[float, float | None, str | None], None] | None = None,
+    ) -> None:
+        self._task_name = task_name
+        self._task_id = task_id
+        self._attempt = attempt
+        self._send_progress = send_progress
+        self._cancelled = False
+        self._delivered = False  # mpvisor raised (or reported) the cancellation once already
+        self._shield_depth = 0
+        self._async_cancel: Callable[[], None] | None = None
+        self._last_progress = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"<TaskContext {self._task_name!r} id={self._task_id} attempt={self._attempt} "
+            f"cancelled={self._cancelled} shielded={self._shield_depth > 0}>"
+        )
+
+    @property
+    def task_name(self) -> str:
+        """The task's name (`TaskFn.name` / `CommandTask.name`), unique among registered tasks."""
+        return self._task_name
+
+    @property
+    def task_id(self) -> int:
+        """The task's `TaskId`, as `add`/`submit` returned it; the same for every attempt."""
+        return self._task_id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number: 1 for the first, counting every attempt the task started."""
+        return self._attempt
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the parent asked this attempt to stop (removal, replace, shutdown or timeout);
+        it never turns false again."""
+        return self._cancelled
+
+    def check_cancelled(self) -> None:
+        """Raise `Canceled` if a stop was requested (whenever `cancelled` is true, also inside
+        `shield()`); otherwise return `None`."""
+        if self._cancelled:
+            self._delivered = True
+            raise Canceled()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block up to `timeout` seconds (`None`: without limit) for a stop request; return
+        `cancelled`. Never raises: outside `shield()`, a request it reports counts as delivered,
+        and mpvisor does not raise `Canceled` for it later."""
+        try:
+            if not self._cancelled and (timeout is None or timeout > 0):
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+                try:
+                    if not self._cancelled and _sigwait(timeout):
+                        self._cancelled = True
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        except Canceled:
+            pass  # our own handler fired inside this call: the request is reported below
+        if self._cancelled and self._shield_depth == 0:
+            self._delivered = True
+        return self._cancelled
+
+    @contextmanager
+    def shield(self) -> Iterator[None]:
+        """A context manager that defers cancellation: inside, mpvisor raises nothing (`cancelled`
+        still turns true); leaving the block with an undelivered request raises `Canceled`, also
+        when it is left by `return` (the value is then dropped). Blocks may nest."""
+        self._shield_depth += 1
+        try:
+            yield
+        except Canceled:
+            self._delivered = True
+            raise
+        finally:
+            self._shield_depth -= 1
+        if self._shield_depth == 0 and self._cancelled and not self._delivered:
+            self._delivered = True
+            raise Canceled()
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress (`done` of `total`, with an optional `message`) to the parent, where it
+        becomes an `ATTEMPT_PROGRESS` event. At most one report per 50 ms is sent (the others are
+        dropped); one with `done >= total` is always sent."""
+        now = time.monotonic()
+        finished = total is not None and done >= total
+        if self._send_progress is None or (now - self._last_progress < PROGRESS_INTERVAL and not finished):
+            return
+        self._last_progress = now
+        self._send_progress(done, total, message)
+
+    # --- the child runtime's side -------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._cancelled = True
+        if self._delivered or self._shield_depth > 0:
+            return
+        self._delivered = True
+        if self._async_cancel is not None:
+            self._async_cancel()
+            return
+        raise Canceled()
+
+    def _bind_async(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        def cancel() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        self._async_cancel = cancel
+
+
+def _sigwait(timeout: float | None) -> bool:
+    if timeout is None:
+        signal.sigwait(_SIGTERM)
+        return True
+    return signal.sigtimedwait(_SIGTERM, timeout) is not None
+
+
+_current: TaskContext | None = None
+
+
+def context() -> TaskContext:
+    """The current attempt's `TaskContext`, for a target to call while it runs.
+
+    Raises `RuntimeError` outside an attempt (in the parent, or in a plain import)."""
+    if _current is None:
+        raise RuntimeError("mpvisor.context() can only be called inside an attempt (a task's target)")
+    return _current
+
+
+def _install(ctx: TaskContext | None) -> None:
+    global _current
+    _current = ctx
+
+
+# Set while the child imports the user's `__main__` script under another name: a supervisor
+# started then is the script's unguarded start-up code, which would otherwise run again in every
+# attempt (and start a supervisor in each child).
+importing_main_script = False
+
+
+class UnguardedMainScript(RuntimeError):
+    """The script's start-up code ran in an attempt: it must sit under `if __name__ == "__main__":`."""

@@ -1,0 +1,76 @@
+"""What does an attempt process start with?
+
+Builds the one start message the parent sends an attempt (the child's side reads it in
+`child`): the target (a `TaskFn`'s module and function, or a `CommandTask`'s argv), the
+arguments as the bytes the task encoded when it was built, the environment, working directory
+and `sys.path` that travel with it, and its limits. Pure apart from reading `os.environ` (a
+program's environment is merged over the parent's) and `sys.modules["__main__"]` (a target
+defined in the running script).
+
+| the task | `kind` | what travels |
+|---|---|---|
+| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call` |
+| `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's, `cwd` |
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from mpvisor._model.spec import Limits
+from mpvisor._model.wire import Start, pack_call, start_size
+from mpvisor._model.work import CommandTask, TaskFn
+
+_NO_CALL = pack_call((), {})
+
+
+def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, max_frame: int,
+                  env: Any, cwd: str | None, path: list[str] | None, limits: Limits | None = None) -> Start:
+    """The start message of one attempt (`env`, `cwd`, `path`: None when unchanged since the
+    launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built."""
+    common = dict(task=name, id=id, attempt=attempt, max_frame=max_frame)
+    if isinstance(task, CommandTask):
+        start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
+                      cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
+    else:
+        target, main_path = _resolve_main(task.target)
+        own_env = env if task.env is None else _merged_env(task.env)
+        start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=task.cwd or cwd,
+                      path=path, main_path=main_path, **common)  # type: ignore[arg-type]
+    return start if limits is None else start._replace(limits=limits.to_wire())
+
+
+def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> None:
+    """Refuse, when a task is added, one whose start message would exceed `max_frame_bytes`
+    (its arguments, nearly always): `ValueError` naming the task, the size and the limit."""
+    size = start_size(start_message(task, name, 0, 1, max_frame, None, None, None))
+    if size > max_frame:
+        raise ValueError(
+            f"task {name!r}: its start message (target and arguments) is {size} bytes, over "
+            f"max_frame_bytes={max_frame}; pass large data by path or raise max_frame_bytes"
+        )
+
+
+def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """A task's `env` merged over the parent's environment (a `None` value removes a variable)."""
+    merged = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _resolve_main(target: str) -> tuple[str, str | None]:
+    """Map a target defined in the running script (`__main__`) to what the child can import."""
+    module, _, qualname = target.partition(":")
+    if module != "__main__":
+        return target, None
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+        return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
+    return target, getattr(main, "__file__", None)

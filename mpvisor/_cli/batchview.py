@@ -1,0 +1,211 @@
+"""What does a shell see of a running task file, and which status does the run end with?
+
+Pure: events and outcomes in, rows, lines and statuses out. `BatchView` keeps one `Row` per
+task of `mpvisor run --file` (task, state, attempt, last outcome, latest progress). `apply(event)`
+updates it as events come and returns the plain line that tells the change, if any; `settle`
+writes a task's final state from its outcome, since events only show, the outcome decides (a
+lost event leaves a row stale until then). `render_table` draws the rows for a terminal.
+
+| event | state | plain line |
+|---|---|---|
+| (before any) | `pending`, or `waiting for slot 'S'` | - |
+| a shared slot queues it (`CONTROLLER_SLOT_TRANSITION` naming the task) | `queued in slot 'S' (position N)` | the server's answer: position and owner |
+| `ATTEMPT_STARTING` | `running` | `attempt N started (pid P)` |
+| `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` / `timed out` |
+| `BACKOFF_SCHEDULED` | `retry in 1.5s` / `next run in 5s` | `next attempt in ...` |
+| `TASK_REMOVE_REQUESTED` | `stopping` | - |
+| the outcome (`settle`) | its kind (`completed`, `failed`, ...), or `replaced` | (the outcome line, printed by the shell) |
+
+Statuses. Each task has the status a single `mpvisor run` of it would exit with (`task_status`:
+its outcome's, 3-5 for a slot's refusal, 6 when a replacement stopped it), and a class: it
+*completed* (0), met its *slot* (3-6: refused, superseded or replaced), or *failed* (anything
+else). The run's status is the worst one (`worst_status`):
+
+| the run | status |
+|---|---|
+| interrupted by SIGINT / SIGTERM (signal N) | 128 + N (mpvisor then dies by N) |
+| at least one task failed | the highest status among the failed tasks |
+| none failed, at least one met its slot | the highest of those statuses (6 > 5 > 4 > 3) |
+| every task completed | 0 |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from mpvisor._cli.options import exit_status
+from mpvisor._model.events import Event, EventKind
+from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
+
+REPLACED = 6
+SLOT_STATUSES = {RejectionKind.SLOT_BUSY: 3, RejectionKind.QUEUE_FULL: 4, RejectionKind.SUPERSEDED_BY_REPLACE: 5}
+COLUMNS = ("TASK", "STATE", "ATTEMPT", "LAST OUTCOME")
+_NAME_MAX, _STATE_MIN, _STATE_MAX, _PROGRESS_MAX = 24, 16, 28, 34
+
+
+@dataclass(frozen=True)
+class Result:
+    """A task's end as the run reports it: its outcome, its status and whether that status is its
+    slot's (3-6) rather than a failure's."""
+
+    name: str
+    outcome: TaskOutcome
+    status: int
+    by_slot: bool = False
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome.kind is OutcomeKind.COMPLETED and not self.by_slot
+
+
+def task_status(outcome: TaskOutcome, *, replaced: bool = False) -> tuple[int, bool]:
+    """`(status, by_slot)` of one task's outcome: what `mpvisor run` of that task alone exits
+    with (6 when a replacement stopped it, 3-5 for a slot's refusal)."""
+    if replaced:
+        return REPLACED, True
+    if outcome.kind is OutcomeKind.REJECTED:
+        status = SLOT_STATUSES.get(outcome.rejection) if outcome.rejection is not None else None
+        return (status, True) if status is not None else (1, False)
+    return exit_status(outcome), False
+
+
+def worst_status(results: Iterable[Result], interrupted_by: int | None = None) -> int:
+    """The run's exit status (see the module table)."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    results = list(results)
+    failed = [r.status for r in results if not r.by_slot and r.status != 0]
+    if failed:
+        return max(failed)
+    return max((r.status for r in results if r.by_slot), default=0)
+
+
+def summary_line(label: str, results: Sequence[Result], status: int) -> str:
+    """`mpvisor: tasks.toml: 3 tasks: 2 completed, 1 failed; exit status 7`."""
+    counts: dict[str, int] = {}
+    for result in results:
+        state = "replaced" if result.status == REPLACED and result.by_slot else result.outcome.kind.name.lower()
+        counts[state] = counts.get(state, 0) + 1
+    tally = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return f"mpvisor: {label}: {len(results)} task{'s' if len(results) != 1 else ''}: {tally}; exit status {status}"
+
+
+# --- the rows -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the table shows of one task."""
+
+    task: str
+    state: str = "pending"
+    attempt: int = 0
+    last: str = "-"
+    progress: ProgressReport | None = None
+
+
+class BatchView:
+    """The rows of a batch's tasks, in file order (pure: it only reads what it is given)."""
+
+    def __init__(self, names: Sequence[str], slots: dict[str, str] | None = None) -> None:
+        slots = slots or {}
+        self.rows: dict[str, Row] = {
+            name: Row(name, f"waiting for slot {slots[name]!r}" if name in slots else "pending") for name in names
+        }
+        self.tracker = ProgressTracker()
+        self.settled: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<BatchView tasks={len(self.rows)} settled={len(self.settled)}>"
+
+    def apply(self, event: Event) -> tuple[bool, str | None]:
+        """Update the row `event` is about: `(changed, plain line or None)`."""
+        name = event.task
+        if name is None or name not in self.rows:
+            return False, None
+        row = self.rows[name]
+        if name in self.settled and not (event.kind is EventKind.ATTEMPT_PROGRESS and event.attempt == row.attempt):
+            return False, None  # the outcome decided; only its last attempt's reports may still arrive
+        new, line = _step(row, event, self.tracker)
+        if new is None:
+            return False, None
+        self.rows[name] = new
+        return new != row, (f"mpvisor: {name}: {line}" if line else None)
+
+    def settle(self, result: Result) -> None:
+        """The task ended: its row says so, from its outcome, and events no longer change it, but
+        for a progress report of its last attempt that is delivered after the outcome (events
+        reach a subscriber later than outcomes reach their waiters)."""
+        outcome = result.outcome
+        state = "replaced" if result.by_slot and result.status == REPLACED else outcome.kind.name.lower()
+        row = self.rows.get(result.name, Row(result.name))
+        last = outcome.reason or ("-" if outcome.kind is OutcomeKind.COMPLETED else outcome.kind.name.lower())
+        self.rows[result.name] = dataclasses.replace(row, state=state, attempt=outcome.attempts or row.attempt, last=last)
+        self.settled.add(result.name)
+        self.tracker.forget(result.name)
+
+
+def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None, str | None]:
+    """The row after `event`, and the plain line telling it (None, None: nothing to show)."""
+    replace = dataclasses.replace
+    attempt = event.attempt or row.attempt
+    match event.kind:
+        case EventKind.ATTEMPT_STARTING:
+            pid = f" (pid {event.pid})" if event.pid else ""
+            return replace(row, state="running", attempt=attempt, progress=None), f"attempt {attempt} started{pid}"
+        case EventKind.ATTEMPT_SUCCEEDED:
+            return replace(row, last=f"attempt {attempt} succeeded"), None
+        case EventKind.ATTEMPT_FAILED:
+            text = f"attempt {attempt} failed: {event.reason or 'failed'}"
+            return replace(row, last=text), text
+        case EventKind.ATTEMPT_TIMED_OUT:
+            text = f"attempt {attempt} timed out" + (f" after {event.timeout:g} s" if event.timeout else "")
+            return replace(row, last=text), text
+        case EventKind.ATTEMPT_CANCELED:
+            return replace(row, last=f"attempt {attempt} canceled"), None
+        case EventKind.BACKOFF_SCHEDULED:
+            wait = duration(event.delay or 0.0)
+            after_success = getattr(event.backoff_source, "label", None) == "success"
+            state = f"next run in {wait}" if after_success else f"retry in {wait}"
+            return replace(row, state=state), f"next attempt in {wait}"
+        case EventKind.TASK_REMOVE_REQUESTED:
+            return replace(row, state="stopping"), None
+        case EventKind.CONTROLLER_SLOT_TRANSITION if event.reason:
+            return replace(row, state=f"queued in slot {event.slot!r}"), event.reason
+        case EventKind.ATTEMPT_PROGRESS:
+            report = tracker.report_for(event)
+            return (replace(row, progress=report), None) if report is not None else (None, None)
+    return None, None
+
+
+# --- the table --------------------------------------------------------------------------------------
+
+
+def _cell(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def render_table(rows: Iterable[Row], width: int = 100, *, progress: bool = False) -> list[str]:
+    """The table's lines (a header, then one line per row), each at most `width` characters:
+    TASK, STATE, ATTEMPT, [PROGRESS,] LAST OUTCOME (the last column takes what is left)."""
+    rows = list(rows)
+    name_w = min(max([len(COLUMNS[0]), *(len(r.task) for r in rows)]), _NAME_MAX)
+    state_w = min(max([_STATE_MIN, *(len(r.state) for r in rows)]), _STATE_MAX)  # a minimum: less jumping about
+    attempt_w = len(COLUMNS[2])
+    shown = [describe(r.progress, attempt=False, message=False) if r.progress else "-" for r in rows]
+    progress_w = min(max([len("PROGRESS"), *(len(text) for text in shown)]), _PROGRESS_MAX)
+
+    def line(cells: Sequence[str]) -> str:
+        widths = [name_w, state_w, attempt_w] + ([progress_w] if progress else [])
+        fixed = "  ".join(_cell(text, w).ljust(w) for text, w in zip(cells, widths, strict=False))
+        return _cell(f"{fixed}  {cells[-1]}", width).rstrip()
+
+    header = [*COLUMNS[:3], *(["PROGRESS"] if progress else []), COLUMNS[3]]
+    lines = [line(header)]
+    for row, text in zip(rows, shown, strict=True):
+        attempt = str(row.attempt) if row.attempt else "-"
+        lines.append(line([row.task, row.state, attempt, *([text] if progress else []), row.last]))
+    return lines

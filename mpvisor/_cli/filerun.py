@@ -1,0 +1,396 @@
+"""How does a shell run a task file? (`mpvisor run --file FILE`, `mpvisor check FILE`)
+
+The I/O shell around `_taskfile` (what the file says), `_batchview` (what to show, which status)
+and one `Supervisor` for every task of the file.
+
+| command | the file is invalid | it is valid |
+|---|---|---|
+| `mpvisor check FILE` | every error on stderr, `FILE: <location>: <message>`, one a line; status 2 | one summary line on stdout; status 0 |
+| `mpvisor run --file FILE` | the same lines, status 2, nothing runs | every task runs, until all have ended or Ctrl-C; the worst status (`_batchview.worst_status`) |
+
+A run starts the tasks without a slot at once (one atomic registration) and submits the others
+to a controller whose slots are shared with every mpvisor process of the user
+(`ControllerConfig(shared=True)`), so two runs of files naming one slot, or a file and a
+`mpvisor run --slot`, exclude each other. While it runs, stderr shows a live table on a
+terminal (`LiveTable`: the bottom rows of the screen, below a scroll region that the tasks'
+own output scrolls in), plain lines as states change otherwise (`PlainLines`); each outcome
+line is printed as the task ends, from its outcome, once the display has shown every event
+before it (`Caught`); then a summary line. Every task's stdout
+goes to stderr; stdout keeps one JSON line, `{"<task>": <value>, ...}` for the Python targets
+that completed (none: no line), or the events with `--events json`. Ctrl-C and SIGTERM shut
+every task down gracefully, as for one task, and mpvisor then dies by that signal.
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from mpvisor._admission.slots import AdmissionPolicy
+from mpvisor._admission.submission import ControllerSpec
+from mpvisor._api.handle import SupervisorHandle
+from mpvisor._api.supervisor import Supervisor
+from mpvisor._cli.batchview import (
+    BatchView,
+    Result,
+    render_table,
+    summary_line,
+    task_status,
+    worst_status,
+)
+from mpvisor._cli.options import (
+    DEFAULT_GRACE,
+    USAGE_ERROR,
+    event_writers,
+    outcome_line,
+    take_stdout,
+    value_line,
+    write_line,
+)
+from mpvisor._cli.taskfile import FileTask, TaskFile, parse_text
+from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
+from mpvisor._model.events import Event, EventKind
+from mpvisor._model.work import TaskFn
+from mpvisor._observe.progress import ProgressBar
+from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+from mpvisor._tasks.registry import TaskWaiter
+
+_POLICIES = {"queue": AdmissionPolicy.QUEUE, "replace": AdmissionPolicy.REPLACE, "drop": AdmissionPolicy.DROP_IF_RUNNING}
+REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
+CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
+
+
+def load(path: str) -> TaskFile:
+    """Read and parse the file at `path`; a `cwd` that is no directory is an error too."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return TaskFile((), None, (f"cannot read the file: {reason}",))
+    parsed = parse_text(text, os.path.dirname(os.path.abspath(path)))
+    missing = [f"task {json.dumps(t.name)}.cwd: no such directory: {cwd!r}"
+               for t in parsed.tasks if (cwd := t.spec.task.cwd) is not None and not os.path.isdir(cwd)]
+    if not missing:
+        return parsed
+    return TaskFile(parsed.tasks, parsed.grace, (*parsed.errors, *missing))
+
+
+def _report_errors(path: str, parsed: TaskFile) -> None:
+    for error in parsed.errors:
+        print(f"{path}: {error}", file=sys.stderr)
+
+
+def summary(path: str, parsed: TaskFile) -> str:
+    """`tasks.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)`."""
+    names = ", ".join(t.name + (f" (slot {t.slot!r}, {t.policy})" if t.slot else "") for t in parsed.tasks)
+    count = len(parsed.tasks)
+    return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"
+
+
+def check_main(path: str) -> int:
+    """`mpvisor check FILE`: 0 and a summary on stdout, or 2 and every error on stderr."""
+    parsed = load(path)
+    if not parsed.ok:
+        _report_errors(path, parsed)
+        return USAGE_ERROR
+    print(summary(path, parsed))
+    return 0
+
+
+# --- what stderr shows while the tasks run ------------------------------------------------------------
+
+
+class Caught:
+    """How the loop waits until a display has handled every event published before a moment.
+
+    A task's outcome reaches its waiter on the loop at once; the events before it reach a
+    display later, on the display's own thread. An outcome line printed at once could come
+    before the task's last state lines, which the display would then drop as stale (an
+    `attempt 1 started` lost after `completed`). So `report` waits, at most `wait` s, until the
+    display has handled the event the bus numbered last when the outcome arrived; it then settles
+    the row and prints the outcome line, after every line that event order puts before it."""
+
+    def __init__(self, wait: float = CATCH_UP_WAIT) -> None:
+        self.wait = wait
+        self._seen = 0
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def passed(self, seq: int) -> None:
+        """On the display's thread: every event up to `seq` is handled."""
+        with self._lock:
+            self._seen = max(self._seen, seq)
+            ready = [w for w in self._waiting if w[0] <= seq]
+            self._waiting = [w for w in self._waiting if w[0] > seq]
+        for _, loop, future in ready:
+            loop.call_soon_threadsafe(_done, future)
+
+    async def reached(self, seq: int) -> None:
+        """On the loop: return once the display has handled event `seq` (or `wait` s passed: it
+        may have lost that event to a full queue, or be stuck in a write)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._seen >= seq:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiting.append((seq, loop, future))
+        try:
+            await asyncio.wait_for(future, self.wait)
+        except TimeoutError:
+            pass
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Display(abc.ABC):
+    """What both displays are: a subscriber that shows each event under the shared lock (until
+    `finish`), then tells `caught` it was handled; and the writer of the outcome lines."""
+
+    queue_capacity = 4096
+
+    def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock) -> None:
+        self.stream, self.view, self.lock = stream, view, lock
+        self.closed = False
+        self.caught = Caught()
+
+    def on_event(self, event: Event) -> None:
+        with self.lock:
+            if not self.closed:
+                self._show(event)
+        self.caught.passed(event.seq)
+
+    def print(self, text: str) -> None:
+        with self.lock:
+            self._write(text + "\n")
+
+    @abc.abstractmethod
+    def _show(self, event: Event) -> None:
+        """Show one event (called under the lock, until `finish`)."""
+
+    @abc.abstractmethod
+    def _write(self, text: str) -> None:
+        """Write `text` (already under the lock) where this display writes."""
+
+
+class PlainLines(_Display):
+    """Not a terminal: one line per visible change (a subscriber), and the outcome lines."""
+
+    name = "batch-lines"
+
+    def _show(self, event: Event) -> None:
+        _, line = self.view.apply(event)
+        if line is not None:
+            self._write(line + "\n")
+
+    def settle(self, result: Result) -> None:
+        with self.lock:
+            self.view.settle(result)
+
+    def finish(self) -> None:
+        with self.lock:
+            self.closed = True
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+class LiveTable(_Display):
+    """A terminal: the table in the bottom rows, redrawn in place (a subscriber).
+
+    The rows above are a scroll region (DECSTBM): the tasks' output and the outcome lines scroll
+    there and never overwrite the table. Each redraw is one `write`, so it does not interleave
+    with what a task writes to the same terminal. `finish` draws the last table, gives the
+    whole screen back and leaves the cursor below the table."""
+
+    name = "batch-table"
+
+    def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock, *, progress: bool) -> None:
+        super().__init__(stream, view, lock)
+        self.progress = progress
+        self.fd = stream.fileno()
+        self.size = (0, 0)
+        self._drawn_at = 0.0
+
+    @staticmethod
+    def fits(stream: IO[str], tasks: int) -> bool:
+        """Whether the terminal has room for the table and a few rows above it."""
+        return _size(stream.fileno())[1] >= tasks + 4
+
+    def start(self) -> None:
+        with self.lock:
+            self._region(first=True)
+            self._draw()
+
+    def _show(self, event: Event) -> None:
+        changed, _ = self.view.apply(event)
+        now = time.monotonic()
+        if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
+            self._drawn_at = now
+            self._draw()
+
+    def settle(self, result: Result) -> None:
+        with self.lock:
+            self.view.settle(result)
+            if not self.closed:
+                self._draw()
+
+    def finish(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self._draw()
+            self.closed = True
+            rows = self.size[1]
+            self._write(f"\x1b7\x1b[r\x1b8\x1b[{rows};1H\n")  # the whole screen back; below the table
+
+    def _lines(self) -> list[str]:
+        columns, rows = self.size
+        lines = render_table(self.view.rows.values(), max(columns - 1, 20), progress=self.progress)
+        room = max(rows - 3, 2)
+        if len(lines) > room:
+            lines = [*lines[: room - 1], f"… and {len(lines) - room + 1} more"]
+        return lines
+
+    def _region(self, *, first: bool = False) -> None:
+        self.size = _size(self.fd)
+        height = len(self._lines())
+        rows = self.size[1]
+        room = "\n" * height + f"\x1b[{height}A" if first else ""
+        self._write(f"{room}\x1b7\x1b[1;{rows - height}r\x1b8")
+
+    def _draw(self) -> None:
+        if _size(self.fd) != self.size:
+            self._region()
+        lines = self._lines()
+        top = self.size[1] - len(lines) + 1
+        body = "".join(f"\x1b[{top + i};1H{line}\x1b[K" for i, line in enumerate(lines))
+        self._write(f"\x1b7{body}\x1b8")
+
+    def _write(self, text: str) -> None:
+        self.stream.flush()
+        data = text.encode(getattr(self.stream, "encoding", None) or "utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+def _size(fd: int) -> tuple[int, int]:
+    try:
+        columns, rows = os.get_terminal_size(fd)
+    except OSError:
+        return 80, 24
+    return (columns or 80, rows or 24)
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+def run_file(args: argparse.Namespace) -> tuple[int, signal.Signals | None]:
+    """`mpvisor run --file FILE`: `(status, the signal to die by or None)`."""
+    path = args.file
+    parsed = load(path)
+    if not parsed.ok:
+        _report_errors(path, parsed)
+        return USAGE_ERROR, None
+    tasks = parsed.tasks
+    grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE
+    machine = take_stdout()
+    subscribers: list[Any] = event_writers(args, machine)
+    lock = threading.Lock()
+    view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None})
+    stderr = sys.stderr
+    live = stderr.isatty() and os.environ.get("TERM") != "dumb" and LiveTable.fits(stderr, len(tasks))
+    display: LiveTable | PlainLines = LiveTable(stderr, view, lock, progress=args.progress) if live else PlainLines(stderr, view, lock)
+    subscribers.append(display)
+    if args.progress and not live:
+        subscribers.append(ProgressBar(stderr, live=False, lock=lock))
+    launcher = None
+    if args.ray is not None:
+        from mpvisor._launchers.ray import RayLauncher
+
+        launcher = RayLauncher(address=args.ray)
+    controller = ControllerConfig(shared=True) if any(t.slot for t in tasks) else None
+    supervisor = Supervisor(SupervisorConfig(grace=grace, launcher=launcher), subscribers, controller=controller)
+    if isinstance(display, LiveTable):
+        display.start()
+    try:
+        results, problem = asyncio.run(_run(supervisor, tasks, display))
+    finally:
+        display.finish()
+    interrupts = supervisor.interrupts
+    first = interrupts[0] if interrupts else None
+    if problem is not None:
+        print(problem, file=stderr)
+    if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
+        return (128 + first if first is not None else 1), first
+    missing = [t.name for t in tasks if t.name not in results]
+    for name in missing:  # the run stopped before it was handed over: say so
+        print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
+    ordered = [results[t.name] for t in tasks if t.name in results]
+    status = worst_status(ordered, first)
+    if missing and first is None:
+        status = max(status, 1)  # a task that did not run is no success
+    print(summary_line(path, ordered, status), file=stderr)
+    targets = {t.name for t in tasks if isinstance(t.spec.task, TaskFn)}
+    values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
+    if values and args.events != "json":
+        write_line(machine, value_line(values))
+    return status, first
+
+
+async def _run(supervisor: Supervisor, tasks: tuple[FileTask, ...],
+               display: LiveTable | PlainLines) -> tuple[dict[str, Result], str | None]:
+    """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
+    and the line telling why the run could not finish normally, if it could not."""
+    results: dict[str, Result] = {}
+    replaced: set[int] = set()
+    reporters: list[asyncio.Task[None]] = []
+    bus: Any = None  # the runtime's, once it started
+
+    async def report(task: FileTask, waiter: TaskWaiter) -> None:
+        outcome = await waiter.wait()
+        await display.caught.reached(bus.last_seq)  # its state lines first, then its outcome line
+        status, by_slot = task_status(outcome, replaced=waiter.id in replaced)
+        result = results[task.name] = Result(task.name, outcome, status, by_slot)
+        extra = f" replaced_in_slot={task.slot!r}" if status == 6 and by_slot else f" slot={task.slot!r}" if task.slot else ""
+        display.settle(result)
+        display.print(outcome_line(task.name, outcome) + extra)
+
+    async def start(runtime: Any) -> None:
+        nonlocal bus
+        bus = runtime.bus
+        handle = SupervisorHandle(runtime)
+        if runtime.controller is not None:
+            runtime.controller.on_replaced = replaced.add
+        direct = [t for t in tasks if t.slot is None]
+        if direct:  # one atomic registration
+            waiters = await handle._add([t.spec for t in direct], wait=True)
+            reporters.extend(asyncio.ensure_future(report(t, w)) for t, w in zip(direct, waiters, strict=True))
+        for task in tasks:
+            if task.slot is not None and task.policy is not None:
+                submission = ControllerSpec(task.spec, _POLICIES[task.policy]).with_slot(task.slot)
+                _, waiter = await handle.submit_and_watch(submission)
+                reporters.append(asyncio.ensure_future(report(task, waiter)))
+
+    problem = None
+    try:
+        await supervisor.run([], _before_add=start)
+    except (ConfigError, ShuttingDown, ControllerClosed) as exc:  # the launcher could not start, or interrupted first
+        problem = f"mpvisor: {exc}"
+    except GraceExceeded as exc:  # a tree had to be killed: its outcome is FORCE_ABORTED
+        twice = supervisor.interrupts.count(signal.SIGINT) > 1
+        problem = f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}" if twice else f"mpvisor: {exc}"
+    await asyncio.gather(*reporters)
+    return results, problem

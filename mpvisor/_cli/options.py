@@ -1,0 +1,339 @@
+"""What do mpvisor's commands share? (`mpvisor run` of one task, `mpvisor run --file`, `mpvisor check`)
+
+The vocabulary of the shell commands, below `_cli` (the parser and one task's run), `_taskfile`
+and `_filecli` (task files), so that a value means the same on the command line and in a task
+file and a bad one gets the same message: the option value parsers (argparse `type=`s, each
+raising `argparse.ArgumentTypeError` with the text a usage error shows), `build_spec` (options
+to a `TaskSpec`), exit statuses and the lines printed about outcomes and values (pure), and the
+two steps of I/O every run takes (`take_stdout`, `event_writers`, `write_line`).
+
+| parser | accepts | e.g. |
+|---|---|---|
+| `seconds(allow_zero=...)` | finite seconds > 0 (or >= 0) | `--every`, `--timeout`, `--cpu`, `--grace` |
+| `retries`, `positive_count` | a whole number >= 0, >= 1 | `--max-retries`, `--open-files` |
+| `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
+| `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
+| `byte_size` | bytes, `512M`, `1G` | `--memory` |
+| `intensity` | `N/SECONDS` | `--intensity 3/60` |
+| `task_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, TARGET, `--ray`, ARG |
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import IO, Any, NoReturn
+
+from mpvisor._model import checks as _validate
+from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
+from mpvisor._model.work import CommandTask, TaskFn, target_path
+from mpvisor._observe.writers import JsonLinesWriter, LogWriter
+
+USAGE_ERROR = 2
+TIMED_OUT = 124  # as timeout(1)
+RESERVED = range(3, 10)  # for admission results (busy slot, full queue, superseded), later
+DEFAULT_GRACE = 10.0
+
+
+# --- statuses and lines (pure) ----------------------------------------------------------------------
+
+
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python 3.11's argparse drops a value that is exactly "--" (`--backoff=--`) and hands
+        # the option an empty list, unchecked; the text "--" is the value, and its type decides.
+        if action.nargs is None and arg_strings == ["--"] and action.option_strings:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
+
+
+def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
+    """The process exit status for a task's outcome (pure; see the module table).
+
+    `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
+    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    if outcome.kind is OutcomeKind.COMPLETED:
+        return 0
+    if outcome.timed_out:
+        return TIMED_OUT
+    code = outcome.exit_code
+    if code is not None and 1 <= code <= 255:
+        return code
+    if code is not None and -64 <= code < 0:
+        return 128 - code
+    return 1
+
+
+def outcome_line(name: str, outcome: TaskOutcome) -> str:
+    """The one human line about an outcome: the kind's lower-case name, not its label."""
+    return (
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={outcome.reason!r} "
+        f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
+    )
+
+
+def value_line(value: Any) -> str:
+    """A return value as one line of strict JSON (bytes as base64, non-finite floats as names)."""
+    return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
+    return value
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
+
+
+def parse_arg(text: str) -> Any:
+    """One ARG: a JSON literal, or the text itself when it is a bare word (not meant as JSON).
+
+    A text that starts with `{`, `[` or `"`, or that `float()` reads as a number, is meant as
+    JSON; if it does not parse, `argparse.ArgumentTypeError` names it."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except ValueError as exc:
+        if not _meant_as_json(text):
+            return text
+        raise argparse.ArgumentTypeError(f"not a JSON literal ({exc}): {text!r}") from None
+
+
+def _meant_as_json(text: str) -> bool:
+    if text.lstrip()[:1] in ("{", "[", '"'):
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
+    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`)."""
+    bound = ">= 0" if allow_zero else "> 0"
+
+    def parse(text: str) -> float:
+        try:  # the library's one rule for durations (a ConfigError is a ValueError)
+            seconds = _validate.duration("a duration", float(text), allow_zero=allow_zero)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}{hint}, got {text!r}") from None
+        assert seconds is not None
+        return seconds
+
+    return parse
+
+
+def retries(text: str) -> int:
+    """An argparse `type=`: a whole number >= 0."""
+    try:
+        value = _validate.non_negative_int("a retry count", int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    assert value is not None
+    return value
+
+
+def backoff(text: str) -> BackoffPolicy:
+    """An argparse `type=`: `FIRST[:MAX[:FACTOR]]`, e.g. `0.5:30:2` (no jitter yet)."""
+    parts = text.split(":")
+    try:
+        numbers = [float(part) for part in parts]
+    except ValueError:
+        numbers = []
+    if not 1 <= len(numbers) <= 3 or not all(math.isfinite(n) for n in numbers):
+        raise argparse.ArgumentTypeError(f"expected FIRST[:MAX[:FACTOR]] as finite numbers, got {text!r}")
+    first = numbers[0]
+    cap = numbers[1] if len(numbers) > 1 else max(30.0, first)
+    factor = numbers[2] if len(numbers) > 2 else 2.0
+    try:
+        return BackoffPolicy.exponential(first, max=cap, factor=factor)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (in {text!r})") from None
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    """An argparse `type=`: one of `options`, as given."""
+
+    def parse(text: str) -> str:
+        if text not in options:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}")
+        return text
+
+    return parse
+
+
+RESTARTS = ("never", "on-failure", "always")
+POLICIES = ("queue", "replace", "drop")
+
+
+def jitter(text: str) -> JitterPolicy:
+    """An argparse `type=`: a jitter name (`none`, `full`, `equal`, `randomized-band`)."""
+    try:
+        return JitterPolicy[text.upper().replace("-", "_")]
+    except KeyError:
+        names = ", ".join(member.name.lower().replace("_", "-") for member in JitterPolicy)
+        raise argparse.ArgumentTypeError(f"expected one of {names}, got {text!r}") from None
+
+
+def task_name(text: str) -> str:
+    """An argparse `type=`: a non-empty task name."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"expected a non-empty task name, got {text!r}")
+    return text
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """An argparse `type=`: a size in bytes, `512M`, `1G` (binary units, an optional `iB`/`B`)."""
+    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 1048576, 512M, 1G), got {text!r}")
+    return int(value)
+
+
+def positive_count(text: str) -> int:
+    """An argparse `type=`: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def intensity(text: str) -> tuple[int, float]:
+    """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0)."""
+    count, slash, window = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        n = _validate.non_negative_int("N", int(count))
+        seconds = _validate.duration("SECONDS", float(window), allow_zero=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N/SECONDS (N >= 0 restarts within SECONDS > 0), got {text!r}") from None
+    assert n is not None and seconds is not None
+    return n, seconds
+
+
+def ray_address(text: str) -> str:
+    """An argparse `type=`: a Ray address (`auto`, `host:port`, `ray://host:port`, `local`),
+    accepted only where Ray is installed."""
+    import importlib.util
+
+    if not text:
+        raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
+    if importlib.util.find_spec("ray") is None:
+        raise argparse.ArgumentTypeError("Ray is not installed here (pip install 'mpvisor[ray]')")
+    return text
+
+
+def target(text: str) -> str:
+    """An argparse `type=`: `package.module:function`, named in full when malformed."""
+    try:
+        return target_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = None) -> TaskSpec:
+    """The one task the parsed options describe (`ValueError`/`TypeError` for what argparse
+    cannot see, e.g. an int argument out of msgpack's range); `task`, when given, is its body
+    (a task file builds it with its own environment and working directory)."""
+    if task is None and args.command:
+        task = CommandTask(args.name or os.path.basename(args.command[0]), args.command)
+    elif task is None:
+        task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)
+    if args.every is not None:
+        spec = TaskSpec.periodic(task, args.every)
+    elif args.restart in (None, "never"):
+        spec = TaskSpec.once(task)
+    elif args.restart == "on-failure":
+        spec = TaskSpec.restartable(task)
+    else:
+        spec = TaskSpec.restartable(task).with_restart(RestartPolicy.always())
+    if args.max_retries is not None:
+        spec = spec.with_max_retries(args.max_retries)
+    if args.intensity is not None:
+        spec = spec.with_restart_intensity(*args.intensity)
+    if args.memory is not None or args.cpu is not None or args.open_files is not None:
+        spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files)
+    if args.timeout is not None:
+        spec = spec.with_timeout(args.timeout)
+    if args.backoff is not None or args.jitter is not None:
+        policy = args.backoff if args.backoff is not None else TaskDefaults().backoff
+        spec = spec.with_backoff(policy.with_jitter(args.jitter if args.jitter is not None else JitterPolicy.EQUAL))
+    return spec
+
+
+# `run` options that describe the one task: with --file, the file describes its tasks
+TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "cpu", "open_files", "intensity", "timeout",
+                "backoff", "jitter", "slot", "policy")
+
+
+# --- the I/O every run does ----------------------------------------------------------------------
+
+
+def take_stdout() -> IO[str]:
+    """Keep stdout for machine-readable output and send fd 1 to stderr, so that what the tasks
+    (and this process) print there goes to stderr; before the launcher starts, so every attempt
+    inherits that."""
+    machine = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    return machine
+
+
+def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any]:
+    """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout)."""
+    if args.events == "json" and machine is not None:
+        return [JsonLinesWriter(machine)]
+    if args.events == "log":
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+        return [LogWriter()]
+    return []
+
+
+def write_line(stream: IO[str], text: str) -> None:
+    """Write one line and flush it; a reader that went away loses it (and nothing else)."""
+    try:
+        stream.write(f"{text}\n")
+        stream.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # the exit-time flush stays quiet

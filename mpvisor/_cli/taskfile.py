@@ -1,0 +1,390 @@
+"""What does a task file describe, and what is wrong with it?
+
+A task file is TOML: a `[defaults]` table (what every task inherits, and the run's `grace`) and
+one `[task.NAME]` table per task, NAME being the task's name. Its keys are `mpvisor run`'s long
+options in snake_case, read by the very parsers the command line uses (`_shell`), so a value means
+the same in both places and a bad one gets the same message. Pure: `parse_text(text, base_dir)`
+takes the file's text and returns the tasks and every error found, each with its location
+(`task "build".backoff: ...`, `defaults.grace: ...`, `line 3, column 7: ...` for TOML syntax);
+reading the file is the shell's (`_filecli`).
+
+| key | TOML value | as on the command line |
+|---|---|---|
+| `target` | string `"pkg.mod:fn"` | TARGET (task only) |
+| `args`, `kwargs` | array, table (msgpack values) | ARG... (`kwargs` has no CLI form; task only, Python targets) |
+| `command` | array of strings | `-- COMMAND [ARG...]` (task only) |
+| `restart` | `"never"`, `"on-failure"`, `"always"` | `--restart` |
+| `every`, `timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--cpu` |
+| `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
+| `memory` | integer (bytes) or string (`"512M"`) | `--memory` |
+| `intensity` | string `"N/SECONDS"` | `--intensity` |
+| `backoff` | string `"FIRST[:MAX[:FACTOR]]"` or a number (FIRST) | `--backoff` |
+| `jitter` | string | `--jitter` |
+| `slot`, `policy` | string; `"queue"`, `"replace"`, `"drop"` | `--slot`, `--policy` |
+| `env` | table of strings, merged over the environment; `false` removes a variable | (no CLI form) |
+| `cwd` | string, relative to the file's directory | (no CLI form) |
+| `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
+
+A task's own value wins over `[defaults]`; `env` tables merge key by key. Exactly one of
+`target` and `command` per task. `policy` needs a `slot` (a `[defaults]` policy applies to the
+tasks that have one); `every` makes a task periodic, so it cannot go with `restart = "never"` or
+`"on-failure"`. Unknown keys are errors that name the key and suggest the closest known one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import json
+import os
+import re
+import shlex
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mpvisor._cli import options as _shell
+from mpvisor._model.spec import TaskSpec
+from mpvisor._model.work import CommandTask, TaskFn
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One task of a file: its spec, and its slot and admission policy (`"queue"`, `"replace"`,
+    `"drop"`; both None for a task without a slot)."""
+
+    spec: TaskSpec
+    slot: str | None = None
+    policy: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class TaskFile:
+    """A parsed task file: its tasks in file order, the run's `grace` (None: not given), and
+    every error as `"<location>: <message>"`, in file order (the file is valid when there is
+    none; `tasks` then holds every task)."""
+
+    tasks: tuple[FileTask, ...]
+    grace: float | None
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class _Invalid(Exception):
+    """A value a key cannot take (its message is the error's text)."""
+
+
+# --- values: TOML type first, then the command line's own parser -------------------------------------
+
+
+def _kind(value: object) -> str:
+    match value:
+        case bool():
+            return "a boolean"
+        case int():
+            return "an integer"
+        case float():
+            return "a float"
+        case str():
+            return "a string"
+        case list():
+            return "an array"
+        case dict():
+            return "a table"
+        case datetime.datetime() | datetime.date() | datetime.time():
+            return "a date/time"
+    return type(value).__name__
+
+
+def toml_text(value: object) -> str:
+    """A value as TOML writes it (for messages)."""
+    match value:
+        case bool():
+            return "true" if value else "false"
+        case str():
+            return json.dumps(value, ensure_ascii=False)
+        case list():
+            return "[" + ", ".join(toml_text(item) for item in value) + "]"
+        case dict():
+            return "{" + ", ".join(f"{_key(k)} = {toml_text(v)}" for k, v in value.items()) + "}"
+        case datetime.datetime() | datetime.date() | datetime.time():
+            return value.isoformat()
+    return repr(value)
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name, ensure_ascii=False)
+
+
+def _cli_text(value: object) -> str:
+    """What one would type on the command line for this TOML value."""
+    return value if isinstance(value, str) else repr(value)
+
+
+def _via(parser: Callable[[str], Any], types: tuple[type, ...], what: str) -> Callable[[object], Any]:
+    """A value of one of `types` (never a boolean), then read by the command line's `parser`."""
+
+    def convert(value: object) -> Any:
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise _Invalid(f"expected {what}, got {_kind(value)}: {toml_text(value)}")
+        try:
+            return parser(_cli_text(value))
+        except argparse.ArgumentTypeError as exc:
+            raise _Invalid(str(exc)) from None
+
+    return convert
+
+
+_NUMBER = (int, float)
+_SECONDS = "a number of seconds"
+
+
+def _command(value: object) -> list[str]:
+    if isinstance(value, str):
+        try:
+            hint = f"; write command = {toml_text(shlex.split(value))}"
+        except ValueError:
+            hint = ""
+        raise _Invalid(f"expected an array of strings (the program and its arguments), got a string: {toml_text(value)}{hint}")
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"expected a non-empty array of strings (the program and its arguments), got {_kind(value)}: {toml_text(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _Invalid(f"[{i}] must be a string, got {_kind(item)}: {toml_text(item)}")
+    return list(value)
+
+
+def _array(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Invalid(f"expected an array of arguments, got {_kind(value)}: {toml_text(value)}")
+    _no_dates(value, "")
+    return value
+
+
+def _table(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(f"expected a table of keyword arguments, got {_kind(value)}: {toml_text(value)}")
+    _no_dates(value, "")
+    return value
+
+
+def _no_dates(value: object, where: str) -> None:
+    """TOML dates and times are no msgpack values: say so (and how to pass one)."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        raise _Invalid(f"{where or 'the value'} is a TOML date/time, which is not a msgpack value; quote it to pass it as a string")
+    items = enumerate(value) if isinstance(value, list) else value.items() if isinstance(value, dict) else ()
+    for key, item in items:
+        _no_dates(item, f"{where}[{key!r}]" if isinstance(key, str) else f"{where}[{key}]")
+
+
+def _env(value: object) -> dict[str, str | None]:
+    """A table of variables; `false` removes one (TOML has no null): it becomes the `None` that
+    `TaskFn` and `CommandTask` take to mean "unset"."""
+    if not isinstance(value, dict):
+        raise _Invalid(f"expected a table of environment variables (strings), got {_kind(value)}: {toml_text(value)}")
+    env: dict[str, str | None] = {}
+    for key, item in value.items():
+        if item is not False and not isinstance(item, str):
+            raise _Invalid(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
+        if not key or "=" in key or "\0" in key or (item is not False and "\0" in item):
+            raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
+        env[key] = None if item is False else item
+    return env
+
+
+def _cwd(value: object) -> str:
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise _Invalid(f"expected a directory (a non-empty string), got {_kind(value)}: {toml_text(value)}")
+    return value
+
+
+SETTINGS: dict[str, Callable[[object], Any]] = {
+    "restart": _via(_shell.choice(*_shell.RESTARTS), (str,), "a string: " + ", ".join(_shell.RESTARTS)),
+    "every": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "max_retries": _via(_shell.retries, _NUMBER, "a whole number >= 0"),
+    "memory": _via(_shell.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
+    "cpu": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "open_files": _via(_shell.positive_count, _NUMBER, "a whole number >= 1"),
+    "intensity": _via(_shell.intensity, (str,), 'a string "N/SECONDS"'),
+    "timeout": _via(_shell.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),
+    "backoff": _via(_shell.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
+    "jitter": _via(_shell.jitter, (str,), "a string: none, full, equal or randomized-band"),
+    "slot": _via(_shell.task_name, (str,), "a slot name (a string)"),
+    "policy": _via(_shell.choice(*_shell.POLICIES), (str,), "a string: " + ", ".join(_shell.POLICIES)),
+    "env": _env,
+    "cwd": _cwd,
+}
+TASK_ONLY: dict[str, Callable[[object], Any]] = {
+    "target": _via(_shell.target, (str,), 'a string "package.module:function"'),
+    "args": _array,
+    "kwargs": _table,
+    "command": _command,
+}
+DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {"grace": _via(_shell.seconds(allow_zero=True), _NUMBER, _SECONDS)}
+RUN_OPTIONS = ("events", "progress", "ray", "file")  # `mpvisor run` options that no file sets
+TOP_LEVEL = ("defaults", "task")
+
+
+# --- the file ----------------------------------------------------------------------------------------
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.found.append(f"{where}: {message}")
+
+
+def _task_where(name: str) -> str:
+    return f"task {json.dumps(name, ensure_ascii=False)}"
+
+
+def _unknown(key: str, known: list[str], misplaced: dict[str, str]) -> str:
+    if key in misplaced:
+        return misplaced[key]
+    if key in RUN_OPTIONS:
+        return f"unknown key: {key} is an option of `mpvisor run`, not of a task file"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"unknown key{f' (did you mean {close[0]}?)' if close else ''}"
+
+
+def _read(table: dict[str, Any], where: str, allowed: dict[str, Callable[[object], Any]],
+          misplaced: dict[str, str], errors: _Errors) -> dict[str, Any]:
+    """Every key of `table` converted; each unknown key and bad value is an error."""
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        convert = allowed.get(key)
+        if convert is None:
+            errors.add(f"{where}.{_key(key)}", _unknown(key, list(allowed), misplaced))
+            continue
+        try:
+            values[key] = convert(value)
+        except _Invalid as exc:
+            errors.add(f"{where}.{_key(key)}", str(exc))
+    return values
+
+
+_IN_DEFAULTS = {key: f"{key} is a task's own key, not a default ([task.NAME])" for key in TASK_ONLY}
+_IN_TASK = {
+    "grace": "grace is the whole run's: set it in [defaults]",
+    "name": "a task's name is its table's key: [task.NAME]",
+}
+
+
+def parse_text(text: str, base_dir: str = ".") -> TaskFile:
+    """The tasks and the errors of a task file's text; a relative `cwd` is taken from `base_dir`
+    (the file's directory)."""
+    errors = _Errors()
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        errors.add(*_syntax_error(str(exc)))
+        return TaskFile((), None, tuple(errors.found))
+    for key in document:
+        if key not in TOP_LEVEL:
+            errors.add(_key(key), _unknown(key, list(TOP_LEVEL), {}) + " (a task file has [defaults] and [task.NAME] tables)")
+    defaults = _defaults(document.get("defaults", {}), errors)
+    grace = defaults.pop("grace", None)
+    tasks = []
+    for name, table in _task_tables(document, errors):
+        task = _task(name, table, defaults, base_dir, errors)
+        if task is not None:
+            tasks.append(task)
+    return TaskFile(tuple(tasks), grace, tuple(errors.found))
+
+
+def _syntax_error(message: str) -> tuple[str, str]:
+    found = re.fullmatch(r"(?s)(.*) \(at line (\d+), column (\d+)\)", message)
+    if found:
+        return f"line {found[2]}, column {found[3]}", found[1]
+    found = re.fullmatch(r"(?s)(.*) \(at end of document\)", message)
+    if found:
+        return "end of document", found[1]
+    return "TOML", message
+
+
+def _defaults(table: object, errors: _Errors) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        errors.add("defaults", f"expected a table ([defaults]), got {_kind(table)}: {toml_text(table)}")
+        return {}
+    return _read(table, "defaults", {**SETTINGS, **DEFAULTS_ONLY}, _IN_DEFAULTS, errors)
+
+
+def _task_tables(document: dict[str, Any], errors: _Errors) -> list[tuple[str, dict[str, Any]]]:
+    tasks = document.get("task")
+    if tasks is None:
+        errors.add("task", "no tasks: add a [task.NAME] table for each")
+        return []
+    if not isinstance(tasks, dict):
+        errors.add("task", f"expected [task.NAME] tables, got {_kind(tasks)}: {toml_text(tasks)}")
+        return []
+    if not tasks:
+        errors.add("task", "no tasks: add a [task.NAME] table for each")
+    found = []
+    for name, table in tasks.items():
+        if not isinstance(table, dict):
+            errors.add(_task_where(name), f"expected a table ([task.{_key(name)}]), got {_kind(table)}: {toml_text(table)}")
+        elif not name:
+            errors.add(_task_where(name), "a task's name must not be empty")
+        else:
+            found.append((name, table))
+    return found
+
+
+def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], base_dir: str,
+          errors: _Errors) -> FileTask | None:
+    where = _task_where(name)
+    before = len(errors.found)
+    own = _read(table, where, {**SETTINGS, **TASK_ONLY}, _IN_TASK, errors)
+    settings = {**defaults, **own}
+    if "env" in defaults and "env" in own:
+        settings["env"] = {**defaults["env"], **own["env"]}
+    has_target, has_command = "target" in table, "command" in table
+    if has_target == has_command:
+        errors.add(where, "give either target (a Python function) or command (a program), not both"
+                   if has_target else "give either target (a Python function) or command (a program)")
+    if has_command:
+        for key in ("args", "kwargs"):
+            if key in table:
+                errors.add(f"{where}.{key}", f"{key} is for a Python target; a command's arguments are the rest of its command array")
+    if "policy" in own and "slot" not in settings:
+        errors.add(f"{where}.policy", "needs slot (the slot whose admission the policy decides)")
+    if "every" in settings and settings.get("restart") in ("never", "on-failure"):
+        errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
+                                     f"or no restart, got restart = {toml_text(settings['restart'])}")
+    if len(errors.found) > before:
+        return None
+    return _build(name, settings, base_dir, where, errors)
+
+
+def _build(name: str, settings: dict[str, Any], base_dir: str, where: str, errors: _Errors) -> FileTask | None:
+    cwd = settings.get("cwd")
+    if cwd is not None:
+        cwd = os.path.normpath(os.path.join(base_dir, cwd))
+    try:
+        if "command" in settings:
+            body: TaskFn | CommandTask = CommandTask(name, settings["command"], settings.get("env"), cwd)
+        else:
+            body = TaskFn(name, settings["target"], settings.get("args", ()), settings.get("kwargs"),
+                          env=settings.get("env"), cwd=cwd)
+    except (TypeError, ValueError) as exc:
+        errors.add(where, str(exc))
+        return None
+    options = argparse.Namespace(**{option: settings.get(option) for option in _shell.TASK_OPTIONS})
+    try:
+        spec = _shell.build_spec(options, body)
+    except (TypeError, ValueError) as exc:
+        errors.add(where, str(exc))
+        return None
+    slot = settings.get("slot")
+    return FileTask(spec, slot, settings.get("policy", "queue") if slot is not None else None)

@@ -1,0 +1,9 @@
+"""How does this machine start, signal and reap attempt processes?
+
+The default launcher: `client` (the parent's `LauncherClient`, a `Launcher`), `channel` (one
+attempt's socket and pipes in the parent), `control` (the messages between the parent and the
+fork server), `forkserver` (the single-threaded process every attempt is forked from), `guardian`
+(its parent, which outlives it to kill orphans) and `lines` (captured output as lines).
+
+May import: `_model`, `_attempt`, `_launchers`, `_platform`.
+"""

@@ -1,0 +1,200 @@
+"""How does the parent read one local attempt's channel and output until its tree is gone?
+
+`Channel` is the local launcher's parent-side end of one attempt: the attempt socket (a
+`socketpair`, whose child end travels to the fork server with the spawn request), the capture
+pipes with `capture_output`, and the attempt's pidfd once it has started. It sends the start
+frame linearly (memoryviews over its two pieces, advanced by what each `send` took), hands every
+byte read to its `AttemptSink` as it arrives and every captured line as it completes, and reports
+the attempt's end only once the channel is drained: after the fork server's `exited` (its tree
+is reaped) or after the launcher died and the pidfd said the process is gone, the channel and
+pipes are read to EOF, for at most `EOF_WAIT` s, then closed; then `on_eof`, then `on_exited` /
+`on_launcher_died`. The parent holds 2 fds per live attempt (the socket and the pidfd), 4 with
+`capture_output`, and no thread: everything is readiness callbacks on the loop.
+
+| the fork server says | the channel |
+|---|---|
+| `started pid` + pidfd | starts reading; `sink.on_started(pid)` |
+| `start_failed` | closes its fds; `sink.on_start_failed(error)` |
+| `exited` | drains, then `sink.on_eof()`, `sink.on_exited(status, killed)` |
+| (the launcher died) | no pid yet: closes, `sink.on_launcher_died()`; else waits for the pidfd, drains, then the same |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from mpvisor._launchers.local.lines import LineSplitter
+
+if TYPE_CHECKING:
+    from mpvisor._launchers.seam import AttemptSink, ExitStatus
+
+EOF_WAIT = 1.0  # seconds to read pipes to EOF once the tree is gone
+
+
+class Channel:
+    """One local attempt's socket, pipes and pidfd, until its end is reported."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: AttemptSink, start: tuple[bytes, bytes],
+                 capture_output: bool) -> None:
+        self.loop = loop
+        self.sink = sink
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setblocking(False)
+        self._sock: socket.socket | None = ours
+        self.child_fds = [theirs.detach()]  # for the spawn request: the fork server owns them then
+        self._streams: dict[int, LineSplitter] = {}
+        if capture_output:
+            for stream in ("stdout", "stderr"):
+                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                os.set_blocking(w, True)
+                self._streams[r] = LineSplitter(stream)
+                self.child_fds.append(w)
+        self._pidfd: int | None = None
+        self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
+        self._writing = False  # a writer callback is registered for the rest of it
+        self._exit: tuple[ExitStatus, bool] | None = None  # the fork server's `exited`, once it came
+        self._eof_timer: asyncio.TimerHandle | None = None
+        self._reported = False
+        self._write_start()
+
+    def __repr__(self) -> str:
+        draining = self._eof_timer is not None
+        return f"<Channel sock={self._sock is not None} streams={len(self._streams)} draining={draining} exit={self._exit!r}>"
+
+    # --- what the launcher client tells it -------------------------------------------------------
+
+    def started(self, pid: int, pidfd: int | None) -> None:
+        self._pidfd = pidfd
+        if self._sock is not None:
+            self.loop.add_reader(self._sock.fileno(), self._on_readable)
+        for fd in self._streams:
+            self.loop.add_reader(fd, self._on_stream, fd)
+        self.sink.on_started(pid)
+
+    def start_failed(self, error: str) -> None:
+        self._close_all()
+        self._reported = True
+        self.sink.on_start_failed(error)
+
+    def exited(self, status: ExitStatus, killed: bool) -> None:
+        self._exit = (status, killed)
+        self._drain()
+
+    def launcher_died(self) -> None:
+        if self._pidfd is None:  # never started, or no pidfd: nothing to wait for
+            self._close_all()
+            self._report()
+            return
+        self.loop.add_reader(self._pidfd, self._on_pidfd)
+
+    # --- I/O ---------------------------------------------------------------------------------------
+
+    def _write_start(self) -> None:
+        """Send what the socket takes of the start frame now; wait for writability for the rest."""
+        if self._sock is None:
+            return
+        while self._outgoing:
+            piece = self._outgoing[0]
+            try:
+                sent = self._sock.send(piece)
+            except BlockingIOError:
+                break
+            except OSError:  # the child is gone; its exit status will speak
+                sent = len(piece)
+            if sent == len(piece):
+                self._outgoing.pop(0)  # the last view of a piece goes: its bytes can be freed
+            else:
+                self._outgoing[0] = piece[sent:]  # a view: nothing is copied
+        if self._outgoing and not self._writing:
+            self.loop.add_writer(self._sock.fileno(), self._write_start)
+            self._writing = True
+        elif not self._outgoing and self._writing:
+            self.loop.remove_writer(self._sock.fileno())
+            self._writing = False
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        try:
+            data = self._sock.recv(1 << 18)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_sock()
+            self._maybe_done()
+            return
+        self.sink.on_data(data)
+
+    def _on_stream(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        splitter = self._streams[fd]
+        for line in splitter.feed(data) if data else splitter.finish():
+            self.sink.on_output(splitter.stream, line)
+        if not data:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+            del self._streams[fd]
+            self._maybe_done()
+
+    def _on_pidfd(self) -> None:
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+        self._drain()
+
+    # --- the end -------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        self._eof_timer = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
+        self._maybe_done()
+
+    def _give_up_on_eof(self) -> None:
+        self._close_all()
+        self._report()
+
+    def _maybe_done(self) -> None:
+        if self._eof_timer is not None and self._sock is None and not self._streams:
+            self._close_all()
+            self._report()
+
+    def _report(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        if self._eof_timer is not None:
+            self._eof_timer.cancel()
+        self.sink.on_eof()
+        if self._exit is not None:
+            self.sink.on_exited(*self._exit)
+        else:  # no `exited` came: the launcher died
+            self.sink.on_launcher_died()
+
+    def _close_sock(self) -> None:
+        """Unregister the socket from the loop, then close it (its fd number may be reused)."""
+        if self._sock is None:
+            return
+        self.loop.remove_reader(self._sock.fileno())
+        self.loop.remove_writer(self._sock.fileno())
+        self._writing = False
+        self._outgoing.clear()
+        self._sock.close()
+        self._sock = None
+
+    def _close_all(self) -> None:
+        self._close_sock()
+        for fd, splitter in list(self._streams.items()):
+            self.loop.remove_reader(fd)
+            for line in splitter.finish():
+                self.sink.on_output(splitter.stream, line)
+            os.close(fd)
+        self._streams.clear()
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None

@@ -1,0 +1,522 @@
+"""How does the parent keep a launcher running and talk to it?
+
+`LauncherClient` owns one launcher process at a time: a keeper thread (alive as long as the
+supervisor, so the parent-death signal of what it starts is tied to it) starts the launcher's
+guardian (`guardian.py`, which forks the launcher), forwards the launcher's start-up stderr to
+the parent's own (keeping its last line), waits for the guardian to end (after a killed
+launcher: once it has cleaned up), and, when the loop says so, starts another. `pid` is the
+launcher's own, from its first message. On the runtime loop, the client speaks the control
+protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply to the attempt's
+`Channel` (`channel.py`), which owns that attempt's socket, pipes and pidfd and reports to its
+`AttemptSink`.
+
+| event | the client |
+|---|---|
+| `importing pid module` | remembers which `preload` module the launcher is importing |
+| `ready pid error` | resolves `ready()` (a preload error becomes `ConfigError`) |
+| `started` / `start_failed` / `exited` | forwards it to the channel with that key |
+| EOF on the control socket | holds its channels: their launcher died |
+| the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now); reports the death; restarts after `restart_delay` (below), or gives up |
+| not ready within `start_timeout` | gives up: kills it |
+| `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
+
+A launcher that cannot become ready is a configuration error, never a loop: after
+`EARLY_DEATHS` deaths in a row before `ready`, or no `ready` within `start_timeout`, the client
+gives up for good, and `ready()` (every management call) raises `ConfigError` naming the
+cause: how the launcher ended, the module it was importing, its last line on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mpvisor import _platform
+from mpvisor._launchers.local import control
+from mpvisor._launchers.local.channel import Channel
+from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.errors import ConfigError
+from mpvisor._platform import recv_fds
+
+if TYPE_CHECKING:
+    from mpvisor._launchers.seam import AttemptSink, Launcher, LaunchSettings
+    from mpvisor._model.spec import Resources
+
+CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
+EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
+SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
+LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
+
+
+def restart_delay(quick_deaths: int) -> float:
+    """Seconds to wait before starting a launcher after `quick_deaths` launchers in a row died
+    young (before `ready`, or within `SHORT_LIFE` s): none after a launcher that lived, then
+    0.05 s doubling up to 2 s. Pure."""
+    if quick_deaths <= 0:
+        return 0.0
+    return min(0.05 * 2.0 ** min(quick_deaths - 1, 16), 2.0)
+
+
+def describe_guardian_status(returncode: int) -> str:
+    """How the launcher ended, from its guardian's exit status (which mirrors the launcher's:
+    128 + N for a death by signal N; negative if the guardian itself was killed). Pure."""
+    if returncode < 0:
+        return f"was stopped: its guardian was killed by {_signal_name(-returncode)}"
+    if returncode > 128:
+        return f"killed by {_signal_name(returncode - 128)}"
+    return f"exited with status {returncode}"
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class LauncherClient:
+    """The parent's end of the launcher: one at a time, restarted if it dies."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        preload: tuple[str, ...],
+        on_death: Callable[[str], None],
+        start_timeout: float = 30.0,
+        environment: tuple[dict[str, str], str, list[str]] | None = None,
+    ) -> None:
+        self.loop = loop
+        # What the launcher starts with (environ, cwd, sys.path): this process's own, unless
+        # given (a Ray agent starts it with the environment of the supervisor it serves).
+        self._environment = environment
+        self.preload = preload
+        self.on_death = on_death
+        self.start_timeout = start_timeout
+        self.pid: int | None = None
+        self._sock: socket.socket | None = None
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._error: str | None = None  # once set, for good: `ready()` raises it as ConfigError
+        self._importing: str | None = None  # the preload module the starting launcher imports
+        self._was_ready = False  # the current launcher sent `ready`
+        self._started_at = 0.0
+        self._early_deaths = 0  # launchers in a row that died before `ready`
+        self._quick_deaths = 0  # launchers in a row that died young (see `restart_delay`)
+        self._delay = 0.0  # what the keeper waits before it starts the next launcher
+        self._start_timer: asyncio.TimerHandle | None = None
+        self._ended: tuple[int, int] | None = None  # the guardian's pid and status, once it exited
+        self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
+        self._last_line: str | None = None  # its last non-empty line so far
+        self._attempts: dict[int, Channel] = {}
+        self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
+        self._next_key = 0
+        self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        self._closing = False
+        self._restart = threading.Event()
+        self._wake = threading.Event()  # set by `close()`: no more waiting for a restart
+        self._lock = threading.Lock()
+        self._gone: asyncio.Future[None] = loop.create_future()  # the keeper thread has ended
+        self._proc: subprocess.Popen[bytes] | None = None
+        # What the current launcher started with: os.environ's raw data, cwd, sys.path.
+        self._baseline: tuple[dict[bytes, bytes], str, list[str]] = ({}, "", [])
+        self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<LauncherClient pid={self.pid} attempts={len(self._attempts)} closing={self._closing}>"
+
+    # --- the keeper thread: start the launcher, wait for it to end, start another ------------
+
+    def _keeper(self) -> None:
+        while True:
+            with self._lock:  # `close()` either sees this launcher attached later, or none started
+                if self._closing:
+                    break
+                proc = self._start_launcher()
+            if proc is None:
+                break
+            returncode = proc.wait()
+            try:
+                self.loop.call_soon_threadsafe(self._on_guardian_ended, proc.pid, returncode)
+            except RuntimeError:
+                return  # the loop was closed without a shutdown: nobody is left to tell
+            self._restart.wait()  # the loop decides: `_delay` and `_closing` are set before it
+            self._restart.clear()
+            if self._delay and not self._closing:
+                self._wake.wait(self._delay)  # `close()` cuts the wait short
+        self.loop.call_soon_threadsafe(_resolve, self._gone)
+
+    def _start_launcher(self) -> subprocess.Popen[bytes] | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if self._environment is None:
+            env, cwd, path = None, None, list(sys.path)
+            self._baseline = (dict(os.environ._data), os.getcwd(), path)  # type: ignore[attr-defined]
+        else:
+            given, cwd, path = self._environment
+            env = dict(given)
+            self._baseline = ({os.fsencode(k): os.fsencode(v) for k, v in env.items()}, cwd, list(path))
+        code = (
+            f"import sys; sys.path[:] = {path!r}; from mpvisor._launchers.local.forkserver import main; "
+            f"main(sys.argv[1:])"
+        )
+        # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable
+        # installs' import hooks and sitecustomize are there as in the parent, and `sys.path`
+        # is the parent's, set explicitly above.
+        try:
+            parent_stderr = os.dup(2)  # the launcher moves to it once it is ready
+        except OSError:
+            parent_stderr = -1
+        argv = _platform.interpreter_argv(code)
+        argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), *self.preload]
+        keep = [fd for fd in (theirs.fileno(), parent_stderr) if fd >= 0]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=keep,
+                process_group=0,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE if parent_stderr >= 0 else None,
+            )
+        except OSError as exc:
+            ours.close()
+            self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
+            return None
+        finally:
+            theirs.close()
+            if parent_stderr >= 0:
+                os.close(parent_stderr)
+        self._proc = proc
+        startup = None
+        if proc.stderr is not None:  # the loop reads it: a plain fd, not the Popen's file object
+            startup = os.dup(proc.stderr.fileno())
+            proc.stderr.close()
+        self.loop.call_soon_threadsafe(self._attach, ours, startup)
+        return proc
+
+    def _give_up(self, error: str) -> None:
+        """The launcher cannot become ready: from now on every `ready()` raises `ConfigError`."""
+        if self._error is None:
+            self._error = error
+            self.on_death(f"{error}; no launcher will be started again")
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _attach(self, sock: socket.socket, startup: int | None) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._last_line = None
+        if startup is not None:
+            os.set_blocking(startup, False)
+            self._startup = startup
+            self.loop.add_reader(startup, self._on_startup_output)
+        self.pid = None  # a new launcher: its pid arrives with its first message
+        self._importing = None
+        self._was_ready = False
+        self._started_at = self.loop.time()
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+        self._start_timer = self.loop.call_later(self.start_timeout, self._on_start_timeout, sock)
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+        if self._closing:
+            self._outbox.clear()  # what was queued for it will never run: `close()` fails it
+            self._send(control.Stop())
+        self._flush()
+
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
+        """The parent's environ, cwd and sys.path for a start request: each `None` when it is
+        what the launcher started with (so that neither side copies it per attempt)."""
+        base_environ, base_cwd, base_path = self._baseline
+        cwd, path = os.getcwd(), sys.path
+        return (
+            None if os.environ._data == base_environ else dict(os.environ),  # type: ignore[attr-defined]
+            None if cwd == base_cwd else cwd,
+            None if path == base_path else list(path),
+        )
+
+    async def ready(self) -> None:
+        """Wait until the launcher runs; `ConfigError` if it cannot (see the module docstring)."""
+        if not self._ready.done():
+            await asyncio.shield(self._ready)
+        if self._error is not None:
+            raise ConfigError(self._error)
+
+    def is_ready(self) -> bool:
+        """The launcher runs and its preload succeeded: `ready()` would return at once."""
+        return self._ready.done() and self._error is None
+
+    def _on_start_timeout(self, sock: socket.socket) -> None:
+        if self._sock is not sock or self._was_ready:
+            return
+        self._give_up(self._not_ready(f"was not ready within start_timeout={self.start_timeout} s"))
+        if self._proc is not None:
+            self._proc.kill()  # until it is ready, the launcher dies with its guardian
+
+    def _not_ready(self, how: str, last_line: str | None = None) -> str:
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else "the launcher"
+        text = f"{what} {how}"
+        if self._importing is not None:
+            text += f" while importing preload module {self._importing!r}"
+        elif self.preload:
+            text += " before importing any preload module"
+        if last_line:
+            text += f"; its last line on stderr: {last_line!r}"
+        return text
+
+    # --- the control channel -----------------------------------------------------------------
+
+    def _send(self, message: control.ToLauncher, fds: list[int] | None = None) -> None:
+        self._outbox.append((control.encode(message), fds or []))
+        self._flush()
+
+    def _flush(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while self._outbox:
+            data, fds = self._outbox[0]
+            try:
+                if fds:
+                    socket.send_fds(sock, [data], fds)
+                else:
+                    sock.send(data)
+            except BlockingIOError:
+                self.loop.add_writer(sock.fileno(), self._on_writable)
+                return
+            except OSError:
+                return  # the launcher is gone: _on_readable sees EOF and fails what was sent
+            self._outbox.popleft()
+            for fd in fds:
+                os.close(fd)
+
+    def _on_writable(self) -> None:
+        assert self._sock is not None
+        self.loop.remove_writer(self._sock.fileno())
+        self._flush()
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                data, fds = recv_fds(sock)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._on_launcher_gone()
+                return
+            try:
+                message = control.decode(data)
+            except control.ControlError as exc:
+                for fd in fds:
+                    os.close(fd)
+                self._give_up(f"the launcher sent what this parent cannot read: {exc}")
+                if self._proc is not None:
+                    self._proc.kill()
+                continue
+            self._dispatch(message, fds)
+
+    def _dispatch(self, message: control.ToParent | control.ToLauncher, fds: list[int]) -> None:
+        match message:
+            case control.Importing(_, pid, module):
+                self.pid = pid  # the launcher's own pid (the process started is its guardian)
+                self._importing = module
+            case control.Ready(_, pid, error):
+                self.pid = pid
+                self._was_ready = True
+                self._importing = None
+                self._early_deaths = 0
+                if error is not None:
+                    self._give_up(error)
+                elif not self._ready.done():
+                    self._ready.set_result(None)
+            case control.Started(key, pid):
+                attempt = self._attempts.get(key)
+                pidfd = fds[0] if fds else None
+                if attempt is None:
+                    if pidfd is not None:
+                        os.close(pidfd)
+                    return
+                attempt.started(pid, pidfd)
+            case control.StartFailed(key, error):
+                attempt = self._attempts.pop(key, None)
+                if attempt is not None:
+                    attempt.start_failed(error)
+            case control.Exited(key, how, value, killed, oom):
+                attempt = self._attempts.pop(key, None)
+                if attempt is not None:
+                    attempt.exited(ExitStatus(how, value, oom), killed)
+
+    def _on_launcher_gone(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        self.loop.remove_reader(sock.fileno())
+        if self._outbox:
+            self.loop.remove_writer(sock.fileno())
+        for _, fds in self._outbox:
+            for fd in fds:
+                os.close(fd)
+        self._outbox.clear()
+        sock.close()
+        self._sock = None
+        # Their end is reported once the guardian has exited too (`_after_launcher`): only then
+        # is every process of their trees gone (a killed launcher's orphans re-parent to the
+        # guardian, which kills them before it exits; a killed guardian's launcher kills and
+        # reaps every tree before it closes the socket).
+        self._orphaned.extend(self._attempts.values())
+        self._attempts = {}
+        if not self._closing and self._error is None and self._ready.done():
+            self._ready = self.loop.create_future()  # management calls wait for the next one
+        self._after_launcher()
+
+    def _on_startup_output(self) -> None:
+        """Copy the launcher's start-up stderr to ours, keeping its last line, until EOF (the
+        launcher left the pipe once ready, or died)."""
+        fd = self._startup
+        assert fd is not None
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._close_startup()
+                return
+            _write_all(2, chunk)
+            lines = [line for line in chunk.splitlines() if line.strip()]
+            if lines:
+                self._last_line = lines[-1].decode("utf-8", "replace").strip()[:LAST_LINE]
+
+    def _close_startup(self) -> None:
+        if self._startup is not None:
+            self.loop.remove_reader(self._startup)
+            os.close(self._startup)
+            self._startup = None
+
+    def _on_guardian_ended(self, guardian_pid: int, returncode: int) -> None:
+        """The guardian has exited: once the control socket is at EOF too, the launcher and
+        everything it left are gone (`_after_launcher`)."""
+        self._ended = (guardian_pid, returncode)
+        if self._sock is not None:
+            self._on_readable()  # what it sent before it died, and its EOF if it is dead already
+        self._after_launcher()
+
+    def _after_launcher(self) -> None:
+        """Both ends of a launcher's life were seen (guardian exited, control socket at EOF):
+        report it, then restart or give up. A killed guardian's launcher may still be killing
+        its trees; the next launcher starts only after it closed the socket."""
+        if self._ended is None or self._sock is not None:
+            return
+        guardian_pid, returncode = self._ended
+        self._ended = None
+        orphaned, self._orphaned = self._orphaned, []
+        for attempt in orphaned:
+            attempt.launcher_died()
+        if self._startup is not None:
+            self._on_startup_output()  # what it wrote before it died
+            self._close_startup()  # (held open only by something it started: not ours to wait for)
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+            self._start_timer = None
+        if not self._closing and self._error is None:
+            self._decide_restart(guardian_pid, describe_guardian_status(returncode), self._last_line)
+        if self._error is not None:
+            with self._lock:
+                self._closing = True  # given up: the keeper starts nothing again
+        self._restart.set()
+
+    def _decide_restart(self, guardian_pid: int, how: str, last_line: str | None) -> None:
+        young = not self._was_ready or self.loop.time() - self._started_at < SHORT_LIFE
+        self._quick_deaths = self._quick_deaths + 1 if young else 0
+        self._delay = restart_delay(self._quick_deaths)
+        if not self._was_ready:
+            self._early_deaths += 1
+            if self._early_deaths >= EARLY_DEATHS:
+                times = f" ({self._early_deaths} launchers in a row)"
+                self._give_up(self._not_ready(f"{how} before it was ready", last_line) + times)
+                return
+        who = f"pid {self.pid}" if self.pid is not None else f"guardian pid {guardian_pid}"
+        when = f" in {self._delay:g} s" if self._delay else ""
+        self.on_death(f"the launcher ({who}) {how}; a new one starts{when}")
+
+    # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
+
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Resources | None = None, module: str = "") -> int:
+        """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
+        `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
+        `resources` is ignored. The fork server prepares `module` first (`_prepared.py`)."""
+        self._next_key += 1
+        key = self._next_key
+        channel = Channel(self.loop, sink, start, capture_output)
+        fds = channel.child_fds
+        if self._error is not None:  # given up: no launcher will ever start this attempt
+            for fd in fds:
+                os.close(fd)
+            self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
+            return key
+        self._attempts[key] = channel
+        self._send(control.Spawn(key, exec_python, module), fds)
+        return key
+
+    def signal(self, key: int, signum: int, group: bool) -> None:
+        """Send `signum` to the attempt `key` (its process group if `group`) while it runs."""
+        self._send(control.Signal(key, signum, group))
+
+    def kill(self, key: int) -> None:
+        """SIGKILL the attempt `key`'s whole tree."""
+        self._send(control.Kill(key))
+
+    async def close(self) -> None:
+        """Stop the launcher (it kills whatever is left) and let the keeper thread end."""
+        with self._lock:
+            self._closing = True
+        if self._sock is not None:
+            self._send(control.Stop())  # not attached yet: `_attach` sends it
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+        if self._proc is not None and not self._was_ready:
+            self._proc.kill()  # not ready: no attempt runs yet, and a hung import never reads `stop`
+        self._wake.set()
+        self._restart.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT)
+        except TimeoutError:
+            if self._proc is not None:
+                self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
+            await asyncio.shield(self._gone)
+        # `_gone` is resolved as the keeper's last step: the join only waits for it to return, so
+        # no mpvisor thread outlives the shutdown that closed it.
+        self._thread.join(timeout=1.0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass  # our own stderr is gone: nothing to show it on
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:
+    """The default `LauncherFactory`: a local fork server with the settings' preload and start-up timeout."""
+    return LauncherClient(loop, launch.preload, on_death, launch.start_timeout)

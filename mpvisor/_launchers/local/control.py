@@ -1,0 +1,148 @@
+"""What do the parent and its launcher say to each other?
+
+The control channel's codec: one typed message per SOCK_SEQPACKET packet, encoded as a msgpack
+list whose first item names the message (fds travel beside a packet, as `SCM_RIGHTS`). Pure: no
+I/O, no asyncio, and messages are `NamedTuple`s (`dataclasses` would pull `inspect` and
+`ast` into the fork server, and every attempt's fork would pay for them). Both ends are the same mpvisor, but a
+launcher started from an edited checkout could be newer than its parent: the launcher's first
+message (`Importing` or `Ready`) carries `CONTROL_VERSION`, and a parent that reads another
+version refuses that launcher (`ControlError`).
+
+| parent -> launcher | fields | fds |
+|---|---|---|
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_prepared.py`; "" for none) | the attempt socket's child end (+ stdout, stderr pipes) |
+| `Signal` | key, signum, group | |
+| `Kill` | key | |
+| `Stop` | | |
+
+| launcher -> parent | fields | fds |
+|---|---|---|
+| `Importing` | version, pid, module | |
+| `Ready` | version, pid, error | |
+| `Started` | key, pid | its pidfd |
+| `StartFailed` | key, error | |
+| `Exited` | key, how ("exit" or "signal"), value, killed | |
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from mpvisor._model.wire import ProtocolError, pack, unpack
+
+CONTROL_VERSION = 3  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare
+
+
+class ControlError(ProtocolError):
+    """A control packet that is not a known message of this version."""
+
+
+class Spawn(NamedTuple):
+    """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
+    the target's `module` is prepared (`_prepared.py`; "" for none)."""
+
+    key: int
+    exec_python: bool
+    module: str = ""
+
+
+class Signal(NamedTuple):
+    """Send `signum` to the attempt (its process group if `group`) while its leader is unreaped."""
+
+    key: int
+    signum: int
+    group: bool
+
+
+class Kill(NamedTuple):
+    """SIGKILL the attempt's whole tree (its group while the leader is unreaped, and its orphans)."""
+
+    key: int
+
+
+class Stop(NamedTuple):
+    """Kill every tree, reap it all, exit."""
+
+
+class Importing(NamedTuple):
+    """The launcher (pid) is about to import the `preload` module `module`."""
+
+    version: int
+    pid: int
+    module: str
+
+
+class Ready(NamedTuple):
+    """The launcher (pid) runs; `error` names a `preload` module that failed, else None."""
+
+    version: int
+    pid: int
+    error: str | None
+
+
+class Started(NamedTuple):
+    """The attempt `key` leads its own session as `pid` (its pidfd travels beside)."""
+
+    key: int
+    pid: int
+
+
+class StartFailed(NamedTuple):
+    """The attempt `key` could not be started (`error` says why)."""
+
+    key: int
+    error: str
+
+
+class Exited(NamedTuple):
+    """The attempt `key`'s leader and every process of its tree are reaped; `how` and `value`
+    are its status (`"exit"`, n or `"signal"`, N); `killed`: mpvisor SIGKILLed it while it ran;
+    `oom`: it died by a SIGKILL mpvisor did not send while the kernel counted an OOM kill."""
+
+    key: int
+    how: str
+    value: int
+    killed: bool
+    oom: bool = False
+
+
+ToLauncher = Spawn | Signal | Kill | Stop
+ToParent = Importing | Ready | Started | StartFailed | Exited
+Message = ToLauncher | ToParent
+
+_NAMES: dict[type[Any], str] = {
+    Spawn: "spawn", Signal: "signal", Kill: "kill", Stop: "stop",
+    Importing: "importing", Ready: "ready", Started: "started", StartFailed: "start_failed", Exited: "exited",
+}
+
+
+def encode(message: Message) -> bytes:
+    """One packet for `message`."""
+    return pack([_NAMES[type(message)], *message])
+
+
+def decode(data: bytes) -> Message:
+    """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
+    match unpack(data):
+        case ["spawn", int(key), bool(exec_python), str(module)]:
+            return Spawn(key, exec_python, module)
+        case ["signal", int(key), int(signum), bool(group)]:
+            return Signal(key, signum, group)
+        case ["kill", int(key)]:
+            return Kill(key)
+        case ["stop"]:
+            return Stop()
+        case ["importing", int(version), int(pid), str(module)] if version == CONTROL_VERSION:
+            return Importing(version, pid, module)
+        case ["ready", int(version), int(pid), (str() | None) as error] if version == CONTROL_VERSION:
+            return Ready(version, pid, error)
+        case ["importing" | "ready", int(version), *_] if version != CONTROL_VERSION:
+            raise ControlError(f"the launcher speaks control protocol version {version}, this parent {CONTROL_VERSION}")
+        case ["started", int(key), int(pid)]:
+            return Started(key, pid)
+        case ["start_failed", int(key), str(error)]:
+            return StartFailed(key, error)
+        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom)]:
+            return Exited(key, how, value, killed, oom)
+        case other:
+            raise ControlError(f"not a control message: {other!r:.80}")

@@ -1,0 +1,491 @@
+"""Who forks, signals, reaps and cleans up after attempt processes?
+
+The launcher: a single-threaded helper process the parent starts once (and again if it dies),
+forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
+has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
+(`_prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
+multi-threaded) parent. Every page it writes after a fork is a copy-on-write fault, so its
+per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
+enum arithmetic on the way. It is the parent of every attempt process and a child
+subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
+
+Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
+attached; `control.py` types, encodes and versions them):
+
+| parent -> launcher | launcher does |
+|---|---|
+| `spawn key exec_python module` + fds | prepare `module` (`_prepared.py`), fork; the child sets up and runs `_child` (or execs a fresh interpreter) |
+| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
+| `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
+| `stop` | kill every tree, reap them, exit |
+
+| launcher -> parent | when |
+|---|---|
+| `importing pid module` | before each `preload` import (so a crash at import can be named) |
+| `ready pid error` | once, after the preload imports (error names a failed module) |
+| `started key pid` + pidfd | the child has completed `setsid()` |
+| `start_failed key error` | `fork()` failed |
+| `exited key how value killed oom` | leader reaped and every adopted process of its tree reaped; `oom`: it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
+
+Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
+then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
+re-parented to the attempt process itself while it lives (each attempt is a subreaper too), and
+to the launcher when it dies, so any process the launcher did not fork comes from a dead
+attempt's tree: it is killed at once, through a pidfd checked against its start time. An
+attempt's drain waits for every orphan adopted before or while it turned zombie (its children
+re-parent to the launcher a moment before it does).
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+
+from mpvisor import _platform
+from mpvisor._attempt import child as _child
+from mpvisor._attempt import prepared as _prepared
+from mpvisor._launchers.local import control
+from mpvisor._launchers.local import guardian as _guardian
+from mpvisor._platform import recv_fds
+
+_PID = struct.Struct("=i")
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+# Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
+_RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
+_SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
+_SIG_BLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_DFL)
+CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
+STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
+
+
+class _Attempt:
+    __slots__ = ("adopted", "key", "killed", "oom", "pid", "reported_start", "status")
+
+    def __init__(self, key: int, pid: int) -> None:
+        self.key = key
+        self.pid = pid
+        self.reported_start = False
+        self.status: tuple[str, int] | None = None  # ("exit", code) or ("signal", signum)
+        self.killed = False  # we SIGKILLed the group while the leader still ran
+        self.oom = False  # it died by a SIGKILL we did not send, and the OOM killer's count rose
+        self.adopted: set[int] = set()  # orphans of its tree still to reap
+
+    def __repr__(self) -> str:
+        return f"<attempt key={self.key} pid={self.pid} status={self.status} adopted={sorted(self.adopted)}>"
+
+
+class Launcher:
+    """The launcher's event loop: control socket, ready pipe, SIGCHLD."""
+
+    def __init__(self, ctl: socket.socket, parent_pid: int) -> None:
+        self.ctl = ctl
+        self.parent_pid = parent_pid
+        self.me = os.getpid()
+        self.attempts: dict[int, _Attempt] = {}  # by pid, until reported exited
+        self.by_key: dict[int, _Attempt] = {}
+        self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
+        self.draining: set[_Attempt] = set()
+        self.oom_kills = _platform.OomKills()
+        self.parent_gone = False
+        self.ready_r, self.ready_w = os.pipe()
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.ready_r, self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        # epoll itself, not `selectors`: its per-call wrapping runs on every attempt, and each
+        # object it touches after a fork is a copy-on-write fault (docs/benchmarks.md).
+        self.poll = select.epoll()
+        self.handlers: dict[int, Callable[[], None]] = {}
+        for fd, handler in ((self.ctl.fileno(), self._on_control), (self.ready_r, self._on_ready),
+                            (self.wake_r, self._on_wake)):
+            self.poll.register(fd, select.EPOLLIN)
+            self.handlers[fd] = handler
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while not (self.parent_gone or _parent_died):
+            for fd, _ in self.poll.poll():
+                self.handlers[fd]()
+                if self.parent_gone or _parent_died:
+                    break
+        self._stop_everything()
+
+    def _send(self, message: control.ToParent, fds: list[int] | None = None) -> None:
+        if self.parent_gone or _parent_died:
+            return  # stopping: the parent learns what follows from the socket's EOF
+        try:
+            if fds:
+                socket.send_fds(self.ctl, [control.encode(message)], fds)
+            else:
+                self.ctl.send(control.encode(message))
+        except OSError:
+            self.parent_gone = True
+
+    def _on_control(self) -> None:
+        try:
+            data, fds = recv_fds(self.ctl, _platform.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            self.parent_gone = True
+            return
+        self._handle(data, fds)
+
+    def _handle(self, data: bytes, fds: list[int]) -> None:
+        try:
+            message = control.decode(data)
+        except control.ControlError:
+            message = None
+        match message:
+            case control.Spawn(key, exec_python, module):
+                if module:
+                    _prepared.ready(module)
+                self._spawn(key, exec_python, fds)
+                return
+            case control.Signal(key, signum, group):
+                self._signal(key, signum, group)
+            case control.Kill(key):
+                self._kill(key)
+            case control.Stop():
+                self.parent_gone = True
+        for fd in fds:  # only a spawn takes fds
+            os.close(fd)
+
+    def _on_wake(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)  # a byte per signal; more than this wakes the loop again
+        except BlockingIOError:
+            pass
+        self._reap()
+
+    # --- starting -----------------------------------------------------------------------------
+
+    def _spawn(self, key: int, exec_python: bool, fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            self._send(control.StartFailed(key, f"could not start: {exc}"))
+            return
+        if pid == 0:
+            self._become_attempt(exec_python, fds)
+        for fd in fds:
+            os.close(fd)
+        attempt = _Attempt(key, pid)
+        self.attempts[pid] = attempt
+        self.by_key[key] = attempt
+
+    def _become_attempt(self, exec_python: bool, fds: list[int]) -> None:
+        try:
+            os.setsid()
+            _platform.set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != self.me:
+                os._exit(1)
+            _platform.set_child_subreaper()
+            _platform.set_oom_score_adj(500)
+            _platform.set_wakeup_fd(-1)
+            _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+            for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
+                _platform.set_signal_handler(signum, _SIG_DFL)
+            _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
+            os.write(self.ready_w, _PID.pack(os.getpid()))
+            sock_fd = _setup_fds(fds)
+            if exec_python:
+                _exec_python(sock_fd)
+            _child.run(sock_fd)
+        finally:
+            os._exit(1)
+
+    def _on_ready(self) -> None:
+        try:
+            data = os.read(self.ready_r, _PID.size * 512)
+        except BlockingIOError:
+            return
+        for (pid,) in _PID.iter_unpack(data):
+            attempt = self.attempts.get(pid)
+            if attempt is None or attempt.reported_start:
+                continue
+            attempt.reported_start = True
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1  # cannot happen for an unreaped child; report without one
+            self._send(control.Started(attempt.key, pid), [pidfd] if pidfd >= 0 else None)
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def _signal(self, key: int, signum: int, group: bool) -> None:
+        attempt = self.by_key.get(key)
+        if attempt is None or attempt.status is not None:
+            return  # already exited: its group may be gone, and its pid is not ours to reuse
+        try:
+            if group:
+                os.killpg(attempt.pid, signum)
+            else:
+                os.kill(attempt.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _kill(self, key: int) -> None:
+        attempt = self.by_key.get(key)
+        if attempt is None or attempt.status is not None:
+            return
+        attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
+        _killpg(attempt.pid)
+
+    # --- reaping ------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+            if info is None:
+                break
+            pid = info.si_pid
+            attempt = self.attempts.get(pid)
+            if attempt is not None and not attempt.reported_start:
+                self._on_ready()  # it wrote its ready pid before it exited: report that first
+            if attempt is not None and attempt.status is None:
+                attempt.status = _status(info)
+                if attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
+                    attempt.oom = self.oom_kills.explains_a_kill()
+                _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
+                self.draining.add(attempt)
+                # Orphans adopted while it was exiting (its children re-parent to us before it
+                # turns zombie) may be from its tree: it is over only once they are reaped too.
+                attempt.adopted.update(self.adopted)
+            _waitpid(pid)
+            self.adopted.pop(pid, None)
+            for draining in self.draining:
+                draining.adopted.discard(pid)
+        self._adopt_orphans()
+        self._report_drained()
+
+    def _adopt_orphans(self) -> None:
+        """Kill every child we did not fork: an orphan of a dead attempt's tree. An orphan's own
+        children re-parent to us as it dies, so look again while a look finds one (at most
+        `CHILDREN_READS` looks; each later death wakes `_reap`, which looks again)."""
+        for _ in range(CHILDREN_READS):
+            unknown = _platform.children(self.me, 1).difference(self.attempts, self.adopted)
+            if not unknown:
+                return
+            for pid in unknown:
+                self.adopted[pid] = _platform.start_time(pid)
+                for attempt in self.draining:
+                    attempt.adopted.add(pid)
+                _kill_checked(pid, self.adopted[pid])
+
+    def _report_drained(self) -> None:
+        for attempt in list(self.draining):
+            if attempt.adopted:
+                continue
+            self.draining.discard(attempt)
+            del self.attempts[attempt.pid]
+            del self.by_key[attempt.key]
+            assert attempt.status is not None
+            how, value = attempt.status
+            if not attempt.reported_start:
+                self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
+            else:
+                self._send(control.Exited(attempt.key, how, value, attempt.killed, attempt.oom))
+
+    def _children(self) -> set[int]:
+        return _platform.children(self.me, CHILDREN_READS)
+
+    def _stop_everything(self) -> None:
+        """The parent is gone (or asked): kill every tree, reap it all, exit.
+
+        Nothing is reported any more: an attempt ended here ended because the launcher went away,
+        which the parent learns from the control socket's EOF ("launcher died")."""
+        self.poll.unregister(self.ctl.fileno())
+        for attempt in self.attempts.values():
+            if attempt.status is None:
+                _killpg(attempt.pid)
+        deadline = time.monotonic() + STOP_DEADLINE
+        while time.monotonic() < deadline:
+            self._reap()
+            pids = self._children()
+            if not pids:
+                break
+            for pid in pids:
+                if pid not in self.attempts:
+                    _kill_checked(pid, self.adopted.get(pid))
+            self.poll.poll(0.05)
+        os._exit(0)
+
+
+def _setup_fds(fds: list[int]) -> int:
+    """In a new attempt: captured stdout/stderr, every fd but 0-2 and the socket closed. Its
+    stdin is the launcher's own, which `main` made /dev/null (nothing to open per attempt)."""
+    sock_fd = fds[0]
+    if len(fds) == 3:
+        os.dup2(fds[1], 1)
+        os.dup2(fds[2], 2)
+    if sock_fd > 3:
+        os.closerange(3, sock_fd)
+    os.closerange(max(sock_fd + 1, 3), _OPEN_MAX)
+    return sock_fd
+
+
+_OPEN_MAX = int(os.sysconf("SC_OPEN_MAX"))  # read once: `serve()` raised the limit before the launcher started
+
+
+def _exec_python(sock_fd: int) -> None:
+    """Become a fresh interpreter that starts as the launcher did: the same executable and
+    flags (`site` included), then the launcher's `sys.path`, which is the parent's at the time
+    the launcher started (a start request carries the parent's newer one, if it changed)."""
+    os.set_inheritable(sock_fd, True)
+    code = (
+        f"import sys; sys.path[:] = {sys.path!r}; "
+        f"from mpvisor._attempt.child import spawn_main; spawn_main({sock_fd})"
+    )
+    os.execv(sys.executable, _platform.interpreter_argv(code))
+
+
+def _status(info: os.waitid_result) -> tuple[str, int]:
+    if info.si_code == os.CLD_EXITED:
+        return ("exit", info.si_status)
+    return ("signal", info.si_status)
+
+
+def _still_running(pid: int) -> bool:
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signal.SIGKILL)  # before its setsid() the leader leads no group yet
+        except ProcessLookupError:
+            pass
+
+
+def _waitpid(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _kill_checked(pid: int, start_time: int | None) -> None:
+    """SIGKILL `pid` through a pidfd opened first, then checked against its recorded start time."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if start_time is not None and _platform.start_time(pid) != start_time:
+            return  # the pid now names another process: never signal it
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+    finally:
+        os.close(pidfd)
+
+
+_parent_died = False
+
+
+def _on_parent_death(signum: int, frame: object) -> None:
+    global _parent_died
+    _parent_died = True
+
+
+def _prepare_process(parent_pid: int) -> None:
+    os.setpgid(0, 0)  # its own process group, apart from the guardian's
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    # While `preload` imports run there is nothing to clean up, and an import may hang in C code
+    # where a Python signal handler never runs: die at once with the guardian.
+    _follow_parent(parent_pid, signal.SIGKILL)
+    _platform.set_child_subreaper()
+
+
+def _follow_parent(parent_pid: int, signum: int) -> None:
+    _platform.set_parent_death_signal(signum)
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before we could ask to follow it
+
+
+def _preload(modules: list[str], announce: Callable[[str], None]) -> str | None:
+    import importlib
+
+    if _platform.thread_count() > 1:
+        return "the launcher has a thread before any preload import (started by a .pth file or sitecustomize); it must stay single-threaded"
+    for name in modules:
+        announce(name)
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            return f"preload module {name!r} failed to import: {type(exc).__name__}: {exc}"
+        if _platform.thread_count() > 1:
+            return f"preload module {name!r} started a thread in the launcher, which must stay single-threaded"
+    return None
+
+
+def main(argv: list[str]) -> None:
+    """The launcher's life: `argv` is the parent's pid, the control socket's fd, the fd of the
+    parent's own stderr (or -1), then the `preload` modules.
+
+    Until it is ready, the launcher's (and the guardian's) stderr is a pipe the parent reads, so
+    that a launcher that cannot start is reported with its last words; once ready, both write to
+    the parent's stderr directly, and so does every attempt they fork."""
+    parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
+    _stdin_from_devnull()  # every attempt inherits it
+    guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
+    _prepare_process(guardian)  # from here on: the launcher
+    ctl = socket.socket(fileno=ctl_fd)
+    os.set_inheritable(ctl_fd, False)
+    launcher = Launcher(ctl, guardian)
+    signal.set_wakeup_fd(launcher.wake_w)
+    error = _preload(preload, lambda name: launcher._send(control.Importing(control.CONTROL_VERSION, os.getpid(), name)))
+    _use_parent_stderr(stderr_fd)
+    gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
+    _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
+    launcher._send(control.Ready(control.CONTROL_VERSION, os.getpid(), error))
+    launcher.serve()
+
+
+def _stdin_from_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    if devnull != 0:
+        os.dup2(devnull, 0)
+        os.close(devnull)
+
+
+def _use_parent_stderr(stderr_fd: int) -> None:
+    """Leave the start-up pipe: write to the parent's stderr from now on (the pipe's EOF tells
+    the parent that the start-up is over)."""
+    if stderr_fd < 0:
+        return
+    sys.stderr.flush()
+    os.dup2(stderr_fd, 2)
+    os.close(stderr_fd)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

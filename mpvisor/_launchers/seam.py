@@ -1,0 +1,124 @@
+"""What does the runtime ask of a launcher, and what does a launcher report back?
+
+This package is where attempts are started: the seam below, and its implementations beside it
+(`local.py`, the parent's client of `forkserver.py`, where attempt processes are forked, with
+`guardian.py` above it and `control.py` the messages between them). `ray.py` places attempts
+on a Ray cluster (each under an agent that runs this same local launcher there).
+
+The launcher seam, as two small interfaces: requests go down (`Launcher`), reports come up
+(`AttemptSink`), and neither side calls the other's private methods. The runtime holds one
+`Launcher` (built by a `LauncherFactory` when it is served) and builds an
+`_process.AttemptProcess` per attempt, which is that attempt's `AttemptSink`.
+
+| implementation | where | what an attempt is |
+|---|---|---|
+| `LauncherClient` | `local.py` (+ `channel.py`, `forkserver.py`, `guardian.py`, `control.py`) | a process forked by a local fork server (the default) |
+| `RayClient` | `ray.py` (public as `mpvisor.ray.RayLauncher`) | a process forked by a local launcher inside a Ray actor (an agent) placed by Ray |
+| `FakeLauncher` | `tests/_fake_launcher.py` | scripted replies in the parent, no process (unit tests of runtime, registry, controller) |
+
+The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
+- `spawn(sink, start, exec_python=..., capture_output=..., resources=..., module=...)` returns a
+  key at once. `start` is the attempt's start frame, in two pieces to send one after the other;
+  the launcher delivers it to the attempt. `resources` (a `Resources` or `None`) is what the
+  attempt needs where it is placed: a launcher that places nothing ignores it. `module` (or "")
+  is the target's module, which the attempt will import with the launcher's `sys.path` and
+  directory: a fork server prepares it (`_prepared.py`); another launcher may ignore it.
+- Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
+  the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
+  with the attempt channel's bytes as they arrive (frames, unchanged), and
+  `sink.on_output(stream, line)` with each captured line; then, once the attempt's main process
+  and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
+  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
+  away (the attempt's process, if it had one, died with it, or, where nobody could see it go,
+  is fenced: nothing runs in its place until it cannot be running any more; nothing more is
+  reported). `how` starts the attempt's reason: "launcher died", or "node lost".
+- `signal(key, signum, group)` reaches only a running attempt (never a reaped pid). `kill(key)`
+  may also come before `on_started`: the launcher then ends the start (`on_start_failed`, or
+  the attempt is killed as soon as it runs). A request for an attempt that ended does nothing.
+- `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
+  will; `is_ready()` says whether `ready()` would return at once; `environment()` gives the
+  parent's environ, cwd and `sys.path` for a start request, each `None` when the launcher
+  already has it; `close()` stops the launcher and whatever still runs.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from mpvisor._model.spec import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How an attempt's main process ended, as every launcher reports it (`on_exited`)."""
+
+    how: str  # "exit" or "signal"
+    value: int
+    oom: bool = False  # a SIGKILL mpvisor did not send, while the kernel counted an OOM kill
+
+    @property
+    def exit_code(self) -> int:
+        return self.value if self.how == "exit" else -self.value
+
+    def describe(self) -> str:
+        if self.how == "exit":
+            return f"exited with status {self.value}"
+        if self.oom:
+            return f"killed by the OOM killer with signal {_signal_name(self.value)}"
+        return f"killed by signal {_signal_name(self.value)}"
+
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    """What a launcher is built with: the supervisor's settings a launcher uses, and no others."""
+
+    preload: tuple[str, ...]  # modules the launcher imports once, before forking attempts
+    start_timeout: float  # > 0: how long a launcher (and an attempt's start-up) may take
+
+
+
+
+class AttemptSink(Protocol):
+    """What a launcher reports about one attempt (see the module docstring for the order)."""
+
+    def on_started(self, pid: int) -> None: ...
+    def on_start_failed(self, error: str) -> None: ...
+    def on_data(self, data: bytes) -> None: ...
+    def on_output(self, stream: str, line: str) -> None: ...
+    def on_eof(self) -> None: ...
+    def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
+    def on_launcher_died(self, how: str = "launcher died") -> None: ...
+
+
+class Launcher(Protocol):
+    """What the runtime asks of a launcher (see the module docstring for the contract)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
+              resources: Resources | None = None, module: str = "") -> int: ...
+    def signal(self, key: int, signum: int, group: bool) -> None: ...
+    def kill(self, key: int) -> None: ...
+    async def ready(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]: ...
+    async def close(self) -> None: ...
+
+
+# Builds the runtime's launcher: (its loop, its settings, how to report a launcher's death as
+# RUNTIME_FAILURE).
+LauncherFactory = Callable[["asyncio.AbstractEventLoop", LaunchSettings, Callable[[str], None]], Launcher]
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return f"{signal.Signals(signum).name} ({signum})"
+    except ValueError:
+        return str(signum)

@@ -1,0 +1,63 @@
+"""Is this setting acceptable?
+
+Small checks shared by every constructor. Each raises at once with a message that names the
+field and the value, so that bad input never reaches the runtime.
+
+| check | accepts | refuses |
+|---|---|---|
+| `duration` | finite float/int >= 0, a `timedelta` (and `None` where allowed) | negative, NaN, inf, bool, other types |
+| `positive_int` | int >= 1 (and `None` where allowed) | 0, negatives, bool, other types |
+| `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
+| `name` | a non-empty `str` | anything else |
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from mpvisor._model.errors import ConfigError
+
+
+def duration(field: str, value: object, *, allow_none: bool = False, allow_zero: bool = True) -> float | None:
+    """Return `value` as seconds, or raise `ConfigError` naming `field` and `value`."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{field} must be a finite, non-negative number of seconds, got {value!r}")
+    if seconds == 0 and not allow_zero:
+        raise ConfigError(f"{field} must be greater than 0, got {value!r}")
+    return seconds
+
+
+def positive_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return `value` if it is an int >= 1 (or an allowed `None`), else raise `ConfigError`."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+    return value
+
+
+def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return `value` if it is an int >= 0 (or an allowed `None`), else raise `ConfigError`."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{field} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def name(field: str, value: object) -> str:
+    """Return `value` if it is a non-empty string, else raise `ValueError`/`TypeError`."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a non-empty string, got {value!r}")
+    if not value:
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    return value

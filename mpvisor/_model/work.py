@@ -1,0 +1,240 @@
+"""What work does a task do?
+
+Owns the two descriptions of a task's body, validated when they are built so that bad input
+never reaches the registry: `TaskFn` (a Python target named `module:qualname`, never pickled)
+and `CommandTask` (an external program). Both may carry an environment merged over the
+parent's (a `None` value removes a variable) and a working directory. How the child imports
+and calls a target, or execs a program, belongs to the child and the launcher.
+
+| `target` given as | recorded as | refused when |
+|---|---|---|
+| `"pkg.mod:attr"` string | as given | not dotted identifiers, exactly one colon (`ValueError`) |
+| module-level function, class, static method | `f"{__module__}:{__qualname__}"` | — |
+| class method (bound to a class) | `f"{__module__}:{__qualname__}"` | — |
+| lambda, nested function (`<locals>`) | — | always (`ValueError`) |
+| method bound to an instance, `functools.partial` | — | always (`TypeError`) |
+| callable without `__module__`/`__qualname__` | — | always (`TypeError`) |
+| callable whose `module:qualname` leads elsewhere | — | module imported and lookup differs (`ValueError`) |
+
+A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
+to the script it re-imports, as `multiprocessing`'s spawn does. Arguments must be msgpack values
+(`_values`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
+`[args, kwargs]`), so that every attempt sends those bytes as they are and the size of its start
+message is known before the task is added.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpvisor._model import checks as _validate
+from mpvisor._model.payloads import check_value
+from mpvisor._model.wire import pack, pack_call
+
+
+@dataclass(frozen=True, init=False)
+class TaskFn:
+    """A Python target run as `target(*args, **kwargs)` in a fresh child process; `name` is the
+    task's name, `target` its `"module:qualname"`, `args`/`kwargs` msgpack values; `env` is
+    merged over the parent's environment in the attempt (a `None` value removes a variable)
+    and `cwd` is the attempt's working directory (both `None`: as the parent's)."""
+
+    name: str
+    target: str  # always the `module:qualname` form, whatever the caller passed
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    call: bytes = field(repr=False, compare=False)  # `[args, kwargs]` as msgpack, encoded once
+    env: dict[str, str | None] | None = None  # merged over the parent's environment; None removes
+    cwd: str | None = None
+
+    def __init__(
+        self,
+        name: str,
+        target: str | Callable[..., Any],
+        args: list[Any] | tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _set(self, "name", _validate.name("name", name))
+        _set(self, "target", target_path(target))
+        _set(self, "args", _checked_args(args))
+        _set(self, "kwargs", _checked_kwargs(kwargs))
+        _set(self, "call", _encoded_call(self.args, self.kwargs))
+        _set(self, "env", _checked_env(env))
+        _set(self, "cwd", _checked_cwd(cwd))
+
+    def __repr__(self) -> str:
+        where = "".join(f", {key}={value!r}" for key, value in (("env", self.env), ("cwd", self.cwd)) if value is not None)
+        return f"TaskFn({self.name!r}, {self.target!r}, args={self.args!r}, kwargs={self.kwargs!r}{where})"
+
+
+@dataclass(frozen=True, init=False)
+class CommandTask:
+    """An external program run with the same supervision as a Python target: `name` is the
+    task's name, `argv` the program and its arguments, `env` merged over the parent's
+    environment (a `None` value removes a variable), `cwd` its working directory."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str | None] | None  # merged over the parent's environment; None removes
+    cwd: str | None
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str] | tuple[str, ...],
+        env: Mapping[str, str | None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _set(self, "name", _validate.name("name", name))
+        _set(self, "argv", _checked_argv(argv))
+        _set(self, "env", _checked_env(env))
+        _set(self, "cwd", _checked_cwd(cwd))
+
+    def __repr__(self) -> str:
+        return (
+            f"CommandTask({self.name!r}, {list(self.argv)!r}, env={self.env!r}, cwd={self.cwd!r})"
+        )
+
+
+def target_path(target: object) -> str:
+    """Return the `module:qualname` a child can import, or raise naming `target`."""
+    if isinstance(target, str):
+        return _checked_target_string(target)
+    if not callable(target):
+        raise TypeError(f"target must be a callable or a 'module:function' string, got {target!r}")
+    return _callable_path(target)
+
+
+def _checked_target_string(target: str) -> str:
+    module, sep, attr = target.partition(":")
+    if not sep or not _dotted(module) or not _dotted(attr):
+        raise ValueError(
+            f"target must have the form 'package.module:attr' (dotted identifiers, exactly one "
+            f"colon), got {target!r}"
+        )
+    return target
+
+
+def _dotted(text: str) -> bool:
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def _callable_path(target: Callable[..., Any]) -> str:
+    if isinstance(target, functools.partial):
+        raise TypeError(f"target cannot be a functools.partial (pass args instead), got {target!r}")
+    if inspect.ismethod(target) and not isinstance(target.__self__, type):
+        raise TypeError(f"target cannot be a method bound to an instance, got {target!r}")
+    if inspect.isbuiltin(target) and not _builtin_is_module_level(target):
+        raise TypeError(f"target cannot be a method of a built-in object, got {target!r}")
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise TypeError(f"target must be reachable as 'module:qualname', got {target!r}")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise ValueError(
+            f"target must be defined at module level (not a lambda or nested function), "
+            f"got {target!r}"
+        )
+    path = f"{module}:{qualname}"
+    _check_reachable(target, module, qualname, path)
+    return path
+
+
+def _builtin_is_module_level(target: object) -> bool:
+    owner = getattr(target, "__self__", None)
+    return owner is None or inspect.ismodule(owner)
+
+
+def _check_reachable(target: object, module: str, qualname: str, path: str) -> None:
+    """If the module is imported, the name must lead back to the very same callable."""
+    found: object = sys.modules.get(module)
+    if found is None:
+        return
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is not target and not (inspect.ismethod(found) and found == target):
+        raise ValueError(f"target {target!r} is not reachable as {path!r}")
+
+
+def _checked_args(args: object) -> tuple[Any, ...]:
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"args must be a list or tuple, got {args!r}")
+    for i, value in enumerate(args):
+        check_value(value, f"args[{i}]")
+    return tuple(args)
+
+
+def _checked_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict or None, got {kwargs!r}")
+    for key, value in kwargs.items():
+        if not isinstance(key, str):
+            raise TypeError(f"kwargs keys must be str, got {key!r} of type {type(key).__name__}")
+        check_value(value, f"kwargs[{key!r}]")
+    return dict(kwargs)
+
+
+def _encoded_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """`[args, kwargs]` as msgpack; a value `check_value` passed can still fail to encode (a str
+    with a lone surrogate, a subclass whose hooks raise): then `TypeError` names the argument."""
+    try:
+        return pack_call(args, kwargs)
+    except Exception as exc:
+        problem = exc
+    places = [(f"args[{i}]", v) for i, v in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for where, value in places:
+        try:
+            pack(value)
+        except Exception as exc:
+            raise TypeError(f"{where} cannot be encoded as msgpack: {type(exc).__name__}: {exc}") from None
+    raise TypeError(f"the arguments cannot be encoded as msgpack: {type(problem).__name__}: {problem}")
+
+
+def _checked_argv(argv: object) -> tuple[str, ...]:
+    if not isinstance(argv, (list, tuple)) or not argv:
+        raise TypeError(f"argv must be a non-empty list or tuple of str, got {argv!r}")
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise TypeError(f"argv[{i}] must be a str, got {arg!r}")
+        if "\0" in arg:
+            raise ValueError(f"argv[{i}] must not contain a NUL byte, got {arg!r}")
+    if not argv[0]:
+        raise ValueError(f"argv[0] must be a non-empty program name, got {argv[0]!r}")
+    return tuple(argv)
+
+
+def _checked_env(env: Mapping[str, str | None] | None) -> dict[str, str | None] | None:
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a dict or None, got {env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ValueError(f"env keys must be non-empty str without '=' or NUL, got {key!r}")
+        if value is not None and (not isinstance(value, str) or "\0" in value):
+            raise TypeError(f"env[{key!r}] must be a str without NUL or None, got {value!r}")
+    return dict(env)
+
+
+def _checked_cwd(cwd: str | os.PathLike[str] | None) -> str | None:
+    if cwd is None:
+        return None
+    path = os.fspath(cwd) if isinstance(cwd, (str, os.PathLike)) else cwd
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"cwd must be a non-empty str, a str path or None, got {cwd!r}")
+    return path
+
+
+def _set(obj: object, attr: str, value: object) -> None:
+    object.__setattr__(obj, attr, value)

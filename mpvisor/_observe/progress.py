@@ -1,0 +1,308 @@
+"""How far along is an attempt, how fast does it go, and when will it be done?
+
+Owns the reading of `ATTEMPT_PROGRESS` events: `ProgressTracker` turns each report into a
+`ProgressReport` with a rate and an ETA (pure: the clock is the events' own `at`), the text
+`describe` makes of one, and the two ways to show them: `ProgressBar`, the `mpvisor run
+--progress` subscriber, and, for code, `progress_reports` (an async iterator over
+`handle.events()`) and `drive_progress_bars` (one tqdm-like bar per task). What an attempt
+reports, and how often, is the child's (`TaskContext.progress`, at most one report per 50 ms).
+
+| reports so far (this attempt) | `rate` | `eta` |
+|---|---|---|
+| one | None | None (0 if it is done) |
+| two or more, over the last `WINDOW` seconds | done's increase / time between the first and last kept | `(total - done) / rate`; None without a total or at rate 0; 0 once `done >= total` |
+| `done` went down, or a new attempt | starts over | starts over |
+
+`ProgressBar` on a terminal redraws one line in place (`\\r`); elsewhere it prints a plain line
+per task at most every `PLAIN_INTERVAL` seconds of report time, and always the report that
+says the attempt is done. Both leave the events' meaning alone: progress observes, it never
+decides (a lost event only skips a redraw).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from typing import IO, Any, NamedTuple
+
+from mpvisor._model.events import Event, EventKind
+
+WINDOW = 10.0  # seconds of recent reports a rate is measured over
+PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
+BAR_WIDTH = 30
+_MAX_SAMPLES = 512  # reports kept per task, whatever the window holds
+
+
+class ProgressReport(NamedTuple):
+    """One progress report of an attempt, with its pace: `task`, `attempt`, `done` of `total`
+    (`None`: unknown) and `message` as the target gave them to `TaskContext.progress`; `rate`,
+    units of `done` per second over the attempt's last `WINDOW` seconds of reports (`None`
+    before its second report); `eta`, seconds until `done` reaches `total` at that rate (0 once
+    it has; `None` when not known); `at`, the report's wall-clock time (epoch seconds)."""
+
+    task: str
+    attempt: int
+    done: float
+    total: float | None
+    message: str | None
+    rate: float | None
+    eta: float | None
+    at: float
+
+    @property
+    def fraction(self) -> float | None:
+        """`done / total` between 0 and 1, or None without a positive total."""
+        if not self.total or self.total <= 0:
+            return None
+        return min(max(self.done / self.total, 0.0), 1.0)
+
+    @property
+    def finished(self) -> bool:
+        """The report says the attempt is done (`done >= total`)."""
+        return self.total is not None and self.done >= self.total
+
+
+def estimate(samples: Sequence[tuple[float, float]], total: float | None) -> tuple[float | None, float | None]:
+    """`(rate, eta)` from `(at, done)` samples of one attempt, oldest first (pure)."""
+    if not samples:
+        return None, None
+    (first_at, first_done), (last_at, last_done) = samples[0], samples[-1]
+    rate = None
+    if len(samples) > 1 and last_at > first_at and last_done >= first_done:
+        rate = (last_done - first_done) / (last_at - first_at)
+    if total is None:
+        return rate, None
+    if last_done >= total:
+        return rate, 0.0
+    if not rate:
+        return rate, None
+    return rate, (total - last_done) / rate
+
+
+class ProgressTracker:
+    """The recent reports of each task's current attempt (pure: time is the reports' `at`)."""
+
+    def __init__(self, window: float = WINDOW) -> None:
+        self.window = window
+        self._attempt: dict[str, int] = {}
+        self._samples: dict[str, collections.deque[tuple[float, float]]] = {}
+
+    def __repr__(self) -> str:
+        return f"<ProgressTracker tasks={sorted(self._samples)}>"
+
+    def update(self, task: str, attempt: int, done: float, total: float | None, message: str | None,
+               at: float) -> ProgressReport:
+        """Record one report and return it with its rate and ETA."""
+        samples = self._samples.get(task)
+        if samples is None or self._attempt.get(task) != attempt or (samples and done < samples[-1][1]):
+            samples = self._samples[task] = collections.deque(maxlen=_MAX_SAMPLES)
+            self._attempt[task] = attempt
+        samples.append((at, done))
+        while len(samples) > 2 and samples[1][0] <= at - self.window:
+            samples.popleft()  # the oldest kept is the last one at or before the window's start
+        rate, eta = estimate(samples, total)
+        return ProgressReport(task, attempt, done, total, message, rate, eta, at)
+
+    def report_for(self, event: Event) -> ProgressReport | None:
+        """The report an `ATTEMPT_PROGRESS` event carries (None for any other event)."""
+        if event.kind is not EventKind.ATTEMPT_PROGRESS or event.progress is None or event.task is None:
+            return None
+        done, total = event.progress
+        return self.update(event.task, event.attempt or 0, done, total, event.reason, event.at)
+
+    def forget(self, task: str) -> None:
+        """The task finished: drop its samples."""
+        self._samples.pop(task, None)
+        self._attempt.pop(task, None)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def number(value: float) -> str:
+    """A count as short text: `3`, `2.5`, `1.2e+06`."""
+    return f"{value:g}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as short text: `0.25s`, `2.5s`, `42s`, `3m05s`, `2h07m`."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds:.2g}s"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def rate_text(rate: float) -> str:
+    """A rate as short text, in the unit that keeps it >= 1 when it can: `12.5/s`, `3/min`, `2/h`."""
+    for factor, unit in ((1, "s"), (60, "min"), (3600, "h")):
+        if rate * factor >= 1 or unit == "h":
+            return f"{rate * factor:.3g}/{unit}"
+    raise AssertionError("unreachable")
+
+
+def bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """`[######........]` for a fraction between 0 and 1."""
+    filled = int(width * min(max(fraction, 0.0), 1.0))
+    return f"[{'#' * filled}{'.' * (width - filled)}]"
+
+
+def describe(report: ProgressReport, *, width: int | None = None, attempt: bool = True,
+             message: bool = True) -> str:
+    """One report as text: `[###...] 3/10 30% 2.1/s ETA 3s attempt 1: message` (the bar only
+    with `width`; each part only when known)."""
+    parts = []
+    fraction = report.fraction
+    if width is not None and fraction is not None:
+        parts.append(bar(fraction, width))
+    parts.append(f"{number(report.done)}/{number(report.total)}" if report.total is not None else number(report.done))
+    if fraction is not None:
+        parts.append(f"{fraction:.0%}")
+    if report.rate is not None:
+        parts.append(rate_text(report.rate))
+    if report.eta is not None:
+        parts.append(f"ETA {duration(report.eta)}")
+    if attempt:
+        parts.append(f"attempt {report.attempt}")
+    text = " ".join(parts)
+    return f"{text}: {report.message}" if message and report.message else text
+
+
+def plain_due(last_at: float | None, report: ProgressReport, interval: float = PLAIN_INTERVAL) -> bool:
+    """Whether a plain progress line is due: the first, one `interval` after the last, or the
+    report that says the attempt is done."""
+    return last_at is None or report.finished or report.at - last_at >= interval
+
+
+# --- `mpvisor run --progress` ----------------------------------------------------------------------
+
+
+class ProgressBar:
+    """`--progress` (a subscriber): each task's latest progress on `stream`. `live` (a
+    terminal): one bar redrawn in place per report; otherwise a plain line
+    `mpvisor: <task>: progress 3/10 30% 2.1/s ETA 3s attempt 1` at most every `interval` seconds
+    per task, and always the one that says the attempt is done."""
+
+    name = "progress"
+    queue_capacity = 64
+
+    def __init__(self, stream: IO[str], *, live: bool, interval: float = PLAIN_INTERVAL,
+                 lock: threading.Lock | None = None) -> None:
+        self.stream = stream
+        self.live = live
+        self.interval = interval
+        self.lock = lock if lock is not None else threading.Lock()  # shared with others writing to `stream`
+        self.tracker = ProgressTracker()
+        self._printed_at: dict[str, float] = {}
+        self._drawn = False
+
+    def __repr__(self) -> str:
+        return f"<ProgressBar live={self.live} {self.tracker!r}>"
+
+    def on_event(self, event: Event) -> None:
+        report = self.tracker.report_for(event)
+        if report is not None:
+            self._show(report)
+        elif event.kind is EventKind.TASK_FINISHED and event.task is not None:
+            self.tracker.forget(event.task)
+            self._printed_at.pop(event.task, None)
+            if self.live and self._drawn:
+                self._write("\n")
+                self._drawn = False
+
+    def _show(self, report: ProgressReport) -> None:
+        if self.live:
+            self._drawn = True
+            self._write(f"\r{report.task}: {describe(report, width=BAR_WIDTH)}\x1b[K")
+        elif plain_due(self._printed_at.get(report.task), report, self.interval):
+            self._printed_at[report.task] = report.at
+            self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
+
+    def _write(self, text: str) -> None:
+        with self.lock:
+            self.stream.write(text)
+            self.stream.flush()
+
+
+# --- for code ----------------------------------------------------------------------------------------
+
+
+async def progress_reports(events: AsyncIterable[Event]) -> AsyncIterator[ProgressReport]:
+    """Every `ATTEMPT_PROGRESS` of `events` (e.g. `handle.events()`) as a `ProgressReport`, with
+    its rate and ETA; ends when `events` ends (the supervisor shut down).
+
+        async for report in mpvisor.progress_reports(handle.events()):
+            print(report.task, report.done, report.total, report.rate, report.eta, report.attempt)
+    """
+    tracker = ProgressTracker()
+    async for event in events:
+        report = tracker.report_for(event)
+        if report is not None:
+            yield report
+        elif event.kind is EventKind.TASK_FINISHED and event.task is not None:
+            tracker.forget(event.task)
+
+
+async def drive_progress_bars(events: AsyncIterable[Event], make_bar: Callable[[str], Any]) -> None:
+    """Keep one tqdm-like bar per task up to date from `events` (e.g. `handle.events()`) until
+    they end (the supervisor shut down).
+
+    `make_bar(task_name)` is called at a task's first report and returns the bar: any object
+    with a `total` attribute and `update(n)` (add `n` to its count), such as
+    `lambda name: tqdm.tqdm(desc=name)`. Each report sets `total` (when known) and updates by
+    the increase of `done`; a new attempt starts the bar over (`reset(total=...)` if the bar
+    has it, else a negative update); `set_postfix_str("attempt N: message")` is called if the bar
+    has it; `close()`, if it has one, when the task finishes or the events end. Neither tqdm nor
+    any other bar library is a dependency of mpvisor."""
+    bars: dict[str, _Driven] = {}
+    try:
+        async for event in events:
+            if event.kind is EventKind.ATTEMPT_PROGRESS and event.task is not None and event.progress is not None:
+                driven = bars.get(event.task)
+                if driven is None:
+                    driven = bars[event.task] = _Driven(make_bar(event.task))
+                driven.show(event.attempt or 0, *event.progress, event.reason)
+            elif event.kind is EventKind.TASK_FINISHED and event.task in bars:
+                bars.pop(event.task).close()
+    finally:
+        for driven in bars.values():
+            driven.close()
+
+
+class _Driven:
+    """One bar that `drive_progress_bars` keeps: what it has been told so far."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.attempt: int | None = None
+        self.shown: float = 0  # the count the bar holds (an int while the reports' are)
+
+    def show(self, attempt: int, done: float, total: float | None, message: str | None) -> None:
+        bar = self.bar
+        if self.attempt is not None and (attempt != self.attempt or done < self.shown):
+            if callable(getattr(bar, "reset", None)):
+                bar.reset(total=total)
+            else:
+                bar.update(-self.shown)
+            self.shown = 0
+        self.attempt = attempt
+        if total is not None and getattr(bar, "total", None) != total:
+            bar.total = total
+        if callable(getattr(bar, "set_postfix_str", None)):
+            bar.set_postfix_str(f"attempt {attempt}: {message}" if message else f"attempt {attempt}")
+        bar.update(done - self.shown)
+        self.shown = done
+
+    def close(self) -> None:
+        if callable(getattr(self.bar, "close", None)):
+            self.bar.close()

@@ -1,0 +1,153 @@
+"""Where do events go when nobody wrote a subscriber?
+
+Owns the two shipped subscribers: `LogWriter` (one `logging` record per event) and
+`JsonLinesWriter` (one JSON object per event and line). Each runs on its own bus thread
+(`_bus.py`); neither decides anything. Enums are compared by label, so this module depends on
+no enum but `EventKind`.
+
+`level_for` decides a `LogWriter` record's level:
+
+| event | level |
+|---|---|
+| `ATTEMPT_PROGRESS`, `ATTEMPT_OUTPUT` (the latter on logger `mpvisor.output`) | DEBUG |
+| `ATTEMPT_FAILED`, `ATTEMPT_TIMED_OUT`, `ATTEMPT_KILLED`, `SUBSCRIBER_OVERFLOW`, `SUBSCRIBER_PANICKED` | WARNING |
+| `BACKOFF_SCHEDULED` with `backoff_source` `failure` | WARNING |
+| `TASK_FINISHED` with `outcome_force_aborted` | WARNING |
+| `TASK_FINISHED` with `outcome_failed`, `outcome_fatal`, `outcome_panicked` | ERROR |
+| `GRACE_EXCEEDED`, `RUNTIME_FAILURE` | ERROR |
+| anything else | INFO |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import IO
+
+from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
+
+_DEBUG_KINDS = frozenset({EventKind.ATTEMPT_PROGRESS, EventKind.ATTEMPT_OUTPUT})
+_WARNING_KINDS = frozenset(
+    {
+        EventKind.ATTEMPT_FAILED,
+        EventKind.ATTEMPT_TIMED_OUT,
+        EventKind.ATTEMPT_KILLED,
+        EventKind.SUBSCRIBER_OVERFLOW,
+        EventKind.SUBSCRIBER_PANICKED,
+    }
+)
+_ERROR_KINDS = frozenset({EventKind.GRACE_EXCEEDED, EventKind.RUNTIME_FAILURE})
+_ERROR_OUTCOMES = frozenset({"outcome_failed", "outcome_fatal", "outcome_panicked"})
+
+
+def level_for(event: Event) -> int:
+    """The `logging` level of `event` (pure; see the module table)."""
+    kind = event.kind
+    if kind in _DEBUG_KINDS:
+        return logging.DEBUG
+    if kind in _WARNING_KINDS:
+        return logging.WARNING
+    if kind in _ERROR_KINDS:
+        return logging.ERROR
+    if kind is EventKind.BACKOFF_SCHEDULED and label_of(event.backoff_source) == "failure":
+        return logging.WARNING
+    if kind is EventKind.TASK_FINISHED:
+        outcome = label_of(event.outcome_kind)
+        if outcome in _ERROR_OUTCOMES:
+            return logging.ERROR
+        if outcome == "outcome_force_aborted":
+            return logging.WARNING
+    return logging.INFO
+
+
+def _summary(event: Event) -> str:
+    """`<kind> key=value ...` for every present field but seq, at and kind."""
+    fields = event_to_dict(event)
+    for key in ("seq", "at", "kind"):
+        fields.pop(key, None)
+    details = " ".join(f"{key}={value!r}" for key, value in fields.items())
+    return f"{event.kind.label} {details}".rstrip()
+
+
+class LogWriter:
+    """Logs each event to `mpvisor.events` (output lines to `mpvisor.output`).
+
+    Each record carries the event as `record.mpvisor_event`.
+    """
+
+    queue_capacity = 1024
+
+    def __init__(self, name: str = "log") -> None:
+        self.name = name
+        self._events = logging.getLogger("mpvisor.events")
+        self._output = logging.getLogger("mpvisor.output")
+
+    def on_event(self, event: Event) -> None:
+        """Log `event` as one record (called on the subscriber's own thread)."""
+        extra = {"mpvisor_event": event}
+        if event.kind is EventKind.ATTEMPT_OUTPUT:
+            self._output.debug(
+                "%s[%s] %s: %s", event.task, event.attempt, event.stream, event.line, extra=extra
+            )
+            return
+        level = level_for(event)
+        if self._events.isEnabledFor(level):
+            self._events.log(level, "%s", _summary(event), extra=extra)
+
+    def __repr__(self) -> str:
+        return f"<LogWriter {self.name!r}>"
+
+
+class JsonLinesWriter:
+    """Writes one JSON object per event and line, flushed line by line.
+
+    Given a path, it opens the file in append mode on the first event and closes it in
+    `close()` (the bus calls it after the last delivery); given a stream, it writes to it and
+    leaves closing it to its owner.
+    """
+
+    queue_capacity = 1024
+
+    def __init__(
+        self, path_or_stream: str | os.PathLike[str] | IO[str], name: str = "jsonl"
+    ) -> None:
+        self.name = name
+        self._path: str | None = None  # set when this writer owns the file
+        self._stream: IO[str] | None = None  # the open target; opened lazily for a path
+        if isinstance(path_or_stream, (str, os.PathLike)):
+            self._path = os.fspath(path_or_stream)
+        else:
+            self._stream = path_or_stream
+        self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
+        self._closed = False
+
+    def on_event(self, event: Event) -> None:
+        """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
+        line = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            if self._closed:
+                return
+            stream = self._open()
+            stream.write(line + "\n")
+            stream.flush()
+
+    def _open(self) -> IO[str]:
+        if self._stream is None:
+            assert self._path is not None  # one of the two is always set
+            self._stream = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
+        return self._stream
+
+    def close(self) -> None:
+        """Stop writing; close the file this writer opened (never a stream it was given)."""
+        with self._lock:
+            self._closed = True
+            if self._path is not None and self._stream is not None:
+                self._stream.close()
+                self._stream = None
+
+    def __repr__(self) -> str:
+        target = self._path if self._path is not None else "stream"
+        state = "closed" if self._closed else "open"
+        return f"<JsonLinesWriter {self.name!r} {state} {target!r}>"

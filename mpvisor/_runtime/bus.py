@@ -1,0 +1,405 @@
+"""Who hears about an event, and what may that cost the runtime?
+
+Owns publishing: `seq` and `at`, the never-lossy `is_alive` view, one bounded queue and one
+daemon thread per subscriber, the bounded queues of `events()` iterators, the throttled reports
+of subscriber trouble, and the bounded drain at shutdown. It leaves what to publish, and when,
+to the runtime; events never drive membership, outcomes or slot ownership.
+
+`publish` runs on the runtime's loop and never blocks: it appends to each queue or drops the
+event for that consumer alone. Subscriber trouble is counted per subscriber and per kind and
+reported at most once per `TROUBLE_INTERVAL` seconds: the first trouble after a quiet second is
+reported on the next loop iteration, later trouble is coalesced into one report that a loop
+timer (`call_later`) publishes when the second is over, so every count is reported while the
+bus is open. A count still waiting for its second when `close` begins is dropped with its
+timer, and trouble during the final drain is not reported: no event may follow the runtime's
+last one, and reporting early would break the once-a-second promise. A panic is seen on the subscriber's thread and hops to the loop with
+`call_soon_threadsafe`.
+
+| situation | effect |
+|---|---|
+| a subscriber's queue is full | the event is dropped for it alone; `SUBSCRIBER_OVERFLOW` counts the losses |
+| `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
+| a trouble report about subscriber S | delivered to every consumer but S |
+| an `events()` queue is full | the event is dropped for that iterator alone, silently |
+| `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
+| nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
+| `close(timeout)` | stop intake, end iterators, let threads drain for at most `timeout` in total, then abandon what is left; a subscriber's `close()` (if any) is called on its own thread |
+
+One module on purpose: the queue, its thread and the throttle exist only for the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from mpvisor._model import checks as _validate
+from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind
+
+DEFAULT_QUEUE_CAPACITY = 1024
+TROUBLE_INTERVAL = 1.0  # seconds between two reports of one kind about one subscriber
+_log = logging.getLogger("mpvisor.bus")
+
+
+_SEQ = itertools.count(1)  # `seq` increases process-wide, across supervisors
+_ALIVE_KINDS = ATTEMPT_TERMINAL_KINDS | {EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED}
+
+
+def _call_soon(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
+) -> None:
+    """Schedule `callback` on `loop` from any thread; a closed loop has nobody left to tell."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Subscriber(Protocol):
+    """Anything with a `name` and `on_event`; `queue_capacity` and `close()` are optional."""
+
+    @property
+    def name(self) -> str: ...
+
+    def on_event(self, event: Event) -> None: ...
+
+
+@dataclass(slots=True)
+class _Throttle:
+    """Coalesces one kind of trouble about one subscriber into at most one report an interval.
+
+    Pure: `note` says how long to wait before reporting (None: a report is already scheduled);
+    `take` hands over the count when the report is made.
+    """
+
+    interval: float
+    count: int = 0  # troubles since the previous report
+    detail: str = ""  # the latest trouble's description
+    last_report: float | None = None  # loop time of the previous report
+    pending: bool = False  # a report is scheduled and will carry `count`
+
+    def note(self, count: int, detail: str, now: float) -> float | None:
+        self.count += count
+        self.detail = detail or self.detail
+        if self.pending:
+            return None
+        self.pending = True
+        if self.last_report is None:
+            return 0.0
+        return max(0.0, self.last_report + self.interval - now)
+
+    def take(self, now: float) -> tuple[int, str]:
+        count, self.count, self.pending, self.last_report = self.count, 0, False, now
+        return count, self.detail
+
+
+class EventStream:
+    """The async iterator `Bus.events()` returns: events published after its creation."""
+
+    __slots__ = ("__weakref__", "_buffer", "_capacity", "_ended", "_wakeup", "dropped")
+
+    def __init__(self, capacity: int) -> None:
+        self._buffer: deque[Event] = deque()
+        self._capacity = capacity
+        self._ended = False  # set by the bus at close; the iterator ends once `_buffer` is empty
+        self._wakeup = asyncio.Event()
+        self.dropped = 0  # events lost because the buffer was full
+
+    def _offer(self, event: Event) -> None:
+        if len(self._buffer) >= self._capacity:
+            self.dropped += 1
+            return
+        self._buffer.append(event)
+        self._wakeup.set()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wakeup.set()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._buffer:
+            if self._ended:
+                raise StopAsyncIteration
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._buffer.popleft()
+
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "open"
+        return f"<EventStream {state} buffered={len(self._buffer)} dropped={self.dropped}>"
+
+
+class _Mailbox:
+    """One subscriber's bounded queue and the daemon thread that empties it in `seq` order."""
+
+    def __init__(self, subscriber: Subscriber, on_panic: Callable[[_Mailbox, str], None]) -> None:
+        self.subscriber = subscriber
+        self.name = _validate.name("subscriber.name", subscriber.name)
+        capacity = getattr(subscriber, "queue_capacity", DEFAULT_QUEUE_CAPACITY)
+        self.capacity = _validate.positive_int(f"{self.name}.queue_capacity", capacity) or 1
+        self._on_panic = on_panic
+        self._items: deque[Event] = deque()  # never longer than `capacity`
+        self._cond = threading.Condition()
+        self._phase: Literal["open", "draining", "abandoned"] = "open"
+        self._thread = threading.Thread(
+            target=self._run, name=f"mpvisor-sub-{self.name}", daemon=True
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.done: asyncio.Future[None] | None = None  # resolved on the loop when the thread ends
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self.done = loop, loop.create_future()
+        self._thread.start()
+
+    def offer(self, event: Event) -> bool:
+        """Append without blocking; False if the queue is full (the event is lost for it)."""
+        with self._cond:
+            if len(self._items) >= self.capacity:
+                return False
+            self._items.append(event)
+            self._cond.notify()
+            return True
+
+    def drain(self) -> None:
+        with self._cond:
+            self._phase = "draining" if self._phase == "open" else self._phase
+            self._cond.notify()
+
+    def abandon(self) -> None:
+        with self._cond:
+            self._phase = "abandoned"
+            self._items.clear()
+            self._cond.notify()
+
+    def join(self) -> None:
+        """Wait for a thread that has signalled `done` to return (it has nothing left to do)."""
+        self._thread.join(timeout=1.0)
+
+    def _next(self) -> Event | None:
+        with self._cond:
+            while not self._items and self._phase == "open":
+                self._cond.wait()
+            return self._items.popleft() if self._items else None
+
+    def _run(self) -> None:
+        try:
+            while (event := self._next()) is not None:
+                self._deliver(event)
+            self._close_subscriber()
+        finally:
+            self._signal_done()
+
+    def _deliver(self, event: Event) -> None:
+        """Hand `event` to the subscriber. Whatever it raises is its panic, `BaseException`
+        included (`sys.exit()` raises `SystemExit`): this thread is the bus's, so nothing a
+        subscriber raises may end it, and the next event is delivered as usual."""
+        try:
+            self.subscriber.on_event(event)
+        except BaseException as exc:
+            message = str(exc)
+            self._on_panic(self, f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+    def _close_subscriber(self) -> None:
+        close = getattr(self.subscriber, "close", None)
+        if callable(close):
+            try:
+                close()
+            except BaseException:  # as in `_deliver`: the thread still signals its end
+                _log.exception("subscriber %r raised in close()", self.name)
+
+    def _signal_done(self) -> None:
+        if self._loop is not None and self.done is not None:
+            _call_soon(self._loop, _resolve, self.done)
+
+    def __repr__(self) -> str:
+        return f"<_Mailbox {self.name!r} {self._phase} queued={len(self._items)}/{self.capacity}>"
+
+
+_TroubleKey = tuple[_Mailbox, EventKind]  # whose trouble, and which kind
+
+
+class Bus:
+    """Publishes events to subscribers and iterators; keeps the `is_alive` view."""
+
+    def __init__(
+        self,
+        subscribers: Iterable[Subscriber] = (),
+        bus_capacity: int = DEFAULT_QUEUE_CAPACITY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._capacity = _validate.positive_int("bus_capacity", bus_capacity) or 1
+        self._clock = clock
+        self._mailboxes = [_Mailbox(s, self._panicked) for s in subscribers]
+        self._streams: weakref.WeakSet[EventStream] = weakref.WeakSet()
+        self._seq = 0  # the last seq this bus assigned
+        self._alive: dict[str, int | None] = {}  # task name -> the attempt that runs
+        self._throttles: dict[_TroubleKey, _Throttle] = {}
+        self._timers: dict[_TroubleKey, asyncio.TimerHandle] = {}  # one per pending report
+        self._loop: asyncio.AbstractEventLoop | None = None  # bound by the first publish
+        self._phase: Literal["open", "closing", "closed"] = "open"
+        self._closing: asyncio.Future[None] | None = None
+
+    @property
+    def last_seq(self) -> int:
+        """The `seq` of the last event this bus published (0 before its first)."""
+        return self._seq
+
+    # -- publishing (on the loop) -------------------------------------------------------------
+
+    def publish(self, kind: EventKind, **fields: Any) -> Event | None:
+        """Stamp, record and fan out one event without blocking; return it.
+
+        An event nobody can observe (no subscriber, no live `events()` iterator, and not a kind
+        the alive view reads) is not built: it only takes its `seq`, and None is returned. A busy
+        slot's two events per rejected submission are most of the controller's intake cost.
+        """
+        return self._publish(kind, None, fields)
+
+    def _publish(self, kind: EventKind, skip: _Mailbox | None, fields: dict[str, Any]) -> Event | None:
+        loop = self._loop if self._loop is not None else self._bind()  # bound: stay on that loop
+        self._seq = seq = next(_SEQ)
+        open_ = self._phase == "open"
+        tracked = kind in _ALIVE_KINDS
+        if not tracked and not (open_ and (self._mailboxes or self._streams.data)):  # type: ignore[attr-defined]
+            return None
+        event = Event(seq, self._clock(), kind, **fields)
+        if tracked:
+            self._track(event)
+        if open_:
+            for box in self._mailboxes:
+                if box is not skip and not box.offer(event):
+                    self._note(box, EventKind.SUBSCRIBER_OVERFLOW, "", loop)
+            if self._streams.data:  # type: ignore[attr-defined]  # live iterators; WeakSet's len() is slow
+                for stream in list(self._streams):
+                    stream._offer(event)
+        return event
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            if self._phase == "open":
+                for box in self._mailboxes:
+                    box.start(loop)
+        elif loop is not self._loop:
+            raise RuntimeError("this Bus is bound to another event loop")
+        return loop
+
+    def _track(self, event: Event) -> None:
+        """Keep the `is_alive` view (for the kinds in `_ALIVE_KINDS`)."""
+        name = event.task
+        if name is None:
+            return
+        if event.kind is EventKind.ATTEMPT_STARTING:
+            self._alive[name] = event.attempt
+        elif event.kind is EventKind.TASK_FINISHED:  # a safety net: its attempts are over
+            self._alive.pop(name, None)
+        elif event.kind in ATTEMPT_TERMINAL_KINDS and name in self._alive:
+            running = self._alive[name]
+            if event.attempt is None or running is None or running == event.attempt:
+                del self._alive[name]
+
+    # -- subscriber trouble --------------------------------------------------------------------
+
+    def _panicked(self, box: _Mailbox, detail: str) -> None:
+        """Called on `box`'s thread: hop to the loop to count the panic."""
+        loop = self._loop
+        if loop is None:
+            return
+        _call_soon(loop, self._note, box, EventKind.SUBSCRIBER_PANICKED, detail, loop)
+
+    def _note(
+        self, box: _Mailbox, kind: EventKind, detail: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        if self._phase != "open":
+            return
+        key = (box, kind)
+        throttle = self._throttles.setdefault(key, _Throttle(TROUBLE_INTERVAL))
+        wait = throttle.note(1, detail, loop.time())
+        if wait is not None:
+            self._timers[key] = loop.call_later(wait, self._report, box, kind, loop)
+
+    def _report(self, box: _Mailbox, kind: EventKind, loop: asyncio.AbstractEventLoop) -> None:
+        key = (box, kind)
+        del self._timers[key]
+        count, detail = self._throttles[key].take(loop.time())
+        if kind is EventKind.SUBSCRIBER_PANICKED:
+            reason = (
+                f"{box.name}: on_event raised on {count} event(s) since the previous report; "
+                f"last error: {detail}"
+            )
+        else:
+            reason = (
+                f"{box.name}: queue full (queue_capacity={box.capacity}); "
+                f"{count} event(s) lost since the previous report"
+            )
+        self._publish(kind, box, {"reason": reason})
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def events(self) -> EventStream:
+        """An iterator of the events published from now on; it ends after `close`."""
+        stream = EventStream(self._capacity)
+        if self._phase == "open":
+            self._streams.add(stream)
+        else:
+            stream._end()
+        return stream
+
+    def alive(self, name: str) -> bool:
+        """True while an attempt of the task `name` runs (by the published events)."""
+        return name in self._alive
+
+    def alive_snapshot(self) -> list[str]:
+        """The names of the tasks with a running attempt, sorted."""
+        return sorted(self._alive)
+
+    # -- closing -------------------------------------------------------------------------------
+
+    async def close(self, timeout: float) -> None:
+        """Stop intake, end iterators, drain subscribers for at most `timeout` s in total."""
+        limit = _validate.duration("subscriber_shutdown_timeout", timeout) or 0.0
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._drain(limit))
+        await asyncio.shield(self._closing)
+
+    async def _drain(self, timeout: float) -> None:
+        self._phase = "closing"
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for stream in list(self._streams):
+            stream._end()
+        self._streams.clear()
+        for box in self._mailboxes:
+            box.drain()
+        waiting = [box.done for box in self._mailboxes if box.done is not None]
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+        for box in self._mailboxes:
+            if box.done is not None and not box.done.done():
+                box.abandon()  # still blocked in its callback at the deadline: left behind
+            elif box.done is not None:
+                box.join()  # it signalled its end as its last step: no subscriber thread outlives close
+        self._phase = "closed"
+
+    def __repr__(self) -> str:
+        return (
+            f"<Bus {self._phase} seq={self._seq} subscribers={len(self._mailboxes)} "
+            f"streams={len(self._streams)} alive={len(self._alive)}>"
+        )

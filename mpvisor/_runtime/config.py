@@ -1,0 +1,177 @@
+"""What are the supervisor's and the controller's limits?
+
+Owns `SupervisorConfig` and `ControllerConfig`: immutable, validated at
+construction, so that a bad setting fails at once with a `ConfigError` (a `ValueError`) naming
+the field and the value. Durations are stored as float seconds (a `timedelta` is accepted).
+
+| field | default | refused |
+|---|---|---|
+| `grace`, `subscriber_shutdown_timeout`, `timeout_kill_after` | 60.0, 5.0, 1.0 | negative, NaN, inf |
+| `start_timeout` | 30.0 | also 0 |
+| `max_concurrent` | None (no bound) | 0 or negative |
+| `bus_capacity`, `registry_capacity` | 1024 | 0 or negative |
+| `max_frame_bytes` | 64 MiB | 0 or negative |
+| `preload` | () | not a list/tuple of dotted module names |
+| `start_method` | "launcher" | anything but "launcher" or "spawn" |
+| `capture_output` | False | not a bool |
+| `seed` | None | not an int |
+| `launcher` | None (the local fork server) | not callable |
+| `ControllerConfig.queue_capacity` | 1024 | 0 or negative |
+| `ControllerConfig.max_slot_queue` | 100 | negative (0 is valid) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from mpvisor._model import checks as _validate
+from mpvisor._model.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpvisor._launchers.seam import LauncherFactory
+
+StartMethod: TypeAlias = Literal["launcher", "spawn"]
+_START_METHODS = ("launcher", "spawn")
+
+
+@dataclass(frozen=True, init=False)
+class SupervisorConfig:
+    """The supervisor's settings; invalid values raise `ConfigError` naming the field.
+
+    Durations are seconds (a `timedelta` is accepted too).
+
+    | field | default | meaning |
+    |---|---|---|
+    | `grace` | 60.0 | after a removal, replace or shutdown asks an attempt to stop, how long before its tree is killed |
+    | `subscriber_shutdown_timeout` | 5.0 | how long shutdown waits for subscribers to drain |
+    | `max_concurrent` | None | at most this many attempt processes alive at once (None: no limit) |
+    | `bus_capacity` | 1024 | events buffered per `handle.events()` iterator before it loses events |
+    | `registry_capacity` | 1024 | management commands queued before `add`, `remove`, ... wait (`try_*` raise `CommandQueueFull`) |
+    | `max_frame_bytes` | 64 MiB | largest message from a child (a larger result is a permanent failure) |
+    | `timeout_kill_after` | 1.0 | after an attempt's timeout asks it to stop, how long before its tree is killed |
+    | `start_timeout` | 30.0 | > 0: process start, handshake and import of the target |
+    | `preload` | () | modules the launcher imports once, before forking attempts |
+    | `start_method` | "launcher" | "launcher" (fork from a pre-started launcher) or "spawn" (a fresh interpreter per Python attempt) |
+    | `capture_output` | False | send attempts' stdout/stderr lines as `ATTEMPT_OUTPUT` events |
+    | `seed` | None | seed each task's jitter from it and the task name, so delays repeat |
+    | `launcher` | None | where attempts run: None for this machine (a local fork server), or `mpvisor.ray.RayLauncher(...)` for a Ray cluster |
+    """
+
+    grace: float  # cooperative stop -> tree kill, on removal and shutdown
+    subscriber_shutdown_timeout: float
+    max_concurrent: int | None  # live attempt processes at once; None = unbounded
+    bus_capacity: int
+    registry_capacity: int
+    max_frame_bytes: int
+    timeout_kill_after: float  # attempt timeout -> tree kill
+    start_timeout: float  # > 0: process start, handshake and import
+    preload: tuple[str, ...]  # modules the launcher imports before forking
+    start_method: StartMethod
+    capture_output: bool
+    seed: int | None
+    launcher: LauncherFactory | None  # None: the local fork server
+
+    def __init__(
+        self,
+        grace: float | timedelta = 60.0,
+        subscriber_shutdown_timeout: float | timedelta = 5.0,
+        max_concurrent: int | None = None,
+        bus_capacity: int = 1024,
+        registry_capacity: int = 1024,
+        max_frame_bytes: int = 64 * 1024 * 1024,
+        timeout_kill_after: float | timedelta = 1.0,
+        start_timeout: float | timedelta = 30.0,
+        preload: list[str] | tuple[str, ...] = (),
+        start_method: StartMethod = "launcher",
+        capture_output: bool = False,
+        seed: int | None = None,
+        launcher: LauncherFactory | None = None,
+    ) -> None:
+        _set(self, "grace", _seconds("grace", grace))
+        _set(
+            self,
+            "subscriber_shutdown_timeout",
+            _seconds("subscriber_shutdown_timeout", subscriber_shutdown_timeout),
+        )
+        _set(
+            self,
+            "max_concurrent",
+            _validate.positive_int("max_concurrent", max_concurrent, allow_none=True),
+        )
+        _set(self, "bus_capacity", _validate.positive_int("bus_capacity", bus_capacity))
+        _set(
+            self,
+            "registry_capacity",
+            _validate.positive_int("registry_capacity", registry_capacity),
+        )
+        _set(self, "max_frame_bytes", _validate.positive_int("max_frame_bytes", max_frame_bytes))
+        _set(self, "timeout_kill_after", _seconds("timeout_kill_after", timeout_kill_after))
+        _set(self, "start_timeout", _seconds("start_timeout", start_timeout, allow_zero=False))
+        _set(self, "preload", _checked_preload(preload))
+        _set(self, "start_method", _checked_start_method(start_method))
+        _set(self, "capture_output", _checked_bool("capture_output", capture_output))
+        _set(self, "seed", _checked_seed(seed))
+        if launcher is not None and not callable(launcher):
+            raise ConfigError(f"launcher must be a launcher such as mpvisor.ray.RayLauncher(...), got {launcher!r}")
+        _set(self, "launcher", launcher)
+
+
+@dataclass(frozen=True, init=False)
+class ControllerConfig:
+    """The controller's limits: `queue_capacity` (>= 1, default 1024) commands wait for the
+    controller, and as many forwarded removals may be in flight, before the `try_*` forms raise;
+    `max_slot_queue` (>= 0, default 100) pending submissions per slot before `QUEUE` is rejected
+    `QUEUE_FULL` (a `REPLACE` head may exceed it). `shared=True` shares the slots with every
+    mpvisor process of this user on this host (`mpvisor run --slot` included): a submission the
+    local slot admits also takes the slot's lease from the slot server, with its policy, before
+    it is registered, and gives it back once its tree is reaped."""
+
+    queue_capacity: int  # >= 1: commands waiting, and removals in flight
+    max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)
+    shared: bool  # the slots are shared with the user's other processes (the slot server)
+
+    def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100, shared: bool = False) -> None:
+        _set(self, "queue_capacity", _validate.positive_int("queue_capacity", queue_capacity))
+        _set(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
+        _set(self, "shared", _checked_bool("shared", shared))
+
+
+def _seconds(field: str, value: object, *, allow_zero: bool = True) -> float:
+    seconds = _validate.duration(field, value, allow_zero=allow_zero)
+    assert seconds is not None  # allow_none is off
+    return seconds
+
+
+def _checked_preload(preload: object) -> tuple[str, ...]:
+    if isinstance(preload, str) or not isinstance(preload, (list, tuple)):
+        raise ConfigError(f"preload must be a list or tuple of module names, got {preload!r}")
+    for module in preload:
+        if not isinstance(module, str) or not all(p.isidentifier() for p in module.split(".")):
+            raise ConfigError(f"preload entries must be dotted module names, got {module!r}")
+    return tuple(preload)
+
+
+def _checked_start_method(start_method: object) -> StartMethod:
+    if start_method == "launcher":
+        return "launcher"
+    if start_method == "spawn":
+        return "spawn"
+    raise ConfigError(f"start_method must be one of {_START_METHODS}, got {start_method!r}")
+
+
+def _checked_bool(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} must be a bool, got {value!r}")
+    return value
+
+
+def _checked_seed(seed: object) -> int | None:
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigError(f"seed must be an int or None, got {seed!r}")
+    return seed
+
+
+def _set(obj: object, attr: str, value: object) -> None:
+    object.__setattr__(obj, attr, value)

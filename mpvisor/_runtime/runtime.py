@@ -1,0 +1,222 @@
+"""What does one running supervisor own, and how does it shut down?
+
+`Runtime` is the supervisor's state on its event loop: the event bus, the registry, the
+launcher client, the concurrency permits, the optional controller, and the one shared shutdown.
+`SupervisorHandle` is the public face of a runtime (every management call); it holds nothing
+but the runtime, so the handle alone keeps it alive.
+
+Shutdown, one operation whatever started it, its result cached for every caller:
+
+1. close intake: new calls raise `ShuttingDown` / `ControllerClosed`; queued commands are answered;
+2. publish `SHUTDOWN_REQUESTED`; the controller rejects what it has not handed over; every task is
+   claimed for removal (cooperative stop; tasks between attempts end at once);
+3. each claimed attempt is killed by its own grace timer; shutdown waits for every task to be
+   cleaned up, then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
+   `ALL_STOPPED_WITHIN_GRACE`;
+4. stop the launcher, join the controller and registry, drain subscribers (bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from mpvisor._attempt.start import start_message
+from mpvisor._launchers.local.client import local_launcher
+from mpvisor._launchers.seam import Launcher, LauncherFactory, LaunchSettings
+from mpvisor._model.errors import GraceExceeded, ShuttingDown
+from mpvisor._model.events import EventKind
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.spec import ResolvedSpec, TaskDefaults
+from mpvisor._runtime.bus import Bus
+from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess, AttemptRequest
+from mpvisor._tasks.registry import Registry
+
+if TYPE_CHECKING:
+    from mpvisor._admission.controller import Controller
+    from mpvisor._runtime.bus import Subscriber
+    from mpvisor._runtime.config import ControllerConfig
+    from mpvisor._tasks.actor import TaskActor
+
+_log = logging.getLogger("mpvisor.runtime")
+
+
+class Runtime:
+    """One supervisor's live state, bound to one event loop."""
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        subscribers: tuple[Subscriber, ...],
+        defaults: TaskDefaults,
+        controller: ControllerConfig | None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._launcher_factory: LauncherFactory = config.launcher or local_launcher
+        self.config = config
+        self.defaults = defaults
+        self.bus = Bus(subscribers, config.bus_capacity)
+        self.publish = self.bus.publish  # what the registry, actors and controller publish through
+        self.registry = Registry(self, config.registry_capacity)
+        self.client: Launcher | None = None
+        self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
+        self.controller: Controller | None = None
+        if controller is not None:
+            from mpvisor._admission.controller import Controller
+
+            self.controller = Controller(self, self.registry, controller)
+            self.registry.on_cleanup = self.controller.owner_cleaned_up
+        self.shutting_down = False
+        # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
+        self.interrupted: list[signal.Signals] = []
+        self._shutdown: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._stopping = asyncio.Event()  # set when shutdown begins: a wait for the launcher ends
+        self.ensure_launcher()
+
+    def __repr__(self) -> str:
+        return f"<Runtime {self.registry!r} launcher={self.client!r} shutting_down={self.shutting_down}>"
+
+    # --- the launcher ---------------------------------------------------------------------------
+
+    def ensure_launcher(self) -> Launcher:
+        if self.client is None:
+            launch = LaunchSettings(self.config.preload, self.config.start_timeout)
+            self.client = self._launcher_factory(self.loop, launch, self._on_launcher_death)
+        return self.client
+
+    async def ready(self) -> None:
+        """Wait until the launcher runs (`ConfigError` if a preload module failed); never starts
+        a launcher once shutdown has stopped it."""
+        if self.shutting_down and self.client is None:
+            raise ShuttingDown("the supervisor is shutting down")
+        client = self.ensure_launcher()
+        if client.is_ready():
+            return
+        ready = asyncio.ensure_future(client.ready())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([ready, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not ready.done():  # shutdown began first: it stops the launcher, nobody waits for it
+            ready.cancel()
+            raise ShuttingDown("the supervisor is shutting down")
+        ready.result()
+
+    def is_ready(self) -> bool:
+        """The launcher runs and its preload succeeded: `ready()` would return at once."""
+        return self.client is not None and self.client.is_ready()
+
+    async def stop_launcher(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.close()
+
+    def _on_launcher_death(self, reason: str) -> None:
+        _log.warning("%s", reason)
+        self.bus.publish(EventKind.RUNTIME_FAILURE, reason=reason)
+
+    def start_attempt(self, spec: ResolvedSpec, id: int, attempt: int, observer: AttemptObserver) -> AttemptProcess:
+        """Attempt number `attempt` of the task `id`, started on the launcher."""
+        client = self.ensure_launcher()
+        env, cwd, path = client.environment()
+        config = self.config
+        start = start_message(spec.task, spec.name, id, attempt, config.max_frame_bytes, env, cwd, path, spec.limits)
+        request = AttemptRequest(
+            start,
+            exec_python=config.start_method == "spawn" and start.kind == "fn",
+            capture_output=config.capture_output,
+            timeout=spec.timeout,
+            start_timeout=config.start_timeout,
+            timeout_kill_after=config.timeout_kill_after,
+            resources=spec.resources,
+        )
+        return AttemptProcess(client, request, observer)
+
+    @property
+    def grace(self) -> float:
+        return self.config.grace
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.seed
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.config.max_frame_bytes
+
+    def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None:
+        """An actor's loop is over and its last attempt's tree reaped: the registry frees it."""
+        self.registry.finish(actor, outcome)
+
+    # --- permits --------------------------------------------------------------------------------
+
+    def acquire_permit(self) -> Any:
+        return self.permits.acquire() if self.permits is not None else None
+
+    def release_permit(self) -> None:
+        if self.permits is not None:
+            self.permits.release()
+
+    # --- shutdown --------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Join the one shutdown (its result, or its error, is the same for every caller)."""
+        if self._shutdown is None:
+            self.shutting_down = True
+            self._stopping.set()
+            self._shutdown = self.loop.create_task(self._run_shutdown(), name="mpvisor-shutdown")
+            self.notify()
+        await asyncio.shield(self._shutdown)
+
+    def notify(self) -> None:
+        """Something `run` waits for may have happened (no tasks left, controller idle, shutdown)."""
+        self._changed.set()
+
+    async def wait_for_change(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    @property
+    def shutdown_started(self) -> bool:
+        return self._shutdown is not None
+
+    def kill_all_now(self, why: str) -> None:
+        """End the grace window at once (a second SIGINT in `run` mode)."""
+        for actor in list(self.registry.by_id.values()):
+            actor.kill_now(why)
+
+    async def _run_shutdown(self) -> None:
+        if self.controller is not None:
+            await self.controller.close_intake()
+        await self.registry.close()
+        self.bus.publish(EventKind.SHUTDOWN_REQUESTED)
+        if self.controller is not None:
+            self.controller.reject_pending()
+        claimed = [a for a in list(self.registry.by_id.values()) if self.registry.claim(a, by_shutdown=True)]
+        grace = self.config.grace
+        deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
+        try:
+            await self.registry.empty.wait()
+        finally:
+            deadline.cancel()
+        stuck = sorted(a.name for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED)
+        if stuck:
+            self.bus.publish(EventKind.GRACE_EXCEEDED, reason=f"killed after the grace window of {grace} s: {', '.join(stuck)}")
+        else:
+            self.bus.publish(EventKind.ALL_STOPPED_WITHIN_GRACE)
+        await self.stop_launcher()
+        if self.controller is not None:
+            await self.controller.join()
+        await self.registry.stop()
+        await self.bus.close(self.config.subscriber_shutdown_timeout)
+        if stuck:
+            raise GraceExceeded(grace, stuck)
+
+    def _kill_leftovers(self, grace: float) -> None:
+        """A task whose stop was already decided but whose process lingers past the grace."""
+        self.kill_all_now(f"still running after the shutdown grace window of {grace} s")

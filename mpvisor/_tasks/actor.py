@@ -1,0 +1,318 @@
+"""What happens to one registered task, attempt after attempt, until it ends?
+
+The per-task loop: wait for a permit (`max_concurrent`), run one attempt process, publish how it
+ended, ask the pure restart policy (`_restart.decide`) what comes next, and sleep the backoff or
+interval. A stop request (removal, replace, shutdown) interrupts every wait: a task waiting for a
+permit or sleeping ends `CANCELED` without another attempt; a running attempt is asked to stop
+and killed after the grace window. The registry owns membership and calls `finish` when the
+loop is over; this module never frees a name.
+
+| the attempt ended ... | and a stop was claimed | task outcome |
+|---|---|---|
+| any way, its tree never killed by the grace timer | yes | CANCELED |
+| killed after the grace window | yes | FORCE_ABORTED |
+| SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_restart.decide` says |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mpvisor._model.events import EventKind
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.restart import AttemptResult, RunAgain, RunNow, Stop, Streak, decide
+from mpvisor._model.spec import ResolvedSpec
+from mpvisor._model.wire import Failure, Progress, Result
+from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess
+from mpvisor._tasks.ending import AttemptEnd, StopReason, from_report
+
+_ATTEMPT_EVENTS = {
+    AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
+    AttemptResult.FAILED: EventKind.ATTEMPT_FAILED,
+    AttemptResult.FATAL: EventKind.ATTEMPT_FAILED,
+    AttemptResult.CANCELED: EventKind.ATTEMPT_CANCELED,
+    AttemptResult.TIMED_OUT: EventKind.ATTEMPT_TIMED_OUT,
+}
+
+
+_SCRATCH_RNG = random.Random(0)
+
+
+@dataclass
+class Claim:
+    """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`)."""
+
+    by_shutdown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Registered and not stopping: a removal may claim it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A removal claimed it: no further attempt starts; `claim` says who asked."""
+
+    claim: Claim
+
+
+@dataclass(frozen=True, slots=True)
+class StopDecided:
+    """Its policy stops it after the attempt whose report was read: nobody can claim it now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Terminal cleanup is done: its outcome's kind, and the claim that stopped it, if any."""
+
+    kind: OutcomeKind
+    claim: Claim | None
+
+
+ActorPhase = Open | Claimed | StopDecided | Finished
+
+
+class ActorHost(Protocol):
+    """What a task's actor uses of the supervisor around it (the runtime provides it; a test can
+    provide another): the grace window and jitter seed, events, the concurrency permits, attempts, and the
+    registry's terminal cleanup."""
+
+    @property
+    def grace(self) -> float: ...  # cooperative stop -> tree kill, after a removal
+    @property
+    def seed(self) -> int | None: ...  # each task's jitter is seeded from it and the task name
+    def publish(self, kind: EventKind, **fields: Any) -> object: ...
+    def acquire_permit(self) -> Any: ...
+    def release_permit(self) -> None: ...
+    def start_attempt(self, spec: ResolvedSpec, id: int, attempt: int, observer: AttemptObserver) -> AttemptProcess: ...
+    def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None: ...
+
+
+class TaskActor:
+    """One registered task: its settings, its loop, and what a stop request must reach."""
+
+    def __init__(self, host: ActorHost, id: int, spec: ResolvedSpec, owned_by_controller: bool) -> None:
+        self.host = host
+        self.id = id
+        self.spec = spec
+        self.name = spec.name
+        self.owned_by_controller = owned_by_controller
+        self.registered_at = time.monotonic()
+        self.attempt = 0
+        self.pid: int | None = None
+        self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
+        self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
+        self.current: AttemptProcess | None = None
+        self._stop = asyncio.Event()
+        self._rng = self._make_rng()
+        self.streak = Streak()  # the current failure streak (reset by a success)
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<TaskActor {self.name!r} id={self.id} {self.phase!r} attempt={self.attempt} pid={self.pid}>"
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim that stops it (set once, by the one call that claimed the removal)."""
+        match self.phase:
+            case Claimed(claim) | Finished(_, claim):
+                return claim
+        return None
+
+    @property
+    def final_kind(self) -> OutcomeKind | None:
+        """Its outcome's kind, once terminal cleanup is done."""
+        return self.phase.kind if isinstance(self.phase, Finished) else None
+
+    def mark_finished(self, kind: OutcomeKind) -> None:
+        """Terminal cleanup is done (the registry's step)."""
+        self.phase = Finished(kind, self.claim)
+
+    def _make_rng(self) -> random.Random:
+        seed = self.host.seed
+        return random.Random(f"{seed}:{self.name}") if seed is not None else random.Random()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._main(), name=f"mpvisor-task-{self.name}")
+
+    # --- stopping ---------------------------------------------------------------------------
+
+    def claimable(self) -> bool:
+        return isinstance(self.phase, Open)
+
+    def request_stop(self, claim: Claim) -> None:
+        """Stop this task (the caller checked `claimable`): no further attempt starts."""
+        self.phase = Claimed(claim)
+        self._stop.set()
+        if self.current is not None:
+            self.current.stop(StopReason.CANCEL, self.host.grace)
+
+    def kill_now(self, why: str) -> None:
+        """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
+        if self.current is not None:
+            self.killed_at_once = self.killed_at_once or why
+            self.current.kill(why)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            outcome = await self._loop()
+        except Exception as exc:  # a bug in mpvisor's own per-task code, never the user's
+            if self.current is not None:
+                self.current.kill(f"mpvisor failed supervising it: {exc!r}")
+                await self.current.end()
+            outcome = self._outcome(OutcomeKind.PANICKED, f"mpvisor panicked: {type(exc).__name__}: {exc}")
+        self.host.task_finished(self, outcome)
+
+    async def _loop(self) -> TaskOutcome:
+        while True:
+            if not await self._acquire_permit():
+                return self._canceled()
+            try:
+                end = await self._run_attempt()
+            finally:
+                self.host.release_permit()
+            if self.claim is not None:
+                return self._claimed_outcome(end)
+            action, self.streak = decide(
+                self.spec.restart,
+                end.kind,
+                self.streak,
+                max_retries=self.spec.max_retries,
+                backoff=self.spec.backoff,
+                rng=self._rng,
+                reason=end.reason,
+                intensity=self.spec.restart_intensity,
+                now=time.monotonic(),
+            )
+            match action:
+                case Stop(kind, reason):
+                    return self._outcome(kind, reason, end)
+                case RunNow():
+                    continue
+                case RunAgain(delay, source):
+                    self._publish(
+                        EventKind.BACKOFF_SCHEDULED,
+                        delay=delay,
+                        backoff_source=source,
+                        reason=end.reason if source.label == "failure" else None,
+                    )
+                    if not await self._sleep(delay):
+                        return self._canceled()
+
+    async def _acquire_permit(self) -> bool:
+        """Wait for a permit unless a stop comes first; True when one was taken."""
+        if self._stop.is_set():
+            return False
+        acquire = self.host.acquire_permit()
+        if acquire is None:
+            return True
+        return await self._first(acquire, release_on_loss=True)
+
+    async def _sleep(self, delay: float) -> bool:
+        """Sleep `delay` unless a stop comes first; True when the sleep completed."""
+        if delay <= 0:
+            return not self._stop.is_set()
+        return await self._first(asyncio.sleep(delay), release_on_loss=False)
+
+    async def _first(self, waited: Any, *, release_on_loss: bool) -> bool:
+        work = asyncio.ensure_future(waited)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if self._stop.is_set():
+            if work.done() and not work.cancelled() and release_on_loss:
+                self.host.release_permit()
+            work.cancel()
+            return False
+        return True
+
+    async def _run_attempt(self) -> AttemptEnd:
+        self.attempt += 1
+        attempt = self.host.start_attempt(self.spec, self.id, self.attempt, self)
+        self.current = attempt
+        try:
+            self.pid = await attempt.started()
+            self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
+        except Exception:
+            pass  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
+        end = await attempt.end()
+        pid, self.pid, self.current = self.pid, None, None
+        if end.killed is not None and pid is not None:
+            self._publish(EventKind.ATTEMPT_KILLED, attempt=self.attempt, pid=pid, reason=end.killed)
+        fields: dict[str, Any] = {"attempt": self.attempt, "pid": pid, "reason": end.reason,
+                                  "duration": attempt.duration, "start_latency": attempt.called_after}
+        if end.kind is AttemptResult.TIMED_OUT:
+            fields["timeout"] = self.spec.timeout
+        elif end.kind is not AttemptResult.SUCCEEDED:
+            fields["exit_code"] = end.exit_code
+        self._publish(_ATTEMPT_EVENTS[end.kind], **fields)
+        return end
+
+    def on_report(self, report: Result | Failure) -> None:
+        """A report was read before any stop request: if the policy stops after it, the task's
+        stop is decided and a removal can no longer claim it."""
+        action, _ = decide(
+            self.spec.restart,
+            from_report(report).kind,
+            self.streak,
+            max_retries=self.spec.max_retries,
+            backoff=self.spec.backoff,
+            rng=_SCRATCH_RNG,  # not the task's own: its draws stay repeatable
+            reason=None,
+            intensity=self.spec.restart_intensity,
+            now=time.monotonic(),
+        )
+        if isinstance(action, Stop) and isinstance(self.phase, Open):
+            self.phase = StopDecided()
+
+    # --- outcomes -----------------------------------------------------------------------------
+
+    def _canceled(self) -> TaskOutcome:
+        return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
+
+    def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
+        if end.killed is not None and end.kind is AttemptResult.CANCELED:
+            grace = self.host.grace
+            reason = self.killed_at_once or f"did not stop within the grace window of {grace} s; its process tree was killed"
+            return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
+        return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
+
+    def _stop_reason(self) -> str:
+        return "canceled by shutdown" if self.claim and self.claim.by_shutdown else "canceled"
+
+    def _outcome(self, kind: OutcomeKind, reason: str | None, end: AttemptEnd | None = None) -> TaskOutcome:
+        keep_failure = end is not None and kind in (OutcomeKind.FAILED, OutcomeKind.FATAL)
+        return TaskOutcome(
+            kind,
+            reason=reason,
+            exit_code=end.exit_code if keep_failure and end is not None else None,
+            value=end.value if end is not None and kind is OutcomeKind.COMPLETED else None,
+            traceback=end.traceback if keep_failure and end is not None else None,
+            attempts=self.attempt,
+            timed_out=kind is OutcomeKind.FAILED and end is not None and end.kind is AttemptResult.TIMED_OUT,
+            limit=end.limit if kind is OutcomeKind.FAILED and end is not None else None,
+            duration=time.monotonic() - self.registered_at,
+        )
+
+    def _publish(self, kind: EventKind, **fields: Any) -> None:
+        self.host.publish(kind, task=self.name, id=self.id, **fields)
+
+    # --- what its attempt reports (the attempt's `AttemptObserver`) ---------------------------
+
+    def on_progress(self, progress: Progress) -> None:
+        self._publish(
+            EventKind.ATTEMPT_PROGRESS, attempt=self.attempt, pid=self.pid,
+            progress=(progress.done, progress.total), reason=progress.message,
+        )
+
+    def on_output(self, stream: str, line: str) -> None:
+        self._publish(EventKind.ATTEMPT_OUTPUT, attempt=self.attempt, pid=self.pid, stream=stream, line=line)

@@ -1,0 +1,302 @@
+r"""How does the runtime start, stop and learn the end of one attempt?
+
+`AttemptProcess` is the only thing the rest of the runtime sees: start it, await its end, ask it
+to stop, kill it. It asks the runtime's `Launcher` (`_launchers/seam.py`: `spawn`, `signal`,
+`kill`) and is the `AttemptSink` the launcher reports to (`on_started`, `on_data`, `on_output`,
+`on_eof`, then `on_exited` or `on_launcher_died`; or `on_start_failed`). It touches no pid, fd,
+pipe or signal: it speaks the attempt channel's protocol over the bytes the launcher hands it,
+keeps the facts, and runs the timers (start-up, timeout, grace).
+
+Attempt phases (one value, `AttemptProcess.phase`, a small frozen dataclass):
+
+    Spawning --started--> Running(pid) --exited / launcher died--> Done
+        \--start_failed / launcher died before a pid-------------> Done
+
+`Spawning` carries the requests that wait for the pid (a SIGTERM, a kill), since neither can
+reach the attempt before it leads its own session. The launcher reports the end only once the
+attempt's tree is gone and its channel drained, so the facts gathered on the way
+(`ending.Facts`) decide the ending at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from mpvisor._launchers.seam import ExitStatus, Launcher
+from mpvisor._model.spec import Resources
+from mpvisor._model.wire import (
+    VERSION,
+    Calling,
+    Failure,
+    FrameDecoder,
+    Hello,
+    Progress,
+    ProtocolError,
+    Result,
+    Start,
+    encode_start,
+    parse,
+)
+from mpvisor._tasks.ending import AttemptEnd, Facts, StopReason, decide
+
+
+@dataclass(frozen=True, slots=True)
+class Spawning:
+    """Asked of the launcher; no pid yet. What was asked meanwhile happens once it has one."""
+
+    sigterm: bool = False  # a stop request arrived
+    kill: str | None = None  # a kill arrived (why)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Leads its own session as `pid`: it can be signalled and killed."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Over: every fd closed, the ending decided."""
+
+
+Phase = Spawning | Running | Done
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRequest:
+    """Everything one attempt is started with (the runtime builds it from the task's spec and the
+    attempt's number; `attempt.start_message` builds `start`)."""
+
+    start: Start  # the start message the attempt process reads first
+    exec_python: bool  # a fresh interpreter (start_method="spawn") rather than a fork of the launcher
+    capture_output: bool  # its stdout and stderr lines become `on_output` reports
+    timeout: float | None  # from the child's `calling` report to the end; None: none
+    start_timeout: float  # > 0: process start, handshake and import
+    timeout_kill_after: float  # after the timeout's SIGTERM, how long before the tree is killed
+    resources: Resources | None = None  # what it needs where it is placed (a launcher that places nothing ignores it)
+
+
+class AttemptObserver(Protocol):
+    """Who hears what an attempt reports while it runs (the task's actor)."""
+
+    def on_progress(self, progress: Progress) -> None: ...
+    def on_output(self, stream: str, line: str) -> None: ...  # only with `capture_output`
+    def on_report(self, report: Result | Failure) -> None: ...  # a result or failure read before any stop
+
+
+def prepared_module(start: Start) -> str:
+    """The module a fork server can prepare for this attempt (`_prepared.py`): its target's, when
+    the attempt will import it with the launcher's own `sys.path` and directory; else ""."""
+    if start.kind != "fn" or start.main_path is not None or start.path is not None or start.cwd is not None:
+        return ""
+    return start.target.partition(":")[0]
+
+
+class AttemptProcess:
+    """One attempt process: spawn it, read its frames, stop or kill it, learn its end."""
+
+    def __init__(self, client: Launcher, request: AttemptRequest, observer: AttemptObserver | None = None) -> None:
+        start = request.start
+        self.client = client
+        self.observer = observer
+        self.created_at = client.loop.time()  # the start request: what `duration` and `called_after` count from
+        self.duration: float | None = None  # request -> end, once it ended
+        self.called_after: float | None = None  # request -> the child's `calling` report, if it came
+        self.loop = client.loop
+        self.start_msg = start
+        self.facts = Facts(kind=start.kind, timeout=request.timeout, limits=start.limits)
+        self.phase: Phase = Spawning()
+        self._timeout = request.timeout
+        self._kill_after = request.timeout_kill_after
+        self._decoder = FrameDecoder(start.max_frame)
+        self._hello: Hello | None = None
+        self._started: asyncio.Future[int] = self.loop.create_future()
+        self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        exec_python = request.exec_python
+        self.key = client.spawn(self, encode_start(start), exec_python=exec_python,
+                                capture_output=request.capture_output, resources=request.resources,
+                                module="" if exec_python else prepared_module(start))
+        limit = request.start_timeout
+        self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
+
+    def __repr__(self) -> str:
+        return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase!r}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The attempt process's pid, once it leads its own session (kept after it ended)."""
+        return self.facts.pid
+
+    # --- the runtime's interface ---------------------------------------------------------------
+
+    async def started(self) -> int:
+        """The attempt's pid once it leads its own session; `None`-less: raises nothing, see `end`."""
+        return await asyncio.shield(self._started)
+
+    async def end(self) -> AttemptEnd:
+        """The attempt's ending, once its tree is gone and its channel drained."""
+        return await asyncio.shield(self._done)
+
+    def stop(self, reason: StopReason, grace: float) -> None:
+        """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later."""
+        if self.facts.stop is not None or isinstance(self.phase, Done):
+            return
+        self.facts.stop = reason
+        if reason is StopReason.TIMEOUT:
+            why = f"still running timeout_kill_after={grace} s after the timeout"
+        else:
+            why = f"it did not stop within the grace window of {grace} s"
+        self._request_sigterm()
+        self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
+        match self.phase:
+            case Running(pid):  # it leads its session: its tree can be signalled
+                self.facts.killed = self.facts.killed or f"killed pid {pid}: {why}"
+                self.client.kill(self.key)
+            case Spawning(kill=None) as spawning:  # the launcher ends its start (or kills it once it runs)
+                self.phase = replace(spawning, kill=why)
+                self.client.kill(self.key)
+            case _:  # already asked, or its tree is already gone
+                pass
+
+    # --- the launcher's reports (this is its `AttemptSink`) ---------------------------------------
+
+    def on_started(self, pid: int) -> None:
+        """The attempt leads its own session as `pid`."""
+        if not isinstance(self.phase, Spawning):
+            return  # cannot happen: the launcher reports a start once
+        waiting, self.phase = self.phase, Running(pid)
+        self.facts.pid = pid
+        self._started.set_result(pid)
+        if waiting.sigterm:
+            self._request_sigterm()
+        if waiting.kill is not None:
+            self.kill(waiting.kill)
+
+    def on_start_failed(self, error: str) -> None:
+        """The attempt could not be started."""
+        self.facts.could_not_start = error
+        self._finish()
+
+    def on_data(self, data: bytes) -> None:
+        """Bytes of the attempt channel, as the launcher read them."""
+        if self.facts.protocol_error is not None:
+            return  # already condemned: discard what follows
+        try:
+            for obj in self._decoder.feed(data):
+                self._on_message(obj)
+        except ProtocolError as exc:
+            self._protocol_error(str(exc))
+
+    def on_output(self, stream: str, line: str) -> None:
+        """A captured line of the attempt's stdout or stderr."""
+        if self.observer is not None:
+            self.observer.on_output(stream, line)
+
+    def on_eof(self) -> None:
+        """The channel is drained: a frame cut short is a protocol error."""
+        if self.facts.protocol_error is None and self.facts.report is None:
+            try:
+                self._decoder.finish()
+            except ProtocolError as exc:
+                self.facts.protocol_error = str(exc)
+
+    def on_exited(self, status: ExitStatus, killed: bool) -> None:
+        """The attempt's tree is gone: `status` is its main process's; `killed`, by us while it ran."""
+        if isinstance(self.phase, Done):
+            return
+        self.facts.status = status
+        if not killed:
+            self.facts.killed = None
+        self._finish()
+
+    def on_launcher_died(self, how: str = "launcher died") -> None:
+        """The launcher went away, and the attempt's process (if it had one) with it; `how`
+        begins the reason ("launcher died ...", "node lost ...")."""
+        self.facts.launcher_died = how
+        if not isinstance(self.phase, Running):
+            self.facts.could_not_start = f"{how} before the attempt started"
+        self._finish()
+
+    def _request_sigterm(self) -> None:
+        match self.phase:
+            case Spawning() as spawning:  # not yet in its own session: signal once it is
+                self.phase = replace(spawning, sigterm=True)
+            case Running():
+                self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
+
+    def _on_start_timeout(self, limit: float) -> None:
+        if self.facts.calling or self.facts.stop is not None:
+            return
+        self.facts.start_timed_out = limit
+        self.kill(f"start-up timed out after {limit} s")
+
+    def _on_timeout(self) -> None:
+        self.stop(StopReason.TIMEOUT, self._kill_after)
+
+    # --- frames -------------------------------------------------------------------------------------
+
+    def _on_message(self, obj: Any) -> None:
+        if self._hello is None:
+            message = parse(obj, ("hello",))
+            assert isinstance(message, Hello)
+            if message.v != VERSION:
+                raise ProtocolError(f"protocol version {message.v}, expected {VERSION}")
+            if self.pid is not None and message.pid != self.pid:
+                raise ProtocolError(f"hello from pid {message.pid}, but the attempt is pid {self.pid}")
+            self._hello = message
+            return
+        if self.facts.report is not None:
+            raise ProtocolError(f"a frame after the attempt's report: {obj!r:.60}")
+        allowed = ("progress", "result", "failure") if self.facts.calling else ("calling", "failure")
+        message = parse(obj, allowed)
+        if isinstance(message, Calling):
+            self._on_calling()
+        elif isinstance(message, Progress):
+            if self.observer is not None:
+                self.observer.on_progress(message)
+        elif isinstance(message, (Result, Failure)):
+            self.facts.report = message
+            self.facts.report_before_stop = self.facts.stop is None
+            if self.facts.report_before_stop and self.observer is not None:
+                self.observer.on_report(message)
+
+    def _on_calling(self) -> None:
+        self.facts.calling = True
+        self.called_after = self.loop.time() - self.created_at
+        self._cancel_timer("start")
+        if self._timeout:
+            self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
+
+    def _protocol_error(self, error: str) -> None:
+        self.facts.protocol_error = error
+        self.kill(f"protocol error: {error}")
+
+    def _finish(self) -> None:
+        if isinstance(self.phase, Done):
+            return
+        self.phase = Done()
+        self.duration = self.loop.time() - self.created_at
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if not self._started.done():
+            self._started.set_exception(_NotStarted())
+            self._started.exception()  # mark retrieved: `end()` reports the reason
+        self._done.set_result(decide(self.facts))
+
+    def _cancel_timer(self, name: str) -> None:
+        timer = self._timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+
+
+class _NotStarted(Exception):
+    """The attempt never got a pid (`end()` says why)."""

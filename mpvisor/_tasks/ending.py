@@ -1,0 +1,157 @@
+"""How did this attempt end?
+
+A pure function of what the parent observed about one attempt process (`Facts`) to its one
+ending (`AttemptEnd`). No I/O: `attempt.py` gathers the facts, this module decides. The rules,
+first match wins (the reason a stop was requested decides over how the child ended):
+
+| # | fact | ending |
+|---|---|---|
+| 1 | the process could not be started | CANCELED if a stop was asked first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
+| 2 | a report (result/failure) was read before any stop request | the report stands |
+| 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
+| 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
+| 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
+| 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
+| 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
+| 8 | a report (no stop requested) | by the report's kind |
+| 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
+| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N |
+
+`killed` (mpvisor SIGKILLed the tree while the main process ran) never changes the kind: it sets
+`exit_code` to None and is announced by `ATTEMPT_KILLED` before the terminal event.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.restart import AttemptResult
+from mpvisor._model.wire import Failure, Result
+
+
+class StopReason(enum.Enum):
+    TIMEOUT = "timeout"
+    CANCEL = "cancel"
+
+
+@dataclass(slots=True)
+class Facts:
+    """What the parent saw of one attempt (filled in by `attempt.AttemptProcess`)."""
+
+    kind: str = "fn"  # "fn" (a Python target) or "cmd" (a program)
+    pid: int | None = None
+    could_not_start: str | None = None
+    report: Result | Failure | None = None
+    report_before_stop: bool = False
+    calling: bool = False  # the child reported it was about to call the target / exec
+    stop: StopReason | None = None
+    timeout: float | None = None
+    killed: str | None = None  # why mpvisor killed the tree while the main process ran
+    status: ExitStatus | None = None
+    protocol_error: str | None = None
+    start_timed_out: float | None = None
+    limits: dict[str, Any] | None = None  # the attempt's `Limits`, as the start message carried them
+    launcher_died: str | None = None  # how: "launcher died ...", "node lost ..."
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    kind: AttemptResult
+    reason: str | None = None
+    exit_code: int | None = None
+    value: Any = None
+    traceback: str | None = None
+    killed: str | None = None
+    limit: str | None = None  # "memory", "cpu", "open_files": the limit it ran into
+
+
+def decide(f: Facts) -> AttemptEnd:
+    """The one ending of an attempt, from what was observed (first matching rule wins), then
+    named after the limit it ran into, if it did (`limit_of`)."""
+    return limit_of(f, _decide(f))
+
+
+def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
+    """A FAILED end explained by one of the attempt's limits: the reason starts with the limit.
+    The evidence: a `MemoryError` under a memory limit, `EMFILE` under an open-files limit, a
+    death by SIGXCPU (what the kernel sends at the CPU limit) under a CPU limit."""
+    limits = f.limits or {}
+    if end.kind is not AttemptResult.FAILED or not limits:
+        return end
+    reason = end.reason or ""
+    found: tuple[str, str] | None = None
+    if limits.get("memory") and "MemoryError" in reason:
+        found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])})")
+    elif limits.get("nofile") and "[Errno 24]" in reason:
+        found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
+    elif limits.get("cpu") and f.status is not None and f.status.how == "signal" and f.status.value == signal.SIGXCPU:
+        found = ("cpu", f"cpu limit exceeded ({limits['cpu']:g} s)")
+    if found is None:
+        return end
+    kind, head = found
+    return AttemptEnd(end.kind, f"{head}: {reason}" if reason else head, end.exit_code, end.value, end.traceback,
+                      end.killed, kind)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def _decide(f: Facts) -> AttemptEnd:
+    if f.could_not_start is not None:
+        if f.stop is StopReason.CANCEL:
+            return AttemptEnd(AttemptResult.CANCELED, f"canceled before the attempt started ({f.could_not_start})")
+        if f.start_timed_out is not None:
+            reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
+            return AttemptEnd(AttemptResult.FAILED, reason)
+        return AttemptEnd(AttemptResult.FAILED, f.could_not_start)
+    if f.report is not None and f.report_before_stop:
+        return from_report(f.report, f.killed)
+    if f.stop is StopReason.TIMEOUT:
+        return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
+    if f.stop is StopReason.CANCEL:
+        return AttemptEnd(AttemptResult.CANCELED, f.killed or "canceled", killed=f.killed)
+    if f.launcher_died is not None:
+        return AttemptEnd(AttemptResult.FAILED, f"{f.launcher_died} while attempt pid {f.pid} ran")
+    if f.start_timed_out is not None:
+        reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"
+        return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed)
+    if f.protocol_error is not None and (f.killed or f.status is None or f.status.exit_code == 0):
+        return AttemptEnd(AttemptResult.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
+    if f.report is not None:
+        return from_report(f.report, f.killed)
+    return _from_status(f)
+
+
+def from_report(report: Result | Failure, killed: str | None = None) -> AttemptEnd:
+    """What a report (result or failure frame) says about the attempt, on its own."""
+    if isinstance(report, Result):
+        return AttemptEnd(AttemptResult.SUCCEEDED, value=report.value, killed=killed)
+    kind = {
+        "fail": AttemptResult.FAILED,
+        "error": AttemptResult.FAILED,
+        "fatal": AttemptResult.FATAL,
+        "canceled": AttemptResult.CANCELED,
+    }[report.kind]
+    return AttemptEnd(kind, report.reason, report.exit_code, traceback=report.traceback, killed=killed)
+
+
+def _from_status(f: Facts) -> AttemptEnd:
+    status = f.status
+    if status is None:  # cannot happen: without a launcher death, the launcher reports a status
+        return AttemptEnd(AttemptResult.FAILED, f"attempt pid {f.pid} ended without a status")
+    if f.kind == "cmd" and f.calling and status.how == "exit" and status.value == 0:
+        return AttemptEnd(AttemptResult.SUCCEEDED, value=None)
+    if f.kind == "cmd" and f.calling:
+        return AttemptEnd(AttemptResult.FAILED, f"program {status.describe()}", status.exit_code)
+    reason = f"attempt process pid {f.pid} {status.describe()} before reporting a result"
+    if f.protocol_error is not None:
+        reason += f" ({f.protocol_error})"
+    return AttemptEnd(AttemptResult.FAILED, reason, status.exit_code)
