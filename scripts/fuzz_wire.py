@@ -11,10 +11,10 @@ returns values or raises `ProtocolError`, nothing else; a message it accepts re-
 frame that decodes to the same message; and the decoder never buffers more than one frame plus
 one chunk. Any other exception, or a broken check, is a crash libFuzzer reports with the input
 that caused it. (What a decoded frame costs is measured, for the densest frames there are, by
-`tests/test_wire.py::test_a_decoded_frame_costs_at_most_75_times_its_bytes`.)
+`tests/model/test_wire.py::test_a_decoded_frame_costs_at_most_75_times_its_bytes`.)
 
 `atheris` instruments `mpvisor._model.wire` and msgpack's pure-Python parts; its coverage guidance is
-what the hypothesis tests in `tests/test_wire.py` do not have, so long runs here find what a
+what the hypothesis tests in `tests/model/test_wire.py` do not have, so long runs here find what a
 short property test cannot.
 """
 

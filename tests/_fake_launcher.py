@@ -15,7 +15,7 @@ attempt the frames the child would send, following the target's name. Pass it to
 | `fake:stubborn` | waits; ignores SIGTERM, only a kill ends it |
 | `fake:launcher_dies` | the launcher dies while it runs (every running attempt: launcher died) |
 
-It also scripts the real workers the launcher contract suite (tests/test_launcher_contract.py)
+It also scripts the real workers the launcher contract suite (tests/launchers/test_launcher_contract.py)
 runs on every launcher, as their real processes would behave, so that one suite holds the
 fake to the same contract (`SCRIPTED` below); `die()` is the launcher dying now.
 

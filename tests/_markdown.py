@@ -1,6 +1,6 @@
 """What do the documentation tests read out of a Markdown file? (pure: text in, records out)
 
-`tests/test_docs.py` runs what these functions find in `README.md` and `docs/*.md`.
+`tests/whole/test_docs.py` runs what these functions find in `README.md` and `docs/*.md`.
 
 | function | returns |
 |---|---|

@@ -1,7 +1,7 @@
 """How does a child die or break the protocol at a chosen phase, and how does a test choose it?
 
-Owns the failure injection of `tests/test_failure_matrix.py` (and one fault of
-`tests/test_big_arguments.py`). This module is meant to be *preloaded*:
+Owns the failure injection of `tests/attempt/test_failure_matrix.py` (and one fault of
+`tests/attempt/test_big_arguments.py`). This module is meant to be *preloaded*:
 `SupervisorConfig(preload=("workers.faults",))` makes the launcher import it once, before it
 forks any attempt, so the patches below are in place in every attempt process it forks (the
 `spawn` start method execs a fresh interpreter that never imports it: use `"launcher"`).

@@ -36,7 +36,7 @@ from tests._support import (
 from workers import basic, coop, misbehave, overlap
 from workers._marker import mark
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 IMPORTABLE = [basic, coop, misbehave, overlap]
 IMPORT_TIME_MODULES = ["slow_import_1s", "hanging_import"]
 

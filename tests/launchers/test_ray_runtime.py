@@ -3,7 +3,7 @@
 Restarts with backoff, timeouts, cancel, shutdown with grace, the controller's three policies
 (a slot's next owner only after the previous attempt was reaped or fenced), events and outcomes,
 placement by resources, and the loss of a node mid-attempt, all on the session's local Ray
-cluster (tests/_ray_support.py). The contract each launcher keeps is tests/test_launcher_contract.py.
+cluster (tests/_ray_support.py). The contract each launcher keeps is tests/launchers/test_launcher_contract.py.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
 
     executable = shutil.which("mpvisor")
     assert executable is not None, "the mpvisor executable is not on PATH"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root}
 
     def run(*argv: str) -> subprocess.Popen[str]:
@@ -373,7 +373,7 @@ def test_a_killed_supervisor_leaves_nothing_on_the_cluster(ray_cluster: Any, tmp
         "        await waiter.wait()\n"
         "asyncio.run(main())\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, str(script), ray_cluster.address, str(records)], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -65,7 +65,7 @@ from workers import basic, coop, misbehave
 
 pytestmark = pytest.mark.timeout(30)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "workers", "scripts")
 
 

@@ -310,7 +310,7 @@ def assert_throttled(reports: list[Event], total: int, interval: float) -> None:
 @pytest.mark.parametrize("trouble", ["panic", "overflow"])
 def test_subscriber_trouble_is_reported_at_most_once_an_interval(trouble: str, monkeypatch) -> None:
     """At most one report per `TROUBLE_INTERVAL` per subscriber, each counting since the last
-    (the interval shortened to 0.25 s here; tests/test_events_runtime.py checks the real 1 s)."""
+    (the interval shortened to 0.25 s here; tests/runtime/test_events_runtime.py checks the real 1 s)."""
     monkeypatch.setattr(_bus, "TROUBLE_INTERVAL", 0.25)
     gate = threading.Event()
     if trouble == "panic":

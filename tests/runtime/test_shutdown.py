@@ -56,7 +56,7 @@ from workers import basic, coop, misbehave
 pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "workers" / "run_scripts" / "signalled_run.py"
 
 

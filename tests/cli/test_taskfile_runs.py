@@ -33,7 +33,7 @@ from tests._support import pid_gone, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHELL = ROOT / "workers" / "shell"
 MPVISOR = shutil.which("mpvisor")
 PYTHON = sys.executable

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "chaos.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
 
 
 def campaign(*args: str, limit: float) -> str:

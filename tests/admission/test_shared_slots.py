@@ -42,7 +42,7 @@ from tests._support import async_wait_for, read_records, supervised, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPVISOR = shutil.which("mpvisor")
 
 

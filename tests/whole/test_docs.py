@@ -21,7 +21,7 @@ So a block that is not run says why, in the file, where a reader of the source s
 block is run by its own rule: the README's first block is the project's two set-up commands,
 which CI depends on word for word. It is pinned here, and of its commands the one that is not an
 install into this interpreter and not this very suite, `python scripts/demo.py`, is run from the
-repository root (installing the way it says is what `tests/test_installs.py` does, in real
+repository root (installing the way it says is what `tests/whole/test_installs.py` does, in real
 virtual environments).
 
 Besides running the blocks: every relative link of README.md and docs/*.md must reach a file
@@ -66,7 +66,7 @@ from tests._slot_support import stop_servers
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(GUIDE.glob("*.md"))]
 LANGUAGES = {"python", "bash", "console", "toml", "text"}

@@ -54,7 +54,7 @@ from workers import basic, coop
 pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_DEFAULTS = TaskDefaults(timeout=0.3)
 
 

@@ -4,7 +4,7 @@
 the target runs, under both start methods, for Python targets and for programs. An attempt that
 runs into one is a retryable failure whose reason starts with the limit, and `TaskOutcome.limit`
 names it; one that stays within its limits is unaffected. The mapping itself is the pure
-`_ending.limit_of` (tests/test_ending.py).
+`_ending.limit_of` (tests/tasks/test_ending.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mpvisor import CommandTask, OutcomeKind, SupervisorConfig, TaskDefaults, Ta
 from tests._support import START_METHODS, fn, supervised
 from workers import limits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,7 +83,7 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
     fills it until the kernel's OOM killer (which picks the attempt: the launcher raised its OOM
     score) SIGKILLs it. The outcome says `killed by the OOM killer`, the exit status is 128 + 9
     as for any SIGKILL. (Needs root, as any test that makes a cgroup; the pure rules are in
-    tests/test_ending.py and tests/test_platform_oom.py.)"""
+    tests/tasks/test_ending.py and tests/launchers/test_platform_oom.py.)"""
     cgroup = _memory_cgroup(f"mpvisor-oom-test-{os.getpid()}", 256 * 2**20)
     try:
         script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run workers.limits:resident_hog 8'

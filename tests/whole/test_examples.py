@@ -33,7 +33,7 @@ from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MPVISOR = shutil.which("mpvisor")
 RUN_TIMEOUT = 60.0  # seconds: each example takes one or two

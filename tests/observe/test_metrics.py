@@ -43,7 +43,7 @@ from workers import basic, coop
 pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from tests._support import wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "workers", "scripts", "parent_for_death.py")
 CONTRACT_SECONDS = 2.0
 CI_SLACK = 2.0

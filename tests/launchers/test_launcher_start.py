@@ -35,7 +35,7 @@ from tests._support import (
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- pure: the restart backoff and how a launcher ended -----------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from tests._support import pid_gone, read_markers, wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(60)
 
