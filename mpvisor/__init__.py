@@ -36,6 +36,7 @@ from mpvisor._model.errors import (
 )
 
 if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
     from mpvisor._admission.slots import AdmissionPolicy, SlotStatus, SlotView
     from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from mpvisor._api.handle import SupervisorHandle
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from mpvisor._observe.metrics import PrometheusMetrics
     from mpvisor._observe.progress import ProgressReport, drive_progress_bars, progress_reports
     from mpvisor._observe.writers import JsonLinesWriter, LogWriter
-    from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+    from mpvisor._runtime.config import SupervisorConfig
     from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
 from mpvisor._version import __version__ as __version__
@@ -66,7 +67,7 @@ from mpvisor._version import __version__ as __version__
 _LAZY = {
     "BackoffPolicy": "._model.backoff",
     "JitterPolicy": "._model.backoff",
-    "ControllerConfig": "._runtime.config",
+    "ControllerConfig": "._admission.config",
     "SupervisorConfig": "._runtime.config",
     "Event": "._model.events",
     "EventKind": "._model.events",

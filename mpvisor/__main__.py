@@ -1,4 +1,4 @@
-"""`python -m mpvisor ...`: the command-line interface (see `_cli.py`)."""
+"""`python -m mpvisor ...`: the command-line interface (`_cli/main.py`: the table of commands)."""
 
 import sys
 

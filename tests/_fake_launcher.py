@@ -103,6 +103,9 @@ class FakeLauncher:
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         return None, None, None
 
+    def pids(self) -> list[int]:
+        return []  # no process at all
+
     def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Any = None, module: str = "") -> int:
         self._next += 1

@@ -5,5 +5,5 @@ Owns the controller: `config` (`ControllerConfig`), `slots` (the pure `SlotTable
 applies the table's effects) and `leases/` (slots shared beyond this process, behind the
 `LeaseStore` seam).
 
-May import: `_model`, `_tasks`, `_platform`.
+May import: `_model`, `_attempt`, `_tasks`, `_platform`.
 """

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
-import threading
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mpvisor._admission.config import ControllerConfig
+from mpvisor._admission.leases.driver import LeaseDriver
+from mpvisor._admission.leases.store import Decision, LeaseError, pids_of
+from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
     AdmissionPolicy,
     Admit,
@@ -54,7 +57,6 @@ from mpvisor._model.events import EventKind
 from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._model.spec import TaskSpec
-from mpvisor._runtime.config import ControllerConfig
 from mpvisor._tasks.intake import Intake
 from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskWaiter
 
@@ -64,12 +66,7 @@ if TYPE_CHECKING:
 
 
 _log = logging.getLogger("mpvisor.runtime")
-_LEASE_REJECTIONS = {
-    "slot_busy": RejectionKind.SLOT_BUSY,
-    "queue_full": RejectionKind.QUEUE_FULL,
-    "superseded_by_replace": RejectionKind.SUPERSEDED_BY_REPLACE,
-    "withdrawn": RejectionKind.CONTROLLER_SHUTTING_DOWN,
-}
+SNAPSHOT_WAIT = 1.0  # seconds a snapshot waits for a lease store's table
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 
@@ -118,6 +115,7 @@ class ControllerHost(Protocol):
     def notify(self) -> None: ...
     def is_ready(self) -> bool: ...
     async def ready(self) -> None: ...
+    def launcher_pids(self) -> list[int]: ...  # the launcher's local processes (they outlive every attempt tree)
 
 
 class AdmissionRegistry(Protocol):
@@ -150,10 +148,11 @@ class Controller:
         self._publish = host.publish
         self._now = host.loop.time  # the clock of slot ages
         self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
-        self.leases: dict[int, Any] = {}  # shared slots: item id -> its `_leases.LeaseClient`
+        self.store = open_store(config.leases) if config.leases is not None else None
+        self.leases: dict[int, LeaseDriver] = {}  # shared slots: item id -> its lease
         # Called on the loop with an owner's id when a replacement (local, or from another
         # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
-        self.on_replaced: Callable[[int], None] | None = None
+        self._on_replaced: list[Callable[[int], None]] = []
 
     def __repr__(self) -> str:
         return (
@@ -304,7 +303,7 @@ class Controller:
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
-        if self.config.shared:
+        if self.store is not None:
             self.host.loop.create_task(self._lease_then_hand_over(item))
             return
         self._hand_over_now(item)
@@ -324,50 +323,14 @@ class Controller:
             self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
 
     async def _lease_then_hand_over(self, item: _Pending) -> None:
-        """Shared slots: take the slot's lease from the slot server (this process and its
-        launcher as the owner's processes), then hand the item to the registry; a refusal is the
-        waiter's rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
-        from mpvisor._admission.leases import local as _leases
+        """Shared slots: take the slot's lease from the store (this process and its launcher's
+        processes as the owner's), then hand the item to the registry; a refusal is the waiter's
+        rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
+        assert self.store is not None
+        publish, loop = self._publish, self.host.loop
 
-        try:
-            await self.host.ready()
-            client = await self.host.loop.run_in_executor(None, _leases.LeaseClient)
-        except Exception as exc:
-            _log.warning("slot %r: no slot server: %s", item.slot, exc)
-            self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
-            return
-        self.leases[item.id] = client
-        pids = _leases.owner_pids(getattr(self.host, "client", None))
-        policy = {AdmissionPolicy.QUEUE: "queue", AdmissionPolicy.REPLACE: "replace",
-                  AdmissionPolicy.DROP_IF_RUNNING: "drop"}[item.admission]
-        loop = self.host.loop
-        decided: asyncio.Future[_leases.Decision] = loop.create_future()
-
-        def queued(position: int, owner: dict[str, Any] | None) -> None:  # on the lease's thread
-            reason = _leases.queued_text(item.slot, position, owner)
-            loop.call_soon_threadsafe(functools.partial(
-                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=reason))
-
-        def silent() -> None:  # on the lease's thread
-            loop.call_soon_threadsafe(functools.partial(
-                self._publish, EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot,
-                reason=_leases.silent_text(item.slot)))
-
-        def ask() -> None:  # its own thread: a queued lease may wait a long time
-            try:
-                decision = client.acquire(item.slot, policy, item.name, pids, queued, silent)
-            except Exception:
-                decision = _leases.Decision(False, "admission_failed")
-            loop.call_soon_threadsafe(_settle, decided, decision)
-
-        threading.Thread(target=ask, name=f"mpvisor-lease-{item.id}", daemon=True).start()
-        decision = await decided
-        if not decision.granted:
-            self.leases.pop(item.id, None)
-            client.close()
-            kind = _LEASE_REJECTIONS.get(decision.kind or "", RejectionKind.ADMISSION_FAILED)
-            self._post(lambda: self._decided(item, None, kind))
-            return
+        def said(text: str) -> None:  # the store's queued or silent answer, for a person
+            publish(EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=text)
 
         def revoked() -> None:
             actor = self.registry.actor(item.id)
@@ -377,17 +340,25 @@ class Controller:
             else:
                 item.claimed = item.replaced = True  # not registered yet: claimed when it is
 
-        def on_revoke() -> None:  # on the lease's thread
-            loop.call_soon_threadsafe(self._post, revoked)
-
-        client.watch(on_revoke)
+        lease = LeaseDriver(self.store, loop, item.slot, item.admission, item.name,
+                            on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked))
+        self.leases[item.id] = lease
+        try:
+            await self.host.ready()
+        except Exception:  # the launcher cannot start: the registry says so to the waiter
+            decision = Decision(False, "admission_failed")
+        else:
+            decision = await lease.acquire(pids_of([os.getpid(), *self.host.launcher_pids()]))
+        if not decision.granted:
+            self.leases.pop(item.id, None)
+            self._post(lambda: self._decided(item, None, decision.rejection))
+            return
         self._hand_over_now(item)
 
     def _release(self, item_id: int) -> None:
-        client = self.leases.pop(item_id, None)
-        if client is not None:
-            client.release()
-            client.close()
+        lease = self.leases.pop(item_id, None)
+        if lease is not None:
+            lease.release()
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
@@ -395,9 +366,13 @@ class Controller:
             self._replaced(item.id)
         self._post(lambda: self._decided(item, actor, None))
 
+    def on_replaced(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(id)` on the loop whenever a replacement claims the owner `id`'s removal."""
+        self._on_replaced.append(callback)
+
     def _replaced(self, id: int) -> None:
-        if self.on_replaced is not None:
-            self.on_replaced(id)
+        for callback in self._on_replaced:
+            callback(id)
 
     def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
         self.admitting.pop(item.id, None)
@@ -478,10 +453,9 @@ class Controller:
     def reject_pending(self) -> None:
         """Reject every submission not handed to the registry; from now on freed slots go idle.
         (Shared slots: a lease still being waited for is withdrawn; its acquire then returns.)"""
-        for item_id, client in list(self.leases.items()):
+        for item_id, lease in list(self.leases.items()):
             if item_id in self.admitting:
-                client.withdraw()
-                client.close()
+                lease.withdraw()
         for effect in self.table.close():
             if isinstance(effect, Reject):
                 self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
@@ -513,17 +487,13 @@ class Controller:
 
     def snapshot(self) -> ControllerSnapshot:
         now = self._now()
-        shared = []
-        if self.config.shared:
-            from mpvisor._admission.leases import local as _leases
-
-            shared = _leases.table()
+        shared: list[dict[str, Any]] = []
+        if self.store is not None:
+            try:
+                shared = self.store.holdings(SNAPSHOT_WAIT)
+            except (LeaseError, OSError):
+                pass  # best-effort, as the snapshot is: a store that does not answer shows nothing
         return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued, shared)
-
-
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mpvisor._admission.slots import AdmissionPolicy, SlotView
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import AlreadySubmitted
 from mpvisor._model.spec import TaskSpec
 from mpvisor._tasks.registry import TaskWaiter
-
-if TYPE_CHECKING:
-    from mpvisor._admission.controller import Controller
 
 
 class ControllerSpec:
@@ -124,12 +121,19 @@ class ControllerSnapshot:
         return next((view for view in self.slots if view.slot == name), None)
 
 
+class SubmissionIntake(Protocol):
+    """Where a prepared submission is handed over (the controller)."""
+
+    async def submit_unwatched(self, id: int, spec: ControllerSpec, *, wait: bool) -> int: ...
+    async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None: ...
+
+
 class PreparedSubmission:
     """A submission with its `TaskId` (`id`) reserved before it is handed over; `spec` is its
     `ControllerSpec`. Single use: a second `submit*` call raises `AlreadySubmitted`. Dropping it
     unused starts nothing and publishes nothing."""
 
-    def __init__(self, controller: Controller, id: int, spec: ControllerSpec) -> None:
+    def __init__(self, controller: SubmissionIntake, id: int, spec: ControllerSpec) -> None:
         self._controller = controller
         self.id = id
         self.spec = spec

@@ -41,7 +41,6 @@ from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 if TYPE_CHECKING:
     from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from mpvisor._api.handle import SupervisorHandle
-    from mpvisor._api.supervisor import Supervisor
     from mpvisor._model.events import Event
     from mpvisor._model.identity import TaskId
     from mpvisor._model.outcome import TaskOutcome
@@ -312,8 +311,8 @@ class BlockingPreparedSubmission:
         return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
 
 
-def serve_blocking(supervisor: Supervisor) -> BlockingHandle:
-    """Serve `supervisor` on a new background thread and loop; return a blocking handle."""
+def serve_blocking(serve: Callable[[], SupervisorHandle]) -> BlockingHandle:
+    """Call `serve` (a supervisor's) on a new background thread and loop; return a blocking handle."""
     ready: Future[SupervisorHandle] = Future()
     loop = asyncio.new_event_loop()
 
@@ -322,7 +321,7 @@ def serve_blocking(supervisor: Supervisor) -> BlockingHandle:
 
         def start() -> None:
             try:
-                ready.set_result(supervisor.serve())
+                ready.set_result(serve())
             except BaseException as exc:
                 ready.set_exception(exc)
                 loop.stop()

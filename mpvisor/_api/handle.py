@@ -21,12 +21,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from mpvisor._attempt.start import check_start_fits
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ControllerNotConfigured, ShuttingDown, TaskTerminationTimeout
 from mpvisor._model.identity import TaskId, next_id
 from mpvisor._model.spec import TaskSpec
-from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
+from mpvisor._tasks.registry import Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
 
 if TYPE_CHECKING:
     from mpvisor._admission.controller import Controller
@@ -82,11 +81,7 @@ class SupervisorHandle:
         return waiter.id, waiter
 
     async def _add(self, specs: Iterable[TaskSpec], *, wait: bool) -> builtins.list[TaskWaiter]:
-        resolved = [(next_id(), _checked_spec(spec).resolve(self._rt.defaults)) for spec in specs]
-        for _, checked in resolved:  # a start message over max_frame_bytes: refused before anything is queued
-            check_start_fits(checked.task, checked.name, self._rt.config.max_frame_bytes)
-        await self._enter()
-        return await self._rt.registry.call(Add(resolved), wait=wait)
+        return await self._rt.add(specs, wait=wait)
 
     # --- removing --------------------------------------------------------------------------------
 
@@ -274,12 +269,6 @@ class SupervisorHandle:
         if self._rt.shutting_down:
             raise ShuttingDown("the supervisor is shutting down")
         await self._rt.ready()
-
-
-def _checked_spec(spec: object) -> TaskSpec:
-    if not isinstance(spec, TaskSpec):
-        raise TypeError(f"spec must be a TaskSpec, got {spec!r}")
-    return spec
 
 
 def _id(value: object) -> TaskId:

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mpvisor import _platform
+from mpvisor._admission.config import ControllerConfig
+from mpvisor._api.blocking import BlockingHandle, serve_blocking
 from mpvisor._api.handle import SupervisorHandle
-from mpvisor._model.errors import AlreadyRunning, GraceExceeded, ShuttingDown
+from mpvisor._api.session import RunSession, refuse_unguarded_main, run_session, serve_runtime
+from mpvisor._model.errors import AlreadyRunning, GraceExceeded
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
-from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
+from mpvisor._tasks.registry import TaskWaiter
 
 if TYPE_CHECKING:
-    from mpvisor._api.blocking import BlockingHandle
     from mpvisor._runtime.bus import Subscriber
 
 
@@ -83,23 +85,24 @@ class Supervisor:
 
     def serve(self) -> SupervisorHandle:
         """Start the runtime (once) on the running loop and return a handle on it."""
+        return SupervisorHandle(self._served())
+
+    def _served(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = serve_runtime(self.config, self.subscribers, self.task_defaults, self.controller_config)
+            self._loop = asyncio.get_running_loop()
+            return self._runtime
         _platform.require_supported()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError("Supervisor.serve() needs a running asyncio event loop (call it from async code)") from None
-        if self._loop is not None and self._loop is not loop:
+        if loop is not self._loop:
             raise RuntimeError("this supervisor is bound to the event loop it was first served on")
-        _refuse_unguarded_main()
-        if self._runtime is None:
-            _platform.raise_nofile_limit()
-            self._loop = loop
-            self._runtime = Runtime(
-                self.config, self.subscribers, self.task_defaults, self.controller_config
-            )
-        elif not self._runtime.shutting_down:
+        refuse_unguarded_main()
+        if not self._runtime.shutting_down:
             self._runtime.ensure_launcher()
-        return SupervisorHandle(self._runtime)
+        return self._runtime
 
     def serve_blocking(self) -> BlockingHandle:
         """Run the runtime on a background thread; return a handle whose methods block.
@@ -107,9 +110,7 @@ class Supervisor:
         The blocking handle has the `SupervisorHandle` methods as plain calls, its waiters'
         `wait(timeout=None)` raises the builtin `TimeoutError` when the timeout passes (the task
         goes on), and leaving its `with` block shuts the supervisor down."""
-        from mpvisor._api.blocking import serve_blocking
-
-        return serve_blocking(self)
+        return serve_blocking(self.serve)
 
     async def __aenter__(self) -> SupervisorHandle:
         return self.serve()
@@ -127,34 +128,19 @@ class Supervisor:
 
     # --- running a batch ------------------------------------------------------------------------
 
-    async def run(self, specs: Sequence[TaskSpec], *,
-                  _before_add: Callable[[Runtime], Awaitable[None]] | None = None) -> dict[str, TaskOutcome]:
-        """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
-
-        (`_before_add`, private: awaited after the supervisor is served and before `specs` are
-        added, under the same signal handling; `mpvisor run --slot` registers its launcher there.)"""
+    async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
+        """Register `specs` at once, wait until no work is left, shut down; outcomes by name."""
         specs = list(specs)
         if self._ran:
             raise AlreadyRunning("Supervisor.run() can be called only once")
-        handle = self.serve()
-        runtime = handle._rt
+        runtime = self._served()
         self._ran = True
-        if runtime.shutdown_started:
-            if specs:
-                raise ShuttingDown("the supervisor is shutting down")
-            await runtime.shutdown()
-            return {}
-        with _SignalHandlers(runtime):
-            try:
-                if _before_add is not None:
-                    await _before_add(runtime)
-                waiters = await handle._add(specs, wait=True)
-            except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
-                if _holds_no_work(runtime):  # but tasks added through other handles go on
-                    await runtime.stop_launcher()
-                raise
-            await _until_idle_or_shutdown(runtime)
-            await runtime.shutdown()
+        waiters: list[TaskWaiter] = []
+
+        async def add(session: RunSession) -> None:
+            waiters.extend(await session.add_batch(specs))
+
+        await run_session(runtime, add, adds_work=bool(specs))
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
 
 
@@ -199,73 +185,3 @@ def run(
     """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
     supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
     return asyncio.run(supervisor.run(specs))
-
-
-def _holds_no_work(runtime: Runtime) -> bool:
-    """No task is registered and the controller holds no work."""
-    return runtime.registry.empty.is_set() and (runtime.controller is None or runtime.controller.idle())
-
-
-async def _until_idle_or_shutdown(runtime: Runtime) -> None:
-    """Return when the runtime holds no work (tasks added through other handles count), or
-    shutdown began."""
-    while not runtime.shutdown_started and not _holds_no_work(runtime):
-        await runtime.wait_for_change()
-
-
-INTERRUPTED_TWICE = "interrupted twice (a second SIGINT): killed at once, without waiting for the grace window"
-
-
-class _SignalHandlers:
-    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored;
-    a SIGINT that was ignored when `run` began, as in a shell's background job, stays ignored).
-
-    Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
-    returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
-    is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
-    shutdown, a later one joins it."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _SignalHandlers:
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        loop = self.runtime.loop
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.getsignal(signum)
-            if signum == signal.SIGINT and previous == signal.SIG_IGN:
-                continue  # as Python itself does: a shell's background job must ignore Ctrl-C
-            self.previous[signum] = previous
-            loop.add_signal_handler(signum, self._on_signal, signum)
-        return self
-
-    def _on_signal(self, signum: int) -> None:
-        received = self.runtime.interrupted
-        received.append(signal.Signals(signum))
-        if signum == signal.SIGINT and received.count(signal.SIGINT) > 1:
-            self.runtime.kill_all_now(INTERRUPTED_TWICE)
-        self.runtime.loop.create_task(self._shutdown())
-
-    async def _shutdown(self) -> None:
-        try:
-            await self.runtime.shutdown()
-        except Exception:
-            pass  # `run` reports it: it awaits the same shutdown
-
-    def __exit__(self, *exc: object) -> None:
-        loop = self.runtime.loop
-        for signum, previous in self.previous.items():
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, previous)
-
-
-def _refuse_unguarded_main() -> None:
-    from mpvisor._attempt import context as _context
-
-    if _context.importing_main_script:
-        raise _context.UnguardedMainScript(
-            'a supervisor was started while an attempt imported the main script: its start-up code '
-            'must sit under `if __name__ == "__main__":`'
-        )

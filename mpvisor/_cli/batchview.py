@@ -35,13 +35,11 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mpvisor._cli.options import exit_status
+from mpvisor._cli.statuses import FAILED, REJECTED, REPLACED, exit_status
 from mpvisor._model.events import Event, EventKind
-from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
 
-REPLACED = 6
-SLOT_STATUSES = {RejectionKind.SLOT_BUSY: 3, RejectionKind.QUEUE_FULL: 4, RejectionKind.SUPERSEDED_BY_REPLACE: 5}
 COLUMNS = ("TASK", "STATE", "ATTEMPT", "LAST OUTCOME")
 _NAME_MAX, _STATE_MIN, _STATE_MAX, _PROGRESS_MAX = 24, 16, 28, 34
 
@@ -67,8 +65,8 @@ def task_status(outcome: TaskOutcome, *, replaced: bool = False) -> tuple[int, b
     if replaced:
         return REPLACED, True
     if outcome.kind is OutcomeKind.REJECTED:
-        status = SLOT_STATUSES.get(outcome.rejection) if outcome.rejection is not None else None
-        return (status, True) if status is not None else (1, False)
+        refused = REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
+        return (refused[0], True) if refused is not None else (FAILED, False)
     return exit_status(outcome), False
 
 

@@ -1,16 +1,16 @@
 """How does a shell run a task file? (`mpvisor run --file FILE`, `mpvisor check FILE`)
 
-The I/O shell around `_taskfile` (what the file says), `_batchview` (what to show, which status)
-and one `Supervisor` for every task of the file.
+The I/O shell around `taskfile` (what the file says), `batchview` (what to show, which status)
+and one runtime for every task of the file (`_api/session.py`: the path `Supervisor.run` takes).
 
 | command | the file is invalid | it is valid |
 |---|---|---|
 | `mpvisor check FILE` | every error on stderr, `FILE: <location>: <message>`, one a line; status 2 | one summary line on stdout; status 0 |
-| `mpvisor run --file FILE` | the same lines, status 2, nothing runs | every task runs, until all have ended or Ctrl-C; the worst status (`_batchview.worst_status`) |
+| `mpvisor run --file FILE` | the same lines, status 2, nothing runs | every task runs, until all have ended or Ctrl-C; the worst status (`batchview.worst_status`) |
 
 A run starts the tasks without a slot at once (one atomic registration) and submits the others
 to a controller whose slots are shared with every mpvisor process of the user
-(`ControllerConfig(shared=True)`), so two runs of files naming one slot, or a file and a
+(`ControllerConfig(leases="local")`), so two runs of files naming one slot, or a file and a
 `mpvisor run --slot`, exclude each other. While it runs, stderr shows a live table on a
 terminal (`LiveTable`: the bottom rows of the screen, below a scroll region that the tasks'
 own output scrolls in), plain lines as states change otherwise (`PlainLines`); each outcome
@@ -34,10 +34,10 @@ import threading
 import time
 from typing import IO, Any
 
-from mpvisor._admission.slots import AdmissionPolicy
+from mpvisor._admission.config import ControllerConfig
+from mpvisor._admission.leases.store import POLICIES
 from mpvisor._admission.submission import ControllerSpec
-from mpvisor._api.handle import SupervisorHandle
-from mpvisor._api.supervisor import Supervisor
+from mpvisor._api.session import RunSession, run_session, serve_runtime
 from mpvisor._cli.batchview import (
     BatchView,
     Result,
@@ -48,22 +48,23 @@ from mpvisor._cli.batchview import (
 )
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
-    USAGE_ERROR,
     event_writers,
+    launcher_for,
     outcome_line,
     take_stdout,
     value_line,
     write_line,
 )
+from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, TaskFile, parse_text
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
+from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
-from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._tasks.registry import TaskWaiter
 
-_POLICIES = {"queue": AdmissionPolicy.QUEUE, "replace": AdmissionPolicy.REPLACE, "drop": AdmissionPolicy.DROP_IF_RUNNING}
 REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
 CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
 
@@ -84,7 +85,7 @@ def load(path: str) -> TaskFile:
     return TaskFile(parsed.tasks, parsed.grace, (*parsed.errors, *missing))
 
 
-def _report_errors(path: str, parsed: TaskFile) -> None:
+def report_errors(path: str, parsed: TaskFile) -> None:
     for error in parsed.errors:
         print(f"{path}: {error}", file=sys.stderr)
 
@@ -94,16 +95,6 @@ def summary(path: str, parsed: TaskFile) -> str:
     names = ", ".join(t.name + (f" (slot {t.slot!r}, {t.policy})" if t.slot else "") for t in parsed.tasks)
     count = len(parsed.tasks)
     return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"
-
-
-def check_main(path: str) -> int:
-    """`mpvisor check FILE`: 0 and a summary on stdout, or 2 and every error on stderr."""
-    parsed = load(path)
-    if not parsed.ok:
-        _report_errors(path, parsed)
-        return USAGE_ERROR
-    print(summary(path, parsed))
-    return 0
 
 
 # --- what stderr shows while the tasks run ------------------------------------------------------------
@@ -297,13 +288,13 @@ def _size(fd: int) -> tuple[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-def run_file(args: argparse.Namespace) -> tuple[int, signal.Signals | None]:
-    """`mpvisor run --file FILE`: `(status, the signal to die by or None)`."""
+def run_file(args: argparse.Namespace) -> int:
+    """`mpvisor run --file FILE`: the exit status, or `-N` to die by signal N."""
     path = args.file
     parsed = load(path)
     if not parsed.ok:
-        _report_errors(path, parsed)
-        return USAGE_ERROR, None
+        report_errors(path, parsed)
+        return USAGE_ERROR
     tasks = parsed.tasks
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE
     machine = take_stdout()
@@ -316,25 +307,20 @@ def run_file(args: argparse.Namespace) -> tuple[int, signal.Signals | None]:
     subscribers.append(display)
     if args.progress and not live:
         subscribers.append(ProgressBar(stderr, live=False, lock=lock))
-    launcher = None
-    if args.ray is not None:
-        from mpvisor._launchers.ray import RayLauncher
-
-        launcher = RayLauncher(address=args.ray)
-    controller = ControllerConfig(shared=True) if any(t.slot for t in tasks) else None
-    supervisor = Supervisor(SupervisorConfig(grace=grace, launcher=launcher), subscribers, controller=controller)
+    controller = ControllerConfig(leases="local") if any(t.slot for t in tasks) else None
+    config = SupervisorConfig(grace=grace, launcher=launcher_for(args))
+    interrupts: list[signal.Signals] = []
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem = asyncio.run(_run(supervisor, tasks, display))
+        results, problem = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts))
     finally:
         display.finish()
-    interrupts = supervisor.interrupts
     first = interrupts[0] if interrupts else None
     if problem is not None:
         print(problem, file=stderr)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
-        return (128 + first if first is not None else 1), first
+        return -first if first is not None else FAILED
     missing = [t.name for t in tasks if t.name not in results]
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
@@ -347,50 +333,49 @@ def run_file(args: argparse.Namespace) -> tuple[int, signal.Signals | None]:
     values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
     if values and args.events != "json":
         write_line(machine, value_line(values))
-    return status, first
+    return -first if first is not None else status
 
 
-async def _run(supervisor: Supervisor, tasks: tuple[FileTask, ...],
-               display: LiveTable | PlainLines) -> tuple[dict[str, Result], str | None]:
+async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
+               tasks: tuple[FileTask, ...], display: LiveTable | PlainLines,
+               interrupts: list[signal.Signals]) -> tuple[dict[str, Result], str | None]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
-    and the line telling why the run could not finish normally, if it could not."""
+    and the line telling why the run could not finish normally, if it could not. The signals
+    that interrupted the run are added to `interrupts`."""
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     reporters: list[asyncio.Task[None]] = []
-    bus: Any = None  # the runtime's, once it started
+    runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
 
-    async def report(task: FileTask, waiter: TaskWaiter) -> None:
+    async def report(task: FileTask, waiter: TaskWaiter, session: RunSession) -> None:
         outcome = await waiter.wait()
-        await display.caught.reached(bus.last_seq)  # its state lines first, then its outcome line
+        await display.caught.reached(session.last_seq())  # its state lines first, then its outcome line
         status, by_slot = task_status(outcome, replaced=waiter.id in replaced)
         result = results[task.name] = Result(task.name, outcome, status, by_slot)
-        extra = f" replaced_in_slot={task.slot!r}" if status == 6 and by_slot else f" slot={task.slot!r}" if task.slot else ""
+        extra = f" replaced_in_slot={task.slot!r}" if status == REPLACED and by_slot else f" slot={task.slot!r}" if task.slot else ""
         display.settle(result)
         display.print(outcome_line(task.name, outcome) + extra)
 
-    async def start(runtime: Any) -> None:
-        nonlocal bus
-        bus = runtime.bus
-        handle = SupervisorHandle(runtime)
-        if runtime.controller is not None:
-            runtime.controller.on_replaced = replaced.add
+    async def start(session: RunSession) -> None:
+        session.on_replaced(replaced.add)
         direct = [t for t in tasks if t.slot is None]
         if direct:  # one atomic registration
-            waiters = await handle._add([t.spec for t in direct], wait=True)
-            reporters.extend(asyncio.ensure_future(report(t, w)) for t, w in zip(direct, waiters, strict=True))
+            waiters = await session.add_batch([t.spec for t in direct])
+            reporters.extend(asyncio.ensure_future(report(t, w, session)) for t, w in zip(direct, waiters, strict=True))
         for task in tasks:
             if task.slot is not None and task.policy is not None:
-                submission = ControllerSpec(task.spec, _POLICIES[task.policy]).with_slot(task.slot)
-                _, waiter = await handle.submit_and_watch(submission)
-                reporters.append(asyncio.ensure_future(report(task, waiter)))
+                submission = ControllerSpec(task.spec, POLICIES[task.policy]).with_slot(task.slot)
+                _, waiter = await session.handle.submit_and_watch(submission)
+                reporters.append(asyncio.ensure_future(report(task, waiter, session)))
 
     problem = None
     try:
-        await supervisor.run([], _before_add=start)
+        await run_session(runtime, start, adds_work=False)
     except (ConfigError, ShuttingDown, ControllerClosed) as exc:  # the launcher could not start, or interrupted first
         problem = f"mpvisor: {exc}"
     except GraceExceeded as exc:  # a tree had to be killed: its outcome is FORCE_ABORTED
-        twice = supervisor.interrupts.count(signal.SIGINT) > 1
+        twice = runtime.interrupted.count(signal.SIGINT) > 1
         problem = f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}" if twice else f"mpvisor: {exc}"
+    interrupts.extend(runtime.interrupted)
     await asyncio.gather(*reporters)
     return results, problem

@@ -1,11 +1,12 @@
 """What do mpvisor's commands share? (`mpvisor run` of one task, `mpvisor run --file`, `mpvisor check`)
 
-The vocabulary of the shell commands, below `_cli` (the parser and one task's run), `_taskfile`
-and `_filecli` (task files), so that a value means the same on the command line and in a task
+The vocabulary of the shell commands, below the commands (`run`, `check`, `slots`) and task
+files (`taskfile`, `filerun`), so that a value means the same on the command line and in a task
 file and a bad one gets the same message: the option value parsers (argparse `type=`s, each
 raising `argparse.ArgumentTypeError` with the text a usage error shows), `build_spec` (options
-to a `TaskSpec`), exit statuses and the lines printed about outcomes and values (pure), and the
-two steps of I/O every run takes (`take_stdout`, `event_writers`, `write_line`).
+to a `TaskSpec`), the lines printed about outcomes and values (pure), and the
+steps of I/O every run takes (`take_stdout`, `event_writers`, `write_line`, `launcher_for`). The
+exit statuses are `statuses`'.
 
 | parser | accepts | e.g. |
 |---|---|---|
@@ -28,18 +29,20 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
+from mpvisor._admission.leases import store
+from mpvisor._cli.statuses import USAGE_ERROR
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
-from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
 from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
-USAGE_ERROR = 2
-TIMED_OUT = 124  # as timeout(1)
-RESERVED = range(3, 10)  # for admission results (busy slot, full queue, superseded), later
+if TYPE_CHECKING:
+    from mpvisor._launchers.seam import LauncherFactory
+
 DEFAULT_GRACE = 10.0
 
 
@@ -58,25 +61,6 @@ class UsageParser(argparse.ArgumentParser):
         if action.nargs is None and arg_strings == ["--"] and action.option_strings:
             return self._get_value(action, "--")
         return super()._get_values(action, arg_strings)
-
-
-def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
-    """The process exit status for a task's outcome (pure; see the module table).
-
-    `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
-    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
-    if interrupted_by is not None:
-        return 128 + interrupted_by
-    if outcome.kind is OutcomeKind.COMPLETED:
-        return 0
-    if outcome.timed_out:
-        return TIMED_OUT
-    code = outcome.exit_code
-    if code is not None and 1 <= code <= 255:
-        return code
-    if code is not None and -64 <= code < 0:
-        return 128 - code
-    return 1
 
 
 def outcome_line(name: str, outcome: TaskOutcome) -> str:
@@ -193,7 +177,7 @@ def choice(*options: str) -> Callable[[str], str]:
 
 
 RESTARTS = ("never", "on-failure", "always")
-POLICIES = ("queue", "replace", "drop")
+POLICIES = tuple(store.POLICIES)  # queue, replace, drop: a slot's policies, as a store names them
 
 
 def jitter(text: str) -> JitterPolicy:
@@ -337,3 +321,12 @@ def write_line(stream: IO[str], text: str) -> None:
         stream.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # the exit-time flush stays quiet
+
+
+def launcher_for(args: argparse.Namespace) -> LauncherFactory | None:
+    """`--ray ADDRESS`'s launcher (attempts on that Ray cluster), or None for this machine's."""
+    if args.ray is None:
+        return None
+    from mpvisor._launchers.ray import RayLauncher
+
+    return RayLauncher(address=args.ray)

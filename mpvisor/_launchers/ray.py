@@ -284,6 +284,10 @@ class RayClient:
     def is_ready(self) -> bool:
         return self._connect.done() and self._error is None
 
+    def pids(self) -> list[int]:
+        """None: every process of an attempt runs under an agent, on a node of the cluster."""
+        return []
+
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """Always `None`s: each agent starts its local launcher in the environment `spawn` takes."""
         return None, None, None

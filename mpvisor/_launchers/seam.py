@@ -38,7 +38,9 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
 - `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
   will; `is_ready()` says whether `ready()` would return at once; `environment()` gives the
   parent's environ, cwd and `sys.path` for a start request, each `None` when the launcher
-  already has it; `close()` stops the launcher and whatever still runs.
+  already has it; `pids()` names the launcher's own processes on this host, which outlive every
+  attempt tree it started (a lease store keeps a slot held while they run; `[]` for a launcher
+  with none here); `close()` stops the launcher and whatever still runs.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class Launcher(Protocol):
     async def ready(self) -> None: ...
     def is_ready(self) -> bool: ...
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]: ...
+    def pids(self) -> list[int]: ...
     async def close(self) -> None: ...
 
 

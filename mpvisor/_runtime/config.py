@@ -1,6 +1,6 @@
-"""What are the supervisor's and the controller's limits?
+"""What are the supervisor's limits?
 
-Owns `SupervisorConfig` and `ControllerConfig`: immutable, validated at
+Owns `SupervisorConfig` (the controller's, `ControllerConfig`, is `_admission/config.py`): immutable, validated at
 construction, so that a bad setting fails at once with a `ConfigError` (a `ValueError`) naming
 the field and the value. Durations are stored as float seconds (a `timedelta` is accepted).
 
@@ -16,8 +16,6 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `capture_output` | False | not a bool |
 | `seed` | None | not an int |
 | `launcher` | None (the local fork server) | not callable |
-| `ControllerConfig.queue_capacity` | 1024 | 0 or negative |
-| `ControllerConfig.max_slot_queue` | 100 | negative (0 is valid) |
 """
 
 from __future__ import annotations
@@ -116,26 +114,6 @@ class SupervisorConfig:
         if launcher is not None and not callable(launcher):
             raise ConfigError(f"launcher must be a launcher such as mpvisor.ray.RayLauncher(...), got {launcher!r}")
         _set(self, "launcher", launcher)
-
-
-@dataclass(frozen=True, init=False)
-class ControllerConfig:
-    """The controller's limits: `queue_capacity` (>= 1, default 1024) commands wait for the
-    controller, and as many forwarded removals may be in flight, before the `try_*` forms raise;
-    `max_slot_queue` (>= 0, default 100) pending submissions per slot before `QUEUE` is rejected
-    `QUEUE_FULL` (a `REPLACE` head may exceed it). `shared=True` shares the slots with every
-    mpvisor process of this user on this host (`mpvisor run --slot` included): a submission the
-    local slot admits also takes the slot's lease from the slot server, with its policy, before
-    it is registered, and gives it back once its tree is reaped."""
-
-    queue_capacity: int  # >= 1: commands waiting, and removals in flight
-    max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)
-    shared: bool  # the slots are shared with the user's other processes (the slot server)
-
-    def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100, shared: bool = False) -> None:
-        _set(self, "queue_capacity", _validate.positive_int("queue_capacity", queue_capacity))
-        _set(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
-        _set(self, "shared", _checked_bool("shared", shared))
 
 
 def _seconds(field: str, value: object, *, allow_zero: bool = True) -> float:

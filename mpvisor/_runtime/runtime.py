@@ -21,24 +21,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from mpvisor._attempt.start import start_message
+from mpvisor._attempt.start import check_start_fits, start_message
 from mpvisor._launchers.local.client import local_launcher
 from mpvisor._launchers.seam import Launcher, LauncherFactory, LaunchSettings
 from mpvisor._model.errors import GraceExceeded, ShuttingDown
 from mpvisor._model.events import EventKind
+from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
-from mpvisor._model.spec import ResolvedSpec, TaskDefaults
+from mpvisor._model.spec import ResolvedSpec, TaskDefaults, TaskSpec
 from mpvisor._runtime.bus import Bus
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess, AttemptRequest
-from mpvisor._tasks.registry import Registry
+from mpvisor._tasks.registry import Add, Registry, TaskWaiter
 
 if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
     from mpvisor._admission.controller import Controller
     from mpvisor._runtime.bus import Subscriber
-    from mpvisor._runtime.config import ControllerConfig
     from mpvisor._tasks.actor import TaskActor
 
 _log = logging.getLogger("mpvisor.runtime")
@@ -61,7 +63,7 @@ class Runtime:
         self.bus = Bus(subscribers, config.bus_capacity)
         self.publish = self.bus.publish  # what the registry, actors and controller publish through
         self.registry = Registry(self, config.registry_capacity)
-        self.client: Launcher | None = None
+        self.launcher: Launcher | None = None
         self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
         self.controller: Controller | None = None
         if controller is not None:
@@ -78,20 +80,20 @@ class Runtime:
         self.ensure_launcher()
 
     def __repr__(self) -> str:
-        return f"<Runtime {self.registry!r} launcher={self.client!r} shutting_down={self.shutting_down}>"
+        return f"<Runtime {self.registry!r} launcher={self.launcher!r} shutting_down={self.shutting_down}>"
 
     # --- the launcher ---------------------------------------------------------------------------
 
     def ensure_launcher(self) -> Launcher:
-        if self.client is None:
+        if self.launcher is None:
             launch = LaunchSettings(self.config.preload, self.config.start_timeout)
-            self.client = self._launcher_factory(self.loop, launch, self._on_launcher_death)
-        return self.client
+            self.launcher = self._launcher_factory(self.loop, launch, self._on_launcher_death)
+        return self.launcher
 
     async def ready(self) -> None:
         """Wait until the launcher runs (`ConfigError` if a preload module failed); never starts
         a launcher once shutdown has stopped it."""
-        if self.shutting_down and self.client is None:
+        if self.shutting_down and self.launcher is None:
             raise ShuttingDown("the supervisor is shutting down")
         client = self.ensure_launcher()
         if client.is_ready():
@@ -107,14 +109,27 @@ class Runtime:
             raise ShuttingDown("the supervisor is shutting down")
         ready.result()
 
+    async def add(self, specs: Iterable[TaskSpec], *, wait: bool) -> list[TaskWaiter]:
+        """Register `specs` at once (all or none) and return their waiters, in order: refused
+        after shutdown began, and held until the launcher is ready (every management call waits
+        alike, so calls reach the registry in the order issued)."""
+        resolved = [(next_id(), _checked_spec(spec).resolve(self.defaults)) for spec in specs]
+        for _, checked in resolved:  # a start message over max_frame_bytes: refused before anything is queued
+            check_start_fits(checked.task, checked.name, self.config.max_frame_bytes)
+        if self.shutting_down:
+            raise ShuttingDown("the supervisor is shutting down")
+        await self.ready()
+        waiters: list[TaskWaiter] = await self.registry.call(Add(resolved), wait=wait)
+        return waiters
+
     def is_ready(self) -> bool:
         """The launcher runs and its preload succeeded: `ready()` would return at once."""
-        return self.client is not None and self.client.is_ready()
+        return self.launcher is not None and self.launcher.is_ready()
 
     async def stop_launcher(self) -> None:
-        if self.client is not None:
-            client, self.client = self.client, None
-            await client.close()
+        if self.launcher is not None:
+            launcher, self.launcher = self.launcher, None
+            await launcher.close()
 
     def _on_launcher_death(self, reason: str) -> None:
         _log.warning("%s", reason)
@@ -136,6 +151,9 @@ class Runtime:
             resources=spec.resources,
         )
         return AttemptProcess(client, request, observer)
+
+    def launcher_pids(self) -> list[int]:
+        return self.launcher.pids() if self.launcher is not None else []
 
     @property
     def grace(self) -> float:
@@ -220,3 +238,9 @@ class Runtime:
     def _kill_leftovers(self, grace: float) -> None:
         """A task whose stop was already decided but whose process lingers past the grace."""
         self.kill_all_now(f"still running after the shutdown grace window of {grace} s")
+
+
+def _checked_spec(spec: object) -> TaskSpec:
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"spec must be a TaskSpec, got {spec!r}")
+    return spec

@@ -11,15 +11,9 @@ import signal
 import pytest
 
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
-from mpvisor._cli.main import (
-    RESERVED,
-    exit_status,
-    outcome_line,
-    parse,
-    parse_arg,
-    value_line,
-    version,
-)
+from mpvisor._cli.main import parse, version
+from mpvisor._cli.options import outcome_line, parse_arg, value_line
+from mpvisor._cli.statuses import RESERVED, exit_status
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

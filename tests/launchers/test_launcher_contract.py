@@ -192,7 +192,7 @@ async def test_a_start_that_never_completes_is_killed_at_the_start_timeout(launc
 def kill_launcher(launcher: str, handle: Any, attempt_pid: int) -> None:
     """The launcher under the attempt dies by SIGKILL: the local fork server, or the Ray agent."""
     if launcher == "fake":
-        handle._rt.client.die()
+        handle._rt.launcher.die()
     elif launcher == "local":
         os.kill(psutil.Process(attempt_pid).ppid(), signal.SIGKILL)
     else:

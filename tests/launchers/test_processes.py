@@ -6,7 +6,7 @@
 Real attempt processes from `workers/`; the process table is read with psutil, pids are
 matched with their create times. Lifecycle, cancel, timeout and tree-kill tests run under
 both start methods. Launcher-specific tests reach the launcher's pid through
-`handle._rt.client.pid` (the one internal the tests use).
+`handle._rt.launcher.pid` (the one internal the tests use).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ SCRIPTS = os.path.join(ROOT, "workers", "scripts")
 
 
 def launcher_pid(handle) -> int:
-    pid = handle._rt.client.pid
+    pid = handle._rt.launcher.pids()[0]
     assert pid is not None
     return pid
 
@@ -701,7 +701,7 @@ async def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees
         tree = [*await async_wait_for(lambda: read_records(records)), {"pid": starting.pid}]
         launcher = launcher_pid(handle)
         guardian = psutil.Process(launcher).ppid()
-        assert guardian == handle._rt.client._proc.pid and psutil.Process(guardian).ppid() == os.getpid()
+        assert guardian == handle._rt.launcher.pids()[1] and psutil.Process(guardian).ppid() == os.getpid()
         os.kill(launcher if victim == "launcher" else guardian, signal.SIGKILL)
         outcome = await waiter.wait()
         assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mpvisor._admission.config import ControllerConfig
 from mpvisor._model import errors as _errors
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.errors import ConfigError
@@ -25,7 +26,7 @@ from mpvisor._model.restart import (
 )
 from mpvisor._model.spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
-from mpvisor._runtime.config import ControllerConfig, SupervisorConfig
+from mpvisor._runtime.config import SupervisorConfig
 
 pytestmark = pytest.mark.unit
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import enum
 import functools
@@ -57,9 +56,8 @@ import pytest
 
 import mpvisor
 from mpvisor._admission.leases import local as _leases
-from mpvisor._admission.leases import server as _slotserver
 from mpvisor._cli import main as _cli
-from mpvisor._cli import slots as _slotcli
+from mpvisor._cli import statuses
 from mpvisor.ray import RayLauncher
 from tests import _markdown
 from tests._slot_support import stop_servers
@@ -406,38 +404,10 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return found
 
 
-def _captured_parser(main: Callable[[list[str]], object], argv: list[str]) -> argparse.ArgumentParser:
-    """The parser `main(argv)` builds: captured at its `parse_args`, which then stops `main`."""
-    seen: list[argparse.ArgumentParser] = []
-
-    class Stop(Exception):
-        pass
-
-    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
-        seen.append(self)
-        raise Stop
-
-    original = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
-    try:
-        with contextlib.suppress(Stop):
-            main(argv)
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    assert len(seen) == 1, f"{main} built {len(seen)} parsers"
-    return seen[0]
-
-
 def real_commands() -> dict[str, argparse.ArgumentParser]:
-    """`mpvisor`, each of its commands, and `mpvisor slots serve` (parsed by `slots` itself)."""
-    parser, _ = _cli.make_parser()
-    commands = {"mpvisor": parser}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            commands.update({f"mpvisor {verb}": sub for verb, sub in action.choices.items()})
-    commands["mpvisor slots"] = _captured_parser(_slotcli.slots_main, [])
-    commands["mpvisor slots serve"] = _captured_parser(_slotserver.main, [])
-    return commands
+    """`mpvisor` and each command of its table (`mpvisor slots serve` included)."""
+    parser, commands = _cli.make_parser()
+    return {"mpvisor": parser, **{f"mpvisor {name}": sub for name, sub in commands.items()}}
 
 
 def documented_commands() -> dict[str, list[list[str]]]:
@@ -498,6 +468,12 @@ def test_every_kind_is_listed_with_its_label(page: str, heading: str, kinds: typ
     for name, member in kinds.__members__.items():
         label = getattr(member, "label")  # noqa: B009 (every mpvisor enum has one; Enum does not declare it)
         assert listed[name] == [label], f"{page} {heading}: {name}'s label is {label!r}, listed {listed[name]}"
+
+
+def test_the_exit_status_table_is_the_one_the_commands_use() -> None:
+    """docs/outcomes.md's exit statuses are `statuses.TABLE`, row for row, in order."""
+    rows = _markdown.table_rows((GUIDE / "outcomes.md").read_text(encoding="utf-8"), "Exit statuses of `mpvisor run`")
+    assert [tuple(row) for row in rows] == list(statuses.TABLE)
 
 
 def test_the_event_fields_are_the_real_ones() -> None:

@@ -1,8 +1,8 @@
-"""How do processes of one user on one host share slots? The lease protocol, where the server
-lives, and the client a submitting process uses.
+"""How do processes of one user on one host share slots? The `local` lease store: the slot
+server's protocol, where the server lives, and the client a submitting process uses.
 
 Only *admission* is shared: the work stays in the submitting process. A per-user slot server
-(`_slotserver.py`) holds the slot table and grants, queues, rejects and revokes **leases**; a
+(`server.py`) holds the slot table and grants, queues, rejects and revokes **leases**; a
 process runs its task only while it holds the slot's lease, and gives it back only once the
 task's process tree is gone. Messages are msgpack maps in length-prefixed frames (the attempt
 channel's framing, at most `MAX_FRAME` bytes), on a Unix stream socket.
@@ -51,25 +51,25 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from mpvisor import _platform
+from mpvisor._admission.leases.store import (
+    POLICIES,
+    SILENT_AFTER,
+    Decision,
+    LeaseError,
+    Pid,
+    Policy,
+)
 from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 VERSION = 1
 MAX_FRAME = 64 * 1024  # bytes: no request needs more; a larger frame is a protocol error
-POLICIES = ("queue", "replace", "drop")
-REJECTIONS = ("slot_busy", "queue_full", "superseded_by_replace")
 SOCKET_NAME = "slots.sock"
 LOCK_NAME = "server.lock"
 STATE_NAME = "leases.json"
 START_WAIT = 10.0  # seconds a client waits for a server it started to answer
 DIR_ENV = "MPVISOR_SLOTS_DIR"  # overrides where the server lives (tests; several independent sets)
-
-
-class LeaseError(Exception):
-    """The slot server cannot be reached or set up, or it refused this client."""
 
 
 class NoServer(LeaseError):
@@ -78,9 +78,6 @@ class NoServer(LeaseError):
 
 class NoAnswer(LeaseError):
     """The slot server did not answer within the time this client gave it."""
-
-
-SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting client says so
 
 
 # --- where the server lives -----------------------------------------------------------------------
@@ -110,40 +107,6 @@ def socket_path(directory: str) -> str:
 
 
 # --- messages (pure) -----------------------------------------------------------------------------------
-
-
-class Pid(NamedTuple):
-    pid: int
-    start: int  # start time in clock ticks since boot (tells a reused pid apart)
-
-
-def pid_of(pid: int) -> Pid | None:
-    """`pid` with its start time, or None if it does not exist."""
-    start = _platform.start_time(pid)
-    return None if start is None else Pid(pid, start)
-
-
-def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
-    """What a `queued` answer tells a person: `slot 'deploy' is busy (owner: 'deploy', pid 812,
-    since 14:02:11); waiting, position 1 in its queue`."""
-    held = ""
-    if owner:
-        since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
-        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
-    return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
-
-
-def silent_text(slot: str) -> str:
-    """What a person is told when the slot server has not answered a lease request."""
-    return f"slot {slot!r}: the slot server has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"
-
-
-def owner_pids(launcher: Any) -> list[Pid]:
-    """What keeps a lease held when its owner's connection is gone: this process, and a local
-    launcher's fork server and guardian (the fork server exits only once every tree it forked is
-    gone). A launcher without local processes (Ray) adds nothing."""
-    candidates = [os.getpid(), getattr(launcher, "pid", None), getattr(getattr(launcher, "_proc", None), "pid", None)]
-    return [p for p in (pid_of(pid) for pid in candidates if pid) if p is not None]
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -196,14 +159,6 @@ _REQUESTS: dict[str, dict[str, Callable[[Any], bool]]] = {
 # --- the client ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Decision:
-    """How a lease request ended before any work ran: granted, or rejected with `kind`."""
-
-    granted: bool
-    kind: str | None = None  # a REJECTIONS entry when not granted
-
-
 def connect(directory: str | None = None, *, start: bool = True) -> socket.socket:
     """A connection to this user's slot server, starting one (detached) if none answers."""
     directory = directory or server_dir()
@@ -240,23 +195,35 @@ def _start_server(directory: str) -> None:
     )
 
 
-def table(timeout: float = 1.0) -> list[dict[str, Any]]:
-    """The running server's table (`[]` if none answers within `timeout` s): a quick local
-    round trip, for snapshots."""
-    try:
-        client = LeaseClient(start=False)
-    except LeaseError:
-        return []
-    try:
-        return client.snapshot(timeout)
-    except (LeaseError, OSError):
-        return []
-    finally:
-        client.close()
+class LocalStore:
+    """The `local` lease store: this user's slot server on this host (started on demand)."""
+
+    name = "the slot server"
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+
+    def __repr__(self) -> str:
+        return f"<LocalStore {self.directory or server_dir()!r}>"
+
+    def request(self) -> LeaseClient:
+        return LeaseClient(self.directory)
+
+    def holdings(self, timeout: float) -> list[dict[str, Any]]:
+        """The running server's table; `[]` if no server runs (nothing is held or queued)."""
+        try:
+            client = LeaseClient(self.directory, start=False)
+        except NoServer:
+            return []
+        try:
+            return client.snapshot(timeout)
+        finally:
+            client.close()
 
 
 class LeaseClient:
-    """One process's connection to the slot server (blocking I/O; thread-safe sends).
+    """One process's connection to the slot server (blocking I/O; thread-safe sends): a
+    `LeaseRequest` of the `local` store.
 
     `acquire` waits for a decision (calling `on_queued(position, owner)` while it waits); after a
     grant, `watch(on_revoke)` starts a thread that reads the server's messages and calls
@@ -311,7 +278,7 @@ class LeaseClient:
                 raise LeaseError(f"the slot server sent what this client cannot read: {exc}") from None
         return self._pending.pop(0)
 
-    def acquire(self, slot: str, policy: str, name: str, pids: list[Pid],
+    def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[], None] | None = None) -> Decision:
         """Ask for `slot`'s lease and wait for the decision; `on_silent()` once if the server

@@ -1,11 +1,11 @@
 """Who decides, for every mpvisor process of one user on this host, which one owns a slot?
 
-The slot server: `mpvisor slots serve` (started on demand by the first client, or by hand under
+The slot server: `mpvisor slots serve` (`_cli/serve.py`; started on demand by the first client, or by hand under
 a service manager). It is a thin I/O shell around the controller's own pure `SlotTable`
-(`_slots.py`): a lease request is a table item; `Admit` is a grant, `Reject` a rejection,
+(`../slots.py`): a lease request is a table item; `Admit` is a grant, `Reject` a rejection,
 `RemoveOwner` a `revoke` sent to the owner's process, and the owner's `release` (or, if its
 connection closed, the exit of every process it registered) is `owner_cleaned_up`. The lease
-protocol and the client are `_leases.py`.
+protocol and the client are `local.py`.
 
 | what happens | the server |
 |---|---|
@@ -20,7 +20,7 @@ protocol and the client are `_leases.py`.
 
 Only one server runs per directory: it holds `server.lock` (`flock`) for its life, and only the
 holder may remove a stale socket and bind. It writes its leases to `leases.json` at every change;
-a new server inherits the leases whose processes still run (module docstring of `_leases.py`).
+a new server inherits the leases whose processes still run (module docstring of `local.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpvisor._admission.leases import local as _leases
-from mpvisor._admission.leases.local import MAX_FRAME, Pid, check_request, encode
+from mpvisor._admission.leases.local import MAX_FRAME, check_request, encode
+from mpvisor._admission.leases.store import POLICIES, REJECTION_NAMES, Pid, pid_of
 from mpvisor._admission.slots import (
     AdmissionPolicy,
     Admit,
@@ -50,14 +51,12 @@ from mpvisor._admission.slots import (
     owner_of,
     status_of,
 )
-from mpvisor._model.outcome import RejectionKind
 from mpvisor._model.wire import FrameDecoder, ProtocolError
 
 IDLE_EXIT = 30.0  # seconds with nothing held, queued or connected before the server exits
 MAX_QUEUE = 1000  # pending requests per slot
 MAX_CLIENT_BUFFER = 1 << 20  # bytes queued to one client before it is dropped
 CLOSE_WAIT = 1.0  # seconds, at exit, for the connections' handlers to clean up
-_POLICY = {"queue": AdmissionPolicy.QUEUE, "replace": AdmissionPolicy.REPLACE, "drop": AdmissionPolicy.DROP_IF_RUNNING}
 _CRED = struct.Struct("3i")
 
 
@@ -236,7 +235,7 @@ class SlotServer:
         if message["req"] in client.requests:
             client.send({"t": "error", "message": f"request {message['req']} is already in use on this connection"})
             return
-        request = self._new_request(message["slot"], _POLICY[message["policy"]], message["name"], client, message["req"])
+        request = self._new_request(message["slot"], POLICIES[message["policy"]], message["name"], client, message["req"])
         request.holder_pid = client.pid
         client.requests[request.req] = request
         self.by_id[request.id] = request
@@ -297,7 +296,7 @@ class SlotServer:
                     self._forget(item)
                     if item.client is not None:
                         item.client.requests.pop(item.req, None)
-                        item.client.send({"t": "rejected", "req": item.req, "kind": _rejection(kind)})
+                        item.client.send({"t": "rejected", "req": item.req, "kind": REJECTION_NAMES.get(kind, kind.value)})
                 case RemoveOwner(_, owner_id):
                     owner = self.by_id.get(owner_id)
                     if owner is not None and owner.client is not None:
@@ -334,7 +333,7 @@ class SlotServer:
                 fd = os.pidfd_open(pid.pid)
             except OSError:
                 continue  # already gone
-            if _leases.pid_of(pid.pid) != pid:
+            if pid_of(pid.pid) != pid:
                 os.close(fd)  # the pid names another process now: the one registered is gone
                 continue
             request.pids[pid] = fd
@@ -406,11 +405,6 @@ class SlotServer:
             self.done.set()
 
 
-def _rejection(kind: RejectionKind) -> str:
-    return {RejectionKind.SLOT_BUSY: "slot_busy", RejectionKind.QUEUE_FULL: "queue_full",
-            RejectionKind.SUPERSEDED_BY_REPLACE: "superseded_by_replace"}.get(kind, kind.value)
-
-
 async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     try:
@@ -456,21 +450,3 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
             pass
         os.close(lock)  # the lock goes last: no other server binds before our socket is gone
     return 0
-
-
-def main(argv: list[str]) -> int:
-    from mpvisor._cli.options import UsageParser, seconds
-
-    parser = UsageParser(prog="mpvisor slots serve", description="Run this user's slot server in the foreground.")
-    parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, $XDG_RUNTIME_DIR/mpvisor, or a per-user one under the temp dir)")
-    parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=IDLE_EXIT, metavar="SECONDS",
-                        help=f"exit after this long with nothing held, queued or connected (default {IDLE_EXIT:g})")
-    args = parser.parse_args(argv)
-    if args.dir:
-        os.environ[_leases.DIR_ENV] = args.dir
-    try:
-        directory = _leases.server_dir()
-    except _leases.LeaseError as exc:
-        print(f"mpvisor slots serve: {exc}", file=sys.stderr)
-        return 1
-    return asyncio.run(serve(directory, args.idle_exit))

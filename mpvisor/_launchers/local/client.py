@@ -232,6 +232,11 @@ class LauncherClient:
             self._send(control.Stop())
         self._flush()
 
+    def pids(self) -> list[int]:
+        """The fork server and its guardian (the fork server exits only once every tree it forked is gone)."""
+        guardian = self._proc.pid if self._proc is not None else None
+        return [pid for pid in (self.pid, guardian) if pid is not None]
+
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """The parent's environ, cwd and sys.path for a start request: each `None` when it is
         what the launcher started with (so that neither side copies it per attempt)."""

@@ -1,0 +1,128 @@
+"""What does a lease store give, and what is it asked?
+
+A *lease store* decides, for owners that may live in other processes (or, for a store across
+hosts, on other machines), which one owns a slot. The controller's own `SlotTable` decides
+within one process; with a store, a submission the local table admits also takes the slot's
+lease from the store, with its policy, before it is registered, and gives it back once its
+process tree is reaped. The controller and `mpvisor run --slot` reach a store only through a
+`LeaseDriver` (`driver.py`); the stores are listed in `stores.py`.
+
+The contract, as two small interfaces:
+
+| call | on | what it does |
+|---|---|---|
+| `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
+| `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
+| `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent()` once if the store said nothing at all for `SILENT_AFTER` s |
+| `watch(on_revoke)` | `LeaseRequest` | after a grant: `on_revoke()` (from any thread) when a replacement asks this owner to retire (or, for a store that can lose a lease, when it is lost) |
+| `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
+| `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back) |
+| `release()` | `LeaseRequest` | the owner's tree is gone: the slot goes to the next in line |
+| `close()` | `LeaseRequest` | the request's resources (a connection) go; a held lease stays held until its owner's pids are gone |
+
+A store guarantees **at most one owner per slot**, FIFO order among queued requests, that a
+`replace` request becomes the head and revokes the owner (never admitted before the owner's
+`release`, or before every pid the owner registered is gone), and that `drop` never queues.
+The *pids* (`Pid`: a pid and its start time, so a reused pid is told apart) are the owner's
+processes: what keeps a lease held when its owner can no longer say so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol
+
+from mpvisor import _platform
+from mpvisor._admission.slots import AdmissionPolicy
+from mpvisor._model.outcome import RejectionKind
+
+Policy = Literal["queue", "replace", "drop"]
+SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting owner says so
+
+# The one mapping between the controller's words and a store's (the slot server's protocol uses these strings).
+POLICY_NAMES: dict[AdmissionPolicy, Policy] = {
+    AdmissionPolicy.QUEUE: "queue",
+    AdmissionPolicy.REPLACE: "replace",
+    AdmissionPolicy.DROP_IF_RUNNING: "drop",
+}
+POLICIES: dict[str, AdmissionPolicy] = {name: policy for policy, name in POLICY_NAMES.items()}
+REJECTIONS: dict[str, RejectionKind] = {
+    "slot_busy": RejectionKind.SLOT_BUSY,
+    "queue_full": RejectionKind.QUEUE_FULL,
+    "superseded_by_replace": RejectionKind.SUPERSEDED_BY_REPLACE,
+    "withdrawn": RejectionKind.CONTROLLER_SHUTTING_DOWN,
+    "admission_failed": RejectionKind.ADMISSION_FAILED,
+}
+REJECTION_NAMES: dict[RejectionKind, str] = {kind: name for name, kind in REJECTIONS.items()}
+
+
+class LeaseError(Exception):
+    """The lease store cannot be reached or set up, or it refused this owner."""
+
+
+class Pid(NamedTuple):
+    pid: int
+    start: int  # start time in clock ticks since boot (tells a reused pid apart)
+
+
+def pid_of(pid: int) -> Pid | None:
+    """`pid` with its start time, or None if it does not exist."""
+    start = _platform.start_time(pid)
+    return None if start is None else Pid(pid, start)
+
+
+def pids_of(pids: list[int]) -> list[Pid]:
+    """Those of `pids` that exist, each with its start time."""
+    return [p for p in (pid_of(pid) for pid in pids) if p is not None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a lease request ended before any work ran: granted, or rejected with `kind`."""
+
+    granted: bool
+    kind: str | None = None  # a `REJECTIONS` name when not granted
+
+    @property
+    def rejection(self) -> RejectionKind:
+        """The waiter's rejection for a refusal (`ADMISSION_FAILED` for a kind this side does not know)."""
+        return REJECTIONS.get(self.kind or "", RejectionKind.ADMISSION_FAILED)
+
+
+class LeaseRequest(Protocol):
+    """One owner's request for one slot's lease, from `acquire` to `release` (module docstring)."""
+
+    def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
+                on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
+                on_silent: Callable[[], None] | None = None) -> Decision: ...
+    def watch(self, on_revoke: Callable[[], None]) -> object: ...
+    def add_pids(self, pids: list[Pid]) -> None: ...
+    def withdraw(self) -> None: ...
+    def release(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class LeaseStore(Protocol):
+    """Where slots' leases are kept (module docstring); `name` says which, in messages."""
+
+    name: str
+
+    def request(self) -> LeaseRequest: ...
+    def holdings(self, timeout: float) -> list[dict[str, Any]]: ...
+
+
+def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
+    """What a `queued` answer tells a person: `slot 'deploy' is busy (owner: 'deploy', pid 812,
+    since 14:02:11); waiting, position 1 in its queue`."""
+    held = ""
+    if owner:
+        since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
+        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
+    return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
+
+
+def silent_text(store: LeaseStore, slot: str) -> str:
+    """What a person is told when the store has not answered a lease request."""
+    return f"slot {slot!r}: {store.name} has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"

@@ -1,0 +1,45 @@
+"""Which lease stores are there, and which one does a setting name?
+
+One table, a name to a lazy builder (the store's module is imported only when it is used), and
+the check `ControllerConfig(leases=...)` applies. A new store is a module beside the others and
+one row here; the controller and the CLI name stores only through this table.
+
+| `leases=` | the store | slots shared with |
+|---|---|---|
+| `None` | none | nobody: the controller's own slots |
+| `"local"` | `local.LocalStore`: the per-user slot server | every mpvisor process of this user on this host |
+| a `LeaseStore` object (e.g. `memory.MemoryStore()`) | that store | whoever is given the same store |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mpvisor._admission.leases.store import LeaseStore
+from mpvisor._model.errors import ConfigError
+
+
+def _local() -> LeaseStore:
+    from mpvisor._admission.leases.local import LocalStore
+
+    return LocalStore()
+
+
+STORES: dict[str, Callable[[], LeaseStore]] = {
+    "local": _local,
+}
+
+
+def checked(value: object) -> str | LeaseStore | None:
+    """`value` if it names a store (or is one), else `ConfigError` naming it."""
+    if value is None or (isinstance(value, str) and value in STORES):
+        return value
+    if not isinstance(value, str) and all(callable(getattr(value, m, None)) for m in ("request", "holdings")):
+        return value  # type: ignore[return-value]
+    names = ", ".join(repr(name) for name in STORES)
+    raise ConfigError(f"leases must be None, one of {names}, or a lease store, got {value!r}")
+
+
+def open_store(value: str | LeaseStore) -> LeaseStore:
+    """The store `value` names (or `value` itself)."""
+    return STORES[value]() if isinstance(value, str) else value

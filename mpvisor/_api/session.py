@@ -1,0 +1,153 @@
+"""How does a command run its work under the supervision `Supervisor.run` gives? (internal)
+
+`Supervisor.run` and the CLI's commands take one path, so that a shell's `mpvisor run` is the
+library's `run` and nothing else:
+
+| step | function | what it does |
+|---|---|---|
+| serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
+| run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a second SIGINT kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
+
+`start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
+the bus's last `seq` (a display can wait until it has shown every event published before an
+outcome), and `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it). If
+`start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
+running and the error propagates. The signals received are `runtime.interrupted`, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from mpvisor import _platform
+from mpvisor._admission.config import ControllerConfig
+from mpvisor._api.handle import SupervisorHandle
+from mpvisor._attempt import context as _context
+from mpvisor._model.errors import ShuttingDown
+from mpvisor._model.spec import TaskDefaults, TaskSpec
+from mpvisor._runtime.bus import Subscriber
+from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._runtime.runtime import Runtime
+from mpvisor._tasks.registry import TaskWaiter
+
+INTERRUPTED_TWICE = "interrupted twice (a second SIGINT): killed at once, without waiting for the grace window"
+
+
+def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
+                  controller: ControllerConfig | None) -> Runtime:
+    """A new runtime on the running loop (`RuntimeError` outside one, or on an unsupported platform)."""
+    _platform.require_supported()
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("Supervisor.serve() needs a running asyncio event loop (call it from async code)") from None
+    refuse_unguarded_main()
+    _platform.raise_nofile_limit()
+    return Runtime(config, tuple(subscribers), defaults, controller)
+
+
+class RunSession:
+    """What `start` is given while `run_session` runs (module docstring)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.handle = SupervisorHandle(runtime)
+
+    def __repr__(self) -> str:
+        return f"<RunSession {self.runtime!r}>"
+
+    async def add_batch(self, specs: Iterable[TaskSpec]) -> list[TaskWaiter]:
+        """Register `specs` at once (all or none: `TaskAlreadyExists` rejects the batch); their waiters."""
+        return await self.runtime.add(specs, wait=True)
+
+    def last_seq(self) -> int:
+        """The `seq` of the last event published so far."""
+        return self.runtime.bus.last_seq
+
+    def on_replaced(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(id)` when a replacement claims the owner `id` (needs a controller)."""
+        if self.runtime.controller is not None:
+            self.runtime.controller.on_replaced(callback)
+
+
+async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool) -> None:
+    """Run `start`'s work to its end and shut down (module docstring). With `adds_work`, a
+    runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown."""
+    if runtime.shutdown_started:
+        if adds_work:
+            raise ShuttingDown("the supervisor is shutting down")
+        await runtime.shutdown()
+        return
+    with _SignalHandlers(runtime):
+        try:
+            await start(RunSession(runtime))
+        except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
+            if _holds_no_work(runtime):  # but tasks added through other handles go on
+                await runtime.stop_launcher()
+            raise
+        while not runtime.shutdown_started and not _holds_no_work(runtime):
+            await runtime.wait_for_change()
+        await runtime.shutdown()
+
+
+def _holds_no_work(runtime: Runtime) -> bool:
+    """No task is registered and the controller holds no work."""
+    return runtime.registry.empty.is_set() and (runtime.controller is None or runtime.controller.idle())
+
+
+class _SignalHandlers:
+    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored;
+    a SIGINT that was ignored when `run` began, as in a shell's background job, stays ignored).
+
+    Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
+    returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
+    is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
+    shutdown, a later one joins it."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalHandlers:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        loop = self.runtime.loop
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT and previous == signal.SIG_IGN:
+                continue  # as Python itself does: a shell's background job must ignore Ctrl-C
+            self.previous[signum] = previous
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def _on_signal(self, signum: int) -> None:
+        received = self.runtime.interrupted
+        received.append(signal.Signals(signum))
+        if signum == signal.SIGINT and received.count(signal.SIGINT) > 1:
+            self.runtime.kill_all_now(INTERRUPTED_TWICE)
+        self.runtime.loop.create_task(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        try:
+            await self.runtime.shutdown()
+        except Exception:
+            pass  # `run` reports it: it awaits the same shutdown
+
+    def __exit__(self, *exc: object) -> None:
+        loop = self.runtime.loop
+        for signum, previous in self.previous.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, previous)
+
+
+def refuse_unguarded_main() -> None:
+    """Refuse to serve while an attempt imports the main script (its start-up code is unguarded)."""
+    if _context.importing_main_script:
+        raise _context.UnguardedMainScript(
+            'a supervisor was started while an attempt imported the main script: its start-up code '
+            'must sit under `if __name__ == "__main__":`'
+        )

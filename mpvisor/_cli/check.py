@@ -1,0 +1,30 @@
+"""`mpvisor check FILE`: is this task file valid?
+
+Every error of the file with its location (`task "build".backoff: ...`, `line 3, column 7:
+...`) on stderr and status 2, or a one-line summary on stdout and status 0. Nothing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mpvisor._cli.filerun import load, report_errors, summary
+from mpvisor._cli.statuses import OK, USAGE_ERROR
+
+NAME = "check"
+HELP = "validate a task file: every error with its location (status 2), or a summary"
+DESCRIPTION = "Validate a task file; print every error with its location (status 2), or a one-line summary."
+TAKES_COMMAND = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="a task file (TOML)")
+
+
+def run(args: argparse.Namespace) -> int:
+    parsed = load(args.file)
+    if not parsed.ok:
+        report_errors(args.file, parsed)
+        return USAGE_ERROR
+    print(summary(args.file, parsed))
+    return OK

@@ -1,0 +1,280 @@
+"""`mpvisor run`: how does a shell supervise one task (or a task file's tasks, `--file`)?
+
+    mpvisor run [OPTIONS] TARGET [ARG...]      # TARGET is "package.module:function"
+    mpvisor run [OPTIONS] -- COMMAND [ARG...]
+    mpvisor run --file FILE [--grace S] [--events E] [--progress] [--ray A]
+
+This module declares the options and runs one task; a task file is run by `filerun`. The option
+values, the spec they describe and the lines printed are `options`', the statuses `statuses'`.
+
+ARGs are JSON literals; a bare word is a string. A text meant as JSON that does not parse is a
+usage error: one that starts with `{`, `[` or `"`, or that Python's `float()` reads as a number
+(`01`, `+1`, `1_000`, `NaN`, `Infinity`: JSON has no such numbers). So `2024-01-01`, `1.2.3`
+and `hello` are strings, `'"NaN"'` is the string NaN.
+
+The outcome is printed on stderr in one line, `mpvisor: <task>: <kind> reason=... exit_code=...
+attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`, `failed`, ...;
+the `outcome_*` labels are what JSON events and metrics carry).
+
+stdout is reserved for machine-readable output. For a Python TARGET it is one line of JSON, the
+return value, printed when the outcome is `COMPLETED` (so `v=$(mpvisor run pkg.mod:fn 3)`
+works): bytes as a base64 string, NaN and infinities as the strings `"NaN"`, `"Infinity"`,
+`"-Infinity"`, bytes dict keys as base64 strings; what the target prints goes to stderr. A
+COMMAND's stdout is its own. With `--events json`, stdout carries the events only (one JSON line
+each, as `JsonLinesWriter` writes them; no value line), and the target's stdout goes to stderr.
+Either way the CLI moves its own stdout to stderr before the launcher starts, so every attempt
+inherits that. `--progress` shows the task's progress on stderr (done/total, rate, ETA,
+attempt): a bar redrawn in place on a terminal, a plain line at most every 2 s otherwise
+(`ProgressBar`).
+
+With `--slot NAME`, the task is a submission to a controller whose slots are shared with every
+mpvisor process of this user on this host (`ControllerConfig(leases="local")`): it runs only
+while it holds the slot's lease, which it takes once the launcher is ready and gives back once
+its tree is reaped.
+
+| `--slot` | what happens |
+|---|---|
+| the slot is free | runs at once |
+| busy, `--policy queue` (default) | says on stderr that it waits (position, the owner), then runs |
+| busy, `--policy drop` | exits 3, nothing ran |
+| queue full | exits 4 |
+| replaced in the queue by a `--policy replace` | exits 5, nothing ran |
+| a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
+| Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
+| Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
+| it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone |
+
+Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
+seconds (default 10, 0 = kill at once) before killing its process tree; a second SIGINT kills
+at once. Either way mpvisor then dies by the first signal it received, after printing the
+outcome (or, when a tree had to be killed, what was killed and why).
+
+Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeout` out for no
+timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
+`--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
+`--memory SIZE` (bytes or `512M`, `1G`), `--cpu SECONDS` and `--open-files N` each attempt's
+limits (`TaskSpec.with_limits`; an attempt that runs into one fails, the reason naming it);
+`--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
+FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
+backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
+attempts then run on that cluster, `mpvisor.ray.RayLauncher(address=ADDRESS)`; a cluster that
+cannot be reached ends the run with status 1 and one line saying why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import IO, Any
+
+from mpvisor._admission.config import ControllerConfig
+from mpvisor._admission.leases.store import POLICIES as POLICY_OF
+from mpvisor._admission.submission import ControllerSpec
+from mpvisor._api.session import RunSession, run_session, serve_runtime
+from mpvisor._cli import statuses
+from mpvisor._cli.options import (
+    DEFAULT_GRACE,
+    POLICIES,
+    RESTARTS,
+    TASK_OPTIONS,
+    backoff,
+    build_spec,
+    byte_size,
+    choice,
+    event_writers,
+    intensity,
+    jitter,
+    launcher_for,
+    outcome_line,
+    parse_arg,
+    positive_count,
+    ray_address,
+    retries,
+    seconds,
+    take_stdout,
+    target,
+    task_name,
+    value_line,
+    write_line,
+)
+from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
+from mpvisor._model.events import Event, EventKind
+from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.spec import TaskDefaults, TaskSpec
+from mpvisor._observe.progress import ProgressBar
+from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._runtime.runtime import Runtime
+from mpvisor._tasks.registry import TaskWaiter
+
+NAME = "run"
+HELP = "run one task (or a task file's tasks, --file) under supervision until it ends"
+DESCRIPTION = "Run one task, or the tasks of a task file, under supervision until it ends."
+TAKES_COMMAND = True  # `-- COMMAND [ARG...]` after the options
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--file", metavar="FILE", help="run the tasks of this task file (TOML) instead of one TARGET or COMMAND")
+    run.add_argument("--name", type=task_name, help="the task name (default: the function or program name)")
+    run.add_argument("--restart", type=choice(*RESTARTS), metavar="|".join(RESTARTS), help="when to run again (default: never)")
+    run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
+                     help="run again this many seconds after each success (> 0)")
+    run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
+    run.add_argument("--memory", type=byte_size, metavar="SIZE",
+                     help="each attempt's address-space limit: bytes, or with K, M, G (binary: 1G = 2**30)")
+    run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS", help="each attempt's CPU-time limit")
+    run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
+    run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
+                     help="fail the task on a restart that makes more than N restarts within SECONDS")
+    run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),
+                     metavar="SECONDS", help="per-attempt timeout in seconds (> 0); exit status 124 when the last attempt timed out")
+    run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]", help="seconds between retries")
+    run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",
+                     help="jitter of the backoff (default: equal)")
+    run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
+                     help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
+    run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
+                     help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
+    run.add_argument("--slot", type=task_name, metavar="NAME",
+                     help="run only while holding this slot, shared by every mpvisor process of this user on this host")
+    run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
+                     help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
+    run.add_argument("--events", choices=("json", "log", "none"), default="none")
+    run.add_argument("--progress", action="store_true",
+                     help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
+    run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
+    run.add_argument("args", nargs="*", type=parse_arg, metavar="ARG",
+                     help="arguments: JSON literals (a bare word is a string)")
+
+
+def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
+    """What argparse cannot check alone (a usage error through `run.error`); sets `args.spec`,
+    the one task's spec (None with `--file`, whose tasks are in the file)."""
+    args.spec = None
+    if args.file is not None:
+        if args.command or args.target is not None:
+            run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
+        for option in TASK_OPTIONS:
+            if getattr(args, option) is not None:
+                flag = "--" + option.replace("_", "-")
+                run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
+        return
+    if args.grace is None:
+        args.grace = DEFAULT_GRACE
+    if bool(args.command) == (args.target is not None):
+        run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
+    try:
+        args.spec = build_spec(args)
+    except (TypeError, ValueError) as exc:
+        run.error(str(exc))
+    if args.policy is not None and args.slot is None:
+        run.error("argument --policy: needs --slot")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the task (or the file): the exit status, or `-N` to die by signal N."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: targets resolve from here
+    if args.file is not None:
+        from mpvisor._cli.filerun import run_file
+
+        return run_file(args)
+    spec: TaskSpec = args.spec
+    machine: IO[str] | None = None  # stdout, kept for the events or the value while fd 1 goes to stderr
+    if args.events == "json" or not args.command:
+        machine = take_stdout()
+    subscribers: list[Any] = event_writers(args, machine)
+    if args.progress:
+        subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
+    if args.slot is not None:
+        subscribers.append(_SlotLines(spec.name))
+    config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args))
+    controller = ControllerConfig(leases="local") if args.slot is not None else None
+    one = _OneTask(spec, args.slot, args.policy or "queue")
+    try:
+        outcome = asyncio.run(one.run(config, subscribers, controller))
+    except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first
+        print(f"mpvisor: {exc}", file=sys.stderr)
+        return _ended(one.interrupts(), statuses.FAILED)
+    except GraceExceeded as exc:  # a tree had to be killed: the outcome was FORCE_ABORTED
+        interrupts = one.interrupts()
+        if interrupts.count(signal.SIGINT) > 1:
+            print(f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}", file=sys.stderr)
+        else:
+            print(f"mpvisor: {exc}", file=sys.stderr)
+        return _ended(interrupts, statuses.FAILED)
+    return _report(args, spec, outcome, one, machine)
+
+
+def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one: _OneTask, machine: IO[str] | None) -> int:
+    interrupts = one.interrupts()
+    refused = statuses.REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
+    if refused is not None:  # the slot's store refused the lease: nothing ran
+        status, reason = refused
+        print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
+        return status
+    if outcome.rejection is RejectionKind.CONTROLLER_SHUTTING_DOWN and interrupts:
+        print(f"mpvisor: interrupted while queued for slot {args.slot!r}: left the queue", file=sys.stderr)
+        return _ended(interrupts, statuses.FAILED)
+    if one.replaced:
+        print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
+        return statuses.REPLACED
+    print(outcome_line(spec.name, outcome), file=sys.stderr)
+    if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
+        write_line(machine, value_line(outcome.value))
+    first = interrupts[0] if interrupts else None
+    return -first if first is not None else statuses.exit_status(outcome)
+
+
+def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:
+    """Die by the first signal that interrupted the run, if one did."""
+    return -interrupts[0] if interrupts else otherwise
+
+
+class _OneTask:
+    """One task's run: added at once, or, with a slot, submitted to a controller with shared slots."""
+
+    def __init__(self, spec: TaskSpec, slot: str | None, policy: str) -> None:
+        self.spec, self.slot, self.policy = spec, slot, policy
+        self.runtime: Runtime | None = None
+        self.replaced = False  # a replacement claimed it (never decided from an event)
+        self.waiter: TaskWaiter | None = None
+
+    def interrupts(self) -> list[signal.Signals]:
+        return list(self.runtime.interrupted) if self.runtime is not None else []
+
+    async def run(self, config: SupervisorConfig, subscribers: list[Any],
+                  controller: ControllerConfig | None) -> TaskOutcome:
+        self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
+        await run_session(self.runtime, self._start, adds_work=True)
+        assert self.waiter is not None
+        return await self.waiter.wait()
+
+    async def _start(self, session: RunSession) -> None:
+        if self.slot is None:
+            (self.waiter,) = await session.add_batch([self.spec])
+            return
+        session.on_replaced(self._on_replaced)
+        submission = ControllerSpec(self.spec, POLICY_OF[self.policy]).with_slot(self.slot)
+        _, self.waiter = await session.handle.submit_and_watch(submission)
+
+    def _on_replaced(self, id: int) -> None:
+        if self.waiter is not None and id == self.waiter.id:
+            self.replaced = True
+            print(f"mpvisor: slot {self.slot!r}: replaced by a newer submission; stopping", file=sys.stderr, flush=True)
+
+
+class _SlotLines:
+    """Says on stderr what the slot's store answered while the run waits for its lease."""
+
+    name = "slot-lines"
+    queue_capacity = 64
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+
+    def on_event(self, event: Event) -> None:
+        if event.kind is EventKind.CONTROLLER_SLOT_TRANSITION and event.task == self.task and event.reason:
+            print(f"mpvisor: {event.reason}", file=sys.stderr, flush=True)

@@ -1,0 +1,41 @@
+"""`mpvisor slots serve`: run this user's slot server in the foreground.
+
+The server (`_admission/leases/server.py`) is started on demand by the first client; this
+command runs it by hand, e.g. under a service manager. It exits after `--idle-exit` seconds with
+nothing held, queued or connected, at SIGINT or SIGTERM, and with status 3 if another server
+already serves its directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from mpvisor._admission.leases import local, server
+from mpvisor._admission.leases.store import LeaseError
+from mpvisor._cli.options import seconds
+from mpvisor._cli.statuses import FAILED
+
+NAME = "slots serve"
+HELP = "run this user's slot server in the foreground"
+DESCRIPTION = "Run this user's slot server in the foreground."
+TAKES_COMMAND = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, $XDG_RUNTIME_DIR/mpvisor, or a per-user one under the temp dir)")
+    parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=server.IDLE_EXIT, metavar="SECONDS",
+                        help=f"exit after this long with nothing held, queued or connected (default {server.IDLE_EXIT:g})")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.dir:
+        os.environ[local.DIR_ENV] = args.dir
+    try:
+        directory = local.server_dir()
+    except LeaseError as exc:
+        print(f"mpvisor slots serve: {exc}", file=sys.stderr)
+        return FAILED
+    return asyncio.run(server.serve(directory, args.idle_exit))

@@ -1,0 +1,63 @@
+"""What does an `mpvisor` command exit with? Every status, defined once.
+
+`TABLE` is the table users read (docs/outcomes.md shows it row for row, and a test holds the two
+equal); the names below it are what the commands return. `exit_status` maps one outcome to its
+status by the rows, in order: a timed-out last attempt is 124 whatever its exit code. A command
+that was interrupted returns `-N` for signal N: `main` then dies by that signal (after which a
+shell sees 128 + N).
+"""
+
+from __future__ import annotations
+
+from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+
+OK = 0
+FAILED = 1  # any failure no other row names
+USAGE_ERROR = 2  # one line naming the option and the value; nothing ran
+SLOT_BUSY = 3
+QUEUE_FULL = 4
+SUPERSEDED = 5
+REPLACED = 6
+RESERVED = range(3, 10)  # admission results (3..6), and room for more (7..9)
+TIMED_OUT = 124  # as timeout(1)
+
+TABLE: tuple[tuple[str, str], ...] = (
+    ("0", "the outcome is `COMPLETED`"),
+    ("124", "the last attempt timed out (`--timeout`), as `timeout(1)` does"),
+    ("1..255", "the task's exit code, when it is in 1..255"),
+    ("128+N", "the task died by signal N"),
+    ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...)"),
+    ("2", "a usage error: one line naming the option and the value, and nothing ran"),
+    ("death by SIGINT / SIGTERM", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143)"),
+    ("3", "`--slot ... --policy drop`: the slot is busy; nothing ran"),
+    ("4", "`--slot`: the slot's queue is full; nothing ran"),
+    ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
+    ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
+    ("7..9", "reserved"),
+)
+
+# A submission its slot refused: the status, and what the outcome line says of it.
+REJECTED: dict[RejectionKind, tuple[int, str]] = {
+    RejectionKind.SLOT_BUSY: (SLOT_BUSY, "the slot is busy (--policy drop)"),
+    RejectionKind.QUEUE_FULL: (QUEUE_FULL, "the slot's queue is full"),
+    RejectionKind.SUPERSEDED_BY_REPLACE: (SUPERSEDED, "superseded by a replacement while queued"),
+}
+
+
+def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
+    """The process exit status for a task's outcome (pure; `TABLE`'s rows in order).
+
+    `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
+    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    if outcome.kind is OutcomeKind.COMPLETED:
+        return OK
+    if outcome.timed_out:
+        return TIMED_OUT
+    code = outcome.exit_code
+    if code is not None and 1 <= code <= 255:
+        return code
+    if code is not None and -64 <= code < 0:
+        return 128 - code
+    return FAILED
