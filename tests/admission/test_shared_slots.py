@@ -356,13 +356,13 @@ def _command(log: Any, hold: float, label: str) -> Any:
 
 
 async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp_path: Any, monkeypatch: Any) -> None:
-    """`ControllerConfig(shared=True)`: a Python program's slot owner and `mpvisor run --slot`
+    """`ControllerConfig(leases="local")`: a Python program's slot owner and `mpvisor run --slot`
     processes never run at once. The shell run queues behind the program's owner; the
     program's DROP is refused while a shell run holds the slot; its REPLACE stops the shell run
     (status 6) and then runs."""
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
     log = tmp_path / "owners.log"
-    controller = ControllerConfig(shared=True)
+    controller = ControllerConfig(leases="local")
     async with supervised(SupervisorConfig(grace=5.0), controller=controller) as (handle, _):
         _, first = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 1.0, "py1")).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start py1" in log.read_text(), timeout=30)
@@ -393,7 +393,7 @@ async def test_a_shared_controllers_queued_submission_leaves_the_queue_at_shutdo
     holder = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "holder"))
     try:
         await async_wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-        async with supervised(SupervisorConfig(grace=1.0), controller=ControllerConfig(shared=True)) as (handle, _):
+        async with supervised(SupervisorConfig(grace=1.0), controller=ControllerConfig(leases="local")) as (handle, _):
             _, queued = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 0.0, "py")).with_slot("s"))
             await async_wait_for(lambda: [v["queue"] for v in handle.controller_snapshot().shared] != [[]], timeout=30)
         outcome = await queued.wait()
