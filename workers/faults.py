@@ -12,12 +12,12 @@ Phases (`STEPS`), and how an attempt learns which fault is its own:
 
 | phase | where the fault strikes | chosen by |
 |---|---|---|
-| `handshake` | in `_child.run`, before the child's `Hello` frame | the next unclaimed line of the plan file |
+| `handshake` | in `_attempt.child.run`, before the child's `Hello` frame | the next unclaimed line of the plan file |
 | `start` | in `_Channel.read_start`, after `Hello`, before the start message is read | the next unclaimed line of the plan file |
 | `big-start` | as `start`; the test sends a start message far bigger than a socket buffer, so the parent is still writing it | the next unclaimed line of the plan file |
-| `import` | in `_child._import_target`, as the target's module is imported | the task name `fault-<fault>-import`, attempt 1 only |
+| `import` | in `_attempt.child._import_target`, as the target's module is imported | the task name `fault-<fault>-import`, attempt 1 only |
 | `running` | inside the target `faults.target` | the task name `fault-<fault>-running`, attempt 1 only |
-| `result` | in `_child._finish`, while a large result frame is being sent | the task name `fault-<fault>-result`, attempt 1 only |
+| `result` | in `_attempt.child._finish`, while a large result frame is being sent | the task name `fault-<fault>-result`, attempt 1 only |
 
 Before the start message the child knows nothing of its task, so the first three phases read a
 *plan*: a file whose path is in the environment variable `FAULT_PLAN_ENV`, set in the test
@@ -275,7 +275,7 @@ def sleep_then_raise(seconds: float) -> NoReturn:
 
 
 def install() -> None:
-    """Wrap `_child.run`, `_Channel.read_start`, `_child._import_target` and `_child._finish`
+    """Wrap `_attempt.child.run`, `_Channel.read_start`, `_attempt.child._import_target` and `_attempt.child._finish`
     (in the launcher)."""
     from mpvisor._attempt import child as _child
     from mpvisor._model.wire import Result

@@ -5,7 +5,7 @@ test can count how many times its body ran, and in which processes.
 
 | function | returns |
 |---|---|
-| `how()` | `{"loaded_by", "pid"}`: the file of the code that ran this module's body (mpvisor's `_prepared.py` for an import the launcher prepared, importlib's frozen bootstrap for a normal one) and the attempt's pid |
+| `how()` | `{"loaded_by", "pid"}`: the file of the code that ran this module's body (mpvisor's `_attempt/prepared.py` for an import the launcher prepared, importlib's frozen bootstrap for a normal one) and the attempt's pid |
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How does submitted work reach the registry, one owner per slot?
 
-The controller's I/O shell around the pure `SlotTable` (`_slots.py`). One loop on the runtime's
+The controller's I/O shell around the pure `SlotTable` (`_admission/slots.py`). One loop on the runtime's
 event loop owns every slot transition. It is fed only by:
 
 | source | bounded | what it carries |

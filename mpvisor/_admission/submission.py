@@ -3,7 +3,7 @@
 The public values of the controller: `ControllerSpec` (a task spec, an admission policy
 and an optional slot; builders return a new spec), `PreparedSubmission` (an id reserved before
 intake; single use), and `ControllerSnapshot` (a best-effort view of the slots). The loop that
-acts on them is `_controller.Controller`.
+acts on them is `_admission.controller.Controller`.
 
 | accessor | value |
 |---|---|

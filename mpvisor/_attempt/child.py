@@ -1,9 +1,9 @@
 """What does an attempt process do, from its first instruction to `os._exit`?
 
-Runs in the attempt process, after the launcher's set-up (`_launchers/forkserver.py`: own session,
+Runs in the attempt process, after the launcher's set-up (`_launchers/local/forkserver.py`: own session,
 parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked. It owns the child's
 half of the protocol: say hello, read the start message, adopt the parent's environment, import
-the target (from what the fork server prepared, `_prepared.py`, when it could), report that it
+the target (from what the fork server prepared, `_attempt/prepared.py`, when it could), report that it
 is about to call it, call it, and report how it ended. It never
 returns: every path ends in `os._exit`.
 

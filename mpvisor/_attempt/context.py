@@ -1,7 +1,7 @@
 """Inside an attempt: who am I, and has the parent asked me to stop?
 
 Owns the child's `TaskContext` and the SIGTERM handler that turns the parent's stop request
-into cooperative cancellation. The child runtime (`_child.py`) installs it just before calling
+into cooperative cancellation. The child runtime (`_attempt/child.py`) installs it just before calling
 the target; mpvisor's own code runs with SIGTERM blocked, so a request never spoils a result.
 
 | the request arrives while ... | what happens |

@@ -75,7 +75,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     is the one task's for `mpvisor run TARGET` or `-- COMMAND`, else None."""
     own, command = _split_command(argv)
     parser, _ = make_parser()
-    args = parser.parse_args(own)
+    args, unknown = parser.parse_known_args(own)
+    if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`)
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.command = command
     if command and not args.handler.TAKES_COMMAND:
         args.parser.error(f"unrecognized arguments: -- {' '.join(command)}")

@@ -2,11 +2,11 @@
 
 A task file is TOML: a `[defaults]` table (what every task inherits, and the run's `grace`) and
 one `[task.NAME]` table per task, NAME being the task's name. Its keys are `mpvisor run`'s long
-options in snake_case, read by the very parsers the command line uses (`_shell`), so a value means
+options in snake_case, read by the very parsers the command line uses (`_cli/options.py`), so a value means
 the same in both places and a bad one gets the same message. Pure: `parse_text(text, base_dir)`
 takes the file's text and returns the tasks and every error found, each with its location
 (`task "build".backoff: ...`, `defaults.grace: ...`, `line 3, column 7: ...` for TOML syntax);
-reading the file is the shell's (`_filecli`).
+reading the file is the shell's (`_cli/filerun.py`).
 
 | key | TOML value | as on the command line |
 |---|---|---|

@@ -8,7 +8,7 @@ on a Ray cluster (each under an agent that runs this same local launcher there).
 The launcher seam, as two small interfaces: requests go down (`Launcher`), reports come up
 (`AttemptSink`), and neither side calls the other's private methods. The runtime holds one
 `Launcher` (built by a `LauncherFactory` when it is served) and builds an
-`_process.AttemptProcess` per attempt, which is that attempt's `AttemptSink`.
+`_tasks.attempt.AttemptProcess` per attempt, which is that attempt's `AttemptSink`.
 
 | implementation | where | what an attempt is |
 |---|---|---|
@@ -22,7 +22,7 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   the launcher delivers it to the attempt. `resources` (a `Resources` or `None`) is what the
   attempt needs where it is placed: a launcher that places nothing ignores it. `module` (or "")
   is the target's module, which the attempt will import with the launcher's `sys.path` and
-  directory: a fork server prepares it (`_prepared.py`); another launcher may ignore it.
+  directory: a fork server prepares it (`_attempt/prepared.py`); another launcher may ignore it.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
   the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
   with the attempt channel's bytes as they arrive (frames, unchanged), and

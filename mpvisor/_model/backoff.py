@@ -2,7 +2,7 @@
 
 Owns `BackoffPolicy` (validated, immutable) and the pure arithmetic over it: `base_delay` for
 a retry index and `delay`, which applies the jitter with an injected `random.Random`. Which
-retry index applies, and whether to retry at all, is decided in `_restart`; the runtime only
+retry index applies, and whether to retry at all, is decided in `_model/restart.py`; the runtime only
 sleeps for the returned delay.
 
 For retry index n (0 for the first retry of the current failure streak):

@@ -2,7 +2,7 @@
 
 Owns the vocabulary of observation: `EventKind`, the frozen `Event` record, and its plain-data
 form `event_to_dict` (what `JsonLinesWriter` and `mpvisor run --events json` write). It leaves
-delivery to `_bus.py` and the meaning of `OutcomeKind`, `RejectionKind` and `BackoffSource` to
+delivery to `_runtime/bus.py` and the meaning of `OutcomeKind`, `RejectionKind` and `BackoffSource` to
 their own modules: this module only renders them by label, so it imports none of them.
 
 Events observe; outcomes decide. Nothing in mpvisor reads an event to decide membership, an

@@ -2,7 +2,7 @@
 
 Owns the final, reliable result of a task: `OutcomeKind`, `RejectionKind` and the
 `TaskOutcome` record a waiter resolves to. Deciding *which* outcome applies belongs to
-`_restart` (after an attempt) and to the registry and controller (removals, rejections).
+`_model/restart.py` (after an attempt) and to the registry and controller (removals, rejections).
 
 | `OutcomeKind` | when | label |
 |---|---|---|

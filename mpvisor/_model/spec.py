@@ -3,7 +3,7 @@
 Owns the immutable description of a supervised task: `RestartPolicy`, `TaskDefaults`,
 `TaskSpec` (a task plus its restart policy and, optionally, backoff, timeout and retry limit)
 and `ResolvedSpec`, the concrete settings the runtime uses. What happens after an attempt is
-decided in `_restart`; the work itself is described in `_task`.
+decided in `_model/restart.py`; the work itself is described in `_model/work.py`.
 
 | setting | given on the spec | never given |
 |---|---|---|

@@ -17,7 +17,7 @@ The schema (protocol version `VERSION`, sent in the child's first message):
 | child -> parent | `Result` | value |
 | child -> parent | `Failure` | kind (`fail`/`fatal`/`canceled`/`error`), reason, exit_code, traceback |
 
-A stop request is not a message: the parent asks with SIGTERM (see `_context.py`).
+A stop request is not a message: the parent asks with SIGTERM (see `_attempt/context.py`).
 
 A task's arguments are encoded once, when the task is defined (`pack_call`), and every attempt's
 `Start` carries those bytes as they are (`call`): `encode_start` frames it in two pieces, so an

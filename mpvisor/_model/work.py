@@ -18,7 +18,7 @@ and calls a target, or execs a program, belongs to the child and the launcher.
 
 A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
 to the script it re-imports, as `multiprocessing`'s spawn does. Arguments must be msgpack values
-(`_values`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
+(`_model/payloads.py`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
 `[args, kwargs]`), so that every attempt sends those bytes as they are and the size of its start
 message is known before the task is added.
 """

@@ -2,7 +2,7 @@
 
 Owns the two shipped subscribers: `LogWriter` (one `logging` record per event) and
 `JsonLinesWriter` (one JSON object per event and line). Each runs on its own bus thread
-(`_bus.py`); neither decides anything. Enums are compared by label, so this module depends on
+(`_runtime/bus.py`); neither decides anything. Enums are compared by label, so this module depends on
 no enum but `EventKind`.
 
 `level_for` decides a `LogWriter` record's level:

@@ -1,7 +1,7 @@
 """What happens to one registered task, attempt after attempt, until it ends?
 
 The per-task loop: wait for a permit (`max_concurrent`), run one attempt process, publish how it
-ended, ask the pure restart policy (`_restart.decide`) what comes next, and sleep the backoff or
+ended, ask the pure restart policy (`_model.restart.decide`) what comes next, and sleep the backoff or
 interval. A stop request (removal, replace, shutdown) interrupts every wait: a task waiting for a
 permit or sleeping ends `CANCELED` without another attempt; a running attempt is asked to stop
 and killed after the grace window. The registry owns membership and calls `finish` when the
@@ -11,7 +11,7 @@ loop is over; this module never frees a name.
 |---|---|---|
 | any way, its tree never killed by the grace timer | yes | CANCELED |
 | killed after the grace window | yes | FORCE_ABORTED |
-| SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_restart.decide` says |
+| SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_model.restart.decide` says |
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class AttemptObserver(Protocol):
 
 
 def prepared_module(start: Start) -> str:
-    """The module a fork server can prepare for this attempt (`_prepared.py`): its target's, when
+    """The module a fork server can prepare for this attempt (`_attempt/prepared.py`): its target's, when
     the attempt will import it with the launcher's own `sys.path` and directory; else ""."""
     if start.kind != "fn" or start.main_path is not None or start.path is not None or start.cwd is not None:
         return ""

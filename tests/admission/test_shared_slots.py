@@ -10,7 +10,6 @@ never overlap.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from mpvisor import (
     _platform,
 )
 from mpvisor._admission.leases import local as _leases
-from tests._slot_support import stop_servers
+from tests._slot_support import assert_one_owner_at_a_time, intervals, stop_servers
 from tests._support import async_wait_for, read_records, supervised, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,26 +65,6 @@ def start(slots: Any, cwd: Any, *argv: str) -> subprocess.Popen[str]:
 
 def owner(log: Any, hold: float, label: str, *extra: str) -> list[str]:
     return ["--", sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label, *extra]
-
-
-def intervals(log: Any) -> list[tuple[float, float, str]]:
-    """`(start, end, label)` of every owner that ended, by start time."""
-    starts: dict[str, float] = {}
-    found = []
-    for line in log.read_text().splitlines():
-        word, *rest = line.split()
-        if word == "start":
-            starts[rest[0]] = float(rest[1])
-        elif word == "end":
-            found.append((starts[rest[0]], float(rest[1]), rest[0]))
-    return sorted(found)
-
-
-def assert_one_owner_at_a_time(log: Any) -> list[tuple[float, float, str]]:
-    found = intervals(log)
-    for (_, end, a), (begin, _, b) in itertools.pairwise(found):
-        assert end <= begin, f"owner {b} started at {begin} before owner {a} ended at {end}"
-    return found
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str]:

@@ -1,5 +1,5 @@
 """The controller's slot state machine, without processes: every row of the policy and
-slot-state tables (`_slots.py`), stale messages, and a property test against a small reference
+slot-state tables (`_admission/slots.py`), stale messages, and a property test against a small reference
 model."""
 
 from __future__ import annotations

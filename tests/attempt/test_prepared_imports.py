@@ -3,7 +3,7 @@
 The first half runs real attempts: each imports its module in its own process (the module's
 body runs once per attempt), from what the launcher prepared, and an edit of the module, or a
 new module that shadows it on `sys.path`, is what the next attempt runs. The second half checks
-`_prepared` itself in the test process, on modules written to a temporary directory: what it
+`_attempt/prepared.py` itself in the test process, on modules written to a temporary directory: what it
 refuses to prepare, what invalidates a prepared module, and that a prepared import leaves
 `sys.modules` and the modules as `importlib` would.
 """
@@ -47,7 +47,7 @@ def _write(path: pathlib.Path, text: str) -> None:
 
 async def test_each_attempt_runs_the_module_body_of_its_prepared_import(tmp_path, monkeypatch):
     """Three attempts of one target: each imports it in its own process, from the prepared
-    import (the body's caller is `_prepared`), and the body runs once in each."""
+    import (the body's caller is `_attempt/prepared.py`), and the body runs once in each."""
     log = tmp_path / "imports.log"
     monkeypatch.setenv("WORKERS_IMPORT_LOG", str(log))
     async with supervised(SupervisorConfig(grace=1)) as (handle, _):
@@ -138,7 +138,7 @@ async def test_a_path_added_after_the_launcher_started_imports_normally(tmp_path
     assert "IMPORTLIB" in outcome.value
 
 
-# --- `_prepared` in the test process ---------------------------------------------------------
+# --- `_attempt/prepared.py` in the test process ---------------------------------------------------------
 
 
 @pytest.fixture

@@ -184,7 +184,7 @@ def test_the_table_has_a_header_a_line_per_task_and_fits_the_width():
     assert all(len(line) <= 40 for line in narrow) and narrow[1].endswith("…")
 
 
-# --- outcome lines wait for the display (`_filecli.Caught`) -------------------------------------------
+# --- outcome lines wait for the display (`_cli.filerun.Caught`) -------------------------------------------
 
 
 async def test_an_outcome_line_waits_until_the_display_has_handled_the_events_before_it() -> None:

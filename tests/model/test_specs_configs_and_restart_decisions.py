@@ -243,7 +243,7 @@ RETRY = RunAgain(0.25, BackoffSource.FAILURE)
 def test_the_restart_decision_table(
     policy: RestartPolicy, result: AttemptResult, expected: object
 ) -> None:
-    """Each restart policy and attempt result gives the action of `_restart.decide`'s table."""
+    """Each restart policy and attempt result gives the action of `_model.restart.decide`'s table."""
     action, _ = decide(
         policy,
         result,

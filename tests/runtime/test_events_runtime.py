@@ -414,7 +414,7 @@ async def test_json_lines_writer_records_every_event(tmp_path) -> None:
 
 
 def expected_level(event: Any) -> int:
-    """The level LogWriter gives each kind of event (see `_writers.level_for`)."""
+    """The level LogWriter gives each kind of event (see `_observe.writers.level_for`)."""
     if event.kind in (K.ATTEMPT_PROGRESS, K.ATTEMPT_OUTPUT):
         return logging.DEBUG
     if event.kind in (K.ATTEMPT_FAILED, K.ATTEMPT_TIMED_OUT, K.ATTEMPT_KILLED, K.SUBSCRIBER_OVERFLOW,

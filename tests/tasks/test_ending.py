@@ -1,4 +1,4 @@
-"""How an attempt's observed facts map to its one ending (pure: `_ending.decide`)."""
+"""How an attempt's observed facts map to its one ending (pure: `_tasks.ending.decide`)."""
 
 from __future__ import annotations
 

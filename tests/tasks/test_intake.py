@@ -1,4 +1,4 @@
-"""The controller's bounded command intake (`_intake.Intake`), without processes: bounds, FIFO
+"""The controller's bounded command intake (`_tasks.intake.Intake`), without processes: bounds, FIFO
 order across waiting and immediate producers, cancellation, and a property test of all three.
 
 Producers are asyncio tasks on one loop. `settle()` runs the loop until every ready callback has

@@ -4,7 +4,7 @@
 the target runs, under both start methods, for Python targets and for programs. An attempt that
 runs into one is a retryable failure whose reason starts with the limit, and `TaskOutcome.limit`
 names it; one that stays within its limits is unaffected. The mapping itself is the pure
-`_ending.limit_of` (tests/tasks/test_ending.py).
+`_tasks.ending.limit_of` (tests/tasks/test_ending.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ LEAVES = {"_platform", "_version"}
 
 
 def _name(path: pathlib.Path) -> str:
-    """The module's name inside the package (`_runtime.runtime`, `_launchers.local`, "")."""
+    """The module's name inside the package (`_runtime.runtime.runtime`, `_launchers.seam.local`, "")."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -94,7 +94,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def _rules(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
-    """Each folder's `May import:` line, by folder (`_model`, `_launchers.local`)."""
+    """Each folder's `May import:` line, by folder (`_model`, `_launchers.seam.local`)."""
     rules: dict[str, set[str]] = {}
     for name, path in modules.items():
         if path.name == "__init__.py" and name not in FACES:

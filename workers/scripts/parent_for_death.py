@@ -81,10 +81,8 @@ async def main(out_path: str, records: str, start_method: str, phase: str = "run
     deadline = time.monotonic() + 10
     while phase == "running" and len(_read_tree(records)) < 4 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)  # the tree records itself from inside the attempt
-    assert handle._rt.client is not None and handle._rt.client.pid is not None
-    guardian = handle._rt.client._proc  # the process the parent started; it forked the launcher
-    assert guardian is not None
-    _write(out_path, {"launcher": _record(handle._rt.client.pid), "guardian": _record(guardian.pid),
+    launcher, guardian = handle._rt.launcher.pids()  # the guardian is what the parent started; it forked the launcher
+    _write(out_path, {"launcher": _record(launcher), "guardian": _record(guardian),
                       "attempts": attempts, "tree": _read_tree(records)})
     await asyncio.Event().wait()  # until SIGKILL
 
@@ -96,9 +94,8 @@ def _from_a_thread_that_exits(out_path: str, records: str, start_method: str) ->
         handle = Supervisor(SupervisorConfig(grace=1, start_method=start_method)).serve_blocking()
         for spec in _specs(records):
             handle.add(spec)
-        client = handle._handle._rt.client
-        assert client is not None and client.pid is not None and client._proc is not None
-        seen.update(handle=handle, launcher=_record(client.pid), guardian=_record(client._proc.pid))
+        launcher, guardian = handle._handle._rt.launcher.pids()
+        seen.update(handle=handle, launcher=_record(launcher), guardian=_record(guardian))
 
     thread = threading.Thread(target=serve_and_leave)
     thread.start()
@@ -124,8 +121,8 @@ async def _idle(handle: object, events: object, out_path: str) -> None:
     async for event in events:  # type: ignore[attr-defined]
         if event.kind is EventKind.BACKOFF_SCHEDULED:
             break  # its first attempt is over, its tree reaped: nothing runs until SIGKILL
-    client = handle._rt.client  # type: ignore[attr-defined]
-    _write(out_path, {"launcher": _record(client.pid), "guardian": _record(client._proc.pid), "attempts": [], "tree": []})
+    launcher, guardian = handle._rt.launcher.pids()  # type: ignore[attr-defined]
+    _write(out_path, {"launcher": _record(launcher), "guardian": _record(guardian), "attempts": [], "tree": []})
     await asyncio.Event().wait()  # until SIGKILL
 
 

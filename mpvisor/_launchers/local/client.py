@@ -463,7 +463,7 @@ class LauncherClient:
               resources: Resources | None = None, module: str = "") -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
-        `resources` is ignored. The fork server prepares `module` first (`_prepared.py`)."""
+        `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`)."""
         self._next_key += 1
         key = self._next_key
         channel = Channel(self.loop, sink, start, capture_output)

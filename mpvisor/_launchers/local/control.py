@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_prepared.py`; "" for none) | the attempt socket's child end (+ stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none) | the attempt socket's child end (+ stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -39,7 +39,7 @@ class ControlError(ProtocolError):
 
 class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
-    the target's `module` is prepared (`_prepared.py`; "" for none)."""
+    the target's `module` is prepared (`_attempt/prepared.py`; "" for none)."""
 
     key: int
     exec_python: bool

@@ -3,7 +3,7 @@
 The launcher: a single-threaded helper process the parent starts once (and again if it dies),
 forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
 has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
-(`_prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
+(`_attempt/prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
 multi-threaded) parent. Every page it writes after a fork is a copy-on-write fault, so its
 per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
 enum arithmetic on the way. It is the parent of every attempt process and a child
@@ -14,7 +14,7 @@ attached; `control.py` types, encodes and versions them):
 
 | parent -> launcher | launcher does |
 |---|---|
-| `spawn key exec_python module` + fds | prepare `module` (`_prepared.py`), fork; the child sets up and runs `_child` (or execs a fresh interpreter) |
+| `spawn key exec_python module` + fds | prepare `module` (`_attempt/prepared.py`), fork; the child sets up and runs `_attempt/child.py` (or execs a fresh interpreter) |
 | `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
 | `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
 | `stop` | kill every tree, reap them, exit |

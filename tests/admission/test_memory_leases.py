@@ -1,0 +1,73 @@
+"""Do two supervisors of one process share slots through a `MemoryStore`?
+
+`ControllerConfig(leases=store)` with one store for both: the controllers take each slot's
+lease from it through the lease driver, exactly as a controller with `leases="local"` takes it
+from the slot server. Owners are real processes (`workers/slot_owner.py`) that log when they
+start and end; the intervals of one slot never overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+from mpvisor import (
+    CommandTask,
+    ConfigError,
+    ControllerConfig,
+    ControllerSpec,
+    OutcomeKind,
+    RejectionKind,
+    SupervisorConfig,
+    TaskSpec,
+)
+from mpvisor._admission.leases.memory import MemoryStore
+from tests._slot_support import assert_one_owner_at_a_time
+from tests._support import async_wait_for, supervised
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def owner(log: Any, hold: float, label: str) -> TaskSpec:
+    argv = [sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label]
+    return TaskSpec.once(CommandTask(label, argv, env={"PYTHONPATH": ROOT}))
+
+
+async def test_two_supervisors_take_turns_replace_across_them_and_drop_is_refused(tmp_path: Any) -> None:
+    """A queues behind B's owner and runs after it; B's drop is refused while A's owner runs;
+    B's replace stops A's owner (CANCELED) and runs once A's tree is gone."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, first = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.5, "b1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start b1" in log.read_text(), timeout=30)
+        _, second = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: "start a1" in log.read_text(), timeout=30)
+        assert (await first.wait()).kind is OutcomeKind.COMPLETED
+        (view,) = b.controller_snapshot().shared  # the store's table, every controller's slots
+        assert (view["slot"], view["owner"]["name"]) == ("s", "a1"), view
+        _, dropped = await b.submit_and_watch(ControllerSpec.drop_if_running(owner(log, 0.0, "b2")).with_slot("s"))
+        refused = await dropped.wait()
+        assert (refused.kind, refused.rejection) == (OutcomeKind.REJECTED, RejectionKind.SLOT_BUSY), refused
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b3")).with_slot("s"))
+        assert (await second.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b1", "a1", "b3"]
+    assert store.holdings(1.0) == []
+
+
+def test_leases_take_a_store_name_or_a_store_and_nothing_else() -> None:
+    store = MemoryStore()
+    assert ControllerConfig(leases=store).leases is store
+    assert ControllerConfig(leases="local").leases == "local"
+    assert ControllerConfig().leases is None
+    for bad in ("postgres", True, 3, object()):
+        with pytest.raises(ConfigError, match="leases must be None, one of 'local', or a lease store, got"):
+            ControllerConfig(leases=bad)
