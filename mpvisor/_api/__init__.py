@@ -1,7 +1,8 @@
 """How does user code drive a supervisor?
 
 The public faces of a runtime: `supervisor` (`Supervisor`, its builder, `mpvisor.run`), `handle`
-(`SupervisorHandle`) and `blocking` (the blocking facade).
+(`SupervisorHandle`) and `blocking` (the blocking facade); and `session`, the one path by which
+`Supervisor.run` and the CLI's commands run their work (the commands' interface to a runtime).
 
-May import: `_model`, `_attempt`, `_launchers/seam.py`, `_tasks`, `_admission`, `_runtime/runtime.py`, `_observe`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_platform`.
 """

@@ -1,8 +1,9 @@
 """How does a shell drive mpvisor?
 
-The `mpvisor` command: `main` (the command table and dispatch), `options` (what an option's
-value means, the exit statuses and the lines printed, shared by every command), and one module
-per command.
+The `mpvisor` command: `main` (the table of commands and the dispatch), `statuses` (every exit
+status), `options` (what an option's value means and the lines printed, shared by every
+command), one module per command (`run`, `check`, `slots`, `serve`), and task files
+(`taskfile`: text to specs, pure; `batchview`: what a file's run shows, pure; `filerun`: its run).
 
-May import: `_model`, `_attempt`, `_launchers/seam.py`, `_tasks`, `_admission`, `_runtime/runtime.py`, `_observe`, `_api`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_api`, `_platform`.
 """

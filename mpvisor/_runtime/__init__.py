@@ -3,5 +3,5 @@
 Owns `config` (`SupervisorConfig`), `bus` (events published and delivered) and `runtime` (the
 one place that wires registry, controller, launcher and bus, and runs shutdown).
 
-May import: `_model`, `_attempt`, `_launchers/seam.py`, `_tasks`, `_admission`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_platform`.
 """

@@ -5,5 +5,5 @@ the `AttemptSink` of a launcher), `ending` (what an attempt's end means, pure), 
 task's loop: permit, attempt, decide, wait), `registry` (membership, claims, terminal cleanup,
 waiters) and `intake` (the bounded, ordered command queues).
 
-May import: `_model`, `_attempt`, `_launchers/seam.py`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers`, `_platform`.
 """

@@ -117,6 +117,26 @@ def test_every_public_class_method_and_property_has_a_docstring():
     assert undocumented == []
 
 
+def test_no_public_signature_has_a_private_parameter():
+    """`help(mpvisor.X)` shows no `_`-prefixed parameter: no public function, class or method
+    takes a back door (the CLI runs its work through `_api/session.py`, not through `run`)."""
+    private = []
+    for name, obj in _public_objects():
+        members = [(name, obj)]
+        if inspect.isclass(obj):
+            members += [(f"{name}.{attr}", getattr(obj, attr)) for attr in dir(obj)
+                        if not attr.startswith("_") or attr == "__init__"]
+        for where, member in members:
+            if not callable(member):
+                continue
+            try:
+                parameters = inspect.signature(member).parameters
+            except (TypeError, ValueError):
+                continue  # a builtin without a signature
+            private += [f"{where}({p})" for p in parameters if p.startswith("_")]
+    assert private == []
+
+
 def test_version_is_the_installed_distributions():
     """`mpvisor.__version__` is the version pip installed (one source: the package)."""
     assert mpvisor.__version__ == importlib.metadata.version("mpvisor")

@@ -101,7 +101,10 @@ def _rules(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
             docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
             line = re.search(r"^May import: (.*)\.$", docstring, re.M)
             assert line, f"mpvisor/{name.replace('.', '/')}/__init__.py: its docstring has no 'May import: ...' line"
-            rules[name] = set(re.findall(r"`([\w.]+)`", line[1]))
+            named = set(re.findall(r"`([^`]+)`", line[1]))
+            unknown = sorted(n for n in named if n not in modules)
+            assert not unknown, f"mpvisor/{name.replace('.', '/')}/__init__.py: May import names no module or folder: {unknown}"
+            rules[name] = named
     return rules
 
 

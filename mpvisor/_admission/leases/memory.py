@@ -36,9 +36,9 @@ class MemoryStore:
     name = "the in-process lease store"
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # every change of the table, and a request's decision, under it
         self._table: SlotTable[MemoryRequest] = SlotTable(MAX_QUEUE)
-        self._ids = itertools.count(1)
+        self.ids = itertools.count(1)
         self._by_id: dict[int, MemoryRequest] = {}
 
     def __repr__(self) -> str:
@@ -48,7 +48,7 @@ class MemoryStore:
         return MemoryRequest(self)
 
     def holdings(self, timeout: float) -> list[dict[str, Any]]:
-        with self._lock:
+        with self.lock:
             views = []
             for view in self._table.snapshot(time.monotonic()):
                 owner = self._by_id.get(owner_of(self._table.phase(view.slot)) or -1)
@@ -60,9 +60,9 @@ class MemoryStore:
                 })
             return views
 
-    # --- on the store's lock ---------------------------------------------------------------------
+    # --- called by its requests, on the store's lock --------------------------------------------
 
-    def _submit(self, request: MemoryRequest) -> None:
+    def submit(self, request: MemoryRequest) -> None:
         self._by_id[request.id] = request
         self._apply(self._table.submit(request, time.monotonic()))
         queue = self._table.pending(request.slot)
@@ -70,17 +70,17 @@ class MemoryStore:
             owner = self._by_id.get(owner_of(self._table.phase(request.slot)) or -1)
             request.on_queued(queue.index(request) + 1, owner.view() if owner is not None else None)
 
-    def _release(self, request: MemoryRequest) -> None:
+    def release(self, request: MemoryRequest) -> None:
         if owner_of(self._table.phase(request.slot)) == request.id:
             self._by_id.pop(request.id, None)
             self._apply(self._table.owner_cleaned_up(request.slot, request.id, time.monotonic()))
 
-    def _withdraw(self, request: MemoryRequest) -> None:
+    def withdraw(self, request: MemoryRequest) -> None:
         if self._table.purge(request.id) is not None:
             self._by_id.pop(request.id, None)
             request.decide(Decision(False, "withdrawn"))
         else:
-            self._release(request)  # granted while the withdraw was on its way: nothing ran under it
+            self.release(request)  # granted while the withdraw was on its way: nothing ran under it
             request.decide(Decision(False, "withdrawn"))
 
     def _apply(self, effects: list[Any]) -> None:
@@ -104,7 +104,7 @@ class MemoryRequest:
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
-        self.id = next(store._ids)
+        self.id = next(store.ids)
         self.slot = ""
         self.name = ""
         self.admission = POLICIES["queue"]
@@ -128,8 +128,8 @@ class MemoryRequest:
         """Decided at once, or when the owner before it releases (this store never goes silent)."""
         self.slot, self.name, self.admission, self.on_queued = slot, name, POLICIES[policy], on_queued
         self.holder_pid = pids[0].pid if pids else 0
-        with self.store._lock:
-            self.store._submit(self)
+        with self.store.lock:
+            self.store.submit(self)
         self._decided.wait()
         assert self._decision is not None
         return self._decision
@@ -145,7 +145,7 @@ class MemoryRequest:
             self._on_revoke()
 
     def watch(self, on_revoke: Callable[[], None]) -> None:
-        with self.store._lock:
+        with self.store.lock:
             self._on_revoke = on_revoke
             revoked = self._revoked
         if revoked:  # a replacement came between the grant and this call
@@ -155,12 +155,12 @@ class MemoryRequest:
         pass  # one process: its pids keep nothing held (the store dies with it)
 
     def withdraw(self) -> None:
-        with self.store._lock:
-            self.store._withdraw(self)
+        with self.store.lock:
+            self.store.withdraw(self)
 
     def release(self) -> None:
-        with self.store._lock:
-            self.store._release(self)
+        with self.store.lock:
+            self.store.release(self)
 
     def close(self) -> None:
         pass

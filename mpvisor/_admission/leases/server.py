@@ -196,7 +196,7 @@ class SlotServer:
             self.clients.discard(client)
             self._on_disconnect(client)
             await _close(writer)
-            self._maybe_idle()
+            self.maybe_idle()
 
     def _on_request(self, client: Client, message: dict[str, Any]) -> None:
         match message["t"]:
@@ -303,7 +303,7 @@ class SlotServer:
                         owner.client.send({"t": "revoke", "req": owner.req})
                 case Transition():
                     pass
-        self._maybe_idle()
+        self.maybe_idle()
 
     def _cleanup(self, request: Request) -> None:
         """The owner's tree is gone: the slot goes to the next in line."""
@@ -389,7 +389,7 @@ class SlotServer:
         self.next_id += 1
         return request
 
-    def _maybe_idle(self) -> None:
+    def maybe_idle(self) -> None:
         if self.clients or self.by_id or self._idle_timer is not None:
             return
         self._idle_timer = self.loop.call_later(self.idle_exit, self._idle_exit)
@@ -438,7 +438,7 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.done.set)
-    server._maybe_idle()
+    server.maybe_idle()
     try:
         await server.done.wait()
     finally:

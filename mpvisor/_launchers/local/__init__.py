@@ -5,5 +5,5 @@ attempt's socket and pipes in the parent), `control` (the messages between the p
 fork server), `forkserver` (the single-threaded process every attempt is forked from), `guardian`
 (its parent, which outlives it to kill orphans) and `lines` (captured output as lines).
 
-May import: `_model`, `_attempt`, `_launchers/seam.py`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers.seam`, `_platform`.
 """
