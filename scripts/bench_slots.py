@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from mpvisor._admission.leases import local as _leases  # noqa: E402
+from mpvisor._admission.leases.store import pid_of  # noqa: E402
 
 MPVISOR = shutil.which("mpvisor") or ""
 
@@ -42,7 +43,7 @@ def pct(values: list[float], q: float) -> float:
 
 def lease_round_trips(n: int) -> float:
     client = _leases.LeaseClient()
-    me = _leases.pid_of(os.getpid())
+    me = pid_of(os.getpid())
     begin = time.perf_counter()
     for _ in range(n):
         decision = client.acquire("bench-rt", "queue", "bench", [me] if me else [])

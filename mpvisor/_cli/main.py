@@ -60,7 +60,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         outer, _, inner = command.NAME.partition(" ")
         if inner:
             if outer not in below:
-                below[outer] = parsers[outer].add_subparsers(dest="subverb", metavar="COMMAND")
+                below[outer] = parsers[outer].add_subparsers(dest="subverb", metavar="[COMMAND]")
             sub = below[outer].add_parser(inner, help=command.HELP, description=command.DESCRIPTION)
         else:
             sub = verbs.add_parser(outer, help=command.HELP, description=command.DESCRIPTION)

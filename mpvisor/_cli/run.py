@@ -5,7 +5,7 @@
     mpvisor run --file FILE [--grace S] [--events E] [--progress] [--ray A]
 
 This module declares the options and runs one task; a task file is run by `filerun`. The option
-values, the spec they describe and the lines printed are `options`', the statuses `statuses'`.
+values, the spec they describe and the lines printed are `options`', the statuses `statuses`'.
 
 ARGs are JSON literals; a bare word is a string. A text meant as JSON that does not parse is a
 usage error: one that starts with `{`, `[` or `"`, or that Python's `float()` reads as a number

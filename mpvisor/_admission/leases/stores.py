@@ -1,8 +1,10 @@
 """Which lease stores are there, and which one does a setting name?
 
-One table, a name to a lazy builder (the store's module is imported only when it is used), and
-the check `ControllerConfig(leases=...)` applies. A new store is a module beside the others and
-one row here; the controller and the CLI name stores only through this table.
+One table, a setting's form to a lazy builder (the store's module is imported only when it is
+used), and the check `ControllerConfig(leases=...)` applies. A row is a store's name (`"local"`:
+that exact text) or a URL scheme (`"SCHEME://"`: any URL of that scheme, the builder given the
+whole text). A new store is a module beside the others and one row here; the controller and the
+CLI name stores only through this table.
 
 | `leases=` | the store | slots shared with |
 |---|---|---|
@@ -19,20 +21,26 @@ from mpvisor._admission.leases.store import LeaseStore
 from mpvisor._model.errors import ConfigError
 
 
-def _local() -> LeaseStore:
+def _local(setting: str) -> LeaseStore:
     from mpvisor._admission.leases.local import LocalStore
 
     return LocalStore()
 
 
-STORES: dict[str, Callable[[], LeaseStore]] = {
+STORES: dict[str, Callable[[str], LeaseStore]] = {
     "local": _local,
 }
 
 
+def _name(setting: str) -> str:
+    """The row a setting names: the setting itself, or for a URL its `"SCHEME://"`."""
+    scheme, sep, _ = setting.partition("://")
+    return scheme + sep if sep else setting
+
+
 def checked(value: object) -> str | LeaseStore | None:
     """`value` if it names a store (or is one), else `ConfigError` naming it."""
-    if value is None or (isinstance(value, str) and value in STORES):
+    if value is None or (isinstance(value, str) and _name(value) in STORES):
         return value
     if not isinstance(value, str) and all(callable(getattr(value, m, None)) for m in ("request", "holdings")):
         return value  # type: ignore[return-value]
@@ -42,4 +50,4 @@ def checked(value: object) -> str | LeaseStore | None:
 
 def open_store(value: str | LeaseStore) -> LeaseStore:
     """The store `value` names (or `value` itself)."""
-    return STORES[value]() if isinstance(value, str) else value
+    return STORES[_name(value)](value) if isinstance(value, str) else value
