@@ -165,6 +165,18 @@ def test_a_withdrawn_request_leaves_the_queue(owners: Any, store: LeaseStore) ->
     stayer.done()
 
 
+def test_a_request_withdrawn_before_it_asks_is_never_granted(store: LeaseStore, owners: Any) -> None:
+    """A withdraw that comes before the request's `acquire` (a run interrupted while the store
+    was still being reached) makes that `acquire` return `withdrawn`, and the slot stays free."""
+    early = store.request()
+    early.withdraw()
+    early.close()
+    me = pid_of(os.getpid())
+    assert me is not None
+    assert early.acquire("s", "queue", "early", [me]) == Decision(False, "withdrawn")
+    owners("s", "drop", "next").holds()
+
+
 def test_holdings_name_each_owner_and_its_queue_and_nothing_once_released(owners: Any, store: LeaseStore) -> None:
     """Who holds what, per busy slot; slots are independent; a released, unqueued slot is gone."""
     a = owners("a", "queue", "owner-a")

@@ -129,7 +129,8 @@ class MemoryRequest:
         self.slot, self.name, self.admission, self.on_queued = slot, name, POLICIES[policy], on_queued
         self.holder_pid = pids[0].pid if pids else 0
         with self.store.lock:
-            self.store.submit(self)
+            if self._decision is None:  # not withdrawn before it asked
+                self.store.submit(self)
         self._decided.wait()
         assert self._decision is not None
         return self._decision
