@@ -7,7 +7,7 @@
     mpvisor --version
 
 `COMMANDS` lists one module per command. Each declares `NAME` (`"slots serve"` is `serve` under
-`slots`), `HELP` and `DESCRIPTION`, `TAKES_COMMAND` (it takes `-- COMMAND [ARG...]`),
+`slots`), `HELP` and `DESCRIPTION` (optionally `USAGE` and `EPILOG`), `TAKES_COMMAND` (it takes `-- COMMAND [ARG...]`),
 `add_arguments(parser)`, optionally `check(args, parser)` (what argparse cannot check alone,
 as a usage error), and `run(args) -> int`: the exit status, or `-N` to die by signal N (an
 interrupted run dies by the signal that interrupted it). A new command is a module beside the
@@ -61,13 +61,23 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         if inner:
             if outer not in below:
                 below[outer] = parsers[outer].add_subparsers(dest="subverb", metavar="[COMMAND]")
-            sub = below[outer].add_parser(inner, help=command.HELP, description=command.DESCRIPTION)
+            sub = below[outer].add_parser(inner, help=command.HELP, **_texts(command))
         else:
-            sub = verbs.add_parser(outer, help=command.HELP, description=command.DESCRIPTION)
+            sub = verbs.add_parser(outer, help=command.HELP, **_texts(command))
         command.add_arguments(sub)
         sub.set_defaults(handler=command, parser=sub)
         parsers[command.NAME] = sub
     return parser, parsers
+
+
+def _texts(command: ModuleType) -> dict[str, Any]:
+    """A command's description, and its own usage and epilog if it has them."""
+    texts: dict[str, Any] = {"description": command.DESCRIPTION}
+    if hasattr(command, "USAGE"):
+        texts["usage"] = command.USAGE
+    if hasattr(command, "EPILOG"):
+        texts.update(epilog=command.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return texts
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:

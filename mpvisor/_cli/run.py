@@ -112,6 +112,10 @@ from mpvisor._tasks.registry import TaskWaiter
 NAME = "run"
 HELP = "run one task (or a task file's tasks, --file) under supervision until it ends"
 DESCRIPTION = "Run one task, or the tasks of a task file, under supervision until it ends."
+USAGE = """mpvisor run [OPTIONS] TARGET [ARG...]        (TARGET is "package.module:function")
+       mpvisor run [OPTIONS] -- COMMAND [ARG...]
+       mpvisor run --file FILE [OPTIONS]"""
+EPILOG = "exit statuses:\n" + "\n".join(f"  {code:<27} {when}" for code, when in statuses.TABLE)
 TAKES_COMMAND = True  # `-- COMMAND [ARG...]` after the options
 
 
@@ -129,19 +133,25 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")
     run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),
-                     metavar="SECONDS", help="per-attempt timeout in seconds (> 0); exit status 124 when the last attempt timed out")
+                     metavar="SECONDS", help="each attempt's time limit in seconds (> 0), start-up and import included; "
+                                             "exit status 124 when the last attempt timed out")
+    run.add_argument("--start-timeout", type=seconds(allow_zero=False), metavar="SECONDS",
+                     help="each attempt's limit for its start-up alone: process start, handshake and import (> 0; default 30)")
     run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]", help="seconds between retries")
     run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",
                      help="jitter of the backoff (default: equal)")
     run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
+    run.add_argument("--max-concurrent", type=positive_count, metavar="N",
+                     help="with --file: at most N of the file's attempts run at once (default: the file's, else no bound)")
     run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
     run.add_argument("--slot", type=task_name, metavar="NAME",
                      help="run only while holding this slot, shared by every mpvisor process of this user on this host")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
-    run.add_argument("--events", choices=("json", "log", "none"), default="none")
+    run.add_argument("--events", choices=("json", "log", "none"), default="none",
+                     help="every event as a JSON line on stdout (json), as log lines on stderr (log), or none (default)")
     run.add_argument("--progress", action="store_true",
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
@@ -161,6 +171,8 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
                 flag = "--" + option.replace("_", "-")
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
         return
+    if args.max_concurrent is not None:
+        run.error("argument --max-concurrent: only with --file (one task runs one attempt at a time)")
     if args.grace is None:
         args.grace = DEFAULT_GRACE
     if bool(args.command) == (args.target is not None):
