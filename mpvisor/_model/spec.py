@@ -246,6 +246,8 @@ class ResolvedSpec:
     resources: Resources | None = None  # None: the launcher's default placement
     restart_intensity: RestartIntensity | None = None  # None = no bound
     limits: Limits | None = None  # None = no limit
+    start_timeout: float | None = None  # None = the supervisor's `start_timeout`
+    timeout_includes_start: bool = False  # the timeout runs from the start request, not from the call
 
     @property
     def name(self) -> str:
@@ -261,7 +263,10 @@ class TaskSpec:
     `max_retries` (retries after the first failed attempt; `None` = unlimited) read `INHERIT`
     unless given, and then take the supervisor's `TaskDefaults` when the task is added or
     submitted. An explicit `None` overrides the default. `resources` (`with_resources`) is what
-    each attempt needs where a cluster launcher places it.
+    each attempt needs where a cluster launcher places it. `timeout` runs from the call of the
+    target, or, with `timeout_includes_start` (`with_timeout(..., include_start=True)`, what
+    `mpvisor run --timeout` means), from the start request, bounding the whole attempt;
+    `start_timeout` (`with_start_timeout`) bounds its start-up alone (`None`: the supervisor's).
     """
 
     task: Task
@@ -272,6 +277,8 @@ class TaskSpec:
     resources: Resources | None = None
     restart_intensity: RestartIntensity | Inherit | None = INHERIT  # None = no bound
     limits: Limits | Inherit | None = INHERIT  # None = no limit
+    start_timeout: float | None = None  # > 0; None = SupervisorConfig.start_timeout
+    timeout_includes_start: bool = False  # the timeout bounds the whole attempt, start-up and import included
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, (TaskFn, CommandTask)):
@@ -291,6 +298,10 @@ class TaskSpec:
             _checked_intensity(self.restart_intensity)
         if self.limits is not INHERIT:
             _checked_limits(self.limits)
+        if self.start_timeout is not None:
+            object.__setattr__(self, "start_timeout", _validate.duration("start_timeout", self.start_timeout, allow_zero=False))
+        if not isinstance(self.timeout_includes_start, bool):
+            raise TypeError(f"timeout_includes_start must be a bool, got {self.timeout_includes_start!r}")
 
     @classmethod
     def once(cls, task: Task) -> TaskSpec:
@@ -317,11 +328,23 @@ class TaskSpec:
         """The same spec with the delays between retries given by `backoff`."""
         return dataclasses.replace(self, backoff=backoff)
 
-    def with_timeout(self, timeout: float | timedelta | None) -> TaskSpec:
+    def with_timeout(self, timeout: float | timedelta | None, *, include_start: bool = False) -> TaskSpec:
         """The same spec with a per-attempt timeout (`None` or 0: none). It runs from the call of
-        the target; past it the attempt is stopped and is a retryable failure, `timed out`."""
+        the target, or with `include_start` from the start request (the whole attempt: process
+        start, handshake and import included, as `mpvisor run --timeout`); past it the attempt
+        is stopped and is a retryable failure, `timed out`."""
         seconds = _validate.duration("timeout", timeout, allow_none=True)
-        return dataclasses.replace(self, timeout=seconds)
+        if not isinstance(include_start, bool):
+            raise TypeError(f"include_start must be a bool, got {include_start!r}")
+        return dataclasses.replace(self, timeout=seconds, timeout_includes_start=include_start)
+
+    def with_start_timeout(self, start_timeout: float | timedelta | None) -> TaskSpec:
+        """The same spec with its own bound on each attempt's start-up (process start,
+        handshake, import of the target; > 0), instead of `SupervisorConfig.start_timeout`
+        (`None`); past it the tree is killed and the attempt is a retryable failure, `start-up
+        timed out`."""
+        seconds = _validate.duration("start_timeout", start_timeout, allow_none=True, allow_zero=False)
+        return dataclasses.replace(self, start_timeout=seconds)
 
     def with_max_retries(self, max_retries: int | None) -> TaskSpec:
         """The same spec allowing `max_retries` retries in a failure streak (3 allows at most 4
@@ -361,7 +384,8 @@ class TaskSpec:
         retries = defaults.max_retries if self.max_retries is INHERIT else self.max_retries
         intensity = defaults.restart_intensity if self.restart_intensity is INHERIT else self.restart_intensity
         limits = defaults.limits if self.limits is INHERIT else self.limits
-        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity, limits)
+        return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity, limits,
+                            self.start_timeout, self.timeout_includes_start)
 
 
 def _checked_intensity(intensity: object) -> RestartIntensity | None:

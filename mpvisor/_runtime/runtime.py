@@ -146,9 +146,10 @@ class Runtime:
             exec_python=config.start_method == "spawn" and start.kind == "fn",
             capture_output=config.capture_output,
             timeout=spec.timeout,
-            start_timeout=config.start_timeout,
+            start_timeout=spec.start_timeout or config.start_timeout,
             timeout_kill_after=config.timeout_kill_after,
             resources=spec.resources,
+            timeout_from_start=spec.timeout_includes_start,
         )
         return AttemptProcess(client, request, observer)
 

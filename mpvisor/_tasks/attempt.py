@@ -74,10 +74,11 @@ class AttemptRequest:
     start: Start  # the start message the attempt process reads first
     exec_python: bool  # a fresh interpreter (start_method="spawn") rather than a fork of the launcher
     capture_output: bool  # its stdout and stderr lines become `on_output` reports
-    timeout: float | None  # from the child's `calling` report to the end; None: none
+    timeout: float | None  # from the child's `calling` report (or the request) to the end; None: none
     start_timeout: float  # > 0: process start, handshake and import
     timeout_kill_after: float  # after the timeout's SIGTERM, how long before the tree is killed
     resources: Resources | None = None  # what it needs where it is placed (a launcher that places nothing ignores it)
+    timeout_from_start: bool = False  # the timeout runs from the start request: it bounds start-up too
 
 
 class AttemptObserver(Protocol):
@@ -123,6 +124,9 @@ class AttemptProcess:
                                 module="" if exec_python else prepared_module(start))
         limit = request.start_timeout
         self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
+        self._timeout_from_start = request.timeout_from_start
+        if self._timeout and self._timeout_from_start:
+            self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
 
     def __repr__(self) -> str:
         return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase!r}>"
@@ -272,7 +276,7 @@ class AttemptProcess:
         self.facts.calling = True
         self.called_after = self.loop.time() - self.created_at
         self._cancel_timer("start")
-        if self._timeout:
+        if self._timeout and not self._timeout_from_start:
             self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
 
     def _protocol_error(self, error: str) -> None:

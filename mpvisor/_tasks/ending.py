@@ -6,7 +6,7 @@ first match wins (the reason a stop was requested decides over how the child end
 
 | # | fact | ending |
 |---|---|---|
-| 1 | the process could not be started | CANCELED if a stop was asked first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
+| 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
@@ -108,6 +108,8 @@ def _decide(f: Facts) -> AttemptEnd:
     if f.could_not_start is not None:
         if f.stop is StopReason.CANCEL:
             return AttemptEnd(AttemptResult.CANCELED, f"canceled before the attempt started ({f.could_not_start})")
+        if f.stop is StopReason.TIMEOUT:  # a timeout that bounds start-up too ran out first
+            return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s ({f.could_not_start})")
         if f.start_timed_out is not None:
             reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
             return AttemptEnd(AttemptResult.FAILED, reason)

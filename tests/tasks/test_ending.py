@@ -79,6 +79,8 @@ def test_a_report_read_before_the_request_stands():
     "facts, kind, prefix",
     [
         (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), AttemptResult.FAILED, "could not start"),
+        (Facts(could_not_start="killed before it ran", stop=StopReason.TIMEOUT, timeout=1.0), AttemptResult.TIMED_OUT,
+         "timed out after 1.0 s"),
         (Facts(pid=7, launcher_died="launcher died"), AttemptResult.FAILED, "launcher died"),
         (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), AttemptResult.FAILED, "start-up timed out"),
         (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), AttemptResult.FAILED, "protocol error:"),

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import mpvisor
 from mpvisor import (
     BackoffSource,
     EventKind,
@@ -195,3 +196,59 @@ async def test_a_hung_start_up_is_bounded_by_start_timeout():
         assert len(pids) == 2 and all(pid_gone(pid) for pid in pids)
         assert outcome.kind is OutcomeKind.FAILED and outcome.attempts == 2
         assert outcome.reason.endswith(failed[-1].reason)
+
+
+# --- a timeout that bounds start-up too, and a task's own start-up bound -----------------------------
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+async def test_a_timeout_that_includes_start_up_ends_a_hanging_import_as_timed_out(method):
+    """`with_timeout(T, include_start=True)` runs from the start request: a target whose import
+    never finishes ends `timed out` after about T s (the supervisor's 30 s start-up limit never
+    comes into it), its tree gone."""
+    spec = TaskSpec.once(TaskFn("hangs", "workers.hanging_import:target")).with_timeout(0.5, include_start=True)
+    async with supervised(SupervisorConfig(grace=1, timeout_kill_after=0.3, start_method=method)) as (handle, events):
+        began = time.monotonic()
+        task_id, outcome = await finished(handle, events, spec)
+        took = time.monotonic() - began
+        (end,) = terminal_events(events, task_id)
+        assert end.kind is EventKind.ATTEMPT_TIMED_OUT and end.timeout == 0.5
+        assert outcome.kind is OutcomeKind.FAILED and outcome.timed_out and outcome.reason == "timed out after 0.5 s"
+        assert took < 10, took
+        assert pid_gone(end.pid)
+
+
+async def test_a_timeout_from_the_call_still_leaves_start_up_to_the_start_timeout():
+    """Without `include_start`, a hanging import is the start-up limit's: `start-up timed out`,
+    after the task's own `with_start_timeout`, not after its attempt timeout."""
+    spec = (TaskSpec.once(TaskFn("hangs", "workers.hanging_import:target"))
+            .with_timeout(0.2).with_start_timeout(0.8))
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        began = time.monotonic()
+        _, outcome = await finished(handle, events, spec)
+        assert time.monotonic() - began >= 0.8
+    assert outcome.kind is OutcomeKind.FAILED and not outcome.timed_out
+    assert outcome.reason is not None and outcome.reason.startswith("start-up timed out after 0.8 s"), outcome.reason
+
+
+async def test_a_timeout_that_includes_start_up_counts_the_call_too():
+    """The whole-attempt timeout keeps running once the target is called: a sleeper under a
+    1 s bound that includes start-up is stopped about 1 s after its start request."""
+    spec = TaskSpec.once(TaskFn("slow", basic.sleeper, (3600,))).with_timeout(1.0, include_start=True)
+    async with supervised(SupervisorConfig(grace=1, timeout_kill_after=0.3)) as (handle, events):
+        task_id, outcome = await finished(handle, events, spec)
+        (end,) = terminal_events(events, task_id)
+    assert end.kind is EventKind.ATTEMPT_TIMED_OUT and outcome.timed_out
+    assert end.duration is not None and 1.0 <= end.duration < 5.0, end.duration
+
+
+def test_start_timeout_and_include_start_are_checked():
+    task = TaskFn("t", "workers.basic:quick")
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="start_timeout"):
+            TaskSpec.once(task).with_start_timeout(bad)
+    with pytest.raises(TypeError, match="include_start must be a bool"):
+        TaskSpec.once(task).with_timeout(1, include_start="yes")  # type: ignore[arg-type]
+    spec = TaskSpec.once(task).with_timeout(2, include_start=True).with_start_timeout(3)
+    resolved = spec.resolve(mpvisor.TaskDefaults())
+    assert (resolved.timeout, resolved.timeout_includes_start, resolved.start_timeout) == (2.0, True, 3.0)
