@@ -57,6 +57,8 @@ from mpvisor._model.wire import (
     unpack,
 )
 
+NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout` exit
+NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
@@ -164,10 +166,11 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
     try:
         os.execvpe(start.argv[0], start.argv, dict(os.environ))
-    except OSError as exc:
+    except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
-        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}")
-        _finish(channel, failure, status=127)
+        code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
+        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}", exit_code=code)
+        _finish(channel, failure, status=code)
 
 
 def _run_target(channel: _Channel, start: Start) -> NoReturn:

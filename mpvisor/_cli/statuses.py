@@ -25,6 +25,8 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("0", "the outcome is `COMPLETED`"),
     ("124", "the last attempt timed out (`--timeout`), as `timeout(1)` does"),
     ("1..255", "the task's exit code, when it is in 1..255"),
+    ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
+    ("126", "the COMMAND was found but cannot be executed (likewise, exit code 126)"),
     ("128+N", "the task died by signal N"),
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...)"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),

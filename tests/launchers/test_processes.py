@@ -424,6 +424,10 @@ async def test_command_task_is_supervised_like_python_work(tmp_path, monkeypatch
         _, missing = await finished(handle, events, TaskSpec.once(
             CommandTask("missing", ["/no/such/program-xyz", "arg"])))
         assert missing.kind is OutcomeKind.FATAL and "/no/such/program-xyz" in missing.reason
+        assert missing.exit_code == 127  # not found, as a shell says it
+        _, unexecutable = await finished(handle, events, TaskSpec.once(CommandTask("data", ["/etc/passwd"])))
+        assert unexecutable.kind is OutcomeKind.FATAL and unexecutable.exit_code == 126  # found, not executable
+        assert "'/etc/passwd'" in (unexecutable.reason or "")
         _, shown = await finished(handle, events, TaskSpec.once(
             CommandTask("env", ["sh", "-c", show_env], env={"A": "1", "HOME": None})))
         assert shown.kind is OutcomeKind.COMPLETED
