@@ -14,7 +14,9 @@ and `hello` are strings, `'"NaN"'` is the string NaN.
 
 The outcome is printed on stderr in one line, `mpvisor: <task>: <kind> reason=... exit_code=...
 attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`, `failed`, ...;
-the `outcome_*` labels are what JSON events and metrics carry).
+the `outcome_*` labels are what JSON events and metrics carry). A Python target whose final
+outcome is a failure with a traceback has that traceback printed just before, as `python
+script.py` would print it (`--events log` logs each failed attempt's); `--quiet` prints neither.
 
 stdout is reserved for machine-readable output. For a Python TARGET it is one line of JSON, the
 return value, printed when the outcome is `COMPLETED` (so `v=$(mpvisor run pkg.mod:fn 3)`
@@ -152,6 +154,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
     run.add_argument("--events", choices=("json", "log", "none"), default="none",
                      help="every event as a JSON line on stdout (json), as log lines on stderr (log), or none (default)")
+    run.add_argument("--quiet", action="store_true",
+                     help="print neither a failed Python target's traceback nor the outcome line (the status says how it ended)")
     run.add_argument("--progress", action="store_true",
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
@@ -166,7 +170,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
-        for option in TASK_OPTIONS:
+        for option in (*TASK_OPTIONS, "start_timeout", "quiet"):
             if getattr(args, option) is not None:
                 flag = "--" + option.replace("_", "-")
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
@@ -178,9 +182,14 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if bool(args.command) == (args.target is not None):
         run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
     try:
-        args.spec = build_spec(args)
+        spec = build_spec(args)
     except (TypeError, ValueError) as exc:
         run.error(str(exc))
+    if args.timeout is not None:  # as timeout(1) reads it: the whole attempt, start-up and import included
+        spec = spec.with_timeout(args.timeout, include_start=True)
+    if args.start_timeout is not None:
+        spec = spec.with_start_timeout(args.start_timeout)
+    args.spec = spec
     if args.policy is not None and args.slot is None:
         run.error("argument --policy: needs --slot")
 
@@ -231,9 +240,13 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         print(f"mpvisor: interrupted while queued for slot {args.slot!r}: left the queue", file=sys.stderr)
         return _ended(interrupts, statuses.FAILED)
     if one.replaced:
-        print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
+        if not args.quiet:
+            print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
         return statuses.REPLACED
-    print(outcome_line(spec.name, outcome), file=sys.stderr)
+    if not args.quiet:
+        if outcome.traceback and outcome.kind in (OutcomeKind.FAILED, OutcomeKind.FATAL):
+            print(outcome.traceback.rstrip(), file=sys.stderr)  # as `python script.py` would, then the outcome
+        print(outcome_line(spec.name, outcome), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     first = interrupts[0] if interrupts else None

@@ -116,6 +116,7 @@ class Event(NamedTuple):
     line: str | None = None
     start_latency: float | None = None
     queue_depth: int | None = None
+    traceback: str | None = None  # on `ATTEMPT_FAILED` of a Python target that raised: the child's traceback text
 
 
 def label_of(value: object) -> str | None:

@@ -63,12 +63,14 @@ def level_for(event: Event) -> int:
 
 
 def _summary(event: Event) -> str:
-    """`<kind> key=value ...` for every present field but seq, at and kind."""
+    """`<kind> key=value ...` for every present field but seq, at and kind; a traceback, on the
+    lines below."""
     fields = event_to_dict(event)
-    for key in ("seq", "at", "kind"):
+    for key in ("seq", "at", "kind", "traceback"):
         fields.pop(key, None)
     details = " ".join(f"{key}={value!r}" for key, value in fields.items())
-    return f"{event.kind.label} {details}".rstrip()
+    summary = f"{event.kind.label} {details}".rstrip()
+    return f"{summary}\n{event.traceback.rstrip()}" if event.traceback else summary  # as Python prints it: below
 
 
 class LogWriter:

@@ -77,6 +77,8 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
         (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
           "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
         (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
+        (["--timeout", "1", "workers.hanging_import:target"], 124, [": failed ", "timed out after 1.0 s"]),
+        (["--start-timeout", "0.5", "workers.hanging_import:target"], 1, [": failed ", "start-up timed out after 0.5 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
     ],
@@ -262,3 +264,28 @@ def test_progress_draws_a_bar_on_a_terminal(tmp_path):
     os.close(primary)
     assert proc.wait(timeout=30) == 0
     assert b"3/10" in seen and b"[#" in seen, seen
+
+
+# --- tracebacks -----------------------------------------------------------------------------------------
+
+
+def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp_path):
+    """As `python script.py` would: the child's traceback on stderr, then mpvisor's one line;
+    `--quiet` prints neither; `--events log` logs each failed attempt's traceback; `--events json`
+    carries it on `attempt_failed`."""
+    done = mpvisor(tmp_path, "run", "workers.basic:raising")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    assert lines[-2] == "RuntimeError: kaboom" and lines[-1] == outcome_line(done.stderr), lines
+    assert start < len(lines) - 2 and any("workers/basic.py" in line for line in lines[start:])
+    quiet = mpvisor(tmp_path, "run", "--quiet", "workers.basic:raising")
+    assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
+    logged = mpvisor(tmp_path, "run", "--events", "log", "--restart", "on-failure", "--max-retries", "1",
+                     "--backoff", "0.01", "workers.basic:raising")
+    assert logged.returncode == 1 and logged.stderr.count("Traceback (most recent call last):") == 3, logged.stderr
+    events = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:raising")
+    (failed,) = [json.loads(line) for line in events.stdout.splitlines() if '"attempt_failed"' in line]
+    assert failed["traceback"].startswith("Traceback (most recent call last):") and "kaboom" in failed["traceback"]
+    ok = mpvisor(tmp_path, "run", "workers.basic:quick")
+    assert "Traceback" not in ok.stderr
