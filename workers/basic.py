@@ -19,6 +19,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` |
 | `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
 | `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
+| `read_stdin()` | reads stdin to its end | returns what it read (a str) |
 | `ancestry()` | | returns the command line of each ancestor process, parent first (where the attempt runs: under a Ray worker, say) |
 | `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
@@ -189,6 +190,12 @@ def env_probe(marker: str | None = None) -> dict[str, object]:
         "sid": os.getsid(0),
         "pgid": os.getpgid(0),
     }
+
+
+def read_stdin(marker: str | None = None) -> str:
+    """Read stdin to its end and return it (what `mpvisor run` passes on)."""
+    mark(marker, "started")
+    return sys.stdin.read()
 
 
 def ancestry(marker: str | None = None) -> list[str]:

@@ -193,8 +193,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
-    ending = _call(target, args, kwargs, ctx)
-    _finish(channel, ending, max_frame=start.max_frame)
+    ending, die_by = _call(target, args, kwargs, ctx)
+    _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
 
 
 def _import_target(start: Start) -> Any:
@@ -235,9 +235,11 @@ def _unguarded_reason(start: Start) -> str:
     )
 
 
-def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> Message:
+def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> tuple[Message, int]:
     """Call the target; how it ended, as the report to send (described with `_describe` and
-    `_traceback`, which never raise, whatever the exception's own hooks do)."""
+    `_traceback`, which never raise, whatever the exception's own hooks do), and the signal the
+    attempt then dies by (0: none): SIGINT after a `KeyboardInterrupt` escaped the target, as
+    Python itself dies after Ctrl-C."""
     try:
         try:
             _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
@@ -246,15 +248,17 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
                 value = _run_async(value, ctx)
         finally:
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
-        return Result(value)
+        return Result(value), 0
     except Canceled:
-        return Failure("canceled", "the attempt was canceled")
+        return Failure("canceled", "the attempt was canceled"), 0
     except (Fail, Fatal) as exc:
-        return _verdict(exc)
+        return _verdict(exc), 0
     except SystemExit as exc:
         _exit_like_sys_exit(exc)
+    except KeyboardInterrupt as exc:
+        return Failure("error", _describe(exc), None, _traceback(exc)), int(signal.SIGINT)
     except BaseException as exc:
-        return Failure("error", _describe(exc), None, _traceback(exc))
+        return Failure("error", _describe(exc), None, _traceback(exc)), 0
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
@@ -365,14 +369,19 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
     os._exit(exit_status)
 
 
-def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0) -> NoReturn:
-    """Send the attempt's one report, flush the user's streams, and end with `os._exit`."""
+def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
+    """Send the attempt's one report, flush the user's streams, and end with `os._exit` (or,
+    with `die_by`, by that signal: the report stands whatever the status)."""
     payload = _encode_report(message, max_frame)
     try:
         channel.send_frame(payload)
     except BaseException:
         pass  # the channel is gone (the parent, or the target closed it): the status speaks
     _flush_std()
+    if die_by:
+        _platform.set_signal_handler(die_by, int(signal.SIG_DFL))
+        _platform.signal_mask(_SIG_UNBLOCK, (die_by,))
+        os.kill(os.getpid(), die_by)
     os._exit(status)
 
 

@@ -170,10 +170,12 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
-        for option in (*TASK_OPTIONS, "start_timeout", "quiet"):
+        for option in (*TASK_OPTIONS, "start_timeout"):
             if getattr(args, option) is not None:
                 flag = "--" + option.replace("_", "-")
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
+        if args.quiet:
+            run.error("argument --quiet: not with --file (a file's run prints each task's outcome line)")
         return
     if args.max_concurrent is not None:
         run.error("argument --max-concurrent: only with --file (one task runs one attempt at a time)")
@@ -211,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     if args.slot is not None:
         subscribers.append(_SlotLines(spec.name))
-    config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args))
+    config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit")
     controller = ControllerConfig(leases="local") if args.slot is not None else None
     one = _OneTask(spec, args.slot, args.policy or "queue")
     try:

@@ -16,6 +16,7 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `capture_output` | False | not a bool |
 | `seed` | None | not an int |
 | `launcher` | None (the local fork server) | not callable |
+| `stdin` | "null" | anything but "null" or "inherit" |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from mpvisor._launchers.seam import LauncherFactory
 
 StartMethod: TypeAlias = Literal["launcher", "spawn"]
+Stdin: TypeAlias = Literal["null", "inherit"]
 _START_METHODS = ("launcher", "spawn")
 
 
@@ -55,6 +57,7 @@ class SupervisorConfig:
     | `capture_output` | False | send attempts' stdout/stderr lines as `ATTEMPT_OUTPUT` events |
     | `seed` | None | seed each task's jitter from it and the task name, so delays repeat |
     | `launcher` | None | where attempts run: None for this machine (a local fork server), or `mpvisor.ray.RayLauncher(...)` for a Ray cluster |
+    | `stdin` | "null" | what attempts read: "null" (`/dev/null`), or "inherit" (this process's stdin; when it is a terminal and this process its foreground, one attempt at a time is the terminal's foreground job: Ctrl-C, Ctrl-Z, `fg` and `bg` reach it as they would the bare command). A Ray launcher's attempts always read /dev/null |
     """
 
     grace: float  # cooperative stop -> tree kill, on removal and shutdown
@@ -70,6 +73,7 @@ class SupervisorConfig:
     capture_output: bool
     seed: int | None
     launcher: LauncherFactory | None  # None: the local fork server
+    stdin: Stdin  # "null": /dev/null; "inherit": this process's stdin (a terminal's foreground job)
 
     def __init__(
         self,
@@ -86,6 +90,7 @@ class SupervisorConfig:
         capture_output: bool = False,
         seed: int | None = None,
         launcher: LauncherFactory | None = None,
+        stdin: Stdin = "null",
     ) -> None:
         _set(self, "grace", _seconds("grace", grace))
         _set(
@@ -114,6 +119,9 @@ class SupervisorConfig:
         if launcher is not None and not callable(launcher):
             raise ConfigError(f"launcher must be a launcher such as mpvisor.ray.RayLauncher(...), got {launcher!r}")
         _set(self, "launcher", launcher)
+        if stdin not in ("null", "inherit"):
+            raise ConfigError(f"stdin must be 'null' or 'inherit', got {stdin!r}")
+        _set(self, "stdin", stdin)
 
 
 def _seconds(field: str, value: object, *, allow_zero: bool = True) -> float:

@@ -86,7 +86,7 @@ class Runtime:
 
     def ensure_launcher(self) -> Launcher:
         if self.launcher is None:
-            launch = LaunchSettings(self.config.preload, self.config.start_timeout)
+            launch = LaunchSettings(self.config.preload, self.config.start_timeout, self.config.stdin)
             self.launcher = self._launcher_factory(self.loop, launch, self._on_launcher_death)
         return self.launcher
 

@@ -289,3 +289,33 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
     assert failed["traceback"].startswith("Traceback (most recent call last):") and "kaboom" in failed["traceback"]
     ok = mpvisor(tmp_path, "run", "workers.basic:quick")
     assert "Traceback" not in ok.stderr
+
+
+# --- stdin --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--", "cat"], "line one\nline two\n"),
+    (["workers.basic:read_stdin"], '"line one\\nline two\\n"\n'),
+])
+def test_a_single_task_run_passes_its_stdin_to_the_attempt(tmp_path, argv, expected):
+    """`echo ... | mpvisor run -- cat` prints what was piped in, as the bare `cat` would; a Python
+    target reads the same stdin (its value is what it read)."""
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", *argv], input="line one\nline two\n",
+                          capture_output=True, text=True, cwd=tmp_path, env=cli_env(), timeout=60)
+    assert (done.returncode, done.stdout) == (0, expected), done.stderr
+
+
+def test_a_file_run_and_a_library_supervisor_keep_stdin_on_dev_null(tmp_path):
+    """Only a single-task run passes stdin on: a task file's tasks, and a library supervisor's
+    attempts, read /dev/null (at once at its end, whatever the parent's stdin is)."""
+    (tmp_path / "tasks.toml").write_text('[task.probe]\ntarget = "workers.basic:env_probe"\n')
+    filed = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--file", "tasks.toml"], input="not for the tasks\n",
+                           capture_output=True, text=True, cwd=tmp_path, env=cli_env(), timeout=60)
+    assert filed.returncode == 0, filed.stderr
+    assert json.loads(filed.stdout)["probe"]["stdin_eof"] is True
+    code = ("import mpvisor; o = mpvisor.run([mpvisor.TaskSpec.once(mpvisor.TaskFn('p', 'workers.basic:env_probe'))]); "
+            "print(o['p'].value['stdin_eof'])")
+    library = subprocess.run([sys.executable, "-c", code], input="not for the attempts\n", capture_output=True, text=True,
+                             cwd=tmp_path, env=cli_env(), timeout=60)
+    assert library.stdout.strip() == "True", library.stderr

@@ -18,6 +18,7 @@ EXAMPLES = [
     control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
     control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
     control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True), control.Exited(9, "signal", 9, False, True),
+    control.Spawn(10, False, "", True, False), control.Spawn(11, False, "pkg.jobs", True, True), control.Stopped(12, 20),
 ]
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from mpvisor import _platform
 from mpvisor._launchers.local import control
 from mpvisor._launchers.local.channel import Channel
+from mpvisor._launchers.local.terminal import Terminal
 from mpvisor._launchers.seam import ExitStatus
 from mpvisor._model.errors import ConfigError
 from mpvisor._platform import recv_fds
@@ -93,8 +94,11 @@ class LauncherClient:
         on_death: Callable[[str], None],
         start_timeout: float = 30.0,
         environment: tuple[dict[str, str], str, list[str]] | None = None,
+        stdin: str = "null",
     ) -> None:
         self.loop = loop
+        self.stdin = stdin  # "inherit": attempts read this process's stdin (one at a time its terminal's job)
+        self.terminal = Terminal(loop) if stdin == "inherit" else None
         # What the launcher starts with (environ, cwd, sys.path): this process's own, unless
         # given (a Ray agent starts it with the environment of the supervisor it serves).
         self._environment = environment
@@ -353,15 +357,24 @@ class LauncherClient:
                     if pidfd is not None:
                         os.close(pidfd)
                     return
+                if self.terminal is not None:
+                    self.terminal.started(key, pid)
                 attempt.started(pid, pidfd)
             case control.StartFailed(key, error):
                 attempt = self._attempts.pop(key, None)
+                if self.terminal is not None:
+                    self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error)
             case control.Exited(key, how, value, killed, oom):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
                     attempt.exited(ExitStatus(how, value, oom), killed)
+                if self.terminal is not None:
+                    self.terminal.ended(key, how, value)
+            case control.Stopped(key, signum):
+                if self.terminal is not None:
+                    self.terminal.stopped(key, signum)
 
     def _on_launcher_gone(self) -> None:
         sock = self._sock
@@ -379,6 +392,8 @@ class LauncherClient:
         # is every process of their trees gone (a killed launcher's orphans re-parent to the
         # guardian, which kills them before it exits; a killed guardian's launcher kills and
         # reaps every tree before it closes the socket).
+        if self.terminal is not None and self.terminal.key in self._attempts:
+            self.terminal.ended(self.terminal.key, None, None)  # the terminal comes back to this process
         self._orphaned.extend(self._attempts.values())
         self._attempts = {}
         if not self._closing and self._error is None and self._ready.done():
@@ -474,7 +489,11 @@ class LauncherClient:
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
         self._attempts[key] = channel
-        self._send(control.Spawn(key, exec_python, module), fds)
+        stdin = self.stdin == "inherit"
+        terminal = self.terminal is not None and self.terminal.claim(key)
+        if stdin:
+            fds = [fds[0], os.dup(0), *fds[1:]]
+        self._send(control.Spawn(key, exec_python, module, stdin, terminal), fds)
         return key
 
     def signal(self, key: int, signum: int, group: bool) -> None:
@@ -523,5 +542,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:
-    """The default `LauncherFactory`: a local fork server with the settings' preload and start-up timeout."""
-    return LauncherClient(loop, launch.preload, on_death, launch.start_timeout)
+    """The default `LauncherFactory`: a local fork server with the settings' preload, start-up
+    timeout and stdin."""
+    return LauncherClient(loop, launch.preload, on_death, launch.start_timeout, stdin=launch.stdin)

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none) | the attempt socket's child end (+ stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -22,6 +22,7 @@ version refuses that launcher (`ControlError`).
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
 | `Exited` | key, how ("exit" or "signal"), value, killed | |
+| `Stopped` | key, signum (a terminal's foreground attempt was stopped: Ctrl-Z, or a read in the background) | |
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 3  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare
+CONTROL_VERSION = 4  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`
 
 
 class ControlError(ProtocolError):
@@ -39,11 +40,16 @@ class ControlError(ProtocolError):
 
 class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
-    the target's `module` is prepared (`_attempt/prepared.py`; "" for none)."""
+    the target's `module` is prepared (`_attempt/prepared.py`; "" for none). `stdin`: its stdin
+    travels beside, after the socket; `terminal`: that stdin is the terminal of the launcher's
+    session, and the attempt becomes its foreground job (its own process group in that session,
+    not a session of its own)."""
 
     key: int
     exec_python: bool
     module: str = ""
+    stdin: bool = False
+    terminal: bool = False
 
 
 class Signal(NamedTuple):
@@ -106,13 +112,21 @@ class Exited(NamedTuple):
     oom: bool = False
 
 
+class Stopped(NamedTuple):
+    """The terminal attempt `key` was stopped by `signum` (SIGTSTP, SIGTTIN or SIGTTOU)."""
+
+    key: int
+    signum: int
+
+
 ToLauncher = Spawn | Signal | Kill | Stop
-ToParent = Importing | Ready | Started | StartFailed | Exited
+ToParent = Importing | Ready | Started | StartFailed | Exited | Stopped
 Message = ToLauncher | ToParent
 
 _NAMES: dict[type[Any], str] = {
     Spawn: "spawn", Signal: "signal", Kill: "kill", Stop: "stop",
     Importing: "importing", Ready: "ready", Started: "started", StartFailed: "start_failed", Exited: "exited",
+    Stopped: "stopped",
 }
 
 
@@ -124,8 +138,8 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
-        case ["spawn", int(key), bool(exec_python), str(module)]:
-            return Spawn(key, exec_python, module)
+        case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), bool(terminal)]:
+            return Spawn(key, exec_python, module, stdin, terminal)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:
@@ -144,5 +158,7 @@ def decode(data: bytes) -> Message:
             return StartFailed(key, error)
         case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom)]:
             return Exited(key, how, value, killed, oom)
+        case ["stopped", int(key), int(signum)]:
+            return Stopped(key, signum)
         case other:
             raise ControlError(f"not a control message: {other!r:.80}")

@@ -62,7 +62,9 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 # Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
 _RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
 _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
-_SIG_BLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_DFL)
+_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK), int(signal.SIG_DFL)
+_SIGTTOU = (int(signal.SIGTTOU),)
+_TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
@@ -94,6 +96,7 @@ class Launcher:
         self.by_key: dict[int, _Attempt] = {}
         self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
         self.draining: set[_Attempt] = set()
+        self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
         self.ready_r, self.ready_w = os.pipe()
@@ -148,10 +151,10 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module):
+            case control.Spawn(key, exec_python, module, stdin, terminal):
                 if module:
                     _prepared.ready(module)
-                self._spawn(key, exec_python, fds)
+                self._spawn(key, exec_python, fds, stdin, terminal)
                 return
             case control.Signal(key, signum, group):
                 self._signal(key, signum, group)
@@ -171,7 +174,7 @@ class Launcher:
 
     # --- starting -----------------------------------------------------------------------------
 
-    def _spawn(self, key: int, exec_python: bool, fds: list[int]) -> None:
+    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: bool = False) -> None:
         try:
             pid = os.fork()
         except OSError as exc:
@@ -180,16 +183,22 @@ class Launcher:
             self._send(control.StartFailed(key, f"could not start: {exc}"))
             return
         if pid == 0:
-            self._become_attempt(exec_python, fds)
+            self._become_attempt(exec_python, fds, stdin, terminal)
         for fd in fds:
             os.close(fd)
         attempt = _Attempt(key, pid)
         self.attempts[pid] = attempt
         self.by_key[key] = attempt
+        if terminal:
+            self.terminal.add(attempt)
 
-    def _become_attempt(self, exec_python: bool, fds: list[int]) -> None:
+    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: bool) -> None:
         try:
-            os.setsid()
+            if terminal:  # the terminal's foreground job: its own group, in the terminal's session
+                os.setpgid(0, 0)
+                _take_terminal(fds[1])
+            else:
+                os.setsid()
             _platform.set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != self.me:
                 os._exit(1)
@@ -201,7 +210,7 @@ class Launcher:
                 _platform.set_signal_handler(signum, _SIG_DFL)
             _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
             os.write(self.ready_w, _PID.pack(os.getpid()))
-            sock_fd = _setup_fds(fds)
+            sock_fd = _setup_fds(fds, stdin)
             if exec_python:
                 _exec_python(sock_fd)
             _child.run(sock_fd)
@@ -250,6 +259,8 @@ class Launcher:
     # --- reaping ------------------------------------------------------------------------------
 
     def _reap(self) -> None:
+        if self.terminal:
+            self._report_stops()
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -276,6 +287,20 @@ class Launcher:
                 draining.adopted.discard(pid)
         self._adopt_orphans()
         self._report_drained()
+
+    def _report_stops(self) -> None:
+        """A terminal attempt stopped by the terminal (Ctrl-Z, or a read from the background):
+        the parent stops with it, so that the shell sees its job stopped."""
+        for attempt in list(self.terminal):
+            if attempt.status is not None:
+                self.terminal.discard(attempt)
+                continue
+            try:
+                info = os.waitid(os.P_PID, attempt.pid, os.WSTOPPED | os.WNOHANG)
+            except ChildProcessError:
+                info = None
+            if info is not None and info.si_code == os.CLD_STOPPED and info.si_status in _TERMINAL_STOPS:
+                self._send(control.Stopped(attempt.key, info.si_status))
 
     def _adopt_orphans(self) -> None:
         """Kill every child we did not fork: an orphan of a dead attempt's tree. An orphan's own
@@ -330,17 +355,32 @@ class Launcher:
         os._exit(0)
 
 
-def _setup_fds(fds: list[int]) -> int:
-    """In a new attempt: captured stdout/stderr, every fd but 0-2 and the socket closed. Its
-    stdin is the launcher's own, which `main` made /dev/null (nothing to open per attempt)."""
+def _setup_fds(fds: list[int], stdin: bool = False) -> int:
+    """In a new attempt: its stdin (`stdin`: the fd after the socket; else the launcher's own,
+    which `main` made /dev/null), captured stdout/stderr, every fd but 0-2 and the socket closed."""
     sock_fd = fds[0]
-    if len(fds) == 3:
-        os.dup2(fds[1], 1)
-        os.dup2(fds[2], 2)
+    if stdin:
+        os.dup2(fds[1], 0)
+    output = fds[2:] if stdin else fds[1:]
+    if len(output) == 2:
+        os.dup2(output[0], 1)
+        os.dup2(output[1], 2)
     if sock_fd > 3:
         os.closerange(3, sock_fd)
     os.closerange(max(sock_fd + 1, 3), _OPEN_MAX)
     return sock_fd
+
+
+def _take_terminal(tty: int) -> None:
+    """Make this process's group the terminal's foreground group, as a shell's child does
+    before it runs a job: from the background that needs SIGTTOU blocked meanwhile."""
+    _platform.signal_mask(_SIG_BLOCK, _SIGTTOU)
+    try:
+        os.tcsetpgrp(tty, os.getpid())
+    except OSError:
+        pass  # the terminal is gone, or the session changed: the attempt runs in the background
+    finally:
+        _platform.signal_mask(_SIG_UNBLOCK, _SIGTTOU)
 
 
 _OPEN_MAX = int(os.sysconf("SC_OPEN_MAX"))  # read once: `serve()` raised the limit before the launcher started

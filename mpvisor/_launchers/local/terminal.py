@@ -1,0 +1,120 @@
+"""How does an attempt become a terminal's foreground job, and how do Ctrl-C, Ctrl-Z, `fg` and
+`bg` reach it as they would reach the bare command?
+
+With `SupervisorConfig(stdin="inherit")` (what `mpvisor run` of one task uses), an attempt reads
+this process's stdin. When that stdin is a terminal whose foreground is this process's group,
+the attempt is made the terminal's foreground job, the way a shell runs one (and `sudo`):
+
+| when | who | what |
+|---|---|---|
+| spawn | the client (`client.py`) | `foreground(0)`: the spawn asks for a terminal attempt (one at a time) |
+| the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs |
+| Ctrl-C | the terminal | SIGINT to the attempt's group only, as for the bare command; once the attempt has died by it, `ended` sends this process SIGINT too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT |
+| Ctrl-Z, or a read from the background | the launcher (`stopped`) | `stopped`: the terminal back to this process's group, and this process stops by the same signal, so the shell sees its job stopped and prints its prompt |
+| `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
+| `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background |
+| the attempt ends | the client | `ended`: the terminal back to this process's group |
+
+Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
+group (signalled only while its leader is unreaped), its launcher is still its parent and
+subreaper, and it still dies with the launcher. What a terminal attempt gives up is its own
+session: it shares the terminal's, as the bare command would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+
+def foreground(fd: int) -> bool:
+    """`fd` is a terminal, and this process's group is its foreground group."""
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _holds(fd: int, pgid: int) -> bool:
+    """`pgid` is the terminal's foreground group."""
+    try:
+        return os.tcgetpgrp(fd) == pgid
+    except OSError:
+        return False
+
+
+def _give(fd: int, pgid: int) -> None:
+    """Make `pgid` the foreground group of the terminal `fd` (from the background too)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        pass  # the terminal hung up, or the group is gone
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+class Terminal:
+    """The terminal `fd` and the attempt that is its foreground job, if one is."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int = 0) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.key: int | None = None  # the attempt that was spawned as the terminal's job
+        self.pgid: int | None = None  # its group, once it runs
+        self._on_cont = False  # a SIGCONT handler is installed
+
+    def __repr__(self) -> str:
+        return f"<Terminal fd={self.fd} key={self.key} pgid={self.pgid}>"
+
+    def claim(self, key: int) -> bool:
+        """Whether the attempt `key` is spawned as the terminal's job: when none is, and this
+        process's group is the terminal's foreground."""
+        if self.key is not None or not foreground(self.fd):
+            return False
+        self.key = key
+        return True
+
+    def started(self, key: int, pid: int) -> None:
+        if key != self.key:
+            return
+        self.pgid = pid
+        if threading.current_thread() is threading.main_thread() and not self._on_cont:
+            self.loop.add_signal_handler(signal.SIGCONT, self.resumed)
+            self._on_cont = True
+
+    def stopped(self, key: int, signum: int) -> None:
+        """The attempt was stopped by the terminal: stop with it, and carry on once resumed."""
+        if key != self.key or self.pgid is None:
+            return
+        if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
+            _give(self.fd, os.getpgrp())
+        os.kill(os.getpid(), signum)  # returns once the shell resumed this process (fg or bg)
+        self.resumed()
+
+    def resumed(self) -> None:
+        """This process was continued: give the attempt the terminal if it is ours (fg), and continue it."""
+        if self.pgid is None:
+            return
+        if foreground(self.fd):
+            _give(self.fd, self.pgid)
+        try:
+            os.killpg(self.pgid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # it has ended meanwhile: the launcher reports that
+
+    def ended(self, key: int, how: str | None, value: int | None) -> None:
+        """The attempt is over (`how`/`value`: its status, None if the launcher died): the
+        terminal comes back; a death by SIGINT (Ctrl-C) interrupts this process too."""
+        if key != self.key:
+            return
+        if self.pgid is not None and _holds(self.fd, self.pgid):  # it held the terminal: it comes back
+            _give(self.fd, os.getpgrp())
+        self.key = self.pgid = None
+        if self._on_cont:
+            self.loop.remove_signal_handler(signal.SIGCONT)
+            self._on_cont = False
+        if (how, value) == ("signal", signal.SIGINT):
+            os.kill(os.getpid(), signal.SIGINT)

@@ -1,0 +1,130 @@
+"""`mpvisor run` in a terminal, as a person meets it: an interactive bash with job control on a
+real pty (tests/_pty_support.py), the installed `mpvisor` typed at its prompt from a directory
+outside the repository. The command is the terminal's foreground job: `tty` names the
+terminal, a prompt reads what is typed, Ctrl-C reaches it as it would the bare command (mpvisor
+then dies by SIGINT), Ctrl-Z stops the command and mpvisor together and the prompt returns,
+`fg` resumes both as the foreground job and `bg` in the background. The process table is
+checked after each step; nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from tests._pty_support import Shell
+from tests._support import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPVISOR = shutil.which("mpvisor")
+
+
+@pytest.fixture
+def shell(tmp_path: Any) -> Iterator[Shell]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
+    sh = Shell(str(tmp_path), env)
+    yield sh
+    sh.close()
+
+
+def processes(word: str) -> list[psutil.Process]:
+    """The live processes whose command line has `word` (a unique argument of the test's)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if word in (process.info["cmdline"] or []) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+def states(word: str) -> dict[str, str]:
+    """`{"mpvisor": status, "command": status}` of the run whose command has `word`."""
+    shown: dict[str, str] = {}
+    for process in processes(word):
+        try:
+            cmdline, status = process.cmdline(), process.status()
+        except psutil.NoSuchProcess:
+            continue
+        shown["mpvisor" if any(part.endswith("mpvisor") for part in cmdline[:2]) else "command"] = status
+    return shown
+
+
+def all_are(word: str, status: str) -> bool:
+    shown = states(word)
+    return set(shown) == {"mpvisor", "command"} and all(s == status for s in shown.values())
+
+
+def test_the_command_reads_the_terminal_and_tty_names_it(shell: Shell) -> None:
+    """`tty` says the terminal's name; a deploy script's `continue? [y/N]` reads what is typed."""
+    out = shell.run("mpvisor run -- tty")
+    assert "/dev/pts/" in out and "not a tty" not in out, out
+    shell.type("mpvisor run -- sh -c 'printf \"continue? [y/N] \"; read -r answer; echo \"answer=$answer\"'\n")
+    shell.until("continue? [y/N] ")
+    shell.type("y\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "answer=y" in out and "completed" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+
+
+def test_ctrl_z_stops_both_fg_resumes_both_and_ctrl_c_ends_the_run_by_sigint(shell: Shell) -> None:
+    """Ctrl-Z: the command and mpvisor stopped, the prompt back; `fg`: both run again, the
+    command the foreground job (Ctrl-C reaches it); Ctrl-C: the command dies by SIGINT, mpvisor
+    reports and dies by SIGINT too (status 130); nothing is left."""
+    shell.type("mpvisor run -- sleep 41.25\n")
+    wait_for(lambda: all_are("41.25", psutil.STATUS_SLEEPING), timeout=30)
+    shell.press("\x1a")
+    assert "Stopped" in shell.until("MPV-PROMPT> ")
+    wait_for(lambda: all_are("41.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.type("fg\n")
+    wait_for(lambda: all_are("41.25", psutil.STATUS_SLEEPING), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("41.25"), timeout=10)
+
+
+def test_bg_resumes_both_in_the_background_and_fg_brings_the_command_back(shell: Shell) -> None:
+    """After Ctrl-Z, `bg`: both run, the prompt stays; `fg`: the command is the foreground job
+    again (Ctrl-C reaches it, and the run ends by SIGINT)."""
+    shell.type("mpvisor run -- sleep 42.25\n")
+    wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=30)
+    shell.press("\x1a")
+    shell.until("MPV-PROMPT> ")
+    wait_for(lambda: all_are("42.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.run("bg")
+    wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=10)
+    assert "Running" in shell.run("jobs")
+    shell.type("fg\n")
+    shell.until("sleep 42.25")  # bash names the job it brings back
+    wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=10)
+    shell.press("\x03")
+    shell.until("MPV-PROMPT> ")
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("42.25"), timeout=10)
+
+
+@pytest.mark.parametrize("restart", ["never", "on-failure"])
+def test_ctrl_c_of_a_python_target_ends_the_run_by_sigint_and_is_never_retried(shell: Shell, tmp_path: Any,
+                                                                               restart: str) -> None:
+    """A Python target gets KeyboardInterrupt, as under `python script.py`, and the run ends by
+    SIGINT (130) after one attempt, whatever its restart policy: once, its traceback is printed
+    with the failure; under `on-failure` the interrupted run cancels the retry."""
+    marker = tmp_path / "started"
+    shell.type(f"mpvisor run --restart {restart} workers.basic:sleeper 43.25 {marker}\n")
+    wait_for(marker.exists, timeout=30)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "attempts=1" in out, out
+    if restart == "never":
+        assert "Traceback (most recent call last):" in out and "KeyboardInterrupt" in out and ": failed " in out, out
+    else:
+        assert ": canceled " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("workers.basic:sleeper"), timeout=10)
