@@ -48,8 +48,10 @@ from mpvisor._cli.batchview import (
 )
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
+    account_output,
     event_writers,
     launcher_for,
+    lose_output,
     outcome_line,
     take_stdout,
     value_line,
@@ -273,8 +275,11 @@ class LiveTable(_Display):
     def _write(self, text: str) -> None:
         self.stream.flush()
         data = text.encode(getattr(self.stream, "encoding", None) or "utf-8", "replace")
-        while data:
-            data = data[os.write(self.fd, data):]
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as exc:  # the terminal is gone: recorded as stderr's loss, as a failed print would be
+            lose_output(self.stream, exc)
 
 
 def _size(fd: int) -> tuple[int, int]:
@@ -328,11 +333,12 @@ def run_file(args: argparse.Namespace) -> int:
     status = worst_status(ordered, first)
     if missing and first is None:
         status = max(status, 1)  # a task that did not run is no success
-    print(summary_line(path, ordered, status), file=stderr)
     targets = {t.name for t in tasks if isinstance(t.spec.task, TaskFn)}
     values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
     if values and args.events != "json":
         write_line(machine, value_line(values))
+    status = account_output(status)  # a JSON line (or an event, a line) that could not be written is no success
+    print(summary_line(path, ordered, status), file=stderr)
     return -first if first is not None else status
 
 

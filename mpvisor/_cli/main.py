@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from mpvisor._cli import check, run, serve, slots
-from mpvisor._cli.options import UsageParser
+from mpvisor._cli.options import UsageParser, guarded_output, settle_output
 from mpvisor._model.spec import TaskSpec
 
 COMMANDS: tuple[ModuleType, ...] = (run, check, slots, serve)
@@ -105,15 +105,30 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`mpvisor ...`: returns the exit status, or dies by the signal that interrupted it."""
-    try:
-        args, _ = parse(list(sys.argv[1:] if argv is None else argv))
-        status: int = args.handler.run(args)
-    except KeyboardInterrupt:  # a SIGINT before a run took over SIGINT, or after it let go
-        status = -signal.SIGINT
+    """`mpvisor ...`: returns the exit status, or dies by the signal that interrupted it.
+
+    Output that cannot be written (stdout or stderr full, closed or gone) is never a traceback:
+    `options.guarded_output` records it, the run then does not succeed (status 1 instead of 0)
+    and one line on stderr, if stderr can be written, says which stream and why."""
+    with guarded_output():
+        try:
+            args, _ = parse(list(sys.argv[1:] if argv is None else argv))
+            status: int = args.handler.run(args)
+        except KeyboardInterrupt:  # a SIGINT before a run took over SIGINT, or after it let go
+            status = -signal.SIGINT
+        except SystemExit as exc:  # --version, --help, a usage error (its line is written already)
+            status = _code_of(exc)
+        status = settle_output(status)
     if status < 0:
         return _die_by(signal.Signals(-status))
     return status
+
+
+def _code_of(exc: SystemExit) -> int:
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)  # as the interpreter does for a SystemExit("message")
+    return 1
 
 
 def _die_by(signum: signal.Signals) -> int:

@@ -1,0 +1,155 @@
+"""Output that cannot be written, as a shell meets it: the installed `mpvisor` with its stdout on
+/dev/full, closed (`>&-`, through bash: `subprocess` cannot close a child's fd 1), or with no
+reader left (a pipe whose read end is closed: `| head -0`), and with its stderr on /dev/full.
+
+Every command ends with one line on stderr naming the stream and why (when stderr can be
+written), a status that is no success (1) when something it meant to write was lost, never a
+traceback; a closed stdout still runs the task (its marker is written)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from mpvisor._admission.leases import local as _leases
+from mpvisor._cli.main import version
+from tests._slot_support import stop_servers
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MPVISOR = shutil.which("mpvisor")
+FULL = "No space left on device"
+CLOSED = "it was closed when mpvisor started"
+
+
+@pytest.fixture
+def place(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A directory outside the repository with a task file (a Python target and a program), and
+    a private slot-server directory (stopped afterwards, should anything have started one)."""
+    (tmp_path / "tasks.toml").write_text(textwrap.dedent(f"""
+        [task.value]
+        target = "workers.basic:quick"
+        args = ["ok", "{tmp_path / 'value.marker'}"]
+        [task.touch]
+        command = ["touch", "{tmp_path / 'touched'}"]
+    """))
+    yield tmp_path
+    stop_servers(tmp_path / "slots")
+
+
+def env_for(place: pathlib.Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), _leases.DIR_ENV: str(place / "slots")}
+
+
+def commands(place: pathlib.Path) -> dict[str, list[str]]:
+    return {
+        "run target": ["run", "workers.basic:quick", "ok", str(place / "target.marker")],
+        "run command": ["run", "--", "touch", str(place / "command.marker")],
+        "run --file": ["run", "--file", "tasks.toml"],
+        "check": ["check", "tasks.toml"],
+        "slots --json": ["slots", "--json"],
+        "--version": ["--version"],
+    }
+
+
+def ran(place: pathlib.Path, name: str) -> bool:
+    """Whether the command's task really ran (for the commands that run one)."""
+    if name == "run target":
+        return (place / "target.marker").read_text().startswith("started quick 1 ")
+    if name == "run command":
+        return (place / "command.marker").exists()
+    if name == "run --file":
+        return (place / "value.marker").exists() and (place / "touched").exists()
+    return True
+
+
+def mpvisor(place: pathlib.Path, argv: list[str], **streams: object) -> subprocess.CompletedProcess[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.run([MPVISOR, *argv], cwd=place, env=env_for(place), stdin=subprocess.DEVNULL, text=True,
+                          timeout=60, **streams)  # type: ignore[call-overload]
+
+
+# what each command writes on stdout: its loss makes the status 1 (a program's own stdout is not mpvisor's)
+WRITES_STDOUT = {"run target": True, "run command": False, "run --file": True, "check": True, "slots --json": True,
+                 "--version": True}
+# what each command writes on stderr (the outcome lines, the file's lines): its loss makes the status 1
+WRITES_STDERR = {"run target": True, "run command": True, "run --file": True, "check": False, "slots --json": False,
+                 "--version": False}
+
+
+@pytest.mark.parametrize("name", list(WRITES_STDOUT))
+def test_a_full_stdout_is_one_line_on_stderr_and_status_1(place: pathlib.Path, name: str) -> None:
+    with open("/dev/full", "w") as full:
+        done = mpvisor(place, commands(place)[name], stdout=full, stderr=subprocess.PIPE)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ran(place, name), done.stderr
+    if WRITES_STDOUT[name]:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines()[-1] == f"mpvisor: cannot write to stdout: {FULL}", done.stderr
+        assert done.stderr.count("cannot write") == 1, done.stderr
+    else:
+        assert (done.returncode, "cannot write" in done.stderr) == (0, False), done.stderr
+    if name == "run --file":  # its summary tells the status it exits with, not a success
+        assert "mpvisor: tasks.toml: 2 tasks: 2 completed; exit status 1" in done.stderr.splitlines(), done.stderr
+
+
+@pytest.mark.parametrize("name", list(WRITES_STDOUT))
+def test_a_closed_stdout_still_runs_the_task_and_what_was_lost_is_said(place: pathlib.Path, name: str) -> None:
+    assert MPVISOR is not None
+    line = " ".join(shlex.quote(word) for word in [MPVISOR, *commands(place)[name]])
+    done = subprocess.run(["bash", "-c", f"exec {line} >&-"], cwd=place, env=env_for(place), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ran(place, name), done.stderr
+    if WRITES_STDOUT[name]:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines()[-1] == f"mpvisor: cannot write to stdout: {CLOSED}", done.stderr
+    else:  # nothing of mpvisor's was meant for stdout; the program's stdout led nowhere
+        assert (done.returncode, done.stdout, "cannot write" in done.stderr) == (0, "", False), done.stderr
+
+
+@pytest.mark.parametrize("name", list(WRITES_STDOUT))
+def test_a_full_stderr_ends_without_a_traceback_and_status_1_when_a_line_was_lost(place: pathlib.Path,
+                                                                                 name: str) -> None:
+    """stderr cannot tell anything then: the status does, and stdout still carries what it should
+    (so nothing stopped at the first lost line)."""
+    with open("/dev/full", "w") as full:
+        done = mpvisor(place, commands(place)[name], stdout=subprocess.PIPE, stderr=full)
+    assert ran(place, name)
+    assert done.returncode == (1 if WRITES_STDERR[name] else 0), done.stdout
+    expected = {"run target": '"ok"\n', "run command": "", "run --file": '{"value":"ok"}\n',
+                "check": "tasks.toml: valid, 2 tasks: value, touch\n", "slots --json": '{"slots": []}\n',
+                "--version": f"{version()}\n"}
+    assert done.stdout == expected[name]
+
+
+@pytest.mark.parametrize("name", ["run target", "run --file"])
+def test_a_reader_that_went_away_is_a_broken_pipe_not_a_traceback(place: pathlib.Path, name: str) -> None:
+    """`mpvisor run ... | head -0`, made certain: the pipe's read end is closed before mpvisor starts."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = mpvisor(place, commands(place)[name], stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ran(place, name), done.stderr
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == "mpvisor: cannot write to stdout: Broken pipe", done.stderr
+
+
+def test_events_on_a_full_stdout_are_lost_the_task_runs_and_the_status_says_so(place: pathlib.Path) -> None:
+    with open("/dev/full", "w") as full:
+        done = mpvisor(place, ["run", "--events", "json", *commands(place)["run command"][1:]], stdout=full,
+                       stderr=subprocess.PIPE)
+    assert "Traceback" not in done.stderr and ran(place, "run command"), done.stderr
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == f"mpvisor: cannot write to stdout: {FULL}", done.stderr
