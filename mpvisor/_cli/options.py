@@ -281,8 +281,10 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
         spec = spec.with_restart_intensity(*args.intensity)
     if args.memory is not None or args.cpu is not None or args.open_files is not None:
         spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files)
-    if args.timeout is not None:
-        spec = spec.with_timeout(args.timeout)
+    if args.timeout is not None:  # as timeout(1) reads it: the whole attempt, start-up and import included
+        spec = spec.with_timeout(args.timeout, include_start=True)
+    if getattr(args, "start_timeout", None) is not None:
+        spec = spec.with_start_timeout(args.start_timeout)
     if args.backoff is not None or args.jitter is not None:
         policy = args.backoff if args.backoff is not None else TaskDefaults().backoff
         spec = spec.with_backoff(policy.with_jitter(args.jitter if args.jitter is not None else JitterPolicy.EQUAL))
@@ -291,7 +293,7 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
 
 # `run` options that describe the one task: with --file, the file describes its tasks
 TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "cpu", "open_files", "intensity", "timeout",
-                "backoff", "jitter", "slot", "policy")
+                "start_timeout", "backoff", "jitter", "slot", "policy")
 
 
 # --- the I/O every run does ----------------------------------------------------------------------

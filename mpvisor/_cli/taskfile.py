@@ -14,7 +14,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `args`, `kwargs` | array, table (msgpack values) | ARG... (`kwargs` has no CLI form; task only, Python targets) |
 | `command` | array of strings | `-- COMMAND [ARG...]` (task only) |
 | `restart` | `"never"`, `"on-failure"`, `"always"` | `--restart` |
-| `every`, `timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--cpu` |
+| `every`, `timeout`, `start_timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
 | `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
 | `memory` | integer (bytes) or string (`"512M"`) | `--memory` |
 | `intensity` | string `"N/SECONDS"` | `--intensity` |
@@ -216,6 +216,7 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "open_files": _via(_shell.positive_count, _NUMBER, "a whole number >= 1"),
     "intensity": _via(_shell.intensity, (str,), 'a string "N/SECONDS"'),
     "timeout": _via(_shell.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),
+    "start_timeout": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
     "backoff": _via(_shell.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
     "jitter": _via(_shell.jitter, (str,), "a string: none, full, equal or randomized-band"),
     "slot": _via(_shell.task_name, (str,), "a slot name (a string)"),

@@ -86,6 +86,8 @@ def test_every_key_reaches_the_spec():
         slot = "s"
         restart = "always"
         backoff = 2
+        timeout = 5
+        start_timeout = 1.5
     """, "/base")
     assert parsed.ok, parsed.errors
     job, cmd = parsed.tasks
@@ -99,6 +101,7 @@ def test_every_key_reaches_the_spec():
     assert cmd.spec.task == CommandTask("cmd", ["sh", "-c", "true"], {"A": "1", "B": "2"}, "/abs")
     assert cmd.spec.backoff == BackoffPolicy.exponential(2, max=30).with_jitter(JitterPolicy.FULL)
     assert (cmd.slot, cmd.policy, cmd.spec.restart) == ("s", "replace", RestartPolicy.always())
+    assert (cmd.spec.timeout, cmd.spec.timeout_includes_start, cmd.spec.start_timeout) == (5.0, True, 1.5)  # as --timeout
 
 
 # --- every error, with its location --------------------------------------------------------------------
@@ -189,14 +192,14 @@ def test_every_error_of_a_file_is_reported_at_once_in_file_order():
 
 # --- the same as on the command line ---------------------------------------------------------------------
 
-FLAGS = {"every": "--every", "timeout": "--timeout", "cpu": "--cpu", "max_retries": "--max-retries",
-         "open_files": "--open-files", "memory": "--memory", "intensity": "--intensity", "backoff": "--backoff",
+FLAGS = {"every": "--every", "timeout": "--timeout", "start_timeout": "--start-timeout", "cpu": "--cpu",
+         "max_retries": "--max-retries", "open_files": "--open-files", "memory": "--memory", "intensity": "--intensity", "backoff": "--backoff",
          "jitter": "--jitter", "restart": "--restart"}
 _numbers = st.one_of(st.integers(-3, 10**6), st.floats(allow_nan=True, allow_infinity=True),
                      st.sampled_from([0, 0.0, -0.0, 1e-9, 1e300, 0.5, 1, 3, 30.0]))
 _texts = st.text(alphabet="0123456789.:/-eKMGTiB", max_size=8)
 VALUES: dict[str, st.SearchStrategy[Any]] = {
-    "every": _numbers, "timeout": _numbers, "cpu": _numbers,
+    "every": _numbers, "timeout": _numbers, "start_timeout": _numbers, "cpu": _numbers,
     "max_retries": _numbers, "open_files": _numbers,
     "memory": st.one_of(st.integers(-1, 2**50), _texts, st.sampled_from(["512M", "1G", "1GiB", "0.5K", "1.5G"])),
     "intensity": st.one_of(_texts, st.sampled_from(["3/60", "0/1", "3/0", "-1/5", "x/y"])),
