@@ -7,8 +7,9 @@
 # the same ENVIRONMENT take turns on the slot "deploy-ENVIRONMENT", shared by every mpvisor
 # process of your user on this host. A run that finds the slot busy waits in its queue (it says
 # so on stderr) and deploys once the previous deploy's whole process tree has exited. The
-# deploy itself runs in this script's process, with its environment, working directory and
-# terminal; Ctrl-C stops it gracefully (--grace seconds, then a kill of its tree).
+# deploy itself runs under this script's mpvisor, with its environment, working directory, stdin
+# and terminal (in a terminal it is the foreground job: a prompt in it reads what is typed, and
+# Ctrl-Z stops it with mpvisor); Ctrl-C stops it (--grace seconds, then a kill of its tree).
 #
 # DEPLOY_POLICY=replace makes a newer deploy stop the running one; DEPLOY_POLICY=drop gives up
 # at once if one is running. The deploy below is a stand-in that writes when it starts and ends

@@ -3,7 +3,8 @@
 The default launcher: `client` (the parent's `LauncherClient`, a `Launcher`), `channel` (one
 attempt's socket and pipes in the parent), `control` (the messages between the parent and the
 fork server), `forkserver` (the single-threaded process every attempt is forked from), `guardian`
-(its parent, which outlives it to kill orphans) and `lines` (captured output as lines).
+(its parent, which outlives it to kill orphans), `terminal` (an attempt as a terminal's
+foreground job: job control) and `lines` (captured output as lines).
 
 May import: `_model`, `_attempt`, `_launchers.seam`, `_platform`.
 """
