@@ -124,7 +124,7 @@ class AdmissionRegistry(Protocol):
     cleanup through `Controller.owner_cleaned_up` (the runtime wires that)."""
 
     async def call(self, command: Any, *, wait: bool) -> Any: ...
-    def claim(self, actor: TaskActor, by_shutdown: bool) -> bool: ...
+    def claim(self, actor: TaskActor, by_shutdown: bool, why: str | None = None) -> bool: ...
     def actor(self, id: int) -> TaskActor | None: ...
 
 
@@ -284,9 +284,9 @@ class Controller:
                                   queue_depth=self.table.depth(effect.slot))
                 case Admit(item):
                     self._admit(item)
-                case RemoveOwner(_, owner_id):
+                case RemoveOwner(slot, owner_id):
                     actor = self.registry.actor(owner_id)
-                    if actor is not None and self.registry.claim(actor, by_shutdown=False):
+                    if actor is not None and self.registry.claim(actor, by_shutdown=False, why=_replaced_in(slot)):
                         self._replaced(owner_id)
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
@@ -335,7 +335,7 @@ class Controller:
         def revoked() -> None:
             actor = self.registry.actor(item.id)
             if actor is not None:
-                if self.registry.claim(actor, by_shutdown=False):
+                if self.registry.claim(actor, by_shutdown=False, why=_replaced_in(item.slot)):
                     self._replaced(item.id)
             else:
                 item.claimed = item.replaced = True  # not registered yet: claimed when it is
@@ -362,7 +362,8 @@ class Controller:
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
-        if item.claimed and self.registry.claim(actor, by_shutdown=False) and item.replaced:
+        why = _replaced_in(item.slot) if item.replaced else None
+        if item.claimed and self.registry.claim(actor, by_shutdown=False, why=why) and item.replaced:
             self._replaced(item.id)
         self._post(lambda: self._decided(item, actor, None))
 
@@ -494,6 +495,11 @@ class Controller:
             except (LeaseError, OSError):
                 pass  # best-effort, as the snapshot is: a store that does not answer shows nothing
         return ControllerSnapshot(self.table.snapshot(now), self.table.running_count, self.table.total_queued, shared)
+
+
+def _replaced_in(slot: str) -> str:
+    """The canceled outcome's reason of an owner a replacement retired."""
+    return f"replaced by a newer submission in slot {slot!r}"
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

@@ -44,9 +44,12 @@ _SCRATCH_RNG = random.Random(0)
 
 @dataclass
 class Claim:
-    """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`)."""
+    """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`); `why`
+    is the canceled outcome's reason when a removal that is not shutdown's gives one (a
+    replacement: `replaced by a newer submission in slot 's'`)."""
 
     by_shutdown: bool
+    why: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +292,9 @@ class TaskActor:
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _stop_reason(self) -> str:
-        return "canceled by shutdown" if self.claim and self.claim.by_shutdown else "canceled"
+        if self.claim and self.claim.by_shutdown:
+            return "canceled by shutdown"
+        return self.claim.why if self.claim and self.claim.why else "canceled"
 
     def _outcome(self, kind: OutcomeKind, reason: str | None, end: AttemptEnd | None = None) -> TaskOutcome:
         keep_failure = end is not None and kind in (OutcomeKind.FAILED, OutcomeKind.FATAL)

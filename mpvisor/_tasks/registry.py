@@ -259,12 +259,13 @@ class Registry:
         """The registered task `id`'s actor, if it is registered."""
         return self.by_id.get(id)
 
-    def claim(self, actor: TaskActor, by_shutdown: bool) -> bool:
-        """Claim `actor`'s removal if nobody has and its stop is not decided; True if claimed."""
+    def claim(self, actor: TaskActor, by_shutdown: bool, why: str | None = None) -> bool:
+        """Claim `actor`'s removal if nobody has and its stop is not decided; True if claimed
+        (`why`: the reason its canceled outcome gives, else `canceled`)."""
         if not actor.claimable():
             return False
         self.host.publish(EventKind.TASK_REMOVE_REQUESTED, task=actor.name, id=actor.id)
-        actor.request_stop(Claim(by_shutdown))
+        actor.request_stop(Claim(by_shutdown, why))
         return True
 
     def watch(self, id: int) -> TaskWaiter | None:

@@ -73,7 +73,7 @@ class FakeRegistry:
         command.on_accept(actor)
         return []
 
-    def claim(self, actor: Any, by_shutdown: bool) -> bool:
+    def claim(self, actor: Any, by_shutdown: bool, why: str | None = None) -> bool:
         self.claims.append(actor.id)
         return True
 

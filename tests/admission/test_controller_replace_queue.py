@@ -97,7 +97,8 @@ async def test_replace_retires_the_running_owner_and_latest_wins():
         second = await handle.submit(R(restartable("run-2", coop.cooperative), "s"))
         await running(handle, "run-2")
         await async_wait_for(lambda: not handle.is_alive("run-1"))
-        assert (await outcome(first)).kind is OutcomeKind.CANCELED
+        retired = await outcome(first)
+        assert (retired.kind, retired.reason) == (OutcomeKind.CANCELED, "replaced by a newer submission in slot 's'")
         await seen(events, EventKind.CONTROLLER_SLOT_TRANSITION, slot="s", reason="running->terminating (replace)")
         assert handle.controller_snapshot().slot("s").owner_id == second
 

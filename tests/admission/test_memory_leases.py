@@ -57,7 +57,8 @@ async def test_two_supervisors_take_turns_replace_across_them_and_drop_is_refuse
         refused = await dropped.wait()
         assert (refused.kind, refused.rejection) == (OutcomeKind.REJECTED, RejectionKind.SLOT_BUSY), refused
         _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b3")).with_slot("s"))
-        assert (await second.wait()).kind is OutcomeKind.CANCELED
+        retired = await second.wait()
+        assert (retired.kind, retired.reason) == (OutcomeKind.CANCELED, "replaced by a newer submission in slot 's'")
         assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b1", "a1", "b3"]
     assert store.holdings(1.0) == []
