@@ -26,7 +26,6 @@ from __future__ import annotations
 import abc
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -72,19 +71,15 @@ CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display t
 
 
 def load(path: str) -> TaskFile:
-    """Read and parse the file at `path`; a `cwd` that is no directory is an error too."""
+    """Read and parse the file at `path`; a `cwd` that is no directory is an error too (at its
+    key, with the task's other errors)."""
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return TaskFile((), None, (f"cannot read the file: {reason}",))
-    parsed = parse_text(text, os.path.dirname(os.path.abspath(path)))
-    missing = [f"task {json.dumps(t.name)}.cwd: no such directory: {cwd!r}"
-               for t in parsed.tasks if (cwd := t.spec.task.cwd) is not None and not os.path.isdir(cwd)]
-    if not missing:
-        return parsed
-    return TaskFile(parsed.tasks, parsed.grace, (*parsed.errors, *missing))
+    return parse_text(text, os.path.dirname(os.path.abspath(path)), os.path.isdir)
 
 
 def report_errors(path: str, parsed: TaskFile) -> None:

@@ -207,6 +207,18 @@ def _cwd(value: object) -> str:
     return value
 
 
+def _cwd_in(base_dir: str, is_dir: Callable[[str], bool] | None) -> Callable[[object], str]:
+    """`cwd`, taken from `base_dir` (the file's directory); with `is_dir`, it must be one."""
+
+    def convert(value: object) -> str:
+        path = os.path.normpath(os.path.join(base_dir, _cwd(value)))
+        if is_dir is not None and not is_dir(path):
+            raise _Invalid(f"no such directory: {path!r}")
+        return path
+
+    return convert
+
+
 SETTINGS: dict[str, Callable[[object], Any]] = {
     "restart": _via(_shell.choice(*_shell.RESTARTS), (str,), "a string: " + ", ".join(_shell.RESTARTS)),
     "every": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
@@ -282,10 +294,12 @@ _IN_TASK = {
 }
 
 
-def parse_text(text: str, base_dir: str = ".") -> TaskFile:
+def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | None = None) -> TaskFile:
     """The tasks and the errors of a task file's text; a relative `cwd` is taken from `base_dir`
-    (the file's directory)."""
+    (the file's directory), and, given `is_dir` (`os.path.isdir`: the shell's), each `cwd`
+    must be a directory, an error at its key like any other."""
     errors = _Errors()
+    settings = {**SETTINGS, "cwd": _cwd_in(base_dir, is_dir)}
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -294,11 +308,11 @@ def parse_text(text: str, base_dir: str = ".") -> TaskFile:
     for key in document:
         if key not in TOP_LEVEL:
             errors.add(_key(key), _unknown(key, list(TOP_LEVEL), {}) + " (a task file has [defaults] and [task.NAME] tables)")
-    defaults = _defaults(document.get("defaults", {}), errors)
+    defaults = _defaults(document.get("defaults", {}), settings, errors)
     grace = defaults.pop("grace", None)
     tasks = []
     for name, table in _task_tables(document, errors):
-        task = _task(name, table, defaults, base_dir, errors)
+        task = _task(name, table, defaults, settings, errors)
         if task is not None:
             tasks.append(task)
     return TaskFile(tuple(tasks), grace, tuple(errors.found))
@@ -314,11 +328,11 @@ def _syntax_error(message: str) -> tuple[str, str]:
     return "TOML", message
 
 
-def _defaults(table: object, errors: _Errors) -> dict[str, Any]:
+def _defaults(table: object, settings: dict[str, Callable[[object], Any]], errors: _Errors) -> dict[str, Any]:
     if not isinstance(table, dict):
         errors.add("defaults", f"expected a table ([defaults]), got {_kind(table)}: {toml_text(table)}")
         return {}
-    return _read(table, "defaults", {**SETTINGS, **DEFAULTS_ONLY}, _IN_DEFAULTS, errors)
+    return _read(table, "defaults", {**settings, **DEFAULTS_ONLY}, _IN_DEFAULTS, errors)
 
 
 def _task_tables(document: dict[str, Any], errors: _Errors) -> list[tuple[str, dict[str, Any]]]:
@@ -342,11 +356,13 @@ def _task_tables(document: dict[str, Any], errors: _Errors) -> list[tuple[str, d
     return found
 
 
-def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], base_dir: str,
+def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], allowed: dict[str, Callable[[object], Any]],
           errors: _Errors) -> FileTask | None:
+    """The task of one table, or None with each of its errors added (all of them: a bad value
+    does not hide what building the task from the others finds)."""
     where = _task_where(name)
     before = len(errors.found)
-    own = _read(table, where, {**SETTINGS, **TASK_ONLY}, _IN_TASK, errors)
+    own = _read(table, where, {**allowed, **TASK_ONLY}, _IN_TASK, errors)
     settings = {**defaults, **own}
     if "env" in defaults and "env" in own:
         settings["env"] = {**defaults["env"], **own["env"]}
@@ -363,15 +379,14 @@ def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], base_dir: 
     if "every" in settings and settings.get("restart") in ("never", "on-failure"):
         errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
                                      f"or no restart, got restart = {toml_text(settings['restart'])}")
-    if len(errors.found) > before:
-        return None
-    return _build(name, settings, base_dir, where, errors)
+    task = None
+    if has_target != has_command and ("target" in settings or "command" in settings):  # a body to build
+        task = _build(name, settings, where, errors)
+    return task if len(errors.found) == before else None
 
 
-def _build(name: str, settings: dict[str, Any], base_dir: str, where: str, errors: _Errors) -> FileTask | None:
-    cwd = settings.get("cwd")
-    if cwd is not None:
-        cwd = os.path.normpath(os.path.join(base_dir, cwd))
+def _build(name: str, settings: dict[str, Any], where: str, errors: _Errors) -> FileTask | None:
+    cwd = settings.get("cwd")  # already taken from the file's directory
     try:
         if "command" in settings:
             body: TaskFn | CommandTask = CommandTask(name, settings["command"], settings.get("env"), cwd)

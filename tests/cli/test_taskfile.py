@@ -190,6 +190,41 @@ def test_every_error_of_a_file_is_reported_at_once_in_file_order():
     assert parse_text(text).tasks[-1].name == "ok"  # the valid task is still described
 
 
+def test_no_error_of_a_task_hides_another_of_the_same_task():
+    """A missing cwd, a bad value, an unknown key and an argument msgpack cannot carry, in one
+    task and in the next, each with its location; a [defaults] cwd that is missing is said once,
+    at its own key (the tasks inheriting it say nothing more)."""
+    dirs = {"/base/here"}
+    text = """
+        [task.one]
+        target = "m:f"
+        cwd = "missing"
+        timeout = "600"
+        args = [18446744073709551616]
+        backof = 1
+        [task.two]
+        command = ["x", "a\\u0000b"]
+        cwd = "gone"
+        jitter = "sometimes"
+        [task.three]
+        target = "m:f"
+        cwd = "here"
+    """
+    found = list(parse_text(text, "/base", dirs.__contains__).errors)
+    assert found[:2] == ["task \"one\".cwd: no such directory: '/base/missing'",
+                         'task "one".timeout: expected a number of seconds, got a string: "600"'], found
+    assert found[2] == 'task "one".backof: unknown key (did you mean backoff?)', found
+    assert found[3].startswith('task "one": args[0] ') and "msgpack" in found[3], found
+    assert found[4:] == ["task \"two\".cwd: no such directory: '/base/gone'",
+                         "task \"two\".jitter: expected one of none, full, equal, randomized-band, got 'sometimes'",
+                         "task \"two\": argv[1] must not contain a NUL byte, got 'a\\x00b'"], found
+    assert [t.name for t in parse_text(text, "/base", dirs.__contains__).tasks] == ["three"]
+    inherited = parse_text('[defaults]\ncwd = "nowhere"\n[task.a]\ntarget = "m:f"\n[task.b]\ncommand = ["x"]\n',
+                           "/base", dirs.__contains__)
+    assert inherited.errors == ("defaults.cwd: no such directory: '/base/nowhere'",)
+    assert parse_text(text, "/base").errors == tuple(e for e in found if "no such directory" not in e)  # no check asked
+
+
 # --- the same as on the command line ---------------------------------------------------------------------
 
 FLAGS = {"every": "--every", "timeout": "--timeout", "start_timeout": "--start-timeout", "cpu": "--cpu",

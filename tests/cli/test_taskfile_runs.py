@@ -127,6 +127,28 @@ def test_check_reports_every_error_at_once_and_an_invalid_file_runs_nothing(tmp_
     assert (good.returncode, good.stdout, good.stderr) == (0, "good.toml: valid, 1 task: build\n", "")
 
 
+def test_check_reports_a_missing_cwd_beside_the_tasks_other_errors(tmp_path: pathlib.Path) -> None:
+    """Every error of every task, in file order: a task's missing cwd is not hidden by its bad
+    timeout, nor another's by its unknown key."""
+    (tmp_path / "conf").mkdir()
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.one]
+        target = "workers.basic:quick"
+        timeout = -1
+        cwd = "nowhere"
+        [task.two]
+        command = ["true"]
+        cwd = "../gone"
+        retries = 2
+    """)
+    expected = ["conf/tasks.toml: task \"one\".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got '-1'",
+                f"conf/tasks.toml: task \"one\".cwd: no such directory: {str(tmp_path / 'conf' / 'nowhere')!r}",
+                f"conf/tasks.toml: task \"two\".cwd: no such directory: {str(tmp_path / 'gone')!r}",
+                'conf/tasks.toml: task "two".retries: unknown key (did you mean max_retries?)']
+    checked = mpvisor(tmp_path, "check", "conf/tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
+
+
 # --- a batch ------------------------------------------------------------------------------------------
 
 
