@@ -19,6 +19,11 @@ before it (`Caught`); then a summary line. Every task's stdout
 goes to stderr; stdout keeps one JSON line, `{"<task>": <value>, ...}` for the Python targets
 that completed (none: no line), or the events with `--events json`. Ctrl-C and SIGTERM shut
 every task down gracefully, as for one task, and mpvisor then dies by that signal.
+
+A Python target of a task with a `cwd` is looked up there first: when a file has one, the run
+puts `""` at the front of `sys.path` before the launcher starts, so each attempt (which moves to
+its task's `cwd` before it imports) resolves its imports from the directory it runs in, then
+from where `mpvisor run` was started (`run` puts that next) and `PYTHONPATH`.
 """
 
 from __future__ import annotations
@@ -297,6 +302,8 @@ def run_file(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     tasks = parsed.tasks
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE
+    if any(isinstance(t.spec.task, TaskFn) and t.spec.task.cwd is not None for t in tasks) and sys.path[:1] != [""]:
+        sys.path.insert(0, "")  # before the launcher starts: an attempt looks its target up in its own cwd first
     machine = take_stdout()
     subscribers: list[Any] = event_writers(args, machine)
     lock = threading.Lock()

@@ -205,6 +205,36 @@ def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathl
     assert lines[-1] == "mpvisor: conf/tasks.toml: 5 tasks: 3 completed, 2 failed; exit status 124"
 
 
+def test_a_python_target_is_imported_from_its_tasks_cwd(tmp_path: pathlib.Path) -> None:
+    """Run from another directory: a module next to the task file is found with `cwd = "."`,
+    and two tasks whose cwds hold different modules of one name each get their own; a task
+    without a cwd still imports from where `mpvisor run` was started (and PYTHONPATH)."""
+    conf, other = tmp_path / "conf", tmp_path / "elsewhere"
+    (conf / "b").mkdir(parents=True)
+    other.mkdir()
+    (conf / "mymod.py").write_text("import os\n\ndef fn(x):\n    return [x * 2, os.getcwd()]\n")
+    (conf / "b" / "mymod.py").write_text("def fn(x):\n    return 'the one in b'\n")
+    (other / "started_here.py").write_text("def fn():\n    return 'from where mpvisor run started'\n")
+    write(conf / "tasks.toml", """
+        [task.beside]
+        target = "mymod:fn"
+        args = [21]
+        cwd = "."
+        [task.in_b]
+        target = "mymod:fn"
+        args = [0]
+        cwd = "b"
+        [task.here]
+        target = "started_here:fn"
+        [task.path]
+        target = "workers.basic:quick"
+    """)
+    done = mpvisor(other, "run", "--file", str(conf / "tasks.toml"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"beside": [42, str(conf)], "in_b": "the one in b",
+                                       "here": "from where mpvisor run started", "path": "ok"}
+
+
 # --- slots shared with other runs -------------------------------------------------------------------------
 
 
