@@ -11,12 +11,13 @@ and one runtime for every task of the file (`_api/session.py`: the path `Supervi
 A run starts the tasks without a slot at once (one atomic registration) and submits the others
 to a controller whose slots are shared with every mpvisor process of the user
 (`ControllerConfig(leases="local")`), so two runs of files naming one slot, or a file and a
-`mpvisor run --slot`, exclude each other. While it runs, stderr shows a live table on a
-terminal (`LiveTable`: the bottom rows of the screen, below a scroll region that the tasks'
-own output scrolls in), plain lines as states change otherwise (`PlainLines`); each outcome
-line is printed as the task ends, from its outcome, once the display has shown every event
-before it (`Caught`); then a summary line. Every task's stdout
-goes to stderr; stdout keeps one JSON line, `{"<task>": <value>, ...}` for the Python targets
+`mpvisor run --slot`, exclude each other; at most `max_concurrent` attempts are alive at once
+(`--max-concurrent`, else the file's `[defaults]`: `SupervisorConfig(max_concurrent=...)`).
+While it runs, stderr shows a live table on a terminal (`LiveTable`: the bottom rows of the
+screen, below a scroll region that the tasks' own output scrolls in), plain lines as states
+change otherwise (`PlainLines`); each outcome line is printed as the task ends, from its
+outcome, once the display has shown every event before it (`Caught`); then a summary line.
+Every task's stdout goes to stderr; stdout keeps one JSON line, `{"<task>": <value>, ...}` for the Python targets
 that completed (none: no line), or the events with `--events json`. Ctrl-C and SIGTERM shut
 every task down gracefully, as for one task, and mpvisor then dies by that signal.
 
@@ -315,7 +316,8 @@ def run_file(args: argparse.Namespace) -> int:
     if args.progress and not live:
         subscribers.append(ProgressBar(stderr, live=False, lock=lock))
     controller = ControllerConfig(leases="local") if any(t.slot for t in tasks) else None
-    config = SupervisorConfig(grace=grace, launcher=launcher_for(args))
+    bound = args.max_concurrent if getattr(args, "max_concurrent", None) is not None else parsed.max_concurrent
+    config = SupervisorConfig(grace=grace, max_concurrent=bound, launcher=launcher_for(args))
     interrupts: list[signal.Signals] = []
     if isinstance(display, LiveTable):
         display.start()

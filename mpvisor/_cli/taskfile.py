@@ -24,6 +24,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `env` | table of strings, merged over the environment; `false` removes a variable | (no CLI form) |
 | `cwd` | string, relative to the file's directory | (no CLI form) |
 | `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
+| `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
 
 A task's own value wins over `[defaults]`; `env` tables merge key by key. Exactly one of
 `target` and `command` per task. `policy` needs a `slot` (a `[defaults]` policy applies to the
@@ -68,11 +69,13 @@ class FileTask:
 class TaskFile:
     """A parsed task file: its tasks in file order, the run's `grace` (None: not given), and
     every error as `"<location>: <message>"`, in file order (the file is valid when there is
-    none; `tasks` then holds every task)."""
+    none; `tasks` then holds every task); `max_concurrent`, the run's bound on attempts alive
+    at once (None: not given)."""
 
     tasks: tuple[FileTask, ...]
     grace: float | None
     errors: tuple[str, ...]
+    max_concurrent: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -242,7 +245,10 @@ TASK_ONLY: dict[str, Callable[[object], Any]] = {
     "kwargs": _table,
     "command": _command,
 }
-DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {"grace": _via(_shell.seconds(allow_zero=True), _NUMBER, _SECONDS)}
+DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
+    "grace": _via(_shell.seconds(allow_zero=True), _NUMBER, _SECONDS),
+    "max_concurrent": _via(_shell.positive_count, _NUMBER, "a whole number >= 1"),
+}
 RUN_OPTIONS = ("events", "progress", "ray", "file")  # `mpvisor run` options that no file sets
 TOP_LEVEL = ("defaults", "task")
 
@@ -290,6 +296,7 @@ def _read(table: dict[str, Any], where: str, allowed: dict[str, Callable[[object
 _IN_DEFAULTS = {key: f"{key} is a task's own key, not a default ([task.NAME])" for key in TASK_ONLY}
 _IN_TASK = {
     "grace": "grace is the whole run's: set it in [defaults]",
+    "max_concurrent": "max_concurrent is the whole run's: set it in [defaults]",
     "name": "a task's name is its table's key: [task.NAME]",
 }
 
@@ -310,12 +317,13 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
             errors.add(_key(key), _unknown(key, list(TOP_LEVEL), {}) + " (a task file has [defaults] and [task.NAME] tables)")
     defaults = _defaults(document.get("defaults", {}), settings, errors)
     grace = defaults.pop("grace", None)
+    max_concurrent = defaults.pop("max_concurrent", None)
     tasks = []
     for name, table in _task_tables(document, errors):
         task = _task(name, table, defaults, settings, errors)
         if task is not None:
             tasks.append(task)
-    return TaskFile(tuple(tasks), grace, tuple(errors.found))
+    return TaskFile(tuple(tasks), grace, tuple(errors.found), max_concurrent)
 
 
 def _syntax_error(message: str) -> tuple[str, str]:

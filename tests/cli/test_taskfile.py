@@ -61,6 +61,12 @@ def test_a_file_describes_its_tasks_with_their_defaults_slots_and_the_runs_grace
     assert (deploy.slot, deploy.policy) == ("deploy-prod", "queue")
 
 
+def test_the_runs_bound_on_attempts_is_read_from_the_defaults():
+    parsed = parse_text("[defaults]\nmax_concurrent = 3\n[task.a]\ntarget = 'm:f'\n")
+    assert (parsed.ok, parsed.max_concurrent, parsed.grace) == (True, 3, None)
+    assert parse_text("[task.a]\ntarget = 'm:f'\n").max_concurrent is None
+
+
 def test_every_key_reaches_the_spec():
     """Limits, intensity, jitter, kwargs, a periodic task, env (merged with the defaults'; false
     removes a variable) and a cwd relative to the file's directory."""
@@ -119,6 +125,12 @@ def test_every_key_reaches_the_spec():
         ("[defaults]\ntarget = 'm:f'\n[task.a]\ntarget = 'm:f'\n", ["defaults.target: target is a task's own key, not a default ([task.NAME])"]),
         ("[defaults]\ngrace = -1\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, got '-1'"]),
         ("[defaults]\ngrace = 'soon'\n[task.a]\ntarget = 'm:f'\n", ['defaults.grace: expected a number of seconds, got a string: "soon"']),
+        ("[defaults]\nmax_concurrent = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '0'"]),
+        ("[defaults]\nmax_concurrent = -2\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '-2'"]),
+        ("[defaults]\nmax_concurrent = 1.5\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '1.5'"]),
+        ("[defaults]\nmax_concurrent = '2'\n[task.a]\ntarget = 'm:f'\n", ['defaults.max_concurrent: expected a whole number >= 1, got a string: "2"']),
+        ("[defaults]\nmax_concurrent = true\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got a boolean: true"]),
+        ("[task.a]\ntarget = 'm:f'\nmax_concurrent = 2\n", ['task "a".max_concurrent: max_concurrent is the whole run\'s: set it in [defaults]']),
         ("[task.a]\ntarget = 'm:f'\ntimeout = '600'\n", ['task "a".timeout: expected a number of seconds, got a string: "600"']),
         ("[task.a]\ntarget = 'm:f'\ntimeout = 0\n", ['task "a".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got \'0\'']),
         ("[task.a]\ntarget = 'm:f'\nmax_retries = true\n", ['task "a".max_retries: expected a whole number >= 0, got a boolean: true']),
@@ -344,6 +356,9 @@ def test_loading_a_file_checks_its_cwd_and_reports_what_cannot_be_read(tmp_path)
         (["run", "--file", "t.toml", "--slot", "s"], ["argument --slot: not with --file"]),
         (["run", "--file", "t.toml", "--restart", "always"], ["argument --restart: not with --file"]),
         (["check"], ["FILE"]),
+        (["run", "--file", "t.toml", "--max-concurrent", "0"], ["argument --max-concurrent", "'0'"]),
+        (["run", "--file", "t.toml", "--max-concurrent", "1.5"], ["argument --max-concurrent", "'1.5'"]),
+        (["run", "--max-concurrent", "2", "workers.basic:quick"], ["argument --max-concurrent", "only with --file"]),
     ],
 )
 def test_file_with_a_task_of_its_own_or_task_options_is_a_usage_error(argv, words):
@@ -359,6 +374,8 @@ def test_file_takes_the_run_options_and_check_its_file():
     args, spec = parse(["run", "--file", "t.toml", "--grace", "3", "--progress", "--events", "json"])
     assert (spec, args.file, args.grace, args.progress, args.events) == (None, "t.toml", 3.0, True, "json")
     args, spec = parse(["run", "--file", "t.toml"])
-    assert args.grace is None  # the file's [defaults] grace, else 10 s
+    assert args.grace is None and args.max_concurrent is None  # the file's [defaults], else 10 s and no bound
+    args, spec = parse(["run", "--file", "t.toml", "--max-concurrent", "2"])
+    assert args.max_concurrent == 2
     args, spec = parse(["check", "t.toml"])
     assert (args.verb, args.file, spec) == ("check", "t.toml", None)

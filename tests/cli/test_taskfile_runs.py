@@ -235,6 +235,63 @@ def test_a_python_target_is_imported_from_its_tasks_cwd(tmp_path: pathlib.Path) 
                                        "here": "from where mpvisor run started", "path": "ok"}
 
 
+# --- at most N at once ------------------------------------------------------------------------------------
+
+
+def most_at_once(found: list[tuple[float, float, str]]) -> int:
+    """The largest number of the intervals `(start, end, label)` that overlap at one moment."""
+    moments = sorted([(start, 1) for start, _, _ in found] + [(end, -1) for _, end, _ in found])  # an end first at a tie
+    alive = most = 0
+    for _, step in moments:
+        alive += step
+        most = max(most, alive)
+    return most
+
+
+def hold_file(path: pathlib.Path, log: pathlib.Path, count: int, seconds: float, defaults: str = "") -> pathlib.Path:
+    """`count` tasks, each `workers.cli_probes:hold` for `seconds` (its start and end in `log`)."""
+    text = f"[defaults]\n{defaults}\n" if defaults else ""
+    for i in range(count):
+        text += f'[task.t{i}]\ntarget = "workers.cli_probes:hold"\nargs = ["{log}", "t{i}", {seconds}]\n'
+    path.write_text(text)
+    return path
+
+
+def test_max_concurrent_bounds_the_attempts_of_a_file_and_the_command_line_wins(tmp_path: pathlib.Path) -> None:
+    """`[defaults] max_concurrent = 2`: of five tasks, never more than two attempts at once (and
+    two did run together); `--max-concurrent 1` over the file's 2: one at a time. `mpvisor check`
+    accepts the key."""
+    log = tmp_path / "file.log"
+    hold_file(tmp_path / "tasks.toml", log, 5, 0.6, "max_concurrent = 2")
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {f"t{i}": f"t{i}" for i in range(5)}
+    found = intervals(log)
+    assert len(found) == 5 and most_at_once(found) == 2, found
+    one = tmp_path / "one.log"
+    hold_file(tmp_path / "one.toml", one, 3, 0.3, "max_concurrent = 2")
+    done = mpvisor(tmp_path, "run", "--max-concurrent", "1", "--file", "one.toml")
+    assert done.returncode == 0, done.stderr
+    found = intervals(one)
+    assert len(found) == 3 and most_at_once(found) == 1, found
+    for (_, end, x), (begin, _, y) in itertools.pairwise(found):
+        assert end <= begin, f"{y} started at {begin} before {x} ended at {end}"
+
+
+def test_a_bad_max_concurrent_is_an_error_at_its_key_and_nothing_runs(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "ran.log"
+    hold_file(tmp_path / "tasks.toml", log, 2, 0.01, "max_concurrent = 0")
+    expected = ["tasks.toml: defaults.max_concurrent: expected a whole number >= 1, got '0'"]
+    for argv in (["check", "tasks.toml"], ["run", "--file", "tasks.toml"]):
+        done = mpvisor(tmp_path, *argv)
+        assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", expected), done.stderr
+    assert not log.exists()
+    usage = mpvisor(tmp_path, "run", "--max-concurrent", "0", "--file", "tasks.toml")
+    assert usage.returncode == 2 and "argument --max-concurrent: expected a whole number >= 1, got '0'" in usage.stderr
+
+
 # --- slots shared with other runs -------------------------------------------------------------------------
 
 

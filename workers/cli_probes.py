@@ -1,0 +1,39 @@
+"""What do the command-line tests run? (tests/cli: a task file's bound on attempts, long outcome lines)
+
+| function | does | ends |
+|---|---|---|
+| `hold(log, label, seconds)` | appends `start <label> <time>` to `log`, sleeps `seconds`, appends `end <label> <time>` | returns `label` |
+| `self_referential()` | | returns a list that contains itself (no msgpack value: the attempt is `FATAL`, with a long reason) |
+| `long_failure(length)` | | `Fail` with a reason of `length` characters |
+
+Each line of `log` is one `os.write` on an `O_APPEND` fd (`_marker.append_line`): lines of
+concurrent attempts never interleave.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ._marker import append_line, mark
+
+
+def hold(log: str, label: str, seconds: float, marker: str | None = None) -> str:
+    mark(marker, "started")
+    append_line(log, f"start {label} {time.time():.6f}")
+    time.sleep(seconds)
+    append_line(log, f"end {label} {time.time():.6f}")
+    return label
+
+
+def self_referential(marker: str | None = None) -> list[object]:
+    mark(marker, "started")
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+def long_failure(length: int, marker: str | None = None) -> None:
+    from mpvisor import Fail
+
+    mark(marker, "started")
+    raise Fail("x" * (length - 4) + " end")
