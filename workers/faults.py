@@ -307,7 +307,7 @@ def install() -> None:
             strike(_channel_fd, fault)
         return original_import_target(start)
 
-    def finish(channel: Any, message: Any, *, max_frame: int = 0, status: int = 0) -> NoReturn:
+    def finish(channel: Any, message: Any, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
         from mpvisor._attempt import context as _context
 
         ctx = _context._current
@@ -315,7 +315,7 @@ def install() -> None:
         if fault is not None and isinstance(message, Result):
             payload = _child._encode_report(message, max_frame)
             strike_result(channel.fd, _HEADER.pack(len(payload)) + payload, fault)
-        original_finish(channel, message, max_frame=max_frame, status=status)
+        original_finish(channel, message, max_frame=max_frame, status=status, die_by=die_by)
 
     _child.run = run  # type: ignore[assignment]
     _child._Channel.read_start = read_start  # type: ignore[method-assign]

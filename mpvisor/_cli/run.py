@@ -15,8 +15,9 @@ and `hello` are strings, `'"NaN"'` is the string NaN.
 The outcome is printed on stderr in one line, `mpvisor: <task>: <kind> reason=... exit_code=...
 attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`, `failed`, ...;
 the `outcome_*` labels are what JSON events and metrics carry). A Python target whose final
-outcome is a failure with a traceback has that traceback printed just before, as `python
-script.py` would print it (`--events log` logs each failed attempt's); `--quiet` prints neither.
+outcome is a failure by an exception it did not catch has that traceback printed just before,
+as `python script.py` would print it (a `Fail` or `Fatal` is its own verdict, its reason the
+message: no traceback; `--events log` logs each failed attempt's); `--quiet` prints neither.
 
 stdout is reserved for machine-readable output. For a Python TARGET it is one line of JSON, the
 return value, printed when the outcome is `COMPLETED` (so `v=$(mpvisor run pkg.mod:fn 3)`
@@ -246,13 +247,23 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
             print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
         return statuses.REPLACED
     if not args.quiet:
-        if outcome.traceback and outcome.kind in (OutcomeKind.FAILED, OutcomeKind.FATAL):
+        if outcome.traceback and _uncaught(outcome):
             print(outcome.traceback.rstrip(), file=sys.stderr)  # as `python script.py` would, then the outcome
         print(outcome_line(spec.name, outcome), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     first = interrupts[0] if interrupts else None
     return -first if first is not None else statuses.exit_status(outcome)
+
+
+def _uncaught(outcome: TaskOutcome) -> bool:
+    """A failure from an exception the target did not catch: its reason ends with the
+    traceback's last line (`Type: message`). A `Fail` or `Fatal` is the target's own verdict,
+    its reason the message meant for people, and prints none (as `sys.exit("message")`)."""
+    if not outcome.traceback or outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.FATAL):
+        return False
+    last = outcome.traceback.rstrip().rpartition("\n")[2]
+    return bool(last) and (outcome.reason or "").endswith(last)
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

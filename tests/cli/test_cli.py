@@ -289,6 +289,10 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
     assert failed["traceback"].startswith("Traceback (most recent call last):") and "kaboom" in failed["traceback"]
     ok = mpvisor(tmp_path, "run", "workers.basic:quick")
     assert "Traceback" not in ok.stderr
+    verdict = mpvisor(tmp_path, "run", "workers.basic:failing", "3")  # Fail("boom"): a verdict, its reason the message
+    assert verdict.returncode == 3 and "Traceback" not in verdict.stderr, verdict.stderr
+    unimportable = mpvisor(tmp_path, "run", "workers.no_such_module:fn")
+    assert "Traceback (most recent call last):" in unimportable.stderr and "ModuleNotFoundError" in unimportable.stderr
 
 
 # --- stdin --------------------------------------------------------------------------------------------

@@ -186,6 +186,7 @@ def test_supervisor_config_defaults() -> None:
         "capture_output": False,
         "seed": None,
         "launcher": None,
+        "stdin": "null",
     }
 
 
