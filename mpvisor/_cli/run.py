@@ -171,7 +171,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
-        for option in (*TASK_OPTIONS, "start_timeout"):
+        for option in TASK_OPTIONS:
             if getattr(args, option) is not None:
                 flag = "--" + option.replace("_", "-")
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
@@ -185,14 +185,9 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if bool(args.command) == (args.target is not None):
         run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
     try:
-        spec = build_spec(args)
+        args.spec = build_spec(args)  # `--timeout` as timeout(1) reads it: the whole attempt
     except (TypeError, ValueError) as exc:
         run.error(str(exc))
-    if args.timeout is not None:  # as timeout(1) reads it: the whole attempt, start-up and import included
-        spec = spec.with_timeout(args.timeout, include_start=True)
-    if args.start_timeout is not None:
-        spec = spec.with_start_timeout(args.start_timeout)
-    args.spec = spec
     if args.policy is not None and args.slot is None:
         run.error("argument --policy: needs --slot")
 
