@@ -11,7 +11,7 @@ lost event leaves a row stale until then). `render_table` draws the rows for a t
 | (before any) | `pending`, or `waiting for slot 'S'` | - |
 | a shared slot queues it (`CONTROLLER_SLOT_TRANSITION` naming the task) | `queued in slot 'S' (position N)` | the server's answer: position and owner |
 | `ATTEMPT_STARTING` | `running` | `attempt N started (pid P)` |
-| `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` / `timed out` |
+| `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` (cut at 200 characters, `shorten`) / `timed out` |
 | `BACKOFF_SCHEDULED` | `retry in 1.5s` / `next run in 5s` | `next attempt in ...` |
 | `TASK_REMOVE_REQUESTED` | `stopping` | - |
 | the outcome (`settle`) | its kind (`completed`, `failed`, ...), or `replaced` | (the outcome line, printed by the shell) |
@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mpvisor._cli.options import shorten
 from mpvisor._cli.statuses import FAILED, REJECTED, REPLACED, exit_status
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
@@ -157,7 +158,7 @@ def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None,
         case EventKind.ATTEMPT_SUCCEEDED:
             return replace(row, last=f"attempt {attempt} succeeded"), None
         case EventKind.ATTEMPT_FAILED:
-            text = f"attempt {attempt} failed: {event.reason or 'failed'}"
+            text = f"attempt {attempt} failed: {shorten(event.reason or 'failed')}"
             return replace(row, last=text), text
         case EventKind.ATTEMPT_TIMED_OUT:
             text = f"attempt {attempt} timed out" + (f" after {event.timeout:g} s" if event.timeout else "")
@@ -172,7 +173,7 @@ def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None,
         case EventKind.TASK_REMOVE_REQUESTED:
             return replace(row, state="stopping"), None
         case EventKind.CONTROLLER_SLOT_TRANSITION if event.reason:
-            return replace(row, state=f"queued in slot {event.slot!r}"), event.reason
+            return replace(row, state=f"queued in slot {event.slot!r}"), shorten(event.reason)
         case EventKind.ATTEMPT_PROGRESS:
             report = tracker.report_for(event)
             return (replace(row, progress=report), None) if report is not None else (None, None)

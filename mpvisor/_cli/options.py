@@ -5,8 +5,8 @@ files (`taskfile`, `filerun`), so that a value means the same on the command lin
 file and a bad one gets the same message: the option value parsers (argparse `type=`s, each
 raising `argparse.ArgumentTypeError` with the text a usage error shows), `build_spec` (options
 to a `TaskSpec`), the lines printed about outcomes and values (pure), and the
-steps of I/O every run takes (`take_stdout`, `event_writers`, `write_line`, `launcher_for`). The
-exit statuses are `statuses`'.
+steps of I/O every run takes (`guarded_output`, `take_stdout`, `event_writers`, `write_line`,
+`launcher_for`). The exit statuses are `statuses`'.
 
 | parser | accepts | e.g. |
 |---|---|---|
@@ -16,7 +16,11 @@ exit statuses are `statuses`'.
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
 | `byte_size` | bytes, `512M`, `1G` | `--memory` |
 | `intensity` | `N/SECONDS` | `--intensity 3/60` |
-| `task_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, TARGET, `--ray`, ARG |
+| `task_name`, `slot_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, `--slot`, TARGET, `--ray`, ARG |
+
+A line about an outcome cuts a reason at `REASON_MAX` characters (`shorten`); the value line on
+stdout is data, never cut. Output that cannot be written is `guarded_output`'s: one mechanism,
+see the section below.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -52,10 +57,29 @@ DEFAULT_GRACE = 10.0
 
 
 class UsageParser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2."""
+    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2.
+
+    A word that starts with `-` and a digit or a dot (`-1/5`, `-1:5`, `-5M`, `-.5`) is a value,
+    never an option (no option of mpvisor looks like that), so `--intensity -1/5` reaches its
+    parser and is refused naming the option and the value, as `--grace -1` is; argparse alone
+    takes only plain negative numbers for values. An option left without its value says how to
+    give one that starts with `-` (`--slot=-x`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-[\d.]")
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:
+        try:
+            return super()._match_argument(action, arg_strings_pattern)
+        except argparse.ArgumentError as exc:  # `--slot -x`: argparse took -x for an option ("O")
+            if action.nargs is not None or not action.option_strings or not arg_strings_pattern.startswith("O"):
+                raise
+            hint = f"a value that starts with '-' is written {action.option_strings[-1]}=VALUE"
+            raise argparse.ArgumentError(action, f"{exc.message} ({hint})") from None
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # Python 3.11's argparse drops a value that is exactly "--" (`--backoff=--`) and hands
@@ -65,10 +89,25 @@ class UsageParser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
+REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)
+
+
+def shorten(text: str, limit: int = REASON_MAX) -> str:
+    """`text`, or its first `limit` characters, an ellipsis and how long it is in all."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _reason(reason: str | None) -> str:
+    if reason is None or len(reason) <= REASON_MAX:
+        return repr(reason)
+    return f"{reason[:REASON_MAX]!r}… ({len(reason)} characters)"
+
+
 def outcome_line(name: str, outcome: TaskOutcome) -> str:
-    """The one human line about an outcome: the kind's lower-case name, not its label."""
+    """The one human line about an outcome: the kind's lower-case name, not its label; a reason
+    longer than `REASON_MAX` is cut there (`--events json` carries all of it)."""
     return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={outcome.reason!r} "
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(outcome.reason)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
     )
 
@@ -198,6 +237,13 @@ def task_name(text: str) -> str:
     return text
 
 
+def slot_name(text: str) -> str:
+    """An argparse `type=`: a non-empty slot name."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"expected a non-empty slot name, got {text!r}")
+    return text
+
+
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -264,6 +310,8 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
     cannot see, e.g. an int argument out of msgpack's range); `task`, when given, is its body
     (a task file builds it with its own environment and working directory)."""
     if task is None and args.command:
+        if not args.command[0]:
+            raise ValueError(f"argument COMMAND: expected a program to run, got {args.command[0]!r}")
         task = CommandTask(args.name or os.path.basename(args.command[0]), args.command)
     elif task is None:
         task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)

@@ -234,7 +234,7 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "start_timeout": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
     "backoff": _via(_shell.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
     "jitter": _via(_shell.jitter, (str,), "a string: none, full, equal or randomized-band"),
-    "slot": _via(_shell.task_name, (str,), "a slot name (a string)"),
+    "slot": _via(_shell.slot_name, (str,), "a slot name (a string)"),
     "policy": _via(_shell.choice(*_shell.POLICIES), (str,), "a string: " + ", ".join(_shell.POLICIES)),
     "env": _env,
     "cwd": _cwd,

@@ -137,6 +137,16 @@ def test_rows_follow_the_events_and_say_so_in_plain_lines():
     assert view.rows["build"].state == "next run in 5.0s"
 
 
+def test_a_long_reason_is_cut_in_the_plain_line_and_the_row_and_the_table_still_fits():
+    view = BatchView(["build"])
+    reason = "cannot be sent as msgpack: the result" + "[0]" * 700
+    changed, line = view.apply(event(EventKind.ATTEMPT_FAILED, attempt=1, reason=reason))
+    assert changed and line == f"mpvisor: build: attempt 1 failed: {reason[:200]}… ({len(reason)} characters)"
+    assert view.rows["build"].last == f"attempt 1 failed: {reason[:200]}… ({len(reason)} characters)"
+    view.settle(result("build", failed(reason=reason, attempts=1)))
+    assert all(len(text) <= 100 for text in render_table(view.rows.values(), 100))
+
+
 def test_progress_reaches_the_row_and_the_outcome_settles_it_for_good():
     view = BatchView(["job"])
     view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=1))

@@ -5,6 +5,8 @@ Everything here runs in-process (no launcher, no child): `parse` either returns 
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import signal
 
@@ -12,7 +14,7 @@ import pytest
 
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._cli.main import parse, version
-from mpvisor._cli.options import outcome_line, parse_arg, value_line
+from mpvisor._cli.options import REASON_MAX, outcome_line, parse_arg, shorten, slot_name, value_line
 from mpvisor._cli.statuses import RESERVED, exit_status
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -76,6 +78,11 @@ def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys)
         (["--name", ""], "--name", ""),
         (["--restart", "maybe"], "--restart", "maybe"),
         (["--events", "xml"], "--events", "xml"),
+        (["--intensity", "-1/5"], "--intensity", "-1/5"),  # a value that starts with "-", not an option
+        (["--backoff", "-1:5"], "--backoff", "-1:5"),
+        (["--memory", "-5M"], "--memory", "-5M"),
+        (["--cpu", "-.5"], "--cpu", "-.5"),
+        (["--max-retries", "-1.5"], "--max-retries", "-1.5"),
     ],
 )
 def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, option, value, capsys):
@@ -107,6 +114,9 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--open-files", "0", "workers.basic:quick"], ["--open-files", "'0'"]),
         (["run", "--cpu", "0", "workers.basic:quick"], ["--cpu", "'0'"]),
         ([], ["COMMAND"]),
+        (["run", "--", ""], ["argument COMMAND: expected a program to run, got ''"]),
+        (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
+        (["run", "--slot", "-x", "--", "true"], ["argument --slot: expected one argument", "written --slot=VALUE"]),
     ],
 )
 def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
@@ -116,6 +126,26 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "error: " in line and all(word in line for word in words), line
+
+
+def test_an_option_left_without_a_value_hints_at_the_equals_form_only_when_an_option_like_word_followed(capsys):
+    with pytest.raises(SystemExit):
+        parse(["run", "workers.basic:quick", "--slot"])
+    assert "--slot=VALUE" not in capsys.readouterr().err  # nothing followed: no value to write otherwise
+
+
+def test_a_word_starting_with_a_dash_and_a_digit_is_a_value_an_arg_included():
+    _, spec = parse(["run", "workers.basic:echo", "-1/5", "-2", "-.5x"])
+    assert spec.task.args == ("-1/5", -2, "-.5x")
+    _, slotted = parse(["run", "--slot=-x", "--", "true"])  # the equals form takes any value
+    assert slotted.name == "true"
+
+
+def test_a_slot_name_is_named_a_slot_name():
+    """`slot_name` is `--slot`'s parser (and a task file's `slot`): its error says slot."""
+    assert slot_name("deploy") == "deploy"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a non-empty slot name, got ''$"):
+        slot_name("")
 
 
 def test_good_options_build_the_spec_they_describe():
@@ -211,6 +241,22 @@ def test_the_outcome_line_names_the_kind_not_the_label():
     line = outcome_line("job", failed(reason="boom", exit_code=7, attempts=2))
     assert line == "mpvisor: job: failed reason='boom' exit_code=7 attempts=2"
     assert outcome_line("x", TaskOutcome(OutcomeKind.FORCE_ABORTED)).startswith("mpvisor: x: force_aborted ")
+
+
+def test_a_long_reason_is_cut_and_its_length_said_a_short_one_is_as_it_is():
+    reason = "the result[0]" + "[0]" * 600 + " is nested too deep"
+    line = outcome_line("job", failed(reason=reason, attempts=1))
+    assert line == f"mpvisor: job: failed reason={reason[:REASON_MAX]!r}… ({len(reason)} characters) exit_code=None attempts=1"
+    assert len(line) < 300 < len(reason)
+    exactly = "é" * REASON_MAX
+    assert outcome_line("job", failed(reason=exactly)) == f"mpvisor: job: failed reason={exactly!r} exit_code=None attempts=0"
+    assert shorten(exactly) == exactly and shorten(exactly + "x") == f"{exactly}… ({REASON_MAX + 1} characters)"
+    assert shorten("abcdef", 3) == "abc… (6 characters)"
+
+
+def test_a_value_line_is_data_and_never_cut():
+    value = ["x" * 5000, list(range(1000))]
+    assert json.loads(value_line(value)) == value
 
 
 def test_intensity_becomes_the_specs_restart_intensity():

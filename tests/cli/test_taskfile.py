@@ -139,7 +139,7 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\nbackoff = '5:1'\n", ['task "a".backoff: first (5.0) must not exceed max (1.0) (in \'5:1\')']),
         ("[task.a]\ntarget = 'm:f'\nrestart = 'maybe'\n", ['task "a".restart: expected one of never, on-failure, always, got \'maybe\'']),
         ("[task.a]\ntarget = 'm:f'\npolicy = 'queue'\n", ['task "a".policy: needs slot (the slot whose admission the policy decides)']),
-        ("[task.a]\ntarget = 'm:f'\nslot = ''\n", ['task "a".slot: expected a non-empty task name, got \'\'']),
+        ("[task.a]\ntarget = 'm:f'\nslot = ''\n", ['task "a".slot: expected a non-empty slot name, got \'\'']),
         ("[task.a]\ntarget = 'm:f'\nevery = 5\nrestart = 'never'\n",
          ['task "a".every: makes the task run again after each success: it needs restart = "always" or no restart, got restart = "never"']),
         ("[task.a]\ntarget = 'nope'\n", ["task \"a\".target: target must have the form 'package.module:attr' (dotted identifiers, exactly one colon), got 'nope'"]),

@@ -1,0 +1,84 @@
+"""What mpvisor says, as a shell reads it: the installed `mpvisor` from a directory outside the
+repository (workers import through PYTHONPATH). A value that starts with "-" is a usage error
+naming its option and the value, an empty COMMAND says so, and nothing runs; a long reason (a
+result that contains itself, a failure's long message) is cut in the outcome line and the file
+run's lines, with its length said, while `--events json` carries all of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MPVISOR = shutil.which("mpvisor")
+
+
+def mpvisor(cwd: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.run([MPVISOR, *argv], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--intensity", "-1/5"], "mpvisor run: error: argument --intensity: expected N/SECONDS (N >= 0 restarts "
+                                  "within SECONDS > 0), got '-1/5' (see mpvisor run --help)"),
+        (["--memory", "-5M"], "mpvisor run: error: argument --memory: expected a size in bytes (e.g. 1048576, 512M, 1G), "
+                              "got '-5M' (see mpvisor run --help)"),
+    ],
+)
+def test_a_value_that_starts_with_a_dash_is_a_usage_error_naming_it(tmp_path: pathlib.Path, argv: list[str],
+                                                                   line: str) -> None:
+    marker = tmp_path / "ran"
+    done = mpvisor(tmp_path, "run", *argv, "workers.basic:quick", "ok", str(marker))
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert not marker.exists()
+
+
+def test_an_empty_command_is_named_the_command(tmp_path: pathlib.Path) -> None:
+    done = mpvisor(tmp_path, "run", "--", "")
+    assert (done.returncode, done.stderr) == (2, "mpvisor run: error: argument COMMAND: expected a program to run, "
+                                                 "got '' (see mpvisor run --help)\n")
+
+
+def said_length(line: str) -> int:
+    found = re.search(r"… \((\d+) characters\)", line)
+    assert found, line
+    return int(found[1])
+
+
+def test_a_long_reason_is_cut_in_the_outcome_line_and_whole_in_the_events(tmp_path: pathlib.Path) -> None:
+    """A result that contains itself cannot be sent: the attempt is FATAL with a reason of well
+    over a thousand characters; the outcome line shows 200 of them and the length."""
+    done = mpvisor(tmp_path, "run", "workers.cli_probes:self_referential")
+    assert done.returncode == 1, done.stderr
+    (line,) = [text for text in done.stderr.splitlines() if text.startswith("mpvisor: self_referential: ")]
+    assert line.startswith("mpvisor: self_referential: fatal reason='the result of type list cannot be sent as msgpack")
+    assert line.endswith("characters) exit_code=None attempts=1") and len(line) < 300, line
+    events = mpvisor(tmp_path, "run", "--events", "json", "workers.cli_probes:self_referential")
+    (failure,) = [e for e in map(json.loads, events.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert len(failure["reason"]) == said_length(line) > 1000
+    assert line.split("reason=", 1)[1].startswith(repr(failure["reason"][:200]))
+
+
+def test_a_file_runs_lines_cut_a_long_reason(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "tasks.toml").write_text('[task.long]\ntarget = "workers.cli_probes:long_failure"\nargs = [3000]\n')
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    (failed,) = [text for text in lines if text.startswith("mpvisor: long: attempt 1 failed: ")]
+    (outcome,) = [text for text in lines if text.startswith("mpvisor: long: failed reason=")]
+    assert failed == f"mpvisor: long: attempt 1 failed: {'x' * 200}… (3000 characters)"
+    assert outcome == f"mpvisor: long: failed reason='{'x' * 200}'… (3000 characters) exit_code=None attempts=1"
+    events = mpvisor(tmp_path, "run", "--events", "json", "--file", "tasks.toml")
+    (finished,) = [e for e in map(json.loads, events.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert finished["reason"] == "x" * 2996 + " end"
