@@ -359,8 +359,11 @@ def take_stdout() -> IO[str]:
     machine = _Guarded(kept, "stdout", kept.fileno() if kept is not None else 1)
     _LOST.streams.append(machine)
     os.dup2(2, 1)
-    if isinstance(sys.stdout, _Guarded):
-        sys.stdout.label = "stderr"  # fd 1 is stderr's now
+    if isinstance(sys.stdout, _Guarded):  # fd 1 is stderr's now, and so is what is printed there
+        sys.stdout.label = "stderr"
+        if sys.stdout.inner is None and 2 not in _LOST.held:  # stdout was closed, stderr was not
+            sys.stdout.inner = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stdout.failed = False
     return cast(IO[str], machine)
 
 
