@@ -97,6 +97,7 @@ from mpvisor._cli.options import (
     ray_address,
     retries,
     seconds,
+    slot_name,
     take_stdout,
     target,
     task_name,
@@ -149,7 +150,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --file: at most N of the file's attempts run at once (default: the file's, else no bound)")
     run.add_argument("--ray", type=ray_address, metavar="ADDRESS",
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
-    run.add_argument("--slot", type=task_name, metavar="NAME",
+    run.add_argument("--slot", type=slot_name, metavar="NAME",
                      help="run only while holding this slot, shared by every mpvisor process of this user on this host")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")

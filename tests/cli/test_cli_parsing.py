@@ -274,3 +274,9 @@ def test_limits_become_the_specs_limits(size, expected):
 
     _, spec = parse(["run", "--memory", size, "--cpu", "60", "--open-files", "128", "workers.basic:quick"])
     assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128)
+
+
+def test_an_empty_slot_is_refused_as_a_slot_name():
+    with pytest.raises(SystemExit) as refused:
+        parse(["run", "--slot", "", "--", "true"])
+    assert refused.value.code == 2
