@@ -276,7 +276,8 @@ def test_limits_become_the_specs_limits(size, expected):
     assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128)
 
 
-def test_an_empty_slot_is_refused_as_a_slot_name():
+def test_an_empty_slot_is_refused_as_a_slot_name(capsys):
     with pytest.raises(SystemExit) as refused:
         parse(["run", "--slot", "", "--", "true"])
     assert refused.value.code == 2
+    assert "argument --slot: expected a non-empty slot name, got ''" in capsys.readouterr().err
