@@ -1,6 +1,6 @@
 """What mpvisor says, as a shell reads it: the installed `mpvisor` from a directory outside the
 repository (workers import through PYTHONPATH). A value that starts with "-" is a usage error
-naming its option and the value, an empty COMMAND says so, and nothing runs; a long reason (a
+naming its option and the value, an empty COMMAND or slot name says so, and nothing runs; a long reason (a
 result that contains itself, a failure's long message) is cut in the outcome line and the file
 run's lines, with its length said, while `--events json` carries all of it."""
 
@@ -44,10 +44,15 @@ def test_a_value_that_starts_with_a_dash_is_a_usage_error_naming_it(tmp_path: pa
     assert not marker.exists()
 
 
-def test_an_empty_command_is_named_the_command(tmp_path: pathlib.Path) -> None:
+def test_an_empty_command_is_named_the_command_and_an_empty_slot_the_slot(tmp_path: pathlib.Path) -> None:
     done = mpvisor(tmp_path, "run", "--", "")
     assert (done.returncode, done.stderr) == (2, "mpvisor run: error: argument COMMAND: expected a program to run, "
                                                  "got '' (see mpvisor run --help)\n")
+    marker = tmp_path / "ran"
+    slotted = mpvisor(tmp_path, "run", "--slot", "", "--", "touch", str(marker))
+    assert (slotted.returncode, slotted.stderr) == (2, "mpvisor run: error: argument --slot: expected a non-empty slot "
+                                                       "name, got '' (see mpvisor run --help)\n")
+    assert not marker.exists()
 
 
 def said_length(line: str) -> int:
