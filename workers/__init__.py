@@ -7,7 +7,7 @@ module says), so tests read runs, order and overlap from files, never from logs.
 
 | module | workers |
 |---|---|
-| `basic` | values, echo, sleep, raise, `Fail`/`Fatal`/`Canceled`, flaky and scripted retries, CPU burn, environment probe, pickle bomb, progress |
+| `basic` | values, echo, sleep, raise, read stdin, `Fail`/`Fatal`/`Canceled`, flaky and scripted retries, CPU burn, environment probe, pickle bomb, progress |
 | `coop` | cancellation: cooperative, shielded, pure-Python loop, async, gated, slow stop, timeout probe, double-cancel counter |
 | `misbehave` | `os._exit`, `sys.exit`, SIGSEGV, SIGKILL, stubborn (with a tree), leftovers, output floods, huge and unencodable results, hang |
 | `payloads` | summaries (length, SHA-256) of big arguments, for the big-argument tests and `scripts/bench_big_args.py` (no `marker`) |
@@ -15,6 +15,7 @@ module says), so tests read runs, order and overlap from files, never from logs.
 | `overlap` | the `flock` probe that detects two live owners of a slot |
 | `slow_import_1s` | a module that takes 1 s to import |
 | `hanging_import` | a module whose import never finishes (never import it in the test process) |
+| `cli_probes` | for the command line's tests: a task that logs its interval (a task file's bound on attempts), a long reason |
 | `imports` | how the attempt imported it (the launcher's prepared import, or a normal one); logs each import to `$WORKERS_IMPORT_LOG` |
 
 Only `slow_import_1s`, `hanging_import` and `imports` (which appends a line to a log file, if

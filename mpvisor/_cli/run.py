@@ -259,7 +259,8 @@ def _uncaught(outcome: TaskOutcome) -> bool:
     if not outcome.traceback or outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.FATAL):
         return False
     last = outcome.traceback.rstrip().rpartition("\n")[2]
-    return bool(last) and (outcome.reason or "").endswith(last)
+    reason = (outcome.reason or "").rstrip().removesuffix(":")  # `Type: ` for an exception without a message
+    return bool(last) and reason.endswith(last)
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

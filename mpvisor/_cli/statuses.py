@@ -28,7 +28,7 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
     ("126", "the COMMAND was found but cannot be executed (likewise, exit code 126)"),
     ("128+N", "the task died by signal N"),
-    ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...)"),
+    ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143)"),
     ("3", "`--slot ... --policy drop`: the slot is busy; nothing ran"),
