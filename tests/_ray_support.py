@@ -9,7 +9,8 @@ and no attempt process alive under the cluster once a supervisor has shut down.
 
 | helper | does |
 |---|---|
-| `start_cluster()` / `stop_cluster(c)` | the session's cluster: a head node (`HEAD_CPUS` CPUs, one `victim` resource), the test process connected to it |
+| `start_cluster()` / `stop_cluster(c)` | the session's cluster: a head node (`HEAD_CPUS` CPUs, one `victim` resource, Ray's client server at `client_address(c)`), the test process connected to it |
+| `client_address(c)` | the cluster's `ray://127.0.0.1:PORT` address (Ray's client server on the head node) |
 | `add_node(c, **resources)` / `remove_node(c, node)` | a second node on this machine (and its processes' roots), and its loss (its raylet and workers killed) |
 | `node_of(pid, roots)` | the process runs under that node |
 | `mpvisor_leftovers()` | live processes of mpvisor's (fork servers, attempts) under the cluster |
@@ -18,6 +19,7 @@ and no attempt process alive under the cluster once a supervisor has shut down.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -47,18 +49,32 @@ def start_cluster() -> Any:
     from ray.cluster_utils import Cluster
 
     before = {c.pid for c in psutil.Process().children()}
+    client_port = _free_port()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": HEAD_CPUS,
             "resources": {"victim": 1},
             "include_dashboard": False,
+            "ray_client_server_port": client_port,
             "_system_config": FAST_FAILURE_DETECTION,
         },
     )
+    cluster.mpvisor_client_port = client_port
     ray.init(address=cluster.address, log_to_driver=False)
     _register_new_children(before)
     return cluster
+
+
+def client_address(cluster: Any) -> str:
+    """The `ray://` address of the cluster's client server (which `ray://` connections go through)."""
+    return f"ray://127.0.0.1:{cluster.mpvisor_client_port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def stop_cluster(cluster: Any) -> None:

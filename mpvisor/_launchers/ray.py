@@ -34,17 +34,28 @@ runtime_env's `env_vars` over it), its cwd where that directory exists on the no
 py_modules). mpvisor must be importable on every node (installed, or shipped with
 `runtime_env={"py_modules": [mpvisor]}`). Ray itself is imported only once a `RayLauncher` is
 served: `import mpvisor` never imports it.
+
+**Connecting.** `ray.init` runs in a thread of its own, bounded by `start_timeout` (an address
+nobody answers at is a `ConfigError`, never a hang); while it runs, what Ray says (its C++ core
+writes warnings straight to fd 2, its Python side logs and warns) is kept by `_RayOutput`, not
+shown: the last of it ends the error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib
+import importlib.util
 import logging
 import os
+import re
+import select
 import signal as _signal
 import sys
 import threading
+import warnings
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,6 +73,8 @@ CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
 UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
 
+_log = logging.getLogger("mpvisor.ray")
+
 
 def _ray() -> Any:
     """The `ray` module (imported on first use, typed loosely: its API is not this package's)."""
@@ -72,10 +85,14 @@ def _ray() -> Any:
 class RayLauncher:
     """Attempts placed on a Ray cluster: pass it as `SupervisorConfig(launcher=RayLauncher())`.
 
-    `address`: the cluster to connect to, as `ray.init(address=...)` takes it; `None` connects like
+    `address`: the cluster to connect to, as `ray.init(address=...)` takes it: `None` connects like
     `ray.init()` does (a cluster configured by `RAY_ADDRESS` or `ray start`, else a local one that
-    the supervisor starts and, at shutdown, stops). If Ray is already initialized in this
-    process, that connection is used and left alone.
+    the supervisor starts and, at shutdown, stops); `auto` (a configured cluster, never a new
+    one); `HOST:PORT` (a head node's GCS); `ray://HOST:PORT` (through the cluster's client server:
+    Ray's client, `ray[client]`, which the `ray` extra brings); `local` (always a new local one).
+    If Ray is already initialized in this process, that connection is used and left alone.
+    A cluster not reached within `start_timeout` is a `ConfigError`; what Ray says while it
+    connects stays off the terminal (`_RayOutput`).
     `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes).
     `lost_fence`: seconds, after Ray declared an attempt's agent or node dead, before the attempt
     is reported lost (its slot's next owner or its retry waits for it); default 5.
@@ -127,13 +144,10 @@ _connection_ours = False  # we called ray.init (so the last user calls ray.shutd
 _connection_closed = threading.Event()
 
 
-def _not_the_main_thread_warning(record: logging.LogRecord) -> bool:
-    return "current thread is not the main thread" not in record.getMessage()
-
-
-def _connect(address: str | None) -> bool:
+def _connect(address: str | None, output: _RayOutput) -> bool:
     """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
-    so the calling thread must live until `_connection_closed` (`hold_connection`)."""
+    so the calling thread must live until `_connection_closed` (`hold_connection`). What Ray
+    says while it connects goes to `output`, not to the terminal."""
     global _connection_users, _connection_ours
     with _connection_lock:
         ray = _ray()
@@ -141,17 +155,241 @@ def _connect(address: str | None) -> bool:
         if not ray.is_initialized():
             _connection_closed.clear()
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
-            # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself. Ray
-            # warns that it did not; the warning is about what we want, so it is not shown.
-            worker_log = logging.getLogger("ray._private.worker")
-            worker_log.addFilter(_not_the_main_thread_warning)
+            # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself (Ray's
+            # warning that it did not is dropped by `output`).
+            output.start(ray)
             try:
                 ray.init(address=address, include_dashboard=False, configure_logging=False)
             finally:
-                worker_log.removeFilter(_not_the_main_thread_warning)
+                output.stop()
             _connection_ours = made = True
         _connection_users += 1
         return made
+
+
+def _client_missing(address: str | None) -> bool:
+    """Is `address` (or, for `None` and `auto`, `RAY_ADDRESS`) a `ray://` one, which needs Ray's
+    client (`ray[client]`: grpcio), and is that client not installed?"""
+    if address in (None, "auto"):
+        address = os.environ.get("RAY_ADDRESS") or address
+    return bool(address and address.startswith("ray://")) and importlib.util.find_spec("grpc") is None
+
+
+# --- what Ray says while it connects: kept, not shown ---------------------------------------------------
+
+# A line of Ray's C++ core, which writes to the process's fd 2 itself: "[2026-01-01 10:00:00,123
+# W 4242 4243] rpc_client.h:153: Failed to connect to GCS at address ...", each in one write.
+_CORE_LINE = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z] \d+ \d+\] (?:\S+:\d+: )?")
+
+
+def _prefixes(*tokens: str) -> re.Pattern[bytes]:
+    """A pattern that matches every beginning of `tokens` in sequence (each token whole)."""
+    pattern = ""
+    for token in reversed(tokens):
+        pattern = f"{token}(?:{pattern})?" if pattern else token
+    return re.compile(pattern.encode())
+
+
+# What a line of Ray's core can have written so far (the start of one that is still coming).
+_CORE_START = _prefixes(r"\[", *(r"\d" if c == "0" else re.escape(c) for c in "0000-00-00 00:00:00,000"),
+                        " ", "[A-Z]", " ", r"\d+", " ", r"\d+", r"\]", " .*")
+_NOT_THE_MAIN_THREAD = "current thread is not the main thread"
+
+
+class _RayOutput:
+    """What Ray says while `ray.init` runs, kept off the terminal (the last `KEEP` lines in
+    `lines`; each logged at DEBUG on `mpvisor.ray` once the call returned).
+
+    Ray says it three ways, each diverted from `start()` to `stop()` (or to the interpreter's
+    exit, if `ray.init` is still trying then): its C++ core writes lines to the process's fd 2,
+    which meanwhile is a pipe whose reader keeps those lines and passes every other byte on to
+    the real stderr at once (what the program itself writes meanwhile still shows, in order);
+    its Python logging (the records of the `ray` loggers, stopped by a filter on each handler
+    they can reach); its warnings (`warnings.showwarning`, for files of the `ray` package).
+    Meanwhile fd 2 is no terminal (`isatty(2)` is false), and a process started meanwhile
+    inherits the pipe: after `stop()` the reader still passes on what it writes, until it
+    closes it."""
+
+    KEEP = 50
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=self.KEEP)
+        self._lock = threading.Lock()
+        self._active = False
+        self.thread: threading.Thread | None = None  # the pipe's reader (`_pump`)
+        self._read: int | None = None  # the pipe that is fd 2 meanwhile
+        self._saved: int | None = None  # the real stderr
+        self._pending = b""  # a partial line that may be the start of one of Ray's
+        self._package = ""
+        self._handlers: list[logging.Handler] = []
+        self._records = _RayRecords(self)
+        self._showwarning: Callable[..., None] | None = None
+
+    def last(self) -> str | None:
+        return self.lines[-1] if self.lines else None
+
+    def keep(self, line: str) -> None:
+        line = line.strip()
+        if line and _NOT_THE_MAIN_THREAD not in line:  # what mpvisor wants (see `_connect`)
+            self.lines.append(line)
+
+    def start(self, ray: Any) -> None:
+        with self._lock:
+            self._active = True
+            self._package = os.path.dirname(getattr(ray, "__file__", None) or "") + os.sep
+            self._handlers = _handlers_of(logging.getLogger("ray"))
+            for handler in self._handlers:
+                handler.addFilter(self._records)
+            self._showwarning = warnings.showwarning
+            warnings.showwarning = self._warning
+            self._divert()
+            atexit.register(self.stop)
+
+    def stop(self) -> None:
+        with self._lock:
+            if not self._active:
+                return
+            self._active = False
+            atexit.unregister(self.stop)
+            if self._saved is not None:
+                _flush_stderr()
+                os.dup2(self._saved, 2)
+                self._drain()  # what was written before: kept or passed on, before anything after
+                if self._pending:
+                    _write_all(self._saved, self._pending)
+                    self._pending = b""
+            for handler in self._handlers:
+                handler.removeFilter(self._records)
+            if warnings.showwarning == self._warning:
+                warnings.showwarning = self._showwarning  # type: ignore[assignment]
+        for line in list(self.lines):
+            _log.debug("Ray, while connecting: %s", line)
+
+    def _warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+        if self._package != os.sep and filename.startswith(self._package):
+            self.keep(f"{category.__name__}: {message}")
+        elif self._showwarning is not None:
+            self._showwarning(message, category, filename, lineno, file, line)
+
+    def _divert(self) -> None:
+        """Make fd 2 a pipe that `_pump` reads (nothing to divert if there is no fd 2)."""
+        try:
+            saved = os.dup(2)
+        except OSError:
+            return
+        read, write = os.pipe()
+        os.set_blocking(read, False)  # read by `_pump` and by `stop`, each under the lock
+        _flush_stderr()
+        os.dup2(write, 2)
+        os.close(write)
+        self._read, self._saved = read, saved
+        self.thread = threading.Thread(target=self._pump, args=(read, saved), name="mpvisor-ray-stderr", daemon=True)
+        self.thread.start()
+
+    def _pump(self, read: int, saved: int) -> None:
+        """Until every writer closed the pipe: keep Ray's lines, pass the rest on."""
+        poll = select.poll()
+        poll.register(read, select.POLLIN)
+        while True:
+            poll.poll()
+            with self._lock:
+                try:
+                    chunk = os.read(read, 65536)
+                except BlockingIOError:
+                    continue  # `stop` read it first
+                if chunk:
+                    self._take(chunk, saved)
+                    continue
+                if self._pending:
+                    _write_all(saved, self._pending)
+                    self._pending = b""
+                os.close(read)
+                os.close(saved)
+                if self._read == read:
+                    self._read = self._saved = None  # fd 2 was closed meanwhile: nothing to restore
+                return
+
+    def _drain(self) -> None:
+        assert self._read is not None and self._saved is not None
+        while True:
+            try:
+                chunk = os.read(self._read, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._take(chunk, self._saved)
+
+    def _take(self, chunk: bytes, saved: int) -> None:
+        """Keep the lines of Ray's core; pass everything else on as soon as it cannot be one of
+        them (one may follow a partial line of the program's: that part is passed on)."""
+        data = self._pending + chunk
+        passed = bytearray()
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            line = data[start:end + 1]
+            if (head := _CORE_LINE.search(line)) is not None:
+                passed += line[:head.start()]
+                self.keep(line[head.end():].decode(errors="replace"))
+            else:
+                passed += line
+            start = end + 1
+        rest = data[start:]
+        held = next((at for at in range(len(rest)) if rest[at] == ord("[") and _CORE_START.fullmatch(rest, at)),
+                    len(rest))
+        passed += rest[:held]
+        self._pending = rest[held:]
+        if passed:
+            _write_all(saved, bytes(passed))
+
+
+class _RayRecords(logging.Filter):
+    """On every handler a record of the `ray` loggers can reach while Ray connects: such a
+    record is kept (once), and no handler shows it; every other record passes."""
+
+    def __init__(self, output: _RayOutput) -> None:
+        super().__init__()
+        self.output = output
+        self._last: logging.LogRecord | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "ray" and not record.name.startswith("ray."):
+            return True
+        if record is not self._last:  # each handler on its way sees it
+            self._last = record
+            self.output.keep(record.getMessage())
+        return False
+
+
+def _handlers_of(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record of `logger` (or of a logger below it) reaches: along the hierarchy
+    as far as it propagates, and Python's last resort (which shows it when that finds none, as
+    after `ray.init(configure_logging=False)` cleared the `ray` logger's)."""
+    handlers: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        handlers.extend(current.handlers)
+        current = current.parent if current.propagate else None
+    if logging.lastResort is not None and logging.lastResort not in handlers:
+        handlers.append(logging.lastResort)
+    return handlers
+
+
+def _flush_stderr() -> None:
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # closed or broken: nothing of it to keep in order
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass  # the real stderr is gone (a closed pipe): what went there is lost, as it would be
 
 
 def _hold_connection() -> None:
@@ -234,13 +472,18 @@ class RayClient:
         daemon thread, for at most `start_timeout`: a cluster that cannot be reached is a
         `ConfigError`, never a hang (a connection that succeeds after that is released)."""
         address, limit = self.settings.address, self.launch.start_timeout
+        if _client_missing(address):
+            self._error = (f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, "
+                           "which is not installed here (pip install 'mpvisor[ray]', which brings 'ray[client]')")
+            return
         outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
         given_up = threading.Event()
+        output = _RayOutput()
 
         def connect() -> None:
             made = False
             try:
-                made = _connect(address)
+                made = _connect(address, output)
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -264,11 +507,13 @@ class RayClient:
             if outcome.done() and outcome.result() is None:
                 _disconnect()  # it connected just now: nobody will use it
             self._error = f"cannot connect to Ray (address={address!r}): no answer within start_timeout={limit} s"
+            self._error += _said(output)
             if isinstance(stopped, asyncio.CancelledError):
                 raise
             return
         if error is not None:
             self._error = f"cannot connect to Ray (address={address!r}): {type(error).__name__}: {_first_line(error)}"
+            self._error += _said(output)
             return
         self._connected = True
         self._agent_class = _ray().remote(Agent)
@@ -553,6 +798,12 @@ def _call(agent: Any, number: int, request: tuple[Any, ...]) -> None:
             agent.signal.remote(number, signum, group)
         case ("kill",):
             agent.kill.remote(number)
+
+
+def _said(output: _RayOutput) -> str:
+    """The last thing Ray said while connecting, for the error (it was kept off the terminal)."""
+    last = output.last()
+    return f" (Ray's last message: {last})" if last else ""
 
 
 def _settle(future: asyncio.Future[BaseException | None], error: BaseException | None) -> None:

@@ -1,0 +1,139 @@
+"""What does connecting to Ray through its client, or failing to connect, show?
+
+`ray://HOST:PORT` goes through the cluster's client server (the `ray` extra brings Ray's client,
+`ray[client]`; where it is missing, the address is refused in one line). While `ray.init`
+connects, what Ray says (its C++ core's lines on fd 2, its `ray` loggers' records, its warnings)
+is kept off the terminal (`_RayOutput`); an address nobody answers at, end to end:
+tests/launchers/test_ray_runtime.py::test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout.
+The Ray test runs on the session's cluster (tests/_ray_support.py), whose head node runs a
+client server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+import warnings
+from typing import Any
+
+import pytest
+
+from mpvisor import ConfigError, SupervisorConfig
+from mpvisor._launchers import ray as ray_launcher
+from mpvisor.ray import RayLauncher
+from tests import _ray_support
+from tests._support import LogRecords
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --- what Ray says while it connects ----------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_what_ray_says_while_connecting_is_kept_and_the_rest_passes_on(
+    capfd: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between `start` and `stop`: lines of Ray's C++ core written to fd 2 are kept, not shown,
+    while every other byte on fd 2 (a partial line too) reaches stderr, in order; records of the
+    `ray` loggers are kept and reach no handler, other records reach theirs; warnings from the
+    `ray` package are kept, others shown. After `stop`, fd 2 is stderr again and nothing is kept."""
+    package = tmp_path / "ray"
+    package.mkdir()
+    fake_ray = types.SimpleNamespace(__file__=str(package / "__init__.py"))
+    monkeypatch.setattr(logging.getLogger("ray"), "handlers", [])  # as `ray.init(configure_logging=False)` leaves it
+    monkeypatch.setattr(logging.getLogger("ray"), "propagate", True)
+    seen = LogRecords()
+    logging.getLogger().addHandler(seen)
+    output = ray_launcher._RayOutput()
+    shown = warnings.catch_warnings(record=True)
+    try:
+        caught = shown.__enter__()  # what `warnings.showwarning` shows lands in `caught`
+        warnings.simplefilter("always")
+        output.start(fake_ray)
+        os.write(2, b"mine, before\n")
+        os.write(2, b"[2026-01-01 10:00:00,123 W 4242 4243] rpc_client.h:153: Failed to connect to GCS.\n")
+        os.write(2, b"a prompt> ")
+        os.write(2, b"[2026-01-01 10:00:01,456 W 4242 4243] gcs_cl")  # one line in two writes
+        os.write(2, b"ient.cc:210: Failed to get cluster ID.\n[not Ray's] mine, after\n")
+        logging.getLogger("ray._private.worker").warning("SIGTERM handler is not set because current thread is not the main thread.")
+        logging.getLogger("ray.util.client").warning("a record of Ray's")
+        logging.getLogger("elsewhere").warning("a record of the program's")
+        warnings.warn_explicit("Ray Client connection timed out.", UserWarning, str(package / "util" / "worker.py"), 335)
+        warnings.warn_explicit("a warning of the program's", UserWarning, str(tmp_path / "app.py"), 1)
+    finally:
+        output.stop()
+        shown.__exit__(None, None, None)
+        logging.getLogger().removeHandler(seen)
+    os.write(2, b"[2026-01-01 10:00:02,789 W 4242 4243] x.cc:1: after stop\n")
+    assert output.thread is not None
+    output.thread.join(timeout=5)  # fd 2 no longer holds the pipe: its reader saw the end
+    assert not output.thread.is_alive()
+    err = capfd.readouterr().err
+    assert "mine, before\na prompt> [not Ray's] mine, after\n" in err, err
+    assert "Failed to" not in err and "a record of Ray's" not in err and "Ray Client" not in err, err
+    assert "after stop" in err, err
+    assert [str(w.message) for w in caught] == ["a warning of the program's"]
+    assert [r.getMessage() for r in seen.records] == ["a record of the program's"]
+    kept = list(output.lines)  # in the order each way delivered them (fd 2's reader runs on its own)
+    assert sorted(kept) == ["Failed to connect to GCS.", "Failed to get cluster ID.",
+                            "UserWarning: Ray Client connection timed out.", "a record of Ray's"], kept
+    assert kept.index("Failed to connect to GCS.") < kept.index("Failed to get cluster ID."), kept
+    assert output.last() == kept[-1]
+
+
+# --- ray:// ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("address, env", [("ray://127.0.0.1:1", {}), (None, {"RAY_ADDRESS": "ray://127.0.0.1:1"})])
+async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, address: str | None, env: dict[str, str]
+) -> None:
+    """Where Ray's client (grpcio, from `ray[client]`) is not installed, a `ray://` address (given,
+    or `RAY_ADDRESS` for `address=None`) is a one-line ConfigError naming the extra, at once."""
+    import asyncio
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # what importlib finds where it is not installed
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client = RayLauncher(address=address)(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as raised:
+        await client.ready()
+    await client.close()
+    assert time.monotonic() - started < 1.0
+    assert str(raised.value) == (
+        f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, which is not "
+        "installed here (pip install 'mpvisor[ray]', which brings 'ray[client]')")
+
+
+@pytest.mark.ray
+def test_mpvisor_run_through_a_ray_client_address(on_ray: Any, tmp_path: Any) -> None:
+    """`mpvisor run --file FILE --ray ray://HOST:PORT`, the installed executable from outside the
+    repository, through the cluster's client server: a task retried until it succeeds and one that
+    shows it ran under a Ray worker; their values on stdout, status 0, and on stderr mpvisor's
+    lines alone."""
+    executable = shutil.which("mpvisor")
+    assert executable is not None, "the mpvisor executable is not on PATH"
+    (tmp_path / "tasks.toml").write_text(
+        '[task.flaky]\ntarget = "workers.basic:flaky"\nargs = [2]\nrestart = "on-failure"\nbackoff = 0.05\n'
+        '[task.where]\ntarget = "workers.basic:ancestry"\n')
+    # RAY_ADDRESS names nobody: were the ray:// address not the one used, the run could not connect.
+    env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": "127.0.0.1:1"}
+    done = subprocess.run([executable, "run", "--file", "tasks.toml", "--ray", _ray_support.client_address(on_ray)],
+                          cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    values = json.loads(done.stdout)
+    assert values["flaky"] == 3, values
+    assert any(line.startswith("ray::") for line in values["where"]), values["where"]
+    assert all(line.startswith("mpvisor: ") for line in done.stderr.splitlines()), done.stderr
+    assert "mpvisor: flaky: completed reason=None exit_code=None attempts=3" in done.stderr, done.stderr
