@@ -123,7 +123,7 @@ def test_tenant_sync_keeps_only_the_newest_sync_of_a_tenant(user: User) -> None:
     """examples/tenant_sync.py: the running sync is replaced, the requests in between are
     superseded, the newest completes, and the other tenant is untouched."""
     assert user.python("tenant_sync.py").stdout.splitlines() == [
-        "acme r1: outcome_canceled (canceled)",
+        "acme r1: outcome_canceled (replaced by a newer submission in slot 'tenant-acme')",
         "acme r2: outcome_rejected (superseded_by_replace)",
         "acme r3: outcome_rejected (superseded_by_replace)",
         "acme r4: outcome_completed (acme synced at revision 4)",
