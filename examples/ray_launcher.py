@@ -1,13 +1,22 @@
-"""Attempts on a Ray cluster: the same supervisor, with `SupervisorConfig(launcher=RayLauncher())`.
+"""Attempts on a Ray cluster: the same supervisor, with `SupervisorConfig(launcher=RayLauncher(...))`.
 
 Needs the `ray` extra (`pip install 'mpvisor[ray]'`). Each attempt runs under a Ray actor of its
 own, placed with the task's `with_resources(...)`, and is forked there by mpvisor's local
 launcher, so restarts, timeouts, cancellation and the tree kill work as they do locally. Here
 a task that fails its first attempt is retried, and every attempt says where it ran.
 
-    RAY_ADDRESS=HOST:PORT python examples/ray_launcher.py    # an existing cluster
-    python examples/ray_launcher.py HOST:PORT                # the same
-    python examples/ray_launcher.py                          # no address: a local Ray is started, then stopped
+    python examples/ray_launcher.py                          # a new local Ray for this run alone (below)
+    python examples/ray_launcher.py auto                     # the cluster that `ray start` runs on this machine
+    python examples/ray_launcher.py HOST:PORT                # a running cluster, at its head node's GCS port (6379)
+    python examples/ray_launcher.py ray://HOST:PORT          # the same through its Ray client server (port 10001)
+    RAY_ADDRESS=HOST:PORT python examples/ray_launcher.py    # as with that address as the argument
+
+The first line printed says which cluster, the second how the task ended. An address other
+than `local` never starts a cluster: one that nobody answers at is one line on stderr after the
+supervisor's `start_timeout` (30 s), and exit status 1. Without an address (and without
+`RAY_ADDRESS`) the example asks for `local`: `ray.init` starts a Ray of its own, which the
+supervisor stops when it is done; its files (Ray's logs and sockets, which would otherwise stay
+in /tmp/ray) go to a temporary directory, removed at the end.
 
 The target is defined in this script, which every attempt imports by name: on a cluster of
 several machines the script (and mpvisor) must be importable there too, e.g. with
@@ -19,6 +28,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 
 import mpvisor
 from mpvisor import BackoffPolicy, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
@@ -33,14 +43,29 @@ def where(label: str) -> dict[str, object]:
     return {"label": label, "host": socket.gethostname(), "pid": os.getpid(), "attempt": ctx.attempt}
 
 
-if __name__ == "__main__":
-    address = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("RAY_ADDRESS")
+def main(address: str) -> int:
     config = SupervisorConfig(grace=5.0, launcher=RayLauncher(address=address))
     spec = (TaskSpec.restartable(TaskFn("where", where, ("on-ray",)))
             .with_resources(num_cpus=1)
             .with_backoff(BackoffPolicy.constant(0.1))
             .with_max_retries(3))
-    print(f"cluster: {address or 'a new local Ray'}")
-    outcome = mpvisor.run([spec], config)["where"]
-    print(f"where: {outcome.label} after {outcome.attempts} attempts: {outcome.value}")
-    sys.exit(0 if outcome.kind is OutcomeKind.COMPLETED else 1)
+    try:
+        outcome = mpvisor.run([spec], config)["where"]
+    except mpvisor.ConfigError as exc:  # the cluster could not be reached: nothing ran
+        print(f"ray_launcher.py: {exc}", file=sys.stderr)
+        return 1
+    completed = outcome.kind is OutcomeKind.COMPLETED
+    print(f"where: {outcome.label} after {outcome.attempts} attempts: {outcome.value if completed else outcome.reason}")
+    return 0 if completed else 1
+
+
+if __name__ == "__main__":
+    address = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
+        print(f"cluster: {'the one `ray start` runs on this machine' if address == 'auto' else address}")
+        sys.exit(main(address))
+    print("cluster: a new local Ray, for this run alone (stopped at its end)")
+    with tempfile.TemporaryDirectory(prefix="ray-example-") as ray_files:
+        os.environ["RAY_TMPDIR"] = ray_files  # where Ray keeps a cluster's files (default: /tmp)
+        status = main(address)
+    sys.exit(status)
