@@ -41,7 +41,11 @@ def worker(state_path: str) -> NoReturn:
 
 
 async def main() -> int:
-    state_path = os.path.join(tempfile.mkdtemp(prefix="resident-"), "state.json")
+    with tempfile.TemporaryDirectory(prefix="resident-") as directory:  # gone when the example ends
+        return await run_indexer(os.path.join(directory, "state.json"))
+
+
+async def run_indexer(state_path: str) -> int:
     async with Supervisor(SupervisorConfig(grace=5.0)) as handle:
         events = handle.events()  # the events published from now on
         task_id, waiter = await handle.add_and_watch(TaskSpec.restartable(TaskFn("indexer", worker, (state_path,))))

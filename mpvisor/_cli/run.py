@@ -210,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     if args.slot is not None:
         subscribers.append(_SlotLines(spec.name))
-    config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit")
+    start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
+    config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
     controller = ControllerConfig(leases="local") if args.slot is not None else None
     one = _OneTask(spec, args.slot, args.policy or "queue")
     try:
