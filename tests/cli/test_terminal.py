@@ -128,3 +128,19 @@ def test_ctrl_c_of_a_python_target_ends_the_run_by_sigint_and_is_never_retried(s
         assert ": canceled " in out, out
     assert shell.run("echo status=$?").strip().endswith("status=130")
     wait_for(lambda: not processes("workers.basic:sleeper"), timeout=10)
+
+
+def test_a_run_started_in_the_background_stops_at_its_first_read_and_fg_gives_it_the_terminal(shell: Shell) -> None:
+    """`mpvisor run ... &` whose command reads the terminal: the command is stopped by SIGTTIN as
+    the bare command would be, mpvisor stops with it (`jobs` says Stopped); `fg` gives the
+    command the terminal, it reads what is typed, and the run completes."""
+    shell.type("mpvisor run -- sh -c 'read -r line; echo \"read=$line\"; exec sleep 0.01' 44.25 &\n")
+    shell.until("MPV-PROMPT> ")
+    wait_for(lambda: "Stopped" in shell.run("jobs"), timeout=30)
+    assert all_are("44.25", psutil.STATUS_STOPPED) or not processes("44.25")
+    shell.type("fg\n")
+    shell.until("mpvisor run")  # bash names the job it brings to the foreground
+    shell.type("typed at the prompt\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "read=typed at the prompt" in out and ": completed " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")

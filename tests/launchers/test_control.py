@@ -18,7 +18,8 @@ EXAMPLES = [
     control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
     control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
     control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True), control.Exited(9, "signal", 9, False, True),
-    control.Spawn(10, False, "", True, False), control.Spawn(11, False, "pkg.jobs", True, True), control.Stopped(12, 20),
+    control.Spawn(10, False, "", True, control.NO_TERMINAL), control.Spawn(11, False, "pkg.jobs", True, control.FOREGROUND),
+    control.Spawn(12, True, "", True, control.BACKGROUND), control.Stopped(13, 20),
 ]
 
 
@@ -58,7 +59,9 @@ def test_undecodable_bytes_are_a_control_error_too():
 
 _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _messages = st.one_of(
-    st.builds(control.Spawn, _ints, st.booleans(), st.text()),
+    st.builds(control.Spawn, _ints, st.booleans(), st.text(), st.booleans(),
+              st.sampled_from([control.NO_TERMINAL, control.BACKGROUND, control.FOREGROUND])),
+    st.builds(control.Stopped, _ints, _ints),
     st.builds(control.Signal, _ints, _ints, st.booleans()),
     st.builds(control.Kill, _ints),
     st.builds(control.Importing, st.just(V), _ints, st.text()),

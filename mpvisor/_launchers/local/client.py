@@ -490,7 +490,7 @@ class LauncherClient:
             return key
         self._attempts[key] = channel
         stdin = self.stdin == "inherit"
-        terminal = self.terminal is not None and self.terminal.claim(key)
+        terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
         self._send(control.Spawn(key, exec_python, module, stdin, terminal), fds)

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -41,15 +41,18 @@ class ControlError(ProtocolError):
 class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
     the target's `module` is prepared (`_attempt/prepared.py`; "" for none). `stdin`: its stdin
-    travels beside, after the socket; `terminal`: that stdin is the terminal of the launcher's
-    session, and the attempt becomes its foreground job (its own process group in that session,
-    not a session of its own)."""
+    travels beside, after the socket; `terminal`: that stdin is the controlling terminal of the
+    launcher's session, and the attempt is a job of it (its own process group in that session,
+    not a session of its own): `BACKGROUND`, or `FOREGROUND`, when it takes the terminal first."""
 
     key: int
     exec_python: bool
     module: str = ""
     stdin: bool = False
-    terminal: bool = False
+    terminal: int = 0  # NO_TERMINAL, BACKGROUND or FOREGROUND
+
+
+NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
 
 
 class Signal(NamedTuple):
@@ -138,7 +141,7 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
-        case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), bool(terminal)]:
+        case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal)] if 0 <= terminal <= 2:
             return Spawn(key, exec_python, module, stdin, terminal)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)

@@ -174,7 +174,7 @@ class Launcher:
 
     # --- starting -----------------------------------------------------------------------------
 
-    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: bool = False) -> None:
+    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0) -> None:
         try:
             pid = os.fork()
         except OSError as exc:
@@ -192,11 +192,12 @@ class Launcher:
         if terminal:
             self.terminal.add(attempt)
 
-    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: bool) -> None:
+    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int) -> None:
         try:
-            if terminal:  # the terminal's foreground job: its own group, in the terminal's session
+            if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
-                _take_terminal(fds[1])
+                if terminal == control.FOREGROUND:
+                    _take_terminal(fds[1])
             else:
                 os.setsid()
             _platform.set_parent_death_signal(signal.SIGKILL)

@@ -2,13 +2,14 @@
 `bg` reach it as they would reach the bare command?
 
 With `SupervisorConfig(stdin="inherit")` (what `mpvisor run` of one task uses), an attempt reads
-this process's stdin. When that stdin is a terminal whose foreground is this process's group,
-the attempt is made the terminal's foreground job, the way a shell runs one (and `sudo`):
+this process's stdin. When that stdin is this session's terminal, the attempt is a job of the
+terminal, the way a shell runs one (and `sudo`): the foreground job when this process's group
+is the terminal's foreground, else a background one.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | `foreground(0)`: the spawn asks for a terminal attempt (one at a time) |
-| the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs |
+| spawn | the client (`client.py`) | stdin is this session's terminal: the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
+| the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only, as for the bare command; once the attempt has died by it, `ended` sends this process SIGINT too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT |
 | Ctrl-Z, or a read from the background | the launcher (`stopped`) | `stopped`: the terminal back to this process's group, and this process stops by the same signal, so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
@@ -28,11 +29,22 @@ import os
 import signal
 import threading
 
+from mpvisor._launchers.local import control
+
 
 def foreground(fd: int) -> bool:
     """`fd` is a terminal, and this process's group is its foreground group."""
     try:
         return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def controlling(fd: int) -> bool:
+    """`fd` is the controlling terminal of this process's session (`tcgetpgrp` answers only
+    for that one: ENOTTY for any other terminal)."""
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) > 0
     except OSError:
         return False
 
@@ -69,13 +81,15 @@ class Terminal:
     def __repr__(self) -> str:
         return f"<Terminal fd={self.fd} key={self.key} pgid={self.pgid}>"
 
-    def claim(self, key: int) -> bool:
-        """Whether the attempt `key` is spawned as the terminal's job: when none is, and this
-        process's group is the terminal's foreground."""
-        if self.key is not None or not foreground(self.fd):
-            return False
+    def claim(self, key: int) -> int:
+        """How the attempt `key` is spawned (`control.NO_TERMINAL`, `BACKGROUND`, `FOREGROUND`):
+        as a job of the terminal when none is and the terminal is this session's, in its
+        foreground when this process's group is (else it gets SIGTTIN at its first read, as a
+        background job does, and this process stops with it)."""
+        if self.key is not None or not controlling(self.fd):
+            return control.NO_TERMINAL
         self.key = key
-        return True
+        return control.FOREGROUND if foreground(self.fd) else control.BACKGROUND
 
     def started(self, key: int, pid: int) -> None:
         if key != self.key:
