@@ -12,7 +12,6 @@ from mpvisor._cli.filerun import load, report_errors, summary
 from mpvisor._cli.statuses import OK, USAGE_ERROR
 
 NAME = "check"
-HELP = "validate a task file: every error with its location (status 2), or a summary"
 DESCRIPTION = "Validate a task file; print every error with its location (status 2), or a one-line summary."
 TAKES_COMMAND = False
 

@@ -6,8 +6,11 @@
     mpvisor slots [--json] [--wait S]  |  mpvisor slots serve [--dir D] [--idle-exit S]
     mpvisor --version
 
-`COMMANDS` lists one module per command. Each declares `NAME` (`"slots serve"` is `serve` under
-`slots`), `HELP` and `DESCRIPTION` (optionally `USAGE` and `EPILOG`), `TAKES_COMMAND` (it takes `-- COMMAND [ARG...]`),
+`COMMANDS` lists one module per command, with its name (`"slots serve"` is `serve` under
+`slots`) and its line of `mpvisor --help`; a command's module is imported only when its command
+runs (or its parser is asked for), so `mpvisor --version` or `mpvisor check` never import the
+runtime. Each module declares `NAME`, `DESCRIPTION` (optionally `USAGE` and `EPILOG`),
+`TAKES_COMMAND` (it takes `-- COMMAND [ARG...]`),
 `add_arguments(parser)`, optionally `check(args, parser)` (what argparse cannot check alone,
 as a usage error), and `run(args) -> int`: the exit status, or `-N` to die by signal N (an
 interrupted run dies by the signal that interrupted it). A new command is a module beside the
@@ -18,17 +21,29 @@ line and status 2 (`options.UsageParser`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
-from mpvisor._cli import check, run, serve, slots
 from mpvisor._cli.options import UsageParser, guarded_output, settle_output
 from mpvisor._model.spec import TaskSpec
 
-COMMANDS: tuple[ModuleType, ...] = (run, check, slots, serve)
+
+class Command(NamedTuple):
+    name: str  # "slots serve": `serve` under `slots`
+    module: str  # imported when the command runs
+    help: str  # its line in `mpvisor --help`
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("run", "mpvisor._cli.run", "run one task (or a task file's tasks, --file) under supervision until it ends"),
+    Command("check", "mpvisor._cli.check", "validate a task file: every error with its location (status 2), or a summary"),
+    Command("slots", "mpvisor._cli.slots", "show this user's shared slots (--json), or run their server (slots serve)"),
+    Command("slots serve", "mpvisor._cli.serve", "run this user's slot server in the foreground"),
+)
 
 
 def version() -> str:
@@ -49,24 +64,29 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    """The `mpvisor` parser, and each command's parser by its name (`"slots serve"` included)."""
+def make_parser(wanted: str | None = "") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `mpvisor` parser, and each command's parser by its name (`"slots serve"` included).
+    Only the commands of the first word `wanted` (`"slots"` for `slots serve`) get their
+    arguments, their modules imported; `""`: every command's; None: none (`--help`, `--version`)."""
     parser = UsageParser(prog="mpvisor", description="Supervise work in child processes.")
     parser.add_argument("--version", action=_Version, help="print `mpvisor <version>` and exit")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
     parsers: dict[str, argparse.ArgumentParser] = {}
     below: dict[str, Any] = {}  # a command's own subcommands (`slots serve`), made on first use
     for command in COMMANDS:
-        outer, _, inner = command.NAME.partition(" ")
+        outer, _, inner = command.name.partition(" ")
+        module = importlib.import_module(command.module) if wanted in ("", outer) else None
+        texts = _texts(module) if module is not None else {}
         if inner:
             if outer not in below:
                 below[outer] = parsers[outer].add_subparsers(dest="subverb", metavar="[COMMAND]")
-            sub = below[outer].add_parser(inner, help=command.HELP, **_texts(command))
+            sub = below[outer].add_parser(inner, help=command.help, **texts)
         else:
-            sub = verbs.add_parser(outer, help=command.HELP, **_texts(command))
-        command.add_arguments(sub)
-        sub.set_defaults(handler=command, parser=sub)
-        parsers[command.NAME] = sub
+            sub = verbs.add_parser(outer, help=command.help, **texts)
+        if module is not None:
+            module.add_arguments(sub)
+            sub.set_defaults(handler=module, parser=sub)
+        parsers[command.name] = sub
     return parser, parsers
 
 
@@ -84,7 +104,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     """Parse `mpvisor ...` (pure: no side effect but a usage error's `SystemExit(2)`); the spec
     is the one task's for `mpvisor run TARGET` or `-- COMMAND`, else None."""
     own, command = _split_command(argv)
-    parser, _ = make_parser()
+    parser, _ = make_parser(_wanted(own))
     args, unknown = parser.parse_known_args(own)
     if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`)
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -95,6 +115,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     if checks is not None:
         checks(args, args.parser)
     return args, getattr(args, "spec", None)
+
+
+def _wanted(argv: list[str]) -> str | None:
+    """The command word a command line names (its first word, when it names one), else None."""
+    if argv and any(argv[0] == command.name.partition(" ")[0] for command in COMMANDS):
+        return argv[0]
+    return None
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -114,7 +114,6 @@ from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
 
 NAME = "run"
-HELP = "run one task (or a task file's tasks, --file) under supervision until it ends"
 DESCRIPTION = "Run one task, or the tasks of a task file, under supervision until it ends."
 USAGE = """mpvisor run [OPTIONS] TARGET [ARG...]        (TARGET is "package.module:function")
        mpvisor run [OPTIONS] -- COMMAND [ARG...]

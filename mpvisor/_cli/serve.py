@@ -19,7 +19,6 @@ from mpvisor._cli.options import seconds
 from mpvisor._cli.statuses import FAILED
 
 NAME = "slots serve"
-HELP = "run this user's slot server in the foreground"
 DESCRIPTION = "Run this user's slot server in the foreground."
 TAKES_COMMAND = False
 

@@ -20,7 +20,6 @@ from mpvisor._cli.options import seconds
 from mpvisor._cli.statuses import FAILED, OK
 
 NAME = "slots"
-HELP = "show this user's shared slots (--json), or run their server (slots serve)"
 DESCRIPTION = "Show this user's shared slots."
 TAKES_COMMAND = False
 SHOW_WAIT = 5.0  # seconds the slot server may take to answer (a stopped one never answers)
