@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from mpvisor._cli.filerun import load, report_errors, summary
 from mpvisor._cli.statuses import OK, USAGE_ERROR
+from mpvisor._cli.taskfile import load, report_errors, summary
 
 NAME = "check"
 DESCRIPTION = "Validate a task file; print every error with its location (status 2), or a one-line summary."

@@ -63,7 +63,7 @@ from mpvisor._cli.options import (
     write_line,
 )
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
-from mpvisor._cli.taskfile import FileTask, TaskFile, parse_text
+from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.spec import TaskDefaults
@@ -74,30 +74,6 @@ from mpvisor._tasks.registry import TaskWaiter
 
 REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
 CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
-
-
-def load(path: str) -> TaskFile:
-    """Read and parse the file at `path`; a `cwd` that is no directory is an error too (at its
-    key, with the task's other errors)."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return TaskFile((), None, (f"cannot read the file: {reason}",))
-    return parse_text(text, os.path.dirname(os.path.abspath(path)), os.path.isdir)
-
-
-def report_errors(path: str, parsed: TaskFile) -> None:
-    for error in parsed.errors:
-        print(f"{path}: {error}", file=sys.stderr)
-
-
-def summary(path: str, parsed: TaskFile) -> str:
-    """`tasks.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)`."""
-    names = ", ".join(t.name + (f" (slot {t.slot!r}, {t.policy})" if t.slot else "") for t in parsed.tasks)
-    count = len(parsed.tasks)
-    return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"
 
 
 # --- what stderr shows while the tasks run ------------------------------------------------------------

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -412,3 +413,30 @@ def _build(name: str, settings: dict[str, Any], where: str, errors: _Errors) -> 
         return None
     slot = settings.get("slot")
     return FileTask(spec, slot, settings.get("policy", "queue") if slot is not None else None)
+
+
+# --- reading a file (the one I/O here) ------------------------------------------------------------------
+
+
+def load(path: str) -> TaskFile:
+    """Read and parse the file at `path`; a `cwd` that is no directory is an error too (at its
+    key, with the task's other errors)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return TaskFile((), None, (f"cannot read the file: {reason}",))
+    return parse_text(text, os.path.dirname(os.path.abspath(path)), os.path.isdir)
+
+
+def report_errors(path: str, parsed: TaskFile) -> None:
+    for error in parsed.errors:
+        print(f"{path}: {error}", file=sys.stderr)
+
+
+def summary(path: str, parsed: TaskFile) -> str:
+    """`tasks.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)`."""
+    names = ", ".join(t.name + (f" (slot {t.slot!r}, {t.policy})" if t.slot else "") for t in parsed.tasks)
+    count = len(parsed.tasks)
+    return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"

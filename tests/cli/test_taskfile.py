@@ -16,9 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpvisor import BackoffPolicy, JitterPolicy, Limits, RestartIntensity, RestartPolicy
-from mpvisor._cli.filerun import load, summary
 from mpvisor._cli.main import parse
-from mpvisor._cli.taskfile import DEFAULTS_ONLY, SETTINGS, TASK_ONLY, parse_text, toml_text
+from mpvisor._cli.taskfile import (
+    DEFAULTS_ONLY,
+    SETTINGS,
+    TASK_ONLY,
+    load,
+    parse_text,
+    summary,
+    toml_text,
+)
 from mpvisor._model.work import CommandTask, TaskFn
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
