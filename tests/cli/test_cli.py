@@ -323,3 +323,19 @@ def test_a_file_run_and_a_library_supervisor_keep_stdin_on_dev_null(tmp_path):
     library = subprocess.run([sys.executable, "-c", code], input="not for the attempts\n", capture_output=True, text=True,
                              cwd=tmp_path, env=cli_env(), timeout=60)
     assert library.stdout.strip() == "True", library.stderr
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["check", "tasks.toml"], ["run", "--help"]])
+def test_a_command_imports_only_what_it_runs(tmp_path, argv):
+    """The command table imports a command's module only when it runs: `--version` and `check`
+    import no asyncio and no runtime; `run --help` builds `run`'s parser without starting one."""
+    (tmp_path / "tasks.toml").write_text('[task.a]\ncommand = ["true"]\n')
+    code = ("import sys\nfrom mpvisor._cli.main import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('asyncio', 'mpvisor._runtime.runtime', 'mpvisor._api.session') if m in sys.modules),"
+            " file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                          timeout=30)
+    imported = done.stderr.strip().splitlines()[-1]
+    expected = "['asyncio', 'mpvisor._api.session', 'mpvisor._runtime.runtime']" if argv[0] == "run" else "[]"
+    assert imported == expected, done.stderr
