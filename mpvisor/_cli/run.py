@@ -233,7 +233,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     refused = statuses.REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
     if refused is not None:  # the slot's store refused the lease: nothing ran
         status, reason = refused
-        print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
+        if not args.quiet:
+            print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status
     if outcome.rejection is RejectionKind.CONTROLLER_SHUTTING_DOWN and interrupts:
         print(f"mpvisor: interrupted while queued for slot {args.slot!r}: left the queue", file=sys.stderr)
