@@ -106,7 +106,7 @@ class ControllerSnapshot:
 
     `slots`: a `SlotView` per slot, sorted by slot name (idle slots with empty queues may be
     left out); `running_count`: slots with an owner; `total_queued`: pending submissions in all
-    slot queues. `shared`: with `ControllerConfig(shared=True)`, the slot server's table, every
+    slot queues. `shared`: with `ControllerConfig(leases=...)`, the lease store's table (the slot server's, for "local"), every
     process's slots, as `mpvisor slots --json` shows it (`{"slot", "status", "owner": {"pid",
     "name", "since"}, "queue": [{"pid", "name"}]}` per busy slot); empty otherwise.
     """

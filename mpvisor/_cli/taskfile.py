@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mpvisor._cli import options as _shell
+from mpvisor._cli import options as _options
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
 
@@ -224,31 +224,31 @@ def _cwd_in(base_dir: str, is_dir: Callable[[str], bool] | None) -> Callable[[ob
 
 
 SETTINGS: dict[str, Callable[[object], Any]] = {
-    "restart": _via(_shell.choice(*_shell.RESTARTS), (str,), "a string: " + ", ".join(_shell.RESTARTS)),
-    "every": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
-    "max_retries": _via(_shell.retries, _NUMBER, "a whole number >= 0"),
-    "memory": _via(_shell.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
-    "cpu": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
-    "open_files": _via(_shell.positive_count, _NUMBER, "a whole number >= 1"),
-    "intensity": _via(_shell.intensity, (str,), 'a string "N/SECONDS"'),
-    "timeout": _via(_shell.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),
-    "start_timeout": _via(_shell.seconds(allow_zero=False), _NUMBER, _SECONDS),
-    "backoff": _via(_shell.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
-    "jitter": _via(_shell.jitter, (str,), "a string: none, full, equal or randomized-band"),
-    "slot": _via(_shell.slot_name, (str,), "a slot name (a string)"),
-    "policy": _via(_shell.choice(*_shell.POLICIES), (str,), "a string: " + ", ".join(_shell.POLICIES)),
+    "restart": _via(_options.choice(*_options.RESTARTS), (str,), "a string: " + ", ".join(_options.RESTARTS)),
+    "every": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "max_retries": _via(_options.retries, _NUMBER, "a whole number >= 0"),
+    "memory": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
+    "cpu": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "open_files": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
+    "intensity": _via(_options.intensity, (str,), 'a string "N/SECONDS"'),
+    "timeout": _via(_options.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),
+    "start_timeout": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "backoff": _via(_options.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
+    "jitter": _via(_options.jitter, (str,), "a string: none, full, equal or randomized-band"),
+    "slot": _via(_options.slot_name, (str,), "a slot name (a string)"),
+    "policy": _via(_options.choice(*_options.POLICIES), (str,), "a string: " + ", ".join(_options.POLICIES)),
     "env": _env,
     "cwd": _cwd,
 }
 TASK_ONLY: dict[str, Callable[[object], Any]] = {
-    "target": _via(_shell.target, (str,), 'a string "package.module:function"'),
+    "target": _via(_options.target, (str,), 'a string "package.module:function"'),
     "args": _array,
     "kwargs": _table,
     "command": _command,
 }
 DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
-    "grace": _via(_shell.seconds(allow_zero=True), _NUMBER, _SECONDS),
-    "max_concurrent": _via(_shell.positive_count, _NUMBER, "a whole number >= 1"),
+    "grace": _via(_options.seconds(allow_zero=True), _NUMBER, _SECONDS),
+    "max_concurrent": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
 }
 RUN_OPTIONS = ("events", "progress", "ray", "file")  # `mpvisor run` options that no file sets
 TOP_LEVEL = ("defaults", "task")
@@ -405,9 +405,9 @@ def _build(name: str, settings: dict[str, Any], where: str, errors: _Errors) -> 
     except (TypeError, ValueError) as exc:
         errors.add(where, str(exc))
         return None
-    options = argparse.Namespace(**{option: settings.get(option) for option in _shell.TASK_OPTIONS})
+    options = argparse.Namespace(**{option: settings.get(option) for option in _options.TASK_OPTIONS})
     try:
-        spec = _shell.build_spec(options, body)
+        spec = _options.build_spec(options, body)
     except (TypeError, ValueError) as exc:
         errors.add(where, str(exc))
         return None
