@@ -97,6 +97,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def postgres_server():
+    """The session's throwaway PostgreSQL cluster (tests/_pg_support.py), started on first use."""
+    from tests import _pg_support
+
+    server = _pg_support.start_server()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """The session's local Ray cluster (tests/_ray_support.py), started on first use."""
     from tests import _ray_support

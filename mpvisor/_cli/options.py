@@ -237,6 +237,20 @@ def task_name(text: str) -> str:
     return text
 
 
+def slots_url(text: str) -> str:
+    """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)."""
+    from mpvisor._admission.leases.stores import checked
+    from mpvisor._model.errors import ConfigError
+
+    try:
+        checked(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}") from None
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}")
+    return text
+
+
 def slot_name(text: str) -> str:
     """An argparse `type=`: a non-empty slot name."""
     if not text:

@@ -98,6 +98,7 @@ from mpvisor._cli.options import (
     retries,
     seconds,
     slot_name,
+    slots_url,
     take_stdout,
     target,
     task_name,
@@ -151,6 +152,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
     run.add_argument("--slot", type=slot_name, metavar="NAME",
                      help="run only while holding this slot, shared by every mpvisor process of this user on this host")
+    run.add_argument("--slots", type=slots_url, metavar="URL", default=os.environ.get("MPVISOR_SLOTS") or None,
+                     help="with --slot, where slots are kept: a postgresql:// URL shares them across hosts "
+                          "(default: $MPVISOR_SLOTS, else this user's slot server on this host)")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
     run.add_argument("--events", choices=("json", "log", "none"), default="none",
@@ -211,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(_SlotLines(spec.name))
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
-    controller = ControllerConfig(leases="local") if args.slot is not None else None
+    controller = ControllerConfig(leases=args.slots or "local") if args.slot is not None else None
     one = _OneTask(spec, args.slot, args.policy or "queue")
     try:
         outcome = asyncio.run(one.run(config, subscribers, controller))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from mpvisor._admission.leases.local import LocalStore
 from mpvisor._admission.leases.store import LeaseError
-from mpvisor._cli.options import seconds
+from mpvisor._admission.leases.stores import open_store
+from mpvisor._cli.options import seconds, slots_url
 from mpvisor._cli.statuses import FAILED, OK
 
 NAME = "slots"
@@ -27,13 +29,16 @@ SHOW_WAIT = 5.0  # seconds the slot server may take to answer (a stopped one nev
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--slots", type=slots_url, metavar="URL", default=os.environ.get("MPVISOR_SLOTS") or None,
+                        help="the store to show: a postgresql:// URL (default: $MPVISOR_SLOTS, else this user's slot server)")
     parser.add_argument("--wait", type=seconds(allow_zero=False), default=SHOW_WAIT, metavar="SECONDS",
                         help=f"how long the slot server may take to answer before this is an error (default {SHOW_WAIT:g})")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        slots = LocalStore().holdings(args.wait)
+        store = open_store(args.slots) if args.slots else LocalStore()
+        slots = store.holdings(args.wait)
     except LeaseError as exc:
         print(f"mpvisor slots: {exc}", file=sys.stderr)
         return FAILED

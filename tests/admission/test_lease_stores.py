@@ -1,7 +1,8 @@
 """Does every lease store keep the one lease store contract?
 
 The same tests run over each store: the `local` store (a real slot server, started on demand in
-a private directory, its clients real connections) and the in-process `memory` store. Owners are
+a private directory, its clients real connections), the in-process `memory` store, and the
+`postgresql://` store (a real PostgreSQL, tests/_pg_support.py, a fresh database per test). Owners are
 threads blocked in `acquire`, as the lease driver runs them; a decision is awaited with a
 deadline, never slept for. A new store is added to `STORES` and must pass the same.
 """
@@ -18,6 +19,7 @@ import pytest
 
 from mpvisor._admission.leases.local import LocalStore
 from mpvisor._admission.leases.memory import MemoryStore
+from mpvisor._admission.leases.postgres import PostgresStore
 from mpvisor._admission.leases.store import Decision, LeaseRequest, LeaseStore, Policy, pid_of
 from tests._slot_support import stop_servers
 from tests._support import wait_for
@@ -27,10 +29,15 @@ pytestmark = pytest.mark.timeout(60)
 DECIDED = 20.0  # seconds a decision may take (a local store starts its server first)
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "postgres"])
 def store(request: Any, tmp_path: Any) -> Iterator[LeaseStore]:
     if request.param == "memory":
         yield MemoryStore()
+        return
+    if request.param == "postgres":
+        from tests import _pg_support
+
+        yield PostgresStore(_pg_support.fresh_database(request.getfixturevalue("postgres_server")))
         return
     directory = tmp_path / "slots"
     yield LocalStore(str(directory))
@@ -56,7 +63,8 @@ class Owner:
         return self.decision.result(timeout=DECIDED)
 
     def holds(self) -> None:
-        assert self.decided() == Decision(True)
+        decision = self.decided()
+        assert decision.granted, decision
         self.request.watch(self.revoked.set)
 
     def done(self) -> None:

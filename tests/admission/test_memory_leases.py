@@ -70,17 +70,21 @@ def test_leases_take_a_store_name_or_a_store_and_nothing_else() -> None:
     assert ControllerConfig(leases="local").leases == "local"
     assert ControllerConfig().leases is None
     for bad in ("postgres", True, 3, object()):
-        with pytest.raises(ConfigError, match="leases must be None, one of 'local', or a lease store, got"):
+        with pytest.raises(ConfigError, match="leases must be None, one of 'local', 'postgresql://', 'postgres://', or a lease store, got"):
             ControllerConfig(leases=bad)
 
 
 def test_a_setting_names_a_store_by_its_row_of_the_table() -> None:
-    """`"local"` names the slot server's store; a URL names a store by its scheme, and one whose
-    scheme no store has (`local://` included: `local` takes no URL) is refused, naming it."""
+    """`"local"` names the slot server's store; a URL names a store by its scheme (PostgreSQL's:
+    nothing connects until a lease is asked for), and one whose scheme no store has (`local://`
+    included: `local` takes no URL) is refused, naming it."""
     from mpvisor._admission.leases.local import LocalStore
+    from mpvisor._admission.leases.postgres import PostgresStore
     from mpvisor._admission.leases.stores import open_store
 
     assert isinstance(open_store("local"), LocalStore)
+    store = open_store("postgresql://deployer:secret@db.example/ops")
+    assert isinstance(store, PostgresStore) and "secret" not in store.name and "secret" not in repr(store)
     for bad in ("etcd://a/b", "local://this-host"):
         with pytest.raises(ConfigError, match=f"got '{bad}'"):
             ControllerConfig(leases=bad)

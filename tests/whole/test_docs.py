@@ -74,8 +74,8 @@ NO_RUN_REASON = re.compile(r"^<!-- no-run: (?P<reason>\S.*?) -->$")
 BLOCK_TIMEOUT = 60.0  # seconds: a block is meant to take one or two
 WORKERS = 3  # blocks run at once (they mostly wait for child processes)
 SET_UP = (
-    "pip install . && python scripts/demo.py                     # install, then a few-second tour on an embedded default\n"
-    "pip install '.[test,prometheus,ray]' && python -m pytest    # install the test extras, run the whole suite\n"
+    "pip install . && python scripts/demo.py                              # install, then a few-second tour on an embedded default\n"
+    "pip install '.[test,prometheus,ray,postgres]' && python -m pytest    # install the test extras, run the whole suite\n"
 )
 DEMO = "python scripts/demo.py"
 

@@ -84,6 +84,7 @@ class Decision:
 
     granted: bool
     kind: str | None = None  # a `REJECTIONS` name when not granted
+    token: int | None = None  # a grant's fencing token, where the store gives one (strictly increasing per slot)
 
     @property
     def rejection(self) -> RejectionKind:

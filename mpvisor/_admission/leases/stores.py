@@ -10,6 +10,7 @@ CLI name stores only through this table.
 |---|---|---|
 | `None` | none | nobody: the controller's own slots |
 | `"local"` | `local.LocalStore`: the per-user slot server | every mpvisor process of this user on this host |
+| `"postgresql://USER@HOST/DB"` | `postgres.PostgresStore`: two tables in that database | every mpvisor process that names it, on any host |
 | a `LeaseStore` object (e.g. `memory.MemoryStore()`) | that store | whoever is given the same store |
 """
 
@@ -27,8 +28,16 @@ def _local(setting: str) -> LeaseStore:
     return LocalStore()
 
 
+def _postgres(setting: str) -> LeaseStore:
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    return PostgresStore(setting)
+
+
 STORES: dict[str, Callable[[str], LeaseStore]] = {
     "local": _local,
+    "postgresql://": _postgres,
+    "postgres://": _postgres,
 }
 
 

@@ -1,0 +1,331 @@
+"""How do processes on many hosts share slots? The `postgresql://` lease store.
+
+Slots live in two tables of a PostgreSQL database that every host can reach (created on first
+use, their version in `mpvisor_meta`): `mpvisor_slots` (one row per slot, its last fencing
+token) and `mpvisor_requests` (one row per request: queued, or the slot's owner). A lease is a
+row, not a connection: it has an expiry on the *database's* clock (`ttl` seconds, renewed every
+`ttl / 3` by its owner), so it survives reconnects and works through a transaction-pooling
+PgBouncer; a request whose owner stopped renewing is gone once it expires. Every change of a
+slot happens in one transaction that locks the slot's row (`SELECT ... FOR UPDATE`), and then
+notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-read at once.
+
+| request | in the slot's transaction |
+|---|---|
+| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) is granted: the slot's `last_token` + 1 is its fencing token, `expires = now() + ttl` |
+| `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
+| `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
+| `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
+| renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
+| `release`, `withdraw` | the row is deleted (a withdraw that crossed its grant gives the lease back) |
+
+A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
+hosts. What this store does not yet do is fence its owner by itself: an owner that cannot
+renew is told (`on_revoke`), and the controller retires its task, but nothing stops the tree
+if the supervising process itself is paused past the expiry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mpvisor._admission.leases.store import Decision, LeaseError, Pid, Policy
+
+SCHEMA_VERSION = 1
+DEFAULT_TTL = 15.0  # seconds a lease lives without a renewal
+MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
+CHANNEL = "mpvisor_slot"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS mpvisor_meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE IF NOT EXISTS mpvisor_slots (slot text PRIMARY KEY, last_token bigint NOT NULL DEFAULT 0);
+CREATE SEQUENCE IF NOT EXISTS mpvisor_positions;
+CREATE TABLE IF NOT EXISTS mpvisor_requests (
+    id bigserial PRIMARY KEY,
+    slot text NOT NULL REFERENCES mpvisor_slots (slot),
+    name text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    state text NOT NULL CHECK (state IN ('queued', 'granted', 'superseded')),
+    position bigint NOT NULL,
+    token bigint,
+    revoke boolean NOT NULL DEFAULT false,
+    since timestamptz,
+    expires timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, state, position);
+"""
+
+
+def _connect(url: str, autocommit: bool = False) -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise LeaseError("a postgresql:// lease store needs psycopg: pip install 'mpvisor[postgres]'") from None
+    try:
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise LeaseError(f"cannot connect to the lease store: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _redacted(url: str) -> str:
+    """`url` without its password (nothing is logged or shown with one)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, place = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{place}"
+
+
+class PostgresStore:
+    """The `postgresql://` lease store (module docstring)."""
+
+    def __init__(self, url: str, ttl: float = DEFAULT_TTL) -> None:
+        self.url = url
+        self.ttl = ttl
+        self.name = f"the lease store at {_redacted(url)}"
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {_redacted(self.url)} ttl={self.ttl}>"
+
+    def connect(self) -> Any:
+        """A connection to the store, its schema created (or checked) on first use."""
+        conn = _connect(self.url)
+        with self._lock:
+            if not self._ready:
+                self._ensure_schema(conn)
+                self._ready = True
+        return conn
+
+    def _ensure_schema(self, conn: Any) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
+            conn.execute(_SCHEMA)
+            row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise LeaseError(f"the lease store's schema is version {row[0]!r}; this mpvisor reads version {SCHEMA_VERSION}")
+
+    def request(self) -> PostgresRequest:
+        return PostgresRequest(self)
+
+    def holdings(self, timeout: float) -> list[dict[str, Any]]:
+        conn = self.connect()
+        try:
+            conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
+            rows = conn.execute(
+                "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
+                "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
+        finally:
+            conn.close()
+        views: dict[str, dict[str, Any]] = {}
+        for slot, state, name, host, pid, since, token, revoke in rows:
+            view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
+            if state == "granted":
+                view["owner"] = {"pid": pid, "name": name, "host": host, "since": float(since or 0), "token": token}
+                view["status"] = "terminating" if revoke else "running"
+            else:
+                view["queue"].append({"pid": pid, "name": name, "host": host})
+        return list(views.values())
+
+    # --- the slot's transaction ---------------------------------------------------------------------
+
+    def step(self, conn: Any, slot: str) -> None:
+        """In the slot's locked transaction: drop expired rows; grant the head if nobody owns the slot."""
+        conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
+        owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
+        if owner is not None:
+            return
+        head = conn.execute("SELECT id FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
+                            "ORDER BY position LIMIT 1", (slot,)).fetchone()
+        if head is None:
+            return
+        (token,) = conn.execute("UPDATE mpvisor_slots SET last_token = last_token + 1 WHERE slot = %s "
+                                "RETURNING last_token", (slot,)).fetchone()
+        conn.execute("UPDATE mpvisor_requests SET state = 'granted', token = %s, since = now(), "
+                     "expires = now() + make_interval(secs => %s) WHERE id = %s", (token, self.ttl, head[0]))
+
+    def lock(self, conn: Any, slot: str) -> None:
+        conn.execute("INSERT INTO mpvisor_slots (slot) VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
+        conn.execute("SELECT 1 FROM mpvisor_slots WHERE slot = %s FOR UPDATE", (slot,))
+
+
+class PostgresRequest:
+    """One owner's request in a `PostgresStore` (a `LeaseRequest`)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.conn = store.connect()
+        self.id: int | None = None
+        self.slot = ""
+        self._lock = threading.Lock()  # one statement at a time on the connection
+        self._closed = threading.Event()
+        self._withdrawn = False
+        self._held = False
+
+    def __repr__(self) -> str:
+        return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
+
+    def _in_slot(self, work: Callable[[], Any]) -> Any:
+        """`work()` in the slot's locked transaction, then a notification of the slot's channel."""
+        with self._lock, self.conn.transaction():
+            self.store.lock(self.conn, self.slot)
+            result = work()
+            self.store.step(self.conn, self.slot)
+            self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.slot))
+        return result
+
+    def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
+                on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
+                on_silent: Callable[[], None] | None = None) -> Decision:
+        self.slot = slot
+        if self._withdrawn:
+            return Decision(False, "withdrawn")
+        pid = pids[0].pid if pids else os.getpid()
+        refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))
+        if refused is not None:
+            return refused
+        return self._wait(on_queued)
+
+    def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
+        conn, slot, ttl = self.conn, self.slot, self.store.ttl
+        conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
+        live = conn.execute("SELECT id, state, position FROM mpvisor_requests WHERE slot = %s AND state IN "
+                            "('queued', 'granted') ORDER BY position", (slot,)).fetchall()
+        owner = [row for row in live if row[1] == "granted"]
+        queued = [row for row in live if row[1] == "queued"]
+        if policy == "drop" and live:
+            return Decision(False, "slot_busy")
+        if policy == "queue" and len(queued) >= MAX_QUEUE:
+            return Decision(False, "queue_full")
+        (position,) = conn.execute("SELECT nextval('mpvisor_positions')").fetchone()
+        if policy == "replace":
+            if queued:
+                position = queued[0][2] - 1
+                conn.execute("UPDATE mpvisor_requests SET state = 'superseded' WHERE id = %s", (queued[0][0],))
+            if owner:
+                conn.execute("UPDATE mpvisor_requests SET revoke = true WHERE id = %s", (owner[0][0],))
+        (self.id,) = conn.execute(
+            "INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, expires) VALUES "
+            "(%s, %s, %s, %s, 'queued', %s, now() + make_interval(secs => %s)) RETURNING id",
+            (slot, name, socket.gethostname(), pid, position, ttl)).fetchone()
+        return None
+
+    def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None) -> Decision:
+        """Until this request is granted or refused: woken by the slot's notifications, and at
+        least every `ttl / 3` (to renew its own row, and to see an owner's lease expire)."""
+        listener = _connect(self.store.url, autocommit=True)
+        try:
+            listener.execute(f"LISTEN {CHANNEL}")
+            told = -1
+            while True:
+                try:
+                    state, position, owner, token = self._look()
+                except Exception:
+                    if self._closed.is_set() or self._withdrawn:
+                        return Decision(False, "withdrawn")
+                    raise
+                if self._withdrawn:
+                    return Decision(False, "withdrawn")
+                if state == "granted":
+                    self._held = True
+                    return Decision(True, token=token)
+                if state != "queued":
+                    return Decision(False, "superseded_by_replace" if state == "superseded" else "withdrawn")
+                if position != told and on_queued is not None:
+                    on_queued(position, owner)
+                    told = position
+                for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
+                    pass
+        finally:
+            listener.close()
+
+    def _look(self) -> tuple[str | None, int, dict[str, Any] | None, int | None]:
+        """This request's state, its place in the queue, the owner and its token, after a step
+        of the slot (which grants the head once an owner's lease expired); its own row renewed."""
+        def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
+            conn = self.conn
+            conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) "
+                         "WHERE id = %s AND state = 'queued'", (self.store.ttl, self.id))
+            row = conn.execute("SELECT state, position, token FROM mpvisor_requests WHERE id = %s", (self.id,)).fetchone()
+            if row is None:
+                return None, 0, None, None
+            (ahead,) = conn.execute("SELECT count(*) FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
+                                    "AND position < %s", (self.slot, row[1])).fetchone()
+            owner = conn.execute("SELECT name, pid, extract(epoch FROM since) FROM mpvisor_requests "
+                                 "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
+            seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
+            return row[0], int(ahead) + 1, seen, row[2]
+        result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look)
+        return result
+
+    def watch(self, on_revoke: Callable[[], None]) -> None:
+        threading.Thread(target=self._renew, args=(on_revoke,), name="mpvisor-lease-renew", daemon=True).start()
+
+    def _renew(self, on_revoke: Callable[[], None]) -> None:
+        """While held: move the expiry at least every `ttl / 3`, and at once when the slot's
+        channel says something changed; a revoke asked, or the lease gone, is told once."""
+        told = False
+        try:
+            listener = _connect(self.store.url, autocommit=True)
+            listener.execute(f"LISTEN {CHANNEL}")
+        except Exception:
+            listener = None  # renewals alone, every ttl / 3
+        try:
+            while not self._closed.is_set():
+                try:
+                    with self._lock, self.conn.transaction():
+                        row = self.conn.execute(
+                            "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
+                            "AND state = 'granted' RETURNING revoke", (self.store.ttl, self.id)).fetchone()
+                except Exception:
+                    if self._closed.is_set():
+                        return
+                    row = (False,)  # not reachable this time: the lease lives until its expiry
+                if (row is None or row[0]) and not told:
+                    told = True
+                    on_revoke()
+                if listener is None:
+                    self._closed.wait(self.store.ttl / 3)
+                else:
+                    for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
+                        pass
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def add_pids(self, pids: list[Pid]) -> None:
+        pass  # a lease here is held by its renewals (a dead owner's expires), not by pids
+
+    def withdraw(self) -> None:
+        self._withdrawn = True
+        if self.id is not None:
+            self._delete()
+
+    def release(self) -> None:
+        self._held = False
+        if self.id is not None:
+            self._delete()
+
+    def _delete(self) -> None:
+        try:
+            self._in_slot(lambda: self.conn.execute("DELETE FROM mpvisor_requests WHERE id = %s", (self.id,)))
+        except Exception:
+            pass  # the store is unreachable: the row expires by itself
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self.conn.close()
+        except Exception:
+            pass

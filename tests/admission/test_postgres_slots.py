@@ -1,0 +1,112 @@
+"""Do slots hold across "hosts" through PostgreSQL (`mpvisor run --slot NAME --slots URL`)?
+
+Each run is a real `mpvisor` process with a runtime directory of its own (so no two share a
+per-host slot server), all naming one real PostgreSQL (tests/_pg_support.py, a fresh database
+per test). Owners are `workers/slot_owner.py`, which log when they start and end: the
+intervals of one slot never overlap, queued runs own it in FIFO order, a `drop` is refused
+while it is busy (3), a `replace` stops the owner (6) and runs next; `mpvisor slots --slots
+URL --json` shows the owner, its host and its fencing token, which increases at every grant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests import _pg_support
+from tests._slot_support import assert_one_owner_at_a_time
+from tests._support import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPVISOR = shutil.which("mpvisor")
+
+
+@pytest.fixture
+def url(postgres_server: Any) -> str:
+    return _pg_support.fresh_database(postgres_server)
+
+
+def start(tmp_path: Any, host: int, url: str, *argv: str) -> subprocess.Popen[str]:
+    """`mpvisor run --slots URL ...` as "host" `host`: its own runtime directory, no shared slot server."""
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    runtime = tmp_path / f"host-{host}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_SLOTS_DIR": str(runtime), "MPVISOR_SLOTS": url}
+    return subprocess.Popen([MPVISOR, "run", *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def owner(log: Any, hold: float, label: str) -> list[str]:
+    return ["--", sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label]
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=90)
+    return proc.returncode, err
+
+
+def shown(tmp_path: Any, url: str) -> list[dict[str, Any]]:
+    assert MPVISOR is not None
+    done = subprocess.run([MPVISOR, "slots", "--slots", url, "--json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
+    assert done.returncode == 0, done.stderr
+    slots: list[dict[str, Any]] = json.loads(done.stdout)["slots"]
+    return slots
+
+
+def test_queued_runs_on_five_hosts_own_the_slot_one_at_a_time_in_fifo_order(tmp_path: Any, url: str) -> None:
+    """A holder, then five queued runs from five hosts, each queued once the one before it says
+    it waits; then the holder is stopped: they run one at a time, in the order they queued; every grant's fencing token is
+    one more than the one before (a later owner shows the sixth one after the holder's)."""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 0, url, "--slot", "deploy", *owner(log, 60.0, "h0"))
+    wait_for(lambda: log.exists() and "start h0" in log.read_text(), timeout=30)
+    tokens = [shown(tmp_path, url)[0]["owner"]["token"]]
+    queued = []
+    for n in range(1, 6):
+        run = start(tmp_path, n, url, "--slot", "deploy", *owner(log, 0.2, f"h{n}"))
+        assert run.stderr is not None and f"waiting, position {n}" in run.stderr.readline()
+        queued.append(run)
+    assert len(shown(tmp_path, url)[0]["queue"]) == 5
+    holder.terminate()  # the holder's run is stopped (SIGTERM): its tree goes, the queue moves on
+    assert finish(holder)[0] == -15
+    for run in queued:
+        status, err = finish(run)
+        assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == [f"h{n}" for n in range(6)]
+    assert shown(tmp_path, url) == []
+    later = start(tmp_path, 9, url, "--slot", "deploy", *owner(log, 60.0, "h9"))
+    wait_for(lambda: "start h9" in log.read_text(), timeout=30)
+    assert shown(tmp_path, url)[0]["owner"]["token"] == tokens[0] + 6  # one grant for each of h1..h5, then h9's
+    later.terminate()
+    assert finish(later)[0] == -15
+
+
+def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_owner(tmp_path: Any, url: str) -> None:
+    """Host 1 owns the slot; host 2's `--policy drop` exits 3 at once, nothing ran; host 3's
+    `--policy replace` stops host 1's task (it exits 6) and runs once host 1's tree is gone."""
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "prod", *owner(log, 60.0, "one"))
+    wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
+    (view,) = shown(tmp_path, url)
+    assert (view["status"], view["owner"]["pid"]) == ("running", first.pid) and view["owner"]["host"]
+    first_token = view["owner"]["token"]
+    dropped = start(tmp_path, 2, url, "--slot", "prod", "--policy", "drop", *owner(log, 0.0, "two"))
+    status, err = finish(dropped)
+    assert status == 3 and "rejected reason='the slot is busy (--policy drop)'" in err, err
+    replacing = start(tmp_path, 3, url, "--slot", "prod", "--policy", "replace", *owner(log, 0.0, "three"))
+    status, err = finish(first)
+    assert status == 6 and "replaced_in_slot='prod'" in err, err
+    status, err = finish(replacing)
+    assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "three"]
+    assert "start two" not in log.read_text()
+    assert first_token == 1  # the first grant of a fresh database
