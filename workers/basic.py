@@ -20,6 +20,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
 | `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
 | `read_stdin()` | reads stdin to its end | returns what it read (a str) |
+| `fencing_token()` | | returns `mpvisor.context().fencing_token` |
 | `ancestry()` | | returns the command line of each ancestor process, parent first (where the attempt runs: under a Ray worker, say) |
 | `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
@@ -190,6 +191,12 @@ def env_probe(marker: str | None = None) -> dict[str, object]:
         "sid": os.getsid(0),
         "pgid": os.getpgid(0),
     }
+
+
+def fencing_token(marker: str | None = None) -> int | None:
+    """Return this attempt's slot fencing token (`mpvisor.context().fencing_token`)."""
+    mark(marker, "started")
+    return context().fencing_token
 
 
 def read_stdin(marker: str | None = None) -> str:

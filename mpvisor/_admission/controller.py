@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -57,6 +58,7 @@ from mpvisor._model.events import EventKind
 from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._model.spec import TaskSpec
+from mpvisor._model.work import with_env
 from mpvisor._tasks.intake import Intake
 from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskWaiter
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("mpvisor.runtime")
 SNAPSHOT_WAIT = 1.0  # seconds a snapshot waits for a lease store's table
+FENCING_TOKEN = "MPVISOR_FENCING_TOKEN"  # the attempt's environment variable for its slot's fencing token
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 
@@ -353,6 +356,9 @@ class Controller:
             self.leases.pop(item.id, None)
             self._post(lambda: self._decided(item, None, decision.rejection))
             return
+        if decision.token is not None:  # every attempt of the owner sees it (`MPVISOR_FENCING_TOKEN`)
+            token = {FENCING_TOKEN: str(decision.token)}
+            item.task_spec = dataclasses.replace(item.task_spec, task=with_env(item.task_spec.task, token))
         self._hand_over_now(item)
 
     def _release(self, item_id: int) -> None:

@@ -15,6 +15,7 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +81,16 @@ class TaskContext:
     def attempt(self) -> int:
         """This attempt's number: 1 for the first, counting every attempt the task started."""
         return self._attempt
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the slot lease this task runs under (`MPVISOR_FENCING_TOKEN`),
+        where its lease store gives one (a `postgresql://` store: strictly increasing per slot
+        across every host); `None` otherwise. Hand it to what the task writes (a conditional
+        update that refuses a smaller token than the last one it saw): only that protects the
+        resource against an owner paused past its lease."""
+        text = os.environ.get("MPVISOR_FENCING_TOKEN")
+        return int(text) if text is not None and text.isdigit() else None
 
     @property
     def cancelled(self) -> bool:

@@ -30,7 +30,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mpvisor._model import checks as _validate
@@ -103,6 +103,16 @@ class CommandTask:
         return (
             f"CommandTask({self.name!r}, {list(self.argv)!r}, env={self.env!r}, cwd={self.cwd!r})"
         )
+
+
+def with_env(task: TaskFn | CommandTask, extra: Mapping[str, str]) -> TaskFn | CommandTask:
+    """`task` with `extra` merged over its own `env` (what the attempt also gets: a slot's
+    fencing token, say); its arguments are not encoded again."""
+    copy = object.__new__(type(task))
+    for item in fields(task):
+        _set(copy, item.name, getattr(task, item.name))
+    _set(copy, "env", {**(task.env or {}), **extra})
+    return copy
 
 
 def target_path(target: object) -> str:

@@ -110,3 +110,29 @@ def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "three"]
     assert "start two" not in log.read_text()
     assert first_token == 1  # the first grant of a fresh database
+
+
+async def test_every_attempt_sees_its_grants_fencing_token(tmp_path: Any, url: str) -> None:
+    """A Python target reads its lease's token as `mpvisor.context().fencing_token`, a program as
+    `$MPVISOR_FENCING_TOKEN`: one more at every grant of the slot, whichever host asked; with a
+    store that gives no token (in one process) it is None."""
+    from mpvisor import ControllerConfig, ControllerSpec, SupervisorConfig, TaskFn, TaskSpec
+    from mpvisor._admission.leases.memory import MemoryStore
+    from tests._support import supervised
+
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
+        values = []
+        for n in range(2):
+            _, waiter = await handle.submit_and_watch(
+                ControllerSpec.queue(TaskSpec.once(TaskFn(f"fenced-{n}", "workers.basic:fencing_token"))).with_slot("w"))
+            values.append((await waiter.wait()).value)
+        assert values == [1, 2]
+    tokens = tmp_path / "tokens"
+    for host in (1, 2):
+        run = start(tmp_path, host, url, "--slot", "w", "--", "sh", "-c", f'echo "$MPVISOR_FENCING_TOKEN" >> {tokens}')
+        assert finish(run)[0] == 0
+    assert tokens.read_text().split() == ["3", "4"]
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=MemoryStore())) as (handle, _):
+        _, waiter = await handle.submit_and_watch(
+            ControllerSpec.queue(TaskSpec.once(TaskFn("unfenced", "workers.basic:fencing_token"))).with_slot("w"))
+        assert (await waiter.wait()).value is None

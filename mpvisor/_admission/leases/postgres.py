@@ -19,7 +19,8 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | `release`, `withdraw` | the row is deleted (a withdraw that crossed its grant gives the lease back) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
-hosts. What this store does not yet do is fence its owner by itself: an owner that cannot
+hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`). What
+this store does not yet do is fence its owner by itself: an owner that cannot
 renew is told (`on_revoke`), and the controller retires its task, but nothing stops the tree
 if the supervising process itself is paused past the expiry.
 """
