@@ -136,3 +136,25 @@ async def test_every_attempt_sees_its_grants_fencing_token(tmp_path: Any, url: s
         _, waiter = await handle.submit_and_watch(
             ControllerSpec.queue(TaskSpec.once(TaskFn("unfenced", "workers.basic:fencing_token"))).with_slot("w"))
         assert (await waiter.wait()).value is None
+
+
+def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: str, postgres_server: Any) -> None:
+    """While one host owns the slot and another waits, `pg_terminate_backend` ends every
+    connection of theirs: both connect again, the owner keeps its lease (no overlap) and the
+    waiting run owns the slot once the owner is done."""
+    import psycopg
+
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 3.0, "one"))
+    wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
+    second = start(tmp_path, 2, url, "--slot", "k", *owner(log, 0.0, "two"))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    database = url.split("?")[0].rsplit("/", 1)[1]
+    with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
+        ended = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s "
+                              "AND pid <> pg_backend_pid()", (database,)).fetchone()
+    assert ended is not None and ended[0] >= 2, ended
+    for run in (first, second):
+        status, err = finish(run)
+        assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]

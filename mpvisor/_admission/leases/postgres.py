@@ -179,12 +179,27 @@ class PostgresRequest:
 
     def _in_slot(self, work: Callable[[], Any]) -> Any:
         """`work()` in the slot's locked transaction, then a notification of the slot's channel."""
-        with self._lock, self.conn.transaction():
+        def in_slot() -> Any:
             self.store.lock(self.conn, self.slot)
             result = work()
             self.store.step(self.conn, self.slot)
             self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.slot))
-        return result
+            return result
+        return self._transaction(in_slot)
+
+    def _transaction(self, work: Callable[[], Any]) -> Any:
+        """`work()` in one transaction on this request's connection. A connection the server
+        closed (it restarted, or `pg_terminate_backend`) is opened again and the work tried once
+        more: nothing of the failed transaction was committed."""
+        with self._lock:
+            for last in (False, True):
+                try:
+                    with self.conn.transaction():
+                        return work()
+                except Exception:
+                    if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
+                        raise
+                self.conn = self.store.connect()
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
@@ -246,8 +261,7 @@ class PostgresRequest:
                 if position != told and on_queued is not None:
                     on_queued(position, owner)
                     told = position
-                for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
-                    pass
+                listener = self._listened(listener)
         finally:
             listener.close()
 
@@ -285,10 +299,9 @@ class PostgresRequest:
         try:
             while not self._closed.is_set():
                 try:
-                    with self._lock, self.conn.transaction():
-                        row = self.conn.execute(
-                            "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
-                            "AND state = 'granted' RETURNING revoke", (self.store.ttl, self.id)).fetchone()
+                    row = self._transaction(lambda: self.conn.execute(
+                        "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
+                        "AND state = 'granted' RETURNING revoke", (self.store.ttl, self.id)).fetchone())
                 except Exception:
                     if self._closed.is_set():
                         return
@@ -298,12 +311,30 @@ class PostgresRequest:
                     on_revoke()
                 if listener is None:
                     self._closed.wait(self.store.ttl / 3)
-                else:
-                    for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
-                        pass
+                    continue
+                try:
+                    listener = self._listened(listener)
+                except Exception:
+                    listener = None  # the store is unreachable: renewals alone, every ttl / 3, until it is back
         finally:
             if listener is not None:
                 listener.close()
+
+    def _listened(self, listener: Any) -> Any:
+        """Wait for the slot's next notification, at most `ttl / 3`; the listener to use next
+        (a new one if the server closed this one: the caller's next look sees what it missed)."""
+        try:
+            for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
+                pass
+            return listener
+        except Exception:
+            if self._closed.is_set():
+                raise
+            listener.close()
+            self._closed.wait(min(1.0, self.store.ttl / 10))  # a server restarting: not a tight loop
+            fresh = _connect(self.store.url, autocommit=True)
+            fresh.execute(f"LISTEN {CHANNEL}")
+            return fresh
 
     def add_pids(self, pids: list[Pid]) -> None:
         pass  # a lease here is held by its renewals (a dead owner's expires), not by pids
