@@ -10,7 +10,7 @@ and one runtime for every task of the file (`_api/session.py`: the path `Supervi
 
 A run starts the tasks without a slot at once (one atomic registration) and submits the others
 to a controller whose slots are shared with every mpvisor process of the user
-(`ControllerConfig(leases="local")`), so two runs of files naming one slot, or a file and a
+(`ControllerConfig(leases="local")`, or the store `--slots` / `$MPVISOR_SLOTS` names), so two runs of files naming one slot, or a file and a
 `mpvisor run --slot`, exclude each other; at most `max_concurrent` attempts are alive at once
 (`--max-concurrent`, else the file's `[defaults]`: `SupervisorConfig(max_concurrent=...)`).
 While it runs, stderr shows a live table on a terminal (`LiveTable`: the bottom rows of the
@@ -291,7 +291,7 @@ def run_file(args: argparse.Namespace) -> int:
     subscribers.append(display)
     if args.progress and not live:
         subscribers.append(ProgressBar(stderr, live=False, lock=lock))
-    controller = ControllerConfig(leases="local") if any(t.slot for t in tasks) else None
+    controller = ControllerConfig(leases=args.slots or "local") if any(t.slot for t in tasks) else None  # $MPVISOR_SLOTS too
     bound = args.max_concurrent if getattr(args, "max_concurrent", None) is not None else parsed.max_concurrent
     config = SupervisorConfig(grace=grace, max_concurrent=bound, launcher=launcher_for(args))
     interrupts: list[signal.Signals] = []

@@ -158,3 +158,18 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
         status, err = finish(run)
         assert status == 0, err
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
+
+
+def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
+    """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
+    database as `mpvisor run --slot`: the file's task queues behind the run on another host."""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "shared", *owner(log, 1.5, "single"))
+    wait_for(lambda: log.exists() and "start single" in log.read_text(), timeout=30)
+    argv = [sys.executable, "-m", "workers.slot_owner", str(log), "0", "filed"]
+    (tmp_path / "tasks.toml").write_text(f'[task.filed]\ncommand = {json.dumps(argv)}\nslot = "shared"\n')
+    filed = start(tmp_path, 2, url, "--file", "tasks.toml")
+    for run in (holder, filed):
+        status, err = finish(run)
+        assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["single", "filed"]
