@@ -239,14 +239,9 @@ def task_name(text: str) -> str:
 
 def slots_url(text: str) -> str:
     """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)."""
-    from mpvisor._admission.leases.stores import checked
-    from mpvisor._model.errors import ConfigError
+    from mpvisor._admission.leases.stores import is_store_url
 
-    try:
-        checked(text)
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}") from None
-    if "://" not in text:
+    if not is_store_url(text):
         raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}")
     return text
 

@@ -281,3 +281,16 @@ def test_an_empty_slot_is_refused_as_a_slot_name(capsys):
         parse(["run", "--slot", "", "--", "true"])
     assert refused.value.code == 2
     assert "argument --slot: expected a non-empty slot name, got ''" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["local", "etcd://a/b", "postgresql", ""])
+def test_slots_takes_a_store_url_and_nothing_else(capsys, value):
+    with pytest.raises(SystemExit) as refused:
+        parse(["run", "--slot", "s", "--slots", value, "--", "true"])
+    assert refused.value.code == 2
+    assert f"argument --slots: expected a postgresql:// URL, got {value!r}" in capsys.readouterr().err
+
+
+def test_slots_keeps_a_postgresql_url():
+    args, _ = parse(["run", "--slot", "s", "--slots", "postgresql://ci@db/ops", "--", "true"])
+    assert args.slots == "postgresql://ci@db/ops"

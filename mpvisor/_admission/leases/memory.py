@@ -78,10 +78,9 @@ class MemoryStore:
     def withdraw(self, request: MemoryRequest) -> None:
         if self._table.purge(request.id) is not None:
             self._by_id.pop(request.id, None)
-            request.decide(Decision(False, "withdrawn"))
         else:
             self.release(request)  # granted while the withdraw was on its way: nothing ran under it
-            request.decide(Decision(False, "withdrawn"))
+        request.decide(Decision(False, "withdrawn"))  # its acquire returns (unless it had been decided)
 
     def _apply(self, effects: list[Any]) -> None:
         for effect in effects:

@@ -47,6 +47,11 @@ def _name(setting: str) -> str:
     return scheme + sep if sep else setting
 
 
+def is_store_url(setting: str) -> bool:
+    """`setting` is a URL whose scheme names a store (`postgresql://...`)."""
+    return "://" in setting and _name(setting) in STORES
+
+
 def checked(value: object) -> str | LeaseStore | None:
     """`value` if it names a store (or is one), else `ConfigError` naming it."""
     if value is None or (isinstance(value, str) and _name(value) in STORES):
