@@ -173,3 +173,18 @@ def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, ur
         status, err = finish(run)
         assert status == 0, err
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["single", "filed"]
+
+
+def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
+    """The tables' version is checked at first use: one written by a newer mpvisor is refused,
+    naming both versions, before anything is read or written."""
+    import psycopg
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+    from mpvisor._admission.leases.store import LeaseError
+
+    PostgresStore(url).holdings(5.0)  # creates the tables, version 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE mpvisor_meta SET value = '99' WHERE key = 'schema'")
+    with pytest.raises(LeaseError, match="schema is version '99'; this mpvisor reads version 1"):
+        PostgresStore(url).request()
