@@ -107,7 +107,7 @@ class FakeLauncher:
         return []  # no process at all
 
     def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Any = None, module: str = "") -> int:
+              resources: Any = None, module: str = "", fence: Any = None) -> int:
         self._next += 1
         key = self._next
         attempt = _Attempt(key, FAKE_PID_BASE + key, sink, b"".join(start))
@@ -115,6 +115,12 @@ class FakeLauncher:
         self.log.append(("spawn", key))
         self.loop.call_soon(self._start, attempt)
         return key
+
+    def fence(self, fence: Any) -> None:
+        self.log.append(("fence", fence.group))
+
+    def unfence(self, group: int) -> None:
+        self.log.append(("unfence", group))
 
     def signal(self, key: int, signum: int, group: bool) -> None:
         self.log.append(("signal", key, signum))

@@ -7,16 +7,19 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 |---|---|---|
 | `queue_capacity` | 1024 | 0 or negative |
 | `max_slot_queue` | 100 | negative (0 is valid) |
-| `leases` | None (slots in this process only) | anything but None, a store's name (`"local"`), or a lease store |
+| `leases` | None (slots in this process only) | anything but None, a store's name (`"local"`), a store's URL (`"postgresql://..."`), or a lease store |
+| `lease_ttl` | 15.0 s | under 2 s; what a lease of a store whose leases expire (`postgresql://`) lives without a renewal |
+| `wait_timeout` | None (wait as long as it takes) | 0 or negative; seconds a submission waits for a shared slot's lease before it is rejected `SLOT_BUSY` |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpvisor._admission.leases.store import LeaseStore
+from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, MIN_LEASE_TTL, LeaseStore
 from mpvisor._admission.leases.stores import checked
 from mpvisor._model import checks as _validate
+from mpvisor._model.errors import ConfigError
 
 
 @dataclass(frozen=True, init=False)
@@ -28,14 +31,26 @@ class ControllerConfig:
     `"local"` with every mpvisor process of this user on this host (`mpvisor run --slot`
     included), or a lease store object with whoever is given the same store; a submission the
     local slot admits then also takes the slot's lease, with its policy, before it is
-    registered, and gives it back once its tree is reaped."""
+    registered, and gives it back once its tree is reaped; `"postgresql://USER@HOST/DB"` with
+    every mpvisor process that names the same database, on any host, through leases that live
+    `lease_ttl` seconds past each renewal (the owner's trees are fenced: stopped before a lease
+    it could not renew can expire). `wait_timeout`: a shared slot's submission still waiting
+    for its lease after that many seconds is rejected `SLOT_BUSY` (None: it waits)."""
 
     queue_capacity: int  # >= 1: commands waiting, and removals in flight
     max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)
     leases: str | LeaseStore | None  # where the slots are shared: None (nowhere), a store's name, or a store
+    lease_ttl: float  # >= 2 s: a lease that expires lives this long past its last renewal
+    wait_timeout: float | None  # > 0: how long a submission waits for its shared slot's lease; None: no bound
 
     def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100,
-                 leases: str | LeaseStore | None = None) -> None:
+                 leases: str | LeaseStore | None = None, lease_ttl: float = DEFAULT_LEASE_TTL,
+                 wait_timeout: float | None = None) -> None:
         object.__setattr__(self, "queue_capacity", _validate.positive_int("queue_capacity", queue_capacity))
         object.__setattr__(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
         object.__setattr__(self, "leases", checked(leases))
+        ttl = _validate.duration("lease_ttl", lease_ttl)
+        if ttl is None or ttl < MIN_LEASE_TTL:
+            raise ConfigError(f"lease_ttl must be at least {MIN_LEASE_TTL:g} seconds, got {lease_ttl!r}")
+        object.__setattr__(self, "lease_ttl", ttl)
+        object.__setattr__(self, "wait_timeout", _validate.duration("wait_timeout", wait_timeout, allow_none=True, allow_zero=False))

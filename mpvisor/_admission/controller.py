@@ -29,13 +29,14 @@ import collections
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor._admission.config import ControllerConfig
 from mpvisor._admission.leases.driver import LeaseDriver
-from mpvisor._admission.leases.store import Decision, LeaseError, pids_of
+from mpvisor._admission.leases.store import Decision, LeaseError, fence_times, pids_of
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
     AdmissionPolicy,
@@ -119,6 +120,11 @@ class ControllerHost(Protocol):
     def is_ready(self) -> bool: ...
     async def ready(self) -> None: ...
     def launcher_pids(self) -> list[int]: ...  # the launcher's local processes (they outlive every attempt tree)
+    @property
+    def grace(self) -> float: ...  # what a stopped attempt is given before its tree is killed
+    # A shared slot's lease that expires: the task's attempts must not outlive it (`Runtime.fence`).
+    def fence(self, id: int, stop_at: float, kill_at: float) -> None: ...
+    def unfence(self, id: int) -> None: ...
 
 
 class AdmissionRegistry(Protocol):
@@ -151,7 +157,7 @@ class Controller:
         self._publish = host.publish
         self._now = host.loop.time  # the clock of slot ages
         self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
-        self.store = open_store(config.leases) if config.leases is not None else None
+        self.store = open_store(config.leases, config.lease_ttl) if config.leases is not None else None
         self.leases: dict[int, LeaseDriver] = {}  # shared slots: item id -> its lease
         # Called on the loop with an owner's id when a replacement (local, or from another
         # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
@@ -343,8 +349,20 @@ class Controller:
             else:
                 item.claimed = item.replaced = True  # not registered yet: claimed when it is
 
+        def renewed(at: float, ttl: float) -> None:  # each renewal moves the fence the launcher keeps
+            if item.id in self.leases:
+                self.host.fence(item.id, *fence_times(at, ttl, self.host.grace))
+
+        def lost() -> None:  # the store says the lease expired: its trees go now, and it runs no more
+            if item.id in self.leases:
+                now = time.monotonic()
+                self.host.fence(item.id, now, now + min(self.host.grace, self.config.lease_ttl / 4))
+                _log.warning("slot %r: the lease of %r expired in %s; its tree is stopped", item.slot, item.name,
+                             self.store.name if self.store is not None else "the store")
+
         lease = LeaseDriver(self.store, loop, item.slot, item.admission, item.name,
-                            on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked))
+                            on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
+                            on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
         try:
             await self.host.ready()
@@ -356,6 +374,8 @@ class Controller:
             self.leases.pop(item.id, None)
             self._post(lambda: self._decided(item, None, decision.rejection))
             return
+        if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts
+            self.host.fence(item.id, *fence_times(decision.renewed, decision.ttl, self.host.grace))
         if decision.token is not None:  # every attempt of the owner sees it (`MPVISOR_FENCING_TOKEN`)
             token = {FENCING_TOKEN: str(decision.token)}
             item.task_spec = dataclasses.replace(item.task_spec, task=with_env(item.task_spec.task, token))
@@ -364,6 +384,7 @@ class Controller:
     def _release(self, item_id: int) -> None:
         lease = self.leases.pop(item_id, None)
         if lease is not None:
+            self.host.unfence(item_id)
             lease.release()
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:

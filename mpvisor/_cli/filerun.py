@@ -54,6 +54,7 @@ from mpvisor._cli.batchview import (
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
     account_output,
+    controller_config,
     event_writers,
     launcher_for,
     lose_output,
@@ -291,7 +292,9 @@ def run_file(args: argparse.Namespace) -> int:
     subscribers.append(display)
     if args.progress and not live:
         subscribers.append(ProgressBar(stderr, live=False, lock=lock))
-    controller = ControllerConfig(leases=args.slots or "local") if any(t.slot for t in tasks) else None  # $MPVISOR_SLOTS too
+    controller = (controller_config(args.slots or parsed.slots, args.lease_ttl or parsed.lease_ttl,
+                                    args.wait_timeout or parsed.wait_timeout)
+                  if any(t.slot for t in tasks) else None)  # --slots, else $MPVISOR_SLOTS, else the file's
     bound = args.max_concurrent if getattr(args, "max_concurrent", None) is not None else parsed.max_concurrent
     config = SupervisorConfig(grace=grace, max_concurrent=bound, launcher=launcher_for(args))
     interrupts: list[signal.Signals] = []

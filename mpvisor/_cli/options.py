@@ -48,6 +48,7 @@ from mpvisor._model.work import CommandTask, TaskFn, target_path
 from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
 if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
     from mpvisor._launchers.seam import LauncherFactory
 
 DEFAULT_GRACE = 10.0
@@ -244,6 +245,25 @@ def slots_url(text: str) -> str:
     if not is_store_url(text):
         raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}")
     return text
+
+
+def controller_config(slots: str | None, ttl: float | None, wait_timeout: float | None) -> ControllerConfig:
+    """The controller of a run with slots: kept where `slots` says (a store's URL), else in this
+    user's slot server on this host; `ttl` (None: the default) and `wait_timeout` as given."""
+    from mpvisor._admission.config import ControllerConfig
+    from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL
+
+    return ControllerConfig(leases=slots or "local", lease_ttl=ttl or DEFAULT_LEASE_TTL, wait_timeout=wait_timeout)
+
+
+def lease_ttl(text: str) -> float:
+    """An argparse `type=`: how long a lease lives past its last renewal (seconds >= 2)."""
+    from mpvisor._admission.leases.store import MIN_LEASE_TTL
+
+    ttl = seconds(allow_zero=False, hint=f" and >= {MIN_LEASE_TTL:g}")(text)
+    if ttl < MIN_LEASE_TTL:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g}, got {text!r}")
+    return ttl
 
 
 def slot_name(text: str) -> str:

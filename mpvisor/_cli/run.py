@@ -43,6 +43,8 @@ its tree is reaped.
 | queue full | exits 4 |
 | replaced in the queue by a `--policy replace` | exits 5, nothing ran |
 | a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
+| busy past `--wait-timeout SECONDS` | leaves the queue; exits 3, nothing ran (as `--policy drop` would at once) |
+| `--slots URL`: the lease cannot be renewed in time (the store unreachable for half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
 | Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone |
@@ -87,10 +89,12 @@ from mpvisor._cli.options import (
     build_spec,
     byte_size,
     choice,
+    controller_config,
     event_writers,
     intensity,
     jitter,
     launcher_for,
+    lease_ttl,
     outcome_line,
     parse_arg,
     positive_count,
@@ -155,6 +159,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--slots", type=slots_url, metavar="URL", default=os.environ.get("MPVISOR_SLOTS") or None,
                      help="with --slot, where slots are kept: a postgresql:// URL shares them across hosts "
                           "(default: $MPVISOR_SLOTS, else this user's slot server on this host)")
+    run.add_argument("--lease-ttl", type=lease_ttl, metavar="SECONDS",
+                     help="with --slots URL: how long a lease lives past its last renewal (>= 2; default 15); "
+                          "a run that cannot renew it in time stops its task and exits 7")
+    run.add_argument("--wait-timeout", type=seconds(allow_zero=False), metavar="SECONDS",
+                     help="with --slot: give up waiting for a busy slot after SECONDS (exit 3, nothing ran)")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
     run.add_argument("--events", choices=("json", "log", "none"), default="none",
@@ -192,8 +201,9 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         args.spec = build_spec(args)  # `--timeout` as timeout(1) reads it: the whole attempt
     except (TypeError, ValueError) as exc:
         run.error(str(exc))
-    if args.policy is not None and args.slot is None:
-        run.error("argument --policy: needs --slot")
+    for option in ("policy", "lease_ttl", "wait_timeout"):
+        if getattr(args, option) is not None and args.slot is None:
+            run.error(f"argument --{option.replace('_', '-')}: needs --slot")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(_SlotLines(spec.name))
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
-    controller = ControllerConfig(leases=args.slots or "local") if args.slot is not None else None
+    controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
     one = _OneTask(spec, args.slot, args.policy or "queue")
     try:
         outcome = asyncio.run(one.run(config, subscribers, controller))
@@ -237,6 +247,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     refused = statuses.REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
     if refused is not None:  # the slot's store refused the lease: nothing ran
         status, reason = refused
+        if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
+            reason = f"the slot was still busy after --wait-timeout {args.wait_timeout:g} s"
         if not args.quiet:
             print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status

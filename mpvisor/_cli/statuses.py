@@ -18,11 +18,13 @@ SLOT_BUSY = 3
 QUEUE_FULL = 4
 SUPERSEDED = 5
 REPLACED = 6
-RESERVED = range(3, 10)  # admission results (3..6), and room for more (7..9)
+LEASE_LOST = 7
+RESERVED = range(3, 10)  # admission and lease results (3..7), and room for more (8..9)
 TIMED_OUT = 124  # as timeout(1)
 
 TABLE: tuple[tuple[str, str], ...] = (
     ("0", "the outcome is `COMPLETED`"),
+    ("7", "`--slot ... --slots URL`: the slot's lease could not be renewed in time (the store unreachable for half of `--lease-ttl`, or `mpvisor` paused), so the task's tree was stopped before the lease could expire (the outcome is `FATAL`, `lease lost: ...`)"),
     ("124", "the last attempt timed out (`--timeout`), as `timeout(1)` does"),
     ("1..255", "the task's exit code, when it is in 1..255"),
     ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
@@ -31,11 +33,11 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143)"),
-    ("3", "`--slot ... --policy drop`: the slot is busy; nothing ran"),
+    ("3", "`--slot ... --policy drop`: the slot is busy (or, with `--wait-timeout`, stayed busy that long); nothing ran"),
     ("4", "`--slot`: the slot's queue is full; nothing ran"),
     ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
     ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
-    ("7..9", "reserved"),
+    ("8..9", "reserved"),
 )
 
 # A submission its slot refused: the status, and what the outcome line says of it.
@@ -55,6 +57,8 @@ def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
         return 128 + interrupted_by
     if outcome.kind is OutcomeKind.COMPLETED:
         return OK
+    if outcome.lease_lost:
+        return LEASE_LOST
     if outcome.timed_out:
         return TIMED_OUT
     code = outcome.exit_code

@@ -25,6 +25,8 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `cwd` | string, relative to the file's directory | (no CLI form) |
 | `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
 | `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
+| `slots` | string, a `postgresql://` URL | `--slots` (in `[defaults]` only: where the file's slots are kept; `--slots` and `$MPVISOR_SLOTS` win over it) |
+| `lease_ttl`, `wait_timeout` | seconds (>= 2; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
 
 A task's own value wins over `[defaults]`; `env` tables merge key by key. Exactly one of
 `target` and `command` per task. `policy` needs a `slot` (a `[defaults]` policy applies to the
@@ -77,6 +79,9 @@ class TaskFile:
     grace: float | None
     errors: tuple[str, ...]
     max_concurrent: int | None = None
+    slots: str | None = None  # `[defaults] slots`: where the file's slots are kept
+    lease_ttl: float | None = None
+    wait_timeout: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -249,6 +254,9 @@ TASK_ONLY: dict[str, Callable[[object], Any]] = {
 DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
     "grace": _via(_options.seconds(allow_zero=True), _NUMBER, _SECONDS),
     "max_concurrent": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
+    "slots": _via(_options.slots_url, (str,), 'a string "postgresql://USER@HOST/DB"'),
+    "lease_ttl": _via(_options.lease_ttl, _NUMBER, "a number of seconds >= 2"),
+    "wait_timeout": _via(_options.seconds(allow_zero=False), _NUMBER, "a number of seconds > 0"),
 }
 RUN_OPTIONS = ("events", "progress", "ray", "file")  # `mpvisor run` options that no file sets
 TOP_LEVEL = ("defaults", "task")
@@ -298,6 +306,9 @@ _IN_DEFAULTS = {key: f"{key} is a task's own key, not a default ([task.NAME])" f
 _IN_TASK = {
     "grace": "grace is the whole run's: set it in [defaults]",
     "max_concurrent": "max_concurrent is the whole run's: set it in [defaults]",
+    "slots": "slots is the whole run's: set it in [defaults]",
+    "lease_ttl": "lease_ttl is the whole run's: set it in [defaults]",
+    "wait_timeout": "wait_timeout is the whole run's: set it in [defaults]",
     "name": "a task's name is its table's key: [task.NAME]",
 }
 
@@ -319,12 +330,13 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
     defaults = _defaults(document.get("defaults", {}), settings, errors)
     grace = defaults.pop("grace", None)
     max_concurrent = defaults.pop("max_concurrent", None)
+    run = {key: defaults.pop(key, None) for key in ("slots", "lease_ttl", "wait_timeout")}
     tasks = []
     for name, table in _task_tables(document, errors):
         task = _task(name, table, defaults, settings, errors)
         if task is not None:
             tasks.append(task)
-    return TaskFile(tuple(tasks), grace, tuple(errors.found), max_concurrent)
+    return TaskFile(tuple(tasks), grace, tuple(errors.found), max_concurrent, **run)
 
 
 def _syntax_error(message: str) -> tuple[str, str]:

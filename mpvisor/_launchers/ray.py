@@ -54,13 +54,14 @@ import select
 import signal as _signal
 import sys
 import threading
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mpvisor._launchers.seam import ExitStatus
+from mpvisor._launchers.seam import ExitStatus, Fence
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
 
@@ -426,6 +427,8 @@ class _Remote:
     done: bool = False
     task: asyncio.Task[None] | None = None
     number: int = 0  # the attempt's number on its agent (1 for a new agent, then 2, 3, ...)
+    fence: int = 0  # its owner's fence group (0: none)
+    fenced: bool = False  # its fence was reached while it ran: stopped, then killed
 
 
 @dataclass(eq=False)
@@ -461,6 +464,7 @@ class RayClient:
         self._agent_class: Any = None
         self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
         self._idle: list[_Idle] = []
+        self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
         self._closing = False
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
 
@@ -538,11 +542,14 @@ class RayClient:
         return None, None, None
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None, module: str = "") -> int:
+              resources: Resources | None = None, module: str = "", fence: Fence | None = None) -> int:
         """Create the attempt's agent with its `resources` and start the attempt under it
         (`module` is ignored: the agent's node has its own fork server and paths)."""
         self._next_key += 1
-        remote = _Remote(self._next_key, sink)
+        remote = _Remote(self._next_key, sink, fence=fence.group if fence else 0)
+        if fence is not None and fence.reached(time.monotonic()):
+            self.loop.call_soon(sink.on_start_failed, "lease lost: its slot's lease could not be renewed in time")
+            return remote.key
         self._attempts[remote.key] = remote
         env = dict(os.environ)
         env.update((self.settings.runtime_env or {}).get("env_vars", {}))
@@ -555,6 +562,35 @@ class RayClient:
 
     def signal(self, key: int, signum: int, group: bool) -> None:
         self._request(key, ("signal", signum, group))
+
+    def fence(self, fence: Fence) -> None:
+        """Keep `fence` here, in the parent: the agents run on other nodes, so a fence holds only
+        while this process runs (a paused supervisor's Ray attempts are stopped late)."""
+        held = self._fences.get(fence.group)
+        if held is not None:
+            if held[0].reached(time.monotonic()):
+                return  # a reached fence moves no more
+            held[1].cancel()
+        self._fences[fence.group] = (fence, self._fence_timer(fence, fence.stop_at, stop=True))
+
+    def _fence_timer(self, fence: Fence, at: float, stop: bool) -> asyncio.TimerHandle:
+        return self.loop.call_later(max(0.0, at - time.monotonic()), self._fence_reached, fence, stop)
+
+    def _fence_reached(self, fence: Fence, stop: bool) -> None:
+        for remote in list(self._attempts.values()):
+            if remote.fence == fence.group and not remote.done:
+                remote.fenced = True
+                if stop:
+                    self.signal(remote.key, _signal.SIGTERM, True)
+                else:
+                    self.kill(remote.key)
+        if stop:
+            self._fences[fence.group] = (fence, self._fence_timer(fence, fence.kill_at, stop=False))
+
+    def unfence(self, group: int) -> None:
+        held = self._fences.pop(group, None)
+        if held is not None:
+            held[1].cancel()
 
     def kill(self, key: int) -> None:
         remote = self._attempts.get(key)
@@ -726,7 +762,7 @@ class RayClient:
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid = node, agent_pid
             case ("exited", str() as how, int() as value, bool() as killed, bool() as oom):
-                self._end(remote, _exited(ExitStatus(how, value, oom), killed))
+                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced), killed))
                 return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))

@@ -23,6 +23,13 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   attempt needs where it is placed: a launcher that places nothing ignores it. `module` (or "")
   is the target's module, which the attempt will import with the launcher's `sys.path` and
   directory: a fork server prepares it (`_attempt/prepared.py`); another launcher may ignore it.
+  `fence` (a `Fence` or `None`) puts the attempt under its owner's fence: once the fence is
+  reached its tree is stopped, then killed, and `on_exited` carries `ExitStatus.fenced`; an
+  attempt spawned under a reached fence is not started (`on_start_failed`).
+- `fence(fence)` hands the launcher a fence's new deadlines (first before any spawn under it);
+  `unfence(group)` forgets it once its owner is done. A fence is kept by a process other than
+  the supervisor's where the launcher has one (the local fork server); where it has not (Ray,
+  whose agents run on other nodes), the parent's own check at each attempt's end is all.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
   the attempt leads its own session (or `sink.on_start_failed(error)`); `sink.on_data(bytes)`
   with the attempt channel's bytes as they arrive (frames, unchanged), and
@@ -63,18 +70,38 @@ class ExitStatus:
     how: str  # "exit" or "signal"
     value: int
     oom: bool = False  # a SIGKILL mpvisor did not send, while the kernel counted an OOM kill
+    fenced: bool = False  # the launcher stopped its tree: its fence's deadline passed (a lost lease)
 
     @property
     def exit_code(self) -> int:
         return self.value if self.how == "exit" else -self.value
 
     def describe(self) -> str:
+        if self.fenced:
+            return "stopped by its fence (its slot's lease could not be renewed in time)"
         if self.how == "exit":
             return f"exited with status {self.value}"
         if self.oom:
             return f"killed by the OOM killer with signal {_signal_name(self.value)}"
         return f"killed by signal {_signal_name(self.value)}"
 
+
+@dataclass(eq=False, slots=True)
+class Fence:
+    """Deadlines that every attempt of one owner must not outlive: a slot's lease that expires
+    unless renewed (a lease store across hosts). From `stop_at` the launcher stops the trees
+    (SIGTERM to their groups), at `kill_at` it kills them, and it starts none in this fence
+    any more. Both are `time.monotonic()` of this host, moved by each renewal of the lease
+    (`Launcher.fence`); a fence that was reached stays reached (a late renewal moves nothing).
+    The launcher keeps it, not the supervising process: a paused supervisor cannot renew, and
+    its trees are stopped all the same."""
+
+    group: int  # names the fence to the launcher (the owner's task id)
+    stop_at: float
+    kill_at: float
+
+    def reached(self, now: float) -> bool:
+        return now >= self.stop_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +133,9 @@ class Launcher(Protocol):
     loop: asyncio.AbstractEventLoop
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None, module: str = "") -> int: ...
+              resources: Resources | None = None, module: str = "", fence: Fence | None = None) -> int: ...
+    def fence(self, fence: Fence) -> None: ...
+    def unfence(self, group: int) -> None: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...
     def kill(self, key: int) -> None: ...
     async def ready(self) -> None: ...

@@ -79,6 +79,7 @@ class TaskOutcome:
     | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
     | `timed_out` | true when it `FAILED` because its last attempt hit the task's timeout |
     | `limit` | when it `FAILED` because its last attempt ran into a `Limits` limit: `"memory"`, `"cpu"` or `"open_files"` |
+| `lease_lost` | true when it is `FATAL` because its slot's lease (a lease store across hosts) could not be renewed in time: its tree was stopped, and it does not run again |
     """
 
     kind: OutcomeKind
@@ -91,6 +92,7 @@ class TaskOutcome:
     duration: float | None = None  # registration to terminal cleanup; None when REJECTED
     timed_out: bool = False  # FAILED because its last attempt hit the task's timeout
     limit: str | None = None  # FAILED because its last attempt ran into a limit: "memory", "cpu", "open_files"
+    lease_lost: bool = False  # FATAL because its slot's lease could not be renewed in time
 
     def __post_init__(self) -> None:
         if (self.kind is OutcomeKind.REJECTED) != (self.rejection is not None):

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from mpvisor._attempt.start import check_start_fits, start_message
 from mpvisor._launchers.local.client import local_launcher
-from mpvisor._launchers.seam import Launcher, LauncherFactory, LaunchSettings
+from mpvisor._launchers.seam import Fence, Launcher, LauncherFactory, LaunchSettings
 from mpvisor._model.errors import GraceExceeded, ShuttingDown
 from mpvisor._model.events import EventKind
 from mpvisor._model.identity import next_id
@@ -64,6 +65,7 @@ class Runtime:
         self.publish = self.bus.publish  # what the registry, actors and controller publish through
         self.registry = Registry(self, config.registry_capacity)
         self.launcher: Launcher | None = None
+        self.fences: dict[int, Fence] = {}  # by task id: the deadlines of a shared slot's lease (`fence`)
         self.permits = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
         self.controller: Controller | None = None
         if controller is not None:
@@ -150,8 +152,27 @@ class Runtime:
             timeout_kill_after=config.timeout_kill_after,
             resources=spec.resources,
             timeout_from_start=spec.timeout_includes_start,
+            fence=self.fences.get(id),
         )
         return AttemptProcess(client, request, observer)
+
+    def fence(self, id: int, stop_at: float, kill_at: float) -> None:
+        """The task `id`'s attempts must not outlive its slot's lease: from `stop_at` their trees
+        are stopped, at `kill_at` killed (`time.monotonic()`). The launcher keeps the fence (so it
+        holds while this process is paused); a reached fence moves no more."""
+        fence = self.fences.get(id)
+        if fence is None:
+            fence = self.fences[id] = Fence(id, stop_at, kill_at)
+        elif fence.reached(time.monotonic()):
+            return
+        else:
+            fence.stop_at, fence.kill_at = stop_at, kill_at
+        self.ensure_launcher().fence(fence)
+
+    def unfence(self, id: int) -> None:
+        """The task `id` is done with its lease."""
+        if self.fences.pop(id, None) is not None and self.launcher is not None:
+            self.launcher.unfence(id)
 
     def launcher_pids(self) -> list[int]:
         return self.launcher.pids() if self.launcher is not None else []

@@ -307,6 +307,7 @@ class TaskActor:
             attempts=self.attempt,
             timed_out=kind is OutcomeKind.FAILED and end is not None and end.kind is AttemptResult.TIMED_OUT,
             limit=end.limit if kind is OutcomeKind.FAILED and end is not None else None,
+            lease_lost=kind is OutcomeKind.FATAL and end is not None and end.lease_lost,
             duration=time.monotonic() - self.registered_at,
         )
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from mpvisor._launchers.seam import ExitStatus, Launcher
+from mpvisor._launchers.seam import ExitStatus, Fence, Launcher
 from mpvisor._model.spec import Resources
 from mpvisor._model.wire import (
     VERSION,
@@ -79,6 +80,7 @@ class AttemptRequest:
     timeout_kill_after: float  # after the timeout's SIGTERM, how long before the tree is killed
     resources: Resources | None = None  # what it needs where it is placed (a launcher that places nothing ignores it)
     timeout_from_start: bool = False  # the timeout runs from the start request: it bounds start-up too
+    fence: Fence | None = None  # its owner's lease deadlines, kept by the launcher (`_launchers/seam.py`)
 
 
 class AttemptObserver(Protocol):
@@ -119,9 +121,10 @@ class AttemptProcess:
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         exec_python = request.exec_python
+        self._fence = request.fence
         self.key = client.spawn(self, encode_start(start), exec_python=exec_python,
                                 capture_output=request.capture_output, resources=request.resources,
-                                module="" if exec_python else prepared_module(start))
+                                module="" if exec_python else prepared_module(start), fence=request.fence)
         limit = request.start_timeout
         self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
         self._timeout_from_start = request.timeout_from_start
@@ -187,6 +190,7 @@ class AttemptProcess:
     def on_start_failed(self, error: str) -> None:
         """The attempt could not be started."""
         self.facts.could_not_start = error
+        self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
         self._finish()
 
     def on_data(self, data: bytes) -> None:
@@ -217,6 +221,7 @@ class AttemptProcess:
         if isinstance(self.phase, Done):
             return
         self.facts.status = status
+        self.facts.fenced = status.fenced
         if not killed:
             self.facts.killed = None
         self._finish()

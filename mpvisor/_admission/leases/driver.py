@@ -6,10 +6,10 @@ thread of its own (a queued request may wait long), its reports brought to the l
 
 | step | the driver |
 |---|---|
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that cannot be reached is `Decision(False, "admission_failed")`, logged |
-| granted | watches the lease: a revoke calls `on_revoke()` on the loop |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")`, logged; with `wait_timeout`, a request still waiting then is withdrawn: `Decision(False, "slot_busy")` |
+| granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
-| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back) |
+| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back); a store that does not answer within `RELEASE_WAIT` s lets the lease expire instead |
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from mpvisor._admission.leases.store import (
 from mpvisor._admission.slots import AdmissionPolicy
 
 _log = logging.getLogger("mpvisor.runtime")
+RELEASE_WAIT = 2.0  # seconds a release may hold up the loop when the store does not answer
 
 
 class LeaseDriver:
@@ -39,9 +40,13 @@ class LeaseDriver:
 
     def __init__(self, store: LeaseStore, loop: asyncio.AbstractEventLoop, slot: str, policy: AdmissionPolicy,
                  name: str, *, on_queued: Callable[[str], None], on_silent: Callable[[str], None],
-                 on_revoke: Callable[[], None]) -> None:
+                 on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
+                 on_lost: Callable[[], None] | None = None, wait_timeout: float | None = None) -> None:
         self.store, self.loop, self.slot, self.policy, self.name = store, loop, slot, policy, name
         self._on_queued, self._on_silent, self._on_revoke = on_queued, on_silent, on_revoke
+        self._on_renewed, self._on_lost = on_renewed, on_lost
+        self.wait_timeout = wait_timeout
+        self._waited_out = False
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
@@ -53,17 +58,35 @@ class LeaseDriver:
     async def acquire(self, pids: list[Pid]) -> Decision:
         decided: asyncio.Future[Decision] = self.loop.create_future()
         threading.Thread(target=self._ask, args=(pids, decided), name=f"mpvisor-lease-{self.slot}", daemon=True).start()
+        timer = None if self.wait_timeout is None else self.loop.call_later(self.wait_timeout, self._wait_out)
         decision = await decided
+        if timer is not None:
+            timer.cancel()
         if decision.granted:
             request = self._request
             assert request is not None
-            request.watch(self._revoked)
+            request.watch(self._revoked, self._renewed if self._on_renewed else None, self._lost)
         else:
             self.close()
+            if self._waited_out and decision.kind == "withdrawn":
+                decision = Decision(False, "slot_busy")
         return decision
+
+    def _wait_out(self) -> None:
+        """`wait_timeout` passed while the request waited: withdraw it (busy, as a drop would be)."""
+        self._waited_out = True
+        self.withdraw()
 
     def _revoked(self) -> None:  # on the store's thread
         self.loop.call_soon_threadsafe(self._on_revoke)
+
+    def _renewed(self, at: float, ttl: float) -> None:  # on the store's thread
+        if self._on_renewed is not None:
+            self.loop.call_soon_threadsafe(self._on_renewed, at, ttl)
+
+    def _lost(self) -> None:  # on the store's thread
+        if self._on_lost is not None:
+            self.loop.call_soon_threadsafe(self._on_lost)
 
     def _ask(self, pids: list[Pid], decided: asyncio.Future[Decision]) -> None:
         """On its own thread: open the request and wait for the store's decision."""
@@ -97,17 +120,30 @@ class LeaseDriver:
             self._withdrawn = True
             request = self._request
         if request is not None:
-            request.withdraw()
-            request.close()  # a request blocked on the store's answer returns `withdrawn`
+            def withdraw() -> None:
+                request.withdraw()
+                request.close()  # a request blocked on the store's answer returns `withdrawn`
+
+            thread = threading.Thread(target=withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True)
+            thread.start()
+            thread.join(RELEASE_WAIT)
 
     def release(self) -> None:
         """The owner's tree is gone: give the lease back (once) and close the request."""
         if self._released:
             return
         self._released = True
-        if self._request is not None:
-            self._request.release()
-        self.close()
+        request = self._request
+        if request is None:
+            return
+
+        def release() -> None:
+            request.release()
+            request.close()
+
+        thread = threading.Thread(target=release, name=f"mpvisor-lease-release-{self.slot}", daemon=True)
+        thread.start()
+        thread.join(RELEASE_WAIT)
 
     def close(self) -> None:
         if self._request is not None:

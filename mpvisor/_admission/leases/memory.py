@@ -144,7 +144,9 @@ class MemoryRequest:
         if self._on_revoke is not None:
             self._on_revoke()
 
-    def watch(self, on_revoke: Callable[[], None]) -> None:
+    def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
+              on_lost: Callable[[], None] | None = None) -> None:
+        """A lease here never expires (it is held until released), so it is never renewed or lost."""
         with self.store.lock:
             self._on_revoke = on_revoke
             revoked = self._revoked

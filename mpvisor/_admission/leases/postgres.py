@@ -30,13 +30,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from mpvisor._admission.leases.store import Decision, LeaseError, Pid, Policy
+from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, Decision, LeaseError, Pid, Policy
 
 SCHEMA_VERSION = 1
-DEFAULT_TTL = 15.0  # seconds a lease lives without a renewal
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
 
@@ -61,15 +61,22 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 """
 
 
-def _connect(url: str, autocommit: bool = False) -> Any:
+class Unreachable(LeaseError):
+    """The store did not answer (refused, timed out, restarting, or the connection was lost),
+    as opposed to answering with a refusal (a wrong password, no such database)."""
+
+
+def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         import psycopg
     except ImportError:
         raise LeaseError("a postgresql:// lease store needs psycopg: pip install 'mpvisor[postgres]'") from None
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=10)
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
-        raise LeaseError(f"cannot connect to the lease store: {_first_line(exc)}") from None
+        text = _first_line(exc)
+        answered = "FATAL:" in str(exc) and "the database system is" not in str(exc)
+        raise (LeaseError if answered else Unreachable)(f"cannot connect to the lease store: {text}") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -85,12 +92,53 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{place}"
 
 
+def unreachable(exc: BaseException) -> bool:
+    """`exc` says the store did not answer (try again later), not that it refused."""
+    if isinstance(exc, Unreachable):
+        return True
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return isinstance(exc, psycopg.OperationalError) and (not sqlstate or sqlstate[:2] in ("08", "57"))
+
+
+class _Deadline:
+    """A statement on `conn` that has not returned within `seconds` has its socket shut down,
+    so that it fails (the connection broken) instead of waiting forever for a server cut off by
+    a silent network: libpq has no client-side timeout of its own."""
+
+    def __init__(self, conn: Any, seconds: float) -> None:
+        self.conn, self.seconds = conn, seconds
+        self.timer: threading.Timer | None = None
+
+    def __enter__(self) -> None:
+        self.timer = threading.Timer(self.seconds, self._cut)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _cut(self) -> None:
+        try:
+            fd = self.conn.pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except Exception:
+            pass  # already closed
+
+
 class PostgresStore:
     """The `postgresql://` lease store (module docstring)."""
 
-    def __init__(self, url: str, ttl: float = DEFAULT_TTL) -> None:
+    def __init__(self, url: str, ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.url = url
         self.ttl = ttl
+        self.interval = ttl / 6  # renewals, and looks of a waiting request, at least this often
+        self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
         self.name = f"the lease store at {_redacted(url)}"
         self._ready = False
         self._lock = threading.Lock()
@@ -98,12 +146,17 @@ class PostgresStore:
     def __repr__(self) -> str:
         return f"<PostgresStore {_redacted(self.url)} ttl={self.ttl}>"
 
-    def connect(self) -> Any:
+    def connect(self, autocommit: bool = False) -> Any:
         """A connection to the store, its schema created (or checked) on first use."""
-        conn = _connect(self.url)
+        conn = _connect(self.url, self.op_timeout, autocommit)
         with self._lock:
             if not self._ready:
-                self._ensure_schema(conn)
+                try:
+                    with _Deadline(conn, self.op_timeout):
+                        self._ensure_schema(conn)
+                except BaseException:
+                    conn.close()
+                    raise
                 self._ready = True
         return conn
 
@@ -124,16 +177,18 @@ class PostgresStore:
         conn = self.connect()
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
-            rows = conn.execute(
-                "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
-                "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
+            with _Deadline(conn, timeout):
+                rows = conn.execute(
+                    "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
+                    "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
-        for slot, state, name, host, pid, since, token, revoke in rows:
+        for row in rows:
+            slot, state, name, host, pid, since, token, revoke = _checked_row(row)
             view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
             if state == "granted":
-                view["owner"] = {"pid": pid, "name": name, "host": host, "since": float(since or 0), "token": token}
+                view["owner"] = {"pid": pid, "name": name, "host": host, "since": since, "token": token}
                 view["status"] = "terminating" if revoke else "running"
             else:
                 view["queue"].append({"pid": pid, "name": name, "host": host})
@@ -161,18 +216,29 @@ class PostgresStore:
         conn.execute("SELECT 1 FROM mpvisor_slots WHERE slot = %s FOR UPDATE", (slot,))
 
 
+def _checked_row(row: Any) -> tuple[str, str, str, str, int, float, int | None, bool]:
+    """A row of `mpvisor_requests` as `holdings` shows it, or `LeaseError` naming what is wrong
+    (the table was written by something else than mpvisor)."""
+    slot, state, name, host, pid, since, token, revoke = row
+    if state not in ("queued", "granted") or not isinstance(pid, int) or (state == "granted" and not isinstance(token, int)):
+        raise LeaseError(f"the lease store's table mpvisor_requests holds a row mpvisor did not write: "
+                         f"slot={slot!r} state={state!r} pid={pid!r} token={token!r}")
+    return slot, state, name, host, pid, float(since or 0), token, bool(revoke)
+
+
 class PostgresRequest:
     """One owner's request in a `PostgresStore` (a `LeaseRequest`)."""
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
-        self.conn = store.connect()
+        self.conn: Any = None  # opened by `acquire` (which waits while the store is unreachable)
         self.id: int | None = None
         self.slot = ""
         self._lock = threading.Lock()  # one statement at a time on the connection
         self._closed = threading.Event()
         self._withdrawn = False
         self._held = False
+        self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -188,30 +254,53 @@ class PostgresRequest:
         return self._transaction(in_slot)
 
     def _transaction(self, work: Callable[[], Any]) -> Any:
-        """`work()` in one transaction on this request's connection. A connection the server
-        closed (it restarted, or `pg_terminate_backend`) is opened again and the work tried once
-        more: nothing of the failed transaction was committed."""
+        """`work()` in one transaction on this request's connection, within the store's
+        `op_timeout`. A connection the server closed (it restarted, `pg_terminate_backend`, or a
+        statement timed out) is opened again and the work tried once more: nothing of the failed
+        transaction was committed."""
         with self._lock:
             for last in (False, True):
+                if self.conn is None or self.conn.broken or self.conn.closed:
+                    self.conn = self.store.connect()
                 try:
-                    with self.conn.transaction():
+                    with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
                         return work()
                 except Exception:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
                         raise
-                self.conn = self.store.connect()
+
+    def _patiently(self, work: Callable[[], Any], on_silent: Callable[[], None] | None) -> Any:
+        """`work()` until the store answers it: while it is unreachable, `on_silent()` once and
+        tries again (at most every second), until the request is withdrawn (`_Withdrawn`)."""
+        told = False
+        while True:
+            if self._closed.is_set() or self._withdrawn:
+                raise _Withdrawn()
+            try:
+                return work()
+            except Exception as exc:
+                if self._closed.is_set() or self._withdrawn:
+                    raise _Withdrawn() from None
+                if not unreachable(exc):
+                    raise
+                if not told and on_silent is not None:
+                    told = True
+                    on_silent()
+                self._closed.wait(min(1.0, self.store.interval))
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[], None] | None = None) -> Decision:
         self.slot = slot
-        if self._withdrawn:
-            return Decision(False, "withdrawn")
         pid = pids[0].pid if pids else os.getpid()
-        refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))
-        if refused is not None:
-            return refused
-        return self._wait(on_queued)
+        try:
+            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid)),
+                                                       on_silent)
+            if refused is not None:
+                return refused
+            return self._wait(on_queued, on_silent)
+        except _Withdrawn:
+            return Decision(False, "withdrawn")
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
@@ -237,25 +326,22 @@ class PostgresRequest:
             (slot, name, socket.gethostname(), pid, position, ttl)).fetchone()
         return None
 
-    def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None) -> Decision:
+    def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None,
+              on_silent: Callable[[], None] | None) -> Decision:
         """Until this request is granted or refused: woken by the slot's notifications, and at
-        least every `ttl / 3` (to renew its own row, and to see an owner's lease expire)."""
-        listener = _connect(self.store.url, autocommit=True)
+        least every `interval` (to renew its own row, and to see an owner's lease expire). While
+        the store is unreachable it keeps waiting (`_patiently`)."""
+        listener: Any = None
         try:
-            listener.execute(f"LISTEN {CHANNEL}")
             told = -1
             while True:
-                try:
-                    state, position, owner, token = self._look()
-                except Exception:
-                    if self._closed.is_set() or self._withdrawn:
-                        return Decision(False, "withdrawn")
-                    raise
+                renewed = time.monotonic()  # before the look that may see (and renew) the grant
+                state, position, owner, token = self._patiently(self._look, on_silent)
                 if self._withdrawn:
                     return Decision(False, "withdrawn")
                 if state == "granted":
                     self._held = True
-                    return Decision(True, token=token)
+                    return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state != "queued":
                     return Decision(False, "superseded_by_replace" if state == "superseded" else "withdrawn")
                 if position != told and on_queued is not None:
@@ -263,16 +349,19 @@ class PostgresRequest:
                     told = position
                 listener = self._listened(listener)
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
 
     def _look(self) -> tuple[str | None, int, dict[str, Any] | None, int | None]:
         """This request's state, its place in the queue, the owner and its token, after a step
-        of the slot (which grants the head once an owner's lease expired); its own row renewed."""
+        of the slot (which grants the head once an owner's lease expired); its own row renewed
+        (a row that expired is gone: this request is then over)."""
         def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
             conn = self.conn
             conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) "
-                         "WHERE id = %s AND state = 'queued'", (self.store.ttl, self.id))
-            row = conn.execute("SELECT state, position, token FROM mpvisor_requests WHERE id = %s", (self.id,)).fetchone()
+                         "WHERE id = %s AND expires > now()", (self.store.ttl, self.id))
+            row = conn.execute("SELECT state, position, token FROM mpvisor_requests WHERE id = %s AND expires > now()",
+                               (self.id,)).fetchone()
             if row is None:
                 return None, 0, None, None
             (ahead,) = conn.execute("SELECT count(*) FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
@@ -284,57 +373,70 @@ class PostgresRequest:
         result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look)
         return result
 
-    def watch(self, on_revoke: Callable[[], None]) -> None:
-        threading.Thread(target=self._renew, args=(on_revoke,), name="mpvisor-lease-renew", daemon=True).start()
+    def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
+              on_lost: Callable[[], None] | None = None) -> None:
+        threading.Thread(target=self._renew, args=(on_revoke, on_renewed, on_lost), name="mpvisor-lease-renew",
+                         daemon=True).start()
 
-    def _renew(self, on_revoke: Callable[[], None]) -> None:
-        """While held: move the expiry at least every `ttl / 3`, and at once when the slot's
-        channel says something changed; a revoke asked, or the lease gone, is told once."""
-        told = False
-        try:
-            listener = _connect(self.store.url, autocommit=True)
-            listener.execute(f"LISTEN {CHANNEL}")
-        except Exception:
-            listener = None  # renewals alone, every ttl / 3
+    def _renew(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None,
+               on_lost: Callable[[], None] | None) -> None:
+        """While held: move the expiry at least every `interval`, and at once when the slot's
+        channel says something changed, each success told (`on_renewed`); a revoke asked is told
+        once; a lease found expired is lost (`on_lost`, then no more renewals: it cannot come back)."""
+        ttl = self.store.ttl
+        revoked = False
+        listener: Any = None
         try:
             while not self._closed.is_set():
+                renewed = time.monotonic()  # before the statement: the lease lives at least ttl past it
                 try:
                     row = self._transaction(lambda: self.conn.execute(
                         "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
-                        "AND state = 'granted' RETURNING revoke", (self.store.ttl, self.id)).fetchone())
+                        "AND state = 'granted' AND expires > now() RETURNING revoke", (ttl, self.id)).fetchone())
                 except Exception:
                     if self._closed.is_set():
                         return
-                    row = (False,)  # not reachable this time: the lease lives until its expiry
-                if (row is None or row[0]) and not told:
-                    told = True
+                    row = (False,)  # not reachable this time: the fence's deadline comes closer
+                    renewed = -1.0
+                if row is None:
+                    if on_lost is not None:
+                        on_lost()
+                    return
+                if renewed >= 0 and on_renewed is not None:
+                    on_renewed(renewed, ttl)
+                if row[0] and not revoked:
+                    revoked = True
                     on_revoke()
-                if listener is None:
-                    self._closed.wait(self.store.ttl / 3)
-                    continue
                 try:
                     listener = self._listened(listener)
                 except Exception:
-                    listener = None  # the store is unreachable: renewals alone, every ttl / 3, until it is back
+                    if listener is not None:
+                        listener.close()
+                    listener = None
+                    self._closed.wait(min(1.0, self.store.interval))
         finally:
             if listener is not None:
                 listener.close()
 
     def _listened(self, listener: Any) -> Any:
-        """Wait for the slot's next notification, at most `ttl / 3`; the listener to use next
-        (a new one if the server closed this one: the caller's next look sees what it missed)."""
+        """Wait for the slot's next notification, at most `interval`; the listener to use next
+        (a new one if there was none or the server closed it: the caller's next look sees what
+        it missed). A store that cannot be reached raises."""
+        if listener is None or listener.broken or listener.closed:
+            if listener is not None:
+                listener.close()
+            listener = self._listener = self.store.connect(autocommit=True)
+            with _Deadline(listener, self.store.op_timeout):
+                listener.execute(f"LISTEN {CHANNEL}")
         try:
-            for _ in listener.notifies(timeout=self.store.ttl / 3, stop_after=1):
+            for _ in listener.notifies(timeout=self.store.interval, stop_after=1):
                 pass
             return listener
         except Exception:
             if self._closed.is_set():
                 raise
             listener.close()
-            self._closed.wait(min(1.0, self.store.ttl / 10))  # a server restarting: not a tight loop
-            fresh = _connect(self.store.url, autocommit=True)
-            fresh.execute(f"LISTEN {CHANNEL}")
-            return fresh
+            return None
 
     def add_pids(self, pids: list[Pid]) -> None:
         pass  # a lease here is held by its renewals (a dead owner's expires), not by pids
@@ -357,7 +459,13 @@ class PostgresRequest:
 
     def close(self) -> None:
         self._closed.set()
-        try:
-            self.conn.close()
-        except Exception:
-            pass
+        for conn in (self.conn, self._listener):  # a thread blocked on either returns
+            try:
+                if conn is not None:
+                    conn.close()
+            except Exception:
+                pass
+
+
+class _Withdrawn(Exception):
+    """The request was withdrawn (or closed) while it waited for the store."""

@@ -14,7 +14,7 @@ The contract, as two small interfaces:
 | `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent()` once if the store said nothing at all for `SILENT_AFTER` s |
-| `watch(on_revoke)` | `LeaseRequest` | after a grant: `on_revoke()` (from any thread) when a replacement asks this owner to retire (or, for a store that can lose a lease, when it is lost) |
+| `watch(on_revoke, on_renewed, on_lost)` | `LeaseRequest` | after a grant, from any thread: `on_revoke()` when a replacement asks this owner to retire; for a store whose leases expire, `on_renewed(at, ttl)` after each renewal (the lease lives at least `ttl` s past `at`, a `time.monotonic()` taken before the renewal was sent) and `on_lost()` when the store says the lease is gone (it expired) |
 | `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
 | `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back) |
 | `release()` | `LeaseRequest` | the owner's tree is gone: the slot goes to the next in line |
@@ -25,6 +25,12 @@ A store guarantees **at most one owner per slot**, FIFO order among queued reque
 `release`, or before every pid the owner registered is gone), and that `drop` never queues.
 The *pids* (`Pid`: a pid and its start time, so a reused pid is told apart) are the owner's
 processes: what keeps a lease held when its owner can no longer say so.
+
+A lease that expires unless renewed (a store across hosts) is *fenced*: `fence_times` turns each
+renewal into deadlines that the owner's launcher keeps (`_launchers/seam.py`, `Fence`): the
+trees are stopped half a TTL after the last renewal and killed at most a quarter TTL later, so
+they are gone a quarter TTL before the lease can expire, and a store unreachable for less than
+half a TTL (the *renewal margin*) changes nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from mpvisor._admission.slots import AdmissionPolicy
 from mpvisor._model.outcome import RejectionKind
 
 Policy = Literal["queue", "replace", "drop"]
+DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
+MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
 SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting owner says so
 
 # The one mapping between the controller's words and a store's (the slot server's protocol uses these strings).
@@ -85,6 +93,8 @@ class Decision:
     granted: bool
     kind: str | None = None  # a `REJECTIONS` name when not granted
     token: int | None = None  # a grant's fencing token, where the store gives one (strictly increasing per slot)
+    renewed: float | None = None  # a lease that expires: the `time.monotonic()` before its grant was last renewed
+    ttl: float | None = None  # ... and how long it lives past that without a renewal
 
     @property
     def rejection(self) -> RejectionKind:
@@ -98,7 +108,8 @@ class LeaseRequest(Protocol):
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[], None] | None = None) -> Decision: ...
-    def watch(self, on_revoke: Callable[[], None]) -> object: ...
+    def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
+              on_lost: Callable[[], None] | None = None) -> object: ...
     def add_pids(self, pids: list[Pid]) -> None: ...
     def withdraw(self) -> None: ...
     def release(self) -> None: ...
@@ -112,6 +123,14 @@ class LeaseStore(Protocol):
 
     def request(self) -> LeaseRequest: ...
     def holdings(self, timeout: float) -> list[dict[str, Any]]: ...
+
+
+def fence_times(renewed: float, ttl: float, grace: float) -> tuple[float, float]:
+    """When an owner's trees are stopped and killed, for a lease renewed at `renewed` (monotonic)
+    that lives `ttl` s past it: stopped after half the TTL, killed after the `grace` of the
+    owner's supervisor or a quarter of the TTL, whichever is less. Pure."""
+    stop_at = renewed + ttl / 2
+    return stop_at, stop_at + min(grace, ttl / 4)
 
 
 def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:

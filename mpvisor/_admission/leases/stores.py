@@ -18,23 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mpvisor._admission.leases.store import LeaseStore
+from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, LeaseStore
 from mpvisor._model.errors import ConfigError
 
 
-def _local(setting: str) -> LeaseStore:
+def _local(setting: str, ttl: float) -> LeaseStore:
     from mpvisor._admission.leases.local import LocalStore
 
     return LocalStore()
 
 
-def _postgres(setting: str) -> LeaseStore:
+def _postgres(setting: str, ttl: float) -> LeaseStore:
     from mpvisor._admission.leases.postgres import PostgresStore
 
-    return PostgresStore(setting)
+    return PostgresStore(setting, ttl)
 
 
-STORES: dict[str, Callable[[str], LeaseStore]] = {
+STORES: dict[str, Callable[[str, float], LeaseStore]] = {
     "local": _local,
     "postgresql://": _postgres,
     "postgres://": _postgres,
@@ -62,6 +62,7 @@ def checked(value: object) -> str | LeaseStore | None:
     raise ConfigError(f"leases must be None, one of {names}, or a lease store, got {value!r}")
 
 
-def open_store(value: str | LeaseStore) -> LeaseStore:
-    """The store `value` names (or `value` itself)."""
-    return STORES[_name(value)](value) if isinstance(value, str) else value
+def open_store(value: str | LeaseStore, ttl: float = DEFAULT_LEASE_TTL) -> LeaseStore:
+    """The store `value` names (or `value` itself); `ttl`: how long its leases live past a
+    renewal, for a store whose leases expire."""
+    return STORES[_name(value)](value, ttl) if isinstance(value, str) else value

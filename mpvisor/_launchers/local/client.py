@@ -42,7 +42,7 @@ from mpvisor import _platform
 from mpvisor._launchers.local import control
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
-from mpvisor._launchers.seam import ExitStatus
+from mpvisor._launchers.seam import ExitStatus, Fence
 from mpvisor._model.errors import ConfigError
 from mpvisor._platform import recv_fds
 
@@ -122,6 +122,7 @@ class LauncherClient:
         self._attempts: dict[int, Channel] = {}
         self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
         self._next_key = 0
+        self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
@@ -234,6 +235,8 @@ class LauncherClient:
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
             self._send(control.Stop())
+        for fence in self._fences.values():  # a new launcher keeps the fences its predecessor kept
+            self._outbox.appendleft((_fence_message(fence), []))
         self._flush()
 
     def pids(self) -> list[int]:
@@ -366,10 +369,10 @@ class LauncherClient:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error)
-            case control.Exited(key, how, value, killed, oom):
+            case control.Exited(key, how, value, killed, oom, fenced):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.exited(ExitStatus(how, value, oom), killed)
+                    attempt.exited(ExitStatus(how, value, oom, fenced), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):
@@ -475,10 +478,11 @@ class LauncherClient:
     # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None, module: str = "") -> int:
+              resources: Resources | None = None, module: str = "", fence: Fence | None = None) -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
-        `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`)."""
+        `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`),
+        and keeps `fence` (sent with `fence()` before)."""
         self._next_key += 1
         key = self._next_key
         channel = Channel(self.loop, sink, start, capture_output)
@@ -493,8 +497,18 @@ class LauncherClient:
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
-        self._send(control.Spawn(key, exec_python, module, stdin, terminal), fds)
+        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0), fds)
         return key
+
+    def fence(self, fence: Fence) -> None:
+        """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""
+        self._fences[fence.group] = fence
+        self._outbox.append((_fence_message(fence), []))
+        self._flush()
+
+    def unfence(self, group: int) -> None:
+        if self._fences.pop(group, None) is not None:
+            self._send(control.Unfence(group))
 
     def signal(self, key: int, signum: int, group: bool) -> None:
         """Send `signum` to the attempt `key` (its process group if `group`) while it runs."""
@@ -545,3 +559,7 @@ def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_d
     """The default `LauncherFactory`: a local fork server with the settings' preload, start-up
     timeout and stdin."""
     return LauncherClient(loop, launch.preload, on_death, launch.start_timeout, stdin=launch.stdin)
+
+
+def _fence_message(fence: Fence) -> bytes:
+    return control.encode(control.Fence(fence.group, float(fence.stop_at), float(fence.kill_at)))

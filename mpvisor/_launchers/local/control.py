@@ -10,10 +10,12 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
+| `Fence` | group, stop_at, kill_at (`time.monotonic()` of this host: a lease's deadlines, moved by each renewal) | |
+| `Unfence` | group (its owner is done) | |
 
 | launcher -> parent | fields | fds |
 |---|---|---|
@@ -21,7 +23,7 @@ version refuses that launcher (`ControlError`).
 | `Ready` | version, pid, error | |
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
-| `Exited` | key, how ("exit" or "signal"), value, killed | |
+| `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it) | |
 | `Stopped` | key, signum (a terminal's foreground attempt was stopped: Ctrl-Z, or a read in the background) | |
 """
 
@@ -31,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 4  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`
+CONTROL_VERSION = 5  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences
 
 
 class ControlError(ProtocolError):
@@ -43,13 +45,15 @@ class Spawn(NamedTuple):
     the target's `module` is prepared (`_attempt/prepared.py`; "" for none). `stdin`: its stdin
     travels beside, after the socket; `terminal`: that stdin is the controlling terminal of the
     launcher's session, and the attempt is a job of it (its own process group in that session,
-    not a session of its own): `BACKGROUND`, or `FOREGROUND`, when it takes the terminal first."""
+    not a session of its own): `BACKGROUND`, or `FOREGROUND`, when it takes the terminal first;
+    `fence`: the fence group it runs under (0: none)."""
 
     key: int
     exec_python: bool
     module: str = ""
     stdin: bool = False
     terminal: int = 0  # NO_TERMINAL, BACKGROUND or FOREGROUND
+    fence: int = 0
 
 
 NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
@@ -71,6 +75,21 @@ class Kill(NamedTuple):
 
 class Stop(NamedTuple):
     """Kill every tree, reap it all, exit."""
+
+
+class Fence(NamedTuple):
+    """The fence `group`'s deadlines (`time.monotonic()`): its trees are stopped (SIGTERM to their
+    groups) from `stop_at` and killed at `kill_at`; once reached, a fence moves no more."""
+
+    group: int
+    stop_at: float
+    kill_at: float
+
+
+class Unfence(NamedTuple):
+    """Forget the fence `group` (its owner is done)."""
+
+    group: int
 
 
 class Importing(NamedTuple):
@@ -113,6 +132,7 @@ class Exited(NamedTuple):
     value: int
     killed: bool
     oom: bool = False
+    fenced: bool = False
 
 
 class Stopped(NamedTuple):
@@ -122,12 +142,12 @@ class Stopped(NamedTuple):
     signum: int
 
 
-ToLauncher = Spawn | Signal | Kill | Stop
+ToLauncher = Spawn | Signal | Kill | Stop | Fence | Unfence
 ToParent = Importing | Ready | Started | StartFailed | Exited | Stopped
 Message = ToLauncher | ToParent
 
 _NAMES: dict[type[Any], str] = {
-    Spawn: "spawn", Signal: "signal", Kill: "kill", Stop: "stop",
+    Spawn: "spawn", Signal: "signal", Kill: "kill", Stop: "stop", Fence: "fence", Unfence: "unfence",
     Importing: "importing", Ready: "ready", Started: "started", StartFailed: "start_failed", Exited: "exited",
     Stopped: "stopped",
 }
@@ -141,14 +161,18 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
-        case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal)] if 0 <= terminal <= 2:
-            return Spawn(key, exec_python, module, stdin, terminal)
+        case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal), int(fence)] if 0 <= terminal <= 2:
+            return Spawn(key, exec_python, module, stdin, terminal, fence)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:
             return Kill(key)
         case ["stop"]:
             return Stop()
+        case ["fence", int(group), float(stop_at), float(kill_at)]:
+            return Fence(group, stop_at, kill_at)
+        case ["unfence", int(group)]:
+            return Unfence(group)
         case ["importing", int(version), int(pid), str(module)] if version == CONTROL_VERSION:
             return Importing(version, pid, module)
         case ["ready", int(version), int(pid), (str() | None) as error] if version == CONTROL_VERSION:
@@ -159,8 +183,8 @@ def decode(data: bytes) -> Message:
             return Started(key, pid)
         case ["start_failed", int(key), str(error)]:
             return StartFailed(key, error)
-        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom)]:
-            return Exited(key, how, value, killed, oom)
+        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom), bool(fenced)]:
+            return Exited(key, how, value, killed, oom, fenced)
         case ["stopped", int(key), int(signum)]:
             return Stopped(key, signum)
         case other:

@@ -18,6 +18,8 @@ attached; `control.py` types, encodes and versions them):
 | `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
 | `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
 | `stop` | kill every tree, reap them, exit |
+| `fence group stop_at kill_at` | keep (or move) the fence's deadlines: from `stop_at` every tree under it gets SIGTERM (its group), at `kill_at` it is killed, and no spawn under it starts any more |
+| `unfence group` | forget the fence |
 
 | launcher -> parent | when |
 |---|---|
@@ -25,7 +27,7 @@ attached; `control.py` types, encodes and versions them):
 | `ready pid error` | once, after the preload imports (error names a failed module) |
 | `started key pid` + pidfd | the child has completed `setsid()` |
 | `start_failed key error` | `fork()` failed |
-| `exited key how value killed oom` | leader reaped and every adopted process of its tree reaped; `oom`: it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
+| `exited key how value killed oom fenced` | leader reaped and every adopted process of its tree reaped; `oom`: it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
 
 Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
 then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
@@ -70,11 +72,13 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "key", "killed", "oom", "pid", "reported_start", "status")
+    __slots__ = ("adopted", "fence", "fenced", "key", "killed", "oom", "pid", "reported_start", "status")
 
-    def __init__(self, key: int, pid: int) -> None:
+    def __init__(self, key: int, pid: int, fence: int = 0) -> None:
         self.key = key
         self.pid = pid
+        self.fence = fence  # its owner's fence group (0: none)
+        self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
         self.status: tuple[str, int] | None = None  # ("exit", code) or ("signal", signum)
         self.killed = False  # we SIGKILLed the group while the leader still ran
@@ -96,6 +100,7 @@ class Launcher:
         self.by_key: dict[int, _Attempt] = {}
         self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
         self.draining: set[_Attempt] = set()
+        self.fences: dict[int, _Fence] = {}  # by group: the deadlines of owners' leases
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
@@ -116,10 +121,12 @@ class Launcher:
 
     def serve(self) -> None:
         while not (self.parent_gone or _parent_died):
-            for fd, _ in self.poll.poll():
+            for fd, _ in self.poll.poll(self._until_a_fence() if self.fences else -1):
                 self.handlers[fd]()
                 if self.parent_gone or _parent_died:
                     break
+            if self.fences:
+                self._enforce_fences()
         self._stop_everything()
 
     def _send(self, message: control.ToParent, fds: list[int] | None = None) -> None:
@@ -151,11 +158,18 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module, stdin, terminal):
-                if module:
-                    _prepared.ready(module)
-                self._spawn(key, exec_python, fds, stdin, terminal)
-                return
+            case control.Spawn(key, exec_python, module, stdin, terminal, fence):
+                if fence and self._fence_reached(fence):
+                    self._send(control.StartFailed(key, "lease lost: its slot's lease could not be renewed in time"))
+                else:
+                    if module:
+                        _prepared.ready(module)
+                    self._spawn(key, exec_python, fds, stdin, terminal, fence)
+                    return
+            case control.Fence(group, stop_at, kill_at):
+                self._fence(group, stop_at, kill_at)
+            case control.Unfence(group):
+                self.fences.pop(group, None)
             case control.Signal(key, signum, group):
                 self._signal(key, signum, group)
             case control.Kill(key):
@@ -174,7 +188,8 @@ class Launcher:
 
     # --- starting -----------------------------------------------------------------------------
 
-    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0) -> None:
+    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0,
+               fence: int = 0) -> None:
         try:
             pid = os.fork()
         except OSError as exc:
@@ -186,7 +201,7 @@ class Launcher:
             self._become_attempt(exec_python, fds, stdin, terminal)
         for fd in fds:
             os.close(fd)
-        attempt = _Attempt(key, pid)
+        attempt = _Attempt(key, pid, fence)
         self.attempts[pid] = attempt
         self.by_key[key] = attempt
         if terminal:
@@ -256,6 +271,48 @@ class Launcher:
             return
         attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
+
+    # --- fences -------------------------------------------------------------------------------
+
+    def _fence(self, group: int, stop_at: float, kill_at: float) -> None:
+        fence = self.fences.get(group)
+        if fence is None:
+            self.fences[group] = _Fence(stop_at, kill_at)
+        elif not fence.stopping:  # a reached fence moves no more: its lease may be another's now
+            fence.stop_at, fence.kill_at = stop_at, kill_at
+
+    def _fence_reached(self, group: int) -> bool:
+        fence = self.fences.get(group)
+        return fence is not None and (fence.stopping or time.monotonic() >= fence.stop_at)
+
+    def _until_a_fence(self) -> float:
+        """Seconds until the next fence deadline (what the loop may sleep), -1 for none."""
+        now = time.monotonic()
+        nearest = min((f.kill_at if f.stopping else f.stop_at for f in self.fences.values() if not f.killed),
+                      default=None)
+        return -1 if nearest is None else max(0.0, nearest - now)
+
+    def _enforce_fences(self) -> None:
+        """Stop (SIGTERM to its group) every tree under a fence that was reached; kill it at the
+        fence's `kill_at`. The attempts are reported `fenced` when they are reaped."""
+        now = time.monotonic()
+        for group, fence in self.fences.items():
+            if fence.killed or now < fence.stop_at:
+                continue
+            kill = now >= fence.kill_at
+            fence.stopping = True
+            fence.killed = kill
+            for attempt in self.by_key.values():
+                if attempt.fence != group or attempt.status is not None:
+                    continue
+                if kill:
+                    self._kill(attempt.key)
+                elif not attempt.fenced:
+                    try:
+                        os.killpg(attempt.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                attempt.fenced = True
 
     # --- reaping ------------------------------------------------------------------------------
 
@@ -329,7 +386,7 @@ class Launcher:
             if not attempt.reported_start:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
             else:
-                self._send(control.Exited(attempt.key, how, value, attempt.killed, attempt.oom))
+                self._send(control.Exited(attempt.key, how, value, attempt.killed, attempt.oom, attempt.fenced))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
@@ -354,6 +411,19 @@ class Launcher:
                     _kill_checked(pid, self.adopted.get(pid))
             self.poll.poll(0.05)
         os._exit(0)
+
+
+class _Fence:
+    __slots__ = ("kill_at", "killed", "stop_at", "stopping")
+
+    def __init__(self, stop_at: float, kill_at: float) -> None:
+        self.stop_at = stop_at
+        self.kill_at = kill_at
+        self.stopping = False  # reached: its trees were sent SIGTERM, and it moves no more
+        self.killed = False  # its kill_at passed too: its trees were killed
+
+    def __repr__(self) -> str:
+        return f"<fence stop_at={self.stop_at} kill_at={self.kill_at} stopping={self.stopping} killed={self.killed}>"
 
 
 def _setup_fds(fds: list[int], stdin: bool = False) -> int:
