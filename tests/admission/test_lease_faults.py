@@ -1,0 +1,139 @@
+"""Does a slot kept in PostgreSQL stay safe when things go wrong (`mpvisor run --slots URL`)?
+
+Real faults against real "hosts" (separate `mpvisor run` processes with runtime directories of
+their own) and a real PostgreSQL (tests/_pg_support.py): an owner's supervisor SIGSTOPped past
+its lease's TTL (its fork server fences the tree; resumed, it exits 7 "lease lost"), an owner
+SIGKILLed, the server restarted while an owner runs and another waits, a run that waits past
+`--wait-timeout`. Each test reads the owners' log (`workers/slot_owner.py`): one owner at a
+time, ever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from tests import _pg_support
+from tests._pg_support import finish, owner, shown, start_host
+from tests._slot_support import assert_one_owner_at_a_time
+from tests._support import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def url(postgres_server: Any) -> str:
+    return _pg_support.fresh_database(postgres_server)
+
+
+def started(log: Any, label: str) -> bool:
+    return log.exists() and f"start {label} " in log.read_text()
+
+
+def test_a_paused_supervisor_cannot_outlive_its_lease(tmp_path: Any, url: str) -> None:
+    """Host 1's supervisor (the `mpvisor` process alone) is SIGSTOPped while its task owns the
+    slot: its fork server, which holds the lease's deadline, stops the task's tree half a TTL
+    after the last renewal, before the lease can expire; host 2 (queued) runs only after that.
+    Resumed, host 1 learns its lease is gone and exits 7 ("lease lost") without running again."""
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "one"))
+    wait_for(lambda: started(log, "one"), timeout=30)
+    task = [p.pid for p in psutil.Process(first.pid).children(recursive=True) if "workers.slot_owner" in " ".join(_cmdline(p.pid))]
+    assert task
+    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "two"))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        status, err = finish(second, timeout=60)
+        assert status == 0, err
+        held = assert_one_owner_at_a_time(log)
+        assert [label for _, _, label in held] == ["one", "two"]
+        assert all(not psutil.pid_exists(p) or _zombie(p) for p in task), task
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    status, err = finish(first)
+    assert status == 7, err
+    assert "lease lost" in err, err
+    assert log.read_text().count("start one ") == 1  # it did not run again
+
+
+def test_an_owner_killed_outright_holds_the_slot_no_longer_than_its_lease(tmp_path: Any, url: str) -> None:
+    """Host 1's `mpvisor` is SIGKILLed while its task owns the slot: its launcher kills the tree
+    (it follows its parent), nobody releases the lease, and host 2 runs once it expired, after
+    every process of host 1's tree was gone."""
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "one"))
+    wait_for(lambda: started(log, "one"), timeout=30)
+    tree = psutil.Process(first.pid).children(recursive=True)
+    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "two"))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    first.kill()
+    assert finish(first)[0] == -signal.SIGKILL
+    wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree), timeout=10,
+             interval=0.005)
+    gone_at = time.time()
+    assert not started(log, "two")  # its lease has not expired yet
+    status, err = finish(second)
+    assert status == 0, err
+    two = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start two ")]
+    assert two and two[0] > gone_at
+
+
+def test_a_server_restart_shorter_than_the_renewal_margin_changes_nothing(tmp_path: Any) -> None:
+    """PostgreSQL restarts (every connection closed) while host 1 owns the slot and host 2
+    waits: host 1 renews again once it is back and completes, host 2 keeps waiting and then
+    runs; no lease is lost, no owner overlaps."""
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "8", *owner(log, 5.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "8", *owner(log, 0.0, "two"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        _pg_support.restart(server)
+        for run in (first, second):
+            status, err = finish(run)
+            assert status == 0, err
+            assert "lease lost" not in err
+        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
+        assert shown(tmp_path, url) == []
+    finally:
+        server.cleanup()
+
+
+def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
+    """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
+    the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the
+    owner is untouched."""
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "one"))
+    wait_for(lambda: started(log, "one"), timeout=30)
+    waiting = start_host(tmp_path, 2, url, "--slot", "s", "--wait-timeout", "1", *owner(log, 0.0, "two"))
+    status, err = finish(waiting)
+    assert status == 3, err
+    assert "still busy after --wait-timeout 1 s" in err
+    assert "start two " not in log.read_text()
+    (view,) = shown(tmp_path, url)
+    assert view["owner"]["pid"] == first.pid and view["queue"] == []
+    first.terminate()
+    assert finish(first)[0] == -signal.SIGTERM
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return list(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return []
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return True
