@@ -7,8 +7,8 @@ first match wins (the reason a stop was requested decides over how the child end
 | # | fact | ending |
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
+| 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
-| 2a | its fence was reached (its slot's lease could not be renewed in time), and the launcher stopped it or refused to start it | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
 | 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
@@ -69,7 +69,7 @@ class AttemptEnd:
     traceback: str | None = None
     killed: str | None = None
     limit: str | None = None  # "memory", "cpu", "open_files": the limit it ran into
-    lease_lost: bool = False  # its fence was reached (rule 2a)
+    lease_lost: bool = False  # its fence was reached (rule 1a)
 
 
 def decide(f: Facts) -> AttemptEnd:
@@ -111,7 +111,7 @@ LEASE_LOST = "lease lost: its slot's lease could not be renewed before it could 
 
 
 def _decide(f: Facts) -> AttemptEnd:
-    if f.fenced and not (f.report is not None and f.report_before_stop):
+    if f.fenced and not isinstance(f.report, Result):  # a result it reported stands; a cancel was the fence's
         how = "not started" if f.could_not_start is not None else f"attempt pid {f.pid} stopped"
         return AttemptEnd(AttemptResult.FATAL, f"{LEASE_LOST} ({how})", killed=f.killed, lease_lost=True)
     if f.could_not_start is not None:

@@ -72,6 +72,8 @@ def test_the_runs_bound_on_attempts_is_read_from_the_defaults():
     parsed = parse_text("[defaults]\nmax_concurrent = 3\n[task.a]\ntarget = 'm:f'\n")
     assert (parsed.ok, parsed.max_concurrent, parsed.grace) == (True, 3, None)
     assert parse_text("[task.a]\ntarget = 'm:f'\n").max_concurrent is None
+    run = parse_text("[defaults]\nslots = 'postgresql://ci@db/ops'\nlease_ttl = 30\nwait_timeout = 600\n[task.a]\ntarget = 'm:f'\nslot = 's'\n")
+    assert (run.ok, run.slots, run.lease_ttl, run.wait_timeout) == (True, "postgresql://ci@db/ops", 30.0, 600.0)
 
 
 def test_every_key_reaches_the_spec():
@@ -133,6 +135,11 @@ def test_every_key_reaches_the_spec():
         ("[defaults]\ngrace = -1\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, got '-1'"]),
         ("[defaults]\ngrace = 'soon'\n[task.a]\ntarget = 'm:f'\n", ['defaults.grace: expected a number of seconds, got a string: "soon"']),
         ("[defaults]\nmax_concurrent = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '0'"]),
+        ("[defaults]\nslots = 'mysql://db/x'\n[task.a]\ntarget = 'm:f'\n", ["defaults.slots: expected a postgresql:// URL, got 'mysql://db/x'"]),
+        ("[defaults]\nslots = 5\n[task.a]\ntarget = 'm:f'\n", ['defaults.slots: expected a string "postgresql://USER@HOST/DB", got an integer: 5']),
+        ("[defaults]\nlease_ttl = 1\n[task.a]\ntarget = 'm:f'\n", ["defaults.lease_ttl: expected a finite number of seconds >= 2, got '1'"]),
+        ("[defaults]\nwait_timeout = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.wait_timeout: expected a finite number of seconds > 0, got '0'"]),
+        ("[task.a]\ntarget = 'm:f'\nslots = 'postgresql://db/x'\n", ['task "a".slots: slots is the whole run\'s: set it in [defaults]']),
         ("[defaults]\nmax_concurrent = -2\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '-2'"]),
         ("[defaults]\nmax_concurrent = 1.5\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '1.5'"]),
         ("[defaults]\nmax_concurrent = '2'\n[task.a]\ntarget = 'm:f'\n", ['defaults.max_concurrent: expected a whole number >= 1, got a string: "2"']),

@@ -144,3 +144,47 @@ def test_an_oom_kill_is_told_apart_from_another_sigkill_when_the_kernel_says_so(
     end = decide(facts)
     assert (end.kind, end.exit_code) == (AttemptResult.FAILED, -9)
     assert (end.reason or "").startswith(reason), end
+
+
+FENCED = ExitStatus("signal", signal.SIGTERM, fenced=True)
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        Facts(kind="cmd", pid=7, calling=True, status=FENCED),
+        Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("signal", signal.SIGKILL, fenced=True), killed=KILLED),
+        Facts(pid=7, calling=True, report=Failure("canceled", "the attempt was canceled"), report_before_stop=True, status=FENCED),
+        Facts(pid=7, calling=True, report=Failure("error", "RuntimeError: x"), report_before_stop=True, status=FENCED),
+        Facts(pid=7, stop=StopReason.CANCEL, status=FENCED),
+        Facts(could_not_start="lease lost: its slot's lease could not be renewed in time", fenced=True),
+    ],
+)
+def test_a_fenced_attempt_ends_fatal_lease_lost_whatever_else_was_seen(facts):
+    """Its fence was reached (the launcher stopped it, or refused to start it): FATAL, lease_lost,
+    so it is not run again; a cancel it reported was the fence's SIGTERM."""
+    if facts.status is not None:
+        facts.fenced = facts.status.fenced
+    end = decide(facts)
+    assert (end.kind, end.lease_lost) == (AttemptResult.FATAL, True), end
+    assert end.reason is not None and end.reason.startswith("lease lost: ")
+
+
+def test_a_result_reported_before_its_fence_stands():
+    """A result read before the fence stopped it is the attempt's result: its work was done
+    while the lease was still valid (the fence comes half a TTL before it could expire)."""
+    end = decide(Facts(pid=7, calling=True, report=Result(3), report_before_stop=True, status=FENCED, fenced=True))
+    assert (end.kind, end.value, end.lease_lost) == (AttemptResult.SUCCEEDED, 3, False)
+
+
+@pytest.mark.parametrize("renewed, ttl, grace, expected", [
+    (100.0, 15.0, 10.0, (107.5, 111.25)),  # the grace is longer than a quarter TTL: the TTL bounds the kill
+    (100.0, 15.0, 1.0, (107.5, 108.5)),
+    (0.0, 2.0, 0.0, (1.0, 1.0)),  # grace 0: killed at once
+])
+def test_fence_times_keep_the_stop_and_the_kill_inside_the_ttl(renewed, ttl, grace, expected):
+    from mpvisor._admission.leases.store import fence_times
+
+    stop_at, kill_at = fence_times(renewed, ttl, grace)
+    assert (stop_at, kill_at) == expected
+    assert renewed + ttl / 2 <= stop_at <= kill_at <= renewed + ttl * 3 / 4

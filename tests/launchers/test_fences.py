@@ -1,0 +1,166 @@
+"""Does a lease's fence stop its owner's trees, whichever launcher runs them?
+
+A shared slot whose lease expires (`postgresql://`) hands the runtime a fence: deadlines that
+each renewal moves (`Runtime.fence`, kept by the launcher: `_launchers/seam.py`). Here the store
+is a stand-in in the test (`Expiring`): its grant says when it was renewed and for how long it
+lives, and it renews (or does not) as the test says, so only the fence's mechanism is under test
+(tests/admission/test_lease_faults.py pauses real supervisors against a real PostgreSQL).
+
+| what happens | the owner's task |
+|---|---|
+| no renewal after the grant | its attempt is stopped (SIGTERM) half a TTL after the grant: `FATAL`, `lease_lost`, "lease lost" |
+| a SIGTERM-deaf attempt, no renewal | killed a quarter TTL after that, its whole tree gone |
+| renewals every TTL / 6 | runs past the TTL and completes |
+| the store says the lease is gone | stopped at once |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from mpvisor import (
+    ControllerConfig,
+    ControllerSpec,
+    OutcomeKind,
+    SupervisorConfig,
+    TaskFn,
+    TaskSpec,
+)
+from mpvisor._admission.leases.store import Decision, Pid
+from tests._fake_launcher import FakeLauncher
+from tests._support import supervised
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 2.0
+
+
+class Expiring:
+    """A lease store whose leases expire: every request is granted at once, renewed every
+    TTL / 6 while `renewing`, lost (`on_lost`) when `lose` is set."""
+
+    name = "the test's expiring store"
+
+    def __init__(self, renewing: bool = False) -> None:
+        self.renewing = renewing
+        self.lose = threading.Event()
+
+    def request(self) -> Any:
+        return _Request(self)
+
+    def holdings(self, timeout: float) -> list[dict[str, Any]]:
+        return []
+
+
+class _Request:
+    def __init__(self, store: Expiring) -> None:
+        self.store = store
+        self.closed = threading.Event()
+
+    def acquire(self, slot: str, policy: str, name: str, pids: list[Pid], on_queued: Any = None,
+                on_silent: Any = None) -> Decision:
+        return Decision(True, token=1, renewed=time.monotonic(), ttl=TTL)
+
+    def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
+              on_lost: Callable[[], None] | None = None) -> None:
+        def renew() -> None:
+            while not self.closed.wait(TTL / 6):
+                if self.store.lose.is_set():
+                    if on_lost is not None:
+                        on_lost()
+                    return
+                if self.store.renewing and on_renewed is not None:
+                    on_renewed(time.monotonic(), TTL)
+
+        threading.Thread(target=renew, daemon=True).start()
+
+    def add_pids(self, pids: list[Pid]) -> None:
+        pass
+
+    def withdraw(self) -> None:
+        self.closed.set()
+
+    def release(self) -> None:
+        self.closed.set()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+LAUNCHERS = ["local", pytest.param("ray", marks=pytest.mark.ray)]
+
+
+@pytest.fixture(params=LAUNCHERS)
+def launcher(request: pytest.FixtureRequest) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("on_ray")
+    return str(request.param)
+
+
+def config_for(launcher: str) -> SupervisorConfig:
+    config = SupervisorConfig(grace=5.0)
+    if launcher == "ray":
+        from mpvisor.ray import RayLauncher
+
+        return dataclasses.replace(config, launcher=RayLauncher(lost_fence=1.0))
+    return config
+
+
+async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float]:
+    """The outcome of `spec` run as the owner of a slot in `store`, and how long it took."""
+    async with supervised(config_for(launcher), controller=ControllerConfig(leases=store)) as (handle, _):
+        begin = time.monotonic()
+        _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
+        outcome = await waiter.wait()
+        return outcome, time.monotonic() - begin
+
+
+async def test_an_unrenewed_lease_stops_its_owner_half_a_ttl_after_the_grant(launcher: str) -> None:
+    outcome, took = await owned(launcher, Expiring(), TaskSpec.once(TaskFn("held", "workers.basic:sleeper", [30])))
+    assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
+    assert outcome.reason is not None and outcome.reason.startswith("lease lost"), outcome.reason
+    assert outcome.attempts == 1
+    assert took < TTL, took  # stopped at TTL / 2, well before the lease could expire
+
+
+async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(launcher: str, tmp_path: Any) -> None:
+    records = tmp_path / "tree.jsonl"
+    spec = TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn_tree", [str(records)]))
+    outcome, took = await owned(launcher, Expiring(), spec)
+    assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
+    assert took < TTL, took  # killed at TTL / 2 + min(grace, TTL / 4)
+    if launcher == "local":
+        from tests._support import all_gone, read_records
+
+        assert all_gone(read_records(records))
+
+
+async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) -> None:
+    outcome, took = await owned(launcher, Expiring(renewing=True), TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [2 * TTL])))
+    assert outcome.kind is OutcomeKind.COMPLETED, outcome
+    assert took >= 2 * TTL
+
+
+async def test_a_lease_the_store_says_is_gone_stops_its_owner_at_once(launcher: str) -> None:
+    store = Expiring(renewing=True)
+    threading.Timer(0.5, store.lose.set).start()
+    outcome, _ = await owned(launcher, store, TaskSpec.restartable(TaskFn("lost", "workers.basic:sleeper", [30])))
+    assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
+    assert outcome.attempts == 1  # not restarted: the slot may be another's now
+
+
+async def test_the_fake_launcher_records_the_fence() -> None:
+    """The runtime hands the launcher the fence before the owner's first attempt, and forgets it after."""
+    log: list[tuple[Any, ...]] = []
+    config = SupervisorConfig(grace=1.0, launcher=FakeLauncher.factory(log))
+    async with supervised(config, controller=ControllerConfig(leases=Expiring(renewing=True))) as (handle, _):
+        _, waiter = await handle.submit_and_watch(ControllerSpec.queue(TaskSpec.once(TaskFn("q", "workers.basic:quick"))).with_slot("s"))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+    kinds = [entry[0] for entry in log]
+    assert kinds.index("fence") < kinds.index("spawn") < kinds.index("unfence"), log
