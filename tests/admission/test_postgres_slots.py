@@ -11,6 +11,8 @@ URL --json` shows the owner, its host and its fencing token, which increases at 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
+MPVISOR = _pg_support.MPVISOR
 start, owner, finish, shown = _pg_support.start_host, _pg_support.owner, _pg_support.finish, _pg_support.shown
 
 
@@ -157,3 +160,28 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
     for use in (lambda store: store.request().acquire("s", "queue", "reader", []), lambda store: store.holdings(5.0)):
         with pytest.raises(LeaseError, match="schema is version '99'; this mpvisor reads version 1"):
             use(PostgresStore(url))
+
+
+def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -> None:
+    """A row of `mpvisor_requests` that no mpvisor would write (an owner without a token): `mpvisor
+    slots --slots URL` says which table and row, exit 1, no traceback; a schema version that is
+    not a number is refused like a newer one."""
+    import psycopg
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    assert MPVISOR is not None
+    PostgresStore(url).holdings(5.0)  # creates the tables
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO mpvisor_slots (slot) VALUES ('s')")
+        conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, expires) "
+                     "VALUES ('s', 'x', 'h', 1, 'granted', 1, now() + interval '1 hour')")
+    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 1, done
+    assert "mpvisor_requests holds a row mpvisor did not write: slot='s' state='granted'" in done.stderr
+    assert "Traceback" not in done.stderr
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE mpvisor_meta SET value = 'banana' WHERE key = 'schema'")
+    done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 1 and "schema is version 'banana'; this mpvisor reads version 1" in done.stderr, done

@@ -187,6 +187,10 @@ class PostgresStore:
                 rows = conn.execute(
                     "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
                     "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
+        except LeaseError:
+            raise
+        except Exception as exc:  # not answered in time, or the connection lost
+            raise LeaseError(f"{self.name} did not answer: {_first_line(exc)}") from None
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
