@@ -2,15 +2,17 @@
 `test_lease_stores.py`, `test_memory_leases.py`, `test_taskfile_runs.py`, `test_examples.py`,
 `test_docs.py`): each test gets a private server directory (`MPVISOR_SLOTS_DIR`), and the server
 that its runs started there is stopped afterwards; the owners' log (`workers/slot_owner.py`)
-read as intervals, which must never overlap."""
+read as intervals, which must never overlap (tests/_lease_checker.py checks a whole history:
+overlaps, fencing tokens, FIFO order, lost runs)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
+import psutil  # type: ignore[import-untyped, unused-ignore]  # untyped; pyproject.toml may already ignore it
 
 from tests._support import exited, wait_for
 
@@ -25,15 +27,17 @@ def stop_servers(directory: str | os.PathLike[str]) -> None:
             except psutil.NoSuchProcess:
                 continue
             # Exited is enough: a detached server's zombie waits for init, which reaps late here.
-            wait_for(lambda p=process: exited(p), timeout=10)
+            wait_for(functools.partial(exited, process), timeout=10)
 
 
 def intervals(log: Any) -> list[tuple[float, float, str]]:
-    """`(start, end, label)` of every owner that ended, by start time."""
+    """`(start, end, label)` of every owner that ended, by start time. A start line is
+    `start <label> <time> [<token>]` (the fencing token is left out here: tests/_lease_checker.py
+    checks it); other lines (`dirty ...`, `clean`, blank) are skipped."""
     starts: dict[str, float] = {}
     found = []
     for line in log.read_text().splitlines():
-        word, *rest = line.split()
+        word, *rest = line.split() or [""]
         if word == "start":
             starts[rest[0]] = float(rest[1])
         elif word == "end":

@@ -1,11 +1,13 @@
 """What does a slot's owner do in the shared-slot tests? (`python -m workers.slot_owner ...`)
 
 A program, run as the command of `mpvisor run --slot NAME -- python -m workers.slot_owner LOG
-HOLD LABEL [RECORDS]`: it appends `start <label> <time>` to LOG, starts a child that sleeps as long
-as it does (so the owner is a tree), sleeps HOLD seconds, appends `end <label> <time>`, and
-exits 0 once its child is gone. A SIGTERM (its slot was taken over) appends `end <label> <time>`
-and exits 143 at once. With RECORDS (a `stubborn_tree` record file of an earlier owner), it first
-appends `dirty <pid>` for every recorded process still alive when it starts, else `clean`.
+HOLD LABEL [RECORDS]`: it appends `start <label> <time> <token>` to LOG (`<token>` is its
+lease's fencing token, `$MPVISOR_FENCING_TOKEN`, or `-` when the run has none), starts a child
+that sleeps as long as it does (so the owner is a tree), sleeps HOLD seconds, appends
+`end <label> <time>`, and exits 0 once its child is gone. A SIGTERM (its slot was taken over)
+appends `end <label> <time>` and exits 143 at once. With RECORDS (a `stubborn_tree` record file
+of an earlier owner), it first appends `dirty <pid>` for every recorded process still alive when
+it starts, else `clean`. `tests/_slot_support.py` and `tests/_lease_checker.py` read LOG back.
 
 | argument | meaning |
 |---|---|
@@ -47,7 +49,8 @@ def main(argv: list[str]) -> int:
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stopped)
-    append_line(log, f"start {label} {time.time():.6f}")
+    token = os.environ.get("MPVISOR_FENCING_TOKEN", "-")
+    append_line(log, f"start {label} {time.time():.6f} {token}")
     child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({hold})"])
     time.sleep(hold)
     child.wait()
