@@ -28,7 +28,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor._admission.leases import local as _leases
-from tests._slot_support import stop_servers
+from tests._slot_support import intervals, stop_servers
 from tests._support import pid_gone, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -305,16 +305,6 @@ def owner_file(path: pathlib.Path, log: pathlib.Path, tasks: dict[str, tuple[str
     return path
 
 
-def intervals(log: pathlib.Path) -> list[tuple[float, float, str]]:
-    starts: dict[str, float] = {}
-    found = []
-    for line in log.read_text().splitlines():
-        word, label, at = line.split()
-        if word == "start":
-            starts[label] = float(at)
-        else:
-            found.append((starts[label], float(at), label))
-    return sorted(found)
 
 
 def test_runs_of_files_share_their_slots_with_every_other_run(tmp_path: pathlib.Path, slots: pathlib.Path) -> None:
