@@ -364,6 +364,7 @@ class Controller:
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
                             on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
+        lease.prepare()  # the store's connection opens while the launcher starts
         try:
             await self.host.ready()
         except Exception:  # the launcher cannot start: the registry says so to the waiter

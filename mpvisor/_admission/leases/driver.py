@@ -6,6 +6,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 
 | step | the driver |
 |---|---|
+| `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
 | `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")`, logged; with `wait_timeout`, a request still waiting then is withdrawn: `Decision(False, "slot_busy")` |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
@@ -51,9 +52,25 @@ class LeaseDriver:
         self._withdrawn = False
         self._released = False
         self._lock = threading.Lock()  # `withdraw` may cross the thread that opens the request
+        self._preparing: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"<LeaseDriver slot={self.slot!r} {self.policy.name} released={self._released}>"
+
+    def prepare(self) -> None:
+        self._preparing = threading.Thread(target=self._open, name=f"mpvisor-lease-open-{self.slot}", daemon=True)
+        self._preparing.start()
+
+    def _open(self) -> LeaseRequest:
+        """The request, opened once (by `prepare`'s thread, or else by `acquire`'s)."""
+        with self._lock:
+            if self._request is None:
+                self._request = self.store.request()
+            request = self._request
+        prepare = getattr(request, "prepare", None)  # optional: a store may need nothing opened ahead
+        if prepare is not None:
+            prepare()
+        return request
 
     async def acquire(self, pids: list[Pid]) -> Decision:
         decided: asyncio.Future[Decision] = self.loop.create_future()
@@ -99,9 +116,10 @@ class LeaseDriver:
             loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot))
 
         try:
-            request = self.store.request()
+            if self._preparing is not None:
+                self._preparing.join()
+            request = self._open()
             with self._lock:
-                self._request = request
                 withdrawn = self._withdrawn
             decision = (Decision(False, "withdrawn") if withdrawn else
                         request.acquire(slot, POLICY_NAMES[self.policy], self.name, pids, queued, silent))

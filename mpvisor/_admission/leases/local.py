@@ -278,6 +278,9 @@ class LeaseClient:
                 raise LeaseError(f"the slot server sent what this client cannot read: {exc}") from None
         return self._pending.pop(0)
 
+    def prepare(self) -> None:
+        pass  # a connection to the slot server is opened by `acquire` (a socket on this host: cheap)
+
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[], None] | None = None) -> Decision:

@@ -121,6 +121,9 @@ class MemoryRequest:
     def view(self) -> dict[str, Any]:
         return {"pid": self.holder_pid, "name": self.name, "since": self.since}
 
+    def prepare(self) -> None:
+        pass  # nothing to open: the store is in this process
+
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[], None] | None = None) -> Decision:

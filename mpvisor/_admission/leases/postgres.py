@@ -27,6 +27,7 @@ if the supervising process itself is paused past the expiry.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -206,20 +207,22 @@ class PostgresStore:
 
     # --- the slot's transaction ---------------------------------------------------------------------
 
-    def step(self, conn: Any, slot: str) -> None:
-        """In the slot's locked transaction: drop expired rows; grant the head if nobody owns the slot."""
-        conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
+    def step(self, conn: Any, slot: str) -> bool:
+        """In the slot's locked transaction: drop expired rows; grant the head if nobody owns the
+        slot. Whether it changed anything (the slot's listeners are then told)."""
+        expired = conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,)).rowcount
         owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
         if owner is not None:
-            return
+            return bool(expired)
         head = conn.execute("SELECT id FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
                             "ORDER BY position LIMIT 1", (slot,)).fetchone()
         if head is None:
-            return
+            return bool(expired)
         (token,) = conn.execute("UPDATE mpvisor_slots SET last_token = last_token + 1 WHERE slot = %s "
                                 "RETURNING last_token", (slot,)).fetchone()
         conn.execute("UPDATE mpvisor_requests SET state = 'granted', token = %s, since = now(), "
                      "expires = now() + make_interval(secs => %s) WHERE id = %s", (token, self.ttl, head[0]))
+        return True
 
     def lock(self, conn: Any, slot: str) -> None:
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
@@ -249,19 +252,31 @@ class PostgresRequest:
         self._withdrawn = False
         self._held = False
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
+        self._told_silent = False  # `on_silent` is called once per request
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
 
-    def _in_slot(self, work: Callable[[], Any]) -> Any:
-        """`work()` in the slot's locked transaction, then a notification of the slot's channel."""
+    def _in_slot(self, work: Callable[[], Any], changes: bool = True) -> Any:
+        """`work()` in the slot's locked transaction, then a step of the slot; the slot's
+        listeners are notified when the work `changes` the slot (a look does not) or the step did."""
         def in_slot() -> Any:
             self.store.lock(self.conn, self.slot)
             result = work()
-            self.store.step(self.conn, self.slot)
-            self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.slot))
+            if self.store.step(self.conn, self.slot) or changes:
+                self.conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.slot))
             return result
         return self._transaction(in_slot)
+
+    def prepare(self) -> None:
+        """Connect ahead of `acquire` (psycopg's import, the connection, the schema's check), as
+        the launcher starts; a store not reachable now is tried again by `acquire`."""
+        with self._lock:
+            if self.conn is None and not self._closed.is_set():
+                try:
+                    self.conn = self.store.connect()
+                except Exception:
+                    pass
 
     def _transaction(self, work: Callable[[], Any]) -> Any:
         """`work()` in one transaction on this request's connection, within the store's
@@ -281,9 +296,8 @@ class PostgresRequest:
                         raise
 
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[], None] | None) -> Any:
-        """`work()` until the store answers it: while it is unreachable, `on_silent()` once and
-        tries again (at most every second), until the request is withdrawn (`_Withdrawn`)."""
-        told = False
+        """`work()` until the store answers it: while it is unreachable, `on_silent()` (once per
+        request) and tries again (at most every second), until the request is withdrawn (`_Withdrawn`)."""
         while True:
             if self._closed.is_set() or self._withdrawn:
                 raise _Withdrawn()
@@ -294,8 +308,8 @@ class PostgresRequest:
                     raise _Withdrawn() from None
                 if not unreachable(exc):
                     raise
-                if not told and on_silent is not None:
-                    told = True
+                if not self._told_silent and on_silent is not None:
+                    self._told_silent = True
                     on_silent()
                 self._closed.wait(min(1.0, self.store.interval))
 
@@ -304,12 +318,16 @@ class PostgresRequest:
                 on_silent: Callable[[], None] | None = None) -> Decision:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
-        try:
+        def submit() -> Decision | None:
             refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid)),
                                                        on_silent)
+            return refused
+
+        try:
+            refused = submit()
             if refused is not None:
                 return refused
-            return self._wait(on_queued, on_silent)
+            return self._wait(on_queued, on_silent, submit)
         except Exception:
             if self._closed.is_set() or self._withdrawn:  # `withdraw` or `close` crossed a statement
                 return Decision(False, "withdrawn")
@@ -340,27 +358,36 @@ class PostgresRequest:
         return None
 
     def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None,
-              on_silent: Callable[[], None] | None) -> Decision:
+              on_silent: Callable[[], None] | None, submit: Callable[[], Decision | None]) -> Decision:
         """Until this request is granted or refused: woken by the slot's notifications, and at
         least every `interval` (to renew its own row, and to see an owner's lease expire). While
-        the store is unreachable it keeps waiting (`_patiently`)."""
+        the store is unreachable it keeps waiting (`_patiently`); a request whose row expired
+        meanwhile (cut off for longer than a TTL) is submitted again, at the end of the queue."""
         listener: Any = None
         try:
             told = -1
+            # Listening before the first look: a release between the two is not missed.
+            listener = self._patiently(functools.partial(self._listening, None), on_silent)
             while True:
                 renewed = time.monotonic()  # before the look that may see (and renew) the grant
                 state, position, owner, token = self._patiently(self._look, on_silent)
                 if self._withdrawn:
                     return Decision(False, "withdrawn")
+                if state is None:  # expired while this host could not renew it: queue again
+                    refused = submit()
+                    if refused is not None:
+                        return refused
+                    told = -1
+                    continue
                 if state == "granted":
                     self._held = True
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
-                if state != "queued":
-                    return Decision(False, "superseded_by_replace" if state == "superseded" else "withdrawn")
+                if state == "superseded":
+                    return Decision(False, "superseded_by_replace")
                 if position != told and on_queued is not None:
                     on_queued(position, owner)
                     told = position
-                listener = self._listened(listener)
+                listener = self._patiently(functools.partial(self._listened, listener), on_silent)
         finally:
             if listener is not None:
                 listener.close()
@@ -368,7 +395,7 @@ class PostgresRequest:
     def _look(self) -> tuple[str | None, int, dict[str, Any] | None, int | None]:
         """This request's state, its place in the queue, the owner and its token, after a step
         of the slot (which grants the head once an owner's lease expired); its own row renewed
-        (a row that expired is gone: this request is then over)."""
+        (a row that expired is gone: `_wait` submits the request again)."""
         def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
             conn = self.conn
             conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) "
@@ -383,7 +410,7 @@ class PostgresRequest:
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
             seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
             return row[0], int(ahead) + 1, seen, row[2]
-        result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look)
+        result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look, changes=False)
         return result
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
@@ -412,7 +439,7 @@ class PostgresRequest:
                     row = (False,)  # not reachable this time: the fence's deadline comes closer
                     renewed = -1.0
                 if row is None:
-                    if on_lost is not None:
+                    if self._held and on_lost is not None:  # not a row this owner released itself
                         on_lost()
                     return
                 if renewed >= 0 and on_renewed is not None:
@@ -431,19 +458,26 @@ class PostgresRequest:
             if listener is not None:
                 listener.close()
 
-    def _listened(self, listener: Any) -> Any:
-        """Wait for the slot's next notification, at most `interval`; the listener to use next
-        (a new one if there was none or the server closed it: the caller's next look sees what
-        it missed). A store that cannot be reached raises."""
+    def _listening(self, listener: Any) -> Any:
+        """`listener` if it still listens to the slots' channel, else a new listener. A store
+        that cannot be reached raises."""
         if listener is None or listener.broken or listener.closed:
             if listener is not None:
                 listener.close()
             listener = self._listener = self.store.connect(autocommit=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
+        return listener
+
+    def _listened(self, listener: Any) -> Any:
+        """Wait for a notification about this request's slot, at most `interval`; the listener
+        to use next (a new one if there was none or the server closed it: the caller's next look
+        sees what it missed). A store that cannot be reached raises."""
+        listener = self._listening(listener)
         try:
-            for _ in listener.notifies(timeout=self.store.interval, stop_after=1):
-                pass
+            for notify in listener.notifies(timeout=self.store.interval):
+                if notify.payload == self.slot:
+                    break
             return listener
         except Exception:
             if self._closed.is_set():

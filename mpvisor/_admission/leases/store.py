@@ -13,6 +13,7 @@ The contract, as two small interfaces:
 |---|---|---|
 | `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
+| `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent()` once if the store said nothing at all for `SILENT_AFTER` s |
 | `watch(on_revoke, on_renewed, on_lost)` | `LeaseRequest` | after a grant, from any thread: `on_revoke()` when a replacement asks this owner to retire; for a store whose leases expire, `on_renewed(at, ttl)` after each renewal (the lease lives at least `ttl` s past `at`, a `time.monotonic()` taken before the renewal was sent) and `on_lost()` when the store says the lease is gone (it expired) |
 | `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
