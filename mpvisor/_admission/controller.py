@@ -158,6 +158,9 @@ class Controller:
         self._now = host.loop.time  # the clock of slot ages
         self._task = host.loop.create_task(self._serve(), name="mpvisor-controller")
         self.store = open_store(config.leases, config.lease_ttl) if config.leases is not None else None
+        warm = getattr(self.store, "warm", None)  # optional: a store may open its connection ahead
+        if warm is not None:
+            warm()
         self.leases: dict[int, LeaseDriver] = {}  # shared slots: item id -> its lease
         # Called on the loop with an owner's id when a replacement (local, or from another
         # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.

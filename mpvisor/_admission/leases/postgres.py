@@ -149,12 +149,39 @@ class PostgresStore:
         self.name = f"the lease store at {_redacted(url)}"
         self._ready = False
         self._lock = threading.Lock()
+        self._warming: threading.Thread | None = None
+        self._spare: Any = None  # the connection `warm` opened, until a request takes it
 
     def __repr__(self) -> str:
         return f"<PostgresStore {_redacted(self.url)} ttl={self.ttl}>"
 
+    def warm(self) -> None:
+        """Open, on a thread, the connection the first request will use (psycopg's import, the
+        connection and the schema's check take longer than a launcher's start): called as the
+        supervisor starts, it overlaps them. A store not reachable now is tried again then."""
+        def open_spare() -> None:
+            try:
+                conn = self.connect()
+            except Exception:
+                return
+            with self._lock:
+                self._spare = conn
+
+        self._warming = threading.Thread(target=open_spare, name="mpvisor-lease-store-warm", daemon=True)
+        self._warming.start()
+
     def connect(self, autocommit: bool = False) -> Any:
-        """A connection to the store, its schema created (or checked) on first use."""
+        """A connection to the store, its schema created (or checked) on first use (the one
+        `warm` opened, if it is there and this is not a listener's)."""
+        warming = self._warming
+        if warming is not None and warming is not threading.current_thread():
+            warming.join()
+            with self._lock:
+                spare, self._spare = self._spare, None
+            if spare is not None and not autocommit and not spare.closed:
+                return spare
+            if spare is not None:
+                spare.close()
         conn = _connect(self.url, self.op_timeout, autocommit)
         with self._lock:
             if not self._ready:
@@ -168,6 +195,17 @@ class PostgresStore:
         return conn
 
     def _ensure_schema(self, conn: Any) -> None:
+        """The tables exist and are of this version: read the version (the common case: one
+        statement), else create what is missing under a lock, then check it."""
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != "42P01":  # not "undefined table": a real failure
+                raise
+            row = None
+        if row is not None and row[0] == str(SCHEMA_VERSION):
+            return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
             conn.execute(_SCHEMA)
@@ -366,8 +404,6 @@ class PostgresRequest:
         listener: Any = None
         try:
             told = -1
-            # Listening before the first look: a release between the two is not missed.
-            listener = self._patiently(functools.partial(self._listening, None), on_silent)
             while True:
                 renewed = time.monotonic()  # before the look that may see (and renew) the grant
                 state, position, owner, token = self._patiently(self._look, on_silent)
@@ -384,6 +420,9 @@ class PostgresRequest:
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state == "superseded":
                     return Decision(False, "superseded_by_replace")
+                if listener is None:  # listening from now on, then a look again: no release is missed
+                    listener = self._patiently(functools.partial(self._listening, None), on_silent)
+                    continue
                 if position != told and on_queued is not None:
                     on_queued(position, owner)
                     told = position

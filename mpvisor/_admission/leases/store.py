@@ -12,6 +12,7 @@ The contract, as two small interfaces:
 | call | on | what it does |
 |---|---|---|
 | `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
+| `warm()` (optional) | `LeaseStore` | open what the first request will need (a connection) on a thread, as the supervisor starts; never raises |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent()` once if the store said nothing at all for `SILENT_AFTER` s |
