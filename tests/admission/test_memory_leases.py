@@ -85,6 +85,11 @@ def test_a_setting_names_a_store_by_its_row_of_the_table() -> None:
     assert isinstance(open_store("local"), LocalStore)
     store = open_store("postgresql://deployer:secret@db.example/ops")
     assert isinstance(store, PostgresStore) and "secret" not in store.name and "secret" not in repr(store)
+    for url in ("postgresql://deployer@db.example/ops?password=secret&sslmode=require",
+                "postgres://deployer:secret@db.example:5433/ops?PASSWORD=secret"):
+        named = open_store(url)
+        assert "secret" not in named.name and "secret" not in repr(named), named.name
+        assert "deployer" in named.name and "db.example" in named.name
     for bad in ("etcd://a/b", "local://this-host"):
         with pytest.raises(ConfigError, match=f"got '{bad}'"):
             ControllerConfig(leases=bad)

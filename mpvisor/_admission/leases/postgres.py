@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 import threading
 import time
@@ -85,12 +86,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _redacted(url: str) -> str:
-    """`url` without its password (nothing is logged or shown with one)."""
+    """`url` without its password, in the user part or as a `password=` parameter (nothing is
+    logged or shown with one)."""
     scheme, sep, rest = url.partition("://")
     credentials, at, place = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return url
-    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{place}"
+    if at and ":" in credentials:
+        rest = f"{credentials.partition(':')[0]}:***@{place}"
+    return scheme + sep + re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)
 
 
 def unreachable(exc: BaseException) -> bool:
