@@ -394,7 +394,7 @@ async def test_abandoned_adds_are_never_half_registered() -> None:
     registered and ends with one TASK_FINISHED then one TASK_REMOVED."""
     rng = random.Random(11)
 
-    async with supervised(SupervisorConfig(grace=1, registry_capacity=4)) as (handle, collector):
+    async with supervised(SupervisorConfig(grace=5, registry_capacity=4)) as (handle, collector):
         await warm_up(handle)
         loop = asyncio.get_running_loop()
         adds = []
