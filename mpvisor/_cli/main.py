@@ -43,6 +43,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("check", "mpvisor._cli.check", "validate a task file: every error with its location (status 2), or a summary"),
     Command("slots", "mpvisor._cli.slots", "show this user's shared slots (--json), or run their server (slots serve)"),
     Command("slots serve", "mpvisor._cli.serve", "run this user's slot server in the foreground"),
+    Command("doctor", "mpvisor._cli.doctor", "show what this host allows for isolating attempts and what each limit would use"),
 )
 
 

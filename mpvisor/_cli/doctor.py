@@ -1,0 +1,86 @@
+"""`mpvisor doctor`: what does this host allow for isolating attempts, and what would each limit use?
+
+Probes this machine once (`_launchers/local/cgroups.probe`: it reads the kernel's files and makes
+and removes a child cgroup `mpvisor-probe-<pid>` where it may, changing nothing) and prints one
+line per capability (`pidfd: yes`, `cgroups: hybrid (...)`, `cgroup.kill: no`, `OOM counts:
+...`), one line per limit with the mechanism it would use here, and, when a stronger mechanism
+is missing, what would give it (`stronger: systemd-run --user --scope -p Delegate=yes mpvisor
+...`). `--json` prints the same facts as one JSON object. Status 0; usage errors 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from mpvisor._cli.statuses import OK
+from mpvisor._launchers.local.cgroups import Capabilities, mechanisms, probe, stronger
+
+NAME = "doctor"
+HELP = "show what this host allows for isolating attempts and what each limit would use"  # as in COMMANDS
+DESCRIPTION = ("Show what this host allows for isolating attempts (pidfds, subreapers, cgroups) and the "
+               "mechanism each limit would use here.")
+TAKES_COMMAND = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="the same facts as one JSON object on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    caps = probe()
+    if args.json:
+        print(json.dumps(facts(caps)))
+    else:
+        for line in lines(caps):
+            print(line)
+    return OK
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def lines(caps: Capabilities) -> list[str]:
+    """What `mpvisor doctor` prints for `caps` (pure)."""
+    out = [f"pidfd: {_yes(caps.pidfd)}", f"subreaper: {_yes(caps.subreaper)}"]
+    where = []
+    if caps.v1_controllers:
+        where.append(f"v1: {' '.join(caps.v1_controllers)}")
+    if caps.v2_mount is not None:
+        where.append(f"v2 at {caps.v2_mount}")
+    out.append(f"cgroups: {caps.version}" + (f" ({', '.join(where)})" if where else ""))
+    if caps.v2_mount is not None:
+        if caps.v2_cgroup is None:
+            out.append("cgroup v2: this process's cgroup is not under the mount")
+        elif not caps.v2_writable:
+            out.append(f"cgroup v2: {caps.v2_cgroup} (not writable)")
+        else:
+            controllers = " ".join(caps.v2_controllers) or "none"
+            move = " (once this cgroup's processes move into a leaf)" if caps.v2_leaf_move else ""
+            out.append(f"cgroup v2: {caps.v2_cgroup} (writable; controllers for attempts: {controllers}{move})")
+    if caps.v1_controllers:
+        for name, path in caps.v1_dirs().items():
+            state = "not mounted" if name not in caps.v1_controllers else "not writable" if path is None else f"{path} (writable)"
+            out.append(f"cgroup v1 {name}: {state}")
+    out.append(f"cgroup.kill: {_yes(caps.cgroup_kill)}")
+    used = mechanisms(caps)
+    out += [
+        f"OOM counts: {used.oom}",
+        f"memory limit: {used.memory}",
+        f"cpu_seconds limit: {used.cpu_seconds}",
+        f"cpus limit: {used.cpus or 'refused (no cgroup cpu controller here)'}",
+        f"tree kill: {used.tree_kill}",
+    ]
+    suggestion = stronger(caps)
+    if suggestion is not None:
+        out.append(f"stronger: {suggestion}")
+    return out
+
+
+def facts(caps: Capabilities) -> dict[str, Any]:
+    """`mpvisor doctor --json`'s object: every capability by its field's name, `mechanisms` (the
+    mechanism of each limit; `cpus` null: refused) and `stronger` (null: nothing to suggest)."""
+    return {**dataclasses.asdict(caps), "mechanisms": dataclasses.asdict(mechanisms(caps)), "stronger": stronger(caps)}

@@ -1,0 +1,127 @@
+"""`mpvisor doctor [--json]`, as a shell runs it: the installed executable from a directory outside
+the repository prints one line per capability, one per limit and, where a mechanism is missing,
+what would give a stronger one, or all of it as one JSON object; exit 0; a usage error is one
+line naming the option, exit 2. And the lines for hosts this machine is not (pure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from mpvisor._cli import doctor
+from mpvisor._launchers.local import cgroups
+from mpvisor._launchers.local.cgroups import Capabilities, OomSource
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MPVISOR = shutil.which("mpvisor")
+LIMIT_LINES = ("OOM counts: ", "memory limit: ", "cpu_seconds limit: ", "cpus limit: ", "tree kill: ")
+
+
+def mpvisor(cwd: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    return subprocess.run([MPVISOR, *argv], cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+
+
+def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
+    """The lines are what this process's own probe says (the child is in our cgroups), in order:
+    the capabilities, the limits' mechanisms, no suggestion where every limit uses a cgroup."""
+    done = mpvisor(tmp_path, "doctor")
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    caps = cgroups.probe()
+    assert lines == doctor.lines(caps)
+    assert lines[:2] == ["pidfd: yes", "subreaper: yes"]
+    assert lines[2].startswith(f"cgroups: {caps.version}")
+    used = cgroups.mechanisms(caps)
+    assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
+                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
+    # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
+    assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
+    assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
+    assert "OOM counts: per attempt from memory.oom_control (v1)" in lines
+    assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines
+    assert not [line for line in lines if line.startswith("stronger: ")]
+    assert list(tmp_path.iterdir()) == []  # it wrote nothing where it ran
+
+
+def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
+    done = mpvisor(tmp_path, "doctor", "--json")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert len(done.stdout.splitlines()) == 1
+    facts = json.loads(done.stdout)
+    caps = cgroups.probe()
+    assert facts == json.loads(json.dumps(doctor.facts(caps)))
+    assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "stronger"}
+    assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
+    assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
+    assert facts["v1_memory"] is not None and facts["oom"] == {"scope": "attempt", "file": "memory.oom_control"}
+    assert facts["mechanisms"]["memory"] == "cgroup v1 memory.limit_in_bytes" and facts["stronger"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["doctor", "--jsn"], "--jsn"), (["doctor", "extra"], "extra"), (["doctor", "--json=yes"], "--json"),
+     (["doctor", "--", "ls"], "-- ls")],
+)
+def test_a_usage_error_is_one_line_naming_it_and_status_2(tmp_path: pathlib.Path, argv: list[str], named: str):
+    done = mpvisor(tmp_path, *argv)
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("mpvisor doctor: error: ") and named in line, line
+
+
+def test_the_lines_of_a_host_with_nothing_writable():
+    """A user's read-only v2 session: not writable, each fallback, and the command to run under."""
+    caps = Capabilities(pidfd=True, subreaper=True, version="v2", systemd=True, v2_mount="/sys/fs/cgroup",
+                        v2_cgroup="/sys/fs/cgroup/user.slice/session-3.scope", cgroup_kill=True,
+                        oom=OomSource("system", "/proc/vmstat"))
+    assert doctor.lines(caps) == [
+        "pidfd: yes",
+        "subreaper: yes",
+        "cgroups: v2 (v2 at /sys/fs/cgroup)",
+        "cgroup v2: /sys/fs/cgroup/user.slice/session-3.scope (not writable)",
+        "cgroup.kill: yes",
+        "OOM counts: system-wide from /proc/vmstat",
+        "memory limit: resident-memory watcher (soft)",
+        "cpu_seconds limit: launcher accounting of the tree",
+        "cpus limit: refused (no cgroup cpu controller here)",
+        "tree kill: process-table walk",
+        "stronger: systemd-run --user --scope -p Delegate=yes mpvisor ...",
+    ]
+
+
+def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
+    delegated = Capabilities(pidfd=True, subreaper=True, version="v2", v2_mount="/sys/fs/cgroup",
+                             v2_cgroup="/sys/fs/cgroup/app.scope", v2_writable=True, v2_controllers=("cpu", "memory"),
+                             v2_leaf_move=True, cgroup_kill=True, cgroup_freeze=True, v2_cpu_stat=True,
+                             oom=OomSource("attempt", "memory.events"))
+    assert doctor.lines(delegated)[3] == (
+        "cgroup v2: /sys/fs/cgroup/app.scope (writable; controllers for attempts: cpu memory "
+        "(once this cgroup's processes move into a leaf))")
+    assert doctor.lines(delegated)[-5:] == [
+        "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
+        "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max", "tree kill: cgroup.kill"]
+    v1 = Capabilities(pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "memory"),
+                      v1_memory="/sys/fs/cgroup/memory/job")
+    assert doctor.lines(v1)[2:9] == [
+        "cgroups: v1 (v1: cpu memory)",
+        "cgroup v1 memory: /sys/fs/cgroup/memory/job (writable)",
+        "cgroup v1 cpu: not writable",
+        "cgroup v1 cpuacct: not mounted",
+        "cgroup v1 freezer: not mounted",
+        "cgroup v1 pids: not mounted",
+        "cgroup.kill: no",
+    ]
+    none = Capabilities(pidfd=True, subreaper=True, version="none")
+    assert doctor.lines(none)[2:4] == ["cgroups: none", "cgroup.kill: no"]
+    assert doctor.lines(none)[-1] == f"stronger: {cgroups.stronger(none)}"
+    lost = Capabilities(pidfd=True, subreaper=True, version="v2", v2_mount="/sys/fs/cgroup")
+    assert doctor.lines(lost)[3] == "cgroup v2: this process's cgroup is not under the mount"
