@@ -3,7 +3,8 @@
     mpvisor run [OPTIONS] TARGET [ARG...]  |  mpvisor run [OPTIONS] -- COMMAND [ARG...]
     mpvisor run --file FILE [...]
     mpvisor check FILE
-    mpvisor slots [--json] [--wait S]  |  mpvisor slots serve [--dir D] [--idle-exit S]
+    mpvisor slots [--slots URL] [--json] [--wait S]  |  mpvisor slots serve [--dir D] [--idle-exit S]
+    mpvisor doctor [--json]
     mpvisor --version
 
 `COMMANDS` lists one module per command, with its name (`"slots serve"` is `serve` under
