@@ -7,6 +7,9 @@
 | `open_all()` | opens `/dev/null` until it cannot, keeping each | `OSError` EMFILE (open-files limit) |
 | `within(mib)` | allocates `mib` MiB once, returns `"fits"` | returns, when the limit leaves room |
 | `resident_hog(chunk_mib)` | allocates and writes `chunk_mib` MiB at a time, keeping each | the OOM killer, in a memory cgroup with a limit (the pages are touched, so they count) |
+| `touch(mib)` | writes `mib` MiB once and holds it for 30 s | a memory limit on the tree, when `mib` is over it |
+| `children_touch(n, mib)` | starts `n` child processes that each write `mib` MiB and hold it, waits for them | a memory limit on the whole tree, when `n * mib` is over it (no single process is) |
+| `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
 """
 
 from __future__ import annotations
@@ -46,3 +49,35 @@ def within(mib: int) -> str:
     """Allocate `mib` MiB once; `"fits"`."""
     data = bytearray(mib * 2**20)
     return "fits" if len(data) == mib * 2**20 else "short"
+
+
+def touch(mib: int) -> str:
+    """Write `mib` MiB once and hold it for 30 s; "held" if nothing stopped us."""
+    import time
+
+    data = b"\x01" * (mib * 2**20)
+    time.sleep(30)
+    return "held" if data else "empty"
+
+
+def children_touch(n: int, mib: int) -> int:
+    """Start `n` children that each write `mib` MiB and hold it for 30 s; wait for them all."""
+    import subprocess
+    import sys
+
+    code = f"import time; data = b'\\x01' * ({mib} * 2**20); time.sleep(30)"
+    children = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    return sum(child.wait() for child in children)
+
+
+def sleeping_threads(n: int) -> int:
+    """Start `n` threads that each sleep 0.2 s, and join them: `n`."""
+    import threading
+    import time
+
+    threads = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return n

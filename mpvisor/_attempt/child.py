@@ -122,12 +122,13 @@ def spawn_main(fd: int) -> NoReturn:
 def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
     """`setrlimit` the attempt's limits before the target is imported (a program inherits them
     across the exec): address space, CPU seconds (SIGXCPU at the limit, SIGKILL a second later),
-    open files. A limit that cannot be set is a permanent failure."""
+    open files. A limit that cannot be set is a permanent failure. (`memory`, the tree's
+    resident memory, is the launcher's: it put this process in its memory cgroup, or watches it.)"""
     import resource
 
     try:
-        if limits.get("memory"):
-            resource.setrlimit(resource.RLIMIT_AS, (limits["memory"], limits["memory"]))
+        if limits.get("as"):
+            resource.setrlimit(resource.RLIMIT_AS, (limits["as"], limits["as"]))
         if limits.get("cpu"):
             seconds = max(1, -(-int(limits["cpu"] * 1000) // 1000))  # whole seconds, rounded up
             resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))

@@ -14,7 +14,7 @@ steps of I/O every run takes (`guarded_output`, `take_stdout`, `event_writers`, 
 | `retries`, `positive_count` | a whole number >= 0, >= 1 | `--max-retries`, `--open-files` |
 | `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
-| `byte_size` | bytes, `512M`, `1G` | `--memory` |
+| `byte_size` | bytes, `512M`, `1G` | `--memory`, `--address-space` |
 | `intensity` | `N/SECONDS` | `--intensity 3/60` |
 | `task_name`, `slot_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, `--slot`, TARGET, `--ray`, ARG |
 
@@ -356,8 +356,9 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
         spec = spec.with_max_retries(args.max_retries)
     if args.intensity is not None:
         spec = spec.with_restart_intensity(*args.intensity)
-    if args.memory is not None or args.cpu is not None or args.open_files is not None:
-        spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files)
+    if any(getattr(args, name) is not None for name in ("memory", "cpu", "open_files", "address_space")):
+        spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files,
+                                address_space=args.address_space)
     if args.timeout is not None:  # as timeout(1) reads it: the whole attempt, start-up and import included
         spec = spec.with_timeout(args.timeout, include_start=True)
     if getattr(args, "start_timeout", None) is not None:
@@ -369,7 +370,7 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
 
 
 # `run` options that describe the one task: with --file, the file describes its tasks
-TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "cpu", "open_files", "intensity", "timeout",
+TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_space", "cpu", "open_files", "intensity", "timeout",
                 "start_timeout", "backoff", "jitter", "slot", "policy")
 
 

@@ -57,7 +57,8 @@ outcome (or, when a tree had to be killed, what was killed and why).
 Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeout` out for no
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
 `--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
-`--memory SIZE` (bytes or `512M`, `1G`), `--cpu SECONDS` and `--open-files N` each attempt's
+`--memory SIZE` (bytes or `512M`, `1G`: the resident memory of the attempt's whole tree),
+`--address-space SIZE` (each process's `RLIMIT_AS`), `--cpu SECONDS` and `--open-files N` each attempt's
 limits (`TaskSpec.with_limits`; an attempt that runs into one fails, the reason naming it);
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
@@ -135,7 +136,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="run again this many seconds after each success (> 0)")
     run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
     run.add_argument("--memory", type=byte_size, metavar="SIZE",
-                     help="each attempt's address-space limit: bytes, or with K, M, G (binary: 1G = 2**30)")
+                     help="the resident memory each attempt's whole tree may use: bytes, or with K, M, G (binary: 1G = 2**30); "
+                          "a memory cgroup per attempt where one can be made, else a watcher (mpvisor doctor says which)")
+    run.add_argument("--address-space", type=byte_size, metavar="SIZE",
+                     help="each process's address-space limit (RLIMIT_AS), as SIZE for --memory")
     run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS", help="each attempt's CPU-time limit")
     run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",

@@ -16,7 +16,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `restart` | `"never"`, `"on-failure"`, `"always"` | `--restart` |
 | `every`, `timeout`, `start_timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
 | `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
-| `memory` | integer (bytes) or string (`"512M"`) | `--memory` |
+| `memory`, `address_space` | integer (bytes) or string (`"512M"`) | `--memory`, `--address-space` |
 | `intensity` | string `"N/SECONDS"` | `--intensity` |
 | `backoff` | string `"FIRST[:MAX[:FACTOR]]"` or a number (FIRST) | `--backoff` |
 | `jitter` | string | `--jitter` |
@@ -233,6 +233,7 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "every": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
     "max_retries": _via(_options.retries, _NUMBER, "a whole number >= 0"),
     "memory": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
+    "address_space": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
     "cpu": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
     "open_files": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
     "intensity": _via(_options.intensity, (str,), 'a string "N/SECONDS"'),

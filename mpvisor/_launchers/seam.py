@@ -25,7 +25,10 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   directory: a fork server prepares it (`_attempt/prepared.py`); another launcher may ignore it.
   `fence` (a `Fence` or `None`) puts the attempt under its owner's fence: once the fence is
   reached its tree is stopped, then killed, and `on_exited` carries `ExitStatus.fenced`; an
-  attempt spawned under a reached fence is not started (`on_start_failed`).
+  attempt spawned under a reached fence is not started (`on_start_failed`). `memory` (bytes, 0
+  for none) bounds the resident memory of the attempt's whole tree: the launcher keeps it (a
+  memory cgroup per attempt where it may make one, else a watcher of the tree's resident set),
+  ends a tree that exceeds it, and says so in `ExitStatus.memory` (the mechanism).
 - `fence(fence)` hands the launcher a fence's new deadlines (first before any spawn under it);
   `unfence(group)` forgets it once its owner is done. A fence is kept by a process other than
   the supervisor's where the launcher has one (the local fork server); where it has not (Ray,
@@ -71,6 +74,7 @@ class ExitStatus:
     value: int
     oom: bool = False  # a SIGKILL mpvisor did not send, while the kernel counted an OOM kill
     fenced: bool = False  # the launcher stopped its tree: its fence's deadline passed (a lost lease)
+    memory: str = ""  # the tree exceeded its memory limit: how that was kept ("cgroup v1", "cgroup v2", "watcher")
 
     @property
     def exit_code(self) -> int:
@@ -133,7 +137,8 @@ class Launcher(Protocol):
     loop: asyncio.AbstractEventLoop
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None, module: str = "", fence: Fence | None = None) -> int: ...
+              resources: Resources | None = None, module: str = "", fence: Fence | None = None,
+              memory: int = 0) -> int: ...
     def fence(self, fence: Fence) -> None: ...
     def unfence(self, group: int) -> None: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...

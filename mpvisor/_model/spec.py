@@ -122,26 +122,37 @@ class RestartIntensity:
 
 @dataclass(frozen=True, init=False)
 class Limits:
-    """Resource limits of each attempt process, set in the child before the target runs (for a
-    program too: they survive the exec), as `setrlimit` limits: `memory` (bytes of address space,
-    an int >= 1), `cpu_seconds` (CPU time, > 0), `open_files` (descriptors, an int >= 1); each
-    `None` when not limited. An attempt that runs into one ends as a retryable failure whose
-    reason starts with the limit (`memory limit exceeded (512 MiB)`, `cpu limit exceeded (10 s)`,
-    `open files limit exceeded (64)`), and its outcome's `limit` names it."""
+    """Resource limits of each attempt, each `None` when not limited:
+
+    - `memory`: bytes (an int >= 1) of *resident* memory of the attempt's whole tree, kept by
+      the launcher with the strongest mechanism the host allows (a memory cgroup per attempt,
+      else a watcher of the tree's resident set, which is soft: `mpvisor doctor` says which);
+    - `address_space`: bytes of address space of each process (`RLIMIT_AS`, set in the child:
+      what `memory` meant before, for programs that must never map more);
+    - `cpu_seconds`: CPU time, > 0, of each process (`RLIMIT_CPU`); `open_files`: descriptors,
+      an int >= 1, of each process (`RLIMIT_NOFILE`).
+
+    An attempt that runs into one ends as a retryable failure whose reason starts with the limit
+    (`memory limit exceeded (512 MiB, cgroup v1): ...`, `address space limit exceeded (1 GiB)`,
+    `cpu limit exceeded (10 s)`, `open files limit exceeded (64)`), and its outcome's `limit`
+    names it."""
 
     memory: int | None
     cpu_seconds: float | None
     open_files: int | None
+    address_space: int | None
 
     def __init__(self, memory: int | None = None, cpu_seconds: float | None = None,
-                 open_files: int | None = None) -> None:
+                 open_files: int | None = None, address_space: int | None = None) -> None:
         object.__setattr__(self, "memory", _validate.positive_int("memory", memory, allow_none=True))
         object.__setattr__(self, "cpu_seconds", _validate.duration("cpu_seconds", cpu_seconds, allow_none=True, allow_zero=False))
         object.__setattr__(self, "open_files", _validate.positive_int("open_files", open_files, allow_none=True))
+        object.__setattr__(self, "address_space", _validate.positive_int("address_space", address_space, allow_none=True))
 
     def to_wire(self) -> dict[str, Any]:
-        """The limits as the start message carries them to the child."""
-        return {"memory": self.memory, "cpu": self.cpu_seconds, "nofile": self.open_files}
+        """The limits as the start message carries them (the child sets `as`, `cpu`, `nofile`;
+        the launcher keeps `memory`)."""
+        return {"memory": self.memory, "cpu": self.cpu_seconds, "nofile": self.open_files, "as": self.address_space}
 
 
 DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
@@ -369,9 +380,9 @@ class TaskSpec:
         return dataclasses.replace(self, restart_intensity=RestartIntensity(max_restarts, within_seconds))
 
     def with_limits(self, memory: int | None = None, cpu_seconds: float | None = None,
-                    open_files: int | None = None) -> TaskSpec:
-        """The same spec with resource limits for each attempt process (see `Limits`)."""
-        return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files))
+                    open_files: int | None = None, address_space: int | None = None) -> TaskSpec:
+        """The same spec with resource limits for each attempt (see `Limits`)."""
+        return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files, address_space))
 
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
         """The same spec with another `RestartPolicy`."""

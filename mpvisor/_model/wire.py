@@ -180,7 +180,7 @@ class Start(NamedTuple):
     path: list[str] | None
     max_frame: int
     main_path: str | None = None
-    limits: dict[str, Any] | None = None  # {"memory", "cpu", "nofile"}: set in the child before the target
+    limits: dict[str, Any] | None = None  # {"memory", "cpu", "nofile", "as"}: the launcher keeps memory, the child sets the rest
     v: int = VERSION
 
     def to_wire(self) -> dict[str, Any]:

@@ -80,15 +80,20 @@ def decide(f: Facts) -> AttemptEnd:
 
 def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     """A FAILED end explained by one of the attempt's limits: the reason starts with the limit.
-    The evidence: a `MemoryError` under a memory limit, `EMFILE` under an open-files limit, a
-    death by SIGXCPU (what the kernel sends at the CPU limit) under a CPU limit."""
+    The evidence: the launcher's word that the tree exceeded its memory limit (`ExitStatus.memory`,
+    with the mechanism: its cgroup's OOM kill, or the watcher), a `MemoryError` under an
+    address-space limit, `EMFILE` under an open-files limit, a death by SIGXCPU (what the kernel
+    sends at the CPU limit) under a CPU limit. A `MemoryError` under a memory limit alone is not
+    evidence (the tree's resident memory was not over it)."""
     limits = f.limits or {}
     if end.kind is not AttemptResult.FAILED or not limits:
         return end
     reason = end.reason or ""
     found: tuple[str, str] | None = None
-    if limits.get("memory") and "MemoryError" in reason:
-        found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])})")
+    if limits.get("memory") and f.status is not None and f.status.memory:
+        found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])}, {f.status.memory})")
+    elif limits.get("as") and "MemoryError" in reason:
+        found = ("address_space", f"address space limit exceeded ({_bytes(limits['as'])})")
     elif limits.get("nofile") and "[Errno 24]" in reason:
         found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
     elif limits.get("cpu") and f.status is not None and f.status.how == "signal" and f.status.value == signal.SIGXCPU:

@@ -112,7 +112,14 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
 @pytest.mark.parametrize(
     ("facts", "limit", "head"),
     [
-        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 2**28}), "memory", "memory limit exceeded (256 MiB): MemoryError"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"as": 2**28}), "address_space", "address space limit exceeded (256 MiB): MemoryError"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 2**28}), None, "MemoryError"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True, memory="cgroup v1"), limits={"memory": 2**28}), "memory",
+         "memory limit exceeded (256 MiB, cgroup v1): attempt process pid 7 killed by the OOM killer"),
+        (Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("signal", signal.SIGKILL, memory="watcher"), limits={"memory": 2**30}), "memory",
+         "memory limit exceeded (1 GiB, watcher): program killed by signal SIGKILL"),
+        (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True), limits={"memory": 2**28}), None,
+         "attempt process pid 7 killed by the OOM killer"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"cpu": 5}), None, "MemoryError"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True), None, "MemoryError"),
         (Facts(pid=7, report=Failure("error", "OSError: [Errno 24] Too many"), report_before_stop=True, limits={"nofile": 9}), "open_files", "open files limit exceeded (9)"),
@@ -120,13 +127,16 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL), limits={"cpu": 2.5}), None, "attempt process pid 7 killed by signal SIGKILL"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU)), None, "attempt process pid 7 killed by signal SIGXCPU"),
         (Facts(pid=7, report=Failure("fatal", "MemoryError: "), report_before_stop=True, limits={"memory": 1000}), None, "MemoryError"),
-        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 1000}), "memory", "memory limit exceeded (1000 bytes)"),
+        (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"as": 1000}), "address_space", "address space limit exceeded (1000 bytes)"),
     ],
 )
 def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, head) -> None:
-    """MemoryError under a memory limit, EMFILE under an open-files limit, SIGXCPU under a CPU
-    limit: the reason starts with the limit and `limit` names it; anything else is unchanged
-    (a SIGKILL is not the CPU limit's evidence, a FATAL is not a limit's failure)."""
+    """The launcher's word (`ExitStatus.memory`) under a memory limit, MemoryError under an
+    address-space limit, EMFILE under an open-files limit, SIGXCPU under a CPU limit: the reason
+    starts with the limit and `limit` names it; anything else is unchanged (a MemoryError is not
+    the resident-memory limit's evidence, an OOM kill the launcher did not attribute to the
+    attempt's own cgroup is not either, a SIGKILL is not the CPU limit's, a FATAL is not a
+    limit's failure)."""
     end = decide(facts)
     assert end.limit == limit and (end.reason or "").startswith(head), end
 

@@ -24,7 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = pytest.mark.timeout(60)
 
 CASES = [
-    ("memory", TaskSpec.once(fn("hog", limits.hog)).with_limits(memory=256 * 2**20), "memory limit exceeded (256 MiB): MemoryError"),
+    ("memory", TaskSpec.once(fn("touch", limits.touch, 600)).with_limits(memory=256 * 2**20), "memory limit exceeded (256 MiB, cgroup v1): "),
+    ("memory", TaskSpec.once(fn("children", limits.children_touch, 3, 150)).with_limits(memory=256 * 2**20),
+     "memory limit exceeded (256 MiB, cgroup v1): "),
+    ("address_space", TaskSpec.once(fn("hog", limits.hog)).with_limits(address_space=256 * 2**20),
+     "address space limit exceeded (256 MiB): MemoryError"),
     ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=1), "cpu limit exceeded (1 s)"),
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
@@ -93,3 +97,89 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
         os.rmdir(cgroup)  # empty again: every process of the run has exited
     assert done.returncode == 128 + 9, done.stderr
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
+def _own_memory_cgroup() -> str | None:
+    with open("/proc/self/cgroup", encoding="utf-8") as file:
+        for line in file:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return f"/sys/fs/cgroup/memory{path.rstrip('/')}"
+    return None
+
+
+def _attempt_cgroups() -> list[str]:
+    own = _own_memory_cgroup()
+    return [] if own is None else [name for name in os.listdir(own) if name.startswith("mpvisor-")]
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v1", "watcher"])
+async def test_memory_is_the_resident_memory_of_the_whole_tree(mechanism, monkeypatch) -> None:
+    """Three children writing 150 MiB each under 256 MiB (no single process over it) end the
+    attempt "memory limit exceeded" by either mechanism: the attempt's own v1 memory cgroup
+    (its OOM kill, then the whole tree), or, forced with MPVISOR_CGROUPS=off, the launcher's
+    watcher of the tree's resident set. Nothing of the tree, and no attempt cgroup, is left."""
+    if mechanism == "watcher":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    assert _own_memory_cgroup() is not None, "this machine has a v1 memory cgroup: the cgroup mechanism is tested"
+    spec = TaskSpec.once(fn("children", limits.children_touch, 3, 150)).with_limits(memory=256 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
+    assert outcome.reason.startswith(f"memory limit exceeded (256 MiB, {mechanism}): "), outcome.reason
+    assert _attempt_cgroups() == []
+
+
+async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:
+    """80 threads (8 MiB of stack each reserved, little of it resident) complete under a 512 MiB
+    memory limit, where an address-space limit of 512 MiB refuses them; a `MemoryError` the
+    target raises itself, under a memory limit, is its own failure, not named after the limit."""
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, threads = await handle.add_and_watch(
+            TaskSpec.once(fn("threads", limits.sleeping_threads, 80)).with_limits(memory=512 * 2**20))
+        _, narrow = await handle.add_and_watch(
+            TaskSpec.once(fn("narrow", limits.sleeping_threads, 80)).with_limits(address_space=512 * 2**20))
+        _, raised = await handle.add_and_watch(
+            TaskSpec.once(fn("raised", "workers.basic:raise_exc", "MemoryError", "not the limit")).with_limits(memory=512 * 2**20))
+        done, refused, own = await threads.wait(), await narrow.wait(), await raised.wait()
+    assert (done.kind, done.value) == (OutcomeKind.COMPLETED, 80), done
+    assert refused.kind is OutcomeKind.FAILED and "can't start new thread" in (refused.reason or ""), refused
+    assert (own.kind, own.limit) == (OutcomeKind.FAILED, None) and own.reason.startswith("MemoryError"), own
+
+
+def test_mpvisor_run_memory_counts_resident_memory_not_thread_stacks(tmp_path) -> None:
+    """`mpvisor run --memory 512M -- python -c "80 sleeping threads"` completes (exit 0), and
+    `--memory 256M` on a program writing 600 MiB exits 1 with the limit in the outcome line."""
+    mpvisor = shutil.which("mpvisor")
+    assert mpvisor is not None
+    threads = "import threading, time; t = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(80)]; " \
+              "[x.start() for x in t]; [x.join() for x in t]"
+    done = subprocess.run([mpvisor, "run", "--memory", "512M", "--", "python3", "-c", threads], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    hog = "import time; data = b'x' * (600 * 2**20); time.sleep(30)"
+    over = subprocess.run([mpvisor, "run", "--memory", "256M", "--", "python3", "-c", hog], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert over.returncode != 0 and "memory limit exceeded (256 MiB, cgroup v1): program" in over.stderr, over.stderr
+
+
+def _v2_memory_placement() -> object:
+    from mpvisor._launchers.local import cgroups
+
+    placement = cgroups.attempt_memory_cgroups(cgroups.probe())
+    return placement if placement is not None and getattr(placement, "version", 0) == 2 else None
+
+
+@pytest.mark.skipif(_v2_memory_placement() is None,
+                    reason="no cgroup v2 memory controller can be delegated to mpvisor here (mpvisor doctor: memory "
+                           "limit: cgroup v1 or the watcher); the v1 and watcher mechanisms are tested above")
+async def test_a_v2_memory_cgroup_ends_the_whole_tree() -> None:
+    """Where cgroup v2's memory controller is delegated: three children over the limit together
+    end the attempt "memory limit exceeded (..., cgroup v2)" (memory.oom.group kills the tree)."""
+    spec = TaskSpec.once(fn("children", limits.children_touch, 3, 150)).with_limits(memory=256 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
+    assert outcome.reason.startswith("memory limit exceeded (256 MiB, cgroup v2): "), outcome.reason

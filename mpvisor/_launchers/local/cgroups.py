@@ -305,10 +305,65 @@ class Mechanisms:
     oom: str
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where memory-limited attempts get a memory cgroup each: under `directory`, of cgroup
+    `version` 2 or 1; `leaf_move`: (v2) our cgroup's processes must first move to a leaf."""
+
+    directory: str
+    version: int
+    leaf_move: bool = False
+
+
+def attempt_memory_cgroups(caps: Capabilities) -> Placement | None:
+    """Where each memory-limited attempt gets a memory cgroup of its own (pure): under our v2
+    cgroup where the memory controller is delegated, else under our writable v1 memory cgroup;
+    None: the launcher watches the tree's resident set instead."""
+    if caps.v2_writable and caps.v2_cgroup and "memory" in caps.v2_controllers:
+        return Placement(caps.v2_cgroup, 2, caps.v2_leaf_move)
+    if caps.v1_memory:
+        return Placement(caps.v1_memory, 1)
+    return None
+
+
+LEAF = "mpvisor-leaf"  # (v2) where our cgroup's processes move, so that it may enable controllers for children
+
+
+def enable_memory(placement: Placement) -> bool:
+    """Make `placement` ready for attempts' memory cgroups (I/O): for v2, the memory controller
+    enabled for our cgroup's children, after moving every process of our cgroup into the leaf
+    `mpvisor-leaf` when the no-internal-processes rule asks it (as systemd's delegation
+    documentation does). False if the kernel refuses (then the tree is watched instead)."""
+    if placement.version != 2:
+        return True
+    control = f"{placement.directory}/cgroup.subtree_control"
+    if "memory" in parse_controllers(_read(control) or ""):
+        return True
+    try:
+        if placement.leaf_move:
+            leaf = f"{placement.directory}/{LEAF}"
+            os.makedirs(leaf, exist_ok=True)
+            for pid in (_read(f"{placement.directory}/cgroup.procs") or "").split():
+                try:
+                    _write(f"{leaf}/cgroup.procs", pid)
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
+        _write(control, "+memory")
+    except OSError:
+        return False
+    return True
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as file:
+        file.write(text)
+
+
 def mechanisms(caps: Capabilities) -> Mechanisms:
     """Which mechanism each limit would use on a host with `caps` (pure)."""
     v2 = set(caps.v2_controllers) if caps.v2_writable else set()
-    memory = MEMORY_V2 if "memory" in v2 else MEMORY_V1 if caps.v1_memory else MEMORY_SOFT
+    placement = attempt_memory_cgroups(caps)
+    memory = MEMORY_SOFT if placement is None else MEMORY_V2 if placement.version == 2 else MEMORY_V1
     cpu_time = CPU_TIME_V2 if caps.v2_writable and caps.v2_cpu_stat else CPU_TIME_V1 if caps.v1_cpuacct else CPU_TIME_WALK
     cpus = CPUS_V2 if "cpu" in v2 else CPUS_V1 if caps.v1_cpu else None
     if caps.v2_writable and caps.cgroup_kill:

@@ -123,6 +123,7 @@ class LauncherClient:
         self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
         self._next_key = 0
         self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
+        self._memcg: str | None = None  # `_memory_cgroups`, once probed
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
@@ -369,10 +370,10 @@ class LauncherClient:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error)
-            case control.Exited(key, how, value, killed, oom, fenced):
+            case control.Exited(key, how, value, killed, oom, fenced, memory):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.exited(ExitStatus(how, value, oom, fenced), killed)
+                    attempt.exited(ExitStatus(how, value, oom, fenced, memory), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):
@@ -478,7 +479,8 @@ class LauncherClient:
     # --- what an attempt uses (requests go down; reports come up through its AttemptSink) --------
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Resources | None = None, module: str = "", fence: Fence | None = None) -> int:
+              resources: Resources | None = None, module: str = "", fence: Fence | None = None,
+              memory: int = 0) -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
         `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`),
@@ -497,8 +499,24 @@ class LauncherClient:
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
-        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0), fds)
+        memcg = self._memory_cgroups() if memory else ""
+        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, memory, memcg), fds)
         return key
+
+    def _memory_cgroups(self) -> str:
+        """Where memory-limited attempts get a memory cgroup each ("": none; the fork server then
+        watches their trees' resident memory). Probed once; `MPVISOR_CGROUPS=off` says none."""
+        if self._memcg is None:
+            self._memcg = ""
+            if os.environ.get("MPVISOR_CGROUPS", "").lower() not in ("off", "0", "no"):
+                from mpvisor._launchers.local import cgroups
+
+                caps = cgroups.probe()
+                placement = cgroups.attempt_memory_cgroups(caps)
+                if placement is not None and not cgroups.enable_memory(placement):
+                    placement = cgroups.Placement(caps.v1_memory, 1) if caps.v1_memory else None
+                self._memcg = placement.directory if placement is not None else ""
+        return self._memcg
 
     def fence(self, fence: Fence) -> None:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""

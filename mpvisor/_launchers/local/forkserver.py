@@ -68,15 +68,21 @@ _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_UNBLO
 _SIGTTOU = (int(signal.SIGTTOU),)
 _TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
+MEMORY_LOOK = 0.05  # seconds between looks at memory-limited trees (their cgroup's OOM count, or their resident set)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
 
 class _Attempt:
-    __slots__ = ("adopted", "fence", "fenced", "key", "killed", "oom", "pid", "reported_start", "status")
+    __slots__ = ("adopted", "fence", "fenced", "key", "killed", "memcg", "memory", "memory_hit", "oom", "pid",
+                 "reported_start", "status")
 
-    def __init__(self, key: int, pid: int, fence: int = 0) -> None:
+    def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "") -> None:
         self.key = key
         self.pid = pid
+        self.memory = memory  # bytes its tree may keep resident (0: no limit)
+        self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
+        self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
         self.fence = fence  # its owner's fence group (0: none)
         self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
@@ -101,6 +107,9 @@ class Launcher:
         self.adopted: dict[int, int | None] = {}  # pid -> start time, orphans being killed
         self.draining: set[_Attempt] = set()
         self.fences: dict[int, _Fence] = {}  # by group: the deadlines of owners' leases
+        self.limited: set[_Attempt] = set()  # attempts with a memory limit, until reaped
+        self.memory_looked = 0.0
+        self._joining = ""  # the memory cgroup the attempt being forked joins first
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
@@ -121,12 +130,14 @@ class Launcher:
 
     def serve(self) -> None:
         while not (self.parent_gone or _parent_died):
-            for fd, _ in self.poll.poll(self._until_a_fence() if self.fences else -1):
+            for fd, _ in self.poll.poll(self._timeout() if self.fences or self.limited else -1):
                 self.handlers[fd]()
                 if self.parent_gone or _parent_died:
                     break
             if self.fences:
                 self._enforce_fences()
+            if self.limited:
+                self._look_at_memory()
         self._stop_everything()
 
     def _send(self, message: control.ToParent, fds: list[int] | None = None) -> None:
@@ -158,13 +169,13 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module, stdin, terminal, fence):
+            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg):
                 if fence and self._fence_reached(fence):
                     self._send(control.StartFailed(key, "lease lost: its slot's lease could not be renewed in time"))
                 else:
                     if module:
                         _prepared.ready(module)
-                    self._spawn(key, exec_python, fds, stdin, terminal, fence)
+                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg)
                     return
             case control.Fence(group, stop_at, kill_at):
                 self._fence(group, stop_at, kill_at)
@@ -189,26 +200,33 @@ class Launcher:
     # --- starting -----------------------------------------------------------------------------
 
     def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0,
-               fence: int = 0) -> None:
+               fence: int = 0, memory: int = 0, memcg: str = "") -> None:
+        own = _memory_cgroup(memcg, f"mpvisor-{self.me}-{key}", memory) if memory and memcg else ""
+        self._joining = own
         try:
             pid = os.fork()
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
+            _remove_cgroup(own)
             self._send(control.StartFailed(key, f"could not start: {exc}"))
             return
         if pid == 0:
             self._become_attempt(exec_python, fds, stdin, terminal)
         for fd in fds:
             os.close(fd)
-        attempt = _Attempt(key, pid, fence)
+        attempt = _Attempt(key, pid, fence, memory, own)
         self.attempts[pid] = attempt
         self.by_key[key] = attempt
+        if memory:
+            self.limited.add(attempt)
         if terminal:
             self.terminal.add(attempt)
 
     def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int) -> None:
         try:
+            if self._joining:  # first: everything it starts is in its memory cgroup too
+                _write_file(f"{self._joining}/cgroup.procs", str(os.getpid()))
             if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
                 if terminal == control.FOREGROUND:
@@ -272,6 +290,33 @@ class Launcher:
         attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
 
+    # --- memory -------------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        """What the loop may sleep: until the next fence deadline, or the next look at memory."""
+        until = self._until_a_fence() if self.fences else -1
+        if self.limited:
+            until = MEMORY_LOOK if until < 0 else min(until, MEMORY_LOOK)
+        return until
+
+    def _look_at_memory(self) -> None:
+        """Every `MEMORY_LOOK` s: a limited tree whose cgroup counted an OOM kill, or whose
+        resident set (watched) is over its limit, is killed whole, and reported as over it."""
+        now = time.monotonic()
+        if now - self.memory_looked < MEMORY_LOOK:
+            return
+        self.memory_looked = now
+        for attempt in list(self.limited):
+            if attempt.status is not None or attempt.memory_hit:
+                continue
+            if attempt.memcg:
+                over = _oom_kills(attempt.memcg) > 0
+            else:
+                over = _tree_resident(attempt.pid) > attempt.memory
+            if over:
+                attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
+                self._kill(attempt.key)
+
     # --- fences -------------------------------------------------------------------------------
 
     def _fence(self, group: int, stop_at: float, kill_at: float) -> None:
@@ -332,6 +377,8 @@ class Launcher:
                 self._on_ready()  # it wrote its ready pid before it exited: report that first
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
+                if attempt.memcg and not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
+                    attempt.memory_hit = _cgroup_kind(attempt.memcg)  # its own cgroup's OOM killer ended it
                 if attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
@@ -381,12 +428,17 @@ class Launcher:
             self.draining.discard(attempt)
             del self.attempts[attempt.pid]
             del self.by_key[attempt.key]
+            if attempt.memory:
+                self.limited.discard(attempt)
+                _remove_cgroup(attempt.memcg)  # its tree is reaped: the cgroup is empty
             assert attempt.status is not None
             how, value = attempt.status
             if not attempt.reported_start:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
             else:
-                self._send(control.Exited(attempt.key, how, value, attempt.killed, attempt.oom, attempt.fenced))
+                self._send(control.Exited(attempt.key, how, value, attempt.killed and not attempt.memory_hit,
+                                          attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
+                                          attempt.memory_hit))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
@@ -411,6 +463,91 @@ class Launcher:
                     _kill_checked(pid, self.adopted.get(pid))
             self.poll.poll(0.05)
         os._exit(0)
+
+
+def _write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read_file(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _memory_cgroup(parent: str, name: str, limit: int) -> str:
+    """A new memory cgroup `parent/name` limited to `limit` resident bytes, no swap: v2 (`parent`
+    has `cgroup.subtree_control`: `memory.max`, `memory.swap.max`, `memory.oom.group`, so an OOM
+    kill takes the whole tree) or v1 (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes`
+    where swap is accounted); "" if one cannot be made (the tree is then watched)."""
+    path = f"{parent}/{name}"
+    try:
+        os.mkdir(path)
+    except OSError:
+        return ""
+    v2 = os.path.exists(f"{parent}/cgroup.subtree_control")
+    try:
+        _write_file(f"{path}/memory.max" if v2 else f"{path}/memory.limit_in_bytes", str(limit))
+    except OSError:
+        _remove_cgroup(path)
+        return ""
+    for extra, value in ((("memory.swap.max", "0"), ("memory.oom.group", "1")) if v2 else
+                         (("memory.memsw.limit_in_bytes", str(limit)),)):
+        try:
+            _write_file(f"{path}/{extra}", value)
+        except OSError:
+            pass  # not accounted here (no swap accounting, an older kernel): the limit above holds
+    return path
+
+
+def _cgroup_kind(path: str) -> str:
+    """How a tree in the memory cgroup `path` is kept, as the outcome says it."""
+    return "cgroup v2" if os.path.exists(f"{path}/memory.events") else "cgroup v1"
+
+
+def _remove_cgroup(path: str) -> None:
+    if path:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # gone already, or (it cannot be: its tree is reaped) still busy
+
+
+def _oom_kills(path: str) -> int:
+    """The OOM kills the kernel counted in the memory cgroup `path` (v2 `memory.events`, v1
+    `memory.oom_control`: both say `oom_kill N`)."""
+    try:
+        text = _read_file(f"{path}/memory.events")
+    except OSError:
+        try:
+            text = _read_file(f"{path}/memory.oom_control")
+        except OSError:
+            return 0
+    for line in text.split(b"\n"):
+        if line.startswith(b"oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def _tree_resident(pid: int) -> int:
+    """The resident bytes of `pid` and every descendant (each attempt is a subreaper, so its
+    orphans stay below it), from `/proc`."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += int(_read_file(f"/proc/{current}/statm").split()[1]) * _PAGE
+            for task in os.listdir(f"/proc/{current}/task"):
+                todo.extend(int(child) for child in _read_file(f"/proc/{current}/task/{task}/children").split())
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return total
 
 
 class _Fence:
