@@ -17,6 +17,14 @@ for each the median, over the rounds, of that round's ratio.
     python scripts/bench_attempts.py            # 5 rounds of 400 attempts per contender
     python scripts/bench_attempts.py --quick    # a short smoke run
     python scripts/bench_attempts.py --preload  # plus mpvisor with preload=("workers.trivial",)
+    python scripts/bench_attempts.py --memory   # plus mpvisor with a 1 GiB memory limit per attempt
+
+With `--memory`, two more contenders run in the same rounds: every attempt with
+`with_limits(memory=1 GiB)`, in a memory cgroup of its own where one can be made (goal: within
+0.85x of mpvisor without the limit), and the same with the cgroup refused
+(`MPVISOR_CGROUPS=off`: the fork server's watcher of the tree's resident set); then, once, the
+watcher's overshoot: the resident memory an attempt that writes 1 GB/s (16 MiB every 16 ms)
+reached over a 256 MiB limit before it was stopped, over 5 attempts.
 
 pebble is a benchmark-only dependency (`pip install .[bench]`); without it that row is skipped.
 The workers package is byte-compiled first, as `pip install` does for an installed package, so
@@ -78,7 +86,7 @@ def pebble_pool(n: int) -> float | None:
         return n / (time.perf_counter() - start)
 
 
-async def _mpvisor(n: int, preload: tuple[str, ...]) -> float:
+async def _mpvisor(n: int, preload: tuple[str, ...], memory: int | None = None) -> float:
     from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
 
     supervisor = Supervisor(SupervisorConfig(max_concurrent=2, preload=preload))
@@ -87,7 +95,8 @@ async def _mpvisor(n: int, preload: tuple[str, ...]) -> float:
 
     async def lane() -> None:
         for i in counter:
-            _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn(f"noop-{i}", noop)))
+            spec = TaskSpec.once(TaskFn(f"noop-{i}", noop))
+            _, waiter = await handle.add_and_watch(spec if memory is None else spec.with_limits(memory=memory))
             outcome = await waiter.wait()
             assert outcome.is_success(), outcome
 
@@ -101,8 +110,44 @@ async def _mpvisor(n: int, preload: tuple[str, ...]) -> float:
     return rate
 
 
-def mpvisor_attempts(n: int, preload: tuple[str, ...] = ()) -> float:
-    return asyncio.run(_mpvisor(n, preload))
+def mpvisor_attempts(n: int, preload: tuple[str, ...] = (), memory: int | None = None, cgroups: bool = True) -> float:
+    saved = os.environ.get("MPVISOR_CGROUPS")
+    if not cgroups:
+        os.environ["MPVISOR_CGROUPS"] = "off"
+    try:
+        return asyncio.run(_mpvisor(n, preload, memory))
+    finally:
+        os.environ.pop("MPVISOR_CGROUPS", None)
+        if saved is not None:
+            os.environ["MPVISOR_CGROUPS"] = saved
+
+
+def watcher_overshoot(tries: int = 5, limit_mib: int = 256) -> list[float]:
+    """MiB an attempt writing 1 GB/s had resident over `limit_mib` when the watcher stopped it."""
+    import tempfile
+
+    from mpvisor import OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+    os.environ["MPVISOR_CGROUPS"] = "off"
+    found = []
+    try:
+        for n in range(tries):
+            with tempfile.NamedTemporaryFile("r", suffix=".mib") as record:
+                spec = TaskSpec.once(TaskFn(f"fast-{n}", "workers.limits:write_fast", [record.name])).with_limits(
+                    memory=limit_mib * 2**20)
+
+                async def one(spec: TaskSpec = spec) -> None:
+                    async with Supervisor(SupervisorConfig(grace=1.0)) as handle:
+                        _, waiter = await handle.add_and_watch(spec)
+                        outcome = await waiter.wait()
+                        assert outcome.kind is OutcomeKind.FAILED and outcome.limit == "memory", outcome
+
+                asyncio.run(one())
+                reached = max((float(line) for line in record.read().split()), default=0.0)
+                found.append(reached - limit_mib)
+    finally:
+        os.environ.pop("MPVISOR_CGROUPS", None)
+    return found
 
 
 class RawForks:
@@ -136,6 +181,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5, 2 with --quick)")
     parser.add_argument("--preload", action="store_true",
                         help="also run mpvisor with preload=('workers.trivial',) (not a target: what preloading buys)")
+    parser.add_argument("--memory", action="store_true",
+                        help="also run mpvisor with a 1 GiB memory limit (its cgroup, and the watcher), and the watcher's overshoot")
     parser.add_argument("--raw-helper", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_helper:
@@ -154,6 +201,9 @@ def main() -> None:
         per_round["multiprocessing fork Process"].append(mp_processes("fork", n))
         if args.preload:
             per_round.setdefault("mpvisor, target module preloaded", []).append(mpvisor_attempts(n, ("workers.trivial",)))
+        if args.memory:
+            per_round.setdefault("mpvisor, memory limit (cgroup)", []).append(mpvisor_attempts(n, memory=2**30))
+            per_round.setdefault("mpvisor, memory limit (watcher)", []).append(mpvisor_attempts(n, memory=2**30, cgroups=False))
     raw.close()
     once: list[tuple[str, Callable[[], float | None]]] = [
         ("multiprocessing forkserver Process", lambda: mp_processes("forkserver", max(20, n // 4))),
@@ -177,6 +227,15 @@ def main() -> None:
         ratio = statistics.median(ratios)
         spread = f"rounds {min(ratios):.2f}-{max(ratios):.2f}"
         print(f"target mpvisor >= {goal:.2f}x {label}: {'met' if ratio >= goal else 'missed'} ({ratio:.3f}x, {spread})")
+    if args.memory:
+        for label in ("mpvisor, memory limit (cgroup)", "mpvisor, memory limit (watcher)"):
+            ratios = [m / b for m, b in zip(per_round[label], mpv, strict=True)]
+            ratio = statistics.median(ratios)
+            print(f"{label} vs without: {ratio:.3f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}); "
+                  f"goal >= 0.85x: {'met' if ratio >= 0.85 else 'missed'}")
+        over = watcher_overshoot()
+        print(f"watcher overshoot at 1 GB/s over a 256 MiB limit (the most the attempt saw itself resident): "
+              f"median {statistics.median(over):+.0f} MiB, max {max(over):+.0f} MiB ({len(over)} attempts)")
 
 
 if __name__ == "__main__":

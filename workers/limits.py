@@ -9,6 +9,7 @@
 | `resident_hog(chunk_mib)` | allocates and writes `chunk_mib` MiB at a time, keeping each | the OOM killer, in a memory cgroup with a limit (the pages are touched, so they count) |
 | `touch(mib)` | writes `mib` MiB once and holds it for 30 s | a memory limit on the tree, when `mib` is over it |
 | `children_touch(n, mib)` | starts `n` child processes that each write `mib` MiB and hold it, waits for them | a memory limit on the whole tree, when `n * mib` is over it (no single process is) |
+| `write_fast(record)` | writes 16 MiB every 16 ms (1 GB/s), appending its resident MiB to `record` after each | a memory limit, late by what it writes between two looks of a watcher |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
 """
 
@@ -81,3 +82,21 @@ def sleeping_threads(n: int) -> int:
     for thread in threads:
         thread.join()
     return n
+
+
+def write_fast(record: str) -> NoReturn:
+    """Write 16 MiB every 16 ms (about 1 GB/s), keeping it, and append this process's resident
+    MiB (`/proc/self/statm`) to `record` after each."""
+    import os
+    import time
+
+    kept = []
+    page = os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(record, os.O_WRONLY | os.O_APPEND)
+    while True:
+        began = time.monotonic()
+        kept.append(b"\x01" * (16 * 2**20))
+        with open("/proc/self/statm", "rb") as statm:
+            resident = int(statm.read().split()[1]) * page / 2**20
+        os.write(fd, f"{resident:.1f}\n".encode())
+        time.sleep(max(0.0, 0.016 - (time.monotonic() - began)))
