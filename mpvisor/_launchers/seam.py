@@ -115,6 +115,7 @@ class LaunchSettings:
     preload: tuple[str, ...]  # modules the launcher imports once, before forking attempts
     start_timeout: float  # > 0: how long a launcher (and an attempt's start-up) may take
     stdin: str = "null"  # "null": attempts read /dev/null; "inherit": this process's stdin (a local launcher's)
+    isolation: str = "none"  # "cgroup": every attempt in a cgroup of its own for its tree kill, where the host allows
 
 
 

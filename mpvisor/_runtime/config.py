@@ -17,6 +17,7 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `seed` | None | not an int |
 | `launcher` | None (the local fork server) | not callable |
 | `stdin` | "null" | anything but "null" or "inherit" |
+| `isolation` | "none" | anything but "none" or "cgroup" |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 StartMethod: TypeAlias = Literal["launcher", "spawn"]
 Stdin: TypeAlias = Literal["null", "inherit"]
+Isolation: TypeAlias = Literal["none", "cgroup"]
 _START_METHODS = ("launcher", "spawn")
 
 
@@ -58,6 +60,7 @@ class SupervisorConfig:
     | `seed` | None | seed each task's jitter from it and the task name, so delays repeat |
     | `launcher` | None | where attempts run: None for this machine (a local fork server), or `mpvisor.ray.RayLauncher(...)` for a Ray cluster |
     | `stdin` | "null" | what attempts read: "null" (`/dev/null`), or "inherit" (this process's stdin; when it is a terminal and this process its foreground, one attempt at a time is the terminal's foreground job: Ctrl-C, Ctrl-Z, `fg` and `bg` reach it as they would the bare command). A Ray launcher's attempts always read /dev/null |
+    | `isolation` | "none" | "cgroup": every attempt gets a cgroup of its own (v2, where the kernel has `cgroup.kill`), so that its tree kill is one atomic `cgroup.kill` that catches `setsid` and double-forked descendants, and a later launcher kills what a launcher killed with its guardian left there; "none": only memory-limited attempts get cgroups (`mpvisor doctor` shows what this host allows) |
     """
 
     grace: float  # cooperative stop -> tree kill, on removal and shutdown
@@ -74,6 +77,7 @@ class SupervisorConfig:
     seed: int | None
     launcher: LauncherFactory | None  # None: the local fork server
     stdin: Stdin  # "null": /dev/null; "inherit": this process's stdin (a terminal's foreground job)
+    isolation: Isolation  # "none", or "cgroup": every attempt in a cgroup of its own for its tree kill
 
     def __init__(
         self,
@@ -91,6 +95,7 @@ class SupervisorConfig:
         seed: int | None = None,
         launcher: LauncherFactory | None = None,
         stdin: Stdin = "null",
+        isolation: Isolation = "none",
     ) -> None:
         _set(self, "grace", _seconds("grace", grace))
         _set(
@@ -122,6 +127,9 @@ class SupervisorConfig:
         if stdin not in ("null", "inherit"):
             raise ConfigError(f"stdin must be 'null' or 'inherit', got {stdin!r}")
         _set(self, "stdin", stdin)
+        if isolation not in ("none", "cgroup"):
+            raise ConfigError(f"isolation must be 'none' or 'cgroup', got {isolation!r}")
+        _set(self, "isolation", isolation)
 
 
 def _seconds(field: str, value: object, *, allow_zero: bool = True) -> float:

@@ -88,7 +88,7 @@ class Runtime:
 
     def ensure_launcher(self) -> Launcher:
         if self.launcher is None:
-            launch = LaunchSettings(self.config.preload, self.config.start_timeout, self.config.stdin)
+            launch = LaunchSettings(self.config.preload, self.config.start_timeout, self.config.stdin, self.config.isolation)
             self.launcher = self._launcher_factory(self.loop, launch, self._on_launcher_death)
         return self.launcher
 

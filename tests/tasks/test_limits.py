@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from mpvisor import CommandTask, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
-from tests._support import START_METHODS, fn, supervised
+from tests._support import START_METHODS, all_ended, all_gone, fn, read_records, supervised
 from workers import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -183,3 +183,64 @@ async def test_a_v2_memory_cgroup_ends_the_whole_tree() -> None:
         outcome = await waiter.wait()
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
     assert outcome.reason.startswith("memory limit exceeded (256 MiB, cgroup v2): "), outcome.reason
+
+
+def _kill_cgroup_dir() -> str | None:
+    from mpvisor._launchers.local import cgroups
+
+    return cgroups.kill_cgroups(cgroups.probe())
+
+
+async def test_isolated_attempts_are_killed_whole_by_their_cgroup(tmp_path) -> None:
+    """With `isolation="cgroup"`, an attempt whose tree has a `setsid` double-forked grandchild
+    (and a SIGTERM-deaf one) is in a v2 cgroup of its own: once its outcome arrives, every
+    recorded process of the tree is gone, and so is the cgroup."""
+    directory = _kill_cgroup_dir()
+    assert directory is not None, "this machine's v2 hierarchy has cgroup.kill: the kill cgroup is tested"
+    records = tmp_path / "tree.jsonl"
+    spec = TaskSpec.once(fn("tree", "workers.misbehave:stubborn_tree", str(records)))
+    async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
+        id, waiter = await handle.add_and_watch(spec)
+        from tests._support import wait_for as _wait_for
+
+        _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)
+        ours = [name for name in os.listdir(directory) if name.startswith("mpvisor-")]
+        assert ours, os.listdir(directory)
+        await handle.remove(id)
+        await waiter.wait()
+    assert all_gone(read_records(records)), read_records(records)
+    assert not [name for name in os.listdir(directory) if name in ours]
+
+
+def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(tmp_path) -> None:
+    """The known limit closed: the fork server and its guardian SIGKILLed together leave an
+    isolated attempt's `setsid` grandchild running (nobody is above it); the next fork server's
+    start kills it through the attempt's cgroup and removes the cgroup."""
+    import signal as _signal
+
+    import psutil
+
+    directory = _kill_cgroup_dir()
+    assert directory is not None
+    records = tmp_path / "tree.jsonl"
+
+    async def scenario() -> None:
+        async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
+            _, waiter = await handle.add_and_watch(TaskSpec.once(fn("tree", "workers.misbehave:stubborn_tree", str(records))))
+            from tests._support import wait_for as _wait_for
+
+            _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)
+            launcher, guardian = handle._rt.launcher.pids()
+            for pid in (launcher, guardian):
+                os.kill(pid, _signal.SIGKILL)
+            await waiter.wait()  # "launcher died": the attempt ended with it
+            # A new fork server starts for the next attempt; it is told to clean up first.
+            _, again = await handle.add_and_watch(TaskSpec.once(fn("after", "workers.basic:quick")))
+            assert (await again.wait()).is_success()
+
+    from tests._support import run as _run
+
+    _run(scenario())
+    # Killed, then zombies of init (here it reaps orphans late): ended, as `exited` reads it.
+    assert all_ended(read_records(records)), [r for r in read_records(records) if psutil.pid_exists(r["pid"])]
+    assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]

@@ -48,8 +48,10 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import signal
 import sys
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -324,6 +326,85 @@ def attempt_memory_cgroups(caps: Capabilities) -> Placement | None:
     if caps.v1_memory:
         return Placement(caps.v1_memory, 1)
     return None
+
+
+def kill_cgroups(caps: Capabilities) -> str | None:
+    """Where each isolated attempt gets a cgroup whose `cgroup.kill` ends its whole tree at once
+    (pure): our writable v2 cgroup, where the kernel has `cgroup.kill` (no controller needed, so
+    a hybrid host's v2 hierarchy serves too); None: the tree is killed by walking it."""
+    return caps.v2_cgroup if caps.v2_writable and caps.cgroup_kill else None
+
+
+_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)")  # mpvisor-<fork server pid>-<its start time>-<key>
+
+
+def left_over(names: Collection[str], alive: Callable[[int, int], bool]) -> list[str]:
+    """The attempt cgroups among `names` whose fork server is gone (pure): named
+    `mpvisor-<pid>-<start time>-<key>` by a fork server for which `alive(pid, start)` is false."""
+    found = []
+    for name in sorted(names):
+        match = _ATTEMPT_CGROUP.fullmatch(name)
+        if match and not alive(int(match[1]), int(match[2])):
+            found.append(name)
+    return found
+
+
+def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
+    """Kill the members of every attempt cgroup under `directory` that a fork server killed with
+    its guardian left behind, and remove those cgroups (I/O): `cgroup.kill` where there is one,
+    else a SIGKILL to each member (a pidfd opened first, its membership checked). Returns the
+    cgroups removed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+
+    def alive(pid: int, start: int) -> bool:  # a zombie is not (a killed fork server may wait long to be reaped)
+        stat = _read(f"/proc/{pid}/stat") or ""
+        return _platform.start_time(pid) == start and stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
+
+    removed = []
+    for name in left_over(names, alive):
+        path = f"{directory}/{name}"
+        deadline = time.monotonic() + wait
+        while True:
+            members = (_read(f"{path}/cgroup.procs") or "").split()
+            if not members:
+                break
+            if os.path.exists(f"{path}/cgroup.kill"):
+                try:
+                    _write(f"{path}/cgroup.kill", "1")
+                except OSError:
+                    pass
+            else:
+                for member in members:
+                    _kill_member(int(member), name)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # the kernel delivers the kills; look again
+        try:
+            os.rmdir(path)
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _kill_member(pid: int, name: str) -> None:
+    """SIGKILL `pid` if it is still a member of the cgroup `name` (through a pidfd, so a pid
+    reused meanwhile by a process elsewhere is never signalled)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        membership = (_read(f"/proc/{pid}/cgroup") or "").splitlines()
+        if any(line.endswith(f"/{name}") for line in membership):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 LEAF = "mpvisor-leaf"  # (v2) where our cgroup's processes move, so that it may enable controllers for children

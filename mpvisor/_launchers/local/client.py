@@ -95,8 +95,10 @@ class LauncherClient:
         start_timeout: float = 30.0,
         environment: tuple[dict[str, str], str, list[str]] | None = None,
         stdin: str = "null",
+        isolation: str = "none",
     ) -> None:
         self.loop = loop
+        self.isolation = isolation  # "cgroup": every attempt gets a cgroup of its own for its tree kill
         self.stdin = stdin  # "inherit": attempts read this process's stdin (one at a time its terminal's job)
         self.terminal = Terminal(loop) if stdin == "inherit" else None
         # What the launcher starts with (environ, cwd, sys.path): this process's own, unless
@@ -123,7 +125,7 @@ class LauncherClient:
         self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
         self._next_key = 0
         self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
-        self._memcg: str | None = None  # `_memory_cgroups`, once probed
+        self._cgroups: tuple[str, str] | None = None  # `_cgroup_dirs`, once probed
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
@@ -236,6 +238,7 @@ class LauncherClient:
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
             self._send(control.Stop())
+        self._clean_cgroups()  # what a killed predecessor (and its guardian) left in its cgroups
         for fence in self._fences.values():  # a new launcher keeps the fences its predecessor kept
             self._outbox.appendleft((_fence_message(fence), []))
         self._flush()
@@ -499,15 +502,23 @@ class LauncherClient:
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
-        memcg = self._memory_cgroups() if memory else ""
-        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, memory, memcg), fds)
+        memcg, killcg = self._cgroup_dirs() if memory or self.isolation == "cgroup" else ("", "")
+        if not memory:
+            memcg = ""
+        if not (memory or self.isolation == "cgroup"):
+            killcg = ""
+        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, memory, memcg,
+                                 killcg), fds)
         return key
 
-    def _memory_cgroups(self) -> str:
-        """Where memory-limited attempts get a memory cgroup each ("": none; the fork server then
-        watches their trees' resident memory). Probed once; `MPVISOR_CGROUPS=off` says none."""
-        if self._memcg is None:
-            self._memcg = ""
+    def _cgroup_dirs(self) -> tuple[str, str]:
+        """Where attempts get cgroups of their own: a memory cgroup each for memory-limited
+        ones ("": none, the fork server then watches their trees' resident memory), and a v2
+        cgroup each for the tree kill (`cgroup.kill`; "": none). Probed once (then what a killed
+        fork server left there is killed and removed, as at each new fork server's start);
+        `MPVISOR_CGROUPS=off` says none."""
+        if self._cgroups is None:
+            self._cgroups = ("", "")
             if os.environ.get("MPVISOR_CGROUPS", "").lower() not in ("off", "0", "no"):
                 from mpvisor._launchers.local import cgroups
 
@@ -515,8 +526,19 @@ class LauncherClient:
                 placement = cgroups.attempt_memory_cgroups(caps)
                 if placement is not None and not cgroups.enable_memory(placement):
                     placement = cgroups.Placement(caps.v1_memory, 1) if caps.v1_memory else None
-                self._memcg = placement.directory if placement is not None else ""
-        return self._memcg
+                self._cgroups = (placement.directory if placement is not None else "", cgroups.kill_cgroups(caps) or "")
+                self._clean_cgroups()
+        return self._cgroups
+
+    def _clean_cgroups(self) -> None:
+        """Kill and remove the attempt cgroups a fork server killed with its guardian left."""
+        if self._cgroups is None:
+            return
+        from mpvisor._launchers.local import cgroups
+
+        for directory in self._cgroups:
+            if directory:
+                cgroups.kill_left_over(directory)
 
     def fence(self, fence: Fence) -> None:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""
@@ -576,7 +598,8 @@ def _resolve(future: asyncio.Future[None]) -> None:
 def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:
     """The default `LauncherFactory`: a local fork server with the settings' preload, start-up
     timeout and stdin."""
-    return LauncherClient(loop, launch.preload, on_death, launch.start_timeout, stdin=launch.stdin)
+    return LauncherClient(loop, launch.preload, on_death, launch.start_timeout, stdin=launch.stdin,
+                          isolation=launch.isolation)
 
 
 def _fence_message(fence: Fence) -> bytes:

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the v1 memory cgroup under which it gets its own; "" to be watched) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill`; "" for none) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -55,7 +55,8 @@ class Spawn(NamedTuple):
     terminal: int = 0  # NO_TERMINAL, BACKGROUND or FOREGROUND
     fence: int = 0
     memory: int = 0  # bytes of resident memory its whole tree may use (0: no limit)
-    memcg: str = ""  # with `memory`: the v1 memory cgroup under which it gets one of its own ("": watched)
+    memcg: str = ""  # with `memory`: the memory cgroup under which it gets one of its own ("": watched)
+    killcg: str = ""  # the v2 cgroup under which it gets one of its own, for its tree kill (`cgroup.kill`; "": none)
 
 
 NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
@@ -165,8 +166,8 @@ def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
         case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal), int(fence), int(memory),
-              str(memcg)] if 0 <= terminal <= 2 and memory >= 0:
-            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg)
+              str(memcg), str(killcg)] if 0 <= terminal <= 2 and memory >= 0:
+            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:

@@ -74,15 +74,16 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "fence", "fenced", "key", "killed", "memcg", "memory", "memory_hit", "oom", "pid",
+    __slots__ = ("adopted", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory", "memory_hit", "oom", "pid",
                  "reported_start", "status")
 
-    def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "") -> None:
+    def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "") -> None:
         self.key = key
         self.pid = pid
         self.memory = memory  # bytes its tree may keep resident (0: no limit)
         self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
         self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
+        self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
         self.fence = fence  # its owner's fence group (0: none)
         self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
@@ -109,7 +110,8 @@ class Launcher:
         self.fences: dict[int, _Fence] = {}  # by group: the deadlines of owners' leases
         self.limited: set[_Attempt] = set()  # attempts with a memory limit, until reaped
         self.memory_looked = 0.0
-        self._joining = ""  # the memory cgroup the attempt being forked joins first
+        self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
+        self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
@@ -169,13 +171,13 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg):
+            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg):
                 if fence and self._fence_reached(fence):
                     self._send(control.StartFailed(key, "lease lost: its slot's lease could not be renewed in time"))
                 else:
                     if module:
                         _prepared.ready(module)
-                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg)
+                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg, killcg)
                     return
             case control.Fence(group, stop_at, kill_at):
                 self._fence(group, stop_at, kill_at)
@@ -200,22 +202,27 @@ class Launcher:
     # --- starting -----------------------------------------------------------------------------
 
     def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0,
-               fence: int = 0, memory: int = 0, memcg: str = "") -> None:
-        own = _memory_cgroup(memcg, f"mpvisor-{self.me}-{key}", memory) if memory and memcg else ""
-        self._joining = own
+               fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "") -> None:
+        own = kill = ""
+        if (memory and memcg) or killcg:
+            name = f"mpvisor-{self.me}-{self.started}-{key}"
+            own = _memory_cgroup(memcg, name, memory) if memory and memcg else ""
+            kill = _kill_cgroup(killcg, name) if killcg else ""
+        self._joining = tuple(path for path in (own, kill) if path)
         try:
             pid = os.fork()
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
             _remove_cgroup(own)
+            _remove_cgroup(kill)
             self._send(control.StartFailed(key, f"could not start: {exc}"))
             return
         if pid == 0:
             self._become_attempt(exec_python, fds, stdin, terminal)
         for fd in fds:
             os.close(fd)
-        attempt = _Attempt(key, pid, fence, memory, own)
+        attempt = _Attempt(key, pid, fence, memory, own, kill)
         self.attempts[pid] = attempt
         self.by_key[key] = attempt
         if memory:
@@ -225,8 +232,8 @@ class Launcher:
 
     def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int) -> None:
         try:
-            if self._joining:  # first: everything it starts is in its memory cgroup too
-                _write_file(f"{self._joining}/cgroup.procs", str(os.getpid()))
+            for cgroup in self._joining:  # first: everything it starts is in its cgroups too
+                _write_file(f"{cgroup}/cgroup.procs", str(os.getpid()))
             if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
                 if terminal == control.FOREGROUND:
@@ -289,6 +296,8 @@ class Launcher:
             return
         attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
+        if attempt.killcg:
+            _cgroup_kill(attempt.killcg)  # every process of its tree at once, wherever it moved
 
     # --- memory -------------------------------------------------------------------------------
 
@@ -382,6 +391,8 @@ class Launcher:
                 if attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
+                if attempt.killcg:
+                    _cgroup_kill(attempt.killcg)  # and whatever of its tree left its group
                 self.draining.add(attempt)
                 # Orphans adopted while it was exiting (its children re-parent to us before it
                 # turns zombie) may be from its tree: it is over only once they are reaped too.
@@ -431,6 +442,7 @@ class Launcher:
             if attempt.memory:
                 self.limited.discard(attempt)
                 _remove_cgroup(attempt.memcg)  # its tree is reaped: the cgroup is empty
+            _remove_cgroup(attempt.killcg)
             assert attempt.status is not None
             how, value = attempt.status
             if not attempt.reported_start:
@@ -504,6 +516,23 @@ def _memory_cgroup(parent: str, name: str, limit: int) -> str:
         except OSError:
             pass  # not accounted here (no swap accounting, an older kernel): the limit above holds
     return path
+
+
+def _kill_cgroup(parent: str, name: str) -> str:
+    """A new v2 cgroup `parent/name` for an attempt's tree kill; "" if it cannot be made."""
+    path = f"{parent}/{name}"
+    try:
+        os.mkdir(path)
+    except OSError:
+        return ""
+    return path
+
+
+def _cgroup_kill(path: str) -> None:
+    try:
+        _write_file(f"{path}/cgroup.kill", "1")
+    except OSError:
+        pass  # it is empty, or gone
 
 
 def _cgroup_kind(path: str) -> str:
