@@ -45,10 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"slots": slots}))
         return OK
-    print(f"{'SLOT':20s} {'STATUS':12s} {'OWNER PID':>9s}  {'OWNER':20s} {'SINCE':8s}  QUEUE")
+    hosts = any("host" in (view.get("owner") or {}) for view in slots)  # a store across hosts: hosts and tokens too
+    extra = f"{'HOST':16s} {'TOKEN':>6s}  " if hosts else ""
+    print(f"{'SLOT':20s} {'STATUS':12s} {'OWNER PID':>9s}  {extra}{'OWNER':20s} {'SINCE':8s}  QUEUE")
     for view in slots:
         owner = view.get("owner") or {}
         since = time.strftime("%H:%M:%S", time.localtime(owner["since"])) if owner.get("since") else "-"
-        queue = ", ".join(f"{q['name']} ({q['pid']})" for q in view.get("queue", [])) or "-"
-        print(f"{view['slot']:20s} {view['status']:12s} {owner.get('pid', '-')!s:>9s}  {owner.get('name', '-')!s:20s} {since:8s}  {queue}")
+        queue = ", ".join(f"{q['name']} ({q['pid']}{' on ' + q['host'] if q.get('host') else ''})"
+                          for q in view.get("queue", [])) or "-"
+        where = f"{owner.get('host', '-')!s:16s} {owner.get('token', '-')!s:>6s}  " if hosts else ""
+        print(f"{view['slot']:20s} {view['status']:12s} {owner.get('pid', '-')!s:>9s}  {where}"
+              f"{owner.get('name', '-')!s:20s} {since:8s}  {queue}")
     return OK

@@ -70,6 +70,11 @@ def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_
     (view,) = shown(tmp_path, url)
     assert (view["status"], view["owner"]["pid"]) == ("running", first.pid) and view["owner"]["host"]
     first_token = view["owner"]["token"]
+    assert MPVISOR is not None
+    table = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}).stdout.splitlines()
+    assert table[0].split()[:6] == ["SLOT", "STATUS", "OWNER", "PID", "HOST", "TOKEN"], table
+    assert table[1].split()[:5] == ["prod", "running", str(first.pid), view["owner"]["host"], str(first_token)], table
     dropped = start(tmp_path, 2, url, "--slot", "prod", "--policy", "drop", *owner(log, 0.0, "two"))
     status, err = finish(dropped)
     assert status == 3 and "rejected reason='the slot is busy (--policy drop)'" in err, err
