@@ -90,6 +90,8 @@ class Runtime:
         if self.launcher is None:
             launch = LaunchSettings(self.config.preload, self.config.start_timeout, self.config.stdin, self.config.isolation)
             self.launcher = self._launcher_factory(self.loop, launch, self._on_launcher_death)
+            for fence in self.fences.values():  # a launcher started again keeps the owners' fences
+                self.launcher.fence(fence)
         return self.launcher
 
     async def ready(self) -> None:
@@ -167,7 +169,8 @@ class Runtime:
             return
         else:
             fence.stop_at, fence.kill_at = stop_at, kill_at
-        self.ensure_launcher().fence(fence)
+        if self.launcher is not None:  # else the launcher that starts next is given it
+            self.launcher.fence(fence)
 
     def unfence(self, id: int) -> None:
         """The task `id` is done with its lease."""
