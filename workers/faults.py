@@ -29,7 +29,7 @@ so a test appends one line, adds the one attempt that is meant to take it, and w
 claim file before it appends the next; every other attempt (a sibling already running, a
 retry) finds nothing left to claim and behaves normally.
 
-Faults (`FAULTS`; `MEMORY_PHASES` lists where `memory` applies: an attempt's memory limit is
+Faults (`FAULTS`; `MEMORY_PHASES` lists where `memory` applies: an attempt's address-space limit is
 set from its start message, so before it there is no limit to run into):
 
 | fault | what the child does at that phase |
@@ -39,7 +39,7 @@ set from its start message, so before it there is no limit to run into):
 | `crash` | dies by SIGSEGV (at `result`: after half the result frame) |
 | `signal` | dies by SIGKILL (at `result`: after half the result frame) |
 | `term-deaf` | ignores SIGTERM, then sleeps forever |
-| `memory` | allocates until its memory limit refuses (`MemoryError`); at `result`, allocates until less than the result's size is left, then sends the result |
+| `memory` | allocates until its address-space limit refuses (`MemoryError`); at `result`, allocates until less than the result's size is left, then sends the result |
 | `hang` | loops forever in Python |
 | `hang-c` | blocks forever in a C call that signals do not interrupt (a second `pthread_mutex_lock` of the same mutex, through `ctypes`) |
 | `close` | closes its end of the attempt socket, then carries on as if nothing happened |

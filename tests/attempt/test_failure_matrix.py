@@ -2,7 +2,7 @@
 within its deadline and with the ending the contract gives it?
 
 The failure matrix: every death mode of `workers.faults` (raise, `os._exit(0)`, `os._exit(3)`,
-SIGSEGV, SIGKILL, SIGTERM ignored, the memory limit, a hang in Python, a hang in a C call,
+SIGSEGV, SIGKILL, SIGTERM ignored, the address-space limit, a hang in Python, a hang in a C call,
 closing the channel, a garbage / oversized / truncated frame) in every phase of an attempt
 (before the handshake; while the start message is read; while the parent is still writing a
 start message bigger than a socket buffer; while the target's module is imported; while the
@@ -16,8 +16,10 @@ retryable failure ends `FAILED` and a permanent one `FATAL`), that the ending ca
 cell's deadline (`TIMER + KILL_AFTER + 1 s` after the attempt started), and that its process is
 gone. Then the sibling must still have its one process and the parent must still run tasks.
 
-`memory` applies where an attempt has its memory limit, which its start message carries:
-from `import` on (`faults.MEMORY_PHASES`).
+`memory` applies where an attempt has its address-space limit (`address_space=`, set in the
+child from its start message, so an allocation past it is a `MemoryError`): from `import` on
+(`faults.MEMORY_PHASES`). (The tree's resident-memory limit, `memory=`, is the launcher's:
+tests/tasks/test_limits.py.)
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def expected(fault: str, phase: str) -> Want:
         cooperative = fault == "hang" and phase == "running"
         return Want(EventKind.ATTEMPT_TIMED_OUT, f"timed out after {TIMER} s", killed=not cooperative)
     if fault == "memory":
-        return Want(EventKind.ATTEMPT_FAILED, "memory limit exceeded (256 MiB): ", limit="memory")
+        return Want(EventKind.ATTEMPT_FAILED, "address space limit exceeded (256 MiB): ", limit="address_space")
     if fault == "raise":
         if phase == "import":
             return Want(EventKind.ATTEMPT_FAILED, "cannot import target ", outcome=OutcomeKind.FATAL)
@@ -105,7 +107,7 @@ def _spec(fault: str, phase: str) -> TaskSpec:
         args = (fault, BIG)
     spec = (TaskSpec.restartable(TaskFn(f"fault-{fault}-{phase}", faults.target, args))
             .with_max_retries(0).with_timeout(TIMER))
-    return spec.with_limits(memory=MEMORY) if fault == "memory" else spec
+    return spec.with_limits(address_space=MEMORY) if fault == "memory" else spec
 
 
 def _check(collector, task_id: int, outcome, fault: str, phase: str) -> list[str]:

@@ -187,6 +187,7 @@ def test_supervisor_config_defaults() -> None:
         "seed": None,
         "launcher": None,
         "stdin": "null",
+        "isolation": "none",
     }
 
 
