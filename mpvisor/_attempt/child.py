@@ -121,17 +121,14 @@ def spawn_main(fd: int) -> NoReturn:
 
 def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
     """`setrlimit` the attempt's limits before the target is imported (a program inherits them
-    across the exec): address space, CPU seconds (SIGXCPU at the limit, SIGKILL a second later),
-    open files. A limit that cannot be set is a permanent failure. (`memory`, the tree's
-    resident memory, is the launcher's: it put this process in its memory cgroup, or watches it.)"""
+    across the exec): address space, open files. A limit that cannot be set is a permanent
+    failure. (`memory` and `cpu`, the tree's resident memory and CPU time, are the launcher's: it
+    put this process in its cgroups, or watches its tree.)"""
     import resource
 
     try:
         if limits.get("as"):
             resource.setrlimit(resource.RLIMIT_AS, (limits["as"], limits["as"]))
-        if limits.get("cpu"):
-            seconds = max(1, -(-int(limits["cpu"] * 1000) // 1000))  # whole seconds, rounded up
-            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
         if limits.get("nofile"):
             resource.setrlimit(resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"]))
     except (ValueError, OSError) as exc:

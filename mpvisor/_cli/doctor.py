@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from mpvisor._cli.statuses import OK
-from mpvisor._launchers.local.cgroups import Capabilities, mechanisms, probe, stronger
+from mpvisor._launchers.local.cgroups import Capabilities, in_use, mechanisms, probe, stronger
 
 NAME = "doctor"
 HELP = "show what this host allows for isolating attempts and what each limit would use"  # as in COMMANDS
@@ -66,12 +66,12 @@ def lines(caps: Capabilities) -> list[str]:
             state = "not mounted" if name not in caps.v1_controllers else "not writable" if path is None else f"{path} (writable)"
             out.append(f"cgroup v1 {name}: {state}")
     out.append(f"cgroup.kill: {_yes(caps.cgroup_kill)}")
-    used = mechanisms(caps)
+    used = in_use(caps)
     out += [
         f"OOM counts: {used.oom}",
         f"memory limit: {used.memory}",
         f"cpu_seconds limit: {used.cpu_seconds}",
-        f"cpus limit: {used.cpus or 'refused (no cgroup cpu controller here)'}",
+        f"cpus limit: {used.cpus or 'not available (this mpvisor has no cpus= limit yet)'}",
         f"tree kill: {used.tree_kill}",
     ]
     suggestion = stronger(caps)
@@ -83,4 +83,5 @@ def lines(caps: Capabilities) -> list[str]:
 def facts(caps: Capabilities) -> dict[str, Any]:
     """`mpvisor doctor --json`'s object: every capability by its field's name, `mechanisms` (the
     mechanism of each limit; `cpus` null: refused) and `stronger` (null: nothing to suggest)."""
-    return {**dataclasses.asdict(caps), "mechanisms": dataclasses.asdict(mechanisms(caps)), "stronger": stronger(caps)}
+    return {**dataclasses.asdict(caps), "mechanisms": dataclasses.asdict(in_use(caps)),
+            "host_allows": dataclasses.asdict(mechanisms(caps)), "stronger": stronger(caps)}

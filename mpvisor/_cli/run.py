@@ -140,7 +140,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "a memory cgroup per attempt where one can be made, else a watcher (mpvisor doctor says which)")
     run.add_argument("--address-space", type=byte_size, metavar="SIZE",
                      help="each process's address-space limit (RLIMIT_AS), as SIZE for --memory")
-    run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS", help="each attempt's CPU-time limit")
+    run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS",
+                     help="the CPU time each attempt's whole tree may use (its cgroup's, else the launcher's count)")
     run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")

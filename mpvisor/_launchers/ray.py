@@ -543,7 +543,7 @@ class RayClient:
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0) -> int:
+              memory: int = 0, cpu: float = 0.0) -> int:
         """Create the attempt's agent with its `resources` and start the attempt under it
         (`module` is ignored: the agent's node has its own fork server and paths)."""
         self._next_key += 1
@@ -556,7 +556,7 @@ class RayClient:
         env.update((self.settings.runtime_env or {}).get("env_vars", {}))
         environment = (env, os.getcwd(), list(sys.path))
         remote.task = self.loop.create_task(
-            self._guarded(remote, start, exec_python, capture_output, resources, environment, memory),
+            self._guarded(remote, start, exec_python, capture_output, resources, environment, memory, cpu),
             name=f"mpvisor-ray-attempt-{remote.key}",
         )
         return remote.key
@@ -655,7 +655,7 @@ class RayClient:
 
     async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
                    resources: Resources | None, environment: tuple[dict[str, str], str, list[str]],
-                   memory: int = 0) -> None:
+                   memory: int = 0, cpu: float = 0.0) -> None:
         await asyncio.shield(self._connect)
         if self._error is not None:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: {self._error}"))
@@ -682,7 +682,7 @@ class RayClient:
         remote.agent = agent
         launch = self.launch
         agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
-                           list(launch.preload), launch.start_timeout, memory)
+                           list(launch.preload), launch.start_timeout, memory, cpu)
         for request in remote.waiting:
             _call(agent, remote.number, request)
         remote.waiting.clear()
@@ -763,8 +763,8 @@ class RayClient:
                 sink.on_started(pid)
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid = node, agent_pid
-            case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory):
-                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory), killed))
+            case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu):
+                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu), killed))
                 return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
@@ -901,7 +901,7 @@ class Agent:
 
     async def start(self, number: int, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
                     environment: tuple[dict[str, str], str, list[str]], preload: list[str],
-                    start_timeout: float, memory: int = 0) -> None:
+                    start_timeout: float, memory: int = 0, cpu: float = 0.0) -> None:
         """Start attempt `number` (the parent reuses an agent only after its previous attempt's
         end, and only for an attempt in the same environment)."""
         from mpvisor._launchers.local.client import LauncherClient
@@ -924,7 +924,7 @@ class Agent:
             self._emit(["start_failed", "could not start: killed before it started"])
             return
         self._key = client.spawn(self, (start0, start1), exec_python=exec_python, capture_output=capture_output,
-                                 memory=memory)
+                                 memory=memory, cpu=cpu)
         held, self._held = self._held, []
         for request in held:
             self._apply(request)
@@ -995,7 +995,7 @@ class Agent:
         pass  # the parent's sink hears it just before the end, which follows at once
 
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        self._emit(["exited", status.how, status.value, killed, status.oom, status.memory])
+        self._emit(["exited", status.how, status.value, killed, status.oom, status.memory, status.cpu])
 
     def on_launcher_died(self, how: str = "launcher died") -> None:
         self._emit(["launcher_died", f"{how} (the agent's fork server)"])

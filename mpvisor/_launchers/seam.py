@@ -28,7 +28,8 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   attempt spawned under a reached fence is not started (`on_start_failed`). `memory` (bytes, 0
   for none) bounds the resident memory of the attempt's whole tree: the launcher keeps it (a
   memory cgroup per attempt where it may make one, else a watcher of the tree's resident set),
-  ends a tree that exceeds it, and says so in `ExitStatus.memory` (the mechanism).
+  ends a tree that exceeds it, and says so in `ExitStatus.memory` (the mechanism); `cpu` (seconds,
+  0 for none) bounds the CPU time of the whole tree likewise (`ExitStatus.cpu`).
 - `fence(fence)` hands the launcher a fence's new deadlines (first before any spawn under it);
   `unfence(group)` forgets it once its owner is done. A fence is kept by a process other than
   the supervisor's where the launcher has one (the local fork server); where it has not (Ray,
@@ -75,6 +76,7 @@ class ExitStatus:
     oom: bool = False  # a SIGKILL mpvisor did not send, while the kernel counted an OOM kill
     fenced: bool = False  # the launcher stopped its tree: its fence's deadline passed (a lost lease)
     memory: str = ""  # the tree exceeded its memory limit: how that was kept ("cgroup v1", "cgroup v2", "watcher")
+    cpu: str = ""  # the tree used up its CPU time: how that was counted ("cgroup v2 cpu.stat", "launcher accounting")
 
     @property
     def exit_code(self) -> int:
@@ -139,7 +141,7 @@ class Launcher(Protocol):
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0) -> int: ...
+              memory: int = 0, cpu: float = 0.0) -> int: ...
     def fence(self, fence: Fence) -> None: ...
     def unfence(self, group: int) -> None: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...

@@ -13,7 +13,7 @@ decided in `_model/restart.py`; the work itself is described in `_model/work.py`
 | max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
 | resources | `Resources` (placement on a cluster launcher) | `None`: the launcher's default |
 | restart intensity | `RestartIntensity(max_restarts, within)`; `None` = no bound | `INHERIT` → `TaskDefaults.restart_intensity` |
-| limits | `Limits(memory, cpu_seconds, open_files)`; `None` = none | `INHERIT` → `TaskDefaults.limits` |
+| limits | `Limits(memory, cpu_seconds, open_files, address_space)`; `None` = none | `INHERIT` → `TaskDefaults.limits` |
 
 | constructor | restart policy |
 |---|---|
@@ -129,12 +129,13 @@ class Limits:
       else a watcher of the tree's resident set, which is soft: `mpvisor doctor` says which);
     - `address_space`: bytes of address space of each process (`RLIMIT_AS`, set in the child:
       what `memory` meant before, for programs that must never map more);
-    - `cpu_seconds`: CPU time, > 0, of each process (`RLIMIT_CPU`); `open_files`: descriptors,
-      an int >= 1, of each process (`RLIMIT_NOFILE`).
+    - `cpu_seconds`: CPU time, > 0, of the attempt's whole tree, counted by the launcher (a v2
+      cgroup per attempt, else its accounting of the tree); `open_files`: descriptors, an int
+      >= 1, of each process (`RLIMIT_NOFILE`).
 
     An attempt that runs into one ends as a retryable failure whose reason starts with the limit
     (`memory limit exceeded (512 MiB, cgroup v1): ...`, `address space limit exceeded (1 GiB)`,
-    `cpu limit exceeded (10 s)`, `open files limit exceeded (64)`), and its outcome's `limit`
+    `cpu limit exceeded (10 s, cgroup v2 cpu.stat)`, `open files limit exceeded (64)`), and its outcome's `limit`
     names it."""
 
     memory: int | None

@@ -25,7 +25,6 @@ first match wins (the reason a stop was requested decides over how the child end
 from __future__ import annotations
 
 import enum
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,9 +80,9 @@ def decide(f: Facts) -> AttemptEnd:
 def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     """A FAILED end explained by one of the attempt's limits: the reason starts with the limit.
     The evidence: the launcher's word that the tree exceeded its memory limit (`ExitStatus.memory`,
-    with the mechanism: its cgroup's OOM kill, or the watcher), a `MemoryError` under an
-    address-space limit, `EMFILE` under an open-files limit, a death by SIGXCPU (what the kernel
-    sends at the CPU limit) under a CPU limit. A `MemoryError` under a memory limit alone is not
+    with the mechanism: its cgroup's OOM kill, or the watcher) or used up its CPU time
+    (`ExitStatus.cpu`: its cgroup's `cpu.stat`, or the launcher's accounting), a `MemoryError`
+    under an address-space limit, `EMFILE` under an open-files limit. A `MemoryError` under a memory limit alone is not
     evidence (the tree's resident memory was not over it)."""
     limits = f.limits or {}
     if end.kind is not AttemptResult.FAILED or not limits:
@@ -96,8 +95,8 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
         found = ("address_space", f"address space limit exceeded ({_bytes(limits['as'])})")
     elif limits.get("nofile") and "[Errno 24]" in reason:
         found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
-    elif limits.get("cpu") and f.status is not None and f.status.how == "signal" and f.status.value == signal.SIGXCPU:
-        found = ("cpu", f"cpu limit exceeded ({limits['cpu']:g} s)")
+    elif limits.get("cpu") and f.status is not None and f.status.cpu:
+        found = ("cpu", f"cpu limit exceeded ({limits['cpu']:g} s, {f.status.cpu})")
     if found is None:
         return end
     kind, head = found

@@ -40,9 +40,9 @@ def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     assert lines == doctor.lines(caps)
     assert lines[:2] == ["pidfd: yes", "subreaper: yes"]
     assert lines[2].startswith(f"cgroups: {caps.version}")
-    used = cgroups.mechanisms(caps)
+    used = cgroups.in_use(caps)
     assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
-                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
+                          "cpus limit: not available (this mpvisor has no cpus= limit yet)", f"tree kill: {used.tree_kill}"]
     # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
@@ -59,7 +59,7 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     facts = json.loads(done.stdout)
     caps = cgroups.probe()
     assert facts == json.loads(json.dumps(doctor.facts(caps)))
-    assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "stronger"}
+    assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger"}
     assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
     assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
     assert facts["v1_memory"] is not None and facts["oom"] == {"scope": "attempt", "file": "memory.oom_control"}
@@ -92,7 +92,7 @@ def test_the_lines_of_a_host_with_nothing_writable():
         "OOM counts: system-wide from /proc/vmstat",
         "memory limit: resident-memory watcher (soft)",
         "cpu_seconds limit: launcher accounting of the tree",
-        "cpus limit: refused (no cgroup cpu controller here)",
+        "cpus limit: not available (this mpvisor has no cpus= limit yet)",
         "tree kill: process-table walk",
         "stronger: systemd-run --user --scope -p Delegate=yes mpvisor ...",
     ]
@@ -108,7 +108,8 @@ def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
         "(once this cgroup's processes move into a leaf))")
     assert doctor.lines(delegated)[-5:] == [
         "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
-        "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max", "tree kill: cgroup.kill"]
+        "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: not available (this mpvisor has no cpus= limit yet)",
+        "tree kill: cgroup.kill"]
     v1 = Capabilities(pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "memory"),
                       v1_memory="/sys/fs/cgroup/memory/job")
     assert doctor.lines(v1)[2:9] == [

@@ -24,6 +24,8 @@ EXAMPLES = [
     control.Fence(8, float("inf"), float("inf")), control.Unfence(7), control.Exited(15, "signal", 15, False, False, True),
     control.Spawn(16, False, "", False, control.NO_TERMINAL, 0, 256 * 2**20, "/sys/fs/cgroup/memory/x"),
     control.Spawn(19, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified"),
+    control.Spawn(20, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 2.5),
+    control.Exited(21, "signal", 9, False, False, False, "", "cgroup v2 cpu.stat"),
     control.Spawn(17, False, "", False, control.NO_TERMINAL, 0, 2**20, ""), control.Exited(18, "signal", 9, False, True, False, "cgroup v1"),
 ]
 
@@ -40,7 +42,8 @@ def test_every_control_message_round_trips(message):
     [
         ["spawn", 1], ["spawn", "1", True, ""], ["spawn", 1, 1, ""], ["spawn", 1, True], ["spawn", 1, True, 7], ["signal", 1, 15], ["kill"], ["stop", 1],
         ["started", 1], ["exited", 1, "vanished", 0, False], ["exited", 1, "exit", 0, 0], ["fence", 1, 2, 3.0], ["fence", 1, 2.0], ["unfence"],
-        ["spawn", 1, False, "", False, 0, 0, -1, "", ""], ["spawn", 1, False, "", False, 0, 0, 0, ""], ["exited", 1, "exit", 0, False, False, False, 7],
+        ["spawn", 1, False, "", False, 0, 0, -1, "", "", 0.0], ["spawn", 1, False, "", False, 0, 0, 0, "", ""],
+        ["spawn", 1, False, "", False, 0, 0, 0, "", "", -1.0], ["exited", 1, "exit", 0, False, False, False, 7],
         ["ready", V, 1, 2], ["nonsense"], [], {"spawn": 1}, 7, None,
     ],
 )
@@ -67,7 +70,7 @@ _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _messages = st.one_of(
     st.builds(control.Spawn, _ints, st.booleans(), st.text(), st.booleans(),
               st.sampled_from([control.NO_TERMINAL, control.BACKGROUND, control.FOREGROUND]), _ints,
-              st.integers(min_value=0, max_value=2**63 - 1), st.text(), st.text()),
+              st.integers(min_value=0, max_value=2**63 - 1), st.text(), st.text(), st.floats(min_value=0, max_value=1e12)),
     st.builds(control.Fence, _ints, st.floats(allow_nan=False), st.floats(allow_nan=False)),
     st.builds(control.Unfence, _ints),
     st.builds(control.Stopped, _ints, _ints),
@@ -78,7 +81,7 @@ _messages = st.one_of(
     st.builds(control.Started, _ints, _ints),
     st.builds(control.StartFailed, _ints, st.text()),
     st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans(), st.booleans(), st.booleans(),
-              st.sampled_from(["", "cgroup v1", "watcher"])),
+              st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "cgroup v2 cpu.stat", "launcher accounting"])),
 )
 
 

@@ -29,11 +29,11 @@ CASES = [
      "memory limit exceeded (256 MiB, cgroup v1): "),
     ("address_space", TaskSpec.once(fn("hog", limits.hog)).with_limits(address_space=256 * 2**20),
      "address space limit exceeded (256 MiB): MemoryError"),
-    ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=1), "cpu limit exceeded (1 s)"),
+    ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=1), "cpu limit exceeded (1 s, cgroup v2 cpu.stat): "),
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
     ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s): program killed by signal SIGXCPU"),
+     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): program killed by signal SIGKILL"),
 ]
 
 
@@ -244,3 +244,19 @@ def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(tmp_pat
     # Killed, then zombies of init (here it reaps orphans late): ended, as `exited` reads it.
     assert all_ended(read_records(records)), [r for r in read_records(records) if psutil.pid_exists(r["pid"])]
     assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
+async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch) -> None:
+    """Three busy children under `cpu_seconds=2` end the attempt after about 2 s of CPU in all
+    (1 s of wall time on 2 cores), not 6: counted by the attempt's own v2 cgroup, or, forced
+    with MPVISOR_CGROUPS=off, by the launcher's accounting of the tree."""
+    if mechanism == "launcher accounting":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.once(CommandTask("busy", ["sh", "-c", "for i in 1 2 3; do (while :; do :; done) & done; wait"]))
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec.with_limits(cpu_seconds=2))
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+    assert outcome.reason.startswith(f"cpu limit exceeded (2 s, {mechanism}): "), outcome.reason
+    assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores

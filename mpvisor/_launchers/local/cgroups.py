@@ -329,10 +329,11 @@ def attempt_memory_cgroups(caps: Capabilities) -> Placement | None:
 
 
 def kill_cgroups(caps: Capabilities) -> str | None:
-    """Where each isolated attempt gets a cgroup whose `cgroup.kill` ends its whole tree at once
-    (pure): our writable v2 cgroup, where the kernel has `cgroup.kill` (no controller needed, so
-    a hybrid host's v2 hierarchy serves too); None: the tree is killed by walking it."""
-    return caps.v2_cgroup if caps.v2_writable and caps.cgroup_kill else None
+    """Where each isolated (or CPU-limited) attempt gets a v2 cgroup of its own (pure): our
+    writable v2 cgroup (no controller needed, so a hybrid host's v2 hierarchy serves too). Its
+    `cgroup.kill`, where the kernel has one, ends the whole tree at once; its `cpu.stat` counts
+    the tree's CPU time. None: the tree is killed, and its CPU counted, by walking it."""
+    return caps.v2_cgroup if caps.v2_writable else None
 
 
 _ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)")  # mpvisor-<fork server pid>-<its start time>-<key>
@@ -441,7 +442,8 @@ def _write(path: str, text: str) -> None:
 
 
 def mechanisms(caps: Capabilities) -> Mechanisms:
-    """Which mechanism each limit would use on a host with `caps` (pure)."""
+    """The strongest mechanism the host allows for each limit (pure; `in_use` says which of
+    them this mpvisor uses now)."""
     v2 = set(caps.v2_controllers) if caps.v2_writable else set()
     placement = attempt_memory_cgroups(caps)
     memory = MEMORY_SOFT if placement is None else MEMORY_V2 if placement.version == 2 else MEMORY_V1
@@ -454,6 +456,18 @@ def mechanisms(caps: Capabilities) -> Mechanisms:
     else:
         kill = FREEZE_V1 if caps.v1_freezer else KILL_WALK
     return Mechanisms(memory, cpu_time, cpus, kill, oom_words(caps.oom))
+
+
+def in_use(caps: Capabilities) -> Mechanisms:
+    """Which of `mechanisms(caps)` this mpvisor uses now (pure): memory as there; CPU time and
+    the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`), else the
+    launcher's walk of the tree (a v1 cpuacct or a freezer is not used yet); no `cpus=` limit
+    yet (None)."""
+    best = mechanisms(caps)
+    v2 = kill_cgroups(caps) is not None
+    cpu_time = best.cpu_seconds if best.cpu_seconds == CPU_TIME_V2 and v2 else CPU_TIME_WALK
+    kill = best.tree_kill if best.tree_kill == KILL_V2 and v2 else KILL_WALK
+    return Mechanisms(best.memory, cpu_time, None, kill, best.oom)
 
 
 def oom_words(oom: OomSource) -> str:

@@ -373,10 +373,10 @@ class LauncherClient:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error)
-            case control.Exited(key, how, value, killed, oom, fenced, memory):
+            case control.Exited(key, how, value, killed, oom, fenced, memory, cpu):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.exited(ExitStatus(how, value, oom, fenced, memory), killed)
+                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):
@@ -483,7 +483,7 @@ class LauncherClient:
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0) -> int:
+              memory: int = 0, cpu: float = 0.0) -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
         `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`),
@@ -502,13 +502,12 @@ class LauncherClient:
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
-        memcg, killcg = self._cgroup_dirs() if memory or self.isolation == "cgroup" else ("", "")
+        isolated = bool(memory or cpu) or self.isolation == "cgroup"
+        memcg, killcg = self._cgroup_dirs() if isolated else ("", "")
         if not memory:
             memcg = ""
-        if not (memory or self.isolation == "cgroup"):
-            killcg = ""
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, memory, memcg,
-                                 killcg), fds)
+                                 killcg, float(cpu)), fds)
         return key
 
     def _cgroup_dirs(self) -> tuple[str, str]:

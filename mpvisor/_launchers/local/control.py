@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill`; "" for none) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill` and `cpu.stat`; "" for none), cpu (its tree's CPU-time limit, seconds; 0 for none) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -23,7 +23,7 @@ version refuses that launcher (`ControlError`).
 | `Ready` | version, pid, error | |
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
-| `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not) | |
+| `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not), cpu (likewise its CPU-time limit) | |
 | `Stopped` | key, signum (a terminal's foreground attempt was stopped: Ctrl-Z, or a read in the background) | |
 """
 
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 6  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory
+CONTROL_VERSION = 7  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu
 
 
 class ControlError(ProtocolError):
@@ -57,6 +57,7 @@ class Spawn(NamedTuple):
     memory: int = 0  # bytes of resident memory its whole tree may use (0: no limit)
     memcg: str = ""  # with `memory`: the memory cgroup under which it gets one of its own ("": watched)
     killcg: str = ""  # the v2 cgroup under which it gets one of its own, for its tree kill (`cgroup.kill`; "": none)
+    cpu: float = 0.0  # seconds of CPU its whole tree may use (0: no limit)
 
 
 NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
@@ -137,6 +138,7 @@ class Exited(NamedTuple):
     oom: bool = False
     fenced: bool = False
     memory: str = ""  # its tree exceeded its memory limit, kept by this mechanism ("cgroup v1", "watcher")
+    cpu: str = ""  # its tree used up its CPU time, counted by this mechanism ("cgroup v2 cpu.stat", "launcher accounting")
 
 
 class Stopped(NamedTuple):
@@ -166,8 +168,8 @@ def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
         case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal), int(fence), int(memory),
-              str(memcg), str(killcg)] if 0 <= terminal <= 2 and memory >= 0:
-            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg)
+              str(memcg), str(killcg), float(cpu)] if 0 <= terminal <= 2 and memory >= 0 and cpu >= 0:
+            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:
@@ -188,8 +190,9 @@ def decode(data: bytes) -> Message:
             return Started(key, pid)
         case ["start_failed", int(key), str(error)]:
             return StartFailed(key, error)
-        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom), bool(fenced), str(memory)]:
-            return Exited(key, how, value, killed, oom, fenced, memory)
+        case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom), bool(fenced), str(memory),
+              str(cpu)]:
+            return Exited(key, how, value, killed, oom, fenced, memory, cpu)
         case ["stopped", int(key), int(signum)]:
             return Stopped(key, signum)
         case other:

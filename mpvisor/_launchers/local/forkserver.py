@@ -74,16 +74,19 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory", "memory_hit", "oom", "pid",
-                 "reported_start", "status")
+    __slots__ = ("adopted", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory", "memory_hit",
+                 "oom", "pid", "reported_start", "status")
 
-    def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "") -> None:
+    def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
+                 cpu: float = 0.0) -> None:
         self.key = key
         self.pid = pid
         self.memory = memory  # bytes its tree may keep resident (0: no limit)
         self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
         self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
         self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
+        self.cpu = cpu  # seconds of CPU its tree may use (0: no limit)
+        self.cpu_hit = ""  # it used them up: how they were counted
         self.fence = fence  # its owner's fence group (0: none)
         self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
@@ -171,13 +174,13 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg):
+            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu):
                 if fence and self._fence_reached(fence):
                     self._send(control.StartFailed(key, "lease lost: its slot's lease could not be renewed in time"))
                 else:
                     if module:
                         _prepared.ready(module)
-                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg, killcg)
+                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg, killcg, cpu)
                     return
             case control.Fence(group, stop_at, kill_at):
                 self._fence(group, stop_at, kill_at)
@@ -202,7 +205,7 @@ class Launcher:
     # --- starting -----------------------------------------------------------------------------
 
     def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0,
-               fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "") -> None:
+               fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "", cpu: float = 0.0) -> None:
         own = kill = ""
         if (memory and memcg) or killcg:
             name = f"mpvisor-{self.me}-{self.started}-{key}"
@@ -222,10 +225,10 @@ class Launcher:
             self._become_attempt(exec_python, fds, stdin, terminal)
         for fd in fds:
             os.close(fd)
-        attempt = _Attempt(key, pid, fence, memory, own, kill)
+        attempt = _Attempt(key, pid, fence, memory, own, kill, cpu)
         self.attempts[pid] = attempt
         self.by_key[key] = attempt
-        if memory:
+        if memory or cpu:
             self.limited.add(attempt)
         if terminal:
             self.terminal.add(attempt)
@@ -310,21 +313,31 @@ class Launcher:
 
     def _look_at_memory(self) -> None:
         """Every `MEMORY_LOOK` s: a limited tree whose cgroup counted an OOM kill, or whose
-        resident set (watched) is over its limit, is killed whole, and reported as over it."""
+        resident set (watched) is over its limit, or whose CPU time (its cgroup's `cpu.stat`, else
+        the sum over its processes) is over its CPU limit, is killed whole, and reported as over it."""
         now = time.monotonic()
         if now - self.memory_looked < MEMORY_LOOK:
             return
         self.memory_looked = now
         for attempt in list(self.limited):
-            if attempt.status is not None or attempt.memory_hit:
+            if attempt.status is not None or attempt.memory_hit or attempt.cpu_hit:
                 continue
-            if attempt.memcg:
-                over = _oom_kills(attempt.memcg) > 0
-            else:
-                over = _tree_resident(attempt.pid) > attempt.memory
-            if over:
-                attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
-                self._kill(attempt.key)
+            if attempt.memory:
+                if attempt.memcg:
+                    over = _oom_kills(attempt.memcg) > 0
+                else:
+                    over = _tree_resident(attempt.pid) > attempt.memory
+                if over:
+                    attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
+                    self._kill(attempt.key)
+                    continue
+            if attempt.cpu:
+                used = _cgroup_cpu(attempt.killcg) if attempt.killcg else None
+                if used is None:
+                    used = _tree_cpu(attempt.pid)
+                if used > attempt.cpu:
+                    attempt.cpu_hit = "cgroup v2 cpu.stat" if attempt.killcg else "launcher accounting"
+                    self._kill(attempt.key)
 
     # --- fences -------------------------------------------------------------------------------
 
@@ -439,7 +452,7 @@ class Launcher:
             self.draining.discard(attempt)
             del self.attempts[attempt.pid]
             del self.by_key[attempt.key]
-            if attempt.memory:
+            if attempt.memory or attempt.cpu:
                 self.limited.discard(attempt)
                 _remove_cgroup(attempt.memcg)  # its tree is reaped: the cgroup is empty
             _remove_cgroup(attempt.killcg)
@@ -448,9 +461,10 @@ class Launcher:
             if not attempt.reported_start:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
             else:
-                self._send(control.Exited(attempt.key, how, value, attempt.killed and not attempt.memory_hit,
+                self._send(control.Exited(attempt.key, how, value,
+                                          attempt.killed and not (attempt.memory_hit or attempt.cpu_hit),
                                           attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
-                                          attempt.memory_hit))
+                                          attempt.memory_hit, attempt.cpu_hit))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
@@ -562,6 +576,39 @@ def _oom_kills(path: str) -> int:
         if line.startswith(b"oom_kill "):
             return int(line.split()[1])
     return 0
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cgroup_cpu(path: str) -> float | None:
+    """The CPU seconds the processes of the v2 cgroup `path` used (`cpu.stat` `usage_usec`)."""
+    try:
+        text = _read_file(f"{path}/cpu.stat")
+    except OSError:
+        return None
+    for line in text.split(b"\n"):
+        if line.startswith(b"usage_usec "):
+            return int(line.split()[1]) / 1e6
+    return None
+
+
+def _tree_cpu(pid: int) -> float:
+    """The CPU seconds of `pid` and every descendant, and of the children they waited for, from
+    `/proc` (the launcher's accounting where no cgroup counts them; a child that ended unwaited
+    is not counted: it is killed as an orphan)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            data = _read_file(f"/proc/{current}/stat")
+            fields = data[data.rindex(b")") + 2:].split()
+            total += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
+            for task in os.listdir(f"/proc/{current}/task"):
+                todo.extend(int(child) for child in _read_file(f"/proc/{current}/task/{task}/children").split())
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+    return total / _TICKS
 
 
 def _tree_resident(pid: int) -> int:
