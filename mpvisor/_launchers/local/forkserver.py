@@ -56,7 +56,7 @@ from mpvisor._attempt import child as _child
 from mpvisor._attempt import prepared as _prepared
 from mpvisor._launchers.local import control
 from mpvisor._launchers.local import guardian as _guardian
-from mpvisor._platform import recv_fds
+from mpvisor._platform import read_small_file, recv_fds
 
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
@@ -68,7 +68,7 @@ _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_UNBLO
 _SIGTTOU = (int(signal.SIGTTOU),)
 _TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
-MEMORY_LOOK = 0.05  # seconds between looks at memory-limited trees (their cgroup's OOM count, or their resident set)
+LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
 
@@ -112,7 +112,7 @@ class Launcher:
         self.draining: set[_Attempt] = set()
         self.fences: dict[int, _Fence] = {}  # by group: the deadlines of owners' leases
         self.limited: set[_Attempt] = set()  # attempts with a memory limit, until reaped
-        self.memory_looked = 0.0
+        self.limits_looked = 0.0
         self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
@@ -142,7 +142,7 @@ class Launcher:
             if self.fences:
                 self._enforce_fences()
             if self.limited:
-                self._look_at_memory()
+                self._look_at_limits()
         self._stop_everything()
 
     def _send(self, message: control.ToParent, fds: list[int] | None = None) -> None:
@@ -210,7 +210,7 @@ class Launcher:
         if (memory and memcg) or killcg:
             name = f"mpvisor-{self.me}-{self.started}-{key}"
             own = _memory_cgroup(memcg, name, memory) if memory and memcg else ""
-            kill = _kill_cgroup(killcg, name) if killcg else ""
+            kill = _new_cgroup(killcg, name) if killcg else ""
         self._joining = tuple(path for path in (own, kill) if path)
         try:
             pid = os.fork()
@@ -236,7 +236,7 @@ class Launcher:
     def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int) -> None:
         try:
             for cgroup in self._joining:  # first: everything it starts is in its cgroups too
-                _write_file(f"{cgroup}/cgroup.procs", str(os.getpid()))
+                _write_cgroup_file(f"{cgroup}/cgroup.procs", str(os.getpid()))
             if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
                 if terminal == control.FOREGROUND:
@@ -302,23 +302,23 @@ class Launcher:
         if attempt.killcg:
             _cgroup_kill(attempt.killcg)  # every process of its tree at once, wherever it moved
 
-    # --- memory -------------------------------------------------------------------------------
+    # --- limits --------------------------------------------------------------------------------
 
     def _timeout(self) -> float:
         """What the loop may sleep: until the next fence deadline, or the next look at memory."""
         until = self._until_a_fence() if self.fences else -1
         if self.limited:
-            until = MEMORY_LOOK if until < 0 else min(until, MEMORY_LOOK)
+            until = LIMITS_LOOK if until < 0 else min(until, LIMITS_LOOK)
         return until
 
-    def _look_at_memory(self) -> None:
-        """Every `MEMORY_LOOK` s: a limited tree whose cgroup counted an OOM kill, or whose
+    def _look_at_limits(self) -> None:
+        """Every `LIMITS_LOOK` s: a limited tree whose cgroup counted an OOM kill, or whose
         resident set (watched) is over its limit, or whose CPU time (its cgroup's `cpu.stat`, else
         the sum over its processes) is over its CPU limit, is killed whole, and reported as over it."""
         now = time.monotonic()
-        if now - self.memory_looked < MEMORY_LOOK:
+        if now - self.limits_looked < LIMITS_LOOK:
             return
-        self.memory_looked = now
+        self.limits_looked = now
         for attempt in list(self.limited):
             if attempt.status is not None or attempt.memory_hit or attempt.cpu_hit:
                 continue
@@ -491,18 +491,10 @@ class Launcher:
         os._exit(0)
 
 
-def _write_file(path: str, text: str) -> None:
+def _write_cgroup_file(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _read_file(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 65536)
     finally:
         os.close(fd)
 
@@ -512,28 +504,27 @@ def _memory_cgroup(parent: str, name: str, limit: int) -> str:
     has `cgroup.subtree_control`: `memory.max`, `memory.swap.max`, `memory.oom.group`, so an OOM
     kill takes the whole tree) or v1 (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes`
     where swap is accounted); "" if one cannot be made (the tree is then watched)."""
-    path = f"{parent}/{name}"
-    try:
-        os.mkdir(path)
-    except OSError:
+    path = _new_cgroup(parent, name)
+    if not path:
         return ""
     v2 = os.path.exists(f"{parent}/cgroup.subtree_control")
     try:
-        _write_file(f"{path}/memory.max" if v2 else f"{path}/memory.limit_in_bytes", str(limit))
+        _write_cgroup_file(f"{path}/memory.max" if v2 else f"{path}/memory.limit_in_bytes", str(limit))
     except OSError:
         _remove_cgroup(path)
         return ""
     for extra, value in ((("memory.swap.max", "0"), ("memory.oom.group", "1")) if v2 else
                          (("memory.memsw.limit_in_bytes", str(limit)),)):
         try:
-            _write_file(f"{path}/{extra}", value)
+            _write_cgroup_file(f"{path}/{extra}", value)
         except OSError:
             pass  # not accounted here (no swap accounting, an older kernel): the limit above holds
     return path
 
 
-def _kill_cgroup(parent: str, name: str) -> str:
-    """A new v2 cgroup `parent/name` for an attempt's tree kill; "" if it cannot be made."""
+def _new_cgroup(parent: str, name: str) -> str:
+    """A new cgroup `parent/name` (an attempt's v2 cgroup, for its kill and CPU time, or the
+    start of its memory cgroup); "" if it cannot be made."""
     path = f"{parent}/{name}"
     try:
         os.mkdir(path)
@@ -544,7 +535,7 @@ def _kill_cgroup(parent: str, name: str) -> str:
 
 def _cgroup_kill(path: str) -> None:
     try:
-        _write_file(f"{path}/cgroup.kill", "1")
+        _write_cgroup_file(f"{path}/cgroup.kill", "1")
     except OSError:
         pass  # it is empty, or gone
 
@@ -565,16 +556,11 @@ def _remove_cgroup(path: str) -> None:
 def _oom_kills(path: str) -> int:
     """The OOM kills the kernel counted in the memory cgroup `path` (v2 `memory.events`, v1
     `memory.oom_control`: both say `oom_kill N`)."""
-    try:
-        text = _read_file(f"{path}/memory.events")
-    except OSError:
+    for name in ("memory.events", "memory.oom_control"):
         try:
-            text = _read_file(f"{path}/memory.oom_control")
+            return _platform.oom_count(read_small_file(f"{path}/{name}")) or 0
         except OSError:
-            return 0
-    for line in text.split(b"\n"):
-        if line.startswith(b"oom_kill "):
-            return int(line.split()[1])
+            continue
     return 0
 
 
@@ -584,7 +570,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 def _cgroup_cpu(path: str) -> float | None:
     """The CPU seconds the processes of the v2 cgroup `path` used (`cpu.stat` `usage_usec`)."""
     try:
-        text = _read_file(f"{path}/cpu.stat")
+        text = read_small_file(f"{path}/cpu.stat")
     except OSError:
         return None
     for line in text.split(b"\n"):
@@ -593,37 +579,40 @@ def _cgroup_cpu(path: str) -> float | None:
     return None
 
 
-def _tree_cpu(pid: int) -> float:
-    """The CPU seconds of `pid` and every descendant, and of the children they waited for, from
-    `/proc` (the launcher's accounting where no cgroup counts them; a child that ended unwaited
-    is not counted: it is killed as an orphan)."""
+def _tree_sum(pid: int, of: Callable[[int], int]) -> int:
+    """`of(p)` summed over `pid` and every descendant, from `/proc` (each attempt is a subreaper,
+    so its orphans stay below it); a process that ended meanwhile counts nothing."""
     total, todo = 0, [pid]
     while todo:
         current = todo.pop()
         try:
-            data = _read_file(f"/proc/{current}/stat")
-            fields = data[data.rindex(b")") + 2:].split()
-            total += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
+            total += of(current)
             for task in os.listdir(f"/proc/{current}/task"):
-                todo.extend(int(child) for child in _read_file(f"/proc/{current}/task/{task}/children").split())
+                todo.extend(int(child) for child in read_small_file(f"/proc/{current}/task/{task}/children").split())
         except (OSError, ValueError, IndexError):
-            continue  # it ended meanwhile
-    return total / _TICKS
+            continue
+    return total
+
+
+def _resident(pid: int) -> int:
+    return int(read_small_file(f"/proc/{pid}/statm").split()[1]) * _PAGE
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime, stime, cutime, cstime: its own CPU and that of the children it waited for."""
+    data = read_small_file(f"/proc/{pid}/stat")
+    return sum(int(field) for field in data[data.rindex(b")") + 2:].split()[11:15])
 
 
 def _tree_resident(pid: int) -> int:
-    """The resident bytes of `pid` and every descendant (each attempt is a subreaper, so its
-    orphans stay below it), from `/proc`."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            total += int(_read_file(f"/proc/{current}/statm").split()[1]) * _PAGE
-            for task in os.listdir(f"/proc/{current}/task"):
-                todo.extend(int(child) for child in _read_file(f"/proc/{current}/task/{task}/children").split())
-        except (OSError, ValueError, IndexError):
-            continue  # it ended meanwhile
-    return total
+    """The resident bytes of `pid`'s tree (the watcher, where no memory cgroup keeps it)."""
+    return _tree_sum(pid, _resident)
+
+
+def _tree_cpu(pid: int) -> float:
+    """The CPU seconds of `pid`'s tree (the launcher's accounting where no cgroup counts them; a
+    child that ended unwaited is not counted: it is killed as an orphan)."""
+    return _tree_sum(pid, _cpu_ticks) / _TICKS
 
 
 class _Fence:
