@@ -357,9 +357,9 @@ class Controller:
                 self.host.fence(item.id, *fence_times(at, ttl, self.host.grace))
 
         def lost() -> None:  # the store says the lease expired: its trees go now, and it runs no more
-            if item.id in self.leases:
-                now = time.monotonic()
-                self.host.fence(item.id, now, now + min(self.host.grace, self.config.lease_ttl / 4))
+            if item.id in self.leases:  # as for a lease last renewed half a TTL ago: stopped now
+                ttl = self.config.lease_ttl
+                self.host.fence(item.id, *fence_times(time.monotonic() - ttl / 2, ttl, self.host.grace))
                 _log.warning("slot %r: the lease of %r expired in %s; its tree is stopped", item.slot, item.name,
                              self.store.name if self.store is not None else "the store")
 

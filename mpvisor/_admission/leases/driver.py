@@ -82,7 +82,7 @@ class LeaseDriver:
         if decision.granted:
             request = self._request
             assert request is not None
-            request.watch(self._revoked, self._renewed if self._on_renewed else None, self._lost)
+            request.watch(self._revoked, self._renewed, self._lost)
         else:
             self.close()
             if self._waited_out and decision.kind == "withdrawn":
@@ -138,13 +138,8 @@ class LeaseDriver:
             self._withdrawn = True
             request = self._request
         if request is not None:
-            def withdraw() -> None:
-                request.withdraw()
-                request.close()  # a request blocked on the store's answer returns `withdrawn`
-
-            thread = threading.Thread(target=withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True)
-            thread.start()
-            thread.join(RELEASE_WAIT)
+            # close: a request blocked on the store's answer returns `withdrawn`
+            _at_most(RELEASE_WAIT, f"mpvisor-lease-withdraw-{self.slot}", request.withdraw, request.close)
 
     def release(self) -> None:
         """The owner's tree is gone: give the lease back (once) and close the request."""
@@ -152,20 +147,24 @@ class LeaseDriver:
             return
         self._released = True
         request = self._request
-        if request is None:
-            return
-
-        def release() -> None:
-            request.release()
-            request.close()
-
-        thread = threading.Thread(target=release, name=f"mpvisor-lease-release-{self.slot}", daemon=True)
-        thread.start()
-        thread.join(RELEASE_WAIT)
+        if request is not None:
+            _at_most(RELEASE_WAIT, f"mpvisor-lease-release-{self.slot}", request.release, request.close)
 
     def close(self) -> None:
         if self._request is not None:
             self._request.close()
+
+
+def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:
+    """`calls`, in order, on a thread of their own, waited for at most `seconds` (a store that
+    does not answer must not hold up the loop: what it did not do, its lease's expiry does)."""
+    def run() -> None:
+        for call in calls:
+            call()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
 
 
 def _settle(future: asyncio.Future[Decision], value: Decision) -> None:
