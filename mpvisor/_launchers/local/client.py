@@ -240,7 +240,7 @@ class LauncherClient:
             self._send(control.Stop())
         self._clean_cgroups()  # what a killed predecessor (and its guardian) left in its cgroups
         for fence in self._fences.values():  # a new launcher keeps the fences its predecessor kept
-            self._outbox.appendleft((_fence_message(fence), []))
+            self._outbox.appendleft((control.encode(_fence_control(fence)), []))
         self._flush()
 
     def pids(self) -> list[int]:
@@ -542,8 +542,7 @@ class LauncherClient:
     def fence(self, fence: Fence) -> None:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""
         self._fences[fence.group] = fence
-        self._outbox.append((_fence_message(fence), []))
-        self._flush()
+        self._send(_fence_control(fence))
 
     def unfence(self, group: int) -> None:
         if self._fences.pop(group, None) is not None:
@@ -601,5 +600,5 @@ def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_d
                           isolation=launch.isolation)
 
 
-def _fence_message(fence: Fence) -> bytes:
-    return control.encode(control.Fence(fence.group, float(fence.stop_at), float(fence.kill_at)))
+def _fence_control(fence: Fence) -> control.Fence:
+    return control.Fence(fence.group, float(fence.stop_at), float(fence.kill_at))
