@@ -3,6 +3,7 @@
 | function | does | ends, under the limit |
 |---|---|---|
 | `hog(chunk_mib)` | allocates `chunk_mib` MiB at a time, keeping each | `MemoryError` (address-space limit) |
+| `hoard()` | allocates until not even 16 bytes more fit, keeping it all in a module global (so raising frees nothing) | `MemoryError` (address-space limit), with no memory left to build its report |
 | `spin()` | burns CPU in pure Python | SIGXCPU (CPU-time limit) |
 | `open_all()` | opens `/dev/null` until it cannot, keeping each | `OSError` EMFILE (open-files limit) |
 | `within(mib)` | allocates `mib` MiB once, returns `"fits"` | returns, when the limit leaves room |
@@ -23,6 +24,21 @@ def hog(chunk_mib: int = 16) -> NoReturn:
     kept = []
     while True:
         kept.append(bytearray(chunk_mib * 2**20))
+
+
+_hoard: list[bytearray] = []
+
+
+def hoard() -> NoReturn:
+    """Allocate ever smaller pieces until the allocator refuses even 16 bytes, then raise."""
+    chunk = 16 * 2**20
+    while chunk >= 16:
+        try:
+            while True:
+                _hoard.append(bytearray(chunk))
+        except MemoryError:
+            chunk //= 4
+    raise MemoryError
 
 
 def resident_hog(chunk_mib: int = 8) -> NoReturn:

@@ -18,11 +18,13 @@ returns: every path ends in `os._exit`.
 | calls `sys.exit(n)` | nothing | n |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
+| leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
 
 Only a failed handshake (no start message could be read: nobody to report to) ends with a
-status of mpvisor's own, 70. Whatever the target leaves behind is described and encoded under
+status of mpvisor's own, 70. An exception's frames are cleared before it is described
+(`_release_frames`): what a failed target held, a memory hog's buffers say, is freed first. Whatever the target leaves behind is described and encoded under
 `_guarded` (below), so no user code can make the report malformed or change that status.
 """
 
@@ -104,12 +106,35 @@ def run(fd: int) -> NoReturn:
         start = channel.read_start()
     except BaseException:
         os._exit(70)  # no parent to report to: the exit status speaks for us
-    _adopt_environment(start)
-    if start.limits:
-        _apply_limits(channel, start.limits)
-    if start.kind == "cmd":
-        _exec_command(channel, start)
-    _run_target(channel, start)
+    try:
+        _adopt_environment(start)
+        if start.limits:
+            _apply_limits(channel, start.limits)
+        if start.kind == "cmd":
+            _exec_command(channel, start)
+        _run_target(channel, start)
+    except MemoryError:  # so little memory left that the report itself could not be built
+        _finish_out_of_memory(fd)
+
+
+def _out_of_memory_frame() -> bytes:
+    reason = "MemoryError: the attempt ran out of memory; not even its report could be built"
+    return frame(pack(Failure("error", reason).to_wire()))
+
+
+_OUT_OF_MEMORY_FRAME = _out_of_memory_frame()  # built while there is memory to build it
+
+
+def _finish_out_of_memory(fd: int) -> NoReturn:
+    """Send the report built in advance and end with 0. Nothing here allocates: the frame is
+    small enough that one write sends it (a slice is made only if one did not)."""
+    try:
+        sent = 0
+        while sent < len(_OUT_OF_MEMORY_FRAME):
+            sent += os.write(fd, _OUT_OF_MEMORY_FRAME[sent:] if sent else _OUT_OF_MEMORY_FRAME)
+    except BaseException:
+        pass  # the channel is gone: the status speaks
+    os._exit(0)
 
 
 def spawn_main(fd: int) -> NoReturn:
@@ -177,6 +202,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except BaseException as exc:
+        _release_frames(exc)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"
         _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc)))
     if not callable(target):
@@ -254,8 +280,10 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
     except SystemExit as exc:
         _exit_like_sys_exit(exc)
     except KeyboardInterrupt as exc:
+        _release_frames(exc)
         return Failure("error", _describe(exc), None, _traceback(exc)), int(signal.SIGINT)
     except BaseException as exc:
+        _release_frames(exc)
         return Failure("error", _describe(exc), None, _traceback(exc)), 0
 
 
@@ -326,6 +354,28 @@ def _traceback(exc: BaseException) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames `exc`'s traceback holds (and its chain's), as
+    `traceback.clear_frames` does, without importing anything: a target that raised
+    `MemoryError` holding its buffers lets them go before its report is built. The traceback's
+    file names and line numbers stay (they are the code's, not the frame's)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:
+                pass  # a frame still running (ours, the one that caught it)
+            tb = tb.tb_next
+        pending += (current.__cause__, current.__context__)
 
 
 def _kind_of_failing(exc: BaseException) -> str:

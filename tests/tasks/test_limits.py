@@ -29,6 +29,8 @@ CASES = [
      "memory limit exceeded (256 MiB, cgroup v1): "),
     ("address_space", TaskSpec.once(fn("hog", limits.hog)).with_limits(address_space=256 * 2**20),
      "address space limit exceeded (256 MiB): MemoryError"),
+    ("address_space", TaskSpec.once(fn("hoard", limits.hoard)).with_limits(address_space=256 * 2**20),
+     "address space limit exceeded (256 MiB): MemoryError"),  # no memory left for the report: the one built in advance
     ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=1), "cpu limit exceeded (1 s, cgroup v2 cpu.stat): "),
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
