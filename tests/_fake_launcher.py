@@ -107,7 +107,7 @@ class FakeLauncher:
         return []  # no process at all
 
     def spawn(self, sink: Any, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
-              resources: Any = None, module: str = "", fence: Any = None, memory: int = 0, cpu: float = 0.0) -> int:
+              resources: Any = None, module: str = "", fence: Any = None, tree: Any = None) -> int:
         self._next += 1
         key = self._next
         attempt = _Attempt(key, FAKE_PID_BASE + key, sink, b"".join(start))

@@ -11,6 +11,7 @@
 | `touch(mib)` | writes `mib` MiB once and holds it for 30 s | a memory limit on the tree, when `mib` is over it |
 | `children_touch(n, mib)` | starts `n` child processes that each write `mib` MiB and hold it, waits for them | a memory limit on the whole tree, when `n * mib` is over it (no single process is) |
 | `write_fast(record)` | writes 16 MiB every 16 ms (1 GB/s), appending its resident MiB to `record` after each | a memory limit, late by what it writes between two looks of a watcher |
+| `busy_children(n, seconds)` | starts `n` child processes that each spin for `seconds` of wall time, waits for them | `[their CPU seconds in all, the wall seconds]`: under `cpus=`, about `cpus * seconds` of CPU |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
 """
 
@@ -85,6 +86,28 @@ def children_touch(n: int, mib: int) -> int:
     code = f"import time; data = b'\\x01' * ({mib} * 2**20); time.sleep(30)"
     children = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
     return sum(child.wait() for child in children)
+
+
+def busy_children(n: int, seconds: float) -> list[float]:
+    """Start `n` children that each spin for `seconds` of wall time; their CPU time in all and
+    the wall time it took."""
+    import os
+    import time
+
+    began = time.monotonic()
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                pass
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    times = os.times()
+    return [times.children_user + times.children_system, time.monotonic() - began]
 
 
 def sleeping_threads(n: int) -> int:

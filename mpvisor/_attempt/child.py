@@ -21,6 +21,7 @@ returns: every path ends in `os._exit`.
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
+| has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 
 Only a failed handshake (no start message could be read: nobody to report to) ends with a
 status of mpvisor's own, 70. An exception's frames are cleared before it is described
@@ -135,6 +136,18 @@ def _finish_out_of_memory(fd: int) -> NoReturn:
     except BaseException:
         pass  # the channel is gone: the status speaks
     os._exit(0)
+
+
+def refuse(fd: int, reason: str) -> NoReturn:
+    """The life of an attempt its launcher cannot start as asked (a limit it cannot keep here):
+    the handshake, then a permanent failure saying why; the target is never imported."""
+    try:
+        channel = _Channel(fd)
+        channel.send(Hello(os.getpid()))
+        channel.read_start()
+    except BaseException:
+        os._exit(70)
+    _finish(channel, Failure("fatal", reason))
 
 
 def spawn_main(fd: int) -> NoReturn:

@@ -71,7 +71,7 @@ def lines(caps: Capabilities) -> list[str]:
         f"OOM counts: {used.oom}",
         f"memory limit: {used.memory}",
         f"cpu_seconds limit: {used.cpu_seconds}",
-        f"cpus limit: {used.cpus or 'not available (this mpvisor has no cpus= limit yet)'}",
+        f"cpus limit: {used.cpus or 'not available: an attempt with cpus= is refused here'}",
         f"tree kill: {used.tree_kill}",
     ]
     suggestion = stronger(caps)

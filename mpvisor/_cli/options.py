@@ -289,6 +289,16 @@ def byte_size(text: str) -> int:
     return int(value)
 
 
+def cpus(text: str) -> float:
+    """An argparse `type=`: a number of CPUs, a fraction allowed (the library's rule, >= 0.01)."""
+    try:
+        value = _validate.cpus("cpus", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of CPUs >= {_validate.LEAST_CPUS} (e.g. 0.5, 2), got {text!r}") from None
+    assert value is not None
+    return value
+
+
 def positive_count(text: str) -> int:
     """An argparse `type=`: a whole number >= 1."""
     try:
@@ -356,9 +366,9 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
         spec = spec.with_max_retries(args.max_retries)
     if args.intensity is not None:
         spec = spec.with_restart_intensity(*args.intensity)
-    if any(getattr(args, name) is not None for name in ("memory", "cpu", "open_files", "address_space")):
+    if any(getattr(args, name) is not None for name in ("memory", "cpu", "open_files", "address_space", "cpus")):
         spec = spec.with_limits(memory=args.memory, cpu_seconds=args.cpu, open_files=args.open_files,
-                                address_space=args.address_space)
+                                address_space=args.address_space, cpus=args.cpus)
     if args.timeout is not None:  # as timeout(1) reads it: the whole attempt, start-up and import included
         spec = spec.with_timeout(args.timeout, include_start=True)
     if getattr(args, "start_timeout", None) is not None:
@@ -370,8 +380,8 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
 
 
 # `run` options that describe the one task: with --file, the file describes its tasks
-TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_space", "cpu", "open_files", "intensity", "timeout",
-                "start_timeout", "backoff", "jitter", "slot", "policy")
+TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_space", "cpu", "cpus", "open_files", "intensity",
+                "timeout", "start_timeout", "backoff", "jitter", "slot", "policy")
 
 
 # --- the I/O every run does ----------------------------------------------------------------------

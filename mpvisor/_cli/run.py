@@ -91,6 +91,7 @@ from mpvisor._cli.options import (
     byte_size,
     choice,
     controller_config,
+    cpus,
     event_writers,
     intensity,
     jitter,
@@ -142,6 +143,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="each process's address-space limit (RLIMIT_AS), as SIZE for --memory")
     run.add_argument("--cpu", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="the CPU time each attempt's whole tree may use (its cgroup's, else the launcher's count)")
+    run.add_argument("--cpus", type=cpus, metavar="N",
+                     help="at most N CPUs' worth of time at once for each attempt's whole tree (0.5, 2; the kernel's CPU "
+                          "controller slows it down; refused where there is none: mpvisor doctor)")
     run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")

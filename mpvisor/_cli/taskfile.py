@@ -16,6 +16,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `restart` | `"never"`, `"on-failure"`, `"always"` | `--restart` |
 | `every`, `timeout`, `start_timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
 | `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
+| `cpus` | a number of CPUs (`0.5`, `2`) | `--cpus` |
 | `memory`, `address_space` | integer (bytes) or string (`"512M"`) | `--memory`, `--address-space` |
 | `intensity` | string `"N/SECONDS"` | `--intensity` |
 | `backoff` | string `"FIRST[:MAX[:FACTOR]]"` or a number (FIRST) | `--backoff` |
@@ -235,6 +236,7 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "memory": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
     "address_space": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
     "cpu": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "cpus": _via(_options.cpus, _NUMBER, "a number of CPUs >= 0.01"),
     "open_files": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
     "intensity": _via(_options.intensity, (str,), 'a string "N/SECONDS"'),
     "timeout": _via(_options.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),

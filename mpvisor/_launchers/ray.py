@@ -61,7 +61,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mpvisor._launchers.seam import ExitStatus, Fence
+from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
 
@@ -543,7 +543,7 @@ class RayClient:
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0, cpu: float = 0.0) -> int:
+              tree: TreeLimits = NO_TREE_LIMITS) -> int:
         """Create the attempt's agent with its `resources` and start the attempt under it
         (`module` is ignored: the agent's node has its own fork server and paths)."""
         self._next_key += 1
@@ -556,7 +556,7 @@ class RayClient:
         env.update((self.settings.runtime_env or {}).get("env_vars", {}))
         environment = (env, os.getcwd(), list(sys.path))
         remote.task = self.loop.create_task(
-            self._guarded(remote, start, exec_python, capture_output, resources, environment, memory, cpu),
+            self._guarded(remote, start, exec_python, capture_output, resources, environment, tree),
             name=f"mpvisor-ray-attempt-{remote.key}",
         )
         return remote.key
@@ -655,7 +655,7 @@ class RayClient:
 
     async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
                    resources: Resources | None, environment: tuple[dict[str, str], str, list[str]],
-                   memory: int = 0, cpu: float = 0.0) -> None:
+                   tree: TreeLimits = NO_TREE_LIMITS) -> None:
         await asyncio.shield(self._connect)
         if self._error is not None:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: {self._error}"))
@@ -682,7 +682,7 @@ class RayClient:
         remote.agent = agent
         launch = self.launch
         agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
-                           list(launch.preload), launch.start_timeout, memory, cpu)
+                           list(launch.preload), launch.start_timeout, tree)
         for request in remote.waiting:
             _call(agent, remote.number, request)
         remote.waiting.clear()
@@ -901,7 +901,7 @@ class Agent:
 
     async def start(self, number: int, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
                     environment: tuple[dict[str, str], str, list[str]], preload: list[str],
-                    start_timeout: float, memory: int = 0, cpu: float = 0.0) -> None:
+                    start_timeout: float, tree: TreeLimits = NO_TREE_LIMITS) -> None:
         """Start attempt `number` (the parent reuses an agent only after its previous attempt's
         end, and only for an attempt in the same environment)."""
         from mpvisor._launchers.local.client import LauncherClient
@@ -924,7 +924,7 @@ class Agent:
             self._emit(["start_failed", "could not start: killed before it started"])
             return
         self._key = client.spawn(self, (start0, start1), exec_python=exec_python, capture_output=capture_output,
-                                 memory=memory, cpu=cpu)
+                                 tree=tree)
         held, self._held = self._held, []
         for request in held:
             self._apply(request)

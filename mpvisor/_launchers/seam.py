@@ -25,11 +25,13 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   directory: a fork server prepares it (`_attempt/prepared.py`); another launcher may ignore it.
   `fence` (a `Fence` or `None`) puts the attempt under its owner's fence: once the fence is
   reached its tree is stopped, then killed, and `on_exited` carries `ExitStatus.fenced`; an
-  attempt spawned under a reached fence is not started (`on_start_failed`). `memory` (bytes, 0
-  for none) bounds the resident memory of the attempt's whole tree: the launcher keeps it (a
-  memory cgroup per attempt where it may make one, else a watcher of the tree's resident set),
-  ends a tree that exceeds it, and says so in `ExitStatus.memory` (the mechanism); `cpu` (seconds,
-  0 for none) bounds the CPU time of the whole tree likewise (`ExitStatus.cpu`).
+  attempt spawned under a reached fence is not started (`on_start_failed`). `tree` (a
+  `TreeLimits`) holds the limits the launcher keeps for the attempt's whole tree: `memory`
+  (resident bytes: a memory cgroup per attempt where it may make one, else a watcher of the
+  tree's resident set; a tree over it is ended, and `ExitStatus.memory` names the mechanism),
+  `cpu` (CPU seconds, likewise: `ExitStatus.cpu`), and `cpus` (CPUs' worth of time: the
+  kernel's CPU controller slows the tree down; where no CPU controller may be used, the
+  attempt is refused: its report is a permanent failure naming the limit).
 - `fence(fence)` hands the launcher a fence's new deadlines (first before any spawn under it);
   `unfence(group)` forgets it once its owner is done. A fence is kept by a process other than
   the supervisor's where the launcher has one (the local fork server); where it has not (Ray,
@@ -57,9 +59,9 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import asyncio
@@ -111,6 +113,27 @@ class Fence:
 
 
 @dataclass(frozen=True, slots=True)
+class TreeLimits:
+    """The limits a launcher keeps for an attempt's whole tree (0: none), from its `Limits`."""
+
+    memory: int = 0  # bytes of resident memory
+    cpu: float = 0.0  # seconds of CPU time
+    cpus: float = 0.0  # CPUs' worth of time at once
+
+    @classmethod
+    def of(cls, limits: Mapping[str, Any] | None) -> TreeLimits:
+        """The tree's limits among a start message's `limits` (`Limits.to_wire()`)."""
+        got = limits or {}
+        return cls(int(got.get("memory") or 0), float(got.get("cpu") or 0.0), float(got.get("cpus") or 0.0))
+
+    def __bool__(self) -> bool:
+        return bool(self.memory or self.cpu or self.cpus)
+
+
+NO_TREE_LIMITS = TreeLimits()
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSettings:
     """What a launcher is built with: the supervisor's settings a launcher uses, and no others."""
 
@@ -141,7 +164,7 @@ class Launcher(Protocol):
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0, cpu: float = 0.0) -> int: ...
+              tree: TreeLimits = NO_TREE_LIMITS) -> int: ...
     def fence(self, fence: Fence) -> None: ...
     def unfence(self, group: int) -> None: ...
     def signal(self, key: int, signum: int, group: bool) -> None: ...

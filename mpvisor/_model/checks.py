@@ -8,6 +8,7 @@ field and the value, so that bad input never reaches the runtime.
 | `duration` | finite float/int >= 0, a `timedelta` (and `None` where allowed) | negative, NaN, inf, bool, other types |
 | `positive_int` | int >= 1 (and `None` where allowed) | 0, negatives, bool, other types |
 | `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
+| `cpus` | finite float/int >= 0.01 (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
 """
 
@@ -52,6 +53,20 @@ def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> 
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{field} must be a non-negative integer, got {value!r}")
     return value
+
+
+LEAST_CPUS = 0.01  # the kernel's least CFS quota, 1 ms, in its default period of 100 ms
+
+
+def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None:
+    """Return `value` as a number of CPUs (a fraction allowed), or raise `ConfigError`."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{field} must be a number of CPUs, got {value!r}")
+    if not math.isfinite(value) or value < LEAST_CPUS:
+        raise ConfigError(f"{field} must be a finite number of CPUs >= {LEAST_CPUS}, got {value!r}")
+    return float(value)
 
 
 def name(field: str, value: object) -> str:

@@ -13,7 +13,7 @@ decided in `_model/restart.py`; the work itself is described in `_model/work.py`
 | max_retries | n >= 0; `None` = unlimited | `INHERIT` → `TaskDefaults.max_retries` |
 | resources | `Resources` (placement on a cluster launcher) | `None`: the launcher's default |
 | restart intensity | `RestartIntensity(max_restarts, within)`; `None` = no bound | `INHERIT` → `TaskDefaults.restart_intensity` |
-| limits | `Limits(memory, cpu_seconds, open_files, address_space)`; `None` = none | `INHERIT` → `TaskDefaults.limits` |
+| limits | `Limits(memory, cpu_seconds, open_files, address_space, cpus)`; `None` = none | `INHERIT` → `TaskDefaults.limits` |
 
 | constructor | restart policy |
 |---|---|
@@ -131,29 +131,37 @@ class Limits:
       what `memory` meant before, for programs that must never map more);
     - `cpu_seconds`: CPU time, > 0, of the attempt's whole tree, counted by the launcher (a v2
       cgroup per attempt, else its accounting of the tree); `open_files`: descriptors, an int
-      >= 1, of each process (`RLIMIT_NOFILE`).
+      >= 1, of each process (`RLIMIT_NOFILE`);
+    - `cpus`: at most this many CPUs' worth of time (>= 0.01; 1.5 = one and a half CPUs), for
+      the whole tree, kept by the kernel's CPU controller in a cgroup of the attempt's own (v2
+      `cpu.max`, v1 `cpu.cfs_quota_us`): the tree is slowed down, never ended. Where no CPU
+      controller may be used, the attempt is refused: it ends `FATAL` (`cannot apply the limit
+      cpus=...`), as `mpvisor doctor` foretells.
 
-    An attempt that runs into one ends as a retryable failure whose reason starts with the limit
-    (`memory limit exceeded (512 MiB, cgroup v1): ...`, `address space limit exceeded (1 GiB)`,
-    `cpu limit exceeded (10 s, cgroup v2 cpu.stat)`, `open files limit exceeded (64)`), and its outcome's `limit`
-    names it."""
+    An attempt that runs into one of the others ends as a retryable failure whose reason starts
+    with the limit (`memory limit exceeded (512 MiB, cgroup v1): ...`, `address space limit
+    exceeded (1 GiB)`, `cpu limit exceeded (10 s, cgroup v2 cpu.stat)`, `open files limit
+    exceeded (64)`), and its outcome's `limit` names it."""
 
     memory: int | None
     cpu_seconds: float | None
     open_files: int | None
     address_space: int | None
+    cpus: float | None
 
     def __init__(self, memory: int | None = None, cpu_seconds: float | None = None,
-                 open_files: int | None = None, address_space: int | None = None) -> None:
+                 open_files: int | None = None, address_space: int | None = None, cpus: float | None = None) -> None:
         object.__setattr__(self, "memory", _validate.positive_int("memory", memory, allow_none=True))
         object.__setattr__(self, "cpu_seconds", _validate.duration("cpu_seconds", cpu_seconds, allow_none=True, allow_zero=False))
         object.__setattr__(self, "open_files", _validate.positive_int("open_files", open_files, allow_none=True))
         object.__setattr__(self, "address_space", _validate.positive_int("address_space", address_space, allow_none=True))
+        object.__setattr__(self, "cpus", _validate.cpus("cpus", cpus, allow_none=True))
 
     def to_wire(self) -> dict[str, Any]:
-        """The limits as the start message carries them (the child sets `as`, `cpu`, `nofile`;
-        the launcher keeps `memory`)."""
-        return {"memory": self.memory, "cpu": self.cpu_seconds, "nofile": self.open_files, "as": self.address_space}
+        """The limits as the start message carries them (the child sets `as`, `nofile`; the
+        launcher keeps `memory`, `cpu` and `cpus`)."""
+        return {"memory": self.memory, "cpu": self.cpu_seconds, "nofile": self.open_files, "as": self.address_space,
+                "cpus": self.cpus}
 
 
 DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
@@ -381,9 +389,11 @@ class TaskSpec:
         return dataclasses.replace(self, restart_intensity=RestartIntensity(max_restarts, within_seconds))
 
     def with_limits(self, memory: int | None = None, cpu_seconds: float | None = None,
-                    open_files: int | None = None, address_space: int | None = None) -> TaskSpec:
-        """The same spec with resource limits for each attempt (see `Limits`)."""
-        return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files, address_space))
+                    open_files: int | None = None, address_space: int | None = None,
+                    cpus: float | None = None) -> TaskSpec:
+        """The same spec with resource limits for each attempt (see `Limits`; `cpus` is
+        enforced, unlike `with_resources(num_cpus=)`, which only reserves where it is placed)."""
+        return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files, address_space, cpus))
 
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
         """The same spec with another `RestartPolicy`."""

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from mpvisor._launchers.seam import ExitStatus, Fence, Launcher
+from mpvisor._launchers.seam import ExitStatus, Fence, Launcher, TreeLimits
 from mpvisor._model.spec import Resources
 from mpvisor._model.wire import (
     VERSION,
@@ -125,8 +125,7 @@ class AttemptProcess:
         self.key = client.spawn(self, encode_start(start), exec_python=exec_python,
                                 capture_output=request.capture_output, resources=request.resources,
                                 module="" if exec_python else prepared_module(start), fence=request.fence,
-                                memory=int((start.limits or {}).get("memory") or 0),
-                                cpu=float((start.limits or {}).get("cpu") or 0.0))
+                                tree=TreeLimits.of(start.limits))
         limit = request.start_timeout
         self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
         self._timeout_from_start = request.timeout_from_start

@@ -277,8 +277,8 @@ def test_limits_become_the_specs_limits(size, expected):
     """`--memory SIZE --cpu S --open-files N` is `with_limits(memory, cpu_seconds, open_files)`."""
     from mpvisor import Limits
 
-    _, spec = parse(["run", "--memory", size, "--cpu", "60", "--open-files", "128", "workers.basic:quick"])
-    assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128)
+    _, spec = parse(["run", "--memory", size, "--cpu", "60", "--open-files", "128", "--cpus", "0.5", "workers.basic:quick"])
+    assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128, cpus=0.5)
 
 
 def test_an_empty_slot_is_refused_as_a_slot_name(capsys):

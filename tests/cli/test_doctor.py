@@ -42,12 +42,13 @@ def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     assert lines[2].startswith(f"cgroups: {caps.version}")
     used = cgroups.in_use(caps)
     assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
-                          "cpus limit: not available (this mpvisor has no cpus= limit yet)", f"tree kill: {used.tree_kill}"]
+                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
     # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
     assert "OOM counts: per attempt from memory.oom_control (v1)" in lines
     assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines
+    assert "cpus limit: cgroup v1 cpu.cfs_quota_us" in lines
     assert not [line for line in lines if line.startswith("stronger: ")]
     assert list(tmp_path.iterdir()) == []  # it wrote nothing where it ran
 
@@ -92,7 +93,7 @@ def test_the_lines_of_a_host_with_nothing_writable():
         "OOM counts: system-wide from /proc/vmstat",
         "memory limit: resident-memory watcher (soft)",
         "cpu_seconds limit: launcher accounting of the tree",
-        "cpus limit: not available (this mpvisor has no cpus= limit yet)",
+        "cpus limit: not available: an attempt with cpus= is refused here",
         "tree kill: process-table walk",
         "stronger: systemd-run --user --scope -p Delegate=yes mpvisor ...",
     ]
@@ -108,7 +109,7 @@ def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
         "(once this cgroup's processes move into a leaf))")
     assert doctor.lines(delegated)[-5:] == [
         "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
-        "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: not available (this mpvisor has no cpus= limit yet)",
+        "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max",
         "tree kill: cgroup.kill"]
     v1 = Capabilities(pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "memory"),
                       v1_memory="/sys/fs/cgroup/memory/job")

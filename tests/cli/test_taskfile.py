@@ -91,6 +91,7 @@ def test_every_key_reaches_the_spec():
         every = 0.25
         memory = "1G"
         cpu = 60
+        cpus = 1.5
         open_files = 128
         intensity = "3/60"
         env = {B = "3", C = false}
@@ -109,7 +110,7 @@ def test_every_key_reaches_the_spec():
     assert job.spec.task == TaskFn("job", "workers.basic:echo", (1, [2.5, True], {"k": "v"}), {"marker": "m"},
                                    env={"A": "1", "B": "3", "C": None}, cwd="/base/sub/dir")
     assert job.spec.restart == RestartPolicy.always(0.25)
-    assert job.spec.limits == Limits(memory=2**30, cpu_seconds=60.0, open_files=128)
+    assert job.spec.limits == Limits(memory=2**30, cpu_seconds=60.0, open_files=128, cpus=1.5)
     assert job.spec.restart_intensity == RestartIntensity(3, 60.0)
     assert job.spec.backoff == BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.FULL)
     assert job.slot is None and job.policy is None  # a default policy applies only to tasks with a slot
@@ -171,6 +172,7 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\nenv = {'A=B' = '1'}\n", ['task "a".env: "A=B": not a valid environment variable (a non-empty name without \'=\' or NUL)']),
         ("[task.a]\ntarget = 'm:f'\ncwd = ''\n", ['task "a".cwd: expected a directory (a non-empty string), got a string: ""']),
         ("[task.a]\ntarget = 'm:f'\nmemory = 'lots'\n", ['task "a".memory: expected a size in bytes (e.g. 1048576, 512M, 1G), got \'lots\'']),
+        ("[task.a]\ntarget = 'm:f'\ncpus = 0.001\n", ['task "a".cpus: expected a number of CPUs >= 0.01 (e.g. 0.5, 2), got \'0.001\'']),
         ("[task.a]\ntarget = 'm:f'\nargs = [18446744073709551616]\n", ['task "a": args[0] is out of msgpack\'s integer range']),
         ('[task.""]\ntarget = "m:f"\n', ['task "": a task\'s name must not be empty']),
         ("[task]\na = 1\n", ['task "a": expected a table ([task.a]), got an integer: 1']),

@@ -26,6 +26,7 @@ EXAMPLES = [
     control.Spawn(19, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified"),
     control.Spawn(20, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 2.5),
     control.Exited(21, "signal", 9, False, False, False, "", "cgroup v2 cpu.stat"),
+    control.Spawn(22, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 0.0, 1.5, "/sys/fs/cgroup/cpu"),
     control.Spawn(17, False, "", False, control.NO_TERMINAL, 0, 2**20, ""), control.Exited(18, "signal", 9, False, True, False, "cgroup v1"),
 ]
 
@@ -70,7 +71,8 @@ _ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _messages = st.one_of(
     st.builds(control.Spawn, _ints, st.booleans(), st.text(), st.booleans(),
               st.sampled_from([control.NO_TERMINAL, control.BACKGROUND, control.FOREGROUND]), _ints,
-              st.integers(min_value=0, max_value=2**63 - 1), st.text(), st.text(), st.floats(min_value=0, max_value=1e12)),
+              st.integers(min_value=0, max_value=2**63 - 1), st.text(), st.text(), st.floats(min_value=0, max_value=1e12),
+              st.floats(min_value=0, max_value=1e6), st.text()),
     st.builds(control.Fence, _ints, st.floats(allow_nan=False), st.floats(allow_nan=False)),
     st.builds(control.Unfence, _ints),
     st.builds(control.Stopped, _ints, _ints),

@@ -138,6 +138,13 @@ def _builders() -> list[tuple[str, Any, str, str]]:
         ("seed", lambda: SupervisorConfig(seed=1.5), "seed", "1.5"),  # type: ignore[arg-type]
         ("controller-queue", lambda: ControllerConfig(queue_capacity=0), "queue_capacity", "0"),
         ("slot-queue", lambda: ControllerConfig(max_slot_queue=-1), "max_slot_queue", "-1"),
+        ("memory-zero", lambda: TaskSpec.once(TASK).with_limits(memory=0), "memory", "0"),
+        ("address-space-float", lambda: TaskSpec.once(TASK).with_limits(address_space=1.5), "address_space", "1.5"),  # type: ignore[arg-type]
+        ("cpu-seconds-zero", lambda: TaskSpec.once(TASK).with_limits(cpu_seconds=0), "cpu_seconds", "0"),
+        ("open-files-bool", lambda: TaskSpec.once(TASK).with_limits(open_files=True), "open_files", "True"),
+        ("cpus-below-quota", lambda: TaskSpec.once(TASK).with_limits(cpus=0.001), "cpus", "0.001"),
+        ("cpus-inf", lambda: TaskSpec.once(TASK).with_limits(cpus=inf), "cpus", "inf"),
+        ("cpus-str", lambda: TaskSpec.once(TASK).with_limits(cpus="2"), "cpus", "'2'"),  # type: ignore[arg-type]
     ]
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 
 import pytest
 
-from mpvisor import CommandTask, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
-from tests._support import START_METHODS, all_ended, all_gone, fn, read_records, supervised
+from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
+from tests._support import START_METHODS, all_ended, all_gone, fn, read_records, seen, supervised
 from workers import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,6 +101,35 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
         os.rmdir(cgroup)  # empty again: every process of the run has exited
     assert done.returncode == 128 + 9, done.stderr
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
+async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_path) -> None:
+    """While two attempts run (one memory-limited, in a memory cgroup of its own; one without a
+    limit, in this process's memory cgroup), the kernel OOM-kills a process in a third memory
+    cgroup; then each attempt is SIGKILLed by someone else (this test). Neither is said to be
+    killed by the OOM killer, and neither is named after a limit: the limited one's ending
+    reads its own cgroup's count, the other's the count of the cgroup it is in. (The
+    system-wide count, /proc/vmstat, rose.)"""
+    other = _memory_cgroup(f"oom-elsewhere-{os.getpid()}", 64 * 2**20)
+    try:
+        async with supervised(SupervisorConfig(grace=1.0)) as (handle, collector):
+            limited_id, limited = await handle.add_and_watch(
+                TaskSpec.once(fn("limited", limits.touch, 16)).with_limits(memory=256 * 2**20))
+            plain_id, plain = await handle.add_and_watch(TaskSpec.once(fn("plain", limits.touch, 16)))
+            pids = [(await seen(collector, EventKind.ATTEMPT_STARTING, id=i)).pid for i in (limited_id, plain_id)]
+            script = f'echo $$ > {other}/cgroup.procs && exec {sys.executable} -c "from workers.limits import resident_hog; resident_hog(8)"'
+            hog = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, timeout=60)
+            assert hog.returncode == -signal.SIGKILL, hog.stderr  # bash exec'd it: the hog itself was killed
+            with open(f"{other}/memory.oom_control", encoding="ascii") as file:
+                assert "oom_kill 1" in file.read().splitlines()  # the kernel's OOM killer, in the other cgroup
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            outcomes = [await limited.wait(), await plain.wait()]
+    finally:
+        os.rmdir(other)
+    for outcome in outcomes:
+        assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, None), outcome
+        assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
 
 
 def _own_memory_cgroup() -> str | None:
@@ -262,3 +293,64 @@ async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
     assert outcome.reason.startswith(f"cpu limit exceeded (2 s, {mechanism}): "), outcome.reason
     assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores
+
+
+def _own_cgroup(controller: str) -> str:
+    with open("/proc/self/cgroup", encoding="utf-8") as file:
+        for line in file:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(","):
+                return f"/sys/fs/cgroup/{controller}{path.rstrip('/')}"
+    raise AssertionError(f"this machine has a v1 {controller} hierarchy: its cgroups are tested")
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+async def test_cpus_slows_the_whole_tree_to_its_share(start_method) -> None:
+    """Two children spinning for 2 s under `cpus=0.5` (with a memory limit beside, so the
+    attempt is in three cgroups: v1 memory, v1 cpu, v2 for its kill) get about 1 s of CPU in
+    all, not 4 (2 cores): the attempt's own v1 cpu cgroup's quota. It completes: a CPU share
+    slows a tree down, it never ends it. No attempt cgroup is left in either hierarchy."""
+    spec = TaskSpec.once(fn("busy", limits.busy_children, 2, 2.0)).with_limits(cpus=0.5, memory=512 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0, start_method=start_method)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.COMPLETED, outcome
+    used, wall = outcome.value
+    assert used <= 0.5 * wall * 1.2 + 0.1, (used, wall)  # unlimited, it would be up to 2 * wall
+    assert used >= 0.5 * wall * 0.5, (used, wall)  # it did run
+    for controller in ("cpu", "memory"):
+        left = [n for n in os.listdir(_own_cgroup(controller)) if n.startswith("mpvisor-") and "probe" not in n]
+        assert left == [], (controller, left)
+
+
+async def test_cpus_without_a_cpu_controller_is_refused_for_good(monkeypatch) -> None:
+    """Forced to use no cgroup (MPVISOR_CGROUPS=off), a `cpus=` limit cannot be kept: the
+    attempt is refused, FATAL with the reason naming the limit, its target never imported and
+    never retried (a restartable spec ends after one attempt)."""
+    monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.restartable(fn("refused", "workers.hanging_import:target")).with_limits(cpus=1.5)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason.startswith("cannot apply the limit cpus=1.5: no CPU controller mpvisor may use here"), outcome.reason
+
+
+def test_the_cpus_option_of_the_installed_command(tmp_path) -> None:
+    """`mpvisor run --cpus 0.5` from a directory outside the repository: a program spinning two
+    processes for 2 s gets about 1 s of CPU; `--cpus 0` is a usage error (exit 2) naming it."""
+    mpvisor = shutil.which("mpvisor") or "mpvisor"
+    spin = ("import os, time\n"
+            "for _ in range(2):\n"
+            "    if os.fork() == 0:\n"
+            "        t = time.monotonic() + 2\n"
+            "        while time.monotonic() < t: pass\n"
+            "        os._exit(0)\n"
+            "os.wait(); os.wait(); t = os.times(); print(t.children_user + t.children_system)\n")
+    done = subprocess.run([mpvisor, "run", "--cpus", "0.5", "--", sys.executable, "-c", spin], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert 0.5 <= float(done.stdout) <= 1.3, done.stdout
+    usage = subprocess.run([mpvisor, "run", "--cpus", "0", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and "--cpus" in usage.stderr, usage.stderr

@@ -309,7 +309,7 @@ class Mechanisms:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where memory-limited attempts get a memory cgroup each: under `directory`, of cgroup
+    """Where attempts get a cgroup each with a controller: under `directory`, of cgroup
     `version` 2 or 1; `leaf_move`: (v2) our cgroup's processes must first move to a leaf."""
 
     directory: str
@@ -317,15 +317,23 @@ class Placement:
     leaf_move: bool = False
 
 
+def attempt_cgroups(caps: Capabilities, controller: Literal["memory", "cpu"]) -> list[Placement]:
+    """Where each attempt limited by `controller` could get a cgroup of its own with it, best
+    first (pure): under our v2 cgroup where the controller is delegated, then under our
+    writable v1 cgroup of that controller; [] for none."""
+    found = []
+    if caps.v2_writable and caps.v2_cgroup and controller in caps.v2_controllers:
+        found.append(Placement(caps.v2_cgroup, 2, caps.v2_leaf_move))
+    v1 = caps.v1_dirs()[controller]
+    if v1:
+        found.append(Placement(v1, 1))
+    return found
+
+
 def attempt_memory_cgroups(caps: Capabilities) -> Placement | None:
-    """Where each memory-limited attempt gets a memory cgroup of its own (pure): under our v2
-    cgroup where the memory controller is delegated, else under our writable v1 memory cgroup;
-    None: the launcher watches the tree's resident set instead."""
-    if caps.v2_writable and caps.v2_cgroup and "memory" in caps.v2_controllers:
-        return Placement(caps.v2_cgroup, 2, caps.v2_leaf_move)
-    if caps.v1_memory:
-        return Placement(caps.v1_memory, 1)
-    return None
+    """Where each memory-limited attempt gets a memory cgroup of its own (pure; the best of
+    `attempt_cgroups`); None: the launcher watches the tree's resident set instead."""
+    return next(iter(attempt_cgroups(caps, "memory")), None)
 
 
 def kill_cgroups(caps: Capabilities) -> str | None:
@@ -411,15 +419,23 @@ def _kill_member(pid: int, name: str) -> None:
 LEAF = "mpvisor-leaf"  # (v2) where our cgroup's processes move, so that it may enable controllers for children
 
 
-def enable_memory(placement: Placement) -> bool:
-    """Make `placement` ready for attempts' memory cgroups (I/O): for v2, the memory controller
-    enabled for our cgroup's children, after moving every process of our cgroup into the leaf
-    `mpvisor-leaf` when the no-internal-processes rule asks it (as systemd's delegation
-    documentation does). False if the kernel refuses (then the tree is watched instead)."""
+def usable(placements: Collection[Placement], controller: str) -> str:
+    """The directory of the first of `placements` that `enable` makes ready (I/O); "" for none."""
+    for placement in placements:
+        if enable(placement, controller):
+            return placement.directory
+    return ""
+
+
+def enable(placement: Placement, controller: str) -> bool:
+    """Make `placement` ready for attempts' cgroups with `controller` (I/O): for v2, the
+    controller enabled for our cgroup's children, after moving every process of our cgroup into
+    the leaf `mpvisor-leaf` when the no-internal-processes rule asks it (as systemd's delegation
+    documentation does). False if the kernel refuses (then the next placement, or none)."""
     if placement.version != 2:
         return True
     control = f"{placement.directory}/cgroup.subtree_control"
-    if "memory" in parse_controllers(_read(control) or ""):
+    if controller in parse_controllers(_read(control) or ""):
         return True
     try:
         if placement.leaf_move:
@@ -430,7 +446,7 @@ def enable_memory(placement: Placement) -> bool:
                     _write(f"{leaf}/cgroup.procs", pid)
                 except ProcessLookupError:
                     pass  # it ended meanwhile
-        _write(control, "+memory")
+        _write(control, f"+{controller}")
     except OSError:
         return False
     return True
@@ -459,15 +475,14 @@ def mechanisms(caps: Capabilities) -> Mechanisms:
 
 
 def in_use(caps: Capabilities) -> Mechanisms:
-    """Which of `mechanisms(caps)` this mpvisor uses now (pure): memory as there; CPU time and
-    the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`), else the
-    launcher's walk of the tree (a v1 cpuacct or a freezer is not used yet); no `cpus=` limit
-    yet (None)."""
+    """Which of `mechanisms(caps)` this mpvisor uses now (pure): memory and `cpus=` as there;
+    CPU time and the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`),
+    else the launcher's walk of the tree (a v1 cpuacct or a freezer is not used)."""
     best = mechanisms(caps)
     v2 = kill_cgroups(caps) is not None
     cpu_time = best.cpu_seconds if best.cpu_seconds == CPU_TIME_V2 and v2 else CPU_TIME_WALK
     kill = best.tree_kill if best.tree_kill == KILL_V2 and v2 else KILL_WALK
-    return Mechanisms(best.memory, cpu_time, None, kill, best.oom)
+    return Mechanisms(best.memory, cpu_time, best.cpus, kill, best.oom)
 
 
 def oom_words(oom: OomSource) -> str:

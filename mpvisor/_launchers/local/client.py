@@ -42,7 +42,7 @@ from mpvisor import _platform
 from mpvisor._launchers.local import control
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
-from mpvisor._launchers.seam import ExitStatus, Fence
+from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
 from mpvisor._model.errors import ConfigError
 from mpvisor._platform import recv_fds
 
@@ -125,7 +125,7 @@ class LauncherClient:
         self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
         self._next_key = 0
         self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
-        self._cgroups: tuple[str, str] | None = None  # `_cgroup_dirs`, once probed
+        self._cgroups: tuple[str, str, str] | None = None  # `_cgroup_dirs`, once probed
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
@@ -483,7 +483,7 @@ class LauncherClient:
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
-              memory: int = 0, cpu: float = 0.0) -> int:
+              tree: TreeLimits = NO_TREE_LIMITS) -> int:
         """Start an attempt (see the `Launcher` contract); its channel, pipes and pidfd are a
         `Channel` of this client's, which reports to `sink`. Every attempt runs on this machine:
         `resources` is ignored. The fork server prepares `module` first (`_attempt/prepared.py`),
@@ -502,30 +502,28 @@ class LauncherClient:
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
             fds = [fds[0], os.dup(0), *fds[1:]]
-        isolated = bool(memory or cpu) or self.isolation == "cgroup"
-        memcg, killcg = self._cgroup_dirs() if isolated else ("", "")
-        if not memory:
-            memcg = ""
-        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, memory, memcg,
-                                 killcg, float(cpu)), fds)
+        memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
+        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
+                                 memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else ""),
+                   fds)
         return key
 
-    def _cgroup_dirs(self) -> tuple[str, str]:
+    def _cgroup_dirs(self) -> tuple[str, str, str]:
         """Where attempts get cgroups of their own: a memory cgroup each for memory-limited
-        ones ("": none, the fork server then watches their trees' resident memory), and a v2
-        cgroup each for the tree kill (`cgroup.kill`; "": none). Probed once (then what a killed
-        fork server left there is killed and removed, as at each new fork server's start);
-        `MPVISOR_CGROUPS=off` says none."""
+        ones ("": none, the fork server then watches their trees' resident memory), a v2
+        cgroup each for the tree kill (`cgroup.kill`; "": none), and a cgroup with the CPU
+        controller each for those with `cpus` ("": none, and they are refused). Probed once
+        (then what a killed fork server left there is killed and removed, as at each new fork
+        server's start); `MPVISOR_CGROUPS=off` says none."""
         if self._cgroups is None:
-            self._cgroups = ("", "")
+            self._cgroups = ("", "", "")
             if os.environ.get("MPVISOR_CGROUPS", "").lower() not in ("off", "0", "no"):
                 from mpvisor._launchers.local import cgroups
 
                 caps = cgroups.probe()
-                placement = cgroups.attempt_memory_cgroups(caps)
-                if placement is not None and not cgroups.enable_memory(placement):
-                    placement = cgroups.Placement(caps.v1_memory, 1) if caps.v1_memory else None
-                self._cgroups = (placement.directory if placement is not None else "", cgroups.kill_cgroups(caps) or "")
+                self._cgroups = (cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
+                                 cgroups.kill_cgroups(caps) or "",
+                                 cgroups.usable(cgroups.attempt_cgroups(caps, "cpu"), "cpu"))
                 self._clean_cgroups()
         return self._cgroups
 
@@ -535,7 +533,7 @@ class LauncherClient:
             return
         from mpvisor._launchers.local import cgroups
 
-        for directory in self._cgroups:
+        for directory in sorted(set(self._cgroups)):
             if directory:
                 cgroups.kill_left_over(directory)
 

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill` and `cpu.stat`; "" for none), cpu (its tree's CPU-time limit, seconds; 0 for none) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill` and `cpu.stat`; "" for none), cpu (its tree's CPU-time limit, seconds; 0 for none), cpus (its tree's CPU bandwidth, CPUs; 0 for none), cpucg (with `cpus`: the cgroup with the CPU controller under which it gets its own; "": none, it is refused) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 7  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu
+CONTROL_VERSION = 8  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus
 
 
 class ControlError(ProtocolError):
@@ -58,6 +58,8 @@ class Spawn(NamedTuple):
     memcg: str = ""  # with `memory`: the memory cgroup under which it gets one of its own ("": watched)
     killcg: str = ""  # the v2 cgroup under which it gets one of its own, for its tree kill (`cgroup.kill`; "": none)
     cpu: float = 0.0  # seconds of CPU its whole tree may use (0: no limit)
+    cpus: float = 0.0  # CPUs' worth of time its whole tree may use at once (0: no limit)
+    cpucg: str = ""  # with `cpus`: the cgroup with the CPU controller under which it gets one ("": refused)
 
 
 NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
@@ -168,8 +170,9 @@ def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
         case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal), int(fence), int(memory),
-              str(memcg), str(killcg), float(cpu)] if 0 <= terminal <= 2 and memory >= 0 and cpu >= 0:
-            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu)
+              str(memcg), str(killcg), float(cpu), float(cpus), str(cpucg)] if (
+                0 <= terminal <= 2 and memory >= 0 and cpu >= 0 and cpus >= 0):
+            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu, cpus, cpucg)
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:

@@ -27,7 +27,7 @@ attached; `control.py` types, encodes and versions them):
 | `ready pid error` | once, after the preload imports (error names a failed module) |
 | `started key pid` + pidfd | the child has completed `setsid()` |
 | `start_failed key error` | `fork()` failed |
-| `exited key how value killed oom fenced` | leader reaped and every adopted process of its tree reaped; `oom`: it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
+| `exited key how value killed oom fenced` | leader reaped and every adopted process of its tree reaped; `oom`: its own memory cgroup counted an OOM kill, or (an attempt without one) it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
 
 Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
 then reaped) -> draining (adopted orphans killed and reaped) -> reported. Orphans are
@@ -74,13 +74,14 @@ STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent
 
 
 class _Attempt:
-    __slots__ = ("adopted", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory", "memory_hit",
-                 "oom", "pid", "reported_start", "status")
+    __slots__ = ("adopted", "cgroups", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory",
+                 "memory_hit", "oom", "pid", "reported_start", "status")
 
     def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
-                 cpu: float = 0.0) -> None:
+                 cpu: float = 0.0, cgroups: tuple[str, ...] = ()) -> None:
         self.key = key
         self.pid = pid
+        self.cgroups = cgroups  # the cgroups made for it (memcg, killcg and its CPU cgroup among them), removed at its end
         self.memory = memory  # bytes its tree may keep resident (0: no limit)
         self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
         self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
@@ -174,13 +175,13 @@ class Launcher:
         except control.ControlError:
             message = None
         match message:
-            case control.Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu):
-                if fence and self._fence_reached(fence):
-                    self._send(control.StartFailed(key, "lease lost: its slot's lease could not be renewed in time"))
+            case control.Spawn() as spawn:
+                if spawn.fence and self._fence_reached(spawn.fence):
+                    self._send(control.StartFailed(spawn.key, "lease lost: its slot's lease could not be renewed in time"))
                 else:
-                    if module:
-                        _prepared.ready(module)
-                    self._spawn(key, exec_python, fds, stdin, terminal, fence, memory, memcg, killcg, cpu)
+                    if spawn.module:
+                        _prepared.ready(spawn.module)
+                    self._spawn(spawn, fds)
                     return
             case control.Fence(group, stop_at, kill_at):
                 self._fence(group, stop_at, kill_at)
@@ -204,36 +205,58 @@ class Launcher:
 
     # --- starting -----------------------------------------------------------------------------
 
-    def _spawn(self, key: int, exec_python: bool, fds: list[int], stdin: bool = False, terminal: int = 0,
-               fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "", cpu: float = 0.0) -> None:
-        own = kill = ""
-        if (memory and memcg) or killcg:
-            name = f"mpvisor-{self.me}-{self.started}-{key}"
-            own = _memory_cgroup(memcg, name, memory) if memory and memcg else ""
-            kill = _new_cgroup(killcg, name) if killcg else ""
-        self._joining = tuple(path for path in (own, kill) if path)
+    def _spawn(self, spawn: control.Spawn, fds: list[int]) -> None:
+        own, kill, cpus, refused = self._make_cgroups(spawn)
+        self._joining = tuple(dict.fromkeys(path for path in (own, kill, cpus) if path))
         try:
             pid = os.fork()
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
-            _remove_cgroup(own)
-            _remove_cgroup(kill)
-            self._send(control.StartFailed(key, f"could not start: {exc}"))
+            for path in self._joining:
+                _remove_cgroup(path)
+            self._send(control.StartFailed(spawn.key, f"could not start: {exc}"))
             return
         if pid == 0:
-            self._become_attempt(exec_python, fds, stdin, terminal)
+            self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused)
         for fd in fds:
             os.close(fd)
-        attempt = _Attempt(key, pid, fence, memory, own, kill, cpu)
+        memory, cpu = spawn.memory, spawn.cpu
+        attempt = _Attempt(spawn.key, pid, spawn.fence, memory, own, kill, cpu, self._joining)
         self.attempts[pid] = attempt
-        self.by_key[key] = attempt
+        self.by_key[spawn.key] = attempt
+        if spawn.terminal:
+            self.terminal.add(attempt)
         if memory or cpu:
             self.limited.add(attempt)
-        if terminal:
-            self.terminal.add(attempt)
 
-    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int) -> None:
+    def _make_cgroups(self, spawn: control.Spawn) -> tuple[str, str, str, str]:
+        """The attempt's own cgroups, made under the directories `spawn` names: its memory
+        cgroup ("": watched instead), its kill cgroup ("": none), its CPU cgroup with the
+        `cpus` quota written; and why it must be refused ("": it need not): `cpus` it cannot
+        keep. Under one directory (a v2 cgroup with controllers delegated) one cgroup serves
+        all three."""
+        name = f"mpvisor-{self.me}-{self.started}-{spawn.key}"
+        made: dict[str, str] = {}
+
+        def under(parent: str) -> str:
+            if parent not in made:
+                made[parent] = _new_cgroup(parent, name)
+            return made[parent]
+
+        own = under(spawn.memcg) if spawn.memory and spawn.memcg else ""
+        if own and not _limit_memory(own, spawn.memory):
+            own = ""  # its tree is watched instead
+        kill = under(spawn.killcg) if spawn.killcg else ""
+        cpus, refused = under(spawn.cpucg) if spawn.cpus and spawn.cpucg else "", ""
+        if spawn.cpus:
+            refused = _limit_cpus(cpus, spawn.cpus) if cpus else NO_CPU_CONTROLLER.format(spawn.cpus)
+            cpus = "" if refused else cpus
+        for path in set(made.values()) - {own, kill, cpus}:
+            _remove_cgroup(path)
+        return own, kill, cpus, refused
+
+    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int, refused: str = "") -> None:
         try:
             for cgroup in self._joining:  # first: everything it starts is in its cgroups too
                 _write_cgroup_file(f"{cgroup}/cgroup.procs", str(os.getpid()))
@@ -255,6 +278,8 @@ class Launcher:
             _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
             os.write(self.ready_w, _PID.pack(os.getpid()))
             sock_fd = _setup_fds(fds, stdin)
+            if refused:  # a limit it cannot keep: the attempt only reports that, permanently
+                _child.refuse(sock_fd, refused)
             if exec_python:
                 _exec_python(sock_fd)
             _child.run(sock_fd)
@@ -399,10 +424,11 @@ class Launcher:
                 self._on_ready()  # it wrote its ready pid before it exited: report that first
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
-                if attempt.memcg and not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
-                    attempt.memory_hit = _cgroup_kind(attempt.memcg)  # its own cgroup's OOM killer ended it
-                if attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
-                    attempt.oom = self.oom_kills.explains_a_kill()
+                if attempt.memcg:  # its own cgroup's count alone says whether the OOM killer ended it
+                    if not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
+                        attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
+                    attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
                 if attempt.killcg:
                     _cgroup_kill(attempt.killcg)  # and whatever of its tree left its group
@@ -454,8 +480,8 @@ class Launcher:
             del self.by_key[attempt.key]
             if attempt.memory or attempt.cpu:
                 self.limited.discard(attempt)
-                _remove_cgroup(attempt.memcg)  # its tree is reaped: the cgroup is empty
-            _remove_cgroup(attempt.killcg)
+            for path in attempt.cgroups:
+                _remove_cgroup(path)  # its tree is reaped: the cgroup is empty
             assert attempt.status is not None
             how, value = attempt.status
             if not attempt.reported_start:
@@ -499,27 +525,43 @@ def _write_cgroup_file(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _memory_cgroup(parent: str, name: str, limit: int) -> str:
-    """A new memory cgroup `parent/name` limited to `limit` resident bytes, no swap: v2 (`parent`
-    has `cgroup.subtree_control`: `memory.max`, `memory.swap.max`, `memory.oom.group`, so an OOM
-    kill takes the whole tree) or v1 (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes`
-    where swap is accounted); "" if one cannot be made (the tree is then watched)."""
-    path = _new_cgroup(parent, name)
-    if not path:
-        return ""
-    v2 = os.path.exists(f"{parent}/cgroup.subtree_control")
+def _limit_memory(path: str, limit: int) -> bool:
+    """Limit the new cgroup `path` to `limit` resident bytes, no swap: v2 (`memory.max`,
+    `memory.swap.max`, `memory.oom.group`, so an OOM kill takes the whole tree) or v1
+    (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` where swap is accounted);
+    False if the limit cannot be written (the tree is then watched)."""
+    v2 = os.path.exists(f"{path}/cgroup.type")
     try:
         _write_cgroup_file(f"{path}/memory.max" if v2 else f"{path}/memory.limit_in_bytes", str(limit))
     except OSError:
-        _remove_cgroup(path)
-        return ""
+        return False
     for extra, value in ((("memory.swap.max", "0"), ("memory.oom.group", "1")) if v2 else
                          (("memory.memsw.limit_in_bytes", str(limit)),)):
         try:
             _write_cgroup_file(f"{path}/{extra}", value)
         except OSError:
             pass  # not accounted here (no swap accounting, an older kernel): the limit above holds
-    return path
+    return True
+
+
+CPU_PERIOD = 100_000  # microseconds: the kernel's default CFS period
+NO_CPU_CONTROLLER = ("cannot apply the limit cpus={:g}: no CPU controller mpvisor may use here (it needs a writable "
+                     "cgroup v1 cpu hierarchy, or cgroup v2 with cpu delegated; mpvisor doctor says what would give one)")
+
+
+def _limit_cpus(path: str, cpus: float) -> str:
+    """Give the new cgroup `path` `cpus` CPUs' worth of time per period: v2 `cpu.max`, v1
+    `cpu.cfs_period_us` and `cpu.cfs_quota_us`; "" when done, else why it cannot be."""
+    quota = max(1000, round(cpus * CPU_PERIOD))
+    try:
+        if os.path.exists(f"{path}/cgroup.type"):
+            _write_cgroup_file(f"{path}/cpu.max", f"{quota} {CPU_PERIOD}")
+        else:
+            _write_cgroup_file(f"{path}/cpu.cfs_period_us", str(CPU_PERIOD))
+            _write_cgroup_file(f"{path}/cpu.cfs_quota_us", str(quota))
+    except OSError as exc:
+        return f"cannot apply the limit cpus={cpus:g}: writing its cgroup's CPU quota failed: {exc}"
+    return ""
 
 
 def _new_cgroup(parent: str, name: str) -> str:
