@@ -13,6 +13,7 @@ pid, names one process for its whole life).
 | be picked first by the OOM killer | `set_oom_score_adj(500)` |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
+| kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 """
 
 from __future__ import annotations
@@ -137,6 +138,22 @@ class OomKills:
             return False
         self.explained += 1
         return True
+
+
+def kill_cgroup_member(pid: int, name: str) -> None:
+    """SIGKILL `pid` if it is still a member of a cgroup named `name` (through a pidfd opened
+    first, so a pid reused meanwhile by a process elsewhere is never signalled)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if any(line.endswith(f"/{name}") for line in read_small_file(f"/proc/{pid}/cgroup").decode().splitlines()):
+            _signal.pidfd_send_signal(pidfd, 9)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def kernel_release() -> str:

@@ -328,6 +328,7 @@ def test_pure_v2_on_a_kernel_without_cgroup_kill_freezes_then_kills():
                   v2=V2Seen("cpu memory", "", V2_OWN_FILES - {"cgroup.kill"}, child, subtree_writable=True))
     assert (caps.cgroup_kill, caps.cgroup_freeze) == (False, True)
     assert mechanisms(caps).tree_kill == "freeze (v2 cgroup.freeze) then kill"
+    assert cgroups.in_use(caps).tree_kill == cgroups.KILL_MEMBERS_V2
     _every_limit_uses_a_cgroup(caps)
 
 
@@ -355,6 +356,9 @@ def test_v1_alone_as_root_in_a_privileged_container():
     assert mechanisms(caps) == cgroups.Mechanisms(
         "cgroup v1 memory.limit_in_bytes", "cgroup v1 cpuacct.usage", "cgroup v1 cpu.cfs_quota_us",
         "freeze (v1 freezer) then kill", "per attempt from memory.oom_control (v1)")
+    used = cgroups.in_use(caps)  # a limited attempt's v1 cgroups: its members are killed; no v2 for CPU time
+    assert (used.memory, used.cpu_seconds, used.cpus, used.tree_kill) == (
+        "cgroup v1 memory.limit_in_bytes", "launcher accounting of the tree", "cgroup v1 cpu.cfs_quota_us", cgroups.KILL_MEMBERS)
     _every_limit_uses_a_cgroup(caps)
 
 

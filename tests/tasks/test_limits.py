@@ -224,14 +224,32 @@ def _kill_cgroup_dir() -> str | None:
     return cgroups.kill_cgroups(cgroups.probe())
 
 
-async def test_isolated_attempts_are_killed_whole_by_their_cgroup(tmp_path) -> None:
-    """With `isolation="cgroup"`, an attempt whose tree has a `setsid` double-forked grandchild
-    (and a SIGTERM-deaf one) is in a v2 cgroup of its own: once its outcome arrives, every
-    recorded process of the tree is gone, and so is the cgroup."""
-    directory = _kill_cgroup_dir()
-    assert directory is not None, "this machine's v2 hierarchy has cgroup.kill: the kill cgroup is tested"
-    records = tmp_path / "tree.jsonl"
+def _tree_in_cgroups(mechanism: str, records: object, monkeypatch: pytest.MonkeyPatch) -> tuple[str, TaskSpec]:
+    """Where a stubborn tree's attempt gets its cgroups, by `mechanism`: "cgroup.kill", a v2
+    cgroup of its own (`isolation="cgroup"`); "v1 members", only a v1 memory cgroup (a memory
+    limit, on a host whose v2 hierarchy mpvisor may not use: `kill_cgroups` made to say so),
+    whose members are killed one by one. The directory its cgroup is made in, and the spec."""
+    from mpvisor._launchers.local import cgroups
+
     spec = TaskSpec.once(fn("tree", "workers.misbehave:stubborn_tree", str(records)))
+    if mechanism == "cgroup.kill":
+        directory = _kill_cgroup_dir()
+        assert directory is not None, "this machine's v2 hierarchy has cgroup.kill: the kill cgroup is tested"
+        return directory, spec
+    monkeypatch.setattr(cgroups, "kill_cgroups", lambda caps: None)
+    directory = _own_memory_cgroup()
+    assert directory is not None, "this machine has a v1 memory cgroup: the v1 kill is tested"
+    return directory, spec.with_limits(memory=512 * 2**20)
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup.kill", "v1 members"])
+async def test_isolated_attempts_are_killed_whole_by_their_cgroup(mechanism, tmp_path, monkeypatch) -> None:
+    """An attempt whose tree has a `setsid` double-forked grandchild (and a SIGTERM-deaf one)
+    in a cgroup of its own (`isolation="cgroup"`: v2, `cgroup.kill`; or a v1 memory cgroup,
+    whose members are killed one by one): once its outcome arrives, every recorded process of
+    the tree is gone, and so is the cgroup."""
+    records = tmp_path / "tree.jsonl"
+    directory, spec = _tree_in_cgroups(mechanism, records, monkeypatch)
     async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
         id, waiter = await handle.add_and_watch(spec)
         from tests._support import wait_for as _wait_for
@@ -245,21 +263,22 @@ async def test_isolated_attempts_are_killed_whole_by_their_cgroup(tmp_path) -> N
     assert not [name for name in os.listdir(directory) if name in ours]
 
 
-def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(tmp_path) -> None:
+@pytest.mark.parametrize("mechanism", ["cgroup.kill", "v1 members"])
+def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(mechanism, tmp_path, monkeypatch) -> None:
     """The known limit closed: the fork server and its guardian SIGKILLed together leave an
-    isolated attempt's `setsid` grandchild running (nobody is above it); the next fork server's
-    start kills it through the attempt's cgroup and removes the cgroup."""
+    attempt's `setsid` grandchild running (nobody is above it); the next fork server's start
+    kills it through the attempt's cgroup (v2 `cgroup.kill`, or each member of a v1 one) and
+    removes the cgroup."""
     import signal as _signal
 
     import psutil
 
-    directory = _kill_cgroup_dir()
-    assert directory is not None
     records = tmp_path / "tree.jsonl"
+    directory, spec = _tree_in_cgroups(mechanism, records, monkeypatch)
 
     async def scenario() -> None:
         async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
-            _, waiter = await handle.add_and_watch(TaskSpec.once(fn("tree", "workers.misbehave:stubborn_tree", str(records))))
+            _, waiter = await handle.add_and_watch(spec)
             from tests._support import wait_for as _wait_for
 
             _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)

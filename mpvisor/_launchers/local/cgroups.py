@@ -48,7 +48,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -294,6 +293,8 @@ CPU_TIME_V2, CPU_TIME_V1, CPU_TIME_WALK = "cgroup v2 cpu.stat", "cgroup v1 cpuac
 CPUS_V2, CPUS_V1 = "cgroup v2 cpu.max", "cgroup v1 cpu.cfs_quota_us"
 KILL_V2, FREEZE_V2, FREEZE_V1, KILL_WALK = ("cgroup.kill", "freeze (v2 cgroup.freeze) then kill",
                                             "freeze (v1 freezer) then kill", "process-table walk")
+KILL_MEMBERS_V2 = "each member of its v2 cgroup (no cgroup.kill)"
+KILL_MEMBERS = "each member of its memory or cpu cgroup (memory- or cpus-limited attempts), else process-table walk"
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,7 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
                     pass
             else:
                 for member in members:
-                    _kill_member(int(member), name)
+                    _platform.kill_cgroup_member(int(member), name)
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)  # the kernel delivers the kills; look again
@@ -397,23 +398,6 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
         except OSError:
             pass
     return removed
-
-
-def _kill_member(pid: int, name: str) -> None:
-    """SIGKILL `pid` if it is still a member of the cgroup `name` (through a pidfd, so a pid
-    reused meanwhile by a process elsewhere is never signalled)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        membership = (_read(f"/proc/{pid}/cgroup") or "").splitlines()
-        if any(line.endswith(f"/{name}") for line in membership):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass
-    finally:
-        os.close(pidfd)
 
 
 LEAF = "mpvisor-leaf"  # (v2) where our cgroup's processes move, so that it may enable controllers for children
@@ -476,12 +460,18 @@ def mechanisms(caps: Capabilities) -> Mechanisms:
 
 def in_use(caps: Capabilities) -> Mechanisms:
     """Which of `mechanisms(caps)` this mpvisor uses now (pure): memory and `cpus=` as there;
-    CPU time and the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`),
-    else the launcher's walk of the tree (a v1 cpuacct or a freezer is not used)."""
+    CPU time and the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`);
+    (each member, without `cgroup.kill`); without one, the kill of a memory- or cpus-limited
+    attempt goes to each member of its memory or cpu cgroup, and the rest is the launcher's
+    walk of the tree (a v1 cpuacct or a freezer is not used: a cgroup's members, looked up
+    again until none is left, are killed as surely)."""
     best = mechanisms(caps)
     v2 = kill_cgroups(caps) is not None
     cpu_time = best.cpu_seconds if best.cpu_seconds == CPU_TIME_V2 and v2 else CPU_TIME_WALK
-    kill = best.tree_kill if best.tree_kill == KILL_V2 and v2 else KILL_WALK
+    if v2:
+        kill = KILL_V2 if caps.cgroup_kill else KILL_MEMBERS_V2
+    else:
+        kill = KILL_MEMBERS if attempt_cgroups(caps, "memory") or attempt_cgroups(caps, "cpu") else KILL_WALK
     return Mechanisms(best.memory, cpu_time, best.cpus, kill, best.oom)
 
 

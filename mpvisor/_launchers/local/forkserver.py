@@ -324,8 +324,8 @@ class Launcher:
             return
         attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
-        if attempt.killcg:
-            _cgroup_kill(attempt.killcg)  # every process of its tree at once, wherever it moved
+        for path in (attempt.killcg,) if attempt.killcg else attempt.cgroups:
+            _cgroup_kill(path)  # every process of its tree, wherever it moved its session
 
     # --- limits --------------------------------------------------------------------------------
 
@@ -430,8 +430,8 @@ class Launcher:
                 elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
-                if attempt.killcg:
-                    _cgroup_kill(attempt.killcg)  # and whatever of its tree left its group
+                for path in (attempt.killcg,) if attempt.killcg else attempt.cgroups:
+                    _cgroup_kill(path)  # and whatever of its tree left its group
                 self.draining.add(attempt)
                 # Orphans adopted while it was exiting (its children re-parent to us before it
                 # turns zombie) may be from its tree: it is over only once they are reaped too.
@@ -576,10 +576,25 @@ def _new_cgroup(parent: str, name: str) -> str:
 
 
 def _cgroup_kill(path: str) -> None:
+    """Kill every process of the cgroup `path`: v2 `cgroup.kill` (atomic, forks during the kill
+    included); a v1 cgroup has none, so each member it lists, looked up again until it lists
+    none (at most 3 rounds: a member forking meanwhile puts its child in the same cgroup)."""
     try:
         _write_cgroup_file(f"{path}/cgroup.kill", "1")
+        return
     except OSError:
-        pass  # it is empty, or gone
+        if os.path.exists(f"{path}/cgroup.kill"):
+            return  # it is empty, or gone
+    name = path[path.rfind("/") + 1:]
+    for _ in range(3):
+        try:
+            members = read_small_file(f"{path}/cgroup.procs").split()
+        except OSError:
+            return
+        if not members:
+            return
+        for member in members:
+            _platform.kill_cgroup_member(int(member), name)
 
 
 def _cgroup_kind(path: str) -> str:
