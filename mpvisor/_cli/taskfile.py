@@ -24,6 +24,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `slot`, `policy` | string; `"queue"`, `"replace"`, `"drop"` | `--slot`, `--policy` |
 | `env` | table of strings, merged over the environment; `false` removes a variable | (no CLI form) |
 | `cwd` | string, relative to the file's directory | (no CLI form) |
+| `env_file` | string, a dotenv file relative to the file's directory (`KEY=VALUE` lines; `export`, comments and quotes as docker and python-dotenv read them; no `${VAR}` interpolation); its variables go under the `env` tables, whose entries win; a task's own replaces the `[defaults]` one | (no CLI form) |
 | `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
 | `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
 | `slots` | string, a `postgresql://` URL | `--slots` (in `[defaults]` only: where the file's slots are kept; `--slots` and `$MPVISOR_SLOTS` win over it) |
@@ -89,7 +90,7 @@ class TaskFile:
         return not self.errors
 
 
-class _Invalid(Exception):
+class _Invalid(ValueError):
     """A value a key cannot take (its message is the error's text)."""
 
 
@@ -211,6 +212,93 @@ def _env(value: object) -> dict[str, str | None]:
     return env
 
 
+_DOTENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_DOUBLE_QUOTED_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "$": "$"}
+
+
+def parse_dotenv(text: str) -> dict[str, str]:
+    """The variables of a dotenv file's text (pure), as docker's `--env-file` and
+    python-dotenv read it, without interpolation (`${VAR}` stays as written): `KEY=VALUE` a
+    line, an optional `export ` before it, blank lines and `#` comments skipped; a value in
+    single quotes is taken as it is, one in double quotes may span lines and takes `\\n`,
+    `\\t`, `\\"`, `\\\\` and `\\$`; an unquoted value is trimmed and ends at ` #`. A line that
+    is none of these is an `_Invalid` naming its number."""
+    env: dict[str, str] = {}
+    lines = text.split("\n")
+    at = 0
+    while at < len(lines):
+        number, line = at + 1, lines[at].strip()
+        at += 1
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, equals, value = line.partition("=")
+        key = key.strip()
+        if not equals or not _DOTENV_NAME.fullmatch(key):
+            raise _Invalid(f"line {number}: expected KEY=VALUE (KEY a name of letters, digits and _), got {line!r}")
+        value = value.lstrip()
+        if value[:1] == "'":
+            end = value.find("'", 1)
+            if end < 0:
+                raise _Invalid(f"line {number}: {key}: the single quote is never closed")
+            env[key] = value[1:end]
+        elif value[:1] == '"':
+            body, value = [], value[1:]
+            while True:
+                index, closed = 0, False
+                while index < len(value):
+                    char = value[index]
+                    if char == "\\" and index + 1 < len(value):
+                        body.append(_DOUBLE_QUOTED_ESCAPES.get(value[index + 1], "\\" + value[index + 1]))
+                        index += 2
+                        continue
+                    if char == '"':
+                        closed = True
+                        break
+                    body.append(char)
+                    index += 1
+                if closed:
+                    break
+                if at >= len(lines):
+                    raise _Invalid(f"line {number}: {key}: the double quote is never closed")
+                body.append("\n")
+                value, at = lines[at], at + 1
+            env[key] = "".join(body)
+        else:
+            comment = value.find(" #")
+            env[key] = (value[:comment] if comment >= 0 else value).strip()
+        if "\0" in env[key]:
+            raise _Invalid(f"line {number}: {key}: a value must not hold NUL")
+    return env
+
+
+def _env_file_in(base_dir: str, read_text: Callable[[str], str] | None) -> Callable[[object], dict[str, str]]:
+    """`env_file`, taken from `base_dir` (the file's directory) and read (`read_text`, else from
+    disk): its variables."""
+
+    def convert(value: object) -> dict[str, str]:
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise _Invalid(f"expected a file name (a non-empty string), got {_kind(value)}: {toml_text(value)}")
+        path = os.path.normpath(os.path.join(base_dir, value))
+        try:
+            text = read_text(path) if read_text is not None else _read_text(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _Invalid(f"cannot read {path!r}: {reason}") from None
+        try:
+            return parse_dotenv(text)
+        except _Invalid as exc:
+            raise _Invalid(f"{path!r} {exc}") from None
+
+    return convert
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
+        return file.read()
+
+
 def _cwd(value: object) -> str:
     if not isinstance(value, str) or not value or "\0" in value:
         raise _Invalid(f"expected a directory (a non-empty string), got {_kind(value)}: {toml_text(value)}")
@@ -246,6 +334,7 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "slot": _via(_options.slot_name, (str,), "a slot name (a string)"),
     "policy": _via(_options.choice(*_options.POLICIES), (str,), "a string: " + ", ".join(_options.POLICIES)),
     "env": _env,
+    "env_file": _env_file_in(".", None),  # parse_text takes it from the file's directory
     "cwd": _cwd,
 }
 TASK_ONLY: dict[str, Callable[[object], Any]] = {
@@ -316,12 +405,14 @@ _IN_TASK = {
 }
 
 
-def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | None = None) -> TaskFile:
-    """The tasks and the errors of a task file's text; a relative `cwd` is taken from `base_dir`
-    (the file's directory), and, given `is_dir` (`os.path.isdir`: the shell's), each `cwd`
-    must be a directory, an error at its key like any other."""
+def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | None = None,
+               read_text: Callable[[str], str] | None = None) -> TaskFile:
+    """The tasks and the errors of a task file's text; a relative `cwd` or `env_file` is taken
+    from `base_dir` (the file's directory), and, given `is_dir` (`os.path.isdir`: the shell's),
+    each `cwd` must be a directory, an error at its key like any other; an `env_file` is read
+    with `read_text` (else from disk)."""
     errors = _Errors()
-    settings = {**SETTINGS, "cwd": _cwd_in(base_dir, is_dir)}
+    settings = {**SETTINGS, "cwd": _cwd_in(base_dir, is_dir), "env_file": _env_file_in(base_dir, read_text)}
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -390,6 +481,9 @@ def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], allowed: d
     settings = {**defaults, **own}
     if "env" in defaults and "env" in own:
         settings["env"] = {**defaults["env"], **own["env"]}
+    from_file = settings.pop("env_file", None)
+    if from_file is not None:  # under the `env` tables: an `env` entry wins
+        settings["env"] = {**from_file, **settings.get("env", {})}
     has_target, has_command = "target" in table, "command" in table
     if has_target == has_command:
         errors.add(where, "give either target (a Python function) or command (a program), not both"

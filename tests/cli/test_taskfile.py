@@ -22,6 +22,7 @@ from mpvisor._cli.taskfile import (
     SETTINGS,
     TASK_ONLY,
     load,
+    parse_dotenv,
     parse_text,
     summary,
     toml_text,
@@ -395,3 +396,67 @@ def test_file_takes_the_run_options_and_check_its_file():
     assert args.max_concurrent == 2
     args, spec = parse(["check", "t.toml"])
     assert (args.verb, args.file, spec) == ("check", "t.toml", None)
+
+
+# --- env_file ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("A=1\n", {"A": "1"}),
+    ("# a comment\n\nexport A=1\n  B = two words # note\n", {"A": "1", "B": "two words"}),
+    ("A='literal $X \\n # kept'\n", {"A": "literal $X \\n # kept"}),
+    ('A="x\\ny \\"q\\" \\\\ \\$"\n', {"A": 'x\ny "q" \\ $'}),
+    ('A="first\nsecond"\nB=2\n', {"A": "first\nsecond", "B": "2"}),
+    ("A=\nB=${A}\n", {"A": "", "B": "${A}"}),  # no interpolation
+    ("A=1\nA=2\n", {"A": "2"}),  # the last one wins
+    ("A=a#b\n", {"A": "a#b"}),  # a comment begins with " #"
+])
+def test_dotenv_lines_are_read_as_docker_and_python_dotenv_read_them(text: str, expected: dict[str, str]) -> None:
+    assert parse_dotenv(text) == expected
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("A=1\nnonsense\n", "line 2: expected KEY=VALUE (KEY a name of letters, digits and _), got 'nonsense'"),
+    ("1A=x\n", "line 1: expected KEY=VALUE (KEY a name of letters, digits and _), got '1A=x'"),
+    ("A='open\n", "line 1: A: the single quote is never closed"),
+    ('A="open\nstill\n', "line 1: A: the double quote is never closed"),
+])
+def test_a_bad_dotenv_line_is_an_error_naming_its_line(text: str, error: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_dotenv(text)
+    assert str(caught.value) == error
+
+
+def test_an_env_file_goes_under_the_env_tables_and_a_tasks_own_replaces_the_defaults() -> None:
+    """`[defaults] env_file` for every task; a task's `env_file` instead of it; every `env`
+    entry (the defaults' and the task's) wins over a file's; paths from the file's directory;
+    a file that cannot be read, or a bad line, is an error at the key that names it."""
+    files = {"/base/.env": "A=file\nB=file\nC=file\n", "/base/conf/own.env": "A=own\n", "/base/bad.env": "oops\n"}
+
+    def read(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory")
+        return files[path]
+
+    parsed = parse_text("""
+        [defaults]
+        env_file = ".env"
+        env = {B = "defaults"}
+        [task.shared]
+        command = ["true"]
+        env = {C = "task"}
+        [task.own]
+        command = ["true"]
+        env_file = "conf/own.env"
+    """, "/base", read_text=read)
+    assert parsed.ok, parsed.errors
+    shared, own = parsed.tasks
+    assert shared.spec.task.env == {"A": "file", "B": "defaults", "C": "task"}
+    assert own.spec.task.env == {"A": "own", "B": "defaults"}
+    broken = parse_text("[task.a]\ncommand = ['true']\nenv_file = 'bad.env'\n[task.b]\ncommand = ['true']\nenv_file = 'gone.env'\n"
+                        "[task.c]\ncommand = ['true']\nenv_file = 3\n", "/base", read_text=read)
+    assert broken.errors == (
+        "task \"a\".env_file: '/base/bad.env' line 1: expected KEY=VALUE (KEY a name of letters, digits and _), got 'oops'",
+        "task \"b\".env_file: cannot read '/base/gone.env': No such file or directory",
+        'task "c".env_file: expected a file name (a non-empty string), got an integer: 3',
+    )

@@ -538,3 +538,28 @@ def _answers(slots: pathlib.Path) -> bool:
     except _leases.LeaseError:
         return False
     return True
+
+
+def test_an_env_file_reaches_the_tasks_and_check_names_a_missing_one(tmp_path: pathlib.Path) -> None:
+    """`env_file` next to the task file (a dotenv file with an `export`, quotes and a comment):
+    its variables reach the program, under the `env` table's entry, which wins; run from the
+    directory above. A missing one is a `check` error at its key, and nothing runs."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / ".env").write_text('# deploy settings\nexport GREETING="hello there"\nWHO=file\n')
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.greet]
+        command = ["sh", "-c", "echo \\"$GREETING, $WHO\\""]
+        env_file = ".env"
+        env = {WHO = "table"}
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")
+    assert done.returncode == 0, done.stderr
+    assert "hello there, table\n" in done.stderr, done.stderr
+    write(tmp_path / "conf" / "missing.toml", """
+        [task.greet]
+        command = ["true"]
+        env_file = "prod.env"
+    """)
+    checked = mpvisor(tmp_path, "run", "--file", "conf/missing.toml")
+    assert (checked.returncode, checked.stderr.splitlines()) == (2, [
+        f"conf/missing.toml: task \"greet\".env_file: cannot read {str(tmp_path / 'conf' / 'prod.env')!r}: No such file or directory"])
