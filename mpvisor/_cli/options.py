@@ -36,7 +36,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, NoReturn, cast
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 from mpvisor._admission.leases import store
 from mpvisor._cli.statuses import FAILED, USAGE_ERROR
@@ -164,29 +164,33 @@ def _meant_as_json(text: str) -> bool:
     return True
 
 
+T = TypeVar("T")
+
+
+def _by_rule(text: str, rule: Callable[[str], T | None], expected: str) -> T:
+    """`rule(text)`: the library's own check of a value (a `ConfigError` is a `ValueError`,
+    and so is a text `float()` or `int()` refuses), or an argparse error saying what was expected."""
+    try:
+        value = rule(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    assert value is not None
+    return value
+
+
 def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
     """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`)."""
-    bound = ">= 0" if allow_zero else "> 0"
+    expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}"
 
     def parse(text: str) -> float:
-        try:  # the library's one rule for durations (a ConfigError is a ValueError)
-            seconds = _validate.duration("a duration", float(text), allow_zero=allow_zero)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bound}{hint}, got {text!r}") from None
-        assert seconds is not None
-        return seconds
+        return _by_rule(text, lambda t: _validate.duration("a duration", float(t), allow_zero=allow_zero), expected)
 
     return parse
 
 
 def retries(text: str) -> int:
     """An argparse `type=`: a whole number >= 0."""
-    try:
-        value = _validate.non_negative_int("a retry count", int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    assert value is not None
-    return value
+    return _by_rule(text, lambda t: _validate.non_negative_int("a retry count", int(t)), "a whole number >= 0")
 
 
 def backoff(text: str) -> BackoffPolicy:
@@ -291,12 +295,7 @@ def byte_size(text: str) -> int:
 
 def cpus(text: str) -> float:
     """An argparse `type=`: a number of CPUs, a fraction allowed (the library's rule, >= 0.01)."""
-    try:
-        value = _validate.cpus("cpus", float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of CPUs >= {_validate.LEAST_CPUS} (e.g. 0.5, 2), got {text!r}") from None
-    assert value is not None
-    return value
+    return _by_rule(text, lambda t: _validate.cpus("cpus", float(t)), f"a number of CPUs >= {_validate.LEAST_CPUS} (e.g. 0.5, 2)")
 
 
 def positive_count(text: str) -> int:
