@@ -25,8 +25,9 @@ returns: every path ends in `os._exit`.
 
 Only a failed handshake (no start message could be read: nobody to report to) ends with a
 status of mpvisor's own, 70. An exception's frames are cleared before it is described
-(`_release_frames`): what a failed target held, a memory hog's buffers say, is freed first. Whatever the target leaves behind is described and encoded under
-`_guarded` (below), so no user code can make the report malformed or change that status.
+(`_release_frames`): what a failed target held, a memory hog's buffers say, is freed first.
+Whatever the target leaves behind is described and encoded under `_guarded` (below), so no
+user code can make the report malformed or change that status.
 """
 
 from __future__ import annotations
