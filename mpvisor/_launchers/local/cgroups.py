@@ -460,8 +460,8 @@ def mechanisms(caps: Capabilities) -> Mechanisms:
 
 def in_use(caps: Capabilities) -> Mechanisms:
     """Which of `mechanisms(caps)` this mpvisor uses now (pure): memory and `cpus=` as there;
-    CPU time and the tree kill through a v2 cgroup per attempt (`cpu.stat`, `cgroup.kill`);
-    (each member, without `cgroup.kill`); without one, the kill of a memory- or cpus-limited
+    CPU time and the tree kill through a v2 cgroup per attempt (`cpu.stat`; `cgroup.kill`, or
+    each member on a kernel without it); without one, the kill of a memory- or cpus-limited
     attempt goes to each member of its memory or cpu cgroup, and the rest is the launcher's
     walk of the tree (a v1 cpuacct or a freezer is not used: a cgroup's members, looked up
     again until none is left, are killed as surely)."""
