@@ -324,8 +324,7 @@ class Launcher:
             return
         attempt.killed = attempt.killed or _still_running(attempt.pid)  # a second kill keeps the first
         _killpg(attempt.pid)
-        for path in (attempt.killcg,) if attempt.killcg else attempt.cgroups:
-            _cgroup_kill(path)  # every process of its tree, wherever it moved its session
+        _kill_cgroups(attempt)  # every process of its tree, wherever it moved its session
 
     # --- limits --------------------------------------------------------------------------------
 
@@ -430,8 +429,7 @@ class Launcher:
                 elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
-                for path in (attempt.killcg,) if attempt.killcg else attempt.cgroups:
-                    _cgroup_kill(path)  # and whatever of its tree left its group
+                _kill_cgroups(attempt)  # and whatever of its tree left its group
                 self.draining.add(attempt)
                 # Orphans adopted while it was exiting (its children re-parent to us before it
                 # turns zombie) may be from its tree: it is over only once they are reaped too.
@@ -573,6 +571,13 @@ def _new_cgroup(parent: str, name: str) -> str:
     except OSError:
         return ""
     return path
+
+
+def _kill_cgroups(attempt: _Attempt) -> None:
+    """Kill what is in the attempt's cgroups: its kill cgroup where it has one, else each of
+    its (memory, CPU) cgroups; nothing for an attempt without a cgroup."""
+    for path in (attempt.killcg,) if attempt.killcg else attempt.cgroups:
+        _cgroup_kill(path)
 
 
 def _cgroup_kill(path: str) -> None:
