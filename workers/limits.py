@@ -4,6 +4,7 @@
 |---|---|---|
 | `hog(chunk_mib)` | allocates `chunk_mib` MiB at a time, keeping each | `MemoryError` (address-space limit) |
 | `hoard()` | allocates until not even 16 bytes more fit, keeping it all in a module global (so raising frees nothing) | `MemoryError` (address-space limit), with no memory left to build its report |
+| `hoard_locally()` | the same, keeping it in a local of its frame | `MemoryError`, whose report can be built once the frame's locals are let go |
 | `spin()` | burns CPU in pure Python | SIGXCPU (CPU-time limit) |
 | `open_all()` | opens `/dev/null` until it cannot, keeping each | `OSError` EMFILE (open-files limit) |
 | `within(mib)` | allocates `mib` MiB once, returns `"fits"` | returns, when the limit leaves room |
@@ -30,15 +31,27 @@ def hog(chunk_mib: int = 16) -> NoReturn:
 _hoard: list[bytearray] = []
 
 
-def hoard() -> NoReturn:
-    """Allocate ever smaller pieces until the allocator refuses even 16 bytes, then raise."""
+def _fill(kept: list[bytearray]) -> None:
+    """Append ever smaller pieces to `kept` until the allocator refuses even 16 bytes."""
     chunk = 16 * 2**20
     while chunk >= 16:
         try:
             while True:
-                _hoard.append(bytearray(chunk))
+                kept.append(bytearray(chunk))
         except MemoryError:
             chunk //= 4
+
+
+def hoard() -> NoReturn:
+    """Fill the address space, keeping it all in a module global, then raise."""
+    _fill(_hoard)
+    raise MemoryError
+
+
+def hoard_locally() -> NoReturn:
+    """Fill the address space, keeping it in a local (freed once this frame is), then raise."""
+    kept: list[bytearray] = []
+    _fill(kept)
     raise MemoryError
 
 

@@ -51,6 +51,18 @@ async def test_an_attempt_over_its_limit_fails_naming_it(start_method, limit, sp
     assert outcome.reason.startswith(reason), outcome.reason
 
 
+async def test_a_target_that_raises_holding_all_memory_is_reported_whole() -> None:
+    """A target that fills its address space in a local and raises `MemoryError`: its frame's
+    locals are let go before the report is built, so the report has its full traceback (not
+    only the report built in advance, which has none)."""
+    spec = TaskSpec.once(fn("hoard-locally", limits.hoard_locally)).with_limits(address_space=256 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "address_space"), outcome
+    assert outcome.traceback is not None and "in hoard_locally" in outcome.traceback, outcome
+
+
 async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -> None:
     """A 64 MiB allocation under a 512 MiB limit completes (limit None); a spec without limits
     takes `TaskDefaults.limits`, and the default's limit is the one it runs into."""
