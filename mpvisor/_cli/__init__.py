@@ -5,5 +5,5 @@ status), `options` (what an option's value means and the lines printed, shared b
 command), one module per command (`run`, `check`, `slots`, `serve`, `doctor`), and task files
 (`taskfile`: text to specs, pure but for reading the file; `batchview`: what a file's run shows, pure; `filerun`: its run).
 
-May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_api`, `_platform`.
+May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_api`, `_services`, `_platform`.
 """
