@@ -53,6 +53,7 @@ from mpvisor._model.wire import (
     Hello,
     Message,
     Progress,
+    Ready,
     Result,
     Start,
     frame,
@@ -224,7 +225,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", reason))
     args, kwargs = unpack(start.call)
     ctx = _context.TaskContext(
-        start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m))
+        start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m)),
+        lambda status: channel.send(Ready(status))
     )
     _context._install(ctx)
     channel.send(Calling())

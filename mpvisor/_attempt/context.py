@@ -50,11 +50,13 @@ class TaskContext:
         task_id: int,
         attempt: int,
         send_progress: Callable[[float, float | None, str | None], None] | None = None,
+        send_ready: Callable[[str | None], None] | None = None,
     ) -> None:
         self._task_name = task_name
         self._task_id = task_id
         self._attempt = attempt
         self._send_progress = send_progress
+        self._send_ready = send_ready
         self._cancelled = False
         self._delivered = False  # mpvisor raised (or reported) the cancellation once already
         self._shield_depth = 0
@@ -150,6 +152,14 @@ class TaskContext:
             return
         self._last_progress = now
         self._send_progress(done, total, message)
+
+    def ready(self, status: str | None = None) -> None:
+        """Tell the parent this attempt is ready: it serves what its task is for. Tasks that
+        come `after` this one may start then (a task file's `ready = "notify"`); an
+        `ATTEMPT_READY` event is published. Call it again to change the `status` text that
+        `mpvisor status` shows; the attempt counts as ready from the first call."""
+        if self._send_ready is not None:
+            self._send_ready(status)
 
     # --- the child runtime's side -------------------------------------------------------------
 

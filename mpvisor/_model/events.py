@@ -40,6 +40,7 @@ class EventKind(enum.Enum):
     ATTEMPT_KILLED = "attempt_killed"
     ATTEMPT_PROGRESS = "attempt_progress"
     ATTEMPT_OUTPUT = "attempt_output"
+    ATTEMPT_READY = "attempt_ready"
     BACKOFF_SCHEDULED = "backoff_scheduled"
     TASK_ADD_REQUESTED = "task_add_requested"
     TASK_ADDED = "task_added"

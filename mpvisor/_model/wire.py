@@ -14,6 +14,7 @@ The schema (protocol version `VERSION`, sent in the child's first message):
 | parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, call (the msgpack bytes of `[args, kwargs]`), env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path |
 | child -> parent | `Calling` | (the target is about to be called, or the program exec'd: the timeout clock starts) |
 | child -> parent | `Progress` | done, total, message |
+| child -> parent | `Ready` | status (the attempt serves: `mpvisor.context().ready(status)`; any number, after `Calling`) |
 | child -> parent | `Result` | value |
 | child -> parent | `Failure` | kind (`fail`/`fatal`/`canceled`/`error`), reason, exit_code, traceback |
 
@@ -141,6 +142,13 @@ class Progress(NamedTuple):
         return {"t": "progress", "done": self.done, "total": self.total, "message": self.message}
 
 
+class Ready(NamedTuple):
+    status: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": "ready", "status": self.status}
+
+
 class Result(NamedTuple):
     value: Any
 
@@ -187,7 +195,7 @@ class Start(NamedTuple):
         return {"t": "start", **self._asdict()}
 
 
-Message = Hello | Calling | Progress | Result | Failure | Start
+Message = Hello | Calling | Progress | Ready | Result | Failure | Start
 
 _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
     "hello": (Hello, {"v": (int,), "pid": (int,)}),
@@ -196,6 +204,7 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
         Progress,
         {"done": (int, float), "total": (int, float, type(None)), "message": (str, type(None))},
     ),
+    "ready": (Ready, {"status": (str, type(None))}),
     "result": (Result, {"value": (object,)}),
     "failure": (
         Failure,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterable
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
     from mpvisor._admission.controller import Controller
     from mpvisor._runtime.bus import Subscriber
+    from mpvisor._runtime.hooks import AttemptHooks
     from mpvisor._tasks.actor import TaskActor
+    from mpvisor._tasks.ending import AttemptEnd
 
 _log = logging.getLogger("mpvisor.runtime")
 
@@ -73,6 +76,8 @@ class Runtime:
 
             self.controller = Controller(self, self.registry, controller)
             self.registry.on_cleanup = self.controller.owner_cleaned_up
+        self.hooks: AttemptHooks | None = None  # a service run's (`_runtime/hooks.py`)
+        self._ready: dict[int, int] = {}  # task id -> the attempt that was marked ready
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
@@ -145,10 +150,14 @@ class Runtime:
         env, cwd, path = client.environment()
         config = self.config
         start = start_message(spec.task, spec.name, id, attempt, config.max_frame_bytes, env, cwd, path, spec.limits)
+        hooks = self.hooks
+        extra = hooks.environment(id, spec.name, attempt) if hooks is not None else None
+        if extra:
+            start = start._replace(env={**(start.env if start.env is not None else os.environ), **extra})
         request = AttemptRequest(
             start,
             exec_python=config.start_method == "spawn" and start.kind == "fn",
-            capture_output=config.capture_output,
+            capture_output=config.capture_output or (hooks is not None and hooks.captures(spec.name)),
             timeout=spec.timeout,
             start_timeout=spec.start_timeout or config.start_timeout,
             timeout_kill_after=config.timeout_kill_after,
@@ -157,6 +166,51 @@ class Runtime:
             fence=self.fences.get(id),
         )
         return AttemptProcess(client, request, observer)
+
+    # --- what attempts do, for the hooks (`_runtime/hooks.py`) -------------------------------------
+
+    def attempt_started(self, actor: TaskActor, pid: int) -> None:
+        if self.hooks is not None:
+            self.hooks.started(actor.id, actor.name, actor.attempt, pid)
+
+    def attempt_ready(self, actor: TaskActor, how: str) -> None:
+        self.mark_ready(actor.id, actor.attempt, how)
+
+    def mark_ready(self, id: int, attempt: int, how: str) -> bool:
+        """Attempt `attempt` of task `id` is ready (`how`: its `ready()`, `READY=1`, a probe): the
+        first time for that attempt, `ATTEMPT_READY` is published; the hooks hear every call.
+        False when that attempt no longer runs."""
+        actor = self.registry.by_id.get(id)
+        if actor is None or actor.attempt != attempt or actor.current is None:
+            return False
+        if self._ready.get(id) != attempt:
+            self._ready[id] = attempt
+            self.publish(EventKind.ATTEMPT_READY, task=actor.name, id=id, attempt=attempt, pid=actor.pid, reason=how)
+        if self.hooks is not None:
+            self.hooks.ready(id, actor.name, attempt, how)
+        return True
+
+    def fail_attempt(self, id: int, attempt: int, why: str) -> bool:
+        """End attempt `attempt` of task `id` as a retryable failure whose reason is `why` (a
+        readiness or health check failed): SIGTERM, then its tree killed `timeout_kill_after` s
+        later, as after a timeout. False when that attempt no longer runs."""
+        actor = self.registry.by_id.get(id)
+        if actor is None or actor.attempt != attempt or actor.current is None:
+            return False
+        actor.current.fail(why, self.config.timeout_kill_after)
+        return True
+
+    def attempt_output(self, actor: TaskActor, stream: str, line: str) -> None:
+        if self.config.capture_output:
+            self.publish(EventKind.ATTEMPT_OUTPUT, task=actor.name, id=actor.id, attempt=actor.attempt,
+                         pid=actor.pid, stream=stream, line=line)
+        if self.hooks is not None and self.hooks.captures(actor.name):
+            self.hooks.output(actor.id, actor.name, stream, line)
+
+    def attempt_ended(self, actor: TaskActor, end: AttemptEnd) -> None:
+        self._ready.pop(actor.id, None)
+        if self.hooks is not None:
+            self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 
     def fence(self, id: int, stop_at: float, kill_at: float) -> None:
         """The task `id`'s attempts must not outlive its slot's lease: from `stop_at` their trees

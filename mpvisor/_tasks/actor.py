@@ -93,6 +93,10 @@ class ActorHost(Protocol):
     def acquire_permit(self) -> Any: ...
     def release_permit(self) -> None: ...
     def start_attempt(self, spec: ResolvedSpec, id: int, attempt: int, observer: AttemptObserver) -> AttemptProcess: ...
+    def attempt_started(self, actor: TaskActor, pid: int) -> None: ...  # after ATTEMPT_STARTING
+    def attempt_ready(self, actor: TaskActor, how: str) -> None: ...  # its target called `ready()`
+    def attempt_output(self, actor: TaskActor, stream: str, line: str) -> None: ...  # a captured line
+    def attempt_ended(self, actor: TaskActor, end: AttemptEnd) -> None: ...  # after its terminal event
     def task_finished(self, actor: TaskActor, outcome: TaskOutcome) -> None: ...
 
 
@@ -244,9 +248,11 @@ class TaskActor:
         self.current = attempt
         try:
             self.pid = await attempt.started()
-            self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
         except Exception:
             pass  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
+        else:
+            self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
+            self.host.attempt_started(self, self.pid)
         end = await attempt.end()
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
@@ -260,6 +266,7 @@ class TaskActor:
             if end.traceback:
                 fields["traceback"] = end.traceback
         self._publish(_ATTEMPT_EVENTS[end.kind], **fields)
+        self.host.attempt_ended(self, end)
         return end
 
     def on_report(self, report: Result | Failure) -> None:
@@ -323,4 +330,7 @@ class TaskActor:
         )
 
     def on_output(self, stream: str, line: str) -> None:
-        self._publish(EventKind.ATTEMPT_OUTPUT, attempt=self.attempt, pid=self.pid, stream=stream, line=line)
+        self.host.attempt_output(self, stream, line)
+
+    def on_ready(self, status: str | None) -> None:
+        self.host.attempt_ready(self, f"ready(): {status}" if status else "ready()")

@@ -36,6 +36,7 @@ from mpvisor._model.wire import (
     Hello,
     Progress,
     ProtocolError,
+    Ready,
     Result,
     Start,
     encode_start,
@@ -88,6 +89,7 @@ class AttemptObserver(Protocol):
 
     def on_progress(self, progress: Progress) -> None: ...
     def on_output(self, stream: str, line: str) -> None: ...  # only with `capture_output`
+    def on_ready(self, status: str | None) -> None: ...  # the target called `mpvisor.context().ready(status)`
     def on_report(self, report: Result | Failure) -> None: ...  # a result or failure read before any stop
 
 
@@ -157,10 +159,19 @@ class AttemptProcess:
         self.facts.stop = reason
         if reason is StopReason.TIMEOUT:
             why = f"still running timeout_kill_after={grace} s after the timeout"
+        elif reason is StopReason.UNHEALTHY:
+            why = f"still running {grace} s after it was stopped ({self.facts.unhealthy})"
         else:
             why = f"it did not stop within the grace window of {grace} s"
         self._request_sigterm()
         self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
+
+    def fail(self, why: str, grace: float) -> None:
+        """End the attempt as a retryable failure whose reason is `why` (a readiness or health
+        check failed): ask it to stop, kill its tree `grace` s later. A report it sent first stands."""
+        if self.facts.stop is None and not isinstance(self.phase, Done):
+            self.facts.unhealthy = why
+            self.stop(StopReason.UNHEALTHY, grace)
 
     def kill(self, why: str) -> None:
         """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
@@ -265,13 +276,16 @@ class AttemptProcess:
             return
         if self.facts.report is not None:
             raise ProtocolError(f"a frame after the attempt's report: {obj!r:.60}")
-        allowed = ("progress", "result", "failure") if self.facts.calling else ("calling", "failure")
+        allowed = ("progress", "ready", "result", "failure") if self.facts.calling else ("calling", "failure")
         message = parse(obj, allowed)
         if isinstance(message, Calling):
             self._on_calling()
         elif isinstance(message, Progress):
             if self.observer is not None:
                 self.observer.on_progress(message)
+        elif isinstance(message, Ready):
+            if self.observer is not None and self.facts.stop is None:
+                self.observer.on_ready(message.status)
         elif isinstance(message, (Result, Failure)):
             self.facts.report = message
             self.facts.report_before_stop = self.facts.stop is None

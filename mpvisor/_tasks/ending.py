@@ -10,6 +10,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
+| 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
 | 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
 | 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
@@ -36,6 +37,7 @@ from mpvisor._model.wire import Failure, Result
 class StopReason(enum.Enum):
     TIMEOUT = "timeout"
     CANCEL = "cancel"
+    UNHEALTHY = "unhealthy"  # a readiness or health check failed: `Facts.unhealthy` says how
 
 
 @dataclass(slots=True)
@@ -49,6 +51,7 @@ class Facts:
     report_before_stop: bool = False
     calling: bool = False  # the child reported it was about to call the target / exec
     stop: StopReason | None = None
+    unhealthy: str | None = None  # with StopReason.UNHEALTHY: the failed check's reason
     timeout: float | None = None
     killed: str | None = None  # why mpvisor killed the tree while the main process ran
     status: ExitStatus | None = None
@@ -131,6 +134,8 @@ def _decide(f: Facts) -> AttemptEnd:
         return from_report(f.report, f.killed)
     if f.stop is StopReason.TIMEOUT:
         return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s", killed=f.killed)
+    if f.stop is StopReason.UNHEALTHY:
+        return AttemptEnd(AttemptResult.FAILED, f.unhealthy, killed=f.killed)
     if f.stop is StopReason.CANCEL:
         return AttemptEnd(AttemptResult.CANCELED, f.killed or "canceled", killed=f.killed)
     if f.launcher_died is not None:
