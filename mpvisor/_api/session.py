@@ -10,7 +10,7 @@ library's `run` and nothing else:
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
-outcome), and `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it). If
+outcome), `hold_while` (work not registered yet still keeps the run going), and `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
 running and the error propagates. The signals received are `runtime.interrupted`, in order.
 """
@@ -56,6 +56,16 @@ class RunSession:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.handle = SupervisorHandle(runtime)
+        self._holds: list[Callable[[], bool]] = []
+
+    def hold_while(self, holds: Callable[[], bool]) -> None:
+        """Keep the run going while `holds()` is true, even with no task registered (a service
+        run between a dependency's end and its dependents' start, or a restart); call
+        `runtime.notify()` when its answer may have changed."""
+        self._holds.append(holds)
+
+    def held(self) -> bool:
+        return any(holds() for holds in self._holds)
 
     def __repr__(self) -> str:
         return f"<RunSession {self.runtime!r}>"
@@ -82,14 +92,15 @@ async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[
             raise ShuttingDown("the supervisor is shutting down")
         await runtime.shutdown()
         return
+    session = RunSession(runtime)
     with _SignalHandlers(runtime):
         try:
-            await start(RunSession(runtime))
+            await start(session)
         except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
             if _holds_no_work(runtime):  # but tasks added through other handles go on
                 await runtime.stop_launcher()
             raise
-        while not runtime.shutdown_started and not _holds_no_work(runtime):
+        while not runtime.shutdown_started and (not _holds_no_work(runtime) or session.held()):
             await runtime.wait_for_change()
         await runtime.shutdown()
 

@@ -10,7 +10,9 @@ lost event leaves a row stale until then). `render_table` draws the rows for a t
 |---|---|---|
 | (before any) | `pending`, or `waiting for slot 'S'` | - |
 | a shared slot queues it (`CONTROLLER_SLOT_TRANSITION` naming the task) | `queued in slot 'S' (position N)` | the server's answer: position and owner |
+| (a service run's task that comes `after` others) | `waiting for db, cache` | - |
 | `ATTEMPT_STARTING` | `running` | `attempt N started (pid P)` |
+| `ATTEMPT_READY` | `ready` | `attempt N ready (how)` |
 | `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` (cut at 200 characters, `shorten`) / `timed out` |
 | `BACKOFF_SCHEDULED` | `retry in 1.5s` / `next run in 5s` | `next attempt in ...` |
 | `TASK_REMOVE_REQUESTED` | `stopping` | - |
@@ -109,13 +111,24 @@ class Row:
 class BatchView:
     """The rows of a batch's tasks, in file order (pure: it only reads what it is given)."""
 
-    def __init__(self, names: Sequence[str], slots: dict[str, str] | None = None) -> None:
-        slots = slots or {}
-        self.rows: dict[str, Row] = {
-            name: Row(name, f"waiting for slot {slots[name]!r}" if name in slots else "pending") for name in names
-        }
+    def __init__(self, names: Sequence[str], slots: dict[str, str] | None = None,
+                 after: dict[str, Sequence[str]] | None = None) -> None:
+        self.rows: dict[str, Row] = {}
         self.tracker = ProgressTracker()
         self.settled: set[str] = set()
+        for name in names:
+            self.add(name, (slots or {}).get(name), (after or {}).get(name, ()))
+
+    def add(self, name: str, slot: str | None = None, after: Sequence[str] = ()) -> None:
+        """A row for `name`, pending (a task a reload added, or started again: events move it again)."""
+        state = f"waiting for {', '.join(after)}" if after else f"waiting for slot {slot!r}" if slot else "pending"
+        self.rows[name] = Row(name, state)
+        self.settled.discard(name)
+
+    def remove(self, name: str) -> None:
+        """No row for `name` (a reload removed it)."""
+        self.rows.pop(name, None)
+        self.settled.discard(name)
 
     def __repr__(self) -> str:
         return f"<BatchView tasks={len(self.rows)} settled={len(self.settled)}>"
@@ -155,6 +168,9 @@ def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None,
         case EventKind.ATTEMPT_STARTING:
             pid = f" (pid {event.pid})" if event.pid else ""
             return replace(row, state="running", attempt=attempt, progress=None), f"attempt {attempt} started{pid}"
+        case EventKind.ATTEMPT_READY:
+            how = f" ({event.reason})" if event.reason else ""
+            return replace(row, state="ready"), f"attempt {attempt} ready{how}"
         case EventKind.ATTEMPT_SUCCEEDED:
             return replace(row, last=f"attempt {attempt} succeeded"), None
         case EventKind.ATTEMPT_FAILED:

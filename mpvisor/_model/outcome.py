@@ -52,6 +52,7 @@ class RejectionKind(enum.Enum):
     REMOVED_FROM_QUEUE = "removed_from_queue"
     CONTROLLER_SHUTTING_DOWN = "controller_shutting_down"
     ADMISSION_FAILED = "admission_failed"
+    DEPENDENCY_FAILED = "dependency_failed"  # a service run's task that comes after one that ended for good
 
     # Members are singletons compared by identity, so the C-level identity hash is consistent
     # with equality; Enum's own hashes the name in Python, on a controller's hot path.

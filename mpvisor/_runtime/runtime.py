@@ -11,7 +11,8 @@ Shutdown, one operation whatever started it, its result cached for every caller:
 2. publish `SHUTDOWN_REQUESTED`; the controller rejects what it has not handed over; every task is
    claimed for removal (cooperative stop; tasks between attempts end at once);
 3. each claimed attempt is killed by its own grace timer; shutdown waits for every task to be
-   cleaned up, then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
+   cleaned up (with a `stop_order`, group by group: a service run stops dependents first, each
+   group with a grace window of its own), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
    `ALL_STOPPED_WITHIN_GRACE`;
 4. stop the launcher, join the controller and registry, drain subscribers (bounded).
 """
@@ -23,7 +24,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from mpvisor._attempt.start import check_start_fits, start_message
@@ -77,7 +78,9 @@ class Runtime:
             self.controller = Controller(self, self.registry, controller)
             self.registry.on_cleanup = self.controller.owner_cleaned_up
         self.hooks: AttemptHooks | None = None  # a service run's (`_runtime/hooks.py`)
-        self._ready: dict[int, int] = {}  # task id -> the attempt that was marked ready
+        self._ready: dict[int, int] = {}
+        # shutdown stops these groups of task names one after another (`_stop_levels`); None: all at once
+        self.stop_order: Callable[[list[str]], list[list[str]]] | None = None  # task id -> the attempt that was marked ready
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
@@ -294,8 +297,17 @@ class Runtime:
         self.bus.publish(EventKind.SHUTDOWN_REQUESTED)
         if self.controller is not None:
             self.controller.reject_pending()
-        claimed = [a for a in list(self.registry.by_id.values()) if self.registry.claim(a, by_shutdown=True)]
         grace = self.config.grace
+        claimed: list[TaskActor] = []
+        for level in self._stop_levels():  # each level its own grace window (a service run's order)
+            claimed += [a for a in level if self.registry.claim(a, by_shutdown=True)]
+            cleaned = [self.registry.cleaned[a.id] for a in level if a.id in self.registry.cleaned]
+            deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
+            try:
+                if cleaned:
+                    await asyncio.wait(cleaned)
+            finally:
+                deadline.cancel()
         deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
         try:
             await self.registry.empty.wait()
@@ -313,6 +325,16 @@ class Runtime:
         await self.bus.close(self.config.subscriber_shutdown_timeout)
         if stuck:
             raise GraceExceeded(grace, stuck)
+
+    def _stop_levels(self) -> list[list[TaskActor]]:
+        """The registered tasks in the groups shutdown stops one after another: all at once,
+        unless `stop_order` (a service run's: dependents first) groups their names."""
+        actors = list(self.registry.by_id.values())
+        if self.stop_order is None:
+            return [actors]
+        by_name = {a.name: a for a in actors}
+        levels = [[by_name[n] for n in names if n in by_name] for names in self.stop_order(list(by_name))]
+        return [level for level in levels if level]
 
     def _kill_leftovers(self, grace: float) -> None:
         """A task whose stop was already decided but whose process lingers past the grace."""

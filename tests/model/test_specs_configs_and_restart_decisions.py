@@ -341,7 +341,7 @@ def test_outcome_rejection_and_error_labels_are_stable() -> None:
     assert OutcomeKind.FORCE_ABORTED.label == "outcome_force_aborted"
     assert [k.label for k in RejectionKind] == [
         "already_exists", "batch_rejected", "slot_busy", "queue_full", "superseded_by_replace",
-        "removed_from_queue", "controller_shutting_down", "admission_failed",
+        "removed_from_queue", "controller_shutting_down", "admission_failed", "dependency_failed",
     ]  # fmt: skip
     labels: dict[type[_errors.MpvisorError], str] = {
         _errors.MpvisorError: "mpvisor_error",
