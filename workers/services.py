@@ -13,7 +13,8 @@ times from files, never from logs.
 | `chatter(lines, stream="stdout", every=0.0, marker=None)` | prints `line 1` ... `line N` to `stream`, then waits to be canceled | at once |
 | `fail_after(seconds, marker=None)` | raises `Fatal` after `seconds` | never |
 
-Every marker line is `<word> <task> <attempt> <pid> <time.time()>`: `started`, `ready`.
+Every marker line is `<word> <task> <attempt> <pid> <time.time()>`: `started`, `ready`, and
+`stopped` once it was asked to stop.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def _mark(marker: str | None, word: str) -> None:
         append_line(marker, f"{word} {ctx.task_name} {ctx.attempt} {os.getpid()} {time.time():.6f}")
 
 
-def _wait_canceled() -> None:
+def _wait_canceled(marker: str | None = None) -> None:
     context().wait_cancelled()
+    _mark(marker, "stopped")
 
 
 def serve(ready_after: float = 0.0, status: str | None = None, marker: str | None = None) -> None:
@@ -44,12 +46,12 @@ def serve(ready_after: float = 0.0, status: str | None = None, marker: str | Non
         return
     _mark(marker, "ready")
     context().ready(status)
-    _wait_canceled()
+    _wait_canceled(marker)
 
 
 def serve_silent(marker: str | None = None) -> None:
     _mark(marker, "started")
-    _wait_canceled()
+    _wait_canceled(marker)
 
 
 def tcp(port: int, listen_after: float = 0.0, close_after: float | None = None, marker: str | None = None) -> None:
@@ -63,7 +65,7 @@ def tcp(port: int, listen_after: float = 0.0, close_after: float | None = None, 
     if close_after is not None and not context().wait_cancelled(close_after):
         server.close()
         _mark(marker, "closed")
-    _wait_canceled()
+    _wait_canceled(marker)
 
 
 def _accept(server: socket.socket) -> None:
@@ -82,7 +84,7 @@ def touch(path: str, after: float = 0.0, marker: str | None = None) -> None:
     with open(path, "w"):
         pass
     _mark(marker, "ready")
-    _wait_canceled()
+    _wait_canceled(marker)
 
 
 def chatter(lines: int, stream: str = "stdout", every: float = 0.0, marker: str | None = None) -> None:
@@ -92,7 +94,7 @@ def chatter(lines: int, stream: str = "stdout", every: float = 0.0, marker: str 
         print(f"line {i}", file=out, flush=True)
         if every and context().wait_cancelled(every):
             return
-    _wait_canceled()
+    _wait_canceled(marker)
 
 
 def fail_after(seconds: float, marker: str | None = None) -> None:

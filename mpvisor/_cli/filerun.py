@@ -40,8 +40,6 @@ import time
 from typing import IO, Any
 
 from mpvisor._admission.config import ControllerConfig
-from mpvisor._admission.leases.store import POLICIES
-from mpvisor._admission.submission import ControllerSpec
 from mpvisor._api.session import RunSession, run_session, serve_runtime
 from mpvisor._cli.batchview import (
     BatchView,
@@ -67,12 +65,16 @@ from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
+from mpvisor._model.outcome import RejectionKind, TaskOutcome
 from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._services.control import run_name
+from mpvisor._services.manager import ServiceRun
 from mpvisor._tasks.registry import TaskWaiter
 
+_SYSTEMD = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd's words to mpvisor itself
 REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
 CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
 
@@ -145,6 +147,12 @@ class _Display(abc.ABC):
     def print(self, text: str) -> None:
         with self.lock:
             self._write(text + "\n")
+
+    def again(self, task: FileTask) -> None:
+        """`task` starts again (a restart, a reload): its row follows its events again."""
+        with self.lock:
+            if task.name in self.view.settled or task.name not in self.view.rows:
+                self.view.add(task.name, task.slot)
 
     @abc.abstractmethod
     def _show(self, event: Event) -> None:
@@ -282,10 +290,12 @@ def run_file(args: argparse.Namespace) -> int:
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE
     if any(isinstance(t.spec.task, TaskFn) and t.spec.task.cwd is not None for t in tasks) and sys.path[:1] != [""]:
         sys.path.insert(0, "")  # before the launcher starts: an attempt looks its target up in its own cwd first
+    systemd = {key: os.environ.pop(key) for key in _SYSTEMD if key in os.environ}  # mpvisor's, not its tasks'
     machine = take_stdout()
     subscribers: list[Any] = event_writers(args, machine)
     lock = threading.Lock()
-    view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None})
+    view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None},
+                     {t.name: t.service.after for t in tasks})
     stderr = sys.stderr
     live = stderr.isatty() and os.environ.get("TERM") != "dumb" and LiveTable.fits(stderr, len(tasks))
     display: LiveTable | PlainLines = LiveTable(stderr, view, lock, progress=args.progress) if live else PlainLines(stderr, view, lock)
@@ -301,7 +311,8 @@ def run_file(args: argparse.Namespace) -> int:
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts))
+        results, problem = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts,
+                                            path, args.name or run_name(path), systemd))
     finally:
         display.finish()
     first = interrupts[0] if interrupts else None
@@ -326,36 +337,39 @@ def run_file(args: argparse.Namespace) -> int:
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
-               tasks: tuple[FileTask, ...], display: LiveTable | PlainLines,
-               interrupts: list[signal.Signals]) -> tuple[dict[str, Result], str | None]:
+               tasks: tuple[FileTask, ...], display: LiveTable | PlainLines, interrupts: list[signal.Signals],
+               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
     and the line telling why the run could not finish normally, if it could not. The signals
     that interrupted the run are added to `interrupts`."""
     results: dict[str, Result] = {}
     replaced: set[int] = set()
-    reporters: list[asyncio.Task[None]] = []
     runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
 
-    async def report(task: FileTask, waiter: TaskWaiter, session: RunSession) -> None:
+    async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()
-        await display.caught.reached(session.last_seq())  # its state lines first, then its outcome line
+        await display.caught.reached(runtime.bus.last_seq)  # its state lines first, then its outcome line
         status, by_slot = task_status(outcome, replaced=waiter.id in replaced)
         result = results[task.name] = Result(task.name, outcome, status, by_slot)
         extra = f" replaced_in_slot={task.slot!r}" if status == REPLACED and by_slot else f" slot={task.slot!r}" if task.slot else ""
         display.settle(result)
         display.print(outcome_line(task.name, outcome) + extra)
+        return result
+
+    def not_started(task: FileTask, why: str) -> None:
+        outcome = TaskOutcome.rejected(RejectionKind.DEPENDENCY_FAILED, why)
+        result = results[task.name] = Result(task.name, outcome, FAILED, False)
+        display.settle(result)
+        display.print(outcome_line(task.name, outcome))
+
+    services: list[ServiceRun] = []
 
     async def start(session: RunSession) -> None:
         session.on_replaced(replaced.add)
-        direct = [t for t in tasks if t.slot is None]
-        if direct:  # one atomic registration
-            waiters = await session.add_batch([t.spec for t in direct])
-            reporters.extend(asyncio.ensure_future(report(t, w, session)) for t, w in zip(direct, waiters, strict=True))
-        for task in tasks:
-            if task.slot is not None and task.policy is not None:
-                submission = ControllerSpec(task.spec, POLICIES[task.policy]).with_slot(task.slot)
-                _, waiter = await session.handle.submit_and_watch(submission)
-                reporters.append(asyncio.ensure_future(report(task, waiter, session)))
+        service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
+                                 load=load, added=display.again, systemd=systemd)
+        services.append(service_run)
+        await service_run.begin()
 
     problem = None
     try:
@@ -366,5 +380,6 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
         twice = runtime.interrupted.count(signal.SIGINT) > 1
         problem = f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}" if twice else f"mpvisor: {exc}"
     interrupts.extend(runtime.interrupted)
-    await asyncio.gather(*reporters)
+    for service_run in services:
+        await service_run.close()
     return results, problem

@@ -5,6 +5,8 @@
     mpvisor check FILE
     mpvisor slots [--slots URL] [--json] [--wait S]  |  mpvisor slots serve [--dir D] [--idle-exit S]
     mpvisor doctor [--json]
+    mpvisor status [FILE] [--name N] [--json]  |  mpvisor stop|start|restart TASK [FILE] [--name N]
+    mpvisor logs TASK [FILE] [--name N] [-n LINES] [-f]  |  mpvisor reload [FILE] [--name N]
     mpvisor --version
 
 `COMMANDS` lists one module per command, with its name (`"slots serve"` is `serve` under
@@ -45,6 +47,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("slots", "mpvisor._cli.slots", "show this user's shared slots (--json), or run their server (slots serve)"),
     Command("slots serve", "mpvisor._cli.serve", "run this user's slot server in the foreground"),
     Command("doctor", "mpvisor._cli.doctor", "show what this host allows for isolating attempts and what each limit would use"),
+    Command("status", "mpvisor._cli.status", "show the tasks of a running task file: state, pid, readiness, uptime, restarts, last ending"),
+    Command("stop", "mpvisor._cli.stop", "stop one task of a running task file (it is not restarted until mpvisor start)"),
+    Command("start", "mpvisor._cli.start", "start a stopped task of a running task file again"),
+    Command("restart", "mpvisor._cli.restart", "restart one task of a running task file (stop it, then start it)"),
+    Command("logs", "mpvisor._cli.logs", "print the last lines of a task's log files, and follow them (-f)"),
+    Command("reload", "mpvisor._cli.reload", "make a running task file read its file again and apply what changed"),
 )
 
 

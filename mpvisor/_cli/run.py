@@ -131,7 +131,8 @@ TAKES_COMMAND = True  # `-- COMMAND [ARG...]` after the options
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--file", metavar="FILE", help="run the tasks of this task file (TOML) instead of one TARGET or COMMAND")
-    run.add_argument("--name", type=task_name, help="the task name (default: the function or program name)")
+    run.add_argument("--name", type=task_name, help="the task name (default: the function or program name); with --file, "
+                     "the run's name, which `mpvisor status --name N` and the other control commands take")
     run.add_argument("--restart", type=choice(*RESTARTS), metavar="|".join(RESTARTS), help="when to run again (default: never)")
     run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="run again this many seconds after each success (> 0)")
@@ -194,7 +195,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
         for option in TASK_OPTIONS:
-            if getattr(args, option) is not None:
+            if option != "name" and getattr(args, option) is not None:  # --name names the run (its control socket)
                 flag = "--" + option.replace("_", "-")
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
         if args.quiet:

@@ -20,6 +20,9 @@ SUPERSEDED = 5
 REPLACED = 6
 LEASE_LOST = 7
 RESERVED = range(3, 10)  # admission and lease results (3..7), and room for more (8..9)
+REFUSED = FAILED  # a run's control socket answered a request with an error (`status`, `stop`, ...)
+NO_RUN = 10  # no run of a task file is live (or none by the FILE or name given)
+SEVERAL_RUNS = 11  # several runs are live and the command named none
 TIMED_OUT = 124  # as timeout(1)
 
 TABLE: tuple[tuple[str, str], ...] = (
@@ -38,6 +41,9 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
     ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
     ("8..9", "reserved"),
+    ("1", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: the run refused the request (an unknown task, a reload refused, ...) or could not be asked; each line of its error on stderr"),
+    ("10", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: no run of a task file is live (none by the `FILE` or `--name` given)"),
+    ("11", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: several runs are live and none was named; they are listed"),
 )
 
 # A submission its slot refused: the status, and what the outcome line says of it.

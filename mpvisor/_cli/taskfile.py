@@ -29,11 +29,25 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
 | `slots` | string, a `postgresql://` URL | `--slots` (in `[defaults]` only: where the file's slots are kept; `--slots` and `$MPVISOR_SLOTS` win over it) |
 | `lease_ttl`, `wait_timeout` | seconds (>= 2; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
+| `after` | array of task names of this file | (no CLI form; task only: a service starts once these are ready) |
+| `ready`, `health` | string: a check, `Check.parse`'s forms (`health`: `tcp:` and `cmd:` only) | (no CLI form) |
+| `ready_timeout`, `health_interval`, `watchdog` | seconds > 0: a number, or a string with a unit (`"500ms"`, `"30s"`, `"5m"`, `"1h"`) | (no CLI form) |
+| `health_failures`, `log_backups` | integer (>= 1; >= 0) | (no CLI form) |
+| `stdout`, `stderr`, `log` | string, a file path relative to the file's directory; `{task}` is the task's name | (no CLI form; `log`: both streams) |
+| `log_max_bytes`, `log_rotate`, `log_compress` | size as `memory` (0: never by size); `"daily"`, `"never"`; boolean | (no CLI form) |
 
 A task's own value wins over `[defaults]`; `env` tables merge key by key. Exactly one of
 `target` and `command` per task. `policy` needs a `slot` (a `[defaults]` policy applies to the
 tasks that have one); `every` makes a task periodic, so it cannot go with `restart = "never"` or
 `"on-failure"`. Unknown keys are errors that name the key and suggest the closest known one.
+
+The keys of services (`after` ... `log_compress`) have no command-line form: they become the
+task's `ServiceSettings` (`_services/settings.py`). An `after` name that is no task of the file,
+and a cycle of `after` (reported once, at the cycle's first task in file order), are errors at
+that task's `after`. A table gives `log`, or `stdout`/`stderr`, not both; a task that gives any
+of the three replaces all of the `[defaults]` paths (`stdout` alone: its stderr stays on the
+run's). A `log_*` key in a task's own table needs a path for that task; in `[defaults]` it
+applies to the tasks that have one.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import argparse
 import datetime
 import difflib
 import json
+import math
 import os
 import re
 import shlex
@@ -54,16 +69,22 @@ from typing import Any
 from mpvisor._cli import options as _options
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
+from mpvisor._services import graph as _graph
+from mpvisor._services.settings import CHECK_KINDS, Check, LogSettings, ServiceSettings
+
+_PLAIN = ServiceSettings()  # a task that is no service: no `after`, no checks, no log files
 
 
 @dataclass(frozen=True)
 class FileTask:
-    """One task of a file: its spec, and its slot and admission policy (`"queue"`, `"replace"`,
-    `"drop"`; both None for a task without a slot)."""
+    """One task of a file: its spec, its slot and admission policy (`"queue"`, `"replace"`,
+    `"drop"`; both None for a task without a slot), and its settings as a service. Two parses
+    of the same table compare equal (a reload compares them by task)."""
 
     spec: TaskSpec
     slot: str | None = None
     policy: str | None = None
+    service: ServiceSettings = _PLAIN  # `after`, checks, log files
 
     @property
     def name(self) -> str:
@@ -317,6 +338,116 @@ def _cwd_in(base_dir: str, is_dir: Callable[[str], bool] | None) -> Callable[[ob
     return convert
 
 
+# --- the keys of services -----------------------------------------------------------------------------
+
+_SERVICE_SECONDS = 'a number of seconds > 0 or a string such as "30s"'
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_WITH_UNIT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?")
+
+
+def _seconds_with_unit(value: object) -> float:
+    """Seconds > 0: a number, or a string of a number and an optional unit (`"500ms"`, `"30s"`,
+    `"5m"`, `"1h"`; none: seconds)."""
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            pass
+    elif isinstance(value, str):
+        found = _WITH_UNIT.fullmatch(value.strip())
+        if found:
+            seconds = float(found[1]) * _UNIT_SECONDS[found[2] or "s"]
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _Invalid(f"expected {_SERVICE_SECONDS}, got {_kind(value)}: {toml_text(value)}")
+    return seconds
+
+
+def _after(value: object) -> tuple[str, ...]:
+    """The names a task comes after, each once, in the order given (whether the file has them
+    is `_after_errors`')."""
+    if isinstance(value, str):
+        raise _Invalid(f"expected an array of task names, got a string: {toml_text(value)}; write after = {toml_text([value])}")
+    if not isinstance(value, list):
+        raise _Invalid(f"expected an array of task names (strings), got {_kind(value)}: {toml_text(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _Invalid(f"[{i}] must be a task name (a string), got {_kind(item)}: {toml_text(item)}")
+    return tuple(dict.fromkeys(value))
+
+
+def _check_in(base_dir: str, kinds: tuple[str, ...] = CHECK_KINDS) -> Callable[[object], Check]:
+    """A check (`ready`, `health`) of one of `kinds`, as `Check.parse` reads it; a `file:` path
+    is taken from `base_dir` (the file's directory)."""
+
+    def convert(value: object) -> Check:
+        if isinstance(value, str) and "\0" in value:
+            raise _Invalid(f"a check must not hold NUL, got {toml_text(value)}")
+        try:
+            return Check.parse(value if isinstance(value, str) else "", base_dir, kinds=kinds)
+        except ValueError as exc:
+            got = "" if isinstance(value, str) and value else f", got {_kind(value)}: {toml_text(value)}"
+            raise _Invalid(f"{exc}{got}") from None
+
+    return convert
+
+
+@dataclass(frozen=True)
+class _PathTemplate:
+    """A log path as written (`stdout`, `stderr`, `log`): the text around each `{task}`, taken
+    from `base_dir` once filled with a task's name."""
+
+    base_dir: str
+    parts: tuple[str, ...]
+
+    def fill(self, name: str) -> str:
+        return os.path.normpath(os.path.join(self.base_dir, name.join(self.parts)))
+
+
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+def _log_path_in(base_dir: str) -> Callable[[object], _PathTemplate]:
+    def convert(value: object) -> _PathTemplate:
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise _Invalid(f"expected a file path (a non-empty string; {{task}} is the task's name), got {_kind(value)}: {toml_text(value)}")
+        for found in _PLACEHOLDER.finditer(value):
+            if found[0] != "{task}":
+                raise _Invalid(f"unknown placeholder {found[0]} in {toml_text(value)} (only {{task}}, the task's name, is replaced)")
+        if value.endswith(("/", os.sep)):
+            raise _Invalid(f"expected a file path, got a directory: {toml_text(value)} (write {toml_text(value + '{task}.log')})")
+        return _PathTemplate(base_dir, tuple(value.split("{task}")))
+
+    return convert
+
+
+_LOG_SIZE = 'a size in bytes (an integer, or a string such as "50M"), or 0'
+
+
+def _log_max_bytes(value: object) -> int:
+    """`byte_size`'s sizes (as `memory`), and 0: never rotate by size."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Invalid(f"expected {_LOG_SIZE}, got {_kind(value)}: {toml_text(value)}")
+    text = _cli_text(value)
+    if text.strip() in ("0", "0.0"):
+        return 0
+    try:
+        return _options.byte_size(text)
+    except argparse.ArgumentTypeError:
+        raise _Invalid(f"expected a size in bytes (e.g. 52428800, 50M, 1G) or 0 (never rotate by size), got {text!r}") from None
+
+
+def _boolean(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected a boolean (true or false), got {_kind(value)}: {toml_text(value)}")
+    return value
+
+
+_LOG_PATHS = ("stdout", "stderr", "log")
+_LOG_OPTIONS = ("log_max_bytes", "log_backups", "log_rotate", "log_compress")
+_SERVICE_SCALARS = ("ready", "ready_timeout", "health", "health_interval", "health_failures", "watchdog")
+
+
 SETTINGS: dict[str, Callable[[object], Any]] = {
     "restart": _via(_options.choice(*_options.RESTARTS), (str,), "a string: " + ", ".join(_options.RESTARTS)),
     "every": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
@@ -336,12 +467,26 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "env": _env,
     "env_file": _env_file_in(".", None),  # parse_text takes it from the file's directory
     "cwd": _cwd,
+    "ready": _check_in("."),  # parse_text takes a `file:` path from the file's directory
+    "ready_timeout": _seconds_with_unit,
+    "health": _check_in(".", ("tcp", "cmd")),
+    "health_interval": _seconds_with_unit,
+    "health_failures": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
+    "watchdog": _seconds_with_unit,
+    "stdout": _log_path_in("."),  # parse_text takes the log paths from the file's directory
+    "stderr": _log_path_in("."),
+    "log": _log_path_in("."),
+    "log_max_bytes": _log_max_bytes,
+    "log_backups": _via(_options.retries, _NUMBER, "a whole number >= 0"),
+    "log_rotate": _via(_options.choice("daily", "never"), (str,), "a string: daily, never"),
+    "log_compress": _boolean,
 }
 TASK_ONLY: dict[str, Callable[[object], Any]] = {
     "target": _via(_options.target, (str,), 'a string "package.module:function"'),
     "args": _array,
     "kwargs": _table,
     "command": _command,
+    "after": _after,
 }
 DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
     "grace": _via(_options.seconds(allow_zero=True), _NUMBER, _SECONDS),
@@ -405,14 +550,26 @@ _IN_TASK = {
 }
 
 
+@dataclass(frozen=True)
+class _File:
+    """What every task of a file reads besides its own table."""
+
+    defaults: dict[str, Any]  # [defaults]'s values, converted (the run's own taken out)
+    allowed: dict[str, Callable[[object], Any]]  # the converters of the keys of both tables
+    defaults_log: bool  # [defaults] gives a log path (stdout, stderr or log), good or bad
+    after_errors: dict[str, list[str]]  # by task: what is wrong with its `after` in the file
+
+
 def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | None = None,
                read_text: Callable[[str], str] | None = None) -> TaskFile:
-    """The tasks and the errors of a task file's text; a relative `cwd` or `env_file` is taken
-    from `base_dir` (the file's directory), and, given `is_dir` (`os.path.isdir`: the shell's),
-    each `cwd` must be a directory, an error at its key like any other; an `env_file` is read
-    with `read_text` (else from disk)."""
+    """The tasks and the errors of a task file's text; a relative `cwd`, `env_file`, log path
+    or `file:` check is taken from `base_dir` (the file's directory), and, given `is_dir`
+    (`os.path.isdir`: the shell's), each `cwd` must be a directory, an error at its key like
+    any other; an `env_file` is read with `read_text` (else from disk)."""
     errors = _Errors()
-    settings = {**SETTINGS, "cwd": _cwd_in(base_dir, is_dir), "env_file": _env_file_in(base_dir, read_text)}
+    settings = {**SETTINGS, "cwd": _cwd_in(base_dir, is_dir), "env_file": _env_file_in(base_dir, read_text),
+                "ready": _check_in(base_dir), "health": _check_in(base_dir, ("tcp", "cmd")),
+                **{key: _log_path_in(base_dir) for key in _LOG_PATHS}}
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -425,9 +582,14 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
     grace = defaults.pop("grace", None)
     max_concurrent = defaults.pop("max_concurrent", None)
     run = {key: defaults.pop(key, None) for key in ("slots", "lease_ttl", "wait_timeout")}
+    tables = _task_tables(document, errors)
+    raw_defaults = document.get("defaults", {})
+    known = list(document["task"]) if isinstance(document.get("task"), dict) else []
+    file = _File(defaults, settings, isinstance(raw_defaults, dict) and any(key in raw_defaults for key in _LOG_PATHS),
+                 _after_errors(tables, known))
     tasks = []
-    for name, table in _task_tables(document, errors):
-        task = _task(name, table, defaults, settings, errors)
+    for name, table in tables:
+        task = _task(name, table, file, errors)
         if task is not None:
             tasks.append(task)
     return TaskFile(tuple(tasks), grace, tuple(errors.found), max_concurrent, **run)
@@ -447,7 +609,38 @@ def _defaults(table: object, settings: dict[str, Callable[[object], Any]], error
     if not isinstance(table, dict):
         errors.add("defaults", f"expected a table ([defaults]), got {_kind(table)}: {toml_text(table)}")
         return {}
-    return _read(table, "defaults", {**settings, **DEFAULTS_ONLY}, _IN_DEFAULTS, errors)
+    values = _read(table, "defaults", {**settings, **DEFAULTS_ONLY}, _IN_DEFAULTS, errors)
+    _log_conflict(table, "defaults", errors)
+    return values
+
+
+def _log_conflict(table: dict[str, Any], where: str, errors: _Errors) -> None:
+    if "log" in table and ("stdout" in table or "stderr" in table):
+        errors.add(f"{where}.log", "log sends both streams to one file: give either log, or stdout and stderr, not both")
+
+
+def _after_errors(tables: list[tuple[str, dict[str, Any]]], known: list[str]) -> dict[str, list[str]]:
+    """By task, what is wrong with its `after` in the file: each name that is no task of the
+    file (with the closest one), and the first cycle, once, at its first task in file order."""
+    after: dict[str, tuple[str, ...]] = {}
+    found: dict[str, list[str]] = {}
+    for name, table in tables:
+        try:
+            after[name] = _after(table["after"]) if "after" in table else ()
+        except _Invalid:  # said at its key
+            after[name] = ()
+        for dep in after[name]:
+            if dep not in known:
+                close = difflib.get_close_matches(dep, [k for k in known if k != name], n=1, cutoff=0.6)
+                hint = f" (did you mean {json.dumps(close[0], ensure_ascii=False)}?)" if close else ""
+                found.setdefault(name, []).append(f"unknown task {json.dumps(dep, ensure_ascii=False)}{hint}")
+    path = _graph.cycle(after)
+    if path is not None:
+        ring, order = path[:-1], {name: i for i, (name, _) in enumerate(tables)}
+        first = min(range(len(ring)), key=lambda i: order[ring[i]])
+        ring = ring[first:] + ring[:first]
+        found.setdefault(ring[0], []).append("a cycle: " + " -> ".join([*ring, ring[0]]))
+    return found
 
 
 def _task_tables(document: dict[str, Any], errors: _Errors) -> list[tuple[str, dict[str, Any]]]:
@@ -471,13 +664,15 @@ def _task_tables(document: dict[str, Any], errors: _Errors) -> list[tuple[str, d
     return found
 
 
-def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], allowed: dict[str, Callable[[object], Any]],
-          errors: _Errors) -> FileTask | None:
+def _task(name: str, table: dict[str, Any], file: _File, errors: _Errors) -> FileTask | None:
     """The task of one table, or None with each of its errors added (all of them: a bad value
     does not hide what building the task from the others finds)."""
     where = _task_where(name)
     before = len(errors.found)
-    own = _read(table, where, {**allowed, **TASK_ONLY}, _IN_TASK, errors)
+    defaults = file.defaults
+    own = _read(table, where, {**file.allowed, **TASK_ONLY}, _IN_TASK, errors)
+    for message in file.after_errors.get(name, ()):
+        errors.add(f"{where}.after", message)
     settings = {**defaults, **own}
     if "env" in defaults and "env" in own:
         settings["env"] = {**defaults["env"], **own["env"]}
@@ -497,13 +692,42 @@ def _task(name: str, table: dict[str, Any], defaults: dict[str, Any], allowed: d
     if "every" in settings and settings.get("restart") in ("never", "on-failure"):
         errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
                                      f"or no restart, got restart = {toml_text(settings['restart'])}")
+    _log_conflict(table, where, errors)
+    own_log = any(key in table for key in _LOG_PATHS)
+    if not own_log and not file.defaults_log:
+        for key in _LOG_OPTIONS:
+            if key in own:
+                errors.add(f"{where}.{key}", "there is no log file to rotate: set log, stdout or stderr")
+    service = _service(name, own if own_log else defaults, settings, own.get("after", ()), where, errors)
     task = None
     if has_target != has_command and ("target" in settings or "command" in settings):  # a body to build
-        task = _build(name, settings, where, errors)
+        task = _build(name, settings, service, where, errors)
     return task if len(errors.found) == before else None
 
 
-def _build(name: str, settings: dict[str, Any], where: str, errors: _Errors) -> FileTask | None:
+def _service(name: str, paths: dict[str, Any], settings: dict[str, Any], after: tuple[str, ...], where: str,
+             errors: _Errors) -> ServiceSettings:
+    """The task's settings as a service: its log paths from `paths` (its own table's when it
+    gives any, else [defaults]'), `{task}` filled in; the rest as merged in `settings`."""
+    log = paths.get("log")
+    streams: dict[str, str | None] = {}
+    for stream in ("stdout", "stderr"):
+        template = paths.get(stream, log)
+        path = template.fill(name) if isinstance(template, _PathTemplate) else None
+        if path is not None and "\0" in path:
+            errors.add(where, f"its {stream} log file is named after it ({{task}}), and its name holds NUL")
+        streams[stream] = path
+    logs = None
+    if streams["stdout"] is not None or streams["stderr"] is not None:
+        rotation = {"max_bytes": settings.get("log_max_bytes"), "backups": settings.get("log_backups"),
+                    "compress": settings.get("log_compress")}
+        logs = LogSettings(streams["stdout"], streams["stderr"], daily=settings.get("log_rotate") == "daily",
+                           **{key: value for key, value in rotation.items() if value is not None})
+    scalars = {key: settings[key] for key in _SERVICE_SCALARS if key in settings}
+    return ServiceSettings(after=after, logs=logs, **scalars)
+
+
+def _build(name: str, settings: dict[str, Any], service: ServiceSettings, where: str, errors: _Errors) -> FileTask | None:
     cwd = settings.get("cwd")  # already taken from the file's directory
     try:
         if "command" in settings:
@@ -521,7 +745,7 @@ def _build(name: str, settings: dict[str, Any], where: str, errors: _Errors) -> 
         errors.add(where, str(exc))
         return None
     slot = settings.get("slot")
-    return FileTask(spec, slot, settings.get("policy", "queue") if slot is not None else None)
+    return FileTask(spec, slot, settings.get("policy", "queue") if slot is not None else None, service)
 
 
 # --- reading a file (the one I/O here) ------------------------------------------------------------------
@@ -545,7 +769,14 @@ def report_errors(path: str, parsed: TaskFile) -> None:
 
 
 def summary(path: str, parsed: TaskFile) -> str:
-    """`tasks.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)`."""
-    names = ", ".join(t.name + (f" (slot {t.slot!r}, {t.policy})" if t.slot else "") for t in parsed.tasks)
+    """`tasks.toml: valid, 3 tasks: db, api (after db), deploy (slot 'deploy-prod', queue)`."""
+    names = ", ".join(_described(task) for task in parsed.tasks)
     count = len(parsed.tasks)
     return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"
+
+
+def _described(task: FileTask) -> str:
+    notes = [f"slot {task.slot!r}, {task.policy}"] if task.slot else []
+    if task.service.after:
+        notes.append("after " + ", ".join(task.service.after))
+    return task.name + (f" ({'; '.join(notes)})" if notes else "")

@@ -78,9 +78,10 @@ class Runtime:
             self.controller = Controller(self, self.registry, controller)
             self.registry.on_cleanup = self.controller.owner_cleaned_up
         self.hooks: AttemptHooks | None = None  # a service run's (`_runtime/hooks.py`)
-        self._ready: dict[int, int] = {}
+        self._ready: dict[int, int] = {}  # task id -> the attempt that was marked ready
+        self._early: dict[int, tuple[int, str]] = {}  # task id -> a ready that came before its ATTEMPT_STARTING
         # shutdown stops these groups of task names one after another (`_stop_levels`); None: all at once
-        self.stop_order: Callable[[list[str]], list[list[str]]] | None = None  # task id -> the attempt that was marked ready
+        self.stop_order: Callable[[list[str]], list[list[str]]] | None = None
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
@@ -175,6 +176,9 @@ class Runtime:
     def attempt_started(self, actor: TaskActor, pid: int) -> None:
         if self.hooks is not None:
             self.hooks.started(actor.id, actor.name, actor.attempt, pid)
+        early = self._early.pop(actor.id, None)
+        if early is not None and early[0] == actor.attempt:
+            self.mark_ready(actor.id, *early)
 
     def attempt_ready(self, actor: TaskActor, how: str) -> None:
         self.mark_ready(actor.id, actor.attempt, how)
@@ -186,6 +190,9 @@ class Runtime:
         actor = self.registry.by_id.get(id)
         if actor is None or actor.attempt != attempt or actor.current is None:
             return False
+        if actor.pid is None:  # its frame came before the actor published ATTEMPT_STARTING: after it
+            self._early[id] = (attempt, how)
+            return True
         if self._ready.get(id) != attempt:
             self._ready[id] = attempt
             self.publish(EventKind.ATTEMPT_READY, task=actor.name, id=id, attempt=attempt, pid=actor.pid, reason=how)
@@ -212,6 +219,7 @@ class Runtime:
 
     def attempt_ended(self, actor: TaskActor, end: AttemptEnd) -> None:
         self._ready.pop(actor.id, None)
+        self._early.pop(actor.id, None)
         if self.hooks is not None:
             self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 

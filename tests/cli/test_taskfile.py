@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpvisor import BackoffPolicy, JitterPolicy, Limits, RestartIntensity, RestartPolicy
-from mpvisor._cli.main import parse
+from mpvisor._cli.main import main, parse
 from mpvisor._cli.taskfile import (
     DEFAULTS_ONLY,
     SETTINGS,
@@ -28,6 +28,8 @@ from mpvisor._cli.taskfile import (
     toml_text,
 )
 from mpvisor._model.work import CommandTask, TaskFn
+from mpvisor._services.graph import diff
+from mpvisor._services.settings import Check, LogSettings, ServiceSettings
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -460,3 +462,365 @@ def test_an_env_file_goes_under_the_env_tables_and_a_tasks_own_replaces_the_defa
         "task \"b\".env_file: cannot read '/base/gone.env': No such file or directory",
         'task "c".env_file: expected a file name (a non-empty string), got an integer: 3',
     )
+
+
+# --- the keys of services -----------------------------------------------------------------------------
+
+SERVICES = """
+[defaults]
+log = "logs/{task}.log"
+log_backups = 3
+health_interval = "5s"
+
+[task.db]
+command = ["postgres", "-D", "data"]
+ready = "tcp:127.0.0.1:5432"
+ready_timeout = 90
+
+[task.api]
+target = "myapp.api:serve"
+after = ["db"]
+ready = "notify"
+watchdog = "30s"
+stdout = "out/{task}.out"
+log_rotate = "daily"
+log_compress = true
+
+[task.web]
+command = ["web"]
+after = ["api", "db", "api"]
+health = "cmd:curl -fs http://127.0.0.1:8080/health"
+health_failures = 5
+log_max_bytes = "1M"
+"""
+
+
+def service_of(text: str, name: str = "a", base_dir: str = "/base") -> ServiceSettings:
+    parsed = parse_text(text, base_dir)
+    assert parsed.ok, parsed.errors
+    return {task.name: task for task in parsed.tasks}[name].service
+
+
+def test_the_keys_of_services_become_each_tasks_service_settings():
+    """Checks, seconds with units, `after` (each name once, in the order given), log paths
+    from the file's directory with `{task}` filled in; a task's own log path replaces all of
+    the [defaults] ones (`stdout` alone: its stderr stays on the run's)."""
+    parsed = parse_text(SERVICES, "/base")
+    assert parsed.ok, parsed.errors
+    db, api, web = parsed.tasks
+    assert db.service == ServiceSettings(
+        ready=Check("tcp", "tcp:127.0.0.1:5432", host="127.0.0.1", port=5432), ready_timeout=90.0, health_interval=5.0,
+        logs=LogSettings("/base/logs/db.log", "/base/logs/db.log", backups=3))
+    assert api.service == ServiceSettings(
+        after=("db",), ready=Check("notify", "notify"), watchdog=30.0, health_interval=5.0,
+        logs=LogSettings("/base/out/api.out", None, backups=3, daily=True, compress=True))
+    assert api.service.notify and not db.service.notify
+    assert web.service == ServiceSettings(
+        after=("api", "db"), health=Check("cmd", "cmd:curl -fs http://127.0.0.1:8080/health",
+                                          argv=("curl", "-fs", "http://127.0.0.1:8080/health")),
+        health_failures=5, health_interval=5.0,
+        logs=LogSettings("/base/logs/web.log", "/base/logs/web.log", max_bytes=2**20, backups=3))
+    assert parse_text(ISSUE_EXAMPLE).tasks[0].service == ServiceSettings()  # a plain task
+    assert summary("svc.toml", parsed) == "svc.toml: valid, 3 tasks: db, api (after db), web (after api, db)"
+    slotted = parse_text("[task.a]\ncommand = ['x']\nslot = 's'\n[task.b]\ncommand = ['x']\nslot = 's'\nafter = ['a']\n")
+    assert slotted.ok, slotted.errors  # `after` a task that has a slot
+    assert summary("t.toml", slotted) == "t.toml: valid, 2 tasks: a (slot 's', queue), b (slot 's', queue; after a)"
+
+
+GOOD = [
+    ("ready", '"notify"', "ready", Check("notify", "notify")),
+    ("ready", '"tcp:localhost:8080"', "ready", Check("tcp", "tcp:localhost:8080", host="localhost", port=8080)),
+    ("ready", '"tcp:[::1]:80"', "ready", Check("tcp", "tcp:[::1]:80", host="::1", port=80)),
+    ("ready", "\"cmd:pg_isready -h 'db host'\"", "ready", Check("cmd", "cmd:pg_isready -h 'db host'", argv=("pg_isready", "-h", "db host"))),
+    ("ready", '"file:run/ready"', "ready", Check("file", "file:run/ready", path="/base/run/ready")),
+    ("ready", '"file:/tmp/x/../ready"', "ready", Check("file", "file:/tmp/x/../ready", path="/tmp/ready")),
+    ("health", '"tcp:db:5432"', "health", Check("tcp", "tcp:db:5432", host="db", port=5432)),
+    ("health", '"cmd:true"', "health", Check("cmd", "cmd:true", argv=("true",))),
+    ("ready_timeout", "5", "ready_timeout", 5.0),
+    ("ready_timeout", "2.5", "ready_timeout", 2.5),
+    ("ready_timeout", '"500ms"', "ready_timeout", 0.5),
+    ("ready_timeout", '"30s"', "ready_timeout", 30.0),
+    ("ready_timeout", '"5m"', "ready_timeout", 300.0),
+    ("ready_timeout", '"1h"', "ready_timeout", 3600.0),
+    ("ready_timeout", '"1.5h"', "ready_timeout", 5400.0),
+    ("ready_timeout", '"90"', "ready_timeout", 90.0),
+    ("ready_timeout", '" 10 s "', "ready_timeout", 10.0),
+    ("health_interval", '"250ms"', "health_interval", 0.25),
+    ("health_interval", "0.1", "health_interval", 0.1),
+    ("watchdog", '"30s"', "watchdog", 30.0),
+    ("watchdog", "1", "watchdog", 1.0),
+    ("health_failures", "1", "health_failures", 1),
+    ("health_failures", "10", "health_failures", 10),
+    ("log_max_bytes", "0", "logs.max_bytes", 0),
+    ("log_max_bytes", '"0"', "logs.max_bytes", 0),
+    ("log_max_bytes", "1024", "logs.max_bytes", 1024),
+    ("log_max_bytes", '"50M"', "logs.max_bytes", 50 * 2**20),
+    ("log_max_bytes", '"1GiB"', "logs.max_bytes", 2**30),
+    ("log_backups", "0", "logs.backups", 0),
+    ("log_backups", "7", "logs.backups", 7),
+    ("log_rotate", '"daily"', "logs.daily", True),
+    ("log_rotate", '"never"', "logs.daily", False),
+    ("log_compress", "true", "logs.compress", True),
+    ("log_compress", "false", "logs.compress", False),
+]
+
+
+def _attribute(service: ServiceSettings, path: str) -> Any:
+    value: Any = service
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+@pytest.mark.parametrize("table", ["task", "defaults"])
+@pytest.mark.parametrize("key, value, attribute, expected", GOOD)
+def test_each_service_key_takes_its_good_values_in_a_task_and_in_the_defaults(table, key, value, attribute, expected):
+    line = f"{key} = {value}\n"
+    text = ("[defaults]\n" + line if table == "defaults" else "") + "[task.a]\ncommand = ['x']\nlog = 'a.log'\n"
+    text += line if table == "task" else ""
+    assert _attribute(service_of(text), attribute) == expected
+
+
+BAD = [
+    ("ready", "5", 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got an integer: 5'),
+    ("ready", '""', 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got a string: ""'),
+    ("ready", '"http://x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'http://x'"),
+    ("ready", '"notify:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'notify:x'"),
+    ("ready", '"tcp:localhost"', "'tcp:localhost': expected tcp:HOST:PORT"),
+    ("ready", '"tcp:h:99999"', "'tcp:h:99999': the port must be a number from 1 to 65535, got '99999'"),
+    ("ready", '"tcp::80"', "'tcp::80': no host (write tcp:127.0.0.1:80)"),
+    ("ready", '"cmd:"', "'cmd:': no command after cmd:"),
+    ("ready", "\"cmd:'open\"", "\"cmd:'open\": No closing quotation"),
+    ("ready", '"file:"', "'file:': no path after file:"),
+    ("ready", '"file:a\\u0000b"', 'a check must not hold NUL, got "file:a\\u0000b"'),
+    ("health", '"notify"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'"),
+    ("health", '"file:x"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'file:x'"),
+    ("health", "[]", 'expected a check (a string: "tcp:HOST:PORT", "cmd:COMMAND ARGS"), got an array: []'),
+    *((key, value, f'expected a number of seconds > 0 or a string such as "30s", got {got}')
+      for key in ("ready_timeout", "health_interval", "watchdog")
+      for value, got in (("0", "an integer: 0"), ("-1", "an integer: -1"), ('"soon"', 'a string: "soon"'),
+                         ('"30x"', 'a string: "30x"'), ('"-5s"', 'a string: "-5s"'), ('"0ms"', 'a string: "0ms"'),
+                         ('""', 'a string: ""'), ("true", "a boolean: true"), ("nan", "a float: nan"), ("inf", "a float: inf"),
+                         ("[30]", "an array: [30]"))),
+    ("health_failures", "0", "expected a whole number >= 1, got '0'"),
+    ("health_failures", "1.5", "expected a whole number >= 1, got '1.5'"),
+    ("health_failures", '"3"', 'expected a whole number >= 1, got a string: "3"'),
+    ("health_failures", "true", "expected a whole number >= 1, got a boolean: true"),
+    ("log_max_bytes", "-1", "expected a size in bytes (e.g. 52428800, 50M, 1G) or 0 (never rotate by size), got '-1'"),
+    ("log_max_bytes", '"lots"', "expected a size in bytes (e.g. 52428800, 50M, 1G) or 0 (never rotate by size), got 'lots'"),
+    ("log_max_bytes", "1.5", "expected a size in bytes (e.g. 52428800, 50M, 1G) or 0 (never rotate by size), got '1.5'"),
+    ("log_max_bytes", "true", 'expected a size in bytes (an integer, or a string such as "50M"), or 0, got a boolean: true'),
+    ("log_backups", "-1", "expected a whole number >= 0, got '-1'"),
+    ("log_backups", "1.5", "expected a whole number >= 0, got '1.5'"),
+    ("log_backups", '"2"', 'expected a whole number >= 0, got a string: "2"'),
+    ("log_rotate", '"weekly"', "expected one of daily, never, got 'weekly'"),
+    ("log_rotate", "1", "expected a string: daily, never, got an integer: 1"),
+    ("log_compress", '"yes"', 'expected a boolean (true or false), got a string: "yes"'),
+    ("log_compress", "1", "expected a boolean (true or false), got an integer: 1"),
+    *((key, value, message) for key in ("stdout", "stderr", "log") for value, message in (
+        ('""', 'expected a file path (a non-empty string; {task} is the task\'s name), got a string: ""'),
+        ("5", "expected a file path (a non-empty string; {task} is the task's name), got an integer: 5"),
+        ('"logs/{name}.log"', 'unknown placeholder {name} in "logs/{name}.log" (only {task}, the task\'s name, is replaced)'),
+        ('"{task}-{pid}.log"', 'unknown placeholder {pid} in "{task}-{pid}.log" (only {task}, the task\'s name, is replaced)'),
+        ('"{}"', 'unknown placeholder {} in "{}" (only {task}, the task\'s name, is replaced)'),
+        ('"logs/"', 'expected a file path, got a directory: "logs/" (write "logs/{task}.log")'),
+    )),
+]
+
+
+@pytest.mark.parametrize("table", ["task", "defaults"])
+@pytest.mark.parametrize("key, value, message", BAD)
+def test_a_bad_value_of_a_service_key_is_an_error_at_its_key(table, key, value, message):
+    line = f"{key} = {value}\n"
+    path = "" if key in ("stdout", "stderr", "log") else "log = 'a.log'\n"
+    if table == "task":
+        text, where = f"[task.a]\ncommand = ['x']\n{path}{line}", 'task "a"'
+    else:
+        text, where = f"[defaults]\n{line}[task.a]\ncommand = ['x']\n{path}", "defaults"
+    assert errors(text) == [f"{where}.{key}: {message}"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ('"db"', 'expected an array of task names, got a string: "db"; write after = ["db"]'),
+    ("5", "expected an array of task names (strings), got an integer: 5"),
+    ('["db", 1]', "[1] must be a task name (a string), got an integer: 1"),
+    ('["dbb"]', 'unknown task "dbb" (did you mean "db"?)'),
+    ('["cache"]', 'unknown task "cache"'),
+    ('["db", "cache", "dbx"]', 'unknown task "cache"'),
+])
+def test_after_names_tasks_of_the_file(value, message):
+    found = errors(f"[task.db]\ncommand = ['x']\n[task.api]\ncommand = ['x']\nafter = {value}\n")
+    assert found[0] == f'task "api".after: {message}', found
+    if value == '["db", "cache", "dbx"]':  # each unknown name, at its task's after
+        assert found == ['task "api".after: unknown task "cache"', 'task "api".after: unknown task "dbx" (did you mean "db"?)']
+    else:
+        assert len(found) == 1, found
+
+
+def test_after_is_a_tasks_own_key():
+    assert errors("[defaults]\nafter = ['a']\n[task.a]\ncommand = ['x']\n") == [
+        "defaults.after: after is a task's own key, not a default ([task.NAME])"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[task.a]\ncommand = ['x']\nafter = ['a']\n", ['task "a".after: a cycle: a -> a']),
+    ("[task.a]\ncommand = ['x']\nafter = ['b']\n[task.b]\ncommand = ['x']\nafter = ['a']\n",
+     ['task "a".after: a cycle: a -> b -> a']),
+    # found from x, through b: still said once, at the cycle's first task in file order
+    ("[task.x]\ncommand = ['x']\nafter = ['b']\n[task.a]\ncommand = ['x']\nafter = ['c']\n"
+     "[task.b]\ncommand = ['x']\nafter = ['a']\n[task.c]\ncommand = ['x']\nafter = ['b']\n",
+     ['task "a".after: a cycle: a -> c -> b -> a']),
+    ("[task.a]\ncommand = ['x']\nafter = ['b', 'zz']\n[task.b]\ncommand = ['x']\nafter = ['a']\n",
+     ['task "a".after: unknown task "zz"', 'task "a".after: a cycle: a -> b -> a']),
+    # a bad value of a task's own is said at its key; the task is still in the graph
+    ("[task.a]\ncommand = ['x']\nafter = ['b']\ntimeout = 0\n[task.b]\ncommand = ['x']\nafter = ['a']\n",
+     ["task \"a\".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got '0'",
+      'task "a".after: a cycle: a -> b -> a']),
+])
+def test_a_cycle_of_after_is_one_error_at_its_first_task(text, expected):
+    assert errors(text) == expected
+
+
+def test_after_keeps_the_first_of_each_name_and_may_name_a_broken_task():
+    assert service_of("[task.a]\ncommand = ['x']\n[task.b]\ncommand = ['x']\n"
+                      "[task.c]\ncommand = ['x']\nafter = ['b', 'a', 'b', 'a']\n", "c").after == ("b", "a")
+    broken = errors("[task.a]\ncommand = ['x']\ntimeout = 0\n[task.b]\ncommand = ['x']\nafter = ['a']\n")
+    assert broken == ["task \"a\".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got '0'"]
+
+
+def test_notify_and_a_watchdog_go_with_targets_commands_and_any_check():
+    service = service_of("[task.py]\ntarget = 'm:f'\nready = 'notify'\nwatchdog = 10\n"
+                         "[task.a]\ncommand = ['x']\nready = 'tcp:localhost:1'\nwatchdog = '2s'\n")
+    assert (service.watchdog, service.ready, service.notify) == (2.0, Check("tcp", "tcp:localhost:1", host="localhost", port=1), True)
+    assert service_of("[task.py]\ntarget = 'm:f'\nready = 'notify'\n", "py").notify
+
+
+# --- log paths ---
+
+
+@pytest.mark.parametrize("defaults, own, expected", [
+    ("", "log = 'logs/{task}.log'", ("/base/logs/a.log", "/base/logs/a.log")),
+    ("", "stdout = '/var/log/{task}/{task}.out'", ("/var/log/a/a.out", None)),
+    ("", "stderr = '../{task}.err'", (None, "/a.err")),
+    ("", "stdout = 'a.out'\nstderr = 'a.err'", ("/base/a.out", "/base/a.err")),
+    ("log = '{task}.log'", "", ("/base/a.log", "/base/a.log")),
+    ("stdout = 'o/{task}'\nstderr = 'e/{task}'", "", ("/base/o/a", "/base/e/a")),
+    # a task's own path replaces all of the [defaults] ones: its other stream stays on the run's stderr
+    ("log = '{task}.log'", "stdout = 'own.out'", ("/base/own.out", None)),
+    ("stdout = 'o'\nstderr = 'e'", "log = 'own.log'", ("/base/own.log", "/base/own.log")),
+    ("stderr = 'e'", "stdout = 'o'", ("/base/o", None)),
+])
+def test_log_paths_are_templates_from_the_files_directory(defaults, own, expected):
+    text = f"[defaults]\n{defaults}\n[task.a]\ncommand = ['x']\n{own}\n"
+    logs = service_of(text).logs
+    assert logs is not None and (logs.stdout, logs.stderr) == expected
+
+
+def test_log_paths_fill_in_each_tasks_own_name_and_none_means_no_log_files():
+    parsed = parse_text("[defaults]\nlog = 'logs/{task}.log'\n[task.one]\ncommand = ['x']\n[task.\"two words\"]\ncommand = ['x']\n",
+                        "/srv/app")
+    assert [t.service.logs.stdout for t in parsed.tasks if t.service.logs] == ["/srv/app/logs/one.log", "/srv/app/logs/two words.log"]
+    assert service_of("[task.a]\ncommand = ['x']\n").logs is None
+    assert service_of("[task.a]\ncommand = ['x']\nlog = 'a.log'\n").logs == LogSettings("/base/a.log", "/base/a.log")  # 50 MiB, 10 kept
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[task.a]\ncommand = ['x']\nlog = 'a'\nstdout = 'b'\n",
+     ['task "a".log: log sends both streams to one file: give either log, or stdout and stderr, not both']),
+    ("[defaults]\nstderr = 'b'\nlog = 'a'\n[task.a]\ncommand = ['x']\n",
+     ['defaults.log: log sends both streams to one file: give either log, or stdout and stderr, not both']),
+    ("[task.a]\ncommand = ['x']\nlog_max_bytes = '1M'\nlog_rotate = 'daily'\n",
+     ['task "a".log_max_bytes: there is no log file to rotate: set log, stdout or stderr',
+      'task "a".log_rotate: there is no log file to rotate: set log, stdout or stderr']),
+    ("[task.a]\ncommand = ['x']\nlog_backups = 2\nlog_compress = true\n",
+     ['task "a".log_backups: there is no log file to rotate: set log, stdout or stderr',
+      'task "a".log_compress: there is no log file to rotate: set log, stdout or stderr']),
+    ("[task.a]\ncommand = ['x']\nlog_backups = -1\n", ["task \"a\".log_backups: expected a whole number >= 0, got '-1'"]),  # said once
+    ("[task.a]\ncommand = ['x']\nlog = 5\nlog_backups = 2\n",  # a path given, if a bad one: that is the error
+     ["task \"a\".log: expected a file path (a non-empty string; {task} is the task's name), got an integer: 5"]),
+    ("[task.\"a\\u0000b\"]\ncommand = ['x']\nstdout = '{task}.out'\n",
+     ['task "a\\u0000b": its stdout log file is named after it ({task}), and its name holds NUL']),
+])
+def test_log_keys_that_cannot_apply_are_errors(text, expected):
+    assert errors(text) == expected
+
+
+def test_log_keys_in_the_defaults_apply_to_the_tasks_that_have_a_path():
+    parsed = parse_text("[defaults]\nlog_max_bytes = 0\nlog_backups = 2\nlog_rotate = 'daily'\nlog_compress = true\n"
+                        "[task.quiet]\ncommand = ['x']\n[task.logged]\ncommand = ['x']\nstderr = 'e.log'\nlog_backups = 9\n", "/base")
+    assert parsed.ok, parsed.errors
+    quiet, logged = parsed.tasks
+    assert quiet.service.logs is None
+    assert logged.service.logs == LogSettings(None, "/base/e.log", max_bytes=0, backups=9, daily=True, compress=True)
+    with_path = parse_text("[defaults]\nlog = '{task}.log'\n[task.a]\ncommand = ['x']\nlog_backups = 1\n")
+    assert with_path.ok and with_path.tasks[0].service.logs is not None  # the [defaults] path is the task's
+
+
+# --- a reload compares two parses, task by task ---
+
+RELOADED = """
+[defaults]
+{default}
+[task.db]
+command = ["postgres"]
+ready = "tcp:127.0.0.1:5432"
+health_interval = 2
+[task.api]
+target = "myapp.api:serve"
+args = [1, {{k = [2, 3]}}]
+kwargs = {{opts = {{deep = true}}}}
+env = {{A = "1"}}
+after = ["db"]
+{api}
+[task.worker]
+command = ["worker"]
+stdout = "{{task}}.out"
+"""
+
+
+def test_two_parses_of_a_file_compare_task_by_task():
+    """The same text: every task equal (specs with arguments, env, checks and log settings
+    compare by value). A task's own key changed: that task alone. A [defaults] key changed:
+    the tasks that take it (db sets its own health_interval; worker has no log file to rotate)."""
+
+    def tasks(default: str = "", api: str = "") -> dict[str, Any]:
+        parsed = parse_text(RELOADED.format(default=default, api=api), "/base")
+        assert parsed.ok, parsed.errors
+        return {task.name: task for task in parsed.tasks}
+
+    first, again = tasks(), tasks()
+    assert all(first[name] == again[name] for name in first) and not diff(first, again)
+    assert diff(first, tasks(api="watchdog = 5")).changed == ("api",)
+    assert diff(first, tasks(api='ready = "notify"')).changed == ("api",)
+    assert diff(first, tasks(default='health_interval = "30s"')).changed == ("api", "worker")
+    assert diff(first, tasks(default="log_backups = 1")).changed == ("worker",)
+    assert diff(tasks(default="log_backups = 1"), tasks(default="log_backups = 1")).unchanged == ("db", "api", "worker")
+    assert diff(first, tasks(default="health_failures = 4", api="health_failures = 3")).changed == ("db", "worker")
+
+
+# --- `mpvisor check` of a file with services ---
+
+
+def test_check_reports_every_service_error_with_its_location_and_status_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "svc.toml").write_text(
+        '[defaults]\nwatchdog = "30x"\n'
+        '[task.db]\ncommand = ["db"]\nafter = ["api"]\nready = "tcp:localhost"\n'
+        '[task.api]\ncommand = ["api"]\nafter = ["db", "cahce"]\nhealth = "notify"\nlog_backups = 2\n'
+        '[task.cache]\ncommand = ["cache"]\nstdout = "logs/{name}.log"\nlog = "cache.log"\n')
+    assert main(["check", "svc.toml"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        'svc.toml: defaults.watchdog: expected a number of seconds > 0 or a string such as "30s", got a string: "30x"',
+        "svc.toml: task \"db\".ready: 'tcp:localhost': expected tcp:HOST:PORT",
+        'svc.toml: task "db".after: a cycle: db -> api -> db',
+        "svc.toml: task \"api\".health: expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'",
+        'svc.toml: task "api".after: unknown task "cahce" (did you mean "cache"?)',
+        'svc.toml: task "api".log_backups: there is no log file to rotate: set log, stdout or stderr',
+        'svc.toml: task "cache".stdout: unknown placeholder {name} in "logs/{name}.log" (only {task}, the task\'s name, is replaced)',
+        'svc.toml: task "cache".log: log sends both streams to one file: give either log, or stdout and stderr, not both',
+    ]
+    (tmp_path / "ok.toml").write_text(SERVICES)
+    assert main(["check", "ok.toml"]) == 0
+    assert capsys.readouterr() == ("ok.toml: valid, 3 tasks: db, api (after db), web (after api, db)\n", "")

@@ -1,0 +1,166 @@
+"""`mpvisor logs TASK`: what has a task of a running task file written, and what is it writing?
+
+Asks the run (`runs`) where the task's log files are (`{"t": "logs"}`: its stdout's and its
+stderr's, perhaps one file) and reads them itself: the last `-n` lines of each, under a header
+`==> stdout: PATH <==` when there are two files. With `-f` it then follows them as `tail -F`
+does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
+end in the old file, then from the start in the new one; a file that shrank (truncated) is read
+again from its start; a file not there yet is waited for. Ctrl-C ends it: it dies by SIGINT.
+Statuses: 0; a log file that cannot be read 1; the run's refusal (`runs`) 1, 10 or 11; usage 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import os
+import signal
+import sys
+import time
+from typing import BinaryIO
+
+from mpvisor._cli import runs
+from mpvisor._cli.options import retries
+from mpvisor._cli.statuses import FAILED, OK
+
+NAME = "logs"
+HELP = "print the last lines of a task's log files, and follow them (-f)"  # as in COMMANDS
+DESCRIPTION = ("Print the last lines of the log files of a task of a running task file (its "
+               "stdout's and stderr's); with -f, follow them across rotations until Ctrl-C.")
+TAKES_COMMAND = False
+POLL = 0.2  # seconds between two looks at the files while following (a client reading files, as tail -F)
+DEFAULT_LINES = 10
+BLOCK = 1 << 16
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", metavar="TASK", help="the task's name, as in the task file")
+    runs.add_run_arguments(parser)
+    parser.add_argument("-n", "--lines", type=retries, default=DEFAULT_LINES, metavar="LINES",
+                        help=f"how many of the last lines of each file to print (default {DEFAULT_LINES})")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="then print what is written, across rotations, until Ctrl-C")
+
+
+check = runs.check
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
+    except runs.Refusal as refusal:
+        return runs.refused(refusal)
+    files = [Followed(label, path) for label, path in _files(paths)]
+    headers = len(files) > 1
+    for index, followed in enumerate(files):
+        try:
+            text = followed.tail(args.lines)
+        except OSError as exc:
+            return runs.refused(runs.Refusal(FAILED, f"cannot read {followed.path}: {exc.strerror or exc}"))
+        if headers:
+            _write(f"{chr(10) if index else ''}==> {followed.label}: {followed.path} <==\n")
+        _write(text)
+    if not args.follow:
+        return OK
+    try:
+        follow(files, headers)
+    except KeyboardInterrupt:
+        return -signal.SIGINT
+    return OK
+
+
+def _files(paths: dict[str, str]) -> list[tuple[str, str]]:
+    """`(label, path)` of each distinct file: `stdout`, `stderr`, or `stdout and stderr` for one."""
+    named = [(label, str(paths[label])) for label in ("stdout", "stderr") if paths.get(label)]
+    if len(named) == 2 and named[0][1] == named[1][1]:
+        return [("stdout and stderr", named[0][1])]
+    return named
+
+
+def follow(files: list[Followed], headers: bool) -> None:
+    """Print what is written to `files` until interrupted (or stdout cannot be written)."""
+    last = files[-1] if files else None
+    while not getattr(sys.stdout, "failed", False):
+        for followed in files:
+            text = followed.poll()
+            if not text:
+                continue
+            if headers and followed is not last:
+                _write(f"\n==> {followed.label}: {followed.path} <==\n")
+                last = followed
+            _write(text)
+        time.sleep(POLL)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class Followed:
+    """One log file by its path: the file open now (if any), where it was read to, and its
+    inode (another inode at the path: it was rotated)."""
+
+    def __init__(self, label: str, path: str) -> None:
+        self.label = label
+        self.path = path
+        self.file: BinaryIO | None = None
+        self.inode: tuple[int, int] | None = None
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def tail(self, lines: int) -> str:
+        """The last `lines` lines of the file (none there yet: ""), leaving it open after them."""
+        if not self._open():
+            return ""
+        assert self.file is not None
+        end = os.fstat(self.file.fileno()).st_size
+        data, start = b"", end
+        while start > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines:
+            step = min(BLOCK, start)
+            start -= step
+            self.file.seek(start)
+            data = self.file.read(step) + data
+        kept = data.splitlines(keepends=True)[-lines:] if lines else []
+        self.file.seek(end)
+        return self.decoder.decode(b"".join(kept))
+
+    def poll(self) -> str:
+        """What was written since the last look: the rest of the open file, then, if the path
+        now names another file, all of that one; a truncated file again from its start."""
+        text = self._rest()
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return text  # rotated away and not there again yet: the old file may still grow
+        if self.file is None or (info.st_dev, info.st_ino) != self.inode:
+            text += self.decoder.decode(b"", final=True)
+            try:
+                opened = self._open()
+            except OSError:
+                opened = False  # not readable (yet): looked at again at the next poll
+            if opened:
+                text += self._rest()
+        elif info.st_size < self.file.tell():
+            self.file.seek(0)
+            text += self._rest()
+        return text
+
+    def _open(self) -> bool:
+        """Open the file at the path now (closing the previous one); False if there is none."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        try:
+            self.file = open(self.path, "rb")  # noqa: SIM115 (kept open across polls; closed when replaced)
+        except FileNotFoundError:
+            return False
+        info = os.fstat(self.file.fileno())
+        self.inode = (info.st_dev, info.st_ino)
+        self.decoder.reset()
+        return True
+
+    def _rest(self) -> str:
+        if self.file is None:
+            return ""
+        data = self.file.read()
+        return self.decoder.decode(data) if data else ""

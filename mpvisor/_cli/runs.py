@@ -1,0 +1,130 @@
+"""Which run does a control command talk to, and how are its answers shown? (`status`, `stop`,
+`start`, `restart`, `logs`, `reload`)
+
+A command names its run by `FILE` (the run of that task file: the socket of `run_name(FILE)`,
+else a live run whose file it is) or by `--name NAME`; naming none means the only live run.
+`ask` sends one request and returns the answer, or raises `Refusal`: the lines to print on
+stderr (`mpvisor: ...`) and the status (`statuses`: `REFUSED`, `NO_RUN`, `SEVERAL_RUNS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from mpvisor._cli.statuses import NO_RUN, OK, REFUSED, SEVERAL_RUNS
+from mpvisor._services.control import (
+    ControlError,
+    NotLive,
+    check_name,
+    control_dir,
+    live_runs,
+    request,
+    run_name,
+    socket_for,
+)
+
+ASK_WAIT = 10.0  # seconds a run may take to answer a question (`status`, `logs`)
+NONE_LIVE = "no run of a task file is live (start one with mpvisor run --file FILE)"
+
+
+class Refusal(Exception):
+    """What a command prints on stderr (one `mpvisor: ` line each) and exits with."""
+
+    def __init__(self, status: int, *lines: str) -> None:
+        super().__init__("\n".join(lines))
+        self.status = status
+        self.lines = lines
+
+
+def _name(text: str) -> str:
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`[FILE] [--name NAME]`: which run (after the command's own positionals)."""
+    parser.add_argument("file", metavar="FILE", nargs="?", default=None,
+                        help="the task file whose run to ask (default: the only live run)")
+    parser.add_argument("--name", type=_name, metavar="NAME", default=None,
+                        help="the run's name, instead of its FILE")
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.file is not None and args.name is not None:
+        parser.error("argument --name: not allowed with FILE (each names the run: give one)")
+
+
+def ask(args: argparse.Namespace, message: dict[str, Any], timeout: float | None = ASK_WAIT) -> dict[str, Any]:
+    """The run's answer to `message` (`ok` true); `Refusal` otherwise."""
+    try:
+        answer = request(find_run(args), message, timeout)
+    except NotLive:
+        raise Refusal(NO_RUN, _not_live(args)) from None
+    except ControlError as exc:
+        raise Refusal(REFUSED, *str(exc).splitlines()) from None
+    if not answer["ok"]:
+        raise Refusal(REFUSED, *(str(answer.get("error")).splitlines() or ["the run refused the request"]))
+    return answer
+
+
+def find_run(args: argparse.Namespace) -> str:
+    """The socket of the run `args` names (FILE, --name or the only live one); `Refusal` if
+    there is no such run to ask."""
+    try:
+        directory = control_dir()
+        if args.name is not None:
+            return socket_for(args.name, directory)
+        if args.file is not None:
+            return _run_of(args.file, directory)
+        runs = live_runs(directory)
+        if len(runs) == 1:
+            return socket_for(str(runs[0].get("name")), directory)
+    except ControlError as exc:
+        raise Refusal(REFUSED, *str(exc).splitlines()) from None
+    if not runs:
+        raise Refusal(NO_RUN, NONE_LIVE)
+    raise Refusal(SEVERAL_RUNS, "several runs are live; name one (FILE or --name NAME):",
+                  *(f"  {run.get('name')}  pid {run.get('pid')}  {run.get('file')}" for run in runs))
+
+
+def _run_of(file: str, directory: str) -> str:
+    """The socket of `file`'s run: its default name's, else that of a live run that says it runs `file`."""
+    path = socket_for(run_name(file), directory)
+    if os.path.lexists(path):
+        return path
+    real = os.path.realpath(file)
+    for run in live_runs(directory):
+        if isinstance(run.get("file"), str) and os.path.realpath(run["file"]) == real:
+            return socket_for(str(run.get("name")), directory)
+    return path
+
+
+def _not_live(args: argparse.Namespace) -> str:
+    if args.name is not None:
+        return f"no run named {args.name!r} is live"
+    if args.file is not None:
+        return f"no run of {args.file} is live (start one with mpvisor run --file {args.file})"
+    return NONE_LIVE
+
+
+def refused(refusal: Refusal) -> int:
+    """Print a refusal's lines on stderr; its status."""
+    for line in refusal.lines:
+        print(f"mpvisor: {line}", file=sys.stderr)
+    return refusal.status
+
+
+def operation(args: argparse.Namespace, message: dict[str, Any]) -> int:
+    """`stop`, `start`, `restart`, `reload`: the run's line on stdout, status 0; or a refusal.
+    The run may take its time (a stop waits for the task's grace): no limit but Ctrl-C."""
+    try:
+        answer = ask(args, message, timeout=None)
+    except Refusal as refusal:
+        return refused(refusal)
+    print(answer.get("message", ""))
+    return OK

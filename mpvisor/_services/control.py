@@ -1,0 +1,526 @@
+"""How does another shell reach a running task file? The run's control socket: where it lives,
+who may ask, what may be asked and what is answered; the server and the blocking client.
+
+A service run (`mpvisor run --file FILE`) serves a Unix stream socket `<name>.sock` in
+`control_dir()`; its name is `run_name(FILE)` unless the run was given another. The directory is
+the user's alone (0700) and the socket file 0600; the server also checks each connection's
+credentials (`SO_PEERCRED`): a peer of another uid, root included, gets an error answer and is
+closed. One request per connection: the client sends one frame (the attempt channel's framing,
+`_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes) and reads one answer.
+
+| request `t` | fields | answer (`ok: true`) |
+|---|---|---|
+| `describe` | - | `name`, `file`, `pid` |
+| `status` | - | `name`, `file`, `pid`, `tasks`: one row per task (`ControlTarget.status`) |
+| `stop`, `start`, `restart` | `task` | `message`: one line |
+| `reload` | - | `message`: one line |
+| `logs` | `task` | `paths`: `{"stdout": path, "stderr": path}` (one or both) |
+
+Any request can be answered `{"ok": false, "error": str}`: a request the run refuses
+(`ControlError`: an unknown task, a reload refused, with one error per line), a malformed one
+(not a map, an unknown `t`, a missing `task`, a frame over `MAX_REQUEST`), another uid's. Each
+connection is served by its own task, so a slow `stop` never delays a `status`; an operation
+(`stop`, `start`, `restart`, `reload`) runs to its end even if its client goes away or the server
+closes.
+
+Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
+socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
+lock itself. A server binds under a temporary name and renames the socket into place once it
+listens, so a socket at its path either answers or is stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import os
+import socket
+import stat
+import struct
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Coroutine
+
+DIR_ENV = "MPVISOR_CONTROL_DIR"  # overrides where the sockets live (tests; several users of a box)
+SUFFIX = ".sock"
+LOCK_SUFFIX = ".lock"  # `<name>.sock.lock`: held by the run that serves `<name>.sock`
+MAX_REQUEST = 1 << 20  # bytes: a larger request frame is refused before it is read
+MAX_ANSWER = 64 << 20  # bytes a client reads in one answer (a status of many tasks)
+REQUEST_WAIT = 10.0  # seconds a connection may take to send its request
+LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
+CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
+LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
+STEM_MAX = 32  # characters of a task file's stem in its run's name
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, without its NUL)
+REQUESTS = ("describe", "status", "stop", "start", "restart", "reload", "logs")
+TASK_REQUESTS = ("stop", "start", "restart", "logs")
+_CRED = struct.Struct("3i")
+_TMP_COUNTER = itertools.count()
+
+
+class ControlError(Exception):
+    """A request the run refuses (unknown task, reload refused ...): its message is shown to the user."""
+
+
+class NotLive(ControlError):
+    """Nothing listens at a control socket (no such file, or a stale one)."""
+
+
+class ControlTarget(Protocol):
+    """What the run's manager answers with; every method is called on the run's event loop."""
+
+    def describe(self) -> dict[str, Any]:
+        """`{"name": str, "file": str (absolute path), "pid": int}`."""
+        ...
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per task, in file order: `{"task": str, "state": str, "pid": int | None,
+        "ready": bool | None (None: it has no readiness), "uptime": float | None (seconds since
+        its current attempt started), "restarts": int, "last": str | None (its last ending, one line)}`."""
+        ...
+
+    async def stop(self, task: str) -> str:
+        """The answer's line; `ControlError` to refuse."""
+        ...
+
+    async def start(self, task: str) -> str: ...
+
+    async def restart(self, task: str) -> str: ...
+
+    async def reload(self) -> str:
+        """`ControlError` whose message is the file's errors, one per line, when refused."""
+        ...
+
+    def log_paths(self, task: str) -> dict[str, str]:
+        """`{"stdout": path, "stderr": path}` (one or both; the same path possible);
+        `ControlError` when the task is unknown or has no log file."""
+        ...
+
+
+# --- where the sockets live ------------------------------------------------------------------------
+
+
+def control_dir() -> str:
+    """`$MPVISOR_CONTROL_DIR`, else `$XDG_RUNTIME_DIR/mpvisor/runs`, else `<tmp>/mpvisor-<uid>/runs`:
+    created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
+    path = os.environ.get(DIR_ENV)
+    if not path:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        base = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
+        path = os.path.join(base, "runs")
+    try:
+        _make_private_dirs(os.path.abspath(path))
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ControlError(f"cannot create the control directory {path!r}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ControlError(f"the control directory {path!r} is not a directory of uid {os.getuid()}'s")
+    if info.st_mode & 0o077:
+        raise ControlError(f"the control directory {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700")
+    return path
+
+
+def _make_private_dirs(path: str) -> None:
+    """`mkdir -p` whose every new directory is 0700 (os.makedirs gives the parents the umask's mode)."""
+    head, tail = os.path.split(path)
+    if head and tail and not os.path.isdir(head):
+        _make_private_dirs(head)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+
+
+def run_name(file: str) -> str:
+    """A run's default name from its task file: `<stem>-<8 hex of sha256 of its absolute path>`
+    (the stem cut at `STEM_MAX` characters; the path with symbolic links resolved)."""
+    path = os.path.realpath(file)
+    stem = os.path.splitext(os.path.basename(path))[0][:STEM_MAX] or "run"
+    return f"{stem}-{hashlib.sha256(os.fsencode(path)).hexdigest()[:8]}"
+
+
+def check_name(name: str) -> str:
+    """`name` if it can name a run's socket, else `ValueError` saying why."""
+    if not name or "/" in name or "\0" in name or len(name) > 200:
+        raise ValueError(f"expected a run's name (1 to 200 characters, no '/'), got {name!r}")
+    return name
+
+
+def socket_for(name: str, directory: str | None = None) -> str:
+    """The socket of the run named `name` (in `control_dir()` unless `directory`)."""
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise ControlError(str(exc)) from None
+    path = os.path.join(directory or control_dir(), name + SUFFIX)
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise ControlError(f"the control socket's path {path!r} is longer than a Unix socket's may be "
+                           f"({SUN_PATH_MAX} bytes): set {DIR_ENV} to a shorter directory")
+    return path
+
+
+def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[dict[str, Any]]:
+    """Every run that answers in `directory` (its `describe()`, in the order of the names); a
+    socket nobody listens on is stale and removed (so is a lock file left without its socket)."""
+    directory = directory or control_dir()
+    runs: list[dict[str, Any]] = []
+    for entry in sorted(os.listdir(directory)):
+        path = os.path.join(directory, entry)
+        if entry.endswith(SUFFIX + LOCK_SUFFIX) and not os.path.lexists(path[: -len(LOCK_SUFFIX)]):
+            _remove_stale(path[: -len(LOCK_SUFFIX)])
+        elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
+            runs.append(described)
+    return runs
+
+
+def _describe(path: str, timeout: float) -> dict[str, Any] | None:
+    """The run at `path`'s `describe()`; None if it does not answer (a stale socket is removed)."""
+    try:
+        answer = request(path, {"t": "describe"}, timeout)
+    except NotLive as exc:
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            _remove_stale(path)
+        return None
+    except ControlError:
+        return None  # it did not answer in time, or not in this protocol: not one to talk to
+    return {key: value for key, value in answer.items() if key != "ok"} if answer["ok"] else None
+
+
+def _remove_stale(path: str) -> None:
+    """Remove the socket at `path` and its lock file, unless a run holds the lock (it is starting)."""
+    try:
+        lock = _try_lock(path + LOCK_SUFFIX)
+    except OSError:
+        return  # the directory went, or is not ours to write: nothing to tidy here
+    if lock is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    _release(lock, path + LOCK_SUFFIX)
+
+
+# --- the lock a server holds ----------------------------------------------------------------------
+
+
+def _try_lock(lock_path: str) -> int | None:
+    """The lock file's fd, locked, or None if someone holds it (`OSError` if it cannot be made).
+    A lock file its holder removed meanwhile is not the one at the path any more: try again."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            held, there = os.fstat(fd), os.stat(lock_path)
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _release(fd: int, lock_path: str) -> None:
+    """Remove the lock file while holding it, then let it go."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock_path)
+    os.close(fd)
+
+
+def _holder(lock_path: str) -> str:
+    """Who holds a lock, as its file says (`pid N`), for a refusal."""
+    try:
+        with open(lock_path, encoding="ascii", errors="replace") as file:
+            pid = file.read().strip()
+    except OSError:
+        pid = ""
+    return f" (pid {pid})" if pid.isdigit() else ""
+
+
+# --- requests and answers (pure) --------------------------------------------------------------------
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return frame(pack(message))
+
+
+def check_request(obj: Any) -> tuple[str, str | None]:
+    """A request's kind and task; `ProtocolError` naming what is wrong."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
+        raise ProtocolError(f"a request is a map with a string 't', got {obj!r:.80}")
+    kind = obj["t"]
+    if kind not in REQUESTS:
+        raise ProtocolError(f"unknown request {kind!r:.80} (expected one of {', '.join(REQUESTS)})")
+    task = obj.get("task")
+    if kind in TASK_REQUESTS and (not isinstance(task, str) or not task):
+        raise ProtocolError(f"request {kind!r} needs 'task', a task's name, got {task!r:.80}")
+    return kind, task if kind in TASK_REQUESTS else None
+
+
+def error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+# --- the server ----------------------------------------------------------------------------------------
+
+
+class ControlServer:
+    """The run's control socket, served on its event loop for `target` (`start`, then `close`)."""
+
+    def __init__(self, path: str, target: ControlTarget, lock: int) -> None:
+        self.path = path
+        self.target = target
+        self.uid = os.getuid()
+        self._lock = lock
+        self._server: asyncio.AbstractServer | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._operations: set[asyncio.Future[Any]] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<ControlServer {self.path!r}{' closed' if self._closed else ''}>"
+
+    @classmethod
+    async def start(cls, path: str, target: ControlTarget) -> ControlServer:
+        """Serve `path` (socket file 0600); `ControlError` if another run serves it or it cannot be bound."""
+        import asyncio
+
+        lock = await _lock_for_serving(path)
+        server = cls(path, target, lock)
+        try:
+            listener = _listen(path)
+        except BaseException:
+            _release(lock, path + LOCK_SUFFIX)
+            raise
+        try:
+            server._server = await asyncio.start_unix_server(server._handle, sock=listener)
+        except BaseException:
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            _release(lock, path + LOCK_SUFFIX)
+            raise
+        return server
+
+    async def close(self) -> None:
+        """Stop serving and remove the socket; answers not yet sent are lost (the operations
+        they wait for run on)."""
+        import asyncio
+
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        _release(self._lock, self.path + LOCK_SUFFIX)
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for handler in list(self._handlers):
+            handler.cancel()
+        if self._handlers:
+            await asyncio.wait(set(self._handlers), timeout=CLOSE_WAIT)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import asyncio
+
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.add(writer)
+        try:
+            answer = await self._answer(reader, writer)
+            writer.write(self._encoded(answer))
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the client went away: nobody to answer
+        finally:
+            self._handlers.discard(handler)
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
+        import asyncio
+
+        uid = _peer_uid(writer)
+        if uid != self.uid:
+            return error(f"refused: uid {uid} is not the run's user (uid {self.uid})")
+        try:
+            message = await asyncio.wait_for(_read_request(reader), REQUEST_WAIT)
+            kind, task = check_request(message)
+        except ProtocolError as exc:
+            return error(f"bad request: {exc}")
+        except TimeoutError:
+            return error(f"bad request: none came within {REQUEST_WAIT:g} s")
+        try:
+            return {"ok": True, **await self._dispatch(kind, task)}
+        except ControlError as exc:
+            return error(str(exc))
+        except Exception as exc:  # the target's bug: said to the client and to the run's loop
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"the control request {kind!r} failed", "exception": exc})
+            return error(f"the run failed to answer {kind!r}: {type(exc).__name__}: {exc}")
+
+    async def _dispatch(self, kind: str, task: str | None) -> dict[str, Any]:
+        target = self.target
+        if kind == "describe":
+            return dict(target.describe())
+        if kind == "status":
+            return {**target.describe(), "tasks": list(target.status())}
+        if kind == "logs":
+            assert task is not None
+            return {"paths": dict(target.log_paths(task))}
+        if kind == "reload":
+            return {"message": await self._operation(kind, target.reload())}
+        assert task is not None
+        operations = {"stop": target.stop, "start": target.start, "restart": target.restart}
+        return {"message": await self._operation(kind, operations[kind](task))}
+
+    async def _operation(self, kind: str, coro: Coroutine[Any, Any, str]) -> str:
+        """Await the target's operation as a task of its own: neither a client that goes away
+        nor `close` cancels it (one the run cancels itself is an error answer)."""
+        import asyncio
+
+        operation = asyncio.ensure_future(coro)
+        self._operations.add(operation)
+        operation.add_done_callback(_forget_operation(self._operations))
+        try:
+            return str(await asyncio.shield(operation))
+        except asyncio.CancelledError:
+            handler = asyncio.current_task()
+            if operation.cancelled() and handler is not None and not handler.cancelling():
+                raise ControlError(f"the run canceled the {kind} before it was done") from None
+            raise
+
+    def _encoded(self, answer: dict[str, Any]) -> bytes:
+        try:
+            return encode(answer)
+        except (TypeError, ValueError, OverflowError) as exc:  # the target gave what msgpack cannot carry
+            return encode(error(f"the run's answer cannot be sent: {type(exc).__name__}: {exc}"))
+
+
+def _forget_operation(operations: set[asyncio.Future[Any]]) -> Any:
+    def done(operation: asyncio.Future[Any]) -> None:
+        operations.discard(operation)
+        if not operation.cancelled():
+            operation.exception()  # retrieved: one whose answer nobody waits for is not reported
+    return done
+
+
+async def _lock_for_serving(path: str) -> int:
+    """The lock of `path`, retried for `LOCK_WAIT` s (someone removing a stale socket holds it
+    for a moment); `ControlError` if a run holds it."""
+    import asyncio
+
+    deadline = time.monotonic() + LOCK_WAIT
+    while (lock := _lock_or_refuse(path)) is None:
+        if time.monotonic() > deadline:
+            raise ControlError(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {path!r}")
+        await asyncio.sleep(0.01)  # a lock held by another process: nothing to be notified by
+    os.ftruncate(lock, 0)
+    os.write(lock, f"{os.getpid()}\n".encode())
+    return lock
+
+
+def _lock_or_refuse(path: str) -> int | None:
+    try:
+        return _try_lock(path + LOCK_SUFFIX)
+    except OSError as exc:
+        raise ControlError(f"cannot serve the control socket {path!r}: {exc.strerror or exc}") from None
+
+
+def _listen(path: str) -> socket.socket:
+    """A socket bound under a temporary name beside `path`, 0600, listening, then renamed to
+    `path` (replacing a stale one): what is at `path` answers from the start."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.getpid()}.{next(_TMP_COUNTER)}.tmp")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        sock.bind(temporary)
+        os.chmod(temporary, 0o600)
+        sock.listen(128)
+        os.rename(temporary, path)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise ControlError(f"cannot serve the control socket {path!r}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int:
+    sock = writer.get_extra_info("socket")
+    try:
+        _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    except (OSError, AttributeError):
+        return -1
+    return int(uid)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Any:
+    decoder = FrameDecoder(MAX_REQUEST)
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            raise ProtocolError("the connection closed before a whole request came")
+        values = decoder.feed(data)
+        if values:
+            return values[0]
+
+
+# --- the client ---------------------------------------------------------------------------------------
+
+
+def request(path: str, message: dict[str, Any], timeout: float | None = 10.0) -> dict[str, Any]:
+    """Send `message` to the run at `path` and return its answer (`ok` true or false); `NotLive`
+    if nothing listens there, `ControlError` if it does not answer within `timeout` s (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise NotLive(f"no run answers at {path!r}") from exc
+        except TimeoutError:
+            raise ControlError(f"the run at {path!r} did not answer within {timeout:g} s") from None
+        except OSError as exc:
+            raise ControlError(f"cannot connect to the run at {path!r}: {exc.strerror or exc}") from None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
+            sock.sendall(encode(message))
+        return _read_answer(sock, path, deadline, timeout)
+
+
+def _read_answer(sock: socket.socket, path: str, deadline: float | None, timeout: float | None) -> dict[str, Any]:
+    decoder = FrameDecoder(MAX_ANSWER)
+    while True:
+        if deadline is not None:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            raise ControlError(f"the run at {path!r} did not answer within {timeout:g} s") from None
+        except OSError as exc:
+            raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
+        if not data:
+            raise ControlError(f"the run at {path!r} closed the connection without an answer")
+        try:
+            values = decoder.feed(data)
+        except ProtocolError as exc:
+            raise ControlError(f"the run at {path!r} answered what this client cannot read: {exc}") from None
+        if values:
+            answer = values[0]
+            if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+                raise ControlError(f"the run at {path!r} answered what this client cannot read: {answer!r:.80}")
+            return answer

@@ -1,0 +1,593 @@
+"""How does one service run keep its task file's services up?
+
+`ServiceRun` is the I/O shell of a long-lived `mpvisor run --file`: it starts each task once
+everything it comes `after` is ready (`graph`), learns readiness from the runtime's hooks
+(`_runtime/hooks.py`: a target's `ready()`, a `READY=1` on the attempt's own notify socket, or a
+probe that passes), fails an attempt whose readiness times out or whose health check or watchdog
+fails (`Runtime.fail_attempt`: the task's restart policy decides what comes next), writes
+output to log files (`logfiles`), answers the control socket (`control`), reloads the file, and
+tells systemd when it is ready and stopping (`notify`). The runtime stays the one owner of
+tasks and outcomes: this module only decides *when* to add a task and *which* attempt to fail.
+
+| a service ... | state | what happens next |
+|---|---|---|
+| comes after one that is not ready yet | `waiting` | started once all it comes after are ready |
+| comes after one that ended for good | `not started` | never started: its outcome says which dependency ended and how |
+| was added; its attempt runs, not ready yet | `starting` | ready (its `ready` check) or failed after `ready_timeout` |
+| is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
+| is between attempts | `backoff` | its next attempt (restart policy) |
+| was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start` starts it again |
+| ended | `ended` | a reload, or `mpvisor start`, may start it again |
+
+Readiness counts once per instance: a dependency that restarts later does not stop its
+dependents (as systemd's `Wants=`). Shutdown stops dependents before what they depend on
+(`Runtime.stop_order`), each group with its own grace window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from mpvisor._admission.leases.store import POLICIES
+from mpvisor._admission.submission import ControllerSpec
+from mpvisor._api.session import RunSession
+from mpvisor._model.errors import ControllerClosed, ShuttingDown
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._services import graph
+from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
+from mpvisor._services.logfiles import LogFile, LogFiles
+from mpvisor._services.notify import NotifySocket, notify_directory, remove_directory, sd_notify, watchdog_interval
+from mpvisor._services.probes import probe
+from mpvisor._services.settings import ServiceSettings
+from mpvisor._tasks.ending import AttemptEnd
+from mpvisor._tasks.registry import TaskWaiter
+
+READY_POLL = 0.2  # seconds between two readiness probes
+PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
+
+
+class Definition:
+    """What the manager needs of a task of the file (`_cli/taskfile.FileTask` satisfies it)."""
+
+    name: str
+    spec: Any
+    slot: str | None
+    policy: str | None
+    service: ServiceSettings
+
+
+class Service:
+    """One task of the file as the run keeps it: its definition and where its instance is."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self.state = "waiting"
+        self.id: int | None = None  # the current instance's task id
+        self.attempt = 0
+        self.pid: int | None = None
+        self.started_at: float | None = None  # monotonic: the current attempt's start
+        self.ready = False  # the current attempt is ready
+        self.was_ready = False  # this instance was ready once: what its dependents wait for
+        self.status_text: str | None = None  # its last STATUS=... or ready(status)
+        self.attempts = 0  # attempts started, over every instance
+        self.last: str | None = None
+        self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
+        self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.notify: NotifySocket | None = None
+        self.ended: asyncio.Event = asyncio.Event()
+        self.ended.set()
+
+    def __repr__(self) -> str:
+        return f"<Service {self.name!r} {self.state} id={self.id} attempt={self.attempt} pid={self.pid}>"
+
+    @property
+    def name(self) -> str:
+        return str(self.task.name)
+
+    @property
+    def settings(self) -> ServiceSettings:
+        return self.task.service  # type: ignore[no-any-return]
+
+    def stop_checks(self) -> None:
+        for check in self.checks:
+            check.cancel()
+        self.checks.clear()
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        if self.notify is not None:
+            self.notify.close()
+            self.notify = None
+
+
+Report = Callable[[Any, TaskWaiter], Awaitable[Any]]
+
+
+class ServiceRun:
+    """One service run (module docstring): the runtime's `AttemptHooks` and the control
+    socket's `ControlTarget`."""
+
+    def __init__(self, session: RunSession, path: str, name: str, tasks: tuple[Any, ...], *,
+                 report: Report, not_started: Callable[[Any, str], None], say: Callable[[str], None],
+                 load: Callable[[str], Any], added: Callable[[Any], None] | None = None,
+                 systemd: dict[str, str] | None = None) -> None:
+        self.session = session
+        self.runtime = session.runtime
+        self.loop = self.runtime.loop
+        self.path = os.path.abspath(path)
+        self.name = name
+        self.services: dict[str, Service] = {t.name: Service(t) for t in tasks}
+        self.by_id: dict[int, Service] = {}
+        self._report, self._not_started, self._say, self._load, self._added = report, not_started, say, load, added
+        self.logs = LogFiles(say)
+        self._files: dict[str, dict[str, LogFile]] = {}
+        self._notify_dir: str | None = None
+        self._server: ControlServer | None = None
+        self._lock = asyncio.Lock()  # one change of the plan at a time (advance, control, reload)
+        self._reporters: list[asyncio.Task[Any]] = []
+        self._systemd = systemd or {}
+        self._told_ready = False
+        self._signals: list[int] = []
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return f"<ServiceRun {self.name!r} {len(self.services)} services>"
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    async def begin(self, control: bool = True) -> None:
+        """Plug into the runtime, listen for control, start what can start."""
+        runtime = self.runtime
+        runtime.hooks = self
+        runtime.stop_order = self._stop_order
+        self.session.hold_while(self._holds)
+        for service in self.services.values():
+            self._open_logs(service)
+        if control:
+            await self._listen()
+        for signum, handler in ((signal.SIGHUP, self._on_sighup), (signal.SIGUSR1, self.logs.reopen)):
+            try:
+                self.loop.add_signal_handler(signum, handler)
+                self._signals.append(signum)
+            except (RuntimeError, ValueError):  # not the main thread: no signal handlers
+                pass
+        self._watchdog_ping()
+        await self.advance()
+
+    async def _listen(self) -> None:
+        """Serve the control socket under the run's name; when a live run has that name already
+        (the same file run twice), under `NAME-PID`; when no socket can be had, run without one
+        and say why."""
+        try:
+            directory = control_dir()
+            try:
+                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+            except ControlError:
+                self.name = f"{self.name}-{os.getpid()}"
+                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+        except (ControlError, OSError) as exc:
+            self._say(f"mpvisor: no control socket for this run (mpvisor status cannot reach it): {exc}")
+
+    async def close(self) -> None:
+        """After the runtime shut down: stop listening, close files and sockets."""
+        self._closing = True
+        for signum in self._signals:
+            self.loop.remove_signal_handler(signum)
+        if self._server is not None:
+            await self._server.close()
+        for service in self.services.values():
+            service.stop_checks()
+        if self._reporters:
+            await asyncio.gather(*self._reporters, return_exceptions=True)
+        await asyncio.to_thread(self.logs.close)
+        if self._notify_dir is not None:
+            remove_directory(self._notify_dir)
+
+    def _holds(self) -> bool:
+        """The run goes on while a service may still start (waiting for a dependency), and while
+        a change is under way (a restart between its stop and its start)."""
+        if self._closing:
+            return False
+        return self._lock.locked() or any(s.state == "waiting" for s in self.services.values())
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """One change of the plan at a time; `run_session` looks again once it is done."""
+        try:
+            async with self._lock:
+                yield
+        finally:
+            self.runtime.notify()
+
+    def _stop_order(self, names: list[str]) -> list[list[str]]:
+        self._systemd_say("STOPPING=1")
+        after = {n: s.settings.after for n, s in self.services.items()}
+        return graph.stop_levels(after, names)
+
+    # --- starting what can start ---------------------------------------------------------------------
+
+    async def advance(self) -> None:
+        """Start every waiting service whose dependencies are ready; mark those that never can."""
+        async with self._changing():
+            try:
+                await self._advance()
+            except (ShuttingDown, ControllerClosed):
+                pass  # shutdown began: what waits is never started (the run says so)
+
+    async def _advance(self) -> None:
+        if self.runtime.shutdown_started:
+            return
+        after = {n: s.settings.after for n, s in self.services.items()}
+        waiting = [n for n, s in self.services.items() if s.state == "waiting"]
+        ended = {n: f"ended {s.last}" if s.last else "ended" for n, s in self.services.items()
+                 if s.state in ("ended", "not started")}
+        for name, why in graph.blocked(after, waiting, ended).items():
+            service = self.services[name]
+            service.state = "not started"
+            if service.last != f"not started: {why}":
+                service.last = f"not started: {why}"
+                self._not_started(service.task, service.last)
+        ready = {n for n, s in self.services.items() if s.was_ready}
+        start = graph.startable(after, [n for n in waiting if self.services[n].state == "waiting"], ready)
+        await self._launch([self.services[n] for n in start])
+        self._maybe_ready()
+        self.runtime.notify()
+
+    async def _launch(self, services: list[Service]) -> None:
+        """Add `services` (those without a slot in one batch), each watched to its outcome."""
+        direct = [s for s in services if s.task.slot is None]
+        for service in services:
+            service.state, service.was_ready, service.stopped = "starting", False, False
+            service.ended.clear()
+            if self._added is not None:
+                self._added(service.task)
+        try:
+            if direct:
+                waiters = await self.session.add_batch([s.task.spec for s in direct])
+                for service, waiter in zip(direct, waiters, strict=True):
+                    self._watch(service, waiter)
+            for service in services:
+                if service.task.slot is not None and service.task.policy is not None:
+                    submission = ControllerSpec(service.task.spec, POLICIES[service.task.policy]).with_slot(service.task.slot)
+                    _, waiter = await self.session.handle.submit_and_watch(submission)
+                    self._watch(service, waiter)
+        except BaseException:
+            for service in services:
+                if service.id is None:
+                    service.state = "waiting"
+                    service.ended.set()
+            raise
+
+    def _watch(self, service: Service, waiter: TaskWaiter) -> None:
+        service.id = waiter.id
+        self.by_id[waiter.id] = service
+        self._reporters.append(asyncio.ensure_future(self._reported(service, waiter)))
+
+    async def _reported(self, service: Service, waiter: TaskWaiter) -> None:
+        outcome: TaskOutcome = (await self._report(service.task, waiter)).outcome
+        self.by_id.pop(waiter.id, None)
+        if service.id == waiter.id:
+            service.id, service.pid = None, None
+            service.state = "stopped" if service.stopped else "ended"
+            failed = outcome.reason and outcome.kind is not OutcomeKind.COMPLETED
+            service.last = outcome.kind.name.lower() + (f": {outcome.reason}" if failed else "")
+        service.ended.set()
+        if not self._closing:
+            self.loop.create_task(self.advance())
+
+    def _maybe_ready(self) -> None:
+        """Tell systemd READY=1 once no service waits and every one with readiness was ready."""
+        if self._told_ready or not self._systemd.get("NOTIFY_SOCKET"):
+            return
+        pending = [s for s in self.services.values()
+                   if s.state in ("waiting", "starting") or (s.settings.ready is not None and s.state != "ended" and not s.was_ready)]
+        if not pending:
+            self._told_ready = True
+            running = sum(1 for s in self.services.values() if s.id is not None)
+            self._systemd_say(f"READY=1\nSTATUS={running} of {len(self.services)} services running")
+
+    def _systemd_say(self, state: str) -> None:
+        if self._systemd.get("NOTIFY_SOCKET"):
+            sd_notify(state, self._systemd)
+
+    def _watchdog_ping(self) -> None:
+        every = watchdog_interval(self._systemd) if self._systemd.get("NOTIFY_SOCKET") else None
+        if every is None or self._closing:
+            return
+        sd_notify("WATCHDOG=1", self._systemd)
+        self.loop.call_later(every, self._watchdog_ping)
+
+    # --- the runtime's hooks (`_runtime/hooks.py`) -------------------------------------------------
+
+    def _instance(self, id: int, name: str) -> Service | None:
+        """The service whose current instance is task `id` (its attempt may start before
+        `add_batch` has returned the id: the name decides then)."""
+        service = self.services.get(name)
+        if service is None or service.id not in (None, id):
+            return None
+        service.id = id
+        self.by_id[id] = service
+        return service
+
+    def environment(self, id: int, name: str, attempt: int) -> dict[str, str] | None:
+        service = self._instance(id, name)
+        if service is None or not service.settings.notify:
+            return None
+        if self._notify_dir is None:
+            self._notify_dir = notify_directory()
+        if service.notify is not None:
+            service.notify.close()
+        service.notify = NotifySocket.open(self._notify_dir, f"{id}-{attempt}.sock",
+                                           lambda message: self._on_notify(service, id, attempt, message))
+        env = {"NOTIFY_SOCKET": service.notify.path}
+        if service.settings.watchdog is not None:
+            env["WATCHDOG_USEC"] = str(int(service.settings.watchdog * 1_000_000))
+        return env
+
+    def captures(self, name: str) -> bool:
+        service = self.services.get(name)
+        return service is not None and service.settings.logs is not None
+
+    def started(self, id: int, name: str, attempt: int, pid: int) -> None:
+        service = self._instance(id, name)
+        if service is None:
+            return
+        service.attempt, service.pid, service.started_at, service.ready = attempt, pid, time.monotonic(), False
+        service.attempts += 1
+        service.state = "starting"
+        check = service.settings.ready
+        if check is None:
+            self.runtime.mark_ready(id, attempt, "started")
+            return
+        timeout = service.settings.ready_timeout
+        if check.kind == "notify":
+            said = "no ready() call" if service.task.spec.task.__class__.__name__ == "TaskFn" else "no READY=1 on NOTIFY_SOCKET"
+            service.timers["ready"] = self.loop.call_later(
+                timeout, self.runtime.fail_attempt, id, attempt, f"not ready within ready_timeout={timeout:g} s ({said})")
+        else:
+            service.checks.append(self.loop.create_task(self._probe_ready(service, id, attempt)))
+
+    def ready(self, id: int, name: str, attempt: int, how: str) -> None:
+        service = self._instance(id, name)
+        if service is None or service.attempt != attempt:
+            return
+        if how.startswith("ready(): "):
+            service.status_text = how[len("ready(): "):]
+        if service.ready:
+            return
+        service.ready, service.was_ready = True, True
+        service.state = "ready" if service.settings.ready is not None else "running"
+        for check in service.checks:
+            check.cancel()
+        service.checks.clear()
+        timer = service.timers.pop("ready", None)
+        if timer is not None:
+            timer.cancel()
+        settings = service.settings
+        if settings.health is not None:
+            service.checks.append(self.loop.create_task(self._probe_health(service, id, attempt)))
+        if settings.watchdog is not None:
+            self._arm_watchdog(service, id, attempt)
+        self.loop.create_task(self.advance())
+
+    def output(self, id: int, name: str, stream: str, line: str) -> None:
+        target = self._files.get(name, {}).get(stream)
+        if target is not None:
+            target.write(line)
+        else:
+            self._say(line)
+
+    def ended(self, id: int, name: str, attempt: int, end: AttemptEnd) -> None:
+        service = self._instance(id, name)
+        if service is None:
+            return
+        service.stop_checks()
+        service.ready, service.pid, service.started_at = False, None, None
+        service.state = "backoff"
+        service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
+
+    # --- readiness and liveness ----------------------------------------------------------------------
+
+    def _on_notify(self, service: Service, id: int, attempt: int, message: dict[str, str]) -> None:
+        if service.id != id or service.attempt != attempt:
+            return
+        if "STATUS" in message:
+            service.status_text = message["STATUS"]
+        if message.get("READY") == "1":
+            self.runtime.mark_ready(id, attempt, "READY=1")
+        if message.get("WATCHDOG") == "1" and service.ready and service.settings.watchdog is not None:
+            self._arm_watchdog(service, id, attempt)
+        elif message.get("WATCHDOG") == "trigger":
+            self.runtime.fail_attempt(id, attempt, "watchdog: the program sent WATCHDOG=trigger")
+
+    def _arm_watchdog(self, service: Service, id: int, attempt: int) -> None:
+        seconds = service.settings.watchdog
+        assert seconds is not None
+        timer = service.timers.pop("watchdog", None)
+        if timer is not None:
+            timer.cancel()
+        why = f"watchdog: no WATCHDOG=1 within watchdog={seconds:g} s"
+        service.timers["watchdog"] = self.loop.call_later(seconds, self.runtime.fail_attempt, id, attempt, why)
+
+    async def _probe_ready(self, service: Service, id: int, attempt: int) -> None:
+        check = service.settings.ready
+        assert check is not None
+        deadline = self.loop.time() + service.settings.ready_timeout
+        last = "not checked"
+        cwd = getattr(service.task.spec.task, "cwd", None)
+        while True:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                why = f"not ready within ready_timeout={service.settings.ready_timeout:g} s ({check}: {last})"
+                self.runtime.fail_attempt(id, attempt, why)
+                return
+            failed = await probe(check, min(PROBE_TIMEOUT, left), cwd=cwd)
+            if failed is None:
+                self.runtime.mark_ready(id, attempt, str(check))
+                return
+            last = failed
+            await asyncio.sleep(min(READY_POLL, max(deadline - self.loop.time(), 0)))
+
+    async def _probe_health(self, service: Service, id: int, attempt: int) -> None:
+        settings = service.settings
+        check = settings.health
+        assert check is not None
+        failures = 0
+        cwd = getattr(service.task.spec.task, "cwd", None)
+        while True:
+            await asyncio.sleep(settings.health_interval)
+            failed = await probe(check, min(PROBE_TIMEOUT, settings.health_interval), cwd=cwd)
+            failures = failures + 1 if failed is not None else 0
+            if failures >= settings.health_failures:
+                why = f"health check failed {failures} times in a row ({check}: {failed})"
+                self.runtime.fail_attempt(id, attempt, why)
+                return
+
+    # --- log files ----------------------------------------------------------------------------------------
+
+    def _open_logs(self, service: Service) -> None:
+        logs = service.settings.logs
+        if logs is None:
+            self._files.pop(service.name, None)
+            return
+        files = {}
+        for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)):
+            if path is not None:
+                files[stream] = self.logs.open(path, logs)
+        self._files[service.name] = files
+
+    # --- the control socket's requests (`control.ControlTarget`) -----------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.path, "pid": os.getpid()}
+
+    def status(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        rows = []
+        for service in self.services.values():
+            has_ready = service.settings.ready is not None
+            rows.append({
+                "task": service.name,
+                "state": service.state,
+                "pid": service.pid,
+                "ready": (service.ready if has_ready else None) if service.pid is not None else (False if has_ready else None),
+                "uptime": now - service.started_at if service.started_at is not None else None,
+                "restarts": max(service.attempts - 1, 0),
+                "last": service.last,
+                "status": service.status_text,
+            })
+        return rows
+
+    def _service(self, task: str) -> Service:
+        service = self.services.get(task)
+        if service is None:
+            raise ControlError(f"no task {task!r} in {self.path} (its tasks: {', '.join(self.services)})")
+        return service
+
+    async def stop(self, task: str) -> str:
+        async with self._changing():
+            return await self._stop(self._service(task))
+
+    async def _stop(self, service: Service) -> str:
+        if service.id is None:
+            if service.state == "waiting":
+                service.state, service.stopped = "stopped", True
+                return f"{service.name}: stopped (it had not started)"
+            raise ControlError(f"{service.name} is not running ({service.state})")
+        service.stopped = True
+        await self.session.handle.cancel(service.id)
+        await service.ended.wait()
+        return f"{service.name}: stopped"
+
+    async def start(self, task: str) -> str:
+        async with self._changing():
+            service = self._service(task)
+            if service.id is not None:
+                raise ControlError(f"{task} is already running (pid {service.pid})" if service.pid else f"{task} is already started")
+            return await self._start(service)
+
+    async def _start(self, service: Service) -> str:
+        if self.runtime.shutdown_started:
+            raise ControlError("the run is shutting down")
+        for other in self.services.values():  # what its end had blocked may start once it is ready
+            if other.state == "not started" or other is service:
+                other.state = "waiting"
+        missing = [d for d in service.settings.after if d in self.services and not self.services[d].was_ready]
+        try:
+            await self._advance()
+        except (ShuttingDown, ControllerClosed):
+            raise ControlError("the run is shutting down") from None
+        if service.state == "not started":
+            raise ControlError(f"{service.name}: {service.last}; start what it comes after first")
+        if missing and service.state == "waiting":
+            return f"{service.name}: waiting for {', '.join(missing)}"
+        return f"{service.name}: started"
+
+    async def restart(self, task: str) -> str:
+        async with self._changing():
+            service = self._service(task)
+            if service.id is not None:
+                await self._stop(service)
+            await self._start(service)
+            return f"{task}: restarted"
+
+    def log_paths(self, task: str) -> dict[str, str]:
+        logs = self._service(task).settings.logs
+        paths = {stream: path for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)) if path} if logs else {}
+        if not paths:
+            raise ControlError(f"{task} has no log file (give it log = \"...\", or stdout / stderr, in the task file)")
+        return paths
+
+    # --- reload -----------------------------------------------------------------------------------------------
+
+    def _on_sighup(self) -> None:
+        self.loop.create_task(self._reload_and_say())
+
+    async def _reload_and_say(self) -> None:
+        try:
+            self._say(f"mpvisor: {await self.reload()}")
+        except ControlError as exc:
+            for line in str(exc).splitlines():
+                self._say(f"mpvisor: {line}")
+
+    async def reload(self) -> str:
+        """Read the file again: start what is new, restart what changed, stop what is gone; a
+        file with any error changes nothing."""
+        parsed = await asyncio.to_thread(self._load, self.path)
+        if not parsed.ok:
+            raise ControlError("\n".join([f"reload refused: {self.path} has errors; nothing changed",
+                                          *(f"{self.path}: {e}" for e in parsed.errors)]))
+        async with self._changing():
+            if self.runtime.shutdown_started:
+                raise ControlError("the run is shutting down")
+            new = {t.name: t for t in parsed.tasks}
+            changes = graph.diff({n: s.task for n, s in self.services.items()}, new)
+            for name in (*changes.removed, *changes.changed):
+                service = self.services[name]
+                if service.id is not None:
+                    service.stopped = True
+                    await self.session.handle.cancel(service.id)
+                    await service.ended.wait()
+            for name in changes.removed:
+                self.services.pop(name).stop_checks()
+                self._files.pop(name, None)
+            services = {}
+            for name, task in new.items():
+                kept = self.services.get(name)
+                if kept is None or name in changes.changed:
+                    kept = Service(task)
+                    self._open_logs(kept)
+                services[name] = kept
+            self.services = services
+            await self._advance()
+        parts = [f"{label}: {', '.join(names)}" for label, names in
+                 (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]
+        return f"reloaded {self.path}: " + ("; ".join(parts) if parts else "nothing changed") + \
+            f" ({len(changes.unchanged)} unchanged)"

@@ -1,0 +1,533 @@
+"""Does another shell reach a running task file? A fake `ControlTarget` behind a real
+`ControlServer` on a real socket, asked by the real `mpvisor status`, `stop`, `start`,
+`restart`, `logs` and `reload` as processes of their own; the protocol's refusals (another
+uid, malformed requests); the socket's place, modes and stale sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from mpvisor._cli.main import parse
+from mpvisor._cli.status import duration, table
+from mpvisor._model.wire import FrameDecoder
+from mpvisor._services.control import (
+    ControlError,
+    ControlServer,
+    NotLive,
+    control_dir,
+    encode,
+    live_runs,
+    request,
+    run_name,
+    socket_for,
+)
+from tests._support import async_wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOBODY = 65534
+ROWS = [
+    {"task": "db", "state": "running", "pid": 4242, "ready": True, "uptime": 192.4, "restarts": 0, "last": None},
+    {"task": "web", "state": "running", "pid": 4243, "ready": None, "uptime": 7261.0, "restarts": 12,
+     "last": "failed: exit code 3"},
+    {"task": "worker", "state": "stopped", "pid": None, "ready": False, "uptime": None, "restarts": 1,
+     "last": "canceled"},
+]
+
+
+class FakeTarget:
+    """A run's manager as the control socket sees it: tasks `db`, `web`, `worker`; `gate`, when
+    set, holds every operation until it is set; `reload_errors` refuses a reload."""
+
+    def __init__(self, name: str, file: str, logs: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.file = file
+        self.logs = logs or {}
+        self.calls: list[tuple[str, str | None]] = []
+        self.gate: asyncio.Event | None = None
+        self.reload_errors: list[str] = []
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.file, "pid": os.getpid()}
+
+    def status(self) -> list[dict[str, Any]]:
+        return ROWS
+
+    async def _do(self, verb: str, task: str | None) -> str:
+        if task is not None and task not in {row["task"] for row in ROWS}:
+            raise ControlError(f"no task named {task!r} in this run")
+        self.calls.append((verb, task))
+        if self.gate is not None:
+            await self.gate.wait()
+        return f"{task}: {verb} done" if task else f"{verb} done"
+
+    async def stop(self, task: str) -> str:
+        return await self._do("stop", task)
+
+    async def start(self, task: str) -> str:
+        return await self._do("start", task)
+
+    async def restart(self, task: str) -> str:
+        return await self._do("restart", task)
+
+    async def reload(self) -> str:
+        if self.reload_errors:
+            raise ControlError("\n".join(self.reload_errors))
+        return await self._do("reload", None)
+
+    def log_paths(self, task: str) -> dict[str, str]:
+        if task not in self.logs:
+            raise ControlError(f"task {task!r} has no log file")
+        return {"stdout": self.logs[task], "stderr": self.logs.get(task + ".err", self.logs[task])}
+
+
+@pytest.fixture
+def runs_dir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A control directory of this test's own (MPVISOR_CONTROL_DIR), for this process and the CLI."""
+    directory = tmp_path / "runs"
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(directory))
+    return directory
+
+
+@contextlib.asynccontextmanager
+async def serving(target: FakeTarget, path: str | None = None) -> AsyncIterator[ControlServer]:
+    server = await ControlServer.start(path or socket_for(target.name), target)
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # whatever started pytest (`cmd &` ignores it)
+
+
+async def spawn(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mpvisor", *argv, env=cli_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
+
+
+async def cli(*argv: str) -> tuple[int, str, str]:
+    """`mpvisor ARGV` in a process of its own, while this loop serves: status, stdout, stderr."""
+    proc = await spawn(*argv)
+    out, err = await asyncio.wait_for(proc.communicate(), 40)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def ask(path: str, message: dict[str, Any]) -> Any:
+    """`request` from a thread (the server runs on this test's loop)."""
+    return asyncio.to_thread(request, path, message, 10.0)
+
+
+# --- the commands, from another process ----------------------------------------------------------
+
+
+async def test_status_prints_an_aligned_table_and_json(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """`mpvisor status` (the only run, by FILE, by --name) prints the run and its tasks' table; --json one object."""
+    file = str(tmp_path / "svc.toml")
+    target = FakeTarget(run_name(file), file)
+    async with serving(target):
+        for argv in ([], [file], ["--name", target.name]):
+            status, out, err = await cli("status", *argv)
+            assert (status, err) == (0, ""), err
+            assert out.splitlines() == [
+                f"{target.name}  pid {os.getpid()}  {file}",
+                "TASK    STATE    PID   READY  UPTIME  RESTARTS  LAST",
+                "db      running  4242  yes    3m12s   0         -",
+                "web     running  4243  -      2h01m   12        failed: exit code 3",
+                "worker  stopped  -     no     -       1         canceled",
+            ], argv
+        status, out, err = await cli("status", "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out) == {"name": target.name, "file": file, "pid": os.getpid(), "tasks": ROWS}
+
+
+async def test_stop_start_and_restart_print_the_runs_answer(runs_dir: pathlib.Path) -> None:
+    """Each is one request; the run's line on stdout, status 0; the target saw each call."""
+    target = FakeTarget("svc", "/srv/svc.toml")
+    async with serving(target):
+        for verb in ("stop", "start", "restart"):
+            assert await cli(verb, "web", "--name", "svc") == (0, f"web: {verb} done\n", "")
+    assert target.calls == [("stop", "web"), ("start", "web"), ("restart", "web")]
+
+
+async def test_a_refused_request_shows_the_runs_error_with_status_1(runs_dir: pathlib.Path) -> None:
+    """An unknown task is the run's `ControlError`: `mpvisor: <its message>` on stderr, status 1."""
+    async with serving(FakeTarget("svc", "/srv/svc.toml")):
+        assert await cli("stop", "nope") == (1, "", "mpvisor: no task named 'nope' in this run\n")
+        assert await cli("logs", "db") == (1, "", "mpvisor: task 'db' has no log file\n")
+
+
+async def test_a_refused_reload_prints_each_error_on_a_line_of_its_own(runs_dir: pathlib.Path) -> None:
+    """A reload the run refuses: one `mpvisor: ` line per error of the file, status 1; else its answer."""
+    target = FakeTarget("svc", "/srv/svc.toml")
+    async with serving(target):
+        assert await cli("reload") == (0, "reload done\n", "")
+        target.reload_errors = ['task "web".restart: expected one of ...', "line 9, column 3: invalid value"]
+        assert await cli("reload") == (1, "", 'mpvisor: task "web".restart: expected one of ...\n'
+                                              "mpvisor: line 9, column 3: invalid value\n")
+
+
+async def test_a_slow_operation_does_not_keep_status_waiting(runs_dir: pathlib.Path) -> None:
+    """While a `stop` waits in the target, `mpvisor status` is answered; the stop then answers too."""
+    target = FakeTarget("svc", "/srv/svc.toml")
+    target.gate = asyncio.Event()
+    async with serving(target):
+        stopping = asyncio.ensure_future(cli("stop", "web"))
+        await async_wait_for(lambda: target.calls == [("stop", "web")], timeout=30)
+        status, out, _ = await cli("status")
+        assert status == 0 and "web" in out
+        assert not stopping.done()
+        target.gate.set()
+        assert await stopping == (0, "web: stop done\n", "")
+
+
+async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """`-n` last lines of stdout's file and of stderr's, each under its header; one file, no header."""
+    out_log, err_log = tmp_path / "web.log", tmp_path / "web.err"
+    out_log.write_text("".join(f"out {i}\n" for i in range(1, 16)))
+    err_log.write_text("err 1\nerr 2 without a newline")
+    target = FakeTarget("svc", "/srv/svc.toml", {"web": str(out_log), "web.err": str(err_log), "db": str(out_log)})
+    async with serving(target):
+        assert await cli("logs", "web", "-n", "2") == (0, (
+            f"==> stdout: {out_log} <==\nout 14\nout 15\n\n==> stderr: {err_log} <==\nerr 1\nerr 2 without a newline"), "")
+        status, out, _ = await cli("logs", "db")
+        assert (status, out) == (0, "".join(f"out {i}\n" for i in range(6, 16)))
+        assert await cli("logs", "db", "-n", "0") == (0, "", "")
+
+
+async def test_logs_follows_a_file_across_rotation_and_dies_by_sigint(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """`logs -f` prints what is appended, then the new file after a rotation (mv and a new
+    file), then a truncated file from its start; SIGINT ends it by that signal."""
+    log = tmp_path / "web.log"
+    log.write_text("old 1\nold 2\n")
+    seen: list[str] = []
+
+    async def until(proc: asyncio.subprocess.Process, line: str) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        while line not in seen:
+            data = await asyncio.wait_for(proc.stdout.readline(), 20)
+            assert data, (seen, (await proc.stderr.read()).decode())
+            seen.append(data.decode().rstrip("\n"))
+
+    proc = await spawn("logs", "web", "-f", "-n", "1")
+    try:
+        async with serving(FakeTarget("svc", "/srv/svc.toml", {"web": str(log)})):
+            await until(proc, "old 2")  # the run is asked once: it may go now
+        with log.open("a") as file:
+            file.write("appended\n")
+        await until(proc, "appended")
+        log.rename(tmp_path / "web.log.1")
+        log.write_text("new 1\nnew 2\n")
+        await until(proc, "new 2")
+        log.write_text("short\n")  # truncated in place (and shorter than what was read)
+        await until(proc, "short")
+        assert seen == ["old 2", "appended", "new 1", "new 2", "short"]
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.communicate()
+    assert proc.returncode == -signal.SIGINT, err
+
+
+async def test_no_run_live_says_so_with_status_10(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """No run at all, none by that name, none of that FILE: one line each, status 10."""
+    assert await cli("status") == (10, "", "mpvisor: no run of a task file is live "
+                                           "(start one with mpvisor run --file FILE)\n")
+    assert await cli("stop", "web", "--name", "gone") == (10, "", "mpvisor: no run named 'gone' is live\n")
+    file = str(tmp_path / "svc.toml")
+    assert await cli("logs", "web", file) == (10, "", f"mpvisor: no run of {file} is live "
+                                                      f"(start one with mpvisor run --file {file})\n")
+
+
+async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_dir: pathlib.Path) -> None:
+    """Two live runs and no FILE or --name: both listed, status 11; naming one reaches it."""
+    a, b = FakeTarget("alpha", "/srv/alpha.toml"), FakeTarget("beta", "/srv/beta.toml")
+    async with serving(a), serving(b):
+        status, out, err = await cli("stop", "web")
+        assert (status, out) == (11, "")
+        assert err.splitlines() == ["mpvisor: several runs are live; name one (FILE or --name NAME):",
+                                    f"mpvisor:   alpha  pid {os.getpid()}  /srv/alpha.toml",
+                                    f"mpvisor:   beta  pid {os.getpid()}  /srv/beta.toml"]
+        assert await cli("stop", "web", "--name", "beta") == (0, "web: stop done\n", "")
+    assert (a.calls, b.calls) == ([], [("stop", "web")])
+
+
+def test_usage_errors_name_the_option() -> None:
+    """FILE with --name, a name with '/', a negative -n: one line naming the option, status 2."""
+    for argv, says in [
+        (["status", "svc.toml", "--name", "svc"], "mpvisor status: error: argument --name: not allowed with FILE"),
+        (["stop", "web", "--name", "a/b"], "mpvisor stop: error: argument --name: expected a run's name"),
+        (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
+        (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "mpvisor", *argv], env=cli_env(), capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 2 and done.stdout == "", done
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(says), line
+
+
+def test_parse_takes_task_file_and_name() -> None:
+    """The parsers: TASK then FILE; --name; -n and -f."""
+    args, _ = parse(["logs", "web", "svc.toml", "-n", "3", "-f"])
+    assert (args.task, args.file, args.name, args.lines, args.follow) == ("web", "svc.toml", None, 3, True)
+    args, _ = parse(["status", "--name", "svc", "--json"])
+    assert (args.file, args.name, args.json) == (None, "svc", True)
+
+
+# --- the protocol ------------------------------------------------------------------------------------
+
+
+def _child_asks_as_nobody(path: str, write_fd: int) -> None:
+    """In a forked child: become uid 65534, connect, send a request, pass the raw answer on. Never returns."""
+    status = 1
+    try:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(encode({"t": "status"}))
+        with contextlib.suppress(ConnectionResetError):  # closed with the request unread: after the answer
+            while chunk := sock.recv(65536):
+                os.write(write_fd, chunk)
+        status = 0
+    except BaseException as exc:
+        os.write(write_fd, repr(exc).encode())
+    finally:
+        os._exit(status)
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another uid needs root")
+async def test_another_uid_is_refused_by_its_credentials() -> None:
+    """A client of uid 65534 that can reach the socket (a directory and socket opened to it for
+    this test) is refused by SO_PEERCRED with an error answer, and the target is not asked."""
+    directory = tempfile.mkdtemp(prefix="mpvisor-ctl-")  # under /tmp: pytest's own tmp dirs are 0700
+    try:
+        os.chmod(directory, 0o711)
+        path = os.path.join(directory, "svc.sock")
+        target = FakeTarget("svc", "/srv/svc.toml")
+        target.status = lambda: pytest.fail("the target was asked")  # type: ignore[method-assign]
+        async with serving(target, path):
+            os.chmod(path, 0o666)  # else connect() is refused by the file's mode before any credential
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _child_asks_as_nobody(path, write_fd)
+            os.close(write_fd)
+            try:
+                raw = await asyncio.to_thread(_read_all, read_fd)
+            finally:
+                os.close(read_fd)
+                _, wait_status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(wait_status) == 0, raw
+        assert FrameDecoder(1 << 20).feed(raw) == [
+            {"ok": False, "error": f"refused: uid {NOBODY} is not the run's user (uid {os.getuid()})"}]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _raw(path: str, data: bytes) -> list[Any]:
+    """Send `data` as it is; the answers until the server closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(data)
+        decoder, answers = FrameDecoder(1 << 20), []
+        while chunk := sock.recv(65536):
+            answers += decoder.feed(chunk)
+        return answers
+
+
+async def test_malformed_requests_get_an_error_naming_what_is_wrong(runs_dir: pathlib.Path) -> None:
+    """Not a map, an unknown kind, no task, a frame over 1 MiB, an undecodable one, nothing
+    at all: each an error answer; the server serves on."""
+    async with serving(FakeTarget("svc", "/srv/svc.toml")) as server:
+        cases = [
+            (encode([1, 2]), "bad request: a request is a map with a string 't', got [1, 2]"),  # type: ignore[arg-type]
+            (encode({"t": "explode"}), "bad request: unknown request 'explode' (expected one of describe, "
+                                       "status, stop, start, restart, reload, logs)"),
+            (encode({"t": "stop"}), "bad request: request 'stop' needs 'task', a task's name, got None"),
+            (encode({"t": "logs", "task": ""}), "bad request: request 'logs' needs 'task', a task's name, got ''"),
+            (struct.pack(">I", 2 << 20) + b"x" * 1000, "bad request: frame of 2097152 bytes exceeds max_frame_bytes=1048576"),
+            (struct.pack(">I", 1) + b"\xc1", "bad request: undecodable frame: "),
+            (b"", "bad request: the connection closed before a whole request came"),
+        ]
+        for data, says in cases:
+            if not data:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.connect(server.path)
+                    sock.shutdown(socket.SHUT_WR)
+                    sock.settimeout(10)
+                    answers = FrameDecoder(1 << 20).feed(await asyncio.to_thread(sock.recv, 65536))
+            else:
+                answers = await asyncio.to_thread(_raw, server.path, data)
+            assert len(answers) == 1 and answers[0]["ok"] is False, answers
+            assert answers[0]["error"].startswith(says), answers
+        answer = await ask(server.path, {"t": "describe", "extra": 1})
+        assert answer == {"ok": True, "name": "svc", "file": "/srv/svc.toml", "pid": os.getpid()}
+
+
+async def test_a_target_that_fails_is_an_error_answer_not_a_dead_server(runs_dir: pathlib.Path) -> None:
+    """An exception of the target's own (a bug) is answered as an error and reported on the loop."""
+    reported: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+    target = FakeTarget("svc", "/srv/svc.toml")
+    target.status = lambda: [{"task": object()}]  # type: ignore[method-assign]  # msgpack cannot carry it
+    target.describe = lambda: 1 / 0  # type: ignore[method-assign,assignment,return-value]
+    async with serving(target) as server:
+        answer = await ask(server.path, {"t": "describe"})
+        assert answer == {"ok": False, "error": "the run failed to answer 'describe': ZeroDivisionError: division by zero"}
+        target.describe = lambda: {"name": "svc", "file": "/srv/svc.toml", "pid": 1}  # type: ignore[method-assign]
+        answer = await ask(server.path, {"t": "status"})
+        assert answer["ok"] is False and answer["error"].startswith("the run's answer cannot be sent: TypeError"), answer
+        assert (await ask(server.path, {"t": "describe"}))["ok"] is True
+
+        async def cancels_itself(task: str) -> str:
+            raise asyncio.CancelledError
+
+        target.restart = cancels_itself  # type: ignore[method-assign]
+        answer = await ask(server.path, {"t": "restart", "task": "web"})
+        assert answer == {"ok": False, "error": "the run canceled the restart before it was done"}
+    assert [type(context.get("exception")) for context in reported] == [ZeroDivisionError]
+
+
+async def test_a_client_waits_no_longer_than_its_timeout(runs_dir: pathlib.Path) -> None:
+    """`request(..., timeout)` gives up on a run that does not answer in time, naming the wait."""
+    target = FakeTarget("svc", "/srv/svc.toml")
+    target.gate = asyncio.Event()
+    async with serving(target) as server:
+        with pytest.raises(ControlError, match=r"did not answer within 0\.3 s"):
+            await asyncio.to_thread(request, server.path, {"t": "stop", "task": "web"}, 0.3)
+        target.gate.set()
+
+
+async def test_close_leaves_an_operation_in_flight_to_finish(runs_dir: pathlib.Path) -> None:
+    """A stop waiting in the target when the server closes: its client gets no answer, the stop
+    runs to its end; the socket is gone and the name free for the next run."""
+    target = FakeTarget("svc", "/srv/svc.toml")
+    target.gate = asyncio.Event()
+    server = await ControlServer.start(socket_for("svc"), target)
+    asking = asyncio.ensure_future(ask(server.path, {"t": "stop", "task": "web"}))
+    await async_wait_for(lambda: target.calls == [("stop", "web")])
+    await server.close()
+    with pytest.raises(ControlError, match="closed the connection without an answer"):
+        await asking
+    assert not os.path.exists(server.path)
+    target.gate.set()
+    await async_wait_for(lambda: not server._operations)
+    async with serving(FakeTarget("svc", "/srv/svc.toml")) as again:
+        assert (await ask(again.path, {"t": "describe"}))["ok"] is True
+
+
+# --- the socket's place ------------------------------------------------------------------------------
+
+
+async def test_the_socket_is_0600_in_a_0700_directory_and_one_run_holds_a_name(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """control_dir() makes its directory and missing parents 0700; the socket is 0600; a second
+    server for the same name is refused, naming the pid that holds it."""
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(tmp_path / "a" / "b" / "runs"))
+    directory = control_dir()
+    assert directory == str(tmp_path / "a" / "b" / "runs")
+    for made in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "runs"):
+        assert made.stat().st_mode & 0o777 == 0o700, made
+    async with serving(FakeTarget("svc", "/srv/svc.toml")) as server:
+        assert os.stat(server.path).st_mode & 0o777 == 0o600
+        assert sorted(os.listdir(directory)) == ["svc.sock", "svc.sock.lock"]
+        with pytest.raises(ControlError, match=rf"another run \(pid {os.getpid()}\) serves the control socket"):
+            await ControlServer.start(server.path, FakeTarget("svc", "/srv/svc.toml"))
+    assert os.listdir(directory) == []
+
+
+def test_a_control_directory_open_to_others_or_of_another_user_is_refused(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mode 0755, or owned by another uid: `ControlError` saying so."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(open_dir))
+    with pytest.raises(ControlError, match="is open to others \\(mode 755\\); it must be 0700"):
+        control_dir()
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, NOBODY, NOBODY)
+        monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(theirs))
+        with pytest.raises(ControlError, match="is not a directory of uid 0's"):
+            control_dir()
+
+
+async def test_live_runs_lists_who_answers_and_removes_stale_sockets(runs_dir: pathlib.Path) -> None:
+    """A socket nobody listens on (its run was killed) and a lock left alone are removed; a live
+    run is listed with its describe()."""
+    directory = control_dir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(os.path.join(directory, "killed.sock"))
+    stale.close()  # the file stays: connect() is refused
+    pathlib.Path(directory, "orphan.sock.lock").write_text("123\n")
+    async with serving(FakeTarget("svc", "/srv/svc.toml")):
+        with pytest.raises(NotLive):
+            await asyncio.to_thread(request, os.path.join(directory, "killed.sock"), {"t": "describe"})
+        found = await asyncio.to_thread(live_runs)
+        assert found == [{"name": "svc", "file": "/srv/svc.toml", "pid": os.getpid()}]
+        assert sorted(os.listdir(directory)) == ["svc.sock", "svc.sock.lock"]
+
+
+def test_a_runs_name_is_the_stem_and_a_hash_of_the_absolute_path(tmp_path: pathlib.Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_name` is the same for a relative and an absolute path; another directory, another name."""
+    monkeypatch.chdir(tmp_path)
+    name = run_name("services.toml")
+    assert name == run_name(str(tmp_path / "services.toml"))
+    stem, _, digest = name.rpartition("-")
+    assert stem == "services" and len(digest) == 8 and int(digest, 16) >= 0
+    assert run_name(str(tmp_path / "other" / "services.toml")) != name
+    assert len(run_name("x" * 300 + ".toml")) == 32 + 9
+    with pytest.raises(ControlError, match="expected a run's name"):
+        socket_for("a/b", str(tmp_path))
+
+
+def test_the_table_is_aligned_and_uptimes_read_as_durations() -> None:
+    """The status table's columns line up; uptime: `42s`, `3m12s`, `2h05m`, `3d04h`, `-`."""
+    assert [duration(s) for s in (None, 0.4, 42, 192.4, 7500, 3 * 86400 + 4 * 3600 + 5)] == [
+        "-", "0s", "42s", "3m12s", "2h05m", "3d04h"]
+    assert table([]) == ["TASK  STATE  PID  READY  UPTIME  RESTARTS  LAST"]
+    lines = table([{"task": "a-long-name", "state": "running", "pid": 1, "ready": True, "uptime": 1,
+                    "restarts": 0, "last": "line one\nline two"}])
+    assert lines[1] == "a-long-name  running  1    yes    1s      0         line one line two"
+    assert lines[0].index("STATE") == lines[1].index("running")

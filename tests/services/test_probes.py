@@ -1,0 +1,209 @@
+"""Is a port, a command or a file ready? `probe` against real sockets, commands and files.
+
+Every connection stays on the loopback interface. A command's processes are checked by pid: the
+probe's own command must be reaped when the probe returns, and a background child it left
+(orphaned to init) must have exited shortly after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import socket
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from mpvisor._services.probes import LINE_MAX, probe
+from mpvisor._services.settings import Check
+from tests._support import async_wait_for, exited, pid_gone
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _read_pids(path: pathlib.Path) -> list[int]:
+    """The pids a command wrote to `path` on one line (none before the line is complete)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [int(word) for word in text.split()] if text.endswith("\n") else []
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return exited(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A socket listening on 127.0.0.1 (a free port)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _full_listener() -> Iterator[int]:
+    """A port on 127.0.0.1 whose listen queue is full: the kernel drops a new connection's
+    SYN, so a connect to it hangs (never answered, never refused). Yields the port."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(socket.socket())
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        for _ in range(16):
+            filler = stack.enter_context(socket.socket())
+            filler.settimeout(0.5)
+            try:
+                filler.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.fail("the listen queue never filled")
+        yield port
+
+
+# tcp
+
+
+async def test_a_listening_port_passes(listener: socket.socket) -> None:
+    """tcp: a port something listens on passes, and the probe's connection is closed at once."""
+    port = listener.getsockname()[1]
+    assert await probe(Check.parse(f"tcp:127.0.0.1:{port}"), 5) is None
+    listener.settimeout(5)
+    accepted, _ = listener.accept()
+    with accepted:
+        accepted.settimeout(5)
+        assert accepted.recv(1) == b""  # the probe's end is closed
+
+
+async def test_a_name_is_resolved_and_each_of_its_addresses_tried(listener: socket.socket) -> None:
+    """tcp: `localhost` passes for a port open on 127.0.0.1 only (::1 first, if it resolves so)."""
+    port = listener.getsockname()[1]
+    assert await probe(Check.parse(f"tcp:localhost:{port}"), 5) is None
+
+
+async def test_a_closed_port_fails_with_connection_refused() -> None:
+    """tcp: a port nothing listens on fails with "connection refused"."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert await probe(Check.parse(f"tcp:127.0.0.1:{port}"), 5) == "connection refused"
+
+
+async def test_a_connect_that_is_never_answered_times_out_within_the_timeout() -> None:
+    """tcp: a connect that hangs (a full listen queue) fails with "timed out after 0.5 s", in time."""
+    with _full_listener() as port:
+        started = time.monotonic()
+        reason = await probe(Check.parse(f"tcp:127.0.0.1:{port}"), 0.5)
+        elapsed = time.monotonic() - started
+    assert reason == "timed out after 0.5 s"
+    assert 0.4 <= elapsed < 2.0
+
+
+# cmd
+
+
+async def test_a_command_that_exits_0_passes_and_one_that_does_not_fails_with_its_status() -> None:
+    """cmd: `true` passes; `false` fails with "exited with status 1"."""
+    assert await probe(Check.parse("cmd:true"), 10) is None
+    assert await probe(Check.parse("cmd:false"), 10) == "exited with status 1"
+
+
+async def test_the_last_output_line_of_a_failed_command_is_in_its_reason() -> None:
+    """cmd: the reason ends with the last non-empty line of stdout or stderr."""
+    check = Check.parse("""cmd:sh -c 'echo first; echo "  not ready yet  " >&2; echo; exit 3'""")
+    assert await probe(check, 10) == "exited with status 3: not ready yet"
+
+
+async def test_a_talkative_command_is_read_as_it_writes_and_only_its_tail_kept() -> None:
+    """cmd: a megabyte of output does not block the command; a too-long last line is shortened."""
+    check = Check.parse(
+        "cmd:sh -c 'head -c 1000000 /dev/zero | tr \"\\0\" y; echo; head -c 3000 /dev/zero | tr \"\\0\" z; exit 4'"
+    )
+    reason = await probe(check, 20)
+    assert reason == "exited with status 4: " + "z" * (LINE_MAX - 3) + "..."
+
+
+async def test_a_command_killed_by_a_signal_says_which() -> None:
+    """cmd: a command that dies by SIGKILL fails with "killed by SIGKILL"."""
+    assert await probe(Check.parse("cmd:sh -c 'kill -KILL $$'"), 10) == "killed by SIGKILL"
+
+
+async def test_a_command_that_cannot_be_found_fails_clearly() -> None:
+    """cmd: a program that does not exist fails with "cannot run: " and the system's error."""
+    reason = await probe(Check.parse("cmd:mpvisor-no-such-program --flag"), 10)
+    assert reason == "cannot run: [Errno 2] No such file or directory: 'mpvisor-no-such-program'"
+
+
+async def test_a_command_runs_in_the_given_directory_with_the_given_environment(
+    tmp_path: pathlib.Path,
+) -> None:
+    """cmd: `cwd` and `env` are the command's; a missing directory fails with "cannot run"."""
+    (tmp_path / "here").touch()
+    check = Check.parse("""cmd:sh -c 'test "$PROBED" = yes && test -f here'""")
+    env = {"PATH": os.environ["PATH"], "PROBED": "yes"}
+    assert await probe(check, 10, cwd=str(tmp_path), env=env) is None
+    assert await probe(check, 10, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]}) == "exited with status 1"
+    reason = await probe(check, 10, cwd=str(tmp_path / "absent"), env=env)
+    assert reason is not None and reason.startswith("cannot run: [Errno 2]")
+
+
+async def test_a_command_that_sleeps_is_killed_and_reaped_at_the_timeout(tmp_path: pathlib.Path) -> None:
+    """cmd: a command still running at the timeout fails with "timed out after 1 s" and is gone."""
+    pid_file = tmp_path / "pid"
+    check = Check.parse(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 100'")
+    started = time.monotonic()
+    running = asyncio.create_task(probe(check, 1))
+    [pid] = await async_wait_for(lambda: _read_pids(pid_file))
+    assert await running == "timed out after 1 s"
+    assert time.monotonic() - started < 3.0
+    assert pid_gone(pid)
+
+
+async def test_a_background_child_of_a_command_is_killed_with_it(tmp_path: pathlib.Path) -> None:
+    """cmd: `sh -c 'sleep 100 & exit 0'` passes at once, and its background sleep is killed."""
+    pid_file = tmp_path / "pid"
+    check = Check.parse(f"cmd:sh -c 'sleep 100 & echo $! > {pid_file}; exit 0'")
+    started = time.monotonic()
+    assert await probe(check, 30) is None
+    assert time.monotonic() - started < 5.0  # not waiting for the sleep, which holds the pipe
+    [sleeper] = _read_pids(pid_file)
+    await async_wait_for(lambda: _ended(sleeper), timeout=5.0)
+
+
+async def test_a_cancelled_probe_kills_and_reaps_its_command(tmp_path: pathlib.Path) -> None:
+    """cmd: cancelling the probe's task kills the command's group and reaps it before it ends."""
+    pid_file = tmp_path / "pid"
+    check = Check.parse(f"cmd:sh -c 'sleep 100 & echo $$ $! > {pid_file}; wait'")
+    running = asyncio.create_task(probe(check, 30))
+    [shell, sleeper] = await async_wait_for(lambda: _read_pids(pid_file))
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert pid_gone(shell)
+    await async_wait_for(lambda: _ended(sleeper), timeout=5.0)
+
+
+# file and notify
+
+
+async def test_a_file_check_passes_once_the_file_exists(tmp_path: pathlib.Path) -> None:
+    """file: "no such file" until the path exists; then it passes (a directory counts too)."""
+    check = Check.parse("file:ready", str(tmp_path))
+    assert await probe(check, 5) == "no such file"
+    (tmp_path / "ready").touch()
+    assert await probe(check, 5) is None
+    assert await probe(Check.parse(f"file:{tmp_path}"), 5) is None
+
+
+async def test_a_notify_check_is_not_a_probe() -> None:
+    """notify: `probe` refuses it with `ValueError` (the program says it is ready itself)."""
+    with pytest.raises(ValueError, match="not a probe"):
+        await probe(Check.parse("notify"), 5)

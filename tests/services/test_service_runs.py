@@ -1,0 +1,429 @@
+"""Service runs as a shell meets them: the installed `mpvisor` executable runs a task file from a
+directory outside the repository, and another process drives it (`mpvisor status`, `stop`,
+`start`, `restart`, `logs`, `reload`, signals).
+
+Start order and readiness (a target's `ready()`, a notify-speaking program, TCP, a command, a
+file), a dependency that ends for good, health checks and the watchdog restarting an attempt,
+log files (rotation, SIGUSR1, a full disk), reload, shutdown order, and mpvisor's own systemd
+notifications. Times come from the workers' marker lines (`workers/services.py`), never from
+logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from tests._support import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MPVISOR = shutil.which("mpvisor")
+PYTHON = sys.executable
+
+
+class Run:
+    """One `mpvisor run --file` started in `directory`, and the control commands aimed at it."""
+
+    def __init__(self, directory: pathlib.Path, control: pathlib.Path) -> None:
+        self.directory = directory
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "MPVISOR_CONTROL_DIR": str(control)}
+        self.proc: subprocess.Popen[str] | None = None
+        self.marker = directory / "markers"
+
+    def write(self, text: str, name: str = "services.toml") -> pathlib.Path:
+        path = self.directory / name
+        path.write_text(textwrap.dedent(text).replace("MARKER", json.dumps(str(self.marker))))
+        return path
+
+    def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+        self.proc = subprocess.Popen([MPVISOR, "run", "--file", "services.toml", *argv], cwd=self.directory,
+                                     env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self.proc
+
+    def ctl(self, *argv: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
+        assert MPVISOR is not None
+        return subprocess.run([MPVISOR, *argv], cwd=self.directory, env=self.env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=30, user=user)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        done = self.ctl("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
+
+    def wait_status(self, check: object, timeout: float = 20.0) -> dict[str, dict[str, object]]:
+        def look() -> dict[str, dict[str, object]] | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the run ended early: {self.proc.returncode}\n{self.proc.stderr.read() if self.proc.stderr else ''}")
+            if not self.listening():
+                return None
+            rows = self.status()
+            return rows if check(rows) else None  # type: ignore[operator]
+
+        return wait_for(look, timeout=timeout)
+
+    def listening(self) -> bool:
+        done = self.ctl("status", "--json")
+        return done.returncode == 0
+
+    def markers(self) -> list[tuple[str, str, int, int, float]]:
+        if not self.marker.exists():
+            return []
+        rows = []
+        for line in self.marker.read_text().splitlines():
+            word, task, attempt, pid, at = line.split()
+            rows.append((word, task, int(attempt), int(pid), float(at)))
+        return rows
+
+    def first(self, word: str, task: str) -> float:
+        return min(at for w, t, _, _, at in self.markers() if (w, t) == (word, task))
+
+    def stop(self, signum: int = signal.SIGTERM) -> tuple[int, str, str]:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+        out, err = self.proc.communicate(timeout=40)
+        return self.proc.returncode, out, err
+
+
+@pytest.fixture
+def run(tmp_path: pathlib.Path) -> Iterator[Run]:
+    control = tmp_path / "control"
+    work = tmp_path / "work"
+    work.mkdir()
+    the_run = Run(work, control)
+    yield the_run
+    if the_run.proc is not None and the_run.proc.poll() is None:
+        the_run.proc.kill()
+        the_run.proc.communicate(timeout=30)
+
+
+def another_user_is_refused(run: Run) -> bool:
+    """Whether a process of uid 65534 cannot ask the run anything over its control socket."""
+    sockets = list(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock"))
+    assert len(sockets) == 1, sockets
+    pid = os.fork()
+    if pid == 0:  # the other user: 0 = it got an answer, 1 = refused
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(5)
+                conn.connect(str(sockets[0]))
+                conn.sendall(b"\x00\x00\x00\x0a\x81\xa1t\xa6status")
+                answered = b"ok" in conn.recv(4096) and b"refused" not in conn.recv(4096)
+            os._exit(0 if answered else 1)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first(run: Run) -> None:
+    """Each kind of readiness holds its dependents back until it passes; SIGTERM stops
+    dependents before what they depend on, and the run dies by SIGTERM."""
+    port = free_port()
+    flag = run.directory / "flag"
+    run.write(f"""
+        [defaults]
+        restart = "always"
+        grace = 10
+
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = {{ ready_after = 0.5, status = "accepting", marker = MARKER }}
+        ready = "notify"
+
+        [task.api]
+        target = "workers.services:serve"
+        kwargs = {{ marker = MARKER }}
+        after = ["db"]
+
+        [task.notifier]
+        command = ["{PYTHON}", "-m", "workers.notify_program", "--ready-after", "0.3", "--status", "warming"]
+        ready = "notify"
+        after = ["api"]
+
+        [task.listener]
+        target = "workers.services:tcp"
+        kwargs = {{ port = {port}, listen_after = 0.4, marker = MARKER }}
+        ready = "tcp:127.0.0.1:{port}"
+
+        [task.toucher]
+        target = "workers.services:touch"
+        kwargs = {{ path = {json.dumps(str(flag))}, after = 0.3, marker = MARKER }}
+        ready = "file:flag"
+
+        [task.checked]
+        target = "workers.services:serve_silent"
+        kwargs = {{ marker = MARKER }}
+        ready = "cmd:test -e {flag}"
+        after = ["listener"]
+
+        [task.last]
+        target = "workers.services:serve"
+        kwargs = {{ marker = MARKER }}
+        after = ["notifier", "checked", "toucher"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["last"]["state"] == "running")
+    assert all(rows[name]["ready"] is True for name in ("db", "notifier", "listener", "toucher", "checked"))
+    assert rows["db"]["status"] == "accepting" and rows["notifier"]["status"] == "warming"
+    assert run.first("started", "api") >= run.first("ready", "db")
+    assert run.first("started", "checked") >= run.first("ready", "listener")
+    assert run.first("started", "checked") >= run.first("ready", "toucher")
+    assert run.first("started", "last") >= run.first("started", "checked")
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert run.first("stopped", "api") < run.first("stopped", "db"), run.markers()
+    assert run.first("stopped", "last") < min(run.first("stopped", "checked"), run.first("stopped", "toucher"))
+
+
+def test_a_dependency_that_ends_for_good_leaves_its_dependents_not_started(run: Run) -> None:
+    """The dependency fails FATAL before it is ready: its dependents (also through another) never
+    start, each with an outcome line naming the dependency, and the run ends on its own."""
+    run.write("""
+        [task.db]
+        target = "workers.services:fail_after"
+        kwargs = { seconds = 0.3, marker = MARKER }
+        ready = "notify"
+
+        [task.api]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        after = ["db"]
+
+        [task.web]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        after = ["api"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode != 0
+    assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
+    assert "mpvisor: api: rejected" in err and "not started: db ended fatal: gave up after 0.3 s" in err, err
+    assert "mpvisor: web: rejected" in err and "api cannot start" in err, err
+
+
+@pytest.mark.parametrize("what", ["health", "watchdog", "ready_timeout"])
+def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(run: Run, what: str) -> None:
+    """A health check failing `health_failures` times, a watchdog left unpinged, a readiness
+    that never comes: the attempt fails with a reason that names the check, and the task runs
+    again under `restart = "always"`."""
+    port = free_port()
+    table = {
+        "health": f"""target = "workers.services:tcp"
+            kwargs = {{ port = {port}, close_after = 0.5 }}
+            ready = "tcp:127.0.0.1:{port}"
+            health = "tcp:127.0.0.1:{port}"
+            health_interval = "0.2s"
+            health_failures = 2""",
+        "watchdog": f"""command = ["{PYTHON}", "-m", "workers.notify_program", "--watchdog-every", "0.1", "--pings", "3"]
+            ready = "notify"
+            watchdog = "0.6s\"""",
+        "ready_timeout": """target = "workers.services:serve_silent"
+            ready = "notify"
+            ready_timeout = 0.5""",
+    }[what]
+    reason = {
+        "health": f"health check failed 2 times in a row (tcp:127.0.0.1:{port}: ",
+        "watchdog": "watchdog: no WATCHDOG=1 within watchdog=0.6 s",
+        "ready_timeout": "not ready within ready_timeout=0.5 s (no ready() call)",
+    }[what]
+    run.write(f"""
+        [task.svc]
+        restart = "always"
+        backoff = 0.1
+        {table}
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: int(rows["svc"]["restarts"]) >= 1 and reason in str(rows["svc"]["last"]))
+    assert reason in str(rows["svc"]["last"])
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
+def test_log_files_rotate_compress_reopen_on_sigusr1_and_logs_reads_them(run: Run) -> None:
+    """Lines go to the task's file, whole; past log_max_bytes the file rotates, keeping
+    log_backups gzipped files; SIGUSR1 reopens a file moved away; `mpvisor logs` prints the tail."""
+    run.write("""
+        [defaults]
+        log = "logs/{task}.log"
+        log_max_bytes = 400
+        log_backups = 2
+        log_compress = true
+
+        [task.chatty]
+        target = "workers.services:chatter"
+        kwargs = { lines = 100000, every = 0.005 }
+    """)
+    run.start()
+    logs = run.directory / "logs"
+    wait_for(lambda: (logs / "chatty.log.2.gz").exists() and (logs / "chatty.log.1.gz").exists(), timeout=20)
+    assert not (logs / "chatty.log.3.gz").exists() and not (logs / "chatty.log.3").exists()
+    import gzip
+
+    for name in ("chatty.log.1.gz", "chatty.log.2.gz"):
+        lines = gzip.decompress((logs / name).read_bytes()).decode().splitlines()
+        assert lines and all(line.startswith("line ") for line in lines), lines
+        numbers = [int(line.split()[1]) for line in lines]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # in order, none lost inside a file
+    shown = run.ctl("logs", "chatty", "-n", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert len([line for line in shown.stdout.splitlines() if line.startswith("line ")]) >= 3
+    (logs / "chatty.log").rename(logs / "moved.log")
+    assert run.proc is not None
+    os.kill(run.proc.pid, signal.SIGUSR1)
+    wait_for(lambda: (logs / "chatty.log").exists(), timeout=10)
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
+def test_a_full_disk_drops_lines_says_so_once_and_never_blocks_the_task(run: Run) -> None:
+    """stdout on /dev/full: the run says once that lines are dropped; the task keeps running and
+    answers status; SIGTERM ends the run at once."""
+    run.write("""
+        [task.chatty]
+        target = "workers.services:chatter"
+        kwargs = { lines = 100000, every = 0.001 }
+        stdout = "/dev/full"
+        log_max_bytes = 0
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["chatty"]["pid"] is not None)
+    pid = rows["chatty"]["pid"]
+    run.wait_status(lambda rows: rows["chatty"]["pid"] == pid)
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert err.count("cannot write") == 1, err
+    assert "/dev/full" in err
+
+
+def test_control_commands_from_another_process_stop_start_and_restart_a_task(run: Run) -> None:
+    """stop, start and restart change what runs and the pids that `status` shows; another
+    user cannot reach the run."""
+    run.write("""
+        [defaults]
+        restart = "always"
+
+        [task.a]
+        target = "workers.services:serve"
+        ready = "notify"
+
+        [task.b]
+        target = "workers.services:serve"
+        after = ["a"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["b"]["state"] == "running" and rows["a"]["ready"])
+    a_pid, b_pid = rows["a"]["pid"], rows["b"]["pid"]
+    stopped = run.ctl("stop", "b")
+    assert stopped.returncode == 0, stopped.stderr
+    rows = run.status()
+    assert rows["b"]["state"] == "stopped" and rows["b"]["pid"] is None
+    started = run.ctl("start", "b")
+    assert started.returncode == 0, started.stderr
+    rows = run.wait_status(lambda rows: rows["b"]["pid"] not in (None, b_pid))
+    restarted = run.ctl("restart", "a")
+    assert restarted.returncode == 0, restarted.stderr
+    rows = run.wait_status(lambda rows: rows["a"]["pid"] not in (None, a_pid) and rows["a"]["ready"])
+    unknown = run.ctl("stop", "nope")
+    assert unknown.returncode != 0 and "no task 'nope'" in unknown.stderr
+    assert another_user_is_refused(run), "uid 65534 reached the run's control socket"
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
+def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken_file(run: Run) -> None:
+    """`mpvisor reload` and SIGHUP: an unchanged task keeps its pid, a changed one gets a new
+    pid, a new one starts, a removed one stops; a file with an error changes nothing."""
+    text = """
+        [defaults]
+        restart = "always"
+
+        [task.keep]
+        target = "workers.services:serve"
+
+        [task.change]
+        target = "workers.services:serve"
+        kwargs = { status = "one" }
+
+        [task.gone]
+        target = "workers.services:serve"
+    """
+    run.write(text)
+    run.start()
+    rows = run.wait_status(lambda rows: all(row["pid"] for row in rows.values()))
+    keep, change = rows["keep"]["pid"], rows["change"]["pid"]
+    run.write(text.replace('"one"', '"two"').replace("[task.gone]", "[task.new]"))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert "added: new" in reloaded.stdout and "changed: change" in reloaded.stdout and "removed: gone" in reloaded.stdout
+    rows = run.wait_status(lambda rows: rows.get("new", {}).get("pid") and rows["change"]["pid"])
+    assert "gone" not in rows and rows["keep"]["pid"] == keep and rows["change"]["pid"] != change
+    change = rows["change"]["pid"]
+    run.write(text.replace("[task.keep]", "[task.keep]\nbogus = 1"))
+    refused = run.ctl("reload")
+    assert refused.returncode != 0 and "bogus" in refused.stderr and "nothing changed" in refused.stderr
+    assert run.status()["keep"]["pid"] == keep
+    run.write(text.replace('"one"', '"three"').replace("[task.gone]", "[task.new]"))
+    assert run.proc is not None
+    os.kill(run.proc.pid, signal.SIGHUP)
+    run.wait_status(lambda rows: rows["change"]["pid"] not in (None, change))
+    assert run.status()["keep"]["pid"] == keep
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
+def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_shutdown(run: Run, tmp_path: pathlib.Path) -> None:
+    """With NOTIFY_SOCKET set, the run sends READY=1 once every service with readiness is ready,
+    watchdog pings when WATCHDOG_USEC asks, and STOPPING=1 at shutdown; its tasks do not see
+    systemd's socket."""
+    path = str(tmp_path / "systemd.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    listener.settimeout(20)
+    run.write("""
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = { ready_after = 0.5, marker = MARKER }
+        ready = "notify"
+        restart = "always"
+
+        [task.env]
+        target = "workers.basic:env_probe"
+    """)
+    run.start(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    said: list[str] = []
+    while not any("READY=1" in m for m in said):
+        said.append(listener.recv(4096).decode())
+    assert run.first("ready", "db") > 0
+    while "WATCHDOG=1" not in said:
+        said.append(listener.recv(4096).decode())
+    assert run.proc is not None
+    run.proc.send_signal(signal.SIGTERM)
+    while not any("STOPPING=1" in m for m in said):
+        said.append(listener.recv(4096).decode())
+    out, err = run.proc.communicate(timeout=30)
+    listener.close()
+    assert run.proc.returncode == -signal.SIGTERM, err
+    seen = json.loads(out.strip().splitlines()[-1])["env"]["env"]
+    assert "NOTIFY_SOCKET" not in seen and "WATCHDOG_USEC" not in seen
