@@ -17,6 +17,7 @@ from mpvisor._model.wire import (
     FrameDecoder,
     Hello,
     Progress,
+    Ready,
     ProtocolError,
     Result,
     Start,
@@ -165,6 +166,8 @@ def test_ext_types_are_refused_when_encoding():
         {"t": "result"},
         {"t": "failure", "kind": "oops", "reason": "", "exit_code": None, "traceback": None},
         {"t": "progress", "done": True, "total": None, "message": None},
+        {"t": "ready"},
+        {"t": "ready", "status": 3},
         {"t": "nonsense"},
         [1, 2, 3],
     ],
@@ -173,6 +176,12 @@ def test_messages_off_the_schema_are_protocol_errors(obj):
     """The schema is declared: a missing, extra or mistyped field is refused."""
     with pytest.raises(ProtocolError):
         parse(obj)
+
+
+@pytest.mark.parametrize("status", [None, "accepting connections"])
+def test_a_ready_message_round_trips(status):
+    """`context().ready(status)`'s frame: the status text, or none."""
+    assert parse(unpack(pack(Ready(status).to_wire()))) == Ready(status)
 
 
 def test_a_message_may_be_limited_to_what_the_step_allows():

@@ -67,6 +67,17 @@ def test_the_stop_reason_decides_after_a_request(report, status, killed):
     assert canceled.kind is AttemptResult.CANCELED
     assert timed_out.exit_code is None and canceled.exit_code is None
     assert canceled.killed == killed
+    why = "health check failed 3 times in a row (tcp:127.0.0.1:5432: connection refused)"
+    unhealthy = decide(Facts(stop=StopReason.UNHEALTHY, unhealthy=why, **facts))
+    assert (unhealthy.kind, unhealthy.reason, unhealthy.exit_code, unhealthy.killed) == (AttemptResult.FAILED, why, None, killed)
+
+
+@pytest.mark.parametrize("report", [Result(5), Failure("fatal", "x")])
+def test_a_report_read_before_a_failed_check_stands(report):
+    """A check that fails the attempt after its report was read changes nothing: the report stands."""
+    end = decide(Facts(pid=7, calling=True, report=report, report_before_stop=True, stop=StopReason.UNHEALTHY,
+                       unhealthy="watchdog: no WATCHDOG=1 within watchdog=1 s", status=EXIT0))
+    assert end.kind is (AttemptResult.SUCCEEDED if isinstance(report, Result) else AttemptResult.FATAL)
 
 
 def test_a_report_read_before_the_request_stands():
