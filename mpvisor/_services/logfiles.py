@@ -23,8 +23,12 @@ start being lost, once more (with the count) when lines are written again.
 | the path is not a regular file (`/dev/null`, a terminal) | never rotate |
 | an open or a write fails (`ENOSPC`, `EACCES`, ...) | drop the line and count it; report once; report the count when a line is written again |
 | `write` finds `queue_lines` lines queued | drop the line and count it; reported the same way ("the log writer fell behind") |
+| a rotation or a compression fails | report once; the file grows on, or the backup stays uncompressed; no line is lost |
 | `reopen()` (`logrotate` moved the file away, then sent SIGUSR1) | close and open the path again: the next lines go to a new file there |
 | `close()` | write what is queued, finish the compressions, join the threads |
+
+`dropped` counts every line lost (also those that no written line followed before `close`, so
+never reported with a count); `flush()` waits, off the loop, until what was queued is handled.
 
 The decisions are pure functions (`rotation_due`, `backup_names`, `shift_plan`, `to_compress`);
 the threads only act on them.
