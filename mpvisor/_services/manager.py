@@ -42,7 +42,13 @@ from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._services import graph
 from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
-from mpvisor._services.notify import NotifySocket, notify_directory, remove_directory, sd_notify, watchdog_interval
+from mpvisor._services.notify import (
+    NotifySocket,
+    notify_directory,
+    remove_directory,
+    sd_notify,
+    watchdog_interval,
+)
 from mpvisor._services.probes import probe
 from mpvisor._services.settings import ServiceSettings
 from mpvisor._tasks.ending import AttemptEnd
@@ -50,16 +56,6 @@ from mpvisor._tasks.registry import TaskWaiter
 
 READY_POLL = 0.2  # seconds between two readiness probes
 PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
-
-
-class Definition:
-    """What the manager needs of a task of the file (`_cli/taskfile.FileTask` satisfies it)."""
-
-    name: str
-    spec: Any
-    slot: str | None
-    policy: str | None
-    service: ServiceSettings
 
 
 class Service:
