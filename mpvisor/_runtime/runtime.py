@@ -79,7 +79,7 @@ class Runtime:
             self.registry.on_cleanup = self.controller.owner_cleaned_up
         self.hooks: AttemptHooks | None = None  # a service run's (`_runtime/hooks.py`)
         self._ready: dict[int, int] = {}  # task id -> the attempt that was marked ready
-        self._early: dict[int, tuple[int, str]] = {}  # task id -> a ready that came before its ATTEMPT_STARTING
+        self._early: dict[int, list[tuple[int, str]]] = {}  # task id -> readies that came before its ATTEMPT_STARTING
         # shutdown stops these groups of task names one after another (`_stop_levels`); None: all at once
         self.stop_order: Callable[[list[str]], list[list[str]]] | None = None
         self.shutting_down = False
@@ -176,9 +176,9 @@ class Runtime:
     def attempt_started(self, actor: TaskActor, pid: int) -> None:
         if self.hooks is not None:
             self.hooks.started(actor.id, actor.name, actor.attempt, pid)
-        early = self._early.pop(actor.id, None)
-        if early is not None and early[0] == actor.attempt:
-            self.mark_ready(actor.id, *early)
+        for attempt, how in self._early.pop(actor.id, []):  # in the order they came
+            if attempt == actor.attempt:
+                self.mark_ready(actor.id, attempt, how)
 
     def attempt_ready(self, actor: TaskActor, how: str) -> None:
         self.mark_ready(actor.id, actor.attempt, how)
@@ -191,7 +191,7 @@ class Runtime:
         if actor is None or actor.attempt != attempt or actor.current is None:
             return False
         if actor.pid is None:  # its frame came before the actor published ATTEMPT_STARTING: after it
-            self._early[id] = (attempt, how)
+            self._early.setdefault(id, []).append((attempt, how))
             return True
         if self._ready.get(id) != attempt:
             self._ready[id] = attempt

@@ -26,7 +26,8 @@ closes.
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
 lock itself. A server binds under a temporary name and renames the socket into place once it
-listens, so a socket at its path either answers or is stale.
+listens, so a socket at its path either answers or is stale. Only the server imports asyncio
+(in its functions): a client, such as `mpvisor status`, never loads it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class ControlTarget(Protocol):
     """What the run's manager answers with; every method is called on the run's event loop."""
 
     def describe(self) -> dict[str, Any]:
-        """`{"name": str, "file": str (absolute path), "pid": int}`."""
+        """`{"name": str, "file": str (absolute path), "pid": int}`; `name` is the one its socket
+        was made for (`socket_for(name)`): a client that found the run by listing asks by it."""
         ...
 
     def status(self) -> list[dict[str, Any]]:

@@ -339,8 +339,8 @@ class ServiceRun:
         service.attempts += 1
         service.state = "starting"
         check = service.settings.ready
-        if check is None:
-            self.runtime.mark_ready(id, attempt, "started")
+        if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
+            self.ready(id, name, attempt, "started")
             return
         timeout = service.settings.ready_timeout
         if check.kind == "notify":
