@@ -136,7 +136,7 @@ def count_in(event: Event) -> int:
 
 def test_event_kind_labels_are_lower_case_names() -> None:
     """Every EventKind label equals its lower-case name."""
-    assert len(EventKind) == 24
+    assert len(EventKind) == 25
     for kind in EventKind:
         assert kind.label == kind.name.lower()
 
