@@ -184,20 +184,20 @@ class Runtime:
         self.mark_ready(actor.id, actor.attempt, how)
 
     def mark_ready(self, id: int, attempt: int, how: str) -> bool:
-        """Attempt `attempt` of task `id` is ready (`how`: its `ready()`, `READY=1`, a probe): the
-        first time for that attempt, `ATTEMPT_READY` is published; the hooks hear every call.
-        False when that attempt no longer runs."""
+        """Attempt `attempt` of task `id` says it is ready (`how`: its `ready()`, `READY=1`, a
+        probe): the hooks hear every call and say whether it counts (without hooks, it does); the
+        first that counts for that attempt publishes `ATTEMPT_READY`. False when that attempt no
+        longer runs."""
         actor = self.registry.by_id.get(id)
         if actor is None or actor.attempt != attempt or actor.current is None:
             return False
         if actor.pid is None:  # its frame came before the actor published ATTEMPT_STARTING: after it
             self._early.setdefault(id, []).append((attempt, how))
             return True
-        if self._ready.get(id) != attempt:
+        counts = self.hooks.ready(id, actor.name, attempt, how) if self.hooks is not None else True
+        if counts and self._ready.get(id) != attempt:
             self._ready[id] = attempt
             self.publish(EventKind.ATTEMPT_READY, task=actor.name, id=id, attempt=attempt, pid=actor.pid, reason=how)
-        if self.hooks is not None:
-            self.hooks.ready(id, actor.name, attempt, how)
         return True
 
     def fail_attempt(self, id: int, attempt: int, why: str) -> bool:

@@ -71,7 +71,8 @@ class Service:
         self.ready = False  # the current attempt is ready
         self.was_ready = False  # this instance was ready once: what its dependents wait for
         self.status_text: str | None = None  # its last STATUS=... or ready(status)
-        self.attempts = 0  # attempts started, over every instance
+        self.restarts = 0  # attempts started after one that did not succeed, over every instance
+        self.failed_last = False  # its last attempt did not succeed: the next one is a restart
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
@@ -336,7 +337,8 @@ class ServiceRun:
         if service is None:
             return
         service.attempt, service.pid, service.started_at, service.ready = attempt, pid, time.monotonic(), False
-        service.attempts += 1
+        service.restarts += service.failed_last
+        service.failed_last = False
         service.state = "starting"
         check = service.settings.ready
         if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
@@ -350,18 +352,23 @@ class ServiceRun:
         else:
             service.checks.append(self.loop.create_task(self._probe_ready(service, id, attempt)))
 
-    def ready(self, id: int, name: str, attempt: int, how: str) -> None:
+    def ready(self, id: int, name: str, attempt: int, how: str) -> bool:
+        """Whether `how` makes the attempt ready: its `ready` check decides (a target's `ready()`
+        or a `READY=1` counts for `notify`; a probe's pass for a probe), any for none."""
         service = self._instance(id, name)
         if service is None or service.attempt != attempt:
-            return
+            return False
         if how.startswith("ready(): "):
             service.status_text = how[len("ready(): "):]
+        check = service.settings.ready
+        if check is not None and check.kind != "notify" and how != str(check):
+            return False  # a probe decides: a `ready()` call only tells its status
         if service.ready:
-            return
+            return True
         service.ready, service.was_ready = True, True
         service.state = "ready" if service.settings.ready is not None else "running"
-        for check in service.checks:
-            check.cancel()
+        for probing in service.checks:
+            probing.cancel()
         service.checks.clear()
         timer = service.timers.pop("ready", None)
         if timer is not None:
@@ -372,6 +379,7 @@ class ServiceRun:
         if settings.watchdog is not None:
             self._arm_watchdog(service, id, attempt)
         self.loop.create_task(self.advance())
+        return True
 
     def output(self, id: int, name: str, stream: str, line: str) -> None:
         target = self._files.get(name, {}).get(stream)
@@ -386,6 +394,7 @@ class ServiceRun:
             return
         service.stop_checks()
         service.ready, service.pid, service.started_at = False, None, None
+        service.failed_last = end.kind.name != "SUCCEEDED"
         service.state = "backoff"
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
 
@@ -475,7 +484,7 @@ class ServiceRun:
                 "pid": service.pid,
                 "ready": (service.ready if has_ready else None) if service.pid is not None else (False if has_ready else None),
                 "uptime": now - service.started_at if service.started_at is not None else None,
-                "restarts": max(service.attempts - 1, 0),
+                "restarts": service.restarts,
                 "last": service.last,
                 "status": service.status_text,
             })

@@ -427,3 +427,26 @@ def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_
     assert run.proc.returncode == -signal.SIGTERM, err
     seen = json.loads(out.strip().splitlines()[-1])["env"]["env"]
     assert "NOTIFY_SOCKET" not in seen and "WATCHDOG_USEC" not in seen
+
+
+def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) -> None:
+    """`ready = "file:..."`: the target's own `ready()` is only its status; the file never comes,
+    so the attempt fails at `ready_timeout` and what comes after it never starts."""
+    run.write("""
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = { status = "says ready", marker = MARKER }
+        ready = "file:never"
+        ready_timeout = 1
+
+        [task.api]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        after = ["db"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode != 0
+    assert "not ready within ready_timeout=1 s (file:never: no such file)" in err, err
+    assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
+    assert "attempt 1 ready" not in err
