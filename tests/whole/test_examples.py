@@ -215,3 +215,46 @@ def test_ray_example_runs_its_attempts_on_the_cluster_it_is_given(user: User, on
     assert head == "outcome_completed after 2 attempts", lines
     where = ast.literal_eval(value)
     assert where["attempt"] == 2 and where["label"] == "on-ray", lines
+
+
+def test_the_services_file_starts_in_order_answers_status_and_stops_dependents_first(user: User) -> None:
+    """examples/services.toml with its module (on a free port): `mpvisor check` accepts it; the run
+    makes db ready, then api (its `ready()`) and job; `mpvisor status` from another process says
+    so; each task logs to logs/TASK.log; SIGTERM stops api and job before db, and the run dies by it."""
+    import signal
+    import socket
+
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    user.copy("services_app.py")
+    (user.home / "services.toml").write_text((EXAMPLES / "services.toml").read_text().replace("15432", port))
+    control = {"MPVISOR_CONTROL_DIR": str(user.home / "control")}
+    user.run([MPVISOR, "check", "services.toml"])
+    proc = user.start([MPVISOR, "run", "--file", "services.toml"], **control)
+
+    def rows() -> dict[str, Any] | None:
+        done = subprocess.run([MPVISOR, "status", "services.toml", "--json"], cwd=user.home, env={**user.env, **control},
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            assert proc.poll() is None, proc.communicate()
+            return None
+        found = {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
+        ready = found["db"]["ready"] and found["api"]["ready"] and found["api"]["status"] == "serving"
+        return found if ready and found["job"]["state"] in ("backoff", "running") else None
+
+    try:
+        wait_for(rows, timeout=30)
+        wait_for(lambda: "job: ran" in (user.home / "logs" / "job.log").read_text() if (user.home / "logs" / "job.log").exists() else False)
+        assert "api: serving" in (user.home / "logs" / "api.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err
+    order = [line.split(":")[1].strip() for line in err.splitlines() if ": canceled " in line]
+    assert order[-1] == "db" and set(order) == {"api", "job", "db"}, err
+    assert "db: stopping" in (user.home / "logs" / "db.log").read_text()
