@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from mpvisor._admission.slots import AdmissionPolicy, SlotStatus, SlotView
     from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
     from mpvisor._api.handle import SupervisorHandle
-    from mpvisor._api.supervisor import Supervisor, SupervisorBuilder, run
+    from mpvisor._api.run import run
+    from mpvisor._api.supervisor import Supervisor, SupervisorBuilder
     from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
     from mpvisor._model.events import Event, EventKind
     from mpvisor._model.identity import TaskId
@@ -96,7 +97,7 @@ _LAZY = {
     "SupervisorHandle": "._api.handle",
     "Supervisor": "._api.supervisor",
     "SupervisorBuilder": "._api.supervisor",
-    "run": "._api.supervisor",
+    "run": "._api.run",
     "ControllerSnapshot": "._admission.submission",
     "ControllerSpec": "._admission.submission",
     "PreparedSubmission": "._admission.submission",

@@ -1,7 +1,5 @@
-"""`python -m mpvisor ...`: the command-line interface (`_cli/main.py`: the table of commands)."""
+"""`python -m mpvisor ...`: the command-line interface (`_cli/entry.py`, then `_cli/main.py`: the table of commands)."""
 
-import sys
+from mpvisor._cli.entry import cli
 
-from mpvisor._cli.main import main
-
-sys.exit(main())
+cli()

@@ -86,7 +86,10 @@ class ControlTarget(Protocol):
     def status(self) -> list[dict[str, Any]]:
         """One row per task, in file order: `{"task": str, "state": str, "pid": int | None,
         "ready": bool | None (None: it has no readiness), "uptime": float | None (seconds since
-        its current attempt started), "restarts": int, "last": str | None (its last ending, one line)}`."""
+        its current attempt started), "restarts": int (attempts started after one that did not
+        succeed), "last": str | None (its last ending, one line), "status": str | None (its last
+        STATUS= text from its notify socket, or the text its target passed to
+        `mpvisor.context().ready(status)`; None when none)}`."""
         ...
 
     async def stop(self, task: str) -> str:

@@ -38,8 +38,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mpvisor import _platform
-from mpvisor._launchers.local import control
+from mpvisor._launchers.local import control, early
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
 from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
@@ -163,53 +162,18 @@ class LauncherClient:
         self.loop.call_soon_threadsafe(_resolve, self._gone)
 
     def _start_launcher(self) -> subprocess.Popen[bytes] | None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        if self._environment is None:
-            env, cwd, path = None, None, list(sys.path)
-            self._baseline = (dict(os.environ._data), os.getcwd(), path)  # type: ignore[attr-defined]
-        else:
-            given, cwd, path = self._environment
-            env = dict(given)
-            self._baseline = ({os.fsencode(k): os.fsencode(v) for k, v in env.items()}, cwd, list(path))
-        code = (
-            f"import sys; sys.path[:] = {path!r}; from mpvisor._launchers.local.forkserver import main; "
-            f"main(sys.argv[1:])"
-        )
-        # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable
-        # installs' import hooks and sitecustomize are there as in the parent, and `sys.path`
-        # is the parent's, set explicitly above.
-        try:
-            parent_stderr = os.dup(2)  # the launcher moves to it once it is ready
-        except OSError:
-            parent_stderr = -1
-        argv = _platform.interpreter_argv(code)
-        argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), *self.preload]
-        keep = [fd for fd in (theirs.fileno(), parent_stderr) if fd >= 0]
-        try:
-            proc = subprocess.Popen(
-                argv,
-                pass_fds=keep,
-                process_group=0,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stderr=subprocess.PIPE if parent_stderr >= 0 else None,
-            )
-        except OSError as exc:
-            ours.close()
-            self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
-            return None
-        finally:
-            theirs.close()
-            if parent_stderr >= 0:
-                os.close(parent_stderr)
-        self._proc = proc
-        startup = None
-        if proc.stderr is not None:  # the loop reads it: a plain fd, not the Popen's file object
-            startup = os.dup(proc.stderr.fileno())
-            proc.stderr.close()
-        self.loop.call_soon_threadsafe(self._attach, ours, startup)
-        return proc
+        """Start a launcher (or take the one the command line started early: `early.py`)."""
+        spawned = early.take(self.preload, self._environment)
+        if spawned is None:
+            try:
+                spawned = early.spawn_guardian(self.preload, self._environment)
+            except OSError as exc:
+                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
+                return None
+        self._baseline = spawned.baseline
+        self._proc = spawned.proc
+        self.loop.call_soon_threadsafe(self._attach, spawned.sock, spawned.startup)
+        return spawned.proc
 
     def _give_up(self, error: str) -> None:
         """The launcher cannot become ready: from now on every `ready()` raises `ConfigError`."""

@@ -1,0 +1,45 @@
+"""How does `mpvisor.run(specs)` start as fast as it can?
+
+`mpvisor.run` is the blocking convenience around `Supervisor.run` (`supervisor.py`). A short
+program calls it once, and most of what it pays before its first attempt is two things one
+after the other: importing the runtime here, and starting the launcher's interpreter. So this
+module, which imports nothing of the runtime, starts the launcher first
+(`_launchers/local/early.py`: from the main thread, when the supervisor will use the local
+launcher with no preload), then imports the runtime and runs; the supervisor's launcher client
+takes that launcher over. A launcher nobody took (the run failed before it started one) is ended
+before `run` returns or raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
+    from mpvisor._model.outcome import TaskOutcome
+    from mpvisor._model.spec import TaskDefaults, TaskSpec
+    from mpvisor._runtime.bus import Subscriber
+    from mpvisor._runtime.config import SupervisorConfig
+
+
+def run(
+    specs: Sequence[TaskSpec],
+    config: SupervisorConfig | None = None,
+    *,
+    subscribers: Iterable[Subscriber] = (),
+    task_defaults: TaskDefaults | None = None,
+    controller: ControllerConfig | None = None,
+) -> dict[str, TaskOutcome]:
+    """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
+    from mpvisor._launchers.local import early
+
+    if config is None or (config.launcher is None and not config.preload):
+        early.start_early()
+    try:
+        from mpvisor._api.supervisor import run as run_supervisor
+
+        return run_supervisor(specs, config, subscribers=subscribers, task_defaults=task_defaults,
+                              controller=controller)
+    finally:
+        early.discard()

@@ -1,0 +1,67 @@
+"""Where does the `mpvisor` executable start, and how does it end?
+
+`cli` is the console script (and `python -m mpvisor`). It is imported before anything heavy:
+
+1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` starts it first
+   (`_launchers/local/early.py`), so its interpreter starts and imports while this process
+   imports the command and the runtime; the run's supervisor takes it over if it is the one
+   it would start (its stdout and stderr the files the run's are by then: stderr for stdout
+   where the run keeps stdout for its own output).
+2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal.
+3. It ends as a short-lived command should: the exit handlers run and the standard streams are
+   flushed, then the process exits without tearing the interpreter down module by module (that
+   finalization costs a run tens of milliseconds and does nothing a command needs: every file
+   and socket of the run is closed, every process reaped, by then). An early launcher nobody
+   took is ended first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import NoReturn
+
+
+def cli() -> NoReturn:
+    argv = sys.argv[1:]
+    from mpvisor._launchers.local import early
+
+    if _needs_a_launcher(argv):
+        early.start_early(stdout_to_stderr=_keeps_stdout(argv))
+    status = 1
+    try:
+        from mpvisor._cli.main import main
+
+        status = main(argv)
+    finally:
+        early.discard()
+        _exit(status)
+
+
+def _needs_a_launcher(argv: list[str]) -> bool:
+    """`mpvisor run ...` that runs here: not on Ray, not asking for help."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    if not own or own[0] != "run":
+        return False
+    return not any(word in ("-h", "--help", "--version") or word == "--ray" or word.startswith("--ray=") for word in own)
+
+
+def _keeps_stdout(argv: list[str]) -> bool:
+    """Whether `mpvisor run` will keep stdout for itself and give its tasks stderr there: a file,
+    a Python target, or `--events json` (a guess from the words: a wrong one only means the early
+    launcher is not taken, since `early.take` checks what fd 1 is by then)."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return "--" not in argv or "--file" in own or any(w.startswith("--file=") for w in own) or \
+        "json" in own or "--events=json" in own
+
+
+def _exit(status: int) -> NoReturn:
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status & 0xFF if status >= 0 else 1)
