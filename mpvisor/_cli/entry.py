@@ -25,9 +25,9 @@ from typing import NoReturn
 
 def cli() -> NoReturn:
     argv = sys.argv[1:]
-    from mpvisor._launchers.local import early
-
     if _needs_a_launcher(argv):
+        from mpvisor._launchers.local import early
+
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))
     status = 1
     try:
@@ -35,7 +35,9 @@ def cli() -> NoReturn:
 
         status = main(argv)
     finally:
-        early.discard()
+        started = sys.modules.get("mpvisor._launchers.local.early")  # imported: it may have started one
+        if started is not None:
+            started.discard()
         _exit(status)
 
 

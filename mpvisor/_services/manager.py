@@ -31,7 +31,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from mpvisor._admission.leases.store import POLICIES
@@ -129,6 +129,7 @@ class ServiceRun:
         self._server: ControlServer | None = None
         self._lock = asyncio.Lock()  # one change of the plan at a time (advance, control, reload)
         self._reporters: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Task[Any]] = set()  # held here: the loop keeps only weak references
         self._systemd = systemd or {}
         self._told_ready = False
         self._signals: list[int] = []
@@ -187,6 +188,11 @@ class ServiceRun:
         if self._notify_dir is not None:
             remove_directory(self._notify_dir)
 
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = self.loop.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _holds(self) -> bool:
         """The run goes on while a service may still start (waiting for a dependency), and while
         a change is under way (a restart between its stop and its start)."""
@@ -224,7 +230,7 @@ class ServiceRun:
         after = {n: s.settings.after for n, s in self.services.items()}
         waiting = [n for n, s in self.services.items() if s.state == "waiting"]
         ended = {n: f"ended {s.last}" if s.last else "ended" for n, s in self.services.items()
-                 if s.state in ("ended", "not started")}
+                 if s.state in ("ended", "not started") and not s.was_ready}  # one that was ready counts as ready
         for name, why in graph.blocked(after, waiting, ended).items():
             service = self.services[name]
             service.state = "not started"
@@ -277,7 +283,7 @@ class ServiceRun:
             service.last = outcome.kind.name.lower() + (f": {outcome.reason}" if failed else "")
         service.ended.set()
         if not self._closing:
-            self.loop.create_task(self.advance())
+            self._in_background(self.advance())
 
     def _maybe_ready(self) -> None:
         """Tell systemd READY=1 once no service waits and every one with readiness was ready."""
@@ -378,7 +384,7 @@ class ServiceRun:
             service.checks.append(self.loop.create_task(self._probe_health(service, id, attempt)))
         if settings.watchdog is not None:
             self._arm_watchdog(service, id, attempt)
-        self.loop.create_task(self.advance())
+        self._in_background(self.advance())
         return True
 
     def output(self, id: int, name: str, stream: str, line: str) -> None:
@@ -553,7 +559,7 @@ class ServiceRun:
     # --- reload -----------------------------------------------------------------------------------------------
 
     def _on_sighup(self) -> None:
-        self.loop.create_task(self._reload_and_say())
+        self._in_background(self._reload_and_say())
 
     async def _reload_and_say(self) -> None:
         try:

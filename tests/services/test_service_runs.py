@@ -450,3 +450,21 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
     assert "not ready within ready_timeout=1 s (file:never: no such file)" in err, err
     assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
     assert "attempt 1 ready" not in err
+
+
+def test_a_dependency_that_was_ready_and_then_completed_lets_its_dependents_start(run: Run) -> None:
+    """Readiness counts once per instance: a task with no readiness is ready at its start, so
+    what comes after it starts even when it has already completed by then."""
+    run.write("""
+        [task.setup]
+        target = "workers.basic:quick"
+
+        [task.app]
+        target = "workers.services:fail_after"
+        kwargs = { seconds = 0.1, marker = MARKER }
+        after = ["setup"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert [t for w, t, *_ in run.markers() if w == "started"] == ["app"], err
+    assert "mpvisor: setup: completed" in err and "mpvisor: app: fatal" in err, err
