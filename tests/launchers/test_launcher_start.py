@@ -11,6 +11,7 @@ real virtual environments are covered by `test_installs.py`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -274,3 +275,45 @@ def test_sigterm_while_the_launcher_hangs_at_import_shuts_down_at_once(tmp_path)
     assert "shut down:" in out, (out, err)
     assert took < 4.0, took
     wait_for(lambda: not any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers), 5)
+
+
+EARLY_SCRIPT = '''
+import json, os, sys
+import psutil
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+from mpvisor._launchers.local import early
+
+
+def lineage():
+    """The attempt's launcher (its parent) and that launcher's parent (its guardian)."""
+    launcher = psutil.Process(os.getppid())
+    return [launcher.pid, launcher.ppid()]
+
+
+if __name__ == "__main__":
+    early.start_early(stdout_to_stderr=sys.argv[1] == "moved")
+    guardian = early._early.proc.pid if early._early is not None else None
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("lineage", lineage))])["lineage"]
+    print(json.dumps({"guardian": guardian, "lineage": outcome.value, "left": early._early is not None,
+                      "alive": psutil.pid_exists(guardian) and psutil.Process(guardian).status() != "zombie"}))
+'''
+
+
+@pytest.mark.parametrize("stdout", ["same", "moved"])
+def test_a_launcher_started_early_is_taken_only_when_it_is_the_one_the_client_would_start(tmp_path, stdout):
+    """`early.start_early()` from the main thread, then `mpvisor.run`: the attempt's launcher is
+    the early one's fork server when its stdout is the program's; when it is not (started with
+    stdout on stderr, while the program's fd 1 is still its stdout), the client starts its own and
+    the early one is ended, nothing left running."""
+    script = tmp_path / "early_probe.py"
+    script.write_text(EARLY_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), stdout], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["guardian"] is not None and found["left"] is False
+    if stdout == "same":
+        assert found["lineage"][1] == found["guardian"]
+    else:
+        assert found["lineage"][1] != found["guardian"] and not found["alive"]
