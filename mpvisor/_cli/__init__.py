@@ -1,6 +1,7 @@
 """How does a shell drive mpvisor?
 
-The `mpvisor` command: `main` (the table of commands and the dispatch), `statuses` (every exit
+The `mpvisor` command: `entry` (the executable: a run's launcher started first, the exit without
+teardown), `main` (the table of commands and the dispatch), `statuses` (every exit
 status), `options` (what an option's value means and the lines printed, shared by every
 command), one module per command (`run`, `check`, `slots`, `serve`, `doctor`, and the control commands
 `status`, `stop`, `start`, `restart`, `logs`, `reload`, which share `runs`), and task files

@@ -29,16 +29,21 @@ def cli() -> NoReturn:
         from mpvisor._launchers.local import early
 
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))
-    status = 1
     try:
         from mpvisor._cli.main import main
 
         status = main(argv)
-    finally:
-        started = sys.modules.get("mpvisor._launchers.local.early")  # imported: it may have started one
-        if started is not None:
-            started.discard()
-        _exit(status)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:  # a bug: its traceback, as the interpreter would print it
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    started = sys.modules.get("mpvisor._launchers.local.early")  # imported: it may have started one
+    if started is not None:
+        started.discard()
+    _exit(status)
 
 
 def _needs_a_launcher(argv: list[str]) -> bool:

@@ -4,7 +4,8 @@ The default launcher: `client` (the parent's `LauncherClient`, a `Launcher`), `c
 attempt's socket and pipes in the parent), `control` (the messages between the parent and the
 fork server), `forkserver` (the single-threaded process every attempt is forked from), `guardian`
 (its parent, which outlives it to kill orphans), `terminal` (an attempt as a terminal's
-foreground job: job control) and `lines` (captured output as lines).
+foreground job: job control), `lines` (captured output as lines) and `early` (how a launcher is
+started, and started before the runtime is imported by `mpvisor run` and `mpvisor.run`).
 
 May import: `_model`, `_attempt`, `_launchers.seam`, `_platform`.
 """
