@@ -29,7 +29,6 @@ import argparse
 import base64
 import contextlib
 import json
-import logging
 import math
 import os
 import re
@@ -38,14 +37,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
-from mpvisor._admission.leases import store
 from mpvisor._cli.statuses import FAILED, USAGE_ERROR
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
-from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
 if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
@@ -223,7 +220,9 @@ def choice(*options: str) -> Callable[[str], str]:
 
 
 RESTARTS = ("never", "on-failure", "always")
-POLICIES = tuple(store.POLICIES)  # queue, replace, drop: a slot's policies, as a store names them
+# A slot's policies, as a lease store names them (`_admission/leases/store.py`'s POLICIES, which
+# a test holds this to): written out, so that parsing a command line imports no slot machinery.
+POLICIES = ("queue", "replace", "drop")
 
 
 def jitter(text: str) -> JitterPolicy:
@@ -408,9 +407,13 @@ def take_stdout() -> IO[str]:
 
 def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any]:
     """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout)."""
+    from mpvisor._observe.writers import JsonLinesWriter, LogWriter
+
     if args.events == "json" and machine is not None:
         return [JsonLinesWriter(machine)]
     if args.events == "log":
+        import logging
+
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         return [LogWriter()]
     return []

@@ -74,11 +74,8 @@ import asyncio
 import os
 import signal
 import sys
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from mpvisor._admission.config import ControllerConfig
-from mpvisor._admission.leases.store import POLICIES as POLICY_OF
-from mpvisor._admission.submission import ControllerSpec
 from mpvisor._api.session import RunSession, run_session, serve_runtime
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
@@ -119,6 +116,9 @@ from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
+
+if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
 
 NAME = "run"
 DESCRIPTION = "Run one task, or the tasks of a task file, under supervision until it ends."
@@ -319,6 +319,9 @@ class _OneTask:
             (self.waiter,) = await session.add_batch([self.spec])
             return
         session.on_replaced(self._on_replaced)
+        from mpvisor._admission.leases.store import POLICIES as POLICY_OF  # a slot's run only
+        from mpvisor._admission.submission import ControllerSpec
+
         submission = ControllerSpec(self.spec, POLICY_OF[self.policy]).with_slot(self.slot)
         _, self.waiter = await session.handle.submit_and_watch(submission)
 

@@ -299,3 +299,11 @@ def test_slots_takes_a_store_url_and_nothing_else(capsys, value):
 def test_slots_keeps_a_postgresql_url():
     args, _ = parse(["run", "--slot", "s", "--slots", "postgresql://ci@db/ops", "--", "true"])
     assert args.slots == "postgresql://ci@db/ops"
+
+
+def test_the_command_lines_policies_are_the_lease_stores() -> None:
+    """`--policy` and a task file's `policy` offer exactly the names a lease store knows, in its order."""
+    from mpvisor._admission.leases import store
+    from mpvisor._cli import options
+
+    assert options.POLICIES == tuple(store.POLICIES)
