@@ -21,6 +21,13 @@ Every task's stdout goes to stderr; stdout keeps one JSON line, `{"<task>": <val
 that completed (none: no line), or the events with `--events json`. Ctrl-C and SIGTERM shut
 every task down gracefully, as for one task, and mpvisor then dies by that signal.
 
+Every file's run is a service run (`_services/manager.py`, `ServiceRun`): a task starts once
+what it comes `after` is ready; the run answers `mpvisor status`, `stop`, `start`, `restart`,
+`logs` and `reload` on its control socket, reloads its file on SIGHUP and reopens its log files
+on SIGUSR1; under systemd it sends `READY=1` and `STOPPING=1` (systemd's variables are taken out
+of the environment its tasks get). A task that never started because a dependency ended for
+good gets a `REJECTED` outcome (`dependency_failed`) and its outcome line like any other.
+
 A Python target of a task with a `cwd` is looked up there first: when a file has one, the run
 puts `""` at the front of `sys.path` before the launcher starts, so each attempt (which moves to
 its task's `cwd` before it imports) resolves its imports from the directory it runs in, then

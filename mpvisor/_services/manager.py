@@ -575,6 +575,10 @@ class ServiceRun:
         if not parsed.ok:
             raise ControlError("\n".join([f"reload refused: {self.path} has errors; nothing changed",
                                           *(f"{self.path}: {e}" for e in parsed.errors)]))
+        slotted = [t.name for t in parsed.tasks if t.slot is not None]
+        if slotted and self.runtime.controller is None:
+            raise ControlError(f"reload refused: {', '.join(slotted)} would need a slot, and this run started without "
+                               "any (its slots are set up at start: run the file again); nothing changed")
         async with self._changing():
             if self.runtime.shutdown_started:
                 raise ControlError("the run is shutting down")

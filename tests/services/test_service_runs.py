@@ -354,7 +354,8 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
 
 def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken_file(run: Run) -> None:
     """`mpvisor reload` and SIGHUP: an unchanged task keeps its pid, a changed one gets a new
-    pid, a new one starts, a removed one stops; a file with an error changes nothing."""
+    pid, a new one starts, a removed one stops; a file with an error, or one that would need slots
+    this run has none of, changes nothing."""
     text = """
         [defaults]
         restart = "always"
@@ -383,6 +384,9 @@ def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken
     run.write(text.replace("[task.keep]", "[task.keep]\nbogus = 1"))
     refused = run.ctl("reload")
     assert refused.returncode != 0 and "bogus" in refused.stderr and "nothing changed" in refused.stderr
+    run.write(text.replace("[task.keep]", '[task.keep]\nslot = "s"'))
+    slotted = run.ctl("reload")
+    assert slotted.returncode != 0 and "would need a slot" in slotted.stderr and "nothing changed" in slotted.stderr
     assert run.status()["keep"]["pid"] == keep
     run.write(text.replace('"one"', '"three"').replace("[task.gone]", "[task.new]"))
     assert run.proc is not None
