@@ -318,8 +318,8 @@ def test_a_full_disk_drops_lines_says_so_once_and_never_blocks_the_task(run: Run
 
 
 def test_control_commands_from_another_process_stop_start_and_restart_a_task(run: Run) -> None:
-    """stop, start and restart change what runs and the pids that `status` shows; another
-    user cannot reach the run."""
+    """A run named with `--name` answers by that name; stop, start and restart change what runs
+    and the pids that `status` shows; another user cannot reach the run."""
     run.write("""
         [defaults]
         restart = "always"
@@ -332,8 +332,10 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
         target = "workers.services:serve"
         after = ["a"]
     """)
-    run.start()
+    run.start("--name", "app")
     rows = run.wait_status(lambda rows: rows["b"]["state"] == "running" and rows["a"]["ready"])
+    named = run.ctl("status", "--name", "app", "--json")
+    assert named.returncode == 0 and json.loads(named.stdout)["name"] == "app", named.stderr
     a_pid, b_pid = rows["a"]["pid"], rows["b"]["pid"]
     stopped = run.ctl("stop", "b")
     assert stopped.returncode == 0, stopped.stderr
