@@ -306,4 +306,4 @@ def test_the_command_lines_policies_are_the_lease_stores() -> None:
     from mpvisor._admission.leases import store
     from mpvisor._cli import options
 
-    assert options.POLICIES == tuple(store.POLICIES)
+    assert tuple(store.POLICIES) == options.POLICIES
