@@ -24,6 +24,7 @@ import ctypes
 import os
 import resource
 import socket
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -264,3 +265,30 @@ def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
         if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     return data, list(fds)
+
+
+def private_dir(path: str, what: str) -> str | None:
+    """Make `path` (and its missing parents) 0700 directories of this user's; None when it is
+    one, else why it cannot be used, naming it as `what` ("the slot server's directory"). The
+    caller raises its own error with that text."""
+    try:
+        _make_private_dirs(os.path.abspath(path))
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot create {what} {path!r}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return f"{what} {path!r} is not a directory of uid {os.getuid()}'s"
+    if info.st_mode & 0o077:
+        return f"{what} {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700"
+    return None
+
+
+def _make_private_dirs(path: str) -> None:
+    """`mkdir -p` whose every new directory is 0700 (os.makedirs gives the parents the umask's mode)."""
+    head, tail = os.path.split(path)
+    if head and tail and not os.path.isdir(head):
+        _make_private_dirs(head)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass

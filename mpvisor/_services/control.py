@@ -44,6 +44,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mpvisor import _platform
 from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 if TYPE_CHECKING:
@@ -121,25 +122,10 @@ def control_dir() -> str:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         base = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
         path = os.path.join(base, "runs")
-    try:
-        _make_private_dirs(os.path.abspath(path))
-        info = os.lstat(path)
-    except OSError as exc:
-        raise ControlError(f"cannot create the control directory {path!r}: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise ControlError(f"the control directory {path!r} is not a directory of uid {os.getuid()}'s")
-    if info.st_mode & 0o077:
-        raise ControlError(f"the control directory {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700")
+    problem = _platform.private_dir(path, "the control directory")
+    if problem is not None:
+        raise ControlError(problem)
     return path
-
-
-def _make_private_dirs(path: str) -> None:
-    """`mkdir -p` whose every new directory is 0700 (os.makedirs gives the parents the umask's mode)."""
-    head, tail = os.path.split(path)
-    if head and tail and not os.path.isdir(head):
-        _make_private_dirs(head)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
 
 
 def run_name(file: str) -> str:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._admission.leases.store import (
     POLICIES,
     SILENT_AFTER,
@@ -90,15 +90,9 @@ def server_dir() -> str:
     if not path:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         path = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
-    except OSError as exc:
-        raise LeaseError(f"cannot create the slot server's directory {path!r}: {exc}") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise LeaseError(f"the slot server's directory {path!r} is not a directory of uid {os.getuid()}'s")
-    if info.st_mode & 0o077:
-        raise LeaseError(f"the slot server's directory {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700")
+    problem = _platform.private_dir(path, "the slot server's directory")
+    if problem is not None:
+        raise LeaseError(problem)
     return path
 
 
