@@ -179,6 +179,9 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
             raise LeaseError(f"cannot connect to the slot server at {path!r}: {exc}") from None
 
 
+HELLO_TRIES = 5  # connections to a server that closes them at once, before giving up
+
+
 def _start_server(directory: str) -> None:
     """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal);
     if another client started one at the same moment, one of them wins the lock, the other exits."""
@@ -237,9 +240,18 @@ class LeaseClient:
         self._closed = False
 
     def _connect(self) -> socket.socket:
-        sock = connect(self.directory, start=self._start)
-        sock.sendall(encode({"t": "hello", "v": VERSION, "pid": os.getpid()}))
-        return sock
+        """A connection that said hello. A server that dies between the connect and the hello
+        (killed while clients reconnect) is connected to again: the next one is started."""
+        for tries_left in range(HELLO_TRIES - 1, -1, -1):
+            sock = connect(self.directory, start=self._start)
+            try:
+                sock.sendall(encode({"t": "hello", "v": VERSION, "pid": os.getpid()}))
+                return sock
+            except OSError as exc:
+                sock.close()
+                if not tries_left:
+                    raise LeaseError(f"the slot server closed every connection at once: {exc}") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self._closed = True
