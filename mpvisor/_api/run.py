@@ -1,6 +1,7 @@
 """How does `mpvisor.run(specs)` start as fast as it can?
 
-`mpvisor.run` is the blocking convenience around `Supervisor.run` (`supervisor.py`). A short
+`mpvisor.run` is the blocking convenience around `Supervisor.run` (`supervisor.py`): a fresh
+supervisor, `asyncio.run` of its `run(specs)`. A short
 program calls it once, and most of what it pays before its first attempt is two things one
 after the other: importing the runtime here, and starting the launcher's interpreter. So this
 module, which imports nothing of the runtime, starts the launcher first
@@ -37,9 +38,11 @@ def run(
     if config is None or (config.launcher is None and not config.preload):
         early.start_early()
     try:
-        from mpvisor._api.supervisor import run as run_supervisor
+        import asyncio
 
-        return run_supervisor(specs, config, subscribers=subscribers, task_defaults=task_defaults,
-                              controller=controller)
+        from mpvisor._api.supervisor import Supervisor
+
+        supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
+        return asyncio.run(supervisor.run(specs))
     finally:
         early.discard()

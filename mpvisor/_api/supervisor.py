@@ -10,7 +10,7 @@ caller starts shutdown), shuts down, and returns one outcome per spec.
 | `serve()` | inside a running loop | the handle (the same runtime every time, also after shutdown) |
 | `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins |
 | `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time |
-| `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above |
+| `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 """
 
 from __future__ import annotations
@@ -172,16 +172,3 @@ class SupervisorBuilder:
     def build(self) -> Supervisor:
         """The `Supervisor` with these settings (nothing starts until `serve()` or `run`)."""
         return Supervisor(self._config, self._subscribers, task_defaults=self._defaults, controller=self._controller)
-
-
-def run(
-    specs: Sequence[TaskSpec],
-    config: SupervisorConfig | None = None,
-    *,
-    subscribers: Iterable[Subscriber] = (),
-    task_defaults: TaskDefaults | None = None,
-    controller: ControllerConfig | None = None,
-) -> dict[str, TaskOutcome]:
-    """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
-    supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
-    return asyncio.run(supervisor.run(specs))

@@ -126,7 +126,6 @@ class ServiceRun:
         self.path = os.path.abspath(path)
         self.name = name
         self.services: dict[str, Service] = {t.name: Service(t) for t in tasks}
-        self.by_id: dict[int, Service] = {}
         self._report, self._not_started, self._say, self._load, self._added = report, not_started, say, load, added
         self.logs = LogFiles(say)
         self._files: dict[str, dict[str, LogFile]] = {}
@@ -275,12 +274,10 @@ class ServiceRun:
 
     def _watch(self, service: Service, waiter: TaskWaiter) -> None:
         service.id = waiter.id
-        self.by_id[waiter.id] = service
         self._reporters.append(asyncio.ensure_future(self._reported(service, waiter)))
 
     async def _reported(self, service: Service, waiter: TaskWaiter) -> None:
         outcome: TaskOutcome = (await self._report(service.task, waiter)).outcome
-        self.by_id.pop(waiter.id, None)
         if service.id == waiter.id:
             service.id, service.pid = None, None
             service.state = "stopped" if service.stopped else "ended"
@@ -321,7 +318,6 @@ class ServiceRun:
         if service is None or service.id not in (None, id):
             return None
         service.id = id
-        self.by_id[id] = service
         return service
 
     def environment(self, id: int, name: str, attempt: int) -> dict[str, str] | None:
