@@ -78,7 +78,8 @@ def estimate(samples: Sequence[tuple[float, float]], total: float | None) -> tup
         return rate, 0.0
     if not rate:
         return rate, None
-    return rate, (total - last_done) / rate
+    eta = (total - last_done) / rate
+    return rate, eta if math.isfinite(eta) else None  # a rate so small the wait overflows: not known
 
 
 class ProgressTracker:

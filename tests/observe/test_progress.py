@@ -50,6 +50,7 @@ def finished(task: str, at: float = 0.0) -> Event:
         ([(0.0, 4), (2.0, 4)], 10, (0.0, None)),  # stalled: no ETA
         ([(1.0, 1), (1.0, 2)], 10, (None, None)),  # no time between the reports
         ([(0.0, 0), (1.0, 12)], 10, (12.0, 0.0)),  # past the total: done
+        ([(0.0, 0.0), (1.0, 2.2e-311)], 10, (2.2e-311, None)),  # so slow the ETA overflows: not known
     ],
 )
 def test_estimate_gives_the_rate_and_eta_of_the_samples(samples, total, expected):
@@ -69,9 +70,9 @@ def test_the_tracker_rate_covers_the_window_and_the_eta_is_the_remaining_work_at
     assert report.rate is not None and report.rate >= 0
     if done >= total:
         assert report.eta == 0.0
-    elif report.rate > 0:
+    elif report.rate > 0 and math.isfinite((total - done) / report.rate):
         assert report.eta is not None and math.isclose(report.eta * report.rate, total - done, rel_tol=1e-6)
-    else:
+    else:  # stalled, or so slow that the wait overflows a float
         assert report.eta is None
 
 

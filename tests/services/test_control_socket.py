@@ -313,7 +313,8 @@ def _child_asks_as_nobody(path: str, write_fd: int) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(10)
         sock.connect(path)
-        sock.sendall(encode({"t": "status"}))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before it was read
+            sock.sendall(encode({"t": "status"}))
         with contextlib.suppress(ConnectionResetError):  # closed with the request unread: after the answer
             while chunk := sock.recv(65536):
                 os.write(write_fd, chunk)
