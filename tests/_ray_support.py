@@ -7,6 +7,14 @@ the machine with it). Its processes are children of the test process: they are r
 `mpvisor_leftovers()` checks instead what mpvisor must not leave on it: no agent's fork server
 and no attempt process alive under the cluster once a supervisor has shut down.
 
+The cluster's processes start with `GRPC_ENABLE_FORK_SUPPORT=0`. Ray's client server (the
+proxier) starts a process per `ray://` client by fork and exec while its gRPC threads run; with
+gRPC's fork handlers on (its default there) that child sometimes dies of SIGSEGV before its
+exec, and the client waits 30 s for a server that never comes (Ray issue #63202; seen here as
+the proxier's `SpecificServer startup failed`, exit status -11, in about one suite run in two
+under load). Without the handlers no gRPC code runs between that fork and its exec. Ray sets the
+variable itself for its workers; the driver's own process keeps its environment.
+
 | helper | does |
 |---|---|
 | `start_cluster()` / `stop_cluster(c)` | the session's cluster: a head node (`HEAD_CPUS` CPUs, one `victim` resource, Ray's client server at `client_address(c)`), the test process connected to it |
@@ -19,6 +27,7 @@ and no attempt process alive under the cluster once a supervisor has shut down.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -35,6 +44,7 @@ FAST_FAILURE_DETECTION = {
     "health_check_timeout_ms": 500,
     "health_check_failure_threshold": 3,
 }
+FORK_SUPPORT = "GRPC_ENABLE_FORK_SUPPORT"
 MPVISOR_MARKS = ("mpvisor._launchers.local.forkserver", "mpvisor._attempt.child")
 
 
@@ -50,16 +60,24 @@ def start_cluster() -> Any:
 
     before = {c.pid for c in psutil.Process().children()}
     client_port = _free_port()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": HEAD_CPUS,
-            "resources": {"victim": 1},
-            "include_dashboard": False,
-            "ray_client_server_port": client_port,
-            "_system_config": FAST_FAILURE_DETECTION,
-        },
-    )
+    saved = os.environ.get(FORK_SUPPORT)
+    os.environ[FORK_SUPPORT] = "0"  # for the cluster's processes (module docstring)
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": HEAD_CPUS,
+                "resources": {"victim": 1},
+                "include_dashboard": False,
+                "ray_client_server_port": client_port,
+                "_system_config": FAST_FAILURE_DETECTION,
+            },
+        )
+    finally:
+        if saved is None:
+            del os.environ[FORK_SUPPORT]
+        else:
+            os.environ[FORK_SUPPORT] = saved
     cluster.mpvisor_client_port = client_port
     ray.init(address=cluster.address, log_to_driver=False)
     _register_new_children(before)

@@ -21,10 +21,9 @@ import asyncio
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpvisor import _platform
-from mpvisor._admission.config import ControllerConfig
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._attempt import context as _context
 from mpvisor._model.errors import ShuttingDown
@@ -33,6 +32,9 @@ from mpvisor._runtime.bus import Subscriber
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
+
+if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
 
 INTERRUPTED_TWICE = "interrupted twice (a second SIGINT): killed at once, without waiting for the grace window"
 

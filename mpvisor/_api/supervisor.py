@@ -22,7 +22,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from mpvisor import _platform
-from mpvisor._admission.config import ControllerConfig
 from mpvisor._api.blocking import BlockingHandle, serve_blocking
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._api.session import RunSession, refuse_unguarded_main, run_session, serve_runtime
@@ -34,6 +33,7 @@ from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
 
 if TYPE_CHECKING:
+    from mpvisor._admission.config import ControllerConfig
     from mpvisor._runtime.bus import Subscriber
 
 
@@ -155,7 +155,11 @@ class SupervisorBuilder:
 
     def with_controller(self, config: ControllerConfig | None = None) -> SupervisorBuilder:
         """Add the slot-based admission controller (`submit*`), with `config`'s limits."""
-        self._controller = config if config is not None else ControllerConfig()
+        if config is None:  # imported here: a supervisor without slots never imports them
+            from mpvisor._admission.config import ControllerConfig
+
+            config = ControllerConfig()
+        self._controller = config
         return self
 
     def with_subscribers(self, subscribers: Iterable[Subscriber]) -> SupervisorBuilder:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mpvisor._cli.options import shorten
-from mpvisor._cli.statuses import FAILED, REJECTED, REPLACED, exit_status
+from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
@@ -68,8 +68,8 @@ def task_status(outcome: TaskOutcome, *, replaced: bool = False) -> tuple[int, b
     if replaced:
         return REPLACED, True
     if outcome.kind is OutcomeKind.REJECTED:
-        refused = REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
-        return (refused[0], True) if refused is not None else (FAILED, False)
+        refusal = refused(outcome.rejection)
+        return (refusal[0], True) if refusal is not None else (FAILED, False)
     return exit_status(outcome), False
 
 

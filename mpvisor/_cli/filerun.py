@@ -58,16 +58,13 @@ from mpvisor._cli.batchview import (
 )
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
-    account_output,
     controller_config,
     event_writers,
     launcher_for,
-    lose_output,
     outcome_line,
-    take_stdout,
     value_line,
-    write_line,
 )
+from mpvisor._cli.shell import account_output, lose_output, take_stdout, write_line
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown

@@ -18,7 +18,7 @@ runtime. Each module declares `NAME`, `DESCRIPTION` (optionally `USAGE` and `EPI
 as a usage error), and `run(args) -> int`: the exit status, or `-N` to die by signal N (an
 interrupted run dies by the signal that interrupted it). A new command is a module beside the
 others and a line in `COMMANDS`. Every status is defined in `statuses`; usage errors are one
-line and status 2 (`options.UsageParser`).
+line and status 2 (`shell.UsageParser`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import os
 import signal
 import sys
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mpvisor._cli.options import UsageParser, guarded_output, settle_output
-from mpvisor._model.spec import TaskSpec
+from mpvisor._cli.shell import UsageParser, guarded_output, settle_output
+
+if TYPE_CHECKING:
+    from mpvisor._model.spec import TaskSpec
 
 
 class Command(NamedTuple):
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     """`mpvisor ...`: returns the exit status, or dies by the signal that interrupted it.
 
     Output that cannot be written (stdout or stderr full, closed or gone) is never a traceback:
-    `options.guarded_output` records it, the run then does not succeed (status 1 instead of 0)
+    `shell.guarded_output` records it, the run then does not succeed (status 1 instead of 0)
     and one line on stderr, if stderr can be written, says which stream and why."""
     with guarded_output():
         try:

@@ -102,12 +102,11 @@ from mpvisor._cli.options import (
     seconds,
     slot_name,
     slots_url,
-    take_stdout,
     target,
     task_name,
     value_line,
-    write_line,
 )
+from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
@@ -254,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one: _OneTask, machine: IO[str] | None) -> int:
     interrupts = one.interrupts()
-    refused = statuses.REJECTED.get(outcome.rejection) if outcome.rejection is not None else None
+    refused = statuses.refused(outcome.rejection)
     if refused is not None:  # the slot's store refused the lease: nothing ran
         status, reason = refused
         if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":

@@ -9,7 +9,10 @@ shell sees 128 + N).
 
 from __future__ import annotations
 
-from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported by every command, `--version` too: the model only where it is used
+    from mpvisor._model.outcome import RejectionKind, TaskOutcome
 
 OK = 0
 FAILED = 1  # any failure no other row names
@@ -46,12 +49,18 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("11", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: several runs are live and none was named; they are listed"),
 )
 
-# A submission its slot refused: the status, and what the outcome line says of it.
-REJECTED: dict[RejectionKind, tuple[int, str]] = {
-    RejectionKind.SLOT_BUSY: (SLOT_BUSY, "the slot is busy (--policy drop)"),
-    RejectionKind.QUEUE_FULL: (QUEUE_FULL, "the slot's queue is full"),
-    RejectionKind.SUPERSEDED_BY_REPLACE: (SUPERSEDED, "superseded by a replacement while queued"),
+# A submission its slot refused, by its `RejectionKind`'s value: the status, and what the outcome
+# line says of it (`refused`).
+_REFUSALS: dict[str, tuple[int, str]] = {
+    "slot_busy": (SLOT_BUSY, "the slot is busy (--policy drop)"),
+    "queue_full": (QUEUE_FULL, "the slot's queue is full"),
+    "superseded_by_replace": (SUPERSEDED, "superseded by a replacement while queued"),
 }
+
+
+def refused(rejection: RejectionKind | None) -> tuple[int, str] | None:
+    """The status and the words for a submission its slot refused; None for any other outcome."""
+    return None if rejection is None else _REFUSALS.get(rejection.value)
 
 
 def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
@@ -61,7 +70,7 @@ def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
     outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
     if interrupted_by is not None:
         return 128 + interrupted_by
-    if outcome.kind is OutcomeKind.COMPLETED:
+    if outcome.is_success():
         return OK
     if outcome.lease_lost:
         return LEASE_LOST

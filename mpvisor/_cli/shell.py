@@ -1,0 +1,250 @@
+"""What does every `mpvisor` command owe the shell, whatever it runs? (usage errors, output that cannot be written)
+
+Two conventions hold for every command, before any of them imports the runtime (so `mpvisor
+--version` imports this and `main` alone):
+
+- a usage error is one line on stderr naming the option and the value, and status 2
+  (`UsageParser`);
+- output that cannot be written is never a traceback (`guarded_output`, below): the command does
+  not succeed, and one line says which stream and why. `take_stdout` keeps stdout for
+  machine-readable output and points fd 1 at stderr, under the same guard; `write_line` writes
+  one line and flushes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from typing import IO, Any, NoReturn, cast
+
+from mpvisor._cli.statuses import FAILED, USAGE_ERROR
+
+
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2.
+
+    A word that starts with `-` and a digit or a dot (`-1/5`, `-1:5`, `-5M`, `-.5`) is a value,
+    never an option (no option of mpvisor looks like that), so `--intensity -1/5` reaches its
+    parser and is refused naming the option and the value, as `--grace -1` is; argparse alone
+    takes only plain negative numbers for values. An option left without its value says how to
+    give one that starts with `-` (`--slot=-x`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-[\d.]")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:
+        try:
+            return super()._match_argument(action, arg_strings_pattern)
+        except argparse.ArgumentError as exc:  # `--slot -x`: argparse took -x for an option ("O")
+            if action.nargs is not None or not action.option_strings or not arg_strings_pattern.startswith("O"):
+                raise
+            hint = f"a value that starts with '-' is written {action.option_strings[-1]}=VALUE"
+            raise argparse.ArgumentError(action, f"{exc.message} ({hint})") from None
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python 3.11's argparse drops a value that is exactly "--" (`--backoff=--`) and hands
+        # the option an empty list, unchecked; the text "--" is the value, and its type decides.
+        if action.nargs is None and arg_strings == ["--"] and action.option_strings:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
+
+
+# --- output that cannot be written ------------------------------------------------------------------
+#
+# One mechanism for every command: under `guarded_output` (main's), sys.stdout, sys.stderr and
+# the stdout `take_stdout` keeps are `_Guarded` streams. A write or flush that fails (a full
+# disk, a closed descriptor, a reader that went away: ENOSPC, EBADF, EPIPE, EIO...) is recorded
+# once per stream and never raised, whichever thread wrote; what was pending is dropped (its
+# descriptor is pointed at /dev/null), so nothing fails again at exit. `account_output` turns a
+# success into `FAILED` once anything was lost; `settle_output` also says, in one line on stderr
+# (if stderr can still be written), which stream could not be written and why.
+
+CLOSED_AT_START = "it was closed when mpvisor started"
+
+
+class _Lost:
+    """What could not be written, by stream: the first reason for each."""
+
+    def __init__(self) -> None:
+        self.why: dict[str, str] = {}
+        self.held: set[int] = set()  # standard fds closed at start, now held open on /dev/null
+        self.streams: list[_Guarded] = []  # the guarded streams to flush at the end
+        self.lock = threading.Lock()
+
+    def note(self, label: str, why: str) -> None:
+        with self.lock:
+            self.why.setdefault(label, why)
+
+
+_LOST = _Lost()
+
+
+class _Guarded:
+    """A text stream whose write errors are recorded in `_LOST`, never raised. `inner` None: the
+    stream was closed at start (writing to it loses the text; writing nothing loses nothing)."""
+
+    def __init__(self, inner: IO[str] | None, label: str, fd: int) -> None:
+        self.inner = inner
+        self.label = label  # "stdout" or "stderr": where the text was meant to go
+        self.fd = fd
+        self.failed = inner is None
+
+    def write(self, text: str) -> int:
+        if self.inner is None:
+            if text:
+                _LOST.note(self.label, CLOSED_AT_START)
+        elif not self.failed:
+            try:
+                return self.inner.write(text)
+            except OSError as exc:
+                self.lose(exc)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.inner is not None and not self.failed:
+            try:
+                self.inner.flush()
+            except OSError as exc:
+                self.lose(exc)
+
+    def lose(self, exc: OSError) -> None:
+        """Record `exc` for this stream and drop what is pending (its fd now leads to /dev/null)."""
+        self.failed = True
+        _LOST.note(self.label, exc.strerror or str(exc))
+        if self.inner is None:
+            return
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self.inner.fileno())
+            finally:
+                os.close(null)
+            self.inner.flush()
+        except (OSError, ValueError):
+            pass
+
+    def fileno(self) -> int:
+        return self.inner.fileno() if self.inner is not None else self.fd
+
+    def isatty(self) -> bool:
+        return self.inner is not None and not self.failed and self.inner.isatty()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, errors, buffer...: the inner stream's
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            if name == "encoding":
+                return "utf-8"
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def __repr__(self) -> str:
+        return f"<guarded {self.label} failed={self.failed}>"
+
+
+def lose_output(stream: IO[str], exc: OSError) -> None:
+    """A write to `stream` that bypassed it (`os.write` on its fd) failed: record it likewise."""
+    if isinstance(stream, _Guarded):
+        stream.lose(exc)
+    else:
+        _LOST.note("stderr" if stream is sys.__stderr__ else "stdout", exc.strerror or str(exc))
+
+
+def _hold_closed(fds: tuple[int, ...]) -> None:
+    """Open /dev/null on each of `fds` that is closed, so that no file this process opens later
+    takes its number (and, inherited, becomes a child's stdout)."""
+    closed = []
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    if not closed:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in closed:
+        if fd != null:
+            os.dup2(null, fd)
+        os.set_inheritable(fd, True)
+        _LOST.held.add(fd)
+    if null not in closed:
+        os.close(null)
+
+
+@contextlib.contextmanager
+def guarded_output() -> Iterator[None]:
+    """While it lasts, sys.stdout and sys.stderr are guarded; standard fds closed at start are
+    held on /dev/null (a closed stdout is still recorded as lost when something is written)."""
+    _LOST.why.clear()
+    _LOST.streams.clear()
+    _LOST.held.clear()
+    _hold_closed((0, 1, 2))
+    saved = sys.stdout, sys.stderr
+    guards = [_Guarded(None if 1 in _LOST.held else sys.stdout, "stdout", 1),
+              _Guarded(None if 2 in _LOST.held else sys.stderr, "stderr", 2)]
+    _LOST.streams.extend(guards)
+    sys.stdout, sys.stderr = guards[0], guards[1]
+    try:
+        yield
+    finally:
+        for stream in list(_LOST.streams):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def account_output(status: int) -> int:
+    """`status`, or `FAILED` instead of a success once some output could not be written (every
+    guarded stream is flushed first, so that a failure still pending shows)."""
+    for stream in list(_LOST.streams):
+        stream.flush()
+    return FAILED if status == 0 and _LOST.why else status
+
+
+def settle_output(status: int) -> int:
+    """`account_output`, and one line on stderr for each other stream that could not be
+    written (none when stderr itself cannot be)."""
+    status = account_output(status)
+    if "stderr" not in _LOST.why:
+        for label, why in _LOST.why.items():
+            sys.stderr.write(f"mpvisor: cannot write to {label}: {why}\n")
+        sys.stderr.flush()
+    return status
+
+
+def take_stdout() -> IO[str]:
+    """Keep stdout for machine-readable output and send fd 1 to stderr, so that what the tasks
+    (and this process) print there goes to stderr; before the launcher starts, so every attempt
+    inherits that. The stream kept is guarded (`guarded_output`): a stdout that is full, closed
+    or gone is recorded, never raised; one closed at start is written to nowhere."""
+    try:
+        kept: IO[str] | None = None if 1 in _LOST.held else os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    except OSError:  # fd 1 is closed (outside `guarded_output`, which would hold it)
+        kept = None
+    machine = _Guarded(kept, "stdout", kept.fileno() if kept is not None else 1)
+    _LOST.streams.append(machine)
+    os.dup2(2, 1)
+    if isinstance(sys.stdout, _Guarded):  # fd 1 is stderr's now, and so is what is printed there
+        sys.stdout.label = "stderr"
+        if sys.stdout.inner is None and 2 not in _LOST.held:  # stdout was closed, stderr was not
+            sys.stdout.inner = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stdout.failed = False
+    return cast(IO[str], machine)
+
+
+def write_line(stream: IO[str], text: str) -> None:
+    """Write one line and flush it. On a guarded stream (`take_stdout`'s, and sys.stdout and
+    sys.stderr under `guarded_output`) a failure is recorded, and the run does not succeed."""
+    stream.write(f"{text}\n")
+    stream.flush()
