@@ -31,7 +31,7 @@ contender started after the heap exists, as a real user's would be:
 | mpvisor | as above; a new `Supervisor` each round, started after the heap is built (its launcher is a fresh interpreter, so the heap is not in it); its start and one warm-up attempt are not counted |
 | multiprocessing fork | as above: each `Process` is a `fork()` of this big process; `n // 4` attempts a round (min 20), it is that slow |
 | multiprocessing forkserver | as above, `n // 4` attempts: the forkserver left from the rounds above is stopped first, so the one measured is started from the big parent by its first `Process` (a fresh interpreter that imports this script, not the heap; its start and one warm-up pair are not counted); no `set_forkserver_preload` |
-| raw `os.fork()` + `os.wait()` | a reference, no goal: this big process forking itself, `n // 4` attempts |
+| raw `os.fork()` + `os.wait()` | a reference, no goal: this big process forking itself, one at a time, `n // 8` attempts (min 10; slower still) |
 
 The goals there: mpvisor >= 15x multiprocessing fork and >= 10x multiprocessing forkserver, each
 the median over the rounds of that round's ratio. `--quick` keeps the full heap (only fewer
@@ -211,7 +211,7 @@ def big_parent(gib: float, n: int, rounds: int, quick: bool) -> None:
         per_round[labels["mpvisor"]].append(mpvisor_attempts(n))
         per_round[labels["fork"]].append(mp_processes("fork", slow, warm=True))
         per_round[labels["forkserver"]].append(mp_processes("forkserver", slow, warm=True))
-        per_round[labels["raw"]].append(raw_fork(slow))
+        per_round[labels["raw"]].append(raw_fork(max(10, slow // 2)))
         print(f"  big-parent round {i + 1}/{rounds}: " + ", ".join(
             f"{key} {rates[-1]:.0f}/s" for key, rates in zip(labels, per_round.values(), strict=True)), flush=True)
     end = psutil.Process().memory_info().rss
@@ -220,7 +220,8 @@ def big_parent(gib: float, n: int, rounds: int, quick: bool) -> None:
           f"and the list), built in {took:.1f} s{' (--quick: the full heap, fewer rounds and attempts)' if quick else ''}")
     print(f"RSS of this process: {before / 2**30:.2f} GiB before the heap, {after / 2**30:.2f} GiB after it "
           f"(+{(after - before) / 2**30:.2f} GiB), {end / 2**30:.2f} GiB after the rounds")
-    print(f"{rounds} rounds; per contender per round: mpvisor {n} attempts, the others {slow} (median rate)")
+    print(f"{rounds} rounds; per round: mpvisor {n} attempts, multiprocessing {slow} each, raw fork {max(10, slow // 2)} "
+          f"(median rate; 'mpvisor is': median of the rounds' ratios)")
     mpv = per_round[labels["mpvisor"]]
     print(f"{'contender':38s} {'attempts/s':>11s} {'mpvisor is':>11s}")
     for label, rates in per_round.items():

@@ -18,7 +18,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `attempt_info()` | | returns pid, attempt, task_id, task_name |
 | `fresh_process_check(k)` | `Fatal` if a module global survived, else sets it | like `flaky(k)` |
 | `cpu_burn(seconds)` | pure-Python counting for `seconds` of CPU time | returns the count |
-| `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid |
+| `env_probe()` | | returns env, cwd, sys.path, stdin EOF, root handlers, oom_score_adj, threads, sid, pgid, its cgroups (`/proc/self/cgroup`) |
 | `read_stdin()` | reads stdin to its end | returns what it read (a str) |
 | `fencing_token()` | | returns `mpvisor.context().fencing_token` |
 | `ancestry()` | | returns the command line of each ancestor process, parent first (where the attempt runs: under a Ray worker, say) |
@@ -190,6 +190,7 @@ def env_probe(marker: str | None = None) -> dict[str, object]:
         "threads": threading.active_count(),
         "sid": os.getsid(0),
         "pgid": os.getpgid(0),
+        "cgroups": pathlib.Path("/proc/self/cgroup").read_text(),
     }
 
 

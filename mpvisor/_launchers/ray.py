@@ -682,7 +682,7 @@ class RayClient:
         remote.agent = agent
         launch = self.launch
         agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
-                           list(launch.preload), launch.start_timeout, tree)
+                           list(launch.preload), launch.start_timeout, tree, launch.isolation)
         for request in remote.waiting:
             _call(agent, remote.number, request)
         remote.waiting.clear()
@@ -901,7 +901,7 @@ class Agent:
 
     async def start(self, number: int, start0: bytes, start1: bytes, exec_python: bool, capture_output: bool,
                     environment: tuple[dict[str, str], str, list[str]], preload: list[str],
-                    start_timeout: float, tree: TreeLimits = NO_TREE_LIMITS) -> None:
+                    start_timeout: float, tree: TreeLimits = NO_TREE_LIMITS, isolation: str = "none") -> None:
         """Start attempt `number` (the parent reuses an agent only after its previous attempt's
         end, and only for an attempt in the same environment)."""
         from mpvisor._launchers.local.client import LauncherClient
@@ -913,7 +913,7 @@ class Agent:
         if self._client is None:
             loop = asyncio.get_running_loop()
             self._client = LauncherClient(loop, tuple(preload), self._on_death, start_timeout,
-                                          environment=_local_environment(*environment))
+                                          environment=_local_environment(*environment), isolation=isolation)
         client = self._client
         try:
             await client.ready()

@@ -144,6 +144,20 @@ async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any)
     assert outcome.value["path"][: len(ours)] == ours, outcome.value["path"]
 
 
+async def test_isolation_puts_each_attempt_in_a_cgroup_of_its_own_as_on_this_machine() -> None:
+    """`isolation="cgroup"` reaches the agent's launcher: the attempt on Ray is in a cgroup of
+    mpvisor's exactly when the same attempt from the local launcher is (this host allows it, or
+    neither is)."""
+    found = []
+    for launcher in (None, RayLauncher()):
+        async with supervised(SupervisorConfig(grace=1.0, isolation="cgroup", launcher=launcher)) as (handle, _):
+            _, waiter = await handle.add_and_watch(once("probe", basic.env_probe))
+            outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        found.append("/mpvisor-" in outcome.value["cgroups"])
+    assert found[1] == found[0], found
+
+
 async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires() -> None:
     """An attempt that ends leaves its agent idle for the next attempt asking the same resources:
     that one is a fresh process forked by the same local launcher; one asking other resources
