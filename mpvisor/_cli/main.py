@@ -31,7 +31,12 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mpvisor._cli.shell import UsageParser, guarded_output, settle_output
+from mpvisor._cli.shell import (
+    RawDescriptionHelpFormatter,
+    UsageParser,
+    guarded_output,
+    settle_output,
+)
 
 if TYPE_CHECKING:
     from mpvisor._model.spec import TaskSpec
@@ -108,7 +113,7 @@ def _texts(command: ModuleType) -> dict[str, Any]:
     if hasattr(command, "USAGE"):
         texts["usage"] = command.USAGE
     if hasattr(command, "EPILOG"):
-        texts.update(epilog=command.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        texts.update(epilog=command.EPILOG, formatter_class=RawDescriptionHelpFormatter)
     return texts
 
 

@@ -25,6 +25,34 @@ from typing import IO, Any, NoReturn, cast
 from mpvisor._cli.statuses import FAILED, USAGE_ERROR
 
 
+def _columns() -> int:
+    """The terminal's width as `shutil.get_terminal_size()` finds it (`$COLUMNS`, else the width
+    of stdout's terminal, else 80), without importing `shutil` (and the compression modules it
+    imports) into every command for it."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, as wide as the terminal (`_columns`)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's, for a description or epilog already laid out, as wide as the terminal."""
+
+
 class UsageParser(argparse.ArgumentParser):
     """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2.
 
@@ -35,6 +63,7 @@ class UsageParser(argparse.ArgumentParser):
     give one that starts with `-` (`--slot=-x`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-[\d.]")
 

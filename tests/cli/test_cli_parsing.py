@@ -307,3 +307,19 @@ def test_the_command_lines_policies_are_the_lease_stores() -> None:
     from mpvisor._cli import options
 
     assert tuple(store.POLICIES) == options.POLICIES
+
+
+@pytest.mark.parametrize("columns", [None, "", "abc", "0", "-5", "57", "200"])
+def test_help_is_as_wide_as_shutil_would_make_it(monkeypatch: pytest.MonkeyPatch, columns: str | None) -> None:
+    """The width `mpvisor --help` wraps at, found without importing shutil, is the one
+    `shutil.get_terminal_size()` gives, whatever `$COLUMNS` says (nothing, junk, 0, a width)."""
+    import shutil
+
+    from mpvisor._cli import shell
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert shell._columns() == shutil.get_terminal_size().columns
+    assert shell.HelpFormatter("mpvisor")._width == shutil.get_terminal_size().columns - 2
