@@ -46,7 +46,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +88,12 @@ def server_dir() -> str:
     path = os.environ.get(DIR_ENV)
     if not path:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
-        path = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
+        if runtime:
+            path = os.path.join(runtime, "mpvisor")
+        else:
+            import tempfile  # here only: with shutil and the compression modules, it costs every `--slot` run
+
+            path = os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
     problem = _platform.private_dir(path, "the slot server's directory")
     if problem is not None:
         raise LeaseError(problem)
