@@ -27,9 +27,6 @@ import os
 import sys
 import time
 
-import mpvisor
-from mpvisor import OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
-
 LIMIT = 200_000
 CHUNKS = [(lo, min(lo + 25_000, LIMIT)) for lo in range(0, LIMIT, 25_000)]
 
@@ -40,6 +37,11 @@ def count_primes(lo: int, hi: int) -> int:
 
 
 def with_mpvisor() -> int:
+    # Imported here too: mpvisor's task model (dataclasses and all) is the parent's business; a
+    # chunk's attempt, which imports this script to find `count_primes`, never needs it.
+    import mpvisor
+    from mpvisor import OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+
     specs = [TaskSpec.once(TaskFn(f"primes-{lo}", count_primes, (lo, hi))).with_timeout(60) for lo, hi in CHUNKS]
     outcomes = mpvisor.run(specs, SupervisorConfig(max_concurrent=os.cpu_count()))
     failed = {name: outcome.reason for name, outcome in outcomes.items() if outcome.kind is not OutcomeKind.COMPLETED}
