@@ -323,3 +323,18 @@ def test_help_is_as_wide_as_shutil_would_make_it(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("COLUMNS", columns)
     assert shell._columns() == shutil.get_terminal_size().columns
     assert shell.HelpFormatter("mpvisor")._width == shutil.get_terminal_size().columns - 2
+
+
+def test_a_slots_refusals_map_to_their_statuses_and_nothing_else_does() -> None:
+    """`statuses.refused`, which names rejection kinds by value (so that every command need not
+    import the task model): the three refusals of a slot are 3, 4 and 5; every other kind, and
+    no rejection at all, is None."""
+    from mpvisor import RejectionKind
+    from mpvisor._cli import statuses
+
+    assert {kind: statuses.refused(kind) for kind in RejectionKind if statuses.refused(kind) is not None} == {
+        RejectionKind.SLOT_BUSY: (3, "the slot is busy (--policy drop)"),
+        RejectionKind.QUEUE_FULL: (4, "the slot's queue is full"),
+        RejectionKind.SUPERSEDED_BY_REPLACE: (5, "superseded by a replacement while queued"),
+    }
+    assert statuses.refused(None) is None
