@@ -19,6 +19,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,6 +230,36 @@ def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, t
     second = subprocess.run([MPVISOR or "mpvisor", "slots", "serve", "--dir", str(slots)], env=env_for(slots),
                             capture_output=True, text=True, timeout=30)
     assert second.returncode == 3 and "another slot server already serves" in second.stderr, second
+
+
+def test_a_slot_server_that_cannot_start_says_why_at_once(slots: Any, tmp_path: Any) -> None:
+    """A directory where the server's socket goes: the server the run starts cannot serve and
+    says so in one line (in `server.log` beside the socket); the run then fails at once, well
+    within `START_WAIT`, with status 1 and that line, and no traceback anywhere."""
+    os.makedirs(slots / "slots.sock")
+    os.chmod(slots, 0o700)
+    began = time.monotonic()
+    status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "true"))
+    took = time.monotonic() - began
+    why = f"mpvisor slots serve: cannot serve at '{slots / 'slots.sock'}': Is a directory"
+    assert status == 1 and took < _leases.START_WAIT / 2, (status, took, err)
+    assert f"exited with status 1 before it answered: {why}" in err, err
+    assert "rejected reason='admission_failed'" in err and "Traceback" not in err, err
+    logged = (slots / "server.log").read_text().splitlines()  # once per start: acquire opens again what prepare could not
+    assert logged and set(logged) == {why}, logged
+    assert stat.S_IMODE(os.stat(slots / "server.log").st_mode) == 0o600
+
+
+def test_a_slot_directory_open_to_others_is_one_line_and_nothing_runs(slots: Any, tmp_path: Any) -> None:
+    """`MPVISOR_SLOTS_DIR` of mode 0755: refused in one line naming the directory and its mode,
+    status 1, no traceback, no server started."""
+    os.makedirs(slots)
+    os.chmod(slots, 0o755)
+    status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "touch", str(tmp_path / "ran")))
+    assert status == 1, err
+    assert f"the slot server's directory '{slots}' is open to others (mode 755); it must be 0700" in err, err
+    assert "Traceback" not in err and not (tmp_path / "ran").exists(), err
+    assert server_pids(slots) == []
 
 
 def _raw(slots: Any) -> socket.socket:

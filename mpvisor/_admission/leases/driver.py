@@ -16,6 +16,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -58,8 +59,14 @@ class LeaseDriver:
         return f"<LeaseDriver slot={self.slot!r} {self.policy.name} released={self._released}>"
 
     def prepare(self) -> None:
-        self._preparing = threading.Thread(target=self._open, name=f"mpvisor-lease-open-{self.slot}", daemon=True)
+        self._preparing = threading.Thread(target=self._open_ahead, name=f"mpvisor-lease-open-{self.slot}", daemon=True)
         self._preparing.start()
+
+    def _open_ahead(self) -> None:
+        """`prepare`'s thread. A store that cannot be opened is `acquire`'s to report: it opens the
+        request again and turns the error into one line and `admission_failed`, never a traceback."""
+        with contextlib.suppress(Exception):
+            self._open()
 
     def _open(self) -> LeaseRequest:
         """The request, opened once (by `prepare`'s thread, or else by `acquire`'s)."""

@@ -37,6 +37,12 @@ The server writes its leases to `leases.json` beside the socket; a server that s
 one died inherits them (held until their owner reclaims them, or its processes are gone), so a
 lease survives the server. Queues do not: a queued client whose server died submits again, and
 the queue's order becomes the order in which the clients reconnect, after every inherited owner.
+
+**A server that cannot start says why.** A client that starts one gives it `server.log` in the
+directory for its stderr (appended to, 0600: a server that starts normally writes nothing
+there). If that server fails before anyone answers (any status but 0, and 3: a server that
+found another one serving, when two clients started one at once), the client fails at once,
+with the log's last line; a server that never answers fails it after `START_WAIT` s, likewise.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ MAX_FRAME = 64 * 1024  # bytes: no request needs more; a larger frame is a proto
 SOCKET_NAME = "slots.sock"
 LOCK_NAME = "server.lock"
 STATE_NAME = "leases.json"
+LOG_NAME = "server.log"  # a started server's stderr: why it could not start, if it could not
+ANOTHER_SERVES = 3  # the exit status of a server that found another one serving its directory
 START_WAIT = 10.0  # seconds a client waits for a server it started to answer
 DIR_ENV = "MPVISOR_SLOTS_DIR"  # overrides where the server lives (tests; several independent sets)
 
@@ -162,7 +170,7 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
     directory = directory or server_dir()
     path = socket_path(directory)
     deadline = time.monotonic() + START_WAIT
-    started = False
+    started: subprocess.Popen[bytes] | None = None
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -172,11 +180,15 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
             sock.close()
             if not start:
                 raise NoServer(f"no slot server answers at {path!r}") from exc
-            if not started:
-                _start_server(directory)
-                started = True
+            if started is None:
+                started = _start_server(directory)
+            status = started.poll()  # 0 also when another process reaped it (ECHILD): wait on
+            if status not in (None, 0, ANOTHER_SERVES):
+                raise LeaseError(f"the slot server started for {path!r} exited with status {status} before it "
+                                 f"answered{_last_words(directory)}") from exc
             if time.monotonic() > deadline:
-                raise LeaseError(f"the slot server started for {path!r} did not answer within {START_WAIT} s") from exc
+                raise LeaseError(f"the slot server started for {path!r} did not answer within {START_WAIT} s"
+                                 f"{_last_words(directory)}") from exc
             time.sleep(0.005)  # waiting for a process this call started to bind: nothing to be notified by
         except OSError as exc:
             sock.close()
@@ -186,14 +198,33 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
 HELLO_TRIES = 5  # connections to a server that closes them at once, before giving up
 
 
-def _start_server(directory: str) -> None:
-    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal);
-    if another client started one at the same moment, one of them wins the lock, the other exits."""
-    subprocess.Popen(
-        [sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", directory],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
-    )
+def _start_server(directory: str) -> subprocess.Popen[bytes]:
+    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal), its
+    stderr appended to `LOG_NAME`; if another client started one at the same moment, one of them
+    wins the lock, the other exits with `ANOTHER_SERVES`."""
+    problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
+    if problem is not None:
+        raise LeaseError(problem)
+    log = os.open(os.path.join(directory, LOG_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", directory],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True, close_fds=True,
+        )
+    finally:
+        os.close(log)
+
+
+def _last_words(directory: str) -> str:
+    """`: <the last line of the server's log>`, or "" when it has none."""
+    try:
+        with open(os.path.join(directory, LOG_NAME), "rb") as log:
+            log.seek(max(os.fstat(log.fileno()).st_size - 4096, 0))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1]}" if lines else ""
 
 
 class LocalStore:

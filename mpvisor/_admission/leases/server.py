@@ -26,6 +26,7 @@ a new server inherits the leases whose processes still run (module docstring of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -421,17 +422,19 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
     except BlockingIOError:
         print(f"mpvisor slots serve: another slot server already serves {directory!r}", file=sys.stderr)
         os.close(lock)
-        return 3
+        return _leases.ANOTHER_SERVES
     path = _leases.socket_path(directory)
-    try:
-        os.unlink(path)  # a stale socket: we hold the lock, so no server answers at it
-    except FileNotFoundError:
-        pass
     server = SlotServer(directory, idle_exit)
     server.inherit()
     old_umask = os.umask(0o177)  # the socket is created 0600
     try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a stale socket: we hold the lock, so no server answers at it
         listener = await asyncio.start_unix_server(server.handle, path=path)
+    except OSError as exc:  # something else in the socket's place (a directory), a path too long...
+        print(f"mpvisor slots serve: cannot serve at {path!r}: {exc.strerror or exc}", file=sys.stderr)
+        os.close(lock)
+        return 1
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
