@@ -235,9 +235,11 @@ def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, t
 def test_a_slot_server_that_cannot_start_says_why_at_once(slots: Any, tmp_path: Any) -> None:
     """A directory where the server's socket goes: the server the run starts cannot serve and
     says so in one line (in `server.log` beside the socket); the run then fails at once, well
-    within `START_WAIT`, with status 1 and that line, and no traceback anywhere."""
+    within `START_WAIT`, with status 1 and that line, and no traceback anywhere. A log grown past
+    `LOG_MAX` is started over."""
     os.makedirs(slots / "slots.sock")
     os.chmod(slots, 0o700)
+    (slots / "server.log").write_text("an old line\n" * (_leases.LOG_MAX // 12 + 1))  # past LOG_MAX: started over
     began = time.monotonic()
     status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "true"))
     took = time.monotonic() - began

@@ -39,8 +39,8 @@ lease survives the server. Queues do not: a queued client whose server died subm
 the queue's order becomes the order in which the clients reconnect, after every inherited owner.
 
 **A server that cannot start says why.** A client that starts one gives it `server.log` in the
-directory for its stderr (appended to, 0600: a server that starts normally writes nothing
-there). If that server fails before anyone answers (any status but 0, and 3: a server that
+directory for its stderr (appended to, 0600, started over once past `LOG_MAX`: a server that
+starts normally writes nothing there). If that server fails before anyone answers (any status but 0, and 3: a server that
 found another one serving, when two clients started one at once), the client fails at once,
 with the log's last line; a server that never answers fails it after `START_WAIT` s, likewise.
 """
@@ -74,6 +74,7 @@ SOCKET_NAME = "slots.sock"
 LOCK_NAME = "server.lock"
 STATE_NAME = "leases.json"
 LOG_NAME = "server.log"  # a started server's stderr: why it could not start, if it could not
+LOG_MAX = 64 * 1024  # bytes: a log grown past it (servers that lost start races say so) starts over
 ANOTHER_SERVES = 3  # the exit status of a server that found another one serving its directory
 START_WAIT = 10.0  # seconds a client waits for a server it started to answer
 DIR_ENV = "MPVISOR_SLOTS_DIR"  # overrides where the server lives (tests; several independent sets)
@@ -205,7 +206,14 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
     problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
-    log = os.open(os.path.join(directory, LOG_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path = os.path.join(directory, LOG_NAME)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_size > LOG_MAX:
+            flags |= os.O_TRUNC
+    log = os.open(path, flags, 0o600)
+    with contextlib.suppress(OSError):
+        os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", directory],
