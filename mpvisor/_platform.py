@@ -14,6 +14,8 @@ pid, names one process for its whole life).
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
+| where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
+| a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
 """
 
 from __future__ import annotations
@@ -265,6 +267,17 @@ def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
         if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     return data, list(fds)
+
+
+def user_runtime_dir() -> str:
+    """Where this user's mpvisor keeps its sockets (the slot server's, the runs' control
+    sockets): `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`. Not created: `private_dir`."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "mpvisor")
+    import tempfile  # here only: with shutil and the compression modules, it would cost every command
+
+    return os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
 
 
 def private_dir(path: str, what: str) -> str | None:

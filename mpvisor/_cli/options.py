@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 DEFAULT_GRACE = 10.0
 
 
-# --- statuses and lines (pure) ----------------------------------------------------------------------
+# --- lines (pure) -----------------------------------------------------------------------------
 
 
 REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)

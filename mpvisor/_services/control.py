@@ -40,7 +40,6 @@ import os
 import socket
 import stat
 import struct
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -117,11 +116,7 @@ class ControlTarget(Protocol):
 def control_dir() -> str:
     """`$MPVISOR_CONTROL_DIR`, else `$XDG_RUNTIME_DIR/mpvisor/runs`, else `<tmp>/mpvisor-<uid>/runs`:
     created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV)
-    if not path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        base = os.path.join(runtime, "mpvisor") if runtime else os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
-        path = os.path.join(base, "runs")
+    path = os.environ.get(DIR_ENV) or os.path.join(_platform.user_runtime_dir(), "runs")
     problem = _platform.private_dir(path, "the control directory")
     if problem is not None:
         raise ControlError(problem)

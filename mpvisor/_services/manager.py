@@ -20,13 +20,13 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 | ended | `ended` | a reload, or `mpvisor start`, may start it again |
 
 Readiness counts once per instance: a dependency that restarts later does not stop its
-dependents (as systemd's `Wants=`).
+dependents (as systemd's `Wants=`). Shutdown stops dependents before what they depend on
+(`Runtime.stop_order`), each group with its own grace window.
 
 It is one orchestrating module, longer than the others, on purpose: every decision in it is
 taken by the pure `graph` and `settings`, the I/O by `probes`, `notify`, `logfiles` and
 `control`; what is left is the one place that owns a service's state (`Service`) and applies
-those decisions to it in order, under one lock, which splitting would spread across modules. Shutdown stops dependents before what they depend on
-(`Runtime.stop_order`), each group with its own grace window.
+those decisions to it in order, under one lock, which splitting would spread across modules.
 """
 
 from __future__ import annotations

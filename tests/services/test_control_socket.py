@@ -532,3 +532,25 @@ def test_the_table_is_aligned_and_uptimes_read_as_durations() -> None:
                     "restarts": 0, "last": "line one\nline two"}])
     assert lines[1] == "a-long-name  running  1    yes    1s      0         line one line two"
     assert lines[0].index("STATE") == lines[1].index("running")
+
+
+@pytest.mark.parametrize("xdg", [True, False])
+def test_the_slot_server_and_the_runs_share_one_private_runtime_directory(tmp_path: pathlib.Path, xdg: bool) -> None:
+    """Without `$MPVISOR_SLOTS_DIR` and `$MPVISOR_CONTROL_DIR`: the slot server lives in
+    `$XDG_RUNTIME_DIR/mpvisor` (else `$TMPDIR/mpvisor-<uid>`) and the control sockets in its
+    `runs`, each made 0700 on first use."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPVISOR_SLOTS_DIR", "MPVISOR_CONTROL_DIR", "XDG_RUNTIME_DIR")}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[2])  # this checkout's mpvisor
+    (tmp_path / "tmp").mkdir()
+    if xdg:
+        env["XDG_RUNTIME_DIR"] = str(tmp_path / "run")
+        (tmp_path / "run").mkdir(mode=0o700)
+    code = ("from mpvisor._admission.leases.local import server_dir\n"
+            "from mpvisor._services.control import control_dir\n"
+            "print(server_dir()); print(control_dir())")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    base = tmp_path / "run" / "mpvisor" if xdg else tmp_path / "tmp" / f"mpvisor-{os.getuid()}"
+    assert done.stdout.splitlines() == [str(base), str(base / "runs")]
+    assert [oct(os.stat(p).st_mode & 0o777) for p in (base, base / "runs")] == ["0o700", "0o700"]

@@ -94,15 +94,7 @@ class NoAnswer(LeaseError):
 def server_dir() -> str:
     """`$MPVISOR_SLOTS_DIR`, else `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`:
     created 0700 if missing; refused if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV)
-    if not path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        if runtime:
-            path = os.path.join(runtime, "mpvisor")
-        else:
-            import tempfile  # here only: with shutil and the compression modules, it costs every `--slot` run
-
-            path = os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
+    path = os.environ.get(DIR_ENV) or _platform.user_runtime_dir()
     problem = _platform.private_dir(path, "the slot server's directory")
     if problem is not None:
         raise LeaseError(problem)
