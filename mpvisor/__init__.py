@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import sys as _sys
 import types as _types
-from typing import TYPE_CHECKING, Any
 
 from mpvisor._attempt.context import TaskContext, context
 from mpvisor._model.errors import (
@@ -34,8 +33,12 @@ from mpvisor._model.errors import (
     TaskAlreadyExists,
     TaskTerminationTimeout,
 )
+from mpvisor._version import __version__ as __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
+    from typing import Any
+
     from mpvisor._admission.config import ControllerConfig
     from mpvisor._admission.slots import AdmissionPolicy, SlotStatus, SlotView
     from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
@@ -63,7 +66,6 @@ if TYPE_CHECKING:
     from mpvisor._runtime.config import SupervisorConfig
     from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
-from mpvisor._version import __version__ as __version__
 
 _LAZY = {
     "BackoffPolicy": "._model.backoff",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # CPython's C module behind `signal` (no stubs)
 import array
-import ctypes
 import os
 import resource
 import socket
@@ -52,6 +51,8 @@ def _prctl(option: int, arg: int) -> None:
     The launcher prepares it, so each attempt it forks makes two cheap calls; an unprepared
     ctypes call converts every argument afresh, which runs a lot of cold code in a new fork."""
     global _prctl_fn
+    import ctypes  # here: the processes that call it (the launcher, its attempts) import it; a parent does not
+
     if _prctl_fn is None:
         fn = ctypes.CDLL(None, use_errno=True).prctl
         fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

@@ -18,15 +18,17 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # asyncio is imported only by attempts that run an `async def` target
-    import asyncio
 
 from mpvisor._model.errors import Canceled
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
+if TYPE_CHECKING:
+    import asyncio  # at run time only by attempts that run an `async def` target
+    from collections.abc import Callable, Iterator
+    from types import FrameType
+    from typing import Any
+
 
 _SIGTERM = {signal.SIGTERM}
 PROGRESS_INTERVAL = 0.05  # seconds between two progress frames (the last one is always sent)

@@ -20,7 +20,10 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def cli() -> NoReturn:

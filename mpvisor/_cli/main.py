@@ -29,7 +29,6 @@ import os
 import signal
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpvisor._cli.shell import (
     RawDescriptionHelpFormatter,
@@ -38,14 +37,25 @@ from mpvisor._cli.shell import (
     settle_output,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
+    from typing import Any
+
     from mpvisor._model.spec import TaskSpec
 
 
-class Command(NamedTuple):
-    name: str  # "slots serve": `serve` under `slots`
-    module: str  # imported when the command runs
-    help: str  # its line in `mpvisor --help`
+class Command:
+    """A row of the command table (a plain class: `typing.NamedTuple` would import typing)."""
+
+    __slots__ = ("help", "module", "name")
+
+    def __init__(self, name: str, module: str, help: str) -> None:
+        self.name = name  # "slots serve": `serve` under `slots`
+        self.module = module  # imported when the command runs
+        self.help = help  # its line in `mpvisor --help`
+
+    def __repr__(self) -> str:
+        return f"Command({self.name!r}, {self.module!r}, {self.help!r})"
 
 
 COMMANDS: tuple[Command, ...] = (

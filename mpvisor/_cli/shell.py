@@ -19,10 +19,13 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
-from typing import IO, Any, NoReturn, cast
 
 from mpvisor._cli.statuses import FAILED, USAGE_ERROR
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import IO, Any, NoReturn
 
 
 def _columns() -> int:
@@ -269,7 +272,7 @@ def take_stdout() -> IO[str]:
         if sys.stdout.inner is None and 2 not in _LOST.held:  # stdout was closed, stderr was not
             sys.stdout.inner = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
             sys.stdout.failed = False
-    return cast(IO[str], machine)
+    return machine  # type: ignore[return-value]  # a text stream in everything a writer uses
 
 
 def write_line(stream: IO[str], text: str) -> None:

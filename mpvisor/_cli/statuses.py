@@ -9,7 +9,7 @@ shell sees 128 + N).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 
 if TYPE_CHECKING:  # imported by every command, `--version` too: the model only where it is used
     from mpvisor._model.outcome import RejectionKind, TaskOutcome

@@ -16,7 +16,9 @@ whose constructor takes fields rather than a message says how in `__reduce__`.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class MpvisorError(Exception):
