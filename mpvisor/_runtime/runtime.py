@@ -266,6 +266,10 @@ class Runtime:
     def acquire_permit(self) -> Any:
         return self.permits.acquire() if self.permits is not None else None
 
+    def permit_free(self) -> bool:
+        """Whether a permit is free now: `Semaphore.acquire` then takes it without suspending."""
+        return self.permits is None or not self.permits.locked()
+
     def release_permit(self) -> None:
         if self.permits is not None:
             self.permits.release()

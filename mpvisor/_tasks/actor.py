@@ -90,7 +90,8 @@ class ActorHost(Protocol):
     @property
     def seed(self) -> int | None: ...  # each task's jitter is seeded from it and the task name
     def publish(self, kind: EventKind, **fields: Any) -> object: ...
-    def acquire_permit(self) -> Any: ...
+    def acquire_permit(self) -> Any: ...  # None: no limit; else an awaitable that takes a permit
+    def permit_free(self) -> bool: ...  # awaiting `acquire_permit()` now would not wait
     def release_permit(self) -> None: ...
     def start_attempt(self, spec: ResolvedSpec, id: int, attempt: int, observer: AttemptObserver) -> AttemptProcess: ...
     def attempt_started(self, actor: TaskActor, pid: int) -> None: ...  # after ATTEMPT_STARTING
@@ -220,7 +221,10 @@ class TaskActor:
         acquire = self.host.acquire_permit()
         if acquire is None:
             return True
-        return await self._first(acquire, release_on_loss=True)
+        if self.host.permit_free():  # taken without suspending, so no stop can come first
+            await acquire
+            return True
+        return await self._first(acquire, release_on_loss=True)  # (two tasks: only when it has to wait)
 
     async def _sleep(self, delay: float) -> bool:
         """Sleep `delay` unless a stop comes first; True when the sleep completed."""
