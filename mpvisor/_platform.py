@@ -51,14 +51,16 @@ def _prctl(option: int, arg: int) -> None:
     The launcher prepares it, so each attempt it forks makes two cheap calls; an unprepared
     ctypes call converts every argument afresh, which runs a lot of cold code in a new fork."""
     global _prctl_fn
-    import ctypes  # here: the processes that call it (the launcher, its attempts) import it; a parent does not
-
     if _prctl_fn is None:
+        import ctypes  # here, not at the top: a parent, which never calls this, does not import it
+
         fn = ctypes.CDLL(None, use_errno=True).prctl
         fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
         fn.restype = ctypes.c_int
         _prctl_fn = fn
     if _prctl_fn(option, arg, 0, 0, 0) != 0:
+        import ctypes
+
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}): {os.strerror(err)}")
 

@@ -325,7 +325,7 @@ def test_a_file_run_and_a_library_supervisor_keep_stdin_on_dev_null(tmp_path):
     assert library.stdout.strip() == "True", library.stderr
 
 
-HEAVY = ("asyncio", "dataclasses", "shutil", "typing", "mpvisor._model.spec", "mpvisor._api.session",
+HEAVY = ("asyncio", "ctypes", "dataclasses", "shutil", "typing", "mpvisor._model.spec", "mpvisor._api.session",
          "mpvisor._runtime.runtime", "mpvisor._admission.config")
 
 
@@ -335,13 +335,16 @@ HEAVY = ("asyncio", "dataclasses", "shutil", "typing", "mpvisor._model.spec", "m
     (["check", "tasks.toml"], ["dataclasses", "mpvisor._model.spec", "typing"]),
     (["run", "--help"], ["asyncio", "dataclasses", "mpvisor._api.session", "mpvisor._model.spec", "mpvisor._runtime.runtime",
                          "typing"]),
+    (["run", "--", "true"], ["asyncio", "dataclasses", "mpvisor._api.session", "mpvisor._model.spec",
+                             "mpvisor._runtime.runtime", "typing"]),
 ])
 def test_a_command_imports_only_what_it_runs(tmp_path, argv, expected):
     """The command table imports a command's module only when it runs: `--version` and `--help`
     import no task model and not `typing` (nor `shutil`, which argparse imports for the terminal's width), `check`
     no asyncio and no runtime, and `run` (whose `--help` builds its parser without starting a
-    run) no slot machinery when it has no `--slot`. What the interpreter's start-up imported
-    (a .pth file's imports) does not count."""
+    run) no slot machinery when it has no `--slot`; a run's parent imports no `ctypes` (only the
+    launcher and the attempts call `prctl`). What the interpreter's start-up imported (a .pth
+    file's imports) does not count."""
     (tmp_path / "tasks.toml").write_text('[task.a]\ncommand = ["true"]\n')
     code = ("import sys\nbefore = set(sys.modules)\nfrom mpvisor._cli.main import main\n"
             f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
