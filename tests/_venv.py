@@ -54,14 +54,24 @@ import psutil  # type: ignore[import-untyped]
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEP_TIMEOUT = 180.0  # seconds for one venv or pip command (a build normally takes ~10 s)
 BUILD_REQUIREMENTS = ("setuptools>=68", "wheel")  # the [build-system] requirements of every package here
-# pip 22.3 and later install into another interpreter's environment (`pip --python`): a venv made
-# without its own pip (ensurepip takes about 4 s of the 10 s two venvs cost) and installed into
-# by this one. Older pips: each venv gets its own, as before.
-_HOST_PIP_SERVES_VENVS = tuple(int("0" + "".join(c for c in part if c.isdigit()))
-                              for part in importlib.metadata.version("pip").split(".")[:2]) >= (22, 3)
 # Variables that would make a venv's interpreter find modules some other way than a user's would.
 _DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
             "PYTHONEXECUTABLE", "PYTHONINSPECT", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__")
+
+
+def _pip_version() -> tuple[int, ...]:
+    """This interpreter's pip as (major, minor); (0,) if pip has no metadata to read."""
+    try:
+        text = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    return tuple(int("0" + "".join(c for c in part if c.isdigit())) for part in text.split(".")[:2])
+
+
+# pip 22.3 and later install into another interpreter's environment (`pip --python`): a venv made
+# without its own pip (ensurepip takes about 4 s of the 10 s two venvs cost) and installed into
+# by this one. Older pips: each venv gets its own, as before.
+_HOST_PIP_SERVES_VENVS = _pip_version() >= (22, 3)
 
 USER_MODULE = '''\
 """A user's task module: plain targets, and a report of the interpreter that runs them."""
