@@ -441,6 +441,44 @@ def test_a_withdraw_that_crosses_its_grant_frees_the_slot(slots: Any, tmp_path: 
     quitter.close()
 
 
+def test_the_state_file_lists_each_owner_with_its_processes_and_never_a_queued_request(slots: Any,
+                                                                                       tmp_path: Any) -> None:
+    """What a server that dies leaves for the next one (`leases.json`): after every change, the
+    owners and the processes each registered; a request that waits in the queue is not in it
+    until it is granted, and a slot given back is gone from it."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    state = slots / _leases.STATE_NAME
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        theirs = [child.pid, _platform.start_time(child.pid)]
+        first, second = _raw(slots), _raw(slots)
+        hello = _leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+        first.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "f", "policy": "queue", "name": "a", "pids": [me]}))
+        assert [r["t"] for r in _replies(first)] == ["granted"]
+        first.sendall(_leases.encode({"t": "pids", "req": 1, "pids": [theirs]}) + _leases.encode({"t": "snapshot"}))
+        assert _replies(first)[-1]["t"] == "snapshot"  # handled in order: the pids are in by now
+        held = [(e["slot"], e["name"], e["pids"]) for e in json.loads(state.read_text())]
+        assert held == [("f", "a", [me, theirs])], held
+        second.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "f", "policy": "queue", "name": "b", "pids": [me]}))
+        assert [r["t"] for r in _replies(second)] == ["queued"]
+        assert [e["name"] for e in json.loads(state.read_text())] == ["a"]
+        first.sendall(_leases.encode({"t": "release", "req": 1}))
+        assert [r["t"] for r in _replies(second)] == ["granted"]  # sent before the file is written:
+        second.sendall(_leases.encode({"t": "snapshot"}))  # once this is answered, the release is handled
+        assert _replies(second)[-1]["t"] == "snapshot"
+        held = [(e["slot"], e["name"], e["pids"]) for e in json.loads(state.read_text())]
+        assert held == [("f", "b", [me])], held
+        second.sendall(_leases.encode({"t": "release", "req": 1}) + _leases.encode({"t": "snapshot"}))
+        assert _replies(second)[-1]["slots"] == []
+        assert json.loads(state.read_text()) == []
+        first.close()
+        second.close()
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
 def test_an_owner_that_reclaims_its_lease_after_a_replacement_came_is_told_to_retire(slots: Any,
                                                                                      tmp_path: Any) -> None:
     """An owner whose connection went away keeps its lease while its processes run; a

@@ -215,14 +215,13 @@ class SlotServer:
                     self._watch(request, [Pid(*p) for p in message["pids"]])
             case "release":
                 request = client.requests.get(message["req"])
-                if request is not None and owner_of(self.table.phase(request.slot)) == request.id:
+                if request is not None and self._owns(request):
                     self._cleanup(request)
             case "withdraw":
                 request = client.requests.pop(message["req"], None)
                 if request is not None and self.table.purge(request.id) is not None:
-                    self._forget(request)
-                    self._save()
-                elif request is not None and owner_of(self.table.phase(request.slot)) == request.id:
+                    self._forget(request)  # queued: not in the state file
+                elif request is not None and self._owns(request):
                     # Granted while the withdraw was on its way: the client gave up without
                     # learning it owned the slot, so nothing ran under it. Left alone, this
                     # lease would belong to no request of the client and never be freed.
@@ -279,12 +278,13 @@ class SlotServer:
             request.client = None  # an owner: held until its processes are gone
             if request.id in self.by_id and not request.pids:
                 self._cleanup(request)
-        client.requests.clear()
-        self._save()
+        client.requests.clear()  # the state file names no connection: what changed in it is saved above
 
     # --- the table's effects -----------------------------------------------------------------------
 
-    def _apply(self, effects: list[Any]) -> None:
+    def _apply(self, effects: list[Any]) -> bool:
+        """Carry out the table's effects; whether a grant saved the state file."""
+        saved = False
         for effect in effects:
             match effect:
                 case Admit(item):
@@ -293,6 +293,7 @@ class SlotServer:
                     if item.client is not None:
                         item.client.send({"t": "granted", "req": item.req})
                     self._save()
+                    saved = True
                 case Reject(item, kind):
                     self._forget(item)
                     if item.client is not None:
@@ -305,14 +306,15 @@ class SlotServer:
                 case Transition():
                     pass
         self.maybe_idle()
+        return saved
 
     def _cleanup(self, request: Request) -> None:
         """The owner's tree is gone: the slot goes to the next in line."""
         self._forget(request)
         if request.client is not None:
             request.client.requests.pop(request.req, None)
-        self._apply(self.table.owner_cleaned_up(request.slot, request.id, time.monotonic()))
-        self._save()
+        if not self._apply(self.table.owner_cleaned_up(request.slot, request.id, time.monotonic())):
+            self._save()  # the slot went idle (a grant to the next in line saved it already)
 
     def _forget(self, request: Request) -> None:
         self.by_id.pop(request.id, None)
@@ -326,7 +328,9 @@ class SlotServer:
 
     def _watch(self, request: Request, pids: list[Pid]) -> None:
         """Hold a pidfd on each process (checked against its start time); an owner whose
-        connection is gone is cleaned up when the last one exits."""
+        connection is gone is cleaned up when the last one exits. The state file changes only
+        when an owner's processes do (a queued request is not in it: it is saved once granted)."""
+        known = len(request.pids)
         for pid in pids:
             if pid in request.pids:
                 continue
@@ -339,7 +343,8 @@ class SlotServer:
                 continue
             request.pids[pid] = fd
             self.loop.add_reader(fd, self._on_exit, request, pid)
-        self._save()
+        if len(request.pids) != known and self._owns(request):
+            self._save()
 
     def _on_exit(self, request: Request, pid: Pid) -> None:
         fd = request.pids.pop(pid, -1)
@@ -348,8 +353,12 @@ class SlotServer:
             os.close(fd)
         if request.client is None and not request.pids and request.id in self.by_id:
             self._cleanup(request)
-        else:
+        elif self._owns(request):
             self._save()
+
+    def _owns(self, request: Request) -> bool:
+        """Whether `request` holds its slot's lease (what the state file lists)."""
+        return owner_of(self.table.phase(request.slot)) == request.id
 
     # --- views, state, idling ------------------------------------------------------------------------
 
