@@ -19,8 +19,9 @@ protocol and the client are `local.py`.
 | nothing held, queued or connected for `idle_exit` s | exits (removing its socket) |
 
 Only one server runs per directory: it holds `server.lock` (`flock`) for its life, and only the
-holder may remove a stale socket and bind. It writes its leases to `leases.json` at every change;
-a new server inherits the leases whose processes still run (module docstring of `local.py`).
+holder may remove a stale socket and bind. It writes its leases to `leases.json` whenever an owner
+or an owner's processes change (a queued request is not in it); a new server inherits the
+leases whose processes still run (module docstring of `local.py`).
 """
 
 from __future__ import annotations
