@@ -17,6 +17,7 @@ loop is over; this module never frees a name.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ _ATTEMPT_EVENTS = {
 
 
 _SCRATCH_RNG = random.Random(0)
-_SHARED_RNG = random.Random()  # an unseeded supervisor's tasks draw their jitter from one generator
+_SHARED_RNG = random.Random()  # an unseeded supervisor's tasks draw their jitter from one generator,
+os.register_at_fork(after_in_child=_SHARED_RNG.seed)  # reseeded in a fork (as `random`'s own is), so
+# that programs forked from one parent do not retry in step
 
 
 @dataclass

@@ -7,6 +7,10 @@ marker files and the process table.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -37,6 +41,8 @@ from tests._support import (
     supervised,
 )
 from workers import basic, coop, runtime_probes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -303,6 +309,20 @@ def test_a_seed_makes_jitter_repeatable() -> None:
     assert len(first) == 3
     assert first == second
     assert other != first
+
+
+@pytest.mark.timeout(60)
+def test_without_a_seed_programs_forked_from_one_parent_draw_different_jitter() -> None:
+    """Two programs forked from one parent that imported the runtime (a fork pool's workers)
+    each run a failing task with full jitter and no seed: their delays differ, so their retries
+    do not fall in step (the tasks' shared generator is reseeded in each fork)."""
+    script = os.path.join(ROOT, "workers", "scripts", "forked_jitter.py")
+    done = subprocess.run([sys.executable, script], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
+    assert len(first) == len(second) == 3, done.stdout
+    assert first != second, done.stdout
 
 
 async def test_restart_intensity_ends_a_crash_loop_whatever_the_retry_budget():
