@@ -209,6 +209,14 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def name_of(pid: int) -> str:
+    """`pid`'s command name (`comm`), or "gone"."""
+    try:
+        return read_small_file(f"/proc/{pid}/comm").decode(errors="replace").strip()
+    except OSError:
+        return "gone"
+
+
 def children(pid: int, reads: int) -> set[int]:
     """`pid`'s children, by its `children` file (a single-threaded process's). While a killed tree
     dies, its orphans keep re-parenting to us, so read again, at most `reads` times, until a read

@@ -179,6 +179,38 @@ def stubborn_tree(record_path: str, marker: str | None = None) -> NoReturn:
         _sleep_forever()
 
 
+# --- heavy_chain: a tree that takes a while to die --------------------------------------------
+
+
+def heavy_chain(record_path: str, levels: int, mib: int, marker: str | None = None) -> NoReturn:
+    """A chain of `levels` descendants, each in a session of its own and the child of the one
+    before, each holding `mib` MiB it has written; record them, then behave like `stubborn`. A
+    SIGKILLed process frees its memory before its children re-parent, so whoever kills the tree
+    reaches each level only once the level above has freed its memory: it dies one level at a time."""
+    with context().shield():
+        mark(marker, "started")
+        read_fd, write_fd = os.pipe()
+        depth = 0
+        while depth < levels and os.fork() == 0:  # the child goes one level deeper; its parent stays
+            os.setsid()
+            depth += 1
+        if depth == 0:  # the attempt
+            os.close(write_fd)
+            with os.fdopen(read_fd, "rb") as reports:
+                pids = [int(line) for line in reports.read().split()]
+            _record(record_path, {f"chain-{n}": pid for n, pid in enumerate(pids, 1)})
+            _sleep_forever()
+        try:  # a level of the chain: never returns into the caller's code
+            os.close(read_fd)
+            ballast = b"\x01" * (mib << 20)  # written, so its own pages: freed only as it exits
+            os.write(write_fd, f"{os.getpid()}\n".encode())
+            os.close(write_fd)
+            while ballast:
+                time.sleep(3600)
+        finally:
+            os._exit(0)
+
+
 # --- leftovers, output and results ------------------------------------------------------------
 
 

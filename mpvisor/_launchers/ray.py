@@ -23,10 +23,10 @@ way as actor calls (`signal`, `kill`), which Ray delivers in order.
 the attempt's processes go: the report waits `lost_fence` seconds more, so that the slot's next
 owner, or the retry, never overlaps a tree that is still being torn down. Why that is enough: the
 agent's guardian dies with the agent (parent-death signal), and then its fork server kills and
-reaps every tree within `forkserver.STOP_DEADLINE` (1.5 s); a node that Ray declared dead has
-stopped its workers, or is cut off and kills them when it learns it. The default fence (5 s)
-covers the first with room to spare; a cluster whose nodes may be partitioned for longer than
-Ray's own failure detection should raise it.
+reaps every tree, in milliseconds unless a process is slow to die, and `forkserver.STOP_LIMIT`
+(4 s) at most; a node that Ray declared dead has stopped its workers, or is cut off and kills
+them when it learns it. The default fence (5 s) covers the first; a cluster whose nodes may be
+partitioned for longer than Ray's own failure detection should raise it.
 
 The attempt's environment travels as on this machine: the supervisor's environ (with the
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the

@@ -718,6 +718,37 @@ async def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees
         assert later.value == "later" and launcher_pid(handle) != launcher
 
 
+@pytest.mark.timeout(60)
+async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_sessions_is_gone(tmp_path):
+    """A tree that can only die one level at a time (eight levels, each in a session of its own
+    and the child of the one before, each holding 256 MiB it frees before its child re-parents
+    to the launcher) when the guardian is SIGKILLed: the launcher kills each level as it appears,
+    and the attempt ends ("launcher died") only once every level is gone, as a slot's next owner
+    or a retry relies on. Meanwhile the launcher sleeps until the next death instead of spinning
+    (it used to take a whole CPU for the time a tree took to die)."""
+    records = tmp_path / "chain.jsonl"
+    async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("chain", misbehave.heavy_chain, str(records), 8, 256))
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        tree = await async_wait_for(lambda: read_records(records), timeout=30.0)
+        assert len(tree) == 8, tree
+        launcher_pid_now, guardian = handle._rt.launcher.pids()
+        launcher = psutil.Process(launcher_pid_now)
+        cpu_before, began = sum(launcher.cpu_times()[:2]), time.monotonic()
+        os.kill(guardian, signal.SIGKILL)
+        cpu_used = 0.0
+        while not waiter.done():  # the launcher's CPU while it kills the tree, until it exits
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if launcher.status() != psutil.STATUS_ZOMBIE:
+                    cpu_used = sum(launcher.cpu_times()[:2]) - cpu_before
+            await asyncio.sleep(0.01)
+        stopping = time.monotonic() - began
+        outcome = await waiter.wait()
+        assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome
+        assert all_gone(tree), f"reported while alive: {still_there(tree)}"
+        assert cpu_used < 0.3 * stopping, f"the launcher used {cpu_used:.2f} s of CPU in the {stopping:.2f} s it took"
+
+
 # --- preload ------------------------------------------------------------------------
 
 

@@ -70,7 +70,8 @@ _TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, sig
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-STOP_DEADLINE = 1.5  # seconds the launcher spends killing trees when its parent goes
+STOP_DEADLINE = 1.5  # seconds, when its parent goes, that the launcher waits for its next child to die
+STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
 
 class _Attempt:
@@ -497,20 +498,31 @@ class Launcher:
         """The parent is gone (or asked): kill every tree, reap it all, exit.
 
         Nothing is reported any more: an attempt ended here ended because the launcher went away,
-        which the parent learns from the control socket's EOF ("launcher died")."""
+        which the parent learns from the control socket's EOF ("launcher died"), so only once
+        this is done. Every process left is killed, and its orphans as they re-parent here, until
+        `waitid` says no child is left: a child that exits after this process would leave its own
+        children to init. A tree that dies slowly (a loaded machine, a big process freeing its
+        memory) is waited for as long as each look finds it changed within `STOP_DEADLINE`, up to
+        `STOP_LIMIT` in all; what is alive then (killed, but not dying) is named on stderr."""
         self.poll.unregister(self.ctl.fileno())
+        self.poll.unregister(self.ready_r)  # what is ready no longer matters: only a SIGCHLD wakes the poll
         for attempt in self.attempts.values():
             if attempt.status is None:
                 _killpg(attempt.pid)
-        deadline = time.monotonic() + STOP_DEADLINE
-        while time.monotonic() < deadline:
-            self._reap()
+        began = changed = time.monotonic()
+        seen: set[int] = set()
+        while _has_children():
+            self._on_wake()  # drains the signals' pipe (so that the poll below sleeps until the next SIGCHLD), reaps
             pids = self._children()
-            if not pids:
-                break
             for pid in pids:
                 if pid not in self.attempts:
                     _kill_checked(pid, self.adopted.get(pid))
+            now = time.monotonic()
+            if pids != seen:
+                seen, changed = pids, now
+            if now - changed > STOP_DEADLINE or now - began > STOP_LIMIT:
+                _say_left(pids, now - began)
+                break
             self.poll.poll(0.05)
         os._exit(0)
 
@@ -760,6 +772,25 @@ def _waitpid(pid: int) -> None:
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:
+        pass
+
+
+def _has_children() -> bool:
+    """Whether any child is left (running, or exited and not yet reaped): `waitid` knows."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _say_left(pids: set[int], waited: float) -> None:
+    """One line on stderr: processes still alive when the launcher gives up waiting for them."""
+    with_names = ", ".join(f"{pid} ({_platform.name_of(pid)})" for pid in sorted(pids)) or "none it could list"
+    try:
+        os.write(2, f"mpvisor launcher: exiting with processes still alive after {waited:.1f} s of killing them: "
+                    f"{with_names}\n".encode(errors="replace"))
+    except OSError:
         pass
 
 
