@@ -732,8 +732,8 @@ async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_
         await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
         tree = await async_wait_for(lambda: read_records(records), timeout=30.0)
         assert len(tree) == 8, tree
-        launcher_pid_now, guardian = handle._rt.launcher.pids()
-        launcher = psutil.Process(launcher_pid_now)
+        launcher = psutil.Process(launcher_pid(handle))
+        guardian = launcher.ppid()
         cpu_before, began = sum(launcher.cpu_times()[:2]), time.monotonic()
         os.kill(guardian, signal.SIGKILL)
         cpu_used = 0.0

@@ -311,7 +311,6 @@ def test_a_seed_makes_jitter_repeatable() -> None:
     assert other != first
 
 
-@pytest.mark.timeout(60)
 def test_without_a_seed_programs_forked_from_one_parent_draw_different_jitter() -> None:
     """Two programs forked from one parent that imported the runtime (a fork pool's workers)
     each run a failing task with full jitter and no seed: their delays differ, so their retries
