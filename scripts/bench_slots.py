@@ -47,8 +47,10 @@ from mpvisor._admission.leases.postgres import PostgresStore  # noqa: E402
 from mpvisor._admission.leases.store import pid_of  # noqa: E402
 from mpvisor._admission.leases.stores import is_store_url  # noqa: E402
 
-MPVISOR = os.path.join(os.path.dirname(sys.executable), "mpvisor")  # this interpreter's (a venv's), as
-if not os.access(MPVISOR, os.X_OK):  # bench_startup.py runs it: not another install found first on PATH
+# The mpvisor beside this interpreter (a venv's), as bench_startup.py runs it, not another install
+# that happens to come first on PATH.
+MPVISOR = os.path.join(os.path.dirname(sys.executable), "mpvisor")
+if not os.access(MPVISOR, os.X_OK):
     MPVISOR = shutil.which("mpvisor") or ""
 SETTLE = 0.1  # seconds between the second owner's "waiting" and the first owner's end
 SLOTS_ENV = "MPVISOR_SLOTS"  # `mpvisor run --slots`'s default: unset, so the per-host runs stay per-host

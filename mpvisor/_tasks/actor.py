@@ -41,9 +41,10 @@ _ATTEMPT_EVENTS = {
 
 
 _SCRATCH_RNG = random.Random(0)
-_SHARED_RNG = random.Random()  # an unseeded supervisor's tasks draw their jitter from one generator,
-os.register_at_fork(after_in_child=_SHARED_RNG.seed)  # reseeded in a fork (as `random`'s own is), so
-# that programs forked from one parent do not retry in step
+# An unseeded supervisor's tasks draw their jitter from one generator, reseeded in a forked child
+# (as `random`'s own is), so that programs forked from one parent do not retry in step.
+_SHARED_RNG = random.Random()
+os.register_at_fork(after_in_child=_SHARED_RNG.seed)
 
 
 @dataclass
