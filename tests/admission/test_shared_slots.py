@@ -506,6 +506,34 @@ def test_an_owner_that_reclaims_its_lease_after_a_replacement_came_is_told_to_re
         sock.close()
 
 
+def test_a_lease_reclaimed_in_a_slot_nobody_holds_is_granted_with_its_start_time_and_processes(
+        slots: Any, tmp_path: Any) -> None:
+    """A client whose server died reclaims its lease from the next server, which knows nothing of
+    it: the slot is its again at once, and the state file names it with the time it first got
+    the lease and the processes it registered; a release frees the slot and the file."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    state = slots / _leases.STATE_NAME
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    hello = _leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+    back = _raw(slots)
+    try:
+        back.sendall(hello + _leases.encode({"t": "reclaim", "req": 3, "slot": "k", "name": "o", "since": 1234.5,
+                                             "pids": [me]}) + _leases.encode({"t": "snapshot"}))
+        (snapshot,) = _replies(back)
+        assert [(v["slot"], v["owner"]["name"]) for v in snapshot["slots"]] == [("k", "o")], snapshot
+        assert json.loads(state.read_text()) == [{"slot": "k", "name": "o", "since": 1234.5, "pids": [me]}]
+        newcomer = _raw(slots)
+        newcomer.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "k", "policy": "drop", "name": "n",
+                                                 "pids": [me]}))
+        assert [r["t"] for r in _replies(newcomer)] == ["rejected"]  # the reclaimed lease holds the slot
+        newcomer.close()
+        back.sendall(_leases.encode({"t": "release", "req": 3}) + _leases.encode({"t": "snapshot"}))
+        assert _replies(back)[-1]["slots"] == []
+        assert json.loads(state.read_text()) == []
+    finally:
+        back.close()
+
+
 def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: Any, tmp_path: Any) -> None:
     """A `hello` with another version: an `error` naming both versions, then the disconnect."""
     assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0

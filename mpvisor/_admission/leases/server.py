@@ -265,9 +265,8 @@ class SlotServer:
             request = self._new_request(message["slot"], AdmissionPolicy.QUEUE, message["name"], client, message["req"])
             request.holder_pid = client.pid
             client.requests[request.req] = request
-            self._grant_inherited(request, pids)
             request.since = float(message["since"])
-            self._save()
+            self._grant_inherited(request, pids)  # saves the state file: its processes, or its end
             return
         client.send({"t": "error", "message": f"cannot reclaim slot {message['slot']!r}: another owner holds it"})
 
