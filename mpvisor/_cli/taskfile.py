@@ -43,7 +43,7 @@ tasks that have one); `every` makes a task periodic, so it cannot go with `resta
 
 The keys of services (`after` ... `log_compress`) have no command-line form: they become the
 task's `ServiceSettings` (`_services/settings.py`). An `after` name that is no task of the file,
-and a cycle of `after` (reported once, at the cycle's first task in file order), are errors at
+and each cycle of `after` (reported once, at the cycle's first task in file order), are errors at
 that task's `after`. A table gives `log`, or `stdout`/`stderr`, not both; a task that gives any
 of the three replaces all of the `[defaults]` paths (`stdout` alone: its stderr stays on the
 run's). A `log_*` key in a task's own table needs a path for that task; in `[defaults]` it
@@ -621,7 +621,8 @@ def _log_conflict(table: dict[str, Any], where: str, errors: _Errors) -> None:
 
 def _after_errors(tables: list[tuple[str, dict[str, Any]]], known: list[str]) -> dict[str, list[str]]:
     """By task, what is wrong with its `after` in the file: each name that is no task of the
-    file (with the closest one), and the first cycle, once, at its first task in file order."""
+    file (with the closest one), and each cycle `_graph.cycles` finds, once, at its first task in
+    file order."""
     after: dict[str, tuple[str, ...]] = {}
     found: dict[str, list[str]] = {}
     for name, table in tables:
@@ -634,9 +635,9 @@ def _after_errors(tables: list[tuple[str, dict[str, Any]]], known: list[str]) ->
                 close = difflib.get_close_matches(dep, [k for k in known if k != name], n=1, cutoff=0.6)
                 hint = f" (did you mean {json.dumps(close[0], ensure_ascii=False)}?)" if close else ""
                 found.setdefault(name, []).append(f"unknown task {json.dumps(dep, ensure_ascii=False)}{hint}")
-    path = _graph.cycle(after)
-    if path is not None:
-        ring, order = path[:-1], {name: i for i, (name, _) in enumerate(tables)}
+    order = {name: i for i, (name, _) in enumerate(tables)}
+    for path in _graph.cycles(after):
+        ring = path[:-1]
         first = min(range(len(ring)), key=lambda i: order[ring[i]])
         ring = ring[first:] + ring[:first]
         found.setdefault(ring[0], []).append("a cycle: " + " -> ".join([*ring, ring[0]]))

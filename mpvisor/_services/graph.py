@@ -6,6 +6,7 @@ no clock: the manager (`manager.py`) asks, then acts.
 | question | function | answer |
 |---|---|---|
 | is the graph acyclic? | `cycle(after)` | one cycle as a path `[a, b, a]`, or None |
+| which cycles should a file's check report? | `cycles(after)` | each cycle that shares no service with one found before it |
 | which waiting services may start now? | `startable(after, waiting, ready)` | those whose every dependency is ready, in file order |
 | which waiting services can never start? | `blocked(after, waiting, ended)` | each with the dependency that ended, also through others |
 | in which order do they stop? | `stop_levels(after, names)` | groups: every dependent before what it depends on |
@@ -42,6 +43,20 @@ def cycle(after: Graph) -> list[str] | None:
                 path.append(step)
                 stack.append(iter(after.get(step, ())))
     return None
+
+
+def cycles(after: Graph) -> list[list[str]]:
+    """Cycles of `after`, each as `cycle` gives it: the first one found, then, with its services
+    taken out of the graph, the next, until none is left. So every service on a cycle is either
+    on one of them or on a cycle that shares a service with one of them (which breaking that one
+    may or may not break): two separate cycles are both found, a knot of cycles once."""
+    found: list[list[str]] = []
+    left = after
+    while (path := cycle(left)) is not None:
+        found.append(path)
+        gone = set(path)
+        left = {name: [dep for dep in deps if dep not in gone] for name, deps in left.items() if name not in gone}
+    return found
 
 
 def startable(after: Graph, waiting: Sequence[str], ready: Collection[str]) -> list[str]:

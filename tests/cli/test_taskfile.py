@@ -676,6 +676,11 @@ def test_after_is_a_tasks_own_key():
     ("[task.a]\ncommand = ['x']\nafter = ['b']\ntimeout = 0\n[task.b]\ncommand = ['x']\nafter = ['a']\n",
      ["task \"a\".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got '0'",
       'task "a".after: a cycle: a -> b -> a']),
+    # cycles that share no task are each said, in the order they are found; a task after itself too
+    ("[task.a]\ncommand = ['x']\nafter = ['b']\n[task.b]\ncommand = ['x']\nafter = ['a']\n"
+     "[task.d]\ncommand = ['x']\nafter = ['d']\n[task.x]\ncommand = ['x']\nafter = ['y']\n"
+     "[task.y]\ncommand = ['x']\nafter = ['x']\n",
+     ['task "a".after: a cycle: a -> b -> a', 'task "d".after: a cycle: d -> d', 'task "x".after: a cycle: x -> y -> x']),
 ])
 def test_a_cycle_of_after_is_one_error_at_its_first_task(text, expected):
     assert errors(text) == expected

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mpvisor._services.graph import Changes, blocked, cycle, diff, startable, stop_levels
+from mpvisor._services.graph import Changes, blocked, cycle, cycles, diff, startable, stop_levels
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +25,40 @@ pytestmark = pytest.mark.unit
 def test_a_cycle_is_found_as_a_path_that_ends_where_it_starts(after, found):
     """The first cycle in the graph's order, or None."""
     assert cycle(after) == found
+
+
+@pytest.mark.parametrize(
+    "after, found",
+    [
+        ({}, []),
+        ({"a": [], "b": ["a"]}, []),
+        ({"a": ["b"], "b": ["a"], "d": ["d"]}, [["a", "b", "a"], ["d", "d"]]),
+        ({"a": ["b"], "b": ["a"], "x": ["y"], "y": ["x"]}, [["a", "b", "a"], ["x", "y", "x"]]),
+        # a knot: two cycles through b; once a and b are out, c's is gone too
+        ({"a": ["b"], "b": ["a", "c"], "c": ["b"]}, [["a", "b", "a"]]),
+        # a cycle reached through another: found after it, not lost behind it
+        ({"a": ["a", "b"], "b": ["c"], "c": ["b"]}, [["a", "a"], ["b", "c", "b"]]),
+    ],
+)
+def test_cycles_that_share_no_service_are_each_found(after, found):
+    assert cycles(after) == found
+
+
+def test_every_service_on_a_cycle_is_on_a_found_one_or_shares_a_service_with_one():
+    """Over every graph of four services: `cycles` finds a cycle exactly when `cycle` does, the
+    ones it finds are real and disjoint, and no cycle is left among the services not on them."""
+    names = "abcd"
+    edges = [(a, b) for a in names for b in names]
+    for mask in range(0, 2 ** len(edges), 97):  # a spread of the 65,536 graphs
+        after = {n: [b for i, (a, b) in enumerate(edges) if a == n and mask >> i & 1] for n in names}
+        found = cycles(after)
+        assert bool(found) == (cycle(after) is not None)
+        on = [n for path in found for n in path[:-1]]
+        assert len(on) == len(set(on)), found
+        for path in found:
+            assert all(b in after[a] for a, b in itertools.pairwise(path)), (after, path)
+        rest = {n: [b for b in deps if b not in on] for n, deps in after.items() if n not in on}
+        assert cycle(rest) is None, (after, found)
 
 
 def test_only_services_whose_every_dependency_is_ready_may_start_in_order():
