@@ -327,7 +327,8 @@ def run_file(args: argparse.Namespace) -> int:
     missing = [t.name for t in tasks if t.name not in results]
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
-    ordered = [results[t.name] for t in tasks if t.name in results]
+    # the file's tasks in its order, then those a reload added, as they ended
+    ordered = [results[name] for name in dict.fromkeys([*(t.name for t in tasks), *results]) if name in results]
     status = worst_status(ordered, first)
     if missing and first is None:
         status = max(status, 1)  # a task that did not run is no success

@@ -397,6 +397,10 @@ def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken
     assert run.status()["keep"]["pid"] == keep
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
+    # the summary counts every task whose outcome was said: those of the file it started with and
+    # the one a reload added (a changed task once, by its last instance)
+    assert "gone: canceled" in err and "new: canceled" in err, err
+    assert "services.toml: 4 tasks: 4 canceled; exit status 143" in err, err
 
 
 def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_shutdown(run: Run, tmp_path: pathlib.Path) -> None:
