@@ -63,6 +63,13 @@ READY_POLL = 0.2  # seconds between two readiness probes
 PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
 
 
+def _counts_as_ready(service: Service) -> bool:
+    """Whether what comes after `service` may start: its instance was ready once (and may have
+    completed since), and it was not stopped from another shell (what waits for a stopped
+    service waits until `mpvisor start` starts it and it is ready again)."""
+    return service.was_ready and not service.stopped
+
+
 class Service:
     """One task of the file as the run keeps it: its definition and where its instance is."""
 
@@ -241,7 +248,7 @@ class ServiceRun:
             if service.last != f"not started: {why}":
                 service.last = f"not started: {why}"
                 self._not_started(service.task, service.last)
-        ready = {n for n, s in self.services.items() if s.was_ready}
+        ready = {n for n, s in self.services.items() if _counts_as_ready(s)}
         start = graph.startable(after, [n for n in waiting if self.services[n].state == "waiting"], ready)
         await self._launch([self.services[n] for n in start])
         self._maybe_ready()
@@ -531,7 +538,7 @@ class ServiceRun:
         for other in self.services.values():  # what its end had blocked may start once it is ready
             if other.state == "not started" or other is service:
                 other.state = "waiting"
-        missing = [d for d in service.settings.after if d in self.services and not self.services[d].was_ready]
+        missing = [d for d in service.settings.after if d in self.services and not _counts_as_ready(self.services[d])]
         try:
             await self._advance()
         except (ShuttingDown, ControllerClosed):

@@ -354,6 +354,49 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
     assert status == -signal.SIGTERM, err
 
 
+def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: Run) -> None:
+    """`mpvisor start` or `restart` of a task whose dependency was stopped from another shell does
+    not start it: it waits until the dependency is started and ready again (a stopped service is
+    not one that was ready and ended)."""
+    run.write("""
+        [defaults]
+        restart = "always"
+
+        [task.a]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        ready = "notify"
+
+        [task.b]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        after = ["a"]
+
+        [task.other]
+        target = "workers.services:serve"  # keeps the run going while a and b are stopped
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["b"]["state"] == "running" and rows["a"]["ready"])
+    for which in ("a", "b"):
+        assert run.ctl("stop", which).returncode == 0
+    started = run.ctl("start", "b")
+    assert started.returncode == 0 and started.stdout.strip() == "b: waiting for a", (started.stdout, started.stderr)
+    rows = run.status()
+    assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
+    restarted = run.ctl("restart", "b")
+    assert restarted.returncode == 0, restarted.stderr
+    rows = run.status()
+    assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
+    assert run.ctl("start", "a").returncode == 0
+    run.wait_status(lambda rows: rows["b"]["pid"] is not None)
+    starts_of_b = [at for word, task, _, _, at in run.markers() if (word, task) == ("started", "b")]
+    readies_of_a = [at for word, task, _, _, at in run.markers() if (word, task) == ("ready", "a")]
+    assert len(starts_of_b) == 2 and len(readies_of_a) == 2, run.markers()
+    assert starts_of_b[1] > readies_of_a[1]  # b's second instance started once a's second was ready
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
 def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken_file(run: Run) -> None:
     """`mpvisor reload` and SIGHUP: an unchanged task keeps its pid, a changed one gets a new
     pid, a new one starts, a removed one stops; a file with an error, or one that would need slots
