@@ -5,6 +5,7 @@
 | `hold(log, label, seconds)` | appends `start <label> <time>` to `log`, sleeps `seconds`, appends `end <label> <time>` | returns `label` |
 | `self_referential()` | | returns a list that contains itself (no msgpack value: the attempt is `FATAL`, with a long reason) |
 | `long_failure(length)` | | `Fail` with a reason of `length` characters |
+| `uncaught(how)` | | raises, uncaught: `"own"` an exception class of this module, `"noted"` a `ValueError` with a note, `"group"` an `ExceptionGroup`, `"multiline"` a message of two lines, `"bare"` an own exception without a message, `"verdict_from"` a `Fatal` raised from a `ValueError` (a verdict: no traceback printed) |
 
 Each line of `log` is one `os.write` on an `O_APPEND` fd (`_marker.append_line`): lines of
 concurrent attempts never interleave.
@@ -14,7 +15,13 @@ from __future__ import annotations
 
 import time
 
+from mpvisor._model.errors import Fatal
+
 from ._marker import append_line, mark
+
+
+class OwnError(Exception):
+    """An exception class outside builtins: Python's traceback names it with its module."""
 
 
 def hold(log: str, label: str, seconds: float, marker: str | None = None) -> str:
@@ -37,3 +44,24 @@ def long_failure(length: int, marker: str | None = None) -> None:
 
     mark(marker, "started")
     raise Fail("x" * (length - 4) + " end")
+
+
+def uncaught(how: str) -> None:
+    if how == "own":
+        raise OwnError("own message")
+    if how == "noted":
+        error = ValueError("with a note")
+        error.add_note("the note")
+        raise error
+    if how == "group":
+        raise ExceptionGroup("several", [ValueError("one"), KeyError("two")])
+    if how == "multiline":
+        raise RuntimeError("first line\nsecond line")
+    if how == "bare":
+        raise OwnError
+    if how == "verdict_from":
+        try:
+            int("x")
+        except ValueError as exc:
+            raise Fatal(f"config broken: {type(exc).__name__}: {exc}") from exc
+    raise AssertionError(how)

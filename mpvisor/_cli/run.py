@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import sys
 from typing import IO, TYPE_CHECKING, Any
@@ -279,14 +280,37 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
 
 
 def _uncaught(outcome: TaskOutcome) -> bool:
-    """A failure from an exception the target did not catch: its reason ends with the
-    traceback's last line (`Type: message`). A `Fail` or `Fatal` is the target's own verdict,
-    its reason the message meant for people, and prints none (as `sys.exit("message")`)."""
+    """A failure from an exception the target (or its import) did not catch: its reason is
+    `Type: message` (after `cannot import target ...: ` for an import) of the traceback's final
+    exception. A `Fail` or `Fatal` is the target's own verdict, its reason the message meant for
+    people, and prints none (as `sys.exit("message")`)."""
     if not outcome.traceback or outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.FATAL):
         return False
-    last = outcome.traceback.rstrip().rpartition("\n")[2]
-    reason = (outcome.reason or "").rstrip().removesuffix(":")  # `Type: ` for an exception without a message
-    return bool(last) and reason.endswith(last)
+    name = _final_exception_type(outcome.traceback)
+    reason = (outcome.reason or "").partition("\n")[0]
+    return name is not None and re.search(rf"(?:^|: ){re.escape(name)}(?::|$)", reason) is not None
+
+
+def _final_exception_type(traceback: str) -> str | None:
+    """The type name (without its module) of the exception a formatted traceback ends with: the
+    first line at the margin after the last `Traceback` header's frames (inside the box of an
+    exception group's header, one level in). Notes and further lines of the message follow it."""
+    lines = traceback.rstrip().splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith(("Traceback (most recent call last):", _GROUP_HEADER))]
+    first = headers[-1] if headers else -1
+    boxed = first >= 0 and lines[first].startswith(_GROUP_HEADER)
+    for line in lines[first + 1:]:
+        if boxed:
+            if not line.startswith("  | "):
+                continue
+            line = line[4:]
+        if line and not line[0].isspace():
+            head = line.partition(": ")[0].rstrip(":")
+            return head.rpartition(".")[2] if re.fullmatch(r"[\w.]+", head) else None
+    return None
+
+
+_GROUP_HEADER = "  + Exception Group Traceback (most recent call last):"
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

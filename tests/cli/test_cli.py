@@ -294,6 +294,34 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
     assert verdict.returncode == 3 and "Traceback" not in verdict.stderr, verdict.stderr
     unimportable = mpvisor(tmp_path, "run", "workers.no_such_module:fn")
     assert "Traceback (most recent call last):" in unimportable.stderr and "ModuleNotFoundError" in unimportable.stderr
+    (tmp_path / "broken_syntax.py").write_text("def f(:\n    pass\n")
+    broken = mpvisor(tmp_path, "run", "broken_syntax:f")
+    assert "SyntaxError" in broken.stderr and "def f(:" in broken.stderr, broken.stderr
+
+
+@pytest.mark.parametrize("how, last", [
+    ("own", "workers.cli_probes.OwnError: own message"),  # Python names a class outside builtins with its module
+    ("bare", "workers.cli_probes.OwnError"),
+    ("noted", "the note"),
+    ("group", "    +------------------------------------"),
+    ("multiline", "second line"),
+])
+def test_every_uncaught_exception_prints_its_traceback_as_python_would(tmp_path, how, last):
+    """Whatever the exception's type, notes, group or message: the traceback, ending as
+    Python's own ends, then the outcome line."""
+    done = mpvisor(tmp_path, "run", "workers.cli_probes:uncaught", how)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].endswith("Traceback (most recent call last):"), lines
+    assert lines[-2:] == [last, outcome_line(done.stderr)], lines
+
+
+def test_a_verdict_raised_from_another_exception_prints_no_traceback(tmp_path):
+    """`raise Fatal(f"...: {exc}") from exc` is the target's verdict, though its reason names the
+    exception it came from: only the outcome line."""
+    done = mpvisor(tmp_path, "run", "workers.cli_probes:uncaught", "verdict_from")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [outcome_line(done.stderr)]
 
 
 # --- stdin --------------------------------------------------------------------------------------------
