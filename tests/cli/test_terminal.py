@@ -90,6 +90,21 @@ def test_ctrl_z_stops_both_fg_resumes_both_and_ctrl_c_ends_the_run_by_sigint(she
     wait_for(lambda: not processes("41.25"), timeout=10)
 
 
+def test_ctrl_c_stops_a_script_that_runs_mpvisor_as_it_stops_one_that_runs_the_bare_command(shell: Shell) -> None:
+    """A script in the foreground runs `mpvisor run` (the command then the terminal's foreground
+    group): Ctrl-C ends the script there, without running its next line, and it dies by SIGINT
+    (130), as with the bare command, whose Ctrl-C reaches the script's bash too."""
+    for run in ("sleep 44.25", "mpvisor run -- sleep 44.25"):
+        shell.type(f"bash -c '{run}; echo AFTER-$((6*7))'\n")
+        wait_for(lambda: any(p.info["status"] == psutil.STATUS_SLEEPING and p.info["cmdline"][0] == "sleep"
+                             for p in processes("44.25")), timeout=30)
+        shell.press("\x03")
+        out = shell.until("MPV-PROMPT> ")
+        assert "AFTER-42" not in out, (run, out)
+        assert shell.run("echo status=$?").strip().endswith("status=130"), run
+        wait_for(lambda: not processes("44.25"), timeout=10)
+
+
 def test_bg_resumes_both_in_the_background_and_fg_brings_the_command_back(shell: Shell) -> None:
     """After Ctrl-Z, `bg`: both run, the prompt stays; `fg`: the command is the foreground job
     again (Ctrl-C reaches it, and the run ends by SIGINT)."""

@@ -10,7 +10,7 @@ is the terminal's foreground, else a background one.
 |---|---|---|
 | spawn | the client (`client.py`) | stdin is this session's terminal: the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
 | the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
-| Ctrl-C | the terminal | SIGINT to the attempt's group only, as for the bare command; once the attempt has died by it, `ended` sends this process SIGINT too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT |
+| Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
 | Ctrl-Z, or a read from the background | the launcher (`stopped`) | `stopped`: the terminal back to this process's group, and this process stops by the same signal, so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
 | `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background |
@@ -124,11 +124,18 @@ class Terminal:
         terminal comes back; a death by SIGINT (Ctrl-C) interrupts this process too."""
         if key != self.key:
             return
-        if self.pgid is not None and _holds(self.fd, self.pgid):  # it held the terminal: it comes back
+        held = self.pgid is not None and _holds(self.fd, self.pgid)
+        if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
         self.key = self.pgid = None
         if self._on_cont:
             self.loop.remove_signal_handler(signal.SIGCONT)
             self._on_cont = False
         if (how, value) == ("signal", signal.SIGINT):
-            os.kill(os.getpid(), signal.SIGINT)
+            # A Ctrl-C in the foreground went to the attempt's group alone: it goes on to this
+            # process's group too, the job the shell made, as it would have with the bare command
+            # (a script that runs `mpvisor run` is in that job, and stops only if it gets SIGINT).
+            if held:
+                os.killpg(os.getpgrp(), signal.SIGINT)
+            else:
+                os.kill(os.getpid(), signal.SIGINT)
