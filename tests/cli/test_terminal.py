@@ -106,8 +106,9 @@ def test_ctrl_c_stops_a_script_that_runs_mpvisor_as_it_stops_one_that_runs_the_b
 
 
 def test_bg_resumes_both_in_the_background_and_fg_brings_the_command_back(shell: Shell) -> None:
-    """After Ctrl-Z, `bg`: both run, the prompt stays; `fg`: the command is the foreground job
-    again (Ctrl-C reaches it, and the run ends by SIGINT)."""
+    """After Ctrl-Z, `bg`: both run, the prompt stays; `fg` (which gives the terminal to a running
+    job without a signal): the command is the foreground job again (Ctrl-C reaches it, and the
+    run ends by SIGINT)."""
     shell.type("mpvisor run -- sleep 42.25\n")
     wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=30)
     shell.press("\x1a")
@@ -119,8 +120,11 @@ def test_bg_resumes_both_in_the_background_and_fg_brings_the_command_back(shell:
     shell.type("fg\n")
     shell.until("sleep 42.25")  # bash names the job it brings back
     wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=10)
+    (command,) = [p for p in processes("42.25") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)  # `fg` sends no SIGCONT
     shell.press("\x03")
-    shell.until("MPV-PROMPT> ")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out  # the command's Ctrl-C, not a cancel of mpvisor
     assert shell.run("echo status=$?").strip().endswith("status=130")
     wait_for(lambda: not processes("42.25"), timeout=10)
 

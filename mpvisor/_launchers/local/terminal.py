@@ -13,7 +13,7 @@ is the terminal's foreground, else a background one.
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
 | Ctrl-Z, or a read from the background | the launcher (`stopped`) | `stopped`: the terminal back to this process's group, and this process stops by the same signal, so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
-| `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background |
+| `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background; then a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the attempt ends | the client | `ended`: the terminal back to this process's group |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
@@ -30,6 +30,8 @@ import signal
 import threading
 
 from mpvisor._launchers.local import control
+
+FG_POLL = 0.1  # seconds between two looks for a `fg` that brought a backgrounded run back
 
 
 def foreground(fd: int) -> bool:
@@ -77,6 +79,7 @@ class Terminal:
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
         self._on_cont = False  # a SIGCONT handler is installed
+        self._fg_timer: asyncio.TimerHandle | None = None  # looking for a `fg` after a `bg`
 
     def __repr__(self) -> str:
         return f"<Terminal fd={self.fd} key={self.key} pgid={self.pgid}>"
@@ -114,10 +117,32 @@ class Terminal:
             return
         if foreground(self.fd):
             _give(self.fd, self.pgid)
+        else:
+            self._watch_foreground()
         try:
             os.killpg(self.pgid, signal.SIGCONT)
         except ProcessLookupError:
             pass  # it has ended meanwhile: the launcher reports that
+
+    def _watch_foreground(self) -> None:
+        """Continued in the background (`bg`): a later `fg` of a running job only gives this
+        process's group the terminal, with no signal to say so; so, while the attempt is a job
+        of the terminal and this group is not the foreground, look every FG_POLL seconds, and
+        hand the terminal on to the attempt's group once it is (a Ctrl-C typed within that
+        moment reaches this process, as an interruption)."""
+        if self._fg_timer is not None:
+            return
+
+        def look() -> None:
+            self._fg_timer = None
+            if self.pgid is None:
+                return
+            if foreground(self.fd):
+                _give(self.fd, self.pgid)
+            else:
+                self._fg_timer = self.loop.call_later(FG_POLL, look)
+
+        self._fg_timer = self.loop.call_later(FG_POLL, look)
 
     def ended(self, key: int, how: str | None, value: int | None) -> None:
         """The attempt is over (`how`/`value`: its status, None if the launcher died): the
@@ -128,6 +153,9 @@ class Terminal:
         if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
         self.key = self.pgid = None
+        if self._fg_timer is not None:
+            self._fg_timer.cancel()
+            self._fg_timer = None
         if self._on_cont:
             self.loop.remove_signal_handler(signal.SIGCONT)
             self._on_cont = False
