@@ -85,6 +85,7 @@ class Runtime:
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
+        self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()  # set when shutdown begins: a wait for the launcher ends
@@ -298,8 +299,12 @@ class Runtime:
         return self._shutdown is not None
 
     def kill_all_now(self, why: str) -> None:
-        """End the grace window at once (a second SIGINT in `run` mode)."""
+        """End every grace window at once (a second SIGINT in `run` mode): every task is
+        stopped by the shutdown, those of stop levels not reached yet too, and its tree killed,
+        so each ends `FORCE_ABORTED` (or as it was ending), never as a failed attempt to retry."""
         for actor in list(self.registry.by_id.values()):
+            if self.registry.claim(actor, by_shutdown=True):
+                self._claimed.append(actor)
             actor.kill_now(why)
 
     async def _run_shutdown(self) -> None:
@@ -310,17 +315,19 @@ class Runtime:
         if self.controller is not None:
             self.controller.reject_pending()
         grace = self.config.grace
-        claimed: list[TaskActor] = []
+        claimed = self._claimed
+        reached: list[TaskActor] = []  # the tasks of the levels whose stop has begun
         for level in self._stop_levels():  # each level its own grace window (a service run's order)
             claimed += [a for a in level if self.registry.claim(a, by_shutdown=True)]
+            reached += level
             cleaned = [self.registry.cleaned[a.id] for a in level if a.id in self.registry.cleaned]
-            deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
+            deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace, reached)
             try:
                 if cleaned:
                     await asyncio.wait(cleaned)
             finally:
                 deadline.cancel()
-        deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace)
+        deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace, None)
         try:
             await self.registry.empty.wait()
         finally:
@@ -348,9 +355,13 @@ class Runtime:
         levels = [[by_name[n] for n in names if n in by_name] for names in self.stop_order(list(by_name))]
         return [level for level in levels if level]
 
-    def _kill_leftovers(self, grace: float) -> None:
-        """A task whose stop was already decided but whose process lingers past the grace."""
-        self.kill_all_now(f"still running after the shutdown grace window of {grace} s")
+    def _kill_leftovers(self, grace: float, reached: list[TaskActor] | None) -> None:
+        """Past the grace window: kill the trees of the tasks whose stop was decided and whose
+        processes linger, those of the levels `reached` so far (None: every task left); a task
+        of a later level is not asked to stop yet, and keeps running."""
+        why = f"still running after the shutdown grace window of {grace} s"
+        for actor in list(self.registry.by_id.values()) if reached is None else reached:
+            actor.kill_now(why)
 
 
 def _checked_spec(spec: object) -> TaskSpec:

@@ -397,6 +397,42 @@ def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: R
     assert status == -signal.SIGTERM, err
 
 
+@pytest.mark.parametrize("second_sigint", [False, True])
+def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one(run: Run, second_sigint: bool) -> None:
+    """Two services that ignore SIGTERM, web after db: a Ctrl-C stops web first (db keeps
+    running, not asked yet), kills web's tree past the grace window, then does the same to db;
+    a second Ctrl-C kills both trees at once, db's too though its turn had not come. Either
+    way each ends `FORCE_ABORTED`: db's killed attempt is never a failure with a retry."""
+    log = run.directory / "terms.log"
+    stubborn = "trap 'echo \"$0 term\" >> terms.log' TERM; while :; do sleep 0.05; done"
+    run.write(f"""
+        [defaults]
+        restart = "always"
+        grace = 1
+
+        [task.db]
+        command = ["sh", "-c", {json.dumps(stubborn)}, "db"]
+
+        [task.web]
+        command = ["sh", "-c", {json.dumps(stubborn)}, "web"]
+        after = ["db"]
+    """)
+    run.start()
+    run.wait_status(lambda rows: all(row["pid"] for row in rows.values()))
+    assert run.proc is not None
+    run.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: log.exists() and "web term" in log.read_text(), timeout=20)
+    if second_sigint:
+        run.proc.send_signal(signal.SIGINT)
+    _, err = run.proc.communicate(timeout=40)
+    assert run.proc.returncode == -signal.SIGINT, err
+    assert "db: force_aborted" in err and "web: force_aborted" in err, err
+    assert "failed" not in err and "next attempt" not in err, err
+    assert "2 tasks: 2 force_aborted" in err, err
+    terms = log.read_text().splitlines()
+    assert terms[0] == "web term", terms  # dependents first
+
+
 def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken_file(run: Run) -> None:
     """`mpvisor reload` and SIGHUP: an unchanged task keeps its pid, a changed one gets a new
     pid, a new one starts, a removed one stops; a file with an error, or one that would need slots
