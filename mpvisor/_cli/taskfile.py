@@ -592,7 +592,25 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
         task = _task(name, table, file, errors)
         if task is not None:
             tasks.append(task)
+    _shared_log_files(tasks, errors)
     return TaskFile(tuple(tasks), grace, tuple(errors.found), max_concurrent, **run)
+
+
+def _shared_log_files(tasks: list[FileTask], errors: _Errors) -> None:
+    """A file that several tasks write has one writer, so one set of rotation settings: a task
+    whose settings for it differ from those of the first task that names it is an error."""
+    first: dict[str, tuple[str, tuple[int, int, bool, bool]]] = {}
+    for task in tasks:
+        logs = task.service.logs
+        if logs is None:
+            continue
+        rotation = (logs.max_bytes, logs.backups, logs.daily, logs.compress)
+        for path in dict.fromkeys(p for p in (logs.stdout, logs.stderr) if p is not None):
+            owner, theirs = first.setdefault(path, (task.name, rotation))
+            if theirs != rotation:
+                errors.add(_task_where(task.name), f"writes the log file {path}, as task {json.dumps(owner, ensure_ascii=False)} "
+                           "does, with other rotation settings: give every task that writes one file the same "
+                           "log_max_bytes, log_backups, log_rotate and log_compress")
 
 
 def _syntax_error(message: str) -> tuple[str, str]:

@@ -123,8 +123,10 @@ class LogFile:
         on_problem: Callable[[str], None],
         clock: Callable[[], float] = time.time,
         queue_lines: int = QUEUE_LINES,
+        after: LogFile | None = None,
     ) -> None:
         self.path = path
+        self._after = after  # the retired writer of this path: this one starts writing once it is done
         self.settings = settings
         self._on_problem = on_problem
         self._clock = clock
@@ -134,7 +136,8 @@ class LogFile:
         self._overflow = 0  # lines `write` dropped whose count is not queued yet
         self._overflow_total = 0
         self._closing = False
-        self._names = threading.Lock()  # held while the names of the file's family change
+        # held while the names of the file's family change (shared with the writer this one follows)
+        self._names: threading.Lock = after._names if after is not None else threading.Lock()
         self._compressor: _Compressor | None = None
         if settings.compress and settings.backups:
             self._compressor = _Compressor(path, settings.backups, self._names, self._say)
@@ -207,6 +210,9 @@ class LogFile:
     # ---- the writer's thread: everything below runs on it ----
 
     def _run(self) -> None:
+        if self._after is not None:  # its lines first, and no rotation of its under this one
+            self._after._thread.join()
+            self._after = None
         while (item := self._queue.get()) is not _Signal.STOP:
             try:
                 self._handle(item)
@@ -482,6 +488,11 @@ class _Compressor:
 # ---- the run's log files ---------------------------------------------------------------------
 
 
+def _rotation(settings: LogSettings) -> tuple[int, int, bool, bool]:
+    """What a file's writer does with the settings (the paths name the file)."""
+    return settings.max_bytes, settings.backups, settings.daily, settings.compress
+
+
 class LogFiles:
     """The run's log files: one LogFile per path (two tasks or both streams naming one path
     share it). `on_problem` is called from the files' threads (see `LogFile`)."""
@@ -492,16 +503,25 @@ class LogFiles:
         self._on_problem = on_problem
         self._clock = clock
         self._files: dict[str, LogFile] = {}
+        self._retired: list[LogFile] = []  # replaced by a LogFile with other settings: joined at close
         self._lock = threading.Lock()
 
     def open(self, path: str, settings: LogSettings) -> LogFile:
-        """The LogFile of `path`, started on first use; the same path gives the same LogFile,
-        with the settings it was first opened with."""
+        """The LogFile of `path`, started on first use; the same path gives the same LogFile
+        while its rotation settings stay the same. Other settings (a reload changed them; a task
+        file gives every task that writes one file the same) retire it: it writes what it
+        queued and closes, and a new LogFile with them takes the path, writing once the old one
+        is done (the caller then points every writer of the path at it)."""
         key = os.path.abspath(path)
         with self._lock:
             file = self._files.get(key)
+            retired = None
+            if file is not None and not file._closing and _rotation(file.settings) != _rotation(settings):
+                file._stop()
+                self._retired.append(file)
+                retired = file
             if file is None or file._closing:
-                file = LogFile(key, settings, on_problem=self._on_problem, clock=self._clock)
+                file = LogFile(key, settings, on_problem=self._on_problem, clock=self._clock, after=retired)
                 self._files[key] = file
             return file
 
@@ -515,8 +535,9 @@ class LogFiles:
     def close(self, timeout: float = 5.0) -> None:
         """Close every file at once: all write what they queued, within one `timeout`."""
         with self._lock:
-            files = list(self._files.values())
+            files = [*self._retired, *self._files.values()]
             self._files.clear()
+            self._retired.clear()
         deadline = time.monotonic() + timeout
         for file in files:
             file._stop()

@@ -606,8 +606,9 @@ class ServiceRun:
                 kept = self.services.get(name)
                 if kept is None or name in changes.changed:
                     kept = Service(task)
-                    self._open_logs(kept)
                 services[name] = kept
+            for service in services.values():  # a file whose rotation settings changed is a new writer: every
+                self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
             self.services = services
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in

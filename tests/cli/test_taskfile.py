@@ -657,6 +657,19 @@ def test_after_names_tasks_of_the_file(value, message):
         assert len(found) == 1, found
 
 
+def test_tasks_that_write_one_log_file_must_give_it_the_same_rotation_settings(tmp_path):
+    """One file has one writer, so one set of rotation settings: a task whose settings differ
+    from the first task that names the file is an error naming both; the same settings, or a
+    file of its own, are fine."""
+    found = errors("[task.a]\ncommand = ['x']\nlog = 'all.log'\n"
+                   "[task.b]\ncommand = ['x']\nstdout = 'all.log'\nlog_max_bytes = 100\n"
+                   "[task.c]\ncommand = ['x']\nlog = 'all.log'\n"
+                   "[task.d]\ncommand = ['x']\nlog = 'own.log'\nlog_compress = true\n")
+    assert len(found) == 1 and found[0].startswith('task "b": writes the log file ') and 'as task "a" does' in found[0], found
+    assert "log_max_bytes, log_backups, log_rotate and log_compress" in found[0]
+    assert errors("[defaults]\nlog = 'all.log'\nlog_backups = 2\n[task.a]\ncommand = ['x']\n[task.b]\ncommand = ['x']\n") == []
+
+
 def test_after_is_a_tasks_own_key():
     assert errors("[defaults]\nafter = ['a']\n[task.a]\ncommand = ['x']\n") == [
         "defaults.after: after is a task's own key, not a default ([task.NAME])"]

@@ -634,12 +634,13 @@ def _assert_whole_lines(path: str, writers: int, count: int) -> None:
 def test_two_users_of_one_path_share_one_writer_and_lines_never_interleave(
     tmp_path: Path,
 ) -> None:
-    """Two tasks naming one path through LogFiles get the same LogFile (the first settings win)
-    and one writer thread; 4000 long lines from each of two threads arrive whole and in order."""
+    """Two tasks naming one path through LogFiles with the same rotation settings (a task file
+    requires it) get the same LogFile and one writer thread; 4000 long lines from each of two
+    threads arrive whole and in order."""
     path = str(tmp_path / "shared.log")
     files = LogFiles(Problems())
-    first = files.open(path, LogSettings(max_bytes=0, backups=1))
-    second = files.open(str(tmp_path / "." / "shared.log"), LogSettings(max_bytes=10))
+    first = files.open(path, LogSettings(stdout=path, max_bytes=0, backups=1))
+    second = files.open(str(tmp_path / "." / "shared.log"), LogSettings(stderr=path, max_bytes=0, backups=1))
     other = files.open(str(tmp_path / "other.log"), LogSettings())
     assert first is second and first is not other
     assert first.settings.max_bytes == 0
@@ -660,3 +661,28 @@ def test_two_separate_writers_of_one_file_never_interleave_mid_line(tmp_path: Pa
     for log in logs:
         log.close()
     _assert_whole_lines(path, 2, 3000)
+
+
+def test_other_rotation_settings_for_a_path_retire_its_writer_after_what_it_queued(tmp_path: Path) -> None:
+    """A reload that gives a path other rotation settings: `open` returns a new LogFile with
+    them, the old one writes every line queued before and closes, and the new one starts
+    writing after it and rotates by the new settings (here: never by size, where the old rotated
+    every 100 bytes)."""
+    path = str(tmp_path / "tick.log")
+    files = LogFiles(Problems())
+    old = files.open(path, LogSettings(max_bytes=100, backups=1))
+    for i in range(40):
+        old.write(f"old {i:02d}")
+    new = files.open(path, LogSettings(max_bytes=0, backups=1))
+    assert new is not old and new.settings.max_bytes == 0
+    assert files.open(path, LogSettings(stdout=path, max_bytes=0, backups=1)) is new  # the paths do not count
+    old.write("dropped")  # a retired writer takes no more lines
+    for i in range(40):
+        new.write(f"new {i:02d}")
+    files.close()
+    assert old.dropped == 1 and new.dropped == 0
+    lines = Path(path).read_text().splitlines()
+    assert lines[-40:] == [f"new {i:02d}" for i in range(40)] and len(Path(path).read_bytes()) > 100
+    assert all(line.startswith("old") for line in lines[:-40]), lines  # the old writer's lines came first
+    assert all(line.startswith("old") for line in Path(path + ".1").read_text().splitlines())  # nothing new rotated away
+    assert not [t for t in threading.enumerate() if t.name.startswith("mpvisor-log")]

@@ -433,6 +433,34 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     assert terms[0] == "web term", terms  # dependents first
 
 
+def test_a_reload_that_changes_a_log_files_rotation_applies_it(run: Run) -> None:
+    """A task writes its log file, rotated every 100 bytes; a reload that sets log_max_bytes to 0
+    restarts it, and from then on the file grows past 100 bytes (never rotated by size)."""
+    text = """
+        [task.tick]
+        target = "workers.services:chatter"
+        kwargs = { lines = 100000, every = 0.01 }
+        log = "tick.log"
+        log_max_bytes = 100
+        log_backups = 1
+    """
+    run.write(text)
+    run.start()
+    log = run.directory / "tick.log"
+
+    def size() -> int:  # (a rotation renames the file away until the next line makes it again)
+        return log.stat().st_size if log.exists() else 0
+
+    wait_for(lambda: (run.directory / "tick.log.1").exists(), timeout=20)  # rotating every 100 bytes
+    assert size() <= 100
+    run.write(text.replace("log_max_bytes = 100", "log_max_bytes = 0"))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "changed: tick" in reloaded.stdout, (reloaded.stdout, reloaded.stderr)
+    wait_for(lambda: size() > 400, timeout=20)
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
 def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken_file(run: Run) -> None:
     """`mpvisor reload` and SIGHUP: an unchanged task keeps its pid, a changed one gets a new
     pid, a new one starts, a removed one stops; a file with an error, or one that would need slots
