@@ -3,7 +3,8 @@
 The server (`_admission/leases/server.py`) is started on demand by the first client; this
 command runs it by hand, e.g. under a service manager. It exits after `--idle-exit` seconds with
 nothing held, queued or connected, at SIGINT or SIGTERM, and with status 3 if another server
-already serves its directory.
+already serves its directory (said on stderr, unless `--on-demand`: the first clients of a
+directory may start a server each at once, and all but one find another serving).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, $XDG_RUNTIME_DIR/mpvisor, or a per-user one under the temp dir)")
     parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=server.IDLE_EXIT, metavar="SECONDS",
                         help=f"exit after this long with nothing held, queued or connected (default {server.IDLE_EXIT:g})")
+    parser.add_argument("--on-demand", action="store_true",
+                        help="started by a run that needs a server (what mpvisor does itself): when another server "
+                             "already serves the directory, exit 3 without saying so (two runs started one at once)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,4 +41,4 @@ def run(args: argparse.Namespace) -> int:
     except LeaseError as exc:
         print(f"mpvisor slots serve: {exc}", file=sys.stderr)
         return FAILED
-    return asyncio.run(server.serve(directory, args.idle_exit))
+    return asyncio.run(server.serve(directory, args.idle_exit, on_demand=args.on_demand))

@@ -110,6 +110,18 @@ def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tm
 # --- many processes, each policy ----------------------------------------------------------------------
 
 
+def test_runs_that_start_a_server_at_once_leave_its_log_empty(slots: Any, tmp_path: Any) -> None:
+    """Eight runs started together on a directory no server serves yet: several start a server,
+    one serves, and the others, which lost the race, exit without a word, so `server.log` (where
+    a server says why it could not start) stays empty; every run exits 0, and one server runs."""
+    runs = [start(slots, tmp_path, "--slot", f"s{n}", "--", "true") for n in range(8)]
+    results = [finish(proc) for proc in runs]
+    assert [status for status, _ in results] == [0] * 8, results
+    wait_for(lambda: len(server_pids(slots)) == 1, timeout=30)  # a loser may still be starting when its run ends
+    log = slots / _leases.LOG_NAME
+    assert log.exists() and log.read_text() == "", log.read_text() if log.exists() else "no log"
+
+
 def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
     """20 runs: one holds the slot while 19 start at once and queue; all exit 0, one owner at a
     time, served in the order the server queued them (the position each was told)."""

@@ -74,7 +74,7 @@ SOCKET_NAME = "slots.sock"
 LOCK_NAME = "server.lock"
 STATE_NAME = "leases.json"
 LOG_NAME = "server.log"  # a started server's stderr: why it could not start, if it could not
-LOG_MAX = 64 * 1024  # bytes: a log grown past it (servers that lost start races say so) starts over
+LOG_MAX = 64 * 1024  # bytes: a log grown past it starts over
 ANOTHER_SERVES = 3  # the exit status of a server that found another one serving its directory
 START_WAIT = 10.0  # seconds a client waits for a server it started to answer
 DIR_ENV = "MPVISOR_SLOTS_DIR"  # overrides where the server lives (tests; several independent sets)
@@ -194,7 +194,7 @@ HELLO_TRIES = 5  # connections to a server that closes them at once, before givi
 def _start_server(directory: str) -> subprocess.Popen[bytes]:
     """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal), its
     stderr appended to `LOG_NAME`; if another client started one at the same moment, one of them
-    wins the lock, the other exits with `ANOTHER_SERVES`."""
+    wins the lock, the other exits with `ANOTHER_SERVES` and says nothing (`--on-demand`)."""
     problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
@@ -208,7 +208,7 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
         os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", directory],
+            [sys.executable, "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True,
         )

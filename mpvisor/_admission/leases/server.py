@@ -423,13 +423,15 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         pass
 
 
-async def serve(directory: str, idle_exit: float = IDLE_EXIT) -> int:
-    """Run the server for `directory` until idle; 3 if another server holds it."""
+async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool = False) -> int:
+    """Run the server for `directory` until idle; 3 if another server holds it (said on stderr,
+    unless `on_demand`: a client started this one, and another client's won the race to serve)."""
     lock = os.open(os.path.join(directory, _leases.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"mpvisor slots serve: another slot server already serves {directory!r}", file=sys.stderr)
+        if not on_demand:
+            print(f"mpvisor slots serve: another slot server already serves {directory!r}", file=sys.stderr)
         os.close(lock)
         return _leases.ANOTHER_SERVES
     path = _leases.socket_path(directory)
