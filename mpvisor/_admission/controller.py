@@ -360,8 +360,8 @@ class Controller:
             if item.id in self.leases:  # as for a lease last renewed half a TTL ago: stopped now
                 ttl = self.config.lease_ttl
                 self.host.fence(item.id, *fence_times(time.monotonic() - ttl / 2, ttl, self.host.grace))
-                _log.warning("slot %r: the lease of %r expired in %s; its tree is stopped", item.slot, item.name,
-                             self.store.name if self.store is not None else "the store")
+                store = self.store.name if self.store is not None else "the store"
+                said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
 
         lease = LeaseDriver(self.store, loop, item.slot, item.admission, item.name,
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
@@ -370,13 +370,13 @@ class Controller:
         lease.prepare()  # the store's connection opens while the launcher starts
         try:
             await self.host.ready()
-        except Exception:  # the launcher cannot start: the registry says so to the waiter
-            decision = Decision(False, "admission_failed")
+        except Exception as exc:  # the launcher cannot start
+            decision = Decision(False, "admission_failed", reason=f"the launcher could not start: {exc}")
         else:
             decision = await lease.acquire(pids_of([os.getpid(), *self.host.launcher_pids()]))
         if not decision.granted:
             self.leases.pop(item.id, None)
-            self._post(lambda: self._decided(item, None, decision.rejection))
+            self._post(lambda: self._decided(item, None, decision.rejection, decision.reason))
             return
         if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts
             self.host.fence(item.id, *fence_times(decision.renewed, decision.ttl, self.host.grace))
@@ -406,7 +406,8 @@ class Controller:
         for callback in self._on_replaced:
             callback(id)
 
-    def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None) -> None:
+    def _decided(self, item: _Pending, actor: TaskActor | None, rejection: RejectionKind | None,
+                 reason: str | None = None) -> None:
         self.admitting.pop(item.id, None)
         now = self._now()
         if actor is not None:
@@ -416,7 +417,7 @@ class Controller:
         assert rejection is not None
         self._release(item.id)  # shared slots: a lease granted for nothing goes back at once
         publish = rejection is not RejectionKind.ALREADY_EXISTS  # that one: TASK_ADD_FAILED instead
-        self._reject(item, rejection, publish=publish)
+        self._reject(item, rejection, publish=publish, reason=reason)
         self._apply(self.table.registry_rejected(item.slot, item.id, now))
 
     def owner_cleaned_up(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:

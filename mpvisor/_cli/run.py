@@ -82,6 +82,7 @@ from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
     POLICIES,
+    REASON_MAX,
     RESTARTS,
     TASK_OPTIONS,
     backoff,
@@ -270,6 +271,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
             print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
         return statuses.REPLACED
     if not args.quiet:
+        if outcome.rejection is RejectionKind.ADMISSION_FAILED and outcome.reason and len(outcome.reason) > REASON_MAX:
+            print(f"mpvisor: {outcome.reason}", file=sys.stderr)  # why, in full: the outcome line cuts it
         if outcome.traceback and _uncaught(outcome):
             print(outcome.traceback.rstrip(), file=sys.stderr)  # as `python script.py` would, then the outcome
         print(outcome_line(spec.name, outcome), file=sys.stderr)

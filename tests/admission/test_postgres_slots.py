@@ -190,3 +190,15 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
         conn.execute("UPDATE mpvisor_meta SET value = 'banana' WHERE key = 'schema'")
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1 and "schema is version 'banana'; this mpvisor reads version 1" in done.stderr, done
+
+
+def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: Any, postgres_server: Any) -> None:
+    """`--slots` naming a database that does not exist: nothing runs, status 1, and the outcome
+    line's reason is the store's own error (the password masked), every line mpvisor's."""
+    missing = str(postgres_server.get_uri("mpvisor_no_such_database"))
+    status, err = finish(start(tmp_path, 0, missing, "--slot", "s", "--", "touch", str(tmp_path / "ran")))
+    assert status == 1 and not (tmp_path / "ran").exists(), err
+    assert all(line.startswith("mpvisor: ") for line in err.splitlines()), err
+    outcome = err.splitlines()[-1]
+    assert outcome.startswith("mpvisor: touch: rejected reason=") and "the lease store at postgresql://postgres:***@" in outcome, err
+    assert 'database "mpvisor_no_such_database" does not exist' in err and "Traceback" not in err, err

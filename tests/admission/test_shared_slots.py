@@ -257,8 +257,9 @@ def test_a_slot_server_that_cannot_start_says_why_at_once(slots: Any, tmp_path: 
     took = time.monotonic() - began
     why = f"mpvisor slots serve: cannot serve at '{slots / 'slots.sock'}': Is a directory"
     assert status == 1 and took < _leases.START_WAIT / 2, (status, took, err)
-    assert f"exited with status 1 before it answered: {why}" in err, err
-    assert "rejected reason='admission_failed'" in err and "Traceback" not in err, err
+    cause, line = err.splitlines()  # why, in full (the outcome line cuts a long reason), then the outcome
+    assert line.startswith("mpvisor: true: rejected reason=\"slot 's': the slot server: ") and "Traceback" not in err, err
+    assert cause.startswith("mpvisor: slot 's': ") and cause.endswith(f"exited with status 1 before it answered: {why}"), err
     logged = (slots / "server.log").read_text().splitlines()  # once per start: acquire opens again what prepare could not
     assert logged and set(logged) == {why}, logged
     assert stat.S_IMODE(os.stat(slots / "server.log").st_mode) == 0o600
@@ -271,7 +272,9 @@ def test_a_slot_directory_open_to_others_is_one_line_and_nothing_runs(slots: Any
     os.chmod(slots, 0o755)
     status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "touch", str(tmp_path / "ran")))
     assert status == 1, err
+    assert err.splitlines()[-1].startswith("mpvisor: touch: rejected reason=\"slot 's': the slot server: "), err
     assert f"the slot server's directory '{slots}' is open to others (mode 755); it must be 0700" in err, err
+    assert all(line.startswith("mpvisor: ") for line in err.splitlines()), err
     assert "Traceback" not in err and not (tmp_path / "ran").exists(), err
     assert server_pids(slots) == []
 

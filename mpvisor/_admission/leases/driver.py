@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")`, logged; with `wait_timeout`, a request still waiting then is withdrawn: `Decision(False, "slot_busy")` |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn: `Decision(False, "slot_busy")` |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back); a store that does not answer within `RELEASE_WAIT` s lets the lease expire instead |
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +32,6 @@ from mpvisor._admission.leases.store import (
 )
 from mpvisor._admission.slots import AdmissionPolicy
 
-_log = logging.getLogger("mpvisor.runtime")
 RELEASE_WAIT = 2.0  # seconds a release may hold up the loop when the store does not answer
 
 
@@ -64,7 +62,8 @@ class LeaseDriver:
 
     def _open_ahead(self) -> None:
         """`prepare`'s thread. A store that cannot be opened is `acquire`'s to report: it opens the
-        request again and turns the error into one line and `admission_failed`, never a traceback."""
+        request again and turns the error into `admission_failed` with the error's one line as its
+        reason, never a traceback."""
         with contextlib.suppress(Exception):
             self._open()
 
@@ -130,9 +129,8 @@ class LeaseDriver:
                 withdrawn = self._withdrawn
             decision = (Decision(False, "withdrawn") if withdrawn else
                         request.acquire(slot, POLICY_NAMES[self.policy], self.name, pids, queued, silent))
-        except Exception as exc:  # the store cannot be reached, or refused the request
-            _log.warning("slot %r: %s: %s", slot, self.store.name, exc)
-            decision = Decision(False, "admission_failed")
+        except Exception as exc:  # the store cannot be reached, or refused the request: the outcome says why
+            decision = Decision(False, "admission_failed", reason=f"slot {slot!r}: {self.store.name}: {exc}")
         loop.call_soon_threadsafe(_settle, decided, decision)
 
     def add_pids(self, pids: list[Pid]) -> None:

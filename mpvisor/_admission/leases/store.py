@@ -97,6 +97,7 @@ class Decision:
     token: int | None = None  # a grant's fencing token, where the store gives one (strictly increasing per slot)
     renewed: float | None = None  # a lease that expires: the `time.monotonic()` before its grant was last renewed
     ttl: float | None = None  # ... and how long it lives past that without a renewal
+    reason: str | None = None  # a refusal in a person's words, when there is more to say than `kind`
 
     @property
     def rejection(self) -> RejectionKind:
