@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"slots": slots}))
         return OK
-    hosts = any("host" in (view.get("owner") or {}) for view in slots)  # a store across hosts: hosts and tokens too
+    hosts = args.slots is not None  # a store named by a URL is shared across hosts: hosts and tokens too, always
     extra = f"{'HOST':16s} {'TOKEN':>6s}  " if hosts else ""
     print(f"{'SLOT':20s} {'STATUS':12s} {'OWNER PID':>9s}  {extra}{'OWNER':20s} {'SINCE':8s}  QUEUE")
     for view in slots:

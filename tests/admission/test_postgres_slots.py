@@ -202,3 +202,27 @@ def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: 
     outcome = err.splitlines()[-1]
     assert outcome.startswith("mpvisor: touch: rejected reason=") and "the lease store at postgresql://postgres:***@" in outcome, err
     assert 'database "mpvisor_no_such_database" does not exist' in err and "Traceback" not in err, err
+
+
+def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --slots URL` heads its table with HOST and TOKEN whether or not a slot is
+    held, so that a script reading its columns reads the same ones."""
+    assert MPVISOR is not None
+    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+
+    def header() -> list[str]:
+        done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    empty = header()
+    assert len(empty) == 1 and "HOST" in empty[0] and "TOKEN" in empty[0], empty
+    log = tmp_path / "owners.log"
+    held = start(tmp_path, 1, url, "--slot", "s", *owner(log, 30.0, "held"))
+    try:
+        wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=60)
+        busy = header()
+        assert busy[0] == empty[0] and len(busy) == 2, busy
+    finally:
+        held.terminate()
+        finish(held)
