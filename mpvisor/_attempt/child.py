@@ -22,6 +22,7 @@ returns: every path ends in `os._exit`.
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
+| has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
 
 Only a failed handshake (no start message could be read: nobody to report to) ends with a
 status of mpvisor's own, 70. An exception's frames are cleared before it is described
@@ -110,7 +111,7 @@ def run(fd: int) -> NoReturn:
     except BaseException:
         os._exit(70)  # no parent to report to: the exit status speaks for us
     try:
-        _adopt_environment(start)
+        _adopt_environment(channel, start)
         if start.limits:
             _apply_limits(channel, start.limits)
         if start.kind == "cmd":
@@ -175,9 +176,11 @@ def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
         _finish(channel, Failure("fatal", f"cannot apply the limits {limits}: {_describe(exc)}"))
 
 
-def _adopt_environment(start: Start) -> None:
+def _adopt_environment(channel: _Channel, start: Start) -> None:
     """Take the parent's environment, working directory and `sys.path` as they were at the start
-    request. Each is `None` when it equals what the launcher started with (the usual case)."""
+    request. Each is `None` when it equals what the launcher started with (the usual case). A
+    working directory that cannot be entered (missing, not a directory, not permitted) ends the
+    attempt `FATAL` before anything of it runs, as `subprocess` refuses such a `cwd`."""
     if start.env is not None:
         env = os.environ
         for key in [k for k in env if k not in start.env]:
@@ -188,8 +191,9 @@ def _adopt_environment(start: Start) -> None:
     if start.cwd is not None:
         try:
             os.chdir(start.cwd)
-        except OSError:
-            pass  # a vanished directory: stay where the launcher is; the target will notice
+        except OSError as exc:
+            _finish(channel, Failure("fatal", f"cannot enter its working directory {start.cwd!r}: "
+                                              f"{exc.strerror or exc} ({_type_name(exc)})"))
     if start.path is not None:
         sys.path[:] = start.path
 

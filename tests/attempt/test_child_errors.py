@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpvisor import EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
 from tests._support import FAST, supervised
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
@@ -83,3 +83,20 @@ async def test_a_target_that_is_not_callable_is_fatal_and_never_retried(target, 
         assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
         assert outcome.reason == f"target {target!r} is not callable: it is {type_name}"
         assert len(ends) == 1
+
+
+@pytest.mark.parametrize("kind", ["fn", "cmd"])
+@pytest.mark.parametrize("cwd, why", [("missing", "No such file or directory (FileNotFoundError)"),
+                                      ("a-file", "Not a directory (NotADirectoryError)")])
+async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anything_runs(tmp_path, kind, cwd, why):
+    """A `cwd` that is missing, or a file, ends the attempt `FATAL`, naming the directory and
+    why, and nothing of the task runs (it would otherwise run wherever the launcher is)."""
+    (tmp_path / "a-file").write_text("")
+    where, ran = str(tmp_path / cwd), tmp_path / "ran"
+    body = (TaskFn("cwd", "workers.basic:quick", ("ok",), {"marker": str(ran)}, cwd=where) if kind == "fn" else
+            CommandTask("cwd", ["touch", str(ran)], cwd=where))
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(handle, collector, TaskSpec.restartable(body).with_backoff(FAST))
+        assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
+        assert outcome.reason == f"cannot enter its working directory {where!r}: {why}"
+        assert not ran.exists()
