@@ -144,26 +144,38 @@ class AlreadySubmitted(ControllerError):
 # --- a target's verdicts (raised in the child, by user code) ---------------------------------
 
 
+def _exit_code(value: object) -> int | None:
+    """A verdict's `exit_code`: None, or an int that a 64-bit signed integer holds (what the
+    outcome carries); anything else raises at the `Fail(...)`/`Fatal(...)` that gave it."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"exit_code must be an int or None, got {value!r}")
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"exit_code must fit in 64 bits (-2**63 to 2**63 - 1), got {value!r}")
+    return value
+
+
 class Fail(Exception):
     """Raised by a target: this attempt failed and may be retried (as its restart policy says).
 
-    `reason` becomes the outcome's reason; `exit_code`, if given, its exit code."""
+    `reason` becomes the outcome's reason; `exit_code`, if given (an int), its exit code."""
 
     def __init__(self, reason: str, exit_code: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.exit_code = exit_code
+        self.exit_code = _exit_code(exit_code)
 
 
 class Fatal(Exception):
     """Raised by a target: a permanent failure, never retried (the outcome is `FATAL`).
 
-    `reason` becomes the outcome's reason; `exit_code`, if given, its exit code."""
+    `reason` becomes the outcome's reason; `exit_code`, if given (an int), its exit code."""
 
     def __init__(self, reason: str, exit_code: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.exit_code = exit_code
+        self.exit_code = _exit_code(exit_code)
 
 
 class Canceled(BaseException):

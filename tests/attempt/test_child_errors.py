@@ -96,7 +96,7 @@ async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anythi
     body = (TaskFn("cwd", "workers.basic:quick", ("ok",), {"marker": str(ran)}, cwd=where) if kind == "fn" else
             CommandTask("cwd", ["touch", str(ran)], cwd=where))
     async with supervised(CONFIG) as (handle, collector):
-        outcome, ends = await _outcome_and_ends(handle, collector, TaskSpec.restartable(body).with_backoff(FAST))
+        outcome, _ = await _outcome_and_ends(handle, collector, TaskSpec.restartable(body).with_backoff(FAST))
         assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
         assert outcome.reason == f"cannot enter its working directory {where!r}: {why}"
         assert not ran.exists()

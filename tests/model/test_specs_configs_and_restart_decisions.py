@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -384,6 +385,18 @@ def test_error_fields() -> None:
     grace = _errors.GraceExceeded(2.0, ["a", "b"])
     assert (grace.grace, grace.stuck) == (2.0, ["a", "b"])
     assert (_errors.Fail("x", exit_code=3).exit_code, _errors.Fatal("y").reason) == (3, "y")
+    assert _errors.Fatal("z", exit_code=-(2**63)).exit_code == -(2**63)
+
+
+@pytest.mark.parametrize("verdict", [_errors.Fail, _errors.Fatal])
+@pytest.mark.parametrize("code, error", [("3", TypeError), (1.5, TypeError), (True, TypeError),
+                                         (2**63, ValueError), (-(2**63) - 1, ValueError)])
+def test_a_verdicts_exit_code_is_checked_where_it_is_raised(verdict: type[Exception], code: object,
+                                                             error: type[Exception]) -> None:
+    """An exit code the outcome could not carry is refused by the constructor, naming the field and
+    the value (the target's own line raises), instead of being dropped on the way."""
+    with pytest.raises(error, match=rf"exit_code must .*, got {re.escape(repr(code))}$"):
+        verdict("x", exit_code=code)
 
 
 def test_task_outcome_helpers() -> None:
