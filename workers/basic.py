@@ -26,6 +26,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
+| `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
 """
@@ -41,6 +42,8 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from mpvisor._model.errors import Canceled, Fail, Fatal
 
@@ -260,3 +263,24 @@ def progress_steps(n: int, pause: float, marker: str | None = None) -> int:
         time.sleep(pause)
         ctx.progress(done, n, f"step {done}")
     return n
+
+
+_MISREPORTS: dict[str, Callable[[Any], None]] = {
+    "done_str": lambda ctx: ctx.progress("a"),
+    "done_none": lambda ctx: ctx.progress(None),
+    "done_bool": lambda ctx: ctx.progress(True),
+    "total_str": lambda ctx: ctx.progress(1, "b"),
+    "done_huge": lambda ctx: ctx.progress(2**70),
+    "message_int": lambda ctx: ctx.progress(1, 2, 3),
+    "status_bytes": lambda ctx: ctx.ready(b"x"),
+}
+
+
+def misreport(how: str, marker: str | None = None) -> str:
+    """Call `progress` or `ready` wrongly (`_MISREPORTS[how]`); what it raised, or "accepted"."""
+    mark(marker, "started")
+    try:
+        _MISREPORTS[how](context())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"

@@ -147,7 +147,13 @@ class TaskContext:
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (`done` of `total`, with an optional `message`) to the parent, where it
         becomes an `ATTEMPT_PROGRESS` event. At most one report per 50 ms is sent (the others are
-        dropped); one with `done >= total` is always sent."""
+        dropped); one with `done >= total` is always sent. A `done` or `total` that is no
+        number, or a `message` that is no str, raises `TypeError` here, naming it."""
+        _check_number("done", done)
+        if total is not None:
+            _check_number("total", total)
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"progress: message must be a str or None, got {message!r}")
         now = time.monotonic()
         finished = total is not None and done >= total
         if self._send_progress is None or (now - self._last_progress < PROGRESS_INTERVAL and not finished):
@@ -159,7 +165,10 @@ class TaskContext:
         """Tell the parent this attempt is ready: it serves what its task is for. Tasks that
         come `after` this one may start then (a task file's `ready = "notify"`); an
         `ATTEMPT_READY` event is published. Call it again to change the `status` text that
-        `mpvisor status` shows; the attempt counts as ready from the first call."""
+        `mpvisor status` shows; the attempt counts as ready from the first call. A `status` that
+        is no str raises `TypeError` here."""
+        if status is not None and not isinstance(status, str):
+            raise TypeError(f"ready: status must be a str or None, got {status!r}")
         if self._send_ready is not None:
             self._send_ready(status)
 
@@ -180,6 +189,14 @@ class TaskContext:
             loop.call_soon_threadsafe(task.cancel)
 
         self._async_cancel = cancel
+
+
+def _check_number(field: str, value: object) -> None:
+    """A progress figure: an int or float (not a bool), an int within msgpack's 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"progress: {field} must be a number, got {value!r}")
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        raise ValueError(f"progress: {field} must fit in 64 bits, got {value!r}")
 
 
 def _sigwait(timeout: float | None) -> bool:

@@ -581,6 +581,25 @@ async def test_progress_reports_become_events():
         assert succeeded.duration < 2.0
 
 
+@pytest.mark.parametrize("how, said", [
+    ("done_str", "TypeError: progress: done must be a number, got 'a'"),
+    ("done_none", "TypeError: progress: done must be a number, got None"),
+    ("done_bool", "TypeError: progress: done must be a number, got True"),
+    ("total_str", "TypeError: progress: total must be a number, got 'b'"),
+    ("done_huge", f"ValueError: progress: done must fit in 64 bits, got {2**70}"),
+    ("message_int", "TypeError: progress: message must be a str or None, got 3"),
+    ("status_bytes", "TypeError: ready: status must be a str or None, got b'x'"),
+])
+async def test_a_wrong_progress_or_ready_argument_raises_at_the_call_and_costs_nothing_else(how, said):
+    """A wrong argument is the target's to handle, where it called: the attempt goes on and
+    succeeds with its value (it used to send a frame the parent took for a protocol error,
+    failing the attempt after the target had returned)."""
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, once("misreport", basic.misreport, how))
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == said, outcome
+        assert not events.of(EventKind.ATTEMPT_PROGRESS, id=task_id)
+
+
 # --- the attempt's surroundings ----------------------------
 
 
