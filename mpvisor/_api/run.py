@@ -35,7 +35,7 @@ def run(
     """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
     from mpvisor._launchers.local import early
 
-    if config is None or (config.launcher is None and not config.preload):
+    if config is None or (getattr(config, "launcher", None) is None and not getattr(config, "preload", ())):
         early.start_early()
     try:
         import asyncio

@@ -25,6 +25,7 @@ from mpvisor import _platform
 from mpvisor._api.blocking import BlockingHandle, serve_blocking
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._api.session import RunSession, refuse_unguarded_main, run_session, serve_runtime
+from mpvisor._model.checks import positive_int
 from mpvisor._model.errors import AlreadyRunning, GraceExceeded
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
@@ -48,15 +49,10 @@ class Supervisor:
         task_defaults: TaskDefaults | None = None,
         controller: ControllerConfig | None = None,
     ) -> None:
-        self.config = config if config is not None else SupervisorConfig()
-        if not isinstance(self.config, SupervisorConfig):
-            raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
-        self.subscribers = tuple(subscribers)
-        for sub in self.subscribers:
-            if not callable(getattr(sub, "on_event", None)) or not isinstance(getattr(sub, "name", None), str):
-                raise TypeError(f"subscriber {sub!r} needs a `name` string and an `on_event(event)` method")
-        self.task_defaults = task_defaults if task_defaults is not None else TaskDefaults()
-        self.controller_config = controller
+        self.config = _checked_config(config)
+        self.subscribers = _checked_subscribers(subscribers)
+        self.task_defaults = _checked_defaults(task_defaults)
+        self.controller_config = _checked_controller(controller)
         self._runtime: Runtime | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ran = False
@@ -144,11 +140,52 @@ class Supervisor:
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
 
 
+def _checked_config(config: object) -> SupervisorConfig:
+    if config is None:
+        return SupervisorConfig()
+    if not isinstance(config, SupervisorConfig):
+        raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
+    return config
+
+
+def _checked_subscribers(subscribers: object) -> tuple[Subscriber, ...]:
+    """Each subscriber's `name`, `on_event` and `queue_capacity` (when it gives one), checked now."""
+    if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
+        raise TypeError(f"subscribers must be an iterable of subscribers, got {subscribers!r}")
+    found = tuple(subscribers)
+    for sub in found:
+        if not callable(getattr(sub, "on_event", None)) or not isinstance(getattr(sub, "name", None), str):
+            raise TypeError(f"subscriber {sub!r} needs a `name` string and an `on_event(event)` method")
+        if hasattr(sub, "queue_capacity"):
+            positive_int(f"{sub.name}.queue_capacity", sub.queue_capacity)
+    return found
+
+
+def _checked_defaults(defaults: object) -> TaskDefaults:
+    if defaults is None:
+        return TaskDefaults()
+    if not isinstance(defaults, TaskDefaults):
+        raise TypeError(f"task_defaults must be a TaskDefaults, got {defaults!r}")
+    return defaults
+
+
+def _checked_controller(controller: object) -> ControllerConfig | None:
+    if controller is None:
+        return None
+    # imported here: a supervisor without slots never imports them
+    from mpvisor._admission.config import ControllerConfig
+
+    if not isinstance(controller, ControllerConfig):
+        raise TypeError(f"controller must be a ControllerConfig, got {controller!r}")
+    return controller
+
+
 class SupervisorBuilder:
-    """Collects settings for a `Supervisor`; each method returns the builder."""
+    """Collects settings for a `Supervisor`; each method returns the builder, and checks what it
+    is given at once, as `Supervisor(...)` does."""
 
     def __init__(self, config: SupervisorConfig | None = None) -> None:
-        self._config = config
+        self._config = _checked_config(config)
         self._subscribers: list[Subscriber] = []
         self._defaults: TaskDefaults | None = None
         self._controller: ControllerConfig | None = None
@@ -159,18 +196,18 @@ class SupervisorBuilder:
             from mpvisor._admission.config import ControllerConfig
 
             config = ControllerConfig()
-        self._controller = config
+        self._controller = _checked_controller(config)
         return self
 
     def with_subscribers(self, subscribers: Iterable[Subscriber]) -> SupervisorBuilder:
         """Add event subscribers (objects with `on_event(event)`, e.g. `LogWriter()`), each of
         which runs on its own thread."""
-        self._subscribers.extend(subscribers)
+        self._subscribers.extend(_checked_subscribers(subscribers))
         return self
 
     def with_task_defaults(self, defaults: TaskDefaults) -> SupervisorBuilder:
         """Use `defaults` for the settings a `TaskSpec` does not give."""
-        self._defaults = defaults
+        self._defaults = _checked_defaults(defaults)
         return self
 
     def build(self) -> Supervisor:

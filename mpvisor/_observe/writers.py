@@ -120,8 +120,13 @@ class JsonLinesWriter:
         self._stream: IO[str] | None = None  # the open target; opened lazily for a path
         if isinstance(path_or_stream, (str, os.PathLike)):
             self._path = os.fspath(path_or_stream)
-        else:
+            folder = os.path.dirname(os.path.abspath(self._path))
+            if not os.path.isdir(folder):  # the file itself is made at the first event
+                raise ValueError(f"JsonLinesWriter: the directory of {self._path!r} does not exist ({folder!r})")
+        elif callable(getattr(path_or_stream, "write", None)):
             self._stream = path_or_stream
+        else:
+            raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
 

@@ -1,4 +1,4 @@
-"""`run` with a rejected batch, next to work added through another handle."""
+"""`run` with a rejected batch, next to work added through another handle; settings checked where they are given."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
+import mpvisor
 from mpvisor import (
+    ConfigError,
     EventKind,
+    JsonLinesWriter,
     OutcomeKind,
     Supervisor,
     SupervisorConfig,
@@ -35,3 +38,38 @@ async def test_a_rejected_run_batch_leaves_other_running_tasks_alone():
     assert await handle.cancel(task_id)
     assert (await waiter.wait()).kind is OutcomeKind.CANCELED
     await handle.shutdown()
+
+
+_QUICK = TaskSpec.once(TaskFn("q", "workers.basic:quick"))
+
+
+class _NoCapacity:
+    name = "bad"
+    queue_capacity = 0
+
+    def on_event(self, event: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("call, error, said", [
+    (lambda: mpvisor.run([_QUICK], 42), TypeError, "config must be a SupervisorConfig, got 42"),
+    (lambda: mpvisor.run([_QUICK], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
+    (lambda: mpvisor.run([], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
+    (lambda: mpvisor.run([_QUICK], subscribers=42), TypeError, "subscribers must be an iterable of subscribers, got 42"),
+    (lambda: mpvisor.run([_QUICK], controller=42), TypeError, "controller must be a ControllerConfig, got 42"),
+    (lambda: Supervisor(task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
+    (lambda: Supervisor(controller=42), TypeError, "controller must be a ControllerConfig, got 42"),
+    (lambda: Supervisor(subscribers=[_NoCapacity()]), ConfigError, "bad.queue_capacity must be a positive integer, got 0"),
+    (lambda: Supervisor.builder(42), TypeError, "config must be a SupervisorConfig, got 42"),
+    (lambda: Supervisor.builder().with_task_defaults(42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
+    (lambda: Supervisor.builder().with_controller(42), TypeError, "controller must be a ControllerConfig, got 42"),
+    (lambda: Supervisor.builder().with_subscribers([object()]), TypeError, "needs a `name` string and an `on_event(event)` method"),
+    (lambda: JsonLinesWriter(42), TypeError, "JsonLinesWriter needs a path or a text stream, got 42"),
+    (lambda: JsonLinesWriter("/nonexistent-mpvisor-dir/x.jsonl"), ValueError, "the directory of '/nonexistent-mpvisor-dir/x.jsonl' does not exist"),
+])
+def test_a_supervisors_settings_are_checked_at_the_call_that_gives_them(call, error, said):
+    """A wrong setting raises where it is given, naming it and its value; it used to pass and
+    fail later, deep inside the runtime (an AttributeError, or a panicked subscriber)."""
+    with pytest.raises(error) as raised:
+        call()
+    assert said in str(raised.value)
