@@ -35,6 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ShuttingDown
 from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
@@ -71,8 +72,9 @@ class BlockingWaiter:
         return self._outcome.done()
 
     def wait(self, timeout: float | None = None) -> TaskOutcome:
-        """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on)."""
-        return self._outcome.result(timeout)
+        """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on).
+        A `timeout` that is no finite, non-negative number of seconds raises `ConfigError`."""
+        return self._outcome.result(_validate.duration("timeout", timeout, allow_none=True))
 
 
 async def _with_blocking_waiter(call: Coroutine[Any, Any, tuple[int, TaskWaiter]]) -> tuple[int, BlockingWaiter]:

@@ -50,16 +50,18 @@ class AlreadyRunning(MpvisorError):
 
 class TaskAlreadyExists(MpvisorError):
     """Raised by `add` (and by a `run` batch) for a name that a registered task (also one being
-    removed) already uses; the rejected task never runs. `name` is that name."""
+    removed) already uses, or that a batch gives twice (`twice`); the rejected task never runs.
+    `name` is that name."""
 
     label = "task_already_exists"
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a task named {name!r} is already registered")
+    def __init__(self, name: str, twice: bool = False) -> None:
+        super().__init__(f"the batch names a task {name!r} twice" if twice else f"a task named {name!r} is already registered")
         self.name = name
+        self.twice = twice
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.name,), self.__dict__
+        return type(self), (self.name, self.twice), self.__dict__
 
 
 class CommandQueueFull(MpvisorError):
@@ -86,21 +88,25 @@ class TaskTerminationTimeout(MpvisorError):
 
 class GraceExceeded(MpvisorError):
     """Raised by `shutdown()` (and so by `run`) when it had to kill the process trees of the tasks
-    named in `stuck` (sorted) because they did not stop within `grace` seconds. The shutdown is
+    named in `stuck` (sorted) because they did not stop within `grace` seconds, or, `at_once`,
+    because a second SIGINT asked for every tree to be killed without waiting. The shutdown is
     complete when it is raised."""
 
     label = "grace_exceeded"
 
-    def __init__(self, grace: float, stuck: list[str]) -> None:
+    def __init__(self, grace: float, stuck: list[str], at_once: bool = False) -> None:
         super().__init__(
+            f"{len(stuck)} task(s) were killed at once (a second SIGINT), without waiting for the grace "
+            f"window of {grace} s: {', '.join(stuck)}" if at_once else
             f"{len(stuck)} task(s) did not stop within the grace window of {grace} s "
             f"and were killed: {', '.join(stuck)}"
         )
         self.grace = grace
         self.stuck = stuck
+        self.at_once = at_once
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.grace, self.stuck), self.__dict__
+        return type(self), (self.grace, self.stuck, self.at_once), self.__dict__
 
 
 class ControllerError(MpvisorError):

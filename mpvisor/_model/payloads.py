@@ -60,7 +60,8 @@ def _check_int(value: int, path: str) -> None:
 
 def _check_depth(depth: int, path: str) -> None:
     if depth >= MAX_DEPTH:
-        raise TypeError(f"{path} is nested deeper than {MAX_DEPTH} containers (or contains itself)")
+        where = path if len(path) <= 60 else f"{path[:40]}…{path[-16:]}"  # its start names the argument
+        raise TypeError(f"{where} is nested deeper than {MAX_DEPTH} containers (or contains itself)")
 
 
 def _dict_items(

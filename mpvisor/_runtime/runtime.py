@@ -343,7 +343,7 @@ class Runtime:
         await self.registry.stop()
         await self.bus.close(self.config.subscriber_shutdown_timeout)
         if stuck:
-            raise GraceExceeded(grace, stuck)
+            raise GraceExceeded(grace, stuck, at_once=self.interrupted.count(signal.SIGINT) > 1)
 
     def _stop_levels(self) -> list[list[TaskActor]]:
         """The registered tasks in the groups shutdown stops one after another: all at once,

@@ -212,15 +212,16 @@ class Registry:
             publish(EventKind.TASK_ADD_REQUESTED, task=spec.name, id=id)
         duplicate = self._first_duplicate(command.specs)
         if duplicate is not None:
+            error = TaskAlreadyExists(duplicate, twice=duplicate not in self.by_name)
             for id, spec in command.specs:
                 clash = spec.name in self.by_name or spec.name == duplicate
                 kind = RejectionKind.ALREADY_EXISTS if clash else RejectionKind.BATCH_REJECTED
                 publish(EventKind.TASK_ADD_FAILED, task=spec.name, id=id, rejection_kind=kind,
-                        reason=f"a task named {spec.name!r} is already registered" if clash else
-                        f"the batch was rejected: {duplicate!r} is already registered")
+                        reason=str(TaskAlreadyExists(spec.name, twice=spec.name not in self.by_name)) if clash else
+                        f"the batch was rejected: {error}")
             if command.on_reject is not None:
                 command.on_reject(RejectionKind.ALREADY_EXISTS)
-            raise TaskAlreadyExists(duplicate)
+            raise error
         actors = [TaskActor(self.host, id, spec, command.owned_by_controller) for id, spec in command.specs]
         waiters = []
         for actor in actors:

@@ -8,6 +8,7 @@ import warnings
 import pytest
 
 from mpvisor import (
+    ConfigError,
     ControllerClosed,
     ControllerConfig,
     ControllerSpec,
@@ -36,6 +37,9 @@ def test_the_blocking_facade_mirrors_the_async_handle():
         task_id, running = handle.add_and_watch(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
         with pytest.raises(TimeoutError):
             running.wait(timeout=0.1)
+        for wrong in ("1", -1, float("nan")):  # said as such, not a TimeoutError at once or a comparison's TypeError
+            with pytest.raises(ConfigError, match=f"timeout must be .*, got {wrong!r}"):
+                running.wait(timeout=wrong)  # type: ignore[arg-type]
         events.wait_for(EventKind.ATTEMPT_STARTING, 10.0, id=task_id)
         assert [info.id for info in handle.list()] == [task_id] and handle.is_alive("coop")
         assert handle.cancel(task_id) is True

@@ -379,7 +379,7 @@ def test_outcome_rejection_and_error_labels_are_stable() -> None:
 
 def test_error_fields() -> None:
     """Errors carry their fields."""
-    assert _errors.TaskAlreadyExists("n").name == "n"
+    assert _errors.TaskAlreadyExists("n").name == "n" and not _errors.TaskAlreadyExists("n").twice
     timeout = _errors.TaskTerminationTimeout(4, 1.5)
     assert (timeout.id, timeout.timeout) == (4, 1.5)
     grace = _errors.GraceExceeded(2.0, ["a", "b"])

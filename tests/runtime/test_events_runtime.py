@@ -157,7 +157,8 @@ async def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usabl
              once("duplicate", basic.quick, marker=marker)]
     with pytest.raises(TaskAlreadyExists) as raised:
         await supervisor.run(batch)
-    assert raised.value.name == "duplicate"
+    assert (raised.value.name, raised.value.twice) == ("duplicate", True)
+    assert str(raised.value) == "the batch names a task 'duplicate' twice"
     assert child_pids_of_self() == []  # the launcher included
     failed = await async_wait_for(lambda: len(collector.of(K.TASK_ADD_FAILED)) == 3 and collector.of(K.TASK_ADD_FAILED))
     assert [(e.task, e.rejection_kind) for e in failed] == [
@@ -165,6 +166,7 @@ async def test_a_duplicate_static_batch_runs_nothing_and_keeps_the_runtime_usabl
         ("duplicate", RejectionKind.ALREADY_EXISTS),
         ("duplicate", RejectionKind.ALREADY_EXISTS),
     ]
+    assert failed[0].reason == "the batch was rejected: the batch names a task 'duplicate' twice", failed[0]
     with pytest.raises(AlreadyRunning):
         await supervisor.run([])
     handle = supervisor.serve()

@@ -392,6 +392,8 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
         stop_script(process)
     finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
     assert [(line["task"], line["outcome_kind"]) for line in finished] == [("stubborn", "outcome_force_aborted")]
+    said = (tmp_path / "grace_exceeded.txt").read_text()
+    assert said == "1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 30.0 s: stubborn"
     wait_for(lambda: all_gone(tree), timeout=5)
 
 

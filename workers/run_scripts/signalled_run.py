@@ -9,7 +9,8 @@ workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines l
 | `cooperative` | restartable `coop.cooperative` "plain" and `runtime_probes.cooperative_with_child` "parent" | 1 |
 | `stubborn` | once `misbehave.stubborn_tree` "stubborn" | 30 |
 
-Exit status: 0 when `run` returned, 3 when it raised `GraceExceeded`.
+Exit status: 0 when `run` returned, 3 when it raised `GraceExceeded` (its message written to
+`WORK_DIR/grace_exceeded.txt`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def main(scenario: str, log_path: str, work_dir: str) -> int:
     try:
         mpvisor.run(specs, mpvisor.SupervisorConfig(grace=grace),  # type: ignore[arg-type]
                     subscribers=[mpvisor.JsonLinesWriter(log_path)])
-    except mpvisor.GraceExceeded:
+    except mpvisor.GraceExceeded as exc:
+        with open(os.path.join(work_dir, "grace_exceeded.txt"), "w") as f:
+            f.write(str(exc))
         return 3
     return 0
 
