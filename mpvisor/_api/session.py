@@ -158,9 +158,9 @@ class _SignalHandlers:
 
 
 def refuse_unguarded_main() -> None:
-    """Refuse to serve while an attempt imports the main script (its start-up code is unguarded)."""
-    if _context.importing_main_script:
+    """Refuse to serve while an attempt imports its target's module (start-up code run on import)."""
+    if _context.importing_target:
         raise _context.UnguardedMainScript(
-            'a supervisor was started while an attempt imported the main script: its start-up code '
-            'must sit under `if __name__ == "__main__":`'
+            "a supervisor was started while an attempt imported its target's module: start it from a "
+            'function, or under `if __name__ == "__main__":`'
         )

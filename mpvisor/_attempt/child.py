@@ -242,13 +242,20 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
 
 
 def _import_target(start: Start) -> Any:
+    """The target, its module imported with `importing_target` set: a supervisor that module (or
+    one it imports) starts on import is refused (`UnguardedMainScript`), as it would start another
+    in each of its own attempts, without end."""
     module_name, _, qualname = start.target.partition(":")
-    if module_name == "__main__" and start.main_path is not None:
-        module = _import_main_script(start.main_path)
-    else:
-        module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
-        if module is None:
-            module = importlib.import_module(module_name)
+    _context.importing_target = True
+    try:
+        if module_name == "__main__" and start.main_path is not None:
+            module = _import_main_script(start.main_path)
+        else:
+            module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
+            if module is None:
+                module = importlib.import_module(module_name)
+    finally:
+        _context.importing_target = False
     obj: Any = module
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -264,18 +271,20 @@ def _import_main_script(path: str) -> Any:
         raise ImportError(f"cannot load the main script {path!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules["__mp_main__"] = sys.modules["__main__"] = module
-    _context.importing_main_script = True
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        _context.importing_main_script = False
+    spec.loader.exec_module(module)
     return module
 
 
 def _unguarded_reason(start: Start) -> str:
+    module_name = start.target.partition(":")[0]
+    if module_name == "__main__" and start.main_path is not None:
+        return (
+            f"the script {start.main_path!r} starts a supervisor when it is imported: its start-up "
+            f'code must sit under `if __name__ == "__main__":` (target {start.target!r})'
+        )
     return (
-        f"the script {start.main_path!r} starts a supervisor when it is imported: its start-up "
-        f'code must sit under `if __name__ == "__main__":` (target {start.target!r})'
+        f"the module {module_name!r} (or one it imports) starts a supervisor on import, so each attempt "
+        f'would start another: move that into a function or under `if __name__ == "__main__":`'
     )
 
 

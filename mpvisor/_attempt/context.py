@@ -223,11 +223,12 @@ def _install(ctx: TaskContext | None) -> None:
     _current = ctx
 
 
-# Set while the child imports the user's `__main__` script under another name: a supervisor
-# started then is the script's unguarded start-up code, which would otherwise run again in every
-# attempt (and start a supervisor in each child).
-importing_main_script = False
+# Set while the child imports its target's module (the user's `__main__` script under another
+# name, or any module): a supervisor started then is start-up code run on import, which would run
+# again in every attempt (and start a supervisor in each child, without end).
+importing_target = False
 
 
 class UnguardedMainScript(RuntimeError):
-    """The script's start-up code ran in an attempt: it must sit under `if __name__ == "__main__":`."""
+    """A supervisor was started while an attempt imported its target's module (a script's start-up
+    code, or a module's top level): it must sit in a function, or under `if __name__ == "__main__":`."""

@@ -314,6 +314,25 @@ def test_a_target_in_the_main_script(script, kind, says, tmp_path):
         assert says in outcome["reason"]
 
 
+@pytest.mark.timeout(60)
+def test_a_target_module_that_starts_a_supervisor_on_import_is_fatal_not_endless(tmp_path):
+    """A module whose top level runs `mpvisor.run` on itself would start a supervisor in each of
+    its attempts, each starting another, without end: the first attempt ends FATAL saying why, at
+    once, and nothing is left."""
+    (tmp_path / "selfrun.py").write_text(
+        "import mpvisor\nfrom mpvisor import TaskFn, TaskSpec\n\n\ndef local(x):\n    return x + 1\n\n\n"
+        "mpvisor.run([TaskSpec.once(TaskFn('inner', 'selfrun:local', (1,)))])\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "selfrun:local", "5"], env=env, cwd=tmp_path,
+                          timeout=30, capture_output=True, text=True)
+    assert done.returncode == 1 and time.monotonic() - began < 10, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("mpvisor: local: fatal reason=") and "starts a supervisor on import" in line, line
+    assert "selfrun" in line and "attempts=1" in line and "characters)" not in line, line  # said whole
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "selfrun:local" in (p.info["cmdline"] or [])]
+
+
 @pytest.mark.timeout(120)  # the suite's default bound
 async def test_context_inside_and_outside_an_attempt():
     """Context() gives task name, id and attempt inside; RuntimeError outside an attempt."""
