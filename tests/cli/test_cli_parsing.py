@@ -118,6 +118,8 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--memory", "0.3K", "workers.basic:quick"], ["--memory", "'0.3K'"]),
         (["run", "--open-files", "0", "workers.basic:quick"], ["--open-files", "'0'"]),
         (["run", "--cpu", "0", "workers.basic:quick"], ["--cpu", "'0'"]),
+        (["run", "--every", "1", "--restart", "never", "--", "true"], ["argument --every", "--restart never"]),
+        (["run", "--every", "1", "--restart", "on-failure", "--", "true"], ["argument --every", "--restart on-failure"]),
         ([], ["COMMAND"]),
         (["run", "--", ""], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
