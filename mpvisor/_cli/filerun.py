@@ -137,8 +137,9 @@ class _Display(abc.ABC):
 
     queue_capacity = 4096
 
-    def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock) -> None:
+    def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock, *, bar: ProgressBar | None = None) -> None:
         self.stream, self.view, self.lock = stream, view, lock
+        self.bar = bar  # `--progress` lines on a pipe: fed from here, so they follow the lines of the same events
         self.closed = False
         self.caught = Caught()
 
@@ -146,6 +147,8 @@ class _Display(abc.ABC):
         with self.lock:
             if not self.closed:
                 self._show(event)
+        if self.bar is not None:
+            self.bar.on_event(event)  # takes the lock itself
         self.caught.passed(event.seq)
 
     def print(self, text: str) -> None:
@@ -302,10 +305,10 @@ def run_file(args: argparse.Namespace) -> int:
                      {t.name: t.service.after for t in tasks})
     stderr = sys.stderr
     live = stderr.isatty() and os.environ.get("TERM") != "dumb" and LiveTable.fits(stderr, len(tasks))
-    display: LiveTable | PlainLines = LiveTable(stderr, view, lock, progress=args.progress) if live else PlainLines(stderr, view, lock)
+    bar = ProgressBar(stderr, live=False, lock=lock) if args.progress and not live else None
+    display: LiveTable | PlainLines = (LiveTable(stderr, view, lock, progress=args.progress) if live else
+                                       PlainLines(stderr, view, lock, bar=bar))
     subscribers.append(display)
-    if args.progress and not live:
-        subscribers.append(ProgressBar(stderr, live=False, lock=lock))
     controller = (controller_config(args.slots or parsed.slots, args.lease_ttl or parsed.lease_ttl,
                                     args.wait_timeout or parsed.wait_timeout)
                   if any(t.slot for t in tasks) else None)  # --slots, else $MPVISOR_SLOTS, else the file's

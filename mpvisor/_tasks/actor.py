@@ -31,6 +31,8 @@ from mpvisor._model.wire import Failure, Progress, Result
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess
 from mpvisor._tasks.ending import AttemptEnd, StopReason, from_report
 
+EARLY_PROGRESS = 16  # progress reports kept while an attempt's ATTEMPT_STARTING is not published yet
+
 _ATTEMPT_EVENTS = {
     AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
     AttemptResult.FAILED: EventKind.ATTEMPT_FAILED,
@@ -118,6 +120,9 @@ class TaskActor:
         self.registered_at = time.monotonic()
         self.attempt = 0
         self.pid: int | None = None
+        # progress its attempt reported before ATTEMPT_STARTING was published (the attempt's
+        # socket can be read before the launcher's "started" is): published right after it
+        self._early_progress: list[Progress] | None = None
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
         self.current: AttemptProcess | None = None
@@ -256,14 +261,18 @@ class TaskActor:
 
     async def _run_attempt(self) -> AttemptEnd:
         self.attempt += 1
+        self._early_progress = []
         attempt = self.host.start_attempt(self.spec, self.id, self.attempt, self)
         self.current = attempt
         try:
             self.pid = await attempt.started()
         except Exception:
-            pass  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
+            self._early_progress = None  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
         else:
             self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
+            early, self._early_progress = self._early_progress, None
+            for progress in early:
+                self.on_progress(progress)
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
         pid, self.pid, self.current = self.pid, None, None
@@ -336,6 +345,11 @@ class TaskActor:
     # --- what its attempt reports (the attempt's `AttemptObserver`) ---------------------------
 
     def on_progress(self, progress: Progress) -> None:
+        if self._early_progress is not None:  # before its ATTEMPT_STARTING: kept until then (16 at most,
+            if len(self._early_progress) == EARLY_PROGRESS:  # the latest last: a flood costs nothing)
+                self._early_progress.pop()
+            self._early_progress.append(progress)
+            return
         self._publish(
             EventKind.ATTEMPT_PROGRESS, attempt=self.attempt, pid=self.pid,
             progress=(progress.done, progress.total), reason=progress.message,
