@@ -315,9 +315,6 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
         task = CommandTask(args.name or os.path.basename(args.command[0]), args.command)
     elif task is None:
         task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)
-    if args.every is not None and args.restart in ("never", "on-failure"):  # as a task file's `every` says it
-        raise ValueError(f"argument --every: makes the task run again after each success: it needs --restart always "
-                         f"or no --restart, got --restart {args.restart}")
     if args.every is not None:
         spec = TaskSpec.periodic(task, args.every)
     elif args.restart in (None, "never"):

@@ -208,6 +208,9 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         args.grace = DEFAULT_GRACE
     if bool(args.command) == (args.target is not None):
         run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
+    if args.every is not None and args.restart in ("never", "on-failure"):  # as a task file's `every` says it
+        run.error(f"argument --every: makes the task run again after each success: it needs --restart always "
+                  f"or no --restart, got --restart {args.restart}")
     try:
         args.spec = build_spec(args)  # `--timeout` as timeout(1) reads it: the whole attempt
     except (TypeError, ValueError) as exc:

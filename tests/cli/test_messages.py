@@ -62,17 +62,21 @@ def said_length(line: str) -> int:
 
 
 def test_a_long_reason_is_cut_in_the_outcome_line_and_whole_in_the_events(tmp_path: pathlib.Path) -> None:
-    """A result that contains itself cannot be sent: the attempt is FATAL with a reason of well
-    over a thousand characters; the outcome line shows 200 of them and the length."""
-    done = mpvisor(tmp_path, "run", "workers.cli_probes:self_referential")
+    """A `Fail` with a reason of 3,000 characters: the outcome line shows 200 of them and the
+    length; the events carry all of it. (A result that contains itself is FATAL with a short
+    reason: where it nests too deep, cut in the middle.)"""
+    done = mpvisor(tmp_path, "run", "workers.cli_probes:long_failure", "3000")
     assert done.returncode == 1, done.stderr
-    (line,) = [text for text in done.stderr.splitlines() if text.startswith("mpvisor: self_referential: ")]
-    assert line.startswith("mpvisor: self_referential: fatal reason='the result of type list cannot be sent as msgpack")
+    (line,) = [text for text in done.stderr.splitlines() if text.startswith("mpvisor: long_failure: ")]
+    assert line.startswith("mpvisor: long_failure: failed reason='xxxx")
     assert line.endswith("characters) exit_code=None attempts=1") and len(line) < 300, line
-    events = mpvisor(tmp_path, "run", "--events", "json", "workers.cli_probes:self_referential")
+    events = mpvisor(tmp_path, "run", "--events", "json", "workers.cli_probes:long_failure", "3000")
     (failure,) = [e for e in map(json.loads, events.stdout.splitlines()) if e["kind"] == "attempt_failed"]
-    assert len(failure["reason"]) == said_length(line) > 1000
+    assert len(failure["reason"]) == said_length(line) == 3000
     assert line.split("reason=", 1)[1].startswith(repr(failure["reason"][:200]))
+    nested = mpvisor(tmp_path, "run", "workers.cli_probes:self_referential")
+    (line,) = [text for text in nested.stderr.splitlines() if text.startswith("mpvisor: self_referential: ")]
+    assert nested.returncode == 1 and "is nested deeper than 511 containers" in line and "characters)" not in line, line
 
 
 def test_a_file_runs_lines_cut_a_long_reason(tmp_path: pathlib.Path) -> None:
