@@ -19,16 +19,16 @@ import asyncio
 import signal
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mpvisor import _platform
 from mpvisor._api.blocking import BlockingHandle, serve_blocking
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._api.session import RunSession, refuse_unguarded_main, run_session, serve_runtime
-from mpvisor._model.checks import positive_int
 from mpvisor._model.errors import AlreadyRunning, GraceExceeded
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
+from mpvisor._runtime.bus import checked_subscriber
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
@@ -36,6 +36,8 @@ from mpvisor._tasks.registry import TaskWaiter
 if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
     from mpvisor._runtime.bus import Subscriber
+
+_T = TypeVar("_T")
 
 
 class Supervisor:
@@ -141,32 +143,11 @@ class Supervisor:
 
 
 def _checked_config(config: object) -> SupervisorConfig:
-    if config is None:
-        return SupervisorConfig()
-    if not isinstance(config, SupervisorConfig):
-        raise TypeError(f"config must be a SupervisorConfig, got {config!r}")
-    return config
-
-
-def _checked_subscribers(subscribers: object) -> tuple[Subscriber, ...]:
-    """Each subscriber's `name`, `on_event` and `queue_capacity` (when it gives one), checked now."""
-    if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
-        raise TypeError(f"subscribers must be an iterable of subscribers, got {subscribers!r}")
-    found = tuple(subscribers)
-    for sub in found:
-        if not callable(getattr(sub, "on_event", None)) or not isinstance(getattr(sub, "name", None), str):
-            raise TypeError(f"subscriber {sub!r} needs a `name` string and an `on_event(event)` method")
-        if hasattr(sub, "queue_capacity"):
-            positive_int(f"{sub.name}.queue_capacity", sub.queue_capacity)
-    return found
+    return _of_type("config", config, SupervisorConfig) or SupervisorConfig()
 
 
 def _checked_defaults(defaults: object) -> TaskDefaults:
-    if defaults is None:
-        return TaskDefaults()
-    if not isinstance(defaults, TaskDefaults):
-        raise TypeError(f"task_defaults must be a TaskDefaults, got {defaults!r}")
-    return defaults
+    return _of_type("task_defaults", defaults, TaskDefaults) or TaskDefaults()
 
 
 def _checked_controller(controller: object) -> ControllerConfig | None:
@@ -175,9 +156,24 @@ def _checked_controller(controller: object) -> ControllerConfig | None:
     # imported here: a supervisor without slots never imports them
     from mpvisor._admission.config import ControllerConfig
 
-    if not isinstance(controller, ControllerConfig):
-        raise TypeError(f"controller must be a ControllerConfig, got {controller!r}")
-    return controller
+    return _of_type("controller", controller, ControllerConfig)
+
+
+def _of_type(field: str, value: object, kind: type[_T]) -> _T | None:
+    """`value` (None, or a `kind`), else `TypeError` naming `field` and `value`."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{field} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _checked_subscribers(subscribers: object) -> tuple[Subscriber, ...]:
+    """Each subscriber checked now (`checked_subscriber`), as the bus would when served."""
+    if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
+        raise TypeError(f"subscribers must be an iterable of subscribers, got {subscribers!r}")
+    found = tuple(subscribers)
+    for sub in found:
+        checked_subscriber(sub)
+    return found
 
 
 class SupervisorBuilder:

@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 from mpvisor._model.errors import Canceled
+from mpvisor._model.payloads import INT_MAX, INT_MIN
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ def _check_number(field: str, value: object) -> None:
     """A progress figure: an int or float (not a bool), an int within msgpack's 64 bits."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"progress: {field} must be a number, got {value!r}")
-    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+    if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
         raise ValueError(f"progress: {field} must fit in 64 bits, got {value!r}")
 
 

@@ -144,14 +144,22 @@ class EventStream:
         return f"<EventStream {state} buffered={len(self._buffer)} dropped={self.dropped}>"
 
 
+def checked_subscriber(subscriber: object) -> tuple[str, int]:
+    """A subscriber's name and queue capacity; `TypeError` for an object without a `name`
+    string and an `on_event` method, `ConfigError` for a bad name or `queue_capacity`."""
+    if not callable(getattr(subscriber, "on_event", None)) or not isinstance(getattr(subscriber, "name", None), str):
+        raise TypeError(f"subscriber {subscriber!r} needs a `name` string and an `on_event(event)` method")
+    name = _validate.name("subscriber.name", subscriber.name)  # type: ignore[attr-defined]
+    capacity = getattr(subscriber, "queue_capacity", DEFAULT_QUEUE_CAPACITY)
+    return name, _validate.positive_int(f"{name}.queue_capacity", capacity) or 1
+
+
 class _Mailbox:
     """One subscriber's bounded queue and the daemon thread that empties it in `seq` order."""
 
     def __init__(self, subscriber: Subscriber, on_panic: Callable[[_Mailbox, str], None]) -> None:
         self.subscriber = subscriber
-        self.name = _validate.name("subscriber.name", subscriber.name)
-        capacity = getattr(subscriber, "queue_capacity", DEFAULT_QUEUE_CAPACITY)
-        self.capacity = _validate.positive_int(f"{self.name}.queue_capacity", capacity) or 1
+        self.name, self.capacity = checked_subscriber(subscriber)
         self._on_panic = on_panic
         self._items: deque[Event] = deque()  # never longer than `capacity`
         self._cond = threading.Condition()

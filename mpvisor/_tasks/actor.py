@@ -120,8 +120,9 @@ class TaskActor:
         self.registered_at = time.monotonic()
         self.attempt = 0
         self.pid: int | None = None
-        # progress its attempt reported before ATTEMPT_STARTING was published (the attempt's
-        # socket can be read before the launcher's "started" is): published right after it
+        # progress its attempt reported while `pid` is None, before ATTEMPT_STARTING was published
+        # (the attempt's socket can be read before the launcher's "started" is): published right
+        # after it; None while there is none
         self._early_progress: list[Progress] | None = None
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
@@ -261,7 +262,6 @@ class TaskActor:
 
     async def _run_attempt(self) -> AttemptEnd:
         self.attempt += 1
-        self._early_progress = []
         attempt = self.host.start_attempt(self.spec, self.id, self.attempt, self)
         self.current = attempt
         try:
@@ -270,7 +270,7 @@ class TaskActor:
             self._early_progress = None  # never started: `end()` says why (ATTEMPT_FAILED without a pid)
         else:
             self._publish(EventKind.ATTEMPT_STARTING, attempt=self.attempt, pid=self.pid)
-            early, self._early_progress = self._early_progress, None
+            early, self._early_progress = self._early_progress or [], None
             for progress in early:
                 self.on_progress(progress)
             self.host.attempt_started(self, self.pid)
@@ -345,10 +345,11 @@ class TaskActor:
     # --- what its attempt reports (the attempt's `AttemptObserver`) ---------------------------
 
     def on_progress(self, progress: Progress) -> None:
-        if self._early_progress is not None:  # before its ATTEMPT_STARTING: kept until then (16 at most,
-            if len(self._early_progress) == EARLY_PROGRESS:  # the latest last: a flood costs nothing)
-                self._early_progress.pop()
-            self._early_progress.append(progress)
+        if self.pid is None:  # before its ATTEMPT_STARTING: kept until then (16 at most, the latest last)
+            early = self._early_progress = self._early_progress or []
+            if len(early) == EARLY_PROGRESS:
+                early.pop()
+            early.append(progress)
             return
         self._publish(
             EventKind.ATTEMPT_PROGRESS, attempt=self.attempt, pid=self.pid,
