@@ -27,6 +27,7 @@ import resource
 import socket
 import stat
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -160,6 +161,57 @@ def kill_cgroup_member(pid: int, name: str) -> None:
         pass
     finally:
         os.close(pidfd)
+
+
+def kill_group_left(pgid: int, leader_pidfd: int | None, wait: float) -> None:
+    """SIGKILL what is left of process group `pgid`, an attempt's, whose leader is `leader_pidfd`
+    (or gone), and wait up to `wait` s until no member is left (zombies aside: whoever reaps
+    them, they hold nothing). Used when nobody below the parent is left to do it.
+
+    While any member of the group lives, the kernel keeps its number in use, so `pgid` cannot
+    name another group. Once none does and the leader is reaped, a new process may take the
+    number and lead a group of its own: a live process with pid `pgid` that is not our leader
+    (its pidfd says it has exited) means the number is someone else's now, and nothing is sent.
+    A zombie there is our leader, dead and not yet reaped (which holds the number too)."""
+    if not _leader_or_free(pgid, leader_pidfd):
+        return
+    try:
+        os.killpg(pgid, 9)
+    except OSError:
+        return  # no member left (ESRCH)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if not any(_in_group_alive(pid, pgid) for pid in _pids()):
+            return
+        time.sleep(0.002)
+
+
+def _leader_or_free(pgid: int, leader_pidfd: int | None) -> bool:
+    if leader_pidfd is not None:
+        try:
+            _signal.pidfd_send_signal(leader_pidfd, 0)
+            return True  # the leader lives: the number is its
+        except OSError:
+            pass
+    try:
+        data = read_small_file(f"/proc/{pgid}/stat")
+    except OSError:
+        return True  # no process has the number: what is in the group, if anything, is ours
+    return data[data.rindex(b")") + 2 :].startswith(b"Z")
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _in_group_alive(pid: int, pgid: int) -> bool:
+    """Whether `pid` is a live (not zombie) member of group `pgid`, by its /proc stat."""
+    try:
+        data = read_small_file(f"/proc/{pid}/stat")
+    except OSError:
+        return False
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
 
 
 def kernel_release() -> str:

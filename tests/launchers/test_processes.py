@@ -44,6 +44,7 @@ from tests._support import (
     FAST,
     START_METHODS,
     LogRecords,
+    all_ended,
     all_gone,
     async_wait_for,
     finished,
@@ -770,6 +771,36 @@ async def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees
         await async_wait_for(lambda: gone_or_orphan_zombie(launcher) and gone_or_orphan_zombie(guardian))
         _, later = await finished(handle, events, once("later", basic.quick, "later"))
         assert later.value == "later" and launcher_pid(handle) != launcher
+
+
+async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempts_group(tmp_path):
+    """The launcher and its guardian SIGKILLed together (the guardian stopped first, so neither
+    can clean up): nobody below the parent is left to kill the attempt's tree, so the parent kills
+    what is left of the attempt's process group before it reports the attempt's end ("launcher
+    died"): at that moment the child, grandchild and double-forked orphan of a stubborn tree have
+    ended, and a retry or a slot's next owner cannot overlap them. The `setsid` grandchild left
+    the group: without cgroups it survives, the known limit (the test kills it)."""
+    records = tmp_path / "tree.jsonl"
+    async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        tree = await async_wait_for(lambda: read_records(records))
+        launcher = launcher_pid(handle)
+        guardian = psutil.Process(launcher).ppid()
+        escaped = [r for r in tree if r["role"] == "setsid-grandchild"]
+        try:
+            os.kill(guardian, signal.SIGSTOP)
+            os.kill(launcher, signal.SIGKILL)
+            os.kill(guardian, signal.SIGKILL)
+            outcome = await waiter.wait()
+            in_group = [r for r in tree if r["role"] != "setsid-grandchild"]
+            assert len(in_group) == 3 and len(escaped) == 1, tree
+            assert all_ended(in_group), f"left alive: {still_there(in_group)}"
+            assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome
+        finally:
+            for record in escaped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record["pid"], signal.SIGKILL)
 
 
 @pytest.mark.timeout(60)

@@ -276,11 +276,12 @@ async def test_isolated_attempts_are_killed_whole_by_their_cgroup(mechanism, tmp
 
 
 @pytest.mark.parametrize("mechanism", ["cgroup.kill", "v1 members"])
-def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(mechanism, tmp_path, monkeypatch) -> None:
+def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_attempt_does(mechanism, tmp_path, monkeypatch) -> None:
     """The known limit closed: the fork server and its guardian SIGKILLed together leave an
-    attempt's `setsid` grandchild running (nobody is above it); the next fork server's start
-    kills it through the attempt's cgroup (v2 `cgroup.kill`, or each member of a v1 one) and
-    removes the cgroup."""
+    attempt's `setsid` grandchild running (nobody is above it); the parent kills it through the
+    attempt's cgroup (v2 `cgroup.kill`, or each member of a v1 one) and removes the cgroup before
+    it reports the attempt's end, so nothing of the tree outlives it; the next fork server
+    starts clean."""
     import signal as _signal
 
     import psutil
@@ -295,9 +296,12 @@ def test_a_later_launcher_kills_what_a_killed_launcher_and_guardian_left(mechani
 
             _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)
             launcher, guardian = handle._rt.launcher.pids()
+            os.kill(guardian, _signal.SIGSTOP)  # neither can clean up
             for pid in (launcher, guardian):
                 os.kill(pid, _signal.SIGKILL)
-            await waiter.wait()  # "launcher died": the attempt ended with it
+            await waiter.wait()  # "launcher died": the attempt ended with it, and its whole tree
+            assert all_ended(read_records(records)), [r for r in read_records(records) if psutil.pid_exists(r["pid"])]
+            assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
             # A new fork server starts for the next attempt; it is told to clean up first.
             _, again = await handle.add_and_watch(TaskSpec.once(fn("after", "workers.basic:quick")))
             assert (await again.wait()).is_success()

@@ -26,6 +26,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from mpvisor import _platform
 from mpvisor._launchers.local.lines import LineSplitter
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Channel:
                 os.set_blocking(w, True)
                 self._streams[r] = LineSplitter(stream)
                 self.child_fds.append(w)
+        self.pid: int | None = None  # the attempt's, once started: its process group's id too
         self._pidfd: int | None = None
         self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
         self._writing = False  # a writer callback is registered for the rest of it
@@ -67,6 +69,7 @@ class Channel:
     # --- what the launcher client tells it -------------------------------------------------------
 
     def started(self, pid: int, pidfd: int | None) -> None:
+        self.pid = pid
         self._pidfd = pidfd
         if self._sock is not None:
             self.loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -82,6 +85,12 @@ class Channel:
     def exited(self, status: ExitStatus, killed: bool) -> None:
         self._exit = (status, killed)
         self._drain()
+
+    def kill_group_left(self) -> None:
+        """Its launcher and guardian were killed together, so nobody killed its process group:
+        SIGKILL what is left of it, and wait (up to `EOF_WAIT` s) until nothing is."""
+        if self.pid is not None:
+            _platform.kill_group_left(self.pid, self._pidfd, EOF_WAIT)
 
     def launcher_died(self) -> None:
         if self._pidfd is None:  # never started, or no pidfd: nothing to wait for

@@ -414,6 +414,10 @@ class LauncherClient:
         guardian_pid, returncode = self._ended
         self._ended = None
         orphaned, self._orphaned = self._orphaned, []
+        if returncode < 0:  # the guardian was killed: perhaps with the launcher, leaving what the
+            for attempt in orphaned:  # attempts started in their groups and cgroups to nobody
+                attempt.kill_group_left()
+            self._clean_cgroups()
         for attempt in orphaned:
             attempt.launcher_died()
         if self._startup is not None:

@@ -14,7 +14,7 @@ launcher.
 | the launcher is killed (SIGKILL, a crash) | the guardian kills whatever re-parents to it, until nothing does |
 | the guardian is killed | the launcher sees its parent go (SIGUSR1), kills every tree and exits |
 | the parent dies | the guardian dies with it (SIGKILL as parent-death signal), then as above |
-| guardian and launcher are killed at the same moment | the next launcher's client, for attempts in cgroups of their own (`isolation="cgroup"`, or a memory limit): it kills and removes the cgroups their fork server left (`cgroups.kill_left_over`); for other attempts nobody, and what they started may survive (the one case in which something survives) |
+| guardian and launcher are killed at the same moment | the parent's client, before it reports the attempts' end: it kills what is left of each attempt's process group (`Channel.kill_group_left`) and kills and removes the cgroups their fork server left (`cgroups.kill_left_over`, as every later launcher's start does too); what an attempt without a cgroup started outside its group may survive (the one case in which something survives) |
 
 The guardian only kills its own unreaped children, so a pid it signals cannot have been reused.
 It forks before the launcher imports `preload` modules, so it stays small.
