@@ -247,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mpvisor: {exc}", file=sys.stderr)
         return _ended(one.interrupts(), statuses.FAILED)
     except GraceExceeded as exc:  # a tree had to be killed: the outcome was FORCE_ABORTED
+        if one.outcome is not None:  # which the outcome line says, with why (or --quiet, nothing)
+            return _report(args, spec, one.outcome, one, machine)
         interrupts = one.interrupts()
         if interrupts.count(signal.SIGINT) > 1:
             print(f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}", file=sys.stderr)
@@ -332,6 +334,7 @@ class _OneTask:
         self.runtime: Runtime | None = None
         self.replaced = False  # a replacement claimed it (never decided from an event)
         self.waiter: TaskWaiter | None = None
+        self.outcome: TaskOutcome | None = None  # once known
 
     def interrupts(self) -> list[signal.Signals]:
         return list(self.runtime.interrupted) if self.runtime is not None else []
@@ -339,13 +342,14 @@ class _OneTask:
     async def run(self, config: SupervisorConfig, subscribers: list[Any],
                   controller: ControllerConfig | None) -> TaskOutcome:
         self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
-        await run_session(self.runtime, self._start, adds_work=True)
+        await run_session(self.runtime, self._start, adds_work=True)  # raises GraceExceeded after a kill
         assert self.waiter is not None
         return await self.waiter.wait()
 
     async def _start(self, session: RunSession) -> None:
         if self.slot is None:
             (self.waiter,) = await session.add_batch([self.spec])
+            self.waiter.when_resolved(self._resolved)
             return
         session.on_replaced(self._on_replaced)
         from mpvisor._admission.leases.store import POLICIES as POLICY_OF  # a slot's run only
@@ -353,6 +357,10 @@ class _OneTask:
 
         submission = ControllerSpec(self.spec, POLICY_OF[self.policy]).with_slot(self.slot)
         _, self.waiter = await session.handle.submit_and_watch(submission)
+        self.waiter.when_resolved(self._resolved)
+
+    def _resolved(self, outcome: TaskOutcome) -> None:
+        self.outcome = outcome  # kept for when the shutdown raises (GraceExceeded) instead of returning it
 
     def _on_replaced(self, id: int) -> None:
         if self.waiter is not None and id == self.waiter.id:

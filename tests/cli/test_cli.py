@@ -224,6 +224,33 @@ def test_a_second_sigint_kills_at_once_and_says_so(tmp_path):
     wait_for(lambda: none_left(tree), timeout=5)
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_tree_killed_after_the_grace_window_still_gets_its_outcome_line(tmp_path, quiet):
+    """A target that ignores the stop request, grace 0.5 s, SIGTERM: its tree is killed after
+    the grace window and the run prints the outcome line, `force_aborted` with why, as for any
+    other ending (it used to print only the shutdown's own message, even with --quiet, which
+    prints nothing); it dies by SIGTERM, leaving no process."""
+    marker = tmp_path / "marker"
+    flags = ["--quiet"] if quiet else []
+    proc = start(tmp_path, *flags, "--grace", "0.5", "workers.misbehave:stubborn", json.dumps(str(marker)))
+    try:
+        wait_for(lambda: read_markers(marker), timeout=20)
+        tree = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, stderr
+    if quiet:
+        assert stderr == "", stderr
+    else:
+        assert stderr.count("\n") == 1, stderr
+        assert outcome_line(stderr).startswith(
+            "mpvisor: stubborn: force_aborted reason='did not stop within the grace window of 0.5 s; its process tree was killed'"), stderr
+    wait_for(lambda: none_left(tree), timeout=5)
+
+
 def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path):
     """Started with SIGINT ignored (what a shell does for `cmd &`), the CLI is not stopped by a
     SIGINT: its task runs to completion and it exits 0."""
