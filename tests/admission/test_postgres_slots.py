@@ -61,6 +61,39 @@ def test_queued_runs_on_five_hosts_own_the_slot_one_at_a_time_in_fifo_order(tmp_
     assert finish(later)[0] == -15
 
 
+def test_a_grant_keeps_the_lease_ttl_of_the_host_it_is_granted_to(tmp_path: Any, url: str) -> None:
+    """Hosts may give different `--lease-ttl`s: a waiter of TTL 30, paused (SIGSTOP) while queued
+    behind an owner of TTL 2, is granted when that owner ends, and its lease then lives by its
+    own TTL from its last renewal (more than 10 s left), not by the releasing host's 2 s (which
+    let it expire within 2 s and granted the slot past it, out of FIFO order)."""
+    import signal
+
+    import psycopg  # type: ignore[import-not-found,unused-ignore]
+
+    log = tmp_path / "owners.log"
+    short = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 60.0, "short"))
+    wait_for(lambda: log.exists() and "start short" in log.read_text(), timeout=30)
+    long = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "30", *owner(log, 0.2, "long"))
+    assert long.stderr is not None and "waiting, position 1" in long.stderr.readline()
+    os.kill(long.pid, signal.SIGSTOP)
+    try:
+        short.terminate()
+        assert finish(short)[0] == -15
+
+        def granted_row() -> Any:
+            with psycopg.connect(url) as conn:
+                return conn.execute("SELECT extract(epoch FROM expires - now()) FROM mpvisor_requests "
+                                    "WHERE slot = 's' AND state = 'granted' AND pid = %s", (long.pid,)).fetchone()
+
+        left = wait_for(granted_row, timeout=30, interval=0.05)
+        assert float(left[0]) > 10, left  # the waiter's own 30 s, less the time since its last look
+    finally:
+        os.kill(long.pid, signal.SIGCONT)
+    status, err = finish(long)
+    assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["short", "long"]
+
+
 def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_owner(tmp_path: Any, url: str) -> None:
     """Host 1 owns the slot; host 2's `--policy drop` exits 3 at once, nothing ran; host 3's
     `--policy replace` stops host 1's task (it exits 6) and runs once host 1's tree is gone."""

@@ -11,7 +11,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 
 | request | in the slot's transaction |
 |---|---|
-| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) is granted: the slot's `last_token` + 1 is its fencing token, `expires = now() + ttl` |
+| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
 | `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
@@ -19,10 +19,11 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | `release`, `withdraw` | the row is deleted (a withdraw that crossed its grant gives the lease back) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
-hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`). What
-this store does not yet do is fence its owner by itself: an owner that cannot
-renew is told (`on_revoke`), and the controller retires its task, but nothing stops the tree
-if the supervising process itself is paused past the expiry.
+hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`).
+An owner that cannot renew is told (`on_revoke`), and the controller retires its task; the
+fork server that runs the owner's attempts holds the lease's deadline (a fence, renewed with
+each renewal) and stops the tree half a TTL after the last renewal even if the supervising
+process itself is paused.
 """
 
 from __future__ import annotations
@@ -260,8 +261,9 @@ class PostgresStore:
             return bool(expired)
         (token,) = conn.execute("UPDATE mpvisor_slots SET last_token = last_token + 1 WHERE slot = %s "
                                 "RETURNING last_token", (slot,)).fetchone()
-        conn.execute("UPDATE mpvisor_requests SET state = 'granted', token = %s, since = now(), "
-                     "expires = now() + make_interval(secs => %s) WHERE id = %s", (token, self.ttl, head[0]))
+        # Its expiry stays its own (its host's TTL, from its last renewal), not this host's.
+        conn.execute("UPDATE mpvisor_requests SET state = 'granted', token = %s, since = now() WHERE id = %s",
+                     (token, head[0]))
         return True
 
     def lock(self, conn: Any, slot: str) -> None:
