@@ -200,6 +200,15 @@ def _leader_or_free(pgid: int, leader_pidfd: int | None) -> bool:
     return data[data.rindex(b")") + 2 :].startswith(b"Z")
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (state T) or traced (t), by its /proc stat."""
+    try:
+        data = read_small_file(f"/proc/{pid}/stat")
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :][:1] in (b"T", b"t")
+
+
 def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

@@ -164,3 +164,35 @@ async def test_the_fake_launcher_records_the_fence() -> None:
         assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
     kinds = [entry[0] for entry in log]
     assert kinds.index("fence") < kinds.index("spawn") < kinds.index("unfence"), log
+
+
+async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_owners_tree(tmp_path: Any) -> None:
+    """The fence is the launcher's to keep: SIGSTOPped before it, the launcher stops and kills
+    nothing, so the parent SIGKILLs the stopped launcher `KILL_ANSWER` s after the fence's kill
+    time (and says so); the guardian then kills the owner's tree, which a slot's next owner on
+    another host could otherwise overlap once the lease expired. Before, the tree ran on for as
+    long as the launcher stayed stopped."""
+    import os
+    import signal
+
+    from mpvisor import EventKind
+    from mpvisor._launchers.local.client import KILL_ANSWER
+    from tests._support import all_ended, async_wait_for, read_records, seen
+
+    records = tmp_path / "tree.jsonl"
+    spec = TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn_tree", [str(records)]))
+    async with supervised(SupervisorConfig(grace=5.0), controller=ControllerConfig(leases=Expiring())) as (handle, events):
+        begin = time.monotonic()
+        _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
+        await async_wait_for(lambda: records.exists() and len(read_records(records)) == 4, timeout=TTL / 4)
+        launcher = handle._rt.launcher.pids()[0]
+        os.kill(launcher, signal.SIGSTOP)  # before the fence's stop time, TTL / 2 after the grant
+        assert time.monotonic() - begin < TTL / 2
+        outcome = await waiter.wait()
+        took = time.monotonic() - begin
+        tree = read_records(records)
+        assert all_ended(tree), tree
+        assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome
+        assert TTL / 2 + TTL / 4 + KILL_ANSWER <= took < TTL / 2 + TTL / 4 + KILL_ANSWER + 5, took
+        failure = await seen(events, EventKind.RUNTIME_FAILURE)
+        assert f"the launcher (pid {launcher}) is stopped" in (failure.reason or ""), failure

@@ -803,6 +803,33 @@ async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempt
                     os.kill(record["pid"], signal.SIGKILL)
 
 
+async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path):
+    """The launcher SIGSTOPped while a stubborn tree runs: a removal's grace (0.3 s) ends in a
+    kill the launcher cannot carry out, so the parent SIGKILLs the stopped launcher
+    `KILL_ANSWER` s later and says why (RUNTIME_FAILURE); the guardian kills the tree, the
+    task ends FORCE_ABORTED, and a new launcher serves the next task. Before, the task
+    waited for as long as the launcher stayed stopped, and nothing said why."""
+    from mpvisor._launchers.local.client import KILL_ANSWER
+
+    records = tmp_path / "tree.jsonl"
+    async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        tree = await async_wait_for(lambda: read_records(records))
+        launcher = launcher_pid(handle)
+        os.kill(launcher, signal.SIGSTOP)
+        began = time.monotonic()
+        await handle.remove(task_id)
+        outcome = await asyncio.wait_for(waiter.wait(), timeout=0.3 + KILL_ANSWER + 10)
+        assert time.monotonic() - began >= KILL_ANSWER, "killed before it had its time to answer"
+        assert outcome.kind is OutcomeKind.FORCE_ABORTED, outcome  # what a removal that had to kill is
+        said = [e.reason for e in events.of(EventKind.RUNTIME_FAILURE)]
+        assert any(f"the launcher (pid {launcher}) is stopped" in (r or "") for r in said), said
+        await async_wait_for(lambda: all_ended(tree), timeout=5.0)
+        _, later = await finished(handle, events, once("later", basic.quick, "later"))
+        assert later.value == "later" and launcher_pid(handle) != launcher
+
+
 @pytest.mark.timeout(60)
 async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_sessions_is_gone(tmp_path):
     """A tree that can only die one level at a time (eight levels, each in a session of its own

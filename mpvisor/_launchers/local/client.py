@@ -18,6 +18,7 @@ protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply t
 | EOF on the control socket | holds its channels: their launcher died |
 | the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now); reports the death; restarts after `restart_delay` (below), or gives up |
 | not ready within `start_timeout` | gives up: kills it |
+| stopped (SIGSTOP) `KILL_ANSWER` s after a kill it was sent, or after a fence's kill time | SIGKILLs it (its guardian too, if stopped) and says so; then as for any death |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
 
 A launcher that cannot become ready is a configuration error, never a loop: after
@@ -30,14 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mpvisor import _platform
 from mpvisor._launchers.local import control, early
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
@@ -53,6 +58,7 @@ CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
 SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
 LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
+KILL_ANSWER = 2.0  # seconds after a kill (or a fence's kill time) after which a stopped launcher is killed
 
 
 def restart_delay(quick_deaths: int) -> float:
@@ -75,8 +81,6 @@ def describe_guardian_status(returncode: int) -> str:
 
 
 def _signal_name(signum: int) -> str:
-    import signal
-
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -509,6 +513,11 @@ class LauncherClient:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""
         self._fences[fence.group] = fence
         self._send(_fence_control(fence))
+        self.loop.call_later(max(0.0, fence.kill_at - time.monotonic()) + KILL_ANSWER, self._check_fence, fence)
+
+    def _check_fence(self, fence: Fence) -> None:
+        if self._fences.get(fence.group) is fence:  # not renewed (moved) nor lifted since
+            self._unless_stopped(f"a fence's kill time passed {KILL_ANSWER:g} s ago")
 
     def unfence(self, group: int) -> None:
         if self._fences.pop(group, None) is not None:
@@ -521,6 +530,25 @@ class LauncherClient:
     def kill(self, key: int) -> None:
         """SIGKILL the attempt `key`'s whole tree."""
         self._send(control.Kill(key))
+        self.loop.call_later(KILL_ANSWER, self._check_kill, key)
+
+    def _check_kill(self, key: int) -> None:
+        if key in self._attempts:  # its tree is not reported gone yet
+            self._unless_stopped(f"was asked {KILL_ANSWER:g} s ago to kill a tree")
+
+    def _unless_stopped(self, why: str) -> None:
+        """A launcher (or guardian) stopped by a signal (SIGSTOP) can keep no timeout, grace or
+        fence: whichever of the two is stopped is SIGKILLed, which ends the trees as any death
+        of theirs does (the guardian, or the parent, kills what is left), and said."""
+        stopped = [(who, pid) for who, pid in zip(("launcher", "guardian"), (self.pid, self._guardian_pid()), strict=True)
+                   if pid is not None and _platform.is_stopped(pid)]
+        for who, pid in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.on_death(f"the {who} (pid {pid}) is stopped (SIGSTOP or SIGTSTP) and {why}: killed")
+
+    def _guardian_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def close(self) -> None:
         """Stop the launcher (it kills whatever is left) and let the keeper thread end."""
