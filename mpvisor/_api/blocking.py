@@ -73,7 +73,7 @@ class BlockingWaiter:
 
     def wait(self, timeout: float | None = None) -> TaskOutcome:
         """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on).
-        A `timeout` that is no finite, non-negative number of seconds raises `ConfigError`."""
+        A `timeout` that is no finite number of seconds >= 0 raises `ConfigError`."""
         return self._outcome.result(_validate.duration("timeout", timeout, allow_none=True))
 
 

@@ -13,6 +13,7 @@ before `run` returns or raises.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,14 @@ def run(
     task_defaults: TaskDefaults | None = None,
     controller: ControllerConfig | None = None,
 ) -> dict[str, TaskOutcome]:
-    """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes."""
+    """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes.
+
+    Raises `RuntimeError` when called from a running event loop (it would block that loop):
+    there, `await Supervisor(...).run(specs)` or serve one with `async with Supervisor(...)`."""
+    loops = sys.modules.get("asyncio")  # not imported yet: no loop runs (and the launcher starts first)
+    if loops is not None and loops._get_running_loop() is not None:
+        raise RuntimeError("mpvisor.run() cannot be called from a running event loop: there, use "
+                           "`await Supervisor(...).run(specs)`, or `async with Supervisor(...) as handle:`")
     from mpvisor._launchers.local import early
 
     if config is None or (getattr(config, "launcher", None) is None and not getattr(config, "preload", ())):

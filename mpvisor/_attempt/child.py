@@ -250,6 +250,11 @@ def _import_target(start: Start) -> Any:
     try:
         if module_name == "__main__" and start.main_path is not None:
             module = _import_main_script(start.main_path)
+        elif module_name == "__main__":  # this process's own `__main__` is not the parent's
+            raise ImportError(
+                "the target is defined in `__main__`, but the main program (`python -c`, the interactive "
+                "interpreter, a notebook) has no file the attempt can import: define targets in a file or a module"
+            )
         else:
             module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
             if module is None:
@@ -263,10 +268,13 @@ def _import_target(start: Start) -> Any:
 
 
 def _import_main_script(path: str) -> Any:
-    """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does."""
+    """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does
+    (its loader given, so that a script without the `.py` suffix loads too)."""
+    import importlib.machinery
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    loader = importlib.machinery.SourceFileLoader("__mp_main__", path)
+    spec = importlib.util.spec_from_file_location("__mp_main__", path, loader=loader)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the main script {path!r}")
     module = importlib.util.module_from_spec(spec)

@@ -293,7 +293,8 @@ def ray_address(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
     if importlib.util.find_spec("ray") is None:
-        raise argparse.ArgumentTypeError("Ray is not installed here (pip install 'mpvisor[ray]')")
+        raise argparse.ArgumentTypeError("Ray is not installed here: install the `ray` extra "
+                                         "(`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
     return text
 
 

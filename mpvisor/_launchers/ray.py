@@ -478,7 +478,7 @@ class RayClient:
         address, limit = self.settings.address, self.launch.start_timeout
         if _client_missing(address):
             self._error = (f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, "
-                           "which is not installed here (pip install 'mpvisor[ray]', which brings 'ray[client]')")
+                           "which is not installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
             return
         outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
         given_up = threading.Event()

@@ -5,7 +5,7 @@ field and the value, so that bad input never reaches the runtime.
 
 | check | accepts | refuses |
 |---|---|---|
-| `duration` | finite float/int >= 0, a `timedelta` (and `None` where allowed) | negative, NaN, inf, bool, other types |
+| `duration` | finite float/int >= 0 (> 0 without `allow_zero`), a `timedelta` (and `None` where allowed) | negative (and 0 without `allow_zero`), NaN, inf, bool, other types; the message states the field's rule |
 | `positive_int` | int >= 1 (and `None` where allowed) | 0, negatives, bool, other types |
 | `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
 | `cpus` | finite float/int >= 0.01 (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), NaN, inf, bool, other types |
@@ -30,10 +30,9 @@ def duration(field: str, value: object, *, allow_none: bool = False, allow_zero:
         seconds = float(value)
     else:
         raise ConfigError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{field} must be a finite, non-negative number of seconds, got {value!r}")
-    if seconds == 0 and not allow_zero:
-        raise ConfigError(f"{field} must be greater than 0, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        rule = ">= 0" if allow_zero else "> 0"  # one message, the field's own rule, for every refused value
+        raise ConfigError(f"{field} must be a finite number of seconds {rule}, got {value!r}")
     return seconds
 
 

@@ -19,7 +19,7 @@ decided in `_model/restart.py`; the work itself is described in `_model/work.py`
 |---|---|
 | `TaskSpec.once(task)` | `RestartPolicy.NEVER` |
 | `TaskSpec.restartable(task)` | `RestartPolicy.ON_FAILURE` |
-| `TaskSpec.periodic(task, every)` | `RestartPolicy.always(every)` (`every` finite, >= 0) |
+| `TaskSpec.periodic(task, every)` | `RestartPolicy.always(every)` (`every` finite, > 0) |
 
 A timeout of 0 is kept on the spec as given and resolves to "no timeout". An interval of 0
 reruns at once but still schedules (and publishes) a zero delay; `always()` with no interval
@@ -335,8 +335,8 @@ class TaskSpec:
 
     @classmethod
     def periodic(cls, task: Task, every: float | timedelta) -> TaskSpec:
-        """Run again `every` seconds after each success; retry failures after a backoff."""
-        interval = _validate.duration("every", every)
+        """Run again `every` seconds (> 0) after each success; retry failures after a backoff."""
+        interval = _validate.duration("every", every, allow_zero=False)  # as `--every` and a task file's `every`
         return cls(task, RestartPolicy.always(interval))
 
     @property

@@ -40,7 +40,7 @@ from typing import Any
 
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, label_of
 
-EXTRA_HINT = "PrometheusMetrics needs prometheus_client: pip install 'mpvisor[prometheus]'"
+EXTRA_HINT = "PrometheusMetrics needs prometheus_client: install the `prometheus` extra (`pip install '.[prometheus]'` in a checkout) or `pip install prometheus_client`"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BUSY_STATUSES = ("admitting", "running", "terminating")  # an idle slot has no series

@@ -202,3 +202,17 @@ def test_holdings_name_each_owner_and_its_queue_and_nothing_once_released(owners
     b.done()
     waiting.done()
     wait_for(lambda: store.holdings(DECIDED) == [], timeout=DECIDED)
+
+
+def test_without_psycopg_a_postgres_store_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint names what works from a checkout (the extra) and from the index (psycopg itself)."""
+    import sys
+
+    from mpvisor._admission.leases import postgres
+    from mpvisor._admission.leases.store import LeaseError
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what an absent package looks like
+    with pytest.raises(LeaseError) as raised:
+        postgres._connect("postgresql://nobody@127.0.0.1:1/none", 1.0)
+    assert str(raised.value) == ("a postgresql:// lease store needs psycopg: install the `postgres` extra "
+                                 "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`")

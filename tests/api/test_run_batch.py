@@ -73,3 +73,19 @@ def test_a_supervisors_settings_are_checked_at_the_call_that_gives_them(call, er
     with pytest.raises(error) as raised:
         call()
     assert said in str(raised.value)
+
+
+@pytest.mark.timeout(30)
+async def test_run_from_a_running_event_loop_says_what_to_use_instead():
+    """mpvisor.run in a running loop is refused before any coroutine is made (no 'never awaited'
+    warning, no launcher started), naming the async API."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match=r"mpvisor.run\(\) cannot be called from a running event loop.*"
+                                               r"await Supervisor\(\.\.\.\)\.run\(specs\).*async with Supervisor"):
+            mpvisor.run([_QUICK])
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

@@ -113,7 +113,7 @@ async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
     assert time.monotonic() - started < 1.0
     assert str(raised.value) == (
         f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, which is not "
-        "installed here (pip install 'mpvisor[ray]', which brings 'ray[client]')")
+        "installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
 
 
 @pytest.mark.ray

@@ -25,7 +25,15 @@ from mpvisor._model.restart import (
     Streak,
     decide,
 )
-from mpvisor._model.spec import INHERIT, RestartKind, RestartPolicy, TaskDefaults, TaskSpec
+from mpvisor._model.spec import (
+    INHERIT,
+    Limits,
+    RestartIntensity,
+    RestartKind,
+    RestartPolicy,
+    TaskDefaults,
+    TaskSpec,
+)
 from mpvisor._model.work import CommandTask, TaskFn
 from mpvisor._runtime.config import SupervisorConfig
 
@@ -160,6 +168,26 @@ def test_invalid_settings_fail_at_once_naming_field_and_value(
         build()
     assert field in str(caught.value)
     assert value in str(caught.value)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("build", "said"), [
+    (lambda: TaskSpec.periodic(TASK, 0), "every must be a finite number of seconds > 0, got 0"),
+    (lambda: TaskSpec.periodic(TASK, timedelta(0)), "every must be a finite number of seconds > 0"),
+    (lambda: TaskSpec.periodic(TASK, -1), "every must be a finite number of seconds > 0, got -1"),
+    (lambda: RestartIntensity(3, -1), "within must be a finite number of seconds > 0, got -1"),
+    (lambda: RestartIntensity(3, 0), "within must be a finite number of seconds > 0, got 0"),
+    (lambda: ControllerConfig(wait_timeout=-1), "wait_timeout must be a finite number of seconds > 0, got -1"),
+    (lambda: SupervisorConfig(start_timeout=-1), "start_timeout must be a finite number of seconds > 0, got -1"),
+    (lambda: Limits(cpu_seconds=-1), "cpu_seconds must be a finite number of seconds > 0, got -1"),
+    (lambda: SupervisorConfig(grace=-1), "grace must be a finite number of seconds >= 0, got -1"),
+])
+def test_a_refused_duration_states_its_fields_own_rule(build: Any, said: str) -> None:
+    """A duration that must be > 0 says so for a negative value too (not 'non-negative'), and
+    periodic refuses every=0 as `--every 0` and a task file's `every = 0` are."""
+    with pytest.raises(ConfigError) as caught:
+        build()
+    assert said in str(caught.value)
 
 
 def test_a_zero_max_slot_queue_is_valid() -> None:

@@ -339,7 +339,7 @@ def test_every_metric_and_label_the_docs_alert_on_exists_in_a_scrape() -> None:
 def test_without_the_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without prometheus_client, building one names the extra to install."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what an absent package looks like
-    with pytest.raises(ImportError, match=r"pip install 'mpvisor\[prometheus\]'"):
+    with pytest.raises(ImportError, match=re.escape("install the `prometheus` extra (`pip install '.[prometheus]'` in a checkout) or `pip install prometheus_client`")):
         PrometheusMetrics()
 
 

@@ -270,6 +270,20 @@ def test_the_readme_opens_with_the_set_up_commands(ran: dict[str, Ran]) -> None:
     assert ran[first.id].problems == [], ran[first.id].problems[0]
 
 
+@pytest.mark.timeout(60)
+def test_the_demo_imports_the_installed_mpvisor_not_the_checkouts(tmp_path: pathlib.Path) -> None:
+    """`pip install . && python scripts/demo.py` tours what was installed: the checkout goes on
+    `sys.path` after the installed packages (here, a stand-in `mpvisor` on PYTHONPATH), for
+    `workers/` alone."""
+    installed = tmp_path / "site" / "mpvisor"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("import sys\nprint('the installed mpvisor')\nsys.exit(3)\n")
+    env = {**environment(tmp_path), "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (3, "the installed mpvisor\n"), _failed("demo.py", done)
+
+
 @pytest.mark.parametrize("example", LOCAL, ids=lambda e: e.id)
 def test_block(example: Example, ran: dict[str, Ran]) -> None:
     """The block runs as its info string says (the module table)."""

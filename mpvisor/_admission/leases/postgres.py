@@ -73,7 +73,8 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         import psycopg
     except ImportError:
-        raise LeaseError("a postgresql:// lease store needs psycopg: pip install 'mpvisor[postgres]'") from None
+        raise LeaseError("a postgresql:// lease store needs psycopg: install the `postgres` extra "
+                         "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`") from None
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
