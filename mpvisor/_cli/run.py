@@ -265,6 +265,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         status, reason = refused
         if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
             reason = f"the slot was still busy after --wait-timeout {args.wait_timeout:g} s"
+            if outcome.reason != TaskOutcome.rejected(outcome.rejection).reason:  # its own: the store never answered
+                reason = outcome.reason or reason
         if not args.quiet:
             print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status

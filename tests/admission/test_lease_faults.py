@@ -125,6 +125,28 @@ def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path:
     assert finish(first)[0] == -signal.SIGTERM
 
 
+def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_so(tmp_path: Any, url: str) -> None:
+    """A store that accepts connections and never answers (a partitioned proxy): `--wait-timeout
+    1` with a TTL of 40 s (statements then wait 10 s for an answer) ends the run at about a
+    second, exit 3, saying the store did not answer, not that the slot was busy; its command never
+    started. (It used to wait for the stalled statement: 8 to 20 s past the timeout, and said
+    "still busy".)"""
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    with Proxy.for_url(url) as proxy:
+        proxy.partition()
+        began = time.monotonic()
+        waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--lease-ttl", "40", "--wait-timeout", "1",
+                             *owner(log, 0.0, "two"))
+        status, err = finish(waiting)
+        took = time.monotonic() - began
+    assert status == 3, err
+    assert "did not answer within the wait timeout (1 s)" in err and "still busy" not in err, err
+    assert took < 6, took
+    assert not log.exists() or "start two " not in log.read_text()
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return list(psutil.Process(pid).cmdline())

@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn: `Decision(False, "slot_busy")` |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back); a store that does not answer within `RELEASE_WAIT` s lets the lease expire instead |
@@ -47,6 +47,8 @@ class LeaseDriver:
         self._on_renewed, self._on_lost = on_renewed, on_lost
         self.wait_timeout = wait_timeout
         self._waited_out = False
+        self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
+        self._heard = False  # the store answered this request (it queued it)
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
@@ -80,6 +82,7 @@ class LeaseDriver:
 
     async def acquire(self, pids: list[Pid]) -> Decision:
         decided: asyncio.Future[Decision] = self.loop.create_future()
+        self._decision = decided
         threading.Thread(target=self._ask, args=(pids, decided), name=f"mpvisor-lease-{self.slot}", daemon=True).start()
         timer = None if self.wait_timeout is None else self.loop.call_later(self.wait_timeout, self._wait_out)
         decision = await decided
@@ -90,15 +93,23 @@ class LeaseDriver:
             assert request is not None
             request.watch(self._revoked, self._renewed, self._lost)
         else:
-            self.close()
+            if not self._waited_out:
+                self.close()  # (waited out: the withdrawing thread closes it, once its row is deleted)
             if self._waited_out and decision.kind == "withdrawn":
-                decision = Decision(False, "slot_busy")
+                decision = Decision(False, "slot_busy", reason=decision.reason)
         return decision
 
     def _wait_out(self) -> None:
-        """`wait_timeout` passed while the request waited: withdraw it (busy, as a drop would be)."""
+        """`wait_timeout` passed while the request waited: `acquire` returns now (busy, as a drop
+        would be; or, if the store never answered, saying so), and the request is withdrawn on a
+        thread of its own (a store that does not answer must hold up neither: a statement it
+        stalls on ends with the request's close)."""
         self._waited_out = True
-        self.withdraw()
+        if self._decision is not None and not self._decision.done():
+            silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} did not answer within the "
+                                               f"wait timeout ({self.wait_timeout:g} s)")
+            _settle(self._decision, Decision(False, "withdrawn", reason=silent))
+        threading.Thread(target=self.withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True).start()
 
     def _revoked(self) -> None:  # on the store's thread
         self.loop.call_soon_threadsafe(self._on_revoke)
@@ -116,6 +127,7 @@ class LeaseDriver:
         loop, slot = self.loop, self.slot
 
         def queued(position: int, owner: dict[str, Any] | None) -> None:
+            self._heard = True
             loop.call_soon_threadsafe(self._on_queued, queued_text(slot, position, owner))
 
         def silent() -> None:
