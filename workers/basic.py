@@ -26,6 +26,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
+| `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
@@ -263,6 +264,14 @@ def progress_steps(n: int, pause: float, marker: str | None = None) -> int:
         time.sleep(pause)
         ctx.progress(done, n, f"step {done}")
     return n
+
+
+def progress_report(done: float | str, total: float, message: str | None = None, marker: str | None = None) -> str | None:
+    """Report `progress(done, total, message)` once (`done` given as a string is read by `float()`:
+    NaN and infinities cannot be a command line's JSON); return `message`."""
+    mark(marker, "started")
+    context().progress(float(done) if isinstance(done, str) else done, total, message)
+    return message
 
 
 _MISREPORTS: dict[str, Callable[[Any], None]] = {

@@ -26,7 +26,6 @@ stdout is data, never cut.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
+from mpvisor._model.events import json_line
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
@@ -74,20 +74,9 @@ def outcome_line(name: str, outcome: TaskOutcome) -> str:
 
 
 def value_line(value: Any) -> str:
-    """A return value as one line of strict JSON (bytes as base64, non-finite floats as names)."""
-    return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
-    return value
+    """A return value as one line of strict JSON (`_model/events.py`'s `json_line`: bytes as
+    base64, non-finite floats as names, U+2028 and U+2029 escaped)."""
+    return json_line(value)
 
 
 def _refuse_constant(name: str) -> NoReturn:

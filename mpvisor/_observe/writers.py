@@ -20,13 +20,12 @@ no enum but `EventKind`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from typing import IO
 
-from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
+from mpvisor._model.events import Event, EventKind, event_to_dict, json_line, label_of
 
 _DEBUG_KINDS = frozenset({EventKind.ATTEMPT_PROGRESS, EventKind.ATTEMPT_OUTPUT})
 _WARNING_KINDS = frozenset(
@@ -103,7 +102,8 @@ class LogWriter:
 
 
 class JsonLinesWriter:
-    """Writes one JSON object per event and line, flushed line by line.
+    """Writes one JSON object per event and line, flushed line by line: strict JSON (NaN and
+    infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`; U+2028 and U+2029 escaped).
 
     Given a path, it opens the file in append mode on the first event and closes it in
     `close()` (the bus calls it after the last delivery); given a stream, it writes to it and
@@ -132,7 +132,7 @@ class JsonLinesWriter:
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
-        line = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+        line = json_line(event_to_dict(event))
         with self._lock:
             if self._closed:
                 return

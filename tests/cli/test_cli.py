@@ -176,6 +176,34 @@ def test_events_json_keeps_stdout_for_events(tmp_path):
     assert "out-1 first" in printing.stderr  # what the target printed on its stdout
 
 
+def _strict(line: str) -> Any:
+    """`line` as strict JSON: NaN, Infinity and -Infinity are refused."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("done", "shown"), [("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity")])
+def test_every_json_line_is_strict_and_one_line(tmp_path, done, shown):
+    """A progress of NaN or an infinity is a string in `--events json` (as in the value line);
+    U+2028 and U+2029 in a message are escaped in the events and in the value line, so
+    `str.splitlines()` splits only between lines."""
+    message = '"a\\u2028b\\u2029c"'
+    events = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:progress_report", json.dumps(done), "10", message)
+    assert events.returncode == 0, events.stderr
+    assert "\u2028" not in events.stdout and "\u2029" not in events.stdout
+    records = [_strict(line) for line in events.stdout.splitlines()]
+    (progress,) = [r for r in records if r["kind"] == "attempt_progress"]
+    assert (progress["progress"], progress["reason"]) == ([shown, 10], "a\u2028b\u2029c")
+    assert [r["kind"] for r in records][-1] == "all_stopped_within_grace"
+    value = mpvisor(tmp_path, "run", "workers.basic:progress_report", json.dumps(done), "10", message)
+    assert value.returncode == 0, value.stderr
+    assert value.stdout.count("\n") == 1 and len(value.stdout.splitlines()) == 1
+    assert _strict(value.stdout) == "a\u2028b\u2029c"
+
+
 # --- interruption -------------------------------------------------------------------------------------
 
 

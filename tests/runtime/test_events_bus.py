@@ -531,6 +531,30 @@ def test_a_json_lines_writer_leaves_a_given_stream_open() -> None:
     assert json.loads(stream.getvalue()) == {"seq": 1, "at": 2.0, "kind": "shutdown_requested"}
 
 
+def _strict(line: str) -> Any:
+    """`line` read as strict JSON: NaN, Infinity and -Infinity are refused."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_json_lines_writer_writes_strict_json_one_line_each() -> None:
+    """NaN and the infinities become their names (as the CLI's value line has them), and U+2028
+    and U+2029 are escaped, so `str.splitlines()` sees one line per event."""
+    stream = io.StringIO()
+    writer = JsonLinesWriter(stream)
+    for seq, done in enumerate((float("nan"), float("inf"), float("-inf")), 1):
+        writer.on_event(Event(seq=seq, at=0.0, kind=K.ATTEMPT_PROGRESS, progress=(done, 10), reason="a\u2028b\u2029c"))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "\u2028" not in stream.getvalue() and "\u2029" not in stream.getvalue()
+    records = [_strict(line) for line in lines]
+    assert [r["progress"] for r in records] == [["NaN", 10], ["Infinity", 10], ["-Infinity", 10]]
+    assert {r["reason"] for r in records} == {"a\u2028b\u2029c"}
+
+
 LEVELS = [
     (Event(seq=1, at=0, kind=K.ATTEMPT_PROGRESS, progress=(1, 2)), "mpvisor.events", logging.DEBUG),
     (
