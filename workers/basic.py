@@ -27,6 +27,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
 | `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
+| `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
@@ -272,6 +273,13 @@ def progress_report(done: float | str, total: float, message: str | None = None,
     mark(marker, "started")
     context().progress(float(done) if isinstance(done, str) else done, total, message)
     return message
+
+
+def progress_big(n: int, marker: str | None = None) -> str:
+    """Report `progress(1, 1, "m" * n)` once: an event line longer than a pipe holds; return "ok"."""
+    mark(marker, "started")
+    context().progress(1, 1, "m" * n)
+    return "ok"
 
 
 _MISREPORTS: dict[str, Callable[[Any], None]] = {

@@ -338,10 +338,15 @@ TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_sp
 
 
 def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any]:
-    """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout)."""
+    """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout;
+    `account_events` reports what they could not write)."""
     from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
     if args.events == "json" and machine is not None:
+        import logging
+
+        # what the bus logs about writers it gave up on is said by `account_events`, once
+        logging.getLogger("mpvisor.bus").addHandler(logging.NullHandler())
         return [JsonLinesWriter(machine)]
     if args.events == "log":
         import logging
@@ -349,6 +354,18 @@ def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         return [LogWriter()]
     return []
+
+
+def account_events(writers: list[Any], machine: IO[str] | None, timeout: float) -> None:
+    """After the run: events that the stdout writer never wrote (its reader was still behind
+    when shutdown stopped waiting for it, after `timeout` s) are output that could not be written
+    (`shell.give_up_output`: one line on stderr, and no success)."""
+    from mpvisor._cli.shell import give_up_output
+
+    unwritten = sum(getattr(writer, "unwritten", 0) for writer in writers)
+    if unwritten and machine is not None:
+        give_up_output(machine, f"{unwritten} events not written (its reader was still behind "
+                                f"{timeout:g} s after the run ended)")
 
 
 def launcher_for(args: argparse.Namespace) -> LauncherFactory | None:

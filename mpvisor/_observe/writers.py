@@ -129,6 +129,7 @@ class JsonLinesWriter:
             raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
+        self.unwritten = 0  # events shutdown gave up on (`abandoned`): never written in full
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
@@ -145,6 +146,12 @@ class JsonLinesWriter:
             assert self._path is not None  # one of the two is always set
             self._stream = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
         return self._stream
+
+    def abandoned(self, count: int) -> None:
+        """The bus gave up on `count` events at shutdown (the target did not take the lines in
+        time: `subscriber_shutdown_timeout`); they stay counted in `unwritten`. Called on another
+        thread than `on_event`, which may still be blocked in a write: it takes no lock."""
+        self.unwritten += count
 
     def close(self) -> None:
         """Stop writing; close the file this writer opened (never a stream it was given)."""

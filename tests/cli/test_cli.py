@@ -204,6 +204,27 @@ def test_every_json_line_is_strict_and_one_line(tmp_path, done, shown):
     assert _strict(value.stdout) == "a\u2028b\u2029c"
 
 
+def test_events_a_slow_reader_never_got_are_reported(tmp_path):
+    """`--events json` to a pipe nobody reads while mpvisor runs: shutdown gives up on the writer
+    after subscriber_shutdown_timeout (5 s), and mpvisor says how many events were not written, on
+    one line, and exits 1 instead of 0 (the events were lost silently, with status 0)."""
+    proc = start(tmp_path, "--events", "json", "workers.basic:progress_big", "300000")
+    try:
+        status = proc.wait(timeout=40)  # stdout is read only after mpvisor ended
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert status == 1, err
+    events = [json.loads(line) for line in out.splitlines()[:-1]]  # the last one was cut in the middle
+    assert "task_finished" not in [e["kind"] for e in events]
+    [lost] = [line for line in err.splitlines() if line.startswith("mpvisor: cannot write to stdout")]
+    assert lost == "mpvisor: cannot write to stdout: 6 events not written (its reader was still behind 5 s after the run ended)", err
+    assert "completed" in outcome_line(err.replace(lost, ""))
+    assert "not delivered" not in err  # said once, by mpvisor run
+
+
 # --- interruption -------------------------------------------------------------------------------------
 
 

@@ -413,6 +413,39 @@ def test_the_subscriber_deadline_bounds_close() -> None:
     assert [e.seq for e in blocked.received] == [1]  # the rest was abandoned at the deadline
 
 
+def test_events_abandoned_at_the_deadline_are_counted_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber still busy when close's timeout ends: a WARNING on mpvisor.bus counts its
+    undelivered events (the queued ones and the one in on_event), and its `abandoned(count)`
+    hears the same count; a subscriber that kept up hears nothing."""
+    gate = threading.Event()
+    told: list[int] = []
+
+    class Blocked(Collector):
+        def abandoned(self, count: int) -> None:
+            told.append(count)
+
+    blocked, quick = Blocked("blocked", gate=gate), Collector("quick")
+    quick.abandoned = lambda count: told.append(-count)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        bus = Bus([blocked, quick], bus_capacity=16)
+        for i in range(5):
+            bus.publish(K.TASK_ADDED, task=f"t{i}")
+        assert blocked.entered.wait(DEADLINE)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            await bus.close(timeout=0.2)
+
+    try:
+        run(main())
+    finally:
+        gate.set()
+    assert told == [5]
+    [record] = [r for r in caplog.records if r.name == "mpvisor.bus"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == ("subscriber 'blocked': 5 events not delivered: it was still busy when "
+                                   "subscriber_shutdown_timeout (0.2 s) ended")
+
+
 @pytest.mark.parametrize(
     "terminal", [K.ATTEMPT_SUCCEEDED, K.ATTEMPT_FAILED, K.ATTEMPT_TIMED_OUT, K.ATTEMPT_CANCELED]
 )
