@@ -28,6 +28,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
 | `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
 | `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
+| `surrogate_reports()` | `ready("up \\udfff")`, then `progress(1, 2, "msg \\ud800")`: texts with a lone surrogate | returns `"ok"` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
@@ -279,6 +280,15 @@ def progress_big(n: int, marker: str | None = None) -> str:
     """Report `progress(1, 1, "m" * n)` once: an event line longer than a pipe holds; return "ok"."""
     mark(marker, "started")
     context().progress(1, 1, "m" * n)
+    return "ok"
+
+
+def surrogate_reports(marker: str | None = None) -> str:
+    """Report readiness and progress with a lone surrogate in their texts; return "ok"."""
+    mark(marker, "started")
+    ctx = context()
+    ctx.ready("up \udfff")
+    ctx.progress(1, 2, "msg \ud800")
     return "ok"
 
 

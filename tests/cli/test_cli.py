@@ -225,6 +225,19 @@ def test_events_a_slow_reader_never_got_are_reported(tmp_path):
     assert "not delivered" not in err  # said once, by mpvisor run
 
 
+def test_a_lone_surrogate_in_a_report_is_escaped_not_a_failure(tmp_path):
+    """progress() and ready() only observe: a lone surrogate in their text is backslash-escaped
+    (as in a Fail's reason), and the attempt completes (it failed with UnicodeEncodeError)."""
+    done = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:surrogate_reports")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    (progress,) = [e for e in events if e["kind"] == "attempt_progress"]
+    (ready,) = [e for e in events if e["kind"] == "attempt_ready"]
+    assert (progress["reason"], progress["progress"]) == ("msg \\ud800", [1, 2])
+    assert ready["reason"] == "ready(): up \\udfff"
+    assert "completed" in outcome_line(done.stderr)
+
+
 # --- interruption -------------------------------------------------------------------------------------
 
 
