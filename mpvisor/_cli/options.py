@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
-from mpvisor._model.events import json_line
+from mpvisor._model.events import REASON_MAX, json_line
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
@@ -48,14 +48,6 @@ DEFAULT_GRACE = 10.0
 
 
 # --- lines (pure) -----------------------------------------------------------------------------
-
-
-REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)
-
-
-def shorten(text: str, limit: int = REASON_MAX) -> str:
-    """`text`, or its first `limit` characters, an ellipsis and how long it is in all."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _reason(reason: str | None) -> str:

@@ -82,7 +82,6 @@ from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
     POLICIES,
-    REASON_MAX,
     RESTARTS,
     TASK_OPTIONS,
     account_events,
@@ -111,7 +110,7 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import Event, EventKind
+from mpvisor._model.events import REASON_MAX, Event, EventKind
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar

@@ -19,7 +19,9 @@ outcome or slot ownership, because any consumer may lose events.
 `json_line` makes the one line of strict JSON that every JSON line mpvisor writes is (an
 event's, `mpvisor run`'s value line): NaN and infinities as the strings `"NaN"`, `"Infinity"`,
 `"-Infinity"` (JSON has no such numbers), bytes as base64 strings, and U+2028 and U+2029
-escaped (`\\u2028`, `\\u2029`), since `str.splitlines()` splits at them.
+escaped (`\\u2028`, `\\u2029`), since `str.splitlines()` splits at them. A line for people
+shows an event's text (a reason, a progress message) through `shorten` (cut at `REASON_MAX`
+characters, saying how long it was) and `printable` (control characters escaped).
 """
 
 from __future__ import annotations
@@ -174,3 +176,19 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {_jsonable(key): _jsonable(item) for key, item in value.items()}
     return value
+
+
+REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)
+
+
+def shorten(text: str, limit: int = REASON_MAX) -> str:
+    """`text`, or its first `limit` characters, an ellipsis and how long it is in all."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def printable(text: str) -> str:
+    """`text` with each character that is not printable (newlines, CR, escape codes, U+2028...)
+    escaped as `repr` escapes it (`\\n`, `\\x1b`), so it cannot break or restyle a line."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)

@@ -306,6 +306,22 @@ def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path)
     assert ": completed " in outcome_line(stderr)
 
 
+def test_progress_lines_show_the_message_escaped_and_cut(tmp_path):
+    """`--progress` prints the target's message with its control characters escaped (no line or
+    escape code of its own) and cut at 200 characters as an outcome line cuts a reason."""
+    hostile = json.dumps("one\nmpvisor: fake: completed\r\x1b[2Jtwo")
+    done = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_report", "1", "2", hostile)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    (line,) = [text for text in done.stderr.splitlines() if "progress 1/2" in text]
+    assert line.endswith(": one\\nmpvisor: fake: completed\\r\\x1b[2Jtwo"), line
+    assert not [text for text in done.stderr.splitlines() if text.startswith("mpvisor: fake")], done.stderr
+    big = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_big", "100000")
+    assert big.returncode == 0, big.stderr
+    (line,) = [text for text in big.stderr.splitlines() if "progress 1/1" in text]
+    assert line.endswith(": " + "m" * 200 + "… (100000 characters)"), line[:300]
+
+
 def test_progress_draws_a_bar_on_a_terminal(tmp_path):
     """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
     import pty
