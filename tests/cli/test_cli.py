@@ -238,6 +238,19 @@ def test_a_lone_surrogate_in_a_report_is_escaped_not_a_failure(tmp_path):
     assert "completed" in outcome_line(done.stderr)
 
 
+def test_a_program_never_execd_has_no_start_latency(tmp_path):
+    """start_latency counts to a program's exec: a program that could not be exec'd (127) has
+    none (it had the time to the child's report before the exec); one that ran has it."""
+    missing = mpvisor(tmp_path, "run", "--events", "json", "--", str(tmp_path / "nonexistent" / "prog"))
+    assert missing.returncode == 127, missing.stderr
+    (failed,) = [e for e in map(json.loads, missing.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert failed["exit_code"] == 127 and "start_latency" not in failed and "duration" in failed, failed
+    ran = mpvisor(tmp_path, "run", "--events", "json", "--", "sh", "-c", "exit 3")
+    assert ran.returncode == 3, ran.stderr
+    (failed,) = [e for e in map(json.loads, ran.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert failed["exit_code"] == 3 and failed["start_latency"] >= 0, failed
+
+
 # --- interruption -------------------------------------------------------------------------------------
 
 
