@@ -19,6 +19,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 |---|---|
 | a subscriber's queue is full | the event is dropped for it alone; `SUBSCRIBER_OVERFLOW` counts the losses |
 | `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
+| `on_event` raises on a `SUBSCRIBER_PANICKED` or `SUBSCRIBER_OVERFLOW` (about another subscriber) | a WARNING on `mpvisor.bus`, no event: two subscribers that raise on everything would otherwise report each other's panics once a second without end |
 | a trouble report about subscriber S | delivered to every consumer but S |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
@@ -52,6 +53,7 @@ _log = logging.getLogger("mpvisor.bus")
 
 
 _SEQ = itertools.count(1)  # `seq` increases process-wide, across supervisors
+_TROUBLE_KINDS = frozenset({EventKind.SUBSCRIBER_PANICKED, EventKind.SUBSCRIBER_OVERFLOW})
 _ALIVE_KINDS = ATTEMPT_TERMINAL_KINDS | {EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED}
 
 
@@ -228,7 +230,12 @@ class _Mailbox:
             self.subscriber.on_event(event)
         except BaseException as exc:
             message = str(exc)
-            self._on_panic(self, f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+            detail = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+            if event.kind in _TROUBLE_KINDS:  # reported as an event, two such subscribers would report each other without end
+                _log.warning("subscriber %r raised on a report of subscriber trouble (seq %d): %s",
+                             self.name, event.seq, detail)
+            else:
+                self._on_panic(self, detail)
 
     def _close_subscriber(self) -> None:
         close = getattr(self.subscriber, "close", None)

@@ -24,7 +24,7 @@ from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
 from mpvisor._observe.writers import JsonLinesWriter, LogWriter, level_for
 from mpvisor._runtime import bus as _bus
 from mpvisor._runtime.bus import Bus, EventStream, _Throttle
-from tests._support import run
+from tests._support import run, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -331,6 +331,32 @@ def test_subscriber_trouble_is_reported_at_most_once_an_interval(trouble: str, m
         await bus.close(timeout=DEADLINE)
         assert_throttled(watcher.kinds(kind), total, interval=0.25)
         assert not [e for e in troubled.received if e.kind is kind]
+
+    run(main())
+
+
+def test_a_raise_on_a_trouble_report_is_logged_not_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Two subscribers that raise on every event: each one's panic on a real event is reported
+    (to the other and to a watcher); their raises on those reports are WARNINGs on mpvisor.bus,
+    not more reports, so they do not report each other's panics without end."""
+    first, second = Collector("first", raises=lambda e: True), Collector("second", raises=lambda e: True)
+    watcher = Collector("watcher")
+
+    def warned() -> list[str]:
+        return sorted(r.getMessage() for r in caplog.records if r.name == "mpvisor.bus")
+
+    async def main() -> None:
+        bus = Bus([first, second, watcher], bus_capacity=16)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            bus.publish(K.TASK_ADDED, task="t")
+            await until(watcher, lambda got: len(got) == 3)  # the event and the two panics
+            await asyncio.to_thread(wait_for, lambda: len(warned()) == 2, DEADLINE)
+            await bus.close(timeout=DEADLINE)
+        assert [e.kind for e in first.received] == [K.TASK_ADDED, K.SUBSCRIBER_PANICKED]
+        assert [e.kind for e in second.received] == [K.TASK_ADDED, K.SUBSCRIBER_PANICKED]
+        panics = [e for e in watcher.received if e.kind is K.SUBSCRIBER_PANICKED]
+        assert sorted((e.reason or "").split(":")[0] for e in panics) == ["first", "second"]
+        assert [m.split(" raised")[0] for m in warned()] == ["subscriber 'first'", "subscriber 'second'"]
 
     run(main())
 
