@@ -26,6 +26,9 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
+| `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
+| `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
+| `surrogate_reports()` | `ready("up \\udfff")`, then `progress(1, 2, "msg \\ud800")`: texts with a lone surrogate | returns `"ok"` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
@@ -263,6 +266,30 @@ def progress_steps(n: int, pause: float, marker: str | None = None) -> int:
         time.sleep(pause)
         ctx.progress(done, n, f"step {done}")
     return n
+
+
+def progress_report(done: float | str, total: float, message: str | None = None, marker: str | None = None) -> str | None:
+    """Report `progress(done, total, message)` once (`done` given as a string is read by `float()`:
+    NaN and infinities cannot be a command line's JSON); return `message`."""
+    mark(marker, "started")
+    context().progress(float(done) if isinstance(done, str) else done, total, message)
+    return message
+
+
+def progress_big(n: int, marker: str | None = None) -> str:
+    """Report `progress(1, 1, "m" * n)` once: an event line longer than a pipe holds; return "ok"."""
+    mark(marker, "started")
+    context().progress(1, 1, "m" * n)
+    return "ok"
+
+
+def surrogate_reports(marker: str | None = None) -> str:
+    """Report readiness and progress with a lone surrogate in their texts; return "ok"."""
+    mark(marker, "started")
+    ctx = context()
+    ctx.ready("up \udfff")
+    ctx.progress(1, 2, "msg \ud800")
+    return "ok"
 
 
 _MISREPORTS: dict[str, Callable[[Any], None]] = {

@@ -229,8 +229,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", reason))
     args, kwargs = unpack(start.call)
     ctx = _context.TaskContext(
-        start.task, start.id, start.attempt, lambda d, t, m: channel.send(Progress(d, t, m)),
-        lambda status: channel.send(Ready(status))
+        start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
+        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _text(m))),
+        lambda status: channel.send(Ready(None if status is None else _text(status))),
     )
     _context._install(ctx)
     channel.send(Calling())

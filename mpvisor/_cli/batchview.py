@@ -37,9 +37,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mpvisor._cli.options import shorten
 from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
-from mpvisor._model.events import Event, EventKind
+from mpvisor._model.events import Event, EventKind, shorten
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
 

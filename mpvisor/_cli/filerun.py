@@ -58,6 +58,7 @@ from mpvisor._cli.batchview import (
 )
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
+    account_events,
     controller_config,
     event_writers,
     launcher_for,
@@ -299,7 +300,8 @@ def run_file(args: argparse.Namespace) -> int:
         sys.path.insert(0, "")  # before the launcher starts: an attempt looks its target up in its own cwd first
     systemd = {key: os.environ.pop(key) for key in _SYSTEMD if key in os.environ}  # mpvisor's, not its tasks'
     machine = take_stdout()
-    subscribers: list[Any] = event_writers(args, machine)
+    writers = event_writers(args, machine)
+    subscribers: list[Any] = list(writers)
     lock = threading.Lock()
     view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None},
                      {t.name: t.service.after for t in tasks})
@@ -322,6 +324,7 @@ def run_file(args: argparse.Namespace) -> int:
                                             path, args.name or run_name(path), systemd))
     finally:
         display.finish()
+        account_events(writers, machine, config.subscriber_shutdown_timeout)
     first = interrupts[0] if interrupts else None
     if problem is not None:
         print(problem, file=stderr)

@@ -26,7 +26,6 @@ stdout is data, never cut.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
@@ -36,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
+from mpvisor._model.events import REASON_MAX, json_line
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
@@ -48,14 +48,6 @@ DEFAULT_GRACE = 10.0
 
 
 # --- lines (pure) -----------------------------------------------------------------------------
-
-
-REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)
-
-
-def shorten(text: str, limit: int = REASON_MAX) -> str:
-    """`text`, or its first `limit` characters, an ellipsis and how long it is in all."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _reason(reason: str | None) -> str:
@@ -74,20 +66,9 @@ def outcome_line(name: str, outcome: TaskOutcome) -> str:
 
 
 def value_line(value: Any) -> str:
-    """A return value as one line of strict JSON (bytes as base64, non-finite floats as names)."""
-    return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
-    return value
+    """A return value as one line of strict JSON (`_model/events.py`'s `json_line`: bytes as
+    base64, non-finite floats as names, U+2028 and U+2029 escaped)."""
+    return json_line(value)
 
 
 def _refuse_constant(name: str) -> NoReturn:
@@ -350,10 +331,15 @@ TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_sp
 
 
 def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any]:
-    """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout)."""
+    """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout;
+    `account_events` reports what they could not write)."""
     from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
     if args.events == "json" and machine is not None:
+        import logging
+
+        # what the bus logs about writers it gave up on is said by `account_events`, once
+        logging.getLogger("mpvisor.bus").addHandler(logging.NullHandler())
         return [JsonLinesWriter(machine)]
     if args.events == "log":
         import logging
@@ -361,6 +347,18 @@ def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         return [LogWriter()]
     return []
+
+
+def account_events(writers: list[Any], machine: IO[str] | None, timeout: float) -> None:
+    """After the run: events that the stdout writer never wrote (its reader was still behind
+    when shutdown stopped waiting for it, after `timeout` s) are output that could not be written
+    (`shell.give_up_output`: one line on stderr, and no success)."""
+    from mpvisor._cli.shell import give_up_output
+
+    unwritten = sum(getattr(writer, "unwritten", 0) for writer in writers)
+    if unwritten and machine is not None:
+        give_up_output(machine, f"{unwritten} events not written (its reader was still behind "
+                                f"{timeout:g} s after the run ended)")
 
 
 def launcher_for(args: argparse.Namespace) -> LauncherFactory | None:

@@ -82,9 +82,9 @@ from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
     POLICIES,
-    REASON_MAX,
     RESTARTS,
     TASK_OPTIONS,
+    account_events,
     backoff,
     build_spec,
     byte_size,
@@ -110,7 +110,7 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import Event, EventKind
+from mpvisor._model.events import REASON_MAX, Event, EventKind
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar
@@ -232,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
     machine: IO[str] | None = None  # stdout, kept for the events or the value while fd 1 goes to stderr
     if args.events == "json" or not args.command:
         machine = take_stdout()
-    subscribers: list[Any] = event_writers(args, machine)
+    writers = event_writers(args, machine)
+    subscribers: list[Any] = list(writers)
     if args.progress:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     if args.slot is not None:
@@ -242,7 +243,10 @@ def run(args: argparse.Namespace) -> int:
     controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
     one = _OneTask(spec, args.slot, args.policy or "queue")
     try:
-        outcome = asyncio.run(one.run(config, subscribers, controller))
+        try:
+            outcome = asyncio.run(one.run(config, subscribers, controller))
+        finally:
+            account_events(writers, machine, config.subscriber_shutdown_timeout)
     except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first
         print(f"mpvisor: {exc}", file=sys.stderr)
         return _ended(one.interrupts(), statuses.FAILED)

@@ -194,6 +194,16 @@ def lose_output(stream: IO[str], exc: OSError) -> None:
         _LOST.note("stderr" if stream is sys.__stderr__ else "stdout", exc.strerror or str(exc))
 
 
+def give_up_output(stream: IO[str], why: str) -> None:
+    """Some of what was meant for `stream` will never be written (a thread is still blocked
+    writing it): record `why` as a loss, and never flush `stream` again (it would block too)."""
+    if isinstance(stream, _Guarded):
+        stream.failed = True
+        _LOST.note(stream.label, why)
+    else:
+        _LOST.note("stderr" if stream is sys.__stderr__ else "stdout", why)
+
+
 def _hold_closed(fds: tuple[int, ...]) -> None:
     """Open /dev/null on each of `fds` that is closed, so that no file this process opens later
     takes its number (and, inherited, becomes a child's stdout)."""

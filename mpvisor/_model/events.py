@@ -15,11 +15,21 @@ outcome or slot ownership, because any consumer may lose events.
 | another `Enum` | its lower-case name |
 | `progress` `(done, total)` | a 2-list `[done, total]` |
 | anything else (`int`, `float`, `str`) | as is |
+
+`json_line` makes the one line of strict JSON that every JSON line mpvisor writes is (an
+event's, `mpvisor run`'s value line): NaN and infinities as the strings `"NaN"`, `"Infinity"`,
+`"-Infinity"` (JSON has no such numbers), bytes as base64 strings, and U+2028 and U+2029
+escaped (`\\u2028`, `\\u2029`), since `str.splitlines()` splits at them. A line for people
+shows an event's text (a reason, a progress message) through `shorten` (cut at `REASON_MAX`
+characters, saying how long it was) and `printable` (control characters escaped).
 """
 
 from __future__ import annotations
 
+import base64
 import enum
+import json
+import math
 from typing import Any, NamedTuple
 
 
@@ -147,3 +157,38 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         if value is not None:
             out[name] = _plain(value)
     return out
+
+
+def json_line(value: Any) -> str:
+    """`value` as one line of strict JSON (see the module docstring): non-finite floats as their
+    names, bytes as base64, U+2028 and U+2029 escaped, other text as is."""
+    text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
+    return value
+
+
+REASON_MAX = 200  # characters of a reason a line shows (the events carry all of it)
+
+
+def shorten(text: str, limit: int = REASON_MAX) -> str:
+    """`text`, or its first `limit` characters, an ellipsis and how long it is in all."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def printable(text: str) -> str:
+    """`text` with each character that is not printable (newlines, CR, escape codes, U+2028...)
+    escaped as `repr` escapes it (`\\n`, `\\x1b`), so it cannot break or restyle a line."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import IO, Any, NamedTuple
 
-from mpvisor._model.events import Event, EventKind
+from mpvisor._model.events import Event, EventKind, printable, shorten
 
 WINDOW = 10.0  # seconds of recent reports a rate is measured over
 PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
@@ -176,7 +176,13 @@ def describe(report: ProgressReport, *, width: int | None = None, attempt: bool 
     if attempt:
         parts.append(f"attempt {report.attempt}")
     text = " ".join(parts)
-    return f"{text}: {report.message}" if message and report.message else text
+    return f"{text}: {shown(report.message)}" if message and report.message else text
+
+
+def shown(message: str) -> str:
+    """A progress message as a line shows it: cut at `REASON_MAX` characters as an outcome line
+    cuts a reason, control characters escaped (`\\n`, `\\x1b`: no injected line or escape code)."""
+    return printable(shorten(message))
 
 
 def plain_due(last_at: float | None, report: ProgressReport, interval: float = PLAIN_INTERVAL) -> bool:
@@ -300,7 +306,7 @@ class _Driven:
         if total is not None and getattr(bar, "total", None) != total:
             bar.total = total
         if callable(getattr(bar, "set_postfix_str", None)):
-            bar.set_postfix_str(f"attempt {attempt}: {message}" if message else f"attempt {attempt}")
+            bar.set_postfix_str(f"attempt {attempt}: {shown(message)}" if message else f"attempt {attempt}")
         bar.update(done - self.shown)
         self.shown = done
 

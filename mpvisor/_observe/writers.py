@@ -20,13 +20,12 @@ no enum but `EventKind`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from typing import IO
 
-from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
+from mpvisor._model.events import Event, EventKind, event_to_dict, json_line, label_of
 
 _DEBUG_KINDS = frozenset({EventKind.ATTEMPT_PROGRESS, EventKind.ATTEMPT_OUTPUT})
 _WARNING_KINDS = frozenset(
@@ -103,7 +102,8 @@ class LogWriter:
 
 
 class JsonLinesWriter:
-    """Writes one JSON object per event and line, flushed line by line.
+    """Writes one JSON object per event and line, flushed line by line: strict JSON (NaN and
+    infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`; U+2028 and U+2029 escaped).
 
     Given a path, it opens the file in append mode on the first event and closes it in
     `close()` (the bus calls it after the last delivery); given a stream, it writes to it and
@@ -129,10 +129,11 @@ class JsonLinesWriter:
             raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
+        self.unwritten = 0  # events shutdown gave up on (`abandoned`): never written in full
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
-        line = json.dumps(event_to_dict(event), ensure_ascii=False, separators=(",", ":"))
+        line = json_line(event_to_dict(event))
         with self._lock:
             if self._closed:
                 return
@@ -145,6 +146,12 @@ class JsonLinesWriter:
             assert self._path is not None  # one of the two is always set
             self._stream = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
         return self._stream
+
+    def abandoned(self, count: int) -> None:
+        """The bus gave up on `count` events at shutdown (the target did not take the lines in
+        time: `subscriber_shutdown_timeout`); they stay counted in `unwritten`. Called on another
+        thread than `on_event`, which may still be blocked in a write: it takes no lock."""
+        self.unwritten += count
 
     def close(self) -> None:
         """Stop writing; close the file this writer opened (never a stream it was given)."""

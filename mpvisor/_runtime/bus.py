@@ -19,11 +19,13 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 |---|---|
 | a subscriber's queue is full | the event is dropped for it alone; `SUBSCRIBER_OVERFLOW` counts the losses |
 | `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
+| `on_event` raises on a `SUBSCRIBER_PANICKED` or `SUBSCRIBER_OVERFLOW` (about another subscriber) | a WARNING on `mpvisor.bus`, no event: two subscribers that raise on everything would otherwise report each other's panics once a second without end |
 | a trouble report about subscriber S | delivered to every consumer but S |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
 | nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
 | `close(timeout)` | stop intake, end iterators, let threads drain for at most `timeout` in total, then abandon what is left; a subscriber's `close()` (if any) is called on its own thread |
+| a subscriber still busy when `close`'s `timeout` ends | its undelivered events (the queued ones and the one in `on_event`) are dropped: a WARNING on `mpvisor.bus` counts them, and its `abandoned(count)` (if any) is called on the loop's thread |
 
 One module on purpose: the queue, its thread and the throttle exist only for the bus.
 """
@@ -51,6 +53,7 @@ _log = logging.getLogger("mpvisor.bus")
 
 
 _SEQ = itertools.count(1)  # `seq` increases process-wide, across supervisors
+_TROUBLE_KINDS = frozenset({EventKind.SUBSCRIBER_PANICKED, EventKind.SUBSCRIBER_OVERFLOW})
 _ALIVE_KINDS = ATTEMPT_TERMINAL_KINDS | {EventKind.ATTEMPT_STARTING, EventKind.TASK_FINISHED}
 
 
@@ -164,6 +167,7 @@ class _Mailbox:
         self._items: deque[Event] = deque()  # never longer than `capacity`
         self._cond = threading.Condition()
         self._phase: Literal["open", "draining", "abandoned"] = "open"
+        self._delivering = False  # True while `on_event` runs (on the subscriber's thread)
         self._thread = threading.Thread(
             target=self._run, name=f"mpvisor-sub-{self.name}", daemon=True
         )
@@ -188,11 +192,15 @@ class _Mailbox:
             self._phase = "draining" if self._phase == "open" else self._phase
             self._cond.notify()
 
-    def abandon(self) -> None:
+    def abandon(self) -> int:
+        """Drop what is queued; how many events will never be delivered in full (the queued
+        ones, and the one `on_event` is still busy with, if any)."""
         with self._cond:
             self._phase = "abandoned"
+            count = len(self._items) + self._delivering
             self._items.clear()
             self._cond.notify()
+            return count
 
     def join(self) -> None:
         """Wait for a thread that has signalled `done` to return (it has nothing left to do)."""
@@ -202,12 +210,14 @@ class _Mailbox:
         with self._cond:
             while not self._items and self._phase == "open":
                 self._cond.wait()
+            self._delivering = bool(self._items)
             return self._items.popleft() if self._items else None
 
     def _run(self) -> None:
         try:
             while (event := self._next()) is not None:
                 self._deliver(event)
+                self._delivering = False
             self._close_subscriber()
         finally:
             self._signal_done()
@@ -220,7 +230,12 @@ class _Mailbox:
             self.subscriber.on_event(event)
         except BaseException as exc:
             message = str(exc)
-            self._on_panic(self, f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+            detail = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+            if event.kind in _TROUBLE_KINDS:  # reported as an event, two such subscribers would report each other without end
+                _log.warning("subscriber %r raised on a report of subscriber trouble (seq %d): %s",
+                             self.name, event.seq, detail)
+            else:
+                self._on_panic(self, detail)
 
     def _close_subscriber(self) -> None:
         close = getattr(self.subscriber, "close", None)
@@ -401,10 +416,25 @@ class Bus:
             await asyncio.wait(waiting, timeout=timeout)
         for box in self._mailboxes:
             if box.done is not None and not box.done.done():
-                box.abandon()  # still blocked in its callback at the deadline: left behind
+                self._abandon(box, timeout)  # still blocked in its callback at the deadline: left behind
             elif box.done is not None:
                 box.join()  # it signalled its end as its last step: no subscriber thread outlives close
         self._phase = "closed"
+
+    def _abandon(self, box: _Mailbox, timeout: float) -> None:
+        """Leave `box` behind, and say so: a WARNING on `mpvisor.bus`, and the subscriber's
+        `abandoned(count)`, if it has one (called here, on the loop's thread: its own is busy)."""
+        count = box.abandon()
+        if not count:
+            return  # busy in `close()`: every event was delivered
+        _log.warning("subscriber %r: %d events not delivered: it was still busy when "
+                     "subscriber_shutdown_timeout (%g s) ended", box.name, count, timeout)
+        hook = getattr(box.subscriber, "abandoned", None)
+        if callable(hook):
+            try:
+                hook(count)
+            except Exception:
+                _log.exception("subscriber %r raised in abandoned()", box.name)
 
     def __repr__(self) -> str:
         return (

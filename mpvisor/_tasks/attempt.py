@@ -110,7 +110,8 @@ class AttemptProcess:
         self.observer = observer
         self.created_at = client.loop.time()  # the start request: what `duration` and `called_after` count from
         self.duration: float | None = None  # request -> end, once it ended
-        self.called_after: float | None = None  # request -> the child's `calling` report, if it came
+        # request -> the child's `calling` report, if it came (and, for a program, its exec did not fail)
+        self.called_after: float | None = None
         self.loop = client.loop
         self.start_msg = start
         self.facts = Facts(kind=start.kind, timeout=request.timeout, limits=start.limits)
@@ -287,6 +288,8 @@ class AttemptProcess:
             if self.observer is not None and self.facts.stop is None:
                 self.observer.on_ready(message.status)
         elif isinstance(message, (Result, Failure)):
+            if self.facts.kind == "cmd":  # a program's child reports after `calling` only when it never exec'd it
+                self.called_after = None
             self.facts.report = message
             self.facts.report_before_stop = self.facts.stop is None
             if self.facts.report_before_stop and self.observer is not None:

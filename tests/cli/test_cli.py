@@ -176,6 +176,81 @@ def test_events_json_keeps_stdout_for_events(tmp_path):
     assert "out-1 first" in printing.stderr  # what the target printed on its stdout
 
 
+def _strict(line: str) -> Any:
+    """`line` as strict JSON: NaN, Infinity and -Infinity are refused."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("done", "shown"), [("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity")])
+def test_every_json_line_is_strict_and_one_line(tmp_path, done, shown):
+    """A progress of NaN or an infinity is a string in `--events json` (as in the value line);
+    U+2028 and U+2029 in a message are escaped in the events and in the value line, so
+    `str.splitlines()` splits only between lines."""
+    message = '"a\\u2028b\\u2029c"'
+    events = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:progress_report", json.dumps(done), "10", message)
+    assert events.returncode == 0, events.stderr
+    assert "\u2028" not in events.stdout and "\u2029" not in events.stdout
+    records = [_strict(line) for line in events.stdout.splitlines()]
+    (progress,) = [r for r in records if r["kind"] == "attempt_progress"]
+    assert (progress["progress"], progress["reason"]) == ([shown, 10], "a\u2028b\u2029c")
+    assert [r["kind"] for r in records][-1] == "all_stopped_within_grace"
+    value = mpvisor(tmp_path, "run", "workers.basic:progress_report", json.dumps(done), "10", message)
+    assert value.returncode == 0, value.stderr
+    assert value.stdout.count("\n") == 1 and len(value.stdout.splitlines()) == 1
+    assert _strict(value.stdout) == "a\u2028b\u2029c"
+
+
+def test_events_a_slow_reader_never_got_are_reported(tmp_path):
+    """`--events json` to a pipe nobody reads while mpvisor runs: shutdown gives up on the writer
+    after subscriber_shutdown_timeout (5 s), and mpvisor says how many events were not written, on
+    one line, and exits 1 instead of 0 (the events were lost silently, with status 0)."""
+    proc = start(tmp_path, "--events", "json", "workers.basic:progress_big", "300000")
+    try:
+        status = proc.wait(timeout=40)  # stdout is read only after mpvisor ended
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert status == 1, err
+    events = [json.loads(line) for line in out.splitlines()[:-1]]  # the last one was cut in the middle
+    assert "task_finished" not in [e["kind"] for e in events]
+    [lost] = [line for line in err.splitlines() if line.startswith("mpvisor: cannot write to stdout")]
+    assert lost == "mpvisor: cannot write to stdout: 6 events not written (its reader was still behind 5 s after the run ended)", err
+    assert "completed" in outcome_line(err.replace(lost, ""))
+    assert "not delivered" not in err  # said once, by mpvisor run
+
+
+def test_a_lone_surrogate_in_a_report_is_escaped_not_a_failure(tmp_path):
+    """progress() and ready() only observe: a lone surrogate in their text is backslash-escaped
+    (as in a Fail's reason), and the attempt completes (it failed with UnicodeEncodeError)."""
+    done = mpvisor(tmp_path, "run", "--events", "json", "workers.basic:surrogate_reports")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    (progress,) = [e for e in events if e["kind"] == "attempt_progress"]
+    (ready,) = [e for e in events if e["kind"] == "attempt_ready"]
+    assert (progress["reason"], progress["progress"]) == ("msg \\ud800", [1, 2])
+    assert ready["reason"] == "ready(): up \\udfff"
+    assert "completed" in outcome_line(done.stderr)
+
+
+def test_a_program_never_execd_has_no_start_latency(tmp_path):
+    """start_latency counts to a program's exec: a program that could not be exec'd (127) has
+    none (it had the time to the child's report before the exec); one that ran has it."""
+    missing = mpvisor(tmp_path, "run", "--events", "json", "--", str(tmp_path / "nonexistent" / "prog"))
+    assert missing.returncode == 127, missing.stderr
+    (failed,) = [e for e in map(json.loads, missing.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert failed["exit_code"] == 127 and "start_latency" not in failed and "duration" in failed, failed
+    ran = mpvisor(tmp_path, "run", "--events", "json", "--", "sh", "-c", "exit 3")
+    assert ran.returncode == 3, ran.stderr
+    (failed,) = [e for e in map(json.loads, ran.stdout.splitlines()) if e["kind"] == "attempt_failed"]
+    assert failed["exit_code"] == 3 and failed["start_latency"] >= 0, failed
+
+
 # --- interruption -------------------------------------------------------------------------------------
 
 
@@ -269,6 +344,22 @@ def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path)
         proc.communicate()
     assert proc.returncode == 0, stderr
     assert ": completed " in outcome_line(stderr)
+
+
+def test_progress_lines_show_the_message_escaped_and_cut(tmp_path):
+    """`--progress` prints the target's message with its control characters escaped (no line or
+    escape code of its own) and cut at 200 characters as an outcome line cuts a reason."""
+    hostile = json.dumps("one\nmpvisor: fake: completed\r\x1b[2Jtwo")
+    done = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_report", "1", "2", hostile)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    (line,) = [text for text in done.stderr.splitlines() if "progress 1/2" in text]
+    assert line.endswith(": one\\nmpvisor: fake: completed\\r\\x1b[2Jtwo"), line
+    assert not [text for text in done.stderr.splitlines() if text.startswith("mpvisor: fake")], done.stderr
+    big = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_big", "100000")
+    assert big.returncode == 0, big.stderr
+    (line,) = [text for text in big.stderr.splitlines() if "progress 1/1" in text]
+    assert line.endswith(": " + "m" * 200 + "… (100000 characters)"), line[:300]
 
 
 def test_progress_draws_a_bar_on_a_terminal(tmp_path):

@@ -14,8 +14,9 @@ import pytest
 
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._cli.main import parse, version
-from mpvisor._cli.options import REASON_MAX, outcome_line, parse_arg, shorten, slot_name, value_line
+from mpvisor._cli.options import outcome_line, parse_arg, slot_name, value_line
 from mpvisor._cli.statuses import RESERVED, exit_status
+from mpvisor._model.events import REASON_MAX, shorten
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

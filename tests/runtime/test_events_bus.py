@@ -24,7 +24,7 @@ from mpvisor._model.events import Event, EventKind, event_to_dict, label_of
 from mpvisor._observe.writers import JsonLinesWriter, LogWriter, level_for
 from mpvisor._runtime import bus as _bus
 from mpvisor._runtime.bus import Bus, EventStream, _Throttle
-from tests._support import run
+from tests._support import run, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -335,6 +335,32 @@ def test_subscriber_trouble_is_reported_at_most_once_an_interval(trouble: str, m
     run(main())
 
 
+def test_a_raise_on_a_trouble_report_is_logged_not_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """Two subscribers that raise on every event: each one's panic on a real event is reported
+    (to the other and to a watcher); their raises on those reports are WARNINGs on mpvisor.bus,
+    not more reports, so they do not report each other's panics without end."""
+    first, second = Collector("first", raises=lambda e: True), Collector("second", raises=lambda e: True)
+    watcher = Collector("watcher")
+
+    def warned() -> list[str]:
+        return sorted(r.getMessage() for r in caplog.records if r.name == "mpvisor.bus")
+
+    async def main() -> None:
+        bus = Bus([first, second, watcher], bus_capacity=16)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            bus.publish(K.TASK_ADDED, task="t")
+            await until(watcher, lambda got: len(got) == 3)  # the event and the two panics
+            await asyncio.to_thread(wait_for, lambda: len(warned()) == 2, DEADLINE)
+            await bus.close(timeout=DEADLINE)
+        assert [e.kind for e in first.received] == [K.TASK_ADDED, K.SUBSCRIBER_PANICKED]
+        assert [e.kind for e in second.received] == [K.TASK_ADDED, K.SUBSCRIBER_PANICKED]
+        panics = [e for e in watcher.received if e.kind is K.SUBSCRIBER_PANICKED]
+        assert sorted((e.reason or "").split(":")[0] for e in panics) == ["first", "second"]
+        assert [m.split(" raised")[0] for m in warned()] == ["subscriber 'first'", "subscriber 'second'"]
+
+    run(main())
+
+
 def test_the_events_iterator_yields_published_events() -> None:
     """Events() yields what is published after its creation and ends on close."""
 
@@ -411,6 +437,39 @@ def test_the_subscriber_deadline_bounds_close() -> None:
     assert blocked.finished.wait(DEADLINE)
     assert blocked.closed.wait(DEADLINE)
     assert [e.seq for e in blocked.received] == [1]  # the rest was abandoned at the deadline
+
+
+def test_events_abandoned_at_the_deadline_are_counted_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber still busy when close's timeout ends: a WARNING on mpvisor.bus counts its
+    undelivered events (the queued ones and the one in on_event), and its `abandoned(count)`
+    hears the same count; a subscriber that kept up hears nothing."""
+    gate = threading.Event()
+    told: list[int] = []
+
+    class Blocked(Collector):
+        def abandoned(self, count: int) -> None:
+            told.append(count)
+
+    blocked, quick = Blocked("blocked", gate=gate), Collector("quick")
+    quick.abandoned = lambda count: told.append(-count)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        bus = Bus([blocked, quick], bus_capacity=16)
+        for i in range(5):
+            bus.publish(K.TASK_ADDED, task=f"t{i}")
+        assert blocked.entered.wait(DEADLINE)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            await bus.close(timeout=0.2)
+
+    try:
+        run(main())
+    finally:
+        gate.set()
+    assert told == [5]
+    [record] = [r for r in caplog.records if r.name == "mpvisor.bus"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == ("subscriber 'blocked': 5 events not delivered: it was still busy when "
+                                   "subscriber_shutdown_timeout (0.2 s) ended")
 
 
 @pytest.mark.parametrize(
@@ -529,6 +588,30 @@ def test_a_json_lines_writer_leaves_a_given_stream_open() -> None:
     writer.close()
     assert not stream.closed
     assert json.loads(stream.getvalue()) == {"seq": 1, "at": 2.0, "kind": "shutdown_requested"}
+
+
+def _strict(line: str) -> Any:
+    """`line` read as strict JSON: NaN, Infinity and -Infinity are refused."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_json_lines_writer_writes_strict_json_one_line_each() -> None:
+    """NaN and the infinities become their names (as the CLI's value line has them), and U+2028
+    and U+2029 are escaped, so `str.splitlines()` sees one line per event."""
+    stream = io.StringIO()
+    writer = JsonLinesWriter(stream)
+    for seq, done in enumerate((float("nan"), float("inf"), float("-inf")), 1):
+        writer.on_event(Event(seq=seq, at=0.0, kind=K.ATTEMPT_PROGRESS, progress=(done, 10), reason="a\u2028b\u2029c"))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "\u2028" not in stream.getvalue() and "\u2029" not in stream.getvalue()
+    records = [_strict(line) for line in lines]
+    assert [r["progress"] for r in records] == [["NaN", 10], ["Infinity", 10], ["-Infinity", 10]]
+    assert {r["reason"] for r in records} == {"a\u2028b\u2029c"}
 
 
 LEVELS = [
