@@ -701,12 +701,17 @@ class RayClient:
             pause = UNAVAILABLE_RETRY[0]
             for event in events:
                 clean = self._dispatch(remote, event) or clean
-        if clean and not self._closing:
+        if clean and not self._closing and not self._placing(remote):
             self._keep_idle(_Idle(agent, shape, remote.number, remote.node, remote.agent_pid))
         else:
             self._close_agent(agent)
 
     # --- idle agents ---------------------------------------------------------------------------------
+
+    def _placing(self, ended: _Remote) -> bool:
+        """Whether another attempt still waits for its agent to be placed: an idle agent would
+        hold resources it may need (each would wait `AGENT_IDLE` s, in waves, or time out)."""
+        return any(remote.node is None and not remote.done for remote in self._attempts.values() if remote is not ended)
 
     def _take_idle(self, shape: Any) -> _Idle | None:
         for idle in self._idle:

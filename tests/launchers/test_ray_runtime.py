@@ -179,6 +179,33 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires() -> Non
         await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
 
 
+async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twice as many one-CPU attempts as the cluster has CPUs, added at once: an agent whose
+    attempt ended while others still waited for an agent to be placed is closed at once, not
+    kept `AGENT_IDLE` s for a next attempt of its shape (it held the CPU the waiting ones needed:
+    waves `AGENT_IDLE` s apart here, 4.2 s against 2.5 s, and with more attempts, start-up
+    timeouts); only the last wave's agents, with nobody waiting, are kept idle."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    kept: list[object] = []
+    keep = ray_launcher.RayClient._keep_idle
+
+    def counted(self: Any, idle: Any) -> None:
+        kept.append(idle)
+        keep(self, idle)
+
+    monkeypatch.setattr(ray_launcher.RayClient, "_keep_idle", counted)
+    count = 2 * _ray_support.HEAD_CPUS
+    async with supervised(on_ray()) as (handle, events):
+        waiters = [(await handle.add_and_watch(TaskSpec.once(fn(f"s{i}", basic.sleeper, 0.3)).with_resources(num_cpus=1)))[1]
+                   for i in range(count)]
+        for waiter in waiters:
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        starts = sorted(e.at for e in events.of(EventKind.ATTEMPT_STARTING))
+    assert len(starts) == count
+    assert len(kept) == _ray_support.HEAD_CPUS, (len(kept), [round(t - starts[0], 2) for t in starts])
+
+
 # --- the controller's policies -------------------------------------------------------------------------
 
 
