@@ -377,6 +377,19 @@ def _handlers_of(logger: logging.Logger) -> list[logging.Handler]:
     return handlers
 
 
+def _take_back_signals() -> None:
+    """Ray's core, once connected, installs its crash handler for SIGTERM too (process-wide,
+    whichever thread connected): a SIGTERM then printed a stack dump before this process's own
+    handler ran. Where this process had a Python handler for it (a supervisor's shutdown), it
+    gets it back; only the main thread may set one."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (_signal.SIGTERM, _signal.SIGHUP):
+        handler = _signal.getsignal(signum)
+        if callable(handler):
+            _signal.signal(signum, handler)  # installs CPython's own C handler again
+
+
 def _flush_stderr() -> None:
     try:
         if sys.stderr is not None:
@@ -521,6 +534,8 @@ class RayClient:
             return
         self._connected = True
         self._agent_class = _ray().remote(Agent)
+        _take_back_signals()
+
 
     # --- the Launcher interface -------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from tests._support import (
     restartable,
     seen,
     supervised,
+    wait_for,
     words,
 )
 from workers import basic, contract, coop, misbehave
@@ -317,8 +318,11 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     """`mpvisor run --ray ADDRESS`, the installed executable from outside the repository: the
     value on stdout and status 0; a task's exit status is the run's; a bad address is one line.
     `mpvisor run --file FILE --ray ADDRESS`: the file's Python targets and its program run under
-    Ray workers; the values on stdout, the worst status."""
+    Ray workers; the values on stdout, the worst status. A SIGTERM while an attempt runs:
+    canceled, and the run dies by SIGTERM, without the stack dump of Ray's crash handler (which
+    Ray's core installs for SIGTERM when it connects; the run once aborted on it, status 134)."""
     import shutil
+    import signal
     import subprocess
 
     executable = shutil.which("mpvisor")
@@ -339,11 +343,15 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
         '[task.value]\ntarget = "workers.basic:quick"\nargs = [5]\n'
         '[task.exits]\ncommand = ["sh", "-c", "exit 4"]\n')
     # Each run connects to Ray, which takes a second or so: the three run side by side.
+    marker = tmp_path / "marker"
     started = [run("--ray", ray_cluster.address, "workers.basic:quick", "3"),
                run("--ray", ray_cluster.address, "workers.misbehave:sys_exit", "7"),
-               run("--file", "tasks.toml", "--ray", ray_cluster.address)]
+               run("--file", "tasks.toml", "--ray", ray_cluster.address),
+               run("--ray", ray_cluster.address, "--grace", "5", "workers.basic:sleeper", "60", json.dumps(str(marker)))]
     try:
-        done, failed, batch = [ended(proc) for proc in started]
+        wait_for(lambda: read_markers(marker), timeout=60)
+        started[3].send_signal(signal.SIGTERM)
+        done, failed, batch, stopped = [ended(proc) for proc in started]
     finally:
         for proc in started:  # if one did not end in time, none is left running
             if proc.poll() is None:
@@ -359,6 +367,8 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     assert values["value"] == 5 and set(values) == {"where", "value"}, batch.stdout
     assert any(line.startswith("ray::") for line in values["where"]), values["where"]  # under a Ray worker
     assert "mpvisor: exits: failed " in batch.stderr and "exit status 4" in batch.stderr.splitlines()[-1], batch.stderr
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr
+    assert stopped.stderr == "mpvisor: sleeper: canceled reason='canceled by shutdown' exit_code=None attempts=1\n", stopped.stderr
 
 
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
