@@ -49,6 +49,7 @@ class LeaseDriver:
         self._waited_out = False
         self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
         self._heard = False  # the store answered this request (it queued it)
+        self._withdrawing: threading.Thread | None = None  # `_wait_out`'s
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
@@ -92,11 +93,13 @@ class LeaseDriver:
             request = self._request
             assert request is not None
             request.watch(self._revoked, self._renewed, self._lost)
+        elif self._withdrawing is not None:  # waited out: its row is deleted before this returns, as a
+            # synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
+            await self.loop.run_in_executor(None, self._withdrawing.join, RELEASE_WAIT + 0.5)
         else:
-            if not self._waited_out:
-                self.close()  # (waited out: the withdrawing thread closes it, once its row is deleted)
-            if self._waited_out and decision.kind == "withdrawn":
-                decision = Decision(False, "slot_busy", reason=decision.reason)
+            self.close()
+        if not decision.granted and self._waited_out and decision.kind == "withdrawn":
+            decision = Decision(False, "slot_busy", reason=decision.reason)
         return decision
 
     def _wait_out(self) -> None:
@@ -104,12 +107,14 @@ class LeaseDriver:
         would be; or, if the store never answered, saying so), and the request is withdrawn on a
         thread of its own (a store that does not answer must hold up neither: a statement it
         stalls on ends with the request's close)."""
+        if self._decision is None or self._decision.done():
+            return  # decided as the timer fired: `acquire` takes that decision
         self._waited_out = True
-        if self._decision is not None and not self._decision.done():
-            silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} did not answer within the "
-                                               f"wait timeout ({self.wait_timeout:g} s)")
-            _settle(self._decision, Decision(False, "withdrawn", reason=silent))
-        threading.Thread(target=self.withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True).start()
+        silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} did not answer within the "
+                                           f"wait timeout ({self.wait_timeout:g} s)")
+        _settle(self._decision, Decision(False, "withdrawn", reason=silent))
+        self._withdrawing = threading.Thread(target=self.withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True)
+        self._withdrawing.start()  # (its close ends a statement the store stalls on, RELEASE_WAIT at most after)
 
     def _revoked(self) -> None:  # on the store's thread
         self.loop.call_soon_threadsafe(self._on_revoke)
