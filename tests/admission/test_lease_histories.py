@@ -1,4 +1,4 @@
-"""Do twenty runs from five "hosts" keep a PostgreSQL slot's promises, per policy, and through a partition?
+"""Do a dozen or more runs from five "hosts" keep a PostgreSQL slot's promises, per policy, and through a partition?
 
 Every run is a real `mpvisor run --slot h --slots URL` process (tests/_pg_support.py: a runtime
 directory of its own per host, one real PostgreSQL) whose command is `workers/slot_owner.py`,
@@ -9,9 +9,9 @@ status agrees with the log: a run that says it ran started, one that says nothin
 
 | test | runs | what it shows |
 |---|---|---|
-| queue | a holder, then 19 runs queued one after another from 5 hosts | FIFO across hosts, every run 0 |
-| replace | 4 waves of 5 concurrent `replace` runs, one per host | each wave's winner stops the last one (6); the others are superseded (5) or replaced (6) |
-| drop | 4 waves of 5 concurrent `drop` runs | one runs per wave, the others exit 3; nothing ran twice |
+| queue | a holder, then 11 runs queued one after another from 5 hosts | FIFO across hosts, every run 0 |
+| replace | 3 waves of 5 concurrent `replace` runs, one per host | each wave's winner stops the last one (6); the others are superseded (5) or replaced (6) |
+| drop | 3 waves of 5 concurrent `drop` runs | one runs per wave, the others exit 3; nothing ran twice |
 | partition | an owner and a waiter behind a TCP proxy that stops forwarding, a waiter on the direct path | the cut-off owner fences itself and exits 7 before its lease expires; the direct waiter runs after it; the cut-off waiter keeps waiting and runs once the network heals |
 """
 
@@ -47,12 +47,12 @@ def run_as(tmp_path: Any, url: str, n: int, log: Any, hold: float, *options: str
     return start_host(tmp_path, n % HOSTS, url, "--slot", "h", *options, *owner(log, hold, f"r{n}"))
 
 
-def test_twenty_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path: Any, url: str) -> None:
+def test_twelve_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path: Any, url: str) -> None:
     log = tmp_path / "owners.log"
     holder = run_as(tmp_path, url, 0, log, 60.0)
     wait_for(lambda: started(log, "r0"), timeout=30)
     queued = []
-    for n in range(1, 20):
+    for n in range(1, 12):
         run = run_as(tmp_path, url, n, log, 0.05)
         assert run.stderr is not None and f"waiting, position {n}" in run.stderr.readline()
         queued.append(run)
@@ -60,17 +60,17 @@ def test_twenty_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path:
     runs = [Run("r0", "queue", 0, finish(holder)[0])]
     runs += [Run(f"r{n}", "queue", n, finish(run)[0]) for n, run in enumerate(queued, start=1)]
     owners = assert_history(read_lines(log), runs)
-    assert [o.label for o in owners] == [f"r{n}" for n in range(20)]
+    assert [o.label for o in owners] == [f"r{n}" for n in range(12)]
     assert all(r.status == 0 for r in runs[1:]), runs
 
 
-def test_twenty_replacing_runs_from_five_hosts_keep_one_owner_and_tokens_in_order(tmp_path: Any, url: str) -> None:
+def test_fifteen_replacing_runs_from_five_hosts_keep_one_owner_and_tokens_in_order(tmp_path: Any, url: str) -> None:
     """A run stopped by a replacement exits 6 whether or not its command had begun (it was
     granted the slot): for those the log may or may not show a start."""
     log = tmp_path / "owners.log"
     runs: list[Run] = []
     alive: dict[str, subprocess.Popen[str]] = {}
-    for wave in range(4):
+    for wave in range(3):
         alive.update({f"r{wave * HOSTS + h}": run_as(tmp_path, url, wave * HOSTS + h, log, 60.0, "--policy", "replace")
                       for h in range(HOSTS)})
         wait_for(lambda: _one_owner_left(alive, log), timeout=60)
@@ -80,10 +80,10 @@ def test_twenty_replacing_runs_from_five_hosts_keep_one_owner_and_tokens_in_orde
     ((last_label, last),) = alive.items()
     last.send_signal(signal.SIGTERM)
     runs.append(Run(last_label, "replace", 0, finish(last)[0]))
-    assert len(runs) == 20
+    assert len(runs) == 15
     owners = assert_history(read_lines(log), runs, expect_fifo=False, indeterminate={6})
     assert {r.status for r in runs} <= {5, 6, -signal.SIGTERM}, runs
-    assert sum(r.status == 6 for r in runs) >= 3  # each later wave's winner stopped the one before
+    assert sum(r.status == 6 for r in runs) >= 2  # each later wave's winner stopped the one before
     assert owners[-1].label == last_label
 
 
@@ -92,16 +92,16 @@ def _one_owner_left(alive: dict[str, subprocess.Popen[str]], log: Any) -> bool:
     return len(running) == 1 and started(log, running[0])
 
 
-def test_twenty_dropping_runs_from_five_hosts_run_one_at_a_time_or_not_at_all(tmp_path: Any, url: str) -> None:
+def test_fifteen_dropping_runs_from_five_hosts_run_one_at_a_time_or_not_at_all(tmp_path: Any, url: str) -> None:
     log = tmp_path / "owners.log"
     runs: list[Run] = []
-    for wave in range(4):
+    for wave in range(3):
         procs = {f"r{wave * HOSTS + h}": run_as(tmp_path, url, wave * HOSTS + h, log, 0.5, "--policy", "drop")
                  for h in range(HOSTS)}
         runs += [Run(label, "drop", 0, finish(p)[0]) for label, p in procs.items()]
     owners = assert_history(read_lines(log), runs, expect_fifo=False)
     assert {r.status for r in runs} <= {0, 3}, runs
-    assert len(owners) >= 4  # the slot was free when each wave began: its first request ran
+    assert len(owners) >= 3  # the slot was free when each wave began: its first request ran
 
 
 def test_a_partition_fences_the_cut_off_owner_and_its_waiter_keeps_waiting(tmp_path: Any, url: str) -> None:

@@ -122,8 +122,8 @@ def test_runs_that_start_a_server_at_once_leave_its_log_empty(slots: Any, tmp_pa
     assert log.exists() and log.read_text() == "", log.read_text() if log.exists() else "no log"
 
 
-def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
-    """20 runs: one holds the slot while 19 start at once and queue; all exit 0, one owner at a
+def test_twelve_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
+    """12 runs: one holds the slot while 11 start at once and queue; all exit 0, one owner at a
     time, served in the order the server queued them (the position each was told)."""
     log = tmp_path / "owners.log"
     gate = tmp_path / "gate"
@@ -131,49 +131,49 @@ def test_twenty_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any,
     first = f'echo "start r00 $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end r00 $EPOCHREALTIME" >> {log}'
     holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", first)
     wait_for(lambda: log.exists() and "start r00" in log.read_text(), timeout=30)
-    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.02, f"r{n:02d}")) for n in range(1, 20)]
+    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.02, f"r{n:02d}")) for n in range(1, 12)]
     positions = {}
     for n, proc in enumerate(queued, start=1):
         assert proc.stderr is not None
         line = proc.stderr.readline()  # it says it waits before anything else
         assert "waiting, position " in line, line
         positions[f"r{n:02d}"] = int(line.split("waiting, position ")[1].split()[0])
-    assert sorted(positions.values()) == list(range(1, 20)), positions
+    assert sorted(positions.values()) == list(range(1, 12)), positions
     with open(gate, "w") as release:
         release.write("go\n")
     results = [finish(proc) for proc in (holder, *queued)]
-    assert [status for status, _ in results] == [0] * 20, results
+    assert [status for status, _ in results] == [0] * 12, results
     found = assert_one_owner_at_a_time(log)
     assert [label for _, _, label in found] == ["r00", *sorted(positions, key=positions.__getitem__)]
 
 
-def test_twenty_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
-    """While an owner runs, 20 concurrent `--policy drop` runs exit SLOT_BUSY (3): none ran."""
+def test_twelve_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
+    """While an owner runs, 12 concurrent `--policy drop` runs exit SLOT_BUSY (3): none ran."""
     log = tmp_path / "owners.log"
     gate = tmp_path / "gate"
     os.mkfifo(gate)  # the holder holds the slot until every drop has its answer
     held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
     holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-    drops = [start(slots, tmp_path, "--slot", "s", "--policy", "drop", *owner(log, 0.0, f"d{n}")) for n in range(20)]
+    drops = [start(slots, tmp_path, "--slot", "s", "--policy", "drop", *owner(log, 0.0, f"d{n}")) for n in range(12)]
     results = [finish(proc) for proc in drops]
     with open(gate, "w") as release:
         release.write("go\n")
-    assert [status for status, _ in results] == [3] * 20, results
+    assert [status for status, _ in results] == [3] * 12, results
     assert all("rejected reason='the slot is busy (--policy drop)'" in err for _, err in results), results[0]
     assert finish(holder)[0] == 0
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder"]
 
 
-def test_twenty_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slots: Any, tmp_path: Any) -> None:
-    """20 `--policy replace` runs started together on a busy slot: the owner is retired (REPLACED,
+def test_twelve_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slots: Any, tmp_path: Any) -> None:
+    """12 `--policy replace` runs started together on a busy slot: the owner is retired (REPLACED,
     6), each replacement either replaces the one before (6), supersedes a queued one (5) or is
     the last (0); never two owners at once."""
     log = tmp_path / "owners.log"
     holder = start(slots, tmp_path, "--slot", "s", "--grace", "5", *owner(log, 30.0, "holder"))
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
     procs = [start(slots, tmp_path, "--slot", "s", "--policy", "replace", "--grace", "5", *owner(log, 1.0, f"p{n}"))
-             for n in range(20)]
+             for n in range(12)]
     results = [finish(proc) for proc in procs]
     statuses = [status for status, _ in results]
     assert finish(holder)[0] == 6

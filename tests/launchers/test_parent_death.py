@@ -139,7 +139,10 @@ class _Adopted:
         self.process = psutil.Process(pid)
 
     def poll(self) -> int | None:
-        return None if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE else 0
+        try:
+            return None if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE else 0
+        except psutil.NoSuchProcess:
+            return 0  # reaped between the two questions
 
     def send_signal(self, signum: int) -> None:
         os.kill(self.pid, signum)

@@ -58,7 +58,7 @@ CLOSE_WAIT = 5.0  # seconds a stopping launcher gets before it is killed
 EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a configuration error
 SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
 LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
-KILL_ANSWER = 2.0  # seconds after a kill (or a fence's kill time) after which a stopped launcher is killed
+KILL_ANSWER = 1.0  # seconds after a kill (or a fence's kill time) after which a stopped launcher is killed
 
 
 def restart_delay(quick_deaths: int) -> float:
