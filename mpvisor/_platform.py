@@ -193,20 +193,14 @@ def _leader_or_free(pgid: int, leader_pidfd: int | None) -> bool:
             return True  # the leader lives: the number is its
         except OSError:
             pass
-    try:
-        data = read_small_file(f"/proc/{pgid}/stat")
-    except OSError:
-        return True  # no process has the number: what is in the group, if anything, is ours
-    return data[data.rindex(b")") + 2 :].startswith(b"Z")
+    fields = _stat_fields(pgid)
+    return fields is None or fields[0] == b"Z"  # nobody has the number, or our dead leader does
 
 
 def is_stopped(pid: int) -> bool:
-    """Whether `pid` is stopped by a signal (state T) or traced (t), by its /proc stat."""
-    try:
-        data = read_small_file(f"/proc/{pid}/stat")
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2 :][:1] in (b"T", b"t")
+    """Whether `pid` is stopped by a signal (state T) or traced (t)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in (b"T", b"t")
 
 
 def _pids() -> list[int]:
@@ -214,13 +208,19 @@ def _pids() -> list[int]:
 
 
 def _in_group_alive(pid: int, pgid: int) -> bool:
-    """Whether `pid` is a live (not zombie) member of group `pgid`, by its /proc stat."""
+    """Whether `pid` is a live (not zombie) member of group `pgid`."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """`pid`'s /proc stat fields after its command name (state first), or None if it is gone.
+    The name may hold spaces and parentheses: the fields resume after the last ')'."""
     try:
         data = read_small_file(f"/proc/{pid}/stat")
     except OSError:
-        return False
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
+        return None
+    return data[data.rindex(b")") + 2 :].split()
 
 
 def kernel_release() -> str:
@@ -261,13 +261,8 @@ def raise_nofile_limit() -> None:
 
 def start_time(pid: int) -> int | None:
     """The start time of `pid` in clock ticks since boot, or None if it does not exist."""
-    try:
-        data = read_small_file(f"/proc/{pid}/stat")
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: fields resume after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19])
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def name_of(pid: int) -> str:
