@@ -191,7 +191,7 @@ def lose_output(stream: IO[str], exc: OSError) -> None:
     if isinstance(stream, _Guarded):
         stream.lose(exc)
     else:
-        _LOST.note("stderr" if stream is sys.__stderr__ else "stdout", exc.strerror or str(exc))
+        _LOST.note(_label_of(stream), exc.strerror or str(exc))
 
 
 def give_up_output(stream: IO[str], why: str) -> None:
@@ -199,9 +199,13 @@ def give_up_output(stream: IO[str], why: str) -> None:
     writing it): record `why` as a loss, and never flush `stream` again (it would block too)."""
     if isinstance(stream, _Guarded):
         stream.failed = True
-        _LOST.note(stream.label, why)
-    else:
-        _LOST.note("stderr" if stream is sys.__stderr__ else "stdout", why)
+    _LOST.note(_label_of(stream), why)
+
+
+def _label_of(stream: IO[str]) -> str:
+    if isinstance(stream, _Guarded):
+        return stream.label
+    return "stderr" if stream is sys.__stderr__ else "stdout"
 
 
 def _hold_closed(fds: tuple[int, ...]) -> None:

@@ -805,6 +805,14 @@ async def test_a_killed_launcher_or_guardian_leaves_nothing_of_the_attempt_trees
         assert later.value == "later" and launcher_pid(handle) != launcher
 
 
+async def _stubborn_tree_running(handle, events, records):
+    """A stubborn tree's task added and its four descendants recorded: its id, waiter, tree and launcher pid."""
+    task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
+    await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+    tree = await async_wait_for(lambda: read_records(records))
+    return task_id, waiter, tree, launcher_pid(handle)
+
+
 async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempts_group(tmp_path):
     """The launcher and its guardian SIGKILLed together (the guardian stopped first, so neither
     can clean up): nobody below the parent is left to kill the attempt's tree, so the parent kills
@@ -814,10 +822,7 @@ async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempt
     the group: without cgroups it survives, the known limit (the test kills it)."""
     records = tmp_path / "tree.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
-        task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
-        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
-        tree = await async_wait_for(lambda: read_records(records))
-        launcher = launcher_pid(handle)
+        _, waiter, tree, launcher = await _stubborn_tree_running(handle, events, records)
         guardian = psutil.Process(launcher).ppid()
         escaped = [r for r in tree if r["role"] == "setsid-grandchild"]
         try:
@@ -845,10 +850,7 @@ async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path)
 
     records = tmp_path / "tree.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
-        task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
-        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
-        tree = await async_wait_for(lambda: read_records(records))
-        launcher = launcher_pid(handle)
+        task_id, waiter, tree, launcher = await _stubborn_tree_running(handle, events, records)
         os.kill(launcher, signal.SIGSTOP)
         began = time.monotonic()
         await handle.remove(task_id)
