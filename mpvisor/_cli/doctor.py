@@ -52,18 +52,21 @@ def lines(caps: Capabilities) -> list[str]:
     if caps.v2_mount is not None:
         where.append(f"v2 at {caps.v2_mount}")
     out.append(f"cgroups: {caps.version}" + (f" ({', '.join(where)})" if where else ""))
+    if caps.turned_off:
+        out.append("cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)")
+    unwritable = "not tried" if caps.turned_off else "not writable"
     if caps.v2_mount is not None:
         if caps.v2_cgroup is None:
             out.append("cgroup v2: this process's cgroup is not under the mount")
         elif not caps.v2_writable:
-            out.append(f"cgroup v2: {caps.v2_cgroup} (not writable)")
+            out.append(f"cgroup v2: {caps.v2_cgroup} ({unwritable})")
         else:
             controllers = " ".join(caps.v2_controllers) or "none"
             move = " (once this cgroup's processes move into a leaf)" if caps.v2_leaf_move else ""
             out.append(f"cgroup v2: {caps.v2_cgroup} (writable; controllers for attempts: {controllers}{move})")
     if caps.v1_controllers:
         for name, path in caps.v1_dirs().items():
-            state = "not mounted" if name not in caps.v1_controllers else "not writable" if path is None else f"{path} (writable)"
+            state = "not mounted" if name not in caps.v1_controllers else unwritable if path is None else f"{path} (writable)"
             out.append(f"cgroup v1 {name}: {state}")
     out.append(f"cgroup.kill: {_yes(caps.cgroup_kill)}")
     used = in_use(caps)

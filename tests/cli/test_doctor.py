@@ -67,6 +67,23 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     assert facts["mechanisms"]["memory"] == "cgroup v1 memory.limit_in_bytes" and facts["stronger"] is None
 
 
+def test_doctor_with_cgroups_turned_off_says_what_a_run_then_uses(tmp_path: pathlib.Path):
+    """`MPVISOR_CGROUPS=off` makes a run use no cgroup (a `cpus=` attempt is refused, memory is
+    watched): doctor says the same, tries no cgroup, and suggests unsetting the variable (it named
+    the host's cgroups, which a run then refused to use)."""
+    done = subprocess.run([MPVISOR or "mpvisor", "doctor"], cwd=tmp_path, capture_output=True, text=True, timeout=40,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MPVISOR_CGROUPS": "off"})
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in lines
+    assert "cgroup v1 memory: not tried" in lines and not [line for line in lines if "(writable" in line]
+    assert lines[-5:] == [
+        "memory limit: resident-memory watcher (soft)", "cpu_seconds limit: launcher accounting of the tree",
+        "cpus limit: not available: an attempt with cpus= is refused here", "tree kill: process-table walk",
+        "stronger: unset MPVISOR_CGROUPS (off here: no cgroup is made), then ask mpvisor doctor again"]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [(["doctor", "--jsn"], "--jsn"), (["doctor", "extra"], "extra"), (["doctor", "--json=yes"], "--json"),

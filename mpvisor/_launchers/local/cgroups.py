@@ -247,6 +247,8 @@ class Capabilities:
     v1_freezer: str | None = None
     v1_pids: str | None = None
     oom: OomSource = OomSource("none")
+    turned_off: bool = False  # `MPVISOR_CGROUPS=off`: nothing is tried, no cgroup is writable
+
 
     def v1_dirs(self) -> dict[str, str | None]:
         """The writable v1 directory of each controller the limits use, by controller."""
@@ -254,10 +256,13 @@ class Capabilities:
 
 
 def decide(layout: Layout, *, pidfd: bool, subreaper: bool, root: bool = False, systemd: bool = False,
-           v2: V2Seen | None = None, v1_writable: Collection[str] = (), shared_oom: str | None = None) -> Capabilities:
+           v2: V2Seen | None = None, v1_writable: Collection[str] = (), shared_oom: str | None = None,
+           turned_off: bool = False) -> Capabilities:
     """The capabilities of a host laid out as `layout` (pure): `v2` is what was seen of our v2
     cgroup (None: no v2 hierarchy, or ours not found), `v1_writable` the v1 directories that
-    took a probe child, `shared_oom` the file `_platform.OomKills` would read (or None)."""
+    took a probe child, `shared_oom` the file `_platform.OomKills` would read (or None),
+    `turned_off` whether `MPVISOR_CGROUPS=off` (then nothing was tried: `v2` has no child and
+    no v1 directory is writable)."""
     seen = v2 if layout.v2_dir is not None and v2 is not None else V2Seen()
     child = seen.child_files
     writable = child is not None
@@ -282,7 +287,7 @@ def decide(layout: Layout, *, pidfd: bool, subreaper: bool, root: bool = False, 
         cgroup_kill="cgroup.kill" in files, cgroup_freeze="cgroup.freeze" in files,
         v2_cpu_stat=child is not None and "cpu.stat" in child,
         v1_memory=v1["memory"], v1_cpu=v1["cpu"], v1_cpuacct=v1["cpuacct"], v1_freezer=v1["freezer"],
-        v1_pids=v1["pids"], oom=oom,
+        v1_pids=v1["pids"], oom=oom, turned_off=turned_off,
     )
 
 
@@ -513,6 +518,8 @@ def stronger(caps: Capabilities) -> str | None:
     missing = weak(caps)
     if not missing:
         return None
+    if caps.turned_off:
+        return "unset MPVISOR_CGROUPS (off here: no cgroup is made), then ask mpvisor doctor again"
     if caps.version == "none":
         if caps.root:
             return "mount cgroup v2 (mount -t cgroup2 none /sys/fs/cgroup), or run where it is mounted"
@@ -628,9 +635,19 @@ def _shared_oom(proc_cgroup: str) -> str | None:
     return None
 
 
+OFF = ("off", "0", "no")  # the values of MPVISOR_CGROUPS that turn cgroups off
+
+
+def turned_off() -> bool:
+    """Whether `MPVISOR_CGROUPS` is `off` (or `0`, `no`): this mpvisor makes no cgroup."""
+    return os.environ.get("MPVISOR_CGROUPS", "").lower() in OFF
+
+
 def probe() -> Capabilities:
     """This machine's capabilities: reads `/proc/self/cgroup`, the mount table and our cgroups'
-    files, and tries a child cgroup in each of ours (made and removed at once, never left)."""
+    files, and tries a child cgroup in each of ours (made and removed at once, never left);
+    with `MPVISOR_CGROUPS=off` it tries none, and finds none writable, as a run then uses none."""
+    off = turned_off()
     proc_cgroup = _read("/proc/self/cgroup") or ""
     mounts = _read("/proc/self/mountinfo") or _read("/proc/mounts") or ""
     layout = locate(proc_cgroup, mounts)
@@ -641,16 +658,17 @@ def probe() -> Capabilities:
             controllers=_read(os.path.join(here, "cgroup.controllers")) or "",
             subtree_control=_read(os.path.join(here, "cgroup.subtree_control")) or "",
             own_files=_entries(here),
-            child_files=try_child(here),
-            subtree_writable=os.access(os.path.join(here, "cgroup.subtree_control"), os.W_OK),
+            child_files=None if off else try_child(here),
+            subtree_writable=not off and os.access(os.path.join(here, "cgroup.subtree_control"), os.W_OK),
         )
     tried: dict[str, bool] = {}
     for name in V1_LIMITING:
         where = layout.v1_dirs.get(name)
-        if where is not None and where not in tried:
+        if where is not None and where not in tried and not off:
             tried[where] = try_child(where) is not None
     return decide(
         layout, pidfd=_pidfd(), subreaper=_subreaper(), root=os.geteuid() == 0,
         systemd=os.path.isdir("/run/systemd/system"), v2=v2,
         v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup),
+        turned_off=off,
     )

@@ -489,9 +489,9 @@ class LauncherClient:
         server's start); `MPVISOR_CGROUPS=off` says none."""
         if self._cgroups is None:
             self._cgroups = ("", "", "")
-            if os.environ.get("MPVISOR_CGROUPS", "").lower() not in ("off", "0", "no"):
-                from mpvisor._launchers.local import cgroups
+            from mpvisor._launchers.local import cgroups
 
+            if not cgroups.turned_off():
                 caps = cgroups.probe()
                 self._cgroups = (cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
                                  cgroups.kill_cgroups(caps) or "",
