@@ -167,13 +167,16 @@ def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
     put this process in its cgroups, or watches its tree.)"""
     import resource
 
-    try:
-        if limits.get("as"):
-            resource.setrlimit(resource.RLIMIT_AS, (limits["as"], limits["as"]))
-        if limits.get("nofile"):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"]))
-    except (ValueError, OSError) as exc:
-        _finish(channel, Failure("fatal", f"cannot apply the limits {limits}: {_describe(exc)}"))
+    for key, name, which in (("as", "address_space", resource.RLIMIT_AS), ("nofile", "open_files", resource.RLIMIT_NOFILE)):
+        value = limits.get(key)
+        if not value:
+            continue
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError) as exc:
+            hard = resource.getrlimit(which)[1]
+            above = f" (over this process's hard limit, {hard})" if 0 <= hard < value else ""
+            _finish(channel, Failure("fatal", f"cannot apply the limit {name}={value}{above}: {_describe(exc)}"))
 
 
 def _adopt_environment(channel: _Channel, start: Start) -> None:

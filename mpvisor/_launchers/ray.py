@@ -15,7 +15,7 @@ way as actor calls (`signal`, `kill`), which Ray delivers in order.
 | `started pid` | `on_started(pid)` |
 | `data bytes` / `output stream line` | `on_data` / `on_output` |
 | `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` |
-| `start_failed error` | `on_start_failed(error)` |
+| `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
 
@@ -788,6 +788,9 @@ class RayClient:
                 return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
+            case ("start_failed", str() as error, str() as how, int() as value, str() as memory, str() as cpu):
+                ended = ExitStatus(how, value, memory=memory, cpu=cpu)
+                self._end(remote, lambda s: s.on_start_failed(error, ended))
             case ("launcher_died", str() as how):
                 self._end(remote, _lost(f"{how} (on Ray node {_short(remote.node)})"))
             case ("launcher_death", str() as reason):
@@ -998,8 +1001,11 @@ class Agent:
     def on_started(self, pid: int) -> None:
         self._emit(["started", pid])
 
-    def on_start_failed(self, error: str) -> None:
-        self._emit(["start_failed", error])
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
+        if ended is None:
+            self._emit(["start_failed", error])
+        else:
+            self._emit(["start_failed", error, ended.how, ended.value, ended.memory, ended.cpu])
 
     def on_data(self, data: bytes) -> None:
         last = self._events[-1] if self._events else None

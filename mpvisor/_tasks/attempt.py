@@ -200,9 +200,10 @@ class AttemptProcess:
         if waiting.kill is not None:
             self.kill(waiting.kill)
 
-    def on_start_failed(self, error: str) -> None:
-        """The attempt could not be started."""
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
+        """The attempt could not be started (`ended`: how its process ended before it started)."""
         self.facts.could_not_start = error
+        self.facts.status = ended
         self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
         self._finish()
 

@@ -6,7 +6,7 @@ first match wins (the reason a stop was requested decides over how the child end
 
 | # | fact | ending |
 |---|---|---|
-| 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid) |
+| 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
 | 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
@@ -129,7 +129,7 @@ def _decide(f: Facts) -> AttemptEnd:
         if f.start_timed_out is not None:
             reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
             return AttemptEnd(AttemptResult.FAILED, reason)
-        return AttemptEnd(AttemptResult.FAILED, f.could_not_start)
+        return AttemptEnd(AttemptResult.FAILED, f.could_not_start, None if f.status is None else f.status.exit_code)
     if f.report is not None and f.report_before_stop:
         return from_report(f.report, f.killed)
     if f.stop is StopReason.TIMEOUT:

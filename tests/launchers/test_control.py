@@ -17,6 +17,7 @@ EXAMPLES = [
     control.Stop(), control.Importing(V, 123, "numpy"), control.Ready(V, 123, None),
     control.Ready(V, 123, "preload module 'x' failed to import: ImportError: no"), control.Started(5, 4242),
     control.StartFailed(6, "could not start: [Errno 11] Resource temporarily unavailable"),
+    control.StartFailed(6, "could not start: child ended (signal 9)", "signal", 9, "cgroup v1"),
     control.Exited(7, "exit", 0, False), control.Exited(8, "signal", 9, True), control.Exited(9, "signal", 9, False, True),
     control.Spawn(10, False, "", True, control.NO_TERMINAL), control.Spawn(11, False, "pkg.jobs", True, control.FOREGROUND),
     control.Spawn(12, True, "", True, control.BACKGROUND), control.Stopped(13, 20),
@@ -81,7 +82,8 @@ _messages = st.one_of(
     st.builds(control.Importing, st.just(V), _ints, st.text()),
     st.builds(control.Ready, st.just(V), _ints, st.none() | st.text()),
     st.builds(control.Started, _ints, _ints),
-    st.builds(control.StartFailed, _ints, st.text()),
+    st.builds(control.StartFailed, _ints, st.text(), st.sampled_from(["", "exit", "signal"]), _ints,
+              st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "launcher accounting"])),
     st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans(), st.booleans(), st.booleans(),
               st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "cgroup v2 cpu.stat", "launcher accounting"])),
 )

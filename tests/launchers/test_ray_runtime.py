@@ -145,17 +145,21 @@ async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any)
     assert outcome.value["path"][: len(ours)] == ours, outcome.value["path"]
 
 
-async def test_isolation_puts_each_attempt_in_a_cgroup_of_its_own_as_on_this_machine() -> None:
+async def test_isolation_and_limits_reach_the_agents_launcher_as_on_this_machine() -> None:
     """`isolation="cgroup"` reaches the agent's launcher: the attempt on Ray is in a cgroup of
     mpvisor's exactly when the same attempt from the local launcher is (this host allows it, or
-    neither is)."""
+    neither is). So does a memory limit too small for any process: on both, the attempt that
+    ended before its start is FAILED, named after the limit, with its exit code."""
     found = []
     for launcher in (None, RayLauncher()):
         async with supervised(SupervisorConfig(grace=1.0, isolation="cgroup", launcher=launcher)) as (handle, _):
             _, waiter = await handle.add_and_watch(once("probe", basic.env_probe))
-            outcome = await waiter.wait()
+            _, tiny = await handle.add_and_watch(once("tiny", basic.env_probe).with_limits(memory=512))
+            outcome, starved = await waiter.wait(), await tiny.wait()
         assert outcome.kind is OutcomeKind.COMPLETED, outcome
         found.append("/mpvisor-" in outcome.value["cgroups"])
+        assert (starved.kind, starved.limit, starved.exit_code) == (OutcomeKind.FAILED, "memory", -9), starved
+        assert starved.reason.startswith("memory limit exceeded (512 bytes, "), starved.reason
     assert found[1] == found[0], found
 
 

@@ -141,6 +141,11 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU)), None, "attempt process pid 7 killed by signal SIGXCPU"),
         (Facts(pid=7, report=Failure("fatal", "MemoryError: "), report_before_stop=True, limits={"memory": 1000}), None, "MemoryError"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"as": 1000}), "address_space", "address space limit exceeded (1000 bytes)"),
+        (Facts(could_not_start="could not start: child ended (signal 9)", limits={"memory": 512},
+               status=ExitStatus("signal", signal.SIGKILL, memory="cgroup v1")), "memory",
+         "memory limit exceeded (512 bytes, cgroup v1): could not start: child ended (signal 9)"),
+        (Facts(could_not_start="could not start: child ended (signal 9)", limits={"memory": 512},
+               status=ExitStatus("signal", signal.SIGKILL)), None, "could not start: child ended (signal 9)"),
     ],
 )
 def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, head) -> None:
@@ -152,6 +157,14 @@ def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, h
     limit's failure)."""
     end = decide(facts)
     assert end.limit == limit and (end.reason or "").startswith(head), end
+
+
+def test_a_process_ended_before_its_start_gives_its_exit_code() -> None:
+    """A child the launcher made that ended before its start was reported: FAILED `could not
+    start`, with its exit code (a start that made no process has none)."""
+    ended = decide(Facts(could_not_start="could not start: child ended (signal 9)", status=ExitStatus("signal", 9)))
+    assert (ended.kind, ended.exit_code, ended.limit) == (AttemptResult.FAILED, -9, None)
+    assert decide(Facts(could_not_start="could not start: [Errno 11] EAGAIN")).exit_code is None
 
 
 @pytest.mark.parametrize(

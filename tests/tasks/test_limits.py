@@ -194,8 +194,10 @@ async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_t
 
 
 def test_mpvisor_run_memory_counts_resident_memory_not_thread_stacks(tmp_path) -> None:
-    """`mpvisor run --memory 512M -- python -c "80 sleeping threads"` completes (exit 0), and
-    `--memory 256M` on a program writing 600 MiB exits 1 with the limit in the outcome line."""
+    """`mpvisor run --memory 512M -- python -c "80 sleeping threads"` completes (exit 0),
+    `--memory 256M` on a program writing 600 MiB fails with the limit in the outcome line, and
+    `--memory 512` (bytes: too little for any process) ends before its start, named after the
+    limit with status 137, whichever mechanism keeps it."""
     mpvisor = shutil.which("mpvisor")
     assert mpvisor is not None
     threads = "import threading, time; t = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(80)]; " \
@@ -207,6 +209,12 @@ def test_mpvisor_run_memory_counts_resident_memory_not_thread_stacks(tmp_path) -
     over = subprocess.run([mpvisor, "run", "--memory", "256M", "--", "python3", "-c", hog], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert over.returncode != 0 and "memory limit exceeded (256 MiB, cgroup v1): program" in over.stderr, over.stderr
+    for mechanism, environment in (("cgroup v1", {}), ("watcher", {"MPVISOR_CGROUPS": "off"})):
+        # a limit too small for any process (512 meant as MiB): ended before it started, by the limit
+        tiny = subprocess.run([mpvisor, "run", "--memory", "512", "--", "true"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, **environment})
+        assert tiny.returncode == 128 + signal.SIGKILL, tiny.stderr
+        assert f"reason='memory limit exceeded (512 bytes, {mechanism}): could not start" in tiny.stderr, tiny.stderr
 
 
 def _v2_memory_placement() -> object:
@@ -358,17 +366,28 @@ async def test_cpus_slows_the_whole_tree_to_its_share(start_method) -> None:
         assert left == [], (controller, left)
 
 
-async def test_cpus_without_a_cpu_controller_is_refused_for_good(monkeypatch) -> None:
-    """Forced to use no cgroup (MPVISOR_CGROUPS=off), a `cpus=` limit cannot be kept: the
-    attempt is refused, FATAL with the reason naming the limit, its target never imported and
-    never retried (a restartable spec ends after one attempt)."""
+async def test_a_limit_that_cannot_be_kept_is_refused_for_good_naming_it(monkeypatch) -> None:
+    """Forced to use no cgroup (MPVISOR_CGROUPS=off), a `cpus=` limit cannot be kept; nor can an
+    `open_files` over the kernel's ceiling (`fs.nr_open`, which root cannot raise a hard limit
+    past either): each attempt is refused, FATAL with
+    the reason naming the limit as the user wrote it, its target never imported and never
+    retried (a restartable spec ends after one attempt)."""
+    import resource
+
     monkeypatch.setenv("MPVISOR_CGROUPS", "off")
-    spec = TaskSpec.restartable(fn("refused", "workers.hanging_import:target")).with_limits(cpus=1.5)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with open("/proc/sys/fs/nr_open") as ceiling:
+        too_many = int(ceiling.read()) + 1
+    specs = [TaskSpec.restartable(fn("refused", "workers.hanging_import:target")).with_limits(cpus=1.5),
+             TaskSpec.restartable(fn("files", "workers.hanging_import:target")).with_limits(open_files=too_many)]
     async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
-        _, waiter = await handle.add_and_watch(spec)
-        outcome = await waiter.wait()
-    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
-    assert outcome.reason.startswith("cannot apply the limit cpus=1.5: no CPU controller mpvisor may use here"), outcome.reason
+        waiters = [(await handle.add_and_watch(spec))[1] for spec in specs]
+        cpus, files = [await waiter.wait() for waiter in waiters]
+    for outcome in (cpus, files):
+        assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert cpus.reason.startswith("cannot apply the limit cpus=1.5: no CPU controller mpvisor may use here"), cpus.reason
+    assert files.reason.startswith(f"cannot apply the limit open_files={too_many} (over this process's hard limit, "
+                                   f"{hard}): "), files.reason
 
 
 def test_the_cpus_option_of_the_installed_command(tmp_path) -> None:

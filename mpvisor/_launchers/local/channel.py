@@ -77,10 +77,10 @@ class Channel:
             self.loop.add_reader(fd, self._on_stream, fd)
         self.sink.on_started(pid)
 
-    def start_failed(self, error: str) -> None:
+    def start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
         self._close_all()
         self._reported = True
-        self.sink.on_start_failed(error)
+        self.sink.on_start_failed(error, ended)
 
     def exited(self, status: ExitStatus, killed: bool) -> None:
         self._exit = (status, killed)

@@ -335,12 +335,12 @@ class LauncherClient:
                 if self.terminal is not None:
                     self.terminal.started(key, pid)
                 attempt.started(pid, pidfd)
-            case control.StartFailed(key, error):
+            case control.StartFailed(key, error, how, value, memory, cpu):
                 attempt = self._attempts.pop(key, None)
                 if self.terminal is not None:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
-                    attempt.start_failed(error)
+                    attempt.start_failed(error, ExitStatus(how, value, memory=memory, cpu=cpu) if how else None)
             case control.Exited(key, how, value, killed, oom, fenced, memory, cpu):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 8  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus
+CONTROL_VERSION = 9  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended
 
 
 class ControlError(ProtocolError):
@@ -122,10 +122,16 @@ class Started(NamedTuple):
 
 
 class StartFailed(NamedTuple):
-    """The attempt `key` could not be started (`error` says why)."""
+    """The attempt `key` could not be started (`error` says why). When a child was forked and
+    ended before its start: `how` and `value` (as in `Exited`), and `memory`/`cpu`, the limit it
+    ran into (the mechanism that kept it); `how` "" when no child ended."""
 
     key: int
     error: str
+    how: str = ""
+    value: int = 0
+    memory: str = ""
+    cpu: str = ""
 
 
 class Exited(NamedTuple):
@@ -191,8 +197,8 @@ def decode(data: bytes) -> Message:
             raise ControlError(f"the launcher speaks control protocol version {version}, this parent {CONTROL_VERSION}")
         case ["started", int(key), int(pid)]:
             return Started(key, pid)
-        case ["start_failed", int(key), str(error)]:
-            return StartFailed(key, error)
+        case ["start_failed", int(key), str(error), ("" | "exit" | "signal") as how, int(value), str(memory), str(cpu)]:
+            return StartFailed(key, error, how, value, memory, cpu)
         case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom), bool(fenced), str(memory),
               str(cpu)]:
             return Exited(key, how, value, killed, oom, fenced, memory, cpu)

@@ -26,7 +26,7 @@ attached; `control.py` types, encodes and versions them):
 | `importing pid module` | before each `preload` import (so a crash at import can be named) |
 | `ready pid error` | once, after the preload imports (error names a failed module) |
 | `started key pid` + pidfd | the child has completed `setsid()` |
-| `start_failed key error` | `fork()` failed |
+| `start_failed key error how value memory cpu` | `fork()` failed (`how` ""), or the child ended before `setsid()` was reported: how, and the limit it ran into (`memory`, `cpu`: the mechanism, as in `exited`) |
 | `exited key how value killed oom fenced` | leader reaped and every adopted process of its tree reaped; `oom`: its own memory cgroup counted an OOM kill, or (an attempt without one) it died by a SIGKILL we did not send while the kernel's OOM-kill count for our memory cgroup rose past the kills already explained (`_platform.OomKills`) |
 
 Attempt process life in the launcher: forked -> (ready byte) started -> exited (zombie: killpg,
@@ -484,7 +484,8 @@ class Launcher:
             assert attempt.status is not None
             how, value = attempt.status
             if not attempt.reported_start:
-                self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})"))
+                self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})", how, value,
+                                               attempt.memory_hit, attempt.cpu_hit))
             else:
                 self._send(control.Exited(attempt.key, how, value,
                                           attempt.killed and not (attempt.memory_hit or attempt.cpu_hit),
