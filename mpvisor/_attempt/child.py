@@ -226,7 +226,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     except BaseException as exc:
         _release_frames(exc)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"
-        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc)))
+        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc, _IMPORT_MACHINERY)))
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
@@ -380,12 +380,28 @@ def _describe(exc: BaseException) -> str:
     return _guarded(lambda: f"{name}: {_text(str(exc))}", lambda p: f"<{name}: str() raised {_type_name(p)}>")
 
 
-def _traceback(exc: BaseException) -> str | None:
+_IMPORT_MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # mpvisor's own
+                     os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
+                     "<frozen importlib.")
+
+
+def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
-    `traceback` module itself cannot be imported: out of file descriptors, say)."""
+    `traceback` module itself cannot be imported: out of file descriptors, say). `hide`: the
+    frames of files starting so are left out (an import's: mpvisor's and importlib's, so that what
+    is left is the user's code, as `python -m` shows it); `None` when nothing but the exception's
+    one line would be left (the reason says it)."""
     traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
     if traceback is None:
         return None
+    if hide:
+        def users() -> str | None:
+            found = traceback.TracebackException.from_exception(exc)
+            found.stack = traceback.StackSummary.from_list(
+                [frame for frame in found.stack if not frame.filename.startswith(hide)])
+            text = _text("".join(found.format()))
+            return text if found.stack or text.count("\n") > 2 else None  # 2: the header and one line
+        return _guarded(users, lambda _: _traceback(exc))
 
     def frames_only(problem: BaseException) -> str | None:
         def frames() -> str:

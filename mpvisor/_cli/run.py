@@ -17,7 +17,8 @@ attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`
 the `outcome_*` labels are what JSON events and metrics carry). A Python target whose final
 outcome is a failure by an exception it did not catch has that traceback printed just before,
 as `python script.py` would print it (a `Fail` or `Fatal` is its own verdict, its reason the
-message: no traceback; `--events log` logs each failed attempt's); `--quiet` prints neither.
+message: no traceback; a failed import's is the user's frames alone, or none when the module is
+not there; `--events log` logs each failed attempt's); `--quiet` prints neither.
 
 stdout is reserved for machine-readable output. For a Python TARGET it is one line of JSON, the
 return value, printed when the outcome is `COMPLETED` (so `v=$(mpvisor run pkg.mod:fn 3)`

@@ -410,11 +410,19 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
     assert "Traceback" not in ok.stderr
     verdict = mpvisor(tmp_path, "run", "workers.basic:failing", "3")  # Fail("boom"): a verdict, its reason the message
     assert verdict.returncode == 3 and "Traceback" not in verdict.stderr, verdict.stderr
+    # An import's traceback is the user's code alone (as `python -m` shows it): none of mpvisor's
+    # frames or importlib's, and none at all for a module that is not there (the line says it).
     unimportable = mpvisor(tmp_path, "run", "workers.no_such_module:fn")
-    assert "Traceback (most recent call last):" in unimportable.stderr and "ModuleNotFoundError" in unimportable.stderr
+    assert unimportable.stderr.splitlines() == [outcome_line(unimportable.stderr)], unimportable.stderr
+    assert "ModuleNotFoundError: No module named 'workers.no_such_module'" in unimportable.stderr
     (tmp_path / "broken_syntax.py").write_text("def f(:\n    pass\n")
     broken = mpvisor(tmp_path, "run", "broken_syntax:f")
-    assert "SyntaxError" in broken.stderr and "def f(:" in broken.stderr, broken.stderr
+    assert broken.stderr.splitlines()[:2] == [f'  File "{tmp_path / "broken_syntax.py"}", line 1', "    def f(:"], broken.stderr
+    (tmp_path / "needs_more.py").write_text("import json\nimport no_such_dependency\n")
+    missing = mpvisor(tmp_path, "run", "needs_more:f")
+    assert missing.stderr.splitlines()[:4] == [
+        "Traceback (most recent call last):", f'  File "{tmp_path / "needs_more.py"}", line 2, in <module>',
+        "    import no_such_dependency", "ModuleNotFoundError: No module named 'no_such_dependency'"], missing.stderr
 
 
 @pytest.mark.parametrize("how, last", [
