@@ -153,7 +153,12 @@ class BatchView:
         outcome = result.outcome
         state = "replaced" if result.by_slot and result.status == REPLACED else outcome.kind.name.lower()
         row = self.rows.get(result.name, Row(result.name))
-        last = outcome.reason or ("-" if outcome.kind is OutcomeKind.COMPLETED else outcome.kind.name.lower())
+        if outcome.reason:
+            last = outcome.reason
+        elif outcome.kind is OutcomeKind.COMPLETED:  # what its last attempt did, as while it ran
+            last = f"attempt {outcome.attempts} succeeded" if outcome.attempts else row.last
+        else:
+            last = outcome.kind.name.lower()
         self.rows[result.name] = dataclasses.replace(row, state=state, attempt=outcome.attempts or row.attempt, last=last)
         self.settled.add(result.name)
         self.tracker.forget(result.name)

@@ -214,9 +214,11 @@ def lease_ttl(text: str) -> float:
 
 
 def slot_name(text: str) -> str:
-    """An argparse `type=`: a non-empty slot name."""
+    """An argparse `type=`: a non-empty slot name, printable (as every name: `_model/checks.name`)."""
     if not text:
         raise argparse.ArgumentTypeError(f"expected a non-empty slot name, got {text!r}")
+    if not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected a slot name without control characters or line breaks, got {text!r}")
     return text
 
 

@@ -732,10 +732,7 @@ def _service(name: str, paths: dict[str, Any], settings: dict[str, Any], after: 
     streams: dict[str, str | None] = {}
     for stream in ("stdout", "stderr"):
         template = paths.get(stream, log)
-        path = template.fill(name) if isinstance(template, _PathTemplate) else None
-        if path is not None and "\0" in path:
-            errors.add(where, f"its {stream} log file is named after it ({{task}}), and its name holds NUL")
-        streams[stream] = path
+        streams[stream] = template.fill(name) if isinstance(template, _PathTemplate) else None  # a name holds no NUL
     logs = None
     if streams["stdout"] is not None or streams["stderr"] is not None:
         rotation = {"max_bytes": settings.get("log_max_bytes"), "backups": settings.get("log_backups"),

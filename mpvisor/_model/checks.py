@@ -69,9 +69,13 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
 
 
 def name(field: str, value: object) -> str:
-    """Return `value` if it is a non-empty string, else raise `ValueError`/`TypeError`."""
+    """Return `value` if it is a non-empty printable string, else raise `ValueError`/`TypeError`
+    (a name is printed on one line of a log, an outcome line or a table: no control character,
+    line or paragraph separator, or lone surrogate)."""
     if not isinstance(value, str):
         raise TypeError(f"{field} must be a non-empty string, got {value!r}")
     if not value:
         raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    if not value.isprintable():
+        raise ValueError(f"{field} must be printable (no control characters or line breaks), got {value!r}")
     return value

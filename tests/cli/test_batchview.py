@@ -172,6 +172,7 @@ def test_a_progress_report_delivered_after_the_outcome_still_reaches_the_row():
     assert (changed, line) == (True, None)
     row = view.rows["steps"]
     assert (row.state, row.attempt, row.progress.done, row.progress.total) == ("completed", 1, 4, 4)
+    assert row.last == "attempt 1 succeeded"  # its last attempt's end stays (it read "-" once settled)
     stale = Event(2, 0.2, EventKind.ATTEMPT_PROGRESS, task="steps", attempt=2, progress=(1, 4))
     assert view.apply(stale) == (False, None)  # not the attempt the outcome ended with
     assert view.apply(event(EventKind.ATTEMPT_FAILED, "steps", attempt=1)) == (False, None)

@@ -154,6 +154,8 @@ def test_a_slot_name_is_named_a_slot_name():
     assert slot_name("deploy") == "deploy"
     with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a non-empty slot name, got ''$"):
         slot_name("")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a slot name without control characters or line breaks, got 'a\\nb'$"):
+        slot_name("a\nb")
 
 
 def test_good_options_build_the_spec_they_describe():

@@ -158,6 +158,7 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\nrestart = 'maybe'\n", ['task "a".restart: expected one of never, on-failure, always, got \'maybe\'']),
         ("[task.a]\ntarget = 'm:f'\npolicy = 'queue'\n", ['task "a".policy: needs slot (the slot whose admission the policy decides)']),
         ("[task.a]\ntarget = 'm:f'\nslot = ''\n", ['task "a".slot: expected a non-empty slot name, got \'\'']),
+        ('[task."a\\nb"]\ntarget = \'m:f\'\n', ['task "a\\nb": name must be printable (no control characters or line breaks), got \'a\\nb\'']),
         ("[task.a]\ntarget = 'm:f'\nevery = 5\nrestart = 'never'\n",
          ['task "a".every: makes the task run again after each success: it needs restart = "always" or no restart, got restart = "never"']),
         ("[task.a]\ntarget = 'nope'\n", ["task \"a\".target: target must have the form 'package.module:attr' (dotted identifiers, exactly one colon), got 'nope'"]),
@@ -756,8 +757,8 @@ def test_log_paths_fill_in_each_tasks_own_name_and_none_means_no_log_files():
     ("[task.a]\ncommand = ['x']\nlog_backups = -1\n", ["task \"a\".log_backups: expected a whole number >= 0, got '-1'"]),  # said once
     ("[task.a]\ncommand = ['x']\nlog = 5\nlog_backups = 2\n",  # a path given, if a bad one: that is the error
      ["task \"a\".log: expected a file path (a non-empty string; {task} is the task's name), got an integer: 5"]),
-    ("[task.\"a\\u0000b\"]\ncommand = ['x']\nstdout = '{task}.out'\n",
-     ['task "a\\u0000b": its stdout log file is named after it ({task}), and its name holds NUL']),
+    ("[task.\"a\\u0000b\"]\ncommand = ['x']\nstdout = '{task}.out'\n",  # a name's NUL never reaches a log path
+     ['task "a\\u0000b": name must be printable (no control characters or line breaks), got \'a\\x00b\'']),
 ])
 def test_log_keys_that_cannot_apply_are_errors(text, expected):
     assert errors(text) == expected

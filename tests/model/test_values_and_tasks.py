@@ -219,15 +219,19 @@ def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
         TaskFn("t", impostor)
 
 
-@pytest.mark.parametrize(("name", "error"), [("", ValueError), (None, TypeError), (3, TypeError)])
-def test_task_names_must_be_non_empty_strings(name: object, error: type[Exception]) -> None:
-    """An empty or non-string task name is refused naming the field and value."""
+@pytest.mark.parametrize(("name", "error"), [("", ValueError), (None, TypeError), (3, TypeError), ("a\nb", ValueError),
+                                             ("tab\there", ValueError), ("a\u2028b", ValueError), ("\ud800", ValueError)])
+def test_task_names_must_be_non_empty_printable_strings(name: object, error: type[Exception]) -> None:
+    """An empty, non-string or unprintable task name (a control character, a line or paragraph
+    separator, a lone surrogate: it would break the one line it is printed on) is refused naming
+    the field and value; any printable text is a name."""
     with pytest.raises(error) as caught:
         TaskFn(name, "m:f")  # type: ignore[arg-type]
     assert "name" in str(caught.value)
     assert repr(name) in str(caught.value)
     with pytest.raises(error):
         CommandTask(name, ["true"])  # type: ignore[arg-type]
+    assert TaskFn("nightly café 2", "m:f").name == "nightly café 2"
 
 
 @pytest.mark.parametrize(
