@@ -11,7 +11,7 @@ nothing of this module).
 
 | parser | accepts | e.g. |
 |---|---|---|
-| `seconds(allow_zero=...)` | finite seconds > 0 (or >= 0) | `--every`, `--timeout`, `--cpu`, `--grace` |
+| `seconds(allow_zero=...)` | finite seconds > 0 (or >= 0), a unit allowed (`500ms`, `30s`, `5m`, `1h`) | `--every`, `--timeout 5m`, `--cpu`, `--grace` |
 | `retries`, `positive_count` | a whole number >= 0, >= 1 | `--max-retries`, `--open-files` |
 | `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
@@ -119,12 +119,25 @@ def _by_rule(text: str, rule: Callable[[str], T | None], expected: str) -> T:
     return value
 
 
+TIME_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}  # what may follow a number of seconds
+UNIT_EXAMPLES = "500ms, 30s, 5m, 1h"
+
+
 def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
-    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`)."""
+    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`): a number, or a
+    number and a unit (`500ms`, `30s`, `5m`, `1h`). Every duration of the command line and of a
+    task file is read here; a text with letters that is not one says which units there are."""
     expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}"
 
     def parse(text: str) -> float:
-        return _by_rule(text, lambda t: _validate.duration("a duration", float(t), allow_zero=allow_zero), expected)
+        number, unit = text.strip(), "s"
+        for name in sorted(TIME_UNITS, key=len, reverse=True):  # "ms" before "m" and "s"
+            if number.endswith(name) and number[: -len(name)].rstrip()[-1:].isdigit():
+                number, unit = number[: -len(name)].rstrip(), name
+                break
+        said = f"{expected}, or one with a unit ({UNIT_EXAMPLES})" if any(c.isalpha() for c in text) else expected
+        return _by_rule(text, lambda _: _validate.duration("a duration", float(number) * TIME_UNITS[unit],
+                                                           allow_zero=allow_zero), said)
 
     return parse
 

@@ -14,7 +14,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `args`, `kwargs` | array, table (msgpack values) | ARG... (`kwargs` has no CLI form; task only, Python targets) |
 | `command` | array of strings | `-- COMMAND [ARG...]` (task only) |
 | `restart` | `"never"`, `"on-failure"`, `"always"` | `--restart` |
-| `every`, `timeout`, `start_timeout`, `cpu` | seconds (a number) | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
+| `every`, `timeout`, `start_timeout`, `cpu` | seconds: a number, or a string with a unit (`"500ms"`, `"30s"`, `"5m"`, `"1h"`), as every duration here | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
 | `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
 | `cpus` | a number of CPUs (`0.5`, `2`) | `--cpus` |
 | `memory`, `address_space` | integer (bytes) or string (`"512M"`) | `--memory`, `--address-space` |
@@ -31,7 +31,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `lease_ttl`, `wait_timeout` | seconds (>= 2; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
 | `after` | array of task names of this file | (no CLI form; task only: a service starts once these are ready) |
 | `ready`, `health` | string: a check, `Check.parse`'s forms (`health`: `tcp:` and `cmd:` only) | (no CLI form) |
-| `ready_timeout`, `health_interval`, `watchdog` | seconds > 0: a number, or a string with a unit (`"500ms"`, `"30s"`, `"5m"`, `"1h"`) | (no CLI form) |
+| `ready_timeout`, `health_interval`, `watchdog` | seconds > 0 | (no CLI form) |
 | `health_failures`, `log_backups` | integer (>= 1; >= 0) | (no CLI form) |
 | `stdout`, `stderr`, `log` | string, a file path relative to the file's directory; `{task}` is the task's name | (no CLI form; `log`: both streams) |
 | `log_max_bytes`, `log_rotate`, `log_compress` | size as `memory` (0: never by size); `"daily"`, `"never"`; boolean | (no CLI form) |
@@ -56,7 +56,6 @@ import argparse
 import datetime
 import difflib
 import json
-import math
 import os
 import re
 import shlex
@@ -177,7 +176,8 @@ def _via(parser: Callable[[str], Any], types: tuple[type, ...], what: str) -> Ca
 
 
 _NUMBER = (int, float)
-_SECONDS = "a number of seconds"
+_TIME = (int, float, str)  # a duration: seconds, or a string with a unit ("30s", "5m")
+_SECONDS = f"a number of seconds or a string with a unit ({_options.UNIT_EXAMPLES})"
 
 
 def _command(value: object) -> list[str]:
@@ -340,29 +340,6 @@ def _cwd_in(base_dir: str, is_dir: Callable[[str], bool] | None) -> Callable[[ob
 
 # --- the keys of services -----------------------------------------------------------------------------
 
-_SERVICE_SECONDS = 'a number of seconds > 0 or a string such as "30s"'
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_WITH_UNIT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?")
-
-
-def _seconds_with_unit(value: object) -> float:
-    """Seconds > 0: a number, or a string of a number and an optional unit (`"500ms"`, `"30s"`,
-    `"5m"`, `"1h"`; none: seconds)."""
-    seconds = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            pass
-    elif isinstance(value, str):
-        found = _WITH_UNIT.fullmatch(value.strip())
-        if found:
-            seconds = float(found[1]) * _UNIT_SECONDS[found[2] or "s"]
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise _Invalid(f"expected {_SERVICE_SECONDS}, got {_kind(value)}: {toml_text(value)}")
-    return seconds
-
-
 def _after(value: object) -> tuple[str, ...]:
     """The names a task comes after, each once, in the order given (whether the file has them
     is `_after_errors`')."""
@@ -450,16 +427,16 @@ _SERVICE_SCALARS = ("ready", "ready_timeout", "health", "health_interval", "heal
 
 SETTINGS: dict[str, Callable[[object], Any]] = {
     "restart": _via(_options.choice(*_options.RESTARTS), (str,), "a string: " + ", ".join(_options.RESTARTS)),
-    "every": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "every": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "max_retries": _via(_options.retries, _NUMBER, "a whole number >= 0"),
     "memory": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
     "address_space": _via(_options.byte_size, (int, float, str), 'a size in bytes (an integer, or a string such as "512M")'),
-    "cpu": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "cpu": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "cpus": _via(_options.cpus, _NUMBER, "a number of CPUs >= 0.01"),
     "open_files": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
     "intensity": _via(_options.intensity, (str,), 'a string "N/SECONDS"'),
-    "timeout": _via(_options.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _NUMBER, _SECONDS),
-    "start_timeout": _via(_options.seconds(allow_zero=False), _NUMBER, _SECONDS),
+    "timeout": _via(_options.seconds(allow_zero=False, hint=" (leave it out for no timeout)"), _TIME, _SECONDS),
+    "start_timeout": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "backoff": _via(_options.backoff, (str, int, float), 'a string "FIRST[:MAX[:FACTOR]]" or a number of seconds'),
     "jitter": _via(_options.jitter, (str,), "a string: none, full, equal or randomized-band"),
     "slot": _via(_options.slot_name, (str,), "a slot name (a string)"),
@@ -468,11 +445,11 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "env_file": _env_file_in(".", None),  # parse_text takes it from the file's directory
     "cwd": _cwd,
     "ready": _check_in("."),  # parse_text takes a `file:` path from the file's directory
-    "ready_timeout": _seconds_with_unit,
+    "ready_timeout": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "health": _check_in(".", ("tcp", "cmd")),
-    "health_interval": _seconds_with_unit,
+    "health_interval": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "health_failures": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
-    "watchdog": _seconds_with_unit,
+    "watchdog": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
     "stdout": _log_path_in("."),  # parse_text takes the log paths from the file's directory
     "stderr": _log_path_in("."),
     "log": _log_path_in("."),
@@ -489,11 +466,11 @@ TASK_ONLY: dict[str, Callable[[object], Any]] = {
     "after": _after,
 }
 DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
-    "grace": _via(_options.seconds(allow_zero=True), _NUMBER, _SECONDS),
+    "grace": _via(_options.seconds(allow_zero=True), _TIME, _SECONDS),
     "max_concurrent": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
     "slots": _via(_options.slots_url, (str,), 'a string "postgresql://USER@HOST/DB"'),
-    "lease_ttl": _via(_options.lease_ttl, _NUMBER, "a number of seconds >= 2"),
-    "wait_timeout": _via(_options.seconds(allow_zero=False), _NUMBER, "a number of seconds > 0"),
+    "lease_ttl": _via(_options.lease_ttl, _TIME, _SECONDS),
+    "wait_timeout": _via(_options.seconds(allow_zero=False), _TIME, _SECONDS),
 }
 RUN_OPTIONS = ("events", "progress", "ray", "file")  # `mpvisor run` options that no file sets
 TOP_LEVEL = ("defaults", "task")

@@ -173,6 +173,9 @@ def test_good_options_build_the_spec_they_describe():
     assert periodic.restart.interval == 0.25
     _, command = parse(["run", "--timeout", "1", "--", "sh", "-c", "exit 3"])
     assert (command.name, command.task.argv) == ("sh", ("sh", "-c", "exit 3"))
+    units, with_units = parse(["run", "--timeout", "1.5m", "--grace", "500ms", "--every", "1h", "--start-timeout", " 2 s",
+                               "workers.basic:quick"])  # a unit may follow any option in seconds, as in a task file
+    assert (with_units.timeout, units.grace, with_units.restart.interval, with_units.start_timeout) == (90.0, 0.5, 3600.0, 2.0)
 
 
 def test_version_names_mpvisor_and_its_version(capsys):

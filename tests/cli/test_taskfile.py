@@ -137,7 +137,7 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\ngrace = 1\n", ['task "a".grace: grace is the whole run\'s: set it in [defaults]']),
         ("[defaults]\ntarget = 'm:f'\n[task.a]\ntarget = 'm:f'\n", ["defaults.target: target is a task's own key, not a default ([task.NAME])"]),
         ("[defaults]\ngrace = -1\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, got '-1'"]),
-        ("[defaults]\ngrace = 'soon'\n[task.a]\ntarget = 'm:f'\n", ['defaults.grace: expected a number of seconds, got a string: "soon"']),
+        ("[defaults]\ngrace = 'soon'\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, or one with a unit (500ms, 30s, 5m, 1h), got 'soon'"]),
         ("[defaults]\nmax_concurrent = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '0'"]),
         ("[defaults]\nslots = 'mysql://db/x'\n[task.a]\ntarget = 'm:f'\n", ["defaults.slots: expected a postgresql:// URL, got 'mysql://db/x'"]),
         ("[defaults]\nslots = 5\n[task.a]\ntarget = 'm:f'\n", ['defaults.slots: expected a string "postgresql://USER@HOST/DB", got an integer: 5']),
@@ -149,7 +149,8 @@ def test_every_key_reaches_the_spec():
         ("[defaults]\nmax_concurrent = '2'\n[task.a]\ntarget = 'm:f'\n", ['defaults.max_concurrent: expected a whole number >= 1, got a string: "2"']),
         ("[defaults]\nmax_concurrent = true\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got a boolean: true"]),
         ("[task.a]\ntarget = 'm:f'\nmax_concurrent = 2\n", ['task "a".max_concurrent: max_concurrent is the whole run\'s: set it in [defaults]']),
-        ("[task.a]\ntarget = 'm:f'\ntimeout = '600'\n", ['task "a".timeout: expected a number of seconds, got a string: "600"']),
+        ("[task.a]\ntarget = 'm:f'\ntimeout = '600s'\nstart_timeout = '1.5m'\ncpu = 'x'\n",
+         ["task \"a\".cpu: expected a finite number of seconds > 0, or one with a unit (500ms, 30s, 5m, 1h), got 'x'"]),
         ("[task.a]\ntarget = 'm:f'\ntimeout = 0\n", ['task "a".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got \'0\'']),
         ("[task.a]\ntarget = 'm:f'\nmax_retries = true\n", ['task "a".max_retries: expected a whole number >= 0, got a boolean: true']),
         ("[task.a]\ntarget = 'm:f'\nmax_retries = 1.5\n", ['task "a".max_retries: expected a whole number >= 0, got \'1.5\'']),
@@ -207,7 +208,7 @@ def test_every_error_of_a_file_is_reported_at_once_in_file_order():
         [task.build]
         target = "myapp.build:run"
         backoff = "x"
-        timeout = "600"
+        timeout = "10 minutes"
         [task.deploy]
         command = ["./deploy.sh"]
         max_retries = -1
@@ -231,7 +232,7 @@ def test_no_error_of_a_task_hides_another_of_the_same_task():
         [task.one]
         target = "m:f"
         cwd = "missing"
-        timeout = "600"
+        timeout = "10 minutes"
         args = [18446744073709551616]
         backof = 1
         [task.two]
@@ -244,7 +245,7 @@ def test_no_error_of_a_task_hides_another_of_the_same_task():
     """
     found = list(parse_text(text, "/base", dirs.__contains__).errors)
     assert found[:2] == ["task \"one\".cwd: no such directory: '/base/missing'",
-                         'task "one".timeout: expected a number of seconds, got a string: "600"'], found
+                         'task "one".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), or one with a unit (500ms, 30s, 5m, 1h), got \'10 minutes\''], found
     assert found[2] == 'task "one".backof: unknown key (did you mean backoff?)', found
     assert found[3].startswith('task "one": args[0] ') and "msgpack" in found[3], found
     assert found[4:] == ["task \"two\".cwd: no such directory: '/base/gone'",
@@ -597,12 +598,17 @@ BAD = [
     ("health", '"notify"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'"),
     ("health", '"file:x"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'file:x'"),
     ("health", "[]", 'expected a check (a string: "tcp:HOST:PORT", "cmd:COMMAND ARGS"), got an array: []'),
-    *((key, value, f'expected a number of seconds > 0 or a string such as "30s", got {got}')
+    *((key, value, expected)  # as every duration of a file and of the command line is read
       for key in ("ready_timeout", "health_interval", "watchdog")
-      for value, got in (("0", "an integer: 0"), ("-1", "an integer: -1"), ('"soon"', 'a string: "soon"'),
-                         ('"30x"', 'a string: "30x"'), ('"-5s"', 'a string: "-5s"'), ('"0ms"', 'a string: "0ms"'),
-                         ('""', 'a string: ""'), ("true", "a boolean: true"), ("nan", "a float: nan"), ("inf", "a float: inf"),
-                         ("[30]", "an array: [30]"))),
+      for value, expected in (
+          ("0", "expected a finite number of seconds > 0, got '0'"), ("-1", "expected a finite number of seconds > 0, got '-1'"),
+          ('""', "expected a finite number of seconds > 0, got ''"),
+          *((text, f"expected a finite number of seconds > 0, or one with a unit (500ms, 30s, 5m, 1h), got {text[1:-1]!r}")
+            for text in ('"soon"', '"30x"', '"-5s"', '"0ms"')),
+          ("nan", "expected a finite number of seconds > 0, or one with a unit (500ms, 30s, 5m, 1h), got 'nan'"),
+          ("inf", "expected a finite number of seconds > 0, or one with a unit (500ms, 30s, 5m, 1h), got 'inf'"),
+          ("true", "expected a number of seconds or a string with a unit (500ms, 30s, 5m, 1h), got a boolean: true"),
+          ("[30]", "expected a number of seconds or a string with a unit (500ms, 30s, 5m, 1h), got an array: [30]"))),
     ("health_failures", "0", "expected a whole number >= 1, got '0'"),
     ("health_failures", "1.5", "expected a whole number >= 1, got '1.5'"),
     ("health_failures", '"3"', 'expected a whole number >= 1, got a string: "3"'),
@@ -831,7 +837,7 @@ def test_check_reports_every_service_error_with_its_location_and_status_2(tmp_pa
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
-        'svc.toml: defaults.watchdog: expected a number of seconds > 0 or a string such as "30s", got a string: "30x"',
+        "svc.toml: defaults.watchdog: expected a finite number of seconds > 0, or one with a unit (500ms, 30s, 5m, 1h), got '30x'",
         "svc.toml: task \"db\".ready: 'tcp:localhost': expected tcp:HOST:PORT",
         'svc.toml: task "db".after: a cycle: db -> api -> db',
         "svc.toml: task \"api\".health: expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'",

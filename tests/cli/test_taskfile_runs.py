@@ -109,11 +109,12 @@ def test_check_reports_every_error_at_once_and_an_invalid_file_runs_nothing(tmp_
         backof = "0.5"
         [task.deploy]
         command = ["true"]
-        timeout = "600"
+        timeout = "10 minutes"
     """)
     expected = ["bad.toml: defaults.grace: expected a finite number of seconds >= 0, got '-1'",
                 'bad.toml: task "build".backof: unknown key (did you mean backoff?)',
-                'bad.toml: task "deploy".timeout: expected a number of seconds, got a string: "600"']
+                'bad.toml: task "deploy".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), '
+                "or one with a unit (500ms, 30s, 5m, 1h), got '10 minutes'"]
     checked = mpvisor(tmp_path, "check", "bad.toml")
     assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
     ran = mpvisor(tmp_path, "run", "--file", "bad.toml")
