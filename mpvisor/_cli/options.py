@@ -239,11 +239,14 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def byte_size(text: str) -> int:
-    """An argparse `type=`: a size in bytes, `512M`, `1G` (binary units, an optional `iB`/`B`)."""
+    """An argparse `type=`: a size in bytes, `512M`, `1G`, `0.1G` (binary units, an optional
+    `iB`/`B`; a fraction of a unit is rounded down to whole bytes)."""
     number = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
     try:
         value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+        if unit and math.isfinite(value):
+            value = math.floor(value)
     except ValueError:
         value = -1.0
     if not math.isfinite(value) or value < 1 or value != int(value):
