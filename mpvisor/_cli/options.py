@@ -289,7 +289,9 @@ def ray_address(text: str) -> str:
     accepted only where Ray is installed."""
     import importlib.util
 
-    if not text:
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    client = text.startswith("ray://") and text != "ray://"
+    if text not in ("auto", "local") and not client and not (host and port.isdigit() and 0 < int(port) < 65536):
         raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
     if importlib.util.find_spec("ray") is None:
         raise argparse.ArgumentTypeError("Ray is not installed here: install the `ray` extra "

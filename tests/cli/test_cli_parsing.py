@@ -117,6 +117,8 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--slot", "s", "--slots", "mysql://x/y", "workers.basic:quick"], ["--slots", "'mysql://x/y'"]),
         (["run", "--memory", "lots", "workers.basic:quick"], ["--memory", "'lots'"]),
         (["run", "--memory", "0.0001K", "workers.basic:quick"], ["--memory", "'0.0001K'"]),
+        (["run", "--ray", "foo", "--", "true"], ["--ray", "'foo'", "HOST:PORT"]),  # Ray itself would be reached (exit 1)
+        (["run", "--ray", "head:99999", "--", "true"], ["--ray", "'head:99999'"]),
         (["run", "--open-files", "0", "workers.basic:quick"], ["--open-files", "'0'"]),
         (["run", "--cpu", "0", "workers.basic:quick"], ["--cpu", "'0'"]),
         (["run", "--every", "1", "--restart", "never", "--", "true"], ["argument --every", "--restart never"]),
