@@ -322,10 +322,10 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _exit_like_sys_exit(exc)
     except KeyboardInterrupt as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), None, _traceback(exc)), int(signal.SIGINT)
+        return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), int(signal.SIGINT)
     except BaseException as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), None, _traceback(exc)), 0
+        return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
@@ -380,17 +380,18 @@ def _describe(exc: BaseException) -> str:
     return _guarded(lambda: f"{name}: {_text(str(exc))}", lambda p: f"<{name}: str() raised {_type_name(p)}>")
 
 
-_IMPORT_MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # mpvisor's own
-                     os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
+_MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames
+_IMPORT_MACHINERY = (*_MPVISOR, os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
                      "<frozen importlib.")
 
 
 def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
     `traceback` module itself cannot be imported: out of file descriptors, say). `hide`: the
-    frames of files starting so are left out (an import's: mpvisor's and importlib's, so that what
-    is left is the user's code, as `python -m` shows it); `None` when nothing but the exception's
-    one line would be left (the reason says it)."""
+    frames of files starting so are left out (mpvisor's, which called the target; for an import,
+    importlib's too), so that what is left is the user's code, as `python script.py` or `python
+    -m` shows it; `None` when nothing but the exception's one line would be left (the reason
+    says it)."""
     traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
     if traceback is None:
         return None
@@ -448,7 +449,7 @@ def _verdict(exc: Fail | Fatal) -> Failure:
     kind = "fail" if isinstance(exc, Fail) else "fatal"
     name = _type_name(exc)
     reason = _guarded(lambda: _text(exc.reason), lambda p: f"<{name}: its reason raised {_type_name(p)}>")
-    return Failure(kind, reason, _exit_code(exc.exit_code), _traceback(exc))
+    return Failure(kind, reason, _exit_code(exc.exit_code), _traceback(exc, _MPVISOR))
 
 
 def _exit_code(code: object) -> int | None:

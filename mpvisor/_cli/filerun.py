@@ -70,7 +70,7 @@ from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
-from mpvisor._model.outcome import RejectionKind, TaskOutcome
+from mpvisor._model.outcome import RejectionKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
@@ -143,6 +143,21 @@ class _Display(abc.ABC):
         self.bar = bar  # `--progress` lines on a pipe: fed from here, so they follow the lines of the same events
         self.closed = False
         self.caught = Caught()
+        self.logged: set[str] = set()  # the tasks whose stderr goes to a log file (their tracebacks go there)
+
+    def know(self, task: FileTask) -> None:
+        """Where `task`'s stderr goes: a log file of its own, or the run's stderr (here)."""
+        logs = task.service.logs
+        (self.logged.add if logs is not None and logs.stderr is not None else self.logged.discard)(task.name)
+
+    def traceback(self, event: Event) -> str:
+        """What to write before the line of `event`: the traceback of an attempt that failed by an
+        exception it did not catch, as the program would have printed it on its stderr, when its
+        stderr is the run's ("" otherwise)."""
+        if event.kind is not EventKind.ATTEMPT_FAILED or event.task in self.logged:
+            return ""
+        shown = uncaught_traceback(event.reason, event.traceback)
+        return "" if shown is None else shown + "\n"
 
     def on_event(self, event: Event) -> None:
         with self.lock:
@@ -159,6 +174,7 @@ class _Display(abc.ABC):
     def again(self, task: FileTask) -> None:
         """`task` starts again (a restart, a reload): its row follows its events again."""
         with self.lock:
+            self.know(task)
             if task.name in self.view.settled or task.name not in self.view.rows:
                 self.view.add(task.name, task.slot)
 
@@ -179,7 +195,7 @@ class PlainLines(_Display):
     def _show(self, event: Event) -> None:
         _, line = self.view.apply(event)
         if line is not None:
-            self._write(line + "\n")
+            self._write(self.traceback(event) + line + "\n")
 
     def settle(self, result: Result) -> None:
         with self.lock:
@@ -222,7 +238,10 @@ class LiveTable(_Display):
             self._draw()
 
     def _show(self, event: Event) -> None:
-        changed, _ = self.view.apply(event)
+        changed, line = self.view.apply(event)
+        shown = self.traceback(event) if line is not None else ""
+        if shown:
+            self._write(shown)  # scrolls above the table, as the task's own output does
         now = time.monotonic()
         if changed and (event.kind is not EventKind.ATTEMPT_PROGRESS or now - self._drawn_at >= REDRAW_INTERVAL):
             self._drawn_at = now
@@ -310,6 +329,8 @@ def run_file(args: argparse.Namespace) -> int:
     bar = ProgressBar(stderr, live=False, lock=lock) if args.progress and not live else None
     display: LiveTable | PlainLines = (LiveTable(stderr, view, lock, progress=args.progress) if live else
                                        PlainLines(stderr, view, lock, bar=bar))
+    for task in tasks:
+        display.know(task)
     subscribers.append(display)
     controller = (controller_config(args.slots or parsed.slots, args.lease_ttl or parsed.lease_ttl,
                                     args.wait_timeout or parsed.wait_timeout)

@@ -73,7 +73,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import signal
 import sys
 from typing import IO, TYPE_CHECKING, Any
@@ -112,7 +111,13 @@ from mpvisor._cli.options import (
 from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
 from mpvisor._model.events import REASON_MAX, Event, EventKind
-from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.outcome import (
+    FAILURES,
+    OutcomeKind,
+    RejectionKind,
+    TaskOutcome,
+    uncaught_traceback,
+)
 from mpvisor._model.spec import TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
@@ -285,8 +290,9 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     if not args.quiet:
         if outcome.rejection is RejectionKind.ADMISSION_FAILED and outcome.reason and len(outcome.reason) > REASON_MAX:
             print(f"mpvisor: {outcome.reason}", file=sys.stderr)  # why, in full: the outcome line cuts it
-        if outcome.traceback and _uncaught(outcome):
-            print(outcome.traceback.rstrip(), file=sys.stderr)  # as `python script.py` would, then the outcome
+        uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
+        if uncaught is not None:
+            print(uncaught, file=sys.stderr)  # as `python script.py` would, then the outcome
         print(outcome_line(spec.name, outcome), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
@@ -294,38 +300,6 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     return -first if first is not None else statuses.exit_status(outcome)
 
 
-def _uncaught(outcome: TaskOutcome) -> bool:
-    """A failure from an exception the target (or its import) did not catch: its reason is
-    `Type: message` (after `cannot import target ...: ` for an import) of the traceback's final
-    exception. A `Fail` or `Fatal` is the target's own verdict, its reason the message meant for
-    people, and prints none (as `sys.exit("message")`)."""
-    if not outcome.traceback or outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.FATAL):
-        return False
-    name = _final_exception_type(outcome.traceback)
-    reason = (outcome.reason or "").partition("\n")[0]
-    return name is not None and re.search(rf"(?:^|: ){re.escape(name)}(?::|$)", reason) is not None
-
-
-def _final_exception_type(traceback: str) -> str | None:
-    """The type name (without its module) of the exception a formatted traceback ends with: the
-    first line at the margin after the last `Traceback` header's frames (inside the box of an
-    exception group's header, one level in). Notes and further lines of the message follow it."""
-    lines = traceback.rstrip().splitlines()
-    headers = [i for i, line in enumerate(lines) if line.startswith(("Traceback (most recent call last):", _GROUP_HEADER))]
-    first = headers[-1] if headers else -1
-    boxed = first >= 0 and lines[first].startswith(_GROUP_HEADER)
-    for line in lines[first + 1:]:
-        if boxed:
-            if not line.startswith("  | "):
-                continue
-            line = line[4:]
-        if line and not line[0].isspace():
-            head = line.partition(": ")[0].rstrip(":")
-            return head.rpartition(".")[2] if re.fullmatch(r"[\w.]+", head) else None
-    return None
-
-
-_GROUP_HEADER = "  + Exception Group Traceback (most recent call last):"
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

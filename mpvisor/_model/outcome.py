@@ -20,6 +20,7 @@ Invariant: `.rejection` is set exactly when the kind is `REJECTED`.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,3 +124,44 @@ class TaskOutcome:
 
 
 _REJECTED = {kind: TaskOutcome(OutcomeKind.REJECTED, reason=kind.label, rejection=kind) for kind in RejectionKind}
+
+
+FAILURES = (OutcomeKind.FAILED, OutcomeKind.FATAL)  # the outcomes an exception can end a task with
+
+
+def uncaught_traceback(reason: str | None, traceback: str | None) -> str | None:
+    """The traceback to print for a failure (an attempt's, or a task's last) whose reason and
+    traceback these are, as Python prints an exception nobody caught; None when the failure is a
+    verdict (`Fail`, `Fatal`: the reason is the message meant for people, as `sys.exit("...")`
+    prints no traceback) or has no traceback. An uncaught exception's reason is `Type: message`
+    of the traceback's final exception (after `cannot import target ...: ` for an import, or a
+    limit's words)."""
+    if not traceback:
+        return None
+    name = _final_exception_type(traceback)
+    first = (reason or "").partition("\n")[0]
+    if name is None or re.search(rf"(?:^|: ){re.escape(name)}(?::|$)", first) is None:
+        return None
+    return traceback.rstrip()
+
+
+def _final_exception_type(traceback: str) -> str | None:
+    """The type name (without its module) of the exception a formatted traceback ends with: the
+    first line at the margin after the last `Traceback` header's frames (inside the box of an
+    exception group's header, one level in). Notes and further lines of the message follow it."""
+    lines = traceback.rstrip().splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith(("Traceback (most recent call last):", _GROUP_HEADER))]
+    first = headers[-1] if headers else -1
+    boxed = first >= 0 and lines[first].startswith(_GROUP_HEADER)
+    for line in lines[first + 1:]:
+        if boxed:
+            if not line.startswith("  | "):
+                continue
+            line = line[4:]
+        if line and not line[0].isspace():
+            head = line.partition(": ")[0].rstrip(":")
+            return head.rpartition(".")[2] if re.fullmatch(r"[\w.]+", head) else None
+    return None
+
+
+_GROUP_HEADER = "  + Exception Group Traceback (most recent call last):"

@@ -43,7 +43,7 @@ from mpvisor._admission.leases.store import POLICIES
 from mpvisor._admission.submission import ControllerSpec
 from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
-from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._services import graph
 from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
@@ -411,6 +411,12 @@ class ServiceRun:
         service.failed_last = end.kind.name != "SUCCEEDED"
         service.state = "backoff"
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
+        failed = end.kind.name in ("FAILED", "FATAL")
+        uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
+        log = self._files.get(name, {}).get("stderr")
+        if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
+            for line in uncaught.splitlines():
+                log.write(line)
 
     # --- readiness and liveness ----------------------------------------------------------------------
 

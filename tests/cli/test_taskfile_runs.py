@@ -206,6 +206,38 @@ def test_a_batch_runs_every_task_and_exits_with_the_worst_status(tmp_path: pathl
     assert lines[-1] == "mpvisor: conf/tasks.toml: 5 tasks: 3 completed, 2 failed; exit status 124"
 
 
+def test_a_failed_attempts_traceback_goes_where_its_tasks_stderr_goes(tmp_path: pathlib.Path) -> None:
+    """As the program would print it: each attempt that raised has its traceback (the user's
+    frames alone) on the run's stderr just before its `attempt N failed` line, or in the task's
+    log file when it has one; a `Fail` (a verdict) has none. (A file run printed none anywhere:
+    only `--events json` carried them.)"""
+    write(tmp_path / "tasks.toml", """
+        [task.crash]
+        target = "workers.basic:raising"
+        restart = "on-failure"
+        max_retries = 1
+        backoff = 0.01
+
+        [task.logged]
+        target = "workers.basic:raising"
+        log = "logs/{task}.log"
+
+        [task.verdict]
+        target = "workers.basic:failing"
+        args = [3]
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert done.returncode == 3, done.stderr
+    lines = done.stderr.splitlines()
+    failed = [i for i, line in enumerate(lines) if line.startswith("mpvisor: crash: attempt ") and " failed: " in line]
+    assert len(failed) == 2, lines
+    for at in failed:
+        assert lines[at - 1] == "RuntimeError: kaboom" and "workers/basic.py" in lines[at - 3], lines
+    assert lines.count("Traceback (most recent call last):") == 2 and "mpvisor/_attempt" not in done.stderr, lines
+    logged = (tmp_path / "logs" / "logged.log").read_text().splitlines()
+    assert logged[0] == "Traceback (most recent call last):" and logged[-1] == "RuntimeError: kaboom", logged
+
+
 def test_a_python_target_is_imported_from_its_tasks_cwd(tmp_path: pathlib.Path) -> None:
     """Run from another directory: a module next to the task file is found with `cwd = "."`,
     and two tasks whose cwds hold different modules of one name each get their own; a task
