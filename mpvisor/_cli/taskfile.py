@@ -550,7 +550,7 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        errors.add(*_syntax_error(str(exc)))
+        errors.add(*_syntax_error(str(exc), text))
         return TaskFile((), None, tuple(errors.found))
     for key in document:
         if key not in TOP_LEVEL:
@@ -590,13 +590,16 @@ def _shared_log_files(tasks: list[FileTask], errors: _Errors) -> None:
                            "log_max_bytes, log_backups, log_rotate and log_compress")
 
 
-def _syntax_error(message: str) -> tuple[str, str]:
+def _syntax_error(message: str, text: str) -> tuple[str, str]:
+    """Where a TOML syntax error is (`line L, column C`, also for one at the end of the text,
+    which `tomllib` says without them) and what it is."""
     found = re.fullmatch(r"(?s)(.*) \(at line (\d+), column (\d+)\)", message)
     if found:
         return f"line {found[2]}, column {found[3]}", found[1]
     found = re.fullmatch(r"(?s)(.*) \(at end of document\)", message)
     if found:
-        return "end of document", found[1]
+        line = text.count("\n") + 1
+        return f"line {line}, column {len(text) - (text.rfind(chr(10)) + 1) + 1} (the end of the file)", found[1]
     return "TOML", message
 
 
