@@ -236,6 +236,9 @@ def test_a_failed_attempts_traceback_goes_where_its_tasks_stderr_goes(tmp_path: 
     assert lines.count("Traceback (most recent call last):") == 2 and "mpvisor/_attempt" not in done.stderr, lines
     logged = (tmp_path / "logs" / "logged.log").read_text().splitlines()
     assert logged[0] == "Traceback (most recent call last):" and logged[-1] == "RuntimeError: kaboom", logged
+    status, _, shown = on_a_terminal(tmp_path, "run", "--file", "tasks.toml")  # above the table, as the output is
+    assert status == 3 and shown.count("Traceback (most recent call last):") == 2, shown
+    assert shown.count("RuntimeError: kaboom\r\n") == 2 and "mpvisor/_attempt" not in shown, shown
 
 
 def test_a_python_target_is_imported_from_its_tasks_cwd(tmp_path: pathlib.Path) -> None:
