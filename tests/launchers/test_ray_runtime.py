@@ -163,11 +163,15 @@ async def test_isolation_and_limits_reach_the_agents_launcher_as_on_this_machine
     assert found[1] == found[0], found
 
 
-async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires() -> None:
+async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypatch: pytest.MonkeyPatch) -> None:
     """An attempt that ends leaves its agent idle for the next attempt asking the same resources:
     that one is a fresh process forked by the same local launcher; one asking other resources
-    gets its own agent; an idle agent retires after `AGENT_IDLE` s (its launcher is gone)."""
-    from mpvisor._launchers.ray import AGENT_IDLE
+    gets its own agent; an idle agent retires after `AGENT_IDLE` s (its launcher is gone; 0.5 s
+    here instead of 2, which the next attempt, added at once, needs none of)."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 0.5)
+    AGENT_IDLE = ray_launcher.AGENT_IDLE
 
     def spec(name: str, cpus: float) -> TaskSpec:
         return TaskSpec.once(fn(name, contract.lineage)).with_resources(num_cpus=cpus)
