@@ -267,6 +267,14 @@ def huge_result(nbytes: int, marker: str | None = None) -> bytes:
     return b"x" * nbytes
 
 
+def long_texts(n: int) -> NoReturn:
+    """Report progress with an `n`-character message and a ready() status as long, then raise
+    `ValueError` with an `n`-character message."""
+    context().progress(1, 2, "m" * n)
+    context().ready("r" * n)
+    raise ValueError("e" * n)
+
+
 def unencodable(marker: str | None = None) -> set[int]:
     """Return a set, which msgpack cannot encode."""
     mark(marker, "started")

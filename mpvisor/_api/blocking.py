@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mpvisor._model import checks as _validate
-from mpvisor._model.errors import ShuttingDown
+from mpvisor._model.errors import GraceExceeded, ShuttingDown
 from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
 if TYPE_CHECKING:
@@ -122,8 +122,15 @@ class BlockingHandle:
     def __enter__(self) -> BlockingHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """Shut down; an error of the block (a `KeyboardInterrupt` too) stays the one raised, a
+        `GraceExceeded` of the shutdown then noted on it (as `async with Supervisor` does)."""
+        try:
+            self.close()
+        except GraceExceeded as grace:
+            if exc is None:
+                raise
+            exc.add_note(f"mpvisor: shutdown after this error also failed: {grace}")
 
     def close(self) -> None:
         """Shut down (if that has not happened yet), stop the background loop and join its

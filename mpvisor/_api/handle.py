@@ -34,6 +34,11 @@ if TYPE_CHECKING:
     from mpvisor._runtime.runtime import Runtime
 
 
+WRONG_LOOP = ("this supervisor is bound to the event loop it was served on: call its handle there (from another "
+              "thread, with asyncio.run_coroutine_threadsafe(..., that loop)), or use serve_blocking(), whose "
+              "handle may be called from any thread")
+
+
 class SupervisorHandle:
     """The management API of one running supervisor: `Supervisor.serve()` (or `async with
     supervisor as handle:`) returns it, and it alone keeps the runtime alive.
@@ -81,6 +86,7 @@ class SupervisorHandle:
         return waiter.id, waiter
 
     async def _add(self, specs: Iterable[TaskSpec], *, wait: bool) -> builtins.list[TaskWaiter]:
+        self._here()
         return await self._rt.add(specs, wait=wait)
 
     # --- removing --------------------------------------------------------------------------------
@@ -154,6 +160,7 @@ class SupervisorHandle:
         return await self._cancel(_validate.name("name", name), wait=False, timeout=_timeout(timeout))
 
     async def _remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
+        self._here()
         await self._enter()
         controller = self._rt.controller
         if controller is not None:  # by id or by name: ordered after earlier submissions
@@ -176,6 +183,7 @@ class SupervisorHandle:
         """A `TaskWaiter` for task `id` if it is registered when the call is processed (also
         while it is being removed); `None` for any other id, including a controller submission
         not yet admitted. Raises `ShuttingDown` after shutdown began."""
+        self._here()
         await self._enter()
         return await self._rt.registry.call(Watch(_id(id)), wait=True)
 
@@ -201,6 +209,7 @@ class SupervisorHandle:
         Best effort: an iterator that falls behind loses events, never slows the runtime down;
         it ends when the supervisor has shut down.
         """
+        self._here(outside_a_loop=True)
         return self._rt.bus.events()
 
     # --- the controller -------------------------------------------------------------------------
@@ -226,21 +235,25 @@ class SupervisorHandle:
         Raises `ControllerNotConfigured` without a controller, `ControllerClosed` after
         shutdown began.
         """
+        self._here()
         controller = self._controller()
         return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=True)
 
     async def try_submit(self, spec: ControllerSpec) -> TaskId:
         """`submit`, but raise `ControllerFull` instead of waiting for queue space."""
+        self._here()
         controller = self._controller()
         return await controller.submit_unwatched(next_id(), controller.check_spec(spec), wait=False)
 
     async def submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, TaskWaiter]:
         """`submit`, returning `(id, waiter)`: the waiter resolves `REJECTED` (with its
         `RejectionKind`) if the controller or registry rejects it, else to the task's outcome."""
+        self._here()
         return await self.prepare_submission(spec).submit_and_watch()
 
     async def try_submit_and_watch(self, spec: ControllerSpec) -> tuple[TaskId, TaskWaiter]:
         """`submit_and_watch`, but raise `ControllerFull` instead of waiting for queue space."""
+        self._here()
         return await self.prepare_submission(spec).try_submit_and_watch()
 
     def controller_snapshot(self) -> ControllerSnapshot:
@@ -261,7 +274,22 @@ class SupervisorHandle:
         then raises `GraceExceeded` naming them; stops the launcher and drains subscribers.
         No process that mpvisor started remains afterwards.
         """
+        self._here()
         await self._rt.shutdown()
+
+    def _here(self, *, outside_a_loop: bool = False) -> None:
+        """Refuse a call made on another event loop than the one the supervisor was served on
+        (another thread's): what it awaits belongs to that loop, and it would hang there.
+        `outside_a_loop`: a call from no loop at all is fine (it awaits nothing). Once shutdown
+        began, calls are answered without waiting (`ShuttingDown`, or the final state) anywhere."""
+        if self._rt.shutting_down:
+            return
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._rt.loop and (loop is not None or not outside_a_loop):
+            raise RuntimeError(WRONG_LOOP)
 
     async def _enter(self) -> None:
         """Every management call starts here: refused after shutdown began, and held until the

@@ -58,6 +58,7 @@ class Supervisor:
         self._runtime: Runtime | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ran = False
+        self._open = False  # inside its `async with`
 
     def __repr__(self) -> str:
         return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
@@ -82,7 +83,9 @@ class Supervisor:
     # --- serving --------------------------------------------------------------------------------
 
     def serve(self) -> SupervisorHandle:
-        """Start the runtime (once) on the running loop and return a handle on it."""
+        """Start the runtime (once) on the running loop and return a handle on it (another call
+        gives another handle on the same runtime). Shut it down with `await handle.shutdown()`
+        (`async with` does it at the block's end): until then its attempts go on running."""
         return SupervisorHandle(self._served())
 
     def _served(self) -> Runtime:
@@ -111,12 +114,23 @@ class Supervisor:
         return serve_blocking(self.serve)
 
     async def __aenter__(self) -> SupervisorHandle:
-        return self.serve()
+        """Serve it for the `async with` block, which shuts it down at its end. Entering one that
+        is already open, or that has shut down, raises `RuntimeError` (the inner block's end
+        would shut the outer's down; a shut-down supervisor can do nothing)."""
+        if self._open:
+            raise RuntimeError("this supervisor is already open in an `async with`: use the handle it gave "
+                               "(serve() returns another), or make another Supervisor")
+        if self._runtime is not None and self._runtime.shutting_down:
+            raise RuntimeError("this supervisor has shut down: a Supervisor is served once; make a new one")
+        handle = self.serve()
+        self._open = True
+        return handle
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._runtime is not None
+        self._open = False
         try:
             await self._runtime.shutdown()
         except GraceExceeded as grace:

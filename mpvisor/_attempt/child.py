@@ -233,8 +233,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     args, kwargs = unpack(start.call)
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
-        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _text(m))),
-        lambda status: channel.send(Ready(None if status is None else _text(status))),
+        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _cut(_text(m), REPORT_TEXT_MAX))),
+        lambda status: channel.send(Ready(None if status is None else _cut(_text(status), REPORT_TEXT_MAX))),
     )
     _context._install(ctx)
     channel.send(Calling())
@@ -256,8 +256,9 @@ def _import_target(start: Start) -> Any:
             module = _import_main_script(start.main_path)
         elif module_name == "__main__":  # this process's own `__main__` is not the parent's
             raise ImportError(
-                "the target is defined in `__main__`, but the main program (`python -c`, the interactive "
-                "interpreter, a notebook) has no file the attempt can import: define targets in a file or a module"
+                "the target is defined in `__main__`, but the main program (`python -c`, a script read from stdin, "
+                "the interactive interpreter, a notebook) has no file the attempt can import: define targets in a "
+                "file or a module"
             )
         else:
             module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
@@ -507,7 +508,21 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
         if max_frame and len(payload) > max_frame:
             return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
         return payload
-    return pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
+    payload = pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
+    if max_frame and len(payload) > max_frame and isinstance(message, Failure):
+        most = max_frame // 16  # characters of each text: at most a quarter of the frame in UTF-8 both
+        cut = message._replace(reason=_cut(message.reason, most),
+                               traceback=None if message.traceback is None else _cut(message.traceback, most))
+        payload = pack(cut.to_wire())
+    return payload
+
+
+REPORT_TEXT_MAX = 4096  # characters of a progress message or a ready() status; more is cut, its length said
+
+
+def _cut(text: str, most: int) -> str:
+    """`text`, or its first `most` characters, an ellipsis and how long it is in all."""
+    return text if len(text) <= most else f"{text[:most]}… ({len(text)} characters)"
 
 
 def _flush_std() -> None:

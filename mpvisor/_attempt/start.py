@@ -73,4 +73,5 @@ def _resolve_main(target: str) -> tuple[str, str | None]:
     spec = getattr(main, "__spec__", None)
     if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
         return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
-    return target, getattr(main, "__file__", None)
+    path = getattr(main, "__file__", None)
+    return target, path if isinstance(path, str) and os.path.isfile(path) else None  # `python -` has "<stdin>"

@@ -56,7 +56,11 @@ class TaskWaiter:
 
     async def wait(self) -> TaskOutcome:
         """The task's outcome, once its terminal cleanup is done (cancelling this call does not
-        affect the task)."""
+        affect the task). Raises `RuntimeError` on another event loop than its supervisor's while
+        the outcome is not known (it would never see it resolve there)."""
+        if not self._future.done() and asyncio.get_running_loop() is not self._future.get_loop():
+            raise RuntimeError("this waiter belongs to the event loop its supervisor runs on: await it there "
+                               "(or use serve_blocking(), whose waiters block in any thread)")
         return await asyncio.shield(self._future)
 
     def done(self) -> bool:

@@ -20,7 +20,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, child_pids_of_self, wait_for
+from tests._support import Collector, child_pids_of_self, wait_for, words
 
 
 @pytest.mark.timeout(60)
@@ -98,3 +98,19 @@ def test_waiters_and_reads_keep_working_after_the_with_block():
         gc.collect()
     assert child_pids_of_self() == []
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+
+
+@pytest.mark.timeout(60)
+def test_an_error_of_the_with_block_stays_the_one_raised_when_the_shutdown_also_fails(tmp_path):
+    """The block raises while a task ignores SIGTERM past the grace: the block's own error
+    propagates (an `except ValueError:` still fires), the shutdown's `GraceExceeded` noted on it,
+    as `async with Supervisor` does (it used to replace the error, a KeyboardInterrupt too)."""
+    marker = str(tmp_path / "marker")
+    with pytest.raises(ValueError, match="the app's own error") as raised, \
+            Supervisor(SupervisorConfig(grace=0.2)).serve_blocking() as handle:
+        handle.add(TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn", kwargs={"marker": marker})))
+        wait_for(lambda: words(marker, "started"), timeout=10)  # shielded from SIGTERM by then
+        raise ValueError("the app's own error")
+    (note,) = raised.value.__notes__
+    assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) did not stop"), note
+    assert child_pids_of_self() == []

@@ -331,20 +331,21 @@ def test_a_target_in_a_main_script_without_the_py_suffix_runs(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_target_defined_in_python_c_ends_fatal_saying_why(tmp_path):
-    """`python -c` (or a REPL) has no file the attempt could import its `__main__` from: FATAL,
-    saying so, not an AttributeError of the attempt's own `__main__`."""
+    """`python -c`, or a script read from stdin (`python -`), or a REPL has no file the attempt
+    could import its `__main__` from: FATAL, saying so, not an AttributeError of the attempt's
+    own `__main__` (nor, from stdin, `FileNotFoundError: '<stdin>'`)."""
     code = ("import json, mpvisor\nfrom mpvisor import TaskFn, TaskSpec\n"
             "def count():\n    return 1\n"
             "o = mpvisor.run([TaskSpec.once(TaskFn('count', count))])['count']\n"
             "print(json.dumps({'kind': o.kind.name, 'reason': o.reason}))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, timeout=30,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    outcome = json.loads(done.stdout.splitlines()[-1])
-    assert outcome["kind"] == "FATAL", outcome
-    assert "'__main__:count'" in outcome["reason"] and "has no file the attempt can import" in outcome["reason"]
-    assert "AttributeError" not in outcome["reason"], outcome
+    for argv, stdin in (([sys.executable, "-c", code], ""), ([sys.executable, "-"], code)):
+        done = subprocess.run(argv, input=stdin, env=env, cwd=tmp_path, timeout=30, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        outcome = json.loads(done.stdout.splitlines()[-1])
+        assert outcome["kind"] == "FATAL", outcome
+        assert "'__main__:count'" in outcome["reason"] and "has no file the attempt can import" in outcome["reason"]
+        assert "AttributeError" not in outcome["reason"] and "FileNotFoundError" not in outcome["reason"], outcome
 
 
 @pytest.mark.timeout(60)

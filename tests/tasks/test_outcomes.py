@@ -330,6 +330,24 @@ async def test_a_result_too_large_is_fatal():
         assert outcome.attempts == 1
 
 
+async def test_long_texts_of_a_report_are_cut_and_never_fail_the_attempt():
+    """A progress message, a ready() status and an exception message of 100,000 characters under
+    a 20,000-byte max_frame_bytes: the progress and ready reports arrive cut (their length said),
+    and the failure is the target's own, its reason and traceback cut to fit (they used to be a
+    `protocol error: frame of N bytes exceeds max_frame_bytes`, the exception's type lost)."""
+    config = SupervisorConfig(grace=1.0, max_frame_bytes=20_000)
+    async with supervised(config) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(once("long", misbehave.long_texts, 100_000))
+        outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.FAILED, outcome
+    assert outcome.reason.startswith("ValueError: eee") and outcome.reason.endswith("… (100012 characters)"), outcome.reason[-40:]
+    assert outcome.traceback is not None and len(outcome.traceback) < 2_000, len(outcome.traceback or "")
+    (progress,) = events.of(EventKind.ATTEMPT_PROGRESS, id=task_id)
+    assert progress.reason == "m" * 4096 + "… (100000 characters)", len(progress.reason)
+    (ready,) = events.of(EventKind.ATTEMPT_READY, id=task_id)
+    assert ready.reason == "ready(): " + "r" * 4096 + "… (100000 characters)", len(ready.reason)
+
+
 async def test_outcomes_count_attempts_and_time():
     """Attempts and duration: flaky(2) gives 3 attempts and a bounded positive duration;
     a task cancelled while waiting for a permit has 0 attempts."""

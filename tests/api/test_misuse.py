@@ -1,0 +1,79 @@
+"""A supervisor used wrongly says so at once: from another event loop, or entered twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from mpvisor import OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec
+from tests._support import child_pids_of_self
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _on_another_loop(work: Any) -> list[str]:
+    """Run `work()` (a coroutine function) on a fresh loop in a thread, as a web framework's
+    thread would: what each of its calls raised (or `ok`)."""
+    found: list[str] = []
+
+    def thread() -> None:
+        found.extend(asyncio.run(work()))
+
+    runner = threading.Thread(target=thread)
+    runner.start()
+    runner.join(timeout=20)
+    assert not runner.is_alive(), "a call from another loop hung"
+    return found
+
+
+async def test_a_handle_called_from_another_event_loop_raises_at_once() -> None:
+    """`add`, `cancel`, `events()` and a waiter's `wait()` from another loop (another thread's)
+    raise `RuntimeError` saying where to call them, at once: they used to hang there (an `add`
+    sometimes registering its task only when the caller gave up), and a waiter raised asyncio's
+    own "attached to a different loop". The supervisor stays usable on its own loop."""
+    async with Supervisor(SupervisorConfig(grace=1.0)) as handle:
+        long_id, long_waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("long", "workers.coop:cooperative")))
+
+        async def calls() -> list[str]:
+            said = []
+            for call in (lambda: handle.add(TaskSpec.once(TaskFn("other", "workers.basic:quick"))),
+                         lambda: handle.cancel(long_id), long_waiter.wait):
+                try:
+                    await asyncio.wait_for(call(), 10)
+                    said.append("ok")
+                except Exception as exc:  # what each raised, said by type and message
+                    said.append(f"{type(exc).__name__}: {exc}")
+            try:
+                handle.events()
+                said.append("ok")
+            except RuntimeError as exc:
+                said.append(f"RuntimeError: {exc}")
+            return said
+
+        said = await asyncio.get_running_loop().run_in_executor(None, _on_another_loop, calls)
+        assert len(said) == 4 and all(s.startswith("RuntimeError: this ") and "event loop" in s for s in said), said
+        assert [info.name for info in await handle.list()] == ["long"]  # nothing was added or removed
+        _, quick = await handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
+        assert (await quick.wait()).value == "v"
+        assert await handle.cancel(long_id) is True
+    assert (await long_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert child_pids_of_self() == []
+
+
+async def test_a_supervisor_cannot_be_entered_again_while_open_or_after_it_shut_down() -> None:
+    """A nested `async with` of the same supervisor raises `RuntimeError` (its end used to shut
+    the outer block's supervisor down, canceling its tasks), and so does entering one that has
+    shut down (it used to give a handle that could do nothing)."""
+    supervisor = Supervisor(SupervisorConfig(grace=1.0))
+    async with supervisor as handle:
+        _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("slow", "workers.basic:sleeper", (0.3,))))
+        with pytest.raises(RuntimeError, match="already open in an `async with`"):
+            async with supervisor:
+                pass
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED  # not canceled by an inner block's end
+    with pytest.raises(RuntimeError, match="has shut down: a Supervisor is served once"):
+        async with supervisor:
+            pass
