@@ -7,14 +7,18 @@ local launcher of this package (`local.LauncherClient`: a guardian and a fork se
 agent's worker, the attempt forked from it in its own session, a subreaper, every process of its
 tree reaped before `exited`). The agent relays the attempt channel's bytes unchanged and its
 reports as a list of events that the parent long-polls (`Agent.events`); requests go the other
-way as actor calls (`signal`, `kill`), which Ray delivers in order.
+way as actor calls (`signal`, `kill`), which Ray delivers in order. The agent always captures the
+attempt's stdout and stderr, so what it prints comes back in those events, in order and before
+its end, never through the Ray worker's own stdout (which Ray would forward, prefixed, and may
+lose at exit).
 
 | the agent reports | the parent's `RayClient` tells the attempt's sink |
 |---|---|
 | `placed node pid` | nothing: it remembers the node (to tell a lost node from a dead agent) |
 | `started pid` | `on_started(pid)` |
-| `data bytes` / `output stream line` | `on_data` / `on_output` |
-| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` |
+| `data bytes` | `on_data` |
+| `output stream line` (always captured there) | `on_output`, if the runtime captures; else the line is written to this process's fd 1 / fd 2 (`_Echo`) |
+| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
