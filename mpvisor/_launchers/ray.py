@@ -7,14 +7,18 @@ local launcher of this package (`local.LauncherClient`: a guardian and a fork se
 agent's worker, the attempt forked from it in its own session, a subreaper, every process of its
 tree reaped before `exited`). The agent relays the attempt channel's bytes unchanged and its
 reports as a list of events that the parent long-polls (`Agent.events`); requests go the other
-way as actor calls (`signal`, `kill`), which Ray delivers in order.
+way as actor calls (`signal`, `kill`), which Ray delivers in order. The agent always captures the
+attempt's stdout and stderr, so what it prints comes back in those events, in order and before
+its end, never through the Ray worker's own stdout (which Ray would forward, prefixed, and may
+lose at exit).
 
 | the agent reports | the parent's `RayClient` tells the attempt's sink |
 |---|---|
 | `placed node pid` | nothing: it remembers the node (to tell a lost node from a dead agent) |
 | `started pid` | `on_started(pid)` |
-| `data bytes` / `output stream line` | `on_data` / `on_output` |
-| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` |
+| `data bytes` | `on_data` |
+| `output stream line` (always captured there) | `on_output`, if the runtime captures; else the line is written to this process's fd 1 / fd 2 (`_Echo`) |
+| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
@@ -49,6 +53,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import queue
 import re
 import select
 import signal as _signal
@@ -442,6 +447,8 @@ class _Remote:
     number: int = 0  # the attempt's number on its agent (1 for a new agent, then 2, 3, ...)
     fence: int = 0  # its owner's fence group (0: none)
     fenced: bool = False  # its fence was reached while it ran: stopped, then killed
+    capture: bool = False  # the runtime captures its output (`on_output`); else `_Echo` writes it here
+    echoed: bool = False  # lines of it went to `_Echo` since its last flush
 
 
 @dataclass(eq=False)
@@ -479,6 +486,7 @@ class RayClient:
         self._idle: list[_Idle] = []
         self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
         self._closing = False
+        self._echo = _Echo(loop)
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
 
     def __repr__(self) -> str:
@@ -562,7 +570,7 @@ class RayClient:
         """Create the attempt's agent with its `resources` and start the attempt under it
         (`module` is ignored: the agent's node has its own fork server and paths)."""
         self._next_key += 1
-        remote = _Remote(self._next_key, sink, fence=fence.group if fence else 0)
+        remote = _Remote(self._next_key, sink, fence=fence.group if fence else 0, capture=capture_output)
         if fence is not None and fence.reached(time.monotonic()):
             self.loop.call_soon(sink.on_start_failed, "lease lost: its slot's lease could not be renewed in time")
             return remote.key
@@ -645,6 +653,7 @@ class RayClient:
             self._end(remote, _lost("launcher died (the Ray launcher was closed)"))
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
+        await self._echo.close()
         if not self._connect.done():
             self._connect.cancel()
         if self._connected:
@@ -696,7 +705,9 @@ class RayClient:
             remote.number = 1
         remote.agent = agent
         launch = self.launch
-        agent.start.remote(remote.number, start[0], start[1], exec_python, capture_output, environment,
+        # The agent always captures the attempt's output: what it printed comes back as events, in
+        # order before its end, never through the Ray worker's own stdout (which Ray forwards).
+        agent.start.remote(remote.number, start[0], start[1], exec_python, True, environment,
                            list(launch.preload), launch.start_timeout, tree, launch.isolation)
         for request in remote.waiting:
             _call(agent, remote.number, request)
@@ -715,6 +726,8 @@ class RayClient:
                 return
             pause = UNAVAILABLE_RETRY[0]
             for event in events:
+                if event[0] in _ENDS and remote.echoed:
+                    await self._flushed(remote)  # every line it printed is written before its end
                 clean = self._dispatch(remote, event) or clean
         if clean and not self._closing and not self._placing(remote):
             self._keep_idle(_Idle(agent, shape, remote.number, remote.node, remote.agent_pid))
@@ -777,7 +790,11 @@ class RayClient:
             case ("data", bytes() as data):
                 sink.on_data(data)
             case ("output", str() as stream, str() as line):
-                sink.on_output(stream, line)
+                if remote.capture:
+                    sink.on_output(stream, line)
+                else:  # where a local attempt's would go: this process's fd 1 or 2
+                    self._echo.line(1 if stream == "stdout" else 2, line)
+                    remote.echoed = True
             case ("started", int() as pid):
                 remote.pid = pid
                 sink.on_started(pid)
@@ -797,8 +814,15 @@ class RayClient:
                 self.on_death(f"on Ray node {_short(remote.node)}: {reason}")
         return False
 
+    async def _flushed(self, remote: _Remote) -> None:
+        """Once what `_Echo` had of this attempt's (and of any before it) is written."""
+        remote.echoed = False
+        await self._echo.flushed()
+
     async def _lost(self, remote: _Remote, exc: BaseException) -> None:
         """Ray declared the agent dead: find out how, hold the fence, then report."""
+        if remote.echoed:
+            await self._flushed(remote)
         text = _first_line(exc)
         never_ran = "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
         node_dead = remote.node is not None and not await self.loop.run_in_executor(None, _node_alive, remote.node)
@@ -835,6 +859,117 @@ class RayClient:
         if self.settings.runtime_env is not None:
             options["runtime_env"] = dict(self.settings.runtime_env)
         return options
+
+
+_ENDS = ("exited", "start_failed", "launcher_died")  # the agent's events that end an attempt
+
+
+class _Echo:
+    """Writes the output of attempts nobody captures (no `capture_output`) where a local
+    attempt's goes: its stdout lines to this process's fd 1, its stderr lines to fd 2 (whatever
+    those are when written: `mpvisor run` points fd 1 at stderr when it keeps stdout for itself,
+    as a local attempt then inherits it), each line with its newline, in the order the agent
+    reported them.
+
+    A thread of its own writes (`os.write`, whole), so that a reader that is slow, or a pipe
+    that is full, never blocks the event loop; the loop waits for it only where order needs it:
+    an attempt's end is reported once its lines are written (`flushed`). A write that fails
+    (EPIPE, EBADF, ENOSPC...) drops that line and every later one for that fd, never raising:
+    the loss is told once, to the standard stream of that fd if it records losses (`lose(exc)`:
+    `mpvisor`'s guarded streams, `_cli/shell.py`, and so the run does not succeed), else as a
+    WARNING on `mpvisor.ray`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._queue: queue.SimpleQueue[tuple[int, bytes] | asyncio.Future[None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._failed: dict[int, str] = {}  # fd -> why its writes failed (every later line for it is dropped)
+        self.dropped = 0  # lines not written
+
+    def line(self, fd: int, line: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pump, name="mpvisor-ray-output", daemon=True)
+            self._thread.start()
+        self._queue.put((fd, line.encode("utf-8", errors="replace") + b"\n"))
+
+    async def flushed(self) -> None:
+        """Once every line queued before this call is written (or dropped)."""
+        if self._thread is None:
+            return
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._queue.put(done)
+        await done
+
+    async def close(self) -> None:
+        """Write what is queued (for at most `CLOSE_WAIT` s: a writer still blocked then is left,
+        and what it had is lost), then end the thread."""
+        if self._thread is None:
+            return
+        try:
+            await asyncio.wait_for(self.flushed(), CLOSE_WAIT)
+        except TimeoutError:
+            _log.warning("attempts' output on Ray: not all of it could be written within %s s (a reader "
+                         "did not read it); the rest is lost", CLOSE_WAIT)
+        self._queue.put(None)
+        self._thread = None
+
+    def _pump(self) -> None:
+        held: tuple[int, bytes] | asyncio.Future[None] | None = None
+        while True:
+            item = held if held is not None else self._queue.get()
+            held = None
+            if item is None:
+                return
+            if isinstance(item, asyncio.Future):
+                try:
+                    self.loop.call_soon_threadsafe(_resolve, item)
+                except RuntimeError:
+                    return  # the loop is gone: nobody waits
+                continue
+            fd, data = item
+            lines = [data]
+            while True:  # what else is queued for the same fd: one write
+                try:
+                    held = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if not isinstance(held, tuple) or held[0] != fd:
+                    break
+                lines.append(held[1])
+                held = None
+            self._write(fd, lines)
+
+    def _write(self, fd: int, lines: list[bytes]) -> None:
+        if fd in self._failed:
+            self.dropped += len(lines)
+            return
+        data = memoryview(b"".join(lines))
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError as exc:
+            self.dropped += data.tobytes().count(b"\n")  # the lines not (wholly) written
+            self._failed[fd] = exc.strerror or str(exc)
+            _lose(fd, exc)
+
+
+def _lose(fd: int, exc: OSError) -> None:
+    """Tell that fd 1 or 2 could not be written: to its standard stream if that records losses."""
+    stream = sys.stdout if fd == 1 else sys.stderr
+    lose = getattr(stream, "lose", None)
+    try:
+        ours = callable(lose) and stream.fileno() == fd
+    except (AttributeError, OSError, ValueError):
+        ours = False
+    if ours:
+        lose(exc)  # type: ignore[misc]
+    else:
+        _log.warning("attempts' output on Ray: cannot write to fd %d: %s (its lines are dropped)", fd, exc.strerror or exc)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _exited(status: ExitStatus, killed: bool) -> Callable[[AttemptSink], None]:

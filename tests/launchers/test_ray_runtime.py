@@ -379,6 +379,26 @@ def test_mpvisor_run_on_a_ray_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     assert stopped.stderr == "mpvisor: sleeper: canceled reason='canceled by shutdown' exit_code=None attempts=1\n", stopped.stderr
 
 
+def test_a_programs_output_on_ray_reaches_the_runs_streams_whole_and_unprefixed(ray_cluster: Any, tmp_path: Any) -> None:
+    """`mpvisor run --ray ADDRESS -- sh -c 'seq 1 2000; echo err >&2; exit 3'`, which prints and
+    exits at once: as the same run on this machine, its 2000 lines are the run's stdout, each once
+    and in order, `err` is on the run's stderr before the outcome line, with no Ray prefix
+    (`(Agent pid=...)`) and no colour, and the run's status is the program's (Ray forwarded the
+    agent's output itself before: prefixed, and its last lines could be lost at exit)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address, "--",
+                           "sh", "-c", "seq 1 2000; echo err >&2; exit 3"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == "".join(f"{n}\n" for n in range(1, 2001)), done.stdout[-2000:]
+    assert "(Agent" not in done.stderr and "\x1b[" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        "err", "mpvisor: sh: failed reason='program exited with status 3' exit_code=3 attempts=1"], done.stderr[-2000:]
+
+
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
     """In a process not yet connected to Ray, `127.0.0.1:1` (where `ray.init` itself retries for
     minutes, its core printing warnings) makes management calls raise ConfigError at
