@@ -267,9 +267,10 @@ def huge_result(nbytes: int, marker: str | None = None) -> bytes:
     return b"x" * nbytes
 
 
-def long_texts(n: int) -> NoReturn:
+def long_texts(n: int, marker: str | None = None) -> NoReturn:
     """Report progress with an `n`-character message and a ready() status as long, then raise
     `ValueError` with an `n`-character message."""
+    mark(marker, "started")
     context().progress(1, 2, "m" * n)
     context().ready("r" * n)
     raise ValueError("e" * n)

@@ -231,10 +231,11 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
     args, kwargs = unpack(start.call)
+    most = start.max_frame // 8  # characters of a report's text: at most half the frame in UTF-8
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
-        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _cut(_text(m), REPORT_TEXT_MAX))),
-        lambda status: channel.send(Ready(None if status is None else _cut(_text(status), REPORT_TEXT_MAX))),
+        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _cut(_text(m), most))),
+        lambda status: channel.send(Ready(None if status is None else _cut(_text(status), most))),
     )
     _context._install(ctx)
     channel.send(Calling())
@@ -402,7 +403,7 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
             found.stack = traceback.StackSummary.from_list(
                 [frame for frame in found.stack if not frame.filename.startswith(hide)])
             text = _text("".join(found.format()))
-            return text if found.stack or text.count("\n") > 2 else None  # 2: the header and one line
+            return text if found.stack or text.count("\n") > 1 else None  # no frame, one line: the reason's
         return _guarded(users, lambda _: _traceback(exc))
 
     def frames_only(problem: BaseException) -> str | None:
@@ -515,9 +516,6 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
                                traceback=None if message.traceback is None else _cut(message.traceback, most))
         payload = pack(cut.to_wire())
     return payload
-
-
-REPORT_TEXT_MAX = 4096  # characters of a progress message or a ready() status; more is cut, its length said
 
 
 def _cut(text: str, most: int) -> str:

@@ -300,8 +300,6 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     return -first if first is not None else statuses.exit_status(outcome)
 
 
-
-
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:
     """Die by the first signal that interrupted the run, if one did."""
     return -interrupts[0] if interrupts else otherwise

@@ -92,9 +92,11 @@ def test_a_server_restart_shorter_than_the_renewal_margin_changes_nothing(tmp_pa
     try:
         url = _pg_support.fresh_database(server)
         log = tmp_path / "owners.log"
-        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "8", *owner(log, 5.0, "one"))
+        # TTL 4: renewed every 2/3 s, fenced 2 s after the last renewal that got through; the
+        # restart takes about 0.2 s, and the owner runs 3 s: past the fence, had renewals stopped.
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "4", *owner(log, 3.0, "one"))
         wait_for(lambda: started(log, "one"), timeout=30)
-        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "8", *owner(log, 0.0, "two"))
+        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "4", *owner(log, 0.0, "two"))
         assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
         _pg_support.restart(server)
         for run in (first, second):
