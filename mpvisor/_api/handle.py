@@ -51,7 +51,8 @@ class SupervisorHandle:
     `watch`, `is_alive`, `alive_snapshot`, `events`. Every `try_*` form raises `CommandQueueFull`
     (`ControllerFull` for submissions) instead of waiting for queue space. After `shutdown()`,
     management calls raise `ShuttingDown` (submissions `ControllerClosed`); `list`, `is_alive`,
-    `alive_snapshot` and `controller_snapshot` keep working.
+    `alive_snapshot` and `controller_snapshot` keep working. Until then, a call on another event
+    loop than the one it was served on (another thread's) raises `RuntimeError` (`_here`).
     """
 
     def __init__(self, runtime: Runtime) -> None:

@@ -38,12 +38,12 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   whose agents run on other nodes), the parent's own check at each attempt's end is all.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
   the attempt leads its own session (or `sink.on_start_failed(error, ended)`: `ended` is how
-  the process it made for the attempt ended before that, if one did, with the limit it ran into); `sink.on_data(bytes)`
-  with the attempt channel's bytes as they arrive (frames, unchanged), and
-  `sink.on_output(stream, line)` with each captured line (with `capture_output`; without it, the
-  attempt's stdout and stderr are this process's fd 1 and fd 2: a launcher whose attempts run
-  elsewhere writes their lines there itself, each before the attempt's end); then, once the attempt's main process
-  and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
+  the process it made for the attempt ended before that, if one did, with the limit it ran
+  into); `sink.on_data(bytes)` with the attempt channel's bytes as they arrive (frames,
+  unchanged), and `sink.on_output(stream, line)` with each captured line (with
+  `capture_output`; without it, the attempt's stdout and stderr are this process's fd 1 and fd
+  2: a launcher whose attempts run elsewhere writes their lines there itself, each before the
+  attempt's end); then, once the attempt's main process and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
   by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
   away (the attempt's process, if it had one, died with it, or, where nobody could see it go,
   is fenced: nothing runs in its place until it cannot be running any more; nothing more is
