@@ -83,7 +83,7 @@ class Service:
         self.ready = False  # the current attempt is ready
         self.was_ready = False  # this instance was ready once: what its dependents wait for
         self.status_text: str | None = None  # its last STATUS=... or ready(status)
-        self.restarts = 0  # attempts started after one that did not succeed, over every instance
+        self.restarts = 0  # attempts started after one that failed (not one stopped on request), over every instance
         self.failed_last = False  # its last attempt did not succeed: the next one is a restart
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
@@ -408,7 +408,7 @@ class ServiceRun:
             return
         service.stop_checks()
         service.ready, service.pid, service.started_at = False, None, None
-        service.failed_last = end.kind.name != "SUCCEEDED"
+        service.failed_last = end.kind.name not in ("SUCCEEDED", "CANCELED")  # a stop asked for is no failure
         service.state = "backoff"
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
         failed = end.kind.name in ("FAILED", "FATAL")
