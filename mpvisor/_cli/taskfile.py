@@ -189,9 +189,10 @@ def _command(value: object) -> list[str]:
         raise _Invalid(f"expected an array of strings (the program and its arguments), got a string: {toml_text(value)}{hint}")
     if not isinstance(value, list) or not value:
         raise _Invalid(f"expected a non-empty array of strings (the program and its arguments), got {_kind(value)}: {toml_text(value)}")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _Invalid(f"[{i}] must be a string, got {_kind(item)}: {toml_text(item)}")
+    wrong = [f"[{i}] must be a string, got {_kind(item)}: {toml_text(item)}" for i, item in enumerate(value)
+             if not isinstance(item, str)]
+    if wrong:
+        raise _Invalid("; ".join(wrong))  # every one at once
     return list(value)
 
 
@@ -224,12 +225,16 @@ def _env(value: object) -> dict[str, str | None]:
     if not isinstance(value, dict):
         raise _Invalid(f"expected a table of environment variables (strings), got {_kind(value)}: {toml_text(value)}")
     env: dict[str, str | None] = {}
+    wrong = []
     for key, item in value.items():
         if item is not False and not isinstance(item, str):
-            raise _Invalid(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
-        if not key or "=" in key or "\0" in key or (item is not False and "\0" in item):
-            raise _Invalid(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
-        env[key] = None if item is False else item
+            wrong.append(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
+        elif not key or "=" in key or "\0" in key or (item is not False and "\0" in item):
+            wrong.append(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
+        else:
+            env[key] = None if item is False else item
+    if wrong:
+        raise _Invalid("; ".join(wrong))  # every one at once
     return env
 
 

@@ -169,6 +169,10 @@ def test_every_key_reaches_the_spec():
          ['task "a".command: expected an array of strings (the program and its arguments), got a string: "./deploy.sh prod"; write command = ["./deploy.sh", "prod"]']),
         ("[task.a]\ncommand = []\n", ['task "a".command: expected a non-empty array of strings (the program and its arguments), got an array: []']),
         ("[task.a]\ncommand = ['x', 1]\n", ['task "a".command: [1] must be a string, got an integer: 1']),
+        ("[task.a]\ncommand = ['x', 1, true]\nenv = {A = 1, B = 'ok', C = 2}\n",  # every wrong item at once
+         ['task "a".command: [1] must be a string, got an integer: 1; [2] must be a string, got a boolean: true',
+          'task "a".env: A must be a string, or false to remove it, got an integer: 1; C must be a string, or false '
+          'to remove it, got an integer: 2']),
         ("[task.a]\ncommand = ['x']\nargs = [1]\n", ['task "a".args: args is for a Python target; a command\'s arguments are the rest of its command array']),
         ("[task.a]\ntarget = 'm:f'\nargs = [1979-05-27]\n", ['task "a".args: [0] is a TOML date/time, which is not a msgpack value; quote it to pass it as a string']),
         ("[task.a]\ntarget = 'm:f'\nargs = 3\n", ['task "a".args: expected an array of arguments, got an integer: 3']),
