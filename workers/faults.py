@@ -222,7 +222,9 @@ def strike_result(fd: int, result_frame: bytes, fault: str) -> None:
         _end_abruptly(fault)
     if fault == "memory":
         _exhaust_memory(_ballast, 64 * 1024)  # a few hundred KiB left: less than the result needs
-        del _ballast[-4:]
+        for _ in range(4):  # only the smallest chunks: a few hundred KiB at most, whatever the layout
+            if _ballast and len(_ballast[-1]) <= 64 * 1024:
+                _ballast.pop()
         return
     if fault in ("garbage", "oversized", "raise", "hang", "hang-c", "term-deaf", "close"):
         strike(fd, fault)  # only `close` returns
