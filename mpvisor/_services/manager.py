@@ -44,6 +44,7 @@ from mpvisor._admission.submission import ControllerSpec
 from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
+from mpvisor._model.restart import AttemptResult
 from mpvisor._services import graph
 from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
@@ -84,7 +85,7 @@ class Service:
         self.was_ready = False  # this instance was ready once: what its dependents wait for
         self.status_text: str | None = None  # its last STATUS=... or ready(status)
         self.restarts = 0  # attempts started after one that failed (not one stopped on request), over every instance
-        self.failed_last = False  # its last attempt did not succeed: the next one is a restart
+        self.failed_last = False  # its last attempt failed (not stopped on request): the next one is a restart
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
@@ -408,10 +409,10 @@ class ServiceRun:
             return
         service.stop_checks()
         service.ready, service.pid, service.started_at = False, None, None
-        service.failed_last = end.kind.name not in ("SUCCEEDED", "CANCELED")  # a stop asked for is no failure
+        failed = end.kind not in (AttemptResult.SUCCEEDED, AttemptResult.CANCELED)  # a stop asked for is no failure
+        service.failed_last = failed
         service.state = "backoff"
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
-        failed = end.kind.name in ("FAILED", "FATAL")
         uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
         log = self._files.get(name, {}).get("stderr")
         if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
