@@ -83,14 +83,18 @@ def worst_status(results: Iterable[Result], interrupted_by: int | None = None) -
     return max((r.status for r in results if r.by_slot), default=0)
 
 
-def summary_line(label: str, results: Sequence[Result], status: int) -> str:
-    """`mpvisor: tasks.toml: 3 tasks: 2 completed, 1 failed; exit status 7`."""
+def summary_line(label: str, results: Sequence[Result], status: int, not_run: int = 0) -> str:
+    """`mpvisor: tasks.toml: 3 tasks: 2 completed, 1 failed; exit status 7`; `not_run`: tasks the
+    run stopped before they started (`2 tasks: 2 not run`)."""
     counts: dict[str, int] = {}
     for result in results:
         state = "replaced" if result.status == REPLACED and result.by_slot else result.outcome.kind.name.lower()
         counts[state] = counts.get(state, 0) + 1
+    if not_run:
+        counts["not run"] = not_run
     tally = ", ".join(f"{n} {state}" for state, n in counts.items())
-    return f"mpvisor: {label}: {len(results)} task{'s' if len(results) != 1 else ''}: {tally}; exit status {status}"
+    total = len(results) + not_run
+    return f"mpvisor: {label}: {total} task{'s' if total != 1 else ''}: {tally}; exit status {status}"
 
 
 # --- the rows -------------------------------------------------------------------------------------

@@ -364,7 +364,7 @@ def run_file(args: argparse.Namespace) -> int:
     if values and args.events != "json":
         write_line(machine, value_line(values))
     status = account_output(status)  # a JSON line (or an event, a line) that could not be written is no success
-    print(summary_line(path, ordered, status), file=stderr)
+    print(summary_line(path, ordered, status, len(missing)), file=stderr)
     return -first if first is not None else status
 
 

@@ -130,16 +130,21 @@ def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
     expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}"
 
     def parse(text: str) -> float:
-        number, unit = text.strip(), "s"
-        for name in sorted(TIME_UNITS, key=len, reverse=True):  # "ms" before "m" and "s"
-            if number.endswith(name) and number[: -len(name)].rstrip()[-1:].isdigit():
-                number, unit = number[: -len(name)].rstrip(), name
-                break
         said = f"{expected}, or one with a unit ({UNIT_EXAMPLES})" if any(c.isalpha() for c in text) else expected
-        return _by_rule(text, lambda _: _validate.duration("a duration", float(number) * TIME_UNITS[unit],
-                                                           allow_zero=allow_zero), said)
+        return _by_rule(text, lambda _: _validate.duration("a duration", in_seconds(text), allow_zero=allow_zero), said)
 
     return parse
+
+
+def in_seconds(text: str) -> float:
+    """`text` in seconds: a number, or a number and a unit (`TIME_UNITS`); `ValueError` if it is
+    neither. Not checked further: the caller's rule says which values it takes."""
+    number, unit = text.strip(), "s"
+    for name in sorted(TIME_UNITS, key=len, reverse=True):  # "ms" before "m" and "s"
+        if number.endswith(name) and number[: -len(name)].rstrip()[-1:].isdigit():
+            number, unit = number[: -len(name)].rstrip(), name
+            break
+    return float(number) * TIME_UNITS[unit]
 
 
 def retries(text: str) -> int:
@@ -148,14 +153,16 @@ def retries(text: str) -> int:
 
 
 def backoff(text: str) -> BackoffPolicy:
-    """An argparse `type=`: `FIRST[:MAX[:FACTOR]]`, e.g. `0.5:30:2` (no jitter yet)."""
+    """An argparse `type=`: `FIRST[:MAX[:FACTOR]]`, e.g. `0.5:30:2` or `500ms:1m` (no jitter yet):
+    FIRST and MAX in seconds, with a unit or without, FACTOR a number."""
     parts = text.split(":")
     try:
-        numbers = [float(part) for part in parts]
+        numbers = [in_seconds(part) for part in parts[:2]] + [float(part) for part in parts[2:]]
     except ValueError:
         numbers = []
     if not 1 <= len(numbers) <= 3 or not all(math.isfinite(n) for n in numbers):
-        raise argparse.ArgumentTypeError(f"expected FIRST[:MAX[:FACTOR]] as finite numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected FIRST[:MAX[:FACTOR]]: seconds, each a number or one with a unit "
+                                         f"({UNIT_EXAMPLES}), and a number, got {text!r}")
     first = numbers[0]
     cap = numbers[1] if len(numbers) > 1 else max(30.0, first)
     factor = numbers[2] if len(numbers) > 2 else 2.0
@@ -271,15 +278,17 @@ def positive_count(text: str) -> int:
 
 
 def intensity(text: str) -> tuple[int, float]:
-    """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0)."""
+    """An argparse `type=`: `N/SECONDS`, at most N restarts (>= 0) within SECONDS (> 0, with a
+    unit or without: `5/1m`)."""
     count, slash, window = text.partition("/")
     try:
         if not slash:
             raise ValueError
         n = _validate.non_negative_int("N", int(count))
-        seconds = _validate.duration("SECONDS", float(window), allow_zero=False)
+        seconds = _validate.duration("SECONDS", in_seconds(window), allow_zero=False)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N/SECONDS (N >= 0 restarts within SECONDS > 0), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected N/SECONDS (N >= 0 restarts within SECONDS > 0, a number or one "
+                                         f"with a unit: {UNIT_EXAMPLES}), got {text!r}") from None
     assert n is not None and seconds is not None
     return n, seconds
 
@@ -341,6 +350,10 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
         spec = spec.with_backoff(policy.with_jitter(args.jitter if args.jitter is not None else JitterPolicy.EQUAL))
     return spec
 
+
+# `run` options (and task file keys) that say how a failed attempt is retried: a task that runs
+# once refuses them rather than ignore them
+RETRY_OPTIONS = ("max_retries", "backoff", "jitter", "intensity")
 
 # `run` options that describe the one task: with --file, the file describes its tasks
 TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_space", "cpu", "cpus", "open_files", "intensity",

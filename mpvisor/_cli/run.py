@@ -83,6 +83,7 @@ from mpvisor._cli.options import (
     DEFAULT_GRACE,
     POLICIES,
     RESTARTS,
+    RETRY_OPTIONS,
     TASK_OPTIONS,
     account_events,
     backoff,
@@ -217,6 +218,11 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.every is not None and args.restart in ("never", "on-failure"):  # as a task file's `every` says it
         run.error(f"argument --every: makes the task run again after each success: it needs --restart always "
                   f"or no --restart, got --restart {args.restart}")
+    if args.every is None and args.restart in (None, "never"):  # as a task file's retry keys say it
+        for option in RETRY_OPTIONS:
+            if getattr(args, option) is not None:
+                run.error(f"argument --{option.replace('_', '-')}: says how failed attempts are retried, but the "
+                          f"task runs once: it needs --restart on-failure or always (or --every)")
     try:
         args.spec = build_spec(args)  # `--timeout` as timeout(1) reads it: the whole attempt
     except (TypeError, ValueError) as exc:

@@ -696,6 +696,12 @@ def _task(name: str, table: dict[str, Any], file: _File, errors: _Errors) -> Fil
     if "every" in settings and settings.get("restart") in ("never", "on-failure"):
         errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
                                      f"or no restart, got restart = {toml_text(settings['restart'])}")
+    said_how = not any(key in table and key not in own for key in ("every", "restart"))  # (else: their errors)
+    if said_how and "every" not in settings and settings.get("restart", "never") == "never":
+        for key in _options.RETRY_OPTIONS:
+            if key in own:  # [defaults] may give them to every task, those that run once included
+                errors.add(f"{where}.{key}", "says how failed attempts are retried, but the task runs once: "
+                                             "it needs restart = \"on-failure\" or \"always\" (or every)")
     _log_conflict(table, where, errors)
     own_log = any(key in table for key in _LOG_PATHS)
     if not own_log and not file.defaults_log:

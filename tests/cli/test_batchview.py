@@ -105,6 +105,9 @@ def test_the_summary_counts_each_end_and_names_the_status():
                result("d", TaskOutcome(OutcomeKind.CANCELED), replaced=True)]
     assert summary_line("tasks.toml", results, 7) == "mpvisor: tasks.toml: 4 tasks: 2 completed, 1 failed, 1 replaced; exit status 7"
     assert summary_line("f", results[:1], 0) == "mpvisor: f: 1 task: 1 completed; exit status 0"
+    # tasks the run stopped before they started are counted too (a SIGTERM during start-up said "0 tasks: ;")
+    assert summary_line("f", [], 143, 2) == "mpvisor: f: 2 tasks: 2 not run; exit status 143"
+    assert summary_line("f", results[:1], 143, 1) == "mpvisor: f: 2 tasks: 1 completed, 1 not run; exit status 143"
 
 
 # --- rows -----------------------------------------------------------------------------------------

@@ -123,6 +123,12 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--cpu", "0", "workers.basic:quick"], ["--cpu", "'0'"]),
         (["run", "--every", "1", "--restart", "never", "--", "true"], ["argument --every", "--restart never"]),
         (["run", "--every", "1", "--restart", "on-failure", "--", "true"], ["argument --every", "--restart on-failure"]),
+        (["run", "--max-retries", "3", "--", "true"], ["argument --max-retries", "runs once", "--restart on-failure or always"]),
+        (["run", "--restart", "never", "--backoff", "1", "--", "true"], ["argument --backoff", "runs once"]),
+        (["run", "--jitter", "full", "--", "true"], ["argument --jitter", "runs once"]),
+        (["run", "--intensity", "3/5", "workers.basic:quick"], ["argument --intensity", "runs once"]),
+        (["run", "--restart", "on-failure", "--backoff", "1x", "--", "true"], ["argument --backoff", "500ms", "'1x'"]),
+        (["run", "--restart", "on-failure", "--intensity", "3/1d", "--", "true"], ["argument --intensity", "'3/1d'"]),
         ([], ["COMMAND"]),
         (["run", "--", ""], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
@@ -167,10 +173,14 @@ def test_good_options_build_the_spec_they_describe():
     assert (spec.name, spec.timeout, spec.max_retries, args.grace) == ("job", 2.5, 0, 0.0)
     assert spec.backoff == BackoffPolicy.exponential(0.5, max=8, factor=3).with_jitter(JitterPolicy.FULL)
     assert spec.task.args == (1, "x")
-    _, alone = parse(["run", "--backoff", "60", "workers.basic:quick"])  # MAX follows a larger FIRST
+    _, alone = parse(["run", "--restart", "always", "--backoff", "60", "workers.basic:quick"])  # MAX follows a larger FIRST
     assert alone.backoff == BackoffPolicy.exponential(60, max=60).with_jitter(JitterPolicy.EQUAL)
-    _, jitter_only = parse(["run", "--jitter", "none", "workers.basic:quick"])  # the default backoff, no jitter
+    _, jitter_only = parse(["run", "--every", "1", "--jitter", "none", "workers.basic:quick"])  # the default backoff, no jitter
     assert jitter_only.backoff == BackoffPolicy.exponential(0.2, max=30).with_jitter(JitterPolicy.NONE)
+    _, with_units = parse(["run", "--restart", "on-failure", "--backoff", "500ms:1m:3", "--intensity", "5/2m",
+                           "workers.basic:quick"])  # FIRST, MAX and SECONDS take units, as every duration does
+    assert with_units.backoff == BackoffPolicy.exponential(0.5, max=60, factor=3).with_jitter(JitterPolicy.EQUAL)
+    assert (with_units.restart_intensity.max_restarts, with_units.restart_intensity.within) == (5, 120.0)
     _, periodic = parse(["run", "--every", "0.25", "workers.basic:quick"])
     assert periodic.restart.interval == 0.25
     _, command = parse(["run", "--timeout", "1", "--", "sh", "-c", "exit 3"])

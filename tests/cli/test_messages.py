@@ -31,7 +31,8 @@ def mpvisor(cwd: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
     "argv, line",
     [
         (["--intensity", "-1/5"], "mpvisor run: error: argument --intensity: expected N/SECONDS (N >= 0 restarts "
-                                  "within SECONDS > 0), got '-1/5' (see mpvisor run --help)"),
+                                  "within SECONDS > 0, a number or one with a unit: 500ms, 30s, 5m, 1h), got '-1/5' "
+                                  "(see mpvisor run --help)"),
         (["--memory", "-5M"], "mpvisor run: error: argument --memory: expected a size in bytes (e.g. 1048576, 512M, 1G), "
                               "got '-5M' (see mpvisor run --help)"),
     ],

@@ -154,7 +154,13 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\ntimeout = 0\n", ['task "a".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), got \'0\'']),
         ("[task.a]\ntarget = 'm:f'\nmax_retries = true\n", ['task "a".max_retries: expected a whole number >= 0, got a boolean: true']),
         ("[task.a]\ntarget = 'm:f'\nmax_retries = 1.5\n", ['task "a".max_retries: expected a whole number >= 0, got \'1.5\'']),
-        ("[task.a]\ntarget = 'm:f'\nbackoff = 'x'\n", ['task "a".backoff: expected FIRST[:MAX[:FACTOR]] as finite numbers, got \'x\'']),
+        ("[task.a]\ntarget = 'm:f'\nbackoff = 'x'\n", ['task "a".backoff: expected FIRST[:MAX[:FACTOR]]: seconds, each a number or '
+                                                     'one with a unit (500ms, 30s, 5m, 1h), and a number, got \'x\'']),
+        ("[task.a]\ntarget = 'm:f'\nmax_retries = 3\n", ['task "a".max_retries: says how failed attempts are retried, but the task '
+                                                        'runs once: it needs restart = "on-failure" or "always" (or every)']),
+        ("[task.a]\ntarget = 'm:f'\nrestart = 'never'\nintensity = '3/5'\n", ['task "a".intensity: says how failed attempts are '
+                                                                            'retried, but the task runs once: it needs restart = '
+                                                                            '"on-failure" or "always" (or every)']),
         ("[task.a]\ntarget = 'm:f'\nbackoff = '5:1'\n", ['task "a".backoff: first (5.0) must not exceed max (1.0) (in \'5:1\')']),
         ("[task.a]\ntarget = 'm:f'\nrestart = 'maybe'\n", ['task "a".restart: expected one of never, on-failure, always, got \'maybe\'']),
         ("[task.a]\ntarget = 'm:f'\npolicy = 'queue'\n", ['task "a".policy: needs slot (the slot whose admission the policy decides)']),
@@ -268,6 +274,7 @@ def test_no_error_of_a_task_hides_another_of_the_same_task():
 FLAGS = {"every": "--every", "timeout": "--timeout", "start_timeout": "--start-timeout", "cpu": "--cpu",
          "max_retries": "--max-retries", "open_files": "--open-files", "memory": "--memory", "intensity": "--intensity", "backoff": "--backoff",
          "jitter": "--jitter", "restart": "--restart"}
+RETRY_OPTIONS = {"max_retries", "backoff", "jitter", "intensity"}
 _numbers = st.one_of(st.integers(-3, 10**6), st.floats(allow_nan=True, allow_infinity=True),
                      st.sampled_from([0, 0.0, -0.0, 1e-9, 1e300, 0.5, 1, 3, 30.0]))
 _texts = st.text(alphabet="0123456789.:/-eKMGTiB", max_size=8)
@@ -309,11 +316,13 @@ def test_a_value_means_the_same_and_is_refused_alike_in_a_file_and_on_the_comman
     options = {key: data.draw(VALUES[key], label=key) for key in keys}
     if "every" in options:
         options.pop("restart", None)  # the file refuses that pair; the command line lets --every win
+    elif RETRY_OPTIONS & options.keys():  # without a restart both refuse them, each in its own words (the
+        options["restart"] = "on-failure"  # parsing tests and the table of file errors check those)
     file_text = "[task.t]\ntarget = 'workers.basic:quick'\n" + "".join(f"{k} = {toml_text(v)}\n" for k, v in options.items())
     parsed = parse_text(file_text)
     expected_errors = []
     for key, value in options.items():
-        _, message = cli_result({key: value})
+        _, message = cli_result({key: value, "restart": "on-failure"} if key in RETRY_OPTIONS else {key: value})
         if message is not None:
             expected_errors.append(f'task "t".{key}: {message}')
     assert list(parsed.errors) == expected_errors
