@@ -17,11 +17,13 @@ attempt, or finishes the task).
 failure stops with Stop(FAILED, "retry limit reached after M of M retries: <last error>").
 A success resets the streak; the backoff's retry index is the streak's failures minus 1.
 
-Restart intensity (`RestartIntensity(max_restarts, within)`): every decision to run again
-(RunAgain or RunNow) is a restart, stamped `now` (the caller's monotonic clock) in
+Restart intensity (`RestartIntensity(max_restarts, within)`): every decision to run again after
+a failure, and every RunNow after a success (`always()` without an interval: nothing else bounds
+how fast it loops), is a restart, stamped `now` (the caller's monotonic clock) in
 `Streak.restarts`; a restart that would make more than `max_restarts` inside the sliding window
 `(now - within, now]` stops instead with Stop(FAILED, "restart intensity exceeded: ... <last
-reason>"), whatever the retry budget. Successes do not clear the window.
+reason>"), whatever the retry budget. A periodic task's next run after a success (its interval)
+is its schedule, not a restart: it is not counted. Successes do not clear the window.
 """
 
 from __future__ import annotations
@@ -106,7 +108,10 @@ def decide(
     """What to do after an attempt ended with `result`, and the streak that follows it."""
     match result:
         case AttemptResult.SUCCEEDED:
-            return _bounded(_after_success(policy), Streak(0, streak.restarts), intensity, now, reason)
+            action = _after_success(policy)
+            if isinstance(action, RunAgain):  # a periodic task's next run is its schedule, not a restart
+                return action, Streak(0, streak.restarts)
+            return _bounded(action, Streak(0, streak.restarts), intensity, now, reason)
         case AttemptResult.FATAL:
             return Stop(OutcomeKind.FATAL, reason), streak
         case AttemptResult.CANCELED:

@@ -9,6 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpvisor._admission.config import ControllerConfig
 from mpvisor._model import errors as _errors
@@ -489,6 +491,38 @@ def test_restart_intensity_stops_at_the_first_restart_over_the_window(max_restar
             break
         assert len(streak.restarts) <= max_restarts
     assert stopped_at == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(0.01, 2.0)), min_size=1, max_size=20),
+       st.integers(0, 3), st.sampled_from([0.5, 1.0, 2.5]))
+def test_a_periodic_tasks_runs_after_a_success_are_its_schedule_not_restarts(runs, max_restarts, within) -> None:
+    """With `always(interval)`, only the runs after a failure count against the intensity: a task
+    that never fails runs on, however short its interval (it ended FAILED, `restart intensity
+    exceeded`, without a single failure)."""
+    from mpvisor._model.spec import RestartIntensity
+
+    policy = RestartPolicy.always(0.1)
+    intensity = RestartIntensity(max_restarts, within)
+    now, streak, failure_times = 0.0, Streak(), []
+    for ok, gap in runs:
+        now += gap
+        if not ok:
+            failure_times.append(now)
+    first_over = _intensity_model(failure_times, max_restarts, within)
+    now, stopped = 0.0, None
+    for ok, gap in runs:
+        now += gap
+        result = AttemptResult.SUCCEEDED if ok else AttemptResult.FAILED
+        action, streak = decide(policy, result, streak, max_retries=None, backoff=BackoffPolicy.constant(0.0),
+                                rng=random.Random(1), reason="boom", intensity=intensity, now=now)
+        if ok:
+            assert action == RunAgain(0.1, BackoffSource.SUCCESS)
+        if isinstance(action, Stop):
+            stopped = now
+            break
+    expected = None if first_over is None else failure_times[first_over]
+    assert stopped == expected
 
 
 def test_restart_intensity_is_validated_and_inherited() -> None:
