@@ -16,6 +16,7 @@ pid, names one process for its whole life).
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
+| keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
 """
 
 from __future__ import annotations
@@ -250,6 +251,30 @@ def require_supported() -> None:
     reason = unsupported_reason()
     if reason is not None:
         raise RuntimeError(reason)
+
+
+def hold_standard_fds() -> list[int]:
+    """Open /dev/null on each of fds 0, 1 and 2 that is closed (a program started with `<&-`,
+    `>&-` or `2>&-`), so that no file opened later (an event loop's epoll, a socket) takes its
+    number and, inherited, becomes an attempt's stdin, stdout or stderr; the fds it opened. Every
+    entry point calls it before it opens anything: the command line, `mpvisor.run`,
+    `serve_blocking()` and `serve()`."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    if not closed:
+        return closed
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in closed:
+        if fd != null:
+            os.dup2(null, fd)
+        os.set_inheritable(fd, True)
+    if null not in closed:
+        os.close(null)
+    return closed
 
 
 def raise_nofile_limit() -> None:

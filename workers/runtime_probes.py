@@ -12,6 +12,7 @@ writes `started <task> <attempt> <pid>` to `marker` first.
 | `alternate()` | | `Fail("odd-attempt")` on odd attempts, returns `attempt` on even ones |
 | `flaky_checking_predecessors(k)` | writes `overlap` if a pid from an earlier marker line still exists (zombies count) | like `basic.flaky(k)` |
 | `cooperative_with_child(record_path)` | starts `sleep 3600`, records it as role `grandchild` | like `coop.cooperative` |
+| `standard_streams()` | writes a line to its stdout and to its stderr | returns what its fds 0, 1 and 2 are (`readlink` of `/proc/self/fd/N`) |
 """
 
 from __future__ import annotations
@@ -79,3 +80,11 @@ def cooperative_with_child(record_path: str, marker: str | None = None) -> NoRet
         pass
     ctx.check_cancelled()
     raise AssertionError("check_cancelled() did not raise although wait_cancelled() was true")
+
+
+def standard_streams(marker: str | None = None) -> dict[str, str]:
+    """Write a line to fds 1 and 2 (an error if either is not writable), then say what fds 0-2 are."""
+    mark(marker, "started")
+    os.write(1, b"to stdout\n")
+    os.write(2, b"to stderr\n")
+    return {str(fd): os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}

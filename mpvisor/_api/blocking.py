@@ -35,6 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mpvisor import _platform
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import GraceExceeded, ShuttingDown
 from mpvisor._tasks.registry import TaskInfo, TaskWaiter
@@ -322,6 +323,7 @@ class BlockingPreparedSubmission:
 
 def serve_blocking(serve: Callable[[], SupervisorHandle]) -> BlockingHandle:
     """Call `serve` (a supervisor's) on a new background thread and loop; return a blocking handle."""
+    _platform.hold_standard_fds()  # before the loop opens anything
     ready: Future[SupervisorHandle] = Future()
     loop = asyncio.new_event_loop()
 

@@ -9,10 +9,15 @@ module, which imports nothing of the runtime, starts the launcher first
 launcher with no preload), then imports the runtime and runs; the supervisor's launcher client
 takes that launcher over. A launcher nobody took (the run failed before it started one) is ended
 before `run` returns or raises.
+
+A run that SIGINT or SIGTERM shut down ends as the signal would have ended the program: once the
+supervisor has shut down and the process's own handlers are back, `run` raises the signal again.
+`Supervisor.run`, for async code, leaves that to its caller (`Supervisor.interrupts`).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -35,14 +40,23 @@ def run(
 ) -> dict[str, TaskOutcome]:
     """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes.
 
+    SIGINT or SIGTERM (on the main thread) shuts the run down gracefully; then the signal does
+    what it would have done without mpvisor, with the program's own handler back: SIGINT's
+    default raises `KeyboardInterrupt` here (its `__context__` a `GraceExceeded` when a tree had
+    to be killed), SIGTERM's default ends the process by SIGTERM. So a script that is
+    interrupted stops, and dies by the signal, as shells expect; a program that handles the
+    signal itself gets its handler called, and the outcomes when it returns.
+
     Raises `RuntimeError` when called from a running event loop (it would block that loop):
     there, `await Supervisor(...).run(specs)` or serve one with `async with Supervisor(...)`."""
     loops = sys.modules.get("asyncio")  # not imported yet: no loop runs (and the launcher starts first)
     if loops is not None and loops._get_running_loop() is not None:
         raise RuntimeError("mpvisor.run() cannot be called from a running event loop: there, use "
                            "`await Supervisor(...).run(specs)`, or `async with Supervisor(...) as handle:`")
+    from mpvisor import _platform
     from mpvisor._launchers.local import early
 
+    _platform.hold_standard_fds()  # before the launcher and the loop open anything
     if config is None or (getattr(config, "launcher", None) is None and not getattr(config, "preload", ())):
         early.start_early()
     try:
@@ -51,6 +65,10 @@ def run(
         from mpvisor._api.supervisor import Supervisor
 
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
-        return asyncio.run(supervisor.run(specs))
+        try:
+            return asyncio.run(supervisor.run(specs))
+        finally:
+            if supervisor.interrupts:  # shut down gracefully; now the signal ends the program as it would have
+                signal.raise_signal(supervisor.interrupts[0])
     finally:
         early.discard()

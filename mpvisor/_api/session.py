@@ -48,6 +48,7 @@ def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], d
     except RuntimeError:
         raise RuntimeError("Supervisor.serve() needs a running asyncio event loop (call it from async code)") from None
     refuse_unguarded_main()
+    _platform.hold_standard_fds()  # the launcher's sockets must not become an attempt's stdio
     _platform.raise_nofile_limit()
     return Runtime(config, tuple(subscribers), defaults, controller)
 

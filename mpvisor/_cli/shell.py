@@ -208,25 +208,14 @@ def _label_of(stream: IO[str]) -> str:
     return "stderr" if stream is sys.__stderr__ else "stdout"
 
 
-def _hold_closed(fds: tuple[int, ...]) -> None:
-    """Open /dev/null on each of `fds` that is closed, so that no file this process opens later
-    takes its number (and, inherited, becomes a child's stdout)."""
-    closed = []
-    for fd in fds:
-        try:
-            os.fstat(fd)
-        except OSError:
-            closed.append(fd)
-    if not closed:
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in closed:
-        if fd != null:
-            os.dup2(null, fd)
-        os.set_inheritable(fd, True)
-        _LOST.held.add(fd)
-    if null not in closed:
-        os.close(null)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -236,7 +225,10 @@ def guarded_output() -> Iterator[None]:
     _LOST.why.clear()
     _LOST.streams.clear()
     _LOST.held.clear()
-    _hold_closed((0, 1, 2))
+    if not all(_is_open(fd) for fd in (0, 1, 2)):  # rare, so imported only then (`--version` imports no _platform)
+        from mpvisor import _platform
+
+        _LOST.held.update(_platform.hold_standard_fds())
     saved = sys.stdout, sys.stderr
     guards = [_Guarded(None if 1 in _LOST.held else sys.stdout, "stdout", 1),
               _Guarded(None if 2 in _LOST.held else sys.stderr, "stderr", 2)]

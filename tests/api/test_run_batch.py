@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -89,3 +94,40 @@ async def test_run_from_a_running_event_loop_says_what_to_use_instead():
             mpvisor.run([_QUICK])
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+PROGRAM = """
+import json, sys
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+def main(how):
+    spec = TaskSpec.once(TaskFn("streams", "workers.runtime_probes:standard_streams"))
+    if how == "run":
+        outcome = mpvisor.run([spec])["streams"]
+    else:
+        with mpvisor.Supervisor(SupervisorConfig(stdin="inherit")).serve_blocking() as handle:
+            outcome = handle.add_and_watch(spec)[1].wait()
+    with open(sys.argv[2], "w") as out:
+        json.dump([outcome.kind.name, outcome.value, outcome.reason], out)
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["run", "serve_blocking"])
+def test_a_program_started_with_its_standard_streams_closed_gives_its_attempts_dev_null(tmp_path, how):
+    """A script run as `python job.py <&- >&- 2>&-` (cron, a daemon): the fds it lacks are
+    /dev/null in its attempts, which write and succeed. (Its event loop's epoll took fd 2, and an
+    attempt writing a warning failed: `OSError: [Errno 22] Invalid argument`.)"""
+    (tmp_path / "job.py").write_text(PROGRAM)
+    result = tmp_path / "result.json"
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    done = subprocess.run(["bash", "-c", f'exec "{sys.executable}" job.py {how} "{result}" <&- >&- 2>&-'],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, timeout=50)
+    assert done.returncode == 0
+    kind, fds, reason = json.loads(result.read_text())
+    assert kind == "COMPLETED", reason
+    assert fds == {"0": "/dev/null", "1": "/dev/null", "2": "/dev/null"}

@@ -351,7 +351,9 @@ def stop_script(process: subprocess.Popen[bytes]) -> None:
 @pytest.mark.parametrize("how", ["sigterm", "sigint", "sigint-group"])
 def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str) -> None:
     """SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
-    `mpvisor.run` script down gracefully: CANCELED outcomes, all stopped, no descendant left."""
+    `mpvisor.run` script down gracefully: CANCELED outcomes, all stopped, no descendant left;
+    then the script dies by that signal (SIGINT's KeyboardInterrupt uncaught), as shells expect
+    of an interrupted program (it exited 0, and a calling script went on)."""
     process = start_script("cooperative", tmp_path)
     try:
         wait_for(lambda: len(read_markers(tmp_path / "marker")) >= 2, timeout=20)
@@ -364,7 +366,7 @@ def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str
             process.send_signal(signal.SIGINT)
         else:
             os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=15) == 0
+        assert process.wait(timeout=15) == -(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
     finally:
         stop_script(process)
     log = log_of(tmp_path)
@@ -386,7 +388,7 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
         began = time.monotonic()
         time.sleep(0.5)  # the behaviour: a second Ctrl-C half a second into the grace window
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=10)
+        assert process.wait(timeout=10) == -signal.SIGINT
         assert time.monotonic() - began < 5
     finally:
         stop_script(process)

@@ -9,8 +9,10 @@ workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines l
 | `cooperative` | restartable `coop.cooperative` "plain" and `runtime_probes.cooperative_with_child` "parent" | 1 |
 | `stubborn` | once `misbehave.stubborn_tree` "stubborn" | 30 |
 
-Exit status: 0 when `run` returned, 3 when it raised `GraceExceeded` (its message written to
-`WORK_DIR/grace_exceeded.txt`).
+It dies by the signal that shut the run down, as `mpvisor.run` ends an interrupted run (SIGINT's
+`KeyboardInterrupt` left uncaught); when a tree had to be killed, the `GraceExceeded` it carries
+as its context is written to `WORK_DIR/grace_exceeded.txt` first. Exit status 0 when `run`
+returned.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ def main(scenario: str, log_path: str, work_dir: str) -> int:
     try:
         mpvisor.run(specs, mpvisor.SupervisorConfig(grace=grace),  # type: ignore[arg-type]
                     subscribers=[mpvisor.JsonLinesWriter(log_path)])
-    except mpvisor.GraceExceeded as exc:
-        with open(os.path.join(work_dir, "grace_exceeded.txt"), "w") as f:
-            f.write(str(exc))
-        return 3
+    except KeyboardInterrupt as exc:
+        if isinstance(exc.__context__, mpvisor.GraceExceeded):
+            with open(os.path.join(work_dir, "grace_exceeded.txt"), "w") as f:
+                f.write(str(exc.__context__))
+        raise
     return 0
 
 
