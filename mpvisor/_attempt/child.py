@@ -377,9 +377,15 @@ def _text(value: object) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    """`Type: message` for an exception, or `<Type: str() raised Other>` when it cannot say."""
+    """`Type: message` for an exception (`Type` alone without a message, as Python's traceback
+    says it), or `<Type: str() raised Other>` when it cannot say."""
     name = _type_name(exc)
-    return _guarded(lambda: f"{name}: {_text(str(exc))}", lambda p: f"<{name}: str() raised {_type_name(p)}>")
+
+    def said() -> str:
+        message = _text(str(exc))
+        return f"{name}: {message}" if message else name
+
+    return _guarded(said, lambda p: f"<{name}: str() raised {_type_name(p)}>")
 
 
 _MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames

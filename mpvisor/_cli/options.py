@@ -214,6 +214,21 @@ def slots_url(text: str) -> str:
     return text
 
 
+SLOTS_VARIABLE = "MPVISOR_SLOTS"  # --slots where it is not given
+
+
+def slots_default(parser: argparse.ArgumentParser) -> str | None:
+    """`$MPVISOR_SLOTS`, for a command given no `--slots`: read as `--slots` is, a usage error
+    naming the variable (not the option nobody gave) when it is no store's URL."""
+    text = os.environ.get(SLOTS_VARIABLE) or None
+    if text is None:
+        return None
+    try:
+        return slots_url(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"${SLOTS_VARIABLE} (what --slots is when not given): {exc}")
+
+
 def controller_config(slots: str | None, ttl: float | None, wait_timeout: float | None) -> ControllerConfig:
     """The controller of a run with slots: kept where `slots` says (a store's URL), else in this
     user's slot server on this host; `ttl` (None: the default) and `wait_timeout` as given."""

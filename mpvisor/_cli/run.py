@@ -104,6 +104,7 @@ from mpvisor._cli.options import (
     retries,
     seconds,
     slot_name,
+    slots_default,
     slots_url,
     target,
     task_name,
@@ -174,7 +175,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="run the attempts on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, or local for a new one)")
     run.add_argument("--slot", type=slot_name, metavar="NAME",
                      help="run only while holding this slot, shared by every mpvisor process of this user on this host")
-    run.add_argument("--slots", type=slots_url, metavar="URL", default=os.environ.get("MPVISOR_SLOTS") or None,
+    run.add_argument("--slots", type=slots_url, metavar="URL",
                      help="with --slot, where slots are kept: a postgresql:// URL shares them across hosts "
                           "(default: $MPVISOR_SLOTS, else this user's slot server on this host)")
     run.add_argument("--lease-ttl", type=lease_ttl, metavar="SECONDS",
@@ -199,6 +200,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     """What argparse cannot check alone (a usage error through `run.error`); sets `args.spec`,
     the one task's spec (None with `--file`, whose tasks are in the file)."""
     args.spec = None
+    given_slots, args.slots = args.slots, args.slots or slots_default(run)
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")
@@ -227,9 +229,13 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         args.spec = build_spec(args)  # `--timeout` as timeout(1) reads it: the whole attempt
     except (TypeError, ValueError) as exc:
         run.error(str(exc))
-    for option in ("policy", "lease_ttl", "wait_timeout"):
-        if getattr(args, option) is not None and args.slot is None:
+    for option, value in (("policy", args.policy), ("lease_ttl", args.lease_ttl), ("wait_timeout", args.wait_timeout),
+                          ("slots", given_slots)):  # ($MPVISOR_SLOTS is for the runs that have a slot)
+        if value is not None and args.slot is None:
             run.error(f"argument --{option.replace('_', '-')}: needs --slot")
+    if args.lease_ttl is not None and args.slots is None:
+        run.error("argument --lease-ttl: is the lease's on a store across hosts: needs --slots URL (or $MPVISOR_SLOTS); "
+                  "this host's slot server holds a lease as long as its owner lives")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 from mpvisor._admission.leases.local import LocalStore
 from mpvisor._admission.leases.store import LeaseError
 from mpvisor._admission.leases.stores import open_store
-from mpvisor._cli.options import seconds, slots_url
+from mpvisor._cli.options import seconds, slots_default, slots_url
 from mpvisor._cli.statuses import FAILED, OK
 
 NAME = "slots"
@@ -29,10 +28,15 @@ SHOW_WAIT = 5.0  # seconds the slot server may take to answer (a stopped one nev
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    parser.add_argument("--slots", type=slots_url, metavar="URL", default=os.environ.get("MPVISOR_SLOTS") or None,
+    parser.add_argument("--slots", type=slots_url, metavar="URL",
                         help="the store to show: a postgresql:// URL (default: $MPVISOR_SLOTS, else this user's slot server)")
     parser.add_argument("--wait", type=seconds(allow_zero=False), default=SHOW_WAIT, metavar="SECONDS",
                         help=f"how long the slot server may take to answer before this is an error (default {SHOW_WAIT:g})")
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`$MPVISOR_SLOTS` where no `--slots` is given (a usage error naming it when it is wrong)."""
+    args.slots = args.slots or slots_default(parser)
 
 
 def run(args: argparse.Namespace) -> int:

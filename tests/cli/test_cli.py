@@ -440,6 +440,8 @@ def test_every_uncaught_exception_prints_its_traceback_as_python_would(tmp_path,
     lines = done.stderr.splitlines()
     assert lines[0].endswith("Traceback (most recent call last):"), lines
     assert lines[-2:] == [last, outcome_line(done.stderr)], lines
+    if how == "bare":  # the reason too names the class alone, without a stray ": "
+        assert "reason='OwnError' " in lines[-1], lines[-1]
 
 
 def test_a_verdict_raised_from_another_exception_prints_no_traceback(tmp_path):

@@ -113,6 +113,8 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--wait-timeout", "5", "workers.basic:quick"], ["--wait-timeout", "needs --slot"]),
         (["run", "--lease-ttl", "30", "workers.basic:quick"], ["--lease-ttl", "needs --slot"]),
         (["run", "--slot", "s", "--lease-ttl", "1", "workers.basic:quick"], ["--lease-ttl", ">= 2", "'1'"]),
+        (["run", "--slots", "postgresql://db/x", "--", "true"], ["argument --slots: needs --slot"]),  # (it ran, unslotted)
+        (["run", "--slot", "s", "--lease-ttl", "30", "--", "true"], ["argument --lease-ttl", "needs --slots URL"]),
         (["run", "--slot", "s", "--wait-timeout", "0", "workers.basic:quick"], ["--wait-timeout", "'0'"]),
         (["run", "--slot", "s", "--slots", "mysql://x/y", "workers.basic:quick"], ["--slots", "'mysql://x/y'"]),
         (["run", "--memory", "lots", "workers.basic:quick"], ["--memory", "'lots'"]),
@@ -164,6 +166,23 @@ def test_a_slot_name_is_named_a_slot_name():
         slot_name("")
     with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a slot name without control characters or line breaks, got 'a\\nb'$"):
         slot_name("a\nb")
+
+
+def test_a_bad_slots_variable_is_named_and_an_unslotted_run_ignores_it(monkeypatch, capsys):
+    """`$MPVISOR_SLOTS` is `--slots` where that is not given: a wrong value's usage error names
+    the variable (it named `--slots`, which nobody gave), for a run with a slot and for `slots`."""
+    monkeypatch.setenv("MPVISOR_SLOTS", "mysql://x")
+    for argv in (["run", "--slot", "s", "--", "true"], ["slots"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse(argv)
+        assert exit_.value.code == 2
+        line = capsys.readouterr().err.strip()
+        assert "$MPVISOR_SLOTS (what --slots is when not given): expected a postgresql:// URL, got 'mysql://x'" in line, line
+    monkeypatch.setenv("MPVISOR_SLOTS", "postgresql://db/x")
+    args, _ = parse(["run", "--slot", "s", "--", "true"])
+    assert args.slots == "postgresql://db/x"
+    args, _ = parse(["run", "--", "true"])  # a run without a slot uses no store
+    assert args.slots == "postgresql://db/x" and args.slot is None
 
 
 def test_good_options_build_the_spec_they_describe():
