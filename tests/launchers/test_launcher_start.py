@@ -153,8 +153,9 @@ async def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt
         ("workers.preload.exits", 30.0, ["exited with status 3 before it was ready", "the licence server is unreachable"]),
         ("workers.preload.hangs", 1.0, ["was not ready within start_timeout=1.0 s", "'workers.preload.hangs'"]),
         ("workers.preload.raises", 30.0, ["'workers.preload.raises' failed to import", "preload refused: no config"]),
+        ("workers.preload.threads", 30.0, ["'workers.preload.threads' started a thread in the launcher", "OPENBLAS_NUM_THREADS=1"]),
     ],
-    ids=["segfault", "exits", "hangs", "raises"],
+    ids=["segfault", "exits", "hangs", "raises", "threads"],
 )
 def test_a_launcher_that_cannot_start_is_a_config_error_never_a_loop(module, start_timeout, says):
     """add() raises ConfigError naming the cause within start_timeout (plus the restarts' backoff);

@@ -850,7 +850,9 @@ def _preload(modules: list[str], announce: Callable[[str], None]) -> str | None:
         except BaseException as exc:
             return f"preload module {name!r} failed to import: {type(exc).__name__}: {exc}"
         if _platform.thread_count() > 1:
-            return f"preload module {name!r} started a thread in the launcher, which must stay single-threaded"
+            return (f"preload module {name!r} started a thread in the launcher, which must stay single-threaded "
+                    f"(a library that starts a thread pool when imported, as numpy's OpenBLAS does, can be "
+                    f"preloaded when told to start none: OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1)")
     return None
 
 
