@@ -12,6 +12,7 @@ writes `started <task> <attempt> <pid>` to `marker` first.
 | `alternate()` | | `Fail("odd-attempt")` on odd attempts, returns `attempt` on even ones |
 | `flaky_checking_predecessors(k)` | writes `overlap` if a pid from an earlier marker line still exists (zombies count) | like `basic.flaky(k)` |
 | `cooperative_with_child(record_path)` | starts `sleep 3600`, records it as role `grandchild` | like `coop.cooperative` |
+| `pool_of_forks(n, seconds)` | maps `time.sleep(seconds)` over n items on a fork `multiprocessing.Pool(2)` | returns n |
 | `standard_streams()` | writes a line to its stdout and to its stderr | returns what its fds 0, 1 and 2 are (`readlink` of `/proc/self/fd/N`) |
 """
 
@@ -88,3 +89,14 @@ def standard_streams(marker: str | None = None) -> dict[str, str]:
     os.write(1, b"to stdout\n")
     os.write(2, b"to stderr\n")
     return {str(fd): os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
+
+
+def pool_of_forks(n: int, seconds: float, marker: str | None = None) -> int:
+    """A pool of forked workers, as a script moving off multiprocessing would use inside a task."""
+    import multiprocessing
+    import time
+
+    mark(marker, "started")
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(time.sleep, [seconds] * n)
+    return n

@@ -65,6 +65,7 @@ class TaskContext:
         self._shield_depth = 0
         self._async_cancel: Callable[[], None] | None = None
         self._last_progress = 0.0
+        self._pid = os.getpid()  # the attempt's process: the children it forks inherit the handler
 
     def __repr__(self) -> str:
         return (
@@ -176,6 +177,10 @@ class TaskContext:
     # --- the child runtime's side -------------------------------------------------------------
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a process the target forked (a multiprocessing worker): it ends
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by SIGTERM, as it would without mpvisor,
+            os.kill(os.getpid(), signal.SIGTERM)  # not by a `Canceled` traceback of its own
+            return
         self._cancelled = True
         if self._delivered or self._shield_depth > 0:
             return
