@@ -25,11 +25,16 @@ INT_MAX = 2**64 - 1
 MAX_DEPTH = 511  # msgpack packs and unpacks ~1024 levels per frame; leave room for the frame
 
 _SCALARS = (type(None), bool, float, str, bytes)
+_PLAIN = frozenset(_SCALARS)  # exactly these types (not subclasses): accepted without a path
 _REPR_LIMIT = 80
 
 
 def check_value(value: object, where: str) -> None:
-    """Raise `TypeError` naming `where` if `value` (or anything inside it) is not msgpack."""
+    """Raise `TypeError` naming `where` if `value` (or anything inside it) is not msgpack.
+
+    An item of a list or tuple whose type is exactly a plain scalar, or an int in range, is
+    accepted where it is met, without making its path: a list of a million numbers costs a
+    type test each, not a million formatted paths (which made a big argument cost seconds)."""
     stack: list[tuple[object, str, int]] = [(value, where, 0)]
     while stack:
         item, path, depth = stack.pop()
@@ -39,7 +44,11 @@ def check_value(value: object, where: str) -> None:
             _check_int(item, path)
         elif isinstance(item, (list, tuple)):
             _check_depth(depth, path)
-            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+            for i, child in enumerate(item):
+                kind = type(child)
+                if kind in _PLAIN or (kind is int and INT_MIN <= child <= INT_MAX):
+                    continue
+                stack.append((child, f"{path}[{i}]", depth + 1))
         elif isinstance(item, dict):
             _check_depth(depth, path)
             stack.extend(_dict_items(item, path, depth))
@@ -74,6 +83,9 @@ def _dict_items(
                 f"{path} has a key that is not str or bytes: {_short_repr(key)} of type "
                 f"{type(key).__name__}"
             )
+        kind = type(child)
+        if kind in _PLAIN or (kind is int and INT_MIN <= child <= INT_MAX):  # type: ignore[operator]
+            continue  # accepted where it is met, as a list's items are
         items.append((child, f"{path}[{key!r}]", depth + 1))
     return items
 
