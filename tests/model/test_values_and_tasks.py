@@ -108,7 +108,7 @@ def _reference_check(value: object, where: str) -> None:
         elif isinstance(item, (list, tuple)):
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
         elif isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if not isinstance(key, (str, bytes)):
                     raise TypeError(f"{path} has a key that is not str or bytes")
             stack.extend((child, f"{path}[{key!r}]") for key, child in item.items())
