@@ -20,7 +20,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | a subscriber's queue is full | the event is dropped for it alone; `SUBSCRIBER_OVERFLOW` counts the losses |
 | `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
 | `on_event` raises on a `SUBSCRIBER_PANICKED` or `SUBSCRIBER_OVERFLOW` (about another subscriber) | a WARNING on `mpvisor.bus`, no event: two subscribers that raise on everything would otherwise report each other's panics once a second without end |
-| a trouble report about subscriber S | delivered to every consumer but S |
+| a trouble report about subscriber S | delivered to every consumer but S; when there is no other, a WARNING on `mpvisor.bus` says it instead (a lone subscriber that lost events was told by nobody) |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
 | nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
@@ -372,6 +372,8 @@ class Bus:
                 f"{count} event(s) lost since the previous report"
             )
         self._publish(kind, box, {"reason": reason})
+        if not any(other is not box for other in self._mailboxes) and not self._streams.data:  # type: ignore[attr-defined]
+            _log.warning("%s (no other subscriber hears of it)", reason)  # never silent
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -293,6 +293,31 @@ def test_a_slow_subscriber_loses_only_its_own_events() -> None:
     run(main())
 
 
+def test_a_lone_subscribers_losses_are_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """With no other consumer to hear the SUBSCRIBER_OVERFLOW report, it is a WARNING on
+    mpvisor.bus: losses are never silent (a lone subscriber lost output lines, told by nobody)."""
+    gate = threading.Event()
+    slow = Collector("slow", queue_capacity=4, gate=gate)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "mpvisor.bus"]
+
+    async def main() -> None:
+        bus = Bus([slow], bus_capacity=16)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            bus.publish(K.TASK_ADDED, task="t0")
+            assert slow.entered.wait(DEADLINE)  # event 1 is in its callback, its queue is empty
+            for i in range(1, 11):
+                bus.publish(K.TASK_ADDED, task=f"t{i}")
+            await asyncio.to_thread(wait_for, lambda: len(warned()) == 1, DEADLINE)
+            gate.set()
+            await bus.close(timeout=DEADLINE)
+        assert warned() == ["slow: queue full (queue_capacity=4); 6 event(s) lost since the previous report "
+                            "(no other subscriber hears of it)"]
+
+    run(main())
+
+
 async def publish_paced(bus: Bus, count: int, pace: float) -> None:
     """Publish `count` events spread over time (pacing the producer, not synchronising)."""
     for i in range(count):
