@@ -3,8 +3,8 @@
 Owns the reading of `ATTEMPT_PROGRESS` events: `ProgressTracker` turns each report into a
 `ProgressReport` with a rate and an ETA (pure: the clock is the events' own `at`), the text
 `describe` makes of one, and the two ways to show them: `ProgressBar`, the `mpvisor run
---progress` subscriber, and, for code, `progress_reports` (an async iterator over
-`handle.events()`) and `drive_progress_bars` (one tqdm-like bar per task). What an attempt
+--progress` subscriber, and, for code, `progress_reports` (an iterator over `handle.events()`,
+async or, for a blocking handle's, plain) and `drive_progress_bars` (one tqdm-like bar per task). What an attempt
 reports, and how often, is the child's (`TaskContext.progress`, at most one report per 50 ms).
 
 | reports so far (this attempt) | `rate` | `eta` |
@@ -24,8 +24,16 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from typing import IO, Any, NamedTuple
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from typing import IO, Any, NamedTuple, overload
 
 from mpvisor._model.events import Event, EventKind, printable, shorten
 
@@ -244,25 +252,56 @@ class ProgressBar:
 # --- for code ----------------------------------------------------------------------------------------
 
 
-async def progress_reports(events: AsyncIterable[Event]) -> AsyncIterator[ProgressReport]:
+@overload
+def progress_reports(events: AsyncIterable[Event]) -> AsyncIterator[ProgressReport]: ...
+@overload
+def progress_reports(events: Iterable[Event]) -> Iterator[ProgressReport]: ...
+def progress_reports(events: AsyncIterable[Event] | Iterable[Event]) -> AsyncIterator[ProgressReport] | Iterator[ProgressReport]:
     """Every `ATTEMPT_PROGRESS` of `events` (e.g. `handle.events()`) as a `ProgressReport`, with
-    its rate and ETA; ends when `events` ends (the supervisor shut down).
+    its rate and ETA; ends when `events` ends (the supervisor shut down). An async iterator for
+    an async handle's events, a plain one for a blocking handle's (`serve_blocking()`):
 
         async for report in mpvisor.progress_reports(handle.events()):
             print(report.task, report.done, report.total, report.rate, report.eta, report.attempt)
+
+        for report in mpvisor.progress_reports(blocking.events()):  # from a thread of a script
+            ...
     """
     tracker = ProgressTracker()
-    async for event in events:
-        report = tracker.report_for(event)
+    if isinstance(events, AsyncIterable):
+        return _reports_of_async(events, tracker)
+    return _reports_of(events, tracker)
+
+
+def _report_of(event: Event, tracker: ProgressTracker) -> ProgressReport | None:
+    report = tracker.report_for(event)
+    if report is None and event.kind is EventKind.TASK_FINISHED and event.task is not None:
+        tracker.forget(event.task)
+    return report
+
+
+def _reports_of(events: Iterable[Event], tracker: ProgressTracker) -> Iterator[ProgressReport]:
+    for event in events:
+        report = _report_of(event, tracker)
         if report is not None:
             yield report
-        elif event.kind is EventKind.TASK_FINISHED and event.task is not None:
-            tracker.forget(event.task)
 
 
-async def drive_progress_bars(events: AsyncIterable[Event], make_bar: Callable[[str], Any]) -> None:
+async def _reports_of_async(events: AsyncIterable[Event], tracker: ProgressTracker) -> AsyncIterator[ProgressReport]:
+    async for event in events:
+        report = _report_of(event, tracker)
+        if report is not None:
+            yield report
+
+
+@overload
+def drive_progress_bars(events: AsyncIterable[Event], make_bar: Callable[[str], Any]) -> Coroutine[Any, Any, None]: ...
+@overload
+def drive_progress_bars(events: Iterable[Event], make_bar: Callable[[str], Any]) -> None: ...
+def drive_progress_bars(events: AsyncIterable[Event] | Iterable[Event], make_bar: Callable[[str], Any]) -> Coroutine[Any, Any, None] | None:
     """Keep one tqdm-like bar per task up to date from `events` (e.g. `handle.events()`) until
-    they end (the supervisor shut down).
+    they end (the supervisor shut down): await it with an async handle's events; with a blocking
+    handle's (`serve_blocking()`), it runs until they end, on the caller's thread.
 
     `make_bar(task_name)` is called at a task's first report and returns the bar: any object
     with a `total` attribute and `update(n)` (add `n` to its count), such as
@@ -271,18 +310,42 @@ async def drive_progress_bars(events: AsyncIterable[Event], make_bar: Callable[[
     has it, else a negative update); `set_postfix_str("attempt N: message")` is called if the bar
     has it; `close()`, if it has one, when the task finishes or the events end. Neither tqdm nor
     any other bar library is a dependency of mpvisor."""
-    bars: dict[str, _Driven] = {}
+    bars = _Bars(make_bar)
+    if isinstance(events, AsyncIterable):
+        return bars.drive_async(events)
     try:
-        async for event in events:
-            if event.kind is EventKind.ATTEMPT_PROGRESS and event.task is not None and event.progress is not None:
-                driven = bars.get(event.task)
-                if driven is None:
-                    driven = bars[event.task] = _Driven(make_bar(event.task))
-                driven.show(event.attempt or 0, *event.progress, event.reason)
-            elif event.kind is EventKind.TASK_FINISHED and event.task in bars:
-                bars.pop(event.task).close()
+        for event in events:
+            bars.take(event)
     finally:
-        for driven in bars.values():
+        bars.close()
+    return None
+
+
+class _Bars:
+    """The bars `drive_progress_bars` keeps, one per task with a report."""
+
+    def __init__(self, make_bar: Callable[[str], Any]) -> None:
+        self.make_bar = make_bar
+        self.bars: dict[str, _Driven] = {}
+
+    def take(self, event: Event) -> None:
+        if event.kind is EventKind.ATTEMPT_PROGRESS and event.task is not None and event.progress is not None:
+            driven = self.bars.get(event.task)
+            if driven is None:
+                driven = self.bars[event.task] = _Driven(self.make_bar(event.task))
+            driven.show(event.attempt or 0, *event.progress, event.reason)
+        elif event.kind is EventKind.TASK_FINISHED and event.task in self.bars:
+            self.bars.pop(event.task).close()
+
+    async def drive_async(self, events: AsyncIterable[Event]) -> None:
+        try:
+            async for event in events:
+                self.take(event)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for driven in self.bars.values():
             driven.close()
 
 

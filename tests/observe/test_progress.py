@@ -203,6 +203,18 @@ async def test_progress_reports_give_each_report_with_its_pace():
     assert isinstance(reports[0], mpvisor.ProgressReport)
 
 
+def test_the_progress_helpers_take_a_blocking_handles_plain_iterator_too():
+    """A script's `serve_blocking()` handle gives a plain iterator of events: both helpers take it
+    (a plain iterator out, the bars driven on the caller's thread) and do what they do with an
+    async one (they raised `TypeError: 'async_generator' object is not iterable`)."""
+    events = [progress("a", 1, 0, 10, 0.0), progress("a", 1, 5, 10, 1.0, "half"), finished("a")]
+    reports = mpvisor.progress_reports(iter(events))
+    assert [(r.done, r.rate, r.message) for r in reports] == [(0, None, None), (5, 5.0, "half")]
+    bar = MinimalBar()
+    assert mpvisor.drive_progress_bars(iter(events), lambda name: bar) is None
+    assert (bar.total, bar.n) == (10, 5)
+
+
 async def test_drive_progress_bars_keeps_one_tqdm_like_bar_per_task():
     bars: dict[str, FakeBar] = {}
 
