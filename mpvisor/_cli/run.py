@@ -112,7 +112,7 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import REASON_MAX, Event, EventKind
+from mpvisor._model.events import REASON_MAX, Event, EventKind, shorten
 from mpvisor._model.outcome import (
     FAILURES,
     OutcomeKind,
@@ -121,7 +121,7 @@ from mpvisor._model.outcome import (
     uncaught_traceback,
 )
 from mpvisor._model.spec import TaskDefaults, TaskSpec
-from mpvisor._observe.progress import ProgressBar
+from mpvisor._observe.progress import ProgressBar, duration
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
 from mpvisor._tasks.registry import TaskWaiter
@@ -256,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     if args.slot is not None:
         subscribers.append(_SlotLines(spec.name))
+    if not args.quiet and args.events != "log":  # (a log of the events says it all already)
+        subscribers.append(_RetriedAttempts(spec.name))
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
     controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
@@ -357,6 +359,41 @@ class _OneTask:
         if self.waiter is not None and id == self.waiter.id:
             self.replaced = True
             print(f"mpvisor: slot {self.slot!r}: replaced by a newer submission; stopping", file=sys.stderr, flush=True)
+
+
+class _RetriedAttempts:
+    """Says on stderr why an attempt failed when another follows it (the outcome line says why
+    the last one did): its uncaught traceback, as the program would have printed it, then
+    `mpvisor: NAME: attempt N failed: REASON; retry in 0.4s`. A retried or periodic task's
+    failures are not silent (a file run says the same in its lines)."""
+
+    name = "retried-attempts"
+    queue_capacity = 4096
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.failed: Event | None = None  # the last attempt's failure, until the task says what follows
+
+    def on_event(self, event: Event) -> None:
+        if event.task != self.task:
+            return
+        if event.kind in (EventKind.ATTEMPT_FAILED, EventKind.ATTEMPT_TIMED_OUT):
+            self.failed = event
+        elif event.kind in (EventKind.BACKOFF_SCHEDULED, EventKind.TASK_FINISHED):
+            failed, self.failed = self.failed, None
+            if failed is not None and event.kind is EventKind.BACKOFF_SCHEDULED:
+                self._say(failed, event.delay or 0.0)
+
+    def _say(self, failed: Event, delay: float) -> None:
+        if failed.kind is EventKind.ATTEMPT_TIMED_OUT:
+            what = "timed out" + (f" after {failed.timeout:g} s" if failed.timeout else "")
+        else:
+            what = f"failed: {shorten(failed.reason or 'failed')}"
+        shown = uncaught_traceback(failed.reason, failed.traceback)
+        text = "" if shown is None else shown + "\n"
+        text += f"mpvisor: {self.task}: attempt {failed.attempt} {what}; retry in {duration(delay)}\n"
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 class _SlotLines:

@@ -37,7 +37,7 @@ def start(cwd: os.PathLike[str] | str, *argv: str) -> subprocess.Popen[str]:
 
 
 def outcome_line(stderr: str) -> str:
-    (line,) = [text for text in stderr.splitlines() if text.startswith("mpvisor: ")]
+    (line,) = [text for text in stderr.splitlines() if text.startswith("mpvisor: ") and "; retry in " not in text]
     return line
 
 
@@ -442,6 +442,28 @@ def test_every_uncaught_exception_prints_its_traceback_as_python_would(tmp_path,
     assert lines[-2:] == [last, outcome_line(done.stderr)], lines
     if how == "bare":  # the reason too names the class alone, without a stray ": "
         assert "reason='OwnError' " in lines[-1], lines[-1]
+
+
+def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
+    """A failed attempt that another follows: its traceback, then why it failed and when the next
+    comes; the last one's traceback and the outcome line end it (a periodic or retried task's
+    failures were silent until the end, which a periodic one never reaches)."""
+    done = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+                   "workers.basic:raising")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines.count("Traceback (most recent call last):") == 2, lines
+    [said] = [line for line in lines if line.startswith("mpvisor: raising: attempt")]
+    assert said.startswith("mpvisor: raising: attempt 1 failed: RuntimeError: kaboom; retry in "), said
+    assert lines.index(said) < len(lines) - 2 and lines[lines.index(said) - 1] == "RuntimeError: kaboom", lines
+    assert lines[-1] == outcome_line(done.stderr) and "attempts=2" in lines[-1], lines
+    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.5", "--restart", "on-failure", "--max-retries", "1",
+                        "--backoff", "0.01", "--", "sleep", "5")
+    assert timed_out.returncode == 124, timed_out.stderr
+    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.5 s; retry in ")
+    quiet = mpvisor(tmp_path, "run", "--quiet", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+                    "workers.basic:raising")
+    assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
 
 
 def test_forked_workers_of_a_timed_out_target_end_quietly(tmp_path):
