@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from mpvisor._cli import statuses
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line
@@ -59,8 +60,11 @@ def _reason(reason: str | None) -> str:
 def outcome_line(name: str, outcome: TaskOutcome) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
     longer than `REASON_MAX` is cut there (`--events json` carries all of it)."""
+    reason = outcome.reason
+    if outcome.rejection is not None and reason == outcome.rejection.label:  # a label is no sentence
+        reason = statuses.rejection_words(outcome.rejection)
     return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(outcome.reason)} "
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
     )
 

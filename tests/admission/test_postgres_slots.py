@@ -110,7 +110,7 @@ def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_
     assert table[1].split()[:5] == ["prod", "running", str(first.pid), view["owner"]["host"], str(first_token)], table
     dropped = start(tmp_path, 2, url, "--slot", "prod", "--policy", "drop", *owner(log, 0.0, "two"))
     status, err = finish(dropped)
-    assert status == 3 and "rejected reason='the slot is busy (--policy drop)'" in err, err
+    assert status == 3 and "rejected reason='the slot is busy (policy drop)'" in err, err
     replacing = start(tmp_path, 3, url, "--slot", "prod", "--policy", "replace", *owner(log, 0.0, "three"))
     status, err = finish(first)
     assert status == 6 and "replaced_in_slot='prod'" in err, err

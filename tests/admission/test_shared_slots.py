@@ -160,7 +160,7 @@ def test_twelve_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, 
     with open(gate, "w") as release:
         release.write("go\n")
     assert [status for status, _ in results] == [3] * 12, results
-    assert all("rejected reason='the slot is busy (--policy drop)'" in err for _, err in results), results[0]
+    assert all("rejected reason='the slot is busy (policy drop)'" in err for _, err in results), results[0]
     assert finish(holder)[0] == 0
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder"]
 

@@ -372,8 +372,23 @@ def test_a_slots_refusals_map_to_their_statuses_and_nothing_else_does() -> None:
     from mpvisor._cli import statuses
 
     assert {kind: statuses.refused(kind) for kind in RejectionKind if statuses.refused(kind) is not None} == {
-        RejectionKind.SLOT_BUSY: (3, "the slot is busy (--policy drop)"),
+        RejectionKind.SLOT_BUSY: (3, "the slot is busy (policy drop)"),
         RejectionKind.QUEUE_FULL: (4, "the slot's queue is full"),
         RejectionKind.SUPERSEDED_BY_REPLACE: (5, "superseded by a replacement while queued"),
     }
     assert statuses.refused(None) is None
+
+
+def test_an_outcome_line_says_a_rejection_in_words_not_its_label() -> None:
+    """A rejection whose reason is only its kind's label gets words in the outcome line (a file
+    run said `rejected reason='controller_shutting_down'`); one with a reason of its own keeps it."""
+    from mpvisor import RejectionKind, TaskOutcome
+    from mpvisor._cli.options import outcome_line
+
+    words = {kind: outcome_line("t", TaskOutcome.rejected(kind)).split("reason=")[1].split(" exit_code")[0]
+             for kind in RejectionKind}
+    assert words[RejectionKind.CONTROLLER_SHUTTING_DOWN] == "'the run stopped before the slot was free'"
+    assert words[RejectionKind.SLOT_BUSY] == "'the slot is busy (policy drop)'"
+    assert words[RejectionKind.REMOVED_FROM_QUEUE] == '"removed from the slot\'s queue before it was admitted"'
+    own = TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, "the store refused: no such database")
+    assert "reason='the store refused: no such database'" in outcome_line("t", own)

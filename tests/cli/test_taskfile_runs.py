@@ -545,7 +545,7 @@ def test_ctrl_c_while_the_slotted_tasks_are_still_being_handed_over(tmp_path: pa
     lines = rest.splitlines()
     assert status == -signal.SIGINT, rest
     for name, slot in (("a", "s1"), ("b", "s2")):
-        assert f"mpvisor: {name}: rejected reason='controller_shutting_down' exit_code=None attempts=0 slot='{slot}'" in lines, rest
+        assert f"mpvisor: {name}: rejected reason='the run stopped before the slot was free' exit_code=None attempts=0 slot='{slot}'" in lines, rest
     assert lines[-1] == "mpvisor: tasks.toml: 3 tasks: 2 rejected, 1 completed; exit status 130", rest
     assert not for_a.exists() and not for_b.exists()
     # Resumed, the server reads the dead run's requests, then its end: what it granted goes at once.
