@@ -258,8 +258,9 @@ class ServiceRun:
     async def _launch(self, services: list[Service]) -> None:
         """Add `services` (those without a slot in one batch), each watched to its outcome."""
         direct = [s for s in services if s.task.slot is None]
-        for service in services:
-            service.state, service.was_ready, service.stopped = "starting", False, False
+        for service in services:  # one with a slot waits for it first
+            service.state = "starting" if service.task.slot is None else "queued"
+            service.was_ready, service.stopped = False, False
             service.ended.clear()
             if self._added is not None:
                 self._added(service.task)
@@ -300,7 +301,7 @@ class ServiceRun:
         if self._told_ready or not self._systemd.get("NOTIFY_SOCKET"):
             return
         pending = [s for s in self.services.values()
-                   if s.state in ("waiting", "starting") or (s.settings.ready is not None and s.state != "ended" and not s.was_ready)]
+                   if s.state in ("waiting", "queued", "starting") or (s.settings.ready is not None and s.state != "ended" and not s.was_ready)]
         if not pending:
             self._told_ready = True
             running = sum(1 for s in self.services.values() if s.id is not None)
@@ -411,7 +412,8 @@ class ServiceRun:
         service.ready, service.pid, service.started_at = False, None, None
         failed = end.kind not in (AttemptResult.SUCCEEDED, AttemptResult.CANCELED)  # a stop asked for is no failure
         service.failed_last = failed
-        service.state = "backoff"
+        if service.state != "stopping":  # (a stop asked for: its outcome comes next)
+            service.state = "backoff" if failed else "scheduled"  # a retry, or a periodic task's next run
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
         uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
         log = self._files.get(name, {}).get("stderr")
@@ -527,7 +529,7 @@ class ServiceRun:
                 service.state, service.stopped = "stopped", True
                 return f"{service.name}: stopped (it had not started)"
             raise ControlError(f"{service.name} is not running ({service.state})")
-        service.stopped = True
+        service.stopped, service.state = True, "stopping"
         await self.session.handle.cancel(service.id)
         await service.ended.wait()
         return f"{service.name}: stopped"
@@ -602,7 +604,7 @@ class ServiceRun:
             for name in (*changes.removed, *changes.changed):
                 service = self.services[name]
                 if service.id is not None:
-                    service.stopped = True
+                    service.stopped, service.state = True, "stopping"
                     await self.session.handle.cancel(service.id)
                     await service.ended.wait()
             for name in changes.removed:

@@ -586,3 +586,45 @@ def test_a_dependency_that_was_ready_and_then_completed_lets_its_dependents_star
     _, err = proc.communicate(timeout=40)
     assert [t for w, t, *_ in run.markers() if w == "started"] == ["app"], err
     assert "mpvisor: setup: completed" in err and "mpvisor: app: fatal" in err, err
+
+
+def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None:
+    """A task that waits for its slot is `queued` (it showed `starting`); a periodic task between
+    runs that succeeded is `scheduled` (it showed `backoff`, as a failing one does); a task asked
+    to stop and still in its grace is `stopping` (it showed `running`)."""
+    run.write("""
+        [defaults]
+        grace = 3
+
+        [task.one]
+        command = ["sleep", "30"]
+        slot = "s"
+
+        [task.two]
+        command = ["sleep", "30"]
+        slot = "s"
+
+        [task.tick]
+        command = ["true"]
+        every = "30s"
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; sleep 30"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: sorted([rows["one"]["state"], rows["two"]["state"]]) == ["queued", "running"]
+                           and rows["tick"]["state"] == "scheduled" and rows["stubborn"]["state"] == "running")
+    assert rows["tick"]["restarts"] == 0, rows
+    assert MPVISOR is not None
+    stopping = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping", timeout=2.5)
+        out, err = stopping.communicate(timeout=20)
+        assert (stopping.returncode, out) == (0, "stubborn: stopped\n"), err
+    finally:
+        if stopping.poll() is None:
+            stopping.kill()
+    assert run.status()["stubborn"]["state"] == "stopped"
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
