@@ -120,7 +120,7 @@ from mpvisor._model.outcome import (
     TaskOutcome,
     uncaught_traceback,
 )
-from mpvisor._model.spec import TaskDefaults, TaskSpec
+from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar, duration
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
@@ -256,8 +256,8 @@ def run(args: argparse.Namespace) -> int:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
     if args.slot is not None:
         subscribers.append(_SlotLines(spec.name))
-    if not args.quiet and args.events != "log":  # (a log of the events says it all already)
-        subscribers.append(_RetriedAttempts(spec.name))
+    if not args.quiet and args.events != "log" and spec.restart != RestartPolicy.NEVER:  # (a log says it all already;
+        subscribers.append(_RetriedAttempts(spec.name))  # a task that runs once has no subscriber thread to pay for)
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
     controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
