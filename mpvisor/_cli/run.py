@@ -234,8 +234,8 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         if value is not None and args.slot is None:
             run.error(f"argument --{option.replace('_', '-')}: needs --slot")
     if args.lease_ttl is not None and args.slots is None:
-        run.error("argument --lease-ttl: is the lease's on a store across hosts: needs --slots URL (or $MPVISOR_SLOTS); "
-                  "this host's slot server holds a lease as long as its owner lives")
+        run.error("argument --lease-ttl: needs --slots URL (or $MPVISOR_SLOTS): only a store across hosts has leases "
+                  "that expire; this host's slot server holds one while its owner lives")
 
 
 def run(args: argparse.Namespace) -> int:
