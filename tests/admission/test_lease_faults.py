@@ -109,6 +109,32 @@ def test_a_server_restart_shorter_than_the_renewal_margin_changes_nothing(tmp_pa
         server.cleanup()
 
 
+def test_an_outage_shorter_than_half_a_ttl_changes_nothing_for_the_owner_or_its_waiter(tmp_path: Any) -> None:
+    """With `--lease-ttl 6`, PostgreSQL is stopped (connections refused) for about 2.6 s, less
+    than half the TTL, while host 1 owns the slot and host 2 waits: host 1 renews once it is
+    back and completes (it used to be fenced, exit 7: its renewals were up to a sixth of a TTL
+    old when the outage began and retried a second apart, so about 1 to 2 s of outage was all it
+    survived), and host 2 keeps waiting and runs after it (it used to be granted, then fail at
+    once with exit 7 "lease lost ... (not started)": its grant's fence counted from before the
+    looks the outage failed)."""
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 5.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "two"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        _pg_support.outage(server, 2.3)  # with the stop and the start, about 2.6 s without a server
+        for run in (first, second):
+            status, err = finish(run)
+            assert status == 0, err
+            assert "lease lost" not in err
+        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
+    finally:
+        server.cleanup()
+
+
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
     """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
     the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the

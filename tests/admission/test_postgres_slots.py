@@ -259,3 +259,78 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
     finally:
         held.terminate()
         finish(held)
+
+
+def test_a_grant_seen_after_an_outage_is_fenced_from_the_look_that_saw_it(url: str) -> None:
+    """A waiter (TTL 6) whose looks the store does not answer for 4.5 s (more than the 4 s after
+    which a fence stops an owner, less than the TTL: its row lives on), while the owner releases
+    and the slot is granted to it: the grant it then sees counts from the look that got through,
+    so its fence is not reached and its task can start. (It counted from before the first look
+    that failed: the fence had passed before the grant arrived, and the run exited 7 "lease
+    lost ... (not started)" without running.)"""
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore, Unreachable
+    from mpvisor._admission.leases.store import fence_times
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    waiter = store.request()
+    queued = threading.Event()
+    decided: list[Any] = []
+    thread = threading.Thread(target=lambda: decided.append(
+        waiter.acquire("s", "queue", "waiter", [], on_queued=lambda *_: queued.set())))
+    thread.start()
+    try:
+        assert queued.wait(20)
+        real_look, failing_until, failed = waiter._look, [time.monotonic() + 4.5], threading.Event()
+
+        def look() -> Any:
+            if time.monotonic() < failing_until[0]:
+                failed.set()
+                raise Unreachable("the store is down (injected)")
+            return real_look()
+
+        waiter._look = look  # type: ignore[method-assign]
+        assert failed.wait(10)  # the waiter is cut off (its next look failed) ...
+        holder.release()  # ... as the owner releases: the slot is granted to the waiter's row
+        thread.join(20)
+        (decision,) = decided
+        assert decision.granted
+        stop_at, _ = fence_times(decision.renewed, decision.ttl, grace=60.0)
+        assert decision.renewed >= failing_until[0] and stop_at > time.monotonic() + 3, (decision, failing_until)
+    finally:
+        waiter.close()
+        holder.close()
+        thread.join(10)
+
+
+def test_a_store_that_does_not_answer_is_said_to_be_silent_after_two_seconds_not_at_once() -> None:
+    """A store that refuses connections (nobody listens at its port): the waiting request's
+    `on_silent` ("has not answered for 2 s") comes once it has not answered for 2 s, not at the
+    first refusal (it came 0.03 s after the database stopped)."""
+    import socket
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        store = PostgresStore(f"postgresql://nobody@127.0.0.1:{closed.getsockname()[1]}/none", ttl=6.0)
+        request = store.request()
+        began, said = time.monotonic(), threading.Event()
+        told: list[float] = []
+        thread = threading.Thread(target=request.acquire, args=("s", "queue", "silent", []),
+                                  kwargs={"on_silent": lambda: (told.append(time.monotonic()), said.set())})
+        thread.start()
+        try:
+            assert said.wait(10)
+            assert told[0] - began >= 2.0, told[0] - began
+        finally:
+            request.withdraw()
+            request.close()
+            thread.join(10)
+

@@ -4,7 +4,7 @@ Slots live in two tables of a PostgreSQL database that every host can reach (cre
 use, their version in `mpvisor_meta`): `mpvisor_slots` (one row per slot, its last fencing
 token) and `mpvisor_requests` (one row per request: queued, or the slot's owner). A lease is a
 row, not a connection: it has an expiry on the *database's* clock (`ttl` seconds, renewed every
-`ttl / 3` by its owner), so it survives reconnects and works through a transaction-pooling
+`ttl / 12` by its owner, and every `ttl / 24` while the store does not answer: `store.py`), so it survives reconnects and works through a transaction-pooling
 PgBouncer; a request whose owner stopped renewing is gone once it expires. Every change of a
 slot happens in one transaction that locks the slot's row (`SELECT ... FOR UPDATE`), and then
 notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-read at once.
@@ -22,8 +22,9 @@ A grant carries a fencing token (`Decision.token`) that strictly increases per s
 hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`).
 An owner that cannot renew is told (`on_revoke`), and the controller retires its task; the
 fork server that runs the owner's attempts holds the lease's deadline (a fence, renewed with
-each renewal) and stops the tree half a TTL after the last renewal even if the supervising
-process itself is paused.
+each renewal) and stops the tree two thirds of a TTL after the last renewal even if the
+supervising process itself is paused. A renewal's time is taken before the transaction that
+got through (`_transaction`), not before earlier tries that the store did not answer.
 """
 
 from __future__ import annotations
@@ -37,7 +38,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, Decision, LeaseError, Pid, Policy
+from mpvisor._admission.leases.store import (
+    DEFAULT_LEASE_TTL,
+    RENEW_EVERY,
+    SILENT_AFTER,
+    Decision,
+    LeaseError,
+    Pid,
+    Policy,
+    retry_every,
+)
 
 SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
@@ -142,7 +152,9 @@ class PostgresStore:
     def __init__(self, url: str, ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.url = url
         self.ttl = ttl
-        self.interval = ttl / 6  # renewals, and looks of a waiting request, at least this often
+        self.interval = ttl / 6  # looks of a waiting request at least this often
+        self.renew_every = ttl * RENEW_EVERY  # an owner's renewals
+        self.retry = retry_every(ttl)  # a statement the store did not answer is tried again this often
         self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
         # ... and on the server's side: a transaction whose client stopped (paused, cut off) is
         # ended, so that its locks never hold up another host's (SET LOCAL: one transaction's
@@ -300,9 +312,10 @@ class PostgresRequest:
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
 
-    def _in_slot(self, work: Callable[[], Any], changes: bool = True) -> Any:
+    def _in_slot(self, work: Callable[[], Any], changes: bool = True) -> tuple[float, Any]:
         """`work()` in the slot's locked transaction, then a step of the slot; the slot's
-        listeners are notified when the work `changes` the slot (a look does not) or the step did."""
+        listeners are notified when the work `changes` the slot (a look does not) or the step did.
+        As `_transaction`: when the transaction that got through began, and the work's result."""
         def in_slot() -> Any:
             self.store.lock(self.conn, self.slot)
             result = work()
@@ -321,29 +334,35 @@ class PostgresRequest:
                 except Exception:
                     pass
 
-    def _transaction(self, work: Callable[[], Any]) -> Any:
+    def _transaction(self, work: Callable[[], Any]) -> tuple[float, Any]:
         """`work()` in one transaction on this request's connection, within the store's
-        `op_timeout`. A connection the server closed (it restarted, `pg_terminate_backend`, or a
-        statement timed out) is opened again and the work tried once more: nothing of the failed
-        transaction was committed."""
+        `op_timeout`; the `time.monotonic()` before that transaction began (its `now()`, which a
+        renewal's expiry counts from, is later), and the work's result. A connection the server
+        closed (it restarted, `pg_terminate_backend`, or a statement timed out) is opened again
+        and the work tried once more: nothing of the failed transaction was committed."""
         with self._lock:
             for last in (False, True):
                 if self.conn is None or self.conn.broken or self.conn.closed:
                     self.conn = self.store.connect()
+                began = time.monotonic()
                 try:
                     with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
                         self.conn.execute(self.store.bounds)
-                        return work()
+                        return began, work()
                 except Exception:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
                         raise
+        raise AssertionError("the second try returns or raises")
 
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[], None] | None) -> Any:
-        """`work()` until the store answers it: while it is unreachable, `on_silent()` (once per
-        request) and tries again (at most every second), until the request is withdrawn (`_Withdrawn`)."""
+        """`work()` until the store answers it: while it is unreachable, tries again (every
+        `retry`), until the request is withdrawn (`_Withdrawn`); once it has not answered for
+        `SILENT_AFTER` s (counted from the first try it did not answer), `on_silent()`, once per request."""
+        silent_since: float | None = None
         while True:
             if self._closed.is_set() or self._withdrawn:
                 raise _Withdrawn()
+            tried = time.monotonic()
             try:
                 return work()
             except Exception as exc:
@@ -351,10 +370,12 @@ class PostgresRequest:
                     raise _Withdrawn() from None
                 if not unreachable(exc):
                     raise
-                if not self._told_silent and on_silent is not None:
+                silent_since = tried if silent_since is None else silent_since
+                if (not self._told_silent and on_silent is not None
+                        and time.monotonic() - silent_since >= SILENT_AFTER):
                     self._told_silent = True
                     on_silent()
-                self._closed.wait(min(1.0, self.store.interval))
+                self._closed.wait(self.store.retry)
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
@@ -362,7 +383,7 @@ class PostgresRequest:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
         def submit() -> Decision | None:
-            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid)),
+            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid))[1],
                                                        on_silent)
             return refused
 
@@ -410,8 +431,9 @@ class PostgresRequest:
         try:
             told = -1
             while True:
-                renewed = time.monotonic()  # before the look that may see (and renew) the grant
-                state, position, owner, token = self._patiently(self._look, on_silent)
+                # `renewed`: before the look that got through (and renewed a grant it saw), not before
+                # the tries the store did not answer (a grant's fence counts from it)
+                renewed, (state, position, owner, token) = self._patiently(self._look, on_silent)
                 if self._withdrawn:
                     return Decision(False, "withdrawn")
                 if state is None:  # expired while this host could not renew it: queue again
@@ -436,8 +458,8 @@ class PostgresRequest:
             if listener is not None:
                 listener.close()
 
-    def _look(self) -> tuple[str | None, int, dict[str, Any] | None, int | None]:
-        """This request's state, its place in the queue, the owner and its token, after a step
+    def _look(self) -> tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]]:
+        """When the look's transaction began, and this request's state, its place in the queue, the owner and its token, after a step
         of the slot (which grants the head once an owner's lease expired); its own row renewed
         (a row that expired is gone: `_wait` submits the request again)."""
         def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
@@ -454,7 +476,7 @@ class PostgresRequest:
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
             seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
             return row[0], int(ahead) + 1, seen, row[2]
-        result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look, changes=False)
+        result: tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]] = self._in_slot(look, changes=False)
         return result
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
@@ -464,40 +486,41 @@ class PostgresRequest:
 
     def _renew(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None,
                on_lost: Callable[[], None] | None) -> None:
-        """While held: move the expiry at least every `interval`, and at once when the slot's
-        channel says something changed, each success told (`on_renewed`); a revoke asked is told
-        once; a lease found expired is lost (`on_lost`, then no more renewals: it cannot come back)."""
+        """While held: move the expiry every `renew_every`, and at once when the slot's channel
+        says something changed, each success told (`on_renewed`, with the time before the
+        transaction that got through); while the store does not answer, try again every `retry`
+        (`store.py`: the renewal margin); a revoke asked is told once; a lease found expired is
+        lost (`on_lost`, then no more renewals: it cannot come back)."""
         ttl = self.store.ttl
         revoked = False
         listener: Any = None
         try:
             while not self._closed.is_set():
-                renewed = time.monotonic()  # before the statement: the lease lives at least ttl past it
                 try:
-                    row = self._transaction(lambda: self.conn.execute(
+                    renewed, row = self._transaction(lambda: self.conn.execute(
                         "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
                         "AND state = 'granted' AND expires > now() RETURNING revoke", (ttl, self.id)).fetchone())
                 except Exception:
                     if self._closed.is_set():
                         return
-                    row = (False,)  # not reachable this time: the fence's deadline comes closer
-                    renewed = -1.0
+                    self._closed.wait(self.store.retry)  # not reachable this time: the fence's deadline comes closer
+                    continue
                 if row is None:
                     if self._held and on_lost is not None:  # not a row this owner released itself
                         on_lost()
                     return
-                if renewed >= 0 and on_renewed is not None:
+                if on_renewed is not None:
                     on_renewed(renewed, ttl)
                 if row[0] and not revoked:
                     revoked = True
                     on_revoke()
                 try:
-                    listener = self._listened(listener)
+                    listener = self._listened(listener, self.store.renew_every)
                 except Exception:
                     if listener is not None:
                         listener.close()
                     listener = None
-                    self._closed.wait(min(1.0, self.store.interval))
+                    self._closed.wait(self.store.retry)
         finally:
             if listener is not None:
                 listener.close()
@@ -513,13 +536,13 @@ class PostgresRequest:
                 listener.execute(f"LISTEN {CHANNEL}")
         return listener
 
-    def _listened(self, listener: Any) -> Any:
-        """Wait for a notification about this request's slot, at most `interval`; the listener
+    def _listened(self, listener: Any, timeout: float | None = None) -> Any:
+        """Wait for a notification about this request's slot, at most `timeout` (else `interval`); the listener
         to use next (a new one if there was none or the server closed it: the caller's next look
         sees what it missed). A store that cannot be reached raises."""
         listener = self._listening(listener)
         try:
-            for notify in listener.notifies(timeout=self.store.interval):
+            for notify in listener.notifies(timeout=self.store.interval if timeout is None else timeout):
                 if notify.payload == self.slot:
                     break
             return listener
