@@ -334,3 +334,41 @@ def test_a_store_that_does_not_answer_is_said_to_be_silent_after_two_seconds_not
             request.close()
             thread.join(10)
 
+
+def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
+        tmp_path: Any, url: str, postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad port, an unknown URL parameter, a URL that cannot be parsed (its password masked),
+    and a role whose password the server wants but nobody gave: each run ends at once, status 1,
+    nothing ran, with psycopg's own message on its outcome line. (Each was taken for a store
+    that does not answer: "has not answered for 2 s ...; still waiting", forever.)"""
+    import psycopg
+
+    monkeypatch.delenv("PGPASSWORD", raising=False)  # the runs' environment: no password anywhere
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_deployer LOGIN PASSWORD 'secret'; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        hba = postgres_server.pgdata / "pg_hba.conf"
+        if "mpvisor_deployer" not in hba.read_text():  # only this role needs a password
+            hba.write_text("local all mpvisor_deployer scram-sha-256\n" + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
+    socket_dir = url.split("host=")[1].split("&")[0]
+    cases = {
+        "postgresql://u:p@127.0.0.1:abc/slots": 'invalid integer value "abc" for connection option "port"',
+        f"{url}&bogus=1": 'invalid URI query parameter: "bogus"',
+        "postgresql://u:secret@[::1": 'matching "]" in IPv6 host address in URI: "postgresql://u:***@[::1"',
+        f"postgresql://mpvisor_deployer@/postgres?host={socket_dir}": "fe_sendauth: no password supplied",
+    }
+    runs = {bad: start(tmp_path, n, bad, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+            for n, bad in enumerate(cases)}
+    try:
+        for bad, run in runs.items():
+            status, err = finish(run, timeout=15)
+            assert status == 1, (bad, err)
+            assert cases[bad] in err.splitlines()[-1] and "has not answered" not in err, (bad, err)
+            assert "secret" not in err and "Traceback" not in err, err
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    assert not (tmp_path / "ran").exists()

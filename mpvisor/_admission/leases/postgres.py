@@ -79,6 +79,17 @@ class Unreachable(LeaseError):
     as opposed to answering with a refusal (a wrong password, no such database)."""
 
 
+# What libpq says when the server did not answer (refused, down, restarting, a network that
+# failed): try again later. Anything else it says at connecting is an answer, or a setting it
+# cannot use (a bad port, an unknown URL parameter, an unparsable URL, no password to send):
+# trying again changes nothing, so it is said at once.
+_NOT_ANSWERED = (
+    "connection refused", "timeout expired", "timed out", "no route to host", "network is unreachable",
+    "host is unreachable", "temporary failure in name resolution", "connection reset", "server closed the connection",
+    "could not receive data", "could not send data", "ssl syscall error", "the database system is",
+)
+
+
 def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         import psycopg
@@ -88,9 +99,20 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
-        text = _first_line(exc)
-        answered = "FATAL:" in str(exc) and "the database system is" not in str(exc)
-        raise (LeaseError if answered else Unreachable)(f"cannot connect to the lease store: {text}") from None
+        text = _first_line(exc).replace(url, _redacted(url))  # an unparsable URL is quoted whole
+        # libpq's "connection failed: connection to server at X failed: WHY": WHY first (a line
+        # may be cut short), then where
+        where = re.match(r"(?:connection failed: |connection is bad: )?(connection to server .*?) failed: (.+)$", text)
+        text = f"{where[2]} ({where[1]})" if where else text
+        raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
+
+
+def _not_answered(message: str) -> bool:
+    """libpq's `message` at connecting says the server did not answer (`_NOT_ANSWERED`; a Unix
+    socket that is not there: the server is not running), not that it refused or that a setting is wrong."""
+    lowered = message.lower()
+    return (any(words in lowered for words in _NOT_ANSWERED)
+            or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
 def _first_line(exc: BaseException) -> str:
