@@ -175,6 +175,30 @@ def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_s
     assert not log.exists() or "start two " not in log.read_text()
 
 
+def test_a_drop_run_whose_store_does_not_answer_ends_at_once_as_busy(tmp_path: Any) -> None:
+    """`--policy drop` against a store that refuses connections (nobody listens at its port):
+    the run does not wait (a drop never queues, and periodic drop runs from cron must not pile
+    up behind an outage): exit 3 at once, nothing ran, saying that the store did not answer.
+    (It waited for the store as long as it was down, and on interruption said it "left the queue".)"""
+    import socket
+
+    log = tmp_path / "owners.log"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        down = f"postgresql://nobody@127.0.0.1:{closed.getsockname()[1]}/none"
+        began = time.monotonic()
+        dropped = start_host(tmp_path, 1, down, "--slot", "s", "--policy", "drop", *owner(log, 0.0, "one"))
+        try:
+            status, err = finish(dropped, timeout=20)
+        finally:
+            dropped.kill()
+            dropped.wait()
+    assert status == 3, err
+    assert "did not answer" in err and "a drop does not wait" in err and "Connection refused" in err, err
+    assert time.monotonic() - began < 10
+    assert not log.exists()
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return list(psutil.Process(pid).cmdline())

@@ -410,7 +410,16 @@ class PostgresRequest:
             return refused
 
         try:
-            refused = submit()
+            if policy == "drop":  # never waits, not even for a store that does not answer: a run
+                try:             # from cron must not pile up behind an outage (nothing runs: as busy)
+                    refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))[1]
+                except Exception as exc:
+                    if self._closed.is_set() or self._withdrawn or not unreachable(exc):
+                        raise
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
+                                                               f"({_first_line(exc)}); a drop does not wait")
+            else:
+                refused = submit()
             if refused is not None:
                 return refused
             return self._wait(on_queued, on_silent, submit)
