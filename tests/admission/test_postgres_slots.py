@@ -192,7 +192,7 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
     from mpvisor._admission.leases.postgres import PostgresStore
     from mpvisor._admission.leases.store import LeaseError
 
-    PostgresStore(url).holdings(5.0)  # creates the tables, version 1
+    PostgresStore(url).connect().close()  # creates the tables, version 1
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE mpvisor_meta SET value = '99' WHERE key = 'schema'")
     for use in (lambda store: store.request().acquire("s", "queue", "reader", []), lambda store: store.holdings(5.0)):
@@ -209,7 +209,7 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
     from mpvisor._admission.leases.postgres import PostgresStore
 
     assert MPVISOR is not None
-    PostgresStore(url).holdings(5.0)  # creates the tables
+    PostgresStore(url).connect().close()  # creates the tables
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES ('s')")
         conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, expires) "
@@ -407,3 +407,53 @@ def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_
     assert deploy(6, "six").returncode == 0
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT version, token FROM releases").fetchone() == ("six", 6)
+
+
+def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --slots URL` against a database without mpvisor's tables says there is
+    nothing (status 0) and leaves it without them (it created all three); a role that may not
+    read the tables gets one line naming the refusal, status 1 (it got a traceback of
+    psycopg.errors.InsufficientPrivilege)."""
+    import psycopg
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    assert MPVISOR is not None
+    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+
+    def tables() -> list[str]:
+        with psycopg.connect(url) as conn:
+            return [row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'mpvisor%'")]
+
+    done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done
+    assert tables() == []
+    PostgresStore(url).connect().close()  # the tables, as a run creates them
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_outsider LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    outsider = url.replace("postgresql://postgres:@", "postgresql://mpvisor_outsider@")
+    assert outsider != url
+    done = subprocess.run([MPVISOR, "slots", "--slots", outsider], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done
+    assert done.stderr.startswith("mpvisor slots: the lease store at ") and "permission denied" in done.stderr, done
+    assert len(done.stderr.splitlines()) == 1, done
+
+
+def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
+    """A store that accepts connections and never answers (a partitioned proxy): the listing
+    (`mpvisor slots --wait 1`) gives up after its 1 s, the connection included (libpq's connect
+    timeout is at least 2 s: it took 2 to 4 s)."""
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+    from mpvisor._admission.leases.store import LeaseError
+    from tests._proxy_support import Proxy
+
+    with Proxy.for_url(url) as proxy:
+        proxy.partition()
+        began = time.monotonic()
+        with pytest.raises(LeaseError) as raised:
+            PostgresStore(proxy.url_for(url)).holdings(1.0)
+        took = time.monotonic() - began
+    assert took < 1.5, took
+    assert "did not answer within 1 s" in str(raised.value)

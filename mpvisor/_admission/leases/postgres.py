@@ -251,28 +251,56 @@ class PostgresStore:
             if row is None:
                 conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
-                raise LeaseError(f"the lease store's schema is version {row[0]!r}; this mpvisor reads version {SCHEMA_VERSION}")
+                raise _newer_schema(row[0])
 
     def request(self) -> PostgresRequest:
         return PostgresRequest(self)
 
     def holdings(self, timeout: float) -> list[dict[str, Any]]:
-        conn = self.connect()
+        """Who holds what, read within `timeout` s in all (the connection too: libpq's own connect
+        timeout is at least 2 s, per address), on a thread of its own that is left behind if the
+        store does not answer. Only reads: a database without mpvisor's tables holds nothing
+        (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
+        done: list[Any] = []
+        reader = threading.Thread(target=lambda: done.append(self._read_holdings(timeout)),
+                                  name="mpvisor-lease-holdings", daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not done:
+            raise LeaseError(f"{self.name} did not answer within {timeout:g} s")
+        if isinstance(done[0], LeaseError):
+            raise done[0]
+        views: list[dict[str, Any]] = done[0]
+        return views
+
+    def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
+        try:
+            conn = _connect(self.url, timeout, autocommit=True)
+        except LeaseError as exc:
+            return exc
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
             with _Deadline(conn, timeout):
+                if conn.execute("SELECT to_regclass('mpvisor_requests') IS NULL").fetchone()[0]:
+                    return []  # no mpvisor's tables here: nothing is held
+                version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+                if version is not None and version[0] != str(SCHEMA_VERSION):
+                    return _newer_schema(version[0])
                 rows = conn.execute(
                     "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
                     "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
-        except LeaseError:
-            raise
-        except Exception as exc:  # not answered in time, or the connection lost
-            raise LeaseError(f"{self.name} did not answer: {_first_line(exc)}") from None
+        except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
+            if unreachable(exc):
+                return LeaseError(f"{self.name} did not answer: {_first_line(exc)}")
+            return LeaseError(f"{self.name}: {_first_line(exc)}")
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            slot, state, name, host, pid, since, token, revoke = _checked_row(row)
+        try:
+            checked = [_checked_row(row) for row in rows]
+        except LeaseError as exc:
+            return exc
+        for slot, state, name, host, pid, since, token, revoke in checked:
             view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
             if state == "granted":
                 view["owner"] = {"pid": pid, "name": name, "host": host, "since": since, "token": token}
@@ -304,6 +332,10 @@ class PostgresStore:
     def lock(self, conn: Any, slot: str) -> None:
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
         conn.execute("SELECT 1 FROM mpvisor_slots WHERE slot = %s FOR UPDATE", (slot,))
+
+
+def _newer_schema(version: str) -> LeaseError:
+    return LeaseError(f"the lease store's schema is version {version!r}; this mpvisor reads version {SCHEMA_VERSION}")
 
 
 def _checked_row(row: Any) -> tuple[str, str, str, str, int, float, int | None, bool]:
