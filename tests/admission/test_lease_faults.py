@@ -135,6 +135,46 @@ def test_an_outage_shorter_than_half_a_ttl_changes_nothing_for_the_owner_or_its_
         server.cleanup()
 
 
+def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any) -> None:
+    """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
+    SIGKILLed meanwhile (it cannot leave the queue), and the server starts again. Once the
+    server has been up for a quarter of host 2's TTL (a live waiter would have looked by then),
+    host 1 ends: host 3 runs at once, and the dead host 2 is never granted the slot. (It was
+    granted it, and held it until its row expired, 10 s or so after host 1 ended.)"""
+    import psycopg
+
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
+        assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
+        third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
+        assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
+        _pg_support.outage(server, 1.0, during=dead.kill)
+        assert finish(dead)[0] == -signal.SIGKILL
+
+        def up_a_quarter_ttl() -> bool:
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT now() >= pg_postmaster_start_time() + interval '3.2 s'").fetchone()
+                return bool(row and row[0])
+
+        wait_for(up_a_quarter_ttl, timeout=30)
+        first.terminate()
+        assert finish(first)[0] == -signal.SIGTERM
+        status, err = finish(third)
+        assert status == 0, err
+        held = assert_one_owner_at_a_time(log)
+        assert [label for _, _, label in held] == ["one", "three"]
+        ended = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("end one ")]
+        three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
+        assert three[0] - ended[0] < 3.0, (ended, three)
+    finally:
+        server.cleanup()
+
+
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
     """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
     the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the

@@ -11,7 +11,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 
 | request | in the slot's transaction |
 |---|---|
-| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
+| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) whose waiter is not known to be dead (`_DEAD`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
 | `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
@@ -72,6 +72,24 @@ CREATE TABLE IF NOT EXISTS mpvisor_requests (
 );
 CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, state, position);
 """
+
+
+# A waiter's liveness: while it waits, its listening connection holds a session advisory lock
+# on (_ALIVE_CLASS, its request's id), which the server releases with the session when the
+# waiting process dies (killed, or interrupted while the store was down, so that it could not
+# withdraw), and each of its looks sets its row's `since` (NULL while it does not hold the lock).
+# The head of a queue is granted only if its waiter is not known to be dead (`_DEAD`): it was seen
+# holding the lock, the lock is free now, and it was seen since the server started, or the server
+# has been up long enough for a live waiter to have looked again (a quarter of its own TTL,
+# `expires - since`: it looks every sixth and retries every twenty-fourth). A dead waiter is
+# skipped, not deleted (it expires on its own); through a transaction-pooling PgBouncer the lock
+# may outlive its waiter, which then holds its place until its row expires, as without the lock.
+_ALIVE_CLASS = 1836086899  # 'mpvs'
+_ALIVE_MOD = 2147483647
+_DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
+         f"+ (r.expires - r.since) / 4) AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+         f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
+         f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
 
 
 class Unreachable(LeaseError):
@@ -318,7 +336,7 @@ class PostgresStore:
         owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
         if owner is not None:
             return bool(expired)
-        head = conn.execute("SELECT id FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
+        head = conn.execute(f"SELECT id FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' AND NOT ({_DEAD}) "
                             "ORDER BY position LIMIT 1", (slot,)).fetchone()
         if head is None:
             return bool(expired)
@@ -362,6 +380,7 @@ class PostgresRequest:
         self._held = False
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
+        self._alive = False  # the listener holds this waiter's liveness lock (`_listening`)
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -511,12 +530,12 @@ class PostgresRequest:
                 if state == "superseded":
                     return Decision(False, "superseded_by_replace")
                 if listener is None:  # listening from now on, then a look again: no release is missed
-                    listener = self._patiently(functools.partial(self._listening, None), on_silent)
+                    listener = self._patiently(functools.partial(self._listening, None, True), on_silent)
                     continue
                 if position != told and on_queued is not None:
                     on_queued(position, owner)
                     told = position
-                listener = self._patiently(functools.partial(self._listened, listener), on_silent)
+                listener = self._patiently(functools.partial(self._listened, listener, None, True), on_silent)
         finally:
             if listener is not None:
                 listener.close()
@@ -524,11 +543,14 @@ class PostgresRequest:
     def _look(self) -> tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]]:
         """When the look's transaction began, and this request's state, its place in the queue, the owner and its token, after a step
         of the slot (which grants the head once an owner's lease expired); its own row renewed
-        (a row that expired is gone: `_wait` submits the request again)."""
+        (a row that expired is gone: `_wait` submits the request again). A queued row's `since`
+        says when its waiter was last seen holding its liveness lock (NULL: not known to hold it;
+        `PostgresStore.step` skips a waiter known to have died)."""
         def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
             conn = self.conn
-            conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) "
-                         "WHERE id = %s AND expires > now()", (self.store.ttl, self.id))
+            conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s), since = CASE "
+                         "WHEN state <> 'queued' THEN since WHEN %s THEN now() END WHERE id = %s AND expires > now()",
+                         (self.store.ttl, self._alive_now(), self.id))
             row = conn.execute("SELECT state, position, token FROM mpvisor_requests WHERE id = %s AND expires > now()",
                                (self.id,)).fetchone()
             if row is None:
@@ -588,22 +610,33 @@ class PostgresRequest:
             if listener is not None:
                 listener.close()
 
-    def _listening(self, listener: Any) -> Any:
-        """`listener` if it still listens to the slots' channel, else a new listener. A store
-        that cannot be reached raises."""
+    def _listening(self, listener: Any, waiter: bool = False) -> Any:
+        """`listener` if it still listens to the slots' channel, else a new listener; a
+        `waiter`'s also holds the request's liveness lock (`_ALIVE`: a session advisory lock,
+        which the server drops with the session when the waiting process dies). A store that
+        cannot be reached raises."""
         if listener is None or listener.broken or listener.closed:
             if listener is not None:
                 listener.close()
+            self._alive = False
             listener = self._listener = self.store.connect(autocommit=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
+                if waiter and self.id is not None:
+                    (self._alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                                      (self.id,)).fetchone()
         return listener
 
-    def _listened(self, listener: Any, timeout: float | None = None) -> Any:
+    def _alive_now(self) -> bool:
+        """This waiter's listener holds its liveness lock, as far as this side knows."""
+        listener = self._listener
+        return self._alive and listener is not None and not listener.broken and not listener.closed
+
+    def _listened(self, listener: Any, timeout: float | None = None, waiter: bool = False) -> Any:
         """Wait for a notification about this request's slot, at most `timeout` (else `interval`); the listener
         to use next (a new one if there was none or the server closed it: the caller's next look
         sees what it missed). A store that cannot be reached raises."""
-        listener = self._listening(listener)
+        listener = self._listening(listener, waiter)
         try:
             for notify in listener.notifies(timeout=self.store.interval if timeout is None else timeout):
                 if notify.payload == self.slot:
