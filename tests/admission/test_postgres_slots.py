@@ -457,3 +457,32 @@ def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_
         took = time.monotonic() - began
     assert took < 1.5, took
     assert "did not answer within 1 s" in str(raised.value)
+
+
+def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:
+    """A queued run superseded by a `replace` deletes its row as it exits 5 (it stayed until it
+    expired); an expired row of another slot (a release that failed in an outage) is deleted by
+    the next run of any slot (it stayed until its own slot was used again)."""
+    import psycopg
+
+    def rows(where: str) -> int:
+        with psycopg.connect(url) as conn:
+            (count,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests WHERE {where}").fetchone() or (0,)
+            return int(count)
+
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "r", *owner(log, 60.0, "one"))
+    wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
+    queued = start(tmp_path, 2, url, "--slot", "r", *owner(log, 0.0, "two"))
+    assert queued.stderr is not None and "waiting, position 1" in queued.stderr.readline()
+    replacing = start(tmp_path, 3, url, "--slot", "r", "--policy", "replace", *owner(log, 0.0, "three"))
+    assert finish(queued)[0] == 5
+    assert rows("state = 'superseded'") == 0
+    assert finish(first)[0] == 6 and finish(replacing)[0] == 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO mpvisor_slots (slot, last_token) VALUES ('left', 1)")
+        conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, token, since, expires) "
+                     "VALUES ('left', 'x', 'h', 1, 'granted', 1, 1, now(), now() - interval '1 s')")
+    assert rows("slot = 'left'") == 1
+    assert finish(start(tmp_path, 4, url, "--slot", "other", "--", "true"))[0] == 0
+    assert rows("true") == 0

@@ -12,11 +12,12 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | request | in the slot's transaction |
 |---|---|
 | any step | expired rows are deleted; with no live owner, the queue's head (least `position`) whose waiter is not known to be dead (`_DEAD`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
+| any request, first | expired rows of every slot are deleted (at most 100, those no other transaction holds) |
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
 | `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
 | renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
-| `release`, `withdraw` | the row is deleted (a withdraw that crossed its grant gives the lease back) |
+| `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
 hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`).
@@ -482,6 +483,11 @@ class PostgresRequest:
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
         conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
+        # ... and expired rows of other slots (a release that failed in an outage, a dead waiter
+        # superseded), which would stay until their slot is used again: an expired row can never
+        # be renewed, so deleting it is safe; rows another transaction holds are left for later
+        conn.execute("DELETE FROM mpvisor_requests WHERE id IN (SELECT id FROM mpvisor_requests WHERE expires <= now() "
+                     "LIMIT 100 FOR UPDATE SKIP LOCKED)")
         live = conn.execute("SELECT id, state, position FROM mpvisor_requests WHERE slot = %s AND state IN "
                             "('queued', 'granted') ORDER BY position", (slot,)).fetchall()
         owner = [row for row in live if row[1] == "granted"]
@@ -528,6 +534,7 @@ class PostgresRequest:
                     self._held = True
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state == "superseded":
+                    self._delete()  # its row goes now, not when it expires
                     return Decision(False, "superseded_by_replace")
                 if listener is None:  # listening from now on, then a look again: no release is missed
                     listener = self._patiently(functools.partial(self._listening, None, True), on_silent)
