@@ -486,3 +486,38 @@ def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_ne
     assert rows("slot = 'left'") == 1
     assert finish(start(tmp_path, 4, url, "--slot", "other", "--", "true"))[0] == 0
     assert rows("true") == 0
+
+
+def test_a_waiter_that_died_while_the_store_was_up_is_skipped_at_once(url: str) -> None:
+    """A waiter's connections close without a withdraw (as when its process is killed: its row
+    stays, its liveness lock goes with its session); when the owner releases, the waiter behind
+    it is granted at once, not once the dead waiter's row, granted to it, expires (TTL 6)."""
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    requests, threads, decided = {}, [], {}
+    for name in ("dead", "next"):
+        queued = threading.Event()
+        requests[name] = request = store.request()
+        thread = threading.Thread(target=lambda n=name, r=request, q=queued: decided.__setitem__(
+            n, r.acquire("s", "queue", n, [], on_queued=lambda *_: q.set())))
+        thread.start()
+        threads.append(thread)
+        assert queued.wait(20)
+    try:
+        requests["dead"].close()  # its connections close; its row stays, as a killed waiter's does
+        threads[0].join(10)
+        released = time.monotonic()
+        holder.release()
+        threads[1].join(10)
+        assert decided["next"].granted and time.monotonic() - released < 3
+    finally:
+        for request in (*requests.values(), holder):
+            request.close()
+        for thread in threads:
+            thread.join(10)
