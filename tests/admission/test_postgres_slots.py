@@ -521,3 +521,36 @@ def test_a_waiter_that_died_while_the_store_was_up_is_skipped_at_once(url: str) 
             request.close()
         for thread in threads:
             thread.join(10)
+
+
+def test_a_drop_is_not_refused_for_a_queue_of_dead_waiters_only(url: str) -> None:
+    """The slot's only queued row is a dead waiter's (its connections closed without a withdraw)
+    and nobody owns it: a `drop` is granted (the dead waiter would be skipped), not refused
+    `slot_busy` until that row expires; with an owner, a drop is still refused."""
+    import threading
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    dead, queued = store.request(), threading.Event()
+    thread = threading.Thread(target=lambda: dead.acquire("s", "queue", "dead", [], on_queued=lambda *_: queued.set()))
+    thread.start()
+    try:
+        assert queued.wait(20)
+        dead.close()  # its row stays, as a killed waiter's does
+        thread.join(10)
+        refused = store.request()
+        assert refused.acquire("s", "drop", "while-held", []).kind == "slot_busy"  # the owner still holds it
+        refused.close()
+        holder.release()
+        dropping = store.request()
+        decision = dropping.acquire("s", "drop", "dropping", [])
+        assert decision.granted, decision
+        dropping.release()
+        dropping.close()
+    finally:
+        holder.close()
+        dead.close()
+        thread.join(10)

@@ -14,7 +14,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | any step | expired rows are deleted; with no live owner, the queue's head (least `position`) whose waiter is not known to be dead (`_DEAD`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
 | any request, first | expired rows of every slot are deleted (at most 100, those no other transaction holds) |
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
-| `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
+| `drop` | refused `slot_busy` if the slot has an owner or a queue (of waiters not known to be dead), else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
 | renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
 | `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back) |
@@ -488,8 +488,9 @@ class PostgresRequest:
         # be renewed, so deleting it is safe; rows another transaction holds are left for later
         conn.execute("DELETE FROM mpvisor_requests WHERE id IN (SELECT id FROM mpvisor_requests WHERE expires <= now() "
                      "LIMIT 100 FOR UPDATE SKIP LOCKED)")
-        live = conn.execute("SELECT id, state, position FROM mpvisor_requests WHERE slot = %s AND state IN "
-                            "('queued', 'granted') ORDER BY position", (slot,)).fetchall()
+        # the owner, and the queued whose waiters are not known to be dead (`step` skips those)
+        live = conn.execute(f"SELECT id, state, position FROM mpvisor_requests r WHERE slot = %s AND (state = 'granted' "
+                            f"OR state = 'queued' AND NOT ({_DEAD})) ORDER BY position", (slot,)).fetchall()
         owner = [row for row in live if row[1] == "granted"]
         queued = [row for row in live if row[1] == "queued"]
         if policy == "drop" and live:
