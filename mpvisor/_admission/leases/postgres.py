@@ -4,26 +4,28 @@ Slots live in two tables of a PostgreSQL database that every host can reach (cre
 use, their version in `mpvisor_meta`): `mpvisor_slots` (one row per slot, its last fencing
 token) and `mpvisor_requests` (one row per request: queued, or the slot's owner). A lease is a
 row, not a connection: it has an expiry on the *database's* clock (`ttl` seconds, renewed every
-`ttl / 3` by its owner), so it survives reconnects and works through a transaction-pooling
+`ttl / 12` by its owner, and every `ttl / 24` while the store does not answer: `store.py`), so it survives reconnects and works through a transaction-pooling
 PgBouncer; a request whose owner stopped renewing is gone once it expires. Every change of a
 slot happens in one transaction that locks the slot's row (`SELECT ... FOR UPDATE`), and then
 notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-read at once.
 
 | request | in the slot's transaction |
 |---|---|
-| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
+| any step | expired rows are deleted; with no live owner, the queue's head (least `position`) whose waiter is not known to be dead (`_DEAD`) is granted: the slot's `last_token` + 1 is its fencing token; its `expires` stays what its own last renewal, on its own host's `ttl`, made it (hosts may give different TTLs) |
+| any request, first | expired rows of every slot are deleted (at most 100, those no other transaction holds) |
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
-| `drop` | refused `slot_busy` if the slot has an owner or a queue, else granted |
+| `drop` | refused `slot_busy` if the slot has an owner or a queue (of waiters not known to be dead), else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
 | renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
-| `release`, `withdraw` | the row is deleted (a withdraw that crossed its grant gives the lease back) |
+| `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
 hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`).
 An owner that cannot renew is told (`on_revoke`), and the controller retires its task; the
 fork server that runs the owner's attempts holds the lease's deadline (a fence, renewed with
-each renewal) and stops the tree half a TTL after the last renewal even if the supervising
-process itself is paused.
+each renewal) and stops the tree two thirds of a TTL after the last renewal even if the
+supervising process itself is paused. A renewal's time is taken before the transaction that
+got through (`_transaction`), not before earlier tries that the store did not answer.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, Decision, LeaseError, Pid, Policy
+from mpvisor._admission.leases.store import (
+    DEFAULT_LEASE_TTL,
+    RENEW_EVERY,
+    SILENT_AFTER,
+    Decision,
+    LeaseError,
+    Pid,
+    Policy,
+    retry_every,
+)
 
 SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
@@ -64,9 +75,38 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 """
 
 
+# A waiter's liveness: while it waits, its listening connection holds a session advisory lock
+# on (_ALIVE_CLASS, its request's id), which the server releases with the session when the
+# waiting process dies (killed, or interrupted while the store was down, so that it could not
+# withdraw), and each of its looks sets its row's `since` (NULL while it does not hold the lock).
+# The head of a queue is granted only if its waiter is not known to be dead (`_DEAD`): it was seen
+# holding the lock, the lock is free now, and it was seen since the server started, or the server
+# has been up long enough for a live waiter to have looked again (a quarter of its own TTL,
+# `expires - since`: it looks every sixth and retries every twenty-fourth). A dead waiter is
+# skipped, not deleted (it expires on its own); through a transaction-pooling PgBouncer the lock
+# may outlive its waiter, which then holds its place until its row expires, as without the lock.
+_ALIVE_CLASS = 1836086899  # 'mpvs'
+_ALIVE_MOD = 2147483647
+_DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
+         f"+ (r.expires - r.since) / 4) AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+         f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
+         f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
+
+
 class Unreachable(LeaseError):
     """The store did not answer (refused, timed out, restarting, or the connection was lost),
     as opposed to answering with a refusal (a wrong password, no such database)."""
+
+
+# What libpq says when the server did not answer (refused, down, restarting, a network that
+# failed): try again later. Anything else it says at connecting is an answer, or a setting it
+# cannot use (a bad port, an unknown URL parameter, an unparsable URL, no password to send):
+# trying again changes nothing, so it is said at once.
+_NOT_ANSWERED = (
+    "connection refused", "timeout expired", "timed out", "no route to host", "network is unreachable",
+    "host is unreachable", "temporary failure in name resolution", "connection reset", "server closed the connection",
+    "could not receive data", "could not send data", "ssl syscall error", "the database system is",
+)
 
 
 def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
@@ -78,9 +118,20 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
-        text = _first_line(exc)
-        answered = "FATAL:" in str(exc) and "the database system is" not in str(exc)
-        raise (LeaseError if answered else Unreachable)(f"cannot connect to the lease store: {text}") from None
+        text = _first_line(exc).replace(url, _redacted(url))  # an unparsable URL is quoted whole
+        # libpq's "connection failed: connection to server at X failed: WHY": WHY first (a line
+        # may be cut short), then where
+        where = re.match(r"(?:connection failed: |connection is bad: )?(connection to server .*?) failed: (.+)$", text)
+        text = f"{where[2]} ({where[1]})" if where else text
+        raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
+
+
+def _not_answered(message: str) -> bool:
+    """libpq's `message` at connecting says the server did not answer (`_NOT_ANSWERED`; a Unix
+    socket that is not there: the server is not running), not that it refused or that a setting is wrong."""
+    lowered = message.lower()
+    return (any(words in lowered for words in _NOT_ANSWERED)
+            or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -142,7 +193,9 @@ class PostgresStore:
     def __init__(self, url: str, ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.url = url
         self.ttl = ttl
-        self.interval = ttl / 6  # renewals, and looks of a waiting request, at least this often
+        self.interval = ttl / 6  # looks of a waiting request at least this often
+        self.renew_every = ttl * RENEW_EVERY  # an owner's renewals
+        self.retry = retry_every(ttl)  # a statement the store did not answer is tried again this often
         self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
         # ... and on the server's side: a transaction whose client stopped (paused, cut off) is
         # ended, so that its locks never hold up another host's (SET LOCAL: one transaction's
@@ -217,28 +270,56 @@ class PostgresStore:
             if row is None:
                 conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
-                raise LeaseError(f"the lease store's schema is version {row[0]!r}; this mpvisor reads version {SCHEMA_VERSION}")
+                raise _newer_schema(row[0])
 
     def request(self) -> PostgresRequest:
         return PostgresRequest(self)
 
     def holdings(self, timeout: float) -> list[dict[str, Any]]:
-        conn = self.connect()
+        """Who holds what, read within `timeout` s in all (the connection too: libpq's own connect
+        timeout is at least 2 s, per address), on a thread of its own that is left behind if the
+        store does not answer. Only reads: a database without mpvisor's tables holds nothing
+        (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
+        done: list[Any] = []
+        reader = threading.Thread(target=lambda: done.append(self._read_holdings(timeout)),
+                                  name="mpvisor-lease-holdings", daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not done:
+            raise LeaseError(f"{self.name} did not answer within {timeout:g} s")
+        if isinstance(done[0], LeaseError):
+            raise done[0]
+        views: list[dict[str, Any]] = done[0]
+        return views
+
+    def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
+        try:
+            conn = _connect(self.url, timeout, autocommit=True)
+        except LeaseError as exc:
+            return exc
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
             with _Deadline(conn, timeout):
+                if conn.execute("SELECT to_regclass('mpvisor_requests') IS NULL").fetchone()[0]:
+                    return []  # no mpvisor's tables here: nothing is held
+                version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+                if version is not None and version[0] != str(SCHEMA_VERSION):
+                    return _newer_schema(version[0])
                 rows = conn.execute(
                     "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
                     "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
-        except LeaseError:
-            raise
-        except Exception as exc:  # not answered in time, or the connection lost
-            raise LeaseError(f"{self.name} did not answer: {_first_line(exc)}") from None
+        except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
+            if unreachable(exc):
+                return LeaseError(f"{self.name} did not answer: {_first_line(exc)}")
+            return LeaseError(f"{self.name}: {_first_line(exc)}")
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            slot, state, name, host, pid, since, token, revoke = _checked_row(row)
+        try:
+            checked = [_checked_row(row) for row in rows]
+        except LeaseError as exc:
+            return exc
+        for slot, state, name, host, pid, since, token, revoke in checked:
             view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
             if state == "granted":
                 view["owner"] = {"pid": pid, "name": name, "host": host, "since": since, "token": token}
@@ -256,7 +337,7 @@ class PostgresStore:
         owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
         if owner is not None:
             return bool(expired)
-        head = conn.execute("SELECT id FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
+        head = conn.execute(f"SELECT id FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' AND NOT ({_DEAD}) "
                             "ORDER BY position LIMIT 1", (slot,)).fetchone()
         if head is None:
             return bool(expired)
@@ -270,6 +351,10 @@ class PostgresStore:
     def lock(self, conn: Any, slot: str) -> None:
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
         conn.execute("SELECT 1 FROM mpvisor_slots WHERE slot = %s FOR UPDATE", (slot,))
+
+
+def _newer_schema(version: str) -> LeaseError:
+    return LeaseError(f"the lease store's schema is version {version!r}; this mpvisor reads version {SCHEMA_VERSION}")
 
 
 def _checked_row(row: Any) -> tuple[str, str, str, str, int, float, int | None, bool]:
@@ -296,13 +381,15 @@ class PostgresRequest:
         self._held = False
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
+        self._alive = False  # the listener holds this waiter's liveness lock (`_listening`)
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
 
-    def _in_slot(self, work: Callable[[], Any], changes: bool = True) -> Any:
+    def _in_slot(self, work: Callable[[], Any], changes: bool = True) -> tuple[float, Any]:
         """`work()` in the slot's locked transaction, then a step of the slot; the slot's
-        listeners are notified when the work `changes` the slot (a look does not) or the step did."""
+        listeners are notified when the work `changes` the slot (a look does not) or the step did.
+        As `_transaction`: when the transaction that got through began, and the work's result."""
         def in_slot() -> Any:
             self.store.lock(self.conn, self.slot)
             result = work()
@@ -321,29 +408,35 @@ class PostgresRequest:
                 except Exception:
                     pass
 
-    def _transaction(self, work: Callable[[], Any]) -> Any:
+    def _transaction(self, work: Callable[[], Any]) -> tuple[float, Any]:
         """`work()` in one transaction on this request's connection, within the store's
-        `op_timeout`. A connection the server closed (it restarted, `pg_terminate_backend`, or a
-        statement timed out) is opened again and the work tried once more: nothing of the failed
-        transaction was committed."""
+        `op_timeout`; the `time.monotonic()` before that transaction began (its `now()`, which a
+        renewal's expiry counts from, is later), and the work's result. A connection the server
+        closed (it restarted, `pg_terminate_backend`, or a statement timed out) is opened again
+        and the work tried once more: nothing of the failed transaction was committed."""
         with self._lock:
             for last in (False, True):
                 if self.conn is None or self.conn.broken or self.conn.closed:
                     self.conn = self.store.connect()
+                began = time.monotonic()
                 try:
                     with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
                         self.conn.execute(self.store.bounds)
-                        return work()
+                        return began, work()
                 except Exception:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
                         raise
+        raise AssertionError("the second try returns or raises")
 
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[], None] | None) -> Any:
-        """`work()` until the store answers it: while it is unreachable, `on_silent()` (once per
-        request) and tries again (at most every second), until the request is withdrawn (`_Withdrawn`)."""
+        """`work()` until the store answers it: while it is unreachable, tries again (every
+        `retry`), until the request is withdrawn (`_Withdrawn`); once it has not answered for
+        `SILENT_AFTER` s (counted from the first try it did not answer), `on_silent()`, once per request."""
+        silent_since: float | None = None
         while True:
             if self._closed.is_set() or self._withdrawn:
                 raise _Withdrawn()
+            tried = time.monotonic()
             try:
                 return work()
             except Exception as exc:
@@ -351,10 +444,12 @@ class PostgresRequest:
                     raise _Withdrawn() from None
                 if not unreachable(exc):
                     raise
-                if not self._told_silent and on_silent is not None:
+                silent_since = tried if silent_since is None else silent_since
+                if (not self._told_silent and on_silent is not None
+                        and time.monotonic() - silent_since >= SILENT_AFTER):
                     self._told_silent = True
                     on_silent()
-                self._closed.wait(min(1.0, self.store.interval))
+                self._closed.wait(self.store.retry)
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
@@ -362,12 +457,21 @@ class PostgresRequest:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
         def submit() -> Decision | None:
-            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid)),
+            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid))[1],
                                                        on_silent)
             return refused
 
         try:
-            refused = submit()
+            if policy == "drop":  # never waits, not even for a store that does not answer: a run
+                try:             # from cron must not pile up behind an outage (nothing runs: as busy)
+                    refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))[1]
+                except Exception as exc:
+                    if self._closed.is_set() or self._withdrawn or not unreachable(exc):
+                        raise
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
+                                                               f"({_first_line(exc)}); a drop does not wait")
+            else:
+                refused = submit()
             if refused is not None:
                 return refused
             return self._wait(on_queued, on_silent, submit)
@@ -379,8 +483,14 @@ class PostgresRequest:
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
         conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
-        live = conn.execute("SELECT id, state, position FROM mpvisor_requests WHERE slot = %s AND state IN "
-                            "('queued', 'granted') ORDER BY position", (slot,)).fetchall()
+        # ... and expired rows of other slots (a release that failed in an outage, a dead waiter
+        # superseded), which would stay until their slot is used again: an expired row can never
+        # be renewed, so deleting it is safe; rows another transaction holds are left for later
+        conn.execute("DELETE FROM mpvisor_requests WHERE id IN (SELECT id FROM mpvisor_requests WHERE expires <= now() "
+                     "LIMIT 100 FOR UPDATE SKIP LOCKED)")
+        # the owner, and the queued whose waiters are not known to be dead (`step` skips those)
+        live = conn.execute(f"SELECT id, state, position FROM mpvisor_requests r WHERE slot = %s AND (state = 'granted' "
+                            f"OR state = 'queued' AND NOT ({_DEAD})) ORDER BY position", (slot,)).fetchall()
         owner = [row for row in live if row[1] == "granted"]
         queued = [row for row in live if row[1] == "queued"]
         if policy == "drop" and live:
@@ -410,8 +520,9 @@ class PostgresRequest:
         try:
             told = -1
             while True:
-                renewed = time.monotonic()  # before the look that may see (and renew) the grant
-                state, position, owner, token = self._patiently(self._look, on_silent)
+                # `renewed`: before the look that got through (and renewed a grant it saw), not before
+                # the tries the store did not answer (a grant's fence counts from it)
+                renewed, (state, position, owner, token) = self._patiently(self._look, on_silent)
                 if self._withdrawn:
                     return Decision(False, "withdrawn")
                 if state is None:  # expired while this host could not renew it: queue again
@@ -424,26 +535,30 @@ class PostgresRequest:
                     self._held = True
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state == "superseded":
+                    self._delete()  # its row goes now, not when it expires
                     return Decision(False, "superseded_by_replace")
                 if listener is None:  # listening from now on, then a look again: no release is missed
-                    listener = self._patiently(functools.partial(self._listening, None), on_silent)
+                    listener = self._patiently(functools.partial(self._listening, None, True), on_silent)
                     continue
                 if position != told and on_queued is not None:
                     on_queued(position, owner)
                     told = position
-                listener = self._patiently(functools.partial(self._listened, listener), on_silent)
+                listener = self._patiently(functools.partial(self._listened, listener, None, True), on_silent)
         finally:
             if listener is not None:
                 listener.close()
 
-    def _look(self) -> tuple[str | None, int, dict[str, Any] | None, int | None]:
-        """This request's state, its place in the queue, the owner and its token, after a step
+    def _look(self) -> tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]]:
+        """When the look's transaction began, and this request's state, its place in the queue, the owner and its token, after a step
         of the slot (which grants the head once an owner's lease expired); its own row renewed
-        (a row that expired is gone: `_wait` submits the request again)."""
+        (a row that expired is gone: `_wait` submits the request again). A queued row's `since`
+        says when its waiter was last seen holding its liveness lock (NULL: not known to hold it;
+        `PostgresStore.step` skips a waiter known to have died)."""
         def look() -> tuple[str | None, int, dict[str, Any] | None, int | None]:
             conn = self.conn
-            conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) "
-                         "WHERE id = %s AND expires > now()", (self.store.ttl, self.id))
+            conn.execute("UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s), since = CASE "
+                         "WHEN state <> 'queued' THEN since WHEN %s THEN now() END WHERE id = %s AND expires > now()",
+                         (self.store.ttl, self._alive_now(), self.id))
             row = conn.execute("SELECT state, position, token FROM mpvisor_requests WHERE id = %s AND expires > now()",
                                (self.id,)).fetchone()
             if row is None:
@@ -454,7 +569,7 @@ class PostgresRequest:
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
             seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
             return row[0], int(ahead) + 1, seen, row[2]
-        result: tuple[str | None, int, dict[str, Any] | None, int | None] = self._in_slot(look, changes=False)
+        result: tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]] = self._in_slot(look, changes=False)
         return result
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
@@ -464,62 +579,74 @@ class PostgresRequest:
 
     def _renew(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None,
                on_lost: Callable[[], None] | None) -> None:
-        """While held: move the expiry at least every `interval`, and at once when the slot's
-        channel says something changed, each success told (`on_renewed`); a revoke asked is told
-        once; a lease found expired is lost (`on_lost`, then no more renewals: it cannot come back)."""
+        """While held: move the expiry every `renew_every`, and at once when the slot's channel
+        says something changed, each success told (`on_renewed`, with the time before the
+        transaction that got through); while the store does not answer, try again every `retry`
+        (`store.py`: the renewal margin); a revoke asked is told once; a lease found expired is
+        lost (`on_lost`, then no more renewals: it cannot come back)."""
         ttl = self.store.ttl
         revoked = False
         listener: Any = None
         try:
             while not self._closed.is_set():
-                renewed = time.monotonic()  # before the statement: the lease lives at least ttl past it
                 try:
-                    row = self._transaction(lambda: self.conn.execute(
+                    renewed, row = self._transaction(lambda: self.conn.execute(
                         "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
                         "AND state = 'granted' AND expires > now() RETURNING revoke", (ttl, self.id)).fetchone())
                 except Exception:
                     if self._closed.is_set():
                         return
-                    row = (False,)  # not reachable this time: the fence's deadline comes closer
-                    renewed = -1.0
+                    self._closed.wait(self.store.retry)  # not reachable this time: the fence's deadline comes closer
+                    continue
                 if row is None:
                     if self._held and on_lost is not None:  # not a row this owner released itself
                         on_lost()
                     return
-                if renewed >= 0 and on_renewed is not None:
+                if on_renewed is not None:
                     on_renewed(renewed, ttl)
                 if row[0] and not revoked:
                     revoked = True
                     on_revoke()
                 try:
-                    listener = self._listened(listener)
+                    listener = self._listened(listener, self.store.renew_every)
                 except Exception:
                     if listener is not None:
                         listener.close()
                     listener = None
-                    self._closed.wait(min(1.0, self.store.interval))
+                    self._closed.wait(self.store.retry)
         finally:
             if listener is not None:
                 listener.close()
 
-    def _listening(self, listener: Any) -> Any:
-        """`listener` if it still listens to the slots' channel, else a new listener. A store
-        that cannot be reached raises."""
+    def _listening(self, listener: Any, waiter: bool = False) -> Any:
+        """`listener` if it still listens to the slots' channel, else a new listener; a
+        `waiter`'s also holds the request's liveness lock (`_ALIVE`: a session advisory lock,
+        which the server drops with the session when the waiting process dies). A store that
+        cannot be reached raises."""
         if listener is None or listener.broken or listener.closed:
             if listener is not None:
                 listener.close()
+            self._alive = False
             listener = self._listener = self.store.connect(autocommit=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
+                if waiter and self.id is not None:
+                    (self._alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                                      (self.id,)).fetchone()
         return listener
 
-    def _listened(self, listener: Any) -> Any:
-        """Wait for a notification about this request's slot, at most `interval`; the listener
+    def _alive_now(self) -> bool:
+        """This waiter's listener holds its liveness lock, as far as this side knows."""
+        listener = self._listener
+        return self._alive and listener is not None and not listener.broken and not listener.closed
+
+    def _listened(self, listener: Any, timeout: float | None = None, waiter: bool = False) -> Any:
+        """Wait for a notification about this request's slot, at most `timeout` (else `interval`); the listener
         to use next (a new one if there was none or the server closed it: the caller's next look
         sees what it missed). A store that cannot be reached raises."""
-        listener = self._listening(listener)
+        listener = self._listening(listener, waiter)
         try:
-            for notify in listener.notifies(timeout=self.store.interval):
+            for notify in listener.notifies(timeout=self.store.interval if timeout is None else timeout):
                 if notify.payload == self.slot:
                     break
             return listener

@@ -30,9 +30,12 @@ processes: what keeps a lease held when its owner can no longer say so.
 
 A lease that expires unless renewed (a store across hosts) is *fenced*: `fence_times` turns each
 renewal into deadlines that the owner's launcher keeps (`_launchers/seam.py`, `Fence`): the
-trees are stopped half a TTL after the last renewal and killed at most a quarter TTL later, so
-they are gone a quarter TTL before the lease can expire, and a store unreachable for less than
-half a TTL (the *renewal margin*) changes nothing.
+trees are stopped two thirds of a TTL after the last renewal and killed at most a twelfth of a
+TTL later, so they are gone a quarter TTL before the lease can expire. The owner renews every
+`RENEW_EVERY` of the TTL and, while the store does not answer, tries again every `RETRY_EVERY`
+of it (at most a second apart), so a store that is back within half a TTL (the *renewal
+margin*) is renewed at the latest 1/2 + 1/12 + 1/24 = 5/8 of a TTL after the last renewal,
+before the fence is reached at 2/3 (`renewal_margin` says how much it holds).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ from mpvisor._model.outcome import RejectionKind
 Policy = Literal["queue", "replace", "drop"]
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
 MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
+RENEW_EVERY = 1 / 12  # of the TTL: an owner renews its lease this often
+RETRY_EVERY = 1 / 24  # of the TTL (at most a second): a renewal, or a look, that failed is tried again this often
+FENCE_STOP = 2 / 3  # of the TTL after the last renewal: the owner's trees are stopped (SIGTERM) ...
+FENCE_KILL = 3 / 4  # ... and killed by then at the latest (the grace, if shorter): gone before the lease can expire
 SILENT_AFTER = 2.0  # seconds without any answer to a lease request before the waiting owner says so
 
 # The one mapping between the controller's words and a store's (the slot server's protocol uses these strings).
@@ -130,10 +137,22 @@ class LeaseStore(Protocol):
 
 def fence_times(renewed: float, ttl: float, grace: float) -> tuple[float, float]:
     """When an owner's trees are stopped and killed, for a lease renewed at `renewed` (monotonic)
-    that lives `ttl` s past it: stopped after half the TTL, killed after the `grace` of the
-    owner's supervisor or a quarter of the TTL, whichever is less. Pure."""
-    stop_at = renewed + ttl / 2
-    return stop_at, stop_at + min(grace, ttl / 4)
+    that lives `ttl` s past it: stopped after `FENCE_STOP` of the TTL, killed after the `grace`
+    of the owner's supervisor or at `FENCE_KILL` of the TTL, whichever is sooner. Pure."""
+    stop_at = renewed + ttl * FENCE_STOP
+    return stop_at, stop_at + min(grace, ttl * (FENCE_KILL - FENCE_STOP))
+
+
+def retry_every(ttl: float) -> float:
+    """How long an owner (or a waiter) waits before it tries a store that did not answer again. Pure."""
+    return min(1.0, ttl * RETRY_EVERY)
+
+
+def renewal_margin(ttl: float) -> float:
+    """How long a store may be down (refusing, restarting) without the fence being reached: the
+    fence's stop, less the longest a renewal may wait to be due and to be retried. At least half
+    the TTL (the documented promise). Pure."""
+    return ttl * (FENCE_STOP - RENEW_EVERY) - retry_every(ttl)
 
 
 def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
