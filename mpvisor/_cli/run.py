@@ -45,7 +45,7 @@ its tree is reaped.
 | replaced in the queue by a `--policy replace` | exits 5, nothing ran |
 | a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
 | busy past `--wait-timeout SECONDS` | leaves the queue; exits 3, nothing ran (as `--policy drop` would at once) |
-| `--slots URL`: the lease cannot be renewed in time (the store unreachable for half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
+| `--slots URL`: the lease cannot be renewed in time (the store unreachable for more than half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
 | Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone |
