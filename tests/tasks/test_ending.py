@@ -214,13 +214,15 @@ def test_a_result_reported_before_its_fence_stands():
 
 
 @pytest.mark.parametrize("renewed, ttl, grace, expected", [
-    (100.0, 15.0, 10.0, (107.5, 111.25)),  # the grace is longer than a quarter TTL: the TTL bounds the kill
-    (100.0, 15.0, 1.0, (107.5, 108.5)),
-    (0.0, 2.0, 0.0, (1.0, 1.0)),  # grace 0: killed at once
+    (100.0, 15.0, 10.0, (110.0, 111.25)),  # stopped at 2/3 of the TTL; a grace longer than 1/12 of it: the TTL bounds the kill
+    (100.0, 15.0, 1.0, (110.0, 111.0)),
+    (0.0, 2.0, 0.0, (4 / 3, 4 / 3)),  # grace 0: killed at once
 ])
 def test_fence_times_keep_the_stop_and_the_kill_inside_the_ttl(renewed, ttl, grace, expected):
+    """The stop comes after half the TTL (a store down for less than that changes nothing), the
+    kill by 3/4 of it (a quarter of the TTL left before the lease can expire)."""
     from mpvisor._admission.leases.store import fence_times
 
     stop_at, kill_at = fence_times(renewed, ttl, grace)
-    assert (stop_at, kill_at) == expected
+    assert (stop_at, kill_at) == pytest.approx(expected)
     assert renewed + ttl / 2 <= stop_at <= kill_at <= renewed + ttl * 3 / 4

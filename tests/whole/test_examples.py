@@ -242,7 +242,7 @@ def test_the_services_file_starts_in_order_answers_status_and_stops_dependents_f
             return None
         found = {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
         ready = found["db"]["ready"] and found["api"]["ready"] and found["api"]["status"] == "serving"
-        return found if ready and found["job"]["state"] in ("backoff", "running") else None
+        return found if ready and found["job"]["state"] in ("scheduled", "running") else None
 
     try:
         wait_for(rows, timeout=30)
