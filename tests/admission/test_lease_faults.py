@@ -84,6 +84,7 @@ def test_an_owner_killed_outright_holds_the_slot_no_longer_than_its_lease(tmp_pa
     assert two and two[0] > gone_at
 
 
+@pytest.mark.slow  # the outage test below (a longer stop, an owner and a waiter) checks this in the default run
 def test_a_server_restart_shorter_than_the_renewal_margin_changes_nothing(tmp_path: Any) -> None:
     """PostgreSQL restarts (every connection closed) while host 1 owns the slot and host 2
     waits: host 1 renews again once it is back and completes, host 2 keeps waiting and then
@@ -135,6 +136,7 @@ def test_an_outage_shorter_than_half_a_ttl_changes_nothing_for_the_owner_or_its_
         server.cleanup()
 
 
+@pytest.mark.slow  # test_postgres_slots' dead-waiter tests check the skip in the default run; this adds the store's outage
 def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any) -> None:
     """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
     SIGKILLed meanwhile (it cannot leave the queue), and the server starts again. Once the

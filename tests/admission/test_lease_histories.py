@@ -47,6 +47,7 @@ def run_as(tmp_path: Any, url: str, n: int, log: Any, hold: float, *options: str
     return start_host(tmp_path, n % HOSTS, url, "--slot", "h", *options, *owner(log, hold, f"r{n}"))
 
 
+@pytest.mark.slow  # a longer history: test_postgres_slots' queued runs on five hosts check FIFO in the default run
 def test_twelve_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path: Any, url: str) -> None:
     log = tmp_path / "owners.log"
     holder = run_as(tmp_path, url, 0, log, 60.0)
@@ -64,6 +65,7 @@ def test_twelve_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path:
     assert all(r.status == 0 for r in runs[1:]), runs
 
 
+@pytest.mark.slow  # a longer history: test_postgres_slots' drop-and-replace test checks replace in the default run
 def test_fifteen_replacing_runs_from_five_hosts_keep_one_owner_and_tokens_in_order(tmp_path: Any, url: str) -> None:
     """A run stopped by a replacement exits 6 whether or not its command had begun (it was
     granted the slot): for those the log may or may not show a start."""
@@ -92,6 +94,7 @@ def _one_owner_left(alive: dict[str, subprocess.Popen[str]], log: Any) -> bool:
     return len(running) == 1 and started(log, running[0])
 
 
+@pytest.mark.slow  # a longer history: test_postgres_slots' drop-and-replace test checks drop in the default run
 def test_fifteen_dropping_runs_from_five_hosts_run_one_at_a_time_or_not_at_all(tmp_path: Any, url: str) -> None:
     log = tmp_path / "owners.log"
     runs: list[Run] = []

@@ -399,6 +399,7 @@ def test_a_programs_output_on_ray_reaches_the_runs_streams_whole_and_unprefixed(
         "err", "mpvisor: sh: failed reason='program exited with status 3' exit_code=3 attempts=1"], done.stderr[-2000:]
 
 
+@pytest.mark.slow  # the `mpvisor run --ray` test of an address nobody answers at checks this path in the default run
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
     """In a process not yet connected to Ray, `127.0.0.1:1` (where `ray.init` itself retries for
     minutes, its core printing warnings) makes management calls raise ConfigError at

@@ -594,7 +594,7 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
     to stop and still in its grace is `stopping` (it showed `running`)."""
     run.write("""
         [defaults]
-        grace = 3
+        grace = 2
 
         [task.one]
         command = ["sleep", "30"]
@@ -619,7 +619,7 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
     stopping = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping", timeout=2.5)
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping", timeout=1.5)
         out, err = stopping.communicate(timeout=20)
         assert (stopping.returncode, out) == (0, "stubborn: stopped\n"), err
     finally:
