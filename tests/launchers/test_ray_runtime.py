@@ -188,6 +188,7 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypa
         await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
 
 
+@pytest.mark.slow  # an efficiency property (no idle agent), not a safety one: placement is checked in the default run
 async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_placed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice as many one-CPU attempts as the cluster has CPUs, added at once: an agent whose
     attempt ended while others still waited for an agent to be placed is closed at once, not
