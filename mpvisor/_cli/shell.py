@@ -208,8 +208,6 @@ def _label_of(stream: IO[str]) -> str:
     return "stderr" if stream is sys.__stderr__ else "stdout"
 
 
-
-
 def _is_open(fd: int) -> bool:
     try:
         os.fstat(fd)
