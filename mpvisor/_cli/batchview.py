@@ -168,6 +168,14 @@ class BatchView:
         self.tracker.forget(result.name)
 
 
+def attempt_failed_text(event: Event, attempt: int) -> str:
+    """What a line says of an `ATTEMPT_FAILED` or `ATTEMPT_TIMED_OUT` event: `attempt 2 failed:
+    REASON`, `attempt 2 timed out after 1 s` (a file run's lines, `mpvisor run`'s retry lines)."""
+    if event.kind is EventKind.ATTEMPT_TIMED_OUT:
+        return f"attempt {attempt} timed out" + (f" after {event.timeout:g} s" if event.timeout else "")
+    return f"attempt {attempt} failed: {shorten(event.reason or 'failed')}"
+
+
 def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None, str | None]:
     """The row after `event`, and the plain line telling it (None, None: nothing to show)."""
     replace = dataclasses.replace
@@ -181,11 +189,8 @@ def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None,
             return replace(row, state="ready"), f"attempt {attempt} ready{how}"
         case EventKind.ATTEMPT_SUCCEEDED:
             return replace(row, last=f"attempt {attempt} succeeded"), None
-        case EventKind.ATTEMPT_FAILED:
-            text = f"attempt {attempt} failed: {shorten(event.reason or 'failed')}"
-            return replace(row, last=text), text
-        case EventKind.ATTEMPT_TIMED_OUT:
-            text = f"attempt {attempt} timed out" + (f" after {event.timeout:g} s" if event.timeout else "")
+        case EventKind.ATTEMPT_FAILED | EventKind.ATTEMPT_TIMED_OUT:
+            text = attempt_failed_text(event, attempt)
             return replace(row, last=text), text
         case EventKind.ATTEMPT_CANCELED:
             return replace(row, last=f"attempt {attempt} canceled"), None

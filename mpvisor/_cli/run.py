@@ -112,7 +112,7 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import take_stdout, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import REASON_MAX, Event, EventKind, shorten
+from mpvisor._model.events import REASON_MAX, Event, EventKind
 from mpvisor._model.outcome import (
     FAILURES,
     OutcomeKind,
@@ -386,13 +386,13 @@ class _RetriedAttempts:
                 self._say(failed, event.delay or 0.0)
 
     def _say(self, failed: Event, delay: float) -> None:
-        if failed.kind is EventKind.ATTEMPT_TIMED_OUT:
-            what = "timed out" + (f" after {failed.timeout:g} s" if failed.timeout else "")
-        else:
-            what = f"failed: {shorten(failed.reason or 'failed')}"
+        from mpvisor._cli.batchview import (
+            attempt_failed_text,  # the file run's words (not on a run's start-up path)
+        )
+
         shown = uncaught_traceback(failed.reason, failed.traceback)
         text = "" if shown is None else shown + "\n"
-        text += f"mpvisor: {self.task}: attempt {failed.attempt} {what}; retry in {duration(delay)}\n"
+        text += f"mpvisor: {self.task}: {attempt_failed_text(failed, failed.attempt or 0)}; retry in {duration(delay)}\n"
         sys.stderr.write(text)
         sys.stderr.flush()
 
