@@ -39,6 +39,7 @@ from mpvisor._cli.shell import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from mpvisor._model.spec import TaskSpec
@@ -158,8 +159,9 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`mpvisor ...`: returns the exit status, or dies by the signal that interrupted it.
+def main(argv: list[str] | None = None, imported: Callable[[], None] | None = None) -> int:
+    """`mpvisor ...`: returns the exit status, or dies by the signal that interrupted it;
+    `imported` is called once the command's modules are imported, before it runs.
 
     Output that cannot be written (stdout or stderr full, closed or gone) is never a traceback:
     `shell.guarded_output` records it, the run then does not succeed (status 1 instead of 0)
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     with guarded_output():
         try:
             args, _ = parse(list(sys.argv[1:] if argv is None else argv))
+            if imported is not None:
+                imported()
             status: int = args.handler.run(args)
         except KeyboardInterrupt:  # a SIGINT before a run took over SIGINT, or after it let go
             status = -signal.SIGINT

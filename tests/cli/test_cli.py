@@ -543,3 +543,30 @@ def test_a_command_imports_only_what_it_runs(tmp_path, argv, expected):
                           timeout=30)
     *_, imported, started_with = done.stderr.strip().splitlines()  # two lists, the second often empty
     assert imported == repr([m for m in expected if m not in ast.literal_eval(started_with)]), done.stderr
+
+
+def test_the_command_imports_without_the_collector_and_runs_with_it(tmp_path):
+    """The console script imports the command's modules with the garbage collector off; the
+    command itself runs (here a real `run -- true`) with it on again and those modules frozen
+    out of its collections, so a long run still collects its cycles."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import gc, sys\n"
+        "from mpvisor._cli import run as command\n"
+        "add_arguments, run = command.add_arguments, command.run\n"
+        "def while_parsing(parser):\n"
+        "    print('importing: collector on', gc.isenabled(), flush=True)\n"
+        "    add_arguments(parser)\n"
+        "def running(args):\n"
+        "    print('running: collector on', gc.isenabled(), 'frozen', gc.get_freeze_count() > 1000, flush=True)\n"
+        "    return run(args)\n"
+        "command.add_arguments, command.run = while_parsing, running\n"
+        "sys.argv = ['mpvisor', 'run', '--', 'true']\n"
+        "from mpvisor._cli.entry import cli\n"
+        "cli()\n"
+    )
+    done = subprocess.run([sys.executable, str(driver)], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          encoding="utf-8", timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["importing: collector on False", "running: collector on True frozen True"]
+    assert outcome_line(done.stderr).startswith("mpvisor: true: completed")
