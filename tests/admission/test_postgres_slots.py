@@ -324,7 +324,7 @@ def test_a_store_that_does_not_answer_is_said_to_be_silent_after_two_seconds_not
         began, said = time.monotonic(), threading.Event()
         told: list[float] = []
         thread = threading.Thread(target=request.acquire, args=("s", "queue", "silent", []),
-                                  kwargs={"on_silent": lambda: (told.append(time.monotonic()), said.set())})
+                                  kwargs={"on_silent": lambda why: (told.append(time.monotonic()), said.set())})
         thread.start()
         try:
             assert said.wait(10)
@@ -372,6 +372,45 @@ def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
             run.kill()
             run.wait()
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_path: Any, url: str) -> None:
+    """A role at its connection limit ("too many connections for role"): a run that cannot get
+    in waits, as for a store that does not answer, and after 2 s says why; once connections end
+    it gets in and runs. (It ended at once, status 1, nothing run: a deploy script that starts
+    runs faster than the server's limit allows failed.)"""
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_capped LOGIN CONNECTION LIMIT 2; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        database = conn.info.dbname
+        conn.execute(f"ALTER DATABASE {database} OWNER TO mpvisor_capped")
+    capped = url.replace("postgresql://postgres:@", "postgresql://mpvisor_capped@", 1)
+    assert capped != url, url
+    assert finish(start(tmp_path, 0, capped, "--slot", "s", "--", "true"), timeout=30)[0] == 0  # its schema made
+    held = [psycopg.connect(capped) for _ in range(2)]  # the role's whole limit
+    run = start(tmp_path, 1, capped, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        assert wait_for(lambda: any("has let no connection in for 2 s" in line for line in lines), timeout=20), lines
+        assert run.poll() is None and not (tmp_path / "ran").exists(), lines
+        said = next(line for line in lines if "has let no connection in" in line)
+        assert 'too many connections for role "mpvisor_capped"' in said and "still waiting" in said, said
+    finally:
+        for conn in held:
+            conn.close()
+    try:
+        assert run.wait(timeout=30) == 0, lines
+    finally:
+        run.kill()
+        reader.join(10)
+    assert (tmp_path / "ran").exists(), lines
+    assert not any("Traceback" in line for line in lines), lines
 
 
 def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_path: Any, url: str) -> None:

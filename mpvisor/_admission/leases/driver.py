@@ -135,8 +135,8 @@ class LeaseDriver:
             self._heard = True
             loop.call_soon_threadsafe(self._on_queued, queued_text(slot, position, owner))
 
-        def silent() -> None:
-            loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot))
+        def silent(why: str | None) -> None:
+            loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot, why))
 
         try:
             if self._preparing is not None:

@@ -324,8 +324,8 @@ class LeaseClient:
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[], None] | None = None) -> Decision:
-        """Ask for `slot`'s lease and wait for the decision; `on_silent()` once if the server
+                on_silent: Callable[[str | None], None] | None = None) -> Decision:
+        """Ask for `slot`'s lease and wait for the decision; `on_silent(None)` once if the server
         has said nothing at all after `SILENT_AFTER` s (the wait goes on)."""
         request = {"t": "submit", "req": self._req, "slot": slot, "policy": policy, "name": name,
                    "pids": [list(p) for p in pids]}
@@ -344,7 +344,7 @@ class LeaseClient:
                     self._sock.settimeout(None)
                 if silent and not self._closed:
                     assert on_silent is not None
-                    on_silent()
+                    on_silent(None)
                     continue
             if message is None and self._closed:
                 return Decision(False, "withdrawn")  # we left the queue ourselves

@@ -126,7 +126,7 @@ class MemoryRequest:
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[], None] | None = None) -> Decision:
+                on_silent: Callable[[str | None], None] | None = None) -> Decision:
         """Decided at once, or when the owner before it releases (this store never goes silent)."""
         self.slot, self.name, self.admission, self.on_queued = slot, name, POLICIES[policy], on_queued
         self.holder_pid = pids[0].pid if pids else 0

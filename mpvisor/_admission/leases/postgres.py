@@ -95,18 +95,25 @@ _DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now
 
 class Unreachable(LeaseError):
     """The store did not answer (refused, timed out, restarting, or the connection was lost),
-    as opposed to answering with a refusal (a wrong password, no such database)."""
+    or is at its connection limit (`at_capacity`), as opposed to answering with a refusal (a
+    wrong password, no such database): try again later."""
+
+    def __init__(self, message: str, at_capacity: bool = False) -> None:
+        super().__init__(message)
+        self.at_capacity = at_capacity
 
 
 # What libpq says when the server did not answer (refused, down, restarting, a network that
-# failed): try again later. Anything else it says at connecting is an answer, or a setting it
-# cannot use (a bad port, an unknown URL parameter, an unparsable URL, no password to send):
-# trying again changes nothing, so it is said at once.
+# failed), or answered that it is at its connection limit (for every client or for the role:
+# the next connection that ends lets one in): try again later. Anything else it says at
+# connecting is an answer, or a setting it cannot use (a bad port, an unknown URL parameter, an
+# unparsable URL, no password to send): trying again changes nothing, so it is said at once.
 _NOT_ANSWERED = (
     "connection refused", "timeout expired", "timed out", "no route to host", "network is unreachable",
     "host is unreachable", "temporary failure in name resolution", "connection reset", "server closed the connection",
     "could not receive data", "could not send data", "ssl syscall error", "the database system is",
 )
+_AT_CAPACITY = ("too many clients already", "too many connections for", "remaining connection slots are reserved")
 
 
 def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
@@ -123,6 +130,8 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         # may be cut short), then where
         where = re.match(r"(?:connection failed: |connection is bad: )?(connection to server .*?) failed: (.+)$", text)
         text = f"{where[2]} ({where[1]})" if where else text
+        if any(words in str(exc).lower() for words in _AT_CAPACITY):
+            raise Unreachable(f"cannot connect: {text}", at_capacity=True) from None
         raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
 
 
@@ -428,10 +437,11 @@ class PostgresRequest:
                         raise
         raise AssertionError("the second try returns or raises")
 
-    def _patiently(self, work: Callable[[], Any], on_silent: Callable[[], None] | None) -> Any:
+    def _patiently(self, work: Callable[[], Any], on_silent: Callable[[str | None], None] | None) -> Any:
         """`work()` until the store answers it: while it is unreachable, tries again (every
         `retry`), until the request is withdrawn (`_Withdrawn`); once it has not answered for
-        `SILENT_AFTER` s (counted from the first try it did not answer), `on_silent()`, once per request."""
+        `SILENT_AFTER` s (counted from the first try it did not answer), `on_silent(why)`, once
+        per request (`why`: the server's words when it is at its connection limit, else None)."""
         silent_since: float | None = None
         while True:
             if self._closed.is_set() or self._withdrawn:
@@ -448,12 +458,12 @@ class PostgresRequest:
                 if (not self._told_silent and on_silent is not None
                         and time.monotonic() - silent_since >= SILENT_AFTER):
                     self._told_silent = True
-                    on_silent()
+                    on_silent(str(exc) if isinstance(exc, Unreachable) and exc.at_capacity else None)
                 self._closed.wait(self.store.retry)
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[], None] | None = None) -> Decision:
+                on_silent: Callable[[str | None], None] | None = None) -> Decision:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
         def submit() -> Decision | None:
@@ -511,7 +521,7 @@ class PostgresRequest:
         return None
 
     def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None,
-              on_silent: Callable[[], None] | None, submit: Callable[[], Decision | None]) -> Decision:
+              on_silent: Callable[[str | None], None] | None, submit: Callable[[], Decision | None]) -> Decision:
         """Until this request is granted or refused: woken by the slot's notifications, and at
         least every `interval` (to renew its own row, and to see an owner's lease expire). While
         the store is unreachable it keeps waiting (`_patiently`); a request whose row expired

@@ -15,7 +15,7 @@ The contract, as two small interfaces:
 | `warm()` (optional) | `LeaseStore` | open what the first request will need (a connection) on a thread, as the supervisor starts; never raises |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
-| `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent()` once if the store said nothing at all for `SILENT_AFTER` s |
+| `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`why`: the server's words when it is at its connection limit, else None) |
 | `watch(on_revoke, on_renewed, on_lost)` | `LeaseRequest` | after a grant, from any thread: `on_revoke()` when a replacement asks this owner to retire; for a store whose leases expire, `on_renewed(at, ttl)` after each renewal (the lease lives at least `ttl` s past `at`, a `time.monotonic()` taken before the renewal was sent) and `on_lost()` when the store says the lease is gone (it expired) |
 | `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
 | `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back) |
@@ -117,7 +117,7 @@ class LeaseRequest(Protocol):
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[], None] | None = None) -> Decision: ...
+                on_silent: Callable[[str | None], None] | None = None) -> Decision: ...
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
               on_lost: Callable[[], None] | None = None) -> object: ...
     def add_pids(self, pids: list[Pid]) -> None: ...
@@ -165,6 +165,9 @@ def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
     return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
 
 
-def silent_text(store: LeaseStore, slot: str) -> str:
-    """What a person is told when the store has not answered a lease request."""
+def silent_text(store: LeaseStore, slot: str, why: str | None = None) -> str:
+    """What a person is told when the store has not answered a lease request (`why`: what it
+    said instead, when it is at its connection limit)."""
+    if why:
+        return f"slot {slot!r}: {store.name} has let no connection in for {SILENT_AFTER:g} s ({why}); still waiting"
     return f"slot {slot!r}: {store.name} has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"
