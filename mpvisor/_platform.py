@@ -52,24 +52,43 @@ def _prctl(option: int, arg: int) -> None:
     """`prctl(option, arg)`, through a ctypes function prepared once with its argument types.
     The launcher prepares it, so each attempt it forks makes two cheap calls; an unprepared
     ctypes call converts every argument afresh, which runs a lot of cold code in a new fork."""
-    global _prctl_fn
-    if _prctl_fn is None:
-        import ctypes  # here, not at the top: a parent, which never calls this, does not import it
-
-        fn = ctypes.CDLL(None, use_errno=True).prctl
-        fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        fn.restype = ctypes.c_int
-        _prctl_fn = fn
-    if _prctl_fn(option, arg, 0, 0, 0) != 0:
+    if _prepared_prctl()(option, arg, 0, 0, 0) != 0:
         import ctypes
 
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}): {os.strerror(err)}")
 
 
+def _prepared_prctl() -> Callable[..., int]:
+    global _prctl_fn
+    if _prctl_fn is None:
+        import ctypes  # here, not at the top: a parent that never calls it does not import it
+
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+        fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        fn.restype = ctypes.c_int
+        _prctl_fn = fn
+    return _prctl_fn
+
+
 def set_parent_death_signal(signum: int) -> None:
     """Ask the kernel to send `signum` to this process when its parent thread exits."""
     _prctl(PR_SET_PDEATHSIG, signum)
+
+
+def follower_of_this_thread(signum: int) -> Callable[[], None]:
+    """For a command this thread is about to start (`subprocess.Popen`'s `preexec_fn`): a
+    function the child calls between fork and exec, which asks for `signum` when this thread
+    exits (as the guardian follows the parent), and exits if this process is already gone. It is
+    prepared here (`prctl`'s ctypes function, the pid), so the child only makes two system calls."""
+    prctl, parent = _prepared_prctl(), os.getpid()
+
+    def follow() -> None:
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return follow
 
 
 def set_child_subreaper() -> None:

@@ -13,7 +13,11 @@ check, which is no probe).
 A command runs in a session of its own, stdin `/dev/null`, stdout and stderr in one pipe of
 which the last `OUTPUT_KEPT` bytes are kept. When it exits, at the timeout, or when the probe
 is cancelled, its whole process group gets SIGKILL and the command is reaped: a probe leaves no
-process behind (only a descendant that made a session of its own escapes the group). The
+process behind (only a descendant that made a session of its own escapes the group). Should
+the run itself be killed outright (SIGKILL) while a probe runs, the command dies with it: it
+asks for SIGKILL as its parent-death signal before it execs (`subprocess`'s `preexec_fn`, a
+function prepared in this process that makes two system calls: `prctl` and `getppid`), as the
+launcher's guardian does. A process that command started in turn is then no longer waited for. The
 command's exit is awaited through a pidfd on the running loop: no child watcher, no thread.
 """
 
@@ -25,8 +29,10 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import IO, Any
+
+from mpvisor import _platform
 
 from .settings import Check
 
@@ -34,6 +40,7 @@ OUTPUT_KEPT = 4096  # bytes of a command's output kept, for its last line
 LINE_MAX = 200  # characters of that line in a reason
 _CHUNK = 65536
 _FINAL_READS = 16  # reads of what is left in the pipe once the group is killed
+_follow: Callable[[], None] | None = None  # a command's parent-death signal (`_platform.follower_of_this_thread`)
 
 
 async def probe(
@@ -141,6 +148,9 @@ async def _cmd(
 
 
 def _start(argv: tuple[str, ...], cwd: str | None, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
+    global _follow
+    if _follow is None:
+        _follow = _platform.follower_of_this_thread(signal.SIGKILL)
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -149,6 +159,7 @@ def _start(argv: tuple[str, ...], cwd: str | None, env: Mapping[str, str] | None
         cwd=cwd,
         env=None if env is None else dict(env),
         start_new_session=True,
+        preexec_fn=_follow,
     )
 
 

@@ -12,6 +12,8 @@ import contextlib
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -20,7 +22,9 @@ import pytest
 
 from mpvisor._services.probes import LINE_MAX, probe
 from mpvisor._services.settings import Check
-from tests._support import async_wait_for, exited, pid_gone
+from tests._support import async_wait_for, exited, pid_gone, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,3 +211,32 @@ async def test_a_notify_check_is_not_a_probe() -> None:
     """notify: `probe` refuses it with `ValueError` (the program says it is ready itself)."""
     with pytest.raises(ValueError, match="not a probe"):
         await probe(Check.parse("notify"), 5)
+
+
+def test_a_probes_command_dies_with_a_run_that_is_killed_outright(tmp_path: pathlib.Path) -> None:
+    """A run SIGKILLed while its `cmd:` ready and health probes run: both commands die with it
+    (they asked for SIGKILL as their parent-death signal), as its attempts do; they were left
+    running, re-parented to init."""
+    (tmp_path / "probes.toml").write_text(
+        '[task.p]\ncommand = ["sleep", "300"]\nready = "cmd:sleep 997"\n'
+        '[task.h]\ncommand = ["sleep", "300"]\nhealth = "cmd:sleep 996"\nhealth_interval = 0.2\n'
+    )
+    run = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--file", "probes.toml"], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def probes() -> list[psutil.Process]:
+            found = [p for p in psutil.Process(run.pid).children() if p.cmdline()[:1] == ["sleep"]
+                     and p.cmdline()[1:] in (["997"], ["996"])]
+            return found if len(found) == 2 else []
+
+        found = wait_for(probes, timeout=20)
+        tree = psutil.Process(run.pid).children(recursive=True)
+        run.kill()
+        run.wait(10)
+        assert wait_for(lambda: all(pid_gone(p.pid, p.create_time()) for p in found), timeout=5)
+        for process in tree:  # the attempts too (the guardian's parent-death signal, then the launcher)
+            assert wait_for(lambda p=process: pid_gone(p.pid, p.create_time()), timeout=10), process  # type: ignore[misc]
+    finally:
+        run.kill()
+        run.wait(10)
