@@ -75,7 +75,7 @@ from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
-from mpvisor._services.control import run_name
+from mpvisor._services.control import live_run, run_name
 from mpvisor._services.manager import ServiceRun
 from mpvisor._tasks.registry import TaskWaiter
 
@@ -312,6 +312,10 @@ def run_file(args: argparse.Namespace) -> int:
     parsed = load(path)
     if not parsed.ok:
         report_errors(path, parsed)
+        return USAGE_ERROR
+    if args.name is not None and (other := live_run(args.name)) is not None:  # a name given is never changed
+        print(f"mpvisor run: error: argument --name: a live run already has the name {args.name!r} (pid "
+              f"{other.get('pid')}, {other.get('file')}): stop it first, or give another name", file=sys.stderr)
         return USAGE_ERROR
     tasks = parsed.tasks
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE

@@ -210,6 +210,13 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
                 run.error(f"argument {flag}: not with --file (a task file gives it per task, or in its [defaults])")
         if args.quiet:
             run.error("argument --quiet: not with --file (a file's run prints each task's outcome line)")
+        if args.name is not None:  # the run's name: its control socket's
+            from mpvisor._services.control import check_name
+
+            try:
+                check_name(args.name)
+            except ValueError as exc:
+                run.error(f"argument --name: {exc}")
         return
     if args.max_concurrent is not None:
         run.error("argument --max-concurrent: only with --file (one task runs one attempt at a time)")

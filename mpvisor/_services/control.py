@@ -71,6 +71,10 @@ class ControlError(Exception):
     """A request the run refuses (unknown task, reload refused ...): its message is shown to the user."""
 
 
+class Busy(ControlError):
+    """Another live run serves that socket (has that name)."""
+
+
 class NotLive(ControlError):
     """Nothing listens at a control socket (no such file, or a stale one)."""
 
@@ -163,6 +167,16 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
         elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
             runs.append(described)
     return runs
+
+
+def live_run(name: str, directory: str | None = None, timeout: float = LIST_WAIT) -> dict[str, Any] | None:
+    """The live run named `name` (its `describe()`), or None: none answers, or there is no
+    control directory to look in."""
+    try:
+        path = socket_for(name, directory)
+    except ControlError:
+        return None
+    return _describe(path, timeout) if os.path.lexists(path) else None
 
 
 def _describe(path: str, timeout: float) -> dict[str, Any] | None:
@@ -411,7 +425,7 @@ async def _lock_for_serving(path: str) -> int:
     deadline = time.monotonic() + LOCK_WAIT
     while (lock := _lock_or_refuse(path)) is None:
         if time.monotonic() > deadline:
-            raise ControlError(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {path!r}")
+            raise Busy(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {path!r}")
         await asyncio.sleep(0.01)  # a lock held by another process: nothing to be notified by
     os.ftruncate(lock, 0)
     os.write(lock, f"{os.getpid()}\n".encode())

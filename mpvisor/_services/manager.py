@@ -46,7 +46,7 @@ from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
 from mpvisor._services import graph
-from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
+from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
 from mpvisor._services.notify import (
     NotifySocket,
@@ -173,15 +173,17 @@ class ServiceRun:
 
     async def _listen(self) -> None:
         """Serve the control socket under the run's name; when a live run has that name already
-        (the same file run twice), under `NAME-PID`; when no socket can be had, run without one
-        and say why."""
+        (the same file run twice), under `NAME-PID`, and say so; when no socket can be had, run
+        without one and say why."""
         try:
             directory = control_dir()
             try:
                 self._server = await ControlServer.start(socket_for(self.name, directory), self)
-            except ControlError:
-                self.name = f"{self.name}-{os.getpid()}"
+            except Busy as exc:
+                taken, self.name = self.name, f"{self.name}-{os.getpid()}"
                 self._server = await ControlServer.start(socket_for(self.name, directory), self)
+                self._say(f"mpvisor: {exc}: this run is named {self.name!r} instead "
+                          f"(mpvisor status --name {self.name}), the other keeps {taken!r}")
         except (ControlError, OSError) as exc:
             self._say(f"mpvisor: no control socket for this run (mpvisor status cannot reach it): {exc}")
 

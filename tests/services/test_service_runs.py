@@ -628,3 +628,39 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
     assert run.status()["stubborn"]["state"] == "stopped"
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
+
+
+def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(run: Run) -> None:
+    """A second run of a live run's file serves `NAME-PID` and says so on stderr (it was silent);
+    `--name` that a live run has is a usage error (2) before anything runs (the run was renamed
+    `NAME-PID` silently); a `--name` that cannot name a socket is a usage error too (the run went
+    on without a control socket, under a name nobody typed)."""
+    run.write("""
+        [task.wait]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+    """)
+    first = run.start()
+    rows = run.wait_status(lambda rows: rows["wait"]["state"] == "running")
+    assert rows["wait"]["pid"]
+    second = subprocess.Popen([MPVISOR or "mpvisor", "run", "--file", "services.toml"], cwd=run.directory,
+                              env=run.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_for(lambda: run.ctl("status").returncode == 11, timeout=20)  # two live runs now
+        from mpvisor._services.control import run_name
+
+        refused = run.ctl("run", "--file", "services.toml", "--name", run_name(str(run.directory / "services.toml")))
+        assert refused.returncode == 2, refused
+        assert refused.stderr.startswith("mpvisor run: error: argument --name: a live run already has the name "), refused.stderr
+        assert len(refused.stderr.splitlines()) == 1 and "started" not in refused.stderr, refused.stderr
+        bad = run.ctl("run", "--file", "services.toml", "--name", "a/b")
+        assert (bad.returncode, bad.stderr.splitlines()) == (2, [bad.stderr.splitlines()[0]]), bad
+        assert "argument --name: expected a run's name (1 to 200 characters, no '/'), got 'a/b'" in bad.stderr, bad.stderr
+    finally:
+        (run.directory / "stop").touch()
+    _, first_err = first.communicate(timeout=30)
+    _, second_err = second.communicate(timeout=30)
+    assert first.returncode == 0 and second.returncode == 0, (first_err, second_err)
+    said = [line for line in second_err.splitlines() if "serves the control socket" in line]
+    assert len(said) == 1 and "this run is named 'services-" in said[0] and f"-{second.pid}' instead" in said[0], second_err
+    assert "serves the control socket" not in first_err, first_err
