@@ -1,7 +1,9 @@
 """`mpvisor logs TASK`: what has a task of a running task file written, and what is it writing?
 
 Asks the run (`runs`) where the task's log files are (`{"t": "logs"}`: its stdout's and its
-stderr's, perhaps one file) and reads them itself: the last `-n` lines of each, under a header
+stderr's, perhaps one file); when no run of the `FILE` it was given is live (it ended, or
+crashed, which is when logs matter most), the file says where they are (a line on stderr says
+so). It reads them itself: the last `-n` lines of each, under a header
 `==> stdout: PATH <==` when there are two files. With `-f` it then follows them as `tail -F`
 does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
 end in the old file, then from the start in the new one; a file that shrank (truncated) is read
@@ -26,7 +28,8 @@ from mpvisor._cli.statuses import FAILED, OK
 NAME = "logs"
 HELP = "print the last lines of a task's log files, and follow them (-f)"  # as in COMMANDS
 DESCRIPTION = ("Print the last lines of the log files of a task of a running task file (its "
-               "stdout's and stderr's); with -f, follow them across rotations until Ctrl-C.")
+               "stdout's and stderr's; given FILE, also once its run has ended); with -f, follow them "
+               "across rotations until Ctrl-C.")
 TAKES_COMMAND = False
 POLL = 0.2  # seconds between two looks at the files while following (a client reading files, as tail -F)
 DEFAULT_LINES = 10
@@ -49,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:
-        return runs.refused(refusal)
+        if refusal.status != runs.NO_RUN or args.file is None:
+            return runs.refused(refusal)
+        try:  # no run of FILE is live (it ended, or crashed): the file says where its logs are
+            paths = _paths_in_file(args.file, args.task)
+        except runs.Refusal as why:
+            return runs.refused(why)
+        print(f"mpvisor: {refusal.lines[0]}; the log files {args.file} names:", file=sys.stderr)
     files = [Followed(label, path) for label, path in _files(paths)]
     headers = len(files) > 1
     for index, followed in enumerate(files):
@@ -67,6 +76,23 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return -signal.SIGINT
     return OK
+
+
+def _paths_in_file(file: str, task: str) -> dict[str, str]:
+    """`task`'s log paths as `file` names them; `Refusal` if it cannot be read or names none."""
+    from mpvisor._cli.taskfile import load
+
+    parsed = load(file)
+    if not parsed.ok:
+        raise runs.Refusal(FAILED, f"no run of {file} is live, and the file has errors (mpvisor check {file})")
+    found = next((t for t in parsed.tasks if t.name == task), None)
+    if found is None:
+        raise runs.Refusal(FAILED, f"no run of {file} is live, and the file has no task {task!r}")
+    logs = found.service.logs
+    paths = {stream: path for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)) if path} if logs else {}
+    if not paths:
+        raise runs.Refusal(FAILED, f"{task} has no log file (give it log = \"...\", or stdout / stderr, in the task file)")
+    return paths
 
 
 def _files(paths: dict[str, str]) -> list[tuple[str, str]]:

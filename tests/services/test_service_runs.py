@@ -664,3 +664,27 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
     said = [line for line in second_err.splitlines() if "serves the control socket" in line]
     assert len(said) == 1 and "this run is named 'services-" in said[0] and f"-{second.pid}' instead" in said[0], second_err
     assert "serves the control socket" not in first_err, first_err
+
+
+def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None:
+    """`mpvisor logs TASK FILE` once the run is gone (SIGKILL: it crashed): the file says where
+    the log files are, and a line on stderr says that no run is live (it refused, status 10)."""
+    run.write("""
+        [task.talk]
+        command = ["sh", "-c", "echo one; echo two; echo three >&2; exec sleep 300"]
+        log = "logs/{task}.log"
+        [task.quiet]
+        command = ["sleep", "300"]
+    """)
+    proc = run.start()
+    wait_for(lambda: (run.directory / "logs" / "talk.log").exists()
+             and (run.directory / "logs" / "talk.log").read_text().count("\n") == 3, timeout=20)
+    proc.kill()
+    proc.communicate(timeout=30)
+    shown = run.ctl("logs", "talk", "services.toml", "-n", "2")
+    assert shown.returncode == 0, shown
+    assert shown.stdout.splitlines() == (run.directory / "logs" / "talk.log").read_text().splitlines()[-2:], shown.stdout
+    assert shown.stderr.startswith("mpvisor: no run of services.toml is live"), shown.stderr
+    none = run.ctl("logs", "quiet", "services.toml")
+    assert none.returncode == 1 and none.stderr.strip() == (
+        'mpvisor: quiet has no log file (give it log = "...", or stdout / stderr, in the task file)'), none
