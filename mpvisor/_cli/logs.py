@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
-from mpvisor._cli.statuses import FAILED, OK
+from mpvisor._cli.statuses import FAILED, NO_RUN, OK
 
 NAME = "logs"
 HELP = "print the last lines of a task's log files, and follow them (-f)"  # as in COMMANDS
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:
-        if refusal.status != runs.NO_RUN or args.file is None:
+        if refusal.status != NO_RUN or args.file is None:
             return runs.refused(refusal)
         try:  # no run of FILE is live (it ended, or crashed): the file says where its logs are
             paths = _paths_in_file(args.file, args.task)
