@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -332,7 +333,10 @@ def target(text: str) -> str:
     try:
         return target_path(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        hint = ""
+        if ":" not in text:  # a program's name, as timeout(1) or flock(1) would take it
+            hint = f" (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)"
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
 
 
 def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = None) -> TaskSpec:

@@ -99,9 +99,11 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["run", "os:"], ["argument TARGET", "'os:'"]),
+        (["run", "os:"], ["argument TARGET", "'os:'"]),  # a colon: a target, no hint
         (["run", ":getpid"], ["argument TARGET", "':getpid'"]),
-        (["run", "os.getpid"], ["argument TARGET", "'os.getpid'"]),
+        (["run", "os.getpid"], ["argument TARGET", "'os.getpid'", "(a program? put -- before it: mpvisor run -- os.getpid ...)"]),
+        (["run", "./deploy.sh", "prod"], ["argument TARGET", "put -- before it: mpvisor run -- ./deploy.sh ..."]),
+        (["run", "my script"], ["mpvisor run -- 'my script' ..."]),
         (["run"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
@@ -144,6 +146,8 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "error: " in line and all(word in line for word in words), line
+    assert ("a program?" in line) == (argv[:1] == ["run"] and len(argv) > 1 and ":" not in argv[1]
+                                      and not argv[1].startswith("-")), line
 
 
 def test_an_option_left_without_a_value_hints_at_the_equals_form_only_when_an_option_like_word_followed(capsys):
