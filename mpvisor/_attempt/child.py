@@ -20,7 +20,7 @@ returns: every path ends in `os._exit`.
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
-| is a program (`CommandTask`) | `Calling`, then exec; on exec failure `Failure("fatal")` | its status / 127 |
+| is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")` | its status / 127 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 | has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
 
@@ -210,12 +210,40 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     _flush_std()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
     try:
-        os.execvpe(start.argv[0], start.argv, dict(os.environ))
+        _exec(start.argv, dict(os.environ))
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
         code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
         failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}", exit_code=code)
         _finish(channel, failure, status=code)
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> NoReturn:
+    """Exec `argv` as C's `execvp` does (and so `env`, `timeout`, `nohup`, a shell): looked up on
+    `$PATH` unless it names a path, and a file that is executable but has no `#!` line nor a
+    binary format the kernel knows (ENOEXEC) is run by `/bin/sh` as a script, unless it looks
+    like a binary (ELF's magic, or a NUL in its first line), which stays "cannot execute" (126),
+    as bash says it."""
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        if exc.errno != errno.ENOEXEC:
+            raise
+        import shutil
+
+        path = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", os.defpath))
+        if path is None or _looks_binary(path):
+            raise
+        os.execve("/bin/sh", ["sh", path, *argv[1:]], env)
+
+
+def _looks_binary(path: str) -> bool:
+    try:
+        with open(path, "rb") as file:
+            head = file.read(80)
+    except OSError:
+        return True
+    return head.startswith(b"\x7fELF") or b"\0" in head.partition(b"\n")[0]
 
 
 def _run_target(channel: _Channel, start: Start) -> NoReturn:

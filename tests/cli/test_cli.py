@@ -570,3 +570,19 @@ def test_the_command_imports_without_the_collector_and_runs_with_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["importing: collector on False", "running: collector on True frozen True"]
     assert outcome_line(done.stderr).startswith("mpvisor: true: completed")
+
+
+def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_execvp_runs_it(tmp_path):
+    """`mpvisor run -- ./script` of an executable script with no `#!` line runs it with /bin/sh,
+    its arguments and status its own, as `env`, `timeout` and `nohup` (C's execvp) do; it was
+    refused with 126 (Exec format error). A file that looks binary stays 126, as bash says it."""
+    script = tmp_path / "no-shebang"
+    script.write_text('printf "ran with %s\\n" "$*"; exit 5\n')
+    script.chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", "./no-shebang", "a", "b")
+    assert (done.returncode, done.stdout) == (5, "ran with a b\n"), done.stderr
+    binary = tmp_path / "not-an-elf"
+    binary.write_bytes(b"\x7fELF\x02\x01 not a real one\n")
+    binary.chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", "./not-an-elf")
+    assert done.returncode == 126 and "Exec format error" in outcome_line(done.stderr), done.stderr
