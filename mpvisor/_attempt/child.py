@@ -68,6 +68,24 @@ NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
+# Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
+# the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
+# shell without job control (`cmd &` in a script). `kept_ignored` is what this process found.
+INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+kept_ignored: frozenset[int] = frozenset()
+# What a program gets at its exec, unless kept ignored: the default action. CPython itself
+# ignores SIGPIPE and SIGXFSZ at start-up (as `subprocess` does, they are restored), and the
+# launcher ignores or handles the others.
+_RESET_AT_EXEC = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def keep_inherited_ignores() -> frozenset[int]:
+    """Note which of `INHERITABLE_IGNORES` this process started with ignored (call it before
+    anything changes them: the launcher first thing, a fresh attempt interpreter too); they
+    stay ignored in every attempt and its program."""
+    global kept_ignored
+    kept_ignored = frozenset(int(s) for s in INHERITABLE_IGNORES if signal.getsignal(s) == signal.SIG_IGN)
+    return kept_ignored
 
 
 class _Channel:
@@ -156,6 +174,7 @@ def refuse(fd: int, reason: str) -> NoReturn:
 def spawn_main(fd: int) -> NoReturn:
     """Entry point of a `start_method="spawn"` attempt: a fresh interpreter exec'd by the launcher."""
     _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+    keep_inherited_ignores()  # the launcher's kept ignores came through the exec, ignored
     os.set_inheritable(fd, False)
     run(fd)
 
@@ -205,8 +224,8 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     channel.send(Calling())
     if signal.SIGTERM in signal.sigpending():
         _finish(channel, Failure("canceled", "canceled before the program was started"))
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGPIPE):
-        signal.signal(signum, signal.SIG_DFL)
+    for signum in _RESET_AT_EXEC:
+        signal.signal(signum, signal.SIG_IGN if signum in kept_ignored else signal.SIG_DFL)
     _flush_std()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
     try:

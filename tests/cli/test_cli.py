@@ -586,3 +586,19 @@ def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_execvp_runs_
     binary.chmod(0o755)
     done = mpvisor(tmp_path, "run", "--", "./not-an-elf")
     assert done.returncode == 126 and "Exec format error" in outcome_line(done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("ignored", ["", "HUP", "INT QUIT", "HUP INT QUIT"])
+def test_a_command_starts_with_the_signals_ignored_that_it_would_bare(tmp_path, ignored):
+    """The program's ignored signals are those it would have bare: SIGHUP under `nohup`, SIGINT
+    and SIGQUIT of a background job stay ignored, and nothing else is (CPython's own SIGXFSZ
+    ignore leaked into every command: `ulimit -f` then gave a write error instead of a death by
+    SIGXFSZ; the inherited SIGHUP and SIGINT ignores were dropped)."""
+    show = "sh -c 'grep ^SigIgn: /proc/self/status'"
+    script = (f"trap '' {ignored}; " if ignored else "") + (
+        f"{show}; \"{sys.executable}\" -m mpvisor run --quiet -- sh -c 'grep ^SigIgn: /proc/self/status'")
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    bare, under = done.stdout.splitlines()
+    assert under == bare, (ignored, done.stdout)

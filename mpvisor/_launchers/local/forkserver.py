@@ -64,7 +64,8 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 # Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
 _RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
 _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
-_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK), int(signal.SIG_DFL)
+_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK),
+                                                 int(signal.SIG_DFL), int(signal.SIG_IGN))
 _SIGTTOU = (int(signal.SIGTTOU),)
 _TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
@@ -277,6 +278,8 @@ class Launcher:
             for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
                 _platform.set_signal_handler(signum, _SIG_DFL)
             _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
+            for signum in _child.kept_ignored:  # ignored by whoever started mpvisor: by the attempt too
+                _platform.set_signal_handler(signum, _SIG_IGN)
             os.write(self.ready_w, _PID.pack(os.getpid()))
             sock_fd = _setup_fds(fds, stdin)
             if refused:  # a limit it cannot keep: the attempt only reports that, permanently
@@ -864,6 +867,7 @@ def main(argv: list[str]) -> None:
     that a launcher that cannot start is reported with its last words; once ready, both write to
     the parent's stderr directly, and so does every attempt they fork."""
     parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
+    _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
     _prepare_process(guardian)  # from here on: the launcher
