@@ -12,7 +12,7 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 | a service ... | state | what happens next |
 |---|---|---|
 | comes after one that is not ready yet | `waiting` | started once all it comes after are ready |
-| comes after one that ended for good | `not started` | never started: its outcome says which dependency ended and how |
+| comes after one that ended for good | `not started` | not started (its outcome says which dependency ended and how) until a start or reload starts that one anew (`_rearm`) |
 | was added; its attempt runs, not ready yet | `starting` | ready (its `ready` check) or failed after `ready_timeout` |
 | is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
 | is between attempts | `backoff` | its next attempt (restart policy) |
@@ -255,12 +255,22 @@ class ServiceRun:
         self._maybe_ready()
         self.runtime.notify()
 
+    def _rearm(self, names: list[str]) -> None:
+        """New instances of `names` are about to start: what an end of theirs (or of one they
+        unblock) had left `not started` waits again, directly or through another; nothing else."""
+        after = {n: s.settings.after for n, s in self.services.items()}
+        for name in graph.dependents(after, names):
+            if self.services[name].state == "not started":
+                self.services[name].state = "waiting"
+
     async def _launch(self, services: list[Service]) -> None:
         """Add `services` (those without a slot in one batch), each watched to its outcome."""
         direct = [s for s in services if s.task.slot is None]
         for service in services:  # one with a slot waits for it first
             service.state = "starting" if service.task.slot is None else "queued"
             service.was_ready, service.stopped = False, False
+            if service.last is not None and service.last.startswith("not started"):
+                service.last = None  # it starts after all
             service.ended.clear()
             if self._added is not None:
                 self._added(service.task)
@@ -544,9 +554,8 @@ class ServiceRun:
     async def _start(self, service: Service) -> str:
         if self.runtime.shutdown_started:
             raise ControlError("the run is shutting down")
-        for other in self.services.values():  # what its end had blocked may start once it is ready
-            if other.state == "not started" or other is service:
-                other.state = "waiting"
+        service.state = "waiting"
+        self._rearm([service.name])
         missing = [d for d in service.settings.after if d in self.services and not _counts_as_ready(self.services[d])]
         try:
             await self._advance()
@@ -619,6 +628,7 @@ class ServiceRun:
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
             self.services = services
+            self._rearm([*changes.added, *changes.changed])
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]

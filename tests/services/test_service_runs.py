@@ -628,3 +628,52 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
     assert run.status()["stubborn"]["state"] == "stopped"
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
+
+
+def test_a_reload_that_fixes_a_failed_dependency_starts_exactly_what_it_had_left_not_started(run: Run) -> None:
+    """db fails before it is ready, so api (and web, through api) are not started; a reload that
+    changes db starts db anew and, once it is ready, api and web, and a task it adds after db;
+    stuck, whose dependency is another that ended, stays not started, also after a `restart` of
+    an unrelated task."""
+    text = """
+        [defaults]
+        grace = 1
+
+        [task.db]
+        command = ["sh", "-c", "test -e ok || exit 4; exec sleep 30"]
+        ready = "file:ok"
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+
+        [task.web]
+        command = ["sleep", "30"]
+        after = ["api"]
+
+        [task.broken]
+        command = ["sh", "-c", "exit 3"]
+        ready = "file:never"
+
+        [task.stuck]
+        command = ["sleep", "30"]
+        after = ["broken"]
+
+        [task.other]
+        command = ["sleep", "30"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: all(rows[t]["state"] == "not started" for t in ("api", "web", "stuck"))
+                    and rows["other"]["pid"])
+    (run.directory / "ok").touch()
+    run.write(text.replace("exit 4", "exit 5") + '\n[task.new]\ncommand = ["sleep", "30"]\nafter = ["db"]\n')
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "added: new; changed: db" in reloaded.stdout, reloaded
+    rows = run.wait_status(lambda rows: all(rows[t]["pid"] for t in ("db", "api", "web", "new")))
+    assert rows["stuck"]["state"] == "not started" and rows["api"]["last"] is None, rows
+    restarted = run.ctl("restart", "other")
+    assert restarted.returncode == 0, restarted.stderr
+    assert run.status()["stuck"]["state"] == "not started"
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
