@@ -89,6 +89,7 @@ class Service:
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
+        self.settling: asyncio.Task[None] | None = None  # is an attempt that succeeded unready ready? (`_ready_at_end`)
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.notify: NotifySocket | None = None
         self.ended: asyncio.Event = asyncio.Event()
@@ -109,6 +110,9 @@ class Service:
         for check in self.checks:
             check.cancel()
         self.checks.clear()
+        if self.settling is not None:
+            self.settling.cancel()
+            self.settling = None
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
@@ -297,6 +301,8 @@ class ServiceRun:
 
     async def _reported(self, service: Service, waiter: TaskWaiter) -> None:
         outcome: TaskOutcome = (await self._report(service.task, waiter)).outcome
+        if service.id == waiter.id and service.settling is not None:  # its end counts once that is known
+            await asyncio.wait([service.settling])
         if service.id == waiter.id:
             service.id, service.pid = None, None
             service.state = "stopped" if service.stopped else "ended"
@@ -370,6 +376,8 @@ class ServiceRun:
         if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
             self.ready(id, name, attempt, "started")
             return
+        if check.kind == "completed":  # ready once an attempt succeeds (`ended`): no ready_timeout
+            return
         timeout = service.settings.ready_timeout
         if check.kind == "notify":
             said = "no ready() call" if service.task.spec.task.__class__.__name__ == "TaskFn" else "no READY=1 on NOTIFY_SOCKET"
@@ -425,6 +433,9 @@ class ServiceRun:
         if service.state != "stopping":  # (a stop asked for: its outcome comes next)
             service.state = "backoff" if failed else "scheduled"  # a retry, or a periodic task's next run
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
+        check = service.settings.ready
+        if end.kind is AttemptResult.SUCCEEDED and not service.was_ready and check is not None and check.kind != "notify":
+            service.settling = self.loop.create_task(self._ready_at_end(service, id))
         uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
         log = self._files.get(name, {}).get("stderr")
         if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
@@ -473,6 +484,20 @@ class ServiceRun:
             last = failed
             await asyncio.sleep(min(READY_POLL, max(deadline - self.loop.time(), 0)))
 
+    async def _ready_at_end(self, service: Service, id: int) -> None:
+        """An attempt succeeded before its instance was ready: with `ready = "completed"` that
+        makes it ready; a probe is checked once more (a one-shot task may create its file and
+        exit between two polls), and its pass makes it ready. Its dependents start then; the
+        task's outcome is acted on once this is done (`_reported`)."""
+        check = service.settings.ready
+        assert check is not None
+        cwd = getattr(service.task.spec.task, "cwd", None)
+        if check.kind != "completed" and await probe(check, PROBE_TIMEOUT, cwd=cwd) is not None:
+            return
+        if service.id == id and not service.was_ready:
+            service.was_ready = True
+            self._in_background(self.advance())
+
     async def _probe_health(self, service: Service, id: int, attempt: int) -> None:
         settings = service.settings
         check = settings.health
@@ -510,12 +535,18 @@ class ServiceRun:
         now = time.monotonic()
         rows = []
         for service in self.services.values():
-            has_ready = service.settings.ready is not None
+            check = service.settings.ready
+            if check is None:
+                ready = None
+            elif check.kind == "completed":  # the instance's: an attempt of it succeeded
+                ready = service.was_ready
+            else:  # the current attempt's
+                ready = service.ready and service.pid is not None
             rows.append({
                 "task": service.name,
                 "state": service.state,
                 "pid": service.pid,
-                "ready": (service.ready if has_ready else None) if service.pid is not None else (False if has_ready else None),
+                "ready": ready,
                 "uptime": now - service.started_at if service.started_at is not None else None,
                 "restarts": service.restarts,
                 "last": service.last,

@@ -550,6 +550,7 @@ GOOD = [
     ("ready", "\"cmd:pg_isready -h 'db host'\"", "ready", Check("cmd", "cmd:pg_isready -h 'db host'", argv=("pg_isready", "-h", "db host"))),
     ("ready", '"file:run/ready"', "ready", Check("file", "file:run/ready", path="/base/run/ready")),
     ("ready", '"file:/tmp/x/../ready"', "ready", Check("file", "file:/tmp/x/../ready", path="/tmp/ready")),
+    ("ready", '"completed"', "ready", Check("completed", "completed")),
     ("health", '"tcp:db:5432"', "health", Check("tcp", "tcp:db:5432", host="db", port=5432)),
     ("health", '"cmd:true"', "health", Check("cmd", "cmd:true", argv=("true",))),
     ("ready_timeout", "5", "ready_timeout", 5.0),
@@ -598,10 +599,11 @@ def test_each_service_key_takes_its_good_values_in_a_task_and_in_the_defaults(ta
 
 
 BAD = [
-    ("ready", "5", 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got an integer: 5'),
-    ("ready", '""', 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got a string: ""'),
-    ("ready", '"http://x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'http://x'"),
-    ("ready", '"notify:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'notify:x'"),
+    ("ready", "5", 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH", "completed"), got an integer: 5'),
+    ("ready", '""', 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH", "completed"), got a string: ""'),
+    ("ready", '"http://x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'http://x'"),
+    ("ready", '"notify:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'notify:x'"),
+    ("ready", '"completed:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'completed:x'"),
     ("ready", '"tcp:localhost"', "'tcp:localhost': expected tcp:HOST:PORT"),
     ("ready", '"tcp:h:99999"', "'tcp:h:99999': the port must be a number from 1 to 65535, got '99999'"),
     ("ready", '"tcp::80"', "'tcp::80': no host (write tcp:127.0.0.1:80)"),
@@ -610,6 +612,7 @@ BAD = [
     ("ready", '"file:"', "'file:': no path after file:"),
     ("ready", '"file:a\\u0000b"', 'a check must not hold NUL, got "file:a\\u0000b"'),
     ("health", '"notify"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'"),
+    ("health", '"completed"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'completed'"),
     ("health", '"file:x"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'file:x'"),
     ("health", "[]", 'expected a check (a string: "tcp:HOST:PORT", "cmd:COMMAND ARGS"), got an array: []'),
     *((key, value, expected)  # as every duration of a file and of the command line is read

@@ -677,3 +677,43 @@ def test_a_reload_that_fixes_a_failed_dependency_starts_exactly_what_it_had_left
     assert run.status()["stuck"]["state"] == "not started"
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
+
+
+def test_a_one_shot_task_whose_probe_passes_as_it_exits_gates_what_comes_after_it(run: Run) -> None:
+    """migrate creates its file as it exits, between two polls of its `file:` probe: the probe
+    is checked once more on that successful end, passes, and web starts (it was `not started:
+    migrate ended completed`)."""
+    run.write("""
+        [task.migrate]
+        command = ["sh", "-c", "sleep 0.5; exec touch migrated"]
+        ready = "file:migrated"
+
+        [task.web]
+        command = ["sh", "-c", "test -e migrated"]
+        after = ["migrate"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, err
+    assert "mpvisor: web: completed" in err, err
+
+
+def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeeded(run: Run) -> None:
+    """`ready = "completed"`: web starts only after migrate's attempt succeeded (its command
+    fails unless the file migrate creates last is there); status shows migrate ready, the
+    instance's readiness, once it has ended."""
+    run.write("""
+        [task.migrate]
+        command = ["sh", "-c", "sleep 0.3; touch migrated"]
+        ready = "completed"
+
+        [task.web]
+        command = ["sh", "-c", "test -e migrated && exec sleep 30"]
+        after = ["migrate"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["web"]["pid"] is not None)
+    assert rows["migrate"]["state"] == "ended" and rows["migrate"]["ready"] is True, rows
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: migrate: completed" in err and "mpvisor: web: canceled" in err, err
