@@ -45,7 +45,7 @@ from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
-from mpvisor._services import graph
+from mpvisor._services import graph, hangup
 from mpvisor._services.control import ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
 from mpvisor._services.notify import (
@@ -172,6 +172,8 @@ class ServiceRun:
                 self._signals.append(signum)
             except (RuntimeError, ValueError):  # not the main thread: no signal handlers
                 pass
+        if signal.SIGHUP in self._signals and hangup.taken():  # one came while the run started up
+            self._on_sighup()
         self._watchdog_ping()
         await self.advance()
 

@@ -717,3 +717,27 @@ def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeed
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "mpvisor: migrate: completed" in err and "mpvisor: web: canceled" in err, err
+
+
+def test_a_sighup_while_the_run_starts_up_is_a_reload_once_it_can_reload(run: Run) -> None:
+    """SIGHUP from the moment the process exists until its control socket answers: it never
+    ends the run (it died with 129 before it could reload), and the run reloads once it can.
+    The run is started with SIGHUP blocked, so the first one is sure to come before mpvisor's
+    own code runs (it takes SIGHUP, and unblocks it, first thing)."""
+    run.write("""
+        [task.one]
+        command = ["sleep", "30"]
+    """)
+    assert MPVISOR is not None
+    run.proc = subprocess.Popen([MPVISOR, "run", "--file", "services.toml"], cwd=run.directory, env=run.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP}))
+    sent = 0
+    while not run.listening():
+        assert run.proc.poll() is None, run.proc.communicate()
+        run.proc.send_signal(signal.SIGHUP)
+        sent += 1
+    run.wait_status(lambda rows: rows["one"]["pid"])
+    status, _, err = run.stop()
+    assert sent >= 1 and status == -signal.SIGTERM, err
+    assert "mpvisor: reloaded " in err and "nothing changed (1 unchanged)" in err, err
