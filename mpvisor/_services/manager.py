@@ -13,9 +13,11 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 |---|---|---|
 | comes after one that is not ready yet | `waiting` | started once all it comes after are ready |
 | comes after one that ended for good | `not started` | not started (its outcome says which dependency ended and how) until a start or reload starts that one anew (`_rearm`) |
+| was added; its first attempt has not started yet (its slot, a place under `max_concurrent`) | `queued` | `starting` |
 | was added; its attempt runs, not ready yet | `starting` | ready (its `ready` check) or failed after `ready_timeout` |
 | is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
 | is between attempts | `backoff` | its next attempt (restart policy) |
+| is asked to stop (`mpvisor stop`, a reload, the run's shutdown) and in its grace | `stopping` | `stopped` or `ended` |
 | was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start` starts it again |
 | ended | `ended` | a reload, or `mpvisor start`, may start it again |
 
@@ -272,8 +274,8 @@ class ServiceRun:
     async def _launch(self, services: list[Service]) -> None:
         """Add `services` (those without a slot in one batch), each watched to its outcome."""
         direct = [s for s in services if s.task.slot is None]
-        for service in services:  # one with a slot waits for it first
-            service.state = "starting" if service.task.slot is None else "queued"
+        for service in services:  # until its attempt starts (`started`): its slot, a place under max_concurrent
+            service.state = "queued"
             service.was_ready, service.stopped = False, False
             if service.last is not None and service.last.startswith("not started"):
                 service.last = None  # it starts after all
@@ -443,6 +445,12 @@ class ServiceRun:
         if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
             for line in uncaught.splitlines():
                 log.write(line)
+
+    def stopping(self, id: int, name: str) -> None:
+        """Shutdown stops it now (its group: dependents first): `stopping` until its end."""
+        service = self._instance(id, name)
+        if service is not None:
+            service.state = "stopping"
 
     # --- readiness and liveness ----------------------------------------------------------------------
 

@@ -741,3 +741,34 @@ def test_a_sighup_while_the_run_starts_up_is_a_reload_once_it_can_reload(run: Ru
     status, _, err = run.stop()
     assert sent >= 1 and status == -signal.SIGTERM, err
     assert "mpvisor: reloaded " in err and "nothing changed (1 unchanged)" in err, err
+
+
+def test_status_shows_a_task_waiting_for_a_place_queued_and_one_stopped_by_shutdown_stopping(run: Run) -> None:
+    """Under max_concurrent = 2 the third task waits for a place: `queued`, no pid (it showed
+    `starting`, which says its attempt runs). After SIGTERM, a task in its grace window is
+    `stopping` (it showed `running`), as after a `mpvisor stop`."""
+    run.write("""
+        [defaults]
+        grace = 2
+        max_concurrent = 2
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; exec sleep 30"]
+
+        [task.one]
+        command = ["sleep", "30"]
+
+        [task.two]
+        command = ["sleep", "30"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["stubborn"]["pid"] and (rows["one"]["pid"] or rows["two"]["pid"]))
+    waiting = rows["two"] if rows["one"]["pid"] else rows["one"]
+    assert (waiting["state"], waiting["pid"]) == ("queued", None), rows
+    assert run.proc is not None
+    run.proc.send_signal(signal.SIGTERM)
+    rows = run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping", timeout=1.8)
+    assert rows["stubborn"]["pid"], rows
+    _, err = run.proc.communicate(timeout=30)
+    assert run.proc.returncode == -signal.SIGTERM, err
+    assert "stubborn: force_aborted" in err, err
