@@ -3,7 +3,7 @@
 A *service run* is a long-lived `mpvisor run --file` whose tasks are services: each may come
 `after` others and starts only once those are ready; it may say when it is ready (a Python
 target's `mpvisor.context().ready()`, a program's `READY=1` on systemd's notify socket, or a
-probe: TCP, a command, a file), be checked while it runs (a health probe, a watchdog), write its
+probe: TCP, a command, a file; or, for a one-shot task, its success), be checked while it runs (a health probe, a watchdog), write its
 output to rotated log files, and be controlled from another shell (`mpvisor status`, `stop`,
 `start`, `restart`, `logs`, `reload`).
 

@@ -16,7 +16,7 @@ are absolute (a log path's `{task}` is already the task's name).
 
 `Check.parse` reads a check as written in the file: `notify`, `tcp:HOST:PORT` (`HOST` may be
 `[::1]`), `cmd:PROGRAM ARGS` (split as a shell splits words, run without a shell), `file:PATH`,
-`completed`. The probes (`PROBES`) are the ones mpvisor runs itself.
+`completed`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import shlex
 from dataclasses import dataclass
 
 CHECK_KINDS = ("notify", "tcp", "cmd", "file", "completed")
-PROBES = ("tcp", "cmd", "file")
 _WORDS = ("notify", "completed")  # the checks written as one word
 DEFAULT_READY_TIMEOUT = 60.0
 DEFAULT_HEALTH_INTERVAL = 10.0
