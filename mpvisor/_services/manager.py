@@ -447,9 +447,10 @@ class ServiceRun:
                 log.write(line)
 
     def stopping(self, id: int, name: str) -> None:
-        """Shutdown stops it now (its group: dependents first): `stopping` until its end."""
-        service = self._instance(id, name)
-        if service is not None:
+        """Shutdown stops it now (its group: dependents first): `stopping` until its end. (Only
+        its current instance: an ended one, or one whose id is not known yet, stays as it is.)"""
+        service = self.services.get(name)
+        if service is not None and service.id == id:
             service.state = "stopping"
 
     # --- readiness and liveness ----------------------------------------------------------------------
