@@ -7,7 +7,9 @@
    imports the command and the runtime; the run's supervisor takes it over if it is the one
    it would start (its stdout and stderr the files the run's are by then: stderr for stdout
    where the run keeps stdout for its own output).
-2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal.
+2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal. Before
+   anything else, `mpvisor run --file` takes SIGHUP (`_services/hangup.py`): one that comes
+   while the run starts up is a reload once it can reload, not the end of the run.
 3. It imports with the garbage collector off. Importing the command and the runtime creates
    some hundred thousand objects and almost no garbage, and the collections they set off cost
    a run about a tenth of its start-up. Once the command's modules are imported (`main` calls
@@ -36,6 +38,10 @@ if TYPE_CHECKING:
 def cli() -> NoReturn:
     gc.disable()  # until the command's modules are imported (`_imported`)
     argv = sys.argv[1:]
+    if _needs_a_launcher(argv) and _runs_a_file(argv):  # a SIGHUP from now on is a reload, not a death
+        from mpvisor._services import hangup
+
+        hangup.hold()
     if _needs_a_launcher(argv):
         from mpvisor._launchers.local import early
 
@@ -71,6 +77,12 @@ def _needs_a_launcher(argv: list[str]) -> bool:
     if not own or own[0] != "run":
         return False
     return not any(word in ("-h", "--help", "--version") or word == "--ray" or word.startswith("--ray=") for word in own)
+
+
+def _runs_a_file(argv: list[str]) -> bool:
+    """`mpvisor run --file ...` (a guess from the words: `run` releases SIGHUP when it is not)."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return "--file" in own or any(w.startswith("--file=") for w in own)
 
 
 def _keeps_stdout(argv: list[str]) -> bool:

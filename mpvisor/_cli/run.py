@@ -124,6 +124,7 @@ from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar, duration
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
+from mpvisor._services import hangup
 from mpvisor._tasks.registry import TaskWaiter
 
 if TYPE_CHECKING:
@@ -253,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         from mpvisor._cli.filerun import run_file
 
         return run_file(args)
+    hangup.release()  # (taken when the words looked like a file's run)
     spec: TaskSpec = args.spec
     machine: IO[str] | None = None  # stdout, kept for the events or the value while fd 1 goes to stderr
     if args.events == "json" or not args.command:

@@ -708,6 +708,18 @@ def _task(name: str, table: dict[str, Any], file: _File, errors: _Errors) -> Fil
         for key in _LOG_OPTIONS:
             if key in own:
                 errors.add(f"{where}.{key}", "there is no log file to rotate: set log, stdout or stderr")
+    if "health" not in settings and "health" not in table:  # (a bad health: its own error)
+        for key in ("health_interval", "health_failures"):
+            if key in own:  # [defaults] may give them to every task, those without a health check included
+                errors.add(f"{where}.{key}", "says how the health check runs, but the task has none: set health")
+    ready = settings.get("ready")
+    if "ready_timeout" in own and ("ready" in own or "ready" not in table):  # (a bad ready: its own error)
+        if ready is None:
+            errors.add(f"{where}.ready_timeout", "says how long readiness may take, but the task has no ready check "
+                                                 "(it is ready once started): set ready")
+        elif ready.kind == "completed":
+            errors.add(f"{where}.ready_timeout", 'has no meaning with ready = "completed" (the task\'s timeout '
+                                                 "bounds an attempt)")
     service = _service(name, own if own_log else defaults, settings, own.get("after", ()), where, errors)
     task = None
     if has_target != has_command and ("target" in settings or "command" in settings):  # a body to build

@@ -21,8 +21,8 @@ Restart intensity (`RestartIntensity(max_restarts, within)`): every decision to 
 a failure, and every RunNow after a success (`always()` without an interval: nothing else bounds
 how fast it loops), is a restart, stamped `now` (the caller's monotonic clock) in
 `Streak.restarts`; a restart that would make more than `max_restarts` inside the sliding window
-`(now - within, now]` stops instead with Stop(FAILED, "restart intensity exceeded: ... <last
-reason>"), whatever the retry budget. A periodic task's next run after a success (its interval)
+`(now - within, now]` stops instead with Stop(FAILED, "restart intensity exceeded: a 4th restart within 10 s (at most
+3): <last reason>", the restart refused, which does not run), whatever the retry budget. A periodic task's next run after a success (its interval)
 is its schedule, not a restart: it is not counted. Successes do not clear the window.
 """
 
@@ -131,10 +131,16 @@ def _bounded(action: Action, streak: Streak, intensity: RestartIntensity | None,
     recent = tuple(t for t in streak.restarts if t > now - intensity.within)
     if len(recent) >= intensity.max_restarts:
         last = f": {reason}" if reason else ""
-        why = (f"restart intensity exceeded: {len(recent) + 1} restarts within {intensity.within:g} s "
-               f"(at most {intensity.max_restarts}){last}")
+        why = (f"restart intensity exceeded: a {ordinal(len(recent) + 1)} restart within {intensity.within:g} s "
+               f"(at most {intensity.max_restarts}){last}")  # the one refused: it does not run
         return Stop(OutcomeKind.FAILED, why), Streak(streak.failures, recent)
     return action, Streak(streak.failures, (*recent, now))
+
+
+def ordinal(n: int) -> str:
+    """`1st`, `2nd`, `3rd`, `4th`, ..., `11th`, `12th`, `13th`, ..., `21st` (pure)."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _after_success(policy: RestartPolicy) -> Action:

@@ -15,6 +15,7 @@ for every attempt of every task, and lets it act back through `Runtime.mark_read
 | `ready(id, name, attempt, how)` | `mark_ready` was called for it (its `ready()`, a `READY=1`, a probe) | say whether that makes it ready (its readiness check decides; `ATTEMPT_READY` is published only then), and start what comes after it |
 | `output(id, name, stream, line)` | a line it wrote (when `captures`) | write it somewhere |
 | `ended(id, name, attempt, end)` | its tree is gone (after its terminal event) | stop probing it |
+| `stopping(id, name)` | shutdown begins to stop its task (its group of `stop_order`, or all at once) | say it is stopping |
 """
 
 from __future__ import annotations
@@ -31,3 +32,4 @@ class AttemptHooks(Protocol):
     def ready(self, id: int, name: str, attempt: int, how: str) -> bool: ...  # False: `how` does not make it ready
     def output(self, id: int, name: str, stream: str, line: str) -> None: ...
     def ended(self, id: int, name: str, attempt: int, end: AttemptEnd) -> None: ...
+    def stopping(self, id: int, name: str) -> None: ...

@@ -12,7 +12,8 @@ Shutdown, one operation whatever started it, its result cached for every caller:
    claimed for removal (cooperative stop; tasks between attempts end at once);
 3. each claimed attempt is killed by its own grace timer; shutdown waits for every task to be
    cleaned up (with a `stop_order`, group by group: a service run stops dependents first, each
-   group with a grace window of its own), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
+   group with a grace window of its own; the hooks hear `stopping` for each task as its group's
+   stop begins), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
    `ALL_STOPPED_WITHIN_GRACE`;
 4. stop the launcher, join the controller and registry, drain subscribers (bounded).
 """
@@ -320,6 +321,9 @@ class Runtime:
         for level in self._stop_levels():  # each level its own grace window (a service run's order)
             claimed += [a for a in level if self.registry.claim(a, by_shutdown=True)]
             reached += level
+            if self.hooks is not None:
+                for actor in level:
+                    self.hooks.stopping(actor.id, actor.name)
             cleaned = [self.registry.cleaned[a.id] for a in level if a.id in self.registry.cleaned]
             deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace, reached)
             try:

@@ -3,7 +3,7 @@
 A *service run* is a long-lived `mpvisor run --file` whose tasks are services: each may come
 `after` others and starts only once those are ready; it may say when it is ready (a Python
 target's `mpvisor.context().ready()`, a program's `READY=1` on systemd's notify socket, or a
-probe: TCP, a command, a file), be checked while it runs (a health probe, a watchdog), write its
+probe: TCP, a command, a file; or, for a one-shot task, its success), be checked while it runs (a health probe, a watchdog), write its
 output to rotated log files, and be controlled from another shell (`mpvisor status`, `stop`,
 `start`, `restart`, `logs`, `reload`).
 
@@ -15,6 +15,7 @@ output to rotated log files, and be controlled from another shell (`mpvisor stat
 | `notify` | systemd's notify protocol: a socket per attempt, and mpvisor's own notifications | I/O |
 | `logfiles` | a task's output in files: rotation by size and day, gzip, reopen, a full disk | I/O (a thread) |
 | `control` | the run's control socket: who may ask, what they may ask, and the answers | I/O |
+| `hangup` | a SIGHUP while the run starts up: remembered, then one reload once it can | signals |
 | `manager` | one service run: the shell that wires all of the above to a runtime | I/O |
 
 May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_api`, `_platform`.

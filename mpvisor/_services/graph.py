@@ -9,6 +9,7 @@ no clock: the manager (`manager.py`) asks, then acts.
 | which cycles should a file's check report? | `cycles(after)` | each cycle that shares no service with one found before it |
 | which waiting services may start now? | `startable(after, waiting, ready)` | those whose every dependency is ready, in file order |
 | which waiting services can never start? | `blocked(after, waiting, ended)` | each with the dependency that ended, also through others |
+| what may a (re)started service unblock? | `dependents(after, names)` | every service that comes after one of `names`, directly or through others |
 | in which order do they stop? | `stop_levels(after, names)` | groups: every dependent before what it depends on |
 | what did a reload change? | `diff(old, new)` | `Changes`: added, removed, changed, unchanged (by definition's equality) |
 """
@@ -83,6 +84,20 @@ def blocked(after: Graph, waiting: Sequence[str], ended: Mapping[str, str]) -> d
                     continue
                 changed = True
                 break
+    return found
+
+
+def dependents(after: Graph, names: Collection[str]) -> set[str]:
+    """Every service that comes after one of `names`, directly or through another (not `names`
+    themselves, unless one comes after another): those a new instance of `names` may unblock."""
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, deps in after.items():
+            if name not in found and any(dep in names or dep in found for dep in deps):
+                found.add(name)
+                changed = True
     return found
 
 

@@ -12,10 +12,12 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 | a service ... | state | what happens next |
 |---|---|---|
 | comes after one that is not ready yet | `waiting` | started once all it comes after are ready |
-| comes after one that ended for good | `not started` | never started: its outcome says which dependency ended and how |
+| comes after one that ended for good | `not started` | not started (its outcome says which dependency ended and how) until a start or reload starts that one anew (`_rearm`) |
+| was added; its first attempt has not started yet (its slot, a place under `max_concurrent`) | `queued` | `starting` |
 | was added; its attempt runs, not ready yet | `starting` | ready (its `ready` check) or failed after `ready_timeout` |
 | is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
 | is between attempts | `backoff` | its next attempt (restart policy) |
+| is asked to stop (`mpvisor stop`, a reload, the run's shutdown) and in its grace | `stopping` | `stopped` or `ended` |
 | was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start` starts it again |
 | ended | `ended` | a reload, or `mpvisor start`, may start it again |
 
@@ -45,7 +47,7 @@ from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
-from mpvisor._services import graph
+from mpvisor._services import graph, hangup
 from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
 from mpvisor._services.notify import (
@@ -89,6 +91,7 @@ class Service:
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
+        self.settling: asyncio.Task[None] | None = None  # is an attempt that succeeded unready ready? (`_ready_at_end`)
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.notify: NotifySocket | None = None
         self.ended: asyncio.Event = asyncio.Event()
@@ -109,6 +112,9 @@ class Service:
         for check in self.checks:
             check.cancel()
         self.checks.clear()
+        if self.settling is not None:
+            self.settling.cancel()
+            self.settling = None
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
@@ -168,6 +174,8 @@ class ServiceRun:
                 self._signals.append(signum)
             except (RuntimeError, ValueError):  # not the main thread: no signal handlers
                 pass
+        if signal.SIGHUP in self._signals and hangup.taken():  # one came while the run started up
+            self._on_sighup()
         self._watchdog_ping()
         await self.advance()
 
@@ -257,12 +265,22 @@ class ServiceRun:
         self._maybe_ready()
         self.runtime.notify()
 
+    def _rearm(self, names: list[str]) -> None:
+        """New instances of `names` are about to start: what an end of theirs (or of one they
+        unblock) had left `not started` waits again, directly or through another; nothing else."""
+        after = {n: s.settings.after for n, s in self.services.items()}
+        for name in graph.dependents(after, names):
+            if self.services[name].state == "not started":
+                self.services[name].state = "waiting"
+
     async def _launch(self, services: list[Service]) -> None:
         """Add `services` (those without a slot in one batch), each watched to its outcome."""
         direct = [s for s in services if s.task.slot is None]
-        for service in services:  # one with a slot waits for it first
-            service.state = "starting" if service.task.slot is None else "queued"
+        for service in services:  # until its attempt starts (`started`): its slot, a place under max_concurrent
+            service.state = "queued"
             service.was_ready, service.stopped = False, False
+            if service.last is not None and service.last.startswith("not started"):
+                service.last = None  # it starts after all
             service.ended.clear()
             if self._added is not None:
                 self._added(service.task)
@@ -289,6 +307,8 @@ class ServiceRun:
 
     async def _reported(self, service: Service, waiter: TaskWaiter) -> None:
         outcome: TaskOutcome = (await self._report(service.task, waiter)).outcome
+        if service.id == waiter.id and service.settling is not None:  # its end counts once that is known
+            await asyncio.wait([service.settling])
         if service.id == waiter.id:
             service.id, service.pid = None, None
             service.state = "stopped" if service.stopped else "ended"
@@ -362,6 +382,8 @@ class ServiceRun:
         if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
             self.ready(id, name, attempt, "started")
             return
+        if check.kind == "completed":  # ready once an attempt succeeds (`ended`): no ready_timeout
+            return
         timeout = service.settings.ready_timeout
         if check.kind == "notify":
             said = "no ready() call" if service.task.spec.task.__class__.__name__ == "TaskFn" else "no READY=1 on NOTIFY_SOCKET"
@@ -417,11 +439,21 @@ class ServiceRun:
         if service.state != "stopping":  # (a stop asked for: its outcome comes next)
             service.state = "backoff" if failed else "scheduled"  # a retry, or a periodic task's next run
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
+        check = service.settings.ready
+        if end.kind is AttemptResult.SUCCEEDED and not service.was_ready and check is not None and check.kind != "notify":
+            service.settling = self.loop.create_task(self._ready_at_end(service, id))
         uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
         log = self._files.get(name, {}).get("stderr")
         if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
             for line in uncaught.splitlines():
                 log.write(line)
+
+    def stopping(self, id: int, name: str) -> None:
+        """Shutdown stops it now (its group: dependents first): `stopping` until its end. (Only
+        its current instance: an ended one, or one whose id is not known yet, stays as it is.)"""
+        service = self.services.get(name)
+        if service is not None and service.id == id:
+            service.state = "stopping"
 
     # --- readiness and liveness ----------------------------------------------------------------------
 
@@ -465,6 +497,20 @@ class ServiceRun:
             last = failed
             await asyncio.sleep(min(READY_POLL, max(deadline - self.loop.time(), 0)))
 
+    async def _ready_at_end(self, service: Service, id: int) -> None:
+        """An attempt succeeded before its instance was ready: with `ready = "completed"` that
+        makes it ready; a probe is checked once more (a one-shot task may create its file and
+        exit between two polls), and its pass makes it ready. Its dependents start then; the
+        task's outcome is acted on once this is done (`_reported`)."""
+        check = service.settings.ready
+        assert check is not None
+        cwd = getattr(service.task.spec.task, "cwd", None)
+        if check.kind != "completed" and await probe(check, PROBE_TIMEOUT, cwd=cwd) is not None:
+            return
+        if service.id == id and not service.was_ready:
+            service.was_ready = True
+            self._in_background(self.advance())
+
     async def _probe_health(self, service: Service, id: int, attempt: int) -> None:
         settings = service.settings
         check = settings.health
@@ -502,12 +548,18 @@ class ServiceRun:
         now = time.monotonic()
         rows = []
         for service in self.services.values():
-            has_ready = service.settings.ready is not None
+            check = service.settings.ready
+            if check is None:
+                ready = None
+            elif check.kind == "completed":  # the instance's: an attempt of it succeeded
+                ready = service.was_ready
+            else:  # the current attempt's
+                ready = service.ready and service.pid is not None
             rows.append({
                 "task": service.name,
                 "state": service.state,
                 "pid": service.pid,
-                "ready": (service.ready if has_ready else None) if service.pid is not None else (False if has_ready else None),
+                "ready": ready,
                 "uptime": now - service.started_at if service.started_at is not None else None,
                 "restarts": service.restarts,
                 "last": service.last,
@@ -546,9 +598,8 @@ class ServiceRun:
     async def _start(self, service: Service) -> str:
         if self.runtime.shutdown_started:
             raise ControlError("the run is shutting down")
-        for other in self.services.values():  # what its end had blocked may start once it is ready
-            if other.state == "not started" or other is service:
-                other.state = "waiting"
+        service.state = "waiting"
+        self._rearm([service.name])
         missing = [d for d in service.settings.after if d in self.services and not _counts_as_ready(self.services[d])]
         try:
             await self._advance()
@@ -621,6 +672,7 @@ class ServiceRun:
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
             self.services = services
+            self._rearm([*changes.added, *changes.changed])
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]

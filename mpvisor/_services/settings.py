@@ -7,15 +7,16 @@ are absolute (a log path's `{task}` is already the task's name).
 | setting | meaning | default |
 |---|---|---|
 | `after` | the tasks that must be *ready* before this one starts | none |
-| `ready` | when it is ready: `notify` (it says so itself), a `tcp`, `cmd` or `file` probe | ready once started |
-| `ready_timeout` | seconds from an attempt's start for it to become ready; past it the attempt fails | 60 |
+| `ready` | when it is ready: `notify` (it says so itself), a `tcp`, `cmd` or `file` probe, `completed` (an attempt succeeded) | ready once started |
+| `ready_timeout` | seconds from an attempt's start for it to become ready; past it the attempt fails (not for `completed`) | 60 |
 | `health` | a `tcp` or `cmd` probe run every `health_interval` s once it is ready | none |
 | `health_failures` | failures in a row that fail the attempt | 3 |
 | `watchdog` | seconds within which a notify-speaking program must send `WATCHDOG=1` again | none |
 | `logs` | where its stdout and stderr lines go, and how those files rotate | the run's stderr |
 
 `Check.parse` reads a check as written in the file: `notify`, `tcp:HOST:PORT` (`HOST` may be
-`[::1]`), `cmd:PROGRAM ARGS` (split as a shell splits words, run without a shell), `file:PATH`.
+`[::1]`), `cmd:PROGRAM ARGS` (split as a shell splits words, run without a shell), `file:PATH`,
+`completed`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import os
 import shlex
 from dataclasses import dataclass
 
-CHECK_KINDS = ("notify", "tcp", "cmd", "file")
+CHECK_KINDS = ("notify", "tcp", "cmd", "file", "completed")
+_WORDS = ("notify", "completed")  # the checks written as one word
 DEFAULT_READY_TIMEOUT = 60.0
 DEFAULT_HEALTH_INTERVAL = 10.0
 DEFAULT_HEALTH_FAILURES = 3
@@ -53,10 +55,10 @@ class Check:
         if not isinstance(text, str) or not text:
             raise ValueError(f"expected a check (a string: {_forms(kinds)})")
         kind, colon, rest = text.partition(":")
-        if kind not in kinds or (kind == "notify") == bool(colon):
+        if kind not in kinds or (kind in _WORDS) == bool(colon):
             raise ValueError(f"expected {_forms(kinds)}, got {text!r}")
-        if kind == "notify":
-            return cls("notify", text)
+        if kind in _WORDS:
+            return cls(kind, text)
         if kind == "tcp":
             host, port = _host_port(rest, text)
             return cls("tcp", text, host=host, port=port)
@@ -74,7 +76,7 @@ class Check:
 
 
 def _forms(kinds: tuple[str, ...]) -> str:
-    forms = {"notify": '"notify"', "tcp": '"tcp:HOST:PORT"', "cmd": '"cmd:COMMAND ARGS"', "file": '"file:PATH"'}
+    forms = {"notify": '"notify"', "completed": '"completed"', "tcp": '"tcp:HOST:PORT"', "cmd": '"cmd:COMMAND ARGS"', "file": '"file:PATH"'}
     return ", ".join(forms[k] for k in kinds)
 
 

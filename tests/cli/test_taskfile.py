@@ -550,6 +550,7 @@ GOOD = [
     ("ready", "\"cmd:pg_isready -h 'db host'\"", "ready", Check("cmd", "cmd:pg_isready -h 'db host'", argv=("pg_isready", "-h", "db host"))),
     ("ready", '"file:run/ready"', "ready", Check("file", "file:run/ready", path="/base/run/ready")),
     ("ready", '"file:/tmp/x/../ready"', "ready", Check("file", "file:/tmp/x/../ready", path="/tmp/ready")),
+    ("ready", '"completed"', "ready", Check("completed", "completed")),
     ("health", '"tcp:db:5432"', "health", Check("tcp", "tcp:db:5432", host="db", port=5432)),
     ("health", '"cmd:true"', "health", Check("cmd", "cmd:true", argv=("true",))),
     ("ready_timeout", "5", "ready_timeout", 5.0),
@@ -593,15 +594,20 @@ def _attribute(service: ServiceSettings, path: str) -> Any:
 def test_each_service_key_takes_its_good_values_in_a_task_and_in_the_defaults(table, key, value, attribute, expected):
     line = f"{key} = {value}\n"
     text = ("[defaults]\n" + line if table == "defaults" else "") + "[task.a]\ncommand = ['x']\nlog = 'a.log'\n"
-    text += line if table == "task" else ""
+    text += FEATURE.get(key, "") + (line if table == "task" else "")
     assert _attribute(service_of(text), attribute) == expected
 
 
+FEATURE = {"ready_timeout": "ready = 'notify'\n", "health_interval": "health = 'cmd:true'\n",
+           "health_failures": "health = 'cmd:true'\n"}  # (a key about a feature needs it in a task's own table)
+
+
 BAD = [
-    ("ready", "5", 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got an integer: 5'),
-    ("ready", '""', 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH"), got a string: ""'),
-    ("ready", '"http://x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'http://x'"),
-    ("ready", '"notify:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", got 'notify:x'"),
+    ("ready", "5", 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH", "completed"), got an integer: 5'),
+    ("ready", '""', 'expected a check (a string: "notify", "tcp:HOST:PORT", "cmd:COMMAND ARGS", "file:PATH", "completed"), got a string: ""'),
+    ("ready", '"http://x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'http://x'"),
+    ("ready", '"notify:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'notify:x'"),
+    ("ready", '"completed:x"', "expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'completed:x'"),
     ("ready", '"tcp:localhost"', "'tcp:localhost': expected tcp:HOST:PORT"),
     ("ready", '"tcp:h:99999"', "'tcp:h:99999': the port must be a number from 1 to 65535, got '99999'"),
     ("ready", '"tcp::80"', "'tcp::80': no host (write tcp:127.0.0.1:80)"),
@@ -610,6 +616,7 @@ BAD = [
     ("ready", '"file:"', "'file:': no path after file:"),
     ("ready", '"file:a\\u0000b"', 'a check must not hold NUL, got "file:a\\u0000b"'),
     ("health", '"notify"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'"),
+    ("health", '"completed"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'completed'"),
     ("health", '"file:x"', "expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'file:x'"),
     ("health", "[]", 'expected a check (a string: "tcp:HOST:PORT", "cmd:COMMAND ARGS"), got an array: []'),
     *((key, value, expected)  # as every duration of a file and of the command line is read
@@ -784,6 +791,37 @@ def test_log_keys_that_cannot_apply_are_errors(text, expected):
     assert errors(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("[task.a]\ncommand = ['x']\nhealth_interval = 5\nhealth_failures = 2\n",
+     ['task "a".health_interval: says how the health check runs, but the task has none: set health',
+      'task "a".health_failures: says how the health check runs, but the task has none: set health']),
+    ("[task.a]\ncommand = ['x']\nready_timeout = 5\n",
+     ['task "a".ready_timeout: says how long readiness may take, but the task has no ready check (it is ready once '
+      'started): set ready']),
+    ("[task.a]\ncommand = ['x']\nready = 'completed'\nready_timeout = 5\n",
+     ['task "a".ready_timeout: has no meaning with ready = "completed" (the task\'s timeout bounds an attempt)']),
+    ("[defaults]\nready = 'completed'\n[task.a]\ncommand = ['x']\nready_timeout = 5\n",
+     ['task "a".ready_timeout: has no meaning with ready = "completed" (the task\'s timeout bounds an attempt)']),
+    ("[task.a]\ncommand = ['x']\nhealth = 'notify'\nhealth_failures = 2\n",  # a bad health: that is the error
+     ["task \"a\".health: expected \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", got 'notify'"]),
+    ("[task.a]\ncommand = ['x']\nready = 'soon'\nready_timeout = 5\n",  # a bad ready: likewise
+     ["task \"a\".ready: expected \"notify\", \"tcp:HOST:PORT\", \"cmd:COMMAND ARGS\", \"file:PATH\", \"completed\", got 'soon'"]),
+])
+def test_service_keys_about_a_check_the_task_does_not_have_are_errors(text, expected):
+    """As log keys without a log file and retry keys without a restart: in a task's own table."""
+    assert errors(text) == expected
+
+
+def test_service_keys_in_the_defaults_apply_to_the_tasks_that_have_the_check():
+    parsed = parse_text("[defaults]\nhealth_interval = 5\nhealth_failures = 2\nready_timeout = 7\n"
+                        "[task.plain]\ncommand = ['x']\n[task.checked]\ncommand = ['x']\nready = 'notify'\n"
+                        "health = 'cmd:true'\n[task.done]\ncommand = ['x']\nready = 'completed'\n")
+    assert parsed.ok, parsed.errors
+    assert parsed.tasks[1].service == ServiceSettings(ready=Check("notify", "notify"), ready_timeout=7.0,
+                                                      health=Check("cmd", "cmd:true", argv=("true",)),
+                                                      health_interval=5.0, health_failures=2)
+
+
 def test_log_keys_in_the_defaults_apply_to_the_tasks_that_have_a_path():
     parsed = parse_text("[defaults]\nlog_max_bytes = 0\nlog_backups = 2\nlog_rotate = 'daily'\nlog_compress = true\n"
                         "[task.quiet]\ncommand = ['x']\n[task.logged]\ncommand = ['x']\nstderr = 'e.log'\nlog_backups = 9\n", "/base")
@@ -803,6 +841,7 @@ RELOADED = """
 [task.db]
 command = ["postgres"]
 ready = "tcp:127.0.0.1:5432"
+health = "tcp:127.0.0.1:5432"
 health_interval = 2
 [task.api]
 target = "myapp.api:serve"
@@ -834,7 +873,8 @@ def test_two_parses_of_a_file_compare_task_by_task():
     assert diff(first, tasks(default='health_interval = "30s"')).changed == ("api", "worker")
     assert diff(first, tasks(default="log_backups = 1")).changed == ("worker",)
     assert diff(tasks(default="log_backups = 1"), tasks(default="log_backups = 1")).unchanged == ("db", "api", "worker")
-    assert diff(first, tasks(default="health_failures = 4", api="health_failures = 3")).changed == ("db", "worker")
+    checked = 'health = "cmd:true"'
+    assert diff(tasks(api=checked), tasks(default="health_failures = 4", api=f"{checked}\nhealth_failures = 3")).changed == ("db", "worker")
 
 
 # --- `mpvisor check` of a file with services ---

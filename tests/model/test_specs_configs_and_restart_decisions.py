@@ -26,6 +26,7 @@ from mpvisor._model.restart import (
     Stop,
     Streak,
     decide,
+    ordinal,
 )
 from mpvisor._model.spec import (
     INHERIT,
@@ -485,7 +486,7 @@ def test_restart_intensity_stops_at_the_first_restart_over_the_window(max_restar
                                 rng=random.Random(1), reason="boom", intensity=intensity, now=now)
         if isinstance(action, Stop):
             assert action.outcome_kind is OutcomeKind.FAILED
-            assert action.reason.startswith(f"restart intensity exceeded: {max_restarts + 1} restarts within {within:g} s (at most {max_restarts})")
+            assert action.reason.startswith(f"restart intensity exceeded: a {ordinal(max_restarts + 1)} restart within {within:g} s (at most {max_restarts})")
             assert action.reason.endswith(": boom") if result is not AttemptResult.SUCCEEDED else True
             stopped_at = i
             break
@@ -540,3 +541,10 @@ def test_restart_intensity_is_validated_and_inherited() -> None:
     assert spec.resolve(defaults).restart_intensity == RestartIntensity(5, 60)
     assert spec.with_restart_intensity(2, 10).resolve(defaults).restart_intensity == RestartIntensity(2, 10.0)
     assert dataclasses.replace(spec, restart_intensity=None).resolve(defaults).restart_intensity is None
+
+
+@pytest.mark.parametrize("n, text", [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"),
+                                     (13, "13th"), (21, "21st"), (22, "22nd"), (101, "101st"), (111, "111th")])
+def test_the_refused_restart_is_named_by_its_ordinal(n, text):
+    """`restart intensity exceeded: a 4th restart within 10 s (at most 3)`: 3 restarts ran."""
+    assert ordinal(n) == text

@@ -6,7 +6,16 @@ import itertools
 
 import pytest
 
-from mpvisor._services.graph import Changes, blocked, cycle, cycles, diff, startable, stop_levels
+from mpvisor._services.graph import (
+    Changes,
+    blocked,
+    cycle,
+    cycles,
+    dependents,
+    diff,
+    startable,
+    stop_levels,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -96,3 +105,17 @@ def test_a_reload_diff_names_what_was_added_removed_changed_and_kept():
     changes = diff({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "d": 4})
     assert changes == Changes(added=("d",), removed=("c",), changed=("b",), unchanged=("a",))
     assert changes and not diff({"a": 1}, {"a": 1})
+
+
+@pytest.mark.parametrize(
+    "after, names, found",
+    [
+        ({"db": [], "api": ["db"], "web": ["api"], "other": []}, ["db"], {"api", "web"}),
+        ({"db": [], "api": ["db"], "web": ["api"], "other": []}, ["api"], {"web"}),
+        ({"db": [], "api": ["db"], "other": []}, ["other"], set()),
+        ({"a": [], "b": [], "c": ["a", "b"], "d": ["c"]}, ["b"], {"c", "d"}),
+    ],
+)
+def test_dependents_are_every_service_after_one_of_the_names_also_through_others(after, names, found):
+    """What a new instance of `names` may unblock: no unrelated service, not the names themselves."""
+    assert dependents(after, names) == found

@@ -688,3 +688,147 @@ def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None
     none = run.ctl("logs", "quiet", "services.toml")
     assert none.returncode == 1 and none.stderr.strip() == (
         'mpvisor: quiet has no log file (give it log = "...", or stdout / stderr, in the task file)'), none
+
+
+def test_a_reload_that_fixes_a_failed_dependency_starts_exactly_what_it_had_left_not_started(run: Run) -> None:
+    """db fails before it is ready, so api (and web, through api) are not started; a reload that
+    changes db starts db anew and, once it is ready, api and web, and a task it adds after db;
+    stuck, whose dependency is another that ended, stays not started, also after a `restart` of
+    an unrelated task."""
+    text = """
+        [defaults]
+        grace = 1
+
+        [task.db]
+        command = ["sh", "-c", "test -e ok || exit 4; exec sleep 30"]
+        ready = "file:ok"
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+
+        [task.web]
+        command = ["sleep", "30"]
+        after = ["api"]
+
+        [task.broken]
+        command = ["sh", "-c", "exit 3"]
+        ready = "file:never"
+
+        [task.stuck]
+        command = ["sleep", "30"]
+        after = ["broken"]
+
+        [task.other]
+        command = ["sleep", "30"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: all(rows[t]["state"] == "not started" for t in ("api", "web", "stuck"))
+                    and rows["other"]["pid"])
+    (run.directory / "ok").touch()
+    run.write(text.replace("exit 4", "exit 5") + '\n[task.new]\ncommand = ["sleep", "30"]\nafter = ["db"]\n')
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "added: new; changed: db" in reloaded.stdout, reloaded
+    rows = run.wait_status(lambda rows: all(rows[t]["pid"] for t in ("db", "api", "web", "new")))
+    assert rows["stuck"]["state"] == "not started" and rows["api"]["last"] is None, rows
+    restarted = run.ctl("restart", "other")
+    assert restarted.returncode == 0, restarted.stderr
+    assert run.status()["stuck"]["state"] == "not started"
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
+def test_a_one_shot_task_whose_probe_passes_as_it_exits_gates_what_comes_after_it(run: Run) -> None:
+    """migrate creates its file as it exits, between two polls of its `file:` probe: the probe
+    is checked once more on that successful end, passes, and web starts (it was `not started:
+    migrate ended completed`)."""
+    run.write("""
+        [task.migrate]
+        command = ["sh", "-c", "sleep 0.5; exec touch migrated"]
+        ready = "file:migrated"
+
+        [task.web]
+        command = ["sh", "-c", "test -e migrated"]
+        after = ["migrate"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, err
+    assert "mpvisor: web: completed" in err, err
+
+
+def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeeded(run: Run) -> None:
+    """`ready = "completed"`: web starts only after migrate's attempt succeeded (its command
+    fails unless the file migrate creates last is there); status shows migrate ready, the
+    instance's readiness, once it has ended."""
+    run.write("""
+        [task.migrate]
+        command = ["sh", "-c", "sleep 0.3; touch migrated"]
+        ready = "completed"
+
+        [task.web]
+        command = ["sh", "-c", "test -e migrated && exec sleep 30"]
+        after = ["migrate"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["web"]["pid"] is not None)
+    assert rows["migrate"]["state"] == "ended" and rows["migrate"]["ready"] is True, rows
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: migrate: completed" in err and "mpvisor: web: canceled" in err, err
+
+
+def test_a_sighup_while_the_run_starts_up_is_a_reload_once_it_can_reload(run: Run) -> None:
+    """SIGHUP from the moment the process exists until its control socket answers: it never
+    ends the run (it died with 129 before it could reload), and the run reloads once it can.
+    The run is started with SIGHUP blocked, so the first one is sure to come before mpvisor's
+    own code runs (it takes SIGHUP, and unblocks it, first thing)."""
+    run.write("""
+        [task.one]
+        command = ["sleep", "30"]
+    """)
+    assert MPVISOR is not None
+    run.proc = subprocess.Popen([MPVISOR, "run", "--file", "services.toml"], cwd=run.directory, env=run.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP}))
+    sent = 0
+    while not run.listening():
+        assert run.proc.poll() is None, run.proc.communicate()
+        run.proc.send_signal(signal.SIGHUP)
+        sent += 1
+    run.wait_status(lambda rows: rows["one"]["pid"])
+    status, _, err = run.stop()
+    assert sent >= 1 and status == -signal.SIGTERM, err
+    assert "mpvisor: reloaded " in err and "nothing changed (1 unchanged)" in err, err
+
+
+def test_status_shows_a_task_waiting_for_a_place_queued_and_one_stopped_by_shutdown_stopping(run: Run) -> None:
+    """Under max_concurrent = 2 the third task waits for a place: `queued`, no pid (it showed
+    `starting`, which says its attempt runs). After SIGTERM, a task in its grace window is
+    `stopping` (it showed `running`), as after a `mpvisor stop`."""
+    run.write("""
+        [defaults]
+        grace = 2
+        max_concurrent = 2
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; exec sleep 30"]
+
+        [task.one]
+        command = ["sleep", "30"]
+
+        [task.two]
+        command = ["sleep", "30"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["stubborn"]["pid"] and (rows["one"]["pid"] or rows["two"]["pid"]))
+    waiting = rows["two"] if rows["one"]["pid"] else rows["one"]
+    assert (waiting["state"], waiting["pid"]) == ("queued", None), rows
+    assert run.proc is not None
+    run.proc.send_signal(signal.SIGTERM)
+    rows = run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping", timeout=1.8)
+    assert rows["stubborn"]["pid"], rows
+    _, err = run.proc.communicate(timeout=30)
+    assert run.proc.returncode == -signal.SIGTERM, err
+    assert "stubborn: force_aborted" in err, err
