@@ -451,8 +451,7 @@ class LogFile:
     def _rotate(self) -> None:
         self._close_fd()
         with self._names:
-            existing = [name for name in backup_names(self.path, self.settings.backups)
-                        if os.path.lexists(name)]
+            existing = _existing(self.path, self.settings.backups)
             failure = _apply(shift_plan(self.path, self.settings.backups, existing))
         if failure and not self._writer.rotate_failing:
             self._say(f"mpvisor: log file {self.path}: cannot rotate ({failure}); it grows on")
@@ -504,6 +503,18 @@ class _WriterState:
         self.torn = False  # the last write stopped mid-line
         self.dropped = 0  # lines the writer lost in all
         self.rotate_failing = False  # the last rotation failed (reported once until one works)
+
+
+def _existing(path: str, backups: int) -> list[str]:
+    """The names of `backup_names` that exist, from one listing of their folder: a check per
+    name would cost the thread a turn at the GIL each while the event loop is busy (a burst),
+    and a rotation with many backups a good part of a second."""
+    names = backup_names(path, backups)
+    try:
+        listed = set(os.listdir(os.path.dirname(path) or "."))
+    except OSError:  # a folder that cannot be listed: look name by name
+        return [name for name in names if os.path.lexists(name)]
+    return [name for name in names if os.path.basename(name) in listed]
 
 
 def _apply(steps: Iterable[Step]) -> str | None:
@@ -561,8 +572,7 @@ class _Compressor:
 
     def _compress_all(self) -> None:
         with self._names:
-            existing = [name for name in backup_names(self._path, self._backups)
-                        if os.path.lexists(name)]
+            existing = _existing(self._path, self._backups)
         for name in to_compress(self._path, self._backups, existing):
             self._compress(name)
 

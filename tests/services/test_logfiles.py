@@ -24,6 +24,7 @@ from mpvisor._services.logfiles import (
     LogFile,
     LogFiles,
     Step,
+    _existing,
     backup_names,
     batch_end,
     rotation_due,
@@ -466,6 +467,18 @@ def test_a_backup_that_cannot_be_compressed_stays_plain_and_is_reported_once(
     ), problems.messages
     assert family(path) == ["app.log", "app.log.1", "app.log.2", "app.log.compressing"]
     assert oldest_first(path, 2) == lines
+
+
+def test_a_rotation_finds_the_files_of_its_family_in_one_listing(tmp_path: Path) -> None:
+    """`_existing` (what a rotation and the compressor start from) names exactly the family's
+    files that exist, dangling links too, in `backup_names` order; not others in the folder,
+    nor an index past N; none in a folder that does not exist."""
+    path = str(tmp_path / "app.log")
+    for name in ("app.log", "app.log.2.gz", "app.log.3", "app.log.9", "other.log", "app.log.1.tmp"):
+        Path(tmp_path / name).write_text("x")
+    os.symlink(tmp_path / "gone", tmp_path / "app.log.1")
+    assert _existing(path, 3) == [path, f"{path}.1", f"{path}.2.gz", f"{path}.3"]
+    assert _existing(str(tmp_path / "missing" / "app.log"), 3) == []
 
 
 # ---- rotation by day -------------------------------------------------------------------------
