@@ -9,6 +9,12 @@ Two conventions hold for every command, before any of them imports the runtime (
   not succeed, and one line says which stream and why. `take_stdout` keeps stdout for
   machine-readable output and points fd 1 at stderr, under the same guard; `write_line` writes
   one line and flushes it.
+
+The tasks inherit stderr and write to it directly, so a task may leave a line there without its
+newline. mpvisor's own lines on stderr still start a line of their own where that can be seen:
+on a regular file, the guard reads the byte before the shared offset back before each line it
+starts, and writes a newline first if it is not one (`_LineStart`). A terminal or a pipe cannot
+be read back: there mpvisor's line follows on, as a program's after another in a shell.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import contextlib
 import os
 import re
+import stat
 import sys
 import threading
 
@@ -120,15 +127,51 @@ class _Lost:
 _LOST = _Lost()
 
 
+class _LineStart:
+    """Whether a write to `fd`, a stream the tasks inherit and write to directly, would land in
+    the middle of a line one of them left unfinished. Read from the file itself: the byte just
+    before the offset `fd` shares with the tasks (where the last write through it, mpvisor's or
+    a task's, ended), through a descriptor of its own opened for reading. Only a regular file
+    can be read back: on a terminal or a pipe (or a file mpvisor may not read) the answer is
+    always no, and the line is glued as after a program run by a shell."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.reader: int | None = None
+        self.looked = False  # whether `reader` was tried
+
+    def mid_line(self) -> bool:
+        if not self.looked:
+            self.looked = True
+            self.reader = self._open_reader()
+        if self.reader is None:
+            return False
+        try:
+            end = os.lseek(self.fd, 0, os.SEEK_CUR)  # where the last write through it ended
+            return end > 0 and os.pread(self.reader, 1, end - 1) not in (b"\n", b"")
+        except OSError:
+            return False
+
+    def _open_reader(self) -> int | None:
+        try:
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                return None
+            return os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+
+
 class _Guarded:
     """A text stream whose write errors are recorded in `_LOST`, never raised. `inner` None: the
     stream was closed at start (writing to it loses the text; writing nothing loses nothing)."""
 
-    def __init__(self, inner: IO[str] | None, label: str, fd: int) -> None:
+    def __init__(self, inner: IO[str] | None, label: str, fd: int, *, shared: bool = False) -> None:
         self.inner = inner
         self.label = label  # "stdout" or "stderr": where the text was meant to go
         self.fd = fd
         self.failed = inner is None
+        self.line_start: _LineStart | None = _LineStart(fd) if shared else None  # the tasks write here too
+        self.at_line_start = True  # what this stream was given so far ends a line
 
     def write(self, text: str) -> int:
         if self.inner is None:
@@ -136,6 +179,11 @@ class _Guarded:
                 _LOST.note(self.label, CLOSED_AT_START)
         elif not self.failed:
             try:
+                if self.line_start is not None and self.at_line_start and text:
+                    self.inner.flush()  # its own text first: the file ends as the tasks left it
+                    if self.line_start.mid_line():
+                        text = "\n" + text  # a task left a line unfinished: mpvisor's starts a new one
+                self.at_line_start = text.endswith("\n")
                 return self.inner.write(text)
             except OSError as exc:
                 self.lose(exc)
@@ -229,7 +277,7 @@ def guarded_output() -> Iterator[None]:
         _LOST.held.update(_platform.hold_standard_fds())
     saved = sys.stdout, sys.stderr
     guards = [_Guarded(None if 1 in _LOST.held else sys.stdout, "stdout", 1),
-              _Guarded(None if 2 in _LOST.held else sys.stderr, "stderr", 2)]
+              _Guarded(None if 2 in _LOST.held else sys.stderr, "stderr", 2, shared=True)]
     _LOST.streams.extend(guards)
     sys.stdout, sys.stderr = guards[0], guards[1]
     try:

@@ -1,28 +1,34 @@
 """Where do a task's output lines go when it has log files?
 
 Into files, one `LogFile` per path, each written by a thread of its own: the caller (the
-manager, on the event loop) only puts a line into a bounded in-memory queue, so `write` never
+manager, on the event loop) only appends a line to a bounded in-memory queue, so `write` never
 blocks it. `LogFiles` is the run's set of them: two tasks, or both streams of one task, that
 name one path share one `LogFile` (one writer), so their lines never interleave mid-line.
 
 A `LogFile` owns its path's file descriptor, its rotated files (`FILE.1` ... `FILE.N`, or
 `FILE.1.gz` ... with `compress`), its writer thread and, with `compress`, a compressor thread
-that gzips rotated files so that the writer never waits on gzip. Each line is one `os.write`
-of `line + "\\n"` (UTF-8, errors replaced) to a file opened `O_APPEND`, so lines never
-interleave mid-line with other writers either. Trouble is reported through
-`on_problem(message)`, called from those threads (never from the caller's): once when lines
-start being lost, once more (with the count) when lines are written again.
+that gzips rotated files so that the writer never waits on gzip. The writer takes everything
+queued at once and writes its lines (each `line + "\\n"`, UTF-8, errors replaced) in as few
+`os.write` calls as rotation allows: one, unless a rotation falls inside the batch, where it is
+split (`batch_end`). Each write holds whole lines and the file is opened `O_APPEND`, so lines
+never interleave mid-line with other writers either. The queue is bounded in bytes
+(`queue_bytes`, 16 MiB; a line counts its length and `LINE_COST` bytes more, about what Python
+holds for it): what a writer that cannot keep up (a full disk, a stuck NFS server) has not
+taken by then is dropped, never waited for. Trouble is reported through `on_problem(message)`,
+called from those threads (never from the caller's), as `DropReport` decides: once when lines
+start being lost, once more (with the count) when lines are written again, at most one such pair
+per `REPORT_EVERY` seconds.
 
 | when | it does |
 |---|---|
 | a line would make a non-empty file exceed `max_bytes` (> 0) | rotate, then write the line into the fresh file (a line larger than `max_bytes` goes alone into one) |
-| the first line after local midnight (`daily`; the injected clock), the file not empty | rotate, then write the line |
+| the first batch after local midnight (`daily`; the injected clock), the file not empty | rotate, then write it |
 | a rotation with `backups` = N > 0 | remove `FILE.N[.gz]`, move each `FILE.i[.gz]` to `FILE.i+1[.gz]`, oldest first, then `FILE` to `FILE.1` |
 | a rotation with `backups` = 0 | remove `FILE`: nothing is kept |
 | `compress`, and a `FILE.i` is not gzipped yet | the compressor writes `FILE.i.gz` wherever that file has moved meanwhile, then removes it |
 | the path is not a regular file (`/dev/null`, a terminal) | never rotate |
-| an open or a write fails (`ENOSPC`, `EACCES`, ...) | drop the line and count it; report once; report the count when a line is written again |
-| `write` finds `queue_lines` lines queued | drop the line and count it; reported the same way ("the log writer fell behind") |
+| an open or a write fails (`ENOSPC`, `EACCES`, ...) | drop the lines it did not write and count them; report (`DropReport`) |
+| `write` finds `queue_bytes` queued | drop the line and count it; reported the same way ("the log writer fell behind") |
 | a rotation or a compression fails | report once; the file grows on, or the backup stays uncompressed; no line is lost |
 | `reopen()` (`logrotate` moved the file away, then sent SIGUSR1) | close and open the path again: the next lines go to a new file there |
 | `close()` | write what is queued, finish the compressions, join the threads |
@@ -30,8 +36,8 @@ start being lost, once more (with the count) when lines are written again.
 `dropped` counts every line lost (also those that no written line followed before `close`, so
 never reported with a count); `flush()` waits, off the loop, until what was queued is handled.
 
-The decisions are pure functions (`rotation_due`, `backup_names`, `shift_plan`, `to_compress`);
-the threads only act on them.
+The decisions are pure (`rotation_due`, `batch_end`, `backup_names`, `shift_plan`,
+`to_compress`, `DropReport`); the threads only act on them.
 """
 
 from __future__ import annotations
@@ -45,17 +51,22 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from bisect import bisect_right
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import date
+from itertools import accumulate
 from typing import BinaryIO
 
 from mpvisor._services.settings import LogSettings
 
-QUEUE_LINES = 10_000  # lines a LogFile queues before `write` drops them
+QUEUE_BYTES = 16 << 20  # what waits for a LogFile's writer before `write` drops lines
+LINE_COST = 64  # bytes a queued line counts beyond its length: about what Python holds for it
+REPORT_EVERY = 10.0  # seconds: at most one "dropping lines" / "writing again" pair per file per this
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _FILE_MODE = 0o644
 _GZIP_CHUNK = 1 << 20
 Step = tuple[str, str | None]  # (from, to) of one rename; to None: remove `from`
+BEHIND = "behind"  # the cause of the lines `write` dropped
 
 
 # ---- the pure decisions ----------------------------------------------------------------------
@@ -65,6 +76,21 @@ def rotation_due(size: int, length: int, max_bytes: int, new_day: bool) -> bool:
     """Whether to rotate a file of `size` bytes before writing `length` more: it would grow past
     `max_bytes` (0: no limit), or a new day began (`new_day`). An empty file is never rotated."""
     return size > 0 and (0 < max_bytes < size + length or new_day)
+
+
+def batch_end(size: int, ends: Sequence[int], start: int, max_bytes: int, new_day: bool) -> int:
+    """How far one write of a batch's lines, from line `start`, goes into a file of `size` bytes:
+    lines `start` up to (not including) the index returned, each line's rotation not due
+    (`rotation_due`; `new_day` for line `start` only). `start` itself: a rotation is due first.
+    `ends[i]` is where line i ends in the batch (the lengths summed up to it, newlines included).
+    Into an empty file at least line `start` goes, however long."""
+    before = ends[start - 1] if start else 0
+    if rotation_due(size, ends[start] - before, max_bytes, new_day):
+        return start
+    if max_bytes <= 0:
+        return len(ends)
+    # the first line that would take the file past max_bytes (the file is not empty before it)
+    return max(start + 1, bisect_right(ends, max_bytes - size + before, start))
 
 
 def backup_names(path: str, backups: int) -> list[str]:
@@ -95,6 +121,63 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+class DropReport:
+    """What to say, and when, about a file's lost lines: pure (told the time, it returns the
+    messages; the writer says them).
+
+    An episode begins with the first line lost: said at once, as is each other cause of loss
+    within it. It ends once a line was written after its last loss and at least `every` seconds
+    passed since it began (at once at `close`), with "writing again" and every line lost in it.
+    So a writer that keeps falling behind and catching up says at most one pair per `every`
+    seconds, and "writing again" is true when it is said."""
+
+    def __init__(self, path: str, every: float = REPORT_EVERY) -> None:
+        self.path = path
+        self.every = every
+        self.began: float | None = None  # when the episode's first loss was said; None: no episode
+        self.causes: set[str] = set()  # the causes said in this episode
+        self.lost = 0  # lines lost in this episode
+        self.recovered = False  # a line was written since the episode's last loss
+
+    def lost_lines(self, count: int, cause: str, reason: str | None, now: float) -> list[str]:
+        """`count` lines were lost for `cause` (`BEHIND`, or what failed: "open", "write")."""
+        self.lost += count
+        self.recovered = False
+        if self.began is None:
+            self.began = now
+        if cause in self.causes:
+            return []
+        self.causes.add(cause)
+        if cause == BEHIND:
+            what, until = "the log writer fell behind", "catches up"
+        else:
+            what, until = f"cannot {cause} ({reason})", "can"
+        return [f"mpvisor: log file {self.path}: {what}: dropping lines until it {until}"]
+
+    def written(self, now: float) -> list[str]:
+        """Lines were written."""
+        if self.began is not None:
+            self.recovered = True
+        return self.tick(now)
+
+    def due(self) -> float | None:
+        """When `tick` will end the episode (None: it waits for no time, but for a written line)."""
+        if self.began is None or not self.recovered:
+            return None
+        return self.began + self.every
+
+    def tick(self, now: float, closing: bool = False) -> list[str]:
+        """The end of the episode, if it is due at `now` (or `closing`, and a line was written
+        after the last loss)."""
+        due = self.due()
+        if due is None or (now < due and not closing):
+            return []
+        message = f"mpvisor: log file {self.path}: writing again; {_plural(self.lost, 'line')} dropped"
+        self.began, self.lost, self.recovered = None, 0, False
+        self.causes.clear()
+        return [message]
+
+
 # ---- one log file ----------------------------------------------------------------------------
 
 
@@ -111,7 +194,8 @@ _Item = str | int | threading.Event | _Signal
 class LogFile:
     """One log file, written by a thread of its own.
 
-    `write`, `reopen` and `flush` may be called from any thread; `on_problem` is called from the
+    `write`, `reopen` and `flush` may be called from any thread (not from a signal handler:
+    they take a lock; the manager calls `reopen` from the loop); `on_problem` is called from the
     writer's thread or the compressor's, never from the caller's (it must be thread-safe, e.g.
     `loop.call_soon_threadsafe`), and an exception it raises is ignored."""
 
@@ -122,7 +206,8 @@ class LogFile:
         *,
         on_problem: Callable[[str], None],
         clock: Callable[[], float] = time.time,
-        queue_lines: int = QUEUE_LINES,
+        queue_bytes: int = QUEUE_BYTES,
+        report_every: float = REPORT_EVERY,
         after: LogFile | None = None,
     ) -> None:
         self.path = path
@@ -130,18 +215,21 @@ class LogFile:
         self.settings = settings
         self._on_problem = on_problem
         self._clock = clock
-        self._limit = queue_lines
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._overflow_lock = threading.Lock()
-        self._overflow = 0  # lines `write` dropped whose count is not queued yet
+        self._limit = queue_bytes
+        self._lock = threading.Lock()  # guards the five below
+        self._items: list[_Item] = []  # what waits for the writer, in order
+        self._queued = 0  # what the lines in `_items` count against `_limit`
+        self._overflow = 0  # lines `write` dropped since the last item it queued
         self._overflow_total = 0
         self._closing = False
+        self._wake = threading.Event()  # set while `_items` holds something
         # held while the names of the file's family change (shared with the writer this one follows)
         self._names: threading.Lock = after._names if after is not None else threading.Lock()
         self._compressor: _Compressor | None = None
         if settings.compress and settings.backups:
             self._compressor = _Compressor(path, settings.backups, self._names, self._say)
         self._writer = _WriterState()
+        self._report = DropReport(path, report_every)
         self._thread = threading.Thread(target=self._run, name=f"mpvisor-log {path}", daemon=True)
         self._thread.start()
 
@@ -151,21 +239,29 @@ class LogFile:
         return self._overflow_total + self._writer.dropped
 
     def write(self, line: str) -> None:
-        """Queue `line` (without its newline) for the file; never blocks, never raises. A full
-        queue or a closed LogFile drops the line and counts it."""
-        if self._closing or self._queue.qsize() >= self._limit:
-            with self._overflow_lock:
-                self._overflow += 1
+        """Queue `line` (without its newline) for the file; never blocks (but on the queue's
+        lock, held only to append or to take), never raises. A full queue (`queue_bytes`: a line
+        counts its length and `LINE_COST`; into an empty queue any line goes) or a closed
+        LogFile drops the line and counts it."""
+        cost = len(line) + LINE_COST
+        with self._lock:
+            if self._closing or (self._queued and self._queued + cost > self._limit):
                 self._overflow_total += 1
-            return
-        if self._overflow:
-            self._queue_overflow()
-        self._queue.put(line)
+                if not self._closing:
+                    self._overflow += 1
+                return
+            if self._overflow:
+                self._items.append(self._overflow)
+                self._overflow = 0
+            self._items.append(line)
+            self._queued += cost
+            if not self._wake.is_set():
+                self._wake.set()
 
     def reopen(self) -> None:
         """Ask the writer to close the file and open its path again, after the lines queued so
-        far (external rotation: the file was moved away). Safe in a signal handler."""
-        self._queue.put(_Signal.REOPEN)
+        far (external rotation: the file was moved away)."""
+        self._put(_Signal.REOPEN)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until every line queued before this call was written (or dropped): True, or
@@ -174,7 +270,7 @@ class LogFile:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         handled = threading.Event()
-        self._queue.put(handled)
+        self._put(handled)
         return handled.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -184,22 +280,25 @@ class LogFile:
         self._stop()
         self._join(time.monotonic() + timeout)
 
+    def _put(self, item: _Item) -> None:
+        with self._lock:
+            if self._overflow:
+                self._items.append(self._overflow)
+                self._overflow = 0
+            self._items.append(item)
+            self._wake.set()
+
     def _stop(self) -> None:
-        if not self._closing:
+        with self._lock:
+            if self._closing:
+                return
             self._closing = True
-            self._queue_overflow()
-            self._queue.put(_Signal.STOP)
+        self._put(_Signal.STOP)
 
     def _join(self, deadline: float) -> None:
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._compressor is not None:
             self._compressor.join(deadline)
-
-    def _queue_overflow(self) -> None:
-        with self._overflow_lock:
-            count, self._overflow = self._overflow, 0
-            if count:
-                self._queue.put(count)
 
     def _say(self, message: str) -> None:
         try:
@@ -213,61 +312,113 @@ class LogFile:
         if self._after is not None:  # its lines first, and no rotation of its under this one
             self._after._thread.join()
             self._after = None
-        while (item := self._queue.get()) is not _Signal.STOP:
-            try:
-                self._handle(item)
-            except Exception as exc:  # a bug here must not silence the file for good
-                self._say(f"mpvisor: log file {self.path}: the writer failed ({exc!r}); going on")
+        stopping = False
+        while not stopping:
+            stopping = self._handle(self._take())
+            self._tell(self._report.tick(time.monotonic()))
         self._close_fd()
+        self._tell(self._report.tick(time.monotonic(), closing=True))
         if self._compressor is not None:
             self._compressor.stop()
 
-    def _handle(self, item: _Item) -> None:
-        if isinstance(item, int):  # the lines `write` dropped since it last queued one
-            self._writer.behind = False
-            self._lose(item, "behind")
-        if self._overflow and not self._writer.behind:  # `write` is dropping lines right now
-            self._writer.behind = True
-            self._trouble("behind")
-        if isinstance(item, str):
-            self._write_line(item)
-        elif isinstance(item, threading.Event):
-            item.set()
-        elif item is _Signal.REOPEN:
-            self._reopen()
+    def _take(self) -> list[_Item]:
+        """Everything queued (with the count of lines `write` dropped after it), once there is
+        something, or once the report is due."""
+        due = self._report.due()
+        self._wake.wait(None if due is None else max(0.0, due - time.monotonic()))
+        with self._lock:
+            items, self._items, self._queued = self._items, [], 0
+            if self._overflow:
+                items.append(self._overflow)
+                self._overflow = 0
+            self._wake.clear()
+        return items
 
-    def _write_line(self, line: str) -> None:
-        data = (line + "\n").encode("utf-8", "replace")
-        try:
-            self._make_ready(len(data))
-        except OSError as exc:
-            self._lose(1, "open", exc.strerror or str(exc))
-            return
-        try:
-            self._emit(data)
-        except OSError as exc:
-            self._lose(1, "write", exc.strerror or str(exc))
-            return
-        self._written()
+    def _handle(self, items: list[_Item]) -> bool:
+        """Handle `items` in order, the lines between two other items as one batch: whether a
+        STOP was among them."""
+        stopping = False
+        lines: list[str] = []
+        for item in items:
+            if isinstance(item, str):
+                lines.append(item)
+                continue
+            if lines:
+                self._guarded(self._write_lines, lines)
+                lines = []
+            if isinstance(item, int):  # the lines `write` dropped
+                self._guarded(self._lose, item, BEHIND)
+            elif isinstance(item, threading.Event):
+                item.set()
+            elif item is _Signal.STOP:
+                stopping = True
+            elif not stopping:  # REOPEN
+                self._reopen()
+        if lines:
+            self._guarded(self._write_lines, lines)
+        return stopping
 
-    def _make_ready(self, length: int) -> None:
-        """Open the file if it is not, and rotate it first if that is due."""
-        if self._writer.fd is None:
+    def _guarded(self, action: Callable[..., None], *args: object) -> None:
+        try:
+            action(*args)
+        except Exception as exc:  # a bug here must not silence the file for good
+            self._say(f"mpvisor: log file {self.path}: the writer failed ({exc!r}); going on")
+
+    def _write_lines(self, lines: list[str]) -> None:
+        """Write `lines` in as few writes as rotation allows."""
+        text = "\n".join(lines) + "\n"
+        data = text.encode("utf-8", "replace")
+        if len(data) == len(text):  # one byte a character (ASCII): the lengths are the text's
+            lengths = [len(line) + 1 for line in lines]
+        else:
+            lengths = [len(line.encode("utf-8", "replace")) + 1 for line in lines]
+        ends = list(accumulate(lengths))
+        view = memoryview(data)
+        start, count = 0, len(lines)
+        while start < count:
+            try:
+                stop = self._make_ready(ends, start)
+            except OSError as exc:
+                self._lose(count - start, "open", exc.strerror or str(exc))
+                return
+            first = ends[start - 1] if start else 0
+            done, error = self._emit(view[first:ends[stop - 1]])
+            kept = bisect_right(ends, first + done, start, stop) - start
+            if kept:
+                self._tell(self._report.written(time.monotonic()))
+            if error is not None:
+                self._lose(stop - start - kept, "write", error.strerror or str(error))
+            start = stop
+
+    def _make_ready(self, ends: Sequence[int], start: int) -> int:
+        """Open the file if it is not, and rotate it first if that is due: where the next write
+        of the batch (from line `start`) stops (`batch_end`)."""
+        state = self._writer
+        if state.fd is None:
             self._open()
-        if self._writer.regular and self._due(length):
-            self._rotate()
-
-    def _due(self, length: int) -> bool:
-        state, max_bytes = self._writer, self.settings.max_bytes
-        new_day = False
-        if self.settings.daily:
-            today = date.fromtimestamp(self._clock())  # local time
-            new_day, state.day = today > state.day, max(today, state.day)
-        if not rotation_due(state.size, length, max_bytes, new_day):
-            return False
+        if not state.regular:
+            return len(ends)
+        new_day = start == 0 and self._new_day()
+        max_bytes = self.settings.max_bytes
+        stop = batch_end(state.size, ends, start, max_bytes, new_day)
+        if stop > start:
+            return stop
         assert state.fd is not None
         state.size = os.fstat(state.fd).st_size  # the true size: a copytruncate, another writer
-        return rotation_due(state.size, length, max_bytes, new_day)
+        stop = batch_end(state.size, ends, start, max_bytes, new_day)
+        if stop > start:
+            return stop
+        self._rotate()
+        return max(start + 1, batch_end(self._writer.size, ends, start, max_bytes, False))
+
+    def _new_day(self) -> bool:
+        """Whether a new local day began since the file was opened or last written (`daily`)."""
+        if not self.settings.daily:
+            return False
+        state = self._writer
+        today = date.fromtimestamp(self._clock())  # local time
+        new_day, state.day = today > state.day, max(today, state.day)
+        return new_day
 
     def _open(self) -> None:
         try:
@@ -300,8 +451,7 @@ class LogFile:
     def _rotate(self) -> None:
         self._close_fd()
         with self._names:
-            existing = [name for name in backup_names(self.path, self.settings.backups)
-                        if os.path.lexists(name)]
+            existing = _existing(self.path, self.settings.backups)
             failure = _apply(shift_plan(self.path, self.settings.backups, existing))
         if failure and not self._writer.rotate_failing:
             self._say(f"mpvisor: log file {self.path}: cannot rotate ({failure}); it grows on")
@@ -310,50 +460,36 @@ class LogFile:
             self._compressor.wake()
         self._open()
 
-    def _emit(self, data: bytes) -> None:
-        """One write of `data` (more only if the kernel took part of it); a line cut short by a
-        failing write is ended by a newline before the next one."""
+    def _emit(self, data: memoryview) -> tuple[int, OSError | None]:
+        """One write of `data` (more only if the kernel took part of it): how many of its bytes
+        were written, and the error that stopped it (None: all were). A line cut short by a
+        failing write is ended by a newline before the next write."""
         state = self._writer
         assert state.fd is not None
-        if state.torn:
-            data = b"\n" + data
-        done = 0
+        payload = memoryview(b"\n" + data) if state.torn else data
+        extra = len(payload) - len(data)
+        done, error = 0, None
         try:
-            while done < len(data):
-                written = os.write(state.fd, data[done:])
+            while done < len(payload):
+                written = os.write(state.fd, payload[done:])
                 if written <= 0:
                     raise OSError(errno.EIO, "the write wrote nothing")
                 done += written
-        finally:
-            state.size += done
-            if done:
-                state.torn = data[done - 1] != ord("\n")
-
-    def _trouble(self, cause: str, reason: str | None = None) -> None:
-        """Report once, until lines are written again, that lines are lost for `cause`."""
-        state = self._writer
-        if cause in state.causes:
-            return
-        state.causes.add(cause)
-        if cause == "behind":
-            what, until = "the log writer fell behind", "catches up"
-        else:
-            what, until = f"cannot {cause} ({reason})", "can"
-        self._say(f"mpvisor: log file {self.path}: {what}: dropping lines until it {until}")
+        except OSError as exc:
+            error = exc
+        state.size += done
+        if done:
+            state.torn = payload[done - 1] != ord("\n")
+        return max(0, done - extra), error
 
     def _lose(self, count: int, cause: str, reason: str | None = None) -> None:
-        self._writer.lost += count
-        if cause != "behind":  # `write` counted those itself
+        if cause != BEHIND:  # `write` counted those itself
             self._writer.dropped += count
-        self._trouble(cause, reason)
+        self._tell(self._report.lost_lines(count, cause, reason, time.monotonic()))
 
-    def _written(self) -> None:
-        state = self._writer
-        if state.causes and not state.behind:
-            lost = _plural(state.lost, "line")
-            self._say(f"mpvisor: log file {self.path}: writing again; {lost} dropped")
-            state.causes.clear()
-            state.lost = 0
+    def _tell(self, messages: list[str]) -> None:
+        for message in messages:
+            self._say(message)
 
 
 class _WriterState:
@@ -363,13 +499,22 @@ class _WriterState:
         self.fd: int | None = None
         self.size = 0  # bytes in the file, as far as this writer knows
         self.regular = False  # a regular file (only those rotate)
-        self.day = date.min  # the local date the file was opened (`daily`)
+        self.day = date.min  # the local date the file was opened or last written (`daily`)
         self.torn = False  # the last write stopped mid-line
-        self.causes: set[str] = set()  # why lines were lost, each reported once since the last written
-        self.lost = 0  # lines lost since a line was last written
         self.dropped = 0  # lines the writer lost in all
-        self.behind = False  # `write` dropped lines whose count has not come through the queue yet
         self.rotate_failing = False  # the last rotation failed (reported once until one works)
+
+
+def _existing(path: str, backups: int) -> list[str]:
+    """The names of `backup_names` that exist, from one listing of their folder: a check per
+    name would cost the thread a turn at the GIL each while the event loop is busy (a burst),
+    and a rotation with many backups a good part of a second."""
+    names = backup_names(path, backups)
+    try:
+        listed = set(os.listdir(os.path.dirname(path) or "."))
+    except OSError:  # a folder that cannot be listed: look name by name
+        return [name for name in names if os.path.lexists(name)]
+    return [name for name in names if os.path.basename(name) in listed]
 
 
 def _apply(steps: Iterable[Step]) -> str | None:
@@ -427,8 +572,7 @@ class _Compressor:
 
     def _compress_all(self) -> None:
         with self._names:
-            existing = [name for name in backup_names(self._path, self._backups)
-                        if os.path.lexists(name)]
+            existing = _existing(self._path, self._backups)
         for name in to_compress(self._path, self._backups, existing):
             self._compress(name)
 

@@ -4,7 +4,9 @@ reader left (a pipe whose read end is closed: `| head -0`), and with its stderr 
 
 Every command ends with one line on stderr naming the stream and why (when stderr can be
 written), a status that is no success (1) when something it meant to write was lost, never a
-traceback; a closed stdout still runs the task (its marker is written)."""
+traceback; a closed stdout still runs the task (its marker is written). And mpvisor's own lines
+on a stderr file that its tasks write to directly start a line of their own, even after a task
+that left its last line unfinished."""
 
 from __future__ import annotations
 
@@ -153,3 +155,25 @@ def test_events_on_a_full_stdout_are_lost_the_task_runs_and_the_status_says_so(p
     assert "Traceback" not in done.stderr and ran(place, "run command"), done.stderr
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == f"mpvisor: cannot write to stdout: {FULL}", done.stderr
+
+
+@pytest.mark.parametrize("mode", ["w", "a"])  # `2>file` and `2>>file`
+@pytest.mark.parametrize("how", ["run --file", "run command"])
+def test_a_task_that_leaves_its_last_line_unfinished_gets_no_mpvisor_line_glued_to_it(
+    place: pathlib.Path, how: str, mode: str
+) -> None:
+    """`printf 'no newline'` writes to the run's stderr file itself (a task file's task without a
+    log file; `run -- printf` with `>f 2>&1`): its text stays a line of its own, and every line
+    of mpvisor's starts with `mpvisor: `."""
+    (place / "partial.toml").write_text('[task.q]\ncommand = ["printf", "no newline"]\n')
+    argv = ["run", "--file", "partial.toml"] if how == "run --file" else ["run", "--", "printf", "no newline"]
+    path = place / "err.txt"
+    with open(path, mode) as err:
+        done = mpvisor(place, argv, stdout=err, stderr=err)
+    assert done.returncode == 0, path.read_text()
+    text = path.read_text()
+    lines = text.splitlines()
+    assert text.endswith("\n") and lines.count("no newline") == 1, text
+    assert all(line.startswith("mpvisor: ") for line in lines if line != "no newline"), text
+    assert any(line.startswith("mpvisor: q: completed" if how == "run --file" else "mpvisor: printf: completed")
+               for line in lines), text

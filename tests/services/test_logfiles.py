@@ -1,5 +1,6 @@
-"""Log files: the pure rotation decisions, then real files written by LogFile's threads
-(rotation by size and by day, gzip, reopen, a full disk, a full queue, one writer per path)."""
+"""Log files: the pure decisions (rotation, how a batch is split, what is said of lost lines),
+then real files written by LogFile's threads (a burst, rotation by size and by day, gzip, reopen,
+a full disk, a full queue, one writer per path)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from pathlib import Path
 import pytest
 
 from mpvisor._services.logfiles import (
+    BEHIND,
+    LINE_COST,
+    DropReport,
     LogFile,
     LogFiles,
     Step,
+    _existing,
     backup_names,
+    batch_end,
     rotation_due,
     shift_plan,
     to_compress,
@@ -206,6 +212,127 @@ def test_the_compressor_gzips_each_uncompressed_backup_newest_first(
     assert to_compress(F, backups, existing) == todo
 
 
+def _one_line_at_a_time(size: int, lengths: list[int], max_bytes: int, new_day: bool) -> list[int]:
+    """Where a writer of one line at a time would rotate (indices of the lines after which it
+    does), by `rotation_due` alone: what splitting a batch must reproduce."""
+    cuts = []
+    for index, length in enumerate(lengths):
+        if rotation_due(size, length, max_bytes, new_day and index == 0):
+            cuts.append(index)
+            size = 0
+        size += length
+    return cuts
+
+
+def _batch_cuts(size: int, lengths: list[int], max_bytes: int, new_day: bool) -> list[int]:
+    """Where a writer of batches rotates, driven by `batch_end` as LogFile drives it."""
+    ends = list(itertools.accumulate(lengths))
+    cuts, start = [], 0
+    while start < len(ends):
+        stop = batch_end(size, ends, start, max_bytes, new_day and start == 0)
+        if stop == start:  # a rotation first
+            cuts.append(start)
+            size = 0
+            stop = batch_end(size, ends, start, max_bytes, False)
+        assert stop > start
+        size += ends[stop - 1] - (ends[start - 1] if start else 0)
+        start = stop
+    return cuts
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("size", "lengths", "max_bytes", "new_day", "stop"),
+    [
+        (0, [10, 10, 10], 0, False, 3),  # no limit: the whole batch in one write
+        (0, [10, 10, 10], 25, False, 2),  # the third would take the file past 25 bytes
+        (5, [10, 10, 10], 25, False, 2),  # 5 + 20 = 25: exactly the limit, not past it
+        (6, [10, 10, 10], 25, False, 1),
+        (20, [10, 10], 25, False, 0),  # a rotation is due before the first line
+        (0, [100, 10], 25, False, 1),  # a line larger than max_bytes goes alone into an empty file
+        (1, [100, 10], 25, False, 0),  # ... after a rotation of a file that is not empty
+        (7, [1, 1], 0, True, 0),  # a new day: a rotation first
+        (0, [1, 1], 0, True, 2),  # ... but never of an empty file
+    ],
+)
+def test_a_batch_is_written_whole_up_to_the_line_a_rotation_is_due_before(
+    size: int, lengths: list[int], max_bytes: int, new_day: bool, stop: int
+) -> None:
+    """`batch_end` on examples: no limit, at and around the limit, a huge line, a new day."""
+    ends = list(itertools.accumulate(lengths))
+    assert batch_end(size, ends, 0, max_bytes, new_day) == stop
+
+
+@pytest.mark.unit
+def test_splitting_a_batch_rotates_exactly_where_one_line_at_a_time_would() -> None:
+    """For every batch of up to 4 lines of 1-4 bytes, starting sizes 0-5, limits 0-7 and a new
+    day or not: a batch writer rotates before the same lines as a line-at-a-time writer."""
+    for count in range(1, 5):
+        for lengths in itertools.product(range(1, 5), repeat=count):
+            for size, max_bytes, new_day in itertools.product(range(6), range(8), (False, True)):
+                expected = _one_line_at_a_time(size, list(lengths), max_bytes, new_day)
+                assert _batch_cuts(size, list(lengths), max_bytes, new_day) == expected, (
+                    size, lengths, max_bytes, new_day)
+
+
+BEHIND_SAID = "mpvisor: log file F: the log writer fell behind: dropping lines until it catches up"
+FULL_SAID = "mpvisor: log file F: cannot write (No space left on device): dropping lines until it can"
+
+
+@pytest.mark.unit
+def test_a_writer_that_keeps_falling_behind_says_one_pair_per_interval_with_the_total() -> None:
+    """Losses and written lines alternating every second: the first loss is said at once, the
+    next only counted; "writing again" comes with every line lost, once 10 s passed since the
+    first and a line was written after the last loss; then a new episode may begin."""
+    report = DropReport("F", every=10.0)
+    said: list[tuple[float, str]] = []
+    for second in range(25):
+        said += [(second, m) for m in report.lost_lines(100, BEHIND, None, second)]
+        said += [(second + 0.5, m) for m in report.written(second + 0.5)]
+    assert said == [
+        (0, BEHIND_SAID),
+        (10.5, "mpvisor: log file F: writing again; 1100 lines dropped"),  # 11 losses: seconds 0-10
+        (11, BEHIND_SAID),
+        (21.5, "mpvisor: log file F: writing again; 1100 lines dropped"),
+        (22, BEHIND_SAID),
+    ]
+    assert report.due() == 32.0  # the open episode ends at 32, or at close
+    assert report.tick(25.0, closing=True) == ["mpvisor: log file F: writing again; 300 lines dropped"]
+    assert report.due() is None and report.tick(99.0, closing=True) == []
+
+
+@pytest.mark.unit
+def test_writing_again_is_said_only_after_a_line_written_and_each_cause_once() -> None:
+    """No written line since the last loss: nothing at the interval nor at close. Another cause
+    within the episode is said once; `due` tells the writer when to look again."""
+    report = DropReport("F", every=10.0)
+    assert report.lost_lines(1, "write", "No space left on device", 0.0) == [FULL_SAID]
+    assert report.lost_lines(2, "write", "No space left on device", 1.0) == []
+    assert report.lost_lines(3, BEHIND, None, 2.0) == [BEHIND_SAID]
+    assert report.due() is None
+    assert report.tick(50.0) == [] and report.tick(50.0, closing=True) == []
+    assert report.written(51.0) == ["mpvisor: log file F: writing again; 6 lines dropped"]  # 51 >= 0 + 10
+    assert report.written(52.0) == [] and report.lost_lines(1, "write", "x", 53.0) != []
+    assert report.written(54.0) == [] and report.due() == 63.0
+    assert report.tick(62.9) == [] and report.tick(63.0) == ["mpvisor: log file F: writing again; 1 line dropped"]
+
+
+# ---- a burst --------------------------------------------------------------------------------
+
+
+def test_a_burst_of_short_lines_written_as_fast_as_possible_loses_none(tmp_path: Path) -> None:
+    """300,000 short lines from one thread as fast as it can: the writer takes them in batches
+    and keeps up, so every line is in the file, in order, and nothing is reported."""
+    path = str(tmp_path / "burst.log")
+    problems = Problems()
+    log = LogFile(path, LogSettings(), on_problem=problems)
+    lines = [str(i) for i in range(300_000)]
+    write_all(log, lines)
+    log.close()
+    assert (problems.messages, log.dropped) == ([], 0)
+    assert read_lines(path) == lines
+
+
 # ---- rotation on real files ------------------------------------------------------------------
 
 
@@ -340,6 +467,18 @@ def test_a_backup_that_cannot_be_compressed_stays_plain_and_is_reported_once(
     ), problems.messages
     assert family(path) == ["app.log", "app.log.1", "app.log.2", "app.log.compressing"]
     assert oldest_first(path, 2) == lines
+
+
+def test_a_rotation_finds_the_files_of_its_family_in_one_listing(tmp_path: Path) -> None:
+    """`_existing` (what a rotation and the compressor start from) names exactly the family's
+    files that exist, dangling links too, in `backup_names` order; not others in the folder,
+    nor an index past N; none in a folder that does not exist."""
+    path = str(tmp_path / "app.log")
+    for name in ("app.log", "app.log.2.gz", "app.log.3", "app.log.9", "other.log", "app.log.1.tmp"):
+        Path(tmp_path / name).write_text("x")
+    os.symlink(tmp_path / "gone", tmp_path / "app.log.1")
+    assert _existing(path, 3) == [path, f"{path}.1", f"{path}.2.gz", f"{path}.3"]
+    assert _existing(str(tmp_path / "missing" / "app.log"), 3) == []
 
 
 # ---- rotation by day -------------------------------------------------------------------------
@@ -543,7 +682,7 @@ def test_a_writer_that_falls_behind_drops_lines_in_write_and_reports_the_count(
 
     problems = Problems()
     log = LogFile(path, LogSettings(max_bytes=0, daily=True), on_problem=problems,
-                  clock=held_clock, queue_lines=10)
+                  clock=held_clock, queue_bytes=10 * (49 + LINE_COST))
     lines = numbered(1017)
     try:
         log.write(lines[0])

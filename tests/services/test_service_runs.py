@@ -317,6 +317,23 @@ def test_a_full_disk_drops_lines_says_so_once_and_never_blocks_the_task(run: Run
     assert "/dev/full" in err
 
 
+def test_a_burst_of_output_reaches_the_log_file_whole(run: Run) -> None:
+    """`seq 1 300000` as fast as it prints, into a log file: every line is there, in order, and
+    the run says nothing of dropped lines."""
+    run.write("""
+        [task.burst]
+        command = ["seq", "1", "300000"]
+        log = "logs/{task}.log"
+    """)
+    run.start()
+    assert run.proc is not None
+    _, err = run.proc.communicate(timeout=60)
+    assert run.proc.returncode == 0, err
+    assert "dropping lines" not in err, err
+    text = (run.directory / "logs" / "burst.log").read_text()
+    assert text == "".join(f"{i}\n" for i in range(1, 300001))
+
+
 def test_control_commands_from_another_process_stop_start_and_restart_a_task(run: Run) -> None:
     """A run named with `--name` answers by that name; stop, start and restart change what runs
     and the pids that `status` shows; another user cannot reach the run."""
