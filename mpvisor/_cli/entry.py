@@ -38,14 +38,14 @@ if TYPE_CHECKING:
 def cli() -> NoReturn:
     gc.disable()  # until the command's modules are imported (`_imported`)
     argv = sys.argv[1:]
+    if _needs_a_launcher(argv):
+        from mpvisor._launchers.local import early
+
+        early.start_early(stdout_to_stderr=_keeps_stdout(argv))  # first: it inherits SIGHUP as given
     if _needs_a_launcher(argv) and _runs_a_file(argv):  # a SIGHUP from now on is a reload, not a death
         from mpvisor._services import hangup
 
         hangup.hold()
-    if _needs_a_launcher(argv):
-        from mpvisor._launchers.local import early
-
-        early.start_early(stdout_to_stderr=_keeps_stdout(argv))
     try:
         from mpvisor._cli.main import main
 
