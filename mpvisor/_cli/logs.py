@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:
-        if refusal.status != NO_RUN or args.file is None:
+        if refusal.status != NO_RUN or args.file is None or not os.path.isfile(args.file):
             return runs.refused(refusal)
         try:  # no run of FILE is live (it ended, or crashed): the file says where its logs are
             paths = _paths_in_file(args.file, args.task)

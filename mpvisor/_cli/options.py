@@ -333,10 +333,18 @@ def target(text: str) -> str:
     try:
         return target_path(text)
     except ValueError as exc:
-        hint = ""
-        if ":" not in text:  # a program's name, as timeout(1) or flock(1) would take it
-            hint = f" (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)"
-        raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run_target(text: str) -> str:
+    """`mpvisor run TARGET`'s `type=`: as `target`, and a word without a colon, which is more
+    likely a program's name (as `timeout` or `flock` take it), is told how to run one."""
+    try:
+        return target(text)
+    except argparse.ArgumentTypeError as exc:
+        if ":" in text:
+            raise
+        raise argparse.ArgumentTypeError(f"{exc} (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 
 def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = None) -> TaskSpec:

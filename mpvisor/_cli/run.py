@@ -102,11 +102,11 @@ from mpvisor._cli.options import (
     positive_count,
     ray_address,
     retries,
+    run_target,
     seconds,
     slot_name,
     slots_default,
     slots_url,
-    target,
     task_name,
     value_line,
 )
@@ -192,7 +192,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="print neither a failed Python target's traceback nor the outcome line (the status says how it ended)")
     run.add_argument("--progress", action="store_true",
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
-    run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
+    run.add_argument("target", nargs="?", type=run_target, metavar="TARGET", help='"package.module:function"')
     run.add_argument("args", nargs="*", type=parse_arg, metavar="ARG",
                      help="arguments: JSON literals (a bare word is a string)")
 
