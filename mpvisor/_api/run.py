@@ -10,7 +10,7 @@ launcher with no preload), then imports the runtime and runs; the supervisor's l
 takes that launcher over. A launcher nobody took (the run failed before it started one) is ended
 before `run` returns or raises.
 
-A run that SIGINT or SIGTERM shut down ends as the signal would have ended the program: once the
+A run that SIGINT, SIGTERM or SIGHUP shut down ends as the signal would have ended the program: once the
 supervisor has shut down and the process's own handlers are back, `run` raises the signal again.
 `Supervisor.run`, for async code, leaves that to its caller (`Supervisor.interrupts`).
 """
@@ -40,10 +40,10 @@ def run(
 ) -> dict[str, TaskOutcome]:
     """Blocking convenience: run `specs` on a fresh supervisor and return their outcomes.
 
-    SIGINT or SIGTERM (on the main thread) shuts the run down gracefully; then the signal does
-    what it would have done without mpvisor, with the program's own handler back: SIGINT's
-    default raises `KeyboardInterrupt` here (its `__context__` a `GraceExceeded` when a tree had
-    to be killed), SIGTERM's default ends the process by SIGTERM. So a script that is
+    SIGINT, SIGTERM or SIGHUP (on the main thread) shuts the run down gracefully; then the
+    signal does what it would have done without mpvisor, with the program's own handler back:
+    SIGINT's default raises `KeyboardInterrupt` here (its `__context__` a `GraceExceeded` when a
+    tree had to be killed), SIGTERM's and SIGHUP's defaults end the process by that signal. So a script that is
     interrupted stops, and dies by the signal, as shells expect; a program that handles the
     signal itself gets its handler called, and the outcomes when it returns.
 

@@ -114,8 +114,10 @@ def _holds_no_work(runtime: Runtime) -> bool:
 
 
 class _SignalHandlers:
-    """SIGINT/SIGTERM start a graceful shutdown (main thread only; previous handlers restored;
-    a SIGINT that was ignored when `run` began, as in a shell's background job, stays ignored).
+    """SIGINT, SIGTERM and SIGHUP (a hangup: the terminal closed, an SSH session lost) start a
+    graceful shutdown (main thread only; previous handlers restored; a SIGINT or SIGHUP that was
+    ignored when `run` began, as in a shell's background job or under `nohup`, stays ignored; a
+    task file's run takes SIGHUP over as a reload).
 
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
     returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
@@ -130,10 +132,10 @@ class _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             return self
         loop = self.runtime.loop
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous = signal.getsignal(signum)
-            if signum == signal.SIGINT and previous == signal.SIG_IGN:
-                continue  # as Python itself does: a shell's background job must ignore Ctrl-C
+            if signum != signal.SIGTERM and previous == signal.SIG_IGN:
+                continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
             self.previous[signum] = previous
             loop.add_signal_handler(signum, self._on_signal, signum)
         return self

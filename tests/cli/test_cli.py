@@ -602,3 +602,43 @@ def test_a_command_starts_with_the_signals_ignored_that_it_would_bare(tmp_path, 
     assert done.returncode == 0, done.stderr
     bare, under = done.stdout.splitlines()
     assert under == bare, (ignored, done.stdout)
+
+
+def test_sighup_to_mpvisor_run_stops_the_task_gracefully_then_kills_mpvisor_by_it(tmp_path):
+    """A hangup (the terminal closed, an SSH session lost, `kill -HUP`) is a graceful stop, as
+    SIGTERM is: the command is asked to stop (its TERM trap runs), the outcome line is printed,
+    and mpvisor dies by SIGHUP (129). It was killed by it at once and its tree SIGKILLed, with no
+    outcome line and no trap run."""
+    log = tmp_path / "signals"
+    proc = start(tmp_path, "--", "bash", "-c",
+                 f'trap "echo TERM >> {log}; exit 0" TERM; echo up >> {log}; sleep 30 & wait')
+    try:
+        wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=20)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGHUP, err
+    assert log.read_text() == "up\nTERM\n"
+    assert outcome_line(err).startswith("mpvisor: bash: canceled "), err
+
+
+def test_sighup_ignored_as_under_nohup_leaves_the_run_and_its_command_running(tmp_path):
+    """Under `nohup` (SIGHUP ignored when mpvisor starts) a hangup changes nothing, for mpvisor
+    and for the command, as for the bare command."""
+    log, go = tmp_path / "signals", tmp_path / "go"
+    command = f'echo up >> {log}; while [ ! -e {go} ]; do sleep 0.02; done; kill -HUP $$; echo survived >> {log}'
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--", "bash", "-c", command], cwd=tmp_path,
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup starts it
+    try:
+        wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=20)
+        proc.send_signal(signal.SIGHUP)
+        go.touch()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0, err
+    assert log.read_text() == "up\nsurvived\n"
