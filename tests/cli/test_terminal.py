@@ -163,3 +163,18 @@ def test_a_run_started_in_the_background_stops_at_its_first_read_and_fg_gives_it
     out = shell.until("MPV-PROMPT> ")
     assert "read=typed at the prompt" in out and ": completed " in out, out
     assert shell.run("echo status=$?").strip().endswith("status=0")
+
+
+def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_resumes_it(shell: Shell) -> None:
+    """Any stop of the foreground command, not only the terminal's (procps `top` meets Ctrl-Z by
+    raising SIGSTOP): the terminal comes back, mpvisor stops with the command (`jobs` says
+    Stopped), and `fg` resumes both, the command in the foreground, to its end."""
+    shell.type("mpvisor run -- bash -c 'echo BEFORE; kill -STOP $$; echo AFTER-$((6*7))' _ 45.25\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "BEFORE" in out and "Stopped" in out and "AFTER-42" not in out, out
+    wait_for(lambda: all_are("45.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.type("fg\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "AFTER-42" in out and ": completed " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+    wait_for(lambda: not processes("45.25"), timeout=10)

@@ -24,7 +24,7 @@ version refuses that launcher (`ControlError`).
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
 | `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not), cpu (likewise its CPU-time limit) | |
-| `Stopped` | key, signum (a terminal's foreground attempt was stopped: Ctrl-Z, or a read in the background) | |
+| `Stopped` | key, signum (a terminal's attempt was stopped, by any signal: Ctrl-Z, a read in the background, a SIGSTOP) | |
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Exited(NamedTuple):
 
 
 class Stopped(NamedTuple):
-    """The terminal attempt `key` was stopped by `signum` (SIGTSTP, SIGTTIN or SIGTTOU)."""
+    """The terminal attempt `key` was stopped by `signum` (SIGTSTP, SIGTTIN, SIGTTOU, SIGSTOP...)."""
 
     key: int
     signum: int

@@ -66,7 +66,6 @@ _RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signa
 _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
 _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK), int(signal.SIG_DFL)
 _SIGTTOU = (int(signal.SIGTTOU),)
-_TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -117,7 +116,7 @@ class Launcher:
         self.limits_looked = 0.0
         self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
-        self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
+        self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
         self.ready_r, self.ready_w = os.pipe()
@@ -443,8 +442,9 @@ class Launcher:
         self._report_drained()
 
     def _report_stops(self) -> None:
-        """A terminal attempt stopped by the terminal (Ctrl-Z, or a read from the background):
-        the parent stops with it, so that the shell sees its job stopped."""
+        """A terminal attempt stopped, by whatever signal (Ctrl-Z, a read from the background, a
+        SIGSTOP it raised itself as procps `top` does on Ctrl-Z): the parent stops with it, so that
+        the shell sees its job stopped, as a shell waiting with WUNTRACED sees the bare command's."""
         for attempt in list(self.terminal):
             if attempt.status is not None:
                 self.terminal.discard(attempt)
@@ -453,7 +453,7 @@ class Launcher:
                 info = os.waitid(os.P_PID, attempt.pid, os.WSTOPPED | os.WNOHANG)
             except ChildProcessError:
                 info = None
-            if info is not None and info.si_code == os.CLD_STOPPED and info.si_status in _TERMINAL_STOPS:
+            if info is not None and info.si_code == os.CLD_STOPPED:
                 self._send(control.Stopped(attempt.key, info.si_status))
 
     def _adopt_orphans(self) -> None:
