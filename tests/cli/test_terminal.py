@@ -178,3 +178,26 @@ def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_res
     assert "AFTER-42" in out and ": completed " in out, out
     assert shell.run("echo status=$?").strip().endswith("status=0")
     wait_for(lambda: not processes("45.25"), timeout=10)
+
+
+@pytest.mark.parametrize("line", ["bash -c 'mpvisor run -- sleep 46.25; echo AFTER-$((6*7))'",
+                                  "mpvisor run -- sleep 46.25 | cat"])
+def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str) -> None:
+    """The shell's job is more than mpvisor (a script's bash, the rest of a pipeline), which the
+    bare command's Ctrl-Z would have stopped too: mpvisor stops its whole process group, and the
+    prompt comes back at the first Ctrl-Z; `fg` resumes it all, and Ctrl-C then ends the job."""
+    shell.type(line + "\n")
+    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=30)
+    shell.press("\x1a")
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    job = [p for p in psutil.Process(shell.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+    assert job and all(p.status() == psutil.STATUS_STOPPED for p in job), [(p.cmdline(), p.status()) for p in job]
+    shell.type("fg\n")
+    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=10)
+    wait_for(lambda: all(p.status() != psutil.STATUS_STOPPED for p in job), timeout=10)
+    (command,) = [p for p in processes("46.25") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "AFTER-42" not in out and "SIGINT" in out, out
+    wait_for(lambda: not processes("46.25"), timeout=10)

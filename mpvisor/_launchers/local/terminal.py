@@ -11,7 +11,7 @@ is the terminal's foreground, else a background one.
 | spawn | the client (`client.py`) | stdin is this session's terminal: the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
 | the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
-| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and this process stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), so the shell sees its job stopped and prints its prompt |
+| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
 | `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background; then a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the attempt ends | the client | `ended`: the terminal back to this process's group |
@@ -111,13 +111,15 @@ class Terminal:
             self._on_cont = True
 
     def stopped(self, key: int, signum: int) -> None:
-        """The attempt was stopped, by any signal: this process's group stops with it (`job_stop`),
-        and this process carries on once resumed."""
+        """The attempt was stopped, by any signal: this process's group (the shell's job: a script
+        that runs `mpvisor run`, the rest of a pipeline, which the terminal's signal would have
+        stopped with the bare command) stops with it (`job_stop`), and this process carries on
+        once resumed."""
         if key != self.key or self.pgid is None:
             return
         if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
             _give(self.fd, os.getpgrp())
-        os.kill(os.getpid(), job_stop(signum))  # returns once the shell resumed this process (fg or bg)
+        os.killpg(os.getpgrp(), job_stop(signum))  # returns once the shell resumed this process (fg or bg)
         self.resumed()
 
     def resumed(self) -> None:
