@@ -201,3 +201,23 @@ def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(
     out = shell.until("MPV-PROMPT> ")
     assert "AFTER-42" not in out and "SIGINT" in out, out
     wait_for(lambda: not processes("46.25"), timeout=10)
+
+
+def test_the_command_is_a_job_of_the_terminal_whatever_its_stdin(shell: Shell) -> None:
+    """Stdin `/dev/null` or a pipe, mpvisor in the terminal's foreground: the command is still its
+    foreground job, in the terminal's session, as the bare command is: it reads `/dev/tty` (a
+    password prompt), and Ctrl-C reaches it as SIGINT (not mpvisor's SIGTERM)."""
+    shell.type("mpvisor run -- bash -c 'read -r -p \"pw: \" x < /dev/tty; echo \"got=$x\"' _ 47.25 < /dev/null\n")
+    shell.until("pw: ")
+    shell.type("secret\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "got=secret" in out and ": completed " in out, out
+    shell.type("echo data | mpvisor run -- sleep 47.5\n")
+    wait_for(lambda: all_are("47.5", psutil.STATUS_SLEEPING), timeout=30)
+    (command,) = [p for p in processes("47.5") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("47.5"), timeout=10)

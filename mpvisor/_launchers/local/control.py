@@ -43,9 +43,10 @@ class ControlError(ProtocolError):
 class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
     the target's `module` is prepared (`_attempt/prepared.py`; "" for none). `stdin`: its stdin
-    travels beside, after the socket; `terminal`: that stdin is the controlling terminal of the
-    launcher's session, and the attempt is a job of it (its own process group in that session,
-    not a session of its own): `BACKGROUND`, or `FOREGROUND`, when it takes the terminal first;
+    travels beside, after the socket; `terminal`: the launcher's session has a controlling
+    terminal (`/dev/tty`, whatever the attempt's stdin), and the attempt is a job of it (its own
+    process group in that session, not a session of its own): `BACKGROUND`, or `FOREGROUND`, when
+    it takes the terminal first;
     `fence`: the fence group it runs under (0: none)."""
 
     key: int

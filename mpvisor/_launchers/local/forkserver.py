@@ -263,7 +263,7 @@ class Launcher:
             if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
                 if terminal == control.FOREGROUND:
-                    _take_terminal(fds[1])
+                    _take_terminal()
             else:
                 os.setsid()
             _platform.set_parent_death_signal(signal.SIGKILL)
@@ -719,12 +719,17 @@ def _setup_fds(fds: list[int], stdin: bool = False) -> int:
     return sock_fd
 
 
-def _take_terminal(tty: int) -> None:
-    """Make this process's group the terminal's foreground group, as a shell's child does
-    before it runs a job: from the background that needs SIGTTOU blocked meanwhile."""
+def _take_terminal() -> None:
+    """Make this process's group the foreground group of this session's terminal (`/dev/tty`,
+    whatever the attempt's stdin is), as a shell's child does before it runs a job: from the
+    background that needs SIGTTOU blocked meanwhile."""
     _platform.signal_mask(_SIG_BLOCK, _SIGTTOU)
     try:
-        os.tcsetpgrp(tty, os.getpid())
+        tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+        try:
+            os.tcsetpgrp(tty, os.getpid())
+        finally:
+            os.close(tty)
     except OSError:
         pass  # the terminal is gone, or the session changed: the attempt runs in the background
     finally:

@@ -2,14 +2,18 @@
 `bg` reach it as they would reach the bare command?
 
 With `SupervisorConfig(stdin="inherit")` (what `mpvisor run` of one task uses), an attempt reads
-this process's stdin. When that stdin is this session's terminal, the attempt is a job of the
-terminal, the way a shell runs one (and `sudo`): the foreground job when this process's group
-is the terminal's foreground, else a background one.
+this process's stdin. When this process's session has a controlling terminal (`/dev/tty` opens),
+the attempt is a job of that terminal, whatever its stdin, stdout or stderr are, the way a
+shell runs one (and `sudo`): it stays in the terminal's session, where the bare command would
+be, so it can open `/dev/tty` (a password prompt with stdin redirected) and the terminal's
+signals reach it; the foreground job when this process's group is the terminal's foreground,
+else a background one. A session without one (cron, a daemon, `ssh host cmd`) gives each
+attempt a session of its own, as for any attempt.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | stdin is this session's terminal: the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
-| the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
+| the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
@@ -51,6 +55,18 @@ def controlling(fd: int) -> bool:
         return False
 
 
+def _open_controlling() -> int:
+    """An fd of this session's controlling terminal (`/dev/tty`), or -1 when it has none."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return -1  # ENXIO: no controlling terminal (a daemon, cron, `ssh host cmd`, a new session)
+    if controlling(fd):
+        return fd
+    os.close(fd)
+    return -1
+
+
 def job_stop(signum: int) -> int:
     """The signal that stops this process's job when the attempt was stopped by `signum`: the same
     one, as the terminal would have sent it; but a SIGSTOP (which the attempt raised itself, or
@@ -81,9 +97,9 @@ def _give(fd: int, pgid: int) -> None:
 class Terminal:
     """The terminal `fd` and the attempt that is its foreground job, if one is."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int = 0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.fd = fd
+        self.fd = -1  # this session's terminal (`/dev/tty`), open while an attempt is its job
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
         self._on_cont = False  # a SIGCONT handler is installed
@@ -94,12 +110,15 @@ class Terminal:
 
     def claim(self, key: int) -> int:
         """How the attempt `key` is spawned (`control.NO_TERMINAL`, `BACKGROUND`, `FOREGROUND`):
-        as a job of the terminal when none is and the terminal is this session's, in its
-        foreground when this process's group is (else it gets SIGTTIN at its first read, as a
-        background job does, and this process stops with it)."""
-        if self.key is not None or not controlling(self.fd):
+        as a job of this session's terminal when it has one and no other attempt is its job,
+        whatever the attempt's stdin; in its foreground when this process's group is (else it
+        gets SIGTTIN at its first read, as a background job does, and this process stops with it)."""
+        if self.key is not None:
             return control.NO_TERMINAL
-        self.key = key
+        fd = _open_controlling()
+        if fd < 0:
+            return control.NO_TERMINAL
+        self.fd, self.key = fd, key
         return control.FOREGROUND if foreground(self.fd) else control.BACKGROUND
 
     def started(self, key: int, pid: int) -> None:
@@ -163,7 +182,8 @@ class Terminal:
         held = self.pgid is not None and _holds(self.fd, self.pgid)
         if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
-        self.key = self.pgid = None
+        os.close(self.fd)
+        self.fd, self.key, self.pgid = -1, None, None
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
