@@ -221,3 +221,20 @@ def test_the_command_is_a_job_of_the_terminal_whatever_its_stdin(shell: Shell) -
     assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
     assert shell.run("echo status=$?").strip().endswith("status=130")
     wait_for(lambda: not processes("47.5"), timeout=10)
+
+
+def test_a_run_started_in_the_background_gets_the_terminal_at_fg(shell: Shell) -> None:
+    """`mpvisor run ... &` whose command never reads the terminal: `fg` (no signal) gives
+    mpvisor's group the terminal, and mpvisor hands it on to the command, which Ctrl-C then
+    reaches as SIGINT, as the bare command."""
+    shell.run("mpvisor run -- sleep 48.25 &")
+    wait_for(lambda: all_are("48.25", psutil.STATUS_SLEEPING), timeout=30)
+    (command,) = [p for p in processes("48.25") if p.info["cmdline"][0] == "sleep"]
+    shell.type("fg\n")
+    shell.until("sleep 48.25")  # bash names the job it brings back
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("48.25"), timeout=10)

@@ -17,7 +17,7 @@ attempt a session of its own, as for any attempt.
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
-| `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background; then a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
+| started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the attempt ends | the client | `ended`: the terminal back to this process's group |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
@@ -128,6 +128,8 @@ class Terminal:
         if threading.current_thread() is threading.main_thread() and not self._on_cont:
             self.loop.add_signal_handler(signal.SIGCONT, self.resumed)
             self._on_cont = True
+        if not foreground(self.fd):  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
+            self._watch_foreground()
 
     def stopped(self, key: int, signum: int) -> None:
         """The attempt was stopped, by any signal: this process's group (the shell's job: a script
@@ -155,11 +157,11 @@ class Terminal:
             pass  # it has ended meanwhile: the launcher reports that
 
     def _watch_foreground(self) -> None:
-        """Continued in the background (`bg`): a later `fg` of a running job only gives this
-        process's group the terminal, with no signal to say so; so, while the attempt is a job
-        of the terminal and this group is not the foreground, look every FG_POLL seconds, and
-        hand the terminal on to the attempt's group once it is (a Ctrl-C typed within that
-        moment reaches this process, as an interruption)."""
+        """Started or continued in the background (`&`, `bg`): a later `fg` of a running job only
+        gives this process's group the terminal, with no signal to say so; so, while the attempt
+        is a job of the terminal and this group is not the foreground, look every FG_POLL
+        seconds, and hand the terminal on to the attempt's group once it is (a Ctrl-C typed
+        within that moment reaches this process, as an interruption)."""
         if self._fg_timer is not None:
             return
 
