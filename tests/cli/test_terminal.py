@@ -181,7 +181,7 @@ def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_res
 
 
 @pytest.mark.parametrize("line", ["bash -c 'mpvisor run -- sleep 46.25; echo AFTER-$((6*7))'",
-                                  "mpvisor run -- sleep 46.25 | cat"])
+                                  "sleep 46.75 | mpvisor run -- sleep 46.25"])
 def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str) -> None:
     """The shell's job is more than mpvisor (a script's bash, the rest of a pipeline), which the
     bare command's Ctrl-Z would have stopped too: mpvisor stops its whole process group, and the
@@ -238,3 +238,34 @@ def test_a_run_started_in_the_background_gets_the_terminal_at_fg(shell: Shell) -
     assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
     assert shell.run("echo status=$?").strip().endswith("status=130")
     wait_for(lambda: not processes("48.25"), timeout=10)
+
+
+def test_a_pager_later_in_the_pipeline_keeps_the_terminal(shell: Shell) -> None:
+    """`mpvisor run -- seq ... | less`: the command's stdout is a pipe, so the terminal stays with
+    the pipeline's group, where the pager reads it (it was stopped by SIGTTIN at once)."""
+    shell.type("mpvisor run -- seq 1 1000000 | bash -c 'head -n 2; read -r -p \"more-$((6*7))? \" x < /dev/tty; echo \"pager=$x\"' _ 49.25\n")
+    shell.until("more-42? ", timeout=10)  # while `seq` runs, blocked on the full pipe
+    shell.type("q\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "pager=q" in out and "Stopped" not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")  # the pager's
+    wait_for(lambda: not processes("1000000"), timeout=10)
+
+
+def test_a_command_in_a_pipeline_that_reads_the_terminal_is_handed_it_and_ctrl_z_stops_it(shell: Shell) -> None:
+    """The command's stdout is a pipe, so it starts without the terminal; Ctrl-Z, which then reaches
+    mpvisor's group, stops it too, and `fg` resumes it; when it reads the terminal it is handed it
+    (no stop), reads what is typed, and the run completes."""
+    shell.type("mpvisor run -- bash -c 'sleep 0.5; read -r x; echo \"read=$x\"' _ 49.5 | cat\n")
+    wait_for(lambda: any(p.info["cmdline"][0] == "bash" for p in processes("49.5")), timeout=30)
+    (command,) = [p for p in processes("49.5") if p.info["cmdline"][0] == "bash"]
+    shell.press("\x1a")
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    wait_for(lambda: command.status() == psutil.STATUS_STOPPED, timeout=10)
+    shell.type("fg\n")
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)  # at its read
+    shell.type("typed\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "read=typed" in out and ": completed " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+    wait_for(lambda: not processes("49.5"), timeout=10)
