@@ -269,3 +269,18 @@ def test_a_command_in_a_pipeline_that_reads_the_terminal_is_handed_it_and_ctrl_z
     assert "read=typed" in out and ": completed " in out, out
     assert shell.run("echo status=$?").strip().endswith("status=0")
     wait_for(lambda: not processes("49.5"), timeout=10)
+
+
+def test_a_tstp_to_a_scripts_group_pauses_the_command_and_a_cont_resumes_it(shell: Shell) -> None:
+    """`kill -TSTP -- -PGID` of a script's process group (a CI's "pause job"): mpvisor passes the
+    stop on to the command, in a group of its own, then stops; `kill -CONT -- -PGID` resumes
+    mpvisor, which resumes the command."""
+    shell.run("bash -c 'mpvisor run -- sleep 50.25; echo AFTER' &")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_SLEEPING), timeout=30)
+    (script,) = [p for p in psutil.Process(shell.pid).children() if p.name() == "bash"]
+    shell.run(f"kill -TSTP -- -{script.pid}")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.run(f"kill -CONT -- -{script.pid}")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_SLEEPING), timeout=10)
+    shell.run(f"kill -- -{script.pid}")
+    wait_for(lambda: not processes("50.25"), timeout=10)
