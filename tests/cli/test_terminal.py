@@ -3,8 +3,9 @@ real pty (tests/_pty_support.py), the installed `mpvisor` typed at its prompt fr
 outside the repository. The command is the terminal's foreground job: `tty` names the
 terminal, a prompt reads what is typed, Ctrl-C reaches it as it would the bare command (mpvisor
 then dies by SIGINT), Ctrl-Z stops the command and mpvisor together and the prompt returns,
-`fg` resumes both as the foreground job and `bg` in the background. The process table is
-checked after each step; nothing is left behind."""
+`fg` resumes both as the foreground job and `bg` in the background; so whatever its stdin, in
+a script, after `&`, and after a stop it raised itself; in a pipeline a pager keeps the terminal.
+The process table is checked after each step; nothing is left behind."""
 
 from __future__ import annotations
 
