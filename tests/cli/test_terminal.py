@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -285,3 +286,23 @@ def test_a_tstp_to_a_scripts_group_pauses_the_command_and_a_cont_resumes_it(shel
     wait_for(lambda: all_are("50.25", psutil.STATUS_SLEEPING), timeout=10)
     shell.run(f"kill -- -{script.pid}")
     wait_for(lambda: not processes("50.25"), timeout=10)
+
+
+def test_a_tstp_to_mpvisor_in_the_foreground_stops_the_command_too(shell: Shell) -> None:
+    """`kill -TSTP` of mpvisor itself while the command holds the terminal: the command stops
+    first, then mpvisor, and the prompt returns; `fg` gives the command the terminal again."""
+    shell.type("mpvisor run -- sleep 51.25\n")
+    wait_for(lambda: all_are("51.25", psutil.STATUS_SLEEPING), timeout=30)
+    (mpvisor,) = [p for p in processes("51.25") if p.info["cmdline"][0] != "sleep"]
+    (command,) = [p for p in processes("51.25") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    mpvisor.send_signal(signal.SIGTSTP)
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    wait_for(lambda: all_are("51.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.type("fg\n")
+    wait_for(lambda: all_are("51.25", psutil.STATUS_SLEEPING), timeout=10)
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    wait_for(lambda: not processes("51.25"), timeout=10)

@@ -182,6 +182,8 @@ class Terminal:
         pipeline; a `kill -TSTP`): the attempt's group stops first, then this process, as the
         bare command would have stopped with the job."""
         if self.pgid is not None:
+            if _holds(self.fd, self.pgid):  # a `kill -TSTP` of this process, the attempt in the foreground
+                _give(self.fd, os.getpgrp())
             try:
                 os.killpg(self.pgid, signal.SIGTSTP)
             except ProcessLookupError:
