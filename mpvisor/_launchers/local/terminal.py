@@ -155,8 +155,8 @@ class Terminal:
             self.loop.add_signal_handler(signal.SIGCONT, self.resumed)
             self.loop.add_signal_handler(signal.SIGTSTP, self._suspend)
             self._on_cont = True
-        if self.wants and not foreground(self.fd):  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
-            self._watch_foreground()
+        if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
+            self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
 
     def stopped(self, key: int, signum: int) -> None:
         """The attempt was stopped, by any signal: this process's group (the shell's job: a script
