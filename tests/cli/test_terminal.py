@@ -3,13 +3,15 @@ real pty (tests/_pty_support.py), the installed `mpvisor` typed at its prompt fr
 outside the repository. The command is the terminal's foreground job: `tty` names the
 terminal, a prompt reads what is typed, Ctrl-C reaches it as it would the bare command (mpvisor
 then dies by SIGINT), Ctrl-Z stops the command and mpvisor together and the prompt returns,
-`fg` resumes both as the foreground job and `bg` in the background. The process table is
-checked after each step; nothing is left behind."""
+`fg` resumes both as the foreground job and `bg` in the background; so whatever its stdin, in
+a script, after `&`, and after a stop it raised itself; in a pipeline a pager keeps the terminal.
+The process table is checked after each step; nothing is left behind."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,3 +165,144 @@ def test_a_run_started_in_the_background_stops_at_its_first_read_and_fg_gives_it
     out = shell.until("MPV-PROMPT> ")
     assert "read=typed at the prompt" in out and ": completed " in out, out
     assert shell.run("echo status=$?").strip().endswith("status=0")
+
+
+def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_resumes_it(shell: Shell) -> None:
+    """Any stop of the foreground command, not only the terminal's (procps `top` meets Ctrl-Z by
+    raising SIGSTOP): the terminal comes back, mpvisor stops with the command (`jobs` says
+    Stopped), and `fg` resumes both, the command in the foreground, to its end."""
+    shell.type("mpvisor run -- bash -c 'echo BEFORE; kill -STOP $$; echo AFTER-$((6*7))' _ 45.25\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "BEFORE" in out and "Stopped" in out and "AFTER-42" not in out, out
+    wait_for(lambda: all_are("45.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.type("fg\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "AFTER-42" in out and ": completed " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+    wait_for(lambda: not processes("45.25"), timeout=10)
+
+
+@pytest.mark.parametrize("line", ["bash -c 'mpvisor run -- sleep 46.25; echo AFTER-$((6*7))'",
+                                  "sleep 46.75 | mpvisor run -- sleep 46.25"])
+def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str) -> None:
+    """The shell's job is more than mpvisor (a script's bash, the rest of a pipeline), which the
+    bare command's Ctrl-Z would have stopped too: mpvisor stops its whole process group, and the
+    prompt comes back at the first Ctrl-Z; `fg` resumes it all, and Ctrl-C then ends the job."""
+    shell.type(line + "\n")
+    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=30)
+    shell.press("\x1a")
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    job = [p for p in psutil.Process(shell.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+    assert job and all(p.status() == psutil.STATUS_STOPPED for p in job), [(p.cmdline(), p.status()) for p in job]
+    shell.type("fg\n")
+    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=10)
+    wait_for(lambda: all(p.status() != psutil.STATUS_STOPPED for p in job), timeout=10)
+    (command,) = [p for p in processes("46.25") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "AFTER-42" not in out and "SIGINT" in out, out
+    wait_for(lambda: not processes("46.25"), timeout=10)
+
+
+def test_the_command_is_a_job_of_the_terminal_whatever_its_stdin(shell: Shell) -> None:
+    """Stdin `/dev/null` or a pipe, mpvisor in the terminal's foreground: the command is still its
+    foreground job, in the terminal's session, as the bare command is: it reads `/dev/tty` (a
+    password prompt), and Ctrl-C reaches it as SIGINT (not mpvisor's SIGTERM)."""
+    shell.type("mpvisor run -- bash -c 'read -r -p \"pw: \" x < /dev/tty; echo \"got=$x\"' _ 47.25 < /dev/null\n")
+    shell.until("pw: ")
+    shell.type("secret\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "got=secret" in out and ": completed " in out, out
+    shell.type("echo data | mpvisor run -- sleep 47.5\n")
+    wait_for(lambda: all_are("47.5", psutil.STATUS_SLEEPING), timeout=30)
+    (command,) = [p for p in processes("47.5") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("47.5"), timeout=10)
+
+
+def test_a_run_started_in_the_background_gets_the_terminal_at_fg(shell: Shell) -> None:
+    """`mpvisor run ... &` whose command never reads the terminal: `fg` (no signal) gives
+    mpvisor's group the terminal, and mpvisor hands it on to the command, which Ctrl-C then
+    reaches as SIGINT, as the bare command."""
+    shell.run("mpvisor run -- sleep 48.25 &")
+    wait_for(lambda: all_are("48.25", psutil.STATUS_SLEEPING), timeout=30)
+    (command,) = [p for p in processes("48.25") if p.info["cmdline"][0] == "sleep"]
+    shell.type("fg\n")
+    shell.until("sleep 48.25")  # bash names the job it brings back
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    wait_for(lambda: not processes("48.25"), timeout=10)
+
+
+def test_a_pager_later_in_the_pipeline_keeps_the_terminal(shell: Shell) -> None:
+    """`mpvisor run -- seq ... | less`: the command's stdout is a pipe, so the terminal stays with
+    the pipeline's group, where the pager reads it (it was stopped by SIGTTIN at once)."""
+    shell.type("mpvisor run -- seq 1 1000000 | bash -c 'head -n 2; read -r -p \"more-$((6*7))? \" x < /dev/tty; echo \"pager=$x\"' _ 49.25\n")
+    shell.until("more-42? ", timeout=10)  # while `seq` runs, blocked on the full pipe
+    shell.type("q\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "pager=q" in out and "Stopped" not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")  # the pager's
+    wait_for(lambda: not processes("1000000"), timeout=10)
+
+
+def test_a_command_in_a_pipeline_that_reads_the_terminal_is_handed_it_and_ctrl_z_stops_it(shell: Shell) -> None:
+    """The command's stdout is a pipe, so it starts without the terminal; Ctrl-Z, which then reaches
+    mpvisor's group, stops it too, and `fg` resumes it; when it reads the terminal it is handed it
+    (no stop), reads what is typed, and the run completes."""
+    shell.type("mpvisor run -- bash -c 'sleep 0.5; read -r x; echo \"read=$x\"' _ 49.5 | cat\n")
+    wait_for(lambda: any(p.info["cmdline"][0] == "bash" for p in processes("49.5")), timeout=30)
+    (command,) = [p for p in processes("49.5") if p.info["cmdline"][0] == "bash"]
+    shell.press("\x1a")
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    wait_for(lambda: command.status() == psutil.STATUS_STOPPED, timeout=10)
+    shell.type("fg\n")
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)  # at its read
+    shell.type("typed\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "read=typed" in out and ": completed " in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+    wait_for(lambda: not processes("49.5"), timeout=10)
+
+
+def test_a_tstp_to_a_scripts_group_pauses_the_command_and_a_cont_resumes_it(shell: Shell) -> None:
+    """`kill -TSTP -- -PGID` of a script's process group (a CI's "pause job"): mpvisor passes the
+    stop on to the command, in a group of its own, then stops; `kill -CONT -- -PGID` resumes
+    mpvisor, which resumes the command."""
+    shell.run("bash -c 'mpvisor run -- sleep 50.25; echo AFTER' &")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_SLEEPING), timeout=30)
+    (script,) = [p for p in psutil.Process(shell.pid).children() if p.name() == "bash"]
+    shell.run(f"kill -TSTP -- -{script.pid}")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.run(f"kill -CONT -- -{script.pid}")
+    wait_for(lambda: all_are("50.25", psutil.STATUS_SLEEPING), timeout=10)
+    shell.run(f"kill -- -{script.pid}")
+    wait_for(lambda: not processes("50.25"), timeout=10)
+
+
+def test_a_tstp_to_mpvisor_in_the_foreground_stops_the_command_too(shell: Shell) -> None:
+    """`kill -TSTP` of mpvisor itself while the command holds the terminal: the command stops
+    first, then mpvisor, and the prompt returns; `fg` gives the command the terminal again."""
+    shell.type("mpvisor run -- sleep 51.25\n")
+    wait_for(lambda: all_are("51.25", psutil.STATUS_SLEEPING), timeout=30)
+    (mpvisor,) = [p for p in processes("51.25") if p.info["cmdline"][0] != "sleep"]
+    (command,) = [p for p in processes("51.25") if p.info["cmdline"][0] == "sleep"]
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    mpvisor.send_signal(signal.SIGTSTP)
+    assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
+    wait_for(lambda: all_are("51.25", psutil.STATUS_STOPPED), timeout=10)
+    shell.type("fg\n")
+    wait_for(lambda: all_are("51.25", psutil.STATUS_SLEEPING), timeout=10)
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
+    wait_for(lambda: not processes("51.25"), timeout=10)

@@ -24,7 +24,7 @@ version refuses that launcher (`ControlError`).
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
 | `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not), cpu (likewise its CPU-time limit) | |
-| `Stopped` | key, signum (a terminal's foreground attempt was stopped: Ctrl-Z, or a read in the background) | |
+| `Stopped` | key, signum (a terminal's attempt was stopped, by any signal: Ctrl-Z, a read in the background, a SIGSTOP) | |
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ class ControlError(ProtocolError):
 class Spawn(NamedTuple):
     """Fork an attempt (or, `exec_python`, fork and exec a fresh interpreter) for `key`, once
     the target's `module` is prepared (`_attempt/prepared.py`; "" for none). `stdin`: its stdin
-    travels beside, after the socket; `terminal`: that stdin is the controlling terminal of the
-    launcher's session, and the attempt is a job of it (its own process group in that session,
-    not a session of its own): `BACKGROUND`, or `FOREGROUND`, when it takes the terminal first;
+    travels beside, after the socket; `terminal`: the launcher's session has a controlling
+    terminal (`/dev/tty`, whatever the attempt's stdin), and the attempt is a job of it (its own
+    process group in that session, not a session of its own): `BACKGROUND`, or `FOREGROUND`, when
+    it takes the terminal first;
     `fence`: the fence group it runs under (0: none)."""
 
     key: int
@@ -150,7 +151,7 @@ class Exited(NamedTuple):
 
 
 class Stopped(NamedTuple):
-    """The terminal attempt `key` was stopped by `signum` (SIGTSTP, SIGTTIN or SIGTTOU)."""
+    """The terminal attempt `key` was stopped by `signum` (SIGTSTP, SIGTTIN, SIGTTOU, SIGSTOP...)."""
 
     key: int
     signum: int

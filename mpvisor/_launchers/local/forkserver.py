@@ -67,7 +67,6 @@ _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
 _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK),
                                                  int(signal.SIG_DFL), int(signal.SIG_IGN))
 _SIGTTOU = (int(signal.SIGTTOU),)
-_TERMINAL_STOPS = frozenset(int(s) for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -118,7 +117,7 @@ class Launcher:
         self.limits_looked = 0.0
         self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
-        self.terminal: set[_Attempt] = set()  # attempts that are a terminal's foreground job: their stops are reported
+        self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
         self.oom_kills = _platform.OomKills()
         self.parent_gone = False
         self.ready_r, self.ready_w = os.pipe()
@@ -265,7 +264,7 @@ class Launcher:
             if terminal:  # a job of the terminal: its own group, in the terminal's session
                 os.setpgid(0, 0)
                 if terminal == control.FOREGROUND:
-                    _take_terminal(fds[1])
+                    _take_terminal()
             else:
                 os.setsid()
             _platform.set_parent_death_signal(signal.SIGKILL)
@@ -446,8 +445,9 @@ class Launcher:
         self._report_drained()
 
     def _report_stops(self) -> None:
-        """A terminal attempt stopped by the terminal (Ctrl-Z, or a read from the background):
-        the parent stops with it, so that the shell sees its job stopped."""
+        """A terminal attempt stopped, by whatever signal (Ctrl-Z, a read from the background, a
+        SIGSTOP it raised itself as procps `top` does on Ctrl-Z): the parent stops with it, so that
+        the shell sees its job stopped, as a shell waiting with WUNTRACED sees the bare command's."""
         for attempt in list(self.terminal):
             if attempt.status is not None:
                 self.terminal.discard(attempt)
@@ -456,7 +456,7 @@ class Launcher:
                 info = os.waitid(os.P_PID, attempt.pid, os.WSTOPPED | os.WNOHANG)
             except ChildProcessError:
                 info = None
-            if info is not None and info.si_code == os.CLD_STOPPED and info.si_status in _TERMINAL_STOPS:
+            if info is not None and info.si_code == os.CLD_STOPPED:
                 self._send(control.Stopped(attempt.key, info.si_status))
 
     def _adopt_orphans(self) -> None:
@@ -722,12 +722,17 @@ def _setup_fds(fds: list[int], stdin: bool = False) -> int:
     return sock_fd
 
 
-def _take_terminal(tty: int) -> None:
-    """Make this process's group the terminal's foreground group, as a shell's child does
-    before it runs a job: from the background that needs SIGTTOU blocked meanwhile."""
+def _take_terminal() -> None:
+    """Make this process's group the foreground group of this session's terminal (`/dev/tty`,
+    whatever the attempt's stdin is), as a shell's child does before it runs a job: from the
+    background that needs SIGTTOU blocked meanwhile."""
     _platform.signal_mask(_SIG_BLOCK, _SIGTTOU)
     try:
-        os.tcsetpgrp(tty, os.getpid())
+        tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+        try:
+            os.tcsetpgrp(tty, os.getpid())
+        finally:
+            os.close(tty)
     except OSError:
         pass  # the terminal is gone, or the session changed: the attempt runs in the background
     finally:

@@ -2,18 +2,33 @@
 `bg` reach it as they would reach the bare command?
 
 With `SupervisorConfig(stdin="inherit")` (what `mpvisor run` of one task uses), an attempt reads
-this process's stdin. When that stdin is this session's terminal, the attempt is a job of the
-terminal, the way a shell runs one (and `sudo`): the foreground job when this process's group
-is the terminal's foreground, else a background one.
+this process's stdin. When this process's session has a controlling terminal (`/dev/tty` opens),
+the attempt is a job of that terminal, whatever its stdin, stdout or stderr are, the way a
+shell runs one (and `sudo`): it stays in the terminal's session, where the bare command would
+be, so it can open `/dev/tty` (a password prompt with stdin redirected) and the terminal's
+signals reach it; the foreground job when this process's group is the terminal's foreground,
+else a background one. A session without one (cron, a daemon, `ssh host cmd`) gives each
+attempt a session of its own, as for any attempt.
+
+Only one group can hold the terminal, the attempt's or this process's (the shell's job). The
+attempt takes it at its start unless this process's stdout is a pipe: in a pipeline (`mpvisor
+run -- seq 1 100000 | less`) the terminal stays with the pipeline's group, where a pager later in
+it reads it, and the attempt is handed it only once it reads or sets the terminal itself
+(SIGTTIN or SIGTTOU while this group holds it: `stopped` then continues it with the terminal
+instead of stopping the job). Until then Ctrl-C and Ctrl-Z reach this process's group: Ctrl-Z
+is passed on to the attempt (`_suspend`), but Ctrl-C is this process's own SIGINT, which stops
+the run as `kill -INT` does (SIGTERM to the command, then the grace): this process cannot tell
+the terminal's SIGINT from a user's, and a user's must still stop a command that ignores SIGINT.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | stdin is this session's terminal: the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is |
-| the attempt starts | the attempt (`forkserver._take_terminal`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is and its stdout is not a pipe |
+| the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
-| Ctrl-Z, or a read from the background | the launcher (`stopped`) | `stopped`: the terminal back to this process's group, and this process stops by the same signal, so the shell sees its job stopped and prints its prompt |
-| `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group, SIGCONT to it |
-| `bg` | the shell: SIGCONT alone | `resumed`: SIGCONT to the attempt's group, which runs in the background; then a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
+| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it |
+| Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
+| `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
+| started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the attempt ends | the client | `ended`: the terminal back to this process's group |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
@@ -27,8 +42,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import stat
 import threading
+from collections.abc import Callable
 
+from mpvisor import _platform
 from mpvisor._launchers.local import control
 
 FG_POLL = 0.1  # seconds between two looks for a `fg` that brought a backgrounded run back
@@ -47,6 +65,34 @@ def controlling(fd: int) -> bool:
     for that one: ENOTTY for any other terminal)."""
     try:
         return os.isatty(fd) and os.tcgetpgrp(fd) > 0
+    except OSError:
+        return False
+
+
+def _open_controlling() -> int:
+    """An fd of this session's controlling terminal (`/dev/tty`), or -1 when it has none."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return -1  # ENXIO: no controlling terminal (a daemon, cron, `ssh host cmd`, a new session)
+    if controlling(fd):
+        return fd
+    os.close(fd)
+    return -1
+
+
+def job_stop(signum: int) -> int:
+    """The signal that stops this process's job when the attempt was stopped by `signum`: the same
+    one, as the terminal would have sent it; but a SIGSTOP (which the attempt raised itself, or
+    was sent) becomes SIGTSTP, the signal of Ctrl-Z, which the processes that must never stop with
+    a job (an interactive shell) ignore. Pure."""
+    return signal.SIGTSTP if signum == signal.SIGSTOP else signum
+
+
+def _is_pipe(fd: int) -> bool:
+    """`fd` is a pipe (this process's stdout, in a pipeline: `mpvisor run -- seq 1 100000 | less`)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
     except OSError:
         return False
 
@@ -71,14 +117,15 @@ def _give(fd: int, pgid: int) -> None:
 
 
 class Terminal:
-    """The terminal `fd` and the attempt that is its foreground job, if one is."""
+    """The terminal `fd` and the attempt that is its job, if one is."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int = 0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.fd = fd
+        self.fd = -1  # this session's terminal (`/dev/tty`), open while an attempt is its job
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
-        self._on_cont = False  # a SIGCONT handler is installed
+        self.wants = False  # the attempt takes the terminal whenever this process's group holds it
+        self._on_cont = False  # the SIGCONT and SIGTSTP handlers are installed
         self._fg_timer: asyncio.TimerHandle | None = None  # looking for a `fg` after a `bg`
 
     def __repr__(self) -> str:
@@ -86,13 +133,19 @@ class Terminal:
 
     def claim(self, key: int) -> int:
         """How the attempt `key` is spawned (`control.NO_TERMINAL`, `BACKGROUND`, `FOREGROUND`):
-        as a job of the terminal when none is and the terminal is this session's, in its
-        foreground when this process's group is (else it gets SIGTTIN at its first read, as a
-        background job does, and this process stops with it)."""
-        if self.key is not None or not controlling(self.fd):
+        as a job of this session's terminal when it has one and no other attempt is its job,
+        whatever the attempt's stdin; in its foreground when this process's group is (else it
+        gets SIGTTIN at its first read, as a background job does, and this process stops with it)."""
+        if self.key is not None:
             return control.NO_TERMINAL
-        self.key = key
-        return control.FOREGROUND if foreground(self.fd) else control.BACKGROUND
+        fd = _open_controlling()
+        if fd < 0:
+            return control.NO_TERMINAL
+        self.fd, self.key = fd, key
+        # In a pipeline (its stdout a pipe) the terminal stays with the pipeline's group, where a
+        # pager reads it, until the attempt reads or sets it itself (`stopped`).
+        self.wants = not _is_pipe(1)
+        return control.FOREGROUND if self.wants and foreground(self.fd) else control.BACKGROUND
 
     def started(self, key: int, pid: int) -> None:
         if key != self.key:
@@ -100,36 +153,74 @@ class Terminal:
         self.pgid = pid
         if threading.current_thread() is threading.main_thread() and not self._on_cont:
             self.loop.add_signal_handler(signal.SIGCONT, self.resumed)
+            self.loop.add_signal_handler(signal.SIGTSTP, self._suspend)
             self._on_cont = True
+        if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
+            self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
 
     def stopped(self, key: int, signum: int) -> None:
-        """The attempt was stopped by the terminal: stop with it, and carry on once resumed."""
-        if key != self.key or self.pgid is None:
-            return
+        """The attempt was stopped, by any signal: this process's group (the shell's job: a script
+        that runs `mpvisor run`, the rest of a pipeline, which the terminal's signal would have
+        stopped with the bare command) stops with it (`job_stop`), and this process carries on
+        once resumed. An attempt that read or set the terminal (SIGTTIN, SIGTTOU) while this
+        group holds it (in a pipeline, where it was not handed the terminal) is handed it and
+        continued instead."""
+        if key != self.key or self.pgid is None or not _platform.is_stopped(self.pgid):
+            return  # a stop already over: this process stopped it with the job (`_suspend`) and continued it
+        if signum in (signal.SIGTTIN, signal.SIGTTOU):
+            self.wants = True  # it uses the terminal: from now on it takes it whenever this group has it
+            if foreground(self.fd):
+                self.resumed()
+                return
         if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
             _give(self.fd, os.getpgrp())
-        os.kill(os.getpid(), signum)  # returns once the shell resumed this process (fg or bg)
+        self._stop(job_stop(signum), os.killpg, os.getpgrp())  # returns once the shell resumed this process
         self.resumed()
+
+    def _suspend(self) -> None:
+        """This process got SIGTSTP itself (Ctrl-Z while its group holds the terminal, in a
+        pipeline; a `kill -TSTP`): the attempt's group stops first, then this process, as the
+        bare command would have stopped with the job."""
+        if self.pgid is not None:
+            if _holds(self.fd, self.pgid):  # a `kill -TSTP` of this process, the attempt in the foreground
+                _give(self.fd, os.getpgrp())
+            try:
+                os.killpg(self.pgid, signal.SIGTSTP)
+            except ProcessLookupError:
+                pass
+        self._stop(signal.SIGTSTP, os.kill, os.getpid())
+        self.resumed()
+
+    def _stop(self, signum: int, send: Callable[[int, int], None], to: int) -> None:
+        """`send(to, signum)` with SIGTSTP's default action (a stop) meanwhile: it returns once
+        this process was continued."""
+        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL) if self._on_cont else None
+        try:
+            send(to, signum)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTSTP, previous)
 
     def resumed(self) -> None:
         """This process was continued: give the attempt the terminal if it is ours (fg), and continue it."""
         if self.pgid is None:
             return
-        if foreground(self.fd):
-            _give(self.fd, self.pgid)
-        else:
-            self._watch_foreground()
+        if self.wants:
+            if foreground(self.fd):
+                _give(self.fd, self.pgid)
+            else:
+                self._watch_foreground()
         try:
             os.killpg(self.pgid, signal.SIGCONT)
         except ProcessLookupError:
             pass  # it has ended meanwhile: the launcher reports that
 
     def _watch_foreground(self) -> None:
-        """Continued in the background (`bg`): a later `fg` of a running job only gives this
-        process's group the terminal, with no signal to say so; so, while the attempt is a job
-        of the terminal and this group is not the foreground, look every FG_POLL seconds, and
-        hand the terminal on to the attempt's group once it is (a Ctrl-C typed within that
-        moment reaches this process, as an interruption)."""
+        """Started or continued in the background (`&`, `bg`): a later `fg` of a running job only
+        gives this process's group the terminal, with no signal to say so; so, while the attempt
+        is a job of the terminal and this group is not the foreground, look every FG_POLL
+        seconds, and hand the terminal on to the attempt's group once it is (a Ctrl-C typed
+        within that moment reaches this process, as an interruption)."""
         if self._fg_timer is not None:
             return
 
@@ -152,12 +243,14 @@ class Terminal:
         held = self.pgid is not None and _holds(self.fd, self.pgid)
         if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
-        self.key = self.pgid = None
+        os.close(self.fd)
+        self.fd, self.key, self.pgid = -1, None, None
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
         if self._on_cont:
             self.loop.remove_signal_handler(signal.SIGCONT)
+            self.loop.remove_signal_handler(signal.SIGTSTP)
             self._on_cont = False
         if (how, value) == ("signal", signal.SIGINT):
             # A Ctrl-C in the foreground went to the attempt's group alone: it goes on to this
