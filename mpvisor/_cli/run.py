@@ -59,8 +59,9 @@ Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeou
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
 `--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
 `--memory SIZE` (bytes or `512M`, `1G`: the resident memory of the attempt's whole tree),
-`--address-space SIZE` (each process's `RLIMIT_AS`), `--cpu SECONDS` and `--open-files N` each attempt's
-limits (`TaskSpec.with_limits`; an attempt that runs into one fails, the reason naming it);
+`--address-space SIZE` (each process's `RLIMIT_AS`), `--cpu SECONDS`, `--cpus N` and `--open-files N` each
+attempt's limits (`TaskSpec.with_limits`, held to its rule: a SIZE and N at most 2**63 - 1,
+`--cpus` from 0.01 to 100000; an attempt that runs into one fails, the reason naming it);
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
 backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
@@ -97,6 +98,7 @@ from mpvisor._cli.options import (
     jitter,
     launcher_for,
     lease_ttl,
+    limit_count,
     outcome_line,
     parse_arg,
     positive_count,
@@ -156,7 +158,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cpus", type=cpus, metavar="N",
                      help="at most N CPUs' worth of time at once for each attempt's whole tree (0.5, 2; the kernel's CPU "
                           "controller slows it down; refused where there is none: mpvisor doctor)")
-    run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
+    run.add_argument("--open-files", type=limit_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")
     run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),

@@ -120,6 +120,10 @@ def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
         (["slots", "serve", "--idle-exit", "nan"], ["argument --idle-exit", "'nan'"]),
         (["slots", "serve", "--idle-exit", "-1"], ["argument --idle-exit", "'-1'"]),
         (["slots", "--jsn"], ["--jsn"]),
+        # limits past what the kernel takes: the attempt panicked (OverflowError) or was refused (EINVAL)
+        (["run", "--memory", "99999999999999999999999", "--", "true"], ["argument --memory", "'99999999999999999999999'"]),
+        (["run", "--address-space", "99999999999999999999G", "--", "true"], ["argument --address-space", "'99999999999999999999G'"]),
+        (["run", "--cpus", "1e9", "--", "true"], ["argument --cpus", "'1e9'", "from 0.01 to 100000"]),
     ],
 )
 def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
@@ -130,6 +134,16 @@ def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
     (line,) = done.stderr.splitlines()
     command = {"run": "mpvisor run", "slots": "mpvisor slots serve" if "serve" in argv else "mpvisor slots"}[argv[0]]
     assert line.startswith(f"{command}: error: ") and all(word in line for word in words), line
+
+
+def test_the_largest_sizes_are_set_as_given(tmp_path):
+    """2**63 - 1 bytes, the most a size may be, is what the attempt gets (it was read through
+    a float, became 2**63, and the attempt died with status 1 before reporting)."""
+    most = str(2**63 - 1)
+    done = mpvisor(tmp_path, "run", "--address-space", most, "--memory", most, "--open-files", "64",
+                   "workers.limits:rlimits")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"as": [2**63 - 1, 2**63 - 1], "nofile": [64, 64]}
 
 
 def test_version(tmp_path):
