@@ -93,13 +93,30 @@ def parse_arg(text: str) -> Any:
     """One ARG: a JSON literal, or the text itself when it is a bare word (not meant as JSON).
 
     A text that starts with `{`, `[` or `"`, or that `float()` reads as a number, is meant as
-    JSON; if it does not parse, `argparse.ArgumentTypeError` names it."""
+    JSON; if it does not parse, `argparse.ArgumentTypeError` names it. So a bare word that reads
+    as a number is no string: `nan`, `inf`, `-Infinity` (any spelling `float()` reads as NaN or
+    an infinity, which JSON has not) are refused with one message, which says how to give the
+    string."""
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except ValueError as exc:
         if not _meant_as_json(text):
             return text
-        raise argparse.ArgumentTypeError(f"not a JSON literal ({exc}): {text!r}") from None
+        raise argparse.ArgumentTypeError(_no_json_number(text) or f"not a JSON literal ({exc}): {text!r}") from None
+
+
+def _no_json_number(text: str) -> str | None:
+    """What to say of a text `float()` reads as NaN or an infinity (None: it reads otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if math.isfinite(value):
+        return None
+    word = any(c.isalpha() and c not in "eE" for c in text)  # `inf`, `NaN`; not `1e999`
+    beyond = "" if word else " beyond a float's range"
+    return (f"{text!r} reads as a number{beyond}, and JSON has no {'NaN' if math.isnan(value) else 'infinity'}; "
+            f"quote it ('{json.dumps(text)}') for the string")
 
 
 def _meant_as_json(text: str) -> bool:

@@ -7,10 +7,12 @@
 This module declares the options and runs one task; a task file is run by `filerun`. The option
 values, the spec they describe and the lines printed are `options`', the statuses `statuses`'.
 
-ARGs are JSON literals; a bare word is a string. A text meant as JSON that does not parse is a
-usage error: one that starts with `{`, `[` or `"`, or that Python's `float()` reads as a number
-(`01`, `+1`, `1_000`, `NaN`, `Infinity`: JSON has no such numbers). So `2024-01-01`, `1.2.3`
-and `hello` are strings, `'"NaN"'` is the string NaN.
+ARGs are JSON literals; a bare word is a string, unless it reads as a number. A text meant as
+JSON that does not parse is a usage error: one that starts with `{`, `[` or `"`, or that
+Python's `float()` reads as a number (`01`, `+1`, `1_000`, and `nan`, `inf`, `Infinity` in any
+spelling: JSON has no such numbers, and a word meant as a number is not silently a string). So
+`2024-01-01`, `1.2.3` and `hello` are strings, `'"nan"'` is the string nan, and `nan` is
+refused with `'nan' reads as a number, and JSON has no NaN; quote it ('"nan"') for the string`.
 
 The outcome is printed on stderr in one line, `mpvisor: <task>: <kind> reason=... exit_code=...
 attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`, `failed`, ...;
@@ -195,7 +197,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=target, metavar="TARGET", help='"package.module:function"')
     run.add_argument("args", nargs="*", type=parse_arg, metavar="ARG",
-                     help="arguments: JSON literals (a bare word is a string)")
+                     help="arguments: JSON literals (a bare word is a string, unless it reads as a number: "
+                          "nan, inf, 01 are refused, JSON has no such numbers; '\"nan\"' is the string)")
 
 
 def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:

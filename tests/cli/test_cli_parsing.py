@@ -51,6 +51,25 @@ def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys)
     assert line.startswith("mpvisor run: error: argument ARG: ") and repr(text) in line, line
 
 
+@pytest.mark.parametrize(
+    "text, what",
+    [("nan", "a number, and JSON has no NaN"), ("NaN", "a number, and JSON has no NaN"), ("+nan", "a number, and JSON has no NaN"),
+     ("inf", "a number, and JSON has no infinity"), ("Infinity", "a number, and JSON has no infinity"),
+     ("infinity", "a number, and JSON has no infinity"), (" INF ", "a number, and JSON has no infinity"),
+     ("1e999", "a number beyond a float's range, and JSON has no infinity")],
+)
+def test_nan_and_infinities_in_any_spelling_get_one_message_saying_how_to_give_the_string(text, what, capsys):
+    """Every text `float()` reads as NaN or an infinity is refused alike (`nan` and `inf` said
+    `Expecting value: line 1 column 1 (char 0)`), and the message says how to pass the string."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["run", "workers.basic:echo", text])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"mpvisor run: error: argument ARG: {text!r} reads as {what}; "
+                           f"quote it (\'{json.dumps(text)}\') for the string"), line
+    assert parse(["run", "workers.basic:echo", json.dumps(text)])[1].task.args == (text,)  # quoted: the string
+
+
 # --- option values ----------------------------------------------------------------------------------
 
 
