@@ -253,6 +253,15 @@ def slots_default(parser: argparse.ArgumentParser) -> str | None:
         parser.error(f"${SLOTS_VARIABLE} (what --slots is when not given): {exc}")
 
 
+def check_cgroups_variable(parser: argparse.ArgumentParser) -> None:
+    """A usage error naming `$MPVISOR_CGROUPS` when it is neither a word that turns cgroups off
+    nor empty (`_model/checks.cgroups_off`: how the launcher and `doctor` read it)."""
+    try:
+        _validate.cgroups_off(os.environ.get(_validate.CGROUPS_VARIABLE))
+    except ValueError as exc:  # a ConfigError
+        parser.error(str(exc))
+
+
 def controller_config(slots: str | None, ttl: float | None, wait_timeout: float | None) -> ControllerConfig:
     """The controller of a run with slots: kept where `slots` says (a store's URL), else in this
     user's slot server on this host; `ttl` (None: the default) and `wait_timeout` as given."""

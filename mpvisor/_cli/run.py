@@ -92,6 +92,7 @@ from mpvisor._cli.options import (
     backoff,
     build_spec,
     byte_size,
+    check_cgroups_variable,
     choice,
     controller_config,
     cpus,
@@ -206,6 +207,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     the one task's spec (None with `--file`, whose tasks are in the file)."""
     args.spec = None
     given_slots, args.slots = args.slots, args.slots or slots_default(run)
+    check_cgroups_variable(run)  # what the launcher reads: refused here, before anything starts
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")

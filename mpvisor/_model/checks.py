@@ -11,6 +11,7 @@ field and the value, so that bad input never reaches the runtime.
 | `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
 | `cpus` | finite float/int from 0.01 to `MOST_CPUS` (100000) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
+| `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 """
 
 from __future__ import annotations
@@ -100,3 +101,20 @@ def name(field: str, value: object) -> str:
     if not value.isprintable():
         raise ValueError(f"{field} must be printable (no control characters or line breaks), got {value!r}")
     return value
+
+
+CGROUPS_VARIABLE = "MPVISOR_CGROUPS"
+CGROUPS_OFF = ("off", "0", "no", "false", "none")  # its values that turn cgroups off, in any case
+
+
+def cgroups_off(text: str | None) -> bool:
+    """Whether `text`, a value of `$MPVISOR_CGROUPS` (None: unset), turns cgroups off: True for
+    a word of `CGROUPS_OFF` in any case, False when unset or empty. Any other value raises
+    `ConfigError` naming the variable: it is never silently read as either."""
+    word = (text or "").strip()
+    if word.lower() in CGROUPS_OFF:
+        return True
+    if not word:
+        return False
+    raise ConfigError(f"${CGROUPS_VARIABLE}: expected one of {', '.join(CGROUPS_OFF)} (in any case) to make no cgroup, "
+                      f"or nothing (unset or empty) to make them where the host allows, got {text!r}")

@@ -146,6 +146,38 @@ def test_the_largest_sizes_are_set_as_given(tmp_path):
     assert json.loads(done.stdout) == {"as": [2**63 - 1, 2**63 - 1], "nofile": [64, 64]}
 
 
+def _with_cgroups(value: str, cwd: os.PathLike[str] | str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env={**cli_env(), "MPVISOR_CGROUPS": value},
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=30)
+
+
+@pytest.mark.parametrize("value", ["false", "None", "NO", "Off", "0"])
+def test_every_false_word_of_mpvisor_cgroups_turns_cgroups_off(tmp_path, value):
+    """`false` and `none` (any case) turn cgroups off as `off`, `0` and `no` do (they were read
+    as nothing, and cgroups were used)."""
+    done = _with_cgroups(value, tmp_path, "-m", "mpvisor", "doctor")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("value", ["foo", "on", "1"])
+def test_any_other_mpvisor_cgroups_value_is_an_error_naming_the_variable(tmp_path, value):
+    """A value that is no word turning cgroups off is never read as one or the other (it was
+    silently read as "use them"): `run` and `doctor` refuse it as a usage error naming the
+    variable, before anything runs, and the Python API raises `ConfigError` saying the same."""
+    said = (f"$MPVISOR_CGROUPS: expected one of off, 0, no, false, none (in any case) to make no cgroup, or nothing "
+            f"(unset or empty) to make them where the host allows, got {value!r}")
+    for argv, command in ((["run", "--", "true"], "mpvisor run"), (["doctor"], "mpvisor doctor")):
+        done = _with_cgroups(value, tmp_path, "-m", "mpvisor", *argv)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr.splitlines() == [f"{command}: error: {said} (see {command} --help)"]
+    script = ("import mpvisor\n"
+              "try:\n    mpvisor.run([mpvisor.TaskSpec.once(mpvisor.TaskFn('q', 'workers.basic:quick'))])\n"
+              "except mpvisor.ConfigError as exc:\n    print(exc)\n")
+    done = _with_cgroups(value, tmp_path, "-c", script)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, said, "")
+
+
 def test_version(tmp_path):
     done = mpvisor(tmp_path, "--version")
     assert done.returncode == 0, done.stderr
