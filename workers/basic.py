@@ -25,6 +25,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `pickle_bomb(bomb_path)` | | returns pickle bytes whose *loading* writes `bomb_path` |
 | `progress_many(n)` | `progress(i, n)` n times in a tight loop | returns `n` |
 | `progress_once()` | `progress(3, 10, "x")` | returns `"progressed"` |
+| `progress_then_sleep(n, pause)` | `progress(i, None, "quick step i")` for i = 1..n at once, then sleeps `pause` seconds | returns `n` |
 | `progress_steps(n, pause)` | `progress(i, n, "step i")` for i = 1..n, `pause` seconds apart (> the 50 ms rate limit) | returns `n` |
 | `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
 | `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
@@ -247,6 +248,17 @@ def progress_many(n: int, marker: str | None = None) -> int:
     ctx = context()
     for done in range(1, n + 1):
         ctx.progress(done, n)
+    return n
+
+
+def progress_then_sleep(n: int, pause: float, marker: str | None = None) -> int:
+    """Report `progress(i, None, f"quick step {i}")` for i = 1..n in a tight loop, then sleep
+    `pause` seconds without reporting; return `n`."""
+    mark(marker, "started")
+    ctx = context()
+    for done in range(1, n + 1):
+        ctx.progress(done, None, f"quick step {done}")
+    time.sleep(pause)
     return n
 
 

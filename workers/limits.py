@@ -14,6 +14,7 @@
 | `write_fast(record)` | writes 16 MiB every 16 ms (1 GB/s), appending its resident MiB to `record` after each | a memory limit, late by what it writes between two looks of a watcher |
 | `busy_children(n, seconds)` | starts `n` child processes that each spin for `seconds` of wall time, waits for them | `[their CPU seconds in all, the wall seconds]`: under `cpus=`, about `cpus * seconds` of CPU |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
+| `rlimits()` | returns its `RLIMIT_AS` and `RLIMIT_NOFILE`, `{"as": [soft, hard], "nofile": [soft, hard]}` | nothing: what the limits were set to |
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def busy_children(n: int, seconds: float) -> list[float]:
         os.waitpid(pid, 0)
     times = os.times()
     return [times.children_user + times.children_system, time.monotonic() - began]
+
+
+def rlimits() -> dict[str, list[int]]:
+    """This process's address-space and open-files limits, each `[soft, hard]`."""
+    import resource
+
+    return {"as": list(resource.getrlimit(resource.RLIMIT_AS)), "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
 
 
 def sleeping_threads(n: int) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from contextlib import contextmanager
 
 from mpvisor._model.errors import Canceled
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 
 
 _SIGTERM = {signal.SIGTERM}
-PROGRESS_INTERVAL = 0.05  # seconds between two progress frames (the last one is always sent)
 
 
 class TaskContext:
@@ -64,7 +62,6 @@ class TaskContext:
         self._delivered = False  # mpvisor raised (or reported) the cancellation once already
         self._shield_depth = 0
         self._async_cancel: Callable[[], None] | None = None
-        self._last_progress = 0.0
         self._pid = os.getpid()  # the attempt's process: the children it forks inherit the handler
 
     def __repr__(self) -> str:
@@ -148,20 +145,21 @@ class TaskContext:
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (`done` of `total`, with an optional `message`) to the parent, where it
-        becomes an `ATTEMPT_PROGRESS` event. At most one report per 50 ms is sent (the others are
-        dropped); one with `done >= total` is always sent. A `done` or `total` that is no
-        number, or a `message` that is no str, raises `TypeError` here, naming it."""
+        becomes an `ATTEMPT_PROGRESS` event. Every report is sent at once (one small frame, a few
+        microseconds); the parent publishes at most one event per 50 ms for an attempt, always
+        the latest report: one that comes sooner is held and published when the 50 ms have passed
+        (at the latest before the attempt's end), and one with `done >= total` is published at
+        once (`_tasks/actor.py`). So the last report is never lost, even when the target then
+        works, or sleeps, for long without reporting; no thread and no timer run here. A `done`
+        or `total` that is no number, or a `message` that is no str, raises `TypeError` here,
+        naming it."""
         _check_number("done", done)
         if total is not None:
             _check_number("total", total)
         if message is not None and not isinstance(message, str):
             raise TypeError(f"progress: message must be a str or None, got {message!r}")
-        now = time.monotonic()
-        finished = total is not None and done >= total
-        if self._send_progress is None or (now - self._last_progress < PROGRESS_INTERVAL and not finished):
-            return
-        self._last_progress = now
-        self._send_progress(done, total, message)
+        if self._send_progress is not None:
+            self._send_progress(done, total, message)
 
     def ready(self, status: str | None = None) -> None:
         """Tell the parent this attempt is ready: it serves what its task is for. Tasks that

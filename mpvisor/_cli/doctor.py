@@ -5,7 +5,8 @@ and removes a child cgroup `mpvisor-probe-<pid>` where it may, changing nothing)
 line per capability (`pidfd: yes`, `cgroups: hybrid (...)`, `cgroup.kill: no`, `OOM counts:
 ...`), one line per limit with the mechanism it would use here, and, when a stronger mechanism
 is missing, what would give it (`stronger: systemd-run --user --scope -p Delegate=yes mpvisor
-...`). `--json` prints the same facts as one JSON object. Status 0; usage errors 2.
+...`). `--json` prints the same facts as one JSON object. Status 0; usage errors 2 (an option, or a
+`$MPVISOR_CGROUPS` that is neither empty nor a word turning cgroups off).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import json
 from typing import Any
 
+from mpvisor._cli.options import check_cgroups_variable
 from mpvisor._cli.statuses import OK
 from mpvisor._launchers.local.cgroups import Capabilities, in_use, mechanisms, probe, stronger
 
@@ -27,6 +29,10 @@ TAKES_COMMAND = False
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the same facts as one JSON object on stdout")
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    check_cgroups_variable(parser)  # a value `probe` cannot read is a usage error naming it
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ nothing of this module).
 | parser | accepts | e.g. |
 |---|---|---|
 | `seconds(allow_zero=...)` | finite seconds > 0 (or >= 0), a unit allowed (`500ms`, `30s`, `5m`, `1h`) | `--every`, `--timeout 5m`, `--cpu`, `--grace` |
-| `retries`, `positive_count` | a whole number >= 0, >= 1 | `--max-retries`, `--open-files` |
+| `retries`, `positive_count`, `limit_count` | a whole number >= 0, >= 1, from 1 to 2**63 - 1 | `--max-retries`, `--max-concurrent`, `--open-files` |
 | `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
-| `byte_size` | bytes, `512M`, `1G` | `--memory`, `--address-space` |
+| `byte_size` | bytes, `512M`, `1G` (at most 2**63 - 1 bytes) | `--memory`, `--address-space` |
+| `cpus` | a number of CPUs from 0.01 to 100000 | `--cpus` |
 | `intensity` | `N/SECONDS` | `--intensity 3/60` |
 | `task_name`, `slot_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, `--slot`, TARGET, `--ray`, ARG |
 
@@ -32,6 +33,8 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._cli import statuses
@@ -91,13 +94,30 @@ def parse_arg(text: str) -> Any:
     """One ARG: a JSON literal, or the text itself when it is a bare word (not meant as JSON).
 
     A text that starts with `{`, `[` or `"`, or that `float()` reads as a number, is meant as
-    JSON; if it does not parse, `argparse.ArgumentTypeError` names it."""
+    JSON; if it does not parse, `argparse.ArgumentTypeError` names it. So a bare word that reads
+    as a number is no string: `nan`, `inf`, `-Infinity` (any spelling `float()` reads as NaN or
+    an infinity, which JSON has not) are refused with one message, which says how to give the
+    string."""
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except ValueError as exc:
         if not _meant_as_json(text):
             return text
-        raise argparse.ArgumentTypeError(f"not a JSON literal ({exc}): {text!r}") from None
+        raise argparse.ArgumentTypeError(_no_json_number(text) or f"not a JSON literal ({exc}): {text!r}") from None
+
+
+def _no_json_number(text: str) -> str | None:
+    """What to say of a text `float()` reads as NaN or an infinity (None: it reads otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if math.isfinite(value):
+        return None
+    word = any(c.isalpha() and c not in "eE" for c in text)  # `inf`, `NaN`; not `1e999`
+    beyond = "" if word else " beyond a float's range"
+    return (f"{text!r} reads as a number{beyond}, and JSON has no {'NaN' if math.isnan(value) else 'infinity'}; "
+            f"quote it ('{json.dumps(text)}') for the string")
 
 
 def _meant_as_json(text: str) -> bool:
@@ -234,6 +254,15 @@ def slots_default(parser: argparse.ArgumentParser) -> str | None:
         parser.error(f"${SLOTS_VARIABLE} (what --slots is when not given): {exc}")
 
 
+def check_cgroups_variable(parser: argparse.ArgumentParser) -> None:
+    """A usage error naming `$MPVISOR_CGROUPS` when it is neither a word that turns cgroups off
+    nor empty (`_model/checks.cgroups_off`: how the launcher and `doctor` read it)."""
+    try:
+        _validate.cgroups_off(os.environ.get(_validate.CGROUPS_VARIABLE))
+    except ValueError as exc:  # a ConfigError
+        parser.error(str(exc))
+
+
 def controller_config(slots: str | None, ttl: float | None, wait_timeout: float | None) -> ControllerConfig:
     """The controller of a run with slots: kept where `slots` says (a store's URL), else in this
     user's slot server on this host; `ttl` (None: the default) and `wait_timeout` as given."""
@@ -263,27 +292,37 @@ def slot_name(text: str) -> str:
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+SIZE_EXAMPLES = "e.g. 1048576, 512M, 1G; at most 2**63 - 1 bytes"
 
 
 def byte_size(text: str) -> int:
     """An argparse `type=`: a size in bytes, `512M`, `1G`, `0.1G` (binary units, an optional
-    `iB`/`B`; a fraction of a unit is rounded down to whole bytes)."""
+    `iB`/`B`; a fraction of a unit is rounded down to whole bytes), read exactly (a long number
+    is not rounded through a float), then held to the library's rule for a size
+    (`_model/checks.size`: from 1 to 2**63 - 1), so a size the library refuses is a usage error."""
     number = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
-    try:
-        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
-        if unit and math.isfinite(value):
-            value = math.floor(value)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 1048576, 512M, 1G), got {text!r}")
-    return int(value)
+
+    def exact(_: str) -> int | None:
+        try:  # a decimal number's text, read exactly (not "1/2", which a Fraction would take)
+            decimal = Decimal(number[: len(number) - len(unit)].strip())
+        except ArithmeticError:  # decimal.InvalidOperation: no number
+            raise ValueError("not a number") from None
+        if not decimal.is_finite() or not -40 <= decimal.adjusted() <= 40:  # (1e999999999 is never read out)
+            raise ValueError("not a finite number of a size's magnitude")
+        value = Fraction(decimal) * _UNITS[unit]
+        if value != int(value) and not unit:
+            raise ValueError("a fraction of a byte")
+        return _validate.size("a size", math.floor(value))
+
+    return _by_rule(text, exact, f"a size in bytes ({SIZE_EXAMPLES})")
 
 
 def cpus(text: str) -> float:
-    """An argparse `type=`: a number of CPUs, a fraction allowed (the library's rule, >= 0.01)."""
-    return _by_rule(text, lambda t: _validate.cpus("cpus", float(t)), f"a number of CPUs >= {_validate.LEAST_CPUS} (e.g. 0.5, 2)")
+    """An argparse `type=`: a number of CPUs, a fraction allowed (the library's rule, from 0.01
+    to 100000)."""
+    return _by_rule(text, lambda t: _validate.cpus("cpus", float(t)),
+                    f"a number of CPUs from {_validate.LEAST_CPUS} to {_validate.MOST_CPUS} (e.g. 0.5, 2)")
 
 
 def positive_count(text: str) -> int:
@@ -295,6 +334,13 @@ def positive_count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value
+
+
+def limit_count(text: str) -> int:
+    """An argparse `type=`: a whole number from 1 to 2**63 - 1 (the library's rule for a count a
+    limit keeps, `open_files`)."""
+    return _by_rule(text, lambda t: _validate.positive_int("a count", int(t), most=_validate.MOST_LIMIT),
+                    "a whole number from 1 to 2**63 - 1")
 
 
 def intensity(text: str) -> tuple[int, float]:

@@ -7,10 +7,12 @@
 This module declares the options and runs one task; a task file is run by `filerun`. The option
 values, the spec they describe and the lines printed are `options`', the statuses `statuses`'.
 
-ARGs are JSON literals; a bare word is a string. A text meant as JSON that does not parse is a
-usage error: one that starts with `{`, `[` or `"`, or that Python's `float()` reads as a number
-(`01`, `+1`, `1_000`, `NaN`, `Infinity`: JSON has no such numbers). So `2024-01-01`, `1.2.3`
-and `hello` are strings, `'"NaN"'` is the string NaN.
+ARGs are JSON literals; a bare word is a string, unless it reads as a number. A text meant as
+JSON that does not parse is a usage error: one that starts with `{`, `[` or `"`, or that
+Python's `float()` reads as a number (`01`, `+1`, `1_000`, and `nan`, `inf`, `Infinity` in any
+spelling: JSON has no such numbers, and a word meant as a number is not silently a string). So
+`2024-01-01`, `1.2.3` and `hello` are strings, `'"nan"'` is the string nan, and `nan` is
+refused with `'nan' reads as a number, and JSON has no NaN; quote it ('"nan"') for the string`.
 
 The outcome is printed on stderr in one line, `mpvisor: <task>: <kind> reason=... exit_code=...
 attempts=...`, where `<kind>` is the outcome kind's lower-case name (`completed`, `failed`, ...;
@@ -59,8 +61,9 @@ Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeou
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
 `--intensity N/SECONDS` at most N restarts within SECONDS (`TaskSpec.with_restart_intensity`);
 `--memory SIZE` (bytes or `512M`, `1G`: the resident memory of the attempt's whole tree),
-`--address-space SIZE` (each process's `RLIMIT_AS`), `--cpu SECONDS` and `--open-files N` each attempt's
-limits (`TaskSpec.with_limits`; an attempt that runs into one fails, the reason naming it);
+`--address-space SIZE` (each process's `RLIMIT_AS`), `--cpu SECONDS`, `--cpus N` and `--open-files N` each
+attempt's limits (`TaskSpec.with_limits`, held to its rule: a SIZE and N at most 2**63 - 1,
+`--cpus` from 0.01 to 100000; an attempt that runs into one fails, the reason naming it);
 `--backoff FIRST[:MAX[:FACTOR]]` finite seconds (MAX defaults to 30 s or FIRST if larger,
 FACTOR to 2) with `--jitter` (default `equal`; `--jitter` alone applies to the default
 backoff); `--name` non-empty; `--ray ADDRESS` a Ray address, where Ray is installed (the
@@ -89,6 +92,7 @@ from mpvisor._cli.options import (
     backoff,
     build_spec,
     byte_size,
+    check_cgroups_variable,
     choice,
     controller_config,
     cpus,
@@ -97,6 +101,7 @@ from mpvisor._cli.options import (
     jitter,
     launcher_for,
     lease_ttl,
+    limit_count,
     outcome_line,
     parse_arg,
     positive_count,
@@ -157,7 +162,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--cpus", type=cpus, metavar="N",
                      help="at most N CPUs' worth of time at once for each attempt's whole tree (0.5, 2; the kernel's CPU "
                           "controller slows it down; refused where there is none: mpvisor doctor)")
-    run.add_argument("--open-files", type=positive_count, metavar="N", help="each attempt's open-file limit")
+    run.add_argument("--open-files", type=limit_count, metavar="N", help="each attempt's open-file limit")
     run.add_argument("--intensity", type=intensity, metavar="N/SECONDS",
                      help="fail the task on a restart that makes more than N restarts within SECONDS")
     run.add_argument("--timeout", type=seconds(allow_zero=False, hint=" (leave it out for no timeout)"),
@@ -194,7 +199,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=run_target, metavar="TARGET", help='"package.module:function"')
     run.add_argument("args", nargs="*", type=parse_arg, metavar="ARG",
-                     help="arguments: JSON literals (a bare word is a string)")
+                     help="arguments: JSON literals (a bare word is a string, unless it reads as a number: "
+                          "nan, inf, 01 are refused, JSON has no such numbers; '\"nan\"' is the string)")
 
 
 def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
@@ -202,6 +208,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     the one task's spec (None with `--file`, whose tasks are in the file)."""
     args.spec = None
     given_slots, args.slots = args.slots, args.slots or slots_default(run)
+    check_cgroups_variable(run)  # what the launcher reads: refused here, before anything starts
     if args.file is not None:
         if args.command or args.target is not None:
             run.error("argument --file: give either --file FILE or TARGET [ARG...] or -- COMMAND [ARG...], not both")

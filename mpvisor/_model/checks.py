@@ -6,10 +6,12 @@ field and the value, so that bad input never reaches the runtime.
 | check | accepts | refuses |
 |---|---|---|
 | `duration` | finite float/int >= 0 (> 0 without `allow_zero`), a `timedelta` (and `None` where allowed) | negative (and 0 without `allow_zero`), NaN, inf, bool, other types; the message states the field's rule |
-| `positive_int` | int >= 1 (and `None` where allowed) | 0, negatives, bool, other types |
+| `positive_int` | int >= 1, and <= `most` where given (`MOST_LIMIT`, 2**63 - 1, for a limit's count) (and `None` where allowed) | 0, negatives, more than `most`, bool, other types |
+| `size` | a number of bytes, an int from 1 to `MOST_LIMIT` (2**63 - 1) (and `None` where allowed) | 0, negatives, more, bool, other types |
 | `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
-| `cpus` | finite float/int >= 0.01 (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), NaN, inf, bool, other types |
+| `cpus` | finite float/int from 0.01 to `MOST_CPUS` (100000) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
+| `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 """
 
 from __future__ import annotations
@@ -36,13 +38,28 @@ def duration(field: str, value: object, *, allow_none: bool = False, allow_zero:
     return seconds
 
 
-def positive_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
-    """Return `value` if it is an int >= 1 (or an allowed `None`), else raise `ConfigError`."""
+def positive_int(field: str, value: object, *, allow_none: bool = False, most: int | None = None) -> int | None:
+    """Return `value` if it is an int >= 1 (and <= `most`, where given; or an allowed `None`),
+    else raise `ConfigError`."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (most is not None and value > most):
+        rule = "a positive integer" if most is None else f"an integer from 1 to {most}"
+        raise ConfigError(f"{field} must be {rule}, got {value!r}")
     return value
+
+
+# The most a limit counted in whole units (bytes, descriptors) may be: what the kernel takes
+# wherever one goes (`setrlimit` as CPython passes it, a C long; a cgroup's memory limit) and
+# the attempt's start message carries (msgpack's 64 bits). In bytes, 8 EiB - 1: more than any
+# machine has, so the bound costs nothing.
+MOST_LIMIT = 2**63 - 1
+
+
+def size(field: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return `value` if it is a number of bytes, an int from 1 to `MOST_LIMIT` (or an allowed
+    `None`), else raise `ConfigError` naming `field` and `value`."""
+    return positive_int(field, value, allow_none=allow_none, most=MOST_LIMIT)
 
 
 def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
@@ -55,6 +72,11 @@ def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> 
 
 
 LEAST_CPUS = 0.01  # the kernel's least CFS quota, 1 ms, in its default period of 100 ms
+# The most: more CPUs than any Linux host has (the kernel counts at most 8192), and a quota
+# (10**10 us per 100 ms period) that every supported kernel takes: Linux >= 5.8 refuses one
+# over 2**44 - 1 us (`cpus` 175921860), and before 5.8 a quota over 2**44 ns overflowed its
+# arithmetic unchecked.
+MOST_CPUS = 100_000
 
 
 def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None:
@@ -63,8 +85,8 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ConfigError(f"{field} must be a number of CPUs, got {value!r}")
-    if not math.isfinite(value) or value < LEAST_CPUS:
-        raise ConfigError(f"{field} must be a finite number of CPUs >= {LEAST_CPUS}, got {value!r}")
+    if not math.isfinite(value) or not LEAST_CPUS <= value <= MOST_CPUS:
+        raise ConfigError(f"{field} must be a number of CPUs from {LEAST_CPUS} to {MOST_CPUS}, got {value!r}")
     return float(value)
 
 
@@ -79,3 +101,20 @@ def name(field: str, value: object) -> str:
     if not value.isprintable():
         raise ValueError(f"{field} must be printable (no control characters or line breaks), got {value!r}")
     return value
+
+
+CGROUPS_VARIABLE = "MPVISOR_CGROUPS"
+CGROUPS_OFF = ("off", "0", "no", "false", "none")  # its values that turn cgroups off, in any case
+
+
+def cgroups_off(text: str | None) -> bool:
+    """Whether `text`, a value of `$MPVISOR_CGROUPS` (None: unset), turns cgroups off: True for
+    a word of `CGROUPS_OFF` in any case, False when unset or empty. Any other value raises
+    `ConfigError` naming the variable: it is never silently read as either."""
+    word = (text or "").strip()
+    if word.lower() in CGROUPS_OFF:
+        return True
+    if not word:
+        return False
+    raise ConfigError(f"${CGROUPS_VARIABLE}: expected one of {', '.join(CGROUPS_OFF)} (in any case) to make no cgroup, "
+                      f"or nothing (unset or empty) to make them where the host allows, got {text!r}")

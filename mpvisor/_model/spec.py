@@ -124,15 +124,17 @@ class RestartIntensity:
 class Limits:
     """Resource limits of each attempt, each `None` when not limited:
 
-    - `memory`: bytes (an int >= 1) of *resident* memory of the attempt's whole tree, kept by
-      the launcher with the strongest mechanism the host allows (a memory cgroup per attempt,
-      else a watcher of the tree's resident set, which is soft: `mpvisor doctor` says which);
-    - `address_space`: bytes of address space of each process (`RLIMIT_AS`, set in the child:
-      what `memory` meant before, for programs that must never map more);
+    - `memory`: bytes (an int from 1 to 2**63 - 1) of *resident* memory of the attempt's whole
+      tree, kept by the launcher with the strongest mechanism the host allows (a memory cgroup
+      per attempt, else a watcher of the tree's resident set, which is soft: `mpvisor doctor`
+      says which);
+    - `address_space`: bytes (as `memory`) of address space of each process (`RLIMIT_AS`, set
+      in the child: what `memory` meant before, for programs that must never map more);
     - `cpu_seconds`: CPU time, > 0, of the attempt's whole tree, counted by the launcher (a v2
       cgroup per attempt, else its accounting of the tree); `open_files`: descriptors, an int
-      >= 1, of each process (`RLIMIT_NOFILE`);
-    - `cpus`: at most this many CPUs' worth of time (>= 0.01; 1.5 = one and a half CPUs), for
+      from 1 to 2**63 - 1, of each process (`RLIMIT_NOFILE`; over the process's hard limit, the
+      attempt is refused when it starts: `FATAL`);
+    - `cpus`: at most this many CPUs' worth of time (from 0.01 to 100000; 1.5 = one and a half CPUs), for
       the whole tree, kept by the kernel's CPU controller in a cgroup of the attempt's own (v2
       `cpu.max`, v1 `cpu.cfs_quota_us`): the tree is slowed down, never ended. Where no CPU
       controller may be used, the attempt is refused: it ends `FATAL` (`cannot apply the limit
@@ -141,7 +143,9 @@ class Limits:
     An attempt that runs into one of the others ends as a retryable failure whose reason starts
     with the limit (`memory limit exceeded (512 MiB, cgroup v1): ...`, `address space limit
     exceeded (1 GiB)`, `cpu limit exceeded (10 s, cgroup v2 cpu.stat)`, `open files limit
-    exceeded (64)`), and its outcome's `limit` names it."""
+    exceeded (64)`), and its outcome's `limit` names it. A value out of those ranges raises
+    `ConfigError` (a `ValueError`) naming the field: the bounds are what the kernel takes, so a
+    limit accepted here is never refused as a number when it is applied."""
 
     memory: int | None
     cpu_seconds: float | None
@@ -151,10 +155,11 @@ class Limits:
 
     def __init__(self, memory: int | None = None, cpu_seconds: float | None = None,
                  open_files: int | None = None, address_space: int | None = None, cpus: float | None = None) -> None:
-        object.__setattr__(self, "memory", _validate.positive_int("memory", memory, allow_none=True))
+        object.__setattr__(self, "memory", _validate.size("memory", memory, allow_none=True))
         object.__setattr__(self, "cpu_seconds", _validate.duration("cpu_seconds", cpu_seconds, allow_none=True, allow_zero=False))
-        object.__setattr__(self, "open_files", _validate.positive_int("open_files", open_files, allow_none=True))
-        object.__setattr__(self, "address_space", _validate.positive_int("address_space", address_space, allow_none=True))
+        object.__setattr__(self, "open_files", _validate.positive_int("open_files", open_files, allow_none=True,
+                                                                      most=_validate.MOST_LIMIT))
+        object.__setattr__(self, "address_space", _validate.size("address_space", address_space, allow_none=True))
         object.__setattr__(self, "cpus", _validate.cpus("cpus", cpus, allow_none=True))
 
     def to_wire(self) -> dict[str, Any]:

@@ -5,7 +5,9 @@ Owns the reading of `ATTEMPT_PROGRESS` events: `ProgressTracker` turns each repo
 `describe` makes of one, and the two ways to show them: `ProgressBar`, the `mpvisor run
 --progress` subscriber, and, for code, `progress_reports` (an iterator over `handle.events()`,
 async or, for a blocking handle's, plain) and `drive_progress_bars` (one tqdm-like bar per task). What an attempt
-reports, and how often, is the child's (`TaskContext.progress`, at most one report per 50 ms).
+reports is the child's (`TaskContext.progress`, every report sent); how often it becomes an event
+is the task's actor's (`_tasks/actor.py`: at most one per 50 ms, the latest report, never a
+stale one).
 
 | reports so far (this attempt) | `rate` | `eta` |
 |---|---|---|

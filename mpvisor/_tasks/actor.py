@@ -12,11 +12,18 @@ loop is over; this module never frees a name.
 | any way, its tree never killed by the grace timer | yes | CANCELED |
 | killed after the grace window | yes | FORCE_ABORTED |
 | SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_model.restart.decide` says |
+
+It also publishes its attempt's progress: at most one `ATTEMPT_PROGRESS` per `PROGRESS_INTERVAL`
+(50 ms), never a stale one. The child sends every report; one that comes sooner than the
+interval after the last event is held (the latest wins) and published by a timer on the loop
+when the interval has passed, or, at the latest, before the attempt's end is published; one
+with `done >= total` is published at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import time
@@ -32,6 +39,10 @@ from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess
 from mpvisor._tasks.ending import AttemptEnd, StopReason, from_report
 
 EARLY_PROGRESS = 16  # progress reports kept while an attempt's ATTEMPT_STARTING is not published yet
+# At most one ATTEMPT_PROGRESS per this many seconds for an attempt: its child sends every report;
+# one that comes sooner is held (the latest wins) and published by a timer on the loop when the
+# interval has passed, or before the attempt's end is published; one with done >= total at once.
+PROGRESS_INTERVAL = 0.05
 
 _ATTEMPT_EVENTS = {
     AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
@@ -124,6 +135,9 @@ class TaskActor:
         # (the attempt's socket can be read before the launcher's "started" is): published right
         # after it; None while there is none
         self._early_progress: list[Progress] | None = None
+        self._progress_at = -math.inf  # loop time of the current attempt's last ATTEMPT_PROGRESS
+        self._progress_held: Progress | None = None  # its latest report not yet published
+        self._progress_timer: asyncio.TimerHandle | None = None  # publishes the held report
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
         self.current: AttemptProcess | None = None
@@ -262,6 +276,7 @@ class TaskActor:
 
     async def _run_attempt(self) -> AttemptEnd:
         self.attempt += 1
+        self._progress_at = -math.inf  # its first report is published at once
         attempt = self.host.start_attempt(self.spec, self.id, self.attempt, self)
         self.current = attempt
         try:
@@ -275,6 +290,7 @@ class TaskActor:
                 self.on_progress(progress)
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
+        self._publish_held_progress()  # the latest report comes before the attempt's end
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
             self._publish(EventKind.ATTEMPT_KILLED, attempt=self.attempt, pid=pid, reason=end.killed)
@@ -351,6 +367,30 @@ class TaskActor:
                 early.pop()
             early.append(progress)
             return
+        loop = asyncio.get_running_loop()
+        finished = progress.total is not None and progress.done >= progress.total
+        if finished or loop.time() - self._progress_at >= PROGRESS_INTERVAL:
+            self._progress_held = None  # superseded by this one
+            self._publish_progress(progress)
+            return
+        self._progress_held = progress
+        if self._progress_timer is None:
+            self._progress_timer = loop.call_at(self._progress_at + PROGRESS_INTERVAL, self._publish_held_progress)
+
+    def _publish_held_progress(self) -> None:
+        """Publish the report held back by the interval, if any (its timer's end, or the attempt's)."""
+        held, self._progress_held = self._progress_held, None
+        if held is not None and self.pid is not None:
+            self._publish_progress(held)
+        elif self._progress_timer is not None:
+            self._progress_timer.cancel()
+            self._progress_timer = None
+
+    def _publish_progress(self, progress: Progress) -> None:
+        if self._progress_timer is not None:
+            self._progress_timer.cancel()
+            self._progress_timer = None
+        self._progress_at = asyncio.get_running_loop().time()
         self._publish(
             EventKind.ATTEMPT_PROGRESS, attempt=self.attempt, pid=self.pid,
             progress=(progress.done, progress.total), reason=progress.message,

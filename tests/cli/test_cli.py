@@ -120,6 +120,10 @@ def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
         (["slots", "serve", "--idle-exit", "nan"], ["argument --idle-exit", "'nan'"]),
         (["slots", "serve", "--idle-exit", "-1"], ["argument --idle-exit", "'-1'"]),
         (["slots", "--jsn"], ["--jsn"]),
+        # limits past what the kernel takes: the attempt panicked (OverflowError) or was refused (EINVAL)
+        (["run", "--memory", "99999999999999999999999", "--", "true"], ["argument --memory", "'99999999999999999999999'"]),
+        (["run", "--address-space", "99999999999999999999G", "--", "true"], ["argument --address-space", "'99999999999999999999G'"]),
+        (["run", "--cpus", "1e9", "--", "true"], ["argument --cpus", "'1e9'", "from 0.01 to 100000"]),
     ],
 )
 def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
@@ -130,6 +134,48 @@ def test_a_usage_error_is_one_line_and_status_2(tmp_path, argv, words):
     (line,) = done.stderr.splitlines()
     command = {"run": "mpvisor run", "slots": "mpvisor slots serve" if "serve" in argv else "mpvisor slots"}[argv[0]]
     assert line.startswith(f"{command}: error: ") and all(word in line for word in words), line
+
+
+def test_the_largest_sizes_are_set_as_given(tmp_path):
+    """2**63 - 1 bytes, the most a size may be, is what the attempt gets (it was read through
+    a float, became 2**63, and the attempt died with status 1 before reporting)."""
+    most = str(2**63 - 1)
+    done = mpvisor(tmp_path, "run", "--address-space", most, "--memory", most, "--open-files", "64",
+                   "workers.limits:rlimits")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"as": [2**63 - 1, 2**63 - 1], "nofile": [64, 64]}
+
+
+def _with_cgroups(value: str, cwd: os.PathLike[str] | str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env={**cli_env(), "MPVISOR_CGROUPS": value},
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=30)
+
+
+@pytest.mark.parametrize("value", ["false", "None", "NO", "Off", "0"])
+def test_every_false_word_of_mpvisor_cgroups_turns_cgroups_off(tmp_path, value):
+    """`false` and `none` (any case) turn cgroups off as `off`, `0` and `no` do (they were read
+    as nothing, and cgroups were used)."""
+    done = _with_cgroups(value, tmp_path, "-m", "mpvisor", "doctor")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("value", ["foo", "on", "1"])
+def test_any_other_mpvisor_cgroups_value_is_an_error_naming_the_variable(tmp_path, value):
+    """A value that is no word turning cgroups off is never read as one or the other (it was
+    silently read as "use them"): `run` and `doctor` refuse it as a usage error naming the
+    variable, before anything runs, and the Python API raises `ConfigError` saying the same."""
+    said = (f"$MPVISOR_CGROUPS: expected one of off, 0, no, false, none (in any case) to make no cgroup, or nothing "
+            f"(unset or empty) to make them where the host allows, got {value!r}")
+    for argv, command in ((["run", "--", "true"], "mpvisor run"), (["doctor"], "mpvisor doctor")):
+        done = _with_cgroups(value, tmp_path, "-m", "mpvisor", *argv)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr.splitlines() == [f"{command}: error: {said} (see {command} --help)"]
+    script = ("import mpvisor\n"
+              "try:\n    mpvisor.run([mpvisor.TaskSpec.once(mpvisor.TaskFn('q', 'workers.basic:quick'))])\n"
+              "except mpvisor.ConfigError as exc:\n    print(exc)\n")
+    done = _with_cgroups(value, tmp_path, "-c", script)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, said, "")
 
 
 def test_version(tmp_path):

@@ -51,6 +51,25 @@ def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys)
     assert line.startswith("mpvisor run: error: argument ARG: ") and repr(text) in line, line
 
 
+@pytest.mark.parametrize(
+    "text, what",
+    [("nan", "a number, and JSON has no NaN"), ("NaN", "a number, and JSON has no NaN"), ("+nan", "a number, and JSON has no NaN"),
+     ("inf", "a number, and JSON has no infinity"), ("Infinity", "a number, and JSON has no infinity"),
+     ("infinity", "a number, and JSON has no infinity"), (" INF ", "a number, and JSON has no infinity"),
+     ("1e999", "a number beyond a float's range, and JSON has no infinity")],
+)
+def test_nan_and_infinities_in_any_spelling_get_one_message_saying_how_to_give_the_string(text, what, capsys):
+    """Every text `float()` reads as NaN or an infinity is refused alike (`nan` and `inf` said
+    `Expecting value: line 1 column 1 (char 0)`), and the message says how to pass the string."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["run", "workers.basic:echo", text])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"mpvisor run: error: argument ARG: {text!r} reads as {what}; "
+                           f"quote it (\'{json.dumps(text)}\') for the string"), line
+    assert parse(["run", "workers.basic:echo", json.dumps(text)])[1].task.args == (text,)  # quoted: the string
+
+
 # --- option values ----------------------------------------------------------------------------------
 
 
@@ -82,6 +101,12 @@ def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys)
         (["--intensity", "-1/5"], "--intensity", "-1/5"),  # a value that starts with "-", not an option
         (["--backoff", "-1:5"], "--backoff", "-1:5"),
         (["--memory", "-5M"], "--memory", "-5M"),
+        (["--memory", "99999999999999999999999"], "--memory", "99999999999999999999999"),  # past what the kernel takes
+        (["--memory", "9223372036854775808"], "--memory", "9223372036854775808"),  # 2**63
+        (["--address-space", "99999999999999999999G"], "--address-space", "99999999999999999999G"),
+        (["--cpus", "1e9"], "--cpus", "1e9"),
+        (["--cpus", "100000.5"], "--cpus", "100000.5"),
+        (["--open-files", "99999999999999999999999"], "--open-files", "99999999999999999999999"),
         (["--cpu", "-.5"], "--cpu", "-.5"),
         (["--max-retries", "-1.5"], "--max-retries", "-1.5"),
     ],
@@ -315,13 +340,23 @@ def test_intensity_becomes_the_specs_restart_intensity():
     assert spec.restart_intensity == RestartIntensity(3, 60.0)
 
 
-@pytest.mark.parametrize(("size", "expected"), [("1048576", 2**20), ("512M", 512 * 2**20), ("1G", 2**30), ("1GiB", 2**30), ("64k", 64 * 2**10), ("1.5G", 3 * 2**29), ("0.1G", 107374182)])
+@pytest.mark.parametrize(("size", "expected"), [("9223372036854775807", 2**63 - 1), ("9007199254740993", 2**53 + 1), ("1048576", 2**20), ("512M", 512 * 2**20), ("1G", 2**30), ("1GiB", 2**30), ("64k", 64 * 2**10), ("1.5G", 3 * 2**29), ("0.1G", 107374182)])
 def test_limits_become_the_specs_limits(size, expected):
     """`--memory SIZE --cpu S --open-files N` is `with_limits(memory, cpu_seconds, open_files)`."""
     from mpvisor import Limits
 
     _, spec = parse(["run", "--memory", size, "--cpu", "60", "--open-files", "128", "--cpus", "0.5", "workers.basic:quick"])
     assert spec.limits == Limits(memory=expected, cpu_seconds=60.0, open_files=128, cpus=0.5)
+
+
+def test_the_largest_limits_are_taken_exactly():
+    """The most each limit may be reaches the spec as given: a long number of bytes is read
+    exactly (it went through a float: 2**63 - 1 became 2**63, which no process could set)."""
+    from mpvisor import Limits
+
+    _, spec = parse(["run", "--memory", str(2**63 - 1), "--address-space", str(2**63 - 1), "--open-files", str(2**63 - 1),
+                     "--cpus", "100000", "workers.basic:quick"])
+    assert spec.limits == Limits(memory=2**63 - 1, address_space=2**63 - 1, open_files=2**63 - 1, cpus=100000)
 
 
 def test_an_empty_slot_is_refused_as_a_slot_name(capsys):

@@ -157,6 +157,13 @@ def _builders() -> list[tuple[str, Any, str, str]]:
         ("cpus-below-quota", lambda: TaskSpec.once(TASK).with_limits(cpus=0.001), "cpus", "0.001"),
         ("cpus-inf", lambda: TaskSpec.once(TASK).with_limits(cpus=inf), "cpus", "inf"),
         ("cpus-str", lambda: TaskSpec.once(TASK).with_limits(cpus="2"), "cpus", "'2'"),  # type: ignore[arg-type]
+        # past what the kernel takes (they were accepted, then the attempt panicked or was refused)
+        ("memory-over", lambda: TaskSpec.once(TASK).with_limits(memory=2**70), "memory", str(2**70)),
+        ("memory-2**63", lambda: Limits(memory=2**63), "memory", str(2**63)),
+        ("address-space-over", lambda: TaskSpec.once(TASK).with_limits(address_space=2**63), "address_space", str(2**63)),
+        ("open-files-over", lambda: TaskSpec.once(TASK).with_limits(open_files=2**64), "open_files", str(2**64)),
+        ("cpus-over", lambda: TaskSpec.once(TASK).with_limits(cpus=1e9), "cpus", "1000000000.0"),
+        ("defaults-memory-over", lambda: TaskDefaults(limits=Limits(memory=2**64)), "memory", str(2**64)),
     ]
 
 

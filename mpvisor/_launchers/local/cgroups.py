@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mpvisor import _platform
+from mpvisor._model import checks
 from mpvisor._platform import oom_count, oom_count_files, read_small_file
 
 Version = Literal["v2", "v1", "hybrid", "none"]
@@ -635,12 +636,11 @@ def _shared_oom(proc_cgroup: str) -> str | None:
     return None
 
 
-OFF = ("off", "0", "no")  # the values of MPVISOR_CGROUPS that turn cgroups off
-
-
 def turned_off() -> bool:
-    """Whether `MPVISOR_CGROUPS` is `off` (or `0`, `no`): this mpvisor makes no cgroup."""
-    return os.environ.get("MPVISOR_CGROUPS", "").lower() in OFF
+    """Whether `MPVISOR_CGROUPS` turns cgroups off (`off`, `0`, `no`, `false`, `none`, in any
+    case): this mpvisor makes no cgroup. Any other non-empty value is a `ConfigError` naming the
+    variable (`_model/checks.cgroups_off`, the one reading of it)."""
+    return checks.cgroups_off(os.environ.get(checks.CGROUPS_VARIABLE))
 
 
 def probe() -> Capabilities:

@@ -47,6 +47,7 @@ from mpvisor._launchers.local import control, early
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
 from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
+from mpvisor._model import checks
 from mpvisor._model.errors import ConfigError
 from mpvisor._platform import recv_fds
 
@@ -129,6 +130,9 @@ class LauncherClient:
         self._next_key = 0
         self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
         self._cgroups: tuple[str, str, str] | None = None  # `_cgroup_dirs`, once probed
+        # `cgroups.turned_off()`, read once, here (without importing `cgroups`, which a run's parent
+        # needs only for limits): a bad MPVISOR_CGROUPS is a ConfigError when the launcher is made
+        self._cgroups_off = checks.cgroups_off(os.environ.get(checks.CGROUPS_VARIABLE))
         self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
         self._closing = False
         self._restart = threading.Event()
@@ -491,7 +495,7 @@ class LauncherClient:
             self._cgroups = ("", "", "")
             from mpvisor._launchers.local import cgroups
 
-            if not cgroups.turned_off():
+            if not self._cgroups_off:
                 caps = cgroups.probe()
                 self._cgroups = (cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
                                  cgroups.kill_cgroups(caps) or "",
