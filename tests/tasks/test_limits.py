@@ -176,6 +176,29 @@ async def test_memory_is_the_resident_memory_of_the_whole_tree(mechanism, monkey
     assert _attempt_cgroups() == []
 
 
+async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> None:
+    """Forced to the watcher (MPVISOR_CGROUPS=off): a fork pool of 8 workers sharing their
+    parent's 48 MiB (copy on write; their resident sets sum to over 400 MiB) completes under
+    192 MiB, and so does a Python target under 12 MiB (its pages shared with the fork server
+    count in part); the same pool whose workers each write 48 MiB of their own (over 400 MiB
+    in all) is ended "memory limit exceeded (192 MiB, watcher)"."""
+    monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    limit = 192 * 2**20
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, sharing = await handle.add_and_watch(
+            TaskSpec.once(fn("sharing", limits.shared_pool, 8, 48, 1.0)).with_limits(memory=limit))
+        _, small = await handle.add_and_watch(
+            TaskSpec.once(fn("small", "workers.basic:sleeper", 0.5)).with_limits(memory=12 * 2**20))
+        shared, alone = await sharing.wait(), await small.wait()
+        _, owning = await handle.add_and_watch(
+            TaskSpec.once(fn("owning", limits.shared_pool, 8, 48, 1.0, True)).with_limits(memory=limit))
+        owned = await owning.wait()
+    assert (shared.kind, shared.value) == (OutcomeKind.COMPLETED, 8), shared
+    assert alone.kind is OutcomeKind.COMPLETED, alone
+    assert (owned.kind, owned.limit) == (OutcomeKind.FAILED, "memory"), owned
+    assert owned.reason.startswith("memory limit exceeded (192 MiB, watcher): "), owned.reason
+
+
 async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:
     """80 threads (8 MiB of stack each reserved, little of it resident) complete under a 512 MiB
     memory limit, where an address-space limit of 512 MiB refuses them; a `MemoryError` the
