@@ -78,7 +78,9 @@ def test_doctor_with_cgroups_turned_off_says_what_a_run_then_uses(tmp_path: path
     assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in lines
     assert "cgroup v1 memory: not tried" in lines and not [line for line in lines if "(writable" in line]
     assert lines[-5:] == [
-        "memory limit: resident-memory watcher (soft)", "cpu_seconds limit: launcher accounting of the tree",
+        "memory limit: resident-memory watcher (soft)",
+        "cpu_seconds limit: launcher accounting of the tree (it misses the CPU time of children reaped unwaited, "
+        "whose parent ignores SIGCHLD: a cgroup counts it)",
         "cpus limit: not available: an attempt with cpus= is refused here", "tree kill: process-table walk",
         "stronger: unset MPVISOR_CGROUPS (off here: no cgroup is made), then ask mpvisor doctor again"]
     assert list(tmp_path.iterdir()) == []
@@ -109,7 +111,8 @@ def test_the_lines_of_a_host_with_nothing_writable():
         "cgroup.kill: yes",
         "OOM counts: system-wide from /proc/vmstat",
         "memory limit: resident-memory watcher (soft)",
-        "cpu_seconds limit: launcher accounting of the tree",
+        "cpu_seconds limit: launcher accounting of the tree (it misses the CPU time of children reaped unwaited, "
+        "whose parent ignores SIGCHLD: a cgroup counts it)",
         "cpus limit: not available: an attempt with cpus= is refused here",
         "tree kill: process-table walk",
         "stronger: systemd-run --user --scope -p Delegate=yes mpvisor ...",
