@@ -37,7 +37,7 @@ CASES = [
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
     ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): program killed by signal SIGKILL"),
+     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree was killed"),
 ]
 
 
@@ -113,6 +113,22 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
         os.rmdir(cgroup)  # empty again: every process of the run has exited
     assert done.returncode == 128 + 9, done.stderr
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
+async def test_an_oom_kill_in_its_memory_cgroup_fails_the_attempt_however_fast_its_main_process_exits() -> None:
+    """A program whose child the OOM killer kills in the attempt's memory cgroup, and which then
+    exits 0 at once (long before the launcher's next look, mostly): its cgroup's count, read at
+    reap, fails it as surely as a look that caught it running. Six of them, each FAILED, named
+    after the memory limit, exit code -9, in the same words."""
+    hog = f"{sys.executable} -c 'b = bytearray(300 * 2**20)' 2>/dev/null; exit 0"
+    specs = [TaskSpec.once(CommandTask(f"oom-{n}", ["bash", "-c", hog])).with_limits(memory=100 * 2**20) for n in range(6)]
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        waiters = [(await handle.add_and_watch(spec))[1] for spec in specs]
+        outcomes = [await waiter.wait() for waiter in waiters]
+    for outcome in outcomes:
+        assert (outcome.kind, outcome.limit, outcome.exit_code) == (OutcomeKind.FAILED, "memory", -9), outcome
+        assert outcome.reason == ("memory limit exceeded (100 MiB, cgroup v1): the OOM killer killed a process of "
+                                  "its tree; the tree was killed"), outcome.reason
 
 
 async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_path) -> None:
