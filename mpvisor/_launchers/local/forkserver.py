@@ -15,10 +15,10 @@ attached; `control.py` types, encodes and versions them):
 | parent -> launcher | launcher does |
 |---|---|
 | `spawn key exec_python module` + fds | prepare `module` (`_attempt/prepared.py`), fork; the child sets up and runs `_attempt/child.py` (or execs a fresh interpreter) |
-| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
+| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped, then SIGCONT it the same way (a stopped attempt handles the signal) |
 | `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
 | `stop` | kill every tree, reap them, exit |
-| `fence group stop_at kill_at` | keep (or move) the fence's deadlines: from `stop_at` every tree under it gets SIGTERM (its group), at `kill_at` it is killed, and no spawn under it starts any more |
+| `fence group stop_at kill_at` | keep (or move) the fence's deadlines: from `stop_at` every tree under it gets SIGTERM (its group, then SIGCONT), at `kill_at` it is killed, and no spawn under it starts any more |
 | `unfence group` | forget the fence |
 
 | launcher -> parent | when |
@@ -312,13 +312,7 @@ class Launcher:
         attempt = self.by_key.get(key)
         if attempt is None or attempt.status is not None:
             return  # already exited: its group may be gone, and its pid is not ours to reuse
-        try:
-            if group:
-                os.killpg(attempt.pid, signum)
-            else:
-                os.kill(attempt.pid, signum)
-        except ProcessLookupError:
-            pass
+        _signal_and_continue(attempt.pid, signum, group)
 
     def _kill(self, key: int) -> None:
         attempt = self.by_key.get(key)
@@ -409,10 +403,7 @@ class Launcher:
                 if kill:
                     self._kill(attempt.key)
                 elif not attempt.fenced:
-                    try:
-                        os.killpg(attempt.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
+                    _signal_and_continue(attempt.pid, signal.SIGTERM, True)
                 attempt.fenced = True
 
     # --- reaping ------------------------------------------------------------------------------
@@ -797,6 +788,23 @@ def _still_running(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except ChildProcessError:
         return False
+
+
+_NOT_CONTINUED = frozenset(int(s) for s in (signal.SIGCONT, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
+
+
+def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
+    """Send `signum` to `pid` (its process group if `group`), then SIGCONT to the same target, as
+    systemd does after its KillSignal=: a stopped process (SIGSTOP, or Ctrl-Z) runs again, and
+    the signal is handled first, so a SIGTERM handler runs within the grace instead of the tree
+    being killed at its end. A signal that stops (or continues) is sent alone."""
+    send = os.killpg if group else os.kill
+    try:
+        send(pid, signum)
+        if signum not in _NOT_CONTINUED:
+            send(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _killpg(pid: int) -> None:
