@@ -20,8 +20,9 @@ first match wins (the reason a stop was requested decides over how the child end
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
 | 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N |
 
-`killed` (mpvisor SIGKILLed the tree while the main process ran) never changes the kind: it sets
-`exit_code` to None and is announced by `ATTEMPT_KILLED` before the terminal event.
+`killed` (mpvisor SIGKILLed the tree while the main process ran: the parent asked, or the
+launcher did on its own, for a limit or a fence) never changes the kind, and is announced by
+`ATTEMPT_KILLED` before the terminal event.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _decide(f: Facts) -> AttemptEnd:
             return AttemptEnd(AttemptResult.FAILED, reason)
         return AttemptEnd(AttemptResult.FAILED, f.could_not_start, None if f.status is None else f.status.exit_code)
     if f.stop is None and f.status is not None and (f.status.memory or f.status.cpu):
-        return AttemptEnd(AttemptResult.FAILED, _past_a_limit(f.status), -TREE_KILLED)
+        return AttemptEnd(AttemptResult.FAILED, _past_a_limit(f.status), -TREE_KILLED, killed=f.killed)
     if f.report is not None and f.report_before_stop:
         return from_report(f.report, f.killed)
     if f.stop is StopReason.TIMEOUT:

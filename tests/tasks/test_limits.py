@@ -215,6 +215,27 @@ async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> 
     assert owned.reason.startswith("memory limit exceeded (192 MiB, watcher): "), owned.reason
 
 
+@pytest.mark.parametrize("mechanism", ["cgroup v1", "watcher"])
+async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_limit(mechanism, monkeypatch) -> None:
+    """A target holding 600 MiB under 256 MiB, by either mechanism: the launcher kills its tree
+    while it runs, so ATTEMPT_KILLED (its pid, the limit) comes before ATTEMPT_FAILED, which has
+    `limit="memory"` and exit code -9, as TASK_FINISHED has `limit`."""
+    if mechanism == "watcher":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.once(fn("big", limits.touch, 600)).with_limits(memory=256 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await waiter.wait()
+        await seen(events, EventKind.TASK_REMOVED, id=task_id)
+    [start] = events.of(EventKind.ATTEMPT_STARTING, id=task_id)
+    [killed] = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
+    [failed] = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
+    [finished] = events.of(EventKind.TASK_FINISHED, id=task_id)
+    assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
+    assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
+    assert (failed.limit, failed.exit_code, finished.limit) == ("memory", -9, "memory"), (failed, finished)
+
+
 async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:
     """80 threads (8 MiB of stack each reserved, little of it resident) complete under a 512 MiB
     memory limit, where an address-space limit of 512 MiB refuses them; a `MemoryError` the

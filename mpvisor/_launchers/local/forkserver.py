@@ -487,8 +487,7 @@ class Launcher:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})", how, value,
                                                attempt.memory_hit, attempt.cpu_hit))
             else:
-                self._send(control.Exited(attempt.key, how, value,
-                                          attempt.killed and not (attempt.memory_hit or attempt.cpu_hit),
+                self._send(control.Exited(attempt.key, how, value, attempt.killed,
                                           attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
                                           attempt.memory_hit, attempt.cpu_hit))
 
