@@ -42,7 +42,7 @@ def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     assert lines[2].startswith(f"cgroups: {caps.version}")
     used = cgroups.in_use(caps)
     assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
-                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
+                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}{doctor.IN_OWN_CGROUP}"]
     # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
@@ -130,7 +130,8 @@ def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
     assert doctor.lines(delegated)[-5:] == [
         "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
         "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max",
-        "tree kill: cgroup.kill"]
+        "tree kill: cgroup.kill for attempts in a cgroup of their own: those with memory=, cpu_seconds= or cpus=, "
+        "or every one under SupervisorConfig(isolation=\"cgroup\"); process-table walk for the others"]
     v1 = Capabilities(pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "memory"),
                       v1_memory="/sys/fs/cgroup/memory/job")
     assert doctor.lines(v1)[2:9] == [
