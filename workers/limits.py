@@ -13,6 +13,7 @@
 | `children_touch(n, mib)` | starts `n` child processes that each write `mib` MiB and hold it, waits for them | a memory limit on the whole tree, when `n * mib` is over it (no single process is) |
 | `write_fast(record)` | writes 16 MiB every 16 ms (1 GB/s), appending its resident MiB to `record` after each | a memory limit, late by what it writes between two looks of a watcher |
 | `busy_children(n, seconds)` | starts `n` child processes that each spin for `seconds` of wall time, waits for them | `[their CPU seconds in all, the wall seconds]`: under `cpus=`, about `cpus * seconds` of CPU |
+| `shared_pool(n, mib, seconds, own)` | writes `mib` MiB, then maps `time.sleep(seconds)` over a fork pool of `n` workers (each writes its own `mib` MiB first when `own`); `n` | a memory limit on the whole tree, when `own` and `(n + 1) * mib` is over it; not when the workers only share the parent's pages |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
 | `rlimits()` | returns its `RLIMIT_AS` and `RLIMIT_NOFILE`, `{"as": [soft, hard], "nofile": [soft, hard]}` | nothing: what the limits were set to |
 """
@@ -129,6 +130,25 @@ def rlimits() -> dict[str, list[int]]:
     import resource
 
     return {"as": list(resource.getrlimit(resource.RLIMIT_AS)), "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
+
+
+def _sleep_in_pool(seconds: float, own_mib: int) -> int:
+    import time
+
+    data = b"\x01" * (own_mib * 2**20)
+    time.sleep(seconds)
+    return 1 if len(data) >= 0 else 0
+
+
+def shared_pool(n: int, mib: int, seconds: float, own: bool = False) -> int:
+    """Write `mib` MiB, then run `n` workers of a fork pool (which share those pages, copy on
+    write) for `seconds` each, all at once; each writes `mib` MiB of its own first when `own`."""
+    import multiprocessing
+
+    data = b"\x01" * (mib * 2**20)
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        done = sum(pool.starmap(_sleep_in_pool, [(seconds, mib if own else 0)] * n))
+    return done if data else -1
 
 
 def sleeping_threads(n: int) -> int:

@@ -18,13 +18,27 @@ from typing import Any
 
 from mpvisor._cli.options import check_cgroups_variable
 from mpvisor._cli.statuses import OK
-from mpvisor._launchers.local.cgroups import Capabilities, in_use, mechanisms, probe, stronger
+from mpvisor._launchers.local.cgroups import (
+    CPU_TIME_WALK,
+    KILL_MEMBERS_V2,
+    KILL_V2,
+    Capabilities,
+    in_use,
+    mechanisms,
+    probe,
+    stronger,
+)
 
 NAME = "doctor"
 HELP = "show what this host allows for isolating attempts and what each limit would use"  # as in COMMANDS
 DESCRIPTION = ("Show what this host allows for isolating attempts (pidfds, subreapers, cgroups) and the "
                "mechanism each limit would use here.")
 TAKES_COMMAND = False
+# What the launcher's accounting of CPU time cannot see (docs/limits.md, "The fallbacks").
+# Which attempts a v2 cgroup's kill ends (`_launchers/local/client.py`: the others get no cgroup).
+IN_OWN_CGROUP = (" for attempts in a cgroup of their own: those with memory=, cpu_seconds= or cpus=, or every one "
+                 "under SupervisorConfig(isolation=\"cgroup\"); process-table walk for the others")
+UNWAITED = " (it misses the CPU time of children reaped unwaited, whose parent ignores SIGCHLD: a cgroup counts it)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +93,9 @@ def lines(caps: Capabilities) -> list[str]:
     out += [
         f"OOM counts: {used.oom}",
         f"memory limit: {used.memory}",
-        f"cpu_seconds limit: {used.cpu_seconds}",
+        f"cpu_seconds limit: {used.cpu_seconds}{UNWAITED if used.cpu_seconds == CPU_TIME_WALK else ''}",
         f"cpus limit: {used.cpus or 'not available: an attempt with cpus= is refused here'}",
-        f"tree kill: {used.tree_kill}",
+        f"tree kill: {used.tree_kill}{IN_OWN_CGROUP if used.tree_kill in (KILL_V2, KILL_MEMBERS_V2) else ''}",
     ]
     suggestion = stronger(caps)
     if suggestion is not None:

@@ -28,7 +28,7 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   attempt spawned under a reached fence is not started (`on_start_failed`). `tree` (a
   `TreeLimits`) holds the limits the launcher keeps for the attempt's whole tree: `memory`
   (resident bytes: a memory cgroup per attempt where it may make one, else a watcher of the
-  tree's resident set; a tree over it is ended, and `ExitStatus.memory` names the mechanism),
+  tree's proportional sets, which counts a page its processes share once; a tree over it is ended, and `ExitStatus.memory` names the mechanism),
   `cpu` (CPU seconds, likewise: `ExitStatus.cpu`), and `cpus` (CPUs' worth of time: the
   kernel's CPU controller slows the tree down; where no CPU controller may be used, the
   attempt is refused: its report is a permanent failure naming the limit).

@@ -128,6 +128,7 @@ class Event(NamedTuple):
     start_latency: float | None = None
     queue_depth: int | None = None
     traceback: str | None = None  # on `ATTEMPT_FAILED` of a Python target that raised: the child's traceback text
+    limit: str | None = None  # on `ATTEMPT_FAILED` and `TASK_FINISHED`: the limit it ran into, as `TaskOutcome.limit`
 
 
 def label_of(value: object) -> str | None:

@@ -126,8 +126,8 @@ class Limits:
 
     - `memory`: bytes (an int from 1 to 2**63 - 1) of *resident* memory of the attempt's whole
       tree, kept by the launcher with the strongest mechanism the host allows (a memory cgroup
-      per attempt, else a watcher of the tree's resident set, which is soft: `mpvisor doctor`
-      says which);
+      per attempt, else a watcher of the tree's proportional sets, which is soft: `mpvisor
+      doctor` says which);
     - `address_space`: bytes (as `memory`) of address space of each process (`RLIMIT_AS`, set
       in the child: what `memory` meant before, for programs that must never map more);
     - `cpu_seconds`: CPU time, > 0, of the attempt's whole tree, counted by the launcher (a v2

@@ -300,6 +300,8 @@ class TaskActor:
             fields["timeout"] = self.spec.timeout
         elif end.kind is not AttemptResult.SUCCEEDED:
             fields["exit_code"] = end.exit_code
+            if end.limit:
+                fields["limit"] = end.limit
             if end.traceback:
                 fields["traceback"] = end.traceback
         self._publish(_ATTEMPT_EVENTS[end.kind], **fields)

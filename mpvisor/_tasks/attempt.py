@@ -101,6 +101,17 @@ def prepared_module(start: Start) -> str:
     return start.target.partition(":")[0]
 
 
+def _why_the_launcher_killed(status: ExitStatus) -> str:
+    """Why the launcher killed an attempt's tree without being asked (the ATTEMPT_KILLED reason)."""
+    if status.memory:
+        return f"its tree ran past its memory limit ({status.memory})"
+    if status.cpu:
+        return f"its tree used up its CPU time ({status.cpu})"
+    if status.fenced:
+        return "its fence's kill time passed (its slot's lease could not be renewed in time)"
+    return "by its launcher"
+
+
 class AttemptProcess:
     """One attempt process: spawn it, read its frames, stop or kill it, learn its end."""
 
@@ -238,6 +249,8 @@ class AttemptProcess:
         self.facts.fenced = status.fenced
         if not killed:
             self.facts.killed = None
+        elif self.facts.killed is None:  # the launcher killed it on its own, while it ran
+            self.facts.killed = f"killed pid {self.facts.pid}: {_why_the_launcher_killed(status)}"
         self._finish()
 
     def on_launcher_died(self, how: str = "launcher died") -> None:

@@ -8,6 +8,7 @@ first match wins (the reason a stop was requested decides over how the child end
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
 | 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
+| 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
@@ -19,8 +20,9 @@ first match wins (the reason a stop was requested decides over how the child end
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
 | 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N |
 
-`killed` (mpvisor SIGKILLed the tree while the main process ran) never changes the kind: it sets
-`exit_code` to None and is announced by `ATTEMPT_KILLED` before the terminal event.
+`killed` (mpvisor SIGKILLed the tree while the main process ran: the parent asked, or the
+launcher did on its own, for a limit or a fence) never changes the kind, and is announced by
+`ATTEMPT_KILLED` before the terminal event.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ def _decide(f: Facts) -> AttemptEnd:
             reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
             return AttemptEnd(AttemptResult.FAILED, reason)
         return AttemptEnd(AttemptResult.FAILED, f.could_not_start, None if f.status is None else f.status.exit_code)
+    if f.stop is None and f.status is not None and (f.status.memory or f.status.cpu):
+        return AttemptEnd(AttemptResult.FAILED, _past_a_limit(f.status), -TREE_KILLED, killed=f.killed)
     if f.report is not None and f.report_before_stop:
         return from_report(f.report, f.killed)
     if f.stop is StopReason.TIMEOUT:
@@ -148,6 +152,19 @@ def _decide(f: Facts) -> AttemptEnd:
     if f.report is not None:
         return from_report(f.report, f.killed)
     return _from_status(f)
+
+
+TREE_KILLED = 9  # SIGKILL: how a tree past its memory or CPU limit ends (the exit code is its negative)
+
+
+def _past_a_limit(status: ExitStatus) -> str:
+    """What happened to a tree the launcher found past its memory or CPU limit (rule 1b). The
+    same evidence, the same words, however its main process ended: it may have been killed with
+    the tree, or have exited first (a program whose child the OOM killer killed, between two of
+    the launcher's looks), and the launcher killed what was left."""
+    if status.memory.startswith("cgroup"):  # its own memory cgroup counted an OOM kill
+        return "the OOM killer killed a process of its tree; the tree was killed"
+    return "the tree was killed"
 
 
 def from_report(report: Result | Failure, killed: str | None = None) -> AttemptEnd:

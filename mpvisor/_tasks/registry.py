@@ -290,7 +290,7 @@ class Registry:
         actor.mark_finished(outcome.kind)
         publish = self.host.publish
         publish(EventKind.TASK_FINISHED, task=actor.name, id=actor.id, outcome_kind=outcome.kind,
-                    reason=outcome.reason, exit_code=outcome.exit_code)
+                    reason=outcome.reason, exit_code=outcome.exit_code, limit=outcome.limit)
         del self.by_id[actor.id]
         del self.by_name[actor.name]
         publish(EventKind.TASK_REMOVED, task=actor.name, id=actor.id)

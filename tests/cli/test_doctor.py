@@ -42,7 +42,7 @@ def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     assert lines[2].startswith(f"cgroups: {caps.version}")
     used = cgroups.in_use(caps)
     assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
-                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
+                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}{doctor.IN_OWN_CGROUP}"]
     # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
@@ -78,7 +78,9 @@ def test_doctor_with_cgroups_turned_off_says_what_a_run_then_uses(tmp_path: path
     assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in lines
     assert "cgroup v1 memory: not tried" in lines and not [line for line in lines if "(writable" in line]
     assert lines[-5:] == [
-        "memory limit: resident-memory watcher (soft)", "cpu_seconds limit: launcher accounting of the tree",
+        "memory limit: resident-memory watcher (soft)",
+        "cpu_seconds limit: launcher accounting of the tree (it misses the CPU time of children reaped unwaited, "
+        "whose parent ignores SIGCHLD: a cgroup counts it)",
         "cpus limit: not available: an attempt with cpus= is refused here", "tree kill: process-table walk",
         "stronger: unset MPVISOR_CGROUPS (off here: no cgroup is made), then ask mpvisor doctor again"]
     assert list(tmp_path.iterdir()) == []
@@ -109,7 +111,8 @@ def test_the_lines_of_a_host_with_nothing_writable():
         "cgroup.kill: yes",
         "OOM counts: system-wide from /proc/vmstat",
         "memory limit: resident-memory watcher (soft)",
-        "cpu_seconds limit: launcher accounting of the tree",
+        "cpu_seconds limit: launcher accounting of the tree (it misses the CPU time of children reaped unwaited, "
+        "whose parent ignores SIGCHLD: a cgroup counts it)",
         "cpus limit: not available: an attempt with cpus= is refused here",
         "tree kill: process-table walk",
         "stronger: systemd-run --user --scope -p Delegate=yes mpvisor ...",
@@ -127,7 +130,8 @@ def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
     assert doctor.lines(delegated)[-5:] == [
         "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
         "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max",
-        "tree kill: cgroup.kill"]
+        "tree kill: cgroup.kill for attempts in a cgroup of their own: those with memory=, cpu_seconds= or cpus=, "
+        "or every one under SupervisorConfig(isolation=\"cgroup\"); process-table walk for the others"]
     v1 = Capabilities(pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "memory"),
                       v1_memory="/sys/fs/cgroup/memory/job")
     assert doctor.lines(v1)[2:9] == [

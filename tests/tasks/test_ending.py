@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -126,16 +127,16 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"as": 2**28}), "address_space", "address space limit exceeded (256 MiB): MemoryError"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"memory": 2**28}), None, "MemoryError"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True, memory="cgroup v1"), limits={"memory": 2**28}), "memory",
-         "memory limit exceeded (256 MiB, cgroup v1): attempt process pid 7 killed by the OOM killer"),
+         "memory limit exceeded (256 MiB, cgroup v1): the OOM killer killed a process of its tree; the tree was killed"),
         (Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("signal", signal.SIGKILL, memory="watcher"), limits={"memory": 2**30}), "memory",
-         "memory limit exceeded (1 GiB, watcher): program killed by signal SIGKILL"),
+         "memory limit exceeded (1 GiB, watcher): the tree was killed"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, oom=True), limits={"memory": 2**28}), None,
          "attempt process pid 7 killed by the OOM killer"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True, limits={"cpu": 5}), None, "MemoryError"),
         (Facts(pid=7, report=Failure("error", "MemoryError: "), report_before_stop=True), None, "MemoryError"),
         (Facts(pid=7, report=Failure("error", "OSError: [Errno 24] Too many"), report_before_stop=True, limits={"nofile": 9}), "open_files", "open files limit exceeded (9)"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL, cpu="cgroup v2 cpu.stat"), limits={"cpu": 2.5}), "cpu",
-         "cpu limit exceeded (2.5 s, cgroup v2 cpu.stat): attempt process pid 7 killed by signal SIGKILL"),
+         "cpu limit exceeded (2.5 s, cgroup v2 cpu.stat): the tree was killed"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU), limits={"cpu": 2.5}), None, "attempt process pid 7 killed by signal SIGXCPU"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGKILL), limits={"cpu": 2.5}), None, "attempt process pid 7 killed by signal SIGKILL"),
         (Facts(pid=7, status=ExitStatus("signal", signal.SIGXCPU)), None, "attempt process pid 7 killed by signal SIGXCPU"),
@@ -157,6 +158,32 @@ def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, h
     limit's failure)."""
     end = decide(facts)
     assert end.limit == limit and (end.reason or "").startswith(head), end
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("exit", 0, oom=True, memory="cgroup v1")),
+        Facts(kind="cmd", pid=7, calling=True, status=ExitStatus("signal", signal.SIGKILL, oom=True, memory="cgroup v1")),
+        Facts(pid=7, report=Result(1), report_before_stop=True, status=ExitStatus("exit", 0, oom=True, memory="cgroup v1")),
+        Facts(pid=7, report=Failure("error", "OSError: [Errno 12]"), report_before_stop=True,
+              status=ExitStatus("exit", 1, oom=True, memory="cgroup v1")),
+    ],
+)
+def test_a_tree_past_its_memory_limit_fails_however_its_main_process_ended(facts) -> None:
+    """The launcher's word that the tree's memory cgroup counted an OOM kill (`ExitStatus.memory`,
+    read while the tree ran or at reap) gives one ending whether the main process was killed
+    with the tree, exited 0 first, or reported first: FAILED, -9, the same words."""
+    end = decide(replace(facts, limits={"memory": 2**28}))
+    assert (end.kind, end.exit_code, end.limit) == (AttemptResult.FAILED, -9, "memory"), end
+    assert end.reason == "memory limit exceeded (256 MiB, cgroup v1): the OOM killer killed a process of its tree; the tree was killed"
+
+
+def test_a_stop_asked_first_decides_over_a_limit() -> None:
+    """A timeout (or a cancel) asked before the tree ran past its limit decides, as over any ending."""
+    status = ExitStatus("signal", signal.SIGKILL, memory="cgroup v1")
+    end = decide(Facts(pid=7, stop=StopReason.TIMEOUT, timeout=2.0, status=status, limits={"memory": 2**28}))
+    assert (end.kind, end.limit) == (AttemptResult.TIMED_OUT, None), end
 
 
 def test_a_process_ended_before_its_start_gives_its_exit_code() -> None:

@@ -37,7 +37,7 @@ CASES = [
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
     ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): program killed by signal SIGKILL"),
+     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree was killed"),
 ]
 
 
@@ -115,6 +115,22 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
 
 
+async def test_an_oom_kill_in_its_memory_cgroup_fails_the_attempt_however_fast_its_main_process_exits() -> None:
+    """A program whose child the OOM killer kills in the attempt's memory cgroup, and which then
+    exits 0 at once (long before the launcher's next look, mostly): its cgroup's count, read at
+    reap, fails it as surely as a look that caught it running. Six of them, each FAILED, named
+    after the memory limit, exit code -9, in the same words."""
+    hog = f"{sys.executable} -c 'b = bytearray(300 * 2**20)' 2>/dev/null; exit 0"
+    specs = [TaskSpec.once(CommandTask(f"oom-{n}", ["bash", "-c", hog])).with_limits(memory=100 * 2**20) for n in range(6)]
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        waiters = [(await handle.add_and_watch(spec))[1] for spec in specs]
+        outcomes = [await waiter.wait() for waiter in waiters]
+    for outcome in outcomes:
+        assert (outcome.kind, outcome.limit, outcome.exit_code) == (OutcomeKind.FAILED, "memory", -9), outcome
+        assert outcome.reason == ("memory limit exceeded (100 MiB, cgroup v1): the OOM killer killed a process of "
+                                  "its tree; the tree was killed"), outcome.reason
+
+
 async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_path) -> None:
     """While two attempts run (one memory-limited, in a memory cgroup of its own; one without a
     limit, in this process's memory cgroup), the kernel OOM-kills a process in a third memory
@@ -174,6 +190,50 @@ async def test_memory_is_the_resident_memory_of_the_whole_tree(mechanism, monkey
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
     assert outcome.reason.startswith(f"memory limit exceeded (256 MiB, {mechanism}): "), outcome.reason
     assert _attempt_cgroups() == []
+
+
+async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> None:
+    """Forced to the watcher (MPVISOR_CGROUPS=off): a fork pool of 8 workers sharing their
+    parent's 48 MiB (copy on write; their resident sets sum to over 400 MiB) completes under
+    192 MiB, and so does a Python target under 12 MiB (its pages shared with the fork server
+    count in part); the same pool whose workers each write 48 MiB of their own (over 400 MiB
+    in all) is ended "memory limit exceeded (192 MiB, watcher)"."""
+    monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    limit = 192 * 2**20
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, sharing = await handle.add_and_watch(
+            TaskSpec.once(fn("sharing", limits.shared_pool, 8, 48, 1.0)).with_limits(memory=limit))
+        _, small = await handle.add_and_watch(
+            TaskSpec.once(fn("small", "workers.basic:sleeper", 0.5)).with_limits(memory=12 * 2**20))
+        shared, alone = await sharing.wait(), await small.wait()
+        _, owning = await handle.add_and_watch(
+            TaskSpec.once(fn("owning", limits.shared_pool, 8, 48, 1.0, True)).with_limits(memory=limit))
+        owned = await owning.wait()
+    assert (shared.kind, shared.value) == (OutcomeKind.COMPLETED, 8), shared
+    assert alone.kind is OutcomeKind.COMPLETED, alone
+    assert (owned.kind, owned.limit) == (OutcomeKind.FAILED, "memory"), owned
+    assert owned.reason.startswith("memory limit exceeded (192 MiB, watcher): "), owned.reason
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v1", "watcher"])
+async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_limit(mechanism, monkeypatch) -> None:
+    """A target holding 600 MiB under 256 MiB, by either mechanism: the launcher kills its tree
+    while it runs, so ATTEMPT_KILLED (its pid, the limit) comes before ATTEMPT_FAILED, which has
+    `limit="memory"` and exit code -9, as TASK_FINISHED has `limit`."""
+    if mechanism == "watcher":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.once(fn("big", limits.touch, 600)).with_limits(memory=256 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await waiter.wait()
+        await seen(events, EventKind.TASK_REMOVED, id=task_id)
+    [start] = events.of(EventKind.ATTEMPT_STARTING, id=task_id)
+    [killed] = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
+    [failed] = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
+    [finished] = events.of(EventKind.TASK_FINISHED, id=task_id)
+    assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
+    assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
+    assert (failed.limit, failed.exit_code, finished.limit) == ("memory", -9, "memory"), (failed, finished)
 
 
 async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:

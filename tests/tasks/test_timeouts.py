@@ -252,3 +252,47 @@ def test_start_timeout_and_include_start_are_checked():
     spec = TaskSpec.once(task).with_timeout(2, include_start=True).with_start_timeout(3)
     resolved = spec.resolve(mpvisor.TaskDefaults())
     assert (resolved.timeout, resolved.timeout_includes_start, resolved.start_timeout) == (2.0, True, 3.0)
+
+
+TRAPPED = "trap 'echo cleanup-ran > {out}; exit 3' TERM INT; echo started > {out}; while :; do sleep 0.05; done"
+
+
+@pytest.mark.parametrize("kind", ["cmd", "fn"])
+@pytest.mark.parametrize("how", ["remove", "timeout"])
+async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_up(kind, how, tmp_path):
+    """An attempt stopped by SIGSTOP (its program's whole group, or a Python target's process)
+    and then asked to stop, by a removal or by its timeout: the launcher sends SIGCONT right after
+    the SIGTERM, so its handler runs (a shell's trap, a target's `finally`) well within the grace
+    of 3 s: CANCELED or TIMED_OUT, its tree never killed (no ATTEMPT_KILLED)."""
+    import os
+    import signal
+
+    from mpvisor import CommandTask
+    from tests._support import fn, wait_for
+
+    out = tmp_path / "out"
+    if kind == "cmd":
+        target = CommandTask("trapped", ["bash", "-c", TRAPPED.format(out=out)])
+        cleaned = lambda: out.exists() and out.read_text() == "cleanup-ran\n"  # noqa: E731
+        started = lambda: out.exists() and out.read_text() == "started\n"  # noqa: E731
+    else:
+        target = fn("trapped", coop.cooperative, marker=str(out))
+        cleaned = lambda: [m[0] for m in read_markers(out)] == ["started", "finally"]  # noqa: E731
+        started = lambda: [m[0] for m in read_markers(out)] == ["started"]  # noqa: E731
+    spec = TaskSpec.once(target).with_timeout(1.0 if how == "timeout" else None)
+    config = SupervisorConfig(grace=3.0, timeout_kill_after=3.0)
+    async with supervised(config) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)).pid
+        wait_for(started, timeout=10)
+        os.killpg(pid, signal.SIGSTOP) if kind == "cmd" else os.kill(pid, signal.SIGSTOP)
+        began = time.monotonic()
+        if how == "remove":
+            await handle.remove(task_id)
+        outcome = await waiter.wait()
+        took = time.monotonic() - began
+    assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == [], events.of(EventKind.ATTEMPT_KILLED, id=task_id)
+    assert cleaned(), out.read_text()
+    want = OutcomeKind.CANCELED if how == "remove" else OutcomeKind.FAILED
+    assert outcome.kind is want and (how == "remove" or "timed out" in outcome.reason), outcome
+    assert took < 2.5, took  # its handler ran at once, not the kill at the end of the grace (3 s)

@@ -15,10 +15,10 @@ attached; `control.py` types, encodes and versions them):
 | parent -> launcher | launcher does |
 |---|---|
 | `spawn key exec_python module` + fds | prepare `module` (`_attempt/prepared.py`), fork; the child sets up and runs `_attempt/child.py` (or execs a fresh interpreter) |
-| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped |
+| `signal key signum group` | signal the attempt (its group if `group`) while its leader is unreaped, then SIGCONT it the same way (a stopped attempt handles the signal) |
 | `kill key` | SIGKILL the attempt's group (leader unreaped) and what it adopted |
 | `stop` | kill every tree, reap them, exit |
-| `fence group stop_at kill_at` | keep (or move) the fence's deadlines: from `stop_at` every tree under it gets SIGTERM (its group), at `kill_at` it is killed, and no spawn under it starts any more |
+| `fence group stop_at kill_at` | keep (or move) the fence's deadlines: from `stop_at` every tree under it gets SIGTERM (its group, then SIGCONT), at `kill_at` it is killed, and no spawn under it starts any more |
 | `unfence group` | forget the fence |
 
 | launcher -> parent | when |
@@ -68,7 +68,8 @@ _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(signal.SIG_BLOCK), int(signa
                                                  int(signal.SIG_DFL), int(signal.SIG_IGN))
 _SIGTTOU = (int(signal.SIGTTOU),)
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
-LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc)
+LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc), at least
+LOOKS_SHARE = 0.2  # of a CPU, at most, that the looks take: a look that used more CPU than this share of LIMITS_LOOK puts the next one further off
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 STOP_DEADLINE = 1.5  # seconds, when its parent goes, that the launcher waits for its next child to die
 STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
@@ -114,7 +115,7 @@ class Launcher:
         self.draining: set[_Attempt] = set()
         self.fences: dict[int, _Fence] = {}  # by group: the deadlines of owners' leases
         self.limited: set[_Attempt] = set()  # attempts with a memory limit, until reaped
-        self.limits_looked = 0.0
+        self.next_look = 0.0  # monotonic time of the next look at the limited trees
         self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
@@ -313,13 +314,7 @@ class Launcher:
         attempt = self.by_key.get(key)
         if attempt is None or attempt.status is not None:
             return  # already exited: its group may be gone, and its pid is not ours to reuse
-        try:
-            if group:
-                os.killpg(attempt.pid, signum)
-            else:
-                os.kill(attempt.pid, signum)
-        except ProcessLookupError:
-            pass
+        _signal_and_continue(attempt.pid, signum, group)
 
     def _kill(self, key: int) -> None:
         attempt = self.by_key.get(key)
@@ -335,17 +330,25 @@ class Launcher:
         """What the loop may sleep: until the next fence deadline, or the next look at memory."""
         until = self._until_a_fence() if self.fences else -1
         if self.limited:
-            until = LIMITS_LOOK if until < 0 else min(until, LIMITS_LOOK)
+            look = max(0.0, self.next_look - time.monotonic())
+            until = look if until < 0 else min(until, look)
         return until
 
     def _look_at_limits(self) -> None:
         """Every `LIMITS_LOOK` s: a limited tree whose cgroup counted an OOM kill, or whose
-        resident set (watched) is over its limit, or whose CPU time (its cgroup's `cpu.stat`, else
-        the sum over its processes) is over its CPU limit, is killed whole, and reported as over it."""
+        memory (watched: `_tree_memory`) is over its limit, or whose CPU time (its cgroup's
+        `cpu.stat`, else the sum over its processes) is over its CPU limit, is killed whole, and
+        reported as over it. A look that used more CPU than `LOOKS_SHARE` of that (big trees
+        sharing their pages, whose page tables the watcher reads) puts the next one off to
+        `1 / LOOKS_SHARE` times the CPU it used: the looks never use more of a CPU."""
         now = time.monotonic()
-        if now - self.limits_looked < LIMITS_LOOK:
+        if now < self.next_look:
             return
-        self.limits_looked = now
+        began = time.thread_time()  # the CPU the look uses (the launcher has one thread), not the time it waited for one
+        self._look_at_each_limit()
+        self.next_look = now + max(LIMITS_LOOK, (time.thread_time() - began) / LOOKS_SHARE)
+
+    def _look_at_each_limit(self) -> None:
         for attempt in list(self.limited):
             if attempt.status is not None or attempt.memory_hit or attempt.cpu_hit:
                 continue
@@ -353,7 +356,7 @@ class Launcher:
                 if attempt.memcg:
                     over = _oom_kills(attempt.memcg) > 0
                 else:
-                    over = _tree_resident(attempt.pid) > attempt.memory
+                    over = _tree_memory(attempt.pid, attempt.memory) > attempt.memory
                 if over:
                     attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
                     self._kill(attempt.key)
@@ -402,10 +405,7 @@ class Launcher:
                 if kill:
                     self._kill(attempt.key)
                 elif not attempt.fenced:
-                    try:
-                        os.killpg(attempt.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
+                    _signal_and_continue(attempt.pid, signal.SIGTERM, True)
                 attempt.fenced = True
 
     # --- reaping ------------------------------------------------------------------------------
@@ -490,8 +490,7 @@ class Launcher:
                 self._send(control.StartFailed(attempt.key, f"could not start: child ended ({how} {value})", how, value,
                                                attempt.memory_hit, attempt.cpu_hit))
             else:
-                self._send(control.Exited(attempt.key, how, value,
-                                          attempt.killed and not (attempt.memory_hit or attempt.cpu_hit),
+                self._send(control.Exited(attempt.key, how, value, attempt.killed,
                                           attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
                                           attempt.memory_hit, attempt.cpu_hit))
 
@@ -657,23 +656,47 @@ def _cgroup_cpu(path: str) -> float | None:
     return None
 
 
-def _tree_sum(pid: int, of: Callable[[int], int]) -> int:
-    """`of(p)` summed over `pid` and every descendant, from `/proc` (each attempt is a subreaper,
-    so its orphans stay below it); a process that ended meanwhile counts nothing."""
-    total, todo = 0, [pid]
+def _tree_pids(pid: int) -> list[int]:
+    """`pid` and every descendant, from `/proc` (each attempt is a subreaper, so its orphans stay
+    below it); a process that ended meanwhile lists no children."""
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
         try:
-            total += of(current)
             for task in os.listdir(f"/proc/{current}/task"):
                 todo.extend(int(child) for child in read_small_file(f"/proc/{current}/task/{task}/children").split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _tree_sum(pids: list[int], of: Callable[[int], int]) -> int:
+    """`of(p)` summed over `pids`; a process that ended meanwhile counts nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            total += of(pid)
         except (OSError, ValueError, IndexError):
             continue
     return total
 
 
 def _resident(pid: int) -> int:
+    """Its resident set (`statm`): every resident page it maps, shared or not."""
     return int(read_small_file(f"/proc/{pid}/statm").split()[1]) * _PAGE
+
+
+def _proportional(pid: int) -> int:
+    """Its proportional set (`Pss` of `smaps_rollup`): each resident page it maps, divided by the
+    number of processes that map it. Its resident set where its `smaps_rollup` may not be read
+    (a set-user-ID program of another user): never less."""
+    try:
+        data = read_small_file(f"/proc/{pid}/smaps_rollup")
+    except PermissionError:
+        return _resident(pid)
+    at = data.find(b"\nPss:")
+    return 0 if at < 0 else int(data[at + 5:data.index(b"kB", at)]) * 1024  # a zombie's is empty
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -682,15 +705,22 @@ def _cpu_ticks(pid: int) -> int:
     return sum(int(field) for field in data[data.rindex(b")") + 2:].split()[11:15])
 
 
-def _tree_resident(pid: int) -> int:
-    """The resident bytes of `pid`'s tree (the watcher, where no memory cgroup keeps it)."""
-    return _tree_sum(pid, _resident)
+def _tree_memory(pid: int, limit: int) -> int:
+    """The memory `pid`'s tree uses, as the watcher measures it (where no memory cgroup keeps
+    it): the sum of its processes' proportional sets, so that a page shared by processes of the
+    tree (a fork's copy-on-write pages) counts once, and a page shared with processes outside it
+    (the fork server's, a library's) in part. Reading them walks each process's page tables; the
+    sum of the resident sets (`statm`, cheap) is never less, so where that is within `limit` it
+    is the answer: a tree far under its limit costs no more to watch."""
+    pids = _tree_pids(pid)
+    resident = _tree_sum(pids, _resident)
+    return resident if resident <= limit else _tree_sum(pids, _proportional)
 
 
 def _tree_cpu(pid: int) -> float:
     """The CPU seconds of `pid`'s tree (the launcher's accounting where no cgroup counts them; a
     child that ended unwaited is not counted: it is killed as an orphan)."""
-    return _tree_sum(pid, _cpu_ticks) / _TICKS
+    return _tree_sum(_tree_pids(pid), _cpu_ticks) / _TICKS
 
 
 class _Fence:
@@ -765,6 +795,23 @@ def _still_running(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except ChildProcessError:
         return False
+
+
+_NOT_CONTINUED = frozenset(int(s) for s in (signal.SIGCONT, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
+
+
+def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
+    """Send `signum` to `pid` (its process group if `group`), then SIGCONT to the same target, as
+    systemd does after its KillSignal=: a stopped process (SIGSTOP, or Ctrl-Z) runs again, and
+    the signal is handled first, so a SIGTERM handler runs within the grace instead of the tree
+    being killed at its end. A signal that stops (or continues) is sent alone."""
+    send = os.killpg if group else os.kill
+    try:
+        send(pid, signum)
+        if signum not in _NOT_CONTINUED:
+            send(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _killpg(pid: int) -> None:
