@@ -217,9 +217,11 @@ async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> 
 
 @pytest.mark.parametrize("mechanism", ["cgroup v1", "watcher"])
 async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_limit(mechanism, monkeypatch) -> None:
-    """A target holding 600 MiB under 256 MiB, by either mechanism: the launcher kills its tree
-    while it runs, so ATTEMPT_KILLED (its pid, the limit) comes before ATTEMPT_FAILED, which has
-    `limit="memory"` and exit code -9, as TASK_FINISHED has `limit`."""
+    """A target holding 600 MiB under 256 MiB, by either mechanism: ATTEMPT_FAILED has
+    `limit="memory"` and exit code -9, as TASK_FINISHED has `limit`. The watcher kills the tree
+    while it runs, so ATTEMPT_KILLED (its pid, the limit) comes first; under a memory cgroup the
+    kernel's OOM killer may end the (only) process before the launcher sees the count, and then
+    no tree was killed by mpvisor and none is announced."""
     if mechanism == "watcher":
         monkeypatch.setenv("MPVISOR_CGROUPS", "off")
     spec = TaskSpec.once(fn("big", limits.touch, 600)).with_limits(memory=256 * 2**20)
@@ -228,11 +230,13 @@ async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_li
         await waiter.wait()
         await seen(events, EventKind.TASK_REMOVED, id=task_id)
     [start] = events.of(EventKind.ATTEMPT_STARTING, id=task_id)
-    [killed] = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
+    announced = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
     [failed] = events.of(EventKind.ATTEMPT_FAILED, id=task_id)
     [finished] = events.of(EventKind.TASK_FINISHED, id=task_id)
-    assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
-    assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
+    assert len(announced) == 1 if mechanism == "watcher" else len(announced) <= 1, announced
+    for killed in announced:
+        assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
+        assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
     assert (failed.limit, failed.exit_code, finished.limit) == ("memory", -9, "memory"), (failed, finished)
 
 
@@ -268,13 +272,16 @@ def test_mpvisor_run_memory_counts_resident_memory_not_thread_stacks(tmp_path) -
     hog = "import time; data = b'x' * (600 * 2**20); time.sleep(30)"
     over = subprocess.run([mpvisor, "run", "--memory", "256M", "--", "python3", "-c", hog], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
-    assert over.returncode != 0 and "memory limit exceeded (256 MiB, cgroup v1): program" in over.stderr, over.stderr
+    assert over.returncode == 137 and "memory limit exceeded (256 MiB, cgroup v1): " in over.stderr, over.stderr
+    assert "the tree was killed' exit_code=-9" in over.stderr, over.stderr
     for mechanism, environment in (("cgroup v1", {}), ("watcher", {"MPVISOR_CGROUPS": "off"})):
         # a limit too small for any process (512 meant as MiB): ended before it started, by the limit
         tiny = subprocess.run([mpvisor, "run", "--memory", "512", "--", "true"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60, env={**os.environ, **environment})
         assert tiny.returncode == 128 + signal.SIGKILL, tiny.stderr
-        assert f"reason='memory limit exceeded (512 bytes, {mechanism}): could not start" in tiny.stderr, tiny.stderr
+        said = f"reason='memory limit exceeded (512 bytes, {mechanism}): "
+        ended = ("could not start",) if mechanism == "cgroup v1" else ("could not start", "the tree was killed")
+        assert any(said + how in tiny.stderr for how in ended), tiny.stderr  # the watcher may look once it started
 
 
 def _v2_memory_placement() -> object:
