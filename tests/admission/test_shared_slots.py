@@ -165,6 +165,8 @@ def test_twelve_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, 
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder"]
 
 
+@pytest.mark.slow  # a stress history: replace's one-owner and last-wins are checked in the default run by
+# test_controller_replace_queue (the controller) and test_lease_stores (each store, this host's server too)
 def test_twelve_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slots: Any, tmp_path: Any) -> None:
     """12 `--policy replace` runs started together on a busy slot: the owner is retired (REPLACED,
     6), each replacement either replaces the one before (6), supersedes a queued one (5) or is
