@@ -382,7 +382,9 @@ class _RetriedAttempts:
     """Says on stderr why an attempt failed when another follows it (the outcome line says why
     the last one did): its uncaught traceback, as the program would have printed it, then
     `mpvisor: NAME: attempt N failed: REASON; retry in 0.4s`. A retried or periodic task's
-    failures are not silent (a file run says the same in its lines)."""
+    failures are not silent (a file run says the same in its lines). A failure by SIGINT (or a
+    target's `KeyboardInterrupt`) is said only once its retry starts: in a terminal it is a
+    Ctrl-C, which ends the run a moment after the retry was scheduled, and no retry comes."""
 
     name = "retried-attempts"
     queue_capacity = 4096
@@ -390,6 +392,7 @@ class _RetriedAttempts:
     def __init__(self, task: str) -> None:
         self.task = task
         self.failed: Event | None = None  # the last attempt's failure, until the task says what follows
+        self.interrupted: tuple[Event, float] | None = None  # a death by SIGINT, said once its retry starts
 
     def on_event(self, event: Event) -> None:
         if event.task != self.task:
@@ -398,8 +401,19 @@ class _RetriedAttempts:
             self.failed = event
         elif event.kind in (EventKind.BACKOFF_SCHEDULED, EventKind.TASK_FINISHED):
             failed, self.failed = self.failed, None
-            if failed is not None and event.kind is EventKind.BACKOFF_SCHEDULED:
+            if event.kind is EventKind.TASK_FINISHED:
+                self.interrupted = None  # the run stopped (a Ctrl-C): no retry came
+            elif failed is not None and (failed.exit_code == -signal.SIGINT
+                                         or (failed.reason or "").startswith("KeyboardInterrupt")):
+                # A Ctrl-C in the terminal ends the command by SIGINT and then the run, which learns
+                # of it a moment after this retry was scheduled: said only if the retry starts.
+                self.interrupted = (failed, event.delay or 0.0)
+            elif failed is not None:
                 self._say(failed, event.delay or 0.0)
+        elif event.kind is EventKind.ATTEMPT_STARTING and self.interrupted is not None:
+            failed, delay = self.interrupted
+            self.interrupted = None
+            self._say(failed, delay)
 
     def _say(self, failed: Event, delay: float) -> None:
         from mpvisor._cli.batchview import (

@@ -688,3 +688,24 @@ def test_sighup_ignored_as_under_nohup_leaves_the_run_and_its_command_running(tm
         proc.communicate()
     assert proc.returncode == 0, err
     assert log.read_text() == "up\nsurvived\n"
+
+
+def test_a_command_killed_by_sigint_from_elsewhere_is_retried_and_said_when_its_retry_starts(tmp_path):
+    """Outside a terminal, a SIGINT that only the command got (kill -INT of its pid) is a failure
+    like any other: retried under --restart on-failure, and its line ("attempt 1 failed: ...
+    SIGINT ...; retry in ...") is printed, once the retry has started."""
+    pids = tmp_path / "pids"
+    script = f'echo $$ >> {pids}; n=$(wc -l < {pids}); [ "$n" -ge 2 ] && exit 0; exec sleep 30'
+    proc = start(tmp_path, "--restart", "on-failure", "--backoff", "0.05", "--jitter", "none", "--",
+                 "sh", "-c", script)
+    try:
+        first = int(wait_for(lambda: pids.exists() and pids.read_text().split(), timeout=20)[0])
+        os.kill(first, signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0, err
+    [said] = [line for line in err.splitlines() if "; retry in " in line]
+    assert said.startswith("mpvisor: sh: attempt 1 failed: ") and "SIGINT" in said, err
+    assert "attempts=2" in outcome_line(err), err
