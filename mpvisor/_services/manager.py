@@ -375,7 +375,7 @@ class ServiceRun:
         if service is None:
             return
         service.attempt, service.pid, service.started_at, service.ready = attempt, pid, time.monotonic(), False
-        service.restarts += service.failed_last
+        service.restarts += service.failed_last and attempt > 1  # a new instance's first is asked for, not a restart
         service.failed_last = False
         service.state = "starting"
         check = service.settings.ready

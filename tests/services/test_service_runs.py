@@ -849,3 +849,21 @@ def test_status_shows_a_task_waiting_for_a_place_queued_and_one_stopped_by_shutd
     _, err = run.proc.communicate(timeout=30)
     assert run.proc.returncode == -signal.SIGTERM, err
     assert "stubborn: force_aborted" in err, err
+
+
+def test_a_restart_asked_for_while_a_failed_task_waits_out_its_backoff_is_not_counted(run: Run) -> None:
+    """A task whose attempt failed waits out a long backoff; `mpvisor restart` starts it anew at
+    once: that attempt is asked for, not a restart (RESTARTS stays 0; it was 1)."""
+    run.write("""
+        [task.svc]
+        command = ["sh", "-c", "sleep 0.3; exit 2"]
+        restart = "always"
+        backoff = 30
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["svc"]["state"] == "backoff")
+    assert rows["svc"]["restarts"] == 0, rows
+    restarted = run.ctl("restart", "svc")
+    assert restarted.returncode == 0, restarted.stderr
+    rows = run.wait_status(lambda rows: rows["svc"]["state"] in ("running", "starting") and rows["svc"]["pid"])
+    assert rows["svc"]["restarts"] == 0, rows
