@@ -8,7 +8,7 @@ systemd's notify protocol (sd_notify(3)): a program finds a datagram socket's ad
 |---|---|
 | the assignments of one datagram | `parse(datagram)` (pure) |
 | a socket for one attempt, delivering its messages on the loop | `NotifySocket.open(directory, name, on_message)`; `.path`; `.close()` |
-| a private directory for those sockets, and its removal | `notify_directory()`, `remove_directory(path)` |
+| a private directory for those sockets (and the removal of those left by runs killed outright), and its removal | `notify_directory()`, `remove_directory(path)` |
 | tell the systemd that runs mpvisor something | `sd_notify("READY=1")` |
 | how often to send `WATCHDOG=1` to it | `watchdog_interval()` |
 
@@ -134,14 +134,36 @@ def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
 
 
 def notify_directory() -> str:
-    """A new private directory (mode 0700) for one supervising process's notify sockets: under
-    `$TMPDIR` when that is an absolute directory short enough for `<dir>/<name>` to fit in a
-    socket's path (`NAME_ROOM` bytes of name), else under /tmp."""
+    """A new private directory (mode 0700) for one supervising process's notify sockets,
+    `mpvisor-notify-PID-XXXXXXXX`: under `$TMPDIR` when that is an absolute directory short enough
+    for `<dir>/<name>` to fit in a socket's path (`NAME_ROOM` bytes of name), else under /tmp.
+    Those that runs killed outright left there (their PID gone, the directory this user's) are
+    removed first."""
     base = os.environ.get("TMPDIR", "")
-    longest = SUN_PATH_MAX - NAME_ROOM - len(_DIRECTORY_PREFIX) - 8 - 2  # 8 random characters, 2 slashes
+    longest = SUN_PATH_MAX - NAME_ROOM - len(_DIRECTORY_PREFIX) - 10 - 8 - 2  # a pid and -, 8 random characters, 2 slashes
     if not (os.path.isabs(base) and len(os.fsencode(base)) <= longest and os.path.isdir(base)):
         base = "/tmp"
-    return tempfile.mkdtemp(prefix=_DIRECTORY_PREFIX, dir=base)
+    _remove_left_behind(base)
+    return tempfile.mkdtemp(prefix=f"{_DIRECTORY_PREFIX}{os.getpid()}-", dir=base)
+
+
+def _remove_left_behind(base: str) -> None:
+    """Remove this user's notify directories in `base` whose process is gone."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(_DIRECTORY_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_DIRECTORY_PREFIX):].partition("-")[0]
+        path = os.path.join(base, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            remove_directory(path)
+        except OSError:  # gone already, or the pid is another user's: alive
+            continue
 
 
 def remove_directory(path: str) -> None:

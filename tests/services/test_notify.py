@@ -11,6 +11,7 @@ import array
 import os
 import pathlib
 import secrets
+import shutil
 import socket
 import stat
 import subprocess
@@ -277,6 +278,31 @@ def test_the_notify_directory_is_under_tmpdir_only_when_that_is_short(
         os.rmdir(short)
 
 
+def test_a_notify_directory_a_killed_run_left_is_removed_by_the_next_and_a_live_ones_is_kept(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervising process killed outright (here: it ends without removing its directory, as
+    after SIGKILL) leaves its notify directory; the next `notify_directory()` removes it, and
+    keeps that of a process still alive (this one's)."""
+    base = tempfile.mkdtemp(prefix="n", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", base)
+    try:
+        made = subprocess.run(
+            [sys.executable, "-c", "import os; from mpvisor._services.notify import notify_directory; "
+                                   "print(notify_directory(), flush=True); os._exit(0)"],
+            capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+        left = made.stdout.strip()
+        assert os.path.isdir(left) and os.path.dirname(left) == base, made
+        mine = notify_directory()
+        assert not os.path.exists(left)
+        again = notify_directory()
+        assert os.path.isdir(mine) and os.path.isdir(again)
+        assert os.path.basename(mine).startswith(f"mpvisor-notify-{os.getpid()}-")
+    finally:
+        shutil.rmtree(base)
+
+
+# sd_notify
 # sd_notify
 
 
