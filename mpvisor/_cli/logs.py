@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
 def _paths_in_file(file: str, task: str) -> dict[str, str]:
     """`task`'s log paths as `file` names them; `Refusal` if it cannot be read or names none."""
     from mpvisor._cli.taskfile import load
+    from mpvisor._services.settings import log_paths
 
     parsed = load(file)
     if not parsed.ok:
@@ -88,11 +89,10 @@ def _paths_in_file(file: str, task: str) -> dict[str, str]:
     found = next((t for t in parsed.tasks if t.name == task), None)
     if found is None:
         raise runs.Refusal(FAILED, f"no run of {file} is live, and the file has no task {task!r}")
-    logs = found.service.logs
-    paths = {stream: path for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)) if path} if logs else {}
-    if not paths:
-        raise runs.Refusal(FAILED, f"{task} has no log file (give it log = \"...\", or stdout / stderr, in the task file)")
-    return paths
+    try:
+        return log_paths(task, found.service.logs)
+    except ValueError as exc:
+        raise runs.Refusal(FAILED, str(exc)) from None
 
 
 def _files(paths: dict[str, str]) -> list[tuple[str, str]]:

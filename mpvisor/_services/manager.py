@@ -58,7 +58,7 @@ from mpvisor._services.notify import (
     watchdog_interval,
 )
 from mpvisor._services.probes import probe
-from mpvisor._services.settings import ServiceSettings
+from mpvisor._services.settings import ServiceSettings, log_paths
 from mpvisor._tasks.ending import AttemptEnd
 from mpvisor._tasks.registry import TaskWaiter
 
@@ -620,11 +620,10 @@ class ServiceRun:
             return f"{task}: restarted"
 
     def log_paths(self, task: str) -> dict[str, str]:
-        logs = self._service(task).settings.logs
-        paths = {stream: path for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)) if path} if logs else {}
-        if not paths:
-            raise ControlError(f"{task} has no log file (give it log = \"...\", or stdout / stderr, in the task file)")
-        return paths
+        try:
+            return log_paths(task, self._service(task).settings.logs)
+        except ValueError as exc:
+            raise ControlError(str(exc)) from None
 
     # --- reload -----------------------------------------------------------------------------------------------
 

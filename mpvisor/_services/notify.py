@@ -135,7 +135,7 @@ def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
 
 def notify_directory() -> str:
     """A new private directory (mode 0700) for one supervising process's notify sockets,
-    `mpvisor-notify-PID-XXXXXXXX`: under `$TMPDIR` when that is an absolute directory short enough
+    `mpvisor-notify-` with its pid, a dash and 8 random characters: under `$TMPDIR` when that is an absolute directory short enough
     for `<dir>/<name>` to fit in a socket's path (`NAME_ROOM` bytes of name), else under /tmp.
     Those that runs killed outright left there (their PID gone, the directory this user's) are
     removed first."""

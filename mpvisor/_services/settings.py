@@ -16,7 +16,8 @@ are absolute (a log path's `{task}` is already the task's name).
 
 `Check.parse` reads a check as written in the file: `notify`, `tcp:HOST:PORT` (`HOST` may be
 `[::1]`), `cmd:PROGRAM ARGS` (split as a shell splits words, run without a shell), `file:PATH`,
-`completed`.
+`completed`. `log_paths` is where a task's log files are, for the run's `mpvisor logs` answer and
+for `mpvisor logs TASK FILE` once the run has ended.
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ class LogSettings:
     backups: int = DEFAULT_LOG_BACKUPS  # rotated files kept (FILE.1 ... FILE.N)
     daily: bool = False  # rotate at local midnight too
     compress: bool = False  # gzip rotated files (FILE.1.gz ...), off the attempt's path
+
+
+def log_paths(task: str, logs: LogSettings | None) -> dict[str, str]:
+    """`task`'s log files by stream (`stdout`, `stderr`: one path may be both); `ValueError`
+    saying how to give one when it has none."""
+    paths = {stream: path for stream, path in (("stdout", logs.stdout), ("stderr", logs.stderr)) if path} if logs else {}
+    if not paths:
+        raise ValueError(f"{task} has no log file (give it log = \"...\", or stdout / stderr, in the task file)")
+    return paths
 
 
 @dataclass(frozen=True)
