@@ -14,15 +14,14 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, MIN_LEASE_TTL, LeaseStore
 from mpvisor._admission.leases.stores import checked
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
+from mpvisor._model.records import record
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class ControllerConfig:
     """The controller's limits: `queue_capacity` (>= 1, default 1024) commands wait for the
     controller, and as many forwarded removals may be in flight, before the `try_*` forms raise;

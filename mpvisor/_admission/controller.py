@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor._admission.config import ControllerConfig
@@ -58,6 +58,7 @@ from mpvisor._model.errors import (
 from mpvisor._model.events import EventKind
 from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
+from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import with_env
 from mpvisor._tasks.intake import Intake
@@ -74,7 +75,7 @@ FENCING_TOKEN = "MPVISOR_FENCING_TOKEN"  # the attempt's environment variable fo
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class _Pending:
     """A submission the controller holds: queued, or handed to the registry."""
 
@@ -100,7 +101,7 @@ class _Pending:
             self.cleaned.set_result(None)
 
 
-@dataclass
+@record
 class _Removal:
     key: int | str  # an id, or a name (a name is resolved by the registry)
     until_cleanup: bool

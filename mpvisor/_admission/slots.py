@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Generic, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from mpvisor._model.checks import non_negative_int
 from mpvisor._model.outcome import RejectionKind
+from mpvisor._model.records import record
 
 
 class AdmissionPolicy(enum.Enum):
@@ -78,27 +79,27 @@ ItemT = TypeVar("ItemT", bound=Submission)
 
 
 # Phases: every occupied phase carries its owner id, so an idle slot cannot keep an owner.
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Idle:
     """No owner (never stored: an idle slot is dropped from the table)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Admitting:
     owner: int  # handed to the registry; its decision is pending
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Running:
     owner: int  # accepted by the registry; terminal cleanup not yet reported
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Terminating:
     owner: int  # a Replace asked the registry to remove it; waiting for its cleanup
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AdmittingReplaced:
     owner: int  # a Replace arrived while its registration was pending; shows TERMINATING
 
@@ -164,7 +165,7 @@ class Transition(NamedTuple):
 Effect: TypeAlias = Admit[ItemT] | Reject[ItemT] | RemoveOwner | Transition
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SlotView:
     """Point-in-time view of one slot: `slot` (its name), `status` (`SlotStatus`), `owner_id`
     (the `TaskId` of its admitted or admitting owner, else `None`), `queue_depth` (pending
@@ -178,7 +179,7 @@ class SlotView:
     status_for: float  # seconds in the current status
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Slot(Generic[ItemT]):
     phase: Phase
     since: float  # clock reading when the phase's public status (or owner) last changed

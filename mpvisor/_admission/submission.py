@@ -15,12 +15,12 @@ acts on them is `_admission.controller.Controller`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mpvisor._admission.slots import AdmissionPolicy, SlotView
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import AlreadySubmitted
+from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._tasks.registry import TaskWaiter
 
@@ -100,7 +100,7 @@ class ControllerSpec:
         return self._task_spec
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ControllerSnapshot:
     """A best-effort view of the controller's slots (not a transaction).
 

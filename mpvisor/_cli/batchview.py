@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
 from mpvisor._model.events import Event, EventKind, shorten
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.records import record
 from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
 
 COLUMNS = ("TASK", "STATE", "ATTEMPT", "LAST OUTCOME")
 _NAME_MAX, _STATE_MIN, _STATE_MAX, _PROGRESS_MAX = 24, 16, 28, 34
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Result:
     """A task's end as the run reports it: its outcome, its status and whether that status is its
     slot's (3-6) rather than a failure's."""
@@ -100,7 +100,7 @@ def summary_line(label: str, results: Sequence[Result], status: int, not_run: in
 # --- the rows -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Row:
     """What the table shows of one task."""
 

@@ -62,10 +62,10 @@ import shlex
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from mpvisor._cli import options as _options
+from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
 from mpvisor._services import graph as _graph
@@ -74,7 +74,7 @@ from mpvisor._services.settings import CHECK_KINDS, Check, LogSettings, ServiceS
 _PLAIN = ServiceSettings()  # a task that is no service: no `after`, no checks, no log files
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FileTask:
     """One task of a file: its spec, its slot and admission policy (`"queue"`, `"replace"`,
     `"drop"`; both None for a task without a slot), and its settings as a service. Two parses
@@ -90,7 +90,7 @@ class FileTask:
         return self.spec.name
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TaskFile:
     """A parsed task file: its tasks in file order, the run's `grace` (None: not given), and
     every error as `"<location>: <message>"`, in file order (the file is valid when there is
@@ -374,7 +374,7 @@ def _check_in(base_dir: str, kinds: tuple[str, ...] = CHECK_KINDS) -> Callable[[
     return convert
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _PathTemplate:
     """A log path as written (`stdout`, `stderr`, `log`): the text around each `{task}`, taken
     from `base_dir` once filled with a task's name."""
@@ -532,7 +532,7 @@ _IN_TASK = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _File:
     """What every task of a file reads besides its own table."""
 

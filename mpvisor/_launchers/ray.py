@@ -63,12 +63,13 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
+from mpvisor._model.records import record
 
 if TYPE_CHECKING:
     from mpvisor._launchers.seam import AttemptSink, Launcher, LaunchSettings
@@ -87,7 +88,7 @@ def _ray() -> Any:
     return importlib.import_module("ray")
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class RayLauncher:
     """Attempts placed on a Ray cluster: pass it as `SupervisorConfig(launcher=RayLauncher())`.
 
@@ -430,7 +431,7 @@ def _disconnect() -> None:
 # --- the parent's side ------------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class _Remote:
     """One attempt on the cluster, as the parent knows it."""
 
@@ -451,7 +452,7 @@ class _Remote:
     echoed: bool = False  # lines of it went to `_Echo` since its last flush
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class _Idle:
     """An agent whose last attempt ended cleanly, kept for the next attempt of its shape."""
 

@@ -63,8 +63,9 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from mpvisor._model.records import record
 
 if TYPE_CHECKING:
     import asyncio
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from mpvisor._model.spec import Resources
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ExitStatus:
     """How an attempt's main process ended, as every launcher reports it (`on_exited`)."""
 
@@ -97,7 +98,7 @@ class ExitStatus:
         return f"killed by signal {_signal_name(self.value)}"
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class Fence:
     """Deadlines that every attempt of one owner must not outlive: a slot's lease that expires
     unless renewed (a lease store across hosts). From `stop_at` the launcher stops the trees
@@ -115,7 +116,7 @@ class Fence:
         return now >= self.stop_at
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TreeLimits:
     """The limits a launcher keeps for an attempt's whole tree (0: none), from its `Limits`."""
 
@@ -136,7 +137,7 @@ class TreeLimits:
 NO_TREE_LIMITS = TreeLimits()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class LaunchSettings:
     """What a launcher is built with: the supervisor's settings a launcher uses, and no others."""
 

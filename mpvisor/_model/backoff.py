@@ -25,11 +25,11 @@ import dataclasses
 import enum
 import math
 import random
-from dataclasses import dataclass
 from datetime import timedelta
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
+from mpvisor._model.records import record
 
 _EXACT_GROWTH_LIMIT = 700.0  # factor**n stays below e**700, well inside float range
 
@@ -43,7 +43,7 @@ class JitterPolicy(enum.Enum):
     RANDOMIZED_BAND = "randomized_band"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BackoffPolicy:
     """Delays between retries: `first`, growing by `factor` per retry, capped at `max`, then
     spread by `jitter` (a `JitterPolicy`; `NONE` until `with_jitter` is called)."""

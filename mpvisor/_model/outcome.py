@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from mpvisor._model.records import record
 
 
 class OutcomeKind(enum.Enum):
@@ -65,7 +66,7 @@ class RejectionKind(enum.Enum):
         return self._value_
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TaskOutcome:
     """The one final result of a watched task (`await waiter.wait()`).
 

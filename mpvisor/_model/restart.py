@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import enum
 import random
-from dataclasses import dataclass
 from typing import TypeAlias
 
 from mpvisor._model.backoff import BackoffPolicy, delay
 from mpvisor._model.outcome import OutcomeKind
+from mpvisor._model.records import record
 from mpvisor._model.spec import RestartIntensity, RestartKind, RestartPolicy
 
 
@@ -60,7 +60,7 @@ class BackoffSource(enum.Enum):
         return self.name.lower()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Streak:
     """Consecutive failed attempts since the last success (or the start), and the times of the
     restarts still inside the restart-intensity window (oldest first)."""
@@ -69,7 +69,7 @@ class Streak:
     restarts: tuple[float, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunAgain:
     """Start the next attempt after `delay` seconds (published as `BACKOFF_SCHEDULED`)."""
 
@@ -77,12 +77,12 @@ class RunAgain:
     source: BackoffSource
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunNow:
     """Start the next attempt at once, with no `BACKOFF_SCHEDULED` event."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Stop:
     """The task is over: finish it with this outcome kind and reason."""
 

@@ -33,13 +33,13 @@ import enum
 import math
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.errors import ConfigError
+from mpvisor._model.records import record
 from mpvisor._model.work import CommandTask, TaskFn
 
 
@@ -67,7 +67,7 @@ class RestartKind(enum.Enum):
     ALWAYS = "always"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RestartPolicy:
     """When a task runs again; fatal errors and cancellation always stop it.
 
@@ -105,7 +105,7 @@ RestartPolicy.NEVER = RestartPolicy(RestartKind.NEVER)
 RestartPolicy.ON_FAILURE = RestartPolicy(RestartKind.ON_FAILURE)
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class RestartIntensity:
     """At most `max_restarts` restarts (an int >= 0) within any `within` seconds (> 0), as
     Erlang/OTP's intensity and period: one more restart inside that sliding window ends the task
@@ -120,7 +120,7 @@ class RestartIntensity:
         object.__setattr__(self, "within", _validate.duration("within", within, allow_zero=False))
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class Limits:
     """Resource limits of each attempt, each `None` when not limited:
 
@@ -172,7 +172,7 @@ class Limits:
 DEFAULT_BACKOFF: Final = BackoffPolicy.exponential(0.2, max=30.0).with_jitter(JitterPolicy.EQUAL)
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class TaskDefaults:
     """The settings a spec inherits for what it does not give (never its restart policy).
 
@@ -209,7 +209,7 @@ class TaskDefaults:
         object.__setattr__(self, "limits", _checked_limits(limits))
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class Resources:
     """What one attempt of a task needs where it is placed: `num_cpus` (a number >= 0),
     `memory` (bytes, an int >= 1) and custom `resources` (name -> amount >= 0), each `None` /
@@ -259,7 +259,7 @@ def _amount(field: str, value: object) -> float | None:
     return float(value)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResolvedSpec:
     """A spec with every inherited setting filled in: what the runtime runs."""
 
@@ -279,7 +279,7 @@ class ResolvedSpec:
         return self.task.name
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TaskSpec:
     """A task and how to supervise it. Builders return a new spec.
 

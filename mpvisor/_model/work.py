@@ -30,15 +30,16 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.payloads import check_value
+from mpvisor._model.records import record
 from mpvisor._model.wire import pack, pack_call
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class TaskFn:
     """A Python target run as `target(*args, **kwargs)` in a fresh child process; `name` is the
     task's name, `target` its `"module:qualname"`, `args`/`kwargs` msgpack values; `env` is
@@ -76,7 +77,7 @@ class TaskFn:
         return f"TaskFn({self.name!r}, {self.target!r}, args={self.args!r}, kwargs={self.kwargs!r}{where})"
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class CommandTask:
     """An external program run with the same supervision as a Python target: `name` is the
     task's name, `argv` the program and its arguments, `env` merged over the parent's

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, label_of
+from mpvisor._model.records import record
 
 EXTRA_HINT = "PrometheusMetrics needs prometheus_client: install the `prometheus` extra (`pip install '.[prometheus]'` in a checkout) or `pip install prometheus_client`"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -56,7 +57,7 @@ def _client() -> Any:
         raise ImportError(EXTRA_HINT) from exc
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Task:
     """What the subscriber remembers of one task until its end."""
 

@@ -41,11 +41,11 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind
+from mpvisor._model.records import record
 
 DEFAULT_QUEUE_CAPACITY = 1024
 TROUBLE_INTERVAL = 1.0  # seconds between two reports of one kind about one subscriber
@@ -79,7 +79,7 @@ class Subscriber(Protocol):
     def on_event(self, event: Event) -> None: ...
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Throttle:
     """Coalesces one kind of trouble about one subscriber into at most one report an interval.
 

@@ -22,12 +22,12 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
+from mpvisor._model.records import record
 
 if TYPE_CHECKING:
     from mpvisor._launchers.seam import LauncherFactory
@@ -38,7 +38,7 @@ Isolation: TypeAlias = Literal["none", "cgroup"]
 _START_METHODS = ("launcher", "spawn")
 
 
-@dataclass(frozen=True, init=False)
+@record(frozen=True, init=False)
 class SupervisorConfig:
     """The supervisor's settings; invalid values raise `ConfigError` naming the field.
 

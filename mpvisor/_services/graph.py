@@ -17,7 +17,8 @@ no clock: the manager (`manager.py`) asks, then acts.
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+
+from mpvisor._model.records import record
 
 Graph = Mapping[str, Sequence[str]]
 
@@ -114,7 +115,7 @@ def stop_levels(after: Graph, names: Collection[str]) -> list[list[str]]:
     return levels
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Changes:
     """What a reload changes, in the new file's order (removed: the old file's order)."""
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+
+from mpvisor._model.records import record
 
 CHECK_KINDS = ("notify", "tcp", "cmd", "file", "completed")
 _WORDS = ("notify", "completed")  # the checks written as one word
@@ -35,7 +36,7 @@ DEFAULT_LOG_MAX_BYTES = 50 * 2**20  # as supervisord: 50 MiB a file, ...
 DEFAULT_LOG_BACKUPS = 10  # ... ten old files kept
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Check:
     """One readiness or health check, as `parse` read it (`text` is what the file says)."""
 
@@ -98,7 +99,7 @@ def _host_port(rest: str, text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LogSettings:
     """Where a task's output lines go: `stdout` and `stderr` are absolute file paths (the same
     path for both with `log = ...`; None: that stream stays on the run's stderr)."""
@@ -120,7 +121,7 @@ def log_paths(task: str, logs: LogSettings | None) -> dict[str, str]:
     return paths
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ServiceSettings:
     """A task's settings as a service (module docstring); the default is a plain task."""
 

@@ -27,11 +27,11 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mpvisor._model.events import EventKind
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
+from mpvisor._model.records import record
 from mpvisor._model.restart import AttemptResult, RunAgain, RunNow, Stop, Streak, decide
 from mpvisor._model.spec import ResolvedSpec
 from mpvisor._model.wire import Failure, Progress, Result
@@ -60,7 +60,7 @@ _SHARED_RNG = random.Random()
 os.register_at_fork(after_in_child=_SHARED_RNG.seed)
 
 
-@dataclass
+@record
 class Claim:
     """Who asked a task to stop, and why (shutdown counts its own claims as `stuck`); `why`
     is the canceled outcome's reason when a removal that is not shutdown's gives one (a
@@ -70,24 +70,24 @@ class Claim:
     why: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Open:
     """Registered and not stopping: a removal may claim it."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Claimed:
     """A removal claimed it: no further attempt starts; `claim` says who asked."""
 
     claim: Claim
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class StopDecided:
     """Its policy stops it after the attempt whose report was read: nobody can claim it now."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Finished:
     """Terminal cleanup is done: its outcome's kind, and the claim that stopped it, if any."""
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from mpvisor._launchers.seam import ExitStatus, Fence, Launcher, TreeLimits
+from mpvisor._model.records import record
 from mpvisor._model.spec import Resources
 from mpvisor._model.wire import (
     VERSION,
@@ -45,7 +46,7 @@ from mpvisor._model.wire import (
 from mpvisor._tasks.ending import AttemptEnd, Facts, StopReason, decide
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Spawning:
     """Asked of the launcher; no pid yet. What was asked meanwhile happens once it has one."""
 
@@ -53,14 +54,14 @@ class Spawning:
     kill: str | None = None  # a kill arrived (why)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Running:
     """Leads its own session as `pid`: it can be signalled and killed."""
 
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Done:
     """Over: every fd closed, the ending decided."""
 
@@ -68,7 +69,7 @@ class Done:
 Phase = Spawning | Running | Done
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AttemptRequest:
     """Everything one attempt is started with (the runtime builds it from the task's spec and the
     attempt's number; `attempt.start_message` builds `start`)."""

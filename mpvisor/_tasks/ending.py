@@ -28,10 +28,10 @@ launcher did on its own, for a limit or a fence) never changes the kind, and is 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any
 
 from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.records import record
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.wire import Failure, Result
 
@@ -42,7 +42,7 @@ class StopReason(enum.Enum):
     UNHEALTHY = "unhealthy"  # a readiness or health check failed: `Facts.unhealthy` says how
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Facts:
     """What the parent saw of one attempt (filled in by `attempt.AttemptProcess`)."""
 
@@ -64,7 +64,7 @@ class Facts:
     fenced: bool = False  # its fence was reached: the launcher stopped its tree, or did not start it
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AttemptEnd:
     kind: AttemptResult
     reason: str | None = None

@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol, TypeVar
 
 from mpvisor._model.errors import CommandQueueFull, ShuttingDown, TaskAlreadyExists
 from mpvisor._model.events import EventKind
 from mpvisor._model.outcome import RejectionKind, TaskOutcome
+from mpvisor._model.records import record
 from mpvisor._model.spec import ResolvedSpec
 from mpvisor._tasks.actor import ActorHost, Claim, TaskActor
 from mpvisor._tasks.intake import Intake
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TaskInfo:
     """One registered task, as `list()` reports it: `id`, `name`, `attempt` and `pid`."""
 
@@ -77,7 +78,7 @@ class TaskWaiter:
             self._future.add_done_callback(lambda future: callback(future.result()))
 
 
-@dataclass
+@record
 class Add:
     specs: list[tuple[int, ResolvedSpec]]
     owned_by_controller: bool = False
@@ -90,7 +91,7 @@ class Add:
 RemoveAnswer = tuple[bool, "asyncio.Future[None] | None", "int | None"]  # claimed, cleanup, id
 
 
-@dataclass
+@record
 class Remove:
     key: int | str  # an id, or a name for the by-name forms
     by_shutdown: bool = False
@@ -99,13 +100,13 @@ class Remove:
     )
 
 
-@dataclass
+@record
 class Watch:
     id: int
     reply: asyncio.Future[TaskWaiter | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-@dataclass
+@record
 class _Barrier:
     reply: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 

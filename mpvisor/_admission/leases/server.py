@@ -36,7 +36,7 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from mpvisor._admission.leases import local as _leases
@@ -53,6 +53,7 @@ from mpvisor._admission.slots import (
     owner_of,
     status_of,
 )
+from mpvisor._model.records import record
 from mpvisor._model.wire import FrameDecoder, ProtocolError
 
 IDLE_EXIT = 30.0  # seconds with nothing held, queued or connected before the server exits
@@ -62,7 +63,7 @@ CLOSE_WAIT = 1.0  # seconds, at exit, for the connections' handlers to clean up
 _CRED = struct.Struct("3i")
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Request:
     """One lease request: a `SlotTable` item (`id`, `slot`, `admission`)."""
 

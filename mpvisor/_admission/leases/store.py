@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
 from mpvisor import _platform
 from mpvisor._admission.slots import AdmissionPolicy
 from mpvisor._model.outcome import RejectionKind
+from mpvisor._model.records import record
 
 Policy = Literal["queue", "replace", "drop"]
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
@@ -95,7 +95,7 @@ def pids_of(pids: list[int]) -> list[Pid]:
     return [p for p in (pid_of(pid) for pid in pids) if p is not None]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decision:
     """How a lease request ended before any work ran: granted, or rejected with `kind`."""
 

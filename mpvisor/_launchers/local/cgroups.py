@@ -51,11 +51,12 @@ import re
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from mpvisor import _platform
 from mpvisor._model import checks
+from mpvisor._model.records import record
 from mpvisor._platform import oom_count, oom_count_files, read_small_file
 
 Version = Literal["v2", "v1", "hybrid", "none"]
@@ -72,7 +73,7 @@ PR_GET_CHILD_SUBREAPER = 37
 # --- parsing (pure) ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mount:
     """One mounted cgroup hierarchy: where (`point`), which of its cgroups is the top of the
     mount (`root`: `/` unless bind-mounted from inside, as some containers do), v1 or v2, and a
@@ -84,7 +85,7 @@ class Mount:
     controllers: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Membership:
     """This process's cgroup in each hierarchy: v1 by controller (`name=systemd` included), v2."""
 
@@ -171,7 +172,7 @@ def cgroup_dir(mounts: Collection[Mount], path: str | None, controller: str | No
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Layout:
     """Which hierarchies are mounted and where this process's cgroups are in them."""
 
@@ -201,7 +202,7 @@ def locate(proc_cgroup: str, mounts: str) -> Layout:
 # --- deciding (pure) ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class V2Seen:
     """What `probe()` saw of our v2 cgroup: its two controller files, its entries, the entries of
     a child made there (None: no child could be made, or its `cgroup.procs` is not ours to
@@ -214,7 +215,7 @@ class V2Seen:
     subtree_writable: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OomSource:
     """Where OOM kills are counted: per `attempt` (its own cgroup's `file`, `memory.events` or
     `memory.oom_control`), per `cgroup` (this process's memory cgroup's `file`, shared by all its
@@ -224,7 +225,7 @@ class OomSource:
     file: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Capabilities:
     """What this host allows for per-attempt isolation (see the module's decisions)."""
 
@@ -303,7 +304,7 @@ KILL_MEMBERS_V2 = "each member of its v2 cgroup (no cgroup.kill)"
 KILL_MEMBERS = "each member of its memory or cpu cgroup (memory- or cpus-limited attempts), else process-table walk"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mechanisms:
     """How each limit would be enforced here (`cpus` None: refused, nothing can enforce it)."""
 
@@ -314,7 +315,7 @@ class Mechanisms:
     oom: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Placement:
     """Where attempts get a cgroup each with a controller: under `directory`, of cgroup
     `version` 2 or 1; `leaf_move`: (v2) our cgroup's processes must first move to a leaf."""
