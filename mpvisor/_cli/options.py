@@ -27,14 +27,11 @@ stdout is data, never cut.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
 import sys
 from collections.abc import Callable
-from decimal import Decimal
-from fractions import Fraction
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._cli import statuses
@@ -98,6 +95,8 @@ def parse_arg(text: str) -> Any:
     as a number is no string: `nan`, `inf`, `-Infinity` (any spelling `float()` reads as NaN or
     an infinity, which JSON has not) are refused with one message, which says how to give the
     string."""
+    import json  # here: a run without such an argument does not import it
+
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except ValueError as exc:
@@ -116,6 +115,8 @@ def _no_json_number(text: str) -> str | None:
         return None
     word = any(c.isalpha() and c not in "eE" for c in text)  # `inf`, `NaN`; not `1e999`
     beyond = "" if word else " beyond a float's range"
+    import json
+
     return (f"{text!r} reads as a number{beyond}, and JSON has no {'NaN' if math.isnan(value) else 'infinity'}; "
             f"quote it ('{json.dumps(text)}') for the string")
 
@@ -304,6 +305,9 @@ def byte_size(text: str) -> int:
     unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
 
     def exact(_: str) -> int | None:
+        from decimal import Decimal  # here: a run without a size does not import them (2 ms)
+        from fractions import Fraction
+
         try:  # a decimal number's text, read exactly (not "1/2", which a Fraction would take)
             decimal = Decimal(number[: len(number) - len(unit)].strip())
         except ArithmeticError:  # decimal.InvalidOperation: no number

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import enum
-import json
 import math
 from typing import Any, NamedTuple
 
@@ -163,6 +162,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
 def json_line(value: Any) -> str:
     """`value` as one line of strict JSON (see the module docstring): non-finite floats as their
     names, bytes as base64, U+2028 and U+2029 escaped, other text as is."""
+    import json  # here: a run that writes no JSON does not import it
+
     text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
