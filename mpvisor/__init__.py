@@ -10,6 +10,7 @@ set here once its private module is loaded.
 
 from __future__ import annotations
 
+import gc as _gc
 import importlib
 import sys as _sys
 import types as _types
@@ -132,7 +133,16 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mpvisor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    # The first name loads the parent's modules (asyncio with them): some hundred thousand
+    # objects and next to no garbage, and the collections that would set off are about a tenth
+    # of the import's time, wasted. So the collector is paused meanwhile, then left as it was.
+    collecting = _gc.isenabled()
+    _gc.disable()
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    finally:
+        if collecting:
+            _gc.enable()
     _claim_loaded()
     globals()[name] = value
     return value

@@ -17,6 +17,7 @@ supervisor has shut down and the process's own handlers are back, `run` raises t
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 from collections.abc import Iterable, Sequence
@@ -60,10 +61,15 @@ def run(
     if config is None or (getattr(config, "launcher", None) is None and not getattr(config, "preload", ())):
         early.start_early()
     try:
-        import asyncio
+        collecting = gc.isenabled()
+        gc.disable()  # as the package's __getattr__ does: the runtime's import makes no garbage
+        try:
+            import asyncio
 
-        from mpvisor._api.supervisor import Supervisor
-
+            from mpvisor._api.supervisor import Supervisor
+        finally:
+            if collecting:
+                gc.enable()
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
         try:
             return asyncio.run(supervisor.run(specs))

@@ -181,3 +181,26 @@ def test_the_blocking_handle_has_every_call_of_the_async_handle_typed():
         assert blocking is not None, f"BlockingHandle lacks {name}"
         assert list(inspect.signature(blocking).parameters) == list(inspect.signature(method).parameters), name
         assert blocking.__doc__, name
+
+
+def test_the_runtime_imports_without_collections_and_leaves_the_collector_as_it_was():
+    """The first public name that loads the parent's modules (and `mpvisor.run`'s own import of
+    the runtime) runs no collection while it imports; the collector is on again after it if it
+    was on, off if the program had turned it off."""
+    code = """
+import gc, sys
+import mpvisor
+modules_at_collections = []
+gc.callbacks.append(lambda phase, info: modules_at_collections.append(len(sys.modules)) if phase == "start" else None)
+gc.collect(); modules_at_collections.clear()
+before = len(sys.modules)
+from mpvisor import Supervisor, TaskSpec
+after = len(sys.modules)
+assert "asyncio" in sys.modules and "mpvisor._runtime.runtime" in sys.modules
+print(gc.isenabled(), after - before > 100, [n for n in modules_at_collections if n != after])
+gc.disable()
+from mpvisor import run, Event
+print(gc.isenabled())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split("\n")[:2] == ["True True []", "False"]
