@@ -3,7 +3,8 @@
 Every public name is re-exported here; the modules behind them are private. The names a target
 uses inside an attempt (`context`, `Fail`, `Fatal`, `Canceled`, ...) are imported eagerly; the
 parent-side runtime is imported on first use, so that the launcher (which imports mpvisor before
-forking every attempt) stays small and each fork stays cheap. Every public class and function
+forking every attempt) stays small and each fork stays cheap; that first use imports with the
+garbage collector paused (the collector is left as the program had it). Every public class and function
 reports `__module__ == "mpvisor"` (so `help()`, reprs and tracebacks say `mpvisor.ShuttingDown`),
 set here once its private module is loaded.
 """

@@ -6,7 +6,8 @@ program calls it once, and most of what it pays before its first attempt is two 
 after the other: importing the runtime here, and starting the launcher's interpreter. So this
 module, which imports nothing of the runtime, starts the launcher first
 (`_launchers/local/early.py`: from the main thread, when the supervisor will use the local
-launcher with no preload), then imports the runtime and runs; the supervisor's launcher client
+launcher with no preload), then imports the runtime (with the garbage collector paused, as the
+package's `__getattr__` does) and runs; the supervisor's launcher client
 takes that launcher over. A launcher nobody took (the run failed before it started one) is ended
 before `run` returns or raises.
 
