@@ -237,8 +237,11 @@ class Resources:
         for key, amount in resources.items():
             if not isinstance(key, str) or not key:
                 raise ConfigError(f"resources keys must be non-empty strings, got {key!r}")
-            if key in ("CPU", "GPU", "memory"):
+            if key in ("CPU", "memory"):
                 raise ConfigError(f"resources[{key!r}]: give it as num_cpus / memory, not as a custom resource")
+            if key == "GPU":
+                raise ConfigError("resources['GPU']: mpvisor has no field for GPUs yet, so a task cannot "
+                                  "ask for one (Ray takes GPUs as num_gpus, not as a custom resource)")
             value = _amount(f"resources[{key!r}]", amount)
             assert value is not None
             checked[key] = value

@@ -35,6 +35,7 @@ import msgpack
 
 VERSION = 1
 HEADER = struct.Struct(">I")
+MAX_FRAME = 2**32 - 1  # the most a frame's length (HEADER) can say: the bound on max_frame_bytes
 
 
 class ProtocolError(Exception):

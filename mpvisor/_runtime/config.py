@@ -10,7 +10,7 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `start_timeout` | 30.0 | also 0 |
 | `max_concurrent` | None (no bound) | 0 or negative |
 | `bus_capacity`, `registry_capacity` | 1024 | 0 or negative |
-| `max_frame_bytes` | 64 MiB | 0 or negative |
+| `max_frame_bytes` | 64 MiB | 0 or negative, above 2**32 - 1 (what a frame's 4-byte length can say) |
 | `preload` | () | not a list/tuple of dotted module names |
 | `start_method` | "launcher" | anything but "launcher" or "spawn" |
 | `capture_output` | False | not a bool |
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
 from mpvisor._model.records import record
+from mpvisor._model.wire import MAX_FRAME
 
 if TYPE_CHECKING:
     from mpvisor._launchers.seam import LauncherFactory
@@ -114,7 +115,7 @@ class SupervisorConfig:
             "registry_capacity",
             _validate.positive_int("registry_capacity", registry_capacity),
         )
-        _set(self, "max_frame_bytes", _validate.positive_int("max_frame_bytes", max_frame_bytes))
+        _set(self, "max_frame_bytes", _validate.positive_int("max_frame_bytes", max_frame_bytes, most=MAX_FRAME))
         _set(self, "timeout_kill_after", _seconds("timeout_kill_after", timeout_kill_after))
         _set(self, "start_timeout", _seconds("start_timeout", start_timeout, allow_zero=False))
         _set(self, "preload", _checked_preload(preload))

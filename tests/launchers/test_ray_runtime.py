@@ -312,6 +312,7 @@ def test_bad_ray_launcher_settings_name_the_field(kwargs: dict[str, Any], named:
         ({"resources": {"": 1}}, "resources"),
         ({"resources": {"gpu_slots": -2}}, "gpu_slots"),
         ({"resources": {"CPU": 1}}, "num_cpus"),
+        ({"resources": {"GPU": 1}}, "no field for GPUs"),
         ({"resources": [("a", 1)]}, "resources"),
     ],
 )

@@ -142,6 +142,7 @@ def _builders() -> list[tuple[str, Any, str, str]]:
         ("bus-zero", lambda: SupervisorConfig(bus_capacity=0), "bus_capacity", "0"),
         ("registry-zero", lambda: SupervisorConfig(registry_capacity=0), "registry_capacity", "0"),
         ("frame-zero", lambda: SupervisorConfig(max_frame_bytes=0), "max_frame_bytes", "0"),
+        ("frame-beyond-header", lambda: SupervisorConfig(max_frame_bytes=2**64), "max_frame_bytes", str(2**64)),
         ("concurrent-zero", lambda: SupervisorConfig(max_concurrent=0), "max_concurrent", "0"),
         ("preload-str", lambda: SupervisorConfig(preload="numpy"), "preload", "'numpy'"),  # type: ignore[arg-type]
         ("preload-bad", lambda: SupervisorConfig(preload=["a-b"]), "preload", "'a-b'"),
