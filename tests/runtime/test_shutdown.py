@@ -667,6 +667,40 @@ def test_run_restores_the_signal_handlers(tmp_path) -> None:
         signal.signal(signal.SIGTERM, previous[1])
 
 
+def test_run_gives_the_loop_its_own_signal_handlers_back() -> None:
+    """Handlers the application gave the loop (`loop.add_signal_handler`) for SIGTERM, SIGINT and
+    SIGHUP before `await Supervisor().run(...)` are the loop's again after it: each signal then
+    calls the application's callback (`run` used to leave asyncio's no-op handler, so each did
+    nothing, and the application could no longer be stopped)."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+
+    async def app() -> list[str]:
+        loop = asyncio.get_running_loop()
+        heard: list[str] = []
+        all_heard = asyncio.Event()
+
+        def on_signal(name: str) -> None:
+            heard.append(name)
+            if len(heard) == len(signals):
+                all_heard.set()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, on_signal, signum.name)
+        outcomes = await Supervisor(CONFIG).run([once("q", basic.quick)])
+        assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        for signum in signals:
+            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
+        await asyncio.wait_for(all_heard.wait(), 5)
+        return heard
+
+    try:
+        assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 async def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:
     """`run([once quick])` once shutdown has begun raises ShuttingDown; it never runs."""
     gate = Gate(tmp_path)
