@@ -50,6 +50,7 @@ from tests._support import (
     read_records,
     supervised,
     wait_for,
+    words,
 )
 from workers import basic, coop, misbehave
 
@@ -397,6 +398,32 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
     said = (tmp_path / "grace_exceeded.txt").read_text()
     assert said == "1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 30.0 s: stubborn"
     wait_for(lambda: all_gone(tree), timeout=5)
+
+
+@pytest.mark.parametrize("sigints", [1, 2])
+def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, sigints: int) -> None:
+    """A SIGTERM-deaf attempt whose timeout's stop has begun (`timeout_kill_after` 30) is killed
+    when the shutdown's grace (0.5 s) runs out, not 30 s later: SIGINT ends the `mpvisor.run`
+    script within seconds, the task FORCE_ABORTED and its `KeyboardInterrupt`'s context a
+    `GraceExceeded` naming it; a second SIGINT kills it at once and says so (the timed-out attempt
+    used to keep its own 30 s wait, and ended CANCELED, with no `GraceExceeded`)."""
+    process = start_script("timed_out", tmp_path)
+    try:
+        wait_for(lambda: words(tmp_path / "marker", "cancel-seen"), timeout=20)  # the timeout's SIGTERM came
+        process.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        if sigints == 2:
+            wait_for(lambda: any(line["kind"] == "shutdown_requested" for line in log_of(tmp_path)))
+            process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == -signal.SIGINT
+        assert time.monotonic() - began < 10  # the grace, not timeout_kill_after
+    finally:
+        stop_script(process)
+    finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
+    assert [(line["task"], line["outcome_kind"]) for line in finished] == [("deaf", "outcome_force_aborted")]
+    said = (tmp_path / "grace_exceeded.txt").read_text()
+    assert said == ("1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 0.5 s: deaf"
+                    if sigints == 2 else "1 task(s) did not stop within the grace window of 0.5 s and were killed: deaf")
 
 
 # --- subscribers at shutdown -----------------------------------------------------------------------
