@@ -300,6 +300,11 @@ class Runtime:
     def shutdown_started(self) -> bool:
         return self._shutdown is not None
 
+    @property
+    def shut_down(self) -> bool:
+        """The shutdown is over (its result, or its error, is known)."""
+        return self._shutdown is not None and self._shutdown.done()
+
     def kill_all_now(self, why: str) -> None:
         """End every grace window at once (a second SIGINT in `run` mode): every task is
         stopped by the shutdown, those of stop levels not reached yet too, and its tree killed,
