@@ -115,9 +115,9 @@ def _holds_no_work(runtime: Runtime) -> bool:
 
 class _SignalHandlers:
     """SIGINT, SIGTERM and SIGHUP (a hangup: the terminal closed, an SSH session lost) start a
-    graceful shutdown (main thread only; previous handlers restored; a SIGINT or SIGHUP that was
-    ignored when `run` began, as in a shell's background job or under `nohup`, stays ignored; a
-    task file's run takes SIGHUP over as a reload).
+    graceful shutdown (main thread only; previous handlers restored, the loop's own included; a
+    SIGINT or SIGHUP that was ignored when `run` began, as in a shell's background job or under
+    `nohup`, stays ignored; a task file's run takes SIGHUP over as a reload).
 
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
     returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
@@ -126,7 +126,8 @@ class _SignalHandlers:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.previous: dict[int, Any] = {}
+        self.previous: dict[int, Any] = {}  # the signal module's handler of each signal taken over
+        self.loop_handlers: dict[int, asyncio.Handle] = {}  # the loop's own handler of each, if it had one
 
     def __enter__(self) -> _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
@@ -137,6 +138,9 @@ class _SignalHandlers:
             if signum != signal.SIGTERM and previous == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
             self.previous[signum] = previous
+            handler = _loop_signal_handlers(loop).get(signum)
+            if handler is not None:
+                self.loop_handlers[signum] = handler
             loop.add_signal_handler(signum, self._on_signal, signum)
         return self
 
@@ -154,10 +158,26 @@ class _SignalHandlers:
             pass  # `run` reports it: it awaits the same shutdown
 
     def __exit__(self, *exc: object) -> None:
+        """Give each signal back as it was: a handler the application gave the loop itself
+        (`loop.add_signal_handler`, whose signal-module handler is only asyncio's wake-up) goes
+        back to the loop, the very handle it registered; any other, to the signal module."""
         loop = self.runtime.loop
         for signum, previous in self.previous.items():
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, previous)
+            handler = self.loop_handlers.get(signum)
+            callback = getattr(handler, "_callback", None)
+            if handler is None or handler.cancelled() or callback is None:
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, previous)
+                continue
+            loop.add_signal_handler(signum, callback, *getattr(handler, "_args", ()))  # replaces ours
+            _loop_signal_handlers(loop)[signum] = handler  # its own handle: its context, as registered
+
+
+def _loop_signal_handlers(loop: asyncio.AbstractEventLoop) -> dict[int, asyncio.Handle]:
+    """The loop's own signal handlers by signal (asyncio's Unix loop keeps them in
+    `_signal_handlers`, and has no public way to read them); empty for a loop without that."""
+    found = getattr(loop, "_signal_handlers", None)
+    return found if isinstance(found, dict) else {}
 
 
 def refuse_unguarded_main() -> None:

@@ -7,9 +7,13 @@ caller starts shutdown), shuts down, and returns one outcome per spec.
 
 | call | where | result |
 |---|---|---|
-| `serve()` | inside a running loop | the handle (the same runtime every time, also after shutdown) |
-| `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins |
-| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time |
+| `serve()` | inside a running loop | the handle (the same runtime every time); `RuntimeError` inside its `async with` block, or once it has shut down |
+| `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins; `RuntimeError` inside its block, or once it shut down |
+| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block, or once it has shut down |
+
+A supervisor serves once: its `async with` block's end, or a `run`'s, shuts it down for good,
+so none of these may start inside the block (its end or theirs would shut the other's work
+down) or after the shutdown (the handle could do nothing).
 | `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 """
 
@@ -85,8 +89,20 @@ class Supervisor:
     def serve(self) -> SupervisorHandle:
         """Start the runtime (once) on the running loop and return a handle on it (another call
         gives another handle on the same runtime). Shut it down with `await handle.shutdown()`
-        (`async with` does it at the block's end): until then its attempts go on running."""
+        (`async with` does it at the block's end): until then its attempts go on running.
+        `RuntimeError` inside its `async with` block (use the handle it gave) or once it has
+        shut down."""
+        self._refuse_reuse("serve()")
         return SupervisorHandle(self._served())
+
+    def _refuse_reuse(self, call: str) -> None:
+        """A supervisor serves once (module docstring): `RuntimeError` naming `call` if its
+        `async with` block is open, or its shutdown is over."""
+        if self._open:
+            raise RuntimeError(f"{call}: this supervisor is already open in an `async with`: use the handle "
+                               "it gave, or make another Supervisor")
+        if self._runtime is not None and self._runtime.shut_down:
+            raise RuntimeError(f"{call}: this supervisor has shut down: a Supervisor is served once; make a new one")
 
     def _served(self) -> Runtime:
         if self._runtime is None:
@@ -117,12 +133,10 @@ class Supervisor:
         """Serve it for the `async with` block, which shuts it down at its end. Entering one that
         is already open, or that has shut down, raises `RuntimeError` (the inner block's end
         would shut the outer's down; a shut-down supervisor can do nothing)."""
-        if self._open:
-            raise RuntimeError("this supervisor is already open in an `async with`: use the handle it gave "
-                               "(serve() returns another), or make another Supervisor")
-        if self._runtime is not None and self._runtime.shutting_down:
-            raise RuntimeError("this supervisor has shut down: a Supervisor is served once; make a new one")
-        handle = self.serve()
+        self._refuse_reuse("async with")
+        if self._runtime is not None and self._runtime.shutting_down:  # nor while its shutdown is under way
+            raise RuntimeError("async with: this supervisor has shut down: a Supervisor is served once; make a new one")
+        handle = SupervisorHandle(self._served())
         self._open = True
         return handle
 
@@ -141,10 +155,13 @@ class Supervisor:
     # --- running a batch ------------------------------------------------------------------------
 
     async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
-        """Register `specs` at once, wait until no work is left, shut down; outcomes by name."""
+        """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
+        `RuntimeError` inside its `async with` block, or once it has shut down (a `run` during
+        a shutdown under way joins it: `ShuttingDown` for a batch that is not empty)."""
         specs = list(specs)
-        if self._ran:
+        if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")
+        self._refuse_reuse("run()")
         runtime = self._served()
         self._ran = True
         waiters: list[TaskWaiter] = []

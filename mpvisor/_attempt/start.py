@@ -67,11 +67,13 @@ def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
 def _resolve_main(target: str) -> tuple[str, str | None]:
     """Map a target defined in the running script (`__main__`) to what the child can import."""
     module, _, qualname = target.partition(":")
+    if module == "__mp_main__" and sys.modules.get(module) is sys.modules.get("__main__"):
+        module, target = "__main__", f"__main__:{qualname}"  # an attempt's name for the script it imported
     if module != "__main__":
         return target, None
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+    if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):
         return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
     path = getattr(main, "__file__", None)
     return target, path if isinstance(path, str) and os.path.isfile(path) else None  # `python -` has "<stdin>"

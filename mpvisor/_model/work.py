@@ -17,7 +17,9 @@ and calls a target, or execs a program, belongs to the child and the launcher.
 | callable whose `module:qualname` leads elsewhere | — | module imported and lookup differs (`ValueError`) |
 
 A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
-to the script it re-imports, as `multiprocessing`'s spawn does. Arguments must be msgpack values
+to the script it re-imports, as `multiprocessing`'s spawn does. Inside an attempt that script is
+the module `__mp_main__`, aliased as `__main__`: a callable of it is recorded as `__main__:qualname`
+too, so an attempt's own supervisor (nested use) runs it from the same script. Arguments must be msgpack values
 (`_model/payloads.py`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
 `[args, kwargs]`), so that every attempt sends those bytes as they are and the size of its start
 message is known before the task is added.
@@ -155,6 +157,8 @@ def _callable_path(target: Callable[..., Any]) -> str:
             f"target must be defined at module level (not a lambda or nested function), "
             f"got {target!r}"
         )
+    if module == "__mp_main__" and sys.modules.get("__mp_main__") is sys.modules.get("__main__"):
+        module = "__main__"  # the script as an attempt (or multiprocessing's spawn) imported it
     path = f"{module}:{qualname}"
     _check_reachable(target, module, qualname, path)
     return path

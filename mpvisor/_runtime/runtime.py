@@ -10,7 +10,8 @@ Shutdown, one operation whatever started it, its result cached for every caller:
 1. close intake: new calls raise `ShuttingDown` / `ControllerClosed`; queued commands are answered;
 2. publish `SHUTDOWN_REQUESTED`; the controller rejects what it has not handed over; every task is
    claimed for removal (cooperative stop; tasks between attempts end at once);
-3. each claimed attempt is killed by its own grace timer; shutdown waits for every task to be
+3. each claimed attempt is killed by its own grace timer (one already stopping for a timeout
+   too: its kill is brought forward to the grace); shutdown waits for every task to be
    cleaned up (with a `stop_order`, group by group: a service run stops dependents first, each
    group with a grace window of its own; the hooks hear `stopping` for each task as its group's
    stop begins), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
@@ -298,6 +299,11 @@ class Runtime:
     @property
     def shutdown_started(self) -> bool:
         return self._shutdown is not None
+
+    @property
+    def shut_down(self) -> bool:
+        """The shutdown is over (its result, or its error, is known)."""
+        return self._shutdown is not None and self._shutdown.done()
 
     def kill_all_now(self, why: str) -> None:
         """End every grace window at once (a second SIGINT in `run` mode): every task is

@@ -139,7 +139,9 @@ class TaskActor:
         self._progress_held: Progress | None = None  # its latest report not yet published
         self._progress_timer: asyncio.TimerHandle | None = None  # publishes the held report
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
-        self.killed_at_once: str | None = None  # why `kill_now` cut the grace window short
+        # why `kill_now` cut the grace window short, or why a claim's grace ran out on an attempt
+        # that stopped for a timeout: its outcome is FORCE_ABORTED, whatever the attempt's ending
+        self.killed_at_once: str | None = None
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
         self._rng = self._make_rng()
@@ -290,6 +292,8 @@ class TaskActor:
                 self.on_progress(progress)
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
+        if attempt.killed_in_grace:  # a stop's grace ran out while it stopped for a timeout (or a check)
+            self.killed_at_once = self.killed_at_once or f"did not stop within the grace window of {self.host.grace} s; its process tree was killed"
         self._publish_held_progress()  # the latest report comes before the attempt's end
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
@@ -331,7 +335,7 @@ class TaskActor:
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
-        if end.killed is not None and end.kind is AttemptResult.CANCELED:
+        if end.killed is not None and (end.kind is AttemptResult.CANCELED or self.killed_at_once is not None):
             grace = self.host.grace
             reason = self.killed_at_once or f"did not stop within the grace window of {grace} s; its process tree was killed"
             return self._outcome(OutcomeKind.FORCE_ABORTED, reason)

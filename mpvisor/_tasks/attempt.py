@@ -135,6 +135,9 @@ class AttemptProcess:
         self._started: asyncio.Future[int] = self.loop.create_future()
         self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        # its tree was killed by the grace window of a later stop (one that came while it already
+        # stopped for a timeout or a failed check), not by its first stop's own wait
+        self.killed_in_grace = False
         exec_python = request.exec_python
         self._fence = request.fence
         self.key = client.spawn(self, encode_start(start), exec_python=exec_python,
@@ -166,8 +169,15 @@ class AttemptProcess:
         return await asyncio.shield(self._done)
 
     def stop(self, reason: StopReason, grace: float) -> None:
-        """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later."""
-        if self.facts.stop is not None or isinstance(self.phase, Done):
+        """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later.
+        A removal's stop while it already stops (for a timeout or a failed check) keeps the
+        first stop's reason, but not a longer wait: its tree is killed `grace` s later at the
+        latest (`killed_in_grace` then says so)."""
+        if isinstance(self.phase, Done):
+            return
+        if self.facts.stop is not None:
+            if reason is StopReason.CANCEL:
+                self._kill_within(grace)
             return
         self.facts.stop = reason
         if reason is StopReason.TIMEOUT:
@@ -178,6 +188,16 @@ class AttemptProcess:
             why = f"it did not stop within the grace window of {grace} s"
         self._request_sigterm()
         self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
+
+    def _kill_within(self, grace: float) -> None:
+        timer = self._timers.get("grace")
+        if timer is not None and timer.when() > self.loop.time() + grace:
+            timer.cancel()
+            self._timers["grace"] = self.loop.call_later(grace, self._grace_ran_out, grace)
+
+    def _grace_ran_out(self, grace: float) -> None:
+        self.killed_in_grace = True
+        self.kill(f"it did not stop within the grace window of {grace} s")
 
     def fail(self, why: str, grace: float) -> None:
         """End the attempt as a retryable failure whose reason is `why` (a readiness or health

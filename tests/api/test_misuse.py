@@ -77,3 +77,29 @@ async def test_a_supervisor_cannot_be_entered_again_while_open_or_after_it_shut_
     with pytest.raises(RuntimeError, match="has shut down: a Supervisor is served once"):
         async with supervisor:
             pass
+
+
+async def test_run_and_serve_refuse_a_supervisor_open_in_async_with_or_shut_down() -> None:
+    """`run()` and `serve()` inside the supervisor's open `async with` block raise `RuntimeError`
+    at once, and the block's task goes on to complete (`run` used to wait for the block's tasks,
+    or, with a finite batch, shut the block's runtime down); after the block, and after a `run`,
+    `serve()` raises it too (it used to give a handle that could do nothing)."""
+    supervisor = Supervisor(SupervisorConfig(grace=1.0))
+    async with supervisor as handle:
+        _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("slow", "workers.basic:sleeper", (0.3,))))
+        with pytest.raises(RuntimeError, match=r"^run\(\): this supervisor is already open in an `async with`"):
+            await asyncio.wait_for(supervisor.run([TaskSpec.once(TaskFn("q", "workers.basic:quick"))]), 10)
+        with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor is already open in an `async with`"):
+            supervisor.serve()
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        _, later = await handle.add_and_watch(TaskSpec.once(TaskFn("later", "workers.basic:quick")))
+        assert (await later.wait()).kind is OutcomeKind.COMPLETED  # the block's runtime still serves
+    with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor has shut down: a Supervisor is served once"):
+        supervisor.serve()
+    with pytest.raises(RuntimeError, match=r"^run\(\): this supervisor has shut down: a Supervisor is served once"):
+        await asyncio.wait_for(supervisor.run([]), 10)
+    ran = Supervisor(SupervisorConfig(grace=1.0))
+    assert (await ran.run([TaskSpec.once(TaskFn("q", "workers.basic:quick", ("v",)))]))["q"].value == "v"
+    with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor has shut down"):
+        ran.serve()
+    assert child_pids_of_self() == []

@@ -317,6 +317,22 @@ def test_a_target_in_the_main_script(script, kind, says, tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_target_in_the_main_script_can_run_another_target_of_it_under_mpvisor(start_method, tmp_path):
+    """Nested use: a main-script target that calls `mpvisor.run` on another target of the script
+    runs it. Inside the attempt the script is `__mp_main__`, and `TaskFn` records its function as
+    `__main__:inner`, which the nested attempt imports from the script (it used to record
+    `__mp_main__:inner`, and the nested attempt ended FATAL: no module named '__mp_main__')."""
+    out = tmp_path / "outcome.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "nested_main.py"), start_method, str(out)],
+                          env=env, cwd=tmp_path, timeout=30, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(out.read_text())
+    assert (outcome["kind"], outcome["value"]) == ("COMPLETED", ["COMPLETED", 40, None, "__main__:inner"]), outcome
+
+
+@pytest.mark.timeout(60)
 def test_a_target_in_a_main_script_without_the_py_suffix_runs(tmp_path):
     """A main script named without `.py` (`./tool`) is imported as multiprocessing's spawn would."""
     script, out = tmp_path / "noext", tmp_path / "outcome.json"

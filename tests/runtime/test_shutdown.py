@@ -50,6 +50,7 @@ from tests._support import (
     read_records,
     supervised,
     wait_for,
+    words,
 )
 from workers import basic, coop, misbehave
 
@@ -399,6 +400,32 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
     wait_for(lambda: all_gone(tree), timeout=5)
 
 
+@pytest.mark.parametrize("sigints", [1, 2])
+def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, sigints: int) -> None:
+    """A SIGTERM-deaf attempt whose timeout's stop has begun (`timeout_kill_after` 30) is killed
+    when the shutdown's grace (0.5 s) runs out, not 30 s later: SIGINT ends the `mpvisor.run`
+    script within seconds, the task FORCE_ABORTED and its `KeyboardInterrupt`'s context a
+    `GraceExceeded` naming it; a second SIGINT kills it at once and says so (the timed-out attempt
+    used to keep its own 30 s wait, and ended CANCELED, with no `GraceExceeded`)."""
+    process = start_script("timed_out", tmp_path)
+    try:
+        wait_for(lambda: words(tmp_path / "marker", "cancel-seen"), timeout=20)  # the timeout's SIGTERM came
+        process.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        if sigints == 2:
+            wait_for(lambda: any(line["kind"] == "shutdown_requested" for line in log_of(tmp_path)))
+            process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == -signal.SIGINT
+        assert time.monotonic() - began < 10  # the grace, not timeout_kill_after
+    finally:
+        stop_script(process)
+    finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
+    assert [(line["task"], line["outcome_kind"]) for line in finished] == [("deaf", "outcome_force_aborted")]
+    said = (tmp_path / "grace_exceeded.txt").read_text()
+    assert said == ("1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 0.5 s: deaf"
+                    if sigints == 2 else "1 task(s) did not stop within the grace window of 0.5 s and were killed: deaf")
+
+
 # --- subscribers at shutdown -----------------------------------------------------------------------
 
 
@@ -665,6 +692,40 @@ def test_run_restores_the_signal_handlers(tmp_path) -> None:
     finally:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
+
+
+def test_run_gives_the_loop_its_own_signal_handlers_back() -> None:
+    """Handlers the application gave the loop (`loop.add_signal_handler`) for SIGTERM, SIGINT and
+    SIGHUP before `await Supervisor().run(...)` are the loop's again after it: each signal then
+    calls the application's callback (`run` used to leave asyncio's no-op handler, so each did
+    nothing, and the application could no longer be stopped)."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+
+    async def app() -> list[str]:
+        loop = asyncio.get_running_loop()
+        heard: list[str] = []
+        all_heard = asyncio.Event()
+
+        def on_signal(name: str) -> None:
+            heard.append(name)
+            if len(heard) == len(signals):
+                all_heard.set()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, on_signal, signum.name)
+        outcomes = await Supervisor(CONFIG).run([once("q", basic.quick)])
+        assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        for signum in signals:
+            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
+        await asyncio.wait_for(all_heard.wait(), 5)
+        return heard
+
+    try:
+        assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 async def test_a_non_empty_run_after_shutdown_began_is_refused(tmp_path) -> None:

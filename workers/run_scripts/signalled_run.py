@@ -8,6 +8,7 @@ workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines l
 |---|---|---|
 | `cooperative` | restartable `coop.cooperative` "plain" and `runtime_probes.cooperative_with_child` "parent" | 1 |
 | `stubborn` | once `misbehave.stubborn_tree` "stubborn" | 30 |
+| `timed_out` | once `coop.gated` "deaf" (never released), timeout 0.2 s, `timeout_kill_after` 30 | 0.5 |
 
 It dies by the signal that shut the run down, as `mpvisor.run` ends an interrupted run (SIGINT's
 `KeyboardInterrupt` left uncaught); when a tree had to be killed, the `GraceExceeded` it carries
@@ -23,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def _specs(scenario: str, work_dir: str) -> tuple[list[object], float]:
+def _specs(scenario: str, work_dir: str) -> tuple[list[object], dict[str, float]]:
     from mpvisor import TaskFn, TaskSpec
     from workers import coop, misbehave, runtime_probes
 
@@ -35,18 +36,22 @@ def _specs(scenario: str, work_dir: str) -> tuple[list[object], float]:
             TaskSpec.restartable(
                 TaskFn("parent", runtime_probes.cooperative_with_child, (records,), {"marker": marker})
             ),
-        ], 1.0
+        ], {"grace": 1.0}
     if scenario == "stubborn":
-        return [TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (records,), {"marker": marker}))], 30.0
+        return [TaskSpec.once(TaskFn("stubborn", misbehave.stubborn_tree, (records,), {"marker": marker}))], {"grace": 30.0}
+    if scenario == "timed_out":
+        never = os.path.join(work_dir, "never-released")
+        return [TaskSpec.once(TaskFn("deaf", coop.gated, (never,), {"marker": marker})).with_timeout(0.2)], {
+            "grace": 0.5, "timeout_kill_after": 30.0}
     raise SystemExit(f"unknown scenario {scenario!r}")
 
 
 def main(scenario: str, log_path: str, work_dir: str) -> int:
     import mpvisor
 
-    specs, grace = _specs(scenario, work_dir)
+    specs, settings = _specs(scenario, work_dir)
     try:
-        mpvisor.run(specs, mpvisor.SupervisorConfig(grace=grace),  # type: ignore[arg-type]
+        mpvisor.run(specs, mpvisor.SupervisorConfig(**settings),  # type: ignore[arg-type]
                     subscribers=[mpvisor.JsonLinesWriter(log_path)])
     except KeyboardInterrupt as exc:
         if isinstance(exc.__context__, mpvisor.GraceExceeded):
