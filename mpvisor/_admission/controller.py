@@ -62,6 +62,7 @@ from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import with_env
 from mpvisor._tasks.intake import Intake
+from mpvisor._tasks.oneshot import OneShot
 from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskWaiter
 
 if TYPE_CHECKING:
@@ -84,14 +85,14 @@ class _Pending:
     slot: str
     admission: AdmissionPolicy
     task_spec: TaskSpec  # resolved against the task defaults when it is handed to the registry
-    outcome: asyncio.Future[TaskOutcome] | None  # None: nobody watches it (yet)
+    outcome: OneShot[TaskOutcome] | None  # None: nobody watches it (yet)
     claimed: bool = False  # removed while its registration was pending
     replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
 
-    def watched(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[TaskOutcome]:
+    def watched(self, loop: asyncio.AbstractEventLoop) -> OneShot[TaskOutcome]:
         if self.outcome is None:
-            self.outcome = loop.create_future()
+            self.outcome = OneShot(loop)
         return self.outcome
 
     def resolve(self, outcome: TaskOutcome) -> None:
@@ -199,7 +200,7 @@ class Controller:
         self._check_open()
         if not self.host.is_ready():
             await self.host.ready()  # like every management call (ConfigError for a bad preload)
-        item = self._pending(id, spec, self.host.loop.create_future() if watch else None)
+        item = self._pending(id, spec, OneShot(self.host.loop) if watch else None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
         return TaskWaiter(id, item.outcome) if item.outcome is not None else None
@@ -208,7 +209,7 @@ class Controller:
         if self.closed:
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
 
-    def _pending(self, id: int, spec: ControllerSpec, outcome: asyncio.Future[TaskOutcome] | None) -> _Pending:
+    def _pending(self, id: int, spec: ControllerSpec, outcome: OneShot[TaskOutcome] | None) -> _Pending:
         self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
         task_spec = spec.task_spec
         return _Pending(id, task_spec.name, spec.slot_name, spec.admission, task_spec, outcome)
@@ -421,10 +422,10 @@ class Controller:
         self._reject(item, rejection, publish=publish, reason=reason)
         self._apply(self.table.registry_rejected(item.slot, item.id, now))
 
-    def owner_cleaned_up(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+    def owner_cleaned_up(self, actor: TaskActor, outcome: TaskOutcome, future: OneShot[TaskOutcome]) -> None:
         self._post(lambda: self._cleaned(actor, outcome, future))
 
-    def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: asyncio.Future[TaskOutcome]) -> None:
+    def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: OneShot[TaskOutcome]) -> None:
         item = self.owners.pop(actor.id, None)
         if item is not None:
             self._release(item.id)  # shared slots: its tree is reaped, the next owner may start

@@ -44,6 +44,7 @@ from mpvisor._model.wire import (
     parse,
 )
 from mpvisor._tasks.ending import AttemptEnd, Facts, StopReason, decide
+from mpvisor._tasks.oneshot import OneShot
 
 
 @record(frozen=True, slots=True)
@@ -132,8 +133,9 @@ class AttemptProcess:
         self._kill_after = request.timeout_kill_after
         self._decoder = FrameDecoder(start.max_frame)
         self._hello: Hello | None = None
-        self._started: asyncio.Future[int] = self.loop.create_future()
-        self._done: asyncio.Future[AttemptEnd] = self.loop.create_future()
+        # awaited by the actor (canceling the await leaves them alone, as a shield would)
+        self._started: OneShot[int] = OneShot(self.loop)
+        self._done: OneShot[AttemptEnd] = OneShot(self.loop)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # its tree was killed by the grace window of a later stop (one that came while it already
         # stopped for a timeout or a failed check), not by its first stop's own wait
@@ -162,11 +164,11 @@ class AttemptProcess:
 
     async def started(self) -> int:
         """The attempt's pid once it leads its own session; `None`-less: raises nothing, see `end`."""
-        return await asyncio.shield(self._started)
+        return await self._started.wait()
 
     async def end(self) -> AttemptEnd:
         """The attempt's ending, once its tree is gone and its channel drained."""
-        return await asyncio.shield(self._done)
+        return await self._done.wait()
 
     def stop(self, reason: StopReason, grace: float) -> None:
         """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later.
@@ -350,8 +352,7 @@ class AttemptProcess:
             timer.cancel()
         self._timers.clear()
         if not self._started.done():
-            self._started.set_exception(_NotStarted())
-            self._started.exception()  # mark retrieved: `end()` reports the reason
+            self._started.set_exception(_NotStarted())  # `end()` reports the reason
         self._done.set_result(decide(self.facts))
 
     def _cancel_timer(self, name: str) -> None:

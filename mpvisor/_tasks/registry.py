@@ -32,6 +32,7 @@ from mpvisor._model.records import record
 from mpvisor._model.spec import ResolvedSpec
 from mpvisor._tasks.actor import ActorHost, Claim, TaskActor
 from mpvisor._tasks.intake import Intake
+from mpvisor._tasks.oneshot import OneShot
 
 
 @record(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class TaskInfo:
 class TaskWaiter:
     """Resolves to a task's one `TaskOutcome`; any number of tasks may await it, any number of times."""
 
-    def __init__(self, id: int, future: asyncio.Future[TaskOutcome]) -> None:
+    def __init__(self, id: int, future: OneShot[TaskOutcome]) -> None:
         self.id = id
         self._future = future
 
@@ -62,7 +63,7 @@ class TaskWaiter:
         if not self._future.done() and asyncio.get_running_loop() is not self._future.get_loop():
             raise RuntimeError("this waiter belongs to the event loop its supervisor runs on: await it there "
                                "(or use serve_blocking(), whose waiters block in any thread)")
-        return await asyncio.shield(self._future)
+        return await self._future.wait()
 
     def done(self) -> bool:
         """True once the outcome is known (`wait()` then returns at once)."""
@@ -75,7 +76,7 @@ class TaskWaiter:
         if self._future.done():
             callback(self._future.result())
         else:
-            self._future.add_done_callback(lambda future: callback(future.result()))
+            self._future.add_done_callback(lambda outcome: callback(outcome.result()))
 
 
 @record
@@ -138,12 +139,12 @@ class Registry:
         self.queue: Intake[Command] = Intake(capacity, self._wake.set)
         self.by_id: dict[int, TaskActor] = {}
         self.by_name: dict[str, TaskActor] = {}
-        self.outcomes: dict[int, asyncio.Future[TaskOutcome]] = {}
+        self.outcomes: dict[int, OneShot[TaskOutcome]] = {}
         self.cleaned: dict[int, asyncio.Future[None]] = {}
         self.closed = False  # no new command is taken
         self.empty = asyncio.Event()
         self.empty.set()
-        self.on_cleanup: Callable[[TaskActor, TaskOutcome, asyncio.Future[TaskOutcome]], None] | None = None
+        self.on_cleanup: Callable[[TaskActor, TaskOutcome, OneShot[TaskOutcome]], None] | None = None
         self._loop_task = asyncio.get_running_loop().create_task(self._serve(), name="mpvisor-registry")
 
     def __repr__(self) -> str:
@@ -232,7 +233,7 @@ class Registry:
         for actor in actors:
             self.by_id[actor.id] = actor
             self.by_name[actor.name] = actor
-            future = asyncio.get_running_loop().create_future()
+            future: OneShot[TaskOutcome] = OneShot(asyncio.get_running_loop())
             self.outcomes[actor.id] = future
             self.cleaned[actor.id] = asyncio.get_running_loop().create_future()
             waiters.append(TaskWaiter(actor.id, future))

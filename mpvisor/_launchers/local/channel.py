@@ -7,8 +7,9 @@ frame linearly (memoryviews over its two pieces, advanced by what each `send` to
 byte read to its `AttemptSink` as it arrives and every captured line as it completes, and reports
 the attempt's end only once the channel is drained: after the fork server's `exited` (its tree
 is reaped) or after the launcher died and the pidfd said the process is gone, the channel and
-pipes are read to EOF, for at most `EOF_WAIT` s, then closed; then `on_eof`, then `on_exited` /
-`on_launcher_died`. The parent holds 2 fds per live attempt (the socket and the pidfd), 4 with
+pipes are read to EOF, then closed; then `on_eof`, then `on_exited` / `on_launcher_died`. What
+is left in them is read at once (nothing of the tree writes any more); only an end something
+else still holds is waited for, `EOF_WAIT` s at most. The parent holds 2 fds per live attempt (the socket and the pidfd), 4 with
 `capture_output`, and no thread: everything is readiness callbacks on the loop.
 
 | the fork server says | the channel |
@@ -125,24 +126,35 @@ class Channel:
             self._writing = False
 
     def _on_readable(self) -> None:
+        if self._read_sock() == b"":
+            self._maybe_done()
+
+    def _read_sock(self) -> bytes | None:
+        """One read of the socket, handed to the sink: what it read (b"": EOF, and the socket is
+        closed; None: nothing to read now)."""
         assert self._sock is not None
         try:
             data = self._sock.recv(1 << 18)
         except BlockingIOError:
-            return
+            return None
         except OSError:
             data = b""
-        if not data:
+        if data:
+            self.sink.on_data(data)
+        else:
             self._close_sock()
-            self._maybe_done()
-            return
-        self.sink.on_data(data)
+        return data
 
     def _on_stream(self, fd: int) -> None:
+        if self._read_stream(fd) == b"":
+            self._maybe_done()
+
+    def _read_stream(self, fd: int) -> bytes | None:
+        """`_read_sock` for the captured stream `fd` (closed at its EOF)."""
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return None
         splitter = self._streams[fd]
         for line in splitter.feed(data) if data else splitter.finish():
             self.sink.on_output(splitter.stream, line)
@@ -150,7 +162,7 @@ class Channel:
             self.loop.remove_reader(fd)
             os.close(fd)
             del self._streams[fd]
-            self._maybe_done()
+        return data
 
     def _on_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -160,6 +172,18 @@ class Channel:
     # --- the end -------------------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        """The tree is gone, so nothing of it writes any more: read what is left at once, without
+        waiting for the loop to say it is readable, and report if that reached every EOF; else
+        something outside the tree still holds an end: wait for it, `EOF_WAIT` s at most."""
+        while self._sock is not None and self._read_sock():  # until EOF, or nothing to read now
+            pass
+        for fd in list(self._streams):
+            while self._read_stream(fd):
+                pass
+        if self._sock is None and not self._streams:
+            self._close_all()
+            self._report()
+            return
         self._eof_timer = self.loop.call_later(EOF_WAIT, self._give_up_on_eof)
         self._maybe_done()
 
@@ -189,8 +213,9 @@ class Channel:
         if self._sock is None:
             return
         self.loop.remove_reader(self._sock.fileno())
-        self.loop.remove_writer(self._sock.fileno())
-        self._writing = False
+        if self._writing:
+            self.loop.remove_writer(self._sock.fileno())
+            self._writing = False
         self._outgoing.clear()
         self._sock.close()
         self._sock = None
