@@ -44,31 +44,13 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
 
 def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> None:
     """Refuse, when a task is added, one whose start message would exceed `max_frame_bytes`
-    (its arguments, nearly always): `ValueError` naming the task, the size and the limit. A task
-    whose size bound (`size_bound`) fits is not encoded to be measured."""
-    bound = size_bound(task, name)
-    if bound is not None and bound <= max_frame:
-        return
+    (its arguments, nearly always): `ValueError` naming the task, the size and the limit."""
     size = start_size(start_message(task, name, 0, 1, max_frame, None, None, None))
     if size > max_frame:
         raise ValueError(
             f"task {name!r}: its start message (target and arguments) is {size} bytes, over "
             f"max_frame_bytes={max_frame}; pass large data by path or raise max_frame_bytes"
         )
-
-
-# All of a start message but its name, target, working directory and call, at most: field names,
-# numbers, headers (about 130 bytes)
-FIXED_PART = 256
-
-
-def size_bound(task: TaskFn | CommandTask, name: str) -> int | None:
-    """At least the size of the start message `check_start_fits` measures, known without building
-    it: for a `TaskFn` without `env` whose target is not in `__main__` (most), else None. Pure."""
-    if not isinstance(task, TaskFn) or task.env is not None or task.target.startswith("__main__:"):
-        return None
-    characters = len(name) + len(task.target) + len(task.cwd or "")
-    return len(task.call) + 4 * characters + FIXED_PART  # UTF-8: at most 4 bytes a character
 
 
 def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:

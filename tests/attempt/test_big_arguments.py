@@ -23,8 +23,6 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from mpvisor._attempt.start import FIXED_PART, size_bound, start_message
-from mpvisor._model.wire import start_size
 from tests._support import FAST, LogRecords, once, run, supervised
 from workers import faults, payloads
 
@@ -66,15 +64,6 @@ def test_the_encoded_arguments_are_kept_on_the_task():
     assert len(task.call) < 20
     with pytest.raises(TypeError, match=r"args\[1\] cannot be encoded as msgpack"):
         TaskFn("t", payloads.sizes, ("fine", "lone \udc80 surrogate"))
-
-
-@pytest.mark.parametrize("name, cwd", [("t", None), ("n" * 200, "/" + "d" * 4000), ("\U0001f600" * 64, "/\u00e9" * 900)])
-@pytest.mark.parametrize("args", [(), (b"x" * 70000,), ("\U0001f600" * 3000, 2**63, -(2**63), 1.5, None)])
-def test_the_size_bound_is_never_under_the_start_messages_size(name, cwd, args):
-    """What `check_start_fits` skips encoding by is a bound: never under the size it would measure."""
-    task = TaskFn(name, payloads.sizes, args, {"k": "\u00e9" * 100}, cwd=cwd)
-    exact = start_size(start_message(task, name, 0, 1, 2**63 - 1, None, None, None))
-    assert exact <= size_bound(task, name) <= exact + 4 * (len(name) + len(task.target) + len(cwd or "")) + FIXED_PART
 
 
 @pytest.mark.parametrize("via", ["add", "add_and_watch", "try_add", "submit"])
