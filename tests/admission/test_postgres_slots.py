@@ -593,3 +593,50 @@ def test_a_drop_is_not_refused_for_a_queue_of_dead_waiters_only(url: str) -> Non
         holder.close()
         dead.close()
         thread.join(10)
+
+
+def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any, url: str) -> None:
+    """A queued run (TTL 3) is paused (SIGSTOP); the owner ends, the slot is granted to the
+    paused run, and that grant expires unused; a later run C owns the slot. The paused run,
+    resumed, queues again behind C and runs as soon as C ends. (Its new row kept the liveness
+    lock of its first one, so it was taken for a dead waiter: skipped for good, and a run queued
+    after it was granted first.)"""
+    import signal
+
+    import psycopg
+
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "a"))
+    runs = [first]
+    try:
+        wait_for(lambda: log.exists() and "start a" in log.read_text(), timeout=30)
+        paused = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "b"))
+        runs.append(paused)
+        assert paused.stderr is not None and "waiting, position 1" in paused.stderr.readline()
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "c"))
+            runs.append(later)
+            assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
+            first.terminate()
+            assert finish(first)[0] == -15
+
+            def granted_to_paused() -> bool:
+                with psycopg.connect(url) as conn:
+                    return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
+                                        (paused.pid,)).fetchone() is not None
+
+            wait_for(granted_to_paused, timeout=10, interval=0.05)
+            wait_for(lambda: "start c" in log.read_text(), timeout=10, interval=0.05)  # the paused one's grant expired
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert "waiting, position 1" in paused.stderr.readline()  # queued again, behind c
+        later.terminate()
+        assert finish(later)[0] == -15
+        status, err = finish(paused, timeout=10)
+        assert status == 0, err
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a", "c", "b"]

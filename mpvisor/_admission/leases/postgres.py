@@ -85,6 +85,8 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 # `expires - since`: it looks every sixth and retries every twenty-fourth). A dead waiter is
 # skipped, not deleted (it expires on its own); through a transaction-pooling PgBouncer the lock
 # may outlive its waiter, which then holds its place until its row expires, as without the lock.
+# A waiter whose row expired (paused past a grant) submits again under a new id, and moves its
+# lock to that id (`_listening`): else its new row looks dead and is skipped for good.
 _ALIVE_CLASS = 1836086899  # 'mpvs'
 _ALIVE_MOD = 2147483647
 _DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
@@ -390,7 +392,9 @@ class PostgresRequest:
         self._held = False
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
-        self._alive = False  # the listener holds this waiter's liveness lock (`_listening`)
+        # the request id whose liveness lock the listener holds (`_listening`): a request submitted
+        # again (its row expired) has a new id, and must hold the new id's lock, or it looks dead
+        self._alive_id: int | None = None
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -630,25 +634,33 @@ class PostgresRequest:
 
     def _listening(self, listener: Any, waiter: bool = False) -> Any:
         """`listener` if it still listens to the slots' channel, else a new listener; a
-        `waiter`'s also holds the request's liveness lock (`_ALIVE`: a session advisory lock,
-        which the server drops with the session when the waiting process dies). A store that
-        cannot be reached raises."""
+        `waiter`'s also holds the liveness lock of the request's current id (`_ALIVE`: a session
+        advisory lock, which the server drops with the session when the waiting process dies),
+        moved to the new id when the request was submitted again. A store that cannot be
+        reached raises."""
         if listener is None or listener.broken or listener.closed:
             if listener is not None:
                 listener.close()
-            self._alive = False
+            self._alive_id = None
             listener = self._listener = self.store.connect(autocommit=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
-                if waiter and self.id is not None:
-                    (self._alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
-                                                      (self.id,)).fetchone()
+        if waiter and self.id is not None and self._alive_id != self.id:
+            with _Deadline(listener, self.store.op_timeout):
+                if self._alive_id is not None:  # the lock of a row that expired and was submitted again
+                    listener.execute(f"SELECT pg_advisory_unlock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                     (self._alive_id,))
+                    self._alive_id = None
+                (alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                            (self.id,)).fetchone()
+            self._alive_id = self.id if alive else None
         return listener
 
     def _alive_now(self) -> bool:
-        """This waiter's listener holds its liveness lock, as far as this side knows."""
+        """This waiter's listener holds the liveness lock of its current id, as far as this side knows."""
         listener = self._listener
-        return self._alive and listener is not None and not listener.broken and not listener.closed
+        return (self.id is not None and self._alive_id == self.id and listener is not None
+                and not listener.broken and not listener.closed)
 
     def _listened(self, listener: Any, timeout: float | None = None, waiter: bool = False) -> Any:
         """Wait for a notification about this request's slot, at most `timeout` (else `interval`); the listener
