@@ -640,3 +640,52 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
             run.kill()
             run.wait()
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a", "c", "b"]
+
+
+_SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, and the words it says
+    "postgresql://deploy:Hunter2 leaked@127.0.0.1:1/deploys": "unexpected spaces found in",
+    "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",
+    "postgresql://deploy@127.0.0.1:1/deploys?password=Hunter2 leaked": "unexpected spaces found in",
+    "postgresql://deploy@127.0.0.1:1/deploys?sslmode=require&password=Hunter2%zzleaked": "invalid percent-encoded token",
+}
+
+
+def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_path: Any) -> None:
+    """URLs whose password libpq cannot parse (a space, a bad percent escape), in the user part
+    or as a `password=` parameter: `mpvisor run --slot` and `mpvisor slots` end with status 1
+    and libpq's own words, and no line shows the password. (libpq repeats what it could not
+    parse: `unexpected spaces found in "Hunter2 leaked"`.)"""
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    runs = {(bad, command): subprocess.Popen(
+        [MPVISOR, *command, "--slots", bad, *(["--", "touch", str(tmp_path / "ran")] if command[0] == "run" else [])],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for bad in _SECRET_URLS for command in (("run", "--slot", "s"), ("slots",))}
+    try:
+        for (bad, _), run in runs.items():
+            status, err = finish(run, timeout=30)
+            assert status == 1 and _SECRET_URLS[bad] in err, (bad, err)
+            assert "Hunter2" not in err and "leaked" not in err and '"***"' in err, (bad, err)
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://deploy:Hunter2%20leaked@h/db", "postgresql://deploy@h/db?password=Hunter2%20leaked",
+    "postgresql://deploy@h/db?x=1&PASSWORD=Hunter2+leaked", "postgresql://deploy:Hunter2 leaked@h/db"])
+def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -> None:
+    """`masked`, the one place a store's message loses its password: the password as written
+    and percent-decoded, wherever it stands alone; not inside a longer word (a password `p`
+    leaves "port" alone), and the URL itself redacted."""
+    from mpvisor._admission.leases.postgres import PostgresStore, masked
+
+    written = url.split("password=")[-1] if "password=" in url.lower() else url.split(":")[2].split("@")[0]
+    said = masked(f'bad "Hunter2 leaked" or "{written}" in {url}', url)
+    assert "Hunter2" not in said and "leaked" not in said, said
+    assert "Hunter2" not in PostgresStore(url).name and "Hunter2" not in repr(PostgresStore(url))
+    short = "postgresql://u:p@127.0.0.1:abc/slots"
+    assert masked('invalid integer value "abc" for connection option "port" in ' + short, short) == (
+        'invalid integer value "abc" for connection option "port" in postgresql://u:***@127.0.0.1:abc/slots')

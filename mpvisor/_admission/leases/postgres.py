@@ -36,6 +36,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -127,7 +128,7 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
     except psycopg.Error as exc:
-        text = _first_line(exc).replace(url, _redacted(url))  # an unparsable URL is quoted whole
+        text = _first_line(exc, url)
         # libpq's "connection failed: connection to server at X failed: WHY": WHY first (a line
         # may be cut short), then where
         where = re.match(r"(?:connection failed: |connection is bad: )?(connection to server .*?) failed: (.+)$", text)
@@ -145,8 +146,10 @@ def _not_answered(message: str) -> bool:
             or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _first_line(exc: BaseException, url: str) -> str:
+    """The first line of libpq's (or psycopg's) message `exc`, as every message shows it: with
+    no form of `url`'s password (`masked`)."""
+    return masked((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
 
 
 def _redacted(url: str) -> str:
@@ -157,6 +160,28 @@ def _redacted(url: str) -> str:
     if at and ":" in credentials:
         rest = f"{credentials.partition(':')[0]}:***@{place}"
     return scheme + sep + re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)
+
+
+def _passwords(url: str) -> set[str]:
+    """Every form in which `url` gives a password: in its user part (up to the first `@`, as
+    libpq reads it, or the last) or as `password=` parameters, each as written and percent-decoded."""
+    rest = url.partition("://")[2]
+    given = {credentials.partition(":")[2] for credentials in (rest.partition("@")[0], rest.rpartition("@")[0])
+             if "@" in rest and ":" in credentials}
+    given.update(re.findall(r"(?i)[?&]password=([^&]*)", rest))
+    forms = given | {urllib.parse.unquote(word) for word in given} | {urllib.parse.unquote_plus(word) for word in given}
+    return {form for form in forms if form}
+
+
+def masked(text: str, url: str) -> str:
+    """`text` (a message that may quote libpq's words, which repeat what it could not parse)
+    with no form of `url`'s password: `url` itself redacted (`_redacted`), then every form of
+    the password (`_passwords`) that stands alone, not inside a longer word (a password `p` in
+    "port" is not shown), as `***`. The one place a store's message loses its password."""
+    text = text.replace(url, _redacted(url))
+    for word in sorted(_passwords(url), key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -214,14 +239,14 @@ class PostgresStore:
         ms = int(self.op_timeout * 1000)
         self.bounds = (f"SET LOCAL idle_in_transaction_session_timeout = {ms}; SET LOCAL lock_timeout = {ms}; "
                        f"SET LOCAL statement_timeout = {ms}")
-        self.name = f"the lease store at {_redacted(url)}"
+        self.name = f"the lease store at {masked(url, url)}"
         self._ready = False
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
 
     def __repr__(self) -> str:
-        return f"<PostgresStore {_redacted(self.url)} ttl={self.ttl}>"
+        return f"<PostgresStore {masked(self.url, self.url)} ttl={self.ttl}>"
 
     def warm(self) -> None:
         """Open, on a thread, the connection the first request will use (psycopg's import, the
@@ -321,8 +346,8 @@ class PostgresStore:
                     "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
         except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
             if unreachable(exc):
-                return LeaseError(f"{self.name} did not answer: {_first_line(exc)}")
-            return LeaseError(f"{self.name}: {_first_line(exc)}")
+                return LeaseError(f"{self.name} did not answer: {_first_line(exc, self.url)}")
+            return LeaseError(f"{self.name}: {_first_line(exc, self.url)}")
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
@@ -483,16 +508,18 @@ class PostgresRequest:
                     if self._closed.is_set() or self._withdrawn or not unreachable(exc):
                         raise
                     return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
-                                                               f"({_first_line(exc)}); a drop does not wait")
+                                                               f"({_first_line(exc, self.store.url)}); a drop does not wait")
             else:
                 refused = submit()
             if refused is not None:
                 return refused
             return self._wait(on_queued, on_silent, submit)
-        except Exception:
+        except Exception as exc:
             if self._closed.is_set() or self._withdrawn:  # `withdraw` or `close` crossed a statement
                 return Decision(False, "withdrawn")
-            raise
+            if isinstance(exc, LeaseError):
+                raise
+            raise LeaseError(_first_line(exc, self.store.url)) from None  # psycopg's words, no password
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
