@@ -126,7 +126,8 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         raise LeaseError("a postgresql:// lease store needs psycopg: install the `postgres` extra "
                          "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`") from None
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
+        # libpq's connect timeout is whole seconds (at least 2): rounded down, never past `timeout`
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, int(timeout)))
     except psycopg.Error as exc:
         text = _first_line(exc, url)
         # libpq's "connection failed: connection to server at X failed: WHY": WHY first (a line
@@ -244,6 +245,7 @@ class PostgresStore:
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
+        self._unanswered: Exception | None = None  # why `warm` could not connect, until a request takes it
 
     def __repr__(self) -> str:
         return f"<PostgresStore {masked(self.url, self.url)} ttl={self.ttl}>"
@@ -251,11 +253,16 @@ class PostgresStore:
     def warm(self) -> None:
         """Open, on a thread, the connection the first request will use (psycopg's import, the
         connection and the schema's check take longer than a launcher's start): called as the
-        supervisor starts, it overlaps them. A store not reachable now is tried again then."""
+        supervisor starts, it overlaps them. A store not reachable now is tried again then, but
+        the first request to come is told that it did not answer (`connect` raises it), rather
+        than waiting for it as long again."""
         def open_spare() -> None:
             try:
                 conn = self.connect()
-            except Exception:
+            except Exception as exc:
+                if unreachable(exc):
+                    with self._lock:
+                        self._unanswered = exc
                 return
             with self._lock:
                 self._spare = conn
@@ -265,12 +272,16 @@ class PostgresStore:
 
     def connect(self, autocommit: bool = False) -> Any:
         """A connection to the store, its schema created (or checked) on first use (the one
-        `warm` opened, if it is there and this is not a listener's)."""
+        `warm` opened, if it is there and this is not a listener's; once, the `Unreachable` that
+        `warm` met, if it met one)."""
         warming = self._warming
         if warming is not None and warming is not threading.current_thread():
             warming.join()
             with self._lock:
                 spare, self._spare = self._spare, None
+                unanswered, self._unanswered = (self._unanswered, None) if not autocommit else (None, self._unanswered)
+            if unanswered is not None:
+                raise unanswered
             if spare is not None and not autocommit and not spare.closed:
                 return spare
             if spare is not None:
@@ -420,6 +431,7 @@ class PostgresRequest:
         # the request id whose liveness lock the listener holds (`_listening`): a request submitted
         # again (its row expired) has a new id, and must hold the new id's lock, or it looks dead
         self._alive_id: int | None = None
+        self._unanswered: Exception | None = None  # `prepare` could not connect: the store did not answer
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -443,8 +455,8 @@ class PostgresRequest:
             if self.conn is None and not self._closed.is_set():
                 try:
                     self.conn = self.store.connect()
-                except Exception:
-                    pass
+                except Exception as exc:
+                    self._unanswered = exc if unreachable(exc) else None
 
     def _transaction(self, work: Callable[[], Any]) -> tuple[float, Any]:
         """`work()` in one transaction on this request's connection, within the store's
@@ -503,6 +515,8 @@ class PostgresRequest:
         try:
             if policy == "drop":  # never waits, not even for a store that does not answer: a run
                 try:             # from cron must not pile up behind an outage (nothing runs: as busy)
+                    if self.conn is None and self._unanswered is not None:  # `prepare`'s try counts: a
+                        raise self._unanswered                               # drop waits for no second one
                     refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))[1]
                 except Exception as exc:
                     if self._closed.is_set() or self._withdrawn or not unreachable(exc):
