@@ -225,9 +225,16 @@ def jitter(text: str) -> JitterPolicy:
 
 
 def task_name(text: str) -> str:
-    """An argparse `type=`: a non-empty task name."""
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a non-empty task name, got {text!r}")
+    """An argparse `type=`: a task name (`_model/checks.name_problem`: the model's rule)."""
+    return _named("task name", text)
+
+
+def _named(what: str, text: str) -> str:
+    problem = _validate.name_problem(text)
+    expected = {"empty": f"a non-empty {what}", "long": f"a {what} of at most {_validate.NAME_MAX} characters",
+                "unprintable": f"a {what} without control characters or line breaks"}
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected {expected[problem]}, got {_validate.shown(text)}")
     return text
 
 
@@ -285,12 +292,8 @@ def lease_ttl(text: str) -> float:
 
 
 def slot_name(text: str) -> str:
-    """An argparse `type=`: a non-empty slot name, printable (as every name: `_model/checks.name`)."""
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a non-empty slot name, got {text!r}")
-    if not text.isprintable():
-        raise argparse.ArgumentTypeError(f"expected a slot name without control characters or line breaks, got {text!r}")
-    return text
+    """An argparse `type=`: a slot name, by the rule of every name (`_model/checks.name_problem`)."""
+    return _named("slot name", text)
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
