@@ -105,7 +105,7 @@ def test_drop_is_refused_while_another_host_owns_the_slot_and_replace_stops_the_
     first_token = view["owner"]["token"]
     assert MPVISOR is not None
     table = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30,
-                           env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}).stdout.splitlines()
+                           env={**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}).stdout.splitlines()
     assert table[0].split()[:6] == ["SLOT", "STATUS", "OWNER", "PID", "HOST", "TOKEN"], table
     assert table[1].split()[:5] == ["prod", "running", str(first.pid), view["owner"]["host"], str(first_token)], table
     dropped = start(tmp_path, 2, url, "--slot", "prod", "--policy", "drop", *owner(log, 0.0, "two"))
@@ -214,7 +214,7 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
         conn.execute("INSERT INTO mpvisor_slots (slot) VALUES ('s')")
         conn.execute("INSERT INTO mpvisor_requests (slot, name, host, pid, state, position, expires) "
                      "VALUES ('s', 'x', 'h', 1, 'granted', 1, now() + interval '1 hour')")
-    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1, done
     assert "mpvisor_requests holds a row mpvisor did not write: slot='s' state='granted'" in done.stderr
@@ -241,7 +241,7 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
     """`mpvisor slots --slots URL` heads its table with HOST and TOKEN whether or not a slot is
     held, so that a script reading its columns reads the same ones."""
     assert MPVISOR is not None
-    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
 
     def header() -> list[str]:
         done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
@@ -458,7 +458,7 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     from mpvisor._admission.leases.postgres import PostgresStore
 
     assert MPVISOR is not None
-    viewer = {**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
 
     def tables() -> list[str]:
         with psycopg.connect(url) as conn:
@@ -689,3 +689,32 @@ def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -
     short = "postgresql://u:p@127.0.0.1:abc/slots"
     assert masked('invalid integer value "abc" for connection option "port" in ' + short, short) == (
         'invalid integer value "abc" for connection option "port" in postgresql://u:***@127.0.0.1:abc/slots')
+
+
+
+def test_a_waiter_killed_while_queued_is_not_listed_and_its_slot_shows_free(tmp_path: Any, url: str) -> None:
+    """A queued run SIGKILLed (its row stays until it expires, its liveness lock goes with its
+    connections): `mpvisor slots --slots URL` no longer lists it, as admission skips it, and once
+    the owner ends it shows the slot free, as a `drop` then finds it (it showed the dead waiter
+    queued, the slot "admitting", for up to a TTL)."""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
+    runs = [holder]
+    try:
+        wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=30)
+        doomed = start(tmp_path, 2, url, "--slot", "s", *owner(log, 0.0, "doomed"))
+        runs.append(doomed)
+        assert doomed.stderr is not None and "waiting, position 1" in doomed.stderr.readline()
+        assert [waiter["pid"] for waiter in shown(tmp_path, url)[0]["queue"]] == [doomed.pid]
+        doomed.kill()
+        doomed.wait()
+        wait_for(lambda: shown(tmp_path, url)[0]["queue"] == [], timeout=8)  # its row lives 15 s: not waited out
+        holder.terminate()
+        assert finish(holder)[0] == -15
+        assert shown(tmp_path, url) == []
+        assert finish(start(tmp_path, 3, url, "--slot", "s", "--policy", "drop", *owner(log, 0.0, "dropped")))[0] == 0
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert "start doomed" not in log.read_text()

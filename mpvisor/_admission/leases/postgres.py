@@ -352,9 +352,11 @@ class PostgresStore:
                 version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
                 if version is not None and version[0] != str(SCHEMA_VERSION):
                     return _newer_schema(version[0])
+                # as admission sees it: a waiter known to be dead (`_DEAD`) is skipped, so not shown
                 rows = conn.execute(
-                    "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
-                    "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
+                    f"SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests r "
+                    f"WHERE expires > now() AND (state = 'granted' OR state = 'queued' AND NOT ({_DEAD})) "
+                    f"ORDER BY slot, state DESC, position").fetchall()
         except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
             if unreachable(exc):
                 return LeaseError(f"{self.name} did not answer: {_first_line(exc, self.url)}")
