@@ -52,20 +52,23 @@ DEFAULT_GRACE = 10.0
 # --- lines (pure) -----------------------------------------------------------------------------
 
 
-def _reason(reason: str | None) -> str:
-    if reason is None or len(reason) <= REASON_MAX:
+def _reason(reason: str | None, most: int) -> str:
+    if reason is None or len(reason) <= most:
         return repr(reason)
-    return f"{reason[:REASON_MAX]!r}… ({len(reason)} characters)"
+    return f"{reason[:most]!r}… ({len(reason)} characters)"
 
 
-def outcome_line(name: str, outcome: TaskOutcome) -> str:
+WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)
+
+
+def outcome_line(name: str, outcome: TaskOutcome, most: int = REASON_MAX) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
-    longer than `REASON_MAX` is cut there (`--events json` carries all of it)."""
+    longer than `most` (`REASON_MAX`) is cut there (`--events json` carries all of it)."""
     reason = outcome.reason
     if outcome.rejection is not None and reason == outcome.rejection.label:  # a label is no sentence
         reason = statuses.rejection_words(outcome.rejection)
     return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason)} "
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason, most)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
     )
 
