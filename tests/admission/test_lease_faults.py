@@ -245,8 +245,9 @@ def _zombie(pid: int) -> bool:
 def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp_path: Any, url: str) -> None:
     """`--policy drop` (TTL 6: a statement timeout of 2 s) against a store behind a partitioned
     proxy (it accepts connections and never answers): exit 3, nothing ran, within two statement
-    timeouts of its start (and start-up), as docs/slots.md says. (It tried to connect three to four
-    times over, each for a statement timeout rounded up: 8.3 s at TTL 6, 16 s at TTL 15.)"""
+    timeouts of its start (and start-up; one connect, a statement timeout, is all it waits), as
+    docs/slots.md says. (It tried to connect three to four times over, each for a statement
+    timeout rounded up: 8.3 s at TTL 6, 16 s at TTL 15.)"""
     from tests._proxy_support import Proxy
 
     log = tmp_path / "owners.log"

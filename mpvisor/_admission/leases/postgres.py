@@ -452,9 +452,10 @@ class PostgresRequest:
 
     def prepare(self) -> None:
         """Connect ahead of `acquire` (psycopg's import, the connection, the schema's check), as
-        the launcher starts; a store not reachable now is tried again by `acquire`."""
+        the launcher starts; a store not reachable now is tried again by `acquire`, not by another
+        `prepare` (the driver's `acquire` calls it again: a second wait on a silent store)."""
         with self._lock:
-            if self.conn is None and not self._closed.is_set():
+            if self.conn is None and not self._closed.is_set() and self._unanswered is None:
                 try:
                     self.conn = self.store.connect()
                 except Exception as exc:
