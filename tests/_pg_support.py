@@ -64,7 +64,7 @@ def shown(tmp_path: Any, url: str) -> list[dict[str, Any]]:
     """`mpvisor slots --slots URL --json`'s slots."""
     assert MPVISOR is not None
     done = subprocess.run([MPVISOR, "slots", "--slots", url, "--json"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
+                          timeout=30, env={**os.environ, "PYTHONPATH": ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
     assert done.returncode == 0, done.stderr
     slots: list[dict[str, Any]] = json.loads(done.stdout)["slots"]
     return slots

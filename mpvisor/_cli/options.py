@@ -52,20 +52,23 @@ DEFAULT_GRACE = 10.0
 # --- lines (pure) -----------------------------------------------------------------------------
 
 
-def _reason(reason: str | None) -> str:
-    if reason is None or len(reason) <= REASON_MAX:
+def _reason(reason: str | None, most: int) -> str:
+    if reason is None or len(reason) <= most:
         return repr(reason)
-    return f"{reason[:REASON_MAX]!r}… ({len(reason)} characters)"
+    return f"{reason[:most]!r}… ({len(reason)} characters)"
 
 
-def outcome_line(name: str, outcome: TaskOutcome) -> str:
+WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)
+
+
+def outcome_line(name: str, outcome: TaskOutcome, most: int = REASON_MAX) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
-    longer than `REASON_MAX` is cut there (`--events json` carries all of it)."""
+    longer than `most` (`REASON_MAX`) is cut there (`--events json` carries all of it)."""
     reason = outcome.reason
     if outcome.rejection is not None and reason == outcome.rejection.label:  # a label is no sentence
         reason = statuses.rejection_words(outcome.rejection)
     return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason)} "
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason, most)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
     )
 
@@ -225,18 +228,26 @@ def jitter(text: str) -> JitterPolicy:
 
 
 def task_name(text: str) -> str:
-    """An argparse `type=`: a non-empty task name."""
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a non-empty task name, got {text!r}")
+    """An argparse `type=`: a task name (`_model/checks.name_problem`: the model's rule)."""
+    return _named("task name", text)
+
+
+def _named(what: str, text: str) -> str:
+    problem = _validate.name_problem(text)
+    expected = {"empty": f"a non-empty {what}", "long": f"a {what} of at most {_validate.NAME_MAX} characters",
+                "unprintable": f"a {what} without control characters or line breaks"}
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected {expected[problem]}, got {_validate.shown(text)}")
     return text
 
 
 def slots_url(text: str) -> str:
     """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)."""
+    from mpvisor._admission.leases.postgres import masked
     from mpvisor._admission.leases.stores import is_store_url
 
-    if not is_store_url(text):
-        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {text!r}")
+    if not is_store_url(text):  # said without its password, if it has one
+        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {masked(text, text)!r}")
     return text
 
 
@@ -284,12 +295,8 @@ def lease_ttl(text: str) -> float:
 
 
 def slot_name(text: str) -> str:
-    """An argparse `type=`: a non-empty slot name, printable (as every name: `_model/checks.name`)."""
-    if not text:
-        raise argparse.ArgumentTypeError(f"expected a non-empty slot name, got {text!r}")
-    if not text.isprintable():
-        raise argparse.ArgumentTypeError(f"expected a slot name without control characters or line breaks, got {text!r}")
-    return text
+    """An argparse `type=`: a slot name, by the rule of every name (`_model/checks.name_problem`)."""
+    return _named("slot name", text)
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -88,6 +88,7 @@ from mpvisor._cli.options import (
     RESTARTS,
     RETRY_OPTIONS,
     TASK_OPTIONS,
+    WHY_MAX,
     account_events,
     backoff,
     build_spec,
@@ -319,12 +320,12 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
             print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
         return statuses.REPLACED
     if not args.quiet:
-        if outcome.rejection is RejectionKind.ADMISSION_FAILED and outcome.reason and len(outcome.reason) > REASON_MAX:
-            print(f"mpvisor: {outcome.reason}", file=sys.stderr)  # why, in full: the outcome line cuts it
         uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
         if uncaught is not None:
             print(uncaught, file=sys.stderr)  # as `python script.py` would, then the outcome
-        print(outcome_line(spec.name, outcome), file=sys.stderr)
+        # a store's refusal (libpq's words, the slot server's) is all there is to say: said whole, on one line
+        most = WHY_MAX if outcome.rejection is RejectionKind.ADMISSION_FAILED else REASON_MAX
+        print(outcome_line(spec.name, outcome, most), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     first = interrupts[0] if interrupts else None

@@ -90,16 +90,43 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
     return float(value)
 
 
-def name(field: str, value: object) -> str:
-    """Return `value` if it is a non-empty printable string, else raise `ValueError`/`TypeError`
-    (a name is printed on one line of a log, an outcome line or a table: no control character,
-    line or paragraph separator, or lone surrogate)."""
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a non-empty string, got {value!r}")
+NAME_MAX = 256  # characters of a name (a task's, a slot's): what the slot server's protocol carries
+
+
+def shown(value: object, most: int = 60) -> str:
+    """`repr(value)` as a message quotes it: cut past `most` characters, saying its length (a
+    message never echoes a multi-kilobyte value whole)."""
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}… ({len(value) if isinstance(value, str) else len(text)} characters)"
+
+
+def name_problem(value: str) -> str | None:
+    """What is wrong with `value` as a name (a task's, a slot's): `"empty"`, `"long"` or
+    `"unprintable"`, or None. The one rule, which the model (`name`) and the CLI's options
+    (`_cli/options.py`) both apply: a name is non-empty, at most `NAME_MAX` characters, and
+    printable (it is printed on one line of a log, an outcome line or a table: no control
+    character, line or paragraph separator, or lone surrogate)."""
     if not value:
-        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
-    if not value.isprintable():
-        raise ValueError(f"{field} must be printable (no control characters or line breaks), got {value!r}")
+        return "empty"
+    if len(value) > NAME_MAX:
+        return "long"
+    return None if value.isprintable() else "unprintable"
+
+
+_NAME_MUST = {"empty": "be a non-empty string", "long": f"be at most {NAME_MAX} characters",
+              "unprintable": "be printable (no control characters or line breaks)"}
+
+
+def name(field: str, value: object) -> str:
+    """Return `value` if it is a name (`name_problem`), else raise `ConfigError` naming `field`
+    (`TypeError` for a value that is no string)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a non-empty string, got {shown(value)}")
+    problem = name_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{field} must {_NAME_MUST[problem]}, got {shown(value)}")
     return value
 
 

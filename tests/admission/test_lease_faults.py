@@ -240,3 +240,29 @@ def _zombie(pid: int) -> bool:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return True
+
+
+def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp_path: Any, url: str) -> None:
+    """`--policy drop` (TTL 6: a statement timeout of 2 s) against a store behind a partitioned
+    proxy (it accepts connections and never answers): exit 3, nothing ran, within two statement
+    timeouts of its start (and start-up; one connect, a statement timeout, is all it waits), as
+    docs/slots.md says. (It tried to connect three to four times over, each for a statement
+    timeout rounded up: 8.3 s at TTL 6, 16 s at TTL 15.)"""
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    with Proxy.for_url(url) as proxy:
+        proxy.partition()
+        began = time.monotonic()
+        dropped = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--policy", "drop", "--lease-ttl", "6",
+                             *owner(log, 0.0, "one"))
+        try:
+            status, err = finish(dropped, timeout=30)
+        finally:
+            dropped.kill()
+            dropped.wait()
+        took = time.monotonic() - began
+    assert status == 3, err
+    assert "did not answer" in err and "a drop does not wait" in err, err
+    assert took < 2 * 2.0 + 2.5, took  # two statement timeouts, and a run's start-up on a busy machine
+    assert not log.exists()

@@ -709,3 +709,34 @@ def test_a_command_killed_by_sigint_from_elsewhere_is_retried_and_said_when_its_
     [said] = [line for line in err.splitlines() if "; retry in " in line]
     assert said.startswith("mpvisor: sh: attempt 1 failed: ") and "SIGINT" in said, err
     assert "attempts=2" in outcome_line(err), err
+
+
+@pytest.mark.parametrize("option", ["--slot", "--name"])
+def test_a_name_past_256_characters_is_one_short_usage_line(tmp_path, option):
+    """A slot or task name of 300 characters: status 2, one line naming the option, the name cut
+    and its length said; nothing reaches the slot server (it said "bad or missing field 'slot'",
+    status 1, echoing the name whole; a long --name without --slot ran). 256 characters run."""
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--slot", "s", option, "x" * 300, "--", "true"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"mpvisor run: error: argument {option}: ") and "of at most 256 characters" in line, line
+    assert "(300 characters)" in line and len(line) < 200, line
+    assert not (tmp_path / "server.log").exists() and not any(tmp_path.glob("*.sock")), list(tmp_path.iterdir())
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--slot", "s", option, "y" * 256, "--", "true"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_library_refuses_a_name_past_256_characters_naming_the_field():
+    """A task's name or a submission's slot past 256 characters is a `ConfigError` naming the
+    field, its value cut and its length said; 256 characters are a name."""
+    from mpvisor import ConfigError, ControllerSpec, TaskFn, TaskSpec
+
+    with pytest.raises(ConfigError, match=r"^name must be at most 256 characters, got 'nnn.*… \(257 characters\)$"):
+        TaskFn("n" * 257, "workers.basic:quick")
+    spec = TaskSpec.once(TaskFn("n" * 256, "workers.basic:quick"))
+    with pytest.raises(ConfigError, match=r"^slot must be at most 256 characters, .*\(5000 characters\)$"):
+        ControllerSpec.queue(spec).with_slot("s" * 5000)
+    assert ControllerSpec.queue(spec).with_slot("s" * 256)

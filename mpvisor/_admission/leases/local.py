@@ -66,6 +66,7 @@ from mpvisor._admission.leases.store import (
     Pid,
     Policy,
 )
+from mpvisor._model.checks import NAME_MAX
 from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 VERSION = 1
@@ -131,7 +132,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_name(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 256
+    return isinstance(value, str) and 0 < len(value) <= NAME_MAX  # the model's rule (`checks.name_problem`)
 
 
 def _is_pids(value: Any) -> bool:

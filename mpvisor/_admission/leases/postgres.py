@@ -36,6 +36,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +86,8 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 # `expires - since`: it looks every sixth and retries every twenty-fourth). A dead waiter is
 # skipped, not deleted (it expires on its own); through a transaction-pooling PgBouncer the lock
 # may outlive its waiter, which then holds its place until its row expires, as without the lock.
+# A waiter whose row expired (paused past a grant) submits again under a new id, and moves its
+# lock to that id (`_listening`): else its new row looks dead and is skipped for good.
 _ALIVE_CLASS = 1836086899  # 'mpvs'
 _ALIVE_MOD = 2147483647
 _DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
@@ -123,9 +126,10 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         raise LeaseError("a postgresql:// lease store needs psycopg: install the `postgres` extra "
                          "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`") from None
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, round(timeout)))
+        # libpq's connect timeout is whole seconds (at least 2): rounded down, never past `timeout`
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, int(timeout)))
     except psycopg.Error as exc:
-        text = _first_line(exc).replace(url, _redacted(url))  # an unparsable URL is quoted whole
+        text = _first_line(exc, url)
         # libpq's "connection failed: connection to server at X failed: WHY": WHY first (a line
         # may be cut short), then where
         where = re.match(r"(?:connection failed: |connection is bad: )?(connection to server .*?) failed: (.+)$", text)
@@ -143,8 +147,10 @@ def _not_answered(message: str) -> bool:
             or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _first_line(exc: BaseException, url: str) -> str:
+    """The first line of libpq's (or psycopg's) message `exc`, as every message shows it: with
+    no form of `url`'s password (`masked`)."""
+    return masked((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
 
 
 def _redacted(url: str) -> str:
@@ -155,6 +161,28 @@ def _redacted(url: str) -> str:
     if at and ":" in credentials:
         rest = f"{credentials.partition(':')[0]}:***@{place}"
     return scheme + sep + re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)
+
+
+def _passwords(url: str) -> set[str]:
+    """Every form in which `url` gives a password: in its user part (up to the first `@`, as
+    libpq reads it, or the last) or as `password=` parameters, each as written and percent-decoded."""
+    rest = url.partition("://")[2]
+    given = {credentials.partition(":")[2] for credentials in (rest.partition("@")[0], rest.rpartition("@")[0])
+             if "@" in rest and ":" in credentials}
+    given.update(re.findall(r"(?i)[?&]password=([^&]*)", rest))
+    forms = given | {urllib.parse.unquote(word) for word in given} | {urllib.parse.unquote_plus(word) for word in given}
+    return {form for form in forms if form}
+
+
+def masked(text: str, url: str) -> str:
+    """`text` (a message that may quote libpq's words, which repeat what it could not parse)
+    with no form of `url`'s password: `url` itself redacted (`_redacted`), then every form of
+    the password (`_passwords`) that stands alone, not inside a longer word (a password `p` in
+    "port" is not shown), as `***`. The one place a store's message loses its password."""
+    text = text.replace(url, _redacted(url))
+    for word in sorted(_passwords(url), key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", "***", text)
+    return text
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -212,23 +240,29 @@ class PostgresStore:
         ms = int(self.op_timeout * 1000)
         self.bounds = (f"SET LOCAL idle_in_transaction_session_timeout = {ms}; SET LOCAL lock_timeout = {ms}; "
                        f"SET LOCAL statement_timeout = {ms}")
-        self.name = f"the lease store at {_redacted(url)}"
+        self.name = f"the lease store at {masked(url, url)}"
         self._ready = False
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
+        self._unanswered: Exception | None = None  # why `warm` could not connect, until a request takes it
 
     def __repr__(self) -> str:
-        return f"<PostgresStore {_redacted(self.url)} ttl={self.ttl}>"
+        return f"<PostgresStore {masked(self.url, self.url)} ttl={self.ttl}>"
 
     def warm(self) -> None:
         """Open, on a thread, the connection the first request will use (psycopg's import, the
         connection and the schema's check take longer than a launcher's start): called as the
-        supervisor starts, it overlaps them. A store not reachable now is tried again then."""
+        supervisor starts, it overlaps them. A store not reachable now is tried again then, but
+        the first request to come is told that it did not answer (`connect` raises it), rather
+        than waiting for it as long again."""
         def open_spare() -> None:
             try:
                 conn = self.connect()
-            except Exception:
+            except Exception as exc:
+                if unreachable(exc):
+                    with self._lock:
+                        self._unanswered = exc
                 return
             with self._lock:
                 self._spare = conn
@@ -238,12 +272,16 @@ class PostgresStore:
 
     def connect(self, autocommit: bool = False) -> Any:
         """A connection to the store, its schema created (or checked) on first use (the one
-        `warm` opened, if it is there and this is not a listener's)."""
+        `warm` opened, if it is there and this is not a listener's; once, the `Unreachable` that
+        `warm` met, if it met one)."""
         warming = self._warming
         if warming is not None and warming is not threading.current_thread():
             warming.join()
             with self._lock:
                 spare, self._spare = self._spare, None
+                unanswered, self._unanswered = (self._unanswered, None) if not autocommit else (None, self._unanswered)
+            if unanswered is not None:
+                raise unanswered
             if spare is not None and not autocommit and not spare.closed:
                 return spare
             if spare is not None:
@@ -314,13 +352,15 @@ class PostgresStore:
                 version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
                 if version is not None and version[0] != str(SCHEMA_VERSION):
                     return _newer_schema(version[0])
+                # as admission sees it: a waiter known to be dead (`_DEAD`) is skipped, so not shown
                 rows = conn.execute(
-                    "SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests "
-                    "WHERE expires > now() AND state IN ('queued', 'granted') ORDER BY slot, state DESC, position").fetchall()
+                    f"SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests r "
+                    f"WHERE expires > now() AND (state = 'granted' OR state = 'queued' AND NOT ({_DEAD})) "
+                    f"ORDER BY slot, state DESC, position").fetchall()
         except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
             if unreachable(exc):
-                return LeaseError(f"{self.name} did not answer: {_first_line(exc)}")
-            return LeaseError(f"{self.name}: {_first_line(exc)}")
+                return LeaseError(f"{self.name} did not answer: {_first_line(exc, self.url)}")
+            return LeaseError(f"{self.name}: {_first_line(exc, self.url)}")
         finally:
             conn.close()
         views: dict[str, dict[str, Any]] = {}
@@ -390,7 +430,10 @@ class PostgresRequest:
         self._held = False
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
-        self._alive = False  # the listener holds this waiter's liveness lock (`_listening`)
+        # the request id whose liveness lock the listener holds (`_listening`): a request submitted
+        # again (its row expired) has a new id, and must hold the new id's lock, or it looks dead
+        self._alive_id: int | None = None
+        self._unanswered: Exception | None = None  # `prepare` could not connect: the store did not answer
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -409,13 +452,14 @@ class PostgresRequest:
 
     def prepare(self) -> None:
         """Connect ahead of `acquire` (psycopg's import, the connection, the schema's check), as
-        the launcher starts; a store not reachable now is tried again by `acquire`."""
+        the launcher starts; a store not reachable now is tried again by `acquire`, not by another
+        `prepare` (the driver's `acquire` calls it again: a second wait on a silent store)."""
         with self._lock:
-            if self.conn is None and not self._closed.is_set():
+            if self.conn is None and not self._closed.is_set() and self._unanswered is None:
                 try:
                     self.conn = self.store.connect()
-                except Exception:
-                    pass
+                except Exception as exc:
+                    self._unanswered = exc if unreachable(exc) else None
 
     def _transaction(self, work: Callable[[], Any]) -> tuple[float, Any]:
         """`work()` in one transaction on this request's connection, within the store's
@@ -474,21 +518,25 @@ class PostgresRequest:
         try:
             if policy == "drop":  # never waits, not even for a store that does not answer: a run
                 try:             # from cron must not pile up behind an outage (nothing runs: as busy)
+                    if self.conn is None and self._unanswered is not None:  # `prepare`'s try counts: a
+                        raise self._unanswered                               # drop waits for no second one
                     refused: Decision | None = self._in_slot(lambda: self._submit(policy, name, pid))[1]
                 except Exception as exc:
                     if self._closed.is_set() or self._withdrawn or not unreachable(exc):
                         raise
                     return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
-                                                               f"({_first_line(exc)}); a drop does not wait")
+                                                               f"({_first_line(exc, self.store.url)}); a drop does not wait")
             else:
                 refused = submit()
             if refused is not None:
                 return refused
             return self._wait(on_queued, on_silent, submit)
-        except Exception:
+        except Exception as exc:
             if self._closed.is_set() or self._withdrawn:  # `withdraw` or `close` crossed a statement
                 return Decision(False, "withdrawn")
-            raise
+            if isinstance(exc, LeaseError):
+                raise
+            raise LeaseError(_first_line(exc, self.store.url)) from None  # psycopg's words, no password
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
@@ -630,25 +678,33 @@ class PostgresRequest:
 
     def _listening(self, listener: Any, waiter: bool = False) -> Any:
         """`listener` if it still listens to the slots' channel, else a new listener; a
-        `waiter`'s also holds the request's liveness lock (`_ALIVE`: a session advisory lock,
-        which the server drops with the session when the waiting process dies). A store that
-        cannot be reached raises."""
+        `waiter`'s also holds the liveness lock of the request's current id (`_ALIVE`: a session
+        advisory lock, which the server drops with the session when the waiting process dies),
+        moved to the new id when the request was submitted again. A store that cannot be
+        reached raises."""
         if listener is None or listener.broken or listener.closed:
             if listener is not None:
                 listener.close()
-            self._alive = False
+            self._alive_id = None
             listener = self._listener = self.store.connect(autocommit=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
-                if waiter and self.id is not None:
-                    (self._alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
-                                                      (self.id,)).fetchone()
+        if waiter and self.id is not None and self._alive_id != self.id:
+            with _Deadline(listener, self.store.op_timeout):
+                if self._alive_id is not None:  # the lock of a row that expired and was submitted again
+                    listener.execute(f"SELECT pg_advisory_unlock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                     (self._alive_id,))
+                    self._alive_id = None
+                (alive,) = listener.execute(f"SELECT pg_try_advisory_lock({_ALIVE_CLASS}, mod(%s, {_ALIVE_MOD})::int)",
+                                            (self.id,)).fetchone()
+            self._alive_id = self.id if alive else None
         return listener
 
     def _alive_now(self) -> bool:
-        """This waiter's listener holds its liveness lock, as far as this side knows."""
+        """This waiter's listener holds the liveness lock of its current id, as far as this side knows."""
         listener = self._listener
-        return self._alive and listener is not None and not listener.broken and not listener.closed
+        return (self.id is not None and self._alive_id == self.id and listener is not None
+                and not listener.broken and not listener.closed)
 
     def _listened(self, listener: Any, timeout: float | None = None, waiter: bool = False) -> Any:
         """Wait for a notification about this request's slot, at most `timeout` (else `interval`); the listener
