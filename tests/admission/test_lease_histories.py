@@ -47,7 +47,7 @@ def run_as(tmp_path: Any, url: str, n: int, log: Any, hold: float, *options: str
     return start_host(tmp_path, n % HOSTS, url, "--slot", "h", *options, *owner(log, hold, f"r{n}"))
 
 
-@pytest.mark.slow  # a longer history: test_postgres_slots' queued runs on five hosts check FIFO in the default run
+@pytest.mark.slow  # a longer history: test_postgres_slots' queued runs on three hosts check FIFO in the default run
 def test_twelve_queued_runs_from_five_hosts_own_the_slot_in_fifo_order(tmp_path: Any, url: str) -> None:
     log = tmp_path / "owners.log"
     holder = run_as(tmp_path, url, 0, log, 60.0)

@@ -141,6 +141,9 @@ async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(laun
         assert all_gone(read_records(records))
 
 
+# On Ray with -m slow: the property is the seam's, checked here on the local launcher, and Ray's
+# fences by the other tests of this file.
+@pytest.mark.parametrize("launcher", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) -> None:
     outcome, took = await owned(launcher, Expiring(renewing=True), TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.5 * TTL])))
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
