@@ -7,6 +7,7 @@ library's `run` and nothing else:
 |---|---|---|
 | serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
 | run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a second SIGINT kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
+| pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -87,16 +89,18 @@ class RunSession:
             self.runtime.controller.on_replaced(callback)
 
 
-async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool) -> None:
+async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
+                      passed_on: tuple[signal.Signals, ...] = ()) -> None:
     """Run `start`'s work to its end and shut down (module docstring). With `adds_work`, a
-    runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown."""
+    runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown.
+    `passed_on`: the signals caught meanwhile and sent to every running attempt's process."""
     if runtime.shutdown_started:
         if adds_work:
             raise ShuttingDown("the supervisor is shutting down")
         await runtime.shutdown()
         return
     session = RunSession(runtime)
-    with _SignalHandlers(runtime):
+    with _SignalHandlers(runtime, passed_on):
         try:
             await start(session)
         except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
@@ -122,10 +126,15 @@ class _SignalHandlers:
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
     returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
     is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
-    shutdown, a later one joins it."""
+    shutdown, a later one joins it.
 
-    def __init__(self, runtime: Runtime) -> None:
+    Each of `passed_on` (the CLI's SIGUSR1 and SIGUSR2; none for a library program) is caught
+    unless it was ignored when `run` began, and sent on to the process of every attempt running
+    at that moment; with none running, one line on stderr says so and nothing else happens."""
+
+    def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = ()) -> None:
         self.runtime = runtime
+        self.passed_on = passed_on
         self.previous: dict[int, Any] = {}  # the signal module's handler of each signal taken over
         self.loop_handlers: dict[int, asyncio.Handle] = {}  # the loop's own handler of each, if it had one
 
@@ -133,7 +142,7 @@ class _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             return self
         loop = self.runtime.loop
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.passed_on):
             previous = signal.getsignal(signum)
             if signum != signal.SIGTERM and previous == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
@@ -141,8 +150,13 @@ class _SignalHandlers:
             handler = _loop_signal_handlers(loop).get(signum)
             if handler is not None:
                 self.loop_handlers[signum] = handler
-            loop.add_signal_handler(signum, self._on_signal, signum)
+            on_signal = self._pass_on if signum in self.passed_on else self._on_signal
+            loop.add_signal_handler(signum, on_signal, signum)
         return self
+
+    def _pass_on(self, signum: int) -> None:
+        if not self.runtime.pass_on(signum):
+            print(f"mpvisor: {signal.Signals(signum).name}: no attempt is running; not passed on", file=sys.stderr, flush=True)
 
     def _on_signal(self, signum: int) -> None:
         received = self.runtime.interrupted

@@ -70,8 +70,9 @@ _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
-# shell without job control (`cmd &` in a script). `kept_ignored` is what this process found.
-INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+# shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
+# on, unless it found them ignored). `kept_ignored` is what this process found.
+INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 kept_ignored: frozenset[int] = frozenset()
 # What a program gets at its exec, unless kept ignored: the default action. CPython itself
 # ignores SIGPIPE and SIGXFSZ at start-up (as `subprocess` does, they are restored), and the

@@ -24,7 +24,7 @@ every task down gracefully, as for one task, and mpvisor then dies by that signa
 Every file's run is a service run (`_services/manager.py`, `ServiceRun`): a task starts once
 what it comes `after` is ready; the run answers `mpvisor status`, `stop`, `start`, `restart`,
 `logs` and `reload` on its control socket, reloads its file on SIGHUP and reopens its log files
-on SIGUSR1; under systemd it sends `READY=1` and `STOPPING=1` (systemd's variables are taken out
+on SIGUSR1 (passing SIGUSR2 on to every running task's process, `session.py`); under systemd it sends `READY=1` and `STOPPING=1` (systemd's variables are taken out
 of the environment its tasks get). A task that never started because a dependency ended for
 good gets a `REJECTED` outcome (`dependency_failed`) and its outcome line like any other.
 
@@ -409,7 +409,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
 
     problem = None
     try:
-        await run_session(runtime, start, adds_work=False)
+        await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,))  # (SIGUSR1: the logs)
     except (ConfigError, ShuttingDown, ControllerClosed) as exc:  # the launcher could not start, or interrupted first
         problem = f"mpvisor: {exc}"
     except GraceExceeded as exc:  # a tree had to be killed: its outcome is FORCE_ABORTED

@@ -226,6 +226,12 @@ class Runtime:
         if self.hooks is not None:
             self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 
+    def pass_on(self, signum: int) -> int:
+        """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1
+        and SIGUSR2): how many it reached; 0 when none runs (between attempts, before the first)."""
+        return sum(actor.current.pass_on(signum) for actor in list(self.registry.by_id.values())
+                   if actor.current is not None)
+
     def fence(self, id: int, stop_at: float, kill_at: float) -> None:
         """The task `id`'s attempts must not outlive its slot's lease: from `stop_at` their trees
         are stopped, at `kill_at` killed (`time.monotonic()`). The launcher keeps the fence (so it

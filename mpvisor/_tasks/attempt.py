@@ -208,6 +208,14 @@ class AttemptProcess:
             self.facts.unhealthy = why
             self.stop(StopReason.UNHEALTHY, grace)
 
+    def pass_on(self, signum: int) -> bool:
+        """Send `signum` to the attempt's own process (not its group, as tini does without -g)
+        if it runs: whether it did (no pid yet, or over: nothing is sent)."""
+        if not isinstance(self.phase, Running):
+            return False
+        self.client.signal(self.key, signum, False)
+        return True
+
     def kill(self, why: str) -> None:
         """SIGKILL the attempt's whole tree now; the ATTEMPT_KILLED reason names the pid and `why`."""
         match self.phase:

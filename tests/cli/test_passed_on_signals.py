@@ -1,0 +1,147 @@
+"""`mpvisor run` passes SIGUSR1 and SIGUSR2 on to the command, as tini does: real processes,
+real signals (a file run passes SIGUSR2 on and keeps SIGUSR1 for its log files); a signal that
+comes while no attempt runs is said on stderr, an inherited ignore stays, and a library
+program's own dispositions are left alone. Every wait is for a line in a file or on a pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests._support import wait_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(30)
+
+# records each user signal, says it is ready, and runs until stopped
+TRAPPING = ('trap "echo got-usr1 >> $F" USR1; trap "echo got-usr2 >> $F" USR2; '
+            'grep SigIgn /proc/$$/status >> $F; echo ready >> $F; while :; do sleep 0.05; done')
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _start(cwd: pathlib.Path, argv: list[str], **popen: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, *argv], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
+
+
+def _lines(path: pathlib.Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _ended(proc: subprocess.Popen[str], signum: int = signal.SIGTERM) -> tuple[int, str]:
+    """Send `signum`, then the run's status and stderr (killed if it outlives the test)."""
+    try:
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return proc.returncode, stderr
+
+
+def test_usr1_and_usr2_reach_the_command_and_the_run_goes_on_until_sigterm(tmp_path: pathlib.Path) -> None:
+    """Each of SIGUSR1 and SIGUSR2 to mpvisor reaches the command, which handles it; mpvisor
+    runs on, and SIGTERM still ends the run as before (death by SIGTERM)."""
+    out = tmp_path / "out"
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "got-usr1" in _lines(out), timeout=10)
+    proc.send_signal(signal.SIGUSR2)
+    wait_for(lambda: "got-usr2" in _lines(out), timeout=10)
+    assert proc.poll() is None
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+    assert "not passed on" not in stderr, stderr
+
+
+def test_a_file_run_passes_usr2_to_every_service_and_keeps_usr1_for_its_logs(tmp_path: pathlib.Path) -> None:
+    """Two services: SIGUSR2 to mpvisor reaches both; SIGUSR1, sent first, reopened the run's
+    log files and reached neither (a task without a handler would die of it)."""
+    tasks = tmp_path / "services.toml"
+    tasks.write_text(textwrap.dedent(f"""
+        [task.one]
+        command = ["bash", "-c", {json.dumps(TRAPPING)}]
+        env = {{ F = "{tmp_path / 'one'}" }}
+
+        [task.two]
+        command = ["bash", "-c", {json.dumps(TRAPPING)}]
+        env = {{ F = "{tmp_path / 'two'}" }}
+    """))
+    env = _env(XDG_RUNTIME_DIR=str(tmp_path))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--file", str(tasks), "--grace", "2"], env=env)
+    files = (tmp_path / "one", tmp_path / "two")
+    wait_for(lambda: all("ready" in _lines(f) for f in files), timeout=20)
+    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGUSR2)
+    wait_for(lambda: all("got-usr2" in _lines(f) for f in files), timeout=10)
+    assert all("got-usr1" not in _lines(f) for f in files)
+    assert proc.poll() is None
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+
+
+def test_a_signal_during_the_backoff_is_said_in_one_line_and_the_run_goes_on(tmp_path: pathlib.Path) -> None:
+    """Between attempts no process can take SIGUSR1: mpvisor says so on stderr, and goes on."""
+    argv = ["-m", "mpvisor", "run", "--events", "json", "--restart", "on-failure", "--backoff", "60", "--jitter", "none",
+            "--", "bash", "-c", "exit 3"]
+    proc = _start(tmp_path, argv, env=_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if json.loads(line)["kind"] == "backoff_scheduled":
+            break
+    proc.send_signal(signal.SIGUSR1)
+    for line in proc.stderr:
+        if "not passed on" in line:
+            break
+    assert line == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
+    assert proc.poll() is None
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+
+
+def test_an_inherited_ignore_of_usr1_stays_and_the_command_inherits_it(tmp_path: pathlib.Path) -> None:
+    """Started with SIGUSR1 ignored, mpvisor keeps it ignored (a SIGUSR1 does nothing) and the
+    command starts with it ignored too; SIGUSR2 is still passed on."""
+    out = tmp_path / "out"
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=_env(F=str(out)),
+                  preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGUSR2)  # after the first was discarded: once it arrives, both were taken
+    wait_for(lambda: "got-usr2" in _lines(out), timeout=10)
+    (ignored,) = [line.split()[1] for line in _lines(out) if line.startswith("SigIgn:")]
+    assert int(ignored, 16) & 1 << (signal.SIGUSR1 - 1)
+    assert "got-usr1" not in _lines(out)
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+    assert "not passed on" not in stderr, stderr
+
+
+def test_a_library_programs_usr1_keeps_its_default_action_during_run(tmp_path: pathlib.Path) -> None:
+    """`mpvisor.run` in a program catches no SIGUSR1: its command sends one to the program,
+    which dies by it as it would without mpvisor."""
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, mpvisor
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+        kill = mpvisor.CommandTask("kill", ["bash", "-c", f"kill -USR1 {os.getpid()}; sleep 20"])
+        mpvisor.run([mpvisor.TaskSpec.once(kill)])
+        print("survived")
+    """))
+    proc = _start(tmp_path, [str(script)], env=_env())
+    stdout, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == -signal.SIGUSR1, (stdout, stderr)
+    assert "survived" not in stdout
