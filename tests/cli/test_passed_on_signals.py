@@ -145,3 +145,32 @@ def test_a_library_programs_usr1_keeps_its_default_action_during_run(tmp_path: p
     stdout, stderr = proc.communicate(timeout=20)
     assert proc.returncode == -signal.SIGUSR1, (stdout, stderr)
     assert "survived" not in stdout
+
+
+def test_a_signal_passed_on_leaves_a_stopped_command_stopped_and_an_ending_one_continues_it(tmp_path: pathlib.Path) -> None:
+    """The fork server sends SIGCONT only after a signal that asks a process to end (SIGTERM...):
+    a stopped command given SIGUSR1 stays stopped, the signal pending (as `kill -USR1` leaves
+    it), and runs its handler once continued; SIGTERM continues it, so its handler runs."""
+    from mpvisor._launchers.local.forkserver import _signal_and_continue
+
+    out = tmp_path / "out"
+    script = 'trap "echo got-usr1 >> $F" USR1; trap "echo got-term >> $F; exit 0" TERM; echo ready >> $F; while :; do sleep 0.05; done'
+    proc = subprocess.Popen(["bash", "-c", script], env={**os.environ, "F": str(out)})
+    try:
+        wait_for(lambda: "ready" in _lines(out), timeout=20)
+
+        def state() -> str:
+            return pathlib.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: state() == "T", timeout=10)
+        _signal_and_continue(proc.pid, signal.SIGUSR1, False)
+        pending = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+        assert state() == "T" and "got-usr1" not in _lines(out)
+        assert int(next(line.split()[1] for line in pending.splitlines() if line.startswith("ShdPnd:")), 16) & (1 << (signal.SIGUSR1 - 1))
+        _signal_and_continue(proc.pid, signal.SIGTERM, False)
+        assert proc.wait(timeout=15) == 0
+        assert "got-term" in _lines(out)  # continued: its handler ran (the pending USR1's may, or not, before it exits)
+    finally:
+        proc.kill()
+        proc.wait()

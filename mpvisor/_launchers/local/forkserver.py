@@ -797,18 +797,20 @@ def _still_running(pid: int) -> bool:
         return False
 
 
-_NOT_CONTINUED = frozenset(int(s) for s in (signal.SIGCONT, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
+_ENDING = frozenset(int(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT))
 
 
 def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
-    """Send `signum` to `pid` (its process group if `group`), then SIGCONT to the same target, as
-    systemd does after its KillSignal=: a stopped process (SIGSTOP, or Ctrl-Z) runs again, and
-    the signal is handled first, so a SIGTERM handler runs within the grace instead of the tree
-    being killed at its end. A signal that stops (or continues) is sent alone."""
+    """Send `signum` to `pid` (its process group if `group`); after a signal that asks it to end
+    (`_ENDING`), SIGCONT to the same target too, as systemd does after its KillSignal=: a stopped
+    process (SIGSTOP, or Ctrl-Z) runs again, and the signal is handled first, so a SIGTERM handler
+    runs within the grace instead of the tree being killed at its end. Any other signal (one
+    passed on for the command's own use, SIGUSR1; one that stops or continues) is sent alone, as
+    `kill` sends it: a stopped command stays stopped, its signal pending."""
     send = os.killpg if group else os.kill
     try:
         send(pid, signum)
-        if signum not in _NOT_CONTINUED:
+        if signum in _ENDING:
             send(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
