@@ -156,7 +156,9 @@ class _SignalHandlers:
 
     def _pass_on(self, signum: int) -> None:
         if not self.runtime.pass_on(signum):
-            print(f"mpvisor: {signal.Signals(signum).name}: no attempt is running; not passed on", file=sys.stderr, flush=True)
+            # one write, the newline with it: the run's other lines come from subscriber threads
+            sys.stderr.write(f"mpvisor: {signal.Signals(signum).name}: no attempt is running; not passed on\n")
+            sys.stderr.flush()
 
     def _on_signal(self, signum: int) -> None:
         received = self.runtime.interrupted

@@ -442,4 +442,5 @@ class _SlotLines:
 
     def on_event(self, event: Event) -> None:
         if event.kind is EventKind.CONTROLLER_SLOT_TRANSITION and event.task == self.task and event.reason:
-            print(f"mpvisor: {event.reason}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"mpvisor: {event.reason}\n")  # one write: lines of other threads stay whole
+            sys.stderr.flush()
