@@ -37,7 +37,7 @@ field_flags = st.fixed_dictionaries({"compare": st.booleans(), "hash": st.sample
 
 @st.composite
 def shapes(draw: st.DrawFn) -> dict[str, Any]:
-    flags = draw(field_flags.flatmap(lambda _: st.lists(field_flags, max_size=4)))
+    flags = draw(st.lists(field_flags, max_size=4))
     return {
         "frozen": draw(st.booleans()),
         "slots": draw(st.booleans()),
