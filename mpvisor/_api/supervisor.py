@@ -95,13 +95,14 @@ class Supervisor:
         self._refuse_reuse("serve()")
         return SupervisorHandle(self._served())
 
-    def _refuse_reuse(self, call: str) -> None:
+    def _refuse_reuse(self, call: str, *, once_shutting_down: bool = False) -> None:
         """A supervisor serves once (module docstring): `RuntimeError` naming `call` if its
-        `async with` block is open, or its shutdown is over."""
+        `async with` block is open, or its shutdown is over (with `once_shutting_down`, begun)."""
         if self._open:
             raise RuntimeError(f"{call}: this supervisor is already open in an `async with`: use the handle "
                                "it gave, or make another Supervisor")
-        if self._runtime is not None and self._runtime.shut_down:
+        runtime = self._runtime
+        if runtime is not None and (runtime.shutting_down if once_shutting_down else runtime.shut_down):
             raise RuntimeError(f"{call}: this supervisor has shut down: a Supervisor is served once; make a new one")
 
     def _served(self) -> Runtime:
@@ -133,9 +134,7 @@ class Supervisor:
         """Serve it for the `async with` block, which shuts it down at its end. Entering one that
         is already open, or that has shut down, raises `RuntimeError` (the inner block's end
         would shut the outer's down; a shut-down supervisor can do nothing)."""
-        self._refuse_reuse("async with")
-        if self._runtime is not None and self._runtime.shutting_down:  # nor while its shutdown is under way
-            raise RuntimeError("async with: this supervisor has shut down: a Supervisor is served once; make a new one")
+        self._refuse_reuse("async with", once_shutting_down=True)  # nor while its shutdown is under way
         handle = SupervisorHandle(self._served())
         self._open = True
         return handle

@@ -67,8 +67,6 @@ def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
 def _resolve_main(target: str) -> tuple[str, str | None]:
     """Map a target defined in the running script (`__main__`) to what the child can import."""
     module, _, qualname = target.partition(":")
-    if module == "__mp_main__" and sys.modules.get(module) is sys.modules.get("__main__"):
-        module, target = "__main__", f"__main__:{qualname}"  # an attempt's name for the script it imported
     if module != "__main__":
         return target, None
     main = sys.modules.get("__main__")

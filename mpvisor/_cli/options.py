@@ -243,10 +243,11 @@ def _named(what: str, text: str) -> str:
 
 def slots_url(text: str) -> str:
     """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)."""
-    from mpvisor._admission.leases.postgres import masked
     from mpvisor._admission.leases.stores import is_store_url
 
     if not is_store_url(text):  # said without its password, if it has one
+        from mpvisor._admission.leases.postgres import masked
+
         raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {masked(text, text)!r}")
     return text
 

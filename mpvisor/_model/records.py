@@ -1,11 +1,11 @@
-"""`record`: a dataclass that costs a third as much to define.
+"""`record`: a dataclass with half the compiles (about two thirds of the time) to define.
 
 `dataclasses.dataclass` writes each method it adds as source text and compiles it: six for a
 frozen class (`__init__`, `__repr__`, `__eq__`, `__hash__`, `__setattr__`, `__delattr__`), three
 for a mutable one. The compiles are nearly all of a dataclass's cost, about half a millisecond
 a class on the development machine, and the classes on the path of `mpvisor run` (specs,
-outcomes, the actor's and the attempt's states, the configuration) cost a run some 25 ms of
-its start-up, a fifth of it.
+outcomes, the actor's and the attempt's states, the configuration) cost a run 26-30 ms of its
+start-up in 189 compiles; with `record`, 88 compiles and 16-20 ms.
 
 `record` takes the same arguments as `dataclass` (those mpvisor uses) and makes the same class,
 a real dataclass: `dataclasses.fields`, `replace`, `asdict`, pickling, `__match_args__`, slots

@@ -18,7 +18,7 @@ and calls a target, or execs a program, belongs to the child and the launcher.
 
 A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
 to the script it re-imports, as `multiprocessing`'s spawn does. Inside an attempt that script is
-the module `__mp_main__`, aliased as `__main__`: a callable of it is recorded as `__main__:qualname`
+the module `__mp_main__`, aliased as `__main__`: a callable of it (or a target string naming it) is recorded as `__main__:qualname`
 too, so an attempt's own supervisor (nested use) runs it from the same script. Arguments must be msgpack values
 (`_model/payloads.py`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
 `[args, kwargs]`), so that every attempt sends those bytes as they are and the size of its start
@@ -134,7 +134,15 @@ def _checked_target_string(target: str) -> str:
             f"target must have the form 'package.module:attr' (dotted identifiers, exactly one "
             f"colon), got {target!r}"
         )
-    return target
+    return f"{_importable(module)}:{attr}"
+
+
+def _importable(module: str) -> str:
+    """`module`, but `__main__` for the script an attempt (or multiprocessing's spawn) imported
+    as `__mp_main__`: the name a child maps to that script."""
+    if module == "__mp_main__" and sys.modules.get("__mp_main__") is sys.modules.get("__main__"):
+        return "__main__"
+    return module
 
 
 def _dotted(text: str) -> bool:
@@ -157,8 +165,7 @@ def _callable_path(target: Callable[..., Any]) -> str:
             f"target must be defined at module level (not a lambda or nested function), "
             f"got {target!r}"
         )
-    if module == "__mp_main__" and sys.modules.get("__mp_main__") is sys.modules.get("__main__"):
-        module = "__main__"  # the script as an attempt (or multiprocessing's spawn) imported it
+    module = _importable(module)
     path = f"{module}:{qualname}"
     _check_reachable(target, module, qualname, path)
     return path

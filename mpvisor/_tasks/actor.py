@@ -293,7 +293,7 @@ class TaskActor:
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
         if attempt.killed_in_grace:  # a stop's grace ran out while it stopped for a timeout (or a check)
-            self.killed_at_once = self.killed_at_once or f"did not stop within the grace window of {self.host.grace} s; its process tree was killed"
+            self.killed_at_once = self.killed_at_once or self._grace_ran_out()
         self._publish_held_progress()  # the latest report comes before the attempt's end
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
@@ -336,10 +336,11 @@ class TaskActor:
 
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
         if end.killed is not None and (end.kind is AttemptResult.CANCELED or self.killed_at_once is not None):
-            grace = self.host.grace
-            reason = self.killed_at_once or f"did not stop within the grace window of {grace} s; its process tree was killed"
-            return self._outcome(OutcomeKind.FORCE_ABORTED, reason)
+            return self._outcome(OutcomeKind.FORCE_ABORTED, self.killed_at_once or self._grace_ran_out())
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
+
+    def _grace_ran_out(self) -> str:
+        return f"did not stop within the grace window of {self.host.grace} s; its process tree was killed"
 
     def _stop_reason(self) -> str:
         if self.claim and self.claim.by_shutdown:

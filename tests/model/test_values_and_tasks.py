@@ -361,3 +361,15 @@ def test_invalid_command_tasks_are_refused(
     with pytest.raises(error) as caught:
         CommandTask("c", **kwargs)
     assert named in str(caught.value)
+
+
+def test_the_script_an_attempt_imported_as_mp_main_is_recorded_as_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside an attempt the script is `__mp_main__`, aliased as `__main__`: a target string naming
+    it is recorded as `__main__:name`, as a callable of it is (what a nested run's child imports);
+    a `__mp_main__` that is not the script is left alone."""
+    script = types.ModuleType("__mp_main__")
+    monkeypatch.setitem(sys.modules, "__mp_main__", script)
+    assert target_path("__mp_main__:job") == "__mp_main__:job"
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert target_path("__mp_main__:job") == "__main__:job"
+    assert TaskFn("t", "__mp_main__:job").target == "__main__:job"
