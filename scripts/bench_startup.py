@@ -11,6 +11,7 @@ process started from here, with the repository root as its working directory:
 | the command, a run | `mpvisor run -- true` | `python -c pass` | <= 5x |
 | the command, no run | `mpvisor --version`; `mpvisor check FILE` (a two-task file) | `python -c pass` | <= 2.5x |
 | a run in a shared slot | `mpvisor run --slot s -- true` | `mpvisor run -- true` | <= 1.1x |
+| floors (no goal) | `python -c "import asyncio"` (what any run's supervisor imports); `python -c "import argparse, tomllib, dataclasses"` (what `check` cannot do without); both with the collector off, as mpvisor imports | the anchors of the goals they bound | how much of each goal's budget is left beyond them |
 | parent CPU per attempt | in this process: 2,000 trivial attempts, 2 at a time (as `bench_attempts.py`), `getrusage(RUSAGE_SELF)` user+sys / 2,000; beside it, the launcher's CPU (guardian and fork server, psutil) and the attempts' (what the fork server reaped) per attempt | - | <= 0.25 ms |
 
 Wall time is from `Popen` to `wait4`; CPU time is the user+sys `wait4` reports for the process
@@ -106,6 +107,22 @@ if __name__ == "__main__":
         total = sum(pool.map(count_primes, *zip(*CHUNKS, strict=True)))
     assert total == {PRIMES_BELOW_LIMIT}, total
 """
+
+# What `mpvisor check FILE` cannot do without: the command line, a TOML reader, the task model's
+# dataclasses (a floor, measured beside the goals it bounds: see FLOORS).
+CHECK_FLOOR = "import gc; gc.disable(); import argparse, tomllib, dataclasses"
+# What every run's supervisor imports. Both floors import with the collector off, as the console
+# script and `mpvisor.run` import the runtime: the cheapest way there is.
+ASYNCIO_FLOOR = "import gc; gc.disable(); import asyncio"
+
+# Each goal beside its floor: the standard library that the path must import, whatever mpvisor
+# does (a run's supervisor is asyncio; `check` reads TOML into dataclasses). (goal's contender,
+# its floor, the goal's anchor, the goal.)
+FLOORS = [
+    ("one task", "floor: import asyncio", "one task: ProcessPoolExecutor(1)", 1.0),
+    ("run", "floor: import asyncio", "python -c pass", 5.0),
+    ("check", "floor: import argparse, tomllib, dataclasses", "python -c pass", 2.5),
+]
 
 TASK_FILE = """\
 [defaults]
@@ -487,6 +504,8 @@ def main() -> None:
         Contender("mpvisor run --slot s -- true", [MPVISOR, "run", "--slot", "s", "--", "true"], slotted),
         Contender("mpvisor --version", [MPVISOR, "--version"], base),
         Contender("mpvisor check FILE", [MPVISOR, "check", task_file], base),
+        Contender("floor: import asyncio", [PYTHON, "-c", ASYNCIO_FLOOR], base),
+        Contender("floor: import argparse, tomllib, dataclasses", [PYTHON, "-c", CHECK_FLOOR], base),
     ]
     by = {c.label: c for c in contenders}
     try:
@@ -518,6 +537,15 @@ def main() -> None:
         cpu, _, _ = ratio_of(by[label], by[anchor], lambda s: s.cpu)
         verdict = "PASS" if wall <= goal else "MISS"
         print(f"{label + ' vs ' + anchor:68s} {wall:6.2f}x ({lo:.2f}-{hi:.2f}) {cpu:6.2f}x {'<= ' + format(goal, '.1f') + 'x':>8s} {verdict}")
+
+    print(f"\n{'floor vs anchor (the standard library a path cannot do without)':68s} {'wall x (rounds)':>20s} {'CPU x':>7s}")
+    for label, floor, anchor, goal in FLOORS:
+        wall, lo, hi = ratio_of(by[floor], by[anchor], lambda s: s.wall)
+        cpu, _, _ = ratio_of(by[floor], by[anchor], lambda s: s.cpu)
+        budget = goal * statistics.median(s.wall for s in by[anchor].samples)
+        left = budget - statistics.median(s.wall for s in by[floor].samples)
+        print(f"{floor + ' vs ' + anchor:68s} {wall:6.2f}x ({lo:.2f}-{hi:.2f}) {cpu:6.2f}x  "
+              f"{label}'s goal {goal:.1f}x leaves {left * 1000:.1f} ms beyond it")
 
     per_attempt, launcher, attempt, rate = asyncio.run(_parent_cpu(attempts))
     verdict = "PASS" if per_attempt <= 0.25 else "MISS"
