@@ -17,6 +17,7 @@ pid, names one process for its whole life).
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
+| handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 """
 
 from __future__ import annotations
@@ -416,3 +417,51 @@ def _make_private_dirs(path: str) -> None:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+
+
+class Borrowed:
+    """What a signal's handling was before `borrow_signal` took it over: the signal module's
+    handler, and the loop's own handle for it when the program had given the loop one."""
+
+    __slots__ = ("handle", "previous")
+
+    def __init__(self, previous: Any, handle: Any) -> None:
+        self.previous = previous
+        self.handle = handle
+
+
+def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
+    """Handle `signum` on the asyncio `loop` with `callback(*args)` (main thread only, as
+    `loop.add_signal_handler`), keeping what handled it before for `give_back_signal`."""
+    import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
+
+    previous = signal.getsignal(signum)  # None: a handler set from C
+    handle = _loop_signal_handlers(loop).get(signum)
+    loop.add_signal_handler(signum, callback, *args)
+    return Borrowed(previous, handle)
+
+
+def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
+    """Give `signum` back as it was before `borrow_signal`: a handler the program had given the
+    loop itself (`loop.add_signal_handler`, whose signal-module handler is only asyncio's
+    wake-up) goes back to the loop, the very handle it registered (its context, its arguments);
+    any other, to the signal module. (A handler installed by C code, which Python cannot name,
+    cannot be put back: the signal's default is.)"""
+    handle = borrowed.handle
+    callback = getattr(handle, "_callback", None)
+    if handle is None or handle.cancelled() or callback is None:
+        loop.remove_signal_handler(signum)
+        if borrowed.previous is not None:
+            import signal
+
+            signal.signal(signum, borrowed.previous)
+        return
+    loop.add_signal_handler(signum, callback, *getattr(handle, "_args", ()))  # replaces the borrower's
+    _loop_signal_handlers(loop)[signum] = handle
+
+
+def _loop_signal_handlers(loop: Any) -> dict[int, Any]:
+    """The loop's own signal handlers by signal (asyncio's Unix loop keeps them in
+    `_signal_handlers`, and has no public way to read them); empty for a loop without that."""
+    found = getattr(loop, "_signal_handlers", None)
+    return found if isinstance(found, dict) else {}

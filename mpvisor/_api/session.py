@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mpvisor import _platform
 from mpvisor._api.handle import SupervisorHandle
@@ -135,23 +135,17 @@ class _SignalHandlers:
     def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = ()) -> None:
         self.runtime = runtime
         self.passed_on = passed_on
-        self.previous: dict[int, Any] = {}  # the signal module's handler of each signal taken over
-        self.loop_handlers: dict[int, asyncio.Handle] = {}  # the loop's own handler of each, if it had one
+        self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
 
     def __enter__(self) -> _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             return self
         loop = self.runtime.loop
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.passed_on):
-            previous = signal.getsignal(signum)
-            if signum != signal.SIGTERM and previous == signal.SIG_IGN:
+            if signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
-            self.previous[signum] = previous
-            handler = _loop_signal_handlers(loop).get(signum)
-            if handler is not None:
-                self.loop_handlers[signum] = handler
             on_signal = self._pass_on if signum in self.passed_on else self._on_signal
-            loop.add_signal_handler(signum, on_signal, signum)
+            self.borrowed[signum] = _platform.borrow_signal(loop, signum, on_signal, signum)
         return self
 
     def _pass_on(self, signum: int) -> None:
@@ -174,26 +168,10 @@ class _SignalHandlers:
             pass  # `run` reports it: it awaits the same shutdown
 
     def __exit__(self, *exc: object) -> None:
-        """Give each signal back as it was: a handler the application gave the loop itself
-        (`loop.add_signal_handler`, whose signal-module handler is only asyncio's wake-up) goes
-        back to the loop, the very handle it registered; any other, to the signal module."""
-        loop = self.runtime.loop
-        for signum, previous in self.previous.items():
-            handler = self.loop_handlers.get(signum)
-            callback = getattr(handler, "_callback", None)
-            if handler is None or handler.cancelled() or callback is None:
-                loop.remove_signal_handler(signum)
-                signal.signal(signum, previous)
-                continue
-            loop.add_signal_handler(signum, callback, *getattr(handler, "_args", ()))  # replaces ours
-            _loop_signal_handlers(loop)[signum] = handler  # its own handle: its context, as registered
-
-
-def _loop_signal_handlers(loop: asyncio.AbstractEventLoop) -> dict[int, asyncio.Handle]:
-    """The loop's own signal handlers by signal (asyncio's Unix loop keeps them in
-    `_signal_handlers`, and has no public way to read them); empty for a loop without that."""
-    found = getattr(loop, "_signal_handlers", None)
-    return found if isinstance(found, dict) else {}
+        """Give each signal back as it was (`_platform.give_back_signal`): the loop's own handler
+        to the loop, any other to the signal module."""
+        for signum, borrowed in self.borrowed.items():
+            _platform.give_back_signal(self.runtime.loop, signum, borrowed)
 
 
 def refuse_unguarded_main() -> None:

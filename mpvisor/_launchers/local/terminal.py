@@ -125,7 +125,8 @@ class Terminal:
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
         self.wants = False  # the attempt takes the terminal whenever this process's group holds it
-        self._on_cont = False  # the SIGCONT and SIGTSTP handlers are installed
+        # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
+        self._borrowed: dict[int, _platform.Borrowed] = {}
         self._fg_timer: asyncio.TimerHandle | None = None  # looking for a `fg` after a `bg`
 
     def __repr__(self) -> str:
@@ -151,10 +152,9 @@ class Terminal:
         if key != self.key:
             return
         self.pgid = pid
-        if threading.current_thread() is threading.main_thread() and not self._on_cont:
-            self.loop.add_signal_handler(signal.SIGCONT, self.resumed)
-            self.loop.add_signal_handler(signal.SIGTSTP, self._suspend)
-            self._on_cont = True
+        if threading.current_thread() is threading.main_thread() and not self._borrowed:
+            for signum, callback in ((signal.SIGCONT, self.resumed), (signal.SIGTSTP, self._suspend)):
+                self._borrowed[signum] = _platform.borrow_signal(self.loop, signum, callback)
         if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
             self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
 
@@ -194,7 +194,7 @@ class Terminal:
     def _stop(self, signum: int, send: Callable[[int, int], None], to: int) -> None:
         """`send(to, signum)` with SIGTSTP's default action (a stop) meanwhile: it returns once
         this process was continued."""
-        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL) if self._on_cont else None
+        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL) if self._borrowed else None
         try:
             send(to, signum)
         finally:
@@ -248,10 +248,9 @@ class Terminal:
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
-        if self._on_cont:
-            self.loop.remove_signal_handler(signal.SIGCONT)
-            self.loop.remove_signal_handler(signal.SIGTSTP)
-            self._on_cont = False
+        for signum, borrowed in self._borrowed.items():  # the program's handlers come back
+            _platform.give_back_signal(self.loop, signum, borrowed)
+        self._borrowed.clear()
         if (how, value) == ("signal", signal.SIGINT):
             # A Ctrl-C in the foreground went to the attempt's group alone: it goes on to this
             # process's group too, the job the shell made, as it would have with the bare command
