@@ -219,12 +219,15 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]]]] = {
 }
 
 
+_KEYS = {t: frozenset({"t", *fields}) for t, (_, fields) in _SCHEMA.items()}  # each message's keys, "t" too
+
+
 def parse(obj: Any, allowed: tuple[str, ...] = tuple(_SCHEMA)) -> Message:
     """Check a decoded value against the schema of the messages in `allowed`."""
     if not isinstance(obj, dict) or obj.get("t") not in allowed:
         raise ProtocolError(f"unexpected message: {_short(obj)}")
     cls, fields = _SCHEMA[obj["t"]]
-    if set(obj) != {"t", *fields}:
+    if obj.keys() != _KEYS[obj["t"]]:
         raise ProtocolError(f"malformed {obj['t']!r} message: fields {sorted(map(str, obj))}")
     for name, types in fields.items():
         value = obj[name]
@@ -243,16 +246,25 @@ def pack_call(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> byte
 def encode_start(start: Start) -> tuple[bytes, bytes]:
     """The start frame in two pieces, to be sent one after the other: everything up to the
     `call` bytes (length prefix, the other fields, `call`'s bin header), and `call` itself, never
-    copied. Decodes to the same message as `encode(start)`."""
+    copied. Decodes to the same message as `encode(start)`: the other fields are packed as one
+    map, whose header then counts `call` too."""
     fields = start.to_wire()
     call = fields.pop("call")
-    packer = msgpack.Packer(use_bin_type=True)
-    parts = [packer.pack_map_header(len(fields) + 1)]
-    for key, value in fields.items():
-        parts += (packer.pack(key), packer.pack(value))
-    parts += (packer.pack("call"), _bin_header(len(call)))
-    head = b"".join(parts)
+    packed = memoryview(msgpack.packb(fields, use_bin_type=True))[len(_map_header(len(fields))):]
+    head = b"".join((_map_header(len(fields) + 1), packed, _CALL_KEY, _bin_header(len(call))))
     return HEADER.pack(len(head) + len(call)) + head, call
+
+
+_CALL_KEY = msgpack.packb("call")
+
+
+def _map_header(n: int) -> bytes:
+    """msgpack's header of a map of `n` entries (fixmap, map 16 or map 32)."""
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 2**16:
+        return struct.pack(">BH", 0xDE, n)
+    return struct.pack(">BI", 0xDF, n)
 
 
 def _bin_header(n: int) -> bytes:

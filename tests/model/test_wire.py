@@ -213,6 +213,15 @@ def test_the_start_frame_in_two_pieces_decodes_like_one_and_knows_its_size(size)
     assert parse_start(unpack(data[4:])) == start
 
 
+@pytest.mark.parametrize("n", [0, 1, 14, 15, 16, 17, 2**16 - 1, 2**16, 2**16 + 1])
+def test_a_map_header_is_msgpacks_own(n):
+    """`encode_start` packs the other fields as one map and writes its header for one entry more
+    (`call`): the header is msgpack's for every size class (fixmap, map 16, map 32)."""
+    from mpvisor._model.wire import _map_header
+
+    assert _map_header(n) == msgpack.Packer().pack_map_header(n)
+
+
 def test_the_decoder_holds_one_frame_and_never_copies_it():
     """A 16 MiB frame fed in 256 KiB chunks: the decoder's peak allocation is about the frame
     (buffered) plus the decoded value, never a third copy (the body is decoded where it lies)."""
