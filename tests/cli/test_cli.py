@@ -740,3 +740,32 @@ def test_the_library_refuses_a_name_past_256_characters_naming_the_field():
     with pytest.raises(ConfigError, match=r"^slot must be at most 256 characters, .*\(5000 characters\)$"):
         ControllerSpec.queue(spec).with_slot("s" * 5000)
     assert ControllerSpec.queue(spec).with_slot("s" * 256)
+
+
+def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
+    """A byte that is not UTF-8 in a command's arguments, in the environment and in the program's
+    name (Python holds each as a lone surrogate) reaches the program as that byte, and the task is
+    named after the program with the byte shown as `\\xe9`. Such an environment variable made every
+    `mpvisor run -- CMD` a UnicodeEncodeError traceback, status 1, and such a program's name was
+    refused as a name the user never gave, status 2 (a user's report)."""
+    script = tmp_path / os.fsdecode(b"caf\xe9")
+    script.write_text('#!/bin/sh\nprintf "%s|%s" "$1" "$FOO" | od -An -tx1\n')
+    script.chmod(0o755)
+    env = {**cli_env(), "FOO": os.fsdecode(b"\xff\xfe"), "LC_ALL": "C"}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", f"./{script.name}", os.fsdecode(b"\xe9t\xe9")],
+                          cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == b"e9 74 e9 7c ff fe".split(), done
+    assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
+
+
+@pytest.mark.parametrize("program, name, status", [("/bin/", "/bin/", 126), ("./no\tsuch", "no\\tsuch", 127),
+                                                  ("./" + "x" * 300, "x" * 256, 126)])
+def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path, program, name, status):
+    """The task's default name is the program's, made a name (escaped, cut to 256 characters):
+    the program then runs, or fails as it would bare (a directory 126, not found 127), where its
+    name was refused, status 2, naming a `name` the user never gave (a user's report)."""
+    done = mpvisor(tmp_path, "run", "--", program)
+    assert done.returncode == status, done.stderr
+    line = outcome_line(done.stderr)
+    assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
