@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -769,3 +770,21 @@ def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path
     assert done.returncode == status, done.stderr
     line = outcome_line(done.stderr)
     assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
+
+
+def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path):
+    """A task file of 30 programs under `ulimit -n 32`: the attempts that find no file
+    descriptor left for their channel fail to start, naming the limit, and the others complete;
+    no task panicked (each such task ended PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too
+    many open files', as a bug in mpvisor: a user's report)."""
+    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' for i in range(30))
+    (tmp_path / "many.toml").write_text(tasks)
+    done = subprocess.run(["bash", "-c", f"ulimit -n 32 && exec {shlex.quote(sys.executable)} -m mpvisor run --file many.toml"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    ends = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: t") and " reason=" in line]
+    assert len(ends) == 30 and "panicked" not in done.stderr, done.stderr
+    completed = [line for line in ends if ": completed " in line]
+    refused = [line for line in ends if ": failed reason='could not start: " in line]
+    assert completed and refused and len(completed) + len(refused) == 30, done.stderr
+    assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line for line in refused), refused

@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -466,18 +468,26 @@ class LauncherClient:
         and keeps `fence` (sent with `fence()` before)."""
         self._next_key += 1
         key = self._next_key
-        channel = Channel(self.loop, sink, start, capture_output)
+        stdin = self.stdin == "inherit"
+        try:
+            channel = Channel(self.loop, sink, start, capture_output)
+        except OSError as exc:  # no descriptor left for its socket or pipes
+            self.loop.call_soon(sink.on_start_failed, f"could not start: {_no_descriptor(exc)}")
+            return key
         fds = channel.child_fds
         if self._error is not None:  # given up: no launcher will ever start this attempt
-            for fd in fds:
-                os.close(fd)
+            channel.close_unstarted()
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
-        self._attempts[key] = channel
-        stdin = self.stdin == "inherit"
-        terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
-            fds = [fds[0], os.dup(0), *fds[1:]]
+            try:
+                fds = [fds[0], os.dup(0), *fds[1:]]
+            except OSError as exc:
+                channel.close_unstarted()
+                self.loop.call_soon(channel.start_failed, f"could not start: {_no_descriptor(exc)}")
+                return key
+        self._attempts[key] = channel
+        terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
                                  memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else ""),
@@ -589,6 +599,15 @@ def _write_all(fd: int, data: bytes) -> None:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _no_descriptor(exc: OSError) -> str:
+    """Why an attempt got no file descriptor in this process, naming the open-file limit."""
+    if exc.errno != errno.EMFILE:
+        return str(exc)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"{exc} (mpvisor is at its open-file limit ({soft}, ulimit -n): raise it, or run fewer attempts at once, "
+            f"max_concurrent)")
 
 
 def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:
