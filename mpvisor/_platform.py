@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # CPython's C module behind `signal` (no stubs)
 import array
+import errno
 import os
 import resource
 import socket
@@ -294,6 +295,17 @@ def hold_standard_fds() -> list[int]:
     if null not in closed:
         os.close(null)
     return closed
+
+
+PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
+
+
+def start_error(exc: BaseException) -> str:
+    """Why a process or a thread could not be started, as said to the user: a fork's `EAGAIN` and
+    CPython's "can't start new thread" name the limit on processes (and threads) they ran into."""
+    if isinstance(exc, RuntimeError) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
+        return f"{exc}: {PROCESS_LIMIT}"
+    return str(exc)
 
 
 def raise_nofile_limit() -> None:

@@ -145,7 +145,10 @@ class LauncherClient:
         # What the current launcher started with: os.environ's raw data, cwd, sys.path.
         self._baseline: tuple[dict[bytes, bytes], str, list[str]] = ({}, "", [])
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # no thread may start here: no launcher either
+            raise ConfigError(f"cannot start the launcher: {_platform.start_error(exc)}") from None
 
     def __repr__(self) -> str:
         return f"<LauncherClient pid={self.pid} attempts={len(self._attempts)} closing={self._closing}>"
@@ -178,7 +181,8 @@ class LauncherClient:
             try:
                 spawned = early.spawn_guardian(self.preload, self._environment)
             except OSError as exc:
-                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
+                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): "
+                                                                f"{_platform.start_error(exc)}")
                 return None
         self._baseline = spawned.baseline
         self._proc = spawned.proc
