@@ -297,6 +297,15 @@ def hold_standard_fds() -> list[int]:
     return closed
 
 
+def current_dir() -> str | None:
+    """The working directory, or None when it has no name any more (it was removed): the process
+    still runs in it, and so does every process it starts, as from a shell left in it."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
 
 

@@ -788,3 +788,17 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path):
     refused = [line for line in ends if ": failed reason='could not start: " in line]
     assert completed and refused and len(completed) + len(refused) == 30, done.stderr
     assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line for line in refused), refused
+
+
+@pytest.mark.parametrize("argv, out", [(["--", "sh", "-c", "echo ran"], "ran\n"),
+                                       (["workers.basic:echo", "ran"], '[["ran"],{}]\n')])
+def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp_path, argv, out):
+    """`mpvisor run` from a working directory that was removed (a shell left in it, as after a
+    checkout was deleted): the task runs there, as the bare command would, and completes (each
+    was a FileNotFoundError traceback from getcwd, status 1: a user's report)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {shlex.quote(sys.executable)} -m mpvisor run {shlex.join(argv)}"
+    done = subprocess.run(["bash", "-c", script], env=cli_env(), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == out, done
+    assert outcome_line(done.stderr).endswith(" completed reason=None exit_code=None attempts=1"), done.stderr

@@ -228,12 +228,13 @@ class LauncherClient:
 
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """The parent's environ, cwd and sys.path for a start request: each `None` when it is
-        what the launcher started with (so that neither side copies it per attempt)."""
+        what the launcher started with (so that neither side copies it per attempt); a working
+        directory that has no name any more (removed) is the launcher's too."""
         base_environ, base_cwd, base_path = self._baseline
-        cwd, path = os.getcwd(), sys.path
+        cwd, path = _platform.current_dir(), sys.path
         return (
             None if os.environ._data == base_environ else dict(os.environ),  # type: ignore[attr-defined]
-            None if cwd == base_cwd else cwd,
+            None if cwd is None or cwd == base_cwd else cwd,
             None if path == base_path else list(path),
         )
 
