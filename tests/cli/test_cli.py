@@ -772,12 +772,14 @@ def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path
     assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
 
 
-def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path):
-    """A task file of 30 programs under `ulimit -n 32`: the attempts that find no file
-    descriptor left for their channel fail to start, naming the limit, and the others complete;
-    no task panicked (each such task ended PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too
-    many open files', as a bug in mpvisor: a user's report)."""
-    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' for i in range(30))
+@pytest.mark.parametrize("log", [False, True])
+def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log):
+    """A task file of 30 programs under `ulimit -n 32`, their output captured for log files or
+    not: the attempts that find no file descriptor left for their channel and pipes fail to
+    start, naming the limit, and the others complete; no task panicked (each such task ended
+    PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too many open files', as a bug in mpvisor:
+    a user's report)."""
+    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
     (tmp_path / "many.toml").write_text(tasks)
     done = subprocess.run(["bash", "-c", f"ulimit -n 32 && exec {shlex.quote(sys.executable)} -m mpvisor run --file many.toml"],
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)

@@ -43,13 +43,18 @@ class Channel:
                  capture_output: bool) -> None:
         self.loop = loop
         self.sink = sink
+        self.pid: int | None = None  # the attempt's, once started: its process group's id too
+        self._pidfd: int | None = None
+        self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
+        self._writing = False  # a writer callback is registered for the rest of it
+        self._exit: tuple[ExitStatus, bool] | None = None  # the fork server's `exited`, once it came
+        self._eof_timer: asyncio.TimerHandle | None = None
+        self._reported = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.setblocking(False)
         self._sock: socket.socket | None = ours
         self.child_fds = [theirs.detach()]  # for the spawn request: the fork server owns them then
         self._streams: dict[int, LineSplitter] = {}
-        self.pid: int | None = None  # the attempt's, once started: its process group's id too
-        self._pidfd: int | None = None
         try:
             for stream in ("stdout", "stderr") if capture_output else ():
                 r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -59,11 +64,6 @@ class Channel:
         except OSError:  # no descriptor left (the open-file limit): nothing of it stays open
             self.close_unstarted()
             raise
-        self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
-        self._writing = False  # a writer callback is registered for the rest of it
-        self._exit: tuple[ExitStatus, bool] | None = None  # the fork server's `exited`, once it came
-        self._eof_timer: asyncio.TimerHandle | None = None
-        self._reported = False
         self._write_start()
 
     def __repr__(self) -> str:
