@@ -312,9 +312,15 @@ PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
 def start_error(exc: BaseException) -> str:
     """Why a process or a thread could not be started, as said to the user: a fork's `EAGAIN` and
     CPython's "can't start new thread" name the limit on processes (and threads) they ran into."""
-    if isinstance(exc, RuntimeError) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
+    if thread_refused(exc) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
         return f"{exc}: {PROCESS_LIMIT}"
     return str(exc)
+
+
+def thread_refused(exc: BaseException) -> bool:
+    """Whether `exc` is CPython's refusal to start a thread (`Thread.start` when the kernel
+    creates no more: a limit on processes and threads)."""
+    return type(exc) is RuntimeError and str(exc) == "can't start new thread"
 
 
 def raise_nofile_limit() -> None:

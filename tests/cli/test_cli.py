@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import pathlib
 import shlex
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests._support import pid_gone, read_markers, wait_for
+from tests._support import pid_gone, pids_cgroup, read_markers, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -804,3 +805,23 @@ def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp
     done = subprocess.run(["bash", "-c", script], env=cli_env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == out, done
     assert outcome_line(done.stderr).endswith(" completed reason=None exit_code=None attempts=1"), done.stderr
+
+
+def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path):
+    """A task file whose 25 tasks each have a log file (a writer thread each) run in a pids
+    cgroup that lets 12 processes and threads exist: status 1 and one last line naming the limit
+    on processes, never a traceback (it was RuntimeError: can't start new thread: a user's
+    report). (Needs root, as any test that makes a cgroup.)"""
+    tasks = "".join(f'[task.t{i}]\ncommand = ["true"]\nlog = "t{i}.log"\n' for i in range(25))
+    (tmp_path / "logs.toml").write_text(tasks)
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}", 12)
+    try:
+        script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.quote(sys.executable)} -m mpvisor run --file logs.toml"
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                              timeout=60)
+        wait_for(lambda: not pathlib.Path(cgroup, "cgroup.procs").read_text(encoding="utf-8"))
+    finally:
+        os.rmdir(cgroup)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last == "mpvisor: can't start new thread: a limit on processes was reached (ulimit -u, or a pids cgroup)", done.stderr

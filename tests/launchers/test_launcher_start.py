@@ -29,6 +29,7 @@ from tests._support import (
     START_METHODS,
     live_children,
     once,
+    pids_cgroup,
     restartable,
     run,
     supervised,
@@ -320,20 +321,6 @@ def test_a_launcher_started_early_is_taken_only_when_it_is_the_one_the_client_wo
         assert found["lineage"][1] != found["guardian"] and not found["alive"]
 
 
-def _pids_cgroup(name: str, most: int) -> str:
-    """A pids cgroup beside this process's own that lets at most `most` processes (and threads)
-    exist in it (cgroup v1's pids hierarchy, else v2)."""
-    with open("/proc/self/cgroup", encoding="utf-8") as file:
-        own = file.read().splitlines()
-    v1 = [line.split(":", 2)[2] for line in own if "pids" in line.split(":", 2)[1].split(",")]
-    parent = f"/sys/fs/cgroup/pids{v1[0]}" if v1 else f"/sys/fs/cgroup{next(line for line in own if line.startswith('0::'))[3:]}"
-    made = f"{parent.rstrip('/')}/{name}"
-    os.mkdir(made)
-    with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
-        file.write(str(most))
-    return made
-
-
 @pytest.mark.parametrize("most", [2, 3, 4])
 def test_a_process_limit_is_one_line_naming_it_never_a_traceback(tmp_path, most):
     """`mpvisor run -- true` in a pids cgroup that lets 2, 3 or 4 processes and threads exist:
@@ -341,7 +328,7 @@ def test_a_process_limit_is_one_line_naming_it_never_a_traceback(tmp_path, most)
     Status 1 and a last line naming the limit on processes, never a traceback (a thread that could
     not start was a RuntimeError traceback; a fork's EAGAIN named no limit: a user's report).
     (Needs root, as any test that makes a cgroup.)"""
-    cgroup = _pids_cgroup(f"mpvisor-pids-test-{os.getpid()}-{most}", most)
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}-{most}", most)
     try:
         script = f'echo $$ > {cgroup}/cgroup.procs && exec {sys.executable} -m mpvisor run -- true'
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
