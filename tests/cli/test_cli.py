@@ -825,3 +825,18 @@ def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last == "mpvisor: can't start new thread: a limit on processes was reached (ulimit -u, or a pids cgroup)", done.stderr
+
+
+def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):
+    """A task with `ready = "notify"` whose run's `$TMPDIR` takes no directory (here /sys, where
+    nobody may make one): its attempt fails to start, naming the notify socket and why, and a
+    task after it is not started; the task panicked ('mpvisor panicked: PermissionError', as a
+    bug in mpvisor: a user's report, TMPDIR unwritable or full)."""
+    (tmp_path / "n.toml").write_text('[task.srv]\ncommand = ["sleep", "5"]\nready = "notify"\n'
+                                     '[task.web]\ncommand = ["true"]\nafter = ["srv"]\n')
+    env = {**cli_env(), "TMPDIR": "/sys", "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--file", "n.toml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "panicked" not in done.stderr, done.stderr
+    [srv] = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: srv: failed reason=")]
+    assert "could not start: cannot make its notify socket in /sys: " in srv and "Operation not permitted" in srv, srv
