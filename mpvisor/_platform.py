@@ -431,15 +431,19 @@ def private_dir(path: str, what: str) -> str | None:
         return f"{what} {path!r} is not a directory of uid {os.getuid()}'s"
     if info.st_mode & 0o077:
         return f"{what} {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700"
+    if info.st_mode & 0o700 != 0o700:
+        return f"{what} {path!r} is not usable by its owner (mode {info.st_mode & 0o777:o}); it must be 0700"
     return None
 
 
 def _make_private_dirs(path: str) -> None:
-    """`mkdir -p` whose every new directory is 0700 (os.makedirs gives the parents the umask's mode)."""
+    """`mkdir -p` whose every new directory is 0700, whatever the umask (os.makedirs gives the
+    parents the umask's mode, and a umask such as 277 would take the owner's own bits)."""
     head, tail = os.path.split(path)
     if head and tail and not os.path.isdir(head):
         _make_private_dirs(head)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        pass
+        return
+    os.chmod(path, 0o700)

@@ -840,3 +840,25 @@ def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_pa
     assert done.returncode == 1 and "panicked" not in done.stderr, done.stderr
     [srv] = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: srv: failed reason=")]
     assert "could not start: cannot make its notify socket in /sys: " in srv and "Operation not permitted" in srv, srv
+
+
+def test_the_directories_mpvisor_makes_are_0700_whatever_the_umask_and_one_it_cannot_use_is_named(tmp_path):
+    """Under `umask 277` (or any umask that takes the owner's bits), the slot server's and the
+    control sockets' directories are made 0700, their parents too, and the runs work (they were
+    made 0500, unwritable: the slot server failed on its log, the run served no control socket:
+    a user's report). A control directory of this user's that it cannot use (mode 0) is one line
+    naming it, status 1 (it was a PermissionError traceback from `mpvisor status`)."""
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(tmp_path / "a" / "slots"), "MPVISOR_CONTROL_DIR": str(tmp_path / "b" / "runs")}
+    (tmp_path / "one.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    script = f"umask 277 && {shlex.quote(sys.executable)} -m mpvisor run --slot s -- true && " \
+             f"{shlex.quote(sys.executable)} -m mpvisor run --file one.toml"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "no control socket" not in done.stderr, done.stderr
+    for made in ("a", "a/slots", "b", "b/runs"):
+        assert (tmp_path / made).stat().st_mode & 0o777 == 0o700, made
+    (tmp_path / "b" / "runs").chmod(0)
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"mpvisor: the control directory {str(tmp_path / 'b' / 'runs')!r} is not usable by its owner " \
+                          f"(mode 0); it must be 0700\n"
