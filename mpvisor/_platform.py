@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # CPython's C module behind `signal` (no stubs)
 import array
+import errno
 import os
 import resource
 import socket
@@ -297,6 +298,32 @@ def hold_standard_fds() -> list[int]:
     return closed
 
 
+def current_dir() -> str | None:
+    """The working directory, or None when it has no name any more (it was removed): the process
+    still runs in it, and so does every process it starts, as from a shell left in it."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
+
+
+def start_error(exc: BaseException) -> str:
+    """Why a process or a thread could not be started, as said to the user: a fork's `EAGAIN` and
+    CPython's "can't start new thread" name the limit on processes (and threads) they ran into."""
+    if thread_refused(exc) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
+        return f"{exc}: {PROCESS_LIMIT}"
+    return str(exc)
+
+
+def thread_refused(exc: BaseException) -> bool:
+    """Whether `exc` is CPython's refusal to start a thread (`Thread.start` when the kernel
+    creates no more: a limit on processes and threads)."""
+    return type(exc) is RuntimeError and str(exc) == "can't start new thread"
+
+
 def raise_nofile_limit() -> None:
     """Raise the soft RLIMIT_NOFILE to the hard limit (each live attempt costs a few fds)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -405,18 +432,22 @@ def private_dir(path: str, what: str) -> str | None:
         return f"{what} {path!r} is not a directory of uid {os.getuid()}'s"
     if info.st_mode & 0o077:
         return f"{what} {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700"
+    if info.st_mode & 0o700 != 0o700:
+        return f"{what} {path!r} is not usable by its owner (mode {info.st_mode & 0o777:o}); it must be 0700"
     return None
 
 
 def _make_private_dirs(path: str) -> None:
-    """`mkdir -p` whose every new directory is 0700 (os.makedirs gives the parents the umask's mode)."""
+    """`mkdir -p` whose every new directory is 0700, whatever the umask (os.makedirs gives the
+    parents the umask's mode, and a umask such as 277 would take the owner's own bits)."""
     head, tail = os.path.split(path)
     if head and tail and not os.path.isdir(head):
         _make_private_dirs(head)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        pass
+        return
+    os.chmod(path, 0o700)
 
 
 class Borrowed:

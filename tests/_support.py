@@ -479,3 +479,17 @@ class LogRecords(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with self._guard:
             self.records.append(record)
+
+
+def pids_cgroup(name: str, most: int) -> str:
+    """A pids cgroup beside this process's own that lets at most `most` processes (and threads)
+    exist in it (cgroup v1's pids hierarchy, else v2)."""
+    with open("/proc/self/cgroup", encoding="utf-8") as file:
+        own = file.read().splitlines()
+    v1 = [line.split(":", 2)[2] for line in own if "pids" in line.split(":", 2)[1].split(",")]
+    parent = f"/sys/fs/cgroup/pids{v1[0]}" if v1 else f"/sys/fs/cgroup{next(line for line in own if line.startswith('0::'))[3:]}"
+    made = f"{parent.rstrip('/')}/{name}"
+    os.mkdir(made)
+    with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
+        file.write(str(most))
+    return made

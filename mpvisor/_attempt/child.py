@@ -59,8 +59,8 @@ from mpvisor._model.wire import (
     Start,
     frame,
     pack,
-    parse_start,
     unpack,
+    unpack_start,
 )
 
 NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout` exit
@@ -118,7 +118,7 @@ class _Channel:
 
     def read_start(self) -> Start:
         (length,) = HEADER.unpack(self.read_exact(HEADER.size))
-        return parse_start(unpack(self.read_exact(length)))
+        return unpack_start(self.read_exact(length))
 
 
 def run(fd: int) -> NoReturn:

@@ -81,7 +81,10 @@ def _find(name: str, search: list[str] | None) -> tuple[ModuleSpec, list[Check]]
             continue  # importlib caches a path no hook accepts, and skips it from then on
         if type(finder) is not FileFinder:
             return None
-        check = _check(finder.path or os.getcwd())
+        try:
+            check = _check(finder.path or os.getcwd())
+        except OSError:
+            return None  # the working directory was removed: nothing to look at again
         if check is None:
             return None
         checks.append(check)  # stat before the search: a change during it fails the next check

@@ -7,7 +7,9 @@
    imports the command and the runtime; the run's supervisor takes it over if it is the one
    it would start (its stdout and stderr the files the run's are by then: stderr for stdout
    where the run keeps stdout for its own output).
-2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal. Before
+2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal. What
+   escapes it is a bug, its traceback printed, but for a thread the host refused to start (a
+   limit on processes): one line naming the limit, status 1. Before
    anything else, `mpvisor run --file` takes SIGHUP (`_services/hangup.py`): one that comes
    while the run starts up is a reload once it can reload, not the end of the run.
 3. It imports with the garbage collector off. Importing the command and the runtime creates
@@ -52,15 +54,30 @@ def cli() -> NoReturn:
         status = main(argv, imported=_imported)
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    except BaseException:  # a bug: its traceback, as the interpreter would print it
-        import traceback
-
-        traceback.print_exc()
-        status = 1
+    except BaseException as exc:  # a bug: its traceback, as the interpreter would print it
+        status = _unexpected(exc)
     started = sys.modules.get("mpvisor._launchers.local.early")  # imported: it may have started one
     if started is not None:
         started.discard()
     _exit(status)
+
+
+def _unexpected(exc: BaseException) -> int:
+    """Status 1 for what escaped the command: a thread the host refused to start (a limit on
+    processes, wherever the command meant to start one) is one line naming the limit; anything
+    else is a bug, whose traceback is printed as the interpreter would print it."""
+    from mpvisor import _platform
+
+    if _platform.thread_refused(exc):
+        try:
+            os.write(2, f"mpvisor: {_platform.start_error(exc)}\n".encode())
+        except OSError:
+            pass  # no stderr to say it on: the status says it failed
+    else:
+        import traceback
+
+        traceback.print_exc()
+    return 1
 
 
 def _imported() -> None:

@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 from mpvisor._cli import statuses
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
-from mpvisor._model.events import REASON_MAX, json_line
+from mpvisor._model.events import REASON_MAX, json_line, printable
 from mpvisor._model.outcome import TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
@@ -405,6 +405,15 @@ def run_target(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{exc} (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 
+def program_name(program: str) -> str:
+    """The name of a program's task unless `--name` gives one: the program's file name (the whole
+    word when it ends in a slash), a byte that is not UTF-8 shown as `\\xe9` and a character that
+    is not printable escaped, cut to `NAME_MAX` characters: a program is never refused for its
+    name, which the user did not give; it runs, or fails as it would bare."""
+    text = os.fsencode(os.path.basename(program) or program).decode("utf-8", "backslashreplace")
+    return printable(text)[: _validate.NAME_MAX]
+
+
 def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = None) -> TaskSpec:
     """The one task the parsed options describe (`ValueError`/`TypeError` for what argparse
     cannot see, e.g. an int argument out of msgpack's range); `task`, when given, is its body
@@ -412,7 +421,7 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
     if task is None and args.command:
         if not args.command[0]:
             raise ValueError(f"argument COMMAND: expected a program to run, got {args.command[0]!r}")
-        task = CommandTask(args.name or os.path.basename(args.command[0]), args.command)
+        task = CommandTask(args.name or program_name(args.command[0]), args.command)
     elif task is None:
         task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)
     if args.every is not None:

@@ -77,11 +77,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
+from mpvisor import _platform
 from mpvisor._api.session import RunSession, run_session, serve_runtime
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
@@ -258,8 +258,9 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the task (or the file): the exit status, or `-N` to die by signal N."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does: targets resolve from here
+    here = _platform.current_dir()
+    if here is not None and here not in sys.path:
+        sys.path.insert(0, here)  # as `python -m` does: targets resolve from here
     if args.file is not None:
         from mpvisor._cli.filerun import run_file
 

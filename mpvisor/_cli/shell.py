@@ -163,7 +163,8 @@ class _LineStart:
 
 class _Guarded:
     """A text stream whose write errors are recorded in `_LOST`, never raised. `inner` None: the
-    stream was closed at start (writing to it loses the text; writing nothing loses nothing)."""
+    stream was closed at start (writing to it loses the text; writing nothing loses nothing). A
+    character the stream's encoding lacks (PYTHONIOENCODING=ascii) is written escaped (`\\xe9`)."""
 
     def __init__(self, inner: IO[str] | None, label: str, fd: int, *, shared: bool = False) -> None:
         self.inner = inner
@@ -184,7 +185,11 @@ class _Guarded:
                     if self.line_start.mid_line():
                         text = "\n" + text  # a task left a line unfinished: mpvisor's starts a new one
                 self.at_line_start = text.endswith("\n")
-                return self.inner.write(text)
+                try:
+                    return self.inner.write(text)
+                except UnicodeEncodeError:  # a character its encoding lacks: escaped, as on stderr
+                    encoding = getattr(self.inner, "encoding", None) or "utf-8"
+                    return self.inner.write(text.encode(encoding, "backslashreplace").decode(encoding))
             except OSError as exc:
                 self.lose(exc)
         return len(text)

@@ -24,6 +24,9 @@ A task's arguments are encoded once, when the task is defined (`pack_call`), and
 `Start` carries those bytes as they are (`call`): `encode_start` frames it in two pieces, so an
 attempt never walks, nor copies, a 100 MB argument again, and `start_size` knows the frame's size
 at once. The child decodes `call` with `unpack` just before it calls the target.
+The start message is the one frame that carries what came from the OS (a program's argv, the
+environment, the working directory, `sys.path`): a byte there that is not UTF-8 travels as itself
+(`encode_start`, `unpack_start`); every frame a child sends is decoded strictly.
 """
 
 from __future__ import annotations
@@ -246,12 +249,16 @@ def pack_call(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> byte
 def encode_start(start: Start) -> tuple[bytes, bytes]:
     """The start frame in two pieces, to be sent one after the other: everything up to the
     `call` bytes (length prefix, the other fields, `call`'s bin header), and `call` itself, never
-    copied. Decodes to the same message as `encode(start)`: the other fields are packed as one
-    map, whose header then counts `call` too."""
+    copied. Decodes (`unpack_start`) to the same message as `encode(start)`: the other fields
+    are packed as one map, whose header then counts `call` too. A program's argv, the
+    environment, the working directory and `sys.path` come from the OS, where Python holds a byte
+    that is not UTF-8 as a lone surrogate (`surrogateescape`): such a byte travels as itself, and
+    `unpack_start` gives back the same text."""
     fields = start.to_wire()
     call = fields.pop("call")
-    packed = memoryview(msgpack.packb(fields, use_bin_type=True))[len(_map_header(len(fields))):]
-    head = b"".join((_map_header(len(fields) + 1), packed, _CALL_KEY, _bin_header(len(call))))
+    packed = msgpack.packb(fields, use_bin_type=True, unicode_errors="surrogateescape")
+    head = b"".join((_map_header(len(fields) + 1), memoryview(packed)[len(_map_header(len(fields))):],
+                     _CALL_KEY, _bin_header(len(call))))
     return HEADER.pack(len(head) + len(call)) + head, call
 
 
@@ -280,6 +287,18 @@ def start_size(start: Start) -> int:
     """The number of bytes of the start frame's body (what `max_frame_bytes` limits)."""
     head, call = encode_start(start)
     return len(head) - HEADER.size + len(call)
+
+
+def unpack_start(data: bytes | bytearray | memoryview) -> Start:
+    """The child's decoding of the start frame's body (`encode_start`): a byte that is not UTF-8
+    comes back as the lone surrogate it was sent as. (What the parent decodes from a child stays
+    strict: `unpack`.)"""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext,
+                              unicode_errors="surrogateescape")
+    except Exception as exc:
+        raise ProtocolError(f"undecodable start frame: {type(exc).__name__}: {exc}") from None
+    return parse_start(obj)
 
 
 def parse_start(obj: Any) -> Start:

@@ -158,7 +158,11 @@ class Runtime:
         config = self.config
         start = start_message(spec.task, spec.name, id, attempt, config.max_frame_bytes, env, cwd, path, spec.limits)
         hooks = self.hooks
-        extra = hooks.environment(id, spec.name, attempt) if hooks is not None else None
+        refused = ""
+        try:
+            extra = hooks.environment(id, spec.name, attempt) if hooks is not None else None
+        except OSError as exc:  # what it needs from this process cannot be made (its notify socket)
+            extra, refused = None, f"could not start: {exc}"
         if extra:
             start = start._replace(env={**(start.env if start.env is not None else os.environ), **extra})
         request = AttemptRequest(
@@ -172,7 +176,7 @@ class Runtime:
             timeout_from_start=spec.timeout_includes_start,
             fence=self.fences.get(id),
         )
-        return AttemptProcess(client, request, observer)
+        return AttemptProcess(client, request, observer, refused)
 
     # --- what attempts do, for the hooks (`_runtime/hooks.py`) -------------------------------------
 

@@ -355,12 +355,17 @@ class ServiceRun:
         service = self._instance(id, name)
         if service is None or not service.settings.notify:
             return None
-        if self._notify_dir is None:
-            self._notify_dir = notify_directory()
         if service.notify is not None:
             service.notify.close()
-        service.notify = NotifySocket.open(self._notify_dir, f"{id}-{attempt}.sock",
-                                           lambda message: self._on_notify(service, id, attempt, message))
+            service.notify = None
+        try:
+            if self._notify_dir is None:
+                self._notify_dir = notify_directory()
+            service.notify = NotifySocket.open(self._notify_dir, f"{id}-{attempt}.sock",
+                                               lambda message: self._on_notify(service, id, attempt, message))
+        except OSError as exc:  # the attempt cannot start: the runtime fails it, naming this
+            where = os.path.dirname(exc.filename) if isinstance(exc.filename, str) else self._notify_dir
+            raise OSError(f"cannot make its notify socket in {where}: {exc.strerror or exc}") from None
         env = {"NOTIFY_SOCKET": service.notify.path}
         if service.settings.watchdog is not None:
             env["WATCHDOG_USEC"] = str(int(service.settings.watchdog * 1_000_000))

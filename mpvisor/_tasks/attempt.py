@@ -117,7 +117,10 @@ def _why_the_launcher_killed(status: ExitStatus) -> str:
 class AttemptProcess:
     """One attempt process: spawn it, read its frames, stop or kill it, learn its end."""
 
-    def __init__(self, client: Launcher, request: AttemptRequest, observer: AttemptObserver | None = None) -> None:
+    def __init__(self, client: Launcher, request: AttemptRequest, observer: AttemptObserver | None = None,
+                 refused: str = "") -> None:
+        """Spawn the attempt on `client`; with `refused` (why it cannot start: what it needs from
+        this process could not be made), spawn nothing: it ends at once, failed to start."""
         start = request.start
         self.client = client
         self.observer = observer
@@ -142,13 +145,17 @@ class AttemptProcess:
         self.killed_in_grace = False
         exec_python = request.exec_python
         self._fence = request.fence
+        self._timeout_from_start = request.timeout_from_start
+        if refused:
+            self.key = 0  # no launcher knows of it
+            self.on_start_failed(refused)
+            return
         self.key = client.spawn(self, encode_start(start), exec_python=exec_python,
                                 capture_output=request.capture_output, resources=request.resources,
                                 module="" if exec_python else prepared_module(start), fence=request.fence,
                                 tree=TreeLimits.of(start.limits))
         limit = request.start_timeout
         self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
-        self._timeout_from_start = request.timeout_from_start
         if self._timeout and self._timeout_from_start:
             self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
 

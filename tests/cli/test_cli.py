@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import json
 import os
+import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests._support import pid_gone, read_markers, wait_for
+from tests._support import pid_gone, pids_cgroup, read_markers, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -740,3 +742,123 @@ def test_the_library_refuses_a_name_past_256_characters_naming_the_field():
     with pytest.raises(ConfigError, match=r"^slot must be at most 256 characters, .*\(5000 characters\)$"):
         ControllerSpec.queue(spec).with_slot("s" * 5000)
     assert ControllerSpec.queue(spec).with_slot("s" * 256)
+
+
+def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
+    """A byte that is not UTF-8 in a command's arguments, in the environment and in the program's
+    name (Python holds each as a lone surrogate) reaches the program as that byte, and the task is
+    named after the program with the byte shown as `\\xe9`. Such an environment variable made every
+    `mpvisor run -- CMD` a UnicodeEncodeError traceback, status 1, and such a program's name was
+    refused as a name the user never gave, status 2 (a user's report)."""
+    script = tmp_path / os.fsdecode(b"caf\xe9")
+    script.write_text('#!/bin/sh\nprintf "%s|%s" "$1" "$FOO" | od -An -tx1\n')
+    script.chmod(0o755)
+    env = {**cli_env(), "FOO": os.fsdecode(b"\xff\xfe"), "LC_ALL": "C"}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", f"./{script.name}", os.fsdecode(b"\xe9t\xe9")],
+                          cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == b"e9 74 e9 7c ff fe".split(), done
+    assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
+
+
+@pytest.mark.parametrize("program, name, status", [("/bin/", "/bin/", 126), ("./no\tsuch", "no\\tsuch", 127),
+                                                  ("./" + "x" * 300, "x" * 256, 126)])
+def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path, program, name, status):
+    """The task's default name is the program's, made a name (escaped, cut to 256 characters):
+    the program then runs, or fails as it would bare (a directory 126, not found 127), where its
+    name was refused, status 2, naming a `name` the user never gave (a user's report)."""
+    done = mpvisor(tmp_path, "run", "--", program)
+    assert done.returncode == status, done.stderr
+    line = outcome_line(done.stderr)
+    assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log):
+    """A task file of 30 programs under `ulimit -n 32`, their output captured for log files or
+    not: the attempts that find no file descriptor left for their channel and pipes fail to
+    start, naming the limit, and the others complete; no task panicked (each such task ended
+    PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too many open files', as a bug in mpvisor:
+    a user's report)."""
+    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
+    (tmp_path / "many.toml").write_text(tasks)
+    done = subprocess.run(["bash", "-c", f"ulimit -n 32 && exec {shlex.quote(sys.executable)} -m mpvisor run --file many.toml"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    ends = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: t") and " reason=" in line]
+    assert len(ends) == 30 and "panicked" not in done.stderr, done.stderr
+    completed = [line for line in ends if ": completed " in line]
+    refused = [line for line in ends if ": failed reason='could not start: " in line]
+    assert completed and refused and len(completed) + len(refused) == 30, done.stderr
+    assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line for line in refused), refused
+
+
+@pytest.mark.parametrize("argv, out", [(["--", "sh", "-c", "echo ran"], "ran\n"),
+                                       (["workers.basic:echo", "ran"], '[["ran"],{}]\n')])
+def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp_path, argv, out):
+    """`mpvisor run` from a working directory that was removed (a shell left in it, as after a
+    checkout was deleted): the task runs there, as the bare command would, and completes (each
+    was a FileNotFoundError traceback from getcwd, status 1: a user's report)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {shlex.quote(sys.executable)} -m mpvisor run {shlex.join(argv)}"
+    done = subprocess.run(["bash", "-c", script], env=cli_env(), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == out, done
+    assert outcome_line(done.stderr).endswith(" completed reason=None exit_code=None attempts=1"), done.stderr
+
+
+def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path):
+    """A task file whose 25 tasks each have a log file (a writer thread each) run in a pids
+    cgroup that lets 12 processes and threads exist: status 1 and one last line naming the limit
+    on processes, never a traceback (it was RuntimeError: can't start new thread: a user's
+    report). (Needs root, as any test that makes a cgroup.)"""
+    tasks = "".join(f'[task.t{i}]\ncommand = ["true"]\nlog = "t{i}.log"\n' for i in range(25))
+    (tmp_path / "logs.toml").write_text(tasks)
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}", 12)
+    try:
+        script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.quote(sys.executable)} -m mpvisor run --file logs.toml"
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                              timeout=60)
+        wait_for(lambda: not pathlib.Path(cgroup, "cgroup.procs").read_text(encoding="utf-8"))
+    finally:
+        os.rmdir(cgroup)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last == "mpvisor: can't start new thread: a limit on processes was reached (ulimit -u, or a pids cgroup)", done.stderr
+
+
+def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):
+    """A task with `ready = "notify"` whose run's `$TMPDIR` takes no directory (here /sys, where
+    nobody may make one): its attempt fails to start, naming the notify socket and why, and a
+    task after it is not started; the task panicked ('mpvisor panicked: PermissionError', as a
+    bug in mpvisor: a user's report, TMPDIR unwritable or full)."""
+    (tmp_path / "n.toml").write_text('[task.srv]\ncommand = ["sleep", "5"]\nready = "notify"\n'
+                                     '[task.web]\ncommand = ["true"]\nafter = ["srv"]\n')
+    env = {**cli_env(), "TMPDIR": "/sys", "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--file", "n.toml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "panicked" not in done.stderr, done.stderr
+    [srv] = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: srv: failed reason=")]
+    assert "could not start: cannot make its notify socket in /sys: " in srv and "Operation not permitted" in srv, srv
+
+
+def test_the_directories_mpvisor_makes_are_0700_whatever_the_umask_and_one_it_cannot_use_is_named(tmp_path):
+    """Under `umask 277` (or any umask that takes the owner's bits), the slot server's and the
+    control sockets' directories are made 0700, their parents too, and the runs work (they were
+    made 0500, unwritable: the slot server failed on its log, the run served no control socket:
+    a user's report). A control directory of this user's that it cannot use (mode 0) is one line
+    naming it, status 1 (it was a PermissionError traceback from `mpvisor status`)."""
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(tmp_path / "a" / "slots"), "MPVISOR_CONTROL_DIR": str(tmp_path / "b" / "runs")}
+    (tmp_path / "one.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    script = f"umask 277 && {shlex.quote(sys.executable)} -m mpvisor run --slot s -- true && " \
+             f"{shlex.quote(sys.executable)} -m mpvisor run --file one.toml"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "no control socket" not in done.stderr, done.stderr
+    for made in ("a", "a/slots", "b", "b/runs"):
+        assert (tmp_path / made).stat().st_mode & 0o777 == 0o700, made
+    (tmp_path / "b" / "runs").chmod(0)
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"mpvisor: the control directory {str(tmp_path / 'b' / 'runs')!r} is not usable by its owner " \
+                          f"(mode 0); it must be 0700\n"

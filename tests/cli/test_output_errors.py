@@ -177,3 +177,15 @@ def test_a_task_that_leaves_its_last_line_unfinished_gets_no_mpvisor_line_glued_
     assert all(line.startswith("mpvisor: ") for line in lines if line != "no newline"), text
     assert any(line.startswith("mpvisor: q: completed" if how == "run --file" else "mpvisor: printf: completed")
                for line in lines), text
+
+
+def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(place: pathlib.Path) -> None:
+    """`mpvisor check` of a file whose task is named `café ☃`, with a stdout whose encoding has
+    neither character (PYTHONIOENCODING=ascii): the summary shows them escaped, as Python's own
+    stderr does, and the status is 0 (it was a UnicodeEncodeError traceback, status 1: a user's
+    report)."""
+    (place / "names.toml").write_text('[task."café ☃"]\ncommand = ["true"]\n', encoding="utf-8")
+    done = subprocess.run([MPVISOR or "mpvisor", "check", "names.toml"], cwd=place,
+                          env={**env_for(place), "PYTHONIOENCODING": "ascii"}, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout == "names.toml: valid, 1 task: caf\\xe9 \\u2603\n", done.stdout

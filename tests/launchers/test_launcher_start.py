@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from tests._support import (
     START_METHODS,
     live_children,
     once,
+    pids_cgroup,
     restartable,
     run,
     supervised,
@@ -317,3 +319,24 @@ def test_a_launcher_started_early_is_taken_only_when_it_is_the_one_the_client_wo
         assert found["lineage"][1] == found["guardian"]
     else:
         assert found["lineage"][1] != found["guardian"] and not found["alive"]
+
+
+@pytest.mark.parametrize("most", [2, 3, 4])
+def test_a_process_limit_is_one_line_naming_it_never_a_traceback(tmp_path, most):
+    """`mpvisor run -- true` in a pids cgroup that lets 2, 3 or 4 processes and threads exist:
+    the launcher's guardian, its fork server, the client's thread or the attempt cannot start.
+    Status 1 and a last line naming the limit on processes, never a traceback (a thread that could
+    not start was a RuntimeError traceback; a fork's EAGAIN named no limit: a user's report).
+    (Needs root, as any test that makes a cgroup.)"""
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}-{most}", most)
+    try:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec {sys.executable} -m mpvisor run -- true'
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                              capture_output=True, text=True, timeout=60)
+        wait_for(lambda: not pathlib.Path(cgroup, "cgroup.procs").read_text(encoding="utf-8"))
+    finally:
+        os.rmdir(cgroup)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("mpvisor: ") and "a limit on processes was reached (ulimit -u, or a pids cgroup)" in last, done.stderr

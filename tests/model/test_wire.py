@@ -30,6 +30,7 @@ from mpvisor._model.wire import (
     parse_start,
     start_size,
     unpack,
+    unpack_start,
 )
 
 pytestmark = pytest.mark.unit
@@ -220,6 +221,21 @@ def test_a_map_header_is_msgpacks_own(n):
     from mpvisor._model.wire import _map_header
 
     assert _map_header(n) == msgpack.Packer().pack_map_header(n)
+
+
+def test_bytes_that_are_not_utf8_in_a_start_reach_the_child_as_they_were():
+    """A program's argv, the environment, the working directory and `sys.path` come from the OS,
+    where Python holds a byte that is not UTF-8 as a lone surrogate: the start frame carries it as
+    that byte, and the child's decoder gives back the same text (encoding it raised
+    UnicodeEncodeError: a user's report). What a child sends stays strict UTF-8."""
+    odd = "caf\udce9"  # os.fsdecode(b"caf\xe9")
+    start = Start("t", 1, 1, "cmd", "", pack_call([], {}), [odd, "x"], {"FOO": "\udcff\udcfe", odd: "v"},
+                  f"/tmp/{odd}", [f"/p/{odd}"], 1024)
+    head, body = encode_start(start)
+    assert b"caf\xe9" in head
+    assert unpack_start((head + body)[4:]) == start
+    with pytest.raises(ProtocolError, match="undecodable"):
+        unpack((head + body)[4:])
 
 
 def test_the_decoder_holds_one_frame_and_never_copies_it():

@@ -43,17 +43,6 @@ class Channel:
                  capture_output: bool) -> None:
         self.loop = loop
         self.sink = sink
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        ours.setblocking(False)
-        self._sock: socket.socket | None = ours
-        self.child_fds = [theirs.detach()]  # for the spawn request: the fork server owns them then
-        self._streams: dict[int, LineSplitter] = {}
-        if capture_output:
-            for stream in ("stdout", "stderr"):
-                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-                os.set_blocking(w, True)
-                self._streams[r] = LineSplitter(stream)
-                self.child_fds.append(w)
         self.pid: int | None = None  # the attempt's, once started: its process group's id too
         self._pidfd: int | None = None
         self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send
@@ -61,6 +50,20 @@ class Channel:
         self._exit: tuple[ExitStatus, bool] | None = None  # the fork server's `exited`, once it came
         self._eof_timer: asyncio.TimerHandle | None = None
         self._reported = False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setblocking(False)
+        self._sock: socket.socket | None = ours
+        self.child_fds = [theirs.detach()]  # for the spawn request: the fork server owns them then
+        self._streams: dict[int, LineSplitter] = {}
+        try:
+            for stream in ("stdout", "stderr") if capture_output else ():
+                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                self._streams[r] = LineSplitter(stream)
+                self.child_fds.append(w)
+                os.set_blocking(w, True)
+        except OSError:  # no descriptor left (the open-file limit): nothing of it stays open
+            self.close_unstarted()
+            raise
         self._write_start()
 
     def __repr__(self) -> str:
@@ -77,6 +80,13 @@ class Channel:
         for fd in self._streams:
             self.loop.add_reader(fd, self._on_stream, fd)
         self.sink.on_started(pid)
+
+    def close_unstarted(self) -> None:
+        """Close every fd of a channel that will not be sent to the fork server (its child's ends too)."""
+        for fd in self.child_fds:
+            os.close(fd)
+        self.child_fds = []
+        self._close_all()
 
     def start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
         self._close_all()

@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -143,7 +145,10 @@ class LauncherClient:
         # What the current launcher started with: os.environ's raw data, cwd, sys.path.
         self._baseline: tuple[dict[bytes, bytes], str, list[str]] = ({}, "", [])
         self._thread = threading.Thread(target=self._keeper, name="mpvisor-launcher", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # no thread may start here: no launcher either
+            raise ConfigError(f"cannot start the launcher: {_platform.start_error(exc)}") from None
 
     def __repr__(self) -> str:
         return f"<LauncherClient pid={self.pid} attempts={len(self._attempts)} closing={self._closing}>"
@@ -176,7 +181,8 @@ class LauncherClient:
             try:
                 spawned = early.spawn_guardian(self.preload, self._environment)
             except OSError as exc:
-                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): {exc}")
+                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): "
+                                                                f"{_platform.start_error(exc)}")
                 return None
         self._baseline = spawned.baseline
         self._proc = spawned.proc
@@ -222,12 +228,13 @@ class LauncherClient:
 
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
         """The parent's environ, cwd and sys.path for a start request: each `None` when it is
-        what the launcher started with (so that neither side copies it per attempt)."""
+        what the launcher started with (so that neither side copies it per attempt); a working
+        directory that has no name any more (removed) is the launcher's too."""
         base_environ, base_cwd, base_path = self._baseline
-        cwd, path = os.getcwd(), sys.path
+        cwd, path = _platform.current_dir(), sys.path
         return (
             None if os.environ._data == base_environ else dict(os.environ),  # type: ignore[attr-defined]
-            None if cwd == base_cwd else cwd,
+            None if cwd is None or cwd == base_cwd else cwd,
             None if path == base_path else list(path),
         )
 
@@ -466,18 +473,26 @@ class LauncherClient:
         and keeps `fence` (sent with `fence()` before)."""
         self._next_key += 1
         key = self._next_key
-        channel = Channel(self.loop, sink, start, capture_output)
+        stdin = self.stdin == "inherit"
+        try:
+            channel = Channel(self.loop, sink, start, capture_output)
+        except OSError as exc:  # no descriptor left for its socket or pipes
+            self.loop.call_soon(sink.on_start_failed, f"could not start: {_no_descriptor(exc)}")
+            return key
         fds = channel.child_fds
         if self._error is not None:  # given up: no launcher will ever start this attempt
-            for fd in fds:
-                os.close(fd)
+            channel.close_unstarted()
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
-        self._attempts[key] = channel
-        stdin = self.stdin == "inherit"
-        terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         if stdin:
-            fds = [fds[0], os.dup(0), *fds[1:]]
+            try:
+                fds = [fds[0], os.dup(0), *fds[1:]]
+            except OSError as exc:
+                channel.close_unstarted()
+                self.loop.call_soon(channel.start_failed, f"could not start: {_no_descriptor(exc)}")
+                return key
+        self._attempts[key] = channel
+        terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
                                  memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else ""),
@@ -589,6 +604,15 @@ def _write_all(fd: int, data: bytes) -> None:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _no_descriptor(exc: OSError) -> str:
+    """Why an attempt got no file descriptor in this process, naming the open-file limit."""
+    if exc.errno != errno.EMFILE:
+        return str(exc)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"{exc} (mpvisor is at its open-file limit ({soft}, ulimit -n): raise it, or run fewer attempts at once, "
+            f"max_concurrent)")
 
 
 def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:

@@ -70,7 +70,7 @@ def spawn_guardian(preload: tuple[str, ...], environment: tuple[dict[str, str], 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if environment is None:
         env, cwd, path = None, None, list(sys.path)
-        baseline = (dict(os.environ._data), os.getcwd(), path)  # type: ignore[attr-defined]
+        baseline = (dict(os.environ._data), _platform.current_dir() or "", path)  # type: ignore[attr-defined]
     else:
         given, cwd, path = environment
         env = dict(given)

@@ -217,7 +217,7 @@ class Launcher:
                 os.close(fd)
             for path in self._joining:
                 _remove_cgroup(path)
-            self._send(control.StartFailed(spawn.key, f"could not start: {exc}"))
+            self._send(control.StartFailed(spawn.key, f"could not start: {_platform.start_error(exc)}"))
             return
         if pid == 0:
             self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused)

@@ -45,7 +45,11 @@ def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterabl
         os._exit(0)  # the parent died before we could ask to follow it
     _platform.set_child_subreaper()
     guardian = os.getpid()
-    launcher = os.fork()
+    try:
+        launcher = os.fork()
+    except OSError as exc:  # its last line on stderr, which the parent reports
+        os.write(2, f"cannot fork the launcher: {_platform.start_error(exc)}\n".encode())
+        os._exit(1)
     if launcher == 0:
         return guardian
     for fd in close_fds:
