@@ -97,6 +97,7 @@ class RayLauncher:
     the supervisor starts and, at shutdown, stops); `auto` (a configured cluster, never a new
     one); `HOST:PORT` (a head node's GCS); `ray://HOST:PORT` (through the cluster's client server:
     Ray's client, `ray[client]`, which the `ray` extra brings); `local` (always a new local one).
+    Another form is a `ConfigError` at once (`checks.ray_address`, the rule of `--ray` too).
     If Ray is already initialized in this process, that connection is used and left alone.
     A cluster not reached within `start_timeout` is a `ConfigError`; what Ray says while it
     connects stays off the terminal (`_RayOutput`).
@@ -118,8 +119,8 @@ class RayLauncher:
         runtime_env: Mapping[str, Any] | None = None,
         lost_fence: float = DEFAULT_LOST_FENCE,
     ) -> None:
-        if address is not None and (not isinstance(address, str) or not address):
-            raise ConfigError(f"address must be a non-empty string or None, got {address!r}")
+        if address is not None:
+            _validate.ray_address("address", address)
         if runtime_env is not None and not isinstance(runtime_env, Mapping):
             raise ConfigError(f"runtime_env must be a mapping (Ray's runtime_env) or None, got {runtime_env!r}")
         env_vars = (runtime_env or {}).get("env_vars", {})

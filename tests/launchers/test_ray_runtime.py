@@ -291,6 +291,14 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
     ("kwargs", "named"),
     [
         ({"address": ""}, "address"),
+        # what `mpvisor run --ray` refuses is refused here too, at once: `ray://` alone made Ray's
+        # client wait start_timeout for no host, writing gRPC errors to stderr meanwhile
+        ({"address": "ray://"}, "address must be a Ray address .* got 'ray://'"),
+        ({"address": "ray://:10001"}, "got 'ray://:10001'"),
+        ({"address": "nonsense"}, "address must be a Ray address .* got 'nonsense'"),
+        ({"address": "http://head:8265"}, "got 'http://head:8265'"),
+        ({"address": "head:99999"}, "got 'head:99999'"),
+        ({"address": "auto "}, "got 'auto '"),
         ({"runtime_env": ["pip"]}, "runtime_env"),
         ({"runtime_env": {"env_vars": {"A": 1}}}, "env_vars"),
         ({"lost_fence": -1}, "lost_fence"),
@@ -300,6 +308,16 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
 def test_bad_ray_launcher_settings_name_the_field(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         RayLauncher(**kwargs)
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "10.0.0.5:6379", "head.example:6379", "[::1]:6379",
+                                     "ray://head.example:10001", "ray://head.example", "ray://[::1]:10001"])
+def test_every_form_of_address_the_docs_name_is_accepted(address: str) -> None:
+    """`RayLauncher(address=...)` takes what `mpvisor run --ray` takes (one check for both)."""
+    from mpvisor._cli.options import ray_address
+
+    assert RayLauncher(address=address).address == address
+    assert ray_address(address) == address
 
 
 @pytest.mark.parametrize(
