@@ -630,6 +630,14 @@ class RayClient:
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
 
+    def withdraw(self, key: int) -> None:
+        """A stop before the attempt started: while its agent is not placed (it waits for
+        resources, or for the connection) nothing of the attempt runs, so its start ends now, as
+        a `kill` ends it; once placed, nothing (the runtime's SIGTERM follows `on_started`)."""
+        remote = self._attempts.get(key)
+        if remote is not None and remote.node is None:
+            self.kill(key)
+
     def _request(self, key: int, request: tuple[Any, ...]) -> None:
         remote = self._attempts.get(key)
         if remote is None or remote.done:

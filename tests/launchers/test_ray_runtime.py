@@ -126,6 +126,35 @@ async def test_placement_follows_the_tasks_resources() -> None:
     assert never.kind is OutcomeKind.FAILED and never.reason.startswith("start-up timed out after 3.0 s"), never
 
 
+async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
+    """Attempts waiting for a resource another attempt holds (the head node's one `victim`): a
+    cancel ends the waiting start at once, not at the grace, and a shutdown ends the others, so
+    none starts once it was asked to stop (the SIGTERM used to be held until the agent was
+    placed: a cancel took the whole grace, and the attempt that a shutdown's freed resource let
+    be placed started only to be stopped)."""
+    marker = str(tmp_path / "m")
+    victim = {"num_cpus": 0.5, "resources": {"victim": 1}}
+    holder = once("holder", coop.cooperative, marker=marker).with_resources(**victim)
+    canceled = once("canceled", basic.quick, "never", marker=marker).with_resources(**victim)
+    stopped = once("stopped", basic.quick, "never", marker=marker).with_resources(**victim)
+    async with supervised(on_ray(grace=30.0)) as (handle, events):
+        holder_id, holder_waiter = await handle.add_and_watch(holder)
+        await async_wait_for(lambda: words(marker, "started"), timeout=20.0)
+        canceled_id, canceled_waiter = await handle.add_and_watch(canceled)
+        _, stopped_waiter = await handle.add_and_watch(stopped)
+        began = time.monotonic()
+        await handle.cancel(canceled_id)
+        outcome = await canceled_waiter.wait()
+        took = time.monotonic() - began
+    assert outcome.kind is OutcomeKind.CANCELED and took < 10.0, (outcome, took)
+    assert (await stopped_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert (await holder_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert [e.id for e in events.of(EventKind.ATTEMPT_STARTING)] == [holder_id]
+    assert [m[1] for m in words(marker, "started")] == ["holder"], read_markers(marker)
+    (ended,) = [e for e in events.of(EventKind.ATTEMPT_CANCELED) if e.id == canceled_id]
+    assert ended.reason.startswith("canceled before the attempt started (could not start: killed before it was placed"), ended
+
+
 async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any) -> None:
     """The attempt sees the supervisor's environ (and runtime_env's env_vars over it) and cwd."""
     config = SupervisorConfig(grace=1.0, launcher=RayLauncher(runtime_env={"env_vars": {"FROM_RAY": "yes"}}))
