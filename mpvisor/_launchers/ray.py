@@ -844,7 +844,8 @@ class RayClient:
         if not never_ran:
             await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
         if remote.kill_asked and remote.node is None:
-            self._end(remote, lambda s: s.on_start_failed(f"could not start: killed before it was placed ({how})"))
+            # its agent ended because this process asked: Ray's words for that death say nothing more
+            self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:
