@@ -146,6 +146,7 @@ class RayLauncher:
 _connection_lock = threading.Lock()
 _connection_users = 0
 _connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
+_connection_address: str | None = None  # the address a supervisor's connection was made for
 # Set by the `ray.shutdown` of a connection we made. The thread that called `ray.init` waits for
 # it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
 # parent-death signal, which Linux sends when the creating thread exits, not the process).
@@ -155,11 +156,18 @@ _connection_closed = threading.Event()
 def _connect(address: str | None, output: _RayOutput) -> bool:
     """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
     so the calling thread must live until `_connection_closed` (`hold_connection`). What Ray
-    says while it connects goes to `output`, not to the terminal."""
-    global _connection_users, _connection_ours
+    says while it connects goes to `output`, not to the terminal. A connection another
+    supervisor made serves only the same address, never `local` (Ray has one connection per
+    process: a supervisor must not run its attempts on a cluster it did not ask for); one the
+    program made itself serves every address."""
+    global _connection_users, _connection_ours, _connection_address
     with _connection_lock:
         ray = _ray()
         made = False
+        if ray.is_initialized() and _connection_ours and (address == "local" or address != _connection_address):
+            problem = (f"this process is connected to Ray by another supervisor, for address={_connection_address!r}, "
+                       "and Ray allows one connection per process")
+            raise ConfigError(problem + (": a cluster of its own cannot be started" if address == "local" else ""))
         if not ray.is_initialized():
             _connection_closed.clear()
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
@@ -171,6 +179,7 @@ def _connect(address: str | None, output: _RayOutput) -> bool:
             finally:
                 output.stop()
             _connection_ours = made = True
+            _connection_address = address
         _connection_users += 1
         return made
 
@@ -420,11 +429,11 @@ def _hold_connection() -> None:
 
 def _disconnect() -> None:
     """The last supervisor that used a connection it made shuts it down (blocking)."""
-    global _connection_users, _connection_ours
+    global _connection_users, _connection_ours, _connection_address
     with _connection_lock:
         _connection_users -= 1
         if _connection_users == 0 and _connection_ours:
-            _connection_ours = False
+            _connection_ours, _connection_address = False, None
             _ray().shutdown()
             _connection_closed.set()
 
@@ -539,7 +548,8 @@ class RayClient:
                 raise
             return
         if error is not None:
-            self._error = f"cannot connect to Ray (address={address!r}): {type(error).__name__}: {_first_line(error)}"
+            said = _first_line(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {_first_line(error)}"
+            self._error = f"cannot connect to Ray (address={address!r}): {said}"
             self._error += _said(output)
             return
         self._connected = True

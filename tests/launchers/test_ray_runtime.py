@@ -509,6 +509,50 @@ def test_mpvisor_run_with_a_ray_address_nobody_answers_at_fails_within_its_start
     assert took < 15.0, took
 
 
+def test_a_supervisor_asking_for_another_cluster_than_the_processs_connection_is_refused(
+    ray_cluster: Any, tmp_path: Any
+) -> None:
+    """In a process whose connection to Ray a supervisor made (to the session's cluster, by its
+    HOST:PORT), another supervisor asking for the same address shares it, and one asking for
+    `local` (a cluster of its own) or for another address gets a ConfigError naming both
+    addresses: Ray allows one connection per process, and its attempts used to run on the
+    first supervisor's cluster without a word."""
+    import subprocess
+
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "import mpvisor\n"
+        "from mpvisor.ray import RayLauncher\n"
+        "def on(address):\n"
+        "    return mpvisor.Supervisor(mpvisor.SupervisorConfig(launcher=RayLauncher(address=address)))\n"
+        "async def ran(handle):\n"
+        "    _, waiter = await handle.add_and_watch(mpvisor.TaskSpec.once(mpvisor.TaskFn('q', 'workers.basic:quick')))\n"
+        "    return (await waiter.wait()).kind.name\n"
+        "async def main():\n"
+        "    async with on(sys.argv[1]) as first:\n"
+        "        print(await ran(first))\n"
+        "        for address in (sys.argv[1], 'local', '127.0.0.1:1'):\n"
+        "            async with on(address) as other:\n"
+        "                try:\n"
+        "                    print(await ran(other))\n"
+        "                except mpvisor.ConfigError as exc:\n"
+        "                    print(exc)\n"
+        "asyncio.run(main())\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, str(script), ray_cluster.address], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stderr[-2000:]
+    connected = (f"this process is connected to Ray by another supervisor, for address={ray_cluster.address!r}, "
+                 "and Ray allows one connection per process")
+    assert done.stdout.splitlines() == [
+        "COMPLETED", "COMPLETED",
+        f"cannot connect to Ray (address='local'): {connected}: a cluster of its own cannot be started",
+        f"cannot connect to Ray (address='127.0.0.1:1'): {connected}",
+    ], done.stdout
+
+
 def test_a_killed_supervisor_leaves_nothing_on_the_cluster(ray_cluster: Any, tmp_path: Any) -> None:
     """A supervisor process SIGKILLed while a stubborn tree runs on Ray: Ray ends the agents its
     driver owned, the agent's guardian dies with it, and its fork server kills the tree: every
