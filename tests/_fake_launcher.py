@@ -131,6 +131,9 @@ class FakeLauncher:
             self._report(attempt, Failure("canceled", "the attempt was canceled"))
             self._exit(attempt, ExitStatus("exit", 0), killed=False)
 
+    def withdraw(self, key: int) -> None:
+        pass  # a scripted start waits for nothing outside the attempt
+
     def kill(self, key: int) -> None:
         self.log.append(("kill", key))
         attempt = self._attempts.get(key)

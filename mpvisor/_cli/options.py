@@ -376,10 +376,8 @@ def ray_address(text: str) -> str:
     accepted only where Ray is installed."""
     import importlib.util
 
-    host, _, port = text.removeprefix("ray://").rpartition(":")
-    client = text.startswith("ray://") and text != "ray://"
-    if text not in ("auto", "local") and not client and not (host and port.isdigit() and 0 < int(port) < 65536):
-        raise argparse.ArgumentTypeError(f"expected a Ray address (auto, HOST:PORT, ray://HOST:PORT or local), got {text!r}")
+    if not _validate.is_ray_address(text):  # the rule `RayLauncher(address=...)` applies too
+        raise argparse.ArgumentTypeError(f"expected a Ray address ({_validate.RAY_ADDRESS_FORMS}), got {text!r}")
     if importlib.util.find_spec("ray") is None:
         raise argparse.ArgumentTypeError("Ray is not installed here: install the `ray` extra "
                                          "(`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")

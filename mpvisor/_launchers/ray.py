@@ -97,6 +97,7 @@ class RayLauncher:
     the supervisor starts and, at shutdown, stops); `auto` (a configured cluster, never a new
     one); `HOST:PORT` (a head node's GCS); `ray://HOST:PORT` (through the cluster's client server:
     Ray's client, `ray[client]`, which the `ray` extra brings); `local` (always a new local one).
+    Another form is a `ConfigError` at once (`checks.ray_address`, the rule of `--ray` too).
     If Ray is already initialized in this process, that connection is used and left alone.
     A cluster not reached within `start_timeout` is a `ConfigError`; what Ray says while it
     connects stays off the terminal (`_RayOutput`).
@@ -118,8 +119,8 @@ class RayLauncher:
         runtime_env: Mapping[str, Any] | None = None,
         lost_fence: float = DEFAULT_LOST_FENCE,
     ) -> None:
-        if address is not None and (not isinstance(address, str) or not address):
-            raise ConfigError(f"address must be a non-empty string or None, got {address!r}")
+        if address is not None:
+            _validate.ray_address("address", address)
         if runtime_env is not None and not isinstance(runtime_env, Mapping):
             raise ConfigError(f"runtime_env must be a mapping (Ray's runtime_env) or None, got {runtime_env!r}")
         env_vars = (runtime_env or {}).get("env_vars", {})
@@ -145,6 +146,7 @@ class RayLauncher:
 _connection_lock = threading.Lock()
 _connection_users = 0
 _connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
+_connection_address: str | None = None  # the address a supervisor's connection was made for
 # Set by the `ray.shutdown` of a connection we made. The thread that called `ray.init` waits for
 # it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
 # parent-death signal, which Linux sends when the creating thread exits, not the process).
@@ -154,11 +156,18 @@ _connection_closed = threading.Event()
 def _connect(address: str | None, output: _RayOutput) -> bool:
     """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
     so the calling thread must live until `_connection_closed` (`hold_connection`). What Ray
-    says while it connects goes to `output`, not to the terminal."""
-    global _connection_users, _connection_ours
+    says while it connects goes to `output`, not to the terminal. A connection another
+    supervisor made serves only the same address, never `local` (Ray has one connection per
+    process: a supervisor must not run its attempts on a cluster it did not ask for); one the
+    program made itself serves every address."""
+    global _connection_users, _connection_ours, _connection_address
     with _connection_lock:
         ray = _ray()
         made = False
+        if ray.is_initialized() and _connection_ours and (address == "local" or address != _connection_address):
+            problem = (f"this process is connected to Ray by another supervisor, for address={_connection_address!r}, "
+                       "and Ray allows one connection per process")
+            raise ConfigError(problem + (": a cluster of its own cannot be started" if address == "local" else ""))
         if not ray.is_initialized():
             _connection_closed.clear()
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
@@ -170,6 +179,7 @@ def _connect(address: str | None, output: _RayOutput) -> bool:
             finally:
                 output.stop()
             _connection_ours = made = True
+            _connection_address = address
         _connection_users += 1
         return made
 
@@ -419,11 +429,11 @@ def _hold_connection() -> None:
 
 def _disconnect() -> None:
     """The last supervisor that used a connection it made shuts it down (blocking)."""
-    global _connection_users, _connection_ours
+    global _connection_users, _connection_ours, _connection_address
     with _connection_lock:
         _connection_users -= 1
         if _connection_users == 0 and _connection_ours:
-            _connection_ours = False
+            _connection_ours, _connection_address = False, None
             _ray().shutdown()
             _connection_closed.set()
 
@@ -538,7 +548,8 @@ class RayClient:
                 raise
             return
         if error is not None:
-            self._error = f"cannot connect to Ray (address={address!r}): {type(error).__name__}: {_first_line(error)}"
+            said = _first_line(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {_first_line(error)}"
+            self._error = f"cannot connect to Ray (address={address!r}): {said}"
             self._error += _said(output)
             return
         self._connected = True
@@ -628,6 +639,14 @@ class RayClient:
                 _ray().kill(remote.agent, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
+
+    def withdraw(self, key: int) -> None:
+        """A stop before the attempt started: while its agent is not placed (it waits for
+        resources, or for the connection) nothing of the attempt runs, so its start ends now, as
+        a `kill` ends it; once placed, nothing (the runtime's SIGTERM follows `on_started`)."""
+        remote = self._attempts.get(key)
+        if remote is not None and remote.node is None:
+            self.kill(key)
 
     def _request(self, key: int, request: tuple[Any, ...]) -> None:
         remote = self._attempts.get(key)
@@ -835,7 +854,8 @@ class RayClient:
         if not never_ran:
             await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
         if remote.kill_asked and remote.node is None:
-            self._end(remote, lambda s: s.on_start_failed(f"could not start: killed before it was placed ({how})"))
+            # its agent ended because this process asked: Ray's words for that death say nothing more
+            self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:

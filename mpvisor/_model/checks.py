@@ -11,6 +11,7 @@ field and the value, so that bad input never reaches the runtime.
 | `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
 | `cpus` | finite float/int from 0.01 to `MOST_CPUS` (100000) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
+| `ray_address` (`is_ray_address`) | `auto`, `local`, `HOST:PORT`, `ray://HOST[:PORT]` (a port from 1 to 65535; a host without `/` or whitespace) | anything else: `ray://` with no host, a URL of another scheme, a bad port |
 | `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 """
 
@@ -127,6 +128,33 @@ def name(field: str, value: object) -> str:
     problem = name_problem(value)
     if problem is not None:
         raise ConfigError(f"{field} must {_NAME_MUST[problem]}, got {shown(value)}")
+    return value
+
+
+RAY_ADDRESS_FORMS = "auto, local, HOST:PORT or ray://HOST[:PORT]"
+
+
+def is_ray_address(text: str) -> bool:
+    """Whether `text` has a form of `RAY_ADDRESS_FORMS`: the one rule, which `RayLauncher` and
+    `mpvisor run --ray` (`_cli/options.py`) both apply, so that an address Ray cannot use (`ray://`
+    with no host, where Ray's client waits for nobody until the start timeout) is refused at
+    once. A port is from 1 to 65535; a host has no `/` and no whitespace (`[...]` for IPv6)."""
+    if text in ("auto", "local"):
+        return True
+    client = text.startswith("ray://")
+    rest = text.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":")
+    if client and (not colon or host.count("[") != host.count("]")):  # no port: the client server's default
+        host, port = rest, ""
+    elif not (port.isdigit() and 0 < int(port) < 65536):
+        return False
+    return bool(host) and "/" not in host and not any(c.isspace() for c in host)
+
+
+def ray_address(field: str, value: object) -> str:
+    """Return `value` if it is a Ray address (`is_ray_address`), else raise `ConfigError` naming `field`."""
+    if not isinstance(value, str) or not is_ray_address(value):
+        raise ConfigError(f"{field} must be a Ray address ({RAY_ADDRESS_FORMS}) or None, got {shown(value)}")
     return value
 
 

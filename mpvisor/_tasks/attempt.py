@@ -2,7 +2,7 @@ r"""How does the runtime start, stop and learn the end of one attempt?
 
 `AttemptProcess` is the only thing the rest of the runtime sees: start it, await its end, ask it
 to stop, kill it. It asks the runtime's `Launcher` (`_launchers/seam.py`: `spawn`, `signal`,
-`kill`) and is the `AttemptSink` the launcher reports to (`on_started`, `on_data`, `on_output`,
+`kill`, `withdraw`) and is the `AttemptSink` the launcher reports to (`on_started`, `on_data`, `on_output`,
 `on_eof`, then `on_exited` or `on_launcher_died`; or `on_start_failed`). It touches no pid, fd,
 pipe or signal: it speaks the attempt channel's protocol over the bytes the launcher hands it,
 keeps the facts, and runs the timers (start-up, timeout, grace).
@@ -13,7 +13,9 @@ Attempt phases (one value, `AttemptProcess.phase`, a small frozen dataclass):
         \--start_failed / launcher died before a pid-------------> Done
 
 `Spawning` carries the requests that wait for the pid (a SIGTERM, a kill), since neither can
-reach the attempt before it leads its own session. The launcher reports the end only once the
+reach the attempt before it leads its own session; a stop there also asks the launcher to
+`withdraw` the start, which one whose start waits for something else (Ray: the agent's
+placement) ends at once. The launcher reports the end only once the
 attempt's tree is gone and its channel drained, so the facts gathered on the way
 (`ending.Facts`) decide the ending at once.
 """
@@ -301,8 +303,9 @@ class AttemptProcess:
 
     def _request_sigterm(self) -> None:
         match self.phase:
-            case Spawning() as spawning:  # not yet in its own session: signal once it is
-                self.phase = replace(spawning, sigterm=True)
+            case Spawning() as spawning:  # not yet in its own session: signal once it is, unless
+                self.phase = replace(spawning, sigterm=True)  # the launcher ends a start that waits
+                self.client.withdraw(self.key)  # for something else (Ray: the agent's placement)
             case Running():
                 self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
 

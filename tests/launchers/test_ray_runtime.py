@@ -126,6 +126,36 @@ async def test_placement_follows_the_tasks_resources() -> None:
     assert never.kind is OutcomeKind.FAILED and never.reason.startswith("start-up timed out after 3.0 s"), never
 
 
+async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
+    """Attempts waiting for a resource another attempt holds (the head node's one `victim`): a
+    cancel ends the waiting start at once, not at the grace, and a shutdown ends the others, so
+    none starts once it was asked to stop (the SIGTERM used to be held until the agent was
+    placed: a cancel took the whole grace, and the attempt that a shutdown's freed resource let
+    be placed started only to be stopped)."""
+    marker = str(tmp_path / "m")
+    victim = {"num_cpus": 0.5, "resources": {"victim": 1}}
+    holder = once("holder", coop.cooperative, marker=marker).with_resources(**victim)
+    canceled = once("canceled", basic.quick, "never", marker=marker).with_resources(**victim)
+    stopped = once("stopped", basic.quick, "never", marker=marker).with_resources(**victim)
+    async with supervised(on_ray(grace=30.0)) as (handle, events):
+        holder_id, holder_waiter = await handle.add_and_watch(holder)
+        await async_wait_for(lambda: words(marker, "started"), timeout=20.0)
+        canceled_id, canceled_waiter = await handle.add_and_watch(canceled)
+        _, stopped_waiter = await handle.add_and_watch(stopped)
+        began = time.monotonic()
+        await handle.cancel(canceled_id)
+        outcome = await canceled_waiter.wait()
+        took = time.monotonic() - began
+    assert outcome.kind is OutcomeKind.CANCELED and took < 10.0, (outcome, took)
+    assert (await stopped_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert (await holder_waiter.wait()).kind is OutcomeKind.CANCELED
+    assert [e.id for e in events.of(EventKind.ATTEMPT_STARTING)] == [holder_id]
+    assert [m[1] for m in words(marker, "started")] == ["holder"], read_markers(marker)
+    (ended,) = [e for e in events.of(EventKind.ATTEMPT_CANCELED) if e.id == canceled_id]
+    # (Ray's words for the agent it ended on request, `The actor died unexpectedly`, said nothing)
+    assert ended.reason == "canceled before the attempt started (could not start: killed before it was placed)", ended
+
+
 async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any) -> None:
     """The attempt sees the supervisor's environ (and runtime_env's env_vars over it) and cwd."""
     config = SupervisorConfig(grace=1.0, launcher=RayLauncher(runtime_env={"env_vars": {"FROM_RAY": "yes"}}))
@@ -291,6 +321,14 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
     ("kwargs", "named"),
     [
         ({"address": ""}, "address"),
+        # what `mpvisor run --ray` refuses is refused here too, at once: `ray://` alone made Ray's
+        # client wait start_timeout for no host, writing gRPC errors to stderr meanwhile
+        ({"address": "ray://"}, "address must be a Ray address .* got 'ray://'"),
+        ({"address": "ray://:10001"}, "got 'ray://:10001'"),
+        ({"address": "nonsense"}, "address must be a Ray address .* got 'nonsense'"),
+        ({"address": "http://head:8265"}, "got 'http://head:8265'"),
+        ({"address": "head:99999"}, "got 'head:99999'"),
+        ({"address": "auto "}, "got 'auto '"),
         ({"runtime_env": ["pip"]}, "runtime_env"),
         ({"runtime_env": {"env_vars": {"A": 1}}}, "env_vars"),
         ({"lost_fence": -1}, "lost_fence"),
@@ -300,6 +338,16 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
 def test_bad_ray_launcher_settings_name_the_field(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         RayLauncher(**kwargs)
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "10.0.0.5:6379", "head.example:6379", "[::1]:6379",
+                                     "ray://head.example:10001", "ray://head.example", "ray://[::1]:10001"])
+def test_every_form_of_address_the_docs_name_is_accepted(address: str) -> None:
+    """`RayLauncher(address=...)` takes what `mpvisor run --ray` takes (one check for both)."""
+    from mpvisor._cli.options import ray_address
+
+    assert RayLauncher(address=address).address == address
+    assert ray_address(address) == address
 
 
 @pytest.mark.parametrize(
@@ -459,6 +507,50 @@ def test_mpvisor_run_with_a_ray_address_nobody_answers_at_fails_within_its_start
     (line,) = done.stderr.splitlines()
     assert line.startswith("mpvisor: cannot connect to Ray (address='127.0.0.1:1'): no answer within start_timeout=3.0 s"), line
     assert took < 15.0, took
+
+
+def test_a_supervisor_asking_for_another_cluster_than_the_processs_connection_is_refused(
+    ray_cluster: Any, tmp_path: Any
+) -> None:
+    """In a process whose connection to Ray a supervisor made (to the session's cluster, by its
+    HOST:PORT), another supervisor asking for the same address shares it, and one asking for
+    `local` (a cluster of its own) or for another address gets a ConfigError naming both
+    addresses: Ray allows one connection per process, and its attempts used to run on the
+    first supervisor's cluster without a word."""
+    import subprocess
+
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "import mpvisor\n"
+        "from mpvisor.ray import RayLauncher\n"
+        "def on(address):\n"
+        "    return mpvisor.Supervisor(mpvisor.SupervisorConfig(launcher=RayLauncher(address=address)))\n"
+        "async def ran(handle):\n"
+        "    _, waiter = await handle.add_and_watch(mpvisor.TaskSpec.once(mpvisor.TaskFn('q', 'workers.basic:quick')))\n"
+        "    return (await waiter.wait()).kind.name\n"
+        "async def main():\n"
+        "    async with on(sys.argv[1]) as first:\n"
+        "        print(await ran(first))\n"
+        "        for address in (sys.argv[1], 'local', '127.0.0.1:1'):\n"
+        "            async with on(address) as other:\n"
+        "                try:\n"
+        "                    print(await ran(other))\n"
+        "                except mpvisor.ConfigError as exc:\n"
+        "                    print(exc)\n"
+        "asyncio.run(main())\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, str(script), ray_cluster.address], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stderr[-2000:]
+    connected = (f"this process is connected to Ray by another supervisor, for address={ray_cluster.address!r}, "
+                 "and Ray allows one connection per process")
+    assert done.stdout.splitlines() == [
+        "COMPLETED", "COMPLETED",
+        f"cannot connect to Ray (address='local'): {connected}: a cluster of its own cannot be started",
+        f"cannot connect to Ray (address='127.0.0.1:1'): {connected}",
+    ], done.stdout
 
 
 def test_a_killed_supervisor_leaves_nothing_on_the_cluster(ray_cluster: Any, tmp_path: Any) -> None:

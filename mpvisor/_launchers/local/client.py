@@ -551,6 +551,9 @@ class LauncherClient:
         self._send(control.Kill(key))
         self.loop.call_later(KILL_ANSWER, self._check_kill, key)
 
+    def withdraw(self, key: int) -> None:
+        """Nothing: a start here is a fork, and the runtime's SIGTERM follows `on_started`."""
+
     def _check_kill(self, key: int) -> None:
         if key in self._attempts:  # its tree is not reported gone yet
             self._unless_stopped(f"was asked {KILL_ANSWER:g} s ago to kill a tree")
