@@ -867,3 +867,35 @@ def test_a_restart_asked_for_while_a_failed_task_waits_out_its_backoff_is_not_co
     assert restarted.returncode == 0, restarted.stderr
     rows = run.wait_status(lambda rows: rows["svc"]["state"] in ("running", "starting") and rows["svc"]["pid"])
     assert rows["svc"]["restarts"] == 0, rows
+
+
+def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
+    """A reload that changed a task and waits out its grace when SIGTERM comes: the changed task
+    is never started anew, so `mpvisor reload` answers that the run is shutting down (status 1),
+    as a `restart` cut short does, instead of `reloaded ...: changed: ...` (status 0)."""
+    text = """
+        [defaults]
+        grace = "5s"
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; echo one; while :; do sleep 0.1; done"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["stubborn"]["pid"])
+    run.write(text.replace("echo one", "echo two"))
+    assert MPVISOR is not None
+    reload = subprocess.Popen([MPVISOR, "reload"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping")
+        status, _, err = run.stop()
+        out, reload_err = reload.communicate(timeout=30)
+    finally:
+        if reload.poll() is None:
+            reload.kill()
+            reload.communicate()
+    assert status == -signal.SIGTERM, err
+    assert (reload.returncode, out) == (1, ""), (reload.returncode, out, reload_err)
+    assert "the run is shutting down" in reload_err, reload_err
+    assert "stubborn: force_aborted" in err, err
