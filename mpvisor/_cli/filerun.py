@@ -315,7 +315,8 @@ def run_file(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     if args.name is not None and (other := live_run(args.name)) is not None:  # a name given is never changed
         print(f"mpvisor run: error: argument --name: a live run already has the name {args.name!r} (pid "
-              f"{other.get('pid')}, {other.get('file')}): stop it first, or give another name", file=sys.stderr)
+              f"{other.get('pid')}, {other.get('file') or 'it does not answer'}): stop it first, or give another name",
+              file=sys.stderr)
         return USAGE_ERROR
     tasks = parsed.tasks
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE

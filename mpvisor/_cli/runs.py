@@ -4,7 +4,9 @@
 A command names its run by `FILE` (the run of that task file: the socket of `run_name(FILE)`,
 else a live run whose file it is) or by `--name NAME`; naming none means the only live run.
 `ask` sends one request and returns the answer, or raises `Refusal`: the lines to print on
-stderr (`mpvisor: ...`) and the status (`statuses`: `REFUSED`, `NO_RUN`, `SEVERAL_RUNS`).
+stderr (`mpvisor: ...`) and the status (`statuses`: `REFUSED`, `NO_RUN`, `SEVERAL_RUNS`). A run
+that is live but does not answer (stopped by SIGSTOP, say) is a refusal naming it and why, within
+`ASK_WAIT` (an operation, once the run has taken it, is waited for without a limit).
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("argument --name: not allowed with FILE (each names the run: give one)")
 
 
-def ask(args: argparse.Namespace, message: dict[str, Any], timeout: float | None = ASK_WAIT) -> dict[str, Any]:
+def ask(args: argparse.Namespace, message: dict[str, Any], timeout: float | None = ASK_WAIT,
+        take_timeout: float | None = None) -> dict[str, Any]:
     """The run's answer to `message` (`ok` true); `Refusal` otherwise."""
     try:
-        answer = request(find_run(args), message, timeout)
+        answer = request(find_run(args), message, timeout, take_timeout)
     except NotLive:
         raise Refusal(NO_RUN, _not_live(args)) from None
     except ControlError as exc:
@@ -82,6 +85,8 @@ def find_run(args: argparse.Namespace) -> str:
         if args.file is not None:
             return _run_of(args.file, directory)
         runs = live_runs(directory)
+        if len(runs) == 1 and "error" in runs[0]:
+            raise Refusal(REFUSED, *str(runs[0]["error"]).splitlines())
         if len(runs) == 1:
             return socket_for(str(runs[0].get("name")), directory)
     except ControlError as exc:
@@ -89,7 +94,8 @@ def find_run(args: argparse.Namespace) -> str:
     if not runs:
         raise Refusal(NO_RUN, NONE_LIVE)
     raise Refusal(SEVERAL_RUNS, "several runs are live; name one (FILE or --name NAME):",
-                  *(f"  {run.get('name')}  pid {run.get('pid')}  {run.get('file')}" for run in runs))
+                  *(f"  {run.get('name')}  pid {run.get('pid')}  "
+                    f"{run.get('file') if 'error' not in run else '(does not answer)'}" for run in runs))
 
 
 def _run_of(file: str, directory: str) -> str:
@@ -98,9 +104,13 @@ def _run_of(file: str, directory: str) -> str:
     if os.path.lexists(path):
         return path
     real = os.path.realpath(file)
-    for run in live_runs(directory):
+    runs = live_runs(directory)
+    for run in runs:
         if isinstance(run.get("file"), str) and os.path.realpath(run["file"]) == real:
             return socket_for(str(run.get("name")), directory)
+    if silent := [str(run["error"]) for run in runs if "error" in run]:  # one of them may be its run
+        raise Refusal(REFUSED, f"no run of {file} answers, and {len(silent)} live run(s) did not (one may be its):",
+                      *silent)
     return path
 
 
@@ -121,9 +131,10 @@ def refused(refusal: Refusal) -> int:
 
 def operation(args: argparse.Namespace, message: dict[str, Any]) -> int:
     """`stop`, `start`, `restart`, `reload`: the run's line on stdout, status 0; or a refusal.
-    The run may take its time (a stop waits for the task's grace): no limit but Ctrl-C."""
+    The run must take the request within `ASK_WAIT`; then it may take its time (a stop waits for
+    the task's grace): no limit but Ctrl-C."""
     try:
-        answer = ask(args, message, timeout=None)
+        answer = ask(args, message, timeout=None, take_timeout=ASK_WAIT)
     except Refusal as refusal:
         return refused(refusal)
     print(answer.get("message", ""))

@@ -7,6 +7,10 @@ the user's alone (0700) and the socket file 0600; the server also checks each co
 credentials (`SO_PEERCRED`): a peer of another uid, root included, gets an error answer and is
 closed. One request per connection: the client sends one frame (the attempt channel's framing,
 `_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes) and reads one answer.
+An operation (`stop`, `start`, `restart`, `reload`), which may take a task's grace, is first
+answered `{"ok": true, "taken": true}` once the run has read it, then its answer: a client bounds
+its wait for the first frame, so a run that cannot answer at all (stopped by SIGSTOP, its loop
+stuck) is an error within that bound, and only the operation itself is waited for without one.
 
 | request `t` | fields | answer (`ok: true`) |
 |---|---|---|
@@ -21,11 +25,13 @@ Any request can be answered `{"ok": false, "error": str}`: a request the run ref
 (not a map, an unknown `t`, a missing `task`, a frame over `MAX_REQUEST`), another uid's. Each
 connection is served by its own task, so a slow `stop` never delays a `status`; an operation
 (`stop`, `start`, `restart`, `reload`) runs to its end even if its client goes away or the server
-closes.
+closes once the run has taken it, and is not done if its client had already closed the
+connection when the run read it (it gave up on a run that could not answer: it said so).
 
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
-lock itself. A server binds under a temporary name and renames the socket into place once it
+lock itself. A socket whose run holds the lock but does not answer in time is live all the same:
+`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A server binds under a temporary name and renames the socket into place once it
 listens, so a socket at its path either answers or is stale. Only the server imports asyncio
 (in its functions): a client, such as `mpvisor status`, never loads it.
 """
@@ -37,6 +43,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import select
 import socket
 import stat
 import struct
@@ -63,6 +70,8 @@ STEM_MAX = 32  # characters of a task file's stem in its run's name
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, without its NUL)
 REQUESTS = ("describe", "status", "stop", "start", "restart", "reload", "logs")
 TASK_REQUESTS = ("stop", "start", "restart", "logs")
+OPERATIONS = ("stop", "start", "restart", "reload")  # first answered TAKEN, then with their answer
+TAKEN = {"ok": True, "taken": True}
 _CRED = struct.Struct("3i")
 _TMP_COUNTER = itertools.count()
 
@@ -156,8 +165,10 @@ def socket_for(name: str, directory: str | None = None) -> str:
 
 
 def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[dict[str, Any]]:
-    """Every run that answers in `directory` (its `describe()`, in the order of the names); a
-    socket nobody listens on is stale and removed (so is a lock file left without its socket)."""
+    """Every live run in `directory`, in the order of the names: one that answers as its
+    `describe()`, one that does not answer within `timeout` as `{"name", "file": None, "pid",
+    "error"}` (`pid` from its lock file, None if unknown; `error`: why, one line); a socket
+    nobody listens on is stale and removed (so is a lock file left without its socket)."""
     directory = directory or control_dir()
     runs: list[dict[str, Any]] = []
     for entry in sorted(os.listdir(directory)):
@@ -170,8 +181,8 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
 
 
 def live_run(name: str, directory: str | None = None, timeout: float = LIST_WAIT) -> dict[str, Any] | None:
-    """The live run named `name` (its `describe()`), or None: none answers, or there is no
-    control directory to look in."""
+    """The live run named `name` (as `live_runs` lists it: one that does not answer too), or
+    None: nothing listens at its socket, or there is no control directory to look in."""
     try:
         path = socket_for(name, directory)
     except ControlError:
@@ -180,16 +191,21 @@ def live_run(name: str, directory: str | None = None, timeout: float = LIST_WAIT
 
 
 def _describe(path: str, timeout: float) -> dict[str, Any] | None:
-    """The run at `path`'s `describe()`; None if it does not answer (a stale socket is removed)."""
+    """The run at `path`'s `describe()`, or what is known of a live run that does not answer
+    (`live_runs`); None if nothing listens there (a stale socket is removed)."""
     try:
         answer = request(path, {"t": "describe"}, timeout)
     except NotLive as exc:
         if isinstance(exc.__cause__, ConnectionRefusedError):
             _remove_stale(path)
         return None
-    except ControlError:
-        return None  # it did not answer in time, or not in this protocol: not one to talk to
-    return {key: value for key, value in answer.items() if key != "ok"} if answer["ok"] else None
+    except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
+        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
+                "error": str(exc)}
+    if not answer["ok"]:
+        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
+                "error": str(answer.get("error"))}
+    return {key: value for key, value in answer.items() if key != "ok"}
 
 
 def _remove_stale(path: str) -> None:
@@ -243,6 +259,27 @@ def _holder(lock_path: str) -> str:
     except OSError:
         pid = ""
     return f" (pid {pid})" if pid.isdigit() else ""
+
+
+def _holder_pid(path: str) -> int | None:
+    """The pid of the run that serves the socket at `path`, as its lock file says; None if unknown."""
+    holder = _holder(path + LOCK_SUFFIX)
+    return int(holder[6:-1]) if holder else None
+
+
+def _silence(path: str, timeout: float | None) -> str:
+    """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
+    a run stopped by a signal is said to be, with how to resume it."""
+    pid = _holder_pid(path)
+    said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rpartition(b")")[2].split()[:1]
+    except (OSError, TypeError):
+        state = []
+    if pid and state in ([b"T"], [b"t"]):
+        return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
+    return said
 
 
 # --- requests and answers (pure) --------------------------------------------------------------------
@@ -362,6 +399,10 @@ class ControlServer:
             return error(f"bad request: {exc}")
         except TimeoutError:
             return error(f"bad request: none came within {REQUEST_WAIT:g} s")
+        if kind in OPERATIONS:
+            if _hung_up(writer):  # it gave up before the run took it (the run was stopped): not done
+                return error(f"the client went away before the run took its {kind}: not done")
+            writer.write(encode(TAKEN))  # not drained: the operation runs whether or not it is read
         try:
             return {"ok": True, **await self._dispatch(kind, task)}
         except ControlError as exc:
@@ -468,6 +509,16 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int:
     return int(uid)
 
 
+def _hung_up(writer: asyncio.StreamWriter) -> bool:
+    """Whether the client closed its end (POLLHUP: closed, not only shut for writing)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
+
+
 async def _read_request(reader: asyncio.StreamReader) -> Any:
     decoder = FrameDecoder(MAX_REQUEST)
     while True:
@@ -482,45 +533,62 @@ async def _read_request(reader: asyncio.StreamReader) -> Any:
 # --- the client ---------------------------------------------------------------------------------------
 
 
-def request(path: str, message: dict[str, Any], timeout: float | None = 10.0) -> dict[str, Any]:
+def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
+            take_timeout: float | None = None) -> dict[str, Any]:
     """Send `message` to the run at `path` and return its answer (`ok` true or false); `NotLive`
-    if nothing listens there, `ControlError` if it does not answer within `timeout` s (None: no limit)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    if nothing listens there, `ControlError` if it does not answer within `timeout` s (None: no
+    limit), or does not take the request (its first frame: the answer, or `taken` for an
+    operation) within `take_timeout` s (None: only `timeout` bounds it)."""
+    now = time.monotonic()
+    deadline = None if timeout is None else now + timeout
+    taken_by = None if take_timeout is None else now + take_timeout
+    first = min((d for d in (deadline, taken_by) if d is not None), default=None)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     with sock:
         try:
-            sock.settimeout(timeout)
-            sock.connect(path)
+            sock.settimeout(None if first is None else max(first - time.monotonic(), 0.001))
+            sock.connect(path)  # blocks while the run's backlog is full
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {path!r}") from exc
         except TimeoutError:
-            raise ControlError(f"the run at {path!r} did not answer within {timeout:g} s") from None
+            raise ControlError(_silence(path, timeout if first == deadline else take_timeout)) from None
         except OSError as exc:
             raise ControlError(f"cannot connect to the run at {path!r}: {exc.strerror or exc}") from None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
             sock.sendall(encode(message))
-        return _read_answer(sock, path, deadline, timeout)
+        frames = _Frames(sock, path)
+        answer = frames.next(first, timeout if first == deadline else take_timeout)
+        if answer == TAKEN:
+            answer = frames.next(deadline, timeout)
+        return answer
 
 
-def _read_answer(sock: socket.socket, path: str, deadline: float | None, timeout: float | None) -> dict[str, Any]:
-    decoder = FrameDecoder(MAX_ANSWER)
-    while True:
-        if deadline is not None:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            data = sock.recv(1 << 16)
-        except TimeoutError:
-            raise ControlError(f"the run at {path!r} did not answer within {timeout:g} s") from None
-        except OSError as exc:
-            raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
-        if not data:
-            raise ControlError(f"the run at {path!r} closed the connection without an answer")
-        try:
-            values = decoder.feed(data)
-        except ProtocolError as exc:
-            raise ControlError(f"the run at {path!r} answered what this client cannot read: {exc}") from None
-        if values:
-            answer = values[0]
-            if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
-                raise ControlError(f"the run at {path!r} answered what this client cannot read: {answer!r:.80}")
-            return answer
+class _Frames:
+    """The frames a client reads from the run, one at a time (two may come in one read)."""
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        self.sock, self.path = sock, path
+        self.decoder = FrameDecoder(MAX_ANSWER)
+        self.values: list[Any] = []
+
+    def next(self, deadline: float | None, timeout: float | None) -> dict[str, Any]:
+        """The next frame, by `deadline` (None: no limit; `timeout` names it in the error)."""
+        path = self.path
+        while not self.values:
+            self.sock.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                raise ControlError(_silence(path, timeout)) from None
+            except OSError as exc:
+                raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
+            if not data:
+                raise ControlError(f"the run at {path!r} closed the connection without an answer")
+            try:
+                self.values.extend(self.decoder.feed(data))
+            except ProtocolError as exc:
+                raise ControlError(f"the run at {path!r} answered what this client cannot read: {exc}") from None
+        answer = self.values.pop(0)
+        if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+            raise ControlError(f"the run at {path!r} answered what this client cannot read: {answer!r:.80}")
+        return answer

@@ -231,6 +231,17 @@ class ServiceRun:
         finally:
             self.runtime.notify()
 
+    @contextlib.asynccontextmanager
+    async def _operation(self) -> AsyncIterator[None]:
+        """A control operation (`stop`, `start`, `restart`, `reload`): a change of the plan that
+        the run's shutdown, begun before or during it, cuts short with the answer that the run is
+        shutting down (never one that says it was done)."""
+        async with self._changing():
+            try:
+                yield
+            except (ShuttingDown, ControllerClosed):
+                raise ControlError("the run is shutting down") from None
+
     def _stop_order(self, names: list[str]) -> list[list[str]]:
         self._systemd_say("STOPPING=1")
         after = {n: s.settings.after for n, s in self.services.items()}
@@ -248,7 +259,7 @@ class ServiceRun:
 
     async def _advance(self) -> None:
         if self.runtime.shutdown_started:
-            return
+            raise ShuttingDown("the run is shutting down: nothing more starts")
         after = {n: s.settings.after for n, s in self.services.items()}
         waiting = [n for n, s in self.services.items() if s.state == "waiting"]
         ended = {n: f"ended {s.last}" if s.last else "ended" for n, s in self.services.items()
@@ -579,7 +590,7 @@ class ServiceRun:
         return service
 
     async def stop(self, task: str) -> str:
-        async with self._changing():
+        async with self._operation():
             return await self._stop(self._service(task))
 
     async def _stop(self, service: Service) -> str:
@@ -594,7 +605,7 @@ class ServiceRun:
         return f"{service.name}: stopped"
 
     async def start(self, task: str) -> str:
-        async with self._changing():
+        async with self._operation():
             service = self._service(task)
             if service.id is not None:
                 raise ControlError(f"{task} is already running (pid {service.pid})" if service.pid else f"{task} is already started")
@@ -606,10 +617,7 @@ class ServiceRun:
         service.state = "waiting"
         self._rearm([service.name])
         missing = [d for d in service.settings.after if d in self.services and not _counts_as_ready(self.services[d])]
-        try:
-            await self._advance()
-        except (ShuttingDown, ControllerClosed):
-            raise ControlError("the run is shutting down") from None
+        await self._advance()
         if service.state == "not started":
             raise ControlError(f"{service.name}: {service.last}; start what it comes after first")
         if missing and service.state == "waiting":
@@ -617,7 +625,7 @@ class ServiceRun:
         return f"{service.name}: started"
 
     async def restart(self, task: str) -> str:
-        async with self._changing():
+        async with self._operation():
             service = self._service(task)
             if service.id is not None:
                 await self._stop(service)
@@ -653,7 +661,7 @@ class ServiceRun:
         if slotted and self.runtime.controller is None:
             raise ControlError(f"reload refused: {', '.join(slotted)} would need a slot, and this run started without "
                                "any (its slots are set up at start: run the file again); nothing changed")
-        async with self._changing():
+        async with self._operation():
             if self.runtime.shutdown_started:
                 raise ControlError("the run is shutting down")
             new = {t.name: t for t in parsed.tasks}

@@ -867,3 +867,69 @@ def test_a_restart_asked_for_while_a_failed_task_waits_out_its_backoff_is_not_co
     assert restarted.returncode == 0, restarted.stderr
     rows = run.wait_status(lambda rows: rows["svc"]["state"] in ("running", "starting") and rows["svc"]["pid"])
     assert rows["svc"]["restarts"] == 0, rows
+
+
+def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
+    """A reload that changed a task and waits out its grace when SIGTERM comes: the changed task
+    is never started anew, so `mpvisor reload` answers that the run is shutting down (status 1),
+    as a `restart` cut short does, instead of `reloaded ...: changed: ...` (status 0)."""
+    text = """
+        [defaults]
+        grace = "5s"
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; echo one; while :; do sleep 0.1; done"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["stubborn"]["pid"])
+    run.write(text.replace("echo one", "echo two"))
+    assert MPVISOR is not None
+    reload = subprocess.Popen([MPVISOR, "reload"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping")
+        status, _, err = run.stop()
+        out, reload_err = reload.communicate(timeout=30)
+    finally:
+        if reload.poll() is None:
+            reload.kill()
+            reload.communicate()
+    assert status == -signal.SIGTERM, err
+    assert (reload.returncode, out) == (1, ""), (reload.returncode, out, reload_err)
+    assert "the run is shutting down" in reload_err, reload_err
+    assert "stubborn: force_aborted" in err, err
+
+
+@pytest.mark.timeout(150)
+def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never_took_is_not_done(run: Run) -> None:
+    """A run stopped by SIGSTOP: `mpvisor status` (of the only live run, or of its FILE) and
+    `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it
+    (`status` said no run was live, status 10; `stop` waited forever); `mpvisor run --name` of
+    its name is a usage error (it ran under another name). Once continued, the stop its client
+    gave up on is not done, and every command answers again."""
+    run.write("""
+        [task.svc]
+        target = "workers.services:serve"
+    """)
+    proc = run.start("--name", "app")
+    pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        for argv in (("status",), ("status", "services.toml"), ("stop", "svc"), ("reload", "--name", "app")):
+            done = run.ctl(*argv)
+            assert done.returncode == 1, (argv, done.returncode, done.stderr)
+            assert f"(pid {proc.pid}) did not answer within" in done.stderr, (argv, done.stderr)
+            assert f"it is stopped (SIGSTOP or SIGTSTP); kill -CONT {proc.pid} resumes it" in done.stderr, (argv, done.stderr)
+        (run.directory / "other.toml").write_text('[task.x]\ncommand = ["true"]\n')
+        named = run.ctl("run", "--file", "other.toml", "--name", "app")
+        assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    rows = run.status()
+    assert (rows["svc"]["state"], rows["svc"]["pid"]) == ("running", pid), rows
+    stopped = run.ctl("stop", "svc")
+    assert (stopped.returncode, stopped.stdout) == (0, "svc: stopped\n"), stopped.stderr
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "a live run" not in err and "other.toml" not in err, err
