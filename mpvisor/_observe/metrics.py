@@ -38,6 +38,7 @@ import threading
 from dataclasses import field
 from typing import Any
 
+from mpvisor._model.errors import ConfigError
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, label_of
 from mpvisor._model.records import record
 
@@ -71,7 +72,9 @@ class PrometheusMetrics:
 
     `registry` is a `prometheus_client.CollectorRegistry` (default: the global `REGISTRY`,
     which `prometheus_client.start_http_server` serves); one `PrometheusMetrics` per registry
-    and namespace.
+    and namespace, which the supervisors a process runs one after another can all be given: a
+    second on the same registry and namespace (or one whose names prometheus_client refuses) is
+    a `ConfigError`, and registers nothing.
     """
 
     def __init__(
@@ -87,6 +90,22 @@ class PrometheusMetrics:
         self.queue_capacity = queue_capacity
         self.registry = client.REGISTRY if registry is None else registry
         common: dict[str, Any] = {"namespace": namespace, "registry": self.registry}
+        try:
+            self._register(client, common)
+        except ValueError as exc:  # a name this registry has (DuplicateTimeseries), or an invalid one
+            for made in list(vars(self).values()):
+                if isinstance(made, client.metrics.MetricWrapperBase):
+                    self.registry.unregister(made)
+            raise ConfigError(
+                f"PrometheusMetrics(namespace={namespace!r}) cannot register its metrics: {exc} (one "
+                "PrometheusMetrics per registry and namespace: give every supervisor the same one, or this "
+                "one another registry or namespace)") from None
+        self._tasks: dict[int | str | None, _Task] = {}  # task id (else name) -> what is known of it
+        self._running = 0  # the sum of the running sets' sizes, kept as they change
+        self._slots: set[str] = set()  # the slots that have series (busy ones)
+        self._lock = threading.Lock()  # on_event runs on the bus thread, `running_attempts` anywhere
+
+    def _register(self, client: Any, common: dict[str, Any]) -> None:
         self.events = client.Counter("events", "Events delivered, by kind.", ["kind"], **common)
         self.running = client.Gauge("attempts_running", "Attempts started and not yet ended.", **common)
         self.attempts = client.Counter("attempts", "Attempts ended, by result.", ["result"], **common)
@@ -115,10 +134,6 @@ class PrometheusMetrics:
             "slot_status_since_timestamp_seconds", "When a busy slot entered its current status (epoch seconds).",
             ["slot"], **common,
         )
-        self._tasks: dict[int | str | None, _Task] = {}  # task id (else name) -> what is known of it
-        self._running = 0  # the sum of the running sets' sizes, kept as they change
-        self._slots: set[str] = set()  # the slots that have series (busy ones)
-        self._lock = threading.Lock()  # on_event runs on the bus thread, `running_attempts` anywhere
 
     def on_event(self, event: Event) -> None:
         """Update the metrics from `event` (called on the subscriber's own thread)."""

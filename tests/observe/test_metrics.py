@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mpvisor import (
     BackoffSource,
+    ConfigError,
     ControllerConfig,
     ControllerSpec,
     Event,
@@ -333,6 +334,41 @@ def test_every_metric_and_label_the_docs_alert_on_exists_in_a_scrape() -> None:
             for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers):
                 assert label in exposed[name], f"{name} has no label {label!r} (it has {sorted(exposed[name])})"
     assert {"mpvisor_restarts_total", "mpvisor_slot_status"} <= used  # the crash loop and the stuck slot
+
+
+@pytest.mark.unit
+def test_a_second_one_on_a_registry_and_namespace_is_a_config_error_that_registers_nothing() -> None:
+    """A second PrometheusMetrics on the same registry and namespace (a program that built one
+    per run: the second raised prometheus_client's DuplicateTimeseries) is a ConfigError naming
+    the namespace, and leaves the registry as it was, also when only some of its names were
+    taken; another namespace there works."""
+    _, registry = fresh()
+    before = prometheus_client.generate_latest(registry)
+    with pytest.raises(ConfigError, match=r"namespace='mpvisor'.*one PrometheusMetrics per registry and namespace"):
+        PrometheusMetrics(registry)
+    assert prometheus_client.generate_latest(registry) == before
+    PrometheusMetrics(registry, namespace="other")
+    partly = prometheus_client.CollectorRegistry()
+    prometheus_client.Counter("rejections", "Someone else's.", namespace="mpvisor", registry=partly)
+    before = prometheus_client.generate_latest(partly)
+    with pytest.raises(ConfigError, match=r"namespace='mpvisor'"):
+        PrometheusMetrics(partly)
+    assert prometheus_client.generate_latest(partly) == before
+
+
+async def test_supervisors_run_one_after_another_share_one_and_their_counts_add_up() -> None:
+    """What docs/metrics.md tells a program that runs supervisors one after another: the same
+    PrometheusMetrics given to each counts them all, and its gauges end at zero."""
+    metrics, registry = fresh()
+    for _ in range(2):
+        async with supervised(SupervisorConfig(), subscribers=[metrics]) as (handle, _events):
+            _, waiter = await handle.add_and_watch(restartable("flaky", basic.flaky, 1))
+            assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+    samples = scrape(registry)
+    assert samples[("mpvisor_attempts_total", frozenset({("result", "failed")}))] == 2
+    assert samples[("mpvisor_attempts_total", frozenset({("result", "succeeded")}))] == 2
+    assert samples[("mpvisor_task_outcomes_total", frozenset({("outcome", "outcome_completed")}))] == 2
+    assert samples[("mpvisor_attempts_running", frozenset())] == 0
 
 
 @pytest.mark.unit
