@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mpvisor import _platform
 from mpvisor._admission.config import ControllerConfig
 from mpvisor._admission.leases.driver import LeaseDriver
 from mpvisor._admission.leases.store import FENCE_STOP, Decision, LeaseError, fence_times, pids_of
@@ -280,7 +281,7 @@ class Controller:
         except Exception as exc:  # a bug in mpvisor: the command still gets an answer
             self._report_bug(exc)
             if isinstance(command, _Pending):
-                command.resolve(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, repr(exc)))
+                command.resolve(TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, _why(exc)))
             if isinstance(command, _Removal) and not command.reply.done():
                 command.reply.set_exception(exc)
 
@@ -369,13 +370,17 @@ class Controller:
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
                             on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
-        lease.prepare()  # the store's connection opens while the launcher starts
         try:
-            await self.host.ready()
-        except Exception as exc:  # the launcher cannot start
-            decision = Decision(False, "admission_failed", reason=f"the launcher could not start: {exc}")
-        else:
-            decision = await lease.acquire(pids_of([os.getpid(), *self.host.launcher_pids()]))
+            lease.prepare()  # the store's connection opens while the launcher starts
+            try:
+                await self.host.ready()
+            except Exception as exc:  # the launcher cannot start
+                decision = Decision(False, "admission_failed", reason=f"the launcher could not start: {exc}")
+            else:
+                decision = await lease.acquire(pids_of([os.getpid(), *self.host.launcher_pids()]))
+        except Exception as exc:  # no thread to ask the store on (a limit on processes): the waiter is told
+            lease.close()
+            decision = Decision(False, "admission_failed", reason=f"slot {item.slot!r}: {_why(exc)}")
         if not decision.granted:
             self.leases.pop(item.id, None)
             self._post(lambda: self._decided(item, None, decision.rejection, decision.reason))
@@ -539,3 +544,9 @@ def _replaced_in(slot: str) -> str:
 def _resolve(future: asyncio.Future[None] | None) -> None:
     if future is not None and not future.done():
         future.set_result(None)
+
+
+def _why(exc: Exception) -> str:
+    """An admission's failure as its waiter's reason: a thread the host refused names the limit
+    on processes; anything else (a bug in mpvisor) is the exception's repr."""
+    return _platform.start_error(exc) if _platform.thread_refused(exc) else repr(exc)

@@ -381,7 +381,10 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     that interrupted the run are added to `interrupts`."""
     results: dict[str, Result] = {}
     replaced: set[int] = set()
-    runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
+    try:
+        runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
+    except ConfigError as exc:  # the launcher cannot start (no thread for it: a limit on processes)
+        return results, f"mpvisor: {exc}"
 
     async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()

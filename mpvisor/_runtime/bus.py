@@ -21,6 +21,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | `on_event` raises anything (`SystemExit`, `KeyboardInterrupt` too) | it keeps receiving; `SUBSCRIBER_PANICKED` counts the raises |
 | `on_event` raises on a `SUBSCRIBER_PANICKED` or `SUBSCRIBER_OVERFLOW` (about another subscriber) | a WARNING on `mpvisor.bus`, no event: two subscribers that raise on everything would otherwise report each other's panics once a second without end |
 | a trouble report about subscriber S | delivered to every consumer but S; when there is no other, a WARNING on `mpvisor.bus` says it instead (a lone subscriber that lost events was told by nobody) |
+| a subscriber's thread cannot start (a limit on processes), at the first `publish` | it receives no events, and a WARNING on `mpvisor.bus` says so; the publisher goes on |
 | an `events()` queue is full | the event is dropped for that iterator alone, silently |
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
 | nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
@@ -43,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
 
+from mpvisor import _platform
 from mpvisor._model import checks as _validate
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind
 from mpvisor._model.records import record
@@ -317,8 +319,15 @@ class Bus:
         if self._loop is None:
             self._loop = loop
             if self._phase == "open":
-                for box in self._mailboxes:
-                    box.start(loop)
+                for box in list(self._mailboxes):
+                    try:
+                        box.start(loop)
+                    except RuntimeError as exc:  # no thread for it (a limit on processes): it hears nothing
+                        if not _platform.thread_refused(exc):
+                            raise
+                        self._mailboxes.remove(box)
+                        _log.warning("subscriber %r receives no events: its thread cannot start: %s", box.name,
+                                     _platform.start_error(exc))
         elif loop is not self._loop:
             raise RuntimeError("this Bus is bound to another event loop")
         return loop

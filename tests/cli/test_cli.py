@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests._slot_support import stop_servers
 from tests._support import pid_gone, pids_cgroup, read_markers, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -807,14 +808,16 @@ def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp
     assert outcome_line(done.stderr).endswith(" completed reason=None exit_code=None attempts=1"), done.stderr
 
 
-def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path):
+@pytest.mark.parametrize("most", [3, 12])
+def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path, most):
     """A task file whose 25 tasks each have a log file (a writer thread each) run in a pids
-    cgroup that lets 12 processes and threads exist: status 1 and one last line naming the limit
-    on processes, never a traceback (it was RuntimeError: can't start new thread: a user's
-    report). (Needs root, as any test that makes a cgroup.)"""
+    cgroup that lets 3 processes and threads exist (no thread for the launcher) or 12 (none for
+    most log files): status 1 and one last line naming the limit on processes, never a traceback
+    (each was a traceback, RuntimeError or ConfigError: a user's report). (Needs root, as any
+    test that makes a cgroup.)"""
     tasks = "".join(f'[task.t{i}]\ncommand = ["true"]\nlog = "t{i}.log"\n' for i in range(25))
     (tmp_path / "logs.toml").write_text(tasks)
-    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}", 12)
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}-{most}", most)
     try:
         script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.quote(sys.executable)} -m mpvisor run --file logs.toml"
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
@@ -824,7 +827,8 @@ def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path):
         os.rmdir(cgroup)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
-    assert last == "mpvisor: can't start new thread: a limit on processes was reached (ulimit -u, or a pids cgroup)", done.stderr
+    assert last.startswith("mpvisor: ") and "a limit on processes was reached (ulimit -u, or a pids cgroup)" in last, \
+        done.stderr
 
 
 def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):
@@ -862,3 +866,26 @@ def test_the_directories_mpvisor_makes_are_0700_whatever_the_umask_and_one_it_ca
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"mpvisor: the control directory {str(tmp_path / 'b' / 'runs')!r} is not usable by its owner " \
                           f"(mode 0); it must be 0700\n"
+
+
+@pytest.mark.parametrize("most", [5, 6, 7])
+def test_a_slot_run_under_a_process_limit_ends_naming_it_and_never_hangs(tmp_path, most):
+    """`mpvisor run --slot` in a pids cgroup of 5, 6 or 7 processes and threads: whichever thread
+    the host refuses first (the launcher's, an event subscriber's, the one that asks the slot
+    server), the run ends, status 1 with a last line naming the limit, or it runs; it hung
+    spinning a CPU, past SIGTERM, when the slot's thread was the one refused (its admission
+    never ended), and a refused subscriber said only RuntimeError (a user's report). (Needs
+    root, as any test that makes a cgroup.)"""
+    cgroup = pids_cgroup(f"mpvisor-pids-test-{os.getpid()}-{most}", most)
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(tmp_path / "slots")}
+    try:
+        script = f"echo $$ > {cgroup}/cgroup.procs && exec {shlex.quote(sys.executable)} -m mpvisor run --slot s -- true"
+        done = subprocess.run(["timeout", "-s", "KILL", "20", "bash", "-c", script], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=30)
+        stop_servers(tmp_path / "slots")  # a slot server the run started outlives it, by design
+        wait_for(lambda: not pathlib.Path(cgroup, "cgroup.procs").read_text(encoding="utf-8"))
+    finally:
+        os.rmdir(cgroup)
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done
+    if done.returncode == 1:
+        assert "a limit on processes was reached (ulimit -u, or a pids cgroup)" in done.stderr.splitlines()[-1], done.stderr

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._admission.leases.store import (
     POLICY_NAMES,
     Decision,
@@ -179,13 +180,22 @@ class LeaseDriver:
 
 def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:
     """`calls`, in order, on a thread of their own, waited for at most `seconds` (a store that
-    does not answer must not hold up the loop: what it did not do, its lease's expiry does)."""
+    does not answer must not hold up the loop: what it did not do, its lease's expiry does).
+    Where no thread may start (a limit on processes), they run here, their errors dropped: a
+    release or a withdraw is never lost for want of a thread."""
     def run() -> None:
         for call in calls:
             call()
 
     thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if not _platform.thread_refused(exc):
+            raise
+        with contextlib.suppress(Exception):
+            run()
+        return
     thread.join(seconds)
 
 

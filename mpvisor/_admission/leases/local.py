@@ -175,7 +175,11 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
             if not start:
                 raise NoServer(f"no slot server answers at {path!r}") from exc
             if started is None:
-                started = _start_server(directory)
+                try:
+                    started = _start_server(directory)
+                except OSError as start_exc:
+                    raise LeaseError(f"cannot start the slot server for {path!r}: "
+                                     f"{_platform.start_error(start_exc)}") from None
             status = started.poll()  # 0 also when another process reaped it (ECHILD): wait on
             if status not in (None, 0, ANOTHER_SERVES):
                 raise LeaseError(f"the slot server started for {path!r} exited with status {status} before it "

@@ -21,7 +21,9 @@ protocol and the client are `local.py`.
 Only one server runs per directory: it holds `server.lock` (`flock`) for its life, and only the
 holder may remove a stale socket and bind. It writes its leases to `leases.json` whenever an owner
 or an owner's processes change (a queued request is not in it); a new server inherits the
-leases whose processes still run (module docstring of `local.py`).
+leases whose processes still run (module docstring of `local.py`). A write that fails (a full
+disk) leaves the last file as it was and no half-written one, and is said once on stderr; the
+table in memory goes on, and a new server learns of the owners when they reclaim their leases.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class SlotServer:
         self.done = asyncio.Event()
         self._idle_timer: asyncio.TimerHandle | None = None
         self.uid = os.getuid()
+        self._unsaved = False  # a save of the leases failed (said once on stderr, the server's log)
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -391,9 +394,18 @@ class SlotServer:
                                "pids": [list(p) for p in request.pids]})
         path = os.path.join(self.directory, _leases.STATE_NAME)
         fresh = f"{path}.{os.getpid()}"
-        with open(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(leases, f)
-        os.replace(fresh, path)
+        try:
+            with open(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(leases, f)
+            os.replace(fresh, path)
+        except OSError as exc:  # a full disk: the leases live on here; the owners reclaim them from a new server
+            with contextlib.suppress(OSError):
+                os.unlink(fresh)
+            if not self._unsaved:
+                self._unsaved = True
+                with contextlib.suppress(OSError, ValueError):
+                    print(f"mpvisor slots serve: cannot save the leases in {path!r}: {exc.strerror or exc} "
+                          f"(said once)", file=sys.stderr, flush=True)
 
     def _new_request(self, slot: str, admission: AdmissionPolicy, name: str, client: Client | None, req: int) -> Request:
         request = Request(self.next_id, slot, admission, name, client, req)
