@@ -28,6 +28,11 @@ connection is served by its own task, so a slow `stop` never delays a `status`; 
 closes once the run has taken it, and is not done if its client had already closed the
 connection when the run read it (it gave up on a run that could not answer: it said so).
 
+A client cannot hold the run's files: a connection past `MAX_CONNECTIONS` served at once closes
+the oldest one whose client has not sent its request yet, or, when every one has (operations
+waiting their turn), is answered busy and closed; the loop accepts at most `ACCEPT_BURST`
+connections before their handlers run, so the socket holds at most the sum of the two.
+
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
 lock itself. A socket whose run holds the lock but does not answer in time is live all the same:
@@ -63,6 +68,8 @@ LOCK_SUFFIX = ".lock"  # `<name>.sock.lock`: held by the run that serves `<name>
 MAX_REQUEST = 1 << 20  # bytes: a larger request frame is refused before it is read
 MAX_ANSWER = 64 << 20  # bytes a client reads in one answer (a status of many tasks)
 REQUEST_WAIT = 10.0  # seconds a connection may take to send its request
+MAX_CONNECTIONS = 128  # connections served at once: one past this closes the oldest without its request
+ACCEPT_BURST = 16  # connections the loop accepts at once, before their handlers run (each an fd)
 LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
@@ -320,6 +327,7 @@ class ControlServer:
         self._server: asyncio.AbstractServer | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._waiting: dict[asyncio.StreamWriter, None] = {}  # no request yet, oldest first
         self._operations: set[asyncio.Future[Any]] = set()
         self._closed = False
 
@@ -339,7 +347,7 @@ class ControlServer:
             _release(lock, path + LOCK_SUFFIX)
             raise
         try:
-            server._server = await asyncio.start_unix_server(server._handle, sock=listener)
+            server._server = await asyncio.start_unix_server(server._handle, sock=listener, backlog=ACCEPT_BURST)
         except BaseException:
             listener.close()
             with contextlib.suppress(FileNotFoundError):
@@ -376,7 +384,15 @@ class ControlServer:
         self._handlers.add(handler)
         self._writers.add(writer)
         try:
-            answer = await self._answer(reader, writer)
+            if len(self._writers) > MAX_CONNECTIONS and self._waiting:
+                oldest = next(iter(self._waiting))  # its client sent nothing yet: it holds no more of the run's files
+                del self._waiting[oldest]
+                self._writers.discard(oldest)  # not counted while its handler ends
+                oldest.transport.abort()
+            if len(self._writers) > MAX_CONNECTIONS:
+                answer = error(f"busy: the run serves {MAX_CONNECTIONS} requests already; try again")
+            else:
+                answer = await self._answer(reader, writer)
             writer.write(self._encoded(answer))
             await writer.drain()
         except (ConnectionError, OSError):
@@ -392,8 +408,12 @@ class ControlServer:
         uid = _peer_uid(writer)
         if uid != self.uid:
             return error(f"refused: uid {uid} is not the run's user (uid {self.uid})")
+        self._waiting[writer] = None
         try:
-            message = await asyncio.wait_for(_read_request(reader), REQUEST_WAIT)
+            try:
+                message = await asyncio.wait_for(_read_request(reader), REQUEST_WAIT)
+            finally:
+                self._waiting.pop(writer, None)
             kind, task = check_request(message)
         except ProtocolError as exc:
             return error(f"bad request: {exc}")
@@ -546,8 +566,7 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     with sock:
         try:
-            sock.settimeout(None if first is None else max(first - time.monotonic(), 0.001))
-            sock.connect(path)  # blocks while the run's backlog is full
+            _connect(sock, path, first)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {path!r}") from exc
         except TimeoutError:
@@ -561,6 +580,21 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         if answer == TAKEN:
             answer = frames.next(deadline, timeout)
         return answer
+
+
+def _connect(sock: socket.socket, path: str, deadline: float | None) -> None:
+    """Connect by `deadline` (None: no limit; `TimeoutError` past it). A socket with a timeout
+    gets EAGAIN at once while the run's backlog is full (it is not accepting: stopped, or
+    flooded): try again until the deadline, as a blocking connect would wait."""
+    while True:
+        sock.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError from None
+            time.sleep(0.01)  # nothing to wait on: the kernel wakes no one when the backlog drains
 
 
 class _Frames:

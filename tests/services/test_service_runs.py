@@ -10,6 +10,7 @@ logs."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -904,8 +905,9 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
 @pytest.mark.timeout(150)
 def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never_took_is_not_done(run: Run) -> None:
     """A run stopped by SIGSTOP: `mpvisor status` (of the only live run, or of its FILE) and
-    `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it
-    (`status` said no run was live, status 10; `stop` waited forever); `mpvisor run --name` of
+    `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it,
+    also while its backlog is full (`status` said no run was live, status 10; `stop` waited
+    forever; a full backlog was `Resource temporarily unavailable` at once); `mpvisor run --name` of
     its name is a usage error (it ran under another name). Once continued, the stop its client
     gave up on is not done, and every command answers again."""
     run.write("""
@@ -915,7 +917,11 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     proc = run.start("--name", "app")
     pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
     os.kill(proc.pid, signal.SIGSTOP)
+    backlog: list[socket.socket] = []  # the run's backlog full: a client's connect gets EAGAIN, not an answer
+    path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
     try:
+        while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
+            backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
         for argv in (("status",), ("status", "services.toml"), ("stop", "svc"), ("reload", "--name", "app")):
             done = run.ctl(*argv)
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
@@ -926,6 +932,8 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
         assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
     finally:
         os.kill(proc.pid, signal.SIGCONT)
+        for sock in backlog:
+            sock.close()
     rows = run.status()
     assert (rows["svc"]["state"], rows["svc"]["pid"]) == ("running", pid), rows
     stopped = run.ctl("stop", "svc")
@@ -933,3 +941,39 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "a live run" not in err and "other.toml" not in err, err
+
+
+def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps_others_out(run: Run) -> None:
+    """Clients that connect to the control socket and never send: the run under an open-file
+    limit of 256 keeps serving (`mpvisor status` answers while 400 of them are open), holds a
+    bounded number of files, says nothing on its stderr (it printed a traceback per failed
+    accept, and connections waited until the silent ones went away)."""
+    import resource
+
+    import psutil
+
+    run.write("""
+        [task.svc]
+        target = "workers.services:serve"
+    """)
+    proc = run.start()
+    run.wait_status(lambda rows: rows["svc"]["pid"])
+    resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (256, 256))
+    path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
+    silent: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            silent.append(sock)
+            sock.setblocking(False)
+            wait_for(lambda sock=sock: sock.connect_ex(path) != errno.EAGAIN, timeout=5)  # EAGAIN: its backlog is full
+        most = psutil.Process(proc.pid).num_fds()
+        asked = run.ctl("status", "--json")
+        assert asked.returncode == 0, asked.stderr
+    finally:
+        for sock in silent:
+            sock.close()
+    assert most < 200, most
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "Traceback" not in err and "Too many open files" not in err, err
