@@ -72,6 +72,7 @@ MAX_CONNECTIONS = 128  # connections served at once: one past this closes the ol
 ACCEPT_BURST = 16  # connections the loop accepts at once, before their handlers run (each an fd)
 LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
+ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
 STEM_MAX = 32  # characters of a task file's stem in its run's name
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, without its NUL)
@@ -274,19 +275,38 @@ def _holder_pid(path: str) -> int | None:
     return int(holder[6:-1]) if holder else None
 
 
+def _state(pid: int | None) -> str | None:
+    """A process's state letter (`/proc/PID/stat`: `R`, `S`, `T` stopped, `Z` ended, ...); None
+    if no such process (or no pid)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rpartition(b")")[2].split()[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return None
+
+
 def _silence(path: str, timeout: float | None) -> str:
     """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
     a run stopped by a signal is said to be, with how to resume it."""
     pid = _holder_pid(path)
     said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            state = file.read().rpartition(b")")[2].split()[:1]
-    except (OSError, TypeError):
-        state = []
-    if pid and state in ([b"T"], [b"t"]):
+    if pid and _state(pid) in ("T", "t"):
         return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
     return said
+
+
+def _hang_up(path: str) -> str:
+    """Why the run at `path` closed a connection without an answer, as far as the client can
+    tell: a run that died meanwhile (its lock file left behind: SIGKILL, a crash) is said to have."""
+    pid = _holder_pid(path)
+    deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
+    while pid and time.monotonic() < deadline:
+        if _state(pid) in (None, "Z", "X"):
+            return f"the run at {path!r} (pid {pid}) ended before it answered (it was killed, or crashed)"
+        time.sleep(0.01)
+    return f"the run at {path!r} closed the connection without an answer"
 
 
 # --- requests and answers (pure) --------------------------------------------------------------------
@@ -617,7 +637,7 @@ class _Frames:
             except OSError as exc:
                 raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
             if not data:
-                raise ControlError(f"the run at {path!r} closed the connection without an answer")
+                raise ControlError(_hang_up(path))
             try:
                 self.values.extend(self.decoder.feed(data))
             except ProtocolError as exc:

@@ -977,3 +977,38 @@ def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "Traceback" not in err and "Too many open files" not in err, err
+
+
+def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_nothing_running(run: Run) -> None:
+    """`mpvisor stop` waits out a stubborn task's grace when the run is SIGKILLed: the command
+    exits 1 saying that the run (its pid) ended before it answered (it said only that the run
+    closed the connection); the task's tree is gone with the run, and the next `status` finds no
+    run live (the stale socket misleads no one)."""
+    import psutil
+
+    run.write("""
+        [defaults]
+        grace = "30s"
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]
+    """)
+    proc = run.start()
+    task_pid = run.wait_status(lambda rows: rows["stubborn"]["pid"])["stubborn"]["pid"]
+    assert MPVISOR is not None and isinstance(task_pid, int)
+    stop = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping")
+        proc.kill()
+        out, err = stop.communicate(timeout=30)
+    finally:
+        if stop.poll() is None:
+            stop.kill()
+            stop.communicate()
+    assert (stop.returncode, out) == (1, ""), (stop.returncode, out, err)
+    assert f"(pid {proc.pid}) ended before it answered (it was killed, or crashed)" in err, err
+    proc.communicate(timeout=30)
+    wait_for(lambda: not psutil.pid_exists(task_pid), timeout=10)
+    after = run.ctl("status")
+    assert after.returncode == 10 and "no run of a task file is live" in after.stderr, after.stderr
