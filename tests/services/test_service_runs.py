@@ -376,7 +376,7 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
 def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: Run) -> None:
     """`mpvisor start` or `restart` of a task whose dependency was stopped from another shell does
     not start it: it waits until the dependency is started and ready again (a stopped service is
-    not one that was ready and ended)."""
+    not one that was ready and ended), and the answer of each says what it waits for."""
     run.write("""
         [defaults]
         restart = "always"
@@ -404,6 +404,7 @@ def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: R
     assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
     restarted = run.ctl("restart", "b")
     assert restarted.returncode == 0, restarted.stderr
+    assert restarted.stdout == "b: restarted; waiting for a\n", restarted.stdout  # it said "b: restarted" alone
     rows = run.status()
     assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
     assert run.ctl("start", "a").returncode == 0
