@@ -36,8 +36,9 @@ connections before their handlers run, so the socket holds at most the sum of th
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
 lock itself. A socket whose run holds the lock but does not answer in time is live all the same:
-`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A server binds under a temporary name and renames the socket into place once it
-listens, so a socket at its path either answers or is stale. Only the server imports asyncio
+`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
+server binds under a temporary name and renames the socket into place once it listens, so a
+socket at its path either answers or is stale. Only the server imports asyncio
 (in its functions): a client, such as `mpvisor status`, never loads it.
 """
 
