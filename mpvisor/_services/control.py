@@ -28,11 +28,17 @@ connection is served by its own task, so a slow `stop` never delays a `status`; 
 closes once the run has taken it, and is not done if its client had already closed the
 connection when the run read it (it gave up on a run that could not answer: it said so).
 
+A client cannot hold the run's files: a connection past `MAX_CONNECTIONS` served at once closes
+the oldest one whose client has not sent its request yet, or, when every one has (operations
+waiting their turn), is answered busy and closed; the loop accepts at most `ACCEPT_BURST`
+connections before their handlers run, so the socket holds at most the sum of the two.
+
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
 lock itself. A socket whose run holds the lock but does not answer in time is live all the same:
-`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A server binds under a temporary name and renames the socket into place once it
-listens, so a socket at its path either answers or is stale. Only the server imports asyncio
+`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
+server binds under a temporary name and renames the socket into place once it listens, so a
+socket at its path either answers or is stale. Only the server imports asyncio
 (in its functions): a client, such as `mpvisor status`, never loads it.
 """
 
@@ -63,8 +69,11 @@ LOCK_SUFFIX = ".lock"  # `<name>.sock.lock`: held by the run that serves `<name>
 MAX_REQUEST = 1 << 20  # bytes: a larger request frame is refused before it is read
 MAX_ANSWER = 64 << 20  # bytes a client reads in one answer (a status of many tasks)
 REQUEST_WAIT = 10.0  # seconds a connection may take to send its request
+MAX_CONNECTIONS = 128  # connections served at once: one past this closes the oldest without its request
+ACCEPT_BURST = 16  # connections the loop accepts at once, before their handlers run (each an fd)
 LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
+ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
 STEM_MAX = 32  # characters of a task file's stem in its run's name
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, without its NUL)
@@ -267,19 +276,38 @@ def _holder_pid(path: str) -> int | None:
     return int(holder[6:-1]) if holder else None
 
 
+def _state(pid: int | None) -> str | None:
+    """A process's state letter (`/proc/PID/stat`: `R`, `S`, `T` stopped, `Z` ended, ...); None
+    if no such process (or no pid)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return file.read().rpartition(b")")[2].split()[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return None
+
+
 def _silence(path: str, timeout: float | None) -> str:
     """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
     a run stopped by a signal is said to be, with how to resume it."""
     pid = _holder_pid(path)
     said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            state = file.read().rpartition(b")")[2].split()[:1]
-    except (OSError, TypeError):
-        state = []
-    if pid and state in ([b"T"], [b"t"]):
+    if pid and _state(pid) in ("T", "t"):
         return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
     return said
+
+
+def _hang_up(path: str) -> str:
+    """Why the run at `path` closed a connection without an answer, as far as the client can
+    tell: a run that died meanwhile (its lock file left behind: SIGKILL, a crash) is said to have."""
+    pid = _holder_pid(path)
+    deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
+    while pid and time.monotonic() < deadline:
+        if _state(pid) in (None, "Z", "X"):
+            return f"the run at {path!r} (pid {pid}) ended before it answered (it was killed, or crashed)"
+        time.sleep(0.01)
+    return f"the run at {path!r} closed the connection without an answer"
 
 
 # --- requests and answers (pure) --------------------------------------------------------------------
@@ -320,6 +348,7 @@ class ControlServer:
         self._server: asyncio.AbstractServer | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._waiting: dict[asyncio.StreamWriter, None] = {}  # no request yet, oldest first
         self._operations: set[asyncio.Future[Any]] = set()
         self._closed = False
 
@@ -339,7 +368,7 @@ class ControlServer:
             _release(lock, path + LOCK_SUFFIX)
             raise
         try:
-            server._server = await asyncio.start_unix_server(server._handle, sock=listener)
+            server._server = await asyncio.start_unix_server(server._handle, sock=listener, backlog=ACCEPT_BURST)
         except BaseException:
             listener.close()
             with contextlib.suppress(FileNotFoundError):
@@ -376,7 +405,15 @@ class ControlServer:
         self._handlers.add(handler)
         self._writers.add(writer)
         try:
-            answer = await self._answer(reader, writer)
+            if len(self._writers) > MAX_CONNECTIONS and self._waiting:
+                oldest = next(iter(self._waiting))  # its client sent nothing yet: it holds no more of the run's files
+                del self._waiting[oldest]
+                self._writers.discard(oldest)  # not counted while its handler ends
+                oldest.transport.abort()
+            if len(self._writers) > MAX_CONNECTIONS:
+                answer = error(f"busy: the run serves {MAX_CONNECTIONS} requests already; try again")
+            else:
+                answer = await self._answer(reader, writer)
             writer.write(self._encoded(answer))
             await writer.drain()
         except (ConnectionError, OSError):
@@ -392,8 +429,12 @@ class ControlServer:
         uid = _peer_uid(writer)
         if uid != self.uid:
             return error(f"refused: uid {uid} is not the run's user (uid {self.uid})")
+        self._waiting[writer] = None
         try:
-            message = await asyncio.wait_for(_read_request(reader), REQUEST_WAIT)
+            try:
+                message = await asyncio.wait_for(_read_request(reader), REQUEST_WAIT)
+            finally:
+                self._waiting.pop(writer, None)
             kind, task = check_request(message)
         except ProtocolError as exc:
             return error(f"bad request: {exc}")
@@ -546,8 +587,7 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     with sock:
         try:
-            sock.settimeout(None if first is None else max(first - time.monotonic(), 0.001))
-            sock.connect(path)  # blocks while the run's backlog is full
+            _connect(sock, path, first)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {path!r}") from exc
         except TimeoutError:
@@ -561,6 +601,21 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         if answer == TAKEN:
             answer = frames.next(deadline, timeout)
         return answer
+
+
+def _connect(sock: socket.socket, path: str, deadline: float | None) -> None:
+    """Connect by `deadline` (None: no limit; `TimeoutError` past it). A socket with a timeout
+    gets EAGAIN at once while the run's backlog is full (it is not accepting: stopped, or
+    flooded): try again until the deadline, as a blocking connect would wait."""
+    while True:
+        sock.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError from None
+            time.sleep(0.01)  # nothing to wait on: the kernel wakes no one when the backlog drains
 
 
 class _Frames:
@@ -583,7 +638,7 @@ class _Frames:
             except OSError as exc:
                 raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
             if not data:
-                raise ControlError(f"the run at {path!r} closed the connection without an answer")
+                raise ControlError(_hang_up(path))
             try:
                 self.values.extend(self.decoder.feed(data))
             except ProtocolError as exc:

@@ -629,8 +629,8 @@ class ServiceRun:
             service = self._service(task)
             if service.id is not None:
                 await self._stop(service)
-            await self._start(service)
-            return f"{task}: restarted"
+            started = await self._start(service)  # `TASK: started`, or what its new instance waits for
+            return f"{task}: restarted" + ("" if started == f"{task}: started" else f"; {started.removeprefix(f'{task}: ')}")
 
     def log_paths(self, task: str) -> dict[str, str]:
         try:

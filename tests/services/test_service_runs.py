@@ -10,6 +10,7 @@ logs."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -375,7 +376,7 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
 def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: Run) -> None:
     """`mpvisor start` or `restart` of a task whose dependency was stopped from another shell does
     not start it: it waits until the dependency is started and ready again (a stopped service is
-    not one that was ready and ended)."""
+    not one that was ready and ended), and the answer of each says what it waits for."""
     run.write("""
         [defaults]
         restart = "always"
@@ -403,6 +404,7 @@ def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: R
     assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
     restarted = run.ctl("restart", "b")
     assert restarted.returncode == 0, restarted.stderr
+    assert restarted.stdout == "b: restarted; waiting for a\n", restarted.stdout  # it said "b: restarted" alone
     rows = run.status()
     assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
     assert run.ctl("start", "a").returncode == 0
@@ -904,8 +906,9 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
 @pytest.mark.timeout(150)
 def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never_took_is_not_done(run: Run) -> None:
     """A run stopped by SIGSTOP: `mpvisor status` (of the only live run, or of its FILE) and
-    `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it
-    (`status` said no run was live, status 10; `stop` waited forever); `mpvisor run --name` of
+    `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it,
+    also while its backlog is full (`status` said no run was live, status 10; `stop` waited
+    forever; a full backlog was `Resource temporarily unavailable` at once); `mpvisor run --name` of
     its name is a usage error (it ran under another name). Once continued, the stop its client
     gave up on is not done, and every command answers again."""
     run.write("""
@@ -915,7 +918,11 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     proc = run.start("--name", "app")
     pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
     os.kill(proc.pid, signal.SIGSTOP)
+    backlog: list[socket.socket] = []  # the run's backlog full: a client's connect gets EAGAIN, not an answer
+    path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
     try:
+        while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
+            backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
         for argv in (("status",), ("status", "services.toml"), ("stop", "svc"), ("reload", "--name", "app")):
             done = run.ctl(*argv)
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
@@ -926,6 +933,8 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
         assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
     finally:
         os.kill(proc.pid, signal.SIGCONT)
+        for sock in backlog:
+            sock.close()
     rows = run.status()
     assert (rows["svc"]["state"], rows["svc"]["pid"]) == ("running", pid), rows
     stopped = run.ctl("stop", "svc")
@@ -933,3 +942,74 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "a live run" not in err and "other.toml" not in err, err
+
+
+def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps_others_out(run: Run) -> None:
+    """Clients that connect to the control socket and never send: the run under an open-file
+    limit of 256 keeps serving (`mpvisor status` answers while 400 of them are open), holds a
+    bounded number of files, says nothing on its stderr (it printed a traceback per failed
+    accept, and connections waited until the silent ones went away)."""
+    import resource
+
+    import psutil
+
+    run.write("""
+        [task.svc]
+        target = "workers.services:serve"
+    """)
+    proc = run.start()
+    run.wait_status(lambda rows: rows["svc"]["pid"])
+    resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (256, 256))
+    path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
+    silent: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            silent.append(sock)
+            sock.setblocking(False)
+            wait_for(lambda sock=sock: sock.connect_ex(path) != errno.EAGAIN, timeout=5)  # EAGAIN: its backlog is full
+        most = psutil.Process(proc.pid).num_fds()
+        asked = run.ctl("status", "--json")
+        assert asked.returncode == 0, asked.stderr
+    finally:
+        for sock in silent:
+            sock.close()
+    assert most < 200, most
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "Traceback" not in err and "Too many open files" not in err, err
+
+
+def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_nothing_running(run: Run) -> None:
+    """`mpvisor stop` waits out a stubborn task's grace when the run is SIGKILLed: the command
+    exits 1 saying that the run (its pid) ended before it answered (it said only that the run
+    closed the connection); the task's tree is gone with the run, and the next `status` finds no
+    run live (the stale socket misleads no one)."""
+    import psutil
+
+    run.write("""
+        [defaults]
+        grace = "30s"
+
+        [task.stubborn]
+        command = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]
+    """)
+    proc = run.start()
+    task_pid = run.wait_status(lambda rows: rows["stubborn"]["pid"])["stubborn"]["pid"]
+    assert MPVISOR is not None and isinstance(task_pid, int)
+    stop = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run.wait_status(lambda rows: rows["stubborn"]["state"] == "stopping")
+        proc.kill()
+        out, err = stop.communicate(timeout=30)
+    finally:
+        if stop.poll() is None:
+            stop.kill()
+            stop.communicate()
+    assert (stop.returncode, out) == (1, ""), (stop.returncode, out, err)
+    assert f"(pid {proc.pid}) ended before it answered (it was killed, or crashed)" in err, err
+    proc.communicate(timeout=30)
+    wait_for(lambda: not psutil.pid_exists(task_pid), timeout=10)
+    after = run.ctl("status")
+    assert after.returncode == 10 and "no run of a task file is live" in after.stderr, after.stderr
