@@ -2,8 +2,8 @@
 
 Asks the run (`runs`) where the task's log files are (`{"t": "logs"}`: its stdout's and its
 stderr's, perhaps one file); when no run of the `FILE` it was given is live (it ended, or
-crashed, which is when logs matter most), the file says where they are (a line on stderr says
-so). It reads them itself: the last `-n` lines of each, under a header
+crashed, which is when logs matter most), or its run does not answer (stopped, stuck), the file
+says where they are (a line on stderr says so). It reads them itself: the last `-n` lines of each, under a header
 `==> stdout: PATH <==` when there are two files. With `-f` it then follows them as `tail -F`
 does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
 end in the old file, then from the start in the new one; a file that shrank (truncated) is read
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:
-        if refusal.status != NO_RUN or args.file is None or not os.path.isfile(args.file):
+        if not (refusal.status == NO_RUN or refusal.unanswered) or args.file is None or not os.path.isfile(args.file):
             return runs.refused(refusal)
-        try:  # no run of FILE is live (it ended, or crashed): the file says where its logs are
+        try:  # no run of FILE is live (it ended, or crashed), or it does not answer: the file says where its logs are
             paths = _paths_in_file(args.file, args.task)
         except runs.Refusal as why:
             return runs.refused(why)

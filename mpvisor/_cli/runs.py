@@ -19,6 +19,7 @@ from typing import Any
 from mpvisor._cli.statuses import NO_RUN, OK, REFUSED, SEVERAL_RUNS
 from mpvisor._services.control import (
     ControlError,
+    NoAnswer,
     NotLive,
     check_name,
     control_dir,
@@ -35,10 +36,11 @@ NONE_LIVE = "no run of a task file is live (start one with mpvisor run --file FI
 class Refusal(Exception):
     """What a command prints on stderr (one `mpvisor: ` line each) and exits with."""
 
-    def __init__(self, status: int, *lines: str) -> None:
+    def __init__(self, status: int, *lines: str, unanswered: bool = False) -> None:
         super().__init__("\n".join(lines))
         self.status = status
         self.lines = lines
+        self.unanswered = unanswered  # the run is live and did not answer in time (stopped, say)
 
 
 def _name(text: str) -> str:
@@ -68,6 +70,8 @@ def ask(args: argparse.Namespace, message: dict[str, Any], timeout: float | None
         answer = request(find_run(args), message, timeout, take_timeout)
     except NotLive:
         raise Refusal(NO_RUN, _not_live(args)) from None
+    except NoAnswer as exc:
+        raise Refusal(REFUSED, *str(exc).splitlines(), unanswered=True) from None
     except ControlError as exc:
         raise Refusal(REFUSED, *str(exc).splitlines()) from None
     if not answer["ok"]:
@@ -86,7 +90,7 @@ def find_run(args: argparse.Namespace) -> str:
             return _run_of(args.file, directory)
         runs = live_runs(directory)
         if len(runs) == 1 and "error" in runs[0]:
-            raise Refusal(REFUSED, *str(runs[0]["error"]).splitlines())
+            raise Refusal(REFUSED, *str(runs[0]["error"]).splitlines(), unanswered=True)
         if len(runs) == 1:
             return socket_for(str(runs[0].get("name")), directory)
     except ControlError as exc:
@@ -110,7 +114,7 @@ def _run_of(file: str, directory: str) -> str:
             return socket_for(str(run.get("name")), directory)
     if silent := [str(run["error"]) for run in runs if "error" in run]:  # one of them may be its run
         raise Refusal(REFUSED, f"no run of {file} answers, and {len(silent)} live run(s) did not (one may be its):",
-                      *silent)
+                      *silent, unanswered=True)
     return path
 
 

@@ -97,6 +97,10 @@ class NotLive(ControlError):
     """Nothing listens at a control socket (no such file, or a stale one)."""
 
 
+class NoAnswer(ControlError):
+    """A run listens at a control socket and did not answer in time (stopped, say)."""
+
+
 class ControlTarget(Protocol):
     """What the run's manager answers with; every method is called on the run's event loop."""
 
@@ -591,7 +595,7 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {path!r}") from exc
         except TimeoutError:
-            raise ControlError(_silence(path, timeout if first == deadline else take_timeout)) from None
+            raise NoAnswer(_silence(path, timeout if first == deadline else take_timeout)) from None
         except OSError as exc:
             raise ControlError(f"cannot connect to the run at {path!r}: {exc.strerror or exc}") from None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
@@ -634,7 +638,7 @@ class _Frames:
             try:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:
-                raise ControlError(_silence(path, timeout)) from None
+                raise NoAnswer(_silence(path, timeout)) from None
             except OSError as exc:
                 raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
             if not data:

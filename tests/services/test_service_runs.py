@@ -1015,3 +1015,28 @@ def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_no
     wait_for(lambda: not psutil.pid_exists(task_pid), timeout=10)
     after = run.ctl("status")
     assert after.returncode == 10 and "no run of a task file is live" in after.stderr, after.stderr
+
+
+@pytest.mark.timeout(60)
+def test_logs_of_a_stopped_run_reads_the_files_its_task_file_names(run: Run) -> None:
+    """`mpvisor logs TASK FILE` while the run is stopped by SIGSTOP (when logs matter most):
+    the lines, from the files the task file names, with a line on stderr saying the run did not
+    answer (it was that error alone, status 1), as after the run ended."""
+    run.write("""
+        [task.svc]
+        target = "workers.services:chatter"
+        kwargs = { lines = 3 }
+        log = "svc.log"
+    """)
+    proc = run.start()
+    wait_for(lambda: "line 3" in (run.directory / "svc.log").read_text() if (run.directory / "svc.log").exists() else False)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        done = run.ctl("logs", "svc", "services.toml", "-n", "2")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert (done.returncode, done.stdout) == (0, "line 2\nline 3\n"), (done.returncode, done.stdout, done.stderr)
+    assert "did not answer within 10 s: it is stopped" in done.stderr, done.stderr
+    assert "the log files services.toml names:" in done.stderr, done.stderr
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
