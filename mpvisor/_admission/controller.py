@@ -510,11 +510,14 @@ class Controller:
             pass
 
     async def _until(self, condition: Callable[[], bool]) -> None:
+        """Wait until `condition` holds. The loop is woken once (it may have work it left for
+        this: queued commands past the cap, once intake is closed); after that, only a step of
+        the loop can change what `condition` reads, and each step it takes wakes this waiter."""
         self._watching += 1
+        self._wake.set()
         try:
             while not condition():
                 self._changed.clear()
-                self._wake.set()
                 await self._changed.wait()
         finally:
             self._watching -= 1

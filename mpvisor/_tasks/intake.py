@@ -2,7 +2,8 @@
 
 `Intake` is the command queue of the registry and of the controller: a FIFO of at most
 `capacity` commands, drained by one consumer loop with `take()` (it never awaits the queue; the
-`wake` callback tells it a command entered), and filled by producers with `offer()` (room now,
+`wake` callback tells it a command entered, or a waiting producer gave up: whatever waits for
+the queue to drain looks again), and filled by producers with `offer()` (room now,
 or False: the `try_*` calls) or `put()` (wait for room). It replaces `asyncio.Queue`, whose getter
 machinery the consumers did not use, and which lets a producer woken for a freed place lose it
 to a later `put_nowait`. The controller's intake is also its hot path (a busy slot may reject
@@ -37,7 +38,7 @@ class Intake(Generic[T]):
         self._items: collections.deque[T] = collections.deque()
         self._putters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._reserved = 0  # places granted to waiting producers that have not resumed yet
-        self._wake = wake  # called after every item that enters
+        self._wake = wake  # called after every item that enters, and when a waiting producer gives up
 
     def __len__(self) -> int:
         return len(self._items)
@@ -71,6 +72,7 @@ class Intake(Generic[T]):
             elif granted in self._putters:  # `_grant` may already have dropped it as done
                 self._putters.remove(granted)
             self._grant()
+            self._wake()  # one producer fewer: the intake may be drained now
             raise
         self._reserved -= 1
         self._items.append(item)

@@ -156,3 +156,28 @@ async def test_replace_claims_the_owners_removal_through_the_registry():
     assert [(await w.wait()).kind for w in (owner, new)] == [OutcomeKind.COMPLETED] * 2
     await controller.close_intake()
     await controller.join()
+
+
+async def test_waiting_for_the_controller_to_settle_does_not_spin():
+    """`join` (and `close_intake`) wait for what only a later step can change (an owner's
+    cleanup, a lease's answer): the waiter sleeps until the controller takes a step. (It woke the
+    loop and was woken back, turn after turn: a CPU spun for as long as the wait lasted, such
+    as a shared slot's store answering a withdrawal late.)"""
+    import resource
+
+    host, registry = FakeHost(), FakeRegistry()
+    controller = Controller(host, registry, ControllerConfig())
+    owner_id = next_id()
+    owner = await controller.submit(owner_id, submission("owner"), wait=True)
+    await until(lambda: owner_id in registry.actors)
+    await controller.close_intake()
+    joining = asyncio.ensure_future(controller.join())
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    await asyncio.sleep(0.5)  # the span measured: join waits for the owner's cleanup meanwhile
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    assert not joining.done()
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert used < 0.15, f"{used:.2f} s of CPU in 0.5 s of waiting"
+    await clean_up(controller, registry, owner_id)
+    await asyncio.wait_for(joining, 5)
+    assert (await owner.wait()).kind is OutcomeKind.COMPLETED

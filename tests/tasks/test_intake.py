@@ -183,3 +183,29 @@ def test_random_producers_and_takes_keep_bounds_order_and_lose_nothing(capacity:
         await asyncio.gather(*putters.values(), return_exceptions=True)
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_waiting_producer_that_gives_up_wakes_the_consumer() -> None:
+    """A producer canceled while it waits for room leaves the intake drained once the rest is
+    taken: the consumer is woken, so that whatever waits for the intake to drain (the
+    controller's close of intake) looks again instead of waiting for a step that never comes."""
+    async def main() -> None:
+        wakes: list[None] = []
+        intake: Intake[int] = Intake(1, lambda: wakes.append(None))
+        assert intake.offer(0)
+        waiting = asyncio.create_task(intake.put(1))
+        await settle()
+        assert drain(intake) == [0]  # its place is granted to the waiting producer...
+        waiting.cancel()  # ...which gives up before it appends
+        await settle()
+        woken = len(wakes)
+        assert intake.drained() and woken == 2, (intake, woken)
+
+        assert intake.offer(2)
+        late = asyncio.create_task(intake.put(3))
+        await settle()
+        late.cancel()  # gives up while still waiting, with no place granted
+        await settle()
+        assert len(wakes) == woken + 2 and not intake.drained() and drain(intake) == [2] and intake.drained()
+
+    asyncio.run(main())
