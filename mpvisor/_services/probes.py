@@ -59,7 +59,9 @@ async def probe(
 
 
 def _timed_out(timeout: float) -> str:
-    return f"timed out after {timeout:g} s"
+    """The reason of a probe cut short: its time to the hundredth of a second (what was left of
+    a `ready_timeout` shows as 2.79, not 2.78673)."""
+    return f"timed out after {round(timeout, 2):g} s"
 
 
 async def _within(timeout: float, work: Coroutine[Any, Any, str | None]) -> str | None:

@@ -240,3 +240,12 @@ def test_a_probes_command_dies_with_a_run_that_is_killed_outright(tmp_path: path
     finally:
         run.kill()
         run.wait(10)
+
+
+def test_a_probe_cut_short_says_its_time_to_the_hundredth() -> None:
+    """A probe cut short by what was left of a `ready_timeout` says `timed out after 2.79 s`
+    (it said 2.78673); whole and half seconds read as they were given."""
+    from mpvisor._services.probes import _timed_out
+
+    assert [_timed_out(t) for t in (2.78673, 0.5, 1.0, 3600.0)] == [
+        "timed out after 2.79 s", "timed out after 0.5 s", "timed out after 1 s", "timed out after 3600 s"]
