@@ -16,6 +16,7 @@ pid, names one process for its whole life).
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
+| can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 """
@@ -435,6 +436,19 @@ def private_dir(path: str, what: str) -> str | None:
     if info.st_mode & 0o700 != 0o700:
         return f"{what} {path!r} is not usable by its owner (mode {info.st_mode & 0o777:o}); it must be 0700"
     return None
+
+
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108, with its NUL)
+
+
+def long_socket_path(path: str, what: str, env: str) -> str | None:
+    """Why `path` cannot be the path of `what` (a Unix socket): longer than `SUN_PATH_MAX`
+    bytes, with the environment variable `env` that moves it to a shorter directory; None when
+    it can be."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        return None
+    return (f"the path of {what}, {path!r}, is longer than a Unix socket's may be ({SUN_PATH_MAX} "
+            f"bytes): set {env} to a shorter directory")
 
 
 def _make_private_dirs(path: str) -> None:

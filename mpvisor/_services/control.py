@@ -76,7 +76,6 @@ CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
 STEM_MAX = 32  # characters of a task file's stem in its run's name
-SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, without its NUL)
 REQUESTS = ("describe", "status", "stop", "start", "restart", "reload", "logs")
 TASK_REQUESTS = ("stop", "start", "restart", "logs")
 OPERATIONS = ("stop", "start", "restart", "reload")  # first answered TAKEN, then with their answer
@@ -171,9 +170,9 @@ def socket_for(name: str, directory: str | None = None) -> str:
     except ValueError as exc:
         raise ControlError(str(exc)) from None
     path = os.path.join(directory or control_dir(), name + SUFFIX)
-    if len(os.fsencode(path)) > SUN_PATH_MAX:
-        raise ControlError(f"the control socket's path {path!r} is longer than a Unix socket's may be "
-                           f"({SUN_PATH_MAX} bytes): set {DIR_ENV} to a shorter directory")
+    too_long = _platform.long_socket_path(path, "the control socket", DIR_ENV)
+    if too_long is not None:
+        raise ControlError(too_long)
     return path
 
 

@@ -29,8 +29,9 @@ import struct
 import tempfile
 from collections.abc import Callable, Mapping
 
+from mpvisor import _platform
+
 MAX_MESSAGE = 4096  # bytes of one datagram; a longer one is dropped
-SUN_PATH_MAX = 107  # bytes of a socket's path (sun_path holds 108, with its NUL)
 NAME_ROOM = 32  # bytes kept for a socket's name in a notify directory
 _DIRECTORY_PREFIX = "mpvisor-notify-"
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
@@ -140,7 +141,7 @@ def notify_directory() -> str:
     Those that runs killed outright left there (their PID gone, the directory this user's) are
     removed first."""
     base = os.environ.get("TMPDIR", "")
-    longest = SUN_PATH_MAX - NAME_ROOM - len(_DIRECTORY_PREFIX) - 10 - 8 - 2  # a pid and -, 8 random characters, 2 slashes
+    longest = _platform.SUN_PATH_MAX - NAME_ROOM - len(_DIRECTORY_PREFIX) - 10 - 8 - 2  # a pid and -, 8 random characters, 2 slashes
     if not (os.path.isabs(base) and len(os.fsencode(base)) <= longest and os.path.isdir(base)):
         base = "/tmp"
     _remove_left_behind(base)

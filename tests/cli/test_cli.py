@@ -889,3 +889,24 @@ def test_a_slot_run_under_a_process_limit_ends_naming_it_and_never_hangs(tmp_pat
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done
     if done.returncode == 1:
         assert "a limit on processes was reached (ulimit -u, or a pids cgroup)" in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_a_socket_directory_too_deep_for_a_unix_socket_names_the_variable_that_moves_it(tmp_path):
+    """A slot server's or a run's control socket whose path would be longer than a Unix socket's
+    may be (107 bytes): the `--slot` run is refused and the file run serves no control socket,
+    each saying so with the variable that moves the directory (the slot run said only `AF_UNIX
+    path too long`: a user's report). One rule for both (and for notify sockets)."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir(mode=0o700)
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(deep / "slots"), "MPVISOR_CONTROL_DIR": str(deep / "runs")}
+    slot = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--slot", "s", "--", "true"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert slot.returncode == 1, slot.stderr
+    assert f"the path of the slot server's socket, {str(deep / 'slots' / 'slots.sock')!r}, is longer than a Unix " \
+           "socket's may be (107 bytes): set MPVISOR_SLOTS_DIR to a shorter directory" in slot.stderr, slot.stderr
+    (tmp_path / "one.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    filerun = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--file", "one.toml"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert filerun.returncode == 0, filerun.stderr
+    assert "mpvisor: no control socket for this run (mpvisor status cannot reach it): the path of the control " \
+           "socket" in filerun.stderr and "set MPVISOR_CONTROL_DIR to a shorter directory" in filerun.stderr, filerun.stderr

@@ -163,6 +163,9 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
     """A connection to this user's slot server, starting one (detached) if none answers."""
     directory = directory or server_dir()
     path = socket_path(directory)
+    too_long = _platform.long_socket_path(path, "the slot server's socket", DIR_ENV)
+    if too_long is not None:
+        raise LeaseError(too_long)
     deadline = time.monotonic() + START_WAIT
     started: subprocess.Popen[bytes] | None = None
     while True:
