@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import errno
 import os
+import select
 import signal
 import sys
 import time
@@ -104,7 +106,10 @@ def _files(paths: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def follow(files: list[Followed], headers: bool) -> None:
-    """Print what is written to `files` until interrupted (or stdout cannot be written)."""
+    """Print what is written to `files` until interrupted, or stdout cannot be written: a write
+    fails, or (looked at between two polls, as `tail -f` does) stdout is a pipe whose reader
+    went away, `mpvisor logs -f | head` once `head` has its lines, which then ends as a failed
+    write would, without waiting for a line to come."""
     last = files[-1] if files else None
     while not getattr(sys.stdout, "failed", False):
         for followed in files:
@@ -115,7 +120,19 @@ def follow(files: list[Followed], headers: bool) -> None:
                 _write(f"\n==> {followed.label}: {followed.path} <==\n")
                 last = followed
             _write(text)
+        if _reader_gone():
+            lose = getattr(sys.stdout, "lose", None)  # the shell's guarded stdout: recorded as a write's EPIPE
+            if lose is not None:
+                lose(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
+            return
         time.sleep(POLL)
+
+
+def _reader_gone() -> bool:
+    """stdout is a pipe (or socket) whose reading end is closed: `poll` says POLLERR (or HUP)."""
+    poller = select.poll()
+    poller.register(1, 0)  # no events asked: only the error and hang-up conditions are reported
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _write(text: str) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import shutil
+import shlex
 import signal
 import socket
 import struct
@@ -554,3 +555,21 @@ def test_the_slot_server_and_the_runs_share_one_private_runtime_directory(tmp_pa
     base = tmp_path / "run" / "mpvisor" if xdg else tmp_path / "tmp" / f"mpvisor-{os.getuid()}"
     assert done.stdout.splitlines() == [str(base), str(base / "runs")]
     assert [oct(os.stat(p).st_mode & 0o777) for p in (base, base / "runs")] == ["0o700", "0o700"]
+
+
+async def test_logs_follow_ends_once_its_pipes_reader_is_gone(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """`mpvisor logs -f | head -n 1`: once head has its line and exits, logs ends within its poll
+    interval, as `tail -f` does, status 1 with stdout's EPIPE named, without waiting for another
+    line to fail to write (it ran until the next line came, for ever on a quiet file)."""
+    log = tmp_path / "web.log"
+    log.write_text("old 1\nold 2\n")
+    pipe = f"{shlex.quote(sys.executable)} -m mpvisor logs web -f -n 1 2>{shlex.quote(str(tmp_path / 'err'))}; " \
+           f"echo \"logs-status=$?\" >&2"
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", f"set -o pipefail; ({pipe}) | head -n 1", env=cli_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    async with serving(FakeTarget("svc", "/srv/svc.toml", {"web": str(log)})):
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert out.decode() == "old 2\n"
+    assert "logs-status=1" in err.decode(), err
+    assert (tmp_path / "err").read_text() == "mpvisor: cannot write to stdout: Broken pipe\n"
