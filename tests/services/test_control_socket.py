@@ -10,8 +10,8 @@ import contextlib
 import json
 import os
 import pathlib
-import shutil
 import shlex
+import shutil
 import signal
 import socket
 import struct
