@@ -383,10 +383,18 @@ def read_small_file(path: str) -> bytes:
 def interpreter_argv(code: str) -> list[str]:
     """`sys.executable` with this interpreter's own flags (`-O`, `-E`, `-X ...`, `-W ...`; `-S`,
     `-s` or `-I` only if it was started with them) running `code`: an ordinary interpreter, as
-    `multiprocessing`'s spawn starts one, so `site`, .pth files and sitecustomize run as here."""
+    `multiprocessing`'s spawn starts one, so `site`, .pth files and sitecustomize run as here.
+
+    In a working directory that was removed, `-P` too (`code` sets `sys.path` itself, and the
+    empty entry `-c` would put first names nothing there): CPython 3.13.0-3.13.2 otherwise fail
+    every failed attribute lookup on a module with `SystemError` in such a directory, as they
+    check the empty entry for a module shadowing the standard library, and `import socket`, the
+    launcher's first import, makes one (CPython's gh-130932, fixed in 3.13.3)."""
     import subprocess
 
     flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    if current_dir() is None and "-P" not in flags and "-I" not in flags:
+        flags.append("-P")
     return [sys.executable, *flags, "-c", code]
 
 

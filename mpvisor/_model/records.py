@@ -1,19 +1,26 @@
-"""`record`: a dataclass with half the compiles (about two thirds of the time) to define.
+"""`record`: a dataclass quicker to define: half the compiles (about two thirds of the time) on
+CPython 3.11 and 3.12, less source to compile from 3.13.
 
 `dataclasses.dataclass` writes each method it adds as source text and compiles it: six for a
 frozen class (`__init__`, `__repr__`, `__eq__`, `__hash__`, `__setattr__`, `__delattr__`), three
-for a mutable one. The compiles are nearly all of a dataclass's cost, about half a millisecond
-a class on the development machine, and the classes on the path of `mpvisor run` (specs,
-outcomes, the actor's and the attempt's states, the configuration) cost a run 26-30 ms of its
-start-up in 189 compiles; with `record`, 88 compiles and 16-20 ms.
+for a mutable one (from CPython 3.13, all of them in one compile of the same source). The
+compiles are nearly all of a dataclass's cost, about half a millisecond a class on the
+development machine, and the classes on the path of `mpvisor run` (specs, outcomes, the actor's
+and the attempt's states, the configuration) cost a run 26-30 ms of its start-up on CPython
+3.11 in 189 compiles; with `record`, 88 compiles and 16-20 ms (from 3.13, `record` compiles
+less source in each class's one compile).
 
 `record` takes the same arguments as `dataclass` (those mpvisor uses) and makes the same class,
 a real dataclass: `dataclasses.fields`, `replace`, `asdict`, pickling, `__match_args__`, slots
 and frozenness are dataclasses' own. Only `__repr__`, `__eq__` and `__hash__` are not compiled
 per class: they are closures over the class's field names that compute exactly what the
-generated methods compute (`__eq__` compares the same tuples, for the same class only;
-`__hash__` hashes the same tuple; `__repr__` writes the same text, `...` for a recursive
-reference). A method the class body defines is kept, as `dataclass` keeps it, and hashing
+generated methods compute (`__eq__` compares as the running interpreter's `dataclass` does,
+for the same class only; `__hash__` hashes the same tuple; `__repr__` writes the same text,
+`...` for a recursive reference). CPython 3.13 changed how the generated `__eq__` compares: up
+to 3.12 it compares two tuples of the fields, so a field holding the same object in both is
+equal by identity (the same `nan` too); from 3.13 it is `self is other`, else `self.a ==
+other.a and self.b == other.b ...`, where the same `nan` in two instances is not equal and the
+result is the last comparison's own value. `FIELD_BY_FIELD_EQ` is that one difference. A method the class body defines is kept, as `dataclass` keeps it, and hashing
 follows `dataclass`'s rule: a frozen class with `eq` hashes its fields, a mutable one with
 `eq` is unhashable, a class that defines `__hash__` keeps it.
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
+import sys
 from operator import attrgetter
 
 TYPE_CHECKING = False
@@ -37,6 +45,10 @@ else:
 
     def dataclass_transform(**_: object) -> object:
         return lambda decorator: decorator
+
+
+# How `dataclass` makes `__eq__` on this interpreter: field by field from CPython 3.13, as tuples before.
+FIELD_BY_FIELD_EQ = sys.version_info >= (3, 13)
 
 
 @dataclass_transform(field_specifiers=(dataclasses.field,))
@@ -65,7 +77,8 @@ def _make(cls: type[T], *, frozen: bool, slots: bool, init: bool, eq: bool) -> t
         _add(made, _repr([field.name for field in fields if field.repr]))
     if eq:
         if "__eq__" not in body:
-            _add(made, _eq(_values([field.name for field in fields if field.compare])))
+            compared = [field.name for field in fields if field.compare]
+            _add(made, _eq_fields(compared) if FIELD_BY_FIELD_EQ else _eq(_values(compared)))
         if not _defines_hash(body) and frozen:
             hashed = [field.name for field in fields if (field.compare if field.hash is None else field.hash)]
             _add(made, _hash(_values(hashed)))
@@ -109,6 +122,26 @@ def _eq(values: Callable[[object], tuple[object, ...]]) -> Callable[[object, obj
     def __eq__(self: object, other: object) -> Any:
         if other.__class__ is self.__class__:
             return values(self) == values(other)
+        return NotImplemented
+
+    return __eq__
+
+
+def _eq_fields(names: list[str]) -> Callable[[object, object], Any]:
+    """`self is other or (self.a == other.a and self.b == other.b ...)`, as `dataclass` writes it
+    from CPython 3.13: the first false comparison's value, else the last one's."""
+    getters = [attrgetter(name) for name in names]
+
+    def __eq__(self: object, other: object) -> Any:
+        if self is other:
+            return True
+        if other.__class__ is self.__class__:
+            result: Any = True
+            for get in getters:
+                result = get(self) == get(other)
+                if not result:
+                    return result
+            return result
         return NotImplemented
 
     return __eq__

@@ -799,13 +799,39 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log
 def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp_path, argv, out):
     """`mpvisor run` from a working directory that was removed (a shell left in it, as after a
     checkout was deleted): the task runs there, as the bare command would, and completes (each
-    was a FileNotFoundError traceback from getcwd, status 1: a user's report)."""
+    was a FileNotFoundError traceback from getcwd, status 1: a user's report). On CPython
+    3.13.0-3.13.2 the launcher died there at `import socket` with a SystemError, three times, and
+    the run said so and failed."""
     gone = tmp_path / "gone"
     gone.mkdir()
     script = f"cd {gone} && rmdir {gone} && exec {shlex.quote(sys.executable)} -m mpvisor run {shlex.join(argv)}"
     done = subprocess.run(["bash", "-c", script], env=cli_env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == out, done
     assert outcome_line(done.stderr).endswith(" completed reason=None exit_code=None attempts=1"), done.stderr
+
+
+def test_a_spawned_attempt_from_a_removed_directory_runs_there(tmp_path):
+    """A program's `start_method="spawn"` attempt (a fresh interpreter, exec'd by the launcher) in
+    a working directory that was removed: it starts, runs there, and a failed attribute lookup on
+    a module is the usual miss (on CPython 3.13.0-3.13.2, in an interpreter started there with
+    `-c`, it is a SystemError, and `import socket` makes one)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (tmp_path / "probe.py").write_text(  # beside the program: the attempt has its sys.path
+        "import socket\n"
+        "def family():\n"
+        "    return getattr(socket, 'no_such_name', socket.AF_UNIX).name  # a failed lookup\n")
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import mpvisor\n"
+        "from mpvisor import SupervisorConfig, TaskFn, TaskSpec\n"
+        "if __name__ == '__main__':\n"
+        "    spec = TaskSpec.once(TaskFn('s', 'probe:family', ()))\n"
+        "    outcome = mpvisor.run([spec], SupervisorConfig(start_method='spawn'))['s']\n"
+        "    print(outcome.kind.name, outcome.value)\n")
+    script = f"cd {gone} && rmdir {gone} && exec {shlex.quote(sys.executable)} {shlex.quote(str(program))}"
+    done = subprocess.run(["bash", "-c", script], env=cli_env(), capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "COMPLETED AF_UNIX\n"), done
 
 
 @pytest.mark.parametrize("most", [3, 12])

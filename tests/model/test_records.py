@@ -23,6 +23,25 @@ pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAN = math.nan  # one object: (nan,) == (nan,) holds by identity, nan == nan does not
 
+
+class Verdict:
+    """A value whose `==` answers with an object of its own, not a bool (as an array's does):
+    up to CPython 3.12 a dataclass's `__eq__` (a tuple comparison) makes it a bool; from 3.13
+    (field by field) it is returned as it is."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def __eq__(self, other: object) -> Any:
+        return self.answer
+
+    def __hash__(self) -> int:
+        return hash(self.answer)
+
+    def __repr__(self) -> str:
+        return f"Verdict({self.answer!r})"
+
+
 values = st.one_of(
     st.integers(-3, 3),
     st.sampled_from(["", "a", "b"]),
@@ -31,6 +50,7 @@ values = st.one_of(
     st.just(0.0),
     st.just(False),
     st.tuples(st.integers(0, 2), st.sampled_from(["x", "y"])),
+    st.sampled_from([Verdict("yes"), Verdict("")]),
 )
 field_flags = st.fixed_dictionaries({"compare": st.booleans(), "hash": st.sampled_from([None, True, False]), "repr": st.booleans()})
 
@@ -66,7 +86,8 @@ def hashed(instance: object) -> tuple[str, object]:
 @settings(max_examples=300, deadline=None)
 @given(shapes(), st.data())
 def test_record_behaves_as_dataclass(shape: dict[str, Any], data: st.DataObject) -> None:
-    """Same fields, repr, ==, !=, hash, unhashability, frozenness and replace, value for value."""
+    """Same fields, repr, ==, !=, hash, unhashability, frozenness and replace, value for value,
+    as this interpreter's `dataclass` makes them."""
     made, reference = build(record, shape), build(dataclasses.dataclass, shape)
     assert [(f.name, f.compare, f.hash, f.repr) for f in dataclasses.fields(made)] == [
         (f.name, f.compare, f.hash, f.repr) for f in dataclasses.fields(reference)
@@ -82,16 +103,18 @@ def test_record_behaves_as_dataclass(shape: dict[str, Any], data: st.DataObject)
         if hashed(a)[0] == "hash" and shape["eq"]:
             assert hashed(a) == hashed(ra)
         for b, rb in zip(ours, theirs, strict=True):
-            assert (a == b) == (ra == rb)
+            same, reference_same = a == b, ra == rb
+            assert (same, type(same)) == (reference_same, type(reference_same))
             assert (a != b) == (ra != rb)
         assert (a == object()) is False and (a == ra) is False  # another class is never equal
         if shape["frozen"] and n:
             with pytest.raises(FrozenInstanceError):
                 a.f0 = 1  # type: ignore[attr-defined]
-        if n:
-            changed = dataclasses.replace(a, f0="changed")
-            assert repr(changed) == repr(dataclasses.replace(ra, f0="changed"))
-        assert dataclasses.asdict(a) == dataclasses.asdict(ra)
+        if n:  # `copy.replace` (CPython 3.13 and later, through `__replace__`) where there is one
+            replace = getattr(copy, "replace", dataclasses.replace)
+            changed = replace(a, f0="changed")
+            assert repr(changed) == repr(replace(ra, f0="changed")) and type(changed) is made
+        assert repr(dataclasses.asdict(a)) == repr(dataclasses.asdict(ra))
 
 
 @record(frozen=True, slots=True)

@@ -304,33 +304,24 @@ def test_parse_takes_task_file_and_name() -> None:
 # --- the protocol ------------------------------------------------------------------------------------
 
 
-def _child_asks_as_nobody(path: str, write_fd: int) -> None:
-    """In a forked child: become uid 65534, connect, send a request, pass the raw answer on. Never returns."""
-    status = 1
-    try:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(path)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before it was read
-            sock.sendall(encode({"t": "status"}))
-        with contextlib.suppress(ConnectionResetError):  # closed with the request unread: after the answer
-            while chunk := sock.recv(65536):
-                os.write(write_fd, chunk)
-        status = 0
-    except BaseException as exc:
-        os.write(write_fd, repr(exc).encode())
-    finally:
-        os._exit(status)
-
-
-def _read_all(fd: int) -> bytes:
-    data = b""
-    while chunk := os.read(fd, 65536):
-        data += chunk
-    return data
+# A fresh interpreter (not a fork of this process, whose threads make `os.fork` unsafe and, from
+# CPython 3.12, a DeprecationWarning): become the uid and gid NOBODY, connect to PATH, send
+# REQUEST (hex), and write the raw answer to stdout.
+_ASK_AS_NOBODY = """\
+import contextlib, os, socket, sys
+path, request, nobody = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+os.setgroups([])
+os.setgid(nobody)
+os.setuid(nobody)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(10)
+sock.connect(path)
+with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before it was read
+    sock.sendall(request)
+with contextlib.suppress(ConnectionResetError):  # closed with the request unread: after the answer
+    while chunk := sock.recv(65536):
+        sys.stdout.buffer.write(chunk)
+"""
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="becoming another uid needs root")
@@ -345,17 +336,10 @@ async def test_another_uid_is_refused_by_its_credentials() -> None:
         target.status = lambda: pytest.fail("the target was asked")  # type: ignore[method-assign]
         async with serving(target, path):
             os.chmod(path, 0o666)  # else connect() is refused by the file's mode before any credential
-            read_fd, write_fd = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                _child_asks_as_nobody(path, write_fd)
-            os.close(write_fd)
-            try:
-                raw = await asyncio.to_thread(_read_all, read_fd)
-            finally:
-                os.close(read_fd)
-                _, wait_status = await asyncio.to_thread(os.waitpid, pid, 0)
-        assert os.waitstatus_to_exitcode(wait_status) == 0, raw
+            argv = [sys.executable, "-c", _ASK_AS_NOBODY, path, encode({"t": "status"}).hex(), str(NOBODY)]
+            done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        raw = done.stdout
         assert FrameDecoder(1 << 20).feed(raw) == [
             {"ok": False, "error": f"refused: uid {NOBODY} is not the run's user (uid {os.getuid()})"}]
     finally:
