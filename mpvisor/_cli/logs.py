@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
             paths = _paths_in_file(args.file, args.task)
         except runs.Refusal as why:
             return runs.refused(why)
-        print(f"mpvisor: {refusal.lines[0]}; the log files {args.file} names:", file=sys.stderr)
+        *said, last = refusal.lines  # every line of why (a list of the runs that did not answer too)
+        for line in said:
+            print(f"mpvisor: {line}", file=sys.stderr)
+        print(f"mpvisor: {last.rstrip(':')}; the log files {args.file} names:", file=sys.stderr)
     files = [Followed(label, path) for label, path in _files(paths)]
     headers = len(files) > 1
     for index, followed in enumerate(files):

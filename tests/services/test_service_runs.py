@@ -924,25 +924,43 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     `mpvisor stop` each exit 1 within their bound, saying the run is stopped and how to resume it,
     also while its backlog is full (`status` said no run was live, status 10; `stop` waited
     forever; a full backlog was `Resource temporarily unavailable` at once); `mpvisor run --name` of
-    its name is a usage error (it ran under another name). Once continued, the stop its client
-    gave up on is not done, and every command answers again."""
+    its name is a usage error (it ran under another name); `mpvisor logs TASK FILE` (when logs
+    matter most) prints the lines from the files the task file names, with a line on stderr
+    saying the run did not answer (it was that error alone, status 1). Once continued, the stop
+    its client gave up on is not done, and every command answers again. (The commands wait out
+    their bounds together.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
     run.write("""
         [task.svc]
         target = "workers.services:serve"
+
+        [task.chatty]
+        target = "workers.services:chatter"
+        kwargs = { lines = 3 }
+        log = "chatty.log"
     """)
     proc = run.start("--name", "app")
     pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
+    log = run.directory / "chatty.log"
+    wait_for(lambda: "line 3" in log.read_text() if log.exists() else False)
     os.kill(proc.pid, signal.SIGSTOP)
     backlog: list[socket.socket] = []  # the run's backlog full: a client's connect gets EAGAIN, not an answer
     path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
+    refused = (("status",), ("status", "services.toml"), ("stop", "svc"), ("reload", "--name", "app"))
     try:
         while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
             backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
-        for argv in (("status",), ("status", "services.toml"), ("stop", "svc"), ("reload", "--name", "app")):
-            done = run.ctl(*argv)
+        with ThreadPoolExecutor(len(refused) + 1) as pool:
+            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2")])
+            *answers, logs = list(asked)
+        for argv, done in zip(refused, answers, strict=True):
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
             assert f"(pid {proc.pid}) did not answer within" in done.stderr, (argv, done.stderr)
             assert f"it is stopped (SIGSTOP or SIGTSTP); kill -CONT {proc.pid} resumes it" in done.stderr, (argv, done.stderr)
+        assert (logs.returncode, logs.stdout) == (0, "line 2\nline 3\n"), (logs.returncode, logs.stdout, logs.stderr)
+        assert f"(pid {proc.pid}) did not answer within" in logs.stderr and "it is stopped" in logs.stderr, logs.stderr
+        assert "the log files services.toml names:" in logs.stderr, logs.stderr
         (run.directory / "other.toml").write_text('[task.x]\ncommand = ["true"]\n')
         named = run.ctl("run", "--file", "other.toml", "--name", "app")
         assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
@@ -1028,28 +1046,3 @@ def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_no
     wait_for(lambda: not psutil.pid_exists(task_pid), timeout=10)
     after = run.ctl("status")
     assert after.returncode == 10 and "no run of a task file is live" in after.stderr, after.stderr
-
-
-@pytest.mark.timeout(60)
-def test_logs_of_a_stopped_run_reads_the_files_its_task_file_names(run: Run) -> None:
-    """`mpvisor logs TASK FILE` while the run is stopped by SIGSTOP (when logs matter most):
-    the lines, from the files the task file names, with a line on stderr saying the run did not
-    answer (it was that error alone, status 1), as after the run ended."""
-    run.write("""
-        [task.svc]
-        target = "workers.services:chatter"
-        kwargs = { lines = 3 }
-        log = "svc.log"
-    """)
-    proc = run.start()
-    wait_for(lambda: "line 3" in (run.directory / "svc.log").read_text() if (run.directory / "svc.log").exists() else False)
-    os.kill(proc.pid, signal.SIGSTOP)
-    try:
-        done = run.ctl("logs", "svc", "services.toml", "-n", "2")
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-    assert (done.returncode, done.stdout) == (0, "line 2\nline 3\n"), (done.returncode, done.stdout, done.stderr)
-    assert "did not answer within 10 s: it is stopped" in done.stderr, done.stderr
-    assert "the log files services.toml names:" in done.stderr, done.stderr
-    status, _, err = run.stop()
-    assert status == -signal.SIGTERM, err
