@@ -16,6 +16,7 @@ pid, names one process for its whole life).
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
+| is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
@@ -224,6 +225,23 @@ def is_stopped(pid: int) -> bool:
     """Whether `pid` is stopped by a signal (state T) or traced (t)."""
     fields = _stat_fields(pid)
     return fields is not None and fields[0] in (b"T", b"t")
+
+
+def is_gone(pid: int) -> bool:
+    """Whether `pid` has ended: no such process, or a zombie not reaped yet (state Z or X)."""
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in (b"Z", b"X")
+
+
+def other_end_closed(fd: int) -> bool:
+    """Whether the other end of the pipe or socket `fd` is closed: `poll` reports POLLHUP (a
+    socket's peer closed, not only shut for writing) or POLLERR (a pipe's reader went away),
+    which it reports whatever events are asked for."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked: only the error and hang-up conditions are reported
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
 
 
 def _pids() -> list[int]:

@@ -17,12 +17,12 @@ import argparse
 import codecs
 import errno
 import os
-import select
 import signal
 import sys
 import time
 from typing import BinaryIO
 
+from mpvisor import _platform
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
 from mpvisor._cli.statuses import FAILED, NO_RUN, OK
@@ -123,19 +123,12 @@ def follow(files: list[Followed], headers: bool) -> None:
                 _write(f"\n==> {followed.label}: {followed.path} <==\n")
                 last = followed
             _write(text)
-        if _reader_gone():
+        if _platform.other_end_closed(1):  # stdout's pipe has no reader
             lose = getattr(sys.stdout, "lose", None)  # the shell's guarded stdout: recorded as a write's EPIPE
             if lose is not None:
                 lose(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
             return
         time.sleep(POLL)
-
-
-def _reader_gone() -> bool:
-    """stdout is a pipe (or socket) whose reading end is closed: `poll` says POLLERR (or HUP)."""
-    poller = select.poll()
-    poller.register(1, 0)  # no events asked: only the error and hang-up conditions are reported
-    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _write(text: str) -> None:

@@ -49,7 +49,6 @@ import fcntl
 import hashlib
 import itertools
 import os
-import select
 import socket
 import stat
 import struct
@@ -212,9 +211,8 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
             _remove_stale(path)
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
-        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
-                "error": str(exc)}
-    if not answer["ok"]:
+        answer = error(str(exc))
+    if not answer["ok"]:  # what is known of a live run that does not answer
         return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
                 "error": str(answer.get("error"))}
     return {key: value for key, value in answer.items() if key != "ok"}
@@ -279,24 +277,12 @@ def _holder_pid(path: str) -> int | None:
     return int(holder[6:-1]) if holder else None
 
 
-def _state(pid: int | None) -> str | None:
-    """A process's state letter (`/proc/PID/stat`: `R`, `S`, `T` stopped, `Z` ended, ...); None
-    if no such process (or no pid)."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            return file.read().rpartition(b")")[2].split()[0].decode("ascii", "replace")
-    except (OSError, IndexError):
-        return None
-
-
 def _silence(path: str, timeout: float | None) -> str:
     """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
     a run stopped by a signal is said to be, with how to resume it."""
     pid = _holder_pid(path)
     said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
-    if pid and _state(pid) in ("T", "t"):
+    if pid and _platform.is_stopped(pid):
         return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
     return said
 
@@ -307,7 +293,7 @@ def _hang_up(path: str) -> str:
     pid = _holder_pid(path)
     deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
     while pid and time.monotonic() < deadline:
-        if _state(pid) in (None, "Z", "X"):
+        if _platform.is_gone(pid):
             return f"the run at {path!r} (pid {pid}) ended before it answered (it was killed, or crashed)"
         time.sleep(0.01)
     return f"the run at {path!r} closed the connection without an answer"
@@ -554,13 +540,9 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int:
 
 
 def _hung_up(writer: asyncio.StreamWriter) -> bool:
-    """Whether the client closed its end (POLLHUP: closed, not only shut for writing)."""
+    """Whether the client closed its end (closed, not only shut for writing)."""
     sock = writer.get_extra_info("socket")
-    if sock is None:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return any(events & select.POLLHUP for _, events in poller.poll(0))
+    return sock is not None and _platform.other_end_closed(sock.fileno())
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Any:
