@@ -11,7 +11,7 @@ lost event leaves a row stale until then). `render_table` draws the rows for a t
 | (before any) | `pending`, or `waiting for slot 'S'` | - |
 | a shared slot queues it (`CONTROLLER_SLOT_TRANSITION` naming the task) | `queued in slot 'S' (position N)` | the server's answer: position and owner |
 | (a service run's task that comes `after` others) | `waiting for db, cache` | - |
-| `ATTEMPT_STARTING` | `running` | `attempt N started (pid P)` |
+| `ATTEMPT_STARTING` | `starting` for a task with a `ready` check (as `mpvisor status` says until it is ready), else `running` | `attempt N started (pid P)` |
 | `ATTEMPT_READY` | `ready` | `attempt N ready (how)` |
 | `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` (cut at 200 characters, `shorten`) / `timed out` |
 | `BACKOFF_SCHEDULED` | `retry in 1.5s` / `next run in 5s` | `next attempt in ...` |
@@ -34,7 +34,7 @@ else). The run's status is the worst one (`worst_status`):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
 from mpvisor._model.events import Event, EventKind, shorten
@@ -115,18 +115,21 @@ class BatchView:
     """The rows of a batch's tasks, in file order (pure: it only reads what it is given)."""
 
     def __init__(self, names: Sequence[str], slots: dict[str, str] | None = None,
-                 after: dict[str, Sequence[str]] | None = None) -> None:
+                 after: dict[str, Sequence[str]] | None = None, checked: Collection[str] = ()) -> None:
         self.rows: dict[str, Row] = {}
         self.tracker = ProgressTracker()
         self.settled: set[str] = set()
+        self.checked: set[str] = set()  # tasks with a `ready` check: `starting` until they are ready
         for name in names:
-            self.add(name, (slots or {}).get(name), (after or {}).get(name, ()))
+            self.add(name, (slots or {}).get(name), (after or {}).get(name, ()), name in checked)
 
-    def add(self, name: str, slot: str | None = None, after: Sequence[str] = ()) -> None:
-        """A row for `name`, pending (a task a reload added, or started again: events move it again)."""
+    def add(self, name: str, slot: str | None = None, after: Sequence[str] = (), checked: bool = False) -> None:
+        """A row for `name`, pending (a task a reload added, or started again: events move it
+        again); `checked`: it has a `ready` check."""
         state = f"waiting for {', '.join(after)}" if after else f"waiting for slot {slot!r}" if slot else "pending"
         self.rows[name] = Row(name, state)
         self.settled.discard(name)
+        (self.checked.add if checked else self.checked.discard)(name)
 
     def remove(self, name: str) -> None:
         """No row for `name` (a reload removed it)."""
@@ -144,7 +147,7 @@ class BatchView:
         row = self.rows[name]
         if name in self.settled and not (event.kind is EventKind.ATTEMPT_PROGRESS and event.attempt == row.attempt):
             return False, None  # the outcome decided; only its last attempt's reports may still arrive
-        new, line = _step(row, event, self.tracker)
+        new, line = _step(row, event, self.tracker, name in self.checked)
         if new is None:
             return False, None
         self.rows[name] = new
@@ -176,14 +179,16 @@ def attempt_failed_text(event: Event, attempt: int) -> str:
     return f"attempt {attempt} failed: {shorten(event.reason or 'failed')}"
 
 
-def _step(row: Row, event: Event, tracker: ProgressTracker) -> tuple[Row | None, str | None]:
-    """The row after `event`, and the plain line telling it (None, None: nothing to show)."""
+def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tuple[Row | None, str | None]:
+    """The row after `event`, and the plain line telling it (None, None: nothing to show);
+    `checked`: the task has a `ready` check, so a started attempt is not yet ready."""
     replace = dataclasses.replace
     attempt = event.attempt or row.attempt
     match event.kind:
         case EventKind.ATTEMPT_STARTING:
             pid = f" (pid {event.pid})" if event.pid else ""
-            return replace(row, state="running", attempt=attempt, progress=None), f"attempt {attempt} started{pid}"
+            state = "starting" if checked else "running"
+            return replace(row, state=state, attempt=attempt, progress=None), f"attempt {attempt} started{pid}"
         case EventKind.ATTEMPT_READY:
             how = f" ({event.reason})" if event.reason else ""
             return replace(row, state="ready"), f"attempt {attempt} ready{how}"

@@ -176,7 +176,7 @@ class _Display(abc.ABC):
         with self.lock:
             self.know(task)
             if task.name in self.view.settled or task.name not in self.view.rows:
-                self.view.add(task.name, task.slot)
+                self.view.add(task.name, task.slot, checked=task.service.ready is not None)
 
     @abc.abstractmethod
     def _show(self, event: Event) -> None:
@@ -328,7 +328,7 @@ def run_file(args: argparse.Namespace) -> int:
     subscribers: list[Any] = list(writers)
     lock = threading.Lock()
     view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None},
-                     {t.name: t.service.after for t in tasks})
+                     {t.name: t.service.after for t in tasks}, {t.name for t in tasks if t.service.ready is not None})
     stderr = sys.stderr
     live = stderr.isatty() and os.environ.get("TERM") != "dumb" and LiveTable.fits(stderr, len(tasks))
     bar = ProgressBar(stderr, live=False, lock=lock) if args.progress and not live else None

@@ -228,3 +228,23 @@ async def test_an_outcome_line_waits_until_the_display_has_handled_the_events_be
     started = time.monotonic()
     await never.reached(1)
     assert 0.2 <= time.monotonic() - started < 1.5
+
+
+def test_a_task_with_a_ready_check_is_starting_until_it_is_ready_as_status_says():
+    """`mpvisor status` says `starting` of a started attempt that its `ready` check has not
+    passed yet, and `running` only of a task without a check: the table says the same."""
+    view = BatchView(["db", "job"], checked={"db"})
+    view.apply(event(EventKind.ATTEMPT_STARTING, "db", attempt=1, pid=7))
+    view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=1, pid=8))
+    assert (view.rows["db"].state, view.rows["job"].state) == ("starting", "running")
+    assert view.apply(event(EventKind.ATTEMPT_READY, "db", attempt=1, reason="tcp:5432")) == (True, "mpvisor: db: attempt 1 ready (tcp:5432)")
+    assert view.rows["db"].state == "ready"
+    view.settle(result("db", COMPLETED))
+    view.add("db", checked=True)  # started again (a restart, a reload): still a task with a check
+    view.add("job")
+    view.apply(event(EventKind.ATTEMPT_STARTING, "db", attempt=2))
+    view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=2))
+    assert (view.rows["db"].state, view.rows["job"].state) == ("starting", "running")
+    view.add("db")  # a reload took its check away
+    view.apply(event(EventKind.ATTEMPT_STARTING, "db", attempt=3))
+    assert view.rows["db"].state == "running"

@@ -427,6 +427,24 @@ def test_on_a_terminal_the_table_is_redrawn_below_the_output_and_shows_progress(
     assert shown.rstrip().endswith("mpvisor: tasks.toml: 2 tasks: 1 completed, 1 failed; exit status 3")
 
 
+def test_on_a_terminal_a_task_with_a_ready_check_is_starting_until_it_is_ready(tmp_path: pathlib.Path) -> None:
+    """The table says what `mpvisor status` says: `starting` while a started attempt has not
+    passed its `ready` check, `running` for a task that has none."""
+    write(tmp_path / "tasks.toml", """
+        [task.checked]
+        command = ["true"]
+        ready = "completed"
+        [task.plain]
+        command = ["true"]
+    """)
+    status, _, shown = on_a_terminal(tmp_path, "run", "--file", "tasks.toml", rows=20)
+    assert status == 0, shown
+    drawn = re.findall(r"\x1b\[\d+;1H(\S+) +(\S+) +\S+ +.*?\x1b\[K", shown)
+    states = {name: [state for task, state in drawn if task == name] for name in ("checked", "plain")}
+    assert "starting" in states["checked"] and "running" not in states["checked"], states
+    assert "running" in states["plain"] and "starting" not in states["plain"], states
+
+
 def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_elsewhere(tmp_path: pathlib.Path) -> None:
     status, out, shown = on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.06")
     assert (status, out) == (0, "5\n"), shown
