@@ -63,6 +63,7 @@ from mpvisor._cli.options import (
     event_writers,
     launcher_for,
     outcome_line,
+    say_problem,
     value_line,
 )
 from mpvisor._cli.shell import account_output, lose_output, take_stdout, write_line
@@ -353,7 +354,7 @@ def run_file(args: argparse.Namespace) -> int:
         account_events(writers, machine, config.subscriber_shutdown_timeout)
     first = interrupts[0] if interrupts else None
     if problem is not None:
-        print(problem, file=stderr)
+        say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
         return -first if first is not None else FAILED
     missing = [t.name for t in tasks if t.name not in results]

@@ -461,21 +461,52 @@ TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_sp
 
 def event_writers(args: argparse.Namespace, machine: IO[str] | None) -> list[Any]:
     """The subscribers `--events json|log` asks for (JSON lines go to `machine`, the kept stdout;
-    `account_events` reports what they could not write)."""
+    `account_events` reports what they could not write). But with `--events log` (a log of
+    everything), mpvisor's own warnings (a launcher that died and is started again...) go to
+    stderr as the command's other lines do, `mpvisor: ...` (`say_warnings`)."""
+    import logging
+
     from mpvisor._observe.writers import JsonLinesWriter, LogWriter
 
-    if args.events == "json" and machine is not None:
-        import logging
-
-        # what the bus logs about writers it gave up on is said by `account_events`, once
-        logging.getLogger("mpvisor.bus").addHandler(logging.NullHandler())
-        return [JsonLinesWriter(machine)]
     if args.events == "log":
-        import logging
-
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         return [LogWriter()]
+    say_warnings()
+    if args.events == "json" and machine is not None:
+        # what the bus logs about writers it gave up on is said by `account_events`, once
+        bus = logging.getLogger("mpvisor.bus")
+        bus.addHandler(logging.NullHandler())
+        bus.propagate = False
+        return [JsonLinesWriter(machine)]
     return []
+
+
+_SAID: list[str] = []  # the lines mpvisor's own warnings printed, the latest last (a run says few)
+
+
+def say_warnings() -> None:
+    """mpvisor's own warnings, on stderr as `mpvisor: ...` lines (Python's last resort would
+    print them bare, as if the program had), kept in `_SAID`: a run's last line that would
+    repeat one of them (`say_problem`) is not printed again."""
+    import logging
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line = f"mpvisor: {self.format(record)}"
+            _SAID[:] = [*_SAID[-7:], line]
+            print(line, file=sys.stderr, flush=True)
+
+    log = logging.getLogger("mpvisor")
+    log.addHandler(Said())
+    log.propagate = False
+
+
+def say_problem(text: str) -> None:
+    """The line a run ends with when it could not run as asked (the launcher could not start...),
+    unless a warning of this run already said it (`say_warnings`): e.g. the launcher's last
+    failure is a warning, then the error the run ends with."""
+    if not any(line.startswith(text) for line in _SAID):
+        print(text, file=sys.stderr)
 
 
 def account_events(writers: list[Any], machine: IO[str] | None, timeout: float) -> None:

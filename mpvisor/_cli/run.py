@@ -111,6 +111,7 @@ from mpvisor._cli.options import (
     ray_address,
     retries,
     run_target,
+    say_problem,
     seconds,
     slot_name,
     slots_default,
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             account_events(writers, machine, config.subscriber_shutdown_timeout)
     except (ConfigError, ShuttingDown) as exc:  # the launcher could not start, or was interrupted first
-        print(f"mpvisor: {exc}", file=sys.stderr)
+        say_problem(f"mpvisor: {exc}")
         return _ended(one.interrupts(), statuses.FAILED)
     except GraceExceeded as exc:  # a tree had to be killed: the outcome was FORCE_ABORTED
         if one.outcome is not None:  # which the outcome line says, with why (or --quiet, nothing)

@@ -92,3 +92,25 @@ def test_a_file_runs_lines_cut_a_long_reason(tmp_path: pathlib.Path) -> None:
     events = mpvisor(tmp_path, "run", "--events", "json", "--file", "tasks.toml")
     (finished,) = [e for e in map(json.loads, events.stdout.splitlines()) if e["kind"] == "attempt_failed"]
     assert finished["reason"] == "x" * 2996 + " end"
+
+
+@pytest.mark.parametrize("how", ["one task", "a task file"])
+def test_a_launcher_that_cannot_start_is_said_once_in_mpvisor_lines(tmp_path: pathlib.Path, how: str) -> None:
+    """Each launcher that died is a warning, the last one (no launcher will be started again) with
+    the reason the run ends on: every line mpvisor says starts with `mpvisor: ` (its warnings were
+    printed bare, as if the program had said them), and that reason is said once, not again as
+    the run's last line."""
+    (tmp_path / "tasks.toml").write_text('[task.a]\ncommand = ["true"]\n')
+    argv = ["run", "--", "true"] if how == "one task" else ["run", "--file", "tasks.toml"]
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "workers" / "broken_launcher"), str(ROOT)])}
+    done = subprocess.run([MPVISOR, *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=40)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    ours = [line for line in lines if line != "the launcher cannot start on this host"]
+    assert ours and all(line.startswith("mpvisor: ") for line in ours), lines
+    last = [line for line in ours if "launchers in a row" in line]
+    assert len(last) == 1 and last[0].endswith("; no launcher will be started again"), lines
+    assert "exited with status 3 before it was ready; its last line on stderr: 'the launcher cannot start on this host'" in last[0]
+    assert lines[-1] == last[0]
