@@ -139,9 +139,10 @@ class TaskActor:
         self._progress_held: Progress | None = None  # its latest report not yet published
         self._progress_timer: asyncio.TimerHandle | None = None  # publishes the held report
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
-        # why `kill_now` cut the grace window short, or why a claim's grace ran out on an attempt
-        # that stopped for a timeout: its outcome is FORCE_ABORTED, whatever the attempt's ending
-        self.killed_at_once: str | None = None
+        # why the tree was killed rather than stopped: `kill_now` cut the grace window short (a
+        # second SIGINT), or a claim's grace ran out on an attempt that stopped for a timeout; its
+        # outcome is FORCE_ABORTED, whatever the attempt's ending
+        self.forced: str | None = None
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
         self._rng = self._make_rng()
@@ -193,7 +194,7 @@ class TaskActor:
     def kill_now(self, why: str) -> None:
         """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
         if self.current is not None:
-            self.killed_at_once = self.killed_at_once or why
+            self.forced = self.forced or why
             self.current.kill(why)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -293,7 +294,7 @@ class TaskActor:
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
         if attempt.killed_in_grace:  # a stop's grace ran out while it stopped for a timeout (or a check)
-            self.killed_at_once = self.killed_at_once or self._grace_ran_out()
+            self.forced = self.forced or self._grace_ran_out()
         self._publish_held_progress()  # the latest report comes before the attempt's end
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
@@ -335,8 +336,8 @@ class TaskActor:
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _claimed_outcome(self, end: AttemptEnd) -> TaskOutcome:
-        if end.killed is not None and (end.kind is AttemptResult.CANCELED or self.killed_at_once is not None):
-            return self._outcome(OutcomeKind.FORCE_ABORTED, self.killed_at_once or self._grace_ran_out())
+        if end.killed is not None and (end.kind is AttemptResult.CANCELED or self.forced is not None):
+            return self._outcome(OutcomeKind.FORCE_ABORTED, self.forced or self._grace_ran_out())
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _grace_ran_out(self) -> str:
