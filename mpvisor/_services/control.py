@@ -11,6 +11,8 @@ An operation (`stop`, `start`, `restart`, `reload`), which may take a task's gra
 answered `{"ok": true, "taken": true}` once the run has read it, then its answer: a client bounds
 its wait for the first frame, so a run that cannot answer at all (stopped by SIGSTOP, its loop
 stuck) is an error within that bound, and only the operation itself is waited for without one.
+A run that does not take the operation in time but answers a `describe` at once is a run of an
+older mpvisor, which answers an operation only once it is done: its client waits for that.
 
 | request `t` | fields | answer (`ok: true`) |
 |---|---|---|
@@ -74,6 +76,7 @@ LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a s
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
+VERSION_WAIT = 1.0  # seconds a run that did not take an operation in time has to describe itself (`_answers`)
 STEM_MAX = 32  # characters of a task file's stem in its run's name
 REQUESTS = ("describe", "status", "stop", "start", "restart", "reload", "logs")
 TASK_REQUESTS = ("stop", "start", "restart", "logs")
@@ -582,10 +585,25 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
             sock.sendall(encode(message))
         frames = _Frames(sock, path)
-        answer = frames.next(first, timeout if first == deadline else take_timeout)
+        try:
+            answer = frames.next(first, timeout if first == deadline else take_timeout)
+        except NoAnswer:
+            if first == deadline or not _answers(path):  # it cannot answer at all (stopped, its loop stuck)
+                raise
+            answer = frames.next(deadline, timeout)  # it answers, but never says `taken`: a run from before it did
         if answer == TAKEN:
             answer = frames.next(deadline, timeout)
         return answer
+
+
+def _answers(path: str) -> bool:
+    """Whether the run at `path` answers a `describe` within `VERSION_WAIT` s. A run that does
+    but did not take an operation in time is one of an mpvisor from before `taken` (the client was
+    upgraded while it ran): it answers the operation once it is done, as its own client waited."""
+    try:
+        return request(path, {"t": "describe"}, VERSION_WAIT)["ok"] is True
+    except ControlError:
+        return False
 
 
 def _connect(sock: socket.socket, path: str, deadline: float | None) -> None:

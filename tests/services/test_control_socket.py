@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -557,3 +558,46 @@ async def test_logs_follow_ends_once_its_pipes_reader_is_gone(runs_dir: pathlib.
     assert out.decode() == "old 2\n"
     assert "logs-status=1" in err.decode(), err
     assert (tmp_path / "err").read_text() == "mpvisor: cannot write to stdout: Broken pipe\n"
+
+
+def test_a_run_of_an_older_mpvisor_that_never_says_taken_is_waited_for_while_it_answers(tmp_path: pathlib.Path) -> None:
+    """A run started before an upgrade answers an operation once, when it is done, with no
+    `taken` first. The client, past its bound for `taken`, asks that run to describe itself: it
+    answers, so the client waits for the operation's answer (it gave up, saying the run did not
+    answer, though the run went on to do it). The old run here answers the stop only after that
+    describe, so a client that gave up at its bound would fail this test."""
+    path = str(tmp_path / "old.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    described = threading.Event()
+
+    def read_one(conn: socket.socket) -> Any:
+        decoder = FrameDecoder(1 << 20)
+        while True:
+            values = decoder.feed(conn.recv(65536))
+            if values:
+                return values[0]
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            message = read_one(conn)
+            if message["t"] == "describe":
+                conn.sendall(encode({"ok": True, "name": "old", "file": "old.toml", "pid": os.getpid()}))
+                described.set()
+            else:
+                assert described.wait(30)
+                conn.sendall(encode({"ok": True, "message": f"{message['task']}: stopped"}))
+
+    def accept() -> None:
+        with listener:
+            for _ in range(2):
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    answer = request(path, {"t": "stop", "task": "db"}, timeout=None, take_timeout=0.3)
+    assert answer == {"ok": True, "message": "db: stopped"}
+    acceptor.join(10)
+    assert not acceptor.is_alive()
