@@ -1,4 +1,4 @@
-"""`mpvisor run` passes SIGUSR1 and SIGUSR2 on to the command, as tini does: real processes,
+"""`mpvisor run` passes SIGUSR1, SIGUSR2 and SIGQUIT on to the command, as tini does: real processes,
 real signals (a file run passes SIGUSR2 on and keeps SIGUSR1 for its log files); a signal that
 comes while no attempt runs is said on stderr, an inherited ignore stays, and a library
 program's own dispositions are left alone. Every wait is for a line in a file or on a pipe."""
@@ -174,3 +174,32 @@ def test_a_signal_passed_on_leaves_a_stopped_command_stopped_and_an_ending_one_c
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pathlib.Path) -> None:
+    """SIGQUIT to mpvisor (nginx's and a container's graceful-stop signal, a Go or Java
+    program's dump request) is passed on as SIGUSR1 is: the command's handler runs, the run goes
+    on; a command without a handler dies by it (status 131, as a task that died by signal 3),
+    and no process of its tree is left once mpvisor has exited."""
+    out = tmp_path / "out"
+    trapping = f'trap "echo got-quit >> $F" QUIT; {TRAPPING}'
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGQUIT)
+    wait_for(lambda: "got-quit" in _lines(out), timeout=10)
+    assert proc.poll() is None
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+
+    out.unlink()
+    plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGQUIT)
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGQUIT, stderr
+    assert "killed by signal SIGQUIT" in stderr, stderr
