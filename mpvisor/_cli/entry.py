@@ -2,6 +2,9 @@
 
 `cli` is the console script (and `python -m mpvisor`). It is imported before anything heavy:
 
+0. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
+   as the namespace's init, reaping every orphan and passing signals on, and the child runs
+   the command (`_cli/pid1.py`).
 1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` starts it first
    (`_launchers/local/early.py`), so its interpreter starts and imports while this process
    imports the command and the runtime; the run's supervisor takes it over if it is the one
@@ -38,6 +41,10 @@ if TYPE_CHECKING:
 
 
 def cli() -> NoReturn:
+    if os.getpid() == 1:  # a PID namespace's init: PID 1 stays behind to reap and pass signals on
+        from mpvisor._cli import pid1
+
+        pid1.become_init()
     gc.disable()  # until the command's modules are imported (`_imported`)
     argv = sys.argv[1:]
     if _needs_a_launcher(argv):
