@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 
@@ -203,3 +204,41 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
         proc.communicate()
     assert proc.returncode == 128 + signal.SIGQUIT, stderr
     assert "killed by signal SIGQUIT" in stderr, stderr
+
+
+def _blocking(*signals: int) -> Callable[[], None]:
+    """A preexec_fn: the process starts with `signals` blocked, as a child forked by a thread
+    that blocked them (its mask survives the exec)."""
+    def block() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    return block
+
+
+def test_a_run_started_with_sigchld_and_usr1_blocked_sees_its_command_end(tmp_path: pathlib.Path) -> None:
+    """The launcher (and its guardian) inherited the mask: with SIGCHLD blocked it never saw the
+    command end, and the run hung; now every process of mpvisor starts with no signal blocked."""
+    for argv in (["-m", "mpvisor", "run", "--", "sh", "-c", "exit 3"],
+                 ["-c", "import mpvisor, sys; o = mpvisor.run([mpvisor.TaskSpec.once(mpvisor.CommandTask('c', "
+                        "['sh', '-c', 'exit 3']))])['c']; sys.exit(o.exit_code)"]):
+        proc = _start(tmp_path, argv, env=_env(), preexec_fn=_blocking(signal.SIGCHLD, signal.SIGUSR1))
+        try:
+            _, stderr = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == 3, stderr
+
+
+def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pathlib.Path) -> None:
+    """`mpvisor run` started with SIGTERM, SIGINT and SIGHUP blocked: a SIGTERM stayed pending
+    and the run never stopped; now it stops as documented, the command's handler running
+    first, and mpvisor dies by SIGTERM."""
+    out = tmp_path / "out"
+    trapping = f'trap "echo got-term >> $F; exit 0" TERM; {TRAPPING}'
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)),
+                  preexec_fn=_blocking(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+    assert "got-term" in _lines(out), stderr
