@@ -234,8 +234,16 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
         code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
-        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc.strerror or exc}", exit_code=code)
+        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {_exec_error(start.argv[0], exc)}", exit_code=code)
         _finish(channel, failure, status=code)
+
+
+def _exec_error(program: str, exc: OSError) -> str:
+    """Why `program` could not be executed, in the words bash uses: `execve` says EACCES
+    (Permission denied) of a directory, even to root, where bash says "Is a directory"."""
+    if exc.errno == errno.EACCES and "/" in program and os.path.isdir(program):
+        return os.strerror(errno.EISDIR)
+    return exc.strerror or str(exc)
 
 
 def _exec(argv: list[str], env: dict[str, str]) -> NoReturn:

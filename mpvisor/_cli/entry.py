@@ -2,6 +2,10 @@
 
 `cli` is the console script (and `python -m mpvisor`). It is imported before anything heavy:
 
+0. It first unblocks every signal (a mask inherited from whoever started it would keep its
+   SIGTERM pending forever). As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
+   as the namespace's init, reaping every orphan and passing signals on, and the child runs
+   the command (`_cli/pid1.py`).
 1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` starts it first
    (`_launchers/local/early.py`), so its interpreter starts and imports while this process
    imports the command and the runtime; the run's supervisor takes it over if it is the one
@@ -38,6 +42,11 @@ if TYPE_CHECKING:
 
 
 def cli() -> NoReturn:
+    _unblock_signals()
+    if os.getpid() == 1:  # a PID namespace's init: PID 1 stays behind to reap and pass signals on
+        from mpvisor._cli import pid1
+
+        pid1.become_init()
     gc.disable()  # until the command's modules are imported (`_imported`)
     argv = sys.argv[1:]
     if _needs_a_launcher(argv):
@@ -60,6 +69,16 @@ def cli() -> NoReturn:
     if started is not None:
         started.discard()
     _exit(status)
+
+
+def _unblock_signals() -> None:
+    """Block no signal: a mask inherited from whoever started `mpvisor` (a program that blocked
+    signals in the thread that forked it) would leave a SIGTERM, SIGINT or SIGHUP pending
+    forever, and the run would never stop. (The launcher clears its own mask too: the library's
+    runs have one.)"""
+    import _signal  # type: ignore[import-not-found]  # the C module, loaded at start-up (`signal` would import `enum` into `--version`)
+
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
 
 def _unexpected(exc: BaseException) -> int:

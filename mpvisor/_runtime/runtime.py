@@ -231,8 +231,8 @@ class Runtime:
             self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 
     def pass_on(self, signum: int) -> int:
-        """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1
-        and SIGUSR2): how many it reached; 0 when none runs (between attempts, before the first)."""
+        """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1,
+        SIGUSR2 and SIGQUIT): how many it reached; 0 when none runs (between attempts, before the first)."""
         return sum(actor.current.pass_on(signum) for actor in list(self.registry.by_id.values())
                    if actor.current is not None)
 

@@ -18,7 +18,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind |
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
-| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N |
+| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N; but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that) writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
 
 `killed` (mpvisor SIGKILLed the tree while the main process ran: the parent asked, or the
 launcher did on its own, for a limit or a fence) never changes the kind, and is announced by
@@ -186,9 +186,15 @@ def _from_status(f: Facts) -> AttemptEnd:
         return AttemptEnd(AttemptResult.FAILED, f"attempt pid {f.pid} ended without a status")
     if f.kind == "cmd" and f.calling and status.how == "exit" and status.value == 0:
         return AttemptEnd(AttemptResult.SUCCEEDED, value=None)
+    kind = AttemptResult.FATAL if status.reader_gone else AttemptResult.FAILED
+    gone = f": {READER_GONE}" if status.reader_gone else ""
     if f.kind == "cmd" and f.calling:
-        return AttemptEnd(AttemptResult.FAILED, f"program {status.describe()}", status.exit_code)
+        return AttemptEnd(kind, f"program {status.describe()}{gone}", status.exit_code)
     reason = f"attempt process pid {f.pid} {status.describe()} before reporting a result"
     if f.protocol_error is not None:
         reason += f" ({f.protocol_error})"
-    return AttemptEnd(AttemptResult.FAILED, reason, status.exit_code)
+    return AttemptEnd(kind, reason + gone, status.exit_code)
+
+
+READER_GONE = "the pipe it wrote its output to has no reader left; not retried"
+

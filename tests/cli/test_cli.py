@@ -85,6 +85,7 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
         (["--start-timeout", "0.5", "workers.hanging_import:target"], 1, [": failed ", "start-up timed out after 0.5 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
+        (["--", "/bin/"], 126, [": fatal ", "cannot execute '/bin/': Is a directory", "exit_code=126"]),
     ],
 )
 def test_exit_status_and_outcome_line(tmp_path, argv, status, words):

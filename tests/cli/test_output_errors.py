@@ -15,6 +15,7 @@ import pathlib
 import shlex
 import shutil
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 
@@ -189,3 +190,32 @@ def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(place: pathlib.Path
                           env={**env_for(place), "PYTHONIOENCODING": "ascii"}, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert done.stdout == "names.toml: valid, 1 task: caf\\xe9 \\u2603\n", done.stdout
+
+
+@pytest.mark.parametrize("command", [["yes"], ["sh", "-c", "yes"]])
+def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathlib.Path, command: list[str]) -> None:
+    """`mpvisor run --restart on-failure -- yes | head -1`: once `head` has gone, the command
+    dies by SIGPIPE (or the shell that ran it exits 141): no retry could write there, so the
+    run ends at once, FATAL, with the producer's status (141), where it used to retry until
+    killed."""
+    err = tmp_path / "err"
+    script = ROOT / "workers" / "shell" / "pipeline.sh"
+    argv = ["bash", str(script), *command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "ERR": str(err)}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=30)
+    assert done.stdout.splitlines()[-1] == "statuses 141 0", (done.stdout, err.read_text())
+    outcome = err.read_text().splitlines()[-1]
+    assert outcome.startswith(f"mpvisor: {os.path.basename(command[0])}: fatal reason="), outcome
+    assert "has no reader left; not retried" in outcome and outcome.endswith("attempts=1"), outcome
+
+
+def test_a_sigpipe_death_while_the_output_has_a_reader_is_still_retried(tmp_path: pathlib.Path) -> None:
+    """A SIGPIPE that is not the output's (a socket's peer gone; here one the command sends
+    itself) is a retryable failure as before: retried, then failed with 141."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--restart", "on-failure", "--max-retries", "1",
+                           "--backoff", "0.05", "--", "sh", "-c", "kill -PIPE $$"], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 141, done.stderr
+    assert "failed reason='retry limit reached after 1 of 1 retries: program killed by signal SIGPIPE (13)'" in done.stderr

@@ -1,4 +1,4 @@
-"""`mpvisor run` passes SIGUSR1 and SIGUSR2 on to the command, as tini does: real processes,
+"""`mpvisor run` passes SIGUSR1, SIGUSR2 and SIGQUIT on to the command, as tini does: real processes,
 real signals (a file run passes SIGUSR2 on and keeps SIGUSR1 for its log files); a signal that
 comes while no attempt runs is said on stderr, an inherited ignore stays, and a library
 program's own dispositions are left alone. Every wait is for a line in a file or on a pipe."""
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 
@@ -174,3 +175,70 @@ def test_a_signal_passed_on_leaves_a_stopped_command_stopped_and_an_ending_one_c
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pathlib.Path) -> None:
+    """SIGQUIT to mpvisor (nginx's and a container's graceful-stop signal, a Go or Java
+    program's dump request) is passed on as SIGUSR1 is: the command's handler runs, the run goes
+    on; a command without a handler dies by it (status 131, as a task that died by signal 3),
+    and no process of its tree is left once mpvisor has exited."""
+    out = tmp_path / "out"
+    trapping = f'trap "echo got-quit >> $F" QUIT; {TRAPPING}'
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGQUIT)
+    wait_for(lambda: "got-quit" in _lines(out), timeout=10)
+    assert proc.poll() is None
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+
+    out.unlink()
+    plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGQUIT)
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGQUIT, stderr
+    assert "killed by signal SIGQUIT" in stderr, stderr
+
+
+def _blocking(*signals: int) -> Callable[[], None]:
+    """A preexec_fn: the process starts with `signals` blocked, as a child forked by a thread
+    that blocked them (its mask survives the exec)."""
+    def block() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    return block
+
+
+def test_a_run_started_with_sigchld_and_usr1_blocked_sees_its_command_end(tmp_path: pathlib.Path) -> None:
+    """The launcher (and its guardian) inherited the mask: with SIGCHLD blocked it never saw the
+    command end, and the run hung; now every process of mpvisor starts with no signal blocked."""
+    for argv in (["-m", "mpvisor", "run", "--", "sh", "-c", "exit 3"],
+                 ["-c", "import mpvisor, sys; o = mpvisor.run([mpvisor.TaskSpec.once(mpvisor.CommandTask('c', "
+                        "['sh', '-c', 'exit 3']))])['c']; sys.exit(o.exit_code)"]):
+        proc = _start(tmp_path, argv, env=_env(), preexec_fn=_blocking(signal.SIGCHLD, signal.SIGUSR1))
+        try:
+            _, stderr = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == 3, stderr
+
+
+def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pathlib.Path) -> None:
+    """`mpvisor run` started with SIGTERM, SIGINT and SIGHUP blocked: a SIGTERM stayed pending
+    and the run never stopped; now it stops as documented, the command's handler running
+    first, and mpvisor dies by SIGTERM."""
+    out = tmp_path / "out"
+    trapping = f'trap "echo got-term >> $F; exit 0" TERM; {TRAPPING}'
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)),
+                  preexec_fn=_blocking(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+    assert "got-term" in _lines(out), stderr

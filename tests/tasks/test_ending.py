@@ -121,6 +121,19 @@ def test_a_program_ends_by_its_status(status, kind, exit_code):
     assert (end.kind, end.exit_code, end.value) == (kind, exit_code, None)
 
 
+@pytest.mark.parametrize("kind", ["cmd", "fn"])
+def test_an_end_by_sigpipe_with_no_reader_left_is_fatal_and_with_one_a_retryable_failure(kind):
+    """Killed by SIGPIPE (or exited 141, a shell's word for it) while the output it shares with
+    the parent had no reader left (`reader_gone`): no retry could write there, so it is FATAL,
+    its exit code kept; the same death with a reader left (a socket's SIGPIPE) is retried."""
+    for status in (ExitStatus("signal", signal.SIGPIPE, reader_gone=True), ExitStatus("exit", 141, reader_gone=True)):
+        end = decide(Facts(kind=kind, pid=7, calling=True, status=status))
+        assert (end.kind, end.exit_code) == (AttemptResult.FATAL, status.exit_code)
+        assert end.reason is not None and end.reason.endswith("has no reader left; not retried")
+    end = decide(Facts(kind=kind, pid=7, calling=True, status=ExitStatus("signal", signal.SIGPIPE)))
+    assert (end.kind, end.exit_code) == (AttemptResult.FAILED, -signal.SIGPIPE)
+
+
 @pytest.mark.parametrize(
     ("facts", "limit", "head"),
     [

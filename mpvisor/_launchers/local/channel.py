@@ -43,6 +43,7 @@ class Channel:
                  capture_output: bool) -> None:
         self.loop = loop
         self.sink = sink
+        self.capture_output = capture_output  # else its stdout and stderr are this process's fd 1 and 2
         self.pid: int | None = None  # the attempt's, once started: its process group's id too
         self._pidfd: int | None = None
         self._outgoing = [memoryview(piece) for piece in start if piece]  # left to send

@@ -355,7 +355,8 @@ class LauncherClient:
             case control.Exited(key, how, value, killed, oom, fenced, memory, cpu):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu), killed)
+                    gone = (how, value) in _BY_SIGPIPE and _no_reader(attempt)
+                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):
@@ -602,6 +603,28 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     except OSError:
         pass  # our own stderr is gone: nothing to show it on
+
+
+# How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
+# the death of the command it ran
+_BY_SIGPIPE = frozenset({("signal", int(signal.SIGPIPE)), ("exit", 128 + int(signal.SIGPIPE))})
+
+
+def _no_reader(attempt: Channel) -> bool:
+    """Whether the stdout or stderr an attempt shares with this process (it captures neither)
+    is a pipe or socket whose reader is gone: asked of an attempt that ended by SIGPIPE
+    (`_BY_SIGPIPE`), which then died writing to it (a pipeline that ended: `mpvisor run --
+    producer | head -1`). A read end closed by every process never opens again, so no later
+    attempt could write there either."""
+    if attempt.capture_output:
+        return False
+    for fd in (1, 2):
+        try:
+            if _platform.other_end_closed(fd):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

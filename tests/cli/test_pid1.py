@@ -1,0 +1,114 @@
+"""`mpvisor run` as PID 1 of a new PID namespace, the way a container runs its entry point
+(`unshare --fork --pid --mount-proc`, as root): an orphan that re-parents to PID 1 (a process
+that `docker exec`/`nsenter` left behind, a background job of the script that exec'd mpvisor) is
+reaped while the run goes on, not left a zombie until the container ends; a SIGTERM from outside
+the namespace (`docker stop`) reaches the command, and the run's status is the command's. Every
+wait is for a fact (a line in a file, a process gone), with a deadline."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from tests._support import wait_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENTRY = ROOT / "workers" / "shell" / "container_entry.sh"
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHON": sys.executable, **extra}
+
+
+def _lines(path: pathlib.Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _orphan(tmp_path: pathlib.Path, out: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A script that says it started and exits at once; its name, which a zombie keeps as its
+    `comm`, tells it apart in the process table."""
+    name = f"orphan{os.getpid() % 100000}"
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\necho started >> {out}\n")
+    script.chmod(0o755)
+    return script, name
+
+
+def _named(name: str) -> list[psutil.Process]:
+    """The processes called `name`, zombies included."""
+    found = []
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] == name:
+            found.append(process)
+    return found
+
+
+def _init_of(unshare: subprocess.Popen[str]) -> psutil.Process:
+    """The namespace's PID 1: unshare's child (mpvisor, as seen from outside)."""
+    return wait_for(lambda: next(iter(psutil.Process(unshare.pid).children()), None), timeout=20)
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return proc.returncode, stderr
+
+
+def test_as_pid_1_an_orphan_entering_the_namespace_is_reaped_and_sigterm_reaches_the_command(tmp_path: pathlib.Path) -> None:
+    """A process that `nsenter` (as `docker exec`) starts in the namespace leaves a child behind,
+    which re-parents to PID 1 and exits: it is reaped while the run goes on. SIGTERM sent to
+    PID 1 from outside (`docker stop`) reaches the command, whose handler exits 143."""
+    out = tmp_path / "out"
+    orphan, name = _orphan(tmp_path, out)
+    command = 'trap "echo got-term >> $F; exit 143" TERM; echo running >> $F; while :; do sleep 0.05; done'
+    proc = subprocess.Popen(["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m", "mpvisor", "run",
+                             "--", "bash", "-c", command], cwd=tmp_path, env=_env(F=str(out)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "running" in _lines(out), timeout=20)
+        init = _init_of(proc)
+        subprocess.run(["nsenter", "-t", str(init.pid), "-p", "--", "sh", "-c", '"$0" & exit 0', str(orphan)],
+                       check=True, timeout=20)
+        wait_for(lambda: "started" in _lines(out), timeout=10)
+        wait_for(lambda: not _named(name), timeout=10)  # re-parented to PID 1, ended, and reaped there
+        assert proc.poll() is None
+        init.send_signal(signal.SIGTERM)
+        status, stderr = _finish(proc)
+    finally:
+        proc.kill()
+    assert "got-term" in _lines(out), stderr
+    assert status == 143, stderr  # the command's: PID 1 cannot die by the signal, it exits 128 + 15
+    assert "canceled" in stderr, stderr
+
+
+def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and_exits_as_the_command(
+        tmp_path: pathlib.Path) -> None:
+    """The entry script starts a helper in the background and execs `mpvisor run` (PID 1 now,
+    and the helper's parent): the helper's end is reaped while the command runs; the command's
+    status, 6, is the run's."""
+    out, done = tmp_path / "out", tmp_path / "done"
+    orphan, name = _orphan(tmp_path, out)
+    proc = subprocess.Popen(["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "bash", str(ENTRY)], cwd=tmp_path,
+                            env=_env(F=str(out), DONE=str(done), ORPHAN=str(orphan)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: {"running", "started"} <= set(_lines(out)), timeout=20)
+        wait_for(lambda: not _named(name), timeout=10)
+        assert proc.poll() is None
+    finally:
+        done.touch()
+        status, stderr = _finish(proc)
+    assert status == 6, stderr
+    assert "exit_code=6" in stderr, stderr
