@@ -323,10 +323,13 @@ def _import_target(start: Start) -> Any:
 
 def _import_main_script(path: str) -> Any:
     """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does
-    (its loader given, so that a script without the `.py` suffix loads too)."""
+    (its loader given, so that a script without the `.py` suffix loads too); the `__main__.py`
+    of a zip archive run as a program (a zipapp: `ARCHIVE/__main__.py`) from that archive."""
     import importlib.machinery
     import importlib.util
 
+    if not os.path.isfile(path):
+        return _import_zipped_main(path)
     loader = importlib.machinery.SourceFileLoader("__mp_main__", path)
     spec = importlib.util.spec_from_file_location("__mp_main__", path, loader=loader)
     if spec is None or spec.loader is None:
@@ -334,6 +337,26 @@ def _import_main_script(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules["__mp_main__"] = sys.modules["__main__"] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def _import_zipped_main(path: str) -> Any:
+    """Import a zip archive's `__main__` (`path` is `ARCHIVE/__main__.py`, as the parent's
+    `__file__` says it) as `__mp_main__`, with the archive's `zipimporter` as its loader (so that
+    a supervisor it starts inside the attempt finds it again)."""
+    import zipimport
+
+    archive, name = os.path.split(path)
+    try:
+        importer = zipimport.zipimporter(archive)
+        code = importer.get_code(name.partition(".")[0])
+    except (zipimport.ZipImportError, OSError) as exc:
+        raise ImportError(f"cannot load the main script {path!r} from its zip archive: {exc}") from None
+    module = types.ModuleType("__mp_main__")
+    module.__file__ = path
+    module.__loader__ = importer
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    exec(code, module.__dict__)
     return module
 
 

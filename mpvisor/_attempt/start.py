@@ -9,7 +9,7 @@ defined in the running script).
 
 | the task | `kind` | what travels |
 |---|---|---|
-| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call` |
+| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call`, `main_path` (the script's file, or a zipapp's `ARCHIVE/__main__.py`, for a `__main__` target) |
 | `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's, `cwd` |
 """
 
@@ -74,4 +74,16 @@ def _resolve_main(target: str) -> tuple[str, str | None]:
     if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):
         return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
     path = getattr(main, "__file__", None)
-    return target, path if isinstance(path, str) and os.path.isfile(path) else None  # `python -` has "<stdin>"
+    if not isinstance(path, str):
+        return target, None
+    if os.path.isfile(path) or _in_zip_archive(main):
+        return target, path
+    return target, None  # `python -` has "<stdin>"
+
+
+def _in_zip_archive(main: object) -> bool:
+    """Whether the running script is the `__main__.py` of a zip archive run as a program (a
+    zipapp: `python app.pyz`), whose `__file__` (`app.pyz/__main__.py`) is no file of its own."""
+    import zipimport
+
+    return isinstance(getattr(main, "__loader__", None), zipimport.zipimporter)
