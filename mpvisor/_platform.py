@@ -492,13 +492,24 @@ def _make_private_dirs(path: str) -> None:
 
 class Borrowed:
     """What a signal's handling was before `borrow_signal` took it over: the signal module's
-    handler, and the loop's own handle for it when the program had given the loop one."""
+    handler, and the loop's own handle for it when the program had given the loop one (or an
+    earlier borrower had: then `handle` is that borrower's `own`). `own` is the handle the loop
+    made for this borrower's callback."""
 
-    __slots__ = ("handle", "previous")
+    __slots__ = ("handle", "loop", "own", "previous", "signum")
 
-    def __init__(self, previous: Any, handle: Any) -> None:
+    def __init__(self, previous: Any, handle: Any, loop: Any = None, signum: int = 0, own: Any = None) -> None:
         self.previous = previous
         self.handle = handle
+        self.loop = loop
+        self.signum = signum
+        self.own = own
+
+
+# Every signal lent by `borrow_signal` and not given back yet, oldest first (main thread only, as
+# `loop.add_signal_handler`): so that borrowers given back out of order (two `Supervisor.run`s
+# on one loop, the first to start ending first) hand each signal back as the program had it.
+_lent: list[Borrowed] = []
 
 
 def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
@@ -509,7 +520,9 @@ def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args
     previous = signal.getsignal(signum)  # None: a handler set from C
     handle = _loop_signal_handlers(loop).get(signum)
     loop.add_signal_handler(signum, callback, *args)
-    return Borrowed(previous, handle)
+    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
+    _lent.append(borrowed)
+    return borrowed
 
 
 def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
@@ -517,7 +530,18 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
     loop itself (`loop.add_signal_handler`, whose signal-module handler is only asyncio's
     wake-up) goes back to the loop, the very handle it registered (its context, its arguments);
     any other, to the signal module. (A handler installed by C code, which Python cannot name,
-    cannot be put back: the signal's default is.)"""
+    cannot be put back: the signal's default is.)
+
+    A borrower given back while a later one holds the signal (it borrowed it from this one)
+    changes nothing on the loop: the later one takes over what this one had borrowed from, and
+    gives that back in its turn."""
+    if borrowed in _lent:
+        _lent.remove(borrowed)
+    if borrowed.own is not None:
+        for later in _lent:
+            if later.loop is loop and later.signum == signum and later.handle is borrowed.own:
+                later.previous, later.handle = borrowed.previous, borrowed.handle
+                return
     handle = borrowed.handle
     callback = getattr(handle, "_callback", None)
     if handle is None or handle.cancelled() or callback is None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector
+from tests._support import Collector, Gate
 
 
 @pytest.mark.timeout(60)
@@ -131,3 +132,44 @@ def test_a_program_started_with_its_standard_streams_closed_gives_its_attempts_d
     kind, fds, reason = json.loads(result.read_text())
     assert kind == "COMPLETED", reason
     assert fds == {"0": "/dev/null", "1": "/dev/null", "2": "/dev/null"}
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_on_one_loop_that_end_out_of_order_give_the_loop_its_signals_back(tmp_path):
+    """Two `await Supervisor().run(...)` at once on one loop (`asyncio.gather`), the first to
+    start ending first: each borrowed SIGINT, SIGTERM and SIGHUP, and the first gave back what it
+    had found while the second still held them, then the second gave back the first's handler.
+    So the loop kept a shut-down runtime's handler for good: SIGTERM and SIGINT did nothing, and
+    the application could no longer be stopped. Now the application's own handlers are back."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    gate = Gate(tmp_path)
+
+    async def app() -> list[str]:
+        loop = asyncio.get_running_loop()
+        heard: list[str] = []
+        all_heard = asyncio.Event()
+
+        def on_signal(name: str) -> None:
+            heard.append(name)
+            if len(heard) == len(signals):
+                all_heard.set()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, on_signal, signum.name)
+        first = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([_QUICK]))
+        await asyncio.sleep(0)  # the first run borrows the signals before its first suspension
+        second = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([gate.once("gated")]))
+        assert (await first)["q"].kind is OutcomeKind.COMPLETED  # while the second still runs
+        gate.open()
+        assert (await second)["gated"].kind is OutcomeKind.COMPLETED
+        for signum in signals:
+            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
+        await asyncio.wait_for(all_heard.wait(), 5)
+        return heard
+
+    try:
+        assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
