@@ -33,6 +33,7 @@ user code can make the report malformed or change that status.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import importlib
 import os
@@ -90,18 +91,40 @@ def keep_inherited_ignores() -> frozenset[int]:
 
 
 class _Channel:
-    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up)."""
+    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up).
+
+    A frame is written whole under `sending`: a target may report progress from any of its
+    threads, and a frame written in parts (a large one, or one that meets a full socket buffer)
+    must not be cut into by another thread's, nor by the final report. The final report
+    (`last_frame`) keeps the lock, so that nothing follows it on the channel."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.sending = _thread.allocate_lock()
+        os.register_at_fork(after_in_child=self._forked)  # a process the target forks has its own lock
+
+    def _forked(self) -> None:
+        self.sending = _thread.allocate_lock()  # held by another thread at the fork, it would never be released
 
     def send(self, message: Message) -> None:
         self.send_frame(pack(message.to_wire()))
 
     def send_frame(self, payload: bytes) -> None:
-        data = memoryview(frame(payload))
-        while data:
-            data = data[os.write(self.fd, data) :]
+        data = frame(payload)
+        with self.sending:
+            self._write(data)
+
+    def last_frame(self, payload: bytes) -> None:
+        """Send the attempt's final report and keep the lock: a thread of the target that
+        reports afterwards waits until the process ends."""
+        data = frame(payload)
+        self.sending.acquire()
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
 
     def read_exact(self, n: int) -> bytearray:
         """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
@@ -559,7 +582,7 @@ def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: 
     with `die_by`, by that signal: the report stands whatever the status)."""
     payload = _encode_report(message, max_frame)
     try:
-        channel.send_frame(payload)
+        channel.last_frame(payload)
     except BaseException:
         pass  # the channel is gone (the parent, or the target closed it): the status speaks
     _flush_std()

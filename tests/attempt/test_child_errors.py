@@ -100,3 +100,19 @@ async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anythi
         assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
         assert outcome.reason == f"cannot enter its working directory {where!r}: {why}"
         assert not ran.exists()
+
+
+async def test_progress_reported_from_several_threads_never_spoils_the_channel_or_the_result():
+    """`mpvisor.context().progress` from several threads of the target at once, with messages too
+    large for one write, and from a thread that goes on reporting while the target returns a
+    large value: each frame used to be written in parts by whichever thread was writing, so the
+    frames interleaved and the attempt ended `protocol error: undecodable frame`, its result
+    lost. Every frame is now written whole, and the final report is the channel's last."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("threads", "workers.basic:progress_from_threads", 4, 300_000, 20))
+        assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, 80, []), outcome
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("returning", "workers.basic:progress_while_returning", 500_000, 2_000_000))
+        assert (outcome.kind, ends) == (OutcomeKind.COMPLETED, []), outcome
+        assert outcome.value == "r" * 2_000_000
