@@ -15,7 +15,7 @@ returns: every path ends in `os._exit`.
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
-| calls `sys.exit(n)` | nothing | n |
+| calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
@@ -561,14 +561,16 @@ def _exit_code(code: object) -> int | None:
 
 def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
     """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
-    byte, anything else is printed to stderr and gives 1."""
+    byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else is
+    printed to stderr and gives 1."""
     code = exc.code
 
     def status() -> int:
         if code is None:
             return 0
         if isinstance(code, int):
-            return int.__int__(code) & 0xFF
+            value = int.__int__(code)
+            return (value if -(2**63) <= value < 2**63 else -1) & 0xFF
         print(_text(code), file=sys.stderr)
         return 1
 

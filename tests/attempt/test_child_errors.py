@@ -11,6 +11,9 @@ attempt and a retryable one as two.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
@@ -116,3 +119,16 @@ async def test_progress_reported_from_several_threads_never_spoils_the_channel_o
             handle, collector, _spec("returning", "workers.basic:progress_while_returning", 500_000, 2_000_000))
         assert (outcome.kind, ends) == (OutcomeKind.COMPLETED, []), outcome
         assert outcome.value == "r" * 2_000_000
+
+
+@pytest.mark.parametrize("code", ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"])
+async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_give(code):
+    """`sys.exit(n)` in a target ends the attempt as it would end `python -c 'sys.exit(n)'`.
+    An int beyond 64 bits gave status `n & 0xFF` (0 for 2**70), where the interpreter gives 255
+    (-1: it cannot read the int); the same status now, whatever the int."""
+    interpreter = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code})"], timeout=30).returncode
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("exit", "workers.misbehave:sys_exit_expression", code))
+        assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (outcome, interpreter)
+        assert [e.exit_code for e in ends] == [interpreter, interpreter]
