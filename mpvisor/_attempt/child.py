@@ -609,7 +609,9 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
 
         payload = _guarded(encoded, refused)
         if max_frame and len(payload) > max_frame:
-            return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
+            reason = (f"result too large: {len(payload)} bytes, over max_frame_bytes={max_frame}; pass large data "
+                      "by path or raise max_frame_bytes")
+            return pack(Failure("fatal", reason).to_wire())
         return payload
     payload = pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
     if max_frame and len(payload) > max_frame and isinstance(message, Failure):
