@@ -59,6 +59,10 @@ class _NoCapacity:
 
 @pytest.mark.parametrize("call, error, said", [
     (lambda: mpvisor.run([_QUICK], 42), TypeError, "config must be a SupervisorConfig, got 42"),
+    (lambda: mpvisor.run(_QUICK), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got TaskSpec("),
+    (lambda: mpvisor.run(None), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got None"),
+    (lambda: mpvisor.run({"q": _QUICK}), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got {'q': "),
+    (lambda: mpvisor.run([_QUICK.task]), TypeError, "spec must be a TaskSpec (put a TaskFn or CommandTask in one: TaskSpec.once(task), ...), got TaskFn("),
     (lambda: mpvisor.run([_QUICK], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
     (lambda: mpvisor.run([], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
     (lambda: mpvisor.run([_QUICK], subscribers=42), TypeError, "subscribers must be an iterable of subscribers, got 42"),
