@@ -177,3 +177,68 @@ def test_two_runs_on_one_loop_that_end_out_of_order_give_the_loop_its_signals_ba
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+BLOCKING_PROGRAM = """
+import json, signal, sys
+
+import mpvisor
+from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+
+def blocked():
+    with open("/proc/self/status") as status:
+        return [line.split()[1] for line in status if line.startswith("SigBlk:")][0]
+
+
+if __name__ == "__main__":
+    # as a program that takes its signals with `sigwait` in a thread of its own: every thread it
+    # starts from here on (the supervisor's too) has them blocked
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    if sys.argv[1] == "run":
+        outcome = mpvisor.run([TaskSpec.once(TaskFn("mask", blocked))], SupervisorConfig(start_method=sys.argv[2]))["mask"]
+    else:
+        with Supervisor(SupervisorConfig(start_method=sys.argv[2])).serve_blocking() as handle:
+            outcome = handle.add_and_watch(TaskSpec.once(TaskFn("mask", blocked)))[1].wait()
+    print(json.dumps([outcome.kind.name, outcome.value, outcome.reason]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["run", "serve_blocking"])
+@pytest.mark.parametrize("start_method", ["launcher", "spawn"])
+def test_a_program_that_blocks_every_signal_in_its_threads_still_sees_its_attempts_end(tmp_path, how, start_method):
+    """A program that blocks its signals (`pthread_sigmask(SIG_BLOCK, valid_signals())`, to take
+    them with `sigwait` in a thread) before it starts a supervisor: the launcher inherited that
+    mask from the thread that started it, SIGCHLD blocked among them, so it never saw an
+    attempt end, and the program hung for ever (its SIGTERM too only joined a shutdown that
+    waited for the same ends). The launcher now starts with no signal blocked, and so does each
+    attempt (but for SIGTERM, which mpvisor holds until the target is called)."""
+    (tmp_path / "job.py").write_text(BLOCKING_PROGRAM)
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    mark = f"blocked-{how}-{start_method}-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": root, "MPVISOR_TEST_MARK": mark}
+    try:
+        done = subprocess.run([sys.executable, "job.py", how, start_method], cwd=tmp_path, env=env, timeout=30,
+                              capture_output=True, text=True)
+    finally:
+        left = _kill_marked(mark)  # what a hung program left (its launcher blocks SIGCHLD, and waits)
+    assert done.returncode == 0, done.stderr
+    kind, mask, reason = json.loads(done.stdout.splitlines()[-1])
+    assert (kind, mask) == ("COMPLETED", "0000000000000000"), reason
+    assert left == []
+
+
+def _kill_marked(mark: str) -> list[str]:
+    """SIGKILL every process whose environment has `MPVISOR_TEST_MARK=mark`; `"pid cmdline"` of each."""
+    import psutil
+
+    killed = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get("MPVISOR_TEST_MARK") == mark:
+                process.kill()
+                killed.append(f"{process.info['pid']} {' '.join(process.info['cmdline'] or [])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return killed
