@@ -512,13 +512,24 @@ class Borrowed:
 _lent: list[Borrowed] = []
 
 
+# The signal wake-up fd the program had set (`signal.set_wakeup_fd`: a GUI toolkit's, Twisted's,
+# trio's) when a loop got its first signal handler from `borrow_signal`: asyncio puts its own in
+# its place then, and -1 once the loop's last handler is removed; `give_back_signal` puts the
+# program's back. By loop; held only while that loop has handlers of ours.
+_program_wakeup: list[tuple[Any, int]] = []
+
+
 def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
     """Handle `signum` on the asyncio `loop` with `callback(*args)` (main thread only, as
-    `loop.add_signal_handler`), keeping what handled it before for `give_back_signal`."""
+    `loop.add_signal_handler`), keeping what handled it before for `give_back_signal` (and the
+    program's signal wake-up fd, which the loop's first handler replaces)."""
     import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
 
     previous = signal.getsignal(signum)  # None: a handler set from C
     handle = _loop_signal_handlers(loop).get(signum)
+    if not _loop_signal_handlers(loop):
+        _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
+        _program_wakeup.append((loop, signal.set_wakeup_fd(-1)))  # read it; the loop sets its own next
     loop.add_signal_handler(signum, callback, *args)
     borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
     _lent.append(borrowed)
@@ -550,9 +561,24 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
             import signal
 
             signal.signal(signum, borrowed.previous)
+        if not _loop_signal_handlers(loop):  # asyncio has set the wake-up fd to -1: the program's is back
+            _give_back_wakeup(loop)
         return
     loop.add_signal_handler(signum, callback, *getattr(handle, "_args", ()))  # replaces the borrower's
     _loop_signal_handlers(loop)[signum] = handle
+
+
+def _give_back_wakeup(loop: Any) -> None:
+    import signal
+
+    found = [entry for entry in _program_wakeup if entry[0] is loop]
+    _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
+    fd = found[0][1] if found else -1
+    if fd >= 0:
+        try:
+            signal.set_wakeup_fd(fd)
+        except (ValueError, OSError):
+            pass  # the program closed it meanwhile (or made it blocking): there is none to give back
 
 
 def _loop_signal_handlers(loop: Any) -> dict[int, Any]:

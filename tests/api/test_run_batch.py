@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 
@@ -242,3 +243,25 @@ def _kill_marked(mark: str) -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return killed
+
+
+@pytest.mark.timeout(60)
+def test_run_gives_the_program_its_signal_wakeup_fd_back():
+    """A program whose own event loop (a GUI toolkit's, Twisted's, trio's) takes signals through
+    `signal.set_wakeup_fd`: `mpvisor.run` and `await Supervisor().run` handle SIGINT, SIGTERM and
+    SIGHUP on their loop for their time, and asyncio's first signal handler puts the loop's own
+    wake-up fd in place of the program's, its last one -1. So the program's was gone for good, and
+    with it what the program learnt of its signals (a SIGCHLD, a Ctrl-C). It is back now."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno())
+    try:
+        assert mpvisor.run([_QUICK], SupervisorConfig(grace=1))["q"].kind is OutcomeKind.COMPLETED
+        assert signal.set_wakeup_fd(writer.fileno()) == writer.fileno()
+        outcomes = asyncio.run(Supervisor(SupervisorConfig(grace=1)).run([_QUICK]))
+        assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        assert signal.set_wakeup_fd(writer.fileno()) == writer.fileno()
+    finally:
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
