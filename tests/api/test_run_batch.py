@@ -265,3 +265,19 @@ def test_run_gives_the_program_its_signal_wakeup_fd_back():
         signal.set_wakeup_fd(previous)
         reader.close()
         writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_that_is_not_python_says_which_executable_ran():
+    """A program that embeds Python has its own binary as `sys.executable` (uWSGI, a frozen
+    app), and the launcher is started as `sys.executable -c ...`: it ended at once, and the
+    ConfigError said only `the launcher exited with status 1 before it was ready`. It names the
+    executable now."""
+    real = sys.executable
+    sys.executable = "/bin/false"
+    try:
+        with pytest.raises(ConfigError, match=r"^the launcher \(sys.executable '/bin/false'\) exited with status 1 "
+                                              r"before it was ready"):
+            mpvisor.run([_QUICK], SupervisorConfig(grace=1))
+    finally:
+        sys.executable = real

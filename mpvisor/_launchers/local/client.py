@@ -272,7 +272,9 @@ class LauncherClient:
             self._proc.kill()  # until it is ready, the launcher dies with its guardian
 
     def _not_ready(self, how: str, last_line: str | None = None) -> str:
-        what = f"the launcher (pid {self.pid})" if self.pid is not None else "the launcher"
+        # A launcher that never said hello may not have been Python at all: name what was run
+        # (an embedding program's sys.executable is its own binary: uWSGI, a frozen app).
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher (sys.executable {sys.executable!r})"
         text = f"{what} {how}"
         if self._importing is not None:
             text += f" while importing preload module {self._importing!r}"
