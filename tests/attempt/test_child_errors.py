@@ -105,6 +105,26 @@ async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anythi
         assert not ran.exists()
 
 
+async def test_a_relative_cwd_is_taken_from_the_parents_working_directory_at_the_start(tmp_path, monkeypatch):
+    """`TaskFn(..., cwd="sub")` and `CommandTask(..., cwd="sub")` from a parent that changed its
+    working directory after the supervisor started: the attempt resolved `sub` from the
+    launcher's directory (where the parent was at the start), and ended FATAL `cannot enter its
+    working directory 'sub'`; it is taken from the parent's directory now, as `subprocess` takes
+    it (and as the parent's own directory travels with each start request)."""
+    (tmp_path / "sub").mkdir()
+    async with supervised(CONFIG) as (handle, collector):
+        await _outcome_and_ends(handle, collector, _spec("warm", "workers.basic:quick"))  # the launcher runs
+        monkeypatch.chdir(tmp_path)
+        outcome, _ = await _outcome_and_ends(
+            handle, collector, TaskSpec.once(TaskFn("fn", "workers.basic:env_probe", cwd="sub")))
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        assert outcome.value["cwd"] == str(tmp_path / "sub")
+        outcome, _ = await _outcome_and_ends(
+            handle, collector, TaskSpec.once(CommandTask("cmd", ["touch", "ran"], cwd="sub")))
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        assert (tmp_path / "sub" / "ran").exists()
+
+
 async def test_progress_reported_from_several_threads_never_spoils_the_channel_or_the_result():
     """`mpvisor.context().progress` from several threads of the target at once, with messages too
     large for one write, and from a thread that goes on reporting while the target returns a
