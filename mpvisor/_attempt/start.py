@@ -88,6 +88,8 @@ def _resolve_main(target: str) -> tuple[str, str | None]:
     if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):
         return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
     path = getattr(main, "__file__", None)
+    if not isinstance(path, str):  # CPython takes `__file__` away once the script has run (what is
+        path = getattr(getattr(main, "__loader__", None), "path", None)  # left: its threads, atexit)
     if not isinstance(path, str):
         return target, None
     if os.path.isfile(path) or _in_zip_archive(main):

@@ -59,3 +59,50 @@ def test_a_target_in_a_zipapps_main_runs_and_can_supervise_another_of_it(start_m
     outcome = json.loads(out.read_text())
     assert (outcome["kind"], outcome["value"]) == ("COMPLETED", ["COMPLETED", 40, None, "__main__:inner"]), outcome
     assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
+
+
+AFTER_THE_SCRIPT = """
+import atexit
+import json
+import sys
+import threading
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+def work(where):
+    return f"{where} ran as {__name__}"
+
+
+def run_and_record(where, out):
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("work", work, (where,)))])["work"]
+    with open(out, "a", encoding="utf-8") as file:
+        file.write(json.dumps([where, outcome.kind.name, outcome.value, outcome.reason]) + "\\n")
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    atexit.register(run_and_record, "atexit", out)
+    threading.Thread(target=run_and_record, args=("thread", out)).start()
+    # the script ends here: the interpreter waits for the thread, then runs atexit
+"""
+
+
+def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ended(tmp_path):
+    """Once the main script has run, CPython takes `__file__` away from `__main__`, while its
+    non-daemon threads go on (the interpreter waits for them) and its `atexit` functions run
+    after. A supervisor started there sent no script path, so every attempt of a target of the
+    script ended FATAL blaming `python -c`, stdin or a REPL. The script's path is read from its
+    loader then, and the target runs."""
+    (tmp_path / "prog.py").write_text(AFTER_THE_SCRIPT)
+    out = tmp_path / "outcomes.jsonl"
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_TEST_MARK": mark}
+    done = subprocess.run([sys.executable, "prog.py", str(out)], env=env, cwd=tmp_path, timeout=45,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    found = [json.loads(line) for line in out.read_text().splitlines()]
+    assert found == [["thread", "COMPLETED", "thread ran as __mp_main__", None],
+                     ["atexit", "COMPLETED", "atexit ran as __mp_main__", None]], found
+    assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
