@@ -492,24 +492,48 @@ def _make_private_dirs(path: str) -> None:
 
 class Borrowed:
     """What a signal's handling was before `borrow_signal` took it over: the signal module's
-    handler, and the loop's own handle for it when the program had given the loop one."""
+    handler, and the loop's own handle for it when the program had given the loop one (or an
+    earlier borrower had: then `handle` is that borrower's `own`). `own` is the handle the loop
+    made for this borrower's callback."""
 
-    __slots__ = ("handle", "previous")
+    __slots__ = ("handle", "loop", "own", "previous", "signum")
 
-    def __init__(self, previous: Any, handle: Any) -> None:
+    def __init__(self, previous: Any, handle: Any, loop: Any = None, signum: int = 0, own: Any = None) -> None:
         self.previous = previous
         self.handle = handle
+        self.loop = loop
+        self.signum = signum
+        self.own = own
+
+
+# Every signal lent by `borrow_signal` and not given back yet, oldest first (main thread only, as
+# `loop.add_signal_handler`): so that borrowers given back out of order (two `Supervisor.run`s
+# on one loop, the first to start ending first) hand each signal back as the program had it.
+_lent: list[Borrowed] = []
+
+
+# The signal wake-up fd the program had set (`signal.set_wakeup_fd`: a GUI toolkit's, Twisted's,
+# trio's) when a loop got its first signal handler from `borrow_signal`: asyncio puts its own in
+# its place then, and -1 once the loop's last handler is removed; `give_back_signal` puts the
+# program's back. By loop; held only while that loop has handlers of ours.
+_program_wakeup: list[tuple[Any, int]] = []
 
 
 def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
     """Handle `signum` on the asyncio `loop` with `callback(*args)` (main thread only, as
-    `loop.add_signal_handler`), keeping what handled it before for `give_back_signal`."""
+    `loop.add_signal_handler`), keeping what handled it before for `give_back_signal` (and the
+    program's signal wake-up fd, which the loop's first handler replaces)."""
     import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
 
     previous = signal.getsignal(signum)  # None: a handler set from C
     handle = _loop_signal_handlers(loop).get(signum)
+    if not _loop_signal_handlers(loop):
+        _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
+        _program_wakeup.append((loop, signal.set_wakeup_fd(-1)))  # read it; the loop sets its own next
     loop.add_signal_handler(signum, callback, *args)
-    return Borrowed(previous, handle)
+    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
+    _lent.append(borrowed)
+    return borrowed
 
 
 def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
@@ -517,7 +541,18 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
     loop itself (`loop.add_signal_handler`, whose signal-module handler is only asyncio's
     wake-up) goes back to the loop, the very handle it registered (its context, its arguments);
     any other, to the signal module. (A handler installed by C code, which Python cannot name,
-    cannot be put back: the signal's default is.)"""
+    cannot be put back: the signal's default is.)
+
+    A borrower given back while a later one holds the signal (it borrowed it from this one)
+    changes nothing on the loop: the later one takes over what this one had borrowed from, and
+    gives that back in its turn."""
+    if borrowed in _lent:
+        _lent.remove(borrowed)
+    if borrowed.own is not None:
+        for later in _lent:
+            if later.loop is loop and later.signum == signum and later.handle is borrowed.own:
+                later.previous, later.handle = borrowed.previous, borrowed.handle
+                return
     handle = borrowed.handle
     callback = getattr(handle, "_callback", None)
     if handle is None or handle.cancelled() or callback is None:
@@ -526,9 +561,24 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
             import signal
 
             signal.signal(signum, borrowed.previous)
+        if not _loop_signal_handlers(loop):  # asyncio has set the wake-up fd to -1: the program's is back
+            _give_back_wakeup(loop)
         return
     loop.add_signal_handler(signum, callback, *getattr(handle, "_args", ()))  # replaces the borrower's
     _loop_signal_handlers(loop)[signum] = handle
+
+
+def _give_back_wakeup(loop: Any) -> None:
+    import signal
+
+    found = [entry for entry in _program_wakeup if entry[0] is loop]
+    _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
+    fd = found[0][1] if found else -1
+    if fd >= 0:
+        try:
+            signal.set_wakeup_fd(fd)
+        except (ValueError, OSError):
+            pass  # the program closed it meanwhile (or made it blocking): there is none to give back
 
 
 def _loop_signal_handlers(loop: Any) -> dict[int, Any]:

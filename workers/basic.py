@@ -30,6 +30,8 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
 | `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
 | `surrogate_reports()` | `ready("up \\udfff")`, then `progress(1, 2, "msg \\ud800")`: texts with a lone surrogate | returns `"ok"` |
+| `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
+| `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
@@ -249,6 +251,44 @@ def progress_many(n: int, marker: str | None = None) -> int:
     for done in range(1, n + 1):
         ctx.progress(done, n)
     return n
+
+
+def progress_from_threads(threads: int, size: int, reports: int, marker: str | None = None) -> int:
+    """`threads` threads at once, each reporting `progress(i, reports, message)` `reports` times
+    with a message of `size` characters; return `threads * reports`."""
+    mark(marker, "started")
+    ctx = context()
+
+    def report(letter: str) -> None:
+        for done in range(1, reports + 1):
+            ctx.progress(done, reports, letter * size)
+
+    workers = [threading.Thread(target=report, args=(chr(ord("a") + i),)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return threads * reports
+
+
+def progress_while_returning(size: int, result_size: int, marker: str | None = None) -> str:
+    """A daemon thread reports progress with `size`-character messages without end; return
+    `"r" * result_size` once it has reported 3 times (while it goes on reporting)."""
+    mark(marker, "started")
+    ctx = context()
+    reported = threading.Semaphore(0)
+
+    def report() -> None:
+        done = 0
+        while True:
+            done += 1
+            ctx.progress(done, None, "p" * size)
+            reported.release()
+
+    threading.Thread(target=report, daemon=True).start()
+    for _ in range(3):
+        reported.acquire()
+    return "r" * result_size
 
 
 def progress_then_sleep(n: int, pause: float, marker: str | None = None) -> int:

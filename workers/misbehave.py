@@ -8,6 +8,7 @@ what the supervisor's kill, reap and framing paths are tested against.
 |---|---|---|
 | `exit_now(code)` | `os._exit(code)` | exit status `code`, nothing reported |
 | `sys_exit(code)` | `sys.exit(code)` | `SystemExit(code)` |
+| `sys_exit_expression(expression)` | `sys.exit(eval(expression))`: a code no argument can carry (`"2**70"`, `"-2**70"`) | `SystemExit` of it |
 | `segfault()` | SIGSEGV to itself (default action restored first) | death by SIGSEGV |
 | `self_kill()` | SIGKILL to itself | death by SIGKILL |
 | `stubborn()` | sleeps inside `shield()` forever | only a kill ends it |
@@ -59,6 +60,12 @@ def sys_exit(code: int, marker: str | None = None) -> NoReturn:
     """Raise `SystemExit(code)`."""
     mark(marker, "started")
     sys.exit(code)
+
+
+def sys_exit_expression(expression: str, marker: str | None = None) -> NoReturn:
+    """Raise `SystemExit(eval(expression))`: an exit code msgpack cannot carry as an argument."""
+    mark(marker, "started")
+    sys.exit(eval(expression, {}))
 
 
 def _die_by(signum: signal.Signals) -> NoReturn:

@@ -11,6 +11,7 @@ Every call takes one path, `BlockingHandle._call(coroutine)`:
 |---|---|---|
 | the loop runs | on the loop (`run_coroutine_threadsafe`), the caller waits | as the async handle |
 | the loop is over (after `with`) | on the caller's thread, to the end or to its first suspension | reads answer from the final state (`list()` is empty, the alive view is empty, the controller's slots are idle); management calls raise `ShuttingDown` (submissions `ControllerClosed`), as they do after shutdown; a call that would have to wait raises `ShuttingDown` |
+| in a forked child of the supervisor's process (`os.fork()` inside the `with` block) | nowhere: the child has a copy of the handle but no runtime thread | every call, and a waiter's `wait()` for an outcome not known at the fork, raises `RuntimeError` saying so; `close()` (the end of the parent's `with` block, reached in the child) does nothing, and the supervisor goes on in the parent |
 
 Running a call on the caller's thread is safe only because nothing else runs any more: the loop
 thread has been joined, so the registry, the bus's alive view and the controller no longer
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, InvalidStateError
@@ -62,6 +64,7 @@ class BlockingWaiter:
     def __init__(self, waiter: TaskWaiter) -> None:
         self.id = waiter.id
         self._outcome: Future[TaskOutcome] = Future()
+        self._pid = os.getpid()  # the process whose runtime resolves it
         waiter.when_resolved(self._outcome.set_result)
 
     def __repr__(self) -> str:
@@ -74,8 +77,13 @@ class BlockingWaiter:
 
     def wait(self, timeout: float | None = None) -> TaskOutcome:
         """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on).
-        A `timeout` that is no finite number of seconds >= 0 raises `ConfigError`."""
-        return self._outcome.result(_validate.duration("timeout", timeout, allow_none=True))
+        A `timeout` that is no finite number of seconds >= 0 raises `ConfigError`; in a forked
+        child of the supervisor's process, an outcome not known at the fork raises `RuntimeError`
+        (it would never come: the runtime runs in the parent)."""
+        seconds = _validate.duration("timeout", timeout, allow_none=True)
+        if not self._outcome.done():
+            _refuse_in_a_fork(self._pid, "wait for a task's outcome")
+        return self._outcome.result(seconds)
 
 
 async def _with_blocking_waiter(call: Coroutine[Any, Any, tuple[int, TaskWaiter]]) -> tuple[int, BlockingWaiter]:
@@ -91,6 +99,17 @@ async def _blocking_waiter_or_none(call: Coroutine[Any, Any, TaskWaiter | None])
 
 async def _plain(fn: Callable[[], T]) -> T:
     return fn()
+
+
+def _refuse_in_a_fork(owner: int, what: str) -> None:
+    """`RuntimeError` when this process is not `owner`, the one whose background thread runs the
+    supervisor: a forked child has a copy of the handle but no runtime thread, so a call would
+    wait for an answer that never comes."""
+    if os.getpid() != owner:
+        raise RuntimeError(
+            f"cannot {what} in process {os.getpid()}: this supervisor runs in process {owner}, of which this "
+            "one is a fork (a forked child has no thread of its runtime); start a supervisor of its own here"
+        )
 
 
 def _settled(call: Coroutine[Any, Any, T]) -> T:
@@ -115,6 +134,7 @@ class BlockingHandle:
         self._lock = threading.Lock()  # orders "hand a call to the loop" against "stop the loop"
         self._over = False  # the loop thread was joined: calls run on the caller's thread
         self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
+        self._pid = os.getpid()  # the process whose thread runs the loop (a fork has a copy, no thread)
 
     def __repr__(self) -> str:
         state = "over" if self._over else "serving"
@@ -135,7 +155,12 @@ class BlockingHandle:
 
     def close(self) -> None:
         """Shut down (if that has not happened yet), stop the background loop and join its
-        thread. Idempotent; `shutdown()`'s error, if any, propagates after the loop stopped."""
+        thread. Idempotent; `shutdown()`'s error, if any, propagates after the loop stopped. In a
+        forked child of the supervisor's process it does nothing: the supervisor is the
+        parent's, and goes on there (a child leaving the parent's `with` block must not wait
+        for a runtime thread it does not have)."""
+        if os.getpid() != self._pid:
+            return
         try:
             if not self._over:
                 self.shutdown()
@@ -153,7 +178,11 @@ class BlockingHandle:
                     pass  # it was answered after all
 
     def _call(self, call: Coroutine[Any, Any, T]) -> T:
-        """The one path of every call: on the loop while it runs, else on this thread."""
+        """The one path of every call: on the loop while it runs, else on this thread (never in
+        a forked child: `RuntimeError`)."""
+        if os.getpid() != self._pid:
+            call.close()
+            _refuse_in_a_fork(self._pid, "call the supervisor's handle")
         with self._lock:
             if self._over:
                 future = None

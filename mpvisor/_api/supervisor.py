@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -157,7 +157,7 @@ class Supervisor:
         """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
         `RuntimeError` inside its `async with` block, or once it has shut down (a `run` during
         a shutdown under way joins it: `ShuttingDown` for a batch that is not empty)."""
-        specs = list(specs)
+        specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")
         self._refuse_reuse("run()")
@@ -170,6 +170,14 @@ class Supervisor:
 
         await run_session(runtime, add, adds_work=bool(specs))
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
+
+
+def _checked_specs(specs: object) -> list[TaskSpec]:
+    """`specs` as a list (each spec is checked where it is registered), or `TypeError` naming
+    `specs` when it is no iterable of specs: one spec, a dict, a string, None."""
+    if isinstance(specs, (TaskSpec, str, bytes, Mapping)) or not isinstance(specs, Iterable):
+        raise TypeError(f"specs must be an iterable of TaskSpec (a list: [spec, ...]), got {specs!r}")
+    return list(specs)
 
 
 def _checked_config(config: object) -> SupervisorConfig:

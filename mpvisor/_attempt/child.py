@@ -15,7 +15,7 @@ returns: every path ends in `os._exit`.
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
-| calls `sys.exit(n)` | nothing | n |
+| calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
@@ -33,6 +33,7 @@ user code can make the report malformed or change that status.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import importlib
 import os
@@ -90,18 +91,40 @@ def keep_inherited_ignores() -> frozenset[int]:
 
 
 class _Channel:
-    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up)."""
+    """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up).
+
+    A frame is written whole under `sending`: a target may report progress from any of its
+    threads, and a frame written in parts (a large one, or one that meets a full socket buffer)
+    must not be cut into by another thread's, nor by the final report. The final report
+    (`last_frame`) keeps the lock, so that nothing follows it on the channel."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.sending = _thread.allocate_lock()
+        os.register_at_fork(after_in_child=self._forked)  # a process the target forks has its own lock
+
+    def _forked(self) -> None:
+        self.sending = _thread.allocate_lock()  # held by another thread at the fork, it would never be released
 
     def send(self, message: Message) -> None:
         self.send_frame(pack(message.to_wire()))
 
     def send_frame(self, payload: bytes) -> None:
-        data = memoryview(frame(payload))
-        while data:
-            data = data[os.write(self.fd, data) :]
+        data = frame(payload)
+        with self.sending:
+            self._write(data)
+
+    def last_frame(self, payload: bytes) -> None:
+        """Send the attempt's final report and keep the lock: a thread of the target that
+        reports afterwards waits until the process ends."""
+        data = frame(payload)
+        self.sending.acquire()
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
 
     def read_exact(self, n: int) -> bytearray:
         """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
@@ -331,10 +354,13 @@ def _import_target(start: Start) -> Any:
 
 def _import_main_script(path: str) -> Any:
     """Import the parent's `__main__` script as `__mp_main__`, as multiprocessing's spawn does
-    (its loader given, so that a script without the `.py` suffix loads too)."""
+    (its loader given, so that a script without the `.py` suffix loads too); the `__main__.py`
+    of a zip archive run as a program (a zipapp: `ARCHIVE/__main__.py`) from that archive."""
     import importlib.machinery
     import importlib.util
 
+    if not os.path.isfile(path):
+        return _import_zipped_main(path)
     loader = importlib.machinery.SourceFileLoader("__mp_main__", path)
     spec = importlib.util.spec_from_file_location("__mp_main__", path, loader=loader)
     if spec is None or spec.loader is None:
@@ -342,6 +368,26 @@ def _import_main_script(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules["__mp_main__"] = sys.modules["__main__"] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def _import_zipped_main(path: str) -> Any:
+    """Import a zip archive's `__main__` (`path` is `ARCHIVE/__main__.py`, as the parent's
+    `__file__` says it) as `__mp_main__`, with the archive's `zipimporter` as its loader (so that
+    a supervisor it starts inside the attempt finds it again)."""
+    import zipimport
+
+    archive, name = os.path.split(path)
+    try:
+        importer = zipimport.zipimporter(archive)
+        code = importer.get_code(name.partition(".")[0])
+    except (zipimport.ZipImportError, OSError) as exc:
+        raise ImportError(f"cannot load the main script {path!r} from its zip archive: {exc}") from None
+    module = types.ModuleType("__mp_main__")
+    module.__file__ = path
+    module.__loader__ = importer
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    exec(code, module.__dict__)
     return module
 
 
@@ -523,14 +569,16 @@ def _exit_code(code: object) -> int | None:
 
 def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
     """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
-    byte, anything else is printed to stderr and gives 1."""
+    byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else is
+    printed to stderr and gives 1."""
     code = exc.code
 
     def status() -> int:
         if code is None:
             return 0
         if isinstance(code, int):
-            return int.__int__(code) & 0xFF
+            value = int.__int__(code)
+            return (value if -(2**63) <= value < 2**63 else -1) & 0xFF
         print(_text(code), file=sys.stderr)
         return 1
 
@@ -544,7 +592,7 @@ def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: 
     with `die_by`, by that signal: the report stands whatever the status)."""
     payload = _encode_report(message, max_frame)
     try:
-        channel.send_frame(payload)
+        channel.last_frame(payload)
     except BaseException:
         pass  # the channel is gone (the parent, or the target closed it): the status speaks
     _flush_std()
@@ -569,7 +617,9 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
 
         payload = _guarded(encoded, refused)
         if max_frame and len(payload) > max_frame:
-            return pack(Failure("fatal", f"result too large: {len(payload)} bytes").to_wire())
+            reason = (f"result too large: {len(payload)} bytes, over max_frame_bytes={max_frame}; pass large data "
+                      "by path or raise max_frame_bytes")
+            return pack(Failure("fatal", reason).to_wire())
         return payload
     payload = pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`
     if max_frame and len(payload) > max_frame and isinstance(message, Failure):

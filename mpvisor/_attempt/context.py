@@ -152,7 +152,7 @@ class TaskContext:
         once (`_tasks/actor.py`). So the last report is never lost, even when the target then
         works, or sleeps, for long without reporting; no thread and no timer run here. A `done`
         or `total` that is no number, or a `message` that is no str, raises `TypeError` here,
-        naming it."""
+        naming it. Any thread of the target may call it: each report is written whole."""
         _check_number("done", done)
         if total is not None:
             _check_number("total", total)

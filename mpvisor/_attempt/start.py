@@ -4,12 +4,13 @@ Builds the one start message the parent sends an attempt (the child's side reads
 `child`): the target (a `TaskFn`'s module and function, or a `CommandTask`'s argv), the
 arguments as the bytes the task encoded when it was built, the environment, working directory
 and `sys.path` that travel with it, and its limits. Pure apart from reading `os.environ` (a
-program's environment is merged over the parent's) and `sys.modules["__main__"]` (a target
+program's environment is merged over the parent's), the working directory (a task's relative
+`cwd` is taken from it, as `subprocess` takes it) and `sys.modules["__main__"]` (a target
 defined in the running script).
 
 | the task | `kind` | what travels |
 |---|---|---|
-| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call` |
+| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call`, `main_path` (the script's file, or a zipapp's `ARCHIVE/__main__.py`, for a `__main__` target) |
 | `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's, `cwd` |
 """
 
@@ -31,13 +32,14 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
     """The start message of one attempt (`env`, `cwd`, `path`: None when unchanged since the
     launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built."""
     common = dict(task=name, id=id, attempt=attempt, max_frame=max_frame)
+    own_cwd = _own_cwd(task.cwd) or cwd
     if isinstance(task, CommandTask):
         start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
-                      cwd=task.cwd or cwd, path=path, **common)  # type: ignore[arg-type]
+                      cwd=own_cwd, path=path, **common)  # type: ignore[arg-type]
     else:
         target, main_path = _resolve_main(task.target)
         own_env = env if task.env is None else _merged_env(task.env)
-        start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=task.cwd or cwd,
+        start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=own_cwd,
                       path=path, main_path=main_path, **common)  # type: ignore[arg-type]
     return start if limits is None else start._replace(limits=limits.to_wire())
 
@@ -51,6 +53,18 @@ def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> N
             f"task {name!r}: its start message (target and arguments) is {size} bytes, over "
             f"max_frame_bytes={max_frame}; pass large data by path or raise max_frame_bytes"
         )
+
+
+def _own_cwd(cwd: str | None) -> str | None:
+    """A task's `cwd`, a relative one taken from the parent's working directory now (as
+    `subprocess` takes it), not from the launcher's (where the parent was when it started); as
+    given when the parent's has no name any more (the child then says it cannot enter it)."""
+    if cwd is None or os.path.isabs(cwd):
+        return cwd
+    try:
+        return os.path.join(os.getcwd(), cwd)
+    except OSError:
+        return cwd
 
 
 def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
@@ -74,4 +88,18 @@ def _resolve_main(target: str) -> tuple[str, str | None]:
     if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):
         return f"{spec.name}:{qualname}", None  # run with `python -m pkg.mod`
     path = getattr(main, "__file__", None)
-    return target, path if isinstance(path, str) and os.path.isfile(path) else None  # `python -` has "<stdin>"
+    if not isinstance(path, str):  # CPython takes `__file__` away once the script has run (what is
+        path = getattr(getattr(main, "__loader__", None), "path", None)  # left: its threads, atexit)
+    if not isinstance(path, str):
+        return target, None
+    if os.path.isfile(path) or _in_zip_archive(main):
+        return target, path
+    return target, None  # `python -` has "<stdin>"
+
+
+def _in_zip_archive(main: object) -> bool:
+    """Whether the running script is the `__main__.py` of a zip archive run as a program (a
+    zipapp: `python app.pyz`), whose `__file__` (`app.pyz/__main__.py`) is no file of its own."""
+    import zipimport
+
+    return isinstance(getattr(main, "__loader__", None), zipimport.zipimporter)

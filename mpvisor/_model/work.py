@@ -12,6 +12,7 @@ and calls a target, or execs a program, belongs to the child and the launcher.
 | module-level function, class, static method | `f"{__module__}:{__qualname__}"` | — |
 | class method (bound to a class) | `f"{__module__}:{__qualname__}"` | — |
 | lambda, nested function (`<locals>`) | — | always (`ValueError`) |
+| generator or async generator function | — | always (`TypeError`: what it returns cannot be sent back) |
 | method bound to an instance, `functools.partial` | — | always (`TypeError`) |
 | callable without `__module__`/`__qualname__` | — | always (`TypeError`) |
 | callable whose `module:qualname` leads elsewhere | — | module imported and lookup differs (`ValueError`) |
@@ -150,6 +151,12 @@ def _dotted(text: str) -> bool:
 
 
 def _callable_path(target: Callable[..., Any]) -> str:
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+        raise TypeError(
+            f"target cannot be {kind} function: calling it runs none of its body, and the {kind} it returns "
+            f"cannot be sent back (collect its items in a list and return that), got {target!r}"
+        )
     if isinstance(target, functools.partial):
         raise TypeError(f"target cannot be a functools.partial (pass args instead), got {target!r}")
     if inspect.ismethod(target) and not isinstance(target.__self__, type):

@@ -37,6 +37,7 @@ from mpvisor._model.events import EventKind
 from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._model.spec import ResolvedSpec, TaskDefaults, TaskSpec
+from mpvisor._model.work import CommandTask, TaskFn
 from mpvisor._runtime.bus import Bus
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess, AttemptRequest
@@ -386,5 +387,7 @@ class Runtime:
 
 def _checked_spec(spec: object) -> TaskSpec:
     if not isinstance(spec, TaskSpec):
-        raise TypeError(f"spec must be a TaskSpec, got {spec!r}")
+        hint = (" (put a TaskFn or CommandTask in one: TaskSpec.once(task), ...)"
+                if isinstance(spec, (TaskFn, CommandTask)) else "")
+        raise TypeError(f"spec must be a TaskSpec{hint}, got {spec!r}")
     return spec

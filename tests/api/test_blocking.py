@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import warnings
 
 import pytest
@@ -114,3 +115,60 @@ def test_an_error_of_the_with_block_stays_the_one_raised_when_the_shutdown_also_
     (note,) = raised.value.__notes__
     assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) did not stop"), note
     assert child_pids_of_self() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_inside_the_with_block_neither_hangs_nor_stops_the_parents_supervisor():
+    """`os.fork()` inside `with serve_blocking()`: the child has a copy of the handle but not the
+    runtime's thread. Leaving the block in the child (`sys.exit`, an exception, its end) used to
+    wait for ever for a shutdown that thread would never answer, and so did any call and a
+    waiter's `wait()`, so the child hung and its parent with it. Now the child's `close()` does
+    nothing, a call or a `wait()` for an outcome not known at the fork raises `RuntimeError`
+    saying so, and the parent's supervisor goes on."""
+    with Supervisor(SupervisorConfig(grace=1)).serve_blocking() as handle:
+        _, done = handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
+        assert done.wait(timeout=10).value == "v"
+        task_id, running = handle.add_and_watch(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
+        with warnings.catch_warnings():  # 3.12+: fork() of a process with threads is a DeprecationWarning
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: only os._exit leaves it (never pytest's own code)
+            status = 1
+            try:
+                said = []
+                for call in (handle.list, lambda: running.wait(timeout=30), lambda: handle.cancel(task_id)):
+                    try:
+                        call()
+                    except RuntimeError as exc:
+                        said.append("of which this one is a fork" in str(exc))
+                known = done.wait(timeout=1).value == "v"  # known at the fork: still there
+                handle.__exit__(SystemExit, SystemExit(0), None)  # the parent's `with` block, left in the child
+                handle.close()
+                status = 0 if said == [True, True, True] and known else 3
+            finally:
+                os._exit(status)
+        status = _reaped(pid)
+        assert status == 0, status
+        assert [info.id for info in handle.list()] == [task_id]
+        assert handle.cancel(task_id) is True
+        assert running.wait(timeout=10).kind is OutcomeKind.CANCELED
+    assert child_pids_of_self() == []
+
+
+def _reaped(pid: int) -> int:
+    """The exit status of the child `pid` once it has exited (within the deadline of `wait_for`)."""
+    found: list[int] = []
+
+    def exited() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            found.append(os.waitstatus_to_exitcode(status))
+        return bool(found)
+
+    try:
+        wait_for(exited, timeout=20)
+    except AssertionError:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise
+    return found[0]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
+import subprocess
+import sys
 import threading
+import uuid
 from typing import Any
 
 import pytest
 
 from mpvisor import OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec
-from tests._support import child_pids_of_self
+from tests._support import child_pids_of_self, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,3 +108,53 @@ async def test_run_and_serve_refuse_a_supervisor_open_in_async_with_or_shut_down
     with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor has shut down"):
         ran.serve()
     assert child_pids_of_self() == []
+
+
+SERVED_AND_DROPPED = """
+import asyncio
+import threading
+
+from mpvisor import Supervisor
+
+
+async def serve_only():
+    Supervisor().serve()  # and never shut down: the loop is closed with the supervisor served
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_only())
+    # the program goes on (here: as long as the launcher's keeper thread takes to settle, at most 5 s)
+    for thread in threading.enumerate():
+        if thread.name == "mpvisor-launcher":
+            thread.join(5)
+    print("went on", flush=True)
+"""
+
+
+def test_a_supervisor_whose_loop_is_closed_without_a_shutdown_leaves_no_traceback_and_no_process(tmp_path):
+    """`serve()`, then the end of `asyncio.run` without `shutdown()` (documented: the attempts go
+    on until the process ends). The launcher's keeper thread, still starting the launcher, found
+    the loop closed and died with `RuntimeError: Event loop is closed` printed as a thread's
+    traceback on the program's stderr. Now the launcher it started ends quietly, and nothing of the
+    supervisor outlives the program."""
+    (tmp_path / "prog.py").write_text(SERVED_AND_DROPPED)
+    mark = uuid.uuid4().hex
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": root, "MPVISOR_TEST_MARK": mark})
+    assert (done.returncode, done.stdout) == (0, "went on\n"), done.stderr
+    assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr, done.stderr
+    assert wait_for(lambda: not _marked(mark), timeout=5)
+
+
+def _marked(mark: str) -> list[int]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.environ().get("MPVISOR_TEST_MARK") == mark:
+                found.append(process.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found

@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
 
@@ -23,7 +25,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector
+from tests._support import Collector, Gate
 
 
 @pytest.mark.timeout(60)
@@ -58,6 +60,10 @@ class _NoCapacity:
 
 @pytest.mark.parametrize("call, error, said", [
     (lambda: mpvisor.run([_QUICK], 42), TypeError, "config must be a SupervisorConfig, got 42"),
+    (lambda: mpvisor.run(_QUICK), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got TaskSpec("),
+    (lambda: mpvisor.run(None), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got None"),
+    (lambda: mpvisor.run({"q": _QUICK}), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got {'q': "),
+    (lambda: mpvisor.run([_QUICK.task]), TypeError, "spec must be a TaskSpec (put a TaskFn or CommandTask in one: TaskSpec.once(task), ...), got TaskFn("),
     (lambda: mpvisor.run([_QUICK], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
     (lambda: mpvisor.run([], task_defaults=42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
     (lambda: mpvisor.run([_QUICK], subscribers=42), TypeError, "subscribers must be an iterable of subscribers, got 42"),
@@ -131,3 +137,147 @@ def test_a_program_started_with_its_standard_streams_closed_gives_its_attempts_d
     kind, fds, reason = json.loads(result.read_text())
     assert kind == "COMPLETED", reason
     assert fds == {"0": "/dev/null", "1": "/dev/null", "2": "/dev/null"}
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_on_one_loop_that_end_out_of_order_give_the_loop_its_signals_back(tmp_path):
+    """Two `await Supervisor().run(...)` at once on one loop (`asyncio.gather`), the first to
+    start ending first: each borrowed SIGINT, SIGTERM and SIGHUP, and the first gave back what it
+    had found while the second still held them, then the second gave back the first's handler.
+    So the loop kept a shut-down runtime's handler for good: SIGTERM and SIGINT did nothing, and
+    the application could no longer be stopped. Now the application's own handlers are back."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    gate = Gate(tmp_path)
+
+    async def app() -> list[str]:
+        loop = asyncio.get_running_loop()
+        heard: list[str] = []
+        all_heard = asyncio.Event()
+
+        def on_signal(name: str) -> None:
+            heard.append(name)
+            if len(heard) == len(signals):
+                all_heard.set()
+
+        for signum in signals:
+            loop.add_signal_handler(signum, on_signal, signum.name)
+        first = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([_QUICK]))
+        await asyncio.sleep(0)  # the first run borrows the signals before its first suspension
+        second = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([gate.once("gated")]))
+        assert (await first)["q"].kind is OutcomeKind.COMPLETED  # while the second still runs
+        gate.open()
+        assert (await second)["gated"].kind is OutcomeKind.COMPLETED
+        for signum in signals:
+            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
+        await asyncio.wait_for(all_heard.wait(), 5)
+        return heard
+
+    try:
+        assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+BLOCKING_PROGRAM = """
+import json, signal, sys
+
+import mpvisor
+from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+
+def blocked():
+    with open("/proc/self/status") as status:
+        return [line.split()[1] for line in status if line.startswith("SigBlk:")][0]
+
+
+if __name__ == "__main__":
+    # as a program that takes its signals with `sigwait` in a thread of its own: every thread it
+    # starts from here on (the supervisor's too) has them blocked
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    if sys.argv[1] == "run":
+        outcome = mpvisor.run([TaskSpec.once(TaskFn("mask", blocked))], SupervisorConfig(start_method=sys.argv[2]))["mask"]
+    else:
+        with Supervisor(SupervisorConfig(start_method=sys.argv[2])).serve_blocking() as handle:
+            outcome = handle.add_and_watch(TaskSpec.once(TaskFn("mask", blocked)))[1].wait()
+    print(json.dumps([outcome.kind.name, outcome.value, outcome.reason]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["run", "serve_blocking"])
+@pytest.mark.parametrize("start_method", ["launcher", "spawn"])
+def test_a_program_that_blocks_every_signal_in_its_threads_still_sees_its_attempts_end(tmp_path, how, start_method):
+    """A program that blocks its signals (`pthread_sigmask(SIG_BLOCK, valid_signals())`, to take
+    them with `sigwait` in a thread) before it starts a supervisor: the launcher inherited that
+    mask from the thread that started it, SIGCHLD blocked among them, so it never saw an
+    attempt end, and the program hung for ever (its SIGTERM too only joined a shutdown that
+    waited for the same ends). The launcher now starts with no signal blocked, and so does each
+    attempt (but for SIGTERM, which mpvisor holds until the target is called)."""
+    (tmp_path / "job.py").write_text(BLOCKING_PROGRAM)
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    mark = f"blocked-{how}-{start_method}-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": root, "MPVISOR_TEST_MARK": mark}
+    try:
+        done = subprocess.run([sys.executable, "job.py", how, start_method], cwd=tmp_path, env=env, timeout=30,
+                              capture_output=True, text=True)
+    finally:
+        left = _kill_marked(mark)  # what a hung program left (its launcher blocks SIGCHLD, and waits)
+    assert done.returncode == 0, done.stderr
+    kind, mask, reason = json.loads(done.stdout.splitlines()[-1])
+    assert (kind, mask) == ("COMPLETED", "0000000000000000"), reason
+    assert left == []
+
+
+def _kill_marked(mark: str) -> list[str]:
+    """SIGKILL every process whose environment has `MPVISOR_TEST_MARK=mark`; `"pid cmdline"` of each."""
+    import psutil
+
+    killed = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get("MPVISOR_TEST_MARK") == mark:
+                process.kill()
+                killed.append(f"{process.info['pid']} {' '.join(process.info['cmdline'] or [])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return killed
+
+
+@pytest.mark.timeout(60)
+def test_run_gives_the_program_its_signal_wakeup_fd_back():
+    """A program whose own event loop (a GUI toolkit's, Twisted's, trio's) takes signals through
+    `signal.set_wakeup_fd`: `mpvisor.run` and `await Supervisor().run` handle SIGINT, SIGTERM and
+    SIGHUP on their loop for their time, and asyncio's first signal handler puts the loop's own
+    wake-up fd in place of the program's, its last one -1. So the program's was gone for good, and
+    with it what the program learnt of its signals (a SIGCHLD, a Ctrl-C). It is back now."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno())
+    try:
+        assert mpvisor.run([_QUICK], SupervisorConfig(grace=1))["q"].kind is OutcomeKind.COMPLETED
+        assert signal.set_wakeup_fd(writer.fileno()) == writer.fileno()
+        outcomes = asyncio.run(Supervisor(SupervisorConfig(grace=1)).run([_QUICK]))
+        assert outcomes["q"].kind is OutcomeKind.COMPLETED
+        assert signal.set_wakeup_fd(writer.fileno()) == writer.fileno()
+    finally:
+        signal.set_wakeup_fd(previous)
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_that_is_not_python_says_which_executable_ran():
+    """A program that embeds Python has its own binary as `sys.executable` (uWSGI, a frozen
+    app), and the launcher is started as `sys.executable -c ...`: it ended at once, and the
+    ConfigError said only `the launcher exited with status 1 before it was ready`. It names the
+    executable now."""
+    real = sys.executable
+    sys.executable = "/bin/false"
+    try:
+        with pytest.raises(ConfigError, match=r"^the launcher \(sys.executable '/bin/false'\) exited with status 1 "
+                                              r"before it was ready"):
+            mpvisor.run([_QUICK], SupervisorConfig(grace=1))
+    finally:
+        sys.executable = real

@@ -11,6 +11,9 @@ attempt and a retryable one as two.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
@@ -100,3 +103,52 @@ async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anythi
         assert outcome.kind is OutcomeKind.FATAL and outcome.attempts == 1, outcome
         assert outcome.reason == f"cannot enter its working directory {where!r}: {why}"
         assert not ran.exists()
+
+
+async def test_a_relative_cwd_is_taken_from_the_parents_working_directory_at_the_start(tmp_path, monkeypatch):
+    """`TaskFn(..., cwd="sub")` and `CommandTask(..., cwd="sub")` from a parent that changed its
+    working directory after the supervisor started: the attempt resolved `sub` from the
+    launcher's directory (where the parent was at the start), and ended FATAL `cannot enter its
+    working directory 'sub'`; it is taken from the parent's directory now, as `subprocess` takes
+    it (and as the parent's own directory travels with each start request)."""
+    (tmp_path / "sub").mkdir()
+    async with supervised(CONFIG) as (handle, collector):
+        await _outcome_and_ends(handle, collector, _spec("warm", "workers.basic:quick"))  # the launcher runs
+        monkeypatch.chdir(tmp_path)
+        outcome, _ = await _outcome_and_ends(
+            handle, collector, TaskSpec.once(TaskFn("fn", "workers.basic:env_probe", cwd="sub")))
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        assert outcome.value["cwd"] == str(tmp_path / "sub")
+        outcome, _ = await _outcome_and_ends(
+            handle, collector, TaskSpec.once(CommandTask("cmd", ["touch", "ran"], cwd="sub")))
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        assert (tmp_path / "sub" / "ran").exists()
+
+
+async def test_progress_reported_from_several_threads_never_spoils_the_channel_or_the_result():
+    """`mpvisor.context().progress` from several threads of the target at once, with messages too
+    large for one write, and from a thread that goes on reporting while the target returns a
+    large value: each frame used to be written in parts by whichever thread was writing, so the
+    frames interleaved and the attempt ended `protocol error: undecodable frame`, its result
+    lost. Every frame is now written whole, and the final report is the channel's last."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("threads", "workers.basic:progress_from_threads", 4, 300_000, 20))
+        assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, 80, []), outcome
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("returning", "workers.basic:progress_while_returning", 500_000, 2_000_000))
+        assert (outcome.kind, ends) == (OutcomeKind.COMPLETED, []), outcome
+        assert outcome.value == "r" * 2_000_000
+
+
+@pytest.mark.parametrize("code", ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"])
+async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_give(code):
+    """`sys.exit(n)` in a target ends the attempt as it would end `python -c 'sys.exit(n)'`.
+    An int beyond 64 bits gave status `n & 0xFF` (0 for 2**70), where the interpreter gives 255
+    (-1: it cannot read the int); the same status now, whatever the int."""
+    interpreter = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code})"], timeout=30).returncode
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("exit", "workers.misbehave:sys_exit_expression", code))
+        assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (outcome, interpreter)
+        assert [e.exit_code for e in ends] == [interpreter, interpreter]

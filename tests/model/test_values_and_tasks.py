@@ -233,6 +233,16 @@ def test_malformed_target_strings_are_refused_naming_target_and_value(target: st
     assert repr(target) in str(caught.value)
 
 
+def generator_target(n: int) -> Any:
+    """A generator function at module level."""
+    yield from range(n)
+
+
+async def async_generator_target() -> Any:
+    """An async generator function at module level."""
+    yield 1
+
+
 def _nested_function() -> Any:
     def inner() -> None:
         """A nested function."""
@@ -258,6 +268,16 @@ def test_unreachable_callable_targets_are_refused(target: object, error: type[Ex
     with pytest.raises(error) as caught:
         TaskFn("t", target)  # type: ignore[arg-type]
     assert "target" in str(caught.value)
+
+
+@pytest.mark.parametrize(("target", "kind"), [(generator_target, "a generator"),
+                                            (async_generator_target, "an async generator")])
+def test_a_generator_function_target_is_refused_when_the_task_is_built(target: object, kind: str) -> None:
+    """A generator function ran in an attempt without running a line of its body, and the attempt
+    ended FATAL on what it returned (`the result of type generator cannot be sent`): it is
+    refused when the `TaskFn` is built, saying why and what to return instead."""
+    with pytest.raises(TypeError, match=f"^target cannot be {kind} function: calling it runs none of its body"):
+        TaskFn("t", target)  # type: ignore[arg-type]
 
 
 def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:

@@ -318,14 +318,16 @@ async def test_each_child_ending_maps_to_its_outcome_and_never_to_panicked(endin
 
 
 async def test_a_result_too_large_is_fatal():
-    """A 2 MiB result over a 1 MiB max_frame_bytes is FATAL `result too large: N bytes`."""
+    """A 2 MiB result over a 1 MiB max_frame_bytes is FATAL `result too large: N bytes, over
+    max_frame_bytes=M; ...`: the limit and what to do are said, as for an argument too large."""
 
     config = SupervisorConfig(grace=1.0, max_frame_bytes=1024 * 1024)
     async with supervised(config) as (handle, _):
         _, waiter = await handle.add_and_watch(restartable("big", misbehave.huge_result, 2 * 1024 * 1024))
         outcome = await waiter.wait()
         assert outcome.kind is OutcomeKind.FATAL
-        assert re.fullmatch(r"result too large: \d+ bytes", outcome.reason), outcome.reason
+        assert re.fullmatch(r"result too large: \d+ bytes, over max_frame_bytes=1048576; pass large data by path "
+                            r"or raise max_frame_bytes", outcome.reason), outcome.reason
         assert int(outcome.reason.split()[3]) > 2 * 1024 * 1024
         assert outcome.attempts == 1
 

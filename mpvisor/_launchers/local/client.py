@@ -164,15 +164,22 @@ class LauncherClient:
             if proc is None:
                 break
             returncode = proc.wait()
-            try:
-                self.loop.call_soon_threadsafe(self._on_guardian_ended, proc.pid, returncode)
-            except RuntimeError:
-                return  # the loop was closed without a shutdown: nobody is left to tell
+            if not self._tell_loop(self._on_guardian_ended, proc.pid, returncode):
+                return
             self._restart.wait()  # the loop decides: `_delay` and `_closing` are set before it
             self._restart.clear()
             if self._delay and not self._closing:
                 self._wake.wait(self._delay)  # `close()` cuts the wait short
-        self.loop.call_soon_threadsafe(_resolve, self._gone)
+        self._tell_loop(_resolve, self._gone)
+
+    def _tell_loop(self, callback: Callable[..., object], *args: object) -> bool:
+        """Have the loop call `callback(*args)`; False when the loop was closed without a shutdown
+        (a supervisor served, then its `asyncio.run` ended): nobody is left to tell."""
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            return False
+        return True
 
     def _start_launcher(self) -> subprocess.Popen[bytes] | None:
         """Start a launcher (or take the one the command line started early: `early.py`)."""
@@ -181,12 +188,20 @@ class LauncherClient:
             try:
                 spawned = early.spawn_guardian(self.preload, self._environment)
             except OSError as exc:
-                self.loop.call_soon_threadsafe(self._give_up, f"cannot start the launcher ({sys.executable!r}): "
-                                                                f"{_platform.start_error(exc)}")
+                self._tell_loop(self._give_up, f"cannot start the launcher ({sys.executable!r}): "
+                                               f"{_platform.start_error(exc)}")
                 return None
         self._baseline = spawned.baseline
         self._proc = spawned.proc
-        self.loop.call_soon_threadsafe(self._attach, spawned.sock, spawned.startup)
+        if not self._tell_loop(self._attach, spawned.sock, spawned.startup):
+            # The loop was closed before this launcher could be attached: nothing will ever ask it
+            # for an attempt, or stop it. It ends here (and its guardian), quietly.
+            spawned.proc.kill()
+            spawned.proc.wait()
+            spawned.sock.close()
+            if spawned.startup is not None:
+                os.close(spawned.startup)
+            return None
         return spawned.proc
 
     def _give_up(self, error: str) -> None:
@@ -257,7 +272,9 @@ class LauncherClient:
             self._proc.kill()  # until it is ready, the launcher dies with its guardian
 
     def _not_ready(self, how: str, last_line: str | None = None) -> str:
-        what = f"the launcher (pid {self.pid})" if self.pid is not None else "the launcher"
+        # A launcher that never said hello may not have been Python at all: name what was run
+        # (an embedding program's sys.executable is its own binary: uWSGI, a frozen app).
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher (sys.executable {sys.executable!r})"
         text = f"{what} {how}"
         if self._importing is not None:
             text += f" while importing preload module {self._importing!r}"

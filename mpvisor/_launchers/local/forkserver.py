@@ -921,10 +921,11 @@ def main(argv: list[str]) -> None:
     that a launcher that cannot start is reported with its last words; once ready, both write to
     the parent's stderr directly, and so does every attempt they fork."""
     parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
-    # No signal blocked: a mask inherited from whoever started mpvisor (a program that blocked
-    # signals in the thread that forked it) would keep SIGCHLD and the parent-death signal from
-    # the launcher and the guardian, and a stop's SIGTERM from the attempts and their programs.
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    # No signal blocked: the launcher lives on SIGCHLD and its parent-death signal, and a mask is
+    # inherited from the thread that started it (a program that blocks signals in its threads, to
+    # `sigwait` them in one of its own, blocked SIGCHLD here too, and no attempt's end was seen).
+    # Its attempts start from this empty mask as well, and so do the programs they run.
+    _platform.signal_mask(int(signal.SIG_SETMASK), ())
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)

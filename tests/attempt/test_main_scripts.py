@@ -1,0 +1,108 @@
+"""Does a target defined in the program's main script run, however that script was started?
+
+Each test runs a real program (`python ...`) whose `__main__` defines the targets, and reads the
+outcome it writes. The attempt imports the main script under another name (`__mp_main__`), as
+multiprocessing's spawn does; a script the attempt cannot import from a file (`python -c`) is
+tested in `tests/launchers/test_processes.py`, beside the plain script's tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import zipapp
+
+import psutil
+import pytest
+
+from tests._support import START_METHODS, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "workers", "scripts")
+
+
+def _marked(mark: str) -> list[str]:
+    """`"pid cmdline"` of every process whose environment carries `MPVISOR_TEST_MARK=mark`."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get("MPVISOR_TEST_MARK") == mark:
+                found.append(f"{process.info['pid']} {' '.join(process.info['cmdline'] or [])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_target_in_a_zipapps_main_runs_and_can_supervise_another_of_it(start_method, tmp_path):
+    """`python app.pyz` whose `__main__.py` defines the targets: its `__file__` is
+    `app.pyz/__main__.py`, no file of its own, and every attempt ended FATAL, `the main program
+    (python -c, a script read from stdin, ...) has no file the attempt can import`. Now the
+    attempt imports it from the archive; a target of it that runs `mpvisor.run` on another of
+    its targets (nested use) runs too, and nothing is left once the program has exited."""
+    source = tmp_path / "app"
+    source.mkdir()
+    shutil.copyfile(os.path.join(SCRIPTS, "nested_main.py"), source / "__main__.py")
+    archive, out = tmp_path / "app.pyz", tmp_path / "outcome.json"
+    zipapp.create_archive(source, archive)
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_TEST_MARK": mark}
+    done = subprocess.run([sys.executable, str(archive), start_method, str(out)], env=env, cwd=tmp_path,
+                          timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(out.read_text())
+    assert (outcome["kind"], outcome["value"]) == ("COMPLETED", ["COMPLETED", 40, None, "__main__:inner"]), outcome
+    assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
+
+
+AFTER_THE_SCRIPT = """
+import atexit
+import json
+import sys
+import threading
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+def work(where):
+    return f"{where} ran as {__name__}"
+
+
+def run_and_record(where, out):
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("work", work, (where,)))])["work"]
+    with open(out, "a", encoding="utf-8") as file:
+        file.write(json.dumps([where, outcome.kind.name, outcome.value, outcome.reason]) + "\\n")
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    atexit.register(run_and_record, "atexit", out)
+    threading.Thread(target=run_and_record, args=("thread", out)).start()
+    # the script ends here: the interpreter waits for the thread, then runs atexit
+"""
+
+
+def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ended(tmp_path):
+    """Once the main script has run, CPython takes `__file__` away from `__main__`, while its
+    non-daemon threads go on (the interpreter waits for them) and its `atexit` functions run
+    after. A supervisor started there sent no script path, so every attempt of a target of the
+    script ended FATAL blaming `python -c`, stdin or a REPL. The script's path is read from its
+    loader then, and the target runs."""
+    (tmp_path / "prog.py").write_text(AFTER_THE_SCRIPT)
+    out = tmp_path / "outcomes.jsonl"
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": ROOT, "MPVISOR_TEST_MARK": mark}
+    done = subprocess.run([sys.executable, "prog.py", str(out)], env=env, cwd=tmp_path, timeout=45,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    found = [json.loads(line) for line in out.read_text().splitlines()]
+    assert found == [["thread", "COMPLETED", "thread ran as __mp_main__", None],
+                     ["atexit", "COMPLETED", "atexit ran as __mp_main__", None]], found
+    assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
