@@ -1,7 +1,7 @@
 """How does a shell drive mpvisor?
 
 The `mpvisor` command: `entry` (the executable: a run's launcher started first, the exit without
-teardown), `main` (the table of commands and the dispatch), `statuses` (every exit
+teardown; as a PID namespace's init, `pid1`, which stays behind to reap and pass signals on), `main` (the table of commands and the dispatch), `statuses` (every exit
 status), `options` (what an option's value means and the lines printed, shared by every
 command), one module per command (`run`, `check`, `slots`, `serve`, `doctor`, and the control commands
 `status`, `stop`, `start`, `restart`, `logs`, `reload`, which share `runs`), and task files
