@@ -19,6 +19,7 @@ pid, names one process for its whole life).
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
+| give the programs this process starts the environment it was given, not Python's locale coercion | `undo_locale_coercion()` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 """
 
@@ -315,6 +316,32 @@ def hold_standard_fds() -> list[int]:
     if null not in closed:
         os.close(null)
     return closed
+
+
+# The values CPython's start-up gives LC_CTYPE when it coerces a C or POSIX locale (PEP 538)
+COERCED_LOCALES = frozenset({"C.UTF-8", "C.utf8", "UTF-8"})
+
+
+def undo_locale_coercion() -> None:
+    """Put LC_CTYPE in `os.environ` back as this process was started with it. Where the locale
+    is C or POSIX (no LANG: cron, a container, `env -i`; or `LANG=C`), CPython's start-up sets
+    LC_CTYPE=C.UTF-8 in its own environment (PEP 538), which every program it starts would
+    inherit: a variable the user never set, that changes how those programs read and sort text.
+    The environment as exec'd is still in `/proc/self/environ` (`setenv` never writes there).
+    The interpreter's own locale stays coerced; only what it hands on changes."""
+    current = os.environb.get(b"LC_CTYPE")
+    if current is None or current.decode(errors="replace") not in COERCED_LOCALES:
+        return
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            given = file.read()
+    except OSError:
+        return
+    original = next((entry[len(b"LC_CTYPE="):] for entry in given.split(b"\0") if entry.startswith(b"LC_CTYPE=")), None)
+    if original is None:
+        del os.environb[b"LC_CTYPE"]
+    elif original != current:
+        os.environb[b"LC_CTYPE"] = original
 
 
 def current_dir() -> str | None:

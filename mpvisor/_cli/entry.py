@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 def cli() -> NoReturn:
     _unblock_signals()
+    if os.environ.get("LC_CTYPE") in ("C.UTF-8", "C.utf8", "UTF-8"):  # perhaps Python's own (PEP 538)
+        from mpvisor import _platform
+
+        _platform.undo_locale_coercion()  # before anything is started: the command gets what mpvisor got
     if os.getpid() == 1:  # a PID namespace's init: PID 1 stays behind to reap and pass signals on
         from mpvisor._cli import pid1
 

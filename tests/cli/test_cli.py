@@ -763,6 +763,27 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
     assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
 
 
+@pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])
+def test_a_command_gets_the_locale_variables_it_was_given_not_pythons_coercion(tmp_path, given):
+    """Under a C or POSIX locale (no LANG at all, as cron or a container give; `LANG=C`; or
+    `LC_CTYPE=C`), CPython's start-up sets LC_CTYPE=C.UTF-8 in its own environment (PEP 538),
+    and every command mpvisor ran inherited it, a variable nobody set: the command's environment
+    is now exactly the one given, as `env -i` shows it, for a program run once and retried,
+    and for a task file's."""
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": ROOT, **given}
+    shown = "env | grep -E '^(LANG|LC_[A-Z]+)=' | sort"
+    expected = sorted(f"{key}={value}" for key, value in given.items())
+    (tmp_path / "t.toml").write_text(f'[task.t]\ncommand = ["sh", "-c", "{shown}"]\n')
+    for argv in (["run", "--", "sh", "-c", shown],
+                 ["run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01", "--", "sh", "-c", f"{shown}; exit 1"],
+                 ["run", "--file", "t.toml"]):
+        done = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in base.items()), sys.executable, "-m", "mpvisor", *argv],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("mpvisor")]
+        runs = 2 if "--restart" in argv else 1
+        assert sorted(lines) == sorted(expected * runs), (argv, done)
+
+
 @pytest.mark.parametrize("program, name, status", [("/bin/", "/bin/", 126), ("./no\tsuch", "no\\tsuch", 127),
                                                   ("./" + "x" * 300, "x" * 256, 126)])
 def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path, program, name, status):

@@ -925,6 +925,7 @@ def main(argv: list[str]) -> None:
     # signals in the thread that forked it) would keep SIGCHLD and the parent-death signal from
     # the launcher and the guardian, and a stop's SIGTERM from the attempts and their programs.
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    _platform.undo_locale_coercion()  # its interpreter's LC_CTYPE is no attempt's: each gets the environment given
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
