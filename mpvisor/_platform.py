@@ -20,6 +20,7 @@ pid, names one process for its whole life).
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
 | give the programs this process starts the environment it was given, not Python's locale coercion | `undo_locale_coercion()` |
+| the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 """
 
@@ -446,7 +447,12 @@ def interpreter_argv(code: str) -> list[str]:
 # Plain ints: `socket`'s flags are `IntFlag`s, whose `|` runs enum code on every packet.
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 _CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # received fds must not leak into an attempt's exec
-_FDS_SPACE = socket.CMSG_LEN(8 * array.array("i").itemsize)  # room for the most a packet carries
+MAX_PASSED_FDS = 64  # inherited descriptors above 2 that `mpvisor run` passes on to its command, at most
+# the fds the `mpvisor` command was started with above 2, open across an exec (not FD_CLOEXEC), as
+# `_cli/entry.py` found them before it opened anything: what the bare command would have inherited
+# (a shell's `exec 3>file`, make's jobserver pipes, a lock's fd); () for a library program
+inherited_fds: tuple[int, ...] = ()
+_FDS_SPACE = socket.CMSG_LEN((8 + MAX_PASSED_FDS) * array.array("i").itemsize)  # room for the most a packet carries
 _SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
 
 
