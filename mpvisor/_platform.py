@@ -19,6 +19,8 @@ pid, names one process for its whole life).
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
+| give the programs this process starts the environment it was given, not Python's locale coercion | `undo_locale_coercion()` |
+| the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 """
 
@@ -317,6 +319,32 @@ def hold_standard_fds() -> list[int]:
     return closed
 
 
+# The values CPython's start-up gives LC_CTYPE when it coerces a C or POSIX locale (PEP 538)
+COERCED_LOCALES = frozenset({"C.UTF-8", "C.utf8", "UTF-8"})
+
+
+def undo_locale_coercion() -> None:
+    """Put LC_CTYPE in `os.environ` back as this process was started with it. Where the locale
+    is C or POSIX (no LANG: cron, a container, `env -i`; or `LANG=C`), CPython's start-up sets
+    LC_CTYPE=C.UTF-8 in its own environment (PEP 538), which every program it starts would
+    inherit: a variable the user never set, that changes how those programs read and sort text.
+    The environment as exec'd is still in `/proc/self/environ` (`setenv` never writes there).
+    The interpreter's own locale stays coerced; only what it hands on changes."""
+    current = os.environb.get(b"LC_CTYPE")
+    if current is None or current.decode(errors="replace") not in COERCED_LOCALES:
+        return
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            given = file.read()
+    except OSError:
+        return
+    original = next((entry[len(b"LC_CTYPE="):] for entry in given.split(b"\0") if entry.startswith(b"LC_CTYPE=")), None)
+    if original is None:
+        del os.environb[b"LC_CTYPE"]
+    elif original != current:
+        os.environb[b"LC_CTYPE"] = original
+
+
 def current_dir() -> str | None:
     """The working directory, or None when it has no name any more (it was removed): the process
     still runs in it, and so does every process it starts, as from a shell left in it."""
@@ -419,7 +447,12 @@ def interpreter_argv(code: str) -> list[str]:
 # Plain ints: `socket`'s flags are `IntFlag`s, whose `|` runs enum code on every packet.
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 _CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # received fds must not leak into an attempt's exec
-_FDS_SPACE = socket.CMSG_LEN(8 * array.array("i").itemsize)  # room for the most a packet carries
+MAX_PASSED_FDS = 64  # inherited descriptors above 2 that `mpvisor run` passes on to its command, at most
+# the fds the `mpvisor` command was started with above 2, open across an exec (not FD_CLOEXEC), as
+# `_cli/entry.py` found them before it opened anything: what the bare command would have inherited
+# (a shell's `exec 3>file`, make's jobserver pipes, a lock's fd); () for a library program
+inherited_fds: tuple[int, ...] = ()
+_FDS_SPACE = socket.CMSG_LEN((8 + MAX_PASSED_FDS) * array.array("i").itemsize)  # room for the most a packet carries
 _SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
 
 

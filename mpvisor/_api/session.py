@@ -7,7 +7,7 @@ library's `run` and nothing else:
 |---|---|---|
 | serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
 | run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a second SIGINT kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
-| pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2, SIGQUIT))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
+| pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2, SIGQUIT, SIGWINCH))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
@@ -128,9 +128,10 @@ class _SignalHandlers:
     is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
     shutdown, a later one joins it.
 
-    Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2 and SIGQUIT; none for a library program) is caught
+    Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
-    at that moment; with none running, one line on stderr says so and nothing else happens."""
+    at that moment; with none running, one line on stderr says so (not for SIGWINCH, which a
+    terminal sends at each resize) and nothing else happens."""
 
     def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = ()) -> None:
         self.runtime = runtime
@@ -149,7 +150,7 @@ class _SignalHandlers:
         return self
 
     def _pass_on(self, signum: int) -> None:
-        if not self.runtime.pass_on(signum):
+        if not self.runtime.pass_on(signum) and signum != signal.SIGWINCH:  # (a terminal's resize: no news)
             # one write, the newline with it: the run's other lines come from subscriber threads
             sys.stderr.write(f"mpvisor: {signal.Signals(signum).name}: no attempt is running; not passed on\n")
             sys.stderr.flush()

@@ -3,7 +3,8 @@
 `cli` is the console script (and `python -m mpvisor`). It is imported before anything heavy:
 
 0. It first unblocks every signal (a mask inherited from whoever started it would keep its
-   SIGTERM pending forever). As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
+   SIGTERM pending forever), and notes the fds above 2 it inherited, which `mpvisor run` passes
+   on to its command. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
    as the namespace's init, reaping every orphan and passing signals on, and the child runs
    the command (`_cli/pid1.py`).
 1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` starts it first
@@ -43,6 +44,15 @@ if TYPE_CHECKING:
 
 def cli() -> NoReturn:
     _unblock_signals()
+    inherited = _inherited_fds()  # before anything is opened: what the bare command would inherit
+    if inherited:
+        from mpvisor import _platform
+
+        _platform.inherited_fds = inherited[: _platform.MAX_PASSED_FDS]
+    if os.environ.get("LC_CTYPE") in ("C.UTF-8", "C.utf8", "UTF-8"):  # perhaps Python's own (PEP 538)
+        from mpvisor import _platform
+
+        _platform.undo_locale_coercion()  # before anything is started: the command gets what mpvisor got
     if os.getpid() == 1:  # a PID namespace's init: PID 1 stays behind to reap and pass signals on
         from mpvisor._cli import pid1
 
@@ -69,6 +79,25 @@ def cli() -> NoReturn:
     if started is not None:
         started.discard()
     _exit(status)
+
+
+def _inherited_fds() -> tuple[int, ...]:
+    """The fds above 2 this process was started with that stay open across an exec (a shell's
+    `exec 3>file`, make's jobserver pipes, a `flock` fd): `mpvisor run` passes
+    them on to its command at the same numbers, as the bare command would have them."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return ()
+    found = []
+    for name in names:
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                found.append(fd)
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return tuple(sorted(found))
 
 
 def _unblock_signals() -> None:

@@ -55,10 +55,12 @@ its tree is reaped.
 Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a second SIGINT kills
 at once. Either way mpvisor then dies by the first signal it received, after printing the
-outcome (or, when a tree had to be killed, what was killed and why). SIGUSR1, SIGUSR2 and
-SIGQUIT are passed on to the running attempt's process (not its group): the command decides
-what they do (a SIGQUIT that kills it ends the run with status 131); between attempts one line
-says that none runs, and the run goes on; ignored when mpvisor started, they stay ignored.
+outcome (or, when a tree had to be killed, what was killed and why). SIGUSR1, SIGUSR2, SIGQUIT
+and SIGWINCH are passed on to the running attempt's process (not its group): the command
+decides what they do (a SIGQUIT that kills it ends the run with status 131; httpd stops
+gracefully on SIGWINCH); between attempts one line says that none runs (not for SIGWINCH, which
+a terminal sends on every resize), and the run goes on; ignored when mpvisor started, they stay
+ignored.
 
 Option values: `--every` and `--timeout` are finite seconds > 0 (leave `--timeout` out for no
 timeout); `--grace` finite seconds >= 0; `--max-retries` a whole number >= 0;
@@ -359,7 +361,7 @@ class _OneTask:
                   controller: ControllerConfig | None) -> TaskOutcome:
         self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
         await run_session(self.runtime, self._start, adds_work=True,  # raises GraceExceeded after a kill
-                          passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT))  # to the command, as tini does
+                          passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGWINCH))  # as tini does
         assert self.waiter is not None
         return await self.waiter.wait()
 

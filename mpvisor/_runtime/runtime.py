@@ -233,7 +233,7 @@ class Runtime:
 
     def pass_on(self, signum: int) -> int:
         """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1,
-        SIGUSR2 and SIGQUIT): how many it reached; 0 when none runs (between attempts, before the first)."""
+        SIGUSR2, SIGQUIT and SIGWINCH): how many it reached; 0 when none runs (between attempts, before the first)."""
         return sum(actor.current.pass_on(signum) for actor in list(self.registry.by_id.values())
                    if actor.current is not None)
 

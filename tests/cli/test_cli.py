@@ -763,6 +763,57 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
     assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
 
 
+@pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])
+def test_a_command_gets_the_locale_variables_it_was_given_not_pythons_coercion(tmp_path, given):
+    """Under a C or POSIX locale (no LANG at all, as cron or a container give; `LANG=C`; or
+    `LC_CTYPE=C`), CPython's start-up sets LC_CTYPE=C.UTF-8 in its own environment (PEP 538),
+    and every command mpvisor ran inherited it, a variable nobody set: the command's environment
+    is now exactly the one given, as `env -i` shows it, for a program run once and retried,
+    and for a task file's."""
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": ROOT, **given}
+    shown = "env | grep -E '^(LANG|LC_[A-Z]+)=' | sort"
+    expected = sorted(f"{key}={value}" for key, value in given.items())
+    (tmp_path / "t.toml").write_text(f'[task.t]\ncommand = ["sh", "-c", "{shown}"]\n')
+    for argv in (["run", "--", "sh", "-c", shown],
+                 ["run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01", "--", "sh", "-c", f"{shown}; exit 1"],
+                 ["run", "--file", "t.toml"]):
+        done = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in base.items()), sys.executable, "-m", "mpvisor", *argv],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("mpvisor")]
+        runs = 2 if "--restart" in argv else 1
+        assert sorted(lines) == sorted(expected * runs), (argv, done)
+
+
+def test_the_fds_a_command_was_started_with_reach_it_at_their_numbers(tmp_path):
+    """`exec 3>out 4<in; mpvisor run -- CMD`: the command writes to fd 3 and reads fd 4 as it
+    would bare (they were closed in every attempt: `3: Bad file descriptor`), on a retry too,
+    and it gets no other fd of mpvisor's."""
+    (tmp_path / "in").write_text("from-fd4\n")
+    opened = "import os\ndef is_open(fd):\n    try:\n        return os.fstat(fd) and True\n    except OSError:\n" \
+             "        return False\nprint(*[fd for fd in range(256) if is_open(fd)], '', file=open(3, 'w', closefd=False))\n" \
+             "raise SystemExit(1)"
+    command = f'read line <&4; echo "$line" >&3; exec "$0" -c {shlex.quote(opened)}'  # the fds of the command alone
+    script = (f'exec 3>out 4<in; "$0" -m mpvisor run --restart on-failure --max-retries 1 --backoff 0.01 -- '
+              f'sh -c {shlex.quote(command)} "$0"')
+    done = subprocess.run(["bash", "-c", script, sys.executable], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "attempts=2" in done.stderr, done.stderr
+    # the second attempt read what the first left of fd 4 (its offset is shared, as a shell's jobs share it)
+    assert (tmp_path / "out").read_text().splitlines() == ["from-fd4", "0 1 2 3 4 ", "", "0 1 2 3 4 "]
+
+
+def test_a_sub_make_under_mpvisor_run_gets_the_jobserver(tmp_path):
+    """make -j2 whose recipe is `+mpvisor run -- $(MAKE) -C sub`: the jobserver's pipe fds reach
+    the sub-make, which ran without it before ("jobserver unavailable: using -j1")."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "Makefile").write_text("all: a b\na:\n\t@echo a\nb:\n\t@echo b\n")
+    (tmp_path / "Makefile").write_text(f"all:\n\t+@{shlex.quote(sys.executable)} -m mpvisor run -- $(MAKE) -s -C sub\n")
+    done = subprocess.run(["make", "-s", "-j2"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "jobserver" not in done.stderr, done.stderr
+    assert sorted(done.stdout.split()) == ["a", "b"], done.stdout
+
+
 @pytest.mark.parametrize("program, name, status", [("/bin/", "/bin/", 126), ("./no\tsuch", "no\\tsuch", 127),
                                                   ("./" + "x" * 300, "x" * 256, 126)])
 def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path, program, name, status):

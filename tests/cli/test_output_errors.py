@@ -219,3 +219,16 @@ def test_a_sigpipe_death_while_the_output_has_a_reader_is_still_retried(tmp_path
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     assert done.returncode == 141, done.stderr
     assert "failed reason='retry limit reached after 1 of 1 retries: program killed by signal SIGPIPE (13)'" in done.stderr
+
+
+def test_a_standard_stream_closed_at_start_reaches_the_command_on_dev_null(tmp_path: pathlib.Path) -> None:
+    """As docs/cli.md says: `mpvisor run -- cat <&-` reads /dev/null and succeeds, where bare
+    `cat <&-` fails (Bad file descriptor); the command's fd 0 names /dev/null. A command that
+    closes the stream itself sees it closed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "OUT": str(tmp_path / "fd0")}
+    script = ('"$PYTHON" -m mpvisor run -- sh -c \'readlink /proc/$$/fd/0 > "$OUT"; exec cat\' <&- 2>/dev/null; '
+              'echo "run $?"; "$PYTHON" -m mpvisor run -- sh -c "exec <&- cat" <&- 2>/dev/null; echo "closed $?"; '
+              'cat <&- 2>/dev/null; echo "bare $?"')
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["run 0", "closed 1", "bare 1"], (done.stdout, done.stderr)
+    assert (tmp_path / "fd0").read_text().split() == ["/dev/null"]

@@ -1,4 +1,4 @@
-"""`mpvisor run` passes SIGUSR1, SIGUSR2 and SIGQUIT on to the command, as tini does: real processes,
+"""`mpvisor run` passes SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH on to the command, as tini does: real processes,
 real signals (a file run passes SIGUSR2 on and keeps SIGUSR1 for its log files); a signal that
 comes while no attempt runs is said on stderr, an inherited ignore stays, and a library
 program's own dispositions are left alone. Every wait is for a line in a file or on a pipe."""
@@ -242,3 +242,34 @@ def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pat
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
     assert "got-term" in _lines(out), stderr
+
+
+def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_line(tmp_path: pathlib.Path) -> None:
+    """SIGWINCH to mpvisor (httpd's graceful stop, its image's STOPSIGNAL) reaches the command,
+    whose handler runs; during a backoff no process can take it, and nothing is said (a
+    terminal sends one at every resize), where SIGUSR1 then gets its line."""
+    out = tmp_path / "out"
+    trapping = f'trap "echo got-winch >> $F" WINCH; {TRAPPING}'
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGWINCH)
+    wait_for(lambda: "got-winch" in _lines(out), timeout=10)
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+
+    argv = ["-m", "mpvisor", "run", "--events", "json", "--restart", "on-failure", "--backoff", "60", "--jitter", "none",
+            "--", "bash", "-c", "exit 3"]
+    proc = _start(tmp_path, argv, env=_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if json.loads(line)["kind"] == "backoff_scheduled":
+            break
+    proc.send_signal(signal.SIGWINCH)
+    proc.send_signal(signal.SIGUSR1)  # after the first was taken: its line is the first
+    for line in proc.stderr:
+        if "not passed on" in line:
+            break
+    assert line == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
+    status, stderr = _ended(proc)
+    assert status == -signal.SIGTERM, stderr
+    assert "SIGWINCH" not in stderr, stderr

@@ -29,6 +29,7 @@ EXAMPLES = [
     control.Exited(21, "signal", 9, False, False, False, "", "cgroup v2 cpu.stat"),
     control.Spawn(22, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 0.0, 1.5, "/sys/fs/cgroup/cpu"),
     control.Spawn(17, False, "", False, control.NO_TERMINAL, 0, 2**20, ""), control.Exited(18, "signal", 9, False, True, False, "cgroup v1"),
+    control.Spawn(23, False, "", True, control.FOREGROUND, passed=(3, 9, 255)),
 ]
 
 
@@ -47,6 +48,9 @@ def test_every_control_message_round_trips(message):
         ["spawn", 1, False, "", False, 0, 0, -1, "", "", 0.0], ["spawn", 1, False, "", False, 0, 0, 0, "", ""],
         ["spawn", 1, False, "", False, 0, 0, 0, "", "", -1.0], ["exited", 1, "exit", 0, False, False, False, 7],
         ["ready", V, 1, 2], ["nonsense"], [], {"spawn": 1}, 7, None,
+        ["spawn", 1, False, "", True, 0, 0, 0, "", "", 0.0, 0.0, "", [2]],  # a passed fd is above 2,
+        ["spawn", 1, False, "", True, 0, 0, 0, "", "", 0.0, 0.0, "", [3, 3]],  # each number once,
+        ["spawn", 1, False, "", True, 0, 0, 0, "", "", 0.0, 0.0, "", [True]],  # and a number
     ],
 )
 def test_a_malformed_or_unknown_packet_is_a_control_error(packet):
@@ -73,7 +77,8 @@ _messages = st.one_of(
     st.builds(control.Spawn, _ints, st.booleans(), st.text(), st.booleans(),
               st.sampled_from([control.NO_TERMINAL, control.BACKGROUND, control.FOREGROUND]), _ints,
               st.integers(min_value=0, max_value=2**63 - 1), st.text(), st.text(), st.floats(min_value=0, max_value=1e12),
-              st.floats(min_value=0, max_value=1e6), st.text()),
+              st.floats(min_value=0, max_value=1e6), st.text(),
+              st.lists(st.integers(min_value=3, max_value=2**31 - 1), unique=True, max_size=8).map(tuple)),
     st.builds(control.Fence, _ints, st.floats(allow_nan=False), st.floats(allow_nan=False)),
     st.builds(control.Unfence, _ints),
     st.builds(control.Stopped, _ints, _ints),

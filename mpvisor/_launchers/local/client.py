@@ -502,18 +502,26 @@ class LauncherClient:
             channel.close_unstarted()
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
             return key
-        if stdin:
+        passed: tuple[int, ...] = ()
+        if stdin:  # a shell's job: its stdin, and every fd the command was started with, as the bare command's
+            passed = tuple(fd for fd in _platform.inherited_fds if _inheritable(fd))
+            copies: list[int] = []
             try:
-                fds = [fds[0], os.dup(0), *fds[1:]]
+                copies.append(os.dup(0))
+                copies.extend(os.dup(fd) for fd in passed)
             except OSError as exc:
+                for fd in copies:
+                    os.close(fd)
                 channel.close_unstarted()
                 self.loop.call_soon(channel.start_failed, f"could not start: {_no_descriptor(exc)}")
                 return key
+            fds = [fds[0], copies[0], *fds[1:], *copies[1:]]
         self._attempts[key] = channel
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
         memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
-                                 memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else ""),
+                                 memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else "",
+                                 passed),
                    fds)
         return key
 
@@ -625,6 +633,15 @@ def _write_all(fd: int, data: bytes) -> None:
 # How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
 # the death of the command it ran
 _BY_SIGPIPE = frozenset({("signal", int(signal.SIGPIPE)), ("exit", 128 + int(signal.SIGPIPE))})
+
+
+def _inheritable(fd: int) -> bool:
+    """`fd` is still open across an exec (an inherited fd this process never closed; not one of
+    its own, which it opened close-on-exec)."""
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
 
 
 def _no_reader(attempt: Channel) -> bool:

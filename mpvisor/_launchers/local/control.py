@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 9  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended
+CONTROL_VERSION = 10  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds
 
 
 class ControlError(ProtocolError):
@@ -47,7 +47,9 @@ class Spawn(NamedTuple):
     terminal (`/dev/tty`, whatever the attempt's stdin), and the attempt is a job of it (its own
     process group in that session, not a session of its own): `BACKGROUND`, or `FOREGROUND`, when
     it takes the terminal first;
-    `fence`: the fence group it runs under (0: none)."""
+    `fence`: the fence group it runs under (0: none); `passed`: the fds this process's command
+    was started with (`_platform.inherited_fds`), which travel after all the others and are
+    put at these numbers in the attempt."""
 
     key: int
     exec_python: bool
@@ -61,6 +63,7 @@ class Spawn(NamedTuple):
     cpu: float = 0.0  # seconds of CPU its whole tree may use (0: no limit)
     cpus: float = 0.0  # CPUs' worth of time its whole tree may use at once (0: no limit)
     cpucg: str = ""  # with `cpus`: the cgroup with the CPU controller under which it gets one ("": refused)
+    passed: tuple[int, ...] = ()  # the numbers (each > 2) of the inherited fds that travel last, in this order
 
 
 NO_TERMINAL, BACKGROUND, FOREGROUND = 0, 1, 2  # `Spawn.terminal`
@@ -177,9 +180,11 @@ def decode(data: bytes) -> Message:
     """The message in one packet, or `ControlError` (unknown, malformed, or another version)."""
     match unpack(data):
         case ["spawn", int(key), bool(exec_python), str(module), bool(stdin), int(terminal), int(fence), int(memory),
-              str(memcg), str(killcg), float(cpu), float(cpus), str(cpucg)] if (
-                0 <= terminal <= 2 and memory >= 0 and cpu >= 0 and cpus >= 0):
-            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu, cpus, cpucg)
+              str(memcg), str(killcg), float(cpu), float(cpus), str(cpucg), list(passed)] if (
+                0 <= terminal <= 2 and memory >= 0 and cpu >= 0 and cpus >= 0
+                and all(type(fd) is int and 2 < fd < 2**31 for fd in passed) and len(set(passed)) == len(passed)):
+            return Spawn(key, exec_python, module, stdin, terminal, fence, memory, memcg, killcg, cpu, cpus, cpucg,
+                         tuple(passed))
         case ["signal", int(key), int(signum), bool(group)]:
             return Signal(key, signum, group)
         case ["kill", int(key)]:

@@ -41,6 +41,7 @@ re-parent to the launcher a moment before it does).
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import os
 import select
@@ -220,7 +221,7 @@ class Launcher:
             self._send(control.StartFailed(spawn.key, f"could not start: {_platform.start_error(exc)}"))
             return
         if pid == 0:
-            self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused)
+            self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
         for fd in fds:
             os.close(fd)
         memory, cpu = spawn.memory, spawn.cpu
@@ -258,7 +259,8 @@ class Launcher:
             _remove_cgroup(path)
         return own, kill, cpus, refused
 
-    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int, refused: str = "") -> None:
+    def _become_attempt(self, exec_python: bool, fds: list[int], stdin: bool, terminal: int, refused: str = "",
+                        passed: tuple[int, ...] = ()) -> None:
         try:
             for cgroup in self._joining:  # first: everything it starts is in its cgroups too
                 _write_cgroup_file(f"{cgroup}/cgroup.procs", str(os.getpid()))
@@ -281,7 +283,7 @@ class Launcher:
             for signum in _child.kept_ignored:  # ignored by whoever started mpvisor: by the attempt too
                 _platform.set_signal_handler(signum, _SIG_IGN)
             os.write(self.ready_w, _PID.pack(os.getpid()))
-            sock_fd = _setup_fds(fds, stdin)
+            sock_fd = _setup_fds(fds, stdin, passed)
             if refused:  # a limit it cannot keep: the attempt only reports that, permanently
                 _child.refuse(sock_fd, refused)
             if exec_python:
@@ -736,9 +738,18 @@ class _Fence:
         return f"<fence stop_at={self.stop_at} kill_at={self.kill_at} stopping={self.stopping} killed={self.killed}>"
 
 
-def _setup_fds(fds: list[int], stdin: bool = False) -> int:
+def _setup_fds(fds: list[int], stdin: bool = False, passed: tuple[int, ...] = ()) -> int:
     """In a new attempt: its stdin (`stdin`: the fd after the socket; else the launcher's own,
-    which `main` made /dev/null), captured stdout/stderr, every fd but 0-2 and the socket closed."""
+    which `main` made /dev/null), captured stdout/stderr, the fds `passed` on (the last ones
+    received) put at their numbers, every other fd but 0-2 and the socket closed. The socket's
+    fd: moved above those numbers first, if it was among them."""
+    if passed:
+        fds, received = fds[: len(fds) - len(passed)], fds[len(fds) - len(passed) :]
+        top = max(passed) + 1  # everything still needed goes above the numbers to fill
+        fds = [_above(fd, top) for fd in fds]
+        for fd, number in zip([_above(fd, top) for fd in received], passed, strict=True):
+            os.dup2(fd, number)  # open across the exec, as it was in the command's caller
+            os.close(fd)
     sock_fd = fds[0]
     if stdin:
         os.dup2(fds[1], 0)
@@ -746,10 +757,22 @@ def _setup_fds(fds: list[int], stdin: bool = False) -> int:
     if len(output) == 2:
         os.dup2(output[0], 1)
         os.dup2(output[1], 2)
-    if sock_fd > 3:
-        os.closerange(3, sock_fd)
-    os.closerange(max(sock_fd + 1, 3), _OPEN_MAX)
+    low = 3
+    for keep in sorted({sock_fd, *passed}):
+        if keep >= low:
+            os.closerange(low, keep)
+            low = keep + 1
+    os.closerange(low, _OPEN_MAX)
     return sock_fd
+
+
+def _above(fd: int, low: int) -> int:
+    """`fd`, moved to a number >= `low` (close-on-exec, as it was received) if it is below."""
+    if fd >= low:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, low)
+    os.close(fd)
+    return moved
 
 
 def _take_terminal() -> None:
@@ -926,6 +949,7 @@ def main(argv: list[str]) -> None:
     # `sigwait` them in one of its own, blocked SIGCHLD here too, and no attempt's end was seen).
     # Its attempts start from this empty mask as well, and so do the programs they run.
     _platform.signal_mask(int(signal.SIG_SETMASK), ())
+    _platform.undo_locale_coercion()  # its interpreter's LC_CTYPE is no attempt's: each gets the environment given
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
