@@ -106,3 +106,46 @@ def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ende
     assert found == [["thread", "COMPLETED", "thread ran as __mp_main__", None],
                      ["atexit", "COMPLETED", "atexit ran as __mp_main__", None]], found
     assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
+
+
+PARSES_AT_ITS_TOP = """
+import argparse
+import json
+import sys
+
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--scale", type=int, default=1)
+parser.add_argument("--out")
+parser.add_argument("method")
+args = parser.parse_args()  # at the top level, as many scripts do
+
+
+def scaled(x):
+    return [x * args.scale, sys.argv[1:]]
+
+
+if __name__ == "__main__":
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("scaled", scaled, (2,)))], SupervisorConfig(start_method=args.method))
+    with open(args.out, "w", encoding="utf-8") as file:
+        json.dump([outcome["scaled"].kind.name, outcome["scaled"].value, outcome["scaled"].reason], file)
+"""
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_script_that_parses_its_arguments_at_its_top_level_sees_them_in_its_attempts(start_method, tmp_path):
+    """The attempt imports the main script, whose top level runs again there; its `sys.argv`
+    was the launcher's (`['-c', PID, FD, FD]`), so a script that parses its arguments at its
+    top level ended FATAL (`SystemExit: 2`, argparse's usage on stderr) under the launcher, and
+    silently ran with its defaults under spawn (`--scale 10` ignored: 2, not 20). An attempt's
+    `sys.argv` is now the parent's, as multiprocessing's spawn gives it."""
+    (tmp_path / "prog.py").write_text(PARSES_AT_ITS_TOP)
+    out = tmp_path / "outcome.json"
+    argv = ["--scale", "10", "--out", str(out), start_method]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "prog.py", *argv], env=env, cwd=tmp_path, timeout=45,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == ["COMPLETED", [20, argv], None]
