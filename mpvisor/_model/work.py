@@ -169,8 +169,10 @@ def _callable_path(target: Callable[..., Any]) -> str:
         raise TypeError(f"target must be reachable as 'module:qualname', got {target!r}")
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise ValueError(
-            f"target must be defined at module level (not a lambda or nested function), "
-            f"got {target!r}"
+            f"target must be defined at module level (not a lambda or nested function), got {target!r}: "
+            f"the child imports it by its qualified name, {qualname!r}, which no module has; a lambda, or a "
+            f"function a decorator returned, that is bound to a module-level name can be given as "
+            f"'module:name'"
         )
     module = _importable(module)
     path = f"{module}:{qualname}"

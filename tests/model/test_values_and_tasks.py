@@ -280,6 +280,20 @@ def test_a_generator_function_target_is_refused_when_the_task_is_built(target: o
         TaskFn("t", target)  # type: ignore[arg-type]
 
 
+module_level_lambda = lambda: None  # noqa: E731 (the case: a lambda bound at module level)
+
+
+def test_a_lambda_bound_at_module_level_is_refused_saying_how_to_give_it() -> None:
+    """`square = lambda x: ...` at module level is refused (its qualified name, `<lambda>`, leads
+    nowhere), and the error said only `must be defined at module level`, which it seemed to be:
+    it now says why, and that `'module:name'` reaches it."""
+    with pytest.raises(ValueError) as caught:
+        TaskFn("t", module_level_lambda)
+    message = str(caught.value)
+    assert "qualified name, '<lambda>', which no module has" in message
+    assert "can be given as 'module:name'" in message
+
+
 def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
     """A callable whose `module:qualname` resolves to another object cannot be imported back."""
 
