@@ -166,7 +166,9 @@ def _callable_path(target: Callable[..., Any]) -> str:
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
-        raise TypeError(f"target must be reachable as 'module:qualname', got {target!r}")
+        raise TypeError(f"target must be reachable as 'module:qualname', got {target!r} (an instance of "
+                        f"{type(target).__qualname__}: a callable object bound to a module-level name can be given "
+                        f"as 'module:name')")
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise ValueError(
             f"target must be defined at module level (not a lambda or nested function), got {target!r}: "

@@ -294,6 +294,22 @@ def test_a_lambda_bound_at_module_level_is_refused_saying_how_to_give_it() -> No
     assert "can be given as 'module:name'" in message
 
 
+class CallableObject:
+    def __call__(self) -> str:
+        return "called"
+
+
+module_level_instance = CallableObject()
+
+
+def test_a_callable_object_is_refused_saying_how_to_give_it() -> None:
+    """An instance with `__call__` has no `module:qualname` of its own: refused, saying that the
+    module-level name it is bound to reaches it."""
+    with pytest.raises(TypeError, match=r"an instance of CallableObject: a callable object bound to a module-level "
+                                        r"name can be given as 'module:name'"):
+        TaskFn("t", module_level_instance)
+
+
 def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
     """A callable whose `module:qualname` resolves to another object cannot be imported back."""
 
