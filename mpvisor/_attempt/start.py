@@ -37,7 +37,7 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
         start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
                       cwd=own_cwd, path=path, **common)  # type: ignore[arg-type]
     else:
-        target, main_path = _resolve_main(task.target)
+        target, main_path = _resolve_main(task.target, task.main_file)
         own_env = env if task.env is None else _merged_env(task.env)
         start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=own_cwd,
                       path=path, main_path=main_path, sys_argv=list(sys.argv), **common)  # type: ignore[arg-type]
@@ -78,11 +78,14 @@ def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
     return merged
 
 
-def _resolve_main(target: str) -> tuple[str, str | None]:
-    """Map a target defined in the running script (`__main__`) to what the child can import."""
+def _resolve_main(target: str, main_file: str | None = None) -> tuple[str, str | None]:
+    """Map a target defined in the running script (`__main__`) to what the child can import
+    (`main_file`: the script a runner such as cProfile executes apart from `__main__`)."""
     module, _, qualname = target.partition(":")
     if module != "__main__":
         return target, None
+    if main_file is not None:
+        return target, main_file
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):

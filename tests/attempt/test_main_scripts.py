@@ -149,3 +149,55 @@ def test_a_script_that_parses_its_arguments_at_its_top_level_sees_them_in_its_at
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text()) == ["COMPLETED", [20, argv], None]
+
+
+UNDER_A_RUNNER = """
+import json
+import sys
+
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+
+def work(x):
+    return [x * 2, __name__]
+
+
+class Jobs:
+    @staticmethod
+    def plus_one(x):
+        return x + 1
+
+
+def nested():
+    return mpvisor.run([TaskSpec.once(TaskFn("inner", work, (5,)))])["inner"].value
+
+
+if __name__ == "__main__":
+    method, out = sys.argv[1:3]
+    specs = [TaskSpec.once(TaskFn("work", work, (21,))), TaskSpec.once(TaskFn("static", Jobs.plus_one, (1,))),
+             TaskSpec.once(TaskFn("nested", nested))]
+    outcomes = mpvisor.run(specs, SupervisorConfig(start_method=method))
+    with open(out, "w", encoding="utf-8") as file:
+        json.dump({name: [o.kind.name, o.value, o.reason] for name, o in outcomes.items()}, file)
+"""
+
+
+@pytest.mark.parametrize("runner", [["-m", "cProfile", "-o", os.devnull], ["-m", "trace", "--count", "--missing"]],
+                         ids=["cProfile", "trace"])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_method, tmp_path):
+    """`python -m cProfile script.py` (or `profile`, `trace`) executes the script in a namespace of
+    its own, named `__main__`, while `sys.modules["__main__"]` is the runner's module. Every
+    `TaskFn` of a function of the script was refused (`target ... is not reachable as
+    '__main__:work'`), so a supervisor's program could not be profiled. The function's own
+    namespace is checked now, and the attempt imports the script it came from."""
+    (tmp_path / "prog.py").write_text(UNDER_A_RUNNER)
+    out = tmp_path / "outcomes.json"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, *runner, "prog.py", start_method, str(out)], env=env, cwd=tmp_path,
+                          timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == {"work": ["COMPLETED", [42, "__mp_main__"], None],
+                                           "static": ["COMPLETED", 2, None],
+                                           "nested": ["COMPLETED", [10, "__mp_main__"], None]}
