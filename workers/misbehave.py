@@ -8,6 +8,7 @@ what the supervisor's kill, reap and framing paths are tested against.
 |---|---|---|
 | `exit_now(code)` | `os._exit(code)` | exit status `code`, nothing reported |
 | `sys_exit(code)` | `sys.exit(code)` | `SystemExit(code)` |
+| `signal_parent(names)` | sends each signal named (`"SIGUSR1"`, ...) to its parent process, the launcher, as a worker tells what it takes for its master | returns `"signalled"` |
 | `sys_exit_expression(expression)` | `sys.exit(eval(expression))`: a code no argument can carry (`"2**70"`, `"-2**70"`) | `SystemExit` of it |
 | `segfault()` | SIGSEGV to itself (default action restored first) | death by SIGSEGV |
 | `self_kill()` | SIGKILL to itself | death by SIGKILL |
@@ -60,6 +61,14 @@ def sys_exit(code: int, marker: str | None = None) -> NoReturn:
     """Raise `SystemExit(code)`."""
     mark(marker, "started")
     sys.exit(code)
+
+
+def signal_parent(names: list[str], marker: str | None = None) -> str:
+    """Send each signal of `names` to the parent process (the launcher); return `"signalled"`."""
+    mark(marker, "started")
+    for name in names:
+        os.kill(os.getppid(), getattr(signal, name))
+    return "signalled"
 
 
 def sys_exit_expression(expression: str, marker: str | None = None) -> NoReturn:

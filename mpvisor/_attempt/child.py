@@ -242,6 +242,8 @@ def _adopt_environment(channel: _Channel, start: Start) -> None:
                                               f"{exc.strerror or exc} ({_type_name(exc)})"))
     if start.path is not None:
         sys.path[:] = start.path
+    if start.sys_argv is not None:  # the parent's, not the launcher's: what a script's top level parses
+        sys.argv = list(start.sys_argv)
 
 
 def _exec_command(channel: _Channel, start: Start) -> NoReturn:

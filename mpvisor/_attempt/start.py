@@ -5,12 +5,12 @@ Builds the one start message the parent sends an attempt (the child's side reads
 arguments as the bytes the task encoded when it was built, the environment, working directory
 and `sys.path` that travel with it, and its limits. Pure apart from reading `os.environ` (a
 program's environment is merged over the parent's), the working directory (a task's relative
-`cwd` is taken from it, as `subprocess` takes it) and `sys.modules["__main__"]` (a target
-defined in the running script).
+`cwd` is taken from it, as `subprocess` takes it), `sys.argv` and `sys.modules["__main__"]` (a
+target defined in the running script).
 
 | the task | `kind` | what travels |
 |---|---|---|
-| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call`, `main_path` (the script's file, or a zipapp's `ARCHIVE/__main__.py`, for a `__main__` target) |
+| `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call`, `main_path` (the script's file, or a zipapp's `ARCHIVE/__main__.py`, for a `__main__` target), `sys_argv` (the parent's `sys.argv`, which the attempt's `sys.argv` becomes before the import: a script that parses its arguments at its top level reads them again there, as under multiprocessing's spawn) |
 | `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's, `cwd` |
 """
 
@@ -37,10 +37,10 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
         start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
                       cwd=own_cwd, path=path, **common)  # type: ignore[arg-type]
     else:
-        target, main_path = _resolve_main(task.target)
+        target, main_path = _resolve_main(task.target, task.main_file)
         own_env = env if task.env is None else _merged_env(task.env)
         start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=own_cwd,
-                      path=path, main_path=main_path, **common)  # type: ignore[arg-type]
+                      path=path, main_path=main_path, sys_argv=list(sys.argv), **common)  # type: ignore[arg-type]
     return start if limits is None else start._replace(limits=limits.to_wire())
 
 
@@ -78,11 +78,14 @@ def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
     return merged
 
 
-def _resolve_main(target: str) -> tuple[str, str | None]:
-    """Map a target defined in the running script (`__main__`) to what the child can import."""
+def _resolve_main(target: str, main_file: str | None = None) -> tuple[str, str | None]:
+    """Map a target defined in the running script (`__main__`) to what the child can import
+    (`main_file`: the script a runner such as cProfile executes apart from `__main__`)."""
     module, _, qualname = target.partition(":")
     if module != "__main__":
         return target, None
+    if main_file is not None:
+        return target, main_file
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and getattr(spec, "name", None) not in (None, "", "__main__", "__mp_main__"):

@@ -11,7 +11,7 @@ The schema (protocol version `VERSION`, sent in the child's first message):
 | direction | message | fields |
 |---|---|---|
 | child -> parent | `Hello` | `v` (protocol version), `pid` |
-| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, call (the msgpack bytes of `[args, kwargs]`), env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path |
+| parent -> child | `Start` | task, id, attempt, kind (`fn`/`cmd`), target or argv, call (the msgpack bytes of `[args, kwargs]`), env, cwd, path (each None when unchanged since the launcher started), max_frame, main_path, limits, sys_argv (a Python target's: the parent's `sys.argv`) |
 | child -> parent | `Calling` | (the target is about to be called, or the program exec'd: the timeout clock starts) |
 | child -> parent | `Progress` | done, total, message |
 | child -> parent | `Ready` | status (the attempt serves: `mpvisor.context().ready(status)`; any number, after `Calling`) |
@@ -193,6 +193,7 @@ class Start(NamedTuple):
     max_frame: int
     main_path: str | None = None
     limits: dict[str, Any] | None = None  # {"memory", "cpu", "nofile", "as"}: the launcher keeps memory, the child sets the rest
+    sys_argv: list[str] | None = None  # a Python target's: the parent's `sys.argv` (as multiprocessing's spawn gives it)
     v: int = VERSION
 
     def to_wire(self) -> dict[str, Any]:

@@ -18,7 +18,9 @@ and calls a target, or execs a program, belongs to the child and the launcher.
 | callable whose `module:qualname` leads elsewhere | — | module imported and lookup differs (`ValueError`) |
 
 A callable defined in `__main__` is recorded as `__main__:qualname`; the child maps `__main__`
-to the script it re-imports, as `multiprocessing`'s spawn does. Inside an attempt that script is
+to the script it re-imports, as `multiprocessing`'s spawn does. A script that a runner executes
+in a namespace of its own (`python -m cProfile script.py`, `profile`, `trace`) is found through
+the callable's `__globals__`: its file is kept as `main_file`, which the start message carries. Inside an attempt that script is
 the module `__mp_main__`, aliased as `__main__`: a callable of it (or a target string naming it) is recorded as `__main__:qualname`
 too, so an attempt's own supervisor (nested use) runs it from the same script. Arguments must be msgpack values
 (`_model/payloads.py`); a `TaskFn` encodes them once, when it is built (`call`, the msgpack bytes of
@@ -56,6 +58,9 @@ class TaskFn:
     call: bytes = field(repr=False, compare=False)  # `[args, kwargs]` as msgpack, encoded once
     env: dict[str, str | None] | None = None  # merged over the parent's environment; None removes
     cwd: str | None = None
+    # The script file of a target defined in a main script that a runner executes in a namespace
+    # of its own, not in the `__main__` module (`python -m cProfile script.py`, `profile`, `trace`)
+    main_file: str | None = field(default=None, repr=False, compare=False)
 
     def __init__(
         self,
@@ -69,6 +74,7 @@ class TaskFn:
     ) -> None:
         _set(self, "name", _validate.name("name", name))
         _set(self, "target", target_path(target))
+        _set(self, "main_file", _runner_main_file(target))
         _set(self, "args", _checked_args(args))
         _set(self, "kwargs", _checked_kwargs(kwargs))
         _set(self, "call", _encoded_call(self.args, self.kwargs))
@@ -166,11 +172,15 @@ def _callable_path(target: Callable[..., Any]) -> str:
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
-        raise TypeError(f"target must be reachable as 'module:qualname', got {target!r}")
+        raise TypeError(f"target must be reachable as 'module:qualname', got {target!r} (an instance of "
+                        f"{type(target).__qualname__}: a callable object bound to a module-level name can be given "
+                        f"as 'module:name')")
     if "<lambda>" in qualname or "<locals>" in qualname:
         raise ValueError(
-            f"target must be defined at module level (not a lambda or nested function), "
-            f"got {target!r}"
+            f"target must be defined at module level (not a lambda or nested function), got {target!r}: "
+            f"the child imports it by its qualified name, {qualname!r}, which no module has; a lambda, or a "
+            f"function a decorator returned, that is bound to a module-level name can be given as "
+            f"'module:name'"
         )
     module = _importable(module)
     path = f"{module}:{qualname}"
@@ -184,14 +194,44 @@ def _builtin_is_module_level(target: object) -> bool:
 
 
 def _check_reachable(target: object, module: str, qualname: str, path: str) -> None:
-    """If the module is imported, the name must lead back to the very same callable."""
+    """If the module is imported, the name must lead back to the very same callable (from the
+    namespace it was defined in, for a main script that a runner executes apart from `__main__`)."""
+    namespace = _runner_namespace(target) if module == "__main__" else None
     found: object = sys.modules.get(module)
-    if found is None:
+    if namespace is not None:
+        first, _, rest = qualname.partition(".")
+        found = namespace.get(first)
+        parts = rest.split(".") if rest else []
+    elif found is None:
         return
-    for part in qualname.split("."):
+    else:
+        parts = qualname.split(".")
+    for part in parts:
         found = getattr(found, part, None)
     if found is not target and not (inspect.ismethod(found) and found == target):
         raise ValueError(f"target {target!r} is not reachable as {path!r}")
+
+
+def _runner_namespace(target: object) -> dict[str, Any] | None:
+    """The namespace `target` was defined in when that is a main script's that is not the
+    `__main__` module's: a runner (`python -m cProfile script.py`, `profile`, `trace`) executes the
+    script in a dict of its own, named `__main__`, while `sys.modules["__main__"]` is the runner.
+    None otherwise."""
+    namespace = getattr(inspect.unwrap(target) if callable(target) else target, "__globals__", None)
+    if not isinstance(namespace, dict) or namespace.get("__name__") != "__main__":
+        return None
+    main = sys.modules.get("__main__")
+    return None if main is not None and vars(main) is namespace else namespace
+
+
+def _runner_main_file(target: object) -> str | None:
+    """The script file of a target defined in a runner's namespace (`_runner_namespace`), which
+    the attempt imports its target from; None for any other target."""
+    if isinstance(target, str):
+        return None
+    namespace = _runner_namespace(getattr(target, "__func__", target))
+    path = namespace.get("__file__") if namespace is not None else None
+    return os.path.abspath(path) if isinstance(path, str) and os.path.isfile(path) else None
 
 
 def _checked_args(args: object) -> tuple[Any, ...]:

@@ -106,3 +106,98 @@ def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ende
     assert found == [["thread", "COMPLETED", "thread ran as __mp_main__", None],
                      ["atexit", "COMPLETED", "atexit ran as __mp_main__", None]], found
     assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
+
+
+PARSES_AT_ITS_TOP = """
+import argparse
+import json
+import sys
+
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--scale", type=int, default=1)
+parser.add_argument("--out")
+parser.add_argument("method")
+args = parser.parse_args()  # at the top level, as many scripts do
+
+
+def scaled(x):
+    return [x * args.scale, sys.argv[1:]]
+
+
+if __name__ == "__main__":
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("scaled", scaled, (2,)))], SupervisorConfig(start_method=args.method))
+    with open(args.out, "w", encoding="utf-8") as file:
+        json.dump([outcome["scaled"].kind.name, outcome["scaled"].value, outcome["scaled"].reason], file)
+"""
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_script_that_parses_its_arguments_at_its_top_level_sees_them_in_its_attempts(start_method, tmp_path):
+    """The attempt imports the main script, whose top level runs again there; its `sys.argv`
+    was the launcher's (`['-c', PID, FD, FD]`), so a script that parses its arguments at its
+    top level ended FATAL (`SystemExit: 2`, argparse's usage on stderr) under the launcher, and
+    silently ran with its defaults under spawn (`--scale 10` ignored: 2, not 20). An attempt's
+    `sys.argv` is now the parent's, as multiprocessing's spawn gives it."""
+    (tmp_path / "prog.py").write_text(PARSES_AT_ITS_TOP)
+    out = tmp_path / "outcome.json"
+    argv = ["--scale", "10", "--out", str(out), start_method]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "prog.py", *argv], env=env, cwd=tmp_path, timeout=45,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == ["COMPLETED", [20, argv], None]
+
+
+UNDER_A_RUNNER = """
+import json
+import sys
+
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+
+def work(x):
+    return [x * 2, __name__]
+
+
+class Jobs:
+    @staticmethod
+    def plus_one(x):
+        return x + 1
+
+
+def nested():
+    return mpvisor.run([TaskSpec.once(TaskFn("inner", work, (5,)))])["inner"].value
+
+
+if __name__ == "__main__":
+    method, out = sys.argv[1:3]
+    specs = [TaskSpec.once(TaskFn("work", work, (21,))), TaskSpec.once(TaskFn("static", Jobs.plus_one, (1,))),
+             TaskSpec.once(TaskFn("nested", nested))]
+    outcomes = mpvisor.run(specs, SupervisorConfig(start_method=method))
+    with open(out, "w", encoding="utf-8") as file:
+        json.dump({name: [o.kind.name, o.value, o.reason] for name, o in outcomes.items()}, file)
+"""
+
+
+@pytest.mark.parametrize("runner", [["-m", "cProfile", "-o", os.devnull], ["-m", "trace", "--count", "--missing"]],
+                         ids=["cProfile", "trace"])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_method, tmp_path):
+    """`python -m cProfile script.py` (or `profile`, `trace`) executes the script in a namespace of
+    its own, named `__main__`, while `sys.modules["__main__"]` is the runner's module. Every
+    `TaskFn` of a function of the script was refused (`target ... is not reachable as
+    '__main__:work'`), so a supervisor's program could not be profiled. The function's own
+    namespace is checked now, and the attempt imports the script it came from."""
+    (tmp_path / "prog.py").write_text(UNDER_A_RUNNER)
+    out = tmp_path / "outcomes.json"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, *runner, "prog.py", start_method, str(out)], env=env, cwd=tmp_path,
+                          timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == {"work": ["COMPLETED", [42, "__mp_main__"], None],
+                                           "static": ["COMPLETED", 2, None],
+                                           "nested": ["COMPLETED", [10, "__mp_main__"], None]}

@@ -280,6 +280,36 @@ def test_a_generator_function_target_is_refused_when_the_task_is_built(target: o
         TaskFn("t", target)  # type: ignore[arg-type]
 
 
+module_level_lambda = lambda: None  # noqa: E731 (the case: a lambda bound at module level)
+
+
+def test_a_lambda_bound_at_module_level_is_refused_saying_how_to_give_it() -> None:
+    """`square = lambda x: ...` at module level is refused (its qualified name, `<lambda>`, leads
+    nowhere), and the error said only `must be defined at module level`, which it seemed to be:
+    it now says why, and that `'module:name'` reaches it."""
+    with pytest.raises(ValueError) as caught:
+        TaskFn("t", module_level_lambda)
+    message = str(caught.value)
+    assert "qualified name, '<lambda>', which no module has" in message
+    assert "can be given as 'module:name'" in message
+
+
+class CallableObject:
+    def __call__(self) -> str:
+        return "called"
+
+
+module_level_instance = CallableObject()
+
+
+def test_a_callable_object_is_refused_saying_how_to_give_it() -> None:
+    """An instance with `__call__` has no `module:qualname` of its own: refused, saying that the
+    module-level name it is bound to reaches it."""
+    with pytest.raises(TypeError, match=r"an instance of CallableObject: a callable object bound to a module-level "
+                                        r"name can be given as 'module:name'"):
+        TaskFn("t", module_level_instance)
+
+
 def test_a_callable_whose_name_leads_elsewhere_is_refused() -> None:
     """A callable whose `module:qualname` resolves to another object cannot be imported back."""
 

@@ -62,8 +62,18 @@ from mpvisor._platform import read_small_file, recv_fds
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
+# Signals whose default action ends a process, that nothing sends the launcher or its guardian
+# on purpose: ignored by both, so that a stray one (an attempt's `os.kill(os.getppid(), ...)` to
+# what it takes for its master, an operator's `pkill -USR2 -f myapp`, whose pattern the
+# launcher's command line matches: it holds `sys.path`) does not end every attempt of the
+# supervisor. (The launcher handles PARENT_DEATH_SIGNAL, and believes it only if its parent is
+# gone; the guardian ignores it too.)
+STRAY_SIGNALS = tuple(s for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT, signal.SIGVTALRM,
+                                  signal.SIGPROF, getattr(signal, "SIGPOLL", None), getattr(signal, "SIGPWR", None),
+                                  getattr(signal, "SIGSTKFLT", None)) if s is not None)
 # Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
-_RESET_IN_ATTEMPTS = tuple(int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD, PARENT_DEATH_SIGNAL))
+_RESET_IN_ATTEMPTS = tuple(sorted({int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD,
+                                                    PARENT_DEATH_SIGNAL, *STRAY_SIGNALS)}))
 _SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
 _SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK),
                                                  int(signal.SIG_DFL), int(signal.SIG_IGN))
@@ -893,14 +903,21 @@ def _kill_checked(pid: int, start_time: int | None) -> None:
 
 
 _parent_died = False
+_parent = 0  # the launcher's parent, its guardian: set by `_prepare_process`
 
 
 def _on_parent_death(signum: int, frame: object) -> None:
+    """PARENT_DEATH_SIGNAL: the guardian died, unless the signal is a stray one (sent by an
+    attempt, or by hand) and the guardian is still the launcher's parent (the kernel makes the
+    launcher another's child before it sends the signal)."""
     global _parent_died
-    _parent_died = True
+    if os.getppid() != _parent:
+        _parent_died = True
 
 
 def _prepare_process(parent_pid: int) -> None:
+    global _parent
+    _parent = parent_pid
     os.setpgid(0, 0)  # its own process group, apart from the guardian's
     for signum in TERMINAL_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
@@ -951,6 +968,8 @@ def main(argv: list[str]) -> None:
     _platform.signal_mask(int(signal.SIG_SETMASK), ())
     _platform.undo_locale_coercion()  # its interpreter's LC_CTYPE is no attempt's: each gets the environment given
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
+    for signum in STRAY_SIGNALS:  # the guardian's and the launcher's (attempts get their defaults back)
+        signal.signal(signum, signal.SIG_IGN)
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
     _prepare_process(guardian)  # from here on: the launcher

@@ -1,0 +1,45 @@
+"""Does a stray signal to the launcher or its guardian end every attempt of the supervisor?
+
+Nothing of mpvisor sends the launcher or its guardian SIGUSR2, SIGALRM or SIGQUIT, and only the
+guardian's death sends the launcher SIGUSR1; but an attempt may signal what it takes for its
+master (`os.kill(os.getppid(), signal.SIGUSR1)`), and an operator's `pkill -USR1 -f myapp` (log
+files reopened) matches the launcher's command line, which holds `sys.path`. Each ended the
+launcher, or made it stop everything as if its parent had died: every running attempt of the
+supervisor ended `launcher died while attempt pid N ran`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from mpvisor import OutcomeKind, SupervisorConfig, TaskSpec
+from tests._support import Gate, once, supervised
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
+
+STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT")
+
+
+async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp_path):
+    """An attempt signals its parent (the launcher) with each of them, and the test signals the
+    launcher and the guardian with each: an attempt running meanwhile completes, and the
+    supervisor goes on starting attempts."""
+    gate = Gate(tmp_path)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, running = await handle.add_and_watch(TaskSpec.once(gate.task("running")))
+        await gate.started("running")
+        _, poker = await handle.add_and_watch(once("poker", "workers.misbehave:signal_parent", list(STRAY)))
+        poked = await poker.wait()
+        assert (poked.kind, poked.value) == (OutcomeKind.COMPLETED, "signalled"), poked
+        for pid in handle._rt.launcher.pids():  # the launcher and its guardian
+            for name in STRAY:
+                os.kill(pid, getattr(signal, name))
+        gate.open()
+        outcome = await running.wait()
+        assert outcome.kind is OutcomeKind.COMPLETED, outcome
+        _, after = await handle.add_and_watch(once("after", "workers.basic:env_probe"))
+        probed = await after.wait()
+        assert probed.kind is OutcomeKind.COMPLETED, probed
