@@ -286,12 +286,13 @@ def controller_config(slots: str | None, ttl: float | None, wait_timeout: float 
 
 
 def lease_ttl(text: str) -> float:
-    """An argparse `type=`: how long a lease lives past its last renewal (seconds >= 2)."""
-    from mpvisor._admission.leases.store import MIN_LEASE_TTL
+    """An argparse `type=`: how long a lease lives past its last renewal (seconds from 2 to a day)."""
+    from mpvisor._admission.leases.store import MAX_LEASE_TTL, MIN_LEASE_TTL, lease_ttl_problem
 
-    ttl = seconds(allow_zero=False, hint=f" and >= {MIN_LEASE_TTL:g}")(text)
-    if ttl < MIN_LEASE_TTL:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g}, got {text!r}")
+    bounds = f">= {MIN_LEASE_TTL:g} and <= {MAX_LEASE_TTL:g}"
+    ttl = seconds(allow_zero=False, hint=f" and {bounds}")(text)
+    if lease_ttl_problem(ttl) is not None:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds {bounds} (a day), got {text!r}")
     return ttl
 
 

@@ -374,6 +374,35 @@ def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_lease_ttl_past_a_day_is_a_usage_error_everywhere_it_is_given(tmp_path: Any, url: str) -> None:
+    """`--lease-ttl` 1e7 (or a task file's `lease_ttl`, or `ControllerConfig`'s) is refused as
+    given, naming the option and its bounds: status 2, nothing ran. (It was taken: the run was
+    rejected, status 1, with PostgreSQL's words on a timeout setting it could not hold, a quarter
+    TTL in milliseconds; 1e300 printed two threads' tracebacks first; `mpvisor check` called
+    such a file valid.)"""
+    from mpvisor import ControllerConfig
+    from mpvisor._model.errors import ConfigError
+
+    ran = tmp_path / "ran"
+    runs = [start(tmp_path, n, url, "--slot", "s", "--lease-ttl", ttl, "--", "touch", str(ran))
+            for n, ttl in enumerate(("1e7", "1e300", "86401"))]
+    (tmp_path / "tasks.toml").write_text(f"[defaults]\nslots = {url!r}\nlease_ttl = 1e7\n"
+                                         f"[task.a]\ncommand = ['touch', {str(ran)!r}]\nslot = 's'\n")
+    runs += [start(tmp_path, 3, url, "--file", "tasks.toml")]
+    assert MPVISOR is not None
+    check = subprocess.run([MPVISOR, "check", "tasks.toml"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "PYTHONPATH": _pg_support.ROOT})
+    for run in runs:
+        status, err = finish(run, timeout=30)
+        assert status == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert ("--lease-ttl" in err or "lease_ttl" in err) and "<= 86400" in err, err
+    assert check.returncode == 2 and "lease_ttl" in check.stderr and "<= 86400" in check.stderr, check.stderr
+    assert not ran.exists()
+    with pytest.raises(ConfigError, match="lease_ttl must be at least 2 and at most 86400 seconds"):
+        ControllerConfig(leases=url, lease_ttl=1e7)
+    assert ControllerConfig(leases=url, lease_ttl=86400).lease_ttl == 86400.0
+
+
 def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_path: Any, url: str) -> None:
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
