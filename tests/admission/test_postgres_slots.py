@@ -403,6 +403,24 @@ def test_a_lease_ttl_past_a_day_is_a_usage_error_everywhere_it_is_given(tmp_path
     assert ControllerConfig(leases=url, lease_ttl=86400).lease_ttl == 86400.0
 
 
+def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --wait` longer than a day, of a PostgreSQL store or of this host's slot
+    server: status 2, one line naming `--wait` and its bound; a day itself lists. (Past about
+    24.8 days the store's statement timeout was refused by the server, "invalid value for
+    parameter"; past 292 years a thread's or a socket's timeout raised OverflowError, a traceback.)"""
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
+    for store in (["--slots", url], []):
+        for wait in ("3000000", "1e10", "1e300"):
+            done = subprocess.run([MPVISOR, "slots", *store, "--wait", wait], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=30, env=env)
+            assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (store, wait, done.stderr)
+            assert "--wait" in done.stderr and "<= 86400" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    listed = subprocess.run([MPVISOR, "slots", "--slots", url, "--wait", "86400", "--json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
+
+
 def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_path: Any, url: str) -> None:
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
