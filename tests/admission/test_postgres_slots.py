@@ -689,6 +689,57 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a", "c", "b"]
 
 
+def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_later_run(tmp_path: Any, url: str) -> None:
+    """A `--policy replace` run C (TTL 3) retires the owner A, and is paused (SIGSTOP) while A
+    takes its grace; B queues behind C. A ends, the slot is granted to the paused C, that grant
+    expires unused, and B owns the slot. C, resumed, queues again behind B, as any run whose
+    grant expired does, and runs once B ends. (It submitted again as a replace: it stopped B, a
+    run that came after it, exit 6, and ran in its place: an older deploy replaced a newer one.)"""
+    import signal
+
+    import psycopg
+
+    log = tmp_path / "owners.log"
+    started, release = tmp_path / "a-started", tmp_path / "a-release"
+    first = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", "--grace", "60", "--", "sh", "-c",
+                  f'trap "" TERM; touch {started}; until [ -e {release} ]; do sleep 0.05; done')
+    runs = [first]
+    try:
+        wait_for(started.exists, timeout=30)
+        paused = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", "--policy", "replace", *owner(log, 0.0, "c"))
+        runs.append(paused)
+        assert paused.stderr is not None and "waiting, position 1" in paused.stderr.readline()  # A retires
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "b"))
+            runs.append(later)
+            assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
+            release.touch()
+            assert finish(first)[0] == 6  # replaced
+
+            def granted_to_paused() -> bool:
+                with psycopg.connect(url) as conn:
+                    return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
+                                        (paused.pid,)).fetchone() is not None
+
+            wait_for(granted_to_paused, timeout=10, interval=0.05)
+            wait_for(lambda: log.exists() and "start b" in log.read_text(), timeout=10, interval=0.05)  # C's expired
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert "waiting, position 1" in paused.stderr.readline()  # queued again, behind B ...
+        with psycopg.connect(url) as conn:  # ... which it did not ask to retire
+            assert conn.execute("SELECT revoke FROM mpvisor_requests WHERE state = 'granted'").fetchall() == [(False,)]
+        later.terminate()
+        assert finish(later)[0] == -15
+        status, err = finish(paused, timeout=10)
+        assert status == 0, err
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b", "c"]
+
+
 _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, and the words it says
     "postgresql://deploy:Hunter2 leaked@127.0.0.1:1/deploys": "unexpected spaces found in",
     "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",
