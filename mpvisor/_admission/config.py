@@ -8,13 +8,13 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 | `queue_capacity` | 1024 | 0 or negative |
 | `max_slot_queue` | 100 | negative (0 is valid) |
 | `leases` | None (slots in this process only) | anything but None, a store's name (`"local"`), a store's URL (`"postgresql://..."`), or a lease store |
-| `lease_ttl` | 15.0 s | under 2 s; what a lease of a store whose leases expire (`postgresql://`) lives without a renewal |
+| `lease_ttl` | 15.0 s | under 2 s, or over a day (86,400 s); what a lease of a store whose leases expire (`postgresql://`) lives without a renewal |
 | `wait_timeout` | None (wait as long as it takes) | 0 or negative; seconds a submission waits for a shared slot's lease before it is rejected `SLOT_BUSY` |
 """
 
 from __future__ import annotations
 
-from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, MIN_LEASE_TTL, LeaseStore
+from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, LeaseStore, lease_ttl_problem
 from mpvisor._admission.leases.stores import checked
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
@@ -39,7 +39,7 @@ class ControllerConfig:
     queue_capacity: int  # >= 1: commands waiting, and removals in flight
     max_slot_queue: int  # >= 0: pending items per slot (a Replace head may exceed it)
     leases: str | LeaseStore | None  # where the slots are shared: None (nowhere), a store's name, or a store
-    lease_ttl: float  # >= 2 s: a lease that expires lives this long past its last renewal
+    lease_ttl: float  # 2 s to a day: a lease that expires lives this long past its last renewal
     wait_timeout: float | None  # > 0: how long a submission waits for its shared slot's lease; None: no bound
 
     def __init__(self, queue_capacity: int = 1024, max_slot_queue: int = 100,
@@ -49,7 +49,8 @@ class ControllerConfig:
         object.__setattr__(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
         object.__setattr__(self, "leases", checked(leases))
         ttl = _validate.duration("lease_ttl", lease_ttl)
-        if ttl is None or ttl < MIN_LEASE_TTL:
-            raise ConfigError(f"lease_ttl must be at least {MIN_LEASE_TTL:g} seconds, got {lease_ttl!r}")
+        problem = "a number of seconds" if ttl is None else lease_ttl_problem(ttl)
+        if problem is not None:
+            raise ConfigError(f"lease_ttl must be {problem}, got {lease_ttl!r}")
         object.__setattr__(self, "lease_ttl", ttl)
         object.__setattr__(self, "wait_timeout", _validate.duration("wait_timeout", wait_timeout, allow_none=True, allow_zero=False))

@@ -11,7 +11,7 @@ nothing of this module).
 
 | parser | accepts | e.g. |
 |---|---|---|
-| `seconds(allow_zero=...)` | finite seconds > 0 (or >= 0), a unit allowed (`500ms`, `30s`, `5m`, `1h`) | `--every`, `--timeout 5m`, `--cpu`, `--grace` |
+| `seconds(allow_zero=..., most=...)` | finite seconds > 0 (or >= 0), at most `most` where given, a unit allowed (`500ms`, `30s`, `5m`, `1h`) | `--every`, `--timeout 5m`, `--cpu`, `--grace` |
 | `retries`, `positive_count`, `limit_count` | a whole number >= 0, >= 1, from 1 to 2**63 - 1 | `--max-retries`, `--max-concurrent`, `--open-files` |
 | `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
@@ -152,15 +152,23 @@ TIME_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}  # what may follow 
 UNIT_EXAMPLES = "500ms, 30s, 5m, 1h"
 
 
-def seconds(*, allow_zero: bool, hint: str = "") -> Callable[[str], float]:
-    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`): a number, or a
+def seconds(*, allow_zero: bool, hint: str = "", most: float | None = None) -> Callable[[str], float]:
+    """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`), and at most `most`
+    where given (a wait that threads, sockets or a server's settings must hold): a number, or a
     number and a unit (`500ms`, `30s`, `5m`, `1h`). Every duration of the command line and of a
     task file is read here; a text with letters that is not one says which units there are."""
-    expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}"
+    bound = "" if most is None else f" and <= {most:g}"
+    expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}{bound}"
+
+    def rule(text: str) -> float | None:
+        value = _validate.duration("a duration", in_seconds(text), allow_zero=allow_zero)
+        if value is not None and most is not None and value > most:
+            raise ValueError(f"more than {most:g} seconds")
+        return value
 
     def parse(text: str) -> float:
         said = f"{expected}, or one with a unit ({UNIT_EXAMPLES})" if any(c.isalpha() for c in text) else expected
-        return _by_rule(text, lambda _: _validate.duration("a duration", in_seconds(text), allow_zero=allow_zero), said)
+        return _by_rule(text, rule, said)
 
     return parse
 
@@ -286,12 +294,13 @@ def controller_config(slots: str | None, ttl: float | None, wait_timeout: float 
 
 
 def lease_ttl(text: str) -> float:
-    """An argparse `type=`: how long a lease lives past its last renewal (seconds >= 2)."""
-    from mpvisor._admission.leases.store import MIN_LEASE_TTL
+    """An argparse `type=`: how long a lease lives past its last renewal (seconds from 2 to a day)."""
+    from mpvisor._admission.leases.store import MAX_LEASE_TTL, MIN_LEASE_TTL, lease_ttl_problem
 
-    ttl = seconds(allow_zero=False, hint=f" and >= {MIN_LEASE_TTL:g}")(text)
-    if ttl < MIN_LEASE_TTL:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g}, got {text!r}")
+    ttl = seconds(allow_zero=False, hint=f" and >= {MIN_LEASE_TTL:g}", most=MAX_LEASE_TTL)(text)
+    if lease_ttl_problem(ttl) is not None:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g} and "
+                                         f"<= {MAX_LEASE_TTL:g}, got {text!r}")
     return ttl
 
 

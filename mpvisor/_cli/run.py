@@ -50,7 +50,7 @@ its tree is reaped.
 | `--slots URL`: the lease cannot be renewed in time (the store unreachable for more than half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
 | Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
-| it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone |
+| it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone; with `--slots URL`, the lease expires a TTL after its last renewal (the launcher, seeing this process gone, has killed the tree by then) |
 
 Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a second SIGINT kills
@@ -192,7 +192,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --slot, where slots are kept: a postgresql:// URL shares them across hosts "
                           "(default: $MPVISOR_SLOTS, else this user's slot server on this host)")
     run.add_argument("--lease-ttl", type=lease_ttl, metavar="SECONDS",
-                     help="with --slots URL: how long a lease lives past its last renewal (>= 2; default 15); "
+                     help="with --slots URL: how long a lease lives past its last renewal (2 to 86400; default 15); "
                           "a run that cannot renew it in time stops its task and exits 7")
     run.add_argument("--wait-timeout", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="with --slot: give up waiting for a busy slot after SECONDS (exit 3, nothing ran)")

@@ -24,13 +24,15 @@ NAME = "slots"
 DESCRIPTION = "Show this user's shared slots."
 TAKES_COMMAND = False
 SHOW_WAIT = 5.0  # seconds the slot server may take to answer (a stopped one never answers)
+MAX_WAIT = 86400.0  # seconds (a day): the most `--wait` takes (a socket's, a thread's and a server's timeouts hold it)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--slots", type=slots_url, metavar="URL",
                         help="the store to show: a postgresql:// URL (default: $MPVISOR_SLOTS, else this user's slot server)")
-    parser.add_argument("--wait", type=seconds(allow_zero=False), default=SHOW_WAIT, metavar="SECONDS",
+    parser.add_argument("--wait", type=seconds(allow_zero=False, most=MAX_WAIT), default=SHOW_WAIT,
+                        metavar="SECONDS",
                         help=f"how long the slot server may take to answer before this is an error (default {SHOW_WAIT:g})")
 
 

@@ -28,7 +28,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
 | `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
 | `slots` | string, a `postgresql://` URL | `--slots` (in `[defaults]` only: where the file's slots are kept; `--slots` and `$MPVISOR_SLOTS` win over it) |
-| `lease_ttl`, `wait_timeout` | seconds (>= 2; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
+| `lease_ttl`, `wait_timeout` | seconds (2 to 86400; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
 | `after` | array of task names of this file | (no CLI form; task only: a service starts once these are ready) |
 | `ready`, `health` | string: a check, `Check.parse`'s forms (`health`: `tcp:` and `cmd:` only) | (no CLI form) |
 | `ready_timeout`, `health_interval`, `watchdog` | seconds > 0 | (no CLI form) |

@@ -374,6 +374,53 @@ def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_lease_ttl_past_a_day_is_a_usage_error_everywhere_it_is_given(tmp_path: Any, url: str) -> None:
+    """`--lease-ttl` 1e7 (or a task file's `lease_ttl`, or `ControllerConfig`'s) is refused as
+    given, naming the option and its bounds: status 2, nothing ran. (It was taken: the run was
+    rejected, status 1, with PostgreSQL's words on a timeout setting it could not hold, a quarter
+    TTL in milliseconds; 1e300 printed two threads' tracebacks first; `mpvisor check` called
+    such a file valid.)"""
+    from mpvisor import ControllerConfig
+    from mpvisor._model.errors import ConfigError
+
+    ran = tmp_path / "ran"
+    runs = [start(tmp_path, n, url, "--slot", "s", "--lease-ttl", ttl, "--", "touch", str(ran))
+            for n, ttl in enumerate(("1e7", "1e300", "86401"))]
+    (tmp_path / "tasks.toml").write_text(f"[defaults]\nslots = {url!r}\nlease_ttl = 1e7\n"
+                                         f"[task.a]\ncommand = ['touch', {str(ran)!r}]\nslot = 's'\n")
+    runs += [start(tmp_path, 3, url, "--file", "tasks.toml")]
+    assert MPVISOR is not None
+    check = subprocess.run([MPVISOR, "check", "tasks.toml"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "PYTHONPATH": _pg_support.ROOT})
+    for run in runs:
+        status, err = finish(run, timeout=30)
+        assert status == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert ("--lease-ttl" in err or "lease_ttl" in err) and "<= 86400" in err, err
+    assert check.returncode == 2 and "lease_ttl" in check.stderr and "<= 86400" in check.stderr, check.stderr
+    assert not ran.exists()
+    with pytest.raises(ConfigError, match="lease_ttl must be at least 2 and at most 86400 seconds"):
+        ControllerConfig(leases=url, lease_ttl=1e7)
+    assert ControllerConfig(leases=url, lease_ttl=86400).lease_ttl == 86400.0
+
+
+def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --wait` longer than a day, of a PostgreSQL store or of this host's slot
+    server: status 2, one line naming `--wait` and its bound; a day itself lists. (Past about
+    24.8 days the store's statement timeout was refused by the server, "invalid value for
+    parameter"; past 292 years a thread's or a socket's timeout raised OverflowError, a traceback.)"""
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
+    for store in (["--slots", url], []):
+        for wait in ("3000000", "1e10", "1e300"):
+            done = subprocess.run([MPVISOR, "slots", *store, "--wait", wait], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=30, env=env)
+            assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (store, wait, done.stderr)
+            assert "--wait" in done.stderr and "<= 86400" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    listed = subprocess.run([MPVISOR, "slots", "--slots", url, "--wait", "86400", "--json"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
+
+
 def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_path: Any, url: str) -> None:
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
@@ -640,6 +687,57 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
             run.kill()
             run.wait()
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a", "c", "b"]
+
+
+def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_later_run(tmp_path: Any, url: str) -> None:
+    """A `--policy replace` run C (TTL 3) retires the owner A, and is paused (SIGSTOP) while A
+    takes its grace; B queues behind C. A ends, the slot is granted to the paused C, that grant
+    expires unused, and B owns the slot. C, resumed, queues again behind B, as any run whose
+    grant expired does, and runs once B ends. (It submitted again as a replace: it stopped B, a
+    run that came after it, exit 6, and ran in its place: an older deploy replaced a newer one.)"""
+    import signal
+
+    import psycopg
+
+    log = tmp_path / "owners.log"
+    started, release = tmp_path / "a-started", tmp_path / "a-release"
+    first = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", "--grace", "60", "--", "sh", "-c",
+                  f'trap "" TERM; touch {started}; until [ -e {release} ]; do sleep 0.05; done')
+    runs = [first]
+    try:
+        wait_for(started.exists, timeout=30)
+        paused = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", "--policy", "replace", *owner(log, 0.0, "c"))
+        runs.append(paused)
+        assert paused.stderr is not None and "waiting, position 1" in paused.stderr.readline()  # A retires
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "b"))
+            runs.append(later)
+            assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
+            release.touch()
+            assert finish(first)[0] == 6  # replaced
+
+            def granted_to_paused() -> bool:
+                with psycopg.connect(url) as conn:
+                    return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
+                                        (paused.pid,)).fetchone() is not None
+
+            wait_for(granted_to_paused, timeout=10, interval=0.05)
+            wait_for(lambda: log.exists() and "start b" in log.read_text(), timeout=10, interval=0.05)  # C's expired
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert "waiting, position 1" in paused.stderr.readline()  # queued again, behind B ...
+        with psycopg.connect(url) as conn:  # ... which it did not ask to retire
+            assert conn.execute("SELECT revoke FROM mpvisor_requests WHERE state = 'granted'").fetchall() == [(False,)]
+        later.terminate()
+        assert finish(later)[0] == -15
+        status, err = finish(paused, timeout=10)
+        assert status == 0, err
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b", "c"]
 
 
 _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, and the words it says

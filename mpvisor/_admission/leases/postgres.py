@@ -17,6 +17,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | `drop` | refused `slot_busy` if the slot has an owner or a queue (of waiters not known to be dead), else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
 | renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
+| a waiter's row gone (it expired while the waiter was cut off or paused, a grant too) | submitted again as a `queue` request, whatever its policy: at the end of the queue, retiring or superseding nobody |
 | `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
@@ -510,10 +511,12 @@ class PostgresRequest:
                 on_silent: Callable[[str | None], None] | None = None) -> Decision:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
-        def submit() -> Decision | None:
-            refused: Decision | None = self._patiently(lambda: self._in_slot(lambda: self._submit(policy, name, pid))[1],
-                                                       on_silent)
-            return refused
+        def submit(as_policy: Policy) -> Callable[[], Decision | None]:
+            def submitted() -> Decision | None:
+                refused: Decision | None = self._patiently(
+                    lambda: self._in_slot(lambda: self._submit(as_policy, name, pid))[1], on_silent)
+                return refused
+            return submitted
 
         try:
             if policy == "drop":  # never waits, not even for a store that does not answer: a run
@@ -527,10 +530,13 @@ class PostgresRequest:
                     return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
                                                                f"({_first_line(exc, self.store.url)}); a drop does not wait")
             else:
-                refused = submit()
+                refused = submit(policy)()
             if refused is not None:
                 return refused
-            return self._wait(on_queued, on_silent, submit)
+            # A request whose row expired while it waited (cut off, paused past its grant) is
+            # submitted again as a queued one, whatever its policy: a replace that expired unused
+            # must not retire, or supersede, the runs that came after it and own the slot by now.
+            return self._wait(on_queued, on_silent, submit("queue"))
         except Exception as exc:
             if self._closed.is_set() or self._withdrawn:  # `withdraw` or `close` crossed a statement
                 return Decision(False, "withdrawn")
@@ -569,11 +575,12 @@ class PostgresRequest:
         return None
 
     def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None,
-              on_silent: Callable[[str | None], None] | None, submit: Callable[[], Decision | None]) -> Decision:
+              on_silent: Callable[[str | None], None] | None, again: Callable[[], Decision | None]) -> Decision:
         """Until this request is granted or refused: woken by the slot's notifications, and at
         least every `interval` (to renew its own row, and to see an owner's lease expire). While
         the store is unreachable it keeps waiting (`_patiently`); a request whose row expired
-        meanwhile (cut off for longer than a TTL) is submitted again, at the end of the queue."""
+        meanwhile (cut off for longer than a TTL) is submitted `again`, at the end of the queue
+        (as a `queue` request, even a replace: it retires nobody that came after it)."""
         listener: Any = None
         try:
             told = -1
@@ -584,7 +591,7 @@ class PostgresRequest:
                 if self._withdrawn:
                     return Decision(False, "withdrawn")
                 if state is None:  # expired while this host could not renew it: queue again
-                    refused = submit()
+                    refused = again()
                     if refused is not None:
                         return refused
                     told = -1

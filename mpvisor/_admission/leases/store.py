@@ -52,6 +52,10 @@ from mpvisor._model.records import record
 Policy = Literal["queue", "replace", "drop"]
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
 MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
+# seconds (a day): a dead owner holds its slot no longer, and a store's server-side timeouts (a
+# quarter TTL, in milliseconds: PostgreSQL's settings stop at about 24.8 days) and its threads'
+# waits stay within what they take
+MAX_LEASE_TTL = 86400.0
 RENEW_EVERY = 1 / 12  # of the TTL: an owner renews its lease this often
 RETRY_EVERY = 1 / 24  # of the TTL (at most a second): a renewal, or a look, that failed is tried again this often
 FENCE_STOP = 2 / 3  # of the TTL after the last renewal: the owner's trees are stopped (SIGTERM) ...
@@ -133,6 +137,15 @@ class LeaseStore(Protocol):
 
     def request(self) -> LeaseRequest: ...
     def holdings(self, timeout: float) -> list[dict[str, Any]]: ...
+
+
+def lease_ttl_problem(ttl: float) -> str | None:
+    """What is wrong with a finite `ttl` as a lease's TTL (below `MIN_LEASE_TTL` or above
+    `MAX_LEASE_TTL`), or None. The one rule of the command line, task files and
+    `ControllerConfig`. Pure."""
+    if MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
+        return None
+    return f"at least {MIN_LEASE_TTL:g} and at most {MAX_LEASE_TTL:g} seconds (a day)"
 
 
 def fence_times(renewed: float, ttl: float, grace: float) -> tuple[float, float]:
