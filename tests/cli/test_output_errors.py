@@ -10,10 +10,12 @@ that left its last line unfinished."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -202,9 +204,15 @@ def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathli
     script = ROOT / "workers" / "shell" / "pipeline.sh"
     argv = ["bash", str(script), *command]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "ERR": str(err)}
-    done = subprocess.run(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=30)
-    assert done.stdout.splitlines()[-1] == "statuses 141 0", (done.stdout, err.read_text())
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=30)
+    finally:  # a run that retries without end is killed with its script (the fork server follows it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert stdout.splitlines()[-1] == "statuses 141 0", (stdout, err.read_text())
     outcome = err.read_text().splitlines()[-1]
     assert outcome.startswith(f"mpvisor: {os.path.basename(command[0])}: fatal reason="), outcome
     assert "has no reader left; not retried" in outcome and outcome.endswith("attempts=1"), outcome
