@@ -740,6 +740,37 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b", "c"]
 
 
+def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: Any, url: str) -> None:
+    """A queued run SIGKILLed: the run that queues next is told "position 1", the place it has
+    (admission skips the dead waiter, and `mpvisor slots --slots URL` does not list it), and it
+    runs next. (It was told "position 2": the dead waiter was counted ahead of it.)"""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
+    runs = [holder]
+    try:
+        wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=30)
+        doomed = start(tmp_path, 2, url, "--slot", "s", *owner(log, 0.0, "doomed"))
+        runs.append(doomed)
+        assert doomed.stderr is not None and "waiting, position 1" in doomed.stderr.readline()
+        doomed.kill()
+        doomed.wait()
+        wait_for(lambda: shown(tmp_path, url)[0]["queue"] == [], timeout=8)  # known to be dead
+        waiter = start(tmp_path, 3, url, "--slot", "s", *owner(log, 0.0, "next"))
+        runs.append(waiter)
+        assert waiter.stderr is not None
+        told = waiter.stderr.readline()
+        assert "waiting, position 1 in its queue" in told, told
+        assert [queued["pid"] for queued in shown(tmp_path, url)[0]["queue"]] == [waiter.pid]
+        holder.terminate()
+        assert finish(holder)[0] == -15
+        assert finish(waiter)[0] == 0
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["held", "next"]
+
+
 _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, and the words it says
     "postgresql://deploy:Hunter2 leaked@127.0.0.1:1/deploys": "unexpected spaces found in",
     "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",
