@@ -11,7 +11,8 @@ event loop owns every slot transition. It is fed only by:
 
 Events never drive it. Every removal is a command that names its target by id or by name, so it
 is ordered after the submissions issued before it. An id is looked up first among the submissions
-the controller still holds (queued: purged; admitting: claimed); a name, and an id it does not
+the controller still holds (queued: purged; admitting: claimed, and one still waiting for its
+shared slot's lease leaves the store's queue, `REMOVED_FROM_QUEUE`); a name, and an id it does not
 hold, go on to the registry, which resolves the target when the removal arrives there (so a name
 finds only registered tasks, including one admitted by an earlier submission, whose registration
 reached the registry first). A removal forwarded to the registry stays "in flight" until the
@@ -89,6 +90,7 @@ class _Pending:
     outcome: OneShot[TaskOutcome] | None  # None: nobody watches it (yet)
     claimed: bool = False  # removed while its registration was pending
     replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
+    removed: bool = False  # removed while it waited for its shared slot's lease, which it then left
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
 
     def watched(self, loop: asyncio.AbstractEventLoop) -> OneShot[TaskOutcome]:
@@ -383,7 +385,8 @@ class Controller:
             decision = Decision(False, "admission_failed", reason=f"slot {item.slot!r}: {_why(exc)}")
         if not decision.granted:
             self.leases.pop(item.id, None)
-            self._post(lambda: self._decided(item, None, decision.rejection, decision.reason))
+            rejection = RejectionKind.REMOVED_FROM_QUEUE if item.removed else decision.rejection
+            self._post(lambda: self._decided(item, None, rejection, decision.reason))
             return
         if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts
             self.host.fence(item.id, *fence_times(decision.renewed, decision.ttl, self.host.grace))
@@ -460,6 +463,9 @@ class Controller:
         if admitting is not None:
             first = not admitting.claimed
             admitting.claimed = True
+            lease = self.leases.get(id)
+            if first and lease is not None and lease.leave_queue():  # still waiting for its shared
+                admitting.removed = True  # slot's lease: it leaves the store's queue, REMOVED_FROM_QUEUE
             if admitting.cleaned is None:
                 admitting.cleaned = self.host.loop.create_future()
                 admitting.watched(self.host.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))

@@ -740,6 +740,75 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["b", "c"]
 
 
+def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: Any, url: str) -> None:
+    """A queued run SIGKILLed: the run that queues next is told "position 1", the place it has
+    (admission skips the dead waiter, and `mpvisor slots --slots URL` does not list it), and it
+    runs next. (It was told "position 2": the dead waiter was counted ahead of it.)"""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
+    runs = [holder]
+    try:
+        wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=30)
+        doomed = start(tmp_path, 2, url, "--slot", "s", *owner(log, 0.0, "doomed"))
+        runs.append(doomed)
+        assert doomed.stderr is not None and "waiting, position 1" in doomed.stderr.readline()
+        doomed.kill()
+        doomed.wait()
+        wait_for(lambda: shown(tmp_path, url)[0]["queue"] == [], timeout=8)  # known to be dead
+        waiter = start(tmp_path, 3, url, "--slot", "s", *owner(log, 0.0, "next"))
+        runs.append(waiter)
+        assert waiter.stderr is not None
+        told = waiter.stderr.readline()
+        assert "waiting, position 1 in its queue" in told, told
+        assert [queued["pid"] for queued in shown(tmp_path, url)[0]["queue"]] == [waiter.pid]
+        holder.terminate()
+        assert finish(holder)[0] == -15
+        assert finish(waiter)[0] == 0
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["held", "next"]
+
+
+def test_a_reload_removes_a_task_waiting_for_its_slots_lease_at_once(
+        tmp_path: Any, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task file's task queued for a slot another host owns, removed from the file: `mpvisor
+    reload` returns at once, the task leaves the store's queue (rejected, removed from the
+    slot's queue, nothing ran), the run and the owner go on, and once the owner ends nobody
+    takes the slot. (The reload hung: the removal waited for the lease, which the slot's owner
+    held for as long as it ran, the task "stopping" all along; so did `mpvisor stop`.)"""
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(tmp_path / "runs"))  # the runs' and the reload's
+    log, ran = tmp_path / "owners.log", tmp_path / "ran"
+    holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
+    runs = [holder]
+    other = "[task.other]\ncommand = ['sleep', '60']\n"
+    (tmp_path / "tasks.toml").write_text(f"[task.waiter]\ncommand = ['touch', {str(ran)!r}]\nslot = 's'\n{other}")
+    try:
+        wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=30)
+        run = start(tmp_path, 2, url, "--file", "tasks.toml", "--name", "waits")
+        runs.append(run)
+        wait_for(lambda: [len(view["queue"]) for view in shown(tmp_path, url)] == [1], timeout=30)
+        (tmp_path / "tasks.toml").write_text(other)
+        assert MPVISOR is not None
+        reload = subprocess.run([MPVISOR, "reload", "--name", "waits"], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=20, env={**os.environ, "PYTHONPATH": _pg_support.ROOT})
+        assert reload.returncode == 0 and "removed: waiter" in reload.stdout, (reload.stdout, reload.stderr)
+        assert [view["queue"] for view in shown(tmp_path, url)] == [[]]  # left the store's queue
+        assert run.poll() is None and holder.poll() is None
+        holder.terminate()
+        assert finish(holder)[0] == -15
+        assert shown(tmp_path, url) == []  # nobody was granted the slot
+        run.terminate()
+        status, err = finish(run)
+        assert status == -15 and "waiter: rejected reason=\"removed from the slot's queue" in err, err
+    finally:
+        for proc in runs:
+            proc.kill()
+            proc.wait()
+    assert not ran.exists()
+
+
 _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, and the words it says
     "postgresql://deploy:Hunter2 leaked@127.0.0.1:1/deploys": "unexpected spaces found in",
     "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",

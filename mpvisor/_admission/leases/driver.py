@@ -10,6 +10,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
+| `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
 | `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back); a store that does not answer within `RELEASE_WAIT` s lets the lease expire instead |
 """
 
@@ -105,17 +106,31 @@ class LeaseDriver:
 
     def _wait_out(self) -> None:
         """`wait_timeout` passed while the request waited: `acquire` returns now (busy, as a drop
-        would be; or, if the store never answered, saying so), and the request is withdrawn on a
-        thread of its own (a store that does not answer must hold up neither: a statement it
-        stalls on ends with the request's close)."""
+        would be; or, if the store never answered, saying so), and the request is withdrawn
+        (`leave_queue`)."""
         if self._decision is None or self._decision.done():
             return  # decided as the timer fired: `acquire` takes that decision
         self._waited_out = True
         silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} did not answer within the "
                                            f"wait timeout ({self.wait_timeout:g} s)")
-        _settle(self._decision, Decision(False, "withdrawn", reason=silent))
+        self.leave_queue(silent)
+
+    def leave_queue(self, reason: str | None = None) -> bool:
+        """On the loop: a request not decided yet is decided `withdrawn` now (`acquire` returns
+        it, or asks nothing if it has not asked yet), and withdrawn on a thread of its own (a
+        store that does not answer must hold up neither: a statement it stalls on ends with the
+        request's close; a grant that crossed it is given back). False if `acquire` already has
+        its decision: a grant then stands, and its owner is retired as any owner is."""
+        if self._decision is None:  # not asking yet (the launcher starts): `acquire` asks nothing
+            with self._lock:
+                self._withdrawn = True
+            return True
+        if self._decision.done():
+            return False
+        _settle(self._decision, Decision(False, "withdrawn", reason=reason))
         self._withdrawing = threading.Thread(target=self.withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True)
         self._withdrawing.start()  # (its close ends a statement the store stalls on, RELEASE_WAIT at most after)
+        return True
 
     def _revoked(self) -> None:  # on the store's thread
         self.loop.call_soon_threadsafe(self._on_revoke)

@@ -628,8 +628,9 @@ class PostgresRequest:
                                (self.id,)).fetchone()
             if row is None:
                 return None, 0, None, None
-            (ahead,) = conn.execute("SELECT count(*) FROM mpvisor_requests WHERE slot = %s AND state = 'queued' "
-                                    "AND position < %s", (self.slot, row[1])).fetchone()
+            # ahead of it: the queued that admission does not skip (a waiter known to be dead is not)
+            (ahead,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
+                                    f"AND position < %s AND NOT ({_DEAD})", (self.slot, row[1])).fetchone()
             owner = conn.execute("SELECT name, pid, extract(epoch FROM since) FROM mpvisor_requests "
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
             seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
