@@ -31,6 +31,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
 | `surrogate_reports()` | `ready("up \\udfff")`, then `progress(1, 2, "msg \\ud800")`: texts with a lone surrogate | returns `"ok"` |
 | `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
+| `progress_from_fork_pool(processes, size, reports)` | a fork `multiprocessing.Pool` of `processes` workers, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `processes * reports` |
 | `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
 | `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
@@ -269,6 +270,24 @@ def progress_from_threads(threads: int, size: int, reports: int, marker: str | N
     for worker in workers:
         worker.join()
     return threads * reports
+
+
+def _report_from_worker(size: int, reports: int) -> int:
+    ctx = context()
+    for done in range(1, reports + 1):
+        ctx.progress(done, reports, f"worker {os.getpid()} " + "w" * size)
+    return reports
+
+
+def progress_from_fork_pool(processes: int, size: int, reports: int, marker: str | None = None) -> int:
+    """A fork `multiprocessing.Pool` of `processes` workers, each reporting `progress(i,
+    reports, message)` `reports` times with a message of `size` characters; return
+    `processes * reports`."""
+    import multiprocessing
+
+    mark(marker, "started")
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        return sum(pool.starmap(_report_from_worker, [(size, reports)] * processes))
 
 
 def progress_while_returning(size: int, result_size: int, marker: str | None = None) -> str:

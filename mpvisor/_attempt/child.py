@@ -65,6 +65,10 @@ from mpvisor._model.wire import (
 )
 
 NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout` exit
+# Characters of a progress or ready text reported from a process the target forked: at most 16
+# KiB in UTF-8, a frame a Unix stream socket takes in one piece (one buffer of at most half its
+# send buffer, 208 KiB by default), so frames of several processes never interleave.
+DESCENDANT_TEXT = 4096
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
@@ -313,10 +317,19 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", reason))
     args, kwargs = unpack(start.call)
     most = start.max_frame // 8  # characters of a report's text: at most half the frame in UTF-8
+    attempt = os.getpid()
+
+    def cut(text: str) -> str:
+        """A report's text, cut to fit the frame; in a process the target forked (a fork pool's
+        worker), which shares the channel with the attempt but not its lock, to a length that
+        the kernel writes in one piece (`DESCENDANT_TEXT`), so that no other process's frame
+        can come in between its parts."""
+        return _cut(_text(text), most if os.getpid() == attempt else min(most, DESCENDANT_TEXT))
+
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
-        lambda d, t, m: channel.send(Progress(d, t, None if m is None else _cut(_text(m), most))),
-        lambda status: channel.send(Ready(None if status is None else _cut(_text(status), most))),
+        lambda d, t, m: channel.send(Progress(d, t, None if m is None else cut(m))),
+        lambda status: channel.send(Ready(None if status is None else cut(status))),
     )
     _context._install(ctx)
     channel.send(Calling())

@@ -105,6 +105,17 @@ async def test_a_working_directory_that_cannot_be_entered_is_fatal_before_anythi
         assert not ran.exists()
 
 
+async def test_progress_reported_from_processes_the_target_forked_never_spoils_the_channel():
+    """A target's fork pool whose workers report progress through `mpvisor.context()`: they share
+    the attempt's channel but not its lock, and a large report was written in parts, between
+    which another worker's came: `protocol error: undecodable frame`, the result lost. A report
+    from a forked process is now cut to a length written in one piece."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("pool", "workers.basic:progress_from_fork_pool", 4, 400_000, 10).with_timeout(30))
+        assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, 40, []), outcome
+
+
 async def test_a_relative_cwd_is_taken_from_the_parents_working_directory_at_the_start(tmp_path, monkeypatch):
     """`TaskFn(..., cwd="sub")` and `CommandTask(..., cwd="sub")` from a parent that changed its
     working directory after the supervisor started: the attempt resolved `sub` from the

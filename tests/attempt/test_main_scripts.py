@@ -184,7 +184,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("runner", [["-m", "cProfile", "-o", os.devnull], ["-m", "trace", "--count", "--missing"]],
-                         ids=["cProfile", "trace"])
+                         ids=["cProfile", "trace"])  # trace's .cover files go to the test's directory (below)
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_method, tmp_path):
     """`python -m cProfile script.py` (or `profile`, `trace`) executes the script in a namespace of
@@ -195,6 +195,8 @@ def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_m
     (tmp_path / "prog.py").write_text(UNDER_A_RUNNER)
     out = tmp_path / "outcomes.json"
     env = {**os.environ, "PYTHONPATH": ROOT}
+    if "trace" in runner:
+        runner = [*runner, "--coverdir", str(tmp_path / "cover")]  # not beside mpvisor's own modules
     done = subprocess.run([sys.executable, *runner, "prog.py", start_method, str(out)], env=env, cwd=tmp_path,
                           timeout=45, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
