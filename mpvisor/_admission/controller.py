@@ -498,10 +498,12 @@ class Controller:
 
     def reject_pending(self) -> None:
         """Reject every submission not handed to the registry; from now on freed slots go idle.
-        (Shared slots: a lease still being waited for is withdrawn; its acquire then returns.)"""
+        (Shared slots: a lease still being waited for leaves the store's queue, each on a thread
+        of its own, so that a store that does not answer holds up the shutdown once, not once
+        per waiting submission; its acquire then returns.)"""
         for item_id, lease in list(self.leases.items()):
             if item_id in self.admitting:
-                lease.withdraw()
+                lease.leave_queue()
         for effect in self.table.close():
             if isinstance(effect, Reject):
                 self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
