@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import field
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor import _platform
 from mpvisor._admission.config import ControllerConfig
-from mpvisor._admission.leases.driver import LeaseDriver
+from mpvisor._admission.leases.driver import RELEASE_WAIT, LeaseDriver
 from mpvisor._admission.leases.store import FENCE_STOP, Decision, LeaseError, fence_times, pids_of
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
@@ -156,6 +157,7 @@ class Controller:
         self.admitting: dict[int, _Pending] = {}  # handed to the registry, decision pending
         self.owners: dict[int, _Pending] = {}  # registered owners, until their cleanup is processed
         self.in_flight = 0  # removals forwarded to the registry and not yet answered
+        self._releasing = 0  # shared slots: leases being given back on their threads (`_after_release`)
         self.closed = False
         self._changed = asyncio.Event()  # set after every step the loop takes, while watched
         self._watching = 0  # callers of `_until` waiting on `_changed`
@@ -395,11 +397,38 @@ class Controller:
             item.task_spec = dataclasses.replace(item.task_spec, task=with_env(item.task_spec.task, token))
         self._hand_over_now(item)
 
-    def _release(self, item_id: int) -> None:
+    def _release(self, item_id: int, then: Callable[[], None] | None = None) -> None:
+        """Shared slots: give `item_id`'s lease back (`_releasing`), then `then()` once it is."""
+        self._after_release(self._start_release(item_id), then)
+
+    def _start_release(self, item_id: int) -> threading.Thread | None:
+        """Shared slots: start giving `item_id`'s lease back, on a thread (None: no lease, or done)."""
         lease = self.leases.pop(item_id, None)
-        if lease is not None:
-            self.host.unfence(item_id)
-            lease.release()
+        if lease is None:
+            return None
+        self.host.unfence(item_id)
+        return lease.release()
+
+    def _after_release(self, releasing: threading.Thread | None, then: Callable[[], None] | None) -> None:
+        """`then()` on this loop once `releasing` is done, or `RELEASE_WAIT` s passed (at once
+        without one): waited for off the loop, so that several owners that end against a store
+        fallen silent wait once, not once each."""
+        if releasing is None:
+            if then is not None:
+                then()
+            return
+        self._releasing += 1
+        self.host.loop.create_task(self._released(releasing, then))
+
+    async def _released(self, releasing: threading.Thread, then: Callable[[], None] | None) -> None:
+        try:
+            await self.host.loop.run_in_executor(None, releasing.join, RELEASE_WAIT)
+        finally:
+            def done() -> None:
+                self._releasing -= 1
+                if then is not None:
+                    then()
+            self._post(done)
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
@@ -435,12 +464,19 @@ class Controller:
 
     def _cleaned(self, actor: TaskActor, outcome: TaskOutcome, future: OneShot[TaskOutcome]) -> None:
         item = self.owners.pop(actor.id, None)
-        if item is not None:
-            self._release(item.id)  # shared slots: its tree is reaped, the next owner may start
-            self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
-            item.resolve(outcome)
-        if not future.done():
-            future.set_result(outcome)  # what `watch(id)` handed out
+
+        def resolved() -> None:  # (shared slots: once its lease is given back, so the slot has moved on)
+            if item is not None:
+                item.resolve(outcome)
+            if not future.done():
+                future.set_result(outcome)  # what `watch(id)` handed out
+
+        if item is None:
+            resolved()
+            return
+        releasing = self._start_release(item.id)  # shared slots: its tree is reaped, the next owner may start
+        self._apply(self.table.owner_cleaned_up(item.slot, item.id, self._now()))
+        self._after_release(releasing, resolved)
 
     # --- removal -------------------------------------------------------------------------------
 
@@ -498,10 +534,12 @@ class Controller:
 
     def reject_pending(self) -> None:
         """Reject every submission not handed to the registry; from now on freed slots go idle.
-        (Shared slots: a lease still being waited for is withdrawn; its acquire then returns.)"""
+        (Shared slots: a lease still being waited for leaves the store's queue, each on a thread
+        of its own, so that a store that does not answer holds up the shutdown once, not once
+        per waiting submission; its acquire then returns.)"""
         for item_id, lease in list(self.leases.items()):
             if item_id in self.admitting:
-                lease.withdraw()
+                lease.leave_queue()
         for effect in self.table.close():
             if isinstance(effect, Reject):
                 self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
@@ -529,7 +567,8 @@ class Controller:
             self._watching -= 1
 
     def _is_settled(self) -> bool:
-        return not self.inbox and not self.admitting and not self.owners and self.queue.drained() and self.in_flight == 0
+        return (not self.inbox and not self.admitting and not self.owners and self.queue.drained() and self.in_flight == 0
+                and self._releasing == 0)
 
     def idle(self) -> bool:
         return self._is_settled() and self.table.total_queued == 0

@@ -11,7 +11,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
-| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back); a store that does not answer within `RELEASE_WAIT` s lets the lease expire instead |
+| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread it returns, never blocking the loop; the controller resolves the owner's waiter once it is done, or after `RELEASE_WAIT` s: a store that does not answer by then lets the lease expire instead |
 """
 
 from __future__ import annotations
@@ -179,14 +179,18 @@ class LeaseDriver:
             # close: a request blocked on the store's answer returns `withdrawn`
             _at_most(RELEASE_WAIT, f"mpvisor-lease-withdraw-{self.slot}", request.withdraw, request.close)
 
-    def release(self) -> None:
-        """The owner's tree is gone: give the lease back (once) and close the request."""
+    def release(self) -> threading.Thread | None:
+        """The owner's tree is gone: give the lease back (once) and close the request, on a
+        thread of its own, returned for the caller to wait for (`RELEASE_WAIT` at most: a store
+        that does not answer lets the lease expire instead), never on the loop: a store fallen
+        silent must not hold up the loop once per owner that ends. None: nothing to wait for."""
         if self._released:
-            return
+            return None
         self._released = True
         request = self._request
-        if request is not None:
-            _at_most(RELEASE_WAIT, f"mpvisor-lease-release-{self.slot}", request.release, request.close)
+        if request is None:
+            return None
+        return _started(f"mpvisor-lease-release-{self.slot}", request.release, request.close)
 
     def close(self) -> None:
         if self._request is not None:
@@ -194,10 +198,18 @@ class LeaseDriver:
 
 
 def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:
-    """`calls`, in order, on a thread of their own, waited for at most `seconds` (a store that
-    does not answer must not hold up the loop: what it did not do, its lease's expiry does).
-    Where no thread may start (a limit on processes), they run here, their errors dropped: a
-    release or a withdraw is never lost for want of a thread."""
+    """`calls`, in order, on a thread of their own (`_started`), waited for at most `seconds` (a
+    store that does not answer must not hold up the loop: what it did not do, its lease's
+    expiry does)."""
+    thread = _started(name, *calls)
+    if thread is not None:
+        thread.join(seconds)
+
+
+def _started(name: str, *calls: Callable[[], None]) -> threading.Thread | None:
+    """`calls`, in order, on a thread of their own, started (None once they are done). Where no
+    thread may start (a limit on processes), they run here, their errors dropped: a release or
+    a withdraw is never lost for want of a thread."""
     def run() -> None:
         for call in calls:
             call()
@@ -210,8 +222,8 @@ def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:
             raise
         with contextlib.suppress(Exception):
             run()
-        return
-    thread.join(seconds)
+        return None
+    return thread
 
 
 def _settle(future: asyncio.Future[Decision], value: Decision) -> None:
