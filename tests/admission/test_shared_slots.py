@@ -232,6 +232,55 @@ def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any)
     assert server_pids(slots) and server_pids(slots) != [server]
 
 
+def test_a_sigkilled_server_whose_state_file_is_gone_never_lets_two_owners_run(slots: Any, tmp_path: Any) -> None:
+    """As above, but `leases.json` is gone when the server dies (removed by a hand or a clean-up
+    of the directory; a full disk leaves it unwritten alike): the next server does not know the
+    owner until it reclaims its lease, and six queued runs submit again at the same moment. A
+    new server that finds a stale socket takes reclaims first, so none of them is granted the
+    slot while the owner still runs (one was, before: two owners at once)."""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the holder holds the slot until the server is gone
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep 1; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, f"q{n}")) for n in range(6)]
+    for proc in queued:
+        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    (slots / _leases.STATE_NAME).unlink()
+    (server,) = server_pids(slots)
+    os.kill(server, signal.SIGKILL)
+    with open(gate, "w") as release:
+        release.write("go\n")
+    results = [finish(proc) for proc in (holder, *queued)]
+    assert [status for status, _ in results] == [0] * 7, results
+    found = assert_one_owner_at_a_time(log)
+    assert found[0][2] == "holder" and len(found) == 7, found
+
+
+def test_a_socket_removed_under_the_server_is_served_again(slots: Any, tmp_path: Any) -> None:
+    """The server's socket file is removed while an owner runs (a clean-up of the directory): the
+    server binds it again, so the next run queues behind the owner and runs, status 0, instead
+    of starting a server that finds this one holding the lock and failing after its wait; the
+    server says so once in its log."""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    (slots / "slots.sock").unlink()
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    assert "waiting, position 1" in line, line
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    assert (slots / _leases.LOG_NAME).read_text().count("was removed or replaced; serving it again") == 1
+
+
 def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, tmp_path: Any) -> None:
     """A socket file nobody listens at (a server that died) does not stop the next run; a second
     `mpvisor slots serve` on a directory already served exits with status 3, saying why."""
