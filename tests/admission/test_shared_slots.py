@@ -10,6 +10,7 @@ never overlap.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -314,6 +315,36 @@ def test_a_slot_server_that_cannot_start_says_why_at_once(slots: Any, tmp_path: 
     logged = (slots / "server.log").read_text().splitlines()  # once per start: acquire opens again what prepare could not
     assert logged and set(logged) == {why}, logged
     assert stat.S_IMODE(os.stat(slots / "server.log").st_mode) == 0o600
+
+
+def test_a_run_from_a_directory_with_a_stray_mpvisor_package_starts_the_real_server(slots: Any,
+                                                                                   tmp_path: Any) -> None:
+    """A run started in a directory holding a package named `mpvisor` (a checkout of another
+    version, say) starts the slot server from the installed mpvisor, not from that directory
+    (which `python -m` put first on the server's sys.path: the run failed, status 1, with the
+    stray package's words), and the server does not keep that directory as its working one."""
+    stray = tmp_path / "checkout"
+    (stray / "mpvisor").mkdir(parents=True)
+    (stray / "mpvisor" / "__init__.py").write_text("")
+    (stray / "mpvisor" / "__main__.py").write_text("import sys\nsys.exit('a stray mpvisor package')\n")
+    status, err = finish(start(slots, stray, "--slot", "s", "--", "true"))
+    assert status == 0, err
+    (server,) = server_pids(slots)
+    assert psutil.Process(server).cwd() == "/"
+
+
+def test_a_server_that_never_answers_fails_the_run_after_one_wait_not_two(slots: Any, tmp_path: Any) -> None:
+    """The server's lock is held by a process that serves nothing (so every server a run starts
+    exits at once, finding it held): the run fails, status 1, once `START_WAIT` has passed, as its
+    message says, not after twice that (the request was opened twice, each waiting it)."""
+    os.makedirs(slots, mode=0o700)
+    with open(slots / _leases.LOCK_NAME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        began = time.monotonic()
+        status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "true"))
+        took = time.monotonic() - began
+    assert status == 1 and f"did not answer within {_leases.START_WAIT}" in err, err
+    assert took < _leases.START_WAIT * 1.5, took
 
 
 def test_a_slot_directory_open_to_others_is_one_line_and_nothing_runs(slots: Any, tmp_path: Any) -> None:

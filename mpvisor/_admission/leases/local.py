@@ -206,6 +206,7 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
     problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
+    directory = os.path.abspath(directory)  # the server runs in "/"
     path = os.path.join(directory, LOG_NAME)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
     with contextlib.suppress(OSError):
@@ -216,9 +217,12 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
         os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
+            # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
+            # `mpvisor` package there, a checkout of another version, would be the server) and which
+            # the server, living on, would keep from being unmounted (or keep alive once removed)
+            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, cwd="/",
         )
     finally:
         os.close(log)
