@@ -347,6 +347,26 @@ def test_a_server_that_never_answers_fails_the_run_after_one_wait_not_two(slots:
     assert took < _leases.START_WAIT * 1.5, took
 
 
+def test_a_run_from_cron_and_one_from_a_login_shell_find_the_same_server(tmp_path: Any) -> None:
+    """Where the slot server lives must not depend on the session: a login shell has
+    `$XDG_RUNTIME_DIR` (and may set `$TMPDIR`), a cron job has neither. Each used a server of its
+    own (`$XDG_RUNTIME_DIR/mpvisor`, `<tmp>/mpvisor-<uid>`), and a deploy from cron ran while a
+    deploy from a shell did. (Which directory each would use, asked in a child without
+    `$MPVISOR_SLOTS_DIR`: no server is started.)"""
+    xdg, tmpdir = tmp_path / "xdg", tmp_path / "tmp"
+    xdg.mkdir(mode=0o700)
+    tmpdir.mkdir()
+    ask = "from mpvisor._admission.leases.local import server_dir; print(server_dir())"
+    bare = {k: v for k, v in os.environ.items() if k not in (_leases.DIR_ENV, "XDG_RUNTIME_DIR", "TMPDIR")}
+    found = set()
+    for extra in ({}, {"XDG_RUNTIME_DIR": str(xdg)}, {"TMPDIR": str(tmpdir)},
+                  {"XDG_RUNTIME_DIR": str(xdg), "TMPDIR": str(tmpdir)}):
+        done = subprocess.run([sys.executable, "-c", ask], env={**bare, "PYTHONPATH": ROOT, **extra},
+                              capture_output=True, text=True, timeout=30, check=True)
+        found.add(done.stdout.strip())
+    assert found == {f"/tmp/mpvisor-{os.getuid()}"}, found
+
+
 def test_a_slot_directory_open_to_others_is_one_line_and_nothing_runs(slots: Any, tmp_path: Any) -> None:
     """`MPVISOR_SLOTS_DIR` of mode 0755: refused in one line naming the directory and its mode,
     status 1, no traceback, no server started."""

@@ -92,10 +92,19 @@ class NoAnswer(LeaseError):
 # --- where the server lives -----------------------------------------------------------------------
 
 
+def default_dir() -> str:
+    """`/tmp/mpvisor-<uid>`: the same for every process of the user on this host, whatever its
+    environment. Not `$XDG_RUNTIME_DIR` (a login session has one, cron and services do not, and
+    it is removed at the user's last logout, under a server that still serves) nor `$TMPDIR`:
+    a run from cron and one from a shell would each start a server of their own, and both own
+    the slot at once."""
+    return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
+
+
 def server_dir() -> str:
-    """`$MPVISOR_SLOTS_DIR`, else `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`:
-    created 0700 if missing; refused if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV) or _platform.user_runtime_dir()
+    """`$MPVISOR_SLOTS_DIR`, else `default_dir()`: created 0700 if missing; refused if another
+    user owns it or others may enter it."""
+    path = os.environ.get(DIR_ENV) or default_dir()
     problem = _platform.private_dir(path, "the slot server's directory")
     if problem is not None:
         raise LeaseError(problem)
