@@ -282,6 +282,26 @@ def test_a_socket_removed_under_the_server_is_served_again(slots: Any, tmp_path:
     assert (slots / _leases.LOG_NAME).read_text().count("was removed or replaced; serving it again") == 1
 
 
+def test_a_drop_does_not_wait_for_a_stopped_server_and_leaves_nothing_held(slots: Any, tmp_path: Any) -> None:
+    """The slot server is stopped (SIGSTOP): a `--policy drop` run (a cron job's) gives up once
+    the server has said nothing for `SILENT_AFTER` s, status 3, nothing ran, saying why, instead
+    of waiting for as long as the server is stopped (periodic drops piled up behind it). Once the
+    server is resumed, the request it reads then is withdrawn: the slot is free."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    (server,) = server_pids(slots)
+    marker = tmp_path / "ran"
+    os.kill(server, signal.SIGSTOP)
+    try:
+        status, err = finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "touch", str(marker)),
+                             timeout=30)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert status == 3 and "the slot server did not answer within 2 s; a drop does not wait" in err, err
+    assert not marker.exists()
+    status, err = finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "touch", str(marker)))
+    assert status == 0 and marker.exists(), err
+
+
 def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, tmp_path: Any) -> None:
     """A socket file nobody listens at (a server that died) does not stop the next run; a second
     `mpvisor slots serve` on a directory already served exits with status 3, saying why."""

@@ -347,7 +347,10 @@ class LeaseClient:
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[str | None], None] | None = None) -> Decision:
         """Ask for `slot`'s lease and wait for the decision; `on_silent(None)` once if the server
-        has said nothing at all after `SILENT_AFTER` s (the wait goes on)."""
+        has said nothing at all after `SILENT_AFTER` s (the wait goes on). A `drop` does not wait
+        on: it withdraws and is refused as busy (nothing runs), as with a store across hosts, so
+        that periodic drop runs (cron) do not pile up behind a stopped server; a grant the server
+        makes once it reads the request again is given back by the withdraw."""
         request = {"t": "submit", "req": self._req, "slot": slot, "policy": policy, "name": name,
                    "pids": [list(p) for p in pids]}
         quiet = on_silent is not None  # no answer yet, and the server's silence not told yet
@@ -363,6 +366,10 @@ class LeaseClient:
                 quiet = False
                 with contextlib.suppress(OSError):  # closed meanwhile (a withdraw): handled below
                     self._sock.settimeout(None)
+                if silent and not self._closed and policy == "drop":
+                    self.withdraw()
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: the slot server did not answer within "
+                                                               f"{SILENT_AFTER:g} s; a drop does not wait")
                 if silent and not self._closed:
                     assert on_silent is not None
                     on_silent(None)
