@@ -233,12 +233,15 @@ def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any)
     assert server_pids(slots) and server_pids(slots) != [server]
 
 
-def test_a_sigkilled_server_whose_state_file_is_gone_never_lets_two_owners_run(slots: Any, tmp_path: Any) -> None:
-    """As above, but `leases.json` is gone when the server dies (removed by a hand or a clean-up
-    of the directory; a full disk leaves it unwritten alike): the next server does not know the
-    owner until it reclaims its lease, and six queued runs submit again at the same moment. A
-    new server that finds a stale socket takes reclaims first, so none of them is granted the
-    slot while the owner still runs (one was, before: two owners at once)."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_server_that_ends_without_its_state_file_never_lets_two_owners_run(slots: Any, tmp_path: Any,
+                                                                            signum: int) -> None:
+    """As above, but `leases.json` is gone when the server ends (removed by a hand or a clean-up
+    of the directory; a full disk leaves it unwritten alike), killed or stopped by SIGTERM (a
+    service manager): the next server does not know the owner until it reclaims its lease, and
+    six queued runs submit again at the same moment. A new server that finds the socket its
+    predecessor left (it leaves it when clients were connected) takes reclaims first, so none of
+    them is granted the slot while the owner still runs (one was, before: two owners at once)."""
     log = tmp_path / "owners.log"
     gate = tmp_path / "gate"
     os.mkfifo(gate)  # the holder holds the slot until the server is gone
@@ -250,7 +253,7 @@ def test_a_sigkilled_server_whose_state_file_is_gone_never_lets_two_owners_run(s
         assert proc.stderr is not None and "waiting" in proc.stderr.readline()
     (slots / _leases.STATE_NAME).unlink()
     (server,) = server_pids(slots)
-    os.kill(server, signal.SIGKILL)
+    os.kill(server, signum)
     with open(gate, "w") as release:
         release.write("go\n")
     results = [finish(proc) for proc in (holder, *queued)]
