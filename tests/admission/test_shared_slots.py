@@ -305,6 +305,34 @@ def test_a_drop_does_not_wait_for_a_stopped_server_and_leaves_nothing_held(slots
     assert status == 0 and marker.exists(), err
 
 
+def test_a_slot_directory_removed_under_the_server_is_made_again_and_served(slots: Any, tmp_path: Any) -> None:
+    """The whole directory is removed while an owner runs (`rm -rf`, a clean-up of /tmp): the
+    server makes it again (0700), locks a new `server.lock`, saves its leases and binds its
+    socket, so a run started then queues behind the owner. (The server went on serving only the
+    connections it had, and the next run, finding neither socket nor lock, started a second
+    server, which granted the slot the first one's owner still held.)"""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    shutil.rmtree(slots)
+    wait_for(lambda: stat.S_ISSOCK(os.lstat(slots / "slots.sock").st_mode) if (slots / "slots.sock").exists()
+             else False, timeout=10)
+    assert stat.S_IMODE(os.stat(slots).st_mode) == 0o700
+    assert json.loads((slots / _leases.STATE_NAME).read_text())[0]["slot"] == "s"
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    assert "waiting, position 1" in line, line
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    assert len(server_pids(slots)) == 1
+
+
 def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, tmp_path: Any) -> None:
     """A socket file nobody listens at (a server that died) does not stop the next run; a second
     `mpvisor slots serve` on a directory already served exits with status 3, saying why."""

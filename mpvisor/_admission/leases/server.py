@@ -18,7 +18,7 @@ protocol and the client are `local.py`.
 | an unknown or malformed request in a good frame | `error`; the client stays connected |
 | nothing held, queued or connected for `idle_exit` s | exits (removing its socket; at SIGINT/SIGTERM with clients connected, it leaves it: they reconnect) |
 | it starts and finds a stale socket (a server died, or stopped, with clients) | holds back every `submit` for `RECOVERY` s, taking reclaims only (below) |
-| its socket's name is removed or replaced | binds it again (looked at every `CHECK_EVERY` s), said once in its log |
+| its socket's name is removed or replaced | binds it again (looked at every `CHECK_EVERY` s), said once in its log; its directory and `server.lock` removed too: made and locked anew first, the leases saved |
 
 Only one server runs per directory: it holds `server.lock` (`flock`) for its life, and only the
 holder may remove a stale socket and bind. It writes its leases to `leases.json` whenever an owner
@@ -48,6 +48,7 @@ import time
 from dataclasses import field
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._admission.leases import local as _leases
 from mpvisor._admission.leases.local import MAX_FRAME, check_request, encode
 from mpvisor._admission.leases.store import POLICIES, REJECTION_NAMES, Pid, pid_of
@@ -413,6 +414,10 @@ class SlotServer:
         return {"pid": request.holder_pid, "name": request.name, "since": request.since,
                 "status": status_of(self.table.phase(slot)).label}
 
+    def save(self) -> None:
+        """`_save`, for `serve`: the state file again, once the directory was made anew."""
+        self._save()
+
     def _save(self) -> None:
         """Write the leases held now (atomically: a new file renamed over the old)."""
         leases = []
@@ -490,7 +495,8 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.done.set)
     server.maybe_idle()
-    watching = asyncio.ensure_future(_keep_socket(server, path, listener))
+    held = [lock]  # the lock's fd: `_keep_socket` takes a new one if the directory is made anew
+    watching = asyncio.ensure_future(_keep_socket(server, path, listener, held))
     connected = False
     try:
         await server.done.wait()
@@ -504,7 +510,7 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool
         if not connected:  # left behind otherwise: the next server sees that clients may be reconnecting
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        os.close(lock)  # the lock goes last: no other server binds before our socket is gone
+        os.close(held[0])  # the lock goes last: no other server binds before our socket is gone
     return 0
 
 
@@ -534,11 +540,38 @@ def _inode(path: str) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino) if stat.S_ISSOCK(info.st_mode) else None
 
 
-async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server) -> asyncio.Server:
+def _relock(directory: str, held: list[int]) -> bool:
+    """Whether `held[0]` still locks the directory's `server.lock`: if that file was removed (the
+    whole directory, say), make the directory again and lock a new one (the leases saved anew),
+    so that a run started now finds this server, not the lock free for a second one."""
+    path = os.path.join(directory, _leases.LOCK_NAME)
+    with contextlib.suppress(OSError):
+        there, ours = os.stat(path), os.fstat(held[0])
+        if (there.st_dev, there.st_ino) == (ours.st_dev, ours.st_ino):
+            return True
+    if _platform.private_dir(directory, "the slot server's directory") is not None:
+        return False
+    try:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)  # another server took the new directory first: it serves new runs
+        return False
+    os.close(held[0])
+    held[0] = lock
+    return True
+
+
+async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server, held: list[int]) -> asyncio.Server:
     """Every `CHECK_EVERY` s, check that `path` is still the socket this server listens at; if it
-    was removed or replaced (a clean-up of the directory, a hand), bind it again. Without this,
-    every run from then on starts a server that finds this one holding the lock, and fails,
-    while this one goes on serving only the connections it has. Returns the listener in use."""
+    was removed or replaced (a clean-up of the directory, a hand), bind it again, after locking
+    `server.lock` anew if it went too (`_relock`). Without this, every run from then on starts a
+    server that finds this one holding the lock, and fails (or, the lock gone too, serves: two
+    owners of one slot), while this one goes on serving only the connections it has. Returns the
+    listener in use."""
     bound, failed = _inode(path), False
     try:
         while True:
@@ -546,6 +579,13 @@ async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server) 
             now = _inode(path)
             if now is not None and now == bound:
                 continue
+            if not _relock(server.directory, held):
+                if not failed:
+                    print(f"mpvisor slots serve: {server.directory!r} was removed and is served by another "
+                          f"server now, or cannot be made again", file=sys.stderr, flush=True)
+                failed = True
+                continue
+            server.save()
             fresh = await _listen(server, path, quiet=failed)
             failed = fresh is None
             if fresh is None:
