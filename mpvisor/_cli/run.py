@@ -42,7 +42,7 @@ its tree is reaped.
 |---|---|
 | the slot is free | runs at once |
 | busy, `--policy queue` (default) | says on stderr that it waits (position, the owner), then runs |
-| busy, `--policy drop` | exits 3, nothing ran |
+| busy, `--policy drop` | exits 3, nothing ran (also when the slot's store, the slot server too, does not answer: a drop does not wait) |
 | queue full | exits 4 |
 | replaced in the queue by a `--policy replace` | exits 5, nothing ran |
 | a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
