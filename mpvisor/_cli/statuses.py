@@ -39,7 +39,8 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
-    ("3", "`--slot ... --policy drop`: the slot is busy (or, with `--wait-timeout`, stayed busy that long); nothing ran"),
+    ("3", "`--slot ... --policy drop`: the slot is busy, or its store (the slot server too) did not answer (a drop "
+          "does not wait); or, with `--wait-timeout`, it stayed busy that long; nothing ran"),
     ("4", "`--slot`: the slot's queue is full; nothing ran"),
     ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
     ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
