@@ -42,8 +42,9 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("3", "`--slot ... --policy drop`: the slot is busy, or its store (the slot server too) did not answer (a drop "
           "does not wait); or, with `--wait-timeout`, it stayed busy that long; nothing ran"),
     ("4", "`--slot`: the slot's queue is full; nothing ran"),
-    ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
-    ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
+    ("5", "`--slot`: superseded by a `--policy replace` while queued, or replaced before its task's first attempt "
+          "started; nothing ran"),
+    ("6", "`--slot`: a `--policy replace` run stopped this run's task, which had started"),
     ("8..9", "reserved"),
     ("1", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: the run refused the request (an unknown task, a reload refused, ...) or could not be asked; each line of its error on stderr"),
     ("10", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: no run of a task file is live (none by the `FILE` or `--name` given)"),

@@ -450,6 +450,43 @@ def _replies(sock: socket.socket) -> list[Any]:
     return found
 
 
+def test_a_run_replaced_before_its_task_started_exits_5_not_6(slots: Any, tmp_path: Any) -> None:
+    """A run granted the slot and replaced before its first attempt started (the replacement
+    came right behind the grant) ran nothing: it exits 5, as one superseded while queued, not 6,
+    which tells a script that its task was stopped part-way. The test's own clients hold the
+    slot, give it to the run while it is stopped (SIGSTOP), and replace it as soon as the server
+    shows the run as the owner, so it reads its grant and the revoke together; whichever of the
+    two it acts on first, the status must say whether an attempt started."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    hello = _leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+    holder, replacer = _raw(slots), _raw(slots)
+    holder.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "s", "policy": "queue", "name": "h",
+                                           "pids": [me]}))
+    assert _replies(holder)[0]["t"] == "granted"
+    run = start(slots, tmp_path, "--slot", "s", "--grace", "1", "--", "sleep", "30")
+    assert run.stderr is not None and "waiting, position 1" in run.stderr.readline()
+    replacer.sendall(hello)
+    run.send_signal(signal.SIGSTOP)  # it reads its grant and the revoke behind it together
+    holder.sendall(_leases.encode({"t": "release", "req": 1}))
+
+    def run_owns() -> bool:
+        replacer.sendall(_leases.encode({"t": "snapshot"}))
+        (view,) = _replies(replacer)[0]["slots"] or [{"owner": None}]
+        return bool(view["owner"]) and view["owner"]["pid"] == run.pid
+
+    wait_for(run_owns, timeout=30)
+    replacer.sendall(_leases.encode({"t": "submit", "req": 1, "slot": "s", "policy": "replace", "name": "r",
+                                     "pids": [me]}))
+    assert [r["t"] for r in _replies(replacer)] == ["queued"]  # the run is sent its revoke
+    run.send_signal(signal.SIGCONT)
+    status, err = finish(run)
+    started = int(err.rsplit("attempts=", 1)[1].split()[0])
+    assert (status, started > 0) in ((5, False), (6, True)), err
+    holder.close()
+    replacer.close()
+
+
 def test_garbage_gets_an_error_and_costs_only_its_own_connection(slots: Any, tmp_path: Any) -> None:
     """An unknown request or a bad field in a good frame: an `error` reply, the connection stays;
     an oversized or undecodable frame: an `error`, then only that client is disconnected. The
