@@ -42,9 +42,9 @@ its tree is reaped.
 |---|---|
 | the slot is free | runs at once |
 | busy, `--policy queue` (default) | says on stderr that it waits (position, the owner), then runs |
-| busy, `--policy drop` | exits 3, nothing ran |
+| busy, `--policy drop` | exits 3, nothing ran (also when the slot's store, the slot server too, does not answer: a drop does not wait) |
 | queue full | exits 4 |
-| replaced in the queue by a `--policy replace` | exits 5, nothing ran |
+| replaced in the queue by a `--policy replace`, or granted the slot and replaced before its first attempt started | exits 5, nothing ran |
 | a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
 | busy past `--wait-timeout SECONDS` | leaves the queue; exits 3, nothing ran (as `--policy drop` would at once) |
 | `--slots URL`: the lease cannot be renewed in time (the store unreachable for more than half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
@@ -325,7 +325,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     if one.replaced:
         if not args.quiet:
             print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
-        return statuses.REPLACED
+        # granted, then replaced before an attempt started: nothing ran, as for one superseded in the queue
+        return statuses.REPLACED if outcome.attempts else statuses.SUPERSEDED
     if not args.quiet:
         uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
         if uncaught is not None:

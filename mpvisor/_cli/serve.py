@@ -25,7 +25,7 @@ TAKES_COMMAND = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, $XDG_RUNTIME_DIR/mpvisor, or a per-user one under the temp dir)")
+    parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, else /tmp/mpvisor-<uid>)")
     parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=server.IDLE_EXIT, metavar="SECONDS",
                         help=f"exit after this long with nothing held, queued or connected (default {server.IDLE_EXIT:g})")
     parser.add_argument("--on-demand", action="store_true",

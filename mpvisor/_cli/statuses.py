@@ -39,10 +39,12 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
-    ("3", "`--slot ... --policy drop`: the slot is busy (or, with `--wait-timeout`, stayed busy that long); nothing ran"),
+    ("3", "`--slot ... --policy drop`: the slot is busy, or its store (the slot server too) did not answer (a drop "
+          "does not wait); or, with `--wait-timeout`, it stayed busy that long; nothing ran"),
     ("4", "`--slot`: the slot's queue is full; nothing ran"),
-    ("5", "`--slot`: superseded by a `--policy replace` while queued; nothing ran"),
-    ("6", "`--slot`: a `--policy replace` run stopped this run's task"),
+    ("5", "`--slot`: superseded by a `--policy replace` while queued, or replaced before its task's first attempt "
+          "started; nothing ran"),
+    ("6", "`--slot`: a `--policy replace` run stopped this run's task, which had started"),
     ("8..9", "reserved"),
     ("1", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: the run refused the request (an unknown task, a reload refused, ...) or could not be asked; each line of its error on stderr"),
     ("10", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: no run of a task file is live (none by the `FILE` or `--name` given)"),

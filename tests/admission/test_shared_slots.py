@@ -10,6 +10,7 @@ never overlap.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -232,6 +233,106 @@ def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any)
     assert server_pids(slots) and server_pids(slots) != [server]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_server_that_ends_without_its_state_file_never_lets_two_owners_run(slots: Any, tmp_path: Any,
+                                                                            signum: int) -> None:
+    """As above, but `leases.json` is gone when the server ends (removed by a hand or a clean-up
+    of the directory; a full disk leaves it unwritten alike), killed or stopped by SIGTERM (a
+    service manager): the next server does not know the owner until it reclaims its lease, and
+    six queued runs submit again at the same moment. A new server that finds the socket its
+    predecessor left (it leaves it when clients were connected) takes reclaims first, so none of
+    them is granted the slot while the owner still runs (one was, before: two owners at once)."""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the holder holds the slot until the server is gone
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep 1; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, f"q{n}")) for n in range(6)]
+    for proc in queued:
+        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    (slots / _leases.STATE_NAME).unlink()
+    (server,) = server_pids(slots)
+    os.kill(server, signum)
+    with open(gate, "w") as release:
+        release.write("go\n")
+    results = [finish(proc) for proc in (holder, *queued)]
+    assert [status for status, _ in results] == [0] * 7, results
+    found = assert_one_owner_at_a_time(log)
+    assert found[0][2] == "holder" and len(found) == 7, found
+
+
+def test_a_socket_removed_under_the_server_is_served_again(slots: Any, tmp_path: Any) -> None:
+    """The server's socket file is removed while an owner runs (a clean-up of the directory): the
+    server binds it again, so the next run queues behind the owner and runs, status 0, instead
+    of starting a server that finds this one holding the lock and failing after its wait; the
+    server says so once in its log."""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    (slots / "slots.sock").unlink()
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    assert "waiting, position 1" in line, line
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    assert (slots / _leases.LOG_NAME).read_text().count("was removed or replaced; serving it again") == 1
+
+
+def test_a_drop_does_not_wait_for_a_stopped_server_and_leaves_nothing_held(slots: Any, tmp_path: Any) -> None:
+    """The slot server is stopped (SIGSTOP): a `--policy drop` run (a cron job's) gives up once
+    the server has said nothing for `SILENT_AFTER` s, status 3, nothing ran, saying why, instead
+    of waiting for as long as the server is stopped (periodic drops piled up behind it). Once the
+    server is resumed, the request it reads then is withdrawn: the slot is free."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    (server,) = server_pids(slots)
+    marker = tmp_path / "ran"
+    os.kill(server, signal.SIGSTOP)
+    try:
+        status, err = finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "touch", str(marker)),
+                             timeout=30)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert status == 3 and "the slot server did not answer within 2 s; a drop does not wait" in err, err
+    assert not marker.exists()
+    status, err = finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "touch", str(marker)))
+    assert status == 0 and marker.exists(), err
+
+
+def test_a_slot_directory_removed_under_the_server_is_made_again_and_served(slots: Any, tmp_path: Any) -> None:
+    """The whole directory is removed while an owner runs (`rm -rf`, a clean-up of /tmp): the
+    server makes it again (0700), locks a new `server.lock`, saves its leases and binds its
+    socket, so a run started then queues behind the owner. (The server went on serving only the
+    connections it had, and the next run, finding neither socket nor lock, started a second
+    server, which granted the slot the first one's owner still held.)"""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    shutil.rmtree(slots)
+    wait_for(lambda: stat.S_ISSOCK(os.lstat(slots / "slots.sock").st_mode) if (slots / "slots.sock").exists()
+             else False, timeout=10)
+    assert stat.S_IMODE(os.stat(slots).st_mode) == 0o700
+    assert json.loads((slots / _leases.STATE_NAME).read_text())[0]["slot"] == "s"
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    assert "waiting, position 1" in line, line
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    assert len(server_pids(slots)) == 1
+
+
 def test_a_stale_socket_is_replaced_and_a_second_server_is_refused(slots: Any, tmp_path: Any) -> None:
     """A socket file nobody listens at (a server that died) does not stop the next run; a second
     `mpvisor slots serve` on a directory already served exits with status 3, saying why."""
@@ -267,6 +368,56 @@ def test_a_slot_server_that_cannot_start_says_why_at_once(slots: Any, tmp_path: 
     assert stat.S_IMODE(os.stat(slots / "server.log").st_mode) == 0o600
 
 
+def test_a_run_from_a_directory_with_a_stray_mpvisor_package_starts_the_real_server(slots: Any,
+                                                                                   tmp_path: Any) -> None:
+    """A run started in a directory holding a package named `mpvisor` (a checkout of another
+    version, say) starts the slot server from the installed mpvisor, not from that directory
+    (which `python -m` put first on the server's sys.path: the run failed, status 1, with the
+    stray package's words), and the server does not keep that directory as its working one."""
+    stray = tmp_path / "checkout"
+    (stray / "mpvisor").mkdir(parents=True)
+    (stray / "mpvisor" / "__init__.py").write_text("")
+    (stray / "mpvisor" / "__main__.py").write_text("import sys\nsys.exit('a stray mpvisor package')\n")
+    status, err = finish(start(slots, stray, "--slot", "s", "--", "true"))
+    assert status == 0, err
+    (server,) = server_pids(slots)
+    assert psutil.Process(server).cwd() == "/"
+
+
+def test_a_server_that_never_answers_fails_the_run_after_one_wait_not_two(slots: Any, tmp_path: Any) -> None:
+    """The server's lock is held by a process that serves nothing (so every server a run starts
+    exits at once, finding it held): the run fails, status 1, once `START_WAIT` has passed, as its
+    message says, not after twice that (the request was opened twice, each waiting it)."""
+    os.makedirs(slots, mode=0o700)
+    with open(slots / _leases.LOCK_NAME, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        began = time.monotonic()
+        status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "true"))
+        took = time.monotonic() - began
+    assert status == 1 and f"did not answer within {_leases.START_WAIT}" in err, err
+    assert took < _leases.START_WAIT * 1.5, took
+
+
+def test_a_run_from_cron_and_one_from_a_login_shell_find_the_same_server(tmp_path: Any) -> None:
+    """Where the slot server lives must not depend on the session: a login shell has
+    `$XDG_RUNTIME_DIR` (and may set `$TMPDIR`), a cron job has neither. Each used a server of its
+    own (`$XDG_RUNTIME_DIR/mpvisor`, `<tmp>/mpvisor-<uid>`), and a deploy from cron ran while a
+    deploy from a shell did. (Which directory each would use, asked in a child without
+    `$MPVISOR_SLOTS_DIR`: no server is started.)"""
+    xdg, tmpdir = tmp_path / "xdg", tmp_path / "tmp"
+    xdg.mkdir(mode=0o700)
+    tmpdir.mkdir()
+    ask = "from mpvisor._admission.leases.local import server_dir; print(server_dir())"
+    bare = {k: v for k, v in os.environ.items() if k not in (_leases.DIR_ENV, "XDG_RUNTIME_DIR", "TMPDIR")}
+    found = set()
+    for extra in ({}, {"XDG_RUNTIME_DIR": str(xdg)}, {"TMPDIR": str(tmpdir)},
+                  {"XDG_RUNTIME_DIR": str(xdg), "TMPDIR": str(tmpdir)}):
+        done = subprocess.run([sys.executable, "-c", ask], env={**bare, "PYTHONPATH": ROOT, **extra},
+                              capture_output=True, text=True, timeout=30, check=True)
+        found.add(done.stdout.strip())
+    assert found == {f"/tmp/mpvisor-{os.getuid()}"}, found
+
+
 def test_a_slot_directory_open_to_others_is_one_line_and_nothing_runs(slots: Any, tmp_path: Any) -> None:
     """`MPVISOR_SLOTS_DIR` of mode 0755: refused in one line naming the directory and its mode,
     status 1, no traceback, no server started."""
@@ -297,6 +448,43 @@ def _replies(sock: socket.socket) -> list[Any]:
             break
         found.extend(decoder.feed(data))
     return found
+
+
+def test_a_run_replaced_before_its_task_started_exits_5_not_6(slots: Any, tmp_path: Any) -> None:
+    """A run granted the slot and replaced before its first attempt started (the replacement
+    came right behind the grant) ran nothing: it exits 5, as one superseded while queued, not 6,
+    which tells a script that its task was stopped part-way. The test's own clients hold the
+    slot, give it to the run while it is stopped (SIGSTOP), and replace it as soon as the server
+    shows the run as the owner, so it reads its grant and the revoke together; whichever of the
+    two it acts on first, the status must say whether an attempt started."""
+    assert finish(start(slots, tmp_path, "--slot", "warm", "--", "true"))[0] == 0  # a server runs
+    me = [os.getpid(), _platform.start_time(os.getpid())]
+    hello = _leases.encode({"t": "hello", "v": _leases.VERSION, "pid": os.getpid()})
+    holder, replacer = _raw(slots), _raw(slots)
+    holder.sendall(hello + _leases.encode({"t": "submit", "req": 1, "slot": "s", "policy": "queue", "name": "h",
+                                           "pids": [me]}))
+    assert _replies(holder)[0]["t"] == "granted"
+    run = start(slots, tmp_path, "--slot", "s", "--grace", "1", "--", "sleep", "30")
+    assert run.stderr is not None and "waiting, position 1" in run.stderr.readline()
+    replacer.sendall(hello)
+    run.send_signal(signal.SIGSTOP)  # it reads its grant and the revoke behind it together
+    holder.sendall(_leases.encode({"t": "release", "req": 1}))
+
+    def run_owns() -> bool:
+        replacer.sendall(_leases.encode({"t": "snapshot"}))
+        (view,) = _replies(replacer)[0]["slots"] or [{"owner": None}]
+        return bool(view["owner"]) and view["owner"]["pid"] == run.pid
+
+    wait_for(run_owns, timeout=30)
+    replacer.sendall(_leases.encode({"t": "submit", "req": 1, "slot": "s", "policy": "replace", "name": "r",
+                                     "pids": [me]}))
+    assert [r["t"] for r in _replies(replacer)] == ["queued"]  # the run is sent its revoke
+    run.send_signal(signal.SIGCONT)
+    status, err = finish(run)
+    started = int(err.rsplit("attempts=", 1)[1].split()[0])
+    assert (status, started > 0) in ((5, False), (6, True)), err
+    holder.close()
+    replacer.close()
 
 
 def test_garbage_gets_an_error_and_costs_only_its_own_connection(slots: Any, tmp_path: Any) -> None:

@@ -521,10 +521,11 @@ def test_the_table_is_aligned_and_uptimes_read_as_durations() -> None:
 
 
 @pytest.mark.parametrize("xdg", [True, False])
-def test_the_slot_server_and_the_runs_share_one_private_runtime_directory(tmp_path: pathlib.Path, xdg: bool) -> None:
-    """Without `$MPVISOR_SLOTS_DIR` and `$MPVISOR_CONTROL_DIR`: the slot server lives in
-    `$XDG_RUNTIME_DIR/mpvisor` (else `$TMPDIR/mpvisor-<uid>`) and the control sockets in its
-    `runs`, each made 0700 on first use."""
+def test_the_runs_control_sockets_live_in_a_private_runtime_directory(tmp_path: pathlib.Path, xdg: bool) -> None:
+    """Without `$MPVISOR_SLOTS_DIR` and `$MPVISOR_CONTROL_DIR`: the control sockets live in
+    `$XDG_RUNTIME_DIR/mpvisor/runs` (else `$TMPDIR/mpvisor-<uid>/runs`), made 0700 on first use;
+    the slot server in `/tmp/mpvisor-<uid>` whatever the environment (a cron job's runs and a
+    shell's must find the same one: tests/admission/test_shared_slots.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MPVISOR_SLOTS_DIR", "MPVISOR_CONTROL_DIR", "XDG_RUNTIME_DIR")}
     env["TMPDIR"] = str(tmp_path / "tmp")
     env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[2])  # this checkout's mpvisor
@@ -538,7 +539,7 @@ def test_the_slot_server_and_the_runs_share_one_private_runtime_directory(tmp_pa
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     base = tmp_path / "run" / "mpvisor" if xdg else tmp_path / "tmp" / f"mpvisor-{os.getuid()}"
-    assert done.stdout.splitlines() == [str(base), str(base / "runs")]
+    assert done.stdout.splitlines() == [f"/tmp/mpvisor-{os.getuid()}", str(base / "runs")]
     assert [oct(os.stat(p).st_mode & 0o777) for p in (base, base / "runs")] == ["0o700", "0o700"]
 
 

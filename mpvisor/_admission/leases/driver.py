@@ -57,6 +57,7 @@ class LeaseDriver:
         self._released = False
         self._lock = threading.Lock()  # `withdraw` may cross the thread that opens the request
         self._preparing: threading.Thread | None = None
+        self._unopened: Exception | None = None  # why `prepare`'s thread could not open the request
 
     def __repr__(self) -> str:
         return f"<LeaseDriver slot={self.slot!r} {self.policy.name} released={self._released}>"
@@ -66,11 +67,14 @@ class LeaseDriver:
         self._preparing.start()
 
     def _open_ahead(self) -> None:
-        """`prepare`'s thread. A store that cannot be opened is `acquire`'s to report: it opens the
-        request again and turns the error into `admission_failed` with the error's one line as its
-        reason, never a traceback."""
-        with contextlib.suppress(Exception):
+        """`prepare`'s thread. A store that cannot be opened is `acquire`'s to report: it turns the
+        error into `admission_failed` with the error's one line as its reason, never a traceback.
+        It does not open the request again: that doubled every wait the opening has (a slot
+        server that never answers: 10 s said, 20 s taken)."""
+        try:
             self._open()
+        except Exception as exc:
+            self._unopened = exc
 
     def _open(self) -> LeaseRequest:
         """The request, opened once (by `prepare`'s thread, or else by `acquire`'s)."""
@@ -157,6 +161,8 @@ class LeaseDriver:
         try:
             if self._preparing is not None:
                 self._preparing.join()
+                if self._unopened is not None:
+                    raise self._unopened
             request = self._open()
             with self._lock:
                 withdrawn = self._withdrawn

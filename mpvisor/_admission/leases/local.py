@@ -92,10 +92,19 @@ class NoAnswer(LeaseError):
 # --- where the server lives -----------------------------------------------------------------------
 
 
+def default_dir() -> str:
+    """`/tmp/mpvisor-<uid>`: the same for every process of the user on this host, whatever its
+    environment. Not `$XDG_RUNTIME_DIR` (a login session has one, cron and services do not, and
+    it is removed at the user's last logout, under a server that still serves) nor `$TMPDIR`:
+    a run from cron and one from a shell would each start a server of their own, and both own
+    the slot at once."""
+    return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
+
+
 def server_dir() -> str:
-    """`$MPVISOR_SLOTS_DIR`, else `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`:
-    created 0700 if missing; refused if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV) or _platform.user_runtime_dir()
+    """`$MPVISOR_SLOTS_DIR`, else `default_dir()`: created 0700 if missing; refused if another
+    user owns it or others may enter it."""
+    path = os.environ.get(DIR_ENV) or default_dir()
     problem = _platform.private_dir(path, "the slot server's directory")
     if problem is not None:
         raise LeaseError(problem)
@@ -206,6 +215,7 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
     problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
+    directory = os.path.abspath(directory)  # the server runs in "/"
     path = os.path.join(directory, LOG_NAME)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
     with contextlib.suppress(OSError):
@@ -216,9 +226,12 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
         os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
+            # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
+            # `mpvisor` package there, a checkout of another version, would be the server) and which
+            # the server, living on, would keep from being unmounted (or keep alive once removed)
+            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, cwd="/",
         )
     finally:
         os.close(log)
@@ -334,7 +347,10 @@ class LeaseClient:
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
                 on_silent: Callable[[str | None], None] | None = None) -> Decision:
         """Ask for `slot`'s lease and wait for the decision; `on_silent(None)` once if the server
-        has said nothing at all after `SILENT_AFTER` s (the wait goes on)."""
+        has said nothing at all after `SILENT_AFTER` s (the wait goes on). A `drop` does not wait
+        on: it withdraws and is refused as busy (nothing runs), as with a store across hosts, so
+        that periodic drop runs (cron) do not pile up behind a stopped server; a grant the server
+        makes once it reads the request again is given back by the withdraw."""
         request = {"t": "submit", "req": self._req, "slot": slot, "policy": policy, "name": name,
                    "pids": [list(p) for p in pids]}
         quiet = on_silent is not None  # no answer yet, and the server's silence not told yet
@@ -350,6 +366,10 @@ class LeaseClient:
                 quiet = False
                 with contextlib.suppress(OSError):  # closed meanwhile (a withdraw): handled below
                     self._sock.settimeout(None)
+                if silent and not self._closed and policy == "drop":
+                    self.withdraw()
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: the slot server did not answer within "
+                                                               f"{SILENT_AFTER:g} s; a drop does not wait")
                 if silent and not self._closed:
                     assert on_silent is not None
                     on_silent(None)

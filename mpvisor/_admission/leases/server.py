@@ -16,7 +16,9 @@ protocol and the client are `local.py`.
 | a queued client's connection closes, or `withdraw` | its request leaves the queue (a `withdraw` that crossed its `granted` on the way releases the slot: the client never learned it owned it) |
 | a malformed frame | `error`, then that client is disconnected (the stream cannot be resynchronised) |
 | an unknown or malformed request in a good frame | `error`; the client stays connected |
-| nothing held, queued or connected for `idle_exit` s | exits (removing its socket) |
+| nothing held, queued or connected for `idle_exit` s | exits (removing its socket; at SIGINT/SIGTERM with clients connected, it leaves it: they reconnect) |
+| it starts and finds a stale socket (a server died, or stopped, with clients) | holds back every `submit` for `RECOVERY` s, taking reclaims only (below) |
+| its socket's name is removed or replaced | binds it again (looked at every `CHECK_EVERY` s), said once in its log; its directory and `server.lock` removed too: made and locked anew first, the leases saved |
 
 Only one server runs per directory: it holds `server.lock` (`flock`) for its life, and only the
 holder may remove a stale socket and bind. It writes its leases to `leases.json` whenever an owner
@@ -24,6 +26,10 @@ or an owner's processes change (a queued request is not in it); a new server inh
 leases whose processes still run (module docstring of `local.py`). A write that fails (a full
 disk) leaves the last file as it was and no half-written one, and is said once on stderr; the
 table in memory goes on, and a new server learns of the owners when they reclaim their leases.
+So that an owner the file does not name (unwritten, or removed) is not granted away before it
+reclaims, a server that finds the stale socket of one that died first waits `RECOVERY` s,
+answering reclaims only: owners reconnect at once (their watcher reads the EOF), while a
+queued run's submission waits; a `withdraw` or a disconnect takes a held-back one away.
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
 from dataclasses import field
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._admission.leases import local as _leases
 from mpvisor._admission.leases.local import MAX_FRAME, check_request, encode
 from mpvisor._admission.leases.store import POLICIES, REJECTION_NAMES, Pid, pid_of
@@ -62,6 +70,8 @@ IDLE_EXIT = 30.0  # seconds with nothing held, queued or connected before the se
 MAX_QUEUE = 1000  # pending requests per slot
 MAX_CLIENT_BUFFER = 1 << 20  # bytes queued to one client before it is dropped
 CLOSE_WAIT = 1.0  # seconds, at exit, for the connections' handlers to clean up
+RECOVERY = 1.5  # seconds a server that replaces one that died holds back new submissions (owners reclaim first)
+CHECK_EVERY = 1.0  # seconds between two looks at the socket's path (removed or replaced under the server)
 _CRED = struct.Struct("3i")
 
 
@@ -114,6 +124,7 @@ class SlotServer:
         self._idle_timer: asyncio.TimerHandle | None = None
         self.uid = os.getuid()
         self._unsaved = False  # a save of the leases failed (said once on stderr, the server's log)
+        self._held_back: list[tuple[Client, dict[str, Any]]] | None = None  # submissions while recovering
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -135,6 +146,20 @@ class SlotServer:
             request.since = since
             request.holder_pid = pids[0].pid if pids else 0
             self._grant_inherited(request, pids)
+
+    def recover(self, seconds: float) -> None:
+        """This server replaces one that died with clients connected: for `seconds`, hold back
+        every `submit` (answer nothing) and take only reclaims, so that an owner the state file
+        does not name (it could not be written, or was removed) has its lease back before a run
+        queued under the dead server, which submits again, can be granted the slot it holds."""
+        self._held_back = []
+        self.loop.call_later(seconds, self._recovered)
+
+    def _recovered(self) -> None:
+        held, self._held_back = self._held_back or [], None
+        for client, message in held:
+            if client in self.clients:
+                self._submit(client, message)
 
     def _grant_inherited(self, request: Request, pids: list[Pid]) -> None:
         effects = self.table.submit(request, time.monotonic())
@@ -213,6 +238,9 @@ class SlotServer:
                     return
                 client.pid = message["pid"]
             case "submit":
+                if self._held_back is not None:
+                    self._held_back.append((client, message))
+                    return
                 self._submit(client, message)
             case "pids":
                 request = client.requests.get(message["req"])
@@ -223,6 +251,9 @@ class SlotServer:
                 if request is not None and self._owns(request):
                     self._cleanup(request)
             case "withdraw":
+                if self._held_back is not None:  # a submission held back leaves without a word
+                    self._held_back = [(c, m) for c, m in self._held_back
+                                       if c is not client or m["req"] != message["req"]]
                 request = client.requests.pop(message["req"], None)
                 if request is not None and self.table.purge(request.id) is not None:
                     self._forget(request)  # queued: not in the state file
@@ -383,6 +414,10 @@ class SlotServer:
         return {"pid": request.holder_pid, "name": request.name, "since": request.since,
                 "status": status_of(self.table.phase(slot)).label}
 
+    def save(self) -> None:
+        """`_save`, for `serve`: the state file again, once the directory was made anew."""
+        self._save()
+
     def _save(self) -> None:
         """Write the leases held now (atomically: a new file renamed over the old)."""
         leases = []
@@ -450,30 +485,114 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool
     path = _leases.socket_path(directory)
     server = SlotServer(directory, idle_exit)
     server.inherit()
-    old_umask = os.umask(0o177)  # the socket is created 0600
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a stale socket: we hold the lock, so no server answers at it
-        listener = await asyncio.start_unix_server(server.handle, path=path)
-    except OSError as exc:  # something else in the socket's place (a directory), a path too long...
-        print(f"mpvisor slots serve: cannot serve at {path!r}: {exc.strerror or exc}", file=sys.stderr)
+    if os.path.lexists(path):  # a server died (or stopped) with clients: its owners reclaim before anyone is granted
+        server.recover(RECOVERY)
+    listener = await _listen(server, path)
+    if listener is None:
         os.close(lock)
         return 1
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.done.set)
     server.maybe_idle()
+    held = [lock]  # the lock's fd: `_keep_socket` takes a new one if the directory is made anew
+    watching = asyncio.ensure_future(_keep_socket(server, path, listener, held))
+    connected = False
     try:
         await server.done.wait()
     finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            listener = await watching
         listener.close()
+        connected = bool(server.clients)
         await server.close_connections(CLOSE_WAIT)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        os.close(lock)  # the lock goes last: no other server binds before our socket is gone
+        if not connected:  # left behind otherwise: the next server sees that clients may be reconnecting
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.close(held[0])  # the lock goes last: no other server binds before our socket is gone
     return 0
+
+
+async def _listen(server: SlotServer, path: str, *, quiet: bool = False) -> asyncio.Server | None:
+    """Bind the socket at `path` (0600), removing a stale one: the caller holds the lock, so no
+    other server answers there. None, said on stderr (unless `quiet`), when it cannot."""
+    old_umask = os.umask(0o177)  # the socket is created 0600
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        listener = await asyncio.start_unix_server(server.handle, path=path)
+    except OSError as exc:  # something else in the socket's place (a directory), a path too long...
+        if not quiet:
+            print(f"mpvisor slots serve: cannot serve at {path!r}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    return listener
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISSOCK(info.st_mode) else None
+
+
+def _relock(directory: str, held: list[int]) -> bool:
+    """Whether `held[0]` still locks the directory's `server.lock`: if that file was removed (the
+    whole directory, say), make the directory again and lock a new one (the leases saved anew),
+    so that a run started now finds this server, not the lock free for a second one."""
+    path = os.path.join(directory, _leases.LOCK_NAME)
+    with contextlib.suppress(OSError):
+        there, ours = os.stat(path), os.fstat(held[0])
+        if (there.st_dev, there.st_ino) == (ours.st_dev, ours.st_ino):
+            return True
+    if _platform.private_dir(directory, "the slot server's directory") is not None:
+        return False
+    try:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)  # another server took the new directory first: it serves new runs
+        return False
+    os.close(held[0])
+    held[0] = lock
+    return True
+
+
+async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server, held: list[int]) -> asyncio.Server:
+    """Every `CHECK_EVERY` s, check that `path` is still the socket this server listens at; if it
+    was removed or replaced (a clean-up of the directory, a hand), bind it again, after locking
+    `server.lock` anew if it went too (`_relock`). Without this, every run from then on starts a
+    server that finds this one holding the lock, and fails (or, the lock gone too, serves: two
+    owners of one slot), while this one goes on serving only the connections it has. Returns the
+    listener in use."""
+    bound, failed = _inode(path), False
+    try:
+        while True:
+            await asyncio.sleep(CHECK_EVERY)  # a poll: nothing notifies a removal of a socket's name
+            now = _inode(path)
+            if now is not None and now == bound:
+                continue
+            if not _relock(server.directory, held):
+                if not failed:
+                    print(f"mpvisor slots serve: {server.directory!r} was removed and is served by another "
+                          f"server now, or cannot be made again", file=sys.stderr, flush=True)
+                failed = True
+                continue
+            server.save()
+            fresh = await _listen(server, path, quiet=failed)
+            failed = fresh is None
+            if fresh is None:
+                continue  # said on stderr (once); tried again at the next look
+            listener.close()
+            listener, bound = fresh, _inode(path)
+            print(f"mpvisor slots serve: the socket {path!r} was removed or replaced; serving it again",
+                  file=sys.stderr, flush=True)
+    except asyncio.CancelledError:
+        return listener
