@@ -4,7 +4,7 @@ One request to the run (`runs`: by FILE, `--name` or the only live one); the run
 stopping and starting a task mean is the run's) and answers one line, printed on stdout, status
 0. A task it does not know, or cannot restart now, is its error on stderr, status 1; no run live
 is 10, several and none named 11; usage errors 2. Once the run has taken the request (within
-`runs.ASK_WAIT`, else an error, status 1, and nothing is done), it waits for the answer as long
+`--wait`, default `runs.ASK_WAIT`, else an error, status 1, and nothing is done), it waits for the answer as long
 as the run takes (a stop waits for the task's grace): Ctrl-C stops the waiting, not the restart.
 """
 

@@ -6,7 +6,9 @@ else a live run whose file it is) or by `--name NAME`; naming none means the onl
 `ask` sends one request and returns the answer, or raises `Refusal`: the lines to print on
 stderr (`mpvisor: ...`) and the status (`statuses`: `REFUSED`, `NO_RUN`, `SEVERAL_RUNS`). A run
 that is live but does not answer (stopped by SIGSTOP, say) is a refusal naming it and why, within
-`ASK_WAIT` (an operation, once the run has taken it, is waited for without a limit).
+`--wait` (default `ASK_WAIT`; an operation, once the run has taken it, is waited for without a
+limit). While it looks for the only live run, or for a FILE's run among others, each run has
+`--wait` (default `LIST_WAIT`) to describe itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from mpvisor._cli.statuses import NO_RUN, OK, REFUSED, SEVERAL_RUNS
 from mpvisor._services.control import (
+    LIST_WAIT,
     ControlError,
     NoAnswer,
     NotLive,
@@ -29,7 +32,8 @@ from mpvisor._services.control import (
     socket_for,
 )
 
-ASK_WAIT = 10.0  # seconds a run may take to answer a question (`status`, `logs`)
+ASK_WAIT = 10.0  # seconds a run may take to answer a question (`status`, `logs`), or to take an operation
+MAX_WAIT = 86400.0  # seconds (a day): the most `--wait` takes (a socket's timeout holds it)
 NONE_LIVE = "no run of a task file is live (start one with mpvisor run --file FILE)"
 
 
@@ -51,11 +55,18 @@ def _name(text: str) -> str:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """`[FILE] [--name NAME]`: which run (after the command's own positionals)."""
+    """`[FILE] [--name NAME] [--wait SECONDS]`: which run (after the command's own
+    positionals), and how long it may take to answer."""
+    from mpvisor._cli.options import seconds
+
     parser.add_argument("file", metavar="FILE", nargs="?", default=None,
                         help="the task file whose run to ask (default: the only live run)")
     parser.add_argument("--name", type=_name, metavar="NAME", default=None,
                         help="the run's name, instead of its FILE")
+    parser.add_argument("--wait", type=seconds(allow_zero=False, most=MAX_WAIT), metavar="SECONDS", default=None,
+                        help=f"how long the run may take to answer, or to take a stop, start, restart or reload, "
+                             f"before this is an error (default {ASK_WAIT:g}; {LIST_WAIT:g} for each run while "
+                             "looking for the only live one)")
 
 
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -63,11 +74,12 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("argument --name: not allowed with FILE (each names the run: give one)")
 
 
-def ask(args: argparse.Namespace, message: dict[str, Any], timeout: float | None = ASK_WAIT,
-        take_timeout: float | None = None) -> dict[str, Any]:
-    """The run's answer to `message` (`ok` true); `Refusal` otherwise."""
+def ask(args: argparse.Namespace, message: dict[str, Any], *, operation: bool = False) -> dict[str, Any]:
+    """The run's answer to `message` (`ok` true), within `--wait`; an `operation`'s only once the
+    run took it within `--wait`, then without a limit; `Refusal` otherwise."""
+    wait = args.wait if args.wait is not None else ASK_WAIT
     try:
-        answer = request(find_run(args), message, timeout, take_timeout)
+        answer = request(find_run(args), message, None if operation else wait, wait if operation else None)
     except NotLive:
         raise Refusal(NO_RUN, _not_live(args)) from None
     except NoAnswer as exc:
@@ -87,8 +99,8 @@ def find_run(args: argparse.Namespace) -> str:
         if args.name is not None:
             return socket_for(args.name, directory)
         if args.file is not None:
-            return _run_of(args.file, directory)
-        runs = live_runs(directory)
+            return _run_of(args.file, directory, _list_wait(args))
+        runs = live_runs(directory, _list_wait(args))
         if len(runs) == 1 and "error" in runs[0]:
             raise Refusal(REFUSED, *str(runs[0]["error"]).splitlines(), unanswered=True)
         if len(runs) == 1:
@@ -102,13 +114,17 @@ def find_run(args: argparse.Namespace) -> str:
                     f"{run.get('file') if 'error' not in run else '(does not answer)'}" for run in runs))
 
 
-def _run_of(file: str, directory: str) -> str:
+def _list_wait(args: argparse.Namespace) -> float:
+    return float(args.wait) if args.wait is not None else LIST_WAIT
+
+
+def _run_of(file: str, directory: str, wait: float) -> str:
     """The socket of `file`'s run: its default name's, else that of a live run that says it runs `file`."""
     path = socket_for(run_name(file), directory)
     if os.path.lexists(path):
         return path
     real = os.path.realpath(file)
-    runs = live_runs(directory)
+    runs = live_runs(directory, wait)
     for run in runs:
         if isinstance(run.get("file"), str) and os.path.realpath(run["file"]) == real:
             return socket_for(str(run.get("name")), directory)
@@ -135,10 +151,10 @@ def refused(refusal: Refusal) -> int:
 
 def operation(args: argparse.Namespace, message: dict[str, Any]) -> int:
     """`stop`, `start`, `restart`, `reload`: the run's line on stdout, status 0; or a refusal.
-    The run must take the request within `ASK_WAIT`; then it may take its time (a stop waits for
+    The run must take the request within `--wait`; then it may take its time (a stop waits for
     the task's grace): no limit but Ctrl-C."""
     try:
-        answer = ask(args, message, timeout=None, take_timeout=ASK_WAIT)
+        answer = ask(args, message, operation=True)
     except Refusal as refusal:
         return refused(refusal)
     print(answer.get("message", ""))

@@ -280,12 +280,17 @@ async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_d
 
 
 def test_usage_errors_name_the_option() -> None:
-    """FILE with --name, a name with '/', a negative -n: one line naming the option, status 2."""
+    """FILE with --name, a name with '/', a negative -n, a --wait of 0 or past a day: one line
+    naming the option, status 2."""
     for argv, says in [
         (["status", "svc.toml", "--name", "svc"], "mpvisor status: error: argument --name: not allowed with FILE"),
         (["stop", "web", "--name", "a/b"], "mpvisor stop: error: argument --name: expected a run's name"),
         (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
         (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),
+        (["status", "--wait", "0"], "mpvisor status: error: argument --wait: expected a finite number of seconds > 0 "
+                                    "and <= 86400, got '0'"),
+        (["reload", "--wait", "2d"], "mpvisor reload: error: argument --wait: expected a finite number of seconds > 0 "
+                                     "and <= 86400"),
     ]:
         done = subprocess.run([sys.executable, "-m", "mpvisor", *argv], env=cli_env(), capture_output=True,
                               text=True, timeout=30)
