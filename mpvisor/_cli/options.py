@@ -503,7 +503,10 @@ def say_warnings() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             line = f"mpvisor: {self.format(record)}"
             _SAID[:] = [*_SAID[-7:], line]
-            print(line, file=sys.stderr, flush=True)
+            try:
+                print(line, file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # stderr full, closed or without a reader: nowhere to say it
+                pass
 
     log = logging.getLogger("mpvisor")
     log.addHandler(Said())
