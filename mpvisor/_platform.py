@@ -549,7 +549,7 @@ _lent: list[Borrowed] = []
 # trio's) when a loop got its first signal handler from `borrow_signal`: asyncio puts its own in
 # its place then, and -1 once the loop's last handler is removed; `give_back_signal` puts the
 # program's back. By loop; held only while that loop has handlers of ours.
-_program_wakeup: list[tuple[Any, int]] = []
+_program_wakeup: dict[Any, int] = {}
 
 
 def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
@@ -561,8 +561,7 @@ def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args
     previous = signal.getsignal(signum)  # None: a handler set from C
     handle = _loop_signal_handlers(loop).get(signum)
     if not _loop_signal_handlers(loop):
-        _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
-        _program_wakeup.append((loop, signal.set_wakeup_fd(-1)))  # read it; the loop sets its own next
+        _program_wakeup[loop] = signal.set_wakeup_fd(-1)  # read it; the loop sets its own next
     loop.add_signal_handler(signum, callback, *args)
     borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
     _lent.append(borrowed)
@@ -604,9 +603,7 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
 def _give_back_wakeup(loop: Any) -> None:
     import signal
 
-    found = [entry for entry in _program_wakeup if entry[0] is loop]
-    _program_wakeup[:] = [entry for entry in _program_wakeup if entry[0] is not loop]
-    fd = found[0][1] if found else -1
+    fd = _program_wakeup.pop(loop, -1)
     if fd >= 0:
         try:
             signal.set_wakeup_fd(fd)

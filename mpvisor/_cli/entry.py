@@ -49,7 +49,9 @@ def cli() -> NoReturn:
         from mpvisor import _platform
 
         _platform.inherited_fds = inherited[: _platform.MAX_PASSED_FDS]
-    if os.environ.get("LC_CTYPE") in ("C.UTF-8", "C.utf8", "UTF-8"):  # perhaps Python's own (PEP 538)
+    # perhaps Python's own (PEP 538): `_platform.COERCED_LOCALES`, spelt out so that a run whose
+    # LC_CTYPE is another does not import `_platform` here (`--version` does not)
+    if os.environ.get("LC_CTYPE") in ("C.UTF-8", "C.utf8", "UTF-8"):
         from mpvisor import _platform
 
         _platform.undo_locale_coercion()  # before anything is started: the command gets what mpvisor got

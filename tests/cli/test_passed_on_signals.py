@@ -94,20 +94,30 @@ def test_a_file_run_passes_usr2_to_every_service_and_keeps_usr1_for_its_logs(tmp
     assert status == -signal.SIGTERM, stderr
 
 
-def test_a_signal_during_the_backoff_is_said_in_one_line_and_the_run_goes_on(tmp_path: pathlib.Path) -> None:
-    """Between attempts no process can take SIGUSR1: mpvisor says so on stderr, and goes on."""
+def _in_a_backoff(tmp_path: pathlib.Path) -> subprocess.Popen[str]:
+    """A run of a command that fails, retried after 60 s, once its backoff is scheduled (no
+    process is there to take a signal)."""
     argv = ["-m", "mpvisor", "run", "--events", "json", "--restart", "on-failure", "--backoff", "60", "--jitter", "none",
             "--", "bash", "-c", "exit 3"]
     proc = _start(tmp_path, argv, env=_env())
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
     for line in proc.stdout:
         if json.loads(line)["kind"] == "backoff_scheduled":
             break
+    return proc
+
+
+def _first_not_passed_on(proc: subprocess.Popen[str]) -> str:
+    """The first line on the run's stderr that says a signal was not passed on."""
+    assert proc.stderr is not None
+    return next(line for line in proc.stderr if "not passed on" in line)
+
+
+def test_a_signal_during_the_backoff_is_said_in_one_line_and_the_run_goes_on(tmp_path: pathlib.Path) -> None:
+    """Between attempts no process can take SIGUSR1: mpvisor says so on stderr, and goes on."""
+    proc = _in_a_backoff(tmp_path)
     proc.send_signal(signal.SIGUSR1)
-    for line in proc.stderr:
-        if "not passed on" in line:
-            break
-    assert line == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
+    assert _first_not_passed_on(proc) == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
     assert proc.poll() is None
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
@@ -257,19 +267,10 @@ def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
 
-    argv = ["-m", "mpvisor", "run", "--events", "json", "--restart", "on-failure", "--backoff", "60", "--jitter", "none",
-            "--", "bash", "-c", "exit 3"]
-    proc = _start(tmp_path, argv, env=_env())
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
-        if json.loads(line)["kind"] == "backoff_scheduled":
-            break
+    proc = _in_a_backoff(tmp_path)
     proc.send_signal(signal.SIGWINCH)
     proc.send_signal(signal.SIGUSR1)  # after the first was taken: its line is the first
-    for line in proc.stderr:
-        if "not passed on" in line:
-            break
-    assert line == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
+    assert _first_not_passed_on(proc) == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
     assert "SIGWINCH" not in stderr, stderr
