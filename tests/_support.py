@@ -493,3 +493,33 @@ def pids_cgroup(name: str, most: int) -> str:
     with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
         file.write(str(most))
     return made
+
+
+class LoopSignals:
+    """A program's own handlers of `signals` on its asyncio `loop` (`loop.add_signal_handler`),
+    each recording the signal's name: what a supervisor that borrowed them must give back."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, signals: Iterable[int]) -> None:
+        self.signals = list(signals)
+        self.heard: list[str] = []
+        self._all_heard = asyncio.Event()
+        for signum in self.signals:
+            loop.add_signal_handler(signum, self._on_signal, signal_name(signum))
+
+    def _on_signal(self, name: str) -> None:
+        self.heard.append(name)
+        if len(self.heard) == len(self.signals):
+            self._all_heard.set()
+
+    async def send_each(self) -> list[str]:
+        """Send this process each signal, in order, and return what the handlers heard."""
+        for signum in self.signals:
+            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
+        await asyncio.wait_for(self._all_heard.wait(), 5)
+        return self.heard
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name

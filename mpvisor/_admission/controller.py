@@ -397,9 +397,9 @@ class Controller:
             item.task_spec = dataclasses.replace(item.task_spec, task=with_env(item.task_spec.task, token))
         self._hand_over_now(item)
 
-    def _release(self, item_id: int, then: Callable[[], None] | None = None) -> None:
-        """Shared slots: give `item_id`'s lease back (`_releasing`), then `then()` once it is."""
-        self._after_release(self._start_release(item_id), then)
+    def _release(self, item_id: int) -> None:
+        """Shared slots: give `item_id`'s lease back (counted in `_releasing` until it is)."""
+        self._after_release(self._start_release(item_id), None)
 
     def _start_release(self, item_id: int) -> threading.Thread | None:
         """Shared slots: start giving `item_id`'s lease back, on a thread (None: no lease, or done)."""

@@ -25,7 +25,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, Gate
+from tests._support import Collector, Gate, LoopSignals
 
 
 @pytest.mark.timeout(60)
@@ -151,27 +151,14 @@ def test_two_runs_on_one_loop_that_end_out_of_order_give_the_loop_its_signals_ba
     gate = Gate(tmp_path)
 
     async def app() -> list[str]:
-        loop = asyncio.get_running_loop()
-        heard: list[str] = []
-        all_heard = asyncio.Event()
-
-        def on_signal(name: str) -> None:
-            heard.append(name)
-            if len(heard) == len(signals):
-                all_heard.set()
-
-        for signum in signals:
-            loop.add_signal_handler(signum, on_signal, signum.name)
+        handlers = LoopSignals(asyncio.get_running_loop(), signals)
         first = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([_QUICK]))
         await asyncio.sleep(0)  # the first run borrows the signals before its first suspension
         second = asyncio.create_task(Supervisor(SupervisorConfig(grace=1)).run([gate.once("gated")]))
         assert (await first)["q"].kind is OutcomeKind.COMPLETED  # while the second still runs
         gate.open()
         assert (await second)["gated"].kind is OutcomeKind.COMPLETED
-        for signum in signals:
-            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
-        await asyncio.wait_for(all_heard.wait(), 5)
-        return heard
+        return await handlers.send_each()
 
     try:
         assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]

@@ -40,6 +40,7 @@ from tests._support import (
     CONFIG,
     Collector,
     Gate,
+    LoopSignals,
     all_gone,
     async_wait_for,
     child_pids_of_self,
@@ -703,23 +704,10 @@ def test_run_gives_the_loop_its_own_signal_handlers_back() -> None:
     previous = {signum: signal.getsignal(signum) for signum in signals}
 
     async def app() -> list[str]:
-        loop = asyncio.get_running_loop()
-        heard: list[str] = []
-        all_heard = asyncio.Event()
-
-        def on_signal(name: str) -> None:
-            heard.append(name)
-            if len(heard) == len(signals):
-                all_heard.set()
-
-        for signum in signals:
-            loop.add_signal_handler(signum, on_signal, signum.name)
+        handlers = LoopSignals(asyncio.get_running_loop(), signals)
         outcomes = await Supervisor(CONFIG).run([once("q", basic.quick)])
         assert outcomes["q"].kind is OutcomeKind.COMPLETED
-        for signum in signals:
-            os.kill(os.getpid(), signum)  # delivered at once; the loop reads its wake-up fd in order
-        await asyncio.wait_for(all_heard.wait(), 5)
-        return heard
+        return await handlers.send_each()
 
     try:
         assert asyncio.run(app()) == ["SIGTERM", "SIGINT", "SIGHUP"]
