@@ -211,19 +211,28 @@ def test_a_sigkilled_owner_keeps_the_slot_until_its_tree_is_gone(slots: Any, tmp
     assert log.read_text().splitlines()[0] == "clean", (log.read_text(), tree)
 
 
+def _held_and_queued(slots: Any, tmp_path: Any, log: Any, gate: Any, *, after_gate: float, queued: int,
+                     each: float) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
+    """A run that holds slot `s` until `gate` (a fifo, made here) is written, then `after_gate` s
+    more, and `queued` runs of `each` s each, every one said to be waiting behind it; all log
+    their intervals to `log`."""
+    os.mkfifo(gate)  # the holder holds the slot until the test writes to it (the server gone)
+    held = (f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep {after_gate}; '
+            f'echo "end holder $EPOCHREALTIME" >> {log}')
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    waiting = [start(slots, tmp_path, "--slot", "s", *owner(log, each, f"q{n}")) for n in range(queued)]
+    for proc in waiting:
+        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    return holder, waiting
+
+
 def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any) -> None:
     """The server is SIGKILLed while an owner runs and two others queue: the owner keeps its
     lease through the next server (which inherits it), the queued ones submit again, and no two
     owners ever overlap; all exit 0."""
-    log = tmp_path / "owners.log"
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)  # the holder holds the slot until the server is gone
-    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep 0.5; echo "end holder $EPOCHREALTIME" >> {log}'
-    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
-    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.3, f"q{n}")) for n in range(2)]
-    for proc in queued:
-        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    holder, queued = _held_and_queued(slots, tmp_path, log, gate, after_gate=0.5, queued=2, each=0.3)
     (server,) = server_pids(slots)
     os.kill(server, signal.SIGKILL)
     with open(gate, "w") as release:
@@ -244,15 +253,8 @@ def test_a_server_that_ends_without_its_state_file_never_lets_two_owners_run(slo
     six queued runs submit again at the same moment. A new server that finds the socket its
     predecessor left (it leaves it when clients were connected) takes reclaims first, so none of
     them is granted the slot while the owner still runs (one was, before: two owners at once)."""
-    log = tmp_path / "owners.log"
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)  # the holder holds the slot until the server is gone
-    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep 1; echo "end holder $EPOCHREALTIME" >> {log}'
-    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
-    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-    queued = [start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, f"q{n}")) for n in range(6)]
-    for proc in queued:
-        assert proc.stderr is not None and "waiting" in proc.stderr.readline()
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    holder, queued = _held_and_queued(slots, tmp_path, log, gate, after_gate=1, queued=6, each=0.05)
     (slots / _leases.STATE_NAME).unlink()
     (server,) = server_pids(slots)
     os.kill(server, signum)
