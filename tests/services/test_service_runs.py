@@ -928,7 +928,7 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     matter most) prints the lines from the files the task file names, with a line on stderr
     saying the run did not answer (it was that error alone, status 1). Once continued, the stop
     its client gave up on is not done, and every command answers again. (The commands wait out
-    their bounds together, each `--wait 2`, not the default 10 s: the same code.)"""
+    their bounds together, each `--wait 1`, not the default 10 s: the same code.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     run.write("""
@@ -947,17 +947,17 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     os.kill(proc.pid, signal.SIGSTOP)
     backlog: list[socket.socket] = []  # the run's backlog full: a client's connect gets EAGAIN, not an answer
     path = str(next(pathlib.Path(run.env["MPVISOR_CONTROL_DIR"]).glob("*.sock")))
-    refused = (("status", "--wait", "2"), ("status", "services.toml", "--wait", "2"), ("stop", "svc", "--wait", "2"),
-               ("reload", "--name", "app", "--wait", "2"))
+    refused = (("status", "--wait", "1"), ("status", "services.toml", "--wait", "1"), ("stop", "svc", "--wait", "1"),
+               ("reload", "--name", "app", "--wait", "1"))
     try:
         while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
             backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
         with ThreadPoolExecutor(len(refused) + 1) as pool:
-            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "2")])
+            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "1")])
             *answers, logs = list(asked)
         for argv, done in zip(refused, answers, strict=True):
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
-            assert f"(pid {proc.pid}) did not answer within 2 s" in done.stderr, (argv, done.stderr)
+            assert f"(pid {proc.pid}) did not answer within 1 s" in done.stderr, (argv, done.stderr)
             assert f"it is stopped (SIGSTOP or SIGTSTP); kill -CONT {proc.pid} resumes it" in done.stderr, (argv, done.stderr)
         assert (logs.returncode, logs.stdout) == (0, "line 2\nline 3\n"), (logs.returncode, logs.stdout, logs.stderr)
         assert f"(pid {proc.pid}) did not answer within" in logs.stderr and "it is stopped" in logs.stderr, logs.stderr
