@@ -11,6 +11,7 @@ attempt and a retryable one as two.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -152,14 +153,20 @@ async def test_progress_reported_from_several_threads_never_spoils_the_channel_o
         assert outcome.value == "r" * 2_000_000
 
 
-@pytest.mark.parametrize("code", ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"])
-async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_give(code):
+EXIT_CODES = ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"]
+
+
+async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_give():
     """`sys.exit(n)` in a target ends the attempt as it would end `python -c 'sys.exit(n)'`.
     An int beyond 64 bits gave status `n & 0xFF` (0 for 2**70), where the interpreter gives 255
-    (-1: it cannot read the int); the same status now, whatever the int."""
-    interpreter = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code})"], timeout=30).returncode
+    (-1: it cannot read the int); the same status now, whatever the int. (The codes run as
+    tasks of one supervisor at once, each checked against its own interpreter's status.)"""
+    interpreters = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({code})"]) for code in EXIT_CODES]
+    statuses = [process.wait(timeout=30) for process in interpreters]
     async with supervised(CONFIG) as (handle, collector):
-        outcome, ends = await _outcome_and_ends(
-            handle, collector, _spec("exit", "workers.misbehave:sys_exit_expression", code))
-        assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (outcome, interpreter)
-        assert [e.exit_code for e in ends] == [interpreter, interpreter]
+        ended = await asyncio.gather(*(
+            _outcome_and_ends(handle, collector, _spec(f"exit-{n}", "workers.misbehave:sys_exit_expression", code))
+            for n, code in enumerate(EXIT_CODES)))
+    for code, interpreter, (outcome, ends) in zip(EXIT_CODES, statuses, ended, strict=True):
+        assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (code, outcome, interpreter)
+        assert [e.exit_code for e in ends] == [interpreter, interpreter], (code, ends)
