@@ -357,11 +357,20 @@ def current_dir() -> str | None:
 PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
 
 
+AT_SHUTDOWN = ("this Python starts no thread or process once the interpreter is shutting down (in an atexit "
+               "function, or, before 3.12.2, in a thread still running after the main script ended): supervise "
+               "before the script's end, or join that thread in it")
+
+
 def start_error(exc: BaseException) -> str:
     """Why a process or a thread could not be started, as said to the user: a fork's `EAGAIN` and
-    CPython's "can't start new thread" name the limit on processes (and threads) they ran into."""
+    CPython's "can't start new thread" name the limit on processes (and threads) they ran into;
+    CPython 3.12's refusal at interpreter shutdown ("can't create new thread at interpreter
+    shutdown", "can't fork at interpreter shutdown") says when a supervisor may start."""
     if thread_refused(exc) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
         return f"{exc}: {PROCESS_LIMIT}"
+    if type(exc) is RuntimeError and str(exc).endswith("at interpreter shutdown"):
+        return f"{exc}: {AT_SHUTDOWN}"
     return str(exc)
 
 

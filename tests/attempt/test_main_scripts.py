@@ -66,6 +66,7 @@ import atexit
 import json
 import sys
 import threading
+import time
 
 import mpvisor
 from mpvisor import TaskFn, TaskSpec
@@ -76,9 +77,15 @@ def work(where):
 
 
 def run_and_record(where, out):
-    outcome = mpvisor.run([TaskSpec.once(TaskFn("work", work, (where,)))])["work"]
+    while threading.main_thread().is_alive():  # the script's end: once it ran to its last line
+        time.sleep(0.01)
+    try:
+        outcome = mpvisor.run([TaskSpec.once(TaskFn("work", work, (where,)))])["work"]
+        record = [where, outcome.kind.name, outcome.value, outcome.reason]
+    except Exception as exc:
+        record = [where, type(exc).__name__, str(exc)]
     with open(out, "a", encoding="utf-8") as file:
-        file.write(json.dumps([where, outcome.kind.name, outcome.value, outcome.reason]) + "\\n")
+        file.write(json.dumps(record) + "\\n")
 
 
 if __name__ == "__main__":
@@ -89,12 +96,43 @@ if __name__ == "__main__":
 """
 
 
+# Whether this interpreter refuses a new thread where AFTER_THE_SCRIPT supervises: printed as JSON.
+THREADS_AFTER_THE_SCRIPT = """
+import atexit, json, os, threading, time
+
+refused = {}
+
+
+def try_a_thread(where):
+    while threading.main_thread().is_alive():  # the script's end, as in AFTER_THE_SCRIPT
+        time.sleep(0.01)
+    try:
+        started = threading.Thread(target=lambda: None)
+        started.start()
+        started.join()
+        refused[where] = False
+    except RuntimeError:
+        refused[where] = True
+
+
+def report():
+    try_a_thread("atexit")
+    os.write(1, json.dumps(refused).encode())
+
+
+atexit.register(report)
+threading.Thread(target=try_a_thread, args=("thread",)).start()
+"""
+
+
 def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ended(tmp_path):
     """Once the main script has run, CPython takes `__file__` away from `__main__`, while its
     non-daemon threads go on (the interpreter waits for them) and its `atexit` functions run
     after. A supervisor started there sent no script path, so every attempt of a target of the
     script ended FATAL blaming `python -c`, stdin or a REPL. The script's path is read from its
-    loader then, and the target runs."""
+    loader then, and the target runs. Where the interpreter starts no thread at that point
+    (CPython 3.12.0 and 3.12.1 in both places), `mpvisor.run` raises an error that says so and
+    what to do instead."""
     (tmp_path / "prog.py").write_text(AFTER_THE_SCRIPT)
     out = tmp_path / "outcomes.jsonl"
     mark = uuid.uuid4().hex
@@ -103,8 +141,18 @@ def test_a_main_script_target_runs_from_a_thread_or_atexit_after_the_script_ende
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     found = [json.loads(line) for line in out.read_text().splitlines()]
-    assert found == [["thread", "COMPLETED", "thread ran as __mp_main__", None],
-                     ["atexit", "COMPLETED", "atexit ran as __mp_main__", None]], found
+    probe = subprocess.run([sys.executable, "-c", THREADS_AFTER_THE_SCRIPT], timeout=30, capture_output=True, text=True)
+    refused = json.loads(probe.stdout)  # where this interpreter starts no thread: {"thread": bool, "atexit": bool}
+    for record in found:
+        where = record[0]
+        if not refused[where]:
+            assert record == [where, "COMPLETED", f"{where} ran as __mp_main__", None], found
+        else:
+            assert record[:2] == [where, "ConfigError"], found
+            assert record[2].startswith("cannot start the launcher: can't create new thread at interpreter shutdown: "
+                                        "this Python starts no thread or process once the interpreter is shutting "
+                                        "down"), record
+    assert [record[0] for record in found] == ["thread", "atexit"], found
     assert wait_for(lambda: not _marked(mark), timeout=5), _marked(mark)
 
 
