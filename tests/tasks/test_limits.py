@@ -389,6 +389,30 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
     assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
 
 
+async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_ended() -> None:
+    """The fork server alone SIGKILLed while a limited attempt runs (`memory=` and `cpus=`: a
+    v1 memory, a v1 cpu and a v2 cgroup of its own): its guardian kills the tree, and by the
+    time the attempt's end is reported ("launcher died") its cgroups are removed too. They
+    were left until a next fork server started: for ever when none did (`mpvisor run` ends)."""
+    from mpvisor._launchers.local import cgroups
+
+    caps = cgroups.probe()
+    directories = {cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
+                   cgroups.usable(cgroups.attempt_cgroups(caps, "cpu"), "cpu"), cgroups.kill_cgroups(caps) or ""}
+    assert "" not in directories, f"this machine gives attempts memory, cpu and kill cgroups: {directories}"
+    spec = TaskSpec.once(fn("held", "workers.basic:sleeper", 30)).with_limits(memory=256 * 2**20, cpus=1)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        launcher = handle._rt.launcher.pids()[0]
+        made = [f"{d}/{name}" for d in directories for name in os.listdir(d) if name.startswith(f"mpvisor-{launcher}-")]
+        assert len(made) == 3, made
+        os.kill(launcher, signal.SIGKILL)
+        outcome = await waiter.wait()
+        assert outcome.reason.startswith("launcher died"), outcome
+        assert [path for path in made if os.path.exists(path)] == []
+
+
 @pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
 async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch) -> None:
     """Three busy children under `cpu_seconds=2` end the attempt after about 2 s of CPU in all
