@@ -429,6 +429,22 @@ async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch
     assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores
 
 
+@pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
+async def test_cpu_seconds_count_what_left_its_session_by_setsid_and_a_double_fork(mechanism, monkeypatch) -> None:
+    """A program whose only busy process left its session by `setsid` and a double fork (its
+    parent exited at once) is ended by `cpu_seconds=0.5` either way: the attempt is a
+    subreaper, so that process stays in the tree the launcher counts."""
+    if mechanism == "launcher accounting":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    escaped = "(setsid sh -c 'while :; do :; done' &); exec sleep 30"
+    spec = TaskSpec.once(CommandTask("escaped", ["sh", "-c", escaped])).with_limits(cpu_seconds=0.5)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+    assert outcome.reason == f"cpu limit exceeded (0.5 s, {mechanism}): the tree was killed", outcome.reason
+
+
 def _own_cgroup(controller: str) -> str:
     with open("/proc/self/cgroup", encoding="utf-8") as file:
         for line in file:
