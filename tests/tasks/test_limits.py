@@ -413,6 +413,29 @@ async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_e
         assert [path for path in made if os.path.exists(path)] == []
 
 
+async def test_a_tree_killed_for_a_limit_leaves_no_cgroup_a_nested_mpvisor_made_in_its_own() -> None:
+    """An attempt that runs `mpvisor run --memory 100M -- <busy loop>` under `cpu_seconds=1`:
+    the nested run's attempt gets its cgroups below the outer attempt's own, and the outer tree's
+    kill (its CPU time spent by that busy loop) ends the nested run with no time to remove them.
+    Once the outer attempt's end is reported, its cgroups are gone, and those below them too
+    (they were left, and kept the outer ones from being removed, for ever)."""
+    from mpvisor._launchers.local import cgroups
+
+    caps = cgroups.probe()
+    directories = {cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"), cgroups.kill_cgroups(caps) or ""}
+    assert "" not in directories, f"this machine gives attempts memory and kill cgroups: {directories}"
+    nested = [sys.executable, "-m", "mpvisor", "run", "--memory", "100M", "--", sys.executable, "-c", "while True: pass"]
+    spec = TaskSpec.once(CommandTask("nested", nested)).with_limits(memory=512 * 2**20, cpu_seconds=1)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        launcher = handle._rt.launcher.pids()[0]
+        outcome = await waiter.wait()
+        assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+        left = [f"{d}/{name}" for d in directories for name in os.listdir(d) if name.startswith(f"mpvisor-{launcher}-")]
+        assert left == [], [(path, [entry for entry in os.listdir(path) if entry.startswith("mpvisor-")]) for path in left]
+
+
 @pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
 async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch) -> None:
     """Three busy children under `cpu_seconds=2` end the attempt after about 2 s of CPU in all

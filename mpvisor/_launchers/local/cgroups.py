@@ -399,11 +399,8 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)  # the kernel delivers the kills; look again
-        try:
-            os.rmdir(path)
+        if _platform.remove_cgroup(path):
             removed.append(name)
-        except OSError:
-            pass
     return removed
 
 

@@ -636,10 +636,7 @@ def _cgroup_kind(path: str) -> str:
 
 def _remove_cgroup(path: str) -> None:
     if path:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass  # gone already, or (it cannot be: its tree is reaped) still busy
+        _platform.remove_cgroup(path)  # with what a nested mpvisor of its tree made below it
 
 
 def _oom_kills(path: str) -> int:
