@@ -10,6 +10,7 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,7 @@ CASES = [
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
     ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree was killed"),
+     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree used "),
 ]
 
 
@@ -238,6 +239,10 @@ async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_li
         assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
         assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
     assert (failed.limit, failed.exit_code, finished.limit) == ("memory", -9, "memory"), (failed, finished)
+    if mechanism == "watcher":  # what it measured, past the limit (a memory cgroup's OOM kill is at it)
+        used = re.fullmatch(r"memory limit exceeded \(256 MiB, watcher\): the tree used (\S+) MiB; the tree was killed",
+                            failed.reason)
+        assert used is not None and float(used[1]) > 256, failed.reason
 
 
 async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:
@@ -465,7 +470,9 @@ async def test_cpu_seconds_count_what_left_its_session_by_setsid_and_a_double_fo
         _, waiter = await handle.add_and_watch(spec)
         outcome = await waiter.wait()
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
-    assert outcome.reason == f"cpu limit exceeded (0.5 s, {mechanism}): the tree was killed", outcome.reason
+    head, used, tail = re.fullmatch(r"(.*): the tree used (\S+) s; (.*)", outcome.reason or "").groups()
+    assert (head, tail) == (f"cpu limit exceeded (0.5 s, {mechanism})", "the tree was killed"), outcome.reason
+    assert float(used) > 0.5, outcome.reason  # what was measured: past the limit
 
 
 def _own_cgroup(controller: str) -> str:

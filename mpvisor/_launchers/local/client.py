@@ -369,11 +369,11 @@ class LauncherClient:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error, ExitStatus(how, value, memory=memory, cpu=cpu) if how else None)
-            case control.Exited(key, how, value, killed, oom, fenced, memory, cpu):
+            case control.Exited(key, how, value, killed, oom, fenced, memory, cpu, used):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
                     gone = (how, value) in _BY_SIGPIPE and _no_reader(attempt)
-                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone), killed)
+                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone, used), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):

@@ -88,7 +88,7 @@ STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
 class _Attempt:
     __slots__ = ("adopted", "cgroups", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory",
-                 "memory_hit", "oom", "pid", "reported_start", "status")
+                 "memory_hit", "oom", "pid", "reported_start", "status", "used")
 
     def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
                  cpu: float = 0.0, cgroups: tuple[str, ...] = ()) -> None:
@@ -101,6 +101,7 @@ class _Attempt:
         self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
         self.cpu = cpu  # seconds of CPU its tree may use (0: no limit)
         self.cpu_hit = ""  # it used them up: how they were counted
+        self.used = 0.0  # what was measured when it was found past `memory` (bytes, the watcher) or `cpu` (seconds)
         self.fence = fence  # its owner's fence group (0: none)
         self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
@@ -368,7 +369,9 @@ class Launcher:
                 if attempt.memcg:
                     over = _oom_kills(attempt.memcg) > 0
                 else:
-                    over = _tree_memory(attempt.pid, attempt.memory) > attempt.memory
+                    measured = _tree_memory(attempt.pid, attempt.memory)
+                    over = measured > attempt.memory
+                    attempt.used = float(measured) if over else 0.0
                 if over:
                     attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
                     self._kill(attempt.key)
@@ -379,6 +382,7 @@ class Launcher:
                     used = _tree_cpu(attempt.pid)
                 if used > attempt.cpu:
                     attempt.cpu_hit = "cgroup v2 cpu.stat" if attempt.killcg else "launcher accounting"
+                    attempt.used = used
                     self._kill(attempt.key)
 
     # --- fences -------------------------------------------------------------------------------
@@ -504,7 +508,7 @@ class Launcher:
             else:
                 self._send(control.Exited(attempt.key, how, value, attempt.killed,
                                           attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
-                                          attempt.memory_hit, attempt.cpu_hit))
+                                          attempt.memory_hit, attempt.cpu_hit, attempt.used))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
