@@ -116,6 +116,23 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
 
 
+def test_an_oom_kill_for_a_limit_above_the_attempts_own_is_not_blamed_on_its_limit(tmp_path) -> None:
+    """`mpvisor run --memory 512M` in a memory cgroup of 200 MiB (a container's limit under the
+    task's): the attempt's own cgroup counts the OOM kill (the kernel counts it where its victim
+    is), but its tree never reached its own 512 MiB: the outcome says the OOM killer, as
+    without a limit, not `memory limit exceeded (512 MiB, ...)`."""
+    cgroup = _memory_cgroup(f"mpvisor-oom-above-{os.getpid()}", 200 * 2**20)
+    try:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run --memory 512M workers.limits:resident_hog 8'
+        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        os.rmdir(cgroup)  # empty again: every process of the run has exited
+    assert done.returncode == 128 + 9, done.stderr
+    assert "memory limit exceeded" not in done.stderr, done.stderr
+    assert "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
 async def test_an_oom_kill_in_its_memory_cgroup_fails_the_attempt_however_fast_its_main_process_exits() -> None:
     """A program whose child the OOM killer kills in the attempt's memory cgroup, and which then
     exits 0 at once (long before the launcher's next look, mostly): its cgroup's count, read at

@@ -367,7 +367,7 @@ class Launcher:
                 continue
             if attempt.memory:
                 if attempt.memcg:
-                    over = _oom_kills(attempt.memcg) > 0
+                    over = _oom_kills(attempt.memcg) > 0 and _reached_its_limit(attempt.memcg)
                 else:
                     measured = _tree_memory(attempt.pid, attempt.memory)
                     over = measured > attempt.memory
@@ -444,7 +444,10 @@ class Launcher:
                 attempt.status = _status(info)
                 if attempt.memcg:  # its own cgroup's count alone says whether the OOM killer ended it
                     if not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
-                        attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                        if _reached_its_limit(attempt.memcg):
+                            attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                        else:  # a limit above its own (a container's): the OOM killer's, not its limit's doing
+                            attempt.oom = attempt.status == ("signal", signal.SIGKILL) and not attempt.killed
                 elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
@@ -652,6 +655,31 @@ def _oom_kills(path: str) -> int:
         except OSError:
             continue
     return 0
+
+
+def _reached_its_limit(path: str) -> bool:
+    """Whether the memory cgroup `path` ever reached its own limit: v2 `memory.events` `max`; v1
+    its peak, `memory.max_usage_in_bytes`, within `PEAK_SLACK` of `memory.limit_in_bytes` (its
+    `memory.failcnt` stays 0 where the swap counter, limited too, is charged first). An OOM kill
+    counted there while it never did was a limit above it running out (its supervisor's
+    container, a nested mpvisor's attempt): the kernel counts a kill in the victim's cgroup,
+    whichever limit was reached. Where it cannot be read: reached, as its own count says."""
+    try:
+        for line in read_small_file(f"{path}/memory.events").splitlines():
+            if line.startswith(b"max "):
+                return int(line.split()[1]) > 0
+        return True
+    except OSError:
+        pass
+    try:
+        peak = int(read_small_file(f"{path}/memory.max_usage_in_bytes"))
+        limit = int(read_small_file(f"{path}/memory.limit_in_bytes"))
+    except (OSError, ValueError):
+        return True
+    return peak + PEAK_SLACK >= limit
+
+
+PEAK_SLACK = 4 * 2**20  # a v1 cgroup at its limit peaks within a few charge batches (64 pages each) of it
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
