@@ -14,6 +14,7 @@ pid, names one process for its whole life).
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
+| remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
@@ -171,6 +172,25 @@ class OomKills:
             return False
         self.explained += 1
         return True
+
+
+def remove_cgroup(path: str) -> bool:
+    """Remove the cgroup `path`, whose processes have all ended, and every cgroup below it first
+    (a program of its tree may have made some, as a nested mpvisor does for its attempts, and a
+    kill of the tree leaves them behind); a cgroup still busy stays. True when `path` is gone."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    for directory, _, _ in os.walk(path, topdown=False):  # the deepest first: each is empty once its children are gone
+        try:
+            os.rmdir(directory)
+        except OSError:
+            continue
+    return not os.path.exists(path)
 
 
 def kill_cgroup_member(pid: int, name: str) -> None:

@@ -18,7 +18,7 @@ lose at exit).
 | `started pid` | `on_started(pid)` |
 | `data bytes` | `on_data` |
 | `output stream line` (always captured there) | `on_output`, if the runtime captures; else the line is written to this process's fd 1 / fd 2 (`_Echo`) |
-| `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
+| `exited how value killed oom memory cpu used` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
@@ -820,8 +820,9 @@ class RayClient:
                 sink.on_started(pid)
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid = node, agent_pid
-            case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu):
-                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu), killed))
+            case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu,
+                  float() as used):
+                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu, used=used), killed))
                 return True
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
@@ -1177,7 +1178,7 @@ class Agent:
         pass  # the parent's sink hears it just before the end, which follows at once
 
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        self._emit(["exited", status.how, status.value, killed, status.oom, status.memory, status.cpu])
+        self._emit(["exited", status.how, status.value, killed, status.oom, status.memory, status.cpu, status.used])
 
     def on_launcher_died(self, how: str = "launcher died") -> None:
         self._emit(["launcher_died", f"{how} (the agent's fork server)"])

@@ -92,6 +92,8 @@ class ExitStatus:
     reader_gone: bool = False  # killed by SIGPIPE (or exited 141, a shell's word for it) while the stdout or stderr
     # it shares with this process (no `capture_output`) was a pipe without a reader: the pipeline it wrote to
     # ended, and no reader ever comes back
+    used: float = 0.0  # with `memory` or `cpu`: what the launcher measured the tree used, bytes or CPU seconds (0.0:
+    # not measured: a memory cgroup's OOM kill is at its limit)
 
     @property
     def exit_code(self) -> int:

@@ -390,11 +390,15 @@ class TaskSpec:
         `mpvisor.ray.RayLauncher` reserves them; the local launcher ignores them)."""
         return dataclasses.replace(self, resources=Resources(num_cpus, memory, resources))
 
-    def with_restart_intensity(self, max_restarts: int, within_seconds: float | timedelta) -> TaskSpec:
+    def with_restart_intensity(self, max_restarts: int | None, within_seconds: float | timedelta | None = None) -> TaskSpec:
         """The same spec ending `FAILED` (`restart intensity exceeded ...`) on a restart that
         would make more than `max_restarts` within `within_seconds` (a sliding window), whatever
-        its retry budget (see `RestartIntensity`)."""
-        return dataclasses.replace(self, restart_intensity=RestartIntensity(max_restarts, within_seconds))
+        its retry budget (see `RestartIntensity`); `with_restart_intensity(None)`: no bound,
+        whatever the supervisor's `TaskDefaults` say."""
+        if max_restarts is None and within_seconds is None:
+            return dataclasses.replace(self, restart_intensity=None)
+        intensity = RestartIntensity(max_restarts, within_seconds)  # type: ignore[arg-type]  # it names a None it refuses
+        return dataclasses.replace(self, restart_intensity=intensity)
 
     def with_limits(self, memory: int | None = None, cpu_seconds: float | None = None,
                     open_files: int | None = None, address_space: int | None = None,

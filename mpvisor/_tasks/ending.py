@@ -8,7 +8,7 @@ first match wins (the reason a stop was requested decides over how the child end
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
 | 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
-| 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree was killed`; then named after the limit |
+| 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
@@ -164,7 +164,19 @@ def _past_a_limit(status: ExitStatus) -> str:
     the launcher's looks), and the launcher killed what was left."""
     if status.memory.startswith("cgroup"):  # its own memory cgroup counted an OOM kill
         return "the OOM killer killed a process of its tree; the tree was killed"
+    if status.used and status.memory:  # the watcher's measure
+        return f"the tree used {_measured_bytes(round(status.used))}; the tree was killed"
+    if status.used:  # its CPU time, as counted
+        return f"the tree used {status.used:.2f} s; the tree was killed"
     return "the tree was killed"
+
+
+def _measured_bytes(n: int) -> str:
+    """A measure in the unit a limit is given in (`312.5 MiB`): unlike a limit, seldom round."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def from_report(report: Result | Failure, killed: str | None = None) -> AttemptEnd:

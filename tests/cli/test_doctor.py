@@ -46,7 +46,9 @@ def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
-    assert "OOM counts: per attempt from memory.oom_control (v1)" in lines
+    own = next(line for line in lines if line.startswith("cgroup v1 memory: ")).split()[3]
+    assert (f"OOM counts: per attempt from memory.oom_control (v1) for attempts with memory=; for the others per "
+            f"supervisor (shared by its attempts) from {own}/memory.oom_control") in lines  # an unlimited attempt's count
     assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines
     assert "cpus limit: cgroup v1 cpu.cfs_quota_us" in lines
     assert not [line for line in lines if line.startswith("stronger: ")]
@@ -63,7 +65,8 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger"}
     assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
     assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
-    assert facts["v1_memory"] is not None and facts["oom"] == {"scope": "attempt", "file": "memory.oom_control"}
+    assert facts["v1_memory"] is not None and facts["oom"] == {
+        "scope": "attempt", "file": "memory.oom_control", "shared": f"{facts['v1_memory']}/memory.oom_control"}
     assert facts["mechanisms"]["memory"] == "cgroup v1 memory.limit_in_bytes" and facts["stronger"] is None
 
 
@@ -128,7 +131,8 @@ def test_the_lines_of_delegated_v2_v1_alone_and_no_cgroups():
         "cgroup v2: /sys/fs/cgroup/app.scope (writable; controllers for attempts: cpu memory "
         "(once this cgroup's processes move into a leaf))")
     assert doctor.lines(delegated)[-5:] == [
-        "OOM counts: per attempt from memory.events (v2)", "memory limit: cgroup v2 memory.max",
+        "OOM counts: per attempt from memory.events (v2) for attempts with memory=; for the others none",
+        "memory limit: cgroup v2 memory.max",
         "cpu_seconds limit: cgroup v2 cpu.stat", "cpus limit: cgroup v2 cpu.max",
         "tree kill: cgroup.kill for attempts in a cgroup of their own: those with memory=, cpu_seconds= or cpus=, "
         "or every one under SupervisorConfig(isolation=\"cgroup\"); process-table walk for the others"]

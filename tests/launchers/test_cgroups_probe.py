@@ -231,11 +231,13 @@ def test_pure_v2_delegated_to_a_user_scope():
         pidfd=True, subreaper=True, version="v2", root=False, systemd=True, v1_controllers=(),
         v2_mount="/sys/fs/cgroup", v2_cgroup=f"/sys/fs/cgroup{V2_SCOPE}", v2_writable=True,
         v2_controllers=("cpu", "io", "memory", "pids"), v2_leaf_move=True, cgroup_kill=True, cgroup_freeze=True,
-        v2_cpu_stat=True, oom=OomSource("attempt", "memory.events"),
+        v2_cpu_stat=True, oom=OomSource("attempt", "memory.events", f"/sys/fs/cgroup{V2_SCOPE}/memory.events"),
     )
     assert caps.v1_dirs() == dict.fromkeys(("memory", "cpu", "cpuacct", "freezer", "pids"))
     assert mechanisms(caps) == cgroups.Mechanisms(
-        "cgroup v2 memory.max", "cgroup v2 cpu.stat", "cgroup v2 cpu.max", "cgroup.kill", "per attempt from memory.events (v2)")
+        "cgroup v2 memory.max", "cgroup v2 cpu.stat", "cgroup v2 cpu.max", "cgroup.kill",
+        "per attempt from memory.events (v2) for attempts with memory=; for the others per supervisor (shared by its "
+        f"attempts) from /sys/fs/cgroup{V2_SCOPE}/memory.events")
     _every_limit_uses_a_cgroup(caps)
 
 
@@ -351,11 +353,13 @@ def test_v1_alone_as_root_in_a_privileged_container():
     assert caps == Capabilities(
         pidfd=True, subreaper=True, version="v1", root=True, v1_controllers=("cpu", "cpuacct", "devices", "freezer", "memory", "pids"),
         v1_memory="/sys/fs/cgroup/memory", v1_cpu="/sys/fs/cgroup/cpu,cpuacct", v1_cpuacct="/sys/fs/cgroup/cpu,cpuacct",
-        v1_freezer="/sys/fs/cgroup/freezer", v1_pids="/sys/fs/cgroup/pids", oom=OomSource("attempt", "memory.oom_control"),
+        v1_freezer="/sys/fs/cgroup/freezer", v1_pids="/sys/fs/cgroup/pids",
+        oom=OomSource("attempt", "memory.oom_control", "/sys/fs/cgroup/memory/docker/abc/memory.oom_control"),
     )
     assert mechanisms(caps) == cgroups.Mechanisms(
         "cgroup v1 memory.limit_in_bytes", "cgroup v1 cpuacct.usage", "cgroup v1 cpu.cfs_quota_us",
-        "freeze (v1 freezer) then kill", "per attempt from memory.oom_control (v1)")
+        "freeze (v1 freezer) then kill", "per attempt from memory.oom_control (v1) for attempts with memory=; for the "
+        "others per supervisor (shared by its attempts) from /sys/fs/cgroup/memory/docker/abc/memory.oom_control")
     used = cgroups.in_use(caps)  # a limited attempt's v1 cgroups: its members are killed; no v2 for CPU time
     assert (used.memory, used.cpu_seconds, used.cpus, used.tree_kill) == (
         "cgroup v1 memory.limit_in_bytes", "launcher accounting of the tree", "cgroup v1 cpu.cfs_quota_us", cgroups.KILL_MEMBERS)
@@ -396,11 +400,13 @@ def test_hybrid_like_this_machine():
         v2_mount="/sys/fs/cgroup/unified", v2_cgroup="/sys/fs/cgroup/unified", v2_writable=True,
         v2_controllers=("hugetlb",), v2_leaf_move=False, cgroup_kill=True, cgroup_freeze=True, v2_cpu_stat=True,
         v1_memory=HYBRID_MEMORY, v1_cpu="/sys/fs/cgroup/cpu", v1_cpuacct="/sys/fs/cgroup/cpuacct",
-        v1_freezer="/sys/fs/cgroup/freezer", v1_pids="/sys/fs/cgroup/pids", oom=OomSource("attempt", "memory.oom_control"),
+        v1_freezer="/sys/fs/cgroup/freezer", v1_pids="/sys/fs/cgroup/pids",
+        oom=OomSource("attempt", "memory.oom_control", f"{HYBRID_MEMORY}/memory.oom_control"),
     )
     assert mechanisms(caps) == cgroups.Mechanisms(
         "cgroup v1 memory.limit_in_bytes", "cgroup v2 cpu.stat", "cgroup v1 cpu.cfs_quota_us", "cgroup.kill",
-        "per attempt from memory.oom_control (v1)")
+        "per attempt from memory.oom_control (v1) for attempts with memory=; for the others per supervisor (shared "
+        f"by its attempts) from {HYBRID_MEMORY}/memory.oom_control")
     _every_limit_uses_a_cgroup(caps)
 
 
@@ -511,7 +517,7 @@ def test_probe_on_this_machine(monkeypatch: pytest.MonkeyPatch):
     assert caps.root, "this machine runs as root"
     writable = {name: os.path.realpath(where) for name, where in caps.v1_dirs().items() if where is not None}
     assert writable == {name: os.path.realpath(v1[name]) for name in cgroups.V1_LIMITING if name in v1}
-    assert "memory" in writable and caps.oom == OomSource("attempt", "memory.oom_control")
+    assert "memory" in writable and caps.oom == OomSource("attempt", "memory.oom_control", f"{v1['memory']}/memory.oom_control")
     if v2 is not None:
         assert caps.v2_writable and caps.cgroup_freeze and caps.v2_cpu_stat
     probe_name = f"mpvisor-probe-{os.getpid()}"

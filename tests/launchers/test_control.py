@@ -26,7 +26,7 @@ EXAMPLES = [
     control.Spawn(16, False, "", False, control.NO_TERMINAL, 0, 256 * 2**20, "/sys/fs/cgroup/memory/x"),
     control.Spawn(19, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified"),
     control.Spawn(20, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 2.5),
-    control.Exited(21, "signal", 9, False, False, False, "", "cgroup v2 cpu.stat"),
+    control.Exited(21, "signal", 9, False, False, False, "", "cgroup v2 cpu.stat", 1.03),
     control.Spawn(22, False, "", False, control.NO_TERMINAL, 0, 0, "", "/sys/fs/cgroup/unified", 0.0, 1.5, "/sys/fs/cgroup/cpu"),
     control.Spawn(17, False, "", False, control.NO_TERMINAL, 0, 2**20, ""), control.Exited(18, "signal", 9, False, True, False, "cgroup v1"),
     control.Spawn(23, False, "", True, control.FOREGROUND, passed=(3, 9, 255)),
@@ -90,7 +90,8 @@ _messages = st.one_of(
     st.builds(control.StartFailed, _ints, st.text(), st.sampled_from(["", "exit", "signal"]), _ints,
               st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "launcher accounting"])),
     st.builds(control.Exited, _ints, st.sampled_from(["exit", "signal"]), _ints, st.booleans(), st.booleans(), st.booleans(),
-              st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "cgroup v2 cpu.stat", "launcher accounting"])),
+              st.sampled_from(["", "cgroup v1", "watcher"]), st.sampled_from(["", "cgroup v2 cpu.stat", "launcher accounting"]),
+              st.floats(min_value=0, allow_infinity=False, allow_nan=False)),
 )
 
 

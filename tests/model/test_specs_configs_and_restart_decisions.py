@@ -549,6 +549,11 @@ def test_restart_intensity_is_validated_and_inherited() -> None:
     assert spec.resolve(defaults).restart_intensity == RestartIntensity(5, 60)
     assert spec.with_restart_intensity(2, 10).resolve(defaults).restart_intensity == RestartIntensity(2, 10.0)
     assert dataclasses.replace(spec, restart_intensity=None).resolve(defaults).restart_intensity is None
+    assert spec.with_restart_intensity(None).resolve(defaults).restart_intensity is None  # as `with_timeout(None)`
+    with pytest.raises(ConfigError, match="within must be a number of seconds or a timedelta, got None"):
+        spec.with_restart_intensity(3)
+    with pytest.raises(ConfigError, match="max_restarts must be a non-negative integer, got None"):
+        spec.with_restart_intensity(None, 10)
 
 
 @pytest.mark.parametrize("n, text", [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"),

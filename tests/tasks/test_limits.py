@@ -10,6 +10,7 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,7 @@ CASES = [
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
     ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree was killed"),
+     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree used "),
 ]
 
 
@@ -113,6 +114,23 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
         os.rmdir(cgroup)  # empty again: every process of the run has exited
     assert done.returncode == 128 + 9, done.stderr
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
+def test_an_oom_kill_for_a_limit_above_the_attempts_own_is_not_blamed_on_its_limit(tmp_path) -> None:
+    """`mpvisor run --memory 512M` in a memory cgroup of 200 MiB (a container's limit under the
+    task's): the attempt's own cgroup counts the OOM kill (the kernel counts it where its victim
+    is), but its tree never reached its own 512 MiB: the outcome says the OOM killer, as
+    without a limit, not `memory limit exceeded (512 MiB, ...)`."""
+    cgroup = _memory_cgroup(f"mpvisor-oom-above-{os.getpid()}", 200 * 2**20)
+    try:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run --memory 512M workers.limits:resident_hog 8'
+        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        os.rmdir(cgroup)  # empty again: every process of the run has exited
+    assert done.returncode == 128 + 9, done.stderr
+    assert "memory limit exceeded" not in done.stderr, done.stderr
+    assert "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
 
 
 async def test_an_oom_kill_in_its_memory_cgroup_fails_the_attempt_however_fast_its_main_process_exits() -> None:
@@ -238,6 +256,10 @@ async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_li
         assert killed.seq < failed.seq and killed.pid == start.pid, (killed, failed)
         assert killed.reason == f"killed pid {start.pid}: its tree ran past its memory limit ({mechanism})", killed.reason
     assert (failed.limit, failed.exit_code, finished.limit) == ("memory", -9, "memory"), (failed, finished)
+    if mechanism == "watcher":  # what it measured, past the limit (a memory cgroup's OOM kill is at it)
+        used = re.fullmatch(r"memory limit exceeded \(256 MiB, watcher\): the tree used (\S+) MiB; the tree was killed",
+                            failed.reason)
+        assert used is not None and float(used[1]) > 256, failed.reason
 
 
 async def test_sleeping_threads_fit_a_resident_limit_and_a_memory_error_is_not_the_limit() -> None:
@@ -389,6 +411,53 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
     assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
 
 
+async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_ended() -> None:
+    """The fork server alone SIGKILLed while a limited attempt runs (`memory=` and `cpus=`: a
+    v1 memory, a v1 cpu and a v2 cgroup of its own): its guardian kills the tree, and by the
+    time the attempt's end is reported ("launcher died") its cgroups are removed too. They
+    were left until a next fork server started: for ever when none did (`mpvisor run` ends)."""
+    from mpvisor._launchers.local import cgroups
+
+    caps = cgroups.probe()
+    directories = {cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
+                   cgroups.usable(cgroups.attempt_cgroups(caps, "cpu"), "cpu"), cgroups.kill_cgroups(caps) or ""}
+    assert "" not in directories, f"this machine gives attempts memory, cpu and kill cgroups: {directories}"
+    spec = TaskSpec.once(fn("held", "workers.basic:sleeper", 30)).with_limits(memory=256 * 2**20, cpus=1)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        launcher = handle._rt.launcher.pids()[0]
+        made = [f"{d}/{name}" for d in directories for name in os.listdir(d) if name.startswith(f"mpvisor-{launcher}-")]
+        assert len(made) == 3, made
+        os.kill(launcher, signal.SIGKILL)
+        outcome = await waiter.wait()
+        assert outcome.reason.startswith("launcher died"), outcome
+        assert [path for path in made if os.path.exists(path)] == []
+
+
+async def test_a_tree_killed_for_a_limit_leaves_no_cgroup_a_nested_mpvisor_made_in_its_own() -> None:
+    """An attempt that runs `mpvisor run --memory 100M -- <busy loop>` under `cpu_seconds=1`:
+    the nested run's attempt gets its cgroups below the outer attempt's own, and the outer tree's
+    kill (its CPU time spent by that busy loop) ends the nested run with no time to remove them.
+    Once the outer attempt's end is reported, its cgroups are gone, and those below them too
+    (they were left, and kept the outer ones from being removed, for ever)."""
+    from mpvisor._launchers.local import cgroups
+
+    caps = cgroups.probe()
+    directories = {cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"), cgroups.kill_cgroups(caps) or ""}
+    assert "" not in directories, f"this machine gives attempts memory and kill cgroups: {directories}"
+    nested = [sys.executable, "-m", "mpvisor", "run", "--memory", "100M", "--", sys.executable, "-c", "while True: pass"]
+    spec = TaskSpec.once(CommandTask("nested", nested)).with_limits(memory=512 * 2**20, cpu_seconds=1)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, events):
+        task_id, waiter = await handle.add_and_watch(spec)
+        await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
+        launcher = handle._rt.launcher.pids()[0]
+        outcome = await waiter.wait()
+        assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+        left = [f"{d}/{name}" for d in directories for name in os.listdir(d) if name.startswith(f"mpvisor-{launcher}-")]
+        assert left == [], [(path, [entry for entry in os.listdir(path) if entry.startswith("mpvisor-")]) for path in left]
+
+
 @pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
 async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch) -> None:
     """Three busy children under `cpu_seconds=2` end the attempt after about 2 s of CPU in all
@@ -403,6 +472,24 @@ async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
     assert outcome.reason.startswith(f"cpu limit exceeded (2 s, {mechanism}): "), outcome.reason
     assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
+async def test_cpu_seconds_count_what_left_its_session_by_setsid_and_a_double_fork(mechanism, monkeypatch) -> None:
+    """A program whose only busy process left its session by `setsid` and a double fork (its
+    parent exited at once) is ended by `cpu_seconds=0.5` either way: the attempt is a
+    subreaper, so that process stays in the tree the launcher counts."""
+    if mechanism == "launcher accounting":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    escaped = "(setsid sh -c 'while :; do :; done' &); exec sleep 30"
+    spec = TaskSpec.once(CommandTask("escaped", ["sh", "-c", escaped])).with_limits(cpu_seconds=0.5)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+    head, used, tail = re.fullmatch(r"(.*): the tree used (\S+) s; (.*)", outcome.reason or "").groups()
+    assert (head, tail) == (f"cpu limit exceeded (0.5 s, {mechanism})", "the tree was killed"), outcome.reason
+    assert float(used) > 0.5, outcome.reason  # what was measured: past the limit
 
 
 def _own_cgroup(controller: str) -> str:

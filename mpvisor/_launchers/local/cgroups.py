@@ -219,10 +219,13 @@ class V2Seen:
 class OomSource:
     """Where OOM kills are counted: per `attempt` (its own cgroup's `file`, `memory.events` or
     `memory.oom_control`), per `cgroup` (this process's memory cgroup's `file`, shared by all its
-    attempts), the `system` (`/proc/vmstat`), or `none`."""
+    attempts), the `system` (`/proc/vmstat`), or `none`. Only a memory-limited attempt has a
+    memory cgroup of its own: per `attempt`, the others' count is `shared` (the file a `cgroup`
+    or `system` scope would read; None: none)."""
 
     scope: OomScope
     file: str | None = None
+    shared: str | None = None
 
 
 @record(frozen=True)
@@ -274,9 +277,9 @@ def decide(layout: Layout, *, pidfd: bool, subreaper: bool, root: bool = False, 
     files = child if child is not None else seen.own_files
     v1 = {name: layout.v1_dirs[name] if layout.v1_dirs.get(name) in v1_writable else None for name in V1_LIMITING}
     if writable and "memory" in delegated:
-        oom = OomSource("attempt", "memory.events")
+        oom = OomSource("attempt", "memory.events", shared_oom)
     elif v1["memory"] is not None:
-        oom = OomSource("attempt", "memory.oom_control")
+        oom = OomSource("attempt", "memory.oom_control", shared_oom)
     elif shared_oom is None:
         oom = OomSource("none")
     else:
@@ -399,11 +402,8 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)  # the kernel delivers the kills; look again
-        try:
-            os.rmdir(path)
+        if _platform.remove_cgroup(path):
             removed.append(name)
-        except OSError:
-            pass
     return removed
 
 
@@ -483,9 +483,13 @@ def in_use(caps: Capabilities) -> Mechanisms:
 
 
 def oom_words(oom: OomSource) -> str:
-    """Where OOM counts come from, in words (`per attempt from memory.oom_control (v1)`)."""
+    """Where OOM counts come from, in words (`per attempt from memory.oom_control (v1) for
+    attempts with memory=; for the others per supervisor ...`)."""
     if oom.scope == "attempt":
-        return f"per attempt from {oom.file} ({'v2' if oom.file == 'memory.events' else 'v1'})"
+        others = oom_words(OomSource("system" if oom.shared == "/proc/vmstat" else "cgroup", oom.shared)) \
+            if oom.shared else "none"
+        return (f"per attempt from {oom.file} ({'v2' if oom.file == 'memory.events' else 'v1'}) for attempts with "
+                f"memory=; for the others {others}")
     if oom.scope == "cgroup":
         return f"per supervisor (shared by its attempts) from {oom.file}"
     if oom.scope == "system":

@@ -369,11 +369,11 @@ class LauncherClient:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error, ExitStatus(how, value, memory=memory, cpu=cpu) if how else None)
-            case control.Exited(key, how, value, killed, oom, fenced, memory, cpu):
+            case control.Exited(key, how, value, killed, oom, fenced, memory, cpu, used):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
                     gone = (how, value) in _BY_SIGPIPE and _no_reader(attempt)
-                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone), killed)
+                    attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone, used), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
             case control.Stopped(key, signum):
@@ -450,7 +450,7 @@ class LauncherClient:
         if returncode < 0:  # the guardian was killed: perhaps with the launcher, leaving what the
             for attempt in orphaned:  # attempts started in their groups and cgroups to nobody
                 attempt.kill_group_left()
-            self._clean_cgroups()
+        self._clean_cgroups()  # and the cgroups a killed launcher could not remove (its guardian emptied them)
         for attempt in orphaned:
             attempt.launcher_died()
         if self._startup is not None:
@@ -545,7 +545,8 @@ class LauncherClient:
         return self._cgroups
 
     def _clean_cgroups(self) -> None:
-        """Kill and remove the attempt cgroups a fork server killed with its guardian left."""
+        """Kill and remove the attempt cgroups a killed fork server left (emptied by its guardian,
+        or, when the guardian was killed with it, by nobody)."""
         if self._cgroups is None:
             return
         from mpvisor._launchers.local import cgroups

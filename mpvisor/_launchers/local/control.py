@@ -23,7 +23,7 @@ version refuses that launcher (`ControlError`).
 | `Ready` | version, pid, error | |
 | `Started` | key, pid | its pidfd |
 | `StartFailed` | key, error | |
-| `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not), cpu (likewise its CPU-time limit) | |
+| `Exited` | key, how ("exit" or "signal"), value, killed, oom, fenced (its fence was reached and the launcher stopped it), memory (its tree exceeded its memory limit: the mechanism; "" if not), cpu (likewise its CPU-time limit), used (what the launcher measured of that limit: bytes or CPU seconds; 0.0 when not measured, as for a memory cgroup's OOM kill) | |
 | `Stopped` | key, signum (a terminal's attempt was stopped, by any signal: Ctrl-Z, a read in the background, a SIGSTOP) | |
 """
 
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 10  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds
+CONTROL_VERSION = 11  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds; 11: `exited` carries `used`
 
 
 class ControlError(ProtocolError):
@@ -151,6 +151,7 @@ class Exited(NamedTuple):
     fenced: bool = False
     memory: str = ""  # its tree exceeded its memory limit, kept by this mechanism ("cgroup v1", "watcher")
     cpu: str = ""  # its tree used up its CPU time, counted by this mechanism ("cgroup v2 cpu.stat", "launcher accounting")
+    used: float = 0.0  # what the launcher measured then: bytes (the watcher) or CPU seconds (0.0: not measured)
 
 
 class Stopped(NamedTuple):
@@ -206,8 +207,8 @@ def decode(data: bytes) -> Message:
         case ["start_failed", int(key), str(error), ("" | "exit" | "signal") as how, int(value), str(memory), str(cpu)]:
             return StartFailed(key, error, how, value, memory, cpu)
         case ["exited", int(key), ("exit" | "signal") as how, int(value), bool(killed), bool(oom), bool(fenced), str(memory),
-              str(cpu)]:
-            return Exited(key, how, value, killed, oom, fenced, memory, cpu)
+              str(cpu), float(used)] if used >= 0:
+            return Exited(key, how, value, killed, oom, fenced, memory, cpu, used)
         case ["stopped", int(key), int(signum)]:
             return Stopped(key, signum)
         case other:

@@ -88,7 +88,7 @@ STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
 class _Attempt:
     __slots__ = ("adopted", "cgroups", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory",
-                 "memory_hit", "oom", "pid", "reported_start", "status")
+                 "memory_hit", "oom", "pid", "reported_start", "status", "used")
 
     def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
                  cpu: float = 0.0, cgroups: tuple[str, ...] = ()) -> None:
@@ -101,6 +101,7 @@ class _Attempt:
         self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
         self.cpu = cpu  # seconds of CPU its tree may use (0: no limit)
         self.cpu_hit = ""  # it used them up: how they were counted
+        self.used = 0.0  # what was measured when it was found past `memory` (bytes, the watcher) or `cpu` (seconds)
         self.fence = fence  # its owner's fence group (0: none)
         self.fenced = False  # its fence was reached while it ran: the launcher stopped it
         self.reported_start = False
@@ -366,9 +367,11 @@ class Launcher:
                 continue
             if attempt.memory:
                 if attempt.memcg:
-                    over = _oom_kills(attempt.memcg) > 0
+                    over = _oom_kills(attempt.memcg) > 0 and _reached_its_limit(attempt.memcg)
                 else:
-                    over = _tree_memory(attempt.pid, attempt.memory) > attempt.memory
+                    measured = _tree_memory(attempt.pid, attempt.memory)
+                    over = measured > attempt.memory
+                    attempt.used = float(measured) if over else 0.0
                 if over:
                     attempt.memory_hit = _cgroup_kind(attempt.memcg) if attempt.memcg else "watcher"
                     self._kill(attempt.key)
@@ -379,6 +382,7 @@ class Launcher:
                     used = _tree_cpu(attempt.pid)
                 if used > attempt.cpu:
                     attempt.cpu_hit = "cgroup v2 cpu.stat" if attempt.killcg else "launcher accounting"
+                    attempt.used = used
                     self._kill(attempt.key)
 
     # --- fences -------------------------------------------------------------------------------
@@ -440,7 +444,10 @@ class Launcher:
                 attempt.status = _status(info)
                 if attempt.memcg:  # its own cgroup's count alone says whether the OOM killer ended it
                     if not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
-                        attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                        if _reached_its_limit(attempt.memcg):
+                            attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                        else:  # a limit above its own (a container's): the OOM killer's, not its limit's doing
+                            attempt.oom = attempt.status == ("signal", signal.SIGKILL) and not attempt.killed
                 elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
@@ -504,7 +511,7 @@ class Launcher:
             else:
                 self._send(control.Exited(attempt.key, how, value, attempt.killed,
                                           attempt.oom or attempt.memory_hit.startswith("cgroup"), attempt.fenced,
-                                          attempt.memory_hit, attempt.cpu_hit))
+                                          attempt.memory_hit, attempt.cpu_hit, attempt.used))
 
     def _children(self) -> set[int]:
         return _platform.children(self.me, CHILDREN_READS)
@@ -636,10 +643,7 @@ def _cgroup_kind(path: str) -> str:
 
 def _remove_cgroup(path: str) -> None:
     if path:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass  # gone already, or (it cannot be: its tree is reaped) still busy
+        _platform.remove_cgroup(path)  # with what a nested mpvisor of its tree made below it
 
 
 def _oom_kills(path: str) -> int:
@@ -651,6 +655,31 @@ def _oom_kills(path: str) -> int:
         except OSError:
             continue
     return 0
+
+
+def _reached_its_limit(path: str) -> bool:
+    """Whether the memory cgroup `path` ever reached its own limit: v2 `memory.events` `max`; v1
+    its peak, `memory.max_usage_in_bytes`, within `PEAK_SLACK` of `memory.limit_in_bytes` (its
+    `memory.failcnt` stays 0 where the swap counter, limited too, is charged first). An OOM kill
+    counted there while it never did was a limit above it running out (its supervisor's
+    container, a nested mpvisor's attempt): the kernel counts a kill in the victim's cgroup,
+    whichever limit was reached. Where it cannot be read: reached, as its own count says."""
+    try:
+        for line in read_small_file(f"{path}/memory.events").splitlines():
+            if line.startswith(b"max "):
+                return int(line.split()[1]) > 0
+        return True
+    except OSError:
+        pass
+    try:
+        peak = int(read_small_file(f"{path}/memory.max_usage_in_bytes"))
+        limit = int(read_small_file(f"{path}/memory.limit_in_bytes"))
+    except (OSError, ValueError):
+        return True
+    return peak + PEAK_SLACK >= limit
+
+
+PEAK_SLACK = 4 * 2**20  # a v1 cgroup at its limit peaks within a few charge batches (64 pages each) of it
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
