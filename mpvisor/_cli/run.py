@@ -30,8 +30,8 @@ COMMAND's stdout is its own. With `--events json`, stdout carries the events onl
 each, as `JsonLinesWriter` writes them; no value line), and the target's stdout goes to stderr.
 Either way the CLI moves its own stdout to stderr before the launcher starts, so every attempt
 inherits that. `--progress` shows the task's progress on stderr (done/total, rate, ETA,
-attempt): a bar redrawn in place on a terminal, a plain line at most every 2 s otherwise
-(`ProgressBar`).
+attempt): a bar redrawn in place on a terminal, a plain line at most every 2 s otherwise, and
+each attempt's last report at its end (`ProgressBar`).
 
 With `--slot NAME`, the task is a submission to a controller whose slots are shared with every
 mpvisor process of this user on this host (`ControllerConfig(leases="local")`): it runs only

@@ -16,8 +16,9 @@ stale one).
 | `done` went down, or a new attempt | starts over | starts over |
 
 `ProgressBar` on a terminal redraws one line in place (`\\r`); elsewhere it prints a plain line
-per task at most every `PLAIN_INTERVAL` seconds of report time, and always the report that
-says the attempt is done. Both leave the events' meaning alone: progress observes, it never
+per task at most every `PLAIN_INTERVAL` seconds of report time, always the report that
+says the attempt is done, and, at the attempt's end, its last report if that was held back (so
+an attempt that fails at 3/10 shows 3/10, not the 1/10 printed 2 s before). Both leave the events' meaning alone: progress observes, it never
 decides (a lost event only skips a redraw).
 """
 
@@ -37,7 +38,7 @@ from collections.abc import (
 )
 from typing import IO, Any, NamedTuple, overload
 
-from mpvisor._model.events import Event, EventKind, printable, shorten
+from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, printable, shorten
 
 WINDOW = 10.0  # seconds of recent reports a rate is measured over
 PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
@@ -208,7 +209,8 @@ class ProgressBar:
     """`--progress` (a subscriber): each task's latest progress on `stream`. `live` (a
     terminal): one bar redrawn in place per report; otherwise a plain line
     `mpvisor: <task>: progress 3/10 30% 2.1/s ETA 3s attempt 1` at most every `interval` seconds
-    per task, and always the one that says the attempt is done."""
+    per task, always the one that says the attempt is done, and the attempt's last report at its
+    end when that one was held back."""
 
     name = "progress"
     queue_capacity = 64
@@ -221,6 +223,7 @@ class ProgressBar:
         self.lock = lock if lock is not None else threading.Lock()  # shared with others writing to `stream`
         self.tracker = ProgressTracker()
         self._printed_at: dict[str, float] = {}
+        self._held: dict[str, ProgressReport] = {}  # a task's latest report not printed as a plain line
         self._drawn = False
 
     def __repr__(self) -> str:
@@ -230,9 +233,12 @@ class ProgressBar:
         report = self.tracker.report_for(event)
         if report is not None:
             self._show(report)
+        elif event.kind in ATTEMPT_TERMINAL_KINDS and event.task in self._held:
+            self._print(self._held.pop(event.task))  # the attempt's last report, whatever the interval
         elif event.kind is EventKind.TASK_FINISHED and event.task is not None:
             self.tracker.forget(event.task)
             self._printed_at.pop(event.task, None)
+            self._held.pop(event.task, None)
             if self.live and self._drawn:
                 self._write("\n")
                 self._drawn = False
@@ -242,8 +248,14 @@ class ProgressBar:
             self._drawn = True
             self._write(f"\r{report.task}: {describe(report, width=BAR_WIDTH)}\x1b[K")
         elif plain_due(self._printed_at.get(report.task), report, self.interval):
-            self._printed_at[report.task] = report.at
-            self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
+            self._held.pop(report.task, None)
+            self._print(report)
+        else:
+            self._held[report.task] = report
+
+    def _print(self, report: ProgressReport) -> None:
+        self._printed_at[report.task] = report.at
+        self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
 
     def _write(self, text: str) -> None:
         with self.lock:

@@ -153,6 +153,19 @@ def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
     ]
 
 
+def test_the_plain_lines_end_an_attempt_with_its_last_report_when_that_one_was_held_back():
+    """An attempt that ends short of its total (a failure at 3/10) shows 3/10 at its end, not
+    only the 1/10 printed before the interval held 2/10 and 3/10 back."""
+    stream = io.StringIO()
+    ended = Event(0, 1.2, EventKind.ATTEMPT_FAILED, task="job", attempt=1)
+    feed(ProgressBar(stream, live=False, interval=2.0),
+         [progress("job", 1, d, 10, d * 0.5) for d in (1, 2, 3)] + [ended, finished("job", 1.3)])
+    assert stream.getvalue().splitlines() == [
+        "mpvisor: job: progress 1/10 10% attempt 1",
+        "mpvisor: job: progress 3/10 30% 2/s ETA 3.5s attempt 1",
+    ]
+
+
 # --- for code --------------------------------------------------------------------------------------------
 
 
