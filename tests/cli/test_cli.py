@@ -412,6 +412,17 @@ def test_progress_lines_show_the_message_escaped_and_cut(tmp_path):
     assert line.endswith(": " + "m" * 200 + "… (100000 characters)"), line[:300]
 
 
+def test_progress_lines_end_a_timed_out_attempt_with_its_last_report(tmp_path):
+    """Off a terminal, reports held back by the 2 s interval are not lost: the attempt's last
+    report (quick step 10 of 10, then a sleep past the timeout) is the last line at its end."""
+    done = mpvisor(tmp_path, "run", "--progress", "--timeout", "0.5", "workers.basic:progress_then_sleep", "10", "5")
+    assert done.returncode == 124, done.stderr
+    lines = [text for text in done.stderr.splitlines() if ": progress " in text]
+    assert len(lines) == 2 and lines[0] == "mpvisor: progress_then_sleep: progress 1 attempt 1: quick step 1", done.stderr
+    assert lines[1].startswith("mpvisor: progress_then_sleep: progress 10 ") and lines[1].endswith(
+        "/s attempt 1: quick step 10"), done.stderr
+
+
 def test_progress_draws_a_bar_on_a_terminal(tmp_path):
     """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
     import pty
