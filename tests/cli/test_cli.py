@@ -423,14 +423,13 @@ def test_progress_lines_end_a_timed_out_attempt_with_its_last_report(tmp_path):
         "/s attempt 1: quick step 10"), done.stderr
 
 
-def test_progress_draws_a_bar_on_a_terminal(tmp_path):
-    """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
+def stderr_on_a_terminal(tmp_path: pathlib.Path, *argv: str) -> tuple[int, bytes]:
+    """`mpvisor ARGV`'s status and what it wrote on its stderr, a terminal (a pty here)."""
     import pty
 
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--progress", "workers.basic:progress_once"],
-                            cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=secondary)
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", *argv], cwd=tmp_path, env=cli_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
     os.close(secondary)
     seen = b""
     while True:
@@ -442,8 +441,26 @@ def test_progress_draws_a_bar_on_a_terminal(tmp_path):
             break
         seen += chunk
     os.close(primary)
-    assert proc.wait(timeout=30) == 0
+    return proc.wait(timeout=30), seen
+
+
+def test_progress_draws_a_bar_on_a_terminal(tmp_path):
+    """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
+    status, seen = stderr_on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_once")
+    assert status == 0
     assert b"3/10" in seen and b"[#" in seen, seen
+
+
+def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path):
+    """On a terminal, the line that says an attempt timed out and is retried, and the outcome
+    line, come below the bar drawn in place, never on its line."""
+    status, seen = stderr_on_a_terminal(tmp_path, "run", "--progress", "--timeout", "0.3", "--restart", "on-failure",
+                                        "--max-retries", "1", "--backoff", "0.01", "workers.basic:progress_then_sleep",
+                                        "1", "5")
+    assert status == 124, seen
+    text = seen.decode()
+    assert "\rprogress_then_sleep: 1 attempt 1: quick step 1" in text and "\nmpvisor: progress_then_sleep: attempt 1 timed out after 0.3 s; retry in " in text, text
+    assert text.count("mpvisor: ") == text.count("\nmpvisor: ") == 2, text
 
 
 # --- tracebacks -----------------------------------------------------------------------------------------
