@@ -64,10 +64,12 @@ class ProgressReport(NamedTuple):
 
     @property
     def fraction(self) -> float | None:
-        """`done / total` between 0 and 1, or None without a positive total."""
+        """`done / total` between 0 and 1, or None without a positive total (or with a NaN: a
+        report may say NaN, and no bar or percentage can be drawn of it)."""
         if not self.total or self.total <= 0:
             return None
-        return min(max(self.done / self.total, 0.0), 1.0)
+        fraction = self.done / self.total
+        return None if math.isnan(fraction) else min(max(fraction, 0.0), 1.0)
 
     @property
     def finished(self) -> bool:

@@ -113,6 +113,18 @@ def test_a_report_reads_done_total_percent_rate_eta_attempt_and_message():
     assert ProgressReport("t", 1, 12, 10, None, None, 0.0, 0.0).fraction == 1.0
 
 
+@pytest.mark.parametrize("done, total", [(math.nan, 10), (2, math.nan), (math.inf, math.inf)])
+def test_a_report_of_nan_has_no_fraction_and_the_bar_draws_it_without_one(done, total):
+    """A target may report NaN (the events carry it as "NaN"): no fraction, so no bar or
+    percentage, and the terminal's bar shows the report instead of its subscriber raising."""
+    report = ProgressReport("t", 1, done, total, None, None, None, 0.0)
+    assert report.fraction is None
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=True), [progress("job", 1, done, total, 0.0)])
+    drawn = stream.getvalue()
+    assert drawn.startswith("\rjob: ") and drawn.endswith(" attempt 1\x1b[K") and "%" not in drawn and "[" not in drawn[:-3], drawn
+
+
 def test_plain_lines_are_due_first_then_every_interval_and_when_done():
     def at(t: float, done: float = 1) -> ProgressReport:
         return ProgressReport("t", 1, done, 10, None, None, None, t)
