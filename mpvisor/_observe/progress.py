@@ -322,7 +322,7 @@ def drive_progress_bars(events: AsyncIterable[Event] | Iterable[Event], make_bar
     `make_bar(task_name)` is called at a task's first report and returns the bar: any object
     with a `total` attribute and `update(n)` (add `n` to its count), such as
     `lambda name: tqdm.tqdm(desc=name)`. Each report sets `total` (when known) and updates by
-    the increase of `done`; a new attempt starts the bar over (`reset(total=...)` if the bar
+    the increase of `done` (a NaN of either leaves the bar as it was); a new attempt starts the bar over (`reset(total=...)` if the bar
     has it, else a negative update); `set_postfix_str("attempt N: message")` is called if the bar
     has it; `close()`, if it has one, when the task finishes or the events end. Neither tqdm nor
     any other bar library is a dependency of mpvisor."""
@@ -382,12 +382,13 @@ class _Driven:
                 bar.update(-self.shown)
             self.shown = 0
         self.attempt = attempt
-        if total is not None and getattr(bar, "total", None) != total:
+        if total is not None and not math.isnan(total) and getattr(bar, "total", None) != total:
             bar.total = total
         if callable(getattr(bar, "set_postfix_str", None)):
             bar.set_postfix_str(f"attempt {attempt}: {shown(message)}" if message else f"attempt {attempt}")
-        bar.update(done - self.shown)
-        self.shown = done
+        if not math.isnan(done):  # a NaN would stay in the bar's count for good: the count stays as it was
+            bar.update(done - self.shown)
+            self.shown = done
 
     def close(self) -> None:
         if callable(getattr(self.bar, "close", None)):

@@ -240,6 +240,16 @@ def test_the_progress_helpers_take_a_blocking_handles_plain_iterator_too():
     assert (bar.total, bar.n) == (10, 5)
 
 
+def test_a_nan_report_leaves_a_driven_bars_count_and_total_as_they_were():
+    """A report of NaN would leave NaN in a tqdm bar's count for the rest of the attempt: the
+    bar keeps its count and total, and the next report updates it as usual."""
+    bar = FakeBar("a")
+    events = [progress("a", 1, 2, 10, 0.0), progress("a", 1, math.nan, math.nan, 1.0), progress("a", 1, 5, 10, 2.0)]
+    mpvisor.drive_progress_bars(iter(events), lambda name: bar)
+    assert (bar.total, bar.n) == (10, 5)
+    assert [n for call, n in bar.calls if call == "update"] == [2, 3]
+
+
 async def test_drive_progress_bars_keeps_one_tqdm_like_bar_per_task():
     bars: dict[str, FakeBar] = {}
 
