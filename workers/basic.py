@@ -67,6 +67,14 @@ def quick(value: object = "ok", marker: str | None = None) -> object:
     return value
 
 
+def nested(levels: int) -> list[object]:
+    """Return `levels` lists, each the only item of the one around it: `[[[]]]` for 3."""
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 def echo(*args: object, marker: str | None = None, **kwargs: object) -> list[object]:
     """Return the arguments as `[list(args), kwargs]`, for round-trip tests."""
     mark(marker, "started")

@@ -254,6 +254,14 @@ def test_every_json_line_is_strict_and_one_line(tmp_path, done, shown):
     assert _strict(value.stdout) == "a\u2028b\u2029c"
 
 
+def test_a_value_nested_as_deep_as_msgpack_allows_is_printed(tmp_path):
+    """A result of 511 nested lists, the deepest an attempt may send, is the value line (the
+    conversion to JSON raised RecursionError past about 490, a traceback after `completed`)."""
+    done = mpvisor(tmp_path, "run", "workers.basic:nested", "511")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "[" * 511 + "]" * 511 + "\n"
+
+
 def test_events_a_slow_reader_never_got_are_reported(tmp_path):
     """`--events json` to a pipe nobody reads while mpvisor runs: shutdown gives up on the writer
     after subscriber_shutdown_timeout (5 s), and mpvisor says how many events were not written, on
