@@ -136,7 +136,10 @@ class ProgressTracker:
 
 
 def number(value: float) -> str:
-    """A count as short text: `3`, `2.5`, `1.2e+06`."""
+    """A count as short text: `3`, `2.5`, `1234567` (a whole count whole, never `1.23457e+06`),
+    `1.5e+20`."""
+    if math.isfinite(value) and float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
     return f"{value:g}"
 
 
@@ -158,10 +161,12 @@ def duration(seconds: float) -> str:
 
 
 def rate_text(rate: float) -> str:
-    """A rate as short text, in the unit that keeps it >= 1 when it can: `12.5/s`, `3/min`, `2/h`."""
+    """A rate as short text, in the unit that keeps it >= 1 when it can: `12.5/s`, `3/min`, `2/h`,
+    `48210/s` (three significant digits, but a rate of 1000 and more whole, not `4.82e+04`)."""
     for factor, unit in ((1, "s"), (60, "min"), (3600, "h")):
         if rate * factor >= 1 or unit == "h":
-            return f"{rate * factor:.3g}/{unit}"
+            text = f"{rate * factor:.3g}"
+            return f"{rate * factor:.0f}/{unit}" if "e+" in text and rate * factor < 1e15 else f"{text}/{unit}"
     raise AssertionError("unreachable")
 
 

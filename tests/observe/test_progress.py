@@ -21,6 +21,7 @@ from mpvisor._observe.progress import (
     describe,
     duration,
     estimate,
+    number,
     plain_due,
     rate_text,
 )
@@ -99,7 +100,16 @@ def test_durations_are_short(seconds, text):
     assert duration(seconds) == text
 
 
-@pytest.mark.parametrize("rate, text", [(12.5, "12.5/s"), (0.05, "3/min"), (0.0005, "1.8/h"), (0.0, "0/h")])
+@pytest.mark.parametrize("value, text", [(3, "3"), (2.5, "2.5"), (1_234_567, "1234567"), (1_234_567.0, "1234567"),
+                                         (2e6, "2000000"), (1.5e20, "1.5e+20"), (math.inf, "inf"), (-4, "-4")])
+def test_a_count_of_millions_reads_whole_not_in_exponent_form(value, text):
+    """A loop over millions of items that reports every thousandth shows `1234567/2000000`,
+    not `1.23457e+06/2e+06`, which hid the count's last digits."""
+    assert number(value) == text
+
+
+@pytest.mark.parametrize("rate, text", [(12.5, "12.5/s"), (0.05, "3/min"), (0.0005, "1.8/h"), (0.0, "0/h"),
+                                        (48213.7, "48214/s"), (999.94, "1000/s"), (1e20, "1e+20/s")])
 def test_rates_keep_a_unit_that_reads_well(rate, text):
     assert rate_text(rate) == text
 
