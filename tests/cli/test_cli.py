@@ -838,6 +838,18 @@ def test_the_fds_a_command_was_started_with_reach_it_at_their_numbers(tmp_path):
     assert (tmp_path / "out").read_text().splitlines() == ["from-fd4", "0 1 2 3 4 ", "", "0 1 2 3 4 "]
 
 
+def test_an_fd_past_a_lowered_open_file_limit_does_not_fail_every_attempt(tmp_path):
+    """`exec 4>out 200</dev/null; ulimit -n 128; mpvisor run -- CMD`: fd 200 cannot be made at
+    its number under that limit, so it is not passed on; fd 4 still is, and the command runs
+    (every attempt exited 1, `before reporting a result`, naming nothing)."""
+    script = ('exec 4>out 200</dev/null; ulimit -n 128; '
+              '"$0" -m mpvisor run -- sh -c \'echo reached >&4; test -e /proc/$$/fd/200 || echo "no 200" >&4\'')
+    done = subprocess.run(["bash", "-c", script, sys.executable], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_text() == "reached\nno 200\n"
+
+
 def test_a_sub_make_under_mpvisor_run_gets_the_jobserver(tmp_path):
     """make -j2 whose recipe is `+mpvisor run -- $(MAKE) -C sub`: the jobserver's pipe fds reach
     the sub-make, which ran without it before ("jobserver unavailable: using -j1")."""
