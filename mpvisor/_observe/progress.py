@@ -15,17 +15,19 @@ stale one).
 | two or more, over the last `WINDOW` seconds | done's increase / time between the first and last kept | `(total - done) / rate`; None without a total or at rate 0; 0 once `done >= total` |
 | `done` went down, or a new attempt | starts over | starts over |
 
-`ProgressBar` on a terminal redraws one line in place (`\\r`); elsewhere it prints a plain line
-per task at most every `PLAIN_INTERVAL` seconds of report time, always the report that
-says the attempt is done, and, at the attempt's end, its last report if that was held back (so
-an attempt that fails at 3/10 shows 3/10, not the 1/10 printed 2 s before). Both leave the events' meaning alone: progress observes, it never
-decides (a lost event only skips a redraw).
+`ProgressBar` on a terminal redraws one line in place (`\\r`), cut to the terminal's width;
+elsewhere it prints a plain line per task at most every `PLAIN_INTERVAL` seconds of report
+time, always the report that says the attempt is done, and, at the attempt's end, its last
+report if that was held back (so an attempt that fails at 3/10 shows 3/10, not the 1/10 printed
+2 s before). Both leave the events' meaning alone: progress observes, it never decides (a lost
+event only skips a redraw).
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 from collections.abc import (
     AsyncIterable,
@@ -223,9 +225,10 @@ class ProgressBar:
     queue_capacity = 64
 
     def __init__(self, stream: IO[str], *, live: bool, interval: float = PLAIN_INTERVAL,
-                 lock: threading.Lock | None = None) -> None:
+                 lock: threading.Lock | None = None, columns: Callable[[], int | None] | None = None) -> None:
         self.stream = stream
         self.live = live
+        self.columns = columns if columns is not None else self._terminal_columns  # read at each redraw: resizes
         self.interval = interval
         self.lock = lock if lock is not None else threading.Lock()  # shared with others writing to `stream`
         self.tracker = ProgressTracker()
@@ -253,12 +256,25 @@ class ProgressBar:
     def _show(self, report: ProgressReport) -> None:
         if self.live:
             self._drawn = True
-            self._write(f"\r{report.task}: {describe(report, width=BAR_WIDTH)}\x1b[K")
+            self._write(f"\r{self._fit(f'{report.task}: {describe(report, width=BAR_WIDTH)}')}\x1b[K")
         elif plain_due(self._printed_at.get(report.task), report, self.interval):
             self._held.pop(report.task, None)
             self._print(report)
         else:
             self._held[report.task] = report
+
+    def _fit(self, line: str) -> str:
+        """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
+        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time."""
+        columns = self.columns()
+        most = max((columns or 80) - 1, 20)
+        return line if len(line) <= most else line[: most - 1] + "…"
+
+    def _terminal_columns(self) -> int | None:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):  # not a terminal (any more), or no fd
+            return None
 
     def _print(self, report: ProgressReport) -> None:
         self._printed_at[report.task] = report.at

@@ -160,6 +160,16 @@ def test_the_bar_on_a_terminal_redraws_one_line_with_rate_eta_and_attempt():
     assert second == "job: [############..................] 4/10 40% 2/s ETA 3.0s attempt 1: x\x1b[K\n"
 
 
+def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one_line():
+    """A long message would wrap the bar's line, and each redraw (`\\r`) would leave a row behind:
+    the line is cut to the terminal's width, less one column."""
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=True, columns=lambda: 40), [progress("job", 1, 2, 10, 0.0, "copying " + "x" * 100)])
+    (drawn,) = stream.getvalue().split("\r")[1:]
+    assert drawn == "job: [######........................] …\x1b[K"
+    assert len(drawn.removesuffix("\x1b[K")) == 39
+
+
 def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
     stream = io.StringIO()
     feed(ProgressBar(stream, live=False, interval=2.0),
