@@ -67,8 +67,9 @@ def quick(value: object = "ok", marker: str | None = None) -> object:
     return value
 
 
-def nested(levels: int) -> list[object]:
+def nested(levels: int, marker: str | None = None) -> list[object]:
     """Return `levels` lists, each the only item of the one around it: `[[[]]]` for 3."""
+    mark(marker, "started")
     value: list[object] = []
     for _ in range(levels - 1):
         value = [value]
