@@ -262,12 +262,16 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the task (or the file): the exit status, or `-N` to die by signal N."""
+    # what mpvisor itself imports comes before the working directory goes on sys.path: a json.py
+    # or tomllib.py there is the targets' to import, never the value line's or the task file's
+    if args.file is not None:
+        from mpvisor._cli.filerun import run_file
+    elif not args.command or args.events == "json":
+        import json  # noqa: F401  # the value line, or the events
     here = _platform.current_dir()
     if here is not None and here not in sys.path:
         sys.path.insert(0, here)  # as `python -m` does: targets resolve from here
     if args.file is not None:
-        from mpvisor._cli.filerun import run_file
-
         return run_file(args)
     hangup.release()  # (taken when the words looked like a file's run)
     spec: TaskSpec = args.spec

@@ -476,6 +476,23 @@ def test_a_file_runs_progress_lines_give_an_attempts_last_report_before_its_endi
     assert lines[2].startswith("mpvisor: steps: attempt 1 timed out"), done.stderr
 
 
+def test_a_json_py_or_tomllib_py_in_the_working_directory_is_not_mpvisors(tmp_path: pathlib.Path) -> None:
+    """The working directory goes on sys.path for the targets, after mpvisor imported what it
+    writes the value line and reads a task file with: a json.py there ended a run that had
+    completed with its SystemExit (status 1, no value), and a tomllib.py every file run."""
+    for shadow in ("json", "tomllib"):
+        write(tmp_path / f"{shadow}.py", f"raise SystemExit('the {shadow}.py of the working directory')\n")
+    done = mpvisor(tmp_path, "run", "builtins:repr", "x")
+    assert (done.returncode, done.stdout) == (0, '"\'x\'"\n'), done.stderr
+    write(tmp_path / "tasks.toml", """
+        [task.r]
+        target = "builtins:repr"
+        args = ["x"]
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert done.returncode == 0 and "working directory" not in done.stderr, done.stderr
+
+
 # --- Ctrl-C and SIGTERM -------------------------------------------------------------------------------------
 
 
