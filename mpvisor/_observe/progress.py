@@ -199,6 +199,15 @@ def describe(report: ProgressReport, *, width: int | None = None, attempt: bool 
     return f"{text}: {shown(report.message)}" if message and report.message else text
 
 
+def _cells(text: str) -> int:
+    """How many terminal columns `text` takes: two for a wide character (CJK, most emoji), none
+    for a combining one, one for the others."""
+    import unicodedata
+
+    return sum(0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+               for char in text)
+
+
 def shown(message: str) -> str:
     """A progress message as a line shows it: cut at `REASON_MAX` characters as an outcome line
     cuts a reason, control characters escaped (`\\n`, `\\x1b`: no injected line or escape code)."""
@@ -266,9 +275,16 @@ class ProgressBar:
     def _fit(self, line: str) -> str:
         """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
         redraw (`\\r`) would then go back to its last row only, leaving a row behind every time."""
-        columns = self.columns()
-        most = max((columns or 80) - 1, 20)
-        return line if len(line) <= most else line[: most - 1] + "…"
+        most = max((self.columns() or 80) - 1, 20)
+        if len(line) <= most // 2 or _cells(line) <= most:
+            return line
+        kept, used = [], 1  # the ellipsis's cell
+        for char in line:
+            used += _cells(char)
+            if used > most:
+                break
+            kept.append(char)
+        return "".join(kept) + "…"
 
     def _terminal_columns(self) -> int | None:
         try:

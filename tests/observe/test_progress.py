@@ -168,6 +168,10 @@ def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one
     (drawn,) = stream.getvalue().split("\r")[1:]
     assert drawn == "job: [######........................] …\x1b[K"
     assert len(drawn.removesuffix("\x1b[K")) == 39
+    stream = io.StringIO()  # wide characters take two columns each
+    feed(ProgressBar(stream, live=True, columns=lambda: 70), [progress("job", 1, 2, 10, 0.0, "写入" * 30)])
+    (drawn,) = stream.getvalue().split("\r")[1:]
+    assert drawn == "job: [######........................] 2/10 20% attempt 1: 写入写入写…\x1b[K"  # 58 + 10 + 1 columns
 
 
 def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
