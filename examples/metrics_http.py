@@ -1,7 +1,8 @@
 """Metrics served over HTTP: `PrometheusMetrics` and `prometheus_client.start_http_server`.
 
 Needs prometheus_client: install the `prometheus` extra (`pip install '.[prometheus]'` in a
-checkout) or `pip install prometheus_client`. The supervisor's events become Prometheus metrics on `prometheus_client`'s global registry, which
+checkout) or `pip install 'prometheus_client>=0.20'` (0.20 is the first whose `start_http_server` returns
+its server, which this script shuts down). The supervisor's events become Prometheus metrics on `prometheus_client`'s global registry, which
 `start_http_server` serves at `/metrics`, as a Prometheus server would scrape it. Here the
 server listens on a free port of 127.0.0.1, a task fails once and is retried, and the script
 scrapes itself once over HTTP and prints a few of the metric lines. docs/metrics.md lists

@@ -67,6 +67,15 @@ def quick(value: object = "ok", marker: str | None = None) -> object:
     return value
 
 
+def nested(levels: int, marker: str | None = None) -> list[object]:
+    """Return `levels` lists, each the only item of the one around it: `[[[]]]` for 3."""
+    mark(marker, "started")
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 def echo(*args: object, marker: str | None = None, **kwargs: object) -> list[object]:
     """Return the arguments as `[list(args), kwargs]`, for round-trip tests."""
     mark(marker, "started")

@@ -141,7 +141,7 @@ class _Display(abc.ABC):
 
     def __init__(self, stream: IO[str], view: BatchView, lock: threading.Lock, *, bar: ProgressBar | None = None) -> None:
         self.stream, self.view, self.lock = stream, view, lock
-        self.bar = bar  # `--progress` lines on a pipe: fed from here, so they follow the lines of the same events
+        self.bar = bar  # `--progress` lines on a pipe: fed from here, so they keep their place among the lines of the events
         self.closed = False
         self.caught = Caught()
         self.logged: set[str] = set()  # the tasks whose stderr goes to a log file (their tracebacks go there)
@@ -161,11 +161,11 @@ class _Display(abc.ABC):
         return "" if shown is None else shown + "\n"
 
     def on_event(self, event: Event) -> None:
+        if self.bar is not None:
+            self.bar.on_event(event)  # takes the lock itself; an attempt's last report before its ending's line
         with self.lock:
             if not self.closed:
                 self._show(event)
-        if self.bar is not None:
-            self.bar.on_event(event)  # takes the lock itself
         self.caught.passed(event.seq)
 
     def print(self, text: str) -> None:

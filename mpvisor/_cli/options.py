@@ -102,6 +102,8 @@ def parse_arg(text: str) -> Any:
 
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except RecursionError:  # thousands of `[`: deeper than any argument may nest (511 containers)
+        raise argparse.ArgumentTypeError(f"not a JSON literal (nested too deep): {_validate.shown(text)}") from None
     except ValueError as exc:
         if not _meant_as_json(text):
             return text

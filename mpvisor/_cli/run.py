@@ -30,8 +30,8 @@ COMMAND's stdout is its own. With `--events json`, stdout carries the events onl
 each, as `JsonLinesWriter` writes them; no value line), and the target's stdout goes to stderr.
 Either way the CLI moves its own stdout to stderr before the launcher starts, so every attempt
 inherits that. `--progress` shows the task's progress on stderr (done/total, rate, ETA,
-attempt): a bar redrawn in place on a terminal, a plain line at most every 2 s otherwise
-(`ProgressBar`).
+attempt): a bar redrawn in place on a terminal, a plain line at most every 2 s otherwise, and
+each attempt's last report at its end (`ProgressBar`).
 
 With `--slot NAME`, the task is a submission to a controller whose slots are shared with every
 mpvisor process of this user on this host (`ControllerConfig(leases="local")`): it runs only
@@ -262,12 +262,16 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the task (or the file): the exit status, or `-N` to die by signal N."""
+    # what mpvisor itself imports comes before the working directory goes on sys.path: a json.py
+    # or tomllib.py there is the targets' to import, never the value line's or the task file's
+    if args.file is not None:
+        from mpvisor._cli.filerun import run_file
+    elif not args.command or args.events == "json":
+        import json  # noqa: F401  # the value line, or the events
     here = _platform.current_dir()
     if here is not None and here not in sys.path:
         sys.path.insert(0, here)  # as `python -m` does: targets resolve from here
     if args.file is not None:
-        from mpvisor._cli.filerun import run_file
-
         return run_file(args)
     hangup.release()  # (taken when the words looked like a file's run)
     spec: TaskSpec = args.spec

@@ -14,7 +14,9 @@ The tasks inherit stderr and write to it directly, so a task may leave a line th
 newline. mpvisor's own lines on stderr still start a line of their own where that can be seen:
 on a regular file, the guard reads the byte before the shared offset back before each line it
 starts, and writes a newline first if it is not one (`_LineStart`). A terminal or a pipe cannot
-be read back: there mpvisor's line follows on, as a program's after another in a shell.
+be read back: there mpvisor's line follows on, as a program's after another in a shell; but
+after mpvisor's own line redrawn in place (`--progress`'s bar, `\r...` without a newline), its
+next line starts one of its own.
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ class _Guarded:
         self.failed = inner is None
         self.line_start: _LineStart | None = _LineStart(fd) if shared else None  # the tasks write here too
         self.at_line_start = True  # what this stream was given so far ends a line
+        self.redrawn = False  # the last text given was a line redrawn in place (`\r...`, `--progress`'s bar)
 
     def write(self, text: str) -> int:
         if self.inner is None:
@@ -180,11 +183,15 @@ class _Guarded:
                 _LOST.note(self.label, CLOSED_AT_START)
         elif not self.failed:
             try:
-                if self.line_start is not None and self.at_line_start and text:
+                if self.redrawn and text[:1] not in ("", "\r", "\n"):
+                    text = "\n" + text  # mpvisor's own bar left the line: its other lines start their own
+                elif self.line_start is not None and self.at_line_start and text:
                     self.inner.flush()  # its own text first: the file ends as the tasks left it
                     if self.line_start.mid_line():
                         text = "\n" + text  # a task left a line unfinished: mpvisor's starts a new one
-                self.at_line_start = text.endswith("\n")
+                if text:
+                    self.at_line_start = text.endswith("\n")
+                    self.redrawn = text.startswith("\r") and not self.at_line_start
                 try:
                     return self.inner.write(text)
                 except UnicodeEncodeError:  # a character its encoding lacks: escaped, as on stderr

@@ -557,6 +557,9 @@ def parse_text(text: str, base_dir: str = ".", is_dir: Callable[[str], bool] | N
     except tomllib.TOMLDecodeError as exc:
         errors.add(*_syntax_error(str(exc), text))
         return TaskFile((), None, tuple(errors.found))
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        errors.add("TOML", "arrays or inline tables nested too deep to read")
+        return TaskFile((), None, tuple(errors.found))
     for key in document:
         if key not in TOP_LEVEL:
             errors.add(_key(key), _unknown(key, list(TOP_LEVEL), {}) + " (a task file has [defaults] and [task.NAME] tables)")

@@ -169,14 +169,41 @@ def json_line(value: Any) -> str:
 
 
 def _jsonable(value: Any) -> Any:
+    """`value` made JSON's: bytes as base64, non-finite floats as their names. A walk with a stack
+    of its own, not a recursion: a result may nest as deep as msgpack lets it (511 containers),
+    deeper than the frames Python's recursion limit leaves a caller."""
+    filling: list[tuple[list[Any] | dict[Any, Any], Any]] = []  # a container made, the items left to put in it
+
+    def made(item: Any) -> Any:
+        if isinstance(item, (list, tuple)):
+            out: list[Any] = []
+            filling.append((out, iter(item)))
+            return out
+        if isinstance(item, dict):
+            pairs: dict[Any, Any] = {}
+            filling.append((pairs, iter(item.items())))
+            return pairs
+        return _json_leaf(item)
+
+    top = made(value)
+    while filling:
+        into, items = filling[-1]
+        entry = next(items, filling)  # `filling` itself: none left
+        if entry is filling:
+            filling.pop()
+        elif isinstance(into, list):
+            into.append(made(entry))
+        else:
+            key, item = entry
+            into[_json_leaf(key)] = made(item)
+    return top
+
+
+def _json_leaf(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, dict):
-        return {_jsonable(key): _jsonable(item) for key, item in value.items()}
     return value
 
 

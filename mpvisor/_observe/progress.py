@@ -15,16 +15,19 @@ stale one).
 | two or more, over the last `WINDOW` seconds | done's increase / time between the first and last kept | `(total - done) / rate`; None without a total or at rate 0; 0 once `done >= total` |
 | `done` went down, or a new attempt | starts over | starts over |
 
-`ProgressBar` on a terminal redraws one line in place (`\\r`); elsewhere it prints a plain line
-per task at most every `PLAIN_INTERVAL` seconds of report time, and always the report that
-says the attempt is done. Both leave the events' meaning alone: progress observes, it never
-decides (a lost event only skips a redraw).
+`ProgressBar` on a terminal redraws one line in place (`\\r`), cut to the terminal's width;
+elsewhere it prints a plain line per task at most every `PLAIN_INTERVAL` seconds of report
+time, always the report that says the attempt is done, and, at the attempt's end, its last
+report if that was held back (so an attempt that fails at 3/10 shows 3/10, not the 1/10 printed
+2 s before). Both leave the events' meaning alone: progress observes, it never decides (a lost
+event only skips a redraw).
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 from collections.abc import (
     AsyncIterable,
@@ -37,7 +40,7 @@ from collections.abc import (
 )
 from typing import IO, Any, NamedTuple, overload
 
-from mpvisor._model.events import Event, EventKind, printable, shorten
+from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, printable, shorten
 
 WINDOW = 10.0  # seconds of recent reports a rate is measured over
 PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
@@ -63,10 +66,12 @@ class ProgressReport(NamedTuple):
 
     @property
     def fraction(self) -> float | None:
-        """`done / total` between 0 and 1, or None without a positive total."""
+        """`done / total` between 0 and 1, or None without a positive total (or with a NaN: a
+        report may say NaN, and no bar or percentage can be drawn of it)."""
         if not self.total or self.total <= 0:
             return None
-        return min(max(self.done / self.total, 0.0), 1.0)
+        fraction = self.done / self.total
+        return None if math.isnan(fraction) else min(max(fraction, 0.0), 1.0)
 
     @property
     def finished(self) -> bool:
@@ -133,7 +138,10 @@ class ProgressTracker:
 
 
 def number(value: float) -> str:
-    """A count as short text: `3`, `2.5`, `1.2e+06`."""
+    """A count as short text: `3`, `2.5`, `1234567` (a whole count whole, never `1.23457e+06`),
+    `1.5e+20`."""
+    if math.isfinite(value) and float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
     return f"{value:g}"
 
 
@@ -155,10 +163,12 @@ def duration(seconds: float) -> str:
 
 
 def rate_text(rate: float) -> str:
-    """A rate as short text, in the unit that keeps it >= 1 when it can: `12.5/s`, `3/min`, `2/h`."""
+    """A rate as short text, in the unit that keeps it >= 1 when it can: `12.5/s`, `3/min`, `2/h`,
+    `48210/s` (three significant digits, but a rate of 1000 and more whole, not `4.82e+04`)."""
     for factor, unit in ((1, "s"), (60, "min"), (3600, "h")):
         if rate * factor >= 1 or unit == "h":
-            return f"{rate * factor:.3g}/{unit}"
+            text = f"{rate * factor:.3g}"
+            return f"{rate * factor:.0f}/{unit}" if "e+" in text and rate * factor < 1e15 else f"{text}/{unit}"
     raise AssertionError("unreachable")
 
 
@@ -189,6 +199,15 @@ def describe(report: ProgressReport, *, width: int | None = None, attempt: bool 
     return f"{text}: {shown(report.message)}" if message and report.message else text
 
 
+def _cells(text: str) -> int:
+    """How many terminal columns `text` takes: two for a wide character (CJK, most emoji), none
+    for a combining one, one for the others."""
+    import unicodedata
+
+    return sum(0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+               for char in text)
+
+
 def shown(message: str) -> str:
     """A progress message as a line shows it: cut at `REASON_MAX` characters as an outcome line
     cuts a reason, control characters escaped (`\\n`, `\\x1b`: no injected line or escape code)."""
@@ -208,19 +227,22 @@ class ProgressBar:
     """`--progress` (a subscriber): each task's latest progress on `stream`. `live` (a
     terminal): one bar redrawn in place per report; otherwise a plain line
     `mpvisor: <task>: progress 3/10 30% 2.1/s ETA 3s attempt 1` at most every `interval` seconds
-    per task, and always the one that says the attempt is done."""
+    per task, always the one that says the attempt is done, and the attempt's last report at its
+    end when that one was held back."""
 
     name = "progress"
     queue_capacity = 64
 
     def __init__(self, stream: IO[str], *, live: bool, interval: float = PLAIN_INTERVAL,
-                 lock: threading.Lock | None = None) -> None:
+                 lock: threading.Lock | None = None, columns: Callable[[], int | None] | None = None) -> None:
         self.stream = stream
         self.live = live
+        self.columns = columns if columns is not None else self._terminal_columns  # read at each redraw: resizes
         self.interval = interval
         self.lock = lock if lock is not None else threading.Lock()  # shared with others writing to `stream`
         self.tracker = ProgressTracker()
         self._printed_at: dict[str, float] = {}
+        self._held: dict[str, ProgressReport] = {}  # a task's latest report not printed as a plain line
         self._drawn = False
 
     def __repr__(self) -> str:
@@ -230,9 +252,12 @@ class ProgressBar:
         report = self.tracker.report_for(event)
         if report is not None:
             self._show(report)
+        elif event.kind in ATTEMPT_TERMINAL_KINDS and event.task in self._held:
+            self._print(self._held.pop(event.task))  # the attempt's last report, whatever the interval
         elif event.kind is EventKind.TASK_FINISHED and event.task is not None:
             self.tracker.forget(event.task)
             self._printed_at.pop(event.task, None)
+            self._held.pop(event.task, None)
             if self.live and self._drawn:
                 self._write("\n")
                 self._drawn = False
@@ -240,10 +265,36 @@ class ProgressBar:
     def _show(self, report: ProgressReport) -> None:
         if self.live:
             self._drawn = True
-            self._write(f"\r{report.task}: {describe(report, width=BAR_WIDTH)}\x1b[K")
+            self._write(f"\r{self._fit(f'{report.task}: {describe(report, width=BAR_WIDTH)}')}\x1b[K")
         elif plain_due(self._printed_at.get(report.task), report, self.interval):
-            self._printed_at[report.task] = report.at
-            self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
+            self._held.pop(report.task, None)
+            self._print(report)
+        else:
+            self._held[report.task] = report
+
+    def _fit(self, line: str) -> str:
+        """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
+        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time."""
+        most = max((self.columns() or 80) - 1, 20)
+        if len(line) <= most // 2 or _cells(line) <= most:
+            return line
+        kept, used = [], 1  # the ellipsis's cell
+        for char in line:
+            used += _cells(char)
+            if used > most:
+                break
+            kept.append(char)
+        return "".join(kept) + "…"
+
+    def _terminal_columns(self) -> int | None:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):  # not a terminal (any more), or no fd
+            return None
+
+    def _print(self, report: ProgressReport) -> None:
+        self._printed_at[report.task] = report.at
+        self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
 
     def _write(self, text: str) -> None:
         with self.lock:
@@ -308,7 +359,7 @@ def drive_progress_bars(events: AsyncIterable[Event] | Iterable[Event], make_bar
     `make_bar(task_name)` is called at a task's first report and returns the bar: any object
     with a `total` attribute and `update(n)` (add `n` to its count), such as
     `lambda name: tqdm.tqdm(desc=name)`. Each report sets `total` (when known) and updates by
-    the increase of `done`; a new attempt starts the bar over (`reset(total=...)` if the bar
+    the increase of `done` (a NaN of either leaves the bar as it was); a new attempt starts the bar over (`reset(total=...)` if the bar
     has it, else a negative update); `set_postfix_str("attempt N: message")` is called if the bar
     has it; `close()`, if it has one, when the task finishes or the events end. Neither tqdm nor
     any other bar library is a dependency of mpvisor."""
@@ -368,12 +419,13 @@ class _Driven:
                 bar.update(-self.shown)
             self.shown = 0
         self.attempt = attempt
-        if total is not None and getattr(bar, "total", None) != total:
+        if total is not None and not math.isnan(total) and getattr(bar, "total", None) != total:
             bar.total = total
         if callable(getattr(bar, "set_postfix_str", None)):
             bar.set_postfix_str(f"attempt {attempt}: {shown(message)}" if message else f"attempt {attempt}")
-        bar.update(done - self.shown)
-        self.shown = done
+        if not math.isnan(done):  # a NaN would stay in the bar's count for good: the count stays as it was
+            bar.update(done - self.shown)
+            self.shown = done
 
     def close(self) -> None:
         if callable(getattr(self.bar, "close", None)):

@@ -254,6 +254,14 @@ def test_every_json_line_is_strict_and_one_line(tmp_path, done, shown):
     assert _strict(value.stdout) == "a\u2028b\u2029c"
 
 
+def test_a_value_nested_as_deep_as_msgpack_allows_is_printed(tmp_path):
+    """A result of 511 nested lists, the deepest an attempt may send, is the value line (the
+    conversion to JSON raised RecursionError past about 490, a traceback after `completed`)."""
+    done = mpvisor(tmp_path, "run", "workers.basic:nested", "511")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "[" * 511 + "]" * 511 + "\n"
+
+
 def test_events_a_slow_reader_never_got_are_reported(tmp_path):
     """`--events json` to a pipe nobody reads while mpvisor runs: shutdown gives up on the writer
     after subscriber_shutdown_timeout (5 s), and mpvisor says how many events were not written, on
@@ -412,14 +420,24 @@ def test_progress_lines_show_the_message_escaped_and_cut(tmp_path):
     assert line.endswith(": " + "m" * 200 + "… (100000 characters)"), line[:300]
 
 
-def test_progress_draws_a_bar_on_a_terminal(tmp_path):
-    """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
+def test_progress_lines_end_a_timed_out_attempt_with_its_last_report(tmp_path):
+    """Off a terminal, reports held back by the 2 s interval are not lost: the attempt's last
+    report (quick step 10 of 10, then a sleep past the timeout) is the last line at its end."""
+    done = mpvisor(tmp_path, "run", "--progress", "--timeout", "0.5", "workers.basic:progress_then_sleep", "10", "5")
+    assert done.returncode == 124, done.stderr
+    lines = [text for text in done.stderr.splitlines() if ": progress " in text]
+    assert len(lines) == 2 and lines[0] == "mpvisor: progress_then_sleep: progress 1 attempt 1: quick step 1", done.stderr
+    assert lines[1].startswith("mpvisor: progress_then_sleep: progress 10 ") and lines[1].endswith(
+        "/s attempt 1: quick step 10"), done.stderr
+
+
+def stderr_on_a_terminal(tmp_path: pathlib.Path, *argv: str) -> tuple[int, bytes]:
+    """`mpvisor ARGV`'s status and what it wrote on its stderr, a terminal (a pty here)."""
     import pty
 
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--progress", "workers.basic:progress_once"],
-                            cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=secondary)
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", *argv], cwd=tmp_path, env=cli_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
     os.close(secondary)
     seen = b""
     while True:
@@ -431,8 +449,26 @@ def test_progress_draws_a_bar_on_a_terminal(tmp_path):
             break
         seen += chunk
     os.close(primary)
-    assert proc.wait(timeout=30) == 0
+    return proc.wait(timeout=30), seen
+
+
+def test_progress_draws_a_bar_on_a_terminal(tmp_path):
+    """`mpvisor run --progress` shows a progress bar when stderr is a terminal (a pty here)."""
+    status, seen = stderr_on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_once")
+    assert status == 0
     assert b"3/10" in seen and b"[#" in seen, seen
+
+
+def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path):
+    """On a terminal, the line that says an attempt timed out and is retried, and the outcome
+    line, come below the bar drawn in place, never on its line."""
+    status, seen = stderr_on_a_terminal(tmp_path, "run", "--progress", "--timeout", "0.3", "--restart", "on-failure",
+                                        "--max-retries", "1", "--backoff", "0.01", "workers.basic:progress_then_sleep",
+                                        "1", "5")
+    assert status == 124, seen
+    text = seen.decode()
+    assert "\rprogress_then_sleep: 1 attempt 1: quick step 1" in text and "\nmpvisor: progress_then_sleep: attempt 1 timed out after 0.3 s; retry in " in text, text
+    assert text.count("mpvisor: ") == text.count("\nmpvisor: ") == 2, text
 
 
 # --- tracebacks -----------------------------------------------------------------------------------------
@@ -800,6 +836,18 @@ def test_the_fds_a_command_was_started_with_reach_it_at_their_numbers(tmp_path):
     assert done.returncode == 1 and "attempts=2" in done.stderr, done.stderr
     # the second attempt read what the first left of fd 4 (its offset is shared, as a shell's jobs share it)
     assert (tmp_path / "out").read_text().splitlines() == ["from-fd4", "0 1 2 3 4 ", "", "0 1 2 3 4 "]
+
+
+def test_an_fd_past_a_lowered_open_file_limit_does_not_fail_every_attempt(tmp_path):
+    """`exec 4>out 200</dev/null; ulimit -n 128; mpvisor run -- CMD`: fd 200 cannot be made at
+    its number under that limit, so it is not passed on; fd 4 still is, and the command runs
+    (every attempt exited 1, `before reporting a result`, naming nothing)."""
+    script = ('exec 4>out 200</dev/null; ulimit -n 128; '
+              '"$0" -m mpvisor run -- sh -c \'echo reached >&4; test -e /proc/$$/fd/200 || echo "no 200" >&4\'')
+    done = subprocess.run(["bash", "-c", script, sys.executable], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_text() == "reached\nno 200\n"
 
 
 def test_a_sub_make_under_mpvisor_run_gets_the_jobserver(tmp_path):

@@ -51,6 +51,17 @@ def test_an_arg_meant_as_json_that_does_not_parse_is_a_usage_error(text, capsys)
     assert line.startswith("mpvisor run: error: argument ARG: ") and repr(text) in line, line
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000])
+def test_an_arg_nested_deeper_than_json_parses_is_a_usage_error(text, capsys):
+    """Thousands of nested brackets are a one-line usage error, the text cut (they raised
+    RecursionError: a traceback and status 1)."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(["run", "workers.basic:echo", text])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("mpvisor run: error: argument ARG: not a JSON literal (nested too deep): ") and len(line) < 200, line
+
+
 @pytest.mark.parametrize(
     "text, what",
     [("nan", "a number, and JSON has no NaN"), ("NaN", "a number, and JSON has no NaN"), ("+nan", "a number, and JSON has no NaN"),

@@ -206,6 +206,8 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\ntarget = 'm:g'\n\n", ["line 3, column 15: Cannot overwrite a value"]),
         ("a = [", ["line 1, column 6 (the end of the file): Invalid value"]),
         ("[task.a]\ncommand = ['true']\nx = [\n", ["line 4, column 1 (the end of the file): Invalid value"]),
+        ("[task.a]\ntarget = 'm:f'\nargs = " + "[" * 3000 + "]" * 3000 + "\n",  # tomllib reads by recursion
+         ["TOML: arrays or inline tables nested too deep to read"]),
     ],
 )
 def test_each_error_names_its_location_and_the_value(text, expected):

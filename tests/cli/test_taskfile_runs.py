@@ -459,6 +459,40 @@ def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_el
     assert len(lines) == 2, lines
 
 
+def test_a_file_runs_progress_lines_give_an_attempts_last_report_before_its_ending(tmp_path: pathlib.Path) -> None:
+    """Off a terminal, a task whose attempt times out after ten quick reports shows the tenth,
+    held back by the 2 s interval, before the line that says the attempt timed out."""
+    write(tmp_path / "tasks.toml", """
+        [task.steps]
+        target = "workers.basic:progress_then_sleep"
+        args = [10, 5]
+        timeout = 0.5
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml", "--progress")
+    assert done.returncode == 124, done.stderr
+    lines = [line for line in done.stderr.splitlines() if ": progress " in line or " timed out" in line]
+    assert lines[0] == "mpvisor: steps: progress 1 attempt 1: quick step 1", done.stderr
+    assert lines[1].startswith("mpvisor: steps: progress 10 ") and lines[1].endswith("attempt 1: quick step 10"), done.stderr
+    assert lines[2].startswith("mpvisor: steps: attempt 1 timed out"), done.stderr
+
+
+def test_a_json_py_or_tomllib_py_in_the_working_directory_is_not_mpvisors(tmp_path: pathlib.Path) -> None:
+    """The working directory goes on sys.path for the targets, after mpvisor imported what it
+    writes the value line and reads a task file with: a json.py there ended a run that had
+    completed with its SystemExit (status 1, no value), and a tomllib.py every file run."""
+    for shadow in ("json", "tomllib"):
+        write(tmp_path / f"{shadow}.py", f"raise SystemExit('the {shadow}.py of the working directory')\n")
+    done = mpvisor(tmp_path, "run", "builtins:repr", "x")
+    assert (done.returncode, done.stdout) == (0, '"\'x\'"\n'), done.stderr
+    write(tmp_path / "tasks.toml", """
+        [task.r]
+        target = "builtins:repr"
+        args = ["x"]
+    """)
+    done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert done.returncode == 0 and "working directory" not in done.stderr, done.stderr
+
+
 # --- Ctrl-C and SIGTERM -------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from mpvisor._observe.progress import (
     describe,
     duration,
     estimate,
+    number,
     plain_due,
     rate_text,
 )
@@ -99,7 +100,16 @@ def test_durations_are_short(seconds, text):
     assert duration(seconds) == text
 
 
-@pytest.mark.parametrize("rate, text", [(12.5, "12.5/s"), (0.05, "3/min"), (0.0005, "1.8/h"), (0.0, "0/h")])
+@pytest.mark.parametrize("value, text", [(3, "3"), (2.5, "2.5"), (1_234_567, "1234567"), (1_234_567.0, "1234567"),
+                                         (2e6, "2000000"), (1.5e20, "1.5e+20"), (math.inf, "inf"), (-4, "-4")])
+def test_a_count_of_millions_reads_whole_not_in_exponent_form(value, text):
+    """A loop over millions of items that reports every thousandth shows `1234567/2000000`,
+    not `1.23457e+06/2e+06`, which hid the count's last digits."""
+    assert number(value) == text
+
+
+@pytest.mark.parametrize("rate, text", [(12.5, "12.5/s"), (0.05, "3/min"), (0.0005, "1.8/h"), (0.0, "0/h"),
+                                        (48213.7, "48214/s"), (999.94, "1000/s"), (1e20, "1e+20/s")])
 def test_rates_keep_a_unit_that_reads_well(rate, text):
     assert rate_text(rate) == text
 
@@ -111,6 +121,18 @@ def test_a_report_reads_done_total_percent_rate_eta_attempt_and_message():
     assert describe(report, attempt=False, message=False) == "3/10 30% 2/s ETA 3.5s"
     assert describe(ProgressReport("t", 1, 7, None, None, None, None, 0.0)) == "7 attempt 1"
     assert ProgressReport("t", 1, 12, 10, None, None, 0.0, 0.0).fraction == 1.0
+
+
+@pytest.mark.parametrize("done, total", [(math.nan, 10), (2, math.nan), (math.inf, math.inf)])
+def test_a_report_of_nan_has_no_fraction_and_the_bar_draws_it_without_one(done, total):
+    """A target may report NaN (the events carry it as "NaN"): no fraction, so no bar or
+    percentage, and the terminal's bar shows the report instead of its subscriber raising."""
+    report = ProgressReport("t", 1, done, total, None, None, None, 0.0)
+    assert report.fraction is None
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=True), [progress("job", 1, done, total, 0.0)])
+    drawn = stream.getvalue()
+    assert drawn.startswith("\rjob: ") and drawn.endswith(" attempt 1\x1b[K") and "%" not in drawn and "[" not in drawn[:-3], drawn
 
 
 def test_plain_lines_are_due_first_then_every_interval_and_when_done():
@@ -138,6 +160,20 @@ def test_the_bar_on_a_terminal_redraws_one_line_with_rate_eta_and_attempt():
     assert second == "job: [############..................] 4/10 40% 2/s ETA 3.0s attempt 1: x\x1b[K\n"
 
 
+def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one_line():
+    """A long message would wrap the bar's line, and each redraw (`\\r`) would leave a row behind:
+    the line is cut to the terminal's width, less one column."""
+    stream = io.StringIO()
+    feed(ProgressBar(stream, live=True, columns=lambda: 40), [progress("job", 1, 2, 10, 0.0, "copying " + "x" * 100)])
+    (drawn,) = stream.getvalue().split("\r")[1:]
+    assert drawn == "job: [######........................] …\x1b[K"
+    assert len(drawn.removesuffix("\x1b[K")) == 39
+    stream = io.StringIO()  # wide characters take two columns each
+    feed(ProgressBar(stream, live=True, columns=lambda: 70), [progress("job", 1, 2, 10, 0.0, "写入" * 30)])
+    (drawn,) = stream.getvalue().split("\r")[1:]
+    assert drawn == "job: [######........................] 2/10 20% attempt 1: 写入写入写…\x1b[K"  # 58 + 10 + 1 columns
+
+
 def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
     stream = io.StringIO()
     feed(ProgressBar(stream, live=False, interval=2.0),
@@ -150,6 +186,19 @@ def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
         "mpvisor: job: progress 8/10 80% 1/s ETA 2.0s attempt 1",
         "mpvisor: job: progress 10/10 100% 1/s ETA 0s attempt 1",
         "mpvisor: other: progress 1 attempt 3",
+    ]
+
+
+def test_the_plain_lines_end_an_attempt_with_its_last_report_when_that_one_was_held_back():
+    """An attempt that ends short of its total (a failure at 3/10) shows 3/10 at its end, not
+    only the 1/10 printed before the interval held 2/10 and 3/10 back."""
+    stream = io.StringIO()
+    ended = Event(0, 1.2, EventKind.ATTEMPT_FAILED, task="job", attempt=1)
+    feed(ProgressBar(stream, live=False, interval=2.0),
+         [progress("job", 1, d, 10, d * 0.5) for d in (1, 2, 3)] + [ended, finished("job", 1.3)])
+    assert stream.getvalue().splitlines() == [
+        "mpvisor: job: progress 1/10 10% attempt 1",
+        "mpvisor: job: progress 3/10 30% 2/s ETA 3.5s attempt 1",
     ]
 
 
@@ -213,6 +262,16 @@ def test_the_progress_helpers_take_a_blocking_handles_plain_iterator_too():
     bar = MinimalBar()
     assert mpvisor.drive_progress_bars(iter(events), lambda name: bar) is None
     assert (bar.total, bar.n) == (10, 5)
+
+
+def test_a_nan_report_leaves_a_driven_bars_count_and_total_as_they_were():
+    """A report of NaN would leave NaN in a tqdm bar's count for the rest of the attempt: the
+    bar keeps its count and total, and the next report updates it as usual."""
+    bar = FakeBar("a")
+    events = [progress("a", 1, 2, 10, 0.0), progress("a", 1, math.nan, math.nan, 1.0), progress("a", 1, 5, 10, 2.0)]
+    mpvisor.drive_progress_bars(iter(events), lambda name: bar)
+    assert (bar.total, bar.n) == (10, 5)
+    assert [n for call, n in bar.calls if call == "update"] == [2, 3]
 
 
 async def test_drive_progress_bars_keeps_one_tqdm_like_bar_per_task():

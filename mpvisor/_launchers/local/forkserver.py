@@ -781,13 +781,17 @@ def _setup_fds(fds: list[int], stdin: bool = False, passed: tuple[int, ...] = ()
     """In a new attempt: its stdin (`stdin`: the fd after the socket; else the launcher's own,
     which `main` made /dev/null), captured stdout/stderr, the fds `passed` on (the last ones
     received) put at their numbers, every other fd but 0-2 and the socket closed. The socket's
-    fd: moved above those numbers first, if it was among them."""
+    fd: moved off those numbers first, if it was on one of them."""
     if passed:
         fds, received = fds[: len(fds) - len(passed)], fds[len(fds) - len(passed) :]
-        top = max(passed) + 1  # everything still needed goes above the numbers to fill
-        fds = [_above(fd, top) for fd in fds]
-        for fd, number in zip([_above(fd, top) for fd in received], passed, strict=True):
-            os.dup2(fd, number)  # open across the exec, as it was in the command's caller
+        numbers = frozenset(passed)  # everything still needed leaves the numbers to fill
+        fds = [_off(fd, numbers) for fd in fds]
+        for fd, number in zip([_off(fd, numbers) for fd in received], passed, strict=True):
+            try:
+                os.dup2(fd, number)  # open across the exec, as it was in the command's caller
+            except OSError as exc:  # EBADF: a number at or past the open-file limit (opened before it was
+                if exc.errno != errno.EBADF:  # lowered), which no fd made here can have: not passed on
+                    raise
             os.close(fd)
     sock_fd = fds[0]
     if stdin:
@@ -805,13 +809,19 @@ def _setup_fds(fds: list[int], stdin: bool = False, passed: tuple[int, ...] = ()
     return sock_fd
 
 
-def _above(fd: int, low: int) -> int:
-    """`fd`, moved to a number >= `low` (close-on-exec, as it was received) if it is below."""
-    if fd >= low:
+def _off(fd: int, numbers: frozenset[int]) -> int:
+    """`fd`, moved to the lowest free number >= 3 that is not among `numbers` (close-on-exec, as
+    it was received) if it is on one of them. Not above them all: an fd passed on may have a
+    number at or past the open-file limit (opened before the limit was lowered), above which no
+    fd can be made."""
+    if fd not in numbers:
         return fd
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, low)
-    os.close(fd)
-    return moved
+    held = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)]
+    while held[-1] in numbers:  # a number to fill that is still free: keep it taken, try the next
+        held.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3))
+    for taken in [fd, *held[:-1]]:
+        os.close(taken)
+    return held[-1]
 
 
 def _take_terminal() -> None:
