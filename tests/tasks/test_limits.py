@@ -34,11 +34,11 @@ CASES = [
      "address space limit exceeded (256 MiB): MemoryError"),
     ("address_space", TaskSpec.once(fn("hoard", limits.hoard)).with_limits(address_space=256 * 2**20),
      "address space limit exceeded (256 MiB): MemoryError"),  # no memory left for the report: the one built in advance
-    ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=1), "cpu limit exceeded (1 s, cgroup v2 cpu.stat): "),
+    ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=0.3), "cpu limit exceeded (0.3 s, cgroup v2 cpu.stat): "),
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),
-    ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=1),
-     "cpu limit exceeded (1 s, cgroup v2 cpu.stat): the tree used "),
+    ("cpu", TaskSpec.once(CommandTask("busy-sh", ["sh", "-c", "while :; do :; done"])).with_limits(cpu_seconds=0.3),
+     "cpu limit exceeded (0.3 s, cgroup v2 cpu.stat): the tree used "),
 ]
 
 
@@ -359,12 +359,13 @@ async def test_isolated_attempts_are_killed_whole_by_their_cgroup(mechanism, tmp
     the tree is gone, and so is the cgroup."""
     records = tmp_path / "tree.jsonl"
     directory, spec = _tree_in_cgroups(mechanism, records, monkeypatch)
+    others = set(os.listdir(directory))  # another mpvisor's on this host (a second suite's) are not this test's
     async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
         id, waiter = await handle.add_and_watch(spec)
         from tests._support import wait_for as _wait_for
 
         _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)
-        ours = [name for name in os.listdir(directory) if name.startswith("mpvisor-")]
+        ours = [name for name in os.listdir(directory) if name.startswith("mpvisor-") and name not in others]
         assert ours, os.listdir(directory)
         await handle.remove(id)
         await waiter.wait()
@@ -385,6 +386,11 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
 
     records = tmp_path / "tree.jsonl"
     directory, spec = _tree_in_cgroups(mechanism, records, monkeypatch)
+    others = set(os.listdir(directory))  # another mpvisor's on this host (a second suite's) are not this test's
+
+    def left() -> list[str]:
+        return [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name
+                and name not in others]
 
     async def scenario() -> None:
         async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
@@ -398,7 +404,7 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
                 os.kill(pid, _signal.SIGKILL)
             await waiter.wait()  # "launcher died": the attempt ended with it, and its whole tree
             assert all_ended(read_records(records)), [r for r in read_records(records) if psutil.pid_exists(r["pid"])]
-            assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
+            assert not left()
             # A new fork server starts for the next attempt; it is told to clean up first.
             _, again = await handle.add_and_watch(TaskSpec.once(fn("after", "workers.basic:quick")))
             assert (await again.wait()).is_success()
@@ -408,7 +414,7 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
     _run(scenario())
     # Killed, then zombies of init (here it reaps orphans late): ended, as `exited` reads it.
     assert all_ended(read_records(records)), [r for r in read_records(records) if psutil.pid_exists(r["pid"])]
-    assert not [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name]
+    assert not left()
 
 
 async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_ended() -> None:
@@ -489,7 +495,7 @@ async def test_cpu_seconds_count_what_left_its_session_by_setsid_and_a_double_fo
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
     head, used, tail = re.fullmatch(r"(.*): the tree used (\S+) s; (.*)", outcome.reason or "").groups()
     assert (head, tail) == (f"cpu limit exceeded (0.5 s, {mechanism})", "the tree was killed"), outcome.reason
-    assert float(used) > 0.5, outcome.reason  # what was measured: past the limit
+    assert float(used) >= 0.5, outcome.reason  # what was measured: at or past the limit (to 2 decimals: 0.504 reads 0.50)
 
 
 def _own_cgroup(controller: str) -> str:
