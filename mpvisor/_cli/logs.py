@@ -100,6 +100,19 @@ def _paths_in_file(file: str, task: str) -> dict[str, str]:
         raise runs.Refusal(FAILED, str(exc)) from None
 
 
+def last_lines(data: bytes, lines: int) -> bytes:
+    """The last `lines` lines of `data`, as `tail -n` counts them: a line ends at `\\n` only (a
+    `\\r` of a progress bar, tqdm's or curl's, is within its line), the last one perhaps without."""
+    if lines <= 0:
+        return b""
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1:]
+
+
 def _files(paths: dict[str, str]) -> list[tuple[str, str]]:
     """`(label, path)` of each distinct file: `stdout`, `stderr`, or `stdout and stderr` for one."""
     named = [(label, str(paths[label])) for label in ("stdout", "stderr") if paths.get(label)]
@@ -159,9 +172,8 @@ class Followed:
             start -= step
             self.file.seek(start)
             data = self.file.read(step) + data
-        kept = data.splitlines(keepends=True)[-lines:] if lines else []
         self.file.seek(end)
-        return self.decoder.decode(b"".join(kept))
+        return self.decoder.decode(last_lines(data, lines))
 
     def poll(self) -> str:
         """What was written since the last look: the rest of the open file, then, if the path

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from mpvisor._cli.logs import Followed, last_lines
 from mpvisor._cli.main import parse
 from mpvisor._cli.status import duration, table
 from mpvisor._model.wire import FrameDecoder
@@ -218,6 +219,16 @@ async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, t
         status, out, _ = await cli("logs", "db")
         assert (status, out) == (0, "".join(f"out {i}\n" for i in range(6, 16)))
         assert await cli("logs", "db", "-n", "0") == (0, "", "")
+
+
+def test_logs_counts_lines_by_newlines_only_as_tail_does(tmp_path: pathlib.Path) -> None:
+    """A progress bar's carriage returns (tqdm, curl) are within a line: `-n 2` gives the last two
+    lines whole, as `tail -n 2` does, not the pieces between the last carriage returns."""
+    log = tmp_path / "bar.log"
+    log.write_bytes(b"first\nprogress 10%\rprogress 50%\rprogress 100%\nlast\n")
+    followed = Followed("stdout", str(log))
+    assert followed.tail(2) == "progress 10%\rprogress 50%\rprogress 100%\nlast\n"
+    assert [last_lines(b"a\r\nb\rc", n) for n in (0, 1, 2, 3)] == [b"", b"b\rc", b"a\r\nb\rc", b"a\r\nb\rc"]
 
 
 async def test_logs_follows_a_file_across_rotation_and_dies_by_sigint(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
