@@ -693,6 +693,24 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
     assert "serves the control socket" not in first_err, first_err
 
 
+def test_a_name_too_long_for_its_socket_is_a_usage_error(run: Run) -> None:
+    """`--name` whose socket path in the control directory would pass a Unix socket's 107 bytes is
+    a usage error (2) that says how long a name fits, and nothing runs (the run went on without a
+    control socket, so the name given could reach nothing, and it said to shorten the directory)."""
+    run.write("""
+        [task.once]
+        command = ["sh", "-c", "echo ran"]
+    """)
+    room = 107 - len(os.fsencode(os.path.join(run.env["MPVISOR_CONTROL_DIR"], ".sock")))
+    done = run.ctl("run", "--file", "services.toml", "--name", "n" * (room + 1))
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr.startswith("mpvisor run: error: argument --name: the run's control socket, "), done.stderr
+    assert f"give a name of at most {room} bytes, or set MPVISOR_CONTROL_DIR" in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "ran" not in done.stderr, done.stderr
+    fits = run.ctl("run", "--file", "services.toml", "--name", "n" * room)
+    assert fits.returncode == 0 and "no control socket" not in fits.stderr, fits.stderr
+
+
 def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None:
     """`mpvisor logs TASK FILE` once the run is gone (SIGKILL: it crashed): the file says where
     the log files are, and a line on stderr says that no run is live (it refused, status 10)."""
