@@ -231,6 +231,15 @@ def test_logs_counts_lines_by_newlines_only_as_tail_does(tmp_path: pathlib.Path)
     assert [last_lines(b"a\r\nb\rc", n) for n in (0, 1, 2, 3)] == [b"", b"b\rc", b"a\r\nb\rc", b"a\r\nb\rc"]
 
 
+def test_the_status_table_keeps_a_last_ending_on_its_row_and_escapes_its_control_codes() -> None:
+    """A last ending with line breaks stays on its row, and an escape code in it is shown escaped
+    (it restyled the terminal that ran `mpvisor status`)."""
+    rows = [{**ROWS[1], "last": "attempt 1 failed: RuntimeError: one\ntwo \x1b[31mred"}]
+    lines = table(rows)
+    assert len(lines) == 2 and lines[1].endswith("attempt 1 failed: RuntimeError: one two \\x1b[31mred"), lines
+    assert all(line.isprintable() for line in lines), lines
+
+
 async def test_logs_follows_a_file_across_rotation_and_dies_by_sigint(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """`logs -f` prints what is appended, then the new file after a rotation (mv and a new
     file), then a truncated file from its start; SIGINT ends it by that signal."""
