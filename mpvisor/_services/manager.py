@@ -333,8 +333,9 @@ class ServiceRun:
         """Tell systemd READY=1 once no service waits and every one with readiness was ready."""
         if self._told_ready or not self._systemd.get("NOTIFY_SOCKET"):
             return
+        over = ("ended", "not started", "stopped")  # its outcome is said: it will not be ready
         pending = [s for s in self.services.values()
-                   if s.state in ("waiting", "queued", "starting") or (s.settings.ready is not None and s.state != "ended" and not s.was_ready)]
+                   if s.state in ("waiting", "queued", "starting") or (s.settings.ready is not None and s.state not in over and not s.was_ready)]
         if not pending:
             self._told_ready = True
             running = sum(1 for s in self.services.values() if s.id is not None)

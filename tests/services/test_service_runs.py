@@ -574,6 +574,41 @@ def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_
     assert "NOTIFY_SOCKET" not in seen and "WATCHDOG_USEC" not in seen
 
 
+def test_under_systemd_a_service_not_started_because_its_dependency_failed_does_not_hold_back_ready(
+        run: Run, tmp_path: pathlib.Path) -> None:
+    """A task with a `ready` check left not started (what it comes after ended for good) has
+    ended: once nothing waits or starts, READY=1 goes out (it never did, so `systemctl start`
+    hung until its TimeoutStartSec and the unit failed, though the rest served)."""
+    path = str(tmp_path / "systemd.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    listener.settimeout(20)
+    run.write("""
+        [task.db]
+        command = ["sh", "-c", "exit 3"]
+        ready = "tcp:127.0.0.1:1"
+
+        [task.api]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+        after = ["db"]
+        ready = "tcp:127.0.0.1:1"
+
+        [task.web]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+    """)
+    run.start(env={"NOTIFY_SOCKET": path})
+    try:
+        said = listener.recv(4096).decode()
+        assert said.startswith("READY=1\nSTATUS=1 of 3 services running"), said
+        rows = run.status()
+        assert (rows["db"]["state"], rows["api"]["state"], rows["web"]["state"]) == ("ended", "not started", "running"), rows
+    finally:
+        listener.close()
+        (run.directory / "stop").touch()
+    _, err = run.proc.communicate(timeout=30) if run.proc is not None else ("", "")
+    assert "api: rejected reason='not started: db ended failed" in err, err
+
+
 def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) -> None:
     """`ready = "file:..."`: the target's own `ready()` is only its status; the file never comes,
     so the attempt fails at `ready_timeout` and what comes after it never starts."""
