@@ -18,7 +18,7 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 | is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
 | is between attempts | `backoff` | its next attempt (restart policy) |
 | is asked to stop (`mpvisor stop`, a reload, the run's shutdown) and in its grace | `stopping` | `stopped` or `ended` |
-| was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start` starts it again |
+| was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start`, or a reload that changes it, starts it again |
 | ended | `ended` | a reload, or `mpvisor start`, may start it again |
 
 Readiness counts once per instance: a dependency that restarts later does not stop its
