@@ -166,14 +166,18 @@ class Followed:
             return ""
         assert self.file is not None
         end = os.fstat(self.file.fileno()).st_size
-        data, start = b"", end
-        while start > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines:
+        blocks: list[bytes] = []  # from the end back, each newline counted once: linear in what is read
+        newlines, last, start = 0, 0, end  # `last`: 1 if the file ends with a newline (that ends no line of its own)
+        while start > 0 and newlines - last < lines:
             step = min(BLOCK, start)
             start -= step
             self.file.seek(start)
-            data = self.file.read(step) + data
+            blocks.append(self.file.read(step))
+            newlines += blocks[-1].count(b"\n")
+            if len(blocks) == 1:
+                last = int(blocks[0].endswith(b"\n"))
         self.file.seek(end)
-        return self.decoder.decode(last_lines(data, lines))
+        return self.decoder.decode(last_lines(b"".join(reversed(blocks)), lines))
 
     def poll(self) -> str:
         """What was written since the last look: the rest of the open file, then, if the path
