@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Collection, Iterable, Sequence
 
 from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
-from mpvisor._model.events import Event, EventKind, shorten
+from mpvisor._model.events import Event, EventKind, printable, shorten
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._model.records import record
 from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
@@ -176,7 +176,7 @@ def attempt_failed_text(event: Event, attempt: int) -> str:
     REASON`, `attempt 2 timed out after 1 s` (a file run's lines, `mpvisor run`'s retry lines)."""
     if event.kind is EventKind.ATTEMPT_TIMED_OUT:
         return f"attempt {attempt} timed out" + (f" after {event.timeout:g} s" if event.timeout else "")
-    return f"attempt {attempt} failed: {shorten(event.reason or 'failed')}"
+    return f"attempt {attempt} failed: {shorten(printable(event.reason or 'failed'))}"
 
 
 def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tuple[Row | None, str | None]:
@@ -190,7 +190,7 @@ def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tu
             state = "starting" if checked else "running"
             return replace(row, state=state, attempt=attempt, progress=None), f"attempt {attempt} started{pid}"
         case EventKind.ATTEMPT_READY:
-            how = f" ({event.reason})" if event.reason else ""
+            how = f" ({shorten(printable(event.reason))})" if event.reason else ""
             return replace(row, state="ready"), f"attempt {attempt} ready{how}"
         case EventKind.ATTEMPT_SUCCEEDED:
             return replace(row, last=f"attempt {attempt} succeeded"), None
@@ -233,8 +233,8 @@ def render_table(rows: Iterable[Row], width: int = 100, *, progress: bool = Fals
 
     def line(cells: Sequence[str]) -> str:
         widths = [name_w, state_w, attempt_w] + ([progress_w] if progress else [])
-        fixed = "  ".join(_cell(text, w).ljust(w) for text, w in zip(cells, widths, strict=False))
-        return _cell(f"{fixed}  {cells[-1]}", width).rstrip()
+        fixed = "  ".join(_cell(printable(text), w).ljust(w) for text, w in zip(cells, widths, strict=False))
+        return _cell(f"{fixed}  {printable(cells[-1])}", width).rstrip()
 
     header = [*COLUMNS[:3], *(["PROGRESS"] if progress else []), COLUMNS[3]]
     lines = [line(header)]

@@ -76,7 +76,7 @@ from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
-from mpvisor._services.control import live_run, run_name
+from mpvisor._services.control import live_run, name_too_long, run_name
 from mpvisor._services.manager import ServiceRun
 from mpvisor._tasks.registry import TaskWaiter
 
@@ -318,6 +318,9 @@ def run_file(args: argparse.Namespace) -> int:
         print(f"mpvisor run: error: argument --name: a live run already has the name {args.name!r} (pid "
               f"{other.get('pid')}, {other.get('file') or 'it does not answer'}): stop it first, or give another name",
               file=sys.stderr)
+        return USAGE_ERROR
+    if args.name is not None and (too_long := name_too_long(args.name)) is not None:  # nor taken from it
+        print(f"mpvisor run: error: argument --name: {too_long}", file=sys.stderr)
         return USAGE_ERROR
     tasks = parsed.tasks
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE

@@ -100,6 +100,19 @@ def _paths_in_file(file: str, task: str) -> dict[str, str]:
         raise runs.Refusal(FAILED, str(exc)) from None
 
 
+def last_lines(data: bytes, lines: int) -> bytes:
+    """The last `lines` lines of `data`, as `tail -n` counts them: a line ends at `\\n` only (a
+    `\\r` of a progress bar, tqdm's or curl's, is within its line), the last one perhaps without."""
+    if lines <= 0:
+        return b""
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1:]
+
+
 def _files(paths: dict[str, str]) -> list[tuple[str, str]]:
     """`(label, path)` of each distinct file: `stdout`, `stderr`, or `stdout and stderr` for one."""
     named = [(label, str(paths[label])) for label in ("stdout", "stderr") if paths.get(label)]
@@ -153,15 +166,18 @@ class Followed:
             return ""
         assert self.file is not None
         end = os.fstat(self.file.fileno()).st_size
-        data, start = b"", end
-        while start > 0 and data.count(b"\n", 0, max(len(data) - 1, 0)) < lines:
+        blocks: list[bytes] = []  # from the end back, each newline counted once: linear in what is read
+        newlines, last, start = 0, 0, end  # `last`: 1 if the file ends with a newline (that ends no line of its own)
+        while start > 0 and newlines - last < lines:
             step = min(BLOCK, start)
             start -= step
             self.file.seek(start)
-            data = self.file.read(step) + data
-        kept = data.splitlines(keepends=True)[-lines:] if lines else []
+            blocks.append(self.file.read(step))
+            newlines += blocks[-1].count(b"\n")
+            if len(blocks) == 1:
+                last = int(blocks[0].endswith(b"\n"))
         self.file.seek(end)
-        return self.decoder.decode(b"".join(kept))
+        return self.decoder.decode(last_lines(b"".join(reversed(blocks)), lines))
 
     def poll(self) -> str:
         """What was written since the last look: the rest of the open file, then, if the path

@@ -15,6 +15,7 @@ from typing import Any
 
 from mpvisor._cli import runs
 from mpvisor._cli.statuses import OK
+from mpvisor._model.events import printable
 
 NAME = "status"
 HELP = "show the tasks of a running task file: state, pid, readiness, uptime, restarts, last ending"  # as in COMMANDS
@@ -59,7 +60,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     last = row.get("last")
     return (str(row.get("task", "?")), str(row.get("state", "?")), _or_dash(row.get("pid")),
             "-" if ready is None else "yes" if ready else "no", duration(row.get("uptime")),
-            _or_dash(row.get("restarts")), " ".join(str(last).split()) if last else "-")
+            _or_dash(row.get("restarts")), printable(" ".join(str(last).split())) if last else "-")
 
 
 def _or_dash(value: Any) -> str:

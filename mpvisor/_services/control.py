@@ -165,6 +165,23 @@ def check_name(name: str) -> str:
     return name
 
 
+def name_too_long(name: str) -> str | None:
+    """Why a run named `name` could have no socket in `control_dir()`: its path would be longer
+    than a Unix socket's may be (how long a name fits there, or a shorter directory); None when it
+    fits, or when there is no control directory (the run says why it has no socket itself)."""
+    try:
+        directory = control_dir()
+    except ControlError:
+        return None
+    path = os.path.join(directory, name + SUFFIX)
+    if len(os.fsencode(path)) <= _platform.SUN_PATH_MAX:
+        return None
+    room = _platform.SUN_PATH_MAX - len(os.fsencode(os.path.join(directory, SUFFIX)))
+    return (f"the run's control socket, {path!r}, would be longer than a Unix socket's path may be "
+            f"({_platform.SUN_PATH_MAX} bytes): give a name of at most {room} bytes, or set {DIR_ENV} "
+            "to a shorter directory")
+
+
 def socket_for(name: str, directory: str | None = None) -> str:
     """The socket of the run named `name` (in `control_dir()` unless `directory`)."""
     try:

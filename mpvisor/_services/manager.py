@@ -18,7 +18,7 @@ tasks and outcomes: this module only decides *when* to add a task and *which* at
 | is ready (or has no readiness: once started) | `ready` / `running` | health checks and watchdog from now on |
 | is between attempts | `backoff` | its next attempt (restart policy) |
 | is asked to stop (`mpvisor stop`, a reload, the run's shutdown) and in its grace | `stopping` | `stopped` or `ended` |
-| was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start` starts it again |
+| was stopped from another shell (`mpvisor stop`) | `stopped` | `mpvisor start`, or a reload that changes it, starts it again |
 | ended | `ended` | a reload, or `mpvisor start`, may start it again |
 
 Readiness counts once per instance: a dependency that restarts later does not stop its
@@ -333,8 +333,9 @@ class ServiceRun:
         """Tell systemd READY=1 once no service waits and every one with readiness was ready."""
         if self._told_ready or not self._systemd.get("NOTIFY_SOCKET"):
             return
+        over = ("ended", "not started", "stopped")  # its outcome is said: it will not be ready
         pending = [s for s in self.services.values()
-                   if s.state in ("waiting", "queued", "starting") or (s.settings.ready is not None and s.state != "ended" and not s.was_ready)]
+                   if s.state in ("waiting", "queued", "starting") or (s.settings.ready is not None and s.state not in over and not s.was_ready)]
         if not pending:
             self._told_ready = True
             running = sum(1 for s in self.services.values() if s.id is not None)

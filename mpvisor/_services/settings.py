@@ -22,6 +22,7 @@ for `mpvisor logs TASK FILE` once the run has ended.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 
@@ -125,7 +126,7 @@ def log_paths(task: str, logs: LogSettings | None) -> dict[str, str]:
 class ServiceSettings:
     """A task's settings as a service (module docstring); the default is a plain task."""
 
-    after: tuple[str, ...] = ()
+    after: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # in the file's order, for messages
     ready: Check | None = None
     ready_timeout: float = DEFAULT_READY_TIMEOUT
     health: Check | None = None
@@ -133,6 +134,12 @@ class ServiceSettings:
     health_failures: int = DEFAULT_HEALTH_FAILURES
     watchdog: float | None = None
     logs: LogSettings | None = None
+
+    depends_on: frozenset[str] = dataclasses.field(init=False, repr=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        # what a reload compares: the set of `after`, so that reordering it changes nothing
+        object.__setattr__(self, "depends_on", frozenset(self.after))
 
     @property
     def notify(self) -> bool:

@@ -150,6 +150,23 @@ def test_a_long_reason_is_cut_in_the_plain_line_and_the_row_and_the_table_still_
     assert all(len(text) <= 100 for text in render_table(view.rows.values(), 100))
 
 
+def test_a_reason_with_line_breaks_or_escape_codes_stays_on_its_line_and_cannot_restyle_it():
+    """A message (an exception's, a `ready()` status) with a newline or an escape code is written
+    escaped, as the outcome line's repr writes it, in the plain lines, the row and the table:
+    it broke mpvisor's line in two (the second without `mpvisor: `) and turned the terminal red."""
+    view = BatchView(["api"])
+    reason = "RuntimeError: first line\nsecond\tline \x1b[31mred"
+    escaped = "RuntimeError: first line\\nsecond\\tline \\x1b[31mred"
+    assert view.apply(event(EventKind.ATTEMPT_READY, "api", attempt=1, reason="ready(): up\nnow")) == (
+        True, "mpvisor: api: attempt 1 ready (ready(): up\\nnow)")
+    assert view.apply(event(EventKind.ATTEMPT_FAILED, "api", attempt=1, reason=reason)) == (
+        True, f"mpvisor: api: attempt 1 failed: {escaped}")
+    view.settle(result("api", failed(reason=reason, attempts=1)))
+    lines = render_table(view.rows.values(), 200)
+    assert lines[1] == f"api   failed            1        {escaped}", lines
+    assert all(text.isprintable() for text in lines), lines
+
+
 def test_progress_reaches_the_row_and_the_outcome_settles_it_for_good():
     view = BatchView(["job"])
     view.apply(event(EventKind.ATTEMPT_STARTING, "job", attempt=1))

@@ -884,6 +884,24 @@ def test_two_parses_of_a_file_compare_task_by_task():
     assert diff(tasks(api=checked), tasks(default="health_failures = 4", api=f"{checked}\nhealth_failures = 3")).changed == ("db", "worker")
 
 
+def test_a_reload_that_only_reorders_or_repeats_the_names_of_after_changes_nothing():
+    """`after` is a set of tasks: the same names in another order, or one given twice (it counts
+    once), is the same task, which a reload leaves running (it was stopped and started anew);
+    another name is a change. Messages keep the order the file gives."""
+    text = "[task.a]\ncommand = ['a']\n[task.b]\ncommand = ['b']\n[task.c]\ncommand = ['c']\nafter = {after}\n"
+
+    def tasks(after: str) -> dict[str, Any]:
+        parsed = parse_text(text.format(after=after), "/base")
+        assert parsed.ok, parsed.errors
+        return {task.name: task for task in parsed.tasks}
+
+    first = tasks('["a", "b"]')
+    assert diff(first, tasks('["b", "a"]')).unchanged == ("a", "b", "c")
+    assert diff(first, tasks('["b", "a", "b"]')).unchanged == ("a", "b", "c")
+    assert diff(first, tasks('["a"]')).changed == ("c",)
+    assert tasks('["b", "a", "b"]')["c"].service.after == ("b", "a")
+
+
 # --- `mpvisor check` of a file with services ---
 
 

@@ -574,6 +574,41 @@ def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_
     assert "NOTIFY_SOCKET" not in seen and "WATCHDOG_USEC" not in seen
 
 
+def test_under_systemd_a_service_not_started_because_its_dependency_failed_does_not_hold_back_ready(
+        run: Run, tmp_path: pathlib.Path) -> None:
+    """A task with a `ready` check left not started (what it comes after ended for good) has
+    ended: once nothing waits or starts, READY=1 goes out (it never did, so `systemctl start`
+    hung until its TimeoutStartSec and the unit failed, though the rest served)."""
+    path = str(tmp_path / "systemd.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    listener.settimeout(20)
+    run.write("""
+        [task.db]
+        command = ["sh", "-c", "exit 3"]
+        ready = "tcp:127.0.0.1:1"
+
+        [task.api]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+        after = ["db"]
+        ready = "tcp:127.0.0.1:1"
+
+        [task.web]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+    """)
+    run.start(env={"NOTIFY_SOCKET": path})
+    try:
+        said = listener.recv(4096).decode()
+        assert said.startswith("READY=1\nSTATUS=1 of 3 services running"), said
+        rows = run.status()
+        assert (rows["db"]["state"], rows["api"]["state"], rows["web"]["state"]) == ("ended", "not started", "running"), rows
+    finally:
+        listener.close()
+        (run.directory / "stop").touch()
+    _, err = run.proc.communicate(timeout=30) if run.proc is not None else ("", "")
+    assert "api: rejected reason='not started: db ended failed" in err, err
+
+
 def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) -> None:
     """`ready = "file:..."`: the target's own `ready()` is only its status; the file never comes,
     so the attempt fails at `ready_timeout` and what comes after it never starts."""
@@ -691,6 +726,24 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
     said = [line for line in second_err.splitlines() if "serves the control socket" in line]
     assert len(said) == 1 and "this run is named 'services-" in said[0] and f"-{second.pid}' instead" in said[0], second_err
     assert "serves the control socket" not in first_err, first_err
+
+
+def test_a_name_too_long_for_its_socket_is_a_usage_error(run: Run) -> None:
+    """`--name` whose socket path in the control directory would pass a Unix socket's 107 bytes is
+    a usage error (2) that says how long a name fits, and nothing runs (the run went on without a
+    control socket, so the name given could reach nothing, and it said to shorten the directory)."""
+    run.write("""
+        [task.once]
+        command = ["sh", "-c", "echo ran"]
+    """)
+    room = 107 - len(os.fsencode(os.path.join(run.env["MPVISOR_CONTROL_DIR"], ".sock")))
+    done = run.ctl("run", "--file", "services.toml", "--name", "n" * (room + 1))
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr.startswith("mpvisor run: error: argument --name: the run's control socket, "), done.stderr
+    assert f"give a name of at most {room} bytes, or set MPVISOR_CONTROL_DIR" in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "ran" not in done.stderr, done.stderr
+    fits = run.ctl("run", "--file", "services.toml", "--name", "n" * room)
+    assert fits.returncode == 0 and "no control socket" not in fits.stderr, fits.stderr
 
 
 def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None:
