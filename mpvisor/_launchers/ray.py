@@ -36,7 +36,9 @@ The attempt's environment travels as on this machine: the supervisor's environ (
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
 `sys.path` entries that exist there, followed by the agent's own (a runtime_env's working_dir or
 py_modules). mpvisor must be importable on every node (installed, or shipped with
-`runtime_env={"py_modules": [mpvisor]}`). Ray itself is imported only once a `RayLauncher` is
+`runtime_env={"py_modules": [mpvisor]}`). Ray uploads local code only for a whole job: a
+connection this module makes carries the launcher's runtime_env as its job's, which agents
+inherit; on another connection it goes to each agent (URIs only). Ray itself is imported only once a `RayLauncher` is
 served: `import mpvisor` never imports it.
 
 **Connecting.** `ray.init` runs in a thread of its own, bounded by `start_timeout` (an address
@@ -101,7 +103,8 @@ class RayLauncher:
     If Ray is already initialized in this process, that connection is used and left alone.
     A cluster not reached within `start_timeout` is a `ConfigError`; what Ray says while it
     connects stays off the terminal (`_RayOutput`).
-    `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes).
+    `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes): the
+    job's when the supervisor makes the connection (Ray uploads local code only there), else each agent's.
     `lost_fence`: seconds, after Ray declared an attempt's agent or node dead, before the attempt
     is reported lost (its slot's next owner or its retry waits for it); default 5.
 
@@ -147,20 +150,24 @@ _connection_lock = threading.Lock()
 _connection_users = 0
 _connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
 _connection_address: str | None = None  # the address a supervisor's connection was made for
+_connection_runtime_env: dict[str, Any] | None = None  # the runtime_env it was made with (its job's)
 # Set by the `ray.shutdown` of a connection we made. The thread that called `ray.init` waits for
 # it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
 # parent-death signal, which Linux sends when the creating thread exits, not the process).
 _connection_closed = threading.Event()
 
 
-def _connect(address: str | None, output: _RayOutput) -> bool:
-    """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
-    so the calling thread must live until `_connection_closed` (`hold_connection`). What Ray
-    says while it connects goes to `output`, not to the terminal. A connection another
+def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, Any] | None = None) -> tuple[bool, bool]:
+    """Initialize Ray unless it is (blocking: run it in a thread). Returns whether this call did
+    (then the calling thread must live until `_connection_closed`: `hold_connection`), and
+    whether the connection's job carries `runtime_env` (so that every agent inherits it). A
+    connection this call makes is made with `runtime_env` as the job's: Ray uploads local
+    directories and modules (`working_dir`, `py_modules`) only there, never for one actor. What
+    Ray says while it connects goes to `output`, not to the terminal. A connection another
     supervisor made serves only the same address, never `local` (Ray has one connection per
     process: a supervisor must not run its attempts on a cluster it did not ask for); one the
     program made itself serves every address."""
-    global _connection_users, _connection_ours, _connection_address
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
     with _connection_lock:
         ray = _ray()
         made = False
@@ -175,13 +182,16 @@ def _connect(address: str | None, output: _RayOutput) -> bool:
             # warning that it did not is dropped by `output`).
             output.start(ray)
             try:
-                ray.init(address=address, include_dashboard=False, configure_logging=False)
+                ray.init(address=address, include_dashboard=False, configure_logging=False,
+                         runtime_env=dict(runtime_env) if runtime_env is not None else None)
             finally:
                 output.stop()
             _connection_ours = made = True
             _connection_address = address
+            _connection_runtime_env = dict(runtime_env) if runtime_env is not None else None
         _connection_users += 1
-        return made
+        inherited = _connection_ours and _connection_runtime_env == (dict(runtime_env) if runtime_env is not None else None)
+        return made, inherited
 
 
 def _client_missing(address: str | None) -> bool:
@@ -429,11 +439,11 @@ def _hold_connection() -> None:
 
 def _disconnect() -> None:
     """The last supervisor that used a connection it made shuts it down (blocking)."""
-    global _connection_users, _connection_ours, _connection_address
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
     with _connection_lock:
         _connection_users -= 1
         if _connection_users == 0 and _connection_ours:
-            _connection_ours, _connection_address = False, None
+            _connection_ours, _connection_address, _connection_runtime_env = False, None, None
             _ray().shutdown()
             _connection_closed.set()
 
@@ -492,6 +502,7 @@ class RayClient:
         self._next_key = 0
         self._error: str | None = None
         self._connected = False
+        self._inherited = False  # the connection's job carries `settings.runtime_env`: agents inherit it
         self._agent_class: Any = None
         self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
         self._idle: list[_Idle] = []
@@ -519,7 +530,7 @@ class RayClient:
         def connect() -> None:
             made = False
             try:
-                made = _connect(address, output)
+                made, self._inherited = _connect(address, output, self.settings.runtime_env)
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -877,7 +888,7 @@ class RayClient:
                 options["memory"] = resources.memory
             if resources.resources:
                 options["resources"] = dict(resources.resources)
-        if self.settings.runtime_env is not None:
+        if self.settings.runtime_env is not None and not self._inherited:
             options["runtime_env"] = dict(self.settings.runtime_env)
         return options
 

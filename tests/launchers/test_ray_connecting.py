@@ -137,3 +137,38 @@ def test_mpvisor_run_through_a_ray_client_address(on_ray: Any, tmp_path: Any) ->
     assert any(line.startswith("ray::") for line in values["where"]), values["where"]
     assert all(line.startswith("mpvisor: ") for line in done.stderr.splitlines()), done.stderr
     assert "mpvisor: flaky: completed reason=None exit_code=None attempts=3" in done.stderr, done.stderr
+
+
+# --- code shipped with runtime_env ------------------------------------------------------------------------
+
+SHIPPED_DRIVER = """
+import sys
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+launcher = RayLauncher(address=sys.argv[1], runtime_env={"working_dir": sys.argv[2], "py_modules": [sys.argv[3]]})
+outcome = mpvisor.run([TaskSpec.once(TaskFn("shipped", "shipped_code:where", ()))], SupervisorConfig(launcher=launcher))["shipped"]
+print(outcome.kind.name, outcome.value if outcome.value is not None else outcome.reason)
+"""
+
+
+@pytest.mark.ray
+def test_code_that_only_the_driver_has_is_shipped_with_runtime_env(on_ray: Any, tmp_path: Any) -> None:
+    """A program whose target is in a directory of its own, on no path of the cluster's, ships
+    it as the docs say, with `RayLauncher(runtime_env={"working_dir": DIR, "py_modules": [FILE]})`:
+    Ray uploads local code only for a whole job (for one actor it refuses it), so the
+    supervisor's connection carries it, and the attempt imports the uploaded copies."""
+    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
+    for directory in (code, helpers, driver):
+        directory.mkdir()
+    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
+    (helpers / "shipped_helper.py").write_text("")
+    (driver / "driver.py").write_text(SHIPPED_DRIVER)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "driver.py", on_ray.address, str(code), str(helpers / "shipped_helper.py")],
+                          cwd=driver, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    kind, where = done.stdout.split(maxsplit=1)
+    assert kind == "COMPLETED", done.stdout
+    assert "working_dir_files/_ray_pkg_" in where and "py_modules_files/_ray_pkg_" in where, where
