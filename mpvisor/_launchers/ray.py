@@ -31,6 +31,8 @@ reaps every tree, in milliseconds unless a process is slow to die, and `forkserv
 (4 s) at most; a node that Ray declared dead has stopped its workers, or is cut off and kills
 them when it learns it. The default fence (5 s) covers the first; a cluster whose nodes may be
 partitioned for longer than Ray's own failure detection should raise it.
+An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
+came back never ran it: after the fence the attempt goes to a new agent instead of failing.
 
 The attempt's environment travels as on this machine: the supervisor's environ (with the
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
@@ -461,6 +463,7 @@ class _Remote:
     node: str | None = None  # the Ray node it was placed on
     agent_pid: int | None = None
     pid: int | None = None  # the attempt's pid there, once it leads its session
+    taken: bool = False  # its agent said it took it (`placed`): until then a reused agent may have died idle
     kill_asked: bool = False
     waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
     done: bool = False
@@ -710,7 +713,7 @@ class RayClient:
 
     async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
                    resources: Resources | None, environment: tuple[dict[str, str], str, list[str]],
-                   tree: TreeLimits = NO_TREE_LIMITS) -> None:
+                   tree: TreeLimits = NO_TREE_LIMITS, reuse: bool = True) -> None:
         await asyncio.shield(self._connect)
         if self._error is not None:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: {self._error}"))
@@ -721,7 +724,7 @@ class RayClient:
         ray = _ray()
         options = self._options(resources)
         shape = (repr(sorted(options.items())), repr(environment))
-        idle = self._take_idle(shape)
+        idle = self._take_idle(shape) if reuse else None
         if idle is not None:  # its local launcher runs, in this environment: only a fork to go
             agent, remote.number = idle.agent, idle.attempts + 1
             remote.node, remote.agent_pid = idle.node, idle.agent_pid
@@ -753,6 +756,13 @@ class RayClient:
                 pause = min(pause * 2, UNAVAILABLE_RETRY[1])
                 continue
             except ray.exceptions.RayError as exc:
+                if idle is not None and not remote.taken and not self._closing:
+                    # The idle agent died (its worker, its node) before it took this attempt, or
+                    # as it did: once the fence has passed nothing of it runs, so a new agent starts it.
+                    remote.agent = remote.node = remote.agent_pid = None
+                    await asyncio.sleep(self.settings.lost_fence)
+                    await self._run(remote, start, exec_python, capture_output, resources, environment, tree, reuse=False)
+                    return
                 await self._lost(remote, exc)
                 return
             pause = UNAVAILABLE_RETRY[0]
@@ -830,7 +840,7 @@ class RayClient:
                 remote.pid = pid
                 sink.on_started(pid)
             case ("placed", str() as node, int() as agent_pid):
-                remote.node, remote.agent_pid = node, agent_pid
+                remote.node, remote.agent_pid, remote.taken = node, agent_pid, True
             case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu):
                 self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu), killed))
                 return True

@@ -218,6 +218,29 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypa
         await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
 
 
+async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle agent whose worker dies (killed, or its node lost) before the next attempt of its
+    shape takes it never ran that attempt: once the fence has passed, the attempt is placed on a
+    new agent, and a task with no retry completes (it once failed, `launcher died ... before the
+    attempt started`)."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
+    async with supervised(on_ray()) as (handle, events):
+        _, waiter = await handle.add_and_watch(once("a", contract.lineage))
+        first = await waiter.wait()
+        assert first.kind is OutcomeKind.COMPLETED, first
+        launcher = first.value[1]
+        agent = psutil.Process(psutil.Process(psutil.Process(launcher).ppid()).ppid())
+        agent.kill()
+        agent.wait(5)
+        task_id, waiter = await handle.add_and_watch(once("b", contract.lineage))
+        second = await waiter.wait()
+    assert second.kind is OutcomeKind.COMPLETED, second
+    assert second.value[1] != launcher, second.value
+    assert [e.attempt for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)] == [1]
+
+
 @pytest.mark.slow  # an efficiency property (no idle agent), not a safety one: placement is checked in the default run
 async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_placed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice as many one-CPU attempts as the cluster has CPUs, added at once: an agent whose
