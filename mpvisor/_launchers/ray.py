@@ -196,6 +196,14 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
         return made, inherited
 
 
+def _named(address: str | None) -> str:
+    """The address, for an error: with `None` or `auto`, also the `RAY_ADDRESS` that Ray reads then."""
+    named = f"address={address!r}"
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
+        named += f", RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
+    return named
+
+
 def _client_missing(address: str | None) -> bool:
     """Is `address` (or, for `None` and `auto`, `RAY_ADDRESS`) a `ray://` one, which needs Ray's
     client (`ray[client]`: grpcio), and is that client not installed?"""
@@ -523,7 +531,7 @@ class RayClient:
         `ConfigError`, never a hang (a connection that succeeds after that is released)."""
         address, limit = self.settings.address, self.launch.start_timeout
         if _client_missing(address):
-            self._error = (f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, "
+            self._error = (f"cannot connect to Ray ({_named(address)}): a ray:// address needs Ray's client, "
                            "which is not installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
             return
         outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
@@ -556,14 +564,14 @@ class RayClient:
             given_up.set()
             if outcome.done() and outcome.result() is None:
                 _disconnect()  # it connected just now: nobody will use it
-            self._error = f"cannot connect to Ray (address={address!r}): no answer within start_timeout={limit} s"
+            self._error = f"cannot connect to Ray ({_named(address)}): no answer within start_timeout={limit} s"
             self._error += _said(output)
             if isinstance(stopped, asyncio.CancelledError):
                 raise
             return
         if error is not None:
             said = _first_line(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {_first_line(error)}"
-            self._error = f"cannot connect to Ray (address={address!r}): {said}"
+            self._error = f"cannot connect to Ray ({_named(address)}): {said}"
             self._error += _said(output)
             return
         self._connected = True

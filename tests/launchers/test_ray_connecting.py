@@ -99,7 +99,8 @@ async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
     monkeypatch: pytest.MonkeyPatch, address: str | None, env: dict[str, str]
 ) -> None:
     """Where Ray's client (grpcio, from `ray[client]`) is not installed, a `ray://` address (given,
-    or `RAY_ADDRESS` for `address=None`) is a one-line ConfigError naming the extra, at once."""
+    or `RAY_ADDRESS` for `address=None`) is a one-line ConfigError naming the address and the
+    extra, at once."""
     import asyncio
 
     monkeypatch.setitem(sys.modules, "grpc", None)  # what importlib finds where it is not installed
@@ -111,9 +112,32 @@ async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
         await client.ready()
     await client.close()
     assert time.monotonic() - started < 1.0
+    named = f"address={address!r}" + "".join(f", {name}={value!r}" for name, value in env.items())
     assert str(raised.value) == (
-        f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, which is not "
+        f"cannot connect to Ray ({named}): a ray:// address needs Ray's client, which is not "
         "installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("address", [None, "auto"])
+async def test_a_failed_connection_names_the_address_it_took_from_ray_address(
+    monkeypatch: pytest.MonkeyPatch, address: str | None
+) -> None:
+    """`None` and `auto` connect where `RAY_ADDRESS` says: a connection that fails names that
+    address too (it named only `auto`, leaving a stale variable to be guessed)."""
+    import asyncio
+
+    def refused(*_: Any) -> Any:
+        raise ConnectionError("Failed to connect")
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.setattr(ray_launcher, "_connect", refused)
+    client = RayLauncher(address=address)(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
+    with pytest.raises(ConfigError) as raised:
+        await client.ready()
+    await client.close()
+    assert str(raised.value) == (
+        f"cannot connect to Ray (address={address!r}, RAY_ADDRESS='10.0.0.5:6379'): ConnectionError: Failed to connect")
 
 
 @pytest.mark.ray
