@@ -471,6 +471,7 @@ class _Remote:
     node: str | None = None  # the Ray node it was placed on
     agent_pid: int | None = None
     pid: int | None = None  # the attempt's pid there, once it leads its session
+    asks: dict[str, float] = field(default_factory=dict)  # the resources its agent asks Ray for
     taken: bool = False  # its agent said it took it (`placed`): until then a reused agent may have died idle
     kill_asked: bool = False
     waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
@@ -731,6 +732,8 @@ class RayClient:
             return
         ray = _ray()
         options = self._options(resources)
+        remote.asks = {"CPU": options["num_cpus"], **({"memory": options["memory"]} if "memory" in options else {}),
+                       **options.get("resources", {})}
         shape = (repr(sorted(options.items())), repr(environment))
         idle = self._take_idle(shape) if reuse else None
         if idle is not None:  # its local launcher runs, in this environment: only a fork to go
@@ -883,8 +886,12 @@ class RayClient:
         if not never_ran:
             await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
         if remote.kill_asked and remote.node is None:
-            # its agent ended because this process asked: Ray's words for that death say nothing more
-            self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
+            # its agent ended because this process asked: Ray's words for that death say nothing
+            # more, but a request that no node of the cluster can meet is worth naming
+            nowhere = await self.loop.run_in_executor(None, _nowhere, remote.asks)
+            why = (f"no node of the cluster has what it asks for: {_asks(remote.asks)}" if nowhere
+                   else "killed before it was placed")
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: {why}"))
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:
@@ -1064,6 +1071,22 @@ def _node_alive(node_id: str) -> bool:
     except Exception:
         return True  # cannot tell: call it a dead agent, not a lost node
     return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
+
+
+def _nowhere(asks: Mapping[str, float]) -> bool:
+    """Does no live node of the cluster have all of `asks` (so that it can never be placed)? (blocking)"""
+    try:
+        nodes = [n for n in _ray().nodes() if n.get("Alive")]
+    except Exception:
+        return False  # cannot tell
+    return bool(nodes) and not any(all(node.get("Resources", {}).get(name, 0.0) >= amount
+                                       for name, amount in asks.items() if amount)
+                                   for node in nodes)
+
+
+def _asks(asks: Mapping[str, float]) -> str:
+    """`CPU=1, memory=1073741824, gpu_host=0.5`"""
+    return ", ".join(f"{name}={int(amount) if float(amount).is_integer() else amount}" for name, amount in asks.items())
 
 
 def _short(node: str | None) -> str:

@@ -115,7 +115,8 @@ async def test_shutdown_with_grace_kills_what_does_not_stop(tmp_path: Any) -> No
 
 async def test_placement_follows_the_tasks_resources() -> None:
     """A task asking for a custom resource runs where it exists (the head node's `victim`); one
-    asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`."""
+    asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`,
+    saying what no node has (it said only `killed before it was placed`)."""
     placed = TaskSpec.once(fn("placed", basic.quick, "here")).with_resources(num_cpus=0.5, resources={"victim": 1})
     nowhere = TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
     async with supervised(on_ray(start_timeout=3.0)) as (handle, _):
@@ -123,7 +124,9 @@ async def test_placement_follows_the_tasks_resources() -> None:
         _, nowhere_waiter = await handle.add_and_watch(nowhere)
         done, never = await placed_waiter.wait(), await nowhere_waiter.wait()
     assert (done.kind, done.value) == (OutcomeKind.COMPLETED, "here"), done
-    assert never.kind is OutcomeKind.FAILED and never.reason.startswith("start-up timed out after 3.0 s"), never
+    assert never.kind is OutcomeKind.FAILED, never
+    assert never.reason == ("start-up timed out after 3.0 s (could not start: no node of the cluster has what it "
+                            "asks for: CPU=1, absent=1)"), never.reason
 
 
 async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
