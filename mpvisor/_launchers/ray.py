@@ -31,6 +31,9 @@ reaps every tree, in milliseconds unless a process is slow to die, and `forkserv
 (4 s) at most; a node that Ray declared dead has stopped its workers, or is cut off and kills
 them when it learns it. The default fence (5 s) covers the first; a cluster whose nodes may be
 partitioned for longer than Ray's own failure detection should raise it.
+An agent that does not end its attempt within `KILL_WAIT` of a kill (frozen, or cut off from
+this process while Ray counts its node alive) is ended by Ray (`_force`), and the attempt is
+reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the fence.
 An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
 came back never ran it: after the fence the attempt goes to a new agent instead of failing.
 
@@ -82,6 +85,11 @@ if TYPE_CHECKING:
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
+KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, before Ray ends the agent
+# Seconds Ray's raylet gives a worker it was told to end before it kills it (its
+# `kill_worker_timeout_milliseconds`, 5000 by default): Ray declares the actor dead at once, but a
+# frozen worker, and its guardian, live that long.
+RAY_KILL_WAIT = 5.0
 UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
 
 _log = logging.getLogger("mpvisor.ray")
@@ -472,6 +480,8 @@ class _Remote:
     agent_pid: int | None = None
     pid: int | None = None  # the attempt's pid there, once it leads its session
     asks: dict[str, float] = field(default_factory=dict)  # the resources its agent asks Ray for
+    forcing: asyncio.TimerHandle | None = None  # after a kill: Ray ends the agent if it did not end the attempt
+    forced: bool = False  # Ray was asked to end the agent, which did not end the attempt after a kill
     taken: bool = False  # its agent said it took it (`placed`): until then a reused agent may have died idle
     kill_asked: bool = False
     waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
@@ -662,6 +672,20 @@ class RayClient:
                 _ray().kill(remote.agent, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
+        if remote.forcing is None:
+            remote.forcing = self.loop.call_later(KILL_WAIT, self._force, remote)
+
+    def _force(self, remote: _Remote) -> None:
+        """The agent did not end its attempt within `KILL_WAIT` of the kill (its worker is frozen,
+        or cut off from this process): Ray ends the agent, whose guardian's death kills the tree,
+        and the attempt is reported lost once the fence has passed (`_lost`)."""
+        if remote.done or remote.agent is None:
+            return
+        remote.forced = True
+        try:
+            _ray().kill(remote.agent, no_restart=True)
+        except Exception:
+            pass  # already gone: `_run` hears it
 
     def withdraw(self, key: int) -> None:
         """A stop before the attempt started: while its agent is not placed (it waits for
@@ -882,9 +906,12 @@ class RayClient:
             how = f"node lost (Ray node {_short(remote.node)} died)"
         else:
             agent = f"the Ray agent pid {remote.agent_pid}" if remote.agent_pid is not None else "the Ray agent"
-            how = f"launcher died ({agent} died: {text})"
-        if not never_ran:
-            await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
+            if remote.forced:
+                how = f"launcher died ({agent} did not end the attempt within {KILL_WAIT} s of its kill, and was ended)"
+            else:
+                how = f"launcher died ({agent} died: {text})"
+        if not never_ran:  # the fence: nobody saw the tree go (nor, if Ray was told to end it, the agent)
+            await asyncio.sleep(self.settings.lost_fence + (RAY_KILL_WAIT if remote.forced else 0.0))
         if remote.kill_asked and remote.node is None:
             # its agent ended because this process asked: Ray's words for that death say nothing
             # more, but a request that no node of the cluster can meet is worth naming
@@ -901,6 +928,8 @@ class RayClient:
         if remote.done:
             return
         remote.done = True
+        if remote.forcing is not None:
+            remote.forcing.cancel()
         self._attempts.pop(remote.key, None)
         report(remote.sink)
 

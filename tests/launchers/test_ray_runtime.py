@@ -113,6 +113,36 @@ async def test_shutdown_with_grace_kills_what_does_not_stop(tmp_path: Any) -> No
     assert not any(psutil.pid_exists(pid) for pid in pids), pids
 
 
+@pytest.mark.slow  # Ray ends a frozen worker only after its own 5 s
+async def test_a_frozen_agent_does_not_hang_a_shutdown(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent whose worker is frozen (SIGSTOP here; or cut off from this process) hears no kill:
+    a shutdown past its grace waited for it for ever (Ctrl-C of `mpvisor run` hung). `KILL_WAIT`
+    after the kill, Ray ends the agent; the attempt is FORCE_ABORTED once the fence has passed,
+    and its tree is gone."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    monkeypatch.setattr(ray_launcher, "KILL_WAIT", 0.5)
+    marker = str(tmp_path / "m")
+    supervisor = Supervisor(on_ray(grace=0.5))
+    handle = supervisor.serve()
+    _, waiter = await handle.add_and_watch(once("frozen", basic.sleeper, 60, marker=marker))
+    await async_wait_for(lambda: words(marker, "started"), timeout=20.0)
+    pid = words(marker, "started")[0][3]
+    agent = psutil.Process(_ray_support.agent_of(pid))
+    agent.suspend()
+    try:
+        with pytest.raises(GraceExceeded):
+            await handle.shutdown()
+    finally:
+        try:
+            agent.resume()
+        except psutil.NoSuchProcess:
+            pass
+    outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.FORCE_ABORTED, outcome
+    assert not psutil.pid_exists(pid), pid
+
+
 async def test_placement_follows_the_tasks_resources() -> None:
     """A task asking for a custom resource runs where it exists (the head node's `victim`); one
     asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`,
