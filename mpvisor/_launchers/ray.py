@@ -767,9 +767,9 @@ class RayClient:
             self._release_idle()  # what idle agents hold may be what this one needs
             try:
                 agent = self._agent_class.options(**options).remote()
-            except Exception as exc:  # refused by Ray at once (an infeasible or malformed request)
+            except Exception as exc:  # refused by Ray at once (a malformed request): so would every retry be
                 reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
-                self._end(remote, lambda s: s.on_start_failed(reason))
+                self._end(remote, lambda s: s.on_start_failed(reason, fatal=True))
                 return
             remote.number = 1
         remote.agent = agent
@@ -1238,7 +1238,7 @@ class Agent:
     def on_started(self, pid: int) -> None:
         self._emit(["started", pid])
 
-    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None, fatal: bool = False) -> None:
         if ended is None:
             self._emit(["start_failed", error])
         else:

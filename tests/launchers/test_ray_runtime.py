@@ -159,6 +159,19 @@ async def test_placement_follows_the_tasks_resources() -> None:
                             "asks for: CPU=1, absent=1)"), never.reason
 
 
+async def test_a_request_ray_refuses_is_fatal_not_retried() -> None:
+    """Resources Ray refuses at once (an amount finer than its 0.0001) would be refused to every
+    retry: the task ends FATAL after one attempt, naming Ray's refusal (it was retried for ever,
+    at the backoff's pace)."""
+    spec = (TaskSpec.restartable(fn("refused", basic.quick, "never")).with_resources(num_cpus=0.00001)
+            .with_backoff(basic_backoff()))
+    async with supervised(on_ray()) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason.startswith("could not start: Ray refused the agent: ValueError: "), outcome.reason
+
+
 async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
     """Attempts waiting for a resource another attempt holds (the head node's one `victim`): a
     cancel ends the waiting start at once, not at the grace, and a shutdown ends the others, so
