@@ -481,6 +481,7 @@ class _Remote:
     pid: int | None = None  # the attempt's pid there, once it leads its session
     asks: dict[str, float] = field(default_factory=dict)  # the resources its agent asks Ray for
     forcing: asyncio.TimerHandle | None = None  # after a kill: Ray ends the agent if it did not end the attempt
+    kill_sent: bool = False  # a kill went to its agent (once placed)
     forced: bool = False  # Ray was asked to end the agent, which did not end the attempt after a kill
     taken: bool = False  # its agent said it took it (`placed`): until then a reused agent may have died idle
     kill_asked: bool = False
@@ -672,6 +673,7 @@ class RayClient:
                 _ray().kill(remote.agent, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
+        remote.kill_sent = True
         if remote.forcing is None:
             remote.forcing = self.loop.call_later(KILL_WAIT, self._force, remote)
 
@@ -795,6 +797,7 @@ class RayClient:
                     # The idle agent died (its worker, its node) before it took this attempt, or
                     # as it did: once the fence has passed nothing of it runs, so a new agent starts it.
                     remote.agent = remote.node = remote.agent_pid = None
+                    remote.kill_asked = remote.kill_asked or remote.kill_sent  # then it ends there, unstarted
                     await asyncio.sleep(self.settings.lost_fence)
                     await self._run(remote, start, exec_python, capture_output, resources, environment, tree, reuse=False)
                     return
