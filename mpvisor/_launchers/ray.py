@@ -798,7 +798,7 @@ class RayClient:
                     # as it did: once the fence has passed nothing of it runs, so a new agent starts it.
                     remote.agent = remote.node = remote.agent_pid = None
                     remote.kill_asked = remote.kill_asked or remote.kill_sent  # then it ends there, unstarted
-                    await asyncio.sleep(self.settings.lost_fence)
+                    await asyncio.sleep(self.settings.lost_fence + (RAY_KILL_WAIT if remote.forced else 0.0))
                     await self._run(remote, start, exec_python, capture_output, resources, environment, tree, reuse=False)
                     return
                 await self._lost(remote, exc)
