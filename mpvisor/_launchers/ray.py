@@ -35,7 +35,8 @@ An agent that does not end its attempt within `KILL_WAIT` of a kill (frozen, or 
 this process while Ray counts its node alive) is ended by Ray (`_force`), and the attempt is
 reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the fence.
 An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
-came back never ran it: after the fence the attempt goes to a new agent instead of failing.
+came back had not started it (or, in the moment before its death, had: the fence covers that
+tree as any other): after the fence the attempt goes to a new agent instead of failing.
 
 The attempt's environment travels as on this machine: the supervisor's environ (with the
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
