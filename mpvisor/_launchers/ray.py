@@ -20,6 +20,7 @@ lose at exit).
 | `output stream line` (always captured there) | `on_output`, if the runtime captures; else the line is written to this process's fd 1 / fd 2 (`_Echo`) |
 | `exited how value killed` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
+| `start_failed error True` (its local launcher cannot start: a `preload` failed) | `on_start_failed(error, fatal=True)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
 
@@ -883,6 +884,8 @@ class RayClient:
             case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu):
                 self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu), killed))
                 return True
+            case ("start_failed", str() as error, True):  # its local launcher cannot start (a preload failed)
+                self._end(remote, lambda s: s.on_start_failed(error, fatal=True))
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
             case ("start_failed", str() as error, str() as how, int() as value, str() as memory, str() as cpu):
@@ -1182,7 +1185,7 @@ class Agent:
         try:
             await client.ready()
         except ConfigError as exc:
-            self._emit(["start_failed", f"could not start: {exc}"])
+            self._emit(["start_failed", f"could not start: {exc}", True])  # a preload that fails: as here, fatal
             return
         if self._killed:
             self._emit(["start_failed", "could not start: killed before it started"])

@@ -172,6 +172,18 @@ async def test_a_request_ray_refuses_is_fatal_not_retried() -> None:
     assert outcome.reason.startswith("could not start: Ray refused the agent: ValueError: "), outcome.reason
 
 
+async def test_a_preload_that_fails_on_the_node_is_fatal_not_retried() -> None:
+    """A `preload` module the node cannot import: on this machine the supervisor would not start
+    (ConfigError); on Ray each agent's launcher fails the same way, so the task ends FATAL after
+    one attempt, naming the module (it was retried for ever)."""
+    spec = TaskSpec.restartable(fn("preloaded", basic.quick, "never")).with_backoff(basic_backoff())
+    async with supervised(on_ray(preload=("no_such_preload_module",))) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason.startswith("could not start: preload module 'no_such_preload_module' failed to import"), outcome.reason
+
+
 async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
     """Attempts waiting for a resource another attempt holds (the head node's one `victim`): a
     cancel ends the waiting start at once, not at the grace, and a shutdown ends the others, so
