@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import importlib
 import importlib.util
 import logging
@@ -495,6 +496,7 @@ class _Remote:
     fenced: bool = False  # its fence was reached while it ran: stopped, then killed
     capture: bool = False  # the runtime captures its output (`on_output`); else `_Echo` writes it here
     echoed: bool = False  # lines of it went to `_Echo` since its last flush
+    pipe_broken: bool = False  # it wrote to an fd of this process whose pipe has no reader: sent SIGPIPE
 
 
 @record(eq=False)
@@ -874,7 +876,13 @@ class RayClient:
                 if remote.capture:
                     sink.on_output(stream, line)
                 else:  # where a local attempt's would go: this process's fd 1 or 2
-                    self._echo.line(1 if stream == "stdout" else 2, line)
+                    fd = 1 if stream == "stdout" else 2
+                    if self._echo.reader_gone(fd) and not remote.pipe_broken:
+                        # as a local attempt writing to that pipe would be: SIGPIPE (once the lines
+                        # before were found unwritable), which ends `yes | head -1` there too
+                        remote.pipe_broken = True
+                        self._request(remote.key, ("signal", _signal.SIGPIPE, True))
+                    self._echo.line(fd, line)
                     remote.echoed = True
             case ("started", int() as pid):
                 remote.pid = pid
@@ -882,7 +890,9 @@ class RayClient:
             case ("placed", str() as node, int() as agent_pid):
                 remote.node, remote.agent_pid, remote.taken = node, agent_pid, True
             case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu):
-                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu), killed))
+                gone = remote.pipe_broken and (how, value) in (("signal", _signal.SIGPIPE), ("exit", 128 + _signal.SIGPIPE))
+                status = ExitStatus(how, value, oom, remote.fenced, memory, cpu, reader_gone=gone)
+                self._end(remote, _exited(status, killed))
                 return True
             case ("start_failed", str() as error, True):  # its local launcher cannot start (a preload failed)
                 self._end(remote, lambda s: s.on_start_failed(error, fatal=True))
@@ -970,14 +980,20 @@ class _Echo:
     (EPIPE, EBADF, ENOSPC...) drops that line and every later one for that fd, never raising:
     the loss is told once, to the standard stream of that fd if it records losses (`lose(exc)`:
     `mpvisor`'s guarded streams, `_cli/shell.py`, and so the run does not succeed), else as a
-    WARNING on `mpvisor.ray`."""
+    WARNING on `mpvisor.ray`. An fd whose pipe lost its reader (EPIPE) is `reader_gone`: the
+    `RayClient` sends SIGPIPE to each attempt that writes there again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._queue: queue.SimpleQueue[tuple[int, bytes] | asyncio.Future[None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._failed: dict[int, str] = {}  # fd -> why its writes failed (every later line for it is dropped)
+        self._gone: set[int] = set()  # the fds whose writes failed for want of a reader (EPIPE)
         self.dropped = 0  # lines not written
+
+    def reader_gone(self, fd: int) -> bool:
+        """Did a write to `fd` fail because its pipe has no reader left (EPIPE)?"""
+        return fd in self._gone
 
     def line(self, fd: int, line: str) -> None:
         if self._thread is None:
@@ -1043,6 +1059,8 @@ class _Echo:
         except OSError as exc:
             self.dropped += data.tobytes().count(b"\n")  # the lines not (wholly) written
             self._failed[fd] = exc.strerror or str(exc)
+            if exc.errno == errno.EPIPE:
+                self._gone.add(fd)
             _lose(fd, exc)
 
 

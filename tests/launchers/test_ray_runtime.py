@@ -530,6 +530,31 @@ def test_a_programs_output_on_ray_reaches_the_runs_streams_whole_and_unprefixed(
         "err", "mpvisor: sh: failed reason='program exited with status 3' exit_code=3 attempts=1"], done.stderr[-2000:]
 
 
+def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ray_cluster: Any, tmp_path: Any) -> None:
+    """`mpvisor run --ray ADDRESS --restart on-failure -- yes | head -1`: once the reader is gone,
+    the program gets SIGPIPE, as it would writing to that pipe on this machine, and the run ends
+    `fatal`, not retried, status 141 (the program went on for ever, its lines dropped: the run
+    never ended)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address,
+                            "--restart", "on-failure", "--", "yes"],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None and run.stderr is not None
+    assert run.stdout.readline() == b"y\n"
+    run.stdout.close()  # `head -1` exits
+    try:
+        status = run.wait(timeout=30)
+    finally:
+        run.kill()
+    err = run.stderr.read().decode()
+    assert status == 141, err[-2000:]
+    assert "mpvisor: yes: fatal reason='program killed by signal SIGPIPE (13): the pipe it wrote its output to has " \
+           "no reader left; not retried' exit_code=-13 attempts=1" in err, err[-2000:]
+
+
 @pytest.mark.slow  # the `mpvisor run --ray` test of an address nobody answers at checks this path in the default run
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
     """In a process not yet connected to Ray, `127.0.0.1:1` (where `ray.init` itself retries for
