@@ -19,8 +19,9 @@ supervisor's `start_timeout` (30 s), and exit status 1. Without an address (and 
 supervisor stops when it is done; its files (Ray's logs and sockets, which would otherwise stay
 in /tmp/ray) go to a temporary directory, removed at the end.
 
-The target is defined in this script, which every attempt imports by name: on a cluster of
-several machines the script (and mpvisor) must be importable there too, e.g. with
+The target is defined in this script, which every attempt loads from the script's path: on a
+cluster of several machines the script must be at that same path on every node (and mpvisor
+importable there). Targets in a module of their own travel instead, imported by name, e.g. with
 `RayLauncher(runtime_env={"working_dir": ".", "py_modules": [mpvisor]})`.
 """
 

@@ -375,7 +375,11 @@ def _import_main_script(path: str) -> Any:
     import importlib.util
 
     if not os.path.isfile(path):
-        return _import_zipped_main(path)
+        if os.path.isfile(os.path.dirname(path)):
+            return _import_zipped_main(path)
+        raise ImportError(f"the main script {path!r} is not here: a target defined in it is loaded from that path, "
+                          "which must exist where the attempt runs (on a Ray node too: define targets in a module "
+                          "to ship them with runtime_env)")
     loader = importlib.machinery.SourceFileLoader("__mp_main__", path)
     spec = importlib.util.spec_from_file_location("__mp_main__", path, loader=loader)
     if spec is None or spec.loader is None:

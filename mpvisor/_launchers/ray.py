@@ -20,6 +20,7 @@ lose at exit).
 | `output stream line` (always captured there) | `on_output`, if the runtime captures; else the line is written to this process's fd 1 / fd 2 (`_Echo`) |
 | `exited how value killed oom memory cpu used` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
+| `start_failed error True` (its local launcher cannot start: a `preload` failed) | `on_start_failed(error, fatal=True)` |
 | `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
 
@@ -31,12 +32,20 @@ reaps every tree, in milliseconds unless a process is slow to die, and `forkserv
 (4 s) at most; a node that Ray declared dead has stopped its workers, or is cut off and kills
 them when it learns it. The default fence (5 s) covers the first; a cluster whose nodes may be
 partitioned for longer than Ray's own failure detection should raise it.
+An agent that does not end its attempt within `KILL_WAIT` of a kill (frozen, or cut off from
+this process while Ray counts its node alive) is ended by Ray (`_force`), and the attempt is
+reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the fence.
+An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
+came back had not started it (or, in the moment before its death, had: the fence covers that
+tree as any other): after the fence the attempt goes to a new agent instead of failing.
 
 The attempt's environment travels as on this machine: the supervisor's environ (with the
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
 `sys.path` entries that exist there, followed by the agent's own (a runtime_env's working_dir or
 py_modules). mpvisor must be importable on every node (installed, or shipped with
-`runtime_env={"py_modules": [mpvisor]}`). Ray itself is imported only once a `RayLauncher` is
+`runtime_env={"py_modules": [mpvisor]}`). Ray uploads local code only for a whole job: a
+connection this module makes carries the launcher's runtime_env as its job's, which agents
+inherit; on another connection it goes to each agent (URIs only). Ray itself is imported only once a `RayLauncher` is
 served: `import mpvisor` never imports it.
 
 **Connecting.** `ray.init` runs in a thread of its own, bounded by `start_timeout` (an address
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import importlib
 import importlib.util
 import logging
@@ -78,6 +88,11 @@ if TYPE_CHECKING:
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
+KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, before Ray ends the agent
+# Seconds Ray's raylet gives a worker it was told to end before it kills it (its
+# `kill_worker_timeout_milliseconds`, 5000 by default): Ray declares the actor dead at once, but a
+# frozen worker, and its guardian, live that long.
+RAY_KILL_WAIT = 5.0
 UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
 
 _log = logging.getLogger("mpvisor.ray")
@@ -101,7 +116,8 @@ class RayLauncher:
     If Ray is already initialized in this process, that connection is used and left alone.
     A cluster not reached within `start_timeout` is a `ConfigError`; what Ray says while it
     connects stays off the terminal (`_RayOutput`).
-    `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes).
+    `runtime_env`: Ray's runtime_env for every agent (code and packages for other nodes): the
+    job's when the supervisor makes the connection (Ray uploads local code only there), else each agent's.
     `lost_fence`: seconds, after Ray declared an attempt's agent or node dead, before the attempt
     is reported lost (its slot's next owner or its retry waits for it); default 5.
 
@@ -147,20 +163,24 @@ _connection_lock = threading.Lock()
 _connection_users = 0
 _connection_ours = False  # we called ray.init (so the last user calls ray.shutdown)
 _connection_address: str | None = None  # the address a supervisor's connection was made for
+_connection_runtime_env: dict[str, Any] | None = None  # the runtime_env it was made with (its job's)
 # Set by the `ray.shutdown` of a connection we made. The thread that called `ray.init` waits for
 # it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
 # parent-death signal, which Linux sends when the creating thread exits, not the process).
 _connection_closed = threading.Event()
 
 
-def _connect(address: str | None, output: _RayOutput) -> bool:
-    """Initialize Ray unless it is (blocking: run it in a thread); True if this call did, and
-    so the calling thread must live until `_connection_closed` (`hold_connection`). What Ray
-    says while it connects goes to `output`, not to the terminal. A connection another
+def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, Any] | None = None) -> tuple[bool, bool]:
+    """Initialize Ray unless it is (blocking: run it in a thread). Returns whether this call did
+    (then the calling thread must live until `_connection_closed`: `hold_connection`), and
+    whether the connection's job carries `runtime_env` (so that every agent inherits it). A
+    connection this call makes is made with `runtime_env` as the job's: Ray uploads local
+    directories and modules (`working_dir`, `py_modules`) only there, never for one actor. What
+    Ray says while it connects goes to `output`, not to the terminal. A connection another
     supervisor made serves only the same address, never `local` (Ray has one connection per
     process: a supervisor must not run its attempts on a cluster it did not ask for); one the
     program made itself serves every address."""
-    global _connection_users, _connection_ours, _connection_address
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
     with _connection_lock:
         ray = _ray()
         made = False
@@ -175,13 +195,24 @@ def _connect(address: str | None, output: _RayOutput) -> bool:
             # warning that it did not is dropped by `output`).
             output.start(ray)
             try:
-                ray.init(address=address, include_dashboard=False, configure_logging=False)
+                ray.init(address=address, include_dashboard=False, configure_logging=False,
+                         runtime_env=dict(runtime_env) if runtime_env is not None else None)
             finally:
                 output.stop()
             _connection_ours = made = True
             _connection_address = address
+            _connection_runtime_env = dict(runtime_env) if runtime_env is not None else None
         _connection_users += 1
-        return made
+        inherited = _connection_ours and _connection_runtime_env == (dict(runtime_env) if runtime_env is not None else None)
+        return made, inherited
+
+
+def _named(address: str | None) -> str:
+    """The address, for an error: with `None` or `auto`, also the `RAY_ADDRESS` that Ray reads then."""
+    named = f"address={address!r}"
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
+        named += f", RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
+    return named
 
 
 def _client_missing(address: str | None) -> bool:
@@ -429,11 +460,11 @@ def _hold_connection() -> None:
 
 def _disconnect() -> None:
     """The last supervisor that used a connection it made shuts it down (blocking)."""
-    global _connection_users, _connection_ours, _connection_address
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
     with _connection_lock:
         _connection_users -= 1
         if _connection_users == 0 and _connection_ours:
-            _connection_ours, _connection_address = False, None
+            _connection_ours, _connection_address, _connection_runtime_env = False, None, None
             _ray().shutdown()
             _connection_closed.set()
 
@@ -451,6 +482,11 @@ class _Remote:
     node: str | None = None  # the Ray node it was placed on
     agent_pid: int | None = None
     pid: int | None = None  # the attempt's pid there, once it leads its session
+    asks: dict[str, float] = field(default_factory=dict)  # the resources its agent asks Ray for
+    forcing: asyncio.TimerHandle | None = None  # after a kill: Ray ends the agent if it did not end the attempt
+    kill_sent: bool = False  # a kill went to its agent (once placed)
+    forced: bool = False  # Ray was asked to end the agent, which did not end the attempt after a kill
+    taken: bool = False  # its agent said it took it (`placed`): until then a reused agent may have died idle
     kill_asked: bool = False
     waiting: list[tuple[Any, ...]] = field(default_factory=list)  # requests before the agent existed
     done: bool = False
@@ -460,6 +496,7 @@ class _Remote:
     fenced: bool = False  # its fence was reached while it ran: stopped, then killed
     capture: bool = False  # the runtime captures its output (`on_output`); else `_Echo` writes it here
     echoed: bool = False  # lines of it went to `_Echo` since its last flush
+    pipe_broken: bool = False  # it wrote to an fd of this process whose pipe has no reader: sent SIGPIPE
 
 
 @record(eq=False)
@@ -492,6 +529,7 @@ class RayClient:
         self._next_key = 0
         self._error: str | None = None
         self._connected = False
+        self._inherited = False  # the connection's job carries `settings.runtime_env`: agents inherit it
         self._agent_class: Any = None
         self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
         self._idle: list[_Idle] = []
@@ -509,7 +547,7 @@ class RayClient:
         `ConfigError`, never a hang (a connection that succeeds after that is released)."""
         address, limit = self.settings.address, self.launch.start_timeout
         if _client_missing(address):
-            self._error = (f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, "
+            self._error = (f"cannot connect to Ray ({_named(address)}): a ray:// address needs Ray's client, "
                            "which is not installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
             return
         outcome: asyncio.Future[BaseException | None] = self.loop.create_future()
@@ -519,7 +557,7 @@ class RayClient:
         def connect() -> None:
             made = False
             try:
-                made = _connect(address, output)
+                made, self._inherited = _connect(address, output, self.settings.runtime_env)
                 error: BaseException | None = None
             except BaseException as exc:
                 error = exc
@@ -542,14 +580,14 @@ class RayClient:
             given_up.set()
             if outcome.done() and outcome.result() is None:
                 _disconnect()  # it connected just now: nobody will use it
-            self._error = f"cannot connect to Ray (address={address!r}): no answer within start_timeout={limit} s"
+            self._error = f"cannot connect to Ray ({_named(address)}): no answer within start_timeout={limit} s"
             self._error += _said(output)
             if isinstance(stopped, asyncio.CancelledError):
                 raise
             return
         if error is not None:
             said = _first_line(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {_first_line(error)}"
-            self._error = f"cannot connect to Ray (address={address!r}): {said}"
+            self._error = f"cannot connect to Ray ({_named(address)}): {said}"
             self._error += _said(output)
             return
         self._connected = True
@@ -639,6 +677,21 @@ class RayClient:
                 _ray().kill(remote.agent, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
+        remote.kill_sent = True
+        if remote.forcing is None:
+            remote.forcing = self.loop.call_later(KILL_WAIT, self._force, remote)
+
+    def _force(self, remote: _Remote) -> None:
+        """The agent did not end its attempt within `KILL_WAIT` of the kill (its worker is frozen,
+        or cut off from this process): Ray ends the agent, whose guardian's death kills the tree,
+        and the attempt is reported lost once the fence has passed (`_lost`)."""
+        if remote.done or remote.agent is None:
+            return
+        remote.forced = True
+        try:
+            _ray().kill(remote.agent, no_restart=True)
+        except Exception:
+            pass  # already gone: `_run` hears it
 
     def withdraw(self, key: int) -> None:
         """A stop before the attempt started: while its agent is not placed (it waits for
@@ -699,7 +752,7 @@ class RayClient:
 
     async def _run(self, remote: _Remote, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
                    resources: Resources | None, environment: tuple[dict[str, str], str, list[str]],
-                   tree: TreeLimits = NO_TREE_LIMITS) -> None:
+                   tree: TreeLimits = NO_TREE_LIMITS, reuse: bool = True) -> None:
         await asyncio.shield(self._connect)
         if self._error is not None:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: {self._error}"))
@@ -709,8 +762,10 @@ class RayClient:
             return
         ray = _ray()
         options = self._options(resources)
+        remote.asks = {"CPU": options["num_cpus"], **({"memory": options["memory"]} if "memory" in options else {}),
+                       **options.get("resources", {})}
         shape = (repr(sorted(options.items())), repr(environment))
-        idle = self._take_idle(shape)
+        idle = self._take_idle(shape) if reuse else None
         if idle is not None:  # its local launcher runs, in this environment: only a fork to go
             agent, remote.number = idle.agent, idle.attempts + 1
             remote.node, remote.agent_pid = idle.node, idle.agent_pid
@@ -718,9 +773,9 @@ class RayClient:
             self._release_idle()  # what idle agents hold may be what this one needs
             try:
                 agent = self._agent_class.options(**options).remote()
-            except Exception as exc:  # refused by Ray at once (an infeasible or malformed request)
+            except Exception as exc:  # refused by Ray at once (a malformed request): so would every retry be
                 reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
-                self._end(remote, lambda s: s.on_start_failed(reason))
+                self._end(remote, lambda s: s.on_start_failed(reason, fatal=True))
                 return
             remote.number = 1
         remote.agent = agent
@@ -742,6 +797,14 @@ class RayClient:
                 pause = min(pause * 2, UNAVAILABLE_RETRY[1])
                 continue
             except ray.exceptions.RayError as exc:
+                if idle is not None and not remote.taken and not self._closing:
+                    # The idle agent died (its worker, its node) before it took this attempt, or
+                    # as it did: once the fence has passed nothing of it runs, so a new agent starts it.
+                    remote.agent = remote.node = remote.agent_pid = None
+                    remote.kill_asked = remote.kill_asked or remote.kill_sent  # then it ends there, unstarted
+                    await asyncio.sleep(self.settings.lost_fence + (RAY_KILL_WAIT if remote.forced else 0.0))
+                    await self._run(remote, start, exec_python, capture_output, resources, environment, tree, reuse=False)
+                    return
                 await self._lost(remote, exc)
                 return
             pause = UNAVAILABLE_RETRY[0]
@@ -813,17 +876,27 @@ class RayClient:
                 if remote.capture:
                     sink.on_output(stream, line)
                 else:  # where a local attempt's would go: this process's fd 1 or 2
-                    self._echo.line(1 if stream == "stdout" else 2, line)
+                    fd = 1 if stream == "stdout" else 2
+                    if self._echo.reader_gone(fd) and not remote.pipe_broken:
+                        # as a local attempt writing to that pipe would be: SIGPIPE (once the lines
+                        # before were found unwritable), which ends `yes | head -1` there too
+                        remote.pipe_broken = True
+                        self._request(remote.key, ("signal", _signal.SIGPIPE, True))
+                    self._echo.line(fd, line)
                     remote.echoed = True
             case ("started", int() as pid):
                 remote.pid = pid
                 sink.on_started(pid)
             case ("placed", str() as node, int() as agent_pid):
-                remote.node, remote.agent_pid = node, agent_pid
+                remote.node, remote.agent_pid, remote.taken = node, agent_pid, True
             case ("exited", str() as how, int() as value, bool() as killed, bool() as oom, str() as memory, str() as cpu,
                   float() as used):
-                self._end(remote, _exited(ExitStatus(how, value, oom, remote.fenced, memory, cpu, used=used), killed))
+                gone = remote.pipe_broken and (how, value) in (("signal", _signal.SIGPIPE), ("exit", 128 + _signal.SIGPIPE))
+                status = ExitStatus(how, value, oom, remote.fenced, memory, cpu, used=used, reader_gone=gone)
+                self._end(remote, _exited(status, killed))
                 return True
+            case ("start_failed", str() as error, True):  # its local launcher cannot start (a preload failed)
+                self._end(remote, lambda s: s.on_start_failed(error, fatal=True))
             case ("start_failed", str() as error):
                 self._end(remote, lambda s: s.on_start_failed(error))
             case ("start_failed", str() as error, str() as how, int() as value, str() as memory, str() as cpu):
@@ -851,12 +924,19 @@ class RayClient:
             how = f"node lost (Ray node {_short(remote.node)} died)"
         else:
             agent = f"the Ray agent pid {remote.agent_pid}" if remote.agent_pid is not None else "the Ray agent"
-            how = f"launcher died ({agent} died: {text})"
-        if not never_ran:
-            await asyncio.sleep(self.settings.lost_fence)  # the fence: nobody saw the tree go
+            if remote.forced:
+                how = f"launcher died ({agent} did not end the attempt within {KILL_WAIT} s of its kill, and was ended)"
+            else:
+                how = f"launcher died ({agent} died: {text})"
+        if not never_ran:  # the fence: nobody saw the tree go (nor, if Ray was told to end it, the agent)
+            await asyncio.sleep(self.settings.lost_fence + (RAY_KILL_WAIT if remote.forced else 0.0))
         if remote.kill_asked and remote.node is None:
-            # its agent ended because this process asked: Ray's words for that death say nothing more
-            self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
+            # its agent ended because this process asked: Ray's words for that death say nothing
+            # more, but a request that no node of the cluster can meet is worth naming
+            nowhere = await self.loop.run_in_executor(None, _nowhere, remote.asks)
+            why = (f"no node of the cluster has what it asks for: {_asks(remote.asks)}" if nowhere
+                   else "killed before it was placed")
+            self._end(remote, lambda s: s.on_start_failed(f"could not start: {why}"))
         elif remote.pid is None and remote.node is None and never_ran:
             self._end(remote, lambda s: s.on_start_failed(f"could not start: Ray could not start the agent: {text}"))
         else:
@@ -866,6 +946,8 @@ class RayClient:
         if remote.done:
             return
         remote.done = True
+        if remote.forcing is not None:
+            remote.forcing.cancel()
         self._attempts.pop(remote.key, None)
         report(remote.sink)
 
@@ -878,7 +960,7 @@ class RayClient:
                 options["memory"] = resources.memory
             if resources.resources:
                 options["resources"] = dict(resources.resources)
-        if self.settings.runtime_env is not None:
+        if self.settings.runtime_env is not None and not self._inherited:
             options["runtime_env"] = dict(self.settings.runtime_env)
         return options
 
@@ -899,14 +981,20 @@ class _Echo:
     (EPIPE, EBADF, ENOSPC...) drops that line and every later one for that fd, never raising:
     the loss is told once, to the standard stream of that fd if it records losses (`lose(exc)`:
     `mpvisor`'s guarded streams, `_cli/shell.py`, and so the run does not succeed), else as a
-    WARNING on `mpvisor.ray`."""
+    WARNING on `mpvisor.ray`. An fd whose pipe lost its reader (EPIPE) is `reader_gone`: the
+    `RayClient` sends SIGPIPE to each attempt that writes there again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._queue: queue.SimpleQueue[tuple[int, bytes] | asyncio.Future[None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._failed: dict[int, str] = {}  # fd -> why its writes failed (every later line for it is dropped)
+        self._gone: set[int] = set()  # the fds whose writes failed for want of a reader (EPIPE)
         self.dropped = 0  # lines not written
+
+    def reader_gone(self, fd: int) -> bool:
+        """Did a write to `fd` fail because its pipe has no reader left (EPIPE)?"""
+        return fd in self._gone
 
     def line(self, fd: int, line: str) -> None:
         if self._thread is None:
@@ -972,6 +1060,8 @@ class _Echo:
         except OSError as exc:
             self.dropped += data.tobytes().count(b"\n")  # the lines not (wholly) written
             self._failed[fd] = exc.strerror or str(exc)
+            if exc.errno == errno.EPIPE:
+                self._gone.add(fd)
             _lose(fd, exc)
 
 
@@ -1038,6 +1128,22 @@ def _node_alive(node_id: str) -> bool:
     return any(n.get("NodeID") == node_id and n.get("Alive") for n in nodes)
 
 
+def _nowhere(asks: Mapping[str, float]) -> bool:
+    """Does no live node of the cluster have all of `asks` (so that it can never be placed)? (blocking)"""
+    try:
+        nodes = [n for n in _ray().nodes() if n.get("Alive")]
+    except Exception:
+        return False  # cannot tell
+    return bool(nodes) and not any(all(node.get("Resources", {}).get(name, 0.0) >= amount
+                                       for name, amount in asks.items() if amount)
+                                   for node in nodes)
+
+
+def _asks(asks: Mapping[str, float]) -> str:
+    """`CPU=1, memory=1073741824, gpu_host=0.5`"""
+    return ", ".join(f"{name}={int(amount) if float(amount).is_integer() else amount}" for name, amount in asks.items())
+
+
 def _short(node: str | None) -> str:
     return node[:12] if node else "?"
 
@@ -1098,7 +1204,7 @@ class Agent:
         try:
             await client.ready()
         except ConfigError as exc:
-            self._emit(["start_failed", f"could not start: {exc}"])
+            self._emit(["start_failed", f"could not start: {exc}", True])  # a preload that fails: as here, fatal
             return
         if self._killed:
             self._emit(["start_failed", "could not start: killed before it started"])
@@ -1158,7 +1264,7 @@ class Agent:
     def on_started(self, pid: int) -> None:
         self._emit(["started", pid])
 
-    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None, fatal: bool = False) -> None:
         if ended is None:
             self._emit(["start_failed", error])
         else:

@@ -37,9 +37,10 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   the supervisor's where the launcher has one (the local fork server); where it has not (Ray,
   whose agents run on other nodes), the parent's own check at each attempt's end is all.
 - Then, on the runtime loop and never re-entrantly inside `spawn`: `sink.on_started(pid)` once
-  the attempt leads its own session (or `sink.on_start_failed(error, ended)`: `ended` is how
+  the attempt leads its own session (or `sink.on_start_failed(error, ended, fatal)`: `ended` is how
   the process it made for the attempt ended before that, if one did, with the limit it ran
-  into); `sink.on_data(bytes)` with the attempt channel's bytes as they arrive (frames,
+  into; `fatal`, that no retry of the same request can start either, so the task is not
+  retried); `sink.on_data(bytes)` with the attempt channel's bytes as they arrive (frames,
   unchanged), and `sink.on_output(stream, line)` with each captured line (with
   `capture_output`; without it, the attempt's stdout and stderr are this process's fd 1 and fd
   2 (the local launcher marks an attempt that died by SIGPIPE while one of them had no reader
@@ -164,7 +165,7 @@ class AttemptSink(Protocol):
     """What a launcher reports about one attempt (see the module docstring for the order)."""
 
     def on_started(self, pid: int) -> None: ...
-    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None: ...
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None, fatal: bool = False) -> None: ...
     def on_data(self, data: bytes) -> None: ...
     def on_output(self, stream: str, line: str) -> None: ...
     def on_eof(self) -> None: ...

@@ -251,9 +251,11 @@ class AttemptProcess:
         if waiting.kill is not None:
             self.kill(waiting.kill)
 
-    def on_start_failed(self, error: str, ended: ExitStatus | None = None) -> None:
-        """The attempt could not be started (`ended`: how its process ended before it started)."""
+    def on_start_failed(self, error: str, ended: ExitStatus | None = None, fatal: bool = False) -> None:
+        """The attempt could not be started (`ended`: how its process ended before it started;
+        `fatal`: no retry of it could start either)."""
         self.facts.could_not_start = error
+        self.facts.could_not_start_fatal = fatal
         self.facts.status = ended
         self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
         self._finish()

@@ -49,6 +49,7 @@ class Facts:
     kind: str = "fn"  # "fn" (a Python target) or "cmd" (a program)
     pid: int | None = None
     could_not_start: str | None = None
+    could_not_start_fatal: bool = False  # the launcher said no retry of it could start either
     report: Result | Failure | None = None
     report_before_stop: bool = False
     calling: bool = False  # the child reported it was about to call the target / exec
@@ -131,7 +132,8 @@ def _decide(f: Facts) -> AttemptEnd:
         if f.start_timed_out is not None:
             reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
             return AttemptEnd(AttemptResult.FAILED, reason)
-        return AttemptEnd(AttemptResult.FAILED, f.could_not_start, None if f.status is None else f.status.exit_code)
+        kind = AttemptResult.FATAL if f.could_not_start_fatal else AttemptResult.FAILED
+        return AttemptEnd(kind, f.could_not_start, None if f.status is None else f.status.exit_code)
     if f.stop is None and f.status is not None and (f.status.memory or f.status.cpu):
         return AttemptEnd(AttemptResult.FAILED, _past_a_limit(f.status), -TREE_KILLED, killed=f.killed)
     if f.report is not None and f.report_before_stop:

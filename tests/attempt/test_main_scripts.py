@@ -254,3 +254,16 @@ def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_m
     assert json.loads(out.read_text()) == {"work": ["COMPLETED", [42, "__mp_main__"], None],
                                            "static": ["COMPLETED", 2, None],
                                            "nested": ["COMPLETED", [10, "__mp_main__"], None]}
+
+
+@pytest.mark.unit
+def test_a_main_script_missing_where_the_attempt_runs_is_named_as_missing(tmp_path):
+    """A target defined in the main script is loaded from the script's path; where that path
+    does not exist (a Ray node without the script there) the error says so, naming the path
+    (it said `cannot load the main script ... from its zip archive: not a Zip file`)."""
+    from mpvisor._attempt import child
+
+    missing = str(tmp_path / "app" / "main.py")
+    with pytest.raises(ImportError) as raised:
+        child._import_main_script(missing)
+    assert str(raised.value).startswith(f"the main script {missing!r} is not here: "), raised.value

@@ -99,7 +99,8 @@ async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
     monkeypatch: pytest.MonkeyPatch, address: str | None, env: dict[str, str]
 ) -> None:
     """Where Ray's client (grpcio, from `ray[client]`) is not installed, a `ray://` address (given,
-    or `RAY_ADDRESS` for `address=None`) is a one-line ConfigError naming the extra, at once."""
+    or `RAY_ADDRESS` for `address=None`) is a one-line ConfigError naming the address and the
+    extra, at once."""
     import asyncio
 
     monkeypatch.setitem(sys.modules, "grpc", None)  # what importlib finds where it is not installed
@@ -111,9 +112,32 @@ async def test_a_ray_client_address_without_rays_client_is_refused_in_one_line(
         await client.ready()
     await client.close()
     assert time.monotonic() - started < 1.0
+    named = f"address={address!r}" + "".join(f", {name}={value!r}" for name, value in env.items())
     assert str(raised.value) == (
-        f"cannot connect to Ray (address={address!r}): a ray:// address needs Ray's client, which is not "
+        f"cannot connect to Ray ({named}): a ray:// address needs Ray's client, which is not "
         "installed here: install the `ray` extra (`pip install '.[ray]'` in a checkout) or `pip install 'ray[client]'`")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("address", [None, "auto"])
+async def test_a_failed_connection_names_the_address_it_took_from_ray_address(
+    monkeypatch: pytest.MonkeyPatch, address: str | None
+) -> None:
+    """`None` and `auto` connect where `RAY_ADDRESS` says: a connection that fails names that
+    address too (it named only `auto`, leaving a stale variable to be guessed)."""
+    import asyncio
+
+    def refused(*_: Any) -> Any:
+        raise ConnectionError("Failed to connect")
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.setattr(ray_launcher, "_connect", refused)
+    client = RayLauncher(address=address)(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
+    with pytest.raises(ConfigError) as raised:
+        await client.ready()
+    await client.close()
+    assert str(raised.value) == (
+        f"cannot connect to Ray (address={address!r}, RAY_ADDRESS='10.0.0.5:6379'): ConnectionError: Failed to connect")
 
 
 @pytest.mark.ray
@@ -137,3 +161,38 @@ def test_mpvisor_run_through_a_ray_client_address(on_ray: Any, tmp_path: Any) ->
     assert any(line.startswith("ray::") for line in values["where"]), values["where"]
     assert all(line.startswith("mpvisor: ") for line in done.stderr.splitlines()), done.stderr
     assert "mpvisor: flaky: completed reason=None exit_code=None attempts=3" in done.stderr, done.stderr
+
+
+# --- code shipped with runtime_env ------------------------------------------------------------------------
+
+SHIPPED_DRIVER = """
+import sys
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+launcher = RayLauncher(address=sys.argv[1], runtime_env={"working_dir": sys.argv[2], "py_modules": [sys.argv[3]]})
+outcome = mpvisor.run([TaskSpec.once(TaskFn("shipped", "shipped_code:where", ()))], SupervisorConfig(launcher=launcher))["shipped"]
+print(outcome.kind.name, outcome.value if outcome.value is not None else outcome.reason)
+"""
+
+
+@pytest.mark.ray
+def test_code_that_only_the_driver_has_is_shipped_with_runtime_env(on_ray: Any, tmp_path: Any) -> None:
+    """A program whose target is in a directory of its own, on no path of the cluster's, ships
+    it as the docs say, with `RayLauncher(runtime_env={"working_dir": DIR, "py_modules": [FILE]})`:
+    Ray uploads local code only for a whole job (for one actor it refuses it), so the
+    supervisor's connection carries it, and the attempt imports the uploaded copies."""
+    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
+    for directory in (code, helpers, driver):
+        directory.mkdir()
+    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
+    (helpers / "shipped_helper.py").write_text("")
+    (driver / "driver.py").write_text(SHIPPED_DRIVER)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "driver.py", on_ray.address, str(code), str(helpers / "shipped_helper.py")],
+                          cwd=driver, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    kind, where = done.stdout.split(maxsplit=1)
+    assert kind == "COMPLETED", done.stdout
+    assert "working_dir_files/_ray_pkg_" in where and "py_modules_files/_ray_pkg_" in where, where

@@ -113,9 +113,40 @@ async def test_shutdown_with_grace_kills_what_does_not_stop(tmp_path: Any) -> No
     assert not any(psutil.pid_exists(pid) for pid in pids), pids
 
 
+@pytest.mark.slow  # Ray ends a frozen worker only after its own 5 s
+async def test_a_frozen_agent_does_not_hang_a_shutdown(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent whose worker is frozen (SIGSTOP here; or cut off from this process) hears no kill:
+    a shutdown past its grace waited for it for ever (Ctrl-C of `mpvisor run` hung). `KILL_WAIT`
+    after the kill, Ray ends the agent; the attempt is FORCE_ABORTED once the fence has passed,
+    and its tree is gone."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    monkeypatch.setattr(ray_launcher, "KILL_WAIT", 0.5)
+    marker = str(tmp_path / "m")
+    supervisor = Supervisor(on_ray(grace=0.5))
+    handle = supervisor.serve()
+    _, waiter = await handle.add_and_watch(once("frozen", basic.sleeper, 60, marker=marker))
+    await async_wait_for(lambda: words(marker, "started"), timeout=20.0)
+    pid = words(marker, "started")[0][3]
+    agent = psutil.Process(_ray_support.agent_of(pid))
+    agent.suspend()
+    try:
+        with pytest.raises(GraceExceeded):
+            await handle.shutdown()
+    finally:
+        try:
+            agent.resume()
+        except psutil.NoSuchProcess:
+            pass
+    outcome = await waiter.wait()
+    assert outcome.kind is OutcomeKind.FORCE_ABORTED, outcome
+    assert not psutil.pid_exists(pid), pid
+
+
 async def test_placement_follows_the_tasks_resources() -> None:
     """A task asking for a custom resource runs where it exists (the head node's `victim`); one
-    asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`."""
+    asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`,
+    saying what no node has (it said only `killed before it was placed`)."""
     placed = TaskSpec.once(fn("placed", basic.quick, "here")).with_resources(num_cpus=0.5, resources={"victim": 1})
     nowhere = TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
     async with supervised(on_ray(start_timeout=3.0)) as (handle, _):
@@ -123,7 +154,34 @@ async def test_placement_follows_the_tasks_resources() -> None:
         _, nowhere_waiter = await handle.add_and_watch(nowhere)
         done, never = await placed_waiter.wait(), await nowhere_waiter.wait()
     assert (done.kind, done.value) == (OutcomeKind.COMPLETED, "here"), done
-    assert never.kind is OutcomeKind.FAILED and never.reason.startswith("start-up timed out after 3.0 s"), never
+    assert never.kind is OutcomeKind.FAILED, never
+    assert never.reason == ("start-up timed out after 3.0 s (could not start: no node of the cluster has what it "
+                            "asks for: CPU=1, absent=1)"), never.reason
+
+
+async def test_a_request_ray_refuses_is_fatal_not_retried() -> None:
+    """Resources Ray refuses at once (an amount finer than its 0.0001) would be refused to every
+    retry: the task ends FATAL after one attempt, naming Ray's refusal (it was retried for ever,
+    at the backoff's pace)."""
+    spec = (TaskSpec.restartable(fn("refused", basic.quick, "never")).with_resources(num_cpus=0.00001)
+            .with_backoff(basic_backoff()))
+    async with supervised(on_ray()) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason.startswith("could not start: Ray refused the agent: ValueError: "), outcome.reason
+
+
+async def test_a_preload_that_fails_on_the_node_is_fatal_not_retried() -> None:
+    """A `preload` module the node cannot import: on this machine the supervisor would not start
+    (ConfigError); on Ray each agent's launcher fails the same way, so the task ends FATAL after
+    one attempt, naming the module (it was retried for ever)."""
+    spec = TaskSpec.restartable(fn("preloaded", basic.quick, "never")).with_backoff(basic_backoff())
+    async with supervised(on_ray(preload=("no_such_preload_module",))) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason.startswith("could not start: preload module 'no_such_preload_module' failed to import"), outcome.reason
 
 
 async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path: Any) -> None:
@@ -216,6 +274,29 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypa
         (a_pid, a_launcher), (b_pid, b_launcher), (_, c_launcher) = firsts
         assert a_pid != b_pid and a_launcher == b_launcher and c_launcher != a_launcher, firsts
         await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
+
+
+async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle agent whose worker dies (killed, or its node lost) before the next attempt of its
+    shape takes it never ran that attempt: once the fence has passed, the attempt is placed on a
+    new agent, and a task with no retry completes (it once failed, `launcher died ... before the
+    attempt started`)."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
+    async with supervised(on_ray()) as (handle, events):
+        _, waiter = await handle.add_and_watch(once("a", contract.lineage))
+        first = await waiter.wait()
+        assert first.kind is OutcomeKind.COMPLETED, first
+        launcher = first.value[1]
+        agent = psutil.Process(psutil.Process(psutil.Process(launcher).ppid()).ppid())
+        agent.kill()
+        agent.wait(5)
+        task_id, waiter = await handle.add_and_watch(once("b", contract.lineage))
+        second = await waiter.wait()
+    assert second.kind is OutcomeKind.COMPLETED, second
+    assert second.value[1] != launcher, second.value
+    assert [e.attempt for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)] == [1]
 
 
 @pytest.mark.slow  # an efficiency property (no idle agent), not a safety one: placement is checked in the default run
@@ -447,6 +528,31 @@ def test_a_programs_output_on_ray_reaches_the_runs_streams_whole_and_unprefixed(
     assert "(Agent" not in done.stderr and "\x1b[" not in done.stderr, done.stderr[-2000:]
     assert done.stderr.splitlines() == [
         "err", "mpvisor: sh: failed reason='program exited with status 3' exit_code=3 attempts=1"], done.stderr[-2000:]
+
+
+def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ray_cluster: Any, tmp_path: Any) -> None:
+    """`mpvisor run --ray ADDRESS --restart on-failure -- yes | head -1`: once the reader is gone,
+    the program gets SIGPIPE, as it would writing to that pipe on this machine, and the run ends
+    `fatal`, not retried, status 141 (the program went on for ever, its lines dropped: the run
+    never ended)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address,
+                            "--restart", "on-failure", "--", "yes"],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None and run.stderr is not None
+    assert run.stdout.readline() == b"y\n"
+    run.stdout.close()  # `head -1` exits
+    try:
+        status = run.wait(timeout=30)
+    finally:
+        run.kill()
+    err = run.stderr.read().decode()
+    assert status == 141, err[-2000:]
+    assert "mpvisor: yes: fatal reason='program killed by signal SIGPIPE (13): the pipe it wrote its output to has " \
+           "no reader left; not retried' exit_code=-13 attempts=1" in err, err[-2000:]
 
 
 @pytest.mark.slow  # the `mpvisor run --ray` test of an address nobody answers at checks this path in the default run

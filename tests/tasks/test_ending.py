@@ -91,6 +91,10 @@ def test_a_report_read_before_the_request_stands():
     "facts, kind, prefix",
     [
         (Facts(could_not_start="could not start: [Errno 11] EAGAIN"), AttemptResult.FAILED, "could not start"),
+        (Facts(could_not_start="could not start: refused", could_not_start_fatal=True), AttemptResult.FATAL,
+         "could not start"),
+        (Facts(could_not_start="refused", could_not_start_fatal=True, stop=StopReason.CANCEL), AttemptResult.CANCELED,
+         "canceled before the attempt started"),
         (Facts(could_not_start="killed before it ran", stop=StopReason.TIMEOUT, timeout=1.0), AttemptResult.TIMED_OUT,
          "timed out after 1.0 s"),
         (Facts(pid=7, launcher_died="launcher died"), AttemptResult.FAILED, "launcher died"),
@@ -100,7 +104,8 @@ def test_a_report_read_before_the_request_stands():
     ],
 )
 def test_start_failures_launcher_death_and_protocol_errors(facts, kind, prefix):
-    """These endings are retryable failures with stable prefixes."""
+    """These endings are retryable failures with stable prefixes (a start that the launcher says
+    no retry could make either is fatal)."""
     end = decide(facts)
     assert end.kind is kind and (end.reason or "").startswith(prefix)
 
