@@ -31,6 +31,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `Blocked` | a subscriber (queue capacity 1) whose `on_event` blocks until `unblock()` |
 | `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
+| `SPAWN_IN_SLOW` | the same, with the spawn run left to `-m slow`: for a test of what the launcher does to a tree, which the start method does not change |
 | `run(coro)`, `supervised(config, ...)` | a coroutine on a fresh loop, for a sync test (an `async def test_` needs none: conftest runs it); `async with` a served supervisor and its `Collector` |
 """
 
@@ -47,6 +48,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import psutil  # type: ignore[import-untyped]
+import pytest
 
 from mpvisor import BackoffPolicy, EventKind, SupervisorConfig, TaskFn, TaskSpec
 from workers import coop
@@ -56,6 +58,7 @@ T = TypeVar("T")
 FAST = BackoffPolicy.constant(0.01)
 CONFIG = SupervisorConfig(grace=1.0)
 START_METHODS = ("launcher", "spawn")
+SPAWN_IN_SLOW = ("launcher", pytest.param("spawn", marks=pytest.mark.slow))
 start_method_override: str | None = None  # set per test in modules marked `both_start_methods`
 ATTEMPT_ENDS = (
     EventKind.ATTEMPT_SUCCEEDED,

@@ -7,7 +7,8 @@ tests that run a coroutine for a reason (code that must run after the loop close
 loops in one test). Pure tests that start no process are marked `unit` (`pytest -m unit`).
 
 A module marked `both_start_methods` (`pytestmark`) runs each of its tests once per start method
-(`pytest_generate_tests` below; `supervised(...)` applies it).
+(`pytest_generate_tests` below; `supervised(...)` applies it); `both_start_methods(spawn="slow")`
+leaves the spawn runs to `-m slow`.
 
 The autouse fixture `no_leftover_processes` fails a test that leaves a descendant of the test
 process running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills
@@ -76,10 +77,15 @@ def installs(tmp_path_factory):
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A module marked `both_start_methods` runs each of its tests once per start method: the
-    `supervised(...)` helper then serves its supervisor with that start method."""
-    if metafunc.definition.get_closest_marker("both_start_methods") is not None:
+    `supervised(...)` helper then serves its supervisor with that start method. Marked
+    `both_start_methods(spawn="slow")`, its spawn runs are left to `-m slow` (a module whose
+    tests decide in the parent what the start method does not change)."""
+    marker = metafunc.definition.get_closest_marker("both_start_methods")
+    if marker is not None:
         metafunc.fixturenames.append("each_start_method")
-        metafunc.parametrize("each_start_method", _support.START_METHODS, indirect=True)
+        methods = [pytest.param(method, marks=pytest.mark.slow) if marker.kwargs.get(method) == "slow" else method
+                   for method in _support.START_METHODS]
+        metafunc.parametrize("each_start_method", methods, indirect=True)
 
 
 @pytest.fixture

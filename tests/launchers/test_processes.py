@@ -43,6 +43,7 @@ from mpvisor import (
 )
 from tests._support import (
     FAST,
+    SPAWN_IN_SLOW,
     START_METHODS,
     LogRecords,
     all_ended,
@@ -150,7 +151,7 @@ async def test_a_crashing_attempt_affects_nothing_else():
 # --- stopping kills the whole tree --------------------------------------------------
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", SPAWN_IN_SLOW)
 @pytest.mark.parametrize("how", ["cancel", "timeout", "shutdown"])
 async def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_path):
     """Cancel, timeout and shutdown each kill a stubborn tree whole, setsid and orphan included."""

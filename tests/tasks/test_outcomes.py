@@ -36,7 +36,7 @@ from tests._support import (
 )
 from workers import basic, coop, misbehave
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods(spawn="slow")]  # the parent decides these: spawn in -m slow
 
 # --- outcomes of the task's own ending --------------------------------------------------------
 

@@ -24,6 +24,7 @@ from mpvisor import (
 from tests._support import (
     ATTEMPT_ENDS,
     FAST,
+    SPAWN_IN_SLOW,
     START_METHODS,
     all_gone,
     async_wait_for,
@@ -97,7 +98,7 @@ async def test_a_worker_raising_timeouterror_is_an_ordinary_failure():
         assert outcome.kind is OutcomeKind.FAILED
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", SPAWN_IN_SLOW)
 async def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, tmp_path):
     """A timed-out stubborn tree dies whole within timeout + kill_after + 2 s; FAILED."""
     records = tmp_path / "tree.jsonl"
@@ -122,7 +123,7 @@ async def test_a_timeout_kills_a_stubborn_tree_within_kill_after(start_method, t
         assert events.of(EventKind.ATTEMPT_TIMED_OUT, id=task_id)[0].exit_code is None
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", SPAWN_IN_SLOW)
 async def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
     """A timed-out cooperative attempt runs its `finally` clean-up first."""
     marker = tmp_path / "marker"
