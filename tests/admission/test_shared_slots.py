@@ -86,6 +86,7 @@ def server_pids(slots: Any) -> list[int]:
 # --- the recipe: two deploy scripts --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # tests/whole/test_examples.py runs examples/deploy.sh twice at once, the same story
 def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tmp_path: Any) -> None:
     """Two bash scripts started at the same moment, each `mpvisor run --slot deploy-prod --
     ./deploy.sh`: one deploys, then the other, after the first's whole tree is gone; both exit 0.
@@ -148,6 +149,8 @@ def test_twelve_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any,
     assert [status for status, _ in results] == [0] * 12, results
     found = assert_one_owner_at_a_time(log)
     assert [label for _, _, label in found] == ["r00", *sorted(positions, key=positions.__getitem__)]
+    # the server the first run started on demand made its directory and socket its user's alone
+    assert stat.S_IMODE(os.stat(slots).st_mode) == 0o700 and stat.S_IMODE(os.stat(slots / "slots.sock").st_mode) == 0o600
 
 
 def test_twelve_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
