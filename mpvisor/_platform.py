@@ -378,8 +378,8 @@ PROCESS_LIMIT = "a limit on processes was reached (ulimit -u, or a pids cgroup)"
 
 
 AT_SHUTDOWN = ("this Python starts no thread or process once the interpreter is shutting down (in an atexit "
-               "function, or, before 3.12.2, in a thread still running after the main script ended): supervise "
-               "before the script's end, or join that thread in it")
+               "function, or in a thread still running after the main script ended): supervise before the "
+               "script's end, or join that thread in it")
 
 
 def start_error(exc: BaseException) -> str:
