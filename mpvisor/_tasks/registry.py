@@ -270,6 +270,7 @@ class Registry:
         """Claim `actor`'s removal if nobody has and its stop is not decided; True if claimed
         (`why`: the reason its canceled outcome gives, else `canceled`)."""
         if not actor.claimable():
+            actor.refuse(Claim(by_shutdown, why))
             return False
         self.host.publish(EventKind.TASK_REMOVE_REQUESTED, task=actor.name, id=actor.id)
         actor.request_stop(Claim(by_shutdown, why))
