@@ -14,6 +14,7 @@ attempt the frames the child would send, following the target's name. Pass it to
 | `fake:hang` | waits; a SIGTERM makes it end canceled |
 | `fake:stubborn` | waits; ignores SIGTERM, only a kill ends it |
 | `fake:launcher_dies` | the launcher dies while it runs (every running attempt: launcher died) |
+| `fake:value_then_limit` | reports progress and a value, then, 0.1 s later, its tree is killed past its memory limit |
 
 It also scripts the real workers the launcher contract suite (tests/launchers/test_launcher_contract.py)
 runs on every launcher, as their real processes would behave, so that one suite holds the
@@ -210,6 +211,11 @@ class FakeLauncher:
                 self._exit(attempt, ExitStatus("exit", 0), killed=False)
             case "fake:crash":
                 self._exit(attempt, ExitStatus("signal", signal.SIGSEGV), killed=False)
+            case "fake:value_then_limit":  # the report is read; the launcher then kills the tree for its memory
+                self._send(attempt, Progress(1, 1))
+                self._report(attempt, Result("reported"))
+                memory = ExitStatus("signal", signal.SIGKILL, memory="watcher", used=2.0 * 2**30)
+                self.loop.call_later(0.1, self._exit, attempt, memory, False)
             case "fake:launcher_dies":
                 for other in list(self._attempts.values()):
                     self._die(other)

@@ -51,17 +51,26 @@ class AlreadyRunning(MpvisorError):
 class TaskAlreadyExists(MpvisorError):
     """Raised by `add` (and by a `run` batch) for a name that a registered task (also one being
     removed) already uses, or that a batch gives twice (`twice`); the rejected task never runs.
-    `name` is that name."""
+    `name` is that name; `removing`, that the registered task is being removed (its name is free
+    once its cleanup is done: `cancel` returns then)."""
 
     label = "task_already_exists"
 
-    def __init__(self, name: str, twice: bool = False) -> None:
-        super().__init__(f"the batch names a task {name!r} twice" if twice else f"a task named {name!r} is already registered")
+    def __init__(self, name: str, twice: bool = False, removing: bool = False) -> None:
+        if twice:
+            message = f"the batch names a task {name!r} twice"
+        elif removing:
+            message = (f"a task named {name!r} is already registered: it is being removed, and its name is "
+                       "free once its cleanup is done (cancel() returns then)")
+        else:
+            message = f"a task named {name!r} is already registered"
+        super().__init__(message)
         self.name = name
         self.twice = twice
+        self.removing = removing
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.name, self.twice), self.__dict__
+        return type(self), (self.name, self.twice, self.removing), self.__dict__
 
 
 class CommandQueueFull(MpvisorError):

@@ -8,7 +8,7 @@ attempt, or finishes the task).
 
 | attempt ended | `NEVER` (once) | `ON_FAILURE` (restartable) | `ALWAYS(interval)` |
 |---|---|---|---|
-| `SUCCEEDED` | Stop(COMPLETED) | Stop(COMPLETED) | RunAgain(interval, SUCCESS); RunNow if no interval |
+| `SUCCEEDED` | Stop(COMPLETED) | Stop(COMPLETED) | RunAgain(interval, SUCCESS); RunNow if no interval (or 0) |
 | `FAILED` / `TIMED_OUT` | Stop(FAILED, reason) | RunAgain(backoff, FAILURE) or limit | RunAgain(backoff, FAILURE) or limit |
 | `FATAL` | Stop(FATAL, reason) | Stop(FATAL, reason) | Stop(FATAL, reason) |
 | `CANCELED` | Stop(CANCELED, reason) | Stop(CANCELED, reason) | Stop(CANCELED, reason) |
@@ -18,7 +18,7 @@ failure stops with Stop(FAILED, "retry limit reached after M of M retries: <last
 A success resets the streak; the backoff's retry index is the streak's failures minus 1.
 
 Restart intensity (`RestartIntensity(max_restarts, within)`): every decision to run again after
-a failure, and every RunNow after a success (`always()` without an interval: nothing else bounds
+a failure, and every RunNow after a success (`always()` without an interval, or `always(0)`: nothing else bounds
 how fast it loops), is a restart, stamped `now` (the caller's monotonic clock) in
 `Streak.restarts`; a restart that would make more than `max_restarts` inside the sliding window
 `(now - within, now]` stops instead with Stop(FAILED, "restart intensity exceeded: a 4th restart within 10 s (at most
@@ -146,7 +146,7 @@ def ordinal(n: int) -> str:
 def _after_success(policy: RestartPolicy) -> Action:
     if policy.kind is not RestartKind.ALWAYS:
         return Stop(OutcomeKind.COMPLETED)
-    if policy.interval is None:
+    if not policy.interval:  # `always(0)` runs again at once, as `always()` does: a restart
         return RunNow()
     return RunAgain(policy.interval, BackoffSource.SUCCESS)
 

@@ -290,7 +290,8 @@ class TaskSpec:
     constructor, never inherited); `backoff`, `timeout` (seconds; `None` or 0 = none) and
     `max_retries` (retries after the first failed attempt; `None` = unlimited) read `INHERIT`
     unless given, and then take the supervisor's `TaskDefaults` when the task is added or
-    submitted. An explicit `None` overrides the default. `resources` (`with_resources`) is what
+    submitted. An explicit `None` overrides the default (`backoff` is always a `BackoffPolicy`,
+    `with_backoff(None)` a `TypeError`). `resources` (`with_resources`) is what
     each attempt needs where a cluster launcher places it. `timeout` runs from the call of the
     target, or, with `timeout_includes_start` (`with_timeout(..., include_start=True)`, what
     `mpvisor run --timeout` means), from the start request, bounding the whole attempt;

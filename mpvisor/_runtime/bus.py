@@ -231,8 +231,7 @@ class _Mailbox:
         try:
             self.subscriber.on_event(event)
         except BaseException as exc:
-            message = str(exc)
-            detail = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+            detail = _described(exc)
             if event.kind in _TROUBLE_KINDS:  # reported as an event, two such subscribers would report each other without end
                 _log.warning("subscriber %r raised on a report of subscriber trouble (seq %d): %s",
                              self.name, event.seq, detail)
@@ -253,6 +252,17 @@ class _Mailbox:
 
     def __repr__(self) -> str:
         return f"<_Mailbox {self.name!r} {self._phase} queued={len(self._items)}/{self.capacity}>"
+
+
+def _described(exc: BaseException) -> str:
+    """`Type: message` of what a subscriber raised, or `<Type: str() raised Other>` when its
+    `str()` raises too (that must not end the subscriber's thread)."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except BaseException as problem:  # whatever it is, the thread goes on
+        return f"<{name}: str() raised {type(problem).__name__}>"
+    return f"{name}: {message}" if message else name
 
 
 _TroubleKey = tuple[_Mailbox, EventKind]  # whose trouble, and which kind

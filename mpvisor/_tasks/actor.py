@@ -84,7 +84,12 @@ class Claimed:
 
 @record(frozen=True, slots=True)
 class StopDecided:
-    """Its policy stops it after the attempt whose report was read: nobody can claim it now."""
+    """Its policy stops it after the attempt whose report was read: nobody can claim it now.
+    The report is not always the attempt's ending (its tree killed past a memory or CPU limit
+    after it reported, a fence): when the ending the policy then reads runs the task again, it
+    is claimable again, and `refused`, the first claim turned away meanwhile, stops it at once."""
+
+    refused: Claim | None = None
 
 
 @record(frozen=True, slots=True)
@@ -184,6 +189,12 @@ class TaskActor:
     def claimable(self) -> bool:
         return isinstance(self.phase, Open)
 
+    def refuse(self, claim: Claim) -> None:
+        """A claim that found it not claimable: kept while its stop is only decided by a report
+        (`StopDecided`), which the attempt's ending may still overturn."""
+        if isinstance(self.phase, StopDecided) and self.phase.refused is None:
+            self.phase = StopDecided(claim)
+
     def request_stop(self, claim: Claim) -> None:
         """Stop this task (the caller checked `claimable`): no further attempt starts."""
         self.phase = Claimed(claim)
@@ -230,6 +241,14 @@ class TaskActor:
                 intensity=self.spec.restart_intensity,
                 now=time.monotonic(),
             )
+            if isinstance(self.phase, StopDecided) and not isinstance(action, Stop):
+                # its report said stop, its ending says run again: claimable again, and a
+                # claim it refused meanwhile stops it now, without another attempt
+                refused, self.phase = self.phase.refused, Open()
+                if refused is not None:
+                    self._publish(EventKind.TASK_REMOVE_REQUESTED)
+                    self.request_stop(refused)
+                    return self._canceled()
             match action:
                 case Stop(kind, reason):
                     return self._outcome(kind, reason, end)

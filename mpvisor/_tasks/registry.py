@@ -212,18 +212,25 @@ class Registry:
 
     # --- adding ---------------------------------------------------------------------------------
 
+    def _already_exists(self, name: str) -> TaskAlreadyExists:
+        """The error for `name`: a registered task's (saying when it is being removed), or a batch's twice."""
+        actor = self.by_name.get(name)
+        if actor is None:
+            return TaskAlreadyExists(name, twice=True)
+        return TaskAlreadyExists(name, removing=actor.claim is not None)
+
     def _add(self, command: Add) -> list[TaskWaiter]:
         publish = self.host.publish
         for id, spec in command.specs:
             publish(EventKind.TASK_ADD_REQUESTED, task=spec.name, id=id)
         duplicate = self._first_duplicate(command.specs)
         if duplicate is not None:
-            error = TaskAlreadyExists(duplicate, twice=duplicate not in self.by_name)
+            error = self._already_exists(duplicate)
             for id, spec in command.specs:
                 clash = spec.name in self.by_name or spec.name == duplicate
                 kind = RejectionKind.ALREADY_EXISTS if clash else RejectionKind.BATCH_REJECTED
                 publish(EventKind.TASK_ADD_FAILED, task=spec.name, id=id, rejection_kind=kind,
-                        reason=str(TaskAlreadyExists(spec.name, twice=spec.name not in self.by_name)) if clash else
+                        reason=str(self._already_exists(spec.name)) if clash else
                         f"the batch was rejected: {error}")
             if command.on_reject is not None:
                 command.on_reject(RejectionKind.ALREADY_EXISTS)
@@ -270,6 +277,7 @@ class Registry:
         """Claim `actor`'s removal if nobody has and its stop is not decided; True if claimed
         (`why`: the reason its canceled outcome gives, else `canceled`)."""
         if not actor.claimable():
+            actor.refuse(Claim(by_shutdown, why))
             return False
         self.host.publish(EventKind.TASK_REMOVE_REQUESTED, task=actor.name, id=actor.id)
         actor.request_stop(Claim(by_shutdown, why))

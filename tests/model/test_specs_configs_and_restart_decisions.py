@@ -534,6 +534,21 @@ def test_a_periodic_tasks_runs_after_a_success_are_its_schedule_not_restarts(run
     assert stopped == expected
 
 
+def test_always_with_a_zero_interval_reruns_at_once_and_its_reruns_are_restarts() -> None:
+    """`always(0)` reruns at once after a success, as `always()` does, so the restart intensity
+    bounds it: a zero interval is no schedule that would exempt the loop from it."""
+    intensity = RestartIntensity(2, 10.0)
+    for policy in (RestartPolicy.always(), RestartPolicy.always(0), RestartPolicy.always(timedelta(0))):
+        streak, actions = Streak(), []
+        for now in (1.0, 2.0, 3.0):
+            action, streak = decide(policy, AttemptResult.SUCCEEDED, streak, max_retries=None, backoff=FIXED,
+                                    rng=random.Random(1), intensity=intensity, now=now)
+            actions.append(action)
+        assert actions[:2] == [RunNow(), RunNow()], policy
+        assert isinstance(actions[2], Stop) and actions[2].outcome_kind is OutcomeKind.FAILED, policy
+        assert actions[2].reason == "restart intensity exceeded: a 3rd restart within 10 s (at most 2)", policy
+
+
 def test_restart_intensity_is_validated_and_inherited() -> None:
     """Bad values name the field; a spec inherits the default unless it gives its own (or None)."""
     from mpvisor._model.spec import RestartIntensity

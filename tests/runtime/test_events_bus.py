@@ -106,6 +106,13 @@ def _boom(event: Event) -> None:
     raise RuntimeError(f"boom at {event.seq}")
 
 
+class _Unprintable(Exception):
+    """An exception whose `str()` raises (its `__str__` reads an attribute never set)."""
+
+    def __str__(self) -> str:
+        return self.detail  # type: ignore[attr-defined,no-any-return]
+
+
 def _raise(error: BaseException) -> Callable[[Event], None]:
     def fail(event: Event) -> None:
         raise error
@@ -241,8 +248,9 @@ def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
         (_raise(GeneratorExit("closed")), "GeneratorExit: closed"),
         (_raise(asyncio.CancelledError()), "CancelledError"),
         (_raise(BaseException("base")), "BaseException: base"),
+        (_raise(_Unprintable()), "<_Unprintable: str() raised AttributeError>"),
     ],
-    ids=["sys.exit", "KeyboardInterrupt", "GeneratorExit", "CancelledError", "BaseException"],
+    ids=["sys.exit", "KeyboardInterrupt", "GeneratorExit", "CancelledError", "BaseException", "unprintable"],
 )
 def test_a_subscriber_raising_a_base_exception_panics_like_any_other(
     fail: Callable[[Event], object], label: str

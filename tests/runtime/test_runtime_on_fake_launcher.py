@@ -98,6 +98,26 @@ async def test_a_cancel_asks_first_and_kills_after_the_grace(target, kind, reque
     assert [entry[0] for entry in log if entry[0] in ("signal", "kill")] == requests
 
 
+async def test_a_task_whose_report_is_overturned_by_a_limit_kill_can_still_be_removed_and_shut_down():
+    """A value read, then the tree killed past its memory limit: the attempt fails after all,
+    and the task retries. A removal, and shutdown's own claim, that came between the report and
+    that ending (when the report said the task was done) still stop it, without another attempt."""
+    limited = TaskSpec.restartable(TaskFn("removed", "fake:value_then_limit")).with_backoff(BackoffPolicy.constant(60))
+    async with Fake() as (handle, collector, _log):
+        task_id, removed = await handle.add_and_watch(limited)
+        _, shut = await handle.add_and_watch(dataclasses.replace(limited, task=TaskFn("shut", "fake:value_then_limit")))
+        for name in ("removed", "shut"):  # its progress comes with its value: the report is read
+            await asyncio.to_thread(collector.wait_for, EventKind.ATTEMPT_PROGRESS, 5, task=name)
+        await handle.remove(task_id)  # (False while its report says stop: it is not claimable then)
+        outcome = await asyncio.wait_for(removed.wait(), 5)
+        assert (outcome.kind, outcome.reason, outcome.attempts) == (OutcomeKind.CANCELED, "canceled", 1)
+        await asyncio.wait_for(handle.shutdown(), 5)
+    outcome = await asyncio.wait_for(shut.wait(), 5)
+    assert (outcome.kind, outcome.reason, outcome.attempts) == (OutcomeKind.CANCELED, "canceled by shutdown", 1)
+    failed = collector.of(EventKind.ATTEMPT_FAILED)
+    assert len(failed) == 2 and all("the tree was killed" in e.reason for e in failed), [e.reason for e in failed]
+
+
 async def test_a_crash_and_a_launcher_death_are_retryable_failures():
     """A death by SIGSEGV and a launcher death both end the attempt retryably; the task retries."""
     crashing = TaskSpec.restartable(TaskFn("c", "fake:crash")).with_backoff(FAST).with_max_retries(0)

@@ -179,6 +179,29 @@ async def test_remove_by_name_claims_once_and_stays_listed_until_cleanup(tmp_pat
         assert len(events.of(EventKind.TASK_REMOVE_REQUESTED, id=svc)) == 1
 
 
+async def test_re_adding_a_name_being_removed_says_it_is_being_removed(tmp_path):
+    """An add right after `remove` returned finds the name still taken, and the error says
+    why: the task is being removed, and its name is free once its cleanup is done."""
+    gate = Gate(tmp_path)
+
+    async with supervised(SupervisorConfig(grace=30.0)) as (handle, events):
+        svc = await handle.add(TaskSpec.restartable(gate.task("svc")).with_backoff(FAST))
+        await gate.started()
+        with pytest.raises(TaskAlreadyExists) as running:
+            await handle.add(once("svc", basic.quick))
+        assert not running.value.removing and "being removed" not in str(running.value)
+        assert await handle.remove(svc) is True
+        with pytest.raises(TaskAlreadyExists) as removing:
+            await handle.add(once("svc", basic.quick))
+        assert removing.value.removing and removing.value.name == "svc"
+        assert "is being removed" in str(removing.value) and "cancel()" in str(removing.value)
+        failed = events.of(EventKind.TASK_ADD_FAILED, task="svc")
+        assert "is being removed" in failed[-1].reason
+        gate.open()
+        await async_wait_for(lambda: events.of(EventKind.TASK_REMOVED, id=svc), timeout=5)
+        await handle.add(once("svc", basic.quick))  # free again
+
+
 async def test_a_second_cancel_returns_false():
     """Cancel(id) returns True once the task is gone; a second cancel returns False."""
 
