@@ -7,13 +7,13 @@ caller starts shutdown), shuts down, and returns one outcome per spec.
 
 | call | where | result |
 |---|---|---|
-| `serve()` | inside a running loop | the handle (the same runtime every time); `RuntimeError` inside its `async with` block, or once it has shut down |
-| `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins; `RuntimeError` inside its block, or once it shut down |
-| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block, or once it has shut down |
+| `serve()` | inside a running loop | a handle on the one runtime, every time: inside its `async with` block too, and after its shutdown (the handle's management calls then raise `ShuttingDown`, its submissions `ControllerClosed`) |
+| `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins; `RuntimeError` inside its own block, or once it shut down |
+| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block; once shutdown has begun (or is over) `ShuttingDown` for a batch that is not empty, and an empty one joins that shutdown |
 
-A supervisor serves once: its `async with` block's end, or a `run`'s, shuts it down for good,
-so none of these may start inside the block (its end or theirs would shut the other's work
-down) or after the shutdown (the handle could do nothing).
+A supervisor runs one runtime: its `async with` block's end, or a `run`'s, shuts it down for
+good, so neither may start inside the block (its end would shut the other's work down), nor
+another `async with` once it shut down; `serve()` only hands out handles and shuts nothing down.
 | `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 """
 
@@ -88,22 +88,18 @@ class Supervisor:
 
     def serve(self) -> SupervisorHandle:
         """Start the runtime (once) on the running loop and return a handle on it (another call
-        gives another handle on the same runtime). Shut it down with `await handle.shutdown()`
-        (`async with` does it at the block's end): until then its attempts go on running.
-        `RuntimeError` inside its `async with` block (use the handle it gave) or once it has
-        shut down."""
-        self._refuse_reuse("serve()")
+        gives another handle on the same runtime, also inside its `async with` block). Shut it
+        down with `await handle.shutdown()` (`async with` does it at the block's end): until then
+        its attempts go on running. After the shutdown it still returns a handle on that
+        runtime, whose management calls raise `ShuttingDown` (submissions `ControllerClosed`)."""
         return SupervisorHandle(self._served())
 
-    def _refuse_reuse(self, call: str, *, once_shutting_down: bool = False) -> None:
-        """A supervisor serves once (module docstring): `RuntimeError` naming `call` if its
-        `async with` block is open, or its shutdown is over (with `once_shutting_down`, begun)."""
+    def _refuse_open(self, call: str) -> None:
+        """`RuntimeError` naming `call` while the supervisor's `async with` block is open (module
+        docstring: the block's end, or `call`'s, would shut the other's work down)."""
         if self._open:
             raise RuntimeError(f"{call}: this supervisor is already open in an `async with`: use the handle "
                                "it gave, or make another Supervisor")
-        runtime = self._runtime
-        if runtime is not None and (runtime.shutting_down if once_shutting_down else runtime.shut_down):
-            raise RuntimeError(f"{call}: this supervisor has shut down: a Supervisor is served once; make a new one")
 
     def _served(self) -> Runtime:
         if self._runtime is None:
@@ -132,9 +128,11 @@ class Supervisor:
 
     async def __aenter__(self) -> SupervisorHandle:
         """Serve it for the `async with` block, which shuts it down at its end. Entering one that
-        is already open, or that has shut down, raises `RuntimeError` (the inner block's end
-        would shut the outer's down; a shut-down supervisor can do nothing)."""
-        self._refuse_reuse("async with", once_shutting_down=True)  # nor while its shutdown is under way
+        is already open, or whose shutdown has begun, raises `RuntimeError` (the inner block's end
+        would shut the outer's down; a block on a shut-down supervisor could do nothing)."""
+        self._refuse_open("async with")
+        if self._runtime is not None and self._runtime.shutting_down:
+            raise RuntimeError("async with: this supervisor has shut down: a Supervisor runs one runtime; make a new one")
         handle = SupervisorHandle(self._served())
         self._open = True
         return handle
@@ -155,12 +153,12 @@ class Supervisor:
 
     async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
         """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
-        `RuntimeError` inside its `async with` block, or once it has shut down (a `run` during
-        a shutdown under way joins it: `ShuttingDown` for a batch that is not empty)."""
+        `RuntimeError` inside its `async with` block; once its shutdown has begun (or is over),
+        `ShuttingDown` for a batch that is not empty, while an empty one joins that shutdown."""
         specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")
-        self._refuse_reuse("run()")
+        self._refuse_open("run()")
         runtime = self._served()
         self._ran = True
         waiters: list[TaskWaiter] = []

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from mpvisor import OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor import (
+    AlreadyRunning,
+    OutcomeKind,
+    ShuttingDown,
+    Supervisor,
+    SupervisorConfig,
+    TaskFn,
+    TaskSpec,
+)
 from tests._support import child_pids_of_self, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,34 +87,43 @@ async def test_a_supervisor_cannot_be_entered_again_while_open_or_after_it_shut_
             async with supervisor:
                 pass
         assert (await waiter.wait()).kind is OutcomeKind.COMPLETED  # not canceled by an inner block's end
-    with pytest.raises(RuntimeError, match="has shut down: a Supervisor is served once"):
+    with pytest.raises(RuntimeError, match="has shut down: a Supervisor runs one runtime"):
         async with supervisor:
             pass
 
 
-async def test_run_and_serve_refuse_a_supervisor_open_in_async_with_or_shut_down() -> None:
-    """`run()` and `serve()` inside the supervisor's open `async with` block raise `RuntimeError`
-    at once, and the block's task goes on to complete (`run` used to wait for the block's tasks,
-    or, with a finite batch, shut the block's runtime down); after the block, and after a `run`,
-    `serve()` raises it too (it used to give a handle that could do nothing)."""
+async def test_run_refuses_a_supervisor_open_in_async_with_and_serve_always_gives_a_handle() -> None:
+    """`run()` inside the supervisor's open `async with` block raises `RuntimeError` at once, and
+    the block's task goes on to complete (`run` used to wait for the block's tasks, or, with a
+    finite batch, shut the block's runtime down); `serve()` there gives a handle on the block's
+    runtime. After the shutdown (the block's end, or a `run`'s), `serve()` still gives a handle
+    on that runtime, whose calls raise `ShuttingDown`; a `run` of a batch raises `ShuttingDown`,
+    an empty one joins the shutdown, and a second `run` is `AlreadyRunning`."""
     supervisor = Supervisor(SupervisorConfig(grace=1.0))
     async with supervisor as handle:
         _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("slow", "workers.basic:sleeper", (0.3,))))
         with pytest.raises(RuntimeError, match=r"^run\(\): this supervisor is already open in an `async with`"):
             await asyncio.wait_for(supervisor.run([TaskSpec.once(TaskFn("q", "workers.basic:quick"))]), 10)
-        with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor is already open in an `async with`"):
-            supervisor.serve()
+        also = supervisor.serve()
+        assert [info.name for info in await also.list()] == ["slow"]  # the block's runtime
         assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
         _, later = await handle.add_and_watch(TaskSpec.once(TaskFn("later", "workers.basic:quick")))
         assert (await later.wait()).kind is OutcomeKind.COMPLETED  # the block's runtime still serves
-    with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor has shut down: a Supervisor is served once"):
-        supervisor.serve()
-    with pytest.raises(RuntimeError, match=r"^run\(\): this supervisor has shut down: a Supervisor is served once"):
-        await asyncio.wait_for(supervisor.run([]), 10)
+    after = supervisor.serve()
+    with pytest.raises(ShuttingDown):
+        await after.add(TaskSpec.once(TaskFn("late", "workers.basic:quick")))
+    assert await asyncio.wait_for(supervisor.run([]), 10) == {}  # joins the shutdown, which is over
+    closed = Supervisor(SupervisorConfig(grace=1.0))
+    async with closed:
+        pass
+    with pytest.raises(ShuttingDown):
+        await asyncio.wait_for(closed.run([TaskSpec.once(TaskFn("q", "workers.basic:quick"))]), 10)
     ran = Supervisor(SupervisorConfig(grace=1.0))
     assert (await ran.run([TaskSpec.once(TaskFn("q", "workers.basic:quick", ("v",)))]))["q"].value == "v"
-    with pytest.raises(RuntimeError, match=r"^serve\(\): this supervisor has shut down"):
-        ran.serve()
+    with pytest.raises(ShuttingDown):
+        await ran.serve().add(TaskSpec.once(TaskFn("late", "workers.basic:quick")))
+    with pytest.raises(AlreadyRunning):
+        await asyncio.wait_for(ran.run([]), 10)
     assert child_pids_of_self() == []
 
 
