@@ -117,7 +117,8 @@ class ControllerHost(Protocol):
     """What the controller uses of the supervisor around it (the runtime provides it)."""
 
     loop: asyncio.AbstractEventLoop
-    defaults: TaskDefaults  # filled into a submission's inherited settings at admission
+    defaults: TaskDefaults
+    shutting_down: bool  # shutdown began: submissions are refused from now on  # filled into a submission's inherited settings at admission
 
     @property
     def max_frame_bytes(self) -> int: ...  # a submission whose start message is larger is refused
@@ -195,7 +196,7 @@ class Controller:
         """`submit` without a waiter (the common, cheapest path): returns the id."""
         self._check_open()
         if not self.host.is_ready():
-            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+            await self._ready()
         item = self._pending(id, spec, None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
@@ -204,15 +205,23 @@ class Controller:
     async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
         self._check_open()
         if not self.host.is_ready():
-            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+            await self._ready()
         item = self._pending(id, spec, OneShot(self.host.loop) if watch else None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
         return TaskWaiter(id, item.outcome) if item.outcome is not None else None
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or self.host.shutting_down:  # (the intake closes a step after shutdown began)
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
+
+    async def _ready(self) -> None:
+        """Wait for the launcher, like every management call (`ConfigError` for a bad preload);
+        a shutdown that begins meanwhile closes the controller to this submission too."""
+        try:
+            await self.host.ready()
+        except ShuttingDown:
+            raise ControllerClosed("the controller is closed: the supervisor is shutting down") from None
 
     def _pending(self, id: int, spec: ControllerSpec, outcome: OneShot[TaskOutcome] | None) -> _Pending:
         self._check_open()  # checked again: shutdown may have begun while it waited for the launcher

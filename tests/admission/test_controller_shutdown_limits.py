@@ -140,6 +140,24 @@ async def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form
     assert elapsed < 2.0, f"an idle shutdown took {elapsed:.2f} s"
 
 
+async def test_submissions_racing_the_first_shutdown_raise_controller_closed(tmp_path):
+    """A submission waiting for the launcher when shutdown begins, and one made after shutdown()
+    was called but before it ran, raise ControllerClosed (not ShuttingDown); nothing runs."""
+    marker = tmp_path / "late.marker"
+
+    async with controlled() as (handle, events):
+        early = asyncio.ensure_future(handle.submit(Q(once("early", basic.quick, marker=str(marker)), "s")))
+        await asyncio.sleep(0)  # it waits for the launcher, which is not ready yet
+        stopping = asyncio.ensure_future(handle.shutdown())
+        with pytest.raises(ControllerClosed):
+            await handle.submit_and_watch(Q(once("late", basic.quick, marker=str(marker)), "s"))
+        await stopping
+        with pytest.raises(ControllerClosed):
+            await early
+    assert not marker.exists()
+    assert events.of(EventKind.CONTROLLER_SUBMITTED) == []
+
+
 @pytest.mark.timeout(90)
 async def test_in_flight_submissions_all_resolve_at_shutdown(tmp_path):
     """50 watched submissions to 5 slots racing shutdown all resolve; nothing starts afterwards."""
