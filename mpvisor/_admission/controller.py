@@ -92,6 +92,7 @@ class _Pending:
     claimed: bool = False  # removed while its registration was pending
     replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
     removed: bool = False  # removed while it waited for its shared slot's lease, which it then left
+    superseded: bool = False  # replaced while it waited for its shared slot's lease, which it then left
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
 
     def watched(self, loop: asyncio.AbstractEventLoop) -> OneShot[TaskOutcome]:
@@ -314,8 +315,22 @@ class Controller:
                     self._admit(item)
                 case RemoveOwner(slot, owner_id):
                     actor = self.registry.actor(owner_id)
-                    if actor is not None and self.registry.claim(actor, by_shutdown=False, why=_replaced_in(slot)):
+                    if actor is None:
+                        self._supersede_admitting(slot, owner_id)
+                    elif self.registry.claim(actor, by_shutdown=False, why=_replaced_in(slot)):
                         self._replaced(owner_id)
+
+    def _supersede_admitting(self, slot: str, owner_id: int) -> None:
+        """A replacement came for an owner not registered yet: one still waiting for its
+        shared slot's lease leaves the store's queue (`SUPERSEDED_BY_REPLACE`), so that the
+        replacement asks for the lease with its own policy; any other is retired once the
+        registry accepts it (the table says so again then)."""
+        item = self.admitting.get(owner_id)
+        lease = self.leases.get(owner_id)
+        if item is None or lease is None or item.claimed:
+            return
+        if lease.leave_queue(f"superseded by a replace in slot {slot!r} while it waited for the lease"):
+            item.superseded = True
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
         outcome = TaskOutcome.rejected(kind, reason)
@@ -396,7 +411,8 @@ class Controller:
             decision = Decision(False, "admission_failed", reason=f"slot {item.slot!r}: {_why(exc)}")
         if not decision.granted:
             self.leases.pop(item.id, None)
-            rejection = RejectionKind.REMOVED_FROM_QUEUE if item.removed else decision.rejection
+            rejection = (RejectionKind.REMOVED_FROM_QUEUE if item.removed
+                         else RejectionKind.SUPERSEDED_BY_REPLACE if item.superseded else decision.rejection)
             self._post(lambda: self._decided(item, None, rejection, decision.reason))
             return
         if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts

@@ -93,3 +93,26 @@ def test_a_setting_names_a_store_by_its_row_of_the_table() -> None:
     for bad in ("etcd://a/b", "local://this-host"):
         with pytest.raises(ConfigError, match=f"got '{bad}'"):
             ControllerConfig(leases=bad)
+
+
+async def test_a_replace_behind_a_submission_waiting_for_the_lease_retires_the_other_owner(tmp_path: Any) -> None:
+    """A's owner holds the lease; B's QUEUE submission waits for it (its local slot ADMITTING);
+    B's REPLACE then supersedes that waiting submission (REJECTED, it leaves the store's queue)
+    and takes the lease with its own policy: A's owner is stopped and B's replacement runs,
+    instead of waiting behind A's owner for ever."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        _, waiting = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
+        await async_wait_for(lambda: [v["queue"] for v in store.holdings(1.0)] != [[]], timeout=30)
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b2")).with_slot("s"))
+        superseded = await waiting.wait()
+        assert (superseded.kind, superseded.rejection) == (OutcomeKind.REJECTED, RejectionKind.SUPERSEDED_BY_REPLACE), superseded
+        assert (await held.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b2"]
+    assert store.holdings(1.0) == []
