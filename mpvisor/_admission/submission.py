@@ -67,8 +67,9 @@ class ControllerSpec:
         return cls(task_spec, AdmissionPolicy.DROP_IF_RUNNING)
 
     def with_slot(self, slot: str) -> ControllerSpec:
-        """The same submission in slot `slot` (a non-empty name) instead of the task name's."""
-        return ControllerSpec(self._task_spec, self._admission, slot)
+        """The same submission in slot `slot` (a non-empty name) instead of the task name's
+        (`without_slot()` goes back to that one; `None` here is an error)."""
+        return ControllerSpec(self._task_spec, self._admission, _validate.name("slot", slot))
 
     def without_slot(self) -> ControllerSpec:
         """The same submission in the slot named after its task."""
