@@ -109,8 +109,10 @@ class ControllerSnapshot:
     """A best-effort view of the controller's slots (not a transaction).
 
     `slots`: a `SlotView` per slot, sorted by slot name (idle slots with empty queues may be
-    left out); `running_count`: slots with an owner; `total_queued`: pending submissions in all
-    slot queues. `shared`: with `ControllerConfig(leases=...)`, the lease store's table (the slot server's, for "local"), every
+    left out); `running_count`: slots whose status is RUNNING (an ADMITTING or TERMINATING
+    slot's owner is not counted); `total_queued`: pending submissions in all slot queues (a
+    command the controller has not taken from its intake yet, and a submission waiting for a
+    shared slot's lease, which shows as its slot's ADMITTING owner, are not counted). `shared`: with `ControllerConfig(leases=...)`, the lease store's table (the slot server's, for "local"), every
     process's slots, as `mpvisor slots --json` shows it (`{"slot", "status", "owner": {"pid",
     "name", "since"}, "queue": [{"pid", "name"}]}` per busy slot); empty otherwise.
     """
