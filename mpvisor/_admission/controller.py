@@ -52,6 +52,7 @@ from mpvisor._admission.slots import (
 from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
 from mpvisor._attempt.start import check_start_fits
 from mpvisor._model.errors import (
+    WRONG_LOOP,
     CommandQueueFull,
     ControllerClosed,
     ControllerFull,
@@ -215,6 +216,12 @@ class Controller:
     def _check_open(self) -> None:
         if self.closed or self.host.shutting_down:  # (the intake closes a step after shutdown began)
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
+        try:  # a prepared submission made from another loop (the handle's calls check it first)
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self.host.loop:
+            raise RuntimeError(WRONG_LOOP)
 
     async def _ready(self) -> None:
         """Wait for the launcher, like every management call (`ConfigError` for a bad preload);
