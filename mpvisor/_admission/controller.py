@@ -353,8 +353,9 @@ class Controller:
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
-        if self.store is not None:
-            self.host.loop.create_task(self._lease_then_hand_over(item))
+        if self.store is not None:  # its lease request exists at once: a removal or a replace the
+            lease = self._lease_for(item)  # loop takes in this same step must find it (`leave_queue`)
+            self.host.loop.create_task(self._lease_then_hand_over(item, lease))
             return
         self._hand_over_now(item)
 
@@ -372,12 +373,12 @@ class Controller:
         except Exception:  # a closing registry, or a command that failed: it could not decide
             self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
 
-    async def _lease_then_hand_over(self, item: _Pending) -> None:
-        """Shared slots: take the slot's lease from the store (this process and its launcher's
-        processes as the owner's), then hand the item to the registry; a refusal is the waiter's
-        rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
+    def _lease_for(self, item: _Pending) -> LeaseDriver:
+        """Shared slots: the item's lease request, registered in `leases` (not asked yet): a
+        refusal is the waiter's rejection; a revoke (a replacement elsewhere) is a removal of
+        the owner; each renewal moves its fence."""
         assert self.store is not None
-        publish, loop = self._publish, self.host.loop
+        publish = self._publish
 
         def said(text: str) -> None:  # the store's queued or silent answer, for a person
             publish(EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=text)
@@ -401,10 +402,15 @@ class Controller:
                 store = self.store.name if self.store is not None else "the store"
                 said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
 
-        lease = LeaseDriver(self.store, loop, item.slot, item.admission, item.name,
+        lease = LeaseDriver(self.store, self.host.loop, item.slot, item.admission, item.name,
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
                             on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
+        return lease
+
+    async def _lease_then_hand_over(self, item: _Pending, lease: LeaseDriver) -> None:
+        """Shared slots: take the slot's lease from the store (this process and its launcher's
+        processes as the owner's), then hand the item to the registry."""
         try:
             lease.prepare()  # the store's connection opens while the launcher starts
             try:

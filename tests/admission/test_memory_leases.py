@@ -8,6 +8,7 @@ start and end; the intervals of one slot never overlap.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
@@ -115,4 +116,32 @@ async def test_a_replace_behind_a_submission_waiting_for_the_lease_retires_the_o
         assert (await held.wait()).kind is OutcomeKind.CANCELED
         assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b2"]
+    assert store.holdings(1.0) == []
+
+
+
+async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its_lease_request(tmp_path: Any) -> None:
+    """A's owner holds the lease. B issues two commands back to back, which B's controller takes
+    in one step: a QUEUE then a cancel of it (it leaves at once, REMOVED_FROM_QUEUE), and a QUEUE
+    then a REPLACE (the QUEUE is superseded at once, and A's owner is stopped): neither waits for
+    A's owner to end before the submission's lease request hears of it."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        prepared = b.prepare_submission(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
+        _, gone = await prepared.submit_and_watch()
+        assert await asyncio.wait_for(b.cancel(prepared.id), 10) is True
+        removed = await gone.wait()
+        assert (removed.kind, removed.rejection) == (OutcomeKind.REJECTED, RejectionKind.REMOVED_FROM_QUEUE), removed
+        _, waiting = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.0, "b2")).with_slot("s"))
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b3")).with_slot("s"))
+        superseded = await asyncio.wait_for(waiting.wait(), 10)
+        assert (superseded.kind, superseded.rejection) == (OutcomeKind.REJECTED, RejectionKind.SUPERSEDED_BY_REPLACE), superseded
+        assert (await asyncio.wait_for(held.wait(), 10)).kind is OutcomeKind.CANCELED
+        assert (await asyncio.wait_for(replacing.wait(), 10)).kind is OutcomeKind.COMPLETED
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b3"]
     assert store.holdings(1.0) == []
