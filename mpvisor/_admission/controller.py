@@ -386,10 +386,13 @@ class Controller:
         def revoked() -> None:
             actor = self.registry.actor(item.id)
             if actor is not None:
-                if self.registry.claim(actor, by_shutdown=False, why=_replaced_in(item.slot)):
-                    self._replaced(item.id)
+                if not self.registry.claim(actor, by_shutdown=False, why=_replaced_in(item.slot)):
+                    return  # already being removed
+                self._replaced(item.id)
             else:
                 item.claimed = item.replaced = True  # not registered yet: claimed when it is
+            # the slot shows it, as for a local replace: terminating until the owner's cleanup
+            self._apply(self.table.owner_retired(item.slot, item.id, self._now()))
 
         def renewed(at: float, ttl: float) -> None:  # each renewal moves the fence the launcher keeps
             if item.id in self.leases:

@@ -14,6 +14,7 @@ The shell owns ids, waiters, events and the registry; this module owns only the 
 | Admitting(o) | Replace | AdmittingReplaced(o) (TERMINATING) | admitting->terminating (replace), RemoveOwner(o) |
 | Running(o) | Replace | Terminating(o) | running->terminating (replace), RemoveOwner(o) |
 | Running(o) | cleanup of o | next / Idle | running->admitting + Admit, or running->idle |
+| Running(o) / Admitting(o) | owner retired from outside (`owner_retired`) | Terminating(o) / AdmittingReplaced(o) | running/admitting->terminating (replace) |
 | AdmittingReplaced(o) | registry accepts o | Terminating(o) | RemoveOwner(o) (again: it may not have been registered at the first) |
 | AdmittingReplaced(o) | registry rejects o | next / Idle | terminating->admitting + Admit, or ->idle |
 | Terminating(o) | cleanup of o | next / Idle | terminating->admitting + Admit, or ->idle |
@@ -282,6 +283,22 @@ class SlotTable(Generic[ItemT]):
         match self.phase(slot):
             case Running(owner) | Terminating(owner) if owner == item_id:
                 return self._advance(slot, now)
+            case _:
+                return []
+
+    def owner_retired(self, slot: str, item_id: int, now: float) -> list[Effect[ItemT]]:
+        """The owner was retired from outside this table (a replacement in another process,
+        through a shared slot's lease): Running -> Terminating, Admitting -> TERMINATING (its
+        removal pending its registration), each `(replace)`; no RemoveOwner (the caller removes
+        it). Already terminating, or a stale id: nothing."""
+        state = self._slots.get(slot)
+        if state is None or owner_of(state.phase) != item_id:
+            return []
+        match state.phase:
+            case Running(owner):
+                return self._move(slot, state, Terminating(owner), now, replace=True)
+            case Admitting(owner):
+                return self._move(slot, state, AdmittingReplaced(owner), now, replace=True)
             case _:
                 return []
 

@@ -20,6 +20,7 @@ from mpvisor import (
     ConfigError,
     ControllerConfig,
     ControllerSpec,
+    EventKind,
     OutcomeKind,
     RejectionKind,
     SupervisorConfig,
@@ -145,3 +146,20 @@ async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its
         assert (await asyncio.wait_for(replacing.wait(), 10)).kind is OutcomeKind.COMPLETED
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b3"]
     assert store.holdings(1.0) == []
+
+
+async def test_an_owner_a_replace_in_another_process_retires_shows_terminating_until_it_is_gone(tmp_path: Any) -> None:
+    """B's REPLACE retires A's owner: A's slot goes `running->terminating (replace)` and then
+    idle, as for a local replace, instead of showing RUNNING until the owner is gone."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, a_events), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b1")).with_slot("s"))
+        assert (await held.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    assert [e.reason for e in a_events.of(EventKind.CONTROLLER_SLOT_TRANSITION)] == [
+        "idle->admitting", "admitting->running", "running->terminating (replace)", "terminating->idle"]

@@ -715,3 +715,27 @@ def test_slot_machine_agrees_with_the_model_and_keeps_its_invariants() -> None:
         SlotMachine,
         settings=settings(max_examples=150, deadline=None, stateful_step_count=50),
     )
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected_phase", "expected_effects"),
+    [
+        ("running", Terminating(OWNER), [Transition("s", RUNNING, TERMINATING, True)]),
+        ("admitting", AdmittingReplaced(OWNER), [Transition("s", ADMITTING, TERMINATING, True)]),
+        ("terminating", Terminating(OWNER), []),
+        ("admitting_replaced", AdmittingReplaced(OWNER), []),
+    ],
+)
+def test_an_owner_retired_from_outside_shows_terminating_once(
+    phase: str, expected_phase: Phase, expected_effects: list[Any]
+) -> None:
+    """A replacement in another process retired the owner: the slot is TERMINATING (`(replace)`)
+    until its cleanup, without a RemoveOwner (the shell removed it), and only once; a stale id,
+    or another slot, changes nothing."""
+    table = table_in(phase)
+    assert table.owner_retired("s", OWNER + 100, 3.0) == []
+    assert table.owner_retired("other", OWNER, 3.0) == []
+    assert table.owner_retired("s", OWNER, 3.0) == expected_effects
+    assert table.phase("s") == expected_phase
+    assert table.snapshot(3.0)[0].status is TERMINATING
+    assert table.owner_retired("s", OWNER, 4.0) == []
