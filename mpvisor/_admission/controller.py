@@ -543,6 +543,7 @@ class Controller:
             lease = self.leases.get(id)
             if first and lease is not None and lease.leave_queue():  # still waiting for its shared
                 admitting.removed = True  # slot's lease: it leaves the store's queue, REMOVED_FROM_QUEUE
+                self._publish(EventKind.TASK_REMOVE_REQUESTED, task=admitting.name, id=admitting.id)  # (as queued)
             if admitting.cleaned is None:
                 admitting.cleaned = self.host.loop.create_future()
                 admitting.watched(self.host.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))

@@ -130,7 +130,7 @@ async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its
     log = tmp_path / "owners.log"
     config = SupervisorConfig(grace=5.0)
     async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
-            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, b_events):
         _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
         prepared = b.prepare_submission(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
@@ -146,6 +146,9 @@ async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its
         assert (await asyncio.wait_for(replacing.wait(), 10)).kind is OutcomeKind.COMPLETED
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b3"]
     assert store.holdings(1.0) == []
+    # the removal is published as a queued one's is: requested, then rejected
+    kinds = [e.kind for e in b_events.events if e.id == prepared.id and e.kind is not EventKind.CONTROLLER_SLOT_TRANSITION]
+    assert kinds == [EventKind.CONTROLLER_SUBMITTED, EventKind.TASK_REMOVE_REQUESTED, EventKind.CONTROLLER_REJECTED], kinds
 
 
 async def test_an_owner_a_replace_in_another_process_retires_shows_terminating_until_it_is_gone(tmp_path: Any) -> None:
