@@ -52,6 +52,7 @@ from mpvisor._admission.slots import (
 from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
 from mpvisor._attempt.start import check_start_fits
 from mpvisor._model.errors import (
+    WRONG_LOOP,
     CommandQueueFull,
     ControllerClosed,
     ControllerFull,
@@ -92,6 +93,7 @@ class _Pending:
     claimed: bool = False  # removed while its registration was pending
     replaced: bool = False  # claimed for a replacement (a shared slot's revoke) while its registration was pending
     removed: bool = False  # removed while it waited for its shared slot's lease, which it then left
+    superseded: bool = False  # replaced while it waited for its shared slot's lease, which it then left
     cleaned: asyncio.Future[None] | None = None  # for a cancel of an admitting submission
 
     def watched(self, loop: asyncio.AbstractEventLoop) -> OneShot[TaskOutcome]:
@@ -117,7 +119,8 @@ class ControllerHost(Protocol):
     """What the controller uses of the supervisor around it (the runtime provides it)."""
 
     loop: asyncio.AbstractEventLoop
-    defaults: TaskDefaults  # filled into a submission's inherited settings at admission
+    defaults: TaskDefaults
+    shutting_down: bool  # shutdown began: submissions are refused from now on  # filled into a submission's inherited settings at admission
 
     @property
     def max_frame_bytes(self) -> int: ...  # a submission whose start message is larger is refused
@@ -195,7 +198,7 @@ class Controller:
         """`submit` without a waiter (the common, cheapest path): returns the id."""
         self._check_open()
         if not self.host.is_ready():
-            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+            await self._ready()
         item = self._pending(id, spec, None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
@@ -204,15 +207,29 @@ class Controller:
     async def submit(self, id: int, spec: ControllerSpec, *, wait: bool, watch: bool = True) -> TaskWaiter | None:
         self._check_open()
         if not self.host.is_ready():
-            await self.host.ready()  # like every management call (ConfigError for a bad preload)
+            await self._ready()
         item = self._pending(id, spec, OneShot(self.host.loop) if watch else None)
         if not self._offer(item, wait, ControllerFull):
             await self._put(item)
         return TaskWaiter(id, item.outcome) if item.outcome is not None else None
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or self.host.shutting_down:  # (the intake closes a step after shutdown began)
             raise ControllerClosed("the controller is closed: the supervisor is shutting down")
+        try:  # a prepared submission made from another loop (the handle's calls check it first)
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self.host.loop:
+            raise RuntimeError(WRONG_LOOP)
+
+    async def _ready(self) -> None:
+        """Wait for the launcher, like every management call (`ConfigError` for a bad preload);
+        a shutdown that begins meanwhile closes the controller to this submission too."""
+        try:
+            await self.host.ready()
+        except ShuttingDown:
+            raise ControllerClosed("the controller is closed: the supervisor is shutting down") from None
 
     def _pending(self, id: int, spec: ControllerSpec, outcome: OneShot[TaskOutcome] | None) -> _Pending:
         self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
@@ -305,8 +322,22 @@ class Controller:
                     self._admit(item)
                 case RemoveOwner(slot, owner_id):
                     actor = self.registry.actor(owner_id)
-                    if actor is not None and self.registry.claim(actor, by_shutdown=False, why=_replaced_in(slot)):
+                    if actor is None:
+                        self._supersede_admitting(slot, owner_id)
+                    elif self.registry.claim(actor, by_shutdown=False, why=_replaced_in(slot)):
                         self._replaced(owner_id)
+
+    def _supersede_admitting(self, slot: str, owner_id: int) -> None:
+        """A replacement came for an owner not registered yet: one still waiting for its
+        shared slot's lease leaves the store's queue (`SUPERSEDED_BY_REPLACE`), so that the
+        replacement asks for the lease with its own policy; any other is retired once the
+        registry accepts it (the table says so again then)."""
+        item = self.admitting.get(owner_id)
+        lease = self.leases.get(owner_id)
+        if item is None or lease is None or item.claimed:
+            return
+        if lease.leave_queue(f"superseded by a replace in slot {slot!r} while it waited for the lease"):
+            item.superseded = True
 
     def _reject(self, item: _Pending, kind: RejectionKind, *, publish: bool, reason: str | None = None) -> None:
         outcome = TaskOutcome.rejected(kind, reason)
@@ -322,8 +353,9 @@ class Controller:
 
     def _admit(self, item: _Pending) -> None:
         self.admitting[item.id] = item
-        if self.store is not None:
-            self.host.loop.create_task(self._lease_then_hand_over(item))
+        if self.store is not None:  # its lease request exists at once: a removal or a replace the
+            lease = self._lease_for(item)  # loop takes in this same step must find it (`leave_queue`)
+            self.host.loop.create_task(self._lease_then_hand_over(item, lease))
             return
         self._hand_over_now(item)
 
@@ -341,12 +373,12 @@ class Controller:
         except Exception:  # a closing registry, or a command that failed: it could not decide
             self._post(lambda: self._decided(item, None, RejectionKind.ADMISSION_FAILED))
 
-    async def _lease_then_hand_over(self, item: _Pending) -> None:
-        """Shared slots: take the slot's lease from the store (this process and its launcher's
-        processes as the owner's), then hand the item to the registry; a refusal is the waiter's
-        rejection; a revoke (a replacement elsewhere) is a removal of the owner."""
+    def _lease_for(self, item: _Pending) -> LeaseDriver:
+        """Shared slots: the item's lease request, registered in `leases` (not asked yet): a
+        refusal is the waiter's rejection; a revoke (a replacement elsewhere) is a removal of
+        the owner; each renewal moves its fence."""
         assert self.store is not None
-        publish, loop = self._publish, self.host.loop
+        publish = self._publish
 
         def said(text: str) -> None:  # the store's queued or silent answer, for a person
             publish(EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=text)
@@ -354,10 +386,13 @@ class Controller:
         def revoked() -> None:
             actor = self.registry.actor(item.id)
             if actor is not None:
-                if self.registry.claim(actor, by_shutdown=False, why=_replaced_in(item.slot)):
-                    self._replaced(item.id)
+                if not self.registry.claim(actor, by_shutdown=False, why=_replaced_in(item.slot)):
+                    return  # already being removed
+                self._replaced(item.id)
             else:
                 item.claimed = item.replaced = True  # not registered yet: claimed when it is
+            # the slot shows it, as for a local replace: terminating until the owner's cleanup
+            self._apply(self.table.owner_retired(item.slot, item.id, self._now()))
 
         def renewed(at: float, ttl: float) -> None:  # each renewal moves the fence the launcher keeps
             if item.id in self.leases:
@@ -370,10 +405,15 @@ class Controller:
                 store = self.store.name if self.store is not None else "the store"
                 said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
 
-        lease = LeaseDriver(self.store, loop, item.slot, item.admission, item.name,
+        lease = LeaseDriver(self.store, self.host.loop, item.slot, item.admission, item.name,
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
                             on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
+        return lease
+
+    async def _lease_then_hand_over(self, item: _Pending, lease: LeaseDriver) -> None:
+        """Shared slots: take the slot's lease from the store (this process and its launcher's
+        processes as the owner's), then hand the item to the registry."""
         try:
             lease.prepare()  # the store's connection opens while the launcher starts
             try:
@@ -387,7 +427,8 @@ class Controller:
             decision = Decision(False, "admission_failed", reason=f"slot {item.slot!r}: {_why(exc)}")
         if not decision.granted:
             self.leases.pop(item.id, None)
-            rejection = RejectionKind.REMOVED_FROM_QUEUE if item.removed else decision.rejection
+            rejection = (RejectionKind.REMOVED_FROM_QUEUE if item.removed
+                         else RejectionKind.SUPERSEDED_BY_REPLACE if item.superseded else decision.rejection)
             self._post(lambda: self._decided(item, None, rejection, decision.reason))
             return
         if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts
@@ -502,6 +543,7 @@ class Controller:
             lease = self.leases.get(id)
             if first and lease is not None and lease.leave_queue():  # still waiting for its shared
                 admitting.removed = True  # slot's lease: it leaves the store's queue, REMOVED_FROM_QUEUE
+                self._publish(EventKind.TASK_REMOVE_REQUESTED, task=admitting.name, id=admitting.id)  # (as queued)
             if admitting.cleaned is None:
                 admitting.cleaned = self.host.loop.create_future()
                 admitting.watched(self.host.loop).add_done_callback(lambda _: _resolve(admitting.cleaned))

@@ -11,10 +11,11 @@ The shell owns ids, waiters, events and the registry; this module owns only the 
 | Idle | submit (any policy) | Admitting(new) | idle->admitting, Admit |
 | Admitting(o) | registry accepts o | Running(o) | admitting->running |
 | Admitting(o) | registry rejects o | next / Idle | admitting->admitting + Admit, or admitting->idle |
-| Admitting(o) | Replace | AdmittingReplaced(o) (TERMINATING) | admitting->terminating (replace) |
+| Admitting(o) | Replace | AdmittingReplaced(o) (TERMINATING) | admitting->terminating (replace), RemoveOwner(o) |
 | Running(o) | Replace | Terminating(o) | running->terminating (replace), RemoveOwner(o) |
 | Running(o) | cleanup of o | next / Idle | running->admitting + Admit, or running->idle |
-| AdmittingReplaced(o) | registry accepts o | Terminating(o) | RemoveOwner(o) |
+| Running(o) / Admitting(o) | owner retired from outside (`owner_retired`) | Terminating(o) / AdmittingReplaced(o) | running/admitting->terminating (replace) |
+| AdmittingReplaced(o) | registry accepts o | Terminating(o) | RemoveOwner(o) (again: it may not have been registered at the first) |
 | AdmittingReplaced(o) | registry rejects o | next / Idle | terminating->admitting + Admit, or ->idle |
 | Terminating(o) | cleanup of o | next / Idle | terminating->admitting + Admit, or ->idle |
 | any busy phase | Replace again | unchanged | the new item overwrites the queue head |
@@ -141,7 +142,9 @@ class Reject(NamedTuple, Generic[ItemT]):
 
 
 class RemoveOwner(NamedTuple):
-    """Ask the registry to remove the registered owner `owner_id` of `slot` (a Replace)."""
+    """Retire the owner `owner_id` of `slot` (a Replace): ask the registry to remove it if it
+    is registered; an owner still being admitted (waiting for a shared slot's lease) gives up
+    its admission if it still can. An admitting owner gets it again once it is accepted."""
 
     slot: str
     owner_id: int
@@ -235,7 +238,7 @@ class SlotTable(Generic[ItemT]):
     def submit(self, item: ItemT, now: float) -> list[Effect[ItemT]]:
         """Idle -> Admitting for any policy; on a busy slot QUEUE enqueues or is `queue_full`,
         REPLACE overwrites or creates the head and retires the owner (Admitting ->
-        TERMINATING, Running -> Terminating + RemoveOwner, already terminating: stay), and
+        TERMINATING + RemoveOwner, Running -> Terminating + RemoveOwner, already terminating: stay), and
         DROP_IF_RUNNING is `slot_busy`. After `close`: `controller_shutting_down`."""
         if self._closed:
             return [Reject(item, RejectionKind.CONTROLLER_SHUTTING_DOWN)]
@@ -280,6 +283,22 @@ class SlotTable(Generic[ItemT]):
         match self.phase(slot):
             case Running(owner) | Terminating(owner) if owner == item_id:
                 return self._advance(slot, now)
+            case _:
+                return []
+
+    def owner_retired(self, slot: str, item_id: int, now: float) -> list[Effect[ItemT]]:
+        """The owner was retired from outside this table (a replacement in another process,
+        through a shared slot's lease): Running -> Terminating, Admitting -> TERMINATING (its
+        removal pending its registration), each `(replace)`; no RemoveOwner (the caller removes
+        it). Already terminating, or a stale id: nothing."""
+        state = self._slots.get(slot)
+        if state is None or owner_of(state.phase) != item_id:
+            return []
+        match state.phase:
+            case Running(owner):
+                return self._move(slot, state, Terminating(owner), now, replace=True)
+            case Admitting(owner):
+                return self._move(slot, state, AdmittingReplaced(owner), now, replace=True)
             case _:
                 return []
 
@@ -328,7 +347,8 @@ class SlotTable(Generic[ItemT]):
                 moved = self._move(slot, state, Terminating(owner), now, replace=True)
                 return [*moved, RemoveOwner(slot, owner)]
             case Admitting(owner):
-                return self._move(slot, state, AdmittingReplaced(owner), now, replace=True)
+                moved = self._move(slot, state, AdmittingReplaced(owner), now, replace=True)
+                return [*moved, RemoveOwner(slot, owner)]
             case _:
                 return []
 

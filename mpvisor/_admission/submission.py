@@ -15,7 +15,8 @@ acts on them is `_admission.controller.Controller`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 from mpvisor._admission.slots import AdmissionPolicy, SlotView
 from mpvisor._model import checks as _validate
@@ -23,6 +24,8 @@ from mpvisor._model.errors import AlreadySubmitted
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._tasks.registry import TaskWaiter
+
+T = TypeVar("T")
 
 
 class ControllerSpec:
@@ -64,8 +67,9 @@ class ControllerSpec:
         return cls(task_spec, AdmissionPolicy.DROP_IF_RUNNING)
 
     def with_slot(self, slot: str) -> ControllerSpec:
-        """The same submission in slot `slot` (a non-empty name) instead of the task name's."""
-        return ControllerSpec(self._task_spec, self._admission, slot)
+        """The same submission in slot `slot` (a non-empty name) instead of the task name's
+        (`without_slot()` goes back to that one; `None` here is an error)."""
+        return ControllerSpec(self._task_spec, self._admission, _validate.name("slot", slot))
 
     def without_slot(self) -> ControllerSpec:
         """The same submission in the slot named after its task."""
@@ -105,8 +109,10 @@ class ControllerSnapshot:
     """A best-effort view of the controller's slots (not a transaction).
 
     `slots`: a `SlotView` per slot, sorted by slot name (idle slots with empty queues may be
-    left out); `running_count`: slots with an owner; `total_queued`: pending submissions in all
-    slot queues. `shared`: with `ControllerConfig(leases=...)`, the lease store's table (the slot server's, for "local"), every
+    left out); `running_count`: slots whose status is RUNNING (an ADMITTING or TERMINATING
+    slot's owner is not counted); `total_queued`: pending submissions in all slot queues (a
+    command the controller has not taken from its intake yet, and a submission waiting for a
+    shared slot's lease, which shows as its slot's ADMITTING owner, are not counted). `shared`: with `ControllerConfig(leases=...)`, the lease store's table (the slot server's, for "local"), every
     process's slots, as `mpvisor slots --json` shows it (`{"slot", "status", "owner": {"pid",
     "name", "since"}, "queue": [{"pid", "name"}]}` per busy slot); empty otherwise.
     """
@@ -130,8 +136,9 @@ class SubmissionIntake(Protocol):
 
 class PreparedSubmission:
     """A submission with its `TaskId` (`id`) reserved before it is handed over; `spec` is its
-    `ControllerSpec`. Single use: a second `submit*` call raises `AlreadySubmitted`. Dropping it
-    unused starts nothing and publishes nothing."""
+    `ControllerSpec`. Single use: a second `submit*` call raises `AlreadySubmitted` (one that
+    raised, `ControllerFull` say, or was canceled while it waited for room, did not use it up).
+    Dropping it unused starts nothing and publishes nothing."""
 
     def __init__(self, controller: SubmissionIntake, id: int, spec: ControllerSpec) -> None:
         self._controller = controller
@@ -145,13 +152,14 @@ class PreparedSubmission:
     async def submit(self) -> int:
         """Hand the submission to the controller, waiting for queue space; return `id`.
 
-        Raises `AlreadySubmitted` on a second use, `ControllerClosed` after shutdown began.
+        Raises `AlreadySubmitted` on a second use, `ControllerClosed` after shutdown began. A
+        call that raised (or was canceled) handed nothing over: it does not use the submission up.
         """
-        return await self._controller.submit_unwatched(self._use(), self.spec, wait=True)
+        return await self._unused(self._controller.submit_unwatched(self._use(), self.spec, wait=True))
 
     async def try_submit(self) -> int:
         """`submit`, but raise `ControllerFull` instead of waiting for queue space."""
-        return await self._controller.submit_unwatched(self._use(), self.spec, wait=False)
+        return await self._unused(self._controller.submit_unwatched(self._use(), self.spec, wait=False))
 
     async def submit_and_watch(self) -> tuple[int, TaskWaiter]:
         """`submit`, returning `(id, waiter)`; the waiter resolves `REJECTED` if the controller
@@ -163,9 +171,18 @@ class PreparedSubmission:
         return self.id, await self._watched(wait=False)
 
     async def _watched(self, *, wait: bool) -> TaskWaiter:
-        waiter = await self._controller.submit(self._use(), self.spec, wait=wait, watch=True)
+        waiter = await self._unused(self._controller.submit(self._use(), self.spec, wait=wait, watch=True))
         assert waiter is not None
         return waiter
+
+    async def _unused(self, call: Awaitable[T]) -> T:
+        """`call`'s answer; if it raised, nothing entered the controller's queue (a submission
+        enters it in the step that returns): the submission may be made again."""
+        try:
+            return await call
+        except BaseException:
+            self._used = False
+            raise
 
     def _use(self) -> int:
         if self._used:

@@ -197,6 +197,9 @@ class BlockingHandle:
             return _settled(call)
         try:
             return future.result()
+        except BaseException:  # interrupted here (Ctrl-C): a call still waiting on the loop, for
+            future.cancel()  # room in a queue say, is withdrawn there too, not made behind our back
+            raise
         finally:
             with self._lock:
                 self._in_flight.discard(future)

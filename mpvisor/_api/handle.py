@@ -22,7 +22,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from mpvisor._model import checks as _validate
-from mpvisor._model.errors import ControllerNotConfigured, ShuttingDown, TaskTerminationTimeout
+from mpvisor._model.errors import (
+    WRONG_LOOP,
+    ControllerNotConfigured,
+    ShuttingDown,
+    TaskTerminationTimeout,
+)
 from mpvisor._model.identity import TaskId, next_id
 from mpvisor._model.spec import TaskSpec
 from mpvisor._tasks.registry import Remove, RemoveAnswer, TaskInfo, TaskWaiter, Watch
@@ -34,9 +39,6 @@ if TYPE_CHECKING:
     from mpvisor._runtime.runtime import Runtime
 
 
-WRONG_LOOP = ("this supervisor is bound to the event loop it was served on: call its handle there (from another "
-              "thread, with asyncio.run_coroutine_threadsafe(..., that loop)), or use serve_blocking(), whose "
-              "handle may be called from any thread")
 
 
 class SupervisorHandle:

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+# What a handle's call (a prepared submission's too) made on another event loop than the
+# supervisor's raises (`RuntimeError`).
+WRONG_LOOP = ("this supervisor is bound to the event loop it was served on: call its handle there (from another "
+              "thread, with asyncio.run_coroutine_threadsafe(..., that loop)), or use serve_blocking(), whose "
+              "handle may be called from any thread")
+
+
 class MpvisorError(Exception):
     """Base class of every error mpvisor itself raises (never of a target's `Fail`, `Fatal` or
     `Canceled`). `label` is a stable lower-case name of the class, for metrics and logs."""

@@ -19,6 +19,7 @@ from mpvisor import (
     AdmissionPolicy,
     AlreadySubmitted,
     BackoffPolicy,
+    ConfigError,
     ControllerError,
     ControllerFull,
     ControllerSpec,
@@ -87,6 +88,18 @@ def test_controller_spec_accessors_reflect_slot_policy_and_task():
     assert bare.slot_override is None
     assert bare.slot_name == "replacement"
     assert bare.admission is AdmissionPolicy.REPLACE
+
+
+def test_with_slot_refuses_what_is_no_slot_name_naming_it():
+    """`with_slot(None)` is an error (`without_slot()` is the way back to the task name's
+    slot), as an empty or non-string name is; each names the field and the value."""
+    spec = ControllerSpec.queue(once("job", basic.quick))
+    with pytest.raises(TypeError, match="slot must be a non-empty string, got None"):
+        spec.with_slot(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="slot must be a non-empty string, got ''"):
+        spec.with_slot("")
+    with pytest.raises(TypeError, match="slot must be a non-empty string, got None"):
+        ControllerSpec(once("job", basic.quick), AdmissionPolicy.QUEUE).with_slot(None)  # type: ignore[arg-type]
 
 
 async def test_idle_submission_reports_submitted_then_admitting_to_running():

@@ -39,6 +39,7 @@ class FakeHost:
         self.max_frame_bytes = SupervisorConfig().max_frame_bytes
         self.defaults = TaskDefaults()
         self.events: list[tuple[Any, dict[str, Any]]] = []
+        self.shutting_down = False
 
     def publish(self, kind: Any, **fields: Any) -> None:
         self.events.append((kind, fields))

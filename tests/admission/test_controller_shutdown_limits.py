@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from mpvisor import (
+    AlreadySubmitted,
     CommandQueueFull,
     ControllerClosed,
     ControllerConfig,
@@ -138,6 +139,24 @@ async def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form
     leftovers = kill_leftovers()
     assert leftovers == [], f"processes left after shutdown returned: {leftovers}"
     assert elapsed < 2.0, f"an idle shutdown took {elapsed:.2f} s"
+
+
+async def test_submissions_racing_the_first_shutdown_raise_controller_closed(tmp_path):
+    """A submission waiting for the launcher when shutdown begins, and one made after shutdown()
+    was called but before it ran, raise ControllerClosed (not ShuttingDown); nothing runs."""
+    marker = tmp_path / "late.marker"
+
+    async with controlled() as (handle, events):
+        early = asyncio.ensure_future(handle.submit(Q(once("early", basic.quick, marker=str(marker)), "s")))
+        await asyncio.sleep(0)  # it waits for the launcher, which is not ready yet
+        stopping = asyncio.ensure_future(handle.shutdown())
+        with pytest.raises(ControllerClosed):
+            await handle.submit_and_watch(Q(once("late", basic.quick, marker=str(marker)), "s"))
+        await stopping
+        with pytest.raises(ControllerClosed):
+            await early
+    assert not marker.exists()
+    assert events.of(EventKind.CONTROLLER_SUBMITTED) == []
 
 
 @pytest.mark.timeout(90)
@@ -288,6 +307,33 @@ async def test_try_submit_reports_controller_full():
         for _, waiter in accepted:
             result = await outcome(waiter)
             assert result.kind is OutcomeKind.COMPLETED or result.rejection is RejectionKind.SLOT_BUSY
+
+
+async def test_a_prepared_submission_refused_for_room_can_be_submitted_again(tmp_path):
+    """queue_capacity=1, filled in the same turn: the prepared submission's try_submit raises
+    ControllerFull, and its submit canceled while it waits for room submits nothing; neither
+    uses it up, so a later try submits it under its reserved id, and it runs once."""
+    marker = tmp_path / "m"
+
+    async with controlled(queue_capacity=1) as (handle, _events):
+        await handle.add(once("warm-up", basic.quick))  # the launcher is ready
+        prepared = handle.prepare_submission(Q(once("prepared", basic.quick, marker=str(marker)), "p"))
+        filler, refused = await asyncio.gather(handle.try_submit(Q(once("filler", basic.quick), "f")),
+                                               prepared.try_submit(), return_exceptions=True)
+        assert isinstance(filler, int) and isinstance(refused, ControllerFull), (filler, refused)
+        filler2 = asyncio.ensure_future(handle.submit(Q(once("filler-2", basic.quick), "f2")))
+        waiting = asyncio.ensure_future(prepared.submit())
+        await asyncio.sleep(0)  # it waits for room behind the filler
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await filler2
+        id, waiter = await prepared.submit_and_watch()
+        assert id == prepared.id
+        assert (await outcome(waiter)).kind is OutcomeKind.COMPLETED
+        with pytest.raises(AlreadySubmitted):
+            await prepared.submit()
+    assert started_names(marker) == ["prepared"]
 
 
 async def test_controller_try_removals_report_command_queue_full():

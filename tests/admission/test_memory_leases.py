@@ -8,6 +8,7 @@ start and end; the intervals of one slot never overlap.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
@@ -19,6 +20,7 @@ from mpvisor import (
     ConfigError,
     ControllerConfig,
     ControllerSpec,
+    EventKind,
     OutcomeKind,
     RejectionKind,
     SupervisorConfig,
@@ -93,3 +95,74 @@ def test_a_setting_names_a_store_by_its_row_of_the_table() -> None:
     for bad in ("etcd://a/b", "local://this-host"):
         with pytest.raises(ConfigError, match=f"got '{bad}'"):
             ControllerConfig(leases=bad)
+
+
+async def test_a_replace_behind_a_submission_waiting_for_the_lease_retires_the_other_owner(tmp_path: Any) -> None:
+    """A's owner holds the lease; B's QUEUE submission waits for it (its local slot ADMITTING);
+    B's REPLACE then supersedes that waiting submission (REJECTED, it leaves the store's queue)
+    and takes the lease with its own policy: A's owner is stopped and B's replacement runs,
+    instead of waiting behind A's owner for ever."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        _, waiting = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
+        await async_wait_for(lambda: [v["queue"] for v in store.holdings(1.0)] != [[]], timeout=30)
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b2")).with_slot("s"))
+        superseded = await waiting.wait()
+        assert (superseded.kind, superseded.rejection) == (OutcomeKind.REJECTED, RejectionKind.SUPERSEDED_BY_REPLACE), superseded
+        assert (await held.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b2"]
+    assert store.holdings(1.0) == []
+
+
+
+async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its_lease_request(tmp_path: Any) -> None:
+    """A's owner holds the lease. B issues two commands back to back, which B's controller takes
+    in one step: a QUEUE then a cancel of it (it leaves at once, REMOVED_FROM_QUEUE), and a QUEUE
+    then a REPLACE (the QUEUE is superseded at once, and A's owner is stopped): neither waits for
+    A's owner to end before the submission's lease request hears of it."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, b_events):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        prepared = b.prepare_submission(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
+        _, gone = await prepared.submit_and_watch()
+        assert await asyncio.wait_for(b.cancel(prepared.id), 10) is True
+        removed = await gone.wait()
+        assert (removed.kind, removed.rejection) == (OutcomeKind.REJECTED, RejectionKind.REMOVED_FROM_QUEUE), removed
+        _, waiting = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.0, "b2")).with_slot("s"))
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b3")).with_slot("s"))
+        superseded = await asyncio.wait_for(waiting.wait(), 10)
+        assert (superseded.kind, superseded.rejection) == (OutcomeKind.REJECTED, RejectionKind.SUPERSEDED_BY_REPLACE), superseded
+        assert (await asyncio.wait_for(held.wait(), 10)).kind is OutcomeKind.CANCELED
+        assert (await asyncio.wait_for(replacing.wait(), 10)).kind is OutcomeKind.COMPLETED
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["a1", "b3"]
+    assert store.holdings(1.0) == []
+    # the removal is published as a queued one's is: requested, then rejected
+    kinds = [e.kind for e in b_events.events if e.id == prepared.id and e.kind is not EventKind.CONTROLLER_SLOT_TRANSITION]
+    assert kinds == [EventKind.CONTROLLER_SUBMITTED, EventKind.TASK_REMOVE_REQUESTED, EventKind.CONTROLLER_REJECTED], kinds
+
+
+async def test_an_owner_a_replace_in_another_process_retires_shows_terminating_until_it_is_gone(tmp_path: Any) -> None:
+    """B's REPLACE retires A's owner: A's slot goes `running->terminating (replace)` and then
+    idle, as for a local replace, instead of showing RUNNING until the owner is gone."""
+    store = MemoryStore()
+    log = tmp_path / "owners.log"
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, a_events), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+        _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b1")).with_slot("s"))
+        assert (await held.wait()).kind is OutcomeKind.CANCELED
+        assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
+    assert [e.reason for e in a_events.of(EventKind.CONTROLLER_SLOT_TRANSITION)] == [
+        "idle->admitting", "admitting->running", "running->terminating (replace)", "terminating->idle"]

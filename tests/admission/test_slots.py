@@ -194,7 +194,11 @@ def test_drop_if_running_on_a_busy_slot_is_slot_busy(phase: str) -> None:
             Terminating(OWNER),
             [Transition("s", RUNNING, TERMINATING, True), RemoveOwner("s", OWNER)],
         ),
-        ("admitting", AdmittingReplaced(OWNER), [Transition("s", ADMITTING, TERMINATING, True)]),
+        (
+            "admitting",
+            AdmittingReplaced(OWNER),
+            [Transition("s", ADMITTING, TERMINATING, True), RemoveOwner("s", OWNER)],
+        ),
         ("terminating", Terminating(OWNER), []),
         ("admitting_replaced", AdmittingReplaced(OWNER), []),
     ],
@@ -202,7 +206,7 @@ def test_drop_if_running_on_a_busy_slot_is_slot_busy(phase: str) -> None:
 def test_replace_on_a_busy_slot_retires_the_owner_once_and_becomes_the_head(
     phase: str, expected_phase: Phase, expected_effects: list[Any]
 ) -> None:
-    """Replace retires a running owner now, an admitting one later, never twice."""
+    """Replace retires the owner now (an admitting one again once accepted), never twice."""
     table = table_in(phase)
     assert table.submit(item(5, REPLACE), 3.0) == expected_effects
     assert table.phase("s") == expected_phase
@@ -321,13 +325,15 @@ def test_releasing_the_owner_starts_the_next_item_or_idles(
     assert not any(isinstance(e, RemoveOwner) for e in effects)
 
 
-def test_a_registry_refusal_after_a_replace_removes_nobody() -> None:
-    """Admitting + Replace, then rejected: no removal, the replacement is admitted."""
+def test_a_registry_refusal_after_a_replace_removes_nobody_again() -> None:
+    """Admitting + Replace (retire it, if it can still give up its admission), then rejected:
+    no further removal, the replacement is admitted."""
     table = table_in("admitting")
     r = item(5, REPLACE)
     effects = table.submit(r, 3.0) + table.registry_rejected("s", OWNER, 4.0)
     assert effects == [
         Transition("s", ADMITTING, TERMINATING, True),
+        RemoveOwner("s", OWNER),
         Transition("s", TERMINATING, ADMITTING),
         Admit(r),
     ]
@@ -489,8 +495,7 @@ class Model:
         out: list[tuple[Any, ...]] = []
         if slot.stage in ("running", "admitting"):
             out.append(("transition", new.slot, f"{slot.stage}->terminating (replace)"))
-            if slot.stage == "running":
-                out.append(("remove", new.slot, slot.owner))
+            out.append(("remove", new.slot, slot.owner))  # an admitting owner: again once accepted
             slot.stage = "terminating" if slot.stage == "running" else "pending_replaced"
             slot.since = now
         if slot.queue:
@@ -601,8 +606,8 @@ class SlotMachine(RuleBasedStateMachine):
                 case Reject(rejected, _):
                     assert rejected.id not in self.registry
                     self.resolve(rejected.id)
-                case RemoveOwner(_, owner):
-                    assert self.registry.get(owner) == "registered"
+                case RemoveOwner(_, owner):  # a registered owner, or one being admitted (it may give that up)
+                    assert self.registry.get(owner) in ("registered", "pending")
 
     @rule(slot=st.sampled_from(SLOTS), policy=st.sampled_from(list(AdmissionPolicy)))
     def submit(self, slot: str, policy: AdmissionPolicy) -> None:
@@ -710,3 +715,27 @@ def test_slot_machine_agrees_with_the_model_and_keeps_its_invariants() -> None:
         SlotMachine,
         settings=settings(max_examples=150, deadline=None, stateful_step_count=50),
     )
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected_phase", "expected_effects"),
+    [
+        ("running", Terminating(OWNER), [Transition("s", RUNNING, TERMINATING, True)]),
+        ("admitting", AdmittingReplaced(OWNER), [Transition("s", ADMITTING, TERMINATING, True)]),
+        ("terminating", Terminating(OWNER), []),
+        ("admitting_replaced", AdmittingReplaced(OWNER), []),
+    ],
+)
+def test_an_owner_retired_from_outside_shows_terminating_once(
+    phase: str, expected_phase: Phase, expected_effects: list[Any]
+) -> None:
+    """A replacement in another process retired the owner: the slot is TERMINATING (`(replace)`)
+    until its cleanup, without a RemoveOwner (the shell removed it), and only once; a stale id,
+    or another slot, changes nothing."""
+    table = table_in(phase)
+    assert table.owner_retired("s", OWNER + 100, 3.0) == []
+    assert table.owner_retired("other", OWNER, 3.0) == []
+    assert table.owner_retired("s", OWNER, 3.0) == expected_effects
+    assert table.phase("s") == expected_phase
+    assert table.snapshot(3.0)[0].status is TERMINATING
+    assert table.owner_retired("s", OWNER, 4.0) == []

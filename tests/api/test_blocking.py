@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import threading
 import warnings
 
 import pytest
@@ -21,7 +23,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, child_pids_of_self, wait_for, words
+from tests._support import Collector, Gate, child_pids_of_self, wait_for, words
 
 
 @pytest.mark.timeout(60)
@@ -172,3 +174,48 @@ def _reaped(pid: int) -> int:
         os.waitpid(pid, 0)
         raise
     return found[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_blocking_submit_interrupted_while_it_waits_for_room_submits_nothing(tmp_path):
+    """queue_capacity=1, held full (a cancel in flight, a filler queued): a blocking `submit`
+    interrupted (a signal handler raising, as Ctrl-C's KeyboardInterrupt does) while it waits for
+    room raises in its thread and is withdrawn on the loop too: the submission is never made,
+    not made later behind the caller's back."""
+    gate, events = Gate(tmp_path), Collector()
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    supervisor = Supervisor.builder(SupervisorConfig(grace=10)).with_controller(ControllerConfig(queue_capacity=1)) \
+        .with_subscribers([events]).build()
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with supervisor.serve_blocking() as handle:
+            owner = handle.submit(ControllerSpec.queue(gate.once("owner")).with_slot("s"))
+            wait_for(lambda: gate.has("started"))
+            canceling = threading.Thread(target=handle.cancel, args=(owner,))
+            canceling.start()
+            wait_for(lambda: gate.has("cancel-seen"))  # in flight: the controller takes no command until it is done
+            handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn("filler", "workers.basic:quick"))).with_slot("f"))
+            intake = handle._handle._rt.controller.queue
+
+            def interrupt_once_it_waits() -> None:
+                wait_for(lambda: "waiting=1" in repr(intake))
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+            threading.Thread(target=interrupt_once_it_waits).start()
+            with pytest.raises(Interrupted):
+                handle.submit(ControllerSpec.queue(TaskSpec.once(TaskFn("late", "workers.basic:quick"))).with_slot("l"))
+            gate.open()
+            canceling.join(timeout=20)
+            _, after = handle.submit_and_watch(ControllerSpec.queue(TaskSpec.once(TaskFn("after", "workers.basic:quick"))))
+            assert after.wait(timeout=10).kind is OutcomeKind.COMPLETED  # taken after anything issued before it
+            events.wait_for(EventKind.TASK_REMOVED, 10.0, task="after")
+            assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == ["owner", "filler", "after"]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert child_pids_of_self() == []

@@ -15,6 +15,8 @@ import pytest
 
 from mpvisor import (
     AlreadyRunning,
+    ControllerConfig,
+    ControllerSpec,
     OutcomeKind,
     ShuttingDown,
     Supervisor,
@@ -74,6 +76,33 @@ async def test_a_handle_called_from_another_event_loop_raises_at_once() -> None:
         assert await handle.cancel(long_id) is True
     assert (await long_waiter.wait()).kind is OutcomeKind.CANCELED
     assert child_pids_of_self() == []
+
+
+async def test_a_prepared_submission_made_from_another_event_loop_raises_at_once() -> None:
+    """A `PreparedSubmission` (prepared on the supervisor's loop) submitted from another loop
+    raises `RuntimeError` as the handle's `submit` does, instead of touching the controller's
+    queue from that thread (whose loop then heard of it only by chance) and handing out a
+    waiter bound to the other loop; it is not used up, and submits on its own loop."""
+    controller = ControllerConfig()
+    async with Supervisor(SupervisorConfig(grace=1.0), controller=controller) as handle:
+        await handle.add(TaskSpec.once(TaskFn("warm", "workers.basic:quick")))  # the launcher is ready
+        prepared = handle.prepare_submission(ControllerSpec.queue(TaskSpec.once(TaskFn("x", "workers.basic:quick", ("v",)))))
+
+        async def calls() -> list[str]:
+            said = []
+            for call in (prepared.submit, prepared.try_submit, prepared.submit_and_watch, prepared.try_submit_and_watch):
+                try:
+                    await asyncio.wait_for(call(), 10)
+                    said.append("ok")
+                except Exception as exc:  # what each raised, said by type and message
+                    said.append(f"{type(exc).__name__}: {exc}")
+            return said
+
+        said = await asyncio.get_running_loop().run_in_executor(None, _on_another_loop, calls)
+        assert len(said) == 4 and all(s.startswith("RuntimeError: this ") and "event loop" in s for s in said), said
+        assert handle.controller_snapshot().slots == []
+        _, waiter = await prepared.submit_and_watch()
+        assert (await waiter.wait()).value == "v"
 
 
 async def test_a_supervisor_cannot_be_entered_again_while_open_or_after_it_shut_down() -> None:
