@@ -310,6 +310,7 @@ def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_onc
     assert not ran.exists()
 
 
+@pytest.mark.slow  # the waiting tasks' variant above checks the same: the store's calls made together, on threads
 def test_interrupting_a_run_whose_owners_store_is_silent_waits_for_it_once_not_per_owner(
         tmp_path: Any, url: str) -> None:
     """A task file run owning four slots, its store behind a proxy that then falls silent

@@ -261,6 +261,7 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
         finish(held)
 
 
+@pytest.mark.slow  # test_lease_faults' outage test catches the same fence counted from before the failed looks
 def test_a_grant_seen_after_an_outage_is_fenced_from_the_look_that_saw_it(url: str) -> None:
     """A waiter (TTL 6) whose looks the store does not answer for 4.5 s (more than the 4 s after
     which a fence stops an owner, less than the TTL: its row lives on), while the owner releases
@@ -421,6 +422,7 @@ def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: An
     assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
 
 
+@pytest.mark.slow  # an edge of the store's start, 3.6 s: what the run says while it waits
 def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_path: Any, url: str) -> None:
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
@@ -642,6 +644,7 @@ def test_a_drop_is_not_refused_for_a_queue_of_dead_waiters_only(url: str) -> Non
         thread.join(10)
 
 
+@pytest.mark.slow  # the replace variant below takes the same way back into the queue after an unused grant
 def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any, url: str) -> None:
     """A queued run (TTL 3) is paused (SIGSTOP); the owner ends, the slot is granted to the
     paused run, and that grant expires unused; a later run C owns the slot. The paused run,

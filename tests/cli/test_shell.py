@@ -182,7 +182,7 @@ def test_sigterm_mpvisor_run_dies_by_the_signal(installs: Installs, tmp_path: pa
     "timeout_args, expected",
     [
         (["1.2"], 124),
-        (["-s", "INT", "1.2"], 124),
+        pytest.param(["-s", "INT", "1.2"], 124, marks=pytest.mark.slow),  # Ctrl-C's tests send SIGINT too
         (["--preserve-status", "1.2"], 128 + signal.SIGTERM),  # mpvisor itself died by SIGTERM
     ],
     ids=["term", "int", "preserve-status"],

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
-from tests._support import START_METHODS, all_ended, all_gone, fn, read_records, seen, supervised
+from tests._support import SPAWN_IN_SLOW, all_ended, all_gone, fn, read_records, seen, supervised
 from workers import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,7 +42,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", SPAWN_IN_SLOW)
 @pytest.mark.parametrize(("limit", "spec", "reason"), CASES, ids=[f"{c[0]}-{c[1].name}" for c in CASES])
 async def test_an_attempt_over_its_limit_fails_naming_it(start_method, limit, spec, reason) -> None:
     async with supervised(SupervisorConfig(grace=1.0, start_method=start_method)) as (handle, _events):

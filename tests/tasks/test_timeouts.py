@@ -202,7 +202,7 @@ async def test_a_hung_start_up_is_bounded_by_start_timeout():
 # --- a timeout that bounds start-up too, and a task's own start-up bound -----------------------------
 
 
-@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("method", SPAWN_IN_SLOW)
 async def test_a_timeout_that_includes_start_up_ends_a_hanging_import_as_timed_out(method):
     """`with_timeout(T, include_start=True)` runs from the start request: a target whose import
     never finishes ends `timed out` after about T s (the supervisor's 30 s start-up limit never
@@ -259,7 +259,7 @@ TRAPPED = "trap 'echo cleanup-ran > {out}; exit 3' TERM INT; echo started > {out
 
 
 @pytest.mark.parametrize("kind", ["cmd", "fn"])
-@pytest.mark.parametrize("how", ["remove", "timeout"])
+@pytest.mark.parametrize("how", ["remove", pytest.param("timeout", marks=pytest.mark.slow)])  # the same continue after its stop
 async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_up(kind, how, tmp_path):
     """An attempt stopped by SIGSTOP (its program's whole group, or a Python target's process)
     and then asked to stop, by a removal or by its timeout: the launcher sends SIGCONT right after
