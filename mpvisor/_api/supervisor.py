@@ -10,11 +10,11 @@ caller starts shutdown), shuts down, and returns one outcome per spec.
 | `serve()` | inside a running loop | a handle on the one runtime, every time: inside its `async with` block too, and after its shutdown (the handle's management calls then raise `ShuttingDown`, its submissions `ControllerClosed`) |
 | `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins; `RuntimeError` inside its own block, or once it shut down |
 | `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block; once shutdown has begun (or is over) `ShuttingDown` for a batch that is not empty, and an empty one joins that shutdown |
+| `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 
 A supervisor runs one runtime: its `async with` block's end, or a `run`'s, shuts it down for
 good, so neither may start inside the block (its end would shut the other's work down), nor
 another `async with` once it shut down; `serve()` only hands out handles and shuts nothing down.
-| `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 """
 
 from __future__ import annotations
