@@ -9,8 +9,10 @@ start and end; the intervals of one slot never overlap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,10 +27,11 @@ from mpvisor import (
     RejectionKind,
     SupervisorConfig,
     TaskSpec,
+    TaskWaiter,
 )
 from mpvisor._admission.leases.memory import MemoryStore
 from tests._slot_support import assert_one_owner_at_a_time
-from tests._support import async_wait_for, supervised
+from tests._support import Collector, async_wait_for, supervised
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,14 +43,28 @@ def owner(log: Any, hold: float, label: str) -> TaskSpec:
     return TaskSpec.once(CommandTask(label, argv, env={"PYTHONPATH": ROOT}))
 
 
+@contextlib.asynccontextmanager
+async def two_hosts(store: MemoryStore) -> AsyncIterator[tuple[Any, Collector, Any, Collector]]:
+    """Two supervisors (two hosts' runs) whose controllers share `store`: `(a, a_events, b, b_events)`."""
+    config = SupervisorConfig(grace=5.0)
+    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, a_events), \
+            supervised(config, controller=ControllerConfig(leases=store)) as (b, b_events):
+        yield a, a_events, b, b_events
+
+
+async def holding(handle: Any, log: Any, label: str) -> TaskWaiter:
+    """`handle` submits an owner of slot "s" that holds it 30 s; its waiter, once it started."""
+    _, waiter = await handle.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, label)).with_slot("s"))
+    await async_wait_for(lambda: log.exists() and f"start {label}" in log.read_text(), timeout=30)
+    return waiter
+
+
 async def test_two_supervisors_take_turns_replace_across_them_and_drop_is_refused(tmp_path: Any) -> None:
     """A queues behind B's owner and runs after it; B's drop is refused while A's owner runs;
     B's replace stops A's owner (CANCELED) and runs once A's tree is gone."""
     store = MemoryStore()
     log = tmp_path / "owners.log"
-    config = SupervisorConfig(grace=5.0)
-    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
-            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
+    async with two_hosts(store) as (a, _, b, _):
         _, first = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.5, "b1")).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start b1" in log.read_text(), timeout=30)
         _, second = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
@@ -104,11 +121,8 @@ async def test_a_replace_behind_a_submission_waiting_for_the_lease_retires_the_o
     instead of waiting behind A's owner for ever."""
     store = MemoryStore()
     log = tmp_path / "owners.log"
-    config = SupervisorConfig(grace=5.0)
-    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
-            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
-        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
-        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+    async with two_hosts(store) as (a, _, b, _):
+        held = await holding(a, log, "a1")
         _, waiting = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
         await async_wait_for(lambda: [v["queue"] for v in store.holdings(1.0)] != [[]], timeout=30)
         _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b2")).with_slot("s"))
@@ -128,11 +142,8 @@ async def test_a_removal_or_replace_right_behind_a_shared_submission_reaches_its
     A's owner to end before the submission's lease request hears of it."""
     store = MemoryStore()
     log = tmp_path / "owners.log"
-    config = SupervisorConfig(grace=5.0)
-    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, _), \
-            supervised(config, controller=ControllerConfig(leases=store)) as (b, b_events):
-        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
-        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+    async with two_hosts(store) as (a, _, b, b_events):
+        held = await holding(a, log, "a1")
         prepared = b.prepare_submission(ControllerSpec.queue(owner(log, 0.0, "b1")).with_slot("s"))
         _, gone = await prepared.submit_and_watch()
         assert await asyncio.wait_for(b.cancel(prepared.id), 10) is True
@@ -156,11 +167,8 @@ async def test_an_owner_a_replace_in_another_process_retires_shows_terminating_u
     idle, as for a local replace, instead of showing RUNNING until the owner is gone."""
     store = MemoryStore()
     log = tmp_path / "owners.log"
-    config = SupervisorConfig(grace=5.0)
-    async with supervised(config, controller=ControllerConfig(leases=store)) as (a, a_events), \
-            supervised(config, controller=ControllerConfig(leases=store)) as (b, _):
-        _, held = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
-        await async_wait_for(lambda: log.exists() and "start a1" in log.read_text(), timeout=30)
+    async with two_hosts(store) as (a, a_events, b, _):
+        held = await holding(a, log, "a1")
         _, replacing = await b.submit_and_watch(ControllerSpec.replace(owner(log, 0.0, "b1")).with_slot("s"))
         assert (await held.wait()).kind is OutcomeKind.CANCELED
         assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
