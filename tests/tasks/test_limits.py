@@ -76,6 +76,18 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
     assert (over.kind, over.limit) == (OutcomeKind.FAILED, "open_files"), over
 
 
+
+def _run_in_a_memory_cgroup(name: str, limit: int, mpvisor_args: str, cwd: object) -> subprocess.CompletedProcess[str]:
+    """`mpvisor ARGS` run by a bash moved first into a memory cgroup of its own (`name`-pid, `limit`
+    bytes), as in a container; the cgroup is removed once every process of the run has exited."""
+    cgroup = _memory_cgroup(f"{name}-{os.getpid()}", limit)
+    try:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" {mpvisor_args}'
+        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
+        return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        os.rmdir(cgroup)  # empty again: every process of the run has exited
+
 def _memory_cgroup(name: str, limit: int) -> str:
     """A new memory cgroup below this process's own, limited to `limit` bytes (v1 or v2)."""
     with open("/proc/self/cgroup", encoding="utf-8") as file:
@@ -105,13 +117,7 @@ def test_an_attempt_the_oom_killer_ends_says_so(tmp_path) -> None:
     score) SIGKILLs it. The outcome says `killed by the OOM killer`, the exit status is 128 + 9
     as for any SIGKILL. (Needs root, as any test that makes a cgroup; the pure rules are in
     tests/tasks/test_ending.py and tests/launchers/test_platform_oom.py.)"""
-    cgroup = _memory_cgroup(f"mpvisor-oom-test-{os.getpid()}", 256 * 2**20)
-    try:
-        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run workers.limits:resident_hog 8'
-        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
-        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        os.rmdir(cgroup)  # empty again: every process of the run has exited
+    done = _run_in_a_memory_cgroup("mpvisor-oom-test", 256 * 2**20, "run workers.limits:resident_hog 8", tmp_path)
     assert done.returncode == 128 + 9, done.stderr
     assert "failed reason='attempt process pid" in done.stderr and "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
 
@@ -121,13 +127,8 @@ def test_an_oom_kill_for_a_limit_above_the_attempts_own_is_not_blamed_on_its_lim
     task's): the attempt's own cgroup counts the OOM kill (the kernel counts it where its victim
     is), but its tree never reached its own 512 MiB: the outcome says the OOM killer, as
     without a limit, not `memory limit exceeded (512 MiB, ...)`."""
-    cgroup = _memory_cgroup(f"mpvisor-oom-above-{os.getpid()}", 200 * 2**20)
-    try:
-        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" run --memory 512M workers.limits:resident_hog 8'
-        env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
-        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        os.rmdir(cgroup)  # empty again: every process of the run has exited
+    done = _run_in_a_memory_cgroup("mpvisor-oom-above", 200 * 2**20, "run --memory 512M workers.limits:resident_hog 8",
+                                   tmp_path)
     assert done.returncode == 128 + 9, done.stderr
     assert "memory limit exceeded" not in done.stderr, done.stderr
     assert "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
