@@ -644,6 +644,20 @@ def test_a_drop_is_not_refused_for_a_queue_of_dead_waiters_only(url: str) -> Non
         thread.join(10)
 
 
+def _wait_out_a_grant(url: str, pid: int, log: Any, then: str) -> None:
+    """Until the slot was granted to the (paused) run `pid`, and that grant expired unused: the
+    owner labelled `then` started."""
+    import psycopg
+
+    def granted() -> bool:
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
+                                (pid,)).fetchone() is not None
+
+    wait_for(granted, timeout=10, interval=0.05)
+    wait_for(lambda: log.exists() and f"start {then}" in log.read_text(), timeout=10, interval=0.05)
+
+
 @pytest.mark.slow  # the replace variant below takes the same way back into the queue after an unused grant
 def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any, url: str) -> None:
     """A queued run (TTL 3) is paused (SIGSTOP); the owner ends, the slot is granted to the
@@ -653,7 +667,6 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
     after it was granted first.)"""
     import signal
 
-    import psycopg
 
     log = tmp_path / "owners.log"
     first = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "a"))
@@ -670,14 +683,7 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
             assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
             first.terminate()
             assert finish(first)[0] == -15
-
-            def granted_to_paused() -> bool:
-                with psycopg.connect(url) as conn:
-                    return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
-                                        (paused.pid,)).fetchone() is not None
-
-            wait_for(granted_to_paused, timeout=10, interval=0.05)
-            wait_for(lambda: "start c" in log.read_text(), timeout=10, interval=0.05)  # the paused one's grant expired
+            _wait_out_a_grant(url, paused.pid, log, "c")  # the paused one's grant expired
         finally:
             os.kill(paused.pid, signal.SIGCONT)
         assert "waiting, position 1" in paused.stderr.readline()  # queued again, behind c
@@ -719,14 +725,7 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
             assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
             release.touch()
             assert finish(first)[0] == 6  # replaced
-
-            def granted_to_paused() -> bool:
-                with psycopg.connect(url) as conn:
-                    return conn.execute("SELECT 1 FROM mpvisor_requests WHERE state = 'granted' AND pid = %s",
-                                        (paused.pid,)).fetchone() is not None
-
-            wait_for(granted_to_paused, timeout=10, interval=0.05)
-            wait_for(lambda: log.exists() and "start b" in log.read_text(), timeout=10, interval=0.05)  # C's expired
+            _wait_out_a_grant(url, paused.pid, log, "b")  # C's expired
         finally:
             os.kill(paused.pid, signal.SIGCONT)
         assert "waiting, position 1" in paused.stderr.readline()  # queued again, behind B ...
