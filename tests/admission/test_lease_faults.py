@@ -268,6 +268,27 @@ def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp
     assert not log.exists()
 
 
+def _write_holders(path: Any, log: Any, slots: range) -> None:
+    """A task file of one owner per slot `m<i>`, each holding it 60 s and logging to `log`."""
+    import json
+    import sys
+
+    path.write_text("".join(
+        f"[task.h{i}]\ncommand = {json.dumps([sys.executable, '-m', 'workers.slot_owner', str(log), '60', f'h{i}'])}\n"
+        f"slot = 'm{i}'\n" for i in slots))
+
+
+def _interrupted_once_silent(proxy: Any, run: Any) -> tuple[str, float]:
+    """Partition `run`'s store, then SIGINT it: its stderr, and the seconds it took to die by SIGINT."""
+    proxy.partition()
+    began = time.monotonic()
+    run.send_signal(signal.SIGINT)
+    status, err = finish(run, timeout=60)
+    took = time.monotonic() - began
+    assert status == -signal.SIGINT, err
+    return err, took
+
+
 def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_once_not_per_task(
         tmp_path: Any, url: str) -> None:
     """A task file run with four tasks queued for four slots another host owns, its store
@@ -275,16 +296,12 @@ def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_onc
     within one bounded withdraw (`RELEASE_WAIT`, 2 s) and start-up slack, not one per waiting
     task. (Each task's withdraw held up the shutdown's event loop in turn, 2 s apiece: 8 s here,
     100 s for fifty such tasks.)"""
-    import json
-    import sys
 
     from tests._proxy_support import Proxy
 
     log, ran = tmp_path / "owners.log", tmp_path / "ran"
     slots = range(4)
-    (tmp_path / "hold.toml").write_text("".join(
-        f"[task.h{i}]\ncommand = {json.dumps([sys.executable, '-m', 'workers.slot_owner', str(log), '60', f'h{i}'])}\n"
-        f"slot = 'm{i}'\n" for i in slots))
+    _write_holders(tmp_path / "hold.toml", log, slots)
     (tmp_path / "wait.toml").write_text("".join(
         f"[task.w{i}]\ncommand = ['touch', {str(ran)!r}]\nslot = 'm{i}'\n" for i in slots))
     holder = start_host(tmp_path, 1, url, "--file", "hold.toml")
@@ -295,12 +312,7 @@ def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_onc
             waiting = start_host(tmp_path, 2, proxy.url_for(url), "--file", "wait.toml")
             runs.append(waiting)
             wait_for(lambda: sum(len(view["queue"]) for view in shown(tmp_path, url)) == len(slots), timeout=30)
-            proxy.partition()
-            began = time.monotonic()
-            waiting.send_signal(signal.SIGINT)
-            status, err = finish(waiting, timeout=60)
-            took = time.monotonic() - began
-            assert status == -signal.SIGINT, err
+            err, took = _interrupted_once_silent(proxy, waiting)
             assert err.count("rejected reason='the run stopped before the slot was free'") == len(slots), err
             assert took < 2.0 + 3.0, took  # RELEASE_WAIT, and slack for a busy machine (it was 4 x 2 s)
         finally:
@@ -317,26 +329,17 @@ def test_interrupting_a_run_whose_owners_store_is_silent_waits_for_it_once_not_p
     (partitioned): SIGINT ends it, status -2, within one bounded release (`RELEASE_WAIT`, 2 s)
     and slack, not one per owner; each owner's waiter still resolves after its release was
     tried. (Each owner's release held the event loop in turn, 2 s apiece: 8 s here.)"""
-    import json
-    import sys
 
     from tests._proxy_support import Proxy
 
     log = tmp_path / "owners.log"
     slots = range(4)
-    (tmp_path / "hold.toml").write_text("".join(
-        f"[task.h{i}]\ncommand = {json.dumps([sys.executable, '-m', 'workers.slot_owner', str(log), '60', f'h{i}'])}\n"
-        f"slot = 'm{i}'\n" for i in slots))
+    _write_holders(tmp_path / "hold.toml", log, slots)
     with Proxy.for_url(url) as proxy:
         holder = start_host(tmp_path, 1, proxy.url_for(url), "--file", "hold.toml", "--grace", "1")
         try:
             wait_for(lambda: all(started(log, f"h{i}") for i in slots), timeout=30)
-            proxy.partition()
-            began = time.monotonic()
-            holder.send_signal(signal.SIGINT)
-            status, err = finish(holder, timeout=60)
-            took = time.monotonic() - began
-            assert status == -signal.SIGINT, err
+            err, took = _interrupted_once_silent(proxy, holder)
             assert err.count("canceled reason='canceled by shutdown'") == len(slots), err
             assert took < 2.0 + 3.0, took  # RELEASE_WAIT, and slack for a busy machine (it was 4 x 2 s)
         finally:
