@@ -214,16 +214,35 @@ def test_a_sigkilled_owner_keeps_the_slot_until_its_tree_is_gone(slots: Any, tmp
     assert log.read_text().splitlines()[0] == "clean", (log.read_text(), tree)
 
 
-def _held_and_queued(slots: Any, tmp_path: Any, log: Any, gate: Any, *, after_gate: float, queued: int,
-                     each: float) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
-    """A run that holds slot `s` until `gate` (a fifo, made here) is written, then `after_gate` s
-    more, and `queued` runs of `each` s each, every one said to be waiting behind it; all log
-    their intervals to `log`."""
-    os.mkfifo(gate)  # the holder holds the slot until the test writes to it (the server gone)
-    held = (f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; sleep {after_gate}; '
-            f'echo "end holder $EPOCHREALTIME" >> {log}')
+def _holding(slots: Any, tmp_path: Any, log: Any, gate: Any, after_gate: float = 0.0) -> subprocess.Popen[str]:
+    """A run that owns slot `s` (started, logging to `log`) and holds it until `gate` (a fifo,
+    made here) is written, then `after_gate` s more."""
+    os.mkfifo(gate)  # the holder holds the slot until the test writes to it
+    then = f"sleep {after_gate}; " if after_gate else ""
+    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; {then}echo "end holder $EPOCHREALTIME" >> {log}'
     holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    return holder
+
+
+def _queues_behind_and_runs(slots: Any, tmp_path: Any, log: Any, gate: Any, holder: subprocess.Popen[str]) -> None:
+    """A second run of slot `s` is told it waits behind `holder`; once `gate` lets the holder
+    end, both exit 0, one after the other."""
+    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
+    assert second.stderr is not None
+    line = second.stderr.readline()
+    assert "waiting, position 1" in line, line
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+
+
+def _held_and_queued(slots: Any, tmp_path: Any, log: Any, gate: Any, *, after_gate: float, queued: int,
+                     each: float) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
+    """`_holding`, and `queued` runs of `each` s each, every one said to be waiting behind it;
+    all log their intervals to `log`."""
+    holder = _holding(slots, tmp_path, log, gate, after_gate)
     waiting = [start(slots, tmp_path, "--slot", "s", *owner(log, each, f"q{n}")) for n in range(queued)]
     for proc in waiting:
         assert proc.stderr is not None and "waiting" in proc.stderr.readline()
@@ -275,21 +294,10 @@ def test_a_socket_removed_under_the_server_is_served_again(slots: Any, tmp_path:
     server binds it again, so the next run queues behind the owner and runs, status 0, instead
     of starting a server that finds this one holding the lock and failing after its wait; the
     server says so once in its log."""
-    log = tmp_path / "owners.log"
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
-    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
-    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
-    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    holder = _holding(slots, tmp_path, log, gate)
     (slots / "slots.sock").unlink()
-    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
-    assert second.stderr is not None
-    line = second.stderr.readline()
-    assert "waiting, position 1" in line, line
-    with open(gate, "w") as release:
-        release.write("go\n")
-    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
-    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    _queues_behind_and_runs(slots, tmp_path, log, gate, holder)
     assert (slots / _leases.LOG_NAME).read_text().count("was removed or replaced; serving it again") == 1
 
 
@@ -319,25 +327,14 @@ def test_a_slot_directory_removed_under_the_server_is_made_again_and_served(slot
     socket, so a run started then queues behind the owner. (The server went on serving only the
     connections it had, and the next run, finding neither socket nor lock, started a second
     server, which granted the slot the first one's owner still held.)"""
-    log = tmp_path / "owners.log"
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
-    held = f'echo "start holder $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end holder $EPOCHREALTIME" >> {log}'
-    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
-    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    holder = _holding(slots, tmp_path, log, gate)
     shutil.rmtree(slots)
     wait_for(lambda: stat.S_ISSOCK(os.lstat(slots / "slots.sock").st_mode) if (slots / "slots.sock").exists()
              else False, timeout=10)
     assert stat.S_IMODE(os.stat(slots).st_mode) == 0o700
     assert json.loads((slots / _leases.STATE_NAME).read_text())[0]["slot"] == "s"
-    second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.05, "second"))
-    assert second.stderr is not None
-    line = second.stderr.readline()
-    assert "waiting, position 1" in line, line
-    with open(gate, "w") as release:
-        release.write("go\n")
-    assert [finish(holder)[0], finish(second)[0]] == [0, 0]
-    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["holder", "second"]
+    _queues_behind_and_runs(slots, tmp_path, log, gate, holder)
     assert len(server_pids(slots)) == 1
 
 
