@@ -52,19 +52,27 @@ def _ended(proc: subprocess.Popen[str], signum: int = signal.SIGTERM) -> tuple[i
     return proc.returncode, stderr
 
 
-def test_usr1_and_usr2_reach_the_command_and_the_run_goes_on_until_sigterm(tmp_path: pathlib.Path) -> None:
-    """Each of SIGUSR1 and SIGUSR2 to mpvisor reaches the command, which handles it; mpvisor
-    runs on, and SIGTERM still ends the run as before (death by SIGTERM)."""
+def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.Signals) -> str:
+    """`mpvisor run -- bash -c TRAPPING` (its lines to `tmp_path/out`): each of `signals` sent to
+    mpvisor reaches the command, whose trap writes `got-<name>`, and the run goes on until
+    SIGTERM ends it (death by SIGTERM). Its stderr."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=_env(F=str(out)))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
-    proc.send_signal(signal.SIGUSR1)
-    wait_for(lambda: "got-usr1" in _lines(out), timeout=10)
-    proc.send_signal(signal.SIGUSR2)
-    wait_for(lambda: "got-usr2" in _lines(out), timeout=10)
+    for signum in signals:
+        proc.send_signal(signum)
+        got = f"got-{signum.name.removeprefix('SIG').lower()}"
+        wait_for(lambda got=got: got in _lines(out), timeout=10)
     assert proc.poll() is None
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
+    return stderr
+
+
+def test_usr1_and_usr2_reach_the_command_and_the_run_goes_on_until_sigterm(tmp_path: pathlib.Path) -> None:
+    """Each of SIGUSR1 and SIGUSR2 to mpvisor reaches the command, which handles it; mpvisor
+    runs on, and SIGTERM still ends the run as before (death by SIGTERM)."""
+    stderr = _handled_and_run_on(tmp_path, TRAPPING, signal.SIGUSR1, signal.SIGUSR2)
     assert "not passed on" not in stderr, stderr
 
 
@@ -192,16 +200,9 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     program's dump request) is passed on as SIGUSR1 is: the command's handler runs, the run goes
     on; a command without a handler dies by it (status 131, as a task that died by signal 3),
     and no process of its tree is left once mpvisor has exited."""
-    out = tmp_path / "out"
-    trapping = f'trap "echo got-quit >> $F" QUIT; {TRAPPING}'
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
-    wait_for(lambda: "ready" in _lines(out), timeout=20)
-    proc.send_signal(signal.SIGQUIT)
-    wait_for(lambda: "got-quit" in _lines(out), timeout=10)
-    assert proc.poll() is None
-    status, stderr = _ended(proc)
-    assert status == -signal.SIGTERM, stderr
+    _handled_and_run_on(tmp_path, f'trap "echo got-quit >> $F" QUIT; {TRAPPING}', signal.SIGQUIT)
 
+    out = tmp_path / "out"
     out.unlink()
     plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=_env(F=str(out)))
@@ -258,14 +259,7 @@ def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_
     """SIGWINCH to mpvisor (httpd's graceful stop, its image's STOPSIGNAL) reaches the command,
     whose handler runs; during a backoff no process can take it, and nothing is said (a
     terminal sends one at every resize), where SIGUSR1 then gets its line."""
-    out = tmp_path / "out"
-    trapping = f'trap "echo got-winch >> $F" WINCH; {TRAPPING}'
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
-    wait_for(lambda: "ready" in _lines(out), timeout=20)
-    proc.send_signal(signal.SIGWINCH)
-    wait_for(lambda: "got-winch" in _lines(out), timeout=10)
-    status, stderr = _ended(proc)
-    assert status == -signal.SIGTERM, stderr
+    _handled_and_run_on(tmp_path, f'trap "echo got-winch >> $F" WINCH; {TRAPPING}', signal.SIGWINCH)
 
     proc = _in_a_backoff(tmp_path)
     proc.send_signal(signal.SIGWINCH)
