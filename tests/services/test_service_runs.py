@@ -538,14 +538,21 @@ def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken
     assert "services.toml: 4 tasks: 4 canceled; exit status 143" in err, err
 
 
-def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_shutdown(run: Run, tmp_path: pathlib.Path) -> None:
-    """With NOTIFY_SOCKET set, the run sends READY=1 once every service with readiness is ready,
-    watchdog pings when WATCHDOG_USEC asks, and STOPPING=1 at shutdown; its tasks do not see
-    systemd's socket."""
+def _systemd_listening(tmp_path: pathlib.Path) -> tuple[str, socket.socket]:
+    """systemd's side of the notify protocol: a datagram socket (its path, for NOTIFY_SOCKET)
+    whose reads give up after 20 s."""
     path = str(tmp_path / "systemd.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(path)
     listener.settimeout(20)
+    return path, listener
+
+
+def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_shutdown(run: Run, tmp_path: pathlib.Path) -> None:
+    """With NOTIFY_SOCKET set, the run sends READY=1 once every service with readiness is ready,
+    watchdog pings when WATCHDOG_USEC asks, and STOPPING=1 at shutdown; its tasks do not see
+    systemd's socket."""
+    path, listener = _systemd_listening(tmp_path)
     run.write("""
         [task.db]
         target = "workers.services:serve"
@@ -579,10 +586,7 @@ def test_under_systemd_a_service_not_started_because_its_dependency_failed_does_
     """A task with a `ready` check left not started (what it comes after ended for good) has
     ended: once nothing waits or starts, READY=1 goes out (it never did, so `systemctl start`
     hung until its TimeoutStartSec and the unit failed, though the rest served)."""
-    path = str(tmp_path / "systemd.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(path)
-    listener.settimeout(20)
+    path, listener = _systemd_listening(tmp_path)
     run.write("""
         [task.db]
         command = ["sh", "-c", "exit 3"]
