@@ -108,6 +108,32 @@ if __name__ == "__main__":
     assert total == {PRIMES_BELOW_LIMIT}, total
 """
 
+# An attempt of a target defined in the script that runs the supervisor, the script importing the
+# task model at its top as the README's does (each attempt executes the script afresh), against
+# the same target in a module of its own; per attempt, one at a time, after a warm-up.
+SCRIPT_TARGET = """\
+import sys
+import time
+
+import mpvisor
+from mpvisor import BackoffPolicy, SupervisorConfig, TaskFn, TaskSpec
+
+
+def noop():
+    return None
+
+
+if __name__ == "__main__":
+    import script_target_module
+    target = noop if sys.argv[1] == "script" else script_target_module.noop
+    mpvisor.run([TaskSpec.once(TaskFn("warm-up", target))])
+    specs = [TaskSpec.once(TaskFn(f"t{i}", target)) for i in range(40)]
+    began = time.perf_counter()
+    outcomes = mpvisor.run(specs, SupervisorConfig(max_concurrent=1))
+    assert all(o.is_success() for o in outcomes.values()), outcomes
+    print((time.perf_counter() - began) / len(specs))
+"""
+
 # What `mpvisor check FILE` cannot do without: the command line, a TOML reader, the task model's
 # dataclasses (a floor, measured beside the goals it bounds: see FLOORS).
 CHECK_FLOOR = "import gc; gc.disable(); import argparse, tomllib, dataclasses"
@@ -553,6 +579,20 @@ def main() -> None:
           f"{'':13s} {'<= 0.25 ms':>10s} {verdict}  ({per_attempt / 0.25:.1f}x the goal; {rate:.0f} attempts/s)")
     print(f"{'  beside it, per attempt: the launcher (guardian + fork server)':68s} {launcher:6.3f} ms; "
           f"the attempt process itself {attempt:.3f} ms")
+
+    script = os.path.join(work, "script_target.py")
+    with open(script, "w") as f:
+        f.write(SCRIPT_TARGET)
+    with open(os.path.join(work, "script_target_module.py"), "w") as f:
+        f.write("def noop():\n    return None\n")
+    per = {"script": [], "module": []}
+    for _ in range(2 if args.quick else 5):
+        for where in per:
+            done = subprocess.run([PYTHON, script, where], env=base, cwd=work, capture_output=True, text=True, check=True)
+            per[where].append(float(done.stdout))
+    in_script, in_module = (statistics.median(per[w]) * 1000 for w in ("script", "module"))
+    print(f"{'an attempt of a target in the script that imports the task model':68s} {in_script:6.2f} ms; "
+          f"in a module of its own {in_module:.2f} ms (one at a time, 40 attempts)")
 
     if args.profile:
         runs = 2 if args.quick else 5
