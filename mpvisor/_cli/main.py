@@ -135,7 +135,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     parser, _ = make_parser(_wanted(own))
     args, unknown = parser.parse_known_args(own)
     if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`)
-        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.parser.unrecognized(unknown)
     args.command = command
     if command and not args.handler.TAKES_COMMAND:
         args.parser.error(f"unrecognized arguments: -- {' '.join(command)}")

@@ -144,6 +144,10 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
         (["run", "workers.basic:echo", "-Infinity"], ["unrecognized arguments: -Infinity"]),
+        # a misspelt option is named (with the option it resembles), not the value it left behind as TARGET
+        (["run", "--timout", "5", "--", "true"], ["unrecognized arguments: --timout (did you mean --timeout?)"]),
+        (["run", "-t", "5", "workers.basic:echo", "nan"], ["unrecognized arguments: -t "]),
+        (["status", "--jsn"], ["mpvisor status: error: unrecognized arguments: --jsn (did you mean --json?)"]),
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
