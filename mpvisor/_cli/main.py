@@ -134,8 +134,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     own, command = _split_command(argv)
     parser, _ = make_parser(_wanted(own))
     args, unknown = parser.parse_known_args(own)
-    if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`)
-        args.parser.unrecognized(unknown)
+    if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`), else by mpvisor's
+        getattr(args, "parser", parser).unrecognized(unknown)  # (`mpvisor --bogus run`: no command's parser was made)
     args.command = command
     if command and not args.handler.TAKES_COMMAND:
         args.parser.error(f"unrecognized arguments: -- {' '.join(command)}")

@@ -94,7 +94,7 @@ class UsageParser(argparse.ArgumentParser):
 
         known = [option for option in self._option_string_actions if option.startswith("--")]
         guesses = [match for word in words if word.startswith("--")
-                   for match in get_close_matches(word.partition("=")[0], known, n=1)]
+                   for match in get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.8)]
         hint = f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
         self.error(f"unrecognized arguments: {' '.join(words)}{hint}")
 

@@ -148,6 +148,7 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--timout", "5", "--", "true"], ["unrecognized arguments: --timout (did you mean --timeout?)"]),
         (["run", "-t", "5", "workers.basic:echo", "nan"], ["unrecognized arguments: -t "]),
         (["status", "--jsn"], ["mpvisor status: error: unrecognized arguments: --jsn (did you mean --json?)"]),
+        (["--bogus", "run", "--", "true"], ["mpvisor: error: unrecognized arguments: --bogus"]),  # (a traceback)
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
