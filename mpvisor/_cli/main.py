@@ -92,7 +92,7 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def make_parser(wanted: str | None = "") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def make_parser(wanted: str | None = "") -> tuple[UsageParser, dict[str, argparse.ArgumentParser]]:
     """The `mpvisor` parser, and each command's parser by its name (`"slots serve"` included).
     Only the commands of the first word `wanted` (`"slots"` for `slots serve`) get their
     arguments, their modules imported; `""`: every command's; None: none (`--help`, `--version`)."""
