@@ -20,6 +20,7 @@ returns: every path ends in `os._exit`.
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
+| cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")` | its status / 127 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 | has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
@@ -336,7 +337,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
-    ending, die_by = _call(target, args, kwargs, ctx)
+    ending, die_by = _call(target, args, kwargs, ctx, start.target)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
 
 
@@ -423,11 +424,15 @@ def _unguarded_reason(start: Start) -> str:
     )
 
 
-def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> tuple[Message, int]:
+def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext,
+          name: str) -> tuple[Message, int]:
     """Call the target; how it ended, as the report to send (described with `_describe` and
     `_traceback`, which never raise, whatever the exception's own hooks do), and the signal the
     attempt then dies by (0: none): SIGINT after a `KeyboardInterrupt` escaped the target, as
-    Python itself dies after Ctrl-C."""
+    Python itself dies after Ctrl-C. A `TypeError` of the call itself, before any frame of the
+    target ran (the arguments do not fit its signature: `missing 1 required positional
+    argument`), is `fatal`, as a target that is not callable is: every attempt would be called
+    with the same arguments."""
     try:
         try:
             _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
@@ -447,7 +452,10 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _release_frames(exc)
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), int(signal.SIGINT)
     except BaseException as exc:
+        refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)
+        if refused:  # raised by the call in this frame: no frame of the target's ever ran
+            return Failure("fatal", f"target {name!r} cannot take the arguments given: {_describe(exc)}"), 0
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
 
 

@@ -572,6 +572,24 @@ def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
     assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
 
 
+def test_a_target_called_with_arguments_it_cannot_take_is_fatal_and_never_retried(tmp_path):
+    """`mpvisor run --restart on-failure workers.basic:sleeper` (its `t` left out) ends at its
+    first attempt, `fatal`, as a target that is not callable does: every retry would be called
+    the same way (it was retried without end). A TypeError the target itself raises is still a
+    retryable failure."""
+    wrong = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "2", "--backoff", "0.01",
+                    "workers.basic:sleeper")
+    assert wrong.returncode == 1 and wrong.stderr.splitlines() == [outcome_line(wrong.stderr)], wrong.stderr
+    assert outcome_line(wrong.stderr) == (
+        "mpvisor: sleeper: fatal reason=\"target 'workers.basic:sleeper' cannot take the arguments given: TypeError: "
+        "sleeper() missing 1 required positional argument: 't'\" exit_code=None attempts=1"), wrong.stderr
+    inside = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+                     "workers.basic:raise_exc", "TypeError", "its own")
+    assert inside.returncode == 1, inside.stderr
+    assert outcome_line(inside.stderr).endswith("failed reason='retry limit reached after 1 of 1 retries: TypeError: "
+                                                "its own' exit_code=None attempts=2"), inside.stderr
+
+
 def test_forked_workers_of_a_timed_out_target_end_quietly(tmp_path):
     """A target's fork `multiprocessing.Pool` workers inherit the attempt's SIGTERM handler: on
     the timeout's SIGTERM they die by it, as without mpvisor, and print nothing (each printed a
