@@ -18,6 +18,7 @@ returns: every path ends in `os._exit`.
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
+| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt")`, retryable | death by SIGINT, as Python's |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
@@ -312,7 +313,12 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     except BaseException as exc:
         _release_frames(exc)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"
-        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc, _IMPORT_MACHINERY)))
+        # interrupted (Ctrl-C while it imported): no fault of the target's, and the attempt dies
+        # by SIGINT as Python does, as it would once the target was called (`_call`)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        kind = "error" if interrupted else _kind_of_failing(exc)
+        _finish(channel, Failure(kind, reason, traceback=_traceback(exc, _IMPORT_MACHINERY)),
+                die_by=int(signal.SIGINT) if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
