@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
     and one line on stderr, if stderr can be written, says which stream and why."""
     with guarded_output():
         try:
+            interruptible()
             args, _ = parse(list(sys.argv[1:] if argv is None else argv))
             if imported is not None:
                 imported()
@@ -180,6 +181,14 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
     if status < 0:
         return _die_by(-status)
     return status
+
+
+def interruptible() -> None:
+    """From here on a SIGINT is Python's `KeyboardInterrupt`, which `main` turns into a death by
+    SIGINT once its output is flushed (the console script gave SIGINT its default action while
+    it started: `entry._quiet_sigint`)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _code_of(exc: SystemExit) -> int:

@@ -256,6 +256,26 @@ def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pat
     assert "got-term" in _lines(out), stderr
 
 
+def test_a_sigint_as_mpvisor_starts_ends_it_by_sigint_without_a_traceback(tmp_path: pathlib.Path) -> None:
+    """A Ctrl-C while `mpvisor run` starts (here a SIGINT already pending, blocked in the mask it
+    inherits, so that it comes in as soon as mpvisor's own code runs and unblocks it) printed a
+    `KeyboardInterrupt` traceback from whatever was being imported (status 1 while the command's
+    modules were imported); now mpvisor dies by SIGINT and says nothing, as the bare command
+    would have, and its command never started."""
+    def pending_sigint() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        os.kill(os.getpid(), signal.SIGINT)
+
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=_env(),
+                  preexec_fn=pending_sigint)
+    try:
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", ""), stderr
+
+
 def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_line(tmp_path: pathlib.Path) -> None:
     """SIGWINCH to mpvisor (httpd's graceful stop, its image's STOPSIGNAL) reaches the command,
     whose handler runs; during a backoff no process can take it, and nothing is said (a
