@@ -271,9 +271,27 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
 
 def _exec_error(program: str, exc: OSError) -> str:
     """Why `program` could not be executed, in the words bash uses: `execve` says EACCES
-    (Permission denied) of a directory, even to root, where bash says "Is a directory"."""
+    (Permission denied) of a directory, even to root, where bash says "Is a directory"; and
+    ENOENT (No such file or directory) of a program that is there but whose `#!` interpreter
+    (or a binary's loader) is not, where bash says "required file not found": the interpreter
+    is named, and a carriage return after it (a file saved with Windows line endings) said."""
     if exc.errno == errno.EACCES and "/" in program and os.path.isdir(program):
         return os.strerror(errno.EISDIR)
+    if exc.errno == errno.ENOENT:
+        import shutil
+
+        found = program if "/" in program else shutil.which(program, path=os.environ.get("PATH", os.defpath))
+        try:
+            with open(found or "", "rb") as file:
+                head = file.read(256)
+        except OSError:
+            return exc.strerror or str(exc)  # not there (or not readable: nothing more to say)
+        if head.startswith(b"#!"):
+            interpreter = head[2:].partition(b"\n")[0].lstrip(b" \t").split(b" ")[0].split(b"\t")[0]
+            name, carriage = os.fsdecode(interpreter.rstrip(b"\r")), interpreter.endswith(b"\r")
+            said = f"its interpreter {name!r} (its #! line) was not found"
+            return said + (", a carriage return after it: Windows line endings" if carriage else "")
+        return "required file not found (its interpreter or loader)"
     return exc.strerror or str(exc)
 
 

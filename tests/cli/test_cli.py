@@ -710,6 +710,14 @@ def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_execvp_runs_
     binary.chmod(0o755)
     done = mpvisor(tmp_path, "run", "--", "./not-an-elf")
     assert done.returncode == 126 and "Exec format error" in outcome_line(done.stderr), done.stderr
+    # there, but its interpreter is not (a file saved with Windows line endings): named, not "No such file"
+    crlf = tmp_path / "crlf.sh"
+    crlf.write_bytes(b"#!/bin/sh\r\necho hi\r\n")
+    crlf.chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", "./crlf.sh")
+    assert done.returncode == 127, done.stderr
+    assert "cannot execute './crlf.sh': its interpreter '/bin/sh' (its #! line) was not found, a carriage return " \
+           "after it: Windows line endings" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("ignored", ["", "HUP", "INT QUIT", "HUP INT QUIT"])
