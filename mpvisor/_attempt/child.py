@@ -18,8 +18,10 @@ returns: every path ends in `os._exit`.
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
+| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt")`, retryable | death by SIGINT, as Python's |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
+| cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
 | is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")` | its status / 127 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 | has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
@@ -269,9 +271,27 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
 
 def _exec_error(program: str, exc: OSError) -> str:
     """Why `program` could not be executed, in the words bash uses: `execve` says EACCES
-    (Permission denied) of a directory, even to root, where bash says "Is a directory"."""
+    (Permission denied) of a directory, even to root, where bash says "Is a directory"; and
+    ENOENT (No such file or directory) of a program that is there but whose `#!` interpreter
+    (or a binary's loader) is not, where bash says "required file not found": the interpreter
+    is named, and a carriage return after it (a file saved with Windows line endings) said."""
     if exc.errno == errno.EACCES and "/" in program and os.path.isdir(program):
         return os.strerror(errno.EISDIR)
+    if exc.errno == errno.ENOENT:
+        import shutil
+
+        found = program if "/" in program else shutil.which(program, path=os.environ.get("PATH", os.defpath))
+        try:
+            with open(found or "", "rb") as file:
+                head = file.read(256)
+        except OSError:
+            return exc.strerror or str(exc)  # not there (or not readable: nothing more to say)
+        if head.startswith(b"#!"):
+            interpreter = head[2:].partition(b"\n")[0].lstrip(b" \t").split(b" ")[0].split(b"\t")[0]
+            name, carriage = os.fsdecode(interpreter.rstrip(b"\r")), interpreter.endswith(b"\r")
+            said = f"its interpreter {name!r} (its #! line) was not found"
+            return said + (", a carriage return after it: Windows line endings" if carriage else "")
+        return "required file not found (its interpreter or loader)"
     return exc.strerror or str(exc)
 
 
@@ -311,7 +331,12 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     except BaseException as exc:
         _release_frames(exc)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"
-        _finish(channel, Failure(_kind_of_failing(exc), reason, traceback=_traceback(exc, _IMPORT_MACHINERY)))
+        # interrupted (Ctrl-C while it imported): no fault of the target's, and the attempt dies
+        # by SIGINT as Python does, as it would once the target was called (`_call`)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        kind = "error" if interrupted else _kind_of_failing(exc)
+        _finish(channel, Failure(kind, reason, traceback=_traceback(exc, _IMPORT_MACHINERY)),
+                die_by=int(signal.SIGINT) if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
@@ -336,7 +361,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, Failure("canceled", "canceled before the target was called"))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
-    ending, die_by = _call(target, args, kwargs, ctx)
+    ending, die_by = _call(target, args, kwargs, ctx, start.target)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
 
 
@@ -423,11 +448,15 @@ def _unguarded_reason(start: Start) -> str:
     )
 
 
-def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext) -> tuple[Message, int]:
+def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.TaskContext,
+          name: str) -> tuple[Message, int]:
     """Call the target; how it ended, as the report to send (described with `_describe` and
     `_traceback`, which never raise, whatever the exception's own hooks do), and the signal the
     attempt then dies by (0: none): SIGINT after a `KeyboardInterrupt` escaped the target, as
-    Python itself dies after Ctrl-C."""
+    Python itself dies after Ctrl-C. A `TypeError` of the call itself, before any frame of the
+    target ran (the arguments do not fit its signature: `missing 1 required positional
+    argument`), is `fatal`, as a target that is not callable is: every attempt would be called
+    with the same arguments."""
     try:
         try:
             _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
@@ -447,7 +476,10 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _release_frames(exc)
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), int(signal.SIGINT)
     except BaseException as exc:
+        refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)
+        if refused:  # raised by the call in this frame: no frame of the target's ever ran
+            return Failure("fatal", f"target {name!r} cannot take the arguments given: {_describe(exc)}"), 0
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
 
 

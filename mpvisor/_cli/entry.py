@@ -2,8 +2,10 @@
 
 `cli` is the console script (and `python -m mpvisor`). It is imported before anything heavy:
 
-0. It first unblocks every signal (a mask inherited from whoever started it would keep its
-   SIGTERM pending forever), and notes the fds above 2 it inherited, which `mpvisor run` passes
+0. It first gives SIGINT its default action, so that a Ctrl-C before `main` takes it ends the
+   command by SIGINT, silently, as it ends a bare command (not as a `KeyboardInterrupt`
+   traceback from an import); then it unblocks every signal (a mask inherited from whoever
+   started it would keep its SIGTERM pending forever), and notes the fds above 2 it inherited, which `mpvisor run` passes
    on to its command. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
    as the namespace's init, reaping every orphan and passing signals on, and the child runs
    the command (`_cli/pid1.py`).
@@ -32,6 +34,7 @@
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C module, loaded at start-up (`signal` would import `enum` into `--version`)
 import atexit
 import gc
 import os
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 
 
 def cli() -> NoReturn:
+    _quiet_sigint()  # before a SIGINT pending in the inherited mask can come in (`_unblock_signals`)
     _unblock_signals()
     inherited = _inherited_fds()  # before anything is opened: what the bare command would inherit
     if inherited:
@@ -75,6 +79,8 @@ def cli() -> NoReturn:
         status = main(argv, imported=_imported)
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except KeyboardInterrupt:  # a Ctrl-C as the command ends (`main` took it from its start): its death
+        status = -_SIGINT
     except BaseException as exc:  # a bug: its traceback, as the interpreter would print it
         status = _unexpected(exc)
     started = sys.modules.get("mpvisor._launchers.local.early")  # imported: it may have started one
@@ -102,13 +108,22 @@ def _inherited_fds() -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+_SIGINT = 2  # signal.SIGINT, without importing `signal` (and `enum`) into `--version`
+
+
+def _quiet_sigint() -> None:
+    """Until `main` takes SIGINT (`main.interruptible`), a Ctrl-C ends the command at once by
+    SIGINT, as it ends a bare command, rather than as a `KeyboardInterrupt` traceback from
+    whatever was being imported. (SIGINT found ignored, in a shell's background job, stays so.)"""
+    if _signal.getsignal(_SIGINT) is _signal.default_int_handler:
+        _signal.signal(_SIGINT, _signal.SIG_DFL)
+
+
 def _unblock_signals() -> None:
     """Block no signal: a mask inherited from whoever started `mpvisor` (a program that blocked
     signals in the thread that forked it) would leave a SIGTERM, SIGINT or SIGHUP pending
     forever, and the run would never stop. (The launcher clears its own mask too: the library's
     runs have one.)"""
-    import _signal  # type: ignore[import-not-found]  # the C module, loaded at start-up (`signal` would import `enum` into `--version`)
-
     _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
 
@@ -162,6 +177,7 @@ def _keeps_stdout(argv: list[str]) -> bool:
 
 
 def _exit(status: int) -> NoReturn:
+    """Exit with `status`, or die by signal N for `-N` (128 + N should it not end the process)."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -169,4 +185,7 @@ def _exit(status: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(status & 0xFF if status >= 0 else 1)
+    if status < 0:
+        _signal.signal(-status, _signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status & 0xFF if status >= 0 else 128 - status)

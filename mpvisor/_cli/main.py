@@ -92,7 +92,7 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def make_parser(wanted: str | None = "") -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def make_parser(wanted: str | None = "") -> tuple[UsageParser, dict[str, argparse.ArgumentParser]]:
     """The `mpvisor` parser, and each command's parser by its name (`"slots serve"` included).
     Only the commands of the first word `wanted` (`"slots"` for `slots serve`) get their
     arguments, their modules imported; `""`: every command's; None: none (`--help`, `--version`)."""
@@ -134,8 +134,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     own, command = _split_command(argv)
     parser, _ = make_parser(_wanted(own))
     args, unknown = parser.parse_known_args(own)
-    if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`)
-        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`), else by mpvisor's
+        getattr(args, "parser", parser).unrecognized(unknown)  # (`mpvisor --bogus run`: no command's parser was made)
     args.command = command
     if command and not args.handler.TAKES_COMMAND:
         args.parser.error(f"unrecognized arguments: -- {' '.join(command)}")
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
     and one line on stderr, if stderr can be written, says which stream and why."""
     with guarded_output():
         try:
+            interruptible()
             args, _ = parse(list(sys.argv[1:] if argv is None else argv))
             if imported is not None:
                 imported()
@@ -178,8 +179,16 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
             status = _code_of(exc)
         status = settle_output(status)
     if status < 0:
-        return _die_by(signal.Signals(-status))
+        return _die_by(-status)
     return status
+
+
+def interruptible() -> None:
+    """From here on a SIGINT is Python's `KeyboardInterrupt`, which `main` turns into a death by
+    SIGINT once its output is flushed (the console script gave SIGINT its default action while
+    it started: `entry._quiet_sigint`)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _code_of(exc: SystemExit) -> int:
@@ -189,15 +198,26 @@ def _code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _die_by(signum: signal.Signals) -> int:
-    """Die by `signum` (its default action), as a well-behaved interrupted program does; the
-    status 128 + N is the fallback should the signal not end the process."""
+def _die_by(signum: int) -> int:
+    """Die by `signum` (its default action), as a well-behaved interrupted program does, and as
+    `timeout` passes on its command's death: without a core dump of this process's own (a
+    SIGSEGV or SIGABRT was the task's). The status 128 + N is the fallback should the signal not
+    end the process (PID 1 of a container)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    signal.signal(signum, signal.SIG_DFL)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL has no other action
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)
     return 128 + signum

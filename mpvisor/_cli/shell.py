@@ -72,15 +72,50 @@ class UsageParser(argparse.ArgumentParser):
     never an option (no option of mpvisor looks like that), so `--intensity -1/5` reaches its
     parser and is refused naming the option and the value, as `--grace -1` is; argparse alone
     takes only plain negative numbers for values. An option left without its value says how to
-    give one that starts with `-` (`--slot=-x`)."""
+    give one that starts with `-` (`--slot=-x`).
+
+    A word that is no option of the command's is named before any positional's bad value: in
+    `mpvisor run --timout 5 -- true` the error is the misspelt `--timout` (and the option it
+    resembles), not the `5` it left behind as a TARGET."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-[\d.]")
+        self._bad_positional: str | None = None  # a positional's refused value, said after unknown words
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unrecognized(self, words: list[str]) -> NoReturn:
+        """The usage error for words that are none of this parser's options or arguments, with
+        the option a misspelt one resembles (`--timout`: did you mean --timeout?)."""
+        from difflib import get_close_matches  # on this error's path only
+
+        known = [option for option in self._option_string_actions if option.startswith("--")]
+        guesses = [match for word in words if word.startswith("--")
+                   for match in get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.8)]
+        hint = f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
+        self.error(f"unrecognized arguments: {' '.join(words)}{hint}")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._bad_positional = None
+        namespace, extras = super().parse_known_args(args, namespace)
+        if self._bad_positional is not None:  # what came of an unknown word is not the error to say
+            if any(word.startswith("-") for word in extras):
+                self.unrecognized(extras)
+            self.error(self._bad_positional)
+        return namespace, extras
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if action.option_strings:
+            return super()._get_value(action, arg_string)
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:  # said once parsing has seen every word (`parse_known_args`)
+            if self._bad_positional is None:
+                self._bad_positional = str(exc)  # the first one, as argparse would have said it
+            return arg_string
 
     def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:
         try:

@@ -100,17 +100,37 @@ def test_exit_status_and_outcome_line(tmp_path, argv, status, words):
 @pytest.mark.parametrize(
     "argv, status",
     [
-        (["workers.misbehave:self_kill"], 128 + signal.SIGKILL),
-        (["workers.misbehave:segfault"], 128 + signal.SIGSEGV),
+        (["workers.misbehave:self_kill"], -signal.SIGKILL),
+        (["workers.misbehave:segfault"], -signal.SIGSEGV),
         (["workers.misbehave:sys_exit", "0"], 1),
         (["workers.basic:failing", "0"], 1),
         (["workers.basic:failing", "300"], 1),
     ],
 )
 def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
-    """Deaths by signal give 128+N; exit code 0, None or out of range give 1."""
+    """A death by signal N is passed on: mpvisor dies by N too, after its outcome line (a shell
+    sees 128+N); exit code 0, None or out of range give 1."""
     done = mpvisor(tmp_path, "run", *argv)
     assert done.returncode == status, done.stderr
+    assert outcome_line(done.stderr).startswith("mpvisor: "), done.stderr
+
+
+def test_a_commands_death_by_a_signal_is_mpvisors_without_a_core_dump_of_its_own(tmp_path):
+    """As `timeout` passes it on: the shell sees the command's SIGSEGV (and says `Segmentation
+    fault`, as for the bare command), but mpvisor, allowed to dump core, dumps none: the fault
+    was the command's."""
+    import resource
+
+    def cores_allowed() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.getrlimit(resource.RLIMIT_CORE)[1],) * 2)
+
+    run = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--", "sh", "-c", "ulimit -c 0; kill -SEGV $$"],
+                           cwd=tmp_path, env=cli_env(), stderr=subprocess.PIPE, text=True, preexec_fn=cores_allowed)
+    _, err = run.communicate(timeout=30)
+    status = run.returncode
+    assert status == -signal.SIGSEGV, err
+    assert "killed by signal SIGSEGV (11)' exit_code=-11 attempts=1" in outcome_line(err), err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("core")], os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -552,6 +572,24 @@ def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
     assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
 
 
+def test_a_target_called_with_arguments_it_cannot_take_is_fatal_and_never_retried(tmp_path):
+    """`mpvisor run --restart on-failure workers.basic:sleeper` (its `t` left out) ends at its
+    first attempt, `fatal`, as a target that is not callable does: every retry would be called
+    the same way (it was retried without end). A TypeError the target itself raises is still a
+    retryable failure."""
+    wrong = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "2", "--backoff", "0.01",
+                    "workers.basic:sleeper")
+    assert wrong.returncode == 1 and wrong.stderr.splitlines() == [outcome_line(wrong.stderr)], wrong.stderr
+    assert outcome_line(wrong.stderr) == (
+        "mpvisor: sleeper: fatal reason=\"target 'workers.basic:sleeper' cannot take the arguments given: TypeError: "
+        "sleeper() missing 1 required positional argument: 't'\" exit_code=None attempts=1"), wrong.stderr
+    inside = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
+                     "workers.basic:raise_exc", "TypeError", "its own")
+    assert inside.returncode == 1, inside.stderr
+    assert outcome_line(inside.stderr).endswith("failed reason='retry limit reached after 1 of 1 retries: TypeError: "
+                                                "its own' exit_code=None attempts=2"), inside.stderr
+
+
 def test_forked_workers_of_a_timed_out_target_end_quietly(tmp_path):
     """A target's fork `multiprocessing.Pool` workers inherit the attempt's SIGTERM handler: on
     the timeout's SIGTERM they die by it, as without mpvisor, and print nothing (each printed a
@@ -672,6 +710,14 @@ def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_execvp_runs_
     binary.chmod(0o755)
     done = mpvisor(tmp_path, "run", "--", "./not-an-elf")
     assert done.returncode == 126 and "Exec format error" in outcome_line(done.stderr), done.stderr
+    # there, but its interpreter is not (a file saved with Windows line endings): named, not "No such file"
+    crlf = tmp_path / "crlf.sh"
+    crlf.write_bytes(b"#!/bin/sh\r\necho hi\r\n")
+    crlf.chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", "./crlf.sh")
+    assert done.returncode == 127, done.stderr
+    assert "cannot execute './crlf.sh': its interpreter '/bin/sh' (its #! line) was not found, a carriage return " \
+           "after it: Windows line endings" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("ignored", ["", "HUP", "INT QUIT", "HUP INT QUIT"])

@@ -198,7 +198,8 @@ def test_a_signal_passed_on_leaves_a_stopped_command_stopped_and_an_ending_one_c
 def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pathlib.Path) -> None:
     """SIGQUIT to mpvisor (nginx's and a container's graceful-stop signal, a Go or Java
     program's dump request) is passed on as SIGUSR1 is: the command's handler runs, the run goes
-    on; a command without a handler dies by it (status 131, as a task that died by signal 3),
+    on; a command without a handler dies by it, and so does mpvisor, as for any task that died by a
+    signal (a shell sees 131),
     and no process of its tree is left once mpvisor has exited."""
     _handled_and_run_on(tmp_path, f'trap "echo got-quit >> $F" QUIT; {TRAPPING}', signal.SIGQUIT)
 
@@ -213,7 +214,7 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     finally:
         proc.kill()
         proc.communicate()
-    assert proc.returncode == 128 + signal.SIGQUIT, stderr
+    assert proc.returncode == -signal.SIGQUIT, stderr
     assert "killed by signal SIGQUIT" in stderr, stderr
 
 
@@ -253,6 +254,26 @@ def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pat
     status, stderr = _ended(proc)
     assert status == -signal.SIGTERM, stderr
     assert "got-term" in _lines(out), stderr
+
+
+def test_a_sigint_as_mpvisor_starts_ends_it_by_sigint_without_a_traceback(tmp_path: pathlib.Path) -> None:
+    """A Ctrl-C while `mpvisor run` starts (here a SIGINT already pending, blocked in the mask it
+    inherits, so that it comes in as soon as mpvisor's own code runs and unblocks it) printed a
+    `KeyboardInterrupt` traceback from whatever was being imported (status 1 while the command's
+    modules were imported); now mpvisor dies by SIGINT and says nothing, as the bare command
+    would have, and its command never started."""
+    def pending_sigint() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        os.kill(os.getpid(), signal.SIGINT)
+
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=_env(),
+                  preexec_fn=pending_sigint)
+    try:
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", ""), stderr
 
 
 def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_line(tmp_path: pathlib.Path) -> None:

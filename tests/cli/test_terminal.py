@@ -10,6 +10,7 @@ The process table is checked after each step; nothing is left behind."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -136,7 +137,9 @@ def test_ctrl_c_of_a_python_target_ends_the_run_by_sigint_and_is_never_retried(s
                                                                                restart: str) -> None:
     """A Python target gets KeyboardInterrupt, as under `python script.py`, and the run ends by
     SIGINT (130) after one attempt, whatever its restart policy: once, its traceback is printed
-    with the failure; under `on-failure` the interrupted run cancels the retry."""
+    with the failure; under `on-failure` the interrupted run cancels the retry. So too while its
+    module is still being imported (that was a `fatal` import error: status 1, and the rest of
+    the typed line ran on, where it stops after the bare `python`'s Ctrl-C)."""
     marker = tmp_path / "started"
     shell.type(f"mpvisor run --restart {restart} workers.basic:sleeper 43.25 {marker}\n")
     wait_for(marker.exists, timeout=30)
@@ -149,6 +152,16 @@ def test_ctrl_c_of_a_python_target_ends_the_run_by_sigint_and_is_never_retried(s
         assert ": canceled " in out and "retry in" not in out, out  # no retry was promised, none came
     assert shell.run("echo status=$?").strip().endswith("status=130")
     wait_for(lambda: not processes("workers.basic:sleeper"), timeout=10)
+
+    importing = tmp_path / "importing"
+    shell.type(f"WORKERS_HANGING_IMPORT_LOG={importing} mpvisor run --restart {restart} "
+               f"workers.hanging_import:target; echo ran-on=$?\n")
+    wait_for(importing.exists, timeout=30)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert "KeyboardInterrupt" in out and "attempts=1" in out and not re.search(r"ran-on=\d", out), out
+    assert (": failed " if restart == "never" else ": canceled ") in out and ": fatal " not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
 
 
 def test_a_run_started_in_the_background_stops_at_its_first_read_and_fg_gives_it_the_terminal(shell: Shell) -> None:
