@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
             status = _code_of(exc)
         status = settle_output(status)
     if status < 0:
-        return _die_by(-status)
+        return _die_by(signal.Signals(-status))
     return status
 
 
@@ -198,26 +198,15 @@ def _code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _die_by(signum: int) -> int:
-    """Die by `signum` (its default action), as a well-behaved interrupted program does, and as
-    `timeout` passes on its command's death: without a core dump of this process's own (a
-    SIGSEGV or SIGABRT was the task's). The status 128 + N is the fallback should the signal not
-    end the process (PID 1 of a container)."""
+def _die_by(signum: signal.Signals) -> int:
+    """Die by `signum` (its default action), as a well-behaved interrupted program does; the
+    status 128 + N is the fallback should the signal not end the process."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-    except (ImportError, OSError, ValueError):
-        pass
-    try:
-        signal.signal(signum, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass  # SIGKILL has no other action
+    signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)
     return 128 + signum

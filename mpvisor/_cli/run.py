@@ -340,10 +340,8 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         print(outcome_line(spec.name, outcome, most), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
-    if interrupts:
-        return -interrupts[0]
-    signum = statuses.died_by(outcome)  # dies by the task's death, as the bare command did
-    return -signum if signum is not None else statuses.exit_status(outcome)
+    first = interrupts[0] if interrupts else None
+    return -first if first is not None else statuses.exit_status(outcome)
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

@@ -35,7 +35,7 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1..255", "the task's exit code, when it is in 1..255"),
     ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
     ("126", "the COMMAND was found but cannot be executed (likewise, exit code 126)"),
-    ("128+N", "the task died by signal N (`mpvisor run` of one task then dies by signal N itself, after the outcome line, as `timeout` does: a shell sees 128+N and reports the death as for the bare command)"),
+    ("128+N", "the task died by signal N"),
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
@@ -96,12 +96,3 @@ def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
     if code is not None and -64 <= code < 0:
         return 128 - code
     return FAILED
-
-
-def died_by(outcome: TaskOutcome) -> int | None:
-    """The signal N whose death `exit_status` reports as 128 + N, else None (pure). `mpvisor
-    run` of one task dies by it too, as `timeout(1)` does, so that its caller sees the same
-    death as the bare command's (a shell's `Segmentation fault`, `subprocess`'s `-N`)."""
-    status = exit_status(outcome)
-    code = outcome.exit_code
-    return -code if code is not None and code < 0 and status == 128 - code else None

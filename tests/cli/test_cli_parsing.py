@@ -15,7 +15,7 @@ import pytest
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._cli.main import parse, version
 from mpvisor._cli.options import outcome_line, parse_arg, slot_name, value_line
-from mpvisor._cli.statuses import RESERVED, died_by, exit_status
+from mpvisor._cli.statuses import RESERVED, exit_status
 from mpvisor._model.events import REASON_MAX, shorten
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -293,15 +293,6 @@ def failed(**fields) -> TaskOutcome:
 )
 def test_exit_status_follows_the_outcome(outcome, status):
     assert exit_status(outcome) == status
-    # mpvisor run dies by N exactly when the status is 128 + N for a death by signal N
-    assert died_by(outcome) == (status - 128 if 128 < status <= 128 + 64 else None)
-
-
-def test_a_timed_out_or_lease_lost_death_by_signal_is_its_status_not_a_death():
-    """Killed by SIGTERM at its timeout: 124, as `timeout(1)` says it, and no death passed on."""
-    for outcome, status in ((failed(exit_code=-15, timed_out=True), 124),
-                            (TaskOutcome(OutcomeKind.FATAL, exit_code=-9, lease_lost=True), 7)):
-        assert (exit_status(outcome), died_by(outcome)) == (status, None)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
