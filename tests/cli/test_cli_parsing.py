@@ -199,6 +199,21 @@ def test_a_word_starting_with_a_dash_and_a_digit_is_a_value_an_arg_included():
     assert slotted.name == "true"
 
 
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["check", "--", "-x.toml"], "file", "-x.toml"),
+        (["status", "--json", "--", "-x.toml"], "file", "-x.toml"),
+        (["logs", "--", "-web", "-x.toml"], "task", "-web"),
+    ],
+)
+def test_a_double_dash_ends_the_options_of_a_command_that_takes_no_command(argv, dest, value):
+    """`--` before a word that starts with a dash makes it the positional it is, as for any
+    POSIX command (only `run` takes a COMMAND after it)."""
+    args, _ = parse(argv)
+    assert getattr(args, dest) == value and args.command == []
+
+
 def test_a_slot_name_is_named_a_slot_name():
     """`slot_name` is `--slot`'s parser (and a task file's `slot`): its error says slot."""
     assert slot_name("deploy") == "deploy"
