@@ -173,6 +173,7 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--", ""], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--slot", "-x", "--", "true"], ["argument --slot: expected one argument", "written --slot=VALUE"]),
+        (["slots", "serve", "--dir", ""], ["argument --dir: expected a directory, got ''"]),  # it served the default
     ],
 )
 def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
