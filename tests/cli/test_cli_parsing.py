@@ -458,3 +458,13 @@ def test_an_outcome_line_says_a_rejection_in_words_not_its_label() -> None:
     assert words[RejectionKind.REMOVED_FROM_QUEUE] == '"removed from the slot\'s queue before it was admitted"'
     own = TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, "the store refused: no such database")
     assert "reason='the store refused: no such database'" in outcome_line("t", own)
+
+
+def test_the_memory_help_names_every_unit_a_size_takes() -> None:
+    """`mpvisor run --help` lists the units `--memory` reads (it left out T, which the docs name)."""
+    from mpvisor._cli.main import make_parser
+    from mpvisor._cli.options import _UNITS
+
+    _, parsers = make_parser("run")
+    (memory,) = [a for a in parsers["run"]._actions if "--memory" in a.option_strings]
+    assert f"bytes, or with {', '.join(unit for unit in _UNITS if unit)} (binary" in (memory.help or "")
