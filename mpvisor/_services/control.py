@@ -323,7 +323,9 @@ def _hang_up(path: str) -> str:
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    return frame(pack(message))
+    """A request or an answer as a frame; its texts may hold what the OS gave (a task file's or a
+    log file's path with a byte that is not UTF-8), which travel as those bytes (`os_text`)."""
+    return frame(pack(message, os_text=True))
 
 
 def check_request(obj: Any) -> tuple[str, str | None]:
@@ -566,7 +568,7 @@ def _hung_up(writer: asyncio.StreamWriter) -> bool:
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Any:
-    decoder = FrameDecoder(MAX_REQUEST)
+    decoder = FrameDecoder(MAX_REQUEST, os_text=True)
     while True:
         data = await reader.read(65536)
         if not data:
@@ -643,7 +645,7 @@ class _Frames:
 
     def __init__(self, sock: socket.socket, path: str) -> None:
         self.sock, self.path = sock, path
-        self.decoder = FrameDecoder(MAX_ANSWER)
+        self.decoder = FrameDecoder(MAX_ANSWER, os_text=True)
         self.values: list[Any] = []
 
     def next(self, deadline: float | None, timeout: float | None) -> dict[str, Any]:
