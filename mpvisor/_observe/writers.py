@@ -20,6 +20,7 @@ no enum but `EventKind`.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
@@ -127,6 +128,9 @@ class JsonLinesWriter:
             folder = os.path.dirname(os.path.abspath(self._path))
             if not os.path.isdir(folder):  # the file itself is made at the first event
                 raise ValueError(f"JsonLinesWriter: the directory of {self._path!r} does not exist ({folder!r})")
+        elif isinstance(path_or_stream, (io.RawIOBase, io.BufferedIOBase)):  # each line would be a panic
+            raise TypeError(f"JsonLinesWriter needs a text stream, got a binary one: {path_or_stream!r} (open the "
+                            "file in text mode, or wrap the stream: io.TextIOWrapper(stream, encoding='utf-8'))")
         elif callable(getattr(path_or_stream, "write", None)):
             self._stream = path_or_stream
         else:
