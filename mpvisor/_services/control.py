@@ -6,7 +6,8 @@ A service run (`mpvisor run --file FILE`) serves a Unix stream socket `<name>.so
 the user's alone (0700) and the socket file 0600; the server also checks each connection's
 credentials (`SO_PEERCRED`): a peer of another uid, root included, gets an error answer and is
 closed. One request per connection: the client sends one frame (the attempt channel's framing,
-`_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes) and reads one answer.
+`_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes; its texts may hold a
+path's byte that is not UTF-8, `os_text`) and reads one answer.
 An operation (`stop`, `start`, `restart`, `reload`), which may take a task's grace, is first
 answered `{"ok": true, "taken": true}` once the run has read it, then its answer: a client bounds
 its wait for the first frame, so a run that cannot answer at all (stopped by SIGSTOP, its loop
