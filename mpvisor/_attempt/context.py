@@ -154,7 +154,8 @@ class TaskContext:
         works, or sleeps, for long without reporting; no thread and no timer run here. A `done`
         or `total` that is no real number (a bool included), or a `message` that is no str,
         raises `TypeError` here, naming it; a real number that is no plain int or float (an int
-        past 64 bits, a `Fraction`, numpy's scalars) is sent as a float. Any thread of the target may call it: each report is written whole."""
+        past 64 bits, a `Fraction`, numpy's scalars) is sent as a float. Any thread of the
+        target may call it: each report is written whole."""
         done = _figure("done", done)
         if total is not None:
             total = _figure("total", total)
