@@ -153,9 +153,9 @@ class TaskContext:
         once (`_tasks/actor.py`). So the last report is never lost, even when the target then
         works, or sleeps, for long without reporting; no thread and no timer run here. A `done`
         or `total` that is no real number (a bool included), or a `message` that is no str,
-        raises `TypeError` here, naming it; a real number that is no plain int or float (an int
-        past 64 bits, a `Fraction`, numpy's scalars) is sent as a float. Any thread of the
-        target may call it: each report is written whole."""
+        raises `TypeError` here, naming it; any other real number is sent as an int (an integer
+        within 64 bits, numpy's too) or a float (an int past 64 bits, a `Fraction`, numpy's
+        floats). Any thread of the target may call it: each report is written whole."""
         done = _figure("done", done)
         if total is not None:
             total = _figure("total", total)
@@ -199,9 +199,9 @@ class TaskContext:
 
 
 def _figure(field: str, value: object) -> float:
-    """A progress figure as the wire carries it: an int within msgpack's 64 bits as it is, any
-    other real number (an int past 64 bits, a `Fraction`, a `Decimal`, numpy's scalars) as a
-    float; a bool, or what is no real number, is a `TypeError`."""
+    """A progress figure as the wire carries it: an integer within msgpack's 64 bits as an int
+    (numpy's too), any other real number (an int past 64 bits, a `Fraction`, a `Decimal`, numpy's
+    floats) as a float; a bool, or what is no real number, is a `TypeError`."""
     if type(value) is float or (type(value) is int and INT_MIN <= value <= INT_MAX):
         return value
     if not isinstance(value, bool):
