@@ -30,6 +30,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_report(done, total, message=None)` | `progress(done, total, message)` once, `done` a name `float()` reads (`"nan"`, `"inf"`) if a string | returns `message` |
 | `progress_big(n)` | `progress(1, 1, "m" * n)` once | returns `"ok"` |
 | `surrogate_reports()` | `ready("up \\udfff")`, then `progress(1, 2, "msg \\ud800")`: texts with a lone surrogate | returns `"ok"` |
+| `odd_figures()` | `progress(Fraction(1, 2), 2**70)`: real numbers that are no plain int or float (as numpy's are), an int past 64 bits | returns `"ok"` |
 | `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
 | `progress_from_fork_pool(processes, size, reports)` | a fork `multiprocessing.Pool` of `processes` workers, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `processes * reports` |
 | `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
@@ -372,12 +373,22 @@ def surrogate_reports(marker: str | None = None) -> str:
     return "ok"
 
 
+def odd_figures(marker: str | None = None) -> str:
+    """Report `progress(Fraction(1, 2), 2**70)`: figures that are real numbers, but no plain int
+    or float (as numpy's scalars are), and an int past msgpack's 64 bits; return "ok"."""
+    from fractions import Fraction
+
+    mark(marker, "started")
+    context().progress(Fraction(1, 2), 2**70)
+    return "ok"
+
+
 _MISREPORTS: dict[str, Callable[[Any], None]] = {
     "done_str": lambda ctx: ctx.progress("a"),
     "done_none": lambda ctx: ctx.progress(None),
     "done_bool": lambda ctx: ctx.progress(True),
     "total_str": lambda ctx: ctx.progress(1, "b"),
-    "done_huge": lambda ctx: ctx.progress(2**70),
+    "done_complex": lambda ctx: ctx.progress(1j),
     "message_int": lambda ctx: ctx.progress(1, 2, 3),
     "status_bytes": lambda ctx: ctx.ready(b"x"),
 }

@@ -14,6 +14,9 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, LeaseStore, lease_ttl_problem
 from mpvisor._admission.leases.stores import checked
 from mpvisor._model import checks as _validate
@@ -48,7 +51,12 @@ class ControllerConfig:
         object.__setattr__(self, "queue_capacity", _validate.positive_int("queue_capacity", queue_capacity))
         object.__setattr__(self, "max_slot_queue", _validate.non_negative_int("max_slot_queue", max_slot_queue))
         object.__setattr__(self, "leases", checked(leases))
-        ttl = _validate.duration("lease_ttl", lease_ttl)
+        try:
+            ttl = _validate.duration("lease_ttl", lease_ttl)
+        except ConfigError:
+            if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float, timedelta)):
+                raise
+            ttl = math.nan  # negative or not finite: outside the range, said by its one message
         problem = "a number of seconds" if ttl is None else lease_ttl_problem(ttl)
         if problem is not None:
             raise ConfigError(f"lease_ttl must be {problem}, got {lease_ttl!r}")

@@ -199,7 +199,10 @@ class SupervisorHandle:
 
     def is_alive(self, name: str) -> bool:
         """True while an attempt of the task called `name` runs (from the events: never lossy,
-        but it may lag `list()`). Keeps working after shutdown."""
+        but it may lag `list()`). Keeps working after shutdown; a `name` that is no str is a
+        `TypeError` (a spec or an id given by mistake was an unhashable-type error, or False)."""
+        if not isinstance(name, str):
+            raise TypeError(f"is_alive takes a task's name (a str), got {_validate.shown(name)}")
         return self._rt.bus.alive(name)
 
     def alive_snapshot(self) -> builtins.list[str]:

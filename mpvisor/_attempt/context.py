@@ -15,6 +15,7 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from contextlib import contextmanager
@@ -151,11 +152,13 @@ class TaskContext:
         (at the latest before the attempt's end), and one with `done >= total` is published at
         once (`_tasks/actor.py`). So the last report is never lost, even when the target then
         works, or sleeps, for long without reporting; no thread and no timer run here. A `done`
-        or `total` that is no number, or a `message` that is no str, raises `TypeError` here,
-        naming it. Any thread of the target may call it: each report is written whole."""
-        _check_number("done", done)
+        or `total` that is no real number (a bool included), or a `message` that is no str,
+        raises `TypeError` here, naming it; any other real number is sent as an int (an integer
+        within 64 bits, numpy's too) or a float (an int past 64 bits, a `Fraction`, numpy's
+        floats). Any thread of the target may call it: each report is written whole."""
+        done = _figure("done", done)
         if total is not None:
-            _check_number("total", total)
+            total = _figure("total", total)
         if message is not None and not isinstance(message, str):
             raise TypeError(f"progress: message must be a str or None, got {message!r}")
         if self._send_progress is not None:
@@ -195,12 +198,30 @@ class TaskContext:
         self._async_cancel = cancel
 
 
-def _check_number(field: str, value: object) -> None:
-    """A progress figure: an int or float (not a bool), an int within msgpack's 64 bits."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"progress: {field} must be a number, got {value!r}")
-    if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
-        raise ValueError(f"progress: {field} must fit in 64 bits, got {value!r}")
+def _figure(field: str, value: object) -> float:
+    """A progress figure as the wire carries it: an integer within msgpack's 64 bits as an int
+    (numpy's too), any other real number (an int past 64 bits, a `Fraction`, a `Decimal`, numpy's
+    floats) as a float; a bool, or what is no real number, is a `TypeError`."""
+    if type(value) is float or (type(value) is int and INT_MIN <= value <= INT_MAX):
+        return value
+    if not isinstance(value, bool):
+        import numbers  # only for the rare figure that is neither a plain int nor a float
+        from decimal import Decimal
+
+        if isinstance(value, numbers.Integral):
+            whole = int(value)
+            if INT_MIN <= whole <= INT_MAX:
+                return whole
+            try:
+                return float(whole)
+            except OverflowError:  # past a float's range too
+                return math.inf if whole > 0 else -math.inf
+        if isinstance(value, (numbers.Real, Decimal)):
+            try:
+                return float(value)
+            except ValueError:  # a signalling NaN (`Decimal("sNaN")`)
+                return math.nan
+    raise TypeError(f"progress: {field} must be a real number (an int or a float), got {value!r}")
 
 
 def _sigwait(timeout: float | None) -> bool:

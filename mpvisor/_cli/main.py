@@ -131,8 +131,14 @@ def _texts(command: ModuleType) -> dict[str, Any]:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     """Parse `mpvisor ...` (pure: no side effect but a usage error's `SystemExit(2)`); the spec
     is the one task's for `mpvisor run TARGET` or `-- COMMAND`, else None."""
-    own, command = _split_command(argv)
-    parser, _ = make_parser(_wanted(own))
+    wanted = _wanted(argv)
+    parser, parsers = make_parser(wanted)
+    handler = parsers[wanted].get_default("handler") if wanted is not None else None
+    command: list[str] = []
+    if handler is not None and not handler.TAKES_COMMAND:
+        own = argv  # `--` only ends the options (`mpvisor check -- -x.toml`), as POSIX has it
+    else:
+        own, command = _split_command(argv)
     args, unknown = parser.parse_known_args(own)
     if unknown:  # named by the command's own parser (`mpvisor slots: error: ...`), else by mpvisor's
         getattr(args, "parser", parser).unrecognized(unknown)  # (`mpvisor --bogus run`: no command's parser was made)

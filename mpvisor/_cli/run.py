@@ -160,7 +160,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="run again this many seconds after each success (> 0)")
     run.add_argument("--max-retries", type=retries, metavar="N", help="retries after the first failure (default: unlimited)")
     run.add_argument("--memory", type=byte_size, metavar="SIZE",
-                     help="the resident memory each attempt's whole tree may use: bytes, or with K, M, G (binary: 1G = 2**30); "
+                     help="the resident memory each attempt's whole tree may use: bytes, or with K, M, G, T (binary: 1G = 2**30); "
                           "a memory cgroup per attempt where one can be made, else a watcher (mpvisor doctor says which)")
     run.add_argument("--address-space", type=byte_size, metavar="SIZE",
                      help="each process's address-space limit (RLIMIT_AS), as SIZE for --memory")

@@ -25,7 +25,8 @@ TAKES_COMMAND = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="the server's directory (default: $MPVISOR_SLOTS_DIR, else /tmp/mpvisor-<uid>)")
+    parser.add_argument("--dir", type=_directory,
+                        help="the server's directory (default: $MPVISOR_SLOTS_DIR, else /tmp/mpvisor-<uid>)")
     parser.add_argument("--idle-exit", type=seconds(allow_zero=False), default=server.IDLE_EXIT, metavar="SECONDS",
                         help=f"exit after this long with nothing held, queued or connected (default {server.IDLE_EXIT:g})")
     parser.add_argument("--on-demand", action="store_true",
@@ -33,8 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "already serves the directory, exit 3 without saying so (two runs started one at once)")
 
 
+def _directory(text: str) -> str:
+    """An argparse `type=`: a directory, never empty (an unset variable in `--dir "$D"` would
+    otherwise serve the default directory without a word)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory, got '' (leave --dir out for the default: "
+                                         "$MPVISOR_SLOTS_DIR, else /tmp/mpvisor-<uid>)")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.dir:
+    if args.dir is not None:
         os.environ[local.DIR_ENV] = args.dir
     try:
         directory = local.server_dir()

@@ -189,8 +189,11 @@ def _command(value: object) -> list[str]:
         raise _Invalid(f"expected an array of strings (the program and its arguments), got a string: {toml_text(value)}{hint}")
     if not isinstance(value, list) or not value:
         raise _Invalid(f"expected a non-empty array of strings (the program and its arguments), got {_kind(value)}: {toml_text(value)}")
-    wrong = [f"[{i}] must be a string, got {_kind(item)}: {toml_text(item)}" for i, item in enumerate(value)
-             if not isinstance(item, str)]
+    wrong = [f"[{i}] must be a string, got {_kind(item)}: {toml_text(item)}" if not isinstance(item, str)
+             else f"[{i}] must not contain a NUL byte (\\u0000), which no program's argument can hold, got {toml_text(item)}"
+             for i, item in enumerate(value) if not isinstance(item, str) or "\0" in item]
+    if value[0] == "":
+        wrong.insert(0, "[0] must name the program to run, got an empty string")
     if wrong:
         raise _Invalid("; ".join(wrong))  # every one at once
     return list(value)
@@ -229,8 +232,11 @@ def _env(value: object) -> dict[str, str | None]:
     for key, item in value.items():
         if item is not False and not isinstance(item, str):
             wrong.append(f"{_key(key)} must be a string, or false to remove it, got {_kind(item)}: {toml_text(item)}")
-        elif not key or "=" in key or "\0" in key or (item is not False and "\0" in item):
+        elif not key or "=" in key or "\0" in key:
             wrong.append(f"{_key(key)}: not a valid environment variable (a non-empty name without '=' or NUL)")
+        elif item is not False and "\0" in item:
+            wrong.append(f"{_key(key)}: its value must not contain a NUL byte (\\u0000), which no variable can hold, "
+                         f"got {toml_text(item)}")
         else:
             env[key] = None if item is False else item
     if wrong:
@@ -326,8 +332,10 @@ def _read_text(path: str) -> str:
 
 
 def _cwd(value: object) -> str:
-    if not isinstance(value, str) or not value or "\0" in value:
+    if not isinstance(value, str) or not value:
         raise _Invalid(f"expected a directory (a non-empty string), got {_kind(value)}: {toml_text(value)}")
+    if "\0" in value:
+        raise _Invalid(f"a directory's name cannot contain a NUL byte (\\u0000), got {toml_text(value)}")
     return value
 
 

@@ -49,14 +49,23 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack ext type {code} is not allowed")
 
 
-def pack(obj: Any) -> bytes:
-    """Encode one msgpack value (ext types and non-msgpack values raise `TypeError`)."""
+def pack(obj: Any, *, os_text: bool = False) -> bytes:
+    """Encode one msgpack value (ext types and non-msgpack values raise `TypeError`). With
+    `os_text`, a str may hold what the OS gave Python (a path, an argument): a byte that is not
+    UTF-8 held as a lone surrogate (`surrogateescape`) travels as that byte; `unpack(...,
+    os_text=True)` gives back the same text."""
+    if os_text:
+        return msgpack.packb(obj, use_bin_type=True, unicode_errors="surrogateescape")  # type: ignore[no-any-return]
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def unpack(data: bytes | bytearray | memoryview) -> Any:
-    """Decode one msgpack value strictly, or raise `ProtocolError`."""
+def unpack(data: bytes | bytearray | memoryview, *, os_text: bool = False) -> Any:
+    """Decode one msgpack value strictly, or raise `ProtocolError`; with `os_text`, a byte that
+    is not UTF-8 in a str comes back as the lone surrogate `pack(..., os_text=True)` sent it as."""
     try:
+        if os_text:
+            return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext,
+                                   unicode_errors="surrogateescape")
         return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
     except Exception as exc:  # untrusted bytes: any decoder complaint is a protocol error
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
@@ -79,8 +88,9 @@ class FrameDecoder:
     stop inside a frame. It holds at most one frame (`max_frame`) plus one chunk of bytes, and
     decodes a frame where it lies, without a copy."""
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, *, os_text: bool = False) -> None:
         self.max_frame = max_frame
+        self.os_text = os_text  # `unpack`'s: frames whose texts may hold what the OS gave (paths)
         self._buf = bytearray()
         self._need: int | None = None  # body length of the frame being read, once its header is in
 
@@ -104,7 +114,7 @@ class FrameDecoder:
                 return out
             view = memoryview(self._buf)
             try:  # decoded in place: the frame is never copied (what is held: one frame and the value)
-                value = unpack(view[: self._need])
+                value = unpack(view[: self._need], os_text=self.os_text)
             finally:
                 view.release()
             del self._buf[: self._need]

@@ -276,8 +276,7 @@ def _checked_argv(argv: object) -> tuple[str, ...]:
     for i, arg in enumerate(argv):
         if not isinstance(arg, str):
             raise TypeError(f"argv[{i}] must be a str, got {arg!r}")
-        if "\0" in arg:
-            raise ValueError(f"argv[{i}] must not contain a NUL byte, got {arg!r}")
+        _check_os_text(arg, f"argv[{i}]")
     if not argv[0]:
         raise ValueError(f"argv[0] must be a non-empty program name, got {argv[0]!r}")
     return tuple(argv)
@@ -291,8 +290,11 @@ def _checked_env(env: Mapping[str, str | None] | None) -> dict[str, str | None] 
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise ValueError(f"env keys must be non-empty str without '=' or NUL, got {key!r}")
+        _check_os_text(key, "env key")
         if value is not None and (not isinstance(value, str) or "\0" in value):
             raise TypeError(f"env[{key!r}] must be a str without NUL or None, got {value!r}")
+        if value is not None:
+            _check_os_text(value, f"env[{key!r}]")
     return dict(env)
 
 
@@ -302,7 +304,21 @@ def _checked_cwd(cwd: str | os.PathLike[str] | None) -> str | None:
     path = os.fspath(cwd) if isinstance(cwd, (str, os.PathLike)) else cwd
     if not isinstance(path, str) or not path:
         raise TypeError(f"cwd must be a non-empty str, a str path or None, got {cwd!r}")
+    _check_os_text(path, "cwd")
     return path
+
+
+def _check_os_text(text: str, where: str) -> None:
+    """Refuse a str the system cannot be given: one with a NUL byte, or a lone surrogate that
+    is no undecodable byte (`os.fsdecode` makes `\\udc80`-`\\udcff` of bytes that are not
+    UTF-8, which pass on as those bytes; `\\ud800` stands for none)."""
+    if "\0" in text:
+        raise ValueError(f"{where} must not contain a NUL byte, got {text!r}")
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} must not contain a lone surrogate ({text[exc.start]!r} at {exc.start}, which "
+                         f"stands for no byte), got {text!r}") from None
 
 
 def _set(obj: object, attr: str, value: object) -> None:

@@ -86,6 +86,11 @@ class PrometheusMetrics:
         queue_capacity: int = 1024,
     ) -> None:
         client = _client()
+        if registry is not None and not callable(getattr(registry, "register", None)):
+            raise TypeError(f"registry must be a prometheus_client CollectorRegistry, or None for its global "
+                            f"REGISTRY, got {registry!r}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str (the metrics' prefix), got {namespace!r}")
         self.name = name
         self.queue_capacity = queue_capacity
         self.registry = client.REGISTRY if registry is None else registry

@@ -20,6 +20,7 @@ no enum but `EventKind`.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
@@ -120,9 +121,16 @@ class JsonLinesWriter:
         self._stream: IO[str] | None = None  # the open target; opened lazily for a path
         if isinstance(path_or_stream, (str, os.PathLike)):
             self._path = os.fspath(path_or_stream)
+            if not self._path:
+                raise ValueError("JsonLinesWriter: the path must name a file, got ''")
+            if os.path.isdir(self._path):
+                raise ValueError(f"JsonLinesWriter: {self._path!r} is a directory: the path must name a file")
             folder = os.path.dirname(os.path.abspath(self._path))
             if not os.path.isdir(folder):  # the file itself is made at the first event
                 raise ValueError(f"JsonLinesWriter: the directory of {self._path!r} does not exist ({folder!r})")
+        elif isinstance(path_or_stream, (io.RawIOBase, io.BufferedIOBase)):  # each line would be a panic
+            raise TypeError(f"JsonLinesWriter needs a text stream, got a binary one: {path_or_stream!r} (open the "
+                            "file in text mode, or wrap the stream: io.TextIOWrapper(stream, encoding='utf-8'))")
         elif callable(getattr(path_or_stream, "write", None)):
             self._stream = path_or_stream
         else:

@@ -6,7 +6,8 @@ A service run (`mpvisor run --file FILE`) serves a Unix stream socket `<name>.so
 the user's alone (0700) and the socket file 0600; the server also checks each connection's
 credentials (`SO_PEERCRED`): a peer of another uid, root included, gets an error answer and is
 closed. One request per connection: the client sends one frame (the attempt channel's framing,
-`_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes) and reads one answer.
+`_model/wire.py`: a 4-byte length and msgpack, at most `MAX_REQUEST` bytes; its texts may hold a
+path's byte that is not UTF-8, `os_text`) and reads one answer.
 An operation (`stop`, `start`, `restart`, `reload`), which may take a task's grace, is first
 answered `{"ok": true, "taken": true}` once the run has read it, then its answer: a client bounds
 its wait for the first frame, so a run that cannot answer at all (stopped by SIGSTOP, its loop
@@ -323,7 +324,9 @@ def _hang_up(path: str) -> str:
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    return frame(pack(message))
+    """A request or an answer as a frame; its texts may hold what the OS gave (a task file's or a
+    log file's path with a byte that is not UTF-8), which travel as those bytes (`os_text`)."""
+    return frame(pack(message, os_text=True))
 
 
 def check_request(obj: Any) -> tuple[str, str | None]:
@@ -566,7 +569,7 @@ def _hung_up(writer: asyncio.StreamWriter) -> bool:
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Any:
-    decoder = FrameDecoder(MAX_REQUEST)
+    decoder = FrameDecoder(MAX_REQUEST, os_text=True)
     while True:
         data = await reader.read(65536)
         if not data:
@@ -643,7 +646,7 @@ class _Frames:
 
     def __init__(self, sock: socket.socket, path: str) -> None:
         self.sock, self.path = sock, path
-        self.decoder = FrameDecoder(MAX_ANSWER)
+        self.decoder = FrameDecoder(MAX_ANSWER, os_text=True)
         self.values: list[Any] = []
 
     def next(self, deadline: float | None, timeout: float | None) -> dict[str, Any]:

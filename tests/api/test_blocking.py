@@ -45,6 +45,9 @@ def test_the_blocking_facade_mirrors_the_async_handle():
                 running.wait(timeout=wrong)  # type: ignore[arg-type]
         events.wait_for(EventKind.ATTEMPT_STARTING, 10.0, id=task_id)
         assert [info.id for info in handle.list()] == [task_id] and handle.is_alive("coop")
+        for wrong in (task_id, TaskSpec.once(TaskFn("coop", "workers.coop:cooperative"))):  # a name, not an id or a spec
+            with pytest.raises(TypeError, match=r"is_alive takes a task's name \(a str\), got "):
+                handle.is_alive(wrong)  # type: ignore[arg-type]
         assert handle.cancel(task_id) is True
         assert running.wait(timeout=10).kind is OutcomeKind.CANCELED
         _, submitted = handle.submit_and_watch(

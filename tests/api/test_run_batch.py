@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import pathlib
@@ -77,6 +78,10 @@ class _NoCapacity:
     (lambda: Supervisor.builder().with_subscribers([object()]), TypeError, "needs a `name` string and an `on_event(event)` method"),
     (lambda: JsonLinesWriter(42), TypeError, "JsonLinesWriter needs a path or a text stream, got 42"),
     (lambda: JsonLinesWriter("/nonexistent-mpvisor-dir/x.jsonl"), ValueError, "the directory of '/nonexistent-mpvisor-dir/x.jsonl' does not exist"),
+    # a path that can name no file: each event would be a panic of the subscriber, and no line written
+    (lambda: JsonLinesWriter(""), ValueError, "JsonLinesWriter: the path must name a file, got ''"),
+    (lambda: JsonLinesWriter("/"), ValueError, "JsonLinesWriter: '/' is a directory: the path must name a file"),
+    (lambda: JsonLinesWriter(io.BytesIO()), TypeError, "JsonLinesWriter needs a text stream, got a binary one: "),
 ])
 def test_a_supervisors_settings_are_checked_at_the_call_that_gives_them(call, error, said):
     """A wrong setting raises where it is given, naming it and its value; it used to pass and

@@ -178,6 +178,7 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--", ""], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--slot", "-x", "--", "true"], ["argument --slot: expected one argument", "written --slot=VALUE"]),
+        (["slots", "serve", "--dir", ""], ["argument --dir: expected a directory, got ''"]),  # it served the default
     ],
 )
 def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
@@ -202,6 +203,21 @@ def test_a_word_starting_with_a_dash_and_a_digit_is_a_value_an_arg_included():
     assert spec.task.args == ("-1/5", -2, "-.5x")
     _, slotted = parse(["run", "--slot=-x", "--", "true"])  # the equals form takes any value
     assert slotted.name == "true"
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["check", "--", "-x.toml"], "file", "-x.toml"),
+        (["status", "--json", "--", "-x.toml"], "file", "-x.toml"),
+        (["logs", "--", "-web", "-x.toml"], "task", "-web"),
+    ],
+)
+def test_a_double_dash_ends_the_options_of_a_command_that_takes_no_command(argv, dest, value):
+    """`--` before a word that starts with a dash makes it the positional it is, as for any
+    POSIX command (only `run` takes a COMMAND after it)."""
+    args, _ = parse(argv)
+    assert getattr(args, dest) == value and args.command == []
 
 
 def test_a_slot_name_is_named_a_slot_name():
@@ -447,3 +463,13 @@ def test_an_outcome_line_says_a_rejection_in_words_not_its_label() -> None:
     assert words[RejectionKind.REMOVED_FROM_QUEUE] == '"removed from the slot\'s queue before it was admitted"'
     own = TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, "the store refused: no such database")
     assert "reason='the store refused: no such database'" in outcome_line("t", own)
+
+
+def test_the_memory_help_names_every_unit_a_size_takes() -> None:
+    """`mpvisor run --help` lists the units `--memory` reads (it left out T, which the docs name)."""
+    from mpvisor._cli.main import make_parser
+    from mpvisor._cli.options import _UNITS
+
+    _, parsers = make_parser("run")
+    (memory,) = [a for a in parsers["run"]._actions if "--memory" in a.option_strings]
+    assert f"bytes, or with {', '.join(unit for unit in _UNITS if unit)} (binary" in (memory.help or "")

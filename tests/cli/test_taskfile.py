@@ -186,6 +186,12 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\nenv = {A = true}\n", ['task "a".env: A must be a string, or false to remove it, got a boolean: true']),
         ("[task.a]\ntarget = 'm:f'\nenv = {'A=B' = '1'}\n", ['task "a".env: "A=B": not a valid environment variable (a non-empty name without \'=\' or NUL)']),
         ("[task.a]\ntarget = 'm:f'\ncwd = ''\n", ['task "a".cwd: expected a directory (a non-empty string), got a string: ""']),
+        # an empty program, a NUL: said at the key that holds it, and for what it is
+        ("[task.a]\ncommand = ['', 'x']\n", ['task "a".command: [0] must name the program to run, got an empty string']),
+        ('[task.a]\ntarget = "m:f"\nenv = {A = "x\\u0000"}\n',
+         ['task "a".env: A: its value must not contain a NUL byte (\\u0000), which no variable can hold, got "x\\u0000"']),
+        ('[task.a]\ntarget = "m:f"\ncwd = "a\\u0000"\n',
+         ['task "a".cwd: a directory\'s name cannot contain a NUL byte (\\u0000), got "a\\u0000"']),
         ("[task.a]\ntarget = 'm:f'\nmemory = 'lots'\n", ['task "a".memory: expected a size in bytes (e.g. 1048576, 512M, 1G; at most 2**63 - 1 bytes), got \'lots\'']),
         ("[task.a]\ntarget = 'm:f'\ncpus = 0.001\n", ['task "a".cpus: expected a number of CPUs from 0.01 to 100000 (e.g. 0.5, 2), got \'0.001\'']),
         # past what the kernel takes: a located error here, not a panic or a refusal when each attempt starts
@@ -266,9 +272,9 @@ def test_no_error_of_a_task_hides_another_of_the_same_task():
                          'task "one".timeout: expected a finite number of seconds > 0 (leave it out for no timeout), or one with a unit (500ms, 30s, 5m, 1h), got \'10 minutes\''], found
     assert found[2] == 'task "one".backof: unknown key (did you mean backoff?)', found
     assert found[3].startswith('task "one": args[0] ') and "msgpack" in found[3], found
-    assert found[4:] == ["task \"two\".cwd: no such directory: '/base/gone'",
-                         "task \"two\".jitter: expected one of none, full, equal, randomized-band, got 'sometimes'",
-                         "task \"two\": argv[1] must not contain a NUL byte, got 'a\\x00b'"], found
+    assert found[4:] == ['task "two".command: [1] must not contain a NUL byte (\\u0000), which no program\'s argument can hold, got "a\\u0000b"',
+                         "task \"two\".cwd: no such directory: '/base/gone'",
+                         "task \"two\".jitter: expected one of none, full, equal, randomized-band, got 'sometimes'"], found
     assert [t.name for t in parse_text(text, "/base", dirs.__contains__).tasks] == ["three"]
     inherited = parse_text('[defaults]\ncwd = "nowhere"\n[task.a]\ntarget = "m:f"\n[task.b]\ncommand = ["x"]\n',
                            "/base", dirs.__contains__)

@@ -668,11 +668,11 @@ async def test_an_attempts_progress_never_comes_before_its_start():
 
 
 @pytest.mark.parametrize("how, said", [
-    ("done_str", "TypeError: progress: done must be a number, got 'a'"),
-    ("done_none", "TypeError: progress: done must be a number, got None"),
-    ("done_bool", "TypeError: progress: done must be a number, got True"),
-    ("total_str", "TypeError: progress: total must be a number, got 'b'"),
-    ("done_huge", f"ValueError: progress: done must fit in 64 bits, got {2**70}"),
+    ("done_str", "TypeError: progress: done must be a real number (an int or a float), got 'a'"),
+    ("done_none", "TypeError: progress: done must be a real number (an int or a float), got None"),
+    ("done_bool", "TypeError: progress: done must be a real number (an int or a float), got True"),
+    ("total_str", "TypeError: progress: total must be a real number (an int or a float), got 'b'"),
+    ("done_complex", "TypeError: progress: done must be a real number (an int or a float), got 1j"),
     ("message_int", "TypeError: progress: message must be a str or None, got 3"),
     ("status_bytes", "TypeError: ready: status must be a str or None, got b'x'"),
 ])
@@ -684,6 +684,17 @@ async def test_a_wrong_progress_or_ready_argument_raises_at_the_call_and_costs_n
         task_id, outcome = await finished(handle, events, once("misreport", basic.misreport, how))
         assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == said, outcome
         assert not events.of(EventKind.ATTEMPT_PROGRESS, id=task_id)
+
+
+async def test_a_progress_figure_that_is_any_real_number_is_reported():
+    """A `Fraction` (numpy's scalars are such numbers too) and an int past 64 bits are sent as
+    floats, as the docs' "numbers" promise: the first was refused as "no number", the second was
+    a ValueError, and either failed an attempt that did not catch it."""
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        task_id, outcome = await finished(handle, events, once("odd", basic.odd_figures))
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "ok", outcome
+        (progress,) = events.of(EventKind.ATTEMPT_PROGRESS, id=task_id)
+        assert progress.progress == (0.5, float(2**70))
 
 
 # --- the attempt's surroundings ----------------------------

@@ -192,6 +192,9 @@ def test_invalid_settings_fail_at_once_naming_field_and_value(
     (lambda: SupervisorConfig(start_timeout=-1), "start_timeout must be a finite number of seconds > 0, got -1"),
     (lambda: Limits(cpu_seconds=-1), "cpu_seconds must be a finite number of seconds > 0, got -1"),
     (lambda: SupervisorConfig(grace=-1), "grace must be a finite number of seconds >= 0, got -1"),
+    (lambda: ControllerConfig(lease_ttl=-1), "lease_ttl must be at least 2 and at most 86400 seconds (a day), got -1"),
+    (lambda: ControllerConfig(lease_ttl=float("nan")), "lease_ttl must be at least 2 and at most 86400 seconds (a day), got nan"),
+    (lambda: ControllerConfig(lease_ttl=timedelta(seconds=-5)), "lease_ttl must be at least 2 and at most 86400 seconds"),
 ])
 def test_a_refused_duration_states_its_fields_own_rule(build: Any, said: str) -> None:
     """A duration that must be > 0 says so for a negative value too (not 'non-negative'), and

@@ -402,15 +402,33 @@ def test_command_task_stores_argv_env_and_cwd() -> None:
         ({"argv": ["sh"], "env": [("A", "1")]}, TypeError, "env"),
         ({"argv": ["sh"], "cwd": 3}, TypeError, "cwd"),
         ({"argv": ["sh"], "cwd": b"/tmp"}, TypeError, "cwd"),
+        # what the system cannot be given: a NUL, a lone surrogate that stands for no byte
+        ({"argv": ["sh"], "cwd": "/tmp/a\0b"}, ValueError, "cwd"),
+        ({"argv": ["sh"], "cwd": "/tmp/\ud800"}, ValueError, "cwd"),
+        ({"argv": ["sh", "\ud800"]}, ValueError, "argv[1]"),
+        ({"argv": ["sh"], "env": {"A": "\udfff"}}, ValueError, "env['A']"),
+        ({"argv": ["sh"], "env": {"\ud800": "1"}}, ValueError, "env key"),
     ],
 )
 def test_invalid_command_tasks_are_refused(
     kwargs: dict[str, Any], error: type[Exception], named: str
 ) -> None:
-    """A bad argv, env or cwd is refused at once naming the field."""
+    """A bad argv, env or cwd is refused at once naming the field, by a TaskFn too (its env
+    and cwd)."""
     with pytest.raises(error) as caught:
         CommandTask("c", **kwargs)
     assert named in str(caught.value)
+    if set(kwargs) - {"argv"}:
+        with pytest.raises(error) as caught:
+            TaskFn("t", "workers.basic:quick", **{k: v for k, v in kwargs.items() if k != "argv"})
+        assert named in str(caught.value)
+
+
+def test_bytes_that_are_not_utf_8_pass_in_argv_env_and_cwd() -> None:
+    """A byte that is not UTF-8, as `os.fsdecode` gives it (`\\udce9`), is kept: it reaches
+    the program as that byte."""
+    task = CommandTask("c", ["ls", "caf\udce9"], env={"F\udce9": "caf\udce9"}, cwd="/tmp/caf\udce9")
+    assert (task.argv[1], task.env, task.cwd) == ("caf\udce9", {"F\udce9": "caf\udce9"}, "/tmp/caf\udce9")
 
 
 def test_the_script_an_attempt_imported_as_mp_main_is_recorded_as_main(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -372,6 +372,21 @@ async def test_supervisors_run_one_after_another_share_one_and_their_counts_add_
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"registry": 5}, "registry must be a prometheus_client CollectorRegistry, or None for its global REGISTRY, got 5"),
+    ({"registry": "mpvisor"}, "registry must be a prometheus_client CollectorRegistry, or None for its global REGISTRY, got 'mpvisor'"),
+    ({"namespace": 5}, "namespace must be a str (the metrics' prefix), got 5"),
+    ({"namespace": None}, "namespace must be a str (the metrics' prefix), got None"),
+])
+def test_a_registry_or_namespace_of_the_wrong_type_is_refused_naming_it(kwargs: dict[str, object], said: str) -> None:
+    """Before any metric is made (it was an AttributeError or a TypeError from inside, or, for
+    `namespace=None`, metrics without a prefix)."""
+    with pytest.raises(TypeError) as raised:
+        PrometheusMetrics(**{"registry": prometheus_client.CollectorRegistry(), **kwargs})
+    assert str(raised.value) == said
+
+
+@pytest.mark.unit
 def test_without_the_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without prometheus_client, building one names the extra to install."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what an absent package looks like

@@ -222,6 +222,24 @@ async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, t
         assert await cli("logs", "db", "-n", "0") == (0, "", "")
 
 
+async def test_a_task_file_in_a_directory_whose_name_is_not_utf_8_is_reached(runs_dir: pathlib.Path,
+                                                                              tmp_path: pathlib.Path) -> None:
+    """A path Python holds with a lone surrogate for a byte that is not UTF-8 (`d\\udce9r`) crosses
+    the socket as that byte: `status` shows the task file's path, `logs` opens the log file (both
+    were `the run's answer cannot be sent: UnicodeEncodeError`, status 1)."""
+    directory = os.fsdecode(os.fsencode(tmp_path) + b"/d\xe9r")
+    os.mkdir(directory)
+    log = os.path.join(directory, "web.log")
+    with open(log, "w") as file:
+        file.write("hello\n")
+    tasks = os.path.join(directory, "svc.toml")
+    target = FakeTarget(run_name(tasks), tasks, {"web": log})
+    async with serving(target) as server:
+        answer = await ask(server.path, {"t": "status"})
+        assert (answer["ok"], answer.get("file")) == (True, tasks), answer
+        assert await cli("logs", "web") == (0, "hello\n", "")
+
+
 def test_logs_counts_lines_by_newlines_only_as_tail_does(tmp_path: pathlib.Path) -> None:
     """A progress bar's carriage returns (tqdm, curl) are within a line: `-n 2` gives the last two
     lines whole, as `tail -n 2` does, not the pieces between the last carriage returns."""

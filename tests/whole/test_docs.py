@@ -13,7 +13,7 @@ info string says how it is run:
 | `console` | each `$ ` line with `bash -o pipefail -c`, one after another in one directory | each exits 0 and prints (stdout and stderr together) exactly the lines shown under it |
 | `toml` | a task file: `mpvisor check example.toml` | it exits 0 |
 | `text` | not run: a diagram, a layout, or output | - |
-| `text output` | not run: what the block above it prints | the block above's stdout is exactly this |
+| `text output` | not run: what the block above it prints | the block above's stdout is exactly this, and it wrote nothing on stderr |
 | `... ray` (attribute) | as its language says, on the session's Ray cluster (`-m ray`, with `RAY_ADDRESS`) | as its language says |
 | `... no-run` (attribute) | not run (any language but `text`: also one these tests cannot run, such as `yaml`) | the line above the fence is `<!-- no-run: <the reason> -->` |
 
@@ -131,11 +131,12 @@ def output_after(example: Example) -> Example | None:
 
 @dataclasses.dataclass
 class Ran:
-    """What running a block did: `problems` is empty when it passed; `stdout` is what a python
-    or bash block printed (for the `text output` block after it)."""
+    """What running a block did: `problems` is empty when it passed; `stdout` and `stderr` are
+    what a python or bash block printed (for the `text output` block after it)."""
 
     problems: list[str]
     stdout: str = ""
+    stderr: str = ""
 
 
 def environment(directory: pathlib.Path, ray_address: str | None = None) -> dict[str, str]:
@@ -180,11 +181,12 @@ def _run_in(block: _markdown.Block, directory: pathlib.Path, env: dict[str, str]
     if block.lang == "python":
         (directory / "example.py").write_text(block.text, encoding="utf-8")
         done = _completed([sys.executable, "example.py"], directory, env)
-        return Ran([] if done.returncode == 0 else [_failed("python example.py", done)], done.stdout)
+        return Ran([] if done.returncode == 0 else [_failed("python example.py", done)], done.stdout, done.stderr)
     if block.lang == "bash":
         (directory / "example.sh").write_text(block.text, encoding="utf-8")
         done = _completed(["bash", "-euo", "pipefail", "example.sh"], directory, env)
-        return Ran([] if done.returncode == 0 else [_failed("bash -euo pipefail example.sh", done)], done.stdout)
+        return Ran([] if done.returncode == 0 else [_failed("bash -euo pipefail example.sh", done)], done.stdout,
+                   done.stderr)
     if block.lang == "toml":
         (directory / "example.toml").write_text(block.text, encoding="utf-8")
         done = _completed(["mpvisor", "check", "example.toml"], directory, env)
@@ -223,11 +225,11 @@ def ran() -> Iterator[dict[str, Ran]]:
         yield {key: future.result() for key, future in futures.items()}
 
 
-def _stdout_of(ran: dict[str, Ran], example: Example) -> str:
+def _ran_above(ran: dict[str, Ran], example: Example) -> Ran:
     assert example.previous is not None
     key = f"{relative(example.page)}:{example.previous.line}"
     assert key in ran, f"{example.id}: a `text output` block must follow a python or bash block that runs"
-    return ran[key].stdout
+    return ran[key]
 
 
 # --- the blocks ------------------------------------------------------------------------------------
@@ -294,9 +296,12 @@ def test_block(example: Example, ran: dict[str, Ran]) -> None:
 @pytest.mark.parametrize("example", [e for e in OUTPUTS if e.previous is None or "ray" not in e.previous.attrs],
                          ids=lambda e: e.id)
 def test_output_block(example: Example, ran: dict[str, Ran]) -> None:
-    """A `text output` block is exactly what the block above it prints."""
-    printed = _stdout_of(ran, example)
-    assert printed == example.block.text, f"{example.id}: the block above printed\n{printed}"
+    """A `text output` block is exactly what the block above it prints: its stdout, and nothing
+    on stderr (a warning, a subscriber's panic or a traceback there is output the reader would
+    see and the block does not show)."""
+    above = _ran_above(ran, example)
+    assert above.stdout == example.block.text, f"{example.id}: the block above printed\n{above.stdout}"
+    assert above.stderr == "", f"{example.id}: the block above also wrote on stderr\n{above.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +323,7 @@ def test_ray_block(example: Example, ran_on_ray: dict[str, Ran], on_ray: Any) ->
     shown = output_after(example)
     if shown is not None:
         assert outcome.stdout == shown.block.text, f"{shown.id}: the block above printed\n{outcome.stdout}"
+        assert outcome.stderr == "", f"{shown.id}: the block above also wrote on stderr\n{outcome.stderr}"
 
 
 # --- links -----------------------------------------------------------------------------------------
