@@ -530,7 +530,8 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): the listing
     (`mpvisor slots --wait 1`) gives up after its 1 s, the connection included (libpq's connect
-    timeout is at least 2 s: it took 2 to 4 s)."""
+    timeout is at least 2 s: it took 2 to 4 s). One that refuses connections is said not to
+    answer, the store named."""
     import time
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -545,6 +546,10 @@ def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_
         took = time.monotonic() - began
     assert took < 1.5, took
     assert "did not answer within 1 s" in str(raised.value)
+    refusing = "postgresql://deploy@127.0.0.1:1/deploys"  # nothing listens: refused at once, said as not answered
+    with pytest.raises(LeaseError) as raised:
+        PostgresStore(refusing).holdings(5.0)
+    assert str(raised.value).startswith(f"the lease store at {refusing} did not answer: cannot connect: "), raised.value
 
 
 def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:
@@ -823,7 +828,8 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
     """URLs whose password libpq cannot parse (a space, a bad percent escape), in the user part
     or as a `password=` parameter: `mpvisor run --slot` and `mpvisor slots` end with status 1
     and libpq's own words, and no line shows the password. (libpq repeats what it could not
-    parse: `unexpected spaces found in "Hunter2 leaked"`.)"""
+    parse: `unexpected spaces found in "Hunter2 leaked"`.) A listing's line names the store, as a
+    run's does (it said only "mpvisor slots: cannot connect: ...", whichever URL was meant)."""
     assert MPVISOR is not None
     env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
     runs = {(bad, command): subprocess.Popen(
@@ -831,9 +837,10 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for bad in _SECRET_URLS for command in (("run", "--slot", "s"), ("slots",))}
     try:
-        for (bad, _), run in runs.items():
+        for (bad, command), run in runs.items():
             status, err = finish(run, timeout=30)
             assert status == 1 and _SECRET_URLS[bad] in err, (bad, err)
+            assert command[0] == "run" or err.startswith("mpvisor slots: the lease store at postgresql://deploy"), err
             assert "Hunter2" not in err and "leaked" not in err and '"***"' in err, (bad, err)
     finally:
         for run in runs.values():

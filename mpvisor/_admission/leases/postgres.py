@@ -343,8 +343,8 @@ class PostgresStore:
     def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
         try:
             conn = _connect(self.url, timeout, autocommit=True)
-        except LeaseError as exc:
-            return exc
+        except LeaseError as exc:  # named as every other message of the listing names it
+            return LeaseError(f"{self.name}{' did not answer' if isinstance(exc, Unreachable) else ''}: {exc}")
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
             with _Deadline(conn, timeout):
