@@ -855,13 +855,20 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
 def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -> None:
     """`masked`, the one place a store's message loses its password: the password as written
     and percent-decoded, wherever it stands alone; not inside a longer word (a password `p`
-    leaves "port" alone), and the URL itself redacted."""
+    leaves "port" alone), and the URL itself redacted. `ControllerConfig`'s repr, and its error
+    for a URL of no store, lose it too (both showed it whole)."""
+    from mpvisor import ConfigError, ControllerConfig
     from mpvisor._admission.leases.postgres import PostgresStore, masked
 
     written = url.split("password=")[-1] if "password=" in url.lower() else url.split(":")[2].split("@")[0]
     said = masked(f'bad "Hunter2 leaked" or "{written}" in {url}', url)
     assert "Hunter2" not in said and "leaked" not in said, said
     assert "Hunter2" not in PostgresStore(url).name and "Hunter2" not in repr(PostgresStore(url))
+    assert "Hunter2" not in repr(ControllerConfig(leases=url)) and "ControllerConfig(queue_capacity=" in repr(
+        ControllerConfig(leases=url))
+    with pytest.raises(ConfigError) as refused:
+        ControllerConfig(leases=url.replace("postgresql://", "mysql://"))
+    assert "Hunter2" not in str(refused.value) and "mysql://deploy" in str(refused.value), refused.value
     short = "postgresql://u:p@127.0.0.1:abc/slots"
     assert masked('invalid integer value "abc" for connection option "port" in ' + short, short) == (
         'invalid integer value "abc" for connection option "port" in postgresql://u:***@127.0.0.1:abc/slots')
