@@ -427,7 +427,8 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
     it gets in and runs. (It ended at once, status 1, nothing run: a deploy script that starts
-    runs faster than the server's limit allows failed.)"""
+    runs faster than the server's limit allows failed.) `mpvisor slots` waits for a connection
+    too, within its `--wait` (it failed at once: "too many connections for role")."""
     import threading
 
     import psycopg
@@ -442,6 +443,9 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     assert finish(start(tmp_path, 0, capped, "--slot", "s", "--", "true"), timeout=30)[0] == 0  # its schema made
     held = [psycopg.connect(capped) for _ in range(2)]  # the role's whole limit
     run = start(tmp_path, 1, capped, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+    viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
+    listing = subprocess.Popen([MPVISOR, "slots", "--slots", capped, "--json", "--wait", "60"], cwd=tmp_path, env=viewer,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(run.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
@@ -450,13 +454,17 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
         assert run.poll() is None and not (tmp_path / "ran").exists(), lines
         said = next(line for line in lines if "has let no connection in" in line)
         assert 'too many connections for role "mpvisor_capped"' in said and "still waiting" in said, said
+        assert listing.poll() is None, listing.communicate()  # the listing waits for a connection too
     finally:
         for conn in held:
             conn.close()
     try:
         assert run.wait(timeout=30) == 0, lines
+        out, err = listing.communicate(timeout=30)
+        assert listing.returncode == 0 and {v["slot"] for v in json.loads(out)["slots"]} <= {"s"}, (out, err)
     finally:
         run.kill()
+        listing.kill()
         reader.join(10)
     assert (tmp_path / "ran").exists(), lines
     assert not any("Traceback" in line for line in lines), lines
@@ -548,8 +556,9 @@ def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_
     assert "did not answer within 1 s" in str(raised.value)
     refusing = "postgresql://deploy@127.0.0.1:1/deploys"  # nothing listens: refused at once, said as not answered
     with pytest.raises(LeaseError) as raised:
-        PostgresStore(refusing).holdings(5.0)
-    assert str(raised.value).startswith(f"the lease store at {refusing} did not answer: cannot connect: "), raised.value
+        PostgresStore(refusing).holdings(1.0)
+    assert str(raised.value).startswith(f"the lease store at {refusing} did not answer within 1 s: cannot connect: "), \
+        raised.value
 
 
 def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:

@@ -325,7 +325,8 @@ class PostgresStore:
 
     def holdings(self, timeout: float) -> list[dict[str, Any]]:
         """Who holds what, read within `timeout` s in all (the connection too: libpq's own connect
-        timeout is at least 2 s, per address), on a thread of its own that is left behind if the
+        timeout is at least 2 s, per address; a store that refuses connections or is at its
+        connection limit is tried again meanwhile), on a thread of its own that is left behind if the
         store does not answer. Only reads: a database without mpvisor's tables holds nothing
         (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
         done: list[Any] = []
@@ -341,10 +342,20 @@ class PostgresStore:
         return views
 
     def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
-        try:
-            conn = _connect(self.url, timeout, autocommit=True)
-        except LeaseError as exc:  # named as every other message of the listing names it
-            return LeaseError(f"{self.name}{' did not answer' if isinstance(exc, Unreachable) else ''}: {exc}")
+        # A store that does not answer, or lets no connection in (at its connection limit, or
+        # restarting), is tried again within `timeout`, as a run waits for it; a refusal is said at once
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
+                break
+            except Unreachable as exc:
+                if time.monotonic() + 2 * self.retry >= deadline:  # said before `holdings` stops waiting
+                    done = "has let no connection in" if exc.at_capacity else "did not answer"
+                    return LeaseError(f"{self.name} {done} within {timeout:g} s: {exc}")
+                time.sleep(self.retry)
+            except LeaseError as exc:  # named as every other message of the listing names it
+                return LeaseError(f"{self.name}: {exc}")
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
             with _Deadline(conn, timeout):
