@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -759,7 +760,8 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
 def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: Any, url: str) -> None:
     """A queued run SIGKILLed: the run that queues next is told "position 1", the place it has
     (admission skips the dead waiter, and `mpvisor slots --slots URL` does not list it), and it
-    runs next. (It was told "position 2": the dead waiter was counted ahead of it.)"""
+    runs next. (It was told "position 2": the dead waiter was counted ahead of it.) The line names
+    the owner's host with its pid (a pid alone, from another host, named no process here)."""
     log = tmp_path / "owners.log"
     holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
     runs = [holder]
@@ -776,6 +778,7 @@ def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: An
         assert waiter.stderr is not None
         told = waiter.stderr.readline()
         assert "waiting, position 1 in its queue" in told, told
+        assert f"pid {holder.pid} on {socket.gethostname()}, since" in told, told  # the owner's host too
         assert [queued["pid"] for queued in shown(tmp_path, url)[0]["queue"]] == [waiter.pid]
         holder.terminate()
         assert finish(holder)[0] == -15
