@@ -510,7 +510,8 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     """`mpvisor slots --slots URL` against a database without mpvisor's tables says there is
     nothing (status 0) and leaves it without them (it created all three); a role that may not
     read the tables gets one line naming the refusal, status 1 (it got a traceback of
-    psycopg.errors.InsufficientPrivilege)."""
+    psycopg.errors.InsufficientPrivilege); given the privileges docs/slots.md lists (which it did
+    not list), it runs and lists."""
     import psycopg
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -534,6 +535,19 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     assert done.returncode == 1 and "Traceback" not in done.stderr, done
     assert done.stderr.startswith("mpvisor slots: the lease store at ") and "permission denied" in done.stderr, done
     assert len(done.stderr.splitlines()) == 1, done
+    # docs/slots.md's privileges for a role that did not create the tables: it runs and lists
+    import pathlib
+
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (grants,) = [b.text for b in _markdown.blocks(page) if b.lang == "sql" and "GRANT" in b.text]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(grants.replace(" TO deploy;", " TO mpvisor_outsider;"))
+    run = start(tmp_path, 1, outsider, "--slot", "s", "--", "true")
+    assert isinstance(PostgresStore(outsider).holdings(10.0), list)
+    status, err = finish(run, timeout=30)
+    assert status == 0 and "permission denied" not in err, err
 
 
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
