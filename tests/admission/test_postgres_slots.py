@@ -257,6 +257,9 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
         wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=60)
         busy = header()
         assert busy[0] == empty[0] and len(busy) == 2, busy
+        (view,) = shown(tmp_path, url)  # the keys docs/cli.md lists
+        assert set(view) == {"slot", "status", "owner", "queue"} and view["status"] == "running", view
+        assert set(view["owner"]) == {"pid", "name", "since", "host", "token"} and view["queue"] == [], view
     finally:
         held.terminate()
         finish(held)
