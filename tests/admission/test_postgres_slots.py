@@ -850,6 +850,7 @@ _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, a
     "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",
     "postgresql://deploy@127.0.0.1:1/deploys?password=Hunter2 leaked": "unexpected spaces found in",
     "postgresql://deploy@127.0.0.1:1/deploys?sslmode=require&password=Hunter2%zzleaked": "invalid percent-encoded token",
+    "postgresql://deploy:Hunter2%FFleaked@127.0.0.1:1/deploys": "the URL is not UTF-8 once percent-decoded",
 }
 
 
@@ -858,7 +859,9 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
     or as a `password=` parameter: `mpvisor run --slot` and `mpvisor slots` end with status 1
     and libpq's own words, and no line shows the password. (libpq repeats what it could not
     parse: `unexpected spaces found in "Hunter2 leaked"`.) A listing's line names the store, as a
-    run's does (it said only "mpvisor slots: cannot connect: ...", whichever URL was meant)."""
+    run's does (it said only "mpvisor slots: cannot connect: ...", whichever URL was meant). A
+    password whose `%FF` decodes to no UTF-8 is said so at once (psycopg's UnicodeDecodeError was
+    a run's bare reason, and a listing's thread traceback, then "did not answer within 5 s")."""
     assert MPVISOR is not None
     env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
     runs = {(bad, command): subprocess.Popen(
@@ -870,7 +873,8 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
             status, err = finish(run, timeout=30)
             assert status == 1 and _SECRET_URLS[bad] in err, (bad, err)
             assert command[0] == "run" or err.startswith("mpvisor slots: the lease store at postgresql://deploy"), err
-            assert "Hunter2" not in err and "leaked" not in err and '"***"' in err, (bad, err)
+            assert "Hunter2" not in err and "leaked" not in err and "Traceback" not in err, (bad, err)
+            assert '"***"' in err or "UTF-8" in _SECRET_URLS[bad], (bad, err)
     finally:
         for run in runs.values():
             run.kill()

@@ -138,6 +138,9 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         if any(words in str(exc).lower() for words in _AT_CAPACITY):
             raise Unreachable(f"cannot connect: {text}", at_capacity=True) from None
         raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
+    except ValueError as exc:  # psycopg's own check of the URL (a `%FF` that decodes to no UTF-8): as bad a URL
+        why = "the URL is not UTF-8 once percent-decoded: " if isinstance(exc, UnicodeError) else ""
+        raise LeaseError(f"cannot connect: {why}{_first_line(exc, url)}") from None
 
 
 def _not_answered(message: str) -> bool:
@@ -330,8 +333,14 @@ class PostgresStore:
         store does not answer. Only reads: a database without mpvisor's tables holds nothing
         (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
         done: list[Any] = []
-        reader = threading.Thread(target=lambda: done.append(self._read_holdings(timeout)),
-                                  name="mpvisor-lease-holdings", daemon=True)
+
+        def read() -> None:
+            try:
+                done.append(self._read_holdings(timeout))
+            except Exception as exc:  # whatever it was, one line, not a thread's traceback and a wait
+                done.append(LeaseError(f"{self.name}: {_first_line(exc, self.url)}"))
+
+        reader = threading.Thread(target=read, name="mpvisor-lease-holdings", daemon=True)
         reader.start()
         reader.join(timeout)
         if not done:
