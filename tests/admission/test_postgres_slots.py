@@ -432,7 +432,9 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
     it gets in and runs. (It ended at once, status 1, nothing run: a deploy script that starts
     runs faster than the server's limit allows failed.) `mpvisor slots` waits for a connection
-    too, within its `--wait` (it failed at once: "too many connections for role")."""
+    too, within its `--wait` (it failed at once: "too many connections for role"). A drop, and a
+    run past its `--wait-timeout`, end 3 saying the store let no connection in (they said it did
+    not answer)."""
     import threading
 
     import psycopg
@@ -447,6 +449,8 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     assert finish(start(tmp_path, 0, capped, "--slot", "s", "--", "true"), timeout=30)[0] == 0  # its schema made
     held = [psycopg.connect(capped) for _ in range(2)]  # the role's whole limit
     run = start(tmp_path, 1, capped, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+    timed = start(tmp_path, 2, capped, "--slot", "s", "--wait-timeout", "4", "--", "touch", str(tmp_path / "ran"))
+    dropped = start(tmp_path, 3, capped, "--slot", "s", "--policy", "drop", "--", "touch", str(tmp_path / "ran"))
     viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
     listing = subprocess.Popen([MPVISOR, "slots", "--slots", capped, "--json", "--wait", "60"], cwd=tmp_path, env=viewer,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -459,6 +463,10 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
         said = next(line for line in lines if "has let no connection in" in line)
         assert 'too many connections for role "mpvisor_capped"' in said and "still waiting" in said, said
         assert listing.poll() is None, listing.communicate()  # the listing waits for a connection too
+        for other, said in ((dropped, "has let no connection in (cannot connect: "),
+                            (timed, "has let no connection in within the wait timeout (4 s)")):
+            status, err = finish(other, timeout=30)  # each says it was let in nowhere, not that nobody answered
+            assert status == 3 and said in err.splitlines()[-1], err
     finally:
         for conn in held:
             conn.close()

@@ -547,7 +547,8 @@ class PostgresRequest:
                 except Exception as exc:
                     if self._closed.is_set() or self._withdrawn or not unreachable(exc):
                         raise
-                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
+                    unheard = "has let no connection in" if isinstance(exc, Unreachable) and exc.at_capacity else "did not answer"
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} {unheard} "
                                                                f"({_first_line(exc, self.store.url)}); a drop does not wait")
             else:
                 refused = submit(policy)()
