@@ -4,7 +4,8 @@ One table, a setting's form to a lazy builder (the store's module is imported on
 used), and the check `ControllerConfig(leases=...)` applies. A row is a store's name (`"local"`:
 that exact text) or a URL scheme (`"SCHEME://"`: any URL of that scheme, the builder given the
 whole text). A new store is a module beside the others and one row here; the controller and the
-CLI name stores only through this table.
+CLI name stores only through this table. A setting is shown (an error, a repr) by `shown`: a
+URL without its password.
 
 | `leases=` | the store | slots shared with |
 |---|---|---|
