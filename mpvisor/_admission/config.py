@@ -18,7 +18,7 @@ import math
 from datetime import timedelta
 
 from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, LeaseStore, lease_ttl_problem
-from mpvisor._admission.leases.stores import checked
+from mpvisor._admission.leases.stores import checked, shown
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
 from mpvisor._model.records import record
@@ -62,3 +62,7 @@ class ControllerConfig:
             raise ConfigError(f"lease_ttl must be {problem}, got {lease_ttl!r}")
         object.__setattr__(self, "lease_ttl", ttl)
         object.__setattr__(self, "wait_timeout", _validate.duration("wait_timeout", wait_timeout, allow_none=True, allow_zero=False))
+
+    def __repr__(self) -> str:  # `leases` as a message shows it: a URL's password masked
+        return (f"ControllerConfig(queue_capacity={self.queue_capacity!r}, max_slot_queue={self.max_slot_queue!r}, "
+                f"leases={shown(self.leases)}, lease_ttl={self.lease_ttl!r}, wait_timeout={self.wait_timeout!r})")

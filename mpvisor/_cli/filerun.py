@@ -64,6 +64,7 @@ from mpvisor._cli.options import (
     launcher_for,
     outcome_line,
     say_problem,
+    slots_variable,
     value_line,
 )
 from mpvisor._cli.shell import account_output, lose_output, take_stdout, write_line
@@ -323,6 +324,12 @@ def run_file(args: argparse.Namespace) -> int:
         print(f"mpvisor run: error: argument --name: {too_long}", file=sys.stderr)
         return USAGE_ERROR
     tasks = parsed.tasks
+    if args.slots is None and any(t.slot for t in tasks):  # $MPVISOR_SLOTS, read by a file that has slots
+        try:
+            args.slots = slots_variable()
+        except ValueError as exc:
+            print(f"mpvisor run: error: {exc} (see mpvisor run --help)", file=sys.stderr)
+            return USAGE_ERROR
     grace = args.grace if args.grace is not None else parsed.grace if parsed.grace is not None else DEFAULT_GRACE
     if any(isinstance(t.spec.task, TaskFn) and t.spec.task.cwd is not None for t in tasks) and sys.path[:1] != [""]:
         sys.path.insert(0, "")  # before the launcher starts: an attempt looks its target up in its own cwd first

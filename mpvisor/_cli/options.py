@@ -265,16 +265,24 @@ def slots_url(text: str) -> str:
 SLOTS_VARIABLE = "MPVISOR_SLOTS"  # --slots where it is not given
 
 
-def slots_default(parser: argparse.ArgumentParser) -> str | None:
-    """`$MPVISOR_SLOTS`, for a command given no `--slots`: read as `--slots` is, a usage error
-    naming the variable (not the option nobody gave) when it is no store's URL."""
+def slots_variable() -> str | None:
+    """`$MPVISOR_SLOTS`, for a command given no `--slots` that has a slot: read as `--slots` is,
+    `ValueError` naming the variable (not the option nobody gave) when it is no store's URL."""
     text = os.environ.get(SLOTS_VARIABLE) or None
     if text is None:
         return None
     try:
         return slots_url(text)
     except argparse.ArgumentTypeError as exc:
-        parser.error(f"${SLOTS_VARIABLE} (what --slots is when not given): {exc}")
+        raise ValueError(f"${SLOTS_VARIABLE} (what --slots is when not given): {exc}") from None
+
+
+def slots_default(parser: argparse.ArgumentParser) -> str | None:
+    """`slots_variable()`, its error a usage error of `parser`."""
+    try:
+        return slots_variable()
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def check_cgroups_variable(parser: argparse.ArgumentParser) -> None:

@@ -214,7 +214,8 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     """What argparse cannot check alone (a usage error through `run.error`); sets `args.spec`,
     the one task's spec (None with `--file`, whose tasks are in the file)."""
     args.spec = None
-    given_slots, args.slots = args.slots, args.slots or slots_default(run)
+    # $MPVISOR_SLOTS is read only by a run that has a slot (a file's: once it is read, `run_file`)
+    given_slots, args.slots = args.slots, args.slots or (slots_default(run) if args.slot is not None else None)
     check_cgroups_variable(run)  # what the launcher reads: refused here, before anything starts
     if args.file is not None:
         if args.command or args.target is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -256,6 +257,9 @@ def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp
         wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=60)
         busy = header()
         assert busy[0] == empty[0] and len(busy) == 2, busy
+        (view,) = shown(tmp_path, url)  # the keys docs/cli.md lists
+        assert set(view) == {"slot", "status", "owner", "queue"} and view["status"] == "running", view
+        assert set(view["owner"]) == {"pid", "name", "since", "host", "token"} and view["queue"] == [], view
     finally:
         held.terminate()
         finish(held)
@@ -427,7 +431,10 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     """A role at its connection limit ("too many connections for role"): a run that cannot get
     in waits, as for a store that does not answer, and after 2 s says why; once connections end
     it gets in and runs. (It ended at once, status 1, nothing run: a deploy script that starts
-    runs faster than the server's limit allows failed.)"""
+    runs faster than the server's limit allows failed.) `mpvisor slots` waits for a connection
+    too, within its `--wait` (it failed at once: "too many connections for role"). A drop, and a
+    run past its `--wait-timeout`, end 3 saying the store let no connection in (they said it did
+    not answer)."""
     import threading
 
     import psycopg
@@ -442,6 +449,11 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
     assert finish(start(tmp_path, 0, capped, "--slot", "s", "--", "true"), timeout=30)[0] == 0  # its schema made
     held = [psycopg.connect(capped) for _ in range(2)]  # the role's whole limit
     run = start(tmp_path, 1, capped, "--slot", "s", "--", "touch", str(tmp_path / "ran"))
+    timed = start(tmp_path, 2, capped, "--slot", "s", "--wait-timeout", "4", "--", "touch", str(tmp_path / "ran"))
+    dropped = start(tmp_path, 3, capped, "--slot", "s", "--policy", "drop", "--", "touch", str(tmp_path / "ran"))
+    viewer = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
+    listing = subprocess.Popen([MPVISOR, "slots", "--slots", capped, "--json", "--wait", "60"], cwd=tmp_path, env=viewer,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(run.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
@@ -450,13 +462,21 @@ def test_a_server_at_its_connection_limit_is_waited_for_and_said_to_be_so(tmp_pa
         assert run.poll() is None and not (tmp_path / "ran").exists(), lines
         said = next(line for line in lines if "has let no connection in" in line)
         assert 'too many connections for role "mpvisor_capped"' in said and "still waiting" in said, said
+        assert listing.poll() is None, listing.communicate()  # the listing waits for a connection too
+        for other, said in ((dropped, "has let no connection in (cannot connect: "),
+                            (timed, "has let no connection in within the wait timeout (4 s)")):
+            status, err = finish(other, timeout=30)  # each says it was let in nowhere, not that nobody answered
+            assert status == 3 and said in err.splitlines()[-1], err
     finally:
         for conn in held:
             conn.close()
     try:
         assert run.wait(timeout=30) == 0, lines
+        out, err = listing.communicate(timeout=30)
+        assert listing.returncode == 0 and {v["slot"] for v in json.loads(out)["slots"]} <= {"s"}, (out, err)
     finally:
         run.kill()
+        listing.kill()
         reader.join(10)
     assert (tmp_path / "ran").exists(), lines
     assert not any("Traceback" in line for line in lines), lines
@@ -501,7 +521,8 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     """`mpvisor slots --slots URL` against a database without mpvisor's tables says there is
     nothing (status 0) and leaves it without them (it created all three); a role that may not
     read the tables gets one line naming the refusal, status 1 (it got a traceback of
-    psycopg.errors.InsufficientPrivilege)."""
+    psycopg.errors.InsufficientPrivilege); given the privileges docs/slots.md lists (which it did
+    not list), it runs and lists."""
     import psycopg
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -525,12 +546,26 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     assert done.returncode == 1 and "Traceback" not in done.stderr, done
     assert done.stderr.startswith("mpvisor slots: the lease store at ") and "permission denied" in done.stderr, done
     assert len(done.stderr.splitlines()) == 1, done
+    # docs/slots.md's privileges for a role that did not create the tables: it runs and lists
+    import pathlib
+
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (grants,) = [b.text for b in _markdown.blocks(page) if b.lang == "sql" and "GRANT" in b.text]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(grants.replace(" TO deploy;", " TO mpvisor_outsider;"))
+    run = start(tmp_path, 1, outsider, "--slot", "s", "--", "true")
+    assert isinstance(PostgresStore(outsider).holdings(10.0), list)
+    status, err = finish(run, timeout=30)
+    assert status == 0 and "permission denied" not in err, err
 
 
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): the listing
     (`mpvisor slots --wait 1`) gives up after its 1 s, the connection included (libpq's connect
-    timeout is at least 2 s: it took 2 to 4 s)."""
+    timeout is at least 2 s: it took 2 to 4 s). One that refuses connections is said not to
+    answer, the store named."""
     import time
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -545,6 +580,11 @@ def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_
         took = time.monotonic() - began
     assert took < 1.5, took
     assert "did not answer within 1 s" in str(raised.value)
+    refusing = "postgresql://deploy@127.0.0.1:1/deploys"  # nothing listens: refused at once, said as not answered
+    with pytest.raises(LeaseError) as raised:
+        PostgresStore(refusing).holdings(1.0)
+    assert str(raised.value).startswith(f"the lease store at {refusing} did not answer within 1 s: cannot connect: "), \
+        raised.value
 
 
 def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:
@@ -745,7 +785,8 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
 def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: Any, url: str) -> None:
     """A queued run SIGKILLed: the run that queues next is told "position 1", the place it has
     (admission skips the dead waiter, and `mpvisor slots --slots URL` does not list it), and it
-    runs next. (It was told "position 2": the dead waiter was counted ahead of it.)"""
+    runs next. (It was told "position 2": the dead waiter was counted ahead of it.) The line names
+    the owner's host with its pid (a pid alone, from another host, named no process here)."""
     log = tmp_path / "owners.log"
     holder = start(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "held"))
     runs = [holder]
@@ -762,6 +803,7 @@ def test_a_run_queued_behind_a_dead_waiter_is_told_the_place_it_has(tmp_path: An
         assert waiter.stderr is not None
         told = waiter.stderr.readline()
         assert "waiting, position 1 in its queue" in told, told
+        assert f"pid {holder.pid} on {socket.gethostname()}, since" in told, told  # the owner's host too
         assert [queued["pid"] for queued in shown(tmp_path, url)[0]["queue"]] == [waiter.pid]
         holder.terminate()
         assert finish(holder)[0] == -15
@@ -816,6 +858,7 @@ _SECRET_URLS = {  # a password in each form libpq repeats in its parse errors, a
     "postgresql://deploy:Hunter2%zzleaked@127.0.0.1:1/deploys": "invalid percent-encoded token",
     "postgresql://deploy@127.0.0.1:1/deploys?password=Hunter2 leaked": "unexpected spaces found in",
     "postgresql://deploy@127.0.0.1:1/deploys?sslmode=require&password=Hunter2%zzleaked": "invalid percent-encoded token",
+    "postgresql://deploy:Hunter2%FFleaked@127.0.0.1:1/deploys": "the URL is not UTF-8 once percent-decoded",
 }
 
 
@@ -823,7 +866,10 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
     """URLs whose password libpq cannot parse (a space, a bad percent escape), in the user part
     or as a `password=` parameter: `mpvisor run --slot` and `mpvisor slots` end with status 1
     and libpq's own words, and no line shows the password. (libpq repeats what it could not
-    parse: `unexpected spaces found in "Hunter2 leaked"`.)"""
+    parse: `unexpected spaces found in "Hunter2 leaked"`.) A listing's line names the store, as a
+    run's does (it said only "mpvisor slots: cannot connect: ...", whichever URL was meant). A
+    password whose `%FF` decodes to no UTF-8 is said so at once (psycopg's UnicodeDecodeError was
+    a run's bare reason, and a listing's thread traceback, then "did not answer within 5 s")."""
     assert MPVISOR is not None
     env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
     runs = {(bad, command): subprocess.Popen(
@@ -831,10 +877,12 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for bad in _SECRET_URLS for command in (("run", "--slot", "s"), ("slots",))}
     try:
-        for (bad, _), run in runs.items():
+        for (bad, command), run in runs.items():
             status, err = finish(run, timeout=30)
             assert status == 1 and _SECRET_URLS[bad] in err, (bad, err)
-            assert "Hunter2" not in err and "leaked" not in err and '"***"' in err, (bad, err)
+            assert command[0] == "run" or err.startswith("mpvisor slots: the lease store at postgresql://deploy"), err
+            assert "Hunter2" not in err and "leaked" not in err and "Traceback" not in err, (bad, err)
+            assert '"***"' in err or "UTF-8" in _SECRET_URLS[bad], (bad, err)
     finally:
         for run in runs.values():
             run.kill()
@@ -848,13 +896,20 @@ def test_no_message_of_a_run_or_a_listing_shows_the_password_libpq_repeats(tmp_p
 def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -> None:
     """`masked`, the one place a store's message loses its password: the password as written
     and percent-decoded, wherever it stands alone; not inside a longer word (a password `p`
-    leaves "port" alone), and the URL itself redacted."""
+    leaves "port" alone), and the URL itself redacted. `ControllerConfig`'s repr, and its error
+    for a URL of no store, lose it too (both showed it whole)."""
+    from mpvisor import ConfigError, ControllerConfig
     from mpvisor._admission.leases.postgres import PostgresStore, masked
 
     written = url.split("password=")[-1] if "password=" in url.lower() else url.split(":")[2].split("@")[0]
     said = masked(f'bad "Hunter2 leaked" or "{written}" in {url}', url)
     assert "Hunter2" not in said and "leaked" not in said, said
     assert "Hunter2" not in PostgresStore(url).name and "Hunter2" not in repr(PostgresStore(url))
+    assert "Hunter2" not in repr(ControllerConfig(leases=url)) and "ControllerConfig(queue_capacity=" in repr(
+        ControllerConfig(leases=url))
+    with pytest.raises(ConfigError) as refused:
+        ControllerConfig(leases=url.replace("postgresql://", "mysql://"))
+    assert "Hunter2" not in str(refused.value) and "mysql://deploy" in str(refused.value), refused.value
     short = "postgresql://u:p@127.0.0.1:abc/slots"
     assert masked('invalid integer value "abc" for connection option "port" in ' + short, short) == (
         'invalid integer value "abc" for connection option "port" in postgresql://u:***@127.0.0.1:abc/slots')

@@ -229,9 +229,13 @@ def test_a_slot_name_is_named_a_slot_name():
         slot_name("a\nb")
 
 
-def test_a_bad_slots_variable_is_named_and_an_unslotted_run_ignores_it(monkeypatch, capsys):
+def test_a_bad_slots_variable_is_named_and_an_unslotted_run_ignores_it(monkeypatch, capsys, tmp_path):
     """`$MPVISOR_SLOTS` is `--slots` where that is not given: a wrong value's usage error names
-    the variable (it named `--slots`, which nobody gave), for a run with a slot and for `slots`."""
+    the variable (it named `--slots`, which nobody gave), for a run with a slot, a file with a
+    slot and for `slots`. A run without a slot, or a file without one, does not read it (a
+    wrong value there was a usage error too: a CI configuration's variable stopped every run)."""
+    from mpvisor._cli.filerun import run_file
+
     monkeypatch.setenv("MPVISOR_SLOTS", "mysql://x")
     for argv in (["run", "--slot", "s", "--", "true"], ["slots"]):
         with pytest.raises(SystemExit) as exit_:
@@ -243,7 +247,14 @@ def test_a_bad_slots_variable_is_named_and_an_unslotted_run_ignores_it(monkeypat
     args, _ = parse(["run", "--slot", "s", "--", "true"])
     assert args.slots == "postgresql://db/x"
     args, _ = parse(["run", "--", "true"])  # a run without a slot uses no store
-    assert args.slots == "postgresql://db/x" and args.slot is None
+    assert args.slots is None and args.slot is None
+    monkeypatch.setenv("MPVISOR_SLOTS", "mysql://x")
+    for argv in (["run", "--", "true"], ["run", "--file", str(tmp_path / "f.toml")]):
+        args, _ = parse(argv)  # nor reads a wrong value: no usage error
+        assert args.slots is None, argv
+    (tmp_path / "f.toml").write_text('[task.a]\ncommand = ["true"]\nslot = "s"\n')  # ... until its file has a slot
+    assert run_file(args) == 2
+    assert "$MPVISOR_SLOTS (what --slots is when not given): expected a postgresql:// URL" in capsys.readouterr().err
 
 
 def test_good_options_build_the_spec_they_describe():

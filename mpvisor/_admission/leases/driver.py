@@ -51,6 +51,7 @@ class LeaseDriver:
         self._waited_out = False
         self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
         self._heard = False  # the store answered this request (it queued it)
+        self._full = False  # the store said it is at its connection limit (`on_silent` with a why)
         self._withdrawing: threading.Thread | None = None  # `_wait_out`'s
         self._request: LeaseRequest | None = None
         self._withdrawn = False
@@ -115,7 +116,8 @@ class LeaseDriver:
         if self._decision is None or self._decision.done():
             return  # decided as the timer fired: `acquire` takes that decision
         self._waited_out = True
-        silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} did not answer within the "
+        unheard = "has let no connection in" if self._full else "did not answer"
+        silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} {unheard} within the "
                                            f"wait timeout ({self.wait_timeout:g} s)")
         self.leave_queue(silent)
 
@@ -156,6 +158,7 @@ class LeaseDriver:
             loop.call_soon_threadsafe(self._on_queued, queued_text(slot, position, owner))
 
         def silent(why: str | None) -> None:
+            self._full = why is not None
             loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot, why))
 
         try:

@@ -138,6 +138,9 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         if any(words in str(exc).lower() for words in _AT_CAPACITY):
             raise Unreachable(f"cannot connect: {text}", at_capacity=True) from None
         raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
+    except ValueError as exc:  # psycopg's own check of the URL (a `%FF` that decodes to no UTF-8): as bad a URL
+        why = "the URL is not UTF-8 once percent-decoded: " if isinstance(exc, UnicodeError) else ""
+        raise LeaseError(f"cannot connect: {why}{_first_line(exc, url)}") from None
 
 
 def _not_answered(message: str) -> bool:
@@ -325,12 +328,19 @@ class PostgresStore:
 
     def holdings(self, timeout: float) -> list[dict[str, Any]]:
         """Who holds what, read within `timeout` s in all (the connection too: libpq's own connect
-        timeout is at least 2 s, per address), on a thread of its own that is left behind if the
+        timeout is at least 2 s, per address; a store that refuses connections or is at its
+        connection limit is tried again meanwhile), on a thread of its own that is left behind if the
         store does not answer. Only reads: a database without mpvisor's tables holds nothing
         (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
         done: list[Any] = []
-        reader = threading.Thread(target=lambda: done.append(self._read_holdings(timeout)),
-                                  name="mpvisor-lease-holdings", daemon=True)
+
+        def read() -> None:
+            try:
+                done.append(self._read_holdings(timeout))
+            except Exception as exc:  # whatever it was, one line, not a thread's traceback and a wait
+                done.append(LeaseError(f"{self.name}: {_first_line(exc, self.url)}"))
+
+        reader = threading.Thread(target=read, name="mpvisor-lease-holdings", daemon=True)
         reader.start()
         reader.join(timeout)
         if not done:
@@ -341,10 +351,20 @@ class PostgresStore:
         return views
 
     def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
-        try:
-            conn = _connect(self.url, timeout, autocommit=True)
-        except LeaseError as exc:
-            return exc
+        # A store that does not answer, or lets no connection in (at its connection limit, or
+        # restarting), is tried again within `timeout`, as a run waits for it; a refusal is said at once
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
+                break
+            except Unreachable as exc:
+                if time.monotonic() + 2 * self.retry >= deadline:  # said before `holdings` stops waiting
+                    done = "has let no connection in" if exc.at_capacity else "did not answer"
+                    return LeaseError(f"{self.name} {done} within {timeout:g} s: {exc}")
+                time.sleep(self.retry)
+            except LeaseError as exc:  # named as every other message of the listing names it
+                return LeaseError(f"{self.name}: {exc}")
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
             with _Deadline(conn, timeout):
@@ -527,7 +547,8 @@ class PostgresRequest:
                 except Exception as exc:
                     if self._closed.is_set() or self._withdrawn or not unreachable(exc):
                         raise
-                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} did not answer "
+                    unheard = "has let no connection in" if isinstance(exc, Unreachable) and exc.at_capacity else "did not answer"
+                    return Decision(False, "slot_busy", reason=f"slot {slot!r}: {self.store.name} {unheard} "
                                                                f"({_first_line(exc, self.store.url)}); a drop does not wait")
             else:
                 refused = submit(policy)()
@@ -631,9 +652,9 @@ class PostgresRequest:
             # ahead of it: the queued that admission does not skip (a waiter known to be dead is not)
             (ahead,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
                                     f"AND position < %s AND NOT ({_DEAD})", (self.slot, row[1])).fetchone()
-            owner = conn.execute("SELECT name, pid, extract(epoch FROM since) FROM mpvisor_requests "
+            owner = conn.execute("SELECT name, pid, extract(epoch FROM since), host FROM mpvisor_requests "
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
-            seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0)} if owner else None
+            seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0), "host": owner[3]} if owner else None
             return row[0], int(ahead) + 1, seen, row[2]
         result: tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]] = self._in_slot(look, changes=False)
         return result

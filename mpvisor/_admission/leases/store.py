@@ -170,11 +170,13 @@ def renewal_margin(ttl: float) -> float:
 
 def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
     """What a `queued` answer tells a person: `slot 'deploy' is busy (owner: 'deploy', pid 812,
-    since 14:02:11); waiting, position 1 in its queue`."""
+    since 14:02:11); waiting, position 1 in its queue`; `pid 812 on HOST` from a store shared
+    across hosts, which names the owner's host."""
     held = ""
     if owner:
         since = time.strftime("%H:%M:%S", time.localtime(owner.get("since") or time.time()))
-        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}, since {since})"
+        where = f" on {owner['host']}" if owner.get("host") else ""
+        held = f" (owner: {owner.get('name')!r}, pid {owner.get('pid')}{where}, since {since})"
     return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
 
 

@@ -4,7 +4,8 @@ One table, a setting's form to a lazy builder (the store's module is imported on
 used), and the check `ControllerConfig(leases=...)` applies. A row is a store's name (`"local"`:
 that exact text) or a URL scheme (`"SCHEME://"`: any URL of that scheme, the builder given the
 whole text). A new store is a module beside the others and one row here; the controller and the
-CLI name stores only through this table.
+CLI name stores only through this table. A setting is shown (an error, a repr) by `shown`: a
+URL without its password.
 
 | `leases=` | the store | slots shared with |
 |---|---|---|
@@ -52,14 +53,24 @@ def is_store_url(setting: str) -> bool:
     return "://" in setting and _name(setting) in STORES
 
 
+def shown(value: object) -> str:
+    """`repr(value)`, as a message or a repr shows a setting: a URL without its password (in
+    any form it was given: `postgres.masked`)."""
+    if isinstance(value, str) and "://" in value:
+        from mpvisor._admission.leases.postgres import masked
+
+        return repr(masked(value, value))
+    return repr(value)
+
+
 def checked(value: object) -> str | LeaseStore | None:
-    """`value` if it names a store (or is one), else `ConfigError` naming it."""
+    """`value` if it names a store (or is one), else `ConfigError` naming it (`shown`)."""
     if value is None or (isinstance(value, str) and _name(value) in STORES):
         return value
     if not isinstance(value, str) and all(callable(getattr(value, m, None)) for m in ("request", "holdings")):
         return value  # type: ignore[return-value]
     names = ", ".join(repr(name) for name in STORES)
-    raise ConfigError(f"leases must be None, one of {names}, or a lease store, got {value!r}")
+    raise ConfigError(f"leases must be None, one of {names}, or a lease store, got {shown(value)}")
 
 
 def open_store(value: str | LeaseStore, ttl: float = DEFAULT_LEASE_TTL) -> LeaseStore:
