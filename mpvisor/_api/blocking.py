@@ -3,7 +3,9 @@
 `Supervisor.serve_blocking()` runs the runtime on a background thread with its own event loop
 and returns a `BlockingHandle`: the same methods as `SupervisorHandle`, each one blocking until
 the runtime answers. The handle is a context manager: leaving the `with` block (or `close()`)
-shuts the runtime down, stops the loop and joins its thread.
+shuts the runtime down, stops the loop and joins its thread. The loop stops only once the
+shutdown is over: a `close()` interrupted while the shutdown waits out its grace window (Ctrl-C)
+kills every tree at once and waits for the shutdown's end before the interruption propagates.
 
 Every call takes one path, `BlockingHandle._call(coroutine)`:
 
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
     from mpvisor._runtime.bus import EventStream
 
 T = TypeVar("T")
+
+INTERRUPTED_SHUTDOWN = "interrupted while the shutdown waited for the grace window: killed at once, without waiting for it"
 
 
 class BlockingWaiter:
@@ -163,7 +167,7 @@ class BlockingHandle:
             return
         try:
             if not self._over:
-                self.shutdown()
+                self._shut_down()
         finally:
             with self._lock:
                 if self._thread.is_alive():
@@ -176,6 +180,26 @@ class BlockingHandle:
                     future.set_exception(ShuttingDown("the supervisor's loop stopped during the call"))
                 except InvalidStateError:
                     pass  # it was answered after all
+
+    def _shut_down(self) -> None:
+        """`shutdown()`, for `close()`. Interrupted in this thread while the shutdown still runs (a
+        Ctrl-C while it waits out the grace window of a task that does not stop), every tree is
+        killed at once, as a second SIGINT under `run` does, and the shutdown is waited for again
+        (it is quick now) before the interruption propagates, a `GraceExceeded` noted on it: the
+        loop must not stop in the middle of the shutdown, which would leave the launcher and the
+        attempts running beside the program, and the waiters unresolved."""
+        try:
+            self.shutdown()
+        except BaseException as interruption:
+            runtime = self._handle._rt
+            if runtime.shut_down:  # the shutdown's own result (a GraceExceeded), not an interruption
+                raise
+            self._loop.call_soon_threadsafe(runtime.kill_all_now, INTERRUPTED_SHUTDOWN)
+            try:
+                self.shutdown()
+            except GraceExceeded as grace:
+                interruption.add_note(f"mpvisor: shutdown after this error also failed: {grace}")
+            raise
 
     def _call(self, call: Coroutine[Any, Any, T]) -> T:
         """The one path of every call: on the loop while it runs, else on this thread (never in

@@ -88,6 +88,7 @@ class Runtime:
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
+        self.killed_at_once = False  # `kill_all_now` ended the grace window (its GraceExceeded says so)
         self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -320,6 +321,7 @@ class Runtime:
         """End every grace window at once (a second SIGINT in `run` mode): every task is
         stopped by the shutdown, those of stop levels not reached yet too, and its tree killed,
         so each ends `FORCE_ABORTED` (or as it was ending), never as a failed attempt to retry."""
+        self.killed_at_once = True
         for actor in list(self.registry.by_id.values()):
             if self.registry.claim(actor, by_shutdown=True):
                 self._claimed.append(actor)
@@ -364,7 +366,7 @@ class Runtime:
         await self.registry.stop()
         await self.bus.close(self.config.subscriber_shutdown_timeout)
         if stuck:
-            raise GraceExceeded(grace, stuck, at_once=self.interrupted.count(signal.SIGINT) > 1)
+            raise GraceExceeded(grace, stuck, at_once=self.killed_at_once)
 
     def _stop_levels(self) -> list[list[TaskActor]]:
         """The registered tasks in the groups shutdown stops one after another: all at once,

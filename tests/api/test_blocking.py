@@ -219,3 +219,42 @@ def test_a_blocking_submit_interrupted_while_it_waits_for_room_submits_nothing(t
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert child_pids_of_self() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_shutdown_interrupted_in_its_grace_window_kills_at_once_and_finishes(tmp_path):
+    """Ctrl-C while leaving the `with` block waits out the grace of a task that will not stop
+    (a signal handler raising in `close()`, as a second Ctrl-C's KeyboardInterrupt does): its
+    tree is killed at once, as a second SIGINT under `run` does, the shutdown finishes, the
+    waiter resolves `FORCE_ABORTED` and no process is left. It used to stop the loop in the
+    middle of the shutdown: the launcher and the attempt ran on beside the program, and the
+    waiter never resolved."""
+    marker = str(tmp_path / "marker")
+    events = Collector()
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        handle = Supervisor(SupervisorConfig(grace=30), [events]).serve_blocking()
+        _, waiter = handle.add_and_watch(TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn", kwargs={"marker": marker})))
+        wait_for(lambda: words(marker, "started"), timeout=10)  # shielded from the stop request by then
+
+        def interrupt_once_the_shutdown_waits() -> None:
+            events.wait_for(EventKind.SHUTDOWN_REQUESTED, 10.0)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        threading.Thread(target=interrupt_once_the_shutdown_waits).start()
+        with pytest.raises(Interrupted) as raised:
+            handle.close()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    outcome = waiter.wait(timeout=10)
+    assert outcome.kind is OutcomeKind.FORCE_ABORTED and "killed at once" in outcome.reason, outcome
+    (note,) = raised.value.__notes__
+    assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) were killed at once"), note
+    assert child_pids_of_self() == []
