@@ -34,7 +34,7 @@ import asyncio
 import builtins
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -340,16 +340,36 @@ class BlockingHandle:
         prepared = self._call(_plain(lambda: self._handle.prepare_submission(spec)))
         return BlockingPreparedSubmission(prepared, self)
 
-    def events(self) -> Iterator[Event]:
-        """A blocking iterator over the events published from now on (ends after shutdown)."""
-        return self._iterate(self._call(_plain(self._handle.events)))
+    def events(self) -> BlockingEvents:
+        """A blocking iterator over the events published from now on (ends after shutdown);
+        its `dropped` counts those it lost to a full buffer (`bus_capacity`)."""
+        return BlockingEvents(self._call(_plain(self._handle.events)), self)
 
-    def _iterate(self, stream: EventStream) -> Iterator[Event]:
-        while True:
-            try:
-                yield self._call(stream.__anext__())
-            except StopAsyncIteration:
-                return
+
+class BlockingEvents:
+    """The iterator `BlockingHandle.events()` returns: the async `EventStream`'s events, each
+    read through the handle's one path (`_call`), and its count of events lost, `dropped`."""
+
+    def __init__(self, stream: EventStream, handle: BlockingHandle) -> None:
+        self._stream = stream
+        self._handle = handle
+
+    def __repr__(self) -> str:
+        return f"<BlockingEvents {self._stream!r}>"
+
+    def __iter__(self) -> BlockingEvents:
+        return self
+
+    @property
+    def dropped(self) -> int:
+        """Events lost because the buffer was full (`SupervisorConfig.bus_capacity`)."""
+        return self._stream.dropped
+
+    def __next__(self) -> Event:
+        try:
+            return self._handle._call(self._stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
 
 
 class BlockingPreparedSubmission:

@@ -30,11 +30,14 @@ from tests._support import Collector, Gate, child_pids_of_self, wait_for, words
 def test_the_blocking_facade_mirrors_the_async_handle():
     """Add_and_watch + wait(timeout=10), cancel, submit_and_watch; wait(timeout=0.1) on a
     running task raises the builtin TimeoutError and the task goes on; leaving `with` shuts down
-    and leaves no process."""
+    and leaves no process. An `events()` iterator nobody reads keeps `bus_capacity` events and
+    counts the others as `dropped`, as the async one does (it had no count: a reader could not
+    tell that it lost events)."""
     events = Collector()
-    supervisor = Supervisor.builder(SupervisorConfig(grace=1)).with_controller(ControllerConfig()) \
+    supervisor = Supervisor.builder(SupervisorConfig(grace=1, bus_capacity=2)).with_controller(ControllerConfig()) \
         .with_subscribers([events]).build()
     with supervisor.serve_blocking() as handle:
+        unread = handle.events()
         _, waiter = handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
         assert waiter.wait(timeout=10).value == "v"
         task_id, running = handle.add_and_watch(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
@@ -54,6 +57,8 @@ def test_the_blocking_facade_mirrors_the_async_handle():
     assert child_pids_of_self() == []
     with pytest.raises(ShuttingDown):
         handle.add(TaskSpec.once(TaskFn("late", "workers.basic:quick")))
+    assert [e.seq for e in unread] == [e.seq for e in events.events[:2]]
+    assert unread.dropped == len(events.events) - 2 > 0
 
 
 @pytest.mark.timeout(60)
