@@ -14,6 +14,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -573,6 +574,35 @@ async def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, betwe
         assert outcome.attempts == starts_before
         await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
         assert len(collector.of(K.ATTEMPT_STARTING, id=task_id)) == starts_before
+
+
+async def test_starts_still_queued_for_the_launcher_are_withdrawn_at_shutdown() -> None:
+    """40 tasks added while the launcher takes no request (stopped, its socket's buffer small:
+    as when tasks are added faster than it forks), then shutdown (grace 30): the starts still
+    waiting to be sent to the launcher are withdrawn, each attempt `ATTEMPT_CANCELED` "canceled
+    before the attempt started" without a process, and every task ends CANCELED. They used to be
+    forked one after another after the shutdown began, only to be stopped: 2000 tasks added at
+    once made a shutdown with grace 1 s take 8 s and end most of them FORCE_ABORTED."""
+    count = 40
+    async with supervised(SupervisorConfig(grace=30)) as (handle, collector):
+        await handle._rt.ready()
+        client = handle._rt.launcher
+        client._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # the kernel holds a request or two
+        os.kill(client.pid, signal.SIGSTOP)
+        try:
+            waiters = [(await handle.add_and_watch(once(f"t{i}", basic.sleeper, 30)))[1] for i in range(count)]
+            stopping = asyncio.ensure_future(handle.shutdown())
+            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_CANCELED)) >= count - 10)
+        finally:
+            os.kill(client.pid, signal.SIGCONT)
+        await stopping
+        assert {(await w.wait()).kind for w in waiters} == {OutcomeKind.CANCELED}
+        assert child_pids_of_self() == []
+    ended = collector.of(K.ATTEMPT_CANCELED)
+    withdrawn = [e for e in ended if e.pid is None]
+    assert {e.reason for e in withdrawn} == {
+        "canceled before the attempt started (withdrawn before the launcher was asked to start it)"}, ended[:1]
+    assert len(ended) == count and len(collector.of(K.ATTEMPT_STARTING)) == count - len(withdrawn) <= 10
 
 
 async def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
