@@ -90,7 +90,8 @@ class Supervisor:
         """Start the runtime (once) on the running loop and return a handle on it (another call
         gives another handle on the same runtime, also inside its `async with` block). Shut it
         down with `await handle.shutdown()` (`async with` does it at the block's end): until then
-        its attempts go on running. After the shutdown it still returns a handle on that
+        its attempts go on running (at the latest until the loop's end, `asyncio.run`'s, which
+        kills their trees at once). After the shutdown it still returns a handle on that
         runtime, whose management calls raise `ShuttingDown` (submissions `ControllerClosed`)."""
         return SupervisorHandle(self._served())
 

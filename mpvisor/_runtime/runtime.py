@@ -17,6 +17,10 @@ Shutdown, one operation whatever started it, its result cached for every caller:
    stop begins), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
    `ALL_STOPPED_WITHIN_GRACE`;
 4. stop the launcher, join the controller and registry, drain subscribers (bounded).
+
+A shutdown canceled (its loop torn down: `asyncio.run`'s end after a second Ctrl-C) kills every
+tree at once, waits (bounded) for the tasks to end, and stops the launcher before it lets the
+cancellation go on.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from mpvisor._model.spec import ResolvedSpec, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
 from mpvisor._runtime.bus import Bus
 from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._tasks.actor import LOOP_TORN_DOWN
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess, AttemptRequest
 from mpvisor._tasks.registry import Add, Registry, TaskWaiter
 
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
     from mpvisor._tasks.ending import AttemptEnd
 
 _log = logging.getLogger("mpvisor.runtime")
+TORN_DOWN_WAIT = 10.0  # seconds a shutdown whose loop is torn down waits for the killed trees' ends
 
 
 class Runtime:
@@ -328,6 +334,19 @@ class Runtime:
             actor.kill_now(why)
 
     async def _run_shutdown(self) -> None:
+        try:
+            await self._shut_down()
+        except asyncio.CancelledError:
+            # The loop is torn down under the shutdown (the end of `asyncio.run` after a second
+            # Ctrl-C: every task of the loop is canceled): no grace is left. Each task kills its
+            # tree at once (its own cancellation does too: `TaskActor._torn_down`); once they are
+            # gone, the launcher is stopped, so that nothing of the supervisor outlives the loop.
+            self.kill_all_now(LOOP_TORN_DOWN)
+            await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
+            await self.stop_launcher()
+            raise
+
+    async def _shut_down(self) -> None:
         if self.controller is not None:
             await self.controller.close_intake()
         await self.registry.close()

@@ -402,6 +402,33 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
     wait_for(lambda: all_gone(tree), timeout=5)
 
 
+def test_a_loop_torn_down_in_the_grace_window_kills_at_once_and_leaves_no_process(tmp_path) -> None:
+    """A second Ctrl-C while `asyncio.run`'s program waits out the grace (30 s) of a task that
+    does not stop: asyncio raises `KeyboardInterrupt` and cancels every task of the loop, the
+    shutdown's and the task's own. The tree is killed at once, the waiter resolves
+    `FORCE_ABORTED`, and neither the attempt nor the launcher outlives `asyncio.run`. They used to
+    run on beside the program (which may go on), with the waiter never resolved."""
+    marker = str(tmp_path / "marker")
+    waiters: list[Any] = []
+
+    async def main() -> None:
+        handle = Supervisor(SupervisorConfig(grace=30)).serve()
+        waiters.append((await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker)))[1])
+        await started(marker)
+        stopping = asyncio.ensure_future(handle.shutdown())  # an `async with` block's end, under way
+        await async_wait_for(lambda: handle._rt.shutting_down and not stopping.done())
+        raise KeyboardInterrupt  # asyncio's answer to a second Ctrl-C
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert time.monotonic() - began < 10
+    assert child_pids_of_self() == []
+    (waiter,) = waiters
+    assert waiter.done()  # known: so it answers on any loop
+    assert asyncio.run(waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
+
+
 @pytest.mark.parametrize("sigints", [1, 2])
 def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, sigints: int) -> None:
     """A SIGTERM-deaf attempt whose timeout's stop has begun (`timeout_kill_after` 30) is killed
