@@ -138,7 +138,7 @@ class LauncherClient:
         self._cgroups_off = checks.cgroups_off(os.environ.get(checks.CGROUPS_VARIABLE))
         # what waits to be sent to the launcher: each message, its fds, and for a spawn its key
         self._outbox: collections.deque[tuple[bytes, list[int], int]] = collections.deque()
-        self._unsent: set[int] = set()  # the keys of the spawns in `_outbox` (`withdraw` takes one back)
+        self._unsent: dict[int, list[int]] = {}  # the spawns in `_outbox`: key -> its fds (`withdraw` takes one back)
         self._closing = False
         self._restart = threading.Event()
         self._wake = threading.Event()  # set by `close()`: no more waiting for a restart
@@ -293,9 +293,10 @@ class LauncherClient:
     def _send(self, message: control.ToLauncher, fds: list[int] | None = None, spawn: int = 0) -> None:
         """Queue `message` (with `fds`; `spawn`: the key of the attempt it starts) and send what
         the socket takes."""
-        self._outbox.append((control.encode(message), fds or [], spawn))
+        fds = fds or []
+        self._outbox.append((control.encode(message), fds, spawn))
         if spawn:
-            self._unsent.add(spawn)
+            self._unsent[spawn] = fds
         self._flush()
 
     def _flush(self) -> None:
@@ -318,7 +319,7 @@ class LauncherClient:
             except OSError:
                 return  # the launcher is gone: _on_readable sees EOF and fails what was sent
             self._outbox.popleft()
-            self._unsent.discard(spawn)
+            self._unsent.pop(spawn, None)
             for fd in fds:
                 os.close(fd)
 
@@ -596,15 +597,12 @@ class LauncherClient:
         launcher forks one request at a time, and a burst of starts waits here), is taken back and
         the start ends now (`on_start_failed`), nothing of the attempt having run. One the launcher
         has been sent is a fork under way: the runtime's SIGTERM follows `on_started`."""
-        if key not in self._unsent:
+        fds = self._unsent.pop(key, None)
+        if fds is None:
             return
-        self._unsent.discard(key)
-        for _, fds, spawn in self._outbox:
-            if spawn == key:
-                for fd in fds:
-                    os.close(fd)
-                fds.clear()
-                break
+        for fd in fds:
+            os.close(fd)
+        fds.clear()  # its outbox entry is skipped, and closes nothing again
         attempt = self._attempts.pop(key)
         attempt.child_fds = []  # closed above: the child's ends went with the request
         if self.terminal is not None:
