@@ -3,7 +3,9 @@
 `Supervisor.serve_blocking()` runs the runtime on a background thread with its own event loop
 and returns a `BlockingHandle`: the same methods as `SupervisorHandle`, each one blocking until
 the runtime answers. The handle is a context manager: leaving the `with` block (or `close()`)
-shuts the runtime down, stops the loop and joins its thread.
+shuts the runtime down, stops the loop and joins its thread. The loop stops only once the
+shutdown is over: a `close()` interrupted while the shutdown waits out its grace window (Ctrl-C)
+kills every tree at once and waits for the shutdown's end before the interruption propagates.
 
 Every call takes one path, `BlockingHandle._call(coroutine)`:
 
@@ -32,7 +34,7 @@ import asyncio
 import builtins
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
     from mpvisor._runtime.bus import EventStream
 
 T = TypeVar("T")
+
+INTERRUPTED_SHUTDOWN = "interrupted while the shutdown waited for the grace window: killed at once, without waiting for it"
 
 
 class BlockingWaiter:
@@ -163,7 +167,7 @@ class BlockingHandle:
             return
         try:
             if not self._over:
-                self.shutdown()
+                self._shut_down()
         finally:
             with self._lock:
                 if self._thread.is_alive():
@@ -176,6 +180,26 @@ class BlockingHandle:
                     future.set_exception(ShuttingDown("the supervisor's loop stopped during the call"))
                 except InvalidStateError:
                     pass  # it was answered after all
+
+    def _shut_down(self) -> None:
+        """`shutdown()`, for `close()`. Interrupted in this thread while the shutdown still runs (a
+        Ctrl-C while it waits out the grace window of a task that does not stop), every tree is
+        killed at once, as a second SIGINT under `run` does, and the shutdown is waited for again
+        (it is quick now) before the interruption propagates, a `GraceExceeded` noted on it: the
+        loop must not stop in the middle of the shutdown, which would leave the launcher and the
+        attempts running beside the program, and the waiters unresolved."""
+        try:
+            self.shutdown()
+        except BaseException as interruption:
+            runtime = self._handle._rt
+            if runtime.shut_down:  # the shutdown's own result (a GraceExceeded), not an interruption
+                raise
+            self._loop.call_soon_threadsafe(runtime.kill_all_now, INTERRUPTED_SHUTDOWN)
+            try:
+                self.shutdown()
+            except GraceExceeded as grace:
+                interruption.add_note(f"mpvisor: shutdown after this error also failed: {grace}")
+            raise
 
     def _call(self, call: Coroutine[Any, Any, T]) -> T:
         """The one path of every call: on the loop while it runs, else on this thread (never in
@@ -316,16 +340,36 @@ class BlockingHandle:
         prepared = self._call(_plain(lambda: self._handle.prepare_submission(spec)))
         return BlockingPreparedSubmission(prepared, self)
 
-    def events(self) -> Iterator[Event]:
-        """A blocking iterator over the events published from now on (ends after shutdown)."""
-        return self._iterate(self._call(_plain(self._handle.events)))
+    def events(self) -> BlockingEvents:
+        """A blocking iterator over the events published from now on (ends after shutdown);
+        its `dropped` counts those it lost to a full buffer (`bus_capacity`)."""
+        return BlockingEvents(self._call(_plain(self._handle.events)), self)
 
-    def _iterate(self, stream: EventStream) -> Iterator[Event]:
-        while True:
-            try:
-                yield self._call(stream.__anext__())
-            except StopAsyncIteration:
-                return
+
+class BlockingEvents:
+    """The iterator `BlockingHandle.events()` returns: the async `EventStream`'s events, each
+    read through the handle's one path (`_call`), and its count of events lost, `dropped`."""
+
+    def __init__(self, stream: EventStream, handle: BlockingHandle) -> None:
+        self._stream = stream
+        self._handle = handle
+
+    def __repr__(self) -> str:
+        return f"<BlockingEvents {self._stream!r}>"
+
+    def __iter__(self) -> BlockingEvents:
+        return self
+
+    @property
+    def dropped(self) -> int:
+        """Events lost because the buffer was full (`SupervisorConfig.bus_capacity`)."""
+        return self._stream.dropped
+
+    def __next__(self) -> Event:
+        try:
+            return self._handle._call(self._stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
 
 
 class BlockingPreparedSubmission:

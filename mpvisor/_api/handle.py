@@ -212,8 +212,9 @@ class SupervisorHandle:
     def events(self) -> EventStream:
         """An async iterator of the `Event`s published from now on (`async for event in ...`).
 
-        Best effort: an iterator that falls behind loses events, never slows the runtime down;
-        it ends when the supervisor has shut down.
+        Best effort: an iterator that falls behind loses events (beyond `bus_capacity`
+        buffered; its `dropped` counts them), never slows the runtime down; it ends when the
+        supervisor has shut down.
         """
         self._here(outside_a_loop=True)
         return self._rt.bus.events()

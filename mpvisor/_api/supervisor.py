@@ -90,7 +90,8 @@ class Supervisor:
         """Start the runtime (once) on the running loop and return a handle on it (another call
         gives another handle on the same runtime, also inside its `async with` block). Shut it
         down with `await handle.shutdown()` (`async with` does it at the block's end): until then
-        its attempts go on running. After the shutdown it still returns a handle on that
+        its attempts go on running (at the latest until the loop's end, `asyncio.run`'s, which
+        kills their trees at once). After the shutdown it still returns a handle on that
         runtime, whose management calls raise `ShuttingDown` (submissions `ControllerClosed`)."""
         return SupervisorHandle(self._served())
 
@@ -112,18 +113,30 @@ class Supervisor:
         except RuntimeError:
             raise RuntimeError("Supervisor.serve() needs a running asyncio event loop (call it from async code)") from None
         if loop is not self._loop:
-            raise RuntimeError("this supervisor is bound to the event loop it was first served on")
+            raise RuntimeError(self._served_elsewhere())
         refuse_unguarded_main()
         if not self._runtime.shutting_down:
             self._runtime.ensure_launcher()
         return self._runtime
+
+    def _served_elsewhere(self) -> str:
+        """Why this supervisor, served already, cannot be served on another loop (a blocking
+        handle's is always another)."""
+        assert self._runtime is not None
+        if self._runtime.shutting_down:
+            return "this supervisor has shut down: a Supervisor runs one runtime; make a new one"
+        return ("this supervisor already runs, on the event loop it was first served on (a blocking handle's "
+                "own thread, for serve_blocking()): use the handle it gave, or make another Supervisor")
 
     def serve_blocking(self) -> BlockingHandle:
         """Run the runtime on a background thread; return a handle whose methods block.
 
         The blocking handle has the `SupervisorHandle` methods as plain calls, its waiters'
         `wait(timeout=None)` raises the builtin `TimeoutError` when the timeout passes (the task
-        goes on), and leaving its `with` block shuts the supervisor down."""
+        goes on), and leaving its `with` block shuts the supervisor down. Once per supervisor:
+        one served already (here, or on a loop) raises `RuntimeError` saying so."""
+        if self._runtime is not None:
+            raise RuntimeError(f"serve_blocking(): {self._served_elsewhere()}")
         return serve_blocking(self.serve)
 
     async def __aenter__(self) -> SupervisorHandle:

@@ -55,8 +55,9 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   the attempt is killed as soon as it runs). `withdraw(key)` comes with a stop (a cancel, a
   shutdown, a timeout) asked before `on_started`: a launcher whose start may wait for something
   outside the attempt (Ray: its agent's placement, for as long as the cluster lacks the
-  resources) ends the start now if nothing of the attempt runs yet (`on_start_failed`); one
-  whose start is a fork does nothing, and the runtime sends SIGTERM once the attempt runs. A
+  resources; the local one: its request to the fork server, not sent yet behind a burst of
+  starts) ends the start now if nothing of the attempt runs yet (`on_start_failed`); otherwise
+  it does nothing, and the runtime sends SIGTERM once the attempt runs. A
   request for an attempt that ended does nothing.
 - `ready()` returns once attempts can start, or raises `ConfigError` (for good) if they never
   will; `is_ready()` says whether `ready()` would return at once; `environment()` gives the

@@ -105,8 +105,8 @@ class TaskTerminationTimeout(MpvisorError):
 class GraceExceeded(MpvisorError):
     """Raised by `shutdown()` (and so by `run`) when it had to kill the process trees of the tasks
     named in `stuck` (sorted) because they did not stop within `grace` seconds, or, `at_once`,
-    because a second SIGINT asked for every tree to be killed without waiting. The shutdown is
-    complete when it is raised."""
+    because a second SIGINT (under `run`; a Ctrl-C that interrupted a blocking handle's shutdown)
+    asked for every tree to be killed without waiting. The shutdown is complete when it is raised."""
 
     label = "grace_exceeded"
 

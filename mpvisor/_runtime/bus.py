@@ -446,8 +446,11 @@ class Bus:
         """Leave `box` behind, and say so: a WARNING on `mpvisor.bus`, and the subscriber's
         `abandoned(count)`, if it has one (called here, on the loop's thread: its own is busy)."""
         count = box.abandon()
-        if not count:
-            return  # busy in `close()`: every event was delivered
+        if not count:  # busy in `close()`: every event was delivered, but what close() does may not end
+            _log.warning("subscriber %r: its close() had not returned when subscriber_shutdown_timeout (%g s) "
+                         "ended; it goes on on its own thread, which the end of the program cuts short",
+                         box.name, timeout)
+            return
         _log.warning("subscriber %r: %d events not delivered: it was still busy when "
                      "subscriber_shutdown_timeout (%g s) ended", box.name, count, timeout)
         hook = getattr(box.subscriber, "abandoned", None)

@@ -17,6 +17,10 @@ Shutdown, one operation whatever started it, its result cached for every caller:
    stop begins), then publishes `GRACE_EXCEEDED` (tasks it killed: `stuck`) or
    `ALL_STOPPED_WITHIN_GRACE`;
 4. stop the launcher, join the controller and registry, drain subscribers (bounded).
+
+A shutdown canceled (its loop torn down: `asyncio.run`'s end after a second Ctrl-C) kills every
+tree at once, waits (bounded) for the tasks to end, and stops the launcher before it lets the
+cancellation go on.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from mpvisor._model.spec import ResolvedSpec, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
 from mpvisor._runtime.bus import Bus
 from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._tasks.actor import LOOP_TORN_DOWN
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess, AttemptRequest
 from mpvisor._tasks.registry import Add, Registry, TaskWaiter
 
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
     from mpvisor._tasks.ending import AttemptEnd
 
 _log = logging.getLogger("mpvisor.runtime")
+TORN_DOWN_WAIT = 10.0  # seconds a shutdown whose loop is torn down waits for the killed trees' ends
 
 
 class Runtime:
@@ -88,6 +94,7 @@ class Runtime:
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
+        self.killed_at_once = False  # `kill_all_now` ended the grace window (its GraceExceeded says so)
         self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -320,12 +327,26 @@ class Runtime:
         """End every grace window at once (a second SIGINT in `run` mode): every task is
         stopped by the shutdown, those of stop levels not reached yet too, and its tree killed,
         so each ends `FORCE_ABORTED` (or as it was ending), never as a failed attempt to retry."""
+        self.killed_at_once = True
         for actor in list(self.registry.by_id.values()):
             if self.registry.claim(actor, by_shutdown=True):
                 self._claimed.append(actor)
             actor.kill_now(why)
 
     async def _run_shutdown(self) -> None:
+        try:
+            await self._shut_down()
+        except asyncio.CancelledError:
+            # The loop is torn down under the shutdown (the end of `asyncio.run` after a second
+            # Ctrl-C: every task of the loop is canceled): no grace is left. Each task kills its
+            # tree at once (its own cancellation does too: `TaskActor._torn_down`); once they are
+            # gone, the launcher is stopped, so that nothing of the supervisor outlives the loop.
+            self.kill_all_now(LOOP_TORN_DOWN)
+            await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
+            await self.stop_launcher()
+            raise
+
+    async def _shut_down(self) -> None:
         if self.controller is not None:
             await self.controller.close_intake()
         await self.registry.close()
@@ -364,7 +385,7 @@ class Runtime:
         await self.registry.stop()
         await self.bus.close(self.config.subscriber_shutdown_timeout)
         if stuck:
-            raise GraceExceeded(grace, stuck, at_once=self.interrupted.count(signal.SIGINT) > 1)
+            raise GraceExceeded(grace, stuck, at_once=self.killed_at_once)
 
     def _stop_levels(self) -> list[list[TaskActor]]:
         """The registered tasks in the groups shutdown stops one after another: all at once,

@@ -13,6 +13,11 @@ loop is over; this module never frees a name.
 | killed after the grace window | yes | FORCE_ABORTED |
 | SUCCEEDED / FAILED / FATAL / CANCELED / TIMED_OUT | no | what `_model.restart.decide` says |
 
+A task whose own asyncio task is canceled (the loop torn down under a live supervisor, as
+`asyncio.run` does at its end, a second Ctrl-C's included) kills its attempt's tree at once and
+ends FORCE_ABORTED (CANCELED between attempts) before the cancellation goes on: no tree outlives
+its loop.
+
 It also publishes its attempt's progress: at most one `ATTEMPT_PROGRESS` per `PROGRESS_INTERVAL`
 (50 ms), never a stale one. The child sends every report; one that comes sooner than the
 interval after the last event is held (the latest wins) and published by a timer on the loop
@@ -43,6 +48,9 @@ EARLY_PROGRESS = 16  # progress reports kept while an attempt's ATTEMPT_STARTING
 # one that comes sooner is held (the latest wins) and published by a timer on the loop when the
 # interval has passed, or before the attempt's end is published; one with done >= total at once.
 PROGRESS_INTERVAL = 0.05
+# why a task's tree is killed when its loop is torn down under it (`TaskActor._torn_down`)
+LOOP_TORN_DOWN = ("its event loop ended under the supervisor (asyncio.run's end, after a second Ctrl-C too): "
+                  "killed at once, without waiting for the grace window")
 
 _ATTEMPT_EVENTS = {
     AttemptResult.SUCCEEDED: EventKind.ATTEMPT_SUCCEEDED,
@@ -213,12 +221,30 @@ class TaskActor:
     async def _main(self) -> None:
         try:
             outcome = await self._loop()
+        except asyncio.CancelledError:  # the loop is torn down under it (module docstring)
+            self.host.task_finished(self, await self._torn_down())
+            raise
         except Exception as exc:  # a bug in mpvisor's own per-task code, never the user's
             if self.current is not None:
                 self.current.kill(f"mpvisor failed supervising it: {exc!r}")
                 await self.current.end()
             outcome = self._outcome(OutcomeKind.PANICKED, f"mpvisor panicked: {type(exc).__name__}: {exc}")
         self.host.task_finished(self, outcome)
+
+    async def _torn_down(self) -> TaskOutcome:
+        """Its task was canceled: the loop is being torn down under the supervisor (the end of
+        `asyncio.run` after a second Ctrl-C, or without a shutdown), and no grace is left. The
+        attempt still running (or starting) is stopped and killed at once, and its end awaited
+        (the launcher's reports need no task), so that no tree outlives the loop: FORCE_ABORTED;
+        with none running, CANCELED."""
+        attempt = self.current
+        if attempt is None:
+            return self._outcome(OutcomeKind.CANCELED, LOOP_TORN_DOWN)
+        self.forced = self.forced or LOOP_TORN_DOWN
+        attempt.kill(LOOP_TORN_DOWN)
+        await attempt.end()
+        self.current = None
+        return self._outcome(OutcomeKind.FORCE_ABORTED, LOOP_TORN_DOWN)
 
     async def _loop(self) -> TaskOutcome:
         while True:

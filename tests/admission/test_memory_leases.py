@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -174,3 +174,47 @@ async def test_an_owner_a_replace_in_another_process_retires_shows_terminating_u
         assert (await replacing.wait()).kind is OutcomeKind.COMPLETED
     assert [e.reason for e in a_events.of(EventKind.CONTROLLER_SLOT_TRANSITION)] == [
         "idle->admitting", "admitting->running", "running->terminating (replace)", "terminating->idle"]
+
+
+
+class _Busy(NamedTuple):  # what a store of a program's own might answer instead of a `Decision`
+    granted: bool
+    kind: str
+
+
+@pytest.mark.parametrize(("answer", "said"), [(lambda decision: decision.granted, "True"),
+                                               (lambda decision: _Busy(False, "slot_busy"), "_Busy(granted=False, kind='slot_busy')")],
+                         ids=["a-bool", "a-look-alike"])
+async def test_a_store_whose_acquire_answers_no_decision_rejects_the_submission_saying_so(answer: Any, said: str) -> None:
+    """A store of the program's own whose `acquire` returns something else than a `Decision` (a
+    bool for "granted", or a look-alike of its own): the submission is rejected
+    `ADMISSION_FAILED`, its reason naming the store and what it returned, and the lease the store
+    granted underneath is given back. A look-alike used to raise `AttributeError` in a task of the
+    controller, so the waiter never resolved and the shutdown waited for it for ever; a bool
+    was rejected with that `AttributeError` as its reason, its lease kept."""
+    store = MemoryStore()
+
+    class OwnStore:
+        name = "a store of its own"
+
+        def request(self) -> Any:
+            inner = store.request()
+
+            class Request:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(inner, name)
+
+                def acquire(self, *args: Any, **kwargs: Any) -> Any:
+                    return answer(inner.acquire(*args, **kwargs))
+            return Request()
+
+        def holdings(self, timeout: float) -> Any:
+            return store.holdings(timeout)
+
+    async with supervised(SupervisorConfig(grace=5.0), controller=ControllerConfig(leases=OwnStore())) as (handle, _):
+        spec = ControllerSpec.queue(TaskSpec.once(CommandTask("own", ["true"]))).with_slot("s")
+        _, waiter = await handle.submit_and_watch(spec)
+        outcome = await asyncio.wait_for(waiter.wait(), 10)
+    assert (outcome.kind, outcome.rejection) == (OutcomeKind.REJECTED, RejectionKind.ADMISSION_FAILED), outcome
+    assert outcome.reason == f"slot 's': a store of its own: acquire returned {said}, not a Decision", outcome
+    assert store.holdings(1.0) == []

@@ -30,11 +30,14 @@ from tests._support import Collector, Gate, child_pids_of_self, wait_for, words
 def test_the_blocking_facade_mirrors_the_async_handle():
     """Add_and_watch + wait(timeout=10), cancel, submit_and_watch; wait(timeout=0.1) on a
     running task raises the builtin TimeoutError and the task goes on; leaving `with` shuts down
-    and leaves no process."""
+    and leaves no process. An `events()` iterator nobody reads keeps `bus_capacity` events and
+    counts the others as `dropped`, as the async one does (it had no count: a reader could not
+    tell that it lost events)."""
     events = Collector()
-    supervisor = Supervisor.builder(SupervisorConfig(grace=1)).with_controller(ControllerConfig()) \
+    supervisor = Supervisor.builder(SupervisorConfig(grace=1, bus_capacity=2)).with_controller(ControllerConfig()) \
         .with_subscribers([events]).build()
     with supervisor.serve_blocking() as handle:
+        unread = handle.events()
         _, waiter = handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
         assert waiter.wait(timeout=10).value == "v"
         task_id, running = handle.add_and_watch(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
@@ -57,6 +60,8 @@ def test_the_blocking_facade_mirrors_the_async_handle():
     assert child_pids_of_self() == []
     with pytest.raises(ShuttingDown):
         handle.add(TaskSpec.once(TaskFn("late", "workers.basic:quick")))
+    assert [e.seq for e in unread] == [e.seq for e in events.events[:2]]
+    assert unread.dropped == len(events.events) - 2 > 0
 
 
 @pytest.mark.timeout(60)
@@ -221,4 +226,43 @@ def test_a_blocking_submit_interrupted_while_it_waits_for_room_submits_nothing(t
             assert [e.task for e in events.of(EventKind.CONTROLLER_SUBMITTED)] == ["owner", "filler", "after"]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+    assert child_pids_of_self() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_shutdown_interrupted_in_its_grace_window_kills_at_once_and_finishes(tmp_path):
+    """Ctrl-C while leaving the `with` block waits out the grace of a task that will not stop
+    (a signal handler raising in `close()`, as a second Ctrl-C's KeyboardInterrupt does): its
+    tree is killed at once, as a second SIGINT under `run` does, the shutdown finishes, the
+    waiter resolves `FORCE_ABORTED` and no process is left. It used to stop the loop in the
+    middle of the shutdown: the launcher and the attempt ran on beside the program, and the
+    waiter never resolved."""
+    marker = str(tmp_path / "marker")
+    events = Collector()
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        handle = Supervisor(SupervisorConfig(grace=30), [events]).serve_blocking()
+        _, waiter = handle.add_and_watch(TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn", kwargs={"marker": marker})))
+        wait_for(lambda: words(marker, "started"), timeout=10)  # shielded from the stop request by then
+
+        def interrupt_once_the_shutdown_waits() -> None:
+            events.wait_for(EventKind.SHUTDOWN_REQUESTED, 10.0)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        threading.Thread(target=interrupt_once_the_shutdown_waits).start()
+        with pytest.raises(Interrupted) as raised:
+            handle.close()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    outcome = waiter.wait(timeout=10)
+    assert outcome.kind is OutcomeKind.FORCE_ABORTED and "killed at once" in outcome.reason, outcome
+    (note,) = raised.value.__notes__
+    assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) were killed at once"), note
     assert child_pids_of_self() == []

@@ -108,17 +108,28 @@ async def test_a_prepared_submission_made_from_another_event_loop_raises_at_once
 async def test_a_supervisor_cannot_be_entered_again_while_open_or_after_it_shut_down() -> None:
     """A nested `async with` of the same supervisor raises `RuntimeError` (its end used to shut
     the outer block's supervisor down, canceling its tasks), and so does entering one that has
-    shut down (it used to give a handle that could do nothing)."""
+    shut down (it used to give a handle that could do nothing). `serve_blocking()` of a
+    supervisor served already says the same, as does one served again after it (it used to say
+    only that the supervisor was bound to another event loop, to a program that made none)."""
     supervisor = Supervisor(SupervisorConfig(grace=1.0))
     async with supervisor as handle:
         _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("slow", "workers.basic:sleeper", (0.3,))))
         with pytest.raises(RuntimeError, match="already open in an `async with`"):
             async with supervisor:
                 pass
+        with pytest.raises(RuntimeError, match=r"^serve_blocking\(\): this supervisor already runs, .*: use the handle"):
+            supervisor.serve_blocking()
         assert (await waiter.wait()).kind is OutcomeKind.COMPLETED  # not canceled by an inner block's end
     with pytest.raises(RuntimeError, match="has shut down: a Supervisor runs one runtime"):
         async with supervisor:
             pass
+    with pytest.raises(RuntimeError, match=r"^serve_blocking\(\): this supervisor has shut down: .*; make a new one"):
+        supervisor.serve_blocking()
+    blocking = Supervisor(SupervisorConfig(grace=1.0))
+    with blocking.serve_blocking(), pytest.raises(RuntimeError, match="already runs, on the event loop it was first served on"):
+        blocking.serve()
+    with pytest.raises(RuntimeError, match="has shut down: a Supervisor runs one runtime; make a new one"):
+        blocking.serve()
 
 
 async def test_run_refuses_a_supervisor_open_in_async_with_and_serve_always_gives_a_handle() -> None:

@@ -505,6 +505,35 @@ def test_events_abandoned_at_the_deadline_are_counted_and_said(caplog: pytest.Lo
                                    "subscriber_shutdown_timeout (0.2 s) ended")
 
 
+def test_a_close_still_running_at_the_deadline_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber whose `close()` (a flush, an upload) has not returned when close's timeout
+    ends: every event was delivered, and a WARNING on mpvisor.bus says its close goes on, cut short
+    by the program's end (it used to be left without a word, its work lost at exit)."""
+    gate = threading.Event()
+
+    class SlowClose(Collector):
+        def close(self) -> None:
+            self.closed.set()
+            gate.wait()
+
+    slow = SlowClose("slow-close")
+
+    async def main() -> None:
+        bus = Bus([slow], bus_capacity=16)
+        bus.publish(K.TASK_ADDED, task="t")
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            await bus.close(timeout=0.2)
+
+    try:
+        run(main())
+        assert slow.closed.is_set() and len(slow.received) == 1
+    finally:
+        gate.set()
+    [record] = [r for r in caplog.records if r.name == "mpvisor.bus"]
+    assert record.getMessage() == ("subscriber 'slow-close': its close() had not returned when subscriber_shutdown_timeout "
+                                   "(0.2 s) ended; it goes on on its own thread, which the end of the program cuts short")
+
+
 @pytest.mark.parametrize(
     "terminal", [K.ATTEMPT_SUCCEEDED, K.ATTEMPT_FAILED, K.ATTEMPT_TIMED_OUT, K.ATTEMPT_CANCELED]
 )

@@ -14,6 +14,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -401,6 +402,33 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
     wait_for(lambda: all_gone(tree), timeout=5)
 
 
+def test_a_loop_torn_down_in_the_grace_window_kills_at_once_and_leaves_no_process(tmp_path) -> None:
+    """A second Ctrl-C while `asyncio.run`'s program waits out the grace (30 s) of a task that
+    does not stop: asyncio raises `KeyboardInterrupt` and cancels every task of the loop, the
+    shutdown's and the task's own. The tree is killed at once, the waiter resolves
+    `FORCE_ABORTED`, and neither the attempt nor the launcher outlives `asyncio.run`. They used to
+    run on beside the program (which may go on), with the waiter never resolved."""
+    marker = str(tmp_path / "marker")
+    waiters: list[Any] = []
+
+    async def main() -> None:
+        handle = Supervisor(SupervisorConfig(grace=30)).serve()
+        waiters.append((await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker)))[1])
+        await started(marker)
+        stopping = asyncio.ensure_future(handle.shutdown())  # an `async with` block's end, under way
+        await async_wait_for(lambda: handle._rt.shutting_down and not stopping.done())
+        raise KeyboardInterrupt  # asyncio's answer to a second Ctrl-C
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert time.monotonic() - began < 10
+    assert child_pids_of_self() == []
+    (waiter,) = waiters
+    assert waiter.done()  # known: so it answers on any loop
+    assert asyncio.run(waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
+
+
 @pytest.mark.parametrize("sigints", [1, 2])
 def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, sigints: int) -> None:
     """A SIGTERM-deaf attempt whose timeout's stop has begun (`timeout_kill_after` 30) is killed
@@ -573,6 +601,35 @@ async def test_tasks_between_attempts_stop_without_a_new_attempt(tmp_path, betwe
         assert outcome.attempts == starts_before
         await async_wait_for(lambda: collector.of(K.TASK_REMOVED, id=task_id))
         assert len(collector.of(K.ATTEMPT_STARTING, id=task_id)) == starts_before
+
+
+async def test_starts_still_queued_for_the_launcher_are_withdrawn_at_shutdown() -> None:
+    """40 tasks added while the launcher takes no request (stopped, its socket's buffer small:
+    as when tasks are added faster than it forks), then shutdown (grace 30): the starts still
+    waiting to be sent to the launcher are withdrawn, each attempt `ATTEMPT_CANCELED` "canceled
+    before the attempt started" without a process, and every task ends CANCELED. They used to be
+    forked one after another after the shutdown began, only to be stopped: 2000 tasks added at
+    once made a shutdown with grace 1 s take 8 s and end most of them FORCE_ABORTED."""
+    count = 40
+    async with supervised(SupervisorConfig(grace=30)) as (handle, collector):
+        await handle._rt.ready()
+        client = handle._rt.launcher
+        client._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # the kernel holds a request or two
+        os.kill(client.pid, signal.SIGSTOP)
+        try:
+            waiters = [(await handle.add_and_watch(once(f"t{i}", basic.sleeper, 30)))[1] for i in range(count)]
+            stopping = asyncio.ensure_future(handle.shutdown())
+            await async_wait_for(lambda: len(collector.of(K.ATTEMPT_CANCELED)) >= count - 10)
+        finally:
+            os.kill(client.pid, signal.SIGCONT)
+        await stopping
+        assert {(await w.wait()).kind for w in waiters} == {OutcomeKind.CANCELED}
+        assert child_pids_of_self() == []
+    ended = collector.of(K.ATTEMPT_CANCELED)
+    withdrawn = [e for e in ended if e.pid is None]
+    assert {e.reason for e in withdrawn} == {
+        "canceled before the attempt started (withdrawn before the launcher was asked to start it)"}, ended[:1]
+    assert len(ended) == count and len(collector.of(K.ATTEMPT_STARTING)) == count - len(withdrawn) <= 10
 
 
 async def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:

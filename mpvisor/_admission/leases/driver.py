@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached) is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -26,6 +26,7 @@ from mpvisor import _platform
 from mpvisor._admission.leases.store import (
     POLICY_NAMES,
     Decision,
+    LeaseError,
     LeaseRequest,
     LeaseStore,
     Pid,
@@ -170,7 +171,7 @@ class LeaseDriver:
             with self._lock:
                 withdrawn = self._withdrawn
             decision = (Decision(False, "withdrawn") if withdrawn else
-                        request.acquire(slot, POLICY_NAMES[self.policy], self.name, pids, queued, silent))
+                        _checked(request, request.acquire(slot, POLICY_NAMES[self.policy], self.name, pids, queued, silent)))
         except Exception as exc:  # the store cannot be reached, or refused the request: the outcome says why
             decision = Decision(False, "admission_failed", reason=f"slot {slot!r}: {self.store.name}: {exc}")
         loop.call_soon_threadsafe(_settle, decided, decision)
@@ -233,6 +234,18 @@ def _started(name: str, *calls: Callable[[], None]) -> threading.Thread | None:
             run()
         return None
     return thread
+
+
+def _checked(request: LeaseRequest, answer: object) -> Decision:
+    """`answer`, what a store's `acquire` returned, if it is a `Decision`; else (a store of a
+    program's own that answers a bool, or a look-alike) `LeaseError` saying so, once what it may
+    have granted is given back (`withdraw`), so that the submission is rejected with that reason
+    instead of failing, or hanging, on the loop."""
+    if isinstance(answer, Decision):
+        return answer
+    with contextlib.suppress(Exception):
+        request.withdraw()
+    raise LeaseError(f"acquire returned {answer!r}, not a Decision")
 
 
 def _settle(future: asyncio.Future[Decision], value: Decision) -> None:

@@ -19,6 +19,7 @@ protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply t
 | the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now); reports the death; restarts after `restart_delay` (below), or gives up |
 | not ready within `start_timeout` | gives up: kills it |
 | stopped (SIGSTOP) `KILL_ANSWER` s after a kill it was sent, or after a fence's kill time | SIGKILLs it (its guardian too, if stopped) and says so; then as for any death |
+| `withdraw(key)` (a stop before the start) | a spawn request still in its outbox (not sent: the fork server takes one at a time) is taken back, and the start fails now |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
 
 A launcher that cannot become ready is a configuration error, never a loop: after
@@ -135,7 +136,9 @@ class LauncherClient:
         # `cgroups.turned_off()`, read once, here (without importing `cgroups`, which a run's parent
         # needs only for limits): a bad MPVISOR_CGROUPS is a ConfigError when the launcher is made
         self._cgroups_off = checks.cgroups_off(os.environ.get(checks.CGROUPS_VARIABLE))
-        self._outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        # what waits to be sent to the launcher: each message, its fds, and for a spawn its key
+        self._outbox: collections.deque[tuple[bytes, list[int], int]] = collections.deque()
+        self._unsent: dict[int, list[int]] = {}  # the spawns in `_outbox`: key -> its fds (`withdraw` takes one back)
         self._closing = False
         self._restart = threading.Event()
         self._wake = threading.Event()  # set by `close()`: no more waiting for a restart
@@ -230,10 +233,11 @@ class LauncherClient:
         self.loop.add_reader(sock.fileno(), self._on_readable)
         if self._closing:
             self._outbox.clear()  # what was queued for it will never run: `close()` fails it
+            self._unsent.clear()
             self._send(control.Stop())
         self._clean_cgroups()  # what a killed predecessor (and its guardian) left in its cgroups
         for fence in self._fences.values():  # a new launcher keeps the fences its predecessor kept
-            self._outbox.appendleft((control.encode(_fence_control(fence)), []))
+            self._outbox.appendleft((control.encode(_fence_control(fence)), [], 0))
         self._flush()
 
     def pids(self) -> list[int]:
@@ -286,8 +290,13 @@ class LauncherClient:
 
     # --- the control channel -----------------------------------------------------------------
 
-    def _send(self, message: control.ToLauncher, fds: list[int] | None = None) -> None:
-        self._outbox.append((control.encode(message), fds or []))
+    def _send(self, message: control.ToLauncher, fds: list[int] | None = None, spawn: int = 0) -> None:
+        """Queue `message` (with `fds`; `spawn`: the key of the attempt it starts) and send what
+        the socket takes."""
+        fds = fds or []
+        self._outbox.append((control.encode(message), fds, spawn))
+        if spawn:
+            self._unsent[spawn] = fds
         self._flush()
 
     def _flush(self) -> None:
@@ -295,7 +304,10 @@ class LauncherClient:
         if sock is None:
             return
         while self._outbox:
-            data, fds = self._outbox[0]
+            data, fds, spawn = self._outbox[0]
+            if spawn and spawn not in self._unsent:  # withdrawn: its fds are closed, its start failed
+                self._outbox.popleft()
+                continue
             try:
                 if fds:
                     socket.send_fds(sock, [data], fds)
@@ -307,6 +319,7 @@ class LauncherClient:
             except OSError:
                 return  # the launcher is gone: _on_readable sees EOF and fails what was sent
             self._outbox.popleft()
+            self._unsent.pop(spawn, None)
             for fd in fds:
                 os.close(fd)
 
@@ -386,10 +399,11 @@ class LauncherClient:
         self.loop.remove_reader(sock.fileno())
         if self._outbox:
             self.loop.remove_writer(sock.fileno())
-        for _, fds in self._outbox:
+        for _, fds, _ in self._outbox:
             for fd in fds:
                 os.close(fd)
         self._outbox.clear()
+        self._unsent.clear()
         sock.close()
         self._sock = None
         # Their end is reported once the guardian has exited too (`_after_launcher`): only then
@@ -522,7 +536,7 @@ class LauncherClient:
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
                                  memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else "",
                                  passed),
-                   fds)
+                   fds, key)
         return key
 
     def _cgroup_dirs(self) -> tuple[str, str, str]:
@@ -579,7 +593,21 @@ class LauncherClient:
         self.loop.call_later(KILL_ANSWER, self._check_kill, key)
 
     def withdraw(self, key: int) -> None:
-        """Nothing: a start here is a fork, and the runtime's SIGTERM follows `on_started`."""
+        """A stop before the attempt started: its spawn request, if it still waits to be sent (the
+        launcher forks one request at a time, and a burst of starts waits here), is taken back and
+        the start ends now (`on_start_failed`), nothing of the attempt having run. One the launcher
+        has been sent is a fork under way: the runtime's SIGTERM follows `on_started`."""
+        fds = self._unsent.pop(key, None)
+        if fds is None:
+            return
+        for fd in fds:
+            os.close(fd)
+        fds.clear()  # its outbox entry is skipped, and closes nothing again
+        attempt = self._attempts.pop(key)
+        attempt.child_fds = []  # closed above: the child's ends went with the request
+        if self.terminal is not None:
+            self.terminal.ended(key, None, None)
+        self.loop.call_soon(attempt.start_failed, "withdrawn before the launcher was asked to start it")
 
     def _check_kill(self, key: int) -> None:
         if key in self._attempts:  # its tree is not reported gone yet
