@@ -109,8 +109,9 @@ if __name__ == "__main__":
 """
 
 # An attempt of a target defined in the script that runs the supervisor, the script importing the
-# task model at its top as the README's does (each attempt executes the script afresh), against
-# the same target in a module of its own; per attempt, one at a time, after a warm-up.
+# task model at its top as the README's quick start does (each attempt executes the script afresh,
+# so each imports the task model: docs/production.md#costs), against the same target in a module
+# of its own; per attempt, one at a time, after a warm-up.
 SCRIPT_TARGET = """\
 import sys
 import time

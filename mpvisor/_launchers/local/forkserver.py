@@ -2,7 +2,7 @@
 
 The launcher: a single-threaded helper process the parent starts once (and again if it dies),
 forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
-has imported mpvisor, its task model (`PUBLIC_MODEL`) and the `preload` modules, and prepares each target's import before the fork
+has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
 (`_attempt/prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
 multi-threaded) parent. Every page it writes after a fork is a copy-on-write fault, so its
 per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
@@ -992,23 +992,6 @@ def _preload(modules: list[str], announce: Callable[[str], None]) -> str | None:
     return None
 
 
-# The modules behind the public task model (`TaskSpec`, `TaskFn`, `BackoffPolicy`, `RestartPolicy`,
-# `OutcomeKind`, `EventKind`, ...): values, no runtime. A target's module that imports them at
-# its top (a script that defines its targets beside its `mpvisor.run` call, as the README's
-# does) then finds them imported in every attempt, where a fresh fork paid about 15 ms to
-# import them (dataclasses and inspect among them) each time. Not the module itself: importing
-# the fork server stays cheap, for whatever imports it without running a launcher.
-PUBLIC_MODEL = ("mpvisor._model.spec", "mpvisor._model.restart", "mpvisor._model.outcome", "mpvisor._model.events",
-                "mpvisor._model.identity")
-
-
-def _import_public_model() -> None:
-    import importlib
-
-    for name in PUBLIC_MODEL:
-        importlib.import_module(name)
-
-
 def main(argv: list[str]) -> None:
     """The launcher's life: `argv` is the parent's pid, the control socket's fd, the fd of the
     parent's own stderr (or -1), then the `preload` modules.
@@ -1034,8 +1017,6 @@ def main(argv: list[str]) -> None:
     launcher = Launcher(ctl, guardian)
     signal.set_wakeup_fd(launcher.wake_w)
     error = _preload(preload, lambda name: launcher._send(control.Importing(control.CONTROL_VERSION, os.getpid(), name)))
-    if error is None:
-        _import_public_model()
     _use_parent_stderr(stderr_fd)
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
     _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
