@@ -16,6 +16,7 @@ import importlib
 import sys as _sys
 import types as _types
 
+from mpvisor import _model
 from mpvisor._attempt.context import TaskContext, context
 from mpvisor._model.errors import (
     AlreadyRunning,
@@ -70,32 +71,15 @@ if TYPE_CHECKING:
 
 
 _LAZY = {
-    "BackoffPolicy": "._model.backoff",
-    "JitterPolicy": "._model.backoff",
+    **{name: "._model." + module for name, module in _model.PUBLIC.items()},
     "ControllerConfig": "._admission.config",
     "SupervisorConfig": "._runtime.config",
-    "Event": "._model.events",
-    "EventKind": "._model.events",
-    "OutcomeKind": "._model.outcome",
-    "RejectionKind": "._model.outcome",
-    "TaskOutcome": "._model.outcome",
     "ProgressReport": "._observe.progress",
     "drive_progress_bars": "._observe.progress",
     "progress_reports": "._observe.progress",
-    "BackoffSource": "._model.restart",
-    "INHERIT": "._model.spec",
-    "Limits": "._model.spec",
-    "Resources": "._model.spec",
-    "RestartIntensity": "._model.spec",
-    "RestartPolicy": "._model.spec",
-    "TaskDefaults": "._model.spec",
-    "TaskSpec": "._model.spec",
-    "CommandTask": "._model.work",
-    "TaskFn": "._model.work",
     "JsonLinesWriter": "._observe.writers",
     "LogWriter": "._observe.writers",
     "PrometheusMetrics": "._observe.metrics",
-    "TaskId": "._model.identity",
     "TaskInfo": "._tasks.registry",
     "TaskWaiter": "._tasks.registry",
     "SupervisorHandle": "._api.handle",

@@ -10,3 +10,27 @@ here does I/O, starts a process or touches an event loop.
 
 May import: `_platform`.
 """
+
+# The public names whose classes and values live on this floor, by module: the package's face
+# imports each on first use (`mpvisor.TaskSpec`), and a fork server imports them all once a
+# target's module that imports them at its top is about to run (`_attempt/prepared.py`).
+PUBLIC = {
+    "BackoffPolicy": "backoff",
+    "JitterPolicy": "backoff",
+    "Event": "events",
+    "EventKind": "events",
+    "OutcomeKind": "outcome",
+    "RejectionKind": "outcome",
+    "TaskOutcome": "outcome",
+    "BackoffSource": "restart",
+    "INHERIT": "spec",
+    "Limits": "spec",
+    "Resources": "spec",
+    "RestartIntensity": "spec",
+    "RestartPolicy": "spec",
+    "TaskDefaults": "spec",
+    "TaskSpec": "spec",
+    "CommandTask": "work",
+    "TaskFn": "work",
+    "TaskId": "identity",
+}

@@ -23,6 +23,7 @@ attempt's tree is gone and its channel drained, so the facts gathered on the way
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from dataclasses import replace
@@ -99,9 +100,13 @@ class AttemptObserver(Protocol):
 
 def prepared_module(start: Start) -> str:
     """The module a fork server can prepare for this attempt (`_attempt/prepared.py`): its target's, when
-    the attempt will import it with the launcher's own `sys.path` and directory; else ""."""
-    if start.kind != "fn" or start.main_path is not None or start.path is not None or start.cwd is not None:
+    the attempt will import it with the launcher's own `sys.path` and directory; the path of the
+    main script its target is in (which is not prepared: the fork server only looks at what it
+    imports); else ""."""
+    if start.kind != "fn" or start.path is not None or start.cwd is not None:
         return ""
+    if start.main_path is not None:
+        return start.main_path if os.path.isabs(start.main_path) else ""
     return start.target.partition(":")[0]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -65,6 +66,52 @@ async def test_a_spawned_attempt_imports_normally():
         outcome = await _run(handle, "how", "workers.imports:how")
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
     assert "importlib" in outcome.value["loaded_by"]
+
+
+async def test_the_launcher_imports_the_task_model_once_for_a_module_or_script_that_imports_it():
+    """A target whose module imports mpvisor's task model at its top finds it imported in every
+    attempt, the first too: the launcher imported it before the fork. It did not before a target
+    whose module does not (that attempt imports none of it)."""
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        plain = await _run(handle, "how", "workers.imports:how")
+        model = [await _run(handle, f"model-{i}", "workers.model_imports:had_the_task_model") for i in range(2)]
+    assert plain.value["task_model"] is False, plain
+    assert [outcome.value for outcome in model] == [True, True], model
+
+
+def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp_path):
+    """The same for a target defined in the main script, which each attempt executes afresh."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import sys
+        HAD_IT = "mpvisor._model.spec" in sys.modules
+        import mpvisor
+        from mpvisor import TaskFn, TaskSpec
+
+        def had_it():
+            return HAD_IT
+
+        if __name__ == "__main__":
+            outcomes = mpvisor.run([TaskSpec.once(TaskFn(f"t{i}", had_it)) for i in range(2)])
+            print([outcome.value for outcome in outcomes.values()])
+        """))
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True, True]", done.stdout
+
+
+def test_what_names_the_task_model_at_a_modules_top_level():
+    """`from mpvisor import TaskSpec` or `mpvisor.TaskFn` at the top level does; mpvisor's
+    attempt-side names, the model imported inside a function, or another package's does not."""
+    def code(source: str) -> Any:
+        return compile(source, "<m>", "exec")
+
+    assert _prepared.imports_task_model(code("from mpvisor import TaskSpec, TaskFn"))
+    assert _prepared.imports_task_model(code("import mpvisor\nSPEC = mpvisor.TaskSpec"))
+    assert not _prepared.imports_task_model(code("from mpvisor import context, Fail"))
+    assert not _prepared.imports_task_model(code("def main():\n    from mpvisor import TaskSpec\n"))
+    assert not _prepared.imports_task_model(code("from other import TaskSpec"))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ version refuses that launcher (`ControlError`).
 
 | parent -> launcher | fields | fds |
 |---|---|---|
-| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill` and `cpu.stat`; "" for none), cpu (its tree's CPU-time limit, seconds; 0 for none), cpus (its tree's CPU bandwidth, CPUs; 0 for none), cpucg (with `cpus`: the cgroup with the CPU controller under which it gets its own; "": none, it is refused) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
+| `Spawn` | key, exec_python, module (the target's, to prepare: `_attempt/prepared.py`; or the path of the main script the target is in, which the launcher only reads for its imports; "" for none), stdin, terminal (none, a background or a foreground job), fence (its owner's fence group; 0 for none), memory (its tree's resident-memory limit, bytes; 0 for none), memcg (the memory cgroup under which it gets its own; "" to be watched), killcg (the v2 cgroup under which it gets its own for `cgroup.kill` and `cpu.stat`; "" for none), cpu (its tree's CPU-time limit, seconds; 0 for none), cpus (its tree's CPU bandwidth, CPUs; 0 for none), cpucg (with `cpus`: the cgroup with the CPU controller under which it gets its own; "": none, it is refused) | the attempt socket's child end (+ its stdin with `stdin`, + stdout, stderr pipes) |
 | `Signal` | key, signum, group | |
 | `Kill` | key | |
 | `Stop` | | |
@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from mpvisor._model.wire import ProtocolError, pack, unpack
 
-CONTROL_VERSION = 11  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds; 11: `exited` carries `used`
+CONTROL_VERSION = 12  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds; 11: `exited` carries `used`; 12: `spawn`'s module may be a main script's path
 
 
 class ControlError(ProtocolError):
