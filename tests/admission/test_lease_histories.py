@@ -107,6 +107,8 @@ def test_fifteen_dropping_runs_from_five_hosts_run_one_at_a_time_or_not_at_all(t
     assert len(owners) >= 3  # the slot was free when each wave began: its first request ran
 
 
+@pytest.mark.slow  # its parts run by default: test_fences' unrenewed lease stops its owner half a TTL after
+# the grant, test_lease_faults' waiting runs and drops keep waiting on a partitioned proxy, and say so once
 def test_a_partition_fences_the_cut_off_owner_and_its_waiter_keeps_waiting(tmp_path: Any, url: str) -> None:
     """Host 1 (the owner) and host 3 (queued second) reach PostgreSQL through a proxy; host 2
     (queued first) directly. The proxy stops forwarding: host 1 cannot renew, its fork server

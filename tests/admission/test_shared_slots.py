@@ -126,6 +126,8 @@ def test_runs_that_start_a_server_at_once_leave_its_log_empty(slots: Any, tmp_pa
     assert log.exists() and log.read_text() == "", log.read_text() if log.exists() else "no log"
 
 
+@pytest.mark.slow  # a longer history: test_lease_stores holds the slot server to FIFO, and test_postgres_slots'
+# queued runs on three hosts check FIFO through mpvisor run --slot, in the default run
 def test_twelve_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any, tmp_path: Any) -> None:
     """12 runs: one holds the slot while 11 start at once and queue; all exit 0, one owner at a
     time, served in the order the server queued them (the position each was told)."""
