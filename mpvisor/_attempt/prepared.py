@@ -214,8 +214,10 @@ def _import_task_model_for(code: CodeType | None) -> None:
     global task_model_imported
     if task_model_imported or code is None or not imports_task_model(code):
         return
-    from mpvisor._model import events, identity, outcome, restart, spec, work  # noqa: F401
+    import importlib
 
+    for module in sorted(set(PUBLIC.values())):
+        importlib.import_module(f"mpvisor._model.{module}")
     task_model_imported = True
     gc.freeze()  # as the launcher's start does: what every attempt shares stays out of collections
 
