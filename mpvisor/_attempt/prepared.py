@@ -216,9 +216,12 @@ def _import_task_model_for(code: CodeType | None) -> None:
         return
     import importlib
 
-    for module in sorted(set(PUBLIC.values())):
-        importlib.import_module(f"mpvisor._model.{module}")
-    task_model_imported = True
+    task_model_imported = True  # once, whatever happens: a failed import is not tried again
+    try:
+        for module in sorted(set(PUBLIC.values())):
+            importlib.import_module(f"mpvisor._model.{module}")
+    except Exception:  # (no memory left, say) the launcher goes on; each attempt imports what it needs
+        return
     gc.freeze()  # as the launcher's start does: what every attempt shares stays out of collections
 
 
