@@ -15,6 +15,7 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from datetime import timedelta
 
 from mpvisor._admission.leases.store import DEFAULT_LEASE_TTL, LeaseStore, lease_ttl_problem
@@ -63,6 +64,6 @@ class ControllerConfig:
         object.__setattr__(self, "lease_ttl", ttl)
         object.__setattr__(self, "wait_timeout", _validate.duration("wait_timeout", wait_timeout, allow_none=True, allow_zero=False))
 
-    def __repr__(self) -> str:  # `leases` as a message shows it: a URL's password masked
-        return (f"ControllerConfig(queue_capacity={self.queue_capacity!r}, max_slot_queue={self.max_slot_queue!r}, "
-                f"leases={shown(self.leases)}, lease_ttl={self.lease_ttl!r}, wait_timeout={self.wait_timeout!r})")
+    def __repr__(self) -> str:  # as `record` writes it, `leases` as a message shows it: a URL's password masked
+        values = (f"{f.name}={(shown if f.name == 'leases' else repr)(getattr(self, f.name))}" for f in fields(self))
+        return f"ControllerConfig({', '.join(values)})"

@@ -267,7 +267,7 @@ def encode_start(start: Start) -> tuple[bytes, bytes]:
     `unpack_start` gives back the same text."""
     fields = start.to_wire()
     call = fields.pop("call")
-    packed = msgpack.packb(fields, use_bin_type=True, unicode_errors="surrogateescape")
+    packed = pack(fields, os_text=True)
     head = b"".join((_map_header(len(fields) + 1), memoryview(packed)[len(_map_header(len(fields))):],
                      _CALL_KEY, _bin_header(len(call))))
     return HEADER.pack(len(head) + len(call)) + head, call
