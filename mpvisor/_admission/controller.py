@@ -30,7 +30,6 @@ import collections
 import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import field
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor import _platform
 from mpvisor._admission.config import ControllerConfig
-from mpvisor._admission.leases.driver import RELEASE_WAIT, LeaseDriver
+from mpvisor._admission.leases.driver import LeaseDriver
 from mpvisor._admission.leases.store import FENCE_STOP, Decision, LeaseError, fence_times, pids_of
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
@@ -442,34 +441,33 @@ class Controller:
         """Shared slots: give `item_id`'s lease back (counted in `_releasing` until it is)."""
         self._after_release(self._start_release(item_id), None)
 
-    def _start_release(self, item_id: int) -> threading.Thread | None:
-        """Shared slots: start giving `item_id`'s lease back, on a thread (None: no lease, or done)."""
+    def _start_release(self, item_id: int) -> asyncio.Future[None] | None:
+        """Shared slots: start giving `item_id`'s lease back, on a thread; the future is done once
+        that is, or `RELEASE_WAIT` s passed (`LeaseDriver.release`). None: no lease, or done."""
         lease = self.leases.pop(item_id, None)
         if lease is None:
             return None
         self.host.unfence(item_id)
         return lease.release()
 
-    def _after_release(self, releasing: threading.Thread | None, then: Callable[[], None] | None) -> None:
-        """`then()` on this loop once `releasing` is done, or `RELEASE_WAIT` s passed (at once
-        without one): waited for off the loop, so that several owners that end against a store
-        fallen silent wait once, not once each."""
+    def _after_release(self, releasing: asyncio.Future[None] | None, then: Callable[[], None] | None) -> None:
+        """`then()` on this loop once `releasing` is done (at once without one): waited for off
+        the loop, so that several owners that end against a store fallen silent wait once, not
+        once each."""
         if releasing is None:
             if then is not None:
                 then()
             return
         self._releasing += 1
-        self.host.loop.create_task(self._released(releasing, then))
 
-    async def _released(self, releasing: threading.Thread, then: Callable[[], None] | None) -> None:
-        try:
-            await self.host.loop.run_in_executor(None, releasing.join, RELEASE_WAIT)
-        finally:
+        def released(_: object) -> None:
             def done() -> None:
                 self._releasing -= 1
                 if then is not None:
                     then()
             self._post(done)
+
+        releasing.add_done_callback(released)
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""

@@ -199,6 +199,21 @@ def test_twelve_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slo
 # --- failures --------------------------------------------------------------------------------------------
 
 
+def test_a_run_with_a_shared_slot_waits_for_its_lease_without_a_thread_pool(slots: Any, tmp_path: Any) -> None:
+    """The loop waits for the lease's threads (the acquire, the release) by futures they settle
+    as they end, not by a join on a thread of its executor: `mpvisor run --slot` imports no
+    thread pool and its loop ends with no executor to shut down; the lease is given back before
+    the run ends, as before (the next run gets the slot at once, even with `--policy drop`)."""
+    code = ("import atexit, sys; atexit.register(lambda: print('pool' if 'concurrent.futures.thread' in sys.modules "
+            "else 'no pool', file=sys.stderr)); sys.argv = ['mpvisor', 'run', '--slot', 's', '--', 'true']; "
+            "from mpvisor._cli.entry import cli; cli()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env_for(slots), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "no pool", done.stderr
+    assert finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "true"))[0] == 0
+
+
 def test_a_sigkilled_owner_keeps_the_slot_until_its_tree_is_gone(slots: Any, tmp_path: Any) -> None:
     """The owner's mpvisor is SIGKILLed while its stubborn tree (SIGTERM-deaf, setsid'ed and
     double-forked descendants) runs: the queued next owner starts only once every process of

@@ -11,7 +11,12 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
-| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread it returns, never blocking the loop; the controller resolves the owner's waiter once it is done, or after `RELEASE_WAIT` s: a store that does not answer by then lets the lease expire instead |
+| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread of its own, never blocking the loop; it returns a future on the loop, done once the release is, or after `RELEASE_WAIT` s (a store that does not answer by then lets the lease expire instead): the controller resolves the owner's waiter then |
+
+The loop waits for a thread of the driver's by a future that the thread settles as it ends
+(`_ended`), not by a `join` on a thread of the loop's executor: nothing of the driver's holds
+a thread of that pool, and a run with a shared slot starts none (`mpvisor run --slot` imports
+no thread pool, and its loop has no executor to shut down as it ends).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class LeaseDriver:
         self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
         self._heard = False  # the store answered this request (it queued it)
         self._full = False  # the store said it is at its connection limit (`on_silent` with a why)
-        self._withdrawing: threading.Thread | None = None  # `_wait_out`'s
+        self._withdrawing: asyncio.Future[None] | None = None  # `_wait_out`'s withdrawal, done once it is
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
@@ -103,7 +108,7 @@ class LeaseDriver:
             request.watch(self._revoked, self._renewed, self._lost)
         elif self._withdrawing is not None:  # waited out: its row is deleted before this returns, as a
             # synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
-            await self.loop.run_in_executor(None, self._withdrawing.join, RELEASE_WAIT + 0.5)
+            await self._withdrawing
         else:
             self.close()
         if not decision.granted and self._waited_out and decision.kind == "withdrawn":
@@ -135,8 +140,8 @@ class LeaseDriver:
         if self._decision.done():
             return False
         _settle(self._decision, Decision(False, "withdrawn", reason=reason))
-        self._withdrawing = threading.Thread(target=self.withdraw, name=f"mpvisor-lease-withdraw-{self.slot}", daemon=True)
-        self._withdrawing.start()  # (its close ends a statement the store stalls on, RELEASE_WAIT at most after)
+        # (its close ends a statement the store stalls on, RELEASE_WAIT at most after)
+        self._withdrawing = _ended(self.loop, RELEASE_WAIT + 0.5, f"mpvisor-lease-withdraw-{self.slot}", self.withdraw)
         return True
 
     def _revoked(self) -> None:  # on the store's thread
@@ -189,18 +194,19 @@ class LeaseDriver:
             # close: a request blocked on the store's answer returns `withdrawn`
             _at_most(RELEASE_WAIT, f"mpvisor-lease-withdraw-{self.slot}", request.withdraw, request.close)
 
-    def release(self) -> threading.Thread | None:
+    def release(self) -> asyncio.Future[None] | None:
         """The owner's tree is gone: give the lease back (once) and close the request, on a
-        thread of its own, returned for the caller to wait for (`RELEASE_WAIT` at most: a store
-        that does not answer lets the lease expire instead), never on the loop: a store fallen
-        silent must not hold up the loop once per owner that ends. None: nothing to wait for."""
+        thread of its own, never on the loop (a store fallen silent must not hold up the loop
+        once per owner that ends). Returns a future on the loop for the caller to wait for, done
+        once that is done or `RELEASE_WAIT` s passed (a store that does not answer lets the
+        lease expire instead); None: nothing to wait for."""
         if self._released:
             return None
         self._released = True
         request = self._request
         if request is None:
             return None
-        return _started(f"mpvisor-lease-release-{self.slot}", request.release, request.close)
+        return _ended(self.loop, RELEASE_WAIT, f"mpvisor-lease-release-{self.slot}", request.release, request.close)
 
     def close(self) -> None:
         if self._request is not None:
@@ -216,13 +222,40 @@ def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:
         thread.join(seconds)
 
 
-def _started(name: str, *calls: Callable[[], None]) -> threading.Thread | None:
-    """`calls`, in order, on a thread of their own, started (None once they are done). Where no
-    thread may start (a limit on processes), they run here, their errors dropped: a release or
-    a withdraw is never lost for want of a thread."""
+def _ended(loop: asyncio.AbstractEventLoop, most: float, name: str, *calls: Callable[[], None]) -> asyncio.Future[None]:
+    """`calls`, in order, on a thread of their own (`_started`); a future on `loop` (made on
+    the loop), done once they are done (the thread settles it as it ends) or once `most` seconds
+    passed, whichever is first (done at once if they ran here: no thread could start)."""
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    def tell() -> None:  # on the thread, as it ends
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle)
+
+    if _started(name, *calls, then=tell) is None:
+        settle()
+        return ended
+    timer = loop.call_later(most, settle)
+    ended.add_done_callback(lambda _: timer.cancel())
+    return ended
+
+
+def _started(name: str, *calls: Callable[[], None], then: Callable[[], None] | None = None) -> threading.Thread | None:
+    """`calls`, in order, on a thread of their own, started; there, `then()` after them whatever
+    they raised. None: they are done, here, as no thread may start (a limit on processes),
+    their errors dropped, and `then` not called: a release or a withdraw is never lost for want
+    of a thread."""
     def run() -> None:
-        for call in calls:
-            call()
+        try:
+            for call in calls:
+                call()
+        finally:
+            if then is not None:
+                then()
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     try:
@@ -230,8 +263,9 @@ def _started(name: str, *calls: Callable[[], None]) -> threading.Thread | None:
     except RuntimeError as exc:
         if not _platform.thread_refused(exc):
             raise
-        with contextlib.suppress(Exception):
-            run()
+        for call in calls:
+            with contextlib.suppress(Exception):
+                call()
         return None
     return thread
 
