@@ -86,23 +86,37 @@ class Idle:
 
 
 @record(frozen=True, slots=True)
-class Admitting:
-    owner: int  # handed to the registry; its decision is pending
+class _Occupied:
+    """A phase with an owner: `owner`, its id. Each occupied phase is this record under a name
+    of its own, so one record is made for the four (a record compiles its methods as it is
+    made; a subclass shares them), and two phases of one owner still differ (`Running(1) !=
+    Admitting(1)`: equality compares the class; `match` and `repr` see each phase's name)."""
+
+    owner: int
 
 
-@record(frozen=True, slots=True)
-class Running:
-    owner: int  # accepted by the registry; terminal cleanup not yet reported
+class Admitting(_Occupied):
+    """Handed to the registry; its decision is pending."""
+
+    __slots__ = ()
 
 
-@record(frozen=True, slots=True)
-class Terminating:
-    owner: int  # a Replace asked the registry to remove it; waiting for its cleanup
+class Running(_Occupied):
+    """Accepted by the registry; terminal cleanup not yet reported."""
+
+    __slots__ = ()
 
 
-@record(frozen=True, slots=True)
-class AdmittingReplaced:
-    owner: int  # a Replace arrived while its registration was pending; shows TERMINATING
+class Terminating(_Occupied):
+    """A Replace asked the registry to remove it; waiting for its cleanup."""
+
+    __slots__ = ()
+
+
+class AdmittingReplaced(_Occupied):
+    """A Replace arrived while its registration was pending; shows TERMINATING."""
+
+    __slots__ = ()
 
 
 Phase: TypeAlias = Idle | Admitting | Running | Terminating | AdmittingReplaced
