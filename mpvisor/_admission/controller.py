@@ -109,6 +109,8 @@ class _Pending:
 
 @record
 class _Removal:
+    """A removal asked of the controller: `reply` gets `RemoveAnswer`."""
+
     key: int | str  # an id, or a name (a name is resolved by the registry)
     until_cleanup: bool
     reply: asyncio.Future[RemoveAnswer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())

@@ -198,6 +198,8 @@ class SlotView:
 
 @record(slots=True)
 class _Slot(Generic[ItemT]):
+    """One slot's `phase`, since when, and its queue of submissions."""
+
     phase: Phase
     since: float  # clock reading when the phase's public status (or owner) last changed
     queue: deque[ItemT] = field(default_factory=deque)  # head = next owner

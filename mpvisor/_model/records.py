@@ -24,6 +24,10 @@ result is the last comparison's own value. `FIELD_BY_FIELD_EQ` is that one diffe
 follows `dataclass`'s rule: a frozen class with `eq` hashes its fields, a mutable one with
 `eq` is unhashable, a class that defines `__hash__` keeps it.
 
+Every record has a docstring of its own: `dataclass` writes a missing one from
+`inspect.signature(cls)`, about 0.13 ms a class on CPython 3.11, half again a small frozen
+record's cost (`tests/whole/test_layout.py` checks that each has one).
+
 The class's `__dataclass_params__` records `eq=False, repr=False` (what `dataclass` itself was
 asked for); nothing in the standard library or in mpvisor reads them.
 """

@@ -67,6 +67,9 @@ class Facts:
 
 @record(frozen=True, slots=True)
 class AttemptEnd:
+    """How one attempt ended, as the task's restart decision and outcome read it: its `kind`,
+    the `reason` in words, the `exit_code` of a command."""
+
     kind: AttemptResult
     reason: str | None = None
     exit_code: int | None = None

@@ -81,6 +81,8 @@ class TaskWaiter:
 
 @record
 class Add:
+    """Register `specs` (ids given), as one step; `reply` gets their waiters."""
+
     specs: list[tuple[int, ResolvedSpec]]
     owned_by_controller: bool = False
     # The controller's direct view of its admission, called inside the registration step:
@@ -94,6 +96,8 @@ RemoveAnswer = tuple[bool, "asyncio.Future[None] | None", "int | None"]  # claim
 
 @record
 class Remove:
+    """Remove the task `key` names; `reply` gets `RemoveAnswer`."""
+
     key: int | str  # an id, or a name for the by-name forms
     by_shutdown: bool = False
     reply: asyncio.Future[RemoveAnswer] = field(
@@ -103,12 +107,16 @@ class Remove:
 
 @record
 class Watch:
+    """A waiter on the task `id`; `reply` gets it (None: no such task)."""
+
     id: int
     reply: asyncio.Future[TaskWaiter | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 @record
 class _Barrier:
+    """Answered once every command sent before it is done."""
+
     reply: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
