@@ -10,14 +10,14 @@ field and the value, so that bad input never reaches the runtime.
 | `size` | a number of bytes, an integer from 1 to `MOST_LIMIT` (2**63 - 1) (and `None` where allowed) | 0, negatives, more, bool, other types |
 | `non_negative_int` | an integer >= 0 (`whole`) (and `None` where allowed) | negatives, bool, other types |
 | `cpus` | a finite real number from 0.01 to `MOST_CPUS` (100000) (`real`) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
+| `name` | a non-empty `str` | anything else |
+| `ray_address` (`is_ray_address`) | `auto`, `local`, `HOST:PORT`, `ray://HOST[:PORT]` (a port from 1 to 65535; a host without `/` or whitespace) | anything else: `ray://` with no host, a URL of another scheme, a bad port |
+| `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 
 Numbers come as users have them: an integer setting takes any integer type (`whole`: one with
 `__index__`, numpy's too), a number of seconds or CPUs any real number (`real`: a `Fraction`, a
 `Decimal`, numpy's floats); what is stored is a plain `int` or `float`, so nothing downstream
 (the wire, a `repr`, a comparison) meets another type.
-| `name` | a non-empty `str` | anything else |
-| `ray_address` (`is_ray_address`) | `auto`, `local`, `HOST:PORT`, `ray://HOST[:PORT]` (a port from 1 to 65535; a host without `/` or whitespace) | anything else: `ray://` with no host, a URL of another scheme, a bad port |
-| `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 """
 
 from __future__ import annotations
