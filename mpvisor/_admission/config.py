@@ -55,7 +55,7 @@ class ControllerConfig:
         try:
             ttl = _validate.duration("lease_ttl", lease_ttl)
         except ConfigError:
-            if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float, timedelta)):
+            if not isinstance(lease_ttl, timedelta) and _validate.real(lease_ttl) is None:
                 raise
             ttl = math.nan  # negative or not finite: outside the range, said by its one message
         problem = "a number of seconds" if ttl is None else lease_ttl_problem(ttl)

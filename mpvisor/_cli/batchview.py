@@ -85,7 +85,8 @@ def worst_status(results: Iterable[Result], interrupted_by: int | None = None) -
 
 def summary_line(label: str, results: Sequence[Result], status: int, not_run: int = 0) -> str:
     """`mpvisor: tasks.toml: 3 tasks: 2 completed, 1 failed; exit status 7`; `not_run`: tasks the
-    run stopped before they started (`2 tasks: 2 not run`)."""
+    run stopped before they started (`2 tasks: 2 not run`). The label (the file's path) is shown
+    escaped (`printable`), as a reason is."""
     counts: dict[str, int] = {}
     for result in results:
         state = "replaced" if result.status == REPLACED and result.by_slot else result.outcome.kind.name.lower()
@@ -94,7 +95,7 @@ def summary_line(label: str, results: Sequence[Result], status: int, not_run: in
         counts["not run"] = not_run
     tally = ", ".join(f"{n} {state}" for state, n in counts.items())
     total = len(results) + not_run
-    return f"mpvisor: {label}: {total} task{'s' if total != 1 else ''}: {tally}; exit status {status}"
+    return f"mpvisor: {printable(label)}: {total} task{'s' if total != 1 else ''}: {tally}; exit status {status}"
 
 
 # --- the rows -------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from mpvisor._cli.shell import account_output, lose_output, take_stdout, write_l
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
-from mpvisor._model.events import Event, EventKind
+from mpvisor._model.events import Event, EventKind, printable
 from mpvisor._model.outcome import RejectionKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
@@ -317,7 +317,7 @@ def run_file(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     if args.name is not None and (other := live_run(args.name)) is not None:  # a name given is never changed
         print(f"mpvisor run: error: argument --name: a live run already has the name {args.name!r} (pid "
-              f"{other.get('pid')}, {other.get('file') or 'it does not answer'}): stop it first, or give another name",
+              f"{other.get('pid')}, {printable(str(other['file'])) if other.get('file') else 'it does not answer'}): stop it first, or give another name",
               file=sys.stderr)
         return USAGE_ERROR
     if args.name is not None and (too_long := name_too_long(args.name)) is not None:  # nor taken from it

@@ -26,6 +26,7 @@ from mpvisor import _platform
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
 from mpvisor._cli.statuses import FAILED, NO_RUN, OK
+from mpvisor._model.events import printable  # the task file's path shown escaped, as a reason is
 
 NAME = "logs"
 HELP = "print the last lines of a task's log files, and follow them (-f)"  # as in COMMANDS
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         *said, last = refusal.lines  # every line of why (a list of the runs that did not answer too)
         for line in said:
             print(f"mpvisor: {line}", file=sys.stderr)
-        print(f"mpvisor: {last.rstrip(':')}; the log files {args.file} names:", file=sys.stderr)
+        print(f"mpvisor: {last.rstrip(':')}; the log files {printable(args.file)} names:", file=sys.stderr)
     files = [Followed(label, path) for label, path in _files(paths)]
     headers = len(files) > 1
     for index, followed in enumerate(files):
@@ -90,10 +91,10 @@ def _paths_in_file(file: str, task: str) -> dict[str, str]:
 
     parsed = load(file)
     if not parsed.ok:
-        raise runs.Refusal(FAILED, f"no run of {file} is live, and the file has errors (mpvisor check {file})")
+        raise runs.Refusal(FAILED, f"no run of {printable(file)} is live, and the file has errors (mpvisor check {printable(file)})")
     found = next((t for t in parsed.tasks if t.name == task), None)
     if found is None:
-        raise runs.Refusal(FAILED, f"no run of {file} is live, and the file has no task {task!r}")
+        raise runs.Refusal(FAILED, f"no run of {printable(file)} is live, and the file has no task {task!r}")
     try:
         return log_paths(task, found.service.logs)
     except ValueError as exc:

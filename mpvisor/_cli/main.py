@@ -99,18 +99,19 @@ def make_parser(wanted: str | None = "") -> tuple[UsageParser, dict[str, argpars
     parser = UsageParser(prog="mpvisor", description="Supervise work in child processes.")
     parser.add_argument("--version", action=_Version, help="print `mpvisor <version>` and exit")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
+    outer = tuple(option for option in parser._option_string_actions if option.startswith("--"))  # said where they go
     parsers: dict[str, argparse.ArgumentParser] = {}
     below: dict[str, Any] = {}  # a command's own subcommands (`slots serve`), made on first use
     for command in COMMANDS:
-        outer, _, inner = command.name.partition(" ")
-        module = importlib.import_module(command.module) if wanted in ("", outer) else None
+        first, _, inner = command.name.partition(" ")
+        module = importlib.import_module(command.module) if wanted in ("", first) else None
         texts = _texts(module) if module is not None else {}
         if inner:
-            if outer not in below:
-                below[outer] = parsers[outer].add_subparsers(dest="subverb", metavar="[COMMAND]")
-            sub = below[outer].add_parser(inner, help=command.help, **texts)
+            if first not in below:
+                below[first] = parsers[first].add_subparsers(dest="subverb", metavar="[COMMAND]")
+            sub = below[first].add_parser(inner, help=command.help, outer_options=outer, **texts)
         else:
-            sub = verbs.add_parser(outer, help=command.help, **texts)
+            sub = verbs.add_parser(first, help=command.help, outer_options=outer, **texts)
         if module is not None:
             module.add_arguments(sub)
             sub.set_defaults(handler=module, parser=sub)

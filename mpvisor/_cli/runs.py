@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from mpvisor._cli.statuses import NO_RUN, OK, REFUSED, SEVERAL_RUNS
+from mpvisor._model.events import printable  # a path or a name shown escaped, as a reason is
 from mpvisor._services.control import (
     LIST_WAIT,
     ControlError,
@@ -110,8 +111,8 @@ def find_run(args: argparse.Namespace) -> str:
     if not runs:
         raise Refusal(NO_RUN, NONE_LIVE)
     raise Refusal(SEVERAL_RUNS, "several runs are live; name one (FILE or --name NAME):",
-                  *(f"  {run.get('name')}  pid {run.get('pid')}  "
-                    f"{run.get('file') if 'error' not in run else '(does not answer)'}" for run in runs))
+                  *(f"  {printable(str(run.get('name')))}  pid {run.get('pid')}  "
+                    f"{printable(str(run.get('file'))) if 'error' not in run else '(does not answer)'}" for run in runs))
 
 
 def _list_wait(args: argparse.Namespace) -> float:
@@ -129,7 +130,7 @@ def _run_of(file: str, directory: str, wait: float) -> str:
         if isinstance(run.get("file"), str) and os.path.realpath(run["file"]) == real:
             return socket_for(str(run.get("name")), directory)
     if silent := [str(run["error"]) for run in runs if "error" in run]:  # one of them may be its run
-        raise Refusal(REFUSED, f"no run of {file} answers, and {len(silent)} live run(s) did not (one may be its):",
+        raise Refusal(REFUSED, f"no run of {printable(file)} answers, and {len(silent)} live run(s) did not (one may be its):",
                       *silent, unanswered=True)
     return path
 
@@ -138,7 +139,7 @@ def _not_live(args: argparse.Namespace) -> str:
     if args.name is not None:
         return f"no run named {args.name!r} is live"
     if args.file is not None:
-        return f"no run of {args.file} is live (start one with mpvisor run --file {args.file})"
+        return f"no run of {printable(args.file)} is live (start one with mpvisor run --file {printable(args.file)})"
     return NONE_LIVE
 
 

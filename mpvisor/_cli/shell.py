@@ -65,6 +65,33 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
     """argparse's, for a description or epilog already laid out, as wide as the terminal."""
 
 
+def guess(word: str, known: list[str], outer: list[str]) -> str | None:
+    """The option `word` (an unknown one) was likely meant as (pure): one it begins, first of
+    the command's `known` options, then of `mpvisor`'s own (`outer`: `--ver` is `--version`'s
+    start, not `--every` misspelt), else the closest by spelling; None for none close enough."""
+    name = word.partition("=")[0]
+    if not name.startswith("--"):
+        return None
+    begun = [option for option in (*known, *outer) if option.startswith(name)]
+    if begun:
+        return begun[0]
+    from difflib import get_close_matches  # on this error's path only
+
+    close = get_close_matches(name, [*known, *outer], n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def hints(words: list[str], known: list[str], outer: list[str]) -> str:
+    """What an unknown-arguments error adds in brackets (pure): `did you mean --timeout?` for
+    the command's own options, and for `mpvisor`'s own given after the command, where it goes
+    (`--version is an option of mpvisor itself: mpvisor --version`); empty for no guess."""
+    guesses = dict.fromkeys(option for option in (guess(word, known, outer) for word in words) if option)
+    mine = [option for option in guesses if option not in outer]
+    said = [f"did you mean {', '.join(mine)}?"] if mine else []
+    said += [f"{option} is an option of mpvisor itself: mpvisor {option}" for option in guesses if option in outer]
+    return "; ".join(said)
+
+
 class UsageParser(argparse.ArgumentParser):
     """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2.
 
@@ -78,25 +105,23 @@ class UsageParser(argparse.ArgumentParser):
     `mpvisor run --timout 5 -- true` the error is the misspelt `--timout` (and the option it
     resembles), not the `5` it left behind as a TARGET."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, outer_options: tuple[str, ...] = (), **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-[\d.]")
         self._bad_positional: str | None = None  # a positional's refused value, said after unknown words
+        self.outer_options = outer_options  # `mpvisor`'s own options (`--version`), for a command's parser
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def unrecognized(self, words: list[str]) -> NoReturn:
         """The usage error for words that are none of this parser's options or arguments, with
-        the option a misspelt one resembles (`--timout`: did you mean --timeout?)."""
-        from difflib import get_close_matches  # on this error's path only
-
+        the option a misspelt one resembles (`--timout`: did you mean --timeout?), or, for one of
+        `mpvisor`'s own options given after the command, where it goes (`hints`)."""
         known = [option for option in self._option_string_actions if option.startswith("--")]
-        guesses = [match for word in words if word.startswith("--")
-                   for match in get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.8)]
-        hint = f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
-        self.error(f"unrecognized arguments: {' '.join(words)}{hint}")
+        said = hints(words, known, [option for option in self.outer_options if option not in known])
+        self.error(f"unrecognized arguments: {' '.join(words)}{f' ({said})' if said else ''}")
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._bad_positional = None

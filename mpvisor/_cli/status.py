@@ -41,10 +41,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"name": answer.get("name"), "file": answer.get("file"), "pid": answer.get("pid"), "tasks": tasks}))
         return OK
-    print(f"{answer.get('name')}  pid {answer.get('pid')}  {answer.get('file')}")
+    print(header(answer))
     for line in table(tasks):
         print(line)
     return OK
+
+
+def header(answer: dict[str, Any]) -> str:
+    """`NAME  pid N  FILE` (pure): the name and the path escaped (`printable`), as LAST is, since
+    either may hold a newline or an escape code (a run's default name is its file's stem)."""
+    return f"{printable(str(answer.get('name')))}  pid {answer.get('pid')}  {printable(str(answer.get('file')))}"
 
 
 def table(tasks: list[dict[str, Any]]) -> list[str]:

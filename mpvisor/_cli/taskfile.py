@@ -65,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpvisor._cli import options as _options
+from mpvisor._model.events import printable
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn
@@ -795,14 +796,16 @@ def load(path: str) -> TaskFile:
 
 def report_errors(path: str, parsed: TaskFile) -> None:
     for error in parsed.errors:
-        print(f"{path}: {error}", file=sys.stderr)
+        print(f"{printable(path)}: {error}", file=sys.stderr)
 
 
 def summary(path: str, parsed: TaskFile) -> str:
-    """`tasks.toml: valid, 3 tasks: db, api (after db), deploy (slot 'deploy-prod', queue)`."""
+    """`tasks.toml: valid, 3 tasks: db, api (after db), deploy (slot 'deploy-prod', queue)`; a
+    path with a newline or an escape code shown escaped (`printable`), as a reason is, so that
+    it cannot break or restyle the line."""
     names = ", ".join(_described(task) for task in parsed.tasks)
     count = len(parsed.tasks)
-    return f"{path}: valid, {count} task{'s' if count != 1 else ''}: {names}"
+    return f"{printable(path)}: valid, {count} task{'s' if count != 1 else ''}: {names}"
 
 
 def _described(task: FileTask) -> str:

@@ -127,14 +127,10 @@ def _seconds(field: str, value: object) -> float:
 
 
 def _factor(value: object) -> float:
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value < 1
-    ):
+    factor = _validate.real(value)  # any real number (a `Fraction`, a `Decimal`), stored as a float
+    if factor is None or not math.isfinite(factor) or factor < 1:
         raise ConfigError(f"factor must be a finite number >= 1, got {value!r}")
-    return float(value)
+    return factor
 
 
 def _set(obj: object, attr: str, value: object) -> None:

@@ -5,22 +5,60 @@ field and the value, so that bad input never reaches the runtime.
 
 | check | accepts | refuses |
 |---|---|---|
-| `duration` | finite float/int >= 0 (> 0 without `allow_zero`), a `timedelta` (and `None` where allowed) | negative (and 0 without `allow_zero`), NaN, inf, bool, other types; the message states the field's rule |
-| `positive_int` | int >= 1, and <= `most` where given (`MOST_LIMIT`, 2**63 - 1, for a limit's count) (and `None` where allowed) | 0, negatives, more than `most`, bool, other types |
-| `size` | a number of bytes, an int from 1 to `MOST_LIMIT` (2**63 - 1) (and `None` where allowed) | 0, negatives, more, bool, other types |
-| `non_negative_int` | int >= 0 (and `None` where allowed) | negatives, bool, other types |
-| `cpus` | finite float/int from 0.01 to `MOST_CPUS` (100000) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
+| `duration` | a finite real number >= 0 (> 0 without `allow_zero`; `real`), a `timedelta` (and `None` where allowed) | negative (and 0 without `allow_zero`), NaN, inf, bool, other types; the message states the field's rule |
+| `positive_int` | an integer >= 1 (`whole`), and <= `most` where given (`MOST_LIMIT`, 2**63 - 1, for a limit's count) (and `None` where allowed) | 0, negatives, more than `most`, bool, other types |
+| `size` | a number of bytes, an integer from 1 to `MOST_LIMIT` (2**63 - 1) (and `None` where allowed) | 0, negatives, more, bool, other types |
+| `non_negative_int` | an integer >= 0 (`whole`) (and `None` where allowed) | negatives, bool, other types |
+| `cpus` | a finite real number from 0.01 to `MOST_CPUS` (100000) (`real`) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
 | `ray_address` (`is_ray_address`) | `auto`, `local`, `HOST:PORT`, `ray://HOST[:PORT]` (a port from 1 to 65535; a host without `/` or whitespace) | anything else: `ray://` with no host, a URL of another scheme, a bad port |
 | `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
+
+Numbers come as users have them: an integer setting takes any integer type (`whole`: one with
+`__index__`, numpy's too), a number of seconds or CPUs any real number (`real`: a `Fraction`, a
+`Decimal`, numpy's floats); what is stored is a plain `int` or `float`, so nothing downstream
+(the wire, a `repr`, a comparison) meets another type.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from datetime import timedelta
 
 from mpvisor._model.errors import ConfigError
+
+
+def whole(value: object) -> int | None:
+    """`value` as a plain `int` if it is an integer of any type (`operator.index` takes it: an
+    int, numpy's integers), else None; a bool is no integer here (`True` is no count)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # what has no `__index__` raises
+    except TypeError:
+        return None
+
+
+def real(value: object) -> float | None:
+    """`value` as a `float` if it is a real number of any type (an int, a float, a `Fraction`, a
+    `Decimal`, numpy's: what has `__float__` or `__index__`), else None; a bool, a str (which
+    `float()` would parse) and a complex are not. NaN and the infinities stay: the caller's
+    range refuses them, in its own words. Neither `numbers` nor `decimal` is imported: a
+    setting's check is on every program's path."""
+    if type(value) is float:
+        return value
+    kind = type(value)
+    if isinstance(value, bool) or not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int past a float's range: out of every range
+        return math.inf
+    except (TypeError, ValueError):  # `Decimal("sNaN")`, or a `__float__` that refuses
+        return math.nan
 
 
 def duration(field: str, value: object, *, allow_none: bool = False, allow_zero: bool = True) -> float | None:
@@ -29,8 +67,8 @@ def duration(field: str, value: object, *, allow_none: bool = False, allow_zero:
         return None
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+    elif (number := real(value)) is not None:
+        seconds = number
     else:
         raise ConfigError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
@@ -40,14 +78,15 @@ def duration(field: str, value: object, *, allow_none: bool = False, allow_zero:
 
 
 def positive_int(field: str, value: object, *, allow_none: bool = False, most: int | None = None) -> int | None:
-    """Return `value` if it is an int >= 1 (and <= `most`, where given; or an allowed `None`),
-    else raise `ConfigError`."""
+    """Return `value` as an int if it is an integer >= 1 (`whole`; and <= `most`, where given; or
+    an allowed `None`), else raise `ConfigError`."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (most is not None and value > most):
+    number = whole(value)
+    if number is None or number < 1 or (most is not None and number > most):
         rule = "a positive integer" if most is None else f"an integer from 1 to {most}"
         raise ConfigError(f"{field} must be {rule}, got {value!r}")
-    return value
+    return number
 
 
 # The most a limit counted in whole units (bytes, descriptors) may be: what the kernel takes
@@ -58,18 +97,20 @@ MOST_LIMIT = 2**63 - 1
 
 
 def size(field: str, value: object, *, allow_none: bool = False) -> int | None:
-    """Return `value` if it is a number of bytes, an int from 1 to `MOST_LIMIT` (or an allowed
+    """Return `value` as an int if it is a number of bytes, an integer from 1 to `MOST_LIMIT` (or an allowed
     `None`), else raise `ConfigError` naming `field` and `value`."""
     return positive_int(field, value, allow_none=allow_none, most=MOST_LIMIT)
 
 
 def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
-    """Return `value` if it is an int >= 0 (or an allowed `None`), else raise `ConfigError`."""
+    """Return `value` as an int if it is an integer >= 0 (`whole`; or an allowed `None`), else
+    raise `ConfigError`."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    number = whole(value)
+    if number is None or number < 0:
         raise ConfigError(f"{field} must be a non-negative integer, got {value!r}")
-    return value
+    return number
 
 
 LEAST_CPUS = 0.01  # the kernel's least CFS quota, 1 ms, in its default period of 100 ms
@@ -84,11 +125,12 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
     """Return `value` as a number of CPUs (a fraction allowed), or raise `ConfigError`."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    number = real(value)
+    if number is None:
         raise ConfigError(f"{field} must be a number of CPUs, got {value!r}")
-    if not math.isfinite(value) or not LEAST_CPUS <= value <= MOST_CPUS:
+    if not math.isfinite(number) or not LEAST_CPUS <= number <= MOST_CPUS:
         raise ConfigError(f"{field} must be a number of CPUs from {LEAST_CPUS} to {MOST_CPUS}, got {value!r}")
-    return float(value)
+    return number
 
 
 NAME_MAX = 256  # characters of a name (a task's, a slot's): what the slot server's protocol carries

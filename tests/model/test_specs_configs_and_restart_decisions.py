@@ -209,6 +209,53 @@ def test_a_zero_max_slot_queue_is_valid() -> None:
     assert ControllerConfig(max_slot_queue=0).max_slot_queue == 0
 
 
+class _Index:
+    """An integer that is no int, as numpy's are: it has `__index__` alone."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"_Index({self.value})"
+
+
+@pytest.mark.timeout(10)
+def test_numbers_of_any_type_are_taken_and_stored_as_plain_ints_and_floats() -> None:
+    """An integer setting takes any integer type (numpy's: `__index__`), a duration or a number
+    of CPUs any real number (`Fraction`, `Decimal`); each is stored as a plain int or float, and
+    what is refused (a bool, a str, one out of range) is still named with its value."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    config = SupervisorConfig(max_concurrent=_Index(2), grace=Fraction(1, 2), start_timeout=Decimal("1.5"))
+    assert (type(config.max_concurrent), config.max_concurrent, type(config.grace), config.grace) == (int, 2, float, 0.5)
+    assert (type(config.start_timeout), config.start_timeout) == (float, 1.5)
+    controller = ControllerConfig(max_slot_queue=_Index(3), lease_ttl=Decimal(60))
+    assert (type(controller.max_slot_queue), controller.max_slot_queue, controller.lease_ttl) == (int, 3, 60.0)
+    limits = Limits(memory=_Index(2**20), cpus=Fraction(3, 2))
+    assert (type(limits.memory), limits.memory, type(limits.cpus), limits.cpus) == (int, 2**20, float, 1.5)
+    assert type(TaskSpec.once(TASK).with_max_retries(_Index(0)).max_retries) is int
+    assert type(SupervisorConfig(seed=_Index(7)).seed) is int
+    assert type(BackoffPolicy.exponential(Fraction(1, 10), max=Decimal(5), factor=Fraction(3, 2)).factor) is float
+    for build, said in [
+        (lambda: SupervisorConfig(max_concurrent=_Index(0)), "max_concurrent must be a positive integer, got _Index(0)"),
+        (lambda: ControllerConfig(max_slot_queue=_Index(-1)), "max_slot_queue must be a non-negative integer, got _Index(-1)"),
+        (lambda: SupervisorConfig(max_concurrent=True), "max_concurrent must be a positive integer, got True"),
+        (lambda: SupervisorConfig(grace=Decimal("NaN")), "grace must be a finite number of seconds >= 0, got Decimal('NaN')"),
+        (lambda: SupervisorConfig(grace=Decimal("sNaN")), "grace must be a finite number of seconds >= 0, got Decimal('sNaN')"),
+        (lambda: SupervisorConfig(grace=Fraction(-1, 2)), "grace must be a finite number of seconds >= 0, got Fraction(-1, 2)"),
+        (lambda: SupervisorConfig(grace="1"), "grace must be a number of seconds or a timedelta, got '1'"),
+        (lambda: SupervisorConfig(grace=1j), "grace must be a number of seconds or a timedelta, got 1j"),
+        (lambda: ControllerConfig(lease_ttl=Fraction(1)), "lease_ttl must be at least 2 and at most 86400 seconds (a day), got Fraction(1, 1)"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            build()
+        assert str(caught.value) == said
+
+
 def test_config_errors_are_value_errors() -> None:
     """ConfigError is both an MpvisorError and a ValueError."""
     with pytest.raises(ConfigError):
