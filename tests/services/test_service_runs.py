@@ -949,7 +949,7 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
     as a `restart` cut short does, instead of `reloaded ...: changed: ...` (status 0)."""
     text = """
         [defaults]
-        grace = "3s"
+        grace = "2s"
 
         [task.stubborn]
         command = ["sh", "-c", "trap '' TERM; echo one; while :; do sleep 0.1; done"]
