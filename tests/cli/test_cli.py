@@ -81,7 +81,7 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
         (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
           "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
         (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
-        (["--timeout", "1", "workers.hanging_import:target"], 124, [": failed ", "timed out after 1.0 s"]),
+        (["--timeout", "0.5", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.5 s"]),
         (["--start-timeout", "0.5", "workers.hanging_import:target"], 1, [": failed ", "start-up timed out after 0.5 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
@@ -543,10 +543,10 @@ def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
     assert said.startswith("mpvisor: raising: attempt 1 failed: RuntimeError: kaboom; retry in "), said
     assert lines.index(said) < len(lines) - 2 and lines[lines.index(said) - 1] == "RuntimeError: kaboom", lines
     assert lines[-1] == outcome_line(done.stderr) and "attempts=2" in lines[-1], lines
-    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.5", "--restart", "on-failure", "--max-retries", "1",
+    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1",
                         "--backoff", "0.01", "--", "sleep", "5")
     assert timed_out.returncode == 124, timed_out.stderr
-    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.5 s; retry in ")
+    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.3 s; retry in ")
     quiet = mpvisor(tmp_path, "run", "--quiet", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
                     "workers.basic:raising")
     assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr

@@ -949,7 +949,7 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
     as a `restart` cut short does, instead of `reloaded ...: changed: ...` (status 0)."""
     text = """
         [defaults]
-        grace = "3s"
+        grace = "2s"
 
         [task.stubborn]
         command = ["sh", "-c", "trap '' TERM; echo one; while :; do sleep 0.1; done"]
@@ -985,7 +985,8 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     matter most) prints the lines from the files the task file names, with a line on stderr
     saying the run did not answer (it was that error alone, status 1). Once continued, the stop
     its client gave up on is not done, and every command answers again. (The commands wait out
-    their bounds together, each `--wait 1`, not the default 10 s: the same code.)"""
+    their bounds together, each `--wait 1`, not the default 10 s: the same code; `run --name`,
+    which has no `--wait`, waits out its 5 s meanwhile.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     run.write("""
@@ -1007,11 +1008,13 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     refused = (("status", "--wait", "1"), ("status", "services.toml", "--wait", "1"), ("stop", "svc", "--wait", "1"),
                ("reload", "--name", "app", "--wait", "1"))
     try:
+        (run.directory / "other.toml").write_text('[task.x]\ncommand = ["true"]\n')
         while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
             backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
-        with ThreadPoolExecutor(len(refused) + 1) as pool:
-            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "1")])
-            *answers, logs = list(asked)
+        with ThreadPoolExecutor(len(refused) + 2) as pool:
+            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "1"),
+                                                          ("run", "--file", "other.toml", "--name", "app")])
+            *answers, logs, named = list(asked)
         for argv, done in zip(refused, answers, strict=True):
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
             assert f"(pid {proc.pid}) did not answer within 1 s" in done.stderr, (argv, done.stderr)
@@ -1019,8 +1022,6 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
         assert (logs.returncode, logs.stdout) == (0, "line 2\nline 3\n"), (logs.returncode, logs.stdout, logs.stderr)
         assert f"(pid {proc.pid}) did not answer within" in logs.stderr and "it is stopped" in logs.stderr, logs.stderr
         assert "the log files services.toml names:" in logs.stderr, logs.stderr
-        (run.directory / "other.toml").write_text('[task.x]\ncommand = ["true"]\n')
-        named = run.ctl("run", "--file", "other.toml", "--name", "app")
         assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
     finally:
         os.kill(proc.pid, signal.SIGCONT)
