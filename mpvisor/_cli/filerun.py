@@ -81,6 +81,7 @@ from mpvisor._services.control import live_run, name_too_long, run_name
 from mpvisor._services.manager import ServiceRun
 from mpvisor._tasks.registry import TaskWaiter
 
+NAME_WAIT = 1.0  # seconds `run --name` gives a live run of that name to say which file it runs
 _SYSTEMD = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd's words to mpvisor itself
 REDRAW_INTERVAL = 0.1  # seconds between two redraws for progress alone
 CATCH_UP_WAIT = 2.0  # seconds an outcome line waits, at most, for the display to catch up with the events
@@ -315,7 +316,9 @@ def run_file(args: argparse.Namespace) -> int:
     if not parsed.ok:
         report_errors(path, parsed)
         return USAGE_ERROR
-    if args.name is not None and (other := live_run(args.name)) is not None:  # a name given is never changed
+    # A name given is never changed. A run that holds it is refused at once; the wait is only for
+    # the words (its file), so it is short: a stopped run (SIGSTOP) or a stuck one has it all the same.
+    if args.name is not None and (other := live_run(args.name, timeout=NAME_WAIT)) is not None:
         print(f"mpvisor run: error: argument --name: a live run already has the name {args.name!r} (pid "
               f"{other.get('pid')}, {printable(str(other['file'])) if other.get('file') else 'it does not answer'}): stop it first, or give another name",
               file=sys.stderr)

@@ -20,7 +20,8 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -986,7 +987,7 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     saying the run did not answer (it was that error alone, status 1). Once continued, the stop
     its client gave up on is not done, and every command answers again. (The commands wait out
     their bounds together, each `--wait 1`, not the default 10 s: the same code; `run --name`,
-    which has no `--wait`, waits out its 5 s meanwhile.)"""
+    which has no `--wait`, gives the run its one second meanwhile: it waited 5 s.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     run.write("""
@@ -1012,9 +1013,9 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
         while not backlog or backlog[-1].connect_ex(path) != errno.EAGAIN:
             backlog.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK))
         with ThreadPoolExecutor(len(refused) + 2) as pool:
-            asked = pool.map(lambda argv: run.ctl(*argv), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "1"),
-                                                          ("run", "--file", "other.toml", "--name", "app")])
-            *answers, logs, named = list(asked)
+            asked = list(pool.map(_timed(run), [*refused, ("logs", "chatty", "services.toml", "-n", "2", "--wait", "1"),
+                                                ("run", "--file", "other.toml", "--name", "app")]))
+        *answers, logs, named = [done for done, _ in asked]
         for argv, done in zip(refused, answers, strict=True):
             assert done.returncode == 1, (argv, done.returncode, done.stderr)
             assert f"(pid {proc.pid}) did not answer within 1 s" in done.stderr, (argv, done.stderr)
@@ -1022,7 +1023,9 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
         assert (logs.returncode, logs.stdout) == (0, "line 2\nline 3\n"), (logs.returncode, logs.stdout, logs.stderr)
         assert f"(pid {proc.pid}) did not answer within" in logs.stderr and "it is stopped" in logs.stderr, logs.stderr
         assert "the log files services.toml names:" in logs.stderr, logs.stderr
-        assert named.returncode == 2 and "a live run already has the name 'app'" in named.stderr, named.stderr
+        assert named.returncode == 2 and f"a live run already has the name 'app' (pid {proc.pid}, it does not answer)" \
+            in named.stderr, named.stderr
+        assert asked[-1][1] < 4.0, asked[-1][1]  # refused after its second (NAME_WAIT), not 5 s
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         for sock in backlog:
@@ -1034,6 +1037,14 @@ def test_a_stopped_run_is_a_clear_error_within_a_bound_and_an_operation_it_never
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "a live run" not in err and "other.toml" not in err, err
+
+
+def _timed(run: Run) -> Callable[[tuple[str, ...]], tuple[subprocess.CompletedProcess[str], float]]:
+    """`run.ctl(*argv)` for an argv, with the seconds it took."""
+    def timed(argv: tuple[str, ...]) -> tuple[subprocess.CompletedProcess[str], float]:
+        began = time.monotonic()
+        return run.ctl(*argv), time.monotonic() - began
+    return timed
 
 
 def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps_others_out(run: Run) -> None:
