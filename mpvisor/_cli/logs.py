@@ -26,7 +26,7 @@ from mpvisor import _platform
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
 from mpvisor._cli.statuses import FAILED, NO_RUN, OK
-from mpvisor._model.events import printable  # the task file's path shown escaped, as a reason is
+from mpvisor._model.events import printable  # paths shown escaped, as a reason is
 
 NAME = "logs"
 HELP = "print the last lines of a task's log files, and follow them (-f)"  # as in COMMANDS
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             text = followed.tail(args.lines)
         except OSError as exc:
-            return runs.refused(runs.Refusal(FAILED, f"cannot read {followed.path}: {exc.strerror or exc}"))
+            return runs.refused(runs.Refusal(FAILED, f"cannot read {printable(followed.path)}: {exc.strerror or exc}"))
         if headers:
-            _write(f"{chr(10) if index else ''}==> {followed.label}: {followed.path} <==\n")
+            _write(f"{chr(10) if index else ''}==> {followed.label}: {printable(followed.path)} <==\n")
         _write(text)
     if not args.follow:
         return OK
@@ -134,7 +134,7 @@ def follow(files: list[Followed], headers: bool) -> None:
             if not text:
                 continue
             if headers and followed is not last:
-                _write(f"\n==> {followed.label}: {followed.path} <==\n")
+                _write(f"\n==> {followed.label}: {printable(followed.path)} <==\n")
                 last = followed
             _write(text)
         if _platform.other_end_closed(1):  # stdout's pipe has no reader

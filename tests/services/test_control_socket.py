@@ -222,6 +222,19 @@ async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, t
         assert await cli("logs", "db", "-n", "0") == (0, "", "")
 
 
+async def test_logs_shows_log_paths_with_a_newline_or_an_escape_code_escaped(runs_dir: pathlib.Path,
+                                                                            tmp_path: pathlib.Path) -> None:
+    """A log file's path is shown escaped in its header, as a reason is: a newline or an escape
+    code in it can neither break the header nor restyle the terminal (the lines are the log's own)."""
+    out_log, err_log = tmp_path / "a\nb.log", tmp_path / "red\x1b[31m.err"
+    out_log.write_text("out\n")
+    err_log.write_text("err\n")
+    target = FakeTarget("svc", "/srv/svc.toml", {"web": str(out_log), "web.err": str(err_log)})
+    async with serving(target):
+        assert await cli("logs", "web") == (0, (
+            f"==> stdout: {tmp_path}/a\\nb.log <==\nout\n\n==> stderr: {tmp_path}/red\\x1b[31m.err <==\nerr\n"), "")
+
+
 async def test_a_task_file_in_a_directory_whose_name_is_not_utf_8_is_reached(runs_dir: pathlib.Path,
                                                                               tmp_path: pathlib.Path) -> None:
     """A path Python holds with a lone surrogate for a byte that is not UTF-8 (`d\\udce9r`) crosses
