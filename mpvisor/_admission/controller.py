@@ -176,6 +176,7 @@ class Controller:
         # Called on the loop with an owner's id when a replacement (local, or from another
         # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
         self._on_replaced: list[Callable[[int], None]] = []
+        self._on_said: list[Callable[[int, str], None]] = []  # the store's words for a person (`on_said`)
 
     def __repr__(self) -> str:
         return (
@@ -383,6 +384,8 @@ class Controller:
 
         def said(text: str) -> None:  # the store's queued or silent answer, for a person
             publish(EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=text)
+            for callback in self._on_said:
+                callback(item.id, text)
 
         def revoked() -> None:
             actor = self.registry.actor(item.id)
@@ -481,6 +484,13 @@ class Controller:
     def on_replaced(self, callback: Callable[[int], None]) -> None:
         """Call `callback(id)` on the loop whenever a replacement claims the owner `id`'s removal."""
         self._on_replaced.append(callback)
+
+    def on_said(self, callback: Callable[[int, str], None]) -> None:
+        """Call `callback(id, text)` on the loop whenever the store answers the submission `id`,
+        still waiting for its slot's lease, with words for a person (queued behind an owner, or
+        silent): what its `CONTROLLER_SLOT_TRANSITION` event's `reason` says, without a
+        subscriber's thread (`mpvisor run --slot` prints them)."""
+        self._on_said.append(callback)
 
     def _replaced(self, id: int) -> None:
         for callback in self._on_replaced:

@@ -11,7 +11,8 @@ library's `run` and nothing else:
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
-outcome), `hold_while` (work not registered yet still keeps the run going), and `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it). If
+outcome), `hold_while` (work not registered yet still keeps the run going), `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it) and `on_said`
+(a shared slot's store said the submission waits, or is silent: `mpvisor run --slot` prints it). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
 running and the error propagates. The signals received are `runtime.interrupted`, in order.
 """
@@ -87,6 +88,12 @@ class RunSession:
         """Call `callback(id)` when a replacement claims the owner `id` (needs a controller)."""
         if self.runtime.controller is not None:
             self.runtime.controller.on_replaced(callback)
+
+    def on_said(self, callback: Callable[[int, str], None]) -> None:
+        """Call `callback(id, text)` when a shared slot's store answers the waiting submission
+        `id` with words for a person (queued, silent; needs a controller)."""
+        if self.runtime.controller is not None:
+            self.runtime.controller.on_said(callback)
 
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,

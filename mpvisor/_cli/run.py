@@ -283,8 +283,6 @@ def run(args: argparse.Namespace) -> int:
     subscribers: list[Any] = list(writers)
     if args.progress:
         subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
-    if args.slot is not None:
-        subscribers.append(_SlotLines(spec.name))
     if not args.quiet and args.events != "log" and spec.restart != RestartPolicy.NEVER:  # (a log says it all already;
         subscribers.append(_RetriedAttempts(spec.name))  # a task that runs once has no subscriber thread to pay for)
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
@@ -377,6 +375,7 @@ class _OneTask:
             self.waiter.when_resolved(self._resolved)
             return
         session.on_replaced(self._on_replaced)
+        session.on_said(self._on_said)
         from mpvisor._admission.leases.store import POLICIES as POLICY_OF  # a slot's run only
         from mpvisor._admission.submission import ControllerSpec
 
@@ -386,6 +385,13 @@ class _OneTask:
 
     def _resolved(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome  # kept for when the shutdown raises (GraceExceeded) instead of returning it
+
+    def _on_said(self, id: int, text: str) -> None:
+        """The slot's store answered this run's one submission with words for a person (queued
+        behind an owner, or silent): said at once, on the loop, as `_on_replaced` says its line
+        (no subscriber's thread for lines that a run whose slot is free never has)."""
+        sys.stderr.write(f"mpvisor: {text}\n")  # one write: a line a subscriber's thread writes stays whole
+        sys.stderr.flush()
 
     def _on_replaced(self, id: int) -> None:
         if self.waiter is not None and id == self.waiter.id:
@@ -440,18 +446,3 @@ class _RetriedAttempts:
         text += f"mpvisor: {self.task}: {attempt_failed_text(failed, failed.attempt or 0)}; retry in {duration(delay)}\n"
         sys.stderr.write(text)
         sys.stderr.flush()
-
-
-class _SlotLines:
-    """Says on stderr what the slot's store answered while the run waits for its lease."""
-
-    name = "slot-lines"
-    queue_capacity = 64
-
-    def __init__(self, task: str) -> None:
-        self.task = task
-
-    def on_event(self, event: Event) -> None:
-        if event.kind is EventKind.CONTROLLER_SLOT_TRANSITION and event.task == self.task and event.reason:
-            sys.stderr.write(f"mpvisor: {event.reason}\n")  # one write: lines of other threads stay whole
-            sys.stderr.flush()

@@ -202,15 +202,21 @@ def test_twelve_concurrent_replacements_keep_one_owner_and_the_last_one_wins(slo
 def test_a_run_with_a_shared_slot_waits_for_its_lease_without_a_thread_pool(slots: Any, tmp_path: Any) -> None:
     """The loop waits for the lease's threads (the acquire, the release) by futures they settle
     as they end, not by a join on a thread of its executor: `mpvisor run --slot` imports no
-    thread pool and its loop ends with no executor to shut down; the lease is given back before
-    the run ends, as before (the next run gets the slot at once, even with `--policy drop`)."""
-    code = ("import atexit, sys; atexit.register(lambda: print('pool' if 'concurrent.futures.thread' in sys.modules "
-            "else 'no pool', file=sys.stderr)); sys.argv = ['mpvisor', 'run', '--slot', 's', '--', 'true']; "
+    thread pool and its loop ends with no executor to shut down; and the store's words (queued,
+    silent) are said from the loop, so a run whose slot is free starts no subscriber's thread.
+    The lease is given back before the run ends, as before (the next run gets the slot at once,
+    even with `--policy drop`)."""
+    code = ("import atexit, sys, threading; started = []; start = threading.Thread.start\n"
+            "def counted(self): started.append(self.name); start(self)\n"
+            "threading.Thread.start = counted\n"
+            "atexit.register(lambda: print('pool' if 'concurrent.futures.thread' in sys.modules else 'no pool', "
+            "[name for name in started if name.startswith('mpvisor-sub-')], file=sys.stderr))\n"
+            "sys.argv = ['mpvisor', 'run', '--slot', 's', '--', 'true']\n"
             "from mpvisor._cli.entry import cli; cli()")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env_for(slots), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[-1] == "no pool", done.stderr
+    assert done.stderr.splitlines()[-1] == "no pool []", done.stderr
     assert finish(start(slots, tmp_path, "--slot", "s", "--policy", "drop", "--", "true"))[0] == 0
 
 
