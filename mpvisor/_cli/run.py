@@ -390,8 +390,7 @@ class _OneTask:
         """The slot's store answered this run's one submission with words for a person (queued
         behind an owner, or silent): said at once, on the loop, as `_on_replaced` says its line
         (no subscriber's thread for lines that a run whose slot is free never has)."""
-        sys.stderr.write(f"mpvisor: {text}\n")  # one write: a line a subscriber's thread writes stays whole
-        sys.stderr.flush()
+        write_line(sys.stderr, f"mpvisor: {text}")  # one write: a line a subscriber's thread writes stays whole
 
     def _on_replaced(self, id: int) -> None:
         if self.waiter is not None and id == self.waiter.id:
