@@ -305,8 +305,14 @@ async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_plac
     attempt ended while others still waited for an agent to be placed is closed at once, not
     kept `AGENT_IDLE` s for a next attempt of its shape (it held the CPU the waiting ones needed:
     waves `AGENT_IDLE` s apart here, 4.2 s against 2.5 s, and with more attempts, start-up
-    timeouts); only the last wave's agents, with nobody waiting, are kept idle."""
+    timeouts); only the last wave's agents, with nobody waiting, are kept idle. It starts once
+    every CPU of the cluster is free: a previous test's actors give theirs back a moment after
+    their end (once, in a whole `-m slow` run, its attempts started one at a time: one agent kept)."""
+    import ray
+
     from mpvisor._launchers import ray as ray_launcher
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= _ray_support.HEAD_CPUS, timeout=30.0)
 
     kept: list[object] = []
     keep = ray_launcher.RayClient._keep_idle
