@@ -465,14 +465,12 @@ class Controller:
             return
         self._releasing += 1
 
-        def released(_: object) -> None:
-            def done() -> None:
-                self._releasing -= 1
-                if then is not None:
-                    then()
-            self._post(done)
+        def done() -> None:
+            self._releasing -= 1
+            if then is not None:
+                then()
 
-        releasing.add_done_callback(released)
+        releasing.add_done_callback(lambda _: self._post(done))
 
     def _accepted_now(self, item: _Pending, actor: TaskActor) -> None:
         """Called by the registry inside the registration step, before the task's loop starts."""
