@@ -12,7 +12,9 @@ library's `run` and nothing else:
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
 outcome), `hold_while` (work not registered yet still keeps the run going), `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it) and `on_said`
-(a shared slot's store said the submission waits, or is silent: `mpvisor run --slot` prints it). If
+(a shared slot's store said the submission waits, or is silent: `mpvisor run --slot` prints it),
+and `stop` (the graceful shutdown a SIGTERM starts, from any thread: `mpvisor run` calls it when
+its output's reader went away). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
 running and the error propagates. The signals received are `runtime.interrupted`, in order.
 """
@@ -20,6 +22,7 @@ running and the error propagates. The signals received are `runtime.interrupted`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
@@ -95,6 +98,12 @@ class RunSession:
         if self.runtime.controller is not None:
             self.runtime.controller.on_said(callback)
 
+    def stop(self) -> None:
+        """Start the graceful shutdown, as a SIGTERM would but recording no signal; from any
+        thread, once the loop has ended too (then it does nothing)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
+            self.runtime.loop.call_soon_threadsafe(_begin_shutdown, self.runtime)
+
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
                       passed_on: tuple[signal.Signals, ...] = ()) -> None:
@@ -167,19 +176,31 @@ class _SignalHandlers:
         received.append(signal.Signals(signum))
         if signum == signal.SIGINT and received.count(signal.SIGINT) > 1:
             self.runtime.kill_all_now(INTERRUPTED_TWICE)
-        self.runtime.loop.create_task(self._shutdown())
-
-    async def _shutdown(self) -> None:
-        try:
-            await self.runtime.shutdown()
-        except Exception:
-            pass  # `run` reports it: it awaits the same shutdown
+        _begin_shutdown(self.runtime)
 
     def __exit__(self, *exc: object) -> None:
         """Give each signal back as it was (`_platform.give_back_signal`): the loop's own handler
         to the loop, any other to the signal module."""
         for signum, borrowed in self.borrowed.items():
             _platform.give_back_signal(self.runtime.loop, signum, borrowed)
+
+
+_STOPPING: set[asyncio.Task[None]] = set()  # the tasks `_begin_shutdown` started, until they end
+
+
+def _begin_shutdown(runtime: Runtime) -> None:
+    """Start the runtime's one shutdown, on its loop, without waiting for it."""
+    if not runtime.shutdown_started:
+        task = runtime.loop.create_task(_join_shutdown(runtime))
+        _STOPPING.add(task)
+        task.add_done_callback(_STOPPING.discard)
+
+
+async def _join_shutdown(runtime: Runtime) -> None:
+    try:
+        await runtime.shutdown()
+    except Exception:
+        pass  # `run` reports it: it awaits the same shutdown
 
 
 def refuse_unguarded_main() -> None:

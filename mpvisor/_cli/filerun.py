@@ -67,7 +67,13 @@ from mpvisor._cli.options import (
     slots_variable,
     value_line,
 )
-from mpvisor._cli.shell import account_output, lose_output, take_stdout, write_line
+from mpvisor._cli.shell import (
+    account_output,
+    lose_output,
+    take_stdout,
+    when_reader_gone,
+    write_line,
+)
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
 from mpvisor._cli.taskfile import FileTask, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
@@ -419,6 +425,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     services: list[ServiceRun] = []
 
     async def start(session: RunSession) -> None:
+        when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
         session.on_replaced(replaced.add)
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
                                  load=load, added=display.again, systemd=systemd)

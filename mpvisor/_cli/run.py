@@ -122,7 +122,7 @@ from mpvisor._cli.options import (
     task_name,
     value_line,
 )
-from mpvisor._cli.shell import take_stdout, write_line
+from mpvisor._cli.shell import take_stdout, when_reader_gone, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
 from mpvisor._model.events import REASON_MAX, Event, EventKind
 from mpvisor._model.outcome import (
@@ -370,6 +370,7 @@ class _OneTask:
         return await self.waiter.wait()
 
     async def _start(self, session: RunSession) -> None:
+        when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
         if self.slot is None:
             (self.waiter,) = await session.add_batch([self.spec])
             self.waiter.when_resolved(self._resolved)

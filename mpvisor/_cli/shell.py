@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -33,7 +34,7 @@ from mpvisor._cli.statuses import FAILED, USAGE_ERROR
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import IO, Any, NoReturn
 
 
@@ -173,17 +174,27 @@ CLOSED_AT_START = "it was closed when mpvisor started"
 
 
 class _Lost:
-    """What could not be written, by stream: the first reason for each."""
+    """What could not be written, by stream: the first reason for each; and whom to tell, once,
+    that a stream's reader went away (`when_reader_gone`)."""
 
     def __init__(self) -> None:
         self.why: dict[str, str] = {}
         self.held: set[int] = set()  # standard fds closed at start, now held open on /dev/null
         self.streams: list[_Guarded] = []  # the guarded streams to flush at the end
+        self.on_reader_gone: Callable[[], None] | None = None
         self.lock = threading.Lock()
 
-    def note(self, label: str, why: str) -> None:
+    def note(self, label: str, why: str, *, reader_gone: bool = False) -> None:
         with self.lock:
             self.why.setdefault(label, why)
+            told = self.on_reader_gone if reader_gone else None
+            if told is not None:
+                self.on_reader_gone = None
+        if told is not None:
+            told()
+
+    def note_error(self, label: str, exc: OSError) -> None:
+        self.note(label, exc.strerror or str(exc), reader_gone=exc.errno == errno.EPIPE)
 
 
 _LOST = _Lost()
@@ -275,7 +286,7 @@ class _Guarded:
     def lose(self, exc: OSError) -> None:
         """Record `exc` for this stream and drop what is pending (its fd now leads to /dev/null)."""
         self.failed = True
-        _LOST.note(self.label, exc.strerror or str(exc))
+        _LOST.note_error(self.label, exc)
         if self.inner is None:
             return
         try:
@@ -306,12 +317,20 @@ class _Guarded:
         return f"<guarded {self.label} failed={self.failed}>"
 
 
+def when_reader_gone(callback: Callable[[], None]) -> None:
+    """Call `callback` once, from whichever thread wrote, when a guarded stream is found to have no
+    reader left (EPIPE: a pipe whose reader exited, as `head` does): a run then stops, as a
+    program writing to such a pipe does, rather than going on with nobody to write for. Other
+    failures (a full disk, a closed descriptor) are only recorded, and the run goes on."""
+    _LOST.on_reader_gone = callback
+
+
 def lose_output(stream: IO[str], exc: OSError) -> None:
     """A write to `stream` that bypassed it (`os.write` on its fd) failed: record it likewise."""
     if isinstance(stream, _Guarded):
         stream.lose(exc)
     else:
-        _LOST.note(_label_of(stream), exc.strerror or str(exc))
+        _LOST.note_error(_label_of(stream), exc)
 
 
 def give_up_output(stream: IO[str], why: str) -> None:
@@ -343,6 +362,7 @@ def guarded_output() -> Iterator[None]:
     _LOST.why.clear()
     _LOST.streams.clear()
     _LOST.held.clear()
+    _LOST.on_reader_gone = None
     if not all(_is_open(fd) for fd in (0, 1, 2)):  # rare, so imported only then (`--version` imports no _platform)
         from mpvisor import _platform
 

@@ -218,6 +218,35 @@ def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathli
     assert "has no reader left; not retried" in outcome and outcome.endswith("attempts=1"), outcome
 
 
+@pytest.mark.parametrize("pipeline", [
+    "mpvisor run --events json --every 0.1 -- true 2>err | head -2",  # the events' reader
+    "mpvisor run --file tick.toml --events json 2>err | head -2",
+    "mpvisor run --restart always --backoff 0.05 -- false 2>&1 >/dev/null | head -2 >/dev/null",  # stderr's reader
+])
+def test_a_run_whose_output_lost_its_reader_stops_instead_of_running_on(tmp_path: pathlib.Path, pipeline: str) -> None:
+    """A run that would go on forever (`--every`, `--restart always`) writing to a pipe whose
+    reader exited (`| head -2`) stops, as `yes | head -2` does: its task is canceled by a
+    graceful shutdown, mpvisor says which stream was lost and exits 1, and the pipeline ends.
+    It used to run until it was killed, with nobody left to read what it wrote."""
+    (tmp_path / "tick.toml").write_text('[task.tick]\ncommand = ["true"]\nevery = 0.1\n')
+    assert MPVISOR is not None
+    script = f"set -o pipefail; {pipeline.replace('mpvisor', shlex.quote(MPVISOR), 1)}; echo \"statuses ${{PIPESTATUS[*]}}\""
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env_for(tmp_path), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:  # a run that never ends is killed with its pipeline (the fork server follows it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert stdout.splitlines()[-1] == "statuses 1 0", (stdout, stderr)
+    said = (tmp_path / "err").read_text() if "2>err" in pipeline else stderr
+    assert "Traceback" not in said, said
+    if "2>err" in pipeline:  # stderr still has its reader: it says what was lost, last
+        assert said.splitlines()[-1] == "mpvisor: cannot write to stdout: Broken pipe", said
+        assert "canceled reason='canceled by shutdown'" in said, said
+
+
 def test_a_sigpipe_death_while_the_output_has_a_reader_is_still_retried(tmp_path: pathlib.Path) -> None:
     """A SIGPIPE that is not the output's (a socket's peer gone; here one the command sends
     itself) is a retryable failure as before: retried, then failed with 141."""
