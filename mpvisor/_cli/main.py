@@ -136,6 +136,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     parser, parsers = make_parser(wanted)
     handler = parsers[wanted].get_default("handler") if wanted is not None else None
     command: list[str] = []
+    if wanted is None and (strays := [word for word in _leading_options(argv) if not parser.knows(word)]):
+        parser.unrecognized(strays)  # `mpvisor --vers`: the word said, not a missing command
     if handler is not None and not handler.TAKES_COMMAND:
         own = argv  # `--` only ends the options (`mpvisor check -- -x.toml`), as POSIX has it
     else:
@@ -157,6 +159,16 @@ def _wanted(argv: list[str]) -> str | None:
     if argv and any(argv[0] == command.name.partition(" ")[0] for command in COMMANDS):
         return argv[0]
     return None
+
+
+def _leading_options(argv: list[str]) -> list[str]:
+    """The words before the first that is no option (`--vers` of `mpvisor --vers run -- ls -l`)."""
+    leading: list[str] = []
+    for word in argv:
+        if word == "--" or not word.startswith("-"):
+            break
+        leading.append(word)
+    return leading
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -104,10 +104,16 @@ class UsageParser(argparse.ArgumentParser):
 
     A word that is no option of the command's is named before any positional's bad value: in
     `mpvisor run --timout 5 -- true` the error is the misspelt `--timout` (and the option it
-    resembles), not the `5` it left behind as a TARGET."""
+    resembles), not the `5` it left behind as a TARGET.
+
+    An option is spelt out whole: argparse would take any unambiguous beginning of one
+    (`--ever 5` for `--every 5`, a task that then runs forever), and a beginning that is
+    unambiguous today is ambiguous once another option starts with it, which would break a
+    script that used it. A beginning is refused as a misspelling is, naming the option meant."""
 
     def __init__(self, *args: Any, outer_options: tuple[str, ...] = (), **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-[\d.]")
         self._bad_positional: str | None = None  # a positional's refused value, said after unknown words
@@ -115,6 +121,10 @@ class UsageParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def knows(self, word: str) -> bool:
+        """Whether `word` (`--opt` or `--opt=VALUE`) is one of this parser's options."""
+        return word.partition("=")[0] in self._option_string_actions
 
     def unrecognized(self, words: list[str]) -> NoReturn:
         """The usage error for words that are none of this parser's options or arguments, with

@@ -153,6 +153,12 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
                                           "(--version is an option of mpvisor itself: mpvisor --version)"]),
         (["check", "--version", "x.toml"], ["(--version is an option of mpvisor itself: mpvisor --version)"]),
         (["--bogus", "run", "--", "true"], ["mpvisor: error: unrecognized arguments: --bogus"]),  # (a traceback)
+        # an option's beginning is no option (`--ever 5` was `--every 5`: a task that runs forever)
+        (["run", "--ever", "5", "--", "true"], ["unrecognized arguments: --ever", "(did you mean --every?)"]),
+        (["run", "--max-retr", "2", "--restart", "always", "--", "true"], ["unrecognized arguments: --max-retr "]),
+        (["slots", "--js"], ["mpvisor slots: error: unrecognized arguments: --js (did you mean --json?)"]),
+        (["--vers"], ["mpvisor: error: unrecognized arguments: --vers (did you mean --version?)"]),  # (COMMAND missing)
+        (["--bogus"], ["mpvisor: error: unrecognized arguments: --bogus"]),
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
