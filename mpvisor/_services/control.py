@@ -206,7 +206,7 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         if entry.endswith(SUFFIX + LOCK_SUFFIX) and not os.path.lexists(path[: -len(LOCK_SUFFIX)]):
-            _remove_stale(path[: -len(LOCK_SUFFIX)])
+            remove_if_stale(path[: -len(LOCK_SUFFIX)])
         elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
             runs.append(described)
     return runs
@@ -229,7 +229,7 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         answer = request(path, {"t": "describe"}, timeout)
     except NotLive as exc:
         if isinstance(exc.__cause__, ConnectionRefusedError):
-            _remove_stale(path)
+            remove_if_stale(path)
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
@@ -239,18 +239,21 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
-def _remove_stale(path: str) -> None:
-    """Remove the socket at `path` and its lock file, unless a run holds the lock (it is starting)."""
+def remove_if_stale(path: str) -> bool:
+    """Remove the socket at `path` and its lock file unless a run holds the lock (it serves the
+    socket, or is starting to); whether they were stale (and are gone). Nothing is connected to:
+    a stopped run's socket is held all the same."""
     try:
         lock = _try_lock(path + LOCK_SUFFIX)
     except OSError:
-        return  # the directory went, or is not ours to write: nothing to tidy here
+        return False  # the directory went, or is not ours to write: nothing to tidy here
     if lock is None:
-        return
+        return False
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
     _release(lock, path + LOCK_SUFFIX)
+    return True
 
 
 # --- the lock a server holds ----------------------------------------------------------------------

@@ -569,6 +569,28 @@ async def test_live_runs_lists_who_answers_and_removes_stale_sockets(runs_dir: p
         assert sorted(os.listdir(directory)) == ["svc.sock", "svc.sock.lock"]
 
 
+async def test_a_file_whose_killed_run_left_its_socket_reaches_its_run_under_another_name(
+        runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """A run of FILE was killed (SIGKILL, a crash), leaving the socket of FILE's own name behind;
+    a run of FILE started since with --name is the one `FILE` reaches: the commands said no run
+    of FILE was live (status 10). The stale socket is removed on the way."""
+    file = tmp_path / "svc.toml"
+    file.write_text("")
+    killed = socket_for(run_name(str(file)))
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(killed)
+    stale.close()  # the file stays: nobody holds its lock
+    pathlib.Path(killed + ".lock").write_text("123\n")
+    target = FakeTarget("app", str(file))
+    async with serving(target):
+        status, out, err = await cli("status", str(file))
+        assert (status, err) == (0, "")
+        assert out.splitlines()[0] == f"app  pid {os.getpid()}  {file}"
+        assert await cli("stop", "web", str(file)) == (0, "web: stop done\n", "")
+        assert sorted(os.listdir(runs_dir)) == ["app.sock", "app.sock.lock"]
+    assert target.calls == [("stop", "web")]
+
+
 def test_a_runs_name_is_the_stem_and_a_hash_of_the_absolute_path(tmp_path: pathlib.Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`run_name` is the same for a relative and an absolute path; another directory, another name."""
