@@ -160,9 +160,10 @@ def run_name(file: str) -> str:
 
 
 def check_name(name: str) -> str:
-    """`name` if it can name a run's socket, else `ValueError` saying why."""
-    if not name or "/" in name or "\0" in name or len(name) > 200:
-        raise ValueError(f"expected a run's name (1 to 200 characters, no '/'), got {name!r}")
+    """`name` if it can name a run's socket, else `ValueError` saying why (it is printed on one
+    line of a table or a list of runs, as a task's name is: no control character or line break)."""
+    if not name or "/" in name or not name.isprintable() or len(name) > 200:
+        raise ValueError(f"expected a run's name (1 to 200 characters, no '/' or control characters), got {name!r}")
     return name
 
 

@@ -349,11 +349,18 @@ async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_d
 
 
 def test_usage_errors_name_the_option() -> None:
-    """FILE with --name, a name with '/', a negative -n, a --wait of 0 or past a day: one line
-    naming the option, status 2."""
+    """FILE with --name, a name with '/' or a line break, a negative -n, a --wait of 0 or past a
+    day: one line naming the option, status 2. A run's name given to `mpvisor run --file` is a
+    run's name there too (an empty one was refused as 'a non-empty task name'), and one the control
+    commands refuse (a line break) is refused there too; without --file, --name names the task."""
+    said = "error: argument --name: expected a run's name (1 to 200 characters, no '/' or control characters), got"
     for argv, says in [
         (["status", "svc.toml", "--name", "svc"], "mpvisor status: error: argument --name: not allowed with FILE"),
         (["stop", "web", "--name", "a/b"], "mpvisor stop: error: argument --name: expected a run's name"),
+        (["status", "--name", "x\ny"], f"mpvisor status: {said} 'x\\ny'"),
+        (["run", "--file", "svc.toml", "--name", ""], f"mpvisor run: {said} ''"),
+        (["run", "--file", "svc.toml", "--name", "x\ny"], f"mpvisor run: {said} 'x\\ny'"),
+        (["run", "--name", "", "--", "true"], "mpvisor run: error: argument --name: expected a non-empty task name, got ''"),
         (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
         (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),
         (["status", "--wait", "0"], "mpvisor status: error: argument --wait: expected a finite number of seconds > 0 "

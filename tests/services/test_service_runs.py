@@ -722,7 +722,7 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
         assert len(refused.stderr.splitlines()) == 1 and "started" not in refused.stderr, refused.stderr
         bad = run.ctl("run", "--file", "services.toml", "--name", "a/b")
         assert (bad.returncode, bad.stderr.splitlines()) == (2, [bad.stderr.splitlines()[0]]), bad
-        assert "argument --name: expected a run's name (1 to 200 characters, no '/'), got 'a/b'" in bad.stderr, bad.stderr
+        assert "argument --name: expected a run's name (1 to 200 characters, no '/' or control characters), got 'a/b'" in bad.stderr, bad.stderr
     finally:
         (run.directory / "stop").touch()
     _, first_err = first.communicate(timeout=30)
