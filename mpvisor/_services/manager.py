@@ -47,6 +47,7 @@ from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
+from mpvisor._model.spec import RestartKind
 from mpvisor._services import graph, hangup
 from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
@@ -86,8 +87,9 @@ class Service:
         self.ready = False  # the current attempt is ready
         self.was_ready = False  # this instance was ready once: what its dependents wait for
         self.status_text: str | None = None  # its last STATUS=... or ready(status)
-        self.restarts = 0  # attempts started after one that failed (not one stopped on request), over every instance
-        self.failed_last = False  # its last attempt failed (not stopped on request): the next one is a restart
+        self.restarts = 0  # attempts its restart policy started (not one asked for), over every instance
+        self.restart_next = False  # its next attempt is a restart: the last failed (not stopped on request), or
+        # succeeded and `restart = "always"` without `every` runs it again at once (as restart intensity counts)
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
@@ -392,8 +394,8 @@ class ServiceRun:
         if service is None:
             return
         service.attempt, service.pid, service.started_at, service.ready = attempt, pid, time.monotonic(), False
-        service.restarts += service.failed_last and attempt > 1  # a new instance's first is asked for, not a restart
-        service.failed_last = False
+        service.restarts += service.restart_next and attempt > 1  # a new instance's first is asked for, not a restart
+        service.restart_next = False
         service.state = "starting"
         check = service.settings.ready
         if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
@@ -452,7 +454,9 @@ class ServiceRun:
         service.stop_checks()
         service.ready, service.pid, service.started_at = False, None, None
         failed = end.kind not in (AttemptResult.SUCCEEDED, AttemptResult.CANCELED)  # a stop asked for is no failure
-        service.failed_last = failed
+        policy = service.task.spec.restart
+        rerun = end.kind is AttemptResult.SUCCEEDED and policy.kind is RestartKind.ALWAYS and not policy.interval
+        service.restart_next = failed or rerun
         if service.state != "stopping":  # (a stop asked for: its outcome comes next)
             service.state = "backoff" if failed else "scheduled"  # a retry, or a periodic task's next run
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")

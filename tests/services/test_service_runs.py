@@ -944,6 +944,31 @@ def test_a_restart_asked_for_while_a_failed_task_waits_out_its_backoff_is_not_co
     assert rows["svc"]["restarts"] == 0, rows
 
 
+def test_a_service_that_exits_0_and_is_run_again_at_once_counts_each_run_as_a_restart(run: Run) -> None:
+    """`restart = "always"` without `every` runs a task that exits 0 again at once (a program that
+    daemonizes loops so): each such run is a restart, as restart intensity counts it and systemd's
+    NRestarts does; RESTARTS said 0 while the task ran again and again. The intensity ends it
+    at its 4th restart; a periodic task's next run is its schedule, not a restart."""
+    run.write("""
+        [task.quick]
+        command = ["true"]
+        restart = "always"
+        intensity = "3/60"
+
+        [task.tick]
+        command = ["true"]
+        every = "50ms"
+
+        [task.keep]
+        command = ["sleep", "60"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["quick"]["state"] == "ended" and rows["tick"]["last"] not in
+                           (None, "attempt 1 succeeded", "attempt 2 succeeded"))
+    assert rows["quick"]["restarts"] == 3 and "restart intensity exceeded" in str(rows["quick"]["last"]), rows
+    assert rows["tick"]["restarts"] == 0, rows
+
+
 def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
     """A reload that changed a task and waits out its grace when SIGTERM comes: the changed task
     is never started anew, so `mpvisor reload` answers that the run is shutting down (status 1),
