@@ -74,6 +74,17 @@ def _counts_as_ready(service: Service) -> bool:
     return service.was_ready and not service.stopped
 
 
+def _ended(service: Service) -> str:
+    """How `service`, which was never ready, ended, for what waits for it: `ended failed: ...`;
+    one that succeeded while its check had not passed says so (a program that daemonized: it
+    exited 0 before it listened)."""
+    why = f"ended {service.last}" if service.last else "ended"
+    check = service.settings.ready
+    if service.last == "completed" and check is not None:
+        why += f" before it was ready ({check})"
+    return why
+
+
 class Service:
     """One task of the file as the run keeps it: its definition and where its instance is."""
 
@@ -264,7 +275,7 @@ class ServiceRun:
             raise ShuttingDown("the run is shutting down: nothing more starts")
         after = {n: s.settings.after for n, s in self.services.items()}
         waiting = [n for n, s in self.services.items() if s.state == "waiting"]
-        ended = {n: f"ended {s.last}" if s.last else "ended" for n, s in self.services.items()
+        ended = {n: _ended(s) for n, s in self.services.items()
                  if s.state in ("ended", "not started") and not s.was_ready}  # one that was ready counts as ready
         for name, why in graph.blocked(after, waiting, ended).items():
             service = self.services[name]

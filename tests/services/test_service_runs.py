@@ -843,6 +843,27 @@ def test_a_one_shot_task_whose_probe_passes_as_it_exits_gates_what_comes_after_i
     assert "mpvisor: web: completed" in err, err
 
 
+def test_a_task_that_exits_0_before_its_check_passes_leaves_its_dependents_not_started_saying_so(run: Run) -> None:
+    """db exits 0 at once, as a program that daemonizes does, and its `tcp:` check never passes:
+    api is not started, and its reason says db ended before it was ready, naming the check (it
+    said `db ended completed`, as if completing were the trouble)."""
+    port = free_port()
+    run.write(f"""
+        [task.db]
+        command = ["sh", "-c", "exit 0"]
+        ready = "tcp:127.0.0.1:{port}"
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 1, err
+    said = f"api: rejected reason='not started: db ended completed before it was ready (tcp:127.0.0.1:{port})'"
+    assert said in err, err
+
+
 def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeeded(run: Run) -> None:
     """`ready = "completed"`: web starts only after migrate's attempt succeeded (its command
     fails unless the file migrate creates last is there); status shows migrate ready, the
