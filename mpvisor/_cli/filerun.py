@@ -366,8 +366,8 @@ def run_file(args: argparse.Namespace) -> int:
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts,
-                                            path, args.name or run_name(path), systemd))
+        results, problem, names = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts,
+                                                   path, args.name or run_name(path), systemd))
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
@@ -376,11 +376,11 @@ def run_file(args: argparse.Namespace) -> int:
         say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
         return -first if first is not None else FAILED
-    missing = [t.name for t in tasks if t.name not in results]
+    missing = [name for name in names if name not in results]  # of the file as last read (a reload's tasks too)
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
-    # the file's tasks in its order, then those a reload added, as they ended
-    ordered = [results[name] for name in dict.fromkeys([*(t.name for t in tasks), *results]) if name in results]
+    # the file's tasks in its order (as last read), then those a reload removed, as they ended
+    ordered = [results[name] for name in dict.fromkeys([*names, *results]) if name in results]
     status = worst_status(ordered, first)
     if missing and first is None:
         status = max(status, 1)  # a task that did not run is no success
@@ -395,16 +395,17 @@ def run_file(args: argparse.Namespace) -> int:
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
                tasks: tuple[FileTask, ...], display: LiveTable | PlainLines, interrupts: list[signal.Signals],
-               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None]:
+               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[str]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
-    and the line telling why the run could not finish normally, if it could not. The signals
+    the line telling why the run could not finish normally, if it could not, and the names of
+    the file's tasks as the run last read it (a reload adds and removes some). The signals
     that interrupted the run are added to `interrupts`."""
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     try:
         runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
     except ConfigError as exc:  # the launcher cannot start (no thread for it: a limit on processes)
-        return results, f"mpvisor: {exc}"
+        return results, f"mpvisor: {exc}", [t.name for t in tasks]
 
     async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()
@@ -443,4 +444,4 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     interrupts.extend(runtime.interrupted)
     for service_run in services:
         await service_run.close()
-    return results, problem
+    return results, problem, list(services[-1].services) if services else [t.name for t in tasks]

@@ -990,6 +990,37 @@ def test_a_service_that_exits_0_and_is_run_again_at_once_counts_each_run_as_a_re
     assert rows["tick"]["restarts"] == 0, rows
 
 
+def test_a_task_a_reload_added_that_never_started_is_said_not_run_at_shutdown(run: Run) -> None:
+    """A reload adds `late` after db, which is never ready; SIGTERM: `late` is said not run and
+    counted, as `api`, from the file the run started with, is (it was neither said nor counted);
+    `gone`, which the reload removed before it could start, is neither."""
+    text = """
+        [task.db]
+        target = "workers.services:serve_silent"
+        ready = "notify"
+        ready_timeout = 60
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+
+        [task.gone]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["db"]["pid"] is not None)
+    run.write(text.replace("[task.gone]", "[task.late]"))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "added: late; removed: gone" in reloaded.stdout, reloaded
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: late: not run (the run stopped before it started)" in err, err
+    assert "mpvisor: api: not run (the run stopped before it started)" in err and "gone:" not in err, err
+    assert "services.toml: 3 tasks: 1 canceled, 2 not run; exit status 143" in err, err
+
+
 def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
     """A reload that changed a task and waits out its grace when SIGTERM comes: the changed task
     is never started anew, so `mpvisor reload` answers that the run is shutting down (status 1),
