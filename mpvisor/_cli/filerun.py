@@ -234,6 +234,7 @@ class LiveTable(_Display):
         self.progress = progress
         self.fd = stream.fileno()
         self.size = (0, 0)
+        self.height = 0  # the table's lines below the scroll region
         self._drawn_at = 0.0
 
     @staticmethod
@@ -281,18 +282,28 @@ class LiveTable(_Display):
 
     def _region(self, *, first: bool = False) -> None:
         self.size = _size(self.fd)
-        height = len(self._lines())
+        height = self.height = len(self._lines())
         rows = self.size[1]
         room = "\n" * height + f"\x1b[{height}A" if first else ""
         self._write(f"{room}\x1b7\x1b[1;{rows - height}r\x1b8")
+
+    def _grow(self, height: int) -> str:
+        """What makes room for a table `height` lines tall (a reload added tasks): the scroll
+        region's lines go up by the rows it gives to the table, the region ends above the new
+        table, and the cursor goes up with the line it was on (the output it ends stays above
+        the table; it went on under it, scrolling the table's top rows away)."""
+        rows, more = self.size[1], height - self.height
+        self.height = height
+        return f"\x1b7\x1b[{rows - height + more};1H{chr(10) * more}\x1b[1;{rows - height}r\x1b8\x1b[{more}A"
 
     def _draw(self) -> None:
         if _size(self.fd) != self.size:
             self._region()
         lines = self._lines()
+        grown = self._grow(len(lines)) if len(lines) > self.height else ""  # (rows are added, never removed)
         top = self.size[1] - len(lines) + 1
         body = "".join(f"\x1b[{top + i};1H{line}\x1b[K" for i, line in enumerate(lines))
-        self._write(f"\x1b7{body}\x1b8")
+        self._write(f"{grown}\x1b7{body}\x1b8")
 
     def _write(self, text: str) -> None:
         self.stream.flush()
