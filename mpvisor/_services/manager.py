@@ -199,10 +199,10 @@ class ServiceRun:
         try:
             directory = control_dir()
             try:
-                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+                self._server = await ControlServer.start(socket_for(self.name, directory), self, self._say)
             except Busy as exc:
                 taken, self.name = self.name, f"{self.name}-{os.getpid()}"
-                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+                self._server = await ControlServer.start(socket_for(self.name, directory), self, self._say)
                 self._say(f"mpvisor: {exc}: this run is named {self.name!r} instead "
                           f"(mpvisor status --name {self.name}), the other keeps {taken!r}")
         except (ControlError, OSError) as exc:

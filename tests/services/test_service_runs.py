@@ -1160,6 +1160,32 @@ def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps
     assert "Traceback" not in err and "Too many open files" not in err, err
 
 
+def test_a_control_socket_removed_under_a_live_run_is_served_again(run: Run) -> None:
+    """The control directory is removed under a live run (a clean-up of /tmp), then its socket
+    alone: the run serves it again each time and says so, and the commands reach it (they said
+    no run was live, status 10, for as long as it ran); a run of the file started meanwhile
+    would have run the same services twice."""
+    run.write("""
+        [task.svc]
+        command = ["sleep", "60"]
+    """)
+    run.start()
+    pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
+    control = pathlib.Path(run.env["MPVISOR_CONTROL_DIR"])
+    (sock,) = control.glob("*.sock")
+    shutil.rmtree(control)
+    assert run.wait_status(lambda rows: rows["svc"]["pid"] == pid)
+    assert sorted(p.name for p in control.iterdir()) == [sock.name, sock.name + ".lock"]
+    sock.unlink()
+    wait_for(lambda: sock.exists(), timeout=20)
+    assert run.status()["svc"]["pid"] == pid
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    said = f"mpvisor: the control socket {str(sock)!r} was removed or replaced; serving it again"
+    assert err.count(said) == 2, err
+    assert list(control.iterdir()) == [], list(control.iterdir())
+
+
 def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_nothing_running(run: Run) -> None:
     """`mpvisor stop` waits out a stubborn task's grace when the run is SIGKILLed: the command
     exits 1 saying that the run (its pid) ended before it answered (it said only that the run
