@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -72,6 +73,16 @@ def _counts_as_ready(service: Service) -> bool:
     completed since), and it was not stopped from another shell (what waits for a stopped
     service waits until `mpvisor start` starts it and it is ready again)."""
     return service.was_ready and not service.stopped
+
+
+def _private(directory: str) -> bool:
+    """Whether `directory` is still this run's notify directory: a directory of this user's
+    that no one else may enter (not removed, nor made again by another)."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def _ended(service: Service) -> str:
@@ -384,7 +395,7 @@ class ServiceRun:
             service.notify.close()
             service.notify = None
         try:
-            if self._notify_dir is None:
+            if self._notify_dir is None or not _private(self._notify_dir):  # again if it was removed (a clean-up of /tmp)
                 self._notify_dir = notify_directory()
             service.notify = NotifySocket.open(self._notify_dir, f"{id}-{attempt}.sock",
                                                lambda message: self._on_notify(service, id, attempt, message))

@@ -1186,6 +1186,38 @@ def test_a_control_socket_removed_under_a_live_run_is_served_again(run: Run) -> 
     assert list(control.iterdir()) == [], list(control.iterdir())
 
 
+def test_a_notify_directory_removed_under_a_live_run_is_made_anew_for_the_next_attempt(run: Run) -> None:
+    """The run's notify directory is removed (a clean-up of /tmp); `mpvisor restart` of a task
+    that speaks the notify protocol: its new attempt gets a socket in a new directory and is
+    ready (every later attempt failed to start, 'cannot make its notify socket in DIR: No such
+    file or directory', for as long as the run ran)."""
+    run.write(f"""
+        [task.svc]
+        command = [{json.dumps(PYTHON)}, "-m", "workers.notify_program"]
+        ready = "notify"
+        ready_timeout = 30
+    """)
+    run.start()
+    pid = run.wait_status(lambda rows: rows["svc"]["ready"])["svc"]["pid"]
+    first = environ_of(pid)["NOTIFY_SOCKET"]
+    shutil.rmtree(os.path.dirname(first))
+    restarted = run.ctl("restart", "svc")
+    assert restarted.returncode == 0, restarted.stderr
+    rows = run.wait_status(lambda rows: rows["svc"]["ready"] or rows["svc"]["state"] == "backoff")
+    assert rows["svc"]["ready"] and rows["svc"]["pid"] != pid, rows
+    again = environ_of(int(str(rows["svc"]["pid"])))["NOTIFY_SOCKET"]
+    assert os.path.dirname(again) != os.path.dirname(first), again
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert not os.path.exists(os.path.dirname(again)), err
+
+
+def environ_of(pid: object) -> dict[str, str]:
+    """The environment process `pid` was started with."""
+    raw = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
+
+
 def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_nothing_running(run: Run) -> None:
     """`mpvisor stop` waits out a stubborn task's grace when the run is SIGKILLed: the command
     exits 1 saying that the run (its pid) ended before it answered (it said only that the run
