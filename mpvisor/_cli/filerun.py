@@ -75,7 +75,7 @@ from mpvisor._cli.shell import (
     write_line,
 )
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
-from mpvisor._cli.taskfile import FileTask, load, report_errors
+from mpvisor._cli.taskfile import FileTask, TaskFile, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind, printable
 from mpvisor._model.outcome import RejectionKind, TaskOutcome, uncaught_traceback
@@ -377,7 +377,7 @@ def run_file(args: argparse.Namespace) -> int:
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem, names = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts,
+        results, problem, names = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
                                                    path, args.name or run_name(path), systemd))
     finally:
         display.finish()
@@ -405,12 +405,13 @@ def run_file(args: argparse.Namespace) -> int:
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
-               tasks: tuple[FileTask, ...], display: LiveTable | PlainLines, interrupts: list[signal.Signals],
+               parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
                path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[str]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
     the line telling why the run could not finish normally, if it could not, and the names of
     the file's tasks as the run last read it (a reload adds and removes some). The signals
     that interrupted the run are added to `interrupts`."""
+    tasks = parsed.tasks
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     try:
@@ -440,7 +441,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
         when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
         session.on_replaced(replaced.add)
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
-                                 load=load, added=display.again, systemd=systemd)
+                                 load=load, added=display.again, systemd=systemd, started_with=parsed)
         services.append(service_run)
         await service_run.begin()
 

@@ -65,6 +65,7 @@ from mpvisor._tasks.ending import AttemptEnd
 from mpvisor._tasks.registry import TaskWaiter
 
 READY_POLL = 0.2  # seconds between two readiness probes
+RUN_KEYS = ("grace", "max_concurrent", "slots", "lease_ttl", "wait_timeout")  # [defaults] keys read at start only
 PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
 
 
@@ -157,7 +158,7 @@ class ServiceRun:
     def __init__(self, session: RunSession, path: str, name: str, tasks: tuple[Any, ...], *,
                  report: Report, not_started: Callable[[Any, str], None], say: Callable[[str], None],
                  load: Callable[[str], Any], added: Callable[[Any], None] | None = None,
-                 systemd: dict[str, str] | None = None) -> None:
+                 systemd: dict[str, str] | None = None, started_with: Any = None) -> None:
         self.session = session
         self.runtime = session.runtime
         self.loop = self.runtime.loop
@@ -173,6 +174,8 @@ class ServiceRun:
         self._reporters: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()  # held here: the loop keeps only weak references
         self._systemd = systemd or {}
+        # the file as the run started with it: a reload that changes its run-level keys says they are not applied
+        self._run_keys = {key: getattr(started_with, key, None) for key in RUN_KEYS} if started_with is not None else None
         self._told_ready = False
         self._signals: list[int] = []
         self._closing = False
@@ -715,5 +718,8 @@ class ServiceRun:
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]
+        ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
+        not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
+                       "file again for a new value)") if ignored else ""
         return f"reloaded {self.path}: " + ("; ".join(parts) if parts else "nothing changed") + \
-            f" ({len(changes.unchanged)} unchanged)"
+            f" ({len(changes.unchanged)} unchanged){not_applied}"

@@ -1021,6 +1021,30 @@ def test_a_task_a_reload_added_that_never_started_is_said_not_run_at_shutdown(ru
     assert "services.toml: 3 tasks: 1 canceled, 2 not run; exit status 143" in err, err
 
 
+def test_a_reload_says_which_run_level_keys_it_did_not_apply(run: Run) -> None:
+    """`[defaults] grace` and `max_concurrent` are read when the run starts: a reload that changes
+    them says they were not applied (it said `nothing changed`, and the run went on with the old
+    grace); a task's change is applied and said as ever."""
+    text = """
+        [defaults]
+        grace = 5
+
+        [task.svc]
+        command = ["sleep", "60"]
+    """
+    path = run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["svc"]["pid"])
+    run.write(text.replace("grace = 5", "grace = 1\nmax_concurrent = 3").replace('"60"', '"61"'))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert reloaded.stdout == (f"reloaded {path}: changed: svc (0 unchanged); not applied: [defaults] grace, "
+                               "max_concurrent (the run's, read when it starts: run the file again for a new value)\n")
+    run.write(text.replace('"60"', '"62"'))  # back to the start's grace: nothing to say
+    reloaded = run.ctl("reload")
+    assert reloaded.stdout == f"reloaded {path}: changed: svc (0 unchanged)\n", reloaded
+
+
 def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
     """A reload that changed a task and waits out its grace when SIGTERM comes: the changed task
     is never started anew, so `mpvisor reload` answers that the run is shutting down (status 1),
