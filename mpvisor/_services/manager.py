@@ -696,7 +696,8 @@ class ServiceRun:
                 raise ControlError("the run is shutting down")
             new = {t.name: t for t in parsed.tasks}
             changes = graph.diff({n: s.task for n, s in self.services.items()}, new)
-            for name in (*changes.removed, *changes.changed):
+            after = {n: s.settings.after for n, s in self.services.items()}
+            for name in (n for level in graph.stop_levels(after, [*changes.removed, *changes.changed]) for n in level):
                 service = self.services[name]
                 if service.id is not None:
                     service.stopped, service.state = True, "stopping"

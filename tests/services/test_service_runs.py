@@ -1021,6 +1021,35 @@ def test_a_task_a_reload_added_that_never_started_is_said_not_run_at_shutdown(ru
     assert "services.toml: 3 tasks: 1 canceled, 2 not run; exit status 143" in err, err
 
 
+def test_a_reload_that_changes_a_task_and_what_it_comes_after_stops_the_dependent_first(run: Run) -> None:
+    """db and api (after db) both change: api is stopped before db, as a shutdown stops them, and
+    both start again in order (db was stopped first, in the file's order, while api still ran
+    against it)."""
+    text = """
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = { status = "one", marker = MARKER }
+        ready = "notify"
+
+        [task.api]
+        target = "workers.services:serve"
+        kwargs = { status = "one", marker = MARKER }
+        after = ["db"]
+        ready = "notify"
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["api"]["ready"])
+    run.write(text.replace('"one"', '"two"'))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "changed: db, api" in reloaded.stdout, reloaded
+    run.wait_status(lambda rows: rows["api"]["ready"])
+    assert run.first("stopped", "api") < run.first("stopped", "db"), run.markers()
+    started = sorted(at for word, task, _, _, at in run.markers() if word == "started" and task == "db")
+    assert run.first("stopped", "db") < started[-1] < max(at for word, task, _, _, at in run.markers()
+                                                          if word == "started" and task == "api"), run.markers()
+
+
 def test_a_reload_says_which_run_level_keys_it_did_not_apply(run: Run) -> None:
     """`[defaults] grace` and `max_concurrent` are read when the run starts: a reload that changes
     them says they were not applied (it said `nothing changed`, and the run went on with the old
