@@ -714,6 +714,7 @@ class ServiceRun:
                 services[name] = kept
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
+            self.logs.keep_only([path for files in self._files.values() for path in (f.path for f in files.values())])
             self.services = services
             self._rearm([*changes.added, *changes.changed])
             await self._advance()

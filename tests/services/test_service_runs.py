@@ -10,6 +10,7 @@ logs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -1048,6 +1049,43 @@ def test_a_reload_that_changes_a_task_and_what_it_comes_after_stops_the_dependen
     started = sorted(at for word, task, _, _, at in run.markers() if word == "started" and task == "db")
     assert run.first("stopped", "db") < started[-1] < max(at for word, task, _, _, at in run.markers()
                                                           if word == "started" and task == "api"), run.markers()
+
+
+def test_a_log_file_a_reload_leaves_behind_is_closed(run: Run) -> None:
+    """Reloads move a task's log file, then remove a task: the run keeps open only the file it
+    writes now (each file it left behind stayed open, its writer thread with it, until the run
+    ended), and what was written before each reload is in the file it was written to."""
+    text = """
+        [task.a]
+        command = ["sh", "-c", "echo started; exec sleep 60"]
+        log = "logs/a-0.log"
+
+        [task.b]
+        command = ["sh", "-c", "echo started; exec sleep 60"]
+        log = "logs/b.log"
+    """
+    run.write(text)
+    proc = run.start()
+    logs = run.directory / "logs"
+
+    def open_logs() -> list[str]:
+        found = []
+        for fd in pathlib.Path(f"/proc/{proc.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(fd)
+                if target.startswith(str(logs)):
+                    found.append(os.path.basename(target))
+        return sorted(found)
+
+    wait_for(lambda: open_logs() == ["a-0.log", "b.log"], timeout=20)
+    for n in (1, 2):
+        run.write(text.replace("a-0.log", f"a-{n}.log"))
+        assert run.ctl("reload").returncode == 0
+        wait_for(lambda n=n: (logs / f"a-{n}.log").exists() and open_logs() == [f"a-{n}.log", "b.log"], timeout=20)
+    run.write(text.replace("a-0.log", "a-2.log").split("[task.b]")[0])
+    assert run.ctl("reload").returncode == 0
+    wait_for(lambda: open_logs() == ["a-2.log"], timeout=20)
+    assert [(logs / f"{name}.log").read_text() for name in ("a-0", "a-1", "a-2", "b")] == ["started\n"] * 4
 
 
 def test_a_reload_says_which_run_level_keys_it_did_not_apply(run: Run) -> None:
