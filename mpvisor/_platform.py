@@ -19,6 +19,7 @@ pid, names one process for its whole life).
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
+| is the socket a server bound still at its path (not removed or replaced)? | `socket_inode(path)`, compared with the one it had |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
 | give the programs this process starts the environment it was given, not Python's locale coercion | `undo_locale_coercion()` |
 | the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
@@ -527,6 +528,16 @@ def private_dir(path: str, what: str) -> str | None:
 
 
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108, with its NUL)
+
+
+def socket_inode(path: str) -> tuple[int, int] | None:
+    """The device and inode of the socket at `path`; None when there is none (nothing there, or
+    not a socket). A server that sees another one at its path (or none) was removed or replaced."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISSOCK(info.st_mode) else None
 
 
 def long_socket_path(path: str, what: str, env: str) -> str | None:

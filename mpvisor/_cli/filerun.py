@@ -75,7 +75,7 @@ from mpvisor._cli.shell import (
     write_line,
 )
 from mpvisor._cli.statuses import FAILED, REPLACED, USAGE_ERROR
-from mpvisor._cli.taskfile import FileTask, load, report_errors
+from mpvisor._cli.taskfile import FileTask, TaskFile, load, report_errors
 from mpvisor._model.errors import ConfigError, ControllerClosed, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind, printable
 from mpvisor._model.outcome import RejectionKind, TaskOutcome, uncaught_traceback
@@ -234,6 +234,7 @@ class LiveTable(_Display):
         self.progress = progress
         self.fd = stream.fileno()
         self.size = (0, 0)
+        self.height = 0  # the table's lines below the scroll region
         self._drawn_at = 0.0
 
     @staticmethod
@@ -281,18 +282,28 @@ class LiveTable(_Display):
 
     def _region(self, *, first: bool = False) -> None:
         self.size = _size(self.fd)
-        height = len(self._lines())
+        height = self.height = len(self._lines())
         rows = self.size[1]
         room = "\n" * height + f"\x1b[{height}A" if first else ""
         self._write(f"{room}\x1b7\x1b[1;{rows - height}r\x1b8")
+
+    def _grow(self, height: int) -> str:
+        """What makes room for a table `height` lines tall (a reload added tasks): the scroll
+        region's lines go up by the rows it gives to the table, the region ends above the new
+        table, and the cursor goes up with the line it was on (the output it ends stays above
+        the table; it went on under it, scrolling the table's top rows away)."""
+        rows, more = self.size[1], height - self.height
+        self.height = height
+        return f"\x1b7\x1b[{rows - height + more};1H{chr(10) * more}\x1b[1;{rows - height}r\x1b8\x1b[{more}A"
 
     def _draw(self) -> None:
         if _size(self.fd) != self.size:
             self._region()
         lines = self._lines()
+        grown = self._grow(len(lines)) if len(lines) > self.height else ""  # (rows are added, never removed)
         top = self.size[1] - len(lines) + 1
         body = "".join(f"\x1b[{top + i};1H{line}\x1b[K" for i, line in enumerate(lines))
-        self._write(f"\x1b7{body}\x1b8")
+        self._write(f"{grown}\x1b7{body}\x1b8")
 
     def _write(self, text: str) -> None:
         self.stream.flush()
@@ -366,8 +377,8 @@ def run_file(args: argparse.Namespace) -> int:
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem = asyncio.run(_run(config, subscribers, controller, tasks, display, interrupts,
-                                            path, args.name or run_name(path), systemd))
+        results, problem, names = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
+                                                   path, args.name or run_name(path), systemd))
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
@@ -376,11 +387,11 @@ def run_file(args: argparse.Namespace) -> int:
         say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
         return -first if first is not None else FAILED
-    missing = [t.name for t in tasks if t.name not in results]
+    missing = [name for name in names if name not in results]  # of the file as last read (a reload's tasks too)
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
-    # the file's tasks in its order, then those a reload added, as they ended
-    ordered = [results[name] for name in dict.fromkeys([*(t.name for t in tasks), *results]) if name in results]
+    # the file's tasks in its order (as last read), then those a reload removed, as they ended
+    ordered = [results[name] for name in dict.fromkeys([*names, *results]) if name in results]
     status = worst_status(ordered, first)
     if missing and first is None:
         status = max(status, 1)  # a task that did not run is no success
@@ -394,17 +405,19 @@ def run_file(args: argparse.Namespace) -> int:
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
-               tasks: tuple[FileTask, ...], display: LiveTable | PlainLines, interrupts: list[signal.Signals],
-               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None]:
+               parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
+               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[str]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
-    and the line telling why the run could not finish normally, if it could not. The signals
+    the line telling why the run could not finish normally, if it could not, and the names of
+    the file's tasks as the run last read it (a reload adds and removes some). The signals
     that interrupted the run are added to `interrupts`."""
+    tasks = parsed.tasks
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     try:
         runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
     except ConfigError as exc:  # the launcher cannot start (no thread for it: a limit on processes)
-        return results, f"mpvisor: {exc}"
+        return results, f"mpvisor: {exc}", [t.name for t in tasks]
 
     async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()
@@ -428,7 +441,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
         when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
         session.on_replaced(replaced.add)
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
-                                 load=load, added=display.again, systemd=systemd)
+                                 load=load, added=display.again, systemd=systemd, started_with=parsed)
         services.append(service_run)
         await service_run.begin()
 
@@ -443,4 +456,4 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     interrupts.extend(runtime.interrupted)
     for service_run in services:
         await service_run.close()
-    return results, problem
+    return results, problem, list(services[-1].services) if services else [t.name for t in tasks]

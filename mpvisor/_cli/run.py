@@ -153,7 +153,7 @@ TAKES_COMMAND = True  # `-- COMMAND [ARG...]` after the options
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--file", metavar="FILE", help="run the tasks of this task file (TOML) instead of one TARGET or COMMAND")
-    run.add_argument("--name", type=task_name, help="the task name (default: the function or program name); with --file, "
+    run.add_argument("--name", help="the task name (default: the function or program name); with --file, "
                      "the run's name, which `mpvisor status --name N` and the other control commands take")
     run.add_argument("--restart", type=choice(*RESTARTS), metavar="|".join(RESTARTS), help="when to run again (default: never)")
     run.add_argument("--every", type=seconds(allow_zero=False), metavar="SECONDS",
@@ -234,6 +234,11 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
             except ValueError as exc:
                 run.error(f"argument --name: {exc}")
         return
+    if args.name is not None:  # the task's name (with --file, above, the run's: another rule)
+        try:
+            task_name(args.name)
+        except argparse.ArgumentTypeError as exc:
+            run.error(f"argument --name: {exc}")
     if args.max_concurrent is not None:
         run.error("argument --max-concurrent: only with --file (one task runs one attempt at a time)")
     if args.grace is None:

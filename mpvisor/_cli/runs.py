@@ -28,6 +28,7 @@ from mpvisor._services.control import (
     check_name,
     control_dir,
     live_runs,
+    remove_if_stale,
     request,
     run_name,
     socket_for,
@@ -120,9 +121,10 @@ def _list_wait(args: argparse.Namespace) -> float:
 
 
 def _run_of(file: str, directory: str, wait: float) -> str:
-    """The socket of `file`'s run: its default name's, else that of a live run that says it runs `file`."""
+    """The socket of `file`'s run: its default name's, else that of a live run that says it runs
+    `file` (run with `--name`; a killed run of it may have left its default name's socket behind)."""
     path = socket_for(run_name(file), directory)
-    if os.path.lexists(path):
+    if os.path.lexists(path) and not remove_if_stale(path):
         return path
     real = os.path.realpath(file)
     runs = live_runs(directory, wait)

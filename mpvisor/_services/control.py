@@ -38,7 +38,9 @@ connections before their handlers run, so the socket holds at most the sum of th
 
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
-lock itself. A socket whose run holds the lock but does not answer in time is live all the same:
+lock itself. A server whose socket is removed or replaced under it (a clean-up of /tmp) binds
+it again, looking every `CHECK_EVERY` s, under its lock (taken anew if its file went too).
+A socket whose run holds the lock but does not answer in time is live all the same:
 `live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
 server binds under a temporary name and renames the socket into place once it listens, so a
 socket at its path either answers or is stale. Only the server imports asyncio
@@ -63,7 +65,7 @@ from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine
 
 DIR_ENV = "MPVISOR_CONTROL_DIR"  # overrides where the sockets live (tests; several users of a box)
 SUFFIX = ".sock"
@@ -74,6 +76,7 @@ REQUEST_WAIT = 10.0  # seconds a connection may take to send its request
 MAX_CONNECTIONS = 128  # connections served at once: one past this closes the oldest without its request
 ACCEPT_BURST = 16  # connections the loop accepts at once, before their handlers run (each an fd)
 LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
+CHECK_EVERY = 1.0  # seconds between two looks at the socket's path (removed or replaced under the run)
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
@@ -160,9 +163,10 @@ def run_name(file: str) -> str:
 
 
 def check_name(name: str) -> str:
-    """`name` if it can name a run's socket, else `ValueError` saying why."""
-    if not name or "/" in name or "\0" in name or len(name) > 200:
-        raise ValueError(f"expected a run's name (1 to 200 characters, no '/'), got {name!r}")
+    """`name` if it can name a run's socket, else `ValueError` saying why (it is printed on one
+    line of a table or a list of runs, as a task's name is: no control character or line break)."""
+    if not name or "/" in name or not name.isprintable() or len(name) > 200:
+        raise ValueError(f"expected a run's name (1 to 200 characters, no '/' or control characters), got {name!r}")
     return name
 
 
@@ -206,7 +210,7 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         if entry.endswith(SUFFIX + LOCK_SUFFIX) and not os.path.lexists(path[: -len(LOCK_SUFFIX)]):
-            _remove_stale(path[: -len(LOCK_SUFFIX)])
+            remove_if_stale(path[: -len(LOCK_SUFFIX)])
         elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
             runs.append(described)
     return runs
@@ -229,7 +233,7 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         answer = request(path, {"t": "describe"}, timeout)
     except NotLive as exc:
         if isinstance(exc.__cause__, ConnectionRefusedError):
-            _remove_stale(path)
+            remove_if_stale(path)
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
@@ -239,18 +243,21 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
-def _remove_stale(path: str) -> None:
-    """Remove the socket at `path` and its lock file, unless a run holds the lock (it is starting)."""
+def remove_if_stale(path: str) -> bool:
+    """Remove the socket at `path` and its lock file unless a run holds the lock (it serves the
+    socket, or is starting to); whether they were stale (and are gone). Nothing is connected to:
+    a stopped run's socket is held all the same."""
     try:
         lock = _try_lock(path + LOCK_SUFFIX)
     except OSError:
-        return  # the directory went, or is not ours to write: nothing to tidy here
+        return False  # the directory went, or is not ours to write: nothing to tidy here
     if lock is None:
-        return
+        return False
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
     _release(lock, path + LOCK_SUFFIX)
+    return True
 
 
 # --- the lock a server holds ----------------------------------------------------------------------
@@ -273,6 +280,15 @@ def _try_lock(lock_path: str) -> int | None:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `path` is the file open at `fd` (a lock file not removed or replaced since)."""
+    try:
+        held, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _release(fd: int, lock_path: str) -> None:
@@ -352,12 +368,15 @@ def error(message: str) -> dict[str, Any]:
 class ControlServer:
     """The run's control socket, served on its event loop for `target` (`start`, then `close`)."""
 
-    def __init__(self, path: str, target: ControlTarget, lock: int) -> None:
+    def __init__(self, path: str, target: ControlTarget, lock: int, say: Callable[[str], None] | None = None) -> None:
         self.path = path
         self.target = target
         self.uid = os.getuid()
         self._lock = lock
+        self._say = say or (lambda line: None)
         self._server: asyncio.AbstractServer | None = None
+        self._bound: tuple[int, int] | None = None  # the socket at `path` this server listens at
+        self._keeping: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._waiting: dict[asyncio.StreamWriter, None] = {}  # no request yet, oldest first
@@ -368,12 +387,13 @@ class ControlServer:
         return f"<ControlServer {self.path!r}{' closed' if self._closed else ''}>"
 
     @classmethod
-    async def start(cls, path: str, target: ControlTarget) -> ControlServer:
-        """Serve `path` (socket file 0600); `ControlError` if another run serves it or it cannot be bound."""
+    async def start(cls, path: str, target: ControlTarget, say: Callable[[str], None] | None = None) -> ControlServer:
+        """Serve `path` (socket file 0600); `ControlError` if another run serves it or it cannot be
+        bound. `say` gets a line when the socket had to be served again (`_keep_socket`)."""
         import asyncio
 
         lock = await _lock_for_serving(path)
-        server = cls(path, target, lock)
+        server = cls(path, target, lock, say)
         try:
             listener = _listen(path)
         except BaseException:
@@ -387,7 +407,64 @@ class ControlServer:
                 os.unlink(path)
             _release(lock, path + LOCK_SUFFIX)
             raise
+        server._bound = _platform.socket_inode(path)
+        server._keeping = asyncio.ensure_future(server._keep_socket())
         return server
+
+    async def _keep_socket(self) -> None:
+        """Every `CHECK_EVERY` s, check that `path` is still the socket this server listens at; if
+        it was removed or replaced (a clean-up of /tmp, of the directory), serve it again, once its
+        lock is this run's again (its directory made again if it went too). Without this, a live
+        run is unreachable from then on: every control command says no run is live, and a second
+        run of the file starts where it runs. A run that took the name meanwhile keeps it (said)."""
+        import asyncio
+
+        said = None
+        while True:
+            await asyncio.sleep(CHECK_EVERY)  # a poll: nothing notifies a removal of a socket's name
+            if self._bound is not None and _platform.socket_inode(self.path) == self._bound:
+                continue
+            problem = await self._serve_again()
+            if problem is None:
+                said = None
+                self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced; serving it again")
+            elif problem != said:  # once, until it changes
+                said = problem
+                self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced, and {problem}")
+
+    async def _serve_again(self) -> str | None:
+        """Bind `path` again under its lock (taken anew when its file went); why it cannot be, or None."""
+        import asyncio
+
+        lock_path = self.path + LOCK_SUFFIX
+        problem = _platform.private_dir(os.path.dirname(self.path), "the control directory")
+        if problem is not None:
+            return f"cannot be served again: {problem}"
+        lock = self._lock if _same_file(self._lock, lock_path) else None
+        if lock is None:
+            try:
+                lock = _try_lock(lock_path)
+            except OSError as exc:
+                return f"cannot be served again: {exc.strerror or exc}"
+        if lock is None:
+            return f"another run{_holder(lock_path)} serves it now: this run cannot be reached until that one ends"
+        try:
+            if lock != self._lock:
+                os.ftruncate(lock, 0)
+                os.write(lock, f"{os.getpid()}\n".encode())
+            listener = _listen(self.path)
+            server = await asyncio.start_unix_server(self._handle, sock=listener, backlog=ACCEPT_BURST)
+        except (ControlError, OSError) as exc:
+            if lock != self._lock:
+                _release(lock, lock_path)
+            return f"cannot be served again: {exc.strerror or exc if isinstance(exc, OSError) else exc}"
+        if lock != self._lock:
+            os.close(self._lock)  # the lock of a file that is gone
+            self._lock = lock
+        if self._server is not None:
+            self._server.close()  # the connections it has are served on
+        self._server, self._bound = server, _platform.socket_inode(self.path)
+        return None
 
     async def close(self) -> None:
         """Stop serving and remove the socket; answers not yet sent are lost (the operations
@@ -397,11 +474,17 @@ class ControlServer:
         if self._closed:
             return
         self._closed = True
+        if self._keeping is not None:
+            self._keeping.cancel()
         if self._server is not None:
             self._server.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        _release(self._lock, self.path + LOCK_SUFFIX)
+        if self._bound is not None and _platform.socket_inode(self.path) == self._bound:  # not another run's
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        if _same_file(self._lock, self.path + LOCK_SUFFIX):
+            _release(self._lock, self.path + LOCK_SUFFIX)
+        else:
+            os.close(self._lock)
         for writer in list(self._writers):
             writer.transport.abort()
         for handler in list(self._handlers):

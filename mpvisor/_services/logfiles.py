@@ -669,6 +669,18 @@ class LogFiles:
                 self._files[key] = file
             return file
 
+    def keep_only(self, paths: Collection[str]) -> None:
+        """Retire every file but those at `paths` (a reload removed the tasks that wrote the
+        others, or gave them other files): each writes what it queued and closes, its thread
+        ends (joined at `close`). Without this, every file a reload left behind stayed open,
+        with its thread, until the run ended."""
+        keep = {os.path.abspath(path) for path in paths}
+        with self._lock:
+            for key in [key for key in self._files if key not in keep]:
+                file = self._files.pop(key)
+                file._stop()
+                self._retired.append(file)
+
     def reopen(self) -> None:
         """Reopen every file (SIGUSR1: an external rotation moved them away)."""
         with self._lock:

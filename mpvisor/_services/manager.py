@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -47,6 +48,7 @@ from mpvisor._api.session import RunSession
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
+from mpvisor._model.spec import RestartKind
 from mpvisor._services import graph, hangup
 from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
@@ -63,6 +65,7 @@ from mpvisor._tasks.ending import AttemptEnd
 from mpvisor._tasks.registry import TaskWaiter
 
 READY_POLL = 0.2  # seconds between two readiness probes
+RUN_KEYS = ("grace", "max_concurrent", "slots", "lease_ttl", "wait_timeout")  # [defaults] keys read at start only
 PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
 
 
@@ -71,6 +74,27 @@ def _counts_as_ready(service: Service) -> bool:
     completed since), and it was not stopped from another shell (what waits for a stopped
     service waits until `mpvisor start` starts it and it is ready again)."""
     return service.was_ready and not service.stopped
+
+
+def _private(directory: str) -> bool:
+    """Whether `directory` is still this run's notify directory: a directory of this user's
+    that no one else may enter (not removed, nor made again by another)."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _ended(service: Service) -> str:
+    """How `service`, which was never ready, ended, for what waits for it: `ended failed: ...`;
+    one that succeeded while its check had not passed says so (a program that daemonized: it
+    exited 0 before it listened)."""
+    why = f"ended {service.last}" if service.last else "ended"
+    check = service.settings.ready
+    if service.last == "completed" and check is not None:
+        why += f" before it was ready ({check})"
+    return why
 
 
 class Service:
@@ -86,8 +110,9 @@ class Service:
         self.ready = False  # the current attempt is ready
         self.was_ready = False  # this instance was ready once: what its dependents wait for
         self.status_text: str | None = None  # its last STATUS=... or ready(status)
-        self.restarts = 0  # attempts started after one that failed (not one stopped on request), over every instance
-        self.failed_last = False  # its last attempt failed (not stopped on request): the next one is a restart
+        self.restarts = 0  # attempts its restart policy started (not one asked for), over every instance
+        self.restart_next = False  # its next attempt is a restart: the last failed (not stopped on request), or
+        # succeeded and `restart = "always"` without `every` runs it again at once (as restart intensity counts)
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
@@ -133,7 +158,7 @@ class ServiceRun:
     def __init__(self, session: RunSession, path: str, name: str, tasks: tuple[Any, ...], *,
                  report: Report, not_started: Callable[[Any, str], None], say: Callable[[str], None],
                  load: Callable[[str], Any], added: Callable[[Any], None] | None = None,
-                 systemd: dict[str, str] | None = None) -> None:
+                 systemd: dict[str, str] | None = None, started_with: Any = None) -> None:
         self.session = session
         self.runtime = session.runtime
         self.loop = self.runtime.loop
@@ -149,6 +174,8 @@ class ServiceRun:
         self._reporters: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()  # held here: the loop keeps only weak references
         self._systemd = systemd or {}
+        # the file as the run started with it: a reload that changes its run-level keys says they are not applied
+        self._run_keys = {key: getattr(started_with, key, None) for key in RUN_KEYS} if started_with is not None else None
         self._told_ready = False
         self._signals: list[int] = []
         self._closing = False
@@ -186,10 +213,10 @@ class ServiceRun:
         try:
             directory = control_dir()
             try:
-                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+                self._server = await ControlServer.start(socket_for(self.name, directory), self, self._say)
             except Busy as exc:
                 taken, self.name = self.name, f"{self.name}-{os.getpid()}"
-                self._server = await ControlServer.start(socket_for(self.name, directory), self)
+                self._server = await ControlServer.start(socket_for(self.name, directory), self, self._say)
                 self._say(f"mpvisor: {exc}: this run is named {self.name!r} instead "
                           f"(mpvisor status --name {self.name}), the other keeps {taken!r}")
         except (ControlError, OSError) as exc:
@@ -262,7 +289,7 @@ class ServiceRun:
             raise ShuttingDown("the run is shutting down: nothing more starts")
         after = {n: s.settings.after for n, s in self.services.items()}
         waiting = [n for n, s in self.services.items() if s.state == "waiting"]
-        ended = {n: f"ended {s.last}" if s.last else "ended" for n, s in self.services.items()
+        ended = {n: _ended(s) for n, s in self.services.items()
                  if s.state in ("ended", "not started") and not s.was_ready}  # one that was ready counts as ready
         for name, why in graph.blocked(after, waiting, ended).items():
             service = self.services[name]
@@ -371,7 +398,7 @@ class ServiceRun:
             service.notify.close()
             service.notify = None
         try:
-            if self._notify_dir is None:
+            if self._notify_dir is None or not _private(self._notify_dir):  # again if it was removed (a clean-up of /tmp)
                 self._notify_dir = notify_directory()
             service.notify = NotifySocket.open(self._notify_dir, f"{id}-{attempt}.sock",
                                                lambda message: self._on_notify(service, id, attempt, message))
@@ -392,8 +419,8 @@ class ServiceRun:
         if service is None:
             return
         service.attempt, service.pid, service.started_at, service.ready = attempt, pid, time.monotonic(), False
-        service.restarts += service.failed_last and attempt > 1  # a new instance's first is asked for, not a restart
-        service.failed_last = False
+        service.restarts += service.restart_next and attempt > 1  # a new instance's first is asked for, not a restart
+        service.restart_next = False
         service.state = "starting"
         check = service.settings.ready
         if check is None:  # ready once started (no ATTEMPT_READY: it says nothing a start does not)
@@ -452,7 +479,9 @@ class ServiceRun:
         service.stop_checks()
         service.ready, service.pid, service.started_at = False, None, None
         failed = end.kind not in (AttemptResult.SUCCEEDED, AttemptResult.CANCELED)  # a stop asked for is no failure
-        service.failed_last = failed
+        policy = service.task.spec.restart
+        rerun = end.kind is AttemptResult.SUCCEEDED and policy.kind is RestartKind.ALWAYS and not policy.interval
+        service.restart_next = failed or rerun
         if service.state != "stopping":  # (a stop asked for: its outcome comes next)
             service.state = "backoff" if failed else "scheduled"  # a retry, or a periodic task's next run
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
@@ -667,7 +696,8 @@ class ServiceRun:
                 raise ControlError("the run is shutting down")
             new = {t.name: t for t in parsed.tasks}
             changes = graph.diff({n: s.task for n, s in self.services.items()}, new)
-            for name in (*changes.removed, *changes.changed):
+            after = {n: s.settings.after for n, s in self.services.items()}
+            for name in (n for level in graph.stop_levels(after, [*changes.removed, *changes.changed]) for n in level):
                 service = self.services[name]
                 if service.id is not None:
                     service.stopped, service.state = True, "stopping"
@@ -684,10 +714,14 @@ class ServiceRun:
                 services[name] = kept
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
+            self.logs.keep_only([path for files in self._files.values() for path in (f.path for f in files.values())])
             self.services = services
             self._rearm([*changes.added, *changes.changed])
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]
+        ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
+        not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
+                       "file again for a new value)") if ignored else ""
         return f"reloaded {self.path}: " + ("; ".join(parts) if parts else "nothing changed") + \
-            f" ({len(changes.unchanged)} unchanged)"
+            f" ({len(changes.unchanged)} unchanged){not_applied}"

@@ -432,6 +432,33 @@ def test_on_a_terminal_the_table_is_redrawn_below_the_output_and_shows_progress(
     assert shown.rstrip().endswith("mpvisor: tasks.toml: 2 tasks: 1 completed, 1 failed; exit status 3")
 
 
+def test_on_a_terminal_a_reload_that_adds_a_task_moves_the_scroll_region_above_the_taller_table(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task adds a task to the file and reloads it: the table grows by a row, and the scroll
+    region ends above it, its lines first scrolled up by that row (the region stayed where it
+    was: the output scrolled the table's header away and ran into its rows)."""
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("MPVISOR_EXE", str(MPVISOR))
+    write(tmp_path / "grow.sh", """
+        printf '[task.added]\\ncommand = ["true"]\\n' >> tasks.toml
+        "$MPVISOR_EXE" reload tasks.toml
+        echo after the reload
+    """)
+    write(tmp_path / "tasks.toml", """
+        [task.grow]
+        command = ["sh", "grow.sh"]
+    """)
+    status, _, shown = on_a_terminal(tmp_path, "run", "--file", "tasks.toml", rows=20)
+    assert status == 0, shown
+    assert "reloaded " in shown and "added: added" in shown and "mpvisor: added: completed" in shown, shown
+    first = shown.index("\x1b[1;18r")  # rows 1-18 scroll; the table (a header and 1 row) is rows 19-20
+    grown = re.search(r"\x1b7\x1b\[18;1H\r?\n\x1b\[1;17r\x1b8\x1b\[1A", shown)  # up by a row; rows 1-17 scroll
+    assert grown is not None and grown.start() > first, shown
+    last = dict(re.findall(r"\x1b\[(\d+);1H(.*?)\x1b\[K", shown[shown.rindex("\x1b[18;1H"):]))  # the last table drawn
+    assert [last[row].split()[:2] for row in ("18", "19", "20")] == [["TASK", "STATE"], ["grow", "completed"],
+                                                                       ["added", "completed"]], last
+
+
 def test_on_a_terminal_a_task_with_a_ready_check_is_starting_until_it_is_ready(tmp_path: pathlib.Path) -> None:
     """The table says what `mpvisor status` says: `starting` while a started attempt has not
     passed its `ready` check, `running` for a task that has none."""

@@ -349,11 +349,18 @@ async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_d
 
 
 def test_usage_errors_name_the_option() -> None:
-    """FILE with --name, a name with '/', a negative -n, a --wait of 0 or past a day: one line
-    naming the option, status 2."""
+    """FILE with --name, a name with '/' or a line break, a negative -n, a --wait of 0 or past a
+    day: one line naming the option, status 2. A run's name given to `mpvisor run --file` is a
+    run's name there too (an empty one was refused as 'a non-empty task name'), and one the control
+    commands refuse (a line break) is refused there too; without --file, --name names the task."""
+    said = "error: argument --name: expected a run's name (1 to 200 characters, no '/' or control characters), got"
     for argv, says in [
         (["status", "svc.toml", "--name", "svc"], "mpvisor status: error: argument --name: not allowed with FILE"),
         (["stop", "web", "--name", "a/b"], "mpvisor stop: error: argument --name: expected a run's name"),
+        (["status", "--name", "x\ny"], f"mpvisor status: {said} 'x\\ny'"),
+        (["run", "--file", "svc.toml", "--name", ""], f"mpvisor run: {said} ''"),
+        (["run", "--file", "svc.toml", "--name", "x\ny"], f"mpvisor run: {said} 'x\\ny'"),
+        (["run", "--name", "", "--", "true"], "mpvisor run: error: argument --name: expected a non-empty task name, got ''"),
         (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
         (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),
         (["status", "--wait", "0"], "mpvisor status: error: argument --wait: expected a finite number of seconds > 0 "
@@ -567,6 +574,28 @@ async def test_live_runs_lists_who_answers_and_removes_stale_sockets(runs_dir: p
         found = await asyncio.to_thread(live_runs)
         assert found == [{"name": "svc", "file": "/srv/svc.toml", "pid": os.getpid()}]
         assert sorted(os.listdir(directory)) == ["svc.sock", "svc.sock.lock"]
+
+
+async def test_a_file_whose_killed_run_left_its_socket_reaches_its_run_under_another_name(
+        runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """A run of FILE was killed (SIGKILL, a crash), leaving the socket of FILE's own name behind;
+    a run of FILE started since with --name is the one `FILE` reaches: the commands said no run
+    of FILE was live (status 10). The stale socket is removed on the way."""
+    file = tmp_path / "svc.toml"
+    file.write_text("")
+    killed = socket_for(run_name(str(file)))
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(killed)
+    stale.close()  # the file stays: nobody holds its lock
+    pathlib.Path(killed + ".lock").write_text("123\n")
+    target = FakeTarget("app", str(file))
+    async with serving(target):
+        status, out, err = await cli("status", str(file))
+        assert (status, err) == (0, "")
+        assert out.splitlines()[0] == f"app  pid {os.getpid()}  {file}"
+        assert await cli("stop", "web", str(file)) == (0, "web: stop done\n", "")
+        assert sorted(os.listdir(runs_dir)) == ["app.sock", "app.sock.lock"]
+    assert target.calls == [("stop", "web")]
 
 
 def test_a_runs_name_is_the_stem_and_a_hash_of_the_absolute_path(tmp_path: pathlib.Path,

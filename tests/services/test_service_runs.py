@@ -10,6 +10,7 @@ logs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -722,7 +723,7 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
         assert len(refused.stderr.splitlines()) == 1 and "started" not in refused.stderr, refused.stderr
         bad = run.ctl("run", "--file", "services.toml", "--name", "a/b")
         assert (bad.returncode, bad.stderr.splitlines()) == (2, [bad.stderr.splitlines()[0]]), bad
-        assert "argument --name: expected a run's name (1 to 200 characters, no '/'), got 'a/b'" in bad.stderr, bad.stderr
+        assert "argument --name: expected a run's name (1 to 200 characters, no '/' or control characters), got 'a/b'" in bad.stderr, bad.stderr
     finally:
         (run.directory / "stop").touch()
     _, first_err = first.communicate(timeout=30)
@@ -843,6 +844,27 @@ def test_a_one_shot_task_whose_probe_passes_as_it_exits_gates_what_comes_after_i
     assert "mpvisor: web: completed" in err, err
 
 
+def test_a_task_that_exits_0_before_its_check_passes_leaves_its_dependents_not_started_saying_so(run: Run) -> None:
+    """db exits 0 at once, as a program that daemonizes does, and its `tcp:` check never passes:
+    api is not started, and its reason says db ended before it was ready, naming the check (it
+    said `db ended completed`, as if completing were the trouble)."""
+    port = free_port()
+    run.write(f"""
+        [task.db]
+        command = ["sh", "-c", "exit 0"]
+        ready = "tcp:127.0.0.1:{port}"
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """)
+    proc = run.start()
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 1, err
+    said = f"api: rejected reason='not started: db ended completed before it was ready (tcp:127.0.0.1:{port})'"
+    assert said in err, err
+
+
 def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeeded(run: Run) -> None:
     """`ready = "completed"`: web starts only after migrate's attempt succeeded (its command
     fails unless the file migrate creates last is there); status shows migrate ready, the
@@ -942,6 +964,152 @@ def test_a_restart_asked_for_while_a_failed_task_waits_out_its_backoff_is_not_co
     assert restarted.returncode == 0, restarted.stderr
     rows = run.wait_status(lambda rows: rows["svc"]["state"] in ("running", "starting") and rows["svc"]["pid"])
     assert rows["svc"]["restarts"] == 0, rows
+
+
+def test_a_service_that_exits_0_and_is_run_again_at_once_counts_each_run_as_a_restart(run: Run) -> None:
+    """`restart = "always"` without `every` runs a task that exits 0 again at once (a program that
+    daemonizes loops so): each such run is a restart, as restart intensity counts it and systemd's
+    NRestarts does; RESTARTS said 0 while the task ran again and again. The intensity ends it
+    at its 4th restart; a periodic task's next run is its schedule, not a restart."""
+    run.write("""
+        [task.quick]
+        command = ["true"]
+        restart = "always"
+        intensity = "3/60"
+
+        [task.tick]
+        command = ["true"]
+        every = "50ms"
+
+        [task.keep]
+        command = ["sleep", "60"]
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: rows["quick"]["state"] == "ended" and rows["tick"]["last"] not in
+                           (None, "attempt 1 succeeded", "attempt 2 succeeded"))
+    assert rows["quick"]["restarts"] == 3 and "restart intensity exceeded" in str(rows["quick"]["last"]), rows
+    assert rows["tick"]["restarts"] == 0, rows
+
+
+def test_a_task_a_reload_added_that_never_started_is_said_not_run_at_shutdown(run: Run) -> None:
+    """A reload adds `late` after db, which is never ready; SIGTERM: `late` is said not run and
+    counted, as `api`, from the file the run started with, is (it was neither said nor counted);
+    `gone`, which the reload removed before it could start, is neither."""
+    text = """
+        [task.db]
+        target = "workers.services:serve_silent"
+        ready = "notify"
+        ready_timeout = 60
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+
+        [task.gone]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["db"]["pid"] is not None)
+    run.write(text.replace("[task.gone]", "[task.late]"))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "added: late; removed: gone" in reloaded.stdout, reloaded
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: late: not run (the run stopped before it started)" in err, err
+    assert "mpvisor: api: not run (the run stopped before it started)" in err and "gone:" not in err, err
+    assert "services.toml: 3 tasks: 1 canceled, 2 not run; exit status 143" in err, err
+
+
+def test_a_reload_that_changes_a_task_and_what_it_comes_after_stops_the_dependent_first(run: Run) -> None:
+    """db and api (after db) both change: api is stopped before db, as a shutdown stops them, and
+    both start again in order (db was stopped first, in the file's order, while api still ran
+    against it)."""
+    text = """
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = { status = "one", marker = MARKER }
+        ready = "notify"
+
+        [task.api]
+        target = "workers.services:serve"
+        kwargs = { status = "one", marker = MARKER }
+        after = ["db"]
+        ready = "notify"
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["api"]["ready"])
+    run.write(text.replace('"one"', '"two"'))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "changed: db, api" in reloaded.stdout, reloaded
+    run.wait_status(lambda rows: rows["api"]["ready"])
+    assert run.first("stopped", "api") < run.first("stopped", "db"), run.markers()
+    started = sorted(at for word, task, _, _, at in run.markers() if word == "started" and task == "db")
+    assert run.first("stopped", "db") < started[-1] < max(at for word, task, _, _, at in run.markers()
+                                                          if word == "started" and task == "api"), run.markers()
+
+
+def test_a_log_file_a_reload_leaves_behind_is_closed(run: Run) -> None:
+    """Reloads move a task's log file, then remove a task: the run keeps open only the file it
+    writes now (each file it left behind stayed open, its writer thread with it, until the run
+    ended), and what was written before each reload is in the file it was written to."""
+    text = """
+        [task.a]
+        command = ["sh", "-c", "echo started; exec sleep 60"]
+        log = "logs/a-0.log"
+
+        [task.b]
+        command = ["sh", "-c", "echo started; exec sleep 60"]
+        log = "logs/b.log"
+    """
+    run.write(text)
+    proc = run.start()
+    logs = run.directory / "logs"
+
+    def open_logs() -> list[str]:
+        found = []
+        for fd in pathlib.Path(f"/proc/{proc.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(fd)
+                if target.startswith(str(logs)):
+                    found.append(os.path.basename(target))
+        return sorted(found)
+
+    wait_for(lambda: open_logs() == ["a-0.log", "b.log"], timeout=20)
+    for n in (1, 2):
+        run.write(text.replace("a-0.log", f"a-{n}.log"))
+        assert run.ctl("reload").returncode == 0
+        wait_for(lambda n=n: (logs / f"a-{n}.log").exists() and open_logs() == [f"a-{n}.log", "b.log"], timeout=20)
+    run.write(text.replace("a-0.log", "a-2.log").split("[task.b]")[0])
+    assert run.ctl("reload").returncode == 0
+    wait_for(lambda: open_logs() == ["a-2.log"], timeout=20)
+    assert [(logs / f"{name}.log").read_text() for name in ("a-0", "a-1", "a-2", "b")] == ["started\n"] * 4
+
+
+def test_a_reload_says_which_run_level_keys_it_did_not_apply(run: Run) -> None:
+    """`[defaults] grace` and `max_concurrent` are read when the run starts: a reload that changes
+    them says they were not applied (it said `nothing changed`, and the run went on with the old
+    grace); a task's change is applied and said as ever."""
+    text = """
+        [defaults]
+        grace = 5
+
+        [task.svc]
+        command = ["sleep", "60"]
+    """
+    path = run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["svc"]["pid"])
+    run.write(text.replace("grace = 5", "grace = 1\nmax_concurrent = 3").replace('"60"', '"61"'))
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert reloaded.stdout == (f"reloaded {path}: changed: svc (0 unchanged); not applied: [defaults] grace, "
+                               "max_concurrent (the run's, read when it starts: run the file again for a new value)\n")
+    run.write(text.replace('"60"', '"62"'))  # back to the start's grace: nothing to say
+    reloaded = run.ctl("reload")
+    assert reloaded.stdout == f"reloaded {path}: changed: svc (0 unchanged)\n", reloaded
 
 
 def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reloaded(run: Run) -> None:
@@ -1081,6 +1249,64 @@ def test_a_flood_of_silent_connections_neither_exhausts_the_runs_files_nor_keeps
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "Traceback" not in err and "Too many open files" not in err, err
+
+
+def test_a_control_socket_removed_under_a_live_run_is_served_again(run: Run) -> None:
+    """The control directory is removed under a live run (a clean-up of /tmp), then its socket
+    alone: the run serves it again each time and says so, and the commands reach it (they said
+    no run was live, status 10, for as long as it ran); a run of the file started meanwhile
+    would have run the same services twice."""
+    run.write("""
+        [task.svc]
+        command = ["sleep", "60"]
+    """)
+    run.start()
+    pid = run.wait_status(lambda rows: rows["svc"]["pid"])["svc"]["pid"]
+    control = pathlib.Path(run.env["MPVISOR_CONTROL_DIR"])
+    (sock,) = control.glob("*.sock")
+    shutil.rmtree(control)
+    assert run.wait_status(lambda rows: rows["svc"]["pid"] == pid)
+    assert sorted(p.name for p in control.iterdir()) == [sock.name, sock.name + ".lock"]
+    sock.unlink()
+    wait_for(lambda: sock.exists(), timeout=20)
+    assert run.status()["svc"]["pid"] == pid
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    said = f"mpvisor: the control socket {str(sock)!r} was removed or replaced; serving it again"
+    assert err.count(said) == 2, err
+    assert list(control.iterdir()) == [], list(control.iterdir())
+
+
+def test_a_notify_directory_removed_under_a_live_run_is_made_anew_for_the_next_attempt(run: Run) -> None:
+    """The run's notify directory is removed (a clean-up of /tmp); `mpvisor restart` of a task
+    that speaks the notify protocol: its new attempt gets a socket in a new directory and is
+    ready (every later attempt failed to start, 'cannot make its notify socket in DIR: No such
+    file or directory', for as long as the run ran)."""
+    run.write(f"""
+        [task.svc]
+        command = [{json.dumps(PYTHON)}, "-m", "workers.notify_program"]
+        ready = "notify"
+        ready_timeout = 30
+    """)
+    run.start()
+    pid = run.wait_status(lambda rows: rows["svc"]["ready"])["svc"]["pid"]
+    first = environ_of(pid)["NOTIFY_SOCKET"]
+    shutil.rmtree(os.path.dirname(first))
+    restarted = run.ctl("restart", "svc")
+    assert restarted.returncode == 0, restarted.stderr
+    rows = run.wait_status(lambda rows: rows["svc"]["ready"] or rows["svc"]["state"] == "backoff")
+    assert rows["svc"]["ready"] and rows["svc"]["pid"] != pid, rows
+    again = environ_of(int(str(rows["svc"]["pid"])))["NOTIFY_SOCKET"]
+    assert os.path.dirname(again) != os.path.dirname(first), again
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert not os.path.exists(os.path.dirname(again)), err
+
+
+def environ_of(pid: object) -> dict[str, str]:
+    """The environment process `pid` was started with."""
+    raw = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="replace").split("\0") if "=" in entry)
 
 
 def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_nothing_running(run: Run) -> None:

@@ -41,7 +41,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import struct
 import sys
 import time
@@ -532,14 +531,6 @@ async def _listen(server: SlotServer, path: str, *, quiet: bool = False) -> asyn
     return listener
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino) if stat.S_ISSOCK(info.st_mode) else None
-
-
 def _relock(directory: str, held: list[int]) -> bool:
     """Whether `held[0]` still locks the directory's `server.lock`: if that file was removed (the
     whole directory, say), make the directory again and lock a new one (the leases saved anew),
@@ -572,11 +563,11 @@ async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server, 
     server that finds this one holding the lock, and fails (or, the lock gone too, serves: two
     owners of one slot), while this one goes on serving only the connections it has. Returns the
     listener in use."""
-    bound, failed = _inode(path), False
+    bound, failed = _platform.socket_inode(path), False
     try:
         while True:
             await asyncio.sleep(CHECK_EVERY)  # a poll: nothing notifies a removal of a socket's name
-            now = _inode(path)
+            now = _platform.socket_inode(path)
             if now is not None and now == bound:
                 continue
             if not _relock(server.directory, held):
@@ -591,7 +582,7 @@ async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server, 
             if fresh is None:
                 continue  # said on stderr (once); tried again at the next look
             listener.close()
-            listener, bound = fresh, _inode(path)
+            listener, bound = fresh, _platform.socket_inode(path)
             print(f"mpvisor slots serve: the socket {path!r} was removed or replaced; serving it again",
                   file=sys.stderr, flush=True)
     except asyncio.CancelledError:
