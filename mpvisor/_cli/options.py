@@ -267,9 +267,15 @@ SLOTS_VARIABLE = "MPVISOR_SLOTS"  # --slots where it is not given
 
 def slots_variable() -> str | None:
     """`$MPVISOR_SLOTS`, for a command given no `--slots` that has a slot: read as `--slots` is,
-    `ValueError` naming the variable (not the option nobody gave) when it is no store's URL."""
+    `ValueError` naming the variable (not the option nobody gave) when it is no store's URL; when
+    it is not set, likewise for a `$MPVISOR_SLOTS_DIR` that is not an absolute path."""
     text = os.environ.get(SLOTS_VARIABLE) or None
-    if text is None:
+    if text is None:  # this user's slot server: where `$MPVISOR_SLOTS_DIR` says, which must be absolute
+        from mpvisor._admission.leases.local import dir_variable_problem
+
+        problem = dir_variable_problem()
+        if problem is not None:
+            raise ValueError(problem)
         return None
     try:
         return slots_url(text)
