@@ -338,6 +338,14 @@ def test_exit_status_follows_the_outcome(outcome, status):
     assert exit_status(outcome) == status
 
 
+@pytest.mark.parametrize("code, status", [(1, 1), (2, 2), (3, 1), (6, 1), (7, 1), (9, 1), (10, 10), (-9, 137)])
+def test_with_a_slot_a_tasks_exit_code_never_reads_as_the_slots_answer(code, status):
+    """3..9 say a slot's answer (busy, queue full, superseded, replaced, lease lost): with a slot,
+    a task's own exit code there is 1; without one, it is the status."""
+    assert exit_status(failed(exit_code=code), slotted=True) == status
+    assert exit_status(failed(exit_code=code)) == (code if code > 0 else 128 - code)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("kind", [OutcomeKind.COMPLETED, OutcomeKind.CANCELED, OutcomeKind.FORCE_ABORTED])
 def test_an_interruption_wins_over_the_outcome(signum, kind):
