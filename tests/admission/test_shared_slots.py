@@ -150,6 +150,32 @@ esac
     assert status == 1 and "exit_code=4" in err, err
 
 
+def test_a_run_nested_in_the_owners_own_command_is_refused_instead_of_waiting_for_itself(slots: Any, tmp_path: Any) -> None:
+    """`mpvisor run --slot deploy-prod -- ./deploy.sh` whose deploy.sh runs `mpvisor run --slot
+    deploy-prod -- ./migrate.sh` (a step that is guarded on its own too): the inner run queued
+    behind the outer, which waits for it, and both waited for ever. The inner run is part of the
+    owner's process tree, which must be gone before the slot is free: it is now refused at once,
+    status 3, saying so; nothing of it ran, and the outer deploy goes on."""
+    assert MPVISOR is not None
+    (tmp_path / "migrate.sh").write_text("#!/bin/sh\necho migrated\n")
+    (tmp_path / "deploy.sh").write_text(f"#!/bin/sh\n{MPVISOR} run --slot deploy-prod -- ./migrate.sh\n"
+                                        'echo "migrate status $?"\n')
+    for script in ("migrate.sh", "deploy.sh"):
+        (tmp_path / script).chmod(0o755)
+    outer = start(slots, tmp_path, "--slot", "deploy-prod", "--", "./deploy.sh")
+    try:
+        out, err = outer.communicate(timeout=30)
+    finally:  # a run that waits for itself is killed with its tree (its launcher follows it)
+        if outer.poll() is None:
+            outer.kill()
+            outer.communicate()
+    assert (outer.returncode, out) == (0, "migrate status 3\n"), (out, err)
+    assert ("mpvisor: migrate.sh: rejected reason=\"slot 'deploy-prod' is held by 'deploy.sh' (pid "
+            f"{outer.pid}), an ancestor of this run: it is free only once that owner's whole process tree, "
+            "this run included, is gone, so waiting would never end\" slot='deploy-prod'") in err, err
+    assert "waiting, position" not in err, err
+
+
 # --- many processes, each policy ----------------------------------------------------------------------
 
 
