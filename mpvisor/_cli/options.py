@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._cli import statuses
+from mpvisor._cli.shell import LIKELY_PROGRAM
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
@@ -425,7 +426,7 @@ def run_target(text: str) -> str:
     except argparse.ArgumentTypeError as exc:
         if ":" in text:
             raise
-        raise argparse.ArgumentTypeError(f"{exc} (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)") from None
+        raise argparse.ArgumentTypeError(f"{exc} ({LIKELY_PROGRAM}: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 
 def program_name(program: str) -> str:

@@ -140,6 +140,9 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "os.getpid"], ["argument TARGET", "'os.getpid'", "(a program? put -- before it: mpvisor run -- os.getpid ...)"]),
         (["run", "./deploy.sh", "prod"], ["argument TARGET", "put -- before it: mpvisor run -- ./deploy.sh ..."]),
         (["run", "my script"], ["mpvisor run -- 'my script' ..."]),
+        # a program given without `--`: its options are its own, not misspelt ones of mpvisor's
+        (["run", "ls", "-la"], ["argument TARGET", "'ls'", "(a program? put -- before it: mpvisor run -- ls ...)"]),
+        (["run", "git", "log", "--oneline"], ["argument TARGET", "'git'", "put -- before it: mpvisor run -- git ..."]),
         (["run"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
