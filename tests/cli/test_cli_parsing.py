@@ -156,6 +156,11 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
                                           "(--version is an option of mpvisor itself: mpvisor --version)"]),
         (["check", "--version", "x.toml"], ["(--version is an option of mpvisor itself: mpvisor --version)"]),
         (["--bogus", "run", "--", "true"], ["mpvisor: error: unrecognized arguments: --bogus"]),  # (a traceback)
+        # a command's option before the command: where it goes (argparse said "invalid choice: 'x'", the option's value)
+        (["--slot", "x", "run", "--", "true"], ["mpvisor: error: --slot is an option of mpvisor run: it goes after "
+                                                "the command (mpvisor run --slot ...)"]),
+        (["--time=5", "run", "--", "true"], ["mpvisor: error: --timeout is an option of mpvisor run"]),
+        (["--json", "slots"], ["mpvisor: error: --json is an option of mpvisor slots"]),
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
