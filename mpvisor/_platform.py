@@ -414,6 +414,20 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None
 
 
+def ancestors(pid: int) -> list[int]:
+    """`pid`'s parent, its parent's parent, and so on up to the first process (pid 1 or the
+    namespace's init: its parent is 0), nearest first; as far as /proc could be read."""
+    found: list[int] = []
+    while True:
+        fields = _stat_fields(pid)
+        if fields is None:
+            return found
+        pid = int(fields[1])
+        if pid <= 0 or pid in found:
+            return found
+        found.append(pid)
+
+
 def name_of(pid: int) -> str:
     """`pid`'s command name (`comm`), or "gone"."""
     try:

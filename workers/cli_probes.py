@@ -5,6 +5,7 @@
 | `hold(log, label, seconds)` | appends `start <label> <time>` to `log`, sleeps `seconds`, appends `end <label> <time>` | returns `label` |
 | `self_referential()` | | returns a list that contains itself (no msgpack value: the attempt is `FATAL`, with a long reason) |
 | `long_failure(length)` | | `Fail` with a reason of `length` characters |
+| `chatty(lines)` | prints `line N` on stdout, flushed, `lines` times (in a pipeline whose reader ended, a `BrokenPipeError` escapes it) | returns `lines` |
 | `uncaught(how)` | | raises, uncaught: `"own"` an exception class of this module, `"noted"` a `ValueError` with a note, `"group"` an `ExceptionGroup`, `"multiline"` a message of two lines, `"bare"` an own exception without a message, `"verdict_from"` a `Fatal` raised from a `ValueError` (a verdict: no traceback printed) |
 
 Each line of `log` is one `os.write` on an `O_APPEND` fd (`_marker.append_line`): lines of
@@ -44,6 +45,13 @@ def long_failure(length: int, marker: str | None = None) -> None:
 
     mark(marker, "started")
     raise Fail("x" * (length - 4) + " end")
+
+
+def chatty(lines: int, marker: str | None = None) -> int:
+    mark(marker, "started")
+    for n in range(lines):
+        print(f"line {n}", flush=True)
+    return lines
 
 
 def uncaught(how: str) -> None:

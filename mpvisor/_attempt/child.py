@@ -14,6 +14,7 @@ returns: every path ends in `os._exit`.
 | returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
+| raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
@@ -48,7 +49,7 @@ from typing import Any, NoReturn, TypeVar
 from mpvisor import _platform
 from mpvisor._attempt import context as _context
 from mpvisor._attempt import prepared as _prepared
-from mpvisor._model.errors import Canceled, Fail, Fatal
+from mpvisor._model.errors import READER_GONE, Canceled, Fail, Fatal
 from mpvisor._model.payloads import check_value
 from mpvisor._model.wire import (
     HEADER,
@@ -480,7 +481,24 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _release_frames(exc)
         if refused:  # raised by the call in this frame: no frame of the target's ever ran
             return Failure("fatal", f"target {name!r} cannot take the arguments given: {_describe(exc)}"), 0
+        if isinstance(exc, BrokenPipeError) and _output_has_no_reader():
+            return Failure("fatal", f"{_describe(exc)}: {READER_GONE}", None, _traceback(exc, _MPVISOR)), 0
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
+
+
+def _output_has_no_reader() -> bool:
+    """Whether this attempt's stdout or stderr is a pipe or socket whose reader is gone (a
+    pipeline that ended: `mpvisor run pkg.mod:fn 2>&1 | head -1`), asked of a target that let a
+    `BrokenPipeError` escape: a program would have died by SIGPIPE there. A read end closed by
+    every process never opens again, so no retry could write there either: `fatal`, as the
+    launcher makes such a program's death."""
+    for fd in (1, 2):
+        try:
+            if _platform.other_end_closed(fd):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:

@@ -61,15 +61,16 @@ class Result:
         return self.outcome.kind is OutcomeKind.COMPLETED and not self.by_slot
 
 
-def task_status(outcome: TaskOutcome, *, replaced: bool = False) -> tuple[int, bool]:
+def task_status(outcome: TaskOutcome, *, replaced: bool = False, slotted: bool = False) -> tuple[int, bool]:
     """`(status, by_slot)` of one task's outcome: what `mpvisor run` of that task alone exits
-    with (6 when a replacement stopped it, 3-5 for a slot's refusal)."""
+    with (6 when a replacement stopped it, 3-5 for a slot's refusal; `slotted`: it has a slot, so
+    its own exit code in 3..9 is 1)."""
     if replaced:
         return REPLACED, True
     if outcome.kind is OutcomeKind.REJECTED:
         refusal = refused(outcome.rejection)
         return (refusal[0], True) if refusal is not None else (FAILED, False)
-    return exit_status(outcome), False
+    return exit_status(outcome, slotted=slotted), False
 
 
 def worst_status(results: Iterable[Result], interrupted_by: int | None = None) -> int:

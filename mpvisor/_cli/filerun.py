@@ -422,7 +422,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()
         await display.caught.reached(runtime.bus.last_seq)  # its state lines first, then its outcome line
-        status, by_slot = task_status(outcome, replaced=waiter.id in replaced)
+        status, by_slot = task_status(outcome, replaced=waiter.id in replaced, slotted=task.slot is not None)
         result = results[task.name] = Result(task.name, outcome, status, by_slot)
         extra = f" replaced_in_slot={task.slot!r}" if status == REPLACED and by_slot else f" slot={task.slot!r}" if task.slot else ""
         display.settle(result)

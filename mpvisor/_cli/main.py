@@ -133,6 +133,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     """Parse `mpvisor ...` (pure: no side effect but a usage error's `SystemExit(2)`); the spec
     is the one task's for `mpvisor run TARGET` or `-- COMMAND`, else None."""
     wanted = _wanted(argv)
+    if wanted is None:
+        _misplaced(argv)
     parser, parsers = make_parser(wanted)
     handler = parsers[wanted].get_default("handler") if wanted is not None else None
     command: list[str] = []
@@ -152,6 +154,22 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TaskSpec | None]:
     if checks is not None:
         checks(args, args.parser)
     return args, getattr(args, "spec", None)
+
+
+def _misplaced(argv: list[str]) -> None:
+    """A usage error for a command's option given before the command (`mpvisor --slot x run --
+    true`: argparse said `invalid choice: 'x'`, naming the option's value): where it goes.
+    Nothing when the first word is none of a command's options (`mpvisor --bogus run`)."""
+    own = _split_command(argv)[0]
+    later = next((word for word in own if any(word == c.name.partition(" ")[0] for c in COMMANDS)), None)
+    if later is None or not own or not own[0].startswith("-") or own[0] in ("-h", "--help", "--version"):
+        return
+    parser, parsers = make_parser(later)
+    option = own[0].partition("=")[0]
+    known = [o for o in parsers[later]._option_string_actions if o.startswith("--")]
+    meant = option if option in known else next((o for o in known if o.startswith(option)), None) if option.startswith("--") else None
+    if meant is not None:
+        parser.error(f"{meant} is an option of mpvisor {later}: it goes after the command (mpvisor {later} {meant} ...)")
 
 
 def _wanted(argv: list[str]) -> str | None:

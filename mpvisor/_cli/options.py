@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpvisor._cli import statuses
+from mpvisor._cli.shell import LIKELY_PROGRAM
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
@@ -267,9 +268,15 @@ SLOTS_VARIABLE = "MPVISOR_SLOTS"  # --slots where it is not given
 
 def slots_variable() -> str | None:
     """`$MPVISOR_SLOTS`, for a command given no `--slots` that has a slot: read as `--slots` is,
-    `ValueError` naming the variable (not the option nobody gave) when it is no store's URL."""
+    `ValueError` naming the variable (not the option nobody gave) when it is no store's URL; when
+    it is not set, likewise for a `$MPVISOR_SLOTS_DIR` that is not an absolute path."""
     text = os.environ.get(SLOTS_VARIABLE) or None
-    if text is None:
+    if text is None:  # this user's slot server: where `$MPVISOR_SLOTS_DIR` says, which must be absolute
+        from mpvisor._admission.leases.local import dir_variable_problem
+
+        problem = dir_variable_problem()
+        if problem is not None:
+            raise ValueError(problem)
         return None
     try:
         return slots_url(text)
@@ -419,7 +426,7 @@ def run_target(text: str) -> str:
     except argparse.ArgumentTypeError as exc:
         if ":" in text:
             raise
-        raise argparse.ArgumentTypeError(f"{exc} (a program? put -- before it: mpvisor run -- {shlex.quote(text)} ...)") from None
+        raise argparse.ArgumentTypeError(f"{exc} ({LIKELY_PROGRAM}: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 
 def program_name(program: str) -> str:

@@ -345,7 +345,7 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     first = interrupts[0] if interrupts else None
-    return -first if first is not None else statuses.exit_status(outcome)
+    return -first if first is not None else statuses.exit_status(outcome, slotted=args.slot is not None)
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

@@ -45,7 +45,7 @@ def _directory(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.dir is not None:
-        os.environ[local.DIR_ENV] = args.dir
+        os.environ[local.DIR_ENV] = os.path.abspath(args.dir)  # an option's relative path is from here
     try:
         directory = local.server_dir()
     except LeaseError as exc:

@@ -93,6 +93,11 @@ def hints(words: list[str], known: list[str], outer: list[str]) -> str:
     return "; ".join(said)
 
 
+# What a positional's error says when the word looks like a program's name given without `--`
+# (`mpvisor run ls -la`): the words after it are then the program's, not misspelt options.
+LIKELY_PROGRAM = "a program? put -- before it"
+
+
 class UsageParser(argparse.ArgumentParser):
     """Usage errors are one line on stderr, `<prog>: error: <message>`, and status 2.
 
@@ -104,7 +109,10 @@ class UsageParser(argparse.ArgumentParser):
 
     A word that is no option of the command's is named before any positional's bad value: in
     `mpvisor run --timout 5 -- true` the error is the misspelt `--timout` (and the option it
-    resembles), not the `5` it left behind as a TARGET.
+    resembles), not the `5` it left behind as a TARGET. But a TARGET that looks like a program's
+    name (`mpvisor run ls -la`, `LIKELY_PROGRAM`) is named first when none of the unknown words
+    resembles an option of the command's: they are the program's (`-la`), and the error says to
+    put `--` before it.
 
     An option is spelt out whole: argparse would take any unambiguous beginning of one
     (`--ever 5` for `--every 5`, a task that then runs forever), and a beginning that is
@@ -117,6 +125,7 @@ class UsageParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-[\d.]")
         self._bad_positional: str | None = None  # a positional's refused value, said after unknown words
+        self._bad_word: str | None = None  # ... and the word it was
         self.outer_options = outer_options  # `mpvisor`'s own options (`--version`), for a command's parser
 
     def error(self, message: str) -> NoReturn:
@@ -125,6 +134,18 @@ class UsageParser(argparse.ArgumentParser):
     def knows(self, word: str) -> bool:
         """Whether `word` (`--opt` or `--opt=VALUE`) is one of this parser's options."""
         return word.partition("=")[0] in self._option_string_actions
+    def _programs_words(self, args: Any, extras: list[str]) -> bool:
+        """Whether the unknown `extras` are the words of a program given without `--` (`mpvisor
+        run ls -la`): the refused positional looks like a program's name (`LIKELY_PROGRAM`), every
+        unknown word comes after it, and none resembles an option (`hints`)."""
+        word = self._bad_word
+        if self._bad_positional is None or LIKELY_PROGRAM not in self._bad_positional or word is None:
+            return False
+        given = list(args) if args is not None else sys.argv[1:]
+        if word not in given or any(w in given[:given.index(word)] for w in extras if w.startswith("-")):
+            return False
+        known = [option for option in self._option_string_actions if option.startswith("--")]
+        return not hints(extras, known, [option for option in self.outer_options if option not in known])
 
     def unrecognized(self, words: list[str]) -> NoReturn:
         """The usage error for words that are none of this parser's options or arguments, with
@@ -135,10 +156,10 @@ class UsageParser(argparse.ArgumentParser):
         self.error(f"unrecognized arguments: {' '.join(words)}{f' ({said})' if said else ''}")
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        self._bad_positional = None
+        self._bad_positional = self._bad_word = None
         namespace, extras = super().parse_known_args(args, namespace)
         if self._bad_positional is not None:  # what came of an unknown word is not the error to say
-            if any(word.startswith("-") for word in extras):
+            if any(word.startswith("-") for word in extras) and not self._programs_words(args, extras):
                 self.unrecognized(extras)
             self.error(self._bad_positional)
         return namespace, extras
@@ -151,6 +172,7 @@ class UsageParser(argparse.ArgumentParser):
         except argparse.ArgumentError as exc:  # said once parsing has seen every word (`parse_known_args`)
             if self._bad_positional is None:
                 self._bad_positional = str(exc)  # the first one, as argparse would have said it
+                self._bad_word = arg_string
             return arg_string
 
     def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:

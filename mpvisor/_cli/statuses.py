@@ -32,6 +32,8 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("0", "the outcome is `COMPLETED`"),
     ("7", "`--slot ... --slots URL`: the slot's lease could not be renewed in time (the store unreachable for half of `--lease-ttl`, or `mpvisor` paused), so the task's tree was stopped before the lease could expire (the outcome is `FATAL`, `lease lost: ...`)"),
     ("124", "the last attempt timed out (`--timeout`), as `timeout(1)` does"),
+    ("1", "`--slot`: the task's exit code was one of 3..9, the statuses that say the slot's answer (a deploy that "
+          "exits 3 is not taken for a busy slot); the outcome line says the code"),
     ("1..255", "the task's exit code, when it is in 1..255"),
     ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
     ("126", "the COMMAND was found but cannot be executed (likewise, exit code 126)"),
@@ -77,11 +79,13 @@ def rejection_words(rejection: RejectionKind) -> str:
     return said[1] if said is not None else _REJECTED.get(rejection.value, rejection.value)
 
 
-def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
+def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slotted: bool = False) -> int:
     """The process exit status for a task's outcome (pure; `TABLE`'s rows in order).
 
     `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
-    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot)."""
+    outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot).
+    `slotted`: the task had a slot, whose answers are 3..9 (`RESERVED`): its own exit code there
+    is 1, so that a script's `case` never takes a failed task for the slot's answer."""
     if interrupted_by is not None:
         return 128 + interrupted_by
     if outcome.is_success():
@@ -91,6 +95,8 @@ def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None) -> int:
     if outcome.timed_out:
         return TIMED_OUT
     code = outcome.exit_code
+    if slotted and code in RESERVED:
+        return FAILED
     if code is not None and 1 <= code <= 255:
         return code
     if code is not None and -64 <= code < 0:

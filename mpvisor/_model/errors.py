@@ -27,6 +27,10 @@ WRONG_LOOP = ("this supervisor is bound to the event loop it was served on: call
               "thread, with asyncio.run_coroutine_threadsafe(..., that loop)), or use serve_blocking(), whose "
               "handle may be called from any thread")
 
+# What an attempt's reason adds when it ended writing to a pipe whose reader is gone (a program's
+# SIGPIPE death, a Python target's escaped `BrokenPipeError`): it is final.
+READER_GONE = "the pipe it wrote its output to has no reader left; not retried"
+
 
 class MpvisorError(Exception):
     """Base class of every error mpvisor itself raises (never of a target's `Fail`, `Fatal` or

@@ -31,6 +31,7 @@ import enum
 from typing import Any
 
 from mpvisor._launchers.seam import ExitStatus
+from mpvisor._model.errors import READER_GONE
 from mpvisor._model.records import record
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.wire import Failure, Result
@@ -211,7 +212,3 @@ def _from_status(f: Facts) -> AttemptEnd:
     if f.protocol_error is not None:
         reason += f" ({f.protocol_error})"
     return AttemptEnd(kind, reason + gone, status.exit_code)
-
-
-READER_GONE = "the pipe it wrote its output to has no reader left; not retried"
-

@@ -111,6 +111,71 @@ def test_two_deploy_scripts_started_together_never_deploy_at_once(slots: Any, tm
     assert stat.S_IMODE(mode) == 0o700 and stat.S_IMODE(os.stat(slots / "slots.sock").st_mode) == 0o600
 
 
+def test_a_deploy_that_fails_with_a_slot_status_of_its_own_is_not_taken_for_the_slots_answer(slots: Any, tmp_path: Any) -> None:
+    """docs/slots.md's deploy script reads 3 as `another deploy is running` and goes on (exit
+    0). A deploy that ran and failed with a status of its own in 3..9 (a config check's 3) made
+    `mpvisor run --slot` exit that status, so the script said another deploy was running and the
+    CI job passed. With a slot, a task's own exit code in 3..9 is now status 1 (the outcome line
+    says the code), so the script's `*)` branch sees the failure; a task file's slotted task
+    likewise. Without a slot, the code is the status as before."""
+    deploy = tmp_path / "deploy.sh"
+    deploy.write_text('#!/bin/sh\necho "deploying to $1: invalid config" >&2\nexit "$2"\n')
+    deploy.chmod(0o755)
+    script = tmp_path / "ci-job.sh"
+    script.write_text(f"""#!/usr/bin/env bash
+cd {tmp_path}
+status=0
+{MPVISOR} run --slot deploy-prod -- ./deploy.sh production "$1" || status=$?
+case $status in
+  0) echo deployed ;;
+  3) echo "another deploy is running (--policy drop)" ;;
+  4) echo "too many deploys waiting" ;;
+  5) echo "a newer deploy replaced this one while it waited" ;;
+  6) echo "a newer deploy (--policy replace) stopped this one" ;;
+  *) echo "the deploy failed ($status)"; exit 1 ;;
+esac
+""")
+    for code in (3, 4, 5, 6, 7, 9):
+        job = subprocess.run(["bash", str(script), str(code)], env=env_for(slots), stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=60)
+        assert (job.returncode, job.stdout) == (1, "the deploy failed (1)\n"), (code, job.stdout, job.stderr)
+        assert f"mpvisor: deploy.sh: failed reason='program exited with status {code}' exit_code={code} attempts=1" \
+            in job.stderr, job.stderr
+    for argv, status in ((["--", "sh", "-c", "exit 3"], 3), (["--slot", "s", "--", "sh", "-c", "exit 10"], 10),
+                         (["--slot", "s", "--", "sh", "-c", "exit 2"], 2)):
+        assert finish(start(slots, tmp_path, *argv))[0] == status, argv
+    (tmp_path / "tasks.toml").write_text('[task.deploy]\ncommand = ["sh", "-c", "exit 4"]\nslot = "deploy-prod"\n')
+    filerun = start(slots, tmp_path, "--file", "tasks.toml")
+    status, err = finish(filerun)
+    assert status == 1 and "exit_code=4" in err, err
+
+
+def test_a_run_nested_in_the_owners_own_command_is_refused_instead_of_waiting_for_itself(slots: Any, tmp_path: Any) -> None:
+    """`mpvisor run --slot deploy-prod -- ./deploy.sh` whose deploy.sh runs `mpvisor run --slot
+    deploy-prod -- ./migrate.sh` (a step that is guarded on its own too): the inner run queued
+    behind the outer, which waits for it, and both waited for ever. The inner run is part of the
+    owner's process tree, which must be gone before the slot is free: it is now refused at once,
+    status 3, saying so; nothing of it ran, and the outer deploy goes on."""
+    assert MPVISOR is not None
+    (tmp_path / "migrate.sh").write_text("#!/bin/sh\necho migrated\n")
+    (tmp_path / "deploy.sh").write_text(f"#!/bin/sh\n{MPVISOR} run --slot deploy-prod -- ./migrate.sh\n"
+                                        'echo "migrate status $?"\n')
+    for script in ("migrate.sh", "deploy.sh"):
+        (tmp_path / script).chmod(0o755)
+    outer = start(slots, tmp_path, "--slot", "deploy-prod", "--", "./deploy.sh")
+    try:
+        out, err = outer.communicate(timeout=30)
+    finally:  # a run that waits for itself is killed with its tree (its launcher follows it)
+        if outer.poll() is None:
+            outer.kill()
+            outer.communicate()
+    assert (outer.returncode, out) == (0, "migrate status 3\n"), (out, err)
+    assert ("mpvisor: migrate.sh: rejected reason=\"slot 'deploy-prod' is held by 'deploy.sh' (pid "
+            f"{outer.pid}), an ancestor of this run: it is free only once that owner's whole process tree, "
+            "this run included, is gone, so waiting would never end\" slot='deploy-prod'") in err, err
+    assert "waiting, position" not in err, err
+
+
 # --- many processes, each policy ----------------------------------------------------------------------
 
 

@@ -1043,6 +1043,36 @@ def test_a_slot_run_under_a_process_limit_ends_naming_it_and_never_hangs(tmp_pat
         assert "a limit on processes was reached (ulimit -u, or a pids cgroup)" in done.stderr.splitlines()[-1], done.stderr
 
 
+def test_a_relative_slots_directory_is_refused_naming_the_variable(tmp_path):
+    """`MPVISOR_SLOTS_DIR=run/slots` (relative) named another slot server from each working
+    directory: two deploys started from two CI workspaces each started a server there and both
+    owned the slot at once, without a word. A run with a slot, and `mpvisor slots`, now refuse it
+    as a usage error naming the variable (status 2, nothing ran, no directory made); a run
+    without a slot does not read it. `slots serve --dir run/slots` is an option's path, from its
+    working directory: it serves there, given as an absolute path."""
+    env = {**cli_env(), "MPVISOR_SLOTS_DIR": "run/slots"}
+    marker = tmp_path / "ran"
+    expected = ("$MPVISOR_SLOTS_DIR must be an absolute path, got 'run/slots': a relative one names another "
+                "directory from each working directory, and runs started from two would not share their slots")
+    for argv in (["run", "--slot", "deploy-prod", "--", "touch", str(marker)], ["slots"]):
+        done = subprocess.run([sys.executable, "-m", "mpvisor", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert done.stderr.splitlines() == [f"mpvisor {argv[0]}: error: {expected} (see mpvisor {argv[0]} --help)"], done.stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
+    plain = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", "touch", str(marker)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and marker.exists(), plain.stderr
+    server = subprocess.Popen([sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", "run/slots", "--idle-exit", "0.5"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = server.communicate(timeout=60)
+    finally:
+        stop_servers(tmp_path / "run" / "slots")
+    assert server.returncode == 0 and err == "", err
+    assert (tmp_path / "run" / "slots" / "server.lock").exists()
+
+
 def test_a_socket_directory_too_deep_for_a_unix_socket_names_the_variable_that_moves_it(tmp_path):
     """A slot server's or a run's control socket whose path would be longer than a Unix socket's
     may be (107 bytes): the `--slot` run is refused and the file run serves no control socket,

@@ -140,6 +140,9 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "os.getpid"], ["argument TARGET", "'os.getpid'", "(a program? put -- before it: mpvisor run -- os.getpid ...)"]),
         (["run", "./deploy.sh", "prod"], ["argument TARGET", "put -- before it: mpvisor run -- ./deploy.sh ..."]),
         (["run", "my script"], ["mpvisor run -- 'my script' ..."]),
+        # a program given without `--`: its options are its own, not misspelt ones of mpvisor's
+        (["run", "ls", "-la"], ["argument TARGET", "'ls'", "(a program? put -- before it: mpvisor run -- ls ...)"]),
+        (["run", "git", "log", "--oneline"], ["argument TARGET", "'git'", "put -- before it: mpvisor run -- git ..."]),
         (["run"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:quick", "--", "true"], ["TARGET [ARG...] or -- COMMAND"]),
         (["run", "workers.basic:echo", str(2**64)], ["args[0]", "msgpack"]),
@@ -159,6 +162,11 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["slots", "--js"], ["mpvisor slots: error: unrecognized arguments: --js (did you mean --json?)"]),
         (["--vers"], ["mpvisor: error: unrecognized arguments: --vers (did you mean --version?)"]),  # (COMMAND missing)
         (["--bogus"], ["mpvisor: error: unrecognized arguments: --bogus"]),
+        # a command's option before the command: where it goes (argparse said "invalid choice: 'x'", the option's value)
+        (["--slot", "x", "run", "--", "true"], ["mpvisor: error: --slot is an option of mpvisor run: it goes after "
+                                                "the command (mpvisor run --slot ...)"]),
+        (["--time=5", "run", "--", "true"], ["mpvisor: error: --timeout is an option of mpvisor run"]),
+        (["--json", "slots"], ["mpvisor: error: --json is an option of mpvisor slots"]),
         (["run", "--intensity", "3", "workers.basic:quick"], ["--intensity", "N/SECONDS", "'3'"]),
         (["run", "--intensity=-1/5", "workers.basic:quick"], ["--intensity", "'-1/5'"]),
         (["run", "--intensity", "3/0", "workers.basic:quick"], ["--intensity", "'3/0'"]),
@@ -342,6 +350,14 @@ def failed(**fields) -> TaskOutcome:
 )
 def test_exit_status_follows_the_outcome(outcome, status):
     assert exit_status(outcome) == status
+
+
+@pytest.mark.parametrize("code, status", [(1, 1), (2, 2), (3, 1), (6, 1), (7, 1), (9, 1), (10, 10), (-9, 137)])
+def test_with_a_slot_a_tasks_exit_code_never_reads_as_the_slots_answer(code, status):
+    """3..9 say a slot's answer (busy, queue full, superseded, replaced, lease lost): with a slot,
+    a task's own exit code there is 1; without one, it is the status."""
+    assert exit_status(failed(exit_code=code), slotted=True) == status
+    assert exit_status(failed(exit_code=code)) == (code if code > 0 else 128 - code)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

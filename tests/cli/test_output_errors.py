@@ -11,6 +11,7 @@ that left its last line unfinished."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import shlex
@@ -269,3 +270,30 @@ def test_a_standard_stream_closed_at_start_reaches_the_command_on_dev_null(tmp_p
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines() == ["run 0", "closed 1", "bare 1"], (done.stdout, done.stderr)
     assert (tmp_path / "fd0").read_text().split() == ["/dev/null"]
+
+
+def test_a_python_target_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathlib.Path) -> None:
+    """`mpvisor run --quiet --restart on-failure pkg.mod:fn 2>&1 | head -1` of a target that
+    prints on: once `head` has gone, its print raises `BrokenPipeError`, where a program would
+    die by SIGPIPE. No retry could write there, so the attempt is `fatal`, saying why, and the
+    pipeline ends; it used to be retried until the run was killed (`--quiet`: mpvisor wrote
+    nothing itself, so nothing stopped it)."""
+    assert MPVISOR is not None
+    pipeline = (f"{shlex.quote(MPVISOR)} run --quiet --restart on-failure --backoff 0.05 --events json "
+                "workers.cli_probes:chatty 10000000 2>&1 >events | head -1")
+    script = f"set -o pipefail; {pipeline}; echo \"statuses ${{PIPESTATUS[*]}}\""
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env_for(tmp_path), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:  # a run that retries without end is killed with its pipeline (the fork server follows it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert stdout.splitlines() == ["line 0", "statuses 1 0"], (stdout, stderr)
+    events = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
+    assert [e["attempt"] for e in events if e["kind"] == "attempt_starting"] == [1], events
+    finished = [e for e in events if e["kind"] == "task_finished"]
+    assert len(finished) == 1 and finished[0]["outcome_kind"] == "outcome_fatal", finished
+    assert finished[0]["reason"] == ("BrokenPipeError: [Errno 32] Broken pipe: "
+                                     "the pipe it wrote its output to has no reader left; not retried"), finished

@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop; returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer naming an owner that is an ancestor of this process, on this host, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: it would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,15 @@ class LeaseDriver:
                                            f"wait timeout ({self.wait_timeout:g} s)")
         self.leave_queue(silent)
 
+    def _refuse(self, reason: str) -> None:
+        """On the loop: the slot's owner is an ancestor of this process (`held_by_an_ancestor`),
+        so the slot cannot be free while this process lives: `acquire` returns busy now, saying
+        why, and the request is withdrawn, as after `wait_timeout`."""
+        if self._decision is None or self._decision.done():
+            return
+        self._waited_out = True  # a withdrawal that `acquire` turns into busy
+        self.leave_queue(reason)
+
     def leave_queue(self, reason: str | None = None) -> bool:
         """On the loop: a request not decided yet is decided `withdrawn` now (`acquire` returns
         it, or asks nothing if it has not asked yet), and withdrawn on a thread of its own (a
@@ -161,6 +171,10 @@ class LeaseDriver:
 
         def queued(position: int, owner: dict[str, Any] | None) -> None:
             self._heard = True
+            held_above = held_by_an_ancestor(slot, owner)
+            if held_above is not None:  # it would wait for itself: refused instead (`_refuse`)
+                loop.call_soon_threadsafe(self._refuse, held_above)
+                return
             loop.call_soon_threadsafe(self._on_queued, queued_text(slot, position, owner))
 
         def silent(why: str | None) -> None:
@@ -211,6 +225,26 @@ class LeaseDriver:
     def close(self) -> None:
         if self._request is not None:
             self._request.close()
+
+
+def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
+    """Why this process can never own `slot`, when it runs in an attempt of the slot's owner: a
+    run nested in the owner's own command (`mpvisor run --slot s -- sh -c 'mpvisor run --slot s
+    -- ...'`) is part of the owner's process tree, which must be gone before the slot is free, so
+    it would wait for itself for ever. Known by the owner's launcher processes (the slot server's
+    `queued` answer names them, `launcher`), whose trees are the owner's attempts, being
+    ancestors of this process; not by the owner's own pid, which is the ancestor of any process it
+    started itself (a program with a controller that also runs `mpvisor run --slot` waits its
+    turn). None otherwise; and for an owner on a store across hosts (its `host` said), where a
+    pid of this host means nothing."""
+    if not owner or owner.get("host") or not isinstance(owner.get("launcher"), list):
+        return None
+    above = set(_platform.ancestors(os.getpid()))
+    if not any(isinstance(pid, int) and pid > 1 and pid in above for pid in owner["launcher"]):
+        return None
+    return (f"slot {slot!r} is held by {owner.get('name')!r} (pid {owner['pid']}), an ancestor of this run: "
+            "it is free only once that owner's whole process tree, this run included, is gone, so "
+            "waiting would never end")
 
 
 def _at_most(seconds: float, name: str, *calls: Callable[[], None]) -> None:

@@ -20,7 +20,7 @@ channel's framing, at most `MAX_FRAME` bytes), on a Unix stream socket.
 | server -> client | meaning |
 |---|---|
 | `granted req` | the lease is yours: run |
-| `queued req position owner` | you wait; `owner` is `{pid, name, since}` of the holder |
+| `queued req position owner` | you wait; `owner` is `{pid, name, since, status}` of the holder, with `launcher`: the other processes it registered (its launcher's), whose trees are its attempts (a waiter in one would wait for itself) |
 | `rejected req kind` | `slot_busy`, `queue_full` or `superseded_by_replace` |
 | `revoke req` | a replacement arrived: retire your owner (grace, tree kill), then `release` |
 | `snapshot slots` | `[{slot, status, owner, queue}, ...]` |
@@ -101,9 +101,24 @@ def default_dir() -> str:
     return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
 
 
+def dir_variable_problem() -> str | None:
+    """Why `$MPVISOR_SLOTS_DIR` cannot name the slot server's directory, None when it can (or is
+    not set): a relative path names another directory from each working directory, so runs
+    started from two (two CI workspaces) would each start a server of their own, and both own a
+    slot at once."""
+    given = os.environ.get(DIR_ENV)
+    if not given or os.path.isabs(given):
+        return None
+    return (f"${DIR_ENV} must be an absolute path, got {given!r}: a relative one names another directory from "
+            "each working directory, and runs started from two would not share their slots")
+
+
 def server_dir() -> str:
-    """`$MPVISOR_SLOTS_DIR`, else `default_dir()`: created 0700 if missing; refused if another
-    user owns it or others may enter it."""
+    """`$MPVISOR_SLOTS_DIR` (an absolute path: `dir_variable_problem`), else `default_dir()`:
+    created 0700 if missing; refused if another user owns it or others may enter it."""
+    problem = dir_variable_problem()
+    if problem is not None:
+        raise LeaseError(problem)
     path = os.environ.get(DIR_ENV) or default_dir()
     problem = _platform.private_dir(path, "the slot server's directory")
     if problem is not None:

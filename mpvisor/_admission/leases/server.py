@@ -280,6 +280,8 @@ class SlotServer:
             queue = self.table.pending(request.slot)
             if request in queue:
                 owner = self._owner_view(request.slot)
+                if owner is not None:  # its launcher's processes too: a waiter in one of their trees waits for itself
+                    owner["launcher"] = self._launcher_pids(request.slot)
                 client.send({"t": "queued", "req": request.req, "position": queue.index(request) + 1, "owner": owner})
 
     def _reclaim(self, client: Client, message: dict[str, Any]) -> None:
@@ -404,6 +406,15 @@ class SlotServer:
             queue = [{"pid": r.holder_pid, "name": r.name} for r in self.table.pending(view.slot)]
             views.append({"slot": view.slot, "status": view.status.label, "owner": owner, "queue": queue})
         return views
+
+    def _launcher_pids(self, slot: str) -> list[int]:
+        """The processes the owner of `slot` registered besides its holder's own: its launcher's,
+        whose trees are its tasks' attempts (`LeaseDriver`'s `held_by_an_ancestor` reads them)."""
+        owner = owner_of(self.table.phase(slot))
+        request = self.by_id.get(owner) if owner is not None else None
+        if request is None:
+            return []
+        return [pid.pid for pid in request.pids if pid.pid != request.holder_pid]
 
     def _owner_view(self, slot: str) -> dict[str, Any] | None:
         owner = owner_of(self.table.phase(slot))
