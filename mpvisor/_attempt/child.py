@@ -14,6 +14,7 @@ returns: every path ends in `os._exit`.
 | returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
 | raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
+| raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (`_reader_gone`) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)` | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
@@ -53,6 +54,7 @@ from mpvisor._model.errors import Canceled, Fail, Fatal
 from mpvisor._model.payloads import check_value
 from mpvisor._model.wire import (
     HEADER,
+    READER_GONE,
     Calling,
     Failure,
     Hello,
@@ -483,7 +485,26 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _release_frames(exc)
         if refused:  # raised by the call in this frame: no frame of the target's ever ran
             return Failure("fatal", f"target {name!r} cannot take the arguments given: {_describe(exc)}"), 0
+        if _reader_gone(exc):
+            return Failure("fatal", f"{_describe(exc)}: {READER_GONE}", None, _traceback(exc, _MPVISOR)), 0
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
+
+
+def _reader_gone(exc: BaseException) -> bool:
+    """Whether the target died of `BrokenPipeError` (EPIPE) while its stdout or stderr is a pipe
+    or socket whose reader is gone (`python jobs.py | head -1` once `head` has exited): the
+    Python form of a program's death by SIGPIPE there, final as that is, since a reader that
+    closed never comes back and every retry would print into the same pipe (with
+    `capture_output` they are pipes the parent reads, never gone)."""
+    if not (isinstance(exc, OSError) and exc.errno == errno.EPIPE):
+        return False
+    for fd in (1, 2):
+        try:
+            if _platform.other_end_closed(fd):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:

@@ -171,6 +171,9 @@ class Result(NamedTuple):
 
 
 FAILURE_KINDS = ("fail", "fatal", "canceled", "error")
+# The end of an attempt's reason that died writing to the stdout or stderr it shares with the
+# parent, a pipe whose reader is gone (SIGPIPE, or a Python target's `BrokenPipeError`): final.
+READER_GONE = "the pipe it wrote its output to has no reader left; not retried"
 
 
 class Failure(NamedTuple):

@@ -33,7 +33,7 @@ from typing import Any
 from mpvisor._launchers.seam import ExitStatus
 from mpvisor._model.records import record
 from mpvisor._model.restart import AttemptResult
-from mpvisor._model.wire import Failure, Result
+from mpvisor._model.wire import READER_GONE, Failure, Result
 
 
 class StopReason(enum.Enum):
@@ -212,6 +212,4 @@ def _from_status(f: Facts) -> AttemptEnd:
         reason += f" ({f.protocol_error})"
     return AttemptEnd(kind, reason + gone, status.exit_code)
 
-
-READER_GONE = "the pipe it wrote its output to has no reader left; not retried"
 
