@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import traceback
+import typing
 from typing import Any
 
 import pytest
@@ -204,3 +205,16 @@ print(gc.isenabled())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split("\n")[:2] == ["True True []", "False"]
+
+
+def test_an_events_enum_fields_are_typed_as_their_enums():
+    """`event.outcome_kind`, `.rejection_kind` and `.backoff_source` were typed `object`, so a
+    subscriber checked with `mypy --strict` could not write `event.outcome_kind.label` (the
+    events guide's own example): `"object" has no attribute "label"`. They are typed as the
+    enums they hold, which the annotations resolve to."""
+    names = {"OutcomeKind": mpvisor.OutcomeKind, "RejectionKind": mpvisor.RejectionKind,
+             "BackoffSource": mpvisor.BackoffSource}
+    hints = typing.get_type_hints(mpvisor.Event, localns=names)
+    assert hints["outcome_kind"] == mpvisor.OutcomeKind | None
+    assert hints["rejection_kind"] == mpvisor.RejectionKind | None
+    assert hints["backoff_source"] == mpvisor.BackoffSource | None
