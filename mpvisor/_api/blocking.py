@@ -389,15 +389,19 @@ class BlockingPreparedSubmission:
         return f"<BlockingPreparedSubmission {self._prepared!r}>"
 
     def submit(self) -> int:
+        """`PreparedSubmission.submit`, blocking."""
         return self._handle._call(self._prepared.submit())
 
     def try_submit(self) -> int:
+        """`PreparedSubmission.try_submit`, blocking."""
         return self._handle._call(self._prepared.try_submit())
 
     def submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        """`PreparedSubmission.submit_and_watch`, blocking; the waiter blocks too."""
         return self._handle._call(_with_blocking_waiter(self._prepared.submit_and_watch()))
 
     def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        """`PreparedSubmission.try_submit_and_watch`, blocking; the waiter blocks too."""
         return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
 
 
