@@ -45,6 +45,12 @@ if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
     from mpvisor._admission.slots import AdmissionPolicy, SlotStatus, SlotView
     from mpvisor._admission.submission import ControllerSnapshot, ControllerSpec, PreparedSubmission
+    from mpvisor._api.blocking import (
+        BlockingEvents,
+        BlockingHandle,
+        BlockingPreparedSubmission,
+        BlockingWaiter,
+    )
     from mpvisor._api.handle import SupervisorHandle
     from mpvisor._api.run import run
     from mpvisor._api.supervisor import Supervisor, SupervisorBuilder
@@ -66,6 +72,7 @@ if TYPE_CHECKING:
     from mpvisor._observe.metrics import PrometheusMetrics
     from mpvisor._observe.progress import ProgressReport, drive_progress_bars, progress_reports
     from mpvisor._observe.writers import JsonLinesWriter, LogWriter
+    from mpvisor._runtime.bus import EventStream, Subscriber
     from mpvisor._runtime.config import SupervisorConfig
     from mpvisor._tasks.registry import TaskInfo, TaskWaiter
 
@@ -83,6 +90,12 @@ _LAZY = {
     "TaskInfo": "._tasks.registry",
     "TaskWaiter": "._tasks.registry",
     "SupervisorHandle": "._api.handle",
+    "BlockingHandle": "._api.blocking",
+    "BlockingWaiter": "._api.blocking",
+    "BlockingEvents": "._api.blocking",
+    "BlockingPreparedSubmission": "._api.blocking",
+    "EventStream": "._runtime.bus",
+    "Subscriber": "._runtime.bus",
     "Supervisor": "._api.supervisor",
     "SupervisorBuilder": "._api.supervisor",
     "run": "._api.run",
@@ -144,6 +157,10 @@ __all__ = (
     "AlreadySubmitted",
     "BackoffPolicy",
     "BackoffSource",
+    "BlockingEvents",
+    "BlockingHandle",
+    "BlockingPreparedSubmission",
+    "BlockingWaiter",
     "Canceled",
     "CommandQueueFull",
     "CommandTask",
@@ -157,6 +174,7 @@ __all__ = (
     "ControllerSpec",
     "Event",
     "EventKind",
+    "EventStream",
     "Fail",
     "Fatal",
     "GraceExceeded",
@@ -176,6 +194,7 @@ __all__ = (
     "ShuttingDown",
     "SlotStatus",
     "SlotView",
+    "Subscriber",
     "Supervisor",
     "SupervisorBuilder",
     "SupervisorConfig",

@@ -34,7 +34,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
 | `progress_from_fork_pool(processes, size, reports)` | a fork `multiprocessing.Pool` of `processes` workers, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `processes * reports` |
 | `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
-| `misreport(how)` | calls `progress` or `ready` with a wrong argument (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
+| `misreport(how)` | calls `progress`, `ready` or `wait_cancelled` with a wrong argument (or a `timedelta`, a right one) (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
 Every function takes `marker=None` and writes `started <task> <attempt> <pid>` there first.
 """
@@ -42,6 +42,7 @@ Every function takes `marker=None` and writes `started <task> <attempt> <pid>` t
 from __future__ import annotations
 
 import builtins
+import datetime
 import logging
 import os
 import pathlib
@@ -391,11 +392,15 @@ _MISREPORTS: dict[str, Callable[[Any], None]] = {
     "done_complex": lambda ctx: ctx.progress(1j),
     "message_int": lambda ctx: ctx.progress(1, 2, 3),
     "status_bytes": lambda ctx: ctx.ready(b"x"),
+    "wait_str": lambda ctx: ctx.wait_cancelled("1"),
+    "wait_nan": lambda ctx: ctx.wait_cancelled(float("nan")),
+    "wait_timedelta": lambda ctx: ctx.wait_cancelled(datetime.timedelta(seconds=0.01)),
 }
 
 
 def misreport(how: str, marker: str | None = None) -> str:
-    """Call `progress` or `ready` wrongly (`_MISREPORTS[how]`); what it raised, or "accepted"."""
+    """Call `progress`, `ready` or `wait_cancelled` wrongly (`_MISREPORTS[how]`); what it raised,
+    or "accepted"."""
     mark(marker, "started")
     try:
         _MISREPORTS[how](context())

@@ -8,9 +8,12 @@ refuse to be described.
 | `unformattable()` | raises `Unformattable("no notes")`, whose `__notes__` raises (the traceback module cannot format it) |
 | `fail_with_unprintable_reason()` | raises `Fail(obj)`, where `str(obj)` raises `RuntimeError` |
 | `huge_fail_code()` | raises a `Fail("huge")` whose `exit_code` was set to `2**70` afterwards (too big for msgpack; the constructor refuses it) |
+| `forked_child_leaves(how, record_path)` | forks a child that leaves the target at once (`return`s `"the child's"`, or `raise`s `ValueError`), after writing its pid to `record_path`; the target waits for it, then returns `"the attempt's"` with the child's exit status |
 """
 
 from __future__ import annotations
+
+import os
 
 from mpvisor._model.errors import Fail
 
@@ -79,3 +82,15 @@ def huge_fail_code() -> None:
     verdict = Fail("huge")
     verdict.exit_code = 2**70  # past the constructor's check: the child still reports it
     raise verdict
+
+
+def forked_child_leaves(how: str, record_path: str) -> object:
+    pid = os.fork()
+    if pid == 0:
+        with open(record_path, "w") as record:
+            record.write(str(os.getpid()))
+        if how == "raise":
+            raise ValueError("raised in the forked child")
+        return "the child's"
+    _, status = os.waitpid(pid, 0)
+    return ["the attempt's", os.waitstatus_to_exitcode(status)]

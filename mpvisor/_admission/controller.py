@@ -364,7 +364,7 @@ class Controller:
     def _hand_over_now(self, item: _Pending) -> None:
         add = Add([(item.id, item.task_spec.resolve(self.host.defaults))], owned_by_controller=True,
                   on_accept=lambda actor: self._accepted_now(item, actor),
-                  on_reject=lambda kind: self._post(lambda: self._decided(item, None, kind)))
+                  on_reject=lambda kind, why: self._post(lambda: self._decided(item, None, kind, why)))
         self.host.loop.create_task(self._hand_over(item, add))
 
     async def _hand_over(self, item: _Pending, add: Add) -> None:

@@ -80,14 +80,18 @@ class BlockingWaiter:
         return self._outcome.done()
 
     def wait(self, timeout: float | None = None) -> TaskOutcome:
-        """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on).
+        """The task's outcome; the builtin `TimeoutError` after `timeout` seconds (the task goes on),
+        naming the task's id and the timeout.
         A `timeout` that is no finite number of seconds >= 0 raises `ConfigError`; in a forked
         child of the supervisor's process, an outcome not known at the fork raises `RuntimeError`
         (it would never come: the runtime runs in the parent)."""
         seconds = _validate.duration("timeout", timeout, allow_none=True)
         if not self._outcome.done():
             _refuse_in_a_fork(self._pid, "wait for a task's outcome")
-        return self._outcome.result(seconds)
+        try:
+            return self._outcome.result(seconds)
+        except TimeoutError:
+            raise TimeoutError(f"task {self.id} has not ended within {seconds:g} s (it goes on)") from None
 
 
 async def _with_blocking_waiter(call: Coroutine[Any, Any, tuple[int, TaskWaiter]]) -> tuple[int, BlockingWaiter]:
@@ -385,15 +389,19 @@ class BlockingPreparedSubmission:
         return f"<BlockingPreparedSubmission {self._prepared!r}>"
 
     def submit(self) -> int:
+        """`PreparedSubmission.submit`, blocking."""
         return self._handle._call(self._prepared.submit())
 
     def try_submit(self) -> int:
+        """`PreparedSubmission.try_submit`, blocking."""
         return self._handle._call(self._prepared.try_submit())
 
     def submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        """`PreparedSubmission.submit_and_watch`, blocking; the waiter blocks too."""
         return self._handle._call(_with_blocking_waiter(self._prepared.submit_and_watch()))
 
     def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
+        """`PreparedSubmission.try_submit_and_watch`, blocking; the waiter blocks too."""
         return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
 
 

@@ -26,6 +26,7 @@ returns: every path ends in `os._exit`.
 | is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")` | its status / 127 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 | has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
+| forks a process (`os.fork()`) that comes out of the target itself, by a return or an exception | nothing from that process: it is not the attempt (`_leave_forked`) | that process: 0 after a return, 1 after an exception (its traceback on stderr) |
 
 Only a failed handshake (no start message could be read: nobody to report to) ends with a
 status of mpvisor's own, 70. An exception's frames are cleared before it is described
@@ -363,6 +364,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("canceled", "canceled before the target was called"))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
+    if os.getpid() != attempt:
+        _leave_forked(ending, die_by)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
 
 
@@ -664,6 +667,25 @@ def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: 
         channel.last_frame(payload)
     except BaseException:
         pass  # the channel is gone (the parent, or the target closed it): the status speaks
+    _end(status, die_by)
+
+
+def _leave_forked(ending: Message, die_by: int) -> NoReturn:
+    """The end of a process the target forked (`os.fork()`) that came out of the target, by a
+    return or an exception, where it should have ended with `os._exit`: it is not the attempt,
+    so it reports nothing (its report would have been taken for the attempt's, and the
+    attempt's own lost), and it ends as a Python program does: 0 after a return; after an
+    exception, its traceback on stderr and 1 (by SIGINT after a `KeyboardInterrupt`)."""
+    status = 0
+    if isinstance(ending, Failure):
+        status = 1
+        text = ending.traceback or ending.reason
+        _guarded(lambda: sys.stderr.write(text if text.endswith("\n") else text + "\n"), lambda _: 0)
+    _end(status, die_by)
+
+
+def _end(status: int, die_by: int) -> NoReturn:
+    """Flush the user's streams and end with `os._exit(status)`, or by the signal `die_by`."""
     _flush_std()
     if die_by:
         _platform.set_signal_handler(die_by, int(signal.SIG_DFL))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 from contextlib import contextmanager
 
 from mpvisor._model.errors import Canceled
@@ -27,6 +28,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor 
 if TYPE_CHECKING:
     import asyncio  # at run time only by attempts that run an `async def` target
     from collections.abc import Callable, Iterator
+    from datetime import timedelta
     from types import FrameType
     from typing import Any
 
@@ -109,10 +111,13 @@ class TaskContext:
             self._delivered = True
             raise Canceled()
 
-    def wait_cancelled(self, timeout: float | None = None) -> bool:
-        """Block up to `timeout` seconds (`None`: without limit) for a stop request; return
-        `cancelled`. Never raises: outside `shield()`, a request it reports counts as delivered,
-        and mpvisor does not raise `Canceled` for it later."""
+    def wait_cancelled(self, timeout: float | timedelta | None = None) -> bool:
+        """Block up to `timeout` seconds (`None`: without limit; a `timedelta` too; 0 or less:
+        not at all) for a stop request; return `cancelled`. Never raises `Canceled`: outside
+        `shield()`, a request it reports counts as delivered, and mpvisor does not raise
+        `Canceled` for it later. A `timeout` that is no number of seconds (a str, a bool) is a
+        `TypeError`, NaN a `ValueError`, here, naming it."""
+        timeout = _wait_seconds(timeout)
         try:
             if not self._cancelled and (timeout is None or timeout > 0):
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
@@ -198,10 +203,24 @@ class TaskContext:
         self._async_cancel = cancel
 
 
-def _figure(field: str, value: object) -> float:
+def _wait_seconds(timeout: object) -> float | None:
+    """`wait_cancelled`'s `timeout` as seconds (`None` stays `None`)."""
+    if timeout is None:
+        return None
+    dates = sys.modules.get("datetime")  # loaded wherever a timedelta exists: no import for a number
+    if dates is not None and isinstance(timeout, dates.timedelta):
+        seconds = float(timeout.total_seconds())
+    else:
+        seconds = float(_figure("timeout", timeout, "wait_cancelled"))
+    if math.isnan(seconds):
+        raise ValueError(f"wait_cancelled: timeout must be a number of seconds or None, got {timeout!r}")
+    return seconds
+
+
+def _figure(field: str, value: object, call: str = "progress") -> float:
     """A progress figure as the wire carries it: an integer within msgpack's 64 bits as an int
     (numpy's too), any other real number (an int past 64 bits, a `Fraction`, a `Decimal`, numpy's
-    floats) as a float; a bool, or what is no real number, is a `TypeError`."""
+    floats) as a float; a bool, or what is no real number, is a `TypeError` (naming `call`)."""
     if type(value) is float or (type(value) is int and INT_MIN <= value <= INT_MAX):
         return value
     if not isinstance(value, bool):
@@ -221,7 +240,7 @@ def _figure(field: str, value: object) -> float:
                 return float(value)
             except ValueError:  # a signalling NaN (`Decimal("sNaN")`)
                 return math.nan
-    raise TypeError(f"progress: {field} must be a real number (an int or a float), got {value!r}")
+    raise TypeError(f"{call}: {field} must be a real number (an int or a float), got {value!r}")
 
 
 def _sigwait(timeout: float | None) -> bool:

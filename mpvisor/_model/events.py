@@ -29,7 +29,11 @@ from __future__ import annotations
 import base64
 import enum
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # for the fields' types alone: at run time this module imports none of them
+    from mpvisor._model.outcome import OutcomeKind, RejectionKind
+    from mpvisor._model.restart import BackoffSource
 
 
 class EventKind(enum.Enum):
@@ -87,8 +91,8 @@ class Event(NamedTuple):
 
     `seq` increases with every published event in this process (across supervisors); `at` is wall-clock
     epoch seconds. `outcome_kind` is an `OutcomeKind`, `rejection_kind` a `RejectionKind` and
-    `backoff_source` a `BackoffSource`; they are typed `object` here so this module depends on
-    none of them. A NamedTuple: immutable, and cheap to build (two are published per controller
+    `backoff_source` a `BackoffSource` (imported for type checkers only, so that this module
+    depends on none of them when it runs). A NamedTuple: immutable, and cheap to build (two are published per controller
     submission).
 
     Timing and depth fields, as `PrometheusMetrics` reads them:
@@ -117,10 +121,10 @@ class Event(NamedTuple):
     delay: float | None = None
     duration: float | None = None
     reason: str | None = None
-    outcome_kind: object | None = None
-    rejection_kind: object | None = None
+    outcome_kind: OutcomeKind | None = None
+    rejection_kind: RejectionKind | None = None
     exit_code: int | None = None
-    backoff_source: object | None = None
+    backoff_source: BackoffSource | None = None
     progress: tuple[float, float | None] | None = None
     stream: str | None = None
     line: str | None = None

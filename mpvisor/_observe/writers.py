@@ -107,8 +107,11 @@ class JsonLinesWriter:
     infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`; U+2028 and U+2029 escaped).
 
     Given a path, it opens the file in append mode on the first event and closes it in
-    `close()` (the bus calls it after the last delivery); given a stream, it writes to it and
-    leaves closing it to its owner.
+    `close()` (the bus calls it after the last delivery); each line goes to the file in one
+    unbuffered write, so a line the file refused (a full disk: `on_event` raises, and the line
+    is counted in `unwritten`) is not kept to be written later, torn, or again at `close()`,
+    which never raises for it. Given a stream, it writes to it and leaves closing it to its
+    owner.
     """
 
     queue_capacity = 1024
@@ -118,7 +121,8 @@ class JsonLinesWriter:
     ) -> None:
         self.name = name
         self._path: str | None = None  # set when this writer owns the file
-        self._stream: IO[str] | None = None  # the open target; opened lazily for a path
+        self._stream: IO[str] | None = None  # a stream it was given
+        self._fd: int | None = None  # the file of `_path`, opened at the first event
         if isinstance(path_or_stream, (str, os.PathLike)):
             self._path = os.fspath(path_or_stream)
             if not self._path:
@@ -137,23 +141,31 @@ class JsonLinesWriter:
             raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
-        self.unwritten = 0  # events shutdown gave up on (`abandoned`): never written in full
+        self.unwritten = 0  # events never written in full: refused by the file, or given up on at shutdown
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
-        line = json_line(event_to_dict(event))
+        line = json_line(event_to_dict(event)) + "\n"
         with self._lock:
             if self._closed:
                 return
-            stream = self._open()
-            stream.write(line + "\n")
-            stream.flush()
+            if self._stream is not None:
+                self._stream.write(line)
+                self._stream.flush()
+                return
+            try:
+                self._write(line.encode("utf-8"))
+            except OSError:
+                self.unwritten += 1
+                raise
 
-    def _open(self) -> IO[str]:
-        if self._stream is None:
-            assert self._path is not None  # one of the two is always set
-            self._stream = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
-        return self._stream
+    def _write(self, data: bytes) -> None:
+        if self._fd is None:
+            assert self._path is not None  # a path, or a stream: one is always set
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
 
     def abandoned(self, count: int) -> None:
         """The bus gave up on `count` events at shutdown (the target did not take the lines in
@@ -165,9 +177,9 @@ class JsonLinesWriter:
         """Stop writing; close the file this writer opened (never a stream it was given)."""
         with self._lock:
             self._closed = True
-            if self._path is not None and self._stream is not None:
-                self._stream.close()
-                self._stream = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def __repr__(self) -> str:
         target = self._path if self._path is not None else "stream"

@@ -73,12 +73,18 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class Subscriber(Protocol):
-    """Anything with a `name` and `on_event`; `queue_capacity` and `close()` are optional."""
+    """Anything with a `name` and `on_event`; `queue_capacity`, `close()` and
+    `abandoned(count)` are optional (docs/events.md). A type for annotations only: a subscriber
+    need not derive from it."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The subscriber's name, in the reports about it (`SUBSCRIBER_OVERFLOW`, ...)."""
+        ...
 
-    def on_event(self, event: Event) -> None: ...
+    def on_event(self, event: Event) -> None:
+        """Called with each event, in `seq` order, on the subscriber's own thread."""
+        ...
 
 
 @record(slots=True)

@@ -87,7 +87,7 @@ class Add:
     owned_by_controller: bool = False
     # The controller's direct view of its admission, called inside the registration step:
     on_accept: Callable[[TaskActor], None] | None = None  # before the task's loop starts
-    on_reject: Callable[[RejectionKind], None] | None = None
+    on_reject: Callable[[RejectionKind, str], None] | None = None  # the kind, and why (the error's words)
     reply: asyncio.Future[list[TaskWaiter]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -241,7 +241,7 @@ class Registry:
                         reason=str(self._already_exists(spec.name)) if clash else
                         f"the batch was rejected: {error}")
             if command.on_reject is not None:
-                command.on_reject(RejectionKind.ALREADY_EXISTS)
+                command.on_reject(RejectionKind.ALREADY_EXISTS, str(error))
             raise error
         actors = [TaskActor(self.host, id, spec, command.owned_by_controller) for id, spec in command.specs]
         waiters = []

@@ -157,7 +157,8 @@ async def test_slot_defaults_to_the_task_name():
 
 
 async def test_duplicate_name_in_another_slot_is_rejected_by_the_registry(tmp_path):
-    """A name running in s1 submitted to s2 is REJECTED/ALREADY_EXISTS by the registry."""
+    """A name running in s1 submitted to s2 is REJECTED/ALREADY_EXISTS by the registry, its
+    reason the registry's words, naming the task (it was the bare label, `already_exists`)."""
     marker = tmp_path / "dup2.marker"
 
     async with controlled() as (handle, events):
@@ -166,6 +167,7 @@ async def test_duplicate_name_in_another_slot_is_rejected_by_the_registry(tmp_pa
         dup_id, waiter = await handle.submit_and_watch(
             Q(restartable("dup", coop.cooperative, marker=str(marker)), "s2"))
         assert_rejected(await outcome(waiter), RejectionKind.ALREADY_EXISTS)
+        assert (await outcome(waiter)).reason == "a task named 'dup' is already registered"
         failed = await seen(events, EventKind.TASK_ADD_FAILED, id=dup_id)
         assert failed.rejection_kind is RejectionKind.ALREADY_EXISTS
         await slot_where(handle, "s2", idle_view)

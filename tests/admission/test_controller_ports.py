@@ -67,7 +67,7 @@ class FakeRegistry:
         if spec.name.startswith("broken"):
             raise RuntimeError("the registry could not decide")
         if spec.name.startswith("dup"):
-            command.on_reject(RejectionKind.ALREADY_EXISTS)
+            command.on_reject(RejectionKind.ALREADY_EXISTS, str(TaskAlreadyExists(spec.name)))
             raise TaskAlreadyExists(spec.name)
         actor = SimpleNamespace(id=id, name=spec.name)
         self.actors[id] = actor

@@ -3,12 +3,14 @@ every public name says `mpvisor`, is documented, and every error survives pickli
 
 from __future__ import annotations
 
+import collections.abc
 import importlib.metadata
 import inspect
 import pickle
 import subprocess
 import sys
 import traceback
+import typing
 from typing import Any
 
 import pytest
@@ -34,6 +36,7 @@ PUBLIC_API = {
     "Event", "EventKind", "BackoffSource", "LogWriter", "JsonLinesWriter",
     "ControllerConfig", "ControllerSpec", "AdmissionPolicy", "PreparedSubmission",
     "ControllerSnapshot", "SlotView", "SlotStatus", "PrometheusMetrics", "TaskId", "Resources", "RestartIntensity", "Limits",
+    "BlockingHandle", "BlockingWaiter", "BlockingEvents", "BlockingPreparedSubmission", "EventStream", "Subscriber",
 }
 # Public submodules, imported only when asked for (`mpvisor.ray` imports Ray when served).
 SUBMODULES = {"ray"}
@@ -204,3 +207,54 @@ print(gc.isenabled())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split("\n")[:2] == ["True True []", "False"]
+
+
+def test_an_events_enum_fields_are_typed_as_their_enums():
+    """`event.outcome_kind`, `.rejection_kind` and `.backoff_source` were typed `object`, so a
+    subscriber checked with `mypy --strict` could not write `event.outcome_kind.label` (the
+    events guide's own example): `"object" has no attribute "label"`. They are typed as the
+    enums they hold, which the annotations resolve to."""
+    names = {"OutcomeKind": mpvisor.OutcomeKind, "RejectionKind": mpvisor.RejectionKind,
+             "BackoffSource": mpvisor.BackoffSource}
+    hints = typing.get_type_hints(mpvisor.Event, localns=names)
+    assert hints["outcome_kind"] == mpvisor.OutcomeKind | None
+    assert hints["rejection_kind"] == mpvisor.RejectionKind | None
+    assert hints["backoff_source"] == mpvisor.BackoffSource | None
+
+
+def _mpvisor_classes(annotation: Any) -> set[type]:
+    """The classes of mpvisor's own that a resolved annotation names, however nested."""
+    found = {annotation} if isinstance(annotation, type) and annotation.__module__.startswith("mpvisor") else set()
+    for argument in typing.get_args(annotation):
+        found |= _mpvisor_classes(argument)
+    return found
+
+
+def test_every_object_the_api_hands_out_has_a_public_name():
+    """A program checked with `mypy --strict` annotates what it keeps: `serve_blocking()` gave a
+    `BlockingHandle`, its waiters, event iterator and prepared submissions, and `events()` an
+    `EventStream`, none of them named in `mpvisor` (only a private module's import could name
+    them), nor the `Subscriber` protocol that `subscribers=` takes. Every class reached from
+    `Supervisor`, `SupervisorHandle` and `run` through what a public method returns, and the
+    subscriber's type, is now a public name."""
+    namespace = {**vars(collections.abc), **vars(typing), **{n: getattr(mpvisor, n) for n in mpvisor.__all__}}
+    seen: set[type] = set()
+    todo: list[type] = [mpvisor.Supervisor, mpvisor.SupervisorHandle]
+    todo += _mpvisor_classes(typing.get_type_hints(mpvisor.run, localns=namespace)["return"])
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for attr in dir(cls):
+            member = inspect.getattr_static(cls, attr)
+            raw = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+            raw = raw.fget if isinstance(raw, property) else raw
+            if attr.startswith("_") or not inspect.isfunction(raw):
+                continue
+            todo += _mpvisor_classes(typing.get_type_hints(raw, localns=namespace).get("return"))
+    subscriber = typing.get_type_hints(mpvisor.run, localns=namespace)["subscribers"]
+    seen |= _mpvisor_classes(subscriber)
+    hidden = sorted(f"{c.__module__}.{c.__qualname__}" for c in seen if getattr(mpvisor, c.__name__, None) is not c)
+    assert hidden == []
+    assert {"BlockingHandle", "BlockingWaiter", "EventStream", "Subscriber"} <= {c.__name__ for c in seen}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -142,6 +143,44 @@ def test_a_program_started_with_its_standard_streams_closed_gives_its_attempts_d
     kind, fds, reason = json.loads(result.read_text())
     assert kind == "COMPLETED", reason
     assert fds == {"0": "/dev/null", "1": "/dev/null", "2": "/dev/null"}
+
+
+PIPELINE_PROGRAM = """
+import json, sys
+import mpvisor
+from mpvisor import BackoffPolicy, TaskFn, TaskSpec
+
+if __name__ == "__main__":
+    spec = TaskSpec.restartable(TaskFn("flood", "workers.misbehave:flood", (2**40,))).with_backoff(BackoffPolicy.constant(0.05))
+    outcome = mpvisor.run([spec])["flood"]
+    with open(sys.argv[1], "w") as out:
+        json.dump([outcome.kind.name, outcome.attempts, outcome.reason], out)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_python_target_whose_pipelines_reader_ended_is_not_retried(tmp_path):
+    """`python jobs.py | head -1` with a restartable target that prints: once `head` has gone,
+    the target's write raises `BrokenPipeError`. It was a retryable failure, so the program
+    retried without end, every attempt dying the same way (a program's death by SIGPIPE there
+    was already final). It is now `FATAL` at once, as the SIGPIPE is."""
+    (tmp_path / "job.py").write_text(PIPELINE_PROGRAM)
+    result = tmp_path / "result.json"
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, "job.py", str(result)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": root},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.read(4096)  # the target writes: the reader leaves
+        proc.stdout.close()
+        assert proc.wait(timeout=30) == 0
+    finally:  # a program that retries without end is killed with its launcher
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kind, attempts, reason = json.loads(result.read_text())
+    assert (kind, attempts) == ("FATAL", 1), reason
+    assert reason == "BrokenPipeError: [Errno 32] Broken pipe: the pipe it wrote its output to has no reader left; not retried"
 
 
 @pytest.mark.timeout(60)

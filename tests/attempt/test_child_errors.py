@@ -15,6 +15,7 @@ import asyncio
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
@@ -151,6 +152,32 @@ async def test_progress_reported_from_several_threads_never_spoils_the_channel_o
             handle, collector, _spec("returning", "workers.basic:progress_while_returning", 500_000, 2_000_000))
         assert (outcome.kind, ends) == (OutcomeKind.COMPLETED, []), outcome
         assert outcome.value == "r" * 2_000_000
+
+
+@pytest.mark.parametrize("how", ["return", "raise"])
+async def test_a_process_the_target_forked_that_leaves_the_target_reports_nothing(tmp_path, how):
+    """A target forks a child (`os.fork()`) that returns from the target, or raises out of it,
+    instead of ending with `os._exit`: that child went on into the attempt's own reporting and
+    sent its return value or its exception as the attempt's result, so the attempt ended with
+    the child's ending, the attempt's own result lost. The forked child now ends as a Python
+    program ends (0 after a return; its traceback on stderr and status 1 after an exception),
+    and the attempt's main process alone reports."""
+    record = tmp_path / "child"
+    config = SupervisorConfig(grace=1, capture_output=True)
+    async with supervised(config) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec(f"fork-{how}", "workers.child_errors:forked_child_leaves", how, str(record)))
+        child = int(record.read_text())
+        status = 0 if how == "return" else 1
+        assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, ["the attempt's", status], []), outcome
+        assert not psutil.pid_exists(child)
+        stderr = [e.line for e in collector.of(EventKind.ATTEMPT_OUTPUT, task=f"fork-{how}", stream="stderr")]
+        if how == "raise":
+            assert stderr[0] == "Traceback (most recent call last):", stderr
+            assert stderr[-1] == "ValueError: raised in the forked child", stderr
+            assert any("in forked_child_leaves" in line for line in stderr), stderr
+        else:
+            assert stderr == []
 
 
 EXIT_CODES = ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"]

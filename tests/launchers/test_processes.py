@@ -675,11 +675,17 @@ async def test_an_attempts_progress_never_comes_before_its_start():
     ("done_complex", "TypeError: progress: done must be a real number (an int or a float), got 1j"),
     ("message_int", "TypeError: progress: message must be a str or None, got 3"),
     ("status_bytes", "TypeError: ready: status must be a str or None, got b'x'"),
+    ("wait_str", "TypeError: wait_cancelled: timeout must be a real number (an int or a float), got '1'"),
+    ("wait_nan", "ValueError: wait_cancelled: timeout must be a number of seconds or None, got nan"),
+    ("wait_timedelta", "accepted"),
 ])
 async def test_a_wrong_progress_or_ready_argument_raises_at_the_call_and_costs_nothing_else(how, said):
     """A wrong argument is the target's to handle, where it called: the attempt goes on and
     succeeds with its value (it used to send a frame the parent took for a protocol error,
-    failing the attempt after the target had returned)."""
+    failing the attempt after the target had returned). `wait_cancelled("1")` raised Python's
+    own `'>' not supported between instances of 'str' and 'int'`, naming nothing, and NaN (or
+    a `timedelta`, which every other duration takes) waited not at all: each is said now, or
+    taken."""
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         task_id, outcome = await finished(handle, events, once("misreport", basic.misreport, how))
         assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == said, outcome

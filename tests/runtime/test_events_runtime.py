@@ -415,6 +415,28 @@ async def test_json_lines_writer_records_every_event(tmp_path) -> None:
     assert progress["progress"] == [3, 10]
 
 
+def test_a_json_lines_writer_whose_file_is_full_counts_its_lines_and_closes_quietly() -> None:
+    """`JsonLinesWriter(path)` on a full disk (`/dev/full`): each event is a panic, saying why in
+    one line, and the run goes on. Its buffered lines were kept, written again with each later
+    line, and once more by `close()` at shutdown, which raised: a WARNING on `mpvisor.bus` with a
+    traceback of mpvisor's own writer. A line the file refuses is now counted in `unwritten` and
+    dropped, and `close()` closes the file without raising."""
+    logger = logging.getLogger("mpvisor.bus")
+    handler = LogRecords()
+    logger.addHandler(handler)
+    try:
+        collector = Collector()
+        writer = JsonLinesWriter("/dev/full")
+        outcomes = mpvisor.run([once("ok", basic.quick)], CONFIG, subscribers=[collector, writer])
+    finally:
+        logger.removeHandler(handler)
+    assert outcomes["ok"].kind is OutcomeKind.COMPLETED
+    about_it = collector.of(EventKind.SUBSCRIBER_PANICKED)  # never delivered to the subscriber they are about
+    assert writer.unwritten == len(collector.events) - len(about_it) > 0
+    assert [r.exc_info for r in handler.records] == [None] * len(handler.records), [r.getMessage() for r in handler.records]
+    assert all("No space left on device" in (e.reason or "") for e in about_it), about_it
+
+
 def expected_level(event: Any) -> int:
     """The level LogWriter gives each kind of event (see `_observe.writers.level_for`)."""
     if event.kind in (K.ATTEMPT_PROGRESS, K.ATTEMPT_OUTPUT):

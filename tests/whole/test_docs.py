@@ -502,6 +502,14 @@ def test_the_event_fields_are_the_real_ones() -> None:
     assert sorted(listed) == sorted(mpvisor.Event._fields)
 
 
+def test_the_outcome_fields_are_the_real_ones() -> None:
+    """docs/outcomes.md lists every field of `TaskOutcome` once, and nothing else (`lease_lost`
+    was missing from it)."""
+    rows = _markdown.table_rows((GUIDE / "outcomes.md").read_text(encoding="utf-8"), "What an outcome holds")
+    listed = [_markdown.code_spans(row[0])[0] for row in rows]
+    assert sorted(listed) == sorted(f.name for f in dataclasses.fields(mpvisor.TaskOutcome))
+
+
 # --- the parser of these tests ---------------------------------------------------------------------
 
 
