@@ -210,7 +210,7 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         if entry.endswith(SUFFIX + LOCK_SUFFIX) and not os.path.lexists(path[: -len(LOCK_SUFFIX)]):
-            remove_if_stale(path[: -len(LOCK_SUFFIX)])
+            _remove_stale(path[: -len(LOCK_SUFFIX)])
         elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
             runs.append(described)
     return runs
@@ -233,7 +233,7 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         answer = request(path, {"t": "describe"}, timeout)
     except NotLive as exc:
         if isinstance(exc.__cause__, ConnectionRefusedError):
-            remove_if_stale(path)
+            _remove_stale(path)
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
@@ -243,7 +243,24 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
-def remove_if_stale(path: str) -> bool:
+def nobody_serves(path: str) -> bool:
+    """Whether no run serves the socket at `path`: it is gone, or a connection to it is refused
+    (its run was killed), and then it is removed (`_remove_stale`). A run that takes the
+    connection serves it, whether or not it can answer (stopped, flooded), and whatever became
+    of its lock file (a clean-up may remove a file not written for days)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        return isinstance(exc, FileNotFoundError) or _remove_stale(path)
+    except OSError:  # its backlog is full (EAGAIN): a live run that does not accept now
+        return False
+    finally:
+        probe.close()
+    return False
+
+
+def _remove_stale(path: str) -> bool:
     """Remove the socket at `path` and its lock file unless a run holds the lock (it serves the
     socket, or is starting to); whether they were stale (and are gone). Nothing is connected to:
     a stopped run's socket is held all the same."""
