@@ -28,7 +28,7 @@ from mpvisor._services.control import (
     check_name,
     control_dir,
     live_runs,
-    remove_if_stale,
+    nobody_serves,
     request,
     run_name,
     socket_for,
@@ -124,7 +124,7 @@ def _run_of(file: str, directory: str, wait: float) -> str:
     """The socket of `file`'s run: its default name's, else that of a live run that says it runs
     `file` (run with `--name`; a killed run of it may have left its default name's socket behind)."""
     path = socket_for(run_name(file), directory)
-    if os.path.lexists(path) and not remove_if_stale(path):
+    if os.path.lexists(path) and not nobody_serves(path):
         return path
     real = os.path.realpath(file)
     runs = live_runs(directory, wait)

@@ -38,8 +38,8 @@ connections before their handlers run, so the socket holds at most the sum of th
 
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
-lock itself. A server whose socket is removed or replaced under it (a clean-up of /tmp) binds
-it again, looking every `CHECK_EVERY` s, under its lock (taken anew if its file went too).
+lock itself. A server whose socket or lock file is removed or replaced under it (a clean-up of
+/tmp) takes its lock anew and binds the socket again, looking every `CHECK_EVERY` s.
 A socket whose run holds the lock but does not answer in time is live all the same:
 `live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
 server binds under a temporary name and renames the socket into place once it listens, so a
@@ -210,7 +210,7 @@ def live_runs(directory: str | None = None, timeout: float = LIST_WAIT) -> list[
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         if entry.endswith(SUFFIX + LOCK_SUFFIX) and not os.path.lexists(path[: -len(LOCK_SUFFIX)]):
-            remove_if_stale(path[: -len(LOCK_SUFFIX)])
+            _remove_stale(path[: -len(LOCK_SUFFIX)])
         elif entry.endswith(SUFFIX) and (described := _describe(path, timeout)) is not None:
             runs.append(described)
     return runs
@@ -233,7 +233,7 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         answer = request(path, {"t": "describe"}, timeout)
     except NotLive as exc:
         if isinstance(exc.__cause__, ConnectionRefusedError):
-            remove_if_stale(path)
+            _remove_stale(path)
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
@@ -243,7 +243,24 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
-def remove_if_stale(path: str) -> bool:
+def nobody_serves(path: str) -> bool:
+    """Whether no run serves the socket at `path`: it is gone, or a connection to it is refused
+    (its run was killed), and then it is removed (`_remove_stale`). A run that takes the
+    connection serves it, whether or not it can answer (stopped, flooded), and whatever became
+    of its lock file (a clean-up may remove a file not written for days)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        return isinstance(exc, FileNotFoundError) or _remove_stale(path)
+    except OSError:  # its backlog is full (EAGAIN): a live run that does not accept now
+        return False
+    finally:
+        probe.close()
+    return False
+
+
+def _remove_stale(path: str) -> bool:
     """Remove the socket at `path` and its lock file unless a run holds the lock (it serves the
     socket, or is starting to); whether they were stale (and are gone). Nothing is connected to:
     a stopped run's socket is held all the same."""
@@ -412,28 +429,32 @@ class ControlServer:
         return server
 
     async def _keep_socket(self) -> None:
-        """Every `CHECK_EVERY` s, check that `path` is still the socket this server listens at; if
-        it was removed or replaced (a clean-up of /tmp, of the directory), serve it again, once its
-        lock is this run's again (its directory made again if it went too). Without this, a live
-        run is unreachable from then on: every control command says no run is live, and a second
-        run of the file starts where it runs. A run that took the name meanwhile keeps it (said)."""
+        """Every `CHECK_EVERY` s, check that `path` is still the socket this server listens at, and
+        its lock file the one it holds; if either was removed or replaced (a clean-up of /tmp, of
+        the directory, of files not written for days), take the lock anew and serve the socket
+        again (its directory made again if it went too). Without this, a live run is unreachable
+        from then on (every control command says no run is live), or its lock is free for a second
+        run of the file, which takes its name. A run that took the name meanwhile keeps it (said)."""
         import asyncio
 
         said = None
         while True:
-            await asyncio.sleep(CHECK_EVERY)  # a poll: nothing notifies a removal of a socket's name
-            if self._bound is not None and _platform.socket_inode(self.path) == self._bound:
+            await asyncio.sleep(CHECK_EVERY)  # a poll: nothing notifies a removal of a file
+            socket_kept = self._bound is not None and _platform.socket_inode(self.path) == self._bound
+            if socket_kept and _same_file(self._lock, self.path + LOCK_SUFFIX):
                 continue
-            problem = await self._serve_again()
+            problem = await self._serve_again(socket_kept)
             if problem is None:
                 said = None
-                self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced; serving it again")
+                if not socket_kept:
+                    self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced; serving it again")
             elif problem != said:  # once, until it changes
                 said = problem
                 self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced, and {problem}")
 
-    async def _serve_again(self) -> str | None:
-        """Bind `path` again under its lock (taken anew when its file went); why it cannot be, or None."""
+    async def _serve_again(self, socket_kept: bool) -> str | None:
+        """Hold `path`'s lock again (taken anew when its file went) and, unless `socket_kept`, bind
+        `path` again; why it cannot be, or None."""
         import asyncio
 
         lock_path = self.path + LOCK_SUFFIX
@@ -448,12 +469,14 @@ class ControlServer:
                 return f"cannot be served again: {exc.strerror or exc}"
         if lock is None:
             return f"another run{_holder(lock_path)} serves it now: this run cannot be reached until that one ends"
+        server = None
         try:
             if lock != self._lock:
                 os.ftruncate(lock, 0)
                 os.write(lock, f"{os.getpid()}\n".encode())
-            listener = _listen(self.path)
-            server = await asyncio.start_unix_server(self._handle, sock=listener, backlog=ACCEPT_BURST)
+            if not socket_kept:
+                listener = _listen(self.path)
+                server = await asyncio.start_unix_server(self._handle, sock=listener, backlog=ACCEPT_BURST)
         except (ControlError, OSError) as exc:
             if lock != self._lock:
                 _release(lock, lock_path)
@@ -461,9 +484,10 @@ class ControlServer:
         if lock != self._lock:
             os.close(self._lock)  # the lock of a file that is gone
             self._lock = lock
-        if self._server is not None:
-            self._server.close()  # the connections it has are served on
-        self._server, self._bound = server, _platform.socket_inode(self.path)
+        if server is not None:
+            if self._server is not None:
+                self._server.close()  # the connections it has are served on
+            self._server, self._bound = server, _platform.socket_inode(self.path)
         return None
 
     async def close(self) -> None:

@@ -29,6 +29,7 @@ from mpvisor._cli.logs import Followed, last_lines
 from mpvisor._cli.main import parse
 from mpvisor._cli.status import duration, table
 from mpvisor._model.wire import FrameDecoder
+from mpvisor._services import control
 from mpvisor._services.control import (
     ControlError,
     ControlServer,
@@ -596,6 +597,24 @@ async def test_a_file_whose_killed_run_left_its_socket_reaches_its_run_under_ano
         assert await cli("stop", "web", str(file)) == (0, "web: stop done\n", "")
         assert sorted(os.listdir(runs_dir)) == ["app.sock", "app.sock.lock"]
     assert target.calls == [("stop", "web")]
+
+
+async def test_a_live_run_whose_lock_file_was_removed_is_reached_by_its_file_and_kept(
+        runs_dir: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean-up removed the lock file of a live run (its socket, bound, stays): `mpvisor status
+    FILE` reaches the run and leaves its socket alone; whether a socket is stale is what a
+    connection to it says, not its lock. (The run takes its lock again within a second: not
+    here, where it looks once an hour.)"""
+    monkeypatch.setattr(control, "CHECK_EVERY", 3600.0)
+    file = tmp_path / "svc.toml"
+    file.write_text("")
+    path = socket_for(run_name(str(file)))
+    async with serving(FakeTarget(run_name(str(file)), str(file)), path):
+        os.unlink(path + ".lock")
+        status, out, err = await cli("status", str(file))
+        assert (status, err) == (0, ""), err
+        assert out.splitlines()[0] == f"{run_name(str(file))}  pid {os.getpid()}  {file}"
+        assert os.path.exists(path)
 
 
 def test_a_runs_name_is_the_stem_and_a_hash_of_the_absolute_path(tmp_path: pathlib.Path,

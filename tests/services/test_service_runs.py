@@ -1277,6 +1277,38 @@ def test_a_control_socket_removed_under_a_live_run_is_served_again(run: Run) -> 
     assert list(control.iterdir()) == [], list(control.iterdir())
 
 
+def test_a_lock_file_removed_under_a_live_run_is_taken_again_and_its_name_kept(run: Run) -> None:
+    """The run's lock file alone is removed (a clean-up of files not written for days, which
+    leaves a bound socket alone): the run takes its lock again, so `mpvisor status FILE` still
+    reaches it and a second run of the file is named NAME-PID (it took the lock, then the name:
+    the first run became unreachable, its services still up)."""
+    run.write("""
+        [task.svc]
+        command = ["sleep", "60"]
+    """)
+    first = run.start()
+    run.wait_status(lambda rows: rows["svc"]["pid"])
+    control = pathlib.Path(run.env["MPVISOR_CONTROL_DIR"])
+    (lock,) = control.glob("*.sock.lock")
+    lock.unlink()
+    wait_for(lambda: lock.exists() and lock.read_text().strip() == str(first.pid), timeout=20)
+    done = run.ctl("status", "services.toml", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["pid"] == first.pid, done
+    second = subprocess.Popen([MPVISOR or "mpvisor", "run", "--file", "services.toml"], cwd=run.directory,
+                              env=run.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_for(lambda: run.ctl("status").returncode == 11, timeout=20)  # two live runs
+        done = run.ctl("status", "services.toml", "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["pid"] == first.pid, done
+    finally:
+        second.send_signal(signal.SIGTERM)
+        _, second_err = second.communicate(timeout=30)
+    assert f"this run is named '{lock.name[:-len('.sock.lock')]}-{second.pid}' instead" in second_err, second_err
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
 def test_a_notify_directory_removed_under_a_live_run_is_made_anew_for_the_next_attempt(run: Run) -> None:
     """The run's notify directory is removed (a clean-up of /tmp); `mpvisor restart` of a task
     that speaks the notify protocol: its new attempt gets a socket in a new directory and is
