@@ -285,8 +285,8 @@ def _exec_error(program: str, exc: OSError) -> str:
         try:
             with open(found or "", "rb") as file:
                 head = file.read(256)
-        except OSError:
-            return exc.strerror or str(exc)  # not there (or not readable: nothing more to say)
+        except OSError:  # not there (or not readable): a shell's words given as a program are said so
+            return (exc.strerror or str(exc)) + _shell_words(program, found)
         if head.startswith(b"#!"):
             interpreter = head[2:].partition(b"\n")[0].lstrip(b" \t").split(b" ")[0].split(b"\t")[0]
             name, carriage = os.fsdecode(interpreter.rstrip(b"\r")), interpreter.endswith(b"\r")
@@ -294,6 +294,28 @@ def _exec_error(program: str, exc: OSError) -> str:
             return said + (", a carriage return after it: Windows line endings" if carriage else "")
         return "required file not found (its interpreter or loader)"
     return exc.strerror or str(exc)
+
+
+# Shell builtins a program is mistaken for (`mpvisor run -- source env.sh`): no file has their name
+_BUILTINS = frozenset({".", "source", "cd", "export", "alias", "unalias", "set", "unset", "ulimit", "umask",
+                       "exec", "eval", "shopt", "declare", "local", "readonly", "trap", "wait", "jobs", "fg", "bg"})
+
+
+def _shell_words(program: str, found: str | None) -> str:
+    """What a program that was not found adds when it is a shell's words, not a program: a
+    command line in one word (`mpvisor run -- 'make && make install'`: spaces, `&&`, `|`, `;`,
+    `$`, a redirection; a path with a space whose first word is a file, `'./deploy.sh prod'`),
+    or a shell builtin (`source`, `cd`, `export`): to run it in a shell. `found`: where `$PATH`
+    has a file of that name (nothing to add then)."""
+    line = " (a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"
+    if "/" in program:  # a path with a space in it may be a file's name: said only when its first word is one
+        first = program.split()[0] if program.split() else ""
+        return line if first != program and os.path.exists(first) else ""
+    if found is not None:
+        return ""
+    if program in _BUILTINS:
+        return f" ({program!r} is a shell builtin, not a program: run it in a shell, sh -c '...')"
+    return line if any(c in program for c in " \t|&;<>$`(){}*?") else ""
 
 
 def _exec(argv: list[str], env: dict[str, str]) -> NoReturn:

@@ -900,6 +900,28 @@ def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path
     assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
 
 
+@pytest.mark.parametrize("program, hint", [
+    ("make && make install", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
+    ("ls -la | head", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
+    ("./deploy.sh prod", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
+    ("source", "('source' is a shell builtin, not a program: run it in a shell, sh -c '...')"),
+    ("./nothere.sh prod", None),  # a path with a space that names no file's first word: nothing to guess
+    ("no-such-program-xyz", None),
+])
+def test_a_shells_words_given_as_a_program_are_said_to_be_a_shells(tmp_path, program, hint):
+    """`mpvisor run -- 'make && make install'` (a command line quoted as one word, as a CI
+    variable gives it) or `mpvisor run -- source env.sh` (a builtin) said only `No such file or
+    directory`, as if a program were missing; it now says how to run them, in a shell. Still
+    127, not found."""
+    (tmp_path / "deploy.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "deploy.sh").chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", program, "env.sh")
+    assert done.returncode == 127, done.stderr
+    line = outcome_line(done.stderr)
+    assert f"cannot execute {program!r}: No such file or directory" in line, line
+    assert (hint in line) if hint is not None else "shell" not in line, line
+
+
 @pytest.mark.parametrize("log", [False, True])
 def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log):
     """A task file of 30 programs under `ulimit -n 32`, their output captured for log files or
