@@ -307,7 +307,7 @@ def _shell_words(program: str, found: str | None) -> str:
     `$`, a redirection; a path with a space whose first word is a file, `'./deploy.sh prod'`),
     or a shell builtin (`source`, `cd`, `export`): to run it in a shell. `found`: where `$PATH`
     has a file of that name (nothing to add then)."""
-    line = " (a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"
+    line = " (a shell command line given as one word? run it in a shell: sh -c '...')"
     if "/" in program:  # a path with a space in it may be a file's name: said only when its first word is one
         first = program.split()[0] if program.split() else ""
         return line if first != program and os.path.exists(first) else ""

@@ -901,9 +901,9 @@ def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path
 
 
 @pytest.mark.parametrize("program, hint", [
-    ("make && make install", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
-    ("ls -la | head", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
-    ("./deploy.sh prod", "(a shell command line given as one word? run it in a shell: mpvisor run -- sh -c '...')"),
+    ("make && make install", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
+    ("ls -la | head", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
+    ("./deploy.sh prod", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
     ("source", "('source' is a shell builtin, not a program: run it in a shell, sh -c '...')"),
     ("./nothere.sh prod", None),  # a path with a space that names no file's first word: nothing to guess
     ("no-such-program-xyz", None),
