@@ -593,7 +593,7 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     importlib's too), so that what is left is the user's code, as `python script.py` or `python
     -m` shows it; `None` when nothing but the exception's one line would be left (the reason
     says it)."""
-    traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
+    traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
     if traceback is None:
         return None
     if hide:
@@ -613,6 +613,26 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _standard_module(name: str) -> Any:
+    """The standard library's module `name`, imported from the standard library's directories
+    alone: the target's directory is on `sys.path` first (the run's working directory, as under
+    `python -m`), where a `traceback.py` of the user's (or a `linecache.py`, a `tokenize.py`)
+    would otherwise be imported in its place, and a failed target's traceback be lost."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    standard = os.path.dirname(os.__file__)
+    saved = sys.path[:]
+    sys.path[:] = [standard, os.path.join(standard, "lib-dynload")]
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pass  # a standard library not in a directory (a zip of it): as sys.path finds it, then
+    finally:
+        sys.path[:] = saved
+    return importlib.import_module(name)
 
 
 def _release_frames(exc: BaseException) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -472,6 +473,23 @@ def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path)
 
 
 # --- tracebacks -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shadow", ["traceback", "linecache"])
+def test_a_traceback_is_printed_beside_a_module_that_shadows_the_one_that_formats_it(tmp_path, shadow):
+    """A directory of scripts with a `traceback.py` (or `linecache.py`) of its own, the run's
+    working directory: a failed target's traceback was lost (the attempt imported the user's
+    module to format it, which failed, silently), where `python -m` prints it. The standard
+    library's is used, and the user's is left alone for the target to import."""
+    (tmp_path / f"{shadow}.py").write_text(f"raise RuntimeError('the user\'s {shadow}.py was imported')\n")
+    (tmp_path / "jobs.py").write_text("def job():\n    raise ValueError('job failed')\n")
+    # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
+    done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "ValueError: job failed", lines
+    assert "was imported" not in done.stderr, done.stderr
 
 
 def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp_path):
