@@ -226,8 +226,8 @@ class _Lost:
         if told is not None:
             told()
 
-    def note_error(self, label: str, exc: OSError) -> None:
-        self.note(label, exc.strerror or str(exc), reader_gone=exc.errno == errno.EPIPE)
+    def note_error(self, label: str, exc: OSError, *, relayed: bool = False) -> None:
+        self.note(label, exc.strerror or str(exc), reader_gone=exc.errno == errno.EPIPE and not relayed)
 
 
 _LOST = _Lost()
@@ -316,10 +316,13 @@ class _Guarded:
             except OSError as exc:
                 self.lose(exc)
 
-    def lose(self, exc: OSError) -> None:
-        """Record `exc` for this stream and drop what is pending (its fd now leads to /dev/null)."""
+    def lose(self, exc: OSError, *, relayed: bool = False) -> None:
+        """Record `exc` for this stream and drop what is pending (its fd now leads to /dev/null).
+        `relayed`: what failed was a program's own output that mpvisor writes for it (a Ray
+        attempt's lines): a reader gone is then the program's to meet, as it would be writing
+        there itself (the launcher sends it SIGPIPE), not the run's reason to stop."""
         self.failed = True
-        _LOST.note_error(self.label, exc)
+        _LOST.note_error(self.label, exc, relayed=relayed)
         if self.inner is None:
             return
         try:

@@ -979,9 +979,9 @@ class _Echo:
     that is full, never blocks the event loop; the loop waits for it only where order needs it:
     an attempt's end is reported once its lines are written (`flushed`). A write that fails
     (EPIPE, EBADF, ENOSPC...) drops that line and every later one for that fd, never raising:
-    the loss is told once, to the standard stream of that fd if it records losses (`lose(exc)`:
-    `mpvisor`'s guarded streams, `_cli/shell.py`, and so the run does not succeed), else as a
-    WARNING on `mpvisor.ray`. An fd whose pipe lost its reader (EPIPE) is `reader_gone`: the
+    the loss is told once, to the standard stream of that fd if it records losses (`mpvisor`'s
+    guarded streams, `_cli/shell.py`, told it is relayed output: the run does not succeed, but
+    does not stop for it), else as a WARNING on `mpvisor.ray`. An fd whose pipe lost its reader (EPIPE) is `reader_gone`: the
     `RayClient` sends SIGPIPE to each attempt that writes there again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -1074,7 +1074,7 @@ def _lose(fd: int, exc: OSError) -> None:
     except (AttributeError, OSError, ValueError):
         ours = False
     if ours:
-        lose(exc)  # type: ignore[misc]
+        lose(exc, relayed=True)  # type: ignore[misc]  # (the attempt meets a reader gone itself: SIGPIPE)
     else:
         _log.warning("attempts' output on Ray: cannot write to fd %d: %s (its lines are dropped)", fd, exc.strerror or exc)
 
