@@ -179,6 +179,23 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
         assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
 
 
+async def test_an_oom_kill_for_its_own_limit_counted_in_a_cgroup_below_its_own_is_its_limits_doing() -> None:
+    """An attempt under `memory=100M` that runs `mpvisor run --memory 512M` (a nested run with a
+    larger limit of its own): the tree reaches the outer 100 MiB, and the kernel's OOM killer
+    kills the nested attempt, counting the kill in the nested attempt's cgroup (where the
+    victim was; a v1 cgroup's count is its own, not its descendants'), which the nested run
+    then removes. The outer attempt's limit is what ran out: its outcome names it, as for a kill
+    counted in its own cgroup, not `program exited with status 137`."""
+    hog = "b = []\nwhile True: b.append(b'x' * 8 * 2**20)"
+    nested = [sys.executable, "-m", "mpvisor", "run", "--memory", "512M", "--", sys.executable, "-c", hog]
+    spec = TaskSpec.once(CommandTask("outer", nested)).with_limits(memory=100 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
+    assert outcome.reason.startswith("memory limit exceeded (100 MiB, cgroup v1): "), outcome.reason
+
+
 def _own_memory_cgroup() -> str | None:
     with open("/proc/self/cgroup", encoding="utf-8") as file:
         for line in file:
