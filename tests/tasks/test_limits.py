@@ -77,6 +77,22 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
 
 
 
+async def test_a_commands_own_error_under_an_rlimit_is_its_exit_not_the_limit() -> None:
+    """A command (a Python program) that fails an allocation under `address_space=` exits 1 by
+    its own `MemoryError`, and one whose limit is too small for it to be loaded is killed by
+    the kernel's SIGSEGV at exec: mpvisor sees only how it exited, so the outcome is that, and
+    names no limit (a Python target's `MemoryError` does: the first cases above)."""
+    hog = CommandTask("hog-cmd", [sys.executable, "-c", "b = [bytearray(16 * 2**20) for _ in range(64)]"])
+    tiny = CommandTask("tiny", ["true"])
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, hogging = await handle.add_and_watch(TaskSpec.once(hog).with_limits(address_space=256 * 2**20))
+        _, loading = await handle.add_and_watch(TaskSpec.once(tiny).with_limits(address_space=1024))
+        hogged, loaded = await hogging.wait(), await loading.wait()
+    assert (hogged.kind, hogged.limit, hogged.exit_code, hogged.reason) == (
+        OutcomeKind.FAILED, None, 1, "program exited with status 1"), hogged
+    assert (loaded.kind, loaded.limit, loaded.exit_code) == (OutcomeKind.FAILED, None, -signal.SIGSEGV), loaded
+
+
 def _run_in_a_memory_cgroup(name: str, limit: int, mpvisor_args: str, cwd: object) -> subprocess.CompletedProcess[str]:
     """`mpvisor ARGS` run by a bash moved first into a memory cgroup of its own (`name`-pid, `limit`
     bytes), as in a container; the cgroup is removed once every process of the run has exited."""
