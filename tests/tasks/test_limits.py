@@ -77,6 +77,21 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
 
 
 
+async def test_a_specs_own_limits_replace_the_defaults_whole() -> None:
+    """Under `TaskDefaults(limits=...memory=100 MiB)`, a program that writes 150 MiB fails by
+    that inherited limit; the same program under `with_limits(cpu_seconds=30)` alone has no
+    memory limit (a spec's `Limits` replaces the defaults', as configuration.md says) and
+    completes."""
+    defaults = TaskDefaults(limits=TaskSpec.once(fn("x", limits.within)).with_limits(memory=100 * 2**20).limits)
+    writes = [sys.executable, "-c", "b = b'x' * (150 * 2**20)"]
+    async with supervised(SupervisorConfig(grace=1.0), task_defaults=defaults) as (handle, _):
+        _, inherited = await handle.add_and_watch(TaskSpec.once(CommandTask("inherited", writes)))
+        _, own = await handle.add_and_watch(TaskSpec.once(CommandTask("own", writes)).with_limits(cpu_seconds=30))
+        over, done = await inherited.wait(), await own.wait()
+    assert (over.kind, over.limit) == (OutcomeKind.FAILED, "memory"), over
+    assert (done.kind, done.limit) == (OutcomeKind.COMPLETED, None), done
+
+
 async def test_a_commands_own_error_under_an_rlimit_is_its_exit_not_the_limit() -> None:
     """A command (a Python program) that fails an allocation under `address_space=` exits 1 by
     its own `MemoryError`, and one whose limit is too small for it to be loaded is killed by
