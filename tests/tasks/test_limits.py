@@ -531,6 +531,23 @@ async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch
 
 
 @pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
+async def test_cpu_seconds_count_a_storm_of_processes_each_under_a_clock_tick(mechanism, monkeypatch) -> None:
+    """150 forked children that each spin 4 ms of CPU (0.6 s in all, less than a clock tick
+    each), then sleep 10 s, under `cpu_seconds=0.4`: the attempt ends by the limit, counted by
+    its cgroup or by the launcher's accounting, whose `/proc/PID/stat` ticks alone read 0 for
+    each of them."""
+    if mechanism == "launcher accounting":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.once(fn("storm", limits.short_children, 150, 4, 10)).with_limits(cpu_seconds=0.4)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+    assert outcome.reason.startswith(f"cpu limit exceeded (0.4 s, {mechanism}): the tree used "), outcome.reason
+    assert outcome.duration is not None and outcome.duration < 8, outcome.duration  # long before the children's sleep ends
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
 async def test_cpu_seconds_count_what_left_its_session_by_setsid_and_a_double_fork(mechanism, monkeypatch) -> None:
     """A program whose only busy process left its session by `setsid` and a double fork (its
     parent exited at once) is ended by `cpu_seconds=0.5` either way: the attempt is a

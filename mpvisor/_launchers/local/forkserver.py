@@ -751,9 +751,9 @@ def _tree_pids(pid: int) -> list[int]:
     return found
 
 
-def _tree_sum(pids: list[int], of: Callable[[int], int]) -> int:
+def _tree_sum(pids: list[int], of: Callable[[int], float]) -> float:
     """`of(p)` summed over `pids`; a process that ended meanwhile counts nothing."""
-    total = 0
+    total: float = 0
     for pid in pids:
         try:
             total += of(pid)
@@ -779,10 +779,23 @@ def _proportional(pid: int) -> int:
     return 0 if at < 0 else int(data[at + 5:data.index(b"kB", at)]) * 1024  # a zombie's is empty
 
 
-def _cpu_ticks(pid: int) -> int:
-    """utime, stime, cutime, cstime: its own CPU and that of the children it waited for."""
+def _cpu_seconds(pid: int) -> float:
+    """Its own CPU time and that of the children it waited for. Its own is the larger of its
+    `stat` utime + stime, in clock ticks, and the sum of its live threads' `schedstat` run
+    times, in nanoseconds: each tick count is truncated (a process that ran 9 ms reads 0, so a
+    storm of short processes read nothing at all), while `schedstat` misses threads that
+    ended. The children's (cutime + cstime) are a sum, truncated once."""
     data = read_small_file(f"/proc/{pid}/stat")
-    return sum(int(field) for field in data[data.rindex(b")") + 2:].split()[11:15])
+    fields = data[data.rindex(b")") + 2:].split()
+    utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
+    tasks = os.listdir(f"/proc/{pid}/task") if fields[17] != b"1" else (str(pid),)  # num_threads
+    ran = 0
+    for task in tasks:
+        try:
+            ran += int(read_small_file(f"/proc/{pid}/task/{task}/schedstat").split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile; no schedstat (CONFIG_SCHED_INFO)
+            continue
+    return max((utime + stime) / _TICKS, ran / 1e9) + (cutime + cstime) / _TICKS
 
 
 def _tree_memory(pid: int, limit: int) -> int:
@@ -793,14 +806,14 @@ def _tree_memory(pid: int, limit: int) -> int:
     sum of the resident sets (`statm`, cheap) is never less, so where that is within `limit` it
     is the answer: a tree far under its limit costs no more to watch."""
     pids = _tree_pids(pid)
-    resident = _tree_sum(pids, _resident)
-    return resident if resident <= limit else _tree_sum(pids, _proportional)
+    resident = int(_tree_sum(pids, _resident))
+    return resident if resident <= limit else int(_tree_sum(pids, _proportional))
 
 
 def _tree_cpu(pid: int) -> float:
     """The CPU seconds of `pid`'s tree (the launcher's accounting where no cgroup counts them; a
     child that ended unwaited is not counted: it is killed as an orphan)."""
-    return _tree_sum(_tree_pids(pid), _cpu_ticks) / _TICKS
+    return _tree_sum(_tree_pids(pid), _cpu_seconds)
 
 
 class _Fence:
