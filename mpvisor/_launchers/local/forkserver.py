@@ -683,7 +683,10 @@ def _watch_ooms(path: str) -> int:
     (a v2 cgroup, whose `memory.events` counts the kills below it too; or none could be made)."""
     if not os.path.exists(f"{path}/cgroup.event_control"):
         return -1
-    events = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        events = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    except OSError:  # EMFILE: its own kill count alone, as on a kernel without event_control
+        return -1
     try:
         control = os.open(f"{path}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
         try:
