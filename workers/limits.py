@@ -12,6 +12,7 @@
 | `touch(mib)` | writes `mib` MiB once and holds it for 30 s | a memory limit on the tree, when `mib` is over it |
 | `children_touch(n, mib)` | starts `n` child processes that each write `mib` MiB and hold it, waits for them | a memory limit on the whole tree, when `n * mib` is over it (no single process is) |
 | `write_fast(record)` | writes 16 MiB every 16 ms (1 GB/s), appending its resident MiB to `record` after each | a memory limit, late by what it writes between two looks of a watcher |
+| `short_children(n, ms, hold)` | forks `n` children that each spin for `ms` milliseconds of their own CPU time, then sleep `hold` seconds; waits for them; `n` | a CPU-time limit on the whole tree, when `n * ms` is over it (no child uses a clock tick's worth) |
 | `busy_children(n, seconds)` | starts `n` child processes that each spin for `seconds` of wall time, waits for them | `[their CPU seconds in all, the wall seconds]`: under `cpus=`, about `cpus * seconds` of CPU |
 | `shared_pool(n, mib, seconds, own)` | writes `mib` MiB, then maps `time.sleep(seconds)` over a fork pool of `n` workers (each writes its own `mib` MiB first when `own`); `n` | a memory limit on the whole tree, when `own` and `(n + 1) * mib` is over it; not when the workers only share the parent's pages |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
@@ -180,3 +181,20 @@ def write_fast(record: str) -> NoReturn:
             resident = int(statm.read().split()[1]) * page / 2**20
         os.write(fd, f"{resident:.1f}\n".encode())
         time.sleep(max(0.0, 0.016 - (time.monotonic() - began)))
+
+
+def short_children(n: int, ms: float, hold: float) -> int:
+    """Fork `n` children that each spin for `ms` ms of their own CPU time, then sleep `hold` s."""
+    import os
+    import time
+
+    for _ in range(n):
+        if os.fork() == 0:
+            until = time.process_time() + ms / 1000
+            while time.process_time() < until:
+                pass
+            time.sleep(hold)
+            os._exit(0)
+    for _ in range(n):
+        os.wait()
+    return n

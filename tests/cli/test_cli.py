@@ -960,6 +960,27 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log
     assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line for line in refused), refused
 
 
+def test_a_limited_attempt_at_the_open_file_limit_never_panics(tmp_path):
+    """`mpvisor run --memory 100M --cpus 0.5 -- true` under `ulimit -n` from 11 to 20, with 0 to
+    3 more descriptors inherited (a shell's, passed on to the command): its attempt is the first
+    with limits, so its start has the cgroups probed, which needs descriptors too. No run
+    panicked (one did, 'mpvisor panicked: OSError: [Errno 24] Too many open files:
+    .../cgroups.py', where the probe's import found none) and none was refused `cpus` for want
+    of a CPU controller (a probe that could open nothing reads as a host without cgroups); with
+    enough descriptors each completes."""
+    ends = {}
+    for extra in range(4):
+        for limit in range(11, 21):
+            script = (f"exec {' '.join(f'{3 + n}</dev/null' for n in range(extra))}; ulimit -n {limit} && "
+                      f"exec {shlex.quote(sys.executable)} -m mpvisor run --memory 100M --cpus 0.5 -- true")
+            done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                                  timeout=60)
+            ends[extra, limit] = (done.returncode, done.stderr.strip().splitlines()[-1:])
+    assert not [end for end in ends.values() if "panicked" in str(end) or " fatal " in str(end)], ends
+    assert all(ends[extra, 20] == (0, ["mpvisor: true: completed reason=None exit_code=None attempts=1"])
+               for extra in range(4)), ends
+
+
 @pytest.mark.parametrize("argv, out", [(["--", "sh", "-c", "echo ran"], "ran\n"),
                                        (["workers.basic:echo", "ran"], '[["ran"],{}]\n')])
 def test_a_run_from_a_removed_directory_runs_there_as_the_bare_command_would(tmp_path, argv, out):

@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -99,6 +100,24 @@ def test_a_usage_error_is_one_line_naming_it_and_status_2(tmp_path: pathlib.Path
     assert (done.returncode, done.stdout) == (2, "")
     (line,) = done.stderr.splitlines()
     assert line.startswith("mpvisor doctor: error: ") and named in line, line
+
+
+def test_with_every_cgroup_mount_read_only_it_says_its_remedy_once_and_a_run_uses_its_fallback(tmp_path: pathlib.Path):
+    """Root in a mount namespace whose cgroup mounts are all remounted read-only (as a container
+    runner does): `mpvisor doctor` says nothing is writable, the watcher keeps memory, and
+    its one remedy once; a run under `--memory` then ends by that watcher, as it said."""
+    assert MPVISOR is not None and shutil.which("unshare") is not None
+    hog = "b = []\nwhile True: b.append(b'x' * 8 * 2**20)"
+    script = ("for m in $(awk '$3 ~ /^cgroup2?$/ {print $2}' /proc/mounts); do mount -o remount,ro,bind \"$m\" || exit 9; done\n"
+              '"$MPVISOR" doctor && "$MPVISOR" run --memory 100M -- "$PYTHON" -c "$HOG"')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPVISOR": MPVISOR, "PYTHON": sys.executable, "HOG": hog}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 128 + 9, (done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert "memory limit: resident-memory watcher (soft)" in lines and "cgroup v1 memory: not writable" in lines, lines
+    assert [line for line in lines if line.startswith("stronger: ")] == [f"stronger: run in {cgroups.CONTAINER}"], lines
+    assert "failed reason='memory limit exceeded (100 MiB, watcher): the tree used " in done.stderr, done.stderr
 
 
 def test_the_lines_of_a_host_with_nothing_writable():

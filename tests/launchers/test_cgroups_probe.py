@@ -422,6 +422,15 @@ def test_hybrid_for_a_user_on_systemd():
         f"or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1) and use {cgroups.USER_SCOPE}")
 
 
+def test_hybrid_as_root_with_every_mount_read_only_says_its_remedy_once():
+    """Root in a container whose cgroup mounts, v1 and v2, are all read-only: one remedy gives
+    every limit its cgroup, said once (not again `for memory, cpus, oom:`)."""
+    caps = decide(locate(HYBRID_PROC_CGROUP, HYBRID_MOUNTINFO), pidfd=True, subreaper=True, root=True, systemd=False,
+                  v2=V2Seen("hugetlb", "", HYBRID_ROOT_FILES, None, subtree_writable=False), shared_oom="/proc/vmstat")
+    assert weak(caps) == ["memory", "cpu_seconds", "cpus", "tree_kill", "oom"]
+    assert stronger(caps) == f"run in {cgroups.CONTAINER}"
+
+
 def test_hybrid_with_memory_left_to_v2():
     """A controller no v1 hierarchy binds is v2's: a v1 host with memory left to cgroup2."""
     mounts = "".join(line + "\n" for line in HYBRID_MOUNTINFO.splitlines() if "rw,memory" not in line)

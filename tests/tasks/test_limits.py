@@ -77,6 +77,37 @@ async def test_within_its_limits_an_attempt_is_unaffected_and_limits_inherit() -
 
 
 
+async def test_a_specs_own_limits_replace_the_defaults_whole() -> None:
+    """Under `TaskDefaults(limits=...memory=100 MiB)`, a program that writes 150 MiB fails by
+    that inherited limit; the same program under `with_limits(cpu_seconds=30)` alone has no
+    memory limit (a spec's `Limits` replaces the defaults', as configuration.md says) and
+    completes."""
+    defaults = TaskDefaults(limits=TaskSpec.once(fn("x", limits.within)).with_limits(memory=100 * 2**20).limits)
+    writes = [sys.executable, "-c", "b = b'x' * (150 * 2**20)"]
+    async with supervised(SupervisorConfig(grace=1.0), task_defaults=defaults) as (handle, _):
+        _, inherited = await handle.add_and_watch(TaskSpec.once(CommandTask("inherited", writes)))
+        _, own = await handle.add_and_watch(TaskSpec.once(CommandTask("own", writes)).with_limits(cpu_seconds=30))
+        over, done = await inherited.wait(), await own.wait()
+    assert (over.kind, over.limit) == (OutcomeKind.FAILED, "memory"), over
+    assert (done.kind, done.limit) == (OutcomeKind.COMPLETED, None), done
+
+
+async def test_a_commands_own_error_under_an_rlimit_is_its_exit_not_the_limit() -> None:
+    """A command (a Python program) that fails an allocation under `address_space=` exits 1 by
+    its own `MemoryError`, and one whose limit is too small for it to be loaded is killed by
+    the kernel's SIGSEGV at exec: mpvisor sees only how it exited, so the outcome is that, and
+    names no limit (a Python target's `MemoryError` does: the first cases above)."""
+    hog = CommandTask("hog-cmd", [sys.executable, "-c", "b = [bytearray(16 * 2**20) for _ in range(64)]"])
+    tiny = CommandTask("tiny", ["true"])
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, hogging = await handle.add_and_watch(TaskSpec.once(hog).with_limits(address_space=256 * 2**20))
+        _, loading = await handle.add_and_watch(TaskSpec.once(tiny).with_limits(address_space=1024))
+        hogged, loaded = await hogging.wait(), await loading.wait()
+    assert (hogged.kind, hogged.limit, hogged.exit_code, hogged.reason) == (
+        OutcomeKind.FAILED, None, 1, "program exited with status 1"), hogged
+    assert (loaded.kind, loaded.limit, loaded.exit_code) == (OutcomeKind.FAILED, None, -signal.SIGSEGV), loaded
+
+
 def _run_in_a_memory_cgroup(name: str, limit: int, mpvisor_args: str, cwd: object) -> subprocess.CompletedProcess[str]:
     """`mpvisor ARGS` run by a bash moved first into a memory cgroup of its own (`name`-pid, `limit`
     bytes), as in a container; the cgroup is removed once every process of the run has exited."""
@@ -177,6 +208,23 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
     for outcome in outcomes:
         assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, None), outcome
         assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
+
+
+async def test_an_oom_kill_for_its_own_limit_counted_in_a_cgroup_below_its_own_is_its_limits_doing() -> None:
+    """An attempt under `memory=100M` that runs `mpvisor run --memory 512M` (a nested run with a
+    larger limit of its own): the tree reaches the outer 100 MiB, and the kernel's OOM killer
+    kills the nested attempt, counting the kill in the nested attempt's cgroup (where the
+    victim was; a v1 cgroup's count is its own, not its descendants'), which the nested run
+    then removes. The outer attempt's limit is what ran out: its outcome names it, as for a kill
+    counted in its own cgroup, not `program exited with status 137`."""
+    hog = "b = []\nwhile True: b.append(b'x' * 8 * 2**20)"
+    nested = [sys.executable, "-m", "mpvisor", "run", "--memory", "512M", "--", sys.executable, "-c", hog]
+    spec = TaskSpec.once(CommandTask("outer", nested)).with_limits(memory=100 * 2**20)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "memory"), outcome
+    assert outcome.reason.startswith("memory limit exceeded (100 MiB, cgroup v1): "), outcome.reason
 
 
 def _own_memory_cgroup() -> str | None:
@@ -480,6 +528,23 @@ async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
     assert outcome.reason.startswith(f"cpu limit exceeded (2 s, {mechanism}): "), outcome.reason
     assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores
+
+
+@pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])
+async def test_cpu_seconds_count_a_storm_of_processes_each_under_a_clock_tick(mechanism, monkeypatch) -> None:
+    """150 forked children that each spin 4 ms of CPU (0.6 s in all, less than a clock tick
+    each), then sleep 10 s, under `cpu_seconds=0.4`: the attempt ends by the limit, counted by
+    its cgroup or by the launcher's accounting, whose `/proc/PID/stat` ticks alone read 0 for
+    each of them."""
+    if mechanism == "launcher accounting":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    spec = TaskSpec.once(fn("storm", limits.short_children, 150, 4, 10)).with_limits(cpu_seconds=0.4)
+    async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
+    assert outcome.reason.startswith(f"cpu limit exceeded (0.4 s, {mechanism}): the tree used "), outcome.reason
+    assert outcome.duration is not None and outcome.duration < 8, outcome.duration  # long before the children's sleep ends
 
 
 @pytest.mark.parametrize("mechanism", ["cgroup v2 cpu.stat", "launcher accounting"])

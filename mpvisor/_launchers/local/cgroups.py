@@ -559,7 +559,8 @@ def stronger(caps: Capabilities) -> str | None:
                              f"{' '.join('+' + name for name in wanted)} in its parent's cgroup.subtree_control")
     if by_v1:
         if caps.root:
-            parts.append(f"for {', '.join(by_v1)}: run in {CONTAINER}")
+            if f"run in {CONTAINER}" not in parts:  # else said once, for all (a read-only mount of both)
+                parts.append(f"for {', '.join(by_v1)}: run in {CONTAINER}")
         else:
             parts.append(f"for {', '.join(by_v1)}: run as root (cgroup v1 is not delegated to users), "
                          f"or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1) and use {USER_SCOPE}")

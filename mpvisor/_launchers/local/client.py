@@ -63,6 +63,7 @@ EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a conf
 SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
 LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
 KILL_ANSWER = 1.0  # seconds after a kill (or a fence's kill time) after which a stopped launcher is killed
+PROBE_FDS = 4  # descriptors spare for the cgroups probe (it holds at most two at once: an import, a read)
 
 
 def restart_delay(quick_deaths: int) -> float:
@@ -507,8 +508,9 @@ class LauncherClient:
         key = self._next_key
         stdin = self.stdin == "inherit"
         try:
+            memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
             channel = Channel(self.loop, sink, start, capture_output)
-        except OSError as exc:  # no descriptor left for its socket or pipes
+        except OSError as exc:  # no descriptor left to probe the cgroups with, or for its socket or pipes
             self.loop.call_soon(sink.on_start_failed, f"could not start: {_no_descriptor(exc)}")
             return key
         fds = channel.child_fds
@@ -532,7 +534,6 @@ class LauncherClient:
             fds = [fds[0], copies[0], *fds[1:], *copies[1:]]
         self._attempts[key] = channel
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
-        memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
         self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
                                  memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else "",
                                  passed),
@@ -545,17 +546,28 @@ class LauncherClient:
         cgroup each for the tree kill (`cgroup.kill`; "": none), and a cgroup with the CPU
         controller each for those with `cpus` ("": none, and they are refused). Probed once
         (then what a killed fork server left there is killed and removed, as at each new fork
-        server's start); `MPVISOR_CGROUPS=off` says none."""
+        server's start); `MPVISOR_CGROUPS=off` says none. The probe reads a file at a time, but
+        one it cannot open reads as a cgroup that is not there, and its answer is kept: so it
+        runs only with `PROBE_FDS` descriptors to spare, else `OSError` (EMFILE), and is tried
+        again at the next attempt's start."""
         if self._cgroups is None:
-            self._cgroups = ("", "", "")
+            if self._cgroups_off:
+                self._cgroups = ("", "", "")
+                return self._cgroups
+            spare: list[int] = []
+            try:
+                for _ in range(PROBE_FDS):
+                    spare.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            finally:
+                for fd in spare:
+                    os.close(fd)
             from mpvisor._launchers.local import cgroups
 
-            if not self._cgroups_off:
-                caps = cgroups.probe()
-                self._cgroups = (cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
-                                 cgroups.kill_cgroups(caps) or "",
-                                 cgroups.usable(cgroups.attempt_cgroups(caps, "cpu"), "cpu"))
-                self._clean_cgroups()
+            caps = cgroups.probe()
+            self._cgroups = (cgroups.usable(cgroups.attempt_cgroups(caps, "memory"), "memory"),
+                             cgroups.kill_cgroups(caps) or "",
+                             cgroups.usable(cgroups.attempt_cgroups(caps, "cpu"), "cpu"))
+            self._clean_cgroups()
         return self._cgroups
 
     def _clean_cgroups(self) -> None:

@@ -88,7 +88,7 @@ STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
 class _Attempt:
     __slots__ = ("adopted", "cgroups", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory",
-                 "memory_hit", "oom", "pid", "reported_start", "status", "used")
+                 "memory_hit", "oom", "oom_events", "oom_invoked", "pid", "reported_start", "status", "used")
 
     def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
                  cpu: float = 0.0, cgroups: tuple[str, ...] = ()) -> None:
@@ -98,6 +98,8 @@ class _Attempt:
         self.memory = memory  # bytes its tree may keep resident (0: no limit)
         self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
         self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
+        self.oom_events = _watch_ooms(memcg) if memcg else -1  # v1: an eventfd told of each OOM of its own limit
+        self.oom_invoked = 0  # the OOMs of its own limit read from `oom_events` so far
         self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
         self.cpu = cpu  # seconds of CPU its tree may use (0: no limit)
         self.cpu_hit = ""  # it used them up: how they were counted
@@ -367,7 +369,7 @@ class Launcher:
                 continue
             if attempt.memory:
                 if attempt.memcg:
-                    over = _oom_kills(attempt.memcg) > 0 and _reached_its_limit(attempt.memcg)
+                    over = _oom_of_its_own(attempt) and _reached_its_limit(attempt.memcg)
                 else:
                     measured = _tree_memory(attempt.pid, attempt.memory)
                     over = measured > attempt.memory
@@ -442,12 +444,12 @@ class Launcher:
                 self._on_ready()  # it wrote its ready pid before it exited: report that first
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
-                if attempt.memcg:  # its own cgroup's count alone says whether the OOM killer ended it
-                    if not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
-                        if _reached_its_limit(attempt.memcg):
-                            attempt.memory_hit = _cgroup_kind(attempt.memcg)
-                        else:  # a limit above its own (a container's): the OOM killer's, not its limit's doing
-                            attempt.oom = attempt.status == ("signal", signal.SIGKILL) and not attempt.killed
+                if attempt.memcg:  # its own cgroup's evidence alone says whether the OOM killer ended it
+                    if not attempt.memory_hit and _oom_of_its_own(attempt) and _reached_its_limit(attempt.memcg):
+                        attempt.memory_hit = _cgroup_kind(attempt.memcg)
+                    elif not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
+                        # a limit above its own (a container's): the OOM killer's, not its limit's doing
+                        attempt.oom = attempt.status == ("signal", signal.SIGKILL) and not attempt.killed
                 elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
@@ -501,6 +503,8 @@ class Launcher:
             del self.by_key[attempt.key]
             if attempt.memory or attempt.cpu:
                 self.limited.discard(attempt)
+            if attempt.oom_events >= 0:
+                os.close(attempt.oom_events)  # before its cgroup goes: a v1 cgroup's removal signals it
             for path in attempt.cgroups:
                 _remove_cgroup(path)  # its tree is reaped: the cgroup is empty
             assert attempt.status is not None
@@ -657,6 +661,44 @@ def _oom_kills(path: str) -> int:
     return 0
 
 
+def _oom_of_its_own(attempt: _Attempt) -> bool:
+    """Whether the OOM killer was at work in the attempt's memory cgroup: a kill counted there,
+    or (v1) an OOM its eventfd was told of. A v1 cgroup counts a kill only where its victim
+    was, which may be a cgroup below the attempt's own (a nested mpvisor's attempt, made and
+    removed by it), while an OOM is told to the cgroup whose limit ran out and to those below
+    it. Either may be a limit above its own: the caller asks `_reached_its_limit` too."""
+    if _oom_kills(attempt.memcg) > 0:
+        return True
+    if attempt.oom_events >= 0:
+        try:
+            attempt.oom_invoked += os.eventfd_read(attempt.oom_events)
+        except OSError:  # BlockingIOError: none since the last read
+            pass
+    return attempt.oom_invoked > 0
+
+
+def _watch_ooms(path: str) -> int:
+    """A non-blocking eventfd the kernel signals at each OOM of the v1 memory cgroup `path`'s
+    limit or of a limit above it (`cgroup.event_control` with `memory.oom_control`), or -1
+    (a v2 cgroup, whose `memory.events` counts the kills below it too; or none could be made)."""
+    if not os.path.exists(f"{path}/cgroup.event_control"):
+        return -1
+    try:
+        events = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    except OSError:  # EMFILE: its own kill count alone, as on a kernel without event_control
+        return -1
+    try:
+        control = os.open(f"{path}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _write_cgroup_file(f"{path}/cgroup.event_control", f"{events} {control}")
+        finally:
+            os.close(control)
+    except OSError:
+        os.close(events)
+        return -1
+    return events
+
+
 def _reached_its_limit(path: str) -> bool:
     """Whether the memory cgroup `path` ever reached its own limit: v2 `memory.events` `max`; v1
     its peak, `memory.max_usage_in_bytes`, within `PEAK_SLACK` of `memory.limit_in_bytes` (its
@@ -712,9 +754,9 @@ def _tree_pids(pid: int) -> list[int]:
     return found
 
 
-def _tree_sum(pids: list[int], of: Callable[[int], int]) -> int:
+def _tree_sum(pids: list[int], of: Callable[[int], float]) -> float:
     """`of(p)` summed over `pids`; a process that ended meanwhile counts nothing."""
-    total = 0
+    total: float = 0
     for pid in pids:
         try:
             total += of(pid)
@@ -740,10 +782,23 @@ def _proportional(pid: int) -> int:
     return 0 if at < 0 else int(data[at + 5:data.index(b"kB", at)]) * 1024  # a zombie's is empty
 
 
-def _cpu_ticks(pid: int) -> int:
-    """utime, stime, cutime, cstime: its own CPU and that of the children it waited for."""
+def _cpu_seconds(pid: int) -> float:
+    """Its own CPU time and that of the children it waited for. Its own is the larger of its
+    `stat` utime + stime, in clock ticks, and the sum of its live threads' `schedstat` run
+    times, in nanoseconds: each tick count is truncated (a process that ran 9 ms reads 0, so a
+    storm of short processes read nothing at all), while `schedstat` misses threads that
+    ended. The children's (cutime + cstime) are a sum, truncated once."""
     data = read_small_file(f"/proc/{pid}/stat")
-    return sum(int(field) for field in data[data.rindex(b")") + 2:].split()[11:15])
+    fields = data[data.rindex(b")") + 2:].split()
+    utime, stime, cutime, cstime = (int(field) for field in fields[11:15])
+    tasks = os.listdir(f"/proc/{pid}/task") if fields[17] != b"1" else (str(pid),)  # num_threads
+    ran = 0
+    for task in tasks:
+        try:
+            ran += int(read_small_file(f"/proc/{pid}/task/{task}/schedstat").split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile; no schedstat (CONFIG_SCHED_INFO)
+            continue
+    return max((utime + stime) / _TICKS, ran / 1e9) + (cutime + cstime) / _TICKS
 
 
 def _tree_memory(pid: int, limit: int) -> int:
@@ -754,14 +809,14 @@ def _tree_memory(pid: int, limit: int) -> int:
     sum of the resident sets (`statm`, cheap) is never less, so where that is within `limit` it
     is the answer: a tree far under its limit costs no more to watch."""
     pids = _tree_pids(pid)
-    resident = _tree_sum(pids, _resident)
-    return resident if resident <= limit else _tree_sum(pids, _proportional)
+    resident = int(_tree_sum(pids, _resident))
+    return resident if resident <= limit else int(_tree_sum(pids, _proportional))
 
 
 def _tree_cpu(pid: int) -> float:
     """The CPU seconds of `pid`'s tree (the launcher's accounting where no cgroup counts them; a
     child that ended unwaited is not counted: it is killed as an orphan)."""
-    return _tree_sum(_tree_pids(pid), _cpu_ticks) / _TICKS
+    return _tree_sum(_tree_pids(pid), _cpu_seconds)
 
 
 class _Fence:
