@@ -170,6 +170,33 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
 
 
+async def test_a_program_whose_owners_ended_holds_no_connection_to_the_store(url: str, postgres_server: Any) -> None:
+    """Owners that end one after another in a program's controller each close their
+    connections as they give their lease back: none is left open once they are done (an
+    owner's own release wakes its renewing thread, which must not connect again to renew a
+    lease already given back), so a long-lived program does not use up the server's
+    `max_connections` one deploy at a time."""
+    import psycopg
+
+    from mpvisor import ControllerConfig, ControllerSpec, SupervisorConfig, TaskFn, TaskSpec
+    from tests._support import supervised
+
+    database = url.split("?")[0].rsplit("/", 1)[1]
+
+    def connections() -> int:
+        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
+        waiters = [(await handle.submit_and_watch(ControllerSpec.queue(
+            TaskSpec.once(TaskFn(f"deploy-{n}", "workers.basic:sleeper", (0.2,)))).with_slot("env")))[1] for n in range(6)]
+        for waiter in waiters:
+            assert (await waiter.wait()).value == 0.2
+        wait_for(lambda: connections() == 0, timeout=10)
+
+
 def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
     """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
     database as `mpvisor run --slot`: the file's task queues behind the run on another host."""

@@ -478,7 +478,7 @@ class PostgresRequest:
         with self._lock:
             if self.conn is None and not self._closed.is_set() and self._unanswered is None:
                 try:
-                    self.conn = self.store.connect()
+                    self._connected()
                 except Exception as exc:
                     self._unanswered = exc if unreachable(exc) else None
 
@@ -487,11 +487,14 @@ class PostgresRequest:
         `op_timeout`; the `time.monotonic()` before that transaction began (its `now()`, which a
         renewal's expiry counts from, is later), and the work's result. A connection the server
         closed (it restarted, `pg_terminate_backend`, or a statement timed out) is opened again
-        and the work tried once more: nothing of the failed transaction was committed."""
+        and the work tried once more: nothing of the failed transaction was committed. A request
+        closed (`close`) opens none: its renewing thread, woken by its own release's
+        notification, would otherwise connect again once `close` closed the connection, and
+        leave that one open for as long as the process lives."""
         with self._lock:
             for last in (False, True):
                 if self.conn is None or self.conn.broken or self.conn.closed:
-                    self.conn = self.store.connect()
+                    self._connected()
                 began = time.monotonic()
                 try:
                     with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
@@ -501,6 +504,21 @@ class PostgresRequest:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
                         raise
         raise AssertionError("the second try returns or raises")
+
+    def _connected(self, listener: bool = False) -> Any:
+        """A new connection, kept as this request's (its listener's, if `listener`), unless the
+        request was closed meanwhile: then it is closed at once and `_Withdrawn` raised. (`close`
+        sets `_closed` before it reads the request's connections, and this keeps the connection
+        before it looks at `_closed`: one of the two closes it.)"""
+        conn = self.store.connect(autocommit=listener)
+        if listener:
+            self._listener = conn
+        else:
+            self.conn = conn
+        if self._closed.is_set():
+            conn.close()
+            raise _Withdrawn()
+        return conn
 
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[str | None], None] | None) -> Any:
         """`work()` until the store answers it: while it is unreachable, tries again (every
@@ -715,7 +733,7 @@ class PostgresRequest:
             if listener is not None:
                 listener.close()
             self._alive_id = None
-            listener = self._listener = self.store.connect(autocommit=True)
+            listener = self._connected(listener=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
         if waiter and self.id is not None and self._alive_id != self.id:
