@@ -197,6 +197,32 @@ async def test_a_program_whose_owners_ended_holds_no_connection_to_the_store(url
         wait_for(lambda: connections() == 0, timeout=10)
 
 
+async def test_a_supervisor_that_ran_no_slotted_task_leaves_no_connection_to_the_store(
+        url: str, postgres_server: Any) -> None:
+    """The connection a controller opens ahead, as its supervisor starts, for its first
+    slotted task is closed as the supervisor ends if no task took it: a program that starts
+    supervisors one after another, most of which run no slotted task, keeps none open."""
+    import psycopg
+
+    from mpvisor import ControllerConfig, SupervisorConfig, TaskFn, TaskSpec
+    from tests._support import supervised
+
+    database = url.split("?")[0].rsplit("/", 1)[1]
+
+    def connections() -> int:
+        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    for n in range(3):
+        async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
+            wait_for(lambda: connections() == 1, timeout=10)  # the one opened ahead
+            _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn(f"unslotted-{n}", "workers.basic:quick")))
+            assert (await waiter.wait()).value == "ok"
+        wait_for(lambda: connections() == 0, timeout=10)
+
+
 def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
     """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
     database as `mpvisor run --slot`: the file's task queues behind the run on another host."""

@@ -250,6 +250,7 @@ class PostgresStore:
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
         self._unanswered: Exception | None = None  # why `warm` could not connect, until a request takes it
+        self._closing = False  # `close_idle` was called: a connection `warm` opens after it is closed, not kept
 
     def __repr__(self) -> str:
         return f"<PostgresStore {masked(self.url, self.url)} ttl={self.ttl}>"
@@ -269,10 +270,27 @@ class PostgresStore:
                         self._unanswered = exc
                 return
             with self._lock:
-                self._spare = conn
+                closing = self._closing
+                if not closing:
+                    self._spare = conn
+            if closing:
+                conn.close()
 
+        with self._lock:
+            self._closing = False
         self._warming = threading.Thread(target=open_spare, name="mpvisor-lease-store-warm", daemon=True)
         self._warming.start()
+
+    def close_idle(self) -> None:
+        """The connection `warm` opened, if no request took it, is closed (now, or as `warm`'s
+        thread opens it): the controller calls this as it ends, so that a program whose
+        supervisor never ran a slotted task keeps no connection to the store. The store stays
+        usable: a later request opens its own connection."""
+        with self._lock:
+            self._closing = True
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close()
 
     def connect(self, autocommit: bool = False) -> Any:
         """A connection to the store, its schema created (or checked) on first use (the one

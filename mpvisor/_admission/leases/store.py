@@ -13,6 +13,7 @@ The contract, as two small interfaces:
 |---|---|---|
 | `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
 | `warm()` (optional) | `LeaseStore` | open what the first request will need (a connection) on a thread, as the supervisor starts; never raises |
+| `close_idle()` (optional) | `LeaseStore` | as the controller ends: what `warm` opened that no request took goes (the store stays usable); never raises |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`; any other answer is withdrawn and the submission rejected `admission_failed`, saying what it was); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`why`: the server's words when it is at its connection limit, else None) |
