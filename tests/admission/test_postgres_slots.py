@@ -223,6 +223,22 @@ async def test_a_supervisor_that_ran_no_slotted_task_leaves_no_connection_to_the
         wait_for(lambda: connections() == 0, timeout=10)
 
 
+def test_a_run_nested_in_the_owners_attempt_is_refused_at_once_not_left_waiting_for_itself(
+        tmp_path: Any, url: str) -> None:
+    """A deploy script run with `--slot nest --slots URL` that runs `mpvisor run --slot nest`
+    itself (`$MPVISOR_SLOTS` set for every run, as in a CI configuration) would wait for its
+    own owner, which waits for it: it is refused at once (3, nothing ran), named by the owner's
+    fencing token in its environment and the owner's pid among its ancestors, as the slot
+    server's runs are; a nested run for another slot runs."""
+    nested = (f"{MPVISOR} run --slot other -- echo other-slot; "
+              f"{MPVISOR} run --slot nest --wait-timeout 30 -- echo never")
+    run = start(tmp_path, 1, url, "--slot", "nest", "--", "sh", "-c", nested)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err  # the nested run's 3, a status the outer run does not pass on
+    assert f"slot 'nest' is held by 'sh' (pid {run.pid} on {socket.gethostname()}), an ancestor of this run" in err, err
+    assert "other-slot" in out and "never" not in out, out
+
+
 def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
     """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
     database as `mpvisor run --slot`: the file's task queues behind the run on another host."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -235,14 +236,28 @@ def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
     `queued` answer names them, `launcher`), whose trees are the owner's attempts, being
     ancestors of this process; not by the owner's own pid, which is the ancestor of any process it
     started itself (a program with a controller that also runs `mpvisor run --slot` waits its
-    turn). None otherwise; and for an owner on a store across hosts (its `host` said), where a
-    pid of this host means nothing."""
-    if not owner or owner.get("host") or not isinstance(owner.get("launcher"), list):
+    turn). For an owner on a store across hosts (its `host` said), which names no launcher: by
+    the owner's fencing token, which every attempt of the owner has in its environment
+    (`MPVISOR_FENCING_TOKEN`) and passes on to what it starts, being this process's, and the
+    owner's pid, on this host, being an ancestor of this process. None otherwise."""
+    if not owner:
         return None
-    above = set(_platform.ancestors(os.getpid()))
-    if not any(isinstance(pid, int) and pid > 1 and pid in above for pid in owner["launcher"]):
-        return None
-    return (f"slot {slot!r} is held by {owner.get('name')!r} (pid {owner['pid']}), an ancestor of this run: "
+    host = owner.get("host")
+    if host:
+        token = os.environ.get("MPVISOR_FENCING_TOKEN")
+        pid = owner.get("pid")
+        if (host != socket.gethostname() or token is None or token != str(owner.get("token"))
+                or not isinstance(pid, int) or pid <= 1 or pid not in _platform.ancestors(os.getpid())):
+            return None
+        where = f"pid {pid} on {host}"
+    else:
+        if not isinstance(owner.get("launcher"), list):
+            return None
+        above = set(_platform.ancestors(os.getpid()))
+        if not any(isinstance(pid, int) and pid > 1 and pid in above for pid in owner["launcher"]):
+            return None
+        where = f"pid {owner['pid']}"
+    return (f"slot {slot!r} is held by {owner.get('name')!r} ({where}), an ancestor of this run: "
             "it is free only once that owner's whole process tree, this run included, is gone, so "
             "waiting would never end")
 

@@ -688,9 +688,10 @@ class PostgresRequest:
             # ahead of it: the queued that admission does not skip (a waiter known to be dead is not)
             (ahead,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
                                     f"AND position < %s AND NOT ({_DEAD})", (self.slot, row[1])).fetchone()
-            owner = conn.execute("SELECT name, pid, extract(epoch FROM since), host FROM mpvisor_requests "
+            owner = conn.execute("SELECT name, pid, extract(epoch FROM since), host, token FROM mpvisor_requests "
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
-            seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0), "host": owner[3]} if owner else None
+            seen = ({"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0), "host": owner[3], "token": owner[4]}
+                    if owner else None)
             return row[0], int(ahead) + 1, seen, row[2]
         result: tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]] = self._in_slot(look, changes=False)
         return result
