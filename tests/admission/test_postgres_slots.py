@@ -254,6 +254,27 @@ def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, ur
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["single", "filed"]
 
 
+def test_a_file_task_that_waited_past_its_wait_timeout_says_so_not_that_it_was_a_drop(tmp_path: Any, url: str) -> None:
+    """A task file's queued task still waiting when its `wait_timeout` passes is rejected (3,
+    nothing ran), and its outcome line says that it waited that long, not "(policy drop)", which
+    it is not; a single run says so in its option's words."""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "held", *owner(log, 30.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    (tmp_path / "tasks.toml").write_text('[defaults]\nwait_timeout = 1\n[task.filed]\ncommand = ["echo", "never"]\n'
+                                         'slot = "held"\n')
+    try:
+        status, err = finish(start(tmp_path, 2, url, "--file", "tasks.toml"))
+        assert status == 3, err
+        assert "mpvisor: filed: rejected reason=\"slot 'held' was still busy after the wait timeout (1 s)\"" in err, err
+        assert "policy drop" not in err, err
+        status, err = finish(start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "1", "--", "echo", "never"))
+        assert status == 3 and "rejected reason='the slot was still busy after --wait-timeout 1 s' slot='held'" in err, err
+    finally:
+        holder.terminate()
+        finish(holder)
+
+
 def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
     """The tables' version is checked at first use: one written by a newer mpvisor is refused,
     naming both versions, before anything is read or written."""

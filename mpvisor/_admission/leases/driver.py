@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer naming an owner that is an ancestor of this process, on this host, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: it would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer naming an owner that is an ancestor of this process, on this host, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: it would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -124,10 +124,11 @@ class LeaseDriver:
         if self._decision is None or self._decision.done():
             return  # decided as the timer fired: `acquire` takes that decision
         self._waited_out = True
+        assert self.wait_timeout is not None
         unheard = "has let no connection in" if self._full else "did not answer"
-        silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} {unheard} within the "
-                                           f"wait timeout ({self.wait_timeout:g} s)")
-        self.leave_queue(silent)
+        why = (waited_out(self.slot, self.wait_timeout) if self._heard else
+               f"slot {self.slot!r}: {self.store.name} {unheard} within the wait timeout ({self.wait_timeout:g} s)")
+        self.leave_queue(why)
 
     def _refuse(self, reason: str) -> None:
         """On the loop: the slot's owner is an ancestor of this process (`held_by_an_ancestor`),
@@ -226,6 +227,12 @@ class LeaseDriver:
     def close(self) -> None:
         if self._request is not None:
             self._request.close()
+
+
+def waited_out(slot: str, wait_timeout: float) -> str:
+    """The reason of a submission still queued for `slot` when its `wait_timeout` passed (its
+    rejection is `SLOT_BUSY`, as a drop's, but no drop's words fit it)."""
+    return f"slot {slot!r} was still busy after the wait timeout ({wait_timeout:g} s)"
 
 
 def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
