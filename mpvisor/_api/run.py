@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def run(
-    specs: Sequence[TaskSpec],
+    specs: Iterable[TaskSpec],
     config: SupervisorConfig | None = None,
     *,
     subscribers: Iterable[Subscriber] = (),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -164,7 +164,7 @@ class Supervisor:
 
     # --- running a batch ------------------------------------------------------------------------
 
-    async def run(self, specs: Sequence[TaskSpec]) -> dict[str, TaskOutcome]:
+    async def run(self, specs: Iterable[TaskSpec]) -> dict[str, TaskOutcome]:
         """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
         `RuntimeError` inside its `async with` block; once its shutdown has begun (or is over),
         `ShuttingDown` for a batch that is not empty, while an empty one joins that shutdown."""

@@ -286,8 +286,8 @@ def _exec_error(program: str, exc: OSError) -> str:
         try:
             with open(found or "", "rb") as file:
                 head = file.read(256)
-        except OSError:
-            return exc.strerror or str(exc)  # not there (or not readable: nothing more to say)
+        except OSError:  # not there (or not readable): a shell's words given as a program are said so
+            return (exc.strerror or str(exc)) + _shell_words(program, found)
         if head.startswith(b"#!"):
             interpreter = head[2:].partition(b"\n")[0].lstrip(b" \t").split(b" ")[0].split(b"\t")[0]
             name, carriage = os.fsdecode(interpreter.rstrip(b"\r")), interpreter.endswith(b"\r")
@@ -295,6 +295,28 @@ def _exec_error(program: str, exc: OSError) -> str:
             return said + (", a carriage return after it: Windows line endings" if carriage else "")
         return "required file not found (its interpreter or loader)"
     return exc.strerror or str(exc)
+
+
+# Shell builtins a program is mistaken for (`mpvisor run -- source env.sh`): no file has their name
+_BUILTINS = frozenset({".", "source", "cd", "export", "alias", "unalias", "set", "unset", "ulimit", "umask",
+                       "exec", "eval", "shopt", "declare", "local", "readonly", "trap", "wait", "jobs", "fg", "bg"})
+
+
+def _shell_words(program: str, found: str | None) -> str:
+    """What a program that was not found adds when it is a shell's words, not a program: a
+    command line in one word (`mpvisor run -- 'make && make install'`: spaces, `&&`, `|`, `;`,
+    `$`, a redirection; a path with a space whose first word is a file, `'./deploy.sh prod'`),
+    or a shell builtin (`source`, `cd`, `export`): to run it in a shell. `found`: where `$PATH`
+    has a file of that name (nothing to add then)."""
+    line = " (a shell command line given as one word? run it in a shell: sh -c '...')"
+    if "/" in program:  # a path with a space in it may be a file's name: said only when its first word is one
+        first = program.split()[0] if program.split() else ""
+        return line if first != program and os.path.exists(first) else ""
+    if found is not None:
+        return ""
+    if program in _BUILTINS:
+        return f" ({program!r} is a shell builtin, not a program: run it in a shell, sh -c '...')"
+    return line if any(c in program for c in " \t|&;<>$`(){}*?") else ""
 
 
 def _exec(argv: list[str], env: dict[str, str]) -> NoReturn:
@@ -574,7 +596,7 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     importlib's too), so that what is left is the user's code, as `python script.py` or `python
     -m` shows it; `None` when nothing but the exception's one line would be left (the reason
     says it)."""
-    traceback = _guarded(lambda: importlib.import_module("traceback"), lambda _: None)
+    traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
     if traceback is None:
         return None
     if hide:
@@ -594,6 +616,26 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _standard_module(name: str) -> Any:
+    """The standard library's module `name`, imported from the standard library's directories
+    alone: the target's directory is on `sys.path` first (the run's working directory, as under
+    `python -m`), where a `traceback.py` of the user's (or a `linecache.py`, a `tokenize.py`)
+    would otherwise be imported in its place, and a failed target's traceback be lost."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    standard = os.path.dirname(os.__file__)
+    saved = sys.path[:]
+    sys.path[:] = [standard, os.path.join(standard, "lib-dynload")]
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pass  # a standard library not in a directory (a zip of it): as sys.path finds it, then
+    finally:
+        sys.path[:] = saved
+    return importlib.import_module(name)
 
 
 def _release_frames(exc: BaseException) -> None:

@@ -134,6 +134,7 @@ class UsageParser(argparse.ArgumentParser):
     def knows(self, word: str) -> bool:
         """Whether `word` (`--opt` or `--opt=VALUE`) is one of this parser's options."""
         return word.partition("=")[0] in self._option_string_actions
+
     def _programs_words(self, args: Any, extras: list[str]) -> bool:
         """Whether the unknown `extras` are the words of a program given without `--` (`mpvisor
         run ls -la`): the refused positional looks like a program's name (`LIKELY_PROGRAM`), every

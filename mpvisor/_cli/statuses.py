@@ -42,7 +42,8 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
     ("3", "`--slot ... --policy drop`: the slot is busy, or its store (the slot server too) did not answer (a drop "
-          "does not wait); or, with `--wait-timeout`, it stayed busy that long; nothing ran"),
+          "does not wait); or, with `--wait-timeout`, it stayed busy that long; or the run is nested in an attempt "
+          "of the slot's owner, and would wait for itself; nothing ran"),
     ("4", "`--slot`: the slot's queue is full (1000 runs already wait in it, on the slot server or in a `--slots` store); nothing ran"),
     ("5", "`--slot`: superseded by a `--policy replace` while queued, or replaced before its task's first attempt "
           "started; nothing ran"),

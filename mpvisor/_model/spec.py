@@ -34,7 +34,7 @@ import math
 import types
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
@@ -383,30 +383,39 @@ class TaskSpec:
 
     def with_resources(
         self,
-        num_cpus: float | None = None,
+        num_cpus: float | Resources | None = None,
         memory: int | None = None,
         resources: Mapping[str, float] | None = None,
     ) -> TaskSpec:
         """The same spec asking, for each attempt, `num_cpus` CPUs, `memory` bytes and custom
         `resources` where it is placed (see `Resources`: a cluster launcher such as
-        `mpvisor.ray.RayLauncher` reserves them; the local launcher ignores them)."""
+        `mpvisor.ray.RayLauncher` reserves them; the local launcher ignores them); or given a
+        `Resources` alone, those."""
+        if isinstance(num_cpus, Resources):
+            return dataclasses.replace(self, resources=_alone("with_resources", num_cpus, memory, resources))
         return dataclasses.replace(self, resources=Resources(num_cpus, memory, resources))
 
-    def with_restart_intensity(self, max_restarts: int | None, within_seconds: float | timedelta | None = None) -> TaskSpec:
+    def with_restart_intensity(self, max_restarts: int | RestartIntensity | None,
+                               within_seconds: float | timedelta | None = None) -> TaskSpec:
         """The same spec ending `FAILED` (`restart intensity exceeded ...`) on a restart that
         would make more than `max_restarts` within `within_seconds` (a sliding window), whatever
-        its retry budget (see `RestartIntensity`); `with_restart_intensity(None)`: no bound,
-        whatever the supervisor's `TaskDefaults` say."""
+        its retry budget (see `RestartIntensity`, which may be given alone instead);
+        `with_restart_intensity(None)`: no bound, whatever the supervisor's `TaskDefaults` say."""
+        if isinstance(max_restarts, RestartIntensity):
+            return dataclasses.replace(self, restart_intensity=_alone("with_restart_intensity", max_restarts, within_seconds))
         if max_restarts is None and within_seconds is None:
             return dataclasses.replace(self, restart_intensity=None)
         intensity = RestartIntensity(max_restarts, within_seconds)  # type: ignore[arg-type]  # it names a None it refuses
         return dataclasses.replace(self, restart_intensity=intensity)
 
-    def with_limits(self, memory: int | None = None, cpu_seconds: float | None = None,
+    def with_limits(self, memory: int | Limits | None = None, cpu_seconds: float | None = None,
                     open_files: int | None = None, address_space: int | None = None,
                     cpus: float | None = None) -> TaskSpec:
-        """The same spec with resource limits for each attempt (see `Limits`; `cpus` is
-        enforced, unlike `with_resources(num_cpus=)`, which only reserves where it is placed)."""
+        """The same spec with resource limits for each attempt (see `Limits`, which may be given
+        alone instead; `cpus` is enforced, unlike `with_resources(num_cpus=)`, which only
+        reserves where it is placed)."""
+        if isinstance(memory, Limits):
+            return dataclasses.replace(self, limits=_alone("with_limits", memory, cpu_seconds, open_files, address_space, cpus))
         return dataclasses.replace(self, limits=Limits(memory, cpu_seconds, open_files, address_space, cpus))
 
     def with_restart(self, restart: RestartPolicy) -> TaskSpec:
@@ -422,6 +431,17 @@ class TaskSpec:
         limits = defaults.limits if self.limits is INHERIT else self.limits
         return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity, limits,
                             self.start_timeout, self.timeout_includes_start)
+
+
+R = TypeVar("R")
+
+
+def _alone(method: str, record: R, *others: object) -> R:
+    """A `with_*` builder's whole record (`with_limits(Limits(...))`), given without the fields
+    it already holds: another argument beside it is a `TypeError`, naming the builder."""
+    if any(other is not None for other in others):
+        raise TypeError(f"{method}() takes a {type(record).__name__} alone, or its fields as arguments, not both")
+    return record
 
 
 def _checked_intensity(intensity: object) -> RestartIntensity | None:

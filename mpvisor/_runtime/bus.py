@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import threading
@@ -157,9 +158,17 @@ class EventStream:
 
 def checked_subscriber(subscriber: object) -> tuple[str, int]:
     """A subscriber's name and queue capacity; `TypeError` for an object without a `name`
-    string and an `on_event` method, `ConfigError` for a bad name or `queue_capacity`."""
+    string and an `on_event` method, or with an `async def` one (its thread would only make
+    coroutines that nobody awaits: the subscriber would see nothing), `ConfigError` for a bad
+    name or `queue_capacity`."""
     if not callable(getattr(subscriber, "on_event", None)) or not isinstance(getattr(subscriber, "name", None), str):
         raise TypeError(f"subscriber {subscriber!r} needs a `name` string and an `on_event(event)` method")
+    for method in ("on_event", "close", "abandoned"):
+        if inspect.iscoroutinefunction(getattr(subscriber, method, None)):
+            raise TypeError(
+                f"subscriber {subscriber.name!r}: {method}() is an `async def`, but a subscriber's methods are "  # type: ignore[attr-defined]
+                "called on its own thread, where nothing would await it: make it a plain `def` (to reach an "
+                "event loop from it, use loop.call_soon_threadsafe), or read `handle.events()` on the loop")
     name = _validate.name("subscriber.name", subscriber.name)  # type: ignore[attr-defined]
     capacity = getattr(subscriber, "queue_capacity", DEFAULT_QUEUE_CAPACITY)
     return name, _validate.positive_int(f"{name}.queue_capacity", capacity) or 1

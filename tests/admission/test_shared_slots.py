@@ -135,7 +135,7 @@ case $status in
   *) echo "the deploy failed ($status)"; exit 1 ;;
 esac
 """)
-    for code in (3, 4, 5, 6, 7, 9):
+    for code in (3, 9):  # the range's ends (tests/cli/test_cli_parsing.py maps each of 3..9 to 1)
         job = subprocess.run(["bash", str(script), str(code)], env=env_for(slots), stdin=subprocess.DEVNULL,
                              capture_output=True, text=True, timeout=60)
         assert (job.returncode, job.stdout) == (1, "the deploy failed (1)\n"), (code, job.stdout, job.stderr)

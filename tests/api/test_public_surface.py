@@ -258,3 +258,12 @@ def test_every_object_the_api_hands_out_has_a_public_name():
     hidden = sorted(f"{c.__module__}.{c.__qualname__}" for c in seen if getattr(mpvisor, c.__name__, None) is not c)
     assert hidden == []
     assert {"BlockingHandle", "BlockingWaiter", "EventStream", "Subscriber"} <= {c.__name__ for c in seen}
+
+
+def test_the_batch_calls_are_typed_for_any_iterable_of_specs():
+    """`mpvisor.run(spec for ...)` and `Supervisor().run(...)` take any iterable of specs (a
+    generator runs), but were typed `Sequence[TaskSpec]`, so `mypy --strict` refused the
+    generator a program passed them. They are typed `Iterable[TaskSpec]`, as they behave."""
+    names = {n: getattr(mpvisor, n) for n in mpvisor.__all__}
+    for call in (mpvisor.run, mpvisor.Supervisor.run):
+        assert typing.get_type_hints(call, localns=names)["specs"] == collections.abc.Iterable[mpvisor.TaskSpec], call

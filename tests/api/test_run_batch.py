@@ -60,6 +60,16 @@ class _NoCapacity:
         pass
 
 
+class _AsyncOnEvent:
+    """An `async def on_event`: its thread made a coroutine per event that nobody awaited, so it
+    saw nothing (a RuntimeWarning, `never awaited`, was the only sign)."""
+
+    name = "async"
+
+    async def on_event(self, event: object) -> None:
+        pass
+
+
 @pytest.mark.parametrize("call, error, said", [
     (lambda: mpvisor.run([_QUICK], 42), TypeError, "config must be a SupervisorConfig, got 42"),
     (lambda: mpvisor.run(_QUICK), TypeError, "specs must be an iterable of TaskSpec (a list: [spec, ...]), got TaskSpec("),
@@ -77,6 +87,8 @@ class _NoCapacity:
     (lambda: Supervisor.builder().with_task_defaults(42), TypeError, "task_defaults must be a TaskDefaults, got 42"),
     (lambda: Supervisor.builder().with_controller(42), TypeError, "controller must be a ControllerConfig, got 42"),
     (lambda: Supervisor.builder().with_subscribers([object()]), TypeError, "needs a `name` string and an `on_event(event)` method"),
+    (lambda: Supervisor(subscribers=[_AsyncOnEvent()]), TypeError, "subscriber 'async': on_event() is an `async def`"),
+    (lambda: mpvisor.run([_QUICK], subscribers=[_AsyncOnEvent()]), TypeError, "make it a plain `def`"),
     (lambda: JsonLinesWriter(42), TypeError, "JsonLinesWriter needs a path or a text stream, got 42"),
     (lambda: JsonLinesWriter("/nonexistent-mpvisor-dir/x.jsonl"), ValueError, "the directory of '/nonexistent-mpvisor-dir/x.jsonl' does not exist"),
     # a path that can name no file: each event would be a panic of the subscriber, and no line written

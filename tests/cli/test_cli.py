@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -474,6 +475,23 @@ def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path)
 # --- tracebacks -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("shadow", ["traceback", "linecache"])
+def test_a_traceback_is_printed_beside_a_module_that_shadows_the_one_that_formats_it(tmp_path, shadow):
+    """A directory of scripts with a `traceback.py` (or `linecache.py`) of its own, the run's
+    working directory: a failed target's traceback was lost (the attempt imported the user's
+    module to format it, which failed, silently), where `python -m` prints it. The standard
+    library's is used, and the user's is left alone for the target to import."""
+    (tmp_path / f"{shadow}.py").write_text(f"raise RuntimeError('the user\'s {shadow}.py was imported')\n")
+    (tmp_path / "jobs.py").write_text("def job():\n    raise ValueError('job failed')\n")
+    # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
+    done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "ValueError: job failed", lines
+    assert "was imported" not in done.stderr, done.stderr
+
+
 def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp_path):
     """As `python script.py` would: the child's traceback on stderr, then mpvisor's one line;
     `--quiet` prints neither; `--events log` logs each failed attempt's traceback; `--events json`
@@ -898,6 +916,28 @@ def test_a_program_is_run_whatever_its_name_and_the_task_named_after_it(tmp_path
     assert done.returncode == status, done.stderr
     line = outcome_line(done.stderr)
     assert line.startswith(f"mpvisor: {name}: fatal reason=") and "cannot execute" in line, done.stderr
+
+
+@pytest.mark.parametrize("program, hint", [
+    ("make && make install", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
+    ("ls -la | head", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
+    ("./deploy.sh prod", "(a shell command line given as one word? run it in a shell: sh -c '...')"),
+    ("source", "('source' is a shell builtin, not a program: run it in a shell, sh -c '...')"),
+    ("./nothere.sh prod", None),  # a path with a space that names no file's first word: nothing to guess
+    ("no-such-program-xyz", None),
+])
+def test_a_shells_words_given_as_a_program_are_said_to_be_a_shells(tmp_path, program, hint):
+    """`mpvisor run -- 'make && make install'` (a command line quoted as one word, as a CI
+    variable gives it) or `mpvisor run -- source env.sh` (a builtin) said only `No such file or
+    directory`, as if a program were missing; it now says how to run them, in a shell. Still
+    127, not found."""
+    (tmp_path / "deploy.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "deploy.sh").chmod(0o755)
+    done = mpvisor(tmp_path, "run", "--", program, "env.sh")
+    assert done.returncode == 127, done.stderr
+    line = outcome_line(done.stderr)
+    assert f"cannot execute {program!r}: No such file or directory" in line, line
+    assert (hint in line) if hint is not None else "shell" not in line, line
 
 
 @pytest.mark.parametrize("log", [False, True])

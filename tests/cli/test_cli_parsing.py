@@ -352,7 +352,7 @@ def test_exit_status_follows_the_outcome(outcome, status):
     assert exit_status(outcome) == status
 
 
-@pytest.mark.parametrize("code, status", [(1, 1), (2, 2), (3, 1), (6, 1), (7, 1), (9, 1), (10, 10), (-9, 137)])
+@pytest.mark.parametrize("code, status", [(1, 1), (2, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 10), (-9, 137)])
 def test_with_a_slot_a_tasks_exit_code_never_reads_as_the_slots_answer(code, status):
     """3..9 say a slot's answer (busy, queue full, superseded, replaced, lease lost): with a slot,
     a task's own exit code there is 1; without one, it is the status."""

@@ -31,6 +31,7 @@ from mpvisor._model.restart import (
 from mpvisor._model.spec import (
     INHERIT,
     Limits,
+    Resources,
     RestartIntensity,
     RestartKind,
     RestartPolicy,
@@ -626,3 +627,23 @@ def test_restart_intensity_is_validated_and_inherited() -> None:
 def test_the_refused_restart_is_named_by_its_ordinal(n, text):
     """`restart intensity exceeded: a 4th restart within 10 s (at most 3)`: 3 restarts ran."""
     assert ordinal(n) == text
+
+
+def test_a_with_builder_takes_its_whole_record_alone() -> None:
+    """`with_limits(Limits(memory=...))`, the record the docs name beside the builder, was taken
+    for `memory` and refused: `memory must be an integer ..., got Limits(...)`. Each of
+    `with_limits`, `with_restart_intensity` and `with_resources` takes its record alone now;
+    the record and a field beside it are a `TypeError` naming the builder."""
+    limits = Limits(memory=2**20, cpus=1.5)
+    intensity = RestartIntensity(3, 10)
+    resources = Resources(num_cpus=2)
+    spec = TaskSpec.once(TASK)
+    assert spec.with_limits(limits).limits == limits == spec.with_limits(memory=2**20, cpus=1.5).limits
+    assert spec.with_restart_intensity(intensity).restart_intensity == intensity == spec.with_restart_intensity(3, 10).restart_intensity
+    assert spec.with_resources(resources).resources == resources == spec.with_resources(num_cpus=2).resources
+    with pytest.raises(TypeError, match=r"^with_limits\(\) takes a Limits alone, or its fields as arguments, not both$"):
+        spec.with_limits(limits, cpus=2)
+    with pytest.raises(TypeError, match=r"^with_restart_intensity\(\) takes a RestartIntensity alone"):
+        spec.with_restart_intensity(intensity, 5)
+    with pytest.raises(TypeError, match=r"^with_resources\(\) takes a Resources alone"):
+        spec.with_resources(resources, memory=1)

@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer naming an owner that is an ancestor of this process, on this host, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: it would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -131,7 +131,7 @@ class LeaseDriver:
         self.leave_queue(why)
 
     def _refuse(self, reason: str) -> None:
-        """On the loop: the slot's owner is an ancestor of this process (`held_by_an_ancestor`),
+        """On the loop: this process runs in an attempt of the slot's owner (`held_by_an_ancestor`),
         so the slot cannot be free while this process lives: `acquire` returns busy now, saying
         why, and the request is withdrawn, as after `wait_timeout`."""
         if self._decision is None or self._decision.done():
