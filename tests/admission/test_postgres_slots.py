@@ -701,6 +701,25 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     assert status == 0 and "permission denied" not in err, err
 
 
+def test_a_first_run_whose_role_may_not_create_the_tables_says_that_is_what_it_tried(tmp_path: Any, url: str) -> None:
+    """The first run against a database without mpvisor's tables creates them; a role that may
+    not create tables there is refused by PostgreSQL (`permission denied for schema public`),
+    which alone does not say what mpvisor tried: the run ends at once, status 1, nothing ran,
+    saying that it could not create its tables and what to do."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_newcomer LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    newcomer = url.replace("postgresql://postgres:@", "postgresql://mpvisor_newcomer@")
+    assert newcomer != url
+    status, err = finish(start(tmp_path, 1, newcomer, "--slot", "s", "--", "echo", "never"), timeout=30)
+    assert status == 1, err
+    assert "cannot create mpvisor's tables (mpvisor_meta, mpvisor_slots, mpvisor_requests) in this database: " \
+           "permission denied for schema public; the first run creates them" in err, err
+    assert "never" not in err and "Traceback" not in err, err
+
+
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): the listing
     (`mpvisor slots --wait 1`) gives up after its 1 s, the connection included (libpq's connect

@@ -332,14 +332,23 @@ class PostgresStore:
             row = None
         if row is not None and row[0] == str(SCHEMA_VERSION):
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
-            conn.execute(_SCHEMA)
-            row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
-                raise _newer_schema(row[0])
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
+                conn.execute(_SCHEMA)
+                row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
+                elif row[0] != str(SCHEMA_VERSION):
+                    raise _newer_schema(row[0])
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != "42501":  # not "insufficient privilege"
+                raise
+            # the role may not create the tables: say that this is what was asked, and what to do
+            raise LeaseError(f"cannot create mpvisor's tables (mpvisor_meta, mpvisor_slots, mpvisor_requests) in "
+                             f"this database: {_first_line(exc, self.url)}; the first run creates them, so its role "
+                             f"needs to be allowed to, or create them once with a role that is and grant this one "
+                             f"the privileges docs/slots.md lists") from None
 
     def request(self) -> PostgresRequest:
         return PostgresRequest(self)
