@@ -55,6 +55,7 @@ from mpvisor._admission.leases.store import (
 SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
+MIN_OP_TIMEOUT, MAX_OP_TIMEOUT = 2.0, 10.0  # seconds: the bounds of a statement timeout (a quarter TTL)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mpvisor_meta (key text PRIMARY KEY, value text NOT NULL);
@@ -237,7 +238,10 @@ class PostgresStore:
         self.interval = ttl / 6  # looks of a waiting request at least this often
         self.renew_every = ttl * RENEW_EVERY  # an owner's renewals
         self.retry = retry_every(ttl)  # a statement the store did not answer is tried again this often
-        self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
+        # a statement (or a connect) not answered by then failed: a quarter TTL, from 2 s to 10 s (a
+        # longer TTL must not make a drop wait minutes, or hours, for a silent store, nor a transaction
+        # cut off mid-way hold its slot's row lock that long: the statements take milliseconds)
+        self.op_timeout = min(max(MIN_OP_TIMEOUT, ttl / 4), MAX_OP_TIMEOUT)
         # ... and on the server's side: a transaction whose client stopped (paused, cut off) is
         # ended, so that its locks never hold up another host's (SET LOCAL: one transaction's
         # settings, as a transaction-pooling PgBouncer allows).

@@ -53,9 +53,8 @@ from mpvisor._model.records import record
 Policy = Literal["queue", "replace", "drop"]
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
 MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
-# seconds (a day): a dead owner holds its slot no longer, and a store's server-side timeouts (a
-# quarter TTL, in milliseconds: PostgreSQL's settings stop at about 24.8 days) and its threads'
-# waits stay within what they take
+# seconds (a day): a dead owner holds its slot no longer, and a store's threads' waits stay within
+# what they take (its server-side timeouts, a quarter TTL, stop at 10 s)
 MAX_LEASE_TTL = 86400.0
 RENEW_EVERY = 1 / 12  # of the TTL: an owner renews its lease this often
 RETRY_EVERY = 1 / 24  # of the TTL (at most a second): a renewal, or a look, that failed is tried again this often
