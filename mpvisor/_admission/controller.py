@@ -602,6 +602,9 @@ class Controller:
             await self._task
         except asyncio.CancelledError:
             pass
+        close_idle = getattr(self.store, "close_idle", None)  # optional: what `warm` opened that no request took
+        if close_idle is not None:
+            close_idle()
 
     async def _until(self, condition: Callable[[], bool]) -> None:
         """Wait until `condition` holds. The loop is woken once (it may have work it left for

@@ -319,10 +319,13 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
     refused, rejection = statuses.refused(outcome.rejection), outcome.rejection
     if refused is not None and rejection is not None:  # the slot's store refused the lease: nothing ran
         status, reason = refused
-        if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
-            reason = f"the slot was still busy after --wait-timeout {args.wait_timeout:g} s"
-        if outcome.reason != TaskOutcome.rejected(rejection).reason:  # its own: the store did not answer
+        if outcome.reason != TaskOutcome.rejected(rejection).reason:  # its own: the store did not answer, ...
             reason = outcome.reason or reason
+        if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
+            # imported only here, not on a run's start-up path
+            from mpvisor._admission.leases.driver import waited_out
+            if outcome.reason == waited_out(args.slot, args.wait_timeout):  # in the option's words
+                reason = f"the slot was still busy after --wait-timeout {args.wait_timeout:g} s"
         if not args.quiet:
             print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status

@@ -21,7 +21,7 @@ from mpvisor._cli.options import seconds, slots_default, slots_url
 from mpvisor._cli.statuses import FAILED, OK
 
 NAME = "slots"
-DESCRIPTION = "Show this user's shared slots."
+DESCRIPTION = "Show this user's shared slots (with --slots URL: every slot of that database)."
 TAKES_COMMAND = False
 SHOW_WAIT = 5.0  # seconds the slot server may take to answer (a stopped one never answers)
 MAX_WAIT = 86400.0  # seconds (a day): the most `--wait` takes (a socket's, a thread's and a server's timeouts hold it)
@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the store to show: a postgresql:// URL (default: $MPVISOR_SLOTS, else this user's slot server)")
     parser.add_argument("--wait", type=seconds(allow_zero=False, most=MAX_WAIT), default=SHOW_WAIT,
                         metavar="SECONDS",
-                        help=f"how long the slot server may take to answer before this is an error (default {SHOW_WAIT:g})")
+                        help=f"how long the slot server, or the --slots store, may take to answer before this "
+                             f"is an error (default {SHOW_WAIT:g})")
 
 
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

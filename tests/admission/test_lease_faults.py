@@ -268,6 +268,32 @@ def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp
     assert not log.exists()
 
 
+def test_a_drop_run_with_a_long_ttl_whose_store_is_silent_ends_within_ten_seconds_not_a_quarter_ttl(
+        tmp_path: Any, url: str) -> None:
+    """A statement timeout is a quarter TTL, but at most 10 s: `--policy drop --lease-ttl 3600`
+    (a deploy lock whose dead owner may hold it an hour) against a store behind a partitioned
+    proxy ends, exit 3, nothing ran, within two such timeouts, not after 15 minutes (cron's drop
+    runs piled up behind a silent store, each waiting a quarter of a TTL of up to a day)."""
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    with Proxy.for_url(url) as proxy:
+        proxy.partition()
+        began = time.monotonic()
+        dropped = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--policy", "drop", "--lease-ttl", "3600",
+                             *owner(log, 0.0, "one"))
+        try:
+            status, err = finish(dropped, timeout=45)
+        finally:
+            dropped.kill()
+            dropped.wait()
+        took = time.monotonic() - began
+    assert status == 3, err
+    assert "did not answer" in err and "a drop does not wait" in err, err
+    assert took < 2 * 10.0 + 2.5, took  # two statement timeouts, and a run's start-up on a busy machine
+    assert not log.exists()
+
+
 def _write_holders(path: Any, log: Any, slots: range) -> None:
     """A task file of one owner per slot `m<i>`, each holding it 60 s and logging to `log`."""
     import json

@@ -170,6 +170,75 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
 
 
+async def test_a_program_whose_owners_ended_holds_no_connection_to_the_store(url: str, postgres_server: Any) -> None:
+    """Owners that end one after another in a program's controller each close their
+    connections as they give their lease back: none is left open once they are done (an
+    owner's own release wakes its renewing thread, which must not connect again to renew a
+    lease already given back), so a long-lived program does not use up the server's
+    `max_connections` one deploy at a time."""
+    import psycopg
+
+    from mpvisor import ControllerConfig, ControllerSpec, SupervisorConfig, TaskFn, TaskSpec
+    from tests._support import supervised
+
+    database = url.split("?")[0].rsplit("/", 1)[1]
+
+    def connections() -> int:
+        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
+        waiters = [(await handle.submit_and_watch(ControllerSpec.queue(
+            TaskSpec.once(TaskFn(f"deploy-{n}", "workers.basic:sleeper", (0.2,)))).with_slot("env")))[1] for n in range(6)]
+        for waiter in waiters:
+            assert (await waiter.wait()).value == 0.2
+        wait_for(lambda: connections() == 0, timeout=10)
+
+
+async def test_a_supervisor_that_ran_no_slotted_task_leaves_no_connection_to_the_store(
+        url: str, postgres_server: Any) -> None:
+    """The connection a controller opens ahead, as its supervisor starts, for its first
+    slotted task is closed as the supervisor ends if no task took it: a program that starts
+    supervisors one after another, most of which run no slotted task, keeps none open."""
+    import psycopg
+
+    from mpvisor import ControllerConfig, SupervisorConfig, TaskFn, TaskSpec
+    from tests._support import supervised
+
+    database = url.split("?")[0].rsplit("/", 1)[1]
+
+    def connections() -> int:
+        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    for n in range(3):
+        async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
+            wait_for(lambda: connections() == 1, timeout=10)  # the one opened ahead
+            _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn(f"unslotted-{n}", "workers.basic:quick")))
+            assert (await waiter.wait()).value == "ok"
+        wait_for(lambda: connections() == 0, timeout=10)
+
+
+def test_a_run_nested_in_the_owners_attempt_is_refused_at_once_not_left_waiting_for_itself(
+        tmp_path: Any, url: str) -> None:
+    """A deploy script run with `--slot nest --slots URL` that runs `mpvisor run --slot nest`
+    itself (`$MPVISOR_SLOTS` set for every run, as in a CI configuration) would wait for its
+    own owner, which waits for it: it is refused at once (3, nothing ran), named by the owner's
+    fencing token in its environment and the owner's pid among its ancestors, as the slot
+    server's runs are; a nested run for another slot runs."""
+    nested = (f"{MPVISOR} run --slot other -- echo other-slot; "
+              f"{MPVISOR} run --slot nest --wait-timeout 30 -- echo never")
+    run = start(tmp_path, 1, url, "--slot", "nest", "--", "sh", "-c", nested)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err  # the nested run's 3, a status the outer run does not pass on
+    assert f"slot 'nest' is held by 'sh' (pid {run.pid} on {socket.gethostname()}), an ancestor of this run" in err, err
+    assert "other-slot" in out and "never" not in out, out
+
+
 def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
     """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
     database as `mpvisor run --slot`: the file's task queues behind the run on another host."""
@@ -183,6 +252,27 @@ def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, ur
         status, err = finish(run)
         assert status == 0, err
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["single", "filed"]
+
+
+def test_a_file_task_that_waited_past_its_wait_timeout_says_so_not_that_it_was_a_drop(tmp_path: Any, url: str) -> None:
+    """A task file's queued task still waiting when its `wait_timeout` passes is rejected (3,
+    nothing ran), and its outcome line says that it waited that long, not "(policy drop)", which
+    it is not; a single run says so in its option's words."""
+    log = tmp_path / "owners.log"
+    holder = start(tmp_path, 1, url, "--slot", "held", *owner(log, 30.0, "holder"))
+    wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
+    (tmp_path / "tasks.toml").write_text('[defaults]\nwait_timeout = 1\n[task.filed]\ncommand = ["echo", "never"]\n'
+                                         'slot = "held"\n')
+    try:
+        status, err = finish(start(tmp_path, 2, url, "--file", "tasks.toml"))
+        assert status == 3, err
+        assert "mpvisor: filed: rejected reason=\"slot 'held' was still busy after the wait timeout (1 s)\"" in err, err
+        assert "policy drop" not in err, err
+        status, err = finish(start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "1", "--", "echo", "never"))
+        assert status == 3 and "rejected reason='the slot was still busy after --wait-timeout 1 s' slot='held'" in err, err
+    finally:
+        holder.terminate()
+        finish(holder)
 
 
 def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
@@ -609,6 +699,25 @@ def test_listing_slots_only_reads_and_a_role_that_may_not_read_gets_one_line(tmp
     assert isinstance(PostgresStore(outsider).holdings(10.0), list)
     status, err = finish(run, timeout=30)
     assert status == 0 and "permission denied" not in err, err
+
+
+def test_a_first_run_whose_role_may_not_create_the_tables_says_that_is_what_it_tried(tmp_path: Any, url: str) -> None:
+    """The first run against a database without mpvisor's tables creates them; a role that may
+    not create tables there is refused by PostgreSQL (`permission denied for schema public`),
+    which alone does not say what mpvisor tried: the run ends at once, status 1, nothing ran,
+    saying that it could not create its tables and what to do."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE mpvisor_newcomer LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    newcomer = url.replace("postgresql://postgres:@", "postgresql://mpvisor_newcomer@")
+    assert newcomer != url
+    status, err = finish(start(tmp_path, 1, newcomer, "--slot", "s", "--", "echo", "never"), timeout=30)
+    assert status == 1, err
+    assert "cannot create mpvisor's tables (mpvisor_meta, mpvisor_slots, mpvisor_requests) in this database: " \
+           "permission denied for schema public; the first run creates them" in err, err
+    assert "never" not in err and "Traceback" not in err, err
 
 
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:

@@ -522,3 +522,14 @@ def test_the_memory_help_names_every_unit_a_size_takes() -> None:
     _, parsers = make_parser("run")
     (memory,) = [a for a in parsers["run"]._actions if "--memory" in a.option_strings]
     assert f"bytes, or with {', '.join(unit for unit in _UNITS if unit)} (binary" in (memory.help or "")
+
+
+def test_the_slots_help_says_what_it_shows_and_waits_for_with_a_store_across_hosts() -> None:
+    """`mpvisor slots --help` says that with `--slots URL` it shows every slot of that database,
+    and that `--wait` bounds that store's answer too (it named only this user's slot server)."""
+    from mpvisor._cli.main import make_parser
+
+    _, parsers = make_parser("slots")
+    (wait,) = [a for a in parsers["slots"]._actions if "--wait" in a.option_strings]
+    assert "the slot server, or the --slots store, may take to answer" in (wait.help or "")
+    assert "with --slots URL: every slot of that database" in (parsers["slots"].description or "")

@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so if the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -123,10 +124,11 @@ class LeaseDriver:
         if self._decision is None or self._decision.done():
             return  # decided as the timer fired: `acquire` takes that decision
         self._waited_out = True
+        assert self.wait_timeout is not None
         unheard = "has let no connection in" if self._full else "did not answer"
-        silent = None if self._heard else (f"slot {self.slot!r}: {self.store.name} {unheard} within the "
-                                           f"wait timeout ({self.wait_timeout:g} s)")
-        self.leave_queue(silent)
+        why = (waited_out(self.slot, self.wait_timeout) if self._heard else
+               f"slot {self.slot!r}: {self.store.name} {unheard} within the wait timeout ({self.wait_timeout:g} s)")
+        self.leave_queue(why)
 
     def _refuse(self, reason: str) -> None:
         """On the loop: this process runs in an attempt of the slot's owner (`held_by_an_ancestor`),
@@ -227,6 +229,12 @@ class LeaseDriver:
             self._request.close()
 
 
+def waited_out(slot: str, wait_timeout: float) -> str:
+    """The reason of a submission still queued for `slot` when its `wait_timeout` passed (its
+    rejection is `SLOT_BUSY`, as a drop's, but no drop's words fit it)."""
+    return f"slot {slot!r} was still busy after the wait timeout ({wait_timeout:g} s)"
+
+
 def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
     """Why this process can never own `slot`, when it runs in an attempt of the slot's owner: a
     run nested in the owner's own command (`mpvisor run --slot s -- sh -c 'mpvisor run --slot s
@@ -235,14 +243,28 @@ def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
     `queued` answer names them, `launcher`), whose trees are the owner's attempts, being
     ancestors of this process; not by the owner's own pid, which is the ancestor of any process it
     started itself (a program with a controller that also runs `mpvisor run --slot` waits its
-    turn). None otherwise; and for an owner on a store across hosts (its `host` said), where a
-    pid of this host means nothing."""
-    if not owner or owner.get("host") or not isinstance(owner.get("launcher"), list):
+    turn). For an owner on a store across hosts (its `host` said), which names no launcher: by
+    the owner's fencing token, which every attempt of the owner has in its environment
+    (`MPVISOR_FENCING_TOKEN`) and passes on to what it starts, being this process's, and the
+    owner's pid, on this host, being an ancestor of this process. None otherwise."""
+    if not owner:
         return None
-    above = set(_platform.ancestors(os.getpid()))
-    if not any(isinstance(pid, int) and pid > 1 and pid in above for pid in owner["launcher"]):
-        return None
-    return (f"slot {slot!r} is held by {owner.get('name')!r} (pid {owner['pid']}), an ancestor of this run: "
+    host = owner.get("host")
+    if host:
+        token = os.environ.get("MPVISOR_FENCING_TOKEN")
+        pid = owner.get("pid")
+        if (host != socket.gethostname() or token is None or token != str(owner.get("token"))
+                or not isinstance(pid, int) or pid <= 1 or pid not in _platform.ancestors(os.getpid())):
+            return None
+        where = f"pid {pid} on {host}"
+    else:
+        if not isinstance(owner.get("launcher"), list):
+            return None
+        above = set(_platform.ancestors(os.getpid()))
+        if not any(isinstance(pid, int) and pid > 1 and pid in above for pid in owner["launcher"]):
+            return None
+        where = f"pid {owner['pid']}"
+    return (f"slot {slot!r} is held by {owner.get('name')!r} ({where}), an ancestor of this run: "
             "it is free only once that owner's whole process tree, this run included, is gone, so "
             "waiting would never end")
 

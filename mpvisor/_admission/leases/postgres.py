@@ -55,6 +55,7 @@ from mpvisor._admission.leases.store import (
 SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
+MIN_OP_TIMEOUT, MAX_OP_TIMEOUT = 2.0, 10.0  # seconds: the bounds of a statement timeout (a quarter TTL)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mpvisor_meta (key text PRIMARY KEY, value text NOT NULL);
@@ -237,7 +238,10 @@ class PostgresStore:
         self.interval = ttl / 6  # looks of a waiting request at least this often
         self.renew_every = ttl * RENEW_EVERY  # an owner's renewals
         self.retry = retry_every(ttl)  # a statement the store did not answer is tried again this often
-        self.op_timeout = max(2.0, ttl / 4)  # a statement (or a connect) not answered by then failed
+        # a statement (or a connect) not answered by then failed: a quarter TTL, from 2 s to 10 s (a
+        # longer TTL must not make a drop wait minutes, or hours, for a silent store, nor a transaction
+        # cut off mid-way hold its slot's row lock that long: the statements take milliseconds)
+        self.op_timeout = min(max(MIN_OP_TIMEOUT, ttl / 4), MAX_OP_TIMEOUT)
         # ... and on the server's side: a transaction whose client stopped (paused, cut off) is
         # ended, so that its locks never hold up another host's (SET LOCAL: one transaction's
         # settings, as a transaction-pooling PgBouncer allows).
@@ -250,6 +254,7 @@ class PostgresStore:
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
         self._unanswered: Exception | None = None  # why `warm` could not connect, until a request takes it
+        self._closing = False  # `close_idle` was called: a connection `warm` opens after it is closed, not kept
 
     def __repr__(self) -> str:
         return f"<PostgresStore {masked(self.url, self.url)} ttl={self.ttl}>"
@@ -269,10 +274,27 @@ class PostgresStore:
                         self._unanswered = exc
                 return
             with self._lock:
-                self._spare = conn
+                closing = self._closing
+                if not closing:
+                    self._spare = conn
+            if closing:
+                conn.close()
 
+        with self._lock:
+            self._closing = False
         self._warming = threading.Thread(target=open_spare, name="mpvisor-lease-store-warm", daemon=True)
         self._warming.start()
+
+    def close_idle(self) -> None:
+        """The connection `warm` opened, if no request took it, is closed (now, or as `warm`'s
+        thread opens it): the controller calls this as it ends, so that a program whose
+        supervisor never ran a slotted task keeps no connection to the store. The store stays
+        usable: a later request opens its own connection."""
+        with self._lock:
+            self._closing = True
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close()
 
     def connect(self, autocommit: bool = False) -> Any:
         """A connection to the store, its schema created (or checked) on first use (the one
@@ -314,14 +336,23 @@ class PostgresStore:
             row = None
         if row is not None and row[0] == str(SCHEMA_VERSION):
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
-            conn.execute(_SCHEMA)
-            row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
-                raise _newer_schema(row[0])
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('mpvisor_schema'))")
+                conn.execute(_SCHEMA)
+                row = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO mpvisor_meta VALUES ('schema', %s)", (str(SCHEMA_VERSION),))
+                elif row[0] != str(SCHEMA_VERSION):
+                    raise _newer_schema(row[0])
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != "42501":  # not "insufficient privilege"
+                raise
+            # the role may not create the tables: say that this is what was asked, and what to do
+            raise LeaseError(f"cannot create mpvisor's tables (mpvisor_meta, mpvisor_slots, mpvisor_requests) in "
+                             f"this database: {_first_line(exc, self.url)}; the first run creates them, so its role "
+                             f"needs to be allowed to, or create them once with a role that is and grant this one "
+                             f"the privileges docs/slots.md lists") from None
 
     def request(self) -> PostgresRequest:
         return PostgresRequest(self)
@@ -478,7 +509,7 @@ class PostgresRequest:
         with self._lock:
             if self.conn is None and not self._closed.is_set() and self._unanswered is None:
                 try:
-                    self.conn = self.store.connect()
+                    self._connected()
                 except Exception as exc:
                     self._unanswered = exc if unreachable(exc) else None
 
@@ -487,11 +518,14 @@ class PostgresRequest:
         `op_timeout`; the `time.monotonic()` before that transaction began (its `now()`, which a
         renewal's expiry counts from, is later), and the work's result. A connection the server
         closed (it restarted, `pg_terminate_backend`, or a statement timed out) is opened again
-        and the work tried once more: nothing of the failed transaction was committed."""
+        and the work tried once more: nothing of the failed transaction was committed. A request
+        closed (`close`) opens none: its renewing thread, woken by its own release's
+        notification, would otherwise connect again once `close` closed the connection, and
+        leave that one open for as long as the process lives."""
         with self._lock:
             for last in (False, True):
                 if self.conn is None or self.conn.broken or self.conn.closed:
-                    self.conn = self.store.connect()
+                    self._connected()
                 began = time.monotonic()
                 try:
                     with _Deadline(self.conn, self.store.op_timeout), self.conn.transaction():
@@ -501,6 +535,21 @@ class PostgresRequest:
                     if last or self._closed.is_set() or not (self.conn.broken or self.conn.closed):
                         raise
         raise AssertionError("the second try returns or raises")
+
+    def _connected(self, listener: bool = False) -> Any:
+        """A new connection, kept as this request's (its listener's, if `listener`), unless the
+        request was closed meanwhile: then it is closed at once and `_Withdrawn` raised. (`close`
+        sets `_closed` before it reads the request's connections, and this keeps the connection
+        before it looks at `_closed`: one of the two closes it.)"""
+        conn = self.store.connect(autocommit=listener)
+        if listener:
+            self._listener = conn
+        else:
+            self.conn = conn
+        if self._closed.is_set():
+            conn.close()
+            raise _Withdrawn()
+        return conn
 
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[str | None], None] | None) -> Any:
         """`work()` until the store answers it: while it is unreachable, tries again (every
@@ -652,9 +701,10 @@ class PostgresRequest:
             # ahead of it: the queued that admission does not skip (a waiter known to be dead is not)
             (ahead,) = conn.execute(f"SELECT count(*) FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
                                     f"AND position < %s AND NOT ({_DEAD})", (self.slot, row[1])).fetchone()
-            owner = conn.execute("SELECT name, pid, extract(epoch FROM since), host FROM mpvisor_requests "
+            owner = conn.execute("SELECT name, pid, extract(epoch FROM since), host, token FROM mpvisor_requests "
                                  "WHERE slot = %s AND state = 'granted'", (self.slot,)).fetchone()
-            seen = {"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0), "host": owner[3]} if owner else None
+            seen = ({"name": owner[0], "pid": owner[1], "since": float(owner[2] or 0), "host": owner[3], "token": owner[4]}
+                    if owner else None)
             return row[0], int(ahead) + 1, seen, row[2]
         result: tuple[float, tuple[str | None, int, dict[str, Any] | None, int | None]] = self._in_slot(look, changes=False)
         return result
@@ -715,7 +765,7 @@ class PostgresRequest:
             if listener is not None:
                 listener.close()
             self._alive_id = None
-            listener = self._listener = self.store.connect(autocommit=True)
+            listener = self._connected(listener=True)
             with _Deadline(listener, self.store.op_timeout):
                 listener.execute(f"LISTEN {CHANNEL}")
         if waiter and self.id is not None and self._alive_id != self.id:

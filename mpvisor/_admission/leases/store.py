@@ -13,6 +13,7 @@ The contract, as two small interfaces:
 |---|---|---|
 | `request()` | `LeaseStore` | a new `LeaseRequest` (one owner, one slot); `LeaseError` if the store cannot be reached |
 | `warm()` (optional) | `LeaseStore` | open what the first request will need (a connection) on a thread, as the supervisor starts; never raises |
+| `close_idle()` (optional) | `LeaseStore` | as the controller ends: what `warm` opened that no request took goes (the store stays usable); never raises |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`; any other answer is withdrawn and the submission rejected `admission_failed`, saying what it was); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`why`: the server's words when it is at its connection limit, else None) |
@@ -52,9 +53,8 @@ from mpvisor._model.records import record
 Policy = Literal["queue", "replace", "drop"]
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
 MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
-# seconds (a day): a dead owner holds its slot no longer, and a store's server-side timeouts (a
-# quarter TTL, in milliseconds: PostgreSQL's settings stop at about 24.8 days) and its threads'
-# waits stay within what they take
+# seconds (a day): a dead owner holds its slot no longer, and a store's threads' waits stay within
+# what they take (its server-side timeouts, a quarter TTL, stop at 10 s)
 MAX_LEASE_TTL = 86400.0
 RENEW_EVERY = 1 / 12  # of the TTL: an owner renews its lease this often
 RETRY_EVERY = 1 / 24  # of the TTL (at most a second): a renewal, or a look, that failed is tried again this often
