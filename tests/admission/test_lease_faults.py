@@ -268,6 +268,17 @@ def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp
     assert not log.exists()
 
 
+def test_a_statement_timeout_is_a_quarter_ttl_from_two_to_ten_seconds() -> None:
+    """What bounds a drop on a silent store (the next test, in -m slow: ten seconds and more),
+    computed without a server: the store connects only when it is used."""
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    timeouts = {ttl: PostgresStore("postgresql://nobody@127.0.0.1:1/none", ttl).op_timeout
+                for ttl in (2, 8, 12, 40, 60, 3600, 86400)}
+    assert timeouts == {2: 2.0, 8: 2.0, 12: 3.0, 40: 10.0, 60: 10.0, 3600: 10.0, 86400: 10.0}
+
+
+@pytest.mark.slow  # the default run checks the bound itself (above) and a drop on a silent store (before it)
 def test_a_drop_run_with_a_long_ttl_whose_store_is_silent_ends_within_ten_seconds_not_a_quarter_ttl(
         tmp_path: Any, url: str) -> None:
     """A statement timeout is a quarter TTL, but at most 10 s: `--policy drop --lease-ttl 3600`
