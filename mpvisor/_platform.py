@@ -17,7 +17,7 @@ pid, names one process for its whole life).
 | remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
-| is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)` |
+| is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)`, and for stdout or stderr `output_reader_gone()` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | is the socket a server bound still at its path (not removed or replaced)? | `socket_inode(path)`, compared with the one it had |
 | keep a closed stdin, stdout or stderr from being taken by a file opened later | `hold_standard_fds()` |
@@ -265,6 +265,19 @@ def other_end_closed(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, 0)  # no events asked: only the error and hang-up conditions are reported
     return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
+
+
+def output_reader_gone() -> bool:
+    """Whether this process's stdout or stderr is a pipe or socket whose reader is gone (a
+    pipeline that ended: `... | head -1` once `head` exited). A read end closed by every process
+    never opens again: whatever would write there next could only fail the same way."""
+    for fd in (1, 2):
+        try:
+            if other_end_closed(fd):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _pids() -> list[int]:

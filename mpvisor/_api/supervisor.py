@@ -166,8 +166,9 @@ class Supervisor:
 
     async def run(self, specs: Iterable[TaskSpec]) -> dict[str, TaskOutcome]:
         """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
-        `RuntimeError` inside its `async with` block; once its shutdown has begun (or is over),
-        `ShuttingDown` for a batch that is not empty, while an empty one joins that shutdown."""
+        Once per supervisor: `AlreadyRunning` the second time. `RuntimeError` inside its `async
+        with` block; once its shutdown has begun (its `serve()`'s, or a signal's), `ShuttingDown`
+        for a batch that is not empty, while an empty one joins that shutdown."""
         specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")

@@ -517,13 +517,7 @@ def _output_has_no_reader() -> bool:
     `BrokenPipeError` escape: a program would have died by SIGPIPE there. A read end closed by
     every process never opens again, so no retry could write there either: `fatal`, as the
     launcher makes such a program's death."""
-    for fd in (1, 2):
-        try:
-            if _platform.other_end_closed(fd):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+    return _platform.output_reader_gone()
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:

@@ -691,15 +691,7 @@ def _no_reader(attempt: Channel) -> bool:
     (`_BY_SIGPIPE`), which then died writing to it (a pipeline that ended: `mpvisor run --
     producer | head -1`). A read end closed by every process never opens again, so no later
     attempt could write there either."""
-    if attempt.capture_output:
-        return False
-    for fd in (1, 2):
-        try:
-            if _platform.other_end_closed(fd):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+    return not attempt.capture_output and _platform.output_reader_gone()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
