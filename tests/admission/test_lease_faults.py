@@ -242,48 +242,19 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(tmp_path: Any, url: str) -> None:
-    """`--policy drop` (TTL 6: a statement timeout of 2 s) against a store behind a partitioned
-    proxy (it accepts connections and never answers): exit 3, nothing ran, within two statement
-    timeouts of its start (and start-up; one connect, a statement timeout, is all it waits), as
-    docs/slots.md says. (It tried to connect three to four times over, each for a statement
-    timeout rounded up: 8.3 s at TTL 6, 16 s at TTL 15.)"""
-    from tests._proxy_support import Proxy
-
-    log = tmp_path / "owners.log"
-    with Proxy.for_url(url) as proxy:
-        proxy.partition()
-        began = time.monotonic()
-        dropped = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--policy", "drop", "--lease-ttl", "6",
-                             *owner(log, 0.0, "one"))
-        try:
-            status, err = finish(dropped, timeout=30)
-        finally:
-            dropped.kill()
-            dropped.wait()
-        took = time.monotonic() - began
-    assert status == 3, err
-    assert "did not answer" in err and "a drop does not wait" in err, err
-    assert took < 2 * 2.0 + 2.5, took  # two statement timeouts, and a run's start-up on a busy machine
-    assert not log.exists()
-
-
-def test_a_statement_timeout_is_a_quarter_ttl_from_two_to_ten_seconds() -> None:
-    """What bounds a drop on a silent store (the next test, in -m slow: ten seconds and more),
-    computed without a server: the store connects only when it is used."""
-    from mpvisor._admission.leases.postgres import PostgresStore
-
-    timeouts = {ttl: PostgresStore("postgresql://nobody@127.0.0.1:1/none", ttl).op_timeout
-                for ttl in (2, 8, 12, 40, 60, 3600, 86400)}
-    assert timeouts == {2: 2.0, 8: 2.0, 12: 3.0, 40: 10.0, 60: 10.0, 3600: 10.0, 86400: 10.0}
-
-
-@pytest.mark.slow  # the default run checks the bound itself (above) and a drop on a silent store (before it)
-def test_a_drop_run_with_a_long_ttl_whose_store_is_silent_ends_within_ten_seconds_not_a_quarter_ttl(
-        tmp_path: Any, url: str) -> None:
-    """A statement timeout is a quarter TTL, but at most 10 s: `--policy drop --lease-ttl 3600`
-    (a deploy lock whose dead owner may hold it an hour) against a store behind a partitioned
-    proxy ends, exit 3, nothing ran, within two such timeouts, not after 15 minutes (cron's drop
+@pytest.mark.parametrize("ttl, op_timeout, wait", [
+    pytest.param(6, 2.0, 30, id="6"),
+    # a quarter TTL would be 15 minutes; the default run checks that bound without a server (below)
+    pytest.param(3600, 10.0, 45, id="3600", marks=pytest.mark.slow),
+])
+def test_a_drop_run_whose_store_is_silent_ends_within_two_statement_timeouts(
+        tmp_path: Any, url: str, ttl: int, op_timeout: float, wait: float) -> None:
+    """`--policy drop` against a store behind a partitioned proxy (it accepts connections and
+    never answers): exit 3, nothing ran, within two statement timeouts of its start (and
+    start-up; one connect, a statement timeout, is all it waits), as docs/slots.md says. TTL 6:
+    a statement timeout of 2 s (it tried to connect three to four times over, each for a
+    statement timeout rounded up: 8.3 s at TTL 6, 16 s at TTL 15). TTL 3600 (a deploy lock whose
+    dead owner may hold it an hour): a quarter TTL stops at 10 s, not 15 minutes (cron's drop
     runs piled up behind a silent store, each waiting a quarter of a TTL of up to a day)."""
     from tests._proxy_support import Proxy
 
@@ -291,18 +262,28 @@ def test_a_drop_run_with_a_long_ttl_whose_store_is_silent_ends_within_ten_second
     with Proxy.for_url(url) as proxy:
         proxy.partition()
         began = time.monotonic()
-        dropped = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--policy", "drop", "--lease-ttl", "3600",
+        dropped = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--policy", "drop", "--lease-ttl", str(ttl),
                              *owner(log, 0.0, "one"))
         try:
-            status, err = finish(dropped, timeout=45)
+            status, err = finish(dropped, timeout=wait)
         finally:
             dropped.kill()
             dropped.wait()
         took = time.monotonic() - began
     assert status == 3, err
     assert "did not answer" in err and "a drop does not wait" in err, err
-    assert took < 2 * 10.0 + 2.5, took  # two statement timeouts, and a run's start-up on a busy machine
+    assert took < 2 * op_timeout + 2.5, took  # two statement timeouts, and a run's start-up on a busy machine
     assert not log.exists()
+
+
+def test_a_statement_timeout_is_a_quarter_ttl_from_two_to_ten_seconds() -> None:
+    """What bounds a drop on a silent store (the test above, whose TTL 3600 waits ten seconds and more, in -m slow),
+    computed without a server: the store connects only when it is used."""
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    timeouts = {ttl: PostgresStore("postgresql://nobody@127.0.0.1:1/none", ttl).op_timeout
+                for ttl in (2, 8, 12, 40, 60, 3600, 86400)}
+    assert timeouts == {2: 2.0, 8: 2.0, 12: 3.0, 40: 10.0, 60: 10.0, 3600: 10.0, 86400: 10.0}
 
 
 def _write_holders(path: Any, log: Any, slots: range) -> None:

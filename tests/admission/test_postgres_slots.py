@@ -170,24 +170,28 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
 
 
+def _connections_to(url: str, server: Any) -> int:
+    """How many connections the server has open to the database of `url` (pg_stat_activity)."""
+    import psycopg
+
+    database = url.split("?")[0].rsplit("/", 1)[1]
+    with psycopg.connect(server.get_uri(), autocommit=True) as admin:
+        row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def test_a_program_whose_owners_ended_holds_no_connection_to_the_store(url: str, postgres_server: Any) -> None:
     """Owners that end one after another in a program's controller each close their
     connections as they give their lease back: none is left open once they are done (an
     owner's own release wakes its renewing thread, which must not connect again to renew a
     lease already given back), so a long-lived program does not use up the server's
     `max_connections` one deploy at a time."""
-    import psycopg
-
     from mpvisor import ControllerConfig, ControllerSpec, SupervisorConfig, TaskFn, TaskSpec
     from tests._support import supervised
 
-    database = url.split("?")[0].rsplit("/", 1)[1]
-
     def connections() -> int:
-        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
-            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
-        assert row is not None
-        return int(row[0])
+        return _connections_to(url, postgres_server)
 
     async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
         waiters = [(await handle.submit_and_watch(ControllerSpec.queue(
@@ -202,18 +206,11 @@ async def test_a_supervisor_that_ran_no_slotted_task_leaves_no_connection_to_the
     """The connection a controller opens ahead, as its supervisor starts, for its first
     slotted task is closed as the supervisor ends if no task took it: a program that starts
     supervisors one after another, most of which run no slotted task, keeps none open."""
-    import psycopg
-
     from mpvisor import ControllerConfig, SupervisorConfig, TaskFn, TaskSpec
     from tests._support import supervised
 
-    database = url.split("?")[0].rsplit("/", 1)[1]
-
     def connections() -> int:
-        with psycopg.connect(postgres_server.get_uri(), autocommit=True) as admin:
-            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
-        assert row is not None
-        return int(row[0])
+        return _connections_to(url, postgres_server)
 
     for n in range(3):
         async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):

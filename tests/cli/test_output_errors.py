@@ -83,6 +83,20 @@ def mpvisor(place: pathlib.Path, argv: list[str], **streams: object) -> subproce
                           timeout=60, **streams)  # type: ignore[call-overload]
 
 
+def run_pipeline(argv: list[str], cwd: pathlib.Path, env: dict[str, str]) -> tuple[str, str]:
+    """Run a script of a pipeline in a session of its own: its stdout and stderr. One that has
+    not ended within 30 s (a run that never ends: the defect these tests look for) is killed with
+    its whole session, the fork server too, and `TimeoutExpired` fails the test."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        return proc.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 # what each command writes on stdout: its loss makes the status 1 (a program's own stdout is not mpvisor's)
 WRITES_STDOUT = {"run target": True, "run command": False, "run --file": True, "check": True, "slots --json": True,
                  "--version": True}
@@ -205,14 +219,7 @@ def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathli
     script = ROOT / "workers" / "shell" / "pipeline.sh"
     argv = ["bash", str(script), *command]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "ERR": str(err)}
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, _ = proc.communicate(timeout=30)
-    finally:  # a run that retries without end is killed with its script (the fork server follows it)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    stdout, _ = run_pipeline(argv, tmp_path, env)
     assert stdout.splitlines()[-1] == "statuses 141 0", (stdout, err.read_text())
     outcome = err.read_text().splitlines()[-1]
     assert outcome.startswith(f"mpvisor: {os.path.basename(command[0])}: fatal reason="), outcome
@@ -232,14 +239,7 @@ def test_a_run_whose_output_lost_its_reader_stops_instead_of_running_on(tmp_path
     (tmp_path / "tick.toml").write_text('[task.tick]\ncommand = ["true"]\nevery = 0.1\n')
     assert MPVISOR is not None
     script = f"set -o pipefail; {pipeline.replace('mpvisor', shlex.quote(MPVISOR), 1)}; echo \"statuses ${{PIPESTATUS[*]}}\""
-    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env_for(tmp_path), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:  # a run that never ends is killed with its pipeline (the fork server follows it)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
     assert stdout.splitlines()[-1] == "statuses 1 0", (stdout, stderr)
     said = (tmp_path / "err").read_text() if "2>err" in pipeline else stderr
     assert "Traceback" not in said, said
@@ -282,14 +282,7 @@ def test_a_python_target_whose_pipelines_reader_ended_is_not_retried(tmp_path: p
     pipeline = (f"{shlex.quote(MPVISOR)} run --quiet --restart on-failure --backoff 0.05 --events json "
                 "workers.cli_probes:chatty 10000000 2>&1 >events | head -1")
     script = f"set -o pipefail; {pipeline}; echo \"statuses ${{PIPESTATUS[*]}}\""
-    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env_for(tmp_path), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:  # a run that retries without end is killed with its pipeline (the fork server follows it)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
     assert stdout.splitlines() == ["line 0", "statuses 1 0"], (stdout, stderr)
     events = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
     assert [e["attempt"] for e in events if e["kind"] == "attempt_starting"] == [1], events
