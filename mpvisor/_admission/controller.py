@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mpvisor import _platform
 from mpvisor._admission.config import ControllerConfig
 from mpvisor._admission.leases.driver import LeaseDriver
-from mpvisor._admission.leases.store import FENCE_STOP, Decision, LeaseError, fence_times, pids_of
+from mpvisor._admission.leases.store import (
+    FENCE_STOP,
+    FENCING_TOKEN,
+    Decision,
+    LeaseError,
+    fence_times,
+    pids_of,
+)
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._admission.slots import (
     AdmissionPolicy,
@@ -75,7 +82,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("mpvisor.runtime")
 SNAPSHOT_WAIT = 1.0  # seconds a snapshot waits for a lease store's table
-FENCING_TOKEN = "MPVISOR_FENCING_TOKEN"  # the attempt's environment variable for its slot's fencing token
 INTAKE_BATCH = 16  # commands taken in a row before the loop yields to the rest of the runtime
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from mpvisor import _platform
 from mpvisor._admission.leases.store import (
+    FENCING_TOKEN,
     POLICY_NAMES,
     Decision,
     LeaseError,
@@ -251,7 +252,7 @@ def held_by_an_ancestor(slot: str, owner: dict[str, Any] | None) -> str | None:
         return None
     host = owner.get("host")
     if host:
-        token = os.environ.get("MPVISOR_FENCING_TOKEN")
+        token = os.environ.get(FENCING_TOKEN)
         pid = owner.get("pid")
         if (host != socket.gethostname() or token is None or token != str(owner.get("token"))
                 or not isinstance(pid, int) or pid <= 1 or pid not in _platform.ancestors(os.getpid())):

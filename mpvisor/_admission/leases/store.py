@@ -51,6 +51,7 @@ from mpvisor._model.outcome import RejectionKind
 from mpvisor._model.records import record
 
 Policy = Literal["queue", "replace", "drop"]
+FENCING_TOKEN = "MPVISOR_FENCING_TOKEN"  # the attempt's environment variable for its slot's fencing token
 DEFAULT_LEASE_TTL = 15.0  # seconds a lease that expires (a store across hosts) lives past its last renewal
 MIN_LEASE_TTL = 2.0  # seconds: room for renewals every ttl / 6 and a fence well inside the ttl
 # seconds (a day): a dead owner holds its slot no longer, and a store's threads' waits stay within
