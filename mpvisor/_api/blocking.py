@@ -188,7 +188,7 @@ class BlockingHandle:
     def _shut_down(self) -> None:
         """`shutdown()`, for `close()`. Interrupted in this thread while the shutdown still runs (a
         Ctrl-C while it waits out the grace window of a task that does not stop), every tree is
-        killed at once, as a second SIGINT under `run` does, and the shutdown is waited for again
+        killed at once, as a SIGINT during the shutdown under `run` does, and the shutdown is waited for again
         (it is quick now) before the interruption propagates, a `GraceExceeded` noted on it: the
         loop must not stop in the middle of the shutdown, which would leave the launcher and the
         attempts running beside the program, and the waiters unresolved."""

@@ -6,7 +6,7 @@ library's `run` and nothing else:
 | step | function | what it does |
 |---|---|---|
 | serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
-| run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a second SIGINT kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
+| run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a SIGINT during it kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
 | pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2, SIGQUIT, SIGWINCH))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
@@ -42,7 +42,7 @@ from mpvisor._tasks.registry import TaskWaiter
 if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
 
-INTERRUPTED_TWICE = "interrupted twice (a second SIGINT): killed at once, without waiting for the grace window"
+INTERRUPTED_TWICE = "interrupted again (a SIGINT during the shutdown): killed at once, without waiting for the grace window"
 
 
 def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
@@ -140,9 +140,10 @@ class _SignalHandlers:
     `nohup`, stays ignored; a task file's run takes SIGHUP over as a reload).
 
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
-    returns (as `mpvisor run` does). A second SIGINT ends the grace window at once: every tree
-    is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts the
-    shutdown, a later one joins it.
+    returns (as `mpvisor run` does). A SIGINT once the shutdown has begun (a second Ctrl-C, or
+    one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace window at once:
+    every tree is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts
+    the shutdown, a later one joins it.
 
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
@@ -174,7 +175,7 @@ class _SignalHandlers:
     def _on_signal(self, signum: int) -> None:
         received = self.runtime.interrupted
         received.append(signal.Signals(signum))
-        if signum == signal.SIGINT and received.count(signal.SIGINT) > 1:
+        if signum == signal.SIGINT and (len(received) > 1 or self.runtime.shutdown_started):  # a Ctrl-C while it waits
             self.runtime.kill_all_now(INTERRUPTED_TWICE)
         _begin_shutdown(self.runtime)
 

@@ -76,7 +76,7 @@ class Supervisor:
     def interrupts(self) -> tuple[signal.Signals, ...]:
         """The SIGINT/SIGTERM signals `run` received, in order (empty: not interrupted).
 
-        The first one started the graceful shutdown; a second SIGINT killed every tree at once."""
+        The first one started the graceful shutdown; a SIGINT during the shutdown killed every tree at once."""
         return tuple(self._runtime.interrupted) if self._runtime is not None else ()
 
     @staticmethod

@@ -448,11 +448,9 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     problem = None
     try:
         await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,))  # (SIGUSR1: the logs)
-    except (ConfigError, ShuttingDown, ControllerClosed) as exc:  # the launcher could not start, or interrupted first
+    # the launcher could not start, or interrupted first; or a tree had to be killed (its outcome is FORCE_ABORTED)
+    except (ConfigError, ShuttingDown, ControllerClosed, GraceExceeded) as exc:
         problem = f"mpvisor: {exc}"
-    except GraceExceeded as exc:  # a tree had to be killed: its outcome is FORCE_ABORTED
-        twice = runtime.interrupted.count(signal.SIGINT) > 1
-        problem = f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}" if twice else f"mpvisor: {exc}"
     interrupts.extend(runtime.interrupted)
     for service_run in services:
         await service_run.close()

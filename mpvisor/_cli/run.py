@@ -53,8 +53,8 @@ its tree is reaped.
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone; with `--slots URL`, the lease expires a TTL after its last renewal (the launcher, seeing this process gone, has killed the tree by then) |
 
 Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
-seconds (default 10, 0 = kill at once) before killing its process tree; a second SIGINT kills
-at once. Either way mpvisor then dies by the first signal it received, after printing the
+seconds (default 10, 0 = kill at once) before killing its process tree; a SIGINT while it
+waits (a second one, or one after a SIGTERM) kills at once. Either way mpvisor then dies by the first signal it received, after printing the
 outcome (or, when a tree had to be killed, what was killed and why). SIGUSR1, SIGUSR2, SIGQUIT
 and SIGWINCH are passed on to the running attempt's process (not its group): the command
 decides what they do (a SIGQUIT that kills it ends the run with status 131; httpd stops
@@ -305,12 +305,8 @@ def run(args: argparse.Namespace) -> int:
     except GraceExceeded as exc:  # a tree had to be killed: the outcome was FORCE_ABORTED
         if one.outcome is not None:  # which the outcome line says, with why (or --quiet, nothing)
             return _report(args, spec, one.outcome, one, machine)
-        interrupts = one.interrupts()
-        if interrupts.count(signal.SIGINT) > 1:
-            print(f"mpvisor: interrupted twice (SIGINT): killed at once: {', '.join(exc.stuck)}", file=sys.stderr)
-        else:
-            print(f"mpvisor: {exc}", file=sys.stderr)
-        return _ended(interrupts, statuses.FAILED)
+        print(f"mpvisor: {exc}", file=sys.stderr)
+        return _ended(one.interrupts(), statuses.FAILED)
     return _report(args, spec, outcome, one, machine)
 
 

@@ -109,14 +109,14 @@ class TaskTerminationTimeout(MpvisorError):
 class GraceExceeded(MpvisorError):
     """Raised by `shutdown()` (and so by `run`) when it had to kill the process trees of the tasks
     named in `stuck` (sorted) because they did not stop within `grace` seconds, or, `at_once`,
-    because a second SIGINT (under `run`; a Ctrl-C that interrupted a blocking handle's shutdown)
-    asked for every tree to be killed without waiting. The shutdown is complete when it is raised."""
+    because a SIGINT during the shutdown (under `run`; a Ctrl-C that interrupted a blocking
+    handle's shutdown) asked for every tree to be killed without waiting. The shutdown is complete when it is raised."""
 
     label = "grace_exceeded"
 
     def __init__(self, grace: float, stuck: list[str], at_once: bool = False) -> None:
         super().__init__(
-            f"{len(stuck)} task(s) were killed at once (a second SIGINT), without waiting for the grace "
+            f"{len(stuck)} task(s) were killed at once (a SIGINT during the shutdown), without waiting for the grace "
             f"window of {grace} s: {', '.join(stuck)}" if at_once else
             f"{len(stuck)} task(s) did not stop within the grace window of {grace} s "
             f"and were killed: {', '.join(stuck)}"

@@ -324,7 +324,7 @@ class Runtime:
         return self._shutdown is not None and self._shutdown.done()
 
     def kill_all_now(self, why: str) -> None:
-        """End every grace window at once (a second SIGINT in `run` mode): every task is
+        """End every grace window at once (a SIGINT during the shutdown in `run` mode): every task is
         stopped by the shutdown, those of stop levels not reached yet too, and its tree killed,
         so each ends `FORCE_ABORTED` (or as it was ending), never as a failed attempt to retry."""
         self.killed_at_once = True

@@ -153,8 +153,8 @@ class TaskActor:
         self._progress_timer: asyncio.TimerHandle | None = None  # publishes the held report
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         # why the tree was killed rather than stopped: `kill_now` cut the grace window short (a
-        # second SIGINT), or a claim's grace ran out on an attempt that stopped for a timeout; its
-        # outcome is FORCE_ABORTED, whatever the attempt's ending
+        # SIGINT during the shutdown), or a claim's grace ran out on an attempt that stopped for a
+        # timeout; its outcome is FORCE_ABORTED, whatever the attempt's ending
         self.forced: str | None = None
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
@@ -211,7 +211,7 @@ class TaskActor:
             self.current.stop(StopReason.CANCEL, self.host.grace)
 
     def kill_now(self, why: str) -> None:
-        """Kill the running attempt's tree at once (a second SIGINT during shutdown)."""
+        """Kill the running attempt's tree at once (a SIGINT during the shutdown)."""
         if self.current is not None:
             self.forced = self.forced or why
             self.current.kill(why)

@@ -398,7 +398,7 @@ def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
     finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
     assert [(line["task"], line["outcome_kind"]) for line in finished] == [("stubborn", "outcome_force_aborted")]
     said = (tmp_path / "grace_exceeded.txt").read_text()
-    assert said == "1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 30.0 s: stubborn"
+    assert said == "1 task(s) were killed at once (a SIGINT during the shutdown), without waiting for the grace window of 30.0 s: stubborn"
     wait_for(lambda: all_gone(tree), timeout=5)
 
 
@@ -451,7 +451,7 @@ def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, s
     finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
     assert [(line["task"], line["outcome_kind"]) for line in finished] == [("deaf", "outcome_force_aborted")]
     said = (tmp_path / "grace_exceeded.txt").read_text()
-    assert said == ("1 task(s) were killed at once (a second SIGINT), without waiting for the grace window of 0.5 s: deaf"
+    assert said == ("1 task(s) were killed at once (a SIGINT during the shutdown), without waiting for the grace window of 0.5 s: deaf"
                     if sigints == 2 else "1 task(s) did not stop within the grace window of 0.5 s and were killed: deaf")
 
 
