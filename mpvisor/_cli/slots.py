@@ -53,14 +53,25 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"slots": slots}))
         return OK
     hosts = args.slots is not None  # a store named by a URL is shared across hosts: hosts and tokens too, always
-    extra = f"{'HOST':16s} {'TOKEN':>6s}  " if hosts else ""
-    print(f"{'SLOT':20s} {'STATUS':12s} {'OWNER PID':>9s}  {extra}{'OWNER':20s} {'SINCE':8s}  QUEUE")
+    header = ["SLOT", "STATUS", "OWNER PID", *(["HOST", "TOKEN"] if hosts else []), "OWNER", "SINCE", "QUEUE"]
+    rows = [header]
     for view in slots:
         owner = view.get("owner") or {}
         since = time.strftime("%H:%M:%S", time.localtime(owner["since"])) if owner.get("since") else "-"
         queue = ", ".join(f"{q['name']} ({q['pid']}{' on ' + q['host'] if q.get('host') else ''})"
                           for q in view.get("queue", [])) or "-"
-        where = f"{owner.get('host', '-')!s:16s} {owner.get('token', '-')!s:>6s}  " if hosts else ""
-        print(f"{view['slot']:20s} {view['status']:12s} {owner.get('pid', '-')!s:>9s}  {where}"
-              f"{owner.get('name', '-')!s:20s} {since:8s}  {queue}")
+        where = [str(owner.get("host", "-")), str(owner.get("token", "-"))] if hosts else []
+        rows.append([str(view["slot"]), str(view["status"]), str(owner.get("pid", "-")), *where,
+                     str(owner.get("name", "-")), since, queue])
+    print_table(rows, right={"OWNER PID", "TOKEN"})
     return OK
+
+
+def print_table(rows: list[list[str]], right: set[str]) -> None:
+    """Print `rows` (the first is the header) in columns as wide as their widest value, those
+    whose header is in `right` aligned right, two spaces apart; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.rjust(width) if rows[0][i] in right else cell.ljust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths))]
+        print("  ".join(cells[:-1] + [row[-1]]))

@@ -662,16 +662,21 @@ def _refused_as_nobody(slots: Any, tmp_path: Any) -> None:
 
 
 def test_ctrl_c_of_a_queued_run_leaves_the_queue_and_the_table_shows_it(slots: Any, tmp_path: Any) -> None:
-    """`mpvisor slots` shows the owner and the queue; a queued run interrupted by SIGINT leaves
-    the queue and dies by SIGINT; `mpvisor slots --json` then shows the owner alone."""
+    """`mpvisor slots` shows the owner and the queue, in columns as wide as their values (a slot
+    name longer than the header's column too); a queued run interrupted by SIGINT leaves the
+    queue and dies by SIGINT; `mpvisor slots --json` then shows the owner alone."""
     log = tmp_path / "owners.log"
-    holder = start(slots, tmp_path, "--slot", "deploy", *owner(log, 30.0, "holder"))
+    slot = "deploy-production-eu-west-1"
+    holder = start(slots, tmp_path, "--slot", slot, *owner(log, 30.0, "holder"))
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-    waiting = start(slots, tmp_path, "--slot", "deploy", *owner(log, 0.0, "waiting"))
+    waiting = start(slots, tmp_path, "--slot", slot, *owner(log, 0.0, "waiting"))
     assert waiting.stderr is not None and "waiting, position 1" in waiting.stderr.readline()
     table = subprocess.run([MPVISOR or "mpvisor", "slots"], env=env_for(slots), capture_output=True, text=True, timeout=30)
-    assert table.returncode == 0 and "deploy" in table.stdout and "running" in table.stdout and "slot_owner" not in table.stderr
-    assert str(holder.pid) in table.stdout and f"({waiting.pid})" in table.stdout, table.stdout
+    assert table.returncode == 0 and "slot_owner" not in table.stderr, table.stderr
+    header, row = table.stdout.splitlines()
+    assert row.startswith(f"{slot}  running") and row.index("running") == header.index("STATUS"), table.stdout
+    assert row.index(str(holder.pid)) + len(str(holder.pid)) == header.index("OWNER PID") + len("OWNER PID"), table.stdout
+    assert row.index(f"({waiting.pid})") > header.index("QUEUE") - 1, table.stdout
     waiting.send_signal(signal.SIGINT)
     assert finish(waiting)[0] == -signal.SIGINT
     shown = json.loads(subprocess.run([MPVISOR or "mpvisor", "slots", "--json"], env=env_for(slots), capture_output=True,
