@@ -73,5 +73,5 @@ def print_table(rows: list[list[str]], right: set[str]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [cell.rjust(width) if rows[0][i] in right else cell.ljust(width)
-                 for i, (cell, width) in enumerate(zip(row, widths))]
-        print("  ".join(cells[:-1] + [row[-1]]))
+                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
+        print("  ".join([*cells[:-1], row[-1]]))
