@@ -59,7 +59,7 @@ async def main() -> int:
             _, waiters["acme", revision] = await handle.submit_and_watch(request("acme", revision))
         outcomes = {key: await waiter.wait() for key, waiter in waiters.items()}
     for (tenant, revision), outcome in sorted(outcomes.items()):
-        detail = outcome.value or outcome.reason or (outcome.rejection.label if outcome.rejection else "")
+        detail = outcome.value or outcome.reason
         print(f"{tenant} r{revision}: {outcome.label} ({detail})")
     expected = {("acme", 1): OutcomeKind.CANCELED, ("acme", 2): OutcomeKind.REJECTED,
                 ("acme", 3): OutcomeKind.REJECTED, ("acme", 4): OutcomeKind.COMPLETED,

@@ -34,7 +34,6 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from mpvisor._cli import statuses
 from mpvisor._cli.shell import LIKELY_PROGRAM
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
@@ -65,11 +64,8 @@ WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why 
 def outcome_line(name: str, outcome: TaskOutcome, most: int = REASON_MAX) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
     longer than `most` (`REASON_MAX`) is cut there (`--events json` carries all of it)."""
-    reason = outcome.reason
-    if outcome.rejection is not None and reason == outcome.rejection.label:  # a label is no sentence
-        reason = statuses.rejection_words(outcome.rejection)
     return (
-        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(reason, most)} "
+        f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(outcome.reason, most)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
     )
 

@@ -312,11 +312,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one: _OneTask, machine: IO[str] | None) -> int:
     interrupts = one.interrupts()
-    refused, rejection = statuses.refused(outcome.rejection), outcome.rejection
-    if refused is not None and rejection is not None:  # the slot's store refused the lease: nothing ran
-        status, reason = refused
-        if outcome.reason != TaskOutcome.rejected(rejection).reason:  # its own: the store did not answer, ...
-            reason = outcome.reason or reason
+    refused = statuses.refused(outcome.rejection)
+    if refused is not None:  # the slot's store refused the lease: nothing ran
+        status, reason = refused[0], outcome.reason or refused[1]  # the kind's words, or its own (a silent store...)
         if outcome.rejection is RejectionKind.SLOT_BUSY and args.wait_timeout is not None and args.policy != "drop":
             # imported only here, not on a run's start-up path
             from mpvisor._admission.leases.driver import waited_out

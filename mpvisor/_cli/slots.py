@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"slots": slots}))
         return OK
     hosts = args.slots is not None  # a store named by a URL is shared across hosts: hosts and tokens too, always
-    header = ["SLOT", "STATUS", "OWNER PID", *(["HOST", "TOKEN"] if hosts else []), "OWNER", "SINCE", "QUEUE"]
+    header = [column for column in COLUMNS if hosts or column not in ("HOST", "TOKEN")]
     rows = [header]
     for view in slots:
         owner = view.get("owner") or {}
@@ -63,15 +63,21 @@ def run(args: argparse.Namespace) -> int:
         where = [str(owner.get("host", "-")), str(owner.get("token", "-"))] if hosts else []
         rows.append([str(view["slot"]), str(view["status"]), str(owner.get("pid", "-")), *where,
                      str(owner.get("name", "-")), since, queue])
-    print_table(rows, right={"OWNER PID", "TOKEN"})
+    for line in table(rows):
+        print(line)
     return OK
 
 
-def print_table(rows: list[list[str]], right: set[str]) -> None:
-    """Print `rows` (the first is the header) in columns as wide as their widest value, those
-    whose header is in `right` aligned right, two spaces apart; the last column is not padded."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [cell.rjust(width) if rows[0][i] in right else cell.ljust(width)
-                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
-        print("  ".join([*cells[:-1], row[-1]]))
+# The table's columns and their least widths: a longer value widens its column (names are any
+# length), so that a header is the same, held or empty, unless a value needs more room.
+COLUMNS = {"SLOT": 20, "STATUS": 12, "OWNER PID": 9, "HOST": 16, "TOKEN": 6, "OWNER": 20, "SINCE": 8, "QUEUE": 0}
+RIGHT = ("OWNER PID", "TOKEN")  # aligned right
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    """The lines of `rows` (the first is the header) in columns two spaces apart (pure); the
+    last column is not padded."""
+    widths = [max(COLUMNS[name], *(len(row[i]) for row in rows)) for i, name in enumerate(rows[0])]
+    return ["  ".join([*(cell.rjust(width) if name in RIGHT else cell.ljust(width)
+                         for cell, width, name in zip(row[:-1], widths, rows[0], strict=False)), row[-1]])
+            for row in rows]

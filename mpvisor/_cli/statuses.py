@@ -54,30 +54,14 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("11", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: several runs are live and none was named; they are listed"),
 )
 
-# A submission its slot refused, by its `RejectionKind`'s value: the status, and what the outcome
-# line says of it (`refused`).
-_REFUSALS: dict[str, tuple[int, str]] = {
-    "slot_busy": (SLOT_BUSY, "the slot is busy (policy drop)"),
-    "queue_full": (QUEUE_FULL, "the slot's queue is full"),
-    "superseded_by_replace": (SUPERSEDED, "superseded by a replacement while queued"),
-}
-# What an outcome line says of the other rejections that carry no reason of their own
-_REJECTED = {
-    "controller_shutting_down": "the run stopped before the slot was free",
-    "removed_from_queue": "removed from the slot's queue before it was admitted",
-}
+# A submission its slot refused, by its `RejectionKind`'s value: the status
+_REFUSALS: dict[str, int] = {"slot_busy": SLOT_BUSY, "queue_full": QUEUE_FULL, "superseded_by_replace": SUPERSEDED}
 
 
 def refused(rejection: RejectionKind | None) -> tuple[int, str] | None:
     """The status and the words for a submission its slot refused; None for any other outcome."""
-    return None if rejection is None else _REFUSALS.get(rejection.value)
-
-
-def rejection_words(rejection: RejectionKind) -> str:
-    """Words for a rejection that has no reason but its kind's label (the label itself for one
-    that has none here)."""
-    said = _REFUSALS.get(rejection.value)
-    return said[1] if said is not None else _REJECTED.get(rejection.value, rejection.value)
+    status = None if rejection is None else _REFUSALS.get(rejection.value)
+    return None if status is None or rejection is None else (status, rejection.words)
 
 
 def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slotted: bool = False) -> int:

@@ -65,6 +65,24 @@ class RejectionKind(enum.Enum):
         """A stable string for metrics and logs: the lower-case name (which is the value)."""
         return self._value_
 
+    @property
+    def words(self) -> str:
+        """Why, for a person: the reason of a rejection that has none of its own."""
+        return _REJECTION_WORDS[self]
+
+
+_REJECTION_WORDS = {
+    RejectionKind.ALREADY_EXISTS: "a task of that name is already registered",
+    RejectionKind.BATCH_REJECTED: "its batch was refused: another of its names is taken",
+    RejectionKind.SLOT_BUSY: "the slot is busy (policy drop)",
+    RejectionKind.QUEUE_FULL: "the slot's queue is full",
+    RejectionKind.SUPERSEDED_BY_REPLACE: "superseded by a replacement while queued",
+    RejectionKind.REMOVED_FROM_QUEUE: "removed from the slot's queue before it was admitted",
+    RejectionKind.CONTROLLER_SHUTTING_DOWN: "the run stopped before the slot was free",
+    RejectionKind.ADMISSION_FAILED: "admitted, but the registry could not take it",
+    RejectionKind.DEPENDENCY_FAILED: "a task it comes after ended for good",
+}
+
 
 @record(frozen=True)
 class TaskOutcome:
@@ -106,7 +124,7 @@ class TaskOutcome:
 
     @classmethod
     def rejected(cls, kind: RejectionKind, reason: str | None = None) -> TaskOutcome:
-        """The outcome of a task that was never registered; `reason` defaults to the kind's label.
+        """The outcome of a task that was never registered; `reason` defaults to the kind's words.
 
         Immutable, so the default ones are shared: a busy slot may reject 100,000 submissions a
         second."""
@@ -124,7 +142,7 @@ class TaskOutcome:
         return self.kind is OutcomeKind.COMPLETED
 
 
-_REJECTED = {kind: TaskOutcome(OutcomeKind.REJECTED, reason=kind.label, rejection=kind) for kind in RejectionKind}
+_REJECTED = {kind: TaskOutcome(OutcomeKind.REJECTED, reason=kind.words, rejection=kind) for kind in RejectionKind}
 
 
 FAILURES = (OutcomeKind.FAILED, OutcomeKind.FATAL)  # the outcomes an exception can end a task with

@@ -350,8 +350,9 @@ class ServiceRun:
         if service.id == waiter.id:
             service.id, service.pid = None, None
             service.state = "stopped" if service.stopped else "ended"
-            failed = outcome.reason and outcome.kind is not OutcomeKind.COMPLETED
-            service.last = outcome.kind.name.lower() + (f": {outcome.reason}" if failed else "")
+            kind = outcome.kind.name.lower()  # and why, unless that is only the kind again (`canceled`)
+            said = outcome.kind is not OutcomeKind.COMPLETED and outcome.reason not in (None, "", kind)
+            service.last = kind + (f": {outcome.reason}" if said else "")
         service.ended.set()
         if not self._closing:
             self._in_background(self.advance())

@@ -499,9 +499,11 @@ def test_a_slots_refusals_map_to_their_statuses_and_nothing_else_does() -> None:
     assert statuses.refused(None) is None
 
 
-def test_an_outcome_line_says_a_rejection_in_words_not_its_label() -> None:
-    """A rejection whose reason is only its kind's label gets words in the outcome line (a file
-    run said `rejected reason='controller_shutting_down'`); one with a reason of its own keeps it."""
+def test_a_rejection_without_a_reason_of_its_own_says_its_kind_in_words() -> None:
+    """A rejection's default reason is its kind in words, not its label: the outcome line, a
+    service's LAST column and the events all say it (a file run said `rejected
+    reason='controller_shutting_down'`, `mpvisor status` `rejected: removed_from_queue`); one
+    with a reason of its own keeps it."""
     from mpvisor import RejectionKind, TaskOutcome
     from mpvisor._cli.options import outcome_line
 
@@ -510,6 +512,8 @@ def test_an_outcome_line_says_a_rejection_in_words_not_its_label() -> None:
     assert words[RejectionKind.CONTROLLER_SHUTTING_DOWN] == "'the run stopped before the slot was free'"
     assert words[RejectionKind.SLOT_BUSY] == "'the slot is busy (policy drop)'"
     assert words[RejectionKind.REMOVED_FROM_QUEUE] == '"removed from the slot\'s queue before it was admitted"'
+    for kind in RejectionKind:
+        assert TaskOutcome.rejected(kind).reason == kind.words and " " in kind.words and "_" not in kind.words, kind
     own = TaskOutcome.rejected(RejectionKind.ADMISSION_FAILED, "the store refused: no such database")
     assert "reason='the store refused: no such database'" in outcome_line("t", own)
 

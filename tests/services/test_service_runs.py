@@ -368,7 +368,7 @@ def test_control_commands_from_another_process_stop_start_and_restart_a_task(run
     stopped = run.ctl("stop", "b")
     assert stopped.returncode == 0, stopped.stderr
     rows = run.status()
-    assert rows["b"]["state"] == "stopped" and rows["b"]["pid"] is None
+    assert rows["b"]["state"] == "stopped" and rows["b"]["pid"] is None and rows["b"]["last"] == "canceled", rows
     started = run.ctl("start", "b")
     assert started.returncode == 0, started.stderr
     rows = run.wait_status(lambda rows: rows["b"]["pid"] not in (None, b_pid))
@@ -659,7 +659,8 @@ def test_a_dependency_that_was_ready_and_then_completed_lets_its_dependents_star
 def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None:
     """A task that waits for its slot is `queued` (it showed `starting`); a periodic task between
     runs that succeeded is `scheduled` (it showed `backoff`, as a failing one does); a task asked
-    to stop and still in its grace is `stopping` (it showed `running`)."""
+    to stop and still in its grace is `stopping` (it showed `running`); one stopped while queued
+    says why in words (it showed `rejected: removed_from_queue`)."""
     run.write("""
         [defaults]
         grace = 2
@@ -694,6 +695,9 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
         if stopping.poll() is None:
             stopping.kill()
     assert run.status()["stubborn"]["state"] == "stopped"
+    queued = "two" if rows["two"]["state"] == "queued" else "one"
+    assert run.ctl("stop", queued).returncode == 0  # it leaves the slot's queue; LAST says so in words
+    assert run.status()[queued]["last"] == "rejected: removed from the slot's queue before it was admitted"
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
 

@@ -124,8 +124,8 @@ def test_tenant_sync_keeps_only_the_newest_sync_of_a_tenant(user: User) -> None:
     superseded, the newest completes, and the other tenant is untouched."""
     assert user.python("tenant_sync.py").stdout.splitlines() == [
         "acme r1: outcome_canceled (replaced by a newer submission in slot 'tenant-acme')",
-        "acme r2: outcome_rejected (superseded_by_replace)",
-        "acme r3: outcome_rejected (superseded_by_replace)",
+        "acme r2: outcome_rejected (superseded by a replacement while queued)",
+        "acme r3: outcome_rejected (superseded by a replacement while queued)",
         "acme r4: outcome_completed (acme synced at revision 4)",
         "globex r1: outcome_completed (globex synced at revision 1)",
     ]
