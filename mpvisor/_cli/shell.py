@@ -460,3 +460,15 @@ def write_line(stream: IO[str], text: str) -> None:
     sys.stderr under `guarded_output`) a failure is recorded, and the run does not succeed."""
     stream.write(f"{text}\n")
     stream.flush()
+
+
+def aligned(rows: list[list[str]], *, least: dict[str, int] | None = None, right: tuple[str, ...] = ()) -> list[str]:
+    """The lines of a table (pure): `rows[0]` is the header; columns two spaces apart, each as
+    wide as its widest cell (at least `least[header]`), those whose header is in `right` aligned
+    right; the last column is not padded, and no line ends in spaces."""
+    least = least or {}
+    header = rows[0]
+    widths = [max(least.get(name, 0), *(len(row[i]) for row in rows)) for i, name in enumerate(header[:-1])]
+    return ["  ".join([*(cell.rjust(width) if name in right else cell.ljust(width)
+                         for cell, width, name in zip(row, widths, header, strict=False)), row[-1]]).rstrip()
+            for row in rows]

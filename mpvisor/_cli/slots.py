@@ -18,6 +18,7 @@ from mpvisor._admission.leases.local import LocalStore
 from mpvisor._admission.leases.store import LeaseError
 from mpvisor._admission.leases.stores import open_store
 from mpvisor._cli.options import seconds, slots_default, slots_url
+from mpvisor._cli.shell import aligned
 from mpvisor._cli.statuses import FAILED, OK
 
 NAME = "slots"
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         where = [str(owner.get("host", "-")), str(owner.get("token", "-"))] if hosts else []
         rows.append([str(view["slot"]), str(view["status"]), str(owner.get("pid", "-")), *where,
                      str(owner.get("name", "-")), since, queue])
-    for line in table(rows):
+    for line in aligned(rows, least=COLUMNS, right=("OWNER PID", "TOKEN")):
         print(line)
     return OK
 
@@ -71,13 +72,3 @@ def run(args: argparse.Namespace) -> int:
 # The table's columns and their least widths: a longer value widens its column (names are any
 # length), so that a header is the same, held or empty, unless a value needs more room.
 COLUMNS = {"SLOT": 20, "STATUS": 12, "OWNER PID": 9, "HOST": 16, "TOKEN": 6, "OWNER": 20, "SINCE": 8, "QUEUE": 0}
-RIGHT = ("OWNER PID", "TOKEN")  # aligned right
-
-
-def table(rows: list[list[str]]) -> list[str]:
-    """The lines of `rows` (the first is the header) in columns two spaces apart (pure); the
-    last column is not padded."""
-    widths = [max(COLUMNS[name], *(len(row[i]) for row in rows)) for i, name in enumerate(rows[0])]
-    return ["  ".join([*(cell.rjust(width) if name in RIGHT else cell.ljust(width)
-                         for cell, width, name in zip(row[:-1], widths, rows[0], strict=False)), row[-1]])
-            for row in rows]

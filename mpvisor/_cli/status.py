@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from mpvisor._cli import runs
+from mpvisor._cli.shell import aligned
 from mpvisor._cli.statuses import OK
 from mpvisor._model.events import printable
 
@@ -55,10 +56,7 @@ def header(answer: dict[str, Any]) -> str:
 
 def table(tasks: list[dict[str, Any]]) -> list[str]:
     """The aligned table of `tasks` (pure): a header and one line per row."""
-    cells = [COLUMNS, *(_cells(row) for row in tasks)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS) - 1)]
-    return ["  ".join([*(cell.ljust(width) for cell, width in zip(line, widths, strict=False)), line[-1]]).rstrip()
-            for line in cells]
+    return aligned([list(COLUMNS), *(list(_cells(row)) for row in tasks)])
 
 
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:
