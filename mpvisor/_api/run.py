@@ -67,6 +67,7 @@ def run(
         try:
             import asyncio
 
+            from mpvisor._api.session import ending_signal
             from mpvisor._api.supervisor import Supervisor
         finally:
             if collecting:
@@ -75,7 +76,8 @@ def run(
         try:
             return asyncio.run(supervisor.run(specs))
         finally:
-            if supervisor.interrupts:  # shut down gracefully; now the signal ends the program as it would have
-                signal.raise_signal(supervisor.interrupts[0])
+            ending = ending_signal(supervisor.interrupts)
+            if ending is not None:  # shut down gracefully; now the signal ends the program as it would have
+                signal.raise_signal(ending)
     finally:
         early.discard()

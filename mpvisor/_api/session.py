@@ -139,8 +139,8 @@ class _SignalHandlers:
     SIGINT or SIGHUP that was ignored when `run` began, as in a shell's background job or under
     `nohup`, stays ignored; a task file's run takes SIGHUP over as a reload).
 
-    Every such signal is recorded in `runtime.interrupted`, so a caller can die by it once `run`
-    returns (as `mpvisor run` does). A SIGINT once the shutdown has begun (a second Ctrl-C, or
+    Every such signal is recorded in `runtime.interrupted`, so a caller can die by one once `run`
+    returns (`ending_signal`: as `mpvisor run` does). A SIGINT once the shutdown has begun (a second Ctrl-C, or
     one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace window at once:
     every tree is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts
     the shutdown, a later one joins it.
@@ -184,6 +184,15 @@ class _SignalHandlers:
         to the loop, any other to the signal module."""
         for signum, borrowed in self.borrowed.items():
             _platform.give_back_signal(self.runtime.loop, signum, borrowed)
+
+
+def ending_signal(received: Iterable[signal.Signals]) -> signal.Signals | None:
+    """The signal an interrupted run ends by once it has shut down (None: none came): SIGINT if
+    one came, else the first. A shell waiting for a command that gets a Ctrl-C too (the
+    terminal sends it to the whole foreground job) stops its script only if the command died
+    by SIGINT: a Ctrl-C during a shutdown a SIGTERM began must end the run by SIGINT."""
+    received = list(received)
+    return signal.SIGINT if signal.SIGINT in received else received[0] if received else None
 
 
 _STOPPING: set[asyncio.Task[None]] = set()  # the tasks `_begin_shutdown` started, until they end

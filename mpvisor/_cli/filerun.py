@@ -47,7 +47,7 @@ import time
 from typing import IO, Any
 
 from mpvisor._admission.config import ControllerConfig
-from mpvisor._api.session import RunSession, run_session, serve_runtime
+from mpvisor._api.session import RunSession, ending_signal, run_session, serve_runtime
 from mpvisor._cli.batchview import (
     BatchView,
     Result,
@@ -382,7 +382,7 @@ def run_file(args: argparse.Namespace) -> int:
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
-    first = interrupts[0] if interrupts else None
+    first = ending_signal(interrupts)
     if problem is not None:
         say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)

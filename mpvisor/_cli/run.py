@@ -54,8 +54,9 @@ its tree is reaped.
 
 Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a SIGINT while it
-waits (a second one, or one after a SIGTERM) kills at once. Either way mpvisor then dies by the first signal it received, after printing the
-outcome (or, when a tree had to be killed, what was killed and why). SIGUSR1, SIGUSR2, SIGQUIT
+waits (a second one, or one after a SIGTERM) kills at once. Either way mpvisor then dies by
+that signal (by SIGINT if one came), after printing the outcome (or, when a tree had to be
+killed, what was killed and why). SIGUSR1, SIGUSR2, SIGQUIT
 and SIGWINCH are passed on to the running attempt's process (not its group): the command
 decides what they do (a SIGQUIT that kills it ends the run with status 131; httpd stops
 gracefully on SIGWINCH); between attempts one line says that none runs (not for SIGWINCH, which
@@ -85,7 +86,7 @@ import sys
 from typing import IO, TYPE_CHECKING, Any
 
 from mpvisor import _platform
-from mpvisor._api.session import RunSession, run_session, serve_runtime
+from mpvisor._api.session import RunSession, ending_signal, run_session, serve_runtime
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
@@ -341,13 +342,13 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         print(outcome_line(spec.name, outcome, most), file=sys.stderr)
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
-    first = interrupts[0] if interrupts else None
-    return -first if first is not None else statuses.exit_status(outcome, slotted=args.slot is not None)
+    return _ended(interrupts, statuses.exit_status(outcome, slotted=args.slot is not None))
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:
-    """Die by the first signal that interrupted the run, if one did."""
-    return -interrupts[0] if interrupts else otherwise
+    """Die by the signal that interrupted the run (`ending_signal`), if one did."""
+    ending = ending_signal(interrupts)
+    return -ending if ending is not None else otherwise
 
 
 class _OneTask:

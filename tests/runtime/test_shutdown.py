@@ -380,16 +380,18 @@ def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str
     wait_for(lambda: all_gone(tree), timeout=5)
 
 
-def test_a_second_sigint_ends_the_grace_at_once(tmp_path) -> None:
-    """With grace 30, a second SIGINT 0.5 s after the first kills the stubborn tree at
-    once: the script exits within 5 s, the task is FORCE_ABORTED, no descendant is left."""
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
+def test_a_sigint_during_the_shutdown_ends_the_grace_at_once(tmp_path, first: signal.Signals) -> None:
+    """With grace 30, a SIGINT 0.5 s after the first signal (a second Ctrl-C, or one after a
+    SIGTERM) kills the stubborn tree at once: the script exits within 5 s, by SIGINT (its
+    KeyboardInterrupt) either way, the task is FORCE_ABORTED, no descendant is left."""
     process = start_script("stubborn", tmp_path)
     try:
         wait_for(lambda: len(read_records(tmp_path / "records")) == 4, timeout=20)
         tree = descendants_of(process.pid) + read_records(tmp_path / "records")
-        process.send_signal(signal.SIGINT)
+        process.send_signal(first)
         began = time.monotonic()
-        time.sleep(0.5)  # the behaviour: a second Ctrl-C half a second into the grace window
+        time.sleep(0.5)  # the behaviour: a Ctrl-C half a second into the grace window
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == -signal.SIGINT
         assert time.monotonic() - began < 5
