@@ -156,6 +156,27 @@ def test_sigterm_to_mpvisor_run_shuts_down_and_dies_by_sigterm(installs: Install
     assert not script.left_behind(), script.left_behind()
 
 
+def test_ctrl_c_while_a_sigterm_waits_for_a_stubborn_step_stops_the_whole_script(installs: Installs,
+                                                                                  tmp_path: pathlib.Path, scripts):
+    """SIGTERM to the `mpvisor run` step alone, whose program does not stop (grace 10 s), then a
+    Ctrl-C (SIGINT to the script's group): mpvisor kills the step's tree at once and dies by
+    SIGINT, so bash, which got the Ctrl-C too, does not run the next step (it did when mpvisor
+    died by the SIGTERM, the first signal; and the Ctrl-C waited out the grace)."""
+    marker, pidfile = tmp_path / "marker", tmp_path / "pids"
+    script = scripts(installs.venvs["B"], tmp_path, "steps.sh", str(marker), str(pidfile), "stubborn")
+    attempt_pids = _attempt_running(pidfile, script)
+    script.mpvisor_process().send_signal(signal.SIGTERM)
+    wait_for(lambda: "terminated" in _lines(marker), timeout=10.0)  # the step was asked, and stays
+    signalled = time.monotonic()
+    os.killpg(script.pgid, signal.SIGINT)
+    status = script.finish()
+    assert _lines(marker) == ["before", "terminated"], (_lines(marker), status, tail(script.stderr))
+    assert status in (-signal.SIGINT, 128 + signal.SIGINT), (status, tail(script.stderr))
+    assert time.monotonic() - signalled < 5.0, tail(script.stderr)
+    assert not script.left_behind(), script.left_behind()
+    assert all(pid_gone(pid) for pid in attempt_pids)
+
+
 def test_sigterm_mpvisor_run_dies_by_the_signal(installs: Installs, tmp_path: pathlib.Path):
     """Seen by its parent (not through a shell): `mpvisor run` interrupted by SIGTERM ends by
     that signal, after the graceful stop of its task."""
