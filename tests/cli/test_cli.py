@@ -390,7 +390,7 @@ def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path)
     SIGINT: its task runs to completion and it exits 0."""
     marker = tmp_path / "marker"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mpvisor", "run", "workers.basic:sleeper", "1", json.dumps(str(marker))],
+        [sys.executable, "-m", "mpvisor", "run", "workers.basic:sleeper", "0.5", json.dumps(str(marker))],
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
