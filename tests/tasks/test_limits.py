@@ -269,7 +269,7 @@ async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> 
     limit = 192 * 2**20
     async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
         _, sharing = await handle.add_and_watch(
-            TaskSpec.once(fn("sharing", limits.shared_pool, 8, 48, 1.0)).with_limits(memory=limit))
+            TaskSpec.once(fn("sharing", limits.shared_pool, 8, 48, 0.5)).with_limits(memory=limit))
         _, small = await handle.add_and_watch(
             TaskSpec.once(fn("small", "workers.basic:sleeper", 0.5)).with_limits(memory=12 * 2**20))
         shared, alone = await sharing.wait(), await small.wait()
