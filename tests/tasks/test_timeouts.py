@@ -223,24 +223,24 @@ async def test_a_timeout_from_the_call_still_leaves_start_up_to_the_start_timeou
     """Without `include_start`, a hanging import is the start-up limit's: `start-up timed out`,
     after the task's own `with_start_timeout`, not after its attempt timeout."""
     spec = (TaskSpec.once(TaskFn("hangs", "workers.hanging_import:target"))
-            .with_timeout(0.2).with_start_timeout(0.8))
+            .with_timeout(0.2).with_start_timeout(0.5))
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         began = time.monotonic()
         _, outcome = await finished(handle, events, spec)
-        assert time.monotonic() - began >= 0.8
+        assert time.monotonic() - began >= 0.5
     assert outcome.kind is OutcomeKind.FAILED and not outcome.timed_out
-    assert outcome.reason is not None and outcome.reason.startswith("start-up timed out after 0.8 s"), outcome.reason
+    assert outcome.reason is not None and outcome.reason.startswith("start-up timed out after 0.5 s"), outcome.reason
 
 
 async def test_a_timeout_that_includes_start_up_counts_the_call_too():
     """The whole-attempt timeout keeps running once the target is called: a sleeper under a
-    1 s bound that includes start-up is stopped about 1 s after its start request."""
-    spec = TaskSpec.once(TaskFn("slow", basic.sleeper, (3600,))).with_timeout(1.0, include_start=True)
+    0.6 s bound that includes start-up is stopped about 0.6 s after its start request."""
+    spec = TaskSpec.once(TaskFn("slow", basic.sleeper, (3600,))).with_timeout(0.6, include_start=True)
     async with supervised(SupervisorConfig(grace=1, timeout_kill_after=0.3)) as (handle, events):
         task_id, outcome = await finished(handle, events, spec)
         (end,) = terminal_events(events, task_id)
     assert end.kind is EventKind.ATTEMPT_TIMED_OUT and outcome.timed_out
-    assert end.duration is not None and 1.0 <= end.duration < 5.0, end.duration
+    assert end.duration is not None and 0.6 <= end.duration < 4.6, end.duration
 
 
 def test_start_timeout_and_include_start_are_checked():
