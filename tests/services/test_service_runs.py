@@ -67,12 +67,16 @@ class Run:
         return {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
 
     def wait_status(self, check: object, timeout: float = 20.0) -> dict[str, dict[str, object]]:
+        """The status rows once `check(rows)` holds. One `mpvisor status --json` per look (a
+        look that finds no run listening yet is one that failed), so the rows are seen as soon
+        as one such command can see them."""
         def look() -> dict[str, dict[str, object]] | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the run ended early: {self.proc.returncode}\n{self.proc.stderr.read() if self.proc.stderr else ''}")
-            if not self.listening():
+            done = self.ctl("status", "--json")
+            if done.returncode != 0:  # not listening yet
                 return None
-            rows = self.status()
+            rows = {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
             return rows if check(rows) else None  # type: ignore[operator]
 
         return wait_for(look, timeout=timeout)
