@@ -970,15 +970,20 @@ def test_a_limited_attempt_at_the_open_file_limit_never_panics(tmp_path, extras)
     panicked (one did, 'mpvisor panicked: OSError: [Errno 24] Too many open files:
     .../cgroups.py', where the probe's import found none) and none was refused `cpus` for want
     of a CPU controller (a probe that could open nothing reads as a host without cgroups); with
-    enough descriptors each completes."""
-    ends = {}
-    for extra in extras:
-        for limit in range(11, 21):
-            script = (f"exec {' '.join(f'{3 + n}</dev/null' for n in range(extra))}; ulimit -n {limit} && "
-                      f"exec {shlex.quote(sys.executable)} -m mpvisor run --memory 100M --cpus 0.5 -- true")
-            done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
-                                  timeout=60)
-            ends[extra, limit] = (done.returncode, done.stderr.strip().splitlines()[-1:])
+    enough descriptors each completes. The runs are independent (each its own process and
+    cgroups), so they run two at a time, one per core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(extra: int, limit: int) -> tuple[int, list[str]]:
+        script = (f"exec {' '.join(f'{3 + n}</dev/null' for n in range(extra))}; ulimit -n {limit} && "
+                  f"exec {shlex.quote(sys.executable)} -m mpvisor run --memory 100M --cpus 0.5 -- true")
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                              timeout=60)
+        return done.returncode, done.stderr.strip().splitlines()[-1:]
+
+    cases = [(extra, limit) for extra in extras for limit in range(11, 21)]
+    with ThreadPoolExecutor(2) as pool:
+        ends = dict(zip(cases, pool.map(lambda case: run(*case), cases), strict=True))
     assert not [end for end in ends.values() if "panicked" in str(end) or " fatal " in str(end)], ends
     assert all(ends[extra, 20] == (0, ["mpvisor: true: completed reason=None exit_code=None attempts=1"])
                for extra in extras), ends
