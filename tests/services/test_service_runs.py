@@ -442,7 +442,7 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     run.write(f"""
         [defaults]
         restart = "always"
-        grace = 1
+        grace = 0.5
 
         [task.db]
         command = ["sh", "-c", {json.dumps(stubborn)}, "db"]
