@@ -627,7 +627,7 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
         target = "workers.services:serve"
         kwargs = { status = "says ready", marker = MARKER }
         ready = "file:never"
-        ready_timeout = 1
+        ready_timeout = 0.6
 
         [task.api]
         target = "workers.services:serve"
@@ -637,7 +637,7 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
     proc = run.start()
     _, err = proc.communicate(timeout=40)
     assert proc.returncode != 0
-    assert "not ready within ready_timeout=1 s (file:never: no such file)" in err, err
+    assert "not ready within ready_timeout=0.6 s (file:never: no such file)" in err, err
     assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
     assert "attempt 1 ready" not in err
 
