@@ -592,7 +592,7 @@ def test_forked_workers_of_a_timed_out_target_end_quietly(tmp_path):
     """A target's fork `multiprocessing.Pool` workers inherit the attempt's SIGTERM handler: on
     the timeout's SIGTERM they die by it, as without mpvisor, and print nothing (each printed a
     `Process ForkPoolWorker-N:` traceback ending in `mpvisor.Canceled`)."""
-    done = mpvisor(tmp_path, "run", "--timeout", "1", "workers.runtime_probes:pool_of_forks", "4", "30")
+    done = mpvisor(tmp_path, "run", "--timeout", "0.5", "workers.runtime_probes:pool_of_forks", "4", "30")
     assert done.returncode == 124, done.stderr
     assert "Traceback" not in done.stderr and "Canceled" not in done.stderr, done.stderr
     assert done.stderr.splitlines() == [outcome_line(done.stderr)], done.stderr
