@@ -37,15 +37,16 @@ def started(log: Any, label: str) -> bool:
 
 def test_a_paused_supervisor_cannot_outlive_its_lease(tmp_path: Any, url: str) -> None:
     """Host 1's supervisor (the `mpvisor` process alone) is SIGSTOPped while its task owns the
-    slot: its fork server, which holds the lease's deadline, stops the task's tree half a TTL
-    after the last renewal, before the lease can expire; host 2 (queued) runs only after that.
+    slot: its fork server, which holds the lease's deadline, stops the task's tree two thirds
+    of a TTL after the last renewal, before the lease can expire; host 2 (queued) runs only
+    after that. TTL 2, the least `--lease-ttl` allowed: the tightest fence there is.
     Resumed, host 1 learns its lease is gone and exits 7 ("lease lost") without running again."""
     log = tmp_path / "owners.log"
-    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "one"))
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 60.0, "one"))
     wait_for(lambda: started(log, "one"), timeout=30)
     task = [p.pid for p in psutil.Process(first.pid).children(recursive=True) if "workers.slot_owner" in " ".join(_cmdline(p.pid))]
     assert task
-    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "two"))
+    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 0.0, "two"))
     assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
     os.kill(first.pid, signal.SIGSTOP)
     try:
@@ -65,12 +66,12 @@ def test_a_paused_supervisor_cannot_outlive_its_lease(tmp_path: Any, url: str) -
 def test_an_owner_killed_outright_holds_the_slot_no_longer_than_its_lease(tmp_path: Any, url: str) -> None:
     """Host 1's `mpvisor` is SIGKILLed while its task owns the slot: its launcher kills the tree
     (it follows its parent), nobody releases the lease, and host 2 runs once it expired, after
-    every process of host 1's tree was gone."""
+    every process of host 1's tree was gone. TTL 2, the least `--lease-ttl` allowed."""
     log = tmp_path / "owners.log"
-    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "one"))
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 60.0, "one"))
     wait_for(lambda: started(log, "one"), timeout=30)
     tree = psutil.Process(first.pid).children(recursive=True)
-    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "two"))
+    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 0.0, "two"))
     assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
     first.kill()
     assert finish(first)[0] == -signal.SIGKILL

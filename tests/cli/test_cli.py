@@ -392,7 +392,7 @@ def test_an_ignored_sigint_stays_ignored_as_in_a_shells_background_job(tmp_path)
     SIGINT: its task runs to completion and it exits 0."""
     marker = tmp_path / "marker"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mpvisor", "run", "workers.basic:sleeper", "1", json.dumps(str(marker))],
+        [sys.executable, "-m", "mpvisor", "run", "workers.basic:sleeper", "0.5", json.dumps(str(marker))],
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
@@ -594,7 +594,7 @@ def test_forked_workers_of_a_timed_out_target_end_quietly(tmp_path):
     """A target's fork `multiprocessing.Pool` workers inherit the attempt's SIGTERM handler: on
     the timeout's SIGTERM they die by it, as without mpvisor, and print nothing (each printed a
     `Process ForkPoolWorker-N:` traceback ending in `mpvisor.Canceled`)."""
-    done = mpvisor(tmp_path, "run", "--timeout", "1", "workers.runtime_probes:pool_of_forks", "4", "30")
+    done = mpvisor(tmp_path, "run", "--timeout", "0.5", "workers.runtime_probes:pool_of_forks", "4", "30")
     assert done.returncode == 124, done.stderr
     assert "Traceback" not in done.stderr and "Canceled" not in done.stderr, done.stderr
     assert done.stderr.splitlines() == [outcome_line(done.stderr)], done.stderr
@@ -972,15 +972,20 @@ def test_a_limited_attempt_at_the_open_file_limit_never_panics(tmp_path, extras)
     panicked (one did, 'mpvisor panicked: OSError: [Errno 24] Too many open files:
     .../cgroups.py', where the probe's import found none) and none was refused `cpus` for want
     of a CPU controller (a probe that could open nothing reads as a host without cgroups); with
-    enough descriptors each completes."""
-    ends = {}
-    for extra in extras:
-        for limit in range(11, 21):
-            script = (f"exec {' '.join(f'{3 + n}</dev/null' for n in range(extra))}; ulimit -n {limit} && "
-                      f"exec {shlex.quote(sys.executable)} -m mpvisor run --memory 100M --cpus 0.5 -- true")
-            done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
-                                  timeout=60)
-            ends[extra, limit] = (done.returncode, done.stderr.strip().splitlines()[-1:])
+    enough descriptors each completes. The runs are independent (each its own process and
+    cgroups), so they run two at a time, one per core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(extra: int, limit: int) -> tuple[int, list[str]]:
+        script = (f"exec {' '.join(f'{3 + n}</dev/null' for n in range(extra))}; ulimit -n {limit} && "
+                  f"exec {shlex.quote(sys.executable)} -m mpvisor run --memory 100M --cpus 0.5 -- true")
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                              timeout=60)
+        return done.returncode, done.stderr.strip().splitlines()[-1:]
+
+    cases = [(extra, limit) for extra in extras for limit in range(11, 21)]
+    with ThreadPoolExecutor(2) as pool:
+        ends = dict(zip(cases, pool.map(lambda case: run(*case), cases), strict=True))
     assert not [end for end in ends.values() if "panicked" in str(end) or " fatal " in str(end)], ends
     assert all(ends[extra, 20] == (0, ["mpvisor: true: completed reason=None exit_code=None attempts=1"])
                for extra in extras), ends

@@ -298,7 +298,7 @@ def test_max_concurrent_bounds_the_attempts_of_a_file_and_the_command_line_wins(
     two did run together); `--max-concurrent 1` over the file's 2: one at a time. `mpvisor check`
     accepts the key."""
     log = tmp_path / "file.log"
-    hold_file(tmp_path / "tasks.toml", log, 5, 0.6, "max_concurrent = 2")
+    hold_file(tmp_path / "tasks.toml", log, 5, 0.4, "max_concurrent = 2")
     checked = mpvisor(tmp_path, "check", "tasks.toml")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
@@ -307,7 +307,7 @@ def test_max_concurrent_bounds_the_attempts_of_a_file_and_the_command_line_wins(
     found = intervals(log)
     assert len(found) == 5 and most_at_once(found) == 2, found
     one = tmp_path / "one.log"
-    hold_file(tmp_path / "one.toml", one, 3, 0.3, "max_concurrent = 2")
+    hold_file(tmp_path / "one.toml", one, 3, 0.2, "max_concurrent = 2")
     done = mpvisor(tmp_path, "run", "--max-concurrent", "1", "--file", "one.toml")
     assert done.returncode == 0, done.stderr
     found = intervals(one)

@@ -459,9 +459,9 @@ async def test_cancellation_details_in_the_child(tmp_path):
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 async def test_a_request_before_the_target_runs_skips_it(start_method, tmp_path):
-    """Cancelled while its module still imports (1 s), the target never runs."""
+    """Cancelled while its module still imports (0.7 s), the target never runs."""
     marker = tmp_path / "marker"
-    spec = TaskSpec.once(TaskFn("late", "workers.slow_import_1s:target", kwargs={"marker": str(marker)}))
+    spec = TaskSpec.once(TaskFn("late", "workers.slow_import:target", kwargs={"marker": str(marker)}))
 
     async with supervised(SupervisorConfig(grace=5, start_method=start_method)) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec)

@@ -170,7 +170,7 @@ async def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
     """With a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
     marker = str(tmp_path / "marker")
 
-    async with supervised(SupervisorConfig(grace=1.0), expect_grace_exceeded=True) as (handle, collector):
+    async with supervised(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, collector):
         _, coop_waiter = await handle.add_and_watch(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
         await handle.add(once("stuck", misbehave.stubborn, marker=marker))
         await started(marker, 2)

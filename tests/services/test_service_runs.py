@@ -67,12 +67,16 @@ class Run:
         return {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
 
     def wait_status(self, check: object, timeout: float = 20.0) -> dict[str, dict[str, object]]:
+        """The status rows once `check(rows)` holds. One `mpvisor status --json` per look (a
+        look that finds no run listening yet is one that failed), so the rows are seen as soon
+        as one such command can see them."""
         def look() -> dict[str, dict[str, object]] | None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"the run ended early: {self.proc.returncode}\n{self.proc.stderr.read() if self.proc.stderr else ''}")
-            if not self.listening():
+            done = self.ctl("status", "--json")
+            if done.returncode != 0:  # not listening yet
                 return None
-            rows = self.status()
+            rows = {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
             return rows if check(rows) else None  # type: ignore[operator]
 
         return wait_for(look, timeout=timeout)
@@ -438,7 +442,7 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     run.write(f"""
         [defaults]
         restart = "always"
-        grace = 1
+        grace = 0.5
 
         [task.db]
         command = ["sh", "-c", {json.dumps(stubborn)}, "db"]
@@ -623,7 +627,7 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
         target = "workers.services:serve"
         kwargs = { status = "says ready", marker = MARKER }
         ready = "file:never"
-        ready_timeout = 1
+        ready_timeout = 0.6
 
         [task.api]
         target = "workers.services:serve"
@@ -633,7 +637,7 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
     proc = run.start()
     _, err = proc.communicate(timeout=40)
     assert proc.returncode != 0
-    assert "not ready within ready_timeout=1 s (file:never: no such file)" in err, err
+    assert "not ready within ready_timeout=0.6 s (file:never: no such file)" in err, err
     assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
     assert "attempt 1 ready" not in err
 

@@ -139,9 +139,9 @@ async def test_a_timeout_cancels_cooperatively_first(start_method, tmp_path):
 
 
 async def test_the_timeout_is_per_attempt():
-    """0.4 s attempts under a 1.0 s timeout never time out, though the task runs > 1 s."""
-    spec = (TaskSpec.restartable(TaskFn("steady", faults.sleep_then_raise, (0.4,)))
-            .with_timeout(1.0).with_backoff(FAST).with_max_retries(2))
+    """0.25 s attempts under a 0.6 s timeout never time out, though the task runs > 0.6 s."""
+    spec = (TaskSpec.restartable(TaskFn("steady", faults.sleep_then_raise, (0.25,)))
+            .with_timeout(0.6).with_backoff(FAST).with_max_retries(2))
 
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         task_id, outcome = await finished(handle, events, spec)
@@ -149,7 +149,7 @@ async def test_the_timeout_is_per_attempt():
         assert [e.attempt for e in failed] == [1, 2, 3]
         assert all(e.reason == "RuntimeError: slept then raised" for e in failed)
         assert events.of(EventKind.ATTEMPT_TIMED_OUT) == []
-        assert outcome.kind is OutcomeKind.FAILED and outcome.duration > 1.0
+        assert outcome.kind is OutcomeKind.FAILED and outcome.duration > 0.6
 
 
 @pytest.mark.parametrize("action", coop.TIMEOUT_ACTIONS)
@@ -169,8 +169,8 @@ async def test_a_timeout_decides_the_ending_however_the_child_ends(action, tmp_p
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 async def test_the_timeout_clock_starts_when_the_target_is_called(start_method):
-    """A 1 s import does not count against a 0.5 s timeout."""
-    spec = TaskSpec.once(TaskFn("slow-import", "workers.slow_import_1s:target")).with_timeout(0.5)
+    """A 0.7 s import does not count against a 0.5 s timeout (the target's 0.2 s call does)."""
+    spec = TaskSpec.once(TaskFn("slow-import", "workers.slow_import:target")).with_timeout(0.5)
 
     async with supervised(SupervisorConfig(grace=1, start_method=start_method)) as (handle, events):
         _task_id, outcome = await finished(handle, events, spec)
@@ -223,24 +223,24 @@ async def test_a_timeout_from_the_call_still_leaves_start_up_to_the_start_timeou
     """Without `include_start`, a hanging import is the start-up limit's: `start-up timed out`,
     after the task's own `with_start_timeout`, not after its attempt timeout."""
     spec = (TaskSpec.once(TaskFn("hangs", "workers.hanging_import:target"))
-            .with_timeout(0.2).with_start_timeout(0.8))
+            .with_timeout(0.2).with_start_timeout(0.5))
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         began = time.monotonic()
         _, outcome = await finished(handle, events, spec)
-        assert time.monotonic() - began >= 0.8
+        assert time.monotonic() - began >= 0.5
     assert outcome.kind is OutcomeKind.FAILED and not outcome.timed_out
-    assert outcome.reason is not None and outcome.reason.startswith("start-up timed out after 0.8 s"), outcome.reason
+    assert outcome.reason is not None and outcome.reason.startswith("start-up timed out after 0.5 s"), outcome.reason
 
 
 async def test_a_timeout_that_includes_start_up_counts_the_call_too():
     """The whole-attempt timeout keeps running once the target is called: a sleeper under a
-    1 s bound that includes start-up is stopped about 1 s after its start request."""
-    spec = TaskSpec.once(TaskFn("slow", basic.sleeper, (3600,))).with_timeout(1.0, include_start=True)
+    0.6 s bound that includes start-up is stopped about 0.6 s after its start request."""
+    spec = TaskSpec.once(TaskFn("slow", basic.sleeper, (3600,))).with_timeout(0.6, include_start=True)
     async with supervised(SupervisorConfig(grace=1, timeout_kill_after=0.3)) as (handle, events):
         task_id, outcome = await finished(handle, events, spec)
         (end,) = terminal_events(events, task_id)
     assert end.kind is EventKind.ATTEMPT_TIMED_OUT and outcome.timed_out
-    assert end.duration is not None and 1.0 <= end.duration < 5.0, end.duration
+    assert end.duration is not None and 0.6 <= end.duration < 4.6, end.duration
 
 
 def test_start_timeout_and_include_start_are_checked():

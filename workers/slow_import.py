@@ -1,6 +1,6 @@
-"""What if importing the target takes a second?
+"""What if importing the target takes a while?
 
-Importing this module sleeps 1.0 s at module level (and only this module does that), so a
+Importing this module sleeps 0.7 s at module level (and only this module does that), so a
 stop request that arrives during the import finds the target not yet called.
 
 | function | does | ends |
@@ -14,7 +14,7 @@ import time
 
 from ._marker import mark
 
-IMPORT_SECONDS = 1.0
+IMPORT_SECONDS = 0.7
 
 time.sleep(IMPORT_SECONDS)
 
