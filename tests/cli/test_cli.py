@@ -534,6 +534,8 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
 @pytest.mark.parametrize("how, last", [
     ("own", "workers.cli_probes.OwnError: own message"),  # Python names a class outside builtins with its module
     ("bare", "workers.cli_probes.OwnError"),
+    ("local", "workers.cli_probes.uncaught.<locals>.LocalError: local message"),
+    ("unprintable", "workers.cli_probes.UnprintableError: <exception str() failed>"),
     ("noted", "the note"),
     ("group", "    +------------------------------------"),
     ("multiline", "second line"),
