@@ -12,7 +12,7 @@ returns: every path ends in `os._exit`.
 | returns an encodable value within `max_frame` | `Result(value)` | 0 |
 | returns something msgpack cannot carry (whatever its hooks raise, `SystemExit` included), or too large | `Failure("fatal", ...)` naming the type / the size | 0 |
 | returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
-| raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
+| raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")`; a `Canceled` that a SIGTERM raised (a SIGTERM pending before the call too) carries `exit_code=-15`, so the parent can tell one it did not send from a `Canceled` raised on purpose | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
@@ -257,7 +257,7 @@ def _adopt_environment(channel: _Channel, start: Start) -> None:
 def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     channel.send(Calling())
     if signal.SIGTERM in signal.sigpending():
-        _finish(channel, Failure("canceled", "canceled before the program was started"))
+        _finish(channel, Failure("canceled", "canceled before the program was started", -_SIGTERM_NUM))
     for signum in _RESET_AT_EXEC:
         signal.signal(signum, signal.SIG_IGN if signum in kept_ignored else signal.SIG_DFL)
     _flush_std()
@@ -383,7 +383,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     _context._install(ctx)
     channel.send(Calling())
     if _SIGTERM_NUM in _platform.pending_signals():
-        _finish(channel, Failure("canceled", "canceled before the target was called"))
+        _finish(channel, Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if os.getpid() != attempt:
@@ -492,8 +492,8 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         finally:
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
         return Result(value), 0
-    except Canceled:
-        return Failure("canceled", "the attempt was canceled"), 0
+    except Canceled:  # by a SIGTERM (the parent's, or one it did not send: exit_code says so), or raised on purpose
+        return Failure("canceled", "the attempt was canceled", -_SIGTERM_NUM if ctx.cancelled else None), 0
     except (Fail, Fatal) as exc:
         return _verdict(exc), 0
     except SystemExit as exc:

@@ -6,6 +6,9 @@ master (`os.kill(os.getppid(), signal.SIGUSR1)`), and an operator's `pkill -USR1
 files reopened) matches the launcher's command line, which holds `sys.path`. Each ended the
 launcher, or made it stop everything as if its parent had died: every running attempt of the
 supervisor ended `launcher died while attempt pid N ran`.
+
+A SIGTERM sent to an attempt from outside (`kill PID`, an OOM daemon such as earlyoom) is no
+stop request of mpvisor's: it ended the task `CANCELED`, never retried.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import signal
 import pytest
 
 from mpvisor import OutcomeKind, SupervisorConfig, TaskSpec
-from tests._support import Gate, once, supervised
+from tests._support import FAST, Gate, async_wait_for, fn, once, supervised, words
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
 
@@ -43,3 +46,25 @@ async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp
         _, after = await handle.add_and_watch(once("after", "workers.basic:env_probe"))
         probed = await after.wait()
         assert probed.kind is OutcomeKind.COMPLETED, probed
+
+
+async def test_a_sigterm_mpvisor_did_not_send_is_a_retryable_failure_not_a_cancel(tmp_path):
+    """`kill PID` of a Python target's attempt raised `Canceled` in it, and the task ended
+    `CANCELED` (`the attempt was canceled`, not retried, even under `on-failure`), though
+    nobody had asked it to stop, while the same SIGTERM to a program is a retryable failure:
+    each attempt now fails, saying why, exit code -15 (so `mpvisor run` exits 143, as for the
+    bare program), and is retried; a `Canceled` the target raises on purpose still cancels."""
+    marker = str(tmp_path / "marker")
+    spec = TaskSpec.restartable(fn("killed", "workers.basic:sleeper", 3600, marker=marker)) \
+        .with_backoff(FAST).with_max_retries(1)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        for attempt in (1, 2):
+            started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
+            os.kill(started[0][3], signal.SIGTERM)
+        outcome = await waiter.wait()
+        _, own = await handle.add_and_watch(once("own", "workers.basic:self_canceled"))
+        deliberate = await own.wait()
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -15), outcome
+    assert "stopped by a SIGTERM that mpvisor did not send" in (outcome.reason or ""), outcome
+    assert (deliberate.kind, deliberate.exit_code) == (OutcomeKind.CANCELED, None), deliberate
