@@ -92,7 +92,8 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     The evidence: the launcher's word that the tree exceeded its memory limit (`ExitStatus.memory`,
     with the mechanism: its cgroup's OOM kill, or the watcher) or used up its CPU time
     (`ExitStatus.cpu`: its cgroup's `cpu.stat`, or the launcher's accounting), a `MemoryError`
-    under an address-space limit, `EMFILE` under an open-files limit. A `MemoryError` under a memory limit alone is not
+    (or a thread refused: its stack is mapped in the same address space) under an address-space
+    limit, `EMFILE` under an open-files limit. A `MemoryError` under a memory limit alone is not
     evidence (the tree's resident memory was not over it)."""
     limits = f.limits or {}
     if end.kind is not AttemptResult.FAILED or not limits:
@@ -101,7 +102,7 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     found: tuple[str, str] | None = None
     if limits.get("memory") and f.status is not None and f.status.memory:
         found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])}, {f.status.memory})")
-    elif limits.get("as") and "MemoryError" in reason:
+    elif limits.get("as") and ("MemoryError" in reason or _THREAD_REFUSED in reason):
         found = ("address_space", f"address space limit exceeded ({_bytes(limits['as'])})")
     elif limits.get("nofile") and "[Errno 24]" in reason:
         found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
@@ -112,6 +113,9 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     kind, head = found
     return AttemptEnd(end.kind, f"{head}: {reason}" if reason else head, end.exit_code, end.value, end.traceback,
                       end.killed, kind)
+
+
+_THREAD_REFUSED = "can't start new thread"  # CPython's RuntimeError when the kernel makes no thread
 
 
 def _bytes(n: int) -> str:
