@@ -5,7 +5,8 @@ guardian's death sends the launcher SIGUSR1; but an attempt may signal what it t
 master (`os.kill(os.getppid(), signal.SIGUSR1)`), and an operator's `pkill -USR1 -f myapp` (log
 files reopened) matches the launcher's command line, which holds `sys.path`. Each ended the
 launcher, or made it stop everything as if its parent had died: every running attempt of the
-supervisor ended `launcher died while attempt pid N ran`.
+supervisor ended `launcher died while attempt pid N ran`. So did a SIGTRAP, SIGSYS, SIGBUS,
+SIGSEGV, SIGFPE, SIGILL, SIGABRT or SIGXCPU sent to either.
 
 A SIGTERM sent to an attempt from outside (`kill PID`, an OOM daemon such as earlyoom) is no
 stop request of mpvisor's: it ended the task `CANCELED`, never retried.
@@ -23,7 +24,9 @@ from tests._support import FAST, Gate, async_wait_for, fn, once, supervised, wor
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
 
-STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT")
+# and those a fault raises, which only a stray kill() sends (the kernel's own always kill), and SIGXCPU
+STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGBUS", "SIGSEGV", "SIGFPE",
+         "SIGILL", "SIGABRT")
 
 
 async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp_path):
