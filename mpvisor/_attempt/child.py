@@ -19,7 +19,8 @@ returns: every path ends in `os._exit`.
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
-| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt")`, retryable | death by SIGINT, as Python's |
+| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
+| lets a `KeyboardInterrupt` escape (a SIGINT: Ctrl-C, `kill -INT`) | `Failure("error", "KeyboardInterrupt", -2, traceback)`: the exit code of the death that follows | death by SIGINT, as Python's |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
@@ -359,7 +360,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         # by SIGINT as Python does, as it would once the target was called (`_call`)
         interrupted = isinstance(exc, KeyboardInterrupt)
         kind = "error" if interrupted else _kind_of_failing(exc)
-        _finish(channel, Failure(kind, reason, traceback=_traceback(exc, _IMPORT_MACHINERY)),
+        _finish(channel, Failure(kind, reason, -int(signal.SIGINT) if interrupted else None,
+                                 _traceback(exc, _IMPORT_MACHINERY)),
                 die_by=int(signal.SIGINT) if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
@@ -500,7 +502,7 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _exit_like_sys_exit(exc)
     except KeyboardInterrupt as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), int(signal.SIGINT)
+        return Failure("error", _describe(exc), -int(signal.SIGINT), _traceback(exc, _MPVISOR)), int(signal.SIGINT)
     except BaseException as exc:
         refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)

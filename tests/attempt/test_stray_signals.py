@@ -71,3 +71,21 @@ async def test_a_sigterm_mpvisor_did_not_send_is_a_retryable_failure_not_a_cance
     assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -15), outcome
     assert "stopped by a SIGTERM that mpvisor did not send" in (outcome.reason or ""), outcome
     assert (deliberate.kind, deliberate.exit_code) == (OutcomeKind.CANCELED, None), deliberate
+
+
+async def test_a_target_interrupted_by_sigint_ends_with_its_exit_code(tmp_path):
+    """`kill -INT PID` of a Python target's attempt (outside a terminal): its `KeyboardInterrupt`
+    failed the attempt and the process died by SIGINT, as bare Python does, but the outcome had no
+    exit code, so `mpvisor run` exited 1 where the bare program (or a command) gives 130. It now
+    carries -2, and is retried as any failure."""
+    marker = str(tmp_path / "marker")
+    spec = TaskSpec.restartable(fn("interrupted", "workers.basic:sleeper", 3600, marker=marker)) \
+        .with_backoff(FAST).with_max_retries(1)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        for attempt in (1, 2):
+            started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
+            os.kill(started[0][3], signal.SIGINT)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -2), outcome
+    assert (outcome.reason or "").endswith("KeyboardInterrupt"), outcome
