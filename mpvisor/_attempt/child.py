@@ -78,6 +78,10 @@ NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
+# The system calls the child makes once the target has run, bound here, before any user code:
+# a target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
+# cannot keep its attempt from reporting or from ending (every path ends in `_exit`).
+_exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
 # shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
@@ -133,7 +137,7 @@ class _Channel:
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view) :]
+            view = view[_write(self.fd, view) :]
 
     def read_exact(self, n: int) -> bytearray:
         """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
@@ -160,7 +164,7 @@ def run(fd: int) -> NoReturn:
         channel.send(Hello(os.getpid()))
         start = channel.read_start()
     except BaseException:
-        os._exit(70)  # no parent to report to: the exit status speaks for us
+        _exit(70)  # no parent to report to: the exit status speaks for us
     try:
         _adopt_environment(channel, start)
         if start.limits:
@@ -186,10 +190,10 @@ def _finish_out_of_memory(fd: int) -> NoReturn:
     try:
         sent = 0
         while sent < len(_OUT_OF_MEMORY_FRAME):
-            sent += os.write(fd, _OUT_OF_MEMORY_FRAME[sent:] if sent else _OUT_OF_MEMORY_FRAME)
+            sent += _write(fd, _OUT_OF_MEMORY_FRAME[sent:] if sent else _OUT_OF_MEMORY_FRAME)
     except BaseException:
         pass  # the channel is gone: the status speaks
-    os._exit(0)
+    _exit(0)
 
 
 def refuse(fd: int, reason: str) -> NoReturn:
@@ -200,7 +204,7 @@ def refuse(fd: int, reason: str) -> NoReturn:
         channel.send(Hello(os.getpid()))
         channel.read_start()
     except BaseException:
-        os._exit(70)
+        _exit(70)
     _finish(channel, Failure("fatal", reason))
 
 
@@ -694,7 +698,7 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
 
     exit_status = _guarded(status, lambda _: 1)
     _flush_std()
-    os._exit(exit_status)
+    _exit(exit_status)
 
 
 def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
@@ -728,8 +732,8 @@ def _end(status: int, die_by: int) -> NoReturn:
     if die_by:
         _platform.set_signal_handler(die_by, int(signal.SIG_DFL))
         _platform.signal_mask(_SIG_UNBLOCK, (die_by,))
-        os.kill(os.getpid(), die_by)
-    os._exit(status)
+        _kill(_getpid(), die_by)
+    _exit(status)
 
 
 def _encode_report(message: Message, max_frame: int) -> bytes:

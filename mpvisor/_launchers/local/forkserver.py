@@ -240,7 +240,10 @@ class Launcher:
             self._send(control.StartFailed(spawn.key, f"could not start: {_platform.start_error(exc)}"))
             return
         if pid == 0:
-            self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
+            try:
+                self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
+            finally:
+                _child._exit(70)  # never back into the launcher's code, whatever the attempt's did
         for fd in fds:
             os.close(fd)
         memory, cpu = spawn.memory, spawn.cpu
