@@ -401,11 +401,32 @@ def start_error(exc: BaseException) -> str:
     CPython's "can't start new thread" name the limit on processes (and threads) they ran into;
     CPython 3.12's refusal at interpreter shutdown ("can't create new thread at interpreter
     shutdown", "can't fork at interpreter shutdown") says when a supervisor may start."""
-    if thread_refused(exc) or (isinstance(exc, OSError) and exc.errno == errno.EAGAIN):
+    if thread_refused(exc):
+        return f"{exc}: {_no_thread()}"
+    if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
         return f"{exc}: {PROCESS_LIMIT}"
     if type(exc) is RuntimeError and str(exc).endswith("at interpreter shutdown"):
         return f"{exc}: {AT_SHUTDOWN}"
     return str(exc)
+
+
+def _no_thread() -> str:
+    """Which limit refused a thread: the kernel says the same (`EAGAIN`) when the thread's stack
+    cannot be mapped under the limit on address space (`ulimit -v`, with a large `ulimit -s`,
+    the default size of a thread's stack) as when a limit on processes was reached."""
+    space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if space != resource.RLIM_INFINITY:
+        import _thread
+
+        stack = _thread.stack_size() or resource.getrlimit(resource.RLIMIT_STACK)[0]
+        try:
+            mapped = int(read_small_file("/proc/self/statm").split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            mapped = 0
+        if stack != resource.RLIM_INFINITY and mapped + stack > space:
+            return (f"the limit on address space (ulimit -v {space // 1024}) leaves no room for a thread's stack "
+                    f"({stack // 1024} KiB, ulimit -s; {mapped // 1024} KiB mapped already)")
+    return PROCESS_LIMIT
 
 
 def thread_refused(exc: BaseException) -> bool:

@@ -6,7 +6,7 @@
 | `self_referential()` | | returns a list that contains itself (no msgpack value: the attempt is `FATAL`, with a long reason) |
 | `long_failure(length)` | | `Fail` with a reason of `length` characters |
 | `chatty(lines)` | prints `line N` on stdout, flushed, `lines` times (in a pipeline whose reader ended, a `BrokenPipeError` escapes it) | returns `lines` |
-| `uncaught(how)` | | raises, uncaught: `"own"` an exception class of this module, `"noted"` a `ValueError` with a note, `"group"` an `ExceptionGroup`, `"multiline"` a message of two lines, `"bare"` an own exception without a message, `"verdict_from"` a `Fatal` raised from a `ValueError` (a verdict: no traceback printed) |
+| `uncaught(how)` | | raises, uncaught: `"own"` an exception class of this module, `"noted"` a `ValueError` with a note, `"group"` an `ExceptionGroup`, `"multiline"` a message of two lines, `"bare"` an own exception without a message, `"local"` an exception class defined in the function (Python names it `module.function.<locals>.Class`), `"unprintable"` an exception whose `__str__` raises, `"verdict_from"` a `Fatal` raised from a `ValueError` (a verdict: no traceback printed) |
 
 Each line of `log` is one `os.write` on an `O_APPEND` fd (`_marker.append_line`): lines of
 concurrent attempts never interleave.
@@ -23,6 +23,13 @@ from ._marker import append_line, mark
 
 class OwnError(Exception):
     """An exception class outside builtins: Python's traceback names it with its module."""
+
+
+class UnprintableError(Exception):
+    """An exception whose message cannot be had: Python's traceback says `<exception str() failed>`."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
 
 
 def hold(log: str, label: str, seconds: float, marker: str | None = None) -> str:
@@ -67,6 +74,12 @@ def uncaught(how: str) -> None:
         raise RuntimeError("first line\nsecond line")
     if how == "bare":
         raise OwnError
+    if how == "local":
+        class LocalError(Exception):
+            pass
+        raise LocalError("local message")
+    if how == "unprintable":
+        raise UnprintableError
     if how == "verdict_from":
         try:
             int("x")

@@ -20,6 +20,7 @@ what the supervisor's kill, reap and framing paths are tested against.
 | `huge_result(nbytes)` | | returns `b"x" * nbytes` |
 | `unencodable()` | | returns `{1, 2}` (msgpack cannot encode a set) |
 | `hang()` | `signal.pause()` forever, unshielded | `Canceled` on a stop request |
+| `patch_os(what)` | leaves `os` patched, as a mock left in place or a green library's monkey-patching: `"exit"` `os._exit` and `sys.exit` that return, `"write"` an `os.write` that writes nothing | returns `"patched"` |
 
 `record_path` receives one JSON line per descendant, `{"role", "pid", "create_time"}`, all in
 one atomic write once every descendant exists, so a reader sees none or all of them. Roles:
@@ -303,3 +304,16 @@ def hang(marker: str | None = None) -> NoReturn:
     mark(marker, "started")
     while True:
         signal.pause()
+
+
+def patch_os(what: str, marker: str | None = None) -> str:
+    """Leave `os` patched as `what` says (the table above), then return."""
+    mark(marker, "started")
+    if what == "exit":
+        os._exit = lambda status: None  # type: ignore[assignment]
+        sys.exit = lambda *args: None  # type: ignore[assignment]
+    elif what == "write":
+        os.write = lambda fd, data: 0  # type: ignore[assignment]
+    else:
+        raise ValueError(what)
+    return "patched"

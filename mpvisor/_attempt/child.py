@@ -12,14 +12,15 @@ returns: every path ends in `os._exit`.
 | returns an encodable value within `max_frame` | `Result(value)` | 0 |
 | returns something msgpack cannot carry (whatever its hooks raise, `SystemExit` included), or too large | `Failure("fatal", ...)` naming the type / the size | 0 |
 | returns a value whose encoding runs out of memory | `Failure("error", "the result ... cannot be sent ...: MemoryError")` | 0 |
-| raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")` | 0 |
+| raises `Fail` / `Fatal` / `Canceled` | `Failure("fail"/"fatal"/"canceled")`; a `Canceled` that a SIGTERM raised (a SIGTERM pending before the call too) carries `exit_code=-15`, so the parent can tell one it did not send from a `Canceled` raised on purpose | 0 |
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
-| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt")`, retryable | death by SIGINT, as Python's |
+| is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
+| lets a `KeyboardInterrupt` escape (a SIGINT: Ctrl-C, `kill -INT`) | `Failure("error", "KeyboardInterrupt", -2, traceback)`: the exit code of the death that follows | death by SIGINT, as Python's |
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
@@ -77,6 +78,10 @@ NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
+# The system calls the child makes once the target has run, bound here, before any user code:
+# a target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
+# cannot keep its attempt from reporting or from ending (every path ends in `_exit`).
+_exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
 # shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
@@ -132,7 +137,7 @@ class _Channel:
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view) :]
+            view = view[_write(self.fd, view) :]
 
     def read_exact(self, n: int) -> bytearray:
         """Exactly `n` bytes, read into one preallocated buffer (no chunk is copied twice)."""
@@ -159,7 +164,7 @@ def run(fd: int) -> NoReturn:
         channel.send(Hello(os.getpid()))
         start = channel.read_start()
     except BaseException:
-        os._exit(70)  # no parent to report to: the exit status speaks for us
+        _exit(70)  # no parent to report to: the exit status speaks for us
     try:
         _adopt_environment(channel, start)
         if start.limits:
@@ -185,10 +190,10 @@ def _finish_out_of_memory(fd: int) -> NoReturn:
     try:
         sent = 0
         while sent < len(_OUT_OF_MEMORY_FRAME):
-            sent += os.write(fd, _OUT_OF_MEMORY_FRAME[sent:] if sent else _OUT_OF_MEMORY_FRAME)
+            sent += _write(fd, _OUT_OF_MEMORY_FRAME[sent:] if sent else _OUT_OF_MEMORY_FRAME)
     except BaseException:
         pass  # the channel is gone: the status speaks
-    os._exit(0)
+    _exit(0)
 
 
 def refuse(fd: int, reason: str) -> NoReturn:
@@ -199,7 +204,7 @@ def refuse(fd: int, reason: str) -> NoReturn:
         channel.send(Hello(os.getpid()))
         channel.read_start()
     except BaseException:
-        os._exit(70)
+        _exit(70)
     _finish(channel, Failure("fatal", reason))
 
 
@@ -257,7 +262,7 @@ def _adopt_environment(channel: _Channel, start: Start) -> None:
 def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     channel.send(Calling())
     if signal.SIGTERM in signal.sigpending():
-        _finish(channel, Failure("canceled", "canceled before the program was started"))
+        _finish(channel, Failure("canceled", "canceled before the program was started", -_SIGTERM_NUM))
     for signum in _RESET_AT_EXEC:
         signal.signal(signum, signal.SIG_IGN if signum in kept_ignored else signal.SIG_DFL)
     _flush_std()
@@ -359,7 +364,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         # by SIGINT as Python does, as it would once the target was called (`_call`)
         interrupted = isinstance(exc, KeyboardInterrupt)
         kind = "error" if interrupted else _kind_of_failing(exc)
-        _finish(channel, Failure(kind, reason, traceback=_traceback(exc, _IMPORT_MACHINERY)),
+        _finish(channel, Failure(kind, reason, -int(signal.SIGINT) if interrupted else None,
+                                 _traceback(exc, _IMPORT_MACHINERY)),
                 die_by=int(signal.SIGINT) if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
@@ -383,7 +389,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     _context._install(ctx)
     channel.send(Calling())
     if _SIGTERM_NUM in _platform.pending_signals():
-        _finish(channel, Failure("canceled", "canceled before the target was called"))
+        _finish(channel, Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if os.getpid() != attempt:
@@ -492,15 +498,15 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         finally:
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
         return Result(value), 0
-    except Canceled:
-        return Failure("canceled", "the attempt was canceled"), 0
+    except Canceled:  # by a SIGTERM (the parent's, or one it did not send: exit_code says so), or raised on purpose
+        return Failure("canceled", "the attempt was canceled", -_SIGTERM_NUM if ctx.cancelled else None), 0
     except (Fail, Fatal) as exc:
         return _verdict(exc), 0
     except SystemExit as exc:
         _exit_like_sys_exit(exc)
     except KeyboardInterrupt as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), int(signal.SIGINT)
+        return Failure("error", _describe(exc), -int(signal.SIGINT), _traceback(exc, _MPVISOR)), int(signal.SIGINT)
     except BaseException as exc:
         refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)
@@ -692,7 +698,7 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
 
     exit_status = _guarded(status, lambda _: 1)
     _flush_std()
-    os._exit(exit_status)
+    _exit(exit_status)
 
 
 def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
@@ -726,8 +732,8 @@ def _end(status: int, die_by: int) -> NoReturn:
     if die_by:
         _platform.set_signal_handler(die_by, int(signal.SIG_DFL))
         _platform.signal_mask(_SIG_UNBLOCK, (die_by,))
-        os.kill(os.getpid(), die_by)
-    os._exit(status)
+        _kill(_getpid(), die_by)
+    _exit(status)
 
 
 def _encode_report(message: Message, max_frame: int) -> bytes:

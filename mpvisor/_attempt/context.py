@@ -100,8 +100,8 @@ class TaskContext:
 
     @property
     def cancelled(self) -> bool:
-        """True once the parent asked this attempt to stop (removal, replace, shutdown or timeout);
-        it never turns false again."""
+        """True once the parent asked this attempt to stop (removal, replace, shutdown or timeout),
+        or anyone else sent it SIGTERM; it never turns false again."""
         return self._cancelled
 
     def check_cancelled(self) -> None:

@@ -154,12 +154,12 @@ def uncaught_traceback(reason: str | None, traceback: str | None) -> str | None:
     verdict (`Fail`, `Fatal`: the reason is the message meant for people, as `sys.exit("...")`
     prints no traceback) or has no traceback. An uncaught exception's reason is `Type: message`
     of the traceback's final exception (after `cannot import target ...: ` for an import, or a
-    limit's words)."""
+    limit's words), or `<Type: str() raised Other>` when its message could not be had."""
     if not traceback:
         return None
     name = _final_exception_type(traceback)
     first = (reason or "").partition("\n")[0]
-    if name is None or re.search(rf"(?:^|: ){re.escape(name)}(?::|$)", first) is None:
+    if name is None or re.search(rf"(?:^|: )<?{re.escape(name)}(?::|$)", first) is None:
         return None
     return traceback.rstrip()
 
@@ -179,7 +179,8 @@ def _final_exception_type(traceback: str) -> str | None:
             line = line[4:]
         if line and not line[0].isspace():
             head = line.partition(": ")[0].rstrip(":")
-            return head.rpartition(".")[2] if re.fullmatch(r"[\w.]+", head) else None
+            # a class defined in a function is named `module.function.<locals>.Class`
+            return head.rpartition(".")[2] if re.fullmatch(r"[\w.]+(?:\.<locals>\.[\w.]+)*", head) else None
     return None
 
 

@@ -16,7 +16,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
 | 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
-| 8 | a report (no stop requested) | by the report's kind |
+| 8 | a report (no stop requested) | by the report's kind; but a `Canceled` that a SIGTERM raised (its `exit_code` -15), which mpvisor did not send (`kill PID` of the attempt, an OOM daemon's), is FAILED `stopped by a SIGTERM that mpvisor did not send: ...`, exit_code -15, as the bare program would have died by it |
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
 | 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N; but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that) writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
 
@@ -92,7 +92,8 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     The evidence: the launcher's word that the tree exceeded its memory limit (`ExitStatus.memory`,
     with the mechanism: its cgroup's OOM kill, or the watcher) or used up its CPU time
     (`ExitStatus.cpu`: its cgroup's `cpu.stat`, or the launcher's accounting), a `MemoryError`
-    under an address-space limit, `EMFILE` under an open-files limit. A `MemoryError` under a memory limit alone is not
+    (or a thread refused: its stack is mapped in the same address space) under an address-space
+    limit, `EMFILE` under an open-files limit. A `MemoryError` under a memory limit alone is not
     evidence (the tree's resident memory was not over it)."""
     limits = f.limits or {}
     if end.kind is not AttemptResult.FAILED or not limits:
@@ -101,7 +102,7 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     found: tuple[str, str] | None = None
     if limits.get("memory") and f.status is not None and f.status.memory:
         found = ("memory", f"memory limit exceeded ({_bytes(limits['memory'])}, {f.status.memory})")
-    elif limits.get("as") and "MemoryError" in reason:
+    elif limits.get("as") and ("MemoryError" in reason or _THREAD_REFUSED in reason):
         found = ("address_space", f"address space limit exceeded ({_bytes(limits['as'])})")
     elif limits.get("nofile") and "[Errno 24]" in reason:
         found = ("open_files", f"open files limit exceeded ({limits['nofile']})")
@@ -112,6 +113,9 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     kind, head = found
     return AttemptEnd(end.kind, f"{head}: {reason}" if reason else head, end.exit_code, end.value, end.traceback,
                       end.killed, kind)
+
+
+_THREAD_REFUSED = "can't start new thread"  # CPython's RuntimeError when the kernel makes no thread
 
 
 def _bytes(n: int) -> str:
@@ -185,17 +189,26 @@ def _measured_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
+SIGTERM = 15  # signal.SIGTERM on Linux: a `Canceled` a SIGTERM raised is reported with exit_code -15
+
+
 def from_report(report: Result | Failure, killed: str | None = None) -> AttemptEnd:
-    """What a report (result or failure frame) says about the attempt, on its own."""
+    """What a report (result or failure frame) says about the attempt, on its own: read before
+    any stop request of the parent's (rules 2 and 8)."""
     if isinstance(report, Result):
         return AttemptEnd(AttemptResult.SUCCEEDED, value=report.value, killed=killed)
+    if report.kind == "canceled" and report.exit_code == -SIGTERM:
+        # a stop by a SIGTERM read before any request of the parent's: nobody here asked for it
+        return AttemptEnd(AttemptResult.FAILED, f"stopped by a SIGTERM that mpvisor did not send: {report.reason}",
+                          report.exit_code, killed=killed)
     kind = {
         "fail": AttemptResult.FAILED,
         "error": AttemptResult.FAILED,
         "fatal": AttemptResult.FATAL,
         "canceled": AttemptResult.CANCELED,
     }[report.kind]
-    return AttemptEnd(kind, report.reason, report.exit_code, traceback=report.traceback, killed=killed)
+    exit_code = None if report.kind == "canceled" else report.exit_code
+    return AttemptEnd(kind, report.reason, exit_code, traceback=report.traceback, killed=killed)
 
 
 def _from_status(f: Facts) -> AttemptEnd:

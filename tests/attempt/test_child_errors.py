@@ -12,6 +12,7 @@ attempt and a retryable one as two.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -197,3 +198,19 @@ async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_g
     for code, interpreter, (outcome, ends) in zip(EXIT_CODES, statuses, ended, strict=True):
         assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (code, outcome, interpreter)
         assert [e.exit_code for e in ends] == [interpreter, interpreter], (code, ends)
+
+
+@pytest.mark.parametrize("what", ["exit", "write"])
+def test_a_target_that_leaves_os_patched_still_reports_and_ends(what):
+    """A target that leaves `os._exit` or `os.write` patched (a mock left in place, a green
+    library's monkey-patching): the child called them after the target returned, so a no-op
+    `os._exit` sent the attempt process back into the fork server's code (a second launcher,
+    its traceback on stderr), and an `os.write` that writes nothing spun for ever on the report
+    (the run never ended). The child binds its own at import: each reports and ends as the
+    contract says, and `mpvisor run` says so."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "workers.misbehave:patch_os", what], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (done.returncode, done.stdout) == (0, '"patched"\n'), done

@@ -5,7 +5,11 @@ guardian's death sends the launcher SIGUSR1; but an attempt may signal what it t
 master (`os.kill(os.getppid(), signal.SIGUSR1)`), and an operator's `pkill -USR1 -f myapp` (log
 files reopened) matches the launcher's command line, which holds `sys.path`. Each ended the
 launcher, or made it stop everything as if its parent had died: every running attempt of the
-supervisor ended `launcher died while attempt pid N ran`.
+supervisor ended `launcher died while attempt pid N ran`. So did a SIGTRAP, SIGSYS, SIGBUS,
+SIGSEGV, SIGFPE, SIGILL, SIGABRT or SIGXCPU sent to either.
+
+A SIGTERM sent to an attempt from outside (`kill PID`, an OOM daemon such as earlyoom) is no
+stop request of mpvisor's: it ended the task `CANCELED`, never retried.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import signal
 import pytest
 
 from mpvisor import OutcomeKind, SupervisorConfig, TaskSpec
-from tests._support import Gate, once, supervised
+from tests._support import FAST, Gate, async_wait_for, fn, once, supervised, words
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
 
-STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT")
+# and those a fault raises, which only a stray kill() sends (the kernel's own always kill), and SIGXCPU
+STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGBUS", "SIGSEGV", "SIGFPE",
+         "SIGILL", "SIGABRT")
 
 
 async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp_path):
@@ -43,3 +49,43 @@ async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp
         _, after = await handle.add_and_watch(once("after", "workers.basic:env_probe"))
         probed = await after.wait()
         assert probed.kind is OutcomeKind.COMPLETED, probed
+
+
+async def test_a_sigterm_mpvisor_did_not_send_is_a_retryable_failure_not_a_cancel(tmp_path):
+    """`kill PID` of a Python target's attempt raised `Canceled` in it, and the task ended
+    `CANCELED` (`the attempt was canceled`, not retried, even under `on-failure`), though
+    nobody had asked it to stop, while the same SIGTERM to a program is a retryable failure:
+    each attempt now fails, saying why, exit code -15 (so `mpvisor run` exits 143, as for the
+    bare program), and is retried; a `Canceled` the target raises on purpose still cancels."""
+    marker = str(tmp_path / "marker")
+    spec = TaskSpec.restartable(fn("killed", "workers.basic:sleeper", 3600, marker=marker)) \
+        .with_backoff(FAST).with_max_retries(1)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        for attempt in (1, 2):
+            started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
+            os.kill(started[0][3], signal.SIGTERM)
+        outcome = await waiter.wait()
+        _, own = await handle.add_and_watch(once("own", "workers.basic:self_canceled"))
+        deliberate = await own.wait()
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -15), outcome
+    assert "stopped by a SIGTERM that mpvisor did not send" in (outcome.reason or ""), outcome
+    assert (deliberate.kind, deliberate.exit_code) == (OutcomeKind.CANCELED, None), deliberate
+
+
+async def test_a_target_interrupted_by_sigint_ends_with_its_exit_code(tmp_path):
+    """`kill -INT PID` of a Python target's attempt (outside a terminal): its `KeyboardInterrupt`
+    failed the attempt and the process died by SIGINT, as bare Python does, but the outcome had no
+    exit code, so `mpvisor run` exited 1 where the bare program (or a command) gives 130. It now
+    carries -2, and is retried as any failure."""
+    marker = str(tmp_path / "marker")
+    spec = TaskSpec.restartable(fn("interrupted", "workers.basic:sleeper", 3600, marker=marker)) \
+        .with_backoff(FAST).with_max_retries(1)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        for attempt in (1, 2):
+            started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
+            os.kill(started[0][3], signal.SIGINT)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -2), outcome
+    assert (outcome.reason or "").endswith("KeyboardInterrupt"), outcome

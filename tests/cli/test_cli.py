@@ -534,6 +534,8 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
 @pytest.mark.parametrize("how, last", [
     ("own", "workers.cli_probes.OwnError: own message"),  # Python names a class outside builtins with its module
     ("bare", "workers.cli_probes.OwnError"),
+    ("local", "workers.cli_probes.uncaught.<locals>.LocalError: local message"),
+    ("unprintable", "workers.cli_probes.UnprintableError: <exception str() failed>"),
     ("noted", "the note"),
     ("group", "    +------------------------------------"),
     ("multiline", "second line"),
@@ -1051,6 +1053,22 @@ def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path, most
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("mpvisor: ") and "a limit on processes was reached (ulimit -u, or a pids cgroup)" in last, \
+        done.stderr
+
+
+def test_a_thread_the_address_space_limit_refuses_is_said_so_not_blamed_on_processes(tmp_path):
+    """`ulimit -v` with a thread's stack (`ulimit -s`, its default size) that does not fit in
+    it: the kernel refuses the launcher's thread as it does past a limit on processes, and
+    mpvisor said `a limit on processes was reached (ulimit -u, or a pids cgroup)`, sending the
+    user to the wrong limit. Now one line names the limit on address space and the stack."""
+    python = shlex.quote(sys.executable)
+    script = f"ulimit -v 400000 && ulimit -s 1000000 && exec {python} -m mpvisor run -- true"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("mpvisor: ") and "ulimit -u" not in last, done.stderr
+    assert "the limit on address space (ulimit -v 400000) leaves no room for a thread's stack (1000000 KiB" in last, \
         done.stderr
 
 

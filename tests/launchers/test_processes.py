@@ -899,6 +899,31 @@ async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path)
         assert later.value == "later" and launcher_pid(handle) != launcher
 
 
+@pytest.mark.parametrize("stopped", ["launcher", "guardian"])
+async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_a_kills_answer(stopped):
+    """The launcher or its guardian SIGSTOPped while nothing runs (`kill -STOP` of either): the
+    shutdown waited the whole `CLOSE_WAIT` (5 s) for it to exit, which it cannot do stopped,
+    and only then killed the guardian (`mpvisor run` printed its outcome line 5 s after the
+    task ended). Now the stopped one is SIGKILLed `KILL_ANSWER` s after it was asked to stop,
+    and said; both are gone when the shutdown returns."""
+    from mpvisor._launchers.local.client import CLOSE_WAIT, KILL_ANSWER
+
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        _, done = await finished(handle, events, once("quick", basic.quick, "done"))
+        assert done.value == "done", done
+        launcher = launcher_pid(handle)
+        guardian = psutil.Process(launcher).ppid()
+        os.kill(launcher if stopped == "launcher" else guardian, signal.SIGSTOP)
+        began = time.monotonic()
+    took = time.monotonic() - began
+    assert took < CLOSE_WAIT - 1, f"the shutdown took {took:.2f} s"
+    assert not alive(launcher) and not alive(guardian), (launcher, guardian)
+    said = [e.reason for e in events.of(EventKind.RUNTIME_FAILURE)]
+    pid = launcher if stopped == "launcher" else guardian
+    assert any(f"the {stopped} (pid {pid}) is stopped" in (r or "") for r in said), said
+    assert took >= KILL_ANSWER, "killed before it had its time to answer"
+
+
 @pytest.mark.timeout(60)
 async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_sessions_is_gone(tmp_path):
     """A tree that can only die one level at a time (eight levels, each in a session of its own

@@ -29,6 +29,8 @@ KILLED = "killed pid 7: it did not stop within the grace window of 1.0 s"
         (Failure("error", "RuntimeError: kaboom"), AttemptResult.FAILED, None),
         (Failure("fatal", "unrecoverable", 137), AttemptResult.FATAL, 137),
         (Failure("canceled", "the attempt was canceled"), AttemptResult.CANCELED, None),
+        # a `Canceled` a SIGTERM raised, read before any stop request: a SIGTERM mpvisor did not send
+        (Failure("canceled", "the attempt was canceled", -signal.SIGTERM), AttemptResult.FAILED, -signal.SIGTERM),
     ],
 )
 @pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV])
@@ -55,7 +57,7 @@ def test_an_exit_before_reporting_is_a_retryable_failure(status, exit_code, word
 
 @pytest.mark.parametrize(
     "report",
-    [None, Result(1), Failure("fail", "x"), Failure("fatal", "x"), Failure("canceled", "x")],
+    [None, Result(1), Failure("fail", "x"), Failure("fatal", "x"), Failure("canceled", "x"), Failure("canceled", "x", -signal.SIGTERM)],
 )
 @pytest.mark.parametrize("status", [EXIT0, EXIT3, SEGV, KILL])
 @pytest.mark.parametrize("killed", [None, KILLED])

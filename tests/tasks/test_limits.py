@@ -34,6 +34,9 @@ CASES = [
      "address space limit exceeded (256 MiB): MemoryError"),
     ("address_space", TaskSpec.once(fn("hoard", limits.hoard)).with_limits(address_space=256 * 2**20),
      "address space limit exceeded (256 MiB): MemoryError"),  # no memory left for the report: the one built in advance
+    # a thread's stack (8 MiB each) is mapped in the address space too: a thread refused is the limit's evidence
+    ("address_space", TaskSpec.once(fn("threads", limits.sleeping_threads, 80)).with_limits(address_space=512 * 2**20),
+     "address space limit exceeded (512 MiB): RuntimeError: can't start new thread"),
     ("cpu", TaskSpec.once(fn("spin", limits.spin)).with_limits(cpu_seconds=0.3), "cpu limit exceeded (0.3 s, cgroup v2 cpu.stat): "),
     ("open_files", TaskSpec.once(fn("files", limits.open_all)).with_limits(open_files=40),
      "open files limit exceeded (40): OSError: [Errno 24]"),

@@ -652,11 +652,16 @@ class LauncherClient:
         self._wake.set()
         self._restart.set()
         try:
-            await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT)
+            # a launcher or guardian stopped by a signal (SIGSTOP) cannot exit: killed once it had its time
+            await asyncio.wait_for(asyncio.shield(self._gone), KILL_ANSWER)
         except TimeoutError:
-            if self._proc is not None:
-                self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
-            await asyncio.shield(self._gone)
+            self._unless_stopped(f"was asked {KILL_ANSWER:g} s ago to stop")
+            try:
+                await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_WAIT - KILL_ANSWER)
+            except TimeoutError:
+                if self._proc is not None:
+                    self._proc.kill()  # it did not stop: its attempts die with it (parent-death signal)
+                await asyncio.shield(self._gone)
         # `_gone` is resolved as the keeper's last step: the join only waits for it to return, so
         # no mpvisor thread outlives the shutdown that closed it.
         self._thread.join(timeout=1.0)

@@ -70,7 +70,13 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 # gone; the guardian ignores it too.)
 STRAY_SIGNALS = tuple(s for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT, signal.SIGVTALRM,
                                   signal.SIGPROF, getattr(signal, "SIGPOLL", None), getattr(signal, "SIGPWR", None),
-                                  getattr(signal, "SIGSTKFLT", None)) if s is not None)
+                                  getattr(signal, "SIGSTKFLT", None), signal.SIGXCPU) if s is not None)
+# The signals a fault raises: ignored too, unless faulthandler handles them, so that a stray one
+# (sent with kill()) ends nothing, while a real fault still does: the kernel resets an ignored
+# one to its default before it delivers it (a SIGSEGV, SIGBUS, SIGFPE, SIGILL, a breakpoint's
+# SIGTRAP, seccomp's SIGSYS), and abort() raises SIGABRT again with its default.
+FAULT_SIGNALS = (signal.SIGTRAP, signal.SIGSYS, signal.SIGBUS, signal.SIGSEGV, signal.SIGFPE, signal.SIGILL,
+                 signal.SIGABRT)
 # Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
 _RESET_IN_ATTEMPTS = tuple(sorted({int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD,
                                                     PARENT_DEATH_SIGNAL, *STRAY_SIGNALS)}))
@@ -234,7 +240,10 @@ class Launcher:
             self._send(control.StartFailed(spawn.key, f"could not start: {_platform.start_error(exc)}"))
             return
         if pid == 0:
-            self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
+            try:
+                self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
+            finally:
+                _child._exit(70)  # never back into the launcher's code, whatever the attempt's did
         for fd in fds:
             os.close(fd)
         memory, cpu = spawn.memory, spawn.cpu
@@ -1047,6 +1056,20 @@ def _preload(modules: list[str], announce: Callable[[str], None]) -> str | None:
     return None
 
 
+def _ignore_stray_faults() -> None:
+    """Ignore `FAULT_SIGNALS` still at their default (the guardian and the launcher; their
+    attempts get the default back), unless faulthandler is on: its handlers, which every attempt
+    inherits, stay."""
+    global _RESET_IN_ATTEMPTS
+    handler = sys.modules.get("faulthandler")
+    if handler is not None and handler.is_enabled():
+        return
+    taken = [int(s) for s in FAULT_SIGNALS if signal.getsignal(s) == signal.SIG_DFL]
+    for signum in taken:
+        signal.signal(signum, signal.SIG_IGN)
+    _RESET_IN_ATTEMPTS = tuple(sorted({*_RESET_IN_ATTEMPTS, *taken}))
+
+
 def main(argv: list[str]) -> None:
     """The launcher's life: `argv` is the parent's pid, the control socket's fd, the fd of the
     parent's own stderr (or -1), then the `preload` modules.
@@ -1064,6 +1087,7 @@ def main(argv: list[str]) -> None:
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     for signum in STRAY_SIGNALS:  # the guardian's and the launcher's (attempts get their defaults back)
         signal.signal(signum, signal.SIG_IGN)
+    _ignore_stray_faults()
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
     _prepare_process(guardian)  # from here on: the launcher
