@@ -16,7 +16,7 @@ returns: every path ends in `os._exit`.
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
-| calls `sys.exit(n)` | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
+| calls `sys.exit(n)` (or its module does, as it is imported) | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
@@ -357,6 +357,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         target = _import_target(start)
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
+    except SystemExit as exc:  # the module ended the program as it was imported: as Python ends it
+        _exit_like_sys_exit(exc)
     except BaseException as exc:
         _release_frames(exc)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}"

@@ -114,6 +114,17 @@ def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
     assert done.returncode == status, done.stderr
 
 
+def test_a_module_that_exits_as_it_is_imported_ends_the_run_as_python_ends(tmp_path):
+    """A target whose module calls `sys.exit(9)` at its top (a script written to be run, which
+    checks its arguments and exits): status 9 and no traceback, as `python -c 'import mod'`
+    gives; the outcome says `failed`, exit code 9. (It was `fatal`, a `SystemExit: 9`
+    traceback, status 1.)"""
+    done = mpvisor(tmp_path, "run", "workers.exits_on_import:target")
+    assert done.returncode == 9, done.stderr
+    assert "Traceback" not in done.stderr and "SystemExit" not in done.stderr, done.stderr
+    assert ": failed " in outcome_line(done.stderr) and "exit_code=9 " in outcome_line(done.stderr), done.stderr
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
@@ -1070,6 +1081,26 @@ def test_a_thread_the_address_space_limit_refuses_is_said_so_not_blamed_on_proce
     assert last.startswith("mpvisor: ") and "ulimit -u" not in last, done.stderr
     assert "the limit on address space (ulimit -v 400000) leaves no room for a thread's stack (1000000 KiB" in last, \
         done.stderr
+
+
+def test_memory_the_command_could_not_have_is_one_line_naming_the_limit(tmp_path):
+    """A `MemoryError` that escapes the command (`ulimit -v` too small for the interpreter and
+    mpvisor's modules: `(ulimit -v 25000; mpvisor run -- true)` here) is one line naming the
+    limit on address space, status 1, not a traceback as for a bug. (Which limit starts the
+    interpreter but not mpvisor differs by Python version: the error is raised here, under a
+    limit set in the process.)"""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = 2**40 if hard == resource.RLIM_INFINITY else hard  # a limit no import here comes near
+    code = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({soft}, {hard})); "
+            "from mpvisor._cli import entry; raise SystemExit(entry._unexpected(MemoryError()))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                          timeout=30)
+    limit = soft // 1024
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == ("mpvisor: out of memory before the command could run: its address space is limited to "
+                           f"{limit} KiB (ulimit -v)\n"), done.stderr
 
 
 def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):
