@@ -129,13 +129,15 @@ def _unblock_signals() -> None:
 
 def _unexpected(exc: BaseException) -> int:
     """Status 1 for what escaped the command: a thread the host refused to start (a limit on
-    processes, wherever the command meant to start one) is one line naming the limit; anything
+    processes, wherever the command meant to start one) or memory it could not have (a limit
+    on address space too small for the interpreter) is one line naming the limit; anything
     else is a bug, whose traceback is printed as the interpreter would print it."""
     from mpvisor import _platform
 
-    if _platform.thread_refused(exc):
+    if _platform.thread_refused(exc) or isinstance(exc, MemoryError):
+        said = _platform.start_error(exc) if not isinstance(exc, MemoryError) else _out_of_memory()
         try:
-            os.write(2, f"mpvisor: {_platform.start_error(exc)}\n".encode())
+            os.write(2, f"mpvisor: {said}\n".encode())
         except OSError:
             pass  # no stderr to say it on: the status says it failed
     else:
@@ -143,6 +145,22 @@ def _unexpected(exc: BaseException) -> int:
 
         traceback.print_exc()
     return 1
+
+
+def _out_of_memory() -> str:
+    """What a `MemoryError` that escaped the command means: the host, or a limit on this
+    process's address space (`ulimit -v`, too small for the interpreter and its modules), left
+    it too little memory."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        soft = -1 if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, MemoryError, OSError):
+        soft = -1
+    if soft < 0:
+        return "out of memory before the command could run"
+    return f"out of memory before the command could run: its address space is limited to {soft // 1024} KiB (ulimit -v)"
 
 
 def _imported() -> None:

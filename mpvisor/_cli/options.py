@@ -15,7 +15,7 @@ nothing of this module).
 | `retries`, `positive_count`, `limit_count` | a whole number >= 0, >= 1, from 1 to 2**63 - 1 | `--max-retries`, `--max-concurrent`, `--open-files` |
 | `backoff` | `FIRST[:MAX[:FACTOR]]` | `--backoff 0.5:30` |
 | `jitter`, `choice(...)` | one of the names | `--jitter`, `--restart`, `--policy` |
-| `byte_size` | bytes, `512M`, `1G` (at most 2**63 - 1 bytes) | `--memory`, `--address-space` |
+| `byte_size` | bytes, `512M`, `512Mi`, `1G` (from 1 to 2**63 - 1 bytes) | `--memory`, `--address-space` |
 | `cpus` | a number of CPUs from 0.01 to 100000 | `--cpus` |
 | `intensity` | `N/SECONDS` | `--intensity 3/60` |
 | `task_name`, `slot_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, `--slot`, TARGET, `--ray`, ARG |
@@ -323,15 +323,17 @@ def slot_name(text: str) -> str:
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-SIZE_EXAMPLES = "e.g. 1048576, 512M, 1G; at most 2**63 - 1 bytes"
+SIZE_EXAMPLES = "e.g. 1048576, 512M, 1G; from 1 to 2**63 - 1 bytes"
 
 
 def byte_size(text: str) -> int:
     """An argparse `type=`: a size in bytes, `512M`, `1G`, `0.1G` (binary units, an optional
-    `iB`/`B`; a fraction of a unit is rounded down to whole bytes), read exactly (a long number
+    `i`, `iB` or `B`: `512Mi`, `512MiB`; a fraction of a unit is rounded down to whole bytes), read exactly (a long number
     is not rounded through a float), then held to the library's rule for a size
     (`_model/checks.size`: from 1 to 2**63 - 1), so a size the library refuses is a usage error."""
-    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number = text.strip().upper().removesuffix("B")
+    if number[-1:] == "I" and number[-2:-1] in _UNITS and number[-2:-1]:  # `512Mi`, `512MiB`: the same unit
+        number = number[:-1]
     unit = number[-1:] if number[-1:] in _UNITS and number[-1:] else ""
 
     def exact(_: str) -> int | None:

@@ -421,7 +421,7 @@ def test_intensity_becomes_the_specs_restart_intensity():
     assert spec.restart_intensity == RestartIntensity(3, 60.0)
 
 
-@pytest.mark.parametrize(("size", "expected"), [("9223372036854775807", 2**63 - 1), ("9007199254740993", 2**53 + 1), ("1048576", 2**20), ("512M", 512 * 2**20), ("1G", 2**30), ("1GiB", 2**30), ("64k", 64 * 2**10), ("1.5G", 3 * 2**29), ("0.1G", 107374182)])
+@pytest.mark.parametrize(("size", "expected"), [("9223372036854775807", 2**63 - 1), ("9007199254740993", 2**53 + 1), ("1048576", 2**20), ("512M", 512 * 2**20), ("1G", 2**30), ("1GiB", 2**30), ("1Gi", 2**30), ("512Mi", 512 * 2**20), ("1.5gi", 3 * 2**29), ("64k", 64 * 2**10), ("1.5G", 3 * 2**29), ("0.1G", 107374182)])
 def test_limits_become_the_specs_limits(size, expected):
     """`--memory SIZE --cpu S --open-files N` is `with_limits(memory, cpu_seconds, open_files)`."""
     from mpvisor import Limits

@@ -33,7 +33,7 @@ def mpvisor(cwd: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
         (["--intensity", "-1/5"], "mpvisor run: error: argument --intensity: expected N/SECONDS (N >= 0 restarts "
                                   "within SECONDS > 0, a number or one with a unit: 500ms, 30s, 5m, 1h), got '-1/5' "
                                   "(see mpvisor run --help)"),
-        (["--memory", "-5M"], "mpvisor run: error: argument --memory: expected a size in bytes (e.g. 1048576, 512M, 1G; at most 2**63 - 1 bytes), "
+        (["--memory", "-5M"], "mpvisor run: error: argument --memory: expected a size in bytes (e.g. 1048576, 512M, 1G; from 1 to 2**63 - 1 bytes), "
                               "got '-5M' (see mpvisor run --help)"),
     ],
 )
