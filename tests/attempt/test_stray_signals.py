@@ -15,11 +15,12 @@ stop request of mpvisor's: it ended the task `CANCELED`, never retried.
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 
 import pytest
 
-from mpvisor import OutcomeKind, SupervisorConfig, TaskSpec
+from mpvisor import OutcomeKind, SupervisorConfig, TaskOutcome, TaskSpec
 from tests._support import FAST, Gate, async_wait_for, fn, once, supervised, words
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
@@ -57,15 +58,8 @@ async def test_a_sigterm_mpvisor_did_not_send_is_a_retryable_failure_not_a_cance
     nobody had asked it to stop, while the same SIGTERM to a program is a retryable failure:
     each attempt now fails, saying why, exit code -15 (so `mpvisor run` exits 143, as for the
     bare program), and is retried; a `Canceled` the target raises on purpose still cancels."""
-    marker = str(tmp_path / "marker")
-    spec = TaskSpec.restartable(fn("killed", "workers.basic:sleeper", 3600, marker=marker)) \
-        .with_backoff(FAST).with_max_retries(1)
+    outcome = await _each_attempt_sent(signal.SIGTERM, tmp_path)
     async with supervised(SupervisorConfig(grace=1)) as (handle, _):
-        _, waiter = await handle.add_and_watch(spec)
-        for attempt in (1, 2):
-            started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
-            os.kill(started[0][3], signal.SIGTERM)
-        outcome = await waiter.wait()
         _, own = await handle.add_and_watch(once("own", "workers.basic:self_canceled"))
         deliberate = await own.wait()
     assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -15), outcome
@@ -78,14 +72,20 @@ async def test_a_target_interrupted_by_sigint_ends_with_its_exit_code(tmp_path):
     failed the attempt and the process died by SIGINT, as bare Python does, but the outcome had no
     exit code, so `mpvisor run` exited 1 where the bare program (or a command) gives 130. It now
     carries -2, and is retried as any failure."""
+    outcome = await _each_attempt_sent(signal.SIGINT, tmp_path)
+    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -2), outcome
+    assert (outcome.reason or "").endswith("KeyboardInterrupt"), outcome
+
+
+async def _each_attempt_sent(signum: int, tmp_path: pathlib.Path) -> TaskOutcome:
+    """The outcome of a Python target that sleeps, restartable once, each of whose two attempts
+    is sent `signum` by a process that is not mpvisor (`kill`) once it runs."""
     marker = str(tmp_path / "marker")
-    spec = TaskSpec.restartable(fn("interrupted", "workers.basic:sleeper", 3600, marker=marker)) \
+    spec = TaskSpec.restartable(fn("signalled", "workers.basic:sleeper", 3600, marker=marker)) \
         .with_backoff(FAST).with_max_retries(1)
     async with supervised(SupervisorConfig(grace=1)) as (handle, _):
         _, waiter = await handle.add_and_watch(spec)
         for attempt in (1, 2):
             started = await async_wait_for(lambda n=attempt: [m for m in words(marker, "started") if m[2] == n])
-            os.kill(started[0][3], signal.SIGINT)
-        outcome = await waiter.wait()
-    assert (outcome.kind, outcome.attempts, outcome.exit_code) == (OutcomeKind.FAILED, 2, -2), outcome
-    assert (outcome.reason or "").endswith("KeyboardInterrupt"), outcome
+            os.kill(started[0][3], signum)
+        return await waiter.wait()
