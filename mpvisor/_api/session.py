@@ -42,7 +42,7 @@ from mpvisor._tasks.registry import TaskWaiter
 if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
 
-INTERRUPTED_TWICE = "interrupted again (a SIGINT during the shutdown): killed at once, without waiting for the grace window"
+INTERRUPTED_AGAIN = "interrupted again (a SIGINT during the shutdown): killed at once, without waiting for the grace window"
 
 
 def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
@@ -140,10 +140,10 @@ class _SignalHandlers:
     `nohup`, stays ignored; a task file's run takes SIGHUP over as a reload).
 
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by one once `run`
-    returns (`ending_signal`: as `mpvisor run` does). A SIGINT once the shutdown has begun (a second Ctrl-C, or
-    one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace window at once:
-    every tree is killed, and the outcomes say so. A SIGTERM is never ignored: the first starts
-    the shutdown, a later one joins it.
+    returns (`ending_signal`, as `mpvisor run` does). A SIGINT once the shutdown has begun (a
+    second Ctrl-C, or one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace
+    window at once: every tree is killed, and the outcomes say so. A SIGTERM is never ignored:
+    the first starts the shutdown, a later one joins it.
 
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
@@ -176,7 +176,7 @@ class _SignalHandlers:
         received = self.runtime.interrupted
         received.append(signal.Signals(signum))
         if signum == signal.SIGINT and (len(received) > 1 or self.runtime.shutdown_started):  # a Ctrl-C while it waits
-            self.runtime.kill_all_now(INTERRUPTED_TWICE)
+            self.runtime.kill_all_now(INTERRUPTED_AGAIN)
         _begin_shutdown(self.runtime)
 
     def __exit__(self, *exc: object) -> None:

@@ -382,18 +382,18 @@ def run_file(args: argparse.Namespace) -> int:
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
-    first = ending_signal(interrupts)
+    ending = ending_signal(interrupts)
     if problem is not None:
         say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
-        return -first if first is not None else FAILED
+        return -ending if ending is not None else FAILED
     missing = [name for name in names if name not in results]  # of the file as last read (a reload's tasks too)
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
     # the file's tasks in its order (as last read), then those a reload removed, as they ended
     ordered = [results[name] for name in dict.fromkeys([*names, *results]) if name in results]
-    status = worst_status(ordered, first)
-    if missing and first is None:
+    status = worst_status(ordered, ending)
+    if missing and ending is None:
         status = max(status, 1)  # a task that did not run is no success
     targets = {t.name for t in tasks if isinstance(t.spec.task, TaskFn)}
     values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
@@ -401,7 +401,7 @@ def run_file(args: argparse.Namespace) -> int:
         write_line(machine, value_line(values))
     status = account_output(status)  # a JSON line (or an event, a line) that could not be written is no success
     print(summary_line(path, ordered, status, len(missing)), file=stderr)
-    return -first if first is not None else status
+    return -ending if ending is not None else status
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
