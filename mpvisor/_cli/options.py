@@ -327,10 +327,11 @@ SIZE_EXAMPLES = "e.g. 1048576, 512M, 1G; from 1 to 2**63 - 1 bytes"
 
 
 def byte_size(text: str) -> int:
-    """An argparse `type=`: a size in bytes, `512M`, `1G`, `0.1G` (binary units, an optional
-    `i`, `iB` or `B`: `512Mi`, `512MiB`; a fraction of a unit is rounded down to whole bytes), read exactly (a long number
-    is not rounded through a float), then held to the library's rule for a size
-    (`_model/checks.size`: from 1 to 2**63 - 1), so a size the library refuses is a usage error."""
+    """An argparse `type=`: a size in bytes, `512M`, `1G`, `0.1G` (binary units, with an
+    optional `i`, `iB` or `B`: `512Mi`, `512MiB`; a fraction of a unit is rounded down to whole
+    bytes), read exactly (a long number is not rounded through a float), then held to the
+    library's rule for a size (`_model/checks.size`: from 1 to 2**63 - 1), so a size the library
+    refuses is a usage error."""
     number = text.strip().upper().removesuffix("B")
     if number[-1:] == "I" and number[-2:-1] in _UNITS and number[-2:-1]:  # `512Mi`, `512MiB`: the same unit
         number = number[:-1]
