@@ -274,8 +274,9 @@ class ProgressBar:
 
     def _fit(self, line: str) -> str:
         """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
-        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time."""
-        most = max((self.columns() or 80) - 1, 20)
+        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time
+        (on a terminal however narrow: a split pane of 12 columns shows `job: [####…`)."""
+        most = max((self.columns() or 80) - 1, 1)
         if len(line) <= most // 2 or _cells(line) <= most:
             return line
         kept, used = [], 1  # the ellipsis's cell

@@ -174,6 +174,17 @@ def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one
     assert drawn == "job: [######........................] 2/10 20% attempt 1: 写入写入写…\x1b[K"  # 58 + 10 + 1 columns
 
 
+def test_the_bar_on_a_terminal_narrower_than_twenty_columns_still_fits_it():
+    """A split pane of 12 columns: the line is cut to 11 (it was cut to 20 at the least, so each
+    redraw wrapped and left a row behind); a terminal of one column gets the ellipsis alone."""
+    for columns, expected in ((12, "job: [####…"), (1, "…")):
+        stream = io.StringIO()
+        feed(ProgressBar(stream, live=True, columns=lambda columns=columns: columns),
+             [progress("job", 1, 2, 10, 0.0, "copying")])
+        (drawn,) = stream.getvalue().split("\r")[1:]
+        assert drawn == expected + "\x1b[K"
+
+
 def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():
     stream = io.StringIO()
     feed(ProgressBar(stream, live=False, interval=2.0),
