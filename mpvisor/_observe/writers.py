@@ -141,7 +141,7 @@ class JsonLinesWriter:
             raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
-        self.unwritten = 0  # events never written in full: refused by the file, or given up on at shutdown
+        self.unwritten = 0  # events never written in full: refused by the file, or lost by the bus (`abandoned`)
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
@@ -168,9 +168,10 @@ class JsonLinesWriter:
             view = view[os.write(self._fd, view) :]
 
     def abandoned(self, count: int) -> None:
-        """The bus gave up on `count` events at shutdown (the target did not take the lines in
-        time: `subscriber_shutdown_timeout`); they stay counted in `unwritten`. Called on another
-        thread than `on_event`, which may still be blocked in a write: it takes no lock."""
+        """The bus lost `count` events for this writer: its queue was full during the run, or
+        shutdown gave up on them (the target did not take the lines in time:
+        `subscriber_shutdown_timeout`); they are counted in `unwritten`. Called once, at shutdown,
+        on another thread than `on_event`, which may still be blocked in a write: it takes no lock."""
         self.unwritten += count
 
     def close(self) -> None:
