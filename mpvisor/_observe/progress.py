@@ -279,7 +279,8 @@ class ProgressBar:
             self._printed_at.pop(event.task, None)
             self._held.pop(event.task, None)
             if self.live and self._drawn:
-                self._write("\n")
+                if getattr(self.stream, "redrawn", True):  # else a line of mpvisor's already ended the bar's
+                    self._write("\n")
                 self._drawn = False
 
     def _show(self, report: ProgressReport) -> None:

@@ -507,6 +507,17 @@ def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_el
     assert len(lines) == 2, lines
 
 
+def test_the_bar_leaves_no_empty_line_when_a_log_line_already_ended_it(tmp_path: pathlib.Path) -> None:
+    """`--events log --progress` on a terminal: the log lines after the bar start their own line,
+    and the bar's end adds no second newline (an empty line showed between `task_finished` and
+    `task_removed`)."""
+    status, out, shown = on_a_terminal(tmp_path, "run", "--events", "log", "--progress",
+                                       "workers.basic:progress_steps", "3", "0.06")
+    assert (status, out) == (0, "3\n"), shown
+    assert "progress_steps: [" in shown and "task_removed" in shown, shown
+    assert "\n\r\n" not in shown and "\n\n" not in shown, shown
+
+
 def test_a_file_runs_progress_lines_give_an_attempts_last_report_before_its_ending(tmp_path: pathlib.Path) -> None:
     """Off a terminal, a task whose attempt times out after ten quick reports shows the tenth,
     held back by the 2 s interval, before the line that says the attempt timed out."""
