@@ -304,7 +304,10 @@ class BlockingHandle:
         return self._call(self._handle.try_submit(spec))
 
     def shutdown(self) -> None:
-        """`SupervisorHandle.shutdown`, blocking."""
+        """`SupervisorHandle.shutdown`, blocking. Called from a subscriber's `on_event` (on its
+        thread), the shutdown does not wait for that subscriber to drain, which it could not do
+        while it waits here: its later events are delivered once this returns."""
+        self._handle._rt.bus.waits_for_close()
         return self._call(self._handle.shutdown())
 
     def add_and_watch(self, spec: TaskSpec) -> tuple[TaskId, BlockingWaiter]:

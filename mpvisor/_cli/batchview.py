@@ -40,7 +40,15 @@ from mpvisor._cli.statuses import FAILED, REPLACED, exit_status, refused
 from mpvisor._model.events import Event, EventKind, printable, shorten
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._model.records import record
-from mpvisor._observe.progress import ProgressReport, ProgressTracker, describe, duration
+from mpvisor._observe.progress import (
+    ProgressReport,
+    ProgressTracker,
+    columns_of,
+    describe,
+    duration,
+    fit,
+    padded,
+)
 
 COLUMNS = ("TASK", "STATE", "ATTEMPT", "LAST OUTCOME")
 _NAME_MAX, _STATE_MIN, _STATE_MAX, _PROGRESS_MAX = 24, 16, 28, 34
@@ -219,15 +227,14 @@ def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tu
 # --- the table --------------------------------------------------------------------------------------
 
 
-def _cell(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def render_table(rows: Iterable[Row], width: int = 100, *, progress: bool = False) -> list[str]:
-    """The table's lines (a header, then one line per row), each at most `width` characters:
-    TASK, STATE, ATTEMPT, [PROGRESS,] LAST OUTCOME (the last column takes what is left)."""
+    """The table's lines (a header, then one line per row), each at most `width` terminal
+    columns, a wide character (CJK) taking two: TASK, STATE, ATTEMPT, [PROGRESS,] LAST OUTCOME
+    (the last column takes what is left)."""
     rows = list(rows)
-    name_w = min(max([len(COLUMNS[0]), *(len(r.task) for r in rows)]), _NAME_MAX)
+    name_w = min(max([len(COLUMNS[0]), *(columns_of(r.task) for r in rows)]), _NAME_MAX)
     state_w = min(max([_STATE_MIN, *(len(r.state) for r in rows)]), _STATE_MAX)  # a minimum: less jumping about
     attempt_w = len(COLUMNS[2])
     shown = [describe(r.progress, attempt=False, message=False) if r.progress else "-" for r in rows]
@@ -235,8 +242,8 @@ def render_table(rows: Iterable[Row], width: int = 100, *, progress: bool = Fals
 
     def line(cells: Sequence[str]) -> str:
         widths = [name_w, state_w, attempt_w] + ([progress_w] if progress else [])
-        fixed = "  ".join(_cell(printable(text), w).ljust(w) for text, w in zip(cells, widths, strict=False))
-        return _cell(f"{fixed}  {printable(cells[-1])}", width).rstrip()
+        fixed = "  ".join(padded(printable(text), w) for text, w in zip(cells, widths, strict=False))
+        return fit(f"{fixed}  {printable(cells[-1])}", width).rstrip()
 
     header = [*COLUMNS[:3], *(["PROGRESS"] if progress else []), COLUMNS[3]]
     lines = [line(header)]

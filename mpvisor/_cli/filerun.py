@@ -274,7 +274,7 @@ class LiveTable(_Display):
 
     def _lines(self) -> list[str]:
         columns, rows = self.size
-        lines = render_table(self.view.rows.values(), max(columns - 1, 20), progress=self.progress)
+        lines = render_table(self.view.rows.values(), max(columns - 1, 1), progress=self.progress)
         room = max(rows - 3, 2)
         if len(lines) > room:
             lines = [*lines[: room - 1], f"… and {len(lines) - room + 1} more"]

@@ -538,15 +538,16 @@ def say_problem(text: str) -> None:
 
 
 def account_events(writers: list[Any], machine: IO[str] | None, timeout: float) -> None:
-    """After the run: events that the stdout writer never wrote (its reader was still behind
-    when shutdown stopped waiting for it, after `timeout` s) are output that could not be written
+    """After the run: events that the stdout writer never wrote (its reader fell so far behind
+    that its queue was full and the bus dropped them, or it was still behind when shutdown
+    stopped waiting for it, after `timeout` s) are output that could not be written
     (`shell.give_up_output`: one line on stderr, and no success)."""
     from mpvisor._cli.shell import give_up_output
 
     unwritten = sum(getattr(writer, "unwritten", 0) for writer in writers)
     if unwritten and machine is not None:
-        give_up_output(machine, f"{unwritten} events not written (its reader was still behind "
-                                f"{timeout:g} s after the run ended)")
+        give_up_output(machine, f"{unwritten} events not written (its reader did not keep up; the run "
+                                f"waited for it at most {timeout:g} s after it ended)")
 
 
 def launcher_for(args: argparse.Namespace) -> LauncherFactory | None:

@@ -464,11 +464,19 @@ def write_line(stream: IO[str], text: str) -> None:
 
 def aligned(rows: list[list[str]], *, least: dict[str, int] | None = None, right: tuple[str, ...] = ()) -> list[str]:
     """The lines of a table (pure): `rows[0]` is the header; columns two spaces apart, each as
-    wide as its widest cell (at least `least[header]`), those whose header is in `right` aligned
-    right; the last column is not padded, and no line ends in spaces."""
+    wide as its widest cell in terminal columns (a wide character, CJK, takes two; at least
+    `least[header]`), those whose header is in `right` aligned right; the last column is not
+    padded, and no line ends in spaces."""
+    from mpvisor._observe.progress import columns_of  # not at the top: `run` never draws a table
+
     least = least or {}
     header = rows[0]
-    widths = [max(least.get(name, 0), *(len(row[i]) for row in rows)) for i, name in enumerate(header[:-1])]
-    return ["  ".join([*(cell.rjust(width) if name in right else cell.ljust(width)
-                         for cell, width, name in zip(row, widths, header, strict=False)), row[-1]]).rstrip()
+    widths = [max(least.get(name, 0), *(columns_of(row[i]) for row in rows)) for i, name in enumerate(header[:-1])]
+
+    def pad(cell: str, width: int, name: str) -> str:
+        room = " " * (width - columns_of(cell))
+        return room + cell if name in right else cell + room
+
+    return ["  ".join([*(pad(cell, width, name) for cell, width, name in zip(row, widths, header, strict=False)),
+                       row[-1]]).rstrip()
             for row in rows]

@@ -34,6 +34,7 @@ slots that are busy.
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from dataclasses import field
 from typing import Any
@@ -46,6 +47,7 @@ EXTRA_HINT = "PrometheusMetrics needs prometheus_client: install the `prometheus
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BUSY_STATUSES = ("admitting", "running", "terminating")  # an idle slot has no series
+_NAMESPACE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")  # a metric name's first part, as Prometheus defines names
 _RESTART_SOURCE = {EventKind.ATTEMPT_SUCCEEDED: "success", EventKind.ATTEMPT_FAILED: "failure",
                    EventKind.ATTEMPT_TIMED_OUT: "failure"}
 _CONTROLLER_KINDS = frozenset({EventKind.CONTROLLER_SUBMITTED, EventKind.CONTROLLER_REJECTED})
@@ -73,8 +75,8 @@ class PrometheusMetrics:
     `registry` is a `prometheus_client.CollectorRegistry` (default: the global `REGISTRY`,
     which `prometheus_client.start_http_server` serves); one `PrometheusMetrics` per registry
     and namespace, which the supervisors a process runs one after another can all be given: a
-    second on the same registry and namespace (or one whose names prometheus_client refuses) is
-    a `ConfigError`, and registers nothing.
+    second on the same registry and namespace, or a namespace that cannot begin a Prometheus
+    metric name (`my-app`, `9lives`, ''), is a `ConfigError`, and registers nothing.
     """
 
     def __init__(
@@ -91,6 +93,9 @@ class PrometheusMetrics:
                             f"REGISTRY, got {registry!r}")
         if not isinstance(namespace, str):
             raise TypeError(f"namespace must be a str (the metrics' prefix), got {namespace!r}")
+        if not _NAMESPACE.fullmatch(namespace):  # a recent prometheus_client takes any: `my-app` published as `my_app`, `9lives` as `_lives`
+            raise ConfigError(f"PrometheusMetrics: namespace must be a metric name's prefix (a letter, '_' or ':', "
+                              f"then letters, digits, '_' and ':'), got {namespace!r}")
         self.name = name
         self.queue_capacity = queue_capacity
         self.registry = client.REGISTRY if registry is None else registry

@@ -199,13 +199,33 @@ def describe(report: ProgressReport, *, width: int | None = None, attempt: bool 
     return f"{text}: {shown(report.message)}" if message and report.message else text
 
 
-def _cells(text: str) -> int:
+def columns_of(text: str) -> int:
     """How many terminal columns `text` takes: two for a wide character (CJK, most emoji), none
     for a combining one, one for the others."""
     import unicodedata
 
     return sum(0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
                for char in text)
+
+
+def fit(text: str, most: int) -> str:
+    """`text` cut to take at most `most` terminal columns (`columns_of`), `…` ending a cut one; the
+    one rule of every line mpvisor redraws in place (the bar, the table's cells and lines)."""
+    if len(text) <= most // 2 or columns_of(text) <= most:
+        return text
+    kept, used = [], 1  # the ellipsis's cell
+    for char in text:
+        used += columns_of(char)
+        if used > most:
+            break
+        kept.append(char)
+    return "".join(kept) + "…"
+
+
+def padded(text: str, width: int) -> str:
+    """`text` cut to `width` columns (`fit`), then spaces up to them: `str.ljust` by columns."""
+    cut = fit(text, width)
+    return cut + " " * (width - columns_of(cut))
 
 
 def shown(message: str) -> str:
@@ -259,7 +279,8 @@ class ProgressBar:
             self._printed_at.pop(event.task, None)
             self._held.pop(event.task, None)
             if self.live and self._drawn:
-                self._write("\n")
+                if getattr(self.stream, "redrawn", True):  # else a line of mpvisor's already ended the bar's
+                    self._write("\n")
                 self._drawn = False
 
     def _show(self, report: ProgressReport) -> None:
@@ -274,17 +295,9 @@ class ProgressBar:
 
     def _fit(self, line: str) -> str:
         """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
-        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time."""
-        most = max((self.columns() or 80) - 1, 20)
-        if len(line) <= most // 2 or _cells(line) <= most:
-            return line
-        kept, used = [], 1  # the ellipsis's cell
-        for char in line:
-            used += _cells(char)
-            if used > most:
-                break
-            kept.append(char)
-        return "".join(kept) + "…"
+        redraw (`\\r`) would then go back to its last row only, leaving a row behind every time
+        (on a terminal however narrow: a split pane of 12 columns shows `job: [####…`)."""
+        return fit(line, max((self.columns() or 80) - 1, 1))
 
     def _terminal_columns(self) -> int | None:
         try:

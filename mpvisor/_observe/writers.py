@@ -107,11 +107,12 @@ class JsonLinesWriter:
     infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`; U+2028 and U+2029 escaped).
 
     Given a path, it opens the file in append mode on the first event and closes it in
-    `close()` (the bus calls it after the last delivery); each line goes to the file in one
-    unbuffered write, so a line the file refused (a full disk: `on_event` raises, and the line
-    is counted in `unwritten`) is not kept to be written later, torn, or again at `close()`,
-    which never raises for it. Given a stream, it writes to it and leaves closing it to its
-    owner.
+    `close()` (the bus calls it after the last delivery); a file moved away or removed (by
+    logrotate) is followed by a new one at the path from the next line on. Each line goes to
+    the file in one unbuffered write, so a line the file refused (a full disk: `on_event`
+    raises, and the line is counted in `unwritten`) is not kept to be written later, torn, or
+    again at `close()`, which never raises for it. Given a stream, it writes to it and leaves
+    closing it to its owner.
     """
 
     queue_capacity = 1024
@@ -123,6 +124,7 @@ class JsonLinesWriter:
         self._path: str | None = None  # set when this writer owns the file
         self._stream: IO[str] | None = None  # a stream it was given
         self._fd: int | None = None  # the file of `_path`, opened at the first event
+        self._file_id: tuple[int, int] | None = None  # its (device, inode): moved away if the path's differ
         if isinstance(path_or_stream, (str, os.PathLike)):
             self._path = os.fspath(path_or_stream)
             if not self._path:
@@ -141,7 +143,7 @@ class JsonLinesWriter:
             raise TypeError(f"JsonLinesWriter needs a path or a text stream, got {path_or_stream!r}")
         self._lock = threading.Lock()  # `close` may come from another thread than `on_event`
         self._closed = False
-        self.unwritten = 0  # events never written in full: refused by the file, or given up on at shutdown
+        self.unwritten = 0  # events never written in full: refused by the file, or lost by the bus (`abandoned`)
 
     def on_event(self, event: Event) -> None:
         """Write `event` as one JSON line and flush (called on the subscriber's own thread)."""
@@ -160,17 +162,35 @@ class JsonLinesWriter:
                 raise
 
     def _write(self, data: bytes) -> None:
+        assert self._path is not None  # a path, or a stream: one is always set
+        if self._fd is not None and self._moved():
+            os.close(self._fd)  # logrotate moved it away, or it was removed: a new file at the path
+            self._fd = None
         if self._fd is None:
-            assert self._path is not None  # a path, or a stream: one is always set
             self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            opened = os.fstat(self._fd)
+            self._file_id = (opened.st_dev, opened.st_ino)
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]
 
+    def _moved(self) -> bool:
+        """Whether the path no longer names the file this writer has open (as
+        `logging.handlers.WatchedFileHandler` checks, one `stat` a line)."""
+        assert self._path is not None
+        try:
+            now = os.stat(self._path)
+        except FileNotFoundError:
+            return True
+        except OSError:  # cannot tell (a permission on the directory): keep the file it has
+            return False
+        return (now.st_dev, now.st_ino) != self._file_id
+
     def abandoned(self, count: int) -> None:
-        """The bus gave up on `count` events at shutdown (the target did not take the lines in
-        time: `subscriber_shutdown_timeout`); they stay counted in `unwritten`. Called on another
-        thread than `on_event`, which may still be blocked in a write: it takes no lock."""
+        """The bus lost `count` events for this writer: its queue was full during the run, or
+        shutdown gave up on them (the target did not take the lines in time:
+        `subscriber_shutdown_timeout`); they are counted in `unwritten`. Called once, at shutdown,
+        on another thread than `on_event`, which may still be blocked in a write: it takes no lock."""
         self.unwritten += count
 
     def close(self) -> None:

@@ -26,7 +26,9 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | `publish` after `close` began | `seq` and the alive view advance; nobody receives it |
 | nobody observes (no subscriber, no live iterator) | the event is not even built; `seq` and the alive view advance |
 | `close(timeout)` | stop intake, end iterators, let threads drain for at most `timeout` in total, then abandon what is left; a subscriber's `close()` (if any) is called on its own thread |
-| a subscriber still busy when `close`'s `timeout` ends | its undelivered events (the queued ones and the one in `on_event`) are dropped: a WARNING on `mpvisor.bus` counts them, and its `abandoned(count)` (if any) is called on the loop's thread |
+| a subscriber still busy when `close`'s `timeout` ends | its undelivered events (the queued ones and the one in `on_event`) are dropped: a WARNING on `mpvisor.bus` counts them |
+| the end of `close`, for a subscriber that lost events (to a full queue during the run, or undelivered at the deadline) | its `abandoned(count)` (if any) is called once with all of them, on the loop's thread |
+| a subscriber's own thread waits for the shutdown (its `on_event` closed a blocking handle: `waits_for_close`) | the drain does not wait for it (it could never drain while it waits for the drain); once the shutdown returns to it, its thread delivers what is queued and calls its `close()`, after the loop's end |
 
 One module on purpose: the queue, its thread and the throttle exist only for the bus.
 """
@@ -190,6 +192,8 @@ class _Mailbox:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self.done: asyncio.Future[None] | None = None  # resolved on the loop when the thread ends
+        self.waits_for_close = False  # its thread waits for the shutdown: the drain must not wait for it
+        self.lost = 0  # events dropped because its queue was full (written on the loop's thread only)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop, self.done = loop, loop.create_future()
@@ -199,6 +203,7 @@ class _Mailbox:
         """Append without blocking; False if the queue is full (the event is lost for it)."""
         with self._cond:
             if len(self._items) >= self.capacity:
+                self.lost += 1
                 return False
             self._items.append(event)
             self._cond.notify()
@@ -264,6 +269,9 @@ class _Mailbox:
     def _signal_done(self) -> None:
         if self._loop is not None and self.done is not None:
             _call_soon(self._loop, _resolve, self.done)
+
+    def owns_current_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def __repr__(self) -> str:
         return f"<_Mailbox {self.name!r} {self._phase} queued={len(self._items)}/{self.capacity}>"
@@ -430,6 +438,19 @@ class Bus:
 
     # -- closing -------------------------------------------------------------------------------
 
+    def waits_for_close(self) -> None:
+        """Called on the thread about to wait for the shutdown to end (any thread). If it is a
+        subscriber's own (its `on_event` shuts the supervisor down), the drain does not wait for
+        that subscriber: it cannot drain while it waits for the drain, and would hold the
+        shutdown for the whole `subscriber_shutdown_timeout` before losing its events. Once the
+        shutdown returns to it, its thread delivers what is queued and calls its `close()`."""
+        for box in self._mailboxes:
+            if box.owns_current_thread():
+                box.waits_for_close = True
+                if self._loop is not None and box.done is not None:
+                    _call_soon(self._loop, _resolve, box.done)  # a drain under way stops waiting for it
+                return
+
     async def close(self, timeout: float) -> None:
         """Stop intake, end iterators, drain subscribers for at most `timeout` s in total."""
         limit = _validate.duration("subscriber_shutdown_timeout", timeout) or 0.0
@@ -451,25 +472,36 @@ class Bus:
         if waiting:
             await asyncio.wait(waiting, timeout=timeout)
         for box in self._mailboxes:
-            if box.done is not None and not box.done.done():
-                self._abandon(box, timeout)  # still blocked in its callback at the deadline: left behind
+            undelivered = 0
+            if box.waits_for_close:
+                pass  # it goes on once the shutdown returns to it, on its own thread
+            elif box.done is not None and not box.done.done():
+                undelivered = self._abandon(box, timeout)  # still blocked in its callback at the deadline: left behind
             elif box.done is not None:
                 box.join()  # it signalled its end as its last step: no subscriber thread outlives close
+            self._tell_abandoned(box, box.lost + undelivered)
         self._phase = "closed"
 
-    def _abandon(self, box: _Mailbox, timeout: float) -> None:
-        """Leave `box` behind, and say so: a WARNING on `mpvisor.bus`, and the subscriber's
-        `abandoned(count)`, if it has one (called here, on the loop's thread: its own is busy)."""
+    def _abandon(self, box: _Mailbox, timeout: float) -> int:
+        """Leave `box` behind, and say so (a WARNING on `mpvisor.bus`); how many of its events
+        were never delivered."""
         count = box.abandon()
         if not count:  # busy in `close()`: every event was delivered, but what close() does may not end
             _log.warning("subscriber %r: its close() had not returned when subscriber_shutdown_timeout (%g s) "
                          "ended; it goes on on its own thread, which the end of the program cuts short",
                          box.name, timeout)
-            return
+            return 0
         _log.warning("subscriber %r: %d events not delivered: it was still busy when "
                      "subscriber_shutdown_timeout (%g s) ended", box.name, count, timeout)
+        return count
+
+    @staticmethod
+    def _tell_abandoned(box: _Mailbox, count: int) -> None:
+        """The subscriber's `abandoned(count)`, if it has one and lost any event: those its full
+        queue dropped during the run and those left undelivered at the deadline. Called here, on
+        the loop's thread: its own may still be busy."""
         hook = getattr(box.subscriber, "abandoned", None)
-        if callable(hook):
+        if count and callable(hook):
             try:
                 hook(count)
             except Exception:

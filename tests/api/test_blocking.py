@@ -6,6 +6,7 @@ import gc
 import os
 import signal
 import threading
+import time
 import warnings
 
 import pytest
@@ -265,4 +266,44 @@ def test_a_shutdown_interrupted_in_its_grace_window_kills_at_once_and_finishes(t
     assert outcome.kind is OutcomeKind.FORCE_ABORTED and "killed at once" in outcome.reason, outcome
     (note,) = raised.value.__notes__
     assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) were killed at once"), note
+    assert child_pids_of_self() == []
+
+
+@pytest.mark.timeout(90)
+def test_a_subscriber_that_closes_the_handle_from_on_event_does_not_hold_the_shutdown():
+    """A subscriber whose `on_event` closes the blocking handle (stop at the first outcome): the
+    close returns as soon as the tasks are down, and the subscriber then gets the shutdown's
+    events and its `close()`. It used to wait for the subscriber to drain, which its thread,
+    blocked in that very close, never could: the whole `subscriber_shutdown_timeout` (here 30 s),
+    then its events were dropped with a WARNING."""
+
+    class Stopper:
+        name = "stopper"
+
+        def __init__(self) -> None:
+            self.handle = None
+            self.kinds: list[EventKind] = []
+            self.close_took: float | None = None
+            self.closed = threading.Event()
+
+        def on_event(self, event):
+            self.kinds.append(event.kind)
+            if event.kind is EventKind.TASK_FINISHED and self.close_took is None:
+                started = time.monotonic()
+                self.handle.close()
+                self.close_took = time.monotonic() - started
+
+        def close(self):
+            self.closed.set()
+
+    stopper = Stopper()
+    handle = Supervisor(SupervisorConfig(grace=5, subscriber_shutdown_timeout=30), [stopper]).serve_blocking()
+    stopper.handle = handle
+    handle.add(TaskSpec.restartable(TaskFn("coop", "workers.coop:cooperative")))
+    handle.add(TaskSpec.once(TaskFn("quick", "workers.basic:quick")))
+    assert stopper.closed.wait(timeout=60)
+    handle.close()
+    assert stopper.close_took is not None and stopper.close_took < 15, stopper.close_took
+    assert stopper.kinds.count(EventKind.TASK_FINISHED) == 2
+    assert stopper.kinds[-1] in (EventKind.ALL_STOPPED_WITHIN_GRACE, EventKind.GRACE_EXCEEDED)
     assert child_pids_of_self() == []

@@ -5,6 +5,7 @@ and the rendered table."""
 from __future__ import annotations
 
 import signal
+import unicodedata
 
 import pytest
 from hypothesis import given
@@ -265,3 +266,20 @@ def test_a_task_with_a_ready_check_is_starting_until_it_is_ready_as_status_says(
     view.add("db")  # a reload took its check away
     view.apply(event(EventKind.ATTEMPT_STARTING, "db", attempt=3))
     assert view.rows["db"].state == "running"
+
+
+def test_the_table_counts_a_wide_character_as_two_columns():
+    """A task named in CJK whose reason is CJK: its cells line up under the header and its line
+    fits the width in terminal columns (the cut counted characters: the line took twice the
+    terminal's width, wrapped and broke the redrawn table, and the name pushed its row's
+    columns right)."""
+    def columns_of(text: str) -> int:
+        return sum(2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+
+    rows = [Row("日本語のタスク", "failed", 1, "attempt 1 failed: " + "失敗" * 100), Row("sleeper", "running", 1, "-")]
+    for width in (100, 30, 12):
+        lines = render_table(rows, width)
+        assert all(columns_of(line) <= width for line in lines), (width, lines)
+    header, wide, plain = render_table(rows, 100)
+    assert header.index("STATE") == plain.index("running") == columns_of(wide[: wide.index("failed")])
+    assert wide.endswith("…") and columns_of(wide) in (99, 100)

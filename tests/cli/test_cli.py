@@ -290,7 +290,8 @@ def test_events_a_slow_reader_never_got_are_reported(tmp_path):
     events = [json.loads(line) for line in out.splitlines()[:-1]]  # the last one was cut in the middle
     assert "task_finished" not in [e["kind"] for e in events]
     [lost] = [line for line in err.splitlines() if line.startswith("mpvisor: cannot write to stdout")]
-    assert lost == "mpvisor: cannot write to stdout: 6 events not written (its reader was still behind 5 s after the run ended)", err
+    assert lost == ("mpvisor: cannot write to stdout: 6 events not written (its reader did not keep up; the run "
+                    "waited for it at most 5 s after it ended)"), err
     assert "completed" in outcome_line(err.replace(lost, ""))
     assert "not delivered" not in err  # said once, by mpvisor run
 
@@ -1212,3 +1213,33 @@ def test_a_socket_directory_too_deep_for_a_unix_socket_names_the_variable_that_m
     assert filerun.returncode == 0, filerun.stderr
     assert "mpvisor: no control socket for this run (mpvisor status cannot reach it): the path of the control " \
            "socket" in filerun.stderr and "set MPVISOR_CONTROL_DIR to a shorter directory" in filerun.stderr, filerun.stderr
+
+
+def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
+    """`--events json` to a reader that stops reading for a while, then reads everything before
+    the run ends: the events dropped meanwhile (the writer's queue was full) are said, one line,
+    and the status is 1. They were lost silently, status 0: the bus's WARNING about its full
+    queue is not printed under `--events json`, and nothing counted them."""
+    attempts = 450  # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last
+    proc = start(tmp_path, "--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1),
+                 "--backoff", "0", "--jitter", "none", "workers.basic:flaky", "100000")
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
+            seen.append(line)
+            if line.startswith(f"mpvisor: flaky: attempt {attempts - 10} failed"):
+                break
+        out, err = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+        proc.communicate()
+    err = "".join(seen) + err
+    assert proc.returncode == 1, err[-2000:]
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["kind"] for e in events][-1] == "all_stopped_within_grace"
+    published = 2 + 3 * attempts - 1 + 4  # the adds, the attempts, the end and the shutdown
+    [lost] = [line for line in err.splitlines() if line.startswith("mpvisor: cannot write to stdout")]
+    assert lost == (f"mpvisor: cannot write to stdout: {published - len(events)} events not written (its reader "
+                    "did not keep up; the run waited for it at most 5 s after it ended)"), err[-2000:]
+    assert published - len(events) > 0

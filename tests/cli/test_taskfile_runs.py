@@ -477,6 +477,22 @@ def test_on_a_terminal_a_task_with_a_ready_check_is_starting_until_it_is_ready(t
     assert "running" in states["plain"] and "starting" not in states["plain"], states
 
 
+def test_on_a_narrow_terminal_each_line_of_the_table_fits_it(tmp_path: pathlib.Path) -> None:
+    """A pane of 14 columns: every line of the table is cut to 13 (at the least, it was cut to
+    20, so each wrapped and the rows the table redraws in place were not the ones it wrote)."""
+    write(tmp_path / "tasks.toml", """
+        [task.first]
+        command = ["true"]
+        [task.second]
+        command = ["true"]
+    """)
+    status, _, shown = on_a_terminal(tmp_path, "run", "--file", "tasks.toml", rows=20, columns=14)
+    assert status == 0, shown
+    drawn = re.findall(r"\x1b\[\d+;1H(.*?)\x1b\[K", shown)
+    assert drawn and all(len(line) <= 13 for line in drawn), drawn
+    assert "TASK    STAT…" in drawn, drawn
+
+
 def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_elsewhere(tmp_path: pathlib.Path) -> None:
     status, out, shown = on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.06")
     assert (status, out) == (0, "5\n"), shown
@@ -489,6 +505,17 @@ def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_el
     assert lines[0] == "mpvisor: progress_steps: progress 1/5 20% attempt 1: step 1"  # then one every 2 s at most
     assert lines[-1].startswith("mpvisor: progress_steps: progress 5/5 100% ") and lines[-1].endswith("ETA 0s attempt 1: step 5")
     assert len(lines) == 2, lines
+
+
+def test_the_bar_leaves_no_empty_line_when_a_log_line_already_ended_it(tmp_path: pathlib.Path) -> None:
+    """`--events log --progress` on a terminal: the log lines after the bar start their own line,
+    and the bar's end adds no second newline (an empty line showed between `task_finished` and
+    `task_removed`)."""
+    status, out, shown = on_a_terminal(tmp_path, "run", "--events", "log", "--progress",
+                                       "workers.basic:progress_steps", "3", "0.06")
+    assert (status, out) == (0, "3\n"), shown
+    assert "progress_steps: [" in shown and "task_removed" in shown, shown
+    assert "\n\r\n" not in shown and "\n\n" not in shown, shown
 
 
 def test_a_file_runs_progress_lines_give_an_attempts_last_report_before_its_ending(tmp_path: pathlib.Path) -> None:

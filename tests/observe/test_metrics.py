@@ -387,6 +387,24 @@ def test_a_registry_or_namespace_of_the_wrong_type_is_refused_naming_it(kwargs: 
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("namespace", ["my-app", "9lives", "", "a b", "été"])
+def test_a_namespace_that_cannot_begin_a_metric_name_is_refused_naming_it(namespace: str) -> None:
+    """A recent prometheus_client (0.26) takes any namespace and escapes it as it publishes: `my-app`
+    became `my_app_...` and `9lives` `_lives_...`, so the queries of the names the program gave
+    found nothing. A namespace is now a metric name's prefix, or a ConfigError that registers
+    nothing; `app:jobs` and `_x` are prefixes."""
+    registry = prometheus_client.CollectorRegistry()
+    with pytest.raises(ConfigError) as raised:
+        PrometheusMetrics(registry, namespace=namespace)
+    assert str(raised.value) == ("PrometheusMetrics: namespace must be a metric name's prefix (a letter, '_' or ':', "
+                                 f"then letters, digits, '_' and ':'), got {namespace!r}")
+    assert prometheus_client.generate_latest(registry) == b""
+    for good in ("app:jobs", "_x"):
+        PrometheusMetrics(registry, namespace=good)
+    assert "app:jobs_attempts_running 0.0" in prometheus_client.generate_latest(registry).decode()
+
+
+@pytest.mark.unit
 def test_without_the_extra_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without prometheus_client, building one names the extra to install."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what an absent package looks like

@@ -160,6 +160,26 @@ def test_the_bar_on_a_terminal_redraws_one_line_with_rate_eta_and_attempt():
     assert second == "job: [############..................] 4/10 40% 2/s ETA 3.0s attempt 1: x\x1b[K\n"
 
 
+def test_the_bar_ends_its_line_at_the_end_only_if_no_line_of_mpvisor_ended_it_already():
+    """`mpvisor run`'s stderr knows whether its last text was the bar's line (`redrawn`): a log
+    line written after the bar (`--events log`) started on a new line and ended it, so the
+    bar's end adds no newline, which showed as an empty line."""
+
+    class Stderr(io.StringIO):
+        redrawn = True
+
+    stream = Stderr()
+    bar = ProgressBar(stream, live=True)
+    bar.on_event(progress("job", 1, 2, 10, 0.0))
+    stream.write("\na log line\n")
+    stream.redrawn = False
+    bar.on_event(finished("job"))
+    assert stream.getvalue().endswith("\x1b[K\na log line\n"), stream.getvalue()
+    stream = Stderr()  # the bar's line is still the last: ended at the task's end
+    feed(ProgressBar(stream, live=True), [progress("job", 1, 2, 10, 0.0), finished("job")])
+    assert stream.getvalue().endswith("\x1b[K\n")
+
+
 def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one_line():
     """A long message would wrap the bar's line, and each redraw (`\\r`) would leave a row behind:
     the line is cut to the terminal's width, less one column."""
@@ -172,6 +192,17 @@ def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one
     feed(ProgressBar(stream, live=True, columns=lambda: 70), [progress("job", 1, 2, 10, 0.0, "写入" * 30)])
     (drawn,) = stream.getvalue().split("\r")[1:]
     assert drawn == "job: [######........................] 2/10 20% attempt 1: 写入写入写…\x1b[K"  # 58 + 10 + 1 columns
+
+
+def test_the_bar_on_a_terminal_narrower_than_twenty_columns_still_fits_it():
+    """A split pane of 12 columns: the line is cut to 11 (it was cut to 20 at the least, so each
+    redraw wrapped and left a row behind); a terminal of one column gets the ellipsis alone."""
+    for columns, expected in ((12, "job: [####…"), (1, "…")):
+        stream = io.StringIO()
+        feed(ProgressBar(stream, live=True, columns=lambda columns=columns: columns),
+             [progress("job", 1, 2, 10, 0.0, "copying")])
+        (drawn,) = stream.getvalue().split("\r")[1:]
+        assert drawn == expected + "\x1b[K"
 
 
 def test_the_plain_lines_come_at_most_every_interval_and_always_when_done():

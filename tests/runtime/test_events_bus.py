@@ -505,6 +505,37 @@ def test_events_abandoned_at_the_deadline_are_counted_and_said(caplog: pytest.Lo
                                    "subscriber_shutdown_timeout (0.2 s) ended")
 
 
+def test_events_a_full_queue_dropped_during_the_run_are_told_to_abandoned_at_close() -> None:
+    """A subscriber whose queue was full for a while, and that caught up before close: its
+    `abandoned(count)` is called once, at close, with the events its queue dropped (it heard of
+    the events lost at the deadline only, so a writer's `unwritten` missed these)."""
+    gate = threading.Event()
+    told: list[int] = []
+
+    class Gated(Collector):
+        def abandoned(self, count: int) -> None:
+            told.append(count)
+
+    gated, quick = Gated("gated", queue_capacity=2, gate=gate), Collector("quick")
+    quick.abandoned = lambda count: told.append(-count)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        bus = Bus([gated, quick], bus_capacity=16)
+        bus.publish(K.TASK_ADDED, task="t0")
+        assert gated.entered.wait(DEADLINE)  # busy with t0: two more fit in its queue
+        for i in range(1, 6):
+            bus.publish(K.TASK_ADDED, task=f"t{i}")
+        gate.set()
+        await bus.close(timeout=DEADLINE)
+
+    try:
+        run(main())
+    finally:
+        gate.set()
+    assert [e.task for e in gated.received] == ["t0", "t1", "t2"]
+    assert told == [3]
+
+
 def test_a_close_still_running_at_the_deadline_is_said(caplog: pytest.LogCaptureFixture) -> None:
     """A subscriber whose `close()` (a flush, an upload) has not returned when close's timeout
     ends: every event was delivered, and a WARNING on mpvisor.bus says its close goes on, cut short

@@ -415,6 +415,36 @@ async def test_json_lines_writer_records_every_event(tmp_path) -> None:
     assert progress["progress"] == [3, 10]
 
 
+async def test_a_json_lines_writer_follows_its_path_when_the_file_is_moved_away_or_removed(tmp_path) -> None:
+    """logrotate moves events.jsonl to events.jsonl.1 during the run, later the file is removed:
+    the next lines go to a new file at the path each time, so the two files and the new one hold
+    every event once. The writer kept its first file: the lines after a rotation went on into
+    the rotated file, and after a removal into no file at all."""
+    path, rotated = tmp_path / "events.jsonl", tmp_path / "events.jsonl.1"
+
+    def seqs(file) -> list[int]:
+        return [json.loads(line)["seq"] for line in file.read_text(encoding="utf-8").splitlines()] if file.exists() else []
+
+    async def a_task(name: str) -> None:
+        _, waiter = await handle.add_and_watch(once(name, basic.quick))
+        await waiter.wait()
+        await async_wait_for(lambda: any(e.kind is K.TASK_REMOVED and e.task == name for e in collector.events))
+
+    async with supervised(CONFIG, subscribers=[JsonLinesWriter(path)]) as (handle, collector):
+        await a_task("first")
+        await async_wait_for(lambda: len(seqs(path)) == len(collector.events))
+        path.rename(rotated)
+        await a_task("second")
+        await async_wait_for(lambda: len(seqs(path)) + len(seqs(rotated)) == len(collector.events))
+        before_removal = seqs(path)
+        assert before_removal, "the lines after the rotation went on into the rotated file"
+        path.unlink()
+        await a_task("third")
+    removed = set(before_removal)
+    assert sorted(seqs(rotated) + before_removal + seqs(path)) == [e.seq for e in collector.events]
+    assert seqs(rotated) and before_removal and seqs(path) and removed.isdisjoint(seqs(path))
+
+
 def test_a_json_lines_writer_whose_file_is_full_counts_its_lines_and_closes_quietly() -> None:
     """`JsonLinesWriter(path)` on a full disk (`/dev/full`): each event is a panic, saying why in
     one line, and the run goes on. Its buffered lines were kept, written again with each later

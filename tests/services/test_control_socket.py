@@ -642,6 +642,16 @@ def test_the_table_is_aligned_and_uptimes_read_as_durations() -> None:
     assert lines[0].index("STATE") == lines[1].index("running")
 
 
+def test_the_status_table_lines_up_a_task_named_in_wide_characters() -> None:
+    """A task named in CJK: each character takes two terminal columns, so the cells after it
+    start where the header's do on the screen (padded by characters, they started to the right
+    of them, by one column for each wide character)."""
+    lines = table([{"task": "日本語", "state": "running", "pid": 1, "ready": True, "uptime": 1, "restarts": 0, "last": "-"},
+                   {"task": "api", "state": "stopped", "pid": None, "ready": False, "uptime": None, "restarts": 2,
+                    "last": "-"}])
+    assert lines[0].index("STATE") == lines[2].index("stopped") == lines[1].index("running") + 3, lines
+
+
 @pytest.mark.parametrize("xdg", [True, False])
 def test_the_runs_control_sockets_live_in_a_private_runtime_directory(tmp_path: pathlib.Path, xdg: bool) -> None:
     """Without `$MPVISOR_SLOTS_DIR` and `$MPVISOR_CONTROL_DIR`: the control sockets live in

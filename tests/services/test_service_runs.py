@@ -642,6 +642,30 @@ def test_a_probe_decides_readiness_even_when_the_target_calls_ready(run: Run) ->
     assert "attempt 1 ready" not in err
 
 
+def test_the_ready_events_of_a_file_run_are_the_ones_the_docs_list(run: Run) -> None:
+    """`--events json`: a task with a probe gets one `attempt_ready` whose reason is the check; a
+    task without `ready` is ready at its start, which its `attempt_starting` says: no
+    `attempt_ready` (the docs promised one with the reason `started`), unless its target calls
+    `ready()`."""
+    (run.directory / "here").touch()
+    run.write("""
+        [task.probed]
+        command = ["sleep", "0.5"]
+        ready = "file:here"
+
+        [task.plain]
+        command = ["true"]
+
+        [task.said]
+        target = "workers.basic:surrogate_reports"
+    """)
+    proc = run.start("--events", "json")
+    out, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, err
+    readies = sorted((e["task"], e["reason"]) for e in map(json.loads, out.splitlines()) if e["kind"] == "attempt_ready")
+    assert readies == [("probed", "file:here"), ("said", "ready(): up \\udfff")], readies
+
+
 def test_a_dependency_that_was_ready_and_then_completed_lets_its_dependents_start(run: Run) -> None:
     """Readiness counts once per instance: a task with no readiness is ready at its start, so
     what comes after it starts even when it has already completed by then."""
