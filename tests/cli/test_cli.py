@@ -1220,15 +1220,15 @@ def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
     the run ends: the events dropped meanwhile (the writer's queue was full) are said, one line,
     and the status is 1. They were lost silently, status 0: the bus's WARNING about its full
     queue is not printed under `--events json`, and nothing counted them."""
-    attempts = 450  # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last
+    attempts = 800  # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last
     proc = start(tmp_path, "--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1),
-                 "--backoff", "0", "--jitter", "none", "workers.basic:flaky", "100000")
+                 "--backoff", "0", "--jitter", "none", "--", "false")  # a program: a few ms an attempt
     try:
         assert proc.stdout is not None and proc.stderr is not None
         seen = []
         for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
             seen.append(line)
-            if line.startswith(f"mpvisor: flaky: attempt {attempts - 10} failed"):
+            if line.startswith(f"mpvisor: false: attempt {attempts - 10} failed"):
                 break
         out, err = proc.communicate(timeout=40)
     finally:
