@@ -74,6 +74,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.file is not None and args.name is not None:
         parser.error("argument --name: not allowed with FILE (each names the run: give one)")
+    task = getattr(args, "task", None)
+    if task is not None and args.file is None and args.name is None and os.path.isfile(task):
+        # `mpvisor stop services.toml`: the file given, the task forgotten (several live runs
+        # would be listed as if no file had been given)
+        parser.error(f"argument TASK: {task!r} is a file, not a task's name: the task comes first, then the "
+                     f"file ({parser.prog} TASK {task})")
 
 
 def ask(args: argparse.Namespace, message: dict[str, Any], *, operation: bool = False) -> dict[str, Any]:

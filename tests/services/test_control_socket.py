@@ -349,8 +349,11 @@ async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_d
     assert (a.calls, b.calls) == ([], [("stop", "web")])
 
 
+SERVICES_TOML = str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "services.toml")
+
+
 def test_usage_errors_name_the_option() -> None:
-    """FILE with --name, a name with '/' or a line break, a negative -n, a --wait of 0 or past a
+    """TASK that is a file (and no FILE), FILE with --name, a name with '/' or a line break, a negative -n, a --wait of 0 or past a
     day: one line naming the option, status 2. A run's name given to `mpvisor run --file` is a
     run's name there too (an empty one was refused as 'a non-empty task name'), and one the control
     commands refuse (a line break) is refused there too; without --file, --name names the task."""
@@ -364,6 +367,9 @@ def test_usage_errors_name_the_option() -> None:
         (["run", "--name", "", "--", "true"], "mpvisor run: error: argument --name: expected a non-empty task name, got ''"),
         (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
         (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),
+        # the task file given, its task forgotten: with several runs live they were listed as if none was named
+        (["stop", SERVICES_TOML], f"mpvisor stop: error: argument TASK: {SERVICES_TOML!r} is a file, not a task's "
+                                  f"name: the task comes first, then the file (mpvisor stop TASK {SERVICES_TOML})"),
         (["status", "--wait", "0"], "mpvisor status: error: argument --wait: expected a finite number of seconds > 0 "
                                     "and <= 86400, got '0'"),
         (["reload", "--wait", "2d"], "mpvisor reload: error: argument --wait: expected a finite number of seconds > 0 "
