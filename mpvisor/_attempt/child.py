@@ -55,6 +55,7 @@ from mpvisor._model.errors import READER_GONE, Canceled, Fail, Fatal
 from mpvisor._model.payloads import check_value
 from mpvisor._model.wire import (
     HEADER,
+    OVERSIZE_HINT,
     Calling,
     Failure,
     Hello,
@@ -752,8 +753,7 @@ def _encode_report(message: Message, max_frame: int) -> bytes:
 
         payload = _guarded(encoded, refused)
         if max_frame and len(payload) > max_frame:
-            reason = (f"result too large: {len(payload)} bytes, over max_frame_bytes={max_frame}; pass large data "
-                      "by path or raise max_frame_bytes")
+            reason = f"result too large: {len(payload)} bytes, over max_frame_bytes={max_frame}; {OVERSIZE_HINT}"
             return pack(Failure("fatal", reason).to_wire())
         return payload
     payload = pack(message.to_wire())  # every field was made plain by `_text` / `_exit_code`

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from mpvisor._model.spec import Limits
-from mpvisor._model.wire import Start, pack_call, start_size
+from mpvisor._model.wire import OVERSIZE_HINT, Start, pack_call, start_size
 from mpvisor._model.work import CommandTask, TaskFn
 
 _NO_CALL = pack_call((), {})
@@ -51,7 +51,7 @@ def check_start_fits(task: TaskFn | CommandTask, name: str, max_frame: int) -> N
     if size > max_frame:
         raise ValueError(
             f"task {name!r}: its start message (target and arguments) is {size} bytes, over "
-            f"max_frame_bytes={max_frame}; pass large data by path or raise max_frame_bytes"
+            f"max_frame_bytes={max_frame}; {OVERSIZE_HINT}"
         )
 
 

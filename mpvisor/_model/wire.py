@@ -39,6 +39,8 @@ import msgpack
 VERSION = 1
 HEADER = struct.Struct(">I")
 MAX_FRAME = 2**32 - 1  # the most a frame's length (HEADER) can say: the bound on max_frame_bytes
+# What a message over `max_frame_bytes` should become instead (the library's setting: the CLI has none)
+OVERSIZE_HINT = "pass large data by path (a file the task reads or writes), or raise SupervisorConfig(max_frame_bytes=...)"
 
 
 class ProtocolError(Exception):

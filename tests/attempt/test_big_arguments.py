@@ -25,6 +25,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
+from mpvisor._model.wire import OVERSIZE_HINT
 from tests._support import FAST, LogRecords, once, run, supervised
 from workers import faults, payloads
 
@@ -84,7 +85,7 @@ async def test_a_start_over_max_frame_bytes_is_refused_at_add(via):
             else:
                 await getattr(handle, via)(big)
         message = str(refused.value)
-        assert "'too-big'" in message and f"max_frame_bytes={limit}" in message
+        assert "'too-big'" in message and f"max_frame_bytes={limit}" in message and message.endswith(OVERSIZE_HINT), message
         size = int(message.split(" bytes")[0].rsplit(" ", 1)[1])
         argv = len(msgpack.packb(sys.argv))  # a Python target's start carries the parent's sys.argv (pytest's here)
         assert 2 * MiB < size < 2 * MiB + 200 + argv

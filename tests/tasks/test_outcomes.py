@@ -327,7 +327,8 @@ async def test_a_result_too_large_is_fatal():
         outcome = await waiter.wait()
         assert outcome.kind is OutcomeKind.FATAL
         assert re.fullmatch(r"result too large: \d+ bytes, over max_frame_bytes=1048576; pass large data by path "
-                            r"or raise max_frame_bytes", outcome.reason), outcome.reason
+                            r"\(a file the task reads or writes\), or raise SupervisorConfig\(max_frame_bytes=\.\.\.\)",
+                            outcome.reason), outcome.reason
         assert int(outcome.reason.split()[3]) > 2 * 1024 * 1024
         assert outcome.attempts == 1
 
