@@ -75,9 +75,10 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.file is not None and args.name is not None:
         parser.error("argument --name: not allowed with FILE (each names the run: give one)")
     task = getattr(args, "task", None)
-    if task is not None and args.file is None and args.name is None and os.path.isfile(task):
-        # `mpvisor stop services.toml`: the file given, the task forgotten (several live runs
-        # would be listed as if no file had been given)
+    if task is not None and args.file is None and args.name is None and task.endswith(".toml") and os.path.isfile(task):
+        # `mpvisor stop services.toml`: the task file given, the task forgotten (several live runs
+        # would be listed as if no file had been given); only a `.toml`: a task is often named
+        # after the program it runs, which may be a file here (`mpvisor stop api` beside `./api`)
         parser.error(f"argument TASK: {task!r} is a file, not a task's name: the task comes first, then the "
                      f"file ({parser.prog} TASK {task})")
 

@@ -383,7 +383,10 @@ def test_usage_errors_name_the_option() -> None:
 
 
 def test_parse_takes_task_file_and_name() -> None:
-    """The parsers: TASK then FILE; --name; -n and -f."""
+    """The parsers: TASK then FILE; --name; -n and -f. A task named as a file here that is not a
+    task file (the program it runs, `./api`) is a task's name (only a `.toml` is refused)."""
+    args, _ = parse(["stop", sys.executable])
+    assert (args.task, args.file) == (sys.executable, None)
     args, _ = parse(["logs", "web", "svc.toml", "-n", "3", "-f"])
     assert (args.task, args.file, args.name, args.lines, args.follow) == ("web", "svc.toml", None, 3, True)
     args, _ = parse(["status", "--name", "svc", "--json"])
