@@ -375,7 +375,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("fatal", reason))
     args, kwargs = unpack(start.call)
     most = start.max_frame // 8  # characters of a report's text: at most half the frame in UTF-8
-    attempt = os.getpid()
+    attempt = _getpid()
 
     def cut(text: str) -> str:
         """A report's text, cut to fit the frame; in a process the target forked (a fork pool's
@@ -395,7 +395,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM))
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
-    if os.getpid() != attempt:
+    if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
 

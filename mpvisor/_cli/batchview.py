@@ -227,8 +227,6 @@ def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tu
 # --- the table --------------------------------------------------------------------------------------
 
 
-
-
 def render_table(rows: Iterable[Row], width: int = 100, *, progress: bool = False) -> list[str]:
     """The table's lines (a header, then one line per row), each at most `width` terminal
     columns, a wide character (CJK) taking two: TASK, STATE, ATTEMPT, [PROGRESS,] LAST OUTCOME
