@@ -60,8 +60,9 @@ _REFUSALS: dict[str, int] = {"slot_busy": SLOT_BUSY, "queue_full": QUEUE_FULL, "
 
 def refused(rejection: RejectionKind | None) -> tuple[int, str] | None:
     """The status and the words for a submission its slot refused; None for any other outcome."""
-    status = None if rejection is None else _REFUSALS.get(rejection.value)
-    return None if status is None or rejection is None else (status, rejection.words)
+    if rejection is None or rejection.value not in _REFUSALS:
+        return None
+    return _REFUSALS[rejection.value], rejection.words
 
 
 def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slotted: bool = False) -> int:
