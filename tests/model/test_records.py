@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpvisor._model import records
 from mpvisor._model.records import record
 
 pytestmark = pytest.mark.unit
@@ -161,6 +162,54 @@ def test_a_frozen_slotted_record_pickles_copies_and_keeps_its_slots() -> None:
     assert Frozen.__repr__.__qualname__ == "Frozen.__repr__"
     with pytest.raises(FrozenInstanceError):
         value.name = "b"  # type: ignore[misc]
+
+
+def frozen_answers(cls: type) -> list[str]:
+    """What setting and deleting a field and another name does, on an instance of the class and
+    of a plain subclass: the error's type and text, or what was set."""
+
+    class Plain(cls):  # type: ignore[valid-type, misc]
+        pass
+
+    answers = []
+    for instance in (cls("a", (1,)), Plain("a", (1,))):
+        for act in (
+            lambda: setattr(instance, "name", "b"),
+            lambda: setattr(instance, "other", 1),
+            lambda: delattr(instance, "name"),
+            lambda: delattr(instance, "other"),
+        ):
+            try:
+                act()
+                answers.append(f"ok {getattr(instance, 'other', None)}")
+            except Exception as error:  # noqa: BLE001 - the answer is what is compared
+                answers.append(f"{type(error).__name__}: {error}")
+    return answers
+
+
+def test_a_frozen_record_refuses_and_passes_on_as_dataclass_does() -> None:
+    """The frozen `__setattr__`/`__delattr__` (closures up to CPython 3.12, not compiled) answer
+    as `dataclass`'s: a field or any name of the class's own instance refused with the same
+    words, a plain subclass's own names set and deleted; and `dataclass` keeps its own hook."""
+    hook = getattr(dataclasses, "_frozen_get_del_attr", None)
+
+    @record(frozen=True)
+    class Ours:
+        name: str
+        sizes: tuple[int, ...] = ()
+
+    @dataclasses.dataclass(frozen=True)
+    class Theirs:
+        name: str
+        sizes: tuple[int, ...] = ()
+
+    assert getattr(dataclasses, "_frozen_get_del_attr", None) is hook
+    assert frozen_answers(Ours) == frozen_answers(Theirs)
+    assert "FrozenInstanceError: cannot assign to field 'other'" in frozen_answers(Ours)
+    assert "ok 1" in frozen_answers(Ours)  # the subclass set a name of its own
+    made_by = Ours.__setattr__.__code__.co_filename
+    assert (made_by == records.__file__) is records._FROZEN_HOOK  # a closure, not a compile, up to 3.12
+    assert Ours.__setattr__.__qualname__ == "test_a_frozen_record_refuses_and_passes_on_as_dataclass_does.<locals>.Ours.__setattr__"
 
 
 def test_a_mutable_record_is_unhashable_and_its_repr_survives_a_cycle() -> None:
