@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import difflib
 import json
 import os
 import re
@@ -505,12 +504,20 @@ def _task_where(name: str) -> str:
     return f"task {json.dumps(name, ensure_ascii=False)}"
 
 
+def _close_matches(word: str, known: list[str]) -> list[str]:
+    """The known word `word` is likely a misspelling of (a file with no such error never imports
+    `difflib`)."""
+    from difflib import get_close_matches
+
+    return get_close_matches(word, known, n=1, cutoff=0.6)
+
+
 def _unknown(key: str, known: list[str], misplaced: dict[str, str]) -> str:
     if key in misplaced:
         return misplaced[key]
     if key in RUN_OPTIONS:
         return f"unknown key: {key} is an option of `mpvisor run`, not of a task file"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    close = _close_matches(key, known)
     return f"unknown key{f' (did you mean {close[0]}?)' if close else ''}"
 
 
@@ -647,7 +654,7 @@ def _after_errors(tables: list[tuple[str, dict[str, Any]]], known: list[str]) ->
             after[name] = ()
         for dep in after[name]:
             if dep not in known:
-                close = difflib.get_close_matches(dep, [k for k in known if k != name], n=1, cutoff=0.6)
+                close = _close_matches(dep, [k for k in known if k != name])
                 hint = f" (did you mean {json.dumps(close[0], ensure_ascii=False)}?)" if close else ""
                 found.setdefault(name, []).append(f"unknown task {json.dumps(dep, ensure_ascii=False)}{hint}")
     order = {name: i for i, (name, _) in enumerate(tables)}

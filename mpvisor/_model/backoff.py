@@ -24,12 +24,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import random
 from datetime import timedelta
 
 from mpvisor._model import checks as _validate
 from mpvisor._model.errors import ConfigError
 from mpvisor._model.records import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the caller injects its generator: `mpvisor check` never needs one
+    import random
 
 _EXACT_GROWTH_LIMIT = 700.0  # factor**n stays below e**700, well inside float range
 

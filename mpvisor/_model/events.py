@@ -26,7 +26,6 @@ characters, saying how long it was) and `printable` (control characters escaped)
 
 from __future__ import annotations
 
-import base64
 import enum
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -205,6 +204,8 @@ def _jsonable(value: Any) -> Any:
 
 def _json_leaf(value: Any) -> Any:
     if isinstance(value, bytes):
+        import base64  # here: only an event that carries bytes needs it
+
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
