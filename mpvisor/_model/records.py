@@ -65,6 +65,9 @@ FIELD_BY_FIELD_EQ = sys.version_info >= (3, 13)
 # `dataclass` asks `_frozen_get_del_attr(cls, fields, globals)` for a frozen class's two methods,
 # compiled one by one, up to CPython 3.12; from 3.13 the hook adds them to the class's one compile.
 _FROZEN_HOOK = sys.version_info < (3, 13) and hasattr(dataclasses, "_frozen_get_del_attr")
+# The hook as `dataclasses` has it, put back after each swap (two threads making records at once
+# then leave it as it was, whichever puts it back last).
+_COMPILED_FROZEN = getattr(dataclasses, "_frozen_get_del_attr", None)
 
 
 @dataclass_transform(field_specifiers=(dataclasses.field,))
@@ -88,12 +91,11 @@ def record(
 def _make(cls: type[T], *, frozen: bool, slots: bool, init: bool, eq: bool) -> type[T]:
     body = dict(cls.__dict__)  # before `dataclass` (a slotted class is a new class)
     if frozen and _FROZEN_HOOK:
-        compiled = dataclasses._frozen_get_del_attr  # type: ignore[attr-defined]
         dataclasses._frozen_get_del_attr = _frozen_methods  # type: ignore[attr-defined]
         try:
             made: Any = dataclasses.dataclass(cls, frozen=True, slots=slots, init=init, eq=False, repr=False)
         finally:
-            dataclasses._frozen_get_del_attr = compiled  # type: ignore[attr-defined]
+            dataclasses._frozen_get_del_attr = _COMPILED_FROZEN  # type: ignore[attr-defined]
     else:
         made = dataclasses.dataclass(cls, frozen=frozen, slots=slots, init=init, eq=False, repr=False)
     fields = dataclasses.fields(made)
