@@ -173,16 +173,11 @@ def frozen_answers(cls: type) -> list[str]:
 
     answers = []
     for instance in (cls("a", (1,)), Plain("a", (1,))):
-        for act in (
-            lambda: setattr(instance, "name", "b"),
-            lambda: setattr(instance, "other", 1),
-            lambda: delattr(instance, "name"),
-            lambda: delattr(instance, "other"),
-        ):
+        for act, args in ((setattr, ("name", "b")), (setattr, ("other", 1)), (delattr, ("name",)), (delattr, ("other",))):
             try:
-                act()
+                act(instance, *args)
                 answers.append(f"ok {getattr(instance, 'other', None)}")
-            except Exception as error:  # noqa: BLE001 - the answer is what is compared
+            except Exception as error:  # the answer is what is compared
                 answers.append(f"{type(error).__name__}: {error}")
     return answers
 
