@@ -26,7 +26,6 @@ creates it, and DROP_IF_RUNNING is `slot_busy`. A message naming a stale owner c
 After `close`, nothing is admitted again: queues are emptied and freed slots go Idle.
 """
 
-from __future__ import annotations
 
 import enum
 from collections import deque

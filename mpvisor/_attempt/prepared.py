@@ -36,7 +36,6 @@ What an attempt sees is what a normal import gives: fresh module objects with th
 their parent packages.
 """
 
-from __future__ import annotations
 
 import gc
 import os

@@ -24,7 +24,6 @@ shows an event's text (a reason, a progress message) through `shorten` (cut at `
 characters, saying how long it was) and `printable` (control characters escaped).
 """
 
-from __future__ import annotations
 
 import enum
 import math
@@ -120,10 +119,10 @@ class Event(NamedTuple):
     delay: float | None = None
     duration: float | None = None
     reason: str | None = None
-    outcome_kind: OutcomeKind | None = None
-    rejection_kind: RejectionKind | None = None
+    outcome_kind: "OutcomeKind | None" = None
+    rejection_kind: "RejectionKind | None" = None
     exit_code: int | None = None
-    backoff_source: BackoffSource | None = None
+    backoff_source: "BackoffSource | None" = None
     progress: tuple[float, float | None] | None = None
     stream: str | None = None
     line: str | None = None

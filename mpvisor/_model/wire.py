@@ -29,7 +29,6 @@ environment, the working directory, `sys.path`): a byte there that is not UTF-8 
 (`encode_start`, `unpack_start`); every frame a child sends is decoded strictly.
 """
 
-from __future__ import annotations
 
 import struct
 from typing import Any, NamedTuple
@@ -78,7 +77,7 @@ def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def encode(message: Message) -> bytes:
+def encode(message: "Message") -> bytes:
     """One message as one frame."""
     return frame(pack(message.to_wire()))
 

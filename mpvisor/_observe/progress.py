@@ -23,7 +23,6 @@ report if that was held back (so an attempt that fails at 3/10 shows 3/10, not t
 event only skips a redraw).
 """
 
-from __future__ import annotations
 
 import collections
 import math
@@ -254,7 +253,7 @@ class ProgressBar:
     queue_capacity = 64
 
     def __init__(self, stream: IO[str], *, live: bool, interval: float = PLAIN_INTERVAL,
-                 lock: threading.Lock | None = None, columns: Callable[[], int | None] | None = None) -> None:
+                 lock: "threading.Lock | None" = None, columns: Callable[[], int | None] | None = None) -> None:
         self.stream = stream
         self.live = live
         self.columns = columns if columns is not None else self._terminal_columns  # read at each redraw: resizes

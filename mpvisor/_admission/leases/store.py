@@ -39,7 +39,6 @@ margin*) is renewed at the latest 1/2 + 1/12 + 1/24 = 5/8 of a TTL after the las
 before the fence is reached at 2/3 (`renewal_margin` says how much it holds).
 """
 
-from __future__ import annotations
 
 import time
 from collections.abc import Callable

@@ -27,7 +27,6 @@ version refuses that launcher (`ControlError`).
 | `Stopped` | key, signum (a terminal's attempt was stopped, by any signal: Ctrl-Z, a read in the background, a SIGSTOP) | |
 """
 
-from __future__ import annotations
 
 from typing import Any, NamedTuple
 

@@ -24,7 +24,6 @@ would die with this process anyway (parent-death signals).
 This module imports nothing of asyncio and nothing of the runtime: the command line imports it first.
 """
 
-from __future__ import annotations
 
 import os
 import socket
