@@ -38,7 +38,10 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork server does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -26,15 +26,17 @@ creates it, and DROP_IF_RUNNING is `slot_busy`. A message naming a stale owner c
 After `close`, nothing is admitted again: queues are emptied and freed slots go Idle.
 """
 
+from __future__ import annotations
 
 import enum
 from collections import deque
 from dataclasses import field
-from typing import Generic, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 from mpvisor._model.checks import non_negative_int
 from mpvisor._model.outcome import RejectionKind
 from mpvisor._model.records import record
+from mpvisor._model.tuples import NamedTuple
 
 
 class AdmissionPolicy(enum.Enum):

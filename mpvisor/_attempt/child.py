@@ -46,7 +46,6 @@ import signal
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
 
 from mpvisor import _platform
 from mpvisor._attempt import context as _context
@@ -69,6 +68,12 @@ from mpvisor._model.wire import (
     unpack,
     unpack_start,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork server does not)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn, TypeVar
+
+    T = TypeVar("T")
 
 NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout` exit
 # Characters of a progress or ready text reported from a process the target forked: at most 16
@@ -553,7 +558,6 @@ def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
 # included) and substitutes a fallback built from type names and constants only, so that the
 # report is always well-formed and the child always ends with the status the table above says.
 
-T = TypeVar("T")
 
 
 def _guarded(step: Callable[[], T], fallback: Callable[[BaseException], T]) -> T:

@@ -5,7 +5,7 @@ checks (`checks`), which values may cross to a child (`payloads`), task ids (`id
 outcomes (`outcome`), events (`events`), the work (`work`: `TaskFn`, `CommandTask`) and how it
 is supervised (`spec`: `TaskSpec`, `RestartPolicy`, `TaskDefaults`, `Resources`), backoff
 (`backoff`), restart decisions (`restart`), the attempt channel's frames (`wire`), and how
-the package makes its dataclasses (`records`: as `dataclass` does, for less start-up time). Nothing
+the package makes its dataclasses (`records`: as `dataclass` does, for less start-up time) and its named tuples (`tuples`: as `typing.NamedTuple` does, without `typing`). Nothing
 here does I/O, starts a process or touches an event loop.
 
 May import: `_platform`.

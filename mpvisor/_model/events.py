@@ -24,10 +24,13 @@ shows an event's text (a reason, a progress message) through `shorten` (cut at `
 characters, saying how long it was) and `printable` (control characters escaped).
 """
 
+from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
+
+from mpvisor._model.tuples import NamedTuple
 
 if TYPE_CHECKING:  # for the fields' types alone: at run time this module imports none of them
     from mpvisor._model.outcome import OutcomeKind, RejectionKind
@@ -119,10 +122,10 @@ class Event(NamedTuple):
     delay: float | None = None
     duration: float | None = None
     reason: str | None = None
-    outcome_kind: "OutcomeKind | None" = None
-    rejection_kind: "RejectionKind | None" = None
+    outcome_kind: OutcomeKind | None = None
+    rejection_kind: RejectionKind | None = None
     exit_code: int | None = None
-    backoff_source: "BackoffSource | None" = None
+    backoff_source: BackoffSource | None = None
     progress: tuple[float, float | None] | None = None
     stream: str | None = None
     line: str | None = None

@@ -29,11 +29,17 @@ environment, the working directory, `sys.path`): a byte there that is not UTF-8 
 (`encode_start`, `unpack_start`); every frame a child sends is decoded strictly.
 """
 
+from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple
 
 import msgpack
+
+from mpvisor._model.tuples import NamedTuple
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork server does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 HEADER = struct.Struct(">I")
@@ -77,7 +83,7 @@ def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def encode(message: "Message") -> bytes:
+def encode(message: Message) -> bytes:
     """One message as one frame."""
     return frame(pack(message.to_wire()))
 

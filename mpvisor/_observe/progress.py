@@ -23,6 +23,7 @@ report if that was held back (so an attempt that fails at 3/10 shows 3/10, not t
 event only skips a redraw).
 """
 
+from __future__ import annotations
 
 import collections
 import math
@@ -37,9 +38,10 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from typing import IO, Any, NamedTuple, overload
+from typing import IO, Any, overload
 
 from mpvisor._model.events import ATTEMPT_TERMINAL_KINDS, Event, EventKind, printable, shorten
+from mpvisor._model.tuples import NamedTuple
 
 WINDOW = 10.0  # seconds of recent reports a rate is measured over
 PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
@@ -253,7 +255,7 @@ class ProgressBar:
     queue_capacity = 64
 
     def __init__(self, stream: IO[str], *, live: bool, interval: float = PLAIN_INTERVAL,
-                 lock: "threading.Lock | None" = None, columns: Callable[[], int | None] | None = None) -> None:
+                 lock: threading.Lock | None = None, columns: Callable[[], int | None] | None = None) -> None:
         self.stream = stream
         self.live = live
         self.columns = columns if columns is not None else self._terminal_columns  # read at each redraw: resizes

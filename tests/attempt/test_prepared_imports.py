@@ -79,6 +79,22 @@ async def test_the_launcher_imports_the_task_model_once_for_a_module_or_script_t
     assert [outcome.value for outcome in model] == [True, True], model
 
 
+async def test_the_launcher_imports_typing_once_for_a_module_that_imports_it():
+    """The launcher imports `typing` for a target whose module imports it at its top: its
+    every attempt finds it imported, the first too, and so does any attempt forked after. An
+    attempt of a module that does not import it, forked before, does not have it (unless this
+    interpreter's own start-up imports it: a `.pth` file's hook may)."""
+    bare = subprocess.run([sys.executable, "-c", "import sys; print('typing' in sys.modules)"],
+                          capture_output=True, text=True, timeout=30)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        before = await _run(handle, "plain-before", "workers.plain:imported")
+        typed = [await _run(handle, f"typed-{i}", "workers.imports:how") for i in range(2)]
+        after = await _run(handle, "plain-after", "workers.plain:imported")
+    assert before.value == {"typing": bare.stdout.strip() == "True", "task_model": False}, before
+    assert [outcome.value["typing"] for outcome in typed] == [True, True], typed
+    assert after.value == {"typing": True, "task_model": False}, after
+
+
 def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp_path):
     """The same for a target defined in the main script, which each attempt executes afresh."""
     script = tmp_path / "job.py"
@@ -112,6 +128,8 @@ def test_what_names_the_task_model_at_a_modules_top_level():
     assert not _prepared.imports_task_model(code("from mpvisor import context, Fail"))
     assert not _prepared.imports_task_model(code("def main():\n    from mpvisor import TaskSpec\n"))
     assert not _prepared.imports_task_model(code("from other import TaskSpec"))
+    assert _prepared.imports_typing(code("from typing import Any")) and _prepared.imports_typing(code("import typing"))
+    assert not _prepared.imports_typing(code("def main():\n    from typing import Any\n"))
 
 
 @pytest.fixture

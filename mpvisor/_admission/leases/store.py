@@ -39,15 +39,17 @@ margin*) is renewed at the latest 1/2 + 1/12 + 1/24 = 5/8 of a TTL after the las
 before the fence is reached at 2/3 (`renewal_margin` says how much it holds).
 """
 
+from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, Protocol
 
 from mpvisor import _platform
 from mpvisor._admission.slots import AdmissionPolicy
 from mpvisor._model.outcome import RejectionKind
 from mpvisor._model.records import record
+from mpvisor._model.tuples import NamedTuple
 
 Policy = Literal["queue", "replace", "drop"]
 FENCING_TOKEN = "MPVISOR_FENCING_TOKEN"  # the attempt's environment variable for its slot's fencing token

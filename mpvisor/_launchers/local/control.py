@@ -27,10 +27,14 @@ version refuses that launcher (`ControlError`).
 | `Stopped` | key, signum (a terminal's attempt was stopped, by any signal: Ctrl-Z, a read in the background, a SIGSTOP) | |
 """
 
+from __future__ import annotations
 
-from typing import Any, NamedTuple
-
+from mpvisor._model.tuples import NamedTuple
 from mpvisor._model.wire import ProtocolError, pack, unpack
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork server does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONTROL_VERSION = 12  # 2: `exited` carries `oom`; 3: `spawn` carries the module to prepare; 4: stdin, terminal, `stopped`; 5: fences; 6: memory; 7: cpu; 8: cpus; 9: `start_failed` carries how the child ended; 10: `spawn` passes inherited fds; 11: `exited` carries `used`; 12: `spawn`'s module may be a main script's path
 

@@ -24,15 +24,16 @@ would die with this process anyway (parent-death signals).
 This module imports nothing of asyncio and nothing of the runtime: the command line imports it first.
 """
 
+from __future__ import annotations
 
 import os
 import socket
 import subprocess
 import sys
 import threading
-from typing import NamedTuple
 
 from mpvisor import _platform
+from mpvisor._model.tuples import NamedTuple
 
 
 class Spawned(NamedTuple):

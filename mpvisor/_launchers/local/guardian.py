@@ -25,9 +25,12 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable
-from typing import NoReturn
 
 from mpvisor import _platform
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork server does not)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int], stderr_fd: int = -1) -> int:
