@@ -38,7 +38,7 @@ from mpvisor._cli.shell import LIKELY_PROGRAM
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
-from mpvisor._model.outcome import TaskOutcome
+from mpvisor._model.outcome import RejectionKind, TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
 
@@ -61,9 +61,13 @@ def _reason(reason: str | None, most: int) -> str:
 WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)
 
 
-def outcome_line(name: str, outcome: TaskOutcome, most: int = REASON_MAX) -> str:
+def outcome_line(name: str, outcome: TaskOutcome) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
-    longer than `most` (`REASON_MAX`) is cut there (`--events json` carries all of it)."""
+    longer than `REASON_MAX` is cut there (`--events json` carries all of it), but a slot's
+    store that refused the task (`ADMISSION_FAILED`: nothing ran, and the store's words, libpq's
+    or the slot server's, are all there is to say) only past `WHY_MAX`: one `mpvisor run`'s line
+    and each task's line of a task file's run alike."""
+    most = WHY_MAX if outcome.rejection is RejectionKind.ADMISSION_FAILED else REASON_MAX
     return (
         f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(outcome.reason, most)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"

@@ -94,7 +94,6 @@ from mpvisor._cli.options import (
     RESTARTS,
     RETRY_OPTIONS,
     TASK_OPTIONS,
-    WHY_MAX,
     account_events,
     backoff,
     build_spec,
@@ -125,7 +124,7 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import take_stdout, when_reader_gone, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import REASON_MAX, Event, EventKind
+from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import (
     FAILURES,
     OutcomeKind,
@@ -337,9 +336,7 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
         if uncaught is not None:
             print(uncaught, file=sys.stderr)  # as `python script.py` would, then the outcome
-        # a store's refusal (libpq's words, the slot server's) is all there is to say: said whole, on one line
-        most = WHY_MAX if outcome.rejection is RejectionKind.ADMISSION_FAILED else REASON_MAX
-        print(outcome_line(spec.name, outcome, most), file=sys.stderr)
+        print(outcome_line(spec.name, outcome), file=sys.stderr)  # a store's refusal whole, on one line
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     return _ended(interrupts, statuses.exit_status(outcome, slotted=args.slot is not None))
