@@ -158,9 +158,9 @@ def _dotted(text: str) -> bool:
 
 def _callable_path(target: Callable[..., Any]) -> str:
     if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
-        kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+        a, kind = ("an", "async generator") if inspect.isasyncgenfunction(target) else ("a", "generator")
         raise TypeError(
-            f"target cannot be {kind} function: calling it runs none of its body, and the {kind} it returns "
+            f"target cannot be {a} {kind} function: calling it runs none of its body, and the {kind} it returns "
             f"cannot be sent back (collect its items in a list and return that), got {target!r}"
         )
     if isinstance(target, functools.partial):

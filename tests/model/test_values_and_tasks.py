@@ -275,8 +275,11 @@ def test_unreachable_callable_targets_are_refused(target: object, error: type[Ex
 def test_a_generator_function_target_is_refused_when_the_task_is_built(target: object, kind: str) -> None:
     """A generator function ran in an attempt without running a line of its body, and the attempt
     ended FATAL on what it returned (`the result of type generator cannot be sent`): it is
-    refused when the `TaskFn` is built, saying why and what to return instead."""
-    with pytest.raises(TypeError, match=f"^target cannot be {kind} function: calling it runs none of its body"):
+    refused when the `TaskFn` is built, saying why and what to return instead (in words: it said
+    `the a generator it returns`)."""
+    noun = kind.split(" ", 1)[1]
+    with pytest.raises(TypeError, match=f"^target cannot be {kind} function: calling it runs none of its body, "
+                                        f"and the {noun} it returns cannot be sent back"):
         TaskFn("t", target)  # type: ignore[arg-type]
 
 
