@@ -197,6 +197,13 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--slot", "-x", "--", "true"], ["argument --slot: expected one argument", "written --slot=VALUE"]),
         (["slots", "serve", "--dir", ""], ["argument --dir: expected a directory, got ''"]),  # it served the default
+        # a misspelt command (or choice) is named with the one it resembles, as a misspelt option is
+        (["rnu", "--", "true"], ["argument COMMAND: invalid choice: 'rnu' (did you mean run? choose from 'run', 'check'"]),
+        (["Status"], ["invalid choice: 'Status' (did you mean status? choose from"]),
+        (["slots", "sevre"], ["mpvisor slots: error: argument [COMMAND]: invalid choice: 'sevre' (did you mean serve?"]),
+        (["run", "--events", "JSON", "--", "true"], ["argument --events: invalid choice: 'JSON' (did you mean json? "
+                                                     "choose from 'json', 'log', 'none')"]),
+        (["zzz"], ["invalid choice: 'zzz' (choose from 'run', "]),
     ],
 )
 def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
