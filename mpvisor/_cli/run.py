@@ -93,6 +93,7 @@ from mpvisor._cli.options import (
     POLICIES,
     RESTARTS,
     RETRY_OPTIONS,
+    SLOTS_VARIABLE,
     TASK_OPTIONS,
     account_events,
     backoff,
@@ -119,6 +120,7 @@ from mpvisor._cli.options import (
     slot_name,
     slots_default,
     slots_url,
+    store_missing,
     task_name,
     value_line,
 )
@@ -233,6 +235,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
                 check_name(args.name)
             except ValueError as exc:
                 run.error(f"argument --name: {exc}")
+        _store_usable(args.slots, given_slots, run)
         return
     if args.name is not None:  # the task's name (with --file, above, the run's: another rule)
         try:
@@ -264,6 +267,14 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.lease_ttl is not None and args.slots is None:
         run.error("argument --lease-ttl: needs --slots URL (or $MPVISOR_SLOTS): only a store across hosts has leases "
                   "that expire; this host's slot server holds one while its owner lives")
+    _store_usable(args.slots, given_slots, run)
+
+
+def _store_usable(slots: str | None, given: str | None, run: argparse.ArgumentParser) -> None:
+    """A usage error when the slot store's URL (`--slots`, else `$MPVISOR_SLOTS`) needs what is
+    not installed here: refused before anything runs, as `--ray` without Ray is."""
+    if (missing := store_missing(slots)) is not None:
+        run.error(f"argument --slots: {missing}" if given else f"${SLOTS_VARIABLE}: {missing}")
 
 
 def run(args: argparse.Namespace) -> int:

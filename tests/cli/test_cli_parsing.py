@@ -217,6 +217,34 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
                                       and not argv[1].startswith("-")), line
 
 
+@pytest.mark.parametrize(("argv", "variable", "said"), [
+    (["run", "--slot", "s", "--slots", "postgresql://h/db", "--", "true"], None, "mpvisor run: error: argument --slots: "),
+    (["run", "--slot", "s", "--", "true"], "postgresql://h/db", "mpvisor run: error: $MPVISOR_SLOTS: "),
+    (["run", "--file", "x.toml", "--slots", "postgresql://h/db"], None, "mpvisor run: error: argument --slots: "),
+    (["slots", "--slots", "postgresql://h/db"], None, "mpvisor slots: error: argument --slots: "),
+    (["slots"], "postgresql://h/db", "mpvisor slots: error: $MPVISOR_SLOTS: "),
+])
+def test_a_postgresql_store_without_psycopg_is_a_usage_error_as_ray_without_ray_is(argv, variable, said, monkeypatch,
+                                                                                  capsys):
+    """Where psycopg is not installed, `--slots URL` (or `$MPVISOR_SLOTS`) is refused before
+    anything runs, status 2, naming the option (or the variable) and the extra to install, as
+    `--ray` is without Ray: it was a task `rejected` after its start, status 1 (and `mpvisor
+    slots`' error status 1)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real(name, *a))
+    if variable is not None:
+        monkeypatch.setenv("MPVISOR_SLOTS", variable)
+    else:
+        monkeypatch.delenv("MPVISOR_SLOTS", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and line.startswith(said + "psycopg is not installed here"), line
+    assert "install the `postgres` extra (`pip install '.[postgres]'` in a checkout)" in line, line
+
+
 def test_an_unknown_option_is_guessed_first_as_the_start_of_one_then_by_spelling():
     """`--ver` begins `--version` (mpvisor's own): that, not `--every`, which it resembles."""
     from mpvisor._cli.shell import hints
