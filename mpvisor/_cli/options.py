@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from mpvisor._cli.shell import LIKELY_PROGRAM
+from mpvisor._cli.shell import LIKELY_PROGRAM, closest_choice
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
@@ -213,17 +213,21 @@ def backoff(text: str) -> BackoffPolicy:
 
 
 def choice(*options: str) -> Callable[[str], str]:
-    """An argparse `type=`: one of `options`, as given."""
+    """An argparse `type=`: one of `options`, as given; a misspelt one is told the option it
+    resembles (`on_failure`: did you mean on-failure?)."""
 
     def parse(text: str) -> str:
         if text not in options:
-            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}")
+            meant = closest_choice(text, list(options))
+            hint = f" (did you mean {meant}?)" if meant is not None else ""
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}{hint}")
         return text
 
     return parse
 
 
 RESTARTS = ("never", "on-failure", "always")
+EVENTS = ("json", "log", "none")  # --events: every event as a JSON line on stdout, logged on stderr, or none
 # A slot's policies, as a lease store names them (`_admission/leases/store.py`'s POLICIES, which
 # a test holds this to): written out, so that parsing a command line imports no slot machinery.
 POLICIES = ("queue", "replace", "drop")

@@ -90,6 +90,7 @@ from mpvisor._api.session import RunSession, ending_signal, run_session, serve_r
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
+    EVENTS,
     POLICIES,
     RESTARTS,
     RETRY_OPTIONS,
@@ -200,7 +201,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --slot: give up waiting for a busy slot after SECONDS (exit 3, nothing ran)")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
-    run.add_argument("--events", choices=("json", "log", "none"), default="none",
+    run.add_argument("--events", type=choice(*EVENTS), metavar="|".join(EVENTS), default="none",
                      help="every event as a JSON line on stdout (json), as log lines on stderr (log), or none (default)")
     run.add_argument("--quiet", action="store_true",
                      help="print neither a failed Python target's traceback nor the outcome line (the status says how it ended)")

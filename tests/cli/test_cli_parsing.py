@@ -201,8 +201,11 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["rnu", "--", "true"], ["argument COMMAND: invalid choice: 'rnu' (did you mean run? choose from 'run', 'check'"]),
         (["Status"], ["invalid choice: 'Status' (did you mean status? choose from"]),
         (["slots", "sevre"], ["mpvisor slots: error: argument [COMMAND]: invalid choice: 'sevre' (did you mean serve?"]),
-        (["run", "--events", "JSON", "--", "true"], ["argument --events: invalid choice: 'JSON' (did you mean json? "
-                                                     "choose from 'json', 'log', 'none')"]),
+        (["run", "--events", "JSON", "--", "true"], ["argument --events: expected one of json, log, none, got 'JSON' "
+                                                     "(did you mean json?)"]),
+        (["run", "--restart", "on_failure", "--", "true"], ["argument --restart: expected one of never, on-failure, "
+                                                            "always, got 'on_failure' (did you mean on-failure?)"]),
+        (["run", "--events", "xml", "--", "true"], ["argument --events: expected one of json, log, none, got 'xml' (see"]),
         (["zzz"], ["invalid choice: 'zzz' (choose from 'run', "]),
     ],
 )
