@@ -501,6 +501,17 @@ def test_the_cli_reference_says_which_options_refuse_zero(command: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.parametrize("command", sorted(real_commands()))
+def test_an_options_help_names_its_default_where_the_reference_gives_one(command: str) -> None:
+    """`--help` says `default` for each option whose default column in docs/cli.md holds one
+    (not `-`, `none` or `off`): `mpvisor run --backoff`'s said only `seconds between retries`,
+    where the reference says 0.2 s doubling up to 30 s."""
+    rows = {_markdown.code_spans(row[0])[0].split()[0].rstrip("."): row for row in documented_commands()[command]}
+    silent = [name for name, action in _options(real_commands()[command]).items()
+              if not re.match(r"^(-$|none\b|off\b)", rows[name][2].strip()) and "default" not in (action.help or "")]
+    assert not silent, f"{command}: --help names no default for {silent}, docs/cli.md does"
+
+
 # --- outcome, rejection and event tables -----------------------------------------------------------
 
 
