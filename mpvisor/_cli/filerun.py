@@ -349,8 +349,8 @@ def run_file(args: argparse.Namespace) -> int:
     if args.slots is None and any(t.slot for t in tasks):  # $MPVISOR_SLOTS, read by a file that has slots
         try:
             args.slots = slots_variable()
-            if (missing := store_missing(args.slots)) is not None:
-                raise ValueError(f"${SLOTS_VARIABLE}: {missing}")
+            if (lacking := store_missing(args.slots)) is not None:
+                raise ValueError(f"${SLOTS_VARIABLE}: {lacking}")
         except ValueError as exc:
             print(f"mpvisor run: error: {exc} (see mpvisor run --help)", file=sys.stderr)
             return USAGE_ERROR
