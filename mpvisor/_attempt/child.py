@@ -367,7 +367,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _exit_like_sys_exit(exc)
     except BaseException as exc:
         _release_frames(exc)
-        reason = f"cannot import target {start.target!r}: {_describe(exc)}"
+        reason = f"cannot import target {start.target!r}: {_describe(exc)}{_file_name_hint(start.target, exc)}"
         # interrupted (Ctrl-C while it imported): no fault of the target's, and the attempt dies
         # by SIGINT as Python does, as it would once the target was called (`_call`)
         interrupted = isinstance(exc, KeyboardInterrupt)
@@ -403,6 +403,15 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
+
+
+def _file_name_hint(target: str, exc: BaseException) -> str:
+    """What an import of `jobs.py:run` that found no module `jobs.py` says besides: the module's
+    name it likely meant (`jobs:run`): a file's name given for its module's."""
+    module, _, qualname = target.partition(":")
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != module or not module.endswith(".py"):
+        return ""
+    return f" (a file's name? a target names its module, as import does: '{module[:-3]}:{qualname}')"
 
 
 def _import_target(start: Start) -> Any:

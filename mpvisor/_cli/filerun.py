@@ -58,6 +58,7 @@ from mpvisor._cli.batchview import (
 )
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
+    SLOTS_VARIABLE,
     account_events,
     controller_config,
     event_writers,
@@ -65,6 +66,7 @@ from mpvisor._cli.options import (
     outcome_line,
     say_problem,
     slots_variable,
+    store_missing,
     value_line,
 )
 from mpvisor._cli.shell import (
@@ -347,6 +349,8 @@ def run_file(args: argparse.Namespace) -> int:
     if args.slots is None and any(t.slot for t in tasks):  # $MPVISOR_SLOTS, read by a file that has slots
         try:
             args.slots = slots_variable()
+            if (lacking := store_missing(args.slots)) is not None:
+                raise ValueError(f"${SLOTS_VARIABLE}: {lacking}")
         except ValueError as exc:
             print(f"mpvisor run: error: {exc} (see mpvisor run --help)", file=sys.stderr)
             return USAGE_ERROR

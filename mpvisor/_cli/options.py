@@ -34,11 +34,11 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from mpvisor._cli.shell import LIKELY_PROGRAM
+from mpvisor._cli.shell import LIKELY_PROGRAM, closest_choice
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
-from mpvisor._model.outcome import TaskOutcome
+from mpvisor._model.outcome import RejectionKind, TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._model.work import CommandTask, TaskFn, target_path
 
@@ -61,9 +61,13 @@ def _reason(reason: str | None, most: int) -> str:
 WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)
 
 
-def outcome_line(name: str, outcome: TaskOutcome, most: int = REASON_MAX) -> str:
+def outcome_line(name: str, outcome: TaskOutcome) -> str:
     """The one human line about an outcome: the kind's lower-case name, not its label; a reason
-    longer than `most` (`REASON_MAX`) is cut there (`--events json` carries all of it)."""
+    longer than `REASON_MAX` is cut there (`--events json` carries all of it), but a slot's
+    store that refused the task (`ADMISSION_FAILED`: nothing ran, and the store's words, libpq's
+    or the slot server's, are all there is to say) only past `WHY_MAX`: one `mpvisor run`'s line
+    and each task's line of a task file's run alike."""
+    most = WHY_MAX if outcome.rejection is RejectionKind.ADMISSION_FAILED else REASON_MAX
     return (
         f"mpvisor: {name}: {outcome.kind.name.lower()} reason={_reason(outcome.reason, most)} "
         f"exit_code={outcome.exit_code} attempts={outcome.attempts}"
@@ -209,17 +213,21 @@ def backoff(text: str) -> BackoffPolicy:
 
 
 def choice(*options: str) -> Callable[[str], str]:
-    """An argparse `type=`: one of `options`, as given."""
+    """An argparse `type=`: one of `options`, as given; a misspelt one is told the option it
+    resembles (`on_failure`: did you mean on-failure?)."""
 
     def parse(text: str) -> str:
         if text not in options:
-            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}")
+            meant = closest_choice(text, list(options))
+            hint = f" (did you mean {meant}?)" if meant is not None else ""
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}{hint}")
         return text
 
     return parse
 
 
 RESTARTS = ("never", "on-failure", "always")
+EVENTS = ("json", "log", "none")  # --events: every event as a JSON line on stdout, logged on stderr, or none
 # A slot's policies, as a lease store names them (`_admission/leases/store.py`'s POLICIES, which
 # a test holds this to): written out, so that parsing a command line imports no slot machinery.
 POLICIES = ("queue", "replace", "drop")
@@ -257,6 +265,17 @@ def slots_url(text: str) -> str:
 
         raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {masked(text, text)!r}")
     return text
+
+
+def store_missing(url: str | None) -> str | None:
+    """Why a slot store at `url` cannot be used by this installation, said before anything runs
+    (as `--ray` says a missing Ray): psycopg not installed; None when it can be (or no URL)."""
+    import importlib.util
+
+    if url is None or importlib.util.find_spec("psycopg") is not None:
+        return None
+    return ("psycopg is not installed here (a postgresql:// store needs it): install the `postgres` extra "
+            "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`")
 
 
 SLOTS_VARIABLE = "MPVISOR_SLOTS"  # --slots where it is not given

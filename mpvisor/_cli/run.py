@@ -90,11 +90,12 @@ from mpvisor._api.session import RunSession, ending_signal, run_session, serve_r
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
+    EVENTS,
     POLICIES,
     RESTARTS,
     RETRY_OPTIONS,
+    SLOTS_VARIABLE,
     TASK_OPTIONS,
-    WHY_MAX,
     account_events,
     backoff,
     build_spec,
@@ -120,12 +121,13 @@ from mpvisor._cli.options import (
     slot_name,
     slots_default,
     slots_url,
+    store_missing,
     task_name,
     value_line,
 )
 from mpvisor._cli.shell import take_stdout, when_reader_gone, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
-from mpvisor._model.events import REASON_MAX, Event, EventKind
+from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import (
     FAILURES,
     OutcomeKind,
@@ -178,7 +180,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                                              "exit status 124 when the last attempt timed out")
     run.add_argument("--start-timeout", type=seconds(allow_zero=False), metavar="SECONDS",
                      help="each attempt's limit for its start-up alone: process start, handshake and import (> 0; default 30)")
-    run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]", help="seconds between retries")
+    run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]",
+                     help="seconds between retries: FIRST, doubling (or times FACTOR) up to MAX (default: 0.2:30)")
     run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",
                      help="jitter of the backoff (default: equal)")
     run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
@@ -199,7 +202,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --slot: give up waiting for a busy slot after SECONDS (exit 3, nothing ran)")
     run.add_argument("--policy", type=choice(*POLICIES), metavar="|".join(POLICIES),
                      help="with --slot, when the slot is busy: wait in its queue (default), replace its owner, or give up")
-    run.add_argument("--events", choices=("json", "log", "none"), default="none",
+    run.add_argument("--events", type=choice(*EVENTS), metavar="|".join(EVENTS), default="none",
                      help="every event as a JSON line on stdout (json), as log lines on stderr (log), or none (default)")
     run.add_argument("--quiet", action="store_true",
                      help="print neither a failed Python target's traceback nor the outcome line (the status says how it ended)")
@@ -234,6 +237,7 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
                 check_name(args.name)
             except ValueError as exc:
                 run.error(f"argument --name: {exc}")
+        _store_usable(args.slots, given_slots, run)
         return
     if args.name is not None:  # the task's name (with --file, above, the run's: another rule)
         try:
@@ -265,6 +269,14 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
     if args.lease_ttl is not None and args.slots is None:
         run.error("argument --lease-ttl: needs --slots URL (or $MPVISOR_SLOTS): only a store across hosts has leases "
                   "that expire; this host's slot server holds one while its owner lives")
+    _store_usable(args.slots, given_slots, run)
+
+
+def _store_usable(slots: str | None, given: str | None, run: argparse.ArgumentParser) -> None:
+    """A usage error when the slot store's URL (`--slots`, else `$MPVISOR_SLOTS`) needs what is
+    not installed here: refused before anything runs, as `--ray` without Ray is."""
+    if (missing := store_missing(slots)) is not None:
+        run.error(f"argument --slots: {missing}" if given else f"${SLOTS_VARIABLE}: {missing}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -337,9 +349,7 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
         if uncaught is not None:
             print(uncaught, file=sys.stderr)  # as `python script.py` would, then the outcome
-        # a store's refusal (libpq's words, the slot server's) is all there is to say: said whole, on one line
-        most = WHY_MAX if outcome.rejection is RejectionKind.ADMISSION_FAILED else REASON_MAX
-        print(outcome_line(spec.name, outcome, most), file=sys.stderr)
+        print(outcome_line(spec.name, outcome), file=sys.stderr)  # a store's refusal whole, on one line
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
     return _ended(interrupts, statuses.exit_status(outcome, slotted=args.slot is not None))

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"exit after this long with nothing held, queued or connected (default {server.IDLE_EXIT:g})")
     parser.add_argument("--on-demand", action="store_true",
                         help="started by a run that needs a server (what mpvisor does itself): when another server "
-                             "already serves the directory, exit 3 without saying so (two runs started one at once)")
+                             "already serves the directory, exit 3 without saying so (runs that start at once each start one, "
+                             "and all but one find another serving)")
 
 
 def _directory(text: str) -> str:

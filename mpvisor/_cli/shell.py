@@ -82,6 +82,18 @@ def guess(word: str, known: list[str], outer: list[str]) -> str | None:
     return close[0] if close else None
 
 
+def closest_choice(word: str, choices: list[str]) -> str | None:
+    """The choice a misspelt `word` likely meant (pure): one that differs only in case, else the
+    closest by spelling; None for none close enough."""
+    same = [choice for choice in choices if choice.lower() == word.lower()]
+    if same:
+        return same[0]
+    from difflib import get_close_matches  # on this error's path only
+
+    close = get_close_matches(word.lower(), choices, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def hints(words: list[str], known: list[str], outer: list[str]) -> str:
     """What an unknown-arguments error adds in brackets (pure): `did you mean --timeout?` for
     the command's own options, and for `mpvisor`'s own given after the command, where it goes
@@ -175,6 +187,19 @@ class UsageParser(argparse.ArgumentParser):
                 self._bad_positional = str(exc)  # the first one, as argparse would have said it
                 self._bad_word = arg_string
             return arg_string
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against its choices (a command's name, `--events`), which
+        names the choice a misspelt one resembles, as an unknown option does: `mpvisor rnu`,
+        `invalid choice: 'rnu' (did you mean run? choose from 'run', 'check', ...)`."""
+        choices = action.choices
+        if choices is None or value in choices or not isinstance(value, str):
+            return super()._check_value(action, value)
+        names = [str(choice) for choice in choices]
+        meant = closest_choice(value, names)
+        listed = ", ".join(repr(name) for name in names)
+        hint = f"did you mean {meant}? " if meant is not None else ""
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from {listed})")
 
     def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:
         try:

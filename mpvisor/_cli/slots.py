@@ -17,7 +17,7 @@ import time
 from mpvisor._admission.leases.local import LocalStore
 from mpvisor._admission.leases.store import LeaseError
 from mpvisor._admission.leases.stores import open_store
-from mpvisor._cli.options import seconds, slots_default, slots_url
+from mpvisor._cli.options import SLOTS_VARIABLE, seconds, slots_default, slots_url, store_missing
 from mpvisor._cli.shell import aligned
 from mpvisor._cli.statuses import FAILED, OK
 
@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`$MPVISOR_SLOTS` where no `--slots` is given (a usage error naming it when it is wrong)."""
-    args.slots = args.slots or slots_default(parser)
+    given, args.slots = args.slots, args.slots or slots_default(parser)
+    if (missing := store_missing(args.slots)) is not None:  # a usage error, as `mpvisor run --slots` says it
+        parser.error(f"argument --slots: {missing}" if given else f"${SLOTS_VARIABLE}: {missing}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -139,9 +139,20 @@ def _checked_target_string(target: str) -> str:
     if not sep or not _dotted(module) or not _dotted(attr):
         raise ValueError(
             f"target must have the form 'package.module:attr' (dotted identifiers, exactly one "
-            f"colon), got {target!r}"
+            f"colon), got {target!r}{_path_hint(module, sep, attr)}"
         )
     return f"{_importable(module)}:{attr}"
+
+
+def _path_hint(module: str, sep: str, attr: str) -> str:
+    """What a target given as a file's path says besides (`jobs/nightly.py:run`, `./jobs.py:run`):
+    the module's name it likely meant, `'jobs.nightly:run'`; empty for any other mistake."""
+    if not sep or not _dotted(attr) or not ("/" in module or module.endswith(".py")):
+        return ""
+    meant = module.removeprefix("./").removesuffix(".py").replace("/", ".")
+    if not _dotted(meant):
+        return ""
+    return f" (a file's path? a target names its module, as import does: {meant + ':' + attr!r})"
 
 
 def _importable(module: str) -> str:
@@ -158,9 +169,9 @@ def _dotted(text: str) -> bool:
 
 def _callable_path(target: Callable[..., Any]) -> str:
     if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
-        kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+        a, kind = ("an", "async generator") if inspect.isasyncgenfunction(target) else ("a", "generator")
         raise TypeError(
-            f"target cannot be {kind} function: calling it runs none of its body, and the {kind} it returns "
+            f"target cannot be {a} {kind} function: calling it runs none of its body, and the {kind} it returns "
             f"cannot be sent back (collect its items in a list and return that), got {target!r}"
         )
     if isinstance(target, functools.partial):

@@ -166,7 +166,10 @@ def check_name(name: str) -> str:
     """`name` if it can name a run's socket, else `ValueError` saying why (it is printed on one
     line of a table or a list of runs, as a task's name is: no control character or line break)."""
     if not name or "/" in name or not name.isprintable() or len(name) > 200:
-        raise ValueError(f"expected a run's name (1 to 200 characters, no '/' or control characters), got {name!r}")
+        from mpvisor._model.checks import shown  # (on this error's path only)
+
+        # a name longer than 60 characters cut, its length said, as every option's value is
+        raise ValueError(f"expected a run's name (1 to 200 characters, no '/' or control characters), got {shown(name)}")
     return name
 
 

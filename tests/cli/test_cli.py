@@ -533,6 +533,13 @@ def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp
     unimportable = mpvisor(tmp_path, "run", "workers.no_such_module:fn")
     assert unimportable.stderr.splitlines() == [outcome_line(unimportable.stderr)], unimportable.stderr
     assert "ModuleNotFoundError: No module named 'workers.no_such_module'" in unimportable.stderr
+    assert "file's name?" not in unimportable.stderr
+    # a script's file name given for its module's (`jobs.py:fn`): the line says the name meant
+    (tmp_path / "jobs.py").write_text("def fn():\n    return 5\n")
+    by_file = mpvisor(tmp_path, "run", "jobs.py:fn")
+    assert by_file.returncode == 1 and outcome_line(by_file.stderr).endswith(
+        "'jobs' is not a package (a file's name? a target names its module, as import does: 'jobs:fn')\" "
+        "exit_code=None attempts=1"), by_file.stderr
     (tmp_path / "broken_syntax.py").write_text("def f(:\n    pass\n")
     broken = mpvisor(tmp_path, "run", "broken_syntax:f")
     assert broken.stderr.splitlines()[:2] == [f'  File "{tmp_path / "broken_syntax.py"}", line 1', "    def f(:"], broken.stderr

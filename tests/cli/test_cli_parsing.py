@@ -197,6 +197,16 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--name", "x", "--", "", "a"], ["argument COMMAND: expected a program to run, got ''"]),
         (["run", "--slot", "-x", "--", "true"], ["argument --slot: expected one argument", "written --slot=VALUE"]),
         (["slots", "serve", "--dir", ""], ["argument --dir: expected a directory, got ''"]),  # it served the default
+        # a misspelt command (or choice) is named with the one it resembles, as a misspelt option is
+        (["rnu", "--", "true"], ["argument COMMAND: invalid choice: 'rnu' (did you mean run? choose from 'run', 'check'"]),
+        (["Status"], ["invalid choice: 'Status' (did you mean status? choose from"]),
+        (["slots", "sevre"], ["mpvisor slots: error: argument [COMMAND]: invalid choice: 'sevre' (did you mean serve?"]),
+        (["run", "--events", "JSON", "--", "true"], ["argument --events: expected one of json, log, none, got 'JSON' "
+                                                     "(did you mean json?)"]),
+        (["run", "--restart", "on_failure", "--", "true"], ["argument --restart: expected one of never, on-failure, "
+                                                            "always, got 'on_failure' (did you mean on-failure?)"]),
+        (["run", "--events", "xml", "--", "true"], ["argument --events: expected one of json, log, none, got 'xml' (see"]),
+        (["zzz"], ["invalid choice: 'zzz' (choose from 'run', "]),
     ],
 )
 def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
@@ -208,6 +218,34 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
     assert "error: " in line and all(word in line for word in words), line
     assert ("a program?" in line) == (argv[:1] == ["run"] and len(argv) > 1 and ":" not in argv[1]
                                       and not argv[1].startswith("-")), line
+
+
+@pytest.mark.parametrize(("argv", "variable", "said"), [
+    (["run", "--slot", "s", "--slots", "postgresql://h/db", "--", "true"], None, "mpvisor run: error: argument --slots: "),
+    (["run", "--slot", "s", "--", "true"], "postgresql://h/db", "mpvisor run: error: $MPVISOR_SLOTS: "),
+    (["run", "--file", "x.toml", "--slots", "postgresql://h/db"], None, "mpvisor run: error: argument --slots: "),
+    (["slots", "--slots", "postgresql://h/db"], None, "mpvisor slots: error: argument --slots: "),
+    (["slots"], "postgresql://h/db", "mpvisor slots: error: $MPVISOR_SLOTS: "),
+])
+def test_a_postgresql_store_without_psycopg_is_a_usage_error_as_ray_without_ray_is(argv, variable, said, monkeypatch,
+                                                                                  capsys):
+    """Where psycopg is not installed, `--slots URL` (or `$MPVISOR_SLOTS`) is refused before
+    anything runs, status 2, naming the option (or the variable) and the extra to install, as
+    `--ray` is without Ray: it was a task `rejected` after its start, status 1 (and `mpvisor
+    slots`' error status 1)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real(name, *a))
+    if variable is not None:
+        monkeypatch.setenv("MPVISOR_SLOTS", variable)
+    else:
+        monkeypatch.delenv("MPVISOR_SLOTS", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and line.startswith(said + "psycopg is not installed here"), line
+    assert "install the `postgres` extra (`pip install '.[postgres]'` in a checkout)" in line, line
 
 
 def test_an_unknown_option_is_guessed_first_as_the_start_of_one_then_by_spelling():

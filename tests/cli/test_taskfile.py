@@ -163,6 +163,8 @@ def test_every_key_reaches_the_spec():
                                                                             '"on-failure" or "always" (or every)']),
         ("[task.a]\ntarget = 'm:f'\nbackoff = '5:1'\n", ['task "a".backoff: first (5.0) must not exceed max (1.0) (in \'5:1\')']),
         ("[task.a]\ntarget = 'm:f'\nrestart = 'maybe'\n", ['task "a".restart: expected one of never, on-failure, always, got \'maybe\'']),
+        ("[task.a]\ntarget = 'm:f'\nrestart = 'on_failure'\n",
+         ['task "a".restart: expected one of never, on-failure, always, got \'on_failure\' (did you mean on-failure?)']),
         ("[task.a]\ntarget = 'm:f'\npolicy = 'queue'\n", ['task "a".policy: needs slot (the slot whose admission the policy decides)']),
         ("[task.a]\ntarget = 'm:f'\nslot = ''\n", ['task "a".slot: expected a non-empty slot name, got \'\'']),
         ('[task."a\\nb"]\ntarget = \'m:f\'\n', ['task "a\\nb": name must be printable (no control characters or line breaks), got \'a\\nb\'']),

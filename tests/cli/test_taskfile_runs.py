@@ -379,6 +379,25 @@ def test_runs_of_files_share_their_slots_with_every_other_run(tmp_path: pathlib.
             assert end <= begin, f"slot {slot}: {y} started at {begin} before {x} ended at {end}"
 
 
+def test_a_slot_store_that_refused_a_files_task_says_why_whole_on_its_outcome_line(tmp_path: pathlib.Path,
+                                                                                   slots: pathlib.Path) -> None:
+    """A slot server that cannot serve (a directory where its socket goes): the task is rejected,
+    nothing runs, and its outcome line has the store's reason whole, as one `mpvisor run --slot`'s
+    has (it was cut at 200 characters, before the part that says why: `Is a directory`)."""
+    os.makedirs(slots / "slots.sock")
+    os.chmod(slots, 0o700)
+    write(tmp_path / "slotted.toml", f"""
+        [task.x]
+        command = ["touch", "{tmp_path / 'ran'}"]
+        slot = "s"
+        """)
+    done = mpvisor(tmp_path, "run", "--file", "slotted.toml", slots=slots)
+    assert done.returncode == 1 and not (tmp_path / "ran").exists(), done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("mpvisor: x: ")]
+    assert line.startswith("mpvisor: x: rejected reason=\"slot 's': the slot server: ") and "characters)" not in line, line
+    assert line.endswith(f"cannot serve at '{slots / 'slots.sock'}': Is a directory\" exit_code=None attempts=0 slot='s'"), line
+
+
 def test_a_replacement_within_one_file_stops_the_owner_and_the_run_exits_6(tmp_path: pathlib.Path,
                                                                           slots: pathlib.Path) -> None:
     """Two tasks of one file in one slot, the second with `policy = "replace"`: the first is

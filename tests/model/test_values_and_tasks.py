@@ -233,6 +233,20 @@ def test_malformed_target_strings_are_refused_naming_target_and_value(target: st
     assert repr(target) in str(caught.value)
 
 
+@pytest.mark.parametrize(("target", "meant"), [("jobs/nightly.py:run", "jobs.nightly:run"), ("./jobs.py:run", "jobs:run"),
+                                               ("jobs/nightly:run", "jobs.nightly:run")])
+def test_a_target_given_as_a_files_path_is_told_the_module_name_it_meant(target: str, meant: str) -> None:
+    """`mpvisor run jobs/nightly.py:run` (or `TaskFn`, or a task file's `target`) said only that
+    the form is wrong; it now also says the module's name, as import takes it."""
+    with pytest.raises(ValueError) as caught:
+        TaskFn("t", target)
+    assert str(caught.value).endswith(f"got {target!r} (a file's path? a target names its module, as import does: "
+                                      f"{meant!r})"), caught.value
+    with pytest.raises(ValueError) as other:
+        TaskFn("t", "a:b:c")
+    assert "file's path" not in str(other.value)
+
+
 def generator_target(n: int) -> Any:
     """A generator function at module level."""
     yield from range(n)
@@ -275,8 +289,11 @@ def test_unreachable_callable_targets_are_refused(target: object, error: type[Ex
 def test_a_generator_function_target_is_refused_when_the_task_is_built(target: object, kind: str) -> None:
     """A generator function ran in an attempt without running a line of its body, and the attempt
     ended FATAL on what it returned (`the result of type generator cannot be sent`): it is
-    refused when the `TaskFn` is built, saying why and what to return instead."""
-    with pytest.raises(TypeError, match=f"^target cannot be {kind} function: calling it runs none of its body"):
+    refused when the `TaskFn` is built, saying why and what to return instead (in words: it said
+    `the a generator it returns`)."""
+    noun = kind.split(" ", 1)[1]
+    with pytest.raises(TypeError, match=f"^target cannot be {kind} function: calling it runs none of its body, "
+                                        f"and the {noun} it returns cannot be sent back"):
         TaskFn("t", target)  # type: ignore[arg-type]
 
 

@@ -364,6 +364,8 @@ def test_usage_errors_name_the_option() -> None:
         (["status", "--name", "x\ny"], f"mpvisor status: {said} 'x\\ny'"),
         (["run", "--file", "svc.toml", "--name", ""], f"mpvisor run: {said} ''"),
         (["run", "--file", "svc.toml", "--name", "x\ny"], f"mpvisor run: {said} 'x\\ny'"),
+        # a name too long is said cut (it was printed whole), as a task's name is
+        (["run", "--file", "svc.toml", "--name", "x" * 201], f"mpvisor run: {said} '{'x' * 59}… (201 characters)"),
         (["run", "--name", "", "--", "true"], "mpvisor run: error: argument --name: expected a non-empty task name, got ''"),
         (["logs", "web", "-n", "-1"], "mpvisor logs: error: argument -n/--lines: expected a whole number >= 0, got '-1'"),
         (["restart"], "mpvisor restart: error: the following arguments are required: TASK"),

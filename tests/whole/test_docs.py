@@ -472,6 +472,46 @@ def test_the_cli_reference_documents_every_option_and_nothing_else(command: str)
             assert f"`{shown}`" in row[2], f"{command} {name}: default {shown!r} not in the default column {row[2]!r}"
 
 
+BOUNDED = ("SECONDS", "N", "SIZE", "LINES", "N/SECONDS")  # the metavars of options in seconds, counts and sizes
+SAYS_ZERO_REFUSED = re.compile(r"> 0|>= 1|from (1|0\.01)\b|\b2 to\b")
+
+
+@pytest.mark.parametrize("command", sorted(real_commands()))
+def test_the_cli_reference_says_which_options_refuse_zero(command: str) -> None:
+    """An option in seconds, a count or a size whose parser refuses 0 says its bound in the
+    value column (`> 0`, `>= 1`, `from 1`, ...), and one whose parser takes 0 does not: the
+    value column of `mpvisor slots serve --idle-exit` said `seconds`, and 0 was a usage error.
+    A value column `as `--memory`` is that option's."""
+    rows = {_markdown.code_spans(row[0])[0].split()[0].rstrip("."): row for row in documented_commands()[command]}
+    wrong: list[str] = []
+    for name, action in _options(real_commands()[command]).items():
+        if not action.option_strings or action.nargs == 0 or str(action.metavar) not in BOUNDED:
+            continue
+        assert callable(action.type), (command, name)
+        try:
+            action.type("0")
+            refused = False
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            refused = True
+        value = rows[name][1]
+        if (same := re.fullmatch(r"as `(--[a-z-]+)`", value)) is not None:
+            value = rows[same.group(1)][1]
+        if bool(SAYS_ZERO_REFUSED.search(value)) != refused:
+            wrong.append(f"{command} {name}: its parser {'refuses' if refused else 'takes'} 0, the value column says {value!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("command", sorted(real_commands()))
+def test_an_options_help_names_its_default_where_the_reference_gives_one(command: str) -> None:
+    """`--help` says `default` for each option whose default column in docs/cli.md holds one
+    (not `-`, `none` or `off`): `mpvisor run --backoff`'s said only `seconds between retries`,
+    where the reference says 0.2 s doubling up to 30 s."""
+    rows = {_markdown.code_spans(row[0])[0].split()[0].rstrip("."): row for row in documented_commands()[command]}
+    silent = [name for name, action in _options(real_commands()[command]).items()
+              if not re.match(r"^(-$|none\b|off\b)", rows[name][2].strip()) and "default" not in (action.help or "")]
+    assert not silent, f"{command}: --help names no default for {silent}, docs/cli.md does"
+
+
 # --- outcome, rejection and event tables -----------------------------------------------------------
 
 

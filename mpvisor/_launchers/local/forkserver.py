@@ -275,7 +275,7 @@ class Launcher:
         kill = under(spawn.killcg) if spawn.killcg else ""
         cpus, refused = under(spawn.cpucg) if spawn.cpus and spawn.cpucg else "", ""
         if spawn.cpus:
-            refused = _limit_cpus(cpus, spawn.cpus) if cpus else NO_CPU_CONTROLLER.format(spawn.cpus)
+            refused = _limit_cpus(cpus, spawn.cpus) if cpus else _no_cpu_controller(spawn.cpus)
             cpus = "" if refused else cpus
         for path in set(made.values()) - {own, kill, cpus}:
             _remove_cgroup(path)
@@ -592,6 +592,21 @@ def _limit_memory(path: str, limit: int) -> bool:
 CPU_PERIOD = 100_000  # microseconds: the kernel's default CFS period
 NO_CPU_CONTROLLER = ("cannot apply the limit cpus={:g}: no CPU controller mpvisor may use here (it needs a writable "
                      "cgroup v1 cpu hierarchy, or cgroup v2 with cpu delegated; mpvisor doctor says what would give one)")
+CGROUPS_TURNED_OFF = ("cannot apply the limit cpus={:g}: {}={} turns off the cgroups that keep it (unset it where the "
+                      "host allows one: mpvisor doctor says)")
+
+
+def _no_cpu_controller(cpus: float) -> str:
+    """Why `cpus` cannot be kept for want of a CPU controller: the host's, or `MPVISOR_CGROUPS`
+    that turned cgroups off (the host may well have one: the variable is the cause to name)."""
+    from mpvisor._model import checks  # on this refusal's path only
+
+    value = os.environ.get(checks.CGROUPS_VARIABLE)
+    try:
+        off = checks.cgroups_off(value)
+    except ValueError:  # refused where the run started; not this refusal's cause
+        off = False
+    return CGROUPS_TURNED_OFF.format(cpus, checks.CGROUPS_VARIABLE, value) if off else NO_CPU_CONTROLLER.format(cpus)
 
 
 def _limit_cpus(path: str, cpus: float) -> str:
