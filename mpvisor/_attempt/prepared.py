@@ -22,15 +22,13 @@ A prepared module is only what `importlib` would find and load right now, or it 
   request that carries another `sys.path` or directory imports normally), and a submodule only
   if its package's `__path__`, after the package ran, is the one it was found on.
 
-What a target's module imports at its top is imported in each attempt too. Two such imports the
-launcher takes on itself: mpvisor's own task model (`TaskSpec`, `TaskFn`, `BackoffPolicy`...:
-dataclasses and inspect with it, about 15 ms in a fresh fork), and `typing` (with `re`, which it
-imports: about 4 ms), which most modules import. The first time the launcher is about to fork an
-attempt of a module, or of a main script, whose code imports one of them at its top level
-(`imports_task_model`: it names `mpvisor` and one of the model's names; `imports_typing`), it
-imports it, once, and every attempt forked afterwards finds it imported. The launcher never
-imports them otherwise: a launcher's start is what a run waits for, and its own code needs
-neither (its named tuples are `_model/tuples.py`'s).
+What a target's module imports at its top is imported in each attempt too. mpvisor's own task
+model (`TaskSpec`, `TaskFn`, `BackoffPolicy`...: dataclasses and inspect with it, about 15 ms in a
+fresh fork) is the one such import the launcher takes on itself: the first time it is about to
+fork an attempt of a module, or of a main script, whose code names `mpvisor` and one of those
+names at its top level (`imports_task_model`), it imports the model, once, and every attempt
+forked afterwards finds it imported. The launcher never imports it otherwise: a launcher's
+start is what a run waits for.
 
 What an attempt sees is what a normal import gives: fresh module objects with the same
 `__spec__`, `__loader__`, `__file__`, `__cached__`, `__path__` and `__package__`, registered in
@@ -177,9 +175,9 @@ def ready(name: str) -> None:
     that main script, which is not prepared): prepare it, or prepare it again if what it
     depended on changed; and import the task model if the target's module imports it."""
     if os.sep in name:
-        if not (task_model_imported and "typing" in sys.modules) and _scripts_looked_at.get(name) != (seen := _check(name)):
+        if not task_model_imported and _scripts_looked_at.get(name) != (seen := _check(name)):
             _scripts_looked_at[name] = seen
-            _import_shared_for(_script_code(name))
+            _import_task_model_for(_script_code(name))
         return
     entries = prepared.get(name)
     if entries is not None and still_valid(entries):
@@ -191,11 +189,11 @@ def ready(name: str) -> None:
         fresh = None
     if fresh:  # None: cannot be prepared; (): the launcher has it imported already
         prepared[name] = fresh
-        _import_shared_for(fresh[-1].code)
+        _import_task_model_for(fresh[-1].code)
 
 
-# Whether this process imported mpvisor's task model for its attempts (`_import_shared_for`), and
-# the main scripts looked at for it or `typing`, as they were then (a script is read again once it changed).
+# Whether this process imported mpvisor's task model for its attempts (`_import_task_model_for`),
+# and the main scripts looked at for it, as they were then (a script is read again once it changed).
 task_model_imported = False
 _scripts_looked_at: dict[str, Check | None] = {}
 
@@ -208,33 +206,20 @@ def imports_task_model(code: CodeType) -> bool:
     return "mpvisor" in code.co_names and not PUBLIC.keys().isdisjoint(code.co_names)
 
 
-def imports_typing(code: CodeType) -> bool:
-    """Whether a module's code imports `typing` at its top level (`from typing import Any`,
-    `import typing`)."""
-    return "typing" in code.co_names
-
-
-def _import_shared_for(code: CodeType | None) -> None:
-    """In the launcher: import mpvisor's task model, and `typing`, once each, if the target's
-    module `code` imports them at its top, so that every attempt forked from here finds them
-    imported. Its first attempt waits for that (15-30 ms for the model, about what it would have
-    spent importing it itself); targets that import neither cost the launcher nothing."""
+def _import_task_model_for(code: CodeType | None) -> None:
+    """In the launcher: import mpvisor's task model once, if the target's module `code` imports
+    it at its top, so that every attempt forked from here finds it imported. Its first attempt
+    waits for that (15-30 ms, about what it would have spent importing the model itself);
+    targets that do not import it cost the launcher nothing."""
     global task_model_imported
-    if code is None:
-        return
-    wanted = []
-    if not task_model_imported and imports_task_model(code):
-        task_model_imported = True  # once, whatever happens: a failed import is not tried again
-        wanted += [f"mpvisor._model.{module}" for module in sorted(set(PUBLIC.values()))]
-    if "typing" not in sys.modules and imports_typing(code):
-        wanted.append("typing")
-    if not wanted:
+    if task_model_imported or code is None or not imports_task_model(code):
         return
     import importlib
 
+    task_model_imported = True  # once, whatever happens: a failed import is not tried again
     try:
-        for module in wanted:
-            importlib.import_module(module)
+        for module in sorted(set(PUBLIC.values())):
+            importlib.import_module(f"mpvisor._model.{module}")
     except Exception:  # (no memory left, say) the launcher goes on; each attempt imports what it needs
         return
     gc.freeze()  # as the launcher's start does: what every attempt shares stays out of collections

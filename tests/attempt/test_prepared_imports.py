@@ -23,7 +23,7 @@ import pytest
 
 from mpvisor import OutcomeKind, SupervisorConfig, TaskFn, TaskSpec
 from mpvisor._attempt import prepared as _prepared
-from tests._support import supervised
+from tests._support import async_wait_for, supervised
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,20 +79,20 @@ async def test_the_launcher_imports_the_task_model_once_for_a_module_or_script_t
     assert [outcome.value for outcome in model] == [True, True], model
 
 
-async def test_the_launcher_imports_typing_once_for_a_module_that_imports_it():
-    """The launcher imports `typing` for a target whose module imports it at its top: its
-    every attempt finds it imported, the first too, and so does any attempt forked after. An
-    attempt of a module that does not import it, forked before, does not have it (unless this
-    interpreter's own start-up imports it: a `.pth` file's hook may)."""
-    bare = subprocess.run([sys.executable, "-c", "import sys; print('typing' in sys.modules)"],
-                          capture_output=True, text=True, timeout=30)
+async def test_the_launcher_imports_typing_once_it_has_nothing_to_do(tmp_path):
+    """`typing`, which most targets' modules import, is not among the fork server's own imports
+    (its start is what a run waits for); it imports it once nothing is waiting, so that an
+    attempt forked afterwards (here: while another attempt blocks) finds it imported, in a
+    target whose module does not import it too."""
+    release, marker = tmp_path / "release", tmp_path / "marker"
     async with supervised(SupervisorConfig(grace=1)) as (handle, _):
-        before = await _run(handle, "plain-before", "workers.plain:imported")
-        typed = [await _run(handle, f"typed-{i}", "workers.imports:how") for i in range(2)]
-        after = await _run(handle, "plain-after", "workers.plain:imported")
-    assert before.value == {"typing": bare.stdout.strip() == "True", "task_model": False}, before
-    assert [outcome.value["typing"] for outcome in typed] == [True, True], typed
-    assert after.value == {"typing": True, "task_model": False}, after
+        _, gate = await handle.add_and_watch(
+            TaskSpec.once(TaskFn("gate", "workers.coop:gated", (str(release),), {"marker": str(marker)})))
+        await async_wait_for(lambda: marker.exists() and "started" in marker.read_text(), timeout=20)
+        plain = await _run(handle, "plain", "workers.plain:imported")
+        release.touch()
+        assert (await gate.wait()).kind is OutcomeKind.COMPLETED
+    assert plain.value == {"typing": True, "task_model": False}, plain
 
 
 def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp_path):
@@ -128,8 +128,6 @@ def test_what_names_the_task_model_at_a_modules_top_level():
     assert not _prepared.imports_task_model(code("from mpvisor import context, Fail"))
     assert not _prepared.imports_task_model(code("def main():\n    from mpvisor import TaskSpec\n"))
     assert not _prepared.imports_task_model(code("from other import TaskSpec"))
-    assert _prepared.imports_typing(code("from typing import Any")) and _prepared.imports_typing(code("import typing"))
-    assert not _prepared.imports_typing(code("def main():\n    from typing import Any\n"))
 
 
 @pytest.fixture
