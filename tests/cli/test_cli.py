@@ -489,21 +489,31 @@ def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path)
 # --- tracebacks -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shadow", ["traceback", "linecache"])
+@pytest.mark.parametrize("shadow", ["traceback", "linecache", "tokenize", "ast", "unicodedata"])
 def test_a_traceback_is_printed_beside_a_module_that_shadows_the_one_that_formats_it(tmp_path, shadow):
     """A directory of scripts with a `traceback.py` (or `linecache.py`) of its own, the run's
     working directory: a failed target's traceback was lost (the attempt imported the user's
     module to format it, which failed, silently), where `python -m` prints it. The standard
-    library's is used, and the user's is left alone for the target to import."""
-    (tmp_path / f"{shadow}.py").write_text(f"raise RuntimeError('the {shadow}.py of the user was imported')\n")
-    (tmp_path / "jobs.py").write_text("def job():\n    raise ValueError('job failed')\n")
-    # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
-    done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.splitlines()
-    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "ValueError: job failed", lines
-    assert "was imported" not in done.stderr, done.stderr
+    library's is used, and the user's is left alone for the target to import. So for the
+    modules formatting imports only when it needs them: on CPython 3.13 a `tokenize.py` or an
+    `ast.py` lost it (3.13's `linecache` imports `tokenize` so), and on every version a
+    `unicodedata.py` did for a line that is not ASCII; the traceback is the one printed where
+    there is no such module."""
+    job = "def job():\n    greeting = {'é': 'bonjour'}\n    return greeting['ü']\n"
+    printed = {}
+    for where in ("clean", "shadowed"):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / "jobs.py").write_text(job, encoding="utf-8")
+        if where == "shadowed":
+            (tmp_path / where / f"{shadow}.py").write_text(f"raise RuntimeError('the {shadow}.py of the user was imported')\n")
+        # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
+        done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path / where,
+                              env=cli_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stderr
+        printed[where] = done.stderr.replace(where, "DIR")
+    lines = printed["shadowed"].splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "KeyError: 'ü'", lines
+    assert printed["shadowed"] == printed["clean"]
 
 
 @pytest.mark.parametrize("start_method", ["launcher", "spawn"])
