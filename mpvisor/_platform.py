@@ -512,15 +512,19 @@ def interpreter_argv(code: str) -> list[str]:
     `-s` or `-I` only if it was started with them) running `code`: an ordinary interpreter, as
     `multiprocessing`'s spawn starts one, so `site`, .pth files and sitecustomize run as here.
 
-    In a working directory that was removed, `-P` too (`code` sets `sys.path` itself, and the
-    empty entry `-c` would put first names nothing there): CPython 3.13.0-3.13.2 otherwise fail
-    every failed attribute lookup on a module with `SystemError` in such a directory, as they
-    check the empty entry for a module shadowing the standard library, and `import socket`, the
-    launcher's first import, makes one (CPython's gh-130932, fixed in 3.13.3)."""
+    And `-P`, always: `code` sets `sys.path` itself, and the working directory, which `-c` would
+    put first on it before `code` runs, is the user's. From CPython 3.13, `-c` imports
+    `linecache` there (to keep the command's source for tracebacks): a `linecache.py` in the run's
+    directory was the launcher's, which died of it three times, and the run failed. In a
+    working directory that was removed, the empty entry also made CPython 3.13.0-3.13.2 fail
+    every failed attribute lookup on a module with `SystemError`, as they check it for a module
+    shadowing the standard library, and `import socket`, the launcher's first import, makes one
+    (CPython's gh-130932, fixed in 3.13.3). So `sys.flags.safe_path` is set in the launcher and
+    in its attempts."""
     import subprocess
 
     flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    if current_dir() is None and "-P" not in flags and "-I" not in flags:
+    if "-P" not in flags and "-I" not in flags:
         flags.append("-P")
     return [sys.executable, *flags, "-c", code]
 

@@ -615,6 +615,11 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
     if traceback is None:
         return None
+    for lazy in _FORMATTING_IMPORTS:
+        try:
+            _standard_module(lazy)
+        except BaseException:
+            pass  # formatting meets the same problem, and falls back as below
     if hide:
         def users() -> str | None:
             found = traceback.TracebackException.from_exception(exc)
@@ -632,6 +637,13 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+# What formatting a traceback imports when it first needs it, not with `traceback` itself: so
+# from the target's `sys.path`, where a module of the user's of that name came first and the
+# traceback was lost (a user's `tokenize.py` from CPython 3.13, whose `linecache` imports it so;
+# `ast`, for the carets, and `unicodedata`, for a line that is not ASCII, on every version).
+_FORMATTING_IMPORTS = ("tokenize", "ast", "unicodedata")
 
 
 def _standard_module(name: str) -> Any:

@@ -489,21 +489,53 @@ def test_mpvisors_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path)
 # --- tracebacks -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shadow", ["traceback", "linecache"])
+@pytest.mark.parametrize("shadow", ["traceback", "linecache", "tokenize", "ast", "unicodedata"])
 def test_a_traceback_is_printed_beside_a_module_that_shadows_the_one_that_formats_it(tmp_path, shadow):
     """A directory of scripts with a `traceback.py` (or `linecache.py`) of its own, the run's
     working directory: a failed target's traceback was lost (the attempt imported the user's
     module to format it, which failed, silently), where `python -m` prints it. The standard
-    library's is used, and the user's is left alone for the target to import."""
-    (tmp_path / f"{shadow}.py").write_text(f"raise RuntimeError('the user\'s {shadow}.py was imported')\n")
-    (tmp_path / "jobs.py").write_text("def job():\n    raise ValueError('job failed')\n")
-    # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
-    done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path, env=cli_env(),
+    library's is used, and the user's is left alone for the target to import. So for the
+    modules formatting imports only when it needs them: on CPython 3.13 a `tokenize.py` or an
+    `ast.py` lost it (3.13's `linecache` imports `tokenize` so), and on every version a
+    `unicodedata.py` did for a line that is not ASCII; the traceback is the one printed where
+    there is no such module."""
+    job = "def job():\n    greeting = {'é': 'bonjour'}\n    return greeting['ü']\n"
+    printed = {}
+    for where in ("clean", "shadowed"):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / "jobs.py").write_text(job, encoding="utf-8")
+        if where == "shadowed":
+            (tmp_path / where / f"{shadow}.py").write_text(f"raise RuntimeError('the {shadow}.py of the user was imported')\n")
+        # the installed `mpvisor` (`python -m mpvisor` would put the directory first on its own sys.path)
+        done = subprocess.run([shutil.which("mpvisor") or "mpvisor", "run", "jobs:job"], cwd=tmp_path / where,
+                              env=cli_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stderr
+        printed[where] = done.stderr.replace(where, "DIR")
+    lines = printed["shadowed"].splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "KeyError: 'ü'", lines
+    assert printed["shadowed"] == printed["clean"]
+
+
+@pytest.mark.parametrize("start_method", ["launcher", "spawn"])
+def test_the_launcher_and_a_spawned_attempt_search_the_run_directory_only_once_their_path_is_set(tmp_path,
+                                                                                               start_method):
+    """On CPython 3.13 `mpvisor run jobs:job` in a directory with a `linecache.py` of the user's
+    failed before anything ran: the launcher's interpreter (`python -c CODE`, whose `-c` puts the
+    working directory first on `sys.path`) imported `linecache` from there before CODE set its
+    path, and died of it three times. Both interpreters mpvisor starts with `-c` (the launcher,
+    and a spawned attempt) are started with `-P` (`sys.flags.safe_path`, which an attempt sees,
+    as the attempt under the launcher is its fork), on every version, so the directory is
+    searched only through the path CODE sets (the previous test runs the shadow itself)."""
+    (tmp_path / "probe.py").write_text("import sys\ndef safe():\n    return sys.flags.safe_path\n")
+    (tmp_path / "program.py").write_text(
+        "import mpvisor\n"
+        "from mpvisor import SupervisorConfig, TaskFn, TaskSpec\n"
+        "if __name__ == '__main__':\n"
+        f"    outcome = mpvisor.run([TaskSpec.once(TaskFn('s', 'probe:safe', ()))], SupervisorConfig(start_method={start_method!r}))['s']\n"
+        "    print(outcome.kind.name, outcome.value)\n")
+    done = subprocess.run([sys.executable, str(tmp_path / "program.py")], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.splitlines()
-    assert lines[0] == "Traceback (most recent call last):" and lines[-2] == "ValueError: job failed", lines
-    assert "was imported" not in done.stderr, done.stderr
+    assert (done.returncode, done.stdout) == (0, "COMPLETED True\n"), done
 
 
 def test_a_failed_python_target_prints_its_traceback_before_the_outcome_line(tmp_path):
