@@ -41,6 +41,7 @@ does for an installed package; with `PYTHONDONTWRITEBYTECODE=1` nothing else wou
     python scripts/bench_startup.py              # 10 rounds, 2,000 attempts
     python scripts/bench_startup.py --quick      # 3 rounds, 400 attempts
     python scripts/bench_startup.py --profile    # and where `mpvisor run -- true` spends its time
+    python scripts/bench_startup.py --instructions   # instead: instructions each process takes (valgrind)
 """
 
 from __future__ import annotations
@@ -497,12 +498,48 @@ def processes_alone(runs: int, base: dict[str, str]) -> None:
 # --- main --------------------------------------------------------------------------------------
 
 
+GOALS = [  # (contender, its anchor, the goal on their wall-time ratio)
+    ("one task: mpvisor.run", "one task: ProcessPoolExecutor(1)", 1.0),
+    ("fan_out.with_mpvisor()", "fan-out on ProcessPoolExecutor()", 1.2),
+    ("mpvisor run -- true", "python -c pass", 5.0),
+    ("mpvisor --version", "python -c pass", 2.5),
+    ("mpvisor check FILE", "python -c pass", 2.5),
+    ("mpvisor run --slot s -- true", "mpvisor run -- true", 1.1),
+]
+
+
+def instructions(contenders: list[Contender], anchors: dict[str, str]) -> None:
+    """`--instructions`: the instructions each contender's own process executes (valgrind's
+    callgrind, `PYTHONHASHSEED=0`; not its children), which repeat to a tenth of a per cent
+    whatever else the machine does, where wall times drift by a fifth: how a change to start-up
+    is measured (docs/benchmarks.md). Ratios to each one's anchor beside them."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        sys.exit("--instructions needs valgrind (Debian and Ubuntu: apt install valgrind)")
+    counted: dict[str, float] = {}
+    for c in contenders:
+        env = dict(c.env, PYTHONHASHSEED="0")
+        done = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null", *c.argv],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        found = [line for line in done.stderr.splitlines() if "Collected" in line]
+        if not found:
+            sys.exit(f"valgrind counted nothing for {c.label}: {done.stderr[-500:]}")
+        counted[c.label] = int(found[-1].split()[-1]) / 1e6
+    print(f"{'process (alone, not its children)':52s} {'instructions':>14s}  vs its anchor")
+    for label, count in counted.items():
+        anchor = anchors.get(label)
+        beside = f"{count / counted[anchor]:.2f}x {anchor}" if anchor in counted else ""
+        print(f"{label:52s} {count:12.1f} M  {beside}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (3 rounds, 400 attempts)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 10, 3 with --quick)")
     parser.add_argument("--attempts", type=int, default=None, help="attempts for the parent's CPU (default 2000)")
     parser.add_argument("--profile", action="store_true", help="also: where `mpvisor run -- true` spends its time")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instead: the instructions each process takes, under valgrind (repeatable on a drifting machine)")
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 10)
     attempts = args.attempts or (400 if args.quick else 2000)
@@ -535,6 +572,14 @@ def main() -> None:
         Contender("floor: import argparse, tomllib, dataclasses", [PYTHON, "-c", CHECK_FLOOR], base),
     ]
     by = {c.label: c for c in contenders}
+    if args.instructions:
+        guardian = Contender("the guardian's start-up (imports)", [PYTHON, "-c", "from mpvisor._launchers.local.forkserver import main"], base)
+        alone = [c for c in contenders if "slot" not in c.label]
+        pairs = {label: anchor for label, anchor, _ in GOALS if "slot" not in label}
+        pairs.update({floor: anchor for _, floor, anchor, _ in FLOORS})
+        instructions([*alone[:1], guardian, *alone[1:]], pairs)
+        shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         for _ in range(rounds):
             for contender in contenders:
@@ -550,16 +595,8 @@ def main() -> None:
               f"{ms(statistics.median(s.cpu for s in c.samples))}")
     print(f"(slot servers stopped at the end: {servers})")
 
-    goals = [
-        ("one task: mpvisor.run", "one task: ProcessPoolExecutor(1)", 1.0),
-        ("fan_out.with_mpvisor()", "fan-out on ProcessPoolExecutor()", 1.2),
-        ("mpvisor run -- true", "python -c pass", 5.0),
-        ("mpvisor --version", "python -c pass", 2.5),
-        ("mpvisor check FILE", "python -c pass", 2.5),
-        ("mpvisor run --slot s -- true", "mpvisor run -- true", 1.1),
-    ]
     print(f"\n{'contender vs anchor':68s} {'wall x (rounds)':>20s} {'CPU x':>7s} {'goal':>8s}")
-    for label, anchor, goal in goals:
+    for label, anchor, goal in GOALS:
         wall, lo, hi = ratio_of(by[label], by[anchor], lambda s: s.wall)
         cpu, _, _ = ratio_of(by[label], by[anchor], lambda s: s.cpu)
         verdict = "PASS" if wall <= goal else "MISS"
