@@ -25,12 +25,14 @@ frozen pair comes from `dataclasses`' own hook for it, `_frozen_get_del_attr(cls
 globals)` on 3.11 and 3.12, which `record` swaps for its closures only while `dataclass` makes
 its class (`_FROZEN_HOOK` says whether this interpreter has that hook; from 3.13 it adds to one
 compile instead, and `record` leaves it alone). A `dataclass` that another thread makes
-meanwhile gets the same closures: they behave as the generated methods do. CPython 3.13 changed how the generated `__eq__` compares: up
-to 3.12 it compares two tuples of the fields, so a field holding the same object in both is
-equal by identity (the same `nan` too); from 3.13 it is `self is other`, else `self.a ==
-other.a and self.b == other.b ...`, where the same `nan` in two instances is not equal and the
-result is the last comparison's own value. `FIELD_BY_FIELD_EQ` is that one difference. A method the class body defines is kept, as `dataclass` keeps it, and hashing
-follows `dataclass`'s rule: a frozen class with `eq` hashes its fields, a mutable one with
+meanwhile gets the same closures: they behave as the generated methods do.
+
+CPython 3.13 changed how the generated `__eq__` compares: up to 3.12 it compares two tuples of
+the fields, so a field holding the same object in both is equal by identity (the same `nan`
+too); from 3.13 it is `self is other`, else `self.a == other.a and self.b == other.b ...`,
+where the same `nan` in two instances is not equal and the result is the last comparison's own
+value. `FIELD_BY_FIELD_EQ` is that one difference. A method the class body defines is kept, as
+`dataclass` keeps it, and hashing follows `dataclass`'s rule: a frozen class with `eq` hashes its fields, a mutable one with
 `eq` is unhashable, a class that defines `__hash__` keeps it.
 
 Every record has a docstring of its own: `dataclass` writes a missing one from

@@ -10,9 +10,10 @@ written: strings, since every module of the package imports `annotations` from `
 `typing.NamedTuple` compiles each such string into a `ForwardRef`, about a fifth of a million
 instructions a field), and `typing` itself, with `re` that it imports, is not imported: the fork
 server's imports, which every launcher's start-up waits for, took a fifth more instructions
-with them (it imports `typing` later, for its attempts, once it has nothing to do). A body that `typing.NamedTuple` refuses (a field without a default after one with
-a default, a name such as `_replace` or `__new__` that the tuple owns, another base than
-`NamedTuple` and `Generic`) is refused alike.
+with them (it imports `typing` later, for its attempts, once it has nothing to do). A body that
+`typing.NamedTuple` refuses (a field without a default after one with a default, a name such
+as `_replace` or `__new__` that the tuple owns, another base than `NamedTuple` and `Generic`) is
+refused alike.
 """
 
 from __future__ import annotations

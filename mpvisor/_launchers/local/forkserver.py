@@ -6,9 +6,9 @@ has imported mpvisor and the `preload` modules, and prepares each target's impor
 (`_attempt/prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
 multi-threaded) parent. It imports `typing` (with `re`), which most targets' modules import
 themselves or through what they import, the first time it finds nothing to do (`_warm_up`): not
-before it says it is ready, since a run waits for that (`typing` was a fifth of the fork server's
-imports), and every attempt forked afterwards finds it imported. Every page it writes after a fork is a copy-on-write fault, so its
-per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
+before it says it is ready, since a run waits for that (`typing` was a fifth of the fork
+server's imports), and every attempt forked afterwards finds it imported. Every page it writes
+after a fork is a copy-on-write fault, so its per-attempt loop is kept small: epoll itself, one control packet per wake-up, no exception or
 enum arithmetic on the way. It is the parent of every attempt process and a child
 subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
 
