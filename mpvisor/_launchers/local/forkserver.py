@@ -10,8 +10,8 @@ before it says it is ready, since a run waits for that (`typing` was a fifth of 
 server's imports), and every attempt forked afterwards finds it imported. Every page it writes
 after a fork is a copy-on-write fault, so its per-attempt loop is kept small: epoll itself, one
 control packet per wake-up, no exception or enum arithmetic on the way. It is the parent of
-every attempt process and a child
-subreaper, and its own table of what it forked and adopted *is* each attempt's tree.
+every attempt process and a child subreaper, and its own table of what it forked and adopted
+*is* each attempt's tree.
 
 Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
 attached; `control.py` types, encodes and versions them):
