@@ -270,9 +270,11 @@ def slots_url(text: str) -> str:
 def store_missing(url: str | None) -> str | None:
     """Why a slot store at `url` cannot be used by this installation, said before anything runs
     (as `--ray` says a missing Ray): psycopg not installed; None when it can be (or no URL)."""
-    import importlib.util
+    if url is None:
+        return None
+    import importlib.util  # here: a run without a store URL imports nothing for it
 
-    if url is None or importlib.util.find_spec("psycopg") is not None:
+    if importlib.util.find_spec("psycopg") is not None:
         return None
     return ("psycopg is not installed here (a postgresql:// store needs it): install the `postgres` extra "
             "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`")
