@@ -120,6 +120,35 @@ def test_with_every_cgroup_mount_read_only_it_says_its_remedy_once_and_a_run_use
     assert "failed reason='memory limit exceeded (100 MiB, watcher): the tree used " in done.stderr, done.stderr
 
 
+def _as_an_ordinary_user() -> None:
+    """Between fork and exec: uid 65534 where the suite runs as root, else the user running it."""
+    if os.geteuid() == 0:
+        os.setgid(65534)
+        os.setgroups([])
+        os.setuid(65534)
+
+
+def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pathlib.Path):
+    """An ordinary user's `unshare --user --map-root-user` (a rootless container) has uid 0 in its
+    namespace and nothing more on the host's cgroups: doctor there suggests what it suggests to that
+    user outside it (run as root...), not what it suggests to the host's root (a container whose
+    /sys/fs/cgroup is read-write: the user is in one already)."""
+    assert MPVISOR is not None and shutil.which("unshare") is not None
+    os.chmod(tmp_path, 0o777)  # the working directory of uid 65534 (tmp_path's parents let anyone through)
+    outputs = []
+    for prefix in ([], ["unshare", "--user", "--map-root-user"]):
+        done = subprocess.run([*prefix, MPVISOR, "doctor"], cwd=tmp_path, preexec_fn=_as_an_ordinary_user,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=40)
+        if prefix and "unshare" in done.stderr:
+            pytest.skip(f"this host gives an ordinary user no user namespace: {done.stderr.strip()}")
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        outputs.append([line for line in done.stdout.splitlines() if line.startswith("stronger: ")])
+    outside, inside = outputs
+    assert outside and "run as root" in outside[0], outside
+    assert inside == outside
+
+
 def test_the_lines_of_a_host_with_nothing_writable():
     """A user's read-only v2 session: not writable, each fallback, and the command to run under."""
     caps = Capabilities(pidfd=True, subreaper=True, version="v2", systemd=True, v2_mount="/sys/fs/cgroup",
