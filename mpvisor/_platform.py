@@ -10,7 +10,7 @@ pid, names one process for its whole life).
 | die with my parent | `set_parent_death_signal(sig)` (then compare `os.getppid()`) |
 | set a handler, the mask, the wakeup fd, read pending signals, cheaply in a new fork | `set_signal_handler`, `signal_mask`, `set_wakeup_fd`, `pending_signals` (the C functions, plain ints) |
 | adopt orphans of my tree | `set_child_subreaper()` |
-| be picked first by the OOM killer | `set_oom_score_adj(500)` |
+| be picked first by the OOM killer | `set_oom_score_adj(500)` where `oom_score_adj()` is lower |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
@@ -105,6 +105,15 @@ def follower_of_this_thread(signum: int) -> Callable[[], None]:
 def set_child_subreaper() -> None:
     """Make orphaned descendants re-parent to this process instead of init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def oom_score_adj() -> int:
+    """This process's OOM score adjustment (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return 0
 
 
 def set_oom_score_adj(value: int) -> None:

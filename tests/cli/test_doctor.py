@@ -12,6 +12,7 @@ import resource
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -201,6 +202,28 @@ def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_pat
     kept = run("run", "--open-files", "150", "--", sys.executable, "-c",
                "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))")
     assert (kept.returncode, kept.stdout) == (0, "(150, 150)\n"), kept.stderr
+    raised = run("run", "--", "cat", "/proc/self/oom_score_adj")
+    assert (raised.returncode, raised.stdout) == (0, "500\n"), raised.stderr
+
+
+def test_an_attempt_never_lowers_the_oom_score_adj_it_inherits(tmp_path: pathlib.Path):
+    """Under an OOM score adjustment of 900 (a service's OOMScoreAdjust=900, which a User= service
+    may not lower below), an ordinary user's attempt keeps 900, as doctor says: it lowered it to
+    500 (where root had set that floor, the write failed and no attempt could start)."""
+    assert MPVISOR is not None
+    os.chmod(tmp_path, 0o777)
+
+    def high() -> None:
+        with open("/proc/self/oom_score_adj", "w") as file:
+            file.write("900")
+        _as_an_ordinary_user()
+
+    kw: dict[str, Any] = {"cwd": tmp_path, "preexec_fn": high, "env": {**os.environ, "PYTHONPATH": str(ROOT)},
+                          "stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "timeout": 40}
+    done = subprocess.run([MPVISOR, "run", "--", "cat", "/proc/self/oom_score_adj"], **kw)
+    assert (done.returncode, done.stdout) == (0, "900\n"), done.stderr
+    said = subprocess.run([MPVISOR, "doctor"], **kw).stdout.splitlines()
+    assert "oom_score_adj: 900 here; each attempt keeps it (500 or more already)" in said, said
 
 
 def test_the_lines_of_a_host_with_nothing_writable():
