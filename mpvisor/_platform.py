@@ -10,13 +10,13 @@ pid, names one process for its whole life).
 | die with my parent | `set_parent_death_signal(sig)` (then compare `os.getppid()`) |
 | set a handler, the mask, the wakeup fd, read pending signals, cheaply in a new fork | `set_signal_handler`, `signal_mask`, `set_wakeup_fd`, `pending_signals` (the C functions, plain ints) |
 | adopt orphans of my tree | `set_child_subreaper()` |
-| be picked first by the OOM killer | `set_oom_score_adj(500)` |
+| be picked first by the OOM killer | `set_oom_score_adj(500)` where `oom_score_adj()` is lower |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
 | where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
-| a directory only this user may enter, made if missing | `private_dir(path, what)`: None, or why not |
+| a directory only this user may enter, made if missing | `private_dir(path, what, env)`: None, or why not |
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)`, and for stdout or stderr `output_reader_gone()` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
 | is the socket a server bound still at its path (not removed or replaced)? | `socket_inode(path)`, compared with the one it had |
@@ -105,6 +105,15 @@ def follower_of_this_thread(signum: int) -> Callable[[], None]:
 def set_child_subreaper() -> None:
     """Make orphaned descendants re-parent to this process instead of init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def oom_score_adj() -> int:
+    """This process's OOM score adjustment (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return 0
 
 
 def set_oom_score_adj(value: int) -> None:
@@ -564,17 +573,21 @@ def user_runtime_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
 
 
-def private_dir(path: str, what: str) -> str | None:
+def private_dir(path: str, what: str, env: str = "") -> str | None:
     """Make `path` (and its missing parents) 0700 directories of this user's; None when it is
-    one, else why it cannot be used, naming it as `what` ("the slot server's directory"). The
-    caller raises its own error with that text."""
+    one, else why it cannot be used, naming it as `what` ("the slot server's directory"), and,
+    where another user's directory is in the way, the variable `env` that moves it. The caller
+    raises its own error with that text."""
+    elsewhere = f": set ${env} to a directory of yours" if env else ""
     try:
         _make_private_dirs(os.path.abspath(path))
         info = os.lstat(path)
     except OSError as exc:
-        return f"cannot create {what} {path!r}: {exc.strerror or exc}"
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        return f"{what} {path!r} is not a directory of uid {os.getuid()}'s"
+        return f"cannot create {what} {path!r}: {exc.strerror or exc}{elsewhere if isinstance(exc, PermissionError) else ''}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{what} {path!r} is not a directory"
+    if info.st_uid != os.getuid():  # in a shared /tmp, another user may have made it first
+        return f"{what} {path!r} is uid {info.st_uid}'s, not uid {os.getuid()}'s (another user made it){elsewhere}"
     if info.st_mode & 0o077:
         return f"{what} {path!r} is open to others (mode {info.st_mode & 0o777:o}); it must be 0700"
     if info.st_mode & 0o700 != 0o700:

@@ -32,6 +32,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
 | `SPAWN_IN_SLOW` | the same, with the spawn run left to `-m slow`: for a test of what the launcher does to a tree, which the start method does not change |
+| `pids_cgroup(name, most)`, `pids_cgroup_problem()` | a pids cgroup letting `most` processes and threads exist; why one cannot be made here (None: it can), a test's skip reason |
 | `run(coro)`, `supervised(config, ...)` | a coroutine on a fresh loop, for a sync test (an `async def test_` needs none: conftest runs it); `async with` a served supervisor and its `Collector` |
 """
 
@@ -484,14 +485,31 @@ class LogRecords(logging.Handler):
             self.records.append(record)
 
 
-def pids_cgroup(name: str, most: int) -> str:
-    """A pids cgroup beside this process's own that lets at most `most` processes (and threads)
-    exist in it (cgroup v1's pids hierarchy, else v2)."""
+def _pids_parent() -> str:
     with open("/proc/self/cgroup", encoding="utf-8") as file:
         own = file.read().splitlines()
     v1 = [line.split(":", 2)[2] for line in own if "pids" in line.split(":", 2)[1].split(",")]
-    parent = f"/sys/fs/cgroup/pids{v1[0]}" if v1 else f"/sys/fs/cgroup{next(line for line in own if line.startswith('0::'))[3:]}"
-    made = f"{parent.rstrip('/')}/{name}"
+    return f"/sys/fs/cgroup/pids{v1[0]}" if v1 else f"/sys/fs/cgroup{next(line for line in own if line.startswith('0::'))[3:]}"
+
+
+def pids_cgroup_problem() -> str | None:
+    """Why this process cannot make a pids cgroup (`pids_cgroup`), None when it can: the reason
+    a test of a limit on processes is skipped. A limit of the user's own (`ulimit -u`) would not
+    do: it counts every process of the user, the suite's too."""
+    try:
+        parent = _pids_parent()
+    except (OSError, StopIteration):
+        return "no pids cgroup hierarchy here"
+    if not os.access(parent, os.W_OK):
+        return (f"making a pids cgroup needs write access to {parent} (root on a cgroup v1 host; an ordinary "
+                "user has none)")
+    return None
+
+
+def pids_cgroup(name: str, most: int) -> str:
+    """A pids cgroup beside this process's own that lets at most `most` processes (and threads)
+    exist in it (cgroup v1's pids hierarchy, else v2)."""
+    made = f"{_pids_parent().rstrip('/')}/{name}"
     os.mkdir(made)
     with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
         file.write(str(most))

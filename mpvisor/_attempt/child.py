@@ -237,8 +237,27 @@ def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
             resource.setrlimit(which, (value, value))
         except (ValueError, OSError) as exc:
             hard = resource.getrlimit(which)[1]
-            above = f" (over this process's hard limit, {hard})" if 0 <= hard < value else ""
-            _finish(channel, Failure("fatal", f"cannot apply the limit {name}={value}{above}: {_describe(exc)}"))
+            if 0 <= hard < value:  # the kernel's words ("not allowed to raise maximum limit") name no remedy
+                why = f" (over this process's hard limit, {hard}: {_why_not_raised(which, value)})"
+            else:
+                why = f": {_describe(exc)}"
+            _finish(channel, Failure("fatal", f"cannot apply the limit {name}={value}{why}"))
+
+
+def _why_not_raised(which: int, value: int) -> str:
+    """Why a hard limit was not raised to `value`: past the kernel's ceiling on open files
+    (`fs.nr_open`), which no process may pass, else for want of CAP_SYS_RESOURCE."""
+    import resource
+
+    if which == resource.RLIMIT_NOFILE:
+        try:
+            with open("/proc/sys/fs/nr_open", "rb") as file:
+                ceiling = int(file.read())
+        except (OSError, ValueError):
+            ceiling = -1
+        if 0 <= ceiling < value:
+            return f"and the kernel's ceiling, fs.nr_open = {ceiling}, which no process may pass"
+    return "raising it takes CAP_SYS_RESOURCE, which root has on most hosts"
 
 
 def _adopt_environment(channel: _Channel, start: Start) -> None:

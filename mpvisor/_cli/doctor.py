@@ -7,6 +7,11 @@ line per capability (`pidfd: yes`, `cgroups: hybrid (...)`, `cgroup.kill: no`, `
 is missing, what would give it (`stronger: systemd-run --user --scope -p Delegate=yes mpvisor
 ...`). `--json` prints the same facts as one JSON object. Status 0; usage errors 2 (an option, or a
 `$MPVISOR_CGROUPS` that is neither empty nor a word turning cgroups off).
+
+Its last two lines are this process's, not the cgroups' (`process`): the OOM score adjustment
+each attempt takes (raised to 500 from what it inherits, which any user may do) and the open-file
+limits a run raises its own to and what `open_files=` above the hard one meets (only a process
+with CAP_SYS_RESOURCE, which root has on most hosts, may raise a hard limit).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 from typing import Any
 
 from mpvisor._cli.options import check_cgroups_variable
@@ -54,9 +60,46 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(facts(caps)))
     else:
-        for line in lines(caps):
+        for line in [*lines(caps), *process_lines(process())]:
             print(line)
     return OK
+
+
+CAP_SYS_RESOURCE = 24  # its bit in /proc/self/status's CapEff
+
+
+def process() -> dict[str, Any]:
+    """This process's OOM score adjustment (None: unreadable), open-file limits (`resource.RLIM_INFINITY`
+    as -1) and whether it may raise a hard limit (CAP_SYS_RESOURCE in its effective set)."""
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as file:
+            adj: int | None = int(file.read())
+    except (OSError, ValueError):
+        adj = None
+    raise_hard = False
+    try:
+        with open("/proc/self/status", "rb") as file:
+            for line in file:
+                if line.startswith(b"CapEff:"):
+                    raise_hard = bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {"oom_score_adj": adj, "open_files": [soft, hard], "may_raise_hard_limits": raise_hard}
+
+
+def process_lines(facts: dict[str, Any]) -> list[str]:
+    """The lines of `process()`'s facts (pure)."""
+    adj = facts["oom_score_adj"]
+    here = "unreadable here" if adj is None else f"{adj} here"
+    taken = ("each attempt raises its own to 500, so the OOM killer takes an attempt before mpvisor"
+             if adj is None or adj < 500 else "each attempt keeps it (500 or more already)")
+    soft, hard = (("unlimited" if value < 0 else str(value)) for value in facts["open_files"])
+    above = ("open_files= above it raises it (this process may raise hard limits)" if facts["may_raise_hard_limits"]
+             else "open_files= above it is refused (raising a hard limit takes CAP_SYS_RESOURCE, which root has "
+                  "on most hosts and this process has not)")
+    return [f"oom_score_adj: {here}; {taken}",
+            f"open files: soft {soft}, hard {hard}; a run raises its soft limit to the hard one; {above}"]
 
 
 def _yes(flag: bool) -> str:
@@ -105,6 +148,7 @@ def lines(caps: Capabilities) -> list[str]:
 
 def facts(caps: Capabilities) -> dict[str, Any]:
     """`mpvisor doctor --json`'s object: every capability by its field's name, `mechanisms` (the
-    mechanism of each limit; `cpus` null: refused) and `stronger` (null: nothing to suggest)."""
+    mechanism of each limit; `cpus` null: refused), `stronger` (null: nothing to suggest) and
+    `process` (`process()`: the OOM score adjustment and the open-file limits)."""
     return {**dataclasses.asdict(caps), "mechanisms": dataclasses.asdict(in_use(caps)),
-            "host_allows": dataclasses.asdict(mechanisms(caps)), "stronger": stronger(caps)}
+            "host_allows": dataclasses.asdict(mechanisms(caps)), "stronger": stronger(caps), "process": process()}

@@ -148,7 +148,7 @@ def control_dir() -> str:
     """`$MPVISOR_CONTROL_DIR`, else `$XDG_RUNTIME_DIR/mpvisor/runs`, else `<tmp>/mpvisor-<uid>/runs`:
     created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
     path = os.environ.get(DIR_ENV) or os.path.join(_platform.user_runtime_dir(), "runs")
-    problem = _platform.private_dir(path, "the control directory")
+    problem = _platform.private_dir(path, "the control directory", DIR_ENV)
     if problem is not None:
         raise ControlError(problem)
     return path
@@ -461,7 +461,7 @@ class ControlServer:
         import asyncio
 
         lock_path = self.path + LOCK_SUFFIX
-        problem = _platform.private_dir(os.path.dirname(self.path), "the control directory")
+        problem = _platform.private_dir(os.path.dirname(self.path), "the control directory", DIR_ENV)
         if problem is not None:
             return f"cannot be served again: {problem}"
         lock = self._lock if _same_file(self._lock, lock_path) else None

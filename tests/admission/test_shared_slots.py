@@ -632,6 +632,7 @@ def test_garbage_gets_an_error_and_costs_only_its_own_connection(slots: Any, tmp
     assert finish(start(slots, tmp_path, "--slot", "s", "--", "true"))[0] == 0
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming uid 65534 needs root")
 def test_another_user_is_refused(slots: Any, tmp_path: Any) -> None:
     """(Run as root, as CI is: a child drops to uid nobody.) A client of another uid gets an error
     naming both uids and is disconnected, even when the directory's permissions would let it in."""
@@ -894,6 +895,7 @@ def test_an_idle_server_exits_only_once_nothing_is_connected(slots: Any, tmp_pat
             server.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a 64 KiB tmpfs needs root")
 def test_a_full_disk_under_the_slot_server_loses_no_turn_and_leaves_no_file(tmp_path: Any) -> None:
     """The slot server's directory on a 64 KiB tmpfs that is full: an owner and a run queued
     behind it both run, in turn, and exit 0; the leases the server could not save leave no

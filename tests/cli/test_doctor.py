@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import resource
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -33,26 +35,36 @@ def mpvisor(cwd: pathlib.Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_doctor_prints_each_capability_then_each_limit(tmp_path: pathlib.Path):
     """The lines are what this process's own probe says (the child is in our cgroups), in order:
-    the capabilities, the limits' mechanisms, no suggestion where every limit uses a cgroup."""
+    the capabilities, the limits' mechanisms, no suggestion where every limit uses a cgroup, then
+    the process's own two lines. This machine's hybrid host gives root writable v1 cgroups, and an
+    ordinary user none: each is told its fallbacks and what would give more."""
     done = mpvisor(tmp_path, "doctor")
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
     caps = cgroups.probe()
-    assert lines == doctor.lines(caps)
+    assert lines == [*doctor.lines(caps), *doctor.process_lines(doctor.process())]
     assert lines[:2] == ["pidfd: yes", "subreaper: yes"]
     assert lines[2].startswith(f"cgroups: {caps.version}")
     used = cgroups.in_use(caps)
-    assert lines[-5:] == [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
-                          f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}{doctor.IN_OWN_CGROUP}"]
-    # this machine: root, v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
+    limits = [f"OOM counts: {used.oom}", f"memory limit: {used.memory}", f"cpu_seconds limit: {used.cpu_seconds}",
+              f"cpus limit: {used.cpus}", f"tree kill: {used.tree_kill}"]
+    # this machine: v1 controllers beside a cgroup2 at /sys/fs/cgroup/unified
     assert lines[2].startswith("cgroups: hybrid (v1: ") and "memory" in lines[2].split("(v1: ")[1].split(",")[0].split()
     assert lines[2].endswith(", v2 at /sys/fs/cgroup/unified)")
-    own = next(line for line in lines if line.startswith("cgroup v1 memory: ")).split()[3]
-    assert (f"OOM counts: per attempt from memory.oom_control (v1) for attempts with memory=; for the others per "
-            f"supervisor (shared by its attempts) from {own}/memory.oom_control") in lines  # an unlimited attempt's count
-    assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines
-    assert "cpus limit: cgroup v1 cpu.cfs_quota_us" in lines
-    assert not [line for line in lines if line.startswith("stronger: ")]
+    if caps.root:  # writable for root
+        assert lines[-7:-2] == [*limits[:-1], f"{limits[-1]}{doctor.IN_OWN_CGROUP}"]
+        own = next(line for line in lines if line.startswith("cgroup v1 memory: ")).split()[3]
+        assert (f"OOM counts: per attempt from memory.oom_control (v1) for attempts with memory=; for the others per "
+                f"supervisor (shared by its attempts) from {own}/memory.oom_control") in lines  # an unlimited attempt's count
+        assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines
+        assert "cpus limit: cgroup v1 cpu.cfs_quota_us" in lines
+        assert not [line for line in lines if line.startswith("stronger: ")]
+    else:  # nothing writable for an ordinary user: every fallback, and what would give more
+        assert lines[-8:-3] == [*limits[:2], f"{limits[2]}{doctor.UNWAITED}",
+                                "cpus limit: not available: an attempt with cpus= is refused here", "tree kill: process-table walk"]
+        assert "cgroup v1 memory: not writable" in lines and "memory limit: resident-memory watcher (soft)" in lines
+        assert lines[-3].startswith("stronger: run as root, ")
+    assert lines[-2].startswith("oom_score_adj: ") and lines[-1].startswith("open files: ")
     assert list(tmp_path.iterdir()) == []  # it wrote nothing where it ran
 
 
@@ -63,12 +75,17 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     facts = json.loads(done.stdout)
     caps = cgroups.probe()
     assert facts == json.loads(json.dumps(doctor.facts(caps)))
-    assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger"}
+    assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger", "process"}
     assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
     assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
-    assert facts["v1_memory"] is not None and facts["oom"] == {
-        "scope": "attempt", "file": "memory.oom_control", "shared": f"{facts['v1_memory']}/memory.oom_control"}
-    assert facts["mechanisms"]["memory"] == "cgroup v1 memory.limit_in_bytes" and facts["stronger"] is None
+    assert set(facts["process"]) == {"oom_score_adj", "open_files", "may_raise_hard_limits"}
+    if caps.root:  # this machine's root: writable v1 cgroups
+        assert facts["v1_memory"] is not None and facts["oom"] == {
+            "scope": "attempt", "file": "memory.oom_control", "shared": f"{facts['v1_memory']}/memory.oom_control"}
+        assert facts["mechanisms"]["memory"] == "cgroup v1 memory.limit_in_bytes" and facts["stronger"] is None
+    else:  # an ordinary user's: none
+        assert facts["v1_memory"] is None and facts["mechanisms"]["cpus"] is None
+        assert facts["mechanisms"]["memory"] == "resident-memory watcher (soft)" and facts["stronger"].startswith("run as root")
 
 
 def test_doctor_with_cgroups_turned_off_says_what_a_run_then_uses(tmp_path: pathlib.Path):
@@ -81,7 +98,7 @@ def test_doctor_with_cgroups_turned_off_says_what_a_run_then_uses(tmp_path: path
     lines = done.stdout.splitlines()
     assert "cgroups for attempts: off (MPVISOR_CGROUPS=off: none is made, none was tried)" in lines
     assert "cgroup v1 memory: not tried" in lines and not [line for line in lines if "(writable" in line]
-    assert lines[-5:] == [
+    assert lines[-7:-2] == [
         "memory limit: resident-memory watcher (soft)",
         "cpu_seconds limit: launcher accounting of the tree (it misses the CPU time of children reaped unwaited, "
         "whose parent ignores SIGCHLD: a cgroup counts it)",
@@ -105,19 +122,108 @@ def test_a_usage_error_is_one_line_naming_it_and_status_2(tmp_path: pathlib.Path
 def test_with_every_cgroup_mount_read_only_it_says_its_remedy_once_and_a_run_uses_its_fallback(tmp_path: pathlib.Path):
     """Root in a mount namespace whose cgroup mounts are all remounted read-only (as a container
     runner does): `mpvisor doctor` says nothing is writable, the watcher keeps memory, and
-    its one remedy once; a run under `--memory` then ends by that watcher, as it said."""
+    its one remedy once; a run under `--memory` then ends by that watcher, as it said. An ordinary
+    user makes the mount namespace in a user namespace of its own, whose root is told what the
+    user is told (nothing was writable for it before either)."""
     assert MPVISOR is not None and shutil.which("unshare") is not None
     hog = "b = []\nwhile True: b.append(b'x' * 8 * 2**20)"
     script = ("for m in $(awk '$3 ~ /^cgroup2?$/ {print $2}' /proc/mounts); do mount -o remount,ro,bind \"$m\" || exit 9; done\n"
               '"$MPVISOR" doctor && "$MPVISOR" run --memory 100M -- "$PYTHON" -c "$HOG"')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPVISOR": MPVISOR, "PYTHON": sys.executable, "HOG": hog}
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    done = subprocess.run(["unshare", *user, "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
     assert done.returncode == 128 + 9, (done.stdout, done.stderr)
     lines = done.stdout.splitlines()
     assert "memory limit: resident-memory watcher (soft)" in lines and "cgroup v1 memory: not writable" in lines, lines
-    assert [line for line in lines if line.startswith("stronger: ")] == [f"stronger: run in {cgroups.CONTAINER}"], lines
+    remedy = f"run in {cgroups.CONTAINER}" if not user else cgroups.stronger(cgroups.probe())
+    assert [line for line in lines if line.startswith("stronger: ")] == [f"stronger: {remedy}"], lines
     assert "failed reason='memory limit exceeded (100 MiB, watcher): the tree used " in done.stderr, done.stderr
+
+
+def _as_an_ordinary_user() -> None:
+    """Between fork and exec: uid 65534 where the suite runs as root, else the user running it."""
+    if os.geteuid() == 0:
+        os.setgid(65534)
+        os.setgroups([])
+        os.setuid(65534)
+
+
+def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pathlib.Path):
+    """An ordinary user's `unshare --user --map-root-user` (a rootless container) has uid 0 in its
+    namespace and nothing more on the host's cgroups: doctor there suggests what it suggests to that
+    user outside it (run as root...), not what it suggests to the host's root (a container whose
+    /sys/fs/cgroup is read-write: the user is in one already)."""
+    assert MPVISOR is not None and shutil.which("unshare") is not None
+    os.chmod(tmp_path, 0o777)  # the working directory of uid 65534 (tmp_path's parents let anyone through)
+    outputs = []
+    for prefix in ([], ["unshare", "--user", "--map-root-user"]):
+        done = subprocess.run([*prefix, MPVISOR, "doctor"], cwd=tmp_path, preexec_fn=_as_an_ordinary_user,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=40)
+        if prefix and "unshare" in done.stderr:
+            pytest.skip(f"this host gives an ordinary user no user namespace: {done.stderr.strip()}")
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        outputs.append([line for line in done.stdout.splitlines() if line.startswith("stronger: ")])
+    outside, inside = outputs
+    assert outside and "run as root" in outside[0], outside
+    assert inside == outside
+
+
+def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_path: pathlib.Path):
+    """The last two lines are the process's: the OOM score adjustment its attempts raise to 500,
+    and its open-file limits, which a run raises to the hard one and which an ordinary user's
+    open_files= above it cannot pass (a run then refuses the attempt, as doctor says)."""
+    assert MPVISOR is not None
+    os.chmod(tmp_path, 0o777)
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 200))
+        with open("/proc/self/oom_score_adj", "w") as file:
+            file.write("300")
+        _as_an_ordinary_user()
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([MPVISOR, *argv], cwd=tmp_path, preexec_fn=limited, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+
+    done = run("doctor")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert [line for line in done.stdout.splitlines() if line.startswith(("oom_score_adj: ", "open files: "))] == [
+        "oom_score_adj: 300 here; each attempt raises its own to 500, so the OOM killer takes an attempt before mpvisor",
+        "open files: soft 100, hard 200; a run raises its soft limit to the hard one; open_files= above it is refused "
+        "(raising a hard limit takes CAP_SYS_RESOURCE, which root has on most hosts and this process has not)"]
+    facts = json.loads(run("doctor", "--json").stdout)["process"]
+    assert facts == {"oom_score_adj": 300, "open_files": [100, 200], "may_raise_hard_limits": False}
+    refused = run("run", "--open-files", "300", "--", "true")
+    assert refused.returncode == 1, refused.stderr
+    assert ("cannot apply the limit open_files=300 (over this process's hard limit, 200: raising it takes "
+            "CAP_SYS_RESOURCE, which root has on most hosts)") in refused.stderr, refused.stderr
+    kept = run("run", "--open-files", "150", "--", sys.executable, "-c",
+               "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))")
+    assert (kept.returncode, kept.stdout) == (0, "(150, 150)\n"), kept.stderr
+    raised = run("run", "--", "cat", "/proc/self/oom_score_adj")
+    assert (raised.returncode, raised.stdout) == (0, "500\n"), raised.stderr
+
+
+def test_an_attempt_never_lowers_the_oom_score_adj_it_inherits(tmp_path: pathlib.Path):
+    """Under an OOM score adjustment of 900 (a service's OOMScoreAdjust=900, which a User= service
+    may not lower below), an ordinary user's attempt keeps 900, as doctor says: it lowered it to
+    500 (where root had set that floor, the write failed and no attempt could start)."""
+    assert MPVISOR is not None
+    os.chmod(tmp_path, 0o777)
+
+    def high() -> None:
+        with open("/proc/self/oom_score_adj", "w") as file:
+            file.write("900")
+        _as_an_ordinary_user()
+
+    kw: dict[str, Any] = {"cwd": tmp_path, "preexec_fn": high, "env": {**os.environ, "PYTHONPATH": str(ROOT)},
+                          "stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "timeout": 40}
+    done = subprocess.run([MPVISOR, "run", "--", "cat", "/proc/self/oom_score_adj"], **kw)
+    assert (done.returncode, done.stdout) == (0, "900\n"), done.stderr
+    said = subprocess.run([MPVISOR, "doctor"], **kw).stdout.splitlines()
+    assert "oom_score_adj: 900 here; each attempt keeps it (500 or more already)" in said, said
 
 
 def test_the_lines_of_a_host_with_nothing_writable():

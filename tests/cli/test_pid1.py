@@ -1,5 +1,6 @@
 """`mpvisor run` as PID 1 of a new PID namespace, the way a container runs its entry point
-(`unshare --fork --pid --mount-proc`, as root): an orphan that re-parents to PID 1 (a process
+(`unshare --fork --pid --mount-proc`, as root; an ordinary user makes it in a user namespace of its
+own, `unshare --user --map-root-user`, as a rootless container does): an orphan that re-parents to PID 1 (a process
 that `docker exec`/`nsenter` left behind, a background job of the script that exec'd mpvisor) is
 reaped while the run goes on, not left a zombie until the container ends; a SIGTERM from outside
 the namespace (`docker stop`) reaches the command, and the run's status is the command's. Every
@@ -22,6 +23,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "workers" / "shell" / "container_entry.sh"
 
 pytestmark = pytest.mark.timeout(60)
+
+# root makes a PID namespace; an ordinary user may only within a user namespace it owns, and
+# nsenter joins that one first (keeping its uid, which the namespace maps to root)
+USER_NS = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+NSENTER_USER = [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -73,13 +79,14 @@ def test_as_pid_1_an_orphan_entering_the_namespace_is_reaped_and_sigterm_reaches
     out = tmp_path / "out"
     orphan, name = _orphan(tmp_path, out)
     command = 'trap "echo got-term >> $F; exit 143" TERM; echo running >> $F; while :; do sleep 0.05; done'
-    proc = subprocess.Popen(["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m", "mpvisor", "run",
+    proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m",
+                             "mpvisor", "run",
                              "--", "bash", "-c", command], cwd=tmp_path, env=_env(F=str(out)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: "running" in _lines(out), timeout=20)
         init = _init_of(proc)
-        subprocess.run(["nsenter", "-t", str(init.pid), "-p", "--", "sh", "-c", '"$0" & exit 0', str(orphan)],
+        subprocess.run(["nsenter", "-t", str(init.pid), *NSENTER_USER, "-p", "--", "sh", "-c", '"$0" & exit 0', str(orphan)],
                        check=True, timeout=20)
         wait_for(lambda: "started" in _lines(out), timeout=10)
         wait_for(lambda: not _named(name), timeout=10)  # re-parented to PID 1, ended, and reaped there
@@ -100,7 +107,8 @@ def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and
     status, 6, is the run's."""
     out, done = tmp_path / "out", tmp_path / "done"
     orphan, name = _orphan(tmp_path, out)
-    proc = subprocess.Popen(["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "bash", str(ENTRY)], cwd=tmp_path,
+    proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", "bash", str(ENTRY)],
+                            cwd=tmp_path,
                             env=_env(F=str(out), DONE=str(done), ORPHAN=str(orphan)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

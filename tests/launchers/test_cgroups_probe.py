@@ -505,8 +505,9 @@ def _expected_dirs() -> tuple[dict[str, str], str | None]:
 
 def test_probe_on_this_machine(monkeypatch: pytest.MonkeyPatch):
     """probe() agrees with /proc/self/cgroup and /sys/fs/cgroup: the version, our v1 and v2
-    directories; as root (this machine) it finds every one of our cgroups writable, the v1
-    memory cgroup among them (this machine has v1 controllers beside a v2 hierarchy); every
+    directories; as root of this machine it finds every one of our cgroups writable, the v1
+    memory cgroup among them (this machine has v1 controllers beside a v2 hierarchy), as an
+    ordinary user none (the suite run by a contributor); every
     probe child it made is removed, and none is left in any of our cgroups."""
     made: list[str] = []
     real_mkdir = os.mkdir
@@ -519,16 +520,19 @@ def test_probe_on_this_machine(monkeypatch: pytest.MonkeyPatch):
     caps = cgroups.probe()
     monkeypatch.undo()
     v1, v2 = _expected_dirs()
-    assert (caps.pidfd, caps.subreaper, caps.root) == (True, True, os.geteuid() == 0)
+    assert (caps.pidfd, caps.subreaper, caps.root) == (True, True, os.geteuid() == 0)  # no user namespace here
     assert sorted(caps.v1_controllers) == sorted(v1)
     assert caps.v2_cgroup == v2
     assert caps.version == ("hybrid" if v1 and v2 else "v1" if v1 else "v2" if v2 else "none")
-    assert caps.root, "this machine runs as root"
     writable = {name: os.path.realpath(where) for name, where in caps.v1_dirs().items() if where is not None}
-    assert writable == {name: os.path.realpath(v1[name]) for name in cgroups.V1_LIMITING if name in v1}
-    assert "memory" in writable and caps.oom == OomSource("attempt", "memory.oom_control", f"{v1['memory']}/memory.oom_control")
-    if v2 is not None:
-        assert caps.v2_writable and caps.cgroup_freeze and caps.v2_cpu_stat
+    if caps.root:  # this machine's root may write every one of its cgroups
+        assert writable == {name: os.path.realpath(v1[name]) for name in cgroups.V1_LIMITING if name in v1}
+        assert "memory" in writable and caps.oom == OomSource("attempt", "memory.oom_control", f"{v1['memory']}/memory.oom_control")
+        if v2 is not None:
+            assert caps.v2_writable and caps.cgroup_freeze and caps.v2_cpu_stat
+    else:  # an ordinary user none of them (nothing is delegated to it here)
+        assert writable == {} and not caps.v2_writable, caps
+        assert caps.oom.scope == "cgroup", caps.oom  # this process's memory cgroup's count, shared
     probe_name = f"mpvisor-probe-{os.getpid()}"
     tried = {*caps.v1_dirs().values(), caps.v2_cgroup if caps.v2_writable else None} - {None}
     assert sorted(made) == sorted(os.path.join(d, probe_name) for d in tried if d is not None)

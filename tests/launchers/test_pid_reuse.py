@@ -11,6 +11,7 @@ signals unreaped children, or processes through a pidfd checked against their st
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 
@@ -75,6 +76,7 @@ def _process_with_pid(pid: int) -> subprocess.Popen[bytes]:
     raise AssertionError(f"could not make pid {pid} reappear")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
 async def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalled() -> None:
     loop = asyncio.get_running_loop()
     client = LauncherClient(loop, (), lambda reason: None)

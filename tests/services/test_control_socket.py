@@ -568,7 +568,7 @@ def test_a_control_directory_open_to_others_or_of_another_user_is_refused(
         theirs.mkdir(mode=0o700)
         os.chown(theirs, NOBODY, NOBODY)
         monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(theirs))
-        with pytest.raises(ControlError, match="is not a directory of uid 0's"):
+        with pytest.raises(ControlError, match="is uid 65534's, not uid 0's \\(another user made it\\): set \\$MPVISOR_CONTROL_DIR"):
             control_dir()
 
 

@@ -626,6 +626,7 @@ def _mount_tmpfs(folder: Path, size: str) -> None:
         )
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a 64 KiB tmpfs needs root")
 def test_a_disk_that_fills_up_and_frees_space_reports_writing_again_with_the_count(
     tmp_path: Path,
 ) -> None:

@@ -120,7 +120,7 @@ def server_dir() -> str:
     if problem is not None:
         raise LeaseError(problem)
     path = os.environ.get(DIR_ENV) or default_dir()
-    problem = _platform.private_dir(path, "the slot server's directory")
+    problem = _platform.private_dir(path, "the slot server's directory", DIR_ENV)
     if problem is not None:
         raise LeaseError(problem)
     return path
@@ -227,7 +227,7 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
     """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal), its
     stderr appended to `LOG_NAME`; if another client started one at the same moment, one of them
     wins the lock, the other exits with `ANOTHER_SERVES` and says nothing (`--on-demand`)."""
-    problem = _platform.private_dir(directory, "the slot server's directory")  # made here if missing
+    problem = _platform.private_dir(directory, "the slot server's directory", DIR_ENV)  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
     directory = os.path.abspath(directory)  # the server runs in "/"

@@ -235,7 +235,7 @@ class Capabilities:
     pidfd: bool  # pidfd_open works (Linux >= 5.3)
     subreaper: bool  # PR_SET_CHILD_SUBREAPER is there
     version: Version
-    root: bool = False  # effective uid 0
+    root: bool = False  # effective uid 0 of the host (not the root of a user namespace: `_host_root`)
     systemd: bool = False  # booted with systemd (`/run/systemd/system`)
     v1_controllers: tuple[str, ...] = ()  # the controllers mounted as v1 hierarchies
     v2_mount: str | None = None  # where the v2 (unified) hierarchy is mounted
@@ -618,6 +618,17 @@ def _pidfd() -> bool:
     return True
 
 
+def _host_root() -> bool:
+    """Whether this process is root of the host: effective uid 0 in the initial user namespace,
+    whose uid map is the whole range (`0 0 4294967295`). The root of a user namespace
+    (`unshare --user --map-root-user`, a rootless container) has uid 0 there and is still the
+    user who made it for the host's cgroups: what would give it more is what would give that user."""
+    if os.geteuid() != 0:
+        return False
+    text = _read("/proc/self/uid_map")
+    return text is None or text.split() == ["0", "0", "4294967295"]
+
+
 def _subreaper() -> bool:
     """Whether the kernel knows PR_{GET,SET}_CHILD_SUBREAPER: asked with the GET, which changes
     nothing (through `_platform`'s prepared `prctl`, the one the launcher sets it with)."""
@@ -673,7 +684,7 @@ def probe() -> Capabilities:
         if where is not None and where not in tried and not off:
             tried[where] = try_child(where) is not None
     return decide(
-        layout, pidfd=_pidfd(), subreaper=_subreaper(), root=os.geteuid() == 0,
+        layout, pidfd=_pidfd(), subreaper=_subreaper(), root=_host_root(),
         systemd=os.path.isdir("/run/systemd/system"), v2=v2,
         v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup),
         turned_off=off,

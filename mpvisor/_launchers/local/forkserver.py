@@ -126,6 +126,9 @@ class _Attempt:
         return f"<attempt key={self.key} pid={self.pid} status={self.status} adopted={sorted(self.adopted)}>"
 
 
+ATTEMPT_OOM_SCORE_ADJ = 500  # an attempt's at the least, so the OOM killer takes it before mpvisor
+
+
 class Launcher:
     """The launcher's event loop: control socket, ready pipe, SIGCHLD."""
 
@@ -144,6 +147,10 @@ class Launcher:
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
         self.oom_kills = _platform.OomKills()
+        # what its attempts inherit: raised to 500 where lower, never lowered (that needs
+        # CAP_SYS_RESOURCE below a floor root set, as systemd's OOMScoreAdjust= does for a User=
+        # service: the write failed and no attempt started; and it takes what the host asked)
+        self.raise_oom_score = _platform.oom_score_adj() < ATTEMPT_OOM_SCORE_ADJ
         self.parent_gone = False
         self.ready_r, self.ready_w = os.pipe()
         self.wake_r, self.wake_w = os.pipe()
@@ -306,7 +313,8 @@ class Launcher:
             if os.getppid() != self.me:
                 os._exit(1)
             _platform.set_child_subreaper()
-            _platform.set_oom_score_adj(500)
+            if self.raise_oom_score:
+                _platform.set_oom_score_adj(ATTEMPT_OOM_SCORE_ADJ)
             _platform.set_wakeup_fd(-1)
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
             for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
