@@ -191,6 +191,8 @@ def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first
     """)
     run.start()
     rows = run.wait_status(lambda rows: rows["last"]["state"] == "running")
+    # (running: its attempt started; the target's own "started" line comes once it runs)
+    wait_for(lambda: any((w, t) == ("started", "last") for w, t, *_ in run.markers()))
     assert all(rows[name]["ready"] is True for name in ("db", "notifier", "listener", "toucher", "checked"))
     assert rows["db"]["status"] == "accepting" and rows["notifier"]["status"] == "warming"
     assert run.first("started", "api") >= run.first("ready", "db")
