@@ -505,8 +505,8 @@ def _task_where(name: str) -> str:
 
 
 def _close_matches(word: str, known: list[str]) -> list[str]:
-    """The known word `word` is likely a misspelling of (a file with no such error never imports
-    `difflib`)."""
+    """The one known word (a list of at most one) that `word` likely misspells; `difflib` is
+    imported only for a file with such a mistake."""
     from difflib import get_close_matches
 
     return get_close_matches(word, known, n=1, cutoff=0.6)
