@@ -4,7 +4,8 @@ Asks the run (`runs`) where the task's log files are (`{"t": "logs"}`: its stdou
 stderr's, perhaps one file); when no run of the `FILE` it was given is live (it ended, or
 crashed, which is when logs matter most), or its run does not answer (stopped, stuck), the file
 says where they are (a line on stderr says so). It reads them itself: the last `-n` lines of each, under a header
-`==> stdout: PATH <==` when there are two files. With `-f` it then follows them as `tail -F`
+`==> stdout: PATH <==` when there are two files; a file not there yet is said on stderr (the task
+wrote nothing there yet, or the run cannot create it), status 0. With `-f` it then follows them as `tail -F`
 does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
 end in the old file, then from the start in the new one; a file that shrank (truncated) is read
 again from its start; a file not there yet is waited for. Ctrl-C ends it: it dies by SIGINT.
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
             text = followed.tail(args.lines)
         except OSError as exc:
             return runs.refused(runs.Refusal(FAILED, f"cannot read {printable(followed.path)}: {exc.strerror or exc}"))
+        if followed.file is None:  # as `tail -F` says it, on stderr: what is printed stays the log's own
+            print(f"mpvisor: {followed.label}: no file at {printable(followed.path)} yet (the task has written nothing "
+                  f"there yet, or the run cannot create it: the run's stderr says why)", file=sys.stderr)
         if headers:
             _write(f"{chr(10) if index else ''}==> {followed.label}: {printable(followed.path)} <==\n")
         _write(text)

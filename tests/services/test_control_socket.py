@@ -223,6 +223,19 @@ async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, t
         assert await cli("logs", "db", "-n", "0") == (0, "", "")
 
 
+async def test_logs_says_a_log_file_that_is_not_there_yet(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """A log file the task has not written yet, or that the run cannot create (a directory it may
+    not write, a path under /proc), is said on stderr, naming the path, as `tail -F` says it; the
+    lines of the file that is there are printed as they are, and the status is 0."""
+    out_log, missing = tmp_path / "web.log", tmp_path / "not-yet.err"
+    out_log.write_text("out 1\n")
+    target = FakeTarget("svc", "/srv/svc.toml", {"web": str(out_log), "web.err": str(missing)})
+    async with serving(target):
+        assert await cli("logs", "web") == (0, f"==> stdout: {out_log} <==\nout 1\n\n==> stderr: {missing} <==\n", (
+            f"mpvisor: stderr: no file at {missing} yet (the task has written nothing there yet, or the run cannot "
+            "create it: the run's stderr says why)\n"))
+
+
 async def test_logs_shows_log_paths_with_a_newline_or_an_escape_code_escaped(runs_dir: pathlib.Path,
                                                                             tmp_path: pathlib.Path) -> None:
     """A log file's path is shown escaped in its header, as a reason is: a newline or an escape
