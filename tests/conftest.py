@@ -1,8 +1,10 @@
 """Shared fixtures: every test leaves no process behind, and async tests run on a fresh loop.
 
-An `async def test_...` function runs on a fresh event loop of its own (`asyncio.run`), with
-its fixture arguments, exactly as pytest calls a plain test: `pytest_pyfunc_call` below is the
-whole mechanism (no plugin needed). `run(coro)` from tests/_support.py stays for the few sync
+An `async def test_...` function runs on a fresh event loop of its own (`asyncio.Runner`, as
+`asyncio.run` runs one), with its fixture arguments, exactly as pytest calls a plain test:
+`pytest_pyfunc_call` below is the whole mechanism (no plugin needed). One difference from
+`asyncio.run`: the tasks a test leaves get `CLEANUP_WAIT` s to end once canceled, and one that
+does not fails the test with its stack, where `asyncio.run` would wait for it forever. `run(coro)` from tests/_support.py stays for the few sync
 tests that run a coroutine for a reason (code that must run after the loop closed, or two
 loops in one test). Pure tests that start no process are marked `unit` (`pytest -m unit`).
 
@@ -45,14 +47,47 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(os.path.join(ROOT, package), quiet=2)
 
 
+CLEANUP_WAIT = 30.0  # seconds the tasks a test left get to end once canceled
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run an `async def` test on a fresh event loop, passing its fixture arguments."""
     if not inspect.iscoroutinefunction(pyfuncitem.obj):
         return None
     funcargs = pyfuncitem.funcargs
-    asyncio.run(pyfuncitem.obj(**{name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}))
+    runner = asyncio.Runner()
+    try:
+        runner.run(pyfuncitem.obj(**{name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}))
+    finally:
+        _close(runner)
     return True
+
+
+def _close(runner: asyncio.Runner) -> None:
+    """`Runner.close`, as `asyncio.run` ends, but with the wait for the tasks the test left
+    (canceled) bounded: a task that does not end within `CLEANUP_WAIT` s fails the test with
+    its stack, where `asyncio.run` would wait for it forever (after a pytest-timeout too, whose
+    alarm fires once), and the suite goes on."""
+    loop = runner.get_loop()
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    if left:
+        done, pending = loop.run_until_complete(asyncio.wait(left, timeout=CLEANUP_WAIT))
+        for task in done:  # as `asyncio.run` says them: an error a task raised as it was canceled
+            if not task.cancelled() and task.exception() is not None:
+                loop.call_exception_handler({"message": "unhandled exception during asyncio.run() shutdown",
+                                             "exception": task.exception(), "task": task})
+        if pending:
+            import io
+
+            stacks = io.StringIO()
+            for task in pending:
+                print(f"{task!r:.300}", file=stacks)
+                task.print_stack(file=stacks)
+            raise AssertionError(f"tasks that did not end within {CLEANUP_WAIT:g} s of being canceled:\n{stacks.getvalue()}")
+    runner.close()  # (nothing left to cancel) async generators, the default executor, the loop
 
 
 @pytest.fixture(autouse=True)
