@@ -39,10 +39,13 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import pathlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -504,6 +507,40 @@ def pids_cgroup_problem() -> str | None:
         return (f"making a pids cgroup needs write access to {parent} (root on a cgroup v1 host; an ordinary "
                 "user has none)")
     return None
+
+
+NOBODY = 65534  # the ordinary user a suite run as root becomes
+
+
+def as_an_ordinary_user() -> None:
+    """Between fork and exec: uid `NOBODY` where the suite runs as root; else the user running
+    it, who is ordinary already."""
+    if os.geteuid() == 0:
+        os.setgid(NOBODY)
+        os.setgroups([])
+        os.setuid(NOBODY)
+
+
+@functools.cache
+def ordinary_user_problem() -> str | None:
+    """Why a test cannot start this interpreter with mpvisor as an ordinary user, None when it
+    can: the reason a test that runs `mpvisor` as one is skipped. As root, that user is uid
+    `NOBODY`, and the interpreter, its standard library and the installed package must be
+    reachable by it: a Python under a home directory of mode 0700 (`/root/.pyenv/...`) is not,
+    nor a venv made in `mktemp -d`'s directory."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-m", "mpvisor", "--version"], cwd="/", preexec_fn=as_an_ordinary_user,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        why = f"{e.strerror}: {e.filename}"
+    else:
+        if done.returncode == 0:
+            return None
+        why = (done.stderr.strip().splitlines() or [f"status {done.returncode}"])[-1]
+    return (f"uid {NOBODY} cannot run this interpreter with mpvisor ({why}): run the suite from a Python "
+            "and a venv that every user can reach")
 
 
 def pids_cgroup(name: str, most: int) -> str:

@@ -20,7 +20,15 @@ import psutil
 import pytest
 
 from tests._slot_support import stop_servers
-from tests._support import pid_gone, pids_cgroup, pids_cgroup_problem, read_markers, wait_for
+from tests._support import (
+    as_an_ordinary_user,
+    ordinary_user_problem,
+    pid_gone,
+    pids_cgroup,
+    pids_cgroup_problem,
+    read_markers,
+    wait_for,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -1190,6 +1198,7 @@ def test_the_directories_mpvisor_makes_are_0700_whatever_the_umask_and_one_it_ca
                           f"(mode 0); it must be 0700\n"
 
 
+@pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))
 def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_variable_that_moves_it():
     """The slot server's and the control sockets' directories live in /tmp by default, where any
     user may make `/tmp/mpvisor-<uid>` first: a run of the user whose name it has is refused
@@ -1202,20 +1211,14 @@ def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_var
     # as in /tmp itself: tmp_path's parents are 0700, and 65534 could not reach it to be refused
     theirs = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-squatted-")) if os.geteuid() == 0 else pathlib.Path("/")
 
-    def other_user() -> None:
-        if os.geteuid() == 0:
-            os.setgid(65534)
-            os.setgroups([])
-            os.setuid(65534)
-
     env = {**cli_env(), "MPVISOR_SLOTS_DIR": str(theirs), "MPVISOR_CONTROL_DIR": str(theirs / "runs")}
     me, owner = (65534, 0) if os.geteuid() == 0 else (os.geteuid(), theirs.stat().st_uid)
     ran = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--slot", "s", "--", "true"], cwd="/", env=env,
-                         preexec_fn=other_user, capture_output=True, text=True, timeout=30)
+                         preexec_fn=as_an_ordinary_user, capture_output=True, text=True, timeout=30)
     assert ran.returncode == 1, ran.stderr
     assert (f"the slot server's directory {str(theirs)!r} is uid {owner}'s, not uid {me}'s (another user made it): "
             "set $MPVISOR_SLOTS_DIR to a directory of yours") in ran.stderr, ran.stderr
-    asked = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd="/", env=env, preexec_fn=other_user,
+    asked = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd="/", env=env, preexec_fn=as_an_ordinary_user,
                            capture_output=True, text=True, timeout=30)
     if os.geteuid() == 0:
         theirs.rmdir()

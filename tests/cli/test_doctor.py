@@ -19,6 +19,7 @@ import pytest
 from mpvisor._cli import doctor
 from mpvisor._launchers.local import cgroups
 from mpvisor._launchers.local.cgroups import Capabilities, OomSource
+from tests._support import as_an_ordinary_user, ordinary_user_problem
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,14 +142,7 @@ def test_with_every_cgroup_mount_read_only_it_says_its_remedy_once_and_a_run_use
     assert "failed reason='memory limit exceeded (100 MiB, watcher): the tree used " in done.stderr, done.stderr
 
 
-def _as_an_ordinary_user() -> None:
-    """Between fork and exec: uid 65534 where the suite runs as root, else the user running it."""
-    if os.geteuid() == 0:
-        os.setgid(65534)
-        os.setgroups([])
-        os.setuid(65534)
-
-
+@pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))
 def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pathlib.Path):
     """An ordinary user's `unshare --user --map-root-user` (a rootless container) has uid 0 in its
     namespace and nothing more on the host's cgroups: doctor there suggests what it suggests to that
@@ -158,7 +152,7 @@ def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pa
     os.chmod(tmp_path, 0o777)  # the working directory of uid 65534 (tmp_path's parents let anyone through)
     outputs = []
     for prefix in ([], ["unshare", "--user", "--map-root-user"]):
-        done = subprocess.run([*prefix, MPVISOR, "doctor"], cwd=tmp_path, preexec_fn=_as_an_ordinary_user,
+        done = subprocess.run([*prefix, MPVISOR, "doctor"], cwd=tmp_path, preexec_fn=as_an_ordinary_user,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=40)
         if prefix and "unshare" in done.stderr:
@@ -170,6 +164,7 @@ def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pa
     assert inside == outside
 
 
+@pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))
 def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_path: pathlib.Path):
     """The last two lines are the process's: the OOM score adjustment its attempts raise to 500,
     and its open-file limits, which a run raises to the hard one and which an ordinary user's
@@ -181,7 +176,7 @@ def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_pat
         resource.setrlimit(resource.RLIMIT_NOFILE, (100, 200))
         with open("/proc/self/oom_score_adj", "w") as file:
             file.write("300")
-        _as_an_ordinary_user()
+        as_an_ordinary_user()
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([MPVISOR, *argv], cwd=tmp_path, preexec_fn=limited, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -206,6 +201,7 @@ def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_pat
     assert (raised.returncode, raised.stdout) == (0, "500\n"), raised.stderr
 
 
+@pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))
 def test_an_attempt_never_lowers_the_oom_score_adj_it_inherits(tmp_path: pathlib.Path):
     """Under an OOM score adjustment of 900 (a service's OOMScoreAdjust=900, which a User= service
     may not lower below), an ordinary user's attempt keeps 900, as doctor says: it lowered it to
@@ -216,7 +212,7 @@ def test_an_attempt_never_lowers_the_oom_score_adj_it_inherits(tmp_path: pathlib
     def high() -> None:
         with open("/proc/self/oom_score_adj", "w") as file:
             file.write("900")
-        _as_an_ordinary_user()
+        as_an_ordinary_user()
 
     kw: dict[str, Any] = {"cwd": tmp_path, "preexec_fn": high, "env": {**os.environ, "PYTHONPATH": str(ROOT)},
                           "stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "timeout": 40}
