@@ -84,14 +84,17 @@ def guess(word: str, known: list[str], outer: list[str]) -> str | None:
 
 def closest_choice(word: str, choices: list[str]) -> str | None:
     """The choice a misspelt `word` likely meant (pure): one that differs only in case, else the
-    closest by spelling; None for none close enough."""
-    same = [choice for choice in choices if choice.lower() == word.lower()]
-    if same:
-        return same[0]
+    closest by spelling, case aside (`webservr` meant `WebServer`); None for none close enough.
+    The one mechanism behind every "did you mean" of the command line and of a task file."""
+    lowered: dict[str, str] = {}
+    for choice in choices:
+        lowered.setdefault(choice.lower(), choice)
+    if word.lower() in lowered:
+        return lowered[word.lower()]
     from difflib import get_close_matches  # on this error's path only
 
-    close = get_close_matches(word.lower(), choices, n=1, cutoff=0.6)
-    return close[0] if close else None
+    close = get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
 
 
 def hints(words: list[str], known: list[str], outer: list[str]) -> str:

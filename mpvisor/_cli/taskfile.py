@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpvisor._cli import options as _options
+from mpvisor._cli.shell import closest_choice
 from mpvisor._model.events import printable
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
@@ -504,21 +505,13 @@ def _task_where(name: str) -> str:
     return f"task {json.dumps(name, ensure_ascii=False)}"
 
 
-def _close_matches(word: str, known: list[str]) -> list[str]:
-    """The one known word (a list of at most one) that `word` likely misspells; `difflib` is
-    imported only for a file with such a mistake."""
-    from difflib import get_close_matches
-
-    return get_close_matches(word, known, n=1, cutoff=0.6)
-
-
 def _unknown(key: str, known: list[str], misplaced: dict[str, str]) -> str:
     if key in misplaced:
         return misplaced[key]
     if key in RUN_OPTIONS:
         return f"unknown key: {key} is an option of `mpvisor run`, not of a task file"
-    close = _close_matches(key, known)
-    return f"unknown key{f' (did you mean {close[0]}?)' if close else ''}"
+    close = closest_choice(key, known)
+    return f"unknown key{f' (did you mean {close}?)' if close else ''}"
 
 
 def _read(table: dict[str, Any], where: str, allowed: dict[str, Callable[[object], Any]],
@@ -654,8 +647,8 @@ def _after_errors(tables: list[tuple[str, dict[str, Any]]], known: list[str]) ->
             after[name] = ()
         for dep in after[name]:
             if dep not in known:
-                close = _close_matches(dep, [k for k in known if k != name])
-                hint = f" (did you mean {json.dumps(close[0], ensure_ascii=False)}?)" if close else ""
+                close = closest_choice(dep, [k for k in known if k != name])
+                hint = f" (did you mean {json.dumps(close, ensure_ascii=False)}?)" if close else ""
                 found.setdefault(name, []).append(f"unknown task {json.dumps(dep, ensure_ascii=False)}{hint}")
     order = {name: i for i, (name, _) in enumerate(tables)}
     for path in _graph.cycles(after):

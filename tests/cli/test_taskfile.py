@@ -719,6 +719,14 @@ def test_after_names_tasks_of_the_file(value, message):
         assert len(found) == 1, found
 
 
+@pytest.mark.parametrize("dep", ["WEBSERVER", "webServr"])
+def test_an_unknown_dependency_is_told_the_task_it_meant_whatever_its_case(dep):
+    """Task names keep their case: a dependency that differs from one only in case, or in case
+    and a letter, is told that task (case alone once found nothing)."""
+    found = errors(f"[task.WebServer]\ncommand = ['x']\n[task.api]\ncommand = ['x']\nafter = [\"{dep}\"]\n")
+    assert found == [f'task "api".after: unknown task "{dep}" (did you mean "WebServer"?)'], found
+
+
 def test_tasks_that_write_one_log_file_must_give_it_the_same_rotation_settings(tmp_path):
     """One file has one writer, so one set of rotation settings: a task whose settings differ
     from the first task that names the file is an error naming both; the same settings, or a
