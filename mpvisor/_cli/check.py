@@ -2,14 +2,29 @@
 
 Every error of the file with its location (`task "build".backoff: ...`, `line 3, column 7:
 ...`) on stderr and status 2, or a one-line summary on stdout and status 0. Nothing runs.
+
+Of a valid file, a Python target whose module cannot be found from here (the task's `cwd`,
+this directory, `sys.path`) is a warning on stderr: its run would fail to import it, unless it
+starts in a directory that has it, which `check` cannot know. The module is looked for as
+`import` looks for it, by the finders, and none of its code runs (nor its packages'
+`__init__`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from mpvisor._cli.statuses import OK, USAGE_ERROR
-from mpvisor._cli.taskfile import load, report_errors, summary
+from mpvisor._cli.taskfile import TaskFile, _task_where, load, report_errors, summary
+from mpvisor._model.events import printable
+from mpvisor._model.work import TaskFn
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from importlib.machinery import ModuleSpec
 
 NAME = "check"
 DESCRIPTION = "Validate a task file; print every error with its location (status 2), or a one-line summary."
@@ -26,4 +41,65 @@ def run(args: argparse.Namespace) -> int:
         report_errors(args.file, parsed)
         return USAGE_ERROR
     print(summary(args.file, parsed))
+    for warning in unfound_targets(parsed, os.getcwd()):
+        print(f"{printable(args.file)}: {warning}", file=sys.stderr)
     return OK
+
+
+def unfound_targets(parsed: TaskFile, here: str) -> Iterator[str]:
+    """A warning for each Python target whose module no finder finds in its task's `cwd`, in
+    `here` (where `mpvisor check` runs) or on `sys.path`."""
+    for task in parsed.tasks:
+        work = task.spec.task
+        if not isinstance(work, TaskFn):
+            continue
+        module = work.target.partition(":")[0]
+        places = list(dict.fromkeys(p for p in (work.cwd, here) if p is not None))
+        missing = _missing(module, places)
+        if missing is None:
+            continue
+        yield (f"{_task_where(task.name)}.target: warning: no module named {missing!r} (looked in "
+               f"{', '.join(places)}, then on sys.path): {work.target!r} cannot be imported, unless the run "
+               "starts in a directory that has it")
+
+
+def _missing(module: str, places: list[str]) -> str | None:
+    """The first name of `module`'s dotted path (`pkg`, then `pkg.sub`) that no finder finds,
+    with `places` first on `sys.path`; None when each is found, or when a finder fails (then
+    only an import could tell)."""
+    from importlib.util import find_spec
+
+    saved = sys.path[:]
+    sys.path[:0] = places
+    try:
+        name = module.partition(".")[0]
+        spec = find_spec(name)
+        for part in module.split(".")[1:]:
+            if spec is None:
+                return name
+            search = spec.submodule_search_locations
+            name = f"{name}.{part}"
+            if name in sys.modules:  # imported already (`os.path`): import takes it from there
+                spec = getattr(sys.modules[name], "__spec__", None) or spec
+                continue
+            if search is None:  # a module, not a package: nothing can be under it
+                return name
+            spec = _find_in(name, list(search))
+        return name if spec is None else None
+    except Exception:  # a finder's own failure: only an import can tell
+        return None
+    finally:
+        sys.path[:] = saved
+
+
+def _find_in(name: str, search: list[str]) -> ModuleSpec | None:
+    """`name`'s spec as import finds a submodule: each `sys.meta_path` finder, on its package's
+    `__path__`."""
+    from importlib.machinery import ModuleSpec
+
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, search) if find is not None else None
+        if isinstance(spec, ModuleSpec):
+            return spec
+    return None

@@ -150,6 +150,51 @@ def test_check_reports_a_missing_cwd_beside_the_tasks_other_errors(tmp_path: pat
     assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
 
 
+def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_them(tmp_path: pathlib.Path) -> None:
+    """A valid file whose target names a module that is nowhere (a typo, a module not deployed)
+    used to pass `check` in silence, and its run then failed that task FATAL after the others
+    had started. `check` now warns of each one, naming the task, the module and where it looked
+    (the task's cwd, this directory, then sys.path), still status 0 (the run may start in a
+    directory that has it); a target found there (on PYTHONPATH, in the task's cwd, a submodule
+    of a package) is not named, and none of their code runs, their packages' `__init__` neither."""
+    marker = tmp_path / "imported"
+    app = tmp_path / "conf" / "app"
+    (app / "pkg").mkdir(parents=True)
+    for module in (app / "mymod.py", app / "pkg" / "__init__.py", app / "pkg" / "sub.py"):
+        module.write_text(f"open({str(marker)!r}, 'a').write({module.name!r})\ndef fn():\n    return 1\n")
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.found]
+        target = "workers.basic:quick"
+        [task.beside]
+        target = "mymod:fn"
+        cwd = "app"
+        [task.sub]
+        target = "pkg.sub:fn"
+        cwd = "app"
+        [task.typo]
+        target = "workers.basik:quick"
+        [task.nowhere]
+        target = "nosuchmod:fn"
+        cwd = "app"
+    """)
+    checked = mpvisor(tmp_path, "check", "conf/tasks.toml")
+    tail = "cannot be imported, unless the run starts in a directory that has it"
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, (
+        "conf/tasks.toml: valid, 5 tasks: found, beside, sub, typo, nowhere\n"), [
+        f"conf/tasks.toml: task \"typo\".target: warning: no module named 'workers.basik' (looked in {tmp_path}, "
+        f"then on sys.path): 'workers.basik:quick' {tail}",
+        f"conf/tasks.toml: task \"nowhere\".target: warning: no module named 'nosuchmod' (looked in {app}, {tmp_path}, "
+        f"then on sys.path): 'nosuchmod:fn' {tail}"]), checked.stderr
+    assert not marker.exists(), marker.read_text()
+    ran = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")  # what the warnings said
+    assert ran.returncode == 1, ran.stderr
+    assert sorted(line for line in ran.stderr.splitlines() if ": fatal " in line) == [
+        "mpvisor: nowhere: fatal reason=\"cannot import target 'nosuchmod:fn': ModuleNotFoundError: No module named "
+        "'nosuchmod'\" exit_code=None attempts=1",
+        "mpvisor: typo: fatal reason=\"cannot import target 'workers.basik:quick': ModuleNotFoundError: No module named "
+        "'workers.basik'\" exit_code=None attempts=1"], ran.stderr
+
+
 # --- a batch ------------------------------------------------------------------------------------------
 
 
