@@ -58,9 +58,12 @@ def unfound_targets(parsed: TaskFile, here: str) -> Iterator[str]:
         missing = _missing(module, places)
         if missing is None:
             continue
+        hint = ("; the PYTHONPATH of its env is not where a target is imported from (its interpreter is already "
+                "running): give it a cwd, or set PYTHONPATH for mpvisor itself"
+                if work.env is not None and work.env.get("PYTHONPATH") else "")
         yield (f"{_task_where(task.name)}.target: warning: no module named {missing!r} (looked in "
                f"{', '.join(places)}, then on sys.path): {work.target!r} cannot be imported, unless the run "
-               "starts in a directory that has it")
+               f"starts in a directory that has it{hint}")
 
 
 def _missing(module: str, places: list[str]) -> str | None:

@@ -195,6 +195,37 @@ def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_t
         "'workers.basik'\" exit_code=None attempts=1"], ran.stderr
 
 
+def test_check_says_that_a_targets_env_pythonpath_is_not_where_it_is_imported_from(tmp_path: pathlib.Path) -> None:
+    """`env = {PYTHONPATH = "src"}` reaches a program, not the import of a Python target (its
+    interpreter is already running): the run fails that target, and check's warning says why
+    and what to do instead; with `cwd = "src"` the same module is found and runs."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "srcmod.py").write_text("def hi():\n    return 'hi'\n")
+    write(tmp_path / "tasks.toml", """
+        [task.a]
+        target = "srcmod:hi"
+        env = {PYTHONPATH = "src"}
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stderr.splitlines()) == (0, [
+        f"tasks.toml: task \"a\".target: warning: no module named 'srcmod' (looked in {tmp_path}, then on sys.path): "
+        "'srcmod:hi' cannot be imported, unless the run starts in a directory that has it; the PYTHONPATH of its env "
+        "is not where a target is imported from (its interpreter is already running): give it a cwd, or set "
+        "PYTHONPATH for mpvisor itself"]), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert (ran.returncode, ran.stdout) == (1, ""), ran.stderr
+    assert "ModuleNotFoundError: No module named 'srcmod'" in ran.stderr
+    write(tmp_path / "tasks.toml", """
+        [task.a]
+        target = "srcmod:hi"
+        cwd = "src"
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "tasks.toml: valid, 1 task: a\n", "")
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert (ran.returncode, ran.stdout) == (0, '{"a":"hi"}\n'), ran.stderr
+
+
 # --- a batch ------------------------------------------------------------------------------------------
 
 
