@@ -7,7 +7,9 @@ Of a valid file, a Python target whose module cannot be found from here (the tas
 this directory, `sys.path`) is a warning on stderr: its run would fail to import it, unless it
 starts in a directory that has it, which `check` cannot know. The module is looked for as
 `import` looks for it, by the finders, and none of its code runs (nor its packages'
-`__init__`).
+`__init__`). So is a program that is not there (`./bin/web` in the task's `cwd`, else here; a
+bare name on the `PATH` of the task's environment): its run would fail it with status 127,
+unless it is there by then (a task that builds it, a run started elsewhere).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from mpvisor._cli.statuses import OK, USAGE_ERROR
 from mpvisor._cli.taskfile import TaskFile, _task_where, load, report_errors, summary
 from mpvisor._model.events import printable
-from mpvisor._model.work import TaskFn
+from mpvisor._model.work import CommandTask, TaskFn
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -41,29 +43,64 @@ def run(args: argparse.Namespace) -> int:
         report_errors(args.file, parsed)
         return USAGE_ERROR
     print(summary(args.file, parsed))
-    for warning in unfound_targets(parsed, os.getcwd()):
+    for warning in unfound(parsed, os.getcwd()):
         print(f"{printable(args.file)}: {warning}", file=sys.stderr)
     return OK
 
 
-def unfound_targets(parsed: TaskFile, here: str) -> Iterator[str]:
-    """A warning for each Python target whose module no finder finds in its task's `cwd`, in
-    `here` (where `mpvisor check` runs) or on `sys.path`."""
+def unfound(parsed: TaskFile, here: str) -> Iterator[str]:
+    """A warning for each task, in file order, whose target's module or program is not there
+    (`here`: where `mpvisor check` runs)."""
     for task in parsed.tasks:
         work = task.spec.task
-        if not isinstance(work, TaskFn):
-            continue
-        module = work.target.partition(":")[0]
-        places = list(dict.fromkeys(p for p in (work.cwd, here) if p is not None))
-        missing = _missing(module, places)
-        if missing is None:
-            continue
-        hint = ("; the PYTHONPATH of its env is not where a target is imported from (its interpreter is already "
-                "running): give it a cwd, or set PYTHONPATH for mpvisor itself"
-                if work.env is not None and work.env.get("PYTHONPATH") else "")
-        yield (f"{_task_where(task.name)}.target: warning: no module named {missing!r} (looked in "
-               f"{', '.join(places)}, then on sys.path): {work.target!r} cannot be imported, unless the run "
-               f"starts in a directory that has it{hint}")
+        if isinstance(work, TaskFn):
+            said = _unfound_target(task.name, work, here)
+        elif isinstance(work, CommandTask):
+            said = _unfound_program(task.name, work, here)
+        else:
+            said = None
+        if said is not None:
+            yield said
+
+
+def _unfound_target(name: str, work: TaskFn, here: str) -> str | None:
+    """A warning when no finder finds the target's module in its task's `cwd`, in `here` or on
+    `sys.path`."""
+    module = work.target.partition(":")[0]
+    places = list(dict.fromkeys(p for p in (work.cwd, here) if p is not None))
+    missing = _missing(module, places)
+    if missing is None:
+        return None
+    hint = ("; the PYTHONPATH of its env is not where a target is imported from (its interpreter is already "
+            "running): give it a cwd, or set PYTHONPATH for mpvisor itself"
+            if work.env is not None and work.env.get("PYTHONPATH") else "")
+    return (f"{_task_where(name)}.target: warning: no module named {missing!r} (looked in {', '.join(places)}, "
+            f"then on sys.path): {work.target!r} cannot be imported, unless the run starts in a directory that "
+            f"has it{hint}")
+
+
+def _unfound_program(name: str, work: CommandTask, here: str) -> str | None:
+    """A warning when the command's program is not there: a path (from its task's `cwd`, else
+    `here`) that is no file, a bare name that no directory of its `PATH` (its `env`'s, else
+    mpvisor's) has as an executable file, as `execvp` looks for it."""
+    program, cwd = work.argv[0], work.cwd or here
+    if "/" in program:
+        if os.path.exists(os.path.join(cwd, program)):
+            return None
+        what = f"no file {program!r}" + ("" if os.path.isabs(program) else f" in {cwd}")
+    else:
+        own = (work.env or {}).get("PATH")  # the task's own PATH (one its env removes: execvp's default)
+        path = own if own is not None else os.defpath if "PATH" in (work.env or {}) else os.environ.get("PATH", os.defpath)
+        if any(_executable(os.path.join(cwd, d, program)) for d in path.split(os.pathsep)):
+            return None
+        what = f"no program {program!r} on " + (f"the PATH of its env ({own})" if own is not None else "PATH")
+    unless = ("the run starts in a directory that has it" if work.cwd is None and "/" in program
+              and not os.path.isabs(program) else "it is there when the task starts")
+    return f"{_task_where(name)}.command: warning: {what}: it cannot be executed (status 127), unless {unless}"
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _missing(module: str, places: list[str]) -> str | None:

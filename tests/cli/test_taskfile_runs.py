@@ -195,6 +195,50 @@ def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_t
         "'workers.basik'\" exit_code=None attempts=1"], ran.stderr
 
 
+def test_check_warns_of_a_program_that_is_not_there(tmp_path: pathlib.Path) -> None:
+    """A command whose program is not there (a typo, a path from the wrong directory, a PATH of
+    its env without it) passed `check` in silence and failed its run with status 127. `check`
+    now warns of each one, in file order, as execvp would look for it (a path from the task's
+    cwd, else from here; a bare name on its env's PATH, else mpvisor's), status still 0; a
+    program that is there is not named."""
+    (tmp_path / "conf" / "bin").mkdir(parents=True)
+    tool = tmp_path / "conf" / "bin" / "tool"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.shell]
+        command = ["sh", "-c", "true"]
+        [task.tool]
+        command = ["./bin/tool"]
+        cwd = "."
+        [task.typo]
+        command = ["nosuchprog-mpvisor", "--flag"]
+        [task.here]
+        command = ["./bin/tool"]
+        [task.own_path]
+        command = ["tool"]
+        env = {PATH = "/nonexistent"}
+        [task.on_own_path]
+        command = ["tool"]
+        env = {PATH = "bin"}
+        cwd = "."
+    """)
+    checked = mpvisor(tmp_path, "check", "conf/tasks.toml")
+    tail = "it cannot be executed (status 127), unless"
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, (
+        "conf/tasks.toml: valid, 6 tasks: shell, tool, typo, here, own_path, on_own_path\n"), [
+        f"conf/tasks.toml: task \"typo\".command: warning: no program 'nosuchprog-mpvisor' on PATH: {tail} it is "
+        "there when the task starts",
+        f"conf/tasks.toml: task \"here\".command: warning: no file './bin/tool' in {tmp_path}: {tail} the run starts "
+        "in a directory that has it",
+        f"conf/tasks.toml: task \"own_path\".command: warning: no program 'tool' on the PATH of its env "
+        f"(/nonexistent): {tail} it is there when the task starts"]), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")  # what the warnings said
+    assert ran.returncode == 127, ran.stderr
+    assert sorted(line.partition(" reason=")[0] for line in ran.stderr.splitlines() if ": fatal " in line) == [
+        "mpvisor: here: fatal", "mpvisor: own_path: fatal", "mpvisor: typo: fatal"], ran.stderr
+
+
 def test_check_says_that_a_targets_env_pythonpath_is_not_where_it_is_imported_from(tmp_path: pathlib.Path) -> None:
     """`env = {PYTHONPATH = "src"}` reaches a program, not the import of a Python target (its
     interpreter is already running): the run fails that target, and check's warning says why
