@@ -270,6 +270,39 @@ def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(ru
     assert status == -signal.SIGTERM, err
 
 
+def test_an_attempt_that_was_ready_ends_the_failure_streak_and_one_that_never_was_does_not(run: Run) -> None:
+    """`max_retries` counts failures in a row. A service that passed its readiness check and
+    failed later (hours later, or here at once) counted against it as if it had never started:
+    with `max_retries = 1` its second failure ever ended it for good, `retry limit reached`,
+    and its backoff grew with every crash of its life. An attempt that was ready now ends the
+    streak, as supervisord's RUNNING state resets its start retries: `up` fails after being
+    ready in attempts 1 to 3 and serves from attempt 4. `down`, never ready, still ends after
+    its retry."""
+    run.write("""
+        [defaults]
+        restart = "always"
+        max_retries = 1
+        backoff = 0.05
+
+        [task.up]
+        target = "workers.services:ready_twice_then_fail"
+        kwargs = {fail_until = 3, marker = MARKER}
+        ready = "notify"
+
+        [task.down]
+        command = ["sh", "-c", "exit 3"]
+        ready = "notify"
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: (rows["up"]["state"], rows["up"]["restarts"], rows["down"]["state"])
+                           == ("ready", 3, "ended"))
+    assert [a for w, t, a, *_ in run.markers() if (w, t) == ("started", "up")] == [1, 2, 3, 4], run.markers()
+    assert str(rows["down"]["last"]).startswith("failed: retry limit reached after 1 of 1 retries: "), rows
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: up: canceled reason='canceled by shutdown' exit_code=None attempts=4" in err, err
+
+
 def test_log_files_rotate_compress_reopen_on_sigusr1_and_logs_reads_them(run: Run) -> None:
     """Lines go to the task's file, whole; past log_max_bytes the file rotates, keeping
     log_backups gzipped files; SIGUSR1 reopens a file moved away; `mpvisor logs` prints the tail."""
