@@ -150,6 +150,21 @@ def test_check_reports_a_missing_cwd_beside_the_tasks_other_errors(tmp_path: pat
     assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
 
 
+def test_a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_checks_and_runs(tmp_path: pathlib.Path) -> None:
+    """An editor's UTF-8 "with BOM" (Windows Notepad's) puts U+FEFF before the text: `check` said
+    `line 1, column 1: Invalid statement` (status 2) of a file that looks right, and the run
+    ran nothing. The mark is not part of the text: the file checks and runs, and an error in it
+    keeps its line and column."""
+    (tmp_path / "tasks.toml").write_bytes(b'\xef\xbb\xbf[task.hello]\r\ncommand = ["sh", "-c", "echo hi"]\r\n')
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "tasks.toml: valid, 1 task: hello\n", "")
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert ran.returncode == 0 and "hi" in ran.stderr.splitlines(), ran.stderr
+    (tmp_path / "bad.toml").write_bytes(b'\xef\xbb\xbf[task.hello]\r\ncommand "sh"\r\n')
+    bad = mpvisor(tmp_path, "check", "bad.toml")
+    assert (bad.returncode, bad.stderr) == (2, "bad.toml: line 2, column 9: Expected '=' after a key in a key/value pair\n")
+
+
 def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_them(tmp_path: pathlib.Path) -> None:
     """A valid file whose target names a module that is nowhere (a typo, a module not deployed)
     used to pass `check` in silence, and its run then failed that task FATAL after the others
