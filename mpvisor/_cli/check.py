@@ -9,7 +9,9 @@ starts in a directory that has it, which `check` cannot know. The module is look
 `import` looks for it, by the finders, and none of its code runs (nor its packages'
 `__init__`). So is a program that is not there (`./bin/web` in the task's `cwd`, else here; a
 bare name on the `PATH` of the task's environment): its run would fail it with status 127,
-unless it is there by then (a task that builds it, a run started elsewhere).
+unless it is there by then (a task that builds it, a run started elsewhere); and so is the
+program of a `cmd:` readiness or health check (run with mpvisor's environment), which would
+fail every time: a task never ready, or restarted by its health check again and again.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def unfound(parsed: TaskFile, here: str) -> Iterator[str]:
-    """A warning for each task, in file order, whose target's module or program is not there
-    (`here`: where `mpvisor check` runs)."""
+    """A warning for each task, in file order, whose target's module or program is not there,
+    then for each of its `cmd:` checks whose program is not (`here`: where `mpvisor check`
+    runs)."""
     for task in parsed.tasks:
         work = task.spec.task
         if isinstance(work, TaskFn):
@@ -61,6 +64,15 @@ def unfound(parsed: TaskFile, here: str) -> Iterator[str]:
             said = None
         if said is not None:
             yield said
+        for key, fails in (("ready", "the task is never ready"), ("health", "every check fails, and with them its attempts")):
+            check = getattr(task.service, key)
+            if check is None or check.kind != "cmd":
+                continue
+            cwd = getattr(work, "cwd", None)
+            missing = _program_missing(check.argv[0], cwd, here, None)  # run with mpvisor's environment
+            if missing is not None:
+                what, unless = missing
+                yield f"{_task_where(task.name)}.{key}: warning: {what}: {fails}, unless {unless}"
 
 
 def _unfound_target(name: str, work: TaskFn, here: str) -> str | None:
@@ -80,23 +92,34 @@ def _unfound_target(name: str, work: TaskFn, here: str) -> str | None:
 
 
 def _unfound_program(name: str, work: CommandTask, here: str) -> str | None:
-    """A warning when the command's program is not there: a path (from its task's `cwd`, else
-    `here`) that is no file, a bare name that no directory of its `PATH` (its `env`'s, else
-    mpvisor's) has as an executable file, as `execvp` looks for it."""
-    program, cwd = work.argv[0], work.cwd or here
+    """A warning when the command's program is not there (`_program_missing`, with the `PATH`
+    of its `env`, else mpvisor's)."""
+    missing = _program_missing(work.argv[0], work.cwd, here, work.env)
+    if missing is None:
+        return None
+    what, unless = missing
+    return f"{_task_where(name)}.command: warning: {what}: it cannot be executed (status 127), unless {unless}"
+
+
+def _program_missing(program: str, cwd: str | None, here: str, env: dict[str, str | None] | None) -> tuple[str, str] | None:
+    """Whether `program` is not there, as `execvp` looks for it: a path (from `cwd`, else `here`)
+    that is no file, or a bare name that no directory of the `PATH` (`env`'s when it sets one,
+    else mpvisor's) has as an executable file; None when it is there, else what is missing and
+    what would make it be there."""
+    where = cwd or here
     if "/" in program:
-        if os.path.exists(os.path.join(cwd, program)):
+        if os.path.exists(os.path.join(where, program)):
             return None
-        what = f"no file {program!r}" + ("" if os.path.isabs(program) else f" in {cwd}")
+        what = f"no file {program!r}" + ("" if os.path.isabs(program) else f" in {where}")
     else:
-        own = (work.env or {}).get("PATH")  # the task's own PATH (one its env removes: execvp's default)
-        path = own if own is not None else os.defpath if "PATH" in (work.env or {}) else os.environ.get("PATH", os.defpath)
-        if any(_executable(os.path.join(cwd, d, program)) for d in path.split(os.pathsep)):
+        own = (env or {}).get("PATH")  # the task's own PATH (one its env removes: execvp's default)
+        path = own if own is not None else os.defpath if "PATH" in (env or {}) else os.environ.get("PATH", os.defpath)
+        if any(_executable(os.path.join(where, d, program)) for d in path.split(os.pathsep)):
             return None
         what = f"no program {program!r} on " + (f"the PATH of its env ({own})" if own is not None else "PATH")
-    unless = ("the run starts in a directory that has it" if work.cwd is None and "/" in program
+    unless = ("the run starts in a directory that has it" if cwd is None and "/" in program
               and not os.path.isabs(program) else "it is there when the task starts")
-    return f"{_task_where(name)}.command: warning: {what}: it cannot be executed (status 127), unless {unless}"
+    return what, unless
 
 
 def _executable(path: str) -> bool:

@@ -254,6 +254,30 @@ def test_check_warns_of_a_program_that_is_not_there(tmp_path: pathlib.Path) -> N
         "mpvisor: here: fatal", "mpvisor: own_path: fatal", "mpvisor: typo: fatal"], ran.stderr
 
 
+def test_check_warns_of_a_cmd_check_whose_program_is_not_there(tmp_path: pathlib.Path) -> None:
+    """A `cmd:` readiness or health check whose program is not there (`curl` on a slim host, a
+    probe script from the wrong directory) fails every time: the task is never ready, or has
+    each attempt failed by its health check, again and again. `check` passed it in silence; it
+    now warns of each one, as of a command (the check runs with mpvisor's environment, in the
+    task's cwd), and says nothing of a check whose program is there."""
+    write(tmp_path / "tasks.toml", """
+        [task.web]
+        command = ["sleep", "30"]
+        ready = "cmd:nosuchprobe-mpvisor --quiet"
+        health = "cmd:sh -c true"
+        [task.api]
+        command = ["sleep", "30"]
+        ready = "tcp:127.0.0.1:8080"
+        health = "cmd:./probe.sh"
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, "tasks.toml: valid, 2 tasks: web, api\n", [
+        "tasks.toml: task \"web\".ready: warning: no program 'nosuchprobe-mpvisor' on PATH: the task is never ready, "
+        "unless it is there when the task starts",
+        f"tasks.toml: task \"api\".health: warning: no file './probe.sh' in {tmp_path}: every check fails, and with "
+        "them its attempts, unless the run starts in a directory that has it"]), checked.stderr
+
+
 def test_check_says_that_a_targets_env_pythonpath_is_not_where_it_is_imported_from(tmp_path: pathlib.Path) -> None:
     """`env = {PYTHONPATH = "src"}` reaches a program, not the import of a Python target (its
     interpreter is already running): the run fails that target, and check's warning says why
