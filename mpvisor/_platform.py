@@ -15,7 +15,7 @@ pid, names one process for its whole life).
 | is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
-| where this user's sockets live (the slot server's, the runs' control sockets) | `user_runtime_dir()` |
+| where this user's runs' control sockets live, whatever the session's environment | `user_runtime_dir()` |
 | a directory only this user may enter, made if missing | `private_dir(path, what, env)`: None, or why not |
 | is a process stopped, or gone? is the other end of a pipe or socket closed? | `is_stopped(pid)`, `is_gone(pid)`; `other_end_closed(fd)`, and for stdout or stderr `output_reader_gone()` |
 | can this path be a Unix socket's? | `long_socket_path(path, what, env)`: None, or why not (over `SUN_PATH_MAX` bytes) |
@@ -563,14 +563,15 @@ def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
 
 
 def user_runtime_dir() -> str:
-    """Where this user's mpvisor keeps its sockets (the slot server's, the runs' control
-    sockets): `$XDG_RUNTIME_DIR/mpvisor`, else `<tmp>/mpvisor-<uid>`. Not created: `private_dir`."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "mpvisor")
-    import tempfile  # here only: with shutil and the compression modules, it would cost every command
-
-    return os.path.join(tempfile.gettempdir(), f"mpvisor-{os.getuid()}")
+    """Where this user's runs keep their control sockets: `/tmp/mpvisor-<uid>`, the same for
+    every process of the user on this host, whatever its environment (the slot server's
+    directory, `_admission/leases/local.default_dir`, is the same, for the same reasons). Not
+    `$XDG_RUNTIME_DIR`: a login shell has one, cron, `su` and a system service do not, and it is
+    removed at the user's last logout, under a run still live in tmux; nor `$TMPDIR`, which
+    sessions set differently. A run started from one and a `mpvisor status` from another each
+    looked in a directory of its own: the command said no run was live, and a second run of the
+    same file, or of the same `--name`, was not told of the first. Not created: `private_dir`."""
+    return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
 
 
 def private_dir(path: str, what: str, env: str = "") -> str | None:

@@ -784,9 +784,11 @@ def _build(name: str, settings: dict[str, Any], service: ServiceSettings, where:
 
 def load(path: str) -> TaskFile:
     """Read and parse the file at `path`; a `cwd` that is no directory is an error too (at its
-    key, with the task's other errors)."""
+    key, with the task's other errors). A byte-order mark before the text (an editor's UTF-8
+    "with BOM", Windows Notepad's) is not part of it: tomllib took it for a statement, `line 1,
+    column 1: Invalid statement`, in a file that looks right."""
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(path, encoding="utf-8-sig") as file:
             text = file.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -215,6 +215,13 @@ class Runtime:
             self.publish(EventKind.ATTEMPT_READY, task=actor.name, id=id, attempt=attempt, pid=actor.pid, reason=how)
         return True
 
+    def end_failure_streak(self, id: int, attempt: int) -> None:
+        """Attempt `attempt` of task `id` passed its readiness check: its task's failure streak
+        ends there (`TaskActor.end_streak`). Nothing when that attempt no longer runs."""
+        actor = self.registry.by_id.get(id)
+        if actor is not None and actor.attempt == attempt and actor.current is not None:
+            actor.end_streak()
+
     def fail_attempt(self, id: int, attempt: int, why: str) -> bool:
         """End attempt `attempt` of task `id` as a retryable failure whose reason is `why` (a
         readiness or health check failed): SIGTERM, then its tree killed `timeout_kill_after` s

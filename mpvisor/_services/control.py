@@ -145,7 +145,7 @@ class ControlTarget(Protocol):
 
 
 def control_dir() -> str:
-    """`$MPVISOR_CONTROL_DIR`, else `$XDG_RUNTIME_DIR/mpvisor/runs`, else `<tmp>/mpvisor-<uid>/runs`:
+    """`$MPVISOR_CONTROL_DIR`, else `/tmp/mpvisor-<uid>/runs` whatever the session (`user_runtime_dir`):
     created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
     path = os.environ.get(DIR_ENV) or os.path.join(_platform.user_runtime_dir(), "runs")
     problem = _platform.private_dir(path, "the control directory", DIR_ENV)

@@ -452,6 +452,8 @@ class ServiceRun:
             return True
         service.ready, service.was_ready = True, True
         service.state = "ready" if service.settings.ready is not None else "running"
+        if check is not None:  # it passed its check: it started well, and a failure after it starts a new streak
+            self.runtime.end_failure_streak(id, attempt)
         for probing in service.checks:
             probing.cancel()
         service.checks.clear()

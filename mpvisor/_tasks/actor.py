@@ -203,6 +203,12 @@ class TaskActor:
         if isinstance(self.phase, StopDecided) and self.phase.refused is None:
             self.phase = StopDecided(claim)
 
+    def end_streak(self) -> None:
+        """Its current attempt started well (a service's readiness): the failure streak ends, as
+        a success ends it; a failure after it is the first of a new one (its first backoff, its
+        retry budget whole). The restart intensity's window is kept."""
+        self.streak = Streak(0, self.streak.restarts)
+
     def request_stop(self, claim: Claim) -> None:
         """Stop this task (the caller checked `claimable`): no further attempt starts."""
         self.phase = Claimed(claim)

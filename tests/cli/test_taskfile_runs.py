@@ -150,6 +150,165 @@ def test_check_reports_a_missing_cwd_beside_the_tasks_other_errors(tmp_path: pat
     assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (2, "", expected), checked.stderr
 
 
+def test_a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_checks_and_runs(tmp_path: pathlib.Path) -> None:
+    """An editor's UTF-8 "with BOM" (Windows Notepad's) puts U+FEFF before the text: `check` said
+    `line 1, column 1: Invalid statement` (status 2) of a file that looks right, and the run
+    ran nothing. The mark is not part of the text: the file checks and runs, and an error in it
+    keeps its line and column."""
+    (tmp_path / "tasks.toml").write_bytes(b'\xef\xbb\xbf[task.hello]\r\ncommand = ["sh", "-c", "echo hi"]\r\n')
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "tasks.toml: valid, 1 task: hello\n", "")
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert ran.returncode == 0 and "hi" in ran.stderr.splitlines(), ran.stderr
+    (tmp_path / "bad.toml").write_bytes(b'\xef\xbb\xbf[task.hello]\r\ncommand "sh"\r\n')
+    bad = mpvisor(tmp_path, "check", "bad.toml")
+    assert (bad.returncode, bad.stderr) == (2, "bad.toml: line 2, column 9: Expected '=' after a key in a key/value pair\n")
+
+
+def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_them(tmp_path: pathlib.Path) -> None:
+    """A valid file whose target names a module that is nowhere (a typo, a module not deployed)
+    used to pass `check` in silence, and its run then failed that task FATAL after the others
+    had started. `check` now warns of each one, naming the task, the module and where it looked
+    (the task's cwd, this directory, then sys.path), still status 0 (the run may start in a
+    directory that has it); a target found there (on PYTHONPATH, in the task's cwd, a submodule
+    of a package) is not named, and none of their code runs, their packages' `__init__` neither."""
+    marker = tmp_path / "imported"
+    app = tmp_path / "conf" / "app"
+    (app / "pkg").mkdir(parents=True)
+    for module in (app / "mymod.py", app / "pkg" / "__init__.py", app / "pkg" / "sub.py"):
+        module.write_text(f"open({str(marker)!r}, 'a').write({module.name!r})\ndef fn():\n    return 1\n")
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.found]
+        target = "workers.basic:quick"
+        [task.beside]
+        target = "mymod:fn"
+        cwd = "app"
+        [task.sub]
+        target = "pkg.sub:fn"
+        cwd = "app"
+        [task.typo]
+        target = "workers.basik:quick"
+        [task.nowhere]
+        target = "nosuchmod:fn"
+        cwd = "app"
+    """)
+    checked = mpvisor(tmp_path, "check", "conf/tasks.toml")
+    tail = "cannot be imported, unless the run starts in a directory that has it"
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, (
+        "conf/tasks.toml: valid, 5 tasks: found, beside, sub, typo, nowhere\n"), [
+        f"conf/tasks.toml: task \"typo\".target: warning: no module named 'workers.basik' (looked in {tmp_path}, "
+        f"then on sys.path): 'workers.basik:quick' {tail}",
+        f"conf/tasks.toml: task \"nowhere\".target: warning: no module named 'nosuchmod' (looked in {app}, {tmp_path}, "
+        f"then on sys.path): 'nosuchmod:fn' {tail}"]), checked.stderr
+    assert not marker.exists(), marker.read_text()
+    ran = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")  # what the warnings said
+    assert ran.returncode == 1, ran.stderr
+    assert sorted(line for line in ran.stderr.splitlines() if ": fatal " in line) == [
+        "mpvisor: nowhere: fatal reason=\"cannot import target 'nosuchmod:fn': ModuleNotFoundError: No module named "
+        "'nosuchmod'\" exit_code=None attempts=1",
+        "mpvisor: typo: fatal reason=\"cannot import target 'workers.basik:quick': ModuleNotFoundError: No module named "
+        "'workers.basik'\" exit_code=None attempts=1"], ran.stderr
+
+
+def test_check_warns_of_a_program_that_is_not_there(tmp_path: pathlib.Path) -> None:
+    """A command whose program is not there (a typo, a path from the wrong directory, a PATH of
+    its env without it) passed `check` in silence and failed its run with status 127. `check`
+    now warns of each one, in file order, as execvp would look for it (a path from the task's
+    cwd, else from here; a bare name on its env's PATH, else mpvisor's), status still 0; a
+    program that is there is not named."""
+    (tmp_path / "conf" / "bin").mkdir(parents=True)
+    tool = tmp_path / "conf" / "bin" / "tool"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    write(tmp_path / "conf" / "tasks.toml", """
+        [task.shell]
+        command = ["sh", "-c", "true"]
+        [task.tool]
+        command = ["./bin/tool"]
+        cwd = "."
+        [task.typo]
+        command = ["nosuchprog-mpvisor", "--flag"]
+        [task.here]
+        command = ["./bin/tool"]
+        [task.own_path]
+        command = ["tool"]
+        env = {PATH = "/nonexistent"}
+        [task.on_own_path]
+        command = ["tool"]
+        env = {PATH = "bin"}
+        cwd = "."
+    """)
+    checked = mpvisor(tmp_path, "check", "conf/tasks.toml")
+    tail = "it cannot be executed (status 127), unless"
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, (
+        "conf/tasks.toml: valid, 6 tasks: shell, tool, typo, here, own_path, on_own_path\n"), [
+        f"conf/tasks.toml: task \"typo\".command: warning: no program 'nosuchprog-mpvisor' on PATH: {tail} it is "
+        "there when the task starts",
+        f"conf/tasks.toml: task \"here\".command: warning: no file './bin/tool' in {tmp_path}: {tail} the run starts "
+        "in a directory that has it",
+        f"conf/tasks.toml: task \"own_path\".command: warning: no program 'tool' on the PATH of its env "
+        f"(/nonexistent): {tail} it is there when the task starts"]), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "conf/tasks.toml")  # what the warnings said
+    assert ran.returncode == 127, ran.stderr
+    assert sorted(line.partition(" reason=")[0] for line in ran.stderr.splitlines() if ": fatal " in line) == [
+        "mpvisor: here: fatal", "mpvisor: own_path: fatal", "mpvisor: typo: fatal"], ran.stderr
+
+
+def test_check_warns_of_a_cmd_check_whose_program_is_not_there(tmp_path: pathlib.Path) -> None:
+    """A `cmd:` readiness or health check whose program is not there (`curl` on a slim host, a
+    probe script from the wrong directory) fails every time: the task is never ready, or has
+    each attempt failed by its health check, again and again. `check` passed it in silence; it
+    now warns of each one, as of a command (the check runs with mpvisor's environment, in the
+    task's cwd), and says nothing of a check whose program is there."""
+    write(tmp_path / "tasks.toml", """
+        [task.web]
+        command = ["sleep", "30"]
+        ready = "cmd:nosuchprobe-mpvisor --quiet"
+        health = "cmd:sh -c true"
+        [task.api]
+        command = ["sleep", "30"]
+        ready = "tcp:127.0.0.1:8080"
+        health = "cmd:./probe.sh"
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr.splitlines()) == (0, "tasks.toml: valid, 2 tasks: web, api\n", [
+        "tasks.toml: task \"web\".ready: warning: no program 'nosuchprobe-mpvisor' on PATH: the task is never ready, "
+        "unless it is there when the task starts",
+        f"tasks.toml: task \"api\".health: warning: no file './probe.sh' in {tmp_path}: every check fails, and with "
+        "them its attempts, unless the run starts in a directory that has it"]), checked.stderr
+
+
+def test_check_says_that_a_targets_env_pythonpath_is_not_where_it_is_imported_from(tmp_path: pathlib.Path) -> None:
+    """`env = {PYTHONPATH = "src"}` reaches a program, not the import of a Python target (its
+    interpreter is already running): the run fails that target, and check's warning says why
+    and what to do instead; with `cwd = "src"` the same module is found and runs."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "srcmod.py").write_text("def hi():\n    return 'hi'\n")
+    write(tmp_path / "tasks.toml", """
+        [task.a]
+        target = "srcmod:hi"
+        env = {PYTHONPATH = "src"}
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stderr.splitlines()) == (0, [
+        f"tasks.toml: task \"a\".target: warning: no module named 'srcmod' (looked in {tmp_path}, then on sys.path): "
+        "'srcmod:hi' cannot be imported, unless the run starts in a directory that has it; the PYTHONPATH of its env "
+        "is not where a target is imported from (its interpreter is already running): give it a cwd, or set "
+        "PYTHONPATH for mpvisor itself"]), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert (ran.returncode, ran.stdout) == (1, ""), ran.stderr
+    assert "ModuleNotFoundError: No module named 'srcmod'" in ran.stderr
+    write(tmp_path / "tasks.toml", """
+        [task.a]
+        target = "srcmod:hi"
+        cwd = "src"
+    """)
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "tasks.toml: valid, 1 task: a\n", "")
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert (ran.returncode, ran.stdout) == (0, '{"a":"hi"}\n'), ran.stderr
+
+
 # --- a batch ------------------------------------------------------------------------------------------
 
 

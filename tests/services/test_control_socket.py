@@ -676,27 +676,29 @@ def test_the_status_table_lines_up_a_task_named_in_wide_characters() -> None:
     assert lines[0].index("STATE") == lines[2].index("stopped") == lines[1].index("running") + 3, lines
 
 
-@pytest.mark.parametrize("xdg", [True, False])
-def test_the_runs_control_sockets_live_in_a_private_runtime_directory(tmp_path: pathlib.Path, xdg: bool) -> None:
+def test_the_runs_control_sockets_live_in_one_private_directory_whatever_the_session(tmp_path: pathlib.Path) -> None:
     """Without `$MPVISOR_SLOTS_DIR` and `$MPVISOR_CONTROL_DIR`: the control sockets live in
-    `$XDG_RUNTIME_DIR/mpvisor/runs` (else `$TMPDIR/mpvisor-<uid>/runs`), made 0700 on first use;
-    the slot server in `/tmp/mpvisor-<uid>` whatever the environment (a cron job's runs and a
-    shell's must find the same one: tests/admission/test_shared_slots.py)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MPVISOR_SLOTS_DIR", "MPVISOR_CONTROL_DIR", "XDG_RUNTIME_DIR")}
-    env["TMPDIR"] = str(tmp_path / "tmp")
-    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[2])  # this checkout's mpvisor
+    `/tmp/mpvisor-<uid>/runs`, made 0700 on first use, and the slot server in `/tmp/mpvisor-<uid>`,
+    whatever `$XDG_RUNTIME_DIR` and `$TMPDIR` say (a login shell has them, cron has neither: a
+    run from one and the commands from the other must find each other; the control sockets
+    were in `$XDG_RUNTIME_DIR/mpvisor/runs`, else `$TMPDIR/mpvisor-<uid>/runs`:
+    test_service_runs.py::test_a_run_from_a_login_shell_is_reached_from_cron_and_a_second_run_from_there_is_told_of_it)."""
+    (tmp_path / "run").mkdir(mode=0o700)
     (tmp_path / "tmp").mkdir()
-    if xdg:
-        env["XDG_RUNTIME_DIR"] = str(tmp_path / "run")
-        (tmp_path / "run").mkdir(mode=0o700)
+    bare = {k: v for k, v in os.environ.items() if k not in ("MPVISOR_SLOTS_DIR", "MPVISOR_CONTROL_DIR", "XDG_RUNTIME_DIR", "TMPDIR")}
+    bare["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[2])  # this checkout's mpvisor
     code = ("from mpvisor._admission.leases.local import server_dir\n"
             "from mpvisor._services.control import control_dir\n"
             "print(server_dir()); print(control_dir())")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    base = tmp_path / "run" / "mpvisor" if xdg else tmp_path / "tmp" / f"mpvisor-{os.getuid()}"
-    assert done.stdout.splitlines() == [f"/tmp/mpvisor-{os.getuid()}", str(base / "runs")]
+    base = pathlib.Path(f"/tmp/mpvisor-{os.getuid()}")
+    for extra in ({}, {"XDG_RUNTIME_DIR": str(tmp_path / "run")}, {"TMPDIR": str(tmp_path / "tmp")},
+                  {"XDG_RUNTIME_DIR": str(tmp_path / "run"), "TMPDIR": str(tmp_path / "tmp")}):
+        done = subprocess.run([sys.executable, "-c", code], env={**bare, **extra}, capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [str(base), str(base / "runs")], extra
     assert [oct(os.stat(p).st_mode & 0o777) for p in (base, base / "runs")] == ["0o700", "0o700"]
+    assert list((tmp_path / "run").iterdir()) == list((tmp_path / "tmp").iterdir()) == []
 
 
 async def test_logs_follow_ends_once_its_pipes_reader_is_gone(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:

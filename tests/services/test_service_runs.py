@@ -270,6 +270,39 @@ def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(ru
     assert status == -signal.SIGTERM, err
 
 
+def test_an_attempt_that_was_ready_ends_the_failure_streak_and_one_that_never_was_does_not(run: Run) -> None:
+    """`max_retries` counts failures in a row. A service that passed its readiness check and
+    failed later (hours later, or here at once) counted against it as if it had never started:
+    with `max_retries = 1` its second failure ever ended it for good, `retry limit reached`,
+    and its backoff grew with every crash of its life. An attempt that was ready now ends the
+    streak, as supervisord's RUNNING state resets its start retries: `up` fails after being
+    ready in attempts 1 to 3 and serves from attempt 4. `down`, never ready, still ends after
+    its retry."""
+    run.write("""
+        [defaults]
+        restart = "always"
+        max_retries = 1
+        backoff = 0.05
+
+        [task.up]
+        target = "workers.services:ready_twice_then_fail"
+        kwargs = {fail_until = 3, marker = MARKER}
+        ready = "notify"
+
+        [task.down]
+        command = ["sh", "-c", "exit 3"]
+        ready = "notify"
+    """)
+    run.start()
+    rows = run.wait_status(lambda rows: (rows["up"]["state"], rows["up"]["restarts"], rows["down"]["state"])
+                           == ("ready", 3, "ended"))
+    assert [a for w, t, a, *_ in run.markers() if (w, t) == ("started", "up")] == [1, 2, 3, 4], run.markers()
+    assert str(rows["down"]["last"]).startswith("failed: retry limit reached after 1 of 1 retries: "), rows
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: up: canceled reason='canceled by shutdown' exit_code=None attempts=4" in err, err
+
+
 def test_log_files_rotate_compress_reopen_on_sigusr1_and_logs_reads_them(run: Run) -> None:
     """Lines go to the task's file, whole; past log_max_bytes the file rotates, keeping
     log_backups gzipped files; SIGUSR1 reopens a file moved away; `mpvisor logs` prints the tail."""
@@ -766,6 +799,46 @@ def test_a_second_run_of_a_file_says_its_name_and_a_name_given_is_never_changed(
     said = [line for line in second_err.splitlines() if "serves the control socket" in line]
     assert len(said) == 1 and "this run is named 'services-" in said[0] and f"-{second.pid}' instead" in said[0], second_err
     assert "serves the control socket" not in first_err, first_err
+
+
+def test_a_run_from_a_login_shell_is_reached_from_cron_and_a_second_run_from_there_is_told_of_it(run: Run,
+                                                                                                 tmp_path: pathlib.Path) -> None:
+    """Without `$MPVISOR_CONTROL_DIR`, where a run serves its control socket must not depend on
+    the session: a login shell (ssh, tmux in it) has `$XDG_RUNTIME_DIR`, and may set `$TMPDIR`;
+    cron, `su` and a system service have neither. The run served in `$XDG_RUNTIME_DIR/mpvisor/runs`
+    and the commands from cron looked in `<tmp>/mpvisor-<uid>/runs`: `mpvisor status FILE` said
+    no run of FILE was live (status 10) while it was, and a second run of the file from there was
+    not told of the first and took its name. Both now use `/tmp/mpvisor-<uid>/runs`."""
+    run.write("""
+        [task.wait]
+        command = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]
+    """)
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    (tmp_path / "tmp").mkdir()
+    bare = {k: v for k, v in run.env.items() if k not in ("MPVISOR_CONTROL_DIR", "XDG_RUNTIME_DIR", "TMPDIR")}
+    run.env = {**bare, "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "TMPDIR": str(tmp_path / "tmp")}  # the login shell
+    first = run.start()
+    rows = run.wait_status(lambda rows: rows["wait"]["state"] == "running")
+    second: subprocess.Popen[str] | None = None
+    try:
+        from_cron = subprocess.run([MPVISOR or "mpvisor", "status", "services.toml", "--json"], cwd=run.directory,
+                                   env=bare, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        assert from_cron.returncode == 0, from_cron.stderr
+        status = json.loads(from_cron.stdout)
+        assert (status["pid"], status["tasks"][0]["pid"]) == (first.pid, rows["wait"]["pid"]), status
+        second = subprocess.Popen([MPVISOR or "mpvisor", "run", "--file", "services.toml"], cwd=run.directory, env=bare,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: run.ctl("status").returncode == 11, timeout=20)  # the login shell sees both
+    finally:
+        (run.directory / "stop").touch()
+    _, first_err = first.communicate(timeout=30)
+    assert first.returncode == 0, first_err
+    assert second is not None
+    _, second_err = second.communicate(timeout=30)
+    assert second.returncode == 0, second_err
+    said = [line for line in second_err.splitlines() if "serves the control socket" in line]
+    assert len(said) == 1 and f"another run (pid {first.pid})" in said[0], second_err
+    assert f"'/tmp/mpvisor-{os.getuid()}/runs/services-" in said[0], said
 
 
 def test_a_name_too_long_for_its_socket_is_a_usage_error(run: Run) -> None:
