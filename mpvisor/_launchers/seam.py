@@ -43,7 +43,7 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   retried); `sink.on_data(bytes)` with the attempt channel's bytes as they arrive (frames,
   unchanged), and `sink.on_output(stream, line)` with each captured line (with
   `capture_output`; without it, the attempt's stdout and stderr are this process's fd 1 and fd
-  2 (the local launcher marks an attempt that died by SIGPIPE while one of them had no reader
+  2 (the local launcher marks an attempt that died by SIGPIPE, or exited failing, while one of them had no reader
   left, `ExitStatus.reader_gone`, which makes its ending final): a launcher whose attempts run elsewhere writes their lines there itself, each before the
   attempt's end); then, once the attempt's main process and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
   by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
@@ -91,9 +91,9 @@ class ExitStatus:
     fenced: bool = False  # the launcher stopped its tree: its fence's deadline passed (a lost lease)
     memory: str = ""  # the tree exceeded its memory limit: how that was kept ("cgroup v1", "cgroup v2", "watcher")
     cpu: str = ""  # the tree used up its CPU time: how that was counted ("cgroup v2 cpu.stat", "launcher accounting")
-    reader_gone: bool = False  # killed by SIGPIPE (or exited 141, a shell's word for it) while the stdout or stderr
-    # it shares with this process (no `capture_output`) was a pipe without a reader: the pipeline it wrote to
-    # ended, and no reader ever comes back
+    reader_gone: bool = False  # killed by SIGPIPE (or exited 141, a shell's word for it), or exited with another
+    # failing status (EPIPE with SIGPIPE ignored), while the stdout or stderr it shares with this process (no
+    # `capture_output`) was a pipe without a reader: the pipeline it wrote to ended, and no reader ever comes back
     used: float = 0.0  # with `memory` or `cpu`: what the launcher measured the tree used, bytes or CPU seconds (0.0:
     # not measured: a memory cgroup's OOM kill is at its limit)
 

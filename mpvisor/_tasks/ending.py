@@ -18,7 +18,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind; but a `Canceled` that a SIGTERM raised (its `exit_code` -15), which mpvisor did not send (`kill PID` of the attempt, an OOM daemon's), is FAILED `stopped by a SIGTERM that mpvisor did not send: ...`, exit_code -15, as the bare program would have died by it |
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
-| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N; but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that) writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
+| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N; but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that), or exited with another failing status (EPIPE, SIGPIPE ignored), writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
 
 `killed` (mpvisor SIGKILLed the tree while the main process ran: the parent asked, or the
 launcher did on its own, for a limit or a fence) never changes the kind, and is announced by

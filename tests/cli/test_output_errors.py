@@ -209,18 +209,26 @@ def test_a_stdout_that_cannot_encode_a_name_shows_it_escaped(place: pathlib.Path
     assert done.stdout == "names.toml: valid, 1 task: caf\\xe9 \\u2603\n", done.stdout
 
 
-@pytest.mark.parametrize("command", [["yes"], ["sh", "-c", "yes"]])
-def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathlib.Path, command: list[str]) -> None:
+@pytest.mark.parametrize(("command", "status"), [
+    (["yes"], 141), (["sh", "-c", "yes"], 141),
+    # a producer that meets EPIPE instead and exits with a status of its own: Python's
+    # BrokenPipeError (SIGPIPE ignored), a shell loop that ignores SIGPIPE
+    ([sys.executable, "-c", "while True: print('y')"], 1),
+    (["sh", "-c", "trap '' PIPE; while echo y; do :; done; exit 3"], 3),
+])
+def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathlib.Path, command: list[str],
+                                                                 status: int) -> None:
     """`mpvisor run --restart on-failure -- yes | head -1`: once `head` has gone, the command
-    dies by SIGPIPE (or the shell that ran it exits 141): no retry could write there, so the
-    run ends at once, FATAL, with the producer's status (141), where it used to retry until
-    killed."""
+    dies by SIGPIPE (or the shell that ran it exits 141), or exits with a status of its own
+    once its write fails with EPIPE: no retry could write there, so the run ends at once,
+    FATAL, with the producer's status (141, or its own), where it used to retry until
+    killed (a producer that exited with a status of its own was retried until then too)."""
     err = tmp_path / "err"
     script = ROOT / "workers" / "shell" / "pipeline.sh"
     argv = ["bash", str(script), *command]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "ERR": str(err)}
     stdout, _ = run_pipeline(argv, tmp_path, env)
-    assert stdout.splitlines()[-1] == "statuses 141 0", (stdout, err.read_text())
+    assert stdout.splitlines()[-1] == f"statuses {status} 0", (stdout, err.read_text())
     outcome = err.read_text().splitlines()[-1]
     assert outcome.startswith(f"mpvisor: {os.path.basename(command[0])}: fatal reason="), outcome
     assert "has no reader left; not retried" in outcome and outcome.endswith("attempts=1"), outcome

@@ -4,7 +4,8 @@ outside the repository. The command is the terminal's foreground job: `tty` name
 terminal, a prompt reads what is typed, Ctrl-C reaches it as it would the bare command (mpvisor
 then dies by SIGINT), Ctrl-Z stops the command and mpvisor together and the prompt returns,
 `fg` resumes both as the foreground job and `bg` in the background; so whatever its stdin, in
-a script, after `&`, and after a stop it raised itself; in a pipeline a pager keeps the terminal.
+a script, after `&`, and after a stop it raised itself; in a pipeline a pager keeps the terminal,
+and a script that starts a run with `&` keeps it too.
 The process table is checked after each step; nothing is left behind."""
 
 from __future__ import annotations
@@ -322,3 +323,36 @@ def test_a_tstp_to_mpvisor_in_the_foreground_stops_the_command_too(shell: Shell)
     out = shell.until("MPV-PROMPT> ")
     assert "mpvisor: sleep: failed" in out and "SIGINT" in out, out
     wait_for(lambda: not processes("51.25"), timeout=10)
+
+
+def test_a_run_a_script_starts_with_ampersand_leaves_the_terminal_to_the_script(shell: Shell) -> None:
+    """A script run at the prompt starts `mpvisor run ... &` (no job control in a script: the run
+    is in the script's own group, SIGINT and SIGQUIT ignored), then reads the terminal itself: the
+    script keeps the terminal, as it does with the bare command in the background, and is not
+    stopped (`Stopped (tty input)`, 149) because the run's command took it; the run completes."""
+    shell.type("bash -c 'mpvisor run -- sh -c \"touch started; until [ -e done ]; do sleep 0.05; done\" _ 52.25 & "
+               "until [ -e started ]; do sleep 0.05; done; "
+               "read -r -p \"name-$((6*7))? \" name; echo \"got=$name\"; touch done; wait $!; echo \"run=$?\"'\n")
+    shell.until("name-42? ")
+    shell.type("bob\n")
+    out = shell.until("MPV-PROMPT> ")
+    assert "got=bob" in out and "run=0" in out and "Stopped" not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
+    wait_for(lambda: not processes("52.25"), timeout=10)
+
+
+def test_ctrl_c_stops_a_script_waiting_for_a_run_it_started_with_ampersand(shell: Shell) -> None:
+    """A script waits for the `mpvisor run ... &` it started: Ctrl-C reaches the script, which dies
+    by SIGINT (130) without running its next line, as it does with the bare command in the
+    background (whose command took the terminal got the Ctrl-C instead, ignored it, and the
+    script went on); the run, SIGINT ignored like the bare background command, is still there
+    for `kill`."""
+    shell.type("bash -c 'mpvisor run -- sleep 53.25 & wait; echo AFTER-$((6*7))'\n")
+    wait_for(lambda: all_are("53.25", psutil.STATUS_SLEEPING), timeout=30)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ", timeout=10)
+    assert "AFTER-42" not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=130")
+    (mpvisor,) = [p for p in processes("53.25") if p.info["cmdline"][0] != "sleep"]
+    mpvisor.terminate()
+    wait_for(lambda: not processes("53.25"), timeout=10)

@@ -386,7 +386,7 @@ class LauncherClient:
             case control.Exited(key, how, value, killed, oom, fenced, memory, cpu, used):
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
-                    gone = (how, value) in _BY_SIGPIPE and _no_reader(attempt)
+                    gone = ((how, value) in _BY_SIGPIPE or (how == "exit" and value != 0)) and _no_reader(attempt)
                     attempt.exited(ExitStatus(how, value, oom, fenced, memory, cpu, gone, used), killed)
                 if self.terminal is not None:
                     self.terminal.ended(key, how, value)
@@ -677,7 +677,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 # How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
-# the death of the command it ran
+# the death of the command it ran; one that meets EPIPE instead (SIGPIPE ignored: Python, a shell's
+# `trap '' PIPE`) exits with a status of its own, which counts too while its output has no reader
 _BY_SIGPIPE = frozenset({("signal", int(signal.SIGPIPE)), ("exit", 128 + int(signal.SIGPIPE))})
 
 
@@ -694,8 +695,10 @@ def _no_reader(attempt: Channel) -> bool:
     """Whether the stdout or stderr an attempt shares with this process (it captures neither)
     is a pipe or socket whose reader is gone: asked of an attempt that ended by SIGPIPE
     (`_BY_SIGPIPE`), which then died writing to it (a pipeline that ended: `mpvisor run --
-    producer | head -1`). A read end closed by every process never opens again, so no later
-    attempt could write there either."""
+    producer | head -1`), or that exited with a failing status, as a program that meets EPIPE
+    does when it ignores SIGPIPE (Python's `BrokenPipeError`). A read end closed by every
+    process never opens again, so no later attempt could write there either, and retrying
+    would keep the pipeline from ending."""
     return not attempt.capture_output and _platform.output_reader_gone()
 
 

@@ -11,9 +11,11 @@ else a background one. A session without one (cron, a daemon, `ssh host cmd`) gi
 attempt a session of its own, as for any attempt.
 
 Only one group can hold the terminal, the attempt's or this process's (the shell's job). The
-attempt takes it at its start unless this process's stdout is a pipe: in a pipeline (`mpvisor
-run -- seq 1 100000 | less`) the terminal stays with the pipeline's group, where a pager later in
-it reads it, and the attempt is handed it only once it reads or sets the terminal itself
+attempt takes it at its start unless this process's stdout is a pipe or this process is a
+script's background job (`script_background`): in a pipeline (`mpvisor run -- seq 1 100000 |
+less`) the terminal stays with the pipeline's group, where a pager later in it reads it, and
+after a script's `mpvisor run ... &` with the script, which may read it next; the attempt is
+handed it only once it reads or sets the terminal itself
 (SIGTTIN or SIGTTOU while this group holds it: `stopped` then continues it with the terminal
 instead of stopping the job). Until then Ctrl-C and Ctrl-Z reach this process's group: Ctrl-Z
 is passed on to the attempt (`_suspend`), but Ctrl-C is this process's own SIGINT, which stops
@@ -22,7 +24,7 @@ the terminal's SIGINT from a user's, and a user's must still stop a command that
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is and its stdout is not a pipe |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe and it is not a script's background job (SIGINT and SIGQUIT ignored) |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it |
@@ -89,6 +91,15 @@ def job_stop(signum: int) -> int:
     return signal.SIGTSTP if signum == signal.SIGSTOP else signum
 
 
+def script_background() -> bool:
+    """This process is a background job of a shell without job control (`mpvisor run ... &` in a
+    script): such a shell starts it with SIGINT and SIGQUIT ignored, in the script's own process
+    group, which is the terminal's foreground while the script runs. The bare command would stay
+    in that group and leave the terminal to the script (a `read` of the script's after the `&`
+    reads it); so the attempt is not handed it until it reads or sets it itself."""
+    return signal.getsignal(signal.SIGINT) == signal.SIG_IGN and signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN
+
+
 def _is_pipe(fd: int) -> bool:
     """`fd` is a pipe (this process's stdout, in a pipeline: `mpvisor run -- seq 1 100000 | less`)."""
     try:
@@ -136,7 +147,8 @@ class Terminal:
         """How the attempt `key` is spawned (`control.NO_TERMINAL`, `BACKGROUND`, `FOREGROUND`):
         as a job of this session's terminal when it has one and no other attempt is its job,
         whatever the attempt's stdin; in its foreground when this process's group is (else it
-        gets SIGTTIN at its first read, as a background job does, and this process stops with it)."""
+        gets SIGTTIN at its first read, as a background job does, and this process stops with it),
+        unless the group is a pipeline's or a script's, which keeps it until the attempt wants it."""
         if self.key is not None:
             return control.NO_TERMINAL
         fd = _open_controlling()
@@ -144,8 +156,9 @@ class Terminal:
             return control.NO_TERMINAL
         self.fd, self.key = fd, key
         # In a pipeline (its stdout a pipe) the terminal stays with the pipeline's group, where a
-        # pager reads it, until the attempt reads or sets it itself (`stopped`).
-        self.wants = not _is_pipe(1)
+        # pager reads it, and in a script's background job the script keeps it, until the
+        # attempt reads or sets it itself (`stopped`).
+        self.wants = not _is_pipe(1) and not script_background()
         return control.FOREGROUND if self.wants and foreground(self.fd) else control.BACKGROUND
 
     def started(self, key: int, pid: int) -> None:
