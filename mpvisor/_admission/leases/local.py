@@ -97,8 +97,9 @@ def default_dir() -> str:
     environment. Not `$XDG_RUNTIME_DIR` (a login session has one, cron and services do not, and
     it is removed at the user's last logout, under a server that still serves) nor `$TMPDIR`:
     a run from cron and one from a shell would each start a server of their own, and both own
-    the slot at once."""
-    return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
+    the slot at once. The runs' control sockets live below it (`_platform.user_runtime_dir`,
+    the one definition of it)."""
+    return _platform.user_runtime_dir()
 
 
 def dir_variable_problem() -> str | None:
