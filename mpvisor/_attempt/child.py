@@ -91,8 +91,10 @@ _exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
 # shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
-# on, unless it found them ignored). `kept_ignored` is what this process found.
-INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# on, unless it found them ignored), SIGTTIN and SIGTTOU (the launcher ignores them itself).
+# `kept_ignored` is what this process found.
+INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTTIN,
+                       signal.SIGTTOU)
 kept_ignored: frozenset[int] = frozenset()
 # What a program gets at its exec, unless kept ignored: the default action. CPython itself
 # ignores SIGPIPE and SIGXFSZ at start-up (as `subprocess` does, they are restored), and the
