@@ -345,8 +345,7 @@ class Runtime:
             # tree at once (its own cancellation does too: `TaskActor._torn_down`); once they are
             # gone, the launcher is stopped, so that nothing of the supervisor outlives the loop.
             self.kill_all_now(LOOP_TORN_DOWN)
-            await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
-            await self.stop_launcher()
+            await self._after_teardown()
             raise
 
     async def _torn_down_early(self) -> None:
@@ -359,9 +358,16 @@ class Runtime:
             await self._stopping.wait()
         except asyncio.CancelledError:
             if not self.shutting_down:
-                await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
-                await self.stop_launcher()
+                await self._after_teardown()
             raise
+
+    async def _after_teardown(self) -> None:
+        """The loop is torn down: once the tasks, which kill their own trees, are gone (bounded),
+        the controller answers every submission it holds and the launcher is stopped."""
+        await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
+        if self.controller is not None:
+            await self.controller.torn_down(TORN_DOWN_WAIT)
+        await self.stop_launcher()
 
     async def _shut_down(self) -> None:
         if self.controller is not None:
