@@ -17,6 +17,7 @@ what the supervisor's kill, reap and framing paths are tested against.
 | `leaver(record_path)` | starts a `multiprocessing` worker, a `Popen` child and a `setsid` daemon, all sleeping | returns `"left"` at once |
 | `flood(nbytes)` | writes `nbytes` of lines to stdout and to stderr, 64 KiB at a time | returns `"flooded"` |
 | `lines()` | `STDOUT_LINES`/`STDERR_LINES` interleaved, `INVALID_UTF8`, then a 200 KiB line without a newline on stdout | returns `"lines"` |
+| `line_at_a_piece_boundary()` | writes a line of exactly 64 KiB, waits until the parent has read all of it, then ends it with its newline, then `after` | returns `"lines"` |
 | `huge_result(nbytes)` | | returns `b"x" * nbytes` |
 | `unencodable()` | | returns `{1, 2}` (msgpack cannot encode a set) |
 | `hang()` | `signal.pause()` forever, unshielded | `Canceled` on a stop request |
@@ -31,12 +32,14 @@ one atomic write once every descendant exists, so a reader sees none or all of t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -274,6 +277,25 @@ def lines(marker: str | None = None) -> str:
         print(err, file=sys.stderr, flush=True)
     sys.stdout.buffer.write(INVALID_UTF8)
     sys.stdout.buffer.write(b"L" * LONG_LINE_BYTES)
+    sys.stdout.buffer.flush()
+    return "lines"
+
+
+def line_at_a_piece_boundary(marker: str | None = None) -> str:
+    """Write a line of exactly `CHUNK_BYTES` (64 KiB, a captured line's largest piece) to stdout,
+    wait until the parent has read every byte of it from the pipe (`FIONREAD` is 0), then its
+    newline and a line `after`: the newline reaches the parent in a read of its own."""
+    mark(marker, "started")
+    sys.stdout.buffer.write(b"L" * CHUNK_BYTES)
+    sys.stdout.buffer.flush()
+    unread = bytearray(4)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        fcntl.ioctl(1, termios.FIONREAD, unread)
+        if int.from_bytes(unread, sys.byteorder) == 0:
+            break
+        time.sleep(0.001)
+    sys.stdout.buffer.write(b"\nafter\n")
     sys.stdout.buffer.flush()
     return "lines"
 

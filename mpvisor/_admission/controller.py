@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -599,6 +600,35 @@ class Controller:
         for effect in self.table.close():
             if isinstance(effect, Reject):
                 self._reject(effect.item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
+
+    async def torn_down(self, within: float) -> None:
+        """The loop is torn down under the controller (`asyncio.run`'s end: its loop task was
+        canceled with every other), once the registry's tasks are gone: answer every submission it
+        still holds, as a shutdown would, without its loop. The cleanups and decisions posted for
+        it are run (an owner's waiter gets its task's outcome; a shared slot's lease is given
+        back first, waited for at most `within` seconds), and what was never handed over, or
+        never registered, is rejected `CONTROLLER_SHUTTING_DOWN` (an owner whose task did not end
+        within the runtime's bound keeps its waiter unresolved, as that task's own does)."""
+        self.closed = True
+        self.reject_pending()  # first: a slot an owner's cleanup frees admits nothing now
+        deadline = time.monotonic() + within
+        self._run_inbox()
+        while self._releasing and time.monotonic() < deadline:  # their `done` is posted here
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), deadline - time.monotonic())
+            self._run_inbox()
+        while self.queue:
+            command = self.queue.take()
+            if isinstance(command, _Removal):
+                if not command.reply.done():
+                    command.reply.set_exception(ShuttingDown("the supervisor is shutting down"))
+            else:
+                self._reject(command, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
+        for item in list(self.admitting.values()):  # handed over, never registered: its lease goes back
+            self.admitting.pop(item.id)
+            self._start_release(item.id)
+            self._reject(item, RejectionKind.CONTROLLER_SHUTTING_DOWN, publish=True)
 
     async def join(self) -> None:
         """Wait until every admission and cleanup has been processed, then stop the loop."""

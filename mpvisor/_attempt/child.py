@@ -17,6 +17,7 @@ returns: every path ends in `os._exit`.
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` (or its module does, as it is imported) | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
+| calls `sys.exit("message")` (a code neither None nor an int; the target itself, not its module) | `Failure("error", "SystemExit: message", 1)`, the message printed too | 1 |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
@@ -91,8 +92,10 @@ _exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
 # shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
-# on, unless it found them ignored). `kept_ignored` is what this process found.
-INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# on, unless it found them ignored), SIGTTIN and SIGTTOU (the launcher ignores them itself).
+# `kept_ignored` is what this process found.
+INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTTIN,
+                       signal.SIGTTOU)
 kept_ignored: frozenset[int] = frozenset()
 # What a program gets at its exec, unless kept ignored: the default action. CPython itself
 # ignores SIGPIPE and SIGXFSZ at start-up (as `subprocess` does, they are restored), and the
@@ -421,7 +424,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)
-    _finish(channel, ending, max_frame=start.max_frame, die_by=die_by)
+    _finish(channel, ending, max_frame=start.max_frame, die_by=die_by,
+            status=1 if isinstance(ending, _ExitSaid) else 0)
 
 
 def _file_name_hint(target: str, exc: BaseException) -> str:
@@ -539,7 +543,11 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
     except (Fail, Fatal) as exc:
         return _verdict(exc), 0
     except SystemExit as exc:
-        _exit_like_sys_exit(exc)
+        said = _exit_message(exc)
+        if said is None:
+            _exit_like_sys_exit(exc)
+        _guarded(lambda: print(said, file=sys.stderr), lambda _: None)  # as the interpreter prints it
+        return _ExitSaid("error", f"SystemExit: {said}", 1), 0
     except KeyboardInterrupt as exc:
         _release_frames(exc)
         return Failure("error", _describe(exc), -int(signal.SIGINT), _traceback(exc, _MPVISOR)), int(signal.SIGINT)
@@ -728,6 +736,20 @@ def _exit_code(code: object) -> int | None:
     return code if type(code) is int and -(2**63) <= code < 2**63 else None
 
 
+class _ExitSaid(Failure):
+    """The report of a target's `sys.exit("message")`: a failure whose reason says the message,
+    exit code 1, after which the attempt exits 1, as the interpreter does."""
+
+
+def _exit_message(exc: SystemExit) -> str | None:
+    """The message of a `sys.exit("...")` (its code neither None nor an int), as the interpreter
+    prints it; None for a status, or a code whose `str()` raises."""
+    code = exc.code
+    if code is None or isinstance(code, int):
+        return None
+    return _guarded(lambda: _text(code), lambda _: None)
+
+
 def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
     """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
     byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else is
@@ -769,7 +791,8 @@ def _leave_forked(ending: Message, die_by: int) -> NoReturn:
     if isinstance(ending, Failure):
         status = 1
         text = ending.traceback or ending.reason
-        _guarded(lambda: sys.stderr.write(text if text.endswith("\n") else text + "\n"), lambda _: 0)
+        if not isinstance(ending, _ExitSaid):  # (its message is printed already)
+            _guarded(lambda: sys.stderr.write(text if text.endswith("\n") else text + "\n"), lambda _: 0)
     _end(status, die_by)
 
 

@@ -20,7 +20,8 @@ Shutdown, one operation whatever started it, its result cached for every caller:
 
 A shutdown canceled (its loop torn down: `asyncio.run`'s end after a second Ctrl-C) kills every
 tree at once, waits (bounded) for the tasks to end, and stops the launcher before it lets the
-cancellation go on.
+cancellation go on; a loop torn down before any shutdown began (`serve()` without `shutdown()`)
+stops the launcher likewise once the tasks, which kill their own trees, are gone.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class Runtime:
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()  # set when shutdown begins: a wait for the launcher ends
         self.ensure_launcher()
+        # stops the launcher if the loop is torn down before any shutdown began (`_torn_down_early`)
+        self._loop_guard = self.loop.create_task(self._torn_down_early(), name="mpvisor-loop-guard")
 
     def __repr__(self) -> str:
         return f"<Runtime {self.registry!r} launcher={self.launcher!r} shutting_down={self.shutting_down}>"
@@ -349,9 +352,29 @@ class Runtime:
             # tree at once (its own cancellation does too: `TaskActor._torn_down`); once they are
             # gone, the launcher is stopped, so that nothing of the supervisor outlives the loop.
             self.kill_all_now(LOOP_TORN_DOWN)
-            await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
-            await self.stop_launcher()
+            await self._after_teardown()
             raise
+
+    async def _torn_down_early(self) -> None:
+        """Wait for the shutdown to begin. Canceled before it did, the loop is torn down under a
+        supervisor nobody shut down (`serve()` without `shutdown()`, at the end of `asyncio.run`):
+        each task kills its own tree (`TaskActor._torn_down`); once they are gone, the launcher and
+        its guardian are stopped, so that they do not outlive the loop either (a program that goes
+        on, or runs another loop, would keep them, two processes for every such loop)."""
+        try:
+            await self._stopping.wait()
+        except asyncio.CancelledError:
+            if not self.shutting_down:
+                await self._after_teardown()
+            raise
+
+    async def _after_teardown(self) -> None:
+        """The loop is torn down: once the tasks, which kill their own trees, are gone (bounded),
+        the controller answers every submission it holds and the launcher is stopped."""
+        await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
+        if self.controller is not None:
+            await self.controller.torn_down(TORN_DOWN_WAIT)
+        await self.stop_launcher()
 
     async def _shut_down(self) -> None:
         if self.controller is not None:

@@ -114,6 +114,37 @@ SUBMIT_FORMS = ["submit", "try_submit", "submit_and_watch", "try_submit_and_watc
 CLOSED_CASES = [(form, "after-work") for form in SUBMIT_FORMS] + [("submit", "right-after-serve")]
 
 
+@pytest.mark.parametrize("shutdown", ["none", "under way"])
+def test_a_loop_torn_down_under_the_controller_resolves_every_submission(tmp_path, shutdown: str) -> None:
+    """`asyncio.run` ends under a supervisor with a controller, with no shutdown (`serve()`
+    without `shutdown()`) or with one under way (a second Ctrl-C in an `async with` block): the
+    slot's owner, which does not stop, is killed and its waiter resolves `FORCE_ABORTED`, and
+    the submission queued behind it `REJECTED` (`controller_shutting_down`), as at a shutdown;
+    nothing is left running. Both waiters stayed unresolved for ever (the controller's loop that
+    would have answered them was canceled with the others), so a later wait on them hung."""
+    marker = str(tmp_path / "marker")
+    waiters: list[Any] = []
+
+    async def main() -> None:
+        handle = Supervisor(SupervisorConfig(grace=30), controller=ControllerConfig()).serve()
+        waiters.append((await handle.submit_and_watch(Q(once("owner", misbehave.stubborn, marker=marker), "s")))[1])
+        waiters.append((await handle.submit_and_watch(Q(once("queued", basic.quick), "s")))[1])
+        await async_wait_for(lambda: words(marker, "started"))
+        if shutdown == "under way":
+            stopping = asyncio.ensure_future(handle.shutdown())
+            await async_wait_for(lambda: handle._rt.shutting_down and not stopping.done())
+
+    began = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - began < 10
+    assert child_pids_of_self() == []
+    owner, queued = waiters
+    assert owner.done() and queued.done()
+    assert asyncio.run(owner.wait()).kind is OutcomeKind.FORCE_ABORTED
+    assert_rejected(asyncio.run(queued.wait()), RejectionKind.CONTROLLER_SHUTTING_DOWN)
+
+
+
 @pytest.mark.parametrize(("form", "when"), CLOSED_CASES, ids=[f"{f}-{w}" for f, w in CLOSED_CASES])
 async def test_submissions_after_shutdown_raise_controller_closed(tmp_path, form, when):
     """After shutdown (also right after serve) every submit form raises ControllerClosed; nothing runs or is left."""

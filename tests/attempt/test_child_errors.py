@@ -200,6 +200,22 @@ async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_g
         assert [e.exit_code for e in ends] == [interpreter, interpreter], (code, ends)
 
 
+async def test_sys_exit_with_a_message_says_it_in_the_reason(capfd):
+    """`sys.exit("config missing: /etc/app.toml")` in a target: the interpreter prints the message
+    and exits 1, and so does the attempt, but its reason said only `attempt process pid N exited
+    with status 1 before reporting a result`, the message left on a stderr a program embedding
+    mpvisor may not keep. The reason now says it, `SystemExit: <message>`, exit code 1, each
+    attempt's too; the message is still printed, as the bare program prints it."""
+    message = "config missing: /etc/app.toml"
+    capfd.readouterr()
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(handle, collector, _spec("exits", "workers.misbehave:sys_exit", message))
+    assert (outcome.kind, outcome.exit_code, outcome.attempts) == (OutcomeKind.FAILED, 1, 2), outcome
+    assert outcome.reason == f"retry limit reached after 1 of 1 retries: SystemExit: {message}", outcome
+    assert [(e.exit_code, e.reason) for e in ends] == [(1, f"SystemExit: {message}")] * 2, ends
+    assert capfd.readouterr().err.count(message + "\n") == 2
+
+
 @pytest.mark.parametrize("what", ["exit", "write"])
 def test_a_target_that_leaves_os_patched_still_reports_and_ends(what):
     """A target that leaves `os._exit` or `os.write` patched (a mock left in place, a green

@@ -6,7 +6,9 @@ master (`os.kill(os.getppid(), signal.SIGUSR1)`), and an operator's `pkill -USR1
 files reopened) matches the launcher's command line, which holds `sys.path`. Each ended the
 launcher, or made it stop everything as if its parent had died: every running attempt of the
 supervisor ended `launcher died while attempt pid N ran`. So did a SIGTRAP, SIGSYS, SIGBUS,
-SIGSEGV, SIGFPE, SIGILL, SIGABRT or SIGXCPU sent to either.
+SIGSEGV, SIGFPE, SIGILL, SIGABRT or SIGXCPU sent to either. A SIGTTIN or SIGTTOU stopped either
+(both are background groups of the terminal's session): the parent found the launcher stopped at
+its next kill, killed it, and every attempt it ran ended `launcher died while attempt pid N ran`.
 
 A SIGTERM sent to an attempt from outside (`kill PID`, an OOM daemon such as earlyoom) is no
 stop request of mpvisor's: it ended the task `CANCELED`, never retried.
@@ -27,7 +29,7 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods]
 
 # and those a fault raises, which only a stray kill() sends (the kernel's own always kill), and SIGXCPU
 STRAY = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGBUS", "SIGSEGV", "SIGFPE",
-         "SIGILL", "SIGABRT")
+         "SIGILL", "SIGABRT", "SIGTTIN", "SIGTTOU")
 
 
 async def test_stray_signals_to_the_launcher_and_its_guardian_end_no_attempt(tmp_path):

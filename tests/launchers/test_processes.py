@@ -1046,3 +1046,14 @@ async def test_captured_output_is_split_and_decoded():
     finally:
         output_logger.removeHandler(handler)
         output_logger.setLevel(level)
+
+
+async def test_a_captured_line_that_fills_a_piece_exactly_is_one_line():
+    """A line of exactly 64 KiB whose newline comes in a later read is that line, then the next
+    one: no empty line between them (the full piece used to be cut before its newline was seen,
+    and the newline then ended an empty line of its own)."""
+    async with supervised(SupervisorConfig(grace=1, capture_output=True)) as (handle, events):
+        task_id, outcome = await finished(handle, events, once("boundary", misbehave.line_at_a_piece_boundary))
+        assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "lines"
+        stdout = [e.line for e in events.of(EventKind.ATTEMPT_OUTPUT, id=task_id) if e.stream == "stdout"]
+        assert stdout == ["L" * 64 * 1024, "after"]

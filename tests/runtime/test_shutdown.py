@@ -431,6 +431,33 @@ def test_a_loop_torn_down_in_the_grace_window_kills_at_once_and_leaves_no_proces
     assert asyncio.run(waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
 
 
+@pytest.mark.parametrize("running", [True, False])
+def test_a_loop_that_ends_without_a_shutdown_leaves_no_launcher(tmp_path, running: bool) -> None:
+    """`serve()` without `shutdown()`: `asyncio.run` ends while a task still runs (its tree is
+    killed, its waiter `FORCE_ABORTED`), or after the only task completed. Neither the attempt nor
+    the launcher and its guardian outlive `asyncio.run`: they used to stay, two processes and a
+    descriptor more for every such loop of a program that goes on."""
+    marker = str(tmp_path / "marker")
+    waiters: list[Any] = []
+
+    async def main() -> None:
+        handle = Supervisor(SupervisorConfig(grace=30)).serve()
+        if running:
+            waiters.append((await handle.add_and_watch(once("deaf", misbehave.stubborn, marker=marker)))[1])
+            await started(marker)
+        else:
+            waiters.append((await handle.add_and_watch(once("quick", basic.quick, "done")))[1])
+            await waiters[0].wait()
+        assert child_pids_of_self() != []  # the launcher, its guardian (and the attempt) run
+
+    began = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - began < 10
+    assert child_pids_of_self() == []
+    (waiter,) = waiters
+    assert asyncio.run(waiter.wait()).kind is (OutcomeKind.FORCE_ABORTED if running else OutcomeKind.COMPLETED)
+
+
 @pytest.mark.parametrize("sigints", [1, 2])
 def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, sigints: int) -> None:
     """A SIGTERM-deaf attempt whose timeout's stop has begun (`timeout_kill_after` 30) is killed

@@ -66,15 +66,18 @@ from mpvisor._platform import read_small_file, recv_fds
 _PID = struct.Struct("=i")
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
 PARENT_DEATH_SIGNAL = signal.SIGUSR1
-# Signals whose default action ends a process, that nothing sends the launcher or its guardian
-# on purpose: ignored by both, so that a stray one (an attempt's `os.kill(os.getppid(), ...)` to
-# what it takes for its master, an operator's `pkill -USR2 -f myapp`, whose pattern the
+# Signals whose default action ends or stops a process, that nothing sends the launcher or its
+# guardian on purpose: ignored by both, so that a stray one (an attempt's `os.kill(os.getppid(), ...)`
+# to what it takes for its master, an operator's `pkill -USR2 -f myapp`, whose pattern the
 # launcher's command line matches: it holds `sys.path`) does not end every attempt of the
 # supervisor. (The launcher handles PARENT_DEATH_SIGNAL, and believes it only if its parent is
-# gone; the guardian ignores it too.)
+# gone; the guardian ignores it too.) SIGTTIN and SIGTTOU stop a process of a background group of
+# the terminal's session, which both are: a launcher stopped so kept no timeout and reaped
+# nothing, and was killed with every attempt it ran (SIGTSTP is one of TERMINAL_SIGNALS).
 STRAY_SIGNALS = tuple(s for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT, signal.SIGVTALRM,
                                   signal.SIGPROF, getattr(signal, "SIGPOLL", None), getattr(signal, "SIGPWR", None),
-                                  getattr(signal, "SIGSTKFLT", None), signal.SIGXCPU) if s is not None)
+                                  getattr(signal, "SIGSTKFLT", None), signal.SIGXCPU, signal.SIGTTIN, signal.SIGTTOU)
+                      if s is not None)
 # The signals a fault raises: ignored too, unless faulthandler handles them, so that a stray one
 # (sent with kill()) ends nothing, while a real fault still does: the kernel resets an ignored
 # one to its default before it delivers it (a SIGSEGV, SIGBUS, SIGFPE, SIGILL, a breakpoint's

@@ -10,6 +10,7 @@ other invalid byte.
 | `b"a\\nb\\n"` | `"a"`, `"b"` |
 | `b"abc"` then end of stream | `"abc"` |
 | 200 KiB without a newline | pieces of 64, 64, 64 and 8 KiB |
+| 64 KiB, then `b"\\n"` in a later read | one line of 64 KiB (a full piece waits for the next byte) |
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class LineSplitter:
             cut = self._buf.find(b"\n", 0, MAX_PIECE + 1)
             if cut >= 0:
                 lines.append(self._take(cut, skip=1))
-            elif len(self._buf) >= MAX_PIECE:
+            elif len(self._buf) > MAX_PIECE:  # a full piece is cut once a byte after it is no newline
                 lines.append(self._take(MAX_PIECE, skip=0))
             else:
                 return lines
