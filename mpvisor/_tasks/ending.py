@@ -18,7 +18,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind; but a `Canceled` that a SIGTERM raised (its `exit_code` -15), which mpvisor did not send (`kill PID` of the attempt, an OOM daemon's), is FAILED `stopped by a SIGTERM that mpvisor did not send: ...`, exit_code -15, as the bare program would have died by it |
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
-| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N; but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that), or exited with another failing status (EPIPE, SIGPIPE ignored), writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
+| 10 | it exited with n / died by signal N before reporting | FAILED, exit_code n / -N (a called target's status 0 says what it means: `SILENT_SUCCESS`); but FATAL when it died by SIGPIPE (or exited 141, as a shell reports that), or exited with another failing status (EPIPE, SIGPIPE ignored), writing to the stdout or stderr it shares with the parent, a pipe whose reader is gone (`ExitStatus.reader_gone`: the pipeline it wrote to ended, and no retry could write there either) |
 
 `killed` (mpvisor SIGKILLed the tree while the main process ran: the parent asked, or the
 launcher did on its own, for a limit or a fence) never changes the kind, and is announced by
@@ -211,6 +211,12 @@ def from_report(report: Result | Failure, killed: str | None = None) -> AttemptE
     return AttemptEnd(kind, report.reason, exit_code, traceback=report.traceback, killed=killed)
 
 
+# Why a called target's process ends with status 0 and no report: it never returned (`os._exit(0)`),
+# or its report could not be sent, the channel it goes over closed under it (`os.closerange`).
+SILENT_SUCCESS = ("the target ended its process with os._exit(0), or closed the channel its report goes over: a "
+                  "file descriptor it did not open")
+
+
 def _from_status(f: Facts) -> AttemptEnd:
     status = f.status
     if status is None:  # cannot happen: without a launcher death, the launcher reports a status
@@ -224,4 +230,6 @@ def _from_status(f: Facts) -> AttemptEnd:
     reason = f"attempt process pid {f.pid} {status.describe()} before reporting a result"
     if f.protocol_error is not None:
         reason += f" ({f.protocol_error})"
+    elif f.calling and status.how == "exit" and status.value == 0:
+        reason += f" ({SILENT_SUCCESS})"
     return AttemptEnd(kind, reason + gone, status.exit_code)

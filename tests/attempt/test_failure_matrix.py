@@ -89,9 +89,19 @@ def expected(fault: str, phase: str) -> Want:
         return _status(70 if phase in ("start", "big-start") else 1)
     if fault == "close":
         # A closed channel fails the next write or read: the handshake (70), the `Calling` report
-        # after the import (1), or the report itself (then the status, 0, speaks).
-        return _status({"handshake": 70, "start": 70, "big-start": 70, "import": 1}.get(phase, 0))
+        # after the import (1), or the report itself (then the status, 0, speaks, saying what it means).
+        code = {"handshake": 70, "start": 70, "big-start": 70, "import": 1}.get(phase, 0)
+        return _said_what_status_0_means(_status(code)) if code == 0 else _status(code)
+    if fault == "exit0" and phase == "running":  # after `Calling`: status 0 says what it means
+        return _said_what_status_0_means(_status(0))
     return _status({"crash": -signal.SIGSEGV, "signal": -signal.SIGKILL, "exit0": 0, "exit3": 3}[fault])
+
+
+def _said_what_status_0_means(want: Want) -> Want:
+    """A called target's process that ended with status 0 and no report: its reason says why that
+    can be (it was taken for a success of some kind: "exited with status 0" alone)."""
+    return Want(want.event, f"{want.reason} before reporting a result (the target ended its process with os._exit(0), "
+                            "or closed the channel its report goes over", want.exit_code)
 
 
 def _cases(phase: str) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 from mpvisor._launchers.seam import ExitStatus
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.wire import Failure, Result
-from mpvisor._tasks.ending import Facts, StopReason, decide
+from mpvisor._tasks.ending import SILENT_SUCCESS, Facts, StopReason, decide
 
 pytestmark = pytest.mark.unit
 
@@ -277,3 +277,14 @@ def test_fence_times_keep_the_stop_and_the_kill_inside_the_ttl(renewed, ttl, gra
     stop_at, kill_at = fence_times(renewed, ttl, grace)
     assert (stop_at, kill_at) == pytest.approx(expected)
     assert renewed + ttl / 2 <= stop_at <= kill_at <= renewed + ttl * 3 / 4
+
+
+@pytest.mark.parametrize(("calling", "how", "value", "hinted"), [
+    (True, "exit", 0, True), (False, "exit", 0, False), (True, "exit", 3, False), (True, "signal", 9, False)])
+def test_a_called_targets_status_0_without_a_report_says_what_it_means(calling, how, value, hinted):
+    """Status 0 and no report, once the target was called: `os._exit(0)`, or a report that the
+    channel, closed by the target (`os.closerange`), could not carry; the reason says so, where
+    "exited with status 0" alone read like a success. Any other ending says only its status."""
+    end = decide(Facts(pid=7, calling=calling, status=ExitStatus(how, value)))
+    assert end.kind is AttemptResult.FAILED
+    assert (end.reason or "").endswith(f" before reporting a result ({SILENT_SUCCESS})") is hinted, end.reason
