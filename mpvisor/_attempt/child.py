@@ -25,7 +25,7 @@ returns: every path ends in `os._exit`.
 | leaves so little memory that even its report cannot be built | `Failure("error", "MemoryError: ...")`, encoded when this module was imported | 0 |
 | is not callable (`os:sep`) | `Failure("fatal", "target ... is not callable: it is str")` | 0 |
 | cannot take the arguments given (the call's own `TypeError`, before any frame of the target ran) | `Failure("fatal", "target ... cannot take the arguments given: TypeError: ...")` | 0 |
-| is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")` | its status / 127 |
+| is a program (`CommandTask`) | `Calling`, then exec (as C's `execvp`: an executable text file without `#!` runs under `/bin/sh`); on exec failure `Failure("fatal")`, but `Failure("error")` for one a later attempt may pass (`_EXEC_TRANSIENT`: ETXTBSY, ENOMEM) | its status / 127 or 126 |
 | has a limit its launcher cannot keep here (`cpus=` without a CPU controller: `refuse`) | `Failure("fatal", "cannot apply the limit ...")`, never imported | 0 |
 | has a working directory that cannot be entered (missing, a file, not permitted) | `Failure("fatal", "cannot enter its working directory ...")`, never imported or executed | 0 |
 | forks a process (`os.fork()`) that comes out of the target itself, by a return or an exception | nothing from that process: it is not the attempt (`_leave_forked`) | that process: 0 after a return, 1 after an exception (its traceback on stderr) |
@@ -82,6 +82,7 @@ NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout`
 # send buffer, 208 KiB by default), so frames of several processes never interleave.
 DESCENDANT_TEXT = 4096
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
+_EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may succeed on a later attempt
 _SIGTERM_NUM = int(signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
@@ -300,7 +301,10 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
         code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
-        failure = Failure("fatal", f"cannot execute {start.argv[0]!r}: {_exec_error(start.argv[0], exc)}", exit_code=code)
+        # a program being written as it is started (a build or a deploy that copies it; ETXTBSY),
+        # or a host out of memory for the exec, may start on a later attempt: a retryable failure
+        kind = "error" if exc.errno in _EXEC_TRANSIENT else "fatal"
+        failure = Failure(kind, f"cannot execute {start.argv[0]!r}: {_exec_error(start.argv[0], exc)}", exit_code=code)
         _finish(channel, failure, status=code)
 
 

@@ -758,6 +758,26 @@ def test_the_command_imports_without_the_collector_and_runs_with_it(tmp_path):
     assert outcome_line(done.stderr).startswith("mpvisor: true: completed")
 
 
+def test_a_program_still_being_written_is_retried_not_refused_for_good(tmp_path):
+    """A program opened for writing as it is started (a build or a deploy still copying it) fails
+    its exec with ETXTBSY, which bash says as 126 `Text file busy`; unlike a program that cannot
+    ever be executed, a later attempt may start it: a retryable failure (it was FATAL, never
+    retried, under --restart on-failure). Once the writer closed it, it runs."""
+    program = tmp_path / "busy"
+    shutil.copy(shutil.which("true") or "/bin/true", program)
+    program.chmod(0o755)
+    writer = os.open(program, os.O_WRONLY)
+    try:
+        done = mpvisor(tmp_path, "run", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.05", "--", "./busy")
+    finally:
+        os.close(writer)
+    assert done.returncode == 126, done.stderr
+    assert outcome_line(done.stderr) == ("mpvisor: busy: failed reason=\"retry limit reached after 1 of 1 retries: cannot execute './busy': "
+                                         "Text file busy\" "
+                                         "exit_code=126 attempts=2"), done.stderr
+    assert mpvisor(tmp_path, "run", "--", "./busy").returncode == 0
+
+
 def test_an_executable_text_file_without_a_shebang_runs_under_sh_as_execvp_runs_it(tmp_path):
     """`mpvisor run -- ./script` of an executable script with no `#!` line runs it with /bin/sh,
     its arguments and status its own, as `env`, `timeout` and `nohup` (C's execvp) do; it was
