@@ -635,7 +635,8 @@ class ServiceRun:
         service.stopped, service.state = True, "stopping"
         await self.session.handle.cancel(service.id)
         await service.ended.wait()
-        return f"{service.name}: stopped"
+        killed = service.last is not None and service.last.startswith(OutcomeKind.FORCE_ABORTED.name.lower())
+        return f"{service.name}: stopped" + (f" ({service.last})" if killed else "")  # its tree had to be killed: said
 
     async def start(self, task: str) -> str:
         async with self._operation():
