@@ -1072,6 +1072,42 @@ def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -
 
 
 
+_NOT_URLS = [  # what a user may give for a URL, each with a password: never shown
+    "host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys",  # libpq's keyword/value form
+    "host=db password='Hunter2 leaked' dbname=ops",
+    "postgresql//deploy:Hunter2leaked@db/ops",  # a URL with a typo in its scheme
+    "postgres:/deploy:Hunter2leaked@db/ops",
+    "postgresql//db/ops?sslmode=require&password=Hunter2leaked",
+]
+
+
+@pytest.mark.parametrize("bad", _NOT_URLS)
+def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_path: Any, bad: str) -> None:
+    """A `--slots`, `$MPVISOR_SLOTS`, file `slots` or `leases=` that is not a postgresql:// URL
+    (libpq's keyword/value string, a typo in the scheme) is a usage error naming the option, and
+    its value, without the password it holds (each showed the value whole, password included:
+    only a well-formed URL's password was masked). Nothing runs."""
+    from mpvisor import ConfigError, ControllerConfig
+
+    assert MPVISOR is not None
+    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
+    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
+                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
+                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
+    for argv, named in commands.items():
+        given = {**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env
+        done = subprocess.run([MPVISOR, *argv], cwd=tmp_path, env=given, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 2 and named in done.stderr and "expected a postgresql:// URL, got" in done.stderr, (
+            argv, done.stderr)
+        assert "Hunter2" not in done.stderr and "leaked" not in done.stderr and "***" in done.stderr, (argv, done.stderr)
+    with pytest.raises(ConfigError) as refused:
+        ControllerConfig(leases=bad)
+    assert "leases must be" in str(refused.value) and "Hunter2" not in str(refused.value), refused.value
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_waiter_killed_while_queued_is_not_listed_and_its_slot_shows_free(tmp_path: Any, url: str) -> None:
     """A queued run SIGKILLed (its row stays until it expires, its liveness lock goes with its
     connections): `mpvisor slots --slots URL` no longer lists it, as admission skips it, and once

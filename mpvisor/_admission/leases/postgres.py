@@ -190,6 +190,22 @@ def masked(text: str, url: str) -> str:
     return text
 
 
+_KEYWORD_PASSWORD = re.compile(r"(?i)((?:^|\s)password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\S+)")
+
+
+def concealed(setting: str) -> str:
+    """`setting` (what `--slots`, `$MPVISOR_SLOTS`, a file's `slots` or `leases=` was given) as
+    an error shows it, whatever its form, with no password: `masked` for a URL; for text that is
+    not one, a libpq keyword/value `password=...` (`host=db password=x`) and the user-info of a
+    malformed URL (`postgresql//deploy:x@db/ops`, `postgres:/deploy:x@db`, its `?password=x`)
+    as `***` too (`masked` knows a password only in a well-formed URL, and showed these whole)."""
+    text = _KEYWORD_PASSWORD.sub(r"\1***", masked(setting, setting))
+    text = re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", text)
+    head, at, tail = text.rpartition("@")
+    colon = next((i for i, char in enumerate(head) if char == ":" and not head.startswith("/", i + 1)), None)
+    return f"{head[:colon]}:***@{tail}" if at and colon is not None else text
+
+
 def unreachable(exc: BaseException) -> bool:
     """`exc` says the store did not answer (try again later), not that it refused."""
     if isinstance(exc, Unreachable):
