@@ -92,10 +92,16 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 # lock to that id (`_listening`): else its new row looks dead and is skipped for good.
 _ALIVE_CLASS = 1836086899  # 'mpvs'
 _ALIVE_MOD = 2147483647
-_DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
-         f"+ (r.expires - r.since) / 4) AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
-         f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
-         f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
+_UNLOCKED = (f"r.since IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+             f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
+             f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
+_DEAD = (f"{_UNLOCKED} AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
+         f"+ (r.expires - r.since) / 4)")
+# Not yet known either way: last seen holding its lock before the server started, which has not
+# been up a quarter of its TTL (a live waiter may not have looked again yet). Such a head is not
+# granted until it is known: it looks again (and is granted), or it is dead by then (and skipped).
+# (It was granted: one that died while the store was down then held the slot until its row expired.)
+_UNKNOWN = _UNLOCKED
 
 
 class Unreachable(LeaseError):
@@ -454,9 +460,9 @@ class PostgresStore:
         owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
         if owner is not None:
             return bool(expired)
-        head = conn.execute(f"SELECT id FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' AND NOT ({_DEAD}) "
-                            "ORDER BY position LIMIT 1", (slot,)).fetchone()
-        if head is None:
+        head = conn.execute(f"SELECT id, {_UNKNOWN} FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
+                            f"AND NOT ({_DEAD}) ORDER BY position LIMIT 1", (slot,)).fetchone()
+        if head is None or head[1]:  # nobody, or a head not yet known to be alive or dead (`_UNKNOWN`)
             return bool(expired)
         (token,) = conn.execute("UPDATE mpvisor_slots SET last_token = last_token + 1 WHERE slot = %s "
                                 "RETURNING last_token", (slot,)).fetchone()
