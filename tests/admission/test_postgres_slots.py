@@ -290,8 +290,9 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
 
 def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -> None:
     """A row of `mpvisor_requests` that no mpvisor would write (an owner without a token): `mpvisor
-    slots --slots URL` says which table and row, exit 1, no traceback; a schema version that is
-    not a number is refused like a newer one."""
+    slots --slots URL` says which store, table and row, exit 1, no traceback; a schema version that is
+    not a number is refused like a newer one. (Both lines named no store: "mpvisor slots: the lease
+    store's schema is version ...", where a run's line names the store's URL.)"""
     import psycopg
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -306,11 +307,13 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1, done
     assert "mpvisor_requests holds a row mpvisor did not write: slot='s' state='granted'" in done.stderr
+    assert done.stderr.startswith("mpvisor slots: the lease store at postgresql://"), done.stderr  # which store
     assert "Traceback" not in done.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE mpvisor_meta SET value = 'banana' WHERE key = 'schema'")
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1 and "schema is version 'banana'; this mpvisor reads version 1" in done.stderr, done
+    assert done.stderr.startswith("mpvisor slots: the lease store at postgresql://"), done.stderr
 
 
 def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: Any, postgres_server: Any) -> None:

@@ -425,7 +425,7 @@ class PostgresStore:
                     return []  # no mpvisor's tables here: nothing is held
                 version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
                 if version is not None and version[0] != str(SCHEMA_VERSION):
-                    return _newer_schema(version[0])
+                    return LeaseError(f"{self.name}: {_newer_schema(version[0])}")  # named, as a run's line names it
                 # as admission sees it: a waiter known to be dead (`_DEAD`) is skipped, so not shown
                 rows = conn.execute(
                     f"SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests r "
@@ -441,7 +441,7 @@ class PostgresStore:
         try:
             checked = [_checked_row(row) for row in rows]
         except LeaseError as exc:
-            return exc
+            return LeaseError(f"{self.name}: {exc}")
         for slot, state, name, host, pid, since, token, revoke in checked:
             view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
             if state == "granted":
