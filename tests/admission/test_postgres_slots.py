@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -514,6 +515,42 @@ def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: An
     listed = subprocess.run([MPVISOR, "slots", "--slots", url, "--wait", "86400", "--json"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=30, env=env)
     assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
+
+
+def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(tmp_path: Any) -> None:
+    """`mpvisor slots --slots URL --wait 1` of a store that lets nobody in (here a port that
+    accepts each connection and closes it, as a restarting server does): it tries again within
+    the second, as the default wait does, and then says it did not answer within 1 s, status 1.
+    (A wait shorter than two retries, 1.25 s at the default TTL, tried once and said at once
+    "did not answer within 1 s", about 0.1 s in: a server back half a second later was never seen.)"""
+    import socket
+    import threading
+
+    assert MPVISOR is not None
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[float] = []
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(time.monotonic())
+            conn.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    store = f"postgresql://deploy@127.0.0.1:{port}/ops?sslmode=disable&gssencmode=disable"
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    try:
+        done = subprocess.run([MPVISOR, "slots", "--slots", store, "--wait", "1"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        listener.close()
+    assert done.returncode == 1 and "did not answer within 1 s" in done.stderr, done.stderr
+    assert len(accepted) >= 3, accepted  # tried again, not once
+    assert accepted[-1] - accepted[0] >= 0.5, accepted  # over the wait, not at once
 
 
 @pytest.mark.slow  # an edge of the store's start, 3.6 s: what the run says while it waits

@@ -412,10 +412,12 @@ class PostgresStore:
                 conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
                 break
             except Unreachable as exc:
-                if time.monotonic() + 2 * self.retry >= deadline:  # said before `holdings` stops waiting
+                # said before `holdings` stops waiting; a short `--wait` (less than two retries) is
+                # tried again as often, in proportion (it was said at once, tried once, "within 1 s")
+                if time.monotonic() + min(2 * self.retry, timeout / 4) >= deadline:
                     done = "has let no connection in" if exc.at_capacity else "did not answer"
                     return LeaseError(f"{self.name} {done} within {timeout:g} s: {exc}")
-                time.sleep(self.retry)
+                time.sleep(min(self.retry, timeout / 8))
             except LeaseError as exc:  # named as every other message of the listing names it
                 return LeaseError(f"{self.name}: {exc}")
         try:
