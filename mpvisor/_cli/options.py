@@ -261,9 +261,9 @@ def slots_url(text: str) -> str:
     from mpvisor._admission.leases.stores import is_store_url
 
     if not is_store_url(text):  # said without its password, if it has one
-        from mpvisor._admission.leases.postgres import masked
+        from mpvisor._admission.leases.postgres import concealed
 
-        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {masked(text, text)!r}")
+        raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {concealed(text)!r}")
     return text
 
 

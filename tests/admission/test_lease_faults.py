@@ -165,6 +165,48 @@ def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees
         server.cleanup()
 
 
+def test_a_waiter_killed_while_the_store_was_down_is_not_granted_a_slot_freed_soon_after_it_is_back(
+        tmp_path: Any) -> None:
+    """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
+    SIGKILLed meanwhile, and host 1 ends as soon as the server is back, before the server has
+    been up a quarter of host 2's TTL (whether host 2 lives is not known yet): the slot is not
+    granted to host 2, and host 3 runs once host 2 is known dead, a quarter TTL (3 s) after the
+    server started. (Host 2's row was granted the slot at once, and the dead run held it until its
+    row expired, 10 s or so later.)"""
+    import psycopg
+
+    server = _pg_support.start_server()
+    try:
+        url = _pg_support.fresh_database(server)
+        log = tmp_path / "owners.log"
+        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
+        wait_for(lambda: started(log, "one"), timeout=30)
+        dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
+        assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
+        third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
+        assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
+        _pg_support.outage(server, 1.0, during=dead.kill)
+        assert finish(dead)[0] == -signal.SIGKILL
+        first.terminate()
+        assert finish(first)[0] == -signal.SIGTERM
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time()), now() < "
+                               "pg_postmaster_start_time() + interval '3 s', (SELECT count(*) FROM mpvisor_requests "
+                               "WHERE pid = %s AND state = 'granted') FROM mpvisor_slots", (dead.pid,)).fetchone()
+        assert row is not None
+        began, early, granted = row
+        assert early, "host 1 ended too late for this test: the server was up a quarter of host 2's TTL"
+        assert granted == 0, "the dead host 2 was granted the slot"
+        status, err = finish(third)
+        assert status == 0, err
+        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "three"]
+        three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
+        assert three[0] - float(began) < 6.0, (began, three)  # a quarter TTL, then host 3's look; not the dead row's expiry
+        assert shown(tmp_path, url) == []
+    finally:
+        server.cleanup()
+
+
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
     """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
     the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -290,8 +291,9 @@ def test_a_schema_from_a_newer_mpvisor_is_a_clear_error(url: str) -> None:
 
 def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -> None:
     """A row of `mpvisor_requests` that no mpvisor would write (an owner without a token): `mpvisor
-    slots --slots URL` says which table and row, exit 1, no traceback; a schema version that is
-    not a number is refused like a newer one."""
+    slots --slots URL` says which store, table and row, exit 1, no traceback; a schema version that is
+    not a number is refused like a newer one. (Both lines named no store: "mpvisor slots: the lease
+    store's schema is version ...", where a run's line names the store's URL.)"""
     import psycopg
 
     from mpvisor._admission.leases.postgres import PostgresStore
@@ -306,11 +308,13 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1, done
     assert "mpvisor_requests holds a row mpvisor did not write: slot='s' state='granted'" in done.stderr
+    assert done.stderr.startswith("mpvisor slots: the lease store at postgresql://"), done.stderr  # which store
     assert "Traceback" not in done.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE mpvisor_meta SET value = 'banana' WHERE key = 'schema'")
     done = subprocess.run([MPVISOR, "slots", "--slots", url], capture_output=True, text=True, timeout=30, env=viewer)
     assert done.returncode == 1 and "schema is version 'banana'; this mpvisor reads version 1" in done.stderr, done
+    assert done.stderr.startswith("mpvisor slots: the lease store at postgresql://"), done.stderr
 
 
 def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: Any, postgres_server: Any) -> None:
@@ -511,6 +515,42 @@ def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: An
     listed = subprocess.run([MPVISOR, "slots", "--slots", url, "--wait", "86400", "--json"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=30, env=env)
     assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
+
+
+def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(tmp_path: Any) -> None:
+    """`mpvisor slots --slots URL --wait 1` of a store that lets nobody in (here a port that
+    accepts each connection and closes it, as a restarting server does): it tries again within
+    the second, as the default wait does, and then says it did not answer within 1 s, status 1.
+    (A wait shorter than two retries, 1.25 s at the default TTL, tried once and said at once
+    "did not answer within 1 s", about 0.1 s in: a server back half a second later was never seen.)"""
+    import socket
+    import threading
+
+    assert MPVISOR is not None
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[float] = []
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(time.monotonic())
+            conn.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    store = f"postgresql://deploy@127.0.0.1:{port}/ops?sslmode=disable&gssencmode=disable"
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
+    try:
+        done = subprocess.run([MPVISOR, "slots", "--slots", store, "--wait", "1"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        listener.close()
+    assert done.returncode == 1 and "did not answer within 1 s" in done.stderr, done.stderr
+    assert len(accepted) >= 3, accepted  # tried again, not once
+    assert accepted[-1] - accepted[0] >= 0.5, accepted  # over the wait, not at once
 
 
 @pytest.mark.slow  # an edge of the store's start, 3.6 s: what the run says while it waits
@@ -1070,6 +1110,42 @@ def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -
     assert masked('invalid integer value "abc" for connection option "port" in ' + short, short) == (
         'invalid integer value "abc" for connection option "port" in postgresql://u:***@127.0.0.1:abc/slots')
 
+
+
+_NOT_URLS = [  # what a user may give for a URL, each with a password: never shown
+    "host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys",  # libpq's keyword/value form
+    "host=db password='Hunter2 leaked' dbname=ops",
+    "postgresql//deploy:Hunter2leaked@db/ops",  # a URL with a typo in its scheme
+    "postgres:/deploy:Hunter2leaked@db/ops",
+    "postgresql//db/ops?sslmode=require&password=Hunter2leaked",
+]
+
+
+@pytest.mark.parametrize("bad", _NOT_URLS)
+def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_path: Any, bad: str) -> None:
+    """A `--slots`, `$MPVISOR_SLOTS`, file `slots` or `leases=` that is not a postgresql:// URL
+    (libpq's keyword/value string, a typo in the scheme) is a usage error naming the option, and
+    its value, without the password it holds (each showed the value whole, password included:
+    only a well-formed URL's password was masked). Nothing runs."""
+    from mpvisor import ConfigError, ControllerConfig
+
+    assert MPVISOR is not None
+    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
+    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
+                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
+                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
+    for argv, named in commands.items():
+        given = {**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env
+        done = subprocess.run([MPVISOR, *argv], cwd=tmp_path, env=given, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 2 and named in done.stderr and "expected a postgresql:// URL, got" in done.stderr, (
+            argv, done.stderr)
+        assert "Hunter2" not in done.stderr and "leaked" not in done.stderr and "***" in done.stderr, (argv, done.stderr)
+    with pytest.raises(ConfigError) as refused:
+        ControllerConfig(leases=bad)
+    assert "leases must be" in str(refused.value) and "Hunter2" not in str(refused.value), refused.value
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_waiter_killed_while_queued_is_not_listed_and_its_slot_shows_free(tmp_path: Any, url: str) -> None:

@@ -92,10 +92,16 @@ CREATE INDEX IF NOT EXISTS mpvisor_requests_slot ON mpvisor_requests (slot, stat
 # lock to that id (`_listening`): else its new row looks dead and is skipped for good.
 _ALIVE_CLASS = 1836086899  # 'mpvs'
 _ALIVE_MOD = 2147483647
-_DEAD = (f"r.since IS NOT NULL AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
-         f"+ (r.expires - r.since) / 4) AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
-         f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
-         f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
+_UNLOCKED = (f"r.since IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+             f"AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid::bigint = "
+             f"{_ALIVE_CLASS} AND l.objid::bigint = mod(r.id, {_ALIVE_MOD}) AND l.objsubid = 2 AND l.granted)")
+_DEAD = (f"{_UNLOCKED} AND (r.since >= pg_postmaster_start_time() OR now() >= pg_postmaster_start_time() "
+         f"+ (r.expires - r.since) / 4)")
+# Not yet known either way: last seen holding its lock before the server started, which has not
+# been up a quarter of its TTL (a live waiter may not have looked again yet). Such a head is not
+# granted until it is known: it looks again (and is granted), or it is dead by then (and skipped).
+# (It was granted: one that died while the store was down then held the slot until its row expired.)
+_UNKNOWN = _UNLOCKED
 
 
 class Unreachable(LeaseError):
@@ -188,6 +194,22 @@ def masked(text: str, url: str) -> str:
     for word in sorted(_passwords(url), key=len, reverse=True):
         text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", "***", text)
     return text
+
+
+_KEYWORD_PASSWORD = re.compile(r"(?i)((?:^|\s)password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|\S+)")
+
+
+def concealed(setting: str) -> str:
+    """`setting` (what `--slots`, `$MPVISOR_SLOTS`, a file's `slots` or `leases=` was given) as
+    an error shows it, whatever its form, with no password: `masked` for a URL; for text that is
+    not one, a libpq keyword/value `password=...` (`host=db password=x`) and the user-info of a
+    malformed URL (`postgresql//deploy:x@db/ops`, `postgres:/deploy:x@db`, its `?password=x`)
+    as `***` too (`masked` knows a password only in a well-formed URL, and showed these whole)."""
+    text = _KEYWORD_PASSWORD.sub(r"\1***", masked(setting, setting))
+    text = re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", text)
+    head, at, tail = text.rpartition("@")
+    colon = next((i for i, char in enumerate(head) if char == ":" and not head.startswith("/", i + 1)), None)
+    return f"{head[:colon]}:***@{tail}" if at and colon is not None else text
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -390,10 +412,12 @@ class PostgresStore:
                 conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
                 break
             except Unreachable as exc:
-                if time.monotonic() + 2 * self.retry >= deadline:  # said before `holdings` stops waiting
+                # said before `holdings` stops waiting; a short `--wait` (less than two retries) is
+                # tried again as often, in proportion (it was said at once, tried once, "within 1 s")
+                if time.monotonic() + min(2 * self.retry, timeout / 4) >= deadline:
                     done = "has let no connection in" if exc.at_capacity else "did not answer"
                     return LeaseError(f"{self.name} {done} within {timeout:g} s: {exc}")
-                time.sleep(self.retry)
+                time.sleep(min(self.retry, timeout / 8))
             except LeaseError as exc:  # named as every other message of the listing names it
                 return LeaseError(f"{self.name}: {exc}")
         try:
@@ -403,7 +427,7 @@ class PostgresStore:
                     return []  # no mpvisor's tables here: nothing is held
                 version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
                 if version is not None and version[0] != str(SCHEMA_VERSION):
-                    return _newer_schema(version[0])
+                    return LeaseError(f"{self.name}: {_newer_schema(version[0])}")  # named, as a run's line names it
                 # as admission sees it: a waiter known to be dead (`_DEAD`) is skipped, so not shown
                 rows = conn.execute(
                     f"SELECT slot, state, name, host, pid, extract(epoch FROM since), token, revoke FROM mpvisor_requests r "
@@ -419,7 +443,7 @@ class PostgresStore:
         try:
             checked = [_checked_row(row) for row in rows]
         except LeaseError as exc:
-            return exc
+            return LeaseError(f"{self.name}: {exc}")
         for slot, state, name, host, pid, since, token, revoke in checked:
             view = views.setdefault(slot, {"slot": slot, "status": "admitting", "owner": None, "queue": []})
             if state == "granted":
@@ -438,9 +462,9 @@ class PostgresStore:
         owner = conn.execute("SELECT 1 FROM mpvisor_requests WHERE slot = %s AND state = 'granted'", (slot,)).fetchone()
         if owner is not None:
             return bool(expired)
-        head = conn.execute(f"SELECT id FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' AND NOT ({_DEAD}) "
-                            "ORDER BY position LIMIT 1", (slot,)).fetchone()
-        if head is None:
+        head = conn.execute(f"SELECT id, {_UNKNOWN} FROM mpvisor_requests r WHERE slot = %s AND state = 'queued' "
+                            f"AND NOT ({_DEAD}) ORDER BY position LIMIT 1", (slot,)).fetchone()
+        if head is None or head[1]:  # nobody, or a head not yet known to be alive or dead (`_UNKNOWN`)
             return bool(expired)
         (token,) = conn.execute("UPDATE mpvisor_slots SET last_token = last_token + 1 WHERE slot = %s "
                                 "RETURNING last_token", (slot,)).fetchone()

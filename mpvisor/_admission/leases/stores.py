@@ -55,11 +55,11 @@ def is_store_url(setting: str) -> bool:
 
 def shown(value: object) -> str:
     """`repr(value)`, as a message or a repr shows a setting: a URL without its password (in
-    any form it was given: `postgres.masked`)."""
-    if isinstance(value, str) and "://" in value:
-        from mpvisor._admission.leases.postgres import masked
+    any form it was given, or in a keyword/value string or a malformed URL: `postgres.concealed`)."""
+    if isinstance(value, str):
+        from mpvisor._admission.leases.postgres import concealed
 
-        return repr(masked(value, value))
+        return repr(concealed(value))
     return repr(value)
 
 
