@@ -125,20 +125,67 @@ def set_oom_score_adj(value: int) -> None:
         os.close(fd)
 
 
-def oom_count_files(cgroup: str) -> list[str]:
+def oom_count_files(cgroup: str, mountinfo: str = "") -> list[str]:
     """Where the kernel counts OOM kills for the process whose `/proc/<pid>/cgroup` is `cgroup`
     (pure: the candidates, most specific first; the caller uses the first that reads): its memory
-    cgroup's `memory.events` (cgroup v2, at `/sys/fs/cgroup` or, on a hybrid host, `.../unified`)
-    or `memory.oom_control` (v1), then the whole system's `/proc/vmstat`."""
+    cgroup's `memory.oom_control` (v1), then its `memory.events` (cgroup v2), then the whole
+    system's `/proc/vmstat`.
+
+    Each cgroup's directory is found through the mount table `mountinfo` (`/proc/<pid>/mountinfo`)
+    where one mounts its hierarchy: a mount shows its hierarchy from its root (the fourth field)
+    down, so a container whose `/sys/fs/cgroup/memory` is its own cgroup (Docker on cgroup v1
+    without a cgroup namespace: `/proc/self/cgroup` says `/docker/<id>`, the mount's root is
+    `/docker/<id>`) finds its count at the mount point, and so does one whose cgroup namespace
+    makes its cgroup `/` (Docker on cgroup v2, whose `0::/` is the container's cgroup and keeps
+    a `memory.events`; the host's root cgroup keeps none, and its candidate does not read). Of two
+    mounts at one point, the later one hides the earlier. Without a mount for it, the usual
+    places: `/sys/fs/cgroup/memory<path>` (v1), `/sys/fs/cgroup<path>` or, on a hybrid host,
+    `/sys/fs/cgroup/unified<path>` (v2; the root cgroup `0::/` keeps no `memory.events`)."""
+    mounts: list[tuple[str, str, bool]] = []  # (point, root, v2), the latest first
+    for line in mountinfo.splitlines():
+        before, dash, after = line.partition(" - ")
+        head, tail = before.split(), after.split()
+        if not dash or len(head) < 5 or len(tail) < 3:
+            continue
+        point, root = (_unescape_mount_field(field) for field in (head[4], head[3]))
+        if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "memory" in tail[2].split(",")):
+            mounts.insert(0, (point, root, tail[0] == "cgroup2"))
+
+    def mounted(path: str, v2: bool) -> str | None:
+        for point, root, version2 in mounts:
+            base = root.rstrip("/")
+            if version2 == v2 and (path == root or (path + "/").startswith(base + "/")):
+                below = path[len(base):].strip("/")
+                return f"{point.rstrip('/')}/{below}" if below else point
+        return None
+
     files = []
     for line in cgroup.splitlines():
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        path = path.rstrip("/")
-        if controllers == "" and path:  # v2; the root cgroup ("0::/") has no memory.events
-            files += [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
+        if not path.startswith("/"):
+            continue
+        if controllers == "":
+            where = mounted(path, True)
+            if where is not None:
+                files.append(f"{where.rstrip('/')}/memory.events")
+            elif path.rstrip("/"):  # the v2 root cgroup ("0::/") has no memory.events
+                path = path.rstrip("/")
+                files += [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
         elif "memory" in controllers.split(","):
-            files.insert(0, f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+            where = mounted(path, False)
+            directory = where.rstrip("/") if where is not None else f"/sys/fs/cgroup/memory{path.rstrip('/')}"
+            files.insert(0, f"{directory}/memory.oom_control")
     return [*files, "/proc/vmstat"]
+
+
+def _unescape_mount_field(text: str) -> str:
+    """A mount table's field: spaces, tabs, newlines and backslashes are written `\\040` etc."""
+    parts = text.split("\\")
+    out = [parts[0]]
+    for part in parts[1:]:
+        code = part[:3]
+        out.append(chr(int(code, 8)) + part[3:] if len(code) == 3 and all(c in "01234567" for c in code) else "\\" + part)
+    return "".join(out)
 
 
 def oom_count(text: bytes) -> int | None:
@@ -164,7 +211,11 @@ class OomKills:
             cgroup = read_small_file("/proc/self/cgroup").decode()
         except OSError:
             return
-        for path in oom_count_files(cgroup):
+        try:
+            mountinfo = read_small_file("/proc/self/mountinfo").decode(errors="surrogateescape")
+        except OSError:
+            mountinfo = ""
+        for path in oom_count_files(cgroup, mountinfo):
             count = self._read(path)
             if count is not None:
                 self.path, self.explained = path, count

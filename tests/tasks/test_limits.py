@@ -9,8 +9,10 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -232,6 +234,52 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
     for outcome in outcomes:
         assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, None), outcome
         assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
+
+
+@needs_v1_memory
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+def test_in_a_container_whose_memory_hierarchy_is_mounted_at_its_own_cgroup_an_oom_kill_elsewhere_is_not_blamed(
+        tmp_path) -> None:
+    """`mpvisor run` as in a container on a cgroup v1 host without a cgroup namespace (Docker's
+    layout there): its memory cgroup is `/<...>/container` in `/proc/self/cgroup`, and the memory
+    hierarchy is mounted at `/sys/fs/cgroup/memory` from that cgroup down (the mount's root), so
+    `/sys/fs/cgroup/memory/<...>/container` does not exist. Its launcher counts OOM kills in that
+    cgroup, at the mount point, not in the whole system's `/proc/vmstat`: when the kernel
+    OOM-kills a process in another memory cgroup and the attempt is then SIGKILLed by someone
+    else (itself), its outcome says `killed by signal SIGKILL`, not the OOM killer; and `mpvisor
+    doctor` there names the container's count."""
+    container = _memory_cgroup(f"mpvisor-container-{os.getpid()}", 2**62)
+    other = _memory_cgroup(f"oom-beside-{os.getpid()}", 64 * 2**20)
+    script = (f'echo $$ > {container}/cgroup.procs && mount -t tmpfs tmpfs "$HERE/mnt" && mkdir "$HERE/mnt/x" '
+              f'&& mount --bind {container} "$HERE/mnt/x" && umount /sys/fs/cgroup/memory '
+              '&& mount --move "$HERE/mnt/x" /sys/fs/cgroup/memory && "$MPVISOR" doctor --json >&2 '
+              '&& exec "$MPVISOR" run -- sh -c \'echo started; read go; kill -KILL $$\'')
+    (tmp_path / "mnt").mkdir()
+    env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT, "HERE": str(tmp_path)}
+    try:
+        run = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], cwd=tmp_path,
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert run.stdout is not None and run.stdin is not None
+            ready, _, _ = select.select([run.stdout], [], [], 40)
+            assert ready and run.stdout.readline() == "started\n"  # the attempt runs: its launcher counted already
+            hog = f'echo $$ > {other}/cgroup.procs && exec {sys.executable} -c "from workers.limits import resident_hog; resident_hog(8)"'
+            done = subprocess.run(["bash", "-c", hog], cwd=ROOT, capture_output=True, timeout=60)
+            assert done.returncode == -signal.SIGKILL, done.stderr  # the kernel's OOM killer, in the other cgroup
+            run.stdin.write("go\n")
+            run.stdin.flush()
+            _, stderr = run.communicate(timeout=40)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=10)
+    finally:
+        os.rmdir(other)
+        os.rmdir(container)
+    assert run.returncode == 128 + 9, stderr
+    assert "mpvisor: sh: failed reason='program killed by signal SIGKILL (9)'" in stderr and "OOM killer" not in stderr, stderr
+    facts = json.loads(stderr.splitlines()[0])
+    assert facts["oom"]["shared"] == "/sys/fs/cgroup/memory/memory.oom_control", facts["oom"]
 
 
 @needs_v1_memory

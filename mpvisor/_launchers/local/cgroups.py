@@ -642,9 +642,9 @@ def _subreaper() -> bool:
     return True
 
 
-def _shared_oom(proc_cgroup: str) -> str | None:
+def _shared_oom(proc_cgroup: str, mounts: str) -> str | None:
     """The file `_platform.OomKills` reads: the first of `oom_count_files` holding a count."""
-    for path in oom_count_files(proc_cgroup):
+    for path in oom_count_files(proc_cgroup, mounts):
         try:
             if oom_count(read_small_file(path)) is not None:
                 return path
@@ -686,6 +686,6 @@ def probe() -> Capabilities:
     return decide(
         layout, pidfd=_pidfd(), subreaper=_subreaper(), root=_host_root(),
         systemd=os.path.isdir("/run/systemd/system"), v2=v2,
-        v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup),
+        v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup, mounts),
         turned_off=off,
     )
