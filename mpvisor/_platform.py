@@ -141,18 +141,19 @@ def oom_count_files(cgroup: str, mountinfo: str = "") -> list[str]:
     mounts at one point, the later one hides the earlier. Without a mount for it, the usual
     places: `/sys/fs/cgroup/memory<path>` (v1), `/sys/fs/cgroup<path>` or, on a hybrid host,
     `/sys/fs/cgroup/unified<path>` (v2; the root cgroup `0::/` keeps no `memory.events`)."""
-    mounts: list[tuple[str, str, bool]] = []  # (point, root, v2), the latest first
+    mounts: dict[str, tuple[str, bool]] = {}  # point: (root, v2), in the table's order; a later one at a point hides the earlier
     for line in mountinfo.splitlines():
         before, dash, after = line.partition(" - ")
         head, tail = before.split(), after.split()
         if not dash or len(head) < 5 or len(tail) < 3:
             continue
         point, root = (_unescape_mount_field(field) for field in (head[4], head[3]))
+        mounts.pop(point, None)
         if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "memory" in tail[2].split(",")):
-            mounts.insert(0, (point, root, tail[0] == "cgroup2"))
+            mounts[point] = (root, tail[0] == "cgroup2")
 
     def mounted(path: str, v2: bool) -> str | None:
-        for point, root, version2 in mounts:
+        for point, (root, version2) in mounts.items():
             base = root.rstrip("/")
             if version2 == v2 and (path == root or (path + "/").startswith(base + "/")):
                 below = path[len(base):].strip("/")

@@ -196,6 +196,12 @@ def test_a_cgroup_s_directory_is_under_the_mount_whose_root_holds_it():
     assert cgroup_dir(mounts, "/", None) == "/sys/fs/cgroup/unified"
     assert cgroup_dir(mounts, None, None) is None
     assert cgroup_dir((), "/", None) is None
+    # a container's own cgroup bound over the hierarchy's mount point hides that mount: it is at the point
+    bound = parse_mounts("54 50 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+                         "66 54 0:32 /job /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroup_dir(bound, "/job", "memory") == "/sys/fs/cgroup/memory"
+    assert cgroup_dir(bound, "/job/x", "memory") == "/sys/fs/cgroup/memory/x"
+    assert cgroup_dir(bound, "/other", "memory") is None  # only the hidden mount showed it
 
 
 def test_locate_says_which_version_and_where_our_cgroups_are():

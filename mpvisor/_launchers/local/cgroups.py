@@ -158,10 +158,15 @@ def parse_controllers(text: str) -> frozenset[str]:
 
 def cgroup_dir(mounts: Collection[Mount], path: str | None, controller: str | None = None) -> str | None:
     """The directory of the cgroup `path` in the hierarchy of `controller` (v1), or in the v2
-    hierarchy (`controller` None): under the first such mount whose root holds `path`."""
+    hierarchy (`controller` None): under the first such mount whose root holds `path`, of those
+    that no later mount at the same point hides (a container's own cgroup bound over the
+    hierarchy's mount: what is under the point is the later mount's)."""
     if path is None:
         return None
-    for mount in mounts:
+    table = list(mounts)
+    for index, mount in enumerate(table):
+        if any(later.point == mount.point for later in table[index + 1:]):
+            continue  # hidden
         if (mount.version == 2) != (controller is None) or (controller is not None and controller not in mount.controllers):
             continue
         root = mount.root.rstrip("/")
@@ -196,7 +201,7 @@ def locate(proc_cgroup: str, mounts: str) -> Layout:
         where = cgroup_dir(table, member.v1.get(controller), controller)
         if where is not None:
             dirs[controller] = where
-    return Layout(version, tuple(controllers), v2[0].point if v2 else None, cgroup_dir(table, member.v2), dirs)
+    return Layout(version, tuple(controllers), v2[-1].point if v2 else None, cgroup_dir(table, member.v2), dirs)
 
 
 # --- deciding (pure) ---------------------------------------------------------------------------------
