@@ -506,6 +506,15 @@ def raise_nofile_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def pid_namespace() -> int:
+    """This process's PID namespace, by the inode of `/proc/self/ns/pid` (0 where it cannot be
+    read): a pid names one process only within it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def start_time(pid: int) -> int | None:
     """The start time of `pid` in clock ticks since boot, or None if it does not exist."""
     fields = _stat_fields(pid)

@@ -545,3 +545,13 @@ def test_probe_on_this_machine(monkeypatch: pytest.MonkeyPatch):
     for directory in {*v1.values(), v2, *tried}:
         if directory is not None:
             assert not [n for n in os.listdir(directory) if n.startswith("mpvisor-probe-")], directory
+
+
+def test_a_left_over_attempt_cgroup_is_one_whose_fork_server_of_this_pid_namespace_is_gone():
+    """`mpvisor-<pid>-<start>-<key>-n<namespace>`: gone when `alive` says so and the namespace is
+    ours; one of another PID namespace is never (its pid names another process here); an older
+    mpvisor's name, without its namespace, is judged as before."""
+    names = ["mpvisor-4-100-1-n7", "mpvisor-4-100-2-n8", "mpvisor-5-200-1", "mpvisor-leaf", "mpvisor-probe-9", "other"]
+    assert cgroups.left_over(names, lambda pid, start: False, namespace=7) == ["mpvisor-4-100-1-n7", "mpvisor-5-200-1"]
+    assert cgroups.left_over(names, lambda pid, start: pid == 4, namespace=7) == ["mpvisor-5-200-1"]
+    assert cgroups.left_over(names, lambda pid, start: False, namespace=8) == ["mpvisor-4-100-2-n8", "mpvisor-5-200-1"]

@@ -569,6 +569,47 @@ async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_e
         assert [path for path in made if os.path.exists(path)] == []
 
 
+def _held_run(prefix: list[str], cwd: object) -> subprocess.Popen[str]:
+    """`mpvisor run --memory 100M -- sh ...` (after `prefix`), its command started once it
+    printed `started`, and ending (status 0) when it reads a line from the run's stdin."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    argv = [*prefix, shutil.which("mpvisor") or "mpvisor", "run", "--memory", "100M", "--", "sh", "-c",
+            "echo started; read go; exit 0"]
+    run = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    ready, _, _ = select.select([run.stdout], [], [], 40)
+    assert ready and run.stdout.readline() == "started\n", run.stderr.read() if run.stderr else ""
+    return run
+
+
+@needs_v1_memory
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+@pytest.mark.parametrize("held_in", ["a pid namespace", "this one"])
+def test_a_fork_server_of_another_pid_namespace_keeps_its_attempts_cgroups(held_in, tmp_path) -> None:
+    """Two `mpvisor run --memory 100M` in the same cgroups, one of them in a PID namespace of its
+    own (`unshare --pid`, as a sandbox or a container that shares the cgroup): each attempt's
+    cgroups are named after its fork server's pid, which in the namespace is a small number
+    that names another process here (and the other way round). The one started second clears
+    the cgroups dead fork servers left, and must leave the other's live attempt alone: it
+    completes, status 0 (it was SIGKILLed, `program killed by signal SIGKILL`, and its run
+    ended 137)."""
+    in_namespace = ["unshare", "--pid", "--fork", "--mount-proc"]
+    held = _held_run(in_namespace if held_in == "a pid namespace" else [], tmp_path)
+    try:
+        second = subprocess.run([*([] if held_in == "a pid namespace" else in_namespace), shutil.which("mpvisor") or "mpvisor",
+                                 "run", "--memory", "100M", "--", "true"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+        assert second.returncode == 0, second.stderr
+        _, stderr = held.communicate("go\n", timeout=40)
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait(timeout=10)
+    assert held.returncode == 0, stderr
+    assert "mpvisor: sh: completed" in stderr, stderr
+
+
 @needs_v1_memory
 @needs_kill_cgroup
 async def test_a_tree_killed_for_a_limit_leaves_no_cgroup_a_nested_mpvisor_made_in_its_own() -> None:

@@ -360,16 +360,20 @@ def kill_cgroups(caps: Capabilities) -> str | None:
     return caps.v2_cgroup if caps.v2_writable else None
 
 
-_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)")  # mpvisor-<fork server pid>-<its start time>-<key>
+# mpvisor-<fork server pid>-<its start time>-<key>-n<its PID namespace> (without -n...: an older mpvisor's)
+_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)(?:-n(\d+))?")
 
 
-def left_over(names: Collection[str], alive: Callable[[int, int], bool]) -> list[str]:
+def left_over(names: Collection[str], alive: Callable[[int, int], bool], namespace: int = 0) -> list[str]:
     """The attempt cgroups among `names` whose fork server is gone (pure): named
-    `mpvisor-<pid>-<start time>-<key>` by a fork server for which `alive(pid, start)` is false."""
+    `mpvisor-<pid>-<start time>-<key>-n<namespace>` by a fork server for which `alive(pid,
+    start)` is false. One made in another PID namespace than `namespace` (ours) is never among
+    them: its pid names another process here (a fork server in a container or a sandbox that
+    shares this cgroup, `unshare --pid`, is pid 4 there), so whether it is gone cannot be told."""
     found = []
     for name in sorted(names):
         match = _ATTEMPT_CGROUP.fullmatch(name)
-        if match and not alive(int(match[1]), int(match[2])):
+        if match and (match[4] is None or int(match[4]) == namespace) and not alive(int(match[1]), int(match[2])):
             found.append(name)
     return found
 
@@ -389,7 +393,7 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
         return _platform.start_time(pid) == start and stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
 
     removed = []
-    for name in left_over(names, alive):
+    for name in left_over(names, alive, _platform.pid_namespace()):
         path = f"{directory}/{name}"
         deadline = time.monotonic() + wait
         while True:
