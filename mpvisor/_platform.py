@@ -12,7 +12,7 @@ pid, names one process for its whole life).
 | adopt orphans of my tree | `set_child_subreaper()` |
 | be picked first by the OOM killer | `set_oom_score_adj(500)` where `oom_score_adj()` is lower |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
-| is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
+| is this Linux >= 5.3, with this PID namespace's /proc? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
 | where this user's runs' control sockets live, whatever the session's environment | `user_runtime_dir()` |
@@ -386,9 +386,26 @@ def unsupported_reason(system: str | None = None, release: str | None = None) ->
     return None
 
 
+def proc_problem(proc: str = "/proc") -> str | None:
+    """Why `proc` is not this process's PID namespace's /proc, or None when it is. mpvisor finds
+    processes by pid in /proc (a tree's members and their memory, CPU time and start times), and
+    a /proc mounted for another PID namespace (`unshare --pid --fork` without `--mount-proc`)
+    names other processes by those pids: limits would be measured on them, and a live fork
+    server's attempts taken for a dead one's."""
+    try:
+        seen = os.readlink(f"{proc}/self")
+    except OSError as exc:
+        return f"{proc}/self cannot be read ({exc.strerror or exc}): mpvisor finds processes by pid in {proc}"
+    if seen != str(os.getpid()):
+        return (f"{proc} is another PID namespace's: it calls this process {seen}, which is {os.getpid()} here, and "
+                f"mpvisor finds processes by pid in {proc} (mount this namespace's own: unshare --pid --fork "
+                "--mount-proc, or mount -t proc proc /proc in a mount namespace of its own)")
+    return None
+
+
 def require_supported() -> None:
     """Raise `RuntimeError` saying what is required when this platform cannot serve."""
-    reason = unsupported_reason()
+    reason = unsupported_reason() or proc_problem()
     if reason is not None:
         raise RuntimeError(reason)
 
