@@ -79,7 +79,8 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger", "process"}
     assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
     assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
-    assert set(facts["process"]) == {"oom_score_adj", "open_files", "may_raise_hard_limits"}
+    assert set(facts["process"]) == {"oom_score_adj", "open_files", "may_raise_hard_limits", "proc"}
+    assert facts["process"]["proc"] is None  # this /proc is this PID namespace's
     if caps.root:  # this machine's root: writable v1 cgroups
         assert facts["v1_memory"] is not None and facts["oom"] == {
             "scope": "attempt", "file": "memory.oom_control", "shared": f"{facts['v1_memory']}/memory.oom_control"}

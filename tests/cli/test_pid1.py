@@ -128,7 +128,8 @@ def test_a_pid_namespace_without_its_own_proc_is_refused_in_one_line_and_nothing
     there: it measured other processes (a `--memory 50M` tree under the watcher grew past its
     limit and completed) and took live fork servers for dead ones. `mpvisor run` now refuses,
     one line naming /proc and the way out, status 1, its command never started; `mpvisor.run`
-    raises `RuntimeError` in the same words. With `--mount-proc` the same run works."""
+    raises `RuntimeError` in the same words, and `mpvisor doctor` says so on a line of its own.
+    With `--mount-proc` the same run works."""
     ran = tmp_path / "ran"
     hog = "b = [b'x' * 2**20 for _ in range(100)]"
     argv = ["mpvisor", "run", "--memory", "50M", "--", "sh", "-c", f'touch "{ran}" && exec "$PYTHON" -c "{hog}"']
@@ -139,6 +140,11 @@ def test_a_pid_namespace_without_its_own_proc_is_refused_in_one_line_and_nothing
     assert done.stderr.startswith("mpvisor: /proc is another PID namespace's: it calls this process "), done.stderr
     assert "--mount-proc" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     assert not ran.exists()
+    doctor = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", "mpvisor", "doctor"], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert doctor.returncode == 0, doctor.stderr  # it says why, on its last line
+    assert doctor.stdout.splitlines()[-1].startswith("proc: /proc is another PID namespace's: "), doctor.stdout
+    assert doctor.stdout.splitlines()[-1].endswith("; a run refuses to start here"), doctor.stdout
     api = "import mpvisor\nfrom mpvisor import TaskFn, TaskSpec\nmpvisor.run([TaskSpec.once(TaskFn('nap', 'time:sleep', (0.1,)))])"
     done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", sys.executable, "-c", api], cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
