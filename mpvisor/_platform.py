@@ -12,7 +12,7 @@ pid, names one process for its whole life).
 | adopt orphans of my tree | `set_child_subreaper()` |
 | be picked first by the OOM killer | `set_oom_score_adj(500)` where `oom_score_adj()` is lower |
 | did the OOM killer kill something here? | `OomKills()`: the kernel's `oom_kill` count for this memory cgroup |
-| is this Linux >= 5.3? | `require_supported()` raises `RuntimeError` otherwise |
+| is this Linux >= 5.3, with this PID namespace's /proc? | `require_supported()` raises `RuntimeError` otherwise |
 | kill a member of a cgroup without cgroup.kill (v1), never a pid reused elsewhere | `kill_cgroup_member(pid, name)` |
 | remove an emptied cgroup, and the cgroups a program in it made below it (a nested mpvisor's) | `remove_cgroup(path)` |
 | where this user's runs' control sockets live, whatever the session's environment | `user_runtime_dir()` |
@@ -125,20 +125,68 @@ def set_oom_score_adj(value: int) -> None:
         os.close(fd)
 
 
-def oom_count_files(cgroup: str) -> list[str]:
+def oom_count_files(cgroup: str, mountinfo: str = "") -> list[str]:
     """Where the kernel counts OOM kills for the process whose `/proc/<pid>/cgroup` is `cgroup`
     (pure: the candidates, most specific first; the caller uses the first that reads): its memory
-    cgroup's `memory.events` (cgroup v2, at `/sys/fs/cgroup` or, on a hybrid host, `.../unified`)
-    or `memory.oom_control` (v1), then the whole system's `/proc/vmstat`."""
+    cgroup's `memory.oom_control` (v1), then its `memory.events` (cgroup v2), then the whole
+    system's `/proc/vmstat`.
+
+    Each cgroup's directory is found through the mount table `mountinfo` (`/proc/<pid>/mountinfo`)
+    where one mounts its hierarchy: a mount shows its hierarchy from its root (the fourth field)
+    down, so a container whose `/sys/fs/cgroup/memory` is its own cgroup (Docker on cgroup v1
+    without a cgroup namespace: `/proc/self/cgroup` says `/docker/<id>`, the mount's root is
+    `/docker/<id>`) finds its count at the mount point, and so does one whose cgroup namespace
+    makes its cgroup `/` (Docker on cgroup v2, whose `0::/` is the container's cgroup and keeps
+    a `memory.events`; the host's root cgroup keeps none, and its candidate does not read). Of two
+    mounts at one point, the later one hides the earlier. Without a mount for it, the usual
+    places: `/sys/fs/cgroup/memory<path>` (v1), `/sys/fs/cgroup<path>` or, on a hybrid host,
+    `/sys/fs/cgroup/unified<path>` (v2; the root cgroup `0::/` keeps no `memory.events`)."""
+    mounts: dict[str, tuple[str, bool]] = {}  # point: (root, v2), in the table's order; a later one at a point hides the earlier
+    for line in mountinfo.splitlines():
+        before, dash, after = line.partition(" - ")
+        head, tail = before.split(), after.split()
+        if not dash or len(head) < 5 or len(tail) < 3:
+            continue
+        point, root = (_unescape_mount_field(field) for field in (head[4], head[3]))
+        mounts.pop(point, None)
+        if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "memory" in tail[2].split(",")):
+            mounts[point] = (root, tail[0] == "cgroup2")
+
+    def mounted(path: str, v2: bool) -> str | None:
+        for point, (root, version2) in mounts.items():
+            base = root.rstrip("/")
+            if version2 == v2 and (path == root or (path + "/").startswith(base + "/")):
+                below = path[len(base):].strip("/")
+                return f"{point.rstrip('/')}/{below}" if below else point
+        return None
+
     files = []
     for line in cgroup.splitlines():
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        path = path.rstrip("/")
-        if controllers == "" and path:  # v2; the root cgroup ("0::/") has no memory.events
-            files += [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
+        if not path.startswith("/"):
+            continue
+        if controllers == "":
+            where = mounted(path, True)
+            if where is not None:
+                files.append(f"{where.rstrip('/')}/memory.events")
+            elif path.rstrip("/"):  # the v2 root cgroup ("0::/") has no memory.events
+                path = path.rstrip("/")
+                files += [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
         elif "memory" in controllers.split(","):
-            files.insert(0, f"/sys/fs/cgroup/memory{path}/memory.oom_control")
+            where = mounted(path, False)
+            directory = where.rstrip("/") if where is not None else f"/sys/fs/cgroup/memory{path.rstrip('/')}"
+            files.insert(0, f"{directory}/memory.oom_control")
     return [*files, "/proc/vmstat"]
+
+
+def _unescape_mount_field(text: str) -> str:
+    """A mount table's field: spaces, tabs, newlines and backslashes are written `\\040` etc."""
+    parts = text.split("\\")
+    out = [parts[0]]
+    for part in parts[1:]:
+        code = part[:3]
+        out.append(chr(int(code, 8)) + part[3:] if len(code) == 3 and all(c in "01234567" for c in code) else "\\" + part)
+    return "".join(out)
 
 
 def oom_count(text: bytes) -> int | None:
@@ -164,7 +212,11 @@ class OomKills:
             cgroup = read_small_file("/proc/self/cgroup").decode()
         except OSError:
             return
-        for path in oom_count_files(cgroup):
+        try:
+            mountinfo = read_small_file("/proc/self/mountinfo").decode(errors="surrogateescape")
+        except OSError:
+            mountinfo = ""
+        for path in oom_count_files(cgroup, mountinfo):
             count = self._read(path)
             if count is not None:
                 self.path, self.explained = path, count
@@ -334,9 +386,26 @@ def unsupported_reason(system: str | None = None, release: str | None = None) ->
     return None
 
 
+def proc_problem(proc: str = "/proc") -> str | None:
+    """Why `proc` is not this process's PID namespace's /proc, or None when it is. mpvisor finds
+    processes by pid in /proc (a tree's members and their memory, CPU time and start times), and
+    a /proc mounted for another PID namespace (`unshare --pid --fork` without `--mount-proc`)
+    names other processes by those pids: limits would be measured on them, and a live fork
+    server's attempts taken for a dead one's."""
+    try:
+        seen = os.readlink(f"{proc}/self")
+    except OSError as exc:
+        return f"{proc}/self cannot be read ({exc.strerror or exc}): mpvisor finds processes by pid in {proc}"
+    if seen != str(os.getpid()):
+        return (f"{proc} is another PID namespace's: it calls this process {seen}, which is {os.getpid()} here, and "
+                f"mpvisor finds processes by pid in {proc} (mount this namespace's own: unshare --pid --fork "
+                "--mount-proc, or mount -t proc proc /proc in a mount namespace of its own)")
+    return None
+
+
 def require_supported() -> None:
     """Raise `RuntimeError` saying what is required when this platform cannot serve."""
-    reason = unsupported_reason()
+    reason = unsupported_reason() or proc_problem()
     if reason is not None:
         raise RuntimeError(reason)
 
@@ -452,6 +521,15 @@ def raise_nofile_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def pid_namespace() -> int:
+    """This process's PID namespace, by the inode of `/proc/self/ns/pid` (0 where it cannot be
+    read): a pid names one process only within it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def start_time(pid: int) -> int | None:

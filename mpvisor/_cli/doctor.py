@@ -22,6 +22,7 @@ import json
 import resource
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._cli.options import check_cgroups_variable
 from mpvisor._cli.statuses import OK
 from mpvisor._launchers.local.cgroups import (
@@ -70,7 +71,8 @@ CAP_SYS_RESOURCE = 24  # its bit in /proc/self/status's CapEff
 
 def process() -> dict[str, Any]:
     """This process's OOM score adjustment (None: unreadable), open-file limits (`resource.RLIM_INFINITY`
-    as -1) and whether it may raise a hard limit (CAP_SYS_RESOURCE in its effective set)."""
+    as -1), whether it may raise a hard limit (CAP_SYS_RESOURCE in its effective set), and why its
+    /proc is not its PID namespace's (None: it is), where a run refuses to start."""
     try:
         with open("/proc/self/oom_score_adj", "rb") as file:
             adj: int | None = int(file.read())
@@ -85,7 +87,8 @@ def process() -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return {"oom_score_adj": adj, "open_files": [soft, hard], "may_raise_hard_limits": raise_hard}
+    return {"oom_score_adj": adj, "open_files": [soft, hard], "may_raise_hard_limits": raise_hard,
+            "proc": _platform.proc_problem()}
 
 
 def process_lines(facts: dict[str, Any]) -> list[str]:
@@ -98,8 +101,10 @@ def process_lines(facts: dict[str, Any]) -> list[str]:
     above = ("open_files= above it raises it (this process may raise hard limits)" if facts["may_raise_hard_limits"]
              else "open_files= above it is refused (raising a hard limit takes CAP_SYS_RESOURCE, which root has "
                   "on most hosts and this process has not)")
+    proc = facts.get("proc")
     return [f"oom_score_adj: {here}; {taken}",
-            f"open files: soft {soft}, hard {hard}; a run raises its soft limit to the hard one; {above}"]
+            f"open files: soft {soft}, hard {hard}; a run raises its soft limit to the hard one; {above}",
+            *([f"proc: {proc}; a run refuses to start here"] if proc else [])]
 
 
 def _yes(flag: bool) -> str:

@@ -9,7 +9,8 @@
    on to its command. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
    as the namespace's init, reaping every orphan and passing signals on, and the child runs
    the command (`_cli/pid1.py`).
-1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` starts it first
+1. `mpvisor run` (without `--ray`, `--help`) will need a launcher: `cli` refuses a host where
+   none can serve (one line, status 1: `_platform.require_supported`'s reasons), then starts it first
    (`_launchers/local/early.py`), so its interpreter starts and imports while this process
    imports the command and the runtime; the run's supervisor takes it over if it is the one
    it would start (its stdout and stderr the files the run's are by then: stderr for stdout
@@ -65,6 +66,8 @@ def cli() -> NoReturn:
         pid1.become_init()
     gc.disable()  # until the command's modules are imported (`_imported`)
     argv = sys.argv[1:]
+    if _needs_a_launcher(argv):
+        _refuse_an_unsupported_host()  # before a launcher starts: one line, status 1
     if _needs_a_launcher(argv):
         from mpvisor._launchers.local import early
 
@@ -169,6 +172,21 @@ def _imported() -> None:
     about to end.)"""
     gc.freeze()
     gc.enable()
+
+
+def _refuse_an_unsupported_host() -> None:
+    """Exit 1 with one line saying why, where `serve()` would raise its `RuntimeError`: not
+    Linux >= 5.3, or a /proc of another PID namespace (`unshare --pid --fork` without
+    `--mount-proc`), where mpvisor would measure and kill by pids that name other processes."""
+    from mpvisor import _platform
+
+    problem = _platform.unsupported_reason() or _platform.proc_problem()
+    if problem is not None:
+        try:
+            os.write(2, f"mpvisor: {problem}\n".encode())
+        except OSError:
+            pass  # no stderr to say it on: the status says it failed
+        _exit(1)
 
 
 def _needs_a_launcher(argv: list[str]) -> bool:

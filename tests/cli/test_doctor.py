@@ -79,7 +79,8 @@ def test_doctor_json_is_one_object_with_the_same_facts(tmp_path: pathlib.Path):
     assert set(facts) == {*Capabilities.__dataclass_fields__, "mechanisms", "host_allows", "stronger", "process"}
     assert set(facts["mechanisms"]) == {"memory", "cpu_seconds", "cpus", "tree_kill", "oom"}
     assert (facts["pidfd"], facts["subreaper"], facts["version"]) == (True, True, "hybrid")
-    assert set(facts["process"]) == {"oom_score_adj", "open_files", "may_raise_hard_limits"}
+    assert set(facts["process"]) == {"oom_score_adj", "open_files", "may_raise_hard_limits", "proc"}
+    assert facts["process"]["proc"] is None  # this /proc is this PID namespace's
     if caps.root:  # this machine's root: writable v1 cgroups
         assert facts["v1_memory"] is not None and facts["oom"] == {
             "scope": "attempt", "file": "memory.oom_control", "shared": f"{facts['v1_memory']}/memory.oom_control"}
@@ -140,6 +141,30 @@ def test_with_every_cgroup_mount_read_only_it_says_its_remedy_once_and_a_run_use
     remedy = f"run in {cgroups.CONTAINER}" if not user else cgroups.stronger(cgroups.probe())
     assert [line for line in lines if line.startswith("stronger: ")] == [f"stronger: {remedy}"], lines
     assert "failed reason='memory limit exceeded (100 MiB, watcher): the tree used " in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or cgroups.probe().v1_memory is None,
+                    reason="needs root where a v1 memory cgroup may be made (mpvisor doctor says)")
+def test_a_memory_cgroup_bound_over_the_hierarchys_mount_is_found_and_used(tmp_path: pathlib.Path):
+    """Root in a mount namespace where its own v1 memory cgroup is bound over the hierarchy's
+    mount point (`mount --bind`, as a container runner shows a container its own cgroup): the
+    later mount hides the earlier, so the cgroup is at the mount point itself, not at its path
+    below the hidden mount. `mpvisor doctor` says it is writable, with nothing stronger to
+    suggest for memory, and a run under `--memory` ends by its memory cgroup, as it said."""
+    assert MPVISOR is not None and shutil.which("unshare") is not None
+    hog = "b = []\nwhile True: b.append(b'x' * 8 * 2**20)"
+    script = ('own=$(awk -F: \'$2 ~ /(^|,)memory(,|$)/ {print $3}\' /proc/self/cgroup)\n'
+              'mount --bind "/sys/fs/cgroup/memory$own" /sys/fs/cgroup/memory || exit 9\n'
+              '"$MPVISOR" doctor && "$MPVISOR" run --memory 100M -- "$PYTHON" -c "$HOG"')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPVISOR": MPVISOR, "PYTHON": sys.executable, "HOG": hog}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=tmp_path,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 128 + 9, (done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert "cgroup v1 memory: /sys/fs/cgroup/memory (writable)" in lines, lines
+    assert "memory limit: cgroup v1 memory.limit_in_bytes" in lines, lines
+    assert not [line for line in lines if line.startswith("stronger: ") and "memory" in line], lines
+    assert "failed reason='memory limit exceeded (100 MiB, cgroup v1): " in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))

@@ -120,3 +120,36 @@ def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and
         status, stderr = _finish(proc)
     assert status == 6, stderr
     assert "exit_code=6" in stderr, stderr
+
+
+def test_a_pid_namespace_without_its_own_proc_is_refused_in_one_line_and_nothing_runs(tmp_path: pathlib.Path) -> None:
+    """`unshare --pid --fork` without `--mount-proc`: /proc is still the outer namespace's, where
+    this namespace's pids name other processes. mpvisor finds trees, memory and CPU time by pid
+    there: it measured other processes (a `--memory 50M` tree under the watcher grew past its
+    limit and completed) and took live fork servers for dead ones. `mpvisor run` now refuses,
+    one line naming /proc and the way out, status 1, its command never started; `mpvisor.run`
+    raises `RuntimeError` in the same words, and `mpvisor doctor` says so on a line of its own.
+    With `--mount-proc` the same run works."""
+    ran = tmp_path / "ran"
+    hog = "b = [b'x' * 2**20 for _ in range(100)]"
+    argv = ["mpvisor", "run", "--memory", "50M", "--", "sh", "-c", f'touch "{ran}" && exec "$PYTHON" -c "{hog}"']
+    env = _env(MPVISOR_CGROUPS="off")
+    done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", *argv], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("mpvisor: /proc is another PID namespace's: it calls this process "), done.stderr
+    assert "--mount-proc" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not ran.exists()
+    doctor = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", "mpvisor", "doctor"], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert doctor.returncode == 0, doctor.stderr  # it says why, on its last line
+    assert doctor.stdout.splitlines()[-1].startswith("proc: /proc is another PID namespace's: "), doctor.stdout
+    assert doctor.stdout.splitlines()[-1].endswith("; a run refuses to start here"), doctor.stdout
+    api = "import mpvisor\nfrom mpvisor import TaskFn, TaskSpec\nmpvisor.run([TaskSpec.once(TaskFn('nap', 'time:sleep', (0.1,)))])"
+    done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", sys.executable, "-c", api], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 1 and "RuntimeError: /proc is another PID namespace's" in done.stderr, done.stderr
+    done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", "--mount-proc", *argv], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert done.returncode == 137 and "memory limit exceeded (50 MiB, watcher)" in done.stderr, done.stderr
+    assert ran.exists()

@@ -196,6 +196,12 @@ def test_a_cgroup_s_directory_is_under_the_mount_whose_root_holds_it():
     assert cgroup_dir(mounts, "/", None) == "/sys/fs/cgroup/unified"
     assert cgroup_dir(mounts, None, None) is None
     assert cgroup_dir((), "/", None) is None
+    # a container's own cgroup bound over the hierarchy's mount point hides that mount: it is at the point
+    bound = parse_mounts("54 50 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+                         "66 54 0:32 /job /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroup_dir(bound, "/job", "memory") == "/sys/fs/cgroup/memory"
+    assert cgroup_dir(bound, "/job/x", "memory") == "/sys/fs/cgroup/memory/x"
+    assert cgroup_dir(bound, "/other", "memory") is None  # only the hidden mount showed it
 
 
 def test_locate_says_which_version_and_where_our_cgroups_are():
@@ -539,3 +545,13 @@ def test_probe_on_this_machine(monkeypatch: pytest.MonkeyPatch):
     for directory in {*v1.values(), v2, *tried}:
         if directory is not None:
             assert not [n for n in os.listdir(directory) if n.startswith("mpvisor-probe-")], directory
+
+
+def test_a_left_over_attempt_cgroup_is_one_whose_fork_server_of_this_pid_namespace_is_gone():
+    """`mpvisor-<pid>-<start>-<key>-n<namespace>`: gone when `alive` says so and the namespace is
+    ours; one of another PID namespace is never (its pid names another process here); an older
+    mpvisor's name, without its namespace, is judged as before."""
+    names = ["mpvisor-4-100-1-n7", "mpvisor-4-100-2-n8", "mpvisor-5-200-1", "mpvisor-leaf", "mpvisor-probe-9", "other"]
+    assert cgroups.left_over(names, lambda pid, start: False, namespace=7) == ["mpvisor-4-100-1-n7", "mpvisor-5-200-1"]
+    assert cgroups.left_over(names, lambda pid, start: pid == 4, namespace=7) == ["mpvisor-5-200-1"]
+    assert cgroups.left_over(names, lambda pid, start: False, namespace=8) == ["mpvisor-4-100-2-n8", "mpvisor-5-200-1"]

@@ -9,8 +9,10 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -232,6 +234,52 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
     for outcome in outcomes:
         assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, None), outcome
         assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
+
+
+@needs_v1_memory
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+def test_in_a_container_whose_memory_hierarchy_is_mounted_at_its_own_cgroup_an_oom_kill_elsewhere_is_not_blamed(
+        tmp_path) -> None:
+    """`mpvisor run` as in a container on a cgroup v1 host without a cgroup namespace (Docker's
+    layout there): its memory cgroup is `/<...>/container` in `/proc/self/cgroup`, and the memory
+    hierarchy is mounted at `/sys/fs/cgroup/memory` from that cgroup down (the mount's root), so
+    `/sys/fs/cgroup/memory/<...>/container` does not exist. Its launcher counts OOM kills in that
+    cgroup, at the mount point, not in the whole system's `/proc/vmstat`: when the kernel
+    OOM-kills a process in another memory cgroup and the attempt is then SIGKILLed by someone
+    else (itself), its outcome says `killed by signal SIGKILL`, not the OOM killer; and `mpvisor
+    doctor` there names the container's count."""
+    container = _memory_cgroup(f"mpvisor-container-{os.getpid()}", 2**62)
+    other = _memory_cgroup(f"oom-beside-{os.getpid()}", 64 * 2**20)
+    script = (f'echo $$ > {container}/cgroup.procs && mount -t tmpfs tmpfs "$HERE/mnt" && mkdir "$HERE/mnt/x" '
+              f'&& mount --bind {container} "$HERE/mnt/x" && umount /sys/fs/cgroup/memory '
+              '&& mount --move "$HERE/mnt/x" /sys/fs/cgroup/memory && "$MPVISOR" doctor --json >&2 '
+              '&& exec "$MPVISOR" run -- sh -c \'echo started; read go; kill -KILL $$\'')
+    (tmp_path / "mnt").mkdir()
+    env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT, "HERE": str(tmp_path)}
+    try:
+        run = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], cwd=tmp_path,
+                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert run.stdout is not None and run.stdin is not None
+            ready, _, _ = select.select([run.stdout], [], [], 40)
+            assert ready and run.stdout.readline() == "started\n"  # the attempt runs: its launcher counted already
+            hog = f'echo $$ > {other}/cgroup.procs && exec {sys.executable} -c "from workers.limits import resident_hog; resident_hog(8)"'
+            done = subprocess.run(["bash", "-c", hog], cwd=ROOT, capture_output=True, timeout=60)
+            assert done.returncode == -signal.SIGKILL, done.stderr  # the kernel's OOM killer, in the other cgroup
+            run.stdin.write("go\n")
+            run.stdin.flush()
+            _, stderr = run.communicate(timeout=40)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=10)
+    finally:
+        os.rmdir(other)
+        os.rmdir(container)
+    assert run.returncode == 128 + 9, stderr
+    assert "mpvisor: sh: failed reason='program killed by signal SIGKILL (9)'" in stderr and "OOM killer" not in stderr, stderr
+    facts = json.loads(stderr.splitlines()[0])
+    assert facts["oom"]["shared"] == "/sys/fs/cgroup/memory/memory.oom_control", facts["oom"]
 
 
 @needs_v1_memory
@@ -519,6 +567,47 @@ async def test_a_killed_launcher_leaves_no_attempt_cgroup_once_its_attempt_has_e
         outcome = await waiter.wait()
         assert outcome.reason.startswith("launcher died"), outcome
         assert [path for path in made if os.path.exists(path)] == []
+
+
+def _held_run(prefix: list[str], cwd: object) -> subprocess.Popen[str]:
+    """`mpvisor run --memory 100M -- sh ...` (after `prefix`), its command started once it
+    printed `started`, and ending (status 0) when it reads a line from the run's stdin."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    argv = [*prefix, shutil.which("mpvisor") or "mpvisor", "run", "--memory", "100M", "--", "sh", "-c",
+            "echo started; read go; exit 0"]
+    run = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    ready, _, _ = select.select([run.stdout], [], [], 40)
+    assert ready and run.stdout.readline() == "started\n", run.stderr.read() if run.stderr else ""
+    return run
+
+
+@needs_v1_memory
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+@pytest.mark.parametrize("held_in", ["a pid namespace", "this one"])
+def test_a_fork_server_of_another_pid_namespace_keeps_its_attempts_cgroups(held_in, tmp_path) -> None:
+    """Two `mpvisor run --memory 100M` in the same cgroups, one of them in a PID namespace of its
+    own (`unshare --pid`, as a sandbox or a container that shares the cgroup): each attempt's
+    cgroups are named after its fork server's pid, which in the namespace is a small number
+    that names another process here (and the other way round). The one started second clears
+    the cgroups dead fork servers left, and must leave the other's live attempt alone: it
+    completes, status 0 (it was SIGKILLed, `program killed by signal SIGKILL`, and its run
+    ended 137)."""
+    in_namespace = ["unshare", "--pid", "--fork", "--mount-proc"]
+    held = _held_run(in_namespace if held_in == "a pid namespace" else [], tmp_path)
+    try:
+        second = subprocess.run([*([] if held_in == "a pid namespace" else in_namespace), shutil.which("mpvisor") or "mpvisor",
+                                 "run", "--memory", "100M", "--", "true"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+        assert second.returncode == 0, second.stderr
+        _, stderr = held.communicate("go\n", timeout=40)
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait(timeout=10)
+    assert held.returncode == 0, stderr
+    assert "mpvisor: sh: completed" in stderr, stderr
 
 
 @needs_v1_memory

@@ -158,10 +158,15 @@ def parse_controllers(text: str) -> frozenset[str]:
 
 def cgroup_dir(mounts: Collection[Mount], path: str | None, controller: str | None = None) -> str | None:
     """The directory of the cgroup `path` in the hierarchy of `controller` (v1), or in the v2
-    hierarchy (`controller` None): under the first such mount whose root holds `path`."""
+    hierarchy (`controller` None): under the first such mount whose root holds `path`, of those
+    that no later mount at the same point hides (a container's own cgroup bound over the
+    hierarchy's mount: what is under the point is the later mount's)."""
     if path is None:
         return None
-    for mount in mounts:
+    table = list(mounts)
+    for index, mount in enumerate(table):
+        if any(later.point == mount.point for later in table[index + 1:]):
+            continue  # hidden
         if (mount.version == 2) != (controller is None) or (controller is not None and controller not in mount.controllers):
             continue
         root = mount.root.rstrip("/")
@@ -196,7 +201,7 @@ def locate(proc_cgroup: str, mounts: str) -> Layout:
         where = cgroup_dir(table, member.v1.get(controller), controller)
         if where is not None:
             dirs[controller] = where
-    return Layout(version, tuple(controllers), v2[0].point if v2 else None, cgroup_dir(table, member.v2), dirs)
+    return Layout(version, tuple(controllers), v2[-1].point if v2 else None, cgroup_dir(table, member.v2), dirs)
 
 
 # --- deciding (pure) ---------------------------------------------------------------------------------
@@ -355,16 +360,20 @@ def kill_cgroups(caps: Capabilities) -> str | None:
     return caps.v2_cgroup if caps.v2_writable else None
 
 
-_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)")  # mpvisor-<fork server pid>-<its start time>-<key>
+# mpvisor-<fork server pid>-<its start time>-<key>-n<its PID namespace> (without -n...: an older mpvisor's)
+_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)(?:-n(\d+))?")
 
 
-def left_over(names: Collection[str], alive: Callable[[int, int], bool]) -> list[str]:
+def left_over(names: Collection[str], alive: Callable[[int, int], bool], namespace: int = 0) -> list[str]:
     """The attempt cgroups among `names` whose fork server is gone (pure): named
-    `mpvisor-<pid>-<start time>-<key>` by a fork server for which `alive(pid, start)` is false."""
+    `mpvisor-<pid>-<start time>-<key>-n<namespace>` by a fork server for which `alive(pid,
+    start)` is false. One made in another PID namespace than `namespace` (ours) is never among
+    them: its pid names another process here (a fork server in a container or a sandbox that
+    shares this cgroup, `unshare --pid`, is pid 4 there), so whether it is gone cannot be told."""
     found = []
     for name in sorted(names):
         match = _ATTEMPT_CGROUP.fullmatch(name)
-        if match and not alive(int(match[1]), int(match[2])):
+        if match and (match[4] is None or int(match[4]) == namespace) and not alive(int(match[1]), int(match[2])):
             found.append(name)
     return found
 
@@ -384,7 +393,7 @@ def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
         return _platform.start_time(pid) == start and stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
 
     removed = []
-    for name in left_over(names, alive):
+    for name in left_over(names, alive, _platform.pid_namespace()):
         path = f"{directory}/{name}"
         deadline = time.monotonic() + wait
         while True:
@@ -642,9 +651,9 @@ def _subreaper() -> bool:
     return True
 
 
-def _shared_oom(proc_cgroup: str) -> str | None:
+def _shared_oom(proc_cgroup: str, mounts: str) -> str | None:
     """The file `_platform.OomKills` reads: the first of `oom_count_files` holding a count."""
-    for path in oom_count_files(proc_cgroup):
+    for path in oom_count_files(proc_cgroup, mounts):
         try:
             if oom_count(read_small_file(path)) is not None:
                 return path
@@ -686,6 +695,6 @@ def probe() -> Capabilities:
     return decide(
         layout, pidfd=_pidfd(), subreaper=_subreaper(), root=_host_root(),
         systemd=os.path.isdir("/run/systemd/system"), v2=v2,
-        v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup),
+        v1_writable={where for where, ok in tried.items() if ok}, shared_oom=_shared_oom(proc_cgroup, mounts),
         turned_off=off,
     )

@@ -148,6 +148,7 @@ class Launcher:
         self.next_look = 0.0  # monotonic time of the next look at the limited trees
         self._joining: tuple[str, ...] = ()  # the cgroups the attempt being forked joins first
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
+        self.namespace = _platform.pid_namespace()  # and where that pid means this process
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
         self.oom_kills = _platform.OomKills()
         # what its attempts inherit: raised to 500 where lower, never lowered (that needs
@@ -281,7 +282,7 @@ class Launcher:
         `cpus` quota written; and why it must be refused ("": it need not): `cpus` it cannot
         keep. Under one directory (a v2 cgroup with controllers delegated) one cgroup serves
         all three."""
-        name = f"mpvisor-{self.me}-{self.started}-{spawn.key}"
+        name = f"mpvisor-{self.me}-{self.started}-{spawn.key}-n{self.namespace}"
         made: dict[str, str] = {}
 
         def under(parent: str) -> str:
