@@ -214,7 +214,7 @@ def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_pat
         "open files: soft 100, hard 200; a run raises its soft limit to the hard one; open_files= above it is refused "
         "(raising a hard limit takes CAP_SYS_RESOURCE, which root has on most hosts and this process has not)"]
     facts = json.loads(run("doctor", "--json").stdout)["process"]
-    assert facts == {"oom_score_adj": 300, "open_files": [100, 200], "may_raise_hard_limits": False}
+    assert facts == {"oom_score_adj": 300, "open_files": [100, 200], "may_raise_hard_limits": False, "proc": None}
     refused = run("run", "--open-files", "300", "--", "true")
     assert refused.returncode == 1, refused.stderr
     assert ("cannot apply the limit open_files=300 (over this process's hard limit, 200: raising it takes "

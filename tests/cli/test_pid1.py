@@ -131,7 +131,7 @@ def test_a_pid_namespace_without_its_own_proc_is_refused_in_one_line_and_nothing
     raises `RuntimeError` in the same words, and `mpvisor doctor` says so on a line of its own.
     With `--mount-proc` the same run works."""
     ran = tmp_path / "ran"
-    hog = "b = [b'x' * 2**20 for _ in range(100)]"
+    hog = "import time; b = [b'x' * 2**20 for _ in range(100)]; time.sleep(30)"  # kept: the watcher looks every 50 ms
     argv = ["mpvisor", "run", "--memory", "50M", "--", "sh", "-c", f'touch "{ran}" && exec "$PYTHON" -c "{hog}"']
     env = _env(MPVISOR_CGROUPS="off")
     done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", *argv], cwd=tmp_path, env=env,
