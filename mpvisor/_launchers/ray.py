@@ -51,7 +51,10 @@ served: `import mpvisor` never imports it.
 **Connecting.** `ray.init` runs in a thread of its own, bounded by `start_timeout` (an address
 nobody answers at is a `ConfigError`, never a hang); while it runs, what Ray says (its C++ core
 writes warnings straight to fd 2, its Python side logs and warns) is kept by `_RayOutput`, not
-shown: the last of it ends the error.
+shown: the last of it ends the error. A launcher closed while it connects gives the connection
+up (the thread releases it if `ray.init` still succeeds), and waits for that when `ray.init` may
+be starting a cluster on this machine (`local`; `None` finding no cluster to join): only
+`ray.shutdown` stops such a cluster whole.
 """
 
 from __future__ import annotations
@@ -213,6 +216,17 @@ def _named(address: str | None) -> str:
     if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
         named += f", RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
     return named
+
+
+def _starts_a_cluster(address: str | None) -> bool:
+    """Does `ray.init(address=...)` start a cluster on this machine: `local` always, `None` when
+    neither `RAY_ADDRESS` nor a cluster that `ray start` runs here names one (as Ray finds them)."""
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        try:
+            return _ray()._private.services.canonicalize_bootstrap_address(None) is None
+        except Exception:
+            return False  # Ray's way of finding it changed: as an address that starts none
+    return address == "local"
 
 
 def _client_missing(address: str | None) -> bool:
@@ -536,6 +550,8 @@ class RayClient:
         self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
         self._closing = False
         self._echo = _Echo(loop)
+        self._late_release: asyncio.Future[None] | None = None  # the release of a connection made as it was given up
+        self._connect_ended = threading.Event()  # the connecting thread is done with `ray.init` (and its shutdown, if given up)
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
 
     def __repr__(self) -> str:
@@ -557,19 +573,22 @@ class RayClient:
         def connect() -> None:
             made = False
             try:
-                made, self._inherited = _connect(address, output, self.settings.runtime_env)
-                error: BaseException | None = None
-            except BaseException as exc:
-                error = exc
-            if given_up.is_set():
-                if error is None:
-                    _disconnect()
-            else:
                 try:
-                    self.loop.call_soon_threadsafe(_settle, outcome, error)
-                except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                    made, self._inherited = _connect(address, output, self.settings.runtime_env)
+                    error: BaseException | None = None
+                except BaseException as exc:
+                    error = exc
+                if given_up.is_set():
                     if error is None:
                         _disconnect()
+                else:
+                    try:
+                        self.loop.call_soon_threadsafe(_settle, outcome, error)
+                    except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                        if error is None:
+                            _disconnect()
+            finally:
+                self._connect_ended.set()
             if made:
                 _hold_connection()
 
@@ -578,8 +597,11 @@ class RayClient:
             error = await asyncio.wait_for(asyncio.shield(outcome), limit)
         except (TimeoutError, asyncio.CancelledError) as stopped:  # no answer in time, or closed first
             given_up.set()
-            if outcome.done() and outcome.result() is None:
-                _disconnect()  # it connected just now: nobody will use it
+            if outcome.done():
+                if outcome.result() is None:
+                    _disconnect()  # it connected just now: nobody will use it
+            else:  # the thread may have connected and posted it already: then it is released when it comes
+                outcome.add_done_callback(self._release_late)
             self._error = f"cannot connect to Ray ({_named(address)}): no answer within start_timeout={limit} s"
             self._error += _said(output)
             if isinstance(stopped, asyncio.CancelledError):
@@ -594,6 +616,11 @@ class RayClient:
         self._agent_class = _ray().remote(Agent)
         _take_back_signals()
 
+
+    def _release_late(self, outcome: asyncio.Future[BaseException | None]) -> None:
+        """The connection given up was made after all: nobody will use it."""
+        if outcome.result() is None:
+            self._late_release = self.loop.run_in_executor(None, _disconnect)
 
     # --- the Launcher interface -------------------------------------------------------------
 
@@ -729,6 +756,14 @@ class RayClient:
         await self._echo.close()
         if not self._connect.done():
             self._connect.cancel()
+            await asyncio.wait({self._connect})  # given up: the connecting thread releases what it makes
+            if _starts_a_cluster(self.settings.address):
+                # `ray.init` may be starting a cluster on this machine, which only `ray.shutdown`
+                # stops whole (its raylet's agents outlive a raylet killed with this process): the
+                # connecting thread calls it once `ray.init` returns, so wait for that (bounded).
+                await self.loop.run_in_executor(None, self._connect_ended.wait, self.launch.start_timeout)
+        if self._late_release is not None:
+            await self._late_release
         if self._connected:
             self._connected = False
             await self.loop.run_in_executor(None, _disconnect)
