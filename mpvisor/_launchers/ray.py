@@ -90,6 +90,9 @@ if TYPE_CHECKING:
 
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
+# Ray counts a resource in ten-thousandths in a signed 64-bit integer: a `memory` above this many
+# bytes overflows there, and Ray (2.60) then places the actor on any node, as if it asked for none.
+RAY_MAX_MEMORY = (2**63 - 1) // 10_000
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
 KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, before Ray ends the agent
 # Seconds Ray's raylet gives a worker it was told to end before it kills it (its
@@ -807,6 +810,9 @@ class RayClient:
         else:
             self._release_idle()  # what idle agents hold may be what this one needs
             try:
+                if options.get("memory", 0) > RAY_MAX_MEMORY:  # Ray would take it for less (an overflow)
+                    raise ValueError(f"memory={options['memory']} bytes is more than Ray can reserve "
+                                     f"(at most {RAY_MAX_MEMORY} bytes): it would place the agent as if it asked for none")
                 agent = self._agent_class.options(**options).remote()
             except Exception as exc:  # refused by Ray at once (a malformed request): so would every retry be
                 reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
