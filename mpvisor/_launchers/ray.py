@@ -73,6 +73,7 @@ import signal as _signal
 import sys
 import threading
 import time
+import types
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -202,7 +203,7 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
             output.start(ray)
             try:
                 ray.init(address=address, include_dashboard=False, configure_logging=False,
-                         runtime_env=dict(runtime_env) if runtime_env is not None else None)
+                         runtime_env=_modules_as_paths(runtime_env) if runtime_env is not None else None)
             finally:
                 output.stop()
             _connection_ours = made = True
@@ -211,6 +212,26 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
         _connection_users += 1
         inherited = _connection_ours and _connection_runtime_env == (dict(runtime_env) if runtime_env is not None else None)
         return made, inherited
+
+
+def _modules_as_paths(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
+    """`runtime_env` with each module object of its `py_modules` given as the path Ray would
+    upload for it (a package's directory, a single module's file). Ray takes either, but its
+    client (`ray://`) deep-copies the runtime_env first, which a module object refuses ("cannot
+    pickle 'module' object"): `py_modules=[mpvisor]` could not connect through `ray://`."""
+    modules = runtime_env.get("py_modules")
+    if not isinstance(modules, (list, tuple)):
+        return dict(runtime_env)
+    paths: list[Any] = []
+    for module in modules:
+        if isinstance(module, types.ModuleType):
+            where = list(getattr(module, "__path__", None) or [])
+            if not where and getattr(module, "__file__", None):
+                where = [module.__file__]
+            if len(where) == 1:
+                module = where[0]  # else (a namespace package in several places): Ray's own error
+        paths.append(module)
+    return {**runtime_env, "py_modules": paths}
 
 
 def _named(address: str | None) -> str:
