@@ -200,6 +200,7 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
             # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself (Ray's
             # warning that it did not is dropped by `output`).
+            _import_what_ray_shutdown_imports()
             output.start(ray)
             try:
                 ray.init(address=address, include_dashboard=False, configure_logging=False,
@@ -212,6 +213,17 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
         _connection_users += 1
         inherited = _connection_ours and _connection_runtime_env == (dict(runtime_env) if runtime_env is not None else None)
         return made, inherited
+
+
+def _import_what_ray_shutdown_imports() -> None:
+    """Import now what `ray.shutdown` imports first (its compiled-DAG module). Ray runs it at
+    exit too (atexit), and an import there, after an uncaught KeyboardInterrupt, made CPython
+    forget that interrupt: a program interrupted by Ctrl-C while (or after) a connection was given
+    up exited with status 1 instead of dying by SIGINT."""
+    try:
+        importlib.import_module("ray.dag.compiled_dag_node")
+    except Exception:
+        pass  # not in this Ray: its shutdown does not import it either
 
 
 def _modules_as_paths(runtime_env: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -249,3 +251,35 @@ def test_module_objects_in_py_modules_go_to_ray_as_their_paths() -> None:
     assert converted == {"py_modules": [os.path.dirname(mpvisor.__file__ or ""), "/code/single.py",
                                         "/code/pkg", "s3://b/p.zip"], "env_vars": {"A": "1"}}
     assert isinstance(env["py_modules"][0], types.ModuleType)  # the caller's mapping is left alone
+
+
+INTERRUPTED_DRIVER = """
+import signal
+import sys
+import mpvisor
+from mpvisor import ConfigError, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+try:
+    mpvisor.run([TaskSpec.once(TaskFn("t", "workers.basic:quick", ("x",)))],
+                SupervisorConfig(start_timeout=1.0, launcher=RayLauncher(address=sys.argv[1])))
+except ConfigError as exc:
+    print(exc, file=sys.stderr)
+signal.raise_signal(signal.SIGINT)  # a Ctrl-C now: nothing handles it
+"""
+
+
+def test_a_program_interrupted_after_a_connection_was_given_up_dies_by_sigint(tmp_path: Any) -> None:
+    """A program whose Ray connection was given up (here at `start_timeout`; a Ctrl-C while it
+    connects is the same) and that is then interrupted dies by SIGINT, as a shell expects: Ray's
+    shutdown at exit imported a module first, which made CPython forget the uncaught
+    KeyboardInterrupt, and the program exited with status 1."""
+    (tmp_path / "driver.py").write_text(INTERRUPTED_DRIVER)
+    with socket.socket() as unused:  # a port nobody listens at
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "driver.py", address], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=50)
+    assert "no answer within start_timeout=1.0 s" in done.stderr, done.stderr
+    assert done.returncode == -signal.SIGINT, (done.returncode, done.stderr)
