@@ -51,7 +51,10 @@ served: `import mpvisor` never imports it.
 **Connecting.** `ray.init` runs in a thread of its own, bounded by `start_timeout` (an address
 nobody answers at is a `ConfigError`, never a hang); while it runs, what Ray says (its C++ core
 writes warnings straight to fd 2, its Python side logs and warns) is kept by `_RayOutput`, not
-shown: the last of it ends the error.
+shown: the last of it ends the error. A launcher closed while it connects gives the connection
+up (the thread releases it if `ray.init` still succeeds), and waits for that when `ray.init` may
+be starting a cluster on this machine (`local`; `None` finding no cluster to join): only
+`ray.shutdown` stops such a cluster whole.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import signal as _signal
 import sys
 import threading
 import time
+import types
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -87,6 +91,9 @@ if TYPE_CHECKING:
 
 DEFAULT_LOST_FENCE = 5.0  # seconds after Ray declared an agent dead before its attempt is reported lost
 CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they are killed
+# Ray counts a resource in ten-thousandths in a signed 64-bit integer: a `memory` above this many
+# bytes overflows there, and Ray (2.60) then places the actor on any node, as if it asked for none.
+RAY_MAX_MEMORY = (2**63 - 1) // 10_000
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
 KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, before Ray ends the agent
 # Seconds Ray's raylet gives a worker it was told to end before it kills it (its
@@ -193,10 +200,11 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
             # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself (Ray's
             # warning that it did not is dropped by `output`).
+            _import_what_ray_shutdown_imports()
             output.start(ray)
             try:
                 ray.init(address=address, include_dashboard=False, configure_logging=False,
-                         runtime_env=dict(runtime_env) if runtime_env is not None else None)
+                         runtime_env=_modules_as_paths(runtime_env) if runtime_env is not None else None)
             finally:
                 output.stop()
             _connection_ours = made = True
@@ -207,12 +215,54 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
         return made, inherited
 
 
+def _import_what_ray_shutdown_imports() -> None:
+    """Import now what `ray.shutdown` imports first (its compiled-DAG module). Ray runs it at
+    exit too (atexit), and an import there, after an uncaught KeyboardInterrupt, made CPython
+    forget that interrupt: a program interrupted by Ctrl-C while (or after) a connection was given
+    up exited with status 1 instead of dying by SIGINT."""
+    try:
+        importlib.import_module("ray.dag.compiled_dag_node")
+    except Exception:
+        pass  # not in this Ray: its shutdown does not import it either
+
+
+def _modules_as_paths(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
+    """`runtime_env` with each module object of its `py_modules` given as the path Ray would
+    upload for it (a package's directory, a single module's file). Ray takes either, but its
+    client (`ray://`) deep-copies the runtime_env first, which a module object refuses ("cannot
+    pickle 'module' object"): `py_modules=[mpvisor]` could not connect through `ray://`."""
+    modules = runtime_env.get("py_modules")
+    if not isinstance(modules, (list, tuple)):
+        return dict(runtime_env)
+    paths: list[Any] = []
+    for module in modules:
+        if isinstance(module, types.ModuleType):
+            where = list(getattr(module, "__path__", None) or [])
+            if not where and getattr(module, "__file__", None):
+                where = [module.__file__]
+            if len(where) == 1:
+                module = where[0]  # else (a namespace package in several places): Ray's own error
+        paths.append(module)
+    return {**runtime_env, "py_modules": paths}
+
+
 def _named(address: str | None) -> str:
     """The address, for an error: with `None` or `auto`, also the `RAY_ADDRESS` that Ray reads then."""
     named = f"address={address!r}"
     if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
         named += f", RAY_ADDRESS={os.environ['RAY_ADDRESS']!r}"
     return named
+
+
+def _starts_a_cluster(address: str | None) -> bool:
+    """Does `ray.init(address=...)` start a cluster on this machine: `local` always, `None` when
+    neither `RAY_ADDRESS` nor a cluster that `ray start` runs here names one (as Ray finds them)."""
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        try:
+            return _ray()._private.services.canonicalize_bootstrap_address(None) is None
+        except Exception:
+            return False  # Ray's way of finding it changed: as an address that starts none
+    return address == "local"
 
 
 def _client_missing(address: str | None) -> bool:
@@ -536,6 +586,8 @@ class RayClient:
         self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
         self._closing = False
         self._echo = _Echo(loop)
+        self._late_release: asyncio.Future[None] | None = None  # the release of a connection made as it was given up
+        self._connect_ended = threading.Event()  # the connecting thread is done with `ray.init` (and its shutdown, if given up)
         self._connect = loop.create_task(self._connect_to_ray(), name="mpvisor-ray-connect")
 
     def __repr__(self) -> str:
@@ -557,19 +609,22 @@ class RayClient:
         def connect() -> None:
             made = False
             try:
-                made, self._inherited = _connect(address, output, self.settings.runtime_env)
-                error: BaseException | None = None
-            except BaseException as exc:
-                error = exc
-            if given_up.is_set():
-                if error is None:
-                    _disconnect()
-            else:
                 try:
-                    self.loop.call_soon_threadsafe(_settle, outcome, error)
-                except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                    made, self._inherited = _connect(address, output, self.settings.runtime_env)
+                    error: BaseException | None = None
+                except BaseException as exc:
+                    error = exc
+                if given_up.is_set():
                     if error is None:
                         _disconnect()
+                else:
+                    try:
+                        self.loop.call_soon_threadsafe(_settle, outcome, error)
+                    except RuntimeError:  # the loop is gone: nobody waits for this connection any more
+                        if error is None:
+                            _disconnect()
+            finally:
+                self._connect_ended.set()
             if made:
                 _hold_connection()
 
@@ -578,8 +633,11 @@ class RayClient:
             error = await asyncio.wait_for(asyncio.shield(outcome), limit)
         except (TimeoutError, asyncio.CancelledError) as stopped:  # no answer in time, or closed first
             given_up.set()
-            if outcome.done() and outcome.result() is None:
-                _disconnect()  # it connected just now: nobody will use it
+            if outcome.done():
+                if outcome.result() is None:
+                    _disconnect()  # it connected just now: nobody will use it
+            else:  # the thread may have connected and posted it already: then it is released when it comes
+                outcome.add_done_callback(self._release_late)
             self._error = f"cannot connect to Ray ({_named(address)}): no answer within start_timeout={limit} s"
             self._error += _said(output)
             if isinstance(stopped, asyncio.CancelledError):
@@ -594,6 +652,11 @@ class RayClient:
         self._agent_class = _ray().remote(Agent)
         _take_back_signals()
 
+
+    def _release_late(self, outcome: asyncio.Future[BaseException | None]) -> None:
+        """The connection given up was made after all: nobody will use it."""
+        if outcome.result() is None:
+            self._late_release = self.loop.run_in_executor(None, _disconnect)
 
     # --- the Launcher interface -------------------------------------------------------------
 
@@ -729,6 +792,14 @@ class RayClient:
         await self._echo.close()
         if not self._connect.done():
             self._connect.cancel()
+            await asyncio.wait({self._connect})  # given up: the connecting thread releases what it makes
+            if _starts_a_cluster(self.settings.address):
+                # `ray.init` may be starting a cluster on this machine, which only `ray.shutdown`
+                # stops whole (its raylet's agents outlive a raylet killed with this process): the
+                # connecting thread calls it once `ray.init` returns, so wait for that (bounded).
+                await self.loop.run_in_executor(None, self._connect_ended.wait, self.launch.start_timeout)
+        if self._late_release is not None:
+            await self._late_release
         if self._connected:
             self._connected = False
             await self.loop.run_in_executor(None, _disconnect)
@@ -772,6 +843,9 @@ class RayClient:
         else:
             self._release_idle()  # what idle agents hold may be what this one needs
             try:
+                if options.get("memory", 0) > RAY_MAX_MEMORY:  # Ray would take it for less (an overflow)
+                    raise ValueError(f"memory={options['memory']} bytes is more than Ray can reserve "
+                                     f"(at most {RAY_MAX_MEMORY} bytes): it would place the agent as if it asked for none")
                 agent = self._agent_class.options(**options).remote()
             except Exception as exc:  # refused by Ray at once (a malformed request): so would every retry be
                 reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"

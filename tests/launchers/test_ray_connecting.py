@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 
+import mpvisor
 from mpvisor import ConfigError, SupervisorConfig
 from mpvisor._launchers import ray as ray_launcher
 from mpvisor.ray import RayLauncher
@@ -196,3 +199,87 @@ def test_code_that_only_the_driver_has_is_shipped_with_runtime_env(on_ray: Any, 
     kind, where = done.stdout.split(maxsplit=1)
     assert kind == "COMPLETED", done.stdout
     assert "working_dir_files/_ray_pkg_" in where and "py_modules_files/_ray_pkg_" in where, where
+
+
+MODULE_DRIVER = """
+import importlib.util
+import sys
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+# A module object, as `py_modules=[mpvisor]` gives one, loaded without putting its directory on sys.path.
+spec = importlib.util.spec_from_file_location("shipped_helper", sys.argv[3])
+helper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(helper)
+launcher = RayLauncher(address=sys.argv[1], runtime_env={"working_dir": sys.argv[2], "py_modules": [helper, mpvisor]})
+outcome = mpvisor.run([TaskSpec.once(TaskFn("shipped", "shipped_code:where", ()))], SupervisorConfig(launcher=launcher))["shipped"]
+print(outcome.kind.name, outcome.value if outcome.value is not None else outcome.reason)
+"""
+
+
+@pytest.mark.ray
+def test_modules_shipped_as_module_objects_through_a_ray_client_address(on_ray: Any, tmp_path: Any) -> None:
+    """`py_modules` may name module objects (`runtime_env={"py_modules": [mpvisor]}`, as the docs
+    say) on a `ray://` address too: Ray's client deep-copies the runtime_env, which a module
+    refuses, so the connection failed ("Failed to apply UV runtime env hook for Ray Client:
+    cannot pickle 'module' object"); each module now goes to Ray as its path, and is uploaded."""
+    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
+    for directory in (code, helpers, driver):
+        directory.mkdir()
+    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
+    (helpers / "shipped_helper.py").write_text("")
+    (driver / "driver.py").write_text(MODULE_DRIVER)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "driver.py", _ray_support.client_address(on_ray), str(code),
+                           str(helpers / "shipped_helper.py")],
+                          cwd=driver, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    kind, where = done.stdout.split(maxsplit=1)
+    assert kind == "COMPLETED", done.stdout
+    assert "working_dir_files/_ray_pkg_" in where and "py_modules_files/_ray_pkg_" in where, where
+
+
+def test_module_objects_in_py_modules_go_to_ray_as_their_paths() -> None:
+    """A package as its directory, a single-file module as its file; paths, URIs and the rest of
+    the runtime_env unchanged."""
+    single = types.ModuleType("single")
+    single.__file__ = "/code/single.py"
+    env = {"py_modules": [mpvisor, single, "/code/pkg", "s3://b/p.zip"],
+           "env_vars": {"A": "1"}}
+    converted = ray_launcher._modules_as_paths(env)
+    assert converted == {"py_modules": [os.path.dirname(mpvisor.__file__ or ""), "/code/single.py",
+                                        "/code/pkg", "s3://b/p.zip"], "env_vars": {"A": "1"}}
+    assert isinstance(env["py_modules"][0], types.ModuleType)  # the caller's mapping is left alone
+
+
+INTERRUPTED_DRIVER = """
+import signal
+import sys
+import mpvisor
+from mpvisor import ConfigError, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+try:
+    mpvisor.run([TaskSpec.once(TaskFn("t", "workers.basic:quick", ("x",)))],
+                SupervisorConfig(start_timeout=1.0, launcher=RayLauncher(address=sys.argv[1])))
+except ConfigError as exc:
+    print(exc, file=sys.stderr)
+signal.raise_signal(signal.SIGINT)  # a Ctrl-C now: nothing handles it
+"""
+
+
+def test_a_program_interrupted_after_a_connection_was_given_up_dies_by_sigint(tmp_path: Any) -> None:
+    """A program whose Ray connection was given up (here at `start_timeout`; a Ctrl-C while it
+    connects is the same) and that is then interrupted dies by SIGINT, as a shell expects: Ray's
+    shutdown at exit imported a module first, which made CPython forget the uncaught
+    KeyboardInterrupt, and the program exited with status 1."""
+    (tmp_path / "driver.py").write_text(INTERRUPTED_DRIVER)
+    with socket.socket() as unused:  # a port nobody listens at
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "driver.py", address], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=50)
+    assert "no answer within start_timeout=1.0 s" in done.stderr, done.stderr
+    assert done.returncode == -signal.SIGINT, (done.returncode, done.stderr)

@@ -73,3 +73,52 @@ async def test_the_local_cluster_outlives_the_thread_that_connected(monkeypatch:
     assert fake.alive_at_shutdown is True
     fake.init_thread.join(timeout=5)
     assert not fake.init_thread.is_alive()
+
+
+class SlowLocalRay(LocalRay):
+    """`init` starts the "cluster" at once, then takes until `proceed` to return, as Ray's does
+    while its raylet starts the node's agents."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.proceed = threading.Event()
+
+    def init(self, **options: Any) -> None:
+        super().init(**options)
+        self.started.set()
+        self.proceed.wait(timeout=20)
+
+
+async def test_a_close_while_a_local_cluster_starts_waits_to_shut_it_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed (a Ctrl-C of the run) while `ray.init` still starts a local cluster, the launcher
+    waits for `ray.init` to return and for the cluster's `ray.shutdown`: a process that ended
+    before then left the cluster's dashboard and runtime-env agents running, orphans."""
+    fake = SlowLocalRay()
+    monkeypatch.setattr(ray_launcher, "_ray", lambda: fake)
+    client = RayLauncher(address="local")(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, fake.started.wait, 10)
+    closing = asyncio.ensure_future(client.close())
+    done, _ = await asyncio.wait({closing}, timeout=0.5)
+    assert not done, "close returned while ray.init was still starting the cluster"
+    fake.proceed.set()
+    await asyncio.wait_for(closing, 10)
+    assert fake.alive_at_shutdown is True and fake.cluster is None
+
+
+async def test_a_close_while_connecting_to_a_remote_address_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address that starts no cluster here (`HOST:PORT`, `ray://`, `auto`) is given up at once:
+    a Ctrl-C while Ray still tries to reach it ends the run without waiting for Ray."""
+    fake = SlowLocalRay()
+    monkeypatch.setattr(ray_launcher, "_ray", lambda: fake)
+    client = RayLauncher(address="10.0.0.5:1")(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
+    loop = asyncio.get_running_loop()
+    try:
+        assert await loop.run_in_executor(None, fake.started.wait, 10)
+        await asyncio.wait_for(client.close(), 2)
+    finally:
+        fake.proceed.set()
+    assert fake.init_thread is not None
+    await loop.run_in_executor(None, fake.init_thread.join, 10)
+    assert fake.cluster is None, "the connection made after close was not shut down"

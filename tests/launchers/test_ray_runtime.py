@@ -172,6 +172,21 @@ async def test_a_request_ray_refuses_is_fatal_not_retried() -> None:
     assert outcome.reason.startswith("could not start: Ray refused the agent: ValueError: "), outcome.reason
 
 
+async def test_more_memory_than_ray_can_count_is_fatal_not_placed_anywhere() -> None:
+    """A `memory` above what Ray counts (2**63 - 1 ten-thousandths of a byte, 838 TiB) overflows
+    in Ray, which then placed the agent on any node as if it asked for no memory: the attempt ran.
+    It is refused as Ray's refusals are, FATAL after one attempt, naming the amount."""
+    spec = (TaskSpec.restartable(fn("huge", basic.quick, "never")).with_resources(memory=2**50)
+            .with_backoff(basic_backoff()))
+    async with supervised(on_ray(start_timeout=10.0)) as (handle, _):
+        _, waiter = await handle.add_and_watch(spec)
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FATAL, 1), outcome
+    assert outcome.reason == (f"could not start: Ray refused the agent: ValueError: memory={2**50} bytes is more than "
+                              "Ray can reserve (at most 922337203685477 bytes): it would place the agent as if it "
+                              "asked for none"), outcome.reason
+
+
 async def test_a_preload_that_fails_on_the_node_is_fatal_not_retried() -> None:
     """A `preload` module the node cannot import: on this machine the supervisor would not start
     (ConfigError); on Ray each agent's launcher fails the same way, so the task ends FATAL after
