@@ -124,6 +124,23 @@ def test_a_store_down_for_less_than_half_a_ttl_changes_nothing_for_the_owner_or_
         server.cleanup()
 
 
+def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any, Any, Any, Any]:
+    """Host 1 owns slot `s` (TTL 6), host 2 (TTL 12) and host 3 (TTL 6) wait behind it, and host 2
+    is SIGKILLed while PostgreSQL is stopped for a second (it cannot leave the queue): the
+    database's URL, the owners' log, and hosts 1, 2 (dead) and 3."""
+    url = _pg_support.fresh_database(server)
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
+    wait_for(lambda: started(log, "one"), timeout=30)
+    dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
+    assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
+    third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
+    assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
+    _pg_support.outage(server, 1.0, during=dead.kill)
+    assert finish(dead)[0] == -signal.SIGKILL
+    return url, log, first, dead, third
+
+
 @pytest.mark.slow  # test_postgres_slots' dead-waiter tests check the skip in the default run; this adds the store's outage
 def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any) -> None:
     """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
@@ -135,16 +152,7 @@ def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees
 
     server = _pg_support.start_server()
     try:
-        url = _pg_support.fresh_database(server)
-        log = tmp_path / "owners.log"
-        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
-        wait_for(lambda: started(log, "one"), timeout=30)
-        dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
-        assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
-        third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
-        assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
-        _pg_support.outage(server, 1.0, during=dead.kill)
-        assert finish(dead)[0] == -signal.SIGKILL
+        url, log, first, _, third = _a_waiter_killed_in_an_outage(tmp_path, server)
 
         def up_a_quarter_ttl() -> bool:
             with psycopg.connect(url) as conn:
@@ -177,16 +185,7 @@ def test_a_waiter_killed_while_the_store_was_down_is_not_granted_a_slot_freed_so
 
     server = _pg_support.start_server()
     try:
-        url = _pg_support.fresh_database(server)
-        log = tmp_path / "owners.log"
-        first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
-        wait_for(lambda: started(log, "one"), timeout=30)
-        dead = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "12", *owner(log, 0.0, "dead"))
-        assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
-        third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
-        assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
-        _pg_support.outage(server, 1.0, during=dead.kill)
-        assert finish(dead)[0] == -signal.SIGKILL
+        url, log, first, dead, third = _a_waiter_killed_in_an_outage(tmp_path, server)
         first.terminate()
         assert finish(first)[0] == -signal.SIGTERM
         with psycopg.connect(url) as conn:
