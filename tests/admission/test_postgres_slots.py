@@ -1112,16 +1112,31 @@ def test_a_message_loses_the_password_as_written_and_percent_decoded(url: str) -
 
 
 
-_NOT_URLS = [  # what a user may give for a URL, each with a password: never shown
-    "host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys",  # libpq's keyword/value form
-    "host=db password='Hunter2 leaked' dbname=ops",
-    "postgresql//deploy:Hunter2leaked@db/ops",  # a URL with a typo in its scheme
-    "postgres:/deploy:Hunter2leaked@db/ops",
-    "postgresql//db/ops?sslmode=require&password=Hunter2leaked",
-]
+# What a user may give for a URL, each with a password, and how an error shows it: never whole.
+_NOT_URLS = {
+    "host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys":  # libpq's keyword/value form
+        "host=127.0.0.1 user=deploy password=*** dbname=deploys",
+    "host=db password='Hunter2 leaked' dbname=ops": "host=db password=*** dbname=ops",
+    "postgresql//deploy:Hunter2leaked@db/ops": "postgresql//deploy:***@db/ops",  # a URL with a typo in its scheme
+    "postgres:/deploy:Hunter2leaked@db/ops": "postgres:/deploy:***@db/ops",
+    "postgresql//db/ops?sslmode=require&password=Hunter2leaked": "postgresql//db/ops?sslmode=require&password=***",
+}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", _NOT_URLS)
+def test_a_setting_that_is_not_a_url_is_shown_without_its_password(bad: str) -> None:
+    """`concealed`, the one way an error shows a store setting, masks the password of every form
+    (pure); the runs below check that each command shows the setting so."""
+    from mpvisor._admission.leases.postgres import concealed
+
+    assert concealed(bad) == _NOT_URLS[bad]
+
+
+# Every command and entry point, for two of the forms (each form's masking is checked above)
+@pytest.mark.parametrize("bad", [bad if bad in ("host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys",
+                                                "postgresql//deploy:Hunter2leaked@db/ops")
+                                 else pytest.param(bad, marks=pytest.mark.slow) for bad in _NOT_URLS])
 def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_path: Any, bad: str) -> None:
     """A `--slots`, `$MPVISOR_SLOTS`, file `slots` or `leases=` that is not a postgresql:// URL
     (libpq's keyword/value string, a typo in the scheme) is a usage error naming the option, and
