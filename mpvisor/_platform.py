@@ -147,17 +147,16 @@ def oom_count_files(cgroup: str, mountinfo: str = "") -> list[str]:
         head, tail = before.split(), after.split()
         if not dash or len(head) < 5 or len(tail) < 3:
             continue
-        point, root = (_unescape_mount_field(field) for field in (head[4], head[3]))
+        point, root = (unescape_mount_field(field) for field in (head[4], head[3]))
         mounts.pop(point, None)
         if tail[0] == "cgroup2" or (tail[0] == "cgroup" and "memory" in tail[2].split(",")):
             mounts[point] = (root, tail[0] == "cgroup2")
 
     def mounted(path: str, v2: bool) -> str | None:
         for point, (root, version2) in mounts.items():
-            base = root.rstrip("/")
-            if version2 == v2 and (path == root or (path + "/").startswith(base + "/")):
-                below = path[len(base):].strip("/")
-                return f"{point.rstrip('/')}/{below}" if below else point
+            where = dir_under_mount(point, root, path) if version2 == v2 else None
+            if where is not None:
+                return where
         return None
 
     files = []
@@ -179,7 +178,17 @@ def oom_count_files(cgroup: str, mountinfo: str = "") -> list[str]:
     return [*files, "/proc/vmstat"]
 
 
-def _unescape_mount_field(text: str) -> str:
+def dir_under_mount(point: str, root: str, path: str) -> str | None:
+    """The directory of the cgroup `path` under a mount at `point` of its hierarchy from `root`
+    down (a mount table's fourth field), None when the cgroup lies outside what the mount shows."""
+    base = root.rstrip("/")
+    if path != root and not (path + "/").startswith(base + "/"):
+        return None
+    below = path[len(base):].strip("/")
+    return f"{point.rstrip('/')}/{below}" if below else point
+
+
+def unescape_mount_field(text: str) -> str:
     """A mount table's field: spaces, tabs, newlines and backslashes are written `\\040` etc."""
     parts = text.split("\\")
     out = [parts[0]]

@@ -68,7 +68,6 @@ def cli() -> NoReturn:
     argv = sys.argv[1:]
     if _needs_a_launcher(argv):
         _refuse_an_unsupported_host()  # before a launcher starts: one line, status 1
-    if _needs_a_launcher(argv):
         from mpvisor._launchers.local import early
 
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))  # first: it inherits SIGHUP as given

@@ -93,21 +93,13 @@ class Membership:
     v2: str | None = None
 
 
-_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape(text: str) -> str:
-    """A mount table's field: spaces, tabs, newlines and backslashes are written `\\040` etc."""
-    return _ESCAPE.sub(lambda m: chr(int(m[1], 8)), text)
-
-
 def _mount(fstype: str, point: str, root: str, options: str) -> Mount | None:
     if fstype == "cgroup2":
-        return Mount(_unescape(point), _unescape(root), 2)
+        return Mount(_platform.unescape_mount_field(point), _platform.unescape_mount_field(root), 2)
     if fstype != "cgroup":
         return None
     names = {o for o in options.split(",") if o in V1_SUBSYSTEMS or o.startswith("name=")}
-    return Mount(_unescape(point), _unescape(root), 1, frozenset(names))
+    return Mount(_platform.unescape_mount_field(point), _platform.unescape_mount_field(root), 1, frozenset(names))
 
 
 def parse_mounts(text: str) -> tuple[Mount, ...]:
@@ -169,11 +161,9 @@ def cgroup_dir(mounts: Collection[Mount], path: str | None, controller: str | No
             continue  # hidden
         if (mount.version == 2) != (controller is None) or (controller is not None and controller not in mount.controllers):
             continue
-        root = mount.root.rstrip("/")
-        if path != mount.root and not (path + "/").startswith(root + "/"):
-            continue  # the cgroup lies outside what this mount shows
-        below = path[len(root):].strip("/")
-        return os.path.join(mount.point, below) if below else mount.point
+        where = _platform.dir_under_mount(mount.point, mount.root, path)
+        if where is not None:  # else the cgroup lies outside what this mount shows
+            return where
     return None
 
 
