@@ -180,21 +180,29 @@ print(outcome.kind.name, outcome.value if outcome.value is not None else outcome
 """
 
 
+def _ship(tmp_path: Any, program: str, address: str) -> subprocess.CompletedProcess[str]:
+    """Run `program` (a driver) from a directory of its own against `address`, with a target
+    module `shipped_code` in one directory and the `shipped_helper` it imports in another, on no
+    path of the cluster's: the driver ships both (its arguments: the address, the code's
+    directory, the helper's file)."""
+    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
+    for directory in (code, helpers, driver):
+        directory.mkdir()
+    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
+    (helpers / "shipped_helper.py").write_text("")
+    (driver / "driver.py").write_text(program)
+    return subprocess.run([sys.executable, "driver.py", address, str(code), str(helpers / "shipped_helper.py")], cwd=driver,
+                          env={**os.environ, "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=50)
+
+
 @pytest.mark.ray
 def test_code_that_only_the_driver_has_is_shipped_with_runtime_env(on_ray: Any, tmp_path: Any) -> None:
     """A program whose target is in a directory of its own, on no path of the cluster's, ships
     it as the docs say, with `RayLauncher(runtime_env={"working_dir": DIR, "py_modules": [FILE]})`:
     Ray uploads local code only for a whole job (for one actor it refuses it), so the
     supervisor's connection carries it, and the attempt imports the uploaded copies."""
-    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
-    for directory in (code, helpers, driver):
-        directory.mkdir()
-    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
-    (helpers / "shipped_helper.py").write_text("")
-    (driver / "driver.py").write_text(SHIPPED_DRIVER)
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "driver.py", on_ray.address, str(code), str(helpers / "shipped_helper.py")],
-                          cwd=driver, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    done = _ship(tmp_path, SHIPPED_DRIVER, on_ray.address)
     assert done.returncode == 0, done.stderr
     kind, where = done.stdout.split(maxsplit=1)
     assert kind == "COMPLETED", done.stdout
@@ -224,16 +232,7 @@ def test_modules_shipped_as_module_objects_through_a_ray_client_address(on_ray: 
     say) on a `ray://` address too: Ray's client deep-copies the runtime_env, which a module
     refuses, so the connection failed ("Failed to apply UV runtime env hook for Ray Client:
     cannot pickle 'module' object"); each module now goes to Ray as its path, and is uploaded."""
-    code, helpers, driver = tmp_path / "code", tmp_path / "helpers", tmp_path / "elsewhere"
-    for directory in (code, helpers, driver):
-        directory.mkdir()
-    (code / "shipped_code.py").write_text("import shipped_helper\n\ndef where():\n    return [__file__, shipped_helper.__file__]\n")
-    (helpers / "shipped_helper.py").write_text("")
-    (driver / "driver.py").write_text(MODULE_DRIVER)
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "driver.py", _ray_support.client_address(on_ray), str(code),
-                           str(helpers / "shipped_helper.py")],
-                          cwd=driver, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=50)
+    done = _ship(tmp_path, MODULE_DRIVER, _ray_support.client_address(on_ray))
     assert done.returncode == 0, done.stderr
     kind, where = done.stdout.split(maxsplit=1)
     assert kind == "COMPLETED", done.stdout
