@@ -14,6 +14,11 @@ wait for a CPU; Ray's blocking calls run off the supervisor's loop, so its timer
 | bare Ray task, `max_calls=1` | `noop.remote()` with `@ray.remote(max_calls=1, num_cpus=1)`: a fresh worker per call | submit -> the task body's first line (it returns `time.time()`) | submit -> `ray.get` returns |
 | reused Ray actor | one actor created up front; `actor.noop.remote()` | submit -> the method's first line | submit -> `ray.get` returns |
 
+Then a batch: `--batch` (16) one-CPU attempts added at once, four times what the cluster places at
+once, by a supervisor of its own (no `max_concurrent`), against as many bare `max_calls=1` tasks
+submitted at once; the time until the last has ended, 3 rounds alternating, each once every CPU
+of the cluster is free again.
+
 Latency trials are sequential (one attempt at a time), in blocks: each contender runs half its
 trials, then the next contender, and again in a second round, so a noisy neighbour's drift
 spreads over all of them. Each block starts with one uncounted trial, because Ray's worker pool
@@ -87,6 +92,7 @@ DEADLINE = 60.0  # seconds for any one attempt to start or end (past it: exit 12
 TREE_ROLES = 4  # descendants stubborn_tree records
 POLL = 0.005  # seconds between looks at a file being written by an attempt
 ROUNDS = 2  # latency blocks per contender, alternating
+BATCH_ROUNDS = 3  # batches per contender, alternating
 
 
 # --- bare Ray contenders (defined here, shipped by value to the workers) ----------------------
@@ -222,9 +228,10 @@ def _await_gone(procs: list[psutil.Process]) -> None:
 
 
 class MpvisorRuns:
-    def __init__(self, handle: Any, watcher: StartWatcher) -> None:
+    def __init__(self, handle: Any, watcher: StartWatcher, address: str | None) -> None:
         self.handle = handle
         self.watcher = watcher
+        self.address = address
         self.count = 0
 
     def _name(self, kind: str) -> str:
@@ -265,6 +272,22 @@ class MpvisorRuns:
         begin = time.perf_counter()
         await asyncio.gather(lane(), lane())
         return n / (time.perf_counter() - begin)
+
+    async def batch(self, n: int) -> float:
+        """Seconds for `n` one-CPU attempts added at once, more than the cluster places at once
+        (a supervisor of its own: no `max_concurrent`)."""
+        handle = Supervisor(SupervisorConfig(launcher=RayLauncher(address=self.address))).serve()
+        try:
+            begin = time.perf_counter()
+            waiters = [(await handle.add_and_watch(TaskSpec.once(TaskFn(self._name("batch"), noop))
+                                                   .with_resources(num_cpus=1)))[1] for _ in range(n)]
+            for waiter in waiters:
+                outcome = await _within(waiter.wait(), "a batch attempt")
+                if not outcome.is_success():
+                    raise RuntimeError(f"a batch attempt did not succeed: {outcome}")
+            return time.perf_counter() - begin
+        finally:
+            await handle.shutdown()
 
     async def reap(self, into: Reap, tmp: str) -> None:
         name = self._name("reap")
@@ -331,6 +354,21 @@ def ray_throughput(submit: Callable[[], Any], n: int) -> float:
     return n / (time.perf_counter() - begin)
 
 
+def _all_cpus_free() -> None:
+    deadline = time.monotonic() + DEADLINE
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster's CPUs were not all free within {DEADLINE:.0f} s")
+        time.sleep(0.05)
+
+
+def ray_batch(n: int) -> float:
+    begin = time.perf_counter()
+    refs = [ray_noop.remote() for _ in range(n)]
+    _ray_get(refs, "a batch of bare Ray tasks")
+    return time.perf_counter() - begin
+
+
 def ray_reap(into: Reap, tmp: str, trial: int) -> None:
     pid_path = os.path.join(tmp, f"ray-{trial}.pid")
     ref = ray_sleeper.remote(pid_path)
@@ -361,6 +399,7 @@ class Results:
     latency: dict[str, Latency]
     throughput: dict[str, float]
     reap: dict[str, Reap]
+    batch: dict[str, list[float]]
 
 
 MPV, MPV_ENTRY, MPV_NEW = "mpvisor RayLauncher", "mpvisor, target time.time", "mpvisor, a new agent each"
@@ -374,7 +413,7 @@ async def run(args: argparse.Namespace, tmp: str) -> Results:
     handle = Supervisor(config, subscribers=[watcher]).serve()
     actor = ReusedActor.remote()
     try:
-        mpv = MpvisorRuns(handle, watcher)
+        mpv = MpvisorRuns(handle, watcher, args.address)
         trials: dict[str, Callable[[Latency], Awaitable[None]]] = {
             RAY: lambda into: _now(ray_latency, into),
             MPV: lambda into: mpv.latency(into, noop),
@@ -395,12 +434,18 @@ async def run(args: argparse.Namespace, tmp: str) -> Results:
             MPV: await mpv.throughput(args.throughput),
             ACTOR: await _now(ray_throughput, actor.noop.remote, args.throughput),
         }
+        print(f"a batch of {args.batch} one-CPU attempts added at once, {BATCH_ROUNDS} rounds alternating ...", flush=True)
+        batch: dict[str, list[float]] = {MPV: [], RAY: []}
+        for _ in range(BATCH_ROUNDS):
+            for label, contender in ((MPV, lambda: mpv.batch(args.batch)), (RAY, lambda: _now(ray_batch, args.batch))):
+                await _now(_all_cpus_free)  # what the one before kept (mpvisor's idle agents) is given back
+                batch[label].append(await contender())
         print(f"cancel and reap, {args.trials} trials of each, alternating ...", flush=True)
         reap = {MPV: Reap(), RAY: Reap()}
         for number in range(args.trials):
             await mpv.reap(reap[MPV], tmp)
             await _now(ray_reap, reap[RAY], tmp, number)
-        return Results(latency, throughput, reap)
+        return Results(latency, throughput, reap, batch)
     finally:
         ray.kill(actor, no_restart=True)
         await handle.shutdown()
@@ -437,6 +482,11 @@ def report(results: Results, args: argparse.Namespace) -> None:
               f"{med(lat.round_trip) / med(base.round_trip):13.2f}x "
               f"{statistics.fmean(lat.round_trip) / statistics.fmean(base.round_trip):8.2f}x   {shown}")
     print()
+    mpv_batch, ray_batch_ = med(results.batch[MPV]), med(results.batch[RAY])
+    print(f"a batch of {args.batch} one-CPU attempts added at once, median of {BATCH_ROUNDS}: {MPV} {mpv_batch:.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in results.batch[MPV])}), {RAY} {ray_batch_:.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in results.batch[RAY])}): {mpv_batch / ray_batch_:.2f}x")
+    print()
     print(f"cancel -> answer ({args.trials} trials each; mpvisor grace {args.grace} s)")
     print(f"{'contender':28s} {'p50':>9s} {'p99':>9s}  {'answers':24s} still in the process table at the answer")
     for label, reap in results.reap.items():
@@ -467,9 +517,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency", type=int, default=None, help="sequential latency trials per contender (default 30, --quick 8)")
     parser.add_argument("--throughput", type=int, default=None, help="attempts per throughput run (default 30, --quick 8)")
     parser.add_argument("--trials", type=int, default=None, help="cancel trials per contender (default 20, --quick 5)")
+    parser.add_argument("--batch", type=int, default=None, help="attempts in each batch added at once (default 16, --quick 8)")
     parser.add_argument("--grace", type=float, default=0.2, help="mpvisor's grace before the tree kill, seconds (default 0.2)")
     args = parser.parse_args(argv)
-    for option, full, quick in (("latency", 30, 8), ("throughput", 30, 8), ("trials", 20, 5)):
+    for option, full, quick in (("latency", 30, 8), ("throughput", 30, 8), ("batch", 16, 8), ("trials", 20, 5)):
         value = getattr(args, option)
         if value is None:
             setattr(args, option, quick if args.quick else full)

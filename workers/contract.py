@@ -3,7 +3,7 @@
 | function | does | ends |
 |---|---|---|
 | `gil_loop()` | `sum(range(...))` over 10**18 numbers: one C call that holds the GIL and never lets a Python signal handler or another thread run | only a kill ends it |
-| `lineage()` | | returns `[pid, parent pid]` (the launcher that forked it) |
+| `lineage(marker, release_path)` | waits for `release_path` to exist, if given | returns `[pid, parent pid]` (the launcher that forked it) |
 | `lost_once(lock_path, violations_path)` | the slot overlap probe of `overlap`; attempt 1 then waits like `coop.cooperative` | attempt 1: lost or `Canceled`; later attempts return `"retried"` |
 """
 
@@ -33,9 +33,14 @@ def lost_once(lock_path: str, violations_path: str, marker: str | None = None) -
     return "retried"
 
 
-def lineage(marker: str | None = None) -> list[int]:
-    """Return `[pid, parent pid]`: which launcher forked this attempt."""
+def lineage(marker: str | None = None, release_path: str | None = None) -> list[int]:
+    """Return `[pid, parent pid]`: which launcher forked this attempt (once `release_path`
+    exists, if given)."""
     import os
 
     mark(marker, "started")
+    if release_path is not None:
+        from . import coop
+
+        coop._wait_for_release(context(), release_path, marker)
     return [os.getpid(), os.getppid()]

@@ -35,6 +35,9 @@ partitioned for longer than Ray's own failure detection should raise it.
 An agent that does not end its attempt within `KILL_WAIT` of a kill (frozen, or cut off from
 this process while Ray counts its node alive) is ended by Ray (`_force`), and the attempt is
 reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the fence.
+A new agent gets its attempt's start only once Ray has placed it (`_placed`): an agent of the
+same shape that is ready meanwhile takes the attempt instead (`_reuse`), and the new one, never
+sent anything, is kept as a spare for the next attempt of that shape (`_spare`).
 An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
 came back had not started it (or, in the moment before its death, had: the fence covers that
 tree as any other): after the fence the attempt goes to a new agent instead of failing.
@@ -547,11 +550,15 @@ class _Remote:
     capture: bool = False  # the runtime captures its output (`on_output`); else `_Echo` writes it here
     echoed: bool = False  # lines of it went to `_Echo` since its last flush
     pipe_broken: bool = False  # it wrote to an fd of this process whose pipe has no reader: sent SIGPIPE
+    placing: Any = None  # its new agent while Ray has not placed it (no start has gone to it yet)
+    shape: Any = None  # what an agent must have been made with to run it (`RayClient._run`)
+    handoff: asyncio.Future[_Idle] | None = None  # while placing: an agent of its shape, handed to it
 
 
 @record(eq=False)
 class _Idle:
-    """An agent whose last attempt ended cleanly, kept for the next attempt of its shape."""
+    """An agent kept for the next attempt of its shape: one whose last attempt ended cleanly, or
+    a *spare*, asked for by an attempt that was then handed another agent (`RayClient._reuse`)."""
 
     agent: Any
     shape: Any  # (options, environment): what an attempt must ask for to run on it
@@ -559,6 +566,7 @@ class _Idle:
     node: str | None
     agent_pid: int | None
     timer: asyncio.TimerHandle | None = None
+    placing: asyncio.Task[None] | None = None  # a spare's wait for Ray to place it (None: placed)
 
 
 class RayClient:
@@ -736,8 +744,8 @@ class RayClient:
         if remote.node is None and not remote.kill_asked:
             # Not placed yet (maybe waiting for resources): end the agent, which ends the start.
             remote.kill_asked = True
-            if remote.agent is not None:
-                _ray().kill(remote.agent, no_restart=True)
+            if remote.agent is not None or remote.placing is not None:
+                _ray().kill(remote.agent or remote.placing, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
         remote.kill_sent = True
@@ -778,8 +786,9 @@ class RayClient:
         self._closing = True
         self._release_idle()
         for remote in list(self._attempts.values()):
-            if remote.agent is not None:
-                _ray().kill(remote.agent, no_restart=True)
+            for agent in (remote.agent, remote.placing):
+                if agent is not None:
+                    _ray().kill(agent, no_restart=True)
             if remote.task is not None:
                 remote.task.cancel()
         tasks = [r.task for r in self._attempts.values() if r.task is not None]
@@ -812,6 +821,11 @@ class RayClient:
         try:
             await self._run(remote, *args)
         except Exception as exc:
+            if remote.placing is not None:
+                try:
+                    _ray().kill(remote.placing, no_restart=True)  # never sent a start
+                except Exception:
+                    pass
             if remote.agent is not None:
                 try:
                     _ray().kill(remote.agent, no_restart=True)
@@ -837,9 +851,12 @@ class RayClient:
                        **options.get("resources", {})}
         shape = (repr(sorted(options.items())), repr(environment))
         idle = self._take_idle(shape) if reuse else None
-        if idle is not None:  # its local launcher runs, in this environment: only a fork to go
+        fresh = idle is None or idle.placing is not None  # not placed yet, and sent nothing
+        if idle is not None and not fresh:  # its local launcher runs, in this environment: only a fork to go
             agent, remote.number = idle.agent, idle.attempts + 1
             remote.node, remote.agent_pid = idle.node, idle.agent_pid
+        elif idle is not None:  # a spare of its shape, which Ray has not placed yet: it waits for that
+            agent, idle = idle.agent, None
         else:
             self._release_idle()  # what idle agents hold may be what this one needs
             try:
@@ -851,7 +868,24 @@ class RayClient:
                 reason = f"could not start: Ray refused the agent: {type(exc).__name__}: {_first_line(exc)}"
                 self._end(remote, lambda s: s.on_start_failed(reason, fatal=True))
                 return
+        if fresh:
             remote.number = 1
+            placed = await self._placed(remote, agent, shape)
+            if placed is None:
+                return
+            if isinstance(placed, _Idle):  # an agent of its shape ended its attempt first: it runs this one
+                idle = placed
+                agent, remote.number = idle.agent, idle.attempts + 1
+                remote.node, remote.agent_pid = idle.node, idle.agent_pid
+            else:
+                agent = placed
+            if remote.kill_asked:  # killed as it was placed: the agent never got its start
+                if idle is not None:
+                    self._reuse(idle, remote)
+                else:
+                    self._close_agent(agent)
+                self._end(remote, lambda s: s.on_start_failed("could not start: killed before it was placed"))
+                return
         remote.agent = agent
         launch = self.launch
         # The agent always captures the attempt's output: what it printed comes back as events, in
@@ -886,26 +920,100 @@ class RayClient:
                 if event[0] in _ENDS and remote.echoed:
                     await self._flushed(remote)  # every line it printed is written before its end
                 clean = self._dispatch(remote, event) or clean
-        if clean and not self._closing and not self._placing(remote):
-            self._keep_idle(_Idle(agent, shape, remote.number, remote.node, remote.agent_pid))
+        if clean and not self._closing:
+            self._reuse(_Idle(agent, shape, remote.number, remote.node, remote.agent_pid), remote)
         else:
             self._close_agent(agent)
 
+    async def _placed(self, remote: _Remote, agent: Any, shape: Any) -> Any:
+        """Wait until Ray has placed the attempt's new `agent` (nothing has been sent to it yet),
+        or until `_reuse` hands it an agent of its shape that is ready (then its own becomes a
+        spare). Returns that `_Idle`, or the agent Ray placed, or None when it could not be placed
+        (killed while it waited, or Ray could not start it): its end is reported then."""
+        remote.placing, remote.shape = agent, shape
+        remote.handoff = handoff = self.loop.create_future()
+        ready = asyncio.ensure_future(agent.__ray_ready__.remote())
+        try:
+            await asyncio.wait((ready, handoff), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # closed (which ends `placing`): so is an agent handed over
+            ready.cancel()
+            if handoff.done():
+                self._close_agent(handoff.result().agent)
+            raise
+        finally:
+            remote.handoff = None
+        if handoff.done():
+            ready.cancel()
+            return handoff.result()
+        handoff.cancel()
+        remote.placing = None
+        error = ready.exception()
+        if error is None:
+            return agent
+        await self._lost(remote, error, sent=False)
+        return None
+
     # --- idle agents ---------------------------------------------------------------------------------
 
-    def _placing(self, ended: _Remote) -> bool:
+    def _reuse(self, idle: _Idle, ended: _Remote | None) -> None:
+        """An agent that is ready (its attempt ended cleanly, or Ray placed a spare) goes to the
+        attempt of its shape that has waited longest for its own agent to be placed, whose own
+        then becomes a spare: kept for the next attempt of that shape, and handed in turn to one
+        that waits once Ray has placed it (an attempt need not wait for a new Ray worker while
+        another's ends, and one that is being started is not wasted). With no such attempt, the
+        agent is kept idle for the next one, unless an attempt of another shape waits to be
+        placed (the agent would hold what it needs): then it is closed."""
+        for remote in self._attempts.values():  # in the order they were spawned
+            handoff = remote.handoff
+            if handoff is not None and not handoff.done() and remote.shape == idle.shape and not remote.kill_asked:
+                handoff.set_result(idle)
+                self._spare(remote.placing, idle.shape)
+                remote.placing = None
+                return
+        if self._placing(ended):
+            self._close_agent(idle.agent)
+        else:
+            self._keep_idle(idle)
+
+    def _spare(self, agent: Any, shape: Any) -> None:
+        """Keep `agent`, asked for but not yet placed by Ray, for `AGENT_IDLE` s, as an idle one."""
+        spare = _Idle(agent, shape, 0, None, None)
+        spare.placing = self.loop.create_task(self._spare_placed(spare), name="mpvisor-ray-spare")
+        spare.timer = self.loop.call_later(AGENT_IDLE, self._expire, spare)
+        self._idle.append(spare)
+
+    async def _spare_placed(self, spare: _Idle) -> None:
+        try:
+            await spare.agent.__ray_ready__.remote()
+        except Exception:  # Ray could not start it: it never had anything of ours
+            if spare in self._idle:
+                self._idle.remove(spare)
+                self._end_idle(spare)
+            return
+        if spare in self._idle:
+            self._idle.remove(spare)
+            if spare.timer is not None:
+                spare.timer.cancel()
+            spare.placing = None
+            self._reuse(spare, None)
+
+    def _placing(self, ended: _Remote | None) -> bool:
         """Whether another attempt still waits for its agent to be placed: an idle agent would
         hold resources it may need (each would wait `AGENT_IDLE` s, in waves, or time out)."""
         return any(remote.node is None and not remote.done for remote in self._attempts.values() if remote is not ended)
 
     def _take_idle(self, shape: Any) -> _Idle | None:
-        for idle in self._idle:
-            if idle.shape == shape:
-                self._idle.remove(idle)
-                if idle.timer is not None:
-                    idle.timer.cancel()
-                return idle
-        return None
+        """An idle agent of `shape`, one that is placed before a spare that is not."""
+        fits = [idle for idle in self._idle if idle.shape == shape]
+        if not fits:
+            return None
+        idle = next((idle for idle in fits if idle.placing is None), fits[0])
+        self._idle.remove(idle)
+        if idle.timer is not None:
+            idle.timer.cancel()
+        if idle.placing is not None:
+            idle.placing.cancel()
+        return idle
 
     def _keep_idle(self, idle: _Idle) -> None:
         """Keep the agent `AGENT_IDLE` s for the next attempt of its shape (it holds its resources meanwhile)."""
@@ -915,14 +1023,21 @@ class RayClient:
     def _expire(self, idle: _Idle) -> None:
         if idle in self._idle:
             self._idle.remove(idle)
-            self._close_agent(idle.agent)
+            self._end_idle(idle)
 
     def _release_idle(self) -> None:
         for idle in self._idle:
-            if idle.timer is not None:
-                idle.timer.cancel()
-            self._close_agent(idle.agent)
+            self._end_idle(idle)
         self._idle.clear()
+
+    def _end_idle(self, idle: _Idle) -> None:
+        if idle.timer is not None:
+            idle.timer.cancel()
+        if idle.placing is not None:  # a spare Ray has not placed: it has no launcher to close
+            idle.placing.cancel()
+            _ray().kill(idle.agent, no_restart=True)
+        else:
+            self._close_agent(idle.agent)
 
     def _close_agent(self, agent: Any) -> None:
         task = self.loop.create_task(self._retire(agent), name="mpvisor-ray-retire")
@@ -987,12 +1102,13 @@ class RayClient:
         remote.echoed = False
         await self._echo.flushed()
 
-    async def _lost(self, remote: _Remote, exc: BaseException) -> None:
-        """Ray declared the agent dead: find out how, hold the fence, then report."""
+    async def _lost(self, remote: _Remote, exc: BaseException, sent: bool = True) -> None:
+        """Ray declared the agent dead: find out how, hold the fence, then report (`sent`: the
+        attempt's start had gone to it; if not, nothing of the attempt can have run)."""
         if remote.echoed:
             await self._flushed(remote)
         text = _first_line(exc)
-        never_ran = "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
+        never_ran = not sent or "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
         node_dead = remote.node is not None and not await self.loop.run_in_executor(None, _node_alive, remote.node)
         if node_dead:
             how = f"node lost (Ray node {_short(remote.node)} died)"

@@ -314,13 +314,65 @@ async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_sha
     assert [e.attempt for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)] == [1]
 
 
+async def test_an_agent_whose_attempt_ended_runs_one_that_waits_to_be_placed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full cluster, an attempt that waits for its own agent to be placed is handed the
+    agent of an attempt of its shape that ended, and its own, never sent anything, is kept as a
+    spare, which the next attempt of that shape takes instead of asking Ray for another: two
+    attempts that take the whole cluster, then two more, one after the other, run on the first
+    two's agents (two Ray workers, each most of a second here), and Ray is asked for three."""
+    import ray
+
+    from mpvisor._launchers import ray as ray_launcher
+
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= _ray_support.HEAD_CPUS, timeout=30.0)
+    placing: list[int] = []
+    asked: list[int] = []
+    placed, release_idle = ray_launcher.RayClient._placed, ray_launcher.RayClient._release_idle
+
+    async def recorded(self: Any, remote: Any, agent: Any, shape: Any) -> Any:
+        placing.append(remote.key)
+        return await placed(self, remote, agent, shape)
+
+    def counted(self: Any) -> None:  # called just before an agent is asked for (and at close)
+        if not self._closing:
+            asked.append(1)
+        release_idle(self)
+
+    monkeypatch.setattr(ray_launcher.RayClient, "_placed", recorded)
+    monkeypatch.setattr(ray_launcher.RayClient, "_release_idle", counted)
+    gates, marker = [tmp_path / "gate-0", tmp_path / "gate-1"], str(tmp_path / "marker")
+
+    def spec(name: str, gate: int) -> TaskSpec:
+        task = fn(name, contract.lineage, marker, str(gates[gate]))
+        return TaskSpec.once(task).with_resources(num_cpus=_ray_support.HEAD_CPUS // 2)
+
+    def started() -> list[str]:
+        return [m[1] for m in words(marker, "started")]
+
+    async with supervised(on_ray()) as (handle, _):
+        waiters = [(await handle.add_and_watch(spec(f"first-{i}", i)))[1] for i in range(2)]
+        await async_wait_for(lambda: len(started()) == 2, timeout=60.0)
+        waiters.append((await handle.add_and_watch(spec("later-0", 1)))[1])
+        await async_wait_for(lambda: len(placing) == 3, timeout=30.0)  # it waits for an agent: no CPU is free
+        gates[0].touch()  # first-0 ends: its agent runs later-0, whose own is kept
+        await async_wait_for(lambda: "later-0" in started(), timeout=30.0)
+        waiters.append((await handle.add_and_watch(spec("later-1", 1)))[1])
+        await async_wait_for(lambda: len(placing) == 4, timeout=30.0)  # it took the spare: no CPU is free
+        gates[1].touch()
+        outcomes = [await waiter.wait() for waiter in waiters]
+        assert len(asked) == 3, asked
+    assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes), outcomes
+    launchers = [o.value[1] for o in outcomes]
+    assert launchers[2] == launchers[0] != launchers[1] and launchers[3] in launchers[:2], launchers
+
+
 @pytest.mark.slow  # an efficiency property (no idle agent), not a safety one: placement is checked in the default run
 async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_placed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice as many one-CPU attempts as the cluster has CPUs, added at once: an agent whose
-    attempt ended while others still waited for an agent to be placed is closed at once, not
-    kept `AGENT_IDLE` s for a next attempt of its shape (it held the CPU the waiting ones needed:
-    waves `AGENT_IDLE` s apart here, 4.2 s against 2.5 s, and with more attempts, start-up
-    timeouts); only the last wave's agents, with nobody waiting, are kept idle. It starts once
+    attempt ended while others still waited for an agent to be placed is never kept `AGENT_IDLE`
+    s (it would hold the CPU the waiting ones need: waves `AGENT_IDLE` s apart, and with more
+    attempts, start-up timeouts): it is handed to one of them; only the last wave's agents, with
+    nobody waiting, are kept idle. It starts once
     every CPU of the cluster is free: a previous test's actors give theirs back a moment after
     their end (once, in a whole `-m slow` run, its attempts started one at a time: one agent kept)."""
     import ray
