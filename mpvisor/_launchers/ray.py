@@ -985,10 +985,15 @@ class RayClient:
     async def _spare_placed(self, spare: _Idle) -> None:
         try:
             await spare.agent.__ray_ready__.remote()
-        except Exception:  # Ray could not start it: it never had anything of ours
+        except Exception:  # Ray could not start it (it never had anything of ours): forget it
             if spare in self._idle:
                 self._idle.remove(spare)
-                self._end_idle(spare)
+                if spare.timer is not None:
+                    spare.timer.cancel()
+                try:
+                    _ray().kill(spare.agent, no_restart=True)
+                except Exception:
+                    pass  # already gone
             return
         if spare in self._idle:
             self._idle.remove(spare)
