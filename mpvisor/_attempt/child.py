@@ -634,15 +634,20 @@ def _describe(exc: BaseException) -> str:
 _MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames
 _IMPORT_MACHINERY = (*_MPVISOR, os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
                      "<frozen importlib.")
+# asyncio's frames that run an `async def` target (`asyncio.run`, `run_until_complete`) before
+# its coroutine's first frame: left out of a traceback's head, as mpvisor's are. asyncio's frames
+# below the target's (a `wait_for` that raised, a `TaskGroup`'s exit) are the user's story: kept.
+_ASYNC_RUNNER = (os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "asyncio") + os.sep,)
 
 
 def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
     `traceback` module itself cannot be imported: out of file descriptors, say). `hide`: the
     frames of files starting so are left out (mpvisor's, which called the target; for an import,
-    importlib's too), so that what is left is the user's code, as `python script.py` or `python
-    -m` shows it; `None` when nothing but the exception's one line would be left (the reason
-    says it)."""
+    importlib's too), and so are asyncio's frames ahead of the first frame left (the runner of an
+    `async def` target: `asyncio.run`, `run_until_complete`), so that what is left is the user's
+    code, as `python script.py` or `python -m` shows it; `None` when nothing but the exception's
+    one line would be left (the reason says it)."""
     traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
     if traceback is None:
         return None
@@ -654,8 +659,11 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     if hide:
         def users() -> str | None:
             found = traceback.TracebackException.from_exception(exc)
+            frames = list(found.stack)
+            while frames and frames[0].filename.startswith(hide + _ASYNC_RUNNER):
+                del frames[0]  # what called the target: mpvisor, and asyncio's runner for a coroutine
             found.stack = traceback.StackSummary.from_list(
-                [frame for frame in found.stack if not frame.filename.startswith(hide)])
+                [frame for frame in frames if not frame.filename.startswith(hide)])
             text = _text("".join(found.format()))
             return text if found.stack or text.count("\n") > 1 else None  # no frame, one line: the reason's
         return _guarded(users, lambda _: _traceback(exc))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
 import time
 import weakref
@@ -110,6 +111,22 @@ async def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, a
         assert function in outcome.traceback
         for value in vars(outcome).values():  # plain data only: no exception crossed over
             assert not isinstance(value, BaseException)
+
+
+async def test_an_async_targets_traceback_starts_at_its_own_frame():
+    """An `async def` target's traceback starts at the target's frame, as a sync target's does:
+    none of the asyncio runner's frames that called it (`asyncio.run`, `run_until_complete`),
+    where it began with three of them; asyncio's frames below the target's stay (`wait_for`'s,
+    which raised)."""
+
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("async-raiser", coop.async_timing_out))
+        outcome = await waiter.wait()
+        assert (outcome.kind, outcome.reason) == (OutcomeKind.FAILED, "TimeoutError"), outcome
+        last = (outcome.traceback or "").split("The above exception was the direct cause")[-1]
+        frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', last, re.MULTILINE)
+        assert frames[0] == (coop.__file__, "async_timing_out"), outcome.traceback
+        assert len(frames) > 1 and all(f"{os.sep}asyncio{os.sep}" in file for file, _ in frames[1:]), frames
 
 
 async def test_an_unprompted_canceled_resolves_canceled():
