@@ -17,6 +17,7 @@ returns: every path ends in `os._exit`.
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` (or its module does, as it is imported) | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
+| calls `sys.exit()` or `sys.exit(0)` (a status 0: the target itself, not its module) | `Failure("error", "the target called sys.exit(0) instead of returning: ...", 0)` | 0 |
 | calls `sys.exit("message")` (a code neither None nor an int; the target itself, not its module) | `Failure("error", "SystemExit: message", 1)`, the message printed too | 1 |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
@@ -548,6 +549,8 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         return _verdict(exc), 0
     except SystemExit as exc:
         said = _exit_message(exc)
+        if said is None and _sys_exit_status(exc) == 0:
+            return _ExitedZero("error", _exited_zero_reason(exc), 0), 0
         if said is None:
             _exit_like_sys_exit(exc)
         _guarded(lambda: print(said, file=sys.stderr), lambda _: None)  # as the interpreter prints it
@@ -762,10 +765,24 @@ def _exit_message(exc: SystemExit) -> str | None:
     return _guarded(lambda: _text(code), lambda _: None)
 
 
-def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
-    """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
-    byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else is
-    printed to stderr and gives 1."""
+class _ExitedZero(Failure):
+    """The report of a target's own `sys.exit()` or `sys.exit(0)` (any code whose status is 0):
+    a failure (no result came) whose reason says so, exit code 0, after which the attempt exits
+    0, as the interpreter does. Without it the parent, seeing status 0 and no report, could
+    only guess at `os._exit(0)`."""
+
+
+def _exited_zero_reason(exc: SystemExit) -> str:
+    code = exc.code
+    call = "sys.exit()" if code is None else _guarded(lambda: f"sys.exit({int.__repr__(code)})",
+                                                       lambda _: "sys.exit(0)")
+    return f"the target called {call} instead of returning: its process exited with status 0 and no result"
+
+
+def _sys_exit_status(exc: SystemExit, *, say: bool = False) -> int:
+    """The status the interpreter ends with on an uncaught `SystemExit`: `None` is 0, an int its
+    low byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else 1
+    (with `say`, printed to stderr first, as the interpreter prints it)."""
     code = exc.code
 
     def status() -> int:
@@ -774,10 +791,16 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
         if isinstance(code, int):
             value = int.__int__(code)
             return (value if -(2**63) <= value < 2**63 else -1) & 0xFF
-        print(_text(code), file=sys.stderr)
+        if say:
+            print(_text(code), file=sys.stderr)
         return 1
 
-    exit_status = _guarded(status, lambda _: 1)
+    return _guarded(status, lambda _: 1)
+
+
+def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
+    """End as the interpreter ends on an uncaught `SystemExit` (`_sys_exit_status`)."""
+    exit_status = _sys_exit_status(exc, say=True)
     _flush_std()
     _exit(exit_status)
 
@@ -800,7 +823,7 @@ def _leave_forked(ending: Message, die_by: int) -> NoReturn:
     attempt's own lost), and it ends as a Python program does: 0 after a return; after an
     exception, its traceback on stderr and 1 (by SIGINT after a `KeyboardInterrupt`)."""
     status = 0
-    if isinstance(ending, Failure):
+    if isinstance(ending, Failure) and not isinstance(ending, _ExitedZero):  # (its sys.exit(0): status 0)
         status = 1
         text = ending.traceback or ending.reason
         if not isinstance(ending, _ExitSaid):  # (its message is printed already)

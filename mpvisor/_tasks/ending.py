@@ -211,8 +211,9 @@ def from_report(report: Result | Failure, killed: str | None = None) -> AttemptE
     return AttemptEnd(kind, report.reason, exit_code, traceback=report.traceback, killed=killed)
 
 
-# Why a called target's process ends with status 0 and no report: it never returned (`os._exit(0)`),
-# or its report could not be sent, the channel it goes over closed under it (`os.closerange`).
+# Why a called target's process ends with status 0 and no report: it never returned (`os._exit(0)`;
+# its own `sys.exit(0)` reports itself), or its report could not be sent, the channel it goes over
+# closed under it (`os.closerange`).
 SILENT_SUCCESS = ("the target ended its process with os._exit(0), or closed the channel its report goes over: a "
                   "file descriptor it did not open")
 
