@@ -465,8 +465,19 @@ def _import_target(start: Start) -> Any:
         _context.importing_target = False
     obj: Any = module
     for part in qualname.split("."):
+        if obj is module and module_name == "__main__" and start.main_path is not None and not hasattr(obj, part):
+            raise AttributeError(_not_in_main_script(start.main_path, part))
         obj = getattr(obj, part)
     return obj
+
+
+def _not_in_main_script(path: str, name: str) -> str:
+    """Why the parent's `__main__` had `name` and the script, as the attempt imports it, has not:
+    defined where only the running program defines it (under the `if __name__ == "__main__":`
+    guard, at the prompt of `python -i`, by `exec`), or gone from the file since."""
+    return (f"the main script {path!r} defines no {name!r} when the attempt imports it (as `__mp_main__`: its "
+            "`if __name__ == \"__main__\":` block does not run): a target defined in that block, at the prompt of "
+            "`python -i` or by `exec` is not there; define it at the script's top level, or in a module")
 
 
 def _import_main_script(path: str) -> Any:
