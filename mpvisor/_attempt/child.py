@@ -1,7 +1,8 @@
 """What does an attempt process do, from its first instruction to `os._exit`?
 
 Runs in the attempt process, after the launcher's set-up (`_launchers/local/forkserver.py`: own session,
-parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked. It owns the child's
+parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked (but while the target's module
+is imported, `_ImportStop`, and while the target runs, `_call`). It owns the child's
 half of the protocol: say hello, read the start message, adopt the parent's environment, import
 the target (from what the fork server prepared, `_attempt/prepared.py`, when it could), report that it
 is about to call it, call it, and report how it ended. It never
@@ -20,6 +21,7 @@ returns: every path ends in `os._exit`.
 | calls `sys.exit()` or `sys.exit(0)` (a status 0: the target itself, not its module) | `Failure("error", "the target called sys.exit(0) instead of returning: ...", 0)` | 0 |
 | calls `sys.exit("message")` (a code neither None nor an int; the target itself, not its module) | `Failure("error", "SystemExit: message", 1)`, the message printed too | 1 |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
+| is asked to stop (SIGTERM) while its module is imported, or before it is called | the import interrupted, `Failure("canceled", "canceled before the target was called", -15)` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
 | lets a `KeyboardInterrupt` escape (a SIGINT: Ctrl-C, `kill -INT`) | `Failure("error", "KeyboardInterrupt", -2, traceback)`: the exit code of the death that follows | death by SIGINT, as Python's |
@@ -385,15 +387,79 @@ def _looks_binary(path: str) -> bool:
     return head.startswith(b"\x7fELF") or b"\0" in head.partition(b"\n")[0]
 
 
-def _run_target(channel: _Channel, start: Start) -> NoReturn:
+class _StoppedImporting(BaseException):
+    """Raised in the target's import by a stop request (SIGTERM) that came while it ran."""
+
+
+class _ImportStop:
+    """SIGTERM while the target's module is imported: the import is user code, which may run for
+    long (a big module, a model loaded at its top), so a stop request (a cancel, a timeout that
+    bounds start-up, the shutdown after a Ctrl-C) interrupts it, as it would interrupt the target,
+    rather than wait for its end (up to the grace, then a kill). Raises `_StoppedImporting` once,
+    and only while `open`; a request outside that window is only recorded (`requested`), and
+    the attempt then ends before the target is called, as for a request pending at the call."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.open = False
+        self.requested = False
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:  # a process the module forked as it was imported: ends by it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise_now = self.open and not self.requested
+        self.requested = True
+        if raise_now:
+            raise _StoppedImporting()
+
+
+def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
+    """`_import_target`, with SIGTERM unblocked and handled by `stop` while it runs. A module
+    that puts a handler of its own in `stop`'s place as it is imported still has a SIGTERM
+    recorded: the interpreter writes every signal it handles to the wake-up fd, read here after
+    the import (with no descriptor left for it, the import runs with SIGTERM blocked, as the
+    target's stop request is then read when the import ends)."""
     try:
-        target = _import_target(start)
+        woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return _import_target(start)
+    previous = _platform.set_wakeup_fd(wake)
+    _platform.set_signal_handler(_SIGTERM_NUM, stop.on_sigterm)
+    try:
+        stop.open = True
+        _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
+        return _import_target(start)
+    finally:
+        stop.open = False
+        _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+        _platform.set_wakeup_fd(previous)
+        try:
+            stop.requested |= bytes((_SIGTERM_NUM,)) in os.read(woken, 512)
+        except OSError:
+            pass  # nothing written: no signal came
+        os.close(woken)
+        os.close(wake)
+
+
+_STOPPED_BEFORE_THE_CALL = Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM)
+
+
+def _run_target(channel: _Channel, start: Start) -> NoReturn:
+    stop = _ImportStop(_getpid())
+    try:
+        target = _import_stoppably(start, stop)
+    except _StoppedImporting:
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except SystemExit as exc:  # the module ended the program as it was imported: as Python ends it
         _exit_like_sys_exit(exc)
     except BaseException as exc:
         _release_frames(exc)
+        if stop.requested:  # what the import raised once a stop interrupted it: the stop's
+            _finish(channel, _STOPPED_BEFORE_THE_CALL)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}{_file_name_hint(start.target, exc)}"
         # interrupted (Ctrl-C while it imported): no fault of the target's, and the attempt dies
         # by SIGINT as Python does, as it would once the target was called (`_call`)
@@ -416,6 +482,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         can come in between its parts."""
         return _cut(_text(text), most if os.getpid() == attempt else min(most, DESCENDANT_TEXT))
 
+    if stop.requested:  # a stop that came as the import ended, or that the module's code caught
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
         lambda d, t, m: channel.send(Progress(d, t, None if m is None else cut(m))),
@@ -424,7 +492,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     _context._install(ctx)
     channel.send(Calling())
     if _SIGTERM_NUM in _platform.pending_signals():
-        _finish(channel, Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM))
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
