@@ -746,6 +746,7 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
                 del frames[0]  # what called the target: mpvisor, and asyncio's runner for a coroutine
             found.stack = traceback.StackSummary.from_list(
                 [frame for frame in frames if not frame.filename.startswith(hide)])
+            _name_main_classes_as_main(found)
             text = _text("".join(found.format()))
             return text if found.stack or text.count("\n") > 1 else None  # no frame, one line: the reason's
         return _guarded(users, lambda _: _traceback(exc))
@@ -758,6 +759,30 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _name_main_classes_as_main(found: Any) -> None:
+    """Name an exception class of the main script as the script's own traceback names it: the
+    attempt imports the script as `__mp_main__`, so its classes' module is that, which a
+    traceback writes before the class's name (`__mp_main__.QuotaError: ...`), where `python
+    script.py` writes none (`QuotaError: ...`), as for any class of `__main__`. Every exception
+    of the chain and of a group is named so (CPython 3.13 keeps the module's name, earlier
+    versions the class: a stand-in of the same name then, but for a `SyntaxError`, which is
+    formatted from the class itself)."""
+    seen: set[int] = set()
+    todo = [found]
+    while todo:
+        exception = todo.pop()
+        if exception is None or id(exception) in seen:
+            continue
+        seen.add(id(exception))
+        if getattr(exception, "exc_type_module", None) == "__mp_main__":
+            exception.exc_type_module = "__main__"
+        else:
+            cls = vars(exception).get("exc_type")
+            if isinstance(cls, type) and cls.__module__ == "__mp_main__" and not issubclass(cls, SyntaxError):
+                exception.exc_type = type(cls.__name__, (), {"__qualname__": cls.__qualname__, "__module__": "__main__"})
+        todo += [exception.__cause__, exception.__context__, *(getattr(exception, "exceptions", None) or ())]
 
 
 # What formatting a traceback imports when it first needs it, not with `traceback` itself: so

@@ -299,6 +299,60 @@ def test_a_target_defined_under_the_main_guard_is_fatal_saying_where_to_define_i
         "at the script's top level, or in a module")], outcomes
 
 
+RAISES_ITS_OWN_CLASSES = """
+import json
+import sys
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+class QuotaError(Exception):
+    pass
+
+
+class JobFailed(Exception):
+    pass
+
+
+def chained():
+    try:
+        raise QuotaError("inner")
+    except QuotaError as exc:
+        raise JobFailed("outer") from exc
+
+
+def grouped():
+    raise ExceptionGroup("several", [QuotaError("first"), ValueError("second")])
+
+
+if __name__ == "__main__":
+    outcomes = mpvisor.run([TaskSpec.once(TaskFn(name, target)) for name, target in
+                            [("chained", chained), ("grouped", grouped)]])
+    with open(sys.argv[1], "w", encoding="utf-8") as file:
+        json.dump({name: [o.reason, o.traceback] for name, o in outcomes.items()}, file)
+"""
+
+
+def test_an_exception_class_of_the_main_script_is_named_as_the_script_names_it(tmp_path):
+    """A target of the main script that raises a class of the script: the attempt imports the
+    script as `__mp_main__`, and its traceback said `__mp_main__.JobFailed: outer` (the cause
+    and a group's members too), a module the user never wrote, where `python prog.py` says
+    `JobFailed: outer`. Each is now named as the script's own traceback names it."""
+    (tmp_path / "prog.py").write_text(RAISES_ITS_OWN_CLASSES)
+    out = tmp_path / "outcomes.json"
+    done = subprocess.run([sys.executable, "prog.py", str(out)], env={**os.environ, "PYTHONPATH": ROOT},
+                          cwd=tmp_path, timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(out.read_text())
+    reason, traceback = outcomes["chained"]
+    assert reason == "JobFailed: outer" and "__mp_main__" not in traceback, traceback
+    assert "\nQuotaError: inner\n" in traceback and traceback.endswith("\nJobFailed: outer\n"), traceback
+    reason, traceback = outcomes["grouped"]
+    assert reason == "ExceptionGroup: several (2 sub-exceptions)" and "__mp_main__" not in traceback, traceback
+    assert "| QuotaError: first\n" in traceback and "| ValueError: second\n" in traceback, traceback
+
+
 @pytest.mark.unit
 def test_a_main_script_missing_where_the_attempt_runs_is_named_as_missing(tmp_path):
     """A target defined in the main script is loaded from the script's path; where that path
