@@ -533,17 +533,35 @@ def _import_target(start: Start) -> Any:
         _context.importing_target = False
     obj: Any = module
     for part in qualname.split("."):
-        if obj is module and module_name == "__main__" and start.main_path is not None and not hasattr(obj, part):
-            raise AttributeError(_not_in_main_script(start.main_path, part))
+        if obj is module and not hasattr(obj, part):
+            if module_name == "__main__" and start.main_path is not None:
+                raise AttributeError(_not_in_main_script(start.main_path, part))
+            if _ran_with_dash_m(module, start):
+                raise AttributeError(_not_in_main_script(module_name, part, ran="module"))
         obj = getattr(obj, part)
     return obj
 
 
-def _not_in_main_script(path: str, name: str) -> str:
-    """Why the parent's `__main__` had `name` and the script, as the attempt imports it, has not:
-    defined where only the running program defines it (under the `if __name__ == "__main__":`
-    guard, at the prompt of `python -i`, by `exec`), or gone from the file since."""
-    return (f"the main script {path!r} defines no {name!r} when the attempt imports it (as `__mp_main__`: its "
+def _ran_with_dash_m(module: Any, start: Start) -> bool:
+    """Whether `module` is the one the parent program runs as `__main__` with `python -m` (its
+    target is then named by the module's own name, and `sys.argv[0]` is the module's file)."""
+    def same() -> bool:
+        argv0, file = (start.sys_argv or [""])[0], getattr(module, "__file__", None)
+        return bool(argv0) and isinstance(file, str) and os.path.realpath(argv0) == os.path.realpath(file)
+
+    return _guarded(same, lambda _: False)
+
+
+def _not_in_main_script(where: str, name: str, ran: str = "script") -> str:
+    """Why the parent's `__main__` had `name` and the script (or the module run with `python -m`),
+    as the attempt imports it, has not: defined where only the running program defines it (under
+    the `if __name__ == "__main__":` guard, at the prompt of `python -i`, by `exec`), or gone from
+    the file since."""
+    if ran == "module":
+        return (f"the main module {where!r} (python -m) defines no {name!r} when the attempt imports it (as "
+                f"{where!r}: its `if __name__ == \"__main__\":` block does not run): a target defined in that block or "
+                "by `exec` is not there; define it at the module's top level")
+    return (f"the main script {where!r} defines no {name!r} when the attempt imports it (as `__mp_main__`: its "
             "`if __name__ == \"__main__\":` block does not run): a target defined in that block, at the prompt of "
             "`python -i` or by `exec` is not there; define it at the script's top level, or in a module")
 

@@ -278,25 +278,34 @@ if __name__ == "__main__":
 """
 
 
-def test_a_target_defined_under_the_main_guard_is_fatal_saying_where_to_define_it(tmp_path):
-    """A target defined under the script's `if __name__ == "__main__":` (or at the prompt of
-    `python -i script.py`) is in the parent's `__main__` but not in the script as the attempt
-    imports it: the attempt ended FATAL `AttributeError: module '__mp_main__' has no attribute
-    'under_guard'`, which says neither why nor what to do. The reason now names the script and
-    the target, says why it is not there and where to define it; a target at the top level runs."""
+@pytest.mark.parametrize("how", ["script", "python -m"])
+def test_a_target_defined_under_the_main_guard_is_fatal_saying_where_to_define_it(how, tmp_path):
+    """A target defined under the program's `if __name__ == "__main__":` (or at the prompt of
+    `python -i script.py`) is in the parent's `__main__` but not in the script (or the module run
+    with `python -m`) as the attempt imports it: the attempt ended FATAL `AttributeError: module
+    '__mp_main__' has no attribute 'under_guard'` (`module 'prog' has no ...`), which says neither
+    why nor what to do. The reason now names the script or module and the target, says why it is
+    not there and where to define it; a target at the top level runs."""
     (tmp_path / "prog.py").write_text(DEFINED_UNDER_THE_GUARD)
     out = tmp_path / "outcomes.json"
-    done = subprocess.run([sys.executable, "prog.py", str(out)], env={**os.environ, "PYTHONPATH": ROOT},
+    program = ["prog.py"] if how == "script" else ["-m", "prog"]
+    done = subprocess.run([sys.executable, *program, str(out)], env={**os.environ, "PYTHONPATH": ROOT},
                           cwd=tmp_path, timeout=45, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     outcomes = json.loads(out.read_text())
     assert outcomes["top"] == ["COMPLETED", 1, None], outcomes
-    script = str(tmp_path / "prog.py")
-    assert outcomes["guarded"] == ["FATAL", None, (
-        f"cannot import target '__main__:under_guard': AttributeError: the main script {script!r} defines no "
-        "'under_guard' when the attempt imports it (as `__mp_main__`: its `if __name__ == \"__main__\":` block does "
-        "not run): a target defined in that block, at the prompt of `python -i` or by `exec` is not there; define it "
-        "at the script's top level, or in a module")], outcomes
+    if how == "script":
+        script = str(tmp_path / "prog.py")
+        reason = (f"cannot import target '__main__:under_guard': AttributeError: the main script {script!r} defines "
+                  "no 'under_guard' when the attempt imports it (as `__mp_main__`: its `if __name__ == \"__main__\":` "
+                  "block does not run): a target defined in that block, at the prompt of `python -i` or by `exec` is "
+                  "not there; define it at the script's top level, or in a module")
+    else:
+        reason = ("cannot import target 'prog:under_guard': AttributeError: the main module 'prog' (python -m) defines "
+                  "no 'under_guard' when the attempt imports it (as 'prog': its `if __name__ == \"__main__\":` block "
+                  "does not run): a target defined in that block or by `exec` is not there; define it at the module's "
+                  "top level")
+    assert outcomes["guarded"] == ["FATAL", None, reason], outcomes
 
 
 RAISES_ITS_OWN_CLASSES = """
