@@ -12,6 +12,7 @@ checks nothing still gets `Canceled`.
 | `pure_loop()` | `Canceled` interrupts `x += 1` | `finally` marker |
 | `async_cooperative()` | its task is cancelled in `asyncio.sleep` | `cancel-seen` marker, re-raises `CancelledError` |
 | `async_quick(value="async-ok")` | | returns `value` |
+| `async_timing_out()` | `asyncio.wait_for(asyncio.sleep(10), 0.01)` | the `TimeoutError` that `wait_for` raises |
 | `gated(release_path, on_release="return")` | `release_path` exists (all inside `shield()`) | `on_release`: return `"released"`, `canceled`, `fail`, `fatal`, `exit3`, `sigkill` |
 | `slow_stop(stop_seconds)` | cancelled | shielded `time.sleep(stop_seconds)`, `finally` marker, raises `Canceled` |
 | `timeout_probe(action)` | cancelled (one long `wait_cancelled`) | `action`: `return` (`"late"`), `fail`, `fatal`, `canceled`, `exit3` |
@@ -98,6 +99,14 @@ async def async_quick(value: object = "async-ok", marker: str | None = None) -> 
     mark(marker, "started")
     await asyncio.sleep(0)
     return value
+
+
+async def async_timing_out(marker: str | None = None) -> None:
+    """Let the `TimeoutError` of an `asyncio.wait_for` escape: raised in asyncio's own frames."""
+    import asyncio
+
+    mark(marker, "started")
+    await asyncio.wait_for(asyncio.sleep(10), 0.01)
 
 
 def _choose(field: str, value: str, allowed: tuple[str, ...]) -> str:

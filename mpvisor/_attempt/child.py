@@ -1,7 +1,8 @@
 """What does an attempt process do, from its first instruction to `os._exit`?
 
 Runs in the attempt process, after the launcher's set-up (`_launchers/local/forkserver.py`: own session,
-parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked. It owns the child's
+parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked (but while the target's module
+is imported, `_ImportStop`, and while the target runs, `_call`). It owns the child's
 half of the protocol: say hello, read the start message, adopt the parent's environment, import
 the target (from what the fork server prepared, `_attempt/prepared.py`, when it could), report that it
 is about to call it, call it, and report how it ended. It never
@@ -17,8 +18,10 @@ returns: every path ends in `os._exit`.
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
 | calls `sys.exit(n)` (or its module does, as it is imported) | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
+| calls `sys.exit()` or `sys.exit(0)` (a status 0: the target itself, not its module) | `Failure("error", "the target called sys.exit(0) instead of returning: ...", 0)` | 0 |
 | calls `sys.exit("message")` (a code neither None nor an int; the target itself, not its module) | `Failure("error", "SystemExit: message", 1)`, the message printed too | 1 |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
+| is asked to stop (SIGTERM) while its module is imported, or before it is called | the import interrupted, `Failure("canceled", "canceled before the target was called", -15)` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
 | is interrupted while it imports (`KeyboardInterrupt`: Ctrl-C) | `Failure("error", "cannot import target ...: KeyboardInterrupt", -2)`, retryable | death by SIGINT, as Python's |
 | lets a `KeyboardInterrupt` escape (a SIGINT: Ctrl-C, `kill -INT`) | `Failure("error", "KeyboardInterrupt", -2, traceback)`: the exit code of the death that follows | death by SIGINT, as Python's |
@@ -384,15 +387,79 @@ def _looks_binary(path: str) -> bool:
     return head.startswith(b"\x7fELF") or b"\0" in head.partition(b"\n")[0]
 
 
-def _run_target(channel: _Channel, start: Start) -> NoReturn:
+class _StoppedImporting(BaseException):
+    """Raised in the target's import by a stop request (SIGTERM) that came while it ran."""
+
+
+class _ImportStop:
+    """SIGTERM while the target's module is imported: the import is user code, which may run for
+    long (a big module, a model loaded at its top), so a stop request (a cancel, a timeout that
+    bounds start-up, the shutdown after a Ctrl-C) interrupts it, as it would interrupt the target,
+    rather than wait for its end (up to the grace, then a kill). Raises `_StoppedImporting` once,
+    and only while `open`; a request outside that window is only recorded (`requested`), and
+    the attempt then ends before the target is called, as for a request pending at the call."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.open = False
+        self.requested = False
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:  # a process the module forked as it was imported: ends by it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise_now = self.open and not self.requested
+        self.requested = True
+        if raise_now:
+            raise _StoppedImporting()
+
+
+def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
+    """`_import_target`, with SIGTERM unblocked and handled by `stop` while it runs. A module
+    that puts a handler of its own in `stop`'s place as it is imported still has a SIGTERM
+    recorded: the interpreter writes every signal it handles to the wake-up fd, read here after
+    the import (with no descriptor left for it, the import runs with SIGTERM blocked, as the
+    target's stop request is then read when the import ends)."""
     try:
-        target = _import_target(start)
+        woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return _import_target(start)
+    previous = _platform.set_wakeup_fd(wake)
+    _platform.set_signal_handler(_SIGTERM_NUM, stop.on_sigterm)
+    try:
+        stop.open = True
+        _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
+        return _import_target(start)
+    finally:
+        stop.open = False
+        _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+        _platform.set_wakeup_fd(previous)
+        try:
+            stop.requested |= bytes((_SIGTERM_NUM,)) in os.read(woken, 512)
+        except OSError:
+            pass  # nothing written: no signal came
+        os.close(woken)
+        os.close(wake)
+
+
+_STOPPED_BEFORE_THE_CALL = Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM)
+
+
+def _run_target(channel: _Channel, start: Start) -> NoReturn:
+    stop = _ImportStop(_getpid())
+    try:
+        target = _import_stoppably(start, stop)
+    except _StoppedImporting:
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
     except SystemExit as exc:  # the module ended the program as it was imported: as Python ends it
         _exit_like_sys_exit(exc)
     except BaseException as exc:
         _release_frames(exc)
+        if stop.requested:  # what the import raised once a stop interrupted it: the stop's
+            _finish(channel, _STOPPED_BEFORE_THE_CALL)
         reason = f"cannot import target {start.target!r}: {_describe(exc)}{_file_name_hint(start.target, exc)}"
         # interrupted (Ctrl-C while it imported): no fault of the target's, and the attempt dies
         # by SIGINT as Python does, as it would once the target was called (`_call`)
@@ -415,6 +482,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         can come in between its parts."""
         return _cut(_text(text), most if os.getpid() == attempt else min(most, DESCENDANT_TEXT))
 
+    if stop.requested:  # a stop that came as the import ended, or that the module's code caught
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     ctx = _context.TaskContext(
         start.task, start.id, start.attempt,  # a text as `_text` makes it: a lone surrogate is escaped, never an error
         lambda d, t, m: channel.send(Progress(d, t, None if m is None else cut(m))),
@@ -423,7 +492,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     _context._install(ctx)
     channel.send(Calling())
     if _SIGTERM_NUM in _platform.pending_signals():
-        _finish(channel, Failure("canceled", "canceled before the target was called", -_SIGTERM_NUM))
+        _finish(channel, _STOPPED_BEFORE_THE_CALL)
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
@@ -464,8 +533,37 @@ def _import_target(start: Start) -> Any:
         _context.importing_target = False
     obj: Any = module
     for part in qualname.split("."):
+        if obj is module and not hasattr(obj, part):
+            if module_name == "__main__" and start.main_path is not None:
+                raise AttributeError(_not_in_main_script(start.main_path, part))
+            if _ran_with_dash_m(module, start):
+                raise AttributeError(_not_in_main_script(module_name, part, ran="module"))
         obj = getattr(obj, part)
     return obj
+
+
+def _ran_with_dash_m(module: Any, start: Start) -> bool:
+    """Whether `module` is the one the parent program runs as `__main__` with `python -m` (its
+    target is then named by the module's own name, and `sys.argv[0]` is the module's file)."""
+    def same() -> bool:
+        argv0, file = (start.sys_argv or [""])[0], getattr(module, "__file__", None)
+        return bool(argv0) and isinstance(file, str) and os.path.realpath(argv0) == os.path.realpath(file)
+
+    return _guarded(same, lambda _: False)
+
+
+def _not_in_main_script(where: str, name: str, ran: str = "script") -> str:
+    """Why the parent's `__main__` had `name` and the script (or the module run with `python -m`),
+    as the attempt imports it, has not: defined where only the running program defines it (under
+    the `if __name__ == "__main__":` guard, at the prompt of `python -i`, by `exec`), or gone from
+    the file since."""
+    if ran == "module":
+        return (f"the main module {where!r} (python -m) defines no {name!r} when the attempt imports it (as "
+                f"{where!r}: its `if __name__ == \"__main__\":` block does not run): a target defined in that block or "
+                "by `exec` is not there; define it at the module's top level")
+    return (f"the main script {where!r} defines no {name!r} when the attempt imports it (as `__mp_main__`: its "
+            "`if __name__ == \"__main__\":` block does not run): a target defined in that block, at the prompt of "
+            "`python -i` or by `exec` is not there; define it at the script's top level, or in a module")
 
 
 def _import_main_script(path: str) -> Any:
@@ -548,6 +646,8 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         return _verdict(exc), 0
     except SystemExit as exc:
         said = _exit_message(exc)
+        if said is None and _sys_exit_status(exc) == 0:
+            return _ExitedZero("error", _exited_zero_reason(exc), 0), 0
         if said is None:
             _exit_like_sys_exit(exc)
         _guarded(lambda: print(said, file=sys.stderr), lambda _: None)  # as the interpreter prints it
@@ -634,15 +734,20 @@ def _describe(exc: BaseException) -> str:
 _MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames
 _IMPORT_MACHINERY = (*_MPVISOR, os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
                      "<frozen importlib.")
+# asyncio's frames that run an `async def` target (`asyncio.run`, `run_until_complete`) before
+# its coroutine's first frame: left out of a traceback's head, as mpvisor's are. asyncio's frames
+# below the target's (a `wait_for` that raised, a `TaskGroup`'s exit) are the user's story: kept.
+_ASYNC_RUNNER = (os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "asyncio") + os.sep,)
 
 
 def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
     `traceback` module itself cannot be imported: out of file descriptors, say). `hide`: the
     frames of files starting so are left out (mpvisor's, which called the target; for an import,
-    importlib's too), so that what is left is the user's code, as `python script.py` or `python
-    -m` shows it; `None` when nothing but the exception's one line would be left (the reason
-    says it)."""
+    importlib's too), and so are asyncio's frames ahead of the first frame left (the runner of an
+    `async def` target: `asyncio.run`, `run_until_complete`), so that what is left is the user's
+    code, as `python script.py` or `python -m` shows it; `None` when nothing but the exception's
+    one line would be left (the reason says it)."""
     traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
     if traceback is None:
         return None
@@ -654,8 +759,12 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     if hide:
         def users() -> str | None:
             found = traceback.TracebackException.from_exception(exc)
+            frames = list(found.stack)
+            while frames and frames[0].filename.startswith(hide + _ASYNC_RUNNER):
+                del frames[0]  # what called the target: mpvisor, and asyncio's runner for a coroutine
             found.stack = traceback.StackSummary.from_list(
-                [frame for frame in found.stack if not frame.filename.startswith(hide)])
+                [frame for frame in frames if not frame.filename.startswith(hide)])
+            _name_main_classes_as_main(found)
             text = _text("".join(found.format()))
             return text if found.stack or text.count("\n") > 1 else None  # no frame, one line: the reason's
         return _guarded(users, lambda _: _traceback(exc))
@@ -668,6 +777,30 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         return _guarded(frames, lambda _: None)
 
     return _guarded(lambda: _text("".join(traceback.format_exception(exc))), frames_only)
+
+
+def _name_main_classes_as_main(found: Any) -> None:
+    """Name an exception class of the main script as the script's own traceback names it: the
+    attempt imports the script as `__mp_main__`, so its classes' module is that, which a
+    traceback writes before the class's name (`__mp_main__.QuotaError: ...`), where `python
+    script.py` writes none (`QuotaError: ...`), as for any class of `__main__`. Every exception
+    of the chain and of a group is named so (CPython 3.13 keeps the module's name, earlier
+    versions the class: a stand-in of the same name then, but for a `SyntaxError`, which is
+    formatted from the class itself)."""
+    seen: set[int] = set()
+    todo = [found]
+    while todo:
+        exception = todo.pop()
+        if exception is None or id(exception) in seen:
+            continue
+        seen.add(id(exception))
+        if getattr(exception, "exc_type_module", None) == "__mp_main__":
+            exception.exc_type_module = "__main__"
+        else:
+            cls = vars(exception).get("exc_type")
+            if isinstance(cls, type) and cls.__module__ == "__mp_main__" and not issubclass(cls, SyntaxError):
+                exception.exc_type = type(cls.__name__, (), {"__qualname__": cls.__qualname__, "__module__": "__main__"})
+        todo += [exception.__cause__, exception.__context__, *(getattr(exception, "exceptions", None) or ())]
 
 
 # What formatting a traceback imports when it first needs it, not with `traceback` itself: so
@@ -754,10 +887,24 @@ def _exit_message(exc: SystemExit) -> str | None:
     return _guarded(lambda: _text(code), lambda _: None)
 
 
-def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
-    """End as the interpreter ends on an uncaught `SystemExit`: `None` is 0, an int its low
-    byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else is
-    printed to stderr and gives 1."""
+class _ExitedZero(Failure):
+    """The report of a target's own `sys.exit()` or `sys.exit(0)` (any code whose status is 0):
+    a failure (no result came) whose reason says so, exit code 0, after which the attempt exits
+    0, as the interpreter does. Without it the parent, seeing status 0 and no report, could
+    only guess at `os._exit(0)`."""
+
+
+def _exited_zero_reason(exc: SystemExit) -> str:
+    code = exc.code
+    call = "sys.exit()" if code is None else _guarded(lambda: f"sys.exit({int.__repr__(code)})",
+                                                       lambda _: "sys.exit(0)")
+    return f"the target called {call} instead of returning: its process exited with status 0 and no result"
+
+
+def _sys_exit_status(exc: SystemExit, *, say: bool = False) -> int:
+    """The status the interpreter ends with on an uncaught `SystemExit`: `None` is 0, an int its
+    low byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else 1
+    (with `say`, printed to stderr first, as the interpreter prints it)."""
     code = exc.code
 
     def status() -> int:
@@ -766,10 +913,16 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
         if isinstance(code, int):
             value = int.__int__(code)
             return (value if -(2**63) <= value < 2**63 else -1) & 0xFF
-        print(_text(code), file=sys.stderr)
+        if say:
+            print(_text(code), file=sys.stderr)
         return 1
 
-    exit_status = _guarded(status, lambda _: 1)
+    return _guarded(status, lambda _: 1)
+
+
+def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
+    """End as the interpreter ends on an uncaught `SystemExit` (`_sys_exit_status`)."""
+    exit_status = _sys_exit_status(exc, say=True)
     _flush_std()
     _exit(exit_status)
 
@@ -792,7 +945,7 @@ def _leave_forked(ending: Message, die_by: int) -> NoReturn:
     attempt's own lost), and it ends as a Python program does: 0 after a return; after an
     exception, its traceback on stderr and 1 (by SIGINT after a `KeyboardInterrupt`)."""
     status = 0
-    if isinstance(ending, Failure):
+    if isinstance(ending, Failure) and not isinstance(ending, _ExitedZero):  # (its sys.exit(0): status 0)
         status = 1
         text = ending.traceback or ending.reason
         if not isinstance(ending, _ExitSaid):  # (its message is printed already)

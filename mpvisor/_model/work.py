@@ -175,9 +175,21 @@ def _callable_path(target: Callable[..., Any]) -> str:
             f"cannot be sent back (collect its items in a list and return that), got {target!r}"
         )
     if isinstance(target, functools.partial):
-        raise TypeError(f"target cannot be a functools.partial (pass args instead), got {target!r}")
+        try:
+            function = repr(_callable_path(target.func))
+        except (TypeError, ValueError):
+            function = repr(target.func)
+        raise TypeError(
+            f"target cannot be a functools.partial, got {target!r}: an attempt imports its target by name, which a "
+            f"partial has not; give its function, {function}, as the target, with the partial's arguments, "
+            f"{target.args!r}, first in args and its keywords, {target.keywords!r}, in kwargs"
+        )
     if inspect.ismethod(target) and not isinstance(target.__self__, type):
-        raise TypeError(f"target cannot be a method bound to an instance, got {target!r}")
+        raise TypeError(
+            f"target cannot be a method bound to an instance, got {target!r}: an attempt imports its target by "
+            f"name, and no instance goes with it; make it a module-level function (or a staticmethod) that takes "
+            f"what it needs of the instance as arguments"
+        )
     if inspect.isbuiltin(target) and not _builtin_is_module_level(target):
         raise TypeError(f"target cannot be a method of a built-in object, got {target!r}")
     module = getattr(target, "__module__", None)

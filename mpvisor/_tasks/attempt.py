@@ -137,7 +137,8 @@ class AttemptProcess:
         self.called_after: float | None = None
         self.loop = client.loop
         self.start_msg = start
-        self.facts = Facts(kind=start.kind, timeout=request.timeout, limits=start.limits)
+        self.facts = Facts(kind=start.kind, target=start.target if start.kind == "fn" else None,
+                           timeout=request.timeout, limits=start.limits)
         self.phase: Phase = Spawning()
         self._timeout = request.timeout
         self._kill_after = request.timeout_kill_after

@@ -48,6 +48,7 @@ class Facts:
     """What the parent saw of one attempt (filled in by `attempt.AttemptProcess`)."""
 
     kind: str = "fn"  # "fn" (a Python target) or "cmd" (a program)
+    target: str | None = None  # a Python target's `module:qualname`, as its start message named it
     pid: int | None = None
     could_not_start: str | None = None
     could_not_start_fatal: bool = False  # the launcher said no retry of it could start either
@@ -156,6 +157,9 @@ def _decide(f: Facts) -> AttemptEnd:
         return AttemptEnd(AttemptResult.FAILED, f"{f.launcher_died} while attempt pid {f.pid} ran")
     if f.start_timed_out is not None:
         reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"
+        if f.kind == "fn" and f.target is not None:  # what start-up spans, and what bounds it
+            reason += (f": its process start, handshake and import of {f.target!r} took longer than its "
+                       "start_timeout")
         return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed)
     if f.protocol_error is not None and (f.killed or f.status is None or f.status.exit_code == 0):
         return AttemptEnd(AttemptResult.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
@@ -211,8 +215,9 @@ def from_report(report: Result | Failure, killed: str | None = None) -> AttemptE
     return AttemptEnd(kind, report.reason, exit_code, traceback=report.traceback, killed=killed)
 
 
-# Why a called target's process ends with status 0 and no report: it never returned (`os._exit(0)`),
-# or its report could not be sent, the channel it goes over closed under it (`os.closerange`).
+# Why a called target's process ends with status 0 and no report: it never returned (`os._exit(0)`;
+# its own `sys.exit(0)` reports itself), or its report could not be sent, the channel it goes over
+# closed under it (`os.closerange`).
 SILENT_SUCCESS = ("the target ended its process with os._exit(0), or closed the channel its report goes over: a "
                   "file descriptor it did not open")
 

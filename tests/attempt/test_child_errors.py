@@ -216,6 +216,22 @@ async def test_sys_exit_with_a_message_says_it_in_the_reason(capfd):
     assert capfd.readouterr().err.count(message + "\n") == 2
 
 
+async def test_sys_exit_zero_says_the_target_called_it():
+    """`sys.exit()` or `sys.exit(0)` in a target (a worker ported from a script that ended so):
+    the attempt still exits 0 with no result, a retryable failure with exit code 0, but its
+    reason said `(the target ended its process with os._exit(0), or closed the channel its report
+    goes over ...)`, a guess that was wrong. The reason now says what the target did."""
+    async with supervised(CONFIG) as (handle, collector):
+        ended = await asyncio.gather(*(
+            _outcome_and_ends(handle, collector, _spec(f"exit-{n}", "workers.misbehave:sys_exit_expression", code))
+            for n, code in enumerate(["None", "0"])))
+    for call, (outcome, ends) in zip(["sys.exit()", "sys.exit(0)"], ended, strict=True):
+        reason = f"the target called {call} instead of returning: its process exited with status 0 and no result"
+        assert (outcome.kind, outcome.exit_code, outcome.attempts) == (OutcomeKind.FAILED, 0, 2), outcome
+        assert outcome.reason == f"retry limit reached after 1 of 1 retries: {reason}", outcome
+        assert [(e.exit_code, e.reason) for e in ends] == [(0, reason)] * 2, ends
+
+
 @pytest.mark.parametrize("what", ["exit", "write"])
 def test_a_target_that_leaves_os_patched_still_reports_and_ends(what):
     """A target that leaves `os._exit` or `os.write` patched (a mock left in place, a green

@@ -256,6 +256,112 @@ def test_a_script_run_under_a_profiler_or_trace_runs_its_targets(runner, start_m
                                            "nested": ["COMPLETED", [10, "__mp_main__"], None]}
 
 
+DEFINED_UNDER_THE_GUARD = """
+import json
+import sys
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+def at_top(x):
+    return x
+
+
+if __name__ == "__main__":
+    def under_guard(x):  # where a pool's code often has it: beside the code that starts the work
+        return x
+
+    outcomes = mpvisor.run([TaskSpec.once(TaskFn("top", at_top, (1,))), TaskSpec.once(TaskFn("guarded", under_guard, (2,)))])
+    with open(sys.argv[1], "w", encoding="utf-8") as file:
+        json.dump({name: [o.kind.name, o.value, o.reason] for name, o in outcomes.items()}, file)
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "python -m"])
+def test_a_target_defined_under_the_main_guard_is_fatal_saying_where_to_define_it(how, tmp_path):
+    """A target defined under the program's `if __name__ == "__main__":` (or at the prompt of
+    `python -i script.py`) is in the parent's `__main__` but not in the script (or the module run
+    with `python -m`) as the attempt imports it: the attempt ended FATAL `AttributeError: module
+    '__mp_main__' has no attribute 'under_guard'` (`module 'prog' has no ...`), which says neither
+    why nor what to do. The reason now names the script or module and the target, says why it is
+    not there and where to define it; a target at the top level runs."""
+    (tmp_path / "prog.py").write_text(DEFINED_UNDER_THE_GUARD)
+    out = tmp_path / "outcomes.json"
+    program = ["prog.py"] if how == "script" else ["-m", "prog"]
+    done = subprocess.run([sys.executable, *program, str(out)], env={**os.environ, "PYTHONPATH": ROOT},
+                          cwd=tmp_path, timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(out.read_text())
+    assert outcomes["top"] == ["COMPLETED", 1, None], outcomes
+    if how == "script":
+        script = str(tmp_path / "prog.py")
+        reason = (f"cannot import target '__main__:under_guard': AttributeError: the main script {script!r} defines "
+                  "no 'under_guard' when the attempt imports it (as `__mp_main__`: its `if __name__ == \"__main__\":` "
+                  "block does not run): a target defined in that block, at the prompt of `python -i` or by `exec` is "
+                  "not there; define it at the script's top level, or in a module")
+    else:
+        reason = ("cannot import target 'prog:under_guard': AttributeError: the main module 'prog' (python -m) defines "
+                  "no 'under_guard' when the attempt imports it (as 'prog': its `if __name__ == \"__main__\":` block "
+                  "does not run): a target defined in that block or by `exec` is not there; define it at the module's "
+                  "top level")
+    assert outcomes["guarded"] == ["FATAL", None, reason], outcomes
+
+
+RAISES_ITS_OWN_CLASSES = """
+import json
+import sys
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+class QuotaError(Exception):
+    pass
+
+
+class JobFailed(Exception):
+    pass
+
+
+def chained():
+    try:
+        raise QuotaError("inner")
+    except QuotaError as exc:
+        raise JobFailed("outer") from exc
+
+
+def grouped():
+    raise ExceptionGroup("several", [QuotaError("first"), ValueError("second")])
+
+
+if __name__ == "__main__":
+    outcomes = mpvisor.run([TaskSpec.once(TaskFn(name, target)) for name, target in
+                            [("chained", chained), ("grouped", grouped)]])
+    with open(sys.argv[1], "w", encoding="utf-8") as file:
+        json.dump({name: [o.reason, o.traceback] for name, o in outcomes.items()}, file)
+"""
+
+
+def test_an_exception_class_of_the_main_script_is_named_as_the_script_names_it(tmp_path):
+    """A target of the main script that raises a class of the script: the attempt imports the
+    script as `__mp_main__`, and its traceback said `__mp_main__.JobFailed: outer` (the cause
+    and a group's members too), a module the user never wrote, where `python prog.py` says
+    `JobFailed: outer`. Each is now named as the script's own traceback names it."""
+    (tmp_path / "prog.py").write_text(RAISES_ITS_OWN_CLASSES)
+    out = tmp_path / "outcomes.json"
+    done = subprocess.run([sys.executable, "prog.py", str(out)], env={**os.environ, "PYTHONPATH": ROOT},
+                          cwd=tmp_path, timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(out.read_text())
+    reason, traceback = outcomes["chained"]
+    assert reason == "JobFailed: outer" and "__mp_main__" not in traceback, traceback
+    assert "\nQuotaError: inner\n" in traceback and traceback.endswith("\nJobFailed: outer\n"), traceback
+    reason, traceback = outcomes["grouped"]
+    assert reason == "ExceptionGroup: several (2 sub-exceptions)" and "__mp_main__" not in traceback, traceback
+    assert "| QuotaError: first\n" in traceback and "| ValueError: second\n" in traceback, traceback
+
+
 @pytest.mark.unit
 def test_a_main_script_missing_where_the_attempt_runs_is_named_as_missing(tmp_path):
     """A target defined in the main script is loaded from the script's path; where that path

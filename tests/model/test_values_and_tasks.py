@@ -284,6 +284,25 @@ def test_unreachable_callable_targets_are_refused(target: object, error: type[Ex
     assert "target" in str(caught.value)
 
 
+def test_a_partial_or_a_bound_method_is_refused_saying_what_to_give_instead() -> None:
+    """`functools.partial(f, 1, scale=2)` and `obj.method`, as a pool's `map` takes them, were
+    refused saying only `(pass args instead)` and nothing at all: the errors now say why (a
+    target is imported by name) and what to give instead, naming the partial's function, its
+    arguments and its keywords."""
+    with pytest.raises(TypeError) as caught:
+        TaskFn("t", functools.partial(module_level_target, 1, scale=2))
+    assert str(caught.value).endswith(
+        f": an attempt imports its target by name, which a partial has not; give its function, "
+        f"'{__name__}:module_level_target', as the target, with the partial's arguments, (1,), first in args and its "
+        f"keywords, {{'scale': 2}}, in kwargs"), caught.value
+    with pytest.raises(TypeError) as caught:
+        TaskFn("t", Holder().method)
+    assert str(caught.value).startswith("target cannot be a method bound to an instance, got <bound method "), caught.value
+    assert str(caught.value).endswith(
+        ": an attempt imports its target by name, and no instance goes with it; make it a module-level function "
+        "(or a staticmethod) that takes what it needs of the instance as arguments"), caught.value
+
+
 @pytest.mark.parametrize(("target", "kind"), [(generator_target, "a generator"),
                                             (async_generator_target, "an async generator")])
 def test_a_generator_function_target_is_refused_when_the_task_is_built(target: object, kind: str) -> None:

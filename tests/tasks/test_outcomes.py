@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
+import signal
 import time
 import weakref
 from typing import Any
@@ -19,6 +21,7 @@ from mpvisor import (
     OutcomeKind,
     SupervisorConfig,
     TaskAlreadyExists,
+    TaskFn,
     TaskSpec,
 )
 from tests._support import (
@@ -112,6 +115,22 @@ async def test_an_uncaught_exception_fails_with_its_type_and_traceback(target, a
             assert not isinstance(value, BaseException)
 
 
+async def test_an_async_targets_traceback_starts_at_its_own_frame():
+    """An `async def` target's traceback starts at the target's frame, as a sync target's does:
+    none of the asyncio runner's frames that called it (`asyncio.run`, `run_until_complete`),
+    where it began with three of them; asyncio's frames below the target's stay (`wait_for`'s,
+    which raised)."""
+
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("async-raiser", coop.async_timing_out))
+        outcome = await waiter.wait()
+        assert (outcome.kind, outcome.reason) == (OutcomeKind.FAILED, "TimeoutError"), outcome
+        last = (outcome.traceback or "").split("The above exception was the direct cause")[-1]
+        frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', last, re.MULTILINE)
+        assert frames[0] == (coop.__file__, "async_timing_out"), outcome.traceback
+        assert len(frames) > 1 and all(f"{os.sep}asyncio{os.sep}" in file for file, _ in frames[1:]), frames
+
+
 async def test_an_unprompted_canceled_resolves_canceled():
     """A restartable worker raising Canceled by itself ends CANCELED after one attempt."""
 
@@ -132,6 +151,39 @@ async def test_cancel_resolves_canceled():
         assert outcome.kind is OutcomeKind.CANCELED
         assert outcome.label == "outcome_canceled"
         assert not outcome.is_success()
+
+
+async def test_a_stop_while_the_target_is_imported_interrupts_the_import(tmp_path):
+    """A module that takes long to import (a model loaded at its top): SIGTERM was blocked while
+    the attempt imported its target, so a cancel (a Ctrl-C of `mpvisor.run`, a shutdown) waited
+    for the import's end, up to the grace, and then killed the tree (`FORCE_ABORTED`); a SIGTERM
+    from elsewhere (`kill PID`) waited up to the start-up timeout. Both now interrupt the import:
+    the cancel ends `CANCELED` at once, the other SIGTERM as one mpvisor did not send. A module
+    that puts its own SIGTERM handler in place as it is imported gets the cancel's SIGTERM in
+    that handler, and its import ends; its target is still never called."""
+    logs = {name: tmp_path / f"{name}.log" for name in ("canceled", "killed", "own-handler")}
+    modules = {"canceled": "hanging_import", "killed": "hanging_import", "own-handler": "own_sigterm_import"}
+    async with supervised(SupervisorConfig(grace=30, start_timeout=30)) as (handle, _):
+        tasks = {name: await handle.add_and_watch(TaskSpec.once(TaskFn(
+                     name, f"workers.{modules[name]}:target",
+                     env={"WORKERS_HANGING_IMPORT_LOG": str(log), "WORKERS_OWN_SIGTERM_LOG": str(log)})))
+                 for name, log in logs.items()}
+        pids = {name: int((await async_wait_for(lambda log=log: log.exists() and log.read_text())).split()[1])
+                for name, log in logs.items()}
+        began = time.monotonic()
+        os.kill(pids["killed"], signal.SIGTERM)
+        for name in ("canceled", "own-handler"):
+            assert await handle.cancel(tasks[name][0]) is True
+        canceled, killed, own = [await waiter.wait() for _, waiter in tasks.values()]
+        took = time.monotonic() - began
+    assert (canceled.kind, canceled.reason) == (OutcomeKind.CANCELED, "canceled"), canceled
+    assert (killed.kind, killed.exit_code, killed.reason) == (
+        OutcomeKind.FAILED, -15, "stopped by a SIGTERM that mpvisor did not send: canceled before the target was called"
+    ), killed
+    assert own.kind is OutcomeKind.CANCELED, own
+    assert [line.split()[0] for line in logs["own-handler"].read_text().splitlines()] == ["importing", "sigterm"]
+    assert took < 10, took
+    assert all(pid_gone(pid) for pid in pids.values())
 
 
 async def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
