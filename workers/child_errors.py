@@ -8,6 +8,7 @@ refuse to be described.
 | `unformattable()` | raises `Unformattable("no notes")`, whose `__notes__` raises (the traceback module cannot format it) |
 | `fail_with_unprintable_reason()` | raises `Fail(obj)`, where `str(obj)` raises `RuntimeError` |
 | `huge_fail_code()` | raises a `Fail("huge")` whose `exit_code` was set to `2**70` afterwards (too big for msgpack; the constructor refuses it) |
+| `forked_child_in_c_code(wait)` | forks a child that, inside one C call (`sum` over C iterators: no bytecode runs, so no Python signal handler), tells the target it is there, then counts for hours; the target sends it SIGTERM and returns how it ended within `wait` s (`"ended -15"`), or `"still running"` (then kills it) |
 | `forked_child_leaves(how, record_path)` | forks a child that leaves the target at once (`return`s `"the child's"`, or `raise`s `ValueError`), after writing its pid to `record_path`; the target waits for it, then returns `"the attempt's"` with the child's exit status |
 """
 
@@ -94,3 +95,25 @@ def forked_child_leaves(how: str, record_path: str) -> object:
         return "the child's"
     _, status = os.waitpid(pid, 0)
     return ["the attempt's", os.waitstatus_to_exitcode(status)]
+
+
+def forked_child_in_c_code(wait: float) -> str:
+    import itertools
+    import select
+    import signal
+
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # one C call from here on: its first item writes the byte
+        sum(itertools.chain(map(os.write, [writer], [b"x"]), itertools.repeat(1, 10**14)))
+        os._exit(0)
+    os.close(writer)
+    os.read(reader, 1)
+    os.kill(pid, signal.SIGTERM)
+    pidfd = os.pidfd_open(pid)
+    ended, _, _ = select.select([pidfd], [], [], wait)
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(pidfd)
+    return f"ended {os.waitstatus_to_exitcode(status)}" if ended else "still running"

@@ -182,8 +182,19 @@ class TaskContext:
 
     # --- the child runtime's side -------------------------------------------------------------
 
+    def _forked(self) -> None:
+        """In a process the target forked (a fork pool's worker), at the fork: SIGTERM's default
+        action again, as without mpvisor, unless the target set a handler of its own. A Python
+        handler runs only between bytecodes: a SIGTERM that came inside a C call (a computation,
+        or just before a lock's wait: `Pool.terminate()` of workers waiting for their task
+        queue's lock) was held until the call returned, if ever, and the pool's exit waited
+        for that worker for good."""
+        if os.getpid() != self._pid and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a process the target forked (a multiprocessing worker): it ends
+        if os.getpid() != self._pid:  # a process the target forked before `_forked` ran (or by a fork
+            # that runs no at-fork hook): it ends
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by SIGTERM, as it would without mpvisor,
             os.kill(os.getpid(), signal.SIGTERM)  # not by a `Canceled` traceback of its own
             return

@@ -181,6 +181,18 @@ async def test_a_process_the_target_forked_that_leaves_the_target_reports_nothin
             assert stderr == []
 
 
+@pytest.mark.both_start_methods(spawn="slow")  # the attempt sets its at-fork hook whichever the start method
+async def test_a_process_the_target_forked_dies_by_sigterm_even_inside_a_c_call():
+    """A process the target forks (a fork pool's worker) inherited the attempt's Python SIGTERM
+    handler, which runs only between bytecodes: a SIGTERM that came inside a C call was held
+    until the call returned, so `Pool.terminate()` (the end of a `with Pool()` block) waited for
+    good for a worker that got it just before its wait for the task queue's lock. The child now
+    has SIGTERM's default action from the fork on, as without mpvisor, and dies by it at once."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(handle, collector, _spec("c-call", "workers.child_errors:forked_child_in_c_code", 10))
+        assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, "ended -15", []), outcome
+
+
 EXIT_CODES = ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"]
 
 
