@@ -13,7 +13,7 @@ checks nothing still gets `Canceled`.
 | `async_cooperative()` | its task is cancelled in `asyncio.sleep` | `cancel-seen` marker, re-raises `CancelledError` |
 | `async_quick(value="async-ok")` | | returns `value` |
 | `async_timing_out()` | `asyncio.wait_for(asyncio.sleep(10), 0.01)` | the `TimeoutError` that `wait_for` raises |
-| `gated(release_path, on_release="return")` | `release_path` exists (all inside `shield()`) | `on_release`: return `"released"`, `canceled`, `fail`, `fatal`, `exit3`, `sigkill` |
+| `gated(release_path, on_release="return")` | `release_path` exists (all inside `shield()`) | `on_release`: return `"released"`, `canceled`, `fail`, `fatal`, `exit3`, `sigkill`, `kill-launcher` (SIGKILL its parent, the launcher, then wait to die with it) |
 | `slow_stop(stop_seconds)` | cancelled | shielded `time.sleep(stop_seconds)`, `finally` marker, raises `Canceled` |
 | `timeout_probe(action)` | cancelled (one long `wait_cancelled`) | `action`: `return` (`"late"`), `fail`, `fatal`, `canceled`, `exit3` |
 | `double_cancel_counter(counter_path)` | `Canceled` interrupts a sleep | appends `1` per `Canceled` that reaches it, lingers unshielded |
@@ -38,7 +38,7 @@ from ._marker import append_line, context, mark
 if TYPE_CHECKING:
     from mpvisor._attempt.context import TaskContext
 
-RELEASE_ACTIONS = ("return", "canceled", "fail", "fatal", "exit3", "sigkill")
+RELEASE_ACTIONS = ("return", "canceled", "fail", "fatal", "exit3", "sigkill", "kill-launcher")
 TIMEOUT_ACTIONS = ("return", "fail", "fatal", "canceled", "exit3")
 
 
@@ -127,6 +127,9 @@ def _end(action: str, value: str) -> str:
         sys.exit(3)
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "kill-launcher":
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)  # its parent-death signal ends it
     return value
 
 

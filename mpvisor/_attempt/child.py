@@ -494,6 +494,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, _STOPPED_BEFORE_THE_CALL)
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
+    # a process the target forks dies by SIGTERM from its first instruction on, as without mpvisor
+    os.register_at_fork(before=ctx._before_fork, after_in_parent=ctx._after_fork_in_parent, after_in_child=ctx._forked)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)

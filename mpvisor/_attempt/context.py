@@ -15,6 +15,7 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
 import signal
@@ -66,6 +67,7 @@ class TaskContext:
         self._shield_depth = 0
         self._async_cancel: Callable[[], None] | None = None
         self._pid = os.getpid()  # the attempt's process: the children it forks inherit the handler
+        self._blocked_over_fork: dict[int, bool] = {}  # by forking thread: SIGTERM was blocked before its fork
 
     def __repr__(self) -> str:
         return (
@@ -182,8 +184,39 @@ class TaskContext:
 
     # --- the child runtime's side -------------------------------------------------------------
 
+    # A process the target forks (a fork pool's worker) has SIGTERM's default action from its
+    # first instruction on, as without mpvisor, unless the target set a handler of its own. It
+    # inherited the attempt's Python handler, which runs only between bytecodes, and never for
+    # a SIGTERM that comes before the new process's interpreter has settled after the fork
+    # (CPython drops what its handlers caught until then): a SIGTERM inside a C call was held
+    # until the call returned, if ever, and one right after the fork was lost. `Pool.terminate()`
+    # (the end of a `with Pool()` block) SIGTERMs workers still starting, then holds the lock of
+    # their task queue: the pool's exit waited for such a worker for good. So SIGTERM is blocked
+    # in the forking thread over the fork (`_before_fork`), and the new process restores the
+    # default action, then the mask (`_forked`): a SIGTERM that came meanwhile ends it then.
+
+    def _before_fork(self) -> None:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+        self._blocked_over_fork[_thread.get_ident()] = signal.SIGTERM in old
+
+    def _after_fork_in_parent(self) -> None:
+        if not self._blocked_over_fork.pop(_thread.get_ident(), True):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+
+    def _forked(self) -> None:
+        """In the process the target forked (see above)."""
+        was_blocked = self._blocked_over_fork.pop(_thread.get_ident(), True)
+        self._blocked_over_fork.clear()  # the other threads' forks are the attempt's, not this process's
+        try:
+            if os.getpid() != self._pid and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        finally:
+            if not was_blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a process the target forked (a multiprocessing worker): it ends
+        if os.getpid() != self._pid:  # a process the target forked by a fork that runs no at-fork hook
+            # (a C extension's `fork()`): it ends
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by SIGTERM, as it would without mpvisor,
             os.kill(os.getpid(), signal.SIGTERM)  # not by a `Canceled` traceback of its own
             return

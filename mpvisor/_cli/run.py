@@ -179,7 +179,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      metavar="SECONDS", help="each attempt's time limit in seconds (> 0), start-up and import included; "
                                              "exit status 124 when the last attempt timed out")
     run.add_argument("--start-timeout", type=seconds(allow_zero=False), metavar="SECONDS",
-                     help="each attempt's limit for its start-up alone: process start, handshake and import (> 0; default 30)")
+                     help="each attempt's limit for its start-up alone: process start, handshake and import (> 0; default 30); "
+                          "exit status 124 when the last attempt's start-up timed out")
     run.add_argument("--backoff", type=backoff, metavar="FIRST[:MAX[:FACTOR]]",
                      help="seconds between retries: FIRST, doubling (or times FACTOR) up to MAX (default: 0.2:30)")
     run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",

@@ -2,7 +2,8 @@
 
 `TABLE` is the table users read (docs/outcomes.md shows it row for row, and a test holds the two
 equal); the names below it are what the commands return. `exit_status` maps one outcome to its
-status by the rows, in order: a timed-out last attempt is 124 whatever its exit code. A command
+status by the rows, in order: a last attempt that ran out of its timeout or of its start-up limit
+(`TaskOutcome.timed_out`) is 124 whatever its exit code. A command
 that was interrupted returns `-N` for signal N: `main` then dies by that signal (after which a
 shell sees 128 + N).
 """
@@ -31,7 +32,8 @@ TIMED_OUT = 124  # as timeout(1)
 TABLE: tuple[tuple[str, str], ...] = (
     ("0", "the outcome is `COMPLETED`"),
     ("7", "`--slot ... --slots URL`: the slot's lease could not be renewed in time (the store unreachable for half of `--lease-ttl`, or `mpvisor` paused), so the task's tree was stopped before the lease could expire (the outcome is `FATAL`, `lease lost: ...`)"),
-    ("124", "the last attempt timed out (`--timeout`), as `timeout(1)` does"),
+    ("124", "the last attempt timed out (`--timeout`), or its start-up did (`--start-timeout`: `start-up timed out "
+            "...`), as `timeout(1)` does"),
     ("1", "`--slot`: the task's exit code was one of 3..9, the statuses that say the slot's answer (a deploy that "
           "exits 3 is not taken for a busy slot); the outcome line says the code"),
     ("1..255", "the task's exit code, when it is in 1..255"),

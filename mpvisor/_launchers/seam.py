@@ -49,7 +49,13 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
   away (the attempt's process, if it had one, died with it, or, where nobody could see it go,
   is fenced: nothing runs in its place until it cannot be running any more; nothing more is
-  reported). `how` starts the attempt's reason: "launcher died", or "node lost".
+  reported). `how` starts the attempt's reason: "launcher died", or "node lost". A launcher
+  that knows nothing of an attempt began before its death (no `on_started`, and not a byte from
+  the attempt: its request never reached it, or the process made for it died before the
+  attempt's code ran) starts it on the launcher that follows instead, the same attempt, so
+  that a target that kills its launcher fails no start queued behind it (the local launcher;
+  on Ray, each attempt's agent runs one, and an idle agent that died before it took the
+  attempt sends it to a new agent).
 - `signal(key, signum, group)` reaches only a running attempt (never a reaped pid). `kill(key)`
   may also come before `on_started`: the launcher then ends the start (`on_start_failed`, or
   the attempt is killed as soon as it runs). `withdraw(key)` comes with a stop (a cancel, a

@@ -98,7 +98,7 @@ class TaskOutcome:
     | `traceback` | the last attempt's traceback, as text, if it raised |
     | `attempts` | attempts started (0 if none) |
     | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
-    | `timed_out` | true when it `FAILED` because its last attempt hit the task's timeout |
+    | `timed_out` | true when it `FAILED` because its last attempt ran past a time limit of its own: the task's timeout, or its start-up limit (`start_timeout`) |
     | `limit` | when it `FAILED` because its last attempt ran into a `Limits` limit: `"memory"`, `"address_space"`, `"cpu"` or `"open_files"` |
     | `lease_lost` | true when it is `FATAL` because its slot's lease (a lease store across hosts) could not be renewed in time: its tree was stopped, and it does not run again |
     """
@@ -111,7 +111,7 @@ class TaskOutcome:
     traceback: str | None = None
     attempts: int = 0  # attempts started
     duration: float | None = None  # registration to terminal cleanup; None when REJECTED
-    timed_out: bool = False  # FAILED because its last attempt hit the task's timeout
+    timed_out: bool = False  # FAILED because its last attempt ran past its timeout or its start-up limit
     limit: str | None = None  # FAILED because its last attempt ran into a limit: "memory", "address_space", "cpu", "open_files"
     lease_lost: bool = False  # FATAL because its slot's lease could not be renewed in time
 

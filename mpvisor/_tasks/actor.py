@@ -408,7 +408,7 @@ class TaskActor:
             value=end.value if end is not None and kind is OutcomeKind.COMPLETED else None,
             traceback=end.traceback if keep_failure and end is not None else None,
             attempts=self.attempt,
-            timed_out=kind is OutcomeKind.FAILED and end is not None and end.kind is AttemptResult.TIMED_OUT,
+            timed_out=kind is OutcomeKind.FAILED and end is not None and end.timed_out,
             limit=end.limit if kind is OutcomeKind.FAILED and end is not None else None,
             lease_lost=kind is OutcomeKind.FATAL and end is not None and end.lease_lost,
             duration=time.monotonic() - self.registered_at,

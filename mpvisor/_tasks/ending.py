@@ -6,7 +6,7 @@ first match wins (the reason a stop was requested decides over how the child end
 
 | # | fact | ending |
 |---|---|---|
-| 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
+| 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` (`timed_out`) if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
 | 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
 | 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
@@ -14,7 +14,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
 | 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
-| 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` |
+| 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` (`timed_out`, as a TIMED_OUT end is) |
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind; but a `Canceled` that a SIGTERM raised (its `exit_code` -15), which mpvisor did not send (`kill PID` of the attempt, an OOM daemon's), is FAILED `stopped by a SIGTERM that mpvisor did not send: ...`, exit_code -15, as the bare program would have died by it |
 | 9 | a program (`CommandTask`) ran and exited 0 | SUCCEEDED, value None |
@@ -28,6 +28,7 @@ launcher did on its own, for a limit or a fence) never changes the kind, and is 
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 from typing import Any
 
 from mpvisor._launchers.seam import ExitStatus
@@ -80,6 +81,12 @@ class AttemptEnd:
     killed: str | None = None
     limit: str | None = None  # "memory", "cpu", "open_files": the limit it ran into
     lease_lost: bool = False  # its fence was reached (rule 1a)
+    start_timed_out: bool = False  # FAILED `start-up timed out ...`: its start-up limit ended it (rules 1 and 6)
+
+    @property
+    def timed_out(self) -> bool:
+        """It ran out of a time limit of its own: its timeout (TIMED_OUT), or its start-up limit."""
+        return self.kind is AttemptResult.TIMED_OUT or self.start_timed_out
 
 
 def decide(f: Facts) -> AttemptEnd:
@@ -112,8 +119,7 @@ def limit_of(f: Facts, end: AttemptEnd) -> AttemptEnd:
     if found is None:
         return end
     kind, head = found
-    return AttemptEnd(end.kind, f"{head}: {reason}" if reason else head, end.exit_code, end.value, end.traceback,
-                      end.killed, kind)
+    return replace(end, reason=f"{head}: {reason}" if reason else head, limit=kind)
 
 
 _THREAD_REFUSED = "can't start new thread"  # CPython's RuntimeError when the kernel makes no thread
@@ -140,7 +146,7 @@ def _decide(f: Facts) -> AttemptEnd:
             return AttemptEnd(AttemptResult.TIMED_OUT, f"timed out after {f.timeout} s ({f.could_not_start})")
         if f.start_timed_out is not None:
             reason = f"start-up timed out after {f.start_timed_out} s ({f.could_not_start})"
-            return AttemptEnd(AttemptResult.FAILED, reason)
+            return AttemptEnd(AttemptResult.FAILED, reason, start_timed_out=True)
         kind = AttemptResult.FATAL if f.could_not_start_fatal else AttemptResult.FAILED
         return AttemptEnd(kind, f.could_not_start, None if f.status is None else f.status.exit_code)
     if f.stop is None and f.status is not None and (f.status.memory or f.status.cpu):
@@ -160,7 +166,7 @@ def _decide(f: Facts) -> AttemptEnd:
         if f.kind == "fn" and f.target is not None:  # what start-up spans, and what bounds it
             reason += (f": its process start, handshake and import of {f.target!r} took longer than its "
                        "start_timeout")
-        return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed)
+        return AttemptEnd(AttemptResult.FAILED, reason, killed=f.killed, start_timed_out=True)
     if f.protocol_error is not None and (f.killed or f.status is None or f.status.exit_code == 0):
         return AttemptEnd(AttemptResult.FAILED, f"protocol error: {f.protocol_error}", killed=f.killed)
     if f.report is not None:

@@ -181,6 +181,25 @@ async def test_a_process_the_target_forked_that_leaves_the_target_reports_nothin
             assert stderr == []
 
 
+@pytest.mark.both_start_methods(spawn="slow")  # the attempt sets its at-fork hooks whichever the start method
+async def test_a_process_the_target_forked_dies_by_sigterm_from_its_fork_on():
+    """A process the target forks (a fork pool's worker) inherited the attempt's Python SIGTERM
+    handler, which runs only between bytecodes: a SIGTERM that came inside a C call was held
+    until the call returned, and one that came right after the fork (CPython drops what its
+    handlers caught before its at-fork hooks ran) was lost. `Pool.terminate()` (the end of a
+    `with Pool()` block) SIGTERMs the workers still starting, then holds their task queue's
+    lock: the pool's exit waited for good for a worker that survived its SIGTERM. The child
+    now has SIGTERM's default action from its first instruction on, as without mpvisor, and
+    dies by it at once, in a C call; right after the fork, before its at-fork hooks ran, a
+    SIGTERM is blocked, and waits for the default action."""
+    async with supervised(CONFIG) as (handle, collector):
+        (c_call, c_ends), (at_fork, f_ends) = await asyncio.gather(
+            _outcome_and_ends(handle, collector, _spec("c-call", "workers.child_errors:forked_child_in_c_code", 10)),
+            _outcome_and_ends(handle, collector, _spec("at-fork", "workers.child_errors:sigterm_in_a_forked_child_at_first")))
+    assert (c_call.kind, c_call.value, c_ends) == (OutcomeKind.COMPLETED, "ended -15", []), c_call
+    assert (at_fork.kind, at_fork.value, f_ends) == (OutcomeKind.COMPLETED, "blocked", []), at_fork
+
+
 EXIT_CODES = ["2**70", "-2**70", "2**63", "2**64 + 3", "2**31 + 5", "256", "-1", "True"]
 
 

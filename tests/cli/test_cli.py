@@ -92,7 +92,7 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
           "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
         (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
         (["--timeout", "0.5", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.5 s"]),
-        (["--start-timeout", "0.5", "workers.hanging_import:target"], 1, [": failed ", "start-up timed out after 0.5 s"]),
+        (["--start-timeout", "0.5", "workers.hanging_import:target"], 124, [": failed ", "start-up timed out after 0.5 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
         (["--", "/bin/"], 126, [": fatal ", "cannot execute '/bin/': Is a directory", "exit_code=126"]),

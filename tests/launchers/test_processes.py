@@ -45,6 +45,7 @@ from tests._support import (
     FAST,
     SPAWN_IN_SLOW,
     START_METHODS,
+    Gate,
     LogRecords,
     all_ended,
     all_gone,
@@ -812,6 +813,63 @@ async def test_launcher_death_fails_its_attempts_and_a_new_launcher_takes_over()
         assert outcome.kind is OutcomeKind.COMPLETED and outcome.value == "after"
     # the shutdown is over: the replacement launcher's keeper thread has ended too
     assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("mpvisor")] == []
+
+
+async def test_a_target_that_kills_its_launcher_fails_only_its_own_attempt(tmp_path):
+    """A target kills its launcher (`os.kill(os.getppid(), SIGKILL)`) while the starts of three
+    once-tasks wait for that launcher (stopped here, so that it takes none of them, as when it is
+    busy forking a burst): its own attempt ends `launcher died while attempt pid N ran`. The
+    three, of which nothing ran, ended FAILED `launcher died before the attempt started`,
+    charged an attempt; they now start on the next launcher and complete, one attempt each."""
+    gate = Gate(tmp_path)
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        killer_id, killer = await handle.add_and_watch(TaskSpec.once(gate.task("killer", on_release="kill-launcher")))
+        pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=killer_id)).pid  # the launcher reported it
+        await gate.started("killer")
+        client, launcher = handle._rt.launcher, launcher_pid(handle)
+        os.kill(launcher, signal.SIGSTOP)
+        try:
+            queued = [await handle.add_and_watch(once(f"q{i}", basic.quick, i)) for i in range(3)]
+            await async_wait_for(lambda: len(client._attempts) == 4)  # their starts were asked of it
+            gate.open()
+            died = await killer.wait()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(launcher, signal.SIGCONT)
+        outcomes = [await waiter.wait() for _, waiter in queued]
+        for task_id, _ in queued:
+            await seen(events, EventKind.TASK_REMOVED, id=task_id)
+        relaunched = launcher_pid(handle)
+    assert (died.kind, died.reason) == (OutcomeKind.FAILED, f"launcher died while attempt pid {pid} ran"), died
+    assert [(o.kind, o.value, o.attempts) for o in outcomes] == [(OutcomeKind.COMPLETED, i, 1) for i in range(3)], outcomes
+    assert [len(events.of(EventKind.ATTEMPT_STARTING, id=task_id)) for task_id, _ in queued] == [1, 1, 1]
+    assert relaunched != launcher
+    assert events.of(EventKind.ATTEMPT_FAILED, id=killer_id) and not [
+        e for task_id, _ in queued for e in events.of(EventKind.ATTEMPT_FAILED, id=task_id)]
+
+
+def test_a_start_whose_process_wrote_on_its_channel_is_not_asked_again() -> None:
+    """What a dead launcher's start, never reported started, says of itself: nothing came from
+    its end of the channel, which nobody holds (never forked, or killed before the attempt's
+    code ran): it never began, and the next launcher is asked it; a byte came (its `hello`: the
+    attempt's code ran, perhaps the target too), or its end is still held: it may have, and it
+    ends `launcher died`, as any attempt its launcher took with it."""
+    from mpvisor._launchers.local.channel import Channel
+
+    loop = asyncio.new_event_loop()
+    try:
+        channels = [Channel(loop, None, (b"start", b""), capture_output=False) for _ in range(3)]  # type: ignore[arg-type]
+        silent, spoke, held = (channel.child_fds[0] for channel in channels)
+        os.close(silent)
+        os.write(spoke, b"hello")
+        os.close(spoke)
+        assert [channel.never_began() for channel in channels] == [True, False, False]
+        os.close(held)
+        assert channels[2].never_began()
+        for channel in channels:
+            channel.abandon()
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize("victim", ["launcher", "guardian"])

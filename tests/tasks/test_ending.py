@@ -112,6 +112,22 @@ def test_start_failures_launcher_death_and_protocol_errors(facts, kind, prefix):
     assert end.kind is kind and (end.reason or "").startswith(prefix)
 
 
+@pytest.mark.parametrize(
+    "facts",
+    [
+        Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL),
+        Facts(could_not_start="could not start: no node has what it needs", start_timed_out=3.0),
+        Facts(pid=7, calling=True, stop=StopReason.TIMEOUT, timeout=1.0, status=KILL),
+    ],
+)
+def test_an_attempt_that_ran_out_of_its_timeout_or_its_start_up_limit_timed_out(facts):
+    """A start-up limit that ended the attempt (with a pid or without one) is a time limit run
+    out, as its timeout is: `timed_out`, which makes `mpvisor run` exit 124 (it exited 1)."""
+    end = decide(facts)
+    assert end.timed_out and end.kind in (AttemptResult.FAILED, AttemptResult.TIMED_OUT), end
+    assert not decide(Facts(pid=7, calling=True, status=KILL)).timed_out
+
+
 def test_a_frame_cut_short_by_a_signal_reports_the_signal():
     """When the process had already died otherwise, its status decides."""
     end = decide(Facts(pid=7, calling=True, protocol_error="truncated frame", status=SEGV))

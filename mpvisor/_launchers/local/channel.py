@@ -17,7 +17,7 @@ else still holds is waited for, `EOF_WAIT` s at most. The parent holds 2 fds per
 | `started pid` + pidfd | starts reading; `sink.on_started(pid)` |
 | `start_failed` | closes its fds; `sink.on_start_failed(error)` |
 | `exited` | drains, then `sink.on_eof()`, `sink.on_exited(status, killed)` |
-| (the launcher died) | no pid yet: closes, `sink.on_launcher_died()`; else waits for the pidfd, drains, then the same |
+| (the launcher died) | no pid yet: closes, `sink.on_launcher_died()` (or, if it `never_began`, is `abandon`ed: the client asks the next launcher for the attempt on a new channel); else waits for the pidfd, drains, then the same |
 """
 
 from __future__ import annotations
@@ -103,6 +103,26 @@ class Channel:
         SIGKILL what is left of it, and wait (up to `EOF_WAIT` s) until nothing is."""
         if self.pid is not None:
             _platform.kill_group_left(self.pid, self._pidfd, EOF_WAIT)
+
+    def never_began(self) -> bool:
+        """Its launcher died before it reported the attempt started, and nothing came from the
+        attempt's end of the channel, which nobody holds any more: a process made for it (if the
+        launcher forked one) never reached the attempt's code, whose first act is its `hello`,
+        before it imports or runs anything of the target's (an end still held, or a byte come,
+        and it may have: False)."""
+        if self.pid is not None or self._sock is None:
+            return False
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) == b""  # at EOF, and nothing was sent
+        except ConnectionResetError:  # closed with the start frame unread, and nothing sent
+            return True
+        except OSError:  # BlockingIOError: its end is still held
+            return False
+
+    def abandon(self) -> None:
+        """Close its fds and report nothing: the attempt is asked of another launcher, on a new channel."""
+        self._close_all()
+        self._reported = True
 
     def launcher_died(self) -> None:
         if self._pidfd is None:  # never started, or no pidfd: nothing to wait for

@@ -16,11 +16,21 @@ protocol of `forkserver.py` over a SOCK_SEQPACKET socket and routes each reply t
 | `ready pid error` | resolves `ready()` (a preload error becomes `ConfigError`) |
 | `started` / `start_failed` / `exited` | forwards it to the channel with that key |
 | EOF on the control socket | holds its channels: their launcher died |
-| the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now); reports the death; restarts after `restart_delay` (below), or gives up |
+| the guardian ended (and the socket is at EOF) | tells the held channels their launcher died (every tree is gone now), but asks the next launcher again for each start that never began (below); reports the death; restarts after `restart_delay` (below), or gives up |
 | not ready within `start_timeout` | gives up: kills it |
 | stopped (SIGSTOP) `KILL_ANSWER` s after a kill it was sent, or after a fence's kill time | SIGKILLs it (its guardian too, if stopped) and says so; then as for any death |
 | `withdraw(key)` (a stop before the start) | a spawn request still in its outbox (not sent: the fork server takes one at a time) is taken back, and the start fails now |
 | `close()` | sends `stop` (or, if the launcher is not attached yet, `_attach` does), waits for the keeper |
+
+**A start that never began is not lost with its launcher.** A start of which the dead launcher
+reported no `started`, no kill or withdrawal was asked, and whose channel holds not a byte from
+the attempt's end, which nobody holds any more (`Channel.never_began`), ran nothing: its request
+was never sent, or never read, or the process forked for it died with the launcher's tree before
+the attempt's code sent its `hello`, its first act, before anything of the target's. It is the
+same attempt still: the next launcher is asked it on a new channel, in the order the starts were
+asked, up to `AGAIN` times (a start that kills each launcher it meets ends `launcher died`, as
+before). Any other start or attempt of the dead launcher ends `launcher died ...`, retryable: its
+target may have run.
 
 A launcher that cannot become ready is a configuration error, never a loop: after
 `EARLY_DEATHS` deaths in a row before `ready`, or no `ready` within `start_timeout`, the client
@@ -63,6 +73,7 @@ EARLY_DEATHS = 3  # deaths in a row before `ready` that make the launcher a conf
 SHORT_LIFE = 5.0  # seconds: a launcher that died sooner counts towards a slower restart
 LAST_LINE = 300  # characters of the launcher's last stderr line kept for an error
 KILL_ANSWER = 1.0  # seconds after a kill (or a fence's kill time) after which a stopped launcher is killed
+AGAIN = 3  # times a start that never began is asked of the next launcher, its launcher having died
 PROBE_FDS = 4  # descriptors spare for the cgroups probe (it holds at most two at once: an import, a read)
 
 
@@ -130,7 +141,9 @@ class LauncherClient:
         self._startup: int | None = None  # the launcher's start-up stderr (a pipe), until EOF
         self._last_line: str | None = None  # its last non-empty line so far
         self._attempts: dict[int, Channel] = {}
-        self._orphaned: list[Channel] = []  # a dead launcher's attempts, reported once its guardian is gone too
+        self._orphaned: list[tuple[int, Channel]] = []  # a dead launcher's attempts, reported once its guardian is gone too
+        # each start not reported `started` yet, as asked: one that never began is asked of the next launcher
+        self._requests: dict[int, _Request] = {}
         self._next_key = 0
         self._fences: dict[int, Fence] = {}  # by group: what each new launcher is told first
         self._cgroups: tuple[str, str, str] | None = None  # `_cgroup_dirs`, once probed
@@ -368,6 +381,7 @@ class LauncherClient:
                 elif not self._ready.done():
                     self._ready.set_result(None)
             case control.Started(key, pid):
+                self._requests.pop(key, None)  # it runs: never started again
                 attempt = self._attempts.get(key)
                 pidfd = fds[0] if fds else None
                 if attempt is None:
@@ -378,12 +392,14 @@ class LauncherClient:
                     self.terminal.started(key, pid)
                 attempt.started(pid, pidfd)
             case control.StartFailed(key, error, how, value, memory, cpu):
+                self._requests.pop(key, None)
                 attempt = self._attempts.pop(key, None)
                 if self.terminal is not None:
                     self.terminal.ended(key, None, None)
                 if attempt is not None:
                     attempt.start_failed(error, ExitStatus(how, value, memory=memory, cpu=cpu) if how else None)
             case control.Exited(key, how, value, killed, oom, fenced, memory, cpu, used):
+                self._requests.pop(key, None)
                 attempt = self._attempts.pop(key, None)
                 if attempt is not None:
                     gone = ((how, value) in _BY_SIGPIPE or (how == "exit" and value != 0)) and _no_reader(attempt)
@@ -413,7 +429,7 @@ class LauncherClient:
         # reaps every tree before it closes the socket).
         if self.terminal is not None and self.terminal.key in self._attempts:
             self.terminal.ended(self.terminal.key, None, None)  # the terminal comes back to this process
-        self._orphaned.extend(self._attempts.values())
+        self._orphaned.extend(self._attempts.items())
         self._attempts = {}
         if not self._closing and self._error is None and self._ready.done():
             self._ready = self.loop.create_future()  # management calls wait for the next one
@@ -463,11 +479,16 @@ class LauncherClient:
         self._ended = None
         orphaned, self._orphaned = self._orphaned, []
         if returncode < 0:  # the guardian was killed: perhaps with the launcher, leaving what the
-            for attempt in orphaned:  # attempts started in their groups and cgroups to nobody
+            for _, attempt in orphaned:  # attempts started in their groups and cgroups to nobody
                 attempt.kill_group_left()
         self._clean_cgroups()  # and the cgroups a killed launcher could not remove (its guardian emptied them)
-        for attempt in orphaned:
-            attempt.launcher_died()
+        again: list[tuple[int, Channel, _Request]] = []
+        for key, attempt in orphaned:
+            request = self._requests.pop(key, None)
+            if request is not None and not request.stopped and request.again < AGAIN and attempt.never_began():
+                again.append((key, attempt, request))  # nothing of it ran: the next launcher starts it (below)
+            else:
+                attempt.launcher_died()
         if self._startup is not None:
             self._on_startup_output()  # what it wrote before it died
             self._close_startup()  # (held open only by something it started: not ours to wait for)
@@ -476,6 +497,13 @@ class LauncherClient:
             self._start_timer = None
         if not self._closing and self._error is None:
             self._decide_restart(guardian_pid, describe_guardian_status(returncode), self._last_line)
+        for key, attempt, request in again:  # before any start asked from now on, in the order they were asked
+            if self._closing:  # no launcher comes: it ends as it would have
+                attempt.launcher_died()
+            else:  # (given up: `_launch` fails it, `could not start: ...`, saying why)
+                attempt.abandon()
+                request.again += 1
+                self._launch(key, request)
         if self._error is not None:
             with self._lock:
                 self._closing = True  # given up: the keeper starts nothing again
@@ -506,18 +534,24 @@ class LauncherClient:
         and keeps `fence` (sent with `fence()` before)."""
         self._next_key += 1
         key = self._next_key
+        self._launch(key, _Request(sink, start, exec_python, capture_output, module, fence, tree))
+        return key
+
+    def _launch(self, key: int, request: _Request) -> None:
+        """Ask the launcher (now, or the next one once it is attached) to start `request` as `key`."""
+        sink, start, tree, fence = request.sink, request.start, request.tree, request.fence
         stdin = self.stdin == "inherit"
         try:
             memcg, killcg, cpucg = self._cgroup_dirs() if tree or self.isolation == "cgroup" else ("", "", "")
-            channel = Channel(self.loop, sink, start, capture_output)
+            channel = Channel(self.loop, sink, start, request.capture_output)
         except OSError as exc:  # no descriptor left to probe the cgroups with, or for its socket or pipes
             self.loop.call_soon(sink.on_start_failed, f"could not start: {_no_descriptor(exc)}")
-            return key
+            return
         fds = channel.child_fds
         if self._error is not None:  # given up: no launcher will ever start this attempt
             channel.close_unstarted()
             self.loop.call_soon(channel.start_failed, f"could not start: {self._error}")
-            return key
+            return
         passed: tuple[int, ...] = ()
         if stdin:  # a shell's job: its stdin, and every fd the command was started with, as the bare command's
             passed = tuple(fd for fd in _platform.inherited_fds if _inheritable(fd))
@@ -530,15 +564,15 @@ class LauncherClient:
                     os.close(fd)
                 channel.close_unstarted()
                 self.loop.call_soon(channel.start_failed, f"could not start: {_no_descriptor(exc)}")
-                return key
+                return
             fds = [fds[0], copies[0], *fds[1:], *copies[1:]]
         self._attempts[key] = channel
+        self._requests[key] = request
         terminal = self.terminal.claim(key) if self.terminal is not None else control.NO_TERMINAL
-        self._send(control.Spawn(key, exec_python, module, stdin, terminal, fence.group if fence else 0, tree.memory,
-                                 memcg if tree.memory else "", killcg, tree.cpu, tree.cpus, cpucg if tree.cpus else "",
-                                 passed),
+        self._send(control.Spawn(key, request.exec_python, request.module, stdin, terminal, fence.group if fence else 0,
+                                 tree.memory, memcg if tree.memory else "", killcg, tree.cpu, tree.cpus,
+                                 cpucg if tree.cpus else "", passed),
                    fds, key)
-        return key
 
     def _cgroup_dirs(self) -> tuple[str, str, str]:
         """Where attempts get cgroups of their own: a memory cgroup each for memory-limited
@@ -601,6 +635,9 @@ class LauncherClient:
 
     def kill(self, key: int) -> None:
         """SIGKILL the attempt `key`'s whole tree."""
+        request = self._requests.get(key)
+        if request is not None:
+            request.stopped = True  # a start asked to end is not started again if its launcher dies
         self._send(control.Kill(key))
         self.loop.call_later(KILL_ANSWER, self._check_kill, key)
 
@@ -609,6 +646,9 @@ class LauncherClient:
         launcher forks one request at a time, and a burst of starts waits here), is taken back and
         the start ends now (`on_start_failed`), nothing of the attempt having run. One the launcher
         has been sent is a fork under way: the runtime's SIGTERM follows `on_started`."""
+        request = self._requests.pop(key, None)
+        if request is not None:
+            request.stopped = True
         fds = self._unsent.pop(key, None)
         if fds is None:
             return
@@ -721,6 +761,20 @@ def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_d
     timeout and stdin."""
     return LauncherClient(loop, launch.preload, on_death, launch.start_timeout, stdin=launch.stdin,
                           isolation=launch.isolation)
+
+
+class _Request:
+    """A start as `spawn` was asked it, kept until the attempt runs: if its launcher dies before
+    the attempt began, the next launcher is asked it again."""
+
+    __slots__ = ("again", "capture_output", "exec_python", "fence", "module", "sink", "start", "stopped", "tree")
+
+    def __init__(self, sink: AttemptSink, start: tuple[bytes, bytes], exec_python: bool, capture_output: bool,
+                 module: str, fence: Fence | None, tree: TreeLimits) -> None:
+        self.sink, self.start, self.exec_python, self.capture_output = sink, start, exec_python, capture_output
+        self.module, self.fence, self.tree = module, fence, tree
+        self.stopped = False  # a kill or a withdrawal was asked before it started
+        self.again = 0  # times it was asked of a new launcher
 
 
 def _fence_control(fence: Fence) -> control.Fence:
