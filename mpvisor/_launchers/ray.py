@@ -21,7 +21,7 @@ lose at exit).
 | `exited how value killed oom memory cpu used` (the tree is reaped) | `on_eof()`, `on_exited(...)` (once its lines are written) |
 | `start_failed error [how value memory cpu]` | `on_start_failed(error, ended)` |
 | `start_failed error True` (its local launcher cannot start: a `preload` failed) | `on_start_failed(error, fatal=True)` |
-| `launcher_died how` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how)` |
+| `launcher_died how began` (its fork server died, the tree seen gone) | `on_eof()`, `on_launcher_died(how, began)` |
 | (the actor is dead: Ray says so) | after the fence: `on_eof()`, `on_launcher_died("node lost ...")` or `("launcher died ...")` |
 
 **Lost, not exited.** When Ray declares the agent dead (its worker or its node died), nobody saw
@@ -1096,8 +1096,8 @@ class RayClient:
             case ("start_failed", str() as error, str() as how, int() as value, str() as memory, str() as cpu):
                 ended = ExitStatus(how, value, memory=memory, cpu=cpu)
                 self._end(remote, lambda s: s.on_start_failed(error, ended))
-            case ("launcher_died", str() as how):
-                self._end(remote, _lost(f"{how} (on Ray node {_short(remote.node)})"))
+            case ("launcher_died", str() as how, *began):  # (an agent of an older mpvisor sends no `began`)
+                self._end(remote, _lost(f"{how} (on Ray node {_short(remote.node)})", began == [True]))
             case ("launcher_death", str() as reason):
                 self.on_death(f"on Ray node {_short(remote.node)}: {reason}")
         return False
@@ -1287,10 +1287,10 @@ def _exited(status: ExitStatus, killed: bool) -> Callable[[AttemptSink], None]:
     return report
 
 
-def _lost(how: str) -> Callable[[AttemptSink], None]:
+def _lost(how: str, began: bool = False) -> Callable[[AttemptSink], None]:
     def report(sink: AttemptSink) -> None:
         sink.on_eof()
-        sink.on_launcher_died(how)
+        sink.on_launcher_died(how, began)
 
     return report
 
@@ -1481,5 +1481,5 @@ class Agent:
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
         self._emit(["exited", status.how, status.value, killed, status.oom, status.memory, status.cpu, status.used])
 
-    def on_launcher_died(self, how: str = "launcher died") -> None:
-        self._emit(["launcher_died", f"{how} (the agent's fork server)"])
+    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
+        self._emit(["launcher_died", f"{how} (the agent's fork server)", began])

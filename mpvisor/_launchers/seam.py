@@ -46,10 +46,11 @@ The contract a `Launcher` keeps (pids, fds, pipes and `waitid` stay inside it):
   2 (the local launcher marks an attempt that died by SIGPIPE, or exited failing, while one of them had no reader
   left, `ExitStatus.reader_gone`, which makes its ending final): a launcher whose attempts run elsewhere writes their lines there itself, each before the
   attempt's end); then, once the attempt's main process and every process of its tree are gone and the channel is drained, `sink.on_eof()` followed
-  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how)` when the launcher went
+  by `sink.on_exited(status, killed)`, or by `sink.on_launcher_died(how, began)` when the launcher went
   away (the attempt's process, if it had one, died with it, or, where nobody could see it go,
   is fenced: nothing runs in its place until it cannot be running any more; nothing more is
-  reported). `how` starts the attempt's reason: "launcher died", or "node lost". A launcher
+  reported). `how` starts the attempt's reason: "launcher died", or "node lost"; `began`: the
+  attempt's code had run (a byte came from it) though the launcher had not reported it started. A launcher
   that knows nothing of an attempt began before its death (no `on_started`, and not a byte from
   the attempt: its request never reached it, or the process made for it died before the
   attempt's code ran) starts it on the launcher that follows instead, the same attempt, so
@@ -177,7 +178,7 @@ class AttemptSink(Protocol):
     def on_output(self, stream: str, line: str) -> None: ...
     def on_eof(self) -> None: ...
     def on_exited(self, status: ExitStatus, killed: bool) -> None: ...
-    def on_launcher_died(self, how: str = "launcher died") -> None: ...
+    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None: ...
 
 
 class Launcher(Protocol):

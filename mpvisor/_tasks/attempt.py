@@ -301,11 +301,12 @@ class AttemptProcess:
             self.facts.killed = f"killed pid {self.facts.pid}: {_why_the_launcher_killed(status)}"
         self._finish()
 
-    def on_launcher_died(self, how: str = "launcher died") -> None:
+    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
         """The launcher went away, and the attempt's process (if it had one) with it; `how`
-        begins the reason ("launcher died ...", "node lost ...")."""
+        begins the reason ("launcher died ...", "node lost ..."); `began`: the attempt's code ran,
+        though the launcher never reported it started."""
         self.facts.launcher_died = how
-        if not isinstance(self.phase, Running):
+        if not isinstance(self.phase, Running) and not began:
             self.facts.could_not_start = f"{how} before the attempt started"
         self._finish()
 

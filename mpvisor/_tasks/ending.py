@@ -13,7 +13,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
 | 4 | a stop was requested for a removal/replace/shutdown | CANCELED |
-| 5 | the launcher died (or its node was lost) | FAILED `launcher died ...` / `node lost ...` |
+| 5 | the launcher died (or its node was lost) | FAILED `launcher died ... while attempt pid N ran` / `node lost ...`; `... as the attempt started (before it reported its pid)` when its code ran unreported |
 | 6 | start-up took longer than `start_timeout` | FAILED `start-up timed out ...` (`timed_out`, as a TIMED_OUT end is) |
 | 7 | a protocol error, and mpvisor killed it or it exited 0 | FAILED `protocol error: ...` |
 | 8 | a report (no stop requested) | by the report's kind; but a `Canceled` that a SIGTERM raised (its `exit_code` -15), which mpvisor did not send (`kill PID` of the attempt, an OOM daemon's), is FAILED `stopped by a SIGTERM that mpvisor did not send: ...`, exit_code -15, as the bare program would have died by it |
@@ -160,6 +160,8 @@ def _decide(f: Facts) -> AttemptEnd:
     if f.stop is StopReason.CANCEL:
         return AttemptEnd(AttemptResult.CANCELED, f.killed or "canceled", killed=f.killed)
     if f.launcher_died is not None:
+        if f.pid is None:  # its code ran, but the launcher died before it reported its pid
+            return AttemptEnd(AttemptResult.FAILED, f"{f.launcher_died} as the attempt started (before it reported its pid)")
         return AttemptEnd(AttemptResult.FAILED, f"{f.launcher_died} while attempt pid {f.pid} ran")
     if f.start_timed_out is not None:
         reason = f"start-up timed out after {f.start_timed_out} s (pid {f.pid} killed)"

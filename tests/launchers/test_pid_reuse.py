@@ -52,7 +52,7 @@ class Sink:
     def on_exited(self, status: ExitStatus, killed: bool) -> None:
         self.ended.set_result(status)
 
-    def on_launcher_died(self, how: str = "launcher died") -> None:
+    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
         self.ended.set_result(how)
 
 

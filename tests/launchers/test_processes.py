@@ -853,21 +853,35 @@ def test_a_start_whose_process_wrote_on_its_channel_is_not_asked_again() -> None
     its end of the channel, which nobody holds (never forked, or killed before the attempt's
     code ran): it never began, and the next launcher is asked it; a byte came (its `hello`: the
     attempt's code ran, perhaps the target too), or its end is still held: it may have, and it
-    ends `launcher died`, as any attempt its launcher took with it."""
+    ends `launcher died`, as any attempt its launcher took with it; one that spoke says it
+    `began` (its reason is then not `... before the attempt started`)."""
     from mpvisor._launchers.local.channel import Channel
+
+    died: list[bool] = []
+
+    class Sink:
+        def on_eof(self) -> None:
+            pass
+
+        def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
+            died.append(began)
 
     loop = asyncio.new_event_loop()
     try:
-        channels = [Channel(loop, None, (b"start", b""), capture_output=False) for _ in range(3)]  # type: ignore[arg-type]
-        silent, spoke, held = (channel.child_fds[0] for channel in channels)
+        channels = [Channel(loop, Sink(), (b"start", b""), capture_output=False) for _ in range(4)]  # type: ignore[arg-type]
+        silent, spoke, held, spoke_too = (channel.child_fds[0] for channel in channels)
         os.close(silent)
-        os.write(spoke, b"hello")
-        os.close(spoke)
-        assert [channel.never_began() for channel in channels] == [True, False, False]
+        for fd in (spoke, spoke_too):
+            os.write(fd, b"hello")
+            os.close(fd)
+        assert [channel.never_began() for channel in channels] == [True, False, False, False]
         os.close(held)
         assert channels[2].never_began()
-        for channel in channels:
+        for channel in channels[1:3]:
             channel.abandon()
+        channels[0].launcher_died()
+        channels[3].launcher_died()
+        assert died == [False, True]
     finally:
         loop.close()
 

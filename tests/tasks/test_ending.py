@@ -99,7 +99,9 @@ def test_a_report_read_before_the_request_stands():
          "canceled before the attempt started"),
         (Facts(could_not_start="killed before it ran", stop=StopReason.TIMEOUT, timeout=1.0), AttemptResult.TIMED_OUT,
          "timed out after 1.0 s"),
-        (Facts(pid=7, launcher_died="launcher died"), AttemptResult.FAILED, "launcher died"),
+        (Facts(pid=7, launcher_died="launcher died"), AttemptResult.FAILED, "launcher died while attempt pid 7 ran"),
+        # its code ran (a byte came from it), but its launcher died before it reported the pid
+        (Facts(launcher_died="launcher died"), AttemptResult.FAILED, "launcher died as the attempt started (before"),
         (Facts(pid=7, start_timed_out=0.5, killed="k", status=KILL), AttemptResult.FAILED, "start-up timed out"),
         (Facts(pid=7, protocol_error="garbage", killed="k", status=KILL), AttemptResult.FAILED, "protocol error:"),
         (Facts(pid=7, calling=True, protocol_error="truncated", status=EXIT0), AttemptResult.FAILED, "protocol error:"),

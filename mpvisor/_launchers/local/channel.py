@@ -119,6 +119,15 @@ class Channel:
         except OSError:  # BlockingIOError: its end is still held
             return False
 
+    def _spoke(self) -> bool:
+        """Whether a byte came from the attempt's end of the socket (its `hello`, its first act)."""
+        if self._sock is None:
+            return False
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) != b""
+        except OSError:  # nothing to read (BlockingIOError), or reset with nothing sent
+            return False
+
     def abandon(self) -> None:
         """Close its fds and report nothing: the attempt is asked of another launcher, on a new channel."""
         self._close_all()
@@ -126,8 +135,9 @@ class Channel:
 
     def launcher_died(self) -> None:
         if self._pidfd is None:  # never started, or no pidfd: nothing to wait for
+            began = self.pid is None and self._spoke()  # its code ran, though it was never reported started
             self._close_all()
-            self._report()
+            self._report(began)
             return
         self.loop.add_reader(self._pidfd, self._on_pidfd)
 
@@ -227,7 +237,7 @@ class Channel:
             self._close_all()
             self._report()
 
-    def _report(self) -> None:
+    def _report(self, began: bool = False) -> None:
         if self._reported:
             return
         self._reported = True
@@ -237,7 +247,7 @@ class Channel:
         if self._exit is not None:
             self.sink.on_exited(*self._exit)
         else:  # no `exited` came: the launcher died
-            self.sink.on_launcher_died()
+            self.sink.on_launcher_died(began=began)
 
     def _close_sock(self) -> None:
         """Unregister the socket from the loop, then close it (its fd number may be reused)."""
