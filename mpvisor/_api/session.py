@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
 
 INTERRUPTED_AGAIN = "interrupted again (a SIGINT during the shutdown): killed at once, without waiting for the grace window"
+NOTICE_AFTER = 1.0  # seconds an interrupted run's shutdown may take before a terminal is told what it waits for
 
 
 def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
@@ -143,7 +144,10 @@ class _SignalHandlers:
     returns (`ending_signal`, as `mpvisor run` does). A SIGINT once the shutdown has begun (a
     second Ctrl-C, or one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace
     window at once: every tree is killed, and the outcomes say so. A SIGTERM is never ignored:
-    the first starts the shutdown, a later one joins it.
+    the first starts the shutdown, a later one joins it. If tasks are still stopping
+    `NOTICE_AFTER` s after the signal that began the shutdown, and stderr is a terminal, one line
+    there says what the run waits for and that a Ctrl-C kills them now (a task that does not stop
+    would otherwise hold a silent prompt for the whole grace window).
 
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
@@ -154,6 +158,7 @@ class _SignalHandlers:
         self.runtime = runtime
         self.passed_on = passed_on
         self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
+        self.notice: asyncio.TimerHandle | None = None
 
     def __enter__(self) -> _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
@@ -177,11 +182,30 @@ class _SignalHandlers:
         received.append(signal.Signals(signum))
         if signum == signal.SIGINT and (len(received) > 1 or self.runtime.shutdown_started):  # a Ctrl-C while it waits
             self.runtime.kill_all_now(INTERRUPTED_AGAIN)
+        elif self.notice is None and not self.runtime.shutdown_started:
+            self.notice = self.runtime.loop.call_later(NOTICE_AFTER, self._say_what_it_waits_for)
         _begin_shutdown(self.runtime)
+
+    def _say_what_it_waits_for(self) -> None:
+        runtime, left = self.runtime, len(self.runtime.registry.by_id)
+        if runtime.shut_down or runtime.killed_at_once or not left:
+            return
+        try:
+            if not sys.stderr.isatty():
+                return
+            tasks = f"{left} task{'s' if left > 1 else ''}"
+            # one write, the newline with it: the run's other lines come from subscriber threads
+            sys.stderr.write(f"mpvisor: stopping {tasks}: each has the grace window of {runtime.config.grace} s "
+                             "to end; interrupt again (Ctrl-C) to kill them now\n")
+            sys.stderr.flush()
+        except (AttributeError, OSError, ValueError):
+            pass  # no stderr, or a closed one: nobody to tell
 
     def __exit__(self, *exc: object) -> None:
         """Give each signal back as it was (`_platform.give_back_signal`): the loop's own handler
         to the loop, any other to the signal module."""
+        if self.notice is not None:
+            self.notice.cancel()
         for signum, borrowed in self.borrowed.items():
             _platform.give_back_signal(self.runtime.loop, signum, borrowed)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests._pty_support import Shell
+from tests._pty_support import PROMPT, Shell
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,5 +60,36 @@ def test_the_programs_sigcont_and_sigtstp_handlers_are_back_after_an_attempt_hel
         assert "HEARD ['CONT (signal module)', 'TSTP (loop)']" in shown, shown
         assert "STATUS=0" in shown, shown
         assert "Stopped" not in shown, shown
+    finally:
+        shell.close()
+
+
+STUBBORN = """
+import sys
+import mpvisor
+from mpvisor import CommandTask, SupervisorConfig, TaskSpec
+
+task = CommandTask("stubborn", ["sh", "-c", "trap '' TERM; echo STUBBORN-RUNS; while :; do sleep 0.1; done"])
+print(mpvisor.run([TaskSpec.once(task)], SupervisorConfig(grace=60))["stubborn"].kind.name)
+"""
+
+
+def test_a_ctrl_c_that_waits_for_a_task_says_so_and_a_second_one_kills_it(tmp_path: Any) -> None:
+    """A Ctrl-C in a program in `mpvisor.run` asks its tasks to stop and waits up to the grace
+    window (60 s here) for one that does not: the terminal is told so, and what a second Ctrl-C
+    does (it was silent for the whole wait), which kills the tree at once; the program then dies
+    by SIGINT, as Python's."""
+    (tmp_path / "app.py").write_text(STUBBORN)
+    shell = Shell(str(tmp_path), {**os.environ, "PYTHONPATH": ROOT})
+    try:
+        shell.type(f"{sys.executable} app.py\n")
+        shell.until("STUBBORN-RUNS\n")
+        shell.press("\x03")
+        notice = shell.until("to kill them now\n", timeout=10.0)
+        assert "mpvisor: stopping 1 task: each has the grace window of 60.0 s to end" in notice, notice
+        shell.press("\x03")
+        ended = shell.until(PROMPT, timeout=10.0)
+        assert "were killed at once (a SIGINT during the shutdown)" in ended and "KeyboardInterrupt" in ended, ended
+        assert "STATUS=130" in shell.run("echo STATUS=$?"), shell.seen
     finally:
         shell.close()
