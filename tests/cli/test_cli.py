@@ -1119,6 +1119,34 @@ def test_a_spawned_attempt_from_a_removed_directory_runs_there(tmp_path):
     assert (done.returncode, done.stdout) == (0, "COMPLETED AF_UNIX\n"), done
 
 
+def test_the_other_commands_from_a_removed_directory_say_what_a_relative_path_cannot_name(tmp_path):
+    """From a working directory that was removed, a relative `FILE` of a control command or a
+    relative `slots serve --dir` names nothing: one line saying so, status 1; `check` of a file
+    given by its absolute path checks it, and a relative program in it is warned of as not
+    there. (Each was a FileNotFoundError traceback from getcwd.)"""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (tmp_path / "tasks.toml").write_text('[task.web]\ncommand = ["./bin/web"]\n')
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    python = shlex.quote(sys.executable)
+    commands = [["status", "tasks.toml"], ["logs", "web", "tasks.toml"], ["stop", "web", "tasks.toml"],
+                ["check", str(tmp_path / "tasks.toml")], ["slots", "serve", "--dir", "slots"]]
+    script = f"cd {gone} && rmdir {gone} && " + "; ".join(
+        f'{python} -m mpvisor {shlex.join(argv)}; echo "status $?" >&2' for argv in commands)
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    said = "tasks.toml: the working directory was removed, so a relative path names no file"
+    assert done.stderr.splitlines() == [
+        *[f"mpvisor: {said}; give the file's absolute path, or --name NAME", "status 1"] * 3,
+        f"{tmp_path / 'tasks.toml'}: task \"web\".command: warning: no file './bin/web' in the working directory, "
+        "which was removed: it cannot be executed (status 127), unless the run starts in a directory that has it",
+        "status 0",
+        "mpvisor slots serve: --dir slots: the working directory was removed, so a relative path names no directory; "
+        "give an absolute one", "status 1"], done.stderr
+    assert done.stdout == f"{tmp_path / 'tasks.toml'}: valid, 1 task: web\n", done.stdout
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
 @pytest.mark.skipif(pids_cgroup_problem() is not None, reason=str(pids_cgroup_problem()))
 @pytest.mark.parametrize("most", [3, 12])
 def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path, most):
