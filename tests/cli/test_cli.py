@@ -1187,6 +1187,30 @@ def test_a_thread_the_address_space_limit_refuses_is_said_so_not_blamed_on_proce
         done.stderr
 
 
+@pytest.mark.parametrize("limits", [(6, 8), pytest.param((5, 7), marks=pytest.mark.slow)])  # (5, 7): as (6, 8) do
+def test_an_open_file_limit_too_low_for_the_start_up_is_one_line_naming_it(tmp_path, limits):
+    """`ulimit -n` from 5 to 8 under `mpvisor run --file`: whatever could not be opened (a socket
+    of the event loop at 6, a module to import at 8, the launcher's pipes, the control socket),
+    status 1 and lines of mpvisor's only, the last naming the open files; never a traceback (at
+    5 to 8 it was an OSError's, with an ignored exception and a RuntimeWarning after it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+
+    def run(limit: int) -> subprocess.CompletedProcess[str]:
+        script = f"ulimit -n {limit} && exec {shlex.quote(sys.executable)} -m mpvisor run --file tasks.toml"
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        ends = dict(zip(limits, pool.map(run, limits), strict=True))
+    for limit, done in ends.items():
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1 and lines and all(line.startswith("mpvisor: ") for line in lines), (limit, done.stderr)
+        assert "Too many open files" in lines[-1], (limit, done.stderr)
+
+
 def test_memory_the_command_could_not_have_is_one_line_naming_the_limit(tmp_path):
     """A `MemoryError` that escapes the command (`ulimit -v` too small for the interpreter and
     mpvisor's modules: `(ulimit -v 25000; mpvisor run -- true)` here) is one line naming the
