@@ -145,9 +145,15 @@ class ControlTarget(Protocol):
 
 
 def control_dir() -> str:
-    """`$MPVISOR_CONTROL_DIR`, else `/tmp/mpvisor-<uid>/runs` whatever the session (`user_runtime_dir`):
-    created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV) or os.path.join(_platform.user_runtime_dir(), "runs")
+    """`$MPVISOR_CONTROL_DIR` (an absolute path), else `/tmp/mpvisor-<uid>/runs` whatever the session
+    (`user_runtime_dir`): created 0700 (its missing parents too); `ControlError` if another user owns
+    it or others may enter it, or if the variable names a relative path."""
+    given = os.environ.get(DIR_ENV)
+    if given and not os.path.isabs(given):  # as $MPVISOR_SLOTS_DIR: each working directory would have its own
+        raise ControlError(f"${DIR_ENV} must be an absolute path, got {given!r}: a relative one names another "
+                           "directory from each working directory, and a command run from another would not "
+                           "reach the run")
+    path = given or os.path.join(_platform.user_runtime_dir(), "runs")
     problem = _platform.private_dir(path, "the control directory", DIR_ENV)
     if problem is not None:
         raise ControlError(problem)

@@ -1231,6 +1231,21 @@ def test_memory_the_command_could_not_have_is_one_line_naming_the_limit(tmp_path
                            f"{limit} KiB (ulimit -v)\n"), done.stderr
 
 
+def test_a_relative_control_directory_is_refused_and_not_made(tmp_path):
+    """`MPVISOR_CONTROL_DIR=runs`: a relative path names another directory from each working
+    directory (a run started in one would be out of reach of `mpvisor status` from another), so,
+    as `$MPVISOR_SLOTS_DIR`, it is refused: one line naming the variable, status 1, and no
+    `runs` made where the command ran (it was made, and a run there could be reached only from
+    that directory)."""
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": "runs"}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (1, "mpvisor: $MPVISOR_CONTROL_DIR must be an absolute path, got 'runs': "
+                                                 "a relative one names another directory from each working directory, "
+                                                 "and a command run from another would not reach the run\n"), done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):
     """A task with `ready = "notify"` whose run's `$TMPDIR` takes no directory (here /sys, where
     nobody may make one): its attempt fails to start, naming the notify socket and why, and a
