@@ -927,6 +927,24 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
     assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
 
 
+def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path):
+    """A task file in a directory whose name is Latin-1 (`caf\\xe9/tasks.toml`): `check` and a
+    run's summary show the byte as `\\xe9`, as a program's name shows it, not as the lone
+    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too."""
+    directory = tmp_path / os.fsdecode(b"caf\xe9")
+    directory.mkdir()
+    (directory / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    file = os.path.join(directory.name, "tasks.toml")
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    checked = subprocess.run([sys.executable, "-m", "mpvisor", "check", file], cwd=tmp_path, env=env,
+                             capture_output=True, timeout=30)
+    assert (checked.returncode, checked.stdout) == (0, b"caf\\xe9/tasks.toml: valid, 1 task: t\n"), checked
+    asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", file], cwd=tmp_path, env=env,
+                           capture_output=True, timeout=30)
+    assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live (start one with "
+                                                    b"mpvisor run --file caf\\xe9/tasks.toml)\n"), asked
+
+
 @pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])
 def test_a_command_gets_the_locale_variables_it_was_given_not_pythons_coercion(tmp_path, given):
     """Under a C or POSIX locale (no LANG at all, as cron or a container give; `LANG=C`; or
