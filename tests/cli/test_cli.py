@@ -1141,14 +1141,15 @@ def test_the_other_commands_from_a_removed_directory_say_what_a_relative_path_ca
     """From a working directory that was removed, a relative `FILE` of a control command or a
     relative `slots serve --dir` names nothing: one line saying so, status 1; `check` of a file
     given by its absolute path checks it, and a relative program in it is warned of as not
-    there. (Each was a FileNotFoundError traceback from getcwd.)"""
+    there (each was a FileNotFoundError traceback from getcwd); `check` (and `run --file`) of a
+    relative file says why it cannot be read (it said only `No such file or directory`)."""
     gone = tmp_path / "gone"
     gone.mkdir()
     (tmp_path / "tasks.toml").write_text('[task.web]\ncommand = ["./bin/web"]\n')
     env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
     python = shlex.quote(sys.executable)
     commands = [["status", "tasks.toml"], ["logs", "web", "tasks.toml"], ["stop", "web", "tasks.toml"],
-                ["check", str(tmp_path / "tasks.toml")], ["slots", "serve", "--dir", "slots"]]
+                ["check", str(tmp_path / "tasks.toml")], ["slots", "serve", "--dir", "slots"], ["check", "tasks.toml"]]
     script = f"cd {gone} && rmdir {gone} && " + "; ".join(
         f'{python} -m mpvisor {shlex.join(argv)}; echo "status $?" >&2' for argv in commands)
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
@@ -1160,7 +1161,9 @@ def test_the_other_commands_from_a_removed_directory_say_what_a_relative_path_ca
         "which was removed: it cannot be executed (status 127), unless the run starts in a directory that has it",
         "status 0",
         "mpvisor slots serve: --dir slots: the working directory was removed, so a relative path names no directory; "
-        "give an absolute one", "status 1"], done.stderr
+        "give an absolute one", "status 1",
+        "tasks.toml: cannot read the file: the working directory was removed, so a relative path names no file; give "
+        "its absolute path", "status 2"], done.stderr
     assert done.stdout == f"{tmp_path / 'tasks.toml'}: valid, 1 task: web\n", done.stdout
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
