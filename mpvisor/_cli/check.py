@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 
+from mpvisor import _platform
 from mpvisor._cli.statuses import OK, USAGE_ERROR
 from mpvisor._cli.taskfile import TaskFile, _task_where, load, report_errors, summary
 from mpvisor._model.events import printable
@@ -45,15 +46,15 @@ def run(args: argparse.Namespace) -> int:
         report_errors(args.file, parsed)
         return USAGE_ERROR
     print(summary(args.file, parsed))
-    for warning in unfound(parsed, os.getcwd()):
+    for warning in unfound(parsed, _platform.current_dir()):
         print(f"{printable(args.file)}: {warning}", file=sys.stderr)
     return OK
 
 
-def unfound(parsed: TaskFile, here: str) -> Iterator[str]:
+def unfound(parsed: TaskFile, here: str | None) -> Iterator[str]:
     """A warning for each task, in file order, whose target's module or program is not there,
     then for each of its `cmd:` checks whose program is not (`here`: where `mpvisor check`
-    runs)."""
+    runs; None when that directory was removed, and a relative path names nothing there)."""
     for task in parsed.tasks:
         work = task.spec.task
         if isinstance(work, TaskFn):
@@ -75,7 +76,7 @@ def unfound(parsed: TaskFile, here: str) -> Iterator[str]:
                 yield f"{_task_where(task.name)}.{key}: warning: {what}: {fails}, unless {unless}"
 
 
-def _unfound_target(name: str, work: TaskFn, here: str) -> str | None:
+def _unfound_target(name: str, work: TaskFn, here: str | None) -> str | None:
     """A warning when no finder finds the target's module in its task's `cwd`, in `here` or on
     `sys.path`."""
     module = work.target.partition(":")[0]
@@ -86,12 +87,12 @@ def _unfound_target(name: str, work: TaskFn, here: str) -> str | None:
     hint = ("; the PYTHONPATH of its env is not where a target is imported from (its interpreter is already "
             "running): give it a cwd, or set PYTHONPATH for mpvisor itself"
             if work.env is not None and work.env.get("PYTHONPATH") else "")
-    return (f"{_task_where(name)}.target: warning: no module named {missing!r} (looked in {', '.join(places)}, "
-            f"then on sys.path): {work.target!r} cannot be imported, unless the run starts in a directory that "
+    looked = f"looked in {', '.join(places)}, then on sys.path" if places else "looked on sys.path"
+    return (f"{_task_where(name)}.target: warning: no module named {missing!r} ({looked}): {work.target!r} cannot be imported, unless the run starts in a directory that "
             f"has it{hint}")
 
 
-def _unfound_program(name: str, work: CommandTask, here: str) -> str | None:
+def _unfound_program(name: str, work: CommandTask, here: str | None) -> str | None:
     """A warning when the command's program is not there (`_program_missing`, with the `PATH`
     of its `env`, else mpvisor's)."""
     missing = _program_missing(work.argv[0], work.cwd, here, work.env)
@@ -101,16 +102,18 @@ def _unfound_program(name: str, work: CommandTask, here: str) -> str | None:
     return f"{_task_where(name)}.command: warning: {what}: it cannot be executed (status 127), unless {unless}"
 
 
-def _program_missing(program: str, cwd: str | None, here: str, env: dict[str, str | None] | None) -> tuple[str, str] | None:
+def _program_missing(program: str, cwd: str | None, here: str | None,
+                     env: dict[str, str | None] | None) -> tuple[str, str] | None:
     """Whether `program` is not there, as `execvp` looks for it: a path (from `cwd`, else `here`)
     that is no file, or a bare name that no directory of the `PATH` (`env`'s when it sets one,
     else mpvisor's) has as an executable file; None when it is there, else what is missing and
     what would make it be there."""
-    where = cwd or here
+    where = cwd or here or ""  # "": a relative path from a removed working directory, which names nothing
     if "/" in program:
         if os.path.exists(os.path.join(where, program)):
             return None
-        what = f"no file {program!r}" + ("" if os.path.isabs(program) else f" in {where}")
+        what = f"no file {program!r}" + ("" if os.path.isabs(program) else
+                                           f" in {where or 'the working directory, which was removed'}")
     else:
         own = (env or {}).get("PATH")  # the task's own PATH (one its env removes: execvp's default)
         path = own if own is not None else os.defpath if "PATH" in (env or {}) else os.environ.get("PATH", os.defpath)

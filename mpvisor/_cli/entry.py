@@ -131,13 +131,19 @@ def _unblock_signals() -> None:
 
 def _unexpected(exc: BaseException) -> int:
     """Status 1 for what escaped the command: a thread the host refused to start (a limit on
-    processes, wherever the command meant to start one) or memory it could not have (a limit
-    on address space too small for the interpreter) is one line naming the limit; anything
-    else is a bug, whose traceback is printed as the interpreter would print it."""
+    processes, wherever the command meant to start one), memory it could not have (a limit
+    on address space too small for the interpreter) or a file it could not open (an open-file
+    limit too low for its start-up) is one line naming the limit; anything else is a bug, whose
+    traceback is printed as the interpreter would print it."""
     from mpvisor import _platform
 
-    if _platform.thread_refused(exc) or isinstance(exc, MemoryError):
-        said = _platform.start_error(exc) if not isinstance(exc, MemoryError) else _out_of_memory()
+    short_of_files = isinstance(exc, OSError) and exc.errno in (_EMFILE, _ENFILE)
+    if _platform.thread_refused(exc) or isinstance(exc, MemoryError) or short_of_files:
+        if short_of_files:
+            said = _out_of_files(exc)
+            _quiet_teardown()  # what the failed start-up leaves half made, collected on the way out, says nothing more
+        else:
+            said = _platform.start_error(exc) if not isinstance(exc, MemoryError) else _out_of_memory()
         try:
             os.write(2, f"mpvisor: {said}\n".encode())
         except OSError:
@@ -147,6 +153,35 @@ def _unexpected(exc: BaseException) -> int:
 
         traceback.print_exc()
     return 1
+
+
+_EMFILE, _ENFILE = 24, 23  # errno's, without importing it here
+
+
+def _out_of_files(exc: BaseException) -> str:
+    """What an `EMFILE` (or `ENFILE`) that escaped the command means: an open-file limit too low
+    for mpvisor's own start-up (`ulimit -n 7`), where a socket of its event loop, or a module it
+    imports, could not be opened."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.errno == _ENFILE:
+        return f"cannot go on: {why} (the host's limit on open files, fs.file-max, is reached)"
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        return f"cannot go on: {why} (mpvisor is at its open-file limit, ulimit -n: raise it)"
+    return f"cannot go on: {why} (mpvisor is at its open-file limit ({soft}, ulimit -n): raise it)"
+
+
+def _quiet_teardown() -> None:
+    """No second word after the one line: what a start-up that failed half-way leaves (an event
+    loop without its sockets, a coroutine never awaited) is collected on the way out, and would
+    print an ignored exception and a RuntimeWarning there."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    sys.unraisablehook = lambda unraisable: None
 
 
 def _out_of_memory() -> str:

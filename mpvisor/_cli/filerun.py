@@ -72,6 +72,7 @@ from mpvisor._cli.options import (
 from mpvisor._cli.shell import (
     account_output,
     lose_output,
+    redraws,
     take_stdout,
     when_reader_gone,
     write_line,
@@ -365,7 +366,7 @@ def run_file(args: argparse.Namespace) -> int:
     view = BatchView([t.name for t in tasks], {t.name: t.slot for t in tasks if t.slot is not None},
                      {t.name: t.service.after for t in tasks}, {t.name for t in tasks if t.service.ready is not None})
     stderr = sys.stderr
-    live = stderr.isatty() and os.environ.get("TERM") != "dumb" and LiveTable.fits(stderr, len(tasks))
+    live = redraws(stderr) and LiveTable.fits(stderr, len(tasks))
     bar = ProgressBar(stderr, live=False, lock=lock) if args.progress and not live else None
     display: LiveTable | PlainLines = (LiveTable(stderr, view, lock, progress=args.progress) if live else
                                        PlainLines(stderr, view, lock, bar=bar))

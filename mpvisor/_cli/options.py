@@ -440,12 +440,15 @@ def target(text: str) -> str:
 
 def run_target(text: str) -> str:
     """`mpvisor run TARGET`'s `type=`: as `target`, and a word without a colon, which is more
-    likely a program's name (as `timeout` or `flock` take it), is told how to run one."""
+    likely a program's name (as `timeout` or `flock` take it), is told how to run one; one that
+    ends in `.toml`, a task file's name (`mpvisor run tasks.toml`), how to run the file."""
     try:
         return target(text)
     except argparse.ArgumentTypeError as exc:
         if ":" in text:
             raise
+        if text.lower().endswith(".toml"):
+            raise argparse.ArgumentTypeError(f"{exc} (a task file? mpvisor run --file {shlex.quote(text)})") from None
         raise argparse.ArgumentTypeError(f"{exc} ({LIKELY_PROGRAM}: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 

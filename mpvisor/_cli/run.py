@@ -125,7 +125,7 @@ from mpvisor._cli.options import (
     task_name,
     value_line,
 )
-from mpvisor._cli.shell import take_stdout, when_reader_gone, write_line
+from mpvisor._cli.shell import redraws, take_stdout, when_reader_gone, write_line
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import (
@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     writers = event_writers(args, machine)
     subscribers: list[Any] = list(writers)
     if args.progress:
-        subscribers.append(ProgressBar(sys.stderr, live=sys.stderr.isatty()))
+        subscribers.append(ProgressBar(sys.stderr, live=redraws(sys.stderr)))
     if not args.quiet and args.events != "log" and spec.restart != RestartPolicy.NEVER:  # (a log says it all already;
         subscribers.append(_RetriedAttempts(spec.name))  # a task that runs once has no subscriber thread to pay for)
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too

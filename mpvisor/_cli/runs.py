@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._cli.statuses import NO_RUN, OK, REFUSED, SEVERAL_RUNS
 from mpvisor._model.events import printable  # a path or a name shown escaped, as a reason is
 from mpvisor._services.control import (
@@ -36,6 +37,7 @@ from mpvisor._services.control import (
 
 ASK_WAIT = 10.0  # seconds a run may take to answer a question (`status`, `logs`), or to take an operation
 MAX_WAIT = 86400.0  # seconds (a day): the most `--wait` takes (a socket's timeout holds it)
+CWD_REMOVED = "the working directory was removed, so a relative path names no file"
 NONE_LIVE = "no run of a task file is live (start one with mpvisor run --file FILE)"
 
 
@@ -108,6 +110,9 @@ def find_run(args: argparse.Namespace) -> str:
         if args.name is not None:
             return socket_for(args.name, directory)
         if args.file is not None:
+            if not os.path.isabs(args.file) and _platform.current_dir() is None:
+                raise Refusal(REFUSED, f"{printable(args.file)}: {CWD_REMOVED}; give the file's absolute path, "
+                                       "or --name NAME")
             return _run_of(args.file, directory, _list_wait(args))
         runs = live_runs(directory, _list_wait(args))
         if len(runs) == 1 and "error" in runs[0]:

@@ -14,10 +14,12 @@ import asyncio
 import os
 import sys
 
+from mpvisor import _platform
 from mpvisor._admission.leases import local, server
 from mpvisor._admission.leases.store import LeaseError
 from mpvisor._cli.options import seconds
 from mpvisor._cli.statuses import FAILED
+from mpvisor._model.events import printable
 
 NAME = "slots serve"
 DESCRIPTION = "Run this user's slot server in the foreground."
@@ -46,6 +48,10 @@ def _directory(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.dir is not None:
+        if not os.path.isabs(args.dir) and _platform.current_dir() is None:
+            print(f"mpvisor slots serve: --dir {printable(args.dir)}: the working directory was removed, so a relative "
+                  "path names no directory; give an absolute one", file=sys.stderr)
+            return FAILED
         os.environ[local.DIR_ENV] = os.path.abspath(args.dir)  # an option's relative path is from here
     try:
         directory = local.server_dir()

@@ -483,6 +483,15 @@ def take_stdout() -> IO[str]:
     return machine  # type: ignore[return-value]  # a text stream in everything a writer uses
 
 
+def redraws(stream: IO[str]) -> bool:
+    """Whether `stream` is a terminal that can be drawn on in place (`--progress`'s bar, `--file`'s
+    live table): not one whose `TERM` is `dumb` (Emacs's shell, an editor's terminal pane), or
+    unset or empty (`env -i`, a terminal no program told its type), which cannot take the
+    escape codes that move the cursor and clear a line. There mpvisor writes plain lines, as to
+    a pipe or a file."""
+    return stream.isatty() and os.environ.get("TERM", "") not in ("", "dumb")
+
+
 def write_line(stream: IO[str], text: str) -> None:
     """Write one line and flush it. On a guarded stream (`take_stdout`'s, and sys.stdout and
     sys.stderr under `guarded_output`) a failure is recorded, and the run does not succeed."""

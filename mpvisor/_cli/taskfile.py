@@ -63,6 +63,7 @@ import tomllib
 from collections.abc import Callable
 from typing import Any
 
+from mpvisor import _platform
 from mpvisor._cli import options as _options
 from mpvisor._cli.shell import closest_choice
 from mpvisor._model.events import printable
@@ -792,6 +793,8 @@ def load(path: str) -> TaskFile:
             text = file.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, FileNotFoundError) and not os.path.isabs(path) and _platform.current_dir() is None:
+            reason = "the working directory was removed, so a relative path names no file; give its absolute path"
         return TaskFile((), None, (f"cannot read the file: {reason}",))
     return parse_text(text, os.path.dirname(os.path.abspath(path)), os.path.isdir)
 

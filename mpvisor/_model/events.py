@@ -224,7 +224,15 @@ def shorten(text: str, limit: int = REASON_MAX) -> str:
 
 def printable(text: str) -> str:
     """`text` with each character that is not printable (newlines, CR, escape codes, U+2028...)
-    escaped as `repr` escapes it (`\\n`, `\\x1b`), so it cannot break or restyle a line."""
+    escaped as `repr` escapes it (`\\n`, `\\x1b`), so it cannot break or restyle a line; a byte
+    that is not UTF-8, which Python holds as a lone surrogate (`os.fsdecode`: a Latin-1 file
+    name), as the byte (`\\xe9`, as a program's name shows it), not as the surrogate (`\\udce9`)."""
     if text.isprintable():
         return text
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    if "\udc80" <= char <= "\udcff":  # `surrogateescape`'s stand-in for the byte 0x80-0xff
+        return f"\\x{ord(char) - 0xdc00:02x}"
+    return repr(char)[1:-1]

@@ -44,7 +44,9 @@ A socket whose run holds the lock but does not answer in time is live all the sa
 `live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
 server binds under a temporary name and renames the socket into place once it listens, so a
 socket at its path either answers or is stale. Only the server imports asyncio
-(in its functions): a client, such as `mpvisor status`, never loads it.
+(in its functions): a client, such as `mpvisor status`, never loads it. A run says pids as its
+PID namespace numbers them; the client gives them as its own numbers them (`_seen_here`), so that
+`mpvisor status` from outside a container's namespace names the processes a `kill` there reaches.
 """
 
 from __future__ import annotations
@@ -145,9 +147,15 @@ class ControlTarget(Protocol):
 
 
 def control_dir() -> str:
-    """`$MPVISOR_CONTROL_DIR`, else `/tmp/mpvisor-<uid>/runs` whatever the session (`user_runtime_dir`):
-    created 0700 (its missing parents too); `ControlError` if another user owns it or others may enter it."""
-    path = os.environ.get(DIR_ENV) or os.path.join(_platform.user_runtime_dir(), "runs")
+    """`$MPVISOR_CONTROL_DIR` (an absolute path), else `/tmp/mpvisor-<uid>/runs` whatever the session
+    (`user_runtime_dir`): created 0700 (its missing parents too); `ControlError` if another user owns
+    it or others may enter it, or if the variable names a relative path."""
+    given = os.environ.get(DIR_ENV)
+    if given and not os.path.isabs(given):  # as $MPVISOR_SLOTS_DIR: each working directory would have its own
+        raise ControlError(f"${DIR_ENV} must be an absolute path, got {given!r}: a relative one names another "
+                           "directory from each working directory, and a command run from another would not "
+                           "reach the run")
+    path = given or os.path.join(_platform.user_runtime_dir(), "runs")
     problem = _platform.private_dir(path, "the control directory", DIR_ENV)
     if problem is not None:
         raise ControlError(problem)
@@ -723,7 +731,63 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
             answer = frames.next(deadline, timeout)  # it answers, but never says `taken`: a run from before it did
         if answer == TAKEN:
             answer = frames.next(deadline, timeout)
+        return _seen_here(answer, _peer_pid(sock))
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The run's pid as this process's PID namespace numbers it (the kernel translates
+    `SO_PEERCRED`'s); 0 when unknown."""
+    try:
+        pid, _, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    except OSError:
+        return 0
+    return int(pid)
+
+
+def _seen_here(answer: dict[str, Any], peer: int) -> dict[str, Any]:
+    """`answer` with its pids as this PID namespace numbers them. A run in a PID namespace of its
+    own (`unshare --pid --fork --mount-proc mpvisor run --file ...`, a container sharing /tmp)
+    says its pid and its tasks' as its namespace numbers them (2, 7), which here name other
+    processes, that a `kill` of them would reach: the run's is its connection's peer, and each
+    task's is the descendant of the run that its namespace numbers so (`NSpid` in
+    /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int) or peer <= 0 or answer["pid"] == peer:
         return answer
+    levels = _nspids(peer)
+    if levels is None or levels[-1] != answer["pid"]:
+        return answer  # not a run this namespace sees inside its own: nothing to translate by
+    import psutil
+
+    here: dict[int, int] = {}
+    try:
+        descendants = psutil.Process(peer).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    for process in descendants:
+        numbers = _nspids(process.pid)
+        if numbers is not None and len(numbers) >= len(levels):
+            here[numbers[len(levels) - 1]] = numbers[0]
+    seen = {**answer, "pid": peer}
+    if isinstance(answer.get("tasks"), list):
+        seen["tasks"] = [{**row, "pid": here.get(row["pid"])} if isinstance(row, dict) and isinstance(row.get("pid"), int)
+                         else row for row in answer["tasks"]]
+    return seen
+
+
+def _nspids(pid: int) -> list[int] | None:
+    """A process's pid in this PID namespace, then in each one nested below it down to its own
+    (`NSpid`); None if it cannot be read."""
+    try:
+        text = _platform.read_small_file(f"/proc/{pid}/status").decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            try:
+                return [int(word) for word in line.split()[1:]]
+            except ValueError:
+                return None
+    return None
 
 
 def _answers(path: str) -> bool:

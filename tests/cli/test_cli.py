@@ -927,6 +927,24 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
     assert done.stderr == b"mpvisor: caf\\xe9: completed reason=None exit_code=None attempts=1\n"
 
 
+def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path):
+    """A task file in a directory whose name is Latin-1 (`caf\\xe9/tasks.toml`): `check` and a
+    run's summary show the byte as `\\xe9`, as a program's name shows it, not as the lone
+    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too."""
+    directory = tmp_path / os.fsdecode(b"caf\xe9")
+    directory.mkdir()
+    (directory / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    file = os.path.join(directory.name, "tasks.toml")
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    checked = subprocess.run([sys.executable, "-m", "mpvisor", "check", file], cwd=tmp_path, env=env,
+                             capture_output=True, timeout=30)
+    assert (checked.returncode, checked.stdout) == (0, b"caf\\xe9/tasks.toml: valid, 1 task: t\n"), checked
+    asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", file], cwd=tmp_path, env=env,
+                           capture_output=True, timeout=30)
+    assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live (start one with "
+                                                    b"mpvisor run --file caf\\xe9/tasks.toml)\n"), asked
+
+
 @pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])
 def test_a_command_gets_the_locale_variables_it_was_given_not_pythons_coercion(tmp_path, given):
     """Under a C or POSIX locale (no LANG at all, as cron or a container give; `LANG=C`; or
@@ -1119,6 +1137,37 @@ def test_a_spawned_attempt_from_a_removed_directory_runs_there(tmp_path):
     assert (done.returncode, done.stdout) == (0, "COMPLETED AF_UNIX\n"), done
 
 
+def test_the_other_commands_from_a_removed_directory_say_what_a_relative_path_cannot_name(tmp_path):
+    """From a working directory that was removed, a relative `FILE` of a control command or a
+    relative `slots serve --dir` names nothing: one line saying so, status 1; `check` of a file
+    given by its absolute path checks it, and a relative program in it is warned of as not
+    there (each was a FileNotFoundError traceback from getcwd); `check` (and `run --file`) of a
+    relative file says why it cannot be read (it said only `No such file or directory`)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (tmp_path / "tasks.toml").write_text('[task.web]\ncommand = ["./bin/web"]\n')
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+    python = shlex.quote(sys.executable)
+    commands = [["status", "tasks.toml"], ["logs", "web", "tasks.toml"], ["stop", "web", "tasks.toml"],
+                ["check", str(tmp_path / "tasks.toml")], ["slots", "serve", "--dir", "slots"], ["check", "tasks.toml"]]
+    script = f"cd {gone} && rmdir {gone} && " + "; ".join(
+        f'{python} -m mpvisor {shlex.join(argv)}; echo "status $?" >&2' for argv in commands)
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    said = "tasks.toml: the working directory was removed, so a relative path names no file"
+    assert done.stderr.splitlines() == [
+        *[f"mpvisor: {said}; give the file's absolute path, or --name NAME", "status 1"] * 3,
+        f"{tmp_path / 'tasks.toml'}: task \"web\".command: warning: no file './bin/web' in the working directory, "
+        "which was removed: it cannot be executed (status 127), unless the run starts in a directory that has it",
+        "status 0",
+        "mpvisor slots serve: --dir slots: the working directory was removed, so a relative path names no directory; "
+        "give an absolute one", "status 1",
+        "tasks.toml: cannot read the file: the working directory was removed, so a relative path names no file; give "
+        "its absolute path", "status 2"], done.stderr
+    assert done.stdout == f"{tmp_path / 'tasks.toml'}: valid, 1 task: web\n", done.stdout
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
 @pytest.mark.skipif(pids_cgroup_problem() is not None, reason=str(pids_cgroup_problem()))
 @pytest.mark.parametrize("most", [3, 12])
 def test_a_thread_the_process_limit_refuses_is_one_line_naming_it(tmp_path, most):
@@ -1159,6 +1208,30 @@ def test_a_thread_the_address_space_limit_refuses_is_said_so_not_blamed_on_proce
         done.stderr
 
 
+@pytest.mark.parametrize("limits", [(6, 8), pytest.param((5, 7), marks=pytest.mark.slow)])  # (5, 7): as (6, 8) do
+def test_an_open_file_limit_too_low_for_the_start_up_is_one_line_naming_it(tmp_path, limits):
+    """`ulimit -n` from 5 to 8 under `mpvisor run --file`: whatever could not be opened (a socket
+    of the event loop at 6, a module to import at 8, the launcher's pipes, the control socket),
+    status 1 and lines of mpvisor's only, the last naming the open files; never a traceback (at
+    5 to 8 it was an OSError's, with an ignored exception and a RuntimeWarning after it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": str(tmp_path / "runs")}
+
+    def run(limit: int) -> subprocess.CompletedProcess[str]:
+        script = f"ulimit -n {limit} && exec {shlex.quote(sys.executable)} -m mpvisor run --file tasks.toml"
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        ends = dict(zip(limits, pool.map(run, limits), strict=True))
+    for limit, done in ends.items():
+        lines = done.stderr.splitlines()
+        assert done.returncode == 1 and lines and all(line.startswith("mpvisor: ") for line in lines), (limit, done.stderr)
+        assert "Too many open files" in lines[-1], (limit, done.stderr)
+
+
 def test_memory_the_command_could_not_have_is_one_line_naming_the_limit(tmp_path):
     """A `MemoryError` that escapes the command (`ulimit -v` too small for the interpreter and
     mpvisor's modules: `(ulimit -v 25000; mpvisor run -- true)` here) is one line naming the
@@ -1177,6 +1250,21 @@ def test_memory_the_command_could_not_have_is_one_line_naming_the_limit(tmp_path
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr == ("mpvisor: out of memory before the command could run: its address space is limited to "
                            f"{limit} KiB (ulimit -v)\n"), done.stderr
+
+
+def test_a_relative_control_directory_is_refused_and_not_made(tmp_path):
+    """`MPVISOR_CONTROL_DIR=runs`: a relative path names another directory from each working
+    directory (a run started in one would be out of reach of `mpvisor status` from another), so,
+    as `$MPVISOR_SLOTS_DIR`, it is refused: one line naming the variable, status 1, and no
+    `runs` made where the command ran (it was made, and a run there could be reached only from
+    that directory)."""
+    env = {**cli_env(), "MPVISOR_CONTROL_DIR": "runs"}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "status"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (1, "mpvisor: $MPVISOR_CONTROL_DIR must be an absolute path, got 'runs': "
+                                                 "a relative one names another directory from each working directory, "
+                                                 "and a command run from another would not reach the run\n"), done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_notify_socket_that_cannot_be_made_fails_the_attempt_naming_why(tmp_path):

@@ -8,6 +8,7 @@ wait is for a fact (a line in a file, a process gone), with a deadline."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -98,6 +99,33 @@ def test_as_pid_1_an_orphan_entering_the_namespace_is_reaped_and_sigterm_reaches
     assert "got-term" in _lines(out), stderr
     assert status == 143, stderr  # the command's: PID 1 cannot die by the signal, it exits 128 + 15
     assert "canceled" in stderr, stderr
+
+
+def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_there(tmp_path: pathlib.Path) -> None:
+    """A task file run as PID 1 of its namespace, its control socket in a directory both sides
+    see (/tmp, as a container that shares it): `mpvisor status` from outside gives the run's pid
+    and its task's as this side numbers them, the pids a `kill` from here must be given. It gave
+    the namespace's (2 and 7), which here name other processes."""
+    ready = tmp_path / "ready"
+    (tmp_path / "tasks.toml").write_text(f'[task.nap]\ncommand = ["sh", "-c", "echo $$ > {ready}; exec sleep 30"]\n')
+    env = _env(MPVISOR_CONTROL_DIR=str(tmp_path / "runs"))
+    proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m",
+                             "mpvisor", "run", "--file", "tasks.toml"], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        inner = wait_for(lambda: ready.exists() and ready.read_text().strip(), timeout=20)  # the task's pid in there
+        init = _init_of(proc)
+        [run] = init.children()  # the mpvisor that runs the file (PID 1 stays behind as the namespace's init)
+        [nap] = [p for p in init.children(recursive=True) if p.name() == "sleep"]
+        asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", "tasks.toml", "--json"], cwd=tmp_path,
+                               env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        init.send_signal(signal.SIGTERM)
+        _finish(proc)
+    finally:
+        proc.kill()
+    assert asked.returncode == 0, asked.stderr
+    answer = json.loads(asked.stdout)
+    assert (answer["pid"], answer["tasks"][0]["pid"]) == (run.pid, nap.pid), (answer, inner)
 
 
 def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and_exits_as_the_command(

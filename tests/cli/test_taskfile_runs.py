@@ -71,12 +71,16 @@ def start(cwd: pathlib.Path, *argv: str, slots: pathlib.Path | None = None) -> s
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def on_a_terminal(cwd: pathlib.Path, *argv: str, rows: int = 20, columns: int = 90) -> tuple[int, str, str]:
-    """Run `mpvisor ARGV` with stderr on a pty of that size: (status, stdout, what the pty showed)."""
+def on_a_terminal(cwd: pathlib.Path, *argv: str, rows: int = 20, columns: int = 90,
+                  term: str | None = "xterm") -> tuple[int, str, str]:
+    """Run `mpvisor ARGV` with stderr on a pty of that size, and `TERM` (None: unset): (status,
+    stdout, what the pty showed)."""
     assert MPVISOR is not None
     primary, secondary = pty.openpty()
     termios.tcsetwinsize(secondary, (rows, columns))
-    proc = subprocess.Popen([MPVISOR, *argv], cwd=cwd, env={**env_for(), "TERM": "xterm"}, stdin=subprocess.DEVNULL,
+    env = {key: value for key, value in env_for().items() if key != "TERM"}
+    proc = subprocess.Popen([MPVISOR, *argv], cwd=cwd, env=env if term is None else {**env, "TERM": term},
+                            stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=secondary, text=True)
     os.close(secondary)
     seen = b""
@@ -683,6 +687,24 @@ def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_el
     assert lines[0] == "mpvisor: progress_steps: progress 1/5 20% attempt 1: step 1"  # then one every 2 s at most
     assert lines[-1].startswith("mpvisor: progress_steps: progress 5/5 100% ") and lines[-1].endswith("ETA 0s attempt 1: step 5")
     assert len(lines) == 2, lines
+
+
+def test_a_terminal_whose_type_is_dumb_or_unset_gets_plain_lines_and_no_escape_code(tmp_path: pathlib.Path) -> None:
+    """A terminal that cannot move its cursor (`TERM=dumb`: Emacs's shell, an editor's pane; or
+    no `TERM` at all, as `env -i` leaves it): `--progress` and `--file` write the plain lines a
+    pipe gets, without an escape code. (The bar wrote `\\x1b[K` under `TERM=dumb`, and the table
+    took the bottom rows of a terminal with no `TERM`.)"""
+    status, out, shown = on_a_terminal(tmp_path, "run", "--progress", "workers.basic:progress_steps", "2", "0.01",
+                                       term="dumb")
+    assert (status, out) == (0, "2\n"), shown
+    assert "\x1b" not in shown and "mpvisor: progress_steps: progress 2/2 100% " in shown, shown
+    write(tmp_path / "tasks.toml", """
+        [task.first]
+        command = ["true"]
+    """)
+    status, _, shown = on_a_terminal(tmp_path, "run", "--file", "tasks.toml", term=None)
+    assert status == 0, shown
+    assert "\x1b" not in shown and "mpvisor: first: attempt 1 started (pid " in shown, shown
 
 
 def test_the_bar_leaves_no_empty_line_when_a_log_line_already_ended_it(tmp_path: pathlib.Path) -> None:
