@@ -81,6 +81,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
@@ -553,6 +554,7 @@ class _Remote:
     placing: Any = None  # its new agent while Ray has not placed it (no start has gone to it yet)
     shape: Any = None  # what an agent must have been made with to run it (`RayClient._run`)
     handoff: asyncio.Future[_Idle] | None = None  # while placing: an agent of its shape, handed to it
+    misfits: frozenset[str] = frozenset()  # the nodes that could never place its agent (`_misfits`: once it waits)
 
 
 @record(eq=False)
@@ -591,6 +593,7 @@ class RayClient:
         self._agent_class: Any = None
         self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
         self._idle: list[_Idle] = []
+        self._misfit_checks: dict[tuple[tuple[str, float], ...], asyncio.Future[frozenset[str] | None]] = {}  # by request (`_learn_misfits`)
         self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
         self._closing = False
         self._echo = _Echo(loop)
@@ -933,6 +936,7 @@ class RayClient:
         remote.placing, remote.shape = agent, shape
         remote.handoff = handoff = self.loop.create_future()
         ready = asyncio.ensure_future(agent.__ray_ready__.remote())
+        self._learn_misfits(remote)
         try:
             await asyncio.wait((ready, handoff), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # closed (which ends `placing`): so is an agent handed over
@@ -953,6 +957,25 @@ class RayClient:
         await self._lost(remote, error, sent=False)
         return None
 
+    def _learn_misfits(self, remote: _Remote) -> None:
+        """Find out (off the loop) which nodes lack what `remote` asks for: once for each request
+        of the batch, not once per attempt (a node's resources do not change; one that joins
+        later is in no answer, so it counts as one that could place it)."""
+        key = tuple(sorted(remote.asks.items()))
+        check = self._misfit_checks.get(key)
+        if check is None:
+            check = self._misfit_checks[key] = self.loop.run_in_executor(None, _misfits, remote.asks)
+        check.add_done_callback(partial(self._learned_misfits, remote, key))
+
+    def _learned_misfits(self, remote: _Remote, key: tuple[tuple[str, float], ...],
+                         check: asyncio.Future[frozenset[str] | None]) -> None:
+        found = None if check.cancelled() or check.exception() is not None else check.result()
+        if found is None:  # it could not tell: the next attempt asks again
+            if self._misfit_checks.get(key) is check:
+                del self._misfit_checks[key]
+        else:
+            remote.misfits = found
+
     # --- idle agents ---------------------------------------------------------------------------------
 
     def _reuse(self, idle: _Idle, ended: _Remote | None) -> None:
@@ -962,7 +985,8 @@ class RayClient:
         that waits once Ray has placed it (an attempt need not wait for a new Ray worker while
         another's ends, and one that is being started is not wasted). With no such attempt, the
         agent is kept idle for the next one, unless an attempt of another shape waits to be
-        placed (the agent would hold what it needs): then it is closed."""
+        placed on a node where it could be, as the agent's (it would hold what that one needs):
+        then it is closed."""
         for remote in self._attempts.values():  # in the order they were spawned
             handoff = remote.handoff
             if handoff is not None and not handoff.done() and remote.shape == idle.shape and not remote.kill_asked:
@@ -970,7 +994,7 @@ class RayClient:
                 self._spare(remote.placing, idle.shape)
                 remote.placing = None
                 return
-        if self._placing(ended):
+        if self._placing(ended, idle.node):
             self._close_agent(idle.agent)
         else:
             self._keep_idle(idle)
@@ -1002,10 +1026,15 @@ class RayClient:
             spare.placing = None
             self._reuse(spare, None)
 
-    def _placing(self, ended: _Remote | None) -> bool:
-        """Whether another attempt still waits for its agent to be placed: an idle agent would
-        hold resources it may need (each would wait `AGENT_IDLE` s, in waves, or time out)."""
-        return any(remote.node is None and not remote.done for remote in self._attempts.values() if remote is not ended)
+    def _placing(self, ended: _Remote | None, node: str | None) -> bool:
+        """Whether another attempt still waits for its agent to be placed, on `node` (that of an
+        agent that is ready; None: unknown) if it could ever be placed there: an idle agent would
+        hold resources it may need (each would wait `AGENT_IDLE` s, in waves, or time out). One
+        that asks for what `node` does not have (a resource no node has, or another node's) does
+        not count: keeping the agent idle takes nothing from it, and closing it would give every
+        next attempt of its shape a new agent for as long as that one waits."""
+        return any(remote.node is None and not remote.done and node not in remote.misfits
+                   for remote in self._attempts.values() if remote is not ended)
 
     def _take_idle(self, shape: Any) -> _Idle | None:
         """An idle agent of `shape`, one that is placed before a spare that is not."""
@@ -1332,6 +1361,17 @@ def _nowhere(asks: Mapping[str, float]) -> bool:
     return bool(nodes) and not any(all(node.get("Resources", {}).get(name, 0.0) >= amount
                                        for name, amount in asks.items() if amount)
                                    for node in nodes)
+
+
+def _misfits(asks: Mapping[str, float]) -> frozenset[str] | None:
+    """The live nodes of the cluster that do not have all of `asks`, however free (blocking;
+    None when it cannot tell)."""
+    try:
+        nodes = [n for n in _ray().nodes() if n.get("Alive")]
+    except Exception:
+        return None  # cannot tell
+    return frozenset(str(node.get("NodeID")) for node in nodes
+                     if not all(node.get("Resources", {}).get(name, 0.0) >= amount for name, amount in asks.items() if amount))
 
 
 def _asks(asks: Mapping[str, float]) -> str:

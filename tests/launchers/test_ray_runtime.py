@@ -291,6 +291,40 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypa
         await async_wait_for(lambda: not psutil.pid_exists(c_launcher), timeout=AGENT_IDLE + 10.0)
 
 
+async def test_an_attempt_no_node_can_place_does_not_stop_the_agents_of_another_shape_being_reused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an attempt waits for what no node of the cluster has (a resource that an autoscaler
+    may yet bring), the attempts of another shape still run one after another on one agent: an
+    agent whose attempt ended used to be closed while any attempt of another shape waited to be
+    placed, so that each next attempt paid a new Ray worker (20 trivial tasks two at a time: 0.35 s
+    alone, 9.1 s beside one waiting for a `gpu_host`)."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    checked: list[tuple[dict[str, float], frozenset[str]]] = []
+    misfits = ray_launcher._misfits
+
+    def recorded(asks: dict[str, float]) -> frozenset[str]:
+        found = misfits(asks)
+        checked.append((dict(asks), found))
+        return found
+
+    monkeypatch.setattr(ray_launcher, "_misfits", recorded)
+    async with supervised(on_ray()) as (handle, _):
+        waiting_id, waiting = await handle.add_and_watch(once("gpu", basic.quick).with_resources(resources={"gpu_host": 1}))
+        await async_wait_for(lambda: any("gpu_host" in asks for asks, _ in checked), timeout=30.0)
+        launchers = []
+        for name in ("a", "b"):
+            _, waiter = await handle.add_and_watch(once(name, contract.lineage))
+            outcome = await waiter.wait()
+            assert outcome.kind is OutcomeKind.COMPLETED, outcome
+            launchers.append(outcome.value[1])
+        await handle.cancel(waiting_id)
+    assert launchers[0] == launchers[1], launchers
+    ended = await waiting.wait()
+    assert ended.kind is OutcomeKind.CANCELED, ended
+    assert [found for asks, found in checked if "gpu_host" in asks] != [frozenset()], checked
+
+
 async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """An idle agent whose worker dies (killed, or its node lost) before the next attempt of its
     shape takes it never ran that attempt: once the fence has passed, the attempt is placed on a
