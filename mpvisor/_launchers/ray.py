@@ -551,9 +551,9 @@ class _Remote:
     capture: bool = False  # the runtime captures its output (`on_output`); else `_Echo` writes it here
     echoed: bool = False  # lines of it went to `_Echo` since its last flush
     pipe_broken: bool = False  # it wrote to an fd of this process whose pipe has no reader: sent SIGPIPE
-    placing: Any = None  # its new agent while Ray has not placed it (no start has gone to it yet)
+    unplaced: Any = None  # its new agent while Ray has not placed it (no start has gone to it yet)
     shape: Any = None  # what an agent must have been made with to run it (`RayClient._run`)
-    handoff: asyncio.Future[_Idle] | None = None  # while placing: an agent of its shape, handed to it
+    handoff: asyncio.Future[_Idle] | None = None  # while `unplaced`: an agent of its shape, handed to it
     misfits: frozenset[str] = frozenset()  # the nodes that could never place its agent (`_misfits`: once it waits)
 
 
@@ -568,7 +568,7 @@ class _Idle:
     node: str | None
     agent_pid: int | None
     timer: asyncio.TimerHandle | None = None
-    placing: asyncio.Task[None] | None = None  # a spare's wait for Ray to place it (None: placed)
+    placement: asyncio.Task[None] | None = None  # a spare's wait for Ray to place it (None: placed)
 
 
 class RayClient:
@@ -747,8 +747,8 @@ class RayClient:
         if remote.node is None and not remote.kill_asked:
             # Not placed yet (maybe waiting for resources): end the agent, which ends the start.
             remote.kill_asked = True
-            if remote.agent is not None or remote.placing is not None:
-                _ray().kill(remote.agent or remote.placing, no_restart=True)
+            if remote.agent is not None or remote.unplaced is not None:
+                _ray().kill(remote.agent or remote.unplaced, no_restart=True)
             return
         self._request(key, ("kill",))  # placed: its local launcher ends the start or kills the tree
         remote.kill_sent = True
@@ -789,7 +789,7 @@ class RayClient:
         self._closing = True
         self._release_idle()
         for remote in list(self._attempts.values()):
-            for agent in (remote.agent, remote.placing):
+            for agent in (remote.agent, remote.unplaced):
                 if agent is not None:
                     _ray().kill(agent, no_restart=True)
             if remote.task is not None:
@@ -824,9 +824,9 @@ class RayClient:
         try:
             await self._run(remote, *args)
         except Exception as exc:
-            if remote.placing is not None:
+            if remote.unplaced is not None:
                 try:
-                    _ray().kill(remote.placing, no_restart=True)  # never sent a start
+                    _ray().kill(remote.unplaced, no_restart=True)  # never sent a start
                 except Exception:
                     pass
             if remote.agent is not None:
@@ -854,7 +854,7 @@ class RayClient:
                        **options.get("resources", {})}
         shape = (repr(sorted(options.items())), repr(environment))
         idle = self._take_idle(shape) if reuse else None
-        fresh = idle is None or idle.placing is not None  # not placed yet, and sent nothing
+        fresh = idle is None or idle.placement is not None  # not placed yet, and sent nothing
         if idle is not None and not fresh:  # its local launcher runs, in this environment: only a fork to go
             agent, remote.number = idle.agent, idle.attempts + 1
             remote.node, remote.agent_pid = idle.node, idle.agent_pid
@@ -933,13 +933,13 @@ class RayClient:
         or until `_reuse` hands it an agent of its shape that is ready (then its own becomes a
         spare). Returns that `_Idle`, or the agent Ray placed, or None when it could not be placed
         (killed while it waited, or Ray could not start it): its end is reported then."""
-        remote.placing, remote.shape = agent, shape
+        remote.unplaced, remote.shape = agent, shape
         remote.handoff = handoff = self.loop.create_future()
         ready = asyncio.ensure_future(agent.__ray_ready__.remote())
         self._learn_misfits(remote)
         try:
             await asyncio.wait((ready, handoff), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # closed (which ends `placing`): so is an agent handed over
+        except asyncio.CancelledError:  # closed (which ends `unplaced`): so is an agent handed over
             ready.cancel()
             if handoff.done():
                 self._close_agent(handoff.result().agent)
@@ -950,7 +950,7 @@ class RayClient:
             ready.cancel()
             return handoff.result()
         handoff.cancel()
-        remote.placing = None
+        remote.unplaced = None
         error = ready.exception()
         if error is None:
             return agent
@@ -991,8 +991,8 @@ class RayClient:
             handoff = remote.handoff
             if handoff is not None and not handoff.done() and remote.shape == idle.shape and not remote.kill_asked:
                 handoff.set_result(idle)
-                self._spare(remote.placing, idle.shape)
-                remote.placing = None
+                self._spare(remote.unplaced, idle.shape)
+                remote.unplaced = None
                 return
         if self._placing(ended, idle.node):
             self._close_agent(idle.agent)
@@ -1002,7 +1002,7 @@ class RayClient:
     def _spare(self, agent: Any, shape: Any) -> None:
         """Keep `agent`, asked for but not yet placed by Ray, for `AGENT_IDLE` s, as an idle one."""
         spare = _Idle(agent, shape, 0, None, None)
-        spare.placing = self.loop.create_task(self._spare_placed(spare), name="mpvisor-ray-spare")
+        spare.placement = self.loop.create_task(self._spare_placed(spare), name="mpvisor-ray-spare")
         spare.timer = self.loop.call_later(AGENT_IDLE, self._expire, spare)
         self._idle.append(spare)
 
@@ -1023,7 +1023,7 @@ class RayClient:
             self._idle.remove(spare)
             if spare.timer is not None:
                 spare.timer.cancel()
-            spare.placing = None
+            spare.placement = None
             self._reuse(spare, None)
 
     def _placing(self, ended: _Remote | None, node: str | None) -> bool:
@@ -1041,12 +1041,12 @@ class RayClient:
         fits = [idle for idle in self._idle if idle.shape == shape]
         if not fits:
             return None
-        idle = next((idle for idle in fits if idle.placing is None), fits[0])
+        idle = next((idle for idle in fits if idle.placement is None), fits[0])
         self._idle.remove(idle)
         if idle.timer is not None:
             idle.timer.cancel()
-        if idle.placing is not None:
-            idle.placing.cancel()
+        if idle.placement is not None:
+            idle.placement.cancel()
         return idle
 
     def _keep_idle(self, idle: _Idle) -> None:
@@ -1067,8 +1067,8 @@ class RayClient:
     def _end_idle(self, idle: _Idle) -> None:
         if idle.timer is not None:
             idle.timer.cancel()
-        if idle.placing is not None:  # a spare Ray has not placed: it has no launcher to close
-            idle.placing.cancel()
+        if idle.placement is not None:  # a spare Ray has not placed: it has no launcher to close
+            idle.placement.cancel()
             _ray().kill(idle.agent, no_restart=True)
         else:
             self._close_agent(idle.agent)
