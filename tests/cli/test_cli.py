@@ -1059,7 +1059,8 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log
     completed = [line for line in ends if ": completed " in line]
     refused = [line for line in ends if ": failed reason='could not start: " in line]
     assert completed and refused and len(completed) + len(refused) == 30, done.stderr
-    assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line for line in refused), refused
+    assert all("Too many open files" in line and "open-file limit (32, ulimit -n)" in line
+               and "(max_concurrent) or fewer tasks with log files)" in line for line in refused), refused
 
 
 @pytest.mark.parametrize("extras", [(0, 3), pytest.param((1, 2), marks=pytest.mark.slow)])

@@ -752,8 +752,8 @@ def _no_descriptor(exc: OSError) -> str:
     if exc.errno != errno.EMFILE:
         return str(exc)
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return (f"{exc} (mpvisor is at its open-file limit ({soft}, ulimit -n): raise it, or run fewer attempts at once, "
-            f"max_concurrent)")
+    return (f"{exc} (mpvisor is at its open-file limit ({soft}, ulimit -n): raise it, or run fewer attempts at once "
+            f"(max_concurrent) or fewer tasks with log files)")
 
 
 def local_launcher(loop: asyncio.AbstractEventLoop, launch: LaunchSettings, on_death: Callable[[str], None]) -> Launcher:
