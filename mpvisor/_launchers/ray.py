@@ -592,6 +592,8 @@ class RayClient:
         self._inherited = False  # the connection's job carries `settings.runtime_env`: agents inherit it
         self._agent_class: Any = None
         self._retiring: set[asyncio.Task[None]] = set()  # agents closing their local launcher
+        # Waits for an agent's placement that nobody needs any more, left to end by themselves (`_abandon`)
+        self._abandoned: set[asyncio.Future[Any]] = set()
         self._idle: list[_Idle] = []
         self._misfit_checks: dict[tuple[tuple[str, float], ...], asyncio.Future[frozenset[str] | None]] = {}  # by request (`_learn_misfits`)
         self._fences: dict[int, tuple[Fence, asyncio.TimerHandle]] = {}  # by group, with the timer of its next deadline
@@ -797,6 +799,8 @@ class RayClient:
         tasks = [r.task for r in self._attempts.values() if r.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._abandoned:  # their agents were just killed: each ends with Ray's word of it
+            await asyncio.wait(set(self._abandoned), timeout=CLOSE_WAIT)
         for remote in list(self._attempts.values()):
             self._end(remote, _lost("launcher died (the Ray launcher was closed)"))
         if self._retiring:
@@ -940,14 +944,14 @@ class RayClient:
         try:
             await asyncio.wait((ready, handoff), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # closed (which ends `unplaced`): so is an agent handed over
-            ready.cancel()
+            self._abandon(ready)
             if handoff.done():
                 self._close_agent(handoff.result().agent)
             raise
         finally:
             remote.handoff = None
         if handoff.done():
-            ready.cancel()
+            self._abandon(ready)
             return handoff.result()
         handoff.cancel()
         remote.unplaced = None
@@ -976,6 +980,15 @@ class RayClient:
         else:
             remote.misfits = found
 
+    def _abandon(self, wait: asyncio.Future[Any]) -> None:
+        """Stop caring about `wait` (for an agent's placement) without cancelling it: through a
+        `ray://` address, a cancelled wait for an object makes Ray's client raise in its own
+        thread, and print, when the answer comes. It ends with that answer (the agent placed, or
+        killed), ignored; `close` waits, bounded, for those left."""
+        self._abandoned.add(wait)
+        wait.add_done_callback(self._abandoned.discard)
+        wait.add_done_callback(_ignore)
+
     # --- idle agents ---------------------------------------------------------------------------------
 
     def _reuse(self, idle: _Idle, ended: _Remote | None) -> None:
@@ -1003,6 +1016,7 @@ class RayClient:
         """Keep `agent`, asked for but not yet placed by Ray, for `AGENT_IDLE` s, as an idle one."""
         spare = _Idle(agent, shape, 0, None, None)
         spare.placement = self.loop.create_task(self._spare_placed(spare), name="mpvisor-ray-spare")
+        self._abandon(spare.placement)  # nobody awaits it: it ends once Ray has placed the agent, or killed it
         spare.timer = self.loop.call_later(AGENT_IDLE, self._expire, spare)
         self._idle.append(spare)
 
@@ -1045,9 +1059,7 @@ class RayClient:
         self._idle.remove(idle)
         if idle.timer is not None:
             idle.timer.cancel()
-        if idle.placement is not None:
-            idle.placement.cancel()
-        return idle
+        return idle  # (a spare's `placement` ends by itself, and finds it taken: `_spare_placed`)
 
     def _keep_idle(self, idle: _Idle) -> None:
         """Keep the agent `AGENT_IDLE` s for the next attempt of its shape (it holds its resources meanwhile)."""
@@ -1067,9 +1079,8 @@ class RayClient:
     def _end_idle(self, idle: _Idle) -> None:
         if idle.timer is not None:
             idle.timer.cancel()
-        if idle.placement is not None:  # a spare Ray has not placed: it has no launcher to close
-            idle.placement.cancel()
-            _ray().kill(idle.agent, no_restart=True)
+        if idle.placement is not None:  # a spare Ray has not placed: it has no launcher to close (its
+            _ray().kill(idle.agent, no_restart=True)  # wait, never cancelled, ends with the kill: `_abandon`)
         else:
             self._close_agent(idle.agent)
 
@@ -1322,6 +1333,12 @@ def _lost(how: str, began: bool = False) -> Callable[[AttemptSink], None]:
         sink.on_launcher_died(how, began)
 
     return report
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    """Retrieve `future`'s outcome, which nobody waits for any more."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _call(agent: Any, number: int, request: tuple[Any, ...]) -> None:

@@ -148,12 +148,15 @@ def test_mpvisor_run_through_a_ray_client_address(on_ray: Any, tmp_path: Any) ->
     """`mpvisor run --file FILE --ray ray://HOST:PORT`, the installed executable from outside the
     repository, through the cluster's client server: a task retried until it succeeds and one that
     shows it ran under a Ray worker; their values on stdout, status 0, and on stderr mpvisor's
-    lines alone."""
+    lines alone. More tasks than the cluster's CPUs, so that one waits to be placed and is handed
+    the agent of one that ended (a wait for placement cancelled then made Ray's client print
+    `Callback error: ... InvalidStateError` on stderr once that agent was killed)."""
     executable = shutil.which("mpvisor")
     assert executable is not None, "the mpvisor executable is not on PATH"
     (tmp_path / "tasks.toml").write_text(
         '[task.flaky]\ntarget = "workers.basic:flaky"\nargs = [2]\nrestart = "on-failure"\nbackoff = 0.05\n'
-        '[task.where]\ntarget = "workers.basic:ancestry"\n')
+        '[task.where]\ntarget = "workers.basic:ancestry"\n'
+        + "".join(f'[task.q{i}]\ntarget = "workers.basic:quick"\n' for i in range(_ray_support.HEAD_CPUS - 1)))
     # RAY_ADDRESS names nobody: were the ray:// address not the one used, the run could not connect.
     env = {**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": "127.0.0.1:1"}
     done = subprocess.run([executable, "run", "--file", "tasks.toml", "--ray", _ray_support.client_address(on_ray)],
