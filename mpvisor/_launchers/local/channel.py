@@ -110,23 +110,20 @@ class Channel:
         launcher forked one) never reached the attempt's code, whose first act is its `hello`,
         before it imports or runs anything of the target's (an end still held, or a byte come,
         and it may have: False)."""
-        if self.pid is not None or self._sock is None:
-            return False
-        try:
-            return self._sock.recv(1, socket.MSG_PEEK) == b""  # at EOF, and nothing was sent
-        except ConnectionResetError:  # closed with the start frame unread, and nothing sent
-            return True
-        except OSError:  # BlockingIOError: its end is still held
-            return False
+        return self.pid is None and self._unreported_start() == "silent"
 
-    def _spoke(self) -> bool:
-        """Whether a byte came from the attempt's end of the socket (its `hello`, its first act)."""
+    def _unreported_start(self) -> str:
+        """What the attempt's end of the socket says of a start never reported: "spoke" (a byte
+        came: its `hello`, its first act), "silent" (closed, and nothing was sent; or reset with
+        the start frame unread), "held" (still open, or the socket is gone: nothing known)."""
         if self._sock is None:
-            return False
+            return "held"
         try:
-            return self._sock.recv(1, socket.MSG_PEEK) != b""
-        except OSError:  # nothing to read (BlockingIOError), or reset with nothing sent
-            return False
+            return "spoke" if self._sock.recv(1, socket.MSG_PEEK) else "silent"
+        except ConnectionResetError:
+            return "silent"
+        except OSError:  # BlockingIOError: its end is still held
+            return "held"
 
     def abandon(self) -> None:
         """Close its fds and report nothing: the attempt is asked of another launcher, on a new channel."""
@@ -135,7 +132,7 @@ class Channel:
 
     def launcher_died(self) -> None:
         if self._pidfd is None:  # never started, or no pidfd: nothing to wait for
-            began = self.pid is None and self._spoke()  # its code ran, though it was never reported started
+            began = self.pid is None and self._unreported_start() == "spoke"  # its code ran, never reported
             self._close_all()
             self._report(began)
             return
