@@ -405,9 +405,8 @@ class _ImportStop:
         self.requested = False
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
-        if os.getpid() != self.pid:  # a process the module forked as it was imported: ends by it
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        if os.getpid() != self.pid:  # a process the module forked as it was imported
+            _context.die_by_sigterm()
             return
         raise_now = self.open and not self.requested
         self.requested = True

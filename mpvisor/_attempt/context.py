@@ -216,9 +216,7 @@ class TaskContext:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:  # a process the target forked by a fork that runs no at-fork hook
-            # (a C extension's `fork()`): it ends
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by SIGTERM, as it would without mpvisor,
-            os.kill(os.getpid(), signal.SIGTERM)  # not by a `Canceled` traceback of its own
+            die_by_sigterm()  # (a C extension's `fork()`)
             return
         self._cancelled = True
         if self._delivered or self._shield_depth > 0:
@@ -293,6 +291,14 @@ def context() -> TaskContext:
     if _current is None:
         raise RuntimeError("mpvisor.context() can only be called inside an attempt (a task's target)")
     return _current
+
+
+def die_by_sigterm() -> None:
+    """In a process the attempt forked (the target's, or its module's as it is imported) that got a
+    SIGTERM the attempt's handler caught: end by SIGTERM, as it would without mpvisor, not by a
+    `Canceled` traceback of its own."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install(ctx: TaskContext | None) -> None:
