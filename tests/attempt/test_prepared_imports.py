@@ -79,19 +79,25 @@ async def test_the_launcher_imports_the_task_model_once_for_a_module_or_script_t
     assert [outcome.value for outcome in model] == [True, True], model
 
 
-async def test_the_launcher_imports_typing_once_it_has_nothing_to_do(tmp_path):
+async def test_the_launcher_imports_typing_once_a_flow_of_attempts_leaves_it_nothing_to_do(tmp_path):
     """`typing`, which most targets' modules import, is not among the fork server's own imports
-    (its start is what a run waits for); it imports it once nothing is waiting, so that an
-    attempt forked afterwards (here: while another attempt blocks) finds it imported, in a
-    target whose module does not import it too."""
-    release, marker = tmp_path / "release", tmp_path / "marker"
+    (its start is what a run waits for), nor imported while its first attempt alone starts and
+    runs (a program's first outcome waits for that); once a second attempt is forked (a flow of
+    them may never leave it idle), it imports it at its first wake-up with nothing to do, so that
+    an attempt forked afterwards (here: while two others block) finds it imported, in a target
+    whose module does not import it."""
+    release = tmp_path / "release"
+    markers = [tmp_path / f"marker-{i}" for i in range(2)]
     async with supervised(SupervisorConfig(grace=1)) as (handle, _):
-        _, gate = await handle.add_and_watch(
-            TaskSpec.once(TaskFn("gate", "workers.coop:gated", (str(release),), {"marker": str(marker)})))
-        await async_wait_for(lambda: marker.exists() and "started" in marker.read_text(), timeout=20)
+        gates = []
+        for i, marker in enumerate(markers):
+            _, gate = await handle.add_and_watch(TaskSpec.once(
+                TaskFn(f"gate-{i}", "workers.coop:gated", (str(release),), {"marker": str(marker)})))
+            gates.append(gate)
+            await async_wait_for(lambda marker=marker: marker.exists() and "started" in marker.read_text(), timeout=20)
         plain = await _run(handle, "plain", "workers.plain:imported")
         release.touch()
-        assert (await gate.wait()).kind is OutcomeKind.COMPLETED
+        assert [(await gate.wait()).kind for gate in gates] == [OutcomeKind.COMPLETED] * 2
     assert plain.value == {"typing": True, "task_model": False}, plain
 
 

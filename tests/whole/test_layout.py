@@ -199,7 +199,7 @@ def test_the_import_finder_sees_every_kind_of_import():
 def test_importing_the_fork_server_stays_cheap():
     """The launcher's module (what every attempt is forked from) imports no asyncio, no inspect
     (which dataclasses brings), no `typing` and `re` (about 20 % of its imports' instructions;
-    it imports `typing` for its attempts once it has nothing to do: `forkserver._warm_up`)
+    it imports `typing` for its attempts once no start waits for it: `forkserver._warm_up`)
     and none of the parent's runtime: its start, which a run waits for, and its forks stay small."""
     heavy = ("asyncio", "inspect", "dataclasses", "typing", "re", "mpvisor._runtime.runtime", "mpvisor._tasks.registry",
              "mpvisor._runtime.bus", "mpvisor._admission.controller", "mpvisor._tasks.attempt",

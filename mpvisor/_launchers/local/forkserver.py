@@ -5,9 +5,15 @@ forked at once by its guardian (`guardian.py`), which stays above it to clean up
 has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
 (`_attempt/prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
 multi-threaded) parent. It imports `typing` (with `re`), which most targets' modules import
-themselves or through what they import, the first time it finds nothing to do (`_warm_up`): not
-before it says it is ready, since a run waits for that (`typing` was a fifth of the fork
-server's imports), and every attempt forked afterwards finds it imported. Every page it writes
+themselves or through what they import, once it is sure no start waits for it (`_warm_up`),
+and every attempt forked afterwards finds it imported: not before it says it is ready, since a
+run waits for that (`typing` was a fifth of the fork server's imports), and not while its first
+attempt starts and runs, since a program's first outcome waits for that (the import took 4-5 ms
+between the fork and the reading of the child's start report, or of its end). So it waits for
+a quiet moment with no attempt in flight (`WARM_IDLE`: a library program sends its first spawn
+within a millisecond of `ready`; a command line's parent is still importing for tens of
+milliseconds), or, once a second attempt is forked (a flow of them, which may never leave
+it idle), for the first wake-up with nothing to do. Every page it writes
 after a fork is a copy-on-write fault, so its per-attempt loop is kept small: epoll itself, one
 control packet per wake-up, no exception or enum arithmetic on the way. It is the parent of
 every attempt process and a child subreaper, and its own table of what it forked and adopted
@@ -130,6 +136,7 @@ class _Attempt:
 
 
 ATTEMPT_OOM_SCORE_ADJ = 500  # an attempt's at the least, so the OOM killer takes it before mpvisor
+WARM_IDLE = 0.005  # seconds with nothing to do and no attempt in flight before `_warm_up` (module docstring)
 
 
 class Launcher:
@@ -150,6 +157,7 @@ class Launcher:
         self.started = _platform.start_time(self.me) or 0  # names its attempts' cgroups (a later launcher tells them apart)
         self.namespace = _platform.pid_namespace()  # and where that pid means this process
         self.terminal: set[_Attempt] = set()  # attempts that are a terminal's job: their stops are reported
+        self.forked = 0  # attempts forked so far (`serve`'s warm-up waits for a second one, or for quiet)
         self.oom_kills = _platform.OomKills()
         # what its attempts inherit: raised to 500 where lower, never lowered (that needs
         # CAP_SYS_RESOURCE below a floor root set, as systemd's OOMScoreAdjust= does for a User=
@@ -172,10 +180,14 @@ class Launcher:
     # --- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> None:
-        cold = True  # until `_warm_up`, the first time nothing is waiting
+        cold = True  # until `_warm_up` (module docstring)
         while not (self.parent_gone or _parent_died):
-            events = self.poll.poll(0 if cold else self._timeout() if self.fences or self.limited else -1)
-            if cold and not events:
+            wait = self._timeout() if self.fences or self.limited else -1
+            warm = cold and (not self.attempts or self.forked > 1)
+            if warm:
+                wait = 0 if self.attempts else WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
+            events = self.poll.poll(wait)
+            if warm and not events:
                 cold = False
                 _warm_up()
                 continue
@@ -265,6 +277,7 @@ class Launcher:
                 self._become_attempt(spawn.exec_python, fds, spawn.stdin, spawn.terminal, refused, spawn.passed)
             finally:
                 _child._exit(70)  # never back into the launcher's code, whatever the attempt's did
+        self.forked += 1
         for fd in fds:
             os.close(fd)
         memory, cpu = spawn.memory, spawn.cpu
