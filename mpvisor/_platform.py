@@ -24,16 +24,25 @@ pid, names one process for its whole life).
 | give the programs this process starts the environment it was given, not Python's locale coercion | `undo_locale_coercion()` |
 | the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
+| send or receive one packet with descriptors attached, on any socket | `send_fds(sock, data, fds)`, `recv_fds(sock, flags)` |
+
+What a fork server imports (this module, `_attempt/context.py`, `_attempt/child.py`,
+`_launchers/local/forkserver.py` and `guardian.py`) reaches signals and sockets through their C
+modules, `_signal` and `_socket`, which give the same functions and constants as plain ints:
+`signal` and `socket` make enums of their constants as they are imported, and with `enum`
+itself that was about a third of a fork server's imports (34 of 74 M instructions beyond the
+interpreter's start), which every library program's first attempt waits for. The fork server
+imports them for its attempts once no start waits for it (`forkserver._warm_up`).
 """
 
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # CPython's C module behind `signal` (no stubs)
+import _socket  # `socket`'s C module: `socket` makes enums of its constants as it is imported
 import array
 import errno
 import os
 import resource
-import socket
 import stat
 import sys
 import time
@@ -625,19 +634,24 @@ def interpreter_argv(code: str) -> list[str]:
     return [sys.executable, *flags, "-c", code]
 
 
-# Plain ints: `socket`'s flags are `IntFlag`s, whose `|` runs enum code on every packet.
-MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
-_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)  # received fds must not leak into an attempt's exec
+# Plain ints, from `_socket` (`socket`'s are `IntFlag`s, whose `|` runs enum code on every packet).
+MSG_DONTWAIT = _socket.MSG_DONTWAIT
+_CLOEXEC = _socket.MSG_CMSG_CLOEXEC  # received fds must not leak into an attempt's exec
 MAX_PASSED_FDS = 64  # inherited descriptors above 2 that `mpvisor run` passes on to its command, at most
 # the fds the `mpvisor` command was started with above 2, open across an exec (not FD_CLOEXEC), as
 # `_cli/entry.py` found them before it opened anything: what the bare command would have inherited
 # (a shell's `exec 3>file`, make's jobserver pipes, a lock's fd); () for a library program
 inherited_fds: tuple[int, ...] = ()
-_FDS_SPACE = socket.CMSG_LEN((8 + MAX_PASSED_FDS) * array.array("i").itemsize)  # room for the most a packet carries
-_SOL_SOCKET, _SCM_RIGHTS = int(socket.SOL_SOCKET), int(socket.SCM_RIGHTS)
+_FDS_SPACE = _socket.CMSG_LEN((8 + MAX_PASSED_FDS) * array.array("i").itemsize)  # room for the most a packet carries
+_SOL_SOCKET, _SCM_RIGHTS = _socket.SOL_SOCKET, _socket.SCM_RIGHTS
 
 
-def recv_fds(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+def send_fds(sock: _socket.socket, data: bytes, fds: list[int]) -> None:
+    """Send one packet with `fds` attached (as `socket.send_fds` does, for a plain `_socket.socket` too)."""
+    sock.sendmsg([data], [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))])
+
+
+def recv_fds(sock: _socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     """One packet and the fds attached to it (`socket.recv_fds` ignores its flags argument)."""
     data, ancdata, _, _ = sock.recvmsg(65536, _FDS_SPACE, flags | _CLOEXEC)
     if not ancdata:

@@ -42,11 +42,11 @@ user code can make the report malformed or change that status.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal`'s C module: a fork server imports no enum
 import _thread
 import errno
 import importlib
 import os
-import signal
 import sys
 import types
 from collections.abc import Callable
@@ -86,9 +86,9 @@ NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout`
 DESCENDANT_TEXT = 4096
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may succeed on a later attempt
-_SIGTERM_NUM = int(signal.SIGTERM)
+_SIGTERM_NUM = int(_signal.SIGTERM)
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
-_SIG_BLOCK, _SIG_UNBLOCK = int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK)
+_SIG_BLOCK, _SIG_UNBLOCK = int(_signal.SIG_BLOCK), int(_signal.SIG_UNBLOCK)
 # The system calls the child makes once the target has run, bound here, before any user code:
 # a target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
 # cannot keep its attempt from reporting or from ending (every path ends in `_exit`).
@@ -98,13 +98,13 @@ _exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # shell without job control (`cmd &` in a script), SIGUSR1 and SIGUSR2 (`mpvisor run` passes them
 # on, unless it found them ignored), SIGTTIN and SIGTTOU (the launcher ignores them itself).
 # `kept_ignored` is what this process found.
-INHERITABLE_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTTIN,
-                       signal.SIGTTOU)
+INHERITABLE_IGNORES = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGTTIN,
+                       _signal.SIGTTOU)
 kept_ignored: frozenset[int] = frozenset()
 # What a program gets at its exec, unless kept ignored: the default action. CPython itself
 # ignores SIGPIPE and SIGXFSZ at start-up (as `subprocess` does, they are restored), and the
 # launcher ignores or handles the others.
-_RESET_AT_EXEC = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGPIPE, signal.SIGXFSZ)
+_RESET_AT_EXEC = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGTSTP, _signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def keep_inherited_ignores() -> frozenset[int]:
@@ -112,7 +112,7 @@ def keep_inherited_ignores() -> frozenset[int]:
     anything changes them: the launcher first thing, a fresh attempt interpreter too); they
     stay ignored in every attempt and its program."""
     global kept_ignored
-    kept_ignored = frozenset(int(s) for s in INHERITABLE_IGNORES if signal.getsignal(s) == signal.SIG_IGN)
+    kept_ignored = frozenset(int(s) for s in INHERITABLE_IGNORES if _signal.getsignal(s) == _signal.SIG_IGN)
     return kept_ignored
 
 
@@ -293,16 +293,16 @@ def _adopt_environment(channel: _Channel, start: Start) -> None:
 
 def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     channel.send(Calling())
-    if signal.SIGTERM in signal.sigpending():
+    if _signal.SIGTERM in _signal.sigpending():
         _finish(channel, Failure("canceled", "canceled before the program was started", -_SIGTERM_NUM))
     for signum in _RESET_AT_EXEC:
-        signal.signal(signum, signal.SIG_IGN if signum in kept_ignored else signal.SIG_DFL)
+        _signal.signal(signum, _signal.SIG_IGN if signum in kept_ignored else _signal.SIG_DFL)
     _flush_std()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SIGTERM)
     try:
         _exec(start.argv, dict(os.environ))
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
         code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
         # a program being written as it is started (a build or a deploy that copies it; ETXTBSY),
         # or a host out of memory for the exec, may start on a later attempt: a retryable failure
@@ -464,9 +464,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         # by SIGINT as Python does, as it would once the target was called (`_call`)
         interrupted = isinstance(exc, KeyboardInterrupt)
         kind = "error" if interrupted else _kind_of_failing(exc)
-        _finish(channel, Failure(kind, reason, -int(signal.SIGINT) if interrupted else None,
+        _finish(channel, Failure(kind, reason, -int(_signal.SIGINT) if interrupted else None,
                                  _traceback(exc, _IMPORT_MACHINERY)),
-                die_by=int(signal.SIGINT) if interrupted else 0)
+                die_by=int(_signal.SIGINT) if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
@@ -655,7 +655,7 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         return _ExitSaid("error", f"SystemExit: {said}", 1), 0
     except KeyboardInterrupt as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), -int(signal.SIGINT), _traceback(exc, _MPVISOR)), int(signal.SIGINT)
+        return Failure("error", _describe(exc), -int(_signal.SIGINT), _traceback(exc, _MPVISOR)), int(_signal.SIGINT)
     except BaseException as exc:
         refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)
@@ -958,7 +958,7 @@ def _end(status: int, die_by: int) -> NoReturn:
     """Flush the user's streams and end with `os._exit(status)`, or by the signal `die_by`."""
     _flush_std()
     if die_by:
-        _platform.set_signal_handler(die_by, int(signal.SIG_DFL))
+        _platform.set_signal_handler(die_by, int(_signal.SIG_DFL))
         _platform.signal_mask(_SIG_UNBLOCK, (die_by,))
         _kill(_getpid(), die_by)
     _exit(status)

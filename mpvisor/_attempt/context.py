@@ -15,12 +15,11 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal`'s C module: a fork server imports no enum
 import _thread
 import math
 import os
-import signal
 import sys
-from contextlib import contextmanager
 
 from mpvisor._model.errors import Canceled
 from mpvisor._model.payloads import INT_MAX, INT_MIN
@@ -28,13 +27,13 @@ from mpvisor._model.payloads import INT_MAX, INT_MIN
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
     import asyncio  # at run time only by attempts that run an `async def` target
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from datetime import timedelta
     from types import FrameType
     from typing import Any
 
 
-_SIGTERM = {signal.SIGTERM}
+_SIGTERM = {_signal.SIGTERM}
 
 
 class TaskContext:
@@ -122,34 +121,23 @@ class TaskContext:
         timeout = _wait_seconds(timeout)
         try:
             if not self._cancelled and (timeout is None or timeout > 0):
-                old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
+                old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
                 try:
                     if not self._cancelled and _sigwait(timeout):
                         self._cancelled = True
                 finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                    _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
         except Canceled:
             pass  # our own handler fired inside this call: the request is reported below
         if self._cancelled and self._shield_depth == 0:
             self._delivered = True
         return self._cancelled
 
-    @contextmanager
-    def shield(self) -> Iterator[None]:
+    def shield(self) -> _Shield:
         """A context manager that defers cancellation: inside, mpvisor raises nothing (`cancelled`
         still turns true); leaving the block with an undelivered request raises `Canceled`, also
         when it is left by `return` (the value is then dropped). Blocks may nest."""
-        self._shield_depth += 1
-        try:
-            yield
-        except Canceled:
-            self._delivered = True
-            raise
-        finally:
-            self._shield_depth -= 1
-        if self._shield_depth == 0 and self._cancelled and not self._delivered:
-            self._delivered = True
-            raise Canceled()
+        return _Shield(self)
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress (`done` of `total`, with an optional `message`) to the parent, where it
@@ -196,23 +184,23 @@ class TaskContext:
     # default action, then the mask (`_forked`): a SIGTERM that came meanwhile ends it then.
 
     def _before_fork(self) -> None:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGTERM)
-        self._blocked_over_fork[_thread.get_ident()] = signal.SIGTERM in old
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
+        self._blocked_over_fork[_thread.get_ident()] = _signal.SIGTERM in old
 
     def _after_fork_in_parent(self) -> None:
         if not self._blocked_over_fork.pop(_thread.get_ident(), True):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SIGTERM)
 
     def _forked(self) -> None:
         """In the process the target forked (see above)."""
         was_blocked = self._blocked_over_fork.pop(_thread.get_ident(), True)
         self._blocked_over_fork.clear()  # the other threads' forks are the attempt's, not this process's
         try:
-            if os.getpid() != self._pid and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if os.getpid() != self._pid and _signal.getsignal(_signal.SIGTERM) == self._on_sigterm:
+                _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
         finally:
             if not was_blocked:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SIGTERM)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:  # a process the target forked by a fork that runs no at-fork hook
@@ -276,9 +264,31 @@ def _figure(field: str, value: object, call: str = "progress") -> float:
 
 def _sigwait(timeout: float | None) -> bool:
     if timeout is None:
-        signal.sigwait(_SIGTERM)
+        _signal.sigwait(_SIGTERM)
         return True
-    return signal.sigtimedwait(_SIGTERM, timeout) is not None
+    return _signal.sigtimedwait(_SIGTERM, timeout) is not None
+
+
+class _Shield:
+    """`TaskContext.shield()`'s block (a class, not `contextlib.contextmanager`: an attempt's
+    set-up imports no `contextlib`, and with it `functools`, for it)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self._ctx = ctx
+
+    def __enter__(self) -> None:
+        self._ctx._shield_depth += 1
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        ctx = self._ctx
+        ctx._shield_depth -= 1
+        if isinstance(error, Canceled):
+            ctx._delivered = True
+        elif kind is None and ctx._shield_depth == 0 and ctx._cancelled and not ctx._delivered:
+            ctx._delivered = True
+            raise Canceled()
 
 
 _current: TaskContext | None = None
@@ -297,8 +307,8 @@ def die_by_sigterm() -> None:
     """In a process the attempt forked (the target's, or its module's as it is imported) that got a
     SIGTERM the attempt's handler caught: end by SIGTERM, as it would without mpvisor, not by a
     `Canceled` traceback of its own."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    os.kill(os.getpid(), _signal.SIGTERM)
 
 
 def _install(ctx: TaskContext | None) -> None:

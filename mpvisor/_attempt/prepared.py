@@ -41,6 +41,9 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from importlib._bootstrap import (
+    module_from_spec,  # = importlib.util's, whose module imports contextlib (a fork server does not)
+)
 from importlib.machinery import (
     FileFinder,
     ModuleSpec,
@@ -48,7 +51,6 @@ from importlib.machinery import (
     SourceFileLoader,
     SourcelessFileLoader,
 )
-from importlib.util import module_from_spec
 from types import CodeType, ModuleType
 
 from mpvisor._model import PUBLIC

@@ -198,10 +198,13 @@ def test_the_import_finder_sees_every_kind_of_import():
 
 def test_importing_the_fork_server_stays_cheap():
     """The launcher's module (what every attempt is forked from) imports no asyncio, no inspect
-    (which dataclasses brings), no `typing` and `re` (about 20 % of its imports' instructions;
-    it imports `typing` for its attempts once no start waits for it: `forkserver._warm_up`)
-    and none of the parent's runtime: its start, which a run waits for, and its forks stay small."""
-    heavy = ("asyncio", "inspect", "dataclasses", "typing", "re", "mpvisor._runtime.runtime", "mpvisor._tasks.registry",
+    (which dataclasses brings), no `typing` and `re` (about 20 % of its imports' instructions),
+    no `enum`, `signal` and `socket` (`_signal` and `_socket` instead: about a third), no
+    `contextlib` (it imports them for its attempts once no start waits for it:
+    `forkserver._warm_up`) and none of the parent's runtime: its start, which a library
+    program's first attempt waits for, and its forks stay small."""
+    heavy = ("asyncio", "inspect", "dataclasses", "typing", "re", "enum", "signal", "socket", "contextlib",
+             "mpvisor._runtime.runtime", "mpvisor._tasks.registry",
              "mpvisor._runtime.bus", "mpvisor._admission.controller", "mpvisor._tasks.attempt",
              "mpvisor._launchers.local.client", "mpvisor._launchers.seam")
     # (what the interpreter's own start-up imported, a `.pth` file's hook say, is not the launcher's doing)

@@ -256,6 +256,47 @@ def test_gated_sees_the_request_and_leaves_its_shield_canceled(
     assert [word for word, *_ in read_markers(marker)] == ["started", "cancel-seen"]
 
 
+def test_shield_defers_a_request_to_the_end_of_the_outermost_block(ctx: TaskContext) -> None:
+    """`shield()`: a request inside is raised as `Canceled` when the outermost block is left,
+    also by `return` (nested blocks defer it further); a `Canceled` raised inside (by
+    `check_cancelled`) is the delivery, not raised again; another exception leaving the block
+    goes on as it is, the request still pending; each call is a fresh block."""
+    def leave_by_return() -> str:
+        with ctx.shield():
+            with ctx.shield():
+                ctx._on_sigterm(signal.SIGTERM, None)  # shielded: sets `cancelled`, raises nothing
+            assert ctx.cancelled  # the inner block's end does not deliver it
+            return "dropped"
+
+    with pytest.raises(Canceled):
+        leave_by_return()
+    with ctx.shield():  # delivered once: a later block raises nothing
+        pass
+    assert ctx.cancelled
+
+
+def test_shield_lets_other_exceptions_and_its_own_delivery_through() -> None:
+    """As above: another exception keeps the request pending for the next block's end; a
+    `Canceled` from `check_cancelled` inside is that delivery."""
+    for leaving in ("other", "check"):
+        context = TaskContext("t", 7, 2)
+        _install(context)
+        try:
+            with pytest.raises(ValueError if leaving == "other" else Canceled), context.shield():
+                context._on_sigterm(signal.SIGTERM, None)
+                if leaving == "other":
+                    raise ValueError("its own")
+                context.check_cancelled()
+            if leaving == "other":  # still pending: the next block's end delivers it
+                with pytest.raises(Canceled), context.shield():
+                    pass
+            else:
+                with context.shield():
+                    pass
+        finally:
+            _install(None)
+
+
 def test_gated_returns_or_fails_on_release(ctx: TaskContext, tmp_path: pathlib.Path) -> None:
     """Fixtures: without a request, a released `gated` returns "released" or raises its verdict."""
     release = tmp_path / "release"

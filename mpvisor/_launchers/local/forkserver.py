@@ -4,16 +4,18 @@ The launcher: a single-threaded helper process the parent starts once (and again
 forked at once by its guardian (`guardian.py`), which stays above it to clean up if it is killed. It
 has imported mpvisor and the `preload` modules, and prepares each target's import before the fork
 (`_attempt/prepared.py`), so forking an attempt from it is cheap and never forks the (possibly
-multi-threaded) parent. It imports `typing` (with `re`), which most targets' modules import
-themselves or through what they import, once it is sure no start waits for it (`_warm_up`),
-and every attempt forked afterwards finds it imported: not before it says it is ready, since a
-run waits for that (`typing` was a fifth of the fork server's imports), and not while its first
-attempt starts and runs, since a program's first outcome waits for that (the import took 4-5 ms
-between the fork and the reading of the child's start report, or of its end). So it waits for
-a quiet moment with no attempt in flight (`WARM_IDLE`: a library program sends its first spawn
-within a millisecond of `ready`; a command line's parent is still importing for tens of
-milliseconds), or, once a second attempt is forked (a flow of them, which may never leave
-it idle), for the first wake-up with nothing to do. Every page it writes
+multi-threaded) parent. It imports what most targets' modules import, themselves or through
+what they import (`WARM`: `typing`, with `re` and `enum`, then `signal` and `socket`, which it
+reaches itself through their C modules: `_platform`), one module at a time once it is sure no
+start waits for it (`_warm_up`), and every attempt forked afterwards finds them imported: not
+before it says it is ready, since a run waits for that (they were half of the fork server's
+imports), and not while its first attempt starts and runs, since a program's first outcome
+waits for that (`typing` took 4-5 ms between the fork and the reading of the child's start
+report, or of its end). So each waits for a quiet moment with no attempt in flight
+(`WARM_IDLE`: a library program sends its first spawn within a millisecond of `ready`; a
+command line's parent is still importing for tens of milliseconds), or, once a second attempt
+is forked (a flow of them, which may never leave it idle), for a wake-up with nothing to do.
+Every page it writes
 after a fork is a copy-on-write fault, so its per-attempt loop is kept small: epoll itself, one
 control packet per wake-up, no exception or enum arithmetic on the way. It is the parent of
 every attempt process and a child subreaper, and its own table of what it forked and adopted
@@ -50,13 +52,13 @@ re-parent to the launcher a moment before it does).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal`'s C module: a fork server imports no enum
+import _socket
 import errno
 import fcntl
 import gc
 import os
 import select
-import signal
-import socket
 import struct
 import sys
 import time
@@ -70,8 +72,8 @@ from mpvisor._launchers.local import guardian as _guardian
 from mpvisor._platform import read_small_file, recv_fds
 
 _PID = struct.Struct("=i")
-TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
-PARENT_DEATH_SIGNAL = signal.SIGUSR1
+TERMINAL_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGTSTP)
+PARENT_DEATH_SIGNAL = _signal.SIGUSR1
 # Signals whose default action ends or stops a process, that nothing sends the launcher or its
 # guardian on purpose: ignored by both, so that a stray one (an attempt's `os.kill(os.getppid(), ...)`
 # to what it takes for its master, an operator's `pkill -USR2 -f myapp`, whose pattern the
@@ -80,23 +82,23 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 # gone; the guardian ignores it too.) SIGTTIN and SIGTTOU stop a process of a background group of
 # the terminal's session, which both are: a launcher stopped so kept no timeout and reaped
 # nothing, and was killed with every attempt it ran (SIGTSTP is one of TERMINAL_SIGNALS).
-STRAY_SIGNALS = tuple(s for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT, signal.SIGVTALRM,
-                                  signal.SIGPROF, getattr(signal, "SIGPOLL", None), getattr(signal, "SIGPWR", None),
-                                  getattr(signal, "SIGSTKFLT", None), signal.SIGXCPU, signal.SIGTTIN, signal.SIGTTOU)
+STRAY_SIGNALS = tuple(s for s in (_signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGALRM, _signal.SIGQUIT, _signal.SIGVTALRM,
+                                  _signal.SIGPROF, getattr(_signal, "SIGPOLL", None), getattr(_signal, "SIGPWR", None),
+                                  getattr(_signal, "SIGSTKFLT", None), _signal.SIGXCPU, _signal.SIGTTIN, _signal.SIGTTOU)
                       if s is not None)
 # The signals a fault raises: ignored too, unless faulthandler handles them, so that a stray one
 # (sent with kill()) ends nothing, while a real fault still does: the kernel resets an ignored
 # one to its default before it delivers it (a SIGSEGV, SIGBUS, SIGFPE, SIGILL, a breakpoint's
 # SIGTRAP, seccomp's SIGSYS), and abort() raises SIGABRT again with its default.
-FAULT_SIGNALS = (signal.SIGTRAP, signal.SIGSYS, signal.SIGBUS, signal.SIGSEGV, signal.SIGFPE, signal.SIGILL,
-                 signal.SIGABRT)
+FAULT_SIGNALS = (_signal.SIGTRAP, _signal.SIGSYS, _signal.SIGBUS, _signal.SIGSEGV, _signal.SIGFPE, _signal.SIGILL,
+                 _signal.SIGABRT)
 # Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
-_RESET_IN_ATTEMPTS = tuple(sorted({int(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCHLD,
+_RESET_IN_ATTEMPTS = tuple(sorted({int(s) for s in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGTSTP, _signal.SIGCHLD,
                                                     PARENT_DEATH_SIGNAL, *STRAY_SIGNALS)}))
-_SIGTERM, _SIGINT = (int(signal.SIGTERM),), int(signal.SIGINT)
-_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(signal.SIG_BLOCK), int(signal.SIG_UNBLOCK),
-                                                 int(signal.SIG_DFL), int(signal.SIG_IGN))
-_SIGTTOU = (int(signal.SIGTTOU),)
+_SIGTERM, _SIGINT = (int(_signal.SIGTERM),), int(_signal.SIGINT)
+_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(_signal.SIG_BLOCK), int(_signal.SIG_UNBLOCK),
+                                                 int(_signal.SIG_DFL), int(_signal.SIG_IGN))
+_SIGTTOU = (int(_signal.SIGTTOU),)
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc), at least
 LOOKS_SHARE = 0.2  # of a CPU, at most, that the looks take: a look that used more CPU than this share of LIMITS_LOOK puts the next one further off
@@ -136,13 +138,14 @@ class _Attempt:
 
 
 ATTEMPT_OOM_SCORE_ADJ = 500  # an attempt's at the least, so the OOM killer takes it before mpvisor
-WARM_IDLE = 0.005  # seconds with nothing to do and no attempt in flight before `_warm_up` (module docstring)
+WARM = ("typing", "signal", "socket")  # what it imports for its attempts, in this order (module docstring)
+WARM_IDLE = 0.005  # seconds with nothing to do and no attempt in flight before each of them
 
 
 class Launcher:
     """The launcher's event loop: control socket, ready pipe, SIGCHLD."""
 
-    def __init__(self, ctl: socket.socket, parent_pid: int) -> None:
+    def __init__(self, ctl: _socket.socket, parent_pid: int) -> None:
         self.ctl = ctl
         self.parent_pid = parent_pid
         self.me = os.getpid()
@@ -180,7 +183,7 @@ class Launcher:
     # --- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> None:
-        cold = True  # until `_warm_up` (module docstring)
+        cold = list(WARM)  # what `_warm_up` has still to import (module docstring)
         while not (self.parent_gone or _parent_died):
             wait = self._timeout() if self.fences or self.limited else -1
             warm = cold and (not self.attempts or self.forked > 1)
@@ -188,8 +191,7 @@ class Launcher:
                 wait = 0 if self.attempts else WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
             events = self.poll.poll(wait)
             if warm and not events:
-                cold = False
-                _warm_up()
+                _warm_up(cold.pop(0))
                 continue
             for fd, _ in events:
                 self.handlers[fd]()
@@ -206,7 +208,7 @@ class Launcher:
             return  # stopping: the parent learns what follows from the socket's EOF
         try:
             if fds:
-                socket.send_fds(self.ctl, [control.encode(message)], fds)
+                _platform.send_fds(self.ctl, control.encode(message), fds)
             else:
                 self.ctl.send(control.encode(message))
         except OSError:
@@ -326,7 +328,7 @@ class Launcher:
                     _take_terminal()
             else:
                 os.setsid()
-            _platform.set_parent_death_signal(signal.SIGKILL)
+            _platform.set_parent_death_signal(_signal.SIGKILL)
             if os.getppid() != self.me:
                 os._exit(1)
             _platform.set_child_subreaper()
@@ -336,7 +338,7 @@ class Launcher:
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
             for signum in _RESET_IN_ATTEMPTS:  # what the launcher ignores or handles itself
                 _platform.set_signal_handler(signum, _SIG_DFL)
-            _platform.set_signal_handler(_SIGINT, signal.default_int_handler)  # as in any Python process
+            _platform.set_signal_handler(_SIGINT, _signal.default_int_handler)  # as in any Python process
             for signum in _child.kept_ignored:  # ignored by whoever started mpvisor: by the attempt too
                 _platform.set_signal_handler(signum, _SIG_IGN)
             os.write(self.ready_w, _PID.pack(os.getpid()))
@@ -467,7 +469,7 @@ class Launcher:
                 if kill:
                     self._kill(attempt.key)
                 elif not attempt.fenced:
-                    _signal_and_continue(attempt.pid, signal.SIGTERM, True)
+                    _signal_and_continue(attempt.pid, _signal.SIGTERM, True)
                 attempt.fenced = True
 
     # --- reaping ------------------------------------------------------------------------------
@@ -493,8 +495,8 @@ class Launcher:
                         attempt.memory_hit = _cgroup_kind(attempt.memcg)
                     elif not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
                         # a limit above its own (a container's): the OOM killer's, not its limit's doing
-                        attempt.oom = attempt.status == ("signal", signal.SIGKILL) and not attempt.killed
-                elif attempt.status == ("signal", signal.SIGKILL) and not attempt.killed:
+                        attempt.oom = attempt.status == ("signal", _signal.SIGKILL) and not attempt.killed
+                elif attempt.status == ("signal", _signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
                 _killpg(pid)  # the leader is a zombie, unreaped: its group id is still its own
                 _kill_cgroups(attempt)  # and whatever of its tree left its group
@@ -597,11 +599,10 @@ class Launcher:
         os._exit(0)
 
 
-def _warm_up() -> None:
-    """Import what most attempts' targets import, for every attempt forked afterwards to find it
-    imported: `typing` (and `re`, which it imports), 4-5 ms in a fresh fork."""
+def _warm_up(module: str) -> None:
+    """Import `module` (one of `WARM`), for every attempt forked afterwards to find it imported."""
     try:
-        import typing  # noqa: F401
+        __import__(module)
     except Exception:  # (no memory left, say) each attempt imports what it needs
         return
     gc.freeze()  # as the launcher's start does: what every attempt shares stays out of collections
@@ -993,7 +994,7 @@ def _still_running(pid: int) -> bool:
         return False
 
 
-_ENDING = frozenset(int(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT))
+_ENDING = frozenset(int(s) for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT))
 
 
 def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
@@ -1007,17 +1008,17 @@ def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
     try:
         send(pid, signum)
         if signum in _ENDING:
-            send(pid, signal.SIGCONT)
+            send(pid, _signal.SIGCONT)
     except ProcessLookupError:
         pass
 
 
 def _killpg(pid: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, _signal.SIGKILL)
     except ProcessLookupError:
         try:
-            os.kill(pid, signal.SIGKILL)  # before its setsid() the leader leads no group yet
+            os.kill(pid, _signal.SIGKILL)  # before its setsid() the leader leads no group yet
         except ProcessLookupError:
             pass
 
@@ -1057,7 +1058,7 @@ def _kill_checked(pid: int, start_time: int | None) -> None:
     try:
         if start_time is not None and _platform.start_time(pid) != start_time:
             return  # the pid now names another process: never signal it
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _signal.pidfd_send_signal(pidfd, _signal.SIGKILL)
     except OSError as exc:
         if exc.errno != errno.ESRCH:
             raise
@@ -1083,12 +1084,12 @@ def _prepare_process(parent_pid: int) -> None:
     _parent = parent_pid
     os.setpgid(0, 0)  # its own process group, apart from the guardian's
     for signum in TERMINAL_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+        _signal.signal(signum, _signal.SIG_IGN)
+    _signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
     # While `preload` imports run there is nothing to clean up, and an import may hang in C code
     # where a Python signal handler never runs: die at once with the guardian.
-    _follow_parent(parent_pid, signal.SIGKILL)
+    _follow_parent(parent_pid, _signal.SIGKILL)
     _platform.set_child_subreaper()
 
 
@@ -1124,9 +1125,9 @@ def _ignore_stray_faults() -> None:
     handler = sys.modules.get("faulthandler")
     if handler is not None and handler.is_enabled():
         return
-    taken = [int(s) for s in FAULT_SIGNALS if signal.getsignal(s) == signal.SIG_DFL]
+    taken = [int(s) for s in FAULT_SIGNALS if _signal.getsignal(s) == _signal.SIG_DFL]
     for signum in taken:
-        signal.signal(signum, signal.SIG_IGN)
+        _signal.signal(signum, _signal.SIG_IGN)
     _RESET_IN_ATTEMPTS = tuple(sorted({*_RESET_IN_ATTEMPTS, *taken}))
 
 
@@ -1142,19 +1143,19 @@ def main(argv: list[str]) -> None:
     # inherited from the thread that started it (a program that blocks signals in its threads, to
     # `sigwait` them in one of its own, blocked SIGCHLD here too, and no attempt's end was seen).
     # Its attempts start from this empty mask as well, and so do the programs they run.
-    _platform.signal_mask(int(signal.SIG_SETMASK), ())
+    _platform.signal_mask(int(_signal.SIG_SETMASK), ())
     _platform.undo_locale_coercion()  # its interpreter's LC_CTYPE is no attempt's: each gets the environment given
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     for signum in STRAY_SIGNALS:  # the guardian's and the launcher's (attempts get their defaults back)
-        signal.signal(signum, signal.SIG_IGN)
+        _signal.signal(signum, _signal.SIG_IGN)
     _ignore_stray_faults()
     _stdin_from_devnull()  # every attempt inherits it
     guardian = _guardian.guard(parent_pid, TERMINAL_SIGNALS, close_fds=[ctl_fd], stderr_fd=stderr_fd)
     _prepare_process(guardian)  # from here on: the launcher
-    ctl = socket.socket(fileno=ctl_fd)
+    ctl = _socket.socket(fileno=ctl_fd)
     os.set_inheritable(ctl_fd, False)
     launcher = Launcher(ctl, guardian)
-    signal.set_wakeup_fd(launcher.wake_w)
+    _signal.set_wakeup_fd(launcher.wake_w)
     error = _preload(preload, lambda name: launcher._send(control.Importing(control.CONTROL_VERSION, os.getpid(), name)))
     _use_parent_stderr(stderr_fd)
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages

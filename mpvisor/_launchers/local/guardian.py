@@ -22,8 +22,8 @@ It forks before the launcher imports `preload` modules, so it stays small.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal`'s C module: a fork server imports no enum
 import os
-import signal
 from collections.abc import Iterable
 
 from mpvisor import _platform
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
-def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterable[int], stderr_fd: int = -1) -> int:
+def guard(parent_pid: int, ignored: Iterable[int], close_fds: Iterable[int], stderr_fd: int = -1) -> int:
     """Become the guardian and fork the launcher; return (in the launcher) the guardian's pid.
 
     `ignored` are the terminal signals both ignore; `close_fds` are the launcher's alone (its
@@ -42,8 +42,8 @@ def guard(parent_pid: int, ignored: Iterable[signal.Signals], close_fds: Iterabl
     once, so that the start-up pipe the parent reads ends when the launcher leaves it.
     """
     for signum in ignored:
-        signal.signal(signum, signal.SIG_IGN)
-    _platform.set_parent_death_signal(signal.SIGKILL)
+        _signal.signal(signum, _signal.SIG_IGN)
+    _platform.set_parent_death_signal(_signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(0)  # the parent died before we could ask to follow it
     _platform.set_child_subreaper()
@@ -79,7 +79,7 @@ def _watch(launcher: int) -> NoReturn:
         if status is not None:
             for pid in _platform.children(me, reads=2):
                 try:
-                    os.kill(pid, signal.SIGKILL)  # our unreaped child: its pid cannot be reused
+                    os.kill(pid, _signal.SIGKILL)  # our unreaped child: its pid cannot be reused
                 except ProcessLookupError:
                     pass
 
