@@ -15,11 +15,10 @@ report, or of its end). So each waits for a quiet moment with no attempt in flig
 (`WARM_IDLE`: a library program sends its first spawn within a millisecond of `ready`; a
 command line's parent is still importing for tens of milliseconds), or, once a second attempt
 is forked (a flow of them, which may never leave it idle), for a wake-up with nothing to do.
-Every page it writes
-after a fork is a copy-on-write fault, so its per-attempt loop is kept small: epoll itself, one
-control packet per wake-up, no exception or enum arithmetic on the way. It is the parent of
-every attempt process and a child subreaper, and its own table of what it forked and adopted
-*is* each attempt's tree.
+Every page it writes after a fork is a copy-on-write fault, so its per-attempt loop is kept
+small: epoll itself, one control packet per wake-up, no exception or enum arithmetic on the
+way. It is the parent of every attempt process and a child subreaper, and its own table of
+what it forked and adopted *is* each attempt's tree.
 
 Control messages travel on a SOCK_SEQPACKET socket (one `_control` message per packet, fds
 attached; `control.py` types, encodes and versions them):
@@ -186,7 +185,7 @@ class Launcher:
         cold = list(WARM)  # what `_warm_up` has still to import (module docstring)
         while not (self.parent_gone or _parent_died):
             wait = self._timeout() if self.fences or self.limited else -1
-            warm = cold and (not self.attempts or self.forked > 1)
+            warm = bool(cold) and (not self.attempts or self.forked > 1)
             if warm:
                 wait = 0 if self.attempts else WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
             events = self.poll.poll(wait)
