@@ -3,7 +3,7 @@ imports for its attempts, and what it does not).
 
 | function | returns |
 |---|---|
-| `imported()` | `{"typing", "task_model"}`: whether `typing` and mpvisor's task model (`TaskSpec`'s module) are imported in this attempt |
+| `imported()` | `{"typing", "signal", "socket", "task_model"}`: whether those modules and mpvisor's task model (`TaskSpec`'s module) are imported in this attempt |
 """
 
 from __future__ import annotations
@@ -13,4 +13,5 @@ import sys
 
 def imported() -> dict[str, bool]:
     """Which of the modules a launcher may import for its attempts this attempt has."""
-    return {"typing": "typing" in sys.modules, "task_model": "mpvisor._model.spec" in sys.modules}
+    found = {name: name in sys.modules for name in ("typing", "signal", "socket")}
+    return {**found, "task_model": "mpvisor._model.spec" in sys.modules}

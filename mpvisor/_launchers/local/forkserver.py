@@ -11,10 +11,11 @@ start waits for it (`_warm_up`), and every attempt forked afterwards finds them 
 before it says it is ready, since a run waits for that (they were half of the fork server's
 imports), and not while its first attempt starts and runs, since a program's first outcome
 waits for that (`typing` took 4-5 ms between the fork and the reading of the child's start
-report, or of its end). So each waits for a quiet moment with no attempt in flight
-(`WARM_IDLE`: a library program sends its first spawn within a millisecond of `ready`; a
-command line's parent is still importing for tens of milliseconds), or, once a second attempt
-is forked (a flow of them, which may never leave it idle), for a wake-up with nothing to do.
+report, or of its end). So each waits for a quiet moment, `WARM_IDLE` with nothing to do (a
+library program sends its first spawn within a millisecond of `ready`; a command line's parent
+is still importing for tens of milliseconds; back-to-back trivial attempts, which need none of
+them, never leave it that long), and, until a second attempt is forked, with no attempt in
+flight.
 Every page it writes after a fork is a copy-on-write fault, so its per-attempt loop is kept
 small: epoll itself, one control packet per wake-up, no exception or enum arithmetic on the
 way. It is the parent of every attempt process and a child subreaper, and its own table of
@@ -138,7 +139,7 @@ class _Attempt:
 
 ATTEMPT_OOM_SCORE_ADJ = 500  # an attempt's at the least, so the OOM killer takes it before mpvisor
 WARM = ("typing", "signal", "socket")  # what it imports for its attempts, in this order (module docstring)
-WARM_IDLE = 0.005  # seconds with nothing to do and no attempt in flight before each of them
+WARM_IDLE = 0.005  # seconds with nothing to do before each of them (and no attempt in flight, before a second fork)
 
 
 class Launcher:
@@ -187,7 +188,7 @@ class Launcher:
             wait = self._timeout() if self.fences or self.limited else -1
             warm = bool(cold) and (not self.attempts or self.forked > 1)
             if warm:
-                wait = 0 if self.attempts else WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
+                wait = WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
             events = self.poll.poll(wait)
             if warm and not events:
                 _warm_up(cold.pop(0))
