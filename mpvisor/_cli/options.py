@@ -53,9 +53,19 @@ DEFAULT_GRACE = 10.0
 
 
 def _reason(reason: str | None, most: int) -> str:
-    if reason is None or len(reason) <= most:
-        return repr(reason)
-    return f"{reason[:most]!r}… ({len(reason)} characters)"
+    """The reason in quotes, as `repr` quotes it, but escaped as `printable` escapes it: a
+    reason is text already made for a line (a program's name in it shown `'caf\\xe9'`), whose
+    backslashes are not doubled again."""
+    if reason is None:
+        return "None"
+    if len(reason) <= most:
+        return _in_quotes(printable(reason))
+    return f"{_in_quotes(printable(reason[:most]))}… ({len(reason)} characters)"
+
+
+def _in_quotes(text: str) -> str:
+    quote = '"' if "'" in text and '"' not in text else "'"  # repr's choice
+    return quote + text.replace(quote, "\\" + quote) + quote
 
 
 WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)

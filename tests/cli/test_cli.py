@@ -930,7 +930,8 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
 def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path):
     """A task file in a directory whose name is Latin-1 (`caf\\xe9/tasks.toml`): `check` and a
     run's summary show the byte as `\\xe9`, as a program's name shows it, not as the lone
-    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too."""
+    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too, and a
+    program there that cannot be executed by the outcome line (which showed `'caf\\\\udce9/nope'`)."""
     directory = tmp_path / os.fsdecode(b"caf\xe9")
     directory.mkdir()
     (directory / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
@@ -943,6 +944,10 @@ def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path)
                            capture_output=True, timeout=30)
     assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live (start one with "
                                                     b"mpvisor run --file caf\\xe9/tasks.toml)\n"), asked
+    missing = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", os.path.join(directory.name, "nope")],
+                             cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert (missing.returncode, missing.stderr) == (127, b"mpvisor: nope: fatal reason=\"cannot execute 'caf\\xe9/nope': "
+                                                         b"No such file or directory\" exit_code=127 attempts=1\n"), missing
 
 
 @pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])
