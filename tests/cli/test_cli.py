@@ -819,13 +819,13 @@ def test_a_command_starts_with_the_signals_ignored_that_it_would_bare(tmp_path, 
 
 
 def test_sighup_to_mpvisor_run_stops_the_task_gracefully_then_kills_mpvisor_by_it(tmp_path):
-    """A hangup (the terminal closed, an SSH session lost, `kill -HUP`) is a graceful stop, as
-    SIGTERM is: the command is asked to stop (its TERM trap runs), the outcome line is printed,
-    and mpvisor dies by SIGHUP (129). It was killed by it at once and its tree SIGKILLed, with no
-    outcome line and no trap run."""
+    """A hangup (the terminal closed, an SSH session lost, `kill -HUP`) is a graceful stop: the
+    command is asked to stop by the SIGHUP itself, as the bare command would have got it (its HUP
+    trap runs; it was asked by SIGTERM), the outcome line is printed, and mpvisor dies by SIGHUP
+    (129). It was killed by it at once and its tree SIGKILLed, with no outcome line and no trap run."""
     log = tmp_path / "signals"
     proc = start(tmp_path, "--", "bash", "-c",
-                 f'trap "echo TERM >> {log}; exit 0" TERM; echo up >> {log}; sleep 30 & wait')
+                 f'for s in TERM HUP; do trap "echo $s >> {log}; exit 0" $s; done; echo up >> {log}; sleep 30 & wait')
     try:
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=20)
         proc.send_signal(signal.SIGHUP)
@@ -834,7 +834,7 @@ def test_sighup_to_mpvisor_run_stops_the_task_gracefully_then_kills_mpvisor_by_i
         proc.kill()
         proc.communicate()
     assert proc.returncode == -signal.SIGHUP, err
-    assert log.read_text() == "up\nTERM\n"
+    assert log.read_text() == "up\nHUP\n"
     assert outcome_line(err).startswith("mpvisor: bash: canceled "), err
 
 
