@@ -261,6 +261,8 @@ def _named(what: str, text: str) -> str:
     problem = _validate.name_problem(text)
     expected = {"empty": f"a non-empty {what}", "long": f"a {what} of at most {_validate.NAME_MAX} characters",
                 "unprintable": f"a {what} without control characters or line breaks"}
+    if problem == "unprintable" and any("\udc80" <= char <= "\udcff" for char in text):  # what os.fsdecode made of it
+        expected[problem] = f"a {what} of UTF-8 text (a byte that is not UTF-8 is shown as \\xNN)"
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected {expected[problem]}, got {_validate.shown(text)}")
     return text
