@@ -307,7 +307,11 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
         # a program being written as it is started (a build or a deploy that copies it; ETXTBSY),
         # or a host out of memory for the exec, may start on a later attempt: a retryable failure
         kind = "error" if exc.errno in _EXEC_TRANSIENT else "fatal"
-        failure = Failure(kind, f"cannot execute {start.argv[0]!r}: {_exec_error(start.argv[0], exc)}", exit_code=code)
+        # (a failed exec only) a byte that is not UTF-8 shown as `\xe9`, as a program's name shows it
+        from mpvisor._model.checks import quoted
+
+        failure = Failure(kind, f"cannot execute {quoted(start.argv[0])}: {_exec_error(start.argv[0], exc)}",
+                          exit_code=code)
         _finish(channel, failure, status=code)
 
 

@@ -53,9 +53,19 @@ DEFAULT_GRACE = 10.0
 
 
 def _reason(reason: str | None, most: int) -> str:
-    if reason is None or len(reason) <= most:
-        return repr(reason)
-    return f"{reason[:most]!r}… ({len(reason)} characters)"
+    """The reason in quotes, as `repr` quotes it, but escaped as `printable` escapes it: a
+    reason is text already made for a line (a program's name in it shown `'caf\\xe9'`), whose
+    backslashes are not doubled again."""
+    if reason is None:
+        return "None"
+    if len(reason) <= most:
+        return _in_quotes(printable(reason))
+    return f"{_in_quotes(printable(reason[:most]))}… ({len(reason)} characters)"
+
+
+def _in_quotes(text: str) -> str:
+    quote = '"' if "'" in text and '"' not in text else "'"  # repr's choice
+    return quote + text.replace(quote, "\\" + quote) + quote
 
 
 WHY_MAX = 5 * REASON_MAX  # characters of a reason that is the only word on why nothing ran (a store's refusal)
@@ -251,6 +261,8 @@ def _named(what: str, text: str) -> str:
     problem = _validate.name_problem(text)
     expected = {"empty": f"a non-empty {what}", "long": f"a {what} of at most {_validate.NAME_MAX} characters",
                 "unprintable": f"a {what} without control characters or line breaks"}
+    if problem == "unprintable" and any("\udc80" <= char <= "\udcff" for char in text):  # what os.fsdecode made of it
+        expected[problem] = f"a {what} of UTF-8 text (a byte that is not UTF-8 is shown as \\xNN)"
     if problem is not None:
         raise argparse.ArgumentTypeError(f"expected {expected[problem]}, got {_validate.shown(text)}")
     return text

@@ -52,7 +52,8 @@ its tree is reaped.
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone; with `--slots URL`, the lease expires a TTL after its last renewal (the launcher, seeing this process gone, has killed the tree by then) |
 
-Interruption: the first SIGINT or SIGTERM asks the task to stop and waits up to `--grace`
+Interruption: the first SIGINT, SIGTERM or SIGHUP asks the task to stop (a COMMAND by that
+signal, as it would have got it bare; a Python target by SIGTERM) and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a SIGINT while it
 waits (a second one, or one after a SIGTERM) kills at once. Either way mpvisor then dies by
 that signal (by SIGINT if one came), after printing the outcome (or, when a tree had to be
@@ -378,6 +379,7 @@ class _OneTask:
     async def run(self, config: SupervisorConfig, subscribers: list[Any],
                   controller: ControllerConfig | None) -> TaskOutcome:
         self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
+        self.runtime.passes_on_interruption = True  # a program gets the SIGINT or SIGHUP itself, as bare
         await run_session(self.runtime, self._start, adds_work=True,  # raises GraceExceeded after a kill
                           passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGWINCH))  # as tini does
         assert self.waiter is not None

@@ -66,6 +66,7 @@ from typing import Any
 from mpvisor import _platform
 from mpvisor._cli import options as _options
 from mpvisor._cli.shell import closest_choice
+from mpvisor._model.checks import quoted
 from mpvisor._model.events import printable
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
@@ -319,11 +320,11 @@ def _env_file_in(base_dir: str, read_text: Callable[[str], str] | None) -> Calla
             text = read_text(path) if read_text is not None else _read_text(path)
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise _Invalid(f"cannot read {path!r}: {reason}") from None
+            raise _Invalid(f"cannot read {quoted(path)}: {reason}") from None
         try:
             return parse_dotenv(text)
         except _Invalid as exc:
-            raise _Invalid(f"{path!r} {exc}") from None
+            raise _Invalid(f"{quoted(path)} {exc}") from None
 
     return convert
 
@@ -347,7 +348,7 @@ def _cwd_in(base_dir: str, is_dir: Callable[[str], bool] | None) -> Callable[[ob
     def convert(value: object) -> str:
         path = os.path.normpath(os.path.join(base_dir, _cwd(value)))
         if is_dir is not None and not is_dir(path):
-            raise _Invalid(f"no such directory: {path!r}")
+            raise _Invalid(f"no such directory: {quoted(path)}")
         return path
 
     return convert

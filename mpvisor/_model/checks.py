@@ -136,10 +136,29 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
 NAME_MAX = 256  # characters of a name (a task's, a slot's): what the slot server's protocol carries
 
 
+def quoted(text: str) -> str:
+    """`repr(text)`, but for a byte that is not UTF-8, which Python holds as a lone surrogate
+    (`os.fsdecode`: a Latin-1 file name), shown as the byte (`'caf\\xe9'`, as a program's name
+    shows it), not as the surrogate (`'caf\\udce9'`). Pure."""
+    text_repr = repr(text)
+    if not any("\udc80" <= char <= "\udcff" for char in text):
+        return text_repr
+    quote = text_repr[0]  # the quote repr chose
+    return quote + "".join(_quoted_char(char, quote) for char in text) + quote
+
+
+def _quoted_char(char: str, quote: str) -> str:
+    if "\udc80" <= char <= "\udcff":  # `surrogateescape`'s stand-in for the byte 0x80-0xff
+        return f"\\x{ord(char) - 0xdc00:02x}"
+    if char == quote:
+        return "\\" + quote
+    return char if char in "'\"" else repr(char)[1:-1]
+
+
 def shown(value: object, most: int = 60) -> str:
-    """`repr(value)` as a message quotes it: cut past `most` characters, saying its length (a
-    message never echoes a multi-kilobyte value whole)."""
-    text = repr(value)
+    """`repr(value)` as a message quotes it (a str as `quoted` does): cut past `most`
+    characters, saying its length (a message never echoes a multi-kilobyte value whole)."""
+    text = quoted(value) if isinstance(value, str) else repr(value)
     if len(text) <= most:
         return text
     return f"{text[:most]}… ({len(value) if isinstance(value, str) else len(text)} characters)"

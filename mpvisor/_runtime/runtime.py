@@ -95,6 +95,9 @@ class Runtime:
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
+        # `mpvisor run -- CMD`: the program is asked to stop by the SIGINT or SIGHUP that
+        # interrupted the run, as the bare program would have got it (`stop_signal`)
+        self.passes_on_interruption = False
         self.killed_at_once = False  # `kill_all_now` ended the grace window (its GraceExceeded says so)
         self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
         self._shutdown: asyncio.Task[None] | None = None
@@ -279,6 +282,16 @@ class Runtime:
     @property
     def grace(self) -> float:
         return self.config.grace
+
+    @property
+    def stop_signal(self) -> signal.Signals:
+        """What a program is asked to stop with: SIGTERM; but where the run passes its
+        interruption on (`passes_on_interruption`), the SIGINT or SIGHUP that began its shutdown
+        (a Ctrl-C that reached only mpvisor, in a pipeline; a closed terminal; a `kill -INT` or
+        `kill -HUP`), as the bare program would have got it, and as `timeout` passes it on."""
+        if self.passes_on_interruption and self.interrupted and self.interrupted[0] in (signal.SIGINT, signal.SIGHUP):
+            return self.interrupted[0]
+        return signal.SIGTERM
 
     @property
     def seed(self) -> int | None:

@@ -63,6 +63,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor import _platform
+from mpvisor._model.checks import quoted
 from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def control_dir() -> str:
     it or others may enter it, or if the variable names a relative path."""
     given = os.environ.get(DIR_ENV)
     if given and not os.path.isabs(given):  # as $MPVISOR_SLOTS_DIR: each working directory would have its own
-        raise ControlError(f"${DIR_ENV} must be an absolute path, got {given!r}: a relative one names another "
+        raise ControlError(f"${DIR_ENV} must be an absolute path, got {quoted(given)}: a relative one names another "
                            "directory from each working directory, and a command run from another would not "
                            "reach the run")
     path = given or os.path.join(_platform.user_runtime_dir(), "runs")
@@ -193,7 +194,7 @@ def name_too_long(name: str) -> str | None:
     if len(os.fsencode(path)) <= _platform.SUN_PATH_MAX:
         return None
     room = _platform.SUN_PATH_MAX - len(os.fsencode(os.path.join(directory, SUFFIX)))
-    return (f"the run's control socket, {path!r}, would be longer than a Unix socket's path may be "
+    return (f"the run's control socket, {quoted(path)}, would be longer than a Unix socket's path may be "
             f"({_platform.SUN_PATH_MAX} bytes): give a name of at most {room} bytes, or set {DIR_ENV} "
             "to a shorter directory")
 
@@ -346,7 +347,7 @@ def _silence(path: str, timeout: float | None) -> str:
     """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
     a run stopped by a signal is said to be, with how to resume it."""
     pid = _holder_pid(path)
-    said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
+    said = f"the run at {quoted(path)}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
     if pid and _platform.is_stopped(pid):
         return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
     return said
@@ -359,9 +360,9 @@ def _hang_up(path: str) -> str:
     deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
     while pid and time.monotonic() < deadline:
         if _platform.is_gone(pid):
-            return f"the run at {path!r} (pid {pid}) ended before it answered (it was killed, or crashed)"
+            return f"the run at {quoted(path)} (pid {pid}) ended before it answered (it was killed, or crashed)"
         time.sleep(0.01)
-    return f"the run at {path!r} closed the connection without an answer"
+    return f"the run at {quoted(path)} closed the connection without an answer"
 
 
 # --- requests and answers (pure) --------------------------------------------------------------------
@@ -412,7 +413,7 @@ class ControlServer:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<ControlServer {self.path!r}{' closed' if self._closed else ''}>"
+        return f"<ControlServer {quoted(self.path)}{' closed' if self._closed else ''}>"
 
     @classmethod
     async def start(cls, path: str, target: ControlTarget, say: Callable[[str], None] | None = None) -> ControlServer:
@@ -458,10 +459,10 @@ class ControlServer:
             if problem is None:
                 said = None
                 if not socket_kept:
-                    self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced; serving it again")
+                    self._say(f"mpvisor: the control socket {quoted(self.path)} was removed or replaced; serving it again")
             elif problem != said:  # once, until it changes
                 said = problem
-                self._say(f"mpvisor: the control socket {self.path!r} was removed or replaced, and {problem}")
+                self._say(f"mpvisor: the control socket {quoted(self.path)} was removed or replaced, and {problem}")
 
     async def _serve_again(self, socket_kept: bool) -> str | None:
         """Hold `path`'s lock again (taken anew when its file went) and, unless `socket_kept`, bind
@@ -637,7 +638,7 @@ async def _lock_for_serving(path: str) -> int:
     deadline = time.monotonic() + LOCK_WAIT
     while (lock := _lock_or_refuse(path)) is None:
         if time.monotonic() > deadline:
-            raise Busy(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {path!r}")
+            raise Busy(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {quoted(path)}")
         await asyncio.sleep(0.01)  # a lock held by another process: nothing to be notified by
     os.ftruncate(lock, 0)
     os.write(lock, f"{os.getpid()}\n".encode())
@@ -648,7 +649,7 @@ def _lock_or_refuse(path: str) -> int | None:
     try:
         return _try_lock(path + LOCK_SUFFIX)
     except OSError as exc:
-        raise ControlError(f"cannot serve the control socket {path!r}: {exc.strerror or exc}") from None
+        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}") from None
 
 
 def _listen(path: str) -> socket.socket:
@@ -667,7 +668,7 @@ def _listen(path: str) -> socket.socket:
         sock.close()
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise ControlError(f"cannot serve the control socket {path!r}: {exc.strerror or exc}") from None
+        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}") from None
     return sock
 
 
@@ -715,11 +716,11 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         try:
             _connect(sock, path, first)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise NotLive(f"no run answers at {path!r}") from exc
+            raise NotLive(f"no run answers at {quoted(path)}") from exc
         except TimeoutError:
             raise NoAnswer(_silence(path, timeout if first == deadline else take_timeout)) from None
         except OSError as exc:
-            raise ControlError(f"cannot connect to the run at {path!r}: {exc.strerror or exc}") from None
+            raise ControlError(f"cannot connect to the run at {quoted(path)}: {exc.strerror or exc}") from None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
             sock.sendall(encode(message))
         frames = _Frames(sock, path)
@@ -833,14 +834,14 @@ class _Frames:
             except TimeoutError:
                 raise NoAnswer(_silence(path, timeout)) from None
             except OSError as exc:
-                raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
+                raise ControlError(f"the run at {quoted(path)} failed to answer: {exc.strerror or exc}") from None
             if not data:
                 raise ControlError(_hang_up(path))
             try:
                 self.values.extend(self.decoder.feed(data))
             except ProtocolError as exc:
-                raise ControlError(f"the run at {path!r} answered what this client cannot read: {exc}") from None
+                raise ControlError(f"the run at {quoted(path)} answered what this client cannot read: {exc}") from None
         answer = self.values.pop(0)
         if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
-            raise ControlError(f"the run at {path!r} answered what this client cannot read: {answer!r:.80}")
+            raise ControlError(f"the run at {quoted(path)} answered what this client cannot read: {answer!r:.80}")
         return answer

@@ -45,7 +45,9 @@ from typing import Any
 from mpvisor._admission.leases.store import POLICIES
 from mpvisor._admission.submission import ControllerSpec
 from mpvisor._api.session import RunSession
+from mpvisor._model.checks import quoted
 from mpvisor._model.errors import ControllerClosed, ShuttingDown
+from mpvisor._model.events import printable
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.spec import RestartKind
@@ -619,7 +621,7 @@ class ServiceRun:
     def _service(self, task: str) -> Service:
         service = self.services.get(task)
         if service is None:
-            raise ControlError(f"no task {task!r} in {self.path} (its tasks: {', '.join(self.services)})")
+            raise ControlError(f"no task {quoted(task)} in {printable(self.path)} (its tasks: {', '.join(self.services)})")
         return service
 
     async def stop(self, task: str) -> str:
@@ -689,8 +691,8 @@ class ServiceRun:
         file with any error changes nothing."""
         parsed = await asyncio.to_thread(self._load, self.path)
         if not parsed.ok:
-            raise ControlError("\n".join([f"reload refused: {self.path} has errors; nothing changed",
-                                          *(f"{self.path}: {e}" for e in parsed.errors)]))
+            raise ControlError("\n".join([f"reload refused: {printable(self.path)} has errors; nothing changed",
+                                          *(f"{printable(self.path)}: {e}" for e in parsed.errors)]))
         slotted = [t.name for t in parsed.tasks if t.slot is not None]
         if slotted and self.runtime.controller is None:
             raise ControlError(f"reload refused: {', '.join(slotted)} would need a slot, and this run started without "
@@ -727,5 +729,5 @@ class ServiceRun:
         ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
         not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
                        "file again for a new value)") if ignored else ""
-        return f"reloaded {self.path}: " + ("; ".join(parts) if parts else "nothing changed") + \
+        return f"reloaded {printable(self.path)}: " + ("; ".join(parts) if parts else "nothing changed") + \
             f" ({len(changes.unchanged)} unchanged){not_applied}"

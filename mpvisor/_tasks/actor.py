@@ -31,6 +31,7 @@ import asyncio
 import math
 import os
 import random
+import signal
 import time
 from typing import Any, Protocol
 
@@ -118,6 +119,8 @@ class ActorHost(Protocol):
 
     @property
     def grace(self) -> float: ...  # cooperative stop -> tree kill, after a removal
+    @property
+    def stop_signal(self) -> signal.Signals: ...  # what a program is asked to stop with (SIGTERM, unless passed on)
     @property
     def seed(self) -> int | None: ...  # each task's jitter is seeded from it and the task name
     def publish(self, kind: EventKind, **fields: Any) -> object: ...
@@ -214,7 +217,7 @@ class TaskActor:
         self.phase = Claimed(claim)
         self._stop.set()
         if self.current is not None:
-            self.current.stop(StopReason.CANCEL, self.host.grace)
+            self.current.stop(StopReason.CANCEL, self.host.grace, self.host.stop_signal)
 
     def kill_now(self, why: str) -> None:
         """Kill the running attempt's tree at once (a SIGINT during the shutdown)."""

@@ -151,6 +151,7 @@ class AttemptProcess:
         # its tree was killed by the grace window of a later stop (one that came while it already
         # stopped for a timeout or a failed check), not by its first stop's own wait
         self.killed_in_grace = False
+        self._stop_signal = signal.SIGTERM  # what a program is asked to stop with (`stop`'s `signum`)
         exec_python = request.exec_python
         self._fence = request.fence
         self._timeout_from_start = request.timeout_from_start
@@ -185,10 +186,11 @@ class AttemptProcess:
         """The attempt's ending, once its tree is gone and its channel drained."""
         return await self._done.wait()
 
-    def stop(self, reason: StopReason, grace: float) -> None:
-        """Ask the attempt to stop (SIGTERM); kill its tree if it still runs `grace` s later.
-        A removal's stop while it already stops (for a timeout or a failed check) keeps the
-        first stop's reason, but not a longer wait: its tree is killed `grace` s later at the
+    def stop(self, reason: StopReason, grace: float, signum: signal.Signals = signal.SIGTERM) -> None:
+        """Ask the attempt to stop (SIGTERM; a program's group `signum`, which a run that was
+        interrupted passes on: `ActorHost.stop_signal`); kill its tree if it still runs `grace` s
+        later. A removal's stop while it already stops (for a timeout or a failed check) keeps
+        the first stop's reason, but not a longer wait: its tree is killed `grace` s later at the
         latest (`killed_in_grace` then says so)."""
         if isinstance(self.phase, Done):
             return
@@ -197,6 +199,7 @@ class AttemptProcess:
                 self._kill_within(grace)
             return
         self.facts.stop = reason
+        self._stop_signal = signum
         if reason is StopReason.TIMEOUT:
             why = f"still running timeout_kill_after={grace} s after the timeout"
         elif reason is StopReason.UNHEALTHY:
@@ -315,8 +318,9 @@ class AttemptProcess:
             case Spawning() as spawning:  # not yet in its own session: signal once it is, unless
                 self.phase = replace(spawning, sigterm=True)  # the launcher ends a start that waits
                 self.client.withdraw(self.key)  # for something else (Ray: the agent's placement)
-            case Running():
-                self.client.signal(self.key, signal.SIGTERM, self.start_msg.kind == "cmd")
+            case Running():  # a Python target's stop request is SIGTERM, whatever a program's is
+                program = self.start_msg.kind == "cmd"
+                self.client.signal(self.key, self._stop_signal if program else signal.SIGTERM, program)
 
     def _on_start_timeout(self, limit: float) -> None:
         if self.facts.calling or self.facts.stop is not None:

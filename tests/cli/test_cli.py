@@ -819,13 +819,13 @@ def test_a_command_starts_with_the_signals_ignored_that_it_would_bare(tmp_path, 
 
 
 def test_sighup_to_mpvisor_run_stops_the_task_gracefully_then_kills_mpvisor_by_it(tmp_path):
-    """A hangup (the terminal closed, an SSH session lost, `kill -HUP`) is a graceful stop, as
-    SIGTERM is: the command is asked to stop (its TERM trap runs), the outcome line is printed,
-    and mpvisor dies by SIGHUP (129). It was killed by it at once and its tree SIGKILLed, with no
-    outcome line and no trap run."""
+    """A hangup (the terminal closed, an SSH session lost, `kill -HUP`) is a graceful stop: the
+    command is asked to stop by the SIGHUP itself, as the bare command would have got it (its HUP
+    trap runs; it was asked by SIGTERM), the outcome line is printed, and mpvisor dies by SIGHUP
+    (129). It was killed by it at once and its tree SIGKILLed, with no outcome line and no trap run."""
     log = tmp_path / "signals"
     proc = start(tmp_path, "--", "bash", "-c",
-                 f'trap "echo TERM >> {log}; exit 0" TERM; echo up >> {log}; sleep 30 & wait')
+                 f'for s in TERM HUP; do trap "echo $s >> {log}; exit 0" $s; done; echo up >> {log}; sleep 30 & wait')
     try:
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=20)
         proc.send_signal(signal.SIGHUP)
@@ -834,7 +834,7 @@ def test_sighup_to_mpvisor_run_stops_the_task_gracefully_then_kills_mpvisor_by_i
         proc.kill()
         proc.communicate()
     assert proc.returncode == -signal.SIGHUP, err
-    assert log.read_text() == "up\nTERM\n"
+    assert log.read_text() == "up\nHUP\n"
     assert outcome_line(err).startswith("mpvisor: bash: canceled "), err
 
 
@@ -930,7 +930,8 @@ def test_bytes_that_are_not_utf8_reach_a_command_as_they_were(tmp_path):
 def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path):
     """A task file in a directory whose name is Latin-1 (`caf\\xe9/tasks.toml`): `check` and a
     run's summary show the byte as `\\xe9`, as a program's name shows it, not as the lone
-    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too."""
+    surrogate Python holds it as (`caf\\udce9`); the same file named by `mpvisor status` too, and a
+    program there that cannot be executed by the outcome line (which showed `'caf\\\\udce9/nope'`)."""
     directory = tmp_path / os.fsdecode(b"caf\xe9")
     directory.mkdir()
     (directory / "tasks.toml").write_text('[task.t]\ncommand = ["true"]\n')
@@ -943,6 +944,10 @@ def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path)
                            capture_output=True, timeout=30)
     assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live (start one with "
                                                     b"mpvisor run --file caf\\xe9/tasks.toml)\n"), asked
+    missing = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", os.path.join(directory.name, "nope")],
+                             cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert (missing.returncode, missing.stderr) == (127, b"mpvisor: nope: fatal reason=\"cannot execute 'caf\\xe9/nope': "
+                                                         b"No such file or directory\" exit_code=127 attempts=1\n"), missing
 
 
 @pytest.mark.parametrize("given", [{}, {"LANG": "C"}, {"LC_CTYPE": "C"}, {"LC_CTYPE": "C.UTF-8"}])

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 
 import pytest
 
 from mpvisor import BackoffPolicy, JitterPolicy, OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._cli.main import parse, version
-from mpvisor._cli.options import outcome_line, parse_arg, slot_name, value_line
+from mpvisor._cli.options import outcome_line, parse_arg, slot_name, task_name, value_line
 from mpvisor._cli.statuses import RESERVED, exit_status
 from mpvisor._model.events import REASON_MAX, shorten
 
@@ -436,6 +437,19 @@ def test_the_outcome_line_names_the_kind_not_the_label():
     line = outcome_line("job", failed(reason="boom", exit_code=7, attempts=2))
     assert line == "mpvisor: job: failed reason='boom' exit_code=7 attempts=2"
     assert outcome_line("x", TaskOutcome(OutcomeKind.FORCE_ABORTED)).startswith("mpvisor: x: force_aborted ")
+
+
+def test_a_reason_is_shown_escaped_once_and_a_byte_that_is_not_utf8_as_the_byte():
+    """A reason is text made for a line: a child's `cannot execute 'caf\\xe9/x'` was shown with
+    its backslash doubled (`'caf\\\\udce9/x'` once repr had named the byte by its surrogate), and a
+    `--name` with such a byte was echoed as `\\udcff`; both now show `\\xe9`, as the rest of the CLI."""
+    made = "cannot execute 'caf\\xe9/x': No such file or directory"  # as the child makes it
+    assert outcome_line("x", failed(reason=made, exit_code=127, attempts=1)) == (
+        "mpvisor: x: failed reason=\"cannot execute 'caf\\xe9/x': No such file or directory\" exit_code=127 attempts=1")
+    held = os.fsdecode(b"caf\xe9\n'q\"")  # a lone surrogate, a line break and both quotes
+    assert outcome_line("x", failed(reason=held)) == "mpvisor: x: failed reason='caf\\xe9\\n\\'q\"' exit_code=None attempts=0"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a task name of UTF-8 text \(.*\), got 'n\\xffx'$"):
+        task_name(os.fsdecode(b"n\xffx"))  # it said "without control characters or line breaks", which it has none of
 
 
 def test_a_long_reason_is_cut_and_its_length_said_a_short_one_is_as_it_is():

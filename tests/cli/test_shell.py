@@ -124,8 +124,9 @@ def _attempt_running(pidfile: pathlib.Path, script: Script) -> list[int]:
 @pytest.mark.parametrize("venv_name", ["A", "B"])
 def test_ctrl_c_stops_the_whole_script(installs: Installs, tmp_path: pathlib.Path, scripts, venv_name: str):
     """SIGINT to the script's process group (a terminal's Ctrl-C) while `mpvisor run` supervises
-    a step: mpvisor stops the step gracefully and dies by SIGINT, so bash, without `set -e`,
-    does not run the next step and dies by SIGINT too; nothing of the script is left."""
+    a step: mpvisor stops the step gracefully, by the SIGINT the bare step would have got (it was
+    SIGTERM), and dies by SIGINT, so bash, without `set -e`, does not run the next step and dies
+    by SIGINT too; nothing of the script is left."""
     marker, pidfile = tmp_path / "marker", tmp_path / "pids"
     script = scripts(installs.venvs[venv_name], tmp_path, "steps.sh", str(marker), str(pidfile))
     attempt_pids = _attempt_running(pidfile, script)
@@ -133,7 +134,7 @@ def test_ctrl_c_stops_the_whole_script(installs: Installs, tmp_path: pathlib.Pat
     os.killpg(script.pgid, signal.SIGINT)
     status = script.finish()
     elapsed = time.monotonic() - signalled
-    assert _lines(marker) == ["before", "terminated"], (_lines(marker), status, tail(script.stderr))
+    assert _lines(marker) == ["before", "interrupted"], (_lines(marker), status, tail(script.stderr))
     assert status in (-signal.SIGINT, 128 + signal.SIGINT), (status, tail(script.stderr))
     assert elapsed < STOP_BOUND, elapsed
     assert not script.left_behind(), script.left_behind()
@@ -200,17 +201,19 @@ def test_sigterm_mpvisor_run_dies_by_the_signal(installs: Installs, tmp_path: pa
 
 
 @pytest.mark.parametrize(
-    "timeout_args, expected",
+    "timeout_args, expected, asked",
     [
-        (["1.2"], 124),
-        pytest.param(["-s", "INT", "1.2"], 124, marks=pytest.mark.slow),  # Ctrl-C's tests send SIGINT too
-        (["--preserve-status", "1.2"], 128 + signal.SIGTERM),  # mpvisor itself died by SIGTERM
+        (["1.2"], 124, "terminated"),
+        pytest.param(["-s", "INT", "1.2"], 124, "interrupted", marks=pytest.mark.slow),  # Ctrl-C's tests send SIGINT too
+        (["--preserve-status", "1.2"], 128 + signal.SIGTERM, "terminated"),  # mpvisor itself died by SIGTERM
     ],
     ids=["term", "int", "preserve-status"],
 )
-def test_timeout_1_bounds_mpvisor_run(installs: Installs, tmp_path: pathlib.Path, scripts, timeout_args, expected):
+def test_timeout_1_bounds_mpvisor_run(installs: Installs, tmp_path: pathlib.Path, scripts, timeout_args, expected,
+                                      asked):
     """`timeout 1.2 mpvisor run -- sleeper` (30 s) ends soon after 1.2 s with timeout's 124 (with
-    `--preserve-status`, the 143 of mpvisor's death by SIGTERM), and leaves nothing running."""
+    `--preserve-status`, the 143 of mpvisor's death by SIGTERM), and leaves nothing running; the
+    sleeper was asked to stop by the signal `timeout` sent mpvisor, as the bare one would be."""
     marker, pidfile = tmp_path / "marker", tmp_path / "pids"
     started = time.monotonic()
     script = scripts(installs.venvs["B"], tmp_path, "bounded.sh", str(marker), str(pidfile), *timeout_args)
@@ -218,7 +221,7 @@ def test_timeout_1_bounds_mpvisor_run(installs: Installs, tmp_path: pathlib.Path
     status = script.finish()
     elapsed = time.monotonic() - started
     assert status == 0, (status, tail(script.stderr))
-    assert _lines(marker) == ["terminated", f"status {expected}"], (_lines(marker), tail(script.stderr))
+    assert _lines(marker) == [asked, f"status {expected}"], (_lines(marker), tail(script.stderr))
     assert 1.2 <= elapsed < 1.2 + STOP_BOUND, elapsed
     assert not script.left_behind(), script.left_behind()
 

@@ -282,6 +282,8 @@ def test_no_error_of_a_task_hides_another_of_the_same_task():
                            "/base", dirs.__contains__)
     assert inherited.errors == ("defaults.cwd: no such directory: '/base/nowhere'",)
     assert parse_text(text, "/base").errors == tuple(e for e in found if "no such directory" not in e)  # no check asked
+    latin1 = parse_text('[task.a]\ncommand = ["x"]\ncwd = "missing"\n', os.fsdecode(b"/caf\xe9"), dirs.__contains__)
+    assert latin1.errors == ("task \"a\".cwd: no such directory: '/caf\\xe9/missing'",)  # the byte, not '\udce9'
 
 
 # --- the same as on the command line ---------------------------------------------------------------------

@@ -325,6 +325,51 @@ def test_a_tstp_to_mpvisor_in_the_foreground_stops_the_command_too(shell: Shell)
     wait_for(lambda: not processes("51.25"), timeout=10)
 
 
+def test_ctrl_c_in_a_pipeline_and_a_closed_terminal_reach_the_command_as_sigint_and_sighup(shell: Shell,
+                                                                                          tmp_path: Any) -> None:
+    """`mpvisor run -- CMD | cat`: the terminal's Ctrl-C reaches mpvisor's group, not the command's,
+    and a closed terminal's SIGHUP the shell's jobs, not the command's group; mpvisor passes each
+    on as itself, as the bare `CMD | cat` would have got it (both became SIGTERM): the command's
+    INT or HUP trap runs, and the Ctrl-C's pipeline ends by SIGINT (130 130). A `kill -INT` of
+    mpvisor, which a script runs in the foreground, reaches the command as SIGINT, and the script
+    goes on, as after a `kill -INT` of the bare command (the run's SIGINT to the command was
+    taken for a Ctrl-C, and sent on to the script). Nothing is left."""
+    (tmp_path / "traps.sh").write_text("for s in INT TERM HUP; do trap \"echo $s >> $1; exit 0\" $s; done\n"
+                                       "echo up >> $1\nsleep $2 & wait\n")
+    signals = tmp_path / "signals"
+    shell.type("mpvisor run -- sh traps.sh signals 50.25 | cat\n")
+    wait_for(lambda: signals.exists() and signals.read_text() == "up\n", timeout=30)
+    shell.press("\x03")
+    out = shell.until("MPV-PROMPT> ")
+    assert signals.read_text() == "up\nINT\n" and ": canceled " in out, (signals.read_text(), out)
+    assert shell.run('echo "statuses=${PIPESTATUS[*]}"').strip().endswith("statuses=130 130")
+    wait_for(lambda: not processes("50.25"), timeout=10)
+    killed = tmp_path / "killed"
+    shell.type("bash -c 'mpvisor run -- sh traps.sh killed 50.75; echo AFTER-$((6*7))-$?'\n")
+    wait_for(lambda: killed.exists() and killed.read_text() == "up\n", timeout=30)
+    (mpvisor,) = [p for p in processes("50.75") if p.info["cmdline"][0] not in ("sh", "sleep")]
+    mpvisor.send_signal(signal.SIGINT)
+    out = shell.until("MPV-PROMPT> ")
+    assert killed.read_text() == "up\nINT\n" and "AFTER-42-130" in out, (killed.read_text(), out)
+    wait_for(lambda: not processes("50.75"), timeout=10)
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
+    hung, hung_up = Shell(str(tmp_path), env), tmp_path / "hung-up"
+    try:
+        hung.type("mpvisor run -- sh traps.sh hung-up 50.5 | cat\n")
+        wait_for(lambda: hung_up.exists() and hung_up.read_text() == "up\n", timeout=30)
+        os.close(hung.fd)  # the terminal's window closed
+        wait_for(lambda: hung_up.read_text() != "up\n", timeout=10)
+        assert hung_up.read_text() == "up\nHUP\n"
+        wait_for(lambda: not processes("50.5"), timeout=10)
+    finally:
+        try:
+            os.kill(hung.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(hung.pid, 0)
+
+
 def test_a_run_a_script_starts_with_ampersand_leaves_the_terminal_to_the_script(shell: Shell) -> None:
     """A script run at the prompt starts `mpvisor run ... &` (no job control in a script: the run
     is in the script's own group, SIGINT and SIGQUIT ignored), then reads the terminal itself: the

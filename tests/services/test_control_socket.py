@@ -267,6 +267,16 @@ async def test_a_task_file_in_a_directory_whose_name_is_not_utf_8_is_reached(run
         assert await cli("logs", "web") == (0, "hello\n", "")
 
 
+def test_a_control_directory_with_a_byte_that_is_not_utf8_is_named_with_the_byte(monkeypatch: Any) -> None:
+    """`$MPVISOR_CONTROL_DIR` (and a socket's path under it) is named as the rest of the CLI names a
+    path: a Latin-1 byte as `\\xe9`, not the surrogate Python holds it as (`\\udce9`)."""
+    monkeypatch.setenv("MPVISOR_CONTROL_DIR", os.fsdecode(b"caf\xe9"))
+    with pytest.raises(ControlError, match=r"must be an absolute path, got 'caf\\xe9': "):
+        control_dir()
+    with pytest.raises(NotLive, match=r"^no run answers at '/caf\\xe9/none\.sock'$"):
+        request(os.fsdecode(b"/caf\xe9/none.sock"), {"t": "status"})
+
+
 def test_logs_counts_lines_by_newlines_only_as_tail_does(tmp_path: pathlib.Path) -> None:
     """A progress bar's carriage returns (tqdm, curl) are within a line: `-n 2` gives the last two
     lines whole, as `tail -n 2` does, not the pieces between the last carriage returns."""

@@ -631,6 +631,8 @@ class LauncherClient:
 
     def signal(self, key: int, signum: int, group: bool) -> None:
         """Send `signum` to the attempt `key` (its process group if `group`) while it runs."""
+        if self.terminal is not None:
+            self.terminal.signalled(key, signum)
         self._send(control.Signal(key, signum, group))
 
     def kill(self, key: int) -> None:

@@ -19,14 +19,15 @@ handed it only once it reads or sets the terminal itself
 (SIGTTIN or SIGTTOU while this group holds it: `stopped` then continues it with the terminal
 instead of stopping the job). Until then Ctrl-C and Ctrl-Z reach this process's group: Ctrl-Z
 is passed on to the attempt (`_suspend`), but Ctrl-C is this process's own SIGINT, which stops
-the run as `kill -INT` does (SIGTERM to the command, then the grace): this process cannot tell
-the terminal's SIGINT from a user's, and a user's must still stop a command that ignores SIGINT.
+the run as `kill -INT` does (the SIGINT passed on to the command, `Runtime.stop_signal`, then the
+grace): this process cannot tell the terminal's SIGINT from a user's, and a user's must still
+stop a command that ignores SIGINT.
 
 | when | who | what |
 |---|---|---|
 | spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe and it is not a script's background job (SIGINT and SIGQUIT ignored) |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
-| Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops |
+| Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it |
 | Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
@@ -136,6 +137,7 @@ class Terminal:
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
         self.wants = False  # the attempt takes the terminal whenever this process's group holds it
+        self.sent_sigint = False  # this process sent the attempt SIGINT (an interruption passed on)
         # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
         self._borrowed: dict[int, _platform.Borrowed] = {}
         self._fg_timer: asyncio.TimerHandle | None = None  # looking for a `fg` after a `bg`
@@ -160,6 +162,11 @@ class Terminal:
         # attempt reads or sets it itself (`stopped`).
         self.wants = not _is_pipe(1) and not script_background()
         return control.FOREGROUND if self.wants and foreground(self.fd) else control.BACKGROUND
+
+    def signalled(self, key: int, signum: int) -> None:
+        """This process is sending the attempt `key` the signal `signum`."""
+        if key == self.key and signum == signal.SIGINT:
+            self.sent_sigint = True
 
     def started(self, key: int, pid: int) -> None:
         if key != self.key:
@@ -258,16 +265,19 @@ class Terminal:
             _give(self.fd, os.getpgrp())
         os.close(self.fd)
         self.fd, self.key, self.pgid = -1, None, None
+        ours, self.sent_sigint = self.sent_sigint, False
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
         for signum, borrowed in self._borrowed.items():  # the program's handlers come back
             _platform.give_back_signal(self.loop, signum, borrowed)
         self._borrowed.clear()
-        if (how, value) == ("signal", signal.SIGINT):
+        if (how, value) == ("signal", signal.SIGINT) and not ours:
             # A Ctrl-C in the foreground went to the attempt's group alone: it goes on to this
             # process's group too, the job the shell made, as it would have with the bare command
             # (a script that runs `mpvisor run` is in that job, and stops only if it gets SIGINT).
+            # Not a SIGINT this process passed on (`kill -INT` of it, or a Ctrl-C that reached its
+            # group): that one already interrupts this process alone, as it would the bare command.
             if held:
                 os.killpg(os.getpgrp(), signal.SIGINT)
             else:
