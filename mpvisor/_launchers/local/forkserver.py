@@ -11,11 +11,12 @@ start waits for it (`_warm_up`), and every attempt forked afterwards finds them 
 before it says it is ready, since a run waits for that (they were half of the fork server's
 imports), and not while its first attempt starts and runs, since a program's first outcome
 waits for that (`typing` took 4-5 ms between the fork and the reading of the child's start
-report, or of its end). So each waits for a quiet moment, `WARM_IDLE` with nothing to do (a
+report, or of its end). So it waits for a quiet moment, `WARM_IDLE` with nothing to do (a
 library program sends its first spawn within a millisecond of `ready`; a command line's parent
 is still importing for tens of milliseconds; back-to-back trivial attempts, which need none of
 them, never leave it that long), and, until a second attempt is forked, with no attempt in
-flight.
+flight; then imports them one after the other while nothing comes (a spawn that comes waits
+for one module at most, and the next waits for another quiet moment).
 Every page it writes after a fork is a copy-on-write fault, so its per-attempt loop is kept
 small: epoll itself, one control packet per wake-up, no exception or enum arithmetic on the
 way. It is the parent of every attempt process and a child subreaper, and its own table of
@@ -139,7 +140,7 @@ class _Attempt:
 
 ATTEMPT_OOM_SCORE_ADJ = 500  # an attempt's at the least, so the OOM killer takes it before mpvisor
 WARM = ("typing", "signal", "socket")  # what it imports for its attempts, in this order (module docstring)
-WARM_IDLE = 0.005  # seconds with nothing to do before each of them (and no attempt in flight, before a second fork)
+WARM_IDLE = 0.005  # seconds with nothing to do before it imports them (and no attempt in flight, before a second fork)
 
 
 class Launcher:
@@ -184,15 +185,18 @@ class Launcher:
 
     def serve(self) -> None:
         cold = list(WARM)  # what `_warm_up` has still to import (module docstring)
+        warming = False  # it imported one, and nothing came since: the next one follows at once
         while not (self.parent_gone or _parent_died):
             wait = self._timeout() if self.fences or self.limited else -1
             warm = bool(cold) and (not self.attempts or self.forked > 1)
             if warm:
-                wait = WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
+                wait = 0 if warming else WARM_IDLE if wait < 0 else min(wait, WARM_IDLE)
             events = self.poll.poll(wait)
             if warm and not events:
                 _warm_up(cold.pop(0))
+                warming = True
                 continue
+            warming = False
             for fd, _ in events:
                 self.handlers[fd]()
                 if self.parent_gone or _parent_died:
