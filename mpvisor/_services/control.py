@@ -41,12 +41,14 @@ socket nobody listens on is stale (its run was killed): `live_runs` removes it, 
 lock itself. A server whose socket or lock file is removed or replaced under it (a clean-up of
 /tmp) takes its lock anew and binds the socket again, looking every `CHECK_EVERY` s.
 A socket whose run holds the lock but does not answer in time is live all the same:
-`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
+`live_runs` lists it with its pid (`_run_pid`: its connection's peer, as this PID namespace
+numbers it; the lock file's when no connection was made) and why it did not answer (`error`). A
 server binds under a temporary name and renames the socket into place once it listens, so a
 socket at its path either answers or is stale. Only the server imports asyncio
 (in its functions): a client, such as `mpvisor status`, never loads it. A run says pids as its
 PID namespace numbers them; the client gives them as its own numbers them (`_seen_here`), so that
-`mpvisor status` from outside a container's namespace names the processes a `kill` there reaches.
+`mpvisor status` from outside a container's namespace names the processes a `kill` there reaches;
+from inside one, of a run outside it, whose numbers name nothing there, it gives none (None).
 """
 
 from __future__ import annotations
@@ -105,7 +107,12 @@ class NotLive(ControlError):
 
 
 class NoAnswer(ControlError):
-    """A run listens at a control socket and did not answer in time (stopped, say)."""
+    """A run listens at a control socket and did not answer in time (stopped, say); `pid`: the
+    run's, as this PID namespace numbers it (`_run_pid`), None if unknown."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 class ControlTarget(Protocol):
@@ -248,9 +255,11 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
+        if isinstance(exc, NoAnswer):
+            answer["pid"] = exc.pid
     if not answer["ok"]:  # what is known of a live run that does not answer
-        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
-                "error": str(answer.get("error"))}
+        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None,
+                "pid": answer["pid"] if "pid" in answer else _holder_pid(path), "error": str(answer.get("error"))}
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
@@ -342,20 +351,35 @@ def _holder_pid(path: str) -> int | None:
     return int(holder[6:-1]) if holder else None
 
 
-def _silence(path: str, timeout: float | None) -> str:
-    """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
-    a run stopped by a signal is said to be, with how to resume it."""
-    pid = _holder_pid(path)
-    said = f"the run at {path!r}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
+def _run_pid(path: str, sock: socket.socket | None = None) -> int | None:
+    """The pid of the run that serves `path`, as this PID namespace numbers it, whether or not it
+    answers: its connection's peer (`SO_PEERCRED`, which the kernel translates), None when that
+    is 0 (a run in a PID namespace this one does not see: its lock file's pid is its namespace's,
+    which here names another process, or none); with no connection (or no credentials), its lock
+    file's. A run in a namespace of its own (`unshare --pid`, a container sharing /tmp) writes
+    its namespace's pid in its lock file (2, say), which here is not the run."""
+    peer = None if sock is None else _peer_pid(sock)
+    if peer is None:
+        return _holder_pid(path)
+    return peer or None
+
+
+def _silence(path: str, timeout: float | None, sock: socket.socket | None = None) -> NoAnswer:
+    """Why the run at `path` did not answer within `timeout` s, as far as the client can tell
+    (`sock`: the connection it did not answer on, if one was made): a run stopped by a signal is
+    said to be, with how to resume it; one whose pid cannot be known here is said to be."""
+    pid = _run_pid(path, sock)
+    known = f" (pid {pid})" if pid else "" if _holder_pid(path) is None else " (its pid unknown here: another PID namespace's)"
+    said = f"the run at {path!r}{known} did not answer within {timeout:g} s"
     if pid and _platform.is_stopped(pid):
-        return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
-    return said
+        return NoAnswer(f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it", pid)
+    return NoAnswer(said, pid)
 
 
-def _hang_up(path: str) -> str:
+def _hang_up(path: str, sock: socket.socket | None = None) -> str:
     """Why the run at `path` closed a connection without an answer, as far as the client can
     tell: a run that died meanwhile (its lock file left behind: SIGKILL, a crash) is said to have."""
-    pid = _holder_pid(path)
+    pid = _run_pid(path, sock)
     deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
     while pid and time.monotonic() < deadline:
         if _platform.is_gone(pid):
@@ -717,7 +741,7 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {path!r}") from exc
         except TimeoutError:
-            raise NoAnswer(_silence(path, timeout if first == deadline else take_timeout)) from None
+            raise _silence(path, timeout if first == deadline else take_timeout) from None
         except OSError as exc:
             raise ControlError(f"cannot connect to the run at {path!r}: {exc.strerror or exc}") from None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
@@ -734,24 +758,32 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         return _seen_here(answer, _peer_pid(sock))
 
 
-def _peer_pid(sock: socket.socket) -> int:
+def _peer_pid(sock: socket.socket) -> int | None:
     """The run's pid as this process's PID namespace numbers it (the kernel translates
-    `SO_PEERCRED`'s); 0 when unknown."""
+    `SO_PEERCRED`'s): 0 for a run in a PID namespace this one does not see; None when the
+    credentials cannot be read."""
     try:
         pid, _, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
     except OSError:
-        return 0
+        return None
     return int(pid)
 
 
-def _seen_here(answer: dict[str, Any], peer: int) -> dict[str, Any]:
+def _seen_here(answer: dict[str, Any], peer: int | None) -> dict[str, Any]:
     """`answer` with its pids as this PID namespace numbers them. A run in a PID namespace of its
     own (`unshare --pid --fork --mount-proc mpvisor run --file ...`, a container sharing /tmp)
     says its pid and its tasks' as its namespace numbers them (2, 7), which here name other
     processes, that a `kill` of them would reach: the run's is its connection's peer, and each
     task's is the descendant of the run that its namespace numbers so (`NSpid` in
-    /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int) or peer <= 0 or answer["pid"] == peer:
+    /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None,
+    and so are all of them when the run's namespace is not one this one sees (`peer` 0: a run
+    outside a container asked from inside it), where its numbers name other processes or none."""
+    if peer == 0 and isinstance(answer, dict) and isinstance(answer.get("pid"), int):
+        unseen = {**answer, "pid": None}
+        if isinstance(answer.get("tasks"), list):
+            unseen["tasks"] = [{**row, "pid": None} if isinstance(row, dict) else row for row in answer["tasks"]]
+        return unseen
+    if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int) or not peer or answer["pid"] == peer:
         return answer
     levels = _nspids(peer)
     if levels is None or levels[-1] != answer["pid"]:
@@ -831,11 +863,11 @@ class _Frames:
             try:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:
-                raise NoAnswer(_silence(path, timeout)) from None
+                raise _silence(path, timeout, self.sock) from None
             except OSError as exc:
                 raise ControlError(f"the run at {path!r} failed to answer: {exc.strerror or exc}") from None
             if not data:
-                raise ControlError(_hang_up(path))
+                raise ControlError(_hang_up(path, self.sock))
             try:
                 self.values.extend(self.decoder.feed(data))
             except ProtocolError as exc:
