@@ -127,10 +127,10 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
         run.suspend()  # it cannot answer: its pid is its connection's peer's, not its lock file's (2)
         try:
-            silent = subprocess.run([sys.executable, "-m", "mpvisor", "status", "--wait", "0.5"], cwd=tmp_path,
+            silent = subprocess.run([sys.executable, "-m", "mpvisor", "status", "--wait", "0.1"], cwd=tmp_path,
                                     env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
             silent_beside = subprocess.run(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc",
-                                            sys.executable, "-m", "mpvisor", "status", "--wait", "0.5"], cwd=tmp_path,
+                                            sys.executable, "-m", "mpvisor", "status", "--wait", "0.1"], cwd=tmp_path,
                                            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
         finally:
             run.resume()
@@ -145,7 +145,7 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     unseen = json.loads(beside.stdout)
     assert (unseen["pid"], unseen["tasks"][0]["pid"]) == (None, None), unseen
     assert silent.returncode == 1, silent.stderr
-    assert f"(pid {run.pid}) did not answer within 0.5 s: it is stopped" in silent.stderr, silent.stderr
+    assert f"(pid {run.pid}) did not answer within 0.1 s: it is stopped" in silent.stderr, silent.stderr
     assert f"kill -CONT {run.pid} resumes it" in silent.stderr, silent.stderr
     assert silent_beside.returncode == 1, silent_beside.stderr
     assert "(its pid unknown here: another PID namespace's) did not answer" in silent_beside.stderr, silent_beside.stderr
