@@ -58,6 +58,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import re
 import socket
 import stat
 import struct
@@ -777,20 +778,54 @@ def _seen_here(answer: dict[str, Any], peer: int | None) -> dict[str, Any]:
     task's is the descendant of the run that its namespace numbers so (`NSpid` in
     /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None,
     and so are all of them when the run's namespace is not one this one sees (`peer` 0: a run
-    outside a container asked from inside it), where its numbers name other processes or none."""
-    if peer == 0 and isinstance(answer, dict) and isinstance(answer.get("pid"), int):
+    outside a container asked from inside it), where its numbers name other processes or none.
+    A refusal's words name pids too (`api is already running (pid 7)`): each `(pid N)` is said as
+    here, or as the run's namespace's (`pid 7 in the run's PID namespace`) where it cannot be."""
+    if not isinstance(answer, dict) or peer is None:
+        return answer
+    if answer.get("ok") is False and isinstance(answer.get("error"), str) and "(pid " in answer["error"]:
+        numbered = {} if peer == 0 else _numbered_here(peer)  # {}: a namespace this one does not see
+        if numbered is None or (peer and not numbered):  # its numbers cannot be read, or are this namespace's
+            return answer
+        here = numbered
+
+        def said(match: re.Match[str]) -> str:
+            number = here.get(int(match.group(1)))
+            return f"(pid {number})" if number is not None else f"(pid {match.group(1)} in the run's PID namespace)"
+        return {**answer, "error": _PID_SAID.sub(said, answer["error"])}
+    if peer == 0 and isinstance(answer.get("pid"), int):
         unseen = {**answer, "pid": None}
         if isinstance(answer.get("tasks"), list):
             unseen["tasks"] = [{**row, "pid": None} if isinstance(row, dict) else row for row in answer["tasks"]]
         return unseen
-    if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int) or not peer or answer["pid"] == peer:
+    if not isinstance(answer.get("pid"), int) or answer["pid"] == peer:
         return answer
     levels = _nspids(peer)
     if levels is None or levels[-1] != answer["pid"]:
         return answer  # not a run this namespace sees inside its own: nothing to translate by
+    here = _numbered_here(peer) or {}
+    seen = {**answer, "pid": peer}
+    if isinstance(answer.get("tasks"), list):
+        seen["tasks"] = [{**row, "pid": here.get(row["pid"])} if isinstance(row, dict) and isinstance(row.get("pid"), int)
+                         else row for row in answer["tasks"]]
+    return seen
+
+
+_PID_SAID = re.compile(r"\(pid (\d+)\)")
+
+
+def _numbered_here(peer: int) -> dict[int, int] | None:
+    """The run `peer` (a pid here) and its descendants: each one's pid in the run's PID namespace,
+    to its pid here; {} when the run is in this namespace (nothing to translate); None when its
+    numbers cannot be read."""
+    levels = _nspids(peer)
+    if levels is None:
+        return None
+    if len(levels) == 1:
+        return {}
     import psutil
 
-    here: dict[int, int] = {}
+    here = {levels[-1]: peer}
     try:
         descendants = psutil.Process(peer).children(recursive=True)
     except psutil.Error:
@@ -799,11 +834,7 @@ def _seen_here(answer: dict[str, Any], peer: int | None) -> dict[str, Any]:
         numbers = _nspids(process.pid)
         if numbers is not None and len(numbers) >= len(levels):
             here[numbers[len(levels) - 1]] = numbers[0]
-    seen = {**answer, "pid": peer}
-    if isinstance(answer.get("tasks"), list):
-        seen["tasks"] = [{**row, "pid": here.get(row["pid"])} if isinstance(row, dict) and isinstance(row.get("pid"), int)
-                         else row for row in answer["tasks"]]
-    return seen
+    return here
 
 
 def _nspids(pid: int) -> list[int] | None:

@@ -106,8 +106,9 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     see (/tmp, as a container that shares it): `mpvisor status` from outside gives the run's pid
     and its task's as this side numbers them, the pids a `kill` from here must be given. It gave
     the namespace's (2 and 7), which here name other processes. So it does when the run is
-    stopped and does not answer (it gave its lock file's 2, and missed that it is stopped); from
-    a namespace beside the run's, which does not see it, it gives none, and says so."""
+    stopped and does not answer (it gave its lock file's 2, and missed that it is stopped), and
+    `mpvisor start` of the running task, refused, names it by its pid here (it said 7); from a
+    namespace beside the run's, which does not see it, it gives none, and says so."""
     ready = tmp_path / "ready"
     (tmp_path / "tasks.toml").write_text(f'[task.nap]\ncommand = ["sh", "-c", "echo $$ > {ready}; exec sleep 30"]\n')
     env = _env(MPVISOR_CONTROL_DIR=str(tmp_path / "runs"))
@@ -121,6 +122,8 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
         [nap] = [p for p in init.children(recursive=True) if p.name() == "sleep"]
         asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", "tasks.toml", "--json"], cwd=tmp_path,
                                env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        started = subprocess.run([sys.executable, "-m", "mpvisor", "start", "nap"], cwd=tmp_path, env=env,
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
         # from a namespace of its own, beside the run's: the run's numbers name nothing there
         beside = subprocess.run(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable,
                                  "-m", "mpvisor", "status", "--json"], cwd=tmp_path, env=env,
@@ -141,6 +144,7 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     assert asked.returncode == 0, asked.stderr
     answer = json.loads(asked.stdout)
     assert (answer["pid"], answer["tasks"][0]["pid"]) == (run.pid, nap.pid), (answer, inner)
+    assert started.returncode == 1 and f"nap is already running (pid {nap.pid})" in started.stderr, started.stderr
     assert beside.returncode == 0, beside.stderr
     unseen = json.loads(beside.stdout)
     assert (unseen["pid"], unseen["tasks"][0]["pid"]) == (None, None), unseen
