@@ -124,8 +124,12 @@ def find_run(args: argparse.Namespace) -> str:
     if not runs:
         raise Refusal(NO_RUN, NONE_LIVE)
     raise Refusal(SEVERAL_RUNS, "several runs are live; name one (FILE or --name NAME):",
-                  *(f"  {printable(str(run.get('name')))}  pid {run.get('pid')}  "
+                  *(f"  {printable(str(run.get('name')))}  pid {_or_unknown(run.get('pid'))}  "
                     f"{printable(str(run.get('file'))) if 'error' not in run else '(does not answer)'}" for run in runs))
+
+
+def _or_unknown(pid: Any) -> str:
+    return "?" if pid is None else str(pid)  # a run in a PID namespace this one does not see
 
 
 def _list_wait(args: argparse.Namespace) -> float:

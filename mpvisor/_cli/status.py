@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 def header(answer: dict[str, Any]) -> str:
     """`NAME  pid N  FILE` (pure): the name and the path escaped (`printable`), as LAST is, since
     either may hold a newline or an escape code (a run's default name is its file's stem)."""
-    return f"{printable(str(answer.get('name')))}  pid {answer.get('pid')}  {printable(str(answer.get('file')))}"
+    pid = answer.get("pid")  # None: the run's PID namespace is not one this one sees
+    return f"{printable(str(answer.get('name')))}  pid {'?' if pid is None else pid}  {printable(str(answer.get('file')))}"
 
 
 def table(tasks: list[dict[str, Any]]) -> list[str]:

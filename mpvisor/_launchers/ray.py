@@ -38,9 +38,12 @@ reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the f
 A new agent gets its attempt's start only once Ray has placed it (`_placed`): an agent of the
 same shape that is ready meanwhile takes the attempt instead (`_reuse`), and the new one, never
 sent anything, is kept as a spare for the next attempt of that shape (`_spare`).
-An idle agent (kept for the next attempt of its shape) that died before that attempt's `placed`
-came back had not started it (or, in the moment before its death, had: the fence covers that
-tree as any other): after the fence the attempt goes to a new agent instead of failing.
+An idle agent (kept for the next attempt of its shape) is watched (`_watch_idle`: a call that
+returns once its next attempt starts there): one that Ray says died while kept is forgotten,
+and the next attempt of its shape gets a new agent at once. One that died taken, before that
+attempt's `placed` came back, had not started it (or, in the moment before its death, had: the
+fence covers that tree as any other): after the fence the attempt goes to a new agent instead
+of failing.
 
 The attempt's environment travels as on this machine: the supervisor's environ (with the
 runtime_env's `env_vars` over it), its cwd where that directory exists on the node, and the
@@ -569,6 +572,7 @@ class _Idle:
     agent_pid: int | None
     timer: asyncio.TimerHandle | None = None
     placement: asyncio.Task[None] | None = None  # a spare's wait for Ray to place it (None: placed)
+    watch: asyncio.Task[None] | None = None  # while kept: the call whose error says it died idle (`_watch_idle`)
 
 
 class RayClient:
@@ -1062,9 +1066,27 @@ class RayClient:
         return idle  # (a spare's `placement` ends by itself, and finds it taken: `_spare_placed`)
 
     def _keep_idle(self, idle: _Idle) -> None:
-        """Keep the agent `AGENT_IDLE` s for the next attempt of its shape (it holds its resources meanwhile)."""
+        """Keep the agent `AGENT_IDLE` s for the next attempt of its shape (it holds its resources
+        meanwhile), watched: one that dies meanwhile is forgotten as soon as Ray says so."""
         idle.timer = self.loop.call_later(AGENT_IDLE, self._expire, idle)
         self._idle.append(idle)
+        idle.watch = self.loop.create_task(self._watch_idle(idle), name="mpvisor-ray-idle")
+        self._abandon(idle.watch)  # it ends as the agent's next attempt starts, or with the agent
+
+    async def _watch_idle(self, idle: _Idle) -> None:
+        """An agent kept idle that dies (its worker killed, its node lost) had nothing of the next
+        attempt: Ray's word of its death, on a call that returns only once that attempt starts
+        there (`Agent.idle`), takes it out of the idle agents, so that the next attempt of its
+        shape starts on a new agent at once. (Taken, it cost that attempt the `lost_fence`
+        first: a death after the start was sent may have left a tree to tear down.)"""
+        try:
+            await idle.agent.idle.remote(idle.attempts + 1)
+        except Exception:
+            if idle in self._idle:  # not taken, nor ended by this side (`_end_idle`, `close`)
+                self._idle.remove(idle)
+                if idle.timer is not None:
+                    idle.timer.cancel()
+                self._close_agent(idle.agent)  # gone, or made so (Ray may have said it cannot answer)
 
     def _expire(self, idle: _Idle) -> None:
         if idle in self._idle:
@@ -1423,7 +1445,9 @@ class Agent:
     `start` starts a local launcher (guardian, fork server) and the attempt under it; `events`
     returns what happened since the last call, waiting for something if nothing did; `signal` and
     `kill` are relayed to the local launcher (held until the attempt is spawned); `close` stops
-    the local launcher and ends the actor. It is the local launcher's `AttemptSink`.
+    the local launcher and ends the actor; `idle(n)` returns once attempt n has started (while
+    it waits, the parent learns from its failure that the agent died idle). It is the local
+    launcher's `AttemptSink`.
     """
 
     def __init__(self) -> None:
@@ -1466,6 +1490,15 @@ class Agent:
         held, self._held = self._held, []
         for request in held:
             self._apply(request)
+
+    async def idle(self, number: int) -> None:
+        """Returns once attempt `number` has started here: the parent's watch on an idle agent,
+        whose call fails (Ray's word) if the agent dies first (`RayClient._watch_idle`)."""
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        while self._number < number:
+            self._wake.clear()
+            await self._wake.wait()
 
     async def events(self, number: int) -> list[Any]:
         """What happened to attempt `number` since the last call (waits until something did)."""

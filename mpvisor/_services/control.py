@@ -41,12 +41,14 @@ socket nobody listens on is stale (its run was killed): `live_runs` removes it, 
 lock itself. A server whose socket or lock file is removed or replaced under it (a clean-up of
 /tmp) takes its lock anew and binds the socket again, looking every `CHECK_EVERY` s.
 A socket whose run holds the lock but does not answer in time is live all the same:
-`live_runs` lists it with its pid (from the lock file) and why it did not answer (`error`). A
+`live_runs` lists it with its pid (`_run_pid`: its connection's peer, as this PID namespace
+numbers it; the lock file's when no connection was made) and why it did not answer (`error`). A
 server binds under a temporary name and renames the socket into place once it listens, so a
 socket at its path either answers or is stale. Only the server imports asyncio
 (in its functions): a client, such as `mpvisor status`, never loads it. A run says pids as its
 PID namespace numbers them; the client gives them as its own numbers them (`_seen_here`), so that
-`mpvisor status` from outside a container's namespace names the processes a `kill` there reaches.
+`mpvisor status` from outside a container's namespace names the processes a `kill` there reaches;
+from inside one, of a run outside it, whose numbers name nothing there, it gives none (None).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import re
 import socket
 import stat
 import struct
@@ -106,7 +109,12 @@ class NotLive(ControlError):
 
 
 class NoAnswer(ControlError):
-    """A run listens at a control socket and did not answer in time (stopped, say)."""
+    """A run listens at a control socket and did not answer in time (stopped, say); `pid`: the
+    run's, as this PID namespace numbers it (`_run_pid`), None if unknown."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 class ControlTarget(Protocol):
@@ -249,9 +257,11 @@ def _describe(path: str, timeout: float) -> dict[str, Any] | None:
         return None
     except ControlError as exc:  # something listens, and does not answer in time, or not in this protocol
         answer = error(str(exc))
+        if isinstance(exc, NoAnswer):
+            answer["pid"] = exc.pid
     if not answer["ok"]:  # what is known of a live run that does not answer
-        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None, "pid": _holder_pid(path),
-                "error": str(answer.get("error"))}
+        return {"name": os.path.basename(path)[: -len(SUFFIX)], "file": None,
+                "pid": answer["pid"] if "pid" in answer else _holder_pid(path), "error": str(answer.get("error"))}
     return {key: value for key, value in answer.items() if key != "ok"}
 
 
@@ -343,20 +353,35 @@ def _holder_pid(path: str) -> int | None:
     return int(holder[6:-1]) if holder else None
 
 
-def _silence(path: str, timeout: float | None) -> str:
-    """Why the run at `path` did not answer within `timeout` s, as far as the client can tell:
-    a run stopped by a signal is said to be, with how to resume it."""
-    pid = _holder_pid(path)
-    said = f"the run at {quoted(path)}{f' (pid {pid})' if pid else ''} did not answer within {timeout:g} s"
+def _run_pid(path: str, sock: socket.socket | None = None) -> int | None:
+    """The pid of the run that serves `path`, as this PID namespace numbers it, whether or not it
+    answers: its connection's peer (`SO_PEERCRED`, which the kernel translates), None when that
+    is 0 (a run in a PID namespace this one does not see: its lock file's pid is its namespace's,
+    which here names another process, or none); with no connection (or no credentials), its lock
+    file's. A run in a namespace of its own (`unshare --pid`, a container sharing /tmp) writes
+    its namespace's pid in its lock file (2, say), which here is not the run."""
+    peer = None if sock is None else _peer_pid(sock)
+    if peer is None:
+        return _holder_pid(path)
+    return peer or None
+
+
+def _silence(path: str, timeout: float | None, sock: socket.socket | None = None) -> NoAnswer:
+    """Why the run at `path` did not answer within `timeout` s, as far as the client can tell
+    (`sock`: the connection it did not answer on, if one was made): a run stopped by a signal is
+    said to be, with how to resume it; one whose pid cannot be known here is said to be."""
+    pid = _run_pid(path, sock)
+    known = f" (pid {pid})" if pid else "" if _holder_pid(path) is None else " (its pid unknown here: another PID namespace's)"
+    said = f"the run at {quoted(path)}{known} did not answer within {timeout:g} s"
     if pid and _platform.is_stopped(pid):
-        return f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it"
-    return said
+        return NoAnswer(f"{said}: it is stopped (SIGSTOP or SIGTSTP); kill -CONT {pid} resumes it", pid)
+    return NoAnswer(said, pid)
 
 
-def _hang_up(path: str) -> str:
+def _hang_up(path: str, sock: socket.socket | None = None) -> str:
     """Why the run at `path` closed a connection without an answer, as far as the client can
     tell: a run that died meanwhile (its lock file left behind: SIGKILL, a crash) is said to have."""
-    pid = _holder_pid(path)
+    pid = _run_pid(path, sock)
     deadline = time.monotonic() + ENDING_WAIT  # a killed process closes its files a moment before it is a zombie
     while pid and time.monotonic() < deadline:
         if _platform.is_gone(pid):
@@ -718,7 +743,7 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotLive(f"no run answers at {quoted(path)}") from exc
         except TimeoutError:
-            raise NoAnswer(_silence(path, timeout if first == deadline else take_timeout)) from None
+            raise _silence(path, timeout if first == deadline else take_timeout) from None
         except OSError as exc:
             raise ControlError(f"cannot connect to the run at {quoted(path)}: {exc.strerror or exc}") from None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused early: its answer is there
@@ -735,31 +760,73 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 10.0,
         return _seen_here(answer, _peer_pid(sock))
 
 
-def _peer_pid(sock: socket.socket) -> int:
+def _peer_pid(sock: socket.socket) -> int | None:
     """The run's pid as this process's PID namespace numbers it (the kernel translates
-    `SO_PEERCRED`'s); 0 when unknown."""
+    `SO_PEERCRED`'s): 0 for a run in a PID namespace this one does not see; None when the
+    credentials cannot be read."""
     try:
         pid, _, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
     except OSError:
-        return 0
+        return None
     return int(pid)
 
 
-def _seen_here(answer: dict[str, Any], peer: int) -> dict[str, Any]:
+def _seen_here(answer: dict[str, Any], peer: int | None) -> dict[str, Any]:
     """`answer` with its pids as this PID namespace numbers them. A run in a PID namespace of its
     own (`unshare --pid --fork --mount-proc mpvisor run --file ...`, a container sharing /tmp)
     says its pid and its tasks' as its namespace numbers them (2, 7), which here name other
     processes, that a `kill` of them would reach: the run's is its connection's peer, and each
     task's is the descendant of the run that its namespace numbers so (`NSpid` in
-    /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int) or peer <= 0 or answer["pid"] == peer:
+    /proc/PID/status). A task's pid that cannot be found here any more (it just ended) is None,
+    and so are all of them when the run's namespace is not one this one sees (`peer` 0: a run
+    outside a container asked from inside it), where its numbers name other processes or none.
+    A refusal's words name pids too (`api is already running (pid 7)`): each `(pid N)` is said as
+    here, or as the run's namespace's (`pid 7 in the run's PID namespace`) where it cannot be."""
+    if not isinstance(answer, dict) or peer is None:
+        return answer
+    if answer.get("ok") is False and isinstance(answer.get("error"), str) and "(pid " in answer["error"]:
+        numbered = {} if peer == 0 else _numbered_here(peer)  # {}: a namespace this one does not see
+        if numbered is None or (peer and not numbered):  # its numbers cannot be read, or are this namespace's
+            return answer
+        here = numbered
+
+        def said(match: re.Match[str]) -> str:
+            number = here.get(int(match.group(1)))
+            return f"(pid {number})" if number is not None else f"(pid {match.group(1)} in the run's PID namespace)"
+        return {**answer, "error": _PID_SAID.sub(said, answer["error"])}
+    if peer == 0 and isinstance(answer.get("pid"), int):
+        unseen = {**answer, "pid": None}
+        if isinstance(answer.get("tasks"), list):
+            unseen["tasks"] = [{**row, "pid": None} if isinstance(row, dict) else row for row in answer["tasks"]]
+        return unseen
+    if not isinstance(answer.get("pid"), int) or answer["pid"] == peer:
         return answer
     levels = _nspids(peer)
     if levels is None or levels[-1] != answer["pid"]:
         return answer  # not a run this namespace sees inside its own: nothing to translate by
+    here = _numbered_here(peer) or {}
+    seen = {**answer, "pid": peer}
+    if isinstance(answer.get("tasks"), list):
+        seen["tasks"] = [{**row, "pid": here.get(row["pid"])} if isinstance(row, dict) and isinstance(row.get("pid"), int)
+                         else row for row in answer["tasks"]]
+    return seen
+
+
+_PID_SAID = re.compile(r"\(pid (\d+)\)")
+
+
+def _numbered_here(peer: int) -> dict[int, int] | None:
+    """The run `peer` (a pid here) and its descendants: each one's pid in the run's PID namespace,
+    to its pid here; {} when the run is in this namespace (nothing to translate); None when its
+    numbers cannot be read."""
+    levels = _nspids(peer)
+    if levels is None:
+        return None
+    if len(levels) == 1:
+        return {}
     import psutil
 
-    here: dict[int, int] = {}
+    here = {levels[-1]: peer}
     try:
         descendants = psutil.Process(peer).children(recursive=True)
     except psutil.Error:
@@ -768,11 +835,7 @@ def _seen_here(answer: dict[str, Any], peer: int) -> dict[str, Any]:
         numbers = _nspids(process.pid)
         if numbers is not None and len(numbers) >= len(levels):
             here[numbers[len(levels) - 1]] = numbers[0]
-    seen = {**answer, "pid": peer}
-    if isinstance(answer.get("tasks"), list):
-        seen["tasks"] = [{**row, "pid": here.get(row["pid"])} if isinstance(row, dict) and isinstance(row.get("pid"), int)
-                         else row for row in answer["tasks"]]
-    return seen
+    return here
 
 
 def _nspids(pid: int) -> list[int] | None:
@@ -832,11 +895,11 @@ class _Frames:
             try:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:
-                raise NoAnswer(_silence(path, timeout)) from None
+                raise _silence(path, timeout, self.sock) from None
             except OSError as exc:
                 raise ControlError(f"the run at {quoted(path)} failed to answer: {exc.strerror or exc}") from None
             if not data:
-                raise ControlError(_hang_up(path))
+                raise ControlError(_hang_up(path, self.sock))
             try:
                 self.values.extend(self.decoder.feed(data))
             except ProtocolError as exc:

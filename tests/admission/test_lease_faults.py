@@ -246,6 +246,54 @@ def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_s
     assert not log.exists() or "start two " not in log.read_text()
 
 
+def test_a_queued_run_whose_store_falls_silent_gives_up_at_its_wait_timeout_not_two_seconds_later(
+        tmp_path: Any, url: str) -> None:
+    """`--wait-timeout 0.5`, queued behind another host's owner (the store answered), then the
+    store falls silent (a partitioned proxy): the run exits 3 half a second after it queued,
+    nothing ran, without waiting for a withdrawal the store cannot take (`WAITED_OUT_WAIT`, half a
+    second, at most). (It waited `RELEASE_WAIT` for it: 2 s past the timeout, which the docs did
+    not allow.)"""
+    import threading
+
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "one"))
+    try:
+        wait_for(lambda: started(log, "one"), timeout=30)
+        with Proxy.for_url(url) as proxy:
+            waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--wait-timeout", "0.5",
+                                 *owner(log, 0.0, "two"))
+            assert waiting.stderr is not None
+            queued = threading.Event()
+            lines: list[str] = []
+
+            def read() -> None:
+                assert waiting.stderr is not None
+                for line in waiting.stderr:
+                    lines.append(line)
+                    if "waiting, position 1" in line:
+                        queued.set()
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            assert queued.wait(30), lines
+            proxy.partition()
+            since_queued = time.monotonic()
+            status = waiting.wait(timeout=30)
+            took = time.monotonic() - since_queued
+            reader.join(10)
+        assert status == 3, lines
+        assert "still busy after --wait-timeout 0.5 s" in "".join(lines), lines
+        # the timeout and WAITED_OUT_WAIT (0.5 s), and slack for the exit on a busy machine; never the
+        # RELEASE_WAIT (2 s) that the withdrawal took past the timeout
+        assert took < 0.5 + 1.8, took
+        assert "start two " not in log.read_text()
+    finally:
+        first.terminate()
+        finish(first)
+
+
 def test_a_drop_run_whose_store_does_not_answer_ends_at_once_as_busy(tmp_path: Any) -> None:
     """`--policy drop` against a store that refuses connections (nobody listens at its port):
     the run does not wait (a drop never queues, and periodic drop runs from cron must not pile

@@ -105,7 +105,10 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     """A task file run as PID 1 of its namespace, its control socket in a directory both sides
     see (/tmp, as a container that shares it): `mpvisor status` from outside gives the run's pid
     and its task's as this side numbers them, the pids a `kill` from here must be given. It gave
-    the namespace's (2 and 7), which here name other processes."""
+    the namespace's (2 and 7), which here name other processes. So it does when the run is
+    stopped and does not answer (it gave its lock file's 2, and missed that it is stopped), and
+    `mpvisor start` of the running task, refused, names it by its pid here (it said 7); from a
+    namespace beside the run's, which does not see it, it gives none, and says so."""
     ready = tmp_path / "ready"
     (tmp_path / "tasks.toml").write_text(f'[task.nap]\ncommand = ["sh", "-c", "echo $$ > {ready}; exec sleep 30"]\n')
     env = _env(MPVISOR_CONTROL_DIR=str(tmp_path / "runs"))
@@ -119,6 +122,21 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
         [nap] = [p for p in init.children(recursive=True) if p.name() == "sleep"]
         asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", "tasks.toml", "--json"], cwd=tmp_path,
                                env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        started = subprocess.run([sys.executable, "-m", "mpvisor", "start", "nap"], cwd=tmp_path, env=env,
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        # from a namespace of its own, beside the run's: the run's numbers name nothing there
+        beside = subprocess.run(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable,
+                                 "-m", "mpvisor", "status", "--json"], cwd=tmp_path, env=env,
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        run.suspend()  # it cannot answer: its pid is its connection's peer's, not its lock file's (2)
+        try:
+            silent = subprocess.run([sys.executable, "-m", "mpvisor", "status", "--wait", "0.1"], cwd=tmp_path,
+                                    env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+            silent_beside = subprocess.run(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc",
+                                            sys.executable, "-m", "mpvisor", "status", "--wait", "0.1"], cwd=tmp_path,
+                                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+        finally:
+            run.resume()
         init.send_signal(signal.SIGTERM)
         _finish(proc)
     finally:
@@ -126,6 +144,15 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     assert asked.returncode == 0, asked.stderr
     answer = json.loads(asked.stdout)
     assert (answer["pid"], answer["tasks"][0]["pid"]) == (run.pid, nap.pid), (answer, inner)
+    assert started.returncode == 1 and f"nap is already running (pid {nap.pid})" in started.stderr, started.stderr
+    assert beside.returncode == 0, beside.stderr
+    unseen = json.loads(beside.stdout)
+    assert (unseen["pid"], unseen["tasks"][0]["pid"]) == (None, None), unseen
+    assert silent.returncode == 1, silent.stderr
+    assert f"(pid {run.pid}) did not answer within 0.1 s: it is stopped" in silent.stderr, silent.stderr
+    assert f"kill -CONT {run.pid} resumes it" in silent.stderr, silent.stderr
+    assert silent_beside.returncode == 1, silent_beside.stderr
+    assert "(its pid unknown here: another PID namespace's) did not answer" in silent_beside.stderr, silent_beside.stderr
 
 
 def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and_exits_as_the_command(

@@ -327,13 +327,22 @@ async def test_an_attempt_no_node_can_place_does_not_stop_the_agents_of_another_
 
 async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """An idle agent whose worker dies (killed, or its node lost) before the next attempt of its
-    shape takes it never ran that attempt: once the fence has passed, the attempt is placed on a
-    new agent, and a task with no retry completes (it once failed, `launcher died ... before the
-    attempt started`)."""
+    shape takes it never ran that attempt. Once Ray says it died, it is no longer kept: the next
+    attempt is placed on a new agent at once, not after the `lost_fence` (60 s here), and a task
+    with no retry completes (it once failed, `launcher died ... before the attempt started`; then
+    it waited the fence, as for an agent that died with an attempt's tree)."""
     from mpvisor._launchers import ray as ray_launcher
 
     monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
-    async with supervised(on_ray()) as (handle, events):
+    closed: list[Any] = []
+    close_agent = ray_launcher.RayClient._close_agent
+
+    def counted(self: Any, agent: Any) -> None:
+        closed.append(agent)
+        close_agent(self, agent)
+
+    monkeypatch.setattr(ray_launcher.RayClient, "_close_agent", counted)
+    async with supervised(on_ray(lost_fence=60.0)) as (handle, events):
         _, waiter = await handle.add_and_watch(once("a", contract.lineage))
         first = await waiter.wait()
         assert first.kind is OutcomeKind.COMPLETED, first
@@ -341,11 +350,15 @@ async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_sha
         agent = psutil.Process(psutil.Process(psutil.Process(launcher).ppid()).ppid())
         agent.kill()
         agent.wait(5)
+        await async_wait_for(lambda: closed, timeout=20.0)  # Ray's word of its death came: forgotten
+        began = time.monotonic()
         task_id, waiter = await handle.add_and_watch(once("b", contract.lineage))
         second = await waiter.wait()
+        took = time.monotonic() - began
     assert second.kind is OutcomeKind.COMPLETED, second
     assert second.value[1] != launcher, second.value
     assert [e.attempt for e in events.of(EventKind.ATTEMPT_STARTING, id=task_id)] == [1]
+    assert took < 20.0, took  # a new agent's start, not the fence
 
 
 async def test_an_agent_whose_attempt_ended_runs_one_that_waits_to_be_placed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | step | the driver |
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
-| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns at once: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
+| `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns once that is done, or `WAITED_OUT_WAIT` s passed: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
@@ -44,6 +44,11 @@ from mpvisor._admission.leases.store import (
 from mpvisor._admission.slots import AdmissionPolicy
 
 RELEASE_WAIT = 2.0  # seconds a release may hold up the loop when the store does not answer
+# seconds a request given up at its wait timeout waits for its withdrawal before `acquire`
+# returns: a store that answers takes milliseconds; one fallen silent would take RELEASE_WAIT past
+# the timeout for nothing, as its row goes without it (its waiter's liveness lock, or its `since`
+# for the slot server, dies with the process, and the row expires); the withdrawal goes on behind
+WAITED_OUT_WAIT = 0.5
 
 
 class LeaseDriver:
@@ -129,7 +134,7 @@ class LeaseDriver:
         unheard = "has let no connection in" if self._full else "did not answer"
         why = (waited_out(self.slot, self.wait_timeout) if self._heard else
                f"slot {self.slot!r}: {self.store.name} {unheard} within the wait timeout ({self.wait_timeout:g} s)")
-        self.leave_queue(why)
+        self.leave_queue(why, most=WAITED_OUT_WAIT)
 
     def _refuse(self, reason: str) -> None:
         """On the loop: this process runs in an attempt of the slot's owner (`held_by_an_ancestor`),
@@ -140,12 +145,13 @@ class LeaseDriver:
         self._waited_out = True  # a withdrawal that `acquire` turns into busy
         self.leave_queue(reason)
 
-    def leave_queue(self, reason: str | None = None) -> bool:
+    def leave_queue(self, reason: str | None = None, most: float = RELEASE_WAIT + 0.5) -> bool:
         """On the loop: a request not decided yet is decided `withdrawn` now (`acquire` returns
         it, or asks nothing if it has not asked yet), and withdrawn on a thread of its own (a
         store that does not answer must hold up neither: a statement it stalls on ends with the
         request's close; a grant that crossed it is given back). False if `acquire` already has
-        its decision: a grant then stands, and its owner is retired as any owner is."""
+        its decision: a grant then stands, and its owner is retired as any owner is. `acquire`
+        waits for the withdrawal at most `most` s (at a wait timeout, `WAITED_OUT_WAIT`)."""
         if self._decision is None:  # not asking yet (the launcher starts): `acquire` asks nothing
             with self._lock:
                 self._withdrawn = True
@@ -154,7 +160,7 @@ class LeaseDriver:
             return False
         _settle(self._decision, Decision(False, "withdrawn", reason=reason))
         # (its close ends a statement the store stalls on, RELEASE_WAIT at most after)
-        self._withdrawing = _ended(self.loop, RELEASE_WAIT + 0.5, f"mpvisor-lease-withdraw-{self.slot}", self.withdraw)
+        self._withdrawing = _ended(self.loop, most, f"mpvisor-lease-withdraw-{self.slot}", self.withdraw)
         return True
 
     def _revoked(self) -> None:  # on the store's thread
