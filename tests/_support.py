@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -140,6 +141,19 @@ def pid_gone(pid: int, create_time: float | None = None) -> bool:
     except psutil.NoSuchProcess:
         return True
     return create_time is not None and abs(started - create_time) > 1e-3
+
+
+def sigint_twice(pid: int, group: int, timeout: float = 5.0) -> None:
+    """What `timeout -s INT` does: SIGINT to `pid`, then to the process `group` it is in. The
+    second is sent as soon as the kernel has delivered the first (no longer pending in
+    /proc/PID/status), so the two are not merged: two deliveries, microseconds apart."""
+    os.kill(pid, signal.SIGINT)
+    bit, deadline = 1 << (signal.SIGINT - 1), time.monotonic() + timeout
+    while time.monotonic() < deadline:  # no sleep: the second comes as soon as `timeout`'s would
+        with open(f"/proc/{pid}/status") as status:
+            if not any(int(line.split()[1], 16) & bit for line in status if line.startswith(("SigPnd:", "ShdPnd:"))):
+                break
+    os.killpg(group, signal.SIGINT)
 
 
 def exited(process: psutil.Process) -> bool:

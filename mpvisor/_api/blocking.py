@@ -34,6 +34,7 @@ import asyncio
 import builtins
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
@@ -143,6 +144,7 @@ class BlockingHandle:
         self._over = False  # the loop thread was joined: calls run on the caller's thread
         self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
         self._pid = os.getpid()  # the process whose thread runs the loop (a fork has a copy, no thread)
+        self._interrupted_at: float | None = None  # when a KeyboardInterrupt ended the `with` block (monotonic)
 
     def __repr__(self) -> str:
         state = "over" if self._over else "serving"
@@ -154,6 +156,8 @@ class BlockingHandle:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         """Shut down; an error of the block (a `KeyboardInterrupt` too) stays the one raised, a
         `GraceExceeded` of the shutdown then noted on it (as `async with Supervisor` does)."""
+        if isinstance(exc, KeyboardInterrupt):
+            self._interrupted_at = time.monotonic()
         try:
             self.close()
         except GraceExceeded as grace:
@@ -191,13 +195,23 @@ class BlockingHandle:
         killed at once, as a SIGINT during the shutdown under `run` does, and the shutdown is waited for again
         (it is quick now) before the interruption propagates, a `GraceExceeded` noted on it: the
         loop must not stop in the middle of the shutdown, which would leave the launcher and the
-        attempts running beside the program, and the waiters unresolved."""
+        attempts running beside the program, and the waiters unresolved. But a `KeyboardInterrupt`
+        within `SAME_INTERRUPTION` s of the one that ended the `with` block is that Ctrl-C's SIGINT
+        delivered twice (`timeout -s INT` signals the process, then its group), as under `run`:
+        the shutdown goes on, its grace with it."""
+        interrupted_at, self._interrupted_at = self._interrupted_at, None
         try:
             self.shutdown()
         except BaseException as interruption:
+            from mpvisor._api.session import SAME_INTERRUPTION
+
             runtime = self._handle._rt
             if runtime.shut_down:  # the shutdown's own result (a GraceExceeded), not an interruption
                 raise
+            if (isinstance(interruption, KeyboardInterrupt) and interrupted_at is not None
+                    and time.monotonic() - interrupted_at < SAME_INTERRUPTION):
+                self._shut_down()  # (a later Ctrl-C, a person's, still kills at once)
+                return
             self._loop.call_soon_threadsafe(runtime.kill_all_now, INTERRUPTED_SHUTDOWN)
             try:
                 self.shutdown()

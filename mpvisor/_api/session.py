@@ -26,6 +26,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,14 @@ if TYPE_CHECKING:
 
 INTERRUPTED_AGAIN = "interrupted again (a SIGINT during the shutdown): killed at once, without waiting for the grace window"
 NOTICE_AFTER = 1.0  # seconds an interrupted run's shutdown may take before a terminal is told what it waits for
+# Seconds after a SIGINT during which another SIGINT is the same interruption delivered twice, not
+# a second Ctrl-C: `timeout -s INT` signals mpvisor, then its own process group, which mpvisor is
+# in, and the kernel merges the two only while the first is still pending. The two arrive
+# microseconds apart (a few ms under load, as the loop sees them); a person's second Ctrl-C comes
+# a tenth of a second or more after the first. (Who sent a signal, `siginfo`'s `si_pid`, would not
+# tell them apart: `timeout` sends both, a terminal both Ctrl-Cs, a shell's builtin `kill` both of
+# its `kill -INT`s; and reading it needs the signal blocked in every thread.)
+SAME_INTERRUPTION = 0.05
 
 
 def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
@@ -143,7 +152,9 @@ class _SignalHandlers:
     Every such signal is recorded in `runtime.interrupted`, so a caller can die by one once `run`
     returns (`ending_signal`, as `mpvisor run` does). A SIGINT once the shutdown has begun (a
     second Ctrl-C, or one after a SIGTERM or a SIGHUP: someone who will not wait) ends the grace
-    window at once: every tree is killed, and the outcomes say so. A SIGTERM is never ignored:
+    window at once: every tree is killed, and the outcomes say so; but not one that comes within
+    `SAME_INTERRUPTION` s of the first SIGINT: that is the same interruption delivered twice (`timeout -s
+    INT` signals the process, then its group), neither recorded nor acted on. A SIGTERM is never ignored:
     the first starts the shutdown, a later one joins it. If tasks are still stopping
     `NOTICE_AFTER` s after the signal that began the shutdown, and stderr is a terminal, one line
     there says what the run waits for and that a Ctrl-C kills them now (a task that does not stop
@@ -159,6 +170,7 @@ class _SignalHandlers:
         self.passed_on = passed_on
         self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
         self.notice: asyncio.TimerHandle | None = None
+        self.first_sigint: float | None = None  # when the loop took the first SIGINT (`time.monotonic`)
 
     def __enter__(self) -> _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
@@ -178,6 +190,12 @@ class _SignalHandlers:
             sys.stderr.flush()
 
     def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self.first_sigint is None:
+                self.first_sigint = now
+            elif now - self.first_sigint < SAME_INTERRUPTION:
+                return  # the first SIGINT delivered again (`timeout -s INT`: to mpvisor, then to its group)
         received = self.runtime.interrupted
         received.append(signal.Signals(signum))
         if signum == signal.SIGINT and (len(received) > 1 or self.runtime.shutdown_started):  # a Ctrl-C while it waits

@@ -55,7 +55,9 @@ its tree is reaped.
 Interruption: the first SIGINT, SIGTERM or SIGHUP asks the task to stop (a COMMAND by that
 signal, as it would have got it bare; a Python target by SIGTERM) and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a SIGINT while it
-waits (a second one, or one after a SIGTERM) kills at once. Either way mpvisor then dies by
+waits (a second one, or one after a SIGTERM) kills at once; one within 0.05 s of the first
+SIGINT is the same one delivered twice (`timeout -s INT` signals mpvisor, then its group) and is
+let go. Either way mpvisor then dies by
 that signal (by SIGINT if one came), after printing the outcome (or, when a tree had to be
 killed, what was killed and why). SIGUSR1, SIGUSR2, SIGQUIT
 and SIGWINCH are passed on to the running attempt's process (not its group): the command

@@ -5,10 +5,13 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import (
@@ -24,7 +27,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, Gate, child_pids_of_self, wait_for, words
+from tests._support import Collector, Gate, child_pids_of_self, pid_gone, wait_for, words
 
 
 @pytest.mark.timeout(60)
@@ -267,6 +270,50 @@ def test_a_shutdown_interrupted_in_its_grace_window_kills_at_once_and_finishes(t
     (note,) = raised.value.__notes__
     assert note.startswith("mpvisor: shutdown after this error also failed: 1 task(s) were killed at once"), note
     assert child_pids_of_self() == []
+
+
+INTERRUPTED_BLOCK = """
+from mpvisor import CommandTask, Supervisor, SupervisorConfig, TaskSpec
+
+command = "trap 'sleep 0.2; echo cleaned; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+with Supervisor(SupervisorConfig(grace=10)).serve_blocking() as handle:
+    _, waiter = handle.add_and_watch(TaskSpec.once(CommandTask("c", ["sh", "-c", command])))
+    try:
+        waiter.wait()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        raise
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_delivered_twice_is_one_interruption_of_the_with_block(tmp_path):
+    """A SIGINT ends the `with` block (its KeyboardInterrupt), and the same SIGINT comes again
+    while the block's shutdown waits, as `timeout -s INT` sends it (to the process, then to its
+    group): the task still gets its grace (it cleans up and ends), and the program dies by
+    SIGINT. The second delivery used to be taken for a second Ctrl-C: every tree killed at once."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "app.py").write_text(INTERRUPTED_BLOCK)
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": root},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert ready == "ready\n", ready
+        tree = [(p.pid, p.create_time()) for p in psutil.Process(proc.pid).children(recursive=True)]
+        os.kill(proc.pid, signal.SIGINT)
+        interrupted = proc.stdout.readline()
+        assert interrupted == "interrupted\n", interrupted
+        os.killpg(proc.pid, signal.SIGINT)  # the same SIGINT, to the group: once the block's shutdown waits
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == -signal.SIGINT, stderr
+    assert stdout == "cleaned\n" and "killed at once" not in stderr, (stdout, stderr)
+    assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+    wait_for(lambda: all(pid_gone(pid, created) for pid, created in tree), timeout=5)
 
 
 @pytest.mark.timeout(90)

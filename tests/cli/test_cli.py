@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import psutil
@@ -27,6 +28,7 @@ from tests._support import (
     pids_cgroup,
     pids_cgroup_problem,
     read_markers,
+    sigint_twice,
     wait_for,
 )
 
@@ -368,6 +370,8 @@ def test_a_sigint_during_the_shutdown_kills_at_once_and_says_so(tmp_path, first)
         tree = descendants(proc.pid)
         proc.send_signal(first)
         events_until(proc, "shutdown_requested")  # the first signal was taken
+        if first == signal.SIGINT:  # (one after a SIGTERM is a second interruption however soon it comes)
+            time.sleep(0.1)  # the behaviour: a person's second Ctrl-C, a tenth of a second after the first
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=10)
     finally:
@@ -378,6 +382,32 @@ def test_a_sigint_during_the_shutdown_kills_at_once_and_says_so(tmp_path, first)
     assert finished["outcome_kind"] == "outcome_force_aborted"
     assert "interrupted again" in finished["reason"] and "grace window of 30" not in finished["reason"], finished
     assert "interrupted again" in stderr and "did not stop within" not in stderr, stderr
+    wait_for(lambda: none_left(tree), timeout=5)
+
+
+def test_a_sigint_delivered_twice_is_one_interruption(tmp_path):
+    """`timeout -s INT` sends SIGINT to mpvisor, then to its own process group, which mpvisor is
+    in: once the first was delivered (the kernel merges them only while it is pending), that is
+    two SIGINTs microseconds apart for one interruption. The command still gets its grace: it is
+    asked once, cleans up and ends `canceled`, and mpvisor dies by SIGINT (the second used to be
+    taken for a second Ctrl-C: `force_aborted ... interrupted again`, its clean-up cut short)."""
+    command = "trap 'sleep 0.2; echo cleaned; exit 0' INT; echo ready; while :; do sleep 0.05; done"
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--grace", "10", "--", "sh", "-c", command],
+                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        assert ready == "ready\n", ready
+        tree = descendants(proc.pid)
+        sigint_twice(proc.pid, proc.pid)
+        stdout, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGINT, stderr
+    assert stdout == "cleaned\n", (stdout, stderr)
+    assert outcome_line(stderr) == "mpvisor: sh: canceled reason='canceled by shutdown' exit_code=None attempts=1", stderr
     wait_for(lambda: none_left(tree), timeout=5)
 
 

@@ -29,7 +29,7 @@ import pytest
 
 from mpvisor._admission.leases import local as _leases
 from tests._slot_support import intervals, stop_servers
-from tests._support import pid_gone, wait_for
+from tests._support import pid_gone, sigint_twice, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -759,12 +759,14 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigint-twice", "sigterm"])
 def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathlib.Path, how: str) -> None:
     """Ctrl-C (SIGINT to the script's process group) while two programs of a task file run:
     both are stopped gracefully (each sees SIGTERM), mpvisor dies by SIGINT and so does bash,
-    before its next step. SIGTERM to mpvisor alone: the same stop, and the script sees 143 and
-    goes on. Nothing of the script's tree is left."""
+    before its next step. So for a SIGINT to mpvisor and then to the group (`timeout -s INT`'s
+    way), which mpvisor gets twice: one interruption, not a second Ctrl-C that kills at once.
+    SIGTERM to mpvisor alone: the same stop, and the script sees 143 and goes on. Nothing of the
+    script's tree is left."""
     marker, p1, p2 = tmp_path / "marker", tmp_path / "p1", tmp_path / "p2"
     write(tmp_path / "tasks.toml", f"""
         [defaults]
@@ -782,10 +784,12 @@ def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathl
     try:
         wait_for(lambda: p1.exists() and p2.exists(), timeout=20)
         seen = _tree(script.pid)
+        (step,) = [p for p in psutil.Process(script.pid).children() if any("mpvisor" in a for a in p.cmdline())]
         if how == "ctrl-c":
             os.killpg(script.pid, signal.SIGINT)
+        elif how == "sigint-twice":
+            sigint_twice(step.pid, script.pid)
         else:
-            (step,) = [p for p in psutil.Process(script.pid).children() if any("mpvisor" in a for a in p.cmdline())]
             step.send_signal(signal.SIGTERM)
         _, err = script.communicate(timeout=20)
     finally:
@@ -793,7 +797,7 @@ def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathl
             os.killpg(script.pid, signal.SIGKILL)
             script.communicate()
     lines = marker.read_text().splitlines()
-    if how == "ctrl-c":
+    if how != "sigterm":
         assert script.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
         assert lines == ["before", "terminated", "terminated"], (lines, err)
         assert "exit status 130" in err

@@ -492,6 +492,7 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     run.proc.send_signal(signal.SIGINT)
     wait_for(lambda: log.exists() and "web term" in log.read_text(), timeout=20)
     if second_sigint:
+        time.sleep(0.1)  # the behaviour: a person's second Ctrl-C, a tenth of a second after the first
         run.proc.send_signal(signal.SIGINT)
     _, err = run.proc.communicate(timeout=40)
     assert run.proc.returncode == -signal.SIGINT, err
