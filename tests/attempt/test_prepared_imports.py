@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import pathlib
 import subprocess
@@ -106,6 +107,17 @@ async def test_the_launcher_imports_what_most_targets_import_once_quiet_during_a
         release.touch()
         assert [(await gate.wait()).kind for gate in gates] == [OutcomeKind.COMPLETED] * 2
     assert seen[-1]["task_model"] is False, seen
+
+
+def test_a_launcher_started_early_imports_them_before_its_first_attempt(tmp_path):
+    """`mpvisor run` starts its launcher before it imports its runtime (tens of milliseconds in
+    which no start waits), and that launcher imports `typing`, `signal` and `socket` meanwhile
+    (at once: `busy`): its first attempt finds them imported."""
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "workers.plain:imported"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"typing": True, "signal": True, "socket": True, "task_model": False}, done.stdout
 
 
 def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp_path):

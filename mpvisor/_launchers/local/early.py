@@ -17,7 +17,7 @@ would die with this process anyway (parent-death signals).
 | call | from | does |
 |---|---|---|
 | `spawn_guardian(preload, environment)` | the keeper thread | starts a launcher: `Spawned` |
-| `start_early()` | the command line's main thread, first thing | `spawn_guardian((), None)`, kept for `take` |
+| `start_early()` | the command line's main thread, first thing | `spawn_guardian((), None, busy=True)`, kept for `take` |
 | `take(preload, environment)` | the keeper thread's first start | the early launcher, if it is the one it would start |
 | `discard()` | the command line, as it exits | ends an early launcher nobody took |
 
@@ -64,9 +64,11 @@ def streams(stdout: int = 1) -> tuple[object, object]:
 
 
 def spawn_guardian(preload: tuple[str, ...], environment: tuple[dict[str, str], str, list[str]] | None,
-                   stdout: int | None = None) -> Spawned:
+                   stdout: int | None = None, busy: bool = False) -> Spawned:
     """Start a launcher (module docstring); `OSError` if its interpreter cannot be started. Its
-    stdout is this process's, or the fd `stdout`."""
+    stdout is this process's, or the fd `stdout`. `busy`: this process has its runtime still to
+    import, so no start will wait for the launcher for a while: it imports what attempts import
+    (`forkserver.WARM`) as soon as it is ready, not at its first quiet moment."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if environment is None:
         env, cwd, path = None, None, list(sys.path)
@@ -87,7 +89,7 @@ def spawn_guardian(preload: tuple[str, ...], environment: tuple[dict[str, str], 
     except OSError:
         parent_stderr = -1
     argv = _platform.interpreter_argv(code)
-    argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), *preload]
+    argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), "busy" if busy else "-", *preload]
     keep = [fd for fd in (theirs.fileno(), parent_stderr) if fd >= 0]
     try:
         proc = subprocess.Popen(argv, pass_fds=keep, process_group=0, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -122,7 +124,7 @@ def start_early(stdout_to_stderr: bool = False) -> None:
     with _lock:
         if _early is None:
             try:
-                _early = spawn_guardian((), None, 2 if stdout_to_stderr else None)
+                _early = spawn_guardian((), None, 2 if stdout_to_stderr else None, busy=True)
             except OSError:
                 _early = None
 

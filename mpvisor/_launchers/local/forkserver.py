@@ -12,11 +12,13 @@ before it says it is ready, since a run waits for that (they were half of the fo
 imports), and not while its first attempt starts and runs, since a program's first outcome
 waits for that (`typing` took 4-5 ms between the fork and the reading of the child's start
 report, or of its end). So it waits for a quiet moment, `WARM_IDLE` with nothing to do (a
-library program sends its first spawn within a millisecond of `ready`; a command line's parent
-is still importing for tens of milliseconds; back-to-back trivial attempts, which need none of
-them, never leave it that long), and, until a second attempt is forked, with no attempt in
-flight; then imports them one after the other while nothing comes (a spawn that comes waits
-for one module at most, and the next waits for another quiet moment).
+supervisor whose runtime is imported sends its first spawn within a millisecond of `ready`;
+back-to-back trivial attempts, which need none of them, never leave it that long), and, until
+a second attempt is forked, with no attempt in flight; then imports them one after the other
+while nothing comes (a spawn that comes waits for one module at most, and the next waits for
+another quiet moment). A launcher started early (`early.start_early`: `mpvisor run`,
+`mpvisor.run`), whose parent has its runtime still to import for tens of milliseconds, starts
+at once (`busy`), as its parent would otherwise wait for a warm-up it could have been spared.
 Every page it writes after a fork is a copy-on-write fault, so its per-attempt loop is kept
 small: epoll itself, one control packet per wake-up, no exception or enum arithmetic on the
 way. It is the parent of every attempt process and a child subreaper, and its own table of
@@ -183,9 +185,11 @@ class Launcher:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def serve(self) -> None:
+    def serve(self, busy: bool = False) -> None:
+        """Serve until the parent is gone; `busy`: the parent has its runtime still to import,
+        so the warm-up starts at once (module docstring)."""
         cold = list(WARM)  # what `_warm_up` has still to import (module docstring)
-        warming = False  # it imported one, and nothing came since: the next one follows at once
+        warming = busy  # it imports the next one at once if nothing came since the last one (or since ready)
         while not (self.parent_gone or _parent_died):
             wait = self._timeout() if self.fences or self.limited else -1
             warm = bool(cold) and (not self.attempts or self.forked > 1)
@@ -1142,7 +1146,7 @@ def main(argv: list[str]) -> None:
     Until it is ready, the launcher's (and the guardian's) stderr is a pipe the parent reads, so
     that a launcher that cannot start is reported with its last words; once ready, both write to
     the parent's stderr directly, and so does every attempt they fork."""
-    parent_pid, ctl_fd, stderr_fd, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
+    parent_pid, ctl_fd, stderr_fd, busy, preload = int(argv[0]), int(argv[1]), int(argv[2]), argv[3] == "busy", argv[4:]
     # No signal blocked: the launcher lives on SIGCHLD and its parent-death signal, and a mask is
     # inherited from the thread that started it (a program that blocks signals in its threads, to
     # `sigwait` them in one of its own, blocked SIGCHLD here too, and no attempt's end was seen).
@@ -1165,7 +1169,7 @@ def main(argv: list[str]) -> None:
     gc.freeze()  # what the launcher holds now is shared with every attempt: keep GC off those pages
     _follow_parent(guardian, PARENT_DEATH_SIGNAL)  # now there are trees to clean up when it goes
     launcher._send(control.Ready(control.CONTROL_VERSION, os.getpid(), error))
-    launcher.serve()
+    launcher.serve(busy)
 
 
 def _stdin_from_devnull() -> None:
