@@ -1458,6 +1458,7 @@ class Agent:
         self._key: int | None = None
         self._held: list[tuple[Any, ...]] = []
         self._killed = False
+        self._closing = False  # `close` began: a watch on it as an idle agent (`idle`) returns
 
     # --- the actor's methods -----------------------------------------------------------------------
 
@@ -1492,11 +1493,13 @@ class Agent:
             self._apply(request)
 
     async def idle(self, number: int) -> None:
-        """Returns once attempt `number` has started here: the parent's watch on an idle agent,
-        whose call fails (Ray's word) if the agent dies first (`RayClient._watch_idle`)."""
+        """Returns once attempt `number` has started here, or the parent closes the agent: the
+        parent's watch on an idle agent, whose call fails (Ray's word) if the agent dies first
+        (`RayClient._watch_idle`). (Left waiting as the agent closes itself, the call failed only
+        seconds later, and the parent's `close` waited for it.)"""
         if self._wake is None:
             self._wake = asyncio.Event()
-        while self._number < number:
+        while self._number < number and not self._closing:
             self._wake.clear()
             await self._wake.wait()
 
@@ -1520,6 +1523,10 @@ class Agent:
             self._apply(("kill",))
 
     async def close(self) -> None:
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()  # `idle` returns (and its answer goes) before the actor ends
+            await asyncio.sleep(0)
         if self._client is not None:
             await self._client.close()
         _ray().actor.exit_actor()
