@@ -325,6 +325,21 @@ async def test_an_attempt_no_node_can_place_does_not_stop_the_agents_of_another_
     assert [found for asks, found in checked if "gpu_host" in asks] != [frozenset()], checked
 
 
+def _calls_of(monkeypatch: pytest.MonkeyPatch, method: str) -> list[Any]:
+    """What each call of `RayClient.<method>` (one argument; still made) was given, in order."""
+    from mpvisor._launchers import ray as ray_launcher
+
+    given: list[Any] = []
+    original = getattr(ray_launcher.RayClient, method)
+
+    def recorded(self: Any, argument: Any) -> None:
+        given.append(argument)
+        original(self, argument)
+
+    monkeypatch.setattr(ray_launcher.RayClient, method, recorded)
+    return given
+
+
 SHUTDOWN_WITH_AN_IDLE_AGENT = 1.0  # s: the close of its agent and local launcher, on a loaded machine
 
 
@@ -350,14 +365,7 @@ async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_sha
     from mpvisor._launchers import ray as ray_launcher
 
     monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
-    closed: list[Any] = []
-    close_agent = ray_launcher.RayClient._close_agent
-
-    def counted(self: Any, agent: Any) -> None:
-        closed.append(agent)
-        close_agent(self, agent)
-
-    monkeypatch.setattr(ray_launcher.RayClient, "_close_agent", counted)
+    closed = _calls_of(monkeypatch, "_close_agent")
     async with supervised(on_ray(lost_fence=60.0)) as (handle, events):
         _, waiter = await handle.add_and_watch(once("a", contract.lineage))
         first = await waiter.wait()
@@ -440,18 +448,9 @@ async def test_a_full_cluster_keeps_no_agent_idle_while_attempts_wait_to_be_plac
     their end (once, in a whole `-m slow` run, its attempts started one at a time: one agent kept)."""
     import ray
 
-    from mpvisor._launchers import ray as ray_launcher
-
     wait_for(lambda: ray.available_resources().get("CPU", 0) >= _ray_support.HEAD_CPUS, timeout=30.0)
 
-    kept: list[object] = []
-    keep = ray_launcher.RayClient._keep_idle
-
-    def counted(self: Any, idle: Any) -> None:
-        kept.append(idle)
-        keep(self, idle)
-
-    monkeypatch.setattr(ray_launcher.RayClient, "_keep_idle", counted)
+    kept = _calls_of(monkeypatch, "_keep_idle")
     count = 2 * _ray_support.HEAD_CPUS
     async with supervised(on_ray()) as (handle, events):
         waiters = [(await handle.add_and_watch(TaskSpec.once(fn(f"s{i}", basic.sleeper, 0.3)).with_resources(num_cpus=1)))[1]
