@@ -86,9 +86,9 @@ NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout`
 DESCENDANT_TEXT = 4096
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may succeed on a later attempt
-_SIGTERM_NUM = int(_signal.SIGTERM)
+_SIGTERM_NUM = _signal.SIGTERM
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
-_SIG_BLOCK, _SIG_UNBLOCK = int(_signal.SIG_BLOCK), int(_signal.SIG_UNBLOCK)
+_SIG_BLOCK, _SIG_UNBLOCK = _signal.SIG_BLOCK, _signal.SIG_UNBLOCK
 # The system calls the child makes once the target has run, bound here, before any user code:
 # a target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
 # cannot keep its attempt from reporting or from ending (every path ends in `_exit`).
@@ -112,7 +112,7 @@ def keep_inherited_ignores() -> frozenset[int]:
     anything changes them: the launcher first thing, a fresh attempt interpreter too); they
     stay ignored in every attempt and its program."""
     global kept_ignored
-    kept_ignored = frozenset(int(s) for s in INHERITABLE_IGNORES if _signal.getsignal(s) == _signal.SIG_IGN)
+    kept_ignored = frozenset(s for s in INHERITABLE_IGNORES if _signal.getsignal(s) == _signal.SIG_IGN)
     return kept_ignored
 
 
@@ -468,9 +468,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         # by SIGINT as Python does, as it would once the target was called (`_call`)
         interrupted = isinstance(exc, KeyboardInterrupt)
         kind = "error" if interrupted else _kind_of_failing(exc)
-        _finish(channel, Failure(kind, reason, -int(_signal.SIGINT) if interrupted else None,
+        _finish(channel, Failure(kind, reason, -_signal.SIGINT if interrupted else None,
                                  _traceback(exc, _IMPORT_MACHINERY)),
-                die_by=int(_signal.SIGINT) if interrupted else 0)
+                die_by=_signal.SIGINT if interrupted else 0)
     if not callable(target):
         reason = f"target {start.target!r} is not callable: it is {_type_name(target)}"
         _finish(channel, Failure("fatal", reason))
@@ -659,7 +659,7 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         return _ExitSaid("error", f"SystemExit: {said}", 1), 0
     except KeyboardInterrupt as exc:
         _release_frames(exc)
-        return Failure("error", _describe(exc), -int(_signal.SIGINT), _traceback(exc, _MPVISOR)), int(_signal.SIGINT)
+        return Failure("error", _describe(exc), -_signal.SIGINT, _traceback(exc, _MPVISOR)), _signal.SIGINT
     except BaseException as exc:
         refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
         _release_frames(exc)
@@ -962,7 +962,7 @@ def _end(status: int, die_by: int) -> NoReturn:
     """Flush the user's streams and end with `os._exit(status)`, or by the signal `die_by`."""
     _flush_std()
     if die_by:
-        _platform.set_signal_handler(die_by, int(_signal.SIG_DFL))
+        _platform.set_signal_handler(die_by, _signal.SIG_DFL)
         _platform.signal_mask(_SIG_UNBLOCK, (die_by,))
         _kill(_getpid(), die_by)
     _exit(status)

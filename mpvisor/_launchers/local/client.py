@@ -324,7 +324,7 @@ class LauncherClient:
                 continue
             try:
                 if fds:
-                    socket.send_fds(sock, [data], fds)
+                    _platform.send_fds(sock, data, fds)
                 else:
                     sock.send(data)
             except BlockingIOError:

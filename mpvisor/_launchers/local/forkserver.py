@@ -95,13 +95,13 @@ STRAY_SIGNALS = tuple(s for s in (_signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGA
 # SIGTRAP, seccomp's SIGSYS), and abort() raises SIGABRT again with its default.
 FAULT_SIGNALS = (_signal.SIGTRAP, _signal.SIGSYS, _signal.SIGBUS, _signal.SIGSEGV, _signal.SIGFPE, _signal.SIGILL,
                  _signal.SIGABRT)
-# Plain ints for the attempt's set-up, which calls the C signal functions (`_platform`).
-_RESET_IN_ATTEMPTS = tuple(sorted({int(s) for s in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGTSTP, _signal.SIGCHLD,
-                                                    PARENT_DEATH_SIGNAL, *STRAY_SIGNALS)}))
-_SIGTERM, _SIGINT = (int(_signal.SIGTERM),), int(_signal.SIGINT)
-_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (int(_signal.SIG_BLOCK), int(_signal.SIG_UNBLOCK),
-                                                 int(_signal.SIG_DFL), int(_signal.SIG_IGN))
-_SIGTTOU = (int(_signal.SIGTTOU),)
+# What the attempt's set-up resets, once each (the C signal functions, `_platform`).
+_RESET_IN_ATTEMPTS = tuple(sorted({_signal.SIGTERM, _signal.SIGHUP, _signal.SIGTSTP, _signal.SIGCHLD,
+                                   PARENT_DEATH_SIGNAL, *STRAY_SIGNALS}))
+_SIGTERM, _SIGINT = (_signal.SIGTERM,), _signal.SIGINT
+_SIG_BLOCK, _SIG_UNBLOCK, _SIG_DFL, _SIG_IGN = (_signal.SIG_BLOCK, _signal.SIG_UNBLOCK,
+                                                 _signal.SIG_DFL, _signal.SIG_IGN)
+_SIGTTOU = (_signal.SIGTTOU,)
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc), at least
 LOOKS_SHARE = 0.2  # of a CPU, at most, that the looks take: a look that used more CPU than this share of LIMITS_LOOK puts the next one further off
@@ -1002,7 +1002,7 @@ def _still_running(pid: int) -> bool:
         return False
 
 
-_ENDING = frozenset(int(s) for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT))
+_ENDING = frozenset(s for s in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT))
 
 
 def _signal_and_continue(pid: int, signum: int, group: bool) -> None:
@@ -1133,7 +1133,7 @@ def _ignore_stray_faults() -> None:
     handler = sys.modules.get("faulthandler")
     if handler is not None and handler.is_enabled():
         return
-    taken = [int(s) for s in FAULT_SIGNALS if _signal.getsignal(s) == _signal.SIG_DFL]
+    taken = [s for s in FAULT_SIGNALS if _signal.getsignal(s) == _signal.SIG_DFL]
     for signum in taken:
         _signal.signal(signum, _signal.SIG_IGN)
     _RESET_IN_ATTEMPTS = tuple(sorted({*_RESET_IN_ATTEMPTS, *taken}))
@@ -1151,7 +1151,7 @@ def main(argv: list[str]) -> None:
     # inherited from the thread that started it (a program that blocks signals in its threads, to
     # `sigwait` them in one of its own, blocked SIGCHLD here too, and no attempt's end was seen).
     # Its attempts start from this empty mask as well, and so do the programs they run.
-    _platform.signal_mask(int(_signal.SIG_SETMASK), ())
+    _platform.signal_mask(_signal.SIG_SETMASK, ())
     _platform.undo_locale_coercion()  # its interpreter's LC_CTYPE is no attempt's: each gets the environment given
     _child.keep_inherited_ignores()  # before the guardian ignores the terminal's signals itself
     for signum in STRAY_SIGNALS:  # the guardian's and the launcher's (attempts get their defaults back)
