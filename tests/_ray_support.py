@@ -96,10 +96,20 @@ def _free_port() -> int:
 
 
 def stop_cluster(cluster: Any) -> None:
+    """The session's cluster goes at once: every node's processes are killed (Ray's graceful
+    stop waits for each of them in turn, seconds at the end of every session), and then what
+    they had started (agents, workers), by pid, so that nothing of the cluster outlives it."""
     import ray
 
     ray.shutdown()
-    cluster.shutdown()
+    tree = _cluster_processes()
+    for node in [*cluster.worker_nodes, cluster.head_node]:
+        cluster.remove_node(node, allow_graceful=False)
+    for process in tree:  # SIGKILLed: none runs again (their reaper, once orphaned, is not us)
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
     _support.IGNORED_ROOTS.clear()
 
 
