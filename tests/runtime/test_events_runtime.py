@@ -323,7 +323,7 @@ async def test_a_raising_subscriber_is_reported_and_keeps_receiving() -> None:
 async def test_a_slow_subscriber_loses_only_its_own_events() -> None:
     """A slow subscriber with queue_capacity 4 overflows; the report names it and never
     reaches it; the collector misses nothing; 20 tasks finish within 10 s."""
-    slow = Recorder("slow", delay=0.2, queue_capacity=4)
+    slow = Recorder("slow", delay=0.05, queue_capacity=4)
 
     async with supervised(CONFIG, subscribers=[slow]) as (handle, collector):
         began = time.monotonic()
