@@ -207,16 +207,16 @@ def test_a_waiter_killed_while_the_store_was_down_is_not_granted_a_slot_freed_so
 
 
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
-    """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
-    the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the
-    owner is untouched."""
+    """`--wait-timeout 0.5` while another host owns the slot: after about half a second the run
+    leaves the queue and exits 3 ("still busy after --wait-timeout"), its command never started;
+    the owner is untouched."""
     log = tmp_path / "owners.log"
     first = start_host(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "one"))
     wait_for(lambda: started(log, "one"), timeout=30)
-    waiting = start_host(tmp_path, 2, url, "--slot", "s", "--wait-timeout", "1", *owner(log, 0.0, "two"))
+    waiting = start_host(tmp_path, 2, url, "--slot", "s", "--wait-timeout", "0.5", *owner(log, 0.0, "two"))
     status, err = finish(waiting)
     assert status == 3, err
-    assert "still busy after --wait-timeout 1 s" in err
+    assert "still busy after --wait-timeout 0.5 s" in err
     assert "start two " not in log.read_text()
     (view,) = shown(tmp_path, url)
     assert view["owner"]["pid"] == first.pid and view["queue"] == []
@@ -226,8 +226,8 @@ def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path:
 
 def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_so(tmp_path: Any, url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): `--wait-timeout
-    1` with a TTL of 40 s (statements then wait 10 s for an answer) ends the run at about a
-    second, exit 3, saying the store did not answer, not that the slot was busy; its command never
+    0.5` with a TTL of 40 s (statements then wait 10 s for an answer) ends the run at about half
+    a second, exit 3, saying the store did not answer, not that the slot was busy; its command never
     started. (It used to wait for the stalled statement: 8 to 20 s past the timeout, and said
     "still busy".)"""
     from tests._proxy_support import Proxy
@@ -236,12 +236,12 @@ def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_s
     with Proxy.for_url(url) as proxy:
         proxy.partition()
         began = time.monotonic()
-        waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--lease-ttl", "40", "--wait-timeout", "1",
+        waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--lease-ttl", "40", "--wait-timeout", "0.5",
                              *owner(log, 0.0, "two"))
         status, err = finish(waiting)
         took = time.monotonic() - began
     assert status == 3, err
-    assert "did not answer within the wait timeout (1 s)" in err and "still busy" not in err, err
+    assert "did not answer within the wait timeout (0.5 s)" in err and "still busy" not in err, err
     assert took < 6, took
     assert not log.exists() or "start two " not in log.read_text()
 
