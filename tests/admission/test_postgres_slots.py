@@ -196,9 +196,9 @@ async def test_a_program_whose_owners_ended_holds_no_connection_to_the_store(url
 
     async with supervised(SupervisorConfig(grace=1), controller=ControllerConfig(leases=url)) as (handle, _):
         waiters = [(await handle.submit_and_watch(ControllerSpec.queue(
-            TaskSpec.once(TaskFn(f"deploy-{n}", "workers.basic:sleeper", (0.2,)))).with_slot("env")))[1] for n in range(6)]
+            TaskSpec.once(TaskFn(f"deploy-{n}", "workers.basic:sleeper", (0.05,)))).with_slot("env")))[1] for n in range(6)]
         for waiter in waiters:
-            assert (await waiter.wait()).value == 0.2
+            assert (await waiter.wait()).value == 0.05
         wait_for(lambda: connections() == 0, timeout=10)
 
 
