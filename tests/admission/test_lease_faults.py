@@ -126,8 +126,8 @@ def test_a_store_down_for_less_than_half_a_ttl_changes_nothing_for_the_owner_or_
 
 def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any, Any, Any, Any]:
     """Host 1 owns slot `s` (TTL 6), host 2 (TTL 12) and host 3 (TTL 6) wait behind it, and host 2
-    is SIGKILLed while PostgreSQL is stopped for a second (it cannot leave the queue): the
-    database's URL, the owners' log, and hosts 1, 2 (dead) and 3."""
+    is SIGKILLed while PostgreSQL is stopped (it cannot leave the queue): the database's URL,
+    the owners' log, and hosts 1, 2 (dead) and 3."""
     url = _pg_support.fresh_database(server)
     log = tmp_path / "owners.log"
     first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
@@ -136,7 +136,7 @@ def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any,
     assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
     third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
     assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
-    _pg_support.outage(server, 1.0, during=dead.kill)
+    _pg_support.outage(server, 0.3, during=dead.kill)  # any stop serves: the kill comes while it is down
     assert finish(dead)[0] == -signal.SIGKILL
     return url, log, first, dead, third
 
