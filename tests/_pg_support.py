@@ -92,7 +92,8 @@ def restart(server: Any) -> None:
 def outage(server: Any, seconds: float, during: Any = None) -> None:
     """Stop `server` (a fast shutdown: every connection closed, connections refused), keep it
     stopped `seconds` (calling `during()` first, if given), and start it again with the options
-    it ran with (`postmaster.opts`), waiting until it accepts connections."""
+    it ran with (`postmaster.opts`), waiting until it accepts connections; started again
+    whatever `during()` raised, so that the next test of a server shared by a module finds it up."""
     import shlex
     import time
 
@@ -101,8 +102,10 @@ def outage(server: Any, seconds: float, during: Any = None) -> None:
     argv = shlex.split((server.pgdata / "postmaster.opts").read_text())[1:]
     options = [arg for i, arg in enumerate(argv) if arg != "-D" and (i == 0 or argv[i - 1] != "-D")]
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
-    if during is not None:
-        during()
-    time.sleep(seconds)
-    pg_ctl(["-w", "-o", " ".join(shlex.quote(arg) for arg in options), "start"], pgdata=server.pgdata,
-           user=server.system_user, timeout=60)
+    try:
+        if during is not None:
+            during()
+        time.sleep(seconds)
+    finally:
+        pg_ctl(["-w", "-o", " ".join(shlex.quote(arg) for arg in options), "start"], pgdata=server.pgdata,
+               user=server.system_user, timeout=60)
