@@ -237,6 +237,7 @@ def test_a_run_nested_in_the_owners_attempt_is_refused_at_once_not_left_waiting_
     assert "other-slot" in out and "never" not in out, out
 
 
+@pytest.mark.slow  # test_a_file_task_that_waited_past_its_wait_timeout_says_so...: a file task queues behind a single run
 def test_a_task_files_slot_and_a_single_run_share_the_database(tmp_path: Any, url: str) -> None:
     """With `$MPVISOR_SLOTS` set, a task file's slotted task takes its lease from the same
     database as `mpvisor run --slot`: the file's task queues behind the run on another host."""
