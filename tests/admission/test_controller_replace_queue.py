@@ -276,12 +276,13 @@ async def test_replace_over_a_registration_the_registry_refuses_removes_nobody(t
 
 
 async def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
-    """Replace submits return within 0.5 s while the owner needs 1.5 s to stop; the first one is superseded."""
-    marker = tmp_path / "owner.marker"
+    """Replace submits return within 0.5 s while the owner, asked to stop, stops only once the test
+    releases it (after them); the first one is superseded."""
+    gate = Gate(tmp_path)
 
-    async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
-        await handle.submit(Q(restartable("owner", coop.slow_stop, 1.5, marker=str(marker)), "s"))
-        await async_wait_for(lambda: words(marker, "started"))
+    async with controlled(GATED) as (handle, events):
+        await handle.submit(Q(gate.once("owner"), "s"))
+        await gate.started()
         ids = []
         for name in ("r1", "r2"):
             began = time.monotonic()
@@ -289,7 +290,9 @@ async def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_
             assert time.monotonic() - began < 0.5
         rejected = await seen(events, EventKind.CONTROLLER_REJECTED, id=ids[0])
         assert rejected.rejection_kind is RejectionKind.SUPERSEDED_BY_REPLACE
-        assert not words(marker, "finally")  # the owner is still stopping
+        await gate.cancel_seen()  # the owner was asked to stop ...
+        assert handle.is_alive("owner")  # ... and is still stopping
+        gate.open()
 
 
 @pytest.mark.timeout(90)
