@@ -914,10 +914,15 @@ def test_a_full_disk_under_the_slot_server_loses_no_turn_and_leaves_no_file(tmp_
     except OSError:
         pass  # full: what it was for
     try:
-        log = tmp_path / "owners.log"
-        first = start(slots, tmp_path, "--slot", "s", *owner(log, 1.0, "first"))
+        log, gate = tmp_path / "owners.log", tmp_path / "gate"
+        os.mkfifo(gate)  # the first owner holds the slot until the second one waits behind it
+        held = f'echo "start first $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end first $EPOCHREALTIME" >> {log}'
+        first = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
         wait_for(lambda: log.exists() and "first" in log.read_text(), timeout=30)
         second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.1, "second"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        with open(gate, "w") as release:
+            release.write("go\n")
         assert [finish(first)[0], finish(second)[0]] == [0, 0]
         assert len(assert_one_owner_at_a_time(log)) == 2
         assert sorted(p.name for p in slots.iterdir() if p.name.startswith("leases.json")) in ([], ["leases.json"])
