@@ -703,13 +703,18 @@ async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp
     program's DROP is refused while a shell run holds the slot; its REPLACE stops the shell run
     (status 6) and then runs."""
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
-    log = tmp_path / "owners.log"
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    os.mkfifo(gate)  # the program's first owner holds the slot until the test writes to it
+    held = f'echo "start py1 $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end py1 $EPOCHREALTIME" >> {log}'
     controller = ControllerConfig(leases="local")
     async with supervised(SupervisorConfig(grace=5.0), controller=controller) as (handle, _):
-        _, first = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 1.0, "py1")).with_slot("s"))
+        _, first = await handle.submit_and_watch(ControllerSpec.queue(
+            TaskSpec.once(CommandTask("py1", ["bash", "-c", held]))).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start py1" in log.read_text(), timeout=30)
         shell = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "sh1"))
         assert shell.stderr is not None and "waiting, position 1" in shell.stderr.readline()
+        with open(gate, "w") as release:
+            release.write("go\n")
         assert (await first.wait()).kind is OutcomeKind.COMPLETED
         await async_wait_for(lambda: "start sh1" in log.read_text(), timeout=30)
         (view,) = handle.controller_snapshot().shared  # every process's slots, as the server has them
