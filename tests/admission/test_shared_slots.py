@@ -558,6 +558,19 @@ def _raw(slots: Any) -> socket.socket:
     return sock
 
 
+def _listening(slots: Any) -> socket.socket | None:
+    """`_raw`, or None while a server just started has not bound its socket, or has bound it and
+    does not listen yet (a connection then is refused: a moment between its `bind` and `listen`)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(slots / "slots.sock"))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    sock.settimeout(10)
+    return sock
+
+
 def _replies(sock: socket.socket) -> list[Any]:
     decoder = _leases.FrameDecoder(_leases.MAX_FRAME)
     found: list[Any] = []
@@ -887,8 +900,7 @@ def test_an_idle_server_exits_only_once_nothing_is_connected(slots: Any, tmp_pat
     server = subprocess.Popen([MPVISOR or "mpvisor", "slots", "serve", "--dir", str(slots), "--idle-exit", "0.6"],
                               env=env_for(slots), stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (slots / "slots.sock").exists(), timeout=20)
-        client = _raw(slots)
+        client = wait_for(lambda: _listening(slots), timeout=20)
         with pytest.raises(subprocess.TimeoutExpired):
             server.wait(timeout=1.0)  # connected: not idle, however long
         client.close()
