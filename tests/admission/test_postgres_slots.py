@@ -512,15 +512,27 @@ def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: An
     parameter"; past 292 years a thread's or a socket's timeout raised OverflowError, a traceback.)"""
     assert MPVISOR is not None
     env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
-    for store in (["--slots", url], []):
-        for wait in ("3000000", "1e10", "1e300"):
-            done = subprocess.run([MPVISOR, "slots", *store, "--wait", wait], cwd=tmp_path, capture_output=True,
-                                  text=True, timeout=30, env=env)
-            assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (store, wait, done.stderr)
-            assert "--wait" in done.stderr and "<= 86400" in done.stderr and "Traceback" not in done.stderr, done.stderr
-    listed = subprocess.run([MPVISOR, "slots", "--slots", url, "--wait", "86400", "--json"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=30, env=env)
-    assert listed.returncode == 0 and json.loads(listed.stdout) == {"slots": []}, listed.stderr
+
+    def listing(*argv: str) -> subprocess.Popen[str]:
+        assert MPVISOR is not None
+        return subprocess.Popen([MPVISOR, "slots", *argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # all at once: each a process of its own, whose answer does not depend on the others'
+    refused = {(tuple(store), wait): listing(*store, "--wait", wait)
+               for store in (["--slots", url], []) for wait in ("3000000", "1e10", "1e300")}
+    listed = listing("--slots", url, "--wait", "86400", "--json")
+    try:
+        for (store, wait), run in refused.items():
+            _, err = run.communicate(timeout=30)
+            assert run.returncode == 2 and len(err.strip().splitlines()) == 1, (store, wait, err)
+            assert "--wait" in err and "<= 86400" in err and "Traceback" not in err, err
+        out, err = listed.communicate(timeout=30)
+        assert listed.returncode == 0 and json.loads(out) == {"slots": []}, err
+    finally:
+        for run in (*refused.values(), listed):
+            run.kill()
+            run.wait()
 
 
 def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(tmp_path: Any) -> None:
