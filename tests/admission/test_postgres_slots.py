@@ -1168,13 +1168,19 @@ def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_p
     commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
                 ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
                 ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
-    for argv, named in commands.items():
-        given = {**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env
-        done = subprocess.run([MPVISOR, *argv], cwd=tmp_path, env=given, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=30)
-        assert done.returncode == 2 and named in done.stderr and "expected a postgresql:// URL, got" in done.stderr, (
-            argv, done.stderr)
-        assert "Hunter2" not in done.stderr and "leaked" not in done.stderr and "***" in done.stderr, (argv, done.stderr)
+    runs = {argv: subprocess.Popen(  # all at once: each a process of its own, refused on its own
+        [MPVISOR, *argv], cwd=tmp_path, env={**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, named in commands.items()}
+    try:
+        for argv, run in runs.items():
+            _, err = run.communicate(timeout=30)
+            named = commands[argv]
+            assert run.returncode == 2 and named in err and "expected a postgresql:// URL, got" in err, (argv, err)
+            assert "Hunter2" not in err and "leaked" not in err and "***" in err, (argv, err)
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
     with pytest.raises(ConfigError) as refused:
         ControllerConfig(leases=bad)
     assert "leases must be" in str(refused.value) and "Hunter2" not in str(refused.value), refused.value
