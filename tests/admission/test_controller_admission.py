@@ -597,19 +597,21 @@ async def test_snapshot_is_sorted_and_its_totals_add_up(tmp_path):
 
 
 async def test_a_terminating_slot_keeps_the_old_owner_and_ages(tmp_path):
-    """A slot being replaced shows TERMINATING with the old owner, and its status_for grows."""
-    marker = tmp_path / "old.marker"
+    """A slot being replaced shows TERMINATING with the old owner, and its status_for grows; the
+    old owner stops once the test releases it."""
+    gate = Gate(tmp_path)
 
-    async with controlled(SupervisorConfig(grace=5.0)) as (handle, _events):
-        old = await handle.submit(Q(restartable("old", coop.slow_stop, 1.2, marker=str(marker)), "s"))
-        await async_wait_for(lambda: words(marker, "started"))
+    async with controlled(GATED) as (handle, _events):
+        old = await handle.submit(Q(gate.once("old"), "s"))
+        await gate.started()
         new = await handle.submit(R(restartable("new", coop.cooperative), "s"))
         first = await slot_where(handle, "s", lambda v: v.status is SlotStatus.TERMINATING)
         assert first.owner_id == old
-        await asyncio.sleep(0.5)  # the behaviour is about elapsed time
+        await asyncio.sleep(0.25)  # the behaviour is about elapsed time
         second = handle.controller_snapshot().slot("s")
         assert (second.status, second.owner_id) == (SlotStatus.TERMINATING, old)
-        assert second.status_for >= first.status_for + 0.4
+        assert second.status_for >= first.status_for + 0.2
+        gate.open()
         view = await slot_where(handle, "s", lambda v: v is not None and v.status is SlotStatus.RUNNING)
         assert view.owner_id == new
         assert view.status_for < 1.0

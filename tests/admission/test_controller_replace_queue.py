@@ -120,7 +120,7 @@ async def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path)
 
     async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
         old, old_waiter = await handle.submit_and_watch(Q(restartable(
-            "old", controller_probes.slow_stop_probe, probe.lock, probe.violations, 1.0,
+            "old", controller_probes.slow_stop_probe, probe.lock, probe.violations, 0.5,
             marker=str(old_marker)), "s"))
         await async_wait_for(lambda: words(old_marker, "started"))
         old_pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=old)).pid
@@ -135,7 +135,7 @@ async def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path)
         assert pid_gone(old_pid)
         starting = await seen(events, EventKind.ATTEMPT_STARTING, id=new)
         assert seq_of(events, EventKind.TASK_REMOVED, id=old) < starting.seq
-        assert starting.at - submitted_at >= 0.9  # the old owner's 1 s clean-up came first
+        assert starting.at - submitted_at >= 0.45  # the old owner's 0.5 s clean-up came first
     assert words(old_marker, "finally")
     assert words(new_marker, "overlap") == []
     assert probe.violations_seen() == []
@@ -145,7 +145,7 @@ async def test_replacing_a_stubborn_owner_waits_for_the_grace_kill(tmp_path):
     """Replace: a stubborn+tree owner is FORCE_ABORTED after grace, whole tree gone, then the replacement runs."""
     record, old_marker, new_marker = tmp_path / "tree.jsonl", tmp_path / "old.marker", tmp_path / "new.marker"
 
-    async with controlled(SupervisorConfig(grace=0.5)) as (handle, events):
+    async with controlled(SupervisorConfig(grace=0.25)) as (handle, events):
         owner, owner_waiter = await handle.submit_and_watch(Q(restartable(
             "stubborn", misbehave.stubborn_tree, str(record), marker=str(old_marker)), "s"))
         records = await async_wait_for(lambda: read_records(record) if len(read_records(record)) == 4 else [])
@@ -154,7 +154,7 @@ async def test_replacing_a_stubborn_owner_waits_for_the_grace_kill(tmp_path):
         after, after_waiter = await handle.submit_and_watch(
             R(successor("after", [record, old_marker], new_marker), "s"))
         ended = await outcome(owner_waiter)
-        assert time.monotonic() - began >= 0.5
+        assert time.monotonic() - began >= 0.25  # the grace
         assert ended.kind is OutcomeKind.FORCE_ABORTED
         assert all_gone(records)
         assert pid_gone(owner_pid)
@@ -276,12 +276,13 @@ async def test_replace_over_a_registration_the_registry_refuses_removes_nobody(t
 
 
 async def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_path):
-    """Replace submits return within 0.5 s while the owner needs 1.5 s to stop; the first one is superseded."""
-    marker = tmp_path / "owner.marker"
+    """Replace submits return within 0.5 s while the owner, asked to stop, stops only once the test
+    releases it (after them); the first one is superseded."""
+    gate = Gate(tmp_path)
 
-    async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
-        await handle.submit(Q(restartable("owner", coop.slow_stop, 1.5, marker=str(marker)), "s"))
-        await async_wait_for(lambda: words(marker, "started"))
+    async with controlled(GATED) as (handle, events):
+        await handle.submit(Q(gate.once("owner"), "s"))
+        await gate.started()
         ids = []
         for name in ("r1", "r2"):
             began = time.monotonic()
@@ -289,7 +290,9 @@ async def test_replace_submit_returns_promptly_while_the_owner_stops_slowly(tmp_
             assert time.monotonic() - began < 0.5
         rejected = await seen(events, EventKind.CONTROLLER_REJECTED, id=ids[0])
         assert rejected.rejection_kind is RejectionKind.SUPERSEDED_BY_REPLACE
-        assert not words(marker, "finally")  # the owner is still stopping
+        await gate.cancel_seen()  # the owner was asked to stop ...
+        assert handle.is_alive("owner")  # ... and is still stopping
+        gate.open()
 
 
 @pytest.mark.timeout(90)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -29,6 +30,16 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def url(postgres_server: Any) -> str:
     return _pg_support.fresh_database(postgres_server)
+
+
+@pytest.fixture(scope="module")
+def stoppable_server() -> Iterator[Any]:
+    """A server of this module's own, for the tests that stop it (`_pg_support.outage`, which
+    starts it again whatever happens while it is down, and `restart`): never the session's
+    server, and one for them all, each test with a fresh database on it."""
+    server = _pg_support.start_server()
+    yield server
+    server.cleanup()
 
 
 def started(log: Any, label: str) -> bool:
@@ -93,7 +104,7 @@ def test_an_owner_killed_outright_holds_the_slot_no_longer_than_its_lease(tmp_pa
     pytest.param("restart", 4, 3.0, id="restart", marks=pytest.mark.slow),
 ])
 def test_a_store_down_for_less_than_half_a_ttl_changes_nothing_for_the_owner_or_its_waiter(
-        tmp_path: Any, fault: str, ttl: int, hold: float) -> None:
+        tmp_path: Any, stoppable_server: Any, fault: str, ttl: int, hold: float) -> None:
     """PostgreSQL stops or restarts for less than half the TTL while host 1 owns the slot and
     host 2 waits: host 1 renews once it is back and completes (it used to be fenced, exit 7: its
     renewals were up to a sixth of a TTL old when the outage began and retried a second apart,
@@ -101,33 +112,30 @@ def test_a_store_down_for_less_than_half_a_ttl_changes_nothing_for_the_owner_or_
     (it used to be granted, then fail at once with exit 7 "lease lost ... (not started)": its
     grant's fence counted from before the looks the outage failed). No lease is lost, no owner
     overlaps, nothing is left in the store."""
-    server = _pg_support.start_server()
-    try:
-        url = _pg_support.fresh_database(server)
-        log = tmp_path / "owners.log"
-        ttl_option = ("--lease-ttl", str(ttl))
-        first = start_host(tmp_path, 1, url, "--slot", "s", *ttl_option, *owner(log, hold, "one"))
-        wait_for(lambda: started(log, "one"), timeout=30)
-        second = start_host(tmp_path, 2, url, "--slot", "s", *ttl_option, *owner(log, 0.0, "two"))
-        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
-        if fault == "outage":
-            _pg_support.outage(server, 2.3)
-        else:
-            _pg_support.restart(server)
-        for run in (first, second):
-            status, err = finish(run)
-            assert status == 0, err
-            assert "lease lost" not in err
-        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
-        assert shown(tmp_path, url) == []
-    finally:
-        server.cleanup()
+    server = stoppable_server
+    url = _pg_support.fresh_database(server)
+    log = tmp_path / "owners.log"
+    ttl_option = ("--lease-ttl", str(ttl))
+    first = start_host(tmp_path, 1, url, "--slot", "s", *ttl_option, *owner(log, hold, "one"))
+    wait_for(lambda: started(log, "one"), timeout=30)
+    second = start_host(tmp_path, 2, url, "--slot", "s", *ttl_option, *owner(log, 0.0, "two"))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    if fault == "outage":
+        _pg_support.outage(server, 2.3)
+    else:
+        _pg_support.restart(server)
+    for run in (first, second):
+        status, err = finish(run)
+        assert status == 0, err
+        assert "lease lost" not in err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
+    assert shown(tmp_path, url) == []
 
 
 def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any, Any, Any, Any]:
     """Host 1 owns slot `s` (TTL 6), host 2 (TTL 12) and host 3 (TTL 6) wait behind it, and host 2
-    is SIGKILLed while PostgreSQL is stopped for a second (it cannot leave the queue): the
-    database's URL, the owners' log, and hosts 1, 2 (dead) and 3."""
+    is SIGKILLed while PostgreSQL is stopped (it cannot leave the queue): the database's URL,
+    the owners' log, and hosts 1, 2 (dead) and 3."""
     url = _pg_support.fresh_database(server)
     log = tmp_path / "owners.log"
     first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 60.0, "one"))
@@ -136,13 +144,14 @@ def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any,
     assert dead.stderr is not None and "waiting, position 1" in dead.stderr.readline()
     third = start_host(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "6", *owner(log, 0.0, "three"))
     assert third.stderr is not None and "waiting, position 2" in third.stderr.readline()
-    _pg_support.outage(server, 1.0, during=dead.kill)
+    _pg_support.outage(server, 0.3, during=dead.kill)  # any stop serves: the kill comes while it is down
     assert finish(dead)[0] == -signal.SIGKILL
     return url, log, first, dead, third
 
 
 @pytest.mark.slow  # test_postgres_slots' dead-waiter tests check the skip in the default run; this adds the store's outage
-def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any) -> None:
+def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees(tmp_path: Any,
+                                                                                 stoppable_server: Any) -> None:
     """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
     SIGKILLed meanwhile (it cannot leave the queue), and the server starts again. Once the
     server has been up for a quarter of host 2's TTL (a live waiter would have looked by then),
@@ -150,31 +159,28 @@ def test_a_waiter_killed_while_the_store_was_down_is_skipped_when_the_slot_frees
     granted it, and held it until its row expired, 10 s or so after host 1 ended.)"""
     import psycopg
 
-    server = _pg_support.start_server()
-    try:
-        url, log, first, _, third = _a_waiter_killed_in_an_outage(tmp_path, server)
+    server = stoppable_server
+    url, log, first, _, third = _a_waiter_killed_in_an_outage(tmp_path, server)
 
-        def up_a_quarter_ttl() -> bool:
-            with psycopg.connect(url) as conn:
-                row = conn.execute("SELECT now() >= pg_postmaster_start_time() + interval '3.2 s'").fetchone()
-                return bool(row and row[0])
+    def up_a_quarter_ttl() -> bool:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT now() >= pg_postmaster_start_time() + interval '3.2 s'").fetchone()
+            return bool(row and row[0])
 
-        wait_for(up_a_quarter_ttl, timeout=30)
-        first.terminate()
-        assert finish(first)[0] == -signal.SIGTERM
-        status, err = finish(third)
-        assert status == 0, err
-        held = assert_one_owner_at_a_time(log)
-        assert [label for _, _, label in held] == ["one", "three"]
-        ended = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("end one ")]
-        three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
-        assert three[0] - ended[0] < 3.0, (ended, three)
-    finally:
-        server.cleanup()
+    wait_for(up_a_quarter_ttl, timeout=30)
+    first.terminate()
+    assert finish(first)[0] == -signal.SIGTERM
+    status, err = finish(third)
+    assert status == 0, err
+    held = assert_one_owner_at_a_time(log)
+    assert [label for _, _, label in held] == ["one", "three"]
+    ended = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("end one ")]
+    three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
+    assert three[0] - ended[0] < 3.0, (ended, three)
 
 
 def test_a_waiter_killed_while_the_store_was_down_is_not_granted_a_slot_freed_soon_after_it_is_back(
-        tmp_path: Any) -> None:
+        tmp_path: Any, stoppable_server: Any) -> None:
     """Host 1 owns the slot, host 2 (TTL 12) and host 3 wait; PostgreSQL is stopped, host 2 is
     SIGKILLed meanwhile, and host 1 ends as soon as the server is back, before the server has
     been up a quarter of host 2's TTL (whether host 2 lives is not known yet): the slot is not
@@ -183,40 +189,37 @@ def test_a_waiter_killed_while_the_store_was_down_is_not_granted_a_slot_freed_so
     row expired, 10 s or so later.)"""
     import psycopg
 
-    server = _pg_support.start_server()
-    try:
-        url, log, first, dead, third = _a_waiter_killed_in_an_outage(tmp_path, server)
-        first.terminate()
-        assert finish(first)[0] == -signal.SIGTERM
-        with psycopg.connect(url) as conn:
-            row = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time()), now() < "
-                               "pg_postmaster_start_time() + interval '3 s', (SELECT count(*) FROM mpvisor_requests "
-                               "WHERE pid = %s AND state = 'granted') FROM mpvisor_slots", (dead.pid,)).fetchone()
-        assert row is not None
-        began, early, granted = row
-        assert early, "host 1 ended too late for this test: the server was up a quarter of host 2's TTL"
-        assert granted == 0, "the dead host 2 was granted the slot"
-        status, err = finish(third)
-        assert status == 0, err
-        assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "three"]
-        three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
-        assert three[0] - float(began) < 6.0, (began, three)  # a quarter TTL, then host 3's look; not the dead row's expiry
-        assert shown(tmp_path, url) == []
-    finally:
-        server.cleanup()
+    server = stoppable_server
+    url, log, first, dead, third = _a_waiter_killed_in_an_outage(tmp_path, server)
+    first.terminate()
+    assert finish(first)[0] == -signal.SIGTERM
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT extract(epoch FROM pg_postmaster_start_time()), now() < "
+                           "pg_postmaster_start_time() + interval '3 s', (SELECT count(*) FROM mpvisor_requests "
+                           "WHERE pid = %s AND state = 'granted') FROM mpvisor_slots", (dead.pid,)).fetchone()
+    assert row is not None
+    began, early, granted = row
+    assert early, "host 1 ended too late for this test: the server was up a quarter of host 2's TTL"
+    assert granted == 0, "the dead host 2 was granted the slot"
+    status, err = finish(third)
+    assert status == 0, err
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "three"]
+    three = [float(line.split()[2]) for line in log.read_text().splitlines() if line.startswith("start three ")]
+    assert three[0] - float(began) < 6.0, (began, three)  # a quarter TTL, then host 3's look; not the dead row's expiry
+    assert shown(tmp_path, url) == []
 
 
 def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path: Any, url: str) -> None:
-    """`--wait-timeout 1` while another host owns the slot: after about a second the run leaves
-    the queue and exits 3 ("still busy after --wait-timeout"), its command never started; the
-    owner is untouched."""
+    """`--wait-timeout 0.5` while another host owns the slot: after about half a second the run
+    leaves the queue and exits 3 ("still busy after --wait-timeout"), its command never started;
+    the owner is untouched."""
     log = tmp_path / "owners.log"
     first = start_host(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "one"))
     wait_for(lambda: started(log, "one"), timeout=30)
-    waiting = start_host(tmp_path, 2, url, "--slot", "s", "--wait-timeout", "1", *owner(log, 0.0, "two"))
+    waiting = start_host(tmp_path, 2, url, "--slot", "s", "--wait-timeout", "0.5", *owner(log, 0.0, "two"))
     status, err = finish(waiting)
     assert status == 3, err
-    assert "still busy after --wait-timeout 1 s" in err
+    assert "still busy after --wait-timeout 0.5 s" in err
     assert "start two " not in log.read_text()
     (view,) = shown(tmp_path, url)
     assert view["owner"]["pid"] == first.pid and view["queue"] == []
@@ -226,8 +229,8 @@ def test_a_run_waiting_past_its_wait_timeout_gives_up_and_nothing_runs(tmp_path:
 
 def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_so(tmp_path: Any, url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): `--wait-timeout
-    1` with a TTL of 40 s (statements then wait 10 s for an answer) ends the run at about a
-    second, exit 3, saying the store did not answer, not that the slot was busy; its command never
+    0.5` with a TTL of 40 s (statements then wait 10 s for an answer) ends the run at about half
+    a second, exit 3, saying the store did not answer, not that the slot was busy; its command never
     started. (It used to wait for the stalled statement: 8 to 20 s past the timeout, and said
     "still busy".)"""
     from tests._proxy_support import Proxy
@@ -236,12 +239,12 @@ def test_a_run_whose_store_never_answers_gives_up_at_its_wait_timeout_and_says_s
     with Proxy.for_url(url) as proxy:
         proxy.partition()
         began = time.monotonic()
-        waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--lease-ttl", "40", "--wait-timeout", "1",
+        waiting = start_host(tmp_path, 2, proxy.url_for(url), "--slot", "s", "--lease-ttl", "40", "--wait-timeout", "0.5",
                              *owner(log, 0.0, "two"))
         status, err = finish(waiting)
         took = time.monotonic() - began
     assert status == 3, err
-    assert "did not answer within the wait timeout (1 s)" in err and "still busy" not in err, err
+    assert "did not answer within the wait timeout (0.5 s)" in err and "still busy" not in err, err
     assert took < 6, took
     assert not log.exists() or "start two " not in log.read_text()
 

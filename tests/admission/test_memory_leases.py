@@ -63,11 +63,17 @@ async def test_two_supervisors_take_turns_replace_across_them_and_drop_is_refuse
     """A queues behind B's owner and runs after it; B's drop is refused while A's owner runs;
     B's replace stops A's owner (CANCELED) and runs once A's tree is gone."""
     store = MemoryStore()
-    log = tmp_path / "owners.log"
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    os.mkfifo(gate)  # B's first owner holds the slot until A's waits behind it
+    held = f'echo "start b1 $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end b1 $EPOCHREALTIME" >> {log}'
     async with two_hosts(store) as (a, _, b, _):
-        _, first = await b.submit_and_watch(ControllerSpec.queue(owner(log, 0.5, "b1")).with_slot("s"))
+        _, first = await b.submit_and_watch(ControllerSpec.queue(
+            TaskSpec.once(CommandTask("b1", ["bash", "-c", held]))).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start b1" in log.read_text(), timeout=30)
         _, second = await a.submit_and_watch(ControllerSpec.queue(owner(log, 30.0, "a1")).with_slot("s"))
+        await async_wait_for(lambda: [v["queue"] for v in a.controller_snapshot().shared] != [[]], timeout=30)
+        with open(gate, "w") as release:
+            release.write("go\n")
         await async_wait_for(lambda: "start a1" in log.read_text(), timeout=30)
         assert (await first.wait()).kind is OutcomeKind.COMPLETED
         (view,) = b.controller_snapshot().shared  # the store's table, every controller's slots

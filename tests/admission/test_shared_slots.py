@@ -558,6 +558,19 @@ def _raw(slots: Any) -> socket.socket:
     return sock
 
 
+def _listening(slots: Any) -> socket.socket | None:
+    """`_raw`, or None while a server just started has not bound its socket, or has bound it and
+    does not listen yet (a connection then is refused: a moment between its `bind` and `listen`)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(slots / "slots.sock"))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    sock.settimeout(10)
+    return sock
+
+
 def _replies(sock: socket.socket) -> list[Any]:
     decoder = _leases.FrameDecoder(_leases.MAX_FRAME)
     found: list[Any] = []
@@ -703,13 +716,18 @@ async def test_a_shared_controller_and_shell_runs_share_one_slot(slots: Any, tmp
     program's DROP is refused while a shell run holds the slot; its REPLACE stops the shell run
     (status 6) and then runs."""
     monkeypatch.setenv(_leases.DIR_ENV, str(slots))
-    log = tmp_path / "owners.log"
+    log, gate = tmp_path / "owners.log", tmp_path / "gate"
+    os.mkfifo(gate)  # the program's first owner holds the slot until the test writes to it
+    held = f'echo "start py1 $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end py1 $EPOCHREALTIME" >> {log}'
     controller = ControllerConfig(leases="local")
     async with supervised(SupervisorConfig(grace=5.0), controller=controller) as (handle, _):
-        _, first = await handle.submit_and_watch(ControllerSpec.queue(_command(log, 1.0, "py1")).with_slot("s"))
+        _, first = await handle.submit_and_watch(ControllerSpec.queue(
+            TaskSpec.once(CommandTask("py1", ["bash", "-c", held]))).with_slot("s"))
         await async_wait_for(lambda: log.exists() and "start py1" in log.read_text(), timeout=30)
         shell = start(slots, tmp_path, "--slot", "s", *owner(log, 30.0, "sh1"))
         assert shell.stderr is not None and "waiting, position 1" in shell.stderr.readline()
+        with open(gate, "w") as release:
+            release.write("go\n")
         assert (await first.wait()).kind is OutcomeKind.COMPLETED
         await async_wait_for(lambda: "start sh1" in log.read_text(), timeout=30)
         (view,) = handle.controller_snapshot().shared  # every process's slots, as the server has them
@@ -882,8 +900,7 @@ def test_an_idle_server_exits_only_once_nothing_is_connected(slots: Any, tmp_pat
     server = subprocess.Popen([MPVISOR or "mpvisor", "slots", "serve", "--dir", str(slots), "--idle-exit", "0.6"],
                               env=env_for(slots), stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (slots / "slots.sock").exists(), timeout=20)
-        client = _raw(slots)
+        client = wait_for(lambda: _listening(slots), timeout=20)
         with pytest.raises(subprocess.TimeoutExpired):
             server.wait(timeout=1.0)  # connected: not idle, however long
         client.close()
@@ -914,10 +931,15 @@ def test_a_full_disk_under_the_slot_server_loses_no_turn_and_leaves_no_file(tmp_
     except OSError:
         pass  # full: what it was for
     try:
-        log = tmp_path / "owners.log"
-        first = start(slots, tmp_path, "--slot", "s", *owner(log, 1.0, "first"))
+        log, gate = tmp_path / "owners.log", tmp_path / "gate"
+        os.mkfifo(gate)  # the first owner holds the slot until the second one waits behind it
+        held = f'echo "start first $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end first $EPOCHREALTIME" >> {log}'
+        first = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c", held)
         wait_for(lambda: log.exists() and "first" in log.read_text(), timeout=30)
         second = start(slots, tmp_path, "--slot", "s", *owner(log, 0.1, "second"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        with open(gate, "w") as release:
+            release.write("go\n")
         assert [finish(first)[0], finish(second)[0]] == [0, 0]
         assert len(assert_one_owner_at_a_time(log)) == 2
         assert sorted(p.name for p in slots.iterdir() if p.name.startswith("leases.json")) in ([], ["leases.json"])
