@@ -1084,7 +1084,8 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log
     start, naming the limit, and the others complete; no task panicked (each such task ended
     PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too many open files', as a bug in mpvisor:
     a user's report)."""
-    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
+    # each attempt holds its descriptors 0.5 s: the limit is met within the first few starts
+    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "0.5"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
     (tmp_path / "many.toml").write_text(tasks)
     done = subprocess.run(["bash", "-c", f"ulimit -n 32 && exec {shlex.quote(sys.executable)} -m mpvisor run --file many.toml"],
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
@@ -1414,7 +1415,7 @@ def test_a_relative_slots_directory_is_refused_naming_the_variable(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", "touch", str(marker)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=60)
     assert plain.returncode == 0 and marker.exists(), plain.stderr
-    server = subprocess.Popen([sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", "run/slots", "--idle-exit", "0.5"],
+    server = subprocess.Popen([sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", "run/slots", "--idle-exit", "0.1"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, err = server.communicate(timeout=60)
