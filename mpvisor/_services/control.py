@@ -38,7 +38,8 @@ connections before their handlers run, so the socket holds at most the sum of th
 
 Only one server holds a socket path: it keeps `<path>.lock` locked (`flock`) while it serves. A
 socket nobody listens on is stale (its run was killed): `live_runs` removes it, once it holds the
-lock itself. A server whose socket or lock file is removed or replaced under it (a clean-up of
+lock itself. A server that finds the lock held is refused at once when a run listens at the path,
+and retries for `LOCK_WAIT` s otherwise (a stale socket's remover holds it for a moment). A server whose socket or lock file is removed or replaced under it (a clean-up of
 /tmp) takes its lock anew and binds the socket again, looking every `CHECK_EVERY` s.
 A socket whose run holds the lock but does not answer in time is live all the same:
 `live_runs` lists it with its pid (`_run_pid`: its connection's peer, as this PID namespace
@@ -81,7 +82,7 @@ MAX_ANSWER = 64 << 20  # bytes a client reads in one answer (a status of many ta
 REQUEST_WAIT = 10.0  # seconds a connection may take to send its request
 MAX_CONNECTIONS = 128  # connections served at once: one past this closes the oldest without its request
 ACCEPT_BURST = 16  # connections the loop accepts at once, before their handlers run (each an fd)
-LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover)
+LOCK_WAIT = 1.0  # seconds a starting server retries a lock held by someone (a stale socket's remover), unless a run listens
 CHECK_EVERY = 1.0  # seconds between two looks at the socket's path (removed or replaced under the run)
 CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
@@ -657,17 +658,35 @@ def _forget_operation(operations: set[asyncio.Future[Any]]) -> Any:
 
 async def _lock_for_serving(path: str) -> int:
     """The lock of `path`, retried for `LOCK_WAIT` s (someone removing a stale socket holds it
-    for a moment); `ControlError` if a run holds it."""
+    for a moment); `Busy` if a run holds it: at once when a run listens at `path` (a second run
+    of a file waited out the whole `LOCK_WAIT` before it took `NAME-PID`), else once the retries
+    end (a run whose socket was removed under it holds its lock all the same)."""
     import asyncio
 
     deadline = time.monotonic() + LOCK_WAIT
     while (lock := _lock_or_refuse(path)) is None:
-        if time.monotonic() > deadline:
+        if _listened_at(path) or time.monotonic() > deadline:
             raise Busy(f"another run{_holder(path + LOCK_SUFFIX)} serves the control socket {quoted(path)}")
         await asyncio.sleep(0.01)  # a lock held by another process: nothing to be notified by
     os.ftruncate(lock, 0)
     os.write(lock, f"{os.getpid()}\n".encode())
     return lock
+
+
+def _listened_at(path: str) -> bool:
+    """Whether a run listens at `path`: a connection to it is taken, or its backlog is full (a
+    stopped or flooded run). A remover of a stale socket holds the lock of one nobody listens at;
+    a server binds its socket only once it holds the lock."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        probe.connect(path)
+    except BlockingIOError:  # EAGAIN: its backlog is full
+        return True
+    except OSError:  # gone, refused (stale), or not ours to reach
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _lock_or_refuse(path: str) -> int | None:

@@ -93,8 +93,8 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
         (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
           "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
         (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
-        (["--timeout", "0.5", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.5 s"]),
-        (["--start-timeout", "0.5", "workers.hanging_import:target"], 124, [": failed ", "start-up timed out after 0.5 s"]),
+        (["--timeout", "0.3", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.3 s"]),
+        (["--start-timeout", "0.3", "workers.hanging_import:target"], 124, [": failed ", "start-up timed out after 0.3 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
         (["--", "/bin/"], 126, [": fatal ", "cannot execute '/bin/': Is a directory", "exit_code=126"]),
@@ -413,13 +413,13 @@ def test_a_sigint_delivered_twice_is_one_interruption(tmp_path):
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_a_tree_killed_after_the_grace_window_still_gets_its_outcome_line(tmp_path, quiet):
-    """A target that ignores the stop request, grace 0.5 s, SIGTERM: its tree is killed after
+    """A target that ignores the stop request, grace 0.2 s, SIGTERM: its tree is killed after
     the grace window and the run prints the outcome line, `force_aborted` with why, as for any
     other ending (it used to print only the shutdown's own message, even with --quiet, which
     prints nothing); it dies by SIGTERM, leaving no process."""
     marker = tmp_path / "marker"
     flags = ["--quiet"] if quiet else []
-    proc = start(tmp_path, *flags, "--grace", "0.5", "workers.misbehave:stubborn", json.dumps(str(marker)))
+    proc = start(tmp_path, *flags, "--grace", "0.2", "workers.misbehave:stubborn", json.dumps(str(marker)))
     try:
         wait_for(lambda: read_markers(marker), timeout=20)
         tree = descendants(proc.pid)
@@ -434,7 +434,7 @@ def test_a_tree_killed_after_the_grace_window_still_gets_its_outcome_line(tmp_pa
     else:
         assert stderr.count("\n") == 1, stderr
         assert outcome_line(stderr).startswith(
-            "mpvisor: stubborn: force_aborted reason='did not stop within the grace window of 0.5 s; its process tree was killed'"), stderr
+            "mpvisor: stubborn: force_aborted reason='did not stop within the grace window of 0.2 s; its process tree was killed'"), stderr
     wait_for(lambda: none_left(tree), timeout=5)
 
 
@@ -1084,7 +1084,8 @@ def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log
     start, naming the limit, and the others complete; no task panicked (each such task ended
     PANICKED, 'mpvisor panicked: OSError: [Errno 24] Too many open files', as a bug in mpvisor:
     a user's report)."""
-    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "1"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
+    # each attempt holds its descriptors 0.5 s: the limit is met within the first few starts
+    tasks = "".join(f'[task.t{i}]\ncommand = ["sleep", "0.5"]\n' + ('log = "t.log"\n' if log else "") for i in range(30))
     (tmp_path / "many.toml").write_text(tasks)
     done = subprocess.run(["bash", "-c", f"ulimit -n 32 && exec {shlex.quote(sys.executable)} -m mpvisor run --file many.toml"],
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60)
@@ -1414,7 +1415,7 @@ def test_a_relative_slots_directory_is_refused_naming_the_variable(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", "touch", str(marker)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=60)
     assert plain.returncode == 0 and marker.exists(), plain.stderr
-    server = subprocess.Popen([sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", "run/slots", "--idle-exit", "0.5"],
+    server = subprocess.Popen([sys.executable, "-m", "mpvisor", "slots", "serve", "--dir", "run/slots", "--idle-exit", "0.1"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, err = server.communicate(timeout=60)
@@ -1450,7 +1451,10 @@ def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
     the run ends: the events dropped meanwhile (the writer's queue was full) are said, one line,
     and the status is 1. They were lost silently, status 0: the bus's WARNING about its full
     queue is not printed under `--events json`, and nothing counted them."""
-    attempts = 800  # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last
+    # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last; 600 of
+    # them publish about 1800 events, of which the writer's queue (1024) and the pipe (64 KiB, about
+    # 430 lines of about 150 bytes) hold about 1450 before the bus drops any
+    attempts = 600
     proc = start(tmp_path, "--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1),
                  "--backoff", "0", "--jitter", "none", "--", "false")  # a program: a few ms an attempt
     try:

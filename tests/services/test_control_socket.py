@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -575,6 +576,32 @@ async def test_the_socket_is_0600_in_a_0700_directory_and_one_run_holds_a_name(
         with pytest.raises(ControlError, match=rf"another run \(pid {os.getpid()}\) serves the control socket"):
             await ControlServer.start(server.path, FakeTarget("svc", "/srv/svc.toml"))
     assert os.listdir(directory) == []
+
+
+async def test_a_name_a_listening_run_serves_is_refused_at_once_and_a_lock_alone_is_retried(
+        runs_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second server for the name of a run that listens is refused at once (a second run of a
+    file waited out `LOCK_WAIT`, 1 s, before it took `NAME-PID`); a lock held where nobody
+    listens (a stale socket's remover, a run whose socket was removed under it) is retried for
+    `LOCK_WAIT` as before."""
+    monkeypatch.setattr(control, "LOCK_WAIT", 30.0)  # waited out, the refusal would take 30 s
+    async with serving(FakeTarget("svc", "/srv/svc.toml")) as server:
+        started = time.monotonic()
+        with pytest.raises(ControlError, match=r"another run \(pid \d+\) serves the control socket"):
+            await ControlServer.start(server.path, FakeTarget("svc", "/srv/svc.toml"))
+        assert time.monotonic() - started < 10.0
+    monkeypatch.setattr(control, "LOCK_WAIT", 0.1)
+    path = socket_for("held")
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)  # held here, and nothing listens at `path`
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        started = time.monotonic()
+        with pytest.raises(ControlError, match="serves the control socket"):
+            await ControlServer.start(path, FakeTarget("held", "/srv/held.toml"))
+        assert time.monotonic() - started >= 0.1
+    finally:
+        os.unlink(path + ".lock")
+        os.close(lock)
 
 
 def test_a_control_directory_open_to_others_or_of_another_user_is_refused(
