@@ -141,9 +141,11 @@ async def test_stop_of_a_cooperative_child_needs_no_kill(launcher: str) -> None:
 @pytest.mark.parametrize("target", [misbehave.stubborn, contract.gil_loop], ids=["sigterm-deaf", "gil-holding"])
 async def test_stop_escalates_to_a_kill_after_the_grace(launcher: str, target: Any, tmp_path: Any) -> None:
     """A child that cannot stop (it ignores SIGTERM, or holds the GIL in one C call) is killed once
-    the grace is over: FORCE_ABORTED, announced by ATTEMPT_KILLED, and its process is gone then."""
+    the grace is over: FORCE_ABORTED, announced by ATTEMPT_KILLED, and its process is gone then.
+    (A grace of 0.2 s: the child runs its target before the stop is asked, and nothing it does
+    within any grace ends it.)"""
     marker = str(tmp_path / "marker")
-    async with serving(launcher, grace=0.5) as (handle, events):
+    async with serving(launcher, grace=0.2) as (handle, events):
         task_id, waiter = await handle.add_and_watch(once("deaf", target, marker=marker))
         pid = await started_pid(events, task_id)
         if real(launcher):
