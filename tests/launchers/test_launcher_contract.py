@@ -44,6 +44,8 @@ from workers import basic, contract, coop, misbehave
 pytestmark = pytest.mark.timeout(60)
 
 LAUNCHERS = ["local", "fake", pytest.param("ray", marks=pytest.mark.ray)]
+# For a test whose property on Ray another test of the default run checks there (named above it).
+RAY_IN_SLOW = ["local", "fake", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])]
 
 
 @pytest.fixture(params=LAUNCHERS)
@@ -84,6 +86,8 @@ async def started_pid(events: Any, task_id: Any, timeout: float = 20.0) -> int:
 # --- how an attempt ended ----------------------------------------------------------------------------
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_mpvisor_run_on_a_ray_cluster ends a sys_exit(7) target with status 7.
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_exit_status_of_a_sys_exit(launcher: str) -> None:
     """`sys.exit(7)` in the target: FAILED with exit code 7."""
     async with serving(launcher) as (handle, _):
@@ -92,6 +96,9 @@ async def test_exit_status_of_a_sys_exit(launcher: str) -> None:
     assert (outcome.kind, outcome.exit_code) == (OutcomeKind.FAILED, 7), outcome
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here
+# (exit code -13, the signal named).
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_exit_status_of_a_death_by_signal(launcher: str) -> None:
     """A target that dies by SIGSEGV: FAILED with exit code -11, named in the reason."""
     async with serving(launcher) as (handle, _):
@@ -127,6 +134,8 @@ async def test_a_big_result_arrives_whole(launcher: str) -> None:
 # --- stopping -----------------------------------------------------------------------------------------
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_cancel_waits_for_the_cooperative_stop.
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_stop_of_a_cooperative_child_needs_no_kill(launcher: str) -> None:
     """A removal's SIGTERM reaches a cooperative child: CANCELED within the grace, nothing killed."""
     async with serving(launcher, grace=20.0) as (handle, events):
@@ -138,7 +147,17 @@ async def test_stop_of_a_cooperative_child_needs_no_kill(launcher: str) -> None:
     assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
 
 
-@pytest.mark.parametrize("target", [misbehave.stubborn, contract.gil_loop], ids=["sigterm-deaf", "gil-holding"])
+# GIL-holding on Ray with -m slow: the kill is the node's local launcher's, checked by
+# [local-gil-holding], and Ray's kill after the grace by [ray-sigterm-deaf].
+@pytest.mark.parametrize(
+    ("launcher", "target"),
+    [pytest.param(launcher, target, id=f"{launcher}-{name}", marks=marks)
+     for launcher in ("local", "fake", "ray")
+     for target, name in ((misbehave.stubborn, "sigterm-deaf"), (contract.gil_loop, "gil-holding"))
+     for marks in [[pytest.mark.ray, pytest.mark.slow] if (launcher, name) == ("ray", "gil-holding")
+                   else [pytest.mark.ray] if launcher == "ray" else []]],
+    indirect=["launcher"],
+)
 async def test_stop_escalates_to_a_kill_after_the_grace(launcher: str, target: Any, tmp_path: Any) -> None:
     """A child that cannot stop (it ignores SIGTERM, or holds the GIL in one C call) is killed once
     the grace is over: FORCE_ABORTED, announced by ATTEMPT_KILLED, and its process is gone then.
