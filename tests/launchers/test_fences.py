@@ -169,18 +169,23 @@ async def test_the_fake_launcher_records_the_fence() -> None:
     assert kinds.index("fence") < kinds.index("spawn") < kinds.index("unfence"), log
 
 
-async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_owners_tree(tmp_path: Any) -> None:
+async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_owners_tree(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fence is the launcher's to keep: SIGSTOPped before it, the launcher stops and kills
     nothing, so the parent SIGKILLs the stopped launcher `KILL_ANSWER` s after the fence's kill
     time (and says so); the guardian then kills the owner's tree, which a slot's next owner on
     another host could otherwise overlap once the lease expired. Before, the tree ran on for as
-    long as the launcher stayed stopped."""
+    long as the launcher stayed stopped. (`KILL_ANSWER` 0.3 s here instead of 1: only a stopped
+    launcher is killed when it is over.)"""
     import os
     import signal
 
     from mpvisor import EventKind
-    from mpvisor._launchers.local.client import KILL_ANSWER
+    from mpvisor._launchers.local import client
     from tests._support import all_ended, async_wait_for, read_records, seen
+
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    KILL_ANSWER = client.KILL_ANSWER
 
     records = tmp_path / "tree.jsonl"
     spec = TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn_tree", [str(records)]))

@@ -947,14 +947,17 @@ async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempt
                     os.kill(record["pid"], signal.SIGKILL)
 
 
-async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path):
+async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path, monkeypatch):
     """The launcher SIGSTOPped while a stubborn tree runs: a removal's grace (0.3 s) ends in a
     kill the launcher cannot carry out, so the parent SIGKILLs the stopped launcher
     `KILL_ANSWER` s later and says why (RUNTIME_FAILURE); the guardian kills the tree, the
     task ends FORCE_ABORTED, and a new launcher serves the next task. Before, the task
-    waited for as long as the launcher stayed stopped, and nothing said why."""
-    from mpvisor._launchers.local.client import KILL_ANSWER
+    waited for as long as the launcher stayed stopped, and nothing said why. (`KILL_ANSWER`
+    0.3 s here instead of 1: only a stopped launcher is killed when it is over.)"""
+    from mpvisor._launchers.local import client
 
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    KILL_ANSWER = client.KILL_ANSWER
     records = tmp_path / "tree.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
         task_id, waiter, tree, launcher = await _stubborn_tree_running(handle, events, records)
@@ -972,13 +975,18 @@ async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path)
 
 
 @pytest.mark.parametrize("stopped", ["launcher", "guardian"])
-async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_a_kills_answer(stopped):
+async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_a_kills_answer(stopped, monkeypatch):
     """The launcher or its guardian SIGSTOPped while nothing runs (`kill -STOP` of either): the
     shutdown waited the whole `CLOSE_WAIT` (5 s) for it to exit, which it cannot do stopped,
     and only then killed the guardian (`mpvisor run` printed its outcome line 5 s after the
     task ended). Now the stopped one is SIGKILLed `KILL_ANSWER` s after it was asked to stop,
-    and said; both are gone when the shutdown returns."""
-    from mpvisor._launchers.local.client import CLOSE_WAIT, KILL_ANSWER
+    and said; both are gone when the shutdown returns. (`KILL_ANSWER` 0.3 s here instead of 1:
+    only a stopped launcher or guardian is killed when it is over.)"""
+    from mpvisor._launchers.local import client
+    from mpvisor._launchers.local.client import CLOSE_WAIT
+
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    KILL_ANSWER = client.KILL_ANSWER
 
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         _, done = await finished(handle, events, once("quick", basic.quick, "done"))
