@@ -18,6 +18,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import (
+    CommandTask,
     ConfigError,
     ControllerConfig,
     EventKind,
@@ -690,6 +691,34 @@ def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ra
     assert status == 141, err[-2000:]
     assert "mpvisor: yes: fatal reason='program killed by signal SIGPIPE (13): the pipe it wrote its output to has " \
            "no reader left; not retried' exit_code=-13 attempts=1" in err, err[-2000:]
+
+
+STOP_OF_A_FLOODING_ATTEMPT = 1.5  # s: a cancel's SIGTERM to `yes` and its end's report, on a loaded machine
+
+
+async def test_an_attempt_that_floods_its_output_on_ray_is_stopped_at_once(capfd: pytest.CaptureFixture[str]) -> None:
+    """`yes` on Ray, its output echoed to this process's stdout, canceled once 256 KiB of it came:
+    CANCELED within `STOP_OF_A_FLOODING_ATTEMPT` s. The agent held every line it read for the
+    parent to fetch, without bound: its loop, busy reading them, took the SIGTERM late, and the
+    end waited for the lines read meanwhile to be sent, each a cancel of 2.3-2.5 s here (and the
+    agent's memory grew with the output). It now stops reading (`OUTPUT_HELD`) until the parent
+    fetched what it holds, and the attempt waits at its pipe, as a local one does for a slow
+    reader: 0.3-0.4 s."""
+    seen_out: list[int] = []
+
+    def came() -> int:
+        seen_out.append(len(capfd.readouterr().out))
+        return sum(seen_out) >= 512 * 1024
+
+    async with supervised(on_ray(grace=5.0)) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(TaskSpec.once(CommandTask("yes", ["yes"])))
+        await async_wait_for(came, timeout=30.0)
+        began = time.monotonic()
+        await handle.cancel(task_id)
+        outcome = await waiter.wait()
+        took = time.monotonic() - began
+    assert outcome.kind is OutcomeKind.CANCELED, outcome
+    assert took < STOP_OF_A_FLOODING_ATTEMPT, (took, sum(seen_out))
 
 
 @pytest.mark.slow  # the `mpvisor run --ray` test of an address nobody answers at checks this path in the default run
