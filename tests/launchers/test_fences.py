@@ -94,6 +94,7 @@ class _Request:
 
 
 LAUNCHERS = ["local", pytest.param("ray", marks=pytest.mark.ray)]
+RAY_IN_SLOW = ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])]
 
 
 @pytest.fixture(params=LAUNCHERS)
@@ -121,6 +122,10 @@ async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, fl
         return outcome, time.monotonic() - begin
 
 
+# On Ray with -m slow: Ray's fence (its owner fenced, ended before the lease could expire, FATAL
+# lease_lost) is test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire[ray]'s; the
+# reason and the one attempt, [local]'s.
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_an_unrenewed_lease_stops_its_owner_half_a_ttl_after_the_grant(launcher: str) -> None:
     outcome, took = await owned(launcher, Expiring(), TaskSpec.once(TaskFn("held", "workers.basic:sleeper", [30])))
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
@@ -143,7 +148,7 @@ async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(laun
 
 # On Ray with -m slow: the property is the seam's, checked here on the local launcher, and Ray's
 # fences by the other tests of this file.
-@pytest.mark.parametrize("launcher", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) -> None:
     outcome, took = await owned(launcher, Expiring(renewing=True), TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.25 * TTL])))
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
