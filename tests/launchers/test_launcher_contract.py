@@ -182,7 +182,7 @@ async def test_the_whole_tree_is_gone_before_the_end_is_reported(launcher: str, 
     """A stubborn tree (a child, a grandchild, a setsid grandchild, a double-forked orphan, all
     deaf to SIGTERM): when the outcome is known, none of them is left in the process table."""
     records = tmp_path / "tree.jsonl"
-    async with serving(launcher, grace=0.3) as (handle, events):
+    async with serving(launcher, grace=0.2) as (handle, events):  # every process of it ignores SIGTERM
         task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
         pid = await started_pid(events, task_id)
         tree = [*await async_wait_for(lambda: read_records(records), timeout=20.0), {"pid": pid}] if real(launcher) else []
@@ -201,7 +201,7 @@ async def test_the_whole_tree_is_gone_before_the_end_is_reported(launcher: str, 
 async def test_a_start_that_never_completes_is_killed_at_the_start_timeout(launcher: str) -> None:
     """A target whose import never ends: FAILED `start-up timed out` after `start_timeout` (on Ray,
     one long enough for an agent to be placed first)."""
-    limit = 1.5 if launcher == "ray" else 0.5
+    limit = 1.5 if launcher == "ray" else 0.3
     async with serving(launcher, start_timeout=limit) as (handle, _):
         _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("hung", "workers.hanging_import:target")))
         outcome = await waiter.wait()
