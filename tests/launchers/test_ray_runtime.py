@@ -66,9 +66,9 @@ async def test_restarts_with_backoff_until_success() -> None:
 
 
 async def test_a_timeout_stops_the_attempt_and_is_retried() -> None:
-    """Each attempt times out after 0.5 s (a stubborn one is killed `timeout_kill_after` later):
+    """Each attempt times out after 0.3 s (a stubborn one is killed `timeout_kill_after` later):
     TIMED_OUT ends, then the retry limit ends the task FAILED with `timed_out`."""
-    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.5).with_max_retries(1)
+    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.3).with_max_retries(1)
     async with supervised(on_ray(timeout_kill_after=0.3)) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec.with_backoff(basic_backoff()))
         outcome = await waiter.wait()
@@ -497,9 +497,9 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
     ray_cluster: Any, tmp_path: Any
 ) -> None:
     """A second node dies mid-attempt: the attempt ends FAILED `node lost ...` (no exit code);
-    nothing runs in its slot until the fence (1.5 s) after the loss; the retry runs on the
+    nothing runs in its slot until the fence (1 s) after the loss; the retry runs on the
     surviving node; the slot's queued next owner runs after it; no two owners overlapped."""
-    fence = 1.5
+    fence = 1.0
     probe = Probe(tmp_path)
     config = SupervisorConfig(grace=1.0, launcher=RayLauncher(lost_fence=fence))
     victim = {"num_cpus": 0.1, "resources": {"victim": 1}}
