@@ -1007,14 +1007,15 @@ async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_
 @pytest.mark.timeout(60)
 async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_sessions_is_gone(tmp_path):
     """A tree that can only die one level at a time (eight levels, each in a session of its own
-    and the child of the one before, each holding 256 MiB it frees before its child re-parents
+    and the child of the one before, each holding 128 MiB it frees before its child re-parents
     to the launcher) when the guardian is SIGKILLed: the launcher kills each level as it appears,
     and the attempt ends ("launcher died") only once every level is gone, as a slot's next owner
     or a retry relies on. Meanwhile the launcher sleeps until the next death instead of spinning
-    (it used to take a whole CPU for the time a tree took to die)."""
+    (it used to take a whole CPU for the time a tree took to die). (128 MiB a level: the chain
+    takes about 0.1 s to die here, as with 256, whose 2 GiB took a second to write.)"""
     records = tmp_path / "chain.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
-        task_id, waiter = await handle.add_and_watch(once("chain", misbehave.heavy_chain, str(records), 8, 256))
+        task_id, waiter = await handle.add_and_watch(once("chain", misbehave.heavy_chain, str(records), 8, 128))
         await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
         tree = await async_wait_for(lambda: read_records(records), timeout=30.0)
         assert len(tree) == 8, tree
