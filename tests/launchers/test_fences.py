@@ -42,13 +42,15 @@ TTL = 2.0
 
 
 class Expiring:
-    """A lease store whose leases expire: every request is granted at once, renewed every
-    TTL / 6 while `renewing`, lost (`on_lost`) when `lose` is set."""
+    """A lease store whose leases expire: every request is granted at once for `ttl` s, renewed
+    every `ttl` / 6 (or `every` s) while `renewing`, lost (`on_lost`) when `lose` is set."""
 
     name = "the test's expiring store"
 
-    def __init__(self, renewing: bool = False) -> None:
+    def __init__(self, renewing: bool = False, ttl: float = TTL, every: float | None = None) -> None:
         self.renewing = renewing
+        self.ttl = ttl
+        self.every = ttl / 6 if every is None else every
         self.lose = threading.Event()
 
     def request(self) -> Any:
@@ -65,18 +67,18 @@ class _Request:
 
     def acquire(self, slot: str, policy: str, name: str, pids: list[Pid], on_queued: Any = None,
                 on_silent: Any = None) -> Decision:
-        return Decision(True, token=1, renewed=time.monotonic(), ttl=TTL)
+        return Decision(True, token=1, renewed=time.monotonic(), ttl=self.store.ttl)
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
               on_lost: Callable[[], None] | None = None) -> None:
         def renew() -> None:
-            while not self.closed.wait(TTL / 6):
+            while not self.closed.wait(self.store.every):
                 if self.store.lose.is_set():
                     if on_lost is not None:
                         on_lost()
                     return
                 if self.store.renewing and on_renewed is not None:
-                    on_renewed(time.monotonic(), TTL)
+                    on_renewed(time.monotonic(), self.store.ttl)
 
         threading.Thread(target=renew, daemon=True).start()
 
@@ -150,9 +152,13 @@ async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(laun
 # fences by the other tests of this file.
 @pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) -> None:
-    outcome, took = await owned(launcher, Expiring(renewing=True), TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.25 * TTL])))
+    # A TTL of 1.6 s renewed every 0.1 s: a renewal may come 0.97 s late before the fence's stop
+    # (2/3 of the TTL after the last one), as with the 2 s TTL renewed every TTL / 6 (1 s).
+    ttl = 1.6
+    store = Expiring(renewing=True, ttl=ttl, every=0.1)
+    outcome, took = await owned(launcher, store, TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.25 * ttl])))
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
-    assert took >= 1.25 * TTL  # unrenewed, it would have been stopped at TTL / 2
+    assert took >= 1.25 * ttl  # unrenewed, it would have been stopped at 2/3 of the TTL
 
 
 async def test_a_lease_the_store_says_is_gone_stops_its_owner_at_once(launcher: str) -> None:
