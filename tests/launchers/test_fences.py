@@ -162,7 +162,7 @@ async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) ->
 
 
 async def test_a_lease_the_store_says_is_gone_stops_its_owner_at_once(launcher: str) -> None:
-    store = Expiring(renewing=True)
+    store = Expiring(renewing=True, every=0.1)  # the store says it at its next renewal
     threading.Timer(0.5, store.lose.set).start()
     outcome, _ = await owned(launcher, store, TaskSpec.restartable(TaskFn("lost", "workers.basic:sleeper", [30])))
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
