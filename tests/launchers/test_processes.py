@@ -160,7 +160,7 @@ async def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_p
     spec = once("tree", misbehave.stubborn_tree, str(records))
     if how == "timeout":
         spec = spec.with_timeout(0.5)
-    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.4, start_method=start_method)
+    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.2, start_method=start_method)
 
     async with supervised(config, expect_grace_exceeded=True) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec)
@@ -181,7 +181,7 @@ async def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_p
         await seen(events, EventKind.TASK_REMOVED, id=task_id)
         (killed,) = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
         assert str(starting.pid) in killed.reason
-        assert ("0.4" if how == "timeout" else "0.3") in killed.reason  # the limit it overran
+        assert ("0.2" if how == "timeout" else "0.3") in killed.reason  # the limit it overran
         end = terminal_events(events, task_id)
         assert [e.kind for e in end] == [EventKind.ATTEMPT_TIMED_OUT if how == "timeout"
                                          else EventKind.ATTEMPT_CANCELED]
