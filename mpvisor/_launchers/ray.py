@@ -103,6 +103,10 @@ CLOSE_WAIT = 5.0  # seconds agents get to close their local launcher before they
 RAY_MAX_MEMORY = (2**63 - 1) // 10_000
 AGENT_IDLE = 2.0  # seconds an agent whose attempt ended waits for the next attempt of the same shape
 KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, before Ray ends the agent
+# Lines, and bytes of them, an agent holds for the parent before it stops reading the attempt's
+# output until the parent fetched them: the attempt then waits at its pipe, as a local one does
+# for a slow reader, and the agent stays free to take a stop or a signal at once.
+OUTPUT_HELD = (8192, 1 << 20)
 # Seconds Ray's raylet gives a worker it was told to end before it kills it (its
 # `kill_worker_timeout_milliseconds`, 5000 by default): Ray declares the actor dead at once, but a
 # frozen worker, and its guardian, live that long.
@@ -1459,6 +1463,8 @@ class Agent:
         self._held: list[tuple[Any, ...]] = []
         self._killed = False
         self._closing = False  # `close` began: a watch on it as an idle agent (`idle`) returns
+        self._held_output = [0, 0]  # lines, bytes of output not yet fetched (`OUTPUT_HELD`)
+        self._output_paused = False
 
     # --- the actor's methods -----------------------------------------------------------------------
 
@@ -1470,6 +1476,7 @@ class Agent:
         from mpvisor._launchers.local.client import LauncherClient
 
         self._number, self._key, self._held, self._killed = number, None, [], False
+        self._held_output, self._output_paused = [0, 0], False
         self._events = [e for e in self._events if e[0] >= number]
         node = _ray().get_runtime_context().get_node_id()
         self._emit(["placed", node, os.getpid()])
@@ -1512,6 +1519,11 @@ class Agent:
             await self._wake.wait()
         batch = [e[1:] for e in self._events if e[0] == number]
         self._events = [e for e in self._events if e[0] > number]
+        self._held_output = [0, 0]
+        if self._output_paused:  # what it held is fetched: read on
+            self._output_paused = False
+            if self._key is not None:
+                self._client.pause_output(self._key, False)
         return [(e[0], bytes(e[1])) if e[0] == "data" else tuple(e) for e in batch]
 
     async def signal(self, number: int, signum: int, group: bool) -> None:
@@ -1571,6 +1583,12 @@ class Agent:
 
     def on_output(self, stream: str, line: str) -> None:
         self._emit(["output", stream, line])
+        held = self._held_output
+        held[0] += 1
+        held[1] += len(line)
+        if not self._output_paused and (held[0] >= OUTPUT_HELD[0] or held[1] >= OUTPUT_HELD[1]) and self._key is not None:
+            self._output_paused = True
+            self._client.pause_output(self._key, True)
 
     def on_eof(self) -> None:
         pass  # the parent's sink hears it just before the end, which follows at once

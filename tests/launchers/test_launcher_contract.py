@@ -44,6 +44,8 @@ from workers import basic, contract, coop, misbehave
 pytestmark = pytest.mark.timeout(60)
 
 LAUNCHERS = ["local", "fake", pytest.param("ray", marks=pytest.mark.ray)]
+# For a test whose property on Ray another test of the default run checks there (named above it).
+RAY_IN_SLOW = ["local", "fake", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])]
 
 
 @pytest.fixture(params=LAUNCHERS)
@@ -84,6 +86,8 @@ async def started_pid(events: Any, task_id: Any, timeout: float = 20.0) -> int:
 # --- how an attempt ended ----------------------------------------------------------------------------
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_mpvisor_run_on_a_ray_cluster ends a sys_exit(7) target with status 7.
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_exit_status_of_a_sys_exit(launcher: str) -> None:
     """`sys.exit(7)` in the target: FAILED with exit code 7."""
     async with serving(launcher) as (handle, _):
@@ -92,6 +96,9 @@ async def test_exit_status_of_a_sys_exit(launcher: str) -> None:
     assert (outcome.kind, outcome.exit_code) == (OutcomeKind.FAILED, 7), outcome
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here
+# (exit code -13, the signal named).
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_exit_status_of_a_death_by_signal(launcher: str) -> None:
     """A target that dies by SIGSEGV: FAILED with exit code -11, named in the reason."""
     async with serving(launcher) as (handle, _):
@@ -127,6 +134,8 @@ async def test_a_big_result_arrives_whole(launcher: str) -> None:
 # --- stopping -----------------------------------------------------------------------------------------
 
 
+# On Ray with -m slow: test_ray_runtime.py::test_cancel_waits_for_the_cooperative_stop.
+@pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
 async def test_stop_of_a_cooperative_child_needs_no_kill(launcher: str) -> None:
     """A removal's SIGTERM reaches a cooperative child: CANCELED within the grace, nothing killed."""
     async with serving(launcher, grace=20.0) as (handle, events):
@@ -138,12 +147,24 @@ async def test_stop_of_a_cooperative_child_needs_no_kill(launcher: str) -> None:
     assert events.of(EventKind.ATTEMPT_KILLED, id=task_id) == []
 
 
-@pytest.mark.parametrize("target", [misbehave.stubborn, contract.gil_loop], ids=["sigterm-deaf", "gil-holding"])
+# GIL-holding on Ray with -m slow: the kill is the node's local launcher's, checked by
+# [local-gil-holding], and Ray's kill after the grace by [ray-sigterm-deaf].
+@pytest.mark.parametrize(
+    ("launcher", "target"),
+    [pytest.param(launcher, target, id=f"{launcher}-{name}", marks=marks)
+     for launcher in ("local", "fake", "ray")
+     for target, name in ((misbehave.stubborn, "sigterm-deaf"), (contract.gil_loop, "gil-holding"))
+     for marks in [[pytest.mark.ray, pytest.mark.slow] if (launcher, name) == ("ray", "gil-holding")
+                   else [pytest.mark.ray] if launcher == "ray" else []]],
+    indirect=["launcher"],
+)
 async def test_stop_escalates_to_a_kill_after_the_grace(launcher: str, target: Any, tmp_path: Any) -> None:
     """A child that cannot stop (it ignores SIGTERM, or holds the GIL in one C call) is killed once
-    the grace is over: FORCE_ABORTED, announced by ATTEMPT_KILLED, and its process is gone then."""
+    the grace is over: FORCE_ABORTED, announced by ATTEMPT_KILLED, and its process is gone then.
+    (A grace of 0.2 s: the child runs its target before the stop is asked, and nothing it does
+    within any grace ends it.)"""
     marker = str(tmp_path / "marker")
-    async with serving(launcher, grace=0.5) as (handle, events):
+    async with serving(launcher, grace=0.2) as (handle, events):
         task_id, waiter = await handle.add_and_watch(once("deaf", target, marker=marker))
         pid = await started_pid(events, task_id)
         if real(launcher):
@@ -161,7 +182,7 @@ async def test_the_whole_tree_is_gone_before_the_end_is_reported(launcher: str, 
     """A stubborn tree (a child, a grandchild, a setsid grandchild, a double-forked orphan, all
     deaf to SIGTERM): when the outcome is known, none of them is left in the process table."""
     records = tmp_path / "tree.jsonl"
-    async with serving(launcher, grace=0.3) as (handle, events):
+    async with serving(launcher, grace=0.2) as (handle, events):  # every process of it ignores SIGTERM
         task_id, waiter = await handle.add_and_watch(once("tree", misbehave.stubborn_tree, str(records)))
         pid = await started_pid(events, task_id)
         tree = [*await async_wait_for(lambda: read_records(records), timeout=20.0), {"pid": pid}] if real(launcher) else []
@@ -180,7 +201,7 @@ async def test_the_whole_tree_is_gone_before_the_end_is_reported(launcher: str, 
 async def test_a_start_that_never_completes_is_killed_at_the_start_timeout(launcher: str) -> None:
     """A target whose import never ends: FAILED `start-up timed out` after `start_timeout` (on Ray,
     one long enough for an agent to be placed first)."""
-    limit = 1.5 if launcher == "ray" else 0.5
+    limit = 1.5 if launcher == "ray" else 0.3
     async with serving(launcher, start_timeout=limit) as (handle, _):
         _, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("hung", "workers.hanging_import:target")))
         outcome = await waiter.wait()

@@ -154,7 +154,7 @@ async def test_a_module_on_a_path_entry_added_at_run_time_imports_in_the_attempt
     [
         ("workers.preload.segfault", 30.0, ["killed by SIGSEGV before it was ready", "'workers.preload.segfault'", f"{EARLY_DEATHS} launchers in a row"]),
         ("workers.preload.exits", 30.0, ["exited with status 3 before it was ready", "the licence server is unreachable"]),
-        ("workers.preload.hangs", 1.0, ["was not ready within start_timeout=1.0 s", "'workers.preload.hangs'"]),
+        ("workers.preload.hangs", 0.5, ["was not ready within start_timeout=0.5 s", "'workers.preload.hangs'"]),
         ("workers.preload.raises", 30.0, ["'workers.preload.raises' failed to import", "preload refused: no config"]),
         ("workers.preload.threads", 30.0, ["'workers.preload.threads' started a thread in the launcher", "OPENBLAS_NUM_THREADS=1"]),
     ],

@@ -160,7 +160,7 @@ async def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_p
     spec = once("tree", misbehave.stubborn_tree, str(records))
     if how == "timeout":
         spec = spec.with_timeout(0.5)
-    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.4, start_method=start_method)
+    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.2, start_method=start_method)
 
     async with supervised(config, expect_grace_exceeded=True) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec)
@@ -181,7 +181,7 @@ async def test_stopping_an_attempt_kills_its_whole_tree(how, start_method, tmp_p
         await seen(events, EventKind.TASK_REMOVED, id=task_id)
         (killed,) = events.of(EventKind.ATTEMPT_KILLED, id=task_id)
         assert str(starting.pid) in killed.reason
-        assert ("0.4" if how == "timeout" else "0.3") in killed.reason  # the limit it overran
+        assert ("0.2" if how == "timeout" else "0.3") in killed.reason  # the limit it overran
         end = terminal_events(events, task_id)
         assert [e.kind for e in end] == [EventKind.ATTEMPT_TIMED_OUT if how == "timeout"
                                          else EventKind.ATTEMPT_CANCELED]
@@ -947,14 +947,17 @@ async def test_a_launcher_killed_with_its_guardian_leaves_nothing_in_the_attempt
                     os.kill(record["pid"], signal.SIGKILL)
 
 
-async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path):
+async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path, monkeypatch):
     """The launcher SIGSTOPped while a stubborn tree runs: a removal's grace (0.3 s) ends in a
     kill the launcher cannot carry out, so the parent SIGKILLs the stopped launcher
     `KILL_ANSWER` s later and says why (RUNTIME_FAILURE); the guardian kills the tree, the
     task ends FORCE_ABORTED, and a new launcher serves the next task. Before, the task
-    waited for as long as the launcher stayed stopped, and nothing said why."""
-    from mpvisor._launchers.local.client import KILL_ANSWER
+    waited for as long as the launcher stayed stopped, and nothing said why. (`KILL_ANSWER`
+    0.3 s here instead of 1: only a stopped launcher is killed when it is over.)"""
+    from mpvisor._launchers.local import client
 
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    KILL_ANSWER = client.KILL_ANSWER
     records = tmp_path / "tree.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
         task_id, waiter, tree, launcher = await _stubborn_tree_running(handle, events, records)
@@ -972,13 +975,18 @@ async def test_a_stopped_launcher_is_killed_when_it_cannot_kill_a_tree(tmp_path)
 
 
 @pytest.mark.parametrize("stopped", ["launcher", "guardian"])
-async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_a_kills_answer(stopped):
+async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_a_kills_answer(stopped, monkeypatch):
     """The launcher or its guardian SIGSTOPped while nothing runs (`kill -STOP` of either): the
     shutdown waited the whole `CLOSE_WAIT` (5 s) for it to exit, which it cannot do stopped,
     and only then killed the guardian (`mpvisor run` printed its outcome line 5 s after the
     task ended). Now the stopped one is SIGKILLed `KILL_ANSWER` s after it was asked to stop,
-    and said; both are gone when the shutdown returns."""
-    from mpvisor._launchers.local.client import CLOSE_WAIT, KILL_ANSWER
+    and said; both are gone when the shutdown returns. (`KILL_ANSWER` 0.3 s here instead of 1:
+    only a stopped launcher or guardian is killed when it is over.)"""
+    from mpvisor._launchers.local import client
+    from mpvisor._launchers.local.client import CLOSE_WAIT
+
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    KILL_ANSWER = client.KILL_ANSWER
 
     async with supervised(SupervisorConfig(grace=1)) as (handle, events):
         _, done = await finished(handle, events, once("quick", basic.quick, "done"))
@@ -999,14 +1007,15 @@ async def test_a_stopped_launcher_or_guardian_holds_the_shutdown_no_longer_than_
 @pytest.mark.timeout(60)
 async def test_a_launcher_whose_guardian_is_killed_reports_only_once_a_chain_of_sessions_is_gone(tmp_path):
     """A tree that can only die one level at a time (eight levels, each in a session of its own
-    and the child of the one before, each holding 256 MiB it frees before its child re-parents
+    and the child of the one before, each holding 128 MiB it frees before its child re-parents
     to the launcher) when the guardian is SIGKILLed: the launcher kills each level as it appears,
     and the attempt ends ("launcher died") only once every level is gone, as a slot's next owner
     or a retry relies on. Meanwhile the launcher sleeps until the next death instead of spinning
-    (it used to take a whole CPU for the time a tree took to die)."""
+    (it used to take a whole CPU for the time a tree took to die). (128 MiB a level: the chain
+    takes about 0.1 s to die here, as with 256, whose 2 GiB took a second to write.)"""
     records = tmp_path / "chain.jsonl"
     async with supervised(SupervisorConfig(grace=0.3)) as (handle, events):
-        task_id, waiter = await handle.add_and_watch(once("chain", misbehave.heavy_chain, str(records), 8, 256))
+        task_id, waiter = await handle.add_and_watch(once("chain", misbehave.heavy_chain, str(records), 8, 128))
         await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)
         tree = await async_wait_for(lambda: read_records(records), timeout=30.0)
         assert len(tree) == 8, tree

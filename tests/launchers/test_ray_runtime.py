@@ -18,6 +18,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import (
+    CommandTask,
     ConfigError,
     ControllerConfig,
     EventKind,
@@ -65,9 +66,9 @@ async def test_restarts_with_backoff_until_success() -> None:
 
 
 async def test_a_timeout_stops_the_attempt_and_is_retried() -> None:
-    """Each attempt times out after 0.5 s (a stubborn one is killed `timeout_kill_after` later):
+    """Each attempt times out after 0.3 s (a stubborn one is killed `timeout_kill_after` later):
     TIMED_OUT ends, then the retry limit ends the task FAILED with `timed_out`."""
-    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.5).with_max_retries(1)
+    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.3).with_max_retries(1)
     async with supervised(on_ray(timeout_kill_after=0.3)) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec.with_backoff(basic_backoff()))
         outcome = await waiter.wait()
@@ -146,16 +147,18 @@ async def test_a_frozen_agent_does_not_hang_a_shutdown(tmp_path: Any, monkeypatc
 async def test_placement_follows_the_tasks_resources() -> None:
     """A task asking for a custom resource runs where it exists (the head node's `victim`); one
     asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`,
-    saying what no node has (it said only `killed before it was placed`)."""
+    saying what no node has (it said only `killed before it was placed`). The one placed has the
+    supervisor's 3 s to start (a new Ray worker); the one never placed its own 1.5 s."""
     placed = TaskSpec.once(fn("placed", basic.quick, "here")).with_resources(num_cpus=0.5, resources={"victim": 1})
-    nowhere = TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
+    nowhere = (TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
+               .with_start_timeout(1.5))
     async with supervised(on_ray(start_timeout=3.0)) as (handle, _):
         _, placed_waiter = await handle.add_and_watch(placed)
         _, nowhere_waiter = await handle.add_and_watch(nowhere)
         done, never = await placed_waiter.wait(), await nowhere_waiter.wait()
     assert (done.kind, done.value) == (OutcomeKind.COMPLETED, "here"), done
     assert never.kind is OutcomeKind.FAILED, never
-    assert never.reason == ("start-up timed out after 3.0 s (could not start: no node of the cluster has what it "
+    assert never.reason == ("start-up timed out after 1.5 s (could not start: no node of the cluster has what it "
                             "asks for: CPU=1, absent=1)"), never.reason
 
 
@@ -494,9 +497,9 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
     ray_cluster: Any, tmp_path: Any
 ) -> None:
     """A second node dies mid-attempt: the attempt ends FAILED `node lost ...` (no exit code);
-    nothing runs in its slot until the fence (1.5 s) after the loss; the retry runs on the
+    nothing runs in its slot until the fence (1 s) after the loss; the retry runs on the
     surviving node; the slot's queued next owner runs after it; no two owners overlapped."""
-    fence = 1.5
+    fence = 1.0
     probe = Probe(tmp_path)
     config = SupervisorConfig(grace=1.0, launcher=RayLauncher(lost_fence=fence))
     victim = {"num_cpus": 0.1, "resources": {"victim": 1}}
@@ -690,6 +693,34 @@ def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ra
            "no reader left; not retried' exit_code=-13 attempts=1" in err, err[-2000:]
 
 
+STOP_OF_A_FLOODING_ATTEMPT = 1.2  # s: a cancel's SIGTERM to `yes` and its end's report, on a loaded machine
+
+
+async def test_an_attempt_that_floods_its_output_on_ray_is_stopped_at_once(capfd: pytest.CaptureFixture[str]) -> None:
+    """`yes` on Ray, its output echoed to this process's stdout, canceled once 256 KiB of it came:
+    CANCELED within `STOP_OF_A_FLOODING_ATTEMPT` s. The agent held every line it read for the
+    parent to fetch, without bound: its loop, busy reading them, took the SIGTERM late, and the
+    end waited for the lines read meanwhile to be sent, a cancel of 1.6-1.9 s here (and the
+    agent's memory grew with the output). It now stops reading (`OUTPUT_HELD`) until the parent
+    fetched what it holds, and the attempt waits at its pipe, as a local one does for a slow
+    reader: 0.4 s."""
+    seen_out: list[int] = []
+
+    def came() -> int:
+        seen_out.append(len(capfd.readouterr().out))
+        return sum(seen_out) >= 256 * 1024
+
+    async with supervised(on_ray(grace=5.0)) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(TaskSpec.once(CommandTask("yes", ["yes"])))
+        await async_wait_for(came, timeout=30.0)
+        began = time.monotonic()
+        await handle.cancel(task_id)
+        outcome = await waiter.wait()
+        took = time.monotonic() - began
+    assert outcome.kind is OutcomeKind.CANCELED, outcome
+    assert took < STOP_OF_A_FLOODING_ATTEMPT, (took, sum(seen_out))
+
+
 @pytest.mark.slow  # the `mpvisor run --ray` test of an address nobody answers at checks this path in the default run
 def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_path: Any) -> None:
     """In a process not yet connected to Ray, `127.0.0.1:1` (where `ray.init` itself retries for
@@ -731,8 +762,9 @@ def test_a_cluster_nobody_answers_at_is_a_config_error_within_start_timeout(tmp_
 
 
 def test_mpvisor_run_with_a_ray_address_nobody_answers_at_fails_within_its_start_timeout(tmp_path: Any) -> None:
-    """`mpvisor run --ray 127.0.0.1:1 --start-timeout 3 -- true`: status 1 after about 3 s, and
-    stderr is mpvisor's one line (ending with Ray's last message), no Ray log line."""
+    """`mpvisor run --ray 127.0.0.1:1 --start-timeout 2 -- true`: status 1 after about 2 s, and
+    stderr is mpvisor's one line (ending with Ray's last message), no Ray log line (Ray, made to
+    warn after 1 s, has warned by then)."""
     import shutil
     import subprocess
 
@@ -741,12 +773,12 @@ def test_mpvisor_run_with_a_ray_address_nobody_answers_at_fails_within_its_start
     env = {**os.environ, "RAY_gcs_rpc_server_connect_timeout_s": "1"}
     env.pop("RAY_ADDRESS", None)
     started = time.monotonic()
-    done = subprocess.run([mpvisor_cli, "run", "--ray", "127.0.0.1:1", "--start-timeout", "3", "--", "true"],
+    done = subprocess.run([mpvisor_cli, "run", "--ray", "127.0.0.1:1", "--start-timeout", "2", "--", "true"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-2000:]
     (line,) = done.stderr.splitlines()
-    assert line.startswith("mpvisor: cannot connect to Ray (address='127.0.0.1:1'): no answer within start_timeout=3.0 s"), line
+    assert line.startswith("mpvisor: cannot connect to Ray (address='127.0.0.1:1'): no answer within start_timeout=2.0 s"), line
     assert took < 15.0, took
 
 

@@ -56,6 +56,7 @@ class Channel:
         self._sock: socket.socket | None = ours
         self.child_fds = [theirs.detach()]  # for the spawn request: the fork server owns them then
         self._streams: dict[int, LineSplitter] = {}
+        self._paused = False  # its captured streams are not read for now (`pause_output`)
         try:
             for stream in ("stdout", "stderr") if capture_output else ():
                 r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -79,8 +80,25 @@ class Channel:
         if self._sock is not None:
             self.loop.add_reader(self._sock.fileno(), self._on_readable)
         for fd in self._streams:
-            self.loop.add_reader(fd, self._on_stream, fd)
+            if not self._paused:
+                self.loop.add_reader(fd, self._on_stream, fd)
         self.sink.on_started(pid)
+
+    def pause_output(self, paused: bool) -> None:
+        """Stop reading the captured streams until asked to resume: a sink that passes lines on
+        more slowly than an attempt writes them (the Ray agent, whose parent fetches them) holds
+        the attempt at its pipe's capacity, as a slow reader of a local attempt's pipe does. What
+        the end reads at once once the tree is gone (`_drain`) is read paused or not."""
+        if paused == self._paused:
+            return
+        self._paused = paused
+        if self.pid is None:
+            return  # not started: `started` registers the readers, or not
+        for fd in self._streams:
+            if paused:
+                self.loop.remove_reader(fd)
+            else:
+                self.loop.add_reader(fd, self._on_stream, fd)
 
     def close_unstarted(self) -> None:
         """Close every fd of a channel that will not be sent to the fork server (its child's ends too)."""

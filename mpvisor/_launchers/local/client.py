@@ -663,6 +663,12 @@ class LauncherClient:
             self.terminal.ended(key, None, None)
         self.loop.call_soon(attempt.start_failed, "withdrawn before the launcher was asked to start it")
 
+    def pause_output(self, key: int, paused: bool) -> None:
+        """Stop (or resume) reading the captured output of attempt `key` (`Channel.pause_output`)."""
+        channel = self._attempts.get(key)
+        if channel is not None:
+            channel.pause_output(paused)
+
     def _check_kill(self, key: int) -> None:
         if key in self._attempts:  # its tree is not reported gone yet
             self._unless_stopped(f"was asked {KILL_ANSWER:g} s ago to kill a tree")
