@@ -31,8 +31,8 @@ def campaign(*args: str, limit: float) -> str:
 
 @pytest.mark.timeout(120)
 def test_a_short_seeded_chaos_campaign_keeps_every_promise():
-    """3 s of storms and calm rounds (seed 1: a storm in which the launcher's guardian is killed,
-    then a calm round): every check passes (`-m slow` runs ten minutes)."""
+    """3 s of storms and calm rounds (seed 1: a storm whose SIGKILL finds the launcher's guardian
+    running, in every run here, then a calm round): every check passes (`-m slow` runs ten minutes)."""
     campaign("--duration", "3", "--seed", "1", limit=80)
 
 
