@@ -35,7 +35,7 @@ from tests._support import async_wait_for, pid_gone, seen, supervised
 from workers import basic, coop, faults
 
 MiB = 1024 * 1024
-TIMER = 1.0  # both `start_timeout` and each cell's `timeout`
+TIMER = 0.6  # both `start_timeout` and each cell's `timeout`
 KILL_AFTER = 0.3  # `timeout_kill_after` and `grace`
 MEMORY = 256 * MiB  # the memory limit of `memory` cells
 BIG = 768 * 1024  # the start message of `big-start`, the result of `result`: beyond a socket buffer

@@ -578,10 +578,10 @@ async def test_the_alive_view_is_never_lossy(tmp_path) -> None:
 
 async def test_subscriber_trouble_is_reported_at_most_once_a_second() -> None:
     """A subscriber raising on every event and one with queue_capacity 1 that sleeps
-    0.2 s per event each get at most one report a second, counting the troubles in between (the
+    0.05 s per event each get at most one report a second, counting the troubles in between (the
     raises on the other's reports are logged, not counted)."""
     raiser = Recorder("raiser", raises="every")
-    sluggish = Recorder("sluggish", delay=0.2, queue_capacity=1)
+    sluggish = Recorder("sluggish", delay=0.05, queue_capacity=1)
 
     def about(collector: Collector, kind: EventKind, name: str) -> list[Any]:
         return [e for e in collector.of(kind) if e.reason.startswith(name)]

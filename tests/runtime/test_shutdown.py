@@ -70,7 +70,7 @@ def counts(collector: Collector) -> tuple[int, int, int]:
             len(collector.of(K.GRACE_EXCEEDED)))
 
 
-async def still_pending(*tasks: asyncio.Task[Any], for_seconds: float = 0.3) -> None:
+async def still_pending(*tasks: asyncio.Task[Any], for_seconds: float = 0.2) -> None:
     """Assert that none of `tasks` finishes within `for_seconds` (a behaviour about time)."""
     done, _ = await asyncio.wait(tasks, timeout=for_seconds)
     assert not done, done
@@ -171,7 +171,7 @@ async def test_only_non_cooperative_tasks_are_reported_stuck(tmp_path) -> None:
     """With a cooperative and a stubborn task, only "stuck" is stuck; coop is CANCELED."""
     marker = str(tmp_path / "marker")
 
-    async with supervised(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, collector):
+    async with supervised(SupervisorConfig(grace=0.3), expect_grace_exceeded=True) as (handle, collector):
         _, coop_waiter = await handle.add_and_watch(TaskSpec.restartable(fn("coop", coop.cooperative, marker=marker)))
         await handle.add(once("stuck", misbehave.stubborn, marker=marker))
         await started(marker, 2)
@@ -219,7 +219,7 @@ async def test_a_cancelled_shutdown_caller_does_not_stop_the_shutdown(tmp_path) 
 
 async def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path) -> None:
     """The only shutdown() caller is cancelled; the grace still runs: the waiter is
-    pending 0.5 s later, then resolves CANCELED and ALL_STOPPED_WITHIN_GRACE is published."""
+    pending 0.3 s later, then resolves CANCELED and ALL_STOPPED_WITHIN_GRACE is published."""
     gate = Gate(tmp_path)
 
     async with supervised(SupervisorConfig(grace=5)) as (handle, collector):
@@ -228,7 +228,7 @@ async def test_shutdown_keeps_its_grace_when_its_only_caller_goes_away(tmp_path)
         caller = asyncio.create_task(handle.shutdown())
         await gate.reached("cancel-seen")
         caller.cancel()
-        await asyncio.sleep(0.5)  # the behaviour: nothing is killed early
+        await asyncio.sleep(0.3)  # the behaviour: nothing is killed early
         assert not waiter.done()
         gate.open()
         assert (await waiter.wait()).kind is OutcomeKind.CANCELED
@@ -275,13 +275,13 @@ async def test_run_joins_a_shutdown_already_under_way(tmp_path) -> None:
 
 
 async def test_run_returns_only_when_its_tasks_have_ended(tmp_path) -> None:
-    """`run([once gated])` is pending 0.5 s after its worker started; after release it
+    """`run([once gated])` is pending 0.3 s after its worker started; after release it
     returns normally with the process gone."""
     gate = Gate(tmp_path)
 
     running = asyncio.create_task(Supervisor(CONFIG).run([TaskSpec.once(gate.task("g"))]))
     await gate.reached("started")
-    await still_pending(running, for_seconds=0.5)
+    await still_pending(running, for_seconds=0.3)
     gate.open()
     outcomes = await running
     assert outcomes["g"].kind is OutcomeKind.COMPLETED
@@ -387,7 +387,7 @@ def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str
 
 @pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
 def test_a_sigint_during_the_shutdown_ends_the_grace_at_once(tmp_path, first: signal.Signals) -> None:
-    """With grace 30, a SIGINT 0.5 s after the first signal (a second Ctrl-C, or one after a
+    """With grace 30, a SIGINT 0.25 s after the first signal (a second Ctrl-C, or one after a
     SIGTERM) kills the stubborn tree at once: the script exits within 5 s, by SIGINT (its
     KeyboardInterrupt) either way, the task is FORCE_ABORTED, no descendant is left."""
     process = start_script("stubborn", tmp_path)
@@ -396,7 +396,7 @@ def test_a_sigint_during_the_shutdown_ends_the_grace_at_once(tmp_path, first: si
         tree = descendants_of(process.pid) + read_records(tmp_path / "records")
         process.send_signal(first)
         began = time.monotonic()
-        time.sleep(0.5)  # the behaviour: a Ctrl-C half a second into the grace window
+        time.sleep(0.25)  # the behaviour: a Ctrl-C a quarter of a second into the grace window
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == -signal.SIGINT
         assert time.monotonic() - began < 5
@@ -546,7 +546,7 @@ async def test_concurrent_shutdown_callers_share_the_subscriber_drain() -> None:
         _, waiter = await handle.add_and_watch(once("q", basic.quick))
         await waiter.wait()
         callers = [asyncio.create_task(handle.shutdown()) for _ in range(2)]
-        await still_pending(*callers, for_seconds=0.5)
+        await still_pending(*callers, for_seconds=0.3)
         blocking.gate.set()
         released = time.monotonic()
         assert await asyncio.gather(*callers) == [None, None]
@@ -668,19 +668,19 @@ async def test_starts_still_queued_for_the_launcher_are_withdrawn_at_shutdown() 
 
 
 async def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> None:
-    """A stubborn task removed 0.5 s before shutdown() (grace 1) is killed on its own
+    """A stubborn task removed 0.25 s before shutdown() (grace 0.5) is killed on its own
     deadline; shutdown returns normally after it is gone; ALL_STOPPED_WITHIN_GRACE."""
     marker = str(tmp_path / "marker")
 
-    async with supervised(SupervisorConfig(grace=1)) as (handle, collector):
+    async with supervised(SupervisorConfig(grace=0.5)) as (handle, collector):
         task_id, waiter = await handle.add_and_watch(once("s", misbehave.stubborn, marker=marker))
         await started(marker)
         [(_, _, _, pid)] = read_markers(marker)
         assert await handle.remove(task_id)
         removed_at = time.monotonic()
-        await asyncio.sleep(0.5)  # the behaviour: shutdown starts half-way through its grace
+        await asyncio.sleep(0.25)  # the behaviour: shutdown starts half-way through its grace
         await handle.shutdown()
-        assert time.monotonic() - removed_at >= 0.9
+        assert time.monotonic() - removed_at >= 0.4
         assert pid_gone(pid)
         assert waiter.done() and (await waiter.wait()).kind is OutcomeKind.FORCE_ABORTED
     assert counts(collector) == (1, 1, 0)

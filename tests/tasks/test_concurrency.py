@@ -55,7 +55,7 @@ async def test_the_concurrency_limit_bounds_live_attempt_processes(tmp_path):
 
         assert await listed() == 40
         await async_wait_for(lambda: len(words(marker, "started")) == 4, timeout=30)
-        await asyncio.sleep(0.5)  # the behaviour: no fifth attempt starts meanwhile
+        await asyncio.sleep(0.3)  # the behaviour: no fifth attempt starts meanwhile
         assert len(words(marker, "started")) == 4
         assert len(handle.alive_snapshot()) == 4
         began = time.monotonic()

@@ -637,18 +637,18 @@ async def test_a_tree_killed_for_a_limit_leaves_no_cgroup_a_nested_mpvisor_made_
 
 @pytest.mark.parametrize("mechanism", [pytest.param("cgroup v2 cpu.stat", marks=needs_v2_cpu_stat), "launcher accounting"])
 async def test_cpu_seconds_count_the_whole_trees_cpu_time(mechanism, monkeypatch) -> None:
-    """Three busy children under `cpu_seconds=2` end the attempt after about 2 s of CPU in all
-    (1 s of wall time on 2 cores), not 6: counted by the attempt's own v2 cgroup, or, forced
+    """Three busy children under `cpu_seconds=1` end the attempt after about 1 s of CPU in all
+    (0.5 s of wall time on 2 cores), not 3: counted by the attempt's own v2 cgroup, or, forced
     with MPVISOR_CGROUPS=off, by the launcher's accounting of the tree."""
     if mechanism == "launcher accounting":
         monkeypatch.setenv("MPVISOR_CGROUPS", "off")
     spec = TaskSpec.once(CommandTask("busy", ["sh", "-c", "for i in 1 2 3; do (while :; do :; done) & done; wait"]))
     async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
-        _, waiter = await handle.add_and_watch(spec.with_limits(cpu_seconds=2))
+        _, waiter = await handle.add_and_watch(spec.with_limits(cpu_seconds=1))
         outcome = await waiter.wait()
     assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, "cpu"), outcome
-    assert outcome.reason.startswith(f"cpu limit exceeded (2 s, {mechanism}): "), outcome.reason
-    assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # a third of 6 s of CPU on 2 cores
+    assert outcome.reason.startswith(f"cpu limit exceeded (1 s, {mechanism}): "), outcome.reason
+    assert outcome.duration is not None and outcome.duration < 4.5, outcome.duration  # 1 s of CPU is 0.5 s on 2 cores
 
 
 @pytest.mark.parametrize("mechanism", [pytest.param("cgroup v2 cpu.stat", marks=needs_v2_cpu_stat), "launcher accounting"])

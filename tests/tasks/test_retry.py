@@ -253,22 +253,22 @@ async def test_always_without_interval_restarts_without_backoff_events() -> None
 
 
 async def test_periodic_waits_its_interval_after_each_success() -> None:
-    """Periodic 0.2: SUCCESS backoffs of 0.2 between runs, each start ≥ 0.19 s later."""
+    """Periodic 0.1: SUCCESS backoffs of 0.1 between runs, each start ≥ 0.09 s later."""
 
     async with supervised(CONFIG) as (handle, collector):
-        await handle.add(TaskSpec.periodic(fn("p", basic.quick), 0.2))
+        await handle.add(TaskSpec.periodic(fn("p", basic.quick), 0.1))
         await async_wait_for(lambda: len(collector.of(K.ATTEMPT_SUCCEEDED, task="p")) >= 3)
     starts = collector.of(K.ATTEMPT_STARTING, task="p")
     assert len(starts) >= 3
     assert collector.of(K.ATTEMPT_FAILED) == []
     ends = [e for e in collector.events if e.task == "p" and e.kind in ATTEMPT_TERMINAL_KINDS]
     intervals = collector.of(K.BACKOFF_SCHEDULED, task="p")
-    assert all(e.backoff_source is BackoffSource.SUCCESS and e.delay == pytest.approx(0.2) for e in intervals)
+    assert all(e.backoff_source is BackoffSource.SUCCESS and e.delay == pytest.approx(0.1) for e in intervals)
     for n in range(1, len(starts)):
         end = next(e for e in ends if e.attempt == n)
         interval = next(e for e in intervals if end.seq < e.seq < starts[n].seq)
-        assert interval.delay == pytest.approx(0.2)
-        assert starts[n].at - end.at >= 0.19
+        assert interval.delay == pytest.approx(0.1)
+        assert starts[n].at - end.at >= 0.09
 
 
 def test_exponential_delays_grow_and_cap() -> None:

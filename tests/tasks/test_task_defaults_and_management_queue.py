@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(60)
 
 K = EventKind
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TIMEOUT_DEFAULTS = TaskDefaults(timeout=0.3)
+TIMEOUT_DEFAULTS = TaskDefaults(timeout=0.15)
 
 
 def parked(name: str) -> TaskSpec:
@@ -94,14 +94,14 @@ async def test_task_defaults_and_their_default_backoff() -> None:
 
 
 async def test_an_inherited_timeout_applies_to_added_tasks() -> None:
-    """TaskDefaults(timeout=0.3) times out an added once sleeper(3600): FAILED."""
+    """TaskDefaults(timeout=0.15) times out an added once sleeper(3600): FAILED."""
 
     async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
         _, waiter = await handle.add_and_watch(once("s", basic.sleeper, 3600))
         outcome = await asyncio.wait_for(waiter.wait(), 10)
         assert outcome.kind is OutcomeKind.FAILED and "timed out" in outcome.reason
         [timed_out] = await async_wait_for(lambda: collector.of(K.ATTEMPT_TIMED_OUT, task="s"))
-        assert timed_out.timeout == pytest.approx(0.3)
+        assert timed_out.timeout == pytest.approx(0.15)
 
 
 def test_an_inherited_timeout_applies_to_run_batches() -> None:
@@ -113,7 +113,7 @@ def test_an_inherited_timeout_applies_to_run_batches() -> None:
 
 
 async def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> None:
-    """`.with_timeout(None)` beats TaskDefaults(timeout=0.3): still running after 0.6 s,
+    """`.with_timeout(None)` beats TaskDefaults(timeout=0.15): still running after 0.3 s,
     COMPLETED after release."""
     marker, release = str(tmp_path / "marker"), tmp_path / "release"
     spec = once("g", coop.gated, str(release), marker=marker).with_timeout(None)
@@ -121,7 +121,7 @@ async def test_an_explicit_no_timeout_overrides_the_inherited_one(tmp_path) -> N
     async with supervised(CONFIG, task_defaults=TIMEOUT_DEFAULTS) as (handle, collector):
         _, waiter = await handle.add_and_watch(spec)
         await async_wait_for(lambda: read_markers(marker))
-        await asyncio.sleep(0.6)  # the behaviour: twice the inherited 0.3 s
+        await asyncio.sleep(0.3)  # the behaviour: twice the inherited 0.15 s
         assert handle.is_alive("g") and not waiter.done()
         assert collector.of(K.ATTEMPT_TIMED_OUT) == []
         release.touch()

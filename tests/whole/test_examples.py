@@ -15,6 +15,7 @@ Ray example runs last, on the session's Ray cluster (`RAY_ADDRESS`), never start
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import pathlib
@@ -24,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -161,18 +163,33 @@ def test_metrics_example_scrapes_itself_over_http(user: User) -> None:
 def test_two_concurrent_deploys_of_one_environment_take_turns(user: User) -> None:
     """examples/deploy.sh under bash, twice at once for the same environment: the second waits
     in the slot's queue while the first deploys, deploys after the first has ended, and both
-    exit 0 saying so."""
+    exit 0 saying so. The first deploy lasts until the second says it waits (then the test ends
+    its `sleep`): the turn it must not lose is then sure to be taken."""
     assert MPVISOR is not None, "the mpvisor executable is not on PATH"
     user.copy("deploy.sh")
     log = user.home / "deploy-prod.log"
     path = f"{os.path.dirname(MPVISOR)}{os.pathsep}{os.environ.get('PATH', '')}"
-    first = user.start(["bash", "deploy.sh", "prod", "v1"], DEPLOY_SECONDS="1.2", PATH=path)
-    wait_for(lambda: log.exists() and "start v1" in log.read_text(), timeout=30)
-    second = user.start(["bash", "deploy.sh", "prod", "v2"], DEPLOY_SECONDS="0.1", PATH=path)
-    results = [proc.communicate(timeout=RUN_TIMEOUT) for proc in (first, second)]
+    first = user.start(["bash", "deploy.sh", "prod", "v1"], DEPLOY_SECONDS=str(RUN_TIMEOUT), PATH=path)
+    try:
+        wait_for(lambda: log.exists() and "start v1" in log.read_text(), timeout=30)
+        second = user.start(["bash", "deploy.sh", "prod", "v2"], DEPLOY_SECONDS="0.1", PATH=path)
+        said = ""
+        while "waiting, position 1" not in said:
+            line = second.stderr.readline() if second.stderr else ""
+            assert line, f"v2 ended without saying it waits: {said!r}"
+            said += line
+        [deploying] = [p for p in psutil.Process(first.pid).children(recursive=True) if p.name() == "sleep"]
+        deploying.terminate()  # v1's deploy ends now (it then logs its end, and exits 0)
+        results = [proc.communicate(timeout=RUN_TIMEOUT) for proc in (first, second)]
+    finally:
+        if first.poll() is None:  # a failure above: its deploy would sleep on
+            for process in psutil.Process(first.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            first.kill()
+            first.wait(timeout=10)
     assert [first.returncode, second.returncode] == [0, 0], results
     assert [out for out, _ in results] == ["v1: deployed to prod\n", "v2: deployed to prod\n"], results
-    assert "waiting, position 1" in results[1][1], results[1][1]
     events = [line.split() for line in log.read_text().splitlines()]
     assert [(word, version) for word, version, _ in events] == [("start", "v1"), ("end", "v1"), ("start", "v2"), ("end", "v2")]
     assert float(events[1][2]) <= float(events[2][2]), events  # v2 began only after v1 ended

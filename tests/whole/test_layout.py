@@ -12,11 +12,13 @@ anything and nothing below them imports a face.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pathlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,17 +40,29 @@ def _modules() -> dict[str, pathlib.Path]:
     return {_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def _tree(path: pathlib.Path) -> ast.Module:
+    """The module at `path`, parsed once for all of this file's tests (which only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _trees_kept_for_this_module_only() -> Iterator[None]:
+    yield
+    _tree.cache_clear()  # the rest of the suite does not carry the package's syntax trees
+
+
 def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
-    return _imports_of(path.read_text(), _name(path), path.name == "__init__.py", modules)
+    return _imports_of(_tree(path), _name(path), path.name == "__init__.py", modules)
 
 
-def _imports_of(code: str, name: str, is_package: bool, modules: set[str]) -> set[str]:
+def _imports_of(code: str | ast.Module, name: str, is_package: bool, modules: set[str]) -> set[str]:
     """Every package module the module `name` imports, anywhere in `code` (under
     `TYPE_CHECKING` and inside functions too), by its name inside the package.
     `from mpvisor.x import y` counts the module `x.y` when there is one, else `x`."""
     package = name.split(".") if is_package else name.split(".")[:-1]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.walk(ast.parse(code) if isinstance(code, str) else code):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name == "mpvisor" or a.name.startswith("mpvisor."))
         elif isinstance(node, ast.ImportFrom):
@@ -98,7 +112,7 @@ def _rules(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
     rules: dict[str, set[str]] = {}
     for name, path in modules.items():
         if path.name == "__init__.py" and name not in FACES:
-            docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+            docstring = ast.get_docstring(_tree(path)) or ""
             line = re.search(r"^May import: (.*)\.$", docstring, re.M)
             assert line, f"mpvisor/{name.replace('.', '/')}/__init__.py: its docstring has no 'May import: ...' line"
             named = set(re.findall(r"`([^`]+)`", line[1]))
@@ -237,7 +251,7 @@ def test_every_named_tuple_is_made_by_the_packages_own():
     (into the fork server too) and compile its fields' annotations (`_model/tuples.py`)."""
     direct = []
     for name, path in sorted(_modules().items()):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module == "typing" and node.col_offset == 0:
                 direct += [f"{name}: from typing import NamedTuple" for alias in node.names if alias.name == "NamedTuple"]
             if isinstance(node, ast.ClassDef) and "typing.NamedTuple" in map(ast.unparse, node.bases):
@@ -251,7 +265,7 @@ def test_every_record_has_a_docstring():
     record and dataclass of the package says what it is itself."""
     missing = []
     for name, path in sorted(_modules().items()):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             made = isinstance(node, ast.ClassDef) and any(
                 ast.unparse(d).split("(")[0] in ("record", "dataclass", "dataclasses.dataclass")
                 for d in node.decorator_list)

@@ -24,7 +24,7 @@ from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-SILENCE = 0.5  # seconds a partitioned peer is watched for a byte that must not come
+SILENCE = 0.25  # seconds a partitioned peer is watched for a byte that must not come (the proxy passes one on within milliseconds)
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -93,9 +93,9 @@ def test_slow_import_takes_at_least_its_import_seconds() -> None:
 
 
 def test_hanging_import_never_completes() -> None:
-    """Fixtures: importing `workers.hanging_import` is still blocked after 0.8 s (its start-up takes about 0.1)."""
+    """Fixtures: importing `workers.hanging_import` is still blocked after 0.4 s (its start-up takes about 0.1)."""
     with pytest.raises(subprocess.TimeoutExpired):
-        _python("import workers.hanging_import; print('imported')", timeout=0.8)
+        _python("import workers.hanging_import; print('imported')", timeout=0.4)
 
 
 def test_building_the_pickle_bomb_writes_nothing_and_loading_it_does(
