@@ -655,10 +655,10 @@ def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
     assert said.startswith("mpvisor: raising: attempt 1 failed: RuntimeError: kaboom; retry in "), said
     assert lines.index(said) < len(lines) - 2 and lines[lines.index(said) - 1] == "RuntimeError: kaboom", lines
     assert lines[-1] == outcome_line(done.stderr) and "attempts=2" in lines[-1], lines
-    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1",
+    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.1", "--restart", "on-failure", "--max-retries", "1",
                         "--backoff", "0.01", "--", "sleep", "5")
     assert timed_out.returncode == 124, timed_out.stderr
-    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.3 s; retry in ")
+    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.1 s; retry in ")
     quiet = mpvisor(tmp_path, "run", "--quiet", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
                     "workers.basic:raising")
     assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
