@@ -156,7 +156,7 @@ def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first
 
         [task.db]
         target = "workers.services:serve"
-        kwargs = {{ ready_after = 0.5, status = "accepting", marker = MARKER }}
+        kwargs = {{ ready_after = 0.25, status = "accepting", marker = MARKER }}
         ready = "notify"
 
         [task.api]
@@ -165,18 +165,18 @@ def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first
         after = ["db"]
 
         [task.notifier]
-        command = ["{PYTHON}", "-m", "workers.notify_program", "--ready-after", "0.3", "--status", "warming"]
+        command = ["{PYTHON}", "-m", "workers.notify_program", "--ready-after", "0.15", "--status", "warming"]
         ready = "notify"
         after = ["api"]
 
         [task.listener]
         target = "workers.services:tcp"
-        kwargs = {{ port = {port}, listen_after = 0.4, marker = MARKER }}
+        kwargs = {{ port = {port}, listen_after = 0.2, marker = MARKER }}
         ready = "tcp:127.0.0.1:{port}"
 
         [task.toucher]
         target = "workers.services:touch"
-        kwargs = {{ path = {json.dumps(str(flag))}, after = 0.3, marker = MARKER }}
+        kwargs = {{ path = {json.dumps(str(flag))}, after = 0.15, marker = MARKER }}
         ready = "file:flag"
 
         [task.checked]
@@ -602,7 +602,7 @@ def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_
     run.write("""
         [task.db]
         target = "workers.services:serve"
-        kwargs = { ready_after = 0.5, marker = MARKER }
+        kwargs = { ready_after = 0.25, marker = MARKER }
         ready = "notify"
         restart = "always"
 
@@ -945,7 +945,7 @@ def test_a_one_shot_task_whose_probe_passes_as_it_exits_gates_what_comes_after_i
     migrate ended completed`)."""
     run.write("""
         [task.migrate]
-        command = ["sh", "-c", "sleep 0.5; exec touch migrated"]
+        command = ["sh", "-c", "sleep 0.25; exec touch migrated"]
         ready = "file:migrated"
 
         [task.web]
