@@ -1451,23 +1451,37 @@ def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
     the run ends: the events dropped meanwhile (the writer's queue was full) are said, one line,
     and the status is 1. They were lost silently, status 0: the bus's WARNING about its full
     queue is not printed under `--events json`, and nothing counted them."""
-    # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last; 600 of
-    # them publish about 1800 events, of which the writer's queue (1024) and the pipe (64 KiB, about
-    # 430 lines of about 150 bytes) hold about 1450 before the bus drops any
-    attempts = 600
-    proc = start(tmp_path, "--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1),
-                 "--backoff", "0", "--jitter", "none", "--", "false")  # a program: a few ms an attempt
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        seen = []
-        for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
-            seen.append(line)
-            if line.startswith(f"mpvisor: false: attempt {attempts - 10} failed"):
-                break
-        out, err = proc.communicate(timeout=40)
-    finally:
-        proc.kill()
-        proc.communicate()
+    # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last; 420 of
+    # them publish about 1260 events, of which the writer's queue (1024) and the pipe (made 4 KiB,
+    # about 27 lines of about 150 bytes) hold about 1050 before the bus drops any
+    import fcntl
+    import threading
+
+    attempts = 420
+    readable, writable = os.pipe()
+    fcntl.fcntl(writable, fcntl.F_SETPIPE_SZ, 4096)
+    argv = ["--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1), "--backoff", "0",
+            "--jitter", "none", "--", "false"]  # a program: a few ms an attempt
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, env=cli_env(),
+                            stdout=writable, stderr=subprocess.PIPE, text=True)
+    os.close(writable)
+    read: list[str] = []
+    with open(readable, encoding="utf-8") as stdout:
+        try:
+            assert proc.stderr is not None
+            seen = []
+            for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
+                seen.append(line)
+                if line.startswith(f"mpvisor: false: attempt {attempts - 10} failed"):
+                    break
+            reader = threading.Thread(target=lambda: read.append(stdout.read()))
+            reader.start()
+            _, err = proc.communicate(timeout=40)
+            reader.join(timeout=40)
+        finally:
+            proc.kill()
+            proc.communicate()
+    (out,) = read
     err = "".join(seen) + err
     assert proc.returncode == 1, err[-2000:]
     events = [json.loads(line) for line in out.splitlines()]
