@@ -244,7 +244,7 @@ def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(ru
             kwargs = {{ port = {port}, close_after = 0.5 }}
             ready = "tcp:127.0.0.1:{port}"
             health = "tcp:127.0.0.1:{port}"
-            health_interval = "0.2s"
+            health_interval = "0.1s"
             health_failures = 2""",
         "watchdog": f"""command = ["{PYTHON}", "-m", "workers.notify_program", "--watchdog-every", "0.1", "--pings", "3"]
             ready = "notify"
