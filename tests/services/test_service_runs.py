@@ -212,7 +212,7 @@ def test_a_dependency_that_ends_for_good_leaves_its_dependents_not_started(run: 
     run.write("""
         [task.db]
         target = "workers.services:fail_after"
-        kwargs = { seconds = 0.3, marker = MARKER }
+        kwargs = { seconds = 0.1, marker = MARKER }
         ready = "notify"
 
         [task.api]
@@ -229,7 +229,7 @@ def test_a_dependency_that_ends_for_good_leaves_its_dependents_not_started(run: 
     _, err = proc.communicate(timeout=40)
     assert proc.returncode != 0
     assert [t for w, t, *_ in run.markers() if w == "started"] == ["db"]
-    assert "mpvisor: api: rejected" in err and "not started: db ended fatal: gave up after 0.3 s" in err, err
+    assert "mpvisor: api: rejected" in err and "not started: db ended fatal: gave up after 0.1 s" in err, err
     assert "mpvisor: web: rejected" in err and "api cannot start" in err, err
 
 
