@@ -246,17 +246,17 @@ def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(ru
             health = "tcp:127.0.0.1:{port}"
             health_interval = "0.1s"
             health_failures = 2""",
-        "watchdog": f"""command = ["{PYTHON}", "-m", "workers.notify_program", "--watchdog-every", "0.1", "--pings", "3"]
+        "watchdog": f"""command = ["{PYTHON}", "-m", "workers.notify_program", "--watchdog-every", "0.05", "--pings", "3"]
             ready = "notify"
-            watchdog = "0.4s\"""",
+            watchdog = "0.2s\"""",
         "ready_timeout": """target = "workers.services:serve_silent"
             ready = "notify"
-            ready_timeout = 0.3""",
+            ready_timeout = 0.15""",
     }[what]
     reason = {
         "health": f"health check failed 2 times in a row (tcp:127.0.0.1:{port}: ",
-        "watchdog": "watchdog: no WATCHDOG=1 within watchdog=0.4 s",
-        "ready_timeout": "not ready within ready_timeout=0.3 s (no ready() call)",
+        "watchdog": "watchdog: no WATCHDOG=1 within watchdog=0.2 s",
+        "ready_timeout": "not ready within ready_timeout=0.15 s (no ready() call)",
     }[what]
     run.write(f"""
         [task.svc]
