@@ -985,7 +985,7 @@ def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeed
     instance's readiness, once it has ended."""
     run.write("""
         [task.migrate]
-        command = ["sh", "-c", "sleep 0.3; touch migrated"]
+        command = ["sh", "-c", "sleep 0.15; touch migrated"]
         ready = "completed"
 
         [task.web]
