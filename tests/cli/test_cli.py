@@ -87,14 +87,14 @@ def events_until(proc: subprocess.Popen[str], kind: str) -> list[dict[str, Any]]
         (["--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01", "workers.basic:failing", "3"], 3,
          ["retry limit reached after 1 of 1 retries", "attempts=2"]),
         (["--", "sh", "-c", "exit 4"], 4, ["program exited with status 4"]),
-        (["--timeout", "0.3", "workers.basic:sleeper", "30"], 124, [": failed ", "timed out after 0.3 s"]),
+        (["--timeout", "0.1", "workers.basic:sleeper", "30"], 124, [": failed ", "timed out after 0.1 s"]),
         (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
           "workers.basic:sequence", '["fail", "hang"]'], 124, ["retry limit reached", "timed out", "attempts=2"]),
         (["--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
           "workers.basic:sequence", '["hang", "fail"]'], 1, ["retry limit reached", "boom", "attempts=2"]),
-        (["--timeout", "0.3", "--", "sleep", "30"], 124, ["timed out after 0.3 s"]),
-        (["--timeout", "0.3", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.3 s"]),
-        (["--start-timeout", "0.3", "workers.hanging_import:target"], 124, [": failed ", "start-up timed out after 0.3 s"]),
+        (["--timeout", "0.1", "--", "sleep", "30"], 124, ["timed out after 0.1 s"]),
+        (["--timeout", "0.1", "workers.hanging_import:target"], 124, [": failed ", "timed out after 0.1 s"]),
+        (["--start-timeout", "0.1", "workers.hanging_import:target"], 124, [": failed ", "start-up timed out after 0.1 s"]),
         (["--", "/no/such/program-xyz"], 127, [": fatal ", "cannot execute '/no/such/program-xyz'", "exit_code=127"]),
         (["--", "/etc/passwd"], 126, [": fatal ", "cannot execute '/etc/passwd'", "exit_code=126"]),
         (["--", "/bin/"], 126, [": fatal ", "cannot execute '/bin/': Is a directory", "exit_code=126"]),
@@ -655,10 +655,10 @@ def test_each_retried_attempts_failure_is_said_before_the_next(tmp_path):
     assert said.startswith("mpvisor: raising: attempt 1 failed: RuntimeError: kaboom; retry in "), said
     assert lines.index(said) < len(lines) - 2 and lines[lines.index(said) - 1] == "RuntimeError: kaboom", lines
     assert lines[-1] == outcome_line(done.stderr) and "attempts=2" in lines[-1], lines
-    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.3", "--restart", "on-failure", "--max-retries", "1",
+    timed_out = mpvisor(tmp_path, "run", "--timeout", "0.1", "--restart", "on-failure", "--max-retries", "1",
                         "--backoff", "0.01", "--", "sleep", "5")
     assert timed_out.returncode == 124, timed_out.stderr
-    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.3 s; retry in ")
+    assert timed_out.stderr.splitlines()[0].startswith("mpvisor: sleep: attempt 1 timed out after 0.1 s; retry in ")
     quiet = mpvisor(tmp_path, "run", "--quiet", "--restart", "on-failure", "--max-retries", "1", "--backoff", "0.01",
                     "workers.basic:raising")
     assert (quiet.returncode, quiet.stderr) == (1, ""), quiet.stderr
@@ -1451,23 +1451,37 @@ def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
     the run ends: the events dropped meanwhile (the writer's queue was full) are said, one line,
     and the status is 1. They were lost silently, status 0: the bus's WARNING about its full
     queue is not printed under `--events json`, and nothing counted them."""
-    # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last; 600 of
-    # them publish about 1800 events, of which the writer's queue (1024) and the pipe (64 KiB, about
-    # 430 lines of about 150 bytes) hold about 1450 before the bus drops any
-    attempts = 600
-    proc = start(tmp_path, "--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1),
-                 "--backoff", "0", "--jitter", "none", "--", "false")  # a program: a few ms an attempt
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        seen = []
-        for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
-            seen.append(line)
-            if line.startswith(f"mpvisor: false: attempt {attempts - 10} failed"):
-                break
-        out, err = proc.communicate(timeout=40)
-    finally:
-        proc.kill()
-        proc.communicate()
+    # each failed attempt: attempt_starting, attempt_failed, backoff_scheduled but the last; 420 of
+    # them publish about 1260 events, of which the writer's queue (1024) and the pipe (made 4 KiB,
+    # about 27 lines of about 150 bytes) hold about 1050 before the bus drops any
+    import fcntl
+    import threading
+
+    attempts = 420
+    readable, writable = os.pipe()
+    fcntl.fcntl(writable, fcntl.F_SETPIPE_SZ, 4096)
+    argv = ["--events", "json", "--restart", "on-failure", "--max-retries", str(attempts - 1), "--backoff", "0",
+            "--jitter", "none", "--", "false"]  # a program: a few ms an attempt
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, env=cli_env(),
+                            stdout=writable, stderr=subprocess.PIPE, text=True)
+    os.close(writable)
+    read: list[str] = []
+    with open(readable, encoding="utf-8") as stdout:
+        try:
+            assert proc.stderr is not None
+            seen = []
+            for line in proc.stderr:  # stdout unread meanwhile: the pipe, then the writer's queue, fill up
+                seen.append(line)
+                if line.startswith(f"mpvisor: false: attempt {attempts - 10} failed"):
+                    break
+            reader = threading.Thread(target=lambda: read.append(stdout.read()))
+            reader.start()
+            _, err = proc.communicate(timeout=40)
+            reader.join(timeout=40)
+        finally:
+            proc.kill()
+            proc.communicate()
+    (out,) = read
     err = "".join(seen) + err
     assert proc.returncode == 1, err[-2000:]
     events = [json.loads(line) for line in out.splitlines()]

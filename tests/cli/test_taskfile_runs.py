@@ -470,7 +470,7 @@ def test_max_concurrent_bounds_the_attempts_of_a_file_and_the_command_line_wins(
     found = intervals(log)
     assert len(found) == 5 and most_at_once(found) == 2, found
     one = tmp_path / "one.log"
-    hold_file(tmp_path / "one.toml", one, 3, 0.2, "max_concurrent = 2")
+    hold_file(tmp_path / "one.toml", one, 3, 0.1, "max_concurrent = 2")
     done = mpvisor(tmp_path, "run", "--max-concurrent", "1", "--file", "one.toml")
     assert done.returncode == 0, done.stderr
     found = intervals(one)
@@ -681,7 +681,7 @@ def test_progress_shows_rate_eta_and_attempt_on_a_terminal_and_as_plain_lines_el
     bars = [part.split("\x1b[K")[0] for part in shown.split("\r") if part.startswith("progress_steps: [")]
     assert bars[-1].startswith("progress_steps: [##############################] 5/5 100% ") and "ETA 0s attempt 1: step 5" in bars[-1]
     assert any("/s ETA " in bar for bar in bars[:-1]), bars
-    plain = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.06")
+    plain = mpvisor(tmp_path, "run", "--progress", "workers.basic:progress_steps", "5", "0.01")
     assert (plain.returncode, plain.stdout) == (0, "5\n"), plain.stderr
     lines = [line for line in plain.stderr.splitlines() if ": progress " in line]
     assert lines[0] == "mpvisor: progress_steps: progress 1/5 20% attempt 1: step 1"  # then one every 2 s at most

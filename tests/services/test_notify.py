@@ -143,7 +143,7 @@ async def test_a_program_pings_the_watchdog_as_often_as_told_then_goes_silent(di
     messages: Messages = []
     notify = NotifySocket.open(directory, "1-1.sock", messages.append)
     try:
-        args = ("--watchdog-every", "0.05", "--pings", "3", "--exit-after", "0.6")
+        args = ("--watchdog-every", "0.05", "--pings", "3", "--exit-after", "0.4")
         assert await _exit_status(_program(notify.path, *args)) == 0
     finally:
         notify.close()

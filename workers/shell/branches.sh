@@ -4,7 +4,7 @@
 out=$1
 mpvisor run -- sh -c 'exit 7'
 echo "exit7 $?" >> "$out"
-mpvisor run --timeout 0.3 -- sleep 10
+mpvisor run --timeout 0.1 -- sleep 10
 echo "timeout $?" >> "$out"
 mpvisor run -- sh -c 'kill -KILL $$'
 echo "killed $?" >> "$out"
