@@ -45,7 +45,7 @@ def test_queued_runs_on_three_hosts_own_the_slot_one_at_a_time_in_fifo_order(tmp
     tokens = [shown(tmp_path, url)[0]["owner"]["token"]]
     queued = []
     for n in range(1, 4):
-        run = start(tmp_path, n, url, "--slot", "deploy", *owner(log, 0.2, f"h{n}"))
+        run = start(tmp_path, n, url, "--slot", "deploy", *owner(log, 0.05, f"h{n}"))
         assert run.stderr is not None and f"waiting, position {n}" in run.stderr.readline()
         queued.append(run)
     assert len(shown(tmp_path, url)[0]["queue"]) == 3
