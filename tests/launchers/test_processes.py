@@ -433,7 +433,7 @@ async def test_cancellation_details_in_the_child(tmp_path):
     """Canceled escapes except Exception; wait/check_cancelled semantics; async cancel; no second Canceled."""
     details, aio, counter_marker = tmp_path / "details", tmp_path / "async", tmp_path / "counter-m"
     counter = tmp_path / "counter"
-    config = SupervisorConfig(grace=3, timeout_kill_after=0.5)
+    config = SupervisorConfig(grace=3, timeout_kill_after=0.3)
 
     async with supervised(config) as (handle, events):
         details_id = await handle.add(once("details", coop.cancel_details, marker=str(details)))
@@ -530,7 +530,7 @@ async def test_a_command_task_tree_is_killed_after_its_trap_runs(how, tmp_path):
     spec = TaskSpec.once(CommandTask("trapper", ["sh", "-c", TRAP_SCRIPT, "sh", str(trapped), str(pids_file)]))
     if how == "timeout":
         spec = spec.with_timeout(0.3)
-    config = SupervisorConfig(grace=0.5, timeout_kill_after=0.5)
+    config = SupervisorConfig(grace=0.3, timeout_kill_after=0.3)  # a trap's echo takes milliseconds
 
     async with supervised(config) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec)
