@@ -156,7 +156,7 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     import psycopg
 
     log = tmp_path / "owners.log"
-    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 2.0, "one"))
+    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 1.5, "one"))  # held past the terminations by a second
     wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
     second = start(tmp_path, 2, url, "--slot", "k", *owner(log, 0.0, "two"))
     assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
