@@ -477,7 +477,7 @@ async def test_the_three_policies_keep_one_owner_per_slot(tmp_path: Any) -> None
         first_id, first = await handle.submit_and_watch(Q(probe.coop("first"), "s"))
         await async_wait_for(lambda: words(probe.marker, "started"), timeout=20.0)
         _, dropped = await handle.submit_and_watch(D(probe.quick("dropped"), "s"))
-        replacing_id, replacing = await handle.submit_and_watch(R(probe.quick("replacing", hold=1.0), "s"))
+        replacing_id, replacing = await handle.submit_and_watch(R(probe.quick("replacing", hold=0.3), "s"))
         queued_id, queued = await handle.submit_and_watch(Q(probe.quick("queued"), "s"))
         assert_rejected(await dropped.wait(), RejectionKind.SLOT_BUSY)
         assert (await first.wait()).kind is OutcomeKind.CANCELED
