@@ -75,7 +75,7 @@ def test_a_grant_keeps_the_lease_ttl_of_the_host_it_is_granted_to(tmp_path: Any,
     log = tmp_path / "owners.log"
     short = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 60.0, "short"))
     wait_for(lambda: log.exists() and "start short" in log.read_text(), timeout=30)
-    long = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "30", *owner(log, 0.2, "long"))
+    long = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "30", *owner(log, 0.05, "long"))
     assert long.stderr is not None and "waiting, position 1" in long.stderr.readline()
     os.kill(long.pid, signal.SIGSTOP)
     try:
