@@ -120,7 +120,7 @@ async def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path)
 
     async with controlled(SupervisorConfig(grace=5.0)) as (handle, events):
         old, old_waiter = await handle.submit_and_watch(Q(restartable(
-            "old", controller_probes.slow_stop_probe, probe.lock, probe.violations, 0.5,
+            "old", controller_probes.slow_stop_probe, probe.lock, probe.violations, 0.25,
             marker=str(old_marker)), "s"))
         await async_wait_for(lambda: words(old_marker, "started"))
         old_pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=old)).pid
@@ -135,7 +135,7 @@ async def test_replacement_starts_only_after_the_old_process_is_reaped(tmp_path)
         assert pid_gone(old_pid)
         starting = await seen(events, EventKind.ATTEMPT_STARTING, id=new)
         assert seq_of(events, EventKind.TASK_REMOVED, id=old) < starting.seq
-        assert starting.at - submitted_at >= 0.45  # the old owner's 0.5 s clean-up came first
+        assert starting.at - submitted_at >= 0.2  # the old owner's 0.25 s clean-up came first
     assert words(old_marker, "finally")
     assert words(new_marker, "overlap") == []
     assert probe.violations_seen() == []

@@ -95,10 +95,10 @@ async def test_shutdown_never_starts_queued_submissions(tmp_path):
 
 
 async def test_slot_owners_are_drained_like_registered_tasks(tmp_path):
-    """Grace 0.5: the cooperative owner ends CANCELED, the stubborn one FORCE_ABORTED and stuck."""
+    """Grace 0.25: the cooperative owner ends CANCELED, the stubborn one FORCE_ABORTED and stuck."""
     marker = tmp_path / "m"
 
-    async with controlled(SupervisorConfig(grace=0.5), expect_grace_exceeded=True) as (handle, _events):
+    async with controlled(SupervisorConfig(grace=0.25), expect_grace_exceeded=True) as (handle, _events):
         _, polite = await handle.submit_and_watch(Q(restartable("polite", coop.cooperative), "s1"))
         _, stuck = await handle.submit_and_watch(Q(once("stuck", misbehave.stubborn, marker=str(marker)), "s2"))
         await running(handle, "polite")

@@ -45,7 +45,7 @@ def test_queued_runs_on_three_hosts_own_the_slot_one_at_a_time_in_fifo_order(tmp
     tokens = [shown(tmp_path, url)[0]["owner"]["token"]]
     queued = []
     for n in range(1, 4):
-        run = start(tmp_path, n, url, "--slot", "deploy", *owner(log, 0.2, f"h{n}"))
+        run = start(tmp_path, n, url, "--slot", "deploy", *owner(log, 0.05, f"h{n}"))
         assert run.stderr is not None and f"waiting, position {n}" in run.stderr.readline()
         queued.append(run)
     assert len(shown(tmp_path, url)[0]["queue"]) == 3
@@ -75,7 +75,7 @@ def test_a_grant_keeps_the_lease_ttl_of_the_host_it_is_granted_to(tmp_path: Any,
     log = tmp_path / "owners.log"
     short = start(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "2", *owner(log, 60.0, "short"))
     wait_for(lambda: log.exists() and "start short" in log.read_text(), timeout=30)
-    long = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "30", *owner(log, 0.2, "long"))
+    long = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "30", *owner(log, 0.05, "long"))
     assert long.stderr is not None and "waiting, position 1" in long.stderr.readline()
     os.kill(long.pid, signal.SIGSTOP)
     try:
@@ -156,7 +156,7 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     import psycopg
 
     log = tmp_path / "owners.log"
-    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 2.0, "one"))
+    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 1.5, "one"))  # held past the terminations by a second
     wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
     second = start(tmp_path, 2, url, "--slot", "k", *owner(log, 0.0, "two"))
     assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
@@ -263,11 +263,14 @@ def test_a_file_task_that_waited_past_its_wait_timeout_says_so_not_that_it_was_a
     (tmp_path / "tasks.toml").write_text('[defaults]\nwait_timeout = 0.5\n[task.filed]\ncommand = ["echo", "never"]\n'
                                          'slot = "held"\n')
     try:
-        status, err = finish(start(tmp_path, 2, url, "--file", "tasks.toml"))
+        # the two wait at once, each for its own half second: neither's answer depends on the other's
+        filed = start(tmp_path, 2, url, "--file", "tasks.toml")
+        single = start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "0.5", "--", "echo", "never")
+        status, err = finish(filed)
         assert status == 3, err
         assert "mpvisor: filed: rejected reason=\"slot 'held' was still busy after the wait timeout (0.5 s)\"" in err, err
         assert "policy drop" not in err, err
-        status, err = finish(start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "0.5", "--", "echo", "never"))
+        status, err = finish(single)
         assert status == 3 and "rejected reason='the slot was still busy after --wait-timeout 0.5 s' slot='held'" in err, err
     finally:
         holder.terminate()

@@ -342,7 +342,7 @@ def test_a_sigkilled_server_never_lets_two_owners_run(slots: Any, tmp_path: Any)
     lease through the next server (which inherits it), the queued ones submit again, and no two
     owners ever overlap; all exit 0."""
     log, gate = tmp_path / "owners.log", tmp_path / "gate"
-    holder, queued = _held_and_queued(slots, tmp_path, log, gate, after_gate=0.5, queued=2, each=0.3)
+    holder, queued = _held_and_queued(slots, tmp_path, log, gate, after_gate=0.5, queued=2, each=0.05)
     (server,) = server_pids(slots)
     os.kill(server, signal.SIGKILL)
     with open(gate, "w") as release:

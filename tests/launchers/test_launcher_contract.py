@@ -62,7 +62,9 @@ def config_for(launcher: str, **fields: Any) -> SupervisorConfig:
     if launcher == "ray":
         from mpvisor.ray import RayLauncher
 
-        return dataclasses.replace(config, launcher=RayLauncher(lost_fence=1.0))
+        # The fence after an agent's death (the killed launcher's test): its guardian kills the tree
+        # in milliseconds, and 0.5 s still covers it as 1 s did
+        return dataclasses.replace(config, launcher=RayLauncher(lost_fence=0.5))
     return config
 
 

@@ -199,7 +199,10 @@ def _ship(tmp_path: Any, program: str, address: str) -> subprocess.CompletedProc
                           timeout=50)
 
 
+# -m slow: test_modules_shipped_as_module_objects_through_a_ray_client_address ships a working_dir and
+# py_modules the same way (the one `ray.init` of the supervisor's connection) and sees both imported
 @pytest.mark.ray
+@pytest.mark.slow
 def test_code_that_only_the_driver_has_is_shipped_with_runtime_env(on_ray: Any, tmp_path: Any) -> None:
     """A program whose target is in a directory of its own, on no path of the cluster's, ships
     it as the docs say, with `RayLauncher(runtime_env={"working_dir": DIR, "py_modules": [FILE]})`:
