@@ -211,7 +211,6 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
             # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself (Ray's
             # warning that it did not is dropped by `output`).
-            _import_what_ray_shutdown_imports()
             output.start(ray)
             try:
                 ray.init(address=address, include_dashboard=False, configure_logging=False,
@@ -226,15 +225,31 @@ def _connect(address: str | None, output: _RayOutput, runtime_env: Mapping[str, 
         return made, inherited
 
 
-def _import_what_ray_shutdown_imports() -> None:
-    """Import now what `ray.shutdown` imports first (its compiled-DAG module). Ray runs it at
-    exit too (atexit), and an import there, after an uncaught KeyboardInterrupt, made CPython
-    forget that interrupt: a program interrupted by Ctrl-C while (or after) a connection was given
-    up exited with status 1 instead of dying by SIGINT."""
-    try:
-        importlib.import_module("ray.dag.compiled_dag_node")
-    except Exception:
-        pass  # not in this Ray: its shutdown does not import it either
+def _import_ray(address: str | None) -> None:
+    """Import Ray's Python now, on the calling thread (the loop's), before the connecting thread
+    starts and `start_timeout` runs: `ray`, what `ray.shutdown` imports (Ray runs it at exit
+    too, atexit) and, for a `ray://` address, what `ray.init` imports for Ray's client before it
+    first waits for the cluster.
+
+    Module code run while a module is imported (a dataclass's or a namedtuple's source, which
+    `exec` or `eval` runs) makes CPython forget an uncaught KeyboardInterrupt if it runs, in any
+    thread, once that interrupt has ended the main module: the program then exits with status 1
+    and a traceback instead of dying by SIGINT. Imported by the connecting thread, Ray was still
+    being imported when a short `start_timeout` or a Ctrl-C gave the connection up, and went on
+    being imported while the program ended (Ray's shutdown at exit waiting for it). Imported
+    here, the thread a connection given up leaves behind only waits in Ray. (Under `run` a
+    Ctrl-C meanwhile is the loop's: it is handled once this returns.)"""
+    if address in (None, "auto"):
+        address = os.environ.get("RAY_ADDRESS") or address
+    names = ["ray", "ray.dag.compiled_dag_node"]
+    if address is not None and address.startswith("ray://"):
+        names += ["ray.util.client.worker", "ray._private.grpc_utils", "grpc._channel", "grpc._utilities"]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass  # not in this Ray (nothing of it imports it either), or Ray itself cannot be
+            # imported: the connecting thread's `_ray()` raises that again, as the connection's error
 
 
 def _modules_as_paths(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
@@ -649,6 +664,7 @@ class RayClient:
             if made:
                 _hold_connection()
 
+        _import_ray(address)  # before the clock starts, and never left running in that thread
         threading.Thread(target=connect, name="mpvisor-ray-connect", daemon=True).start()
         try:
             error = await asyncio.wait_for(asyncio.shield(outcome), limit)
