@@ -271,16 +271,24 @@ def nobody_serves(path: str) -> bool:
     (its run was killed), and then it is removed (`_remove_stale`). A run that takes the
     connection serves it, whether or not it can answer (stopped, flooded), and whatever became
     of its lock file (a clean-up may remove a file not written for days)."""
+    failed = _probe(path)
+    if isinstance(failed, (FileNotFoundError, ConnectionRefusedError)):
+        return isinstance(failed, FileNotFoundError) or _remove_stale(path)
+    return False  # taken, or its backlog is full (EAGAIN): a live run that does not accept now
+
+
+def _probe(path: str) -> OSError | None:
+    """Connect to the socket at `path` without waiting, and close it at once: None if the
+    connection was taken, else the error (`FileNotFoundError`: gone; `ConnectionRefusedError`:
+    nobody listens; `BlockingIOError`: its backlog is full)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     try:
         probe.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        return isinstance(exc, FileNotFoundError) or _remove_stale(path)
-    except OSError:  # its backlog is full (EAGAIN): a live run that does not accept now
-        return False
+    except OSError as exc:
+        return exc
     finally:
         probe.close()
-    return False
+    return None
 
 
 def _remove_stale(path: str) -> bool:
@@ -677,16 +685,8 @@ def _listened_at(path: str) -> bool:
     """Whether a run listens at `path`: a connection to it is taken, or its backlog is full (a
     stopped or flooded run). A remover of a stale socket holds the lock of one nobody listens at;
     a server binds its socket only once it holds the lock."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-    try:
-        probe.connect(path)
-    except BlockingIOError:  # EAGAIN: its backlog is full
-        return True
-    except OSError:  # gone, refused (stale), or not ours to reach
-        return False
-    finally:
-        probe.close()
-    return True
+    failed = _probe(path)
+    return failed is None or isinstance(failed, BlockingIOError)  # else gone, refused (stale), or not ours to reach
 
 
 def _lock_or_refuse(path: str) -> int | None:
