@@ -29,13 +29,19 @@ is its schedule, not a restart: it is not counted. Successes do not clear the wi
 from __future__ import annotations
 
 import enum
-import random
 from typing import TypeAlias
 
 from mpvisor._model.backoff import BackoffPolicy, delay
 from mpvisor._model.outcome import OutcomeKind
 from mpvisor._model.records import record
 from mpvisor._model.spec import RestartIntensity, RestartKind, RestartPolicy
+
+# The caller injects its generator. A launcher imports this module for its attempts
+# (`_attempt/prepared.py`), and `random`, once imported, reseeds its generator in every process
+# forked afterwards: each attempt would pay for that (ARCHITECTURE.md, "What a fork costs").
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import random
 
 
 class AttemptResult(enum.Enum):
