@@ -248,8 +248,8 @@ def test_what_a_fork_server_holds_when_it_forks_registers_no_fork_hook():
         "assert prepared.task_model_imported and 'mpvisor._model.spec' in sys.modules\n"
         f"print([m for m in {hooked!r} if m in sys.modules])"
     )
-    # -S: no `site`, whose `.pth` hooks may import any of them before the launcher's code runs
-    # (a sandbox's certificate hook imports `random` and `threading`); msgpack's directory by hand
+    # -S: no `site`, whose `.pth` files (another package's import hook) may import any of them
+    # before the launcher's own code runs, here or not; msgpack's directory is given by hand
     where = os.pathsep.join((str(PACKAGE.parent), os.path.dirname(os.path.dirname(msgpack.__file__))))
     env = {**os.environ, "PYTHONPATH": where}
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, timeout=30)
