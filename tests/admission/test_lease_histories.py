@@ -107,12 +107,12 @@ def test_fifteen_dropping_runs_from_five_hosts_run_one_at_a_time_or_not_at_all(t
     assert len(owners) >= 3  # the slot was free when each wave began: its first request ran
 
 
-@pytest.mark.slow  # its parts run by default: test_fences' unrenewed lease stops its owner half a TTL after
+@pytest.mark.slow  # its parts run by default: test_fences' unrenewed lease stops its owner 2/3 of a TTL after
 # the grant, test_lease_faults' waiting runs and drops keep waiting on a partitioned proxy, and say so once
 def test_a_partition_fences_the_cut_off_owner_and_its_waiter_keeps_waiting(tmp_path: Any, url: str) -> None:
     """Host 1 (the owner) and host 3 (queued second) reach PostgreSQL through a proxy; host 2
     (queued first) directly. The proxy stops forwarding: host 1 cannot renew, its fork server
-    stops its tree half a TTL after the last renewal, and it exits 7 ("lease lost") before its
+    stops its tree two thirds of a TTL after the last renewal, and it exits 7 ("lease lost") before its
     lease expires; host 2 then owns the slot. Host 3 says once that the store does not answer
     and keeps waiting; once the proxy forwards again it queues anew and runs last."""
     log = tmp_path / "owners.log"

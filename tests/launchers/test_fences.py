@@ -8,8 +8,8 @@ lives, and it renews (or does not) as the test says, so only the fence's mechani
 
 | what happens | the owner's task |
 |---|---|
-| no renewal after the grant | its attempt is stopped (SIGTERM) half a TTL after the grant: `FATAL`, `lease_lost`, "lease lost" |
-| a SIGTERM-deaf attempt, no renewal | killed a quarter TTL after that, its whole tree gone |
+| no renewal after the grant | its attempt is stopped (SIGTERM) two thirds of a TTL after the grant, and ends by it (no kill): `FATAL`, `lease_lost`, "lease lost" |
+| a SIGTERM-deaf attempt, no renewal | killed a twelfth of a TTL after that (its grace, if shorter), its whole tree gone, a quarter TTL before the lease could expire |
 | renewals every TTL / 6 | runs past the TTL (a quarter of it past) and completes |
 | the store says the lease is gone | stopped at once |
 """
@@ -27,6 +27,7 @@ import pytest
 from mpvisor import (
     ControllerConfig,
     ControllerSpec,
+    EventKind,
     OutcomeKind,
     SupervisorConfig,
     TaskFn,
@@ -115,33 +116,43 @@ def config_for(launcher: str) -> SupervisorConfig:
     return config
 
 
-async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float]:
-    """The outcome of `spec` run as the owner of a slot in `store`, and how long it took."""
-    async with supervised(config_for(launcher), controller=ControllerConfig(leases=store)) as (handle, _):
+async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float, list[Any]]:
+    """The outcome of `spec` run as the owner of a slot in `store`, how long it took, and the
+    run's events (every one: taken once the supervisor has shut down)."""
+    async with supervised(config_for(launcher), controller=ControllerConfig(leases=store)) as (handle, collector):
         begin = time.monotonic()
         _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
         outcome = await waiter.wait()
-        return outcome, time.monotonic() - begin
+        took = time.monotonic() - begin
+    return outcome, took, collector.events
+
+
+def kills(events: list[Any]) -> list[Any]:
+    """The `ATTEMPT_KILLED` events: an attempt's tree its launcher killed."""
+    return [event for event in events if event.kind is EventKind.ATTEMPT_KILLED]
 
 
 # On Ray with -m slow: Ray's fence (its owner fenced, ended before the lease could expire, FATAL
 # lease_lost) is test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire[ray]'s; the
 # reason and the one attempt, [local]'s.
 @pytest.mark.parametrize("launcher", RAY_IN_SLOW, indirect=True)
-async def test_an_unrenewed_lease_stops_its_owner_half_a_ttl_after_the_grant(launcher: str) -> None:
-    outcome, took = await owned(launcher, Expiring(), TaskSpec.once(TaskFn("held", "workers.basic:sleeper", [30])))
+async def test_an_unrenewed_lease_stops_its_owner_two_thirds_of_a_ttl_after_the_grant(launcher: str) -> None:
+    outcome, took, events = await owned(launcher, Expiring(), TaskSpec.once(TaskFn("held", "workers.basic:sleeper", [30])))
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
     assert outcome.reason is not None and outcome.reason.startswith("lease lost"), outcome.reason
     assert outcome.attempts == 1
-    assert took < TTL, took  # stopped at TTL / 2, well before the lease could expire
+    assert took < TTL, took  # stopped at 2/3 of the TTL, before the lease could expire
+    assert kills(events) == []  # it ended by the fence's SIGTERM, not by its kill a twelfth of a TTL later
 
 
 async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(launcher: str, tmp_path: Any) -> None:
     records = tmp_path / "tree.jsonl"
     spec = TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn_tree", [str(records)]))
-    outcome, took = await owned(launcher, Expiring(), spec)
+    outcome, took, events = await owned(launcher, Expiring(), spec)
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
-    assert took < TTL, took  # killed at TTL / 2 + min(grace, TTL / 4)
+    assert took < TTL, took  # killed at 2/3 of the TTL + min(grace, TTL / 12)
+    (killed,) = kills(events)  # its launcher killed it at the fence's kill time: says the event
+    assert killed.reason.endswith(": its fence's kill time passed (its slot's lease could not be renewed in time)")
     if launcher == "local":
         from tests._support import all_gone, read_records
 
@@ -156,7 +167,7 @@ async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) ->
     # (2/3 of the TTL after the last one), as with the 2 s TTL renewed every TTL / 6 (1 s).
     ttl = 1.6
     store = Expiring(renewing=True, ttl=ttl, every=0.1)
-    outcome, took = await owned(launcher, store, TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.25 * ttl])))
+    outcome, took, _ = await owned(launcher, store, TaskSpec.once(TaskFn("kept", "workers.basic:sleeper", [1.25 * ttl])))
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
     assert took >= 1.25 * ttl  # unrenewed, it would have been stopped at 2/3 of the TTL
 
@@ -164,7 +175,7 @@ async def test_a_renewed_lease_lets_its_owner_run_past_the_ttl(launcher: str) ->
 async def test_a_lease_the_store_says_is_gone_stops_its_owner_at_once(launcher: str) -> None:
     store = Expiring(renewing=True, every=0.1)  # the store says it at its next renewal
     threading.Timer(0.5, store.lose.set).start()
-    outcome, _ = await owned(launcher, store, TaskSpec.restartable(TaskFn("lost", "workers.basic:sleeper", [30])))
+    outcome, _, _ = await owned(launcher, store, TaskSpec.restartable(TaskFn("lost", "workers.basic:sleeper", [30])))
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
     assert outcome.attempts == 1  # not restarted: the slot may be another's now
 
@@ -191,7 +202,6 @@ async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_o
     import os
     import signal
 
-    from mpvisor import EventKind
     from mpvisor._launchers.local import client
     from tests._support import all_ended, async_wait_for, read_records, seen
 

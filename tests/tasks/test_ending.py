@@ -277,7 +277,7 @@ def test_a_fenced_attempt_ends_fatal_lease_lost_whatever_else_was_seen(facts):
 
 def test_a_result_reported_before_its_fence_stands():
     """A result read before the fence stopped it is the attempt's result: its work was done
-    while the lease was still valid (the fence comes half a TTL before it could expire)."""
+    while the lease was still valid (the fence stops it a third of a TTL before it could expire)."""
     end = decide(Facts(pid=7, calling=True, report=Result(3), report_before_stop=True, status=FENCED, fenced=True))
     assert (end.kind, end.value, end.lease_lost) == (AttemptResult.SUCCEEDED, 3, False)
 
@@ -288,8 +288,8 @@ def test_a_result_reported_before_its_fence_stands():
     (0.0, 2.0, 0.0, (4 / 3, 4 / 3)),  # grace 0: killed at once
 ])
 def test_fence_times_keep_the_stop_and_the_kill_inside_the_ttl(renewed, ttl, grace, expected):
-    """The stop comes after half the TTL (a store down for less than that changes nothing), the
-    kill by 3/4 of it (a quarter of the TTL left before the lease can expire)."""
+    """The stop comes at 2/3 of the TTL, after half of it (a store down for less than half changes
+    nothing), the kill by 3/4 of it (a quarter of the TTL left before the lease can expire)."""
     from mpvisor._admission.leases.store import fence_times
 
     stop_at, kill_at = fence_times(renewed, ttl, grace)
