@@ -35,7 +35,7 @@ from mpvisor import (
 )
 from mpvisor._admission.leases.store import Decision, Pid
 from tests._fake_launcher import FakeLauncher
-from tests._support import supervised
+from tests._support import Collector, supervised
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,20 +116,15 @@ def config_for(launcher: str) -> SupervisorConfig:
     return config
 
 
-async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float, list[Any]]:
+async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float, Collector]:
     """The outcome of `spec` run as the owner of a slot in `store`, how long it took, and the
-    run's events (every one: taken once the supervisor has shut down)."""
+    run's events (every one: read once the supervisor has shut down)."""
     async with supervised(config_for(launcher), controller=ControllerConfig(leases=store)) as (handle, collector):
         begin = time.monotonic()
         _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
         outcome = await waiter.wait()
         took = time.monotonic() - begin
-    return outcome, took, collector.events
-
-
-def kills(events: list[Any]) -> list[Any]:
-    """The `ATTEMPT_KILLED` events: an attempt's tree its launcher killed."""
-    return [event for event in events if event.kind is EventKind.ATTEMPT_KILLED]
+    return outcome, took, collector
 
 
 # On Ray with -m slow: Ray's fence (its owner fenced, ended before the lease could expire, FATAL
@@ -142,7 +137,7 @@ async def test_an_unrenewed_lease_stops_its_owner_two_thirds_of_a_ttl_after_the_
     assert outcome.reason is not None and outcome.reason.startswith("lease lost"), outcome.reason
     assert outcome.attempts == 1
     assert took < TTL, took  # stopped at 2/3 of the TTL, before the lease could expire
-    assert kills(events) == []  # it ended by the fence's SIGTERM, not by its kill a twelfth of a TTL later
+    assert events.of(EventKind.ATTEMPT_KILLED) == []  # it ended by the fence's SIGTERM, not by its kill a twelfth of a TTL later
 
 
 async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(launcher: str, tmp_path: Any) -> None:
@@ -151,7 +146,7 @@ async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(laun
     outcome, took, events = await owned(launcher, Expiring(), spec)
     assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
     assert took < TTL, took  # killed at 2/3 of the TTL + min(grace, TTL / 12)
-    (killed,) = kills(events)  # its launcher killed it at the fence's kill time: says the event
+    (killed,) = events.of(EventKind.ATTEMPT_KILLED)  # its launcher killed it at the fence's kill time: says the event
     assert killed.reason.endswith(": its fence's kill time passed (its slot's lease could not be renewed in time)")
     if launcher == "local":
         from tests._support import all_gone, read_records
