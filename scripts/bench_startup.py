@@ -110,15 +110,15 @@ if __name__ == "__main__":
 """
 
 # An attempt of a target defined in the script that runs the supervisor, the script importing the
-# task model at its top as the README's quick start does (each attempt executes the script afresh,
-# so each imports the task model: docs/production.md#costs), against the same target in a module
+# task model at its top as the README's quick start does, and the runtime's `SupervisorConfig` where
+# it is used (each attempt executes the script afresh: docs/production.md#costs), against the same target in a module
 # of its own; per attempt, one at a time, after a warm-up.
 SCRIPT_TARGET = """\
 import sys
 import time
 
 import mpvisor
-from mpvisor import BackoffPolicy, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor import BackoffPolicy, TaskFn, TaskSpec
 
 
 def noop():
@@ -131,7 +131,7 @@ if __name__ == "__main__":
     mpvisor.run([TaskSpec.once(TaskFn("warm-up", target))])
     specs = [TaskSpec.once(TaskFn(f"t{i}", target)) for i in range(40)]
     began = time.perf_counter()
-    outcomes = mpvisor.run(specs, SupervisorConfig(max_concurrent=1))
+    outcomes = mpvisor.run(specs, mpvisor.SupervisorConfig(max_concurrent=1))  # (the runtime's, not at the top)
     assert all(o.is_success() for o in outcomes.values()), outcomes
     print((time.perf_counter() - began) / len(specs))
 """

@@ -522,8 +522,11 @@ def _import_target(start: Start) -> Any:
     module_name, _, qualname = start.target.partition(":")
     _context.importing_target = True
     try:
+        prepared = start.path is None and start.cwd is None  # (the launcher prepares for its own path and directory)
         if module_name == "__main__" and start.main_path is not None:
-            module = _import_main_script(start.main_path)
+            module = _prepared.import_main_script(start.main_path) if prepared else None
+            if module is None:
+                module = _import_main_script(start.main_path)
         elif module_name == "__main__":  # this process's own `__main__` is not the parent's
             raise ImportError(
                 "the target is defined in `__main__`, but the main program (`python -c`, a script read from stdin, "
@@ -531,7 +534,7 @@ def _import_target(start: Start) -> Any:
                 "file or a module"
             )
         else:
-            module = _prepared.import_module(module_name) if start.path is None and start.cwd is None else None
+            module = _prepared.import_module(module_name) if prepared else None
             if module is None:
                 module = importlib.import_module(module_name)
     finally:

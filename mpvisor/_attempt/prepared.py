@@ -7,7 +7,10 @@ needs it: it finds the module and each of its not-yet-imported parent packages t
 `importlib` would, and reads their code objects (from the `.pyc`, or by compiling the source).
 It runs none of their code. Each attempt forked afterwards still imports the module afresh, in
 its own process: it creates the module objects and executes their code, as `importlib` does,
-but skips the search and the read (about 80 faults, 0.3 ms).
+but skips the search and the read (about 80 faults, 0.3 ms). A target defined in the
+program's main script is read the same way, from the script's path (`_prepare_script`): each
+attempt executes it as `__mp_main__`, without the loader's machinery and `importlib.util`,
+which a fresh fork would otherwise import (about 1.3 ms an attempt).
 
 A prepared module is only what `importlib` would find and load right now, or it is not used:
 
@@ -44,6 +47,7 @@ import sys
 from importlib._bootstrap import (
     module_from_spec,  # = importlib.util's, whose module imports contextlib (a fork server does not)
 )
+from importlib._bootstrap_external import spec_from_file_location  # = importlib.util's, as above
 from importlib.machinery import (
     FileFinder,
     ModuleSpec,
@@ -174,30 +178,50 @@ def still_valid(entries: tuple[Prepared, ...]) -> bool:
 
 def ready(name: str) -> None:
     """In the launcher, before it forks an attempt of a target in module `name` (or, a path, in
-    that main script, which is not prepared): prepare it, or prepare it again if what it
-    depended on changed; and import the task model if the target's module imports it."""
-    if os.sep in name:
-        if not task_model_imported and _scripts_looked_at.get(name) != (seen := _check(name)):
-            _scripts_looked_at[name] = seen
-            _import_task_model_for(_script_code(name))
-        return
+    that main script): prepare it, or prepare it again if what it depended on changed; and
+    import the task model if the target's module imports it."""
     entries = prepared.get(name)
     if entries is not None and still_valid(entries):
         return
     prepared.pop(name, None)
-    try:
-        fresh = prepare(name)
-    except Exception:  # whatever went wrong, the attempt's own import meets it and reports it
-        fresh = None
+    if os.sep in name:
+        fresh = _prepare_script(name)
+    else:
+        try:
+            fresh = prepare(name)
+        except Exception:  # whatever went wrong, the attempt's own import meets it and reports it
+            fresh = None
     if fresh:  # None: cannot be prepared; (): the launcher has it imported already
         prepared[name] = fresh
         _import_task_model_for(fresh[-1].code)
 
 
+def _prepare_script(path: str) -> tuple[Prepared, ...] | None:
+    """The main script at `path` (absolute), read as its attempts' import would read it (the
+    cached bytecode, or the source compiled) under the name `__mp_main__`; None if it cannot be
+    (not a file: a zip archive's `__main__.py`, a syntax error), which is not tried again until
+    the file changes. Its one check is the file's own `stat`: a script is found by its path."""
+    seen = _check(path)
+    if seen is None or _scripts_refused.get(path) == seen:
+        return None
+    loader = SourceFileLoader("__mp_main__", path)
+    try:
+        spec = spec_from_file_location("__mp_main__", path, loader=loader)
+        code = loader.get_code("__mp_main__") if spec is not None else None
+    except Exception:  # the attempt's own import meets it and reports it
+        code = None
+    if spec is None or code is None:
+        _scripts_refused[path] = seen
+        return None
+    _scripts_refused.pop(path, None)
+    _ = spec.cached  # computed once here, not in every attempt
+    return (Prepared("__mp_main__", spec, code, None, (seen,)),)
+
+
 # Whether this process imported mpvisor's task model for its attempts (`_import_task_model_for`),
-# and the main scripts looked at for it, as they were then (a script is read again once it changed).
+# and the main scripts it could not read, as they were then (a script is read again once it changed).
 task_model_imported = False
-_scripts_looked_at: dict[str, Check | None] = {}
+_scripts_refused: dict[str, Check] = {}
 
 
 def imports_task_model(code: CodeType) -> bool:
@@ -227,15 +251,6 @@ def _import_task_model_for(code: CodeType | None) -> None:
     gc.freeze()  # as the launcher's start does: what every attempt shares stays out of collections
 
 
-def _script_code(path: str) -> CodeType | None:
-    """The code of the main script at `path`, as its attempts' import reads it (the cached
-    bytecode, or the source compiled), or None if it cannot be read."""
-    try:
-        return SourceFileLoader("__mp_main__", path).get_code("__mp_main__")
-    except Exception:  # the attempt's own import meets it and reports it
-        return None
-
-
 def import_module(name: str) -> ModuleType | None:
     """In an attempt: import `name` from what the launcher prepared, as `importlib` would; None
     if nothing was prepared for it (or a package's `__path__` turned out other than the one its
@@ -254,6 +269,20 @@ def import_module(name: str) -> ModuleType | None:
         if parent is not None:
             setattr(parent, child, sys.modules[entry.name])
     return sys.modules[name]
+
+
+def import_main_script(path: str) -> ModuleType | None:
+    """In an attempt: import the main script at `path` as `__mp_main__` (and `__main__`) from
+    what the launcher prepared, as `_attempt/child.py` would with its loader; None if nothing
+    was prepared for it, for the caller to import it that way."""
+    entries = prepared.get(path)
+    if not entries:
+        return None
+    (entry,) = entries
+    module = module_from_spec(entry.spec)
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    exec(entry.code, module.__dict__)
+    return module
 
 
 def _load(entry: Prepared) -> None:

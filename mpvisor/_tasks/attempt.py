@@ -101,8 +101,7 @@ class AttemptObserver(Protocol):
 def prepared_module(start: Start) -> str:
     """The module a fork server can prepare for this attempt (`_attempt/prepared.py`): its target's, when
     the attempt will import it with the launcher's own `sys.path` and directory; the path of the
-    main script its target is in (which is not prepared: the fork server only looks at what it
-    imports); else ""."""
+    main script its target is in, on the same condition; else ""."""
     if start.kind != "fn" or start.path is not None or start.cwd is not None:
         return ""
     if start.main_path is not None:

@@ -142,6 +142,96 @@ def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp
     assert done.stdout.strip() == "[True, True]", done.stdout
 
 
+def test_each_attempt_executes_its_main_script_afresh_from_what_the_launcher_read(tmp_path):
+    """A target defined in the main script: the launcher reads the script once (its code, as
+    the attempt's own import would read it) and each attempt executes it in its own process, as
+    `__mp_main__` and `__main__`, with the attributes a loader gives (its body's caller is
+    `_attempt/prepared.py`: the prepared code was used, not the attempt's own import). An edit
+    of the script between two attempts of one supervisor is what the next attempt executes."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import os
+        import sys
+        VERSION = 1
+        LOADED_BY = sys._getframe(1).f_code.co_filename if __name__ == "__mp_main__" else None
+
+        def probe():
+            module = sys.modules["__mp_main__"]
+            return {"version": VERSION, "name": __name__, "file": __file__, "cached": __cached__,
+                    "spec": __spec__.name, "origin": __spec__.origin, "loader": type(__loader__).__name__,
+                    "main": sys.modules["__main__"] is module, "ours": module.probe is probe,
+                    "loaded_by": LOADED_BY, "pid": os.getpid()}
+
+        if __name__ == "__main__":
+            import json
+            import pathlib
+
+            from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+            def one(handle, name):
+                return handle.add_and_watch(TaskSpec.once(TaskFn(name, probe)))[1].wait(timeout=30).value
+
+            with Supervisor(SupervisorConfig(grace=1)).serve_blocking() as handle:
+                first = [one(handle, f"a{i}") for i in range(2)]
+                path = pathlib.Path(__file__)
+                mtime = path.stat().st_mtime_ns
+                path.write_text(path.read_text().replace("VERSION = 1", "VERSION = 22"))
+                os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # a coarse clock moves it too
+                second = one(handle, "b")
+            print(json.dumps([*first, second]))
+        """))
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)
+    assert [run["version"] for run in runs] == [1, 1, 22], runs
+    assert len({run["pid"] for run in runs}) == 3, runs
+    for run in runs:
+        assert run["name"] == run["spec"] == "__mp_main__" and run["main"] and run["ours"], run
+        assert run["file"] == run["origin"] == str(script) and run["loader"] == "SourceFileLoader", run
+        assert run["cached"] == importlib.util.cache_from_source(str(script)), run
+        assert run["loaded_by"] == PREPARED, run
+
+
+def test_a_main_script_is_prepared_as_its_attempts_import_reads_it(tmp_path, monkeypatch):
+    """In-process: `ready(path)` reads the script and `import_main_script` gives what the
+    attempt's own import (`_attempt/child.py`) gives; a script that cannot be read (a syntax
+    error, a zip archive's `__main__.py`) is not prepared, nor read again until it changes."""
+    from mpvisor._attempt import child
+
+    monkeypatch.setattr(_prepared, "prepared", {})
+    monkeypatch.setattr(_prepared, "_scripts_refused", {})
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # given back as it was afterwards
+    monkeypatch.setitem(sys.modules, "__mp_main__", None)  # (removed afterwards, if it was not there)
+    script = tmp_path / "job"  # no suffix: its loader is given, as for a script run by path
+    _write(script, "RAN = ['once']\n")
+    _prepared.ready(str(script))
+    ours = _prepared.import_main_script(str(script))
+    assert ours is not None and ours is sys.modules["__main__"] is sys.modules["__mp_main__"]
+    assert ours.RAN == ["once"]
+    theirs = child._import_main_script(str(script))
+    assert ours is not theirs
+    for attr in ("__name__", "__file__", "__cached__", "__package__"):
+        assert getattr(ours, attr, None) == getattr(theirs, attr, None), attr
+    assert (type(ours.__loader__), ours.__spec__.origin) == (type(theirs.__loader__), theirs.__spec__.origin)
+
+    bad = tmp_path / "bad.py"
+    _write(bad, "def broken(:\n")
+    _prepared.ready(str(bad))
+    assert str(bad) not in _prepared.prepared and _prepared.import_main_script(str(bad)) is None
+    refused = dict(_prepared._scripts_refused)
+    with monkeypatch.context() as patched:
+        patched.setattr(_prepared.SourceFileLoader, "get_code", lambda *_: pytest.fail("read again, unchanged"))
+        _prepared.ready(str(bad))
+    assert _prepared._scripts_refused == refused
+    _write(bad, "FIXED = True\n")
+    _prepared.ready(str(bad))
+    assert _prepared.import_main_script(str(bad)).FIXED is True
+    _prepared.ready(str(tmp_path / "app.pyz" / "__main__.py"))
+    assert _prepared.import_main_script(str(tmp_path / "app.pyz" / "__main__.py")) is None
+
+
 def test_what_names_the_task_model_at_a_modules_top_level():
     """`from mpvisor import TaskSpec` or `mpvisor.TaskFn` at the top level does; mpvisor's
     attempt-side names, the model imported inside a function, or another package's does not."""
