@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
 # `signal.signal`, `pthread_sigmask` and `sigpending` wrap these C functions to turn numbers into
@@ -109,6 +110,13 @@ def follower_of_this_thread(signum: int) -> Callable[[], None]:
             os._exit(1)
 
     return follow
+
+
+def dump_no_core() -> None:
+    """Make this process dump no core should a signal end it (`PR_SET_DUMPABLE` 0: whatever the
+    core limit, and also where the kernel pipes cores to a collector). For a process about to die
+    by a signal on purpose, to say how its run ended: it did not crash."""
+    _prctl(PR_SET_DUMPABLE, 0)
 
 
 def set_child_subreaper() -> None:

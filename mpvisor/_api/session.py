@@ -8,6 +8,7 @@ library's `run` and nothing else:
 | serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
 | run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a SIGINT during it kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
 | pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2, SIGQUIT, SIGWINCH))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
+| stop on | `run_session(..., stopped_by=(SIGQUIT,))` | `mpvisor run --file` only: such a signal starts the graceful shutdown, as SIGTERM does (and is recorded, so that the run dies by it) |
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
@@ -116,17 +117,19 @@ class RunSession:
 
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
-                      passed_on: tuple[signal.Signals, ...] = ()) -> None:
+                      passed_on: tuple[signal.Signals, ...] = (),
+                      stopped_by: tuple[signal.Signals, ...] = ()) -> None:
     """Run `start`'s work to its end and shut down (module docstring). With `adds_work`, a
     runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown.
-    `passed_on`: the signals caught meanwhile and sent to every running attempt's process."""
+    `passed_on`: the signals caught meanwhile and sent to every running attempt's process;
+    `stopped_by`: those that shut the run down as SIGTERM does, besides SIGINT, SIGTERM, SIGHUP."""
     if runtime.shutdown_started:
         if adds_work:
             raise ShuttingDown("the supervisor is shutting down")
         await runtime.shutdown()
         return
     session = RunSession(runtime)
-    with _SignalHandlers(runtime, passed_on):
+    with _SignalHandlers(runtime, passed_on, stopped_by):
         try:
             await start(session)
         except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
@@ -160,14 +163,19 @@ class _SignalHandlers:
     there says what the run waits for and that a Ctrl-C kills them now (a task that does not stop
     would otherwise hold a silent prompt for the whole grace window).
 
+    Each of `stopped_by` (a task file's SIGQUIT: Ctrl-\\ quits a set of services, as supervisord's
+    does) is one more such signal, handled as SIGTERM is (unless ignored when `run` began).
+
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
     at that moment; with none running, one line on stderr says so (not for SIGWINCH, which a
     terminal sends at each resize) and nothing else happens."""
 
-    def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = ()) -> None:
+    def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = (),
+                 stopped_by: tuple[signal.Signals, ...] = ()) -> None:
         self.runtime = runtime
         self.passed_on = passed_on
+        self.stopped_by = stopped_by
         self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
         self.notice: asyncio.TimerHandle | None = None
         self.first_sigint: float | None = None  # when the loop took the first SIGINT (`time.monotonic`)
@@ -176,7 +184,7 @@ class _SignalHandlers:
         if threading.current_thread() is not threading.main_thread():
             return self
         loop = self.runtime.loop
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.passed_on):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.stopped_by, *self.passed_on):
             if signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
             on_signal = self._pass_on if signum in self.passed_on else self._on_signal

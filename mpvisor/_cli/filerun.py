@@ -412,7 +412,8 @@ def run_file(args: argparse.Namespace) -> int:
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
                parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
                path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[str]]:
-    """Run every task; each one's `Result` by name as it ends (its outcome line printed then),
+    """Run every task; each one's `Result` by name as it ends (its outcome line printed then; none
+    for a task whose last instance, started anew, was still waiting when the run stopped),
     the line telling why the run could not finish normally, if it could not, and the names of
     the file's tasks as the run last read it (a reload adds and removes some). The signals
     that interrupted the run are added to `interrupts`."""
@@ -452,11 +453,15 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
 
     problem = None
     try:
-        await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,))  # (SIGUSR1: the logs)
+        await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,),  # (SIGUSR1: the logs)
+                          stopped_by=(signal.SIGQUIT,))  # Ctrl-\ quits the set, as supervisord's SIGQUIT
     # the launcher could not start, or interrupted first; or a tree had to be killed (its outcome is FORCE_ABORTED)
     except (ConfigError, ShuttingDown, ControllerClosed, GraceExceeded) as exc:
         problem = f"mpvisor: {exc}"
     interrupts.extend(runtime.interrupted)
     for service_run in services:
         await service_run.close()
+    for task_name, service in services[-1].services.items() if services else ():
+        if service.state == "waiting":  # started anew (`mpvisor start`, a reload), never run: its earlier
+            results.pop(task_name, None)  # outcome was said when it came; now it is one not run
     return results, problem, list(services[-1].services) if services else [t.name for t in tasks]

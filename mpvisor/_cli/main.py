@@ -235,14 +235,29 @@ def _code_of(exc: SystemExit) -> int:
     return 1
 
 
+# The signals whose default action dumps core besides ending the process (signal(7)).
+_DUMPS_CORE = frozenset({signal.SIGQUIT, signal.SIGILL, signal.SIGABRT, signal.SIGFPE, signal.SIGSEGV, signal.SIGBUS,
+                         signal.SIGSYS, signal.SIGTRAP, signal.SIGXCPU, signal.SIGXFSZ})
+
+
 def _die_by(signum: signal.Signals) -> int:
     """Die by `signum` (its default action), as a well-behaved interrupted program does; the
-    status 128 + N is the fallback should the signal not end the process."""
+    status 128 + N is the fallback should the signal not end the process. A signal whose
+    default action also dumps core (SIGQUIT: a task file's run stopped by Ctrl-\\, or a command
+    that died by it) dumps none: mpvisor dies by it to say how the run ended, not because it
+    crashed, and a core of it would only fill the directory."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if signum in _DUMPS_CORE:
+        from mpvisor import _platform
+
+        try:
+            _platform.dump_no_core()
+        except OSError:
+            pass  # (no prctl here): the core limit decides, as for any program
     signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)

@@ -316,6 +316,11 @@ class ServiceRun:
     async def _launch(self, services: list[Service]) -> None:
         """Add `services` (those without a slot in one batch), each watched to its outcome."""
         direct = [s for s in services if s.task.slot is None]
+        after = {n: s.settings.after for n, s in self.services.items()}
+        for name in graph.dependents(after, [s.name for s in services]):
+            dependent = self.services[name]  # what a new instance of these may unblock: if this one ends
+            if dependent.last is not None and dependent.last.startswith("not started"):  # for good too,
+                dependent.last = None  # what it leaves not started is said again (once, as for the first)
         for service in services:  # until its attempt starts (`started`): its slot, a place under max_concurrent
             service.state = "queued"
             service.was_ready, service.stopped = False, False

@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import pathlib
+import resource
 import shutil
 import signal
 import socket
@@ -505,6 +506,97 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     assert "2 tasks: 2 force_aborted" in err, err
     terms = log.read_text().splitlines()
     assert terms[0] == "web term", terms  # dependents first
+
+
+def test_sigquit_stops_a_file_run_as_sigterm_does_and_it_dies_by_sigquit_without_a_core(run: Run) -> None:
+    """Ctrl-\\ (SIGQUIT) quits a set of services as SIGTERM stops it: dependents first, each
+    asked to stop (the target sees its cancel), every outcome said; then mpvisor dies by
+    SIGQUIT, as an interrupted program does, but dumps no core (its core limit raised here, in a
+    directory a core would go to: it did not crash)."""
+    run.write("""
+        [task.db]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+
+        [task.web]
+        target = "workers.services:serve"
+        kwargs = { marker = MARKER }
+        after = ["db"]
+    """)
+    assert MPVISOR is not None
+    proc = subprocess.Popen([MPVISOR, "run", "--file", "services.toml"], cwd=run.directory, env=run.env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2))
+    run.proc = proc
+    run.wait_status(lambda rows: all(row["pid"] for row in rows.values()))
+    proc.send_signal(signal.SIGQUIT)
+    assert proc.stderr is not None
+    err = proc.stderr.read()  # to its end: the run closed it
+    _, status = os.waitpid(proc.pid, 0)
+    proc.returncode = -signal.SIGQUIT if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGQUIT, (status, err)
+    assert not os.WCOREDUMP(status) and not list(run.directory.glob("core*")), err
+    assert "db: canceled" in err and "web: canceled" in err and "2 tasks: 2 canceled; exit status 131" in err, err
+    stops = [task for word, task, _, _, _ in run.markers() if word == "stopped"]
+    assert stops == ["web", "db"], run.markers()  # each asked, dependents first
+
+
+def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_so(run: Run) -> None:
+    """`api` ran and was stopped, then started anew while db (restarted) is not ready: at the
+    shutdown it is said not run and counted so, not with its first instance's outcome (which
+    was said when it came)."""
+    run.write("""
+        [task.db]
+        command = ["sleep", "30"]
+        ready = "file:db.ready"
+        ready_timeout = 60
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """)
+    (run.directory / "db.ready").touch()
+    run.start()
+    run.wait_status(lambda rows: rows["api"]["state"] == "running")
+    assert run.ctl("stop", "api").returncode == 0
+    (run.directory / "db.ready").unlink()
+    assert run.ctl("restart", "db").returncode == 0
+    started = run.ctl("start", "api")
+    assert started.stdout == "api: waiting for db\n", started
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: api: not run (the run stopped before it started)" in err, err
+    assert "services.toml: 2 tasks: 1 canceled, 1 not run; exit status 143" in err, err
+
+
+def test_a_dependent_left_not_started_again_by_a_new_failure_is_said_so_again(run: Run) -> None:
+    """db fails for good, which leaves api not started (one line). A start of api meanwhile is
+    refused and says nothing more; a new instance of db (`mpvisor start db`) that fails again
+    leaves api not started anew, and that is said again."""
+    run.write("""
+        [task.db]
+        command = ["sh", "-c", "exit 3"]
+        restart = "never"
+        ready = "file:never.made"
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+
+        [task.keep]
+        command = ["sleep", "30"]
+    """)
+    run.start()
+    run.wait_status(lambda rows: rows["db"]["state"] == "ended" and rows["api"]["state"] == "not started")
+    refused = run.ctl("start", "api")
+    assert refused.returncode != 0 and "start what it comes after first" in refused.stderr, refused
+    assert run.ctl("start", "db").returncode == 0
+    # (api waits again from the moment db's new instance is launched, before `start` answers)
+    run.wait_status(lambda rows: rows["db"]["state"] == "ended" and rows["api"]["state"] == "not started")
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    said = [line for line in err.splitlines() if line.startswith("mpvisor: api: rejected")]
+    assert len(said) == 2 and all("not started: db" in line for line in said), err
 
 
 def test_a_reload_that_changes_a_log_files_rotation_applies_it(run: Run) -> None:
