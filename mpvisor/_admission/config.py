@@ -9,7 +9,7 @@ Owns `ControllerConfig`: immutable, validated at construction (a `ConfigError`, 
 | `max_slot_queue` | 100 | negative (0 is valid) |
 | `leases` | None (slots in this process only) | anything but None, a store's name (`"local"`), a store's URL (`"postgresql://..."`), or a lease store |
 | `lease_ttl` | 15.0 s | under 2 s, or over a day (86,400 s); what a lease of a store whose leases expire (`postgresql://`) lives without a renewal |
-| `wait_timeout` | None (wait as long as it takes) | 0 or negative; seconds a submission waits for a shared slot's lease before it is rejected `SLOT_BUSY` |
+| `wait_timeout` | None (wait as long as it takes) | 0 or negative, or given without `leases` (it would bound nothing); seconds a submission waits for a shared slot's lease before it is rejected `SLOT_BUSY` |
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ class ControllerConfig:
             raise ConfigError(f"lease_ttl must be {problem}, got {lease_ttl!r}")
         object.__setattr__(self, "lease_ttl", ttl)
         object.__setattr__(self, "wait_timeout", _validate.duration("wait_timeout", wait_timeout, allow_none=True, allow_zero=False))
+        if self.wait_timeout is not None and self.leases is None:  # it would bound nothing: said, not dropped
+            raise ConfigError(f"wait_timeout bounds the wait for a shared slot's lease, and these slots are not "
+                              f"shared (leases=None): give leases (\"local\", a PostgreSQL URL, a store), or leave "
+                              f"wait_timeout out (got {wait_timeout!r})")
 
     def __repr__(self) -> str:  # as `record` writes it, `leases` as a message shows it: a URL's password masked
         values = (f"{f.name}={(shown if f.name == 'leases' else repr)(getattr(self, f.name))}" for f in fields(self))

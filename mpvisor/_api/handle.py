@@ -193,8 +193,9 @@ class SupervisorHandle:
     async def list(self) -> builtins.list[TaskInfo]:
         """Every registered task as a `TaskInfo` (id, name, latest attempt, pid), sorted by id.
 
-        Read from the registry, the authority; it keeps working after shutdown.
-        """
+        Read from the registry, the authority; it keeps working after shutdown. On another
+        thread's loop, `RuntimeError` (the registry changes under the supervisor's loop)."""
+        self._here()
         return self._rt.registry.list()
 
     def is_alive(self, name: str) -> bool:

@@ -74,10 +74,25 @@ def run(
                 gc.enable()
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
         try:
-            return asyncio.run(supervisor.run(specs))
+            outcomes = asyncio.run(supervisor.run(specs))
         finally:
             ending = ending_signal(supervisor.interrupts)
             if ending is not None:  # shut down gracefully; now the signal ends the program as it would have
-                signal.raise_signal(ending)
+                _raise_signal(ending, supervisor._killed)
+        return outcomes
     finally:
         early.discard()
+
+
+def _raise_signal(signum: signal.Signals, killed: BaseException | None) -> None:
+    """Raise `signum` in this process; if the shutdown had to kill trees, while `killed` (its
+    `GraceExceeded`) is being handled, so that what the signal's handler raises (SIGINT's
+    `KeyboardInterrupt`) has it as its `__context__`. A handler that returns lets the outcomes
+    be returned."""
+    if killed is None:
+        signal.raise_signal(signum)
+        return
+    try:
+        raise killed
+    except type(killed):
+        signal.raise_signal(signum)

@@ -63,6 +63,7 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ran = False
         self._open = False  # inside its `async with`
+        self._killed: GraceExceeded | None = None  # `run`'s shutdown had to kill trees (`mpvisor.run` raises from it)
 
     def __repr__(self) -> str:
         return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
@@ -168,7 +169,9 @@ class Supervisor:
         """Register `specs` at once, wait until no work is left, shut down; outcomes by name.
         Once per supervisor: `AlreadyRunning` the second time. `RuntimeError` inside its `async
         with` block; once its shutdown has begun (its `serve()`'s, or a signal's), `ShuttingDown`
-        for a batch that is not empty, while an empty one joins that shutdown."""
+        for a batch that is not empty, while an empty one joins that shutdown. A shutdown that
+        had to kill a tree (past the grace window, or at once for a second SIGINT) still returns
+        the outcomes: those tasks' are `FORCE_ABORTED` (`shutdown()` raises `GraceExceeded`)."""
         specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")
@@ -180,7 +183,10 @@ class Supervisor:
         async def add(session: RunSession) -> None:
             waiters.extend(await session.add_batch(specs))
 
-        await run_session(runtime, add, adds_work=bool(specs))
+        try:
+            await run_session(runtime, add, adds_work=bool(specs))
+        except GraceExceeded as exc:  # each killed task's outcome says so
+            self._killed = exc
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
 
 

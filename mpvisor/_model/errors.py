@@ -107,7 +107,8 @@ class TaskTerminationTimeout(MpvisorError):
 
 
 class GraceExceeded(MpvisorError):
-    """Raised by `shutdown()` (and so by `run`) when it had to kill the process trees of the tasks
+    """Raised by `shutdown()` (`run` returns the outcomes instead, those tasks' `FORCE_ABORTED`;
+    `mpvisor.run`'s `KeyboardInterrupt` has it as its `__context__`) when it had to kill the process trees of the tasks
     named in `stuck` (sorted) because they did not stop within `grace` seconds, or, `at_once`,
     because a SIGINT during the shutdown (under `run`; a Ctrl-C that interrupted a blocking
     handle's shutdown) asked for every tree to be killed without waiting. The shutdown is complete when it is raised."""

@@ -45,17 +45,18 @@ def _on_another_loop(work: Any) -> list[str]:
 
 
 async def test_a_handle_called_from_another_event_loop_raises_at_once() -> None:
-    """`add`, `cancel`, `events()` and a waiter's `wait()` from another loop (another thread's)
-    raise `RuntimeError` saying where to call them, at once: they used to hang there (an `add`
-    sometimes registering its task only when the caller gave up), and a waiter raised asyncio's
-    own "attached to a different loop". The supervisor stays usable on its own loop."""
+    """`add`, `cancel`, `events()`, `list()` and a waiter's `wait()` from another loop (another
+    thread's) raise `RuntimeError` saying where to call them, at once: they used to hang there
+    (an `add` sometimes registering its task only when the caller gave up), a waiter raised
+    asyncio's own "attached to a different loop", and `list()` read the registry while the
+    supervisor's loop changed it. The supervisor stays usable on its own loop."""
     async with Supervisor(SupervisorConfig(grace=1.0)) as handle:
         long_id, long_waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("long", "workers.coop:cooperative")))
 
         async def calls() -> list[str]:
             said = []
             for call in (lambda: handle.add(TaskSpec.once(TaskFn("other", "workers.basic:quick"))),
-                         lambda: handle.cancel(long_id), long_waiter.wait):
+                         lambda: handle.cancel(long_id), long_waiter.wait, handle.list):
                 try:
                     await asyncio.wait_for(call(), 10)
                     said.append("ok")
@@ -69,7 +70,7 @@ async def test_a_handle_called_from_another_event_loop_raises_at_once() -> None:
             return said
 
         said = await asyncio.get_running_loop().run_in_executor(None, _on_another_loop, calls)
-        assert len(said) == 4 and all(s.startswith("RuntimeError: this ") and "event loop" in s for s in said), said
+        assert len(said) == 5 and all(s.startswith("RuntimeError: this ") and "event loop" in s for s in said), said
         assert [info.name for info in await handle.list()] == ["long"]  # nothing was added or removed
         _, quick = await handle.add_and_watch(TaskSpec.once(TaskFn("quick", "workers.basic:quick", ("v",))))
         assert (await quick.wait()).value == "v"

@@ -190,6 +190,8 @@ def test_invalid_settings_fail_at_once_naming_field_and_value(
     (lambda: RestartIntensity(3, -1), "within must be a finite number of seconds > 0, got -1"),
     (lambda: RestartIntensity(3, 0), "within must be a finite number of seconds > 0, got 0"),
     (lambda: ControllerConfig(wait_timeout=-1), "wait_timeout must be a finite number of seconds > 0, got -1"),
+    (lambda: ControllerConfig(wait_timeout=1), "wait_timeout bounds the wait for a shared slot's lease, and these slots "
+                                               "are not shared (leases=None)"),
     (lambda: SupervisorConfig(start_timeout=-1), "start_timeout must be a finite number of seconds > 0, got -1"),
     (lambda: Limits(cpu_seconds=-1), "cpu_seconds must be a finite number of seconds > 0, got -1"),
     (lambda: SupervisorConfig(grace=-1), "grace must be a finite number of seconds >= 0, got -1"),

@@ -352,6 +352,25 @@ def stop_script(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+@pytest.mark.parametrize("scenario", ["mixed", "mixed-async"])
+def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_lives_on(tmp_path, scenario: str) -> None:
+    """A SIGTERM the program ignores (or, under `await Supervisor(...).run`, that the run handles
+    on its loop) shuts the run down; a task that ignores it is killed past the grace window. `run`
+    still returns every outcome, the killed task's FORCE_ABORTED and the finished one's value
+    kept (it raised `GraceExceeded` instead, and the outcomes were lost), and the program lives on."""
+    process = start_script(scenario, tmp_path)
+    try:
+        wait_for(lambda: {m[1] for m in read_markers(tmp_path / "marker") if m[0] == "started"} >= {"polite", "stubborn"},
+                 timeout=20)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        stop_script(process)
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    assert outcomes == {"quick": ["COMPLETED", "kept"], "polite": ["CANCELED", None], "stubborn": ["FORCE_ABORTED", None]}
+    assert not (tmp_path / "grace_exceeded.txt").exists()
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigint", "sigint-group", "sigint-twice"])
 def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str) -> None:
     """SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
