@@ -26,6 +26,7 @@ from typing import BinaryIO
 from mpvisor import _platform
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
+from mpvisor._cli.shell import report_lost_reader
 from mpvisor._cli.statuses import FAILED, NO_RUN, OK
 from mpvisor._model.events import printable  # paths shown escaped, as a reason is
 
@@ -53,6 +54,8 @@ check = runs.check
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.follow:  # a follow ends by Ctrl-C, or said why (`follow`); the last lines alone are an answer
+        report_lost_reader()
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:

@@ -128,7 +128,13 @@ from mpvisor._cli.options import (
     task_name,
     value_line,
 )
-from mpvisor._cli.shell import redraws, take_stdout, when_reader_gone, write_line
+from mpvisor._cli.shell import (
+    redraws,
+    report_lost_reader,
+    take_stdout,
+    when_reader_gone,
+    write_line,
+)
 from mpvisor._model.errors import ConfigError, GraceExceeded, ShuttingDown
 from mpvisor._model.events import Event, EventKind
 from mpvisor._model.outcome import (
@@ -285,6 +291,7 @@ def _store_usable(slots: str | None, given: str | None, run: argparse.ArgumentPa
 
 def run(args: argparse.Namespace) -> int:
     """Run the task (or the file): the exit status, or `-N` to die by signal N."""
+    report_lost_reader()  # its output's reader gone stops its tasks (`when_reader_gone`): said, and no success
     # what mpvisor itself imports comes before the working directory goes on sys.path: a json.py
     # or tomllib.py there is the targets' to import, never the value line's or the task file's
     if args.file is not None:

@@ -138,9 +138,17 @@ def _list_wait(args: argparse.Namespace) -> float:
 
 def _run_of(file: str, directory: str, wait: float) -> str:
     """The socket of `file`'s run: its default name's, else that of a live run that says it runs
-    `file` (run with `--name`; a killed run of it may have left its default name's socket behind)."""
-    path = socket_for(run_name(file), directory)
-    if os.path.lexists(path) and not nobody_serves(path):
+    `file` (run with `--name`; a killed run of it may have left its default name's socket behind).
+    A default name whose socket cannot be had in `directory` (its path too long for a Unix
+    socket's) only means that no run serves it: a run given `--name` is still found by its file;
+    with none found, no run of it is live that can be reached (`NO_RUN`), and the line says why
+    one started without `--name` could not be."""
+    unreachable: ControlError | None = None
+    try:
+        path: str | None = socket_for(run_name(file), directory)
+    except ControlError as exc:
+        path, unreachable = None, exc
+    if path is not None and os.path.lexists(path) and not nobody_serves(path):
         return path
     real = os.path.realpath(file)
     runs = live_runs(directory, wait)
@@ -150,6 +158,9 @@ def _run_of(file: str, directory: str, wait: float) -> str:
     if silent := [str(run["error"]) for run in runs if "error" in run]:  # one of them may be its run
         raise Refusal(REFUSED, f"no run of {printable(file)} answers, and {len(silent)} live run(s) did not (one may be its):",
                       *silent, unanswered=True)
+    if path is None:
+        raise Refusal(NO_RUN, f"no run of {printable(file)} is live, and one started without --name has no control "
+                              f"socket here: {unreachable}")
     return path
 
 

@@ -6,9 +6,10 @@ Two conventions hold for every command, before any of them imports the runtime (
 - a usage error is one line on stderr naming the option and the value, and status 2
   (`UsageParser`);
 - output that cannot be written is never a traceback (`guarded_output`, below): the command does
-  not succeed, and one line says which stream and why. `take_stdout` keeps stdout for
-  machine-readable output and points fd 1 at stderr, under the same guard; `write_line` writes
-  one line and flushes it.
+  not succeed, and one line says which stream and why; but a command that only answers (a
+  listing, a summary, a line) whose reader went away ends quietly by SIGPIPE, as `ps` does
+  (`report_lost_reader`). `take_stdout` keeps stdout for machine-readable output and points fd 1
+  at stderr, under the same guard; `write_line` writes one line and flushes it.
 
 The tasks inherit stderr and write to it directly, so a task may leave a line there without its
 newline. mpvisor's own lines on stderr still start a line of their own where that can be seen:
@@ -26,6 +27,7 @@ import contextlib
 import errno
 import os
 import re
+import signal
 import stat
 import sys
 import threading
@@ -229,25 +231,32 @@ class UsageParser(argparse.ArgumentParser):
 # once per stream and never raised, whichever thread wrote; what was pending is dropped (its
 # descriptor is pointed at /dev/null), so nothing fails again at exit. `account_output` turns a
 # success into `FAILED` once anything was lost; `settle_output` also says, in one line on stderr
-# (if stderr can still be written), which stream could not be written and why.
+# (if stderr can still be written), which stream could not be written and why. A reader that
+# went away is said so only by a command that called `report_lost_reader`; any other only
+# answers, and `settle_output` ends it by SIGPIPE, without a word (below).
 
 CLOSED_AT_START = "it was closed when mpvisor started"
 
 
 class _Lost:
-    """What could not be written, by stream: the first reason for each; and whom to tell, once,
-    that a stream's reader went away (`when_reader_gone`)."""
+    """What could not be written, by stream: the first reason for each, and the streams whose
+    reader went away; whom to tell, once, that a stream's reader went away (`when_reader_gone`);
+    and whether the command says so (`report_lost_reader`) or ends quietly."""
 
     def __init__(self) -> None:
         self.why: dict[str, str] = {}
+        self.gone: set[str] = set()  # the streams whose reader went away (EPIPE of mpvisor's own output)
         self.held: set[int] = set()  # standard fds closed at start, now held open on /dev/null
         self.streams: list[_Guarded] = []  # the guarded streams to flush at the end
         self.on_reader_gone: Callable[[], None] | None = None
+        self.reports_gone = False  # `report_lost_reader` was called: not a command that only answers
         self.lock = threading.Lock()
 
     def note(self, label: str, why: str, *, reader_gone: bool = False) -> None:
         with self.lock:
             self.why.setdefault(label, why)
+            if reader_gone:
+                self.gone.add(label)
             told = self.on_reader_gone if reader_gone else None
             if told is not None:
                 self.on_reader_gone = None
@@ -389,6 +398,19 @@ def when_reader_gone(callback: Callable[[], None]) -> None:
     _LOST.on_reader_gone = callback
 
 
+def report_lost_reader() -> None:
+    """This command does more than answer: a stream whose reader went away is reported as any
+    output it could not write, in one line on stderr (if stderr has its reader) and status 1.
+    `run` says so, since it stops its tasks for it (`when_reader_gone`) and what they produced
+    was lost; `logs -f`, since it ends a follow that only Ctrl-C ends otherwise; `slots serve`,
+    a server whose status says whether it served. Every other command only answers (a listing,
+    a summary, a line: `status`, `slots`, `check`, `--help`, a usage error...), and the reader
+    that went away had what it wanted of it (`mpvisor status | head -1`): `settle_output` ends
+    it by SIGPIPE, without a word, as `ps | head -1` ends, so that the shell says nothing and a
+    pipeline under `set -o pipefail` fails as it would with `ps`."""
+    _LOST.reports_gone = True
+
+
 def lose_output(stream: IO[str], exc: OSError) -> None:
     """A write to `stream` that bypassed it (`os.write` on its fd) failed: record it likewise."""
     if isinstance(stream, _Guarded):
@@ -424,9 +446,11 @@ def guarded_output() -> Iterator[None]:
     """While it lasts, sys.stdout and sys.stderr are guarded; standard fds closed at start are
     held on /dev/null (a closed stdout is still recorded as lost when something is written)."""
     _LOST.why.clear()
+    _LOST.gone.clear()
     _LOST.streams.clear()
     _LOST.held.clear()
     _LOST.on_reader_gone = None
+    _LOST.reports_gone = False
     if not all(_is_open(fd) for fd in (0, 1, 2)):  # rare, so imported only then (`--version` imports no _platform)
         from mpvisor import _platform
 
@@ -454,8 +478,13 @@ def account_output(status: int) -> int:
 
 def settle_output(status: int) -> int:
     """`account_output`, and one line on stderr for each other stream that could not be
-    written (none when stderr itself cannot be)."""
+    written (none when stderr itself cannot be); or, for a command that only answers (it did not
+    call `report_lost_reader`) whose stdout or stderr lost its reader, `-SIGPIPE` and no line,
+    whatever it was to exit with: it ends as a program killed by its write there would (one
+    already dying by a signal, a Ctrl-C, dies by that one)."""
     status = account_output(status)
+    if _LOST.gone and not _LOST.reports_gone:
+        return status if status < 0 else -signal.SIGPIPE
     if "stderr" not in _LOST.why:
         for label, why in _LOST.why.items():
             sys.stderr.write(f"mpvisor: cannot write to {label}: {why}\n")

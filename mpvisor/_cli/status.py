@@ -4,7 +4,8 @@ Asks the run (`runs`: by FILE, `--name` or the only live one) for its tasks and 
 about the run (`NAME  pid N  FILE`), then a table, one row per task in the file's order: TASK,
 STATE, PID, READY (`yes`, `no`, `-`: it has no readiness), UPTIME (of its current attempt,
 `3m12s`), RESTARTS, LAST (how its last attempt ended). `--json` prints one JSON object instead,
-`{"name", "file", "pid", "tasks": [rows]}`. Statuses: 0; 1, 10, 11 (`runs`); usage errors 2.
+`{"name", "file", "pid", "tasks": [rows]}`. Statuses: 0; 1, 10, 11 (`runs`); usage errors 2;
+an answer whose reader went away (`mpvisor status | head -1`) ends by SIGPIPE, quietly (`shell`).
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mpvisor import _platform
 from mpvisor._model.checks import quoted
+from mpvisor._model.events import printable
 from mpvisor._model.wire import FrameDecoder, ProtocolError, frame, pack
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ CLOSE_WAIT = 1.0  # seconds `close` gives the connections' handlers to end
 ENDING_WAIT = 0.5  # seconds a client whose connection the run closed looks for the run's end
 LIST_WAIT = 5.0  # seconds `live_runs` gives each run to describe itself
 VERSION_WAIT = 1.0  # seconds a run that did not take an operation in time has to describe itself (`_answers`)
-STEM_MAX = 32  # characters of a task file's stem in its run's name
+STEM_MAX = 32  # bytes (UTF-8) of a task file's stem in its run's name (`run_name`)
 REQUESTS = ("describe", "status", "stop", "start", "restart", "reload", "logs")
 TASK_REQUESTS = ("stop", "start", "restart", "logs")
 OPERATIONS = ("stop", "start", "restart", "reload")  # first answered TAKEN, then with their answer
@@ -174,10 +175,16 @@ def control_dir() -> str:
 
 def run_name(file: str) -> str:
     """A run's default name from its task file: `<stem>-<8 hex of sha256 of its absolute path>`
-    (the stem cut at `STEM_MAX` characters; the path with symbolic links resolved)."""
+    (the path with symbolic links resolved). A file's name may hold anything but `/` and NUL,
+    and nobody chose it to name a run: the stem is made a name as a program's file name is made
+    its task's (`printable`: a byte that is not UTF-8 shown as `\\xe9`, a character that is not
+    printable escaped), then cut at `STEM_MAX` bytes, whole characters (a Chinese character
+    takes three of a socket path's 107). So every file has a name `check_name` takes, whose
+    socket fits a control directory of ordinary length; the hash keeps apart two files whose
+    stems read the same once escaped or cut."""
     path = os.path.realpath(file)
-    stem = os.path.splitext(os.path.basename(path))[0][:STEM_MAX] or "run"
-    return f"{stem}-{hashlib.sha256(os.fsencode(path)).hexdigest()[:8]}"
+    stem = printable(os.path.splitext(os.path.basename(path))[0]).encode()[:STEM_MAX].decode("utf-8", "ignore")
+    return f"{stem or 'run'}-{hashlib.sha256(os.fsencode(path)).hexdigest()[:8]}"
 
 
 def check_name(name: str) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import stat
 import time
@@ -219,8 +220,9 @@ class ServiceRun:
             except Busy as exc:
                 taken, self.name = self.name, f"{self.name}-{os.getpid()}"
                 self._server = await ControlServer.start(socket_for(self.name, directory), self, self._say)
+                # quoted for a shell: a name made from a file's (`run_name`) may hold `\xe9`
                 self._say(f"mpvisor: {exc}: this run is named {self.name!r} instead "
-                          f"(mpvisor status --name {self.name}), the other keeps {taken!r}")
+                          f"(mpvisor status --name {shlex.quote(self.name)}), the other keeps {taken!r}")
         except (ControlError, OSError) as exc:
             self._say(f"mpvisor: no control socket for this run (mpvisor status cannot reach it): {exc}")
 

@@ -27,6 +27,7 @@ import pytest
 from mpvisor._admission.leases import local as _leases
 from mpvisor._cli.main import version
 from tests._slot_support import stop_servers
+from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,6 +165,74 @@ def test_a_reader_that_went_away_is_a_broken_pipe_not_a_traceback(place: pathlib
     assert ran(place, name), done.stderr
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == "mpvisor: cannot write to stdout: Broken pipe", done.stderr
+
+
+# commands that only answer (a listing, a summary, a line), and need no run to ask
+ANSWERS = {"check": ["check", "tasks.toml"], "slots": ["slots"], "slots --json": ["slots", "--json"],
+           "doctor": ["doctor"], "--version": ["--version"], "--help": ["--help"], "run --help": ["run", "--help"],
+           "status --help": ["status", "--help"]}
+
+
+def without_a_reader(place: pathlib.Path, argv: list[str], stream: str = "stdout",
+                     env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mpvisor ARGV | head -c1`, made certain: the pipe's read end is closed before mpvisor
+    starts, so its first write there fails with EPIPE (`stream`: stdout's or stderr's pipe; the
+    other stream is captured)."""
+    assert MPVISOR is not None, "the mpvisor executable is not on PATH"
+    read, write = os.pipe()
+    os.close(read)
+    other = "stderr" if stream == "stdout" else "stdout"
+    try:
+        return subprocess.run([MPVISOR, *argv], cwd=place, env=env or env_for(place), stdin=subprocess.DEVNULL,
+                              text=True, timeout=60, **{stream: write, other: subprocess.PIPE})  # type: ignore[call-overload]
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_a_command_that_only_answers_ends_quietly_by_sigpipe_once_its_reader_is_gone(place: pathlib.Path,
+                                                                                      name: str) -> None:
+    """`mpvisor check tasks.toml | head -c1`, `mpvisor --help | head -1`: the reader had what it
+    wanted, and the command ends as `ps | head -1` does, killed by SIGPIPE (141 in a shell),
+    without a word on stderr; it said `mpvisor: cannot write to stdout: Broken pipe` and exited 1."""
+    done = without_a_reader(place, ANSWERS[name])
+    assert (done.returncode, done.stderr) == (-signal.SIGPIPE, ""), done
+
+
+def test_a_usage_error_whose_stderr_lost_its_reader_ends_by_sigpipe(place: pathlib.Path) -> None:
+    """The same for stderr, where a usage error is said: `mpvisor stauts 2>&1 | head -c1`."""
+    done = without_a_reader(place, ["stauts"], stream="stderr")
+    assert (done.returncode, done.stdout) == (-signal.SIGPIPE, ""), done
+
+
+def test_the_control_commands_end_quietly_by_sigpipe_once_their_reader_is_gone(place: pathlib.Path) -> None:
+    """`mpvisor status | head -1` and the other answers about a live run (`status --json`, `logs`
+    without `-f`, `stop`'s line) end by SIGPIPE without a word, as `ps | head -1` and
+    `systemctl status | head -1` end quietly; each said `cannot write to stdout: Broken pipe` and
+    exited 1. The stop is done all the same: only its answer had nobody to read it."""
+    (place / "web.toml").write_text('[task.web]\ncommand = ["sh", "-c", "echo up; while [ ! -e stop ]; do sleep 0.05; done"]\n'
+                                    'log = "web.log"\n')
+    env = {**env_for(place), "MPVISOR_CONTROL_DIR": str(place / "control")}
+    assert MPVISOR is not None
+    proc = subprocess.Popen([MPVISOR, "run", "--file", "web.toml"], cwd=place, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def running() -> bool:
+            done = subprocess.run([MPVISOR or "mpvisor", "status", "--json"], cwd=place, env=env, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=30)
+            return done.returncode == 0 and json.loads(done.stdout)["tasks"][0]["state"] == "running"
+
+        wait_for(running, timeout=20)
+        wait_for(lambda: (place / "web.log").exists() and (place / "web.log").read_text() == "up\n", timeout=20)
+        for argv in (["status"], ["status", "web.toml", "--json"], ["logs", "web"], ["stop", "web"]):
+            done = without_a_reader(place, argv, env=env)
+            assert (done.returncode, done.stderr) == (-signal.SIGPIPE, ""), (argv, done)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1 and "mpvisor: web: canceled reason='canceled'" in err, err  # the stop was done
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_events_on_a_full_stdout_are_lost_the_task_runs_and_the_status_says_so(place: pathlib.Path) -> None:

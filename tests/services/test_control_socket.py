@@ -35,6 +35,7 @@ from mpvisor._services.control import (
     ControlError,
     ControlServer,
     NotLive,
+    check_name,
     control_dir,
     encode,
     live_runs,
@@ -690,6 +691,10 @@ def test_a_runs_name_is_the_stem_and_a_hash_of_the_absolute_path(tmp_path: pathl
     assert len(run_name("x" * 300 + ".toml")) == 32 + 9
     with pytest.raises(ControlError, match="expected a run's name"):
         socket_for("a/b", str(tmp_path))
+    # any file's name makes a run's name: a byte that is not UTF-8, a control character escaped, 32 bytes at most
+    for file, stem in (("caf\udce9.toml", "caf\\xe9"), ("a\nb\x1b.toml", "a\\nb\\x1b"), ("\u670d" * 40, "\u670d" * 10)):
+        made = run_name(file)
+        assert check_name(made) == made and made.rpartition("-")[0] == stem, made
 
 
 def test_the_table_is_aligned_and_uptimes_read_as_durations() -> None:

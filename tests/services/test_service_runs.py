@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import pathlib
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -956,6 +958,69 @@ def test_a_name_too_long_for_its_socket_is_a_usage_error(run: Run) -> None:
     assert len(done.stderr.splitlines()) == 1 and "ran" not in done.stderr, done.stderr
     fits = run.ctl("run", "--file", "services.toml", "--name", "n" * room)
     assert fits.returncode == 0 and "no control socket" not in fits.stderr, fits.stderr
+
+
+# file names `run --file` takes, which are no run's name as they are: a byte that is not UTF-8
+# (a Latin-1 `café`), a control character, a character Python does not print (a no-break space),
+# and a stem of 40 Chinese characters (120 bytes: past a socket path's 107 in any directory)
+ODD_FILES = {"latin-1": b"caf\xe9.toml", "newline": b"line\nbreak.toml", "no-break space": "a\u00a0b.toml".encode(),
+             "chinese": ("\u670d\u52a1" * 20 + ".toml").encode()}
+ODD_STEMS = {"latin-1": "caf\\xe9", "newline": "line\\nbreak", "no-break space": "a\\xa0b",
+             "chinese": "\u670d\u52a1" * 5}  # cut at 32 bytes, whole characters: 10 of them
+
+
+@pytest.mark.parametrize("odd", list(ODD_FILES))
+def test_a_file_of_any_name_has_a_run_reached_by_its_file_with_or_without_a_name(run: Run, tmp_path: pathlib.Path,
+                                                                                 odd: str) -> None:
+    """A task file whose name holds a byte that is not UTF-8, a control character or a character
+    that is not printable, or whose stem is long in bytes, got no control socket (its name made
+    from the file's was no run's name, or too long for a socket's path: `no control socket for
+    this run`), and `mpvisor status FILE` or `stop TASK FILE` failed with the same words, also
+    once its run was given a `--name`. Its run's name is now the stem made a name (`caf\\xe9`),
+    cut at 32 bytes, and FILE reaches its run either way: in a control directory too long for
+    the name made from the file's (a run given `--name`, found by its file), too."""
+    file = os.fsdecode(ODD_FILES[odd])  # as a shell hands it on: the bytes (a surrogate here)
+    (run.directory / file).write_text('[task.wait]\ncommand = ["sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"]\n')
+    made = f"{ODD_STEMS[odd]}-{hashlib.sha256(os.fsencode(os.path.realpath(run.directory / file))).hexdigest()[:8]}"
+
+    def reached(directory: pathlib.Path, name: str | None) -> None:
+        """A run of the file (`--name NAME` if given) serves its socket in `directory`, and is
+        reached by FILE and by its name, and stopped by FILE: it ends, its one task canceled."""
+        run.env["MPVISOR_CONTROL_DIR"] = str(directory)
+        err = tmp_path / f"run-{name}.err"
+        with open(err, "w") as said:
+            run.proc = subprocess.Popen([MPVISOR or "mpvisor", "run", "--file", file, *(["--name", name] if name else [])],
+                                        cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=said, text=True)
+
+        def answer() -> dict[str, object] | None:
+            assert "no control socket" not in err.read_text(errors="replace"), err.read_text(errors="replace")
+            done = run.ctl("status", file, "--json")
+            assert done.returncode in (0, 10), done.stderr  # 10: no run of it live yet
+            return json.loads(done.stdout) if done.returncode == 0 else None
+
+        status = wait_for(answer, timeout=20)
+        assert (status["name"], status["file"]) == (name or made, os.path.realpath(run.directory / file)), status
+        by_name = run.ctl("status", "--name", name or made)  # the name made is one a user can give
+        assert by_name.returncode == 0 and by_name.stdout.startswith(f"{name or made}  pid {run.proc.pid}  "), by_name
+        stopped = run.ctl("stop", "wait", file)
+        assert (stopped.returncode, stopped.stdout, stopped.stderr) == (0, "wait: stopped\n", ""), stopped
+        assert run.proc.wait(timeout=30) == 1  # its one task canceled: the run ends
+        assert "1 task: 1 canceled; exit status 1" in err.read_text(errors="replace").splitlines()[-1]
+
+    short = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-", dir="/tmp"))  # near the default's length, /tmp/mpvisor-<uid>/runs
+    try:
+        reached(short, None)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    # 90 bytes: room for `named.sock`, not for the name made from the file's
+    long = tmp_path / ("c" * (90 - len(os.fsencode(str(tmp_path))) - 1))
+    assert len(os.fsencode(str(long / made))) + len(".sock") > 107
+    run.env["MPVISOR_CONTROL_DIR"] = str(long)
+    before = run.ctl("status", file)  # none live yet: said as such (10), with why one without --name has no socket
+    assert before.returncode == 10 and "one started without --name has no control socket here: " \
+        "the path of the control socket" in before.stderr, before
+    reached(long, "named")
 
 
 def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None:
