@@ -260,7 +260,8 @@ def _die_by(signum: signal.Signals) -> int:
             _platform.dump_no_core()
         except OSError:
             pass  # (no prctl here): the core limit decides, as for any program
-    signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    if signum != signal.SIGKILL:  # (whose action is always the default)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)
     return 128 + signum

@@ -363,7 +363,7 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
         print(outcome_line(spec.name, outcome), file=sys.stderr)  # a store's refusal whole, on one line
     if outcome.kind is OutcomeKind.COMPLETED and args.events != "json" and machine is not None:
         write_line(machine, value_line(outcome.value))
-    return _ended(interrupts, statuses.exit_status(outcome, slotted=args.slot is not None))
+    return _ended(interrupts, statuses.exit_status(outcome, slotted=args.slot is not None, dies=True))
 
 
 def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:

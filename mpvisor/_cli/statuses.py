@@ -4,8 +4,9 @@
 equal); the names below it are what the commands return. `exit_status` maps one outcome to its
 status by the rows, in order: a last attempt that ran out of its timeout or of its start-up limit
 (`TaskOutcome.timed_out`) is 124 whatever its exit code. A command
-that was interrupted returns `-N` for signal N: `main` then dies by that signal (after which a
-shell sees 128 + N).
+that was interrupted, or a run of one task that died by signal N (`exit_status(..., dies=True)`),
+returns `-N`: `main` then dies by that signal, as `timeout(1)` does (after which a shell sees
+128 + N), without dumping a core of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1..255", "the task's exit code, when it is in 1..255"),
     ("127", "the COMMAND was not found, as `env`, `timeout` and `nohup` say it (the outcome is `FATAL`, exit code 127)"),
     ("126", "the COMMAND was found but cannot be executed (likewise, exit code 126)"),
-    ("128+N", "the task died by signal N"),
+    ("death by signal N", "the task died by signal N (not by a limit of its own), and `mpvisor` dies by it too, "
+                          "as `timeout(1)` does, without dumping a core of its own: a shell sees 128+N, restores "
+                          "the terminal's modes as it does for the bare command, and `xargs` or `make` stop as they "
+                          "would (in a task file, and for a limit of the task's, 128+N)"),
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
     ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
@@ -71,13 +75,16 @@ def refused(rejection: RejectionKind | None) -> tuple[int, str] | None:
     return _REFUSALS[rejection.value], rejection.words
 
 
-def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slotted: bool = False) -> int:
+def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slotted: bool = False,
+                dies: bool = False) -> int:
     """The process exit status for a task's outcome (pure; `TABLE`'s rows in order).
 
     `interrupted_by` is the signal that interrupted `mpvisor run`: its 128 + N wins over the
     outcome (the CLI then dies by that signal, and 128 + N is the fallback if it cannot).
     `slotted`: the task had a slot, whose answers are 3..9 (`RESERVED`): its own exit code there
-    is 1, so that a script's `case` never takes a failed task for the slot's answer."""
+    is 1, so that a script's `case` never takes a failed task for the slot's answer. `dies`:
+    the status of one command's run, which dies by the signal its task died by (`-N`), as
+    `timeout(1)` does, unless one of its own limits killed it (128 + N, as in a task file)."""
     if interrupted_by is not None:
         return 128 + interrupted_by
     if outcome.is_success():
@@ -92,5 +99,5 @@ def exit_status(outcome: TaskOutcome, interrupted_by: int | None = None, *, slot
     if code is not None and 1 <= code <= 255:
         return code
     if code is not None and -64 <= code < 0:
-        return 128 - code
+        return code if dies and outcome.limit is None else 128 - code
     return FAILED

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import pathlib
+import resource
 import shlex
 import shutil
 import signal
@@ -112,17 +113,41 @@ def test_exit_status_and_outcome_line(tmp_path, argv, status, words):
 @pytest.mark.parametrize(
     "argv, status",
     [
-        (["workers.misbehave:self_kill"], 128 + signal.SIGKILL),
-        (["workers.misbehave:segfault"], 128 + signal.SIGSEGV),
+        (["workers.misbehave:self_kill"], -signal.SIGKILL),
+        (["workers.misbehave:segfault"], -signal.SIGSEGV),
+        (["--memory", "64M", "workers.limits:hog"], 128 + signal.SIGKILL),
         (["workers.misbehave:sys_exit", "0"], 1),
         (["workers.basic:failing", "0"], 1),
         (["workers.basic:failing", "300"], 1),
     ],
 )
 def test_exit_status_never_reads_a_failure_as_success(tmp_path, argv, status):
-    """Deaths by signal give 128+N; exit code 0, None or out of range give 1."""
+    """A death by signal N ends the run by N too, as the bare program would have ended (a shell
+    sees 128+N), but a kill by the task's own limit, which mpvisor decided on, is 128+N; exit
+    code 0, None or out of range give 1."""
     done = mpvisor(tmp_path, "run", *argv)
     assert done.returncode == status, done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGQUIT, signal.SIGTERM, signal.SIGPIPE])
+def test_a_command_that_dies_by_a_signal_ends_the_run_by_it_without_a_core_of_mpvisor(tmp_path, signum):
+    """As `timeout(1)`: the command dies by N, `mpvisor run` dies by N (so `xargs`, `make`,
+    `subprocess` and a terminal's shell see what they see of the bare command), and dumps no
+    core of its own, though its core limit allows one (raised here) and the command's core goes
+    where the kernel puts it: mpvisor did not crash. It used to exit 128+N."""
+    def cores_allowed() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--", "sh", "-c", f"kill -{signum.name[3:]} $$"],
+                            cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, preexec_fn=cores_allowed)
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    _, status = os.waitpid(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: the core flag is in the raw status)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signum, (status, err)
+    assert not os.WCOREDUMP(status), err
+    assert f"exit_code={-signum}" in outcome_line(err), err
 
 
 def test_a_module_that_exits_as_it_is_imported_ends_the_run_as_python_ends(tmp_path):
@@ -1491,3 +1516,13 @@ def test_events_lost_while_the_reader_fell_behind_are_reported(tmp_path):
     assert lost == (f"mpvisor: cannot write to stdout: {published - len(events)} events not written (its reader "
                     "did not keep up; the run waited for it at most 5 s after it ended)"), err[-2000:]
     assert published - len(events) > 0
+
+
+def test_an_environment_entry_with_no_name_is_left_out_and_the_command_runs(tmp_path):
+    """`env '=x' mpvisor run -- CMD`: an entry Python's `execve` refuses (no name) is left out,
+    and the command runs with the rest as bare (every attempt failed `program exited with
+    status 1`, the program never run and nothing said why)."""
+    env = {**cli_env(), "KEPT": "yes"}
+    done = subprocess.run(["env", "=x", sys.executable, "-m", "mpvisor", "run", "--", "sh", "-c", "echo kept=$KEPT"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "kept=yes\n", done.stderr

@@ -20,7 +20,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._pty_support import Shell
+from tests._pty_support import PROMPT, Shell
 from tests._support import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -401,3 +401,17 @@ def test_ctrl_c_stops_a_script_waiting_for_a_run_it_started_with_ampersand(shell
     (mpvisor,) = [p for p in processes("53.25") if p.info["cmdline"][0] != "sleep"]
     mpvisor.terminate()
     wait_for(lambda: not processes("53.25"), timeout=10)
+
+
+@pytest.mark.parametrize("signame", ["TERM", "SEGV"])
+def test_a_command_that_dies_by_a_signal_leaves_the_terminal_as_the_bare_command_does(shell: Shell, signame: str) -> None:
+    """A command that turns the terminal's echo off and dies by a signal: bash gives a job that
+    a signal killed the terminal's modes back, and so it does after `mpvisor run` of it, which
+    dies by that signal too (it exited 128+N, and the prompt was left without echo)."""
+    check = "stty -a | grep -qE '(^| )-echo( |$)' && echo E''CHO=off || echo E''CHO=on"
+    shell.type(f"mpvisor run -- sh -c 'stty -echo; kill -{signame} $$'\n")
+    shell.until(PROMPT)
+    shell.type(check + "\n")  # not echoed back if echo stayed off: only its output is waited for
+    out = shell.until(PROMPT)
+    assert "ECHO=on" in out and "ECHO=off" not in out, out
+    assert shell.run("echo status=$?").strip().endswith("status=0")
