@@ -204,7 +204,7 @@ def _prepare_script(path: str) -> tuple[Prepared, ...] | None:
     seen = _check(path)
     if seen is None or _scripts_refused.get(path) == seen:
         return None
-    loader = SourceFileLoader("__mp_main__", path)
+    loader, spec = SourceFileLoader("__mp_main__", path), None
     try:
         spec = spec_from_file_location("__mp_main__", path, loader=loader)
         code = loader.get_code("__mp_main__") if spec is not None else None
