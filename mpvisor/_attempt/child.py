@@ -305,7 +305,9 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
         _exec(start.argv, env)
     except ValueError as exc:  # what else `os.execve` refuses to pass on: said, never a bare exit status 1
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
-        _finish(channel, Failure("fatal", f"cannot execute {start.argv[0]!r}: {exc}", exit_code=NOT_EXECUTABLE),
+        from mpvisor._model.checks import quoted  # (a failed exec only, as below)
+
+        _finish(channel, Failure("fatal", f"cannot execute {quoted(start.argv[0])}: {exc}", exit_code=NOT_EXECUTABLE),
                 status=NOT_EXECUTABLE)
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
