@@ -303,12 +303,6 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
     env.pop("", None)  # `env '=x' mpvisor run ...`: an entry with no name, which `execve` takes and `os.execve` refuses
     try:
         _exec(start.argv, env)
-    except ValueError as exc:  # what else `os.execve` refuses to pass on: said, never a bare exit status 1
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
-        from mpvisor._model.checks import quoted  # (a failed exec only, as below)
-
-        _finish(channel, Failure("fatal", f"cannot execute {quoted(start.argv[0])}: {exc}", exit_code=NOT_EXECUTABLE),
-                status=NOT_EXECUTABLE)
     except OSError as exc:  # as a shell, `env` or `timeout` say it: 127 not found, 126 found but not executable
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGTERM)
         code = NOT_FOUND if exc.errno == errno.ENOENT else NOT_EXECUTABLE
