@@ -28,7 +28,8 @@ import pytest
 
 import mpvisor
 from mpvisor import ConfigError, SupervisorConfig
-from mpvisor._launchers import ray as ray_launcher
+from mpvisor._launchers.ray import connection
+from mpvisor._launchers.ray.output import RayOutput
 from mpvisor.ray import RayLauncher
 from tests import _ray_support
 from tests._support import LogRecords
@@ -56,7 +57,7 @@ def test_what_ray_says_while_connecting_is_kept_and_the_rest_passes_on(
     monkeypatch.setattr(logging.getLogger("ray"), "propagate", True)
     seen = LogRecords()
     logging.getLogger().addHandler(seen)
-    output = ray_launcher._RayOutput()
+    output = RayOutput()
     shown = warnings.catch_warnings(record=True)
     try:
         caught = shown.__enter__()  # what `warnings.showwarning` shows lands in `caught`
@@ -134,7 +135,7 @@ async def test_a_failed_connection_names_the_address_it_took_from_ray_address(
         raise ConnectionError("Failed to connect")
 
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
-    monkeypatch.setattr(ray_launcher, "_connect", refused)
+    monkeypatch.setattr(connection, "connect", refused)
     client = RayLauncher(address=address)(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
     with pytest.raises(ConfigError) as raised:
         await client.ready()
@@ -252,7 +253,7 @@ def test_module_objects_in_py_modules_go_to_ray_as_their_paths() -> None:
     single.__file__ = "/code/single.py"
     env = {"py_modules": [mpvisor, single, "/code/pkg", "s3://b/p.zip"],
            "env_vars": {"A": "1"}}
-    converted = ray_launcher._modules_as_paths(env)
+    converted = connection._modules_as_paths(env)
     assert converted == {"py_modules": [os.path.dirname(mpvisor.__file__ or ""), "/code/single.py",
                                         "/code/pkg", "s3://b/p.zip"], "env_vars": {"A": "1"}}
     assert isinstance(env["py_modules"][0], types.ModuleType)  # the caller's mapping is left alone

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mpvisor import SupervisorConfig
-from mpvisor._launchers import ray as ray_launcher
+from mpvisor._launchers.ray import connection
 from mpvisor.ray import RayLauncher
 
 pytestmark = pytest.mark.timeout(30)
@@ -63,7 +63,7 @@ async def test_the_local_cluster_outlives_the_thread_that_connected(monkeypatch:
     """Connected, the cluster `ray.init` started is still alive once the connecting thread would
     have ended; the launcher's close shuts it down, and only then does that thread end."""
     fake = LocalRay()
-    monkeypatch.setattr(ray_launcher, "_ray", lambda: fake)
+    monkeypatch.setattr(connection, "ray_module", lambda: fake)
     client = RayLauncher()(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
     await client.ready()
     assert fake.init_thread is not None and fake.cluster is not None
@@ -95,7 +95,7 @@ async def test_a_close_while_a_local_cluster_starts_waits_to_shut_it_down(monkey
     waits for `ray.init` to return and for the cluster's `ray.shutdown`: a process that ended
     before then left the cluster's dashboard and runtime-env agents running, orphans."""
     fake = SlowLocalRay()
-    monkeypatch.setattr(ray_launcher, "_ray", lambda: fake)
+    monkeypatch.setattr(connection, "ray_module", lambda: fake)
     client = RayLauncher(address="local")(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
     loop = asyncio.get_running_loop()
     assert await loop.run_in_executor(None, fake.started.wait, 10)
@@ -111,7 +111,7 @@ async def test_a_close_while_connecting_to_a_remote_address_does_not_wait(monkey
     """An address that starts no cluster here (`HOST:PORT`, `ray://`, `auto`) is given up at once:
     a Ctrl-C while Ray still tries to reach it ends the run without waiting for Ray."""
     fake = SlowLocalRay()
-    monkeypatch.setattr(ray_launcher, "_ray", lambda: fake)
+    monkeypatch.setattr(connection, "ray_module", lambda: fake)
     client = RayLauncher(address="10.0.0.5:1")(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
     loop = asyncio.get_running_loop()
     try:

@@ -121,9 +121,9 @@ async def test_a_frozen_agent_does_not_hang_a_shutdown(tmp_path: Any, monkeypatc
     a shutdown past its grace waited for it for ever (Ctrl-C of `mpvisor run` hung). `KILL_WAIT`
     after the kill, Ray ends the agent; the attempt is FORCE_ABORTED once the fence has passed,
     and its tree is gone."""
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
-    monkeypatch.setattr(ray_launcher, "KILL_WAIT", 0.5)
+    monkeypatch.setattr(ray_client, "KILL_WAIT", 0.5)
     marker = str(tmp_path / "m")
     supervisor = Supervisor(on_ray(grace=0.5))
     handle = supervisor.serve()
@@ -276,10 +276,10 @@ async def test_an_agent_runs_the_next_attempt_of_its_shape_then_retires(monkeypa
     that one is a fresh process forked by the same local launcher; one asking other resources
     gets its own agent; an idle agent retires after `AGENT_IDLE` s (its launcher is gone; 0.5 s
     here instead of 2, which the next attempt, added at once, needs none of)."""
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
-    monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 0.5)
-    AGENT_IDLE = ray_launcher.AGENT_IDLE
+    monkeypatch.setattr(ray_client, "AGENT_IDLE", 0.5)
+    AGENT_IDLE = ray_client.AGENT_IDLE
 
     def spec(name: str, cpus: float) -> TaskSpec:
         return TaskSpec.once(fn(name, contract.lineage)).with_resources(num_cpus=cpus)
@@ -303,17 +303,17 @@ async def test_an_attempt_no_node_can_place_does_not_stop_the_agents_of_another_
     agent whose attempt ended used to be closed while any attempt of another shape waited to be
     placed, so that each next attempt paid a new Ray worker (20 trivial tasks two at a time: 0.35 s
     alone, 9.1 s beside one waiting for a `gpu_host`)."""
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
     checked: list[tuple[dict[str, float], frozenset[str]]] = []
-    misfits = ray_launcher._misfits
+    misfits = ray_client._misfits
 
     def recorded(asks: dict[str, float]) -> frozenset[str]:
         found = misfits(asks)
         checked.append((dict(asks), found))
         return found
 
-    monkeypatch.setattr(ray_launcher, "_misfits", recorded)
+    monkeypatch.setattr(ray_client, "_misfits", recorded)
     async with supervised(on_ray()) as (handle, _):
         waiting_id, waiting = await handle.add_and_watch(once("gpu", basic.quick).with_resources(resources={"gpu_host": 1}))
         await async_wait_for(lambda: any("gpu_host" in asks for asks, _ in checked), timeout=30.0)
@@ -332,16 +332,16 @@ async def test_an_attempt_no_node_can_place_does_not_stop_the_agents_of_another_
 
 def _calls_of(monkeypatch: pytest.MonkeyPatch, method: str) -> list[Any]:
     """What each call of `RayClient.<method>` (one argument; still made) was given, in order."""
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
     given: list[Any] = []
-    original = getattr(ray_launcher.RayClient, method)
+    original = getattr(ray_client.RayClient, method)
 
     def recorded(self: Any, argument: Any) -> None:
         given.append(argument)
         original(self, argument)
 
-    monkeypatch.setattr(ray_launcher.RayClient, method, recorded)
+    monkeypatch.setattr(ray_client.RayClient, method, recorded)
     return given
 
 
@@ -367,9 +367,9 @@ async def test_an_idle_agent_that_died_does_not_fail_the_next_attempt_of_its_sha
     attempt is placed on a new agent at once, not after the `lost_fence` (60 s here), and a task
     with no retry completes (it once failed, `launcher died ... before the attempt started`; then
     it waited the fence, as for an agent that died with an attempt's tree)."""
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
-    monkeypatch.setattr(ray_launcher, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
+    monkeypatch.setattr(ray_client, "AGENT_IDLE", 30.0)  # idle until the next attempt takes it
     closed = _calls_of(monkeypatch, "_close_agent")
     async with supervised(on_ray(lost_fence=60.0)) as (handle, events):
         _, waiter = await handle.add_and_watch(once("a", contract.lineage))
@@ -398,12 +398,12 @@ async def test_an_agent_whose_attempt_ended_runs_one_that_waits_to_be_placed(tmp
     two's agents (two Ray workers, each most of a second here), and Ray is asked for three."""
     import ray
 
-    from mpvisor._launchers import ray as ray_launcher
+    from mpvisor._launchers.ray import client as ray_client
 
     wait_for(lambda: ray.available_resources().get("CPU", 0) >= _ray_support.HEAD_CPUS, timeout=30.0)
     placing: list[int] = []
     asked: list[int] = []
-    placed, release_idle = ray_launcher.RayClient._placed, ray_launcher.RayClient._release_idle
+    placed, release_idle = ray_client.RayClient._placed, ray_client.RayClient._release_idle
 
     async def recorded(self: Any, remote: Any, agent: Any, shape: Any) -> Any:
         placing.append(remote.key)
@@ -414,8 +414,8 @@ async def test_an_agent_whose_attempt_ended_runs_one_that_waits_to_be_placed(tmp
             asked.append(1)
         release_idle(self)
 
-    monkeypatch.setattr(ray_launcher.RayClient, "_placed", recorded)
-    monkeypatch.setattr(ray_launcher.RayClient, "_release_idle", counted)
+    monkeypatch.setattr(ray_client.RayClient, "_placed", recorded)
+    monkeypatch.setattr(ray_client.RayClient, "_release_idle", counted)
     gates, marker = [tmp_path / "gate-0", tmp_path / "gate-1"], str(tmp_path / "marker")
 
     def spec(name: str, gate: int) -> TaskSpec:
