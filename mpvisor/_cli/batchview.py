@@ -92,10 +92,12 @@ def worst_status(results: Iterable[Result], interrupted_by: int | None = None) -
     return max((r.status for r in results if r.by_slot), default=0)
 
 
-def summary_line(label: str, results: Sequence[Result], status: int, not_run: int = 0) -> str:
+def summary_line(label: str, results: Sequence[Result], status: int, not_run: int = 0, removed: int = 0) -> str:
     """`mpvisor: tasks.toml: 3 tasks: 2 completed, 1 failed; exit status 7`; `not_run`: tasks the
-    run stopped before they started (`2 tasks: 2 not run`). The label (the file's path) is shown
-    escaped (`printable`), as a reason is."""
+    run stopped before they started (`2 tasks: 2 not run`); `removed`: tasks a reload took out of
+    the run, which count in neither the tasks nor the status (`1 task: 1 completed; 1 removed by a
+    reload; exit status 0`). The label (the file's path) is shown escaped (`printable`), as a
+    reason is."""
     counts: dict[str, int] = {}
     for result in results:
         state = "replaced" if result.status == REPLACED and result.by_slot else result.outcome.kind.name.lower()
@@ -104,7 +106,8 @@ def summary_line(label: str, results: Sequence[Result], status: int, not_run: in
         counts["not run"] = not_run
     tally = ", ".join(f"{n} {state}" for state, n in counts.items())
     total = len(results) + not_run
-    return f"mpvisor: {printable(label)}: {total} task{'s' if total != 1 else ''}: {tally}; exit status {status}"
+    gone = f"; {removed} removed by a reload" if removed else ""
+    return f"mpvisor: {printable(label)}: {total} task{'s' if total != 1 else ''}: {tally}{gone}; exit status {status}"
 
 
 # --- the rows -------------------------------------------------------------------------------------

@@ -382,8 +382,8 @@ def run_file(args: argparse.Namespace) -> int:
     if isinstance(display, LiveTable):
         display.start()
     try:
-        results, problem, names = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
-                                                   path, args.name or run_name(path), systemd))
+        results, problem, last = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
+                                                  path, args.name or run_name(path), systemd))
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
@@ -392,38 +392,41 @@ def run_file(args: argparse.Namespace) -> int:
         say_problem(problem)
     if problem is not None and not results:  # nothing ran (the launcher could not start, or interrupted first)
         return -ending if ending is not None else FAILED
-    missing = [name for name in names if name not in results]  # of the file as last read (a reload's tasks too)
+    names = [task.name for task in last]  # the file's tasks as last read (a reload's too)
+    missing = [name for name in names if name not in results]
     for name in missing:  # the run stopped before it was handed over: say so
         print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
-    # the file's tasks in its order (as last read), then those a reload removed, as they ended
-    ordered = [results[name] for name in dict.fromkeys([*names, *results]) if name in results]
+    # The file's tasks in its order, as last read. A task a reload removed left the run: its
+    # outcome line was said as it ended, and it counts no more (as a changed task's old instance).
+    ordered = [results[name] for name in names if name in results]
+    removed = sum(1 for name in results if name not in names)
     status = worst_status(ordered, ending)
     if missing and ending is None:
         status = max(status, 1)  # a task that did not run is no success
-    targets = {t.name for t in tasks if isinstance(t.spec.task, TaskFn)}
+    targets = {t.name for t in last if isinstance(t.spec.task, TaskFn)}
     values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
     if values and args.events != "json":
         write_line(machine, value_line(values))
     status = account_output(status)  # a JSON line (or an event, a line) that could not be written is no success
-    print(summary_line(path, ordered, status, len(missing)), file=stderr)
+    print(summary_line(path, ordered, status, len(missing), removed), file=stderr)
     return -ending if ending is not None else status
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
                parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
-               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[str]]:
+               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[FileTask]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then; none
     for a task whose last instance, started anew, was still waiting when the run stopped),
-    the line telling why the run could not finish normally, if it could not, and the names of
-    the file's tasks as the run last read it (a reload adds and removes some). The signals
-    that interrupted the run are added to `interrupts`."""
+    the line telling why the run could not finish normally, if it could not, and the file's
+    tasks as the run last read it (a reload adds, changes and removes some). The signals that
+    interrupted the run are added to `interrupts`."""
     tasks = parsed.tasks
     results: dict[str, Result] = {}
     replaced: set[int] = set()
     try:
         runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
     except ConfigError as exc:  # the launcher cannot start (no thread for it: a limit on processes)
-        return results, f"mpvisor: {exc}", [t.name for t in tasks]
+        return results, f"mpvisor: {exc}", list(tasks)
 
     async def report(task: FileTask, waiter: TaskWaiter) -> Result:
         outcome = await waiter.wait()
@@ -464,4 +467,4 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     for task_name, service in services[-1].services.items() if services else ():
         if service.state == "waiting":  # started anew (`mpvisor start`, a reload), never run: its earlier
             results.pop(task_name, None)  # outcome was said when it came; now it is one not run
-    return results, problem, list(services[-1].services) if services else [t.name for t in tasks]
+    return results, problem, [s.task for s in services[-1].services.values()] if services else list(tasks)

@@ -109,6 +109,7 @@ def test_the_summary_counts_each_end_and_names_the_status():
     # tasks the run stopped before they started are counted too (a SIGTERM during start-up said "0 tasks: ;")
     assert summary_line("f", [], 143, 2) == "mpvisor: f: 2 tasks: 2 not run; exit status 143"
     assert summary_line("f", results[:1], 143, 1) == "mpvisor: f: 2 tasks: 1 completed, 1 not run; exit status 143"
+    assert summary_line("f", results[:1], 0, 0, 2) == "mpvisor: f: 1 task: 1 completed; 2 removed by a reload; exit status 0"
 
 
 # --- rows -----------------------------------------------------------------------------------------

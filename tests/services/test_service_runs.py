@@ -672,10 +672,45 @@ def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken
     assert run.status()["keep"]["pid"] == keep
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
-    # the summary counts every task whose outcome was said: those of the file it started with and
-    # the one a reload added (a changed task once, by its last instance)
+    # the summary counts the file's tasks as last read, the one a reload added too (a changed
+    # task once, by its last instance); the one it removed was said as it ended, and left the run
     assert "gone: canceled" in err and "new: canceled" in err, err
-    assert "services.toml: 4 tasks: 4 canceled; exit status 143" in err, err
+    assert "services.toml: 3 tasks: 3 canceled; 1 removed by a reload; exit status 143" in err, err
+
+
+def test_a_task_a_reload_removed_counts_no_more_and_a_target_it_added_gives_its_value(run: Run) -> None:
+    """A reload removes `gone` (stopped: its outcome said) and adds `added`, a target; once `a`
+    completes the run exits 0, as its file now reads: every task completed. The removed task's
+    end does not fail the run (it did, under `Restart=on-failure` a restart of the whole set),
+    and the added target's value is printed as the file's own targets' are."""
+    os.mkfifo(run.directory / "go")
+    run.write("""
+        [task.a]
+        command = ["sh", "-c", "read line < go"]
+
+        [task.gone]
+        command = ["sleep", "300"]
+    """)
+    run.start()
+    run.wait_status(lambda rows: rows["gone"]["pid"] is not None and rows["a"]["pid"] is not None)
+    gone = run.status()["gone"]["pid"]
+    run.write("""
+        [task.a]
+        command = ["sh", "-c", "read line < go"]
+
+        [task.added]
+        target = "workers.basic:quick"
+        args = [42]
+    """)
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0 and "added: added; removed: gone" in reloaded.stdout, reloaded
+    (run.directory / "go").write_text("now\n")  # `a` reads it and completes
+    assert run.proc is not None
+    out, err = run.proc.communicate(timeout=40)
+    assert run.proc.returncode == 0, err
+    assert "mpvisor: gone: canceled" in err and not psutil.pid_exists(gone), err
+    assert json.loads(out) == {"added": 42}, out
+    assert "services.toml: 2 tasks: 2 completed; 1 removed by a reload; exit status 0" in err, err
 
 
 def _systemd_listening(tmp_path: pathlib.Path) -> tuple[str, socket.socket]:
