@@ -866,6 +866,20 @@ def test_service_keys_in_the_defaults_apply_to_the_tasks_that_have_the_check():
                                                       health_interval=5.0, health_failures=2)
 
 
+@pytest.mark.parametrize("name, why", [("bad/name", 'holds "/"'), ("../up", 'holds "/"'), ("..", 'is ".."'), (".", 'is "."')])
+def test_a_task_name_that_cannot_be_a_file_name_is_refused_where_task_fills_one_in(name, why):
+    """`{task}` fills in a file's name: a task named `../up` would write outside `logs/`, one
+    named `a/b` into a directory of its own. A path of the task's own, without `{task}`, is fine."""
+    quoted = json.dumps(name)
+    text = f"[defaults]\nlog = 'logs/{{task}}.log'\n[task.{quoted}]\ncommand = ['x']\n"
+    assert errors(text) == [f"task {quoted}.log: {{task}} makes a file name of the task's name, which {why}: "
+                            "rename the task, or give it a path of its own"]
+    own = f"[task.{quoted}]\ncommand = ['x']\nstdout = 'logs/{{task}}.out'\nstderr = 'err.log'\n"
+    assert errors(own) == [f"task {quoted}.stdout: {{task}} makes a file name of the task's name, which {why}: "
+                           "rename the task, or give it a path of its own"]
+    assert errors(f"[task.{quoted}]\ncommand = ['x']\nlog = 'logs/own.log'\n") == []
+
+
 def test_log_keys_in_the_defaults_apply_to_the_tasks_that_have_a_path():
     parsed = parse_text("[defaults]\nlog_max_bytes = 0\nlog_backups = 2\nlog_rotate = 'daily'\nlog_compress = true\n"
                         "[task.quiet]\ncommand = ['x']\n[task.logged]\ncommand = ['x']\nstderr = 'e.log'\nlog_backups = 9\n", "/base")
