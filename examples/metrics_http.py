@@ -16,7 +16,11 @@ from __future__ import annotations
 import sys
 import urllib.request
 
-import prometheus_client
+try:
+    import prometheus_client
+except ModuleNotFoundError:  # the extra is not installed: one line, not a traceback
+    sys.exit("metrics_http.py needs prometheus_client: install the `prometheus` extra "
+             "(`pip install '.[prometheus]'` in a checkout) or `pip install 'prometheus_client>=0.20'`")
 
 import mpvisor
 from mpvisor import (
