@@ -670,6 +670,33 @@ def test_a_programs_output_on_ray_reaches_the_runs_streams_whole_and_unprefixed(
         "err", "mpvisor: sh: failed reason='program exited with status 3' exit_code=3 attempts=1"], done.stderr[-2000:]
 
 
+KILL_MY_AGENT = """
+import os, signal, sys, time
+import psutil
+print("the program's line", flush=True)
+agent = next(p for p in psutil.Process().parents() if " ".join(p.cmdline()).startswith("ray::"))
+os.kill(agent.pid, signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def test_what_ray_prints_about_the_cluster_stays_off_the_runs_stdout(ray_cluster: Any, tmp_path: Any) -> None:
+    """`mpvisor run --ray ADDRESS -- PROGRAM` whose agent's Ray worker is SIGKILLed: Ray tells
+    every driver of its job (`(raylet) A worker died or was killed ...`), and its driver printed
+    that on stdout, coloured, among the program's output. The run's stdout holds the program's
+    line only; Ray's line, if it comes, is on stderr, before the outcome (`launcher died`)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address, "--",
+                           sys.executable, "-c", KILL_MY_AGENT],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == "the program's line\n", (done.stdout, done.stderr[-2000:])
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "reason='launcher died (the Ray agent pid " in done.stderr.splitlines()[-1], done.stderr[-2000:]
+
+
 def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ray_cluster: Any, tmp_path: Any) -> None:
     """`mpvisor run --ray ADDRESS --restart on-failure -- yes | head -1`: once the reader is gone,
     the program gets SIGPIPE, as it would writing to that pipe on this machine, and the run ends

@@ -35,6 +35,9 @@ partitioned for longer than Ray's own failure detection should raise it.
 An agent that does not end its attempt within `KILL_WAIT` of a kill (frozen, or cut off from
 this process while Ray counts its node alive) is ended by Ray (`RayClient._force`), and the attempt is
 reported lost after Ray's own wait for such a worker (`RAY_KILL_WAIT`) and the fence.
+An agent that Ray only ever calls temporarily unavailable (a head node replaced at the same
+address: Ray never declares the old one's agents dead) is lost likewise: at once once a kill
+was forced on it, or, without a kill, after `UNREACHABLE_LIMIT` (Ray's own wait for its GCS).
 A new agent gets its attempt's start only once Ray has placed it (`RayClient._placed`): an agent of the
 same shape that is ready meanwhile takes the attempt instead (`RayClient._reuse`), and the new one, never
 sent anything, is kept as a spare for the next attempt of that shape (`RayClient._spare`).

@@ -45,6 +45,11 @@ KILL_WAIT = 5.0  # seconds a placed attempt's agent has to end it after a kill, 
 # frozen worker, and its guardian, live that long.
 RAY_KILL_WAIT = 5.0
 UNAVAILABLE_RETRY = (0.05, 1.0)  # first and longest pause before asking an unavailable agent again
+# Seconds an agent may answer only that it is temporarily unavailable before its attempt is lost:
+# Ray's own wait for a lost GCS (`gcs_rpc_server_reconnect_timeout_s`). A head node replaced at the
+# same address leaves every call to an agent of the old one failing so, for ever: Ray never
+# declares such an agent dead.
+UNREACHABLE_LIMIT = 60.0
 
 
 class Settings(Protocol):
@@ -438,10 +443,16 @@ class RayClient:
         remote.waiting.clear()
         pause = UNAVAILABLE_RETRY[0]
         clean = False
+        unreachable_since: float | None = None
         while not remote.done:
             try:
                 events = await agent.events.remote(remote.number)
-            except ray.exceptions.ActorUnavailableError:
+            except ray.exceptions.ActorUnavailableError as exc:
+                now = time.monotonic()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if remote.forced or now - unreachable_since >= UNREACHABLE_LIMIT:
+                    await self._lost(remote, exc, unreachable=now - unreachable_since)
+                    return
                 await asyncio.sleep(pause)  # a transient outage: Ray says whether it comes back
                 pause = min(pause * 2, UNAVAILABLE_RETRY[1])
                 continue
@@ -456,7 +467,7 @@ class RayClient:
                     return
                 await self._lost(remote, exc)
                 return
-            pause = UNAVAILABLE_RETRY[0]
+            pause, unreachable_since = UNAVAILABLE_RETRY[0], None
             for event in events:
                 if event[0] in _ENDS and remote.echoed:
                     await self._flushed(remote)  # every line it printed is written before its end
@@ -699,11 +710,18 @@ class RayClient:
         remote.echoed = False
         await self._echo.flushed()
 
-    async def _lost(self, remote: _Remote, exc: BaseException, sent: bool = True) -> None:
-        """Ray declared the agent dead: find out how, hold the fence, then report (`sent`: the
-        attempt's start had gone to it; if not, nothing of the attempt can have run)."""
+    async def _lost(self, remote: _Remote, exc: BaseException, sent: bool = True, unreachable: float | None = None) -> None:
+        """Ray declared the agent dead, or it stayed unavailable (`unreachable`: for that many
+        seconds) after a kill was forced on it or for `UNREACHABLE_LIMIT`: find out how, hold the
+        fence, then report (`sent`: the attempt's start had gone to it; if not, nothing of the
+        attempt can have run)."""
         if remote.echoed:
             await self._flushed(remote)
+        if unreachable is not None and not remote.forced:  # if it is there after all, Ray ends it
+            self._force(remote)
+            forced = f"could not be reached for {unreachable:.0f} s (Ray: {_first_line(exc)}), and was ended"
+        else:
+            forced = f"did not end the attempt within {KILL_WAIT} s of its kill, and was ended"
         text = _first_line(exc)
         never_ran = not sent or "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
         node_dead = remote.node is not None and not await self.loop.run_in_executor(None, _node_alive, remote.node)
@@ -712,7 +730,7 @@ class RayClient:
         else:
             agent = f"the Ray agent pid {remote.agent_pid}" if remote.agent_pid is not None else "the Ray agent"
             if remote.forced:
-                how = f"launcher died ({agent} did not end the attempt within {KILL_WAIT} s of its kill, and was ended)"
+                how = f"launcher died ({agent} {forced})"
             else:
                 how = f"launcher died ({agent} died: {text})"
         if not never_ran:  # the fence: nobody saw the tree go (nor, if Ray was told to end it, the agent)

@@ -15,7 +15,7 @@ import os
 import signal as _signal
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mpvisor._model.errors import ConfigError
@@ -38,6 +38,7 @@ _connection_runtime_env: dict[str, Any] | None = None  # the runtime_env it was 
 # it: a local cluster that `ray.init` starts dies with that thread (Ray gives its processes a
 # parent-death signal, which Linux sends when the creating thread exits, not the process).
 _connection_closed = threading.Event()
+_restore_printing: Callable[[], None] | None = None  # undoes `_print_on_stderr` for a connection we made
 
 
 def connect(address: str | None, output: RayOutput, runtime_env: Mapping[str, Any] | None = None) -> tuple[bool, bool]:
@@ -50,7 +51,7 @@ def connect(address: str | None, output: RayOutput, runtime_env: Mapping[str, An
     supervisor made serves only the same address, never `local` (Ray has one connection per
     process: a supervisor must not run its attempts on a cluster it did not ask for); one the
     program made itself serves every address."""
-    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env, _restore_printing
     with _connection_lock:
         ray = ray_module()
         made = False
@@ -63,18 +64,47 @@ def connect(address: str | None, output: RayOutput, runtime_env: Mapping[str, An
             # From a thread of ours on purpose: on the main thread `ray.init` would install a
             # SIGTERM handler that calls `sys.exit`, and mpvisor handles SIGTERM itself (Ray's
             # warning that it did not is dropped by `output`).
+            # No log forwarding: an attempt's output comes back over mpvisor's own channel.
             output.start(ray)
+            restore = _print_on_stderr(ray)
             try:
-                ray.init(address=address, include_dashboard=False, configure_logging=False,
+                ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False,
                          runtime_env=_modules_as_paths(runtime_env) if runtime_env is not None else None)
+            except BaseException:
+                restore()
+                raise
             finally:
                 output.stop()
+            _restore_printing = restore
             _connection_ours = made = True
             _connection_address = address
             _connection_runtime_env = dict(runtime_env) if runtime_env is not None else None
         _connection_users += 1
         inherited = _connection_ours and _connection_runtime_env == (dict(runtime_env) if runtime_env is not None else None)
         return made, inherited
+
+
+def _print_on_stderr(ray: Any) -> Callable[[], None]:
+    """Have the lines Ray's driver prints about the cluster (a worker that died, the raylet's and
+    the autoscaler's errors, which its error listener prints on stdout, prefixed and coloured) go
+    to stderr: a connection mpvisor makes leaves stdout to the program, whose output, values and
+    JSON lines it carries. Returns what undoes it (at `disconnect`). Nothing where this Ray
+    prints them some other way (its client, `ray://`, or another version)."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    original = getattr(worker, "print_to_stdstream", None)
+    if not callable(original):
+        return lambda: None
+
+    def on_stderr(data: Any, ignore_prefix: bool) -> None:
+        original({**data, "is_err": True} if isinstance(data, dict) else data, ignore_prefix)
+
+    worker.print_to_stdstream = on_stderr  # type: ignore[union-attr]  # (read by its listener at each line)
+
+    def restore() -> None:
+        if getattr(worker, "print_to_stdstream", None) is on_stderr:
+            worker.print_to_stdstream = original  # type: ignore[union-attr]
+
+    return restore
 
 
 def import_ray(address: str | None) -> None:
@@ -171,10 +201,13 @@ def hold() -> None:
 
 def disconnect() -> None:
     """The last supervisor that used a connection it made shuts it down (blocking)."""
-    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env
+    global _connection_users, _connection_ours, _connection_address, _connection_runtime_env, _restore_printing
     with _connection_lock:
         _connection_users -= 1
         if _connection_users == 0 and _connection_ours:
             _connection_ours, _connection_address, _connection_runtime_env = False, None, None
             ray_module().shutdown()
+            if _restore_printing is not None:
+                _restore_printing()
+                _restore_printing = None
             _connection_closed.set()
