@@ -57,7 +57,7 @@ def main(address: str) -> int:
         print(f"ray_launcher.py: {exc}", file=sys.stderr)
         return 1
     completed = outcome.kind is OutcomeKind.COMPLETED
-    print(f"where: {outcome.label} after {outcome.attempts} attempts: {outcome.value if completed else outcome.reason}")
+    print(f"where: {outcome.kind.name} after {outcome.attempts} attempts: {outcome.value if completed else outcome.reason}")
     return 0 if completed else 1
 
 

@@ -129,7 +129,7 @@ def _bytes(n: int) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
-    return f"{n} bytes"
+    return f"{n} byte{'s' if n != 1 else ''}"
 
 
 LEASE_LOST = "lease lost: its slot's lease could not be renewed before it could expire"

@@ -724,7 +724,10 @@ class RayClient:
             forced = f"did not end the attempt within {KILL_WAIT} s of its kill, and was ended"
         text = _first_line(exc)
         never_ran = not sent or "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
-        node_dead = remote.node is not None and not await self.loop.run_in_executor(None, _node_alive, remote.node)
+        # (an agent Ray cannot reach may be one of a head node replaced under it: then a query of the
+        # nodes makes Ray's core end this process, WrongClusterID, so none is made)
+        node_dead = (remote.node is not None and unreachable is None
+                     and not await self.loop.run_in_executor(None, _node_alive, remote.node))
         if node_dead:
             how = f"node lost (Ray node {_short(remote.node)} died)"
         else:
