@@ -229,7 +229,7 @@ def test_ray_example_runs_its_attempts_on_the_cluster_it_is_given(user: User, on
     lines = done.stdout.splitlines()
     assert lines[0] == f"cluster: {on_ray.address}", lines
     head, value = lines[1].split(": ", 2)[1:]
-    assert head == "outcome_completed after 2 attempts", lines
+    assert head == "COMPLETED after 2 attempts", lines
     where = ast.literal_eval(value)
     assert where["attempt"] == 2 and where["label"] == "on-ray", lines
 
