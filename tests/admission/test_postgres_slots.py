@@ -440,6 +440,43 @@ def test_a_store_that_does_not_answer_is_said_to_be_silent_after_two_seconds_not
             thread.join(10)
 
 
+def test_a_store_that_never_answers_is_said_silent_two_seconds_after_the_first_try_counting_prepares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose port accepts connections and never answers (a host cut off, a hung server):
+    each try waits its whole connect timeout (2 s at least). `prepare`'s try, made as the run
+    starts, counts toward the 2 s of silence, and the line comes before the next try, not after
+    it: it came one whole try later (about 7 s here, for a 2 s promise), or never under a short
+    `--wait-timeout`."""
+    import socket
+    import threading
+    import time
+
+    from mpvisor._admission.leases import postgres
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    assert postgres.SILENT_AFTER == 2.0
+    with socket.socket() as deaf:
+        deaf.bind(("127.0.0.1", 0))
+        deaf.listen(16)  # the kernel completes each connection; nothing ever reads or answers
+        store = PostgresStore(f"postgresql://nobody@127.0.0.1:{deaf.getsockname()[1]}/none", ttl=6.0)
+        request = store.request()
+        began = time.monotonic()
+        request.prepare()  # one try, unanswered within its connect timeout
+        prepared = time.monotonic()
+        assert prepared - began >= postgres.SILENT_AFTER, prepared - began
+        said, told = threading.Event(), []
+        thread = threading.Thread(target=request.acquire, args=("s", "queue", "deaf", []),
+                                  kwargs={"on_silent": lambda why: (told.append(time.monotonic()), said.set())})
+        thread.start()
+        try:
+            assert said.wait(10)
+            assert told[0] - prepared < 1.0, told[0] - prepared  # before the next try's 2 s, not after them
+        finally:
+            request.withdraw()
+            request.close()
+            thread.join(10)
+
+
 def test_a_url_or_a_password_that_cannot_work_is_said_at_once_not_waited_on(
         tmp_path: Any, url: str, postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bad port, an unknown URL parameter, a URL that cannot be parsed (its password masked),

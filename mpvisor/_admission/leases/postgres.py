@@ -510,6 +510,7 @@ class PostgresRequest:
         # again (its row expired) has a new id, and must hold the new id's lock, or it looks dead
         self._alive_id: int | None = None
         self._unanswered: Exception | None = None  # `prepare` could not connect: the store did not answer
+        self._unanswered_since: float | None = None  # when that try began (the silence counts from it)
 
     def __repr__(self) -> str:
         return f"<PostgresRequest {self.id} slot={self.slot!r} held={self._held}>"
@@ -532,10 +533,12 @@ class PostgresRequest:
         `prepare` (the driver's `acquire` calls it again: a second wait on a silent store)."""
         with self._lock:
             if self.conn is None and not self._closed.is_set() and self._unanswered is None:
+                tried = time.monotonic()
                 try:
                     self._connected()
                 except Exception as exc:
                     self._unanswered = exc if unreachable(exc) else None
+                    self._unanswered_since = tried if self._unanswered is not None else None
 
     def _transaction(self, work: Callable[[], Any]) -> tuple[float, Any]:
         """`work()` in one transaction on this request's connection, within the store's
@@ -578,12 +581,17 @@ class PostgresRequest:
     def _patiently(self, work: Callable[[], Any], on_silent: Callable[[str | None], None] | None) -> Any:
         """`work()` until the store answers it: while it is unreachable, tries again (every
         `retry`), until the request is withdrawn (`_Withdrawn`); once it has not answered for
-        `SILENT_AFTER` s (counted from the first try it did not answer), `on_silent(why)`, once
-        per request (`why`: the server's words when it is at its connection limit, else None)."""
-        silent_since: float | None = None
+        `SILENT_AFTER` s (counted from the first try it did not answer, `prepare`'s included),
+        `on_silent(why)`, once per request, before it tries again (`why`: the server's words when
+        it is at its connection limit, else None). (Counted from this call's own first try, the
+        line came a whole try later than that, or never under a short `--wait-timeout`.)"""
+        silent_since, last = self._unanswered_since, self._unanswered
+        self._unanswered_since = None  # `prepare`'s silence is counted once
         while True:
             if self._closed.is_set() or self._withdrawn:
                 raise _Withdrawn()
+            if silent_since is not None and last is not None:
+                self._tell_silent(silent_since, last, on_silent)
             tried = time.monotonic()
             try:
                 return work()
@@ -592,12 +600,14 @@ class PostgresRequest:
                     raise _Withdrawn() from None
                 if not unreachable(exc):
                     raise
-                silent_since = tried if silent_since is None else silent_since
-                if (not self._told_silent and on_silent is not None
-                        and time.monotonic() - silent_since >= SILENT_AFTER):
-                    self._told_silent = True
-                    on_silent(str(exc) if isinstance(exc, Unreachable) and exc.at_capacity else None)
+                silent_since, last = (tried if silent_since is None else silent_since), exc
+                self._tell_silent(silent_since, exc, on_silent)
                 self._closed.wait(self.store.retry)
+
+    def _tell_silent(self, since: float, exc: Exception, on_silent: Callable[[str | None], None] | None) -> None:
+        if not self._told_silent and on_silent is not None and time.monotonic() - since >= SILENT_AFTER:
+            self._told_silent = True
+            on_silent(str(exc) if isinstance(exc, Unreachable) and exc.at_capacity else None)
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
