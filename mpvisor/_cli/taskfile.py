@@ -747,12 +747,14 @@ def _service(name: str, paths: dict[str, Any], settings: dict[str, Any], after: 
     gives any, else [defaults]'), `{task}` filled in; the rest as merged in `settings`."""
     log = paths.get("log")
     if "/" in name or name in (".", ".."):  # `{task}` fills in a file's name, never a directory's
-        for key in ("log", "stdout", "stderr"):
-            if isinstance(paths.get(key), _PathTemplate) and len(paths[key].parts) > 1:
-                why = 'holds "/"' if "/" in name else f"is {json.dumps(name)}"
-                errors.add(f"{where}.{key}", f"{{task}} makes a file name of the task's name, which {why}: rename the "
-                                             "task, or give it a path of its own")
-                return ServiceSettings(after=after)
+        filled = [key for key in ("log", "stdout", "stderr")
+                  if isinstance(paths.get(key), _PathTemplate) and len(paths[key].parts) > 1]
+        why = 'holds "/"' if "/" in name else f"is {json.dumps(name)}"
+        for key in filled:
+            errors.add(f"{where}.{key}", f"{{task}} makes a file name of the task's name, which {why}: rename the "
+                                         "task, or give it a path of its own")
+        if filled:
+            return ServiceSettings(after=after)
     streams: dict[str, str | None] = {}
     for stream in ("stdout", "stderr"):
         template = paths.get(stream, log)

@@ -877,6 +877,8 @@ def test_a_task_name_that_cannot_be_a_file_name_is_refused_where_task_fills_one_
     own = f"[task.{quoted}]\ncommand = ['x']\nstdout = 'logs/{{task}}.out'\nstderr = 'err.log'\n"
     assert errors(own) == [f"task {quoted}.stdout: {{task}} makes a file name of the task's name, which {why}: "
                            "rename the task, or give it a path of its own"]
+    both = f"[task.{quoted}]\ncommand = ['x']\nstdout = '{{task}}.out'\nstderr = '{{task}}.err'\n"
+    assert [e.split(":")[0] for e in errors(both)] == [f"task {quoted}.stdout", f"task {quoted}.stderr"]  # each said
     assert errors(f"[task.{quoted}]\ncommand = ['x']\nlog = 'logs/own.log'\n") == []
 
 

@@ -719,9 +719,9 @@ class RayClient:
             await self._flushed(remote)
         if unreachable is not None and not remote.forced:  # if it is there after all, Ray ends it
             self._force(remote)
-            forced = f"could not be reached for {unreachable:.0f} s (Ray: {_first_line(exc)}), and was ended"
+            ended_by_ray = f"could not be reached for {unreachable:.0f} s (Ray: {_first_line(exc)}), and was ended"
         else:
-            forced = f"did not end the attempt within {KILL_WAIT} s of its kill, and was ended"
+            ended_by_ray = f"did not end the attempt within {KILL_WAIT} s of its kill, and was ended"
         text = _first_line(exc)
         never_ran = not sent or "never ran" in str(exc) or getattr(exc, "actor_init_failed", False)
         # (an agent Ray cannot reach may be one of a head node replaced under it: then a query of the
@@ -733,7 +733,7 @@ class RayClient:
         else:
             agent = f"the Ray agent pid {remote.agent_pid}" if remote.agent_pid is not None else "the Ray agent"
             if remote.forced:
-                how = f"launcher died ({agent} {forced})"
+                how = f"launcher died ({agent} {ended_by_ray})"
             else:
                 how = f"launcher died ({agent} died: {text})"
         if not never_ran:  # the fence: nobody saw the tree go (nor, if Ray was told to end it, the agent)
