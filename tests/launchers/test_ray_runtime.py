@@ -674,6 +674,9 @@ KILL_MY_AGENT = """
 import os, signal, sys, time
 import psutil
 print("the program's line", flush=True)
+deadline = time.monotonic() + 30
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:  # the run has printed the line
+    time.sleep(0.01)
 agent = next(p for p in psutil.Process().parents() if " ".join(p.cmdline()).startswith("ray::"))
 os.kill(agent.pid, signal.SIGKILL)
 time.sleep(60)
@@ -684,17 +687,29 @@ def test_what_ray_prints_about_the_cluster_stays_off_the_runs_stdout(ray_cluster
     """`mpvisor run --ray ADDRESS -- PROGRAM` whose agent's Ray worker is SIGKILLed: Ray tells
     every driver of its job (`(raylet) A worker died or was killed ...`), and its driver printed
     that on stdout, coloured, among the program's output. The run's stdout holds the program's
-    line only; Ray's line, if it comes, is on stderr, before the outcome (`launcher died`)."""
+    line only; Ray's line, if it comes, is on stderr, before the outcome (`launcher died`). (The
+    program kills its agent only once the run has printed its line: a line still in a dying
+    agent is lost with it.)"""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address, "--",
-                           sys.executable, "-c", KILL_MY_AGENT],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60)
-    assert done.stdout == "the program's line\n", (done.stdout, done.stderr[-2000:])
-    assert done.returncode == 1, done.stderr[-2000:]
-    assert "reason='launcher died (the Ray agent pid " in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    printed = tmp_path / "printed"
+    run = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--ray", ray_cluster.address, "--",
+                            sys.executable, "-c", KILL_MY_AGENT, str(printed)],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        first = run.stdout.readline()
+        printed.touch()
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert first + out == "the program's line\n", (first, out, err[-2000:])
+    assert run.returncode == 1, err[-2000:]
+    assert "reason='launcher died (the Ray agent pid " in err.splitlines()[-1], err[-2000:]
 
 
 def test_a_program_on_ray_whose_stdout_reader_went_away_ends_as_it_would_here(ray_cluster: Any, tmp_path: Any) -> None:
