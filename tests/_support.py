@@ -595,3 +595,41 @@ def signal_name(signum: int) -> str:
     import signal
 
     return signal.Signals(signum).name
+
+
+class RecordingSink:
+    """An `AttemptSink` that records what a launcher reported of one attempt: its pid, its end
+    (`ended`: the `ExitStatus`, or the error or the launcher's death, as a string), when it
+    ended (`ended_at`, monotonic) and, for a launcher's death, whether the attempt had begun."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid: int | None = None
+        self.ended: asyncio.Future[Any] = loop.create_future()
+        self.ended_at: float | None = None
+        self.began: bool | None = None
+
+    def on_started(self, pid: int) -> None:
+        self.pid = pid
+
+    def on_start_failed(self, error: str, ended: object = None, fatal: bool = False) -> None:
+        self._end(error)
+
+    def on_data(self, data: bytes) -> None:
+        pass
+
+    def on_output(self, stream: str, line: str) -> None:
+        pass
+
+    def on_eof(self) -> None:
+        pass
+
+    def on_exited(self, status: object, killed: bool) -> None:
+        self._end(status)
+
+    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
+        self.began = began
+        self._end(how)
+
+    def _end(self, how: object) -> None:
+        self.ended_at = time.monotonic()
+        self.ended.set_result(how)

@@ -22,42 +22,14 @@ from mpvisor._attempt.start import start_message
 from mpvisor._launchers.local.client import LauncherClient
 from mpvisor._launchers.seam import ExitStatus
 from mpvisor._model.wire import encode_start
+from tests._support import RecordingSink
 from workers import basic
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class Sink:
-    """An `AttemptSink` that records the attempt's pid and end."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.pid: int | None = None
-        self.ended: asyncio.Future[ExitStatus | str] = loop.create_future()
-
-    def on_started(self, pid: int) -> None:
-        self.pid = pid
-
-    def on_start_failed(self, error: str) -> None:
-        self.ended.set_result(error)
-
-    def on_data(self, data: bytes) -> None:
-        pass
-
-    def on_output(self, stream: str, line: str) -> None:
-        pass
-
-    def on_eof(self) -> None:
-        pass
-
-    def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        self.ended.set_result(status)
-
-    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
-        self.ended.set_result(how)
-
-
-def _spawn(client: LauncherClient, name: str) -> tuple[int, Sink]:
-    sink = Sink(client.loop)
+def _spawn(client: LauncherClient, name: str) -> tuple[int, RecordingSink]:
+    sink = RecordingSink(client.loop)
     start = start_message(TaskFn(name, basic.quick, ("x",)), name, 1, 1, 1 << 20, None, None, None)
     return client.spawn(sink, encode_start(start), exec_python=False, capture_output=False), sink
 

@@ -22,8 +22,8 @@ import pytest
 from mpvisor import SupervisorConfig
 from mpvisor._launchers.ray import client as ray_client
 from mpvisor._launchers.ray import connection
-from mpvisor._launchers.seam import ExitStatus
 from mpvisor.ray import RayLauncher
+from tests._support import RecordingSink
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -114,39 +114,6 @@ class StandInRay:
         return [{"NodeID": "node-1", "Alive": True, "Resources": {"CPU": 4.0}}]
 
 
-class Sink:
-    """The attempt's `AttemptSink`: what the launcher reported, and when."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.died: list[tuple[str, bool]] = []
-        self.ended = asyncio.Event()
-        self.ended_at: float | None = None
-
-    def on_started(self, pid: int) -> None:
-        self.started.append(pid)
-
-    def on_start_failed(self, error: str, ended: ExitStatus | None = None, fatal: bool = False) -> None:
-        raise AssertionError(f"start failed: {error}")
-
-    def on_data(self, data: bytes) -> None:
-        pass
-
-    def on_output(self, stream: str, line: str) -> None:
-        pass
-
-    def on_eof(self) -> None:
-        pass
-
-    def on_exited(self, status: ExitStatus, killed: bool) -> None:
-        raise AssertionError(f"exited: {status}")
-
-    def on_launcher_died(self, how: str = "launcher died", began: bool = False) -> None:
-        self.died.append((how, began))
-        self.ended_at = time.monotonic()
-        self.ended.set()
-
-
 @pytest.fixture
 def ray(monkeypatch: pytest.MonkeyPatch) -> StandInRay:
     fake = StandInRay()
@@ -157,11 +124,11 @@ def ray(monkeypatch: pytest.MonkeyPatch) -> StandInRay:
     return fake
 
 
-async def _spawned(ray: StandInRay) -> tuple[Any, Sink, int]:
+async def _spawned(ray: StandInRay) -> tuple[Any, RecordingSink, int]:
     launcher = RayLauncher(address="10.0.0.5:6379", lost_fence=0.2)
     client = launcher(asyncio.get_running_loop(), SupervisorConfig(start_timeout=10), lambda _: None)
     await client.ready()
-    sink = Sink()
+    sink = RecordingSink(asyncio.get_running_loop())
     key = client.spawn(sink, (b"", b""), exec_python=False, capture_output=False)
     return client, sink, key
 
@@ -176,12 +143,12 @@ async def test_a_kill_of_an_agent_that_stays_unavailable_ends_its_attempt_after_
     client, sink, key = await _spawned(ray)
     while ray.unavailable_answers < 3:  # placed, started, then cut off
         await asyncio.sleep(0.01)
-    assert sink.started == [4343]
+    assert sink.pid == 4343
     killed_at = time.monotonic()
     client.kill(key)
-    await asyncio.wait_for(sink.ended.wait(), 10)
-    assert sink.died == [("launcher died (the Ray agent pid 4242 did not end the attempt within 0.3 s of its kill, "
-                          "and was ended)", False)]
+    assert await asyncio.wait_for(sink.ended, 10) == ("launcher died (the Ray agent pid 4242 did not end the "
+                                                      "attempt within 0.3 s of its kill, and was ended)")
+    assert sink.began is False
     assert ray.killed == ray.agents  # Ray was asked to end it
     assert sink.ended_at is not None and sink.ended_at - killed_at >= 0.3 + 0.2 + 0.2  # the kill wait, Ray's, the fence
     await asyncio.wait_for(client.close(), 10)
@@ -195,9 +162,9 @@ async def test_an_agent_unavailable_for_longer_than_ray_waits_for_its_gcs_is_los
     Ray's kill wait and the fence: its retry, or its slot's next owner, may then start."""
     monkeypatch.setattr(ray_client, "UNREACHABLE_LIMIT", 0.5)
     client, sink, _ = await _spawned(ray)
-    await asyncio.wait_for(sink.ended.wait(), 10)
-    [(how, began)] = sink.died
+    how = await asyncio.wait_for(sink.ended, 10)
+    began = sink.began
     assert re.fullmatch(r"launcher died \(the Ray agent pid 4242 could not be reached for \d+ s \(Ray: The actor is "
                         r"temporarily unavailable: RpcError\), and was ended\)", how), how
-    assert ray.killed == ray.agents and not began
+    assert ray.killed == ray.agents and began is False
     await asyncio.wait_for(client.close(), 10)
