@@ -407,12 +407,12 @@ class Controller:
 
         def renewed(at: float, ttl: float) -> None:  # each renewal moves the fence the launcher keeps
             if item.id in self.leases:
-                self.host.fence(item.id, *fence_times(at, ttl, self.host.grace))
+                self.host.fence(item.id, *fence_times(at, ttl, _grace_of(item, self.host.grace)))
 
         def lost() -> None:  # the store says the lease expired: its trees go now, and it runs no more
             if item.id in self.leases:  # as for a lease last renewed when its fence stops it: stopped now
                 ttl = self.config.lease_ttl
-                self.host.fence(item.id, *fence_times(time.monotonic() - ttl * FENCE_STOP, ttl, self.host.grace))
+                self.host.fence(item.id, *fence_times(time.monotonic() - ttl * FENCE_STOP, ttl, _grace_of(item, self.host.grace)))
                 store = self.store.name if self.store is not None else "the store"
                 said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
 
@@ -443,7 +443,7 @@ class Controller:
             self._post(lambda: self._decided(item, None, rejection, decision.reason))
             return
         if decision.renewed is not None and decision.ttl is not None:  # fenced before its first attempt starts
-            self.host.fence(item.id, *fence_times(decision.renewed, decision.ttl, self.host.grace))
+            self.host.fence(item.id, *fence_times(decision.renewed, decision.ttl, _grace_of(item, self.host.grace)))
         if decision.token is not None:  # every attempt of the owner sees it (`MPVISOR_FENCING_TOKEN`)
             token = {FENCING_TOKEN: str(decision.token)}
             item.task_spec = dataclasses.replace(item.task_spec, task=with_env(item.task_spec.task, token))
@@ -687,3 +687,8 @@ def _why(exc: Exception) -> str:
     """An admission's failure as its waiter's reason: a thread the host refused names the limit
     on processes; anything else (a bug in mpvisor) is the exception's repr."""
     return _platform.start_error(exc) if _platform.thread_refused(exc) else repr(exc)
+
+
+def _grace_of(item: _Pending, grace: float) -> float:
+    """What the item's attempts get to stop once asked: its spec's own grace, else the supervisor's `grace`."""
+    return grace if item.task_spec.grace is None else item.task_spec.grace

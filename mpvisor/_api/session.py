@@ -221,7 +221,9 @@ class _SignalHandlers:
                 return
             tasks = f"{left} task{'s' if left > 1 else ''}"
             # one write, the newline with it: the run's other lines come from subscriber threads
-            sys.stderr.write(f"mpvisor: stopping {tasks}: each has the grace window of {runtime.config.grace} s "
+            graces = sorted({actor.grace for actor in runtime.registry.by_id.values()})
+            window = f"the grace window of {graces[0]} s" if len(graces) == 1 else f"its grace window (up to {graces[-1]} s)"
+            sys.stderr.write(f"mpvisor: stopping {tasks}: each has {window} "
                              "to end; interrupt again (Ctrl-C) to kill them now\n")
             sys.stderr.flush()
         except (AttributeError, OSError, ValueError):

@@ -297,6 +297,9 @@ def _exec_command(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, Failure("canceled", "canceled before the program was started", -_SIGTERM_NUM))
     for signum in _RESET_AT_EXEC:
         _signal.signal(signum, _signal.SIG_IGN if signum in kept_ignored else _signal.SIG_DFL)
+    if start.stop_signal not in (_SIGTERM_NUM, _signal.SIGKILL):
+        # its stop signal is never kept ignored, as SIGTERM never is: else asking it to stop would do nothing
+        _signal.signal(start.stop_signal, _signal.SIG_DFL)
     _flush_std()
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SIGTERM)
     env = dict(os.environ)

@@ -35,7 +35,7 @@ def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, 
     own_cwd = _own_cwd(task.cwd) or cwd
     if isinstance(task, CommandTask):
         start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
-                      cwd=own_cwd, path=path, **common)  # type: ignore[arg-type]
+                      cwd=own_cwd, path=path, stop_signal=int(task.stop_signal), **common)  # type: ignore[arg-type]
     else:
         target, main_path = _resolve_main(task.target, task.main_file)
         own_env = env if task.env is None else _merged_env(task.env)

@@ -18,6 +18,7 @@ nothing of this module).
 | `byte_size` | bytes, `512M`, `512Mi`, `1G` (from 1 to 2**63 - 1 bytes) | `--memory`, `--address-space` |
 | `cpus` | a number of CPUs from 0.01 to 100000 | `--cpus` |
 | `intensity` | `N/SECONDS` | `--intensity 3/60` |
+| `stop_signal` | a signal's name, with or without `SIG`, in any case, or its number (not one that pauses or continues a process) | `--stop-signal QUIT` |
 | `task_name`, `slot_name`, `target`, `ray_address`, `parse_arg` | a name, `pkg.mod:fn`, a Ray address, a JSON literal or bare word | `--name`, `--slot`, TARGET, `--ray`, ARG |
 
 A line about an outcome cuts a reason at `REASON_MAX` characters (`shorten`); the value line on
@@ -30,6 +31,7 @@ import argparse
 import math
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -40,7 +42,7 @@ from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
 from mpvisor._model.outcome import RejectionKind, TaskOutcome
 from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
-from mpvisor._model.work import CommandTask, TaskFn, target_path
+from mpvisor._model.work import CommandTask, TaskFn, check_stop_signal, target_path
 
 if TYPE_CHECKING:
     from mpvisor._admission.config import ControllerConfig
@@ -355,6 +357,15 @@ def slot_name(text: str) -> str:
     return _named("slot name", text)
 
 
+def stop_signal(text: str) -> int:
+    """An argparse `type=`: the signal a program is asked to stop with, by the library's rule
+    (`CommandTask`'s `stop_signal`): `QUIT`, `SIGQUIT`, `3`."""
+    try:
+        return check_stop_signal("stop signal", int(text) if text.strip().isdigit() else text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("stop signal ")) from None
+
+
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 SIZE_EXAMPLES = "e.g. 1048576, 512M, 1G; from 1 to 2**63 - 1 bytes"
 
@@ -480,7 +491,8 @@ def build_spec(args: argparse.Namespace, task: TaskFn | CommandTask | None = Non
     if task is None and args.command:
         if not args.command[0]:
             raise ValueError(f"argument COMMAND: expected a program to run, got {args.command[0]!r}")
-        task = CommandTask(args.name or program_name(args.command[0]), args.command)
+        task = CommandTask(args.name or program_name(args.command[0]), args.command,
+                           stop_signal=getattr(args, "stop_signal", None) or signal.SIGTERM)
     elif task is None:
         task = TaskFn(args.name or args.target.rpartition(":")[2], args.target, args.args)
     if args.every is not None:
@@ -514,7 +526,7 @@ RETRY_OPTIONS = ("max_retries", "backoff", "jitter", "intensity")
 
 # `run` options that describe the one task: with --file, the file describes its tasks
 TASK_OPTIONS = ("name", "restart", "every", "max_retries", "memory", "address_space", "cpu", "cpus", "open_files", "intensity",
-                "timeout", "start_timeout", "backoff", "jitter", "slot", "policy")
+                "timeout", "start_timeout", "backoff", "jitter", "slot", "policy", "stop_signal")
 
 
 # --- the I/O every run does ----------------------------------------------------------------------

@@ -124,6 +124,7 @@ from mpvisor._cli.options import (
     slot_name,
     slots_default,
     slots_url,
+    stop_signal,
     store_missing,
     task_name,
     value_line,
@@ -194,6 +195,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="seconds between retries: FIRST, doubling (or times FACTOR) up to MAX (default: 0.2:30)")
     run.add_argument("--jitter", type=jitter, metavar="none|full|equal|randomized-band",
                      help="jitter of the backoff (default: equal)")
+    run.add_argument("--stop-signal", type=stop_signal, metavar="SIGNAL",
+                     help="with -- COMMAND: the signal the program is asked to stop with (default TERM; QUIT for nginx's "
+                          "graceful stop); a SIGINT or SIGHUP that interrupted mpvisor reaches it as it came")
     run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
     run.add_argument("--max-concurrent", type=positive_count, metavar="N",
@@ -260,6 +264,9 @@ def check(args: argparse.Namespace, run: argparse.ArgumentParser) -> None:
         args.grace = DEFAULT_GRACE
     if bool(args.command) == (args.target is not None):
         run.error("give either TARGET [ARG...] or -- COMMAND [ARG...]")
+    if args.stop_signal is not None and not args.command:
+        run.error("argument --stop-signal: needs -- COMMAND (a Python target is asked to stop by SIGTERM, "
+                  "which raises Canceled in it)")
     if args.every is not None and args.restart in ("never", "on-failure"):  # as a task file's `every` says it
         run.error(f"argument --every: makes the task run again after each success: it needs --restart always "
                   f"or no --restart, got --restart {args.restart}")

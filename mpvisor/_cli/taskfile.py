@@ -25,7 +25,8 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `env` | table of strings, merged over the environment; `false` removes a variable | (no CLI form) |
 | `cwd` | string, relative to the file's directory | (no CLI form) |
 | `env_file` | string, a dotenv file relative to the file's directory (`KEY=VALUE` lines; `export`, comments and quotes as docker and python-dotenv read them; no `${VAR}` interpolation); its variables go under the `env` tables, whose entries win; a task's own replaces the `[defaults]` one | (no CLI form) |
-| `grace` | seconds >= 0 | `--grace` (in `[defaults]` only: it is the run's) |
+| `grace` | seconds >= 0 | `--grace` (in `[defaults]`: the run's, for every task; in a task's own table: that task's, `TaskSpec.with_grace`) |
+| `stop_signal` | a signal's name (`"SIGQUIT"`, `"QUIT"`) or number | `--stop-signal` (commands only: a Python target is asked to stop by SIGTERM; a `[defaults]` one applies to the commands) |
 | `max_concurrent` | integer >= 1 | `--max-concurrent` (in `[defaults]` only: the run's bound on attempts alive at once) |
 | `slots` | string, a `postgresql://` URL | `--slots` (in `[defaults]` only: where the file's slots are kept; `--slots` and `$MPVISOR_SLOTS` win over it) |
 | `lease_ttl`, `wait_timeout` | seconds (2 to 86400; > 0) | `--lease-ttl`, `--wait-timeout` (in `[defaults]` only: the run's, for its slotted tasks) |
@@ -58,6 +59,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import tomllib
 from collections.abc import Callable
@@ -473,6 +475,8 @@ SETTINGS: dict[str, Callable[[object], Any]] = {
     "log_backups": _via(_options.retries, _NUMBER, "a whole number >= 0"),
     "log_rotate": _via(_options.choice("daily", "never"), (str,), "a string: daily, never"),
     "log_compress": _boolean,
+    "grace": _via(_options.seconds(allow_zero=True), _TIME, _SECONDS),  # in [defaults], the run's (`parse_text`)
+    "stop_signal": _via(_options.stop_signal, (str, int), 'a signal\'s name (a string such as "SIGQUIT") or number'),
 }
 TASK_ONLY: dict[str, Callable[[object], Any]] = {
     "target": _via(_options.target, (str,), 'a string "package.module:function"'),
@@ -482,7 +486,6 @@ TASK_ONLY: dict[str, Callable[[object], Any]] = {
     "after": _after,
 }
 DEFAULTS_ONLY: dict[str, Callable[[object], Any]] = {
-    "grace": _via(_options.seconds(allow_zero=True), _TIME, _SECONDS),
     "max_concurrent": _via(_options.positive_count, _NUMBER, "a whole number >= 1"),
     "slots": _via(_options.slots_url, (str,), 'a string "postgresql://USER@HOST/DB"'),
     "lease_ttl": _via(_options.lease_ttl, _TIME, _SECONDS),
@@ -534,7 +537,6 @@ def _read(table: dict[str, Any], where: str, allowed: dict[str, Callable[[object
 
 _IN_DEFAULTS = {key: f"{key} is a task's own key, not a default ([task.NAME])" for key in TASK_ONLY}
 _IN_TASK = {
-    "grace": "grace is the whole run's: set it in [defaults]",
     "max_concurrent": "max_concurrent is the whole run's: set it in [defaults]",
     "slots": "slots is the whole run's: set it in [defaults]",
     "lease_ttl": "lease_ttl is the whole run's: set it in [defaults]",
@@ -705,6 +707,9 @@ def _task(name: str, table: dict[str, Any], file: _File, errors: _Errors) -> Fil
         for key in ("args", "kwargs"):
             if key in table:
                 errors.add(f"{where}.{key}", f"{key} is for a Python target; a command's arguments are the rest of its command array")
+    if "stop_signal" in own and has_target and not has_command:
+        errors.add(f"{where}.stop_signal", "is for a command: a Python target is asked to stop by SIGTERM, which "
+                                           "raises Canceled in it")
     if "policy" in own and "slot" not in settings:
         errors.add(f"{where}.policy", "needs slot (the slot whose admission the policy decides)")
     if "every" in settings and settings.get("restart") in ("never", "on-failure"):
@@ -773,7 +778,8 @@ def _build(name: str, settings: dict[str, Any], service: ServiceSettings, where:
     cwd = settings.get("cwd")  # already taken from the file's directory
     try:
         if "command" in settings:
-            body: TaskFn | CommandTask = CommandTask(name, settings["command"], settings.get("env"), cwd)
+            body: TaskFn | CommandTask = CommandTask(name, settings["command"], settings.get("env"), cwd,
+                                                     stop_signal=settings.get("stop_signal", signal.SIGTERM))
         else:
             body = TaskFn(name, settings["target"], settings.get("args", ()), settings.get("kwargs"),
                           env=settings.get("env"), cwd=cwd)
@@ -783,6 +789,8 @@ def _build(name: str, settings: dict[str, Any], service: ServiceSettings, where:
     options = argparse.Namespace(**{option: settings.get(option) for option in _options.TASK_OPTIONS})
     try:
         spec = _options.build_spec(options, body)
+        if "grace" in settings:  # a task's own (the [defaults] one is the run's)
+            spec = spec.with_grace(settings["grace"])
     except (TypeError, ValueError) as exc:
         errors.add(where, str(exc))
         return None

@@ -277,6 +277,7 @@ class ResolvedSpec:
     limits: Limits | None = None  # None = no limit
     start_timeout: float | None = None  # None = the supervisor's `start_timeout`
     timeout_includes_start: bool = False  # the timeout runs from the start request, not from the call
+    grace: float | None = None  # None = the supervisor's `grace`
 
     @property
     def name(self) -> str:
@@ -296,7 +297,9 @@ class TaskSpec:
     each attempt needs where a cluster launcher places it. `timeout` runs from the call of the
     target, or, with `timeout_includes_start` (`with_timeout(..., include_start=True)`, what
     `mpvisor run --timeout` means), from the start request, bounding the whole attempt;
-    `start_timeout` (`with_start_timeout`) bounds its start-up alone (`None`: the supervisor's).
+    `start_timeout` (`with_start_timeout`) bounds its start-up alone (`None`: the supervisor's);
+    `grace` (`with_grace`) is how long its attempt has to stop once asked, before its tree is
+    killed (`None`: the supervisor's).
     """
 
     task: Task
@@ -309,6 +312,7 @@ class TaskSpec:
     limits: Limits | Inherit | None = INHERIT  # None = no limit
     start_timeout: float | None = None  # > 0; None = SupervisorConfig.start_timeout
     timeout_includes_start: bool = False  # the timeout bounds the whole attempt, start-up and import included
+    grace: float | None = None  # >= 0; None = SupervisorConfig.grace
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, (TaskFn, CommandTask)):
@@ -332,6 +336,8 @@ class TaskSpec:
             object.__setattr__(self, "start_timeout", _validate.duration("start_timeout", self.start_timeout, allow_zero=False))
         if not isinstance(self.timeout_includes_start, bool):
             raise TypeError(f"timeout_includes_start must be a bool, got {self.timeout_includes_start!r}")
+        if self.grace is not None:
+            object.__setattr__(self, "grace", _validate.duration("grace", self.grace))
 
     @classmethod
     def once(cls, task: Task) -> TaskSpec:
@@ -375,6 +381,14 @@ class TaskSpec:
         timed out`."""
         seconds = _validate.duration("start_timeout", start_timeout, allow_none=True, allow_zero=False)
         return dataclasses.replace(self, start_timeout=seconds)
+
+    def with_grace(self, grace: float | timedelta | None) -> TaskSpec:
+        """The same spec with its own grace window (>= 0; `None`: `SupervisorConfig.grace`): once
+        its attempt is asked to stop (a removal, a shutdown, a replacement), how long it has
+        before its tree is killed and it ends `FORCE_ABORTED`. A timeout's stop keeps
+        `SupervisorConfig.timeout_kill_after`."""
+        seconds = _validate.duration("grace", grace, allow_none=True)
+        return dataclasses.replace(self, grace=seconds)
 
     def with_max_retries(self, max_retries: int | None) -> TaskSpec:
         """The same spec allowing `max_retries` retries in a failure streak (3 allows at most 4
@@ -430,7 +444,7 @@ class TaskSpec:
         intensity = defaults.restart_intensity if self.restart_intensity is INHERIT else self.restart_intensity
         limits = defaults.limits if self.limits is INHERIT else self.limits
         return ResolvedSpec(self.task, self.restart, backoff, timeout or None, retries, self.resources, intensity, limits,
-                            self.start_timeout, self.timeout_includes_start)
+                            self.start_timeout, self.timeout_includes_start, self.grace)
 
 
 R = TypeVar("R")

@@ -211,6 +211,7 @@ class Start(NamedTuple):
     main_path: str | None = None
     limits: dict[str, Any] | None = None  # {"memory", "cpu", "nofile", "as"}: the launcher keeps memory, the child sets the rest
     sys_argv: list[str] | None = None  # a Python target's: the parent's `sys.argv` (as multiprocessing's spawn gives it)
+    stop_signal: int = 15  # a program's: what it is asked to stop with, at its default action from its exec (SIGTERM: 15)
     v: int = VERSION
 
     def to_wire(self) -> dict[str, Any]:

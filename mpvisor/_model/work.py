@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import field, fields
@@ -90,12 +91,15 @@ class TaskFn:
 class CommandTask:
     """An external program run with the same supervision as a Python target: `name` is the
     task's name, `argv` the program and its arguments, `env` merged over the parent's
-    environment (a `None` value removes a variable), `cwd` its working directory."""
+    environment (a `None` value removes a variable), `cwd` its working directory, `stop_signal`
+    what its process group is asked to stop with (SIGTERM; SIGQUIT for nginx's graceful stop,
+    SIGWINCH for httpd's, SIGINT for PostgreSQL's fast one: `check_stop_signal`)."""
 
     name: str
     argv: tuple[str, ...]
     env: dict[str, str | None] | None  # merged over the parent's environment; None removes
     cwd: str | None
+    stop_signal: signal.Signals = signal.SIGTERM
 
     def __init__(
         self,
@@ -103,16 +107,45 @@ class CommandTask:
         argv: list[str] | tuple[str, ...],
         env: Mapping[str, str | None] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        *,
+        stop_signal: signal.Signals | int | str = signal.SIGTERM,
     ) -> None:
         _set(self, "name", _validate.name("name", name))
         _set(self, "argv", _checked_argv(argv))
         _set(self, "env", _checked_env(env))
         _set(self, "cwd", _checked_cwd(cwd))
+        _set(self, "stop_signal", check_stop_signal("stop_signal", stop_signal))
 
     def __repr__(self) -> str:
-        return (
-            f"CommandTask({self.name!r}, {list(self.argv)!r}, env={self.env!r}, cwd={self.cwd!r})"
-        )
+        stop = "" if self.stop_signal is signal.SIGTERM else f", stop_signal={self.stop_signal.name}"
+        return f"CommandTask({self.name!r}, {list(self.argv)!r}, env={self.env!r}, cwd={self.cwd!r}{stop})"
+
+
+# Signals that pause or continue a process rather than ask it to end: no stop signal
+_NOT_A_STOP = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT})
+
+
+def check_stop_signal(field: str, value: object) -> signal.Signals:
+    """`value` as the signal a program is asked to stop with: a `signal.Signals`, its number, or
+    its name with or without `SIG` in any case (`"SIGQUIT"`, `"quit"`); SIGSTOP, SIGTSTP,
+    SIGTTIN, SIGTTOU and SIGCONT pause or continue a process instead, and are refused, naming
+    `field` and `value`. SIGKILL is taken: a program stopped by it has no grace."""
+    if isinstance(value, str):
+        upper = value.strip().upper()
+        try:
+            signum = signal.Signals[upper if upper.startswith("SIG") else f"SIG{upper}"]
+        except KeyError:
+            raise ValueError(f"{field} must be a signal's name or number, such as SIGTERM or SIGQUIT, got {value!r}") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            signum = signal.Signals(value)
+        except ValueError:
+            raise ValueError(f"{field} must be a signal's name or number, such as SIGTERM or SIGQUIT, got {value!r}") from None
+    else:
+        raise TypeError(f"{field} must be a signal.Signals, a signal's number or its name, got {value!r}")
+    if signum in _NOT_A_STOP:
+        raise ValueError(f"{field} cannot be {signum.name}: it pauses or continues a process, it does not ask it to stop")
+    return signum
 
 
 def with_env(task: TaskFn | CommandTask, extra: Mapping[str, str]) -> TaskFn | CommandTask:

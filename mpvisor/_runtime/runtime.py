@@ -189,6 +189,7 @@ class Runtime:
             resources=spec.resources,
             timeout_from_start=spec.timeout_includes_start,
             fence=self.fences.get(id),
+            stop_signal=spec.task.stop_signal if isinstance(spec.task, CommandTask) else signal.SIGTERM,
         )
         return AttemptProcess(client, request, observer, refused)
 
@@ -284,14 +285,15 @@ class Runtime:
         return self.config.grace
 
     @property
-    def stop_signal(self) -> signal.Signals:
-        """What a program is asked to stop with: SIGTERM; but where the run passes its
-        interruption on (`passes_on_interruption`), the SIGINT or SIGHUP that began its shutdown
-        (a Ctrl-C that reached only mpvisor, in a pipeline; a closed terminal; a `kill -INT` or
-        `kill -HUP`), as the bare program would have got it, and as `timeout` passes it on."""
+    def stop_signal(self) -> signal.Signals | None:
+        """What a program is asked to stop with: its own (`CommandTask.stop_signal`, SIGTERM
+        unless given: None here); but where the run passes its interruption on
+        (`passes_on_interruption`), the SIGINT or SIGHUP that began its shutdown (a Ctrl-C that
+        reached only mpvisor, in a pipeline; a closed terminal; a `kill -INT` or `kill -HUP`), as
+        the bare program would have got it, and as `timeout` passes it on."""
         if self.passes_on_interruption and self.interrupted and self.interrupted[0] in (signal.SIGINT, signal.SIGHUP):
             return self.interrupted[0]
-        return signal.SIGTERM
+        return None
 
     @property
     def seed(self) -> int | None:
@@ -406,18 +408,22 @@ class Runtime:
                 for actor in level:
                     self.hooks.stopping(actor.id, actor.name)
             cleaned = [self.registry.cleaned[a.id] for a in level if a.id in self.registry.cleaned]
-            deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace, reached)
+            deadline = self.loop.call_later(_longest(level, grace) + self.config.timeout_kill_after,
+                                            self._kill_leftovers, reached)
             try:
                 if cleaned:
                     await asyncio.wait(cleaned)
             finally:
                 deadline.cancel()
-        deadline = self.loop.call_later(grace + self.config.timeout_kill_after, self._kill_leftovers, grace, None)
+        deadline = self.loop.call_later(_longest(self.registry.by_id.values(), grace) + self.config.timeout_kill_after,
+                                        self._kill_leftovers, None)
         try:
             await self.registry.empty.wait()
         finally:
             deadline.cancel()
         stuck = sorted(a.name for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED)
+        # a task's own grace (`TaskSpec.with_grace`) may differ: the longest of those it killed
+        grace = max((a.grace for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED), default=grace)
         if stuck:
             self.bus.publish(EventKind.GRACE_EXCEEDED, reason=f"killed after the grace window of {grace} s: {', '.join(stuck)}")
         else:
@@ -440,13 +446,18 @@ class Runtime:
         levels = [[by_name[n] for n in names if n in by_name] for names in self.stop_order(list(by_name))]
         return [level for level in levels if level]
 
-    def _kill_leftovers(self, grace: float, reached: list[TaskActor] | None) -> None:
-        """Past the grace window: kill the trees of the tasks whose stop was decided and whose
+    def _kill_leftovers(self, reached: list[TaskActor] | None) -> None:
+        """Past the longest grace window (each attempt's own grace timer kills it first; this
+        catches what no timer did): kill the trees of the tasks whose stop was decided and whose
         processes linger, those of the levels `reached` so far (None: every task left); a task
         of a later level is not asked to stop yet, and keeps running."""
-        why = f"still running after the shutdown grace window of {grace} s"
         for actor in list(self.registry.by_id.values()) if reached is None else reached:
-            actor.kill_now(why)
+            actor.kill_now(f"still running after the shutdown grace window of {actor.grace} s")
+
+
+def _longest(actors: Iterable[TaskActor], grace: float) -> float:
+    """The longest grace window among `actors` (a task's own, else the supervisor's `grace`)."""
+    return max((actor.grace for actor in actors), default=grace)
 
 
 def _checked_spec(spec: object) -> TaskSpec:

@@ -120,7 +120,7 @@ class ActorHost(Protocol):
     @property
     def grace(self) -> float: ...  # cooperative stop -> tree kill, after a removal
     @property
-    def stop_signal(self) -> signal.Signals: ...  # what a program is asked to stop with (SIGTERM, unless passed on)
+    def stop_signal(self) -> signal.Signals | None: ...  # an interruption passed on to a program; None: its own
     @property
     def seed(self) -> int | None: ...  # each task's jitter is seeded from it and the task name
     def publish(self, kind: EventKind, **fields: Any) -> object: ...
@@ -197,6 +197,11 @@ class TaskActor:
 
     # --- stopping ---------------------------------------------------------------------------
 
+    @property
+    def grace(self) -> float:
+        """How long its attempt has to stop once asked: its spec's own grace, else the supervisor's."""
+        return self.host.grace if self.spec.grace is None else self.spec.grace
+
     def claimable(self) -> bool:
         return isinstance(self.phase, Open)
 
@@ -217,7 +222,7 @@ class TaskActor:
         self.phase = Claimed(claim)
         self._stop.set()
         if self.current is not None:
-            self.current.stop(StopReason.CANCEL, self.host.grace, self.host.stop_signal)
+            self.current.stop(StopReason.CANCEL, self.grace, self.host.stop_signal)
 
     def kill_now(self, why: str) -> None:
         """Kill the running attempt's tree at once (a SIGINT during the shutdown)."""
@@ -395,7 +400,7 @@ class TaskActor:
         return self._outcome(OutcomeKind.CANCELED, self._stop_reason())
 
     def _grace_ran_out(self) -> str:
-        return f"did not stop within the grace window of {self.host.grace} s; its process tree was killed"
+        return f"did not stop within the grace window of {self.grace} s; its process tree was killed"
 
     def _stop_reason(self) -> str:
         if self.claim and self.claim.by_shutdown:

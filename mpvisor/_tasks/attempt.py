@@ -87,6 +87,7 @@ class AttemptRequest:
     resources: Resources | None = None  # what it needs where it is placed (a launcher that places nothing ignores it)
     timeout_from_start: bool = False  # the timeout runs from the start request: it bounds start-up too
     fence: Fence | None = None  # its owner's lease deadlines, kept by the launcher (`_launchers/seam.py`)
+    stop_signal: signal.Signals = signal.SIGTERM  # what a program's group is asked to stop with (`CommandTask`'s)
 
 
 class AttemptObserver(Protocol):
@@ -150,7 +151,8 @@ class AttemptProcess:
         # its tree was killed by the grace window of a later stop (one that came while it already
         # stopped for a timeout or a failed check), not by its first stop's own wait
         self.killed_in_grace = False
-        self._stop_signal = signal.SIGTERM  # what a program is asked to stop with (`stop`'s `signum`)
+        self._own_stop_signal = request.stop_signal  # a program's own (`CommandTask.stop_signal`)
+        self._stop_signal = request.stop_signal  # what a program is asked to stop with (`stop`'s `signum`)
         exec_python = request.exec_python
         self._fence = request.fence
         self._timeout_from_start = request.timeout_from_start
@@ -185,10 +187,10 @@ class AttemptProcess:
         """The attempt's ending, once its tree is gone and its channel drained."""
         return await self._done.wait()
 
-    def stop(self, reason: StopReason, grace: float, signum: signal.Signals = signal.SIGTERM) -> None:
-        """Ask the attempt to stop (SIGTERM; a program's group `signum`, which a run that was
-        interrupted passes on: `ActorHost.stop_signal`); kill its tree if it still runs `grace` s
-        later. A removal's stop while it already stops (for a timeout or a failed check) keeps
+    def stop(self, reason: StopReason, grace: float, signum: signal.Signals | None = None) -> None:
+        """Ask the attempt to stop (SIGTERM; a program's group its own stop signal, or `signum`,
+        which a run that was interrupted passes on: `ActorHost.stop_signal`); kill its tree if it
+        still runs `grace` s later. A removal's stop while it already stops (for a timeout or a failed check) keeps
         the first stop's reason, but not a longer wait: its tree is killed `grace` s later at the
         latest (`killed_in_grace` then says so)."""
         if isinstance(self.phase, Done):
@@ -198,7 +200,7 @@ class AttemptProcess:
                 self._kill_within(grace)
             return
         self.facts.stop = reason
-        self._stop_signal = signum
+        self._stop_signal = self._own_stop_signal if signum is None else signum
         if reason is StopReason.TIMEOUT:
             why = f"still running timeout_kill_after={grace} s after the timeout"
         elif reason is StopReason.UNHEALTHY:

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import signal
 from typing import Any
 
 import pytest
@@ -134,7 +135,11 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\nzzz = 1\n", ['task "a".zzz: unknown key']),
         ("[task.a]\ntarget = 'm:f'\nevents = 'json'\n", ['task "a".events: unknown key: events is an option of `mpvisor run`, not of a task file']),
         ("[task.a]\ntarget = 'm:f'\nname = 'b'\n", ['task "a".name: a task\'s name is its table\'s key: [task.NAME]']),
-        ("[task.a]\ntarget = 'm:f'\ngrace = 1\n", ['task "a".grace: grace is the whole run\'s: set it in [defaults]']),
+        ("[task.a]\ntarget = 'm:f'\ngrace = -1\n", ['task "a".grace: expected a finite number of seconds >= 0, got \'-1\'']),
+        ("[task.a]\ntarget = 'm:f'\nstop_signal = 'QUIT'\n", ['task "a".stop_signal: is for a command: a Python target is asked to stop by SIGTERM, which raises Canceled in it']),
+        ("[task.a]\ncommand = ['x']\nstop_signal = 'TSTP'\n", ['task "a".stop_signal: cannot be SIGTSTP: it pauses or continues a process, it does not ask it to stop']),
+        ("[task.a]\ncommand = ['x']\nstop_signal = 'SIGNOPE'\n", ['task "a".stop_signal: must be a signal\'s name or number, such as SIGTERM or SIGQUIT, got \'SIGNOPE\'']),
+        ("[task.a]\ncommand = ['x']\nstop_signal = 1.5\n", ['task "a".stop_signal: expected a signal\'s name (a string such as "SIGQUIT") or number, got a float: 1.5']),
         ("[defaults]\ntarget = 'm:f'\n[task.a]\ntarget = 'm:f'\n", ["defaults.target: target is a task's own key, not a default ([task.NAME])"]),
         ("[defaults]\ngrace = -1\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, got '-1'"]),
         ("[defaults]\ngrace = 'soon'\n[task.a]\ntarget = 'm:f'\n", ["defaults.grace: expected a finite number of seconds >= 0, or one with a unit (500ms, 30s, 5m, 1h), got 'soon'"]),
@@ -985,3 +990,29 @@ def test_check_reports_every_service_error_with_its_location_and_status_2(tmp_pa
     warned = [line.partition(": warning: ")[0] for line in err.splitlines()]  # postgres and curl: where the host has them
     assert all(": warning: " in line for line in err.splitlines()), err
     assert {'ok.toml: task "api".target', 'ok.toml: task "web".command'} <= set(warned), err
+
+
+def test_a_tasks_own_grace_and_a_commands_stop_signal_reach_its_spec():
+    """`grace` in a task's own table is that task's (`TaskSpec.grace`), in [defaults] the run's;
+    `stop_signal` is a command's (`CommandTask.stop_signal`), and a [defaults] one reaches the
+    commands only, as a name or a number."""
+    parsed = parse_text("""
+        [defaults]
+        grace = 3
+        stop_signal = "quit"
+        [task.web]
+        command = ["nginx"]
+        grace = "1m"
+        [task.db]
+        command = ["postgres"]
+        stop_signal = 2
+        [task.job]
+        target = "workers.basic:quick"
+    """.replace("\n        ", "\n"))
+    assert parsed.ok, parsed.errors
+    web, db, job = (task.spec for task in parsed.tasks)
+    assert parsed.grace == 3.0
+    assert (web.grace, db.grace, job.grace) == (60.0, None, None)
+    assert isinstance(web.task, CommandTask) and web.task.stop_signal is signal.SIGQUIT
+    assert isinstance(db.task, CommandTask) and db.task.stop_signal is signal.SIGINT
+    assert isinstance(job.task, TaskFn)

@@ -46,6 +46,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -373,7 +374,8 @@ SETTINGS: dict[str, Callable[..., Any]] = {
 
 
 def _names() -> dict[str, Any]:
-    return {name: getattr(mpvisor, name) for name in mpvisor.__all__}
+    """What a documented default may name: mpvisor's public names, and `signal` (a stop signal's)."""
+    return {"signal": signal, **{name: getattr(mpvisor, name) for name in mpvisor.__all__}}
 
 
 def _parameters(thing: Callable[..., Any]) -> dict[str, Any]:

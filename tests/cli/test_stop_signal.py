@@ -1,0 +1,124 @@
+"""How `mpvisor run` asks a command to stop: `--stop-signal` and a task file's `stop_signal`
+and per-task `grace`, with real processes and real signals. Every wait is for a line in a file."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests._support import wait_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(60)
+
+# writes the name of each stop signal that reaches it, then ends as `$END` says (after `$HOLD` s)
+NAMED = ('for sig in TERM QUIT INT HUP; do trap "echo $sig >> $F; sleep ${HOLD:-0}; exit 0" $sig; done; '
+         'echo ready >> $F; while :; do sleep 0.05; done')
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _lines(path: pathlib.Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _ignoring(signum: signal.Signals):  # type: ignore[no-untyped-def]
+    """A `preexec_fn`: mpvisor starts with `signum` ignored (a background job of a script: SIGINT and SIGQUIT)."""
+    return lambda: signal.signal(signum, signal.SIG_IGN)
+
+
+def _run(tmp_path: pathlib.Path, argv: list[str], preexec: object = None, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env),
+                            preexec_fn=preexec)  # type: ignore[arg-type]
+
+
+def _ended(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
+    try:
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return proc.returncode, stderr
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["plain", "started-with-sigquit-ignored"])
+def test_sigterm_to_mpvisor_asks_the_command_to_stop_with_its_stop_signal(tmp_path: pathlib.Path, ignored: bool) -> None:
+    """`--stop-signal QUIT`: a SIGTERM to mpvisor reaches the command as SIGQUIT, which it
+    handles, and the run dies by SIGTERM; also when mpvisor started with SIGQUIT ignored (as in a
+    script's background job), which a stop signal never stays in the command."""
+    out = tmp_path / "out"
+    proc = _run(tmp_path, ["--stop-signal", "QUIT", "--", "bash", "-c", NAMED], _ignoring(signal.SIGQUIT) if ignored else None,
+                F=str(out))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    status, stderr = _ended(proc, signal.SIGTERM)
+    assert status == -signal.SIGTERM, stderr
+    assert _lines(out) == ["ready", "QUIT"], stderr
+    assert "canceled" in stderr, stderr
+
+
+def test_an_interruption_passed_on_wins_over_the_stop_signal(tmp_path: pathlib.Path) -> None:
+    """A SIGINT to mpvisor (a Ctrl-C that reached it alone) reaches the command as SIGINT, as
+    the bare command would have got it, whatever `--stop-signal` says."""
+    out = tmp_path / "out"
+    proc = _run(tmp_path, ["--stop-signal", "QUIT", "--", "bash", "-c", NAMED], F=str(out))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    status, stderr = _ended(proc, signal.SIGINT)
+    assert status == -signal.SIGINT, stderr
+    assert _lines(out) == ["ready", "INT"], stderr
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--stop-signal", "QUIT", "workers.basic:quick"], "argument --stop-signal: needs -- COMMAND"),
+    (["--stop-signal", "STOP", "--", "true"], "argument --stop-signal: cannot be SIGSTOP"),
+    (["--stop-signal", "QUITE", "--", "true"], "argument --stop-signal: must be a signal's name or number"),
+    (["--stop-signal", "QUIT", "--file", "t.toml"], "argument --stop-signal: not with --file"),
+])
+def test_a_stop_signal_that_cannot_be_is_a_usage_error(tmp_path: pathlib.Path, argv: list[str], words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_a_file_gives_each_command_its_stop_signal_and_each_task_its_grace(tmp_path: pathlib.Path) -> None:
+    """[defaults] grace 0.2 s and stop signal QUIT; two commands take 1 s to stop once asked:
+    the one with its own grace of 30 s ends canceled, the other is killed after 0.2 s; a third,
+    with its own SIGHUP, gets SIGHUP. The run dies by the SIGTERM that stopped it."""
+    out = {name: tmp_path / name for name in ("patient", "hasty", "hup")}
+    (tmp_path / "t.toml").write_text(textwrap.dedent(f"""
+        [defaults]
+        grace = 0.2
+        stop_signal = "QUIT"
+        env = {{HOLD = "1"}}
+        [task.patient]
+        command = ["bash", "-c", {NAMED!r}]
+        env = {{F = "{out['patient']}"}}
+        grace = 30
+        [task.hasty]
+        command = ["bash", "-c", {NAMED!r}]
+        env = {{F = "{out['hasty']}"}}
+        [task.hup]
+        command = ["bash", "-c", {NAMED!r}]
+        env = {{F = "{out['hup']}", HOLD = "0"}}
+        stop_signal = "SIGHUP"
+    """))
+    proc = _run(tmp_path, ["--file", "t.toml"])
+    wait_for(lambda: all("ready" in _lines(path) for path in out.values()), timeout=20)
+    status, stderr = _ended(proc, signal.SIGTERM)
+    assert status == -signal.SIGTERM, stderr
+    assert {name: _lines(path) for name, path in out.items()} == {
+        "patient": ["ready", "QUIT"], "hasty": ["ready", "QUIT"], "hup": ["ready", "HUP"]}, stderr
+    assert "patient: canceled" in stderr and "hup: canceled" in stderr, stderr
+    assert "hasty: force_aborted reason='did not stop within the grace window of 0.2 s" in stderr, stderr
