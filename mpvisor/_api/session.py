@@ -15,7 +15,7 @@ the bus's last `seq` (a display can wait until it has shown every event publishe
 outcome), `hold_while` (work not registered yet still keeps the run going), `on_replaced` (a replacement claimed an owner: `mpvisor run` exits 6 for it) and `on_said`
 (a shared slot's store said the submission waits, or is silent: `mpvisor run --slot` prints it),
 and `stop` (the graceful shutdown a SIGTERM starts, from any thread: `mpvisor run` calls it when
-its output's reader went away). If
+its output's reader went away, and records SIGPIPE as the signal the run ends by). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
 running and the error propagates. The signals received are `runtime.interrupted`, in order.
 """
@@ -109,11 +109,13 @@ class RunSession:
         if self.runtime.controller is not None:
             self.runtime.controller.on_said(callback)
 
-    def stop(self) -> None:
-        """Start the graceful shutdown, as a SIGTERM would but recording no signal; from any
-        thread, once the loop has ended too (then it does nothing)."""
+    def stop(self, ending: signal.Signals | None = None) -> None:
+        """Start the graceful shutdown, as a SIGTERM would; from any thread, once the loop has
+        ended too (then it does nothing). `ending`: the signal the run then ends by, recorded in
+        `runtime.interrupted` as one received would be (`mpvisor run`'s SIGPIPE, when its
+        output's reader went away); None records none."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
-            self.runtime.loop.call_soon_threadsafe(_begin_shutdown, self.runtime)
+            self.runtime.loop.call_soon_threadsafe(_stop, self.runtime, ending)
 
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
@@ -248,6 +250,13 @@ def ending_signal(received: Iterable[signal.Signals]) -> signal.Signals | None:
 
 
 _STOPPING: set[asyncio.Task[None]] = set()  # the tasks `_begin_shutdown` started, until they end
+
+
+def _stop(runtime: Runtime, ending: signal.Signals | None) -> None:
+    """`RunSession.stop`, on the loop."""
+    if ending is not None:
+        runtime.interrupted.append(ending)
+    _begin_shutdown(runtime)
 
 
 def _begin_shutdown(runtime: Runtime) -> None:

@@ -447,7 +447,8 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     services: list[ServiceRun] = []
 
     async def start(session: RunSession) -> None:
-        when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
+        # no reader left (`--events json | head`): the run stops, then ends by SIGPIPE, as the pipeline expects
+        when_reader_gone(lambda: session.stop(signal.SIGPIPE))
         session.on_replaced(replaced.add)
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
                                  load=load, added=display.again, systemd=systemd, started_with=parsed)

@@ -8,7 +8,8 @@ says where they are (a line on stderr says so). It reads them itself: the last `
 wrote nothing there yet, or the run cannot create it), status 0. With `-f` it then follows them as `tail -F`
 does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
 end in the old file, then from the start in the new one; a file that shrank (truncated) is read
-again from its start; a file not there yet is waited for. Ctrl-C ends it: it dies by SIGINT.
+again from its start; a file not there yet is waited for. Ctrl-C ends it: it dies by SIGINT; a
+reader that went away (`| grep -m1 x`) too: it dies by SIGPIPE, as `tail -f` does (`shell`).
 Statuses: 0; a log file that cannot be read 1; the run's refusal (`runs`) 1, 10 or 11; usage 2.
 """
 
@@ -26,7 +27,6 @@ from typing import BinaryIO
 from mpvisor import _platform
 from mpvisor._cli import runs
 from mpvisor._cli.options import retries
-from mpvisor._cli.shell import report_lost_reader
 from mpvisor._cli.statuses import FAILED, NO_RUN, OK
 from mpvisor._model.events import printable  # paths shown escaped, as a reason is
 
@@ -54,8 +54,6 @@ check = runs.check
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.follow:  # a follow ends by Ctrl-C, or said why (`follow`); the last lines alone are an answer
-        report_lost_reader()
     try:
         paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
     except runs.Refusal as refusal:

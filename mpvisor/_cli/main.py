@@ -202,9 +202,8 @@ def main(argv: list[str] | None = None, imported: Callable[[], None] | None = No
 
     Output that cannot be written (stdout or stderr full, closed or gone) is never a traceback:
     `shell.guarded_output` records it, the run then does not succeed (status 1 instead of 0)
-    and one line on stderr, if stderr can be written, says which stream and why; a command that
-    only answers, whose reader went away, dies by SIGPIPE instead, without a word
-    (`shell.report_lost_reader`)."""
+    and one line on stderr, if stderr can be written, says which stream and why; a command whose
+    reader went away dies by SIGPIPE instead, without a word about it (`shell.settle_output`)."""
     with guarded_output():
         try:
             interruptible()

@@ -131,7 +131,6 @@ from mpvisor._cli.options import (
 )
 from mpvisor._cli.shell import (
     redraws,
-    report_lost_reader,
     take_stdout,
     when_reader_gone,
     write_line,
@@ -298,7 +297,6 @@ def _store_usable(slots: str | None, given: str | None, run: argparse.ArgumentPa
 
 def run(args: argparse.Namespace) -> int:
     """Run the task (or the file): the exit status, or `-N` to die by signal N."""
-    report_lost_reader()  # its output's reader gone stops its tasks (`when_reader_gone`): said, and no success
     # what mpvisor itself imports comes before the working directory goes on sys.path: a json.py
     # or tomllib.py there is the targets' to import, never the value line's or the task file's
     if args.file is not None:
@@ -402,7 +400,8 @@ class _OneTask:
         return await self.waiter.wait()
 
     async def _start(self, session: RunSession) -> None:
-        when_reader_gone(session.stop)  # no reader left (`--events json | head`): the run stops
+        # no reader left (`--events json | head`): the run stops, then ends by SIGPIPE, as the pipeline expects
+        when_reader_gone(lambda: session.stop(signal.SIGPIPE))
         if self.slot is None:
             (self.waiter,) = await session.add_batch([self.spec])
             self.waiter.when_resolved(self._resolved)

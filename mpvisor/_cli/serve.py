@@ -18,7 +18,6 @@ from mpvisor import _platform
 from mpvisor._admission.leases import local, server
 from mpvisor._admission.leases.store import LeaseError
 from mpvisor._cli.options import seconds
-from mpvisor._cli.shell import report_lost_reader
 from mpvisor._cli.statuses import FAILED
 from mpvisor._model.events import printable
 
@@ -48,7 +47,6 @@ def _directory(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    report_lost_reader()  # a server, not an answer: its status says whether it served, a lost line included
     if args.dir is not None:
         if not os.path.isabs(args.dir) and _platform.current_dir() is None:
             print(f"mpvisor slots serve: --dir {printable(args.dir)}: the working directory was removed, so a relative "

@@ -6,10 +6,12 @@ Two conventions hold for every command, before any of them imports the runtime (
 - a usage error is one line on stderr naming the option and the value, and status 2
   (`UsageParser`);
 - output that cannot be written is never a traceback (`guarded_output`, below): the command does
-  not succeed, and one line says which stream and why; but a command that only answers (a
-  listing, a summary, a line) whose reader went away ends quietly by SIGPIPE, as `ps` does
-  (`report_lost_reader`). `take_stdout` keeps stdout for machine-readable output and points fd 1
-  at stderr, under the same guard; `write_line` writes one line and flushes it.
+  not succeed, and one line says which stream and why; but a command whose reader went away (a
+  pipe's: `mpvisor status | head -1`, `mpvisor run --events json ... | head -2`) ends by SIGPIPE
+  without a word about it, as `ps`, `yes` and `tail -f` do, once it has done what it must (a run
+  stops its tasks first: `when_reader_gone`). `take_stdout` keeps stdout for machine-readable
+  output and points fd 1 at stderr, under the same guard; `write_line` writes one line and
+  flushes it.
 
 The tasks inherit stderr and write to it directly, so a task may leave a line there without its
 newline. mpvisor's own lines on stderr still start a line of their own where that can be seen:
@@ -232,16 +234,15 @@ class UsageParser(argparse.ArgumentParser):
 # descriptor is pointed at /dev/null), so nothing fails again at exit. `account_output` turns a
 # success into `FAILED` once anything was lost; `settle_output` also says, in one line on stderr
 # (if stderr can still be written), which stream could not be written and why. A reader that
-# went away is said so only by a command that called `report_lost_reader`; any other only
-# answers, and `settle_output` ends it by SIGPIPE, without a word (below).
+# went away is no such error: the pipeline ended, and `settle_output` ends the command by
+# SIGPIPE, without a word (below), once it has done what it must (`when_reader_gone`).
 
 CLOSED_AT_START = "it was closed when mpvisor started"
 
 
 class _Lost:
     """What could not be written, by stream: the first reason for each, and the streams whose
-    reader went away; whom to tell, once, that a stream's reader went away (`when_reader_gone`);
-    and whether the command says so (`report_lost_reader`) or ends quietly."""
+    reader went away; and whom to tell, once, that a stream's reader went away (`when_reader_gone`)."""
 
     def __init__(self) -> None:
         self.why: dict[str, str] = {}
@@ -249,7 +250,6 @@ class _Lost:
         self.held: set[int] = set()  # standard fds closed at start, now held open on /dev/null
         self.streams: list[_Guarded] = []  # the guarded streams to flush at the end
         self.on_reader_gone: Callable[[], None] | None = None
-        self.reports_gone = False  # `report_lost_reader` was called: not a command that only answers
         self.lock = threading.Lock()
 
     def note(self, label: str, why: str, *, reader_gone: bool = False) -> None:
@@ -392,23 +392,11 @@ class _Guarded:
 
 def when_reader_gone(callback: Callable[[], None]) -> None:
     """Call `callback` once, from whichever thread wrote, when a guarded stream is found to have no
-    reader left (EPIPE: a pipe whose reader exited, as `head` does): a run then stops, as a
-    program writing to such a pipe does, rather than going on with nobody to write for. Other
-    failures (a full disk, a closed descriptor) are only recorded, and the run goes on."""
+    reader left (EPIPE: a pipe whose reader exited, as `head` does): a run then stops its tasks
+    (their trees ended and reaped) rather than going on with nobody to write for, and
+    `settle_output` ends it by SIGPIPE, as a program writing to such a pipe ends. Other failures
+    (a full disk, a closed descriptor) are only recorded, and the run goes on."""
     _LOST.on_reader_gone = callback
-
-
-def report_lost_reader() -> None:
-    """This command does more than answer: a stream whose reader went away is reported as any
-    output it could not write, in one line on stderr (if stderr has its reader) and status 1.
-    `run` says so, since it stops its tasks for it (`when_reader_gone`) and what they produced
-    was lost; `logs -f`, since it ends a follow that only Ctrl-C ends otherwise; `slots serve`,
-    a server whose status says whether it served. Every other command only answers (a listing,
-    a summary, a line: `status`, `slots`, `check`, `--help`, a usage error...), and the reader
-    that went away had what it wanted of it (`mpvisor status | head -1`): `settle_output` ends
-    it by SIGPIPE, without a word, as `ps | head -1` ends, so that the shell says nothing and a
-    pipeline under `set -o pipefail` fails as it would with `ps`."""
-    _LOST.reports_gone = True
 
 
 def lose_output(stream: IO[str], exc: OSError) -> None:
@@ -450,7 +438,6 @@ def guarded_output() -> Iterator[None]:
     _LOST.streams.clear()
     _LOST.held.clear()
     _LOST.on_reader_gone = None
-    _LOST.reports_gone = False
     if not all(_is_open(fd) for fd in (0, 1, 2)):  # rare, so imported only then (`--version` imports no _platform)
         from mpvisor import _platform
 
@@ -478,12 +465,14 @@ def account_output(status: int) -> int:
 
 def settle_output(status: int) -> int:
     """`account_output`, and one line on stderr for each other stream that could not be
-    written (none when stderr itself cannot be); or, for a command that only answers (it did not
-    call `report_lost_reader`) whose stdout or stderr lost its reader, `-SIGPIPE` and no line,
-    whatever it was to exit with: it ends as a program killed by its write there would (one
-    already dying by a signal, a Ctrl-C, dies by that one)."""
+    written (none when stderr itself cannot be); or, for a command whose stdout or stderr lost
+    its reader, `-SIGPIPE` and no line, whatever it was to exit with: the reader had what it
+    wanted (`mpvisor status | head -1`), and the command ends as a program killed by its write
+    there would, as `ps | head -1` ends, so that the shell says nothing and a pipeline under
+    `set -o pipefail` fails as it would with `ps` (one already dying by a signal, a Ctrl-C, dies
+    by that one)."""
     status = account_output(status)
-    if _LOST.gone and not _LOST.reports_gone:
+    if _LOST.gone:
         return status if status < 0 else -signal.SIGPIPE
     if "stderr" not in _LOST.why:
         for label, why in _LOST.why.items():

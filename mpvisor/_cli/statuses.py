@@ -58,10 +58,11 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("1", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: the run refused the request (an unknown task, a reload refused, ...) or could not be asked; each line of its error on stderr"),
     ("10", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: no run of a task file is live (none by the `FILE` or `--name` given)"),
     ("11", "`status`, `stop`, `start`, `restart`, `logs`, `reload`: several runs are live and none was named; they are listed"),
-    ("death by SIGPIPE", "a command that only answers (`status`, `stop`, `start`, `restart`, `reload`, `logs` "
-                         "without `-f`, `slots`, `check`, `doctor`, `--help`, `--version`, a usage error): the pipe "
-                         "it wrote to had no reader left (`mpvisor status | head -1`, once `head` has its line), and "
-                         "it ended as `ps` ends there, without a word, whatever it was to exit with (a shell sees 141)"),
+    ("death by SIGPIPE", "the pipe a command wrote to had no reader left (`mpvisor status | head -1`, once `head` "
+                         "has its line; `mpvisor run --events json ... | head -2`), and it ended as `ps` or `yes` ends "
+                         "there, without a word about the pipe, whatever it was to exit with (a shell sees 141); `run` "
+                         "first stops its tasks as a SIGTERM would (their trees ended and reaped, the outcome line "
+                         "printed), `logs -f` ends at its next look"),
 )
 
 # A submission its slot refused, by its `RejectionKind`'s value: the status

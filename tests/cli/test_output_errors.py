@@ -27,7 +27,7 @@ import pytest
 from mpvisor._admission.leases import local as _leases
 from mpvisor._cli.main import version
 from tests._slot_support import stop_servers
-from tests._support import wait_for
+from tests._support import pid_gone, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,18 +153,20 @@ def test_a_full_stderr_ends_without_a_traceback_and_status_1_when_a_line_was_los
 
 
 @pytest.mark.parametrize("name", ["run target", "run --file"])
-def test_a_reader_that_went_away_is_a_broken_pipe_not_a_traceback(place: pathlib.Path, name: str) -> None:
-    """`mpvisor run ... | head -0`, made certain: the pipe's read end is closed before mpvisor starts."""
+def test_a_reader_that_went_away_ends_the_run_by_sigpipe_without_a_word(place: pathlib.Path, name: str) -> None:
+    """`mpvisor run ... | head -0`, made certain: the pipe's read end is closed before mpvisor
+    starts. The task runs (nothing was written before it ended), then the value line meets the
+    pipe without a reader: mpvisor dies by SIGPIPE, as `yes | head -0` does, without a line
+    about it (it said `mpvisor: cannot write to stdout: Broken pipe` and exited 1)."""
     read, write = os.pipe()
     os.close(read)
     try:
         done = mpvisor(place, commands(place)[name], stdout=write, stderr=subprocess.PIPE)
     finally:
         os.close(write)
-    assert "Traceback" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "cannot write" not in done.stderr, done.stderr
     assert ran(place, name), done.stderr
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines()[-1] == "mpvisor: cannot write to stdout: Broken pipe", done.stderr
+    assert done.returncode == -signal.SIGPIPE, done.stderr
 
 
 # commands that only answer (a listing, a summary, a line), and need no run to ask
@@ -311,18 +313,68 @@ def test_a_producer_whose_pipelines_reader_ended_is_not_retried(tmp_path: pathli
 def test_a_run_whose_output_lost_its_reader_stops_instead_of_running_on(tmp_path: pathlib.Path, pipeline: str) -> None:
     """A run that would go on forever (`--every`, `--restart always`) writing to a pipe whose
     reader exited (`| head -2`) stops, as `yes | head -2` does: its task is canceled by a
-    graceful shutdown, mpvisor says which stream was lost and exits 1, and the pipeline ends.
-    It used to run until it was killed, with nobody left to read what it wrote."""
+    graceful shutdown, and mpvisor dies by SIGPIPE (141), without a line about the pipe, and the
+    pipeline ends. It used to run until it was killed, with nobody left to read what it wrote."""
     (tmp_path / "tick.toml").write_text('[task.tick]\ncommand = ["true"]\nevery = 0.1\n')
     assert MPVISOR is not None
     script = f"set -o pipefail; {pipeline.replace('mpvisor', shlex.quote(MPVISOR), 1)}; echo \"statuses ${{PIPESTATUS[*]}}\""
     stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
-    assert stdout.splitlines()[-1] == "statuses 1 0", (stdout, stderr)
+    assert stdout.splitlines()[-1] == "statuses 141 0", (stdout, stderr)
     said = (tmp_path / "err").read_text() if "2>err" in pipeline else stderr
-    assert "Traceback" not in said, said
-    if "2>err" in pipeline:  # stderr still has its reader: it says what was lost, last
-        assert said.splitlines()[-1] == "mpvisor: cannot write to stdout: Broken pipe", said
+    assert "Traceback" not in said and "cannot write" not in said, said
+    if "2>err" in pipeline:  # stderr still has its reader: the outcome, as after any interruption
         assert "canceled reason='canceled by shutdown'" in said, said
+
+
+def _left_of(record: pathlib.Path) -> list[str]:
+    """Which of the processes `record` names (`pid P`, `child P` lines) are still there."""
+    pids = [line.split() for line in record.read_text().splitlines() if line.startswith(("pid ", "child "))]
+    return [f"{role} {pid}" for role, pid in pids if not pid_gone(int(pid))]
+
+
+def test_a_run_whose_reader_went_away_stops_its_tree_gracefully_then_dies_by_sigpipe(tmp_path: pathlib.Path) -> None:
+    """`mpvisor run --events json pkg.mod:fn | grep -m1 -q attempt_progress`: once grep has its
+    line and exits, the run's next event meets the pipe without a reader. The target is asked
+    to stop (it says `stopped`), its tree (it and its child) is gone before mpvisor ends, and
+    mpvisor dies by SIGPIPE without a word (`--quiet`: no outcome line either): a shell sees
+    141, as for `yes | head -1`. It said `mpvisor: cannot write to stdout: Broken pipe` and exited 1."""
+    record = tmp_path / "record"
+    assert MPVISOR is not None
+    pipeline = (f"{shlex.quote(MPVISOR)} run --quiet --events json workers.cli_probes:reports_until_stopped "
+                f"{shlex.quote(str(record))} | grep -m1 -q '\"kind\":\"attempt_progress\"'")
+    script = f"set -o pipefail; {pipeline}; echo \"statuses ${{PIPESTATUS[*]}}\""
+    stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
+    assert (stdout, stderr) == ("statuses 141 0\n", ""), (stdout, stderr)
+    assert record.read_text().splitlines()[-1] == "stopped", record.read_text()  # asked to stop, not killed
+    assert _left_of(record) == [], record.read_text()
+
+
+def test_a_file_run_whose_reader_went_away_stops_every_tree_then_dies_by_sigpipe(tmp_path: pathlib.Path) -> None:
+    """`mpvisor run --file F --events json | reader`, the reader exiting once a service's tree
+    is up (its child's pid written) while another task goes on making events: every task is
+    stopped gracefully (the service's trap says `stopped`), nothing of either is left when
+    mpvisor ends, and mpvisor dies by SIGPIPE; its summary says 141, the status a shell sees,
+    and no line speaks of the pipe."""
+    (tmp_path / "svc.toml").write_text(textwrap.dedent("""
+        [task.tick]
+        command = ["true"]
+        every = 0.05
+        [task.svc]
+        command = ["sh", "-c", "echo pid $$ >> record; sleep 600 & trap 'echo stopped >> record; kill $!; exit 0' TERM; echo child $! >> record; wait"]
+    """))
+    assert MPVISOR is not None
+    reader = "while read -r line; do grep -q '^child ' record 2>/dev/null && exit 0; done"
+    script = (f"set -o pipefail; {shlex.quote(MPVISOR)} run --file svc.toml --events json | {{ {reader}; }}; "
+              "echo \"statuses ${PIPESTATUS[*]}\"")
+    stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
+    assert stdout == "statuses 141 0\n", (stdout, stderr)
+    lines = stderr.splitlines()
+    assert "Traceback" not in stderr and "cannot write" not in stderr, stderr
+    assert "mpvisor: svc: canceled reason='canceled by shutdown' exit_code=None attempts=1" in lines, stderr
+    assert lines[-1] == "mpvisor: svc.toml: 2 tasks: 2 canceled; exit status 141", stderr
+    record = (tmp_path / "record").read_text()
+    assert record.splitlines()[-1] == "stopped", record
+    assert _left_of(tmp_path / "record") == [], record
 
 
 def test_a_sigpipe_death_while_the_output_has_a_reader_is_still_retried(tmp_path: pathlib.Path) -> None:
