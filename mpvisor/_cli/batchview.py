@@ -15,8 +15,13 @@ lost event leaves a row stale until then). `render_table` draws the rows for a t
 | `ATTEMPT_READY` | `ready` | `attempt N ready (how)` |
 | `ATTEMPT_FAILED` / `ATTEMPT_TIMED_OUT` | (unchanged) | `attempt N failed: reason` (cut at 200 characters, `shorten`) / `timed out` |
 | `BACKOFF_SCHEDULED` | `retry in 1.5s` / `next run in 5s` | `next attempt in ...` |
-| `TASK_REMOVE_REQUESTED` | `stopping` | - |
+| `TASK_REMOVE_REQUESTED` | `stopping` (LAST OUTCOME: `stop asked`, until its attempt has ended) | - |
+| `ATTEMPT_KILLED` | (unchanged; LAST OUTCOME: `attempt N: killed pid P: why`, which its `ATTEMPT_CANCELED` keeps) | - |
 | the outcome (`settle`) | its kind (`completed`, `failed`, ...), or `replaced` | (the outcome line, printed by the shell) |
+
+LAST OUTCOME says how an attempt ended only once it has: a task asked to stop shows `stop asked`
+while its tree may still run (it may yet stop, or be killed once its grace is over), and an
+attempt whose tree had to be killed is never shown `canceled` (its task ends `force_aborted`).
 
 Statuses. Each task has the status a single `mpvisor run` of it would exit with (`task_status`:
 its outcome's, 3-5 for a slot's refusal, 6 when a replacement stopped it), and a class: it
@@ -210,15 +215,21 @@ def _step(row: Row, event: Event, tracker: ProgressTracker, checked: bool) -> tu
         case EventKind.ATTEMPT_FAILED | EventKind.ATTEMPT_TIMED_OUT:
             text = attempt_failed_text(event, attempt)
             return replace(row, last=text), text
+        case EventKind.ATTEMPT_KILLED:  # before its ending's event, once its tree is gone
+            reason = event.reason or ""  # `killed pid P: why`
+            said = reason if reason.startswith("killed") else f"killed: {reason}" if reason else "killed"
+            return replace(row, last=f"attempt {attempt}: {shorten(printable(said))}"), None
         case EventKind.ATTEMPT_CANCELED:
+            if row.last.startswith(f"attempt {attempt}: killed"):
+                return None, None  # its tree was killed, not stopped: the task ends force_aborted
             return replace(row, last=f"attempt {attempt} canceled"), None
         case EventKind.BACKOFF_SCHEDULED:
             wait = duration(event.delay or 0.0)
             after_success = getattr(event.backoff_source, "label", None) == "success"
             state = f"next run in {wait}" if after_success else f"retry in {wait}"
             return replace(row, state=state), f"next attempt in {wait}"
-        case EventKind.TASK_REMOVE_REQUESTED:
-            return replace(row, state="stopping"), None
+        case EventKind.TASK_REMOVE_REQUESTED:  # asked, not done: how it ends is its attempt's and outcome's to say
+            return replace(row, state="stopping", last="stop asked"), None
         case EventKind.CONTROLLER_SLOT_TRANSITION if event.reason:
             return replace(row, state=f"queued in slot {event.slot!r}"), shorten(event.reason)
         case EventKind.ATTEMPT_PROGRESS:

@@ -284,3 +284,89 @@ def test_the_table_counts_a_wide_character_as_two_columns():
     header, wide, plain = render_table(rows, 100)
     assert header.index("STATE") == plain.index("running") == columns_of(wide[: wide.index("failed")])
     assert wide.endswith("…") and columns_of(wide) in (99, 100)
+
+
+def test_a_task_asked_to_stop_says_so_until_its_attempt_ended_and_a_killed_attempt_is_never_canceled():
+    """`mpvisor stop web` (or a shutdown) of a task whose tree does not stop in its grace: while
+    it stops, its row says the stop was asked, not how it ended; once the grace is over and its
+    tree was killed, the row says so, and the `ATTEMPT_CANCELED` that follows does not make it
+    `attempt 1 canceled` (it said that, in the state `stopping`, of a task that then ended
+    `force_aborted`); the outcome settles the row. A tree that stops as asked is canceled."""
+    view = BatchView(["web", "api"])
+    for name in ("web", "api"):
+        view.apply(event(EventKind.ATTEMPT_STARTING, name, attempt=1, pid=7))
+        assert view.apply(event(EventKind.TASK_REMOVE_REQUESTED, name)) == (True, None)
+        assert (view.rows[name].state, view.rows[name].last) == ("stopping", "stop asked")
+    assert render_table(view.rows.values(), 100)[1] == "web   stopping          1        stop asked"
+    why = "killed pid 7: it did not stop within the grace window of 2.0 s"
+    assert view.apply(event(EventKind.ATTEMPT_KILLED, "web", attempt=1, pid=7, reason=why)) == (True, None)
+    assert view.apply(event(EventKind.ATTEMPT_CANCELED, "web", attempt=1, pid=7)) == (False, None)
+    assert (view.rows["web"].state, view.rows["web"].last) == ("stopping", f"attempt 1: {why}")
+    forced = TaskOutcome(OutcomeKind.FORCE_ABORTED, reason="did not stop within the grace window of 2.0 s", attempts=1)
+    view.settle(result("web", forced))
+    assert (view.rows["web"].state, view.rows["web"].last) == ("force_aborted", forced.reason)
+    assert view.apply(event(EventKind.ATTEMPT_CANCELED, "api", attempt=1, pid=8)) == (True, None)  # it stopped as asked
+    assert view.rows["api"].last == "attempt 1 canceled"
+    view.settle(result("api", TaskOutcome(OutcomeKind.CANCELED, reason="canceled", attempts=1)))
+    assert (view.rows["api"].state, view.rows["api"].last) == ("canceled", "canceled")
+
+
+# One attempt's events, as its task publishes them: started; its task asked to stop while it
+# runs (it stops as asked, or is killed once its grace is over, perhaps reporting progress
+# meanwhile), or its end by itself (succeeded, failed, timed out, its own `Canceled`; a kill's
+# event, a timeout's or a limit's, just before the ending's); after an end by itself, a retry is
+# scheduled, and its task may be asked to stop while it waits. The first stop is the last attempt.
+_endings = st.sampled_from(["succeeded", "failed", "timed_out", "own_cancel", "killed_failed", "killed_timed_out"])
+_attempts = st.lists(st.tuples(st.booleans(), st.sampled_from([None, "stopped", "killed", "waiting"]), _endings),
+                     min_size=1, max_size=4)
+
+
+def _events_of(attempts: list[tuple[bool, str | None, str]]) -> tuple[list[Event], str | None]:
+    """The task's events for `attempts` (each: whether it reports progress, the stop asked of its
+    task, its end by itself), and how the stop ended: `killed`, `stopped`, or None for none."""
+    events: list[Event] = []
+    for number, (reports, stop, ending) in enumerate(attempts, start=1):
+        progress = Event(0, float(number), EventKind.ATTEMPT_PROGRESS, task="build", attempt=number, progress=(1, 2))
+        events.append(event(EventKind.ATTEMPT_STARTING, attempt=number, pid=100 + number))
+        if stop in ("stopped", "killed"):
+            events.append(event(EventKind.TASK_REMOVE_REQUESTED))
+            events.extend([progress] if reports else [])
+            if stop == "killed":
+                events.append(event(EventKind.ATTEMPT_KILLED, attempt=number, reason=f"killed pid {100 + number}: grace over"))
+            events.append(event(EventKind.ATTEMPT_CANCELED, attempt=number))
+            return events, stop
+        events.extend([progress] if reports else [])
+        if ending.startswith("killed_"):
+            events.append(event(EventKind.ATTEMPT_KILLED, attempt=number, reason=f"killed pid {100 + number}: timed out"))
+        kind = {"succeeded": EventKind.ATTEMPT_SUCCEEDED, "own_cancel": EventKind.ATTEMPT_CANCELED,
+                "timed_out": EventKind.ATTEMPT_TIMED_OUT, "killed_timed_out": EventKind.ATTEMPT_TIMED_OUT}.get(ending, EventKind.ATTEMPT_FAILED)
+        events.append(event(kind, attempt=number, reason="boom" if kind is EventKind.ATTEMPT_FAILED else None))
+        events.append(event(EventKind.BACKOFF_SCHEDULED, delay=0.5, backoff_source=BackoffSource.FAILURE))
+        if stop == "waiting":
+            events.append(event(EventKind.TASK_REMOVE_REQUESTED))
+            return events, "stopped"
+    return events, None
+
+
+@given(_attempts)
+def test_last_outcome_never_says_how_a_stop_ended_before_its_attempt_did_nor_canceled_of_a_killed_attempt(attempts):
+    """Whatever a task did before, from the stop asked of it until its attempt's end the row is
+    `stopping` and says `stop asked`; no row ever says `attempt N canceled` of an attempt whose
+    tree was killed; and the outcome settles it (`force_aborted` after a kill)."""
+    events, stop = _events_of(attempts)
+    view = BatchView(["build"])
+    asked, kills = False, set()
+    for e in events:
+        view.apply(e)
+        row = view.rows["build"]
+        asked = asked or e.kind is EventKind.TASK_REMOVE_REQUESTED
+        if e.kind is EventKind.ATTEMPT_KILLED:
+            kills.add(e.attempt)
+        if asked and e.kind in (EventKind.TASK_REMOVE_REQUESTED, EventKind.ATTEMPT_PROGRESS):
+            assert (row.state, row.last) == ("stopping", "stop asked"), (e, row)
+        assert row.state == "stopping" or not asked, (e, row)
+        assert not any(row.last == f"attempt {n} canceled" for n in kills), (e, row)
+    if stop is not None:
+        kind = OutcomeKind.FORCE_ABORTED if stop == "killed" else OutcomeKind.CANCELED
+        view.settle(result("build", TaskOutcome(kind, reason=kind.name.lower(), attempts=view.rows["build"].attempt)))
+        assert (view.rows["build"].state, view.rows["build"].last) == (kind.name.lower(), kind.name.lower())
