@@ -8,7 +8,9 @@ stderr (`mpvisor: ...`) and the status (`statuses`: `REFUSED`, `NO_RUN`, `SEVERA
 that is live but does not answer (stopped by SIGSTOP, say) is a refusal naming it and why, within
 `--wait` (default `ASK_WAIT`; an operation, once the run has taken it, is waited for without a
 limit). While it looks for the only live run, or for a FILE's run among others, each run has
-`--wait` (default `LIST_WAIT`) to describe itself.
+`--wait` (default `LIST_WAIT`) to describe itself. When no run of FILE is live but a run of
+another file of its name is (FILE is relative to another directory than that run's), the line
+that says so names those runs.
 """
 
 from __future__ import annotations
@@ -168,8 +170,30 @@ def _not_live(args: argparse.Namespace) -> str:
     if args.name is not None:
         return f"no run named {args.name!r} is live"
     if args.file is not None:
-        return f"no run of {printable(args.file)} is live (start one with mpvisor run --file {printable(args.file)})"
+        return (f"no run of {printable(args.file)} is live (start one with mpvisor run --file {printable(args.file)})"
+                + _same_name_elsewhere(args.file, _list_wait(args)))
     return NONE_LIVE
+
+
+def _same_name_elsewhere(file: str, wait: float) -> str:
+    """What `_not_live` adds when a run of another file of `file`'s name is live (`mpvisor status
+    services.toml` from a directory other than the run's: FILE is this directory's): `; a run
+    of another services.toml is live: /srv/app/services.toml (pid 12, --name NAME)`, each such
+    run named; "" for none (or when the runs cannot be listed)."""
+    base, real = os.path.basename(file), os.path.realpath(file)
+    try:
+        runs = live_runs(control_dir(), wait)
+    except (ControlError, OSError):
+        return ""
+    others = [run for run in runs if isinstance(run.get("file"), str) and os.path.basename(run["file"]) == base
+              and os.path.realpath(run["file"]) != real]
+    if not others:
+        return ""
+    listed = ", ".join(f"{printable(run['file'])} (pid {_or_unknown(run.get('pid'))}, --name {printable(str(run.get('name')))})"
+                       for run in others)
+    if len(others) == 1:
+        return f"; a run of another {printable(base)} is live: {listed}"
+    return f"; runs of other {printable(base)} files are live: {listed}"
 
 
 def refused(refusal: Refusal) -> int:

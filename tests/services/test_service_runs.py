@@ -1058,6 +1058,56 @@ def test_a_file_of_any_name_has_a_run_reached_by_its_file_with_or_without_a_name
     reached(long, "named")
 
 
+def test_a_file_of_a_live_runs_name_asked_from_another_directory_names_that_run(run: Run, tmp_path: pathlib.Path) -> None:
+    """`mpvisor status services.toml` from a directory other than the run's: FILE is that
+    directory's own services.toml (there or not), of which no run is live (status 10, as
+    before), and the line now names the live runs of the files of that name elsewhere, their
+    paths, pids and names, so that the mix-up shows (it said only `no run of services.toml is
+    live`, while one was)."""
+    from mpvisor._services.control import run_name as control_run_name
+
+    second = Run(tmp_path / "second", tmp_path / "control")
+    second.directory.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for each in (run, second):
+        each.write('[task.web]\ncommand = ["sleep", "300"]\n')
+        each.start()
+    try:
+        def running(each: Run) -> bool:  # (two runs are live: each asked by its file, from its directory)
+            done = each.ctl("status", "services.toml", "--json")
+            return done.returncode == 0 and json.loads(done.stdout)["tasks"][0]["state"] == "running"
+
+        for each in (run, second):
+            wait_for(lambda each=each: running(each), timeout=20)
+        first_path, second_path = (str((each.directory / "services.toml").resolve()) for each in (run, second))
+        by_name = sorted([(control_run_name(first_path), first_path, run), (control_run_name(second_path), second_path, second)])
+        runs = ", ".join(f"{path} (pid {each.proc.pid}, --name {name})"  # in the order of their names, as listed
+                         for name, path, each in by_name if each.proc is not None)
+        expected = ("mpvisor: no run of services.toml is live (start one with mpvisor run --file services.toml); "
+                    f"runs of other services.toml files are live: {runs}")
+        for present in (False, True):  # elsewhere's own services.toml: not there, then there
+            if present:
+                (elsewhere / "services.toml").write_text('[task.other]\ncommand = ["true"]\n')
+            asked = subprocess.run([MPVISOR or "mpvisor", "status", "services.toml"], cwd=elsewhere, env=run.env,
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+            assert (asked.returncode, asked.stdout, asked.stderr) == (10, "", expected + "\n"), asked
+        assert second.stop()[0] == -signal.SIGTERM
+        asked = subprocess.run([MPVISOR or "mpvisor", "stop", "web", "services.toml"], cwd=elsewhere, env=run.env,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        assert (asked.returncode, asked.stderr) == (10, "mpvisor: no run of services.toml is live (start one with mpvisor "
+                                                        "run --file services.toml); a run of another services.toml is live: "
+                                                        f"{first_path} (pid {run.proc.pid if run.proc else None}, --name "
+                                                        f"{control_run_name(first_path)})\n"), asked
+        mine = run.ctl("status", "services.toml")  # from the run's own directory: its run, as always
+        assert mine.returncode == 0 and mine.stderr == "", mine
+    finally:
+        for each in (run, second):
+            if each.proc is not None and each.proc.poll() is None:
+                each.proc.kill()
+                each.proc.communicate(timeout=30)
+
+
 def test_logs_reads_a_tasks_log_files_after_its_run_was_killed(run: Run) -> None:
     """`mpvisor logs TASK FILE` once the run is gone (SIGKILL: it crashed): the file says where
     the log files are, and a line on stderr says that no run is live (it refused, status 10)."""
