@@ -264,7 +264,9 @@ class _Lost:
             told()
 
     def note_error(self, label: str, exc: OSError, *, relayed: bool = False) -> None:
-        self.note(label, exc.strerror or str(exc), reader_gone=exc.errno == errno.EPIPE and not relayed)
+        if relayed and exc.errno == errno.EPIPE:
+            return  # a program's own lines, whose reader went away: the program meets it (SIGPIPE), as it would here
+        self.note(label, exc.strerror or str(exc), reader_gone=exc.errno == errno.EPIPE)
 
 
 _LOST = _Lost()
@@ -357,7 +359,8 @@ class _Guarded:
         """Record `exc` for this stream and drop what is pending (its fd now leads to /dev/null).
         `relayed`: what failed was a program's own output that mpvisor writes for it (a Ray
         attempt's lines): a reader gone is then the program's to meet, as it would be writing
-        there itself (the launcher sends it SIGPIPE), not the run's reason to stop."""
+        there itself (the launcher sends it SIGPIPE), neither the run's reason to stop nor a
+        loss of its own to say."""
         self.failed = True
         _LOST.note_error(self.label, exc, relayed=relayed)
         if self.inner is None:
