@@ -48,7 +48,7 @@ its tree is reaped.
 | a `--policy replace` arrives while it runs | its task is stopped as on Ctrl-C (grace, then a tree kill); exits 6 |
 | busy past `--wait-timeout SECONDS` | leaves the queue; exits 3, nothing ran (as `--policy drop` would at once) |
 | `--slots URL`: the lease cannot be renewed in time (the store unreachable for more than half of `--lease-ttl`, or this process paused) | the launcher stops the task's tree (SIGTERM, then a kill, all before the lease can expire); exits 7 |
-| Ctrl-C / SIGTERM while queued | leaves the queue, then dies by the signal |
+| Ctrl-C / SIGTERM while queued | leaves the queue (`left the queue`; or, when the store could not be told, says so and when its place lapses), then dies by the signal |
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone; with `--slots URL`, the lease expires a TTL after its last renewal (the launcher, seeing this process gone, has killed the tree by then) |
 
@@ -353,7 +353,9 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
             print(f"mpvisor: {spec.name}: rejected reason={reason!r} slot={args.slot!r}", file=sys.stderr)
         return status
     if outcome.rejection is RejectionKind.CONTROLLER_SHUTTING_DOWN and interrupts:
-        queued = f"queued for slot {args.slot!r}: left the queue" if args.policy != "drop" else f"asking for slot {args.slot!r}"
+        # the kind's own words: the store took the withdrawal; else the reason says why it could not be told
+        left = "left the queue" if outcome.reason == RejectionKind.CONTROLLER_SHUTTING_DOWN.words else outcome.reason
+        queued = f"queued for slot {args.slot!r}: {left}" if args.policy != "drop" else f"asking for slot {args.slot!r}"
         print(f"mpvisor: interrupted while {queued}", file=sys.stderr)  # a drop never queues
         return _ended(interrupts, statuses.FAILED)
     if one.replaced:

@@ -400,6 +400,41 @@ def _interrupted_once_silent(proxy: Any, run: Any) -> tuple[str, float]:
     return err, took
 
 
+def test_an_interrupted_queued_run_says_it_left_the_queue_only_when_the_store_took_it(tmp_path: Any, url: str) -> None:
+    """SIGINT of a run queued behind another host's owner: with the store answering, it says
+    `left the queue` and its row is gone; with its store fallen silent (a partitioned proxy), it
+    says that it could not tell the store, why, and that its place lapses within its lease TTL,
+    and its row is indeed still queued; both die by SIGINT, nothing ran. (Both said "left the
+    queue", the row staying behind until it expired.)"""
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", *owner(log, 60.0, "one"))
+    try:
+        wait_for(lambda: started(log, "one"), timeout=30)
+        heard = start_host(tmp_path, 2, url, "--slot", "s", *owner(log, 0.0, "two"))
+        assert heard.stderr is not None and "waiting, position 1" in heard.stderr.readline()
+        heard.send_signal(signal.SIGINT)
+        status, err = finish(heard)
+        assert status == -signal.SIGINT, err
+        assert err.endswith("mpvisor: interrupted while queued for slot 's': left the queue\n"), err
+        assert shown(tmp_path, url)[0]["queue"] == []
+        with Proxy.for_url(url) as proxy:
+            unheard = start_host(tmp_path, 3, proxy.url_for(url), "--slot", "s", *owner(log, 0.0, "three"))
+            assert unheard.stderr is not None and "waiting, position 1" in unheard.stderr.readline()
+            err, _ = _interrupted_once_silent(proxy, unheard)
+            (view,) = shown(tmp_path, url)  # its sessions still open behind the partition: alive, as far as the server knows
+            assert [waiter["pid"] for waiter in view["queue"]] == [unheard.pid], view
+        assert "mpvisor: interrupted while queued for slot 's': could not tell the lease store at postgresql://" in err, err
+        assert err.rstrip().endswith(" that it left the queue: no answer within 1.5 s; its place lapses within its "
+                                     "lease TTL (15 s)"), err
+        assert "left the queue\n" not in err, err
+    finally:
+        first.terminate()
+        finish(first)
+    assert "start two " not in log.read_text() and "start three " not in log.read_text()
+
+
 def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_once_not_per_task(
         tmp_path: Any, url: str) -> None:
     """A task file run with four tasks queued for four slots another host owns, its store
@@ -424,7 +459,10 @@ def test_interrupting_a_run_whose_waiting_tasks_store_is_silent_waits_for_it_onc
             runs.append(waiting)
             wait_for(lambda: sum(len(view["queue"]) for view in shown(tmp_path, url)) == len(slots), timeout=30)
             err, took = _interrupted_once_silent(proxy, waiting)
-            assert err.count("rejected reason='the run stopped before the slot was free'") == len(slots), err
+            # each says that the store could not be told, and when its place lapses (not that it left the queue)
+            assert err.count("rejected reason='could not tell the lease store at postgresql://") == len(slots), err
+            assert err.count("that it left the queue: no answer within 1.5 s; its place lapses within its lease TTL "
+                             "(15 s)'") == len(slots), err
             assert took < 2.0 + 3.0, took  # RELEASE_WAIT, and slack for a busy machine (it was 4 x 2 s)
         finally:
             for run in runs:

@@ -9,8 +9,8 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
 | `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns once that is done, or `WAITED_OUT_WAIT` s passed: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost()`, all on the loop |
-| `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`) |
-| `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided |
+| `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`); a store that could not be told (its `withdraw` raised `LeaseError`, or did not return within `RELEASE_WAIT`) is remembered (`_unheard`) |
+| `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided. That `withdrawn` (of a shutdown or a removal, which give no reason of their own) has, once the withdrawal is done, `_unheard`'s words as its `reason` if the store could not be told: it did not leave the store's queue |
 | `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread of its own, never blocking the loop; it returns a future on the loop, done once the release is, or after `RELEASE_WAIT` s (a store that does not answer by then lets the lease expire instead): the controller resolves the owner's waiter then |
 
 The loop waits for a thread of the driver's by a future that the thread settles as it ends
@@ -67,6 +67,8 @@ class LeaseDriver:
         self._heard = False  # the store answered this request (it queued it)
         self._full = False  # the store said it is at its connection limit (`on_silent` with a why)
         self._withdrawing: asyncio.Future[None] | None = None  # `_wait_out`'s withdrawal, done once it is
+        self._left = False  # the store took the withdrawal (or there was nothing to withdraw)
+        self._unheard: str | None = None  # why the store could not be told of the withdrawal
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
@@ -114,9 +116,13 @@ class LeaseDriver:
             request = self._request
             assert request is not None
             request.watch(self._revoked, self._renewed, self._lost)
-        elif self._withdrawing is not None:  # waited out: its row is deleted before this returns, as a
-            # synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
+        elif self._withdrawing is not None:  # left the queue (`leave_queue`): its row is deleted before this
+            # returns, as a synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
             await self._withdrawing
+            if decision.kind == "withdrawn" and decision.reason is None and not self._left:
+                # a shutdown's or a removal's withdrawal the store did not take: it is still in the store's queue
+                unheard = self._unheard or self._unheard_text(f"no answer within {RELEASE_WAIT:g} s")
+                decision = Decision(False, "withdrawn", reason=unheard)
         else:
             self.close()
         if not decision.granted and self._waited_out and decision.kind == "withdrawn":
@@ -209,13 +215,31 @@ class LeaseDriver:
             self._request.add_pids(pids)
 
     def withdraw(self) -> None:
-        """Leave the queue: a pending `acquire` returns `withdrawn` (a grant that crossed this is given back)."""
+        """Leave the queue: a pending `acquire` returns `withdrawn` (a grant that crossed this is
+        given back). Whether the store took it: `_left`, or why not, `_unheard` (the store's
+        `LeaseError`, or no answer within `RELEASE_WAIT`)."""
         with self._lock:
             self._withdrawn = True
             request = self._request
-        if request is not None:
-            # close: a request blocked on the store's answer returns `withdrawn`
-            _at_most(RELEASE_WAIT, f"mpvisor-lease-withdraw-{self.slot}", request.withdraw, request.close)
+        if request is None:  # never asked: nothing to withdraw
+            self._left = True
+            return
+
+        def tell() -> None:
+            try:
+                request.withdraw()
+            except Exception as exc:  # a store's own words (`LeaseError`), or whatever it raised
+                self._unheard = self._unheard_text(str(exc) or type(exc).__name__)
+            else:
+                self._left = True
+
+        # close: a request blocked on the store's answer returns `withdrawn`
+        _at_most(RELEASE_WAIT, f"mpvisor-lease-withdraw-{self.slot}", tell, request.close)
+        if not self._left and self._unheard is None:
+            self._unheard = self._unheard_text(f"no answer within {RELEASE_WAIT:g} s")
+
+    def _unheard_text(self, why: str) -> str:
+        return f"could not tell {self.store.name} that it left the queue: {why}"
 
     def release(self) -> asyncio.Future[None] | None:
         """The owner's tree is gone: give the lease back (once) and close the request, on a

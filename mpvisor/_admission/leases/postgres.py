@@ -18,7 +18,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
 | renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
 | a waiter's row gone (it expired while the waiter was cut off or paused, a grant too) | submitted again as a `queue` request, whatever its policy: at the end of the queue, retiring or superseding nobody |
-| `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back) |
+| `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back; one the store does not take within `WITHDRAW_WAIT` says so, `LeaseError`: the row lapses by its expiry) |
 
 A grant carries a fencing token (`Decision.token`) that strictly increases per slot across all
 hosts; the controller puts it in every attempt's environment (`MPVISOR_FENCING_TOKEN`).
@@ -56,6 +56,9 @@ SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
 MIN_OP_TIMEOUT, MAX_OP_TIMEOUT = 2.0, 10.0  # seconds: the bounds of a statement timeout (a quarter TTL)
+# seconds a withdraw waits for the store to take it before it says it could not tell it: less
+# than the driver's `RELEASE_WAIT` (2 s), so that its words (with the TTL) are what is said
+WITHDRAW_WAIT = 1.5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mpvisor_meta (key text PRIMARY KEY, value text NOT NULL);
@@ -839,9 +842,32 @@ class PostgresRequest:
         pass  # a lease here is held by its renewals (a dead owner's expires), not by pids
 
     def withdraw(self) -> None:
+        """Leave the queue: the request's row is deleted (a pending `acquire` returns
+        `withdrawn`). `LeaseError` if the store did not take that within `WITHDRAW_WAIT` s (it
+        did not answer, or refused): the row then stays until it expires, within a TTL (it was
+        renewed at its last look), and says so. (The deletion goes on behind, on a thread of its
+        own: a statement the store stalls on holds up nobody.) A request closed already asks
+        nothing (`close`: its connections are gone)."""
         self._withdrawn = True
-        if self.id is not None:
-            self._delete()
+        if self.id is None or self._closed.is_set():
+            return  # nothing in the queue yet (`acquire` submits nothing once withdrawn), or closed
+        failed: list[Exception] = []
+
+        def delete() -> None:
+            try:
+                self._in_slot(lambda: self.conn.execute("DELETE FROM mpvisor_requests WHERE id = %s", (self.id,)))
+            except Exception as exc:
+                failed.append(exc)
+
+        deleting = threading.Thread(target=delete, name="mpvisor-lease-withdraw", daemon=True)
+        deleting.start()
+        deleting.join(WITHDRAW_WAIT)
+        if not deleting.is_alive() and not failed:
+            return
+        why = (f"no answer within {WITHDRAW_WAIT:g} s" if deleting.is_alive()
+               else "the request was closed first" if isinstance(failed[0], _Withdrawn)
+               else _first_line(failed[0], self.store.url))
+        raise LeaseError(f"{why}; its place lapses within its lease TTL ({self.store.ttl:g} s)")
 
     def release(self) -> None:
         self._held = False

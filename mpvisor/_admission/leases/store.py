@@ -19,7 +19,7 @@ The contract, as two small interfaces:
 | `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`; any other answer is withdrawn and the submission rejected `admission_failed`, saying what it was); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`why`: the server's words when it is at its connection limit, else None) |
 | `watch(on_revoke, on_renewed, on_lost)` | `LeaseRequest` | after a grant, from any thread: `on_revoke()` when a replacement asks this owner to retire; for a store whose leases expire, `on_renewed(at, ttl)` after each renewal (the lease lives at least `ttl` s past `at`, a `time.monotonic()` taken before the renewal was sent) and `on_lost()` when the store says the lease is gone (it expired) |
 | `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
-| `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back) |
+| `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back); `LeaseError` if the store could not be told, its words saying why and what becomes of the place (a store whose rows expire: when it lapses) |
 | `release()` | `LeaseRequest` | the owner's tree is gone: the slot goes to the next in line |
 | `close()` | `LeaseRequest` | the request's resources (a connection) go; a held lease stays held until its owner's pids are gone |
 
