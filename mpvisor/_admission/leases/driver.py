@@ -208,7 +208,10 @@ class LeaseDriver:
                         _checked(request, request.acquire(slot, POLICY_NAMES[self.policy], self.name, pids, queued, silent)))
         except Exception as exc:  # the store cannot be reached, or refused the request: the outcome says why
             decision = Decision(False, "admission_failed", reason=f"slot {slot!r}: {self.store.name}: {exc}")
-        loop.call_soon_threadsafe(_settle, decided, decision)
+        # the loop is closed: nobody waits any more (a request withdrawn, then closed as the run ended, whose
+        # pending `acquire` the close woke only then)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, decided, decision)
 
     def add_pids(self, pids: list[Pid]) -> None:
         if self._request is not None:
