@@ -140,7 +140,7 @@ class ControllerHost(Protocol):
     @property
     def grace(self) -> float: ...  # what a stopped attempt is given before its tree is killed
     # A shared slot's lease that expires: the task's attempts must not outlive it (`Runtime.fence`).
-    def fence(self, id: int, stop_at: float, kill_at: float) -> None: ...
+    def fence(self, id: int, stop_at: float, kill_at: float, lost: str | None = None) -> None: ...
     def unfence(self, id: int) -> None: ...
 
 
@@ -409,12 +409,14 @@ class Controller:
             if item.id in self.leases:
                 self.host.fence(item.id, *fence_times(at, ttl, _grace_of(item, self.host.grace)))
 
-        def lost() -> None:  # the store says the lease expired: its trees go now, and it runs no more
+        def lost(why: str | None) -> None:  # the store says the lease is gone: its trees go now, and it runs no more
             if item.id in self.leases:  # as for a lease last renewed when its fence stops it: stopped now
                 ttl = self.config.lease_ttl
-                self.host.fence(item.id, *fence_times(time.monotonic() - ttl * FENCE_STOP, ttl, _grace_of(item, self.host.grace)))
+                self.host.fence(item.id, *fence_times(time.monotonic() - ttl * FENCE_STOP, ttl, _grace_of(item, self.host.grace)),
+                                lost=why)  # (why: how it ended before it could expire, which its outcome says)
                 store = self.store.name if self.store is not None else "the store"
-                said(f"slot {item.slot!r}: the lease of {item.name!r} expired in {store}; its tree is stopped")
+                ended = f"in {store} {why}" if why else f"expired in {store}"
+                said(f"slot {item.slot!r}: the lease of {item.name!r} {ended}; its tree is stopped")
 
         lease = LeaseDriver(self.store, self.host.loop, item.slot, item.admission, item.name,
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),

@@ -131,6 +131,9 @@ class Fence:
     group: int  # names the fence to the launcher (the owner's task id)
     stop_at: float
     kill_at: float
+    # the parent's alone (a launcher ignores it): how the lease ended before it could expire, when the
+    # store said (words that follow "its slot's lease": freed by someone else); None: not renewed in time
+    lost: str | None = None
 
     def reached(self, now: float) -> bool:
         return now >= self.stop_at

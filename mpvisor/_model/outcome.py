@@ -100,7 +100,7 @@ class TaskOutcome:
     | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
     | `timed_out` | true when it `FAILED` because its last attempt ran past a time limit of its own: the task's timeout, or its start-up limit (`start_timeout`) |
     | `limit` | when it `FAILED` because its last attempt ran into a `Limits` limit: `"memory"`, `"address_space"`, `"cpu"` or `"open_files"` |
-    | `lease_lost` | true when it is `FATAL` because its slot's lease (a lease store across hosts) could not be renewed in time: its tree was stopped, and it does not run again |
+    | `lease_lost` | true when it is `FATAL` because its slot's lease (a lease store across hosts) could not be renewed in time, or was freed by someone else before it expired (its reason says which): its tree was stopped, and it does not run again |
     """
 
     kind: OutcomeKind

@@ -258,17 +258,19 @@ class Runtime:
         return sum(actor.current.pass_on(signum) for actor in list(self.registry.by_id.values())
                    if actor.current is not None)
 
-    def fence(self, id: int, stop_at: float, kill_at: float) -> None:
+    def fence(self, id: int, stop_at: float, kill_at: float, lost: str | None = None) -> None:
         """The task `id`'s attempts must not outlive its slot's lease: from `stop_at` their trees
         are stopped, at `kill_at` killed (`time.monotonic()`). The launcher keeps the fence (so it
-        holds while this process is paused); a reached fence moves no more."""
+        holds while this process is paused); a reached fence moves no more. `lost`: the store
+        said how the lease ended before it could expire (`Fence.lost`, which the attempts'
+        outcome says)."""
         fence = self.fences.get(id)
         if fence is None:
-            fence = self.fences[id] = Fence(id, stop_at, kill_at)
+            fence = self.fences[id] = Fence(id, stop_at, kill_at, lost)
         elif fence.reached(time.monotonic()):
             return
         else:
-            fence.stop_at, fence.kill_at = stop_at, kill_at
+            fence.stop_at, fence.kill_at, fence.lost = stop_at, kill_at, lost
         if self.launcher is not None:  # else the launcher that starts next is given it
             self.launcher.fence(fence)
 

@@ -268,6 +268,7 @@ class AttemptProcess:
         self.facts.could_not_start_fatal = fatal
         self.facts.status = ended
         self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
+        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
         self._finish()
 
     def on_data(self, data: bytes) -> None:
@@ -299,6 +300,7 @@ class AttemptProcess:
             return
         self.facts.status = status
         self.facts.fenced = status.fenced
+        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
         if not killed:
             self.facts.killed = None
         elif self.facts.killed is None:  # the launcher killed it on its own, while it ran

@@ -7,7 +7,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | # | fact | ending |
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` (`timed_out`) if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
-| 1a | its fence was reached (its slot's lease could not be renewed in time): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now) |
+| 1a | its fence was reached (its slot's lease could not be renewed in time, or the store said it ended before it could expire: `lease_ended`): the launcher stopped it or refused to start it, and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now), saying `lease_ended` when there is one |
 | 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
@@ -66,6 +66,7 @@ class Facts:
     limits: dict[str, Any] | None = None  # the attempt's `Limits`, as the start message carried them
     launcher_died: str | None = None  # how: "launcher died ...", "node lost ..."
     fenced: bool = False  # its fence was reached: the launcher stopped its tree, or did not start it
+    lease_ended: str | None = None  # how its lease ended before it could expire, when the store said (`Fence.lost`)
 
 
 @record(frozen=True, slots=True)
@@ -138,7 +139,8 @@ LEASE_LOST = "lease lost: its slot's lease could not be renewed before it could 
 def _decide(f: Facts) -> AttemptEnd:
     if f.fenced and not isinstance(f.report, Result):  # a result it reported stands; a cancel was the fence's
         how = "not started" if f.could_not_start is not None else f"attempt pid {f.pid} stopped"
-        return AttemptEnd(AttemptResult.FATAL, f"{LEASE_LOST} ({how})", killed=f.killed, lease_lost=True)
+        lost = f"lease lost: its slot's lease {f.lease_ended}" if f.lease_ended else LEASE_LOST
+        return AttemptEnd(AttemptResult.FATAL, f"{lost} ({how})", killed=f.killed, lease_lost=True)
     if f.could_not_start is not None:
         if f.stop is StopReason.CANCEL:
             return AttemptEnd(AttemptResult.CANCELED, f"canceled before the attempt started ({f.could_not_start})")

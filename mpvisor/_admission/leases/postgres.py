@@ -16,7 +16,7 @@ notifies the slot's channel (`LISTEN mpvisor_slot`), so the waiting requests re-
 | `queue` | appended (`position` from a sequence); refused `queue_full` past `MAX_QUEUE` |
 | `drop` | refused `slot_busy` if the slot has an owner or a queue (of waiters not known to be dead), else granted |
 | `replace` | becomes the head (before every queued one; a queued head it displaces is `superseded_by_replace`), and the owner is asked to retire (`revoke`) |
-| renew | `expires = now() + ttl` while the row is the owner's; a revoke asked, or the row gone (expired), is the owner's `on_revoke` |
+| renew | `expires = now() + ttl` while the row is the owner's; a revoke asked is the owner's `on_revoke`; the row gone is its `on_lost` (expired, or deleted by someone else before its expiry: `FREED`) |
 | a waiter's row gone (it expired while the waiter was cut off or paused, a grant too) | submitted again as a `queue` request, whatever its policy: at the end of the queue, retiring or superseding nobody |
 | `release`, `withdraw`, superseded | the row is deleted (a withdraw that crossed its grant gives the lease back; one the store does not take within `WITHDRAW_WAIT` says so, `LeaseError`: the row lapses by its expiry) |
 
@@ -56,6 +56,8 @@ SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
 MIN_OP_TIMEOUT, MAX_OP_TIMEOUT = 2.0, 10.0  # seconds: the bounds of a statement timeout (a quarter TTL)
+# how a lease whose row was deleted before it could expire ended (`on_lost`'s `why`)
+FREED = "was freed by someone else: its row in the store was gone before its expiry"
 # seconds a withdraw waits for the store to take it before it says it could not tell it: less
 # than the driver's `RELEASE_WAIT` (2 s), so that its words (with the TTL) are what is said
 WITHDRAW_WAIT = 1.5
@@ -507,6 +509,9 @@ class PostgresRequest:
         self._closed = threading.Event()
         self._withdrawn = False
         self._held = False
+        # the `time.monotonic()` before the last transaction that renewed the granted lease (the look
+        # that saw the grant, then each renewal): its row's expiry is at least a TTL past it
+        self._renewed = 0.0
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
         # the request id whose liveness lock the listener holds (`_listening`): a request submitted
@@ -704,7 +709,7 @@ class PostgresRequest:
                     told = -1
                     continue
                 if state == "granted":
-                    self._held = True
+                    self._held, self._renewed = True, renewed
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state == "superseded":
                     self._delete()  # its row goes now, not when it expires
@@ -747,17 +752,20 @@ class PostgresRequest:
         return result
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-              on_lost: Callable[[], None] | None = None) -> None:
+              on_lost: Callable[[str | None], None] | None = None) -> None:
         threading.Thread(target=self._renew, args=(on_revoke, on_renewed, on_lost), name="mpvisor-lease-renew",
                          daemon=True).start()
 
     def _renew(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None,
-               on_lost: Callable[[], None] | None) -> None:
+               on_lost: Callable[[str | None], None] | None) -> None:
         """While held: move the expiry every `renew_every`, and at once when the slot's channel
         says something changed, each success told (`on_renewed`, with the time before the
         transaction that got through); while the store does not answer, try again every `retry`
-        (`store.py`: the renewal margin); a revoke asked is told once; a lease found expired is
-        lost (`on_lost`, then no more renewals: it cannot come back)."""
+        (`store.py`: the renewal margin); a revoke asked is told once; a lease found gone is lost
+        (`on_lost`, then no more renewals: it cannot come back): expired (`why` None), or, when
+        its row was gone before it could have expired (the renewal's answer came within a TTL of
+        the last renewal's start, before which its expiry cannot be), deleted by someone else
+        (the guide's `free.sql`), `FREED`. Only that owner's own release deletes a live row."""
         ttl = self.store.ttl
         revoked = False
         listener: Any = None
@@ -774,8 +782,9 @@ class PostgresRequest:
                     continue
                 if row is None:
                     if self._held and on_lost is not None:  # not a row this owner released itself
-                        on_lost()
+                        on_lost(FREED if time.monotonic() < self._renewed + ttl else None)
                     return
+                self._renewed = renewed
                 if on_renewed is not None:
                     on_renewed(renewed, ttl)
                 if row[0] and not revoked:
