@@ -333,6 +333,41 @@ def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: 
     assert 'database "mpvisor_no_such_database" does not exist' in outcome and "characters)" not in outcome, err
 
 
+def test_a_name_a_latin1_database_cannot_hold_is_said_naming_its_field_its_value_and_the_encoding(
+        tmp_path: Any, postgres_server: Any, monkeypatch: Any) -> None:
+    """A database encoded in LATIN1: a task name (`--name`), or a slot name, that holds a
+    character LATIN1 has not (😀) ends the run at once, status 1, nothing ran, its line naming
+    that field, its value, the character and the database's encoding; with the connection's
+    encoding set to UTF8 (`PGCLIENTENCODING`), the server refuses it and the line names the
+    name that is not ASCII; a name LATIN1 holds (é) runs. (It said Python's "'latin-1' codec
+    can't encode character '\\U0001f600' in position 1", after the slot's name alone.)"""
+    import psycopg
+
+    database = f"mpvisor_latin1_{next(_pg_support._numbers)}"
+    with psycopg.connect(postgres_server.get_uri(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {database} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    latin1 = str(postgres_server.get_uri(database))
+    ran = tmp_path / "ran"
+    runs = {"name": start(tmp_path, 1, latin1, "--slot", "ok", "--name", "n😀", "--", "touch", str(ran)),
+            "slot": start(tmp_path, 2, latin1, "--slot", "dep😀", "--", "touch", str(ran)),
+            "held": start(tmp_path, 3, latin1, "--slot", "ok-é", "--name", "né", "--", "true")}
+    monkeypatch.setenv("PGCLIENTENCODING", "UTF8")
+    runs["server"] = start(tmp_path, 4, latin1, "--slot", "ok2", "--name", "n😀", "--", "touch", str(ran))
+    done = {what: finish(run) for what, run in runs.items()}
+    assert done["held"][0] == 0, done["held"]
+    for what, (status, err) in done.items():
+        if what != "held":
+            assert status == 1, (what, err)
+            assert "codec" not in err and "UTF8\" exit_code=None attempts=0" in err, (what, err)
+    assert ("the task name 'n😀' has a character ('😀') that the database's encoding, LATIN1, cannot hold: use another "
+            "task name, or a database encoded in UTF8") in done["name"][1], done["name"]
+    assert ("the slot name 'dep😀' has a character ('😀') that the database's encoding, LATIN1, cannot hold: use another "
+            "slot name, or a database encoded in UTF8") in done["slot"][1], done["slot"]
+    assert ("the task name 'n😀' has a character that the database's encoding, LATIN1, cannot hold"
+            in done["server"][1]), done["server"]
+    assert not ran.exists()
+
+
 def test_the_table_of_a_store_across_hosts_has_the_same_columns_empty_or_not(tmp_path: Any, url: str) -> None:
     """`mpvisor slots --slots URL` heads its table with HOST and TOKEN whether or not a slot is
     held, so that a script reading its columns reads the same ones."""

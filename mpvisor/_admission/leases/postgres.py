@@ -163,6 +163,39 @@ def _not_answered(message: str) -> bool:
             or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
+def _encodings(conn: Any) -> tuple[str, str]:
+    """The encoding of `conn`'s database (`LATIN1`) and the connection's (its `client_encoding`,
+    the database's unless set otherwise), each `?` if it cannot be had."""
+    def setting(name: str) -> str:
+        try:
+            value = conn.info.parameter_status(name)
+        except Exception:
+            return "?"
+        return value if isinstance(value, str) and value else "?"
+    return setting("server_encoding"), setting("client_encoding")
+
+
+def _unencodable(exc: BaseException, names: dict[str, str], encodings: tuple[str, str]) -> str | None:
+    """When `exc` says that a value could not be kept in the database's encoding (Python's codec
+    could not encode a parameter in the connection's encoding, or the server could not convert
+    it, `22P05`): which of `names` (a field's words to its value) holds a character it cannot,
+    with that value (and the character), in one line. None for any other error. Pure."""
+    server, client = encodings
+    if isinstance(exc, UnicodeEncodeError):
+        held = [(field, value) for field, value in names.items() if value == exc.object]
+        if held:
+            field, value = held[0]
+            which = (f"the database's encoding, {server}," if client in (server, "?") else
+                     f"the connection's client_encoding, {client},")  # (PGCLIENTENCODING, or the URL's)
+            return (f"the {field} {value!r} has a character ({exc.object[exc.start:exc.end]!r}) that {which} cannot "
+                    f"hold: use another {field}, or a database encoded in UTF8")
+    elif getattr(exc, "sqlstate", None) != "22P05":
+        return None
+    # the server's refusal does not say which value: every one that is not ASCII
+    fields = " or ".join(f"the {field} {value!r}" for field, value in names.items() if not value.isascii()) or "a name"
+    return f"{fields} has a character that the database's encoding, {server}, cannot hold: use another, or a database encoded in UTF8"
+
+
 def _first_line(exc: BaseException, url: str) -> str:
     """The first line of libpq's (or psycopg's) message `exc`, as every message shows it: with
     no form of `url`'s password (`masked`)."""
@@ -654,7 +687,9 @@ class PostgresRequest:
                 return Decision(False, "withdrawn")
             if isinstance(exc, LeaseError):
                 raise
-            raise LeaseError(_first_line(exc, self.store.url)) from None  # psycopg's words, no password
+            names = {"slot name": slot, "task name": name, "host name": socket.gethostname()}
+            unheld = _unencodable(exc, names, _encodings(self.conn))  # which name, not Python's codec words
+            raise LeaseError(unheld or _first_line(exc, self.store.url)) from None  # psycopg's words, no password
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
