@@ -903,6 +903,25 @@ def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_
         raised.value
 
 
+def test_listing_a_store_that_never_answers_says_it_did_not_answer_without_libpqs_words_for_its_own_timeout(
+        tmp_path: Any) -> None:
+    """`mpvisor slots --slots URL --wait 2.5` against a port that accepts connections and never
+    answers: status 1 and one line, that the store did not answer within 2.5 s, nothing more.
+    (It added libpq's words for the end of its own connect timeout, "cannot connect: connection
+    timeout expired", or, where its own deadline shut the socket, "server closed the connection
+    unexpectedly": no server closed anything.)"""
+    assert MPVISOR is not None
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes each handshake; nobody ever reads or writes
+        store = f"postgresql://deploy@127.0.0.1:{silent.getsockname()[1]}/deploys"
+        done = subprocess.run([MPVISOR, "slots", "--slots", store, "--wait", "2.5"], capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "PYTHONPATH": _pg_support.ROOT,
+                                               "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")})
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"mpvisor slots: the lease store at {store} did not answer within 2.5 s\n", done.stderr
+
+
 def test_rows_left_behind_are_deleted_superseded_at_once_expired_by_any_slots_next_run(tmp_path: Any, url: str) -> None:
     """A queued run superseded by a `replace` deletes its row as it exits 5 (it stayed until it
     expired); an expired row of another slot (a release that failed in an outage) is deleted by

@@ -112,11 +112,14 @@ _UNKNOWN = _UNLOCKED
 class Unreachable(LeaseError):
     """The store did not answer (refused, timed out, restarting, or the connection was lost),
     or is at its connection limit (`at_capacity`), as opposed to answering with a refusal (a
-    wrong password, no such database): try again later."""
+    wrong password, no such database): try again later. `unheard`: nothing at all came back in
+    time (the connect timed out, or its connection was closed under it), so its words say no
+    more than that it did not answer (and "server closed the connection" is then no server's doing)."""
 
-    def __init__(self, message: str, at_capacity: bool = False) -> None:
+    def __init__(self, message: str, at_capacity: bool = False, unheard: bool = False) -> None:
         super().__init__(message)
         self.at_capacity = at_capacity
+        self.unheard = unheard
 
 
 # What libpq says when the server did not answer (refused, down, restarting, a network that
@@ -130,6 +133,8 @@ _NOT_ANSWERED = (
     "could not receive data", "could not send data", "ssl syscall error", "the database system is",
 )
 _AT_CAPACITY = ("too many clients already", "too many connections for", "remaining connection slots are reserved")
+# ... of which, those that say only that nothing came back in time (`Unreachable.unheard`)
+_UNHEARD = ("timeout expired", "timed out", "server closed the connection unexpectedly")
 
 
 def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
@@ -149,7 +154,11 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         text = f"{where[2]} ({where[1]})" if where else text
         if any(words in str(exc).lower() for words in _AT_CAPACITY):
             raise Unreachable(f"cannot connect: {text}", at_capacity=True) from None
-        raise (Unreachable if _not_answered(str(exc)) else LeaseError)(f"cannot connect: {text}") from None
+        if _not_answered(str(exc)):
+            unheard = isinstance(exc, psycopg.errors.ConnectionTimeout) or any(
+                words in str(exc).lower() for words in _UNHEARD)
+            raise Unreachable(f"cannot connect: {text}", unheard=unheard) from None
+        raise LeaseError(f"cannot connect: {text}") from None
     except ValueError as exc:  # psycopg's own check of the URL (a `%FF` that decodes to no UTF-8): as bad a URL
         why = "the URL is not UTF-8 once percent-decoded: " if isinstance(exc, UnicodeError) else ""
         raise LeaseError(f"cannot connect: {why}{_first_line(exc, url)}") from None
@@ -270,6 +279,7 @@ class _Deadline:
     def __init__(self, conn: Any, seconds: float) -> None:
         self.conn, self.seconds = conn, seconds
         self.timer: threading.Timer | None = None
+        self.cut = False  # it shut the socket: libpq's "server closed the connection" is then this doing
 
     def __enter__(self) -> None:
         self.timer = threading.Timer(self.seconds, self._cut)
@@ -281,6 +291,7 @@ class _Deadline:
             self.timer.cancel()
 
     def _cut(self) -> None:
+        self.cut = True
         try:
             fd = self.conn.pgconn.socket
             with socket.socket(fileno=os.dup(fd)) as sock:
@@ -454,13 +465,15 @@ class PostgresStore:
                 # tried again as often, in proportion (it was said at once, tried once, "within 1 s")
                 if time.monotonic() + min(2 * self.retry, timeout / 4) >= deadline:
                     done = "has let no connection in" if exc.at_capacity else "did not answer"
-                    return LeaseError(f"{self.name} {done} within {timeout:g} s: {exc}")
+                    said = "" if exc.unheard else f": {exc}"  # no libpq words for its own timeout, or a closed socket
+                    return LeaseError(f"{self.name} {done} within {timeout:g} s{said}")
                 time.sleep(min(self.retry, timeout / 8))
             except LeaseError as exc:  # named as every other message of the listing names it
                 return LeaseError(f"{self.name}: {exc}")
+        bound = _Deadline(conn, timeout)
         try:
             conn.execute(f"SET statement_timeout = {int(timeout * 1000)}")
-            with _Deadline(conn, timeout):
+            with bound:
                 if conn.execute("SELECT to_regclass('mpvisor_requests') IS NULL").fetchone()[0]:
                     return []  # no mpvisor's tables here: nothing is held
                 version = conn.execute("SELECT value FROM mpvisor_meta WHERE key = 'schema'").fetchone()
@@ -472,6 +485,8 @@ class PostgresStore:
                     f"WHERE expires > now() AND (state = 'granted' OR state = 'queued' AND NOT ({_DEAD})) "
                     f"ORDER BY slot, state DESC, position").fetchall()
         except Exception as exc:  # not answered in time, the connection lost, or refused (no privilege)
+            if bound.cut:  # its socket shut by the deadline: libpq's "server closed the connection" would mislead
+                return LeaseError(f"{self.name} did not answer within {timeout:g} s")
             if unreachable(exc):
                 return LeaseError(f"{self.name} did not answer: {_first_line(exc, self.url)}")
             return LeaseError(f"{self.name}: {_first_line(exc, self.url)}")
