@@ -531,6 +531,13 @@ class PostgresStore:
         conn.execute("SELECT 1 FROM mpvisor_slots WHERE slot = %s FOR UPDATE", (slot,))
 
 
+def _on_boot_clock(monotonic: float) -> float:
+    """`monotonic`, a `time.monotonic()` of a moment ago, on the clock that also counts the time a
+    suspended host slept (`CLOCK_BOOTTIME`; Linux's monotonic clock stops then): a lease that
+    expired while its host slept is not taken for one freed before its expiry."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - (time.monotonic() - monotonic)
+
+
 def _newer_schema(version: str) -> LeaseError:
     return LeaseError(f"the lease store's schema is version {version!r}; this mpvisor reads version {SCHEMA_VERSION}")
 
@@ -557,8 +564,9 @@ class PostgresRequest:
         self._closed = threading.Event()
         self._withdrawn = False
         self._held = False
-        # the `time.monotonic()` before the last transaction that renewed the granted lease (the look
-        # that saw the grant, then each renewal): its row's expiry is at least a TTL past it
+        # when the last transaction that renewed the granted lease began (the look that saw the grant,
+        # then each renewal), on the clock that also counts a suspended host's sleep (`_on_boot_clock`):
+        # its row's expiry is at least a TTL past it
         self._renewed = 0.0
         self._listener: Any = None  # the waiting thread's LISTEN connection (closed by `close`)
         self._told_silent = False  # `on_silent` is called once per request
@@ -759,7 +767,7 @@ class PostgresRequest:
                     told = -1
                     continue
                 if state == "granted":
-                    self._held, self._renewed = True, renewed
+                    self._held, self._renewed = True, _on_boot_clock(renewed)
                     return Decision(True, token=token, renewed=renewed, ttl=self.store.ttl)
                 if state == "superseded":
                     self._delete()  # its row goes now, not when it expires
@@ -813,7 +821,7 @@ class PostgresRequest:
         transaction that got through); while the store does not answer, try again every `retry`
         (`store.py`: the renewal margin); a revoke asked is told once; a lease found gone is lost
         (`on_lost`, then no more renewals: it cannot come back): expired (`why` None), or, when
-        its row was gone before it could have expired (the renewal's answer came within a TTL of
+        its row was gone before it could have expired (the renewal's answer came, suspended sleep counted, within a TTL of
         the last renewal's start, before which its expiry cannot be), deleted by someone else
         (the guide's `free.sql`), `FREED`. Only that owner's own release deletes a live row."""
         ttl = self.store.ttl
@@ -832,9 +840,10 @@ class PostgresRequest:
                     continue
                 if row is None:
                     if self._held and on_lost is not None:  # not a row this owner released itself
-                        on_lost(FREED if time.monotonic() < self._renewed + ttl else None)
+                        freed = time.clock_gettime(time.CLOCK_BOOTTIME) < self._renewed + ttl
+                        on_lost(FREED if freed else None)
                     return
-                self._renewed = renewed
+                self._renewed = _on_boot_clock(renewed)
                 if on_renewed is not None:
                     on_renewed(renewed, ttl)
                 if row[0] and not revoked:
