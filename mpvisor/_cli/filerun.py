@@ -74,6 +74,7 @@ from mpvisor._cli.shell import (
     lose_output,
     redraws,
     take_stdout,
+    watch_reader,
     when_reader_gone,
     write_line,
 )
@@ -383,7 +384,8 @@ def run_file(args: argparse.Namespace) -> int:
         display.start()
     try:
         results, problem, last = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
-                                                  path, args.name or run_name(path), systemd))
+                                                  path, args.name or run_name(path), systemd,
+                                                  machine if args.events == "json" else None))
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
@@ -414,12 +416,14 @@ def run_file(args: argparse.Namespace) -> int:
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
                parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
-               path: str, name: str, systemd: dict[str, str]) -> tuple[dict[str, Result], str | None, list[FileTask]]:
+               path: str, name: str, systemd: dict[str, str],
+               events: IO[str] | None = None) -> tuple[dict[str, Result], str | None, list[FileTask]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then; none
     for a task whose last instance, started anew, was still waiting when the run stopped),
     the line telling why the run could not finish normally, if it could not, and the file's
     tasks as the run last read it (a reload adds, changes and removes some). The signals that
-    interrupted the run are added to `interrupts`."""
+    interrupted the run are added to `interrupts`. `events`: the kept stdout `--events json`
+    writes to, whose reader's end is watched (`watch_reader`)."""
     tasks = parsed.tasks
     results: dict[str, Result] = {}
     replaced: set[int] = set()
@@ -449,6 +453,8 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     async def start(session: RunSession) -> None:
         # no reader left (`--events json | head`): the run stops, then ends by SIGPIPE, as the pipeline expects
         when_reader_gone(lambda: session.stop(signal.SIGPIPE))
+        if events is not None:  # found at once, not at the next event
+            watch_reader(events, session.runtime.loop)
         session.on_replaced(replaced.add)
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
                                  load=load, added=display.again, systemd=systemd, started_with=parsed)

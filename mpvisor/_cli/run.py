@@ -132,6 +132,7 @@ from mpvisor._cli.options import (
 from mpvisor._cli.shell import (
     redraws,
     take_stdout,
+    watch_reader,
     when_reader_gone,
     write_line,
 )
@@ -322,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
     controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
-    one = _OneTask(spec, args.slot, args.policy or "queue")
+    one = _OneTask(spec, args.slot, args.policy or "queue", machine if args.events == "json" else None)
     try:
         try:
             outcome = asyncio.run(one.run(config, subscribers, controller))
@@ -382,8 +383,9 @@ def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:
 class _OneTask:
     """One task's run: added at once, or, with a slot, submitted to a controller with shared slots."""
 
-    def __init__(self, spec: TaskSpec, slot: str | None, policy: str) -> None:
+    def __init__(self, spec: TaskSpec, slot: str | None, policy: str, events: IO[str] | None = None) -> None:
         self.spec, self.slot, self.policy = spec, slot, policy
+        self.events = events  # the kept stdout that `--events json` writes to
         self.runtime: Runtime | None = None
         self.replaced = False  # a replacement claimed it (never decided from an event)
         self.waiter: TaskWaiter | None = None
@@ -404,6 +406,8 @@ class _OneTask:
     async def _start(self, session: RunSession) -> None:
         # no reader left (`--events json | head`): the run stops, then ends by SIGPIPE, as the pipeline expects
         when_reader_gone(lambda: session.stop(signal.SIGPIPE))
+        if self.events is not None:  # found at once, not at the next event
+            watch_reader(self.events, session.runtime.loop)
         if self.slot is None:
             (self.waiter,) = await session.add_batch([self.spec])
             self.waiter.when_resolved(self._resolved)

@@ -38,6 +38,7 @@ from mpvisor._cli.statuses import FAILED, USAGE_ERROR
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mpvisor --version does not)
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable, Iterator
     from typing import IO, Any, NoReturn
 
@@ -400,6 +401,39 @@ def when_reader_gone(callback: Callable[[], None]) -> None:
     `settle_output` ends it by SIGPIPE, as a program writing to such a pipe ends. Other failures
     (a full disk, a closed descriptor) are only recorded, and the run goes on."""
     _LOST.on_reader_gone = callback
+
+
+def watch_reader(stream: IO[str], loop: asyncio.AbstractEventLoop) -> None:
+    """Find out at once, not at the next write, that the pipe `stream` writes to lost its reader
+    (a run's `--events json` stream, whose next event may be hours away: `... | head -2` must
+    not keep a service run going that long once `head` exited, as `tail -f | head -2` does not):
+    the loop watches its descriptor, whose write end epoll reports when the read end closes
+    (EPOLLERR, which selectors report as readable), and that is then what a failed write would
+    have been (`when_reader_gone`). Nothing for a file or a terminal; a socket that turns out to
+    be readable instead (its peer sent something) is not watched any more."""
+    fd = stream.fileno() if isinstance(stream, _Guarded) and stream.inner is not None else -1
+    try:
+        kind = os.fstat(fd).st_mode if fd >= 0 else 0
+    except OSError:
+        return
+    if not (stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind)):
+        return
+
+    def woken() -> None:
+        loop.remove_reader(fd)
+        from mpvisor import _platform  # (a run imports it anyway; `--version` does not import this)
+
+        try:
+            gone = _platform.other_end_closed(fd)
+        except (OSError, ValueError):
+            return
+        if gone:
+            stream.lose(OSError(errno.EPIPE, os.strerror(errno.EPIPE)))  # type: ignore[attr-defined]
+
+    try:
+        loop.add_reader(fd, woken)
+    except (OSError, ValueError):  # a descriptor epoll cannot watch: found at the next write, as before
+        pass
 
 
 def lose_output(stream: IO[str], exc: OSError) -> None:

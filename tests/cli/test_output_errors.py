@@ -349,6 +349,31 @@ def test_a_run_whose_reader_went_away_stops_its_tree_gracefully_then_dies_by_sig
     assert _left_of(record) == [], record.read_text()
 
 
+@pytest.mark.parametrize("how", ["run", "file"])
+def test_a_quiet_run_whose_reader_went_away_stops_at_once_not_at_its_next_event(tmp_path: pathlib.Path, how: str) -> None:
+    """`mpvisor run --events json -- sh ... | grep -m1 -q attempt_starting`: once its attempt
+    started, the run has no event to write for 10 minutes (a service that serves). The reader
+    exits there: the run sees that at once (it watches its stdout's pipe), stops the command
+    (its trap says `stopped`), and dies by SIGPIPE, well within the 30 s `run_pipeline` allows.
+    It went on until its next event, 10 minutes later. Likewise a task file's run."""
+    service = "echo pid $$ >> record; sleep 600 & trap 'echo stopped >> record; kill $!; exit 0' TERM; echo child $! >> record; wait"
+    (tmp_path / "svc.toml").write_text(f"[task.svc]\ncommand = ['sh', '-c', {service!r}]\n")
+    assert MPVISOR is not None
+    argv = "--file svc.toml" if how == "file" else f"-- sh -c {shlex.quote(service)}"
+    # the reader takes the events up to the attempt's start, the last for a long while, then
+    # leaves once the service's child runs (a look at the record every 10 ms)
+    reader = "grep -m1 -q attempt_starting; until grep -q '^child ' record 2>/dev/null; do sleep 0.01; done"
+    quiet = "--quiet " if how == "run" else ""
+    script = (f"set -o pipefail; {shlex.quote(MPVISOR)} run {quiet}--events json {argv} | {{ {reader}; }}; "
+              "echo \"statuses ${PIPESTATUS[*]}\"")
+    stdout, stderr = run_pipeline(["bash", "-c", script], tmp_path, env_for(tmp_path))
+    assert stdout == "statuses 141 0\n", (stdout, stderr)
+    assert "cannot write" not in stderr and "Traceback" not in stderr, stderr
+    record = tmp_path / "record"
+    assert record.read_text().splitlines()[-1] == "stopped", record.read_text()
+    assert _left_of(record) == [], record.read_text()
+
+
 def test_a_file_run_whose_reader_went_away_stops_every_tree_then_dies_by_sigpipe(tmp_path: pathlib.Path) -> None:
     """`mpvisor run --file F --events json | reader`, the reader exiting once a service's tree
     is up (its child's pid written) while another task goes on making events: every task is
