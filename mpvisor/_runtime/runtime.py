@@ -252,6 +252,13 @@ class Runtime:
         if self.hooks is not None:
             self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 
+    def set_stop(self, id: int, grace: float | None, stop_signal: signal.Signals) -> None:
+        """The task `id` is asked to stop this way from now on (`TaskActor.set_stop`: a service
+        run's reload that changed only its `grace` or `stop_signal`); nothing if it is gone."""
+        actor = self.registry.by_id.get(id)
+        if actor is not None:
+            actor.set_stop(grace, stop_signal)
+
     def pass_on(self, signum: int) -> int:
         """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1,
         SIGUSR2, SIGQUIT and SIGWINCH): how many it reached; 0 when none runs (between attempts, before the first)."""

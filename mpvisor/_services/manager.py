@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shlex
 import signal
@@ -708,7 +709,10 @@ class ServiceRun:
             if self.runtime.shutdown_started:
                 raise ControlError("the run is shutting down")
             new = {t.name: t for t in parsed.tasks}
-            changes = graph.diff({n: s.task for n, s in self.services.items()}, new)
+            # how a task is asked to stop is no change of what it runs: set on the running instance (`updated`)
+            changes = graph.diff({n: _stop_aside(s.task) for n, s in self.services.items()},
+                                 {n: _stop_aside(t) for n, t in new.items()})
+            updated = [n for n in changes.unchanged if self.services[n].task != new[n]]
             after = {n: s.settings.after for n, s in self.services.items()}
             for name in (n for level in graph.stop_levels(after, [*changes.removed, *changes.changed]) for n in level):
                 service = self.services[name]
@@ -724,6 +728,11 @@ class ServiceRun:
                 kept = self.services.get(name)
                 if kept is None or name in changes.changed:
                     kept = Service(task)
+                elif name in updated:
+                    kept.task = task
+                    if kept.id is not None:
+                        spec = task.spec
+                        self.runtime.set_stop(kept.id, spec.grace, getattr(spec.task, "stop_signal", signal.SIGTERM))
                 services[name] = kept
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
@@ -732,9 +741,19 @@ class ServiceRun:
             self._rearm([*changes.added, *changes.changed])
             await self._advance()
         parts = [f"{label}: {', '.join(names)}" for label, names in
-                 (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed)) if names]
+                 (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed),
+                  ("how it stops updated, not restarted", updated)) if names]
         ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
         not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
                        "file again for a new value)") if ignored else ""
         return f"reloaded {printable(self.path)}: " + ("; ".join(parts) if parts else "nothing changed") + \
-            f" ({len(changes.unchanged)} unchanged){not_applied}"
+            f" ({len(changes.unchanged) - len(updated)} unchanged){not_applied}"
+
+
+def _stop_aside(task: Any) -> Any:
+    """A file's task (`FileTask`) without how it is asked to stop (its own `grace`, a program's
+    `stop_signal`): a reload that changes only those restarts nothing (`reload`)."""
+    body = task.spec.task
+    if getattr(body, "stop_signal", signal.SIGTERM) is not signal.SIGTERM:
+        body = dataclasses.replace(body, stop_signal=signal.SIGTERM)
+    return dataclasses.replace(task, spec=dataclasses.replace(task.spec, grace=None, task=body))

@@ -210,6 +210,13 @@ class AttemptProcess:
         self._request_sigterm()
         self._timers["grace"] = self.loop.call_later(grace, self.kill, why)
 
+    def set_stop_signal(self, signum: signal.Signals) -> None:
+        """A program's own stop signal from now on (a reload changed it); one asked to stop already
+        keeps the signal it was sent."""
+        self._own_stop_signal = signum
+        if self.facts.stop is None:
+            self._stop_signal = signum
+
     def _kill_within(self, grace: float) -> None:
         timer = self._timers.get("grace")
         if timer is not None and timer.when() > self.loop.time() + grace:

@@ -678,6 +678,46 @@ def test_reload_keeps_unchanged_tasks_restarts_changed_ones_and_refuses_a_broken
     assert "services.toml: 3 tasks: 3 canceled; 1 removed by a reload; exit status 143" in err, err
 
 
+def test_a_reload_that_changes_only_how_a_task_stops_sets_it_on_the_running_task_without_a_restart(run: Run) -> None:
+    """A reload that changes only a command's `stop_signal` and its own `grace` restarts
+    nothing (the same pid; the answer says it was updated, not restarted), and the stop that
+    follows uses them: the program gets SIGQUIT, and its 1 s clean-up fits its new grace of 30 s
+    where the run's 0.2 s would have killed it. A change of anything else still restarts it."""
+    program = ("for sig in TERM QUIT; do trap \"echo $sig >> got; sleep 1; exit 0\" $sig; done; "
+               "echo ready >> got; while :; do sleep 0.05; done")
+    text = f"""
+        [defaults]
+        grace = 0.2
+
+        [task.keep]
+        command = ["sleep", "600"]
+
+        [task.db]
+        command = ["bash", "-c", {json.dumps(program)}]
+    """
+    run.write(text)
+    run.start()
+    pid = run.wait_status(lambda rows: rows["db"]["pid"])["db"]["pid"]
+    run.write(text + '        stop_signal = "QUIT"\n        grace = 30\n')
+    reloaded = run.ctl("reload")
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert "how it stops updated, not restarted: db (1 unchanged)" in reloaded.stdout, reloaded.stdout
+    assert run.status()["db"]["pid"] == pid
+    stopped = run.ctl("stop", "db")
+    assert (stopped.returncode, stopped.stdout) == (0, "db: stopped\n"), stopped.stderr  # not force_aborted
+    assert (run.directory / "got").read_text().splitlines() == ["ready", "QUIT"]
+    started = run.ctl("start", "db")
+    assert started.returncode == 0, started.stderr
+    pid = run.wait_status(lambda rows: rows["db"]["pid"] not in (None, pid))["db"]["pid"]
+    run.write(text + '        stop_signal = "QUIT"\n        grace = 30\n        env = {X = "1"}\n')
+    reloaded = run.ctl("reload")
+    assert "changed: db" in reloaded.stdout, reloaded.stdout
+    run.wait_status(lambda rows: rows["db"]["pid"] not in (None, pid))
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "db: canceled" in err and "keep: canceled" in err, err
+
+
 def test_a_task_a_reload_removed_counts_no_more_and_a_target_it_added_gives_its_value(run: Run) -> None:
     """A reload removes `gone` (stopped: its outcome said) and adds `added`, a target; once `a`
     completes the run exits 0, as its file now reads: every task completed. The removed task's
