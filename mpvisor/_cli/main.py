@@ -249,7 +249,8 @@ def _die_by(signum: signal.Signals) -> int:
     crashed, and a core of it would only fill the directory."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # (None: Python's own for a descriptor closed when it started)
+                stream.flush()
         except (OSError, ValueError):
             pass
     if signum in _DUMPS_CORE:

@@ -137,6 +137,29 @@ def test_a_closed_stdout_still_runs_the_task_and_what_was_lost_is_said(place: pa
         assert (done.returncode, done.stdout, "cannot write" in done.stderr) == (0, "", False), done.stderr
 
 
+@pytest.mark.parametrize("closed", [">&-", "2>&-"])
+@pytest.mark.parametrize("how", ["interrupted", "its command's own signal"])
+def test_a_run_with_a_stream_closed_at_start_still_dies_by_its_signal(place: pathlib.Path, closed: str, how: str) -> None:
+    """A run whose stdout or stderr was closed when it started, ended by a signal (a SIGTERM to
+    it, once its command runs; or its command killed by SIGTERM, which it dies by too): it dies
+    by SIGTERM, without a traceback. Its last flush met Python's `None` for the closed stream:
+    an AttributeError's traceback, and status 1."""
+    assert MPVISOR is not None
+    if how == "interrupted":
+        command = "echo up > up; exec sleep 100"
+        kill = "until [ -e up ]; do sleep 0.01; done; kill -TERM $!; wait $!"
+        line = f"{shlex.quote(MPVISOR)} run -- sh -c {shlex.quote(command)} {closed} 2>err & {kill}"
+    else:
+        line = f"{shlex.quote(MPVISOR)} run -- sh -c 'kill -TERM $$' {closed} 2>err"
+    if closed == "2>&-":
+        line = line.replace(f"{closed} 2>err", closed)
+    done = subprocess.run(["bash", "-c", f"{line}; echo \"status $?\""], cwd=place, env=env_for(place),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    err = (place / "err").read_text() if (place / "err").exists() else ""
+    assert done.stdout.splitlines()[-1] == "status 143", (done.stdout, done.stderr, err)
+    assert "Traceback" not in err + done.stderr, err + done.stderr
+
+
 @pytest.mark.parametrize("name", list(WRITES_STDOUT))
 def test_a_full_stderr_ends_without_a_traceback_and_status_1_when_a_line_was_lost(place: pathlib.Path,
                                                                                  name: str) -> None:
