@@ -361,7 +361,7 @@ def stop_signal(text: str) -> int:
     """An argparse `type=`: the signal a program is asked to stop with, by the library's rule
     (`CommandTask`'s `stop_signal`): `QUIT`, `SIGQUIT`, `3`."""
     try:
-        return check_stop_signal("stop signal", int(text) if text.strip().isdigit() else text)
+        return check_stop_signal("stop signal", text)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("stop signal ")) from None
 

@@ -111,12 +111,16 @@ class GraceExceeded(MpvisorError):
     `mpvisor.run`'s `KeyboardInterrupt` has it as its `__context__`) when it had to kill the process trees of the tasks
     named in `stuck` (sorted) because they did not stop within `grace` seconds, or, `at_once`,
     because a SIGINT during the shutdown (under `run`; a Ctrl-C that interrupted a blocking
-    handle's shutdown) asked for every tree to be killed without waiting. The shutdown is complete when it is raised."""
+    handle's shutdown) asked for every tree to be killed without waiting. Where they were not
+    all killed alike (tasks with graces of their own, `TaskSpec.with_grace`, or some killed by
+    their grace before a SIGINT killed the others at once), `how` says, by name, how each was
+    (`grace` is then the longest of theirs). The shutdown is complete when it is raised."""
 
     label = "grace_exceeded"
 
-    def __init__(self, grace: float, stuck: list[str], at_once: bool = False) -> None:
+    def __init__(self, grace: float, stuck: list[str], at_once: bool = False, how: dict[str, str] | None = None) -> None:
         super().__init__(
+            f"{len(stuck)} task(s) were killed: {', '.join(f'{name} ({how[name]})' for name in stuck)}" if how else
             f"{len(stuck)} task(s) were killed at once (a SIGINT during the shutdown), without waiting for the grace "
             f"window of {grace} s: {', '.join(stuck)}" if at_once else
             f"{len(stuck)} task(s) did not stop within the grace window of {grace} s "
@@ -125,9 +129,10 @@ class GraceExceeded(MpvisorError):
         self.grace = grace
         self.stuck = stuck
         self.at_once = at_once
+        self.how = how
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.grace, self.stuck, self.at_once), self.__dict__
+        return type(self), (self.grace, self.stuck, self.at_once, self.how), self.__dict__
 
 
 class ControllerError(MpvisorError):

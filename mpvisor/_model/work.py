@@ -126,10 +126,13 @@ _NOT_A_STOP = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.
 
 
 def check_stop_signal(field: str, value: object) -> signal.Signals:
-    """`value` as the signal a program is asked to stop with: a `signal.Signals`, its number, or
-    its name with or without `SIG` in any case (`"SIGQUIT"`, `"quit"`); SIGSTOP, SIGTSTP,
+    """`value` as the signal a program is asked to stop with: a `signal.Signals`, its number (an
+    int, or a string of ASCII digits: `"3"`), or its name with or without `SIG` in any case
+    (`"SIGQUIT"`, `"quit"`); SIGSTOP, SIGTSTP,
     SIGTTIN, SIGTTOU and SIGCONT pause or continue a process instead, and are refused, naming
     `field` and `value`. SIGKILL is taken: a program stopped by it has no grace."""
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value)  # `--stop-signal 3`, `stop_signal = "3"`: its number
     if isinstance(value, str):
         upper = value.strip().upper()
         try:

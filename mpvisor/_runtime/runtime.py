@@ -99,6 +99,7 @@ class Runtime:
         # interrupted the run, as the bare program would have got it (`stop_signal`)
         self.passes_on_interruption = False
         self.killed_at_once = False  # `kill_all_now` ended the grace window (its GraceExceeded says so)
+        self._killed_now: set[int] = set()  # the tasks whose running attempt `kill_all_now` killed
         self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -365,6 +366,8 @@ class Runtime:
         for actor in list(self.registry.by_id.values()):
             if self.registry.claim(actor, by_shutdown=True):
                 self._claimed.append(actor)
+            if actor.current is not None:
+                self._killed_now.add(actor.id)
             actor.kill_now(why)
 
     async def _run_shutdown(self) -> None:
@@ -430,11 +433,20 @@ class Runtime:
             await self.registry.empty.wait()
         finally:
             deadline.cancel()
-        stuck = sorted(a.name for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED)
-        # a task's own grace (`TaskSpec.with_grace`) may differ: the longest of those it killed
-        grace = max((a.grace for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED), default=grace)
+        killed = sorted((a for a in claimed if a.final_kind is OutcomeKind.FORCE_ABORTED), key=lambda a: a.name)
+        stuck = [a.name for a in killed]
+        at_once = {a.name for a in killed if a.id in self._killed_now}
+        grace = max((a.grace for a in killed), default=grace)  # a task's own grace (`TaskSpec.with_grace`) may differ
+        how = None  # each one's, where they were not all killed alike
+        if len({a.grace for a in killed if a.name not in at_once}) > 1 or (at_once and len(at_once) < len(killed)):
+            how = {a.name: "at once, a SIGINT during the shutdown" if a.name in at_once
+                   else f"after its grace window of {a.grace} s" for a in killed}
         if stuck:
-            self.bus.publish(EventKind.GRACE_EXCEEDED, reason=f"killed after the grace window of {grace} s: {', '.join(stuck)}")
+            names = ", ".join(stuck)
+            self.bus.publish(EventKind.GRACE_EXCEEDED, reason=(
+                "killed: " + ", ".join(f"{name} ({how[name]})" for name in stuck) if how else
+                f"killed at once (a SIGINT during the shutdown): {names}" if at_once else
+                f"killed after the grace window of {grace} s: {names}"))
         else:
             self.bus.publish(EventKind.ALL_STOPPED_WITHIN_GRACE)
         await self.stop_launcher()
@@ -443,7 +455,7 @@ class Runtime:
         await self.registry.stop()
         await self.bus.close(self.config.subscriber_shutdown_timeout)
         if stuck:
-            raise GraceExceeded(grace, stuck, at_once=self.killed_at_once)
+            raise GraceExceeded(grace, stuck, at_once=bool(at_once), how=how)
 
     def _stop_levels(self) -> list[list[TaskActor]]:
         """The registered tasks in the groups shutdown stops one after another: all at once,

@@ -581,7 +581,8 @@ class ServiceRun:
             failed = await probe(check, min(PROBE_TIMEOUT, settings.health_interval), cwd=cwd)
             failures = failures + 1 if failed is not None else 0
             if failures >= settings.health_failures:
-                why = f"health check failed {failures} times in a row ({check}: {failed})"
+                times = "once" if failures == 1 else f"{failures} times in a row"
+                why = f"health check failed {times} ({check}: {failed})"
                 self.runtime.fail_attempt(id, attempt, why)
                 return
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests._support import wait_for
+from tests._support import pid_gone, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -122,3 +122,33 @@ def test_a_file_gives_each_command_its_stop_signal_and_each_task_its_grace(tmp_p
         "patient": ["ready", "QUIT"], "hasty": ["ready", "QUIT"], "hup": ["ready", "HUP"]}, stderr
     assert "patient: canceled" in stderr and "hup: canceled" in stderr, stderr
     assert "hasty: force_aborted reason='did not stop within the grace window of 0.2 s" in stderr, stderr
+
+
+def test_a_sigint_after_one_task_was_killed_by_its_own_grace_says_how_each_was_killed(tmp_path: pathlib.Path) -> None:
+    """Two commands that ignore SIGTERM; `quick` has a grace of its own of 0.2 s, `slow` the
+    run's 30 s. A SIGTERM stops the run: `quick` is killed by its grace; then a SIGINT kills
+    `slow` at once. The last line says how each was killed (it said both were killed at once,
+    without waiting for a grace window of 30 s)."""
+    deaf = "trap '' TERM; echo $$ > {name}.pid; while :; do sleep 0.05; done"
+    (tmp_path / "t.toml").write_text(textwrap.dedent(f"""
+        [defaults]
+        grace = 30
+        [task.quick]
+        command = ["bash", "-c", {deaf.format(name="quick")!r}]
+        grace = 0.2
+        [task.slow]
+        command = ["bash", "-c", {deaf.format(name="slow")!r}]
+    """))
+    proc = _run(tmp_path, ["--file", "t.toml"])
+    try:
+        pids = {name: tmp_path / f"{name}.pid" for name in ("quick", "slow")}
+        wait_for(lambda: all(path.exists() and path.read_text().strip() for path in pids.values()), timeout=20)
+        quick = int(pids["quick"].read_text())
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: pid_gone(quick), timeout=20)  # killed by its own grace, 0.2 s after the SIGTERM
+        status, stderr = _ended(proc, signal.SIGINT)
+    finally:
+        proc.kill()
+    assert status == -signal.SIGINT, stderr
+    assert ("mpvisor: 2 task(s) were killed: quick (after its grace window of 0.2 s), "
+            "slow (at once, a SIGINT during the shutdown)") in stderr.splitlines(), stderr

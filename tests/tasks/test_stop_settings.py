@@ -8,6 +8,7 @@ and the shutdown waits for the longest before it kills what is left.
 
 from __future__ import annotations
 
+import pickle
 import signal
 import time
 
@@ -87,17 +88,17 @@ def test_a_stop_signal_is_a_signal_that_asks_to_stop() -> None:
     naming the field and the value."""
     for given, want in (("SIGQUIT", signal.SIGQUIT), ("quit", signal.SIGQUIT), (" Int ", signal.SIGINT),
                         (int(signal.SIGHUP), signal.SIGHUP), (signal.SIGWINCH, signal.SIGWINCH),
-                        ("KILL", signal.SIGKILL)):
+                        ("KILL", signal.SIGKILL), ("3", signal.SIGQUIT), (" 15 ", signal.SIGTERM)):
         task = CommandTask("t", ["true"], stop_signal=given)
         assert task.stop_signal is want
-        assert f"stop_signal={want.name}" in repr(task)
+        assert (f"stop_signal={want.name}" in repr(task)) is (want is not signal.SIGTERM)  # the default unsaid
     assert CommandTask("t", ["true"]).stop_signal is signal.SIGTERM
     assert "stop_signal" not in repr(CommandTask("t", ["true"]))
     assert CommandTask("t", ["true"], stop_signal="QUIT") != CommandTask("t", ["true"])
     for paused in ("SIGSTOP", "TSTP", signal.SIGCONT, int(signal.SIGTTIN), "ttou"):
         with pytest.raises(ValueError, match=r"stop_signal cannot be SIG\w+: it pauses or continues"):
             CommandTask("t", ["true"], stop_signal=paused)
-    for unknown in ("SIGNOPE", "", 0, 999, -1):
+    for unknown in ("SIGNOPE", "", 0, 999, -1, "\u0661\u0665", "\u00b2", "-3", "3.0"):
         with pytest.raises(ValueError, match=rf"stop_signal must be a signal's name or number.*got {unknown!r}"):
             CommandTask("t", ["true"], stop_signal=unknown)
     for wrong in (True, 3.0, None):
@@ -156,3 +157,22 @@ def test_a_grace_is_seconds_at_least_zero() -> None:
     for bad in (-1, float("nan"), float("inf"), "5"):
         with pytest.raises(ValueError, match="grace must be a"):
             TaskSpec.once(task).with_grace(bad)  # type: ignore[arg-type]
+
+
+async def test_a_grace_exceeded_says_each_ones_grace_where_they_differ(tmp_path) -> None:
+    """Two tasks that never stop, with their own graces of 0.2 s and 0.4 s: the GraceExceeded
+    and the GRACE_EXCEEDED event say each one's grace, not the longest for both."""
+    marker = str(tmp_path / "marker")
+    async with supervised(SupervisorConfig(grace=30), expect_grace_exceeded=True) as (handle, events):
+        for name, grace in (("short", 0.2), ("long", 0.4)):
+            await handle.add(TaskSpec.once(_stubborn(name, marker)).with_grace(grace))
+        await async_wait_for(lambda: len([m for m in read_markers(marker) if m[0] == "started"]) == 2)
+        with pytest.raises(GraceExceeded) as raised:
+            await handle.shutdown()
+    error = raised.value
+    assert (error.stuck, error.grace, error.at_once) == (["long", "short"], 0.4, False)
+    assert str(error) == ("2 task(s) were killed: long (after its grace window of 0.4 s), "
+                          "short (after its grace window of 0.2 s)")
+    [exceeded] = events.of(EventKind.GRACE_EXCEEDED)
+    assert exceeded.reason == "killed: long (after its grace window of 0.4 s), short (after its grace window of 0.2 s)"
+    assert pickle.loads(pickle.dumps(error)).how == error.how
