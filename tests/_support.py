@@ -117,6 +117,30 @@ def _lines(path: str | os.PathLike[str]) -> list[str]:
     return text.split("\n")[:-1]
 
 
+def file_lines(path: str | os.PathLike[str]) -> list[str]:
+    """The complete lines of `path` (a program's record, written as it goes); none if it does not exist."""
+    return _lines(path)
+
+
+def tree_env(**extra: str) -> dict[str, str]:
+    """This environment with the repository's root first on PYTHONPATH (`python -m mpvisor` of
+    this tree, and its `workers`), and `extra`."""
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])), **extra}
+
+
+def signalled(proc: subprocess.Popen[str], signum: int, timeout: float = 15) -> tuple[int, str]:
+    """Send `proc` (a run with its stderr on a pipe) `signum`: its status and stderr once it
+    ended (killed, and the test failed by `TimeoutExpired`, if it outlives `timeout`)."""
+    try:
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return proc.returncode, stderr
+
+
 def read_markers(path: str | os.PathLike[str]) -> list[tuple[str, str, int, int]]:
     """The marker lines `<word> <task> <attempt> <pid>` of `path`, in file order."""
     markers = []

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests._support import wait_for
+from tests._support import file_lines as _lines
+from tests._support import signalled, tree_env, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -27,9 +28,6 @@ TRAPPING = ('trap "echo got-usr1 >> $F" USR1; trap "echo got-usr2 >> $F" USR2; '
             'grep SigIgn /proc/$$/status >> $F; echo ready >> $F; while :; do sleep 0.05; done')
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def _start(cwd: pathlib.Path, argv: list[str], **popen: object) -> subprocess.Popen[str]:
@@ -37,19 +35,8 @@ def _start(cwd: pathlib.Path, argv: list[str], **popen: object) -> subprocess.Po
                             stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
 
 
-def _lines(path: pathlib.Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
-def _ended(proc: subprocess.Popen[str], signum: int = signal.SIGTERM) -> tuple[int, str]:
-    """Send `signum`, then the run's status and stderr (killed if it outlives the test)."""
-    try:
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=15)
-    finally:
-        proc.kill()
-        proc.communicate()
-    return proc.returncode, stderr
 
 
 def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.Signals) -> str:
@@ -57,14 +44,14 @@ def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.
     mpvisor reaches the command, whose trap writes `got-<name>`, and the run goes on until
     SIGTERM ends it (death by SIGTERM). Its stderr."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=tree_env(F=str(out)))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     for signum in signals:
         proc.send_signal(signum)
         got = f"got-{signum.name.removeprefix('SIG').lower()}"
         wait_for(lambda got=got: got in _lines(out), timeout=10)
     assert proc.poll() is None
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     return stderr
 
@@ -89,7 +76,7 @@ def test_a_file_run_passes_usr2_to_every_service_and_keeps_usr1_for_its_logs(tmp
         command = ["bash", "-c", {json.dumps(TRAPPING)}]
         env = {{ F = "{tmp_path / 'two'}" }}
     """))
-    env = _env(XDG_RUNTIME_DIR=str(tmp_path))
+    env = tree_env(XDG_RUNTIME_DIR=str(tmp_path))
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--file", str(tasks), "--grace", "2"], env=env)
     files = (tmp_path / "one", tmp_path / "two")
     wait_for(lambda: all("ready" in _lines(f) for f in files), timeout=20)
@@ -98,7 +85,7 @@ def test_a_file_run_passes_usr2_to_every_service_and_keeps_usr1_for_its_logs(tmp
     wait_for(lambda: all("got-usr2" in _lines(f) for f in files), timeout=10)
     assert all("got-usr1" not in _lines(f) for f in files)
     assert proc.poll() is None
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
 
 
@@ -107,7 +94,7 @@ def _in_a_backoff(tmp_path: pathlib.Path) -> subprocess.Popen[str]:
     process is there to take a signal)."""
     argv = ["-m", "mpvisor", "run", "--events", "json", "--restart", "on-failure", "--backoff", "60", "--jitter", "none",
             "--", "bash", "-c", "exit 3"]
-    proc = _start(tmp_path, argv, env=_env())
+    proc = _start(tmp_path, argv, env=tree_env())
     assert proc.stdout is not None
     for line in proc.stdout:
         if json.loads(line)["kind"] == "backoff_scheduled":
@@ -127,7 +114,7 @@ def test_a_signal_during_the_backoff_is_said_in_one_line_and_the_run_goes_on(tmp
     proc.send_signal(signal.SIGUSR1)
     assert _first_not_passed_on(proc) == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
     assert proc.poll() is None
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
 
 
@@ -135,7 +122,7 @@ def test_an_inherited_ignore_of_usr1_stays_and_the_command_inherits_it(tmp_path:
     """Started with SIGUSR1 ignored, mpvisor keeps it ignored (a SIGUSR1 does nothing) and the
     command starts with it ignored too; SIGUSR2 is still passed on."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=_env(F=str(out)),
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=tree_env(F=str(out)),
                   preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGUSR1)
@@ -144,7 +131,7 @@ def test_an_inherited_ignore_of_usr1_stays_and_the_command_inherits_it(tmp_path:
     (ignored,) = [line.split()[1] for line in _lines(out) if line.startswith("SigIgn:")]
     assert int(ignored, 16) & 1 << (signal.SIGUSR1 - 1)
     assert "got-usr1" not in _lines(out)
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     assert "not passed on" not in stderr, stderr
 
@@ -160,7 +147,7 @@ def test_a_library_programs_usr1_keeps_its_default_action_during_run(tmp_path: p
         mpvisor.run([mpvisor.TaskSpec.once(kill)])
         print("survived")
     """))
-    proc = _start(tmp_path, [str(script)], env=_env())
+    proc = _start(tmp_path, [str(script)], env=tree_env())
     stdout, stderr = proc.communicate(timeout=20)
     assert proc.returncode == -signal.SIGUSR1, (stdout, stderr)
     assert "survived" not in stdout
@@ -205,7 +192,7 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     out = tmp_path / "out"
     out.unlink()
     plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=_env(F=str(out)))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=tree_env(F=str(out)))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGQUIT)
     try:
@@ -232,7 +219,7 @@ def test_a_run_started_with_sigchld_and_usr1_blocked_sees_its_command_end(tmp_pa
     for argv in (["-m", "mpvisor", "run", "--", "sh", "-c", "exit 3"],
                  ["-c", "import mpvisor, sys; o = mpvisor.run([mpvisor.TaskSpec.once(mpvisor.CommandTask('c', "
                         "['sh', '-c', 'exit 3']))])['c']; sys.exit(o.exit_code)"]):
-        proc = _start(tmp_path, argv, env=_env(), preexec_fn=_blocking(signal.SIGCHLD, signal.SIGUSR1))
+        proc = _start(tmp_path, argv, env=tree_env(), preexec_fn=_blocking(signal.SIGCHLD, signal.SIGUSR1))
         try:
             _, stderr = proc.communicate(timeout=20)
         finally:
@@ -247,10 +234,10 @@ def test_a_run_started_with_sigterm_blocked_still_stops_on_sigterm(tmp_path: pat
     first, and mpvisor dies by SIGTERM."""
     out = tmp_path / "out"
     trapping = f'trap "echo got-term >> $F; exit 0" TERM; {TRAPPING}'
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=_env(F=str(out)),
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=tree_env(F=str(out)),
                   preexec_fn=_blocking(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     assert "got-term" in _lines(out), stderr
 
@@ -265,7 +252,7 @@ def test_a_sigint_as_mpvisor_starts_ends_it_by_sigint_without_a_traceback(tmp_pa
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         os.kill(os.getpid(), signal.SIGINT)
 
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=_env(),
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=tree_env(),
                   preexec_fn=pending_sigint)
     try:
         stdout, stderr = proc.communicate(timeout=20)
@@ -285,6 +272,6 @@ def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_
     proc.send_signal(signal.SIGWINCH)
     proc.send_signal(signal.SIGUSR1)  # after the first was taken: its line is the first
     assert _first_not_passed_on(proc) == "mpvisor: SIGUSR1: no attempt is running; not passed on\n"
-    status, stderr = _ended(proc)
+    status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     assert "SIGWINCH" not in stderr, stderr

@@ -18,7 +18,8 @@ import sys
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._support import wait_for
+from tests._support import file_lines as _lines
+from tests._support import tree_env, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "workers" / "shell" / "container_entry.sh"
@@ -31,13 +32,8 @@ USER_NS = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
 NSENTER_USER = [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHON": sys.executable, **extra}
 
 
-def _lines(path: pathlib.Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def _orphan(tmp_path: pathlib.Path, out: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -82,7 +78,7 @@ def test_as_pid_1_an_orphan_entering_the_namespace_is_reaped_and_sigterm_reaches
     command = 'trap "echo got-term >> $F; exit 143" TERM; echo running >> $F; while :; do sleep 0.05; done'
     proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m",
                              "mpvisor", "run",
-                             "--", "bash", "-c", command], cwd=tmp_path, env=_env(F=str(out)),
+                             "--", "bash", "-c", command], cwd=tmp_path, env=tree_env(PYTHON=sys.executable, F=str(out)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: "running" in _lines(out), timeout=20)
@@ -111,7 +107,7 @@ def test_status_from_outside_the_namespace_gives_the_pids_as_they_are_numbered_t
     namespace beside the run's, which does not see it, it gives none, and says so."""
     ready = tmp_path / "ready"
     (tmp_path / "tasks.toml").write_text(f'[task.nap]\ncommand = ["sh", "-c", "echo $$ > {ready}; exec sleep 30"]\n')
-    env = _env(MPVISOR_CONTROL_DIR=str(tmp_path / "runs"))
+    env = tree_env(PYTHON=sys.executable, MPVISOR_CONTROL_DIR=str(tmp_path / "runs"))
     proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, "-m",
                              "mpvisor", "run", "--file", "tasks.toml"], cwd=tmp_path, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -164,7 +160,7 @@ def test_exec_mpvisor_at_the_end_of_an_entry_script_reaps_its_background_job_and
     orphan, name = _orphan(tmp_path, out)
     proc = subprocess.Popen(["unshare", *USER_NS, "--fork", "--kill-child", "--pid", "--mount-proc", "bash", str(ENTRY)],
                             cwd=tmp_path,
-                            env=_env(F=str(out), DONE=str(done), ORPHAN=str(orphan)),
+                            env=tree_env(PYTHON=sys.executable, F=str(out), DONE=str(done), ORPHAN=str(orphan)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: {"running", "started"} <= set(_lines(out)), timeout=20)
@@ -188,7 +184,7 @@ def test_a_pid_namespace_without_its_own_proc_is_refused_in_one_line_and_nothing
     ran = tmp_path / "ran"
     hog = "import time; b = [b'x' * 2**20 for _ in range(100)]; time.sleep(30)"  # kept: the watcher looks every 50 ms
     argv = ["mpvisor", "run", "--memory", "50M", "--", "sh", "-c", f'touch "{ran}" && exec "$PYTHON" -c "{hog}"']
-    env = _env(MPVISOR_CGROUPS="off")
+    env = tree_env(PYTHON=sys.executable, MPVISOR_CGROUPS="off")
     done = subprocess.run(["unshare", *USER_NS, "--fork", "--pid", *argv], cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
     assert done.returncode == 1, done.stderr

@@ -3,7 +3,6 @@ and per-task `grace`, with real processes and real signals. Every wait is for a 
 
 from __future__ import annotations
 
-import os
 import pathlib
 import signal
 import subprocess
@@ -12,7 +11,8 @@ import textwrap
 
 import pytest
 
-from tests._support import pid_gone, wait_for
+from tests._support import file_lines as _lines
+from tests._support import pid_gone, signalled, tree_env, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -23,13 +23,8 @@ NAMED = ('for sig in TERM QUIT INT HUP; do trap "echo $sig >> $F; sleep ${HOLD:-
          'echo ready >> $F; while :; do sleep 0.05; done')
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def _lines(path: pathlib.Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def _ignoring(signum: signal.Signals):  # type: ignore[no-untyped-def]
@@ -39,18 +34,10 @@ def _ignoring(signum: signal.Signals):  # type: ignore[no-untyped-def]
 
 def _run(tmp_path: pathlib.Path, argv: list[str], preexec: object = None, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tree_env(**env),
                             preexec_fn=preexec)  # type: ignore[arg-type]
 
 
-def _ended(proc: subprocess.Popen[str], signum: int) -> tuple[int, str]:
-    try:
-        proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-        proc.communicate()
-    return proc.returncode, stderr
 
 
 @pytest.mark.parametrize("ignored", [False, True], ids=["plain", "started-with-sigquit-ignored"])
@@ -62,7 +49,7 @@ def test_sigterm_to_mpvisor_asks_the_command_to_stop_with_its_stop_signal(tmp_pa
     proc = _run(tmp_path, ["--stop-signal", "QUIT", "--", "bash", "-c", NAMED], _ignoring(signal.SIGQUIT) if ignored else None,
                 F=str(out))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
-    status, stderr = _ended(proc, signal.SIGTERM)
+    status, stderr = signalled(proc, signal.SIGTERM, timeout=30)
     assert status == -signal.SIGTERM, stderr
     assert _lines(out) == ["ready", "QUIT"], stderr
     assert "canceled" in stderr, stderr
@@ -74,7 +61,7 @@ def test_an_interruption_passed_on_wins_over_the_stop_signal(tmp_path: pathlib.P
     out = tmp_path / "out"
     proc = _run(tmp_path, ["--stop-signal", "QUIT", "--", "bash", "-c", NAMED], F=str(out))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
-    status, stderr = _ended(proc, signal.SIGINT)
+    status, stderr = signalled(proc, signal.SIGINT, timeout=30)
     assert status == -signal.SIGINT, stderr
     assert _lines(out) == ["ready", "INT"], stderr
 
@@ -86,7 +73,7 @@ def test_an_interruption_passed_on_wins_over_the_stop_signal(tmp_path: pathlib.P
     (["--stop-signal", "QUIT", "--file", "t.toml"], "argument --stop-signal: not with --file"),
 ])
 def test_a_stop_signal_that_cannot_be_is_a_usage_error(tmp_path: pathlib.Path, argv: list[str], words: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, env=_env(),
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", *argv], cwd=tmp_path, env=tree_env(),
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
@@ -116,7 +103,7 @@ def test_a_file_gives_each_command_its_stop_signal_and_each_task_its_grace(tmp_p
     """))
     proc = _run(tmp_path, ["--file", "t.toml"])
     wait_for(lambda: all("ready" in _lines(path) for path in out.values()), timeout=20)
-    status, stderr = _ended(proc, signal.SIGTERM)
+    status, stderr = signalled(proc, signal.SIGTERM, timeout=30)
     assert status == -signal.SIGTERM, stderr
     assert {name: _lines(path) for name, path in out.items()} == {
         "patient": ["ready", "QUIT"], "hasty": ["ready", "QUIT"], "hup": ["ready", "HUP"]}, stderr
@@ -146,7 +133,7 @@ def test_a_sigint_after_one_task_was_killed_by_its_own_grace_says_how_each_was_k
         quick = int(pids["quick"].read_text())
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: pid_gone(quick), timeout=20)  # killed by its own grace, 0.2 s after the SIGTERM
-        status, stderr = _ended(proc, signal.SIGINT)
+        status, stderr = signalled(proc, signal.SIGINT, timeout=30)
     finally:
         proc.kill()
     assert status == -signal.SIGINT, stderr
