@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import field
@@ -71,7 +72,7 @@ from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, RejectionKind, TaskOutcome
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
-from mpvisor._model.work import with_env
+from mpvisor._model.work import with_env, with_stop_signal
 from mpvisor._tasks.intake import Intake
 from mpvisor._tasks.oneshot import OneShot
 from mpvisor._tasks.registry import Add, Remove, RemoveAnswer, TaskWaiter
@@ -244,6 +245,16 @@ class Controller:
         self._check_open()  # checked again: shutdown may have begun while it waited for the launcher
         task_spec = spec.task_spec
         return _Pending(id, task_spec.name, spec.slot_name, spec.admission, task_spec, outcome)
+
+    def set_stop(self, id: int, grace: float | None, stop_signal: signal.Signals) -> bool:
+        """The held submission `id` (queued for its slot, or being admitted) is asked to stop
+        this way once it runs (`Runtime.set_stop`); False if this controller does not hold it."""
+        item = self.table.queued(id) or self.admitting.get(id)
+        if item is None:
+            return False
+        spec = item.task_spec
+        item.task_spec = dataclasses.replace(spec, grace=grace, task=with_stop_signal(spec.task, stop_signal))
+        return True
 
     async def remove(self, key: int | str, *, wait: bool, until_cleanup: bool = False) -> RemoveAnswer:
         """Queue a removal of the task `key` (an id or a name) behind every earlier command."""

@@ -319,6 +319,11 @@ class SlotTable(Generic[ItemT]):
             case _:
                 return []
 
+    def queued(self, item_id: int) -> ItemT | None:
+        """The still-queued item `item_id`, left where it is; `None` if it is not queued."""
+        slot = self._queued.get(item_id)
+        return None if slot is None else next(i for i in self._slots[slot].queue if i.id == item_id)
+
     def purge(self, item_id: int) -> ItemT | None:
         """Take a still-queued item out of its queue (REMOVED_FROM_QUEUE); `None` if it is
         not queued. The owner and the rest of the queue are untouched."""

@@ -161,6 +161,18 @@ def with_env(task: TaskFn | CommandTask, extra: Mapping[str, str]) -> TaskFn | C
     return copy
 
 
+def with_stop_signal(task: TaskFn | CommandTask, signum: signal.Signals) -> TaskFn | CommandTask:
+    """`task` asked to stop by `signum` from now on: a program's copy with that stop signal (its
+    environment kept: a slot's fencing token too); a Python target, asked by SIGTERM always, as it is."""
+    if not isinstance(task, CommandTask) or task.stop_signal is signum:
+        return task
+    copy = object.__new__(CommandTask)
+    for item in fields(task):
+        _set(copy, item.name, getattr(task, item.name))
+    _set(copy, "stop_signal", check_stop_signal("stop_signal", signum))
+    return copy
+
+
 def target_path(target: object) -> str:
     """Return the `module:qualname` a child can import, or raise naming `target`."""
     if isinstance(target, str):

@@ -255,10 +255,13 @@ class Runtime:
 
     def set_stop(self, id: int, grace: float | None, stop_signal: signal.Signals) -> None:
         """The task `id` is asked to stop this way from now on (`TaskActor.set_stop`: a service
-        run's reload that changed only its `grace` or `stop_signal`); nothing if it is gone."""
+        run's reload that changed only its `grace` or `stop_signal`); a submission its controller
+        still holds (queued for its slot) starts with them; nothing if it is gone."""
         actor = self.registry.by_id.get(id)
         if actor is not None:
             actor.set_stop(grace, stop_signal)
+        elif self.controller is not None:
+            self.controller.set_stop(id, grace, stop_signal)
 
     def pass_on(self, signum: int) -> int:
         """Send `signum` to the process of every attempt running now (`mpvisor run`'s SIGUSR1,

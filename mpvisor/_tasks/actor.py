@@ -42,7 +42,7 @@ from mpvisor._model.records import record
 from mpvisor._model.restart import AttemptResult, RunAgain, RunNow, Stop, Streak, decide
 from mpvisor._model.spec import ResolvedSpec
 from mpvisor._model.wire import Failure, Progress, Result
-from mpvisor._model.work import CommandTask
+from mpvisor._model.work import CommandTask, with_stop_signal
 from mpvisor._tasks.attempt import AttemptObserver, AttemptProcess
 from mpvisor._tasks.ending import AttemptEnd, StopReason, from_report
 
@@ -208,9 +208,7 @@ class TaskActor:
         """How it is asked to stop from now on (a reload changed only that): its own `grace`
         (None: the supervisor's) and, for a program, its stop signal, the running attempt's
         too; an attempt asked to stop already keeps its signal and its deadline."""
-        task = self.spec.task
-        if isinstance(task, CommandTask) and task.stop_signal is not stop_signal:
-            task = dataclasses.replace(task, stop_signal=stop_signal)  # (the environment it runs with kept)
+        task = with_stop_signal(self.spec.task, stop_signal)
         self.spec = dataclasses.replace(self.spec, grace=grace, task=task)
         if self.current is not None and isinstance(task, CommandTask):
             self.current.set_stop_signal(stop_signal)

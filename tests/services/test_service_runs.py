@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from tests._support import wait_for
+from tests._support import file_lines, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -716,6 +716,40 @@ def test_a_reload_that_changes_only_how_a_task_stops_sets_it_on_the_running_task
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "db: canceled" in err and "keep: canceled" in err, err
+
+
+def test_a_reload_that_changes_how_a_queued_task_stops_applies_once_it_runs(run: Run) -> None:
+    """A task queued for its slot behind another when a reload gives it a stop signal: it keeps
+    its place (not restarted), and once it has the slot and runs, its stop sends that signal."""
+    program = ("for sig in TERM QUIT; do trap \"echo $sig >> got; exit 0\" $sig; done; "
+               "echo ready >> got; while :; do sleep 0.05; done")
+    slot = f"s-{os.getpid()}-{run.directory.parent.name}"
+    text = f"""
+        [task.keep]
+        command = ["sleep", "600"]
+
+        [task.first]
+        command = ["sleep", "600"]
+        slot = "{slot}"
+
+        [task.second]
+        command = ["bash", "-c", {json.dumps(program)}]
+        slot = "{slot}"
+    """
+    run.write(text)
+    run.start()
+    run.wait_status(lambda rows: rows["first"]["state"] == "running" and rows["second"]["state"] == "queued")
+    run.write(text + '        stop_signal = "QUIT"\n')
+    reloaded = run.ctl("reload")
+    assert "how it stops updated, not restarted: second (2 unchanged)" in reloaded.stdout, (reloaded.stdout, reloaded.stderr)
+    assert run.status()["second"]["state"] == "queued"
+    assert run.ctl("stop", "first").returncode == 0
+    wait_for(lambda: "ready" in file_lines(run.directory / "got"), timeout=20)
+    stopped = run.ctl("stop", "second")
+    assert (stopped.returncode, stopped.stdout) == (0, "second: stopped\n"), stopped.stderr
+    assert file_lines(run.directory / "got") == ["ready", "QUIT"]
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
 
 
 def test_a_task_a_reload_removed_counts_no_more_and_a_target_it_added_gives_its_value(run: Run) -> None:
