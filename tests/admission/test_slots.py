@@ -380,12 +380,16 @@ def test_a_message_for_a_stale_owner_changes_nothing(
 
 
 def test_purge_takes_a_queued_item_once_and_leaves_the_rest() -> None:
-    """Purge removes only that queued item, once; never the owner."""
+    """Purge removes only that queued item, once; never the owner. `queued` finds a queued item
+    and leaves it where it is; never the owner, an unknown id, or one purged."""
     table = table_in("running")
     a, b, c = item(2), item(3), item(4)
     for queued in (a, b, c):
         table.submit(queued, 2.0)
+    assert (table.queued(b.id), table.queued(OWNER), table.queued(1234)) == (b, None, None)
+    assert table.pending("s") == (a, b, c)
     assert table.purge(b.id) == b
+    assert table.queued(b.id) is None
     assert table.purge(b.id) is None
     assert table.purge(OWNER) is None
     assert table.purge(1234) is None
