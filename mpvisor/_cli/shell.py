@@ -16,7 +16,9 @@ Two conventions hold for every command, before any of them imports the runtime (
 The tasks inherit stderr and write to it directly, so a task may leave a line there without its
 newline. mpvisor's own lines on stderr still start a line of their own where that can be seen:
 on a regular file, the guard reads the byte before the shared offset back before each line it
-starts, and writes a newline first if it is not one (`_LineStart`). A terminal or a pipe cannot
+starts, and writes a newline first if it is not one (`_LineStart`; a task writing between that
+look and the line, at the same moment, can still meet it: nothing orders two writers of one
+file). A terminal or a pipe cannot
 be read back: there mpvisor's line follows on, as a program's after another in a shell; but
 after mpvisor's own line redrawn in place (`--progress`'s bar, `\r...` without a newline), its
 next line starts one of its own.
