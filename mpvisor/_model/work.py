@@ -154,11 +154,7 @@ def check_stop_signal(field: str, value: object) -> signal.Signals:
 def with_env(task: TaskFn | CommandTask, extra: Mapping[str, str]) -> TaskFn | CommandTask:
     """`task` with `extra` merged over its own `env` (what the attempt also gets: a slot's
     fencing token, say); its arguments are not encoded again."""
-    copy = object.__new__(type(task))
-    for item in fields(task):
-        _set(copy, item.name, getattr(task, item.name))
-    _set(copy, "env", {**(task.env or {}), **extra})
-    return copy
+    return _changed(task, env={**(task.env or {}), **extra})
 
 
 def with_stop_signal(task: TaskFn | CommandTask, signum: signal.Signals) -> TaskFn | CommandTask:
@@ -166,10 +162,15 @@ def with_stop_signal(task: TaskFn | CommandTask, signum: signal.Signals) -> Task
     environment kept: a slot's fencing token too); a Python target, asked by SIGTERM always, as it is."""
     if not isinstance(task, CommandTask) or task.stop_signal is signum:
         return task
-    copy = object.__new__(CommandTask)
+    return _changed(task, stop_signal=check_stop_signal("stop_signal", signum))
+
+
+def _changed(task: TaskFn | CommandTask, **values: object) -> TaskFn | CommandTask:
+    """A copy of `task` with `values` in place of those fields, the others as they are (a
+    target's arguments not encoded again)."""
+    copy = object.__new__(type(task))
     for item in fields(task):
-        _set(copy, item.name, getattr(task, item.name))
-    _set(copy, "stop_signal", check_stop_signal("stop_signal", signum))
+        _set(copy, item.name, values.get(item.name, getattr(task, item.name)))
     return copy
 
 

@@ -53,6 +53,7 @@ from mpvisor._model.events import printable
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.spec import RestartKind
+from mpvisor._model.work import with_stop_signal
 from mpvisor._services import graph, hangup
 from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
@@ -754,7 +755,5 @@ class ServiceRun:
 def _stop_aside(task: Any) -> Any:
     """A file's task (`FileTask`) without how it is asked to stop (its own `grace`, a program's
     `stop_signal`): a reload that changes only those restarts nothing (`reload`)."""
-    body = task.spec.task
-    if getattr(body, "stop_signal", signal.SIGTERM) is not signal.SIGTERM:
-        body = dataclasses.replace(body, stop_signal=signal.SIGTERM)
+    body = with_stop_signal(task.spec.task, signal.SIGTERM)
     return dataclasses.replace(task, spec=dataclasses.replace(task.spec, grace=None, task=body))
