@@ -1334,3 +1334,56 @@ def test_a_waiter_killed_while_queued_is_not_listed_and_its_slot_shows_free(tmp_
             run.kill()
             run.wait()
     assert "start doomed" not in log.read_text()
+
+
+
+def test_a_withdraw_that_crosses_its_submission_leaves_no_row_behind(url: str) -> None:
+    """A run interrupted while its submission is still on its way (its transaction has begun and
+    waits on the store, as over a slow network): the withdraw waits for that transaction and
+    deletes the row it wrote, and the next request is granted at once. (The withdraw saw no id
+    yet and returned; the row, whose waiter never held its liveness lock, then stood at the head
+    of the queue and nobody behind it was granted until it expired: one TTL, 6 s here.)"""
+    import threading
+
+    import psycopg
+
+    from mpvisor._admission.leases.postgres import PostgresStore
+
+    store = PostgresStore(url, ttl=6.0)
+    warm = store.request()  # the tables exist before the test locks one
+    assert warm.acquire("s", "queue", "warm", []).granted
+    warm.release()
+    warm.close()
+    quitter, decided = store.request(), []
+    with psycopg.connect(url) as blocker:
+        # the submission's first statement on the requests waits until the commit below
+        blocker.execute("LOCK TABLE mpvisor_requests IN SHARE MODE")
+        thread = threading.Thread(target=lambda: decided.append(quitter.acquire("s", "queue", "quitter", [])))
+        thread.start()
+        try:
+            def submission_waits() -> bool:
+                with psycopg.connect(url) as look:
+                    return look.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND pid <> pg_backend_pid() AND query LIKE 'DELETE FROM mpvisor_requests%%'"
+                                        ).fetchone() is not None
+
+            wait_for(submission_waits, timeout=20, interval=0.02)
+            withdrawing = threading.Thread(target=quitter.withdraw)
+            withdrawing.start()
+            # under way: returned already, or waiting on its own thread for the submission to end
+            wait_for(lambda: not withdrawing.is_alive()
+                     or any(t.name == "mpvisor-lease-withdraw" for t in threading.enumerate()), timeout=10, interval=0.01)
+            blocker.commit()  # the submission goes on now
+            withdrawing.join(10)
+            thread.join(10)
+        finally:
+            quitter.close()
+    assert [d.kind for d in decided] == ["withdrawn"], decided
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT name, state FROM mpvisor_requests").fetchall() == []
+    later = store.request()
+    began = time.monotonic()
+    decision = later.acquire("s", "queue", "later", [])
+    assert decision.granted and time.monotonic() - began < 3, decision
+    later.release()
+    later.close()

@@ -563,6 +563,7 @@ class PostgresRequest:
         self._lock = threading.Lock()  # one statement at a time on the connection
         self._closed = threading.Event()
         self._withdrawn = False
+        self._submitting = False  # a submission's statements are under way (`_submit`): its row may be written
         self._held = False
         # when the last transaction that renewed the granted lease began (the look that saw the grant,
         # then each renewal), on the clock that also counts a suspended host's sleep (`_on_boot_clock`):
@@ -715,6 +716,18 @@ class PostgresRequest:
             raise LeaseError(unheld or _first_line(exc, self.store.url)) from None  # psycopg's words, no password
 
     def _submit(self, policy: Policy, name: str, pid: int) -> Decision | None:
+        # Said before the look at `_withdrawn`, both read the other way round by `withdraw`: it
+        # either sees this submission under way (and waits for its transaction), or it was
+        # withdrawn before the look, and nothing is submitted.
+        self._submitting = True
+        try:
+            if self._withdrawn:
+                raise _Withdrawn()
+            return self._submitted(policy, name, pid)
+        finally:
+            self._submitting = False  # a row it wrote has its id in `self.id` by now
+
+    def _submitted(self, policy: Policy, name: str, pid: int) -> Decision | None:
         conn, slot, ttl = self.conn, self.slot, self.store.ttl
         conn.execute("DELETE FROM mpvisor_requests WHERE slot = %s AND expires <= now()", (slot,))
         # ... and expired rows of other slots (a release that failed in an outage, a dead waiter
@@ -915,15 +928,20 @@ class PostgresRequest:
         did not answer, or refused): the row then stays until it expires, within a TTL (it was
         renewed at its last look), and says so. (The deletion goes on behind, on a thread of its
         own: a statement the store stalls on holds up nobody.) A request closed already asks
-        nothing (`close`: its connections are gone)."""
+        nothing (`close`: its connections are gone). A submission on its way (its transaction
+        begun, its row's id not back yet) is waited for, and the row it wrote deleted: once
+        withdrawn, a request's next transaction submits nothing (`_submit`)."""
         self._withdrawn = True
-        if self.id is None or self._closed.is_set():
-            return  # nothing in the queue yet (`acquire` submits nothing once withdrawn), or closed
+        if self._closed.is_set() or (self.id is None and not self._submitting):
+            return  # closed, or nothing in the queue and no submission under way to put it there
         failed: list[Exception] = []
 
         def delete() -> None:
             try:
-                self._in_slot(lambda: self.conn.execute("DELETE FROM mpvisor_requests WHERE id = %s", (self.id,)))
+                with self._lock:  # after the transaction under way, if any: its row's id is known then
+                    submitted = self.id
+                if submitted is not None:
+                    self._in_slot(lambda: self.conn.execute("DELETE FROM mpvisor_requests WHERE id = %s", (submitted,)))
             except Exception as exc:
                 failed.append(exc)
 
