@@ -770,16 +770,20 @@ _lent: list[Borrowed] = []
 _program_wakeup: dict[Any, int] = {}
 
 
-def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed:
+def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args: object) -> Borrowed | None:
     """Handle `signum` on the asyncio `loop` with `callback(*args)` (main thread only, as
     `loop.add_signal_handler`), keeping what handled it before for `give_back_signal` (and the
-    program's signal wake-up fd, which the loop's first handler replaces)."""
+    program's signal wake-up fd, which asyncio's loop replaces at its first handler). None, and
+    the signal left as it is, when the program gave a loop that keeps its handlers out of reach
+    (uvloop's) a handler of its own for it: it could not be given back."""
     import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
 
     previous = signal.getsignal(signum)  # None: a handler set from C
+    if getattr(previous, "__self__", None) is loop and not hasattr(loop, "_signal_handlers"):
+        return None
     handle = _loop_signal_handlers(loop).get(signum)
     if not _loop_signal_handlers(loop):
-        _program_wakeup[loop] = signal.set_wakeup_fd(-1)  # read it; the loop sets its own next
+        _program_wakeup[loop] = _wakeup_fd()
     loop.add_signal_handler(signum, callback, *args)
     borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
     _lent.append(borrowed)
@@ -816,6 +820,21 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
         return
     loop.add_signal_handler(signum, callback, *getattr(handle, "_args", ()))  # replaces the borrower's
     _loop_signal_handlers(loop)[signum] = handle
+
+
+def _wakeup_fd() -> int:
+    """The signal wake-up fd set now, left set (Python can only read it by setting another: it is
+    set again at once). asyncio's loop sets its own at its first signal handler; uvloop's has
+    set its own as it began to run, and reads signals through it until it stops."""
+    import signal
+
+    fd = signal.set_wakeup_fd(-1)
+    if fd >= 0:
+        try:
+            signal.set_wakeup_fd(fd)
+        except (ValueError, OSError):
+            return -1  # closed, or made blocking: it woke nobody any more
+    return fd
 
 
 def _give_back_wakeup(loop: Any) -> None:

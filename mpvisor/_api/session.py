@@ -190,7 +190,9 @@ class _SignalHandlers:
             if signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
             on_signal = self._pass_on if signum in self.passed_on else self._on_signal
-            self.borrowed[signum] = _platform.borrow_signal(loop, signum, on_signal, signum)
+            borrowed = _platform.borrow_signal(loop, signum, on_signal, signum)
+            if borrowed is not None:  # None: the program's own handler on the loop keeps it
+                self.borrowed[signum] = borrowed
         return self
 
     def _pass_on(self, signum: int) -> None:

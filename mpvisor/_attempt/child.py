@@ -691,14 +691,14 @@ def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
     """Run an `async def` target's coroutine to completion; its cancellation is `Canceled`."""
     import asyncio
 
-    async def main() -> Any:
+    async def awaiting_the_target() -> Any:  # its frame ends the head a traceback leaves out (`_traceback`)
         task = asyncio.current_task()
         assert task is not None
         ctx._bind_async(asyncio.get_running_loop(), task)
         return await coro
 
     try:
-        return asyncio.run(main())
+        return asyncio.run(awaiting_the_target())  # on the policy's loop: uvloop's, where the program set it
     except asyncio.CancelledError:
         raise Canceled() from None
 
@@ -747,18 +747,19 @@ def _describe(exc: BaseException) -> str:
 _MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames
 _IMPORT_MACHINERY = (*_MPVISOR, os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
                      "<frozen importlib.")
-# asyncio's frames that run an `async def` target (`asyncio.run`, `run_until_complete`) before
-# its coroutine's first frame: left out of a traceback's head, as mpvisor's are. asyncio's frames
-# below the target's (a `wait_for` that raised, a `TaskGroup`'s exit) are the user's story: kept.
-_ASYNC_RUNNER = (os.path.join(os.path.dirname(os.path.abspath(os.__file__)), "asyncio") + os.sep,)
+# The frame of mpvisor's coroutine that awaits an `async def` target: it and what is ahead of it
+# (mpvisor's, and the loop's that ran it: `asyncio.run`, `run_until_complete`, uvloop's) are left
+# out of a traceback's head. The loop's frames below the target's (a `wait_for` that raised, a
+# `TaskGroup`'s exit) are the user's story: kept.
+_AWAITING = (_run_async.__code__.co_filename, "awaiting_the_target")
 
 
 def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
     """The formatted traceback of `exc`, or as much of it as can be formatted (`None` if the
     `traceback` module itself cannot be imported: out of file descriptors, say). `hide`: the
     frames of files starting so are left out (mpvisor's, which called the target; for an import,
-    importlib's too), and so are asyncio's frames ahead of the first frame left (the runner of an
-    `async def` target: `asyncio.run`, `run_until_complete`), so that what is left is the user's
+    importlib's too), and so are the loop's frames that ran an `async def` target (`asyncio.run`,
+    `run_until_complete`: `_AWAITING` and what is ahead of it), so that what is left is the user's
     code, as `python script.py` or `python -m` shows it; `None` when nothing but the exception's
     one line would be left (the reason says it)."""
     traceback = _guarded(lambda: _standard_module("traceback"), lambda _: None)
@@ -773,8 +774,10 @@ def _traceback(exc: BaseException, hide: tuple[str, ...] = ()) -> str | None:
         def users() -> str | None:
             found = traceback.TracebackException.from_exception(exc)
             frames = list(found.stack)
-            while frames and frames[0].filename.startswith(hide + _ASYNC_RUNNER):
-                del frames[0]  # what called the target: mpvisor, and asyncio's runner for a coroutine
+            awaiting = [i for i, frame in enumerate(frames) if (frame.filename, frame.name) == _AWAITING]
+            del frames[:awaiting[0] + 1 if awaiting else 0]  # what ran a coroutine target: mpvisor, the loop
+            while frames and frames[0].filename.startswith(hide):
+                del frames[0]  # what called the target: mpvisor
             found.stack = traceback.StackSummary.from_list(
                 [frame for frame in frames if not frame.filename.startswith(hide)])
             _name_main_classes_as_main(found)

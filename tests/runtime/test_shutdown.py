@@ -324,9 +324,10 @@ async def test_run_is_single_shot(first: str) -> None:
 # --- scripts in their own session, signalled ------------------------------------------------------
 
 
-def start_script(scenario: str, work: pathlib.Path) -> subprocess.Popen[bytes]:
+def start_script(scenario: str, work: pathlib.Path, loop: str = "asyncio") -> subprocess.Popen[bytes]:
+    """workers/run_scripts/signalled_run.py's `scenario`, its run on asyncio's loop or uvloop's."""
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), scenario, str(work / "events.jsonl"), str(work)],
+        [sys.executable, str(SCRIPT), scenario, str(work / "events.jsonl"), str(work), loop],
         cwd=str(ROOT), start_new_session=True, stdin=subprocess.DEVNULL,
     )
 
@@ -352,13 +353,15 @@ def stop_script(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-@pytest.mark.parametrize("scenario", ["mixed", "mixed-async"])
-def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_lives_on(tmp_path, scenario: str) -> None:
+@pytest.mark.parametrize("scenario, loop", [("mixed", "asyncio"), ("mixed-async", "asyncio"), ("mixed-async", "uvloop")])
+def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_lives_on(
+        tmp_path, scenario: str, loop: str) -> None:
     """A SIGTERM the program ignores (or, under `await Supervisor(...).run`, that the run handles
     on its loop) shuts the run down; a task that ignores it is killed past the grace window. `run`
     still returns every outcome, the killed task's FORCE_ABORTED and the finished one's value
-    kept (it raised `GraceExceeded` instead, and the outcomes were lost), and the program lives on."""
-    process = start_script(scenario, tmp_path)
+    kept (it raised `GraceExceeded` instead, and the outcomes were lost), and the program lives on.
+    On uvloop too (the run took the loop's signal wake-up fd away, and no signal reached it)."""
+    process = start_script(scenario, tmp_path, loop)
     try:
         wait_for(lambda: {m[1] for m in read_markers(tmp_path / "marker") if m[0] == "started"} >= {"polite", "stubborn"},
                  timeout=20)
@@ -371,15 +374,17 @@ def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_l
     assert not (tmp_path / "grace_exceeded.txt").exists()
 
 
-@pytest.mark.parametrize("how", ["sigterm", "sigint", "sigint-group", "sigint-twice"])
-def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str) -> None:
+@pytest.mark.parametrize("how, loop", [("sigterm", "asyncio"), ("sigint", "asyncio"), ("sigint-group", "asyncio"),
+                                       ("sigint-twice", "asyncio"), ("sigterm", "uvloop"), ("sigint-group", "uvloop")])
+def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str, loop: str) -> None:
     """SIGTERM, SIGINT, or SIGINT to the script's process group (Ctrl-C) shuts a
     `mpvisor.run` script down gracefully: CANCELED outcomes, all stopped, no descendant left;
     then the script dies by that signal (SIGINT's KeyboardInterrupt uncaught), as shells expect
     of an interrupted program (it exited 0, and a calling script went on). So does one SIGINT
     delivered twice, to the script then to its group, as `timeout -s INT` sends it (the second
-    used to be taken for a second Ctrl-C, which kills every tree at once)."""
-    process = start_script("cooperative", tmp_path)
+    used to be taken for a second Ctrl-C, which kills every tree at once). So does a script that
+    set uvloop's policy (the run hung: it had taken the loop's signal wake-up fd away)."""
+    process = start_script("cooperative", tmp_path, loop)
     try:
         wait_for(lambda: len(read_markers(tmp_path / "marker")) >= 2, timeout=20)
         records = read_records(tmp_path / "records")

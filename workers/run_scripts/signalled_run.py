@@ -1,6 +1,6 @@
 """What does a plain script calling `mpvisor.run` do when it is signalled?
 
-Run as `python signalled_run.py SCENARIO LOG_PATH WORK_DIR`. It calls the blocking
+Run as `python signalled_run.py SCENARIO LOG_PATH WORK_DIR [uvloop]`. It calls the blocking
 `mpvisor.run` with a `JsonLinesWriter(LOG_PATH)` subscriber; the test signals it once its
 workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines log.
 
@@ -11,7 +11,8 @@ workers have written `started` to `WORK_DIR/marker`, then reads the JSON-lines l
 | `timed_out` | once `coop.gated` "deaf" (never released), timeout 0.2 s, `timeout_kill_after` 30 | 0.5 |
 | `mixed`, `mixed-async` | once `basic.quick` "quick", restartable `coop.cooperative` "polite", once `misbehave.stubborn` "stubborn"; the program ignores SIGTERM (`mixed-async`: `await Supervisor(...).run`, which handles it on its loop) | 0.5 |
 
-It dies by the signal that shut the run down, as `mpvisor.run` ends an interrupted run (SIGINT's
+With `uvloop`, it sets uvloop's event loop policy first, as a program on uvloop does: the run's
+loop is uvloop's. It dies by the signal that shut the run down, as `mpvisor.run` ends an interrupted run (SIGINT's
 `KeyboardInterrupt` left uncaught); when a tree had to be killed, the `GraceExceeded` it carries
 as its context is written to `WORK_DIR/grace_exceeded.txt` first. When `run` returned, its
 outcomes (`{name: [kind, value]}`) are written to `WORK_DIR/outcomes.json`, and it exits 0.
@@ -56,8 +57,13 @@ def _specs(scenario: str, work_dir: str) -> tuple[list[object], dict[str, float]
     raise SystemExit(f"unknown scenario {scenario!r}")
 
 
-def main(scenario: str, log_path: str, work_dir: str) -> int:
+def main(scenario: str, log_path: str, work_dir: str, loop: str = "asyncio") -> int:
     import mpvisor
+
+    if loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     specs, settings = _specs(scenario, work_dir)
     config = mpvisor.SupervisorConfig(**settings)  # type: ignore[arg-type]
@@ -80,4 +86,4 @@ def main(scenario: str, log_path: str, work_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

@@ -174,7 +174,9 @@ class Terminal:
         self.pgid = pid
         if threading.current_thread() is threading.main_thread() and not self._borrowed:
             for signum, callback in ((signal.SIGCONT, self.resumed), (signal.SIGTSTP, self._suspend)):
-                self._borrowed[signum] = _platform.borrow_signal(self.loop, signum, callback)
+                borrowed = _platform.borrow_signal(self.loop, signum, callback)
+                if borrowed is not None:  # None: the program's own handler on the loop keeps it
+                    self._borrowed[signum] = borrowed
         if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
             self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
 
