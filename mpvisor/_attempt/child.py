@@ -597,7 +597,7 @@ def _import_main_script(path: str) -> Any:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the main script {path!r}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    _prepared.as_main(module)
     spec.loader.exec_module(module)
     return module
 
@@ -617,7 +617,7 @@ def _import_zipped_main(path: str) -> Any:
     module = types.ModuleType("__mp_main__")
     module.__file__ = path
     module.__loader__ = importer
-    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    _prepared.as_main(module)
     exec(code, module.__dict__)
     return module
 

@@ -280,9 +280,20 @@ def import_main_script(path: str) -> ModuleType | None:
         return None
     (entry,) = entries
     module = module_from_spec(entry.spec)
-    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    as_main(module)
     exec(entry.code, module.__dict__)
     return module
+
+
+def as_main(module: ModuleType) -> None:
+    """Make `module`, the main script about to be executed, this attempt's `__mp_main__` and
+    `__main__`, as `python script.py` has its `__main__` and multiprocessing's spawn workers theirs:
+    without a module spec (its loader and file kept). A spec named `__mp_main__` sent the workers
+    of a spawn or forkserver pool that a target starts to import a module of that name, where
+    they should load the script from its file again (`multiprocessing.spawn.get_preparation_data`
+    takes a main module with a spec for one run with `python -m`)."""
+    module.__spec__ = None
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
 
 
 def _load(entry: Prepared) -> None:

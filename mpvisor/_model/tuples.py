@@ -19,6 +19,7 @@ refused alike.
 from __future__ import annotations
 
 import collections
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,8 +58,15 @@ else:
             if generic is not None:  # `Made[int]` as for `typing.NamedTuple`'s: its type variables, in order
                 made.__parameters__ = tuple(parameter for base in body.get("__orig_bases__", ())  # type: ignore[attr-defined]
                                             if getattr(base, "__origin__", None) is generic for parameter in base.__args__)
-                made.__class_getitem__ = classmethod(generic.__class_getitem__.__func__)  # type: ignore[attr-defined]
+                made.__class_getitem__ = classmethod(_generic_getitem(generic))
             return made
+
+    def _generic_getitem(generic: type) -> object:
+        """The function behind `Generic[...]`, as `typing.NamedTuple` gives a generic tuple its
+        `__class_getitem__`: `Generic.__class_getitem__`'s own on CPython 3.11; from 3.12, where
+        `Generic` is C code, the function of `typing`'s that it calls."""
+        function = getattr(generic.__class_getitem__, "__func__", None)  # type: ignore[attr-defined]
+        return function if function is not None else sys.modules[generic.__module__]._generic_class_getitem  # type: ignore[attr-defined]
 
     def _generic(bases: tuple[type, ...]) -> type | None:
         """`typing.Generic` if it is among `bases` (beside `NamedTuple`), else None; any other

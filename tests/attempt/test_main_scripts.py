@@ -373,3 +373,18 @@ def test_a_main_script_missing_where_the_attempt_runs_is_named_as_missing(tmp_pa
     with pytest.raises(ImportError) as raised:
         child._import_main_script(missing)
     assert str(raised.value).startswith(f"the main script {missing!r} is not here: "), raised.value
+
+
+@pytest.mark.parametrize("pool_method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_main_script_target_runs_a_spawn_or_forkserver_pool_of_its_own(start_method, pool_method, tmp_path):
+    """A target of the main script maps a function of that script over a `multiprocessing` pool
+    of the spawn or forkserver context (spawn: macOS's default; forkserver: Linux's from CPython
+    3.14), whose workers load the script again to find it, as under the script run alone. (The
+    attempt's `__main__` had a module spec named `__mp_main__`, so the workers were sent to import
+    a module of that name, failed, and the pool waited for them until the task's timeout.)"""
+    out = tmp_path / "outcome.json"
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "nested_pool.py"), start_method, pool_method, str(out)],
+                          env={**os.environ, "PYTHONPATH": ROOT}, cwd=tmp_path, timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == {"kind": "COMPLETED", "value": 285, "reason": None}, done.stderr

@@ -145,7 +145,8 @@ def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp
 def test_each_attempt_executes_its_main_script_afresh_from_what_the_launcher_read(tmp_path):
     """A target defined in the main script: the launcher reads the script once (its code, as
     the attempt's own import would read it) and each attempt executes it in its own process, as
-    `__mp_main__` and `__main__`, with the attributes a loader gives (its body's caller is
+    `__mp_main__` and `__main__`, with the attributes a loader gives, and no module spec, as a
+    script run by path has none (its body's caller is
     `_attempt/prepared.py`: the prepared code was used, not the attempt's own import). An edit
     of the script between two attempts of one supervisor is what the next attempt executes."""
     script = tmp_path / "job.py"
@@ -158,7 +159,7 @@ def test_each_attempt_executes_its_main_script_afresh_from_what_the_launcher_rea
         def probe():
             module = sys.modules["__mp_main__"]
             return {"version": VERSION, "name": __name__, "file": __file__, "cached": __cached__,
-                    "spec": __spec__.name, "origin": __spec__.origin, "loader": type(__loader__).__name__,
+                    "spec": __spec__, "loader": type(__loader__).__name__,
                     "main": sys.modules["__main__"] is module, "ours": module.probe is probe,
                     "loaded_by": LOADED_BY, "pid": os.getpid()}
 
@@ -188,8 +189,9 @@ def test_each_attempt_executes_its_main_script_afresh_from_what_the_launcher_rea
     assert [run["version"] for run in runs] == [1, 1, 22], runs
     assert len({run["pid"] for run in runs}) == 3, runs
     for run in runs:
-        assert run["name"] == run["spec"] == "__mp_main__" and run["main"] and run["ours"], run
-        assert run["file"] == run["origin"] == str(script) and run["loader"] == "SourceFileLoader", run
+        assert run["name"] == "__mp_main__" and run["main"] and run["ours"], run
+        assert run["spec"] is None, run  # as `python job.py`'s `__main__`, and a spawn pool's workers' main
+        assert run["file"] == str(script) and run["loader"] == "SourceFileLoader", run
         assert run["cached"] == importlib.util.cache_from_source(str(script)), run
         assert run["loaded_by"] == PREPARED, run
 
@@ -214,7 +216,7 @@ def test_a_main_script_is_prepared_as_its_attempts_import_reads_it(tmp_path, mon
     assert ours is not theirs
     for attr in ("__name__", "__file__", "__cached__", "__package__"):
         assert getattr(ours, attr, None) == getattr(theirs, attr, None), attr
-    assert (type(ours.__loader__), ours.__spec__.origin) == (type(theirs.__loader__), theirs.__spec__.origin)
+    assert type(ours.__loader__) is type(theirs.__loader__) and ours.__spec__ is theirs.__spec__ is None
 
     bad = tmp_path / "bad.py"
     _write(bad, "def broken(:\n")
