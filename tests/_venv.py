@@ -36,6 +36,7 @@ deadline and kills it with every descendant when the deadline passes.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import importlib.metadata
 import json
 import os
@@ -201,6 +202,17 @@ class Venv:
     @property
     def site_packages(self) -> pathlib.Path:
         return self.root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+    @functools.cached_property
+    def own_sitecustomize(self) -> str | None:
+        """The `RAN_IN` of the `sitecustomize` this venv's own interpreter runs: its root, or
+        None where the Python it was made from has a `sitecustomize` of its own in the standard
+        library's directory, ahead of `site-packages` on `sys.path` (Debian's), which then runs
+        instead of the venv's, in a program and in its attempts alike."""
+        code = "import sys; print(getattr(sys.modules.get('sitecustomize'), 'RAN_IN', ''))"
+        ran = subprocess.run([self.python, "-c", code], env=self.env(), capture_output=True, text=True, timeout=60,
+                             check=True).stdout.strip()
+        return ran or None
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a user of this venv: its `bin` first on `PATH`, no `PYTHONPATH`,

@@ -149,15 +149,15 @@ def test_whatever_the_parent_imports_an_attempt_imports(script_runs, venv_name: 
 @pytest.mark.parametrize("start_method", START_METHODS)
 @pytest.mark.parametrize("venv_name", VENVS)
 def test_the_attempt_runs_a_normal_interpreter(script_runs, venv_name: str, start_method: str):
-    """The attempt's interpreter ran `site`: the builtins it adds, the venv's sitecustomize, a
+    """The attempt's interpreter ran `site`: the builtins it adds, the sitecustomize the venv's
+    own interpreter runs (the venv's, or a distribution's own that shadows it: Debian's), a
     `.pth` path line and the editable installs' finders are all there."""
     run = script_runs(venv_name, start_method)
     venv = run.venv
     report = run.value("report")
     assert report["no_site"] == 0, report
     assert report["site_builtins"] == SITE_BUILTINS, report
-    assert report["sitecustomize"] is not None, "the venv's sitecustomize did not run in the attempt"
-    assert os.path.realpath(report["sitecustomize"]) == os.path.realpath(venv.root), report
+    assert _same_sitecustomize(report, venv), "the attempt did not run the sitecustomize the venv's python runs"
     assert os.path.realpath(report["prefix"]) == os.path.realpath(venv.root), report
     assert str(venv.pth_dir) in report["path"], report["path"]
     assert report["pth_module"] == str(venv.pth_dir / "pthmod.py"), report
@@ -165,6 +165,15 @@ def test_the_attempt_runs_a_normal_interpreter(script_runs, venv_name: str, star
         assert "__editable___userflat_0_1_0_finder" in report["meta_path"], report["meta_path"]
     assert inside(report["located"]["userflat"], venv.flat_project) == venv.flat_editable, report["located"]
     assert inside(report["located"]["mpvisor"], REPO) == venv.mpvisor_editable, report["located"]
+
+
+def _same_sitecustomize(report: dict[str, Any], venv: Venv) -> bool:
+    """The attempt ran the sitecustomize the venv's own interpreter runs (the venv's, whose
+    `RAN_IN` is the venv's root, wherever no distribution's own shadows it, as on pyenv's Pythons)."""
+    ran, own = report["sitecustomize"], venv.own_sitecustomize
+    if own is None:
+        return ran is None
+    return ran is not None and os.path.realpath(ran) == os.path.realpath(own) == os.path.realpath(venv.root)
 
 
 def _mpvisor_run(venv: Venv, cwd: pathlib.Path, *argv: str) -> tuple[int, str]:
@@ -196,7 +205,7 @@ def test_the_installed_command_runs_a_normal_interpreter(installs: Installs, tmp
     report = json.loads(path.read_text())
     assert report["no_site"] == 0, report
     assert report["site_builtins"] == SITE_BUILTINS, report
-    assert report["sitecustomize"] is not None and os.path.realpath(report["sitecustomize"]) == os.path.realpath(venv.root)
+    assert _same_sitecustomize(report, venv), report
     assert report["pth_module"] == str(venv.pth_dir / "pthmod.py"), report
     assert inside(report["located"]["usersrc"], venv.src_project) == venv.src_editable, report["located"]
     assert inside(report["located"]["mpvisor"], REPO) == venv.mpvisor_editable, report["located"]
