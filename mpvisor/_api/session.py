@@ -17,7 +17,8 @@ outcome), `hold_while` (work not registered yet still keeps the run going), `on_
 and `stop` (the graceful shutdown a SIGTERM starts, from any thread: `mpvisor run` calls it when
 its output's reader went away, and records SIGPIPE as the signal the run ends by). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
-running and the error propagates. The signals received are `runtime.interrupted`, in order.
+running and the error propagates. A run canceled by its caller shuts down gracefully, then lets
+the cancellation go on. The signals received are `runtime.interrupted`, in order.
 """
 
 from __future__ import annotations
@@ -134,13 +135,33 @@ async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[
     with _SignalHandlers(runtime, passed_on, stopped_by):
         try:
             await start(session)
+        except asyncio.CancelledError:
+            await _shut_down_canceled(runtime)
+            raise
         except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
             if _holds_no_work(runtime):  # but tasks added through other handles go on
                 await runtime.stop_launcher()
             raise
-        while not runtime.shutdown_started and (not _holds_no_work(runtime) or session.held()):
-            await runtime.wait_for_change()
+        try:
+            while not runtime.shutdown_started and (not _holds_no_work(runtime) or session.held()):
+                await runtime.wait_for_change()
+        except asyncio.CancelledError:
+            await _shut_down_canceled(runtime)
+            raise
         await runtime.shutdown()
+
+
+async def _shut_down_canceled(runtime: Runtime) -> None:
+    """The run's caller canceled it (a timeout around it, a server's canceled request, a notebook's
+    interrupted cell): its work is shut down as at the end of an `async with` block, gracefully,
+    before the cancellation goes on (it used to go on at once, and the run's attempts with it, until
+    the loop's end: a server's or a notebook kernel's loop never ends). What the shutdown raises
+    (`GraceExceeded`: each killed task's outcome says so) gives way to the cancellation; another
+    cancellation stops the wait, not the shutdown."""
+    try:
+        await runtime.shutdown()
+    except Exception:
+        pass
 
 
 def _holds_no_work(runtime: Runtime) -> bool:

@@ -9,7 +9,7 @@ caller starts shutdown), shuts down, and returns one outcome per spec.
 |---|---|---|
 | `serve()` | inside a running loop | a handle on the one runtime, every time: inside its `async with` block too, and after its shutdown (the handle's management calls then raise `ShuttingDown`, its submissions `ControllerClosed`) |
 | `async with supervisor as handle` | inside a loop | shutdown on exit; the block's exception wins; `RuntimeError` inside its own block, or once it shut down |
-| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block; once shutdown has begun (or is over) `ShuttingDown` for a batch that is not empty, and an empty one joins that shutdown |
+| `await run(specs)` | once per supervisor | outcomes by name; `AlreadyRunning` the second time; `RuntimeError` inside its `async with` block; once shutdown has begun (or is over) `ShuttingDown` for a batch that is not empty, and an empty one joins that shutdown; canceled, it shuts down (gracefully), then lets the cancellation go on |
 | `mpvisor.run(specs, ...)` | plain code | `asyncio.run` of the above, on a fresh supervisor (`_api/run.py`: the launcher started first) |
 
 A supervisor runs one runtime: its `async with` block's end, or a `run`'s, shuts it down for
@@ -171,7 +171,9 @@ class Supervisor:
         with` block; once its shutdown has begun (its `serve()`'s, or a signal's), `ShuttingDown`
         for a batch that is not empty, while an empty one joins that shutdown. A shutdown that
         had to kill a tree (past the grace window, or at once for a second SIGINT) still returns
-        the outcomes: those tasks' are `FORCE_ABORTED` (`shutdown()` raises `GraceExceeded`)."""
+        the outcomes: those tasks' are `FORCE_ABORTED` (`shutdown()` raises `GraceExceeded`).
+        Canceled by its caller (a timeout around it, a canceled request or notebook cell), it
+        shuts down as an `async with` block's end does, then lets the cancellation go on."""
         specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")

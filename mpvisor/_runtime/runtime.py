@@ -104,6 +104,8 @@ class Runtime:
         self._shutdown: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()  # set when shutdown begins: a wait for the launcher ends
+        self._torn_down = False  # the loop's teardown canceled `_loop_guard` (`_torn_down_early`)
+        self._teardown: asyncio.Task[None] | None = None  # `_after_teardown`'s one run
         self.ensure_launcher()
         # stops the launcher if the loop is torn down before any shutdown began (`_torn_down_early`)
         self._loop_guard = self.loop.create_task(self._torn_down_early(), name="mpvisor-loop-guard")
@@ -375,6 +377,8 @@ class Runtime:
 
     async def _run_shutdown(self) -> None:
         try:
+            if self._torn_down:  # it began after the loop's teardown: the registry's loop is gone
+                raise asyncio.CancelledError
             await self._shut_down()
         except asyncio.CancelledError:
             # The loop is torn down under the shutdown (the end of `asyncio.run` after a second
@@ -390,17 +394,31 @@ class Runtime:
         supervisor nobody shut down (`serve()` without `shutdown()`, at the end of `asyncio.run`):
         each task kills its own tree (`TaskActor._torn_down`); once they are gone, the launcher and
         its guardian are stopped, so that they do not outlive the loop either (a program that goes
-        on, or runs another loop, would keep them, two processes for every such loop)."""
+        on, or runs another loop, would keep them, two processes for every such loop).
+
+        A shutdown that begins as the loop is torn down (the end of an `async with` block, or a
+        run, in a task `asyncio.run` cancels at its end: its cancellation and this one's come
+        together, and this one's is taken first, as the shutdown's task is made after both) cannot
+        run its course, whose first step waits for the registry's loop, canceled too: it finds
+        `_torn_down` set and takes a canceled shutdown's path (`_run_shutdown`). It used to wait
+        for that loop for ever, and `asyncio.run` with it."""
         try:
             await self._stopping.wait()
         except asyncio.CancelledError:
+            self._torn_down = True
             if not self.shutting_down:
                 await self._after_teardown()
             raise
 
     async def _after_teardown(self) -> None:
         """The loop is torn down: once the tasks, which kill their own trees, are gone (bounded),
-        the controller answers every submission it holds and the launcher is stopped."""
+        the controller answers every submission it holds and the launcher is stopped (once: the
+        loop's guard and a shutdown that began as the loop was torn down may both ask)."""
+        if self._teardown is None:
+            self._teardown = self.loop.create_task(self._tear_down(), name="mpvisor-teardown")
+        await asyncio.shield(self._teardown)
+
+    async def _tear_down(self) -> None:
         await asyncio.wait([asyncio.ensure_future(self.registry.empty.wait())], timeout=TORN_DOWN_WAIT)
         if self.controller is not None:
             await self.controller.torn_down(TORN_DOWN_WAIT)

@@ -1,0 +1,79 @@
+"""Does a supervisor behave inside a host's event loop, a loop that outlives its runs?
+
+A web server (uvicorn, gunicorn's uvicorn workers) and a notebook kernel (ipykernel) run one
+event loop for their whole life, handle SIGINT and SIGTERM with functions of their own, and
+cancel the tasks that run a request or a cell. The hosts' mechanisms are written out in a few
+lines each in workers/run_scripts/host_loops.py; the programs run in processes of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from mpvisor import Supervisor, SupervisorConfig
+from tests._support import child_pids_of_self, once, wait_for, words
+from workers import coop, misbehave
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "workers" / "run_scripts" / "host_loops.py"
+
+
+def _start(scenario: str, tmp_path: pathlib.Path, loop: str = "asyncio") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(SCRIPT), scenario, str(tmp_path), loop], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _result(process: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+async def test_a_canceled_run_shuts_its_work_down_before_the_cancellation_goes_on(tmp_path: pathlib.Path) -> None:
+    """`asyncio.wait_for(Supervisor().run(specs), t)` past its timeout, as a server cancels a
+    request's task (uvicorn's `--timeout-graceful-shutdown`) and a notebook kernel an interrupted
+    cell's: the run's tasks are stopped as at the end of an `async with` block (the cooperative
+    one cleans up, the stubborn one is killed past its grace), and only then is `TimeoutError`
+    raised; the loop goes on with nothing of the run left. The attempts used to run on until the
+    loop's end, which a server's or a kernel's never reaches."""
+    marker = str(tmp_path / "marker")
+    supervisor = Supervisor(SupervisorConfig(grace=0.3))
+    running = asyncio.ensure_future(supervisor.run([once("polite", coop.cooperative, marker=marker),
+                                                    once("stubborn", misbehave.stubborn, marker=marker)]))
+    await asyncio.get_running_loop().run_in_executor(None, lambda: wait_for(
+        lambda: len(words(marker, "started")) == 2))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(running, 0.01)
+    assert [m[1] for m in words(marker, "finally")] == ["polite"]
+    assert child_pids_of_self() == []
+    handle = supervisor.serve()
+    assert {info.name for info in await handle.list()} == set()
+
+
+@pytest.mark.parametrize("how", ["with", "run"])
+def test_a_supervisor_in_a_task_asyncio_run_cancels_at_its_end_leaves_nothing(tmp_path: pathlib.Path, how: str) -> None:
+    """A task of the program (a server's background task) holds an `async with Supervisor()`
+    block, or awaits `Supervisor().run`, when the program's main coroutine returns: `asyncio.run`
+    cancels it with every other task, the runtime's own among them. The block's end began a
+    shutdown whose first step waited for the registry's loop, canceled too: `asyncio.run`
+    waited for ever (the server never exited). Now the tree is killed at once, the launcher
+    stopped, and the program ends with no descendant left."""
+    began = time.monotonic()
+    result = _result(_start(f"torn-down-{how}", tmp_path))
+    assert result == {"left": []}
+    assert time.monotonic() - began < 20
