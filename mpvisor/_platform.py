@@ -745,16 +745,22 @@ class Borrowed:
     """What a signal's handling was before `borrow_signal` took it over: the signal module's
     handler, and the loop's own handle for it when the program had given the loop one (or an
     earlier borrower had: then `handle` is that borrower's `own`). `own` is the handle the loop
-    made for this borrower's callback."""
+    made for this borrower's callback, `callback` that callback and its arguments. On a loop
+    that keeps its handles out of reach (uvloop's), an earlier borrower that holds the signal is
+    `lender`: its `callback` is what goes back to the loop."""
 
-    __slots__ = ("handle", "loop", "own", "previous", "signum")
+    __slots__ = ("callback", "handle", "lender", "loop", "own", "previous", "signum")
 
-    def __init__(self, previous: Any, handle: Any, loop: Any = None, signum: int = 0, own: Any = None) -> None:
+    def __init__(self, previous: Any, handle: Any, loop: Any = None, signum: int = 0, own: Any = None,
+                 callback: tuple[Callable[..., object], tuple[object, ...]] | None = None,
+                 lender: Borrowed | None = None) -> None:
         self.previous = previous
         self.handle = handle
         self.loop = loop
         self.signum = signum
         self.own = own
+        self.callback = callback
+        self.lender = lender
 
 
 # Every signal lent by `borrow_signal` and not given back yet, oldest first (main thread only, as
@@ -775,17 +781,21 @@ def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args
     `loop.add_signal_handler`), keeping what handled it before for `give_back_signal` (and the
     program's signal wake-up fd, which asyncio's loop replaces at its first handler). None, and
     the signal left as it is, when the program gave a loop that keeps its handlers out of reach
-    (uvloop's) a handler of its own for it: it could not be given back."""
+    (uvloop's) a handler of its own for it: it could not be given back. (One an earlier borrower
+    gave that loop is borrowed from it: its callback is known.)"""
     import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
 
     previous = signal.getsignal(signum)  # None: a handler set from C
+    lender = None
     if getattr(previous, "__self__", None) is loop and not hasattr(loop, "_signal_handlers"):
-        return None
+        lender = next((b for b in reversed(_lent) if b.loop is loop and b.signum == signum), None)
+        if lender is None:
+            return None
     handle = _loop_signal_handlers(loop).get(signum)
     if not _loop_signal_handlers(loop):
         _program_wakeup[loop] = _wakeup_fd()
     loop.add_signal_handler(signum, callback, *args)
-    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum))
+    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum), (callback, args), lender)
     _lent.append(borrowed)
     return borrowed
 
@@ -799,14 +809,20 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
 
     A borrower given back while a later one holds the signal (it borrowed it from this one)
     changes nothing on the loop: the later one takes over what this one had borrowed from, and
-    gives that back in its turn."""
+    gives that back in its turn. One that borrowed from an earlier borrower on uvloop's loop
+    (`lender`) gives the loop that borrower's callback back."""
     if borrowed in _lent:
         _lent.remove(borrowed)
-    if borrowed.own is not None:
-        for later in _lent:
-            if later.loop is loop and later.signum == signum and later.handle is borrowed.own:
-                later.previous, later.handle = borrowed.previous, borrowed.handle
-                return
+    for later in _lent:
+        if later.loop is loop and later.signum == signum and (
+                later.lender is borrowed or (borrowed.own is not None and later.handle is borrowed.own)):
+            later.previous, later.handle, later.lender = borrowed.previous, borrowed.handle, borrowed.lender
+            return
+    lender = borrowed.lender
+    if lender is not None and lender.callback is not None:  # uvloop's: the earlier borrower holds it again
+        lender_callback, lender_args = lender.callback
+        loop.add_signal_handler(signum, lender_callback, *lender_args)
+        return
     handle = borrowed.handle
     callback = getattr(handle, "_callback", None)
     if handle is None or handle.cancelled() or callback is None:

@@ -73,6 +73,7 @@ def run(
             if collecting:
                 gc.enable()
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
+        supervisor._hands_on = False  # the ending signal is raised below, once, after the loop
         try:
             outcomes = asyncio.run(supervisor.run(specs))
         finally:

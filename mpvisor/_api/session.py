@@ -18,7 +18,9 @@ and `stop` (the graceful shutdown a SIGTERM starts, from any thread: `mpvisor ru
 its output's reader went away, and records SIGPIPE as the signal the run ends by). If
 `start` raises (a rejected batch, a launcher that cannot start), nothing it started keeps
 running and the error propagates. A run canceled by its caller shuts down gracefully, then lets
-the cancellation go on. The signals received are `runtime.interrupted`, in order.
+the cancellation go on. The signals received are `runtime.interrupted`, in order; with
+`hands_on` (`Supervisor.run`), each that the program handled itself before the run is raised
+again for its handler once the run gave it back (a web server, a notebook kernel hears it).
 """
 
 from __future__ import annotations
@@ -121,18 +123,20 @@ class RunSession:
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
                       passed_on: tuple[signal.Signals, ...] = (),
-                      stopped_by: tuple[signal.Signals, ...] = ()) -> None:
+                      stopped_by: tuple[signal.Signals, ...] = (), hands_on: bool = False) -> None:
     """Run `start`'s work to its end and shut down (module docstring). With `adds_work`, a
     runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown.
     `passed_on`: the signals caught meanwhile and sent to every running attempt's process;
-    `stopped_by`: those that shut the run down as SIGTERM does, besides SIGINT, SIGTERM, SIGHUP."""
+    `stopped_by`: those that shut the run down as SIGTERM does, besides SIGINT, SIGTERM, SIGHUP;
+    `hands_on`: each signal that interrupted the run and that the program handled itself before
+    it is raised again once the run gave it back, for the program's handler (`Supervisor.run`)."""
     if runtime.shutdown_started:
         if adds_work:
             raise ShuttingDown("the supervisor is shutting down")
         await runtime.shutdown()
         return
     session = RunSession(runtime)
-    with _SignalHandlers(runtime, passed_on, stopped_by):
+    with _SignalHandlers(runtime, passed_on, stopped_by, hands_on=hands_on):
         try:
             await start(session)
         except asyncio.CancelledError:
@@ -192,13 +196,20 @@ class _SignalHandlers:
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
     at that moment; with none running, one line on stderr says so (not for SIGWINCH, which a
-    terminal sends at each resize) and nothing else happens."""
+    terminal sends at each resize) and nothing else happens.
+
+    With `hands_on` (`Supervisor.run`), each signal that interrupted the run, once, in the order
+    they first came, is raised again once every signal is given back, when the program handled it
+    itself before the run (`_programs_own`): a host that runs the loop, a web server or a notebook
+    kernel, then hears of its SIGTERM or its interrupt as it would have without the run (uvicorn
+    stops; ipykernel cancels the cell). It was lost: the server ran on, the cell went on."""
 
     def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = (),
-                 stopped_by: tuple[signal.Signals, ...] = ()) -> None:
+                 stopped_by: tuple[signal.Signals, ...] = (), *, hands_on: bool = False) -> None:
         self.runtime = runtime
         self.passed_on = passed_on
         self.stopped_by = stopped_by
+        self.hands_on = hands_on
         self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
         self.notice: asyncio.TimerHandle | None = None
         self.first_sigint: float | None = None  # when the loop took the first SIGINT (`time.monotonic`)
@@ -256,11 +267,31 @@ class _SignalHandlers:
 
     def __exit__(self, *exc: object) -> None:
         """Give each signal back as it was (`_platform.give_back_signal`): the loop's own handler
-        to the loop, any other to the signal module."""
+        to the loop, any other to the signal module; then, with `hands_on`, raise again each that
+        interrupted the run and that the program handled itself."""
         if self.notice is not None:
             self.notice.cancel()
         for signum, borrowed in self.borrowed.items():
             _platform.give_back_signal(self.runtime.loop, signum, borrowed)
+        if self.hands_on:
+            for signum in dict.fromkeys(self.runtime.interrupted):
+                lent = self.borrowed.get(signum)
+                if lent is not None and _programs_own(lent):
+                    signal.raise_signal(signum)
+
+
+def _programs_own(borrowed: _platform.Borrowed) -> bool:
+    """Whether the program handled a signal itself before a run borrowed it: a handler it gave the
+    loop (or another run on the loop holds it), or a function of its own (a server's, a notebook
+    kernel's); not a default: SIG_DFL, Python's SIGINT handler, nor the one `asyncio.run` puts in
+    its place (it raises `KeyboardInterrupt` too), and not a handler set from C, which cannot be
+    given back."""
+    if borrowed.handle is not None:
+        return not borrowed.handle.cancelled()
+    previous = borrowed.previous
+    if not callable(previous) or previous is signal.default_int_handler:
+        return False
+    return getattr(getattr(previous, "func", None), "__func__", None) is not asyncio.Runner._on_sigint  # type: ignore[attr-defined]
 
 
 def ending_signal(received: Iterable[signal.Signals]) -> signal.Signals | None:

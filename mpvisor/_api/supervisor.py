@@ -64,6 +64,9 @@ class Supervisor:
         self._ran = False
         self._open = False  # inside its `async with`
         self._killed: GraceExceeded | None = None  # `run`'s shutdown had to kill trees (`mpvisor.run` raises from it)
+        # `run` raises an interrupting signal again for the program's own handler (`mpvisor.run`
+        # raises the one it ends by itself, once the loop is over)
+        self._hands_on = True
 
     def __repr__(self) -> str:
         return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
@@ -186,7 +189,7 @@ class Supervisor:
             waiters.extend(await session.add_batch(specs))
 
         try:
-            await run_session(runtime, add, adds_work=bool(specs))
+            await run_session(runtime, add, adds_work=bool(specs), hands_on=self._hands_on)
         except GraceExceeded as exc:  # each killed task's outcome says so
             self._killed = exc
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -71,9 +72,40 @@ def test_a_supervisor_in_a_task_asyncio_run_cancels_at_its_end_leaves_nothing(tm
     block, or awaits `Supervisor().run`, when the program's main coroutine returns: `asyncio.run`
     cancels it with every other task, the runtime's own among them. The block's end began a
     shutdown whose first step waited for the registry's loop, canceled too: `asyncio.run`
-    waited for ever (the server never exited). Now the tree is killed at once, the launcher
-    stopped, and the program ends with no descendant left."""
+    waited for ever. uvicorn showed it: a second Ctrl-C while it waits for a request makes it skip
+    the lifespan's end, and the lifespan's task, canceled at the end of `asyncio.run`, then awaits
+    `handle.shutdown()` in its `finally`: the server never exited. Now the tree is killed at
+    once, the launcher stopped, and the program ends with no descendant left."""
     began = time.monotonic()
     result = _result(_start(f"torn-down-{how}", tmp_path))
     assert result == {"left": []}
     assert time.monotonic() - began < 20
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_servers_sigterm_during_a_run_in_a_request_still_stops_the_server(tmp_path: pathlib.Path, loop: str) -> None:
+    """uvicorn (on uvloop when it is installed, as here, or on asyncio's loop) handles SIGTERM with
+    a function of its own; a request awaits `Supervisor().run(specs)`, which handles SIGTERM
+    while it runs. A SIGTERM then shuts the run down (the request's outcome `CANCELED`) and,
+    once the run gave the server its handler back, reaches that handler: the server stops. The
+    run used to keep the signal to itself, and the server ran on (a service manager's stop
+    waited for its kill)."""
+    process = _start("server", tmp_path, loop)
+    wait_for(lambda: words(tmp_path / "marker", "started"))
+    process.send_signal(signal.SIGTERM)
+    assert _result(process) == {"request": "CANCELED", "interrupts": ["SIGTERM"], "heard": ["SIGTERM"]}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_notebooks_interrupt_during_a_run_in_a_cell_stops_the_cell(tmp_path: pathlib.Path, loop: str) -> None:
+    """ipykernel runs an `async` cell as a task and, while it runs, handles SIGINT (the interrupt
+    button) with a function of its own that cancels that task; the cell awaits `Supervisor().run`
+    three times in a row. An interrupt during the first shuts that run down gracefully
+    (`CANCELED`), then reaches the kernel's handler, which cancels the cell: the second run,
+    canceled as it starts, shuts down too, and the cell ends `cancelled` with nothing left
+    running; a later cell's run completes. The interrupt used to be the run's alone: the cell
+    went on to its next runs, and an interrupt could not stop it."""
+    process = _start("kernel", tmp_path, loop)
+    wait_for(lambda: words(tmp_path / "marker", "started"))
+    process.send_signal(signal.SIGINT)
+    assert _result(process) == {"runs": ["CANCELED"], "cell": "cancelled", "later": "COMPLETED", "left": []}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import uvloop
 
 import mpvisor
 from mpvisor import (
@@ -27,7 +28,8 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, Gate, LoopSignals
+from tests._support import Collector, Gate, LoopSignals, async_wait_for, once, words
+from workers import coop
 
 
 @pytest.mark.timeout(60)
@@ -221,6 +223,39 @@ def test_two_runs_on_one_loop_that_end_out_of_order_give_the_loop_its_signals_ba
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sigterm_during_two_runs_on_one_loop_stops_both_then_reaches_the_program(tmp_path, loop):
+    """Two `await Supervisor().run(...)` at once on one loop, each over a target that runs until
+    it is asked to stop, in a program with a SIGTERM handler of its own (a web server, whose
+    concurrent requests run batches): the later run holds SIGTERM. A SIGTERM shut the later run
+    down and the earlier one ran on, for ever (on uvloop's loop, whose handlers cannot be read,
+    the later run did not even take SIGTERM from the earlier: the earlier one stopped, the later
+    ran on). Now each run gives the signal back to the one it took it from and raises it again:
+    both shut down, and the program's handler hears it once."""
+    heard: list[int] = []
+    marker = str(tmp_path / "marker")
+
+    async def program() -> list[OutcomeKind]:
+        first = asyncio.ensure_future(Supervisor(SupervisorConfig(grace=5)).run(
+            [once("first", coop.cooperative, marker=marker)]))
+        await asyncio.sleep(0)  # the first run borrows the signals before its first suspension
+        second = asyncio.ensure_future(Supervisor(SupervisorConfig(grace=5)).run(
+            [once("second", coop.cooperative, marker=marker)]))
+        await async_wait_for(lambda: len(words(marker, "started")) == 2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        outcomes = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        return [o[name].kind for o, name in zip(outcomes, ("first", "second"), strict=True)]
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else asyncio.SelectorEventLoop) as runner:
+            assert runner.run(program()) == [OutcomeKind.CANCELED, OutcomeKind.CANCELED]
+        assert heard == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 BLOCKING_PROGRAM = """
