@@ -109,3 +109,15 @@ def test_a_notebooks_interrupt_during_a_run_in_a_cell_stops_the_cell(tmp_path: p
     wait_for(lambda: words(tmp_path / "marker", "started"))
     process.send_signal(signal.SIGINT)
     assert _result(process) == {"runs": ["CANCELED"], "cell": "cancelled", "later": "COMPLETED", "left": []}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sigint_whose_handler_is_pythons_own_is_not_raised_again_after_a_run(tmp_path: pathlib.Path, loop: str) -> None:
+    """A plain program (`asyncio.run`, or `uvloop.run`, which put a handler of their own in the
+    place of Python's SIGINT handler, to raise `KeyboardInterrupt`) awaits `Supervisor().run`:
+    a Ctrl-C shuts the run down, and `run` returns the outcomes with `interrupts` saying so,
+    leaving what comes next to the program. It is a program's own handler only that hears it again."""
+    process = _start("default", tmp_path, loop)
+    wait_for(lambda: words(tmp_path / "marker", "started"))
+    process.send_signal(signal.SIGINT)
+    assert _result(process) == {"outcome": "CANCELED", "interrupts": ["SIGINT"]}

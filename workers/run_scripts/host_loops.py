@@ -8,6 +8,7 @@ JSON line and exits 0, or, when the host never hears of its signal, says so afte
 |---|---|---|
 | `torn-down-with`, `torn-down-run` | a task of the program (a server's background task) holds an `async with Supervisor()` block, or awaits `Supervisor().run`, over a cooperative target; the program's main coroutine returns once the target started, and `asyncio.run` cancels that task at its end | `{"left": [pids]}`: its descendants still alive once `asyncio.run` returned |
 | `server` | as uvicorn: SIGINT and SIGTERM handled by a function of its own (`signal.signal`), which tells the server to stop; a request awaits `Supervisor().run` over a cooperative target; the server waits for its stop, then for the request | `{"request": kind, "interrupts": [...], "heard": [...]}`: the request's outcome, the run's `interrupts`, the signals the server's handler heard |
+| `default` | none: a plain program, `asyncio.run` (or `uvloop.run`) of a coroutine that awaits `Supervisor().run` over a cooperative target, SIGINT left to Python's handler, which `asyncio.run` replaces with its own | `{"outcome": kind, "interrupts": [...]}` |
 | `kernel` | as ipykernel running an `async` cell: SIGINT handled by a function of its own, which cancels the cell's task (`call_soon_threadsafe`); the cell awaits `Supervisor().run` three times in a row (a cooperative target, then a quick one twice); then a later cell awaits one more run | `{"runs": [kinds], "cell": "cancelled" or "completed", "later": kind, "left": [pids]}` |
 
 With `uvloop`, the loop is uvloop's (`uvloop.run`), as uvicorn picks it when it is installed.
@@ -93,6 +94,14 @@ async def server(work_dir: str) -> dict[str, Any]:
             "heard": heard}
 
 
+async def default(work_dir: str) -> dict[str, Any]:
+    from mpvisor import Supervisor, SupervisorConfig
+
+    supervisor = Supervisor(SupervisorConfig(grace=5))
+    outcomes = await supervisor.run([_specs(os.path.join(work_dir, "marker"))["cooperative"]])
+    return {"outcome": outcomes["cooperative"].kind.name, "interrupts": [s.name for s in supervisor.interrupts]}
+
+
 async def kernel(work_dir: str) -> dict[str, Any]:
     from mpvisor import Supervisor, SupervisorConfig
 
@@ -127,7 +136,7 @@ def main(scenario: str, work_dir: str, loop: str = "asyncio") -> int:
     if scenario.startswith("torn-down-"):
         coro: Any = torn_down(work_dir, scenario.removeprefix("torn-down-"))
     else:
-        coro = {"server": server, "kernel": kernel}[scenario](work_dir)
+        coro = {"server": server, "kernel": kernel, "default": default}[scenario](work_dir)
     if loop == "uvloop":
         import uvloop
 
