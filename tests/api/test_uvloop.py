@@ -21,11 +21,13 @@ import uvloop
 
 from mpvisor import OutcomeKind, SupervisorConfig
 from tests._support import all_gone, once, read_records, supervised, wait_for
-from workers import misbehave, on_uvloop
+from workers import misbehave
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Named, not imported: importing it sets uvloop's policy, which this process's later loops would run on.
+ON_UVLOOP = ROOT / "workers" / "on_uvloop.py"
 
 
 def test_a_programs_own_sigterm_handler_on_uvloops_loop_is_left_to_it_and_there_after_the_run(tmp_path: Any) -> None:
@@ -50,8 +52,8 @@ def test_a_supervisor_served_on_uvloop_runs_stops_and_reaps_as_on_asyncios_loop(
 
     async def scenario() -> None:
         async with supervised(SupervisorConfig(grace=0.5)) as (handle, collector):
-            _, which = await handle.add_and_watch(once("which", on_uvloop.loop_module))
-            _, failing = await handle.add_and_watch(once("failing", on_uvloop.failing))
+            _, which = await handle.add_and_watch(once("which", "workers.on_uvloop:loop_module"))
+            _, failing = await handle.add_and_watch(once("failing", "workers.on_uvloop:failing"))
             stubborn_id, stubborn = await handle.add_and_watch(once("stubborn", misbehave.stubborn_tree, records))
             ran = await which.wait()
             assert (ran.kind, ran.value) == (OutcomeKind.COMPLETED, "uvloop"), ran
@@ -59,7 +61,7 @@ def test_a_supervisor_served_on_uvloop_runs_stops_and_reaps_as_on_asyncios_loop(
             assert failed.kind is OutcomeKind.FAILED and failed.reason == "ValueError: failed on purpose", failed
             assert failed.traceback is not None
             first = failed.traceback.splitlines()[1]
-            assert first.startswith(f'  File "{on_uvloop.__file__}"') and first.endswith("in failing"), failed.traceback
+            assert first.startswith(f'  File "{ON_UVLOOP}"') and first.endswith("in failing"), failed.traceback
             await asyncio.get_running_loop().run_in_executor(None, lambda: wait_for(
                 lambda: len(read_records(records)) == 4, timeout=20))
             tree = read_records(records)
