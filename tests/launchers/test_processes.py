@@ -131,6 +131,20 @@ async def test_each_attempt_runs_in_a_fresh_process(start_method):
         assert len(set(pids)) == 4 and os.getpid() not in pids
 
 
+async def test_a_ready_launcher_leaves_no_start_timer_to_wake_the_loop():
+    """Once the launcher is ready, nothing of its start-up is left on the loop's schedule: its
+    `start_timeout` timer stayed armed and woke the loop 30 s later for nothing (in a notebook
+    kernel, which acts on an interrupt of an awaiting cell only when its loop wakes, that was
+    when a quiet `async with Supervisor()` block took the interrupt)."""
+    loop = asyncio.get_running_loop()
+    async with supervised(SupervisorConfig(grace=1)) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("quick", basic.quick))
+        assert (await waiter.wait()).kind is OutcomeKind.COMPLETED
+        armed = [timer for timer in loop._scheduled  # type: ignore[attr-defined]
+                 if not timer.cancelled() and "start_timeout" in getattr(timer._callback, "__name__", "")]
+        assert armed == [], armed
+
+
 async def test_a_crashing_attempt_affects_nothing_else():
     """A task that SIGSEGVs again and again leaves its sibling and the parent alone."""
 

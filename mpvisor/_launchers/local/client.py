@@ -374,6 +374,9 @@ class LauncherClient:
             case control.Ready(_, pid, error):
                 self.pid = pid
                 self._was_ready = True
+                if self._start_timer is not None:  # (it would wake the loop at `start_timeout` for nothing)
+                    self._start_timer.cancel()
+                    self._start_timer = None
                 self._importing = None
                 self._early_deaths = 0
                 if error is not None:
