@@ -291,7 +291,8 @@ def _programs_own(borrowed: _platform.Borrowed) -> bool:
     previous = borrowed.previous
     if not callable(previous) or previous is signal.default_int_handler:
         return False
-    return getattr(getattr(previous, "func", None), "__func__", None) is not asyncio.Runner._on_sigint  # type: ignore[attr-defined]
+    runners = getattr(asyncio.Runner, "_on_sigint", None)  # (a private name: looked up, not relied on)
+    return runners is None or getattr(getattr(previous, "func", None), "__func__", None) is not runners
 
 
 def ending_signal(received: Iterable[signal.Signals]) -> signal.Signals | None:
