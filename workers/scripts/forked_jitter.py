@@ -35,7 +35,9 @@ def child() -> None:
     spec = TaskSpec.restartable(TaskFn("jit", failing)).with_backoff(backoff).with_max_retries(3)
     delays = Delays()
     mpvisor.run([spec], SupervisorConfig(grace=1), subscribers=[delays])
-    print(json.dumps(delays.seen), flush=True)
+    # one write of the whole line: the two children share one pipe, and a line written in two
+    # pieces (text, then its newline) may have the other child's in between
+    os.write(1, (json.dumps(delays.seen) + "\n").encode())
 
 
 def main() -> int:
