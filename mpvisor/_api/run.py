@@ -73,9 +73,8 @@ def run(
             if collecting:
                 gc.enable()
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
-        supervisor._hands_on = False  # the ending signal is raised below, once, after the loop
-        try:
-            outcomes = asyncio.run(supervisor.run(specs))
+        try:  # without `hands_on`: the ending signal is raised below, once, after the loop
+            outcomes = asyncio.run(supervisor._run(specs, hands_on=False))
         finally:
             ending = ending_signal(supervisor.interrupts)
             if ending is not None:  # shut down gracefully; now the signal ends the program as it would have

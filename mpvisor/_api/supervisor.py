@@ -64,9 +64,6 @@ class Supervisor:
         self._ran = False
         self._open = False  # inside its `async with`
         self._killed: GraceExceeded | None = None  # `run`'s shutdown had to kill trees (`mpvisor.run` raises from it)
-        # `run` raises an interrupting signal again for the program's own handler (`mpvisor.run`
-        # raises the one it ends by itself, once the loop is over)
-        self._hands_on = True
 
     def __repr__(self) -> str:
         return f"<Supervisor {'served' if self._runtime else 'idle'} controller={self.controller_config is not None}>"
@@ -176,7 +173,14 @@ class Supervisor:
         had to kill a tree (past the grace window, or at once for a second SIGINT) still returns
         the outcomes: those tasks' are `FORCE_ABORTED` (`shutdown()` raises `GraceExceeded`).
         Canceled by its caller (a timeout around it, a canceled request or notebook cell), it
-        shuts down as an `async with` block's end does, then lets the cancellation go on."""
+        shuts down as an `async with` block's end does, then lets the cancellation go on. A
+        signal that interrupted it is raised again for the program's own handler once it is
+        given back (`run_session`'s `hands_on`)."""
+        return await self._run(specs, hands_on=True)
+
+    async def _run(self, specs: Iterable[TaskSpec], *, hands_on: bool) -> dict[str, TaskOutcome]:
+        """`run`; `mpvisor.run` runs it without `hands_on`, as it raises the signal its run ends
+        by itself, once the loop is over."""
         specs = _checked_specs(specs)
         if self._ran and not self._open:
             raise AlreadyRunning("Supervisor.run() can be called only once")
@@ -189,7 +193,7 @@ class Supervisor:
             waiters.extend(await session.add_batch(specs))
 
         try:
-            await run_session(runtime, add, adds_work=bool(specs), hands_on=self._hands_on)
+            await run_session(runtime, add, adds_work=bool(specs), hands_on=hands_on)
         except GraceExceeded as exc:  # each killed task's outcome says so
             self._killed = exc
         return {spec.name: await w.wait() for spec, w in zip(specs, waiters, strict=True)}
