@@ -477,7 +477,7 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     a second Ctrl-C kills both trees at once, db's too though its turn had not come. Either
     way each ends `FORCE_ABORTED`: db's killed attempt is never a failure with a retry."""
     log = run.directory / "terms.log"
-    stubborn = "trap 'echo \"$0 term\" >> terms.log' TERM; while :; do sleep 0.05; done"
+    stubborn = "trap 'echo \"$0 term\" >> terms.log' TERM; echo \"$0 up\" >> terms.log; while :; do sleep 0.05; done"
     # a grace that the second Ctrl-C, a tenth of a second after web's SIGTERM, falls well within
     # (db's turn has not come then); without it, a grace that is waited out twice, web's then db's
     grace = 0.5 if second_sigint else 0.25
@@ -494,7 +494,8 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
         after = ["db"]
     """)
     run.start()
-    run.wait_status(lambda rows: all(row["pid"] for row in rows.values()))
+    # both traps set (a pid alone is a shell that may not have set its trap yet)
+    wait_for(lambda: log.exists() and {"db up", "web up"} <= set(log.read_text().splitlines()), timeout=20)
     assert run.proc is not None
     run.proc.send_signal(signal.SIGINT)
     wait_for(lambda: log.exists() and "web term" in log.read_text(), timeout=20)
@@ -506,7 +507,7 @@ def test_a_shutdown_of_stubborn_services_force_aborts_each_and_never_retries_one
     assert "db: force_aborted" in err and "web: force_aborted" in err, err
     assert "failed" not in err and "next attempt" not in err, err
     assert "2 tasks: 2 force_aborted" in err, err
-    terms = log.read_text().splitlines()
+    terms = [line for line in log.read_text().splitlines() if line.endswith(" term")]
     assert terms[0] == "web term", terms  # dependents first
 
 
@@ -530,7 +531,9 @@ def test_sigquit_stops_a_file_run_as_sigterm_does_and_it_dies_by_sigquit_without
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2))
     run.proc = proc
-    run.wait_status(lambda rows: all(row["pid"] for row in rows.values()))
+    # both targets running (a pid alone is a process still importing: its cancel would come before
+    # the target that marks it)
+    wait_for(lambda: {task for word, task, _, _, _ in run.markers() if word == "ready"} == {"db", "web"}, timeout=20)
     proc.send_signal(signal.SIGQUIT)
     assert proc.stderr is not None
     err = proc.stderr.read()  # to its end: the run closed it
