@@ -701,6 +701,8 @@ def test_a_reload_that_changes_only_how_a_task_stops_sets_it_on_the_running_task
     run.write(text)
     run.start()
     pid = run.wait_status(lambda rows: rows["db"]["pid"])["db"]["pid"]
+    got = run.directory / "got"
+    wait_for(lambda: got.exists() and "ready" in got.read_text().split(), timeout=20)  # its traps set
     run.write(text + '        stop_signal = "QUIT"\n        grace = 30\n')
     reloaded = run.ctl("reload")
     assert reloaded.returncode == 0, reloaded.stderr
@@ -708,7 +710,7 @@ def test_a_reload_that_changes_only_how_a_task_stops_sets_it_on_the_running_task
     assert run.status()["db"]["pid"] == pid
     stopped = run.ctl("stop", "db")
     assert (stopped.returncode, stopped.stdout) == (0, "db: stopped\n"), stopped.stderr  # not force_aborted
-    assert (run.directory / "got").read_text().splitlines() == ["ready", "QUIT"]
+    assert got.read_text().splitlines() == ["ready", "QUIT"]
     started = run.ctl("start", "db")
     assert started.returncode == 0, started.stderr
     pid = run.wait_status(lambda rows: rows["db"]["pid"] not in (None, pid))["db"]["pid"]
