@@ -365,6 +365,9 @@ def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_l
     try:
         wait_for(lambda: {m[1] for m in read_markers(tmp_path / "marker") if m[0] == "started"} >= {"polite", "stubborn"},
                  timeout=20)
+        # and quick has finished (its outcome is the one a shutdown must keep, not one it cut short)
+        wait_for(lambda: any(line["kind"] == "task_finished" and line["task"] == "quick" for line in log_of(tmp_path)),
+                 timeout=20)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
     finally:
