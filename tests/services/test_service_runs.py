@@ -195,8 +195,11 @@ def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first
     """)
     run.start()
     rows = run.wait_status(lambda rows: rows["last"]["state"] == "running")
-    # (running: its attempt started; the target's own "started" line comes once it runs)
-    wait_for(lambda: any((w, t) == ("started", "last") for w, t, *_ in run.markers()))
+    # (running: its attempt started; the target's own lines come once it runs.) Each target whose
+    # lines are asserted runs (a probe's pass, or a start, alone is a process that may still be
+    # importing: its stop would come before the target that marks it)
+    wait_for(lambda: {("ready", t) for t in ("db", "api", "toucher", "last")} | {("started", "checked")}
+             <= {(w, t) for w, t, *_ in run.markers()}, timeout=20)
     assert all(rows[name]["ready"] is True for name in ("db", "notifier", "listener", "toucher", "checked"))
     assert rows["db"]["status"] == "accepting" and rows["notifier"]["status"] == "warming"
     assert run.first("started", "api") >= run.first("ready", "db")
@@ -364,8 +367,15 @@ def test_a_full_disk_drops_lines_says_so_once_and_never_blocks_the_task(run: Run
     run.start()
     rows = run.wait_status(lambda rows: rows["chatty"]["pid"] is not None)
     pid = rows["chatty"]["pid"]
+    assert run.proc is not None and run.proc.stderr is not None
+    said = ""  # until the run said it drops lines (a pid alone is a target that may have printed none yet)
+    while "cannot write" not in said:
+        line = run.proc.stderr.readline()  # bounded by the test's timeout; "" if the run ended
+        assert line, (said, run.proc.communicate())
+        said += line
     run.wait_status(lambda rows: rows["chatty"]["pid"] == pid)
     status, _, err = run.stop()
+    err = said + err
     assert status == -signal.SIGTERM, err
     assert err.count("cannot write") == 1, err
     assert "/dev/full" in err
@@ -824,6 +834,8 @@ def test_under_systemd_mpvisor_says_ready_once_its_services_are_and_stopping_at_
     assert run.first("ready", "db") > 0
     while "WATCHDOG=1" not in said:
         said.append(listener.recv(4096).decode())
+    # env's value is printed once it completed (READY=1 waits for db alone: env may still be importing)
+    run.wait_status(lambda rows: rows["env"]["last"] == "completed")
     assert run.proc is not None
     run.proc.send_signal(signal.SIGTERM)
     while not any("STOPPING=1" in m for m in said):
@@ -954,11 +966,12 @@ def test_status_names_a_queued_a_scheduled_and_a_stopping_task(run: Run) -> None
         every = "30s"
 
         [task.stubborn]
-        command = ["sh", "-c", "trap '' TERM; sleep 30"]
+        command = ["sh", "-c", "trap '' TERM; echo up > up; sleep 30"]
     """)
     run.start()
     rows = run.wait_status(lambda rows: sorted([rows["one"]["state"], rows["two"]["state"]]) == ["queued", "running"]
                            and rows["tick"]["state"] == "scheduled" and rows["stubborn"]["state"] == "running")
+    wait_for(lambda: file_lines(run.directory / "up") == ["up"], timeout=20)  # its trap set (running: a pid alone)
     assert rows["tick"]["restarts"] == 0, rows
     assert MPVISOR is not None
     stopping = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env,
@@ -1361,7 +1374,7 @@ def test_status_shows_a_task_waiting_for_a_place_queued_and_one_stopped_by_shutd
         max_concurrent = 2
 
         [task.stubborn]
-        command = ["sh", "-c", "trap '' TERM; while [ ! -e released ]; do sleep 0.05; done"]
+        command = ["sh", "-c", "trap '' TERM; echo up > up; while [ ! -e released ]; do sleep 0.05; done"]
 
         [task.one]
         command = ["sleep", "30"]
@@ -1371,6 +1384,7 @@ def test_status_shows_a_task_waiting_for_a_place_queued_and_one_stopped_by_shutd
     """)
     run.start()
     rows = run.wait_status(lambda rows: rows["stubborn"]["pid"] and (rows["one"]["pid"] or rows["two"]["pid"]))
+    wait_for(lambda: file_lines(run.directory / "up") == ["up"], timeout=20)  # its trap set (a pid alone is not)
     waiting = rows["two"] if rows["one"]["pid"] else rows["one"]
     assert (waiting["state"], waiting["pid"]) == ("queued", None), rows
     assert run.proc is not None
@@ -1561,7 +1575,7 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
         grace = "30s"
 
         [task.stubborn]
-        command = ["sh", "-c", "trap '' TERM; echo one; while [ ! -e released ]; do sleep 0.05; done"]
+        command = ["sh", "-c", "trap '' TERM; echo one; echo up > up; while [ ! -e released ]; do sleep 0.05; done"]
 
         [task.other]
         command = ["sleep", "30"]
@@ -1569,6 +1583,7 @@ def test_a_reload_cut_short_by_the_runs_shutdown_says_so_and_does_not_say_reload
     run.write(text)
     run.start()
     run.wait_status(lambda rows: rows["stubborn"]["pid"])
+    wait_for(lambda: file_lines(run.directory / "up") == ["up"], timeout=20)  # its trap set (a pid alone is not)
     run.write(text.replace("echo one", "echo two"))
     assert MPVISOR is not None
     reload = subprocess.Popen([MPVISOR, "reload"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
@@ -1801,10 +1816,11 @@ def test_a_stop_waiting_on_a_run_that_is_killed_says_the_run_ended_and_leaves_no
         grace = "30s"
 
         [task.stubborn]
-        command = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]
+        command = ["sh", "-c", "trap '' TERM; echo up > up; while :; do sleep 0.1; done"]
     """)
     proc = run.start()
     task_pid = run.wait_status(lambda rows: rows["stubborn"]["pid"])["stubborn"]["pid"]
+    wait_for(lambda: file_lines(run.directory / "up") == ["up"], timeout=20)  # its trap set (a pid alone is not)
     assert MPVISOR is not None and isinstance(task_pid, int)
     stop = subprocess.Popen([MPVISOR, "stop", "stubborn"], cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
