@@ -45,8 +45,8 @@ TIMEOUT_ACTIONS = ("return", "fail", "fatal", "canceled", "exit3")
 def cooperative(marker: str | None = None, finally_delay: float = 0.0) -> NoReturn:
     """Wait for cancellation in 0.05 s steps, let `Canceled` propagate, clean up in `finally`."""
     ctx = context()
-    mark(marker, "started")
     try:
+        mark(marker, "started")  # inside the `try`: a stop that comes once it is written always reaches `finally`
         while not ctx.wait_cancelled(0.05):
             pass
         ctx.check_cancelled()
@@ -70,9 +70,9 @@ def cooperative_returning(marker: str | None = None) -> str:
 
 def pure_loop(marker: str | None = None) -> NoReturn:
     """Count forever in pure Python with no system calls (spins on purpose: cancellation must reach a loop that never enters a system call)."""
-    mark(marker, "started")
     x = 0
     try:
+        mark(marker, "started")  # inside the `try`: a stop that comes once it is written always reaches `finally`
         while True:
             x += 1
     finally:
@@ -158,8 +158,8 @@ def gated(release_path: str, marker: str | None = None, on_release: str = "retur
 def slow_stop(stop_seconds: float, marker: str | None = None) -> NoReturn:
     """Wait for cancellation, spend `stop_seconds` in shielded clean-up, then raise `Canceled`."""
     ctx = context()
-    mark(marker, "started")
     try:
+        mark(marker, "started")  # inside the `try`: a stop that comes once it is written always reaches `finally`
         while not ctx.wait_cancelled(0.05):
             pass
     finally:
@@ -182,8 +182,8 @@ def timeout_probe(action: str, marker: str | None = None) -> str:
 
 def double_cancel_counter(counter_path: str, marker: str | None = None) -> NoReturn:
     """Sleep until `Canceled`; count it, then linger unshielded, counting any second `Canceled`."""
-    mark(marker, "started")
     try:
+        mark(marker, "started")  # inside the `try`: a `Canceled` that comes once it is written is counted
         while True:
             time.sleep(3600)
     finally:
