@@ -277,8 +277,8 @@ from mpvisor import CommandTask, Supervisor, SupervisorConfig, TaskSpec
 
 command = "trap 'sleep 0.2; echo cleaned; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
 with Supervisor(SupervisorConfig(grace=10)).serve_blocking() as handle:
-    _, waiter = handle.add_and_watch(TaskSpec.once(CommandTask("c", ["sh", "-c", command])))
-    try:
+    try:  # the add too: its command's "ready" (the test's cue for SIGINT) may come before the add returned here
+        _, waiter = handle.add_and_watch(TaskSpec.once(CommandTask("c", ["sh", "-c", command])))
         waiter.wait()
     except KeyboardInterrupt:
         print("interrupted", flush=True)

@@ -38,6 +38,7 @@ from tests._support import (
     seen,
     still_there,
     supervised,
+    words,
 )
 from workers import basic, contract, coop, misbehave
 
@@ -170,7 +171,7 @@ async def test_stop_escalates_to_a_kill_after_the_grace(launcher: str, target: A
         task_id, waiter = await handle.add_and_watch(once("deaf", target, marker=marker))
         pid = await started_pid(events, task_id)
         if real(launcher):
-            await async_wait_for(lambda: os.path.exists(marker), timeout=20.0)  # it runs the target
+            await async_wait_for(lambda: words(marker, "started"), timeout=20.0)  # it runs the target (its line, not the file, which comes first)
         await handle.remove(task_id)
         outcome = await waiter.wait()
         present = real(launcher) and psutil.pid_exists(pid)  # at once: no waiting

@@ -263,6 +263,9 @@ def test_the_services_file_starts_in_order_answers_status_and_stops_dependents_f
 
     try:
         wait_for(rows, timeout=30)
+        # db waits for its stop (ready is its port listening: it may not have got to its wait yet)
+        wait_for(lambda: "db: listening" in (user.home / "logs" / "db.log").read_text()
+                 if (user.home / "logs" / "db.log").exists() else False)
         wait_for(lambda: "job: ran" in (user.home / "logs" / "job.log").read_text() if (user.home / "logs" / "job.log").exists() else False)
         assert "api: serving" in (user.home / "logs" / "api.log").read_text()
         proc.send_signal(signal.SIGTERM)
