@@ -472,6 +472,8 @@ def test_a_task_started_while_what_it_comes_after_is_stopped_waits_for_it(run: R
     assert rows["b"]["state"] == "waiting" and rows["b"]["pid"] is None, rows
     assert run.ctl("start", "a").returncode == 0
     run.wait_status(lambda rows: rows["b"]["pid"] is not None)
+    # b's second target runs (its pid alone is a process that may still be importing)
+    wait_for(lambda: [(w, t) for w, t, *_ in run.markers()].count(("started", "b")) == 2, timeout=20)
     starts_of_b = [at for word, task, _, _, at in run.markers() if (word, task) == ("started", "b")]
     readies_of_a = [at for word, task, _, _, at in run.markers() if (word, task) == ("ready", "a")]
     assert len(starts_of_b) == 2 and len(readies_of_a) == 2, run.markers()
