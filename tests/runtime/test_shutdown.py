@@ -45,6 +45,7 @@ from tests._support import (
     all_gone,
     async_wait_for,
     child_pids_of_self,
+    file_lines,
     fn,
     once,
     pid_gone,
@@ -343,8 +344,8 @@ def descendants_of(pid: int) -> list[dict[str, Any]]:
 
 
 def log_of(work: pathlib.Path) -> list[dict[str, Any]]:
-    text = (work / "events.jsonl").read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines()]
+    """The events log's complete lines (one still being written is not an event yet)."""
+    return [json.loads(line) for line in file_lines(work / "events.jsonl")]
 
 
 def stop_script(process: subprocess.Popen[bytes]) -> None:

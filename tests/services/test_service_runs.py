@@ -90,10 +90,9 @@ class Run:
         return done.returncode == 0
 
     def markers(self) -> list[tuple[str, str, int, int, float]]:
-        if not self.marker.exists():
-            return []
+        """The marker file's complete lines (a line still being written is not one yet)."""
         rows = []
-        for line in self.marker.read_text().splitlines():
+        for line in file_lines(self.marker):
             word, task, attempt, pid, at = line.split()
             rows.append((word, task, int(attempt), int(pid), float(at)))
         return rows
