@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 
 from mpvisor import _platform
 from mpvisor._admission.leases import local, server
@@ -35,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="started by a run that needs a server (what mpvisor does itself): when another server "
                              "already serves the directory, exit 3 without saying so (runs that start at once each start one, "
                              "and all but one find another serving)")
+    parser.add_argument("--detach", action="store_true",
+                        help="serve as no one's child (what mpvisor does itself): this process exits 0 once the server "
+                             "answers connections, or with the server's own status if it ended before it did")
 
 
 def _directory(text: str) -> str:
@@ -58,4 +62,45 @@ def run(args: argparse.Namespace) -> int:
     except LeaseError as exc:
         print(f"mpvisor slots serve: {exc}", file=sys.stderr)
         return FAILED
-    return asyncio.run(server.serve(directory, args.idle_exit, on_demand=args.on_demand))
+    if not args.detach:
+        return asyncio.run(server.serve(directory, args.idle_exit, on_demand=args.on_demand))
+    try:
+        listening = _detached()
+    except OSError as exc:  # the fork refused: a limit on processes, most likely
+        print(f"mpvisor slots serve: cannot detach the server: {_platform.start_error(exc)}", file=sys.stderr)
+        return FAILED
+    return asyncio.run(server.serve(directory, args.idle_exit, on_demand=args.on_demand, listening=listening))
+
+
+def _detached() -> Callable[[], None]:
+    """Fork. The parent waits for the child to say it listens, then exits 0, or for it to end,
+    then exits with its status (128 + N for signal N, as a shell says it), and never returns;
+    the child returns what says it listens.
+
+    The program that started this command (`local._start_server`) reaps this process within
+    moments, so the server it leaves running is nobody's child: no zombie of it in a program that
+    lives on past the server's idle exit, and no `Popen` dropped with its child running (a
+    `ResourceWarning`; an error in a program, or a test suite, that makes warnings errors). The
+    server stays in the session its start gave it, without leading it: it can never take a
+    controlling terminal. Nothing here has started a thread, so the fork is safe."""
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    if pid:
+        os.close(write_end)
+        if os.read(read_end, 1):
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(128 - code if code < 0 else code)
+    os.close(read_end)
+
+    def listening() -> None:
+        os.write(write_end, b"l")
+        os.close(write_end)
+
+    return listening

@@ -893,6 +893,39 @@ def test_a_client_of_another_protocol_version_is_told_and_disconnected(slots: An
     sock.close()
 
 
+def test_a_server_started_on_demand_is_no_programs_child_and_warns_nothing(slots: Any, tmp_path: Any) -> None:
+    """A long-lived program whose slot started this user's server, run with its warnings as
+    errors (`-X dev -W error`, as a test suite may run): once its run has ended and its garbage is
+    collected, it has no child (the server was its child, a zombie once the server's idle exit came,
+    and its dropped `Popen` raised `ResourceWarning: subprocess ... is still running`); the server
+    lives on, nobody's child but init's or a subreaper's, and answers."""
+    program = os.path.join(ROOT, "workers", "run_scripts", "slot_program.py")
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", program], cwd=tmp_path, env=env_for(slots),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"outcome": "COMPLETED", "children": []}, done.stdout
+    assert "Warning" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert len(server_pids(slots)) == 1
+    answered = _listening(slots)
+    assert answered is not None
+    answered.close()
+
+
+def test_a_server_that_cannot_serve_is_said_with_its_status_and_its_words(slots: Any, tmp_path: Any) -> None:
+    """The server a run starts cannot bind its socket (a directory is in its place): the run is
+    rejected at once with the server's status and its last words, not after a wait for an answer
+    that cannot come (the process the run started waits for its server, and ends as it did)."""
+    os.makedirs(slots, mode=0o700)
+    (slots / "slots.sock").mkdir()
+    began = time.monotonic()
+    status, err = finish(start(slots, tmp_path, "--slot", "s", "--", "true"))
+    assert status == 1, err
+    assert (f"the slot server started for '{slots / 'slots.sock'}' exited with status 1 before it answered: "
+            f"mpvisor slots serve: cannot serve at '{slots / 'slots.sock'}': Is a directory") in err, err
+    assert time.monotonic() - began < _leases.START_WAIT, err
+    assert server_pids(slots) == []
+
+
 def test_an_idle_server_exits_only_once_nothing_is_connected(slots: Any, tmp_path: Any) -> None:
     """`mpvisor slots serve --idle-exit 0.6`: a connected client keeps it up well past 0.6 s; once
     that client leaves, it exits with status 0 soon after, and takes its socket with it."""

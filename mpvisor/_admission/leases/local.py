@@ -197,7 +197,6 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
-            return sock
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             if not start:
@@ -219,15 +218,21 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
         except OSError as exc:
             sock.close()
             raise LeaseError(f"cannot connect to the slot server at {path!r}: {exc}") from None
+        else:
+            if started is not None:  # it exits as its server answers (`--detach`), or as it finds another serving
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    started.wait(START_WAIT)
+            return sock
 
 
 HELLO_TRIES = 5  # connections to a server that closes them at once, before giving up
 
 
 def _start_server(directory: str) -> subprocess.Popen[bytes]:
-    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal), its
-    stderr appended to `LOG_NAME`; if another client started one at the same moment, one of them
-    wins the lock, the other exits with `ANOTHER_SERVES` and says nothing (`--on-demand`)."""
+    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal, and
+    nobody's child: the process started exits once its server answers, `--detach`), its stderr
+    appended to `LOG_NAME`; if another client started one at the same moment, one of them wins
+    the lock, the other exits with `ANOTHER_SERVES` and says nothing (`--on-demand`)."""
     problem = _platform.private_dir(directory, "the slot server's directory", DIR_ENV)  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
@@ -245,7 +250,7 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
             # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
             # `mpvisor` package there, a checkout of another version, would be the server) and which
             # the server, living on, would keep from being unmounted (or keep alive once removed)
-            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", "--dir", directory],
+            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", "--detach", "--dir", directory],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True, cwd="/",
         )

@@ -44,6 +44,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import field
 from typing import Any
 
@@ -481,9 +482,11 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         pass
 
 
-async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool = False) -> int:
+async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool = False,
+                listening: Callable[[], None] | None = None) -> int:
     """Run the server for `directory` until idle; 3 if another server holds it (said on stderr,
-    unless `on_demand`: a client started this one, and another client's won the race to serve)."""
+    unless `on_demand`: a client started this one, and another client's won the race to serve).
+    `listening` is called once it answers connections (`mpvisor slots serve --detach`)."""
     lock = os.open(os.path.join(directory, _leases.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -505,6 +508,8 @@ async def serve(directory: str, idle_exit: float = IDLE_EXIT, *, on_demand: bool
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.done.set)
     server.maybe_idle()
+    if listening is not None:
+        listening()
     held = [lock]  # the lock's fd: `_keep_socket` takes a new one if the directory is made anew
     watching = asyncio.ensure_future(_keep_socket(server, path, listener, held))
     connected = False
