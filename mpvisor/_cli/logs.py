@@ -68,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"mpvisor: {line}", file=sys.stderr)
         print(f"mpvisor: {last.rstrip(':')}; the log files {printable(args.file)} names:", file=sys.stderr)
     files = [Followed(label, path) for label, path in _files(paths)]
+    try:
+        return _show(files, args)
+    finally:
+        for followed in files:
+            followed.close()
+
+
+def _show(files: list[Followed], args: argparse.Namespace) -> int:
+    """Print the last lines of `files`, then, with `-f`, what is written to them."""
     headers = len(files) > 1
     for index, followed in enumerate(files):
         try:
@@ -206,11 +215,14 @@ class Followed:
             text += self._rest()
         return text
 
-    def _open(self) -> bool:
-        """Open the file at the path now (closing the previous one); False if there is none."""
+    def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+    def _open(self) -> bool:
+        """Open the file at the path now (closing the previous one); False if there is none."""
+        self.close()
         try:
             self.file = open(self.path, "rb")  # noqa: SIM115 (kept open across polls; closed when replaced)
         except FileNotFoundError:

@@ -129,15 +129,16 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # whatever started pytest (`cmd &` ignores it)
 
 
-async def spawn(*argv: str) -> asyncio.subprocess.Process:
+async def spawn(*argv: str, **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mpvisor", *argv, env=cli_env(), stdin=subprocess.DEVNULL,
+        sys.executable, "-m", "mpvisor", *argv, env={**cli_env(), **env}, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
 
 
-async def cli(*argv: str) -> tuple[int, str, str]:
-    """`mpvisor ARGV` in a process of its own, while this loop serves: status, stdout, stderr."""
-    proc = await spawn(*argv)
+async def cli(*argv: str, **env: str) -> tuple[int, str, str]:
+    """`mpvisor ARGV` in a process of its own (`env` added to its environment), while this loop
+    serves: status, stdout, stderr."""
+    proc = await spawn(*argv, **env)
     out, err = await asyncio.wait_for(proc.communicate(), 40)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -223,6 +224,20 @@ async def test_logs_prints_the_last_lines_of_each_file(runs_dir: pathlib.Path, t
         status, out, _ = await cli("logs", "db")
         assert (status, out) == (0, "".join(f"out {i}\n" for i in range(6, 16)))
         assert await cli("logs", "db", "-n", "0") == (0, "", "")
+
+
+async def test_logs_closes_the_files_it_read(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """With Python's resource warnings made errors (`PYTHONWARNINGS=error::ResourceWarning`, as a
+    CI job may set for every Python program), `mpvisor logs` prints the logs and nothing else: it
+    left its files open for the interpreter to find, which then printed an `unclosed file` warning
+    on stderr for each."""
+    out_log, err_log = tmp_path / "web.log", tmp_path / "web.err"
+    out_log.write_text("out\n")
+    err_log.write_text("err\n")
+    target = FakeTarget("svc", "/srv/svc.toml", {"web": str(out_log), "web.err": str(err_log)})
+    async with serving(target):
+        assert await cli("logs", "web", PYTHONWARNINGS="error::ResourceWarning") == (
+            0, f"==> stdout: {out_log} <==\nout\n\n==> stderr: {err_log} <==\nerr\n", "")
 
 
 async def test_logs_says_a_log_file_that_is_not_there_yet(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
