@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 # `signal.signal`, `pthread_sigmask` and `sigpending` wrap these C functions to turn numbers into
 # enum members and back. In a process just forked, that conversion runs cold code and touches
@@ -122,6 +123,21 @@ def dump_no_core() -> None:
 def set_child_subreaper() -> None:
     """Make orphaned descendants re-parent to this process instead of init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def adopts_orphans() -> bool:
+    """Whether this process's orphaned descendants re-parent to it: it is the init of its PID
+    namespace (a container's entry program), or a child subreaper (a command an attempt runs)."""
+    if os.getpid() == 1:
+        return True
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    try:
+        _prctl(PR_GET_CHILD_SUBREAPER, ctypes.addressof(flag))
+    except OSError:
+        return False
+    return flag.value != 0
 
 
 def oom_score_adj() -> int:

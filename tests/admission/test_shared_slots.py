@@ -911,6 +911,21 @@ def test_a_server_started_on_demand_is_no_programs_child_and_warns_nothing(slots
     answered.close()
 
 
+def test_a_program_that_adopts_orphans_keeps_the_server_it_started_as_its_child_and_reaps_it(slots: Any,
+                                                                                             tmp_path: Any) -> None:
+    """A program that adopts orphans (a child subreaper, as a container's init is) starts the
+    server as its child, not detached: a detached server would be its orphan once the process
+    started for it exited, and a zombie nobody reaps once it ended. It stays the program's child,
+    which `subprocess` reaps when the program next starts a process."""
+    program = os.path.join(ROOT, "workers", "run_scripts", "slot_program.py")
+    done = subprocess.run([sys.executable, program, "subreaper"], cwd=tmp_path, env=env_for(slots),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
+    assert first["outcome"] == "COMPLETED" and len(first["children"]) == 1, first  # the server
+    assert second == {"left": []}, (first, second)
+
+
 def test_a_server_that_cannot_serve_is_said_with_its_status_and_its_words(slots: Any, tmp_path: Any) -> None:
     """The server a run starts cannot bind its socket (a directory is in its place): the run is
     rejected at once with the server's status and its last words, not after a wait for an answer

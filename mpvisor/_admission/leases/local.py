@@ -193,6 +193,7 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
         raise LeaseError(too_long)
     deadline = time.monotonic() + START_WAIT
     started: subprocess.Popen[bytes] | None = None
+    detached = False
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -203,7 +204,7 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
                 raise NoServer(f"no slot server answers at {path!r}") from exc
             if started is None:
                 try:
-                    started = _start_server(directory)
+                    started, detached = _start_server(directory)
                 except OSError as start_exc:
                     raise LeaseError(f"cannot start the slot server for {path!r}: "
                                      f"{_platform.start_error(start_exc)}") from None
@@ -219,7 +220,7 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
             sock.close()
             raise LeaseError(f"cannot connect to the slot server at {path!r}: {exc}") from None
         else:
-            if started is not None:  # it exits as its server answers (`--detach`), or as it finds another serving
+            if started is not None and detached:  # it exits as its server answers, or as it finds another serving
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     started.wait(START_WAIT)
             return sock
@@ -228,11 +229,17 @@ def connect(directory: str | None = None, *, start: bool = True) -> socket.socke
 HELLO_TRIES = 5  # connections to a server that closes them at once, before giving up
 
 
-def _start_server(directory: str) -> subprocess.Popen[bytes]:
-    """Start `mpvisor slots serve` for `directory`, detached (its own session, no terminal, and
-    nobody's child: the process started exits once its server answers, `--detach`), its stderr
-    appended to `LOG_NAME`; if another client started one at the same moment, one of them wins
-    the lock, the other exits with `ANOTHER_SERVES` and says nothing (`--on-demand`)."""
+def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
+    """Start `mpvisor slots serve` for `directory` in its own session (no terminal), its stderr
+    appended to `LOG_NAME`, and whether it was detached (`--detach`: no child of this process;
+    the process started exits once its server answers). If another client started one at the
+    same moment, one of them wins the lock, the other exits with `ANOTHER_SERVES` and says
+    nothing (`--on-demand`).
+
+    It is not detached when this process adopts orphans (a container's init, a subreaper): the
+    server would come back as this process's orphan, which nothing here would reap. It stays
+    this process's child then, as any process `subprocess` started and dropped, reaped when this
+    process next starts one."""
     problem = _platform.private_dir(directory, "the slot server's directory", DIR_ENV)  # made here if missing
     if problem is not None:
         raise LeaseError(problem)
@@ -245,15 +252,17 @@ def _start_server(directory: str) -> subprocess.Popen[bytes]:
     log = os.open(path, flags, 0o600)
     with contextlib.suppress(OSError):
         os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
+    detached = not _platform.adopts_orphans()
     try:
         return subprocess.Popen(
             # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
             # `mpvisor` package there, a checkout of another version, would be the server) and which
             # the server, living on, would keep from being unmounted (or keep alive once removed)
-            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", "--detach", "--dir", directory],
+            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", *(["--detach"] if detached else []),
+             "--dir", directory],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True, cwd="/",
-        )
+        ), detached
     finally:
         os.close(log)
 
