@@ -112,12 +112,19 @@ async def test_the_launcher_imports_what_most_targets_import_once_quiet_during_a
 def test_a_launcher_started_early_imports_them_before_its_first_attempt(tmp_path):
     """`mpvisor run` starts its launcher before it imports its runtime (tens of milliseconds in
     which no start waits), and that launcher imports `typing`, `signal` and `socket` meanwhile
-    (at once: `busy`): its first attempt finds them imported."""
+    (at once: `busy`): its first attempt finds them imported. That is a race the launcher wins
+    by tens of milliseconds on a machine with a core to spare, and may lose on one whose cores
+    are all busy (a first spawn does not wait for the warm-up): one run of three must find them,
+    and every run finds no task model."""
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "workers.plain:imported"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"typing": True, "signal": True, "socket": True, "task_model": False}, done.stdout
+    seen = []
+    while len(seen) < 3 and not (seen and all(seen[-1][name] for name in ("typing", "signal", "socket"))):
+        done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "workers.plain:imported"], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)
+        assert done.returncode == 0, done.stderr
+        seen.append(json.loads(done.stdout))
+    assert seen[-1] == {"typing": True, "signal": True, "socket": True, "task_model": False}, seen
+    assert not any(imported["task_model"] for imported in seen), seen
 
 
 def test_a_main_script_that_imports_the_task_model_gets_it_from_its_launcher(tmp_path):
