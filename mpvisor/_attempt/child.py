@@ -89,9 +89,13 @@ _EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may s
 _SIGTERM_NUM = _signal.SIGTERM
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = _signal.SIG_BLOCK, _signal.SIG_UNBLOCK
-# The system calls the child makes once the target has run, bound here, before any user code:
-# a target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
-# cannot keep its attempt from reporting or from ending (every path ends in `_exit`).
+# The system calls the child makes once the target has run, bound before any user code: a
+# target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
+# cannot keep its attempt from reporting or from ending (every path ends in `_exit`). They are
+# bound again as each attempt starts (`_bind_system_calls`), so what the process had set up
+# before the attempt is kept: a wrapper of `os._exit` put in by an at-fork hook of the launcher's,
+# a `preload` module or a `.pth` file (coverage.py's `patch = ["_exit", "fork"]`, which saves a
+# forked process's measurements as it ends).
 _exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
 # Signals a command may inherit ignored from whoever started mpvisor, which it keeps ignored as
 # the bare command would: SIGHUP under `nohup`, SIGINT and SIGQUIT for a background job of a
@@ -170,8 +174,16 @@ class _Channel:
         return unpack_start(self.read_exact(length))
 
 
+def _bind_system_calls() -> None:
+    """Bind the system calls the attempt ends with to `os`'s as they are now, as the attempt
+    starts and before any of its user code runs."""
+    global _exit, _write, _kill, _getpid
+    _exit, _write, _kill, _getpid = os._exit, os.write, os.kill, os.getpid
+
+
 def run(fd: int) -> NoReturn:
     """The attempt process's life, on the attempt socket `fd` (SIGTERM blocked on entry)."""
+    _bind_system_calls()
     try:
         channel = _Channel(fd)
         channel.send(Hello(os.getpid()))
@@ -212,6 +224,7 @@ def _finish_out_of_memory(fd: int) -> NoReturn:
 def refuse(fd: int, reason: str) -> NoReturn:
     """The life of an attempt its launcher cannot start as asked (a limit it cannot keep here):
     the handshake, then a permanent failure saying why; the target is never imported."""
+    _bind_system_calls()
     try:
         channel = _Channel(fd)
         channel.send(Hello(os.getpid()))

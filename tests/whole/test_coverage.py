@@ -1,0 +1,113 @@
+"""Does the coverage configuration docs/production.md gives count the lines targets run in
+their attempts?
+
+A virtual environment gets mpvisor (installed from a copy of the repository), coverage.py and
+pytest. A user's project holds `myjobs/jobs.py` and a test that runs one target with
+`mpvisor.run` and another with `mpvisor run` in a subprocess; its `pyproject.toml` is the
+`[tool.coverage.run]` block of "In your test suite", word for word. `coverage run -m pytest`,
+then `coverage combine`: both targets' bodies are counted as run, a line no attempt reached is
+not, and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from tests._venv import (
+    _HOST_PIP_SERVES_VENVS,
+    REPO,
+    Venv,
+    _step,
+    build_venv,
+    copy_repo,
+    run_bounded,
+)
+
+pytestmark = pytest.mark.timeout(300)  # building the venv takes 10-30 s
+
+JOBS = '''\
+def add(a, b):
+    return a + b  # line 2
+
+
+def mul(a, b):
+    return a * b  # line 6
+
+
+def never():
+    return "never"  # line 10
+'''
+
+USER_TEST = '''\
+import subprocess
+import sys
+
+import mpvisor
+from mpvisor import TaskFn, TaskSpec
+
+
+def test_in_process():
+    assert mpvisor.run([TaskSpec.once(TaskFn("add", "myjobs.jobs:add", (2, 3)))])["add"].value == 5
+
+
+def test_the_command():
+    done = subprocess.run([sys.executable, "-m", "mpvisor", "run", "myjobs.jobs:mul", "2", "3"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "6\\n", done
+'''
+
+
+def _documented_block() -> str:
+    text = (REPO / "docs" / "production.md").read_text(encoding="utf-8")
+    section = text.split("## In your test suite", 1)[1]
+    found = re.search(r"```toml no-run\n(.*?)```", section, re.S)
+    assert found, "docs/production.md: no toml block under 'In your test suite'"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    base = tmp_path_factory.mktemp("coverage-venv")
+    built = build_venv(base, "C", copy_repo(base / "mpvisor-copy"), mpvisor_editable=False, flat_editable=False,
+                       src_editable=False)
+    if _HOST_PIP_SERVES_VENVS:
+        pip = [sys.executable, "-m", "pip", "--python", built.python]
+    else:
+        pip = [built.python, "-m", "pip"]
+    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "coverage>=7.10", "pytest"],
+          "venv C: coverage and pytest", base)
+    return built
+
+
+def test_the_documented_configuration_counts_the_targets_lines(venv: Venv, tmp_path: pathlib.Path):
+    project = tmp_path / "project"
+    (project / "myjobs").mkdir(parents=True)
+    (project / "myjobs" / "__init__.py").write_text("")
+    (project / "myjobs" / "jobs.py").write_text(JOBS)
+    (project / "tests").mkdir()
+    (project / "tests" / "test_user.py").write_text(USER_TEST)
+    (project / "pyproject.toml").write_text(_documented_block())
+    before = {p.pid for p in psutil.process_iter()}
+    env = venv.env()
+    ran = run_bounded([venv.python, "-m", "coverage", "run", "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                      timeout=120, cwd=project, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    combined = run_bounded([venv.python, "-m", "coverage", "combine"], timeout=60, cwd=project, env=env)
+    assert combined.returncode == 0, combined.stdout + combined.stderr
+    reported = run_bounded([venv.python, "-m", "coverage", "json", "-o", "coverage.json"], timeout=60, cwd=project,
+                           env=env)
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    files = json.loads((project / "coverage.json").read_text())["files"]
+    jobs = next(data for name, data in files.items() if name.endswith("jobs.py"))
+    executed = set(jobs["executed_lines"])
+    assert {2, 6} <= executed, f"the targets' bodies were not counted: executed {sorted(executed)}"
+    assert 10 not in executed and 10 in jobs["missing_lines"]
+    left = [p for p in psutil.process_iter(["pid", "cmdline"])
+            if p.info["pid"] not in before and str(venv.root) in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"left running: {[(p.pid, p.info['cmdline']) for p in left]}"
