@@ -19,6 +19,7 @@ supervisor has shut down and the process's own handlers are back, `run` raises t
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 from collections.abc import Iterable
@@ -47,7 +48,9 @@ def run(
     SIGINT's default raises `KeyboardInterrupt` here (its `__context__` a `GraceExceeded` when a
     tree had to be killed), SIGTERM's and SIGHUP's defaults end the process by that signal. So a script that is
     interrupted stops, and dies by the signal, as shells expect; a program that handles the
-    signal itself gets its handler called, and the outcomes when it returns.
+    signal itself gets its handler called, and the outcomes when it returns. In a program that is
+    PID 1 of its PID namespace (a container's entry program), which the kernel never ends by a
+    signal it keeps the default of, SIGTERM's and SIGHUP's defaults raise `SystemExit(128 + N)`.
 
     Raises `RuntimeError` when called from a running event loop (it would block that loop):
     there, `await Supervisor(...).run(specs)` or serve one with `async with Supervisor(...)`."""
@@ -88,11 +91,22 @@ def _raise_signal(signum: signal.Signals, killed: BaseException | None) -> None:
     """Raise `signum` in this process; if the shutdown had to kill trees, while `killed` (its
     `GraceExceeded`) is being handled, so that what the signal's handler raises (SIGINT's
     `KeyboardInterrupt`) has it as its `__context__`. A handler that returns lets the outcomes
-    be returned."""
+    be returned.
+
+    PID 1 of a PID namespace (a container's entry program, without `--init`) is never ended by
+    a signal it keeps the default action of: the kernel drops it. There the default (SIGTERM's,
+    SIGHUP's) ends the program with `SystemExit(128 + N)` instead, the status a death by signal
+    N reports, so that `docker stop` stops it once the run has shut down."""
     if killed is None:
-        signal.raise_signal(signum)
+        _raise(signum)
         return
     try:
         raise killed
     except type(killed):
-        signal.raise_signal(signum)
+        _raise(signum)
+
+
+def _raise(signum: signal.Signals) -> None:
+    if os.getpid() == 1 and signal.getsignal(signum) == signal.SIG_DFL:
+        raise SystemExit(128 + signum)
+    signal.raise_signal(signum)
