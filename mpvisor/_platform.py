@@ -702,14 +702,15 @@ def user_runtime_dir() -> str:
 def private_dir(path: str, what: str, env: str = "") -> str | None:
     """Make `path` (and its missing parents) 0700 directories of this user's; None when it is
     one, else why it cannot be used, naming it as `what` ("the slot server's directory"), and,
-    where another user's directory is in the way, the variable `env` that moves it. The caller
-    raises its own error with that text."""
+    where it cannot be made (no permission, a read-only filesystem, a container's read-only
+    root, a full disk) or another user's directory is in the way, the variable `env` that moves
+    it. The caller raises its own error with that text."""
     elsewhere = f": set ${env} to a directory of yours" if env else ""
     try:
         _make_private_dirs(os.path.abspath(path))
         info = os.lstat(path)
     except OSError as exc:
-        return f"cannot create {what} {path!r}: {exc.strerror or exc}{elsewhere if isinstance(exc, PermissionError) else ''}"
+        return f"cannot create {what} {path!r}: {exc.strerror or exc}{elsewhere}"
     if not stat.S_ISDIR(info.st_mode):
         return f"{what} {path!r} is not a directory"
     if info.st_uid != os.getuid():  # in a shared /tmp, another user may have made it first

@@ -1396,6 +1396,29 @@ def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_var
                                                    "Permission denied: set $MPVISOR_CONTROL_DIR to a directory of yours\n")
 
 
+def test_a_read_only_tmp_is_named_with_the_variable_that_moves_the_slot_servers_directory(tmp_path):
+    """A container with a read-only root and no writable /tmp (`docker run --read-only` without a
+    tmpfs there): the slot server's directory cannot be made, and a run with a slot, and
+    `mpvisor slots`, are refused naming the variable to set (they said only `Read-only file
+    system`: only a permission error named it). /tmp is bound read-only onto itself in a mount
+    namespace of the run's own (`unshare --mount`; an ordinary user's within a user namespace of
+    its own), the directory one below this test's."""
+    user_ns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    slots = tmp_path / "slots"
+    script = ('mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && cd / && "$0" -m mpvisor run --slot s -- true; '
+              'echo "status $?" >&2; "$0" -m mpvisor slots; echo "status $?" >&2')
+    ran = subprocess.run(["unshare", *user_ns, "--mount", "sh", "-c", script, sys.executable],
+                         env={**cli_env(), "MPVISOR_SLOTS_DIR": str(slots)}, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=30)
+    said = (f"cannot create the slot server's directory {str(slots)!r}: Read-only file system: set $MPVISOR_SLOTS_DIR "
+            "to a directory of yours")
+    lines = ran.stderr.splitlines()
+    assert len(lines) == 4, ran.stderr
+    assert said in lines[0] and lines[1] == "status 1", ran.stderr
+    assert lines[2:] == [f"mpvisor slots: {said}", "status 1"], ran.stderr
+    assert not slots.exists()
+
+
 @pytest.mark.skipif(pids_cgroup_problem() is not None, reason=str(pids_cgroup_problem()))
 @pytest.mark.parametrize("most", [5, 6, 7])
 def test_a_slot_run_under_a_process_limit_ends_naming_it_and_never_hangs(tmp_path, most):
