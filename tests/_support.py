@@ -141,6 +141,14 @@ def signalled(proc: subprocess.Popen[str], signum: int, timeout: float = 15) -> 
     return proc.returncode, stderr
 
 
+def kill_group_if_running(proc: subprocess.Popen[Any]) -> None:
+    """A test's clean-up of a program it started in a session of its own (`start_new_session`):
+    if it still runs, SIGKILL its process group and reap it (its pipes read to their end)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def read_markers(path: str | os.PathLike[str]) -> list[tuple[str, str, int, int]]:
     """The marker lines `<word> <task> <attempt> <pid>` of `path`, in file order."""
     markers = []

@@ -138,21 +138,25 @@ async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[
     session = RunSession(runtime)
     with _SignalHandlers(runtime, passed_on, stopped_by, hands_on=hands_on):
         try:
-            await start(session)
-        except asyncio.CancelledError:
-            await _shut_down_canceled(runtime)
-            raise
-        except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
-            if _holds_no_work(runtime):  # but tasks added through other handles go on
-                await runtime.stop_launcher()
-            raise
-        try:
-            while not runtime.shutdown_started and (not _holds_no_work(runtime) or session.held()):
-                await runtime.wait_for_change()
+            await _until_done(runtime, session, start)
         except asyncio.CancelledError:
             await _shut_down_canceled(runtime)
             raise
         await runtime.shutdown()
+
+
+async def _until_done(runtime: Runtime, session: RunSession, start: Callable[[RunSession], Awaitable[None]]) -> None:
+    """`start`, then wait until the run's work is done or a shutdown began."""
+    try:
+        await start(session)
+    except asyncio.CancelledError:  # the caller's: `run_session` shuts down
+        raise
+    except BaseException:  # a rejected batch (or a failed preload): nothing keeps running,
+        if _holds_no_work(runtime):  # but tasks added through other handles go on
+            await runtime.stop_launcher()
+        raise
+    while not runtime.shutdown_started and (not _holds_no_work(runtime) or session.held()):
+        await runtime.wait_for_change()
 
 
 async def _shut_down_canceled(runtime: Runtime) -> None:

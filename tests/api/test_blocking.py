@@ -27,7 +27,15 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, Gate, child_pids_of_self, pid_gone, wait_for, words
+from tests._support import (
+    Collector,
+    Gate,
+    child_pids_of_self,
+    kill_group_if_running,
+    pid_gone,
+    wait_for,
+    words,
+)
 
 
 @pytest.mark.timeout(60)
@@ -307,9 +315,7 @@ def test_a_ctrl_c_delivered_twice_is_one_interruption_of_the_with_block(tmp_path
         os.killpg(proc.pid, signal.SIGINT)  # the same SIGINT, to the group: once the block's shutdown waits
         stdout, stderr = proc.communicate(timeout=20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        kill_group_if_running(proc)
     assert proc.returncode == -signal.SIGINT, stderr
     assert stdout == "cleaned\n" and "killed at once" not in stderr, (stdout, stderr)
     assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr

@@ -17,7 +17,7 @@ import sys
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._support import file_lines, read_markers, tree_env, wait_for
+from tests._support import file_lines, kill_group_if_running, read_markers, tree_env, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "workers" / "run_scripts" / "signalled_run.py"
@@ -43,9 +43,7 @@ def test_a_sigterm_to_a_program_that_is_pid_1_shuts_the_run_down_and_ends_the_pr
         init.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        kill_group_if_running(proc)
     finished = [json.loads(line) for line in file_lines(tmp_path / "events.jsonl")]
     assert sorted(e["task"] for e in finished if e["kind"] == "task_finished" and e["outcome_kind"] == "outcome_canceled") == [
         "parent", "plain"], stderr

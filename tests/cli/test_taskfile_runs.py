@@ -29,7 +29,7 @@ import pytest
 
 from mpvisor._admission.leases import local as _leases
 from tests._slot_support import intervals, stop_servers
-from tests._support import pid_gone, sigint_twice, wait_for
+from tests._support import kill_group_if_running, pid_gone, sigint_twice, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -793,9 +793,7 @@ def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathl
             step.send_signal(signal.SIGTERM)
         _, err = script.communicate(timeout=20)
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            script.communicate()
+        kill_group_if_running(script)
     lines = marker.read_text().splitlines()
     if how != "sigterm":
         assert script.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err

@@ -47,6 +47,7 @@ from tests._support import (
     child_pids_of_self,
     file_lines,
     fn,
+    kill_group_if_running,
     once,
     pid_gone,
     read_markers,
@@ -348,12 +349,6 @@ def log_of(work: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in file_lines(work / "events.jsonl")]
 
 
-def stop_script(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 @pytest.mark.parametrize("scenario, loop", [("mixed", "asyncio"), ("mixed-async", "asyncio"), ("mixed-async", "uvloop")])
 def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_lives_on(
         tmp_path, scenario: str, loop: str) -> None:
@@ -372,7 +367,7 @@ def test_a_run_that_had_to_kill_a_tree_returns_every_outcome_to_a_program_that_l
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
     finally:
-        stop_script(process)
+        kill_group_if_running(process)
     outcomes = json.loads((tmp_path / "outcomes.json").read_text())
     assert outcomes == {"quick": ["COMPLETED", "kept"], "polite": ["CANCELED", None], "stubborn": ["FORCE_ABORTED", None]}
     assert not (tmp_path / "grace_exceeded.txt").exists()
@@ -404,7 +399,7 @@ def test_sigterm_or_sigint_shuts_a_run_script_down_gracefully(tmp_path, how: str
             os.killpg(process.pid, signal.SIGINT)
         assert process.wait(timeout=15) == -(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
     finally:
-        stop_script(process)
+        kill_group_if_running(process)
     log = log_of(tmp_path)
     kinds = [line["kind"] for line in log]
     assert kinds.count("shutdown_requested") == 1 and kinds.count("all_stopped_within_grace") == 1
@@ -429,7 +424,7 @@ def test_a_sigint_during_the_shutdown_ends_the_grace_at_once(tmp_path, first: si
         assert process.wait(timeout=10) == -signal.SIGINT
         assert time.monotonic() - began < 5
     finally:
-        stop_script(process)
+        kill_group_if_running(process)
     finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
     assert [(line["task"], line["outcome_kind"]) for line in finished] == [("stubborn", "outcome_force_aborted")]
     said = (tmp_path / "grace_exceeded.txt").read_text()
@@ -510,7 +505,7 @@ def test_a_shutdown_cuts_a_timed_out_attempts_kill_wait_to_the_grace(tmp_path, s
         assert process.wait(timeout=20) == -signal.SIGINT
         assert time.monotonic() - began < 10  # the grace, not timeout_kill_after
     finally:
-        stop_script(process)
+        kill_group_if_running(process)
     finished = [line for line in log_of(tmp_path) if line["kind"] == "task_finished"]
     assert [(line["task"], line["outcome_kind"]) for line in finished] == [("deaf", "outcome_force_aborted")]
     said = (tmp_path / "grace_exceeded.txt").read_text()
