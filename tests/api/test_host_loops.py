@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mpvisor import Supervisor, SupervisorConfig
-from tests._support import child_pids_of_self, once, wait_for, words
+from tests._support import child_pids_of_self, kill_group_if_running, once, wait_for, words
 from workers import coop, misbehave
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,9 +38,7 @@ def _result(process: subprocess.Popen[str], timeout: float = 30) -> dict[str, An
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        kill_group_if_running(process)
     assert process.returncode == 0, err
     return dict(json.loads(out.splitlines()[-1]))
 
