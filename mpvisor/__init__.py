@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from mpvisor._api.handle import SupervisorHandle
     from mpvisor._api.run import run
     from mpvisor._api.supervisor import Supervisor, SupervisorBuilder
+    from mpvisor._cli.frozen import freeze_support
     from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
     from mpvisor._model.events import Event, EventKind
     from mpvisor._model.identity import TaskId
@@ -99,6 +100,7 @@ _LAZY = {
     "Supervisor": "._api.supervisor",
     "SupervisorBuilder": "._api.supervisor",
     "run": "._api.run",
+    "freeze_support": "._cli.frozen",
     "ControllerSnapshot": "._admission.submission",
     "ControllerSpec": "._admission.submission",
     "PreparedSubmission": "._admission.submission",
@@ -211,6 +213,7 @@ __all__ = (
     "TaskWaiter",
     "context",
     "drive_progress_bars",
+    "freeze_support",
     "progress_reports",
     "run",
 )

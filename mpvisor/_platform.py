@@ -25,6 +25,7 @@ pid, names one process for its whole life).
 | the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 | send or receive one packet with descriptors attached, on any socket | `send_fds(sock, data, fds)`, `recv_fds(sock, flags)` |
+| the command line of a process of mpvisor's own (a launcher, a `spawn` attempt, a slot server), in a frozen program too | `own_process_argv(role, normal, args)`, `interpreter_argv(code)`; `frozen()` |
 
 What a fork server imports (this module, `_attempt/context.py`, `_attempt/child.py`,
 `_launchers/local/forkserver.py` and `guardian.py`) reaches signals and sockets through their C
@@ -634,6 +635,36 @@ def read_small_file(path: str) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+FROZEN_FLAG = "--mpvisor-process"  # a frozen program's argv[1] when mpvisor started it as one of its own processes
+
+
+def frozen() -> bool:
+    """Whether this is a frozen program (PyInstaller, cx_Freeze: `sys.frozen`): its
+    `sys.executable` is the program itself, which runs its own main whatever its arguments."""
+    return bool(getattr(sys, "frozen", False))
+
+
+def own_process_argv(role: str, normal: list[str], args: Iterable[str]) -> list[str]:
+    """The command line of a process mpvisor starts to run its own code (`role`: "launcher", an
+    "attempt" started with `start_method="spawn"`, the "cli" of a slot server): `normal` (this
+    interpreter running that code: `interpreter_argv`) and then `args`. In a frozen program it
+    is the program, `[sys.executable, FROZEN_FLAG, role, *args]`, which becomes `role` in
+    `mpvisor.freeze_support()` (`_cli/frozen.py`), called first thing in the program's main.
+
+    A process mpvisor started so that never became its role (the program did not call
+    `freeze_support()`, and ran its own main instead) would start another, and that one another,
+    without end: here it says why on stderr and exits 1, which the process that started it
+    reports as its launcher's (or slot server's) last words."""
+    if frozen() and len(sys.argv) > 2 and sys.argv[1] == FROZEN_FLAG:
+        os.write(2, f"mpvisor: this frozen program {sys.executable!r} was started as mpvisor's {sys.argv[2]}, but ran "
+                    "its own main instead: call mpvisor.freeze_support() first thing under "
+                    "`if __name__ == \"__main__\":`\n".encode(errors="replace"))
+        os._exit(1)
+    if frozen():
+        return [sys.executable, FROZEN_FLAG, role, *args]
+    return [*normal, *args]
 
 
 def interpreter_argv(code: str) -> list[str]:

@@ -545,6 +545,10 @@ def _import_target(start: Start) -> Any:
             module = _prepared.import_main_script(start.main_path) if prepared else None
             if module is None:
                 module = _import_main_script(start.main_path)
+        elif module_name == "__main__" and _platform.frozen():
+            # A frozen program's main is no file to import: it is this process's `__main__`, which
+            # the launcher (the program itself, started again) ran up to `mpvisor.freeze_support()`.
+            module = sys.modules["__main__"]
         elif module_name == "__main__":  # this process's own `__main__` is not the parent's
             raise ImportError(
                 "the target is defined in `__main__`, but the main program (`python -c`, a script read from stdin, "
@@ -562,6 +566,10 @@ def _import_target(start: Start) -> Any:
         if obj is module and not hasattr(obj, part):
             if module_name == "__main__" and start.main_path is not None:
                 raise AttributeError(_not_in_main_script(start.main_path, part))
+            if module_name == "__main__" and _platform.frozen():
+                raise AttributeError(
+                    f"the frozen program's main defines no {part!r} before it calls mpvisor.freeze_support(), which is "
+                    "as far as a launcher runs it: define targets at the main script's top level, or in a module")
             if _ran_with_dash_m(module, start):
                 raise AttributeError(_not_in_main_script(module_name, part, ran="module"))
         obj = getattr(obj, part)

@@ -37,6 +37,7 @@ PUBLIC_API = {
     "ControllerConfig", "ControllerSpec", "AdmissionPolicy", "PreparedSubmission",
     "ControllerSnapshot", "SlotView", "SlotStatus", "PrometheusMetrics", "TaskId", "Resources", "RestartIntensity", "Limits",
     "BlockingHandle", "BlockingWaiter", "BlockingEvents", "BlockingPreparedSubmission", "EventStream", "Subscriber",
+    "freeze_support",
 }
 # Public submodules, imported only when asked for (`mpvisor.ray` imports Ray when served).
 SUBMODULES = {"ray"}

@@ -258,8 +258,8 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
             # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
             # `mpvisor` package there, a checkout of another version, would be the server) and which
             # the server, living on, would keep from being unmounted (or keep alive once removed)
-            [sys.executable, "-P", "-m", "mpvisor", "slots", "serve", "--on-demand", *(["--detach"] if detached else []),
-             "--dir", directory],
+            _platform.own_process_argv("cli", [sys.executable, "-P", "-m", "mpvisor"], [
+                "slots", "serve", "--on-demand", *(["--detach"] if detached else []), "--dir", directory]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True, cwd="/",
         ), detached

@@ -300,6 +300,9 @@ class LauncherClient:
             text += " before importing any preload module"
         if last_line:
             text += f"; its last line on stderr: {last_line!r}"
+        if _platform.frozen() and "freeze_support" not in (last_line or ""):
+            # the launcher is the program itself, which ran its own main instead (`_cli/frozen.py`)
+            text += "; a frozen program must call mpvisor.freeze_support() first thing under `if __name__ == \"__main__\":`"
         return text
 
     # --- the control channel -----------------------------------------------------------------

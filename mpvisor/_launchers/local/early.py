@@ -88,8 +88,8 @@ def spawn_guardian(preload: tuple[str, ...], environment: tuple[dict[str, str], 
         parent_stderr = os.dup(2)  # the launcher moves to it once it is ready
     except OSError:
         parent_stderr = -1
-    argv = _platform.interpreter_argv(code)
-    argv += [str(os.getpid()), str(theirs.fileno()), str(parent_stderr), "busy" if busy else "-", *preload]
+    argv = _platform.own_process_argv("launcher", _platform.interpreter_argv(code), [
+        str(os.getpid()), str(theirs.fileno()), str(parent_stderr), "busy" if busy else "-", *preload])
     keep = [fd for fd in (theirs.fileno(), parent_stderr) if fd >= 0]
     try:
         proc = subprocess.Popen(argv, pass_fds=keep, process_group=0, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
