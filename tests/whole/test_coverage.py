@@ -1,7 +1,7 @@
 """Does the coverage configuration docs/production.md gives count the lines targets run in
 their attempts?
 
-A virtual environment gets mpvisor (installed from a copy of the repository), coverage.py and
+A virtual environment (`conftest.py`: shared with `test_frozen.py`) gets mpvisor (installed from a copy of the repository), coverage.py and
 pytest. A user's project holds `myjobs/jobs.py` and a test that runs one target with
 `mpvisor.run` and another with `mpvisor run` in a subprocess; its `pyproject.toml` is the
 `[tool.coverage.run]` block of "In your test suite", word for word. `coverage run -m pytest`,
@@ -14,20 +14,11 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import sys
 
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._venv import (
-    _HOST_PIP_SERVES_VENVS,
-    REPO,
-    Venv,
-    _step,
-    build_venv,
-    copy_repo,
-    run_bounded,
-)
+from tests._venv import REPO, Venv, run_bounded
 
 pytestmark = pytest.mark.timeout(300)  # building the venv takes 10-30 s
 
@@ -71,18 +62,9 @@ def _documented_block() -> str:
     return found.group(1)
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    base = tmp_path_factory.mktemp("coverage-venv")
-    built = build_venv(base, "C", copy_repo(base / "mpvisor-copy"), mpvisor_editable=False, flat_editable=False,
-                       src_editable=False)
-    if _HOST_PIP_SERVES_VENVS:
-        pip = [sys.executable, "-m", "pip", "--python", built.python]
-    else:
-        pip = [built.python, "-m", "pip"]
-    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "coverage>=7.10", "pytest"],
-          "venv C: coverage and pytest", base)
-    return built
+@pytest.fixture
+def venv(tools_venv: Venv) -> Venv:
+    return tools_venv  # mpvisor installed from a copy of the repository, with coverage.py and pytest (conftest.py)
 
 
 def test_the_documented_configuration_counts_the_targets_lines(venv: Venv, tmp_path: pathlib.Path):

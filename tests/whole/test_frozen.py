@@ -1,8 +1,8 @@
 """Does a program frozen with PyInstaller run its work with mpvisor, and does one that forgot
 `mpvisor.freeze_support()` fail clearly instead of starting itself without end?
 
-A virtual environment gets mpvisor (installed from a copy of the repository) and PyInstaller,
-which freezes `workers/frozen/app.py` (with its module `jobs.py`) into a one-directory program,
+The PyInstaller of a virtual environment with mpvisor (installed from a copy of the repository,
+`conftest.py`) freezes `workers/frozen/app.py` (with its module `jobs.py`) into a one-directory program,
 as its users build theirs. In a frozen program `sys.executable` is the program itself, so every
 launcher, `start_method="spawn"` attempt and slot server mpvisor starts is the program again,
 which becomes that process in `freeze_support()`. Before it, such a program started itself
@@ -16,20 +16,11 @@ import os
 import pathlib
 import shutil
 import signal
-import sys
 
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._venv import (
-    _HOST_PIP_SERVES_VENVS,
-    REPO,
-    Venv,
-    _step,
-    build_venv,
-    copy_repo,
-    run_bounded,
-)
+from tests._venv import REPO, Venv, _step, run_bounded
 
 pytestmark = pytest.mark.timeout(300)  # building the venv and freezing the program take 20-40 s
 
@@ -37,22 +28,14 @@ APP_SOURCE = REPO / "workers" / "frozen"
 
 
 @pytest.fixture(scope="module")
-def frozen_app(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The frozen program's executable (`dist/app/app`, a one-directory build)."""
-    base = tmp_path_factory.mktemp("frozen")
-    venv: Venv = build_venv(base, "F", copy_repo(base / "mpvisor-copy"), mpvisor_editable=False, flat_editable=False,
-                            src_editable=False)
-    if _HOST_PIP_SERVES_VENVS:
-        pip = [sys.executable, "-m", "pip", "--python", str(venv.python)]
-    else:
-        pip = [str(venv.python), "-m", "pip"]
-    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "pyinstaller>=6"], "venv F: pyinstaller",
-          base)
-    project = base / "project"
+def frozen_app(tools_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The frozen program's executable (`dist/app/app`, a one-directory build by the PyInstaller
+    of the shared venv, conftest.py)."""
+    project = tmp_path_factory.mktemp("frozen") / "project"
     project.mkdir()
     for name in ("app.py", "jobs.py"):
         shutil.copy2(APP_SOURCE / name, project / name)
-    _step([str(venv.root / "bin" / "pyinstaller"), "--noconfirm", "--onedir", "--log-level", "WARN", "app.py"],
+    _step([str(tools_venv.root / "bin" / "pyinstaller"), "--noconfirm", "--onedir", "--log-level", "WARN", "app.py"],
           "pyinstaller app.py", project)
     app = project / "dist" / "app" / "app"
     assert app.is_file(), f"no frozen program at {app}"
