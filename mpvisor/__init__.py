@@ -152,6 +152,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _imported_by_name() -> None:
+    """Never called: its imports name the modules that `__getattr__` imports by name, for a
+    freezer that puts in a program only the modules it sees imported where code can run (Nuitka,
+    which leaves out the `TYPE_CHECKING` block)."""
+    from mpvisor._admission import config, slots, submission  # noqa: F401
+    from mpvisor._api import blocking, handle, run, supervisor  # noqa: F401
+    from mpvisor._cli import frozen  # noqa: F401
+    from mpvisor._model import backoff, events, identity, outcome, restart, spec, work  # noqa: F401
+    from mpvisor._observe import metrics, progress, writers  # noqa: F401
+    from mpvisor._runtime import bus  # noqa: F401
+    from mpvisor._runtime import config as runtime_config  # noqa: F401
+    from mpvisor._tasks import registry  # noqa: F401
+
+
 __all__ = (
     "INHERIT",
     "AdmissionPolicy",

@@ -1,9 +1,10 @@
 """Can this machine run mpvisor, and how do we reach the Linux calls the stdlib lacks?
 
 Owns the few system calls that `os` and `signal` do not wrap (`prctl` for parent-death signals
-and child subreapers), the platform check behind `serve()`, the soft-to-hard `RLIMIT_NOFILE`
-raise, and reading a process's start time from `/proc/<pid>/stat` (the identity that, with a
-pid, names one process for its whole life).
+and child subreapers; `pidfd_open` and `pidfd_send_signal` where this interpreter lacks them),
+the platform check behind `serve()`, the soft-to-hard `RLIMIT_NOFILE` raise, and reading a
+process's start time from `/proc/<pid>/stat` (the identity that, with a pid, names one process
+for its whole life).
 
 | need | call |
 |---|---|
@@ -25,7 +26,7 @@ pid, names one process for its whole life).
 | the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 | send or receive one packet with descriptors attached, on any socket | `send_fds(sock, data, fds)`, `recv_fds(sock, flags)` |
-| the command line of a process of mpvisor's own (a launcher, a `spawn` attempt, a slot server), in a frozen program too | `own_process_argv(role, normal, args)`, `interpreter_argv(code)`; `frozen()` |
+| the command line of a process of mpvisor's own (a launcher, a `spawn` attempt, a slot server), in a frozen program too | `own_process_argv(role, normal, args)`, `interpreter_argv(code)`; `frozen()`, `frozen_program()` |
 
 What a fork server imports (this module, `_attempt/context.py`, `_attempt/child.py`,
 `_launchers/local/forkserver.py` and `guardian.py`) reaches signals and sockets through their C
@@ -67,6 +68,31 @@ set_signal_handler: Callable[[int, Any], object] = _signal.signal
 signal_mask: Callable[[int, Iterable[int]], object] = _signal.pthread_sigmask
 pending_signals: Callable[[], set[int]] = _signal.sigpending
 set_wakeup_fd: Callable[[int], int] = _signal.set_wakeup_fd
+
+
+def _syscall(number: int) -> Callable[..., int]:
+    """Linux's system call `number` through libc's `syscall()` (int arguments, those not given
+    0), raising `OSError` as `os` does."""
+    import ctypes
+
+    fn = ctypes.CDLL(None, use_errno=True).syscall
+    fn.restype = ctypes.c_long
+
+    def call(*args: int) -> int:
+        result: int = fn(ctypes.c_long(number), *(ctypes.c_long(arg) for arg in (*args, 0, 0, 0, 0)[:4]))
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return result
+
+    return call
+
+
+# `os.pidfd_open` and `signal.pidfd_send_signal`, or the same system calls (numbered alike on every
+# architecture) where this interpreter has neither: one built with kernel headers older than
+# Linux 5.3, as the interpreter cx_Freeze builds a program with is (for manylinux2014).
+pidfd_open: Callable[[int], int] = getattr(os, "pidfd_open", None) or _syscall(434)
+pidfd_send_signal: Callable[[int, int], object] = getattr(_signal, "pidfd_send_signal", None) or _syscall(424)
 
 _prctl_fn: Callable[..., int] | None = None
 
@@ -305,12 +331,12 @@ def kill_cgroup_member(pid: int, name: str) -> None:
     """SIGKILL `pid` if it is still a member of a cgroup named `name` (through a pidfd opened
     first, so a pid reused meanwhile by a process elsewhere is never signalled)."""
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = pidfd_open(pid)
     except OSError:
         return
     try:
         if any(line.endswith(f"/{name}") for line in read_small_file(f"/proc/{pid}/cgroup").decode().splitlines()):
-            _signal.pidfd_send_signal(pidfd, 9)
+            pidfd_send_signal(pidfd, 9)
     except OSError:
         pass
     finally:
@@ -343,7 +369,7 @@ def kill_group_left(pgid: int, leader_pidfd: int | None, wait: float) -> None:
 def _leader_or_free(pgid: int, leader_pidfd: int | None) -> bool:
     if leader_pidfd is not None:
         try:
-            _signal.pidfd_send_signal(leader_pidfd, 0)
+            pidfd_send_signal(leader_pidfd, 0)
             return True  # the leader lives: the number is its
         except OSError:
             pass
@@ -640,31 +666,46 @@ def read_small_file(path: str) -> bytes:
 FROZEN_FLAG = "--mpvisor-process"  # a frozen program's argv[1] when mpvisor started it as one of its own processes
 
 
+def frozen_program() -> str | None:
+    """The executable of this program when it is a frozen one, which runs its own main whatever
+    its arguments; None otherwise. PyInstaller and cx_Freeze set `sys.frozen`, and their
+    `sys.executable` is the program. Nuitka sets neither: the main module of its standalone
+    program has a `__compiled__` whose `standalone` is true and whose `process_exe` is the
+    program (its `sys.executable` names a `python` beside the program, which is not there; once
+    `multiprocessing` is imported, the program)."""
+    if getattr(sys, "frozen", False):
+        return sys.executable
+    compiled = getattr(sys.modules.get("__main__"), "__compiled__", None)
+    if getattr(compiled, "standalone", False):
+        return getattr(compiled, "process_exe", None) or os.path.realpath("/proc/self/exe")  # (a Nuitka without it)
+    return None
+
+
 def frozen() -> bool:
-    """Whether this is a frozen program (PyInstaller, cx_Freeze: `sys.frozen`): its
-    `sys.executable` is the program itself, which runs its own main whatever its arguments."""
-    return bool(getattr(sys, "frozen", False))
+    """Whether this is a frozen program (`frozen_program`)."""
+    return frozen_program() is not None
 
 
 def own_process_argv(role: str, normal: list[str], args: Iterable[str]) -> list[str]:
     """The command line of a process mpvisor starts to run its own code (`role`: "launcher", an
     "attempt" started with `start_method="spawn"`, the "cli" of a slot server): `normal` (this
     interpreter running that code: `interpreter_argv`) and then `args`. In a frozen program it
-    is the program, `[sys.executable, FROZEN_FLAG, role, *args]`, which becomes `role` in
+    is the program, `[frozen_program(), FROZEN_FLAG, role, *args]`, which becomes `role` in
     `mpvisor.freeze_support()` (`_cli/frozen.py`), called first thing in the program's main.
 
     A process mpvisor started so that never became its role (the program did not call
     `freeze_support()`, and ran its own main instead) would start another, and that one another,
     without end: here it says why on stderr and exits 1, which the process that started it
     reports as its launcher's (or slot server's) last words."""
-    if frozen() and len(sys.argv) > 2 and sys.argv[1] == FROZEN_FLAG:
-        os.write(2, f"mpvisor: this frozen program {sys.executable!r} was started as mpvisor's {sys.argv[2]}, but ran "
+    program = frozen_program()
+    if program is None:
+        return [*normal, *args]
+    if len(sys.argv) > 2 and sys.argv[1] == FROZEN_FLAG:
+        os.write(2, f"mpvisor: this frozen program {program!r} was started as mpvisor's {sys.argv[2]}, but ran "
                     "its own main instead: call mpvisor.freeze_support() first thing under "
                     "`if __name__ == \"__main__\":`\n".encode(errors="replace"))
         os._exit(1)
-    if frozen():
-        return [sys.executable, FROZEN_FLAG, role, *args]
-    return [*normal, *args]
+    return [program, FROZEN_FLAG, role, *args]
 
 
 def interpreter_argv(code: str) -> list[str]:

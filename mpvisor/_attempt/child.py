@@ -766,7 +766,10 @@ def _describe(exc: BaseException) -> str:
 
 
 _MPVISOR = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # mpvisor's own frames
-_IMPORT_MACHINERY = (*_MPVISOR, os.path.dirname(os.path.abspath(importlib.__file__ or "")) + os.sep,  # importlib's
+# importlib's own frames: its directory (none where the standard library is built into the program,
+# as cx_Freeze builds it: its modules have no `__file__`) and its frozen modules
+_IMPORTLIB = getattr(importlib, "__file__", None)
+_IMPORT_MACHINERY = (*_MPVISOR, *([os.path.dirname(os.path.abspath(_IMPORTLIB)) + os.sep] if _IMPORTLIB else []),
                      "<frozen importlib.")
 # The frame of mpvisor's coroutine that awaits an `async def` target: it and what is ahead of it
 # (mpvisor's, and the loop's that ran it: `asyncio.run`, `run_until_complete`, uvloop's) are left
@@ -855,7 +858,10 @@ def _standard_module(name: str) -> Any:
     module = sys.modules.get(name)
     if module is not None:
         return module
-    standard = os.path.dirname(os.__file__)
+    standard = getattr(os, "__file__", None)  # none where the standard library is built in (cx_Freeze)
+    if standard is None:
+        return importlib.import_module(name)
+    standard = os.path.dirname(standard)
     saved = sys.path[:]
     sys.path[:] = [standard, os.path.join(standard, "lib-dynload")]
     try:

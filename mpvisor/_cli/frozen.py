@@ -1,11 +1,11 @@
-"""How does a frozen program (PyInstaller, cx_Freeze) start mpvisor's own processes?
+"""How does a frozen program (PyInstaller, cx_Freeze, Nuitka) start mpvisor's own processes?
 
 mpvisor starts three kinds of process that run its own code: a launcher (the guardian and fork
 server of every attempt), an attempt of `start_method="spawn"` (a fresh interpreter), and a slot
 server. Each is `sys.executable` with arguments that say what to run (`_platform.interpreter_argv`).
-In a frozen program `sys.executable` is the program itself, which runs its own main whatever
-it is given; so there each is started as `PROGRAM --mpvisor-process ROLE ARGS...`
-(`_platform.own_process_argv`), and the program becomes ROLE when it calls `freeze_support()`
+A frozen program has no interpreter but itself, which runs its own main whatever it is given; so
+there each is started as `PROGRAM --mpvisor-process ROLE ARGS...` (`_platform.own_process_argv`;
+PROGRAM: `_platform.frozen_program`), and the program becomes ROLE when it calls `freeze_support()`
 first thing in its main, as `multiprocessing.freeze_support()` lets a frozen program become
 multiprocessing's workers:
 

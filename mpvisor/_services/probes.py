@@ -168,7 +168,7 @@ def _start(argv: tuple[str, ...], cwd: str | None, env: Mapping[str, str] | None
 async def _exit_of(pid: int) -> None:
     """Return once the child `pid` has exited (it stays unreaped: a zombie keeps its group)."""
     loop = asyncio.get_running_loop()
-    pidfd = os.pidfd_open(pid)
+    pidfd = _platform.pidfd_open(pid)
     exited: asyncio.Future[None] = loop.create_future()
 
     def on_exit() -> None:

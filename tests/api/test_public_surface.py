@@ -268,3 +268,15 @@ def test_the_batch_calls_are_typed_for_any_iterable_of_specs():
     names = {n: getattr(mpvisor, n) for n in mpvisor.__all__}
     for call in (mpvisor.run, mpvisor.Supervisor.run):
         assert typing.get_type_hints(call, localns=names)["specs"] == collections.abc.Iterable[mpvisor.TaskSpec], call
+
+
+def test_every_module_imported_by_name_is_imported_where_a_freezer_sees_it():
+    """Each module `mpvisor.__getattr__` imports by name is imported in `_imported_by_name`: a
+    freezer that puts in a program only what it sees imported where code can run (Nuitka) finds
+    it there."""
+    import ast
+
+    tree = ast.parse(inspect.getsource(mpvisor._imported_by_name))
+    named = {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    assert {"mpvisor" + module for module in mpvisor._LAZY.values()} <= named

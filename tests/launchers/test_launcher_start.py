@@ -342,3 +342,23 @@ def test_a_process_limit_is_one_line_naming_it_never_a_traceback(tmp_path, most)
     assert "Traceback" not in done.stderr, done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("mpvisor: ") and "a limit on processes was reached (ulimit -u, or a pids cgroup)" in last, done.stderr
+
+
+def test_a_nuitka_standalone_program_is_frozen_and_starts_itself_as_mpvisors_processes(monkeypatch):
+    """Nuitka sets no `sys.frozen`: its standalone program's main module has a `__compiled__`
+    whose `standalone` is true, and `process_exe` is the program (its `sys.executable` is not)."""
+    import types
+
+    from mpvisor import _platform
+
+    main = types.ModuleType("__main__")
+    main.__compiled__ = types.SimpleNamespace(standalone=True, process_exe="/opt/app.dist/app.bin")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delattr(sys, "frozen", raising=False)
+    assert _platform.frozen() and _platform.frozen_program() == "/opt/app.dist/app.bin"
+    assert _platform.own_process_argv("launcher", [sys.executable, "-c", "code"], ["1"]) == [
+        "/opt/app.dist/app.bin", "--mpvisor-process", "launcher", "1"]
+    # Its other modes run the Python it was built with: mpvisor's processes are that Python's.
+    main.__compiled__ = types.SimpleNamespace(standalone=False, process_exe=None)
+    assert not _platform.frozen()
+    assert _platform.own_process_argv("launcher", [sys.executable, "-c", "code"], ["1"]) == [sys.executable, "-c", "code", "1"]

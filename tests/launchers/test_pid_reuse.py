@@ -70,3 +70,26 @@ async def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalle
             impostor.wait()
     finally:
         await client.close()
+
+
+def test_pidfds_without_the_interpreters_wrappers():
+    """An interpreter built with kernel headers older than Linux 5.3 (cx_Freeze's) has neither
+    `os.pidfd_open` nor `signal.pidfd_send_signal`: mpvisor makes the same system calls."""
+    from mpvisor import _platform
+
+    pidfd_open, pidfd_send_signal = _platform._syscall(434), _platform._syscall(424)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        pidfd = pidfd_open(child.pid)
+        try:
+            assert pidfd_send_signal(pidfd, 0) == 0
+            pidfd_send_signal(pidfd, signal.SIGKILL)
+            assert child.wait(timeout=10) == -signal.SIGKILL
+        finally:
+            os.close(pidfd)
+        with pytest.raises(OSError) as raised:
+            pidfd_send_signal(pidfd, 0)  # closed: no longer a pidfd
+        assert raised.value.errno == 9
+    finally:
+        child.kill()
+        child.wait()

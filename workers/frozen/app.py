@@ -1,9 +1,10 @@
-"""A program that users freeze with PyInstaller, which runs its work with mpvisor.
+"""A program that users freeze with PyInstaller (or cx_Freeze, Nuitka), which runs its work with mpvisor.
 
-Built by `tests/whole/test_frozen.py` (`pyinstaller --onedir app.py`) and run as the frozen
-executable, never imported: its first step is `mpvisor.freeze_support()`, as docs/production.md
-says, unless `FROZEN_APP_SKIP_FREEZE_SUPPORT=1` is set (a program that forgot it). Each run of
-its main writes `main ran <pid>` on stderr once it is past that call.
+Built by `tests/whole/test_frozen.py` (`pyinstaller --onedir app.py`; cx_Freeze and Nuitka:
+`test_frozen_others.py`) and run as the frozen executable, never imported: its first step is
+`mpvisor.freeze_support()`, as docs/production.md says, unless `FROZEN_APP_SKIP_FREEZE_SUPPORT=1`
+is set (a program that forgot it). Each run of its main writes `main ran <pid>` on stderr once it
+is past that call.
 
     app fork      # (the default start method) a target of this script, one of the module `jobs`, a command: their outcomes
     app spawn     # the same with start_method="spawn" (each attempt a fresh start of the program)

@@ -372,7 +372,7 @@ class SlotServer:
             if pid in request.pids:
                 continue
             try:
-                fd = os.pidfd_open(pid.pid)
+                fd = _platform.pidfd_open(pid.pid)
             except OSError:
                 continue  # already gone
             if pid_of(pid.pid) != pid:

@@ -607,11 +607,8 @@ def try_child(directory: str) -> frozenset[str] | None:
 
 
 def _pidfd() -> bool:
-    open_pidfd = getattr(os, "pidfd_open", None)
-    if open_pidfd is None:
-        return False
     try:
-        os.close(open_pidfd(os.getpid()))
+        os.close(_platform.pidfd_open(os.getpid()))
     except OSError:
         return False
     return True

@@ -291,8 +291,11 @@ class LauncherClient:
 
     def _not_ready(self, how: str, last_line: str | None = None) -> str:
         # A launcher that never said hello may not have been Python at all: name what was run
-        # (an embedding program's sys.executable is its own binary: uWSGI, a frozen app).
-        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher (sys.executable {sys.executable!r})"
+        # (an embedding program's sys.executable is its own binary: uWSGI; a frozen program's
+        # launcher is the program, which a Nuitka one's sys.executable is not).
+        program = _platform.frozen_program()
+        ran = repr(program) if program else f"sys.executable {sys.executable!r}"
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher ({ran})"
         text = f"{what} {how}"
         if self._importing is not None:
             text += f" while importing preload module {self._importing!r}"

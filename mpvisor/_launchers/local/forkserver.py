@@ -370,7 +370,7 @@ class Launcher:
                 continue
             attempt.reported_start = True
             try:
-                pidfd = os.pidfd_open(pid)
+                pidfd = _platform.pidfd_open(pid)
             except OSError:
                 pidfd = -1  # cannot happen for an unreaped child; report without one
             self._send(control.Started(attempt.key, pid), [pidfd] if pidfd >= 0 else None)
@@ -983,7 +983,8 @@ def _exec_python(sock_fd: int) -> None:
     the launcher started (a start request carries the parent's newer one, if it changed)."""
     os.set_inheritable(sock_fd, True)
     code = f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._attempt.child import spawn_main; spawn_main(int(sys.argv[1]))"
-    os.execv(sys.executable, _platform.own_process_argv("attempt", _platform.interpreter_argv(code), [str(sock_fd)]))
+    argv = _platform.own_process_argv("attempt", _platform.interpreter_argv(code), [str(sock_fd)])
+    os.execv(argv[0], argv)
 
 
 def _status(info: os.waitid_result) -> tuple[str, int]:
@@ -1057,13 +1058,13 @@ def _say_left(pids: set[int], waited: float) -> None:
 def _kill_checked(pid: int, start_time: int | None) -> None:
     """SIGKILL `pid` through a pidfd opened first, then checked against its recorded start time."""
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = _platform.pidfd_open(pid)
     except OSError:
         return
     try:
         if start_time is not None and _platform.start_time(pid) != start_time:
             return  # the pid now names another process: never signal it
-        _signal.pidfd_send_signal(pidfd, _signal.SIGKILL)
+        _platform.pidfd_send_signal(pidfd, _signal.SIGKILL)
     except OSError as exc:
         if exc.errno != errno.ESRCH:
             raise
