@@ -911,6 +911,37 @@ def test_a_server_started_on_demand_is_no_programs_child_and_warns_nothing(slots
     answered.close()
 
 
+def test_a_program_that_finds_mpvisor_on_a_path_of_its_own_starts_a_server_that_runs_it_too(slots: Any,
+                                                                                             tmp_path: Any) -> None:
+    """A program that finds mpvisor on a path of its own (vendored beside it, a pex, a runfiles
+    tree: `slot_program.py` puts the repository on `sys.path` itself), in an interpreter that has
+    no mpvisor installed, starts the slot server on demand: the server imports the mpvisor the
+    program runs, from the program's `sys.path`. It ran `python -m mpvisor`, which found none
+    and exited 1, and the program's slotted task was rejected."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
+    site_packages = next(bare.glob("lib/python*/site-packages"))
+    deps = tmp_path / "deps"  # what mpvisor needs, and not mpvisor: on the venv's path by a .pth file
+    deps.mkdir()
+    import msgpack  # type: ignore[import-untyped]
+
+    for package in (msgpack, psutil):
+        (deps / package.__name__).symlink_to(os.path.dirname(package.__file__))
+    (site_packages / "deps.pth").write_text(f"{deps}\n")
+    python = str(bare / "bin" / "python")
+    env = {k: v for k, v in env_for(slots).items() if k != "PYTHONPATH"}
+    found = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('mpvisor'))"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == "None", found  # nothing of mpvisor's but what the program puts on its path
+    program = os.path.join(ROOT, "workers", "run_scripts", "slot_program.py")
+    done = subprocess.run([python, program], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outcome"] == "COMPLETED", (done.stdout, done.stderr)
+    servers = server_pids(slots)
+    assert len(servers) == 1 and psutil.Process(servers[0]).exe() == os.path.realpath(python), servers
+
+
 def test_a_program_that_adopts_orphans_keeps_the_server_it_started_as_its_child_and_reaps_it(slots: Any,
                                                                                              tmp_path: Any) -> None:
     """A program that adopts orphans (a child subreaper, as a container's init is) starts the

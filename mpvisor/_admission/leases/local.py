@@ -255,16 +255,27 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
     detached = not _platform.adopts_orphans()
     try:
         return subprocess.Popen(
-            # -P and cwd "/": not the run's directory, which would come first on sys.path (a stray
-            # `mpvisor` package there, a checkout of another version, would be the server) and which
-            # the server, living on, would keep from being unmounted (or keep alive once removed)
-            _platform.own_process_argv("cli", [sys.executable, "-P", "-m", "mpvisor"], [
+            _platform.own_process_argv("cli", [sys.executable, "-P", "-c", _server_code()], [
                 "slots", "serve", "--on-demand", *(["--detach"] if detached else []), "--dir", directory]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True, cwd="/",
         ), detached
     finally:
         os.close(log)
+
+
+def _server_code() -> str:
+    """What the server's interpreter runs: the `mpvisor` command, imported from this process's
+    `sys.path` (its relative entries made absolute: the server runs in "/"), so that the server
+    is the mpvisor this process runs, wherever it found it: installed, or on a path of its own
+    (vendored beside a script, a pex or a runfiles tree, `sys.path` changed at run time), which
+    `python -m mpvisor` would not find. `-P` and cwd "/": not the run's directory, which the
+    server, living on, would keep from being unmounted (or keep alive once removed); `-c` puts
+    it first on `sys.path` until the code replaces that."""
+    here = _platform.current_dir()  # None: removed, and its relative entries with it
+    path = [entry for entry in sys.path if os.path.isabs(entry)] if here is None else [
+        os.path.normpath(os.path.join(here, entry)) if not os.path.isabs(entry) else entry for entry in sys.path]
+    return f"import sys; sys.path[:] = {path!r}; from mpvisor._cli.entry import cli; cli()"
 
 
 def _last_words(directory: str) -> str:
