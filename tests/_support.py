@@ -182,9 +182,12 @@ def sigint_twice(pid: int, group: int, timeout: float = 5.0) -> None:
     os.kill(pid, signal.SIGINT)
     bit, deadline = 1 << (signal.SIGINT - 1), time.monotonic() + timeout
     while time.monotonic() < deadline:  # no sleep: the second comes as soon as `timeout`'s would
-        with open(f"/proc/{pid}/status") as status:
-            if not any(int(line.split()[1], 16) & bit for line in status if line.startswith(("SigPnd:", "ShdPnd:"))):
-                break
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                if not any(int(line.split()[1], 16) & bit for line in status if line.startswith(("SigPnd:", "ShdPnd:"))):
+                    break
+        except FileNotFoundError:
+            break  # delivered, acted on, and reaped already (a run that stops at once)
     os.killpg(group, signal.SIGINT)
 
 

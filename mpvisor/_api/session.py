@@ -123,20 +123,23 @@ class RunSession:
 
 async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[None]], *, adds_work: bool,
                       passed_on: tuple[signal.Signals, ...] = (),
-                      stopped_by: tuple[signal.Signals, ...] = (), hands_on: bool = False) -> None:
+                      stopped_by: tuple[signal.Signals, ...] = (), hands_on: bool = False,
+                      dies_by_it: bool = False) -> None:
     """Run `start`'s work to its end and shut down (module docstring). With `adds_work`, a
     runtime already shutting down is `ShuttingDown`; without, the call joins that shutdown.
     `passed_on`: the signals caught meanwhile and sent to every running attempt's process;
     `stopped_by`: those that shut the run down as SIGTERM does, besides SIGINT, SIGTERM, SIGHUP;
     `hands_on`: each signal that interrupted the run and that the program handled itself before
-    it is raised again once the run gave it back, for the program's handler (`Supervisor.run`)."""
+    it is raised again once the run gave it back, for the program's handler (`Supervisor.run`);
+    `dies_by_it`: the caller dies by the signal that ended the run (`ending_signal`) once it has
+    said its last lines (the `mpvisor` command), and that signal is left ignored meanwhile."""
     if runtime.shutdown_started:
         if adds_work:
             raise ShuttingDown("the supervisor is shutting down")
         await runtime.shutdown()
         return
     session = RunSession(runtime)
-    with _SignalHandlers(runtime, passed_on, stopped_by, hands_on=hands_on):
+    with _SignalHandlers(runtime, passed_on, stopped_by, hands_on=hands_on, dies_by_it=dies_by_it):
         try:
             await _until_done(runtime, session, start)
         except asyncio.CancelledError:
@@ -206,14 +209,22 @@ class _SignalHandlers:
     they first came, is raised again once every signal is given back, when the program handled it
     itself before the run (`_programs_own`): a host that runs the loop, a web server or a notebook
     kernel, then hears of its SIGTERM or its interrupt as it would have without the run (uvicorn
-    stops; ipykernel cancels the cell). It was lost: the server ran on, the cell went on."""
+    stops; ipykernel cancels the cell). It was lost: the server ran on, the cell went on.
+
+    With `dies_by_it` (the `mpvisor` command, which dies by the signal that ended the run once it
+    has said the outcomes and its summary), that signal goes back ignored, not to the command's
+    handler (Python's `KeyboardInterrupt` for SIGINT, the default action for the others):
+    another of it (the second SIGINT of `timeout -s INT`, which comes once the first is
+    delivered, or a second Ctrl-C) cut those lines short, and it changes nothing: the command
+    dies by it next (`_cli/entry.py`, `_exit`)."""
 
     def __init__(self, runtime: Runtime, passed_on: tuple[signal.Signals, ...] = (),
-                 stopped_by: tuple[signal.Signals, ...] = (), *, hands_on: bool = False) -> None:
+                 stopped_by: tuple[signal.Signals, ...] = (), *, hands_on: bool = False, dies_by_it: bool = False) -> None:
         self.runtime = runtime
         self.passed_on = passed_on
         self.stopped_by = stopped_by
         self.hands_on = hands_on
+        self.dies_by_it = dies_by_it
         self.borrowed: dict[int, _platform.Borrowed] = {}  # what handled each signal taken over
         self.notice: asyncio.TimerHandle | None = None
         self.first_sigint: float | None = None  # when the loop took the first SIGINT (`time.monotonic`)
@@ -275,7 +286,10 @@ class _SignalHandlers:
         interrupted the run and that the program handled itself."""
         if self.notice is not None:
             self.notice.cancel()
+        ending = ending_signal(self.runtime.interrupted) if self.dies_by_it else None
         for signum, borrowed in self.borrowed.items():
+            if signum == ending and borrowed.handle is None:
+                borrowed.previous = signal.SIG_IGN  # until the caller dies by it (class docstring)
             _platform.give_back_signal(self.runtime.loop, signum, borrowed)
         if self.hands_on:
             for signum in dict.fromkeys(self.runtime.interrupted):

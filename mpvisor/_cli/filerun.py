@@ -464,7 +464,7 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     problem = None
     try:
         await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,),  # (SIGUSR1: the logs)
-                          stopped_by=(signal.SIGQUIT,))  # Ctrl-\ quits the set, as supervisord's SIGQUIT
+                          stopped_by=(signal.SIGQUIT,), dies_by_it=True)  # Ctrl-\ quits the set, as supervisord's SIGQUIT
     # the launcher could not start, or interrupted first; or a tree had to be killed (its outcome is FORCE_ABORTED)
     except (ConfigError, ShuttingDown, ControllerClosed, GraceExceeded) as exc:
         problem = f"mpvisor: {exc}"

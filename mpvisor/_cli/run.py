@@ -399,7 +399,8 @@ class _OneTask:
         self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
         self.runtime.passes_on_interruption = True  # a program gets the SIGINT or SIGHUP itself, as bare
         await run_session(self.runtime, self._start, adds_work=True,  # raises GraceExceeded after a kill
-                          passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGWINCH))  # as tini does
+                          passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGWINCH),  # as tini does
+                          dies_by_it=True)
         assert self.waiter is not None
         return await self.waiter.wait()
 

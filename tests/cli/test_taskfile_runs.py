@@ -759,6 +759,51 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
 
 
+@pytest.mark.parametrize("run", ["file", "command"])
+def test_interrupts_that_keep_coming_never_cut_a_runs_last_lines(tmp_path: pathlib.Path, run: str) -> None:
+    """A SIGINT, then one every 2 ms until `mpvisor` is gone (a Ctrl-C held down, or the second
+    SIGINT of `timeout -s INT` landing late): the run stops, says each outcome and (a file's run)
+    its summary, and dies by SIGINT. The run used to give SIGINT back to Python's handler before
+    it said those lines, so a SIGINT then ended the command at once: a file run's summary, or a
+    command's outcome line, was missing (in about one run of three, here)."""
+    marker = tmp_path / "marker"
+    if run == "file":
+        write(tmp_path / "tasks.toml", f"""
+            [task.one]
+            command = ["sh", "{SHELL / 'sleeper.sh'}", "{tmp_path / 'p1'}", "{marker}"]
+            [task.two]
+            command = ["sh", "{SHELL / 'sleeper.sh'}", "{tmp_path / 'p2'}", "{marker}"]
+        """)
+        argv, pidfiles = ["--file", "tasks.toml"], [tmp_path / "p1", tmp_path / "p2"]
+    else:
+        argv, pidfiles = ["--", "sh", str(SHELL / "sleeper.sh"), str(tmp_path / "p1"), str(marker)], [tmp_path / "p1"]
+    assert MPVISOR is not None
+    proc = subprocess.Popen([MPVISOR, "run", *argv], cwd=tmp_path, env=env_for(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: all(path.exists() for path in pidfiles), timeout=20)
+        proc.send_signal(signal.SIGINT)
+        while proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=0.002)
+            except subprocess.TimeoutExpired:
+                pass
+        _, err = proc.communicate(timeout=20)
+    finally:
+        kill_group_if_running(proc)
+    assert proc.returncode == -signal.SIGINT, err
+    lines = err.splitlines()
+    if run == "file":
+        assert lines[-1].startswith("mpvisor: tasks.toml: 2 tasks: ") and lines[-1].endswith("; exit status 130"), err
+        assert sum("canceled" in line or "killed" in line for line in lines[:-1]) == 2, err
+    else:
+        assert lines and lines[-1].startswith("mpvisor: sh: ") and "attempts=1" in lines[-1], err
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigint-twice", "sigterm"])
 def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathlib.Path, how: str) -> None:
     """Ctrl-C (SIGINT to the script's process group) while two programs of a task file run:
