@@ -26,7 +26,7 @@ for its whole life).
 | the descriptors above 2 this process was started with, open across an exec (`mpvisor run` passes them on) | `inherited_fds` (set by `_cli/entry.py`), `MAX_PASSED_FDS` |
 | handle a signal on an asyncio loop for a while, then give the program's handler back | `borrow_signal(loop, signum, callback, *args)`, `give_back_signal(loop, signum, borrowed)` |
 | send or receive one packet with descriptors attached, on any socket | `send_fds(sock, data, fds)`, `recv_fds(sock, flags)` |
-| the command line of a process of mpvisor's own (a launcher, a `spawn` attempt, a slot server), in a frozen program too | `own_process_argv(role, normal, args)`, `interpreter_argv(code)`; `frozen()`, `frozen_program()` |
+| the command line of a process of mpvisor's own (a launcher, a `spawn` attempt, a slot server), in a frozen program too; the interpreter it runs, where Python is embedded too (uWSGI) | `own_process_argv(role, normal, args)`, `interpreter_argv(code)`, `python()`; `frozen()`, `frozen_program()` |
 
 What a fork server imports (this module, `_attempt/context.py`, `_attempt/child.py`,
 `_launchers/local/forkserver.py` and `guardian.py`) reaches signals and sockets through their C
@@ -708,10 +708,65 @@ def own_process_argv(role: str, normal: list[str], args: Iterable[str]) -> list[
     return [program, FROZEN_FLAG, role, *args]
 
 
+PYTHON_ENV = "MPVISOR_PYTHON"  # the interpreter for mpvisor's own processes, where Python is embedded
+_python: tuple[str, str] | None = None  # `python()`, once found: for sys.executable, the interpreter
+
+
+def python() -> str:
+    """The Python interpreter mpvisor's own processes run (a launcher, a `spawn` attempt, a slot
+    server): `sys.executable` when it is this process's own program, started as `python` is
+    (`sys.orig_argv` holds its command line), and of the environment this process runs in (in a
+    virtual environment, its own interpreter: `sys.prefix` is that executable's directory or the
+    one above). So it is for every ordinary interpreter, a venv's included.
+
+    A program that embeds Python is not such a program: a uWSGI binary makes Python its library
+    (`sys.orig_argv` is empty) and sets `sys.executable` to itself, which would not run `python
+    -c CODE`; pyuwsgi (uWSGI as a wheel, started by a venv's interpreter) sets it to the venv's
+    base interpreter, which would not run the venv's `site`. There it is `$MPVISOR_PYTHON`, if
+    set, or else this environment's interpreter, `bin/pythonX.Y` (then `python3`, `python`)
+    under `sys.exec_prefix`: a venv's own, or the installation's. `OSError` when there is none,
+    saying how to name one. Found once (again if `sys.executable` changes)."""
+    global _python
+    if _python is None or _python[0] != sys.executable:
+        _python = (sys.executable, sys.executable if _is_this_python(sys.executable) else _environment_python())
+    return _python[1]
+
+
+def _is_this_python(executable: str) -> bool:
+    if not sys.orig_argv or not executable:
+        return False
+    try:
+        if not os.path.samestat(os.stat(executable), os.stat("/proc/self/exe")):
+            return False
+    except OSError:
+        return False
+    return sys.prefix == sys.base_prefix or sys.prefix in (
+        os.path.dirname(executable), os.path.dirname(os.path.dirname(executable)))
+
+
+def _environment_python() -> str:
+    """`python()` in a program that embeds Python."""
+    named = os.environ.get(PYTHON_ENV)
+    if named:
+        if os.path.isfile(named) and os.access(named, os.X_OK):
+            return named
+        raise OSError(errno.ENOENT, f"{PYTHON_ENV}={named!r} is no executable file")
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    where = os.path.join(sys.exec_prefix, "bin")
+    for name in (f"python{version}", "python3", "python"):
+        candidate = os.path.join(where, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise OSError(errno.ENOENT, f"this program ({sys.executable!r}) embeds Python, and its environment has no "
+                                f"Python {version} interpreter in {where!r} to run mpvisor's own processes: "
+                                f"set {PYTHON_ENV} to one (the same Python version, with mpvisor installed)")
+
+
 def interpreter_argv(code: str) -> list[str]:
-    """`sys.executable` with this interpreter's own flags (`-O`, `-E`, `-X ...`, `-W ...`; `-S`,
-    `-s` or `-I` only if it was started with them) running `code`: an ordinary interpreter, as
-    `multiprocessing`'s spawn starts one, so `site`, .pth files and sitecustomize run as here.
+    """`python()` (`sys.executable`, unless Python is embedded) with this interpreter's own flags
+    (`-O`, `-E`, `-X ...`, `-W ...`; `-S`, `-s` or `-I` only if it was started with them) running
+    `code`: an ordinary interpreter, as `multiprocessing`'s spawn starts one, so `site`, .pth
+    files and sitecustomize run as here.
 
     And `-P`, always: `code` sets `sys.path` itself, and the working directory, which `-c` would
     put first on it before `code` runs, is the user's. From CPython 3.13, `-c` imports
@@ -727,7 +782,7 @@ def interpreter_argv(code: str) -> list[str]:
     flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
     if "-P" not in flags and "-I" not in flags:
         flags.append("-P")
-    return [sys.executable, *flags, "-c", code]
+    return [python(), *flags, "-c", code]
 
 
 # Plain ints, from `_socket` (`socket`'s are `IntFlag`s, whose `|` runs enum code on every packet).
@@ -836,13 +891,19 @@ class Borrowed:
     earlier borrower had: then `handle` is that borrower's `own`). `own` is the handle the loop
     made for this borrower's callback, `callback` that callback and its arguments. On a loop
     that keeps its handles out of reach (uvloop's), an earlier borrower that holds the signal is
-    `lender`: its `callback` is what goes back to the loop."""
+    `lender`: its `callback` is what goes back to the loop. `action` is the kernel's record of
+    the signal's handler: one the program set from C, which the signal module cannot name (it
+    says None, or still names the handler it set before C code replaced it: a uWSGI worker's,
+    whose SIGINT and SIGTERM end it and whose SIGHUP reloads it gracefully), goes back from it,
+    and is then `foreign`."""
 
-    __slots__ = ("callback", "handle", "lender", "loop", "own", "previous", "signum")
+    __slots__ = ("action", "callback", "foreign", "handle", "lender", "loop", "own", "previous", "signum")
 
     def __init__(self, previous: Any, handle: Any, loop: Any = None, signum: int = 0, own: Any = None,
                  callback: tuple[Callable[..., object], tuple[object, ...]] | None = None,
-                 lender: Borrowed | None = None) -> None:
+                 lender: Borrowed | None = None, action: bytes | None = None) -> None:
+        self.action = action  # the signal's action as the kernel held it (`_sigaction`)
+        self.foreign = False  # its handler was set from C: given back to the kernel (`give_back_signal`)
         self.previous = previous
         self.handle = handle
         self.loop = loop
@@ -874,7 +935,8 @@ def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args
     gave that loop is borrowed from it: its callback is known.)"""
     import signal  # the enum module behind it: not for a new fork's set-up, which uses `_signal`
 
-    previous = signal.getsignal(signum)  # None: a handler set from C
+    previous = signal.getsignal(signum)  # None: a handler set from C (one set from C later is not seen)
+    action = signal_action(signum)
     lender = None
     if getattr(previous, "__self__", None) is loop and not hasattr(loop, "_signal_handlers"):
         lender = next((b for b in reversed(_lent) if b.loop is loop and b.signum == signum), None)
@@ -884,7 +946,8 @@ def borrow_signal(loop: Any, signum: int, callback: Callable[..., object], *args
     if not _loop_signal_handlers(loop):
         _program_wakeup[loop] = _wakeup_fd()
     loop.add_signal_handler(signum, callback, *args)
-    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum), (callback, args), lender)
+    borrowed = Borrowed(previous, handle, loop, signum, _loop_signal_handlers(loop).get(signum), (callback, args), lender,
+                        action)
     _lent.append(borrowed)
     return borrowed
 
@@ -893,8 +956,8 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
     """Give `signum` back as it was before `borrow_signal`: a handler the program had given the
     loop itself (`loop.add_signal_handler`, whose signal-module handler is only asyncio's
     wake-up) goes back to the loop, the very handle it registered (its context, its arguments);
-    any other, to the signal module. (A handler installed by C code, which Python cannot name,
-    cannot be put back: the signal's default is.)
+    any other, to the signal module; one installed by C code, which Python cannot name, to the
+    kernel (`_sigaction`).
 
     A borrower given back while a later one holds the signal (it borrowed it from this one)
     changes nothing on the loop: the later one takes over what this one had borrowed from, and
@@ -906,6 +969,7 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
         if later.loop is loop and later.signum == signum and (
                 later.lender is borrowed or (borrowed.own is not None and later.handle is borrowed.own)):
             later.previous, later.handle, later.lender = borrowed.previous, borrowed.handle, borrowed.lender
+            later.action = borrowed.action
             return
     lender = borrowed.lender
     if lender is not None and lender.callback is not None:  # uvloop's: the earlier borrower holds it again
@@ -920,6 +984,8 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
             import signal
 
             signal.signal(signum, borrowed.previous)
+        if borrowed.action is not None and restore_signal_action(signum, borrowed.action):
+            borrowed.foreign = True  # set from C: the signal module could not give it back
         if not _loop_signal_handlers(loop):  # asyncio has set the wake-up fd to -1: the program's is back
             _give_back_wakeup(loop)
         return
@@ -940,6 +1006,72 @@ def _wakeup_fd() -> int:
         except (ValueError, OSError):
             return -1  # closed, or made blocking: it woke nobody any more
     return fd
+
+
+_SIGACTION_SIZE = 256  # bytes: room for any libc's `struct sigaction` (glibc's is 152 on x86-64)
+
+
+def signal_action(signum: int) -> bytes | None:
+    """`signum`'s action as the kernel holds it, for `restore_signal_action`: a handler set from
+    C, which the signal module cannot set, too. None where no handler seems set from C (as in
+    every program Python runs; `_set_from_c`: `ctypes` is not imported for it), or where it
+    cannot be read."""
+    if os.uname().machine.startswith("mips") or not _set_from_c():  # (MIPS: libc's `sa_flags` comes first)
+        return None
+    try:
+        return _sigaction(signum)
+    except (OSError, AttributeError):
+        return None
+
+
+_JOB_SIGNALS = (1, 2, 3, 10, 12, 15)  # SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGTERM
+
+
+def _set_from_c() -> bool:
+    """Whether this process has a handler set from C for a signal that ends or controls a
+    program: one the kernel says is caught while the signal module says it is not (a default,
+    ignored) or cannot name (None), as in a uWSGI worker, whose handlers for all of them but SIGQUIT are uWSGI's.
+    (One set from C in the place of the signal module's own handler is not seen here: only
+    with another.)"""
+    try:
+        status = read_small_file("/proc/self/status")
+        caught = int(status.split(b"\nSigCgt:", 1)[1].split(b"\n", 1)[0], 16)
+    except (OSError, IndexError, ValueError):
+        return False
+    return any(caught >> (signum - 1) & 1 and _signal.getsignal(signum) in (_signal.SIG_DFL, _signal.SIG_IGN, None)
+               for signum in _JOB_SIGNALS)
+
+
+def restore_signal_action(signum: int, action: bytes) -> bool:
+    """Put `signum`'s action back as `signal_action` read it, if it changed; whether it had."""
+    if _action_fields(_sigaction(signum)) == _action_fields(action):
+        return False
+    _sigaction(signum, action)
+    return True
+
+
+def _action_fields(action: bytes) -> bytes:
+    """What of a `struct sigaction` the kernel holds: the handler, the mask of the 64 signals
+    (libc's `sigset_t` is 128 bytes, of which it fills 8, the rest left as its stack had them)
+    and the flags, in the layout of glibc and musl: handler, mask, flags, restorer."""
+    import ctypes
+
+    pointer = ctypes.sizeof(ctypes.c_void_p)
+    return action[:pointer + 8] + action[pointer + 128:pointer + 132]
+
+
+def _sigaction(signum: int, action: bytes | None = None) -> bytes:
+    """`sigaction(2)` through libc, with `struct sigaction` as opaque bytes: `signum`'s action as
+    the kernel holds it (before `action`, when given, replaces it). The signal module knows only
+    the handlers it set; C code (a program that embeds Python) may have set another since."""
+    import ctypes
+
+    old = ctypes.create_string_buffer(_SIGACTION_SIZE)
+    new = None if action is None else ctypes.create_string_buffer(action, _SIGACTION_SIZE)
+    if ctypes.CDLL(None, use_errno=True).sigaction(signum, new, old) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return old.raw
 
 
 def _give_back_wakeup(loop: Any) -> None:

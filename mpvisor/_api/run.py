@@ -76,15 +76,26 @@ def run(
             if collecting:
                 gc.enable()
         supervisor = Supervisor(config, subscribers, task_defaults=task_defaults, controller=controller)
+        # `asyncio.run` takes SIGINT over from the handler the signal module names, and gives it
+        # Python's back: not a handler set from C since (a uWSGI worker's), which it is given here.
+        interrupt = _platform.signal_action(signal.SIGINT) if _is_main_thread() else None
         try:  # without `hands_on`: the ending signal is raised below, once, after the loop
             outcomes = asyncio.run(supervisor._run(specs, hands_on=False))
         finally:
+            if interrupt is not None:
+                _platform.restore_signal_action(signal.SIGINT, interrupt)
             ending = ending_signal(supervisor.interrupts)
             if ending is not None:  # shut down gracefully; now the signal ends the program as it would have
                 _raise_signal(ending, supervisor._killed)
         return outcomes
     finally:
         early.discard()
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _raise_signal(signum: signal.Signals, killed: BaseException | None) -> None:

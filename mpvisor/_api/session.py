@@ -301,11 +301,13 @@ class _SignalHandlers:
 def _programs_own(borrowed: _platform.Borrowed) -> bool:
     """Whether the program handled a signal itself before a run borrowed it: a handler it gave the
     loop (or another run on the loop holds it), or a function of its own (a server's, a notebook
-    kernel's); not a default: SIG_DFL, Python's SIGINT handler, nor the one `asyncio.run` puts in
-    its place (it raises `KeyboardInterrupt` too), and not a handler set from C, which cannot be
-    given back."""
+    kernel's), or one set from C (a uWSGI worker's, which ends it as its master asked); not a
+    default: SIG_DFL, Python's SIGINT handler, nor the one `asyncio.run` puts in its place (it
+    raises `KeyboardInterrupt` too)."""
     if borrowed.handle is not None:
         return not borrowed.handle.cancelled()
+    if borrowed.foreign:
+        return True
     previous = borrowed.previous
     if not callable(previous) or previous is signal.default_int_handler:
         return False

@@ -346,16 +346,25 @@ def test_run_gives_the_program_its_signal_wakeup_fd_back():
 
 
 @pytest.mark.timeout(60)
-def test_a_launcher_that_is_not_python_says_which_executable_ran():
-    """A program that embeds Python has its own binary as `sys.executable` (uWSGI, a frozen
-    app), and the launcher is started as `sys.executable -c ...`: it ended at once, and the
-    ConfigError said only `the launcher exited with status 1 before it was ready`. It names the
-    executable now."""
-    real = sys.executable
-    sys.executable = "/bin/false"
-    try:
-        with pytest.raises(ConfigError, match=r"^the launcher \(sys.executable '/bin/false'\) exited with status 1 "
-                                              r"before it was ready"):
-            mpvisor.run([_QUICK], SupervisorConfig(grace=1))
-    finally:
-        sys.executable = real
+def test_a_program_whose_sys_executable_is_not_python_runs_its_launcher_on_its_environments(monkeypatch):
+    """A program that embeds Python has its own binary as `sys.executable` (uWSGI), and the
+    launcher was started as `sys.executable -c ...`: it ended at once, three times, and the run
+    failed. The launcher is now this environment's interpreter (`_platform.python`), or the one
+    `MPVISOR_PYTHON` names, which an error names."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    outcomes = mpvisor.run([_QUICK], SupervisorConfig(grace=1))
+    assert all(o.kind is OutcomeKind.COMPLETED for o in outcomes.values())
+    monkeypatch.setenv("MPVISOR_PYTHON", "/bin/false")
+    monkeypatch.setattr(sys, "executable", "/bin/true")  # (another: `python()` looks again)
+    with pytest.raises(ConfigError, match=r"^the launcher \(the interpreter '/bin/false'\) exited with status 1 "
+                                          r"before it was ready"):
+        mpvisor.run([_QUICK], SupervisorConfig(grace=1))
+
+
+def test_where_python_is_embedded_without_an_interpreter_the_error_says_how_to_name_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    monkeypatch.setattr(sys, "exec_prefix", str(tmp_path))
+    monkeypatch.delenv("MPVISOR_PYTHON", raising=False)
+    with pytest.raises(ConfigError, match=r"cannot start the launcher \(sys.executable '/bin/false'\): .* embeds "
+                                          r"Python, and its environment has no Python .* set MPVISOR_PYTHON"):
+        mpvisor.run([_QUICK], SupervisorConfig(grace=1))

@@ -1,6 +1,7 @@
 """A virtual environment the whole-program tests share: mpvisor installed as users install it
 (a copy of the repository, not editable) with the tools its users run it under: coverage.py and
-pytest (`test_coverage.py`), PyInstaller (`test_frozen.py`). One venv for both saves a build of
+pytest (`test_coverage.py`), PyInstaller (`test_frozen.py`), uWSGI as a wheel (pyuwsgi,
+`test_uwsgi.py`). One venv for both saves a build of
 about 8 s; each test works in a directory of its own outside it."""
 
 from __future__ import annotations
@@ -21,6 +22,6 @@ def tools_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
         pip = [sys.executable, "-m", "pip", "--python", str(built.python)]
     else:
         pip = [str(built.python), "-m", "pip"]
-    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "coverage>=7.10", "pytest", "pyinstaller>=6"],
-          "venv T: coverage, pytest and pyinstaller", base)
+    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "coverage>=7.10", "pytest", "pyinstaller>=6",
+           "pyuwsgi"], "venv T: coverage, pytest, pyinstaller and pyuwsgi", base)
     return built

@@ -255,7 +255,7 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
     detached = not _platform.adopts_orphans()
     try:
         return subprocess.Popen(
-            _platform.own_process_argv("cli", [sys.executable, "-P", "-c", _server_code()], [
+            _platform.own_process_argv("cli", [_platform.python(), "-P", "-c", _server_code()], [
                 "slots", "serve", "--on-demand", *(["--detach"] if detached else []), "--dir", directory]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True, close_fds=True, cwd="/",

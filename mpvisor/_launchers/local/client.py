@@ -205,7 +205,7 @@ class LauncherClient:
             try:
                 spawned = early.spawn_guardian(self.preload, self._environment)
             except OSError as exc:
-                self._tell_loop(self._give_up, f"cannot start the launcher ({sys.executable!r}): "
+                self._tell_loop(self._give_up, f"cannot start the launcher ({_interpreter()}): "
                                                f"{_platform.start_error(exc)}")
                 return None
         self._baseline = spawned.baseline
@@ -291,10 +291,10 @@ class LauncherClient:
 
     def _not_ready(self, how: str, last_line: str | None = None) -> str:
         # A launcher that never said hello may not have been Python at all: name what was run
-        # (an embedding program's sys.executable is its own binary: uWSGI; a frozen program's
-        # launcher is the program, which a Nuitka one's sys.executable is not).
+        # (a frozen program's launcher is the program, which a Nuitka one's sys.executable is
+        # not; where Python is embedded, the interpreter `_platform.python()` found).
         program = _platform.frozen_program()
-        ran = repr(program) if program else f"sys.executable {sys.executable!r}"
+        ran = repr(program) if program else _interpreter()
         what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher ({ran})"
         text = f"{what} {how}"
         if self._importing is not None:
@@ -736,6 +736,16 @@ def _write_all(fd: int, data: bytes) -> None:
 # How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
 # the death of the command it ran; one that meets EPIPE instead (SIGPIPE ignored: Python, a shell's
 # `trap '' PIPE`) exits with a status of its own, which counts too while its output has no reader
+def _interpreter() -> str:
+    """The launcher's interpreter, as said in an error: `sys.executable`, or the one found where
+    Python is embedded (`_platform.python()`)."""
+    try:
+        found = _platform.python()
+    except OSError:
+        found = sys.executable
+    return f"sys.executable {found!r}" if found == sys.executable else f"the interpreter {found!r}"
+
+
 _BY_SIGPIPE = frozenset({("signal", int(signal.SIGPIPE)), ("exit", 128 + int(signal.SIGPIPE))})
 
 
