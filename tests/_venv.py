@@ -328,6 +328,21 @@ def build_venv(base: pathlib.Path, name: str, mpvisor_source: pathlib.Path, *, m
     return venv
 
 
+def build_tools_venv(base: pathlib.Path, name: str, packages: Sequence[str]) -> Venv:
+    """Venv `name` under `base`: mpvisor installed from a copy of the repository (not editable),
+    as `build_venv` makes it, and `packages` from the configured index (the tools users run it
+    under: coverage.py, PyInstaller, a freezer, uWSGI)."""
+    built = build_venv(base, name, copy_repo(base / "mpvisor-copy"), mpvisor_editable=False, flat_editable=False,
+                       src_editable=False)
+    if _HOST_PIP_SERVES_VENVS:
+        pip = [sys.executable, "-m", "pip", "--python", str(built.python)]
+    else:
+        pip = [str(built.python), "-m", "pip"]
+    _step([*pip, "install", "--disable-pip-version-check", "--no-input", *packages],
+          f"venv {name}: {', '.join(packages)}", base)
+    return built
+
+
 def _editable_pth(venv: Venv, project: str) -> str:
     found = sorted(venv.site_packages.glob(f"__editable__.{project}-*.pth"))
     if len(found) != 1:

@@ -17,7 +17,7 @@ multiprocessing's workers:
 |---|---|
 | `launcher` | the fork server's `main` (`_launchers/local/forkserver.py`) |
 | `attempt` | `spawn_main` (`_attempt/child.py`) |
-| `cli` | the `mpvisor` command with ARGS (`slots serve`: a slot server) |
+| `cli` | the `mpvisor` command with ARGS, which must be `slots serve ...` (a slot server) |
 
 Anywhere else (a program that is not frozen, or a frozen one not started so) it returns at
 once. A frozen program that does not call it runs its own main in each such process; when that
@@ -49,7 +49,7 @@ def freeze_support() -> None:
         from mpvisor._attempt.child import spawn_main
 
         spawn_main(int(args[0]))
-    elif role == "cli":
+    elif role == "cli" and args[:2] == ["slots", "serve"]:  # the one command mpvisor starts so
         # The command table imports a command's module by its name, which a freezer does not
         # follow: the modules of the one command started this way (`slots serve`) are named here,
         # so that a frozen program holds them.
@@ -57,4 +57,5 @@ def freeze_support() -> None:
         from mpvisor._cli.entry import cli
 
         cli()
-    sys.exit(f"mpvisor.freeze_support(): unknown process role {role!r} (from a newer or older mpvisor?)")
+    sys.exit(f"mpvisor.freeze_support(): {role!r} {' '.join(args[:2])!r} is no process mpvisor starts "
+             "(from a newer or older mpvisor?)")

@@ -362,3 +362,21 @@ def test_a_nuitka_standalone_program_is_frozen_and_starts_itself_as_mpvisors_pro
     main.__compiled__ = types.SimpleNamespace(standalone=False, process_exe=None)
     assert not _platform.frozen()
     assert _platform.own_process_argv("launcher", [sys.executable, "-c", "code"], ["1"]) == [sys.executable, "-c", "code", "1"]
+
+
+def test_freeze_support_becomes_only_a_process_mpvisor_starts(monkeypatch):
+    """In a frozen program, `--mpvisor-process` makes the program a launcher, a spawned attempt or
+    a slot server, and nothing else: the `mpvisor` command with other arguments (`run -- sh`) is
+    refused, not run. Without the flag, or unfrozen, `freeze_support()` returns at once."""
+    import mpvisor
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "argv", ["/opt/app", "--mpvisor-process", "cli", "run", "--", "sh"])
+    with pytest.raises(SystemExit) as refused:
+        mpvisor.freeze_support()
+    assert "'cli' 'run --' is no process mpvisor starts" in str(refused.value.code)
+    monkeypatch.setattr(sys, "argv", ["/opt/app", "serve", "--port", "80"])
+    assert mpvisor.freeze_support() is None and sys.argv == ["/opt/app", "serve", "--port", "80"]
+    monkeypatch.delattr(sys, "frozen")
+    monkeypatch.setattr(sys, "argv", ["/opt/app", "--mpvisor-process", "launcher", "1", "2", "-1", "-"])
+    assert mpvisor.freeze_support() is None

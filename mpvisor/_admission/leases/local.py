@@ -264,18 +264,24 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
         os.close(log)
 
 
+_PACKAGES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+"""The directory this mpvisor package was imported from (site-packages, a checkout, a vendor
+directory, a zip archive)."""
+
+
 def _server_code() -> str:
-    """What the server's interpreter runs: the `mpvisor` command, imported from this process's
-    `sys.path` (its relative entries made absolute: the server runs in "/"), so that the server
-    is the mpvisor this process runs, wherever it found it: installed, or on a path of its own
-    (vendored beside a script, a pex or a runfiles tree, `sys.path` changed at run time), which
-    `python -m mpvisor` would not find. `-P` and cwd "/": not the run's directory, which the
-    server, living on, would keep from being unmounted (or keep alive once removed); `-c` puts
-    it first on `sys.path` until the code replaces that."""
-    here = _platform.current_dir()  # None: removed, and its relative entries with it
-    path = [entry for entry in sys.path if os.path.isabs(entry)] if here is None else [
-        os.path.normpath(os.path.join(here, entry)) if not os.path.isabs(entry) else entry for entry in sys.path]
-    return f"import sys; sys.path[:] = {path!r}; from mpvisor._cli.entry import cli; cli()"
+    """What the server's interpreter runs: the `mpvisor` command of this very mpvisor package,
+    wherever this process found it: installed, or on a path of its own (vendored beside a script,
+    a pex or a runfiles tree, `sys.path` changed at run time), which `python -m mpvisor` would not
+    find. Its directory comes first on the interpreter's own `sys.path` (`-P`: not the run's
+    working directory, where a stray `mpvisor` package, a checkout of another version, or a
+    `socket.py` would be imported instead); this process's other absolute entries come after
+    it, for whatever mpvisor needs that only they hold (msgpack and psutil vendored beside it).
+    Its working directory is "/": not the run's, which the server, living on, would keep from
+    being unmounted (or keep alive once removed)."""
+    extra = [entry for entry in sys.path if os.path.isabs(entry) and entry != _PACKAGES]
+    return (f"import sys; sys.path.insert(0, {_PACKAGES!r}); sys.path += [p for p in {extra!r} if p not in sys.path]; "
+            "from mpvisor._cli.entry import cli; cli()")
 
 
 def _last_words(directory: str) -> str:
