@@ -663,6 +663,21 @@ def read_small_file(path: str) -> bytes:
         os.close(fd)
 
 
+PACKAGES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory this mpvisor package was imported from (site-packages, a checkout, a vendor
+directory, a zip archive): where every process of mpvisor's own imports it from (`importing`)."""
+
+
+def importing(statement: str, path: list[str]) -> str:
+    """Code for `python -c` that runs `statement` (an import of mpvisor's and its call) with
+    `sys.path` set to `path`, but with mpvisor itself imported from `PACKAGES`, the package this
+    process runs: a program's `sys.path` may put a directory first (`mpvisor run` puts its working
+    directory there, for its targets) that holds a stray `mpvisor` package, a checkout of another
+    version, which a launcher started again later, or a spawned attempt, imported instead and
+    died of. Once `mpvisor` is imported, its modules are found through the package itself."""
+    return f"import sys; sys.path[:] = [{PACKAGES!r}, *{path!r}]; import mpvisor; del sys.path[0]; {statement}"
+
+
 FROZEN_FLAG = "--mpvisor-process"  # a frozen program's argv[1] when mpvisor started it as one of its own processes
 
 

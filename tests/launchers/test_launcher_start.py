@@ -27,6 +27,7 @@ from mpvisor import ConfigError, EventKind, OutcomeKind, SupervisorConfig
 from mpvisor._launchers.local.client import EARLY_DEATHS, describe_guardian_status, restart_delay
 from tests._support import (
     START_METHODS,
+    kill_group_if_running,
     live_children,
     once,
     pids_cgroup,
@@ -380,3 +381,39 @@ def test_freeze_support_becomes_only_a_process_mpvisor_starts(monkeypatch):
     monkeypatch.delattr(sys, "frozen")
     monkeypatch.setattr(sys, "argv", ["/opt/app", "--mpvisor-process", "launcher", "1", "2", "-1", "-"])
     assert mpvisor.freeze_support() is None
+
+
+def test_a_launcher_started_again_from_a_directory_with_a_stray_mpvisor_package_is_this_mpvisor(tmp_path):
+    """`mpvisor run` puts its working directory first on `sys.path` (its targets resolve from
+    there), and a launcher started after one died gets that `sys.path`. In a directory holding
+    a stray `mpvisor` package (a checkout of another version), that launcher imported the stray
+    package and died of it, three times, and every later attempt failed to start. Now each
+    process of mpvisor's own imports mpvisor from where this one was imported: the launcher the
+    retry needs starts, and the retry completes."""
+    import shutil
+
+    mpvisor_command = shutil.which("mpvisor")
+    assert mpvisor_command is not None, "the mpvisor executable is not on PATH"
+    stray = tmp_path / "checkout"
+    (stray / "mpvisor").mkdir(parents=True)
+    (stray / "mpvisor" / "__init__.py").write_text("raise SystemExit('a stray mpvisor package')\n")
+    script = "if [ -e again ]; then exit 0; fi; touch again; exec sleep 60"
+    proc = subprocess.Popen([mpvisor_command, "run", "--restart", "on-failure", "--", "sh", "-c", script], cwd=stray,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_for(lambda: (stray / "again").exists(), timeout=20)
+
+        def fork_server() -> psutil.Process | None:
+            return next((p for p in psutil.Process(proc.pid).children(recursive=True)
+                         if "forkserver import main" in " ".join(p.cmdline()) and p.ppid() != proc.pid), None)
+
+        wait_for(lambda: fork_server() is not None, timeout=20)
+        server = fork_server()
+        assert server is not None
+        server.kill()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_group_if_running(proc)
+    assert proc.returncode == 0, err
+    assert "a stray mpvisor package" not in err and "attempts=2" in err, err

@@ -264,11 +264,6 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
         os.close(log)
 
 
-_PACKAGES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-"""The directory this mpvisor package was imported from (site-packages, a checkout, a vendor
-directory, a zip archive)."""
-
-
 def _server_code() -> str:
     """What the server's interpreter runs: the `mpvisor` command of this very mpvisor package,
     wherever this process found it: installed, or on a path of its own (vendored beside a script,
@@ -279,8 +274,8 @@ def _server_code() -> str:
     it, for whatever mpvisor needs that only they hold (msgpack and psutil vendored beside it).
     Its working directory is "/": not the run's, which the server, living on, would keep from
     being unmounted (or keep alive once removed)."""
-    extra = [entry for entry in sys.path if os.path.isabs(entry) and entry != _PACKAGES]
-    return (f"import sys; sys.path.insert(0, {_PACKAGES!r}); sys.path += [p for p in {extra!r} if p not in sys.path]; "
+    extra = [entry for entry in sys.path if os.path.isabs(entry) and entry != _platform.PACKAGES]
+    return (f"import sys; sys.path.insert(0, {_platform.PACKAGES!r}); sys.path += [p for p in {extra!r} if p not in sys.path]; "
             "from mpvisor._cli.entry import cli; cli()")
 
 

@@ -77,10 +77,7 @@ def spawn_guardian(preload: tuple[str, ...], environment: tuple[dict[str, str], 
         given, cwd, path = environment
         env = dict(given)
         baseline = ({os.fsencode(k): os.fsencode(v) for k, v in env.items()}, cwd, list(path))
-    code = (
-        f"import sys; sys.path[:] = {path!r}; from mpvisor._launchers.local.forkserver import main; "
-        f"main(sys.argv[1:])"
-    )
+    code = _platform.importing("from mpvisor._launchers.local.forkserver import main; main(sys.argv[1:])", path)
     # An ordinary interpreter with the parent's flags: `site` runs, so .pth files, editable
     # installs' import hooks and sitecustomize are there as in the parent, and `sys.path`
     # is the parent's, set explicitly above.

@@ -982,7 +982,7 @@ def _exec_python(sock_fd: int) -> None:
     flags (`site` included), then the launcher's `sys.path`, which is the parent's at the time
     the launcher started (a start request carries the parent's newer one, if it changed)."""
     os.set_inheritable(sock_fd, True)
-    code = f"import sys; sys.path[:] = {sys.path!r}; from mpvisor._attempt.child import spawn_main; spawn_main(int(sys.argv[1]))"
+    code = _platform.importing("from mpvisor._attempt.child import spawn_main; spawn_main(int(sys.argv[1]))", sys.path)
     argv = _platform.own_process_argv("attempt", _platform.interpreter_argv(code), [str(sock_fd)])
     os.execv(argv[0], argv)
 
