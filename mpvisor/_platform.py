@@ -742,6 +742,9 @@ def python() -> str:
     under `sys.exec_prefix`: a venv's own, or the installation's. `OSError` when there is none,
     saying how to name one. Found once (again if `sys.executable` changes)."""
     global _python
+    program = frozen_program()
+    if program is not None:  # its own processes are the program (`own_process_argv`), whatever sys.executable is
+        return program
     if _python is None or _python[0] != sys.executable:
         _python = (sys.executable, sys.executable if _is_this_python(sys.executable) else _environment_python())
     return _python[1]

@@ -359,6 +359,14 @@ def test_a_nuitka_standalone_program_is_frozen_and_starts_itself_as_mpvisors_pro
     assert _platform.frozen() and _platform.frozen_program() == "/opt/app.dist/app.bin"
     assert _platform.own_process_argv("launcher", [sys.executable, "-c", "code"], ["1"]) == [
         "/opt/app.dist/app.bin", "--mpvisor-process", "launcher", "1"]
+    # Its sys.executable names no interpreter: the command line's interpreter is the program too,
+    # not an error looking for one (a launcher's command line is built through it first).
+    monkeypatch.setattr(sys, "executable", "/opt/app.dist/python")
+    assert _platform.python() == "/opt/app.dist/app.bin"
+    assert _platform.interpreter_argv("code")[0] == "/opt/app.dist/app.bin"
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delattr(sys, "frozen", raising=False)
     # Its other modes run the Python it was built with: mpvisor's processes are that Python's.
     main.__compiled__ = types.SimpleNamespace(standalone=False, process_exe=None)
     assert not _platform.frozen()
