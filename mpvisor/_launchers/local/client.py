@@ -293,9 +293,7 @@ class LauncherClient:
         # A launcher that never said hello may not have been Python at all: name what was run
         # (a frozen program's launcher is the program, which a Nuitka one's sys.executable is
         # not; where Python is embedded, the interpreter `_platform.python()` found).
-        program = _platform.frozen_program()
-        ran = repr(program) if program else _interpreter()
-        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher ({ran})"
+        what = f"the launcher (pid {self.pid})" if self.pid is not None else f"the launcher ({_interpreter()})"
         text = f"{what} {how}"
         if self._importing is not None:
             text += f" while importing preload module {self._importing!r}"
@@ -733,12 +731,9 @@ def _write_all(fd: int, data: bytes) -> None:
         pass  # our own stderr is gone: nothing to show it on
 
 
-# How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
-# the death of the command it ran; one that meets EPIPE instead (SIGPIPE ignored: Python, a shell's
-# `trap '' PIPE`) exits with a status of its own, which counts too while its output has no reader
 def _interpreter() -> str:
-    """The launcher's interpreter, as said in an error: `sys.executable`, or the one found where
-    Python is embedded (`_platform.python()`)."""
+    """What a launcher runs, as said in an error: `sys.executable`, or what `_platform.python()`
+    found instead (a frozen program itself; an interpreter where Python is embedded)."""
     try:
         found = _platform.python()
     except OSError:
@@ -746,6 +741,9 @@ def _interpreter() -> str:
     return f"sys.executable {found!r}" if found == sys.executable else f"the interpreter {found!r}"
 
 
+# How an attempt ends by SIGPIPE: killed by it, or exited 141 (128 + 13), as a shell (`sh -c`) reports
+# the death of the command it ran; one that meets EPIPE instead (SIGPIPE ignored: Python, a shell's
+# `trap '' PIPE`) exits with a status of its own, which counts too while its output has no reader
 _BY_SIGPIPE = frozenset({("signal", int(signal.SIGPIPE)), ("exit", 128 + int(signal.SIGPIPE))})
 
 
