@@ -33,6 +33,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `odd_figures()` | `progress(Fraction(1, 2), 2**70)`: real numbers that are no plain int or float (as numpy's are), an int past 64 bits | returns `"ok"` |
 | `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
 | `progress_from_fork_pool(processes, size, reports)` | a fork `multiprocessing.Pool` of `processes` workers, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `processes * reports` |
+| `progress_under_alarms(size, reports, how)` | `progress(i, reports, message)` `reports` times from the main thread (`message` `size` characters) while SIGALRM comes every 2 ms, its handler raising (`how="raise"`) or sending this process SIGTERM once (`"stop"`); what `progress` raises is caught | returns `[reports, whether it caught any]` |
 | `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
 | `misreport(how)` | calls `progress`, `ready` or `wait_cancelled` with a wrong argument (or a `timedelta`, a right one) (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
@@ -48,6 +49,7 @@ import os
 import pathlib
 import pickle
 import select
+import signal
 import sys
 import threading
 import time
@@ -319,6 +321,49 @@ def progress_while_returning(size: int, result_size: int, marker: str | None = N
     for _ in range(3):
         reported.acquire()
     return "r" * result_size
+
+
+def progress_under_alarms(size: int, reports: int, how: str, marker: str | None = None) -> list[object]:
+    """Report `progress(i, reports, message)` `reports` times from the main thread, with a
+    message of `size` characters (a frame written in parts), while an interval timer's SIGALRM
+    comes every 2 ms. While a report is being sent, its handler raises an exception of the
+    target's own (`how="raise"`, as a timeout decorator's does), or, the third time, sends this
+    process SIGTERM (`how="stop"`: mpvisor's `Canceled` then comes out of `progress`, as for a stop
+    request). Each exception out of `progress` is caught and counted; return `[reports, whether
+    any was caught]`."""
+
+    class Alarm(Exception):
+        pass
+
+    reporting = [False]  # set around each report, so that nothing is raised outside the `try`
+    stopped: list[int] = []
+
+    def on_alarm(signum: int, frame: object) -> None:
+        if not reporting[0]:
+            return
+        if how == "raise":
+            raise Alarm()
+        stopped.append(signum)
+        if len(stopped) == 3:  # by then well into the reports, most likely within a write
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    mark(marker, "started")
+    ctx = context()
+    caught = 0
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    try:
+        for done in range(1, reports + 1):
+            try:
+                reporting[0] = True
+                ctx.progress(done, reports, "a" * size)
+                reporting[0] = False
+            except (Alarm, Canceled):
+                reporting[0] = False
+                caught += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return [reports, caught > 0]
 
 
 def progress_then_sleep(n: int, pause: float, marker: str | None = None) -> int:

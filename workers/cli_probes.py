@@ -5,7 +5,7 @@
 | `hold(log, label, seconds)` | appends `start <label> <time>` to `log`, sleeps `seconds`, appends `end <label> <time>` | returns `label` |
 | `self_referential()` | | returns a list that contains itself (no msgpack value: the attempt is `FATAL`, with a long reason) |
 | `long_failure(length)` | | `Fail` with a reason of `length` characters |
-| `reports_until_stopped(record)` | starts a child (`sleep`), appends `pid <own pid>` and `child <its pid>` to `record`, then reports progress every 20 ms until asked to stop, and appends `stopped` then (its child is left to the tree's end) | canceled |
+| `reports_until_stopped(record)` | starts a child (`sleep`), appends `pid <own pid>` and `child <its pid>` to `record`, then reports progress every 20 ms until asked to stop, and appends `stopped` then, whether the request came as it waited or as it reported (its child is left to the tree's end) | canceled |
 | `chatty(lines)` | prints `line N` on stdout, flushed, `lines` times (in a pipeline whose reader ended, a `BrokenPipeError` escapes it) | returns `lines` |
 | `uncaught(how)` | | raises, uncaught: `"own"` an exception class of this module, `"noted"` a `ValueError` with a note, `"group"` an `ExceptionGroup`, `"multiline"` a message of two lines, `"bare"` an own exception without a message, `"local"` an exception class defined in the function (Python names it `module.function.<locals>.Class`), `"unprintable"` an exception whose `__str__` raises, `"verdict_from"` a `Fatal` raised from a `ValueError` (a verdict: no traceback printed) |
 
@@ -19,7 +19,7 @@ import os
 import subprocess
 import time
 
-from mpvisor._model.errors import Fatal
+from mpvisor._model.errors import Canceled, Fatal
 
 from ._marker import append_line, context, mark
 
@@ -64,9 +64,13 @@ def reports_until_stopped(record: str, marker: str | None = None) -> None:
     append_line(record, f"pid {os.getpid()}")
     append_line(record, f"child {child.pid}")
     done = 0
-    while not ctx.wait_cancelled(0.02):
-        done += 1
-        ctx.progress(done)
+    try:
+        while not ctx.wait_cancelled(0.02):
+            done += 1
+            ctx.progress(done)
+    except Canceled:  # the request came while it reported, not while it waited
+        append_line(record, "stopped")
+        raise
     append_line(record, "stopped")
     ctx.check_cancelled()
 

@@ -84,11 +84,17 @@ NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout`
 # KiB in UTF-8, a frame a Unix stream socket takes in one piece (one buffer of at most half its
 # send buffer, 208 KiB by default), so frames of several processes never interleave.
 DESCENDANT_TEXT = 4096
+# A frame of at most this many bytes is written in one piece (as above): a signal handler of
+# the target's that raises (`Canceled`, `KeyboardInterrupt`, an alarm's exception) runs before
+# it or after it, never between two of its parts. A longer one is written with every signal
+# blocked (`_Channel.send_frame`).
+ONE_PIECE = 4 * DESCENDANT_TEXT + 1024
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may succeed on a later attempt
 _SIGTERM_NUM = _signal.SIGTERM
 _SIGTERM = (_SIGTERM_NUM,)  # plain ints for the C signal functions (`_platform`)
 _SIG_BLOCK, _SIG_UNBLOCK = _signal.SIG_BLOCK, _signal.SIG_UNBLOCK
+_ALL_SIGNALS = _signal.valid_signals()
 # The system calls the child makes once the target has run, bound before any user code: a
 # target that leaves `os` patched (a mock left in place, a green library's monkey-patching)
 # cannot keep its attempt from reporting or from ending (every path ends in `_exit`). They are
@@ -126,7 +132,16 @@ class _Channel:
     A frame is written whole under `sending`: a target may report progress from any of its
     threads, and a frame written in parts (a large one, or one that meets a full socket buffer)
     must not be cut into by another thread's, nor by the final report. The final report
-    (`last_frame`) keeps the lock, so that nothing follows it on the channel."""
+    (`last_frame`) keeps the lock, so that nothing follows it on the channel.
+
+    Nor may a signal cut into it. A report the main thread sends runs with the target's signal
+    handlers live: a stop request's `Canceled` (or a Ctrl-C's `KeyboardInterrupt`, an alarm's
+    exception of the target's own) raised between two parts of a frame left the rest unwritten,
+    and the parent read the next frame, the final report, as the rest of this one: a target that
+    caught `Canceled` and returned ended as "protocol error: truncated frame". A frame longer than
+    `ONE_PIECE` is therefore written with every signal blocked in that thread; what came
+    meanwhile is handled once it is whole. A shorter frame goes in one write, which a signal
+    either comes before (nothing written) or after."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -142,7 +157,14 @@ class _Channel:
     def send_frame(self, payload: bytes) -> None:
         data = frame(payload)
         with self.sending:
-            self._write(data)
+            if len(data) <= ONE_PIECE:
+                self._write(data)
+                return
+            old = _signal.pthread_sigmask(_SIG_BLOCK, _ALL_SIGNALS)
+            try:
+                self._write(data)
+            finally:
+                _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
 
     def last_frame(self, payload: bytes) -> None:
         """Send the attempt's final report and keep the lock: a thread of the target that

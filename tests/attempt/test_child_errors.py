@@ -155,6 +155,21 @@ async def test_progress_reported_from_several_threads_never_spoils_the_channel_o
         assert outcome.value == "r" * 2_000_000
 
 
+@pytest.mark.parametrize("how", ["raise", "stop"])
+async def test_a_signal_handler_that_raises_while_the_target_reports_never_cuts_a_frame(how):
+    """A target reports progress with messages too large for one write from its main thread
+    while SIGALRM comes every 2 ms, and catches what `progress` raises: its own alarm handler's
+    exception, or `Canceled` (a SIGTERM, sent once). The exception used to be raised between two
+    parts of a frame, the rest never written: the parent read the final report as the rest of
+    that frame, and the attempt of a target that caught the exception and returned ended
+    `protocol error: truncated frame`. A frame written in parts is now written whole before a
+    handler runs, and the exception comes out of `progress` after it."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec(f"alarms-{how}", "workers.basic:progress_under_alarms", 1_000_000, 30, how))
+    assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, [30, True], []), outcome
+
+
 @pytest.mark.parametrize("how", ["return", "raise"])
 async def test_a_process_the_target_forked_that_leaves_the_target_reports_nothing(tmp_path, how):
     """A target forks a child (`os.fork()`) that returns from the target, or raises out of it,
