@@ -997,15 +997,22 @@ def give_back_signal(loop: Any, signum: int, borrowed: Borrowed) -> None:
     handle = borrowed.handle
     callback = getattr(handle, "_callback", None)
     if handle is None or handle.cancelled() or callback is None:
-        loop.remove_signal_handler(signum)
-        if borrowed.previous is not None:
-            import signal
+        # Removed from the loop, a signal has asyncio's stand-in for a moment (for SIGINT, Python's
+        # own handler: a Ctrl-C then raised `KeyboardInterrupt` out of the run, the program's
+        # handler never called): held until what handled it before is back.
+        held = _signal.pthread_sigmask(_signal.SIG_BLOCK, (signum,))
+        try:
+            loop.remove_signal_handler(signum)
+            if borrowed.previous is not None:
+                import signal
 
-            signal.signal(signum, borrowed.previous)
-        if borrowed.action is not None and restore_signal_action(signum, borrowed.action):
-            borrowed.foreign = True  # set from C: the signal module could not give it back
-        if not _loop_signal_handlers(loop):  # asyncio has set the wake-up fd to -1: the program's is back
-            _give_back_wakeup(loop)
+                signal.signal(signum, borrowed.previous)
+            if borrowed.action is not None and restore_signal_action(signum, borrowed.action):
+                borrowed.foreign = True  # set from C: the signal module could not give it back
+            if not _loop_signal_handlers(loop):  # asyncio has set the wake-up fd to -1: the program's is back
+                _give_back_wakeup(loop)
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
         return
     loop.add_signal_handler(signum, callback, *getattr(handle, "_args", ()))  # replaces the borrower's
     _loop_signal_handlers(loop)[signum] = handle

@@ -345,6 +345,47 @@ def test_run_gives_the_program_its_signal_wakeup_fd_back():
         writer.close()
 
 
+_INTERRUPTED_AS_GIVEN_BACK = """
+import asyncio, json, signal, sys
+import mpvisor
+from mpvisor import SupervisorConfig, TaskFn, TaskSpec
+
+heard = []
+signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+loops = asyncio.unix_events._UnixSelectorEventLoop
+removing = loops.remove_signal_handler
+interrupted = []
+
+def remove_then_interrupt(self, signum):  # a Ctrl-C just as the run takes its handler off the loop
+    removed = removing(self, signum)
+    if signum == signal.SIGINT and not interrupted:
+        interrupted.append(signum)
+        signal.raise_signal(signal.SIGINT)
+    return removed
+
+loops.remove_signal_handler = remove_then_interrupt
+try:
+    outcome = mpvisor.run([TaskSpec.once(TaskFn("q", "workers.basic:quick"))], SupervisorConfig(grace=1))["q"]
+    print(json.dumps({"outcome": outcome.kind.name, "heard": heard, "interrupted": len(interrupted)}))
+except KeyboardInterrupt:
+    print(json.dumps({"raised": "KeyboardInterrupt", "heard": heard}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigint_that_comes_as_the_run_gives_it_back_reaches_the_programs_handler():
+    """A Ctrl-C at the moment `mpvisor.run` gives SIGINT back: asyncio, as the run takes its
+    handler off the loop, puts Python's own SIGINT handler in place until the run puts the
+    program's back. A SIGINT just then raised `KeyboardInterrupt` out of the run that had
+    completed, and the program's own handler never heard it. The signal is held over that
+    moment now, and the program's handler hears it once it is back. (The test takes the
+    handler off the loop and sends the SIGINT at once, in one step.)"""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_AS_GIVEN_BACK], cwd=pathlib.Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"outcome": "COMPLETED", "heard": [signal.SIGINT], "interrupted": 1}, done.stdout
+
+
 @pytest.mark.timeout(60)
 def test_a_program_whose_sys_executable_is_not_python_runs_its_launcher_on_its_environments(monkeypatch):
     """A program that embeds Python has its own binary as `sys.executable` (uWSGI), and the
