@@ -4,7 +4,9 @@
 
 0. It first gives SIGINT its default action, so that a Ctrl-C before `main` takes it ends the
    command by SIGINT, silently, as it ends a bare command (not as a `KeyboardInterrupt`
-   traceback from an import); then it unblocks every signal (a mask inherited from whoever
+   traceback from an import); a run takes the signals it passes on or acts on (SIGUSR1,
+   SIGUSR2, SIGQUIT) at once, so that one that comes while it starts up is handled once it can
+   (`_services/startup_signals.py`), not a death; then it unblocks every signal (a mask inherited from whoever
    started it would keep its SIGTERM pending forever), and notes the fds above 2 it inherited, which `mpvisor run` passes
    on to its command. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
    as the namespace's init, reaping every orphan and passing signals on, and the child runs
@@ -18,7 +20,7 @@
 2. `main` (`_cli/main.py`) runs the command: its exit status, or it dies by a signal. What
    escapes it is a bug, its traceback printed, but for a thread the host refused to start (a
    limit on processes): one line naming the limit, status 1. Before
-   anything else, `mpvisor run --file` takes SIGHUP (`_services/hangup.py`): one that comes
+   anything else, `mpvisor run --file` takes SIGHUP (`_services/startup_signals.py`): one that comes
    while the run starts up is a reload once it can reload, not the end of the run.
 3. It imports with the garbage collector off. Importing the command and the runtime creates
    some hundred thousand objects and almost no garbage, and the collections they set off cost
@@ -48,6 +50,12 @@ if TYPE_CHECKING:
 
 def cli() -> NoReturn:
     _quiet_sigint()  # before a SIGINT pending in the inherited mask can come in (`_unblock_signals`)
+    argv = sys.argv[1:]
+    runs = _needs_a_launcher(argv)
+    if runs:  # a SIGUSR1 now, or one pending in the inherited mask, is the run's, not a death
+        from mpvisor._services import startup_signals
+
+        startup_signals.hold(_HELD)
     _unblock_signals()
     inherited = _inherited_fds()  # before anything is opened: what the bare command would inherit
     if inherited:
@@ -65,16 +73,13 @@ def cli() -> NoReturn:
 
         pid1.become_init()
     gc.disable()  # until the command's modules are imported (`_imported`)
-    argv = sys.argv[1:]
-    if _needs_a_launcher(argv):
+    if runs:
         _refuse_an_unsupported_host()  # before a launcher starts: one line, status 1
         from mpvisor._launchers.local import early
 
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))  # first: it inherits SIGHUP as given
-    if _needs_a_launcher(argv) and _runs_a_file(argv):  # a SIGHUP from now on is a reload, not a death
-        from mpvisor._services import hangup
-
-        hangup.hold()
+    if runs and _runs_a_file(argv):  # a SIGHUP from now on is a reload, not a death (under nohup too)
+        startup_signals.hold((_SIGHUP,), even_ignored=True)
     try:
         from mpvisor._cli.main import main
 
@@ -111,6 +116,10 @@ def _inherited_fds() -> tuple[int, ...]:
 
 
 _SIGINT = 2  # signal.SIGINT, without importing `signal` (and `enum`) into `--version`
+_SIGHUP = _signal.SIGHUP
+# What a run passes on (`mpvisor run`: to its command) or acts on (a file's run: SIGUSR1 reopens
+# its logs, SIGQUIT quits), held from the start (`_services/startup_signals.py`)
+_HELD = (_signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGQUIT)
 
 
 def _quiet_sigint() -> None:

@@ -87,6 +87,7 @@ from mpvisor._model.spec import TaskDefaults
 from mpvisor._model.work import TaskFn
 from mpvisor._observe.progress import ProgressBar
 from mpvisor._runtime.config import SupervisorConfig
+from mpvisor._services import startup_signals
 from mpvisor._services.control import live_run, name_too_long, run_name
 from mpvisor._services.manager import ServiceRun
 from mpvisor._tasks.registry import TaskWaiter
@@ -460,6 +461,8 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
                                  load=load, added=display.again, systemd=systemd, started_with=parsed)
         services.append(service_run)
         await service_run.begin()
+        for signum in (signal.SIGUSR2, signal.SIGQUIT):  # one that came as the run started up: now
+            startup_signals.replay(signum)
 
     problem = None
     try:

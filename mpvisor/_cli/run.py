@@ -149,7 +149,7 @@ from mpvisor._model.spec import RestartPolicy, TaskDefaults, TaskSpec
 from mpvisor._observe.progress import ProgressBar, duration
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
-from mpvisor._services import hangup
+from mpvisor._services import startup_signals
 from mpvisor._tasks.registry import TaskWaiter
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, here)  # as `python -m` does: targets resolve from here
     if args.file is not None:
         return run_file(args)
-    hangup.release()  # (taken when the words looked like a file's run)
+    startup_signals.release(signal.SIGHUP)  # (held when the words looked like a file's run)
     spec: TaskSpec = args.spec
     machine: IO[str] | None = None  # stdout, kept for the events or the value while fd 1 goes to stderr
     if args.events == "json" or not args.command:
@@ -405,6 +405,8 @@ class _OneTask:
         return await self.waiter.wait()
 
     async def _start(self, session: RunSession) -> None:
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):  # one that came as the run started up:
+            startup_signals.replay(signum)  # passed on now, or said not to be (no attempt runs yet)
         # no reader left (`--events json | head`): the run stops, then ends by SIGPIPE, as the pipeline expects
         when_reader_gone(lambda: session.stop(signal.SIGPIPE))
         if self.events is not None:  # found at once, not at the next event

@@ -15,7 +15,7 @@ output to rotated log files, and be controlled from another shell (`mpvisor stat
 | `notify` | systemd's notify protocol: a socket per attempt, and mpvisor's own notifications | I/O |
 | `logfiles` | a task's output in files: rotation by size and day, gzip, reopen, a full disk | I/O (a thread) |
 | `control` | the run's control socket: who may ask, what they may ask, and the answers | I/O |
-| `hangup` | a SIGHUP while the run starts up: remembered, then one reload once it can | signals |
+| `startup_signals` | a signal the run handles that comes while it starts up (SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT): remembered, then handled once the run can | signals |
 | `manager` | one service run: the shell that wires all of the above to a runtime | I/O |
 
 May import: `_model`, `_attempt`, `_launchers`, `_tasks`, `_admission`, `_runtime`, `_observe`, `_api`, `_platform`.

@@ -54,7 +54,7 @@ from mpvisor._model.outcome import OutcomeKind, TaskOutcome, uncaught_traceback
 from mpvisor._model.restart import AttemptResult
 from mpvisor._model.spec import RestartKind
 from mpvisor._model.work import with_stop_signal
-from mpvisor._services import graph, hangup
+from mpvisor._services import graph, startup_signals
 from mpvisor._services.control import Busy, ControlError, ControlServer, control_dir, socket_for
 from mpvisor._services.logfiles import LogFile, LogFiles
 from mpvisor._services.notify import (
@@ -206,8 +206,11 @@ class ServiceRun:
                 self._signals.append(signum)
             except (RuntimeError, ValueError):  # not the main thread: no signal handlers
                 pass
-        if signal.SIGHUP in self._signals and hangup.taken():  # one came while the run started up
+        # one that came while the run started up: a reload, a reopening of the logs, now
+        if signal.SIGHUP in self._signals and startup_signals.taken(signal.SIGHUP):
             self._on_sighup()
+        if signal.SIGUSR1 in self._signals and startup_signals.taken(signal.SIGUSR1):
+            self.logs.reopen()
         self._watchdog_ping()
         await self.advance()
 

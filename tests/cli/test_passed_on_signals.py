@@ -262,6 +262,50 @@ def test_a_sigint_as_mpvisor_starts_ends_it_by_sigint_without_a_traceback(tmp_pa
     assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", ""), stderr
 
 
+def _pending(*signals: int) -> Callable[[], None]:
+    """A preexec_fn: the process starts with `signals` blocked and pending, so that they come in
+    as soon as mpvisor's own code unblocks them (as a signal sent while it starts up does)."""
+    def send() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        for signum in signals:
+            os.kill(os.getpid(), signum)
+
+    return send
+
+
+def test_signals_to_pass_on_that_come_as_mpvisor_starts_are_said_not_passed_on_and_the_run_goes_on(
+        tmp_path: pathlib.Path) -> None:
+    """SIGUSR1, SIGUSR2 and SIGQUIT that come while `mpvisor run` starts up (a log rotation's
+    SIGUSR1 sent as soon as the script started it; here pending in the mask it inherits, so that
+    they come in as soon as mpvisor's own code runs): mpvisor died by SIGUSR1 (status 138) before
+    its command ever ran. Now each is taken at once and handled once the run can, as one that
+    comes while no attempt runs: said not passed on, and the run goes on."""
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=tree_env(),
+                  preexec_fn=_pending(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT))
+    try:
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert (proc.returncode, stdout) == (0, "started\n"), stderr
+    said = [line for line in stderr.splitlines() if line.endswith("not passed on")]
+    assert said == [f"mpvisor: {name}: no attempt is running; not passed on" for name in ("SIGUSR1", "SIGUSR2", "SIGQUIT")], stderr
+
+
+def test_a_file_runs_usr1_and_usr2_that_come_as_it_starts_never_end_it(tmp_path: pathlib.Path) -> None:
+    """A file's run that gets SIGUSR1 (its logs' reopening) and SIGUSR2 (passed on) while it
+    starts up: it died by SIGUSR1 before its services started; now it runs them, until SIGTERM."""
+    out = tmp_path / "out"
+    (tmp_path / "svc.toml").write_text(f"[task.svc]\ncommand = ['sh', '-c', 'echo up > {out}; exec sleep 30']\n")
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--file", "svc.toml"], env=tree_env(),
+                  preexec_fn=_pending(signal.SIGUSR1, signal.SIGUSR2))
+    wait_for(lambda: "up" in _lines(out) or proc.poll() is not None, timeout=20)
+    assert proc.poll() is None, proc.communicate()
+    status, stderr = signalled(proc, signal.SIGTERM)
+    assert status == -signal.SIGTERM, stderr
+    assert "mpvisor: svc: canceled reason='canceled by shutdown'" in stderr, stderr
+
+
 def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_line(tmp_path: pathlib.Path) -> None:
     """SIGWINCH to mpvisor (httpd's graceful stop, its image's STOPSIGNAL) reaches the command,
     whose handler runs; during a backoff no process can take it, and nothing is said (a
