@@ -509,6 +509,7 @@ def test_a_store_that_never_answers_is_said_silent_two_seconds_after_the_first_t
         finally:
             request.withdraw()
             request.close()
+            deaf.close()  # resets the connection in its backlog: the try under way ends now, not at its 2 s timeout
             thread.join(10)
 
 
