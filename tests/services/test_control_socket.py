@@ -398,6 +398,7 @@ def test_usage_errors_name_the_option() -> None:
     run's name there too (an empty one was refused as 'a non-empty task name'), and one the control
     commands refuse (a line break) is refused there too; without --file, --name names the task."""
     said = "error: argument --name: expected a run's name (1 to 200 characters, no '/' or control characters), got"
+    cases: list[tuple[subprocess.Popen[str], str]] = []
     for argv, says in [
         (["status", "svc.toml", "--name", "svc"], "mpvisor status: error: argument --name: not allowed with FILE"),
         (["stop", "web", "--name", "a/b"], "mpvisor stop: error: argument --name: expected a run's name"),
@@ -417,10 +418,12 @@ def test_usage_errors_name_the_option() -> None:
         (["reload", "--wait", "2d"], "mpvisor reload: error: argument --wait: expected a finite number of seconds > 0 "
                                      "and <= 86400"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "mpvisor", *argv], env=cli_env(), capture_output=True,
-                              text=True, timeout=30)
-        assert done.returncode == 2 and done.stdout == "", done
-        (line,) = done.stderr.splitlines()
+        cases.append((subprocess.Popen([sys.executable, "-m", "mpvisor", *argv], env=cli_env(), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), says))
+    for proc, says in cases:  # started together (each is a process of its own), each checked alone
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2 and out == "", (proc.args, proc.returncode, out, err)
+        (line,) = err.splitlines()
         assert line.startswith(says), line
 
 
