@@ -67,10 +67,10 @@ async def test_restarts_with_backoff_until_success() -> None:
 
 
 async def test_a_timeout_stops_the_attempt_and_is_retried() -> None:
-    """Each attempt times out after 0.3 s (a stubborn one is killed `timeout_kill_after` later):
+    """Each attempt times out after 0.2 s (a stubborn one is killed `timeout_kill_after` later):
     TIMED_OUT ends, then the retry limit ends the task FAILED with `timed_out`."""
-    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.3).with_max_retries(1)
-    async with supervised(on_ray(timeout_kill_after=0.3)) as (handle, events):
+    spec = TaskSpec.restartable(fn("slow", misbehave.stubborn)).with_timeout(0.2).with_max_retries(1)
+    async with supervised(on_ray(timeout_kill_after=0.2)) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec.with_backoff(basic_backoff()))
         outcome = await waiter.wait()
     assert outcome.kind is OutcomeKind.FAILED and outcome.timed_out and outcome.attempts == 2, outcome
