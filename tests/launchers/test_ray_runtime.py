@@ -499,9 +499,9 @@ async def test_a_lost_node_fails_the_attempt_fences_the_slot_and_the_retry_runs_
     ray_cluster: Any, tmp_path: Any
 ) -> None:
     """A second node dies mid-attempt: the attempt ends FAILED `node lost ...` (no exit code);
-    nothing runs in its slot until the fence (1 s) after the loss; the retry runs on the
+    nothing runs in its slot until the fence (0.5 s) after the loss; the retry runs on the
     surviving node; the slot's queued next owner runs after it; no two owners overlapped."""
-    fence = 1.0
+    fence = 0.5
     probe = Probe(tmp_path)
     config = SupervisorConfig(grace=1.0, launcher=RayLauncher(lost_fence=fence))
     victim = {"num_cpus": 0.1, "resources": {"victim": 1}}
