@@ -80,18 +80,19 @@ def test_a_stop_signal_that_cannot_be_is_a_usage_error(tmp_path: pathlib.Path, a
 
 
 def test_a_file_gives_each_command_its_stop_signal_and_each_task_its_grace(tmp_path: pathlib.Path) -> None:
-    """[defaults] grace 0.2 s and stop signal QUIT; two commands take 1 s to stop once asked:
-    the one with its own grace of 30 s ends canceled, the other is killed after 0.2 s; a third,
-    with its own SIGHUP, gets SIGHUP. The run dies by the SIGTERM that stopped it."""
+    """[defaults] grace 0.2 s and stop signal QUIT; two commands take longer than that to stop
+    once asked: the one with its own grace of 30 s (0.6 s to stop: the run waits for it) ends
+    canceled, the other (5 s to stop) is killed after 0.2 s; a third, with its own SIGHUP, gets
+    SIGHUP. The run dies by the SIGTERM that stopped it."""
     out = {name: tmp_path / name for name in ("patient", "hasty", "hup")}
     (tmp_path / "t.toml").write_text(textwrap.dedent(f"""
         [defaults]
         grace = 0.2
         stop_signal = "QUIT"
-        env = {{HOLD = "1"}}
+        env = {{HOLD = "5"}}
         [task.patient]
         command = ["bash", "-c", {NAMED!r}]
-        env = {{F = "{out['patient']}"}}
+        env = {{F = "{out['patient']}", HOLD = "0.6"}}
         grace = 30
         [task.hasty]
         command = ["bash", "-c", {NAMED!r}]

@@ -461,7 +461,7 @@ def test_max_concurrent_bounds_the_attempts_of_a_file_and_the_command_line_wins(
     two did run together); `--max-concurrent 1` over the file's 2: one at a time. `mpvisor check`
     accepts the key."""
     log = tmp_path / "file.log"
-    hold_file(tmp_path / "tasks.toml", log, 5, 0.3, "max_concurrent = 2")
+    hold_file(tmp_path / "tasks.toml", log, 5, 0.2, "max_concurrent = 2")  # two start together, about 10 ms apart
     checked = mpvisor(tmp_path, "check", "tasks.toml")
     assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
     done = mpvisor(tmp_path, "run", "--file", "tasks.toml")
