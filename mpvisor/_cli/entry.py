@@ -52,10 +52,11 @@ def cli() -> NoReturn:
     _quiet_sigint()  # before a SIGINT pending in the inherited mask can come in (`_unblock_signals`)
     argv = sys.argv[1:]
     runs = _needs_a_launcher(argv)
+    file_run = runs and _runs_a_file(argv)
     if runs:  # a SIGUSR1 now, or one pending in the inherited mask, is the run's, not a death
         from mpvisor._services import startup_signals
 
-        startup_signals.hold(_HELD)
+        startup_signals.hold(_HELD + ((_SIGHUP,) if file_run else ()))  # (not one found ignored: below)
     _unblock_signals()
     inherited = _inherited_fds()  # before anything is opened: what the bare command would inherit
     if inherited:
@@ -78,7 +79,7 @@ def cli() -> NoReturn:
         from mpvisor._launchers.local import early
 
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))  # first: it inherits SIGHUP as given
-    if runs and _runs_a_file(argv):  # a SIGHUP from now on is a reload, not a death (under nohup too)
+    if file_run:  # a SIGHUP is a reload under nohup too, once the launcher took it as given (ignored)
         startup_signals.hold((_SIGHUP,), even_ignored=True)
     try:
         from mpvisor._cli.main import main

@@ -10,7 +10,8 @@ moment later: `mpvisor run` passes it on (`replay` raises it again, for the run'
 which says that no attempt runs yet; a file's run reloads (SIGHUP), reopens its logs (SIGUSR1),
 passes SIGUSR2 on, or quits (SIGQUIT). `hold` comes before the inherited signal mask is cleared,
 so one inherited blocked and pending is remembered too. One inherited ignored stays ignored, as
-the run leaves it (but SIGHUP for a file's run, which is its reload: `even_ignored`). A signal
+the run leaves it; but SIGHUP for a file's run is its reload under `nohup` too (`even_ignored`),
+taken once the early launcher has started with it ignored, as the tasks then start. A signal
 the run turns out not to take (`release`: SIGHUP for a run that is not a file's) gets its
 default action back, and one that came meanwhile is raised again: the process dies by it, as it
 would have.

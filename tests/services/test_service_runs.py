@@ -1340,8 +1340,11 @@ def test_ready_completed_starts_what_comes_after_a_one_shot_task_once_it_succeed
 def test_a_sighup_while_the_run_starts_up_is_a_reload_once_it_can_reload(run: Run) -> None:
     """SIGHUP from the moment the process exists until its control socket answers: it never
     ends the run (it died with 129 before it could reload), and the run reloads once it can.
-    The run is started with SIGHUP blocked, so the first one is sure to come before mpvisor's
-    own code runs (it takes SIGHUP, and unblocks it, first thing)."""
+    The run is started with SIGHUP blocked, and the first one is sent at once, so that it is sure
+    to come before mpvisor's own code runs (it takes SIGHUP, then unblocks it, first thing; it
+    died by that one, unblocked before it was taken). The test sent none when its first look at
+    the control socket came once the run was up already (a busy machine): it then waited for a
+    reload that nothing had asked for."""
     run.write("""
         [task.one]
         command = ["sleep", "30"]
@@ -1350,8 +1353,9 @@ def test_a_sighup_while_the_run_starts_up_is_a_reload_once_it_can_reload(run: Ru
     run.proc = subprocess.Popen([MPVISOR, "run", "--file", "services.toml"], cwd=run.directory, env=run.env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP}))
-    sent = 0
-    while not run.listening():
+    run.proc.send_signal(signal.SIGHUP)  # at once: pending until mpvisor's own code unblocks it
+    sent = 1
+    while not run.listening():  # and more while it starts up (the first look may come after that)
         assert run.proc.poll() is None, run.proc.communicate()
         run.proc.send_signal(signal.SIGHUP)
         sent += 1
