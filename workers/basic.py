@@ -34,6 +34,7 @@ surroundings. Cancellation-aware workers live in `coop`, abusive ones in `misbeh
 | `progress_from_threads(threads, size, reports)` | `threads` threads at once, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `threads * reports` |
 | `progress_from_fork_pool(processes, size, reports)` | a fork `multiprocessing.Pool` of `processes` workers, each `progress(i, reports, message)` `reports` times, `message` `size` characters | returns `processes * reports` |
 | `progress_under_alarms(size, reports, how)` | `progress(i, reports, message)` `reports` times from the main thread (`message` `size` characters) while SIGALRM comes every 2 ms, its handler raising (`how="raise"`) or sending this process SIGTERM once (`"stop"`); what `progress` raises is caught | returns `[reports, whether it caught any]` |
+| `returns_under_alarms(size)` | leaves SIGALRM coming every millisecond, its handler raising, and a thread alive | returns `"r" * size` |
 | `progress_while_returning(size, result_size)` | a thread reports progress (`size`-character messages) without end; the target returns once it has reported 3 times | returns `"r" * result_size` |
 | `misreport(how)` | calls `progress`, `ready` or `wait_cancelled` with a wrong argument (or a `timedelta`, a right one) (`how` names which), catching what it raises | returns `"Type: message"` of it, or `"accepted"` |
 
@@ -364,6 +365,25 @@ def progress_under_alarms(size: int, reports: int, how: str, marker: str | None 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     return [reports, caught > 0]
+
+
+def returns_under_alarms(size: int, marker: str | None = None) -> str:
+    """Leave an interval timer running (SIGALRM every millisecond, its handler raising an exception
+    of the target's own) and a thread of its own alive, and return `"r" * size`, a value that
+    takes many writes to send."""
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise Alarm()
+
+    mark(marker, "started")
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # a thread the alarm may come to
+    value = "r" * size
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    return value
 
 
 def progress_then_sleep(n: int, pause: float, marker: str | None = None) -> int:

@@ -86,8 +86,8 @@ NOT_FOUND = 127  # a program that does not exist, as shells, `env` and `timeout`
 DESCENDANT_TEXT = 4096
 # A frame of at most this many bytes is written in one piece (as above): a signal handler of
 # the target's that raises (`Canceled`, `KeyboardInterrupt`, an alarm's exception) runs before
-# it or after it, never between two of its parts. A longer one is written with every signal
-# blocked (`_Channel.send_frame`).
+# it or after it, never between two of its parts. A longer one is written with the handlers
+# held (`_Channel.send_frame`, `_hold_handlers`).
 ONE_PIECE = 4 * DESCENDANT_TEXT + 1024
 NOT_EXECUTABLE = 126  # a program that exists but cannot be executed
 _EXEC_TRANSIENT = frozenset({errno.ETXTBSY, errno.ENOMEM})  # an exec that may succeed on a later attempt
@@ -139,9 +139,11 @@ class _Channel:
     exception of the target's own) raised between two parts of a frame left the rest unwritten,
     and the parent read the next frame, the final report, as the rest of this one: a target that
     caught `Canceled` and returned ended as "protocol error: truncated frame". A frame longer than
-    `ONE_PIECE` is therefore written with every signal blocked in that thread; what came
-    meanwhile is handled once it is whole. A shorter frame goes in one write, which a signal
-    either comes before (nothing written) or after."""
+    `ONE_PIECE` is therefore written with the Python handlers held (`_hold_handlers`: blocking
+    the signals in this thread would not do, as another thread of the target's takes them then,
+    and the handler still runs here): each signal that came meanwhile is raised again, for its
+    handler, once the frame is whole. A shorter frame goes in one write, which a signal either
+    comes before (nothing written) or after."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -160,11 +162,11 @@ class _Channel:
             if len(data) <= ONE_PIECE:
                 self._write(data)
                 return
-            old = _signal.pthread_sigmask(_SIG_BLOCK, _ALL_SIGNALS)
+            held = _hold_handlers()
             try:
                 self._write(data)
             finally:
-                _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
+                _release_handlers(held)
 
     def last_frame(self, payload: bytes) -> None:
         """Send the attempt's final report and keep the lock: a thread of the target that
@@ -229,6 +231,43 @@ def _out_of_memory_frame() -> bytes:
 
 
 _OUT_OF_MEMORY_FRAME = _out_of_memory_frame()  # built while there is memory to build it
+
+
+_came_while_held: list[int] = []
+
+
+def _hold_handlers() -> dict[int, Any]:
+    """Put `_note_held` in the place of every signal handler that is a Python function (the
+    target's, the context's SIGTERM handler, Python's SIGINT handler), so that none runs, nor
+    raises, in mpvisor's code until `_release_handlers`; what they were. Python runs a signal's
+    handler in the main thread whichever thread the signal came to: outside the main thread
+    (where handlers cannot be set) nothing needs holding, and nothing is."""
+    held: dict[int, Any] = {}
+    try:
+        for signum in _ALL_SIGNALS:
+            handler = _signal.getsignal(signum)
+            if callable(handler) and handler is not _note_held:
+                _signal.signal(signum, _note_held)
+                held[signum] = handler
+    except ValueError:  # not the main thread: the first `signal` call refused, nothing was set
+        pass
+    return held
+
+
+def _note_held(signum: int, frame: object) -> None:
+    _came_while_held.append(signum)
+
+
+def _release_handlers(held: dict[int, Any]) -> None:
+    """Give back what `_hold_handlers` held, then raise again each signal that came meanwhile,
+    for its own handler."""
+    for signum, handler in held.items():
+        _signal.signal(signum, handler)
+    came = list(dict.fromkeys(_came_while_held))
+    _came_while_held.clear()
+    for signum in came:
+        if signum in held:
+            _signal.raise_signal(signum)
 
 
 def _finish_out_of_memory(fd: int) -> NoReturn:
@@ -695,6 +734,7 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
                 value = _run_async(value, ctx)
         finally:
             _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+            _hold_handlers()  # for good: no handler of the target's runs, nor raises, in what reports its end
         return Result(value), 0
     except Canceled:  # by a SIGTERM (the parent's, or one it did not send: exit_code says so), or raised on purpose
         return Failure("canceled", "the attempt was canceled", -_SIGTERM_NUM if ctx.cancelled else None), 0
@@ -994,7 +1034,9 @@ def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
 
 def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
     """Send the attempt's one report, flush the user's streams, and end with `os._exit` (or,
-    with `die_by`, by that signal: the report stands whatever the status)."""
+    with `die_by`, by that signal: the report stands whatever the status). No signal handler of
+    the target's (one its module set as it was imported, too) runs meanwhile: `_hold_handlers`."""
+    _hold_handlers()
     payload = _encode_report(message, max_frame)
     try:
         channel.last_frame(payload)

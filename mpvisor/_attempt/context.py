@@ -11,6 +11,7 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 | a sync target runs, inside `shield()` | `cancelled` turns true; `Canceled` is raised when the block exits |
 | an `async def` target runs | its task is cancelled (`CancelledError` counts as `Canceled`) |
 | `wait_cancelled()` waits | it returns `True` (and, outside `shield()`, counts as delivered) |
+| the target returned or raised | nothing more: no Python signal handler runs in the child from then on (`child._hold_handlers`), so none of the target's spoils its report |
 """
 
 from __future__ import annotations

@@ -170,6 +170,19 @@ async def test_a_signal_handler_that_raises_while_the_target_reports_never_cuts_
     assert (outcome.kind, outcome.value, ends) == (OutcomeKind.COMPLETED, [30, True], []), outcome
 
 
+async def test_a_handler_the_target_left_behind_never_spoils_the_report_of_its_value():
+    """A target returns a large value and leaves an interval timer behind, whose SIGALRM handler
+    raises: the exception came out of mpvisor's own code that encodes and sends the value, and the
+    attempt ended `fatal: the result of type str cannot be sent as msgpack: Alarm`, or died before
+    reporting. Once the target is done, no handler of its own runs in the child: its value is
+    reported."""
+    async with supervised(CONFIG) as (handle, collector):
+        outcome, ends = await _outcome_and_ends(
+            handle, collector, _spec("alarms", "workers.basic:returns_under_alarms", 3_000_000))
+    assert (outcome.kind, ends) == (OutcomeKind.COMPLETED, []), outcome
+    assert outcome.value == "r" * 3_000_000
+
+
 @pytest.mark.parametrize("how", ["return", "raise"])
 async def test_a_process_the_target_forked_that_leaves_the_target_reports_nothing(tmp_path, how):
     """A target forks a child (`os.fork()`) that returns from the target, or raises out of it,
