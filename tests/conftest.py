@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests import _support  # noqa: E402
+from tests import _prebuild, _support  # noqa: E402
 from tests._support import kill_leftovers  # noqa: E402
 
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
@@ -101,13 +101,34 @@ def no_leftover_processes():
 
 
 @pytest.fixture(scope="session")
-def installs(tmp_path_factory):
+def installs():
     """Virtual environments `A` and `B` with mpvisor and two user packages installed the way users
     install them (editable and not, flat and src layouts; see tests/_venv.py), built once per
-    session. A venv that cannot be built fails the tests that use it, with pip's output."""
-    from tests._venv import build_installs
+    session, from the moment the tests that need them were collected (tests/_prebuild.py). A
+    venv that cannot be built fails the tests that use it, with pip's output."""
+    return _prebuild.take("installs", _prebuild.build_installs)
 
-    return build_installs(tmp_path_factory.mktemp("installs"))
+
+# the fixtures whose builds start as soon as collection shows a test that needs them, by build
+PREBUILT = {"installs": "installs", "tools_venv": "tools", "frozen_app": "frozen"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the builds the collected tests need (tests/_prebuild.py), in the order they will
+    first be needed."""
+    if session.config.option.collectonly:
+        return
+    names: list[str] = []
+    for item in session.items:
+        for fixture in getattr(item, "fixturenames", ()):
+            build = PREBUILT.get(fixture)
+            if build is not None and build not in names:
+                names.append(build)
+    _prebuild.start(names)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _prebuild.finish()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

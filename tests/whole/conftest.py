@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests._venv import Venv, build_tools_venv
+from tests import _prebuild
+from tests._venv import Venv
 
 
 @pytest.fixture(scope="session")
-def tools_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    return build_tools_venv(tmp_path_factory.mktemp("tools-venv"), "T",
-                            ["coverage>=7.10", "pytest", "pyinstaller>=6", "pyuwsgi"])
+def tools_venv() -> Venv:
+    """Built from the moment a test that needs it was collected (tests/_prebuild.py)."""
+    venv: Venv = _prebuild.take("tools", _prebuild.build_tools)
+    return venv

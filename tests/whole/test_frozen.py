@@ -14,31 +14,24 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import signal
 
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests._venv import REPO, Venv, _step, run_bounded
+from tests import _prebuild
+from tests._venv import Venv, run_bounded
 
 pytestmark = pytest.mark.timeout(300)  # building the venv and freezing the program take 20-40 s
 
-APP_SOURCE = REPO / "workers" / "frozen"
 
 
 @pytest.fixture(scope="module")
-def frozen_app(tools_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def frozen_app(tools_venv: Venv) -> pathlib.Path:
     """The frozen program's executable (`dist/app/app`, a one-directory build by the PyInstaller
-    of the shared venv, conftest.py)."""
-    project = tmp_path_factory.mktemp("frozen") / "project"
-    project.mkdir()
-    for name in ("app.py", "jobs.py"):
-        shutil.copy2(APP_SOURCE / name, project / name)
-    _step([str(tools_venv.root / "bin" / "pyinstaller"), "--noconfirm", "--onedir", "--log-level", "WARN", "app.py"],
-          "pyinstaller app.py", project)
-    app = project / "dist" / "app" / "app"
-    assert app.is_file(), f"no frozen program at {app}"
+    of the shared venv, conftest.py; built from the moment this test was collected,
+    tests/_prebuild.py)."""
+    app: pathlib.Path = _prebuild.take("frozen", _prebuild.build_frozen)
     return app
 
 
