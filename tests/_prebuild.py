@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+APP_SOURCE = ROOT / "workers" / "frozen"  # the program the freezers' tests freeze (`app.py`, `jobs.py`)
 WAIT = 900.0  # s a fixture waits for a build the builder has not finished (each pip step has 180 s)
 
 
@@ -56,13 +57,13 @@ def build_tools(base: pathlib.Path) -> Any:
 def build_frozen(base: pathlib.Path) -> Any:
     """`workers/frozen/app.py` (and `jobs.py`) frozen by the tools venv's PyInstaller into a
     one-directory program: its executable."""
-    from tests._venv import REPO, _step
+    from tests._venv import _step
 
     tools = take("tools", build_tools)
     project = base / "project"
     project.mkdir(parents=True)
     for name in ("app.py", "jobs.py"):
-        shutil.copy2(REPO / "workers" / "frozen" / name, project / name)
+        shutil.copy2(APP_SOURCE / name, project / name)
     _step([str(tools.root / "bin" / "pyinstaller"), "--noconfirm", "--onedir", "--log-level", "WARN", "app.py"],
           "pyinstaller app.py", project)
     app = project / "dist" / "app" / "app"

@@ -16,9 +16,9 @@ import shutil
 
 import pytest
 
+from tests._prebuild import APP_SOURCE
 from tests._venv import Venv, build_tools_venv, run_bounded
 from tests.whole.test_frozen import (
-    APP_SOURCE,
     test_a_frozen_program_runs_targets_of_its_main_script_and_modules_and_commands,
     test_a_frozen_program_that_forgot_freeze_support_fails_saying_so_and_leaves_nothing,
     test_a_frozen_programs_slot_server_is_the_program_and_serves_its_slots,
