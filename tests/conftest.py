@@ -122,7 +122,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         for fixture in getattr(item, "fixturenames", ()):
             build = PREBUILT.get(fixture)
-            if build == "frozen" and getattr(getattr(item, "module", None), "__name__", "") != "tests.whole.test_frozen":
+            if build == "frozen" and item.path.name != "test_frozen.py":
                 continue  # test_frozen_others.py's `frozen_app`: its own freezers' builds
             if build is not None and build not in names:
                 names.append(build)
