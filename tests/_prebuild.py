@@ -13,9 +13,10 @@ the same venvs as users install them.
 
 The builder is no descendant of the test process (started through a shell that exits at once):
 the checks every test makes of the test process's children, zombies and descriptors
-(`no_leftover_processes`) never see it or its pip. It gives up between two builds once the test
-process is gone, and `finish` (the session's end) kills what is left of it and removes its
-directory. Without a builder (a run that collected none of those tests, a builder that died),
+(`no_leftover_processes`) never see it or its pip. It runs at a lower priority (`nice` 10): it
+takes the time the suite leaves idle, never a timing test's. It gives up between two builds once
+the test process is gone, and `finish` (the session's end) kills what is left of it and removes
+its directory. Without a builder (a run that collected none of those tests, a builder that died),
 `take` builds in the test process, as before.
 
     python -m tests._prebuild DIRECTORY TEST_PID NAME...    # the builder (`start` runs it)
@@ -113,7 +114,7 @@ def take(name: str, build: Callable[[pathlib.Path], Any]) -> Any:
             if (directory / f"{name}.pickle").exists():
                 _built_here[name] = pickle.loads((directory / f"{name}.pickle").read_bytes())
                 return _built_here[name]
-            if not _alive(pid) and not (directory / f"{name}.pickle").exists():
+            if not _is_builder(pid) and not (directory / f"{name}.pickle").exists():
                 break  # the builder died without it: built here
             time.sleep(0.05)
     directory = pathlib.Path(tempfile.mkdtemp(prefix=f"mpvisor-tests-{name}-"))
@@ -124,9 +125,9 @@ def take(name: str, build: Callable[[pathlib.Path], Any]) -> Any:
 
 def finish() -> None:
     """The session's end: the builder (and its pip) killed if still running, the directories removed."""
-    if _builder is not None:
+    if _builder is not None and _is_builder(_builder[0]):
         try:
-            os.killpg(_builder[0], signal.SIGKILL)
+            os.killpg(_builder[0], signal.SIGKILL)  # (its own session: `main`)
         except (ProcessLookupError, PermissionError):
             pass
     for directory in _directories:
@@ -141,6 +142,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def _is_builder(pid: int) -> bool:
+    """Whether `pid` is still this session's builder (not a process that took its pid since)."""
+    try:
+        return _alive(pid) and b"tests._prebuild" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _is_zombie(pid: int) -> bool:
@@ -163,6 +172,7 @@ def main(directory: str, test_pid: str, *names: str) -> int:
     global _IN_BUILDER
     _IN_BUILDER = True
     os.setsid()  # a group of its own (its pip's too), which `finish` kills
+    os.nice(10)  # the core the suite leaves idle, not the suite's: its tests measure time
     base = pathlib.Path(directory)
     for name in names:
         if not _alive(int(test_pid)):
