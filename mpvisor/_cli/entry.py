@@ -4,8 +4,8 @@
 
 0. It first gives SIGINT its default action, so that a Ctrl-C before `main` takes it ends the
    command by SIGINT, silently, as it ends a bare command (not as a `KeyboardInterrupt`
-   traceback from an import); a run takes the signals it passes on or acts on (SIGUSR1,
-   SIGUSR2, SIGQUIT) at once, so that one that comes while it starts up is handled once it can
+   traceback from an import); a run (here or on Ray) takes the signals it passes on or acts on
+   (SIGUSR1, SIGUSR2, SIGQUIT) at once, so that one that comes while it starts up is handled once it can
    (`_services/startup_signals.py`), not a death; then it unblocks every signal (a mask inherited from whoever
    started it would keep its SIGTERM pending forever), and notes the fds above 2 it inherited, which `mpvisor run` passes
    on to its command. As PID 1 of a PID namespace (a container's entry point) it forks first: PID 1 stays behind
@@ -52,8 +52,8 @@ def cli() -> NoReturn:
     _quiet_sigint()  # before a SIGINT pending in the inherited mask can come in (`_unblock_signals`)
     argv = sys.argv[1:]
     runs = _needs_a_launcher(argv)
-    file_run = runs and _runs_a_file(argv)
-    if runs:  # a SIGUSR1 now, or one pending in the inherited mask, is the run's, not a death
+    file_run = _is_a_run(argv) and _runs_a_file(argv)
+    if _is_a_run(argv):  # a SIGUSR1 now, or one pending in the inherited mask, is the run's, not a death
         from mpvisor._services import startup_signals
 
         startup_signals.hold(_HELD + ((_SIGHUP,) if file_run else ()))  # (not one found ignored: below)
@@ -79,7 +79,7 @@ def cli() -> NoReturn:
         from mpvisor._launchers.local import early
 
         early.start_early(stdout_to_stderr=_keeps_stdout(argv))  # first: it inherits SIGHUP as given
-    if file_run:  # a SIGHUP is a reload under nohup too, once the launcher took it as given (ignored)
+    if file_run:  # a SIGHUP is a reload under nohup too, once a launcher took it as given (ignored)
         startup_signals.hold((_SIGHUP,), even_ignored=True)
     try:
         from mpvisor._cli.main import main
@@ -233,12 +233,16 @@ def _refuse_an_unsupported_host() -> None:
         _exit(1)
 
 
+def _is_a_run(argv: list[str]) -> bool:
+    """`mpvisor run ...`, here or on Ray, not asking for help."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return bool(own) and own[0] == "run" and not any(word in ("-h", "--help", "--version") for word in own)
+
+
 def _needs_a_launcher(argv: list[str]) -> bool:
     """`mpvisor run ...` that runs here: not on Ray, not asking for help."""
     own = argv[: argv.index("--")] if "--" in argv else argv
-    if not own or own[0] != "run":
-        return False
-    return not any(word in ("-h", "--help", "--version") or word == "--ray" or word.startswith("--ray=") for word in own)
+    return _is_a_run(argv) and not any(word == "--ray" or word.startswith("--ray=") for word in own)
 
 
 def _runs_a_file(argv: list[str]) -> bool:

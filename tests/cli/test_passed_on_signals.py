@@ -292,6 +292,24 @@ def test_signals_to_pass_on_that_come_as_mpvisor_starts_are_said_not_passed_on_a
     assert said == [f"mpvisor: {name}: no attempt is running; not passed on" for name in ("SIGUSR1", "SIGUSR2", "SIGQUIT")], stderr
 
 
+def test_a_signal_to_pass_on_that_comes_as_a_run_on_ray_starts_is_said_not_passed_on(tmp_path: pathlib.Path) -> None:
+    """The same for `mpvisor run --ray ADDRESS`, which imports Ray and connects for a second or
+    more before its run can take a signal: a SIGUSR1 then killed it (status 138). Here nobody
+    answers at the address: the run ends as it does without the signal (status 1, one line), and
+    the SIGUSR1 is said not passed on."""
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--ray", "127.0.0.1:1", "--start-timeout", "1", "--", "true"],
+                  env=tree_env(), preexec_fn=_pending(signal.SIGUSR1))
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 1, stderr
+    lines = stderr.splitlines()
+    assert lines[0] == "mpvisor: SIGUSR1: no attempt is running; not passed on", stderr
+    assert lines[-1].startswith("mpvisor: cannot connect to Ray (address='127.0.0.1:1')"), stderr
+
+
 def test_a_file_runs_usr1_and_usr2_that_come_as_it_starts_never_end_it(tmp_path: pathlib.Path) -> None:
     """A file's run that gets SIGUSR1 (its logs' reopening) and SIGUSR2 (passed on) while it
     starts up: it died by SIGUSR1 before its services started; now it runs them, until SIGTERM."""
