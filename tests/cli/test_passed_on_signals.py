@@ -35,6 +35,16 @@ def _start(cwd: pathlib.Path, argv: list[str], **popen: object) -> subprocess.Po
                             stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
 
 
+def _ended(proc: subprocess.Popen[str], timeout: float = 20) -> tuple[str, str]:
+    """`proc`'s stdout and stderr once it ended (killed, and the test failed by `TimeoutExpired`,
+    if it outlives `timeout`)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 
 
 
@@ -195,11 +205,7 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=tree_env(F=str(out)))
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGQUIT)
-    try:
-        _, stderr = proc.communicate(timeout=15)
-    finally:
-        proc.kill()
-        proc.communicate()
+    _, stderr = _ended(proc, 15)
     assert proc.returncode == -signal.SIGQUIT, stderr
     assert "killed by signal SIGQUIT" in stderr, stderr
 
@@ -213,6 +219,17 @@ def _blocking(*signals: int) -> Callable[[], None]:
     return block
 
 
+def _pending(*signals: int) -> Callable[[], None]:
+    """A preexec_fn: the process starts with `signals` blocked and pending, so that they come in
+    as soon as mpvisor's own code unblocks them (as a signal sent while it starts up does)."""
+    def send() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        for signum in signals:
+            os.kill(os.getpid(), signum)
+
+    return send
+
+
 def test_a_run_started_with_sigchld_and_usr1_blocked_sees_its_command_end(tmp_path: pathlib.Path) -> None:
     """The launcher (and its guardian) inherited the mask: with SIGCHLD blocked it never saw the
     command end, and the run hung; now every process of mpvisor starts with no signal blocked."""
@@ -220,11 +237,7 @@ def test_a_run_started_with_sigchld_and_usr1_blocked_sees_its_command_end(tmp_pa
                  ["-c", "import mpvisor, sys; o = mpvisor.run([mpvisor.TaskSpec.once(mpvisor.CommandTask('c', "
                         "['sh', '-c', 'exit 3']))])['c']; sys.exit(o.exit_code)"]):
         proc = _start(tmp_path, argv, env=tree_env(), preexec_fn=_blocking(signal.SIGCHLD, signal.SIGUSR1))
-        try:
-            _, stderr = proc.communicate(timeout=20)
-        finally:
-            proc.kill()
-            proc.communicate()
+        _, stderr = _ended(proc)
         assert proc.returncode == 3, stderr
 
 
@@ -248,29 +261,10 @@ def test_a_sigint_as_mpvisor_starts_ends_it_by_sigint_without_a_traceback(tmp_pa
     `KeyboardInterrupt` traceback from whatever was being imported (status 1 while the command's
     modules were imported); now mpvisor dies by SIGINT and says nothing, as the bare command
     would have, and its command never started."""
-    def pending_sigint() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        os.kill(os.getpid(), signal.SIGINT)
-
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=tree_env(),
-                  preexec_fn=pending_sigint)
-    try:
-        stdout, stderr = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-        proc.communicate()
+                  preexec_fn=_pending(signal.SIGINT))
+    stdout, stderr = _ended(proc)
     assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", ""), stderr
-
-
-def _pending(*signals: int) -> Callable[[], None]:
-    """A preexec_fn: the process starts with `signals` blocked and pending, so that they come in
-    as soon as mpvisor's own code unblocks them (as a signal sent while it starts up does)."""
-    def send() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-        for signum in signals:
-            os.kill(os.getpid(), signum)
-
-    return send
 
 
 def test_signals_to_pass_on_that_come_as_mpvisor_starts_are_said_not_passed_on_and_the_run_goes_on(
@@ -282,11 +276,7 @@ def test_signals_to_pass_on_that_come_as_mpvisor_starts_are_said_not_passed_on_a
     comes while no attempt runs: said not passed on, and the run goes on."""
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "sh", "-c", "echo started"], env=tree_env(),
                   preexec_fn=_pending(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT))
-    try:
-        stdout, stderr = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-        proc.communicate()
+    stdout, stderr = _ended(proc)
     assert (proc.returncode, stdout) == (0, "started\n"), stderr
     said = [line for line in stderr.splitlines() if line.endswith("not passed on")]
     assert said == [f"mpvisor: {name}: no attempt is running; not passed on" for name in ("SIGUSR1", "SIGUSR2", "SIGQUIT")], stderr
@@ -299,11 +289,7 @@ def test_a_signal_to_pass_on_that_comes_as_a_run_on_ray_starts_is_said_not_passe
     the SIGUSR1 is said not passed on."""
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--ray", "127.0.0.1:1", "--start-timeout", "1", "--", "true"],
                   env=tree_env(), preexec_fn=_pending(signal.SIGUSR1))
-    try:
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.communicate()
+    _, stderr = _ended(proc, 60)
     assert proc.returncode == 1, stderr
     lines = stderr.splitlines()
     assert lines[0] == "mpvisor: SIGUSR1: no attempt is running; not passed on", stderr
