@@ -118,8 +118,14 @@ def config_for(launcher: str) -> SupervisorConfig:
 
 async def owned(launcher: str, store: Expiring, spec: TaskSpec) -> tuple[Any, float, Collector]:
     """The outcome of `spec` run as the owner of a slot in `store`, how long it took, and the
-    run's events (every one: read once the supervisor has shut down)."""
+    run's events (every one: read once the supervisor has shut down). On Ray, a trivial task runs
+    first, so that the owner's attempt starts on its agent, reused: a new agent's start can take
+    longer than the fence's 2/3 of a TTL on a loaded machine, and an attempt killed before its
+    agent said it was placed is held for `lost_fence` (it may have started), past the TTL."""
     async with supervised(config_for(launcher), controller=ControllerConfig(leases=store)) as (handle, collector):
+        if launcher == "ray":
+            _, warm = await handle.add_and_watch(TaskSpec.once(TaskFn("warm", "workers.basic:quick")))
+            assert (await warm.wait()).kind is OutcomeKind.COMPLETED
         begin = time.monotonic()
         _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
         outcome = await waiter.wait()
