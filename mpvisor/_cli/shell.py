@@ -322,8 +322,25 @@ class _Guarded:
         self.line_start: _LineStart | None = _LineStart(fd) if shared else None  # the tasks write here too
         self.at_line_start = True  # what this stream was given so far ends a line
         self.redrawn = False  # the last text given was a line redrawn in place (`\r...`, `--progress`'s bar)
+        # one write at a time: its look at what the stream was given, and the text it then writes
+        # (the bar and the event log write from threads of their own; reentrant, for a signal's)
+        self._order = threading.RLock()
+
+    def end_redrawn(self) -> None:
+        """End the line redrawn in place if it is still the last text given (`--progress`'s bar
+        at its task's end): a line of mpvisor's written after it started a line of its own and
+        ended it, and a second newline would show as an empty line. The look and the newline
+        are one step: the bar's thread looked, the event log's wrote its line meanwhile, and the
+        bar's newline then came after it, an empty line all the same."""
+        with self._order:
+            if self.redrawn:
+                self.write("\n")
 
     def write(self, text: str) -> int:
+        with self._order:
+            return self._write(text)
+
+    def _write(self, text: str) -> int:
         if self.inner is None:
             if text:
                 _LOST.note(self.label, CLOSED_AT_START)

@@ -280,8 +280,7 @@ class ProgressBar:
             self._printed_at.pop(event.task, None)
             self._held.pop(event.task, None)
             if self.live and self._drawn:
-                if getattr(self.stream, "redrawn", True):  # else a line of mpvisor's already ended the bar's
-                    self._write("\n")
+                self._end_line()
                 self._drawn = False
 
     def _show(self, report: ProgressReport) -> None:
@@ -309,6 +308,18 @@ class ProgressBar:
     def _print(self, report: ProgressReport) -> None:
         self._printed_at[report.task] = report.at
         self._write(f"mpvisor: {report.task}: progress {describe(report)}\n")
+
+    def _end_line(self) -> None:
+        """End the bar's line, unless a line written after the bar already did: a stream that
+        knows (`end_redrawn`: `mpvisor run`'s stderr, which starts its next line on a line of its
+        own after the bar) does that itself; on any other, the bar's line is the last."""
+        end_redrawn = getattr(self.stream, "end_redrawn", None)
+        if end_redrawn is None:
+            self._write("\n")
+            return
+        with self.lock:
+            end_redrawn()
+            self.stream.flush()
 
     def _write(self, text: str) -> None:
         with self.lock:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import io
 import math
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Iterable
 
 import pytest
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 import mpvisor
 from mpvisor import Event, EventKind
+from mpvisor._cli.shell import _Guarded
 from mpvisor._observe.progress import (
     ProgressBar,
     ProgressReport,
@@ -161,23 +165,63 @@ def test_the_bar_on_a_terminal_redraws_one_line_with_rate_eta_and_attempt():
 
 
 def test_the_bar_ends_its_line_at_the_end_only_if_no_line_of_mpvisor_ended_it_already():
-    """`mpvisor run`'s stderr knows whether its last text was the bar's line (`redrawn`): a log
-    line written after the bar (`--events log`) started on a new line and ended it, so the
-    bar's end adds no newline, which showed as an empty line."""
-
-    class Stderr(io.StringIO):
-        redrawn = True
-
-    stream = Stderr()
+    """`mpvisor run`'s stderr (`_Guarded`) knows whether its last text was the bar's line: a log
+    line written after the bar (`--events log`) starts on a new line and ends it, so the bar's
+    end adds no newline, which showed as an empty line. A stream that does not know gets the
+    newline."""
+    stream = _Guarded(io.StringIO(), "stderr", 2)
     bar = ProgressBar(stream, live=True)
     bar.on_event(progress("job", 1, 2, 10, 0.0))
-    stream.write("\na log line\n")
-    stream.redrawn = False
+    stream.write("a log line\n")
     bar.on_event(finished("job"))
-    assert stream.getvalue().endswith("\x1b[K\na log line\n"), stream.getvalue()
-    stream = Stderr()  # the bar's line is still the last: ended at the task's end
+    assert stream.inner.getvalue().endswith("\x1b[K\na log line\n"), stream.inner.getvalue()
+    stream = _Guarded(io.StringIO(), "stderr", 2)  # the bar's line is still the last: ended at the task's end
     feed(ProgressBar(stream, live=True), [progress("job", 1, 2, 10, 0.0), finished("job")])
-    assert stream.getvalue().endswith("\x1b[K\n")
+    assert stream.inner.getvalue().endswith("\x1b[K\n")
+    plain = io.StringIO()
+    feed(ProgressBar(plain, live=True), [progress("job", 1, 2, 10, 0.0), finished("job")])
+    assert plain.getvalue().endswith("\x1b[K\n")
+
+
+class _LettingOthersRun(io.StringIO):
+    """A stream whose write lets other threads run before its text lands, as a write to a
+    terminal or a file does whenever it waits for the file's buffer or for the OS."""
+
+    def write(self, text: str) -> int:
+        time.sleep(0)
+        return super().write(text)
+
+
+def test_the_bars_end_and_a_log_line_written_by_another_thread_at_once_leave_no_empty_line():
+    """The bar and the event log write from threads of their own. The bar's end took its look at
+    the stream (its line still the last), the log's thread then wrote its lines before the bar's
+    newline landed, and that newline came after them: an empty line (`mpvisor run --events log
+    --progress` on a terminal, once in a full run of the suite). A write's look at what the
+    stream was given and its text landing are now one step of the stream's, and so are the
+    bar's look and its newline. (On the code before, most rounds fail.)"""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(100):
+            stream = _Guarded(_LettingOthersRun(), "stderr", 2)
+            bar = ProgressBar(stream, live=True)
+            bar.on_event(progress("job", 1, 2, 10, 0.0))
+            together = threading.Barrier(2)
+
+            def log_lines(stream: _Guarded = stream, together: threading.Barrier = together) -> None:
+                together.wait()
+                for n in range(5):
+                    stream.write(f"log line {n}\n")
+
+            log = threading.Thread(target=log_lines)
+            log.start()
+            together.wait()
+            bar.on_event(finished("job"))
+            log.join()
+            text = stream.inner.getvalue()
+            assert text.endswith("\n") and "\n\n" not in text and "\x1b[Klog" not in text, repr(text)
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one_line():
