@@ -156,7 +156,7 @@ def prepare(name: str) -> tuple[Prepared, ...] | None:
         if source is None:
             return None
         try:
-            code = spec.loader.get_code(full)  # type: ignore[union-attr]
+            code = _read_code(spec.loader, full)
         except Exception:
             return None  # a syntax error, say: the attempt's own import reports it
         if code is None:
@@ -196,6 +196,19 @@ def ready(name: str) -> None:
         _import_task_model_for(fresh[-1].code)
 
 
+def _read_code(loader: object, name: str) -> CodeType | None:
+    """The module's code: its cached bytecode if that is current, else its source compiled,
+    with nothing written to `__pycache__`. Writing the bytecode there changed the directory
+    just checked, so the next attempt found the import no longer valid and prepared it again
+    (in every launcher, for each module without current bytecode)."""
+    writes = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        return loader.get_code(name)  # type: ignore[attr-defined,no-any-return]
+    finally:
+        sys.dont_write_bytecode = writes
+
+
 def _prepare_script(path: str) -> tuple[Prepared, ...] | None:
     """The main script at `path` (absolute), read as its attempts' import would read it (the
     cached bytecode, or the source compiled) under the name `__mp_main__`; None if it cannot be
@@ -207,7 +220,7 @@ def _prepare_script(path: str) -> tuple[Prepared, ...] | None:
     loader, spec = SourceFileLoader("__mp_main__", path), None
     try:
         spec = spec_from_file_location("__mp_main__", path, loader=loader)
-        code = loader.get_code("__mp_main__") if spec is not None else None
+        code = _read_code(loader, "__mp_main__") if spec is not None else None
     except Exception:  # the attempt's own import meets it and reports it
         code = None
     if spec is None or code is None:

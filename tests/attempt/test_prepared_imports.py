@@ -330,7 +330,9 @@ async def test_a_path_added_after_the_launcher_started_imports_normally(tmp_path
 
 @pytest.fixture
 def here(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
-    """A directory first on `sys.path`; `pp_*` modules imported from it are forgotten after."""
+    """A directory first on `sys.path`; `pp_*` modules imported from it are forgotten after.
+    Bytecode is written, as by users' interpreters (this machine sets PYTHONDONTWRITEBYTECODE)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_prepared, "prepared", {})
     yield tmp_path
