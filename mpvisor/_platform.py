@@ -54,6 +54,47 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a fork s
 if TYPE_CHECKING:
     from typing import Any
 
+
+# --- a lock that a raising signal handler never leaves held ----------------------------------------
+
+if sys.version_info >= (3, 14):
+    import _thread
+
+    class _InterruptSafeLock(_thread.RLock):
+        """A lock for `with` in code that runs in a main thread whose Python signal handlers may
+        raise (a target's own, `Canceled` for a stop, `KeyboardInterrupt` for a Ctrl-C). From
+        CPython 3.14, `with lock:` over a lock of C skips `__exit__` when such a handler raises
+        right after `__enter__` returned (the call's check for pending signals comes before the
+        block's handler is in place: CPython gh-148874), and the lock stays held: whatever takes
+        it next waits for ever. Here `__enter__` is Python's (a call of a Python function has no
+        such check on its return) and gives the lock back if what interrupted came after it was
+        taken (only a second handler that raises within that give-back, microseconds, can still
+        leave it held); `__exit__` is the lock's own. It is never entered again by the thread that holds
+        it (a handler that would, interrupting this thread inside it: `RuntimeError`), as a plain
+        lock, which would wait for ever there instead."""
+
+        def __enter__(self) -> bool:
+            if self._is_owned():
+                raise RuntimeError("a lock entered again by the thread that holds it (from a signal handler)")
+            try:
+                return self.acquire()
+            except BaseException:
+                if self._is_owned():  # taken: what interrupted came after (else a wait for it was interrupted)
+                    self.release()
+                raise
+
+    def interrupt_safe_lock() -> Any:
+        """A lock `with` never leaves held when a signal handler raises (`_InterruptSafeLock`)."""
+        return _InterruptSafeLock()
+
+else:  # before 3.14 a `with` block's handler is in place as a C `__enter__` returns
+
+    def interrupt_safe_lock() -> Any:
+        """A lock `with` never leaves held when a signal handler raises: a plain one, before 3.14."""
+        import _thread
+
+        return _thread.allocate_lock()
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36

@@ -140,7 +140,9 @@ class BlockingHandle:
         self._handle = handle
         self._loop = loop
         self._thread = thread
-        self._lock = threading.Lock()  # orders "hand a call to the loop" against "stop the loop"
+        # orders "hand a call to the loop" against "stop the loop"; taken in the caller's thread, where
+        # a Ctrl-C's KeyboardInterrupt may come at any point: `interrupt_safe_lock`
+        self._lock = _platform.interrupt_safe_lock()
         self._over = False  # the loop thread was joined: calls run on the caller's thread
         self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
         self._pid = os.getpid()  # the process whose thread runs the loop (a fork has a copy, no thread)

@@ -43,7 +43,6 @@ user code can make the report malformed or change that status.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # `signal`'s C module: a fork server imports no enum
-import _thread
 import errno
 import importlib
 import os
@@ -126,40 +125,6 @@ def keep_inherited_ignores() -> frozenset[int]:
     return kept_ignored
 
 
-if sys.version_info >= (3, 14):
-
-    class _SendingLock(_thread.RLock):
-        """The channel's lock on CPython 3.14 and later, where `with lock:` over a lock of C can
-        leave it held: a Python signal handler that raises right after the lock's `__enter__`
-        returned (the call's check for pending signals, before the block's handler is in place:
-        CPython issue gh-148874) skips `__exit__`. The target's alarm exception, or `Canceled`
-        for a stop, raised there left the lock held, and the attempt's final report then waited
-        for it for ever: a hang, on 3.14 in most attempts of a target that reports progress
-        under an interval timer whose handler raises. Here `__enter__` is Python's (a call of a
-        Python function has no check on its return), and gives the lock back if what interrupted
-        it came after it was taken; `__exit__` is the lock's own. A frame is never begun inside
-        another: a handler that reports while this thread sends is refused (`RuntimeError`)
-        where a plain lock would wait for ever."""
-
-        def __enter__(self) -> bool:
-            if self._is_owned():
-                raise RuntimeError("progress reported from a signal handler while the same thread was sending")
-            try:
-                return self.acquire()
-            except BaseException:
-                if self._is_owned():  # taken: what interrupted came after (else a wait for it was interrupted)
-                    self.release()
-                raise
-
-    def _sending_lock() -> Any:
-        return _SendingLock()
-
-else:  # before 3.14 a block's handler is in place as `__enter__` returns: a plain lock is safe
-
-    def _sending_lock() -> Any:
-        return _thread.allocate_lock()
-
-
 class _Channel:
     """The child's blocking end of the attempt socket (raw fd I/O: no socket object to set up).
 
@@ -181,11 +146,12 @@ class _Channel:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.sending = _sending_lock()
+        # (its `with` is never left with it held by a handler that raises: `interrupt_safe_lock`)
+        self.sending = _platform.interrupt_safe_lock()
         os.register_at_fork(after_in_child=self._forked)  # a process the target forks has its own lock
 
     def _forked(self) -> None:
-        self.sending = _sending_lock()  # held by another thread at the fork, it would never be released
+        self.sending = _platform.interrupt_safe_lock()  # held by another thread at the fork, it would never be released
 
     def send(self, message: Message) -> None:
         self.send_frame(pack(message.to_wire()))

@@ -166,7 +166,7 @@ async def test_a_signal_handler_that_raises_while_the_target_reports_never_cuts_
     handler runs, and the exception comes out of `progress` after it. On CPython 3.14 the
     handler's exception could also come right after the channel's lock was taken, before the
     `with` block's handler was in place, and leave the lock held: the final report then waited
-    for it for ever (the `raise` cases hung in every run there, `_SendingLock`)."""
+    for it for ever (the `raise` cases hung in every run there: `_platform.interrupt_safe_lock`)."""
     async with supervised(CONFIG) as (handle, collector):
         outcome, ends = await _outcome_and_ends(
             handle, collector, _spec(f"alarms-{how}", "workers.basic:progress_under_alarms", 1_000_000, 30, how))
