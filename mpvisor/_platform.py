@@ -95,6 +95,7 @@ else:  # before 3.14 a `with` block's handler is in place as a C `__enter__` ret
 
         return _thread.allocate_lock()
 
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
