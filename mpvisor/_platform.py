@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # CPython's C module behind `signal` (no stubs)
 import _socket  # `socket`'s C module: `socket` makes enums of its constants as it is imported
+import _thread
 import array
 import errno
 import os
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 # --- a lock that a raising signal handler never leaves held ----------------------------------------
 
 if sys.version_info >= (3, 14):
-    import _thread
 
     class _InterruptSafeLock(_thread.RLock):
         """A lock for `with` in code that runs in a main thread whose Python signal handlers may
@@ -91,8 +91,6 @@ else:  # before 3.14 a `with` block's handler is in place as a C `__enter__` ret
 
     def interrupt_safe_lock() -> Any:
         """A lock `with` never leaves held when a signal handler raises: a plain one, before 3.14."""
-        import _thread
-
         return _thread.allocate_lock()
 
 
