@@ -255,13 +255,14 @@ class Runtime:
         if self.hooks is not None:
             self.hooks.ended(actor.id, actor.name, actor.attempt, end)
 
-    def set_stop(self, id: int, grace: float | None, stop_signal: signal.Signals) -> None:
+    def set_stop(self, id: int, grace: float | None, stop_signal: signal.Signals, *, running_too: bool = True) -> None:
         """The task `id` is asked to stop this way from now on (`TaskActor.set_stop`: a service
-        run's reload that changed only its `grace` or `stop_signal`); a submission its controller
-        still holds (queued for its slot) starts with them; nothing if it is gone."""
+        run's reload that changed only its `grace` or `stop_signal`; its running attempt keeps
+        its signal unless `running_too`); a submission its controller still holds (queued for
+        its slot) starts with them; nothing if it is gone."""
         actor = self.registry.by_id.get(id)
         if actor is not None:
-            actor.set_stop(grace, stop_signal)
+            actor.set_stop(grace, stop_signal, running_too=running_too)
         elif self.controller is not None:
             self.controller.set_stop(id, grace, stop_signal)
 

@@ -729,15 +729,21 @@ class ServiceRun:
                 self.services.pop(name).stop_checks()
                 self._files.pop(name, None)
             services = {}
+            kept_old: dict[str, signal.Signals] = {}  # running with their old stop signal: the new one is ignored there
             for name, task in new.items():
                 kept = self.services.get(name)
                 if kept is None or name in changes.changed:
                     kept = Service(task)
                 elif name in updated:
+                    old_signal, new_signal = _stop_signal(kept.task), _stop_signal(task)
                     kept.task = task
                     if kept.id is not None:
-                        spec = task.spec
-                        self.runtime.set_stop(kept.id, spec.grace, getattr(spec.task, "stop_signal", signal.SIGTERM))
+                        # a program started with the new signal ignored could not take it: it keeps its
+                        # old one, and its next attempt starts with the new one (`_ignored_by_programs`)
+                        unreachable = new_signal != old_signal and _ignored_by_programs(new_signal)
+                        if unreachable and kept.pid is not None:
+                            kept_old[name] = old_signal
+                        self.runtime.set_stop(kept.id, task.spec.grace, new_signal, running_too=not unreachable)
                 services[name] = kept
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
                 self._open_logs(service)        # task that writes it (an unchanged one too) is pointed at it
@@ -748,11 +754,29 @@ class ServiceRun:
         parts = [f"{label}: {', '.join(names)}" for label, names in
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed),
                   ("how it stops updated, not restarted", updated)) if names]
+        parts += [f"{name}'s running process has {_stop_signal(self.services[name].task).name} ignored (as this run "
+                  f"found it): it is still stopped with {old.name}, its next attempt with the new signal"
+                  for name, old in kept_old.items()]
         ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
         not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
                        "file again for a new value)") if ignored else ""
         return f"reloaded {printable(self.path)}: " + ("; ".join(parts) if parts else "nothing changed") + \
             f" ({len(changes.unchanged) - len(updated)} unchanged){not_applied}"
+
+
+def _stop_signal(task: Any) -> signal.Signals:
+    """A file's task's stop signal (a Python target's: SIGTERM)."""
+    return getattr(task.spec.task, "stop_signal", signal.SIGTERM)  # type: ignore[no-any-return]
+
+
+def _ignored_by_programs(signum: signal.Signals) -> bool:
+    """Whether this run's programs have `signum` ignored (each but the one that is its own stop
+    signal as it starts): one a bare command keeps ignored, as this run found it ignored when it
+    started and left it (SIGINT and SIGQUIT in a script's background job, SIGHUP under `nohup`:
+    `_attempt/child.py`'s `INHERITABLE_IGNORES`)."""
+    from mpvisor._attempt.child import INHERITABLE_IGNORES
+
+    return signum in INHERITABLE_IGNORES and signal.getsignal(signum) == signal.SIG_IGN
 
 
 def _stop_aside(task: Any) -> Any:

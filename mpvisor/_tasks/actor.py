@@ -204,13 +204,14 @@ class TaskActor:
         """How long its attempt has to stop once asked: its spec's own grace, else the supervisor's."""
         return self.host.grace if self.spec.grace is None else self.spec.grace
 
-    def set_stop(self, grace: float | None, stop_signal: signal.Signals) -> None:
+    def set_stop(self, grace: float | None, stop_signal: signal.Signals, *, running_too: bool = True) -> None:
         """How it is asked to stop from now on (a reload changed only that): its own `grace`
         (None: the supervisor's) and, for a program, its stop signal, the running attempt's
-        too; an attempt asked to stop already keeps its signal and its deadline."""
+        too unless not `running_too` (its program has that signal ignored); an attempt asked to
+        stop already keeps its signal and its deadline."""
         task = with_stop_signal(self.spec.task, stop_signal)
         self.spec = dataclasses.replace(self.spec, grace=grace, task=task)
-        if self.current is not None and isinstance(task, CommandTask):
+        if self.current is not None and isinstance(task, CommandTask) and running_too:
             self.current.set_stop_signal(stop_signal)
 
     def claimable(self) -> bool:

@@ -770,6 +770,56 @@ def test_a_reload_that_changes_how_a_queued_task_stops_applies_once_it_runs(run:
     assert status == -signal.SIGTERM, err
 
 
+def test_a_reload_whose_new_stop_signal_the_running_program_ignores_keeps_the_old_one_for_it(run: Run) -> None:
+    """A run a script starts in the background (`mpvisor run --file F &` in bash: SIGINT and
+    SIGQUIT ignored, which its programs keep, as bare commands would, but for each one's own stop
+    signal). A reload gives a running program `stop_signal = "INT"`, which that program was
+    started with ignored: the answer says so, and its stop sends SIGTERM, its old signal, which
+    it takes at once (SIGINT would have been ignored until the grace ran out and its tree was
+    killed). Its next attempt starts with SIGINT as its own, and is stopped by it."""
+    program = ("for sig in TERM INT; do trap \"echo $sig >> got; exit 0\" $sig; done; "
+               "echo ready >> got; while :; do sleep 0.05; done")
+    text = f"""
+        [task.keep]
+        command = ["sleep", "600"]
+
+        [task.db]
+        command = ["bash", "-c", {json.dumps(program)}]
+        grace = 5
+    """
+    run.write(text)
+    assert MPVISOR is not None
+    # bash without job control: its background job ignores SIGINT and SIGQUIT
+    run.proc = subprocess.Popen(["bash", "-c", '"$0" run --file services.toml & echo $! > run.pid; wait $!', MPVISOR],
+                                cwd=run.directory, env=run.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file, got = run.directory / "run.pid", run.directory / "got"
+    try:
+        pid = run.wait_status(lambda rows: rows["db"]["pid"])["db"]["pid"]
+        wait_for(lambda: "ready" in file_lines(got), timeout=20)  # its traps set
+        run.write(text + '        stop_signal = "INT"\n')
+        reloaded = run.ctl("reload")
+        assert reloaded.returncode == 0, reloaded.stderr
+        assert ("how it stops updated, not restarted: db; db's running process has SIGINT ignored (as this run found "
+                "it): it is still stopped with SIGTERM, its next attempt with the new signal (1 unchanged)"
+                in reloaded.stdout), reloaded.stdout
+        assert run.status()["db"]["pid"] == pid
+        stopped = run.ctl("stop", "db")
+        assert (stopped.returncode, stopped.stdout) == (0, "db: stopped\n"), stopped.stderr  # not force_aborted
+        assert file_lines(got) == ["ready", "TERM"]
+        assert run.ctl("start", "db").returncode == 0
+        wait_for(lambda: file_lines(got).count("ready") == 2, timeout=20)
+        stopped = run.ctl("stop", "db")
+        assert (stopped.returncode, stopped.stdout) == (0, "db: stopped\n"), stopped.stderr
+        assert file_lines(got) == ["ready", "TERM", "ready", "INT"]
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        _, err = run.proc.communicate(timeout=40)
+        assert run.proc.returncode == 128 + signal.SIGTERM, err  # bash's `wait`: its job died by SIGTERM
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_a_task_a_reload_removed_counts_no_more_and_a_target_it_added_gives_its_value(run: Run) -> None:
     """A reload removes `gone` (stopped: its outcome said) and adds `added`, a target; once `a`
     completes the run exits 0, as its file now reads: every task completed. The removed task's
