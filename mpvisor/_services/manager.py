@@ -766,7 +766,7 @@ class ServiceRun:
 
 def _stop_signal(task: Any) -> signal.Signals:
     """A file's task's stop signal (a Python target's: SIGTERM)."""
-    return getattr(task.spec.task, "stop_signal", signal.SIGTERM)  # type: ignore[no-any-return]
+    return getattr(task.spec.task, "stop_signal", signal.SIGTERM)
 
 
 def _ignored_by_programs(signum: signal.Signals) -> bool:
