@@ -466,7 +466,8 @@ def test_a_run_from_a_directory_with_a_stray_mpvisor_package_starts_the_real_ser
     """A run started in a directory holding a package named `mpvisor` (a checkout of another
     version, say) starts the slot server from the installed mpvisor, not from that directory
     (which `python -m` put first on the server's sys.path: the run failed, status 1, with the
-    stray package's words), and the server does not keep that directory as its working one."""
+    stray package's words), and the server does not keep that directory as its working one, nor
+    on its `sys.path` (where `mpvisor run` puts it for the run's targets)."""
     stray = tmp_path / "checkout"
     (stray / "mpvisor").mkdir(parents=True)
     (stray / "mpvisor" / "__init__.py").write_text("")
@@ -475,6 +476,9 @@ def test_a_run_from_a_directory_with_a_stray_mpvisor_package_starts_the_real_ser
     assert status == 0, err
     (server,) = server_pids(slots)
     assert psutil.Process(server).cwd() == "/"
+    argv = psutil.Process(server).cmdline()
+    code = argv[argv.index("-c") + 1]  # what it runs: the paths it adds to its sys.path among it
+    assert "sys.path +=" in code and str(stray) not in code, code
 
 
 def test_a_server_that_never_answers_is_waited_for_start_wait_and_named(slots: Any, monkeypatch: Any) -> None:

@@ -271,10 +271,13 @@ def _server_code() -> str:
     find. Its directory comes first on the interpreter's own `sys.path` (`-P`: not the run's
     working directory, where a stray `mpvisor` package, a checkout of another version, or a
     `socket.py` would be imported instead); this process's other absolute entries come after
-    it, for whatever mpvisor needs that only they hold (msgpack and psutil vendored beside it).
-    Its working directory is "/": not the run's, which the server, living on, would keep from
-    being unmounted (or keep alive once removed)."""
-    extra = [entry for entry in sys.path if os.path.isabs(entry) and entry != _platform.PACKAGES]
+    it, for whatever mpvisor needs that only they hold (msgpack and psutil vendored beside it),
+    but the working directory (which `mpvisor run` and `python -m` put on it for targets): a
+    server lives on, serving later runs, with whatever it imported from the directory of the
+    run that started it. Its working directory is "/": not the run's, which the server, living
+    on, would keep from being unmounted (or keep alive once removed)."""
+    here = _platform.current_dir()
+    extra = [entry for entry in sys.path if os.path.isabs(entry) and entry not in (_platform.PACKAGES, here)]
     return (f"import sys; sys.path.insert(0, {_platform.PACKAGES!r}); sys.path += [p for p in {extra!r} if p not in sys.path]; "
             "from mpvisor._cli.entry import cli; cli()")
 
