@@ -399,9 +399,12 @@ def _exec_error(program: str, exc: OSError) -> str:
     (Permission denied) of a directory, even to root, where bash says "Is a directory"; and
     ENOENT (No such file or directory) of a program that is there but whose `#!` interpreter
     (or a binary's loader) is not, where bash says "required file not found": the interpreter
-    is named, and a carriage return after it (a file saved with Windows line endings) said."""
+    is named, and a carriage return after it (a file saved with Windows line endings) said. A
+    shell's builtin given as a program is said to be one (`_shell_words`)."""
     if exc.errno == errno.EACCES and "/" in program and os.path.isdir(program):
         return os.strerror(errno.EISDIR)
+    if exc.errno == errno.EACCES and program in _BUILTINS:  # `.`: each `$PATH` directory's `.` is one
+        return (exc.strerror or str(exc)) + _shell_words(program, None)
     if exc.errno == errno.ENOENT:
         import shutil
 

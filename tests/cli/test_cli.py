@@ -1114,6 +1114,17 @@ def test_a_shells_words_given_as_a_program_are_said_to_be_a_shells(tmp_path, pro
     assert (hint in line) if hint is not None else "shell" not in line, line
 
 
+def test_the_dot_builtin_given_as_a_program_is_said_to_be_a_shells(tmp_path):
+    """`mpvisor run -- . env.sh` (`source`'s other name): `$PATH`'s directories each have a `.`,
+    a directory, so it is found but cannot be executed (126, as `env . env.sh` says); it is
+    said to be a shell's builtin, as `source` is."""
+    done = mpvisor(tmp_path, "run", "--", ".", "env.sh")
+    assert done.returncode == 126, done.stderr
+    line = outcome_line(done.stderr)
+    assert ("cannot execute '.': Permission denied ('.' is a shell builtin, not a program: run it in a shell, "
+            "sh -c '...')") in line, line
+
+
 @pytest.mark.parametrize("log", [False, True])
 def test_attempts_past_the_open_file_limit_fail_to_start_naming_it(tmp_path, log):
     """A task file of 30 programs under `ulimit -n 32`, their output captured for log files or
