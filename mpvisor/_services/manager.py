@@ -729,7 +729,7 @@ class ServiceRun:
                 self.services.pop(name).stop_checks()
                 self._files.pop(name, None)
             services = {}
-            kept_old: dict[str, signal.Signals] = {}  # running with their old stop signal: the new one is ignored there
+            kept_old: list[str] = []  # running with their old stop signal: the new one is ignored there
             for name, task in new.items():
                 kept = self.services.get(name)
                 if kept is None or name in changes.changed:
@@ -742,7 +742,7 @@ class ServiceRun:
                         # old one, and its next attempt starts with the new one (`_ignored_by_programs`)
                         unreachable = new_signal != old_signal and _ignored_by_programs(new_signal)
                         if unreachable and kept.pid is not None:
-                            kept_old[name] = old_signal
+                            kept_old.append(name)
                         self.runtime.set_stop(kept.id, task.spec.grace, new_signal, running_too=not unreachable)
                 services[name] = kept
             for service in services.values():  # a file whose rotation settings changed is a new writer: every
@@ -755,8 +755,8 @@ class ServiceRun:
                  (("added", changes.added), ("changed", changes.changed), ("removed", changes.removed),
                   ("how it stops updated, not restarted", updated)) if names]
         parts += [f"{name}'s running process has {_stop_signal(self.services[name].task).name} ignored (as this run "
-                  f"found it): it is still stopped with {old.name}, its next attempt with the new signal"
-                  for name, old in kept_old.items()]
+                  "found it): it is still stopped with the signal it started with, its next attempt with the new one"
+                  for name in kept_old]
         ignored = [key for key in RUN_KEYS if getattr(parsed, key, None) != self._run_keys[key]] if self._run_keys else []
         not_applied = (f"; not applied: [defaults] {', '.join(ignored)} (the run's, read when it starts: run the "
                        "file again for a new value)") if ignored else ""

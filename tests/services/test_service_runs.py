@@ -801,7 +801,7 @@ def test_a_reload_whose_new_stop_signal_the_running_program_ignores_keeps_the_ol
         reloaded = run.ctl("reload")
         assert reloaded.returncode == 0, reloaded.stderr
         assert ("how it stops updated, not restarted: db; db's running process has SIGINT ignored (as this run found "
-                "it): it is still stopped with SIGTERM, its next attempt with the new signal (1 unchanged)"
+                "it): it is still stopped with the signal it started with, its next attempt with the new one (1 unchanged)"
                 in reloaded.stdout), reloaded.stdout
         assert run.status()["db"]["pid"] == pid
         stopped = run.ctl("stop", "db")
