@@ -61,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
     for view in slots:
         owner = view.get("owner") or {}
         since = time.strftime("%H:%M:%S", time.localtime(owner["since"])) if owner.get("since") else "-"
-        queue = ", ".join(f"{q['name']} ({q['pid']}{' on ' + q['host'] if q.get('host') else ''})"
-                          for q in view.get("queue", [])) or "-"
+        queue = ", ".join(f"{q['name']} ({q['pid']}{' on ' + q['host'] if q.get('host') else ''}"
+                          f"{', paused' if q.get('paused') else ''})" for q in view.get("queue", [])) or "-"
         where = [str(owner.get("host", "-")), str(owner.get("token", "-"))] if hosts else []
-        rows.append([str(view["slot"]), str(view["status"]), str(owner.get("pid", "-")), *where,
+        status = f"{view['status']} (paused)" if owner.get("paused") else str(view["status"])
+        rows.append([str(view["slot"]), status, str(owner.get("pid", "-")), *where,
                      str(owner.get("name", "-")), since, queue])
     for line in aligned(rows, least=COLUMNS, right=("OWNER PID", "TOKEN")):
         print(line)

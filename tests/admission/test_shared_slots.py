@@ -623,6 +623,49 @@ def test_a_run_replaced_before_its_task_started_exits_5_not_6(slots: Any, tmp_pa
     replacer.close()
 
 
+def test_a_paused_waiter_granted_the_slot_is_shown_paused_until_it_is_resumed(slots: Any, tmp_path: Any) -> None:
+    """A queued run stopped (Ctrl-Z in a terminal is a SIGTSTP; here SIGSTOP) when its turn comes
+    is granted the slot and holds it, its command not started: `mpvisor slots` shows it `running
+    (paused)` (it said `running`, and an operator looked for a deploy that was not running), and
+    `--json` says `"paused": true`, of a paused waiter in the queue too; once resumed it runs its
+    command and gives the slot back."""
+    def table(*extra: str) -> str:
+        done = subprocess.run([MPVISOR or "mpvisor", "slots", *extra], env=env_for(slots), capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    owner_run = start(slots, tmp_path, "--slot", "s", "--", "sleep", "600")
+    wait_for(lambda: '"status": "running"' in table("--json"), timeout=30)
+    waiter = start(slots, tmp_path, "--slot", "s", "--", "true")
+    assert waiter.stderr is not None and "waiting, position 1" in waiter.stderr.readline()
+    waiter.send_signal(signal.SIGSTOP)
+    try:
+        (queued,) = json.loads(table("--json"))["slots"][0]["queue"]
+        assert queued == {"pid": waiter.pid, "name": "true", "paused": True}, queued
+        assert f"true ({waiter.pid}, paused)" in table()
+        owner_run.terminate()  # the owner's run ends: the slot goes to the paused waiter
+        assert finish(owner_run)[0] == -signal.SIGTERM
+
+        def paused_owner() -> dict[str, Any] | None:
+            views = json.loads(table("--json"))["slots"]
+            owner = views[0]["owner"] if views else None
+            return owner if owner and owner["pid"] == waiter.pid else None
+
+        held = wait_for(paused_owner, timeout=30)
+        assert held["paused"] is True and held["status"] == "running", held
+        (row,) = [line for line in table().splitlines() if line.startswith("s ")]
+        assert row.split()[1:4] == ["running", "(paused)", str(waiter.pid)], row
+    finally:
+        waiter.send_signal(signal.SIGCONT)
+        if owner_run.poll() is None:  # (an assertion failed before its end)
+            owner_run.kill()
+            finish(owner_run)
+    status, err = finish(waiter)
+    assert status == 0, err
+    assert json.loads(table("--json"))["slots"] == []
+
+
 def test_garbage_gets_an_error_and_costs_only_its_own_connection(slots: Any, tmp_path: Any) -> None:
     """An unknown request or a bad field in a good frame: an `error` reply, the connection stays;
     an oversized or undecodable frame: an `error`, then only that client is disconnected. The
