@@ -20,7 +20,7 @@ channel's framing, at most `MAX_FRAME` bytes), on a Unix stream socket.
 | server -> client | meaning |
 |---|---|
 | `granted req` | the lease is yours: run |
-| `queued req position owner` | you wait; `owner` is `{pid, name, since, status}` of the holder, with `launcher`: the other processes it registered (its launcher's), whose trees are its attempts (a waiter in one would wait for itself) |
+| `queued req position owner` | you wait; `owner` is `{pid, name, since, status, paused}` of the holder, with `launcher`: the other processes it registered (its launcher's), whose trees are its attempts (a waiter in one would wait for itself) |
 | `rejected req kind` | `slot_busy`, `queue_full` or `superseded_by_replace` |
 | `revoke req` | a replacement arrived: retire your owner (grace, tree kill), then `release` |
 | `snapshot slots` | `[{slot, status, owner, queue}, ...]` (the owner and each waiter: `pid`, `name`, `paused`; the owner also `since`, `status`) |
