@@ -206,9 +206,9 @@ class TaskActor:
 
     def set_stop(self, grace: float | None, stop_signal: signal.Signals, *, running_too: bool = True) -> None:
         """How it is asked to stop from now on (a reload changed only that): its own `grace`
-        (None: the supervisor's) and, for a program, its stop signal, the running attempt's
-        too unless not `running_too` (its program has that signal ignored); an attempt asked to
-        stop already keeps its signal and its deadline."""
+        (None: the supervisor's) and, for a program, its stop signal, the running attempt's too
+        if `running_too` (not when its program was started with that signal ignored); an attempt
+        asked to stop already keeps its signal and its deadline."""
         task = with_stop_signal(self.spec.task, stop_signal)
         self.spec = dataclasses.replace(self.spec, grace=grace, task=task)
         if self.current is not None and isinstance(task, CommandTask) and running_too:

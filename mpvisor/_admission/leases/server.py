@@ -404,7 +404,8 @@ class SlotServer:
         views = []
         for view in self.table.snapshot(now):
             owner = self._owner_view(view.slot)
-            queue = [{"pid": r.holder_pid, "name": r.name, "paused": _paused(r.holder_pid)}
+            # `paused`: a stopped holder (SIGSTOP, Ctrl-Z, a debugger) holds its slot, or is granted it, until resumed
+            queue = [{"pid": r.holder_pid, "name": r.name, "paused": _platform.is_stopped(r.holder_pid)}
                      for r in self.table.pending(view.slot)]
             views.append({"slot": view.slot, "status": view.status.label, "owner": owner, "queue": queue})
         return views
@@ -424,7 +425,7 @@ class SlotServer:
         if request is None:
             return None
         return {"pid": request.holder_pid, "name": request.name, "since": request.since,
-                "status": status_of(self.table.phase(slot)).label, "paused": _paused(request.holder_pid)}
+                "status": status_of(self.table.phase(slot)).label, "paused": _platform.is_stopped(request.holder_pid)}
 
     def save(self) -> None:
         """`_save`, for `serve`: the state file again, once the directory was made anew."""
@@ -604,9 +605,3 @@ async def _keep_socket(server: SlotServer, path: str, listener: asyncio.Server, 
                   file=sys.stderr, flush=True)
     except asyncio.CancelledError:
         return listener
-
-
-def _paused(pid: int) -> bool:
-    """Whether a holder's process is stopped (SIGSTOP, Ctrl-Z in a terminal, a debugger): an owner
-    so holds its slot, and a waiter so is granted it, until it is resumed (`mpvisor slots` says so)."""
-    return pid > 0 and _platform.is_stopped(pid)
