@@ -16,6 +16,8 @@
 | `busy_children(n, seconds)` | starts `n` child processes that each spin for `seconds` of wall time, waits for them | `[their CPU seconds in all, the wall seconds]`: under `cpus=`, about `cpus * seconds` of CPU |
 | `shared_pool(n, mib, seconds, own)` | writes `mib` MiB, then maps `time.sleep(seconds)` over a fork pool of `n` workers (each writes its own `mib` MiB first when `own`); `n` | a memory limit on the whole tree, when `own` and `(n + 1) * mib` is over it; not when the workers only share the parent's pages |
 | `sleeping_threads(n)` | starts `n` threads that sleep 0.2 s, joins them, returns `n` | nothing under a resident-memory limit (an address-space limit refuses the threads' stacks) |
+| `read_mapped(path, seconds)` | maps the file `path` read-only, reads every page of it, holds the mapping `seconds` s; the number of pages | nothing under a memory limit smaller than the file: its pages are the page cache's, which the kernel can drop (unless the file is on a tmpfs) |
+| `shared_anonymous(mib, seconds)` | writes `mib` MiB of a shared anonymous mapping (shared memory, which nothing but swap can take back), holds it `seconds` s | a memory limit, when `mib` is over it |
 | `rlimits()` | returns its `RLIMIT_AS` and `RLIMIT_NOFILE`, `{"as": [soft, hard], "nofile": [soft, hard]}` | nothing: what the limits were set to |
 """
 
@@ -150,6 +152,32 @@ def shared_pool(n: int, mib: int, seconds: float, own: bool = False) -> int:
     with multiprocessing.get_context("fork").Pool(n) as pool:
         done = sum(pool.starmap(_sleep_in_pool, [(seconds, mib if own else 0)] * n))
     return done if data else -1
+
+
+def read_mapped(path: str, seconds: float) -> int:
+    """Map the file `path` read-only, read a byte of every page, hold the mapping `seconds` s;
+    the number of pages read."""
+    import mmap
+    import time
+
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        pages = sum(1 for _ in range(0, len(mapped), mmap.PAGESIZE))
+        for offset in range(0, len(mapped), mmap.PAGESIZE):
+            mapped[offset]
+        time.sleep(seconds)
+    return pages
+
+
+def shared_anonymous(mib: int, seconds: float) -> int:
+    """Write `mib` MiB of a shared anonymous mapping and hold it `seconds` s; `mib`."""
+    import mmap
+    import time
+
+    with mmap.mmap(-1, mib * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS) as mapped:
+        for offset in range(0, len(mapped), mmap.PAGESIZE):
+            mapped[offset] = 1
+        time.sleep(seconds)
+    return mib
 
 
 def sleeping_threads(n: int) -> int:

@@ -355,6 +355,47 @@ async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> 
     assert owned.reason.startswith("memory limit exceeded (192 MiB, watcher): "), owned.reason
 
 
+def _on_disk(tmp_path) -> str:
+    """A directory for a file whose pages are the page cache's, not shared memory: `tmp_path`,
+    or `/var/tmp` where `tmp_path` is on a tmpfs (a file there is shared memory)."""
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, point, kind = line.split()[:3]
+            point = point.replace("\\040", " ")
+            if str(tmp_path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, fstype = point, kind
+    return str(tmp_path) if fstype != "tmpfs" else "/var/tmp"
+
+
+@pytest.mark.parametrize("mechanism", [pytest.param("cgroup v1", marks=needs_v1_memory), "watcher"])
+async def test_a_mapped_files_pages_are_not_memory_the_limit_counts_but_shared_memory_is(mechanism, tmp_path,
+                                                                                           monkeypatch) -> None:
+    """Under 96 MiB, by either mechanism: a target that maps a 160 MiB file read-only and reads
+    every page completes (those pages are the page cache's, which the kernel drops when it must,
+    as a memory cgroup does before it kills), and one that writes 150 MiB of shared anonymous
+    memory (which nothing but swap takes back) is ended "memory limit exceeded". The watcher
+    once counted the file's pages and killed the first."""
+    if mechanism == "watcher":
+        monkeypatch.setenv("MPVISOR_CGROUPS", "off")
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir=_on_disk(tmp_path)) as data:
+        for _ in range(160):
+            data.write(os.urandom(2**20))
+        data.flush()
+        limit = 96 * 2**20
+        async with supervised(SupervisorConfig(grace=1.0)) as (handle, _):
+            _, reading = await handle.add_and_watch(
+                TaskSpec.once(fn("reader", limits.read_mapped, data.name, 0.5)).with_limits(memory=limit))
+            _, sharing = await handle.add_and_watch(
+                TaskSpec.once(fn("sharer", limits.shared_anonymous, 150, 30.0)).with_limits(memory=limit))
+            read, shared = await reading.wait(), await sharing.wait()
+    assert (read.kind, read.value) == (OutcomeKind.COMPLETED, 160 * 2**20 // os.sysconf("SC_PAGE_SIZE")), read
+    assert (shared.kind, shared.limit) == (OutcomeKind.FAILED, "memory"), shared
+    assert shared.reason.startswith(f"memory limit exceeded (96 MiB, {mechanism}): "), shared.reason
+
+
 @pytest.mark.parametrize("mechanism", [pytest.param("cgroup v1", marks=needs_v1_memory), "watcher"])
 async def test_a_tree_killed_for_a_limit_is_announced_and_its_events_name_the_limit(mechanism, monkeypatch) -> None:
     """A target holding 600 MiB under 256 MiB, by either mechanism: ATTEMPT_FAILED has

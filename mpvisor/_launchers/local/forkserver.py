@@ -105,7 +105,6 @@ _SIGTTOU = (_signal.SIGTTOU,)
 CHILDREN_READS = 4  # at most, per look for orphans (see `_adopt_orphans`)
 LIMITS_LOOK = 0.05  # seconds between looks at limited trees (their cgroups' counts, or their processes in /proc), at least
 LOOKS_SHARE = 0.2  # of a CPU, at most, that the looks take: a look that used more CPU than this share of LIMITS_LOOK puts the next one further off
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 STOP_DEADLINE = 1.5  # seconds, when its parent goes, that the launcher waits for its next child to die
 STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
@@ -843,21 +842,35 @@ def _tree_sum(pids: list[int], of: Callable[[int], float]) -> float:
     return total
 
 
+def _field_kib(data: bytes, name: bytes) -> int | None:
+    """The `NAME:   N kB` field of a `/proc` status-like file, in bytes; None when it has none."""
+    at = data.find(b"\n" + name + b":")
+    return None if at < 0 else int(data[at + len(name) + 2:data.index(b"kB", at)]) * 1024
+
+
 def _resident(pid: int) -> int:
-    """Its resident set (`statm`): every resident page it maps, shared or not."""
-    return int(read_small_file(f"/proc/{pid}/statm").split()[1]) * _PAGE
+    """Its resident anonymous and shared memory (`RssAnon` + `RssShmem` of `status`): every such
+    page it maps, shared or not. Its file pages (`RssFile`: a mapped file's, the interpreter's
+    own code) are left out: the kernel drops them from memory when it needs to, as a memory
+    cgroup does before it kills for its limit (a zombie's fields are absent: 0)."""
+    data = read_small_file(f"/proc/{pid}/status")
+    return (_field_kib(data, b"RssAnon") or 0) + (_field_kib(data, b"RssShmem") or 0)
 
 
 def _proportional(pid: int) -> int:
-    """Its proportional set (`Pss` of `smaps_rollup`): each resident page it maps, divided by the
-    number of processes that map it. Its resident set where its `smaps_rollup` may not be read
-    (a set-user-ID program of another user): never less."""
+    """Its proportional anonymous and shared memory (`Pss_Anon` + `Pss_Shmem` of
+    `smaps_rollup`): each such resident page it maps, divided by the number of processes that
+    map it; file pages are left out, as `_resident` says. Its resident share where its
+    `smaps_rollup` may not be read (a set-user-ID program of another user): never less. A kernel
+    older than 5.8 has only `Pss`, which counts file pages too: that sum is the answer there."""
     try:
         data = read_small_file(f"/proc/{pid}/smaps_rollup")
     except PermissionError:
         return _resident(pid)
-    at = data.find(b"\nPss:")
-    return 0 if at < 0 else int(data[at + 5:data.index(b"kB", at)]) * 1024  # a zombie's is empty
+    anon = _field_kib(data, b"Pss_Anon")
+    if anon is None:
+        return _field_kib(data, b"Pss") or 0  # a zombie's is empty
+    return anon + (_field_kib(data, b"Pss_Shmem") or 0)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -881,11 +894,12 @@ def _cpu_seconds(pid: int) -> float:
 
 def _tree_memory(pid: int, limit: int) -> int:
     """The memory `pid`'s tree uses, as the watcher measures it (where no memory cgroup keeps
-    it): the sum of its processes' proportional sets, so that a page shared by processes of the
-    tree (a fork's copy-on-write pages) counts once, and a page shared with processes outside it
-    (the fork server's, a library's) in part. Reading them walks each process's page tables; the
-    sum of the resident sets (`statm`, cheap) is never less, so where that is within `limit` it
-    is the answer: a tree far under its limit costs no more to watch."""
+    it): the sum of its processes' proportional anonymous and shared memory, so that a page
+    shared by processes of the tree (a fork's copy-on-write pages) counts once, and a page shared
+    with processes outside it (the fork server's) in part; file pages, which the kernel can drop,
+    not at all. Reading them walks each process's page tables; the sum of the resident ones
+    (`status`, cheap) is never less, so where that is within `limit` it is the answer: a tree
+    far under its limit costs no more to watch."""
     pids = _tree_pids(pid)
     resident = int(_tree_sum(pids, _resident))
     return resident if resident <= limit else int(_tree_sum(pids, _proportional))
