@@ -495,6 +495,19 @@ def unsupported_reason(system: str | None = None, release: str | None = None) ->
     return None
 
 
+def in_initial_user_namespace() -> bool:
+    """Whether this process is in the host's (initial) user namespace, whose uid map is the
+    whole range (`0 0 4294967295`); True where the map cannot be read (no user namespaces).
+    A capability held in a user namespace of its own (`unshare --user --map-root-user`, a
+    rootless container) counts there only: not for the host's cgroups, nor to raise a hard
+    resource limit, which the kernel checks against the initial namespace."""
+    try:
+        text = read_small_file("/proc/self/uid_map")
+    except OSError:
+        return True
+    return text.split() == [b"0", b"0", b"4294967295"]
+
+
 def proc_problem(proc: str = "/proc") -> str | None:
     """Why `proc` is not this process's PID namespace's /proc, or None when it is. mpvisor finds
     processes by pid in /proc (a tree's members and their memory, CPU time and start times), and

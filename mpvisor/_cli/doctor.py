@@ -71,8 +71,10 @@ CAP_SYS_RESOURCE = 24  # its bit in /proc/self/status's CapEff
 
 def process() -> dict[str, Any]:
     """This process's OOM score adjustment (None: unreadable), open-file limits (`resource.RLIM_INFINITY`
-    as -1), whether it may raise a hard limit (CAP_SYS_RESOURCE in its effective set), and why its
-    /proc is not its PID namespace's (None: it is), where a run refuses to start."""
+    as -1), whether it may raise a hard limit (CAP_SYS_RESOURCE in its effective set, in the
+    host's user namespace: the kernel checks it there, so the root of a user namespace of its own
+    may not), and why its /proc is not its PID namespace's (None: it is), where a run refuses to
+    start."""
     try:
         with open("/proc/self/oom_score_adj", "rb") as file:
             adj: int | None = int(file.read())
@@ -86,6 +88,7 @@ def process() -> dict[str, Any]:
                     raise_hard = bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
     except (OSError, ValueError):
         pass
+    raise_hard = raise_hard and _platform.in_initial_user_namespace()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return {"oom_score_adj": adj, "open_files": [soft, hard], "may_raise_hard_limits": raise_hard,
             "proc": _platform.proc_problem()}
@@ -99,7 +102,8 @@ def process_lines(facts: dict[str, Any]) -> list[str]:
              if adj is None or adj < 500 else "each attempt keeps it (500 or more already)")
     soft, hard = (("unlimited" if value < 0 else str(value)) for value in facts["open_files"])
     above = ("open_files= above it raises it (this process may raise hard limits)" if facts["may_raise_hard_limits"]
-             else "open_files= above it is refused (raising a hard limit takes CAP_SYS_RESOURCE, which root has "
+             else "open_files= above it is refused (raising a hard limit takes CAP_SYS_RESOURCE in the host's user "
+                  "namespace, which root has "
                   "on most hosts and this process has not)")
     proc = facts.get("proc")
     return [f"oom_score_adj: {here}; {taken}",

@@ -189,6 +189,33 @@ def test_the_root_of_a_user_namespace_is_told_what_its_user_is_told(tmp_path: pa
     assert inside == outside
 
 
+def test_whether_a_hard_limit_may_be_raised_is_what_a_run_then_does_in_and_outside_a_user_namespace(
+        tmp_path: pathlib.Path):
+    """Doctor's `may_raise_hard_limits` is what a run with `--open-files` one over the hard limit
+    then does, in this process's user namespace (where the suite's root may lack
+    CAP_SYS_RESOURCE, as in some containers) and in one of its own (`unshare --user
+    --map-root-user`: uid 0 and every capability there, but the kernel checks CAP_SYS_RESOURCE
+    for a hard limit against the host's namespace, so a run there is refused; doctor said it
+    could)."""
+    assert MPVISOR is not None and shutil.which("unshare") is not None
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert hard != resource.RLIM_INFINITY
+    script = (f'"$1" doctor --json; "$1" run --open-files {hard + 1} -- sh -c "ulimit -Hn"')
+    for prefix in ([], ["unshare", "--user", "--map-root-user"]):
+        done = subprocess.run([*prefix, "sh", "-c", script, "sh", MPVISOR], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=40)
+        if prefix and done.returncode != 0 and "unshare" in done.stderr:
+            pytest.skip(f"this host gives no user namespace: {done.stderr.strip()}")
+        facts, *rest = done.stdout.splitlines()
+        may = json.loads(facts)["process"]["may_raise_hard_limits"]
+        if may:
+            assert (done.returncode, rest) == (0, [str(hard + 1)]), (prefix, done.stdout, done.stderr)
+        else:
+            assert done.returncode == 1 and rest == [], (prefix, done.stdout, done.stderr)
+            assert f"cannot apply the limit open_files={hard + 1} (over this process's hard limit" in done.stderr
+        assert not (prefix and may), "the root of a user namespace was said to be able to raise a hard limit"
+
+
 @pytest.mark.skipif(ordinary_user_problem() is not None, reason=str(ordinary_user_problem()))
 def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_path: pathlib.Path):
     """The last two lines are the process's: the OOM score adjustment its attempts raise to 500,
@@ -212,7 +239,8 @@ def test_an_ordinary_user_is_told_its_oom_score_adj_and_open_file_limits(tmp_pat
     assert [line for line in done.stdout.splitlines() if line.startswith(("oom_score_adj: ", "open files: "))] == [
         "oom_score_adj: 300 here; each attempt raises its own to 500, so the OOM killer takes an attempt before mpvisor",
         "open files: soft 100, hard 200; a run raises its soft limit to the hard one; open_files= above it is refused "
-        "(raising a hard limit takes CAP_SYS_RESOURCE, which root has on most hosts and this process has not)"]
+        "(raising a hard limit takes CAP_SYS_RESOURCE in the host's user namespace, which root has on most hosts and "
+        "this process has not)"]
     facts = json.loads(run("doctor", "--json").stdout)["process"]
     assert facts == {"oom_score_adj": 300, "open_files": [100, 200], "may_raise_hard_limits": False, "proc": None}
     refused = run("run", "--open-files", "300", "--", "true")

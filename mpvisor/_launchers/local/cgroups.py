@@ -619,10 +619,7 @@ def _host_root() -> bool:
     whose uid map is the whole range (`0 0 4294967295`). The root of a user namespace
     (`unshare --user --map-root-user`, a rootless container) has uid 0 there and is still the
     user who made it for the host's cgroups: what would give it more is what would give that user."""
-    if os.geteuid() != 0:
-        return False
-    text = _read("/proc/self/uid_map")
-    return text is None or text.split() == ["0", "0", "4294967295"]
+    return os.geteuid() == 0 and _platform.in_initial_user_namespace()
 
 
 def _subreaper() -> bool:
