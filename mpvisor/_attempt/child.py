@@ -319,15 +319,16 @@ def _apply_limits(channel: _Channel, limits: dict[str, Any]) -> None:
         except (ValueError, OSError) as exc:
             hard = resource.getrlimit(which)[1]
             if 0 <= hard < value:  # the kernel's words ("not allowed to raise maximum limit") name no remedy
-                why = f" (over this process's hard limit, {hard}: {_why_not_raised(which, value)})"
+                why = f" (over this process's hard limit, {hard}{_why_not_raised(which, value)})"
             else:
                 why = f": {_describe(exc)}"
             _finish(channel, Failure("fatal", f"cannot apply the limit {name}={value}{why}"))
 
 
 def _why_not_raised(which: int, value: int) -> str:
-    """Why a hard limit was not raised to `value`: past the kernel's ceiling on open files
-    (`fs.nr_open`), which no process may pass, else for want of CAP_SYS_RESOURCE."""
+    """Why a hard limit was not raised to `value`, as the rest of the parenthesis that names the
+    hard limit: past the kernel's ceiling on open files (`fs.nr_open`), which no process may
+    pass, else for want of CAP_SYS_RESOURCE."""
     import resource
 
     if which == resource.RLIMIT_NOFILE:
@@ -337,8 +338,8 @@ def _why_not_raised(which: int, value: int) -> str:
         except (OSError, ValueError):
             ceiling = -1
         if 0 <= ceiling < value:
-            return f"and the kernel's ceiling, fs.nr_open = {ceiling}, which no process may pass"
-    return "raising it takes CAP_SYS_RESOURCE, which root has on most hosts"
+            return f", and over the kernel's ceiling, fs.nr_open = {ceiling}, which no process may pass"
+    return ": raising it takes CAP_SYS_RESOURCE, which root has on most hosts"
 
 
 def _adopt_environment(channel: _Channel, start: Start) -> None:

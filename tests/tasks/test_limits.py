@@ -784,8 +784,8 @@ async def test_a_limit_that_cannot_be_kept_is_refused_for_good_naming_it(monkeyp
     # controller mpvisor may use here (it needs a writable cgroup v1 cpu hierarchy, ...)")
     assert cpus.reason == ("cannot apply the limit cpus=1.5: MPVISOR_CGROUPS=off turns off the cgroups that keep it "
                            "(unset it where the host allows one: mpvisor doctor says)"), cpus.reason
-    assert files.reason == (f"cannot apply the limit open_files={too_many} (over this process's hard limit, {hard}: "
-                            f"and the kernel's ceiling, fs.nr_open = {too_many - 1}, which no process may pass)"), files.reason
+    assert files.reason == (f"cannot apply the limit open_files={too_many} (over this process's hard limit, {hard}, "
+                            f"and over the kernel's ceiling, fs.nr_open = {too_many - 1}, which no process may pass)"), files.reason
 
 
 def test_the_cpus_option_of_the_installed_command(tmp_path) -> None:
