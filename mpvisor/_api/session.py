@@ -8,7 +8,7 @@ library's `run` and nothing else:
 | serve | `serve_runtime(...)` | on the running loop: the platform check, the fd limit, the refusal inside an attempt's import of the main script, then a `Runtime` |
 | run | `run_session(runtime, start)` | under SIGINT/SIGTERM handling (graceful shutdown; a SIGINT during it kills at once): awaits `start(session)`, then waits until no work is left (tasks added through other handles count) or shutdown began, and shuts down |
 | pass on | `run_session(..., passed_on=(SIGUSR1, SIGUSR2, SIGQUIT, SIGWINCH))` | `mpvisor run` only (a library program's dispositions are its own): each such signal goes to the process of every attempt running at that moment (`Runtime.pass_on`); with none running, one line on stderr says it was not passed on |
-| stop on | `run_session(..., stopped_by=(SIGQUIT,))` | `mpvisor run --file` only: such a signal starts the graceful shutdown, as SIGTERM does (and is recorded, so that the run dies by it) |
+| stop on | `run_session(..., stopped_by=(SIGQUIT, *STOPPING_SIGNALS))` | the `mpvisor` command only (`mpvisor run --file` with SIGQUIT; `STOPPING_SIGNALS`, SIGALRM and the like, each run where it finds one at its default action): such a signal starts the graceful shutdown, as SIGTERM does (and is recorded, so that the run dies by it) |
 
 `start` is given a `RunSession`: the public `SupervisorHandle`, an atomic batch registration,
 the bus's last `seq` (a display can wait until it has shown every event published before an
@@ -57,6 +57,14 @@ NOTICE_AFTER = 1.0  # seconds an interrupted run's shutdown may take before a te
 # tell them apart: `timeout` sends both, a terminal both Ctrl-Cs, a shell's builtin `kill` both of
 # its `kill -INT`s; and reading it needs the signal blocked in every thread.)
 SAME_INTERRUPTION = 0.05
+# The signals whose default action ends a process and that come from another process, not from a
+# fault of this one (SIGABRT, SIGSEGV...), nor from a terminal or a shell's job control: the
+# `mpvisor` command takes each, when it finds it at its default action, as SIGTERM (a graceful
+# stop, then it dies by it), where its default action would end the command at once, saying
+# nothing, and its launcher would kill every tree without a grace.
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in
+                         ("SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR", "SIGIO", "SIGSTKFLT", "SIGXCPU")
+                         if hasattr(signal, name))
 
 
 def serve_runtime(config: SupervisorConfig, subscribers: Iterable[Subscriber], defaults: TaskDefaults,
@@ -198,7 +206,9 @@ class _SignalHandlers:
     would otherwise hold a silent prompt for the whole grace window).
 
     Each of `stopped_by` (a task file's SIGQUIT: Ctrl-\\ quits a set of services, as supervisord's
-    does) is one more such signal, handled as SIGTERM is (unless ignored when `run` began).
+    does; the command's `STOPPING_SIGNALS`, which would otherwise end it at once) is one more such
+    signal, handled as SIGTERM is (unless ignored when `run` began; one of `STOPPING_SIGNALS`
+    only where it was at its default action).
 
     Each of `passed_on` (the CLI's SIGUSR1, SIGUSR2, SIGQUIT and SIGWINCH; none for a library program) is caught
     unless it was ignored when `run` began, and sent on to the process of every attempt running
@@ -236,6 +246,8 @@ class _SignalHandlers:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.stopped_by, *self.passed_on):
             if signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
+            if signum in STOPPING_SIGNALS and signal.getsignal(signum) != signal.SIG_DFL:
+                continue  # what runs the command handles it (a profiler's SIGPROF): its handler keeps it
             on_signal = self._pass_on if signum in self.passed_on else self._on_signal
             borrowed = _platform.borrow_signal(loop, signum, on_signal, signum)
             if borrowed is not None:  # None: the program's own handler on the loop keeps it

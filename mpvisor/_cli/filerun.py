@@ -47,7 +47,13 @@ import time
 from typing import IO, Any
 
 from mpvisor._admission.config import ControllerConfig
-from mpvisor._api.session import RunSession, ending_signal, run_session, serve_runtime
+from mpvisor._api.session import (
+    STOPPING_SIGNALS,
+    RunSession,
+    ending_signal,
+    run_session,
+    serve_runtime,
+)
 from mpvisor._cli.batchview import (
     BatchView,
     Result,
@@ -467,7 +473,8 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     problem = None
     try:
         await run_session(runtime, start, adds_work=False, passed_on=(signal.SIGUSR2,),  # (SIGUSR1: the logs)
-                          stopped_by=(signal.SIGQUIT,), dies_by_it=True)  # Ctrl-\ quits the set, as supervisord's SIGQUIT
+                          # Ctrl-\ quits the set, as supervisord's SIGQUIT; SIGALRM and the like stop it as SIGTERM does
+                          stopped_by=(signal.SIGQUIT, *STOPPING_SIGNALS), dies_by_it=True)
     # the launcher could not start, or interrupted first; or a tree had to be killed (its outcome is FORCE_ABORTED)
     except (ConfigError, ShuttingDown, ControllerClosed, GraceExceeded) as exc:
         problem = f"mpvisor: {exc}"

@@ -52,8 +52,9 @@ its tree is reaped.
 | Ctrl-C / SIGTERM while it runs | as without `--slot`; the lease is released once the tree is gone |
 | it is SIGKILLed | the server releases the lease once this process and its launcher (which outlives every tree it forked) are gone; with `--slots URL`, the lease expires a TTL after its last renewal (the launcher, seeing this process gone, has killed the tree by then) |
 
-Interruption: the first SIGINT, SIGTERM or SIGHUP asks the task to stop (a COMMAND by that
-signal, as it would have got it bare; a Python target by SIGTERM) and waits up to `--grace`
+Interruption: the first SIGINT, SIGTERM or SIGHUP (or SIGALRM, SIGPWR and the other signals
+that would end mpvisor at once: `STOPPING_SIGNALS`) asks the task to stop (a COMMAND by that
+signal, as it would have got it bare, SIGTERM by its stop signal; a Python target by SIGTERM) and waits up to `--grace`
 seconds (default 10, 0 = kill at once) before killing its process tree; a SIGINT while it
 waits (a second one, or one after a SIGTERM) kills at once; one within 0.05 s of the first
 SIGINT is the same one delivered twice (`timeout -s INT` signals mpvisor, then its group) and is
@@ -89,7 +90,13 @@ import sys
 from typing import IO, TYPE_CHECKING, Any
 
 from mpvisor import _platform
-from mpvisor._api.session import RunSession, ending_signal, run_session, serve_runtime
+from mpvisor._api.session import (
+    STOPPING_SIGNALS,
+    RunSession,
+    ending_signal,
+    run_session,
+    serve_runtime,
+)
 from mpvisor._cli import statuses
 from mpvisor._cli.options import (
     DEFAULT_GRACE,
@@ -197,7 +204,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="jitter of the backoff (default: equal)")
     run.add_argument("--stop-signal", type=stop_signal, metavar="SIGNAL",
                      help="with -- COMMAND: the signal the program is asked to stop with (default TERM; QUIT for nginx's "
-                          "graceful stop); a SIGINT or SIGHUP that interrupted mpvisor reaches it as it came")
+                          "graceful stop); a SIGINT, SIGHUP or SIGALRM... that interrupted mpvisor reaches it as it came")
     run.add_argument("--grace", type=seconds(allow_zero=True), metavar="SECONDS",
                      help=f"seconds to stop before a kill when interrupted (default {DEFAULT_GRACE:g}, 0 = at once)")
     run.add_argument("--max-concurrent", type=positive_count, metavar="N",
@@ -397,10 +404,11 @@ class _OneTask:
     async def run(self, config: SupervisorConfig, subscribers: list[Any],
                   controller: ControllerConfig | None) -> TaskOutcome:
         self.runtime = serve_runtime(config, subscribers, TaskDefaults(), controller)
-        self.runtime.passes_on_interruption = True  # a program gets the SIGINT or SIGHUP itself, as bare
+        # a program gets the SIGINT, SIGHUP or SIGALRM... itself, as bare (SIGTERM: its stop signal)
+        self.runtime.passes_on_interruption = frozenset((signal.SIGINT, signal.SIGHUP, *STOPPING_SIGNALS))
         await run_session(self.runtime, self._start, adds_work=True,  # raises GraceExceeded after a kill
                           passed_on=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGWINCH),  # as tini does
-                          dies_by_it=True)
+                          stopped_by=STOPPING_SIGNALS, dies_by_it=True)
         assert self.waiter is not None
         return await self.waiter.wait()
 

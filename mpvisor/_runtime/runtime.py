@@ -95,9 +95,10 @@ class Runtime:
         self.shutting_down = False
         # the SIGINT/SIGTERM signals `run` received, in order; empty when it was not interrupted
         self.interrupted: list[signal.Signals] = []
-        # `mpvisor run -- CMD`: the program is asked to stop by the SIGINT or SIGHUP that
-        # interrupted the run, as the bare program would have got it (`stop_signal`)
-        self.passes_on_interruption = False
+        # `mpvisor run -- CMD`: the program is asked to stop by the interruption that began the
+        # run's shutdown, when it is one of these (SIGINT, SIGHUP...), as the bare program would
+        # have got it (`stop_signal`)
+        self.passes_on_interruption: frozenset[signal.Signals] = frozenset()
         self.killed_at_once = False  # `kill_all_now` ended the grace window (its GraceExceeded says so)
         self._killed_now: set[int] = set()  # the tasks whose running attempt `kill_all_now` killed
         self._claimed: list[TaskActor] = []  # the tasks whose stop the shutdown claimed
@@ -304,10 +305,10 @@ class Runtime:
     def stop_signal(self) -> signal.Signals | None:
         """What a program is asked to stop with: its own (`CommandTask.stop_signal`, SIGTERM
         unless given: None here); but where the run passes its interruption on
-        (`passes_on_interruption`), the SIGINT or SIGHUP that began its shutdown (a Ctrl-C that
-        reached only mpvisor, in a pipeline; a closed terminal; a `kill -INT` or `kill -HUP`), as
-        the bare program would have got it, and as `timeout` passes it on."""
-        if self.passes_on_interruption and self.interrupted and self.interrupted[0] in (signal.SIGINT, signal.SIGHUP):
+        (`passes_on_interruption`), the one of those that began its shutdown (a Ctrl-C that
+        reached only mpvisor, in a pipeline; a closed terminal; a `kill -INT`, `kill -HUP` or
+        `kill -ALRM`), as the bare program would have got it, and as `timeout` passes it on."""
+        if self.interrupted and self.interrupted[0] in self.passes_on_interruption:
             return self.interrupted[0]
         return None
 

@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
 
 # writes the name of each stop signal that reaches it, then ends as `$END` says (after `$HOLD` s)
-NAMED = ('for sig in TERM QUIT INT HUP; do trap "echo $sig >> $F; sleep ${HOLD:-0}; exit 0" $sig; done; '
+NAMED = ('for sig in TERM QUIT INT HUP ALRM PWR XCPU; do trap "echo $sig >> $F; sleep ${HOLD:-0}; exit 0" $sig; done; '
          'echo ready >> $F; while :; do sleep 0.05; done')
 
 
@@ -64,6 +64,46 @@ def test_an_interruption_passed_on_wins_over_the_stop_signal(tmp_path: pathlib.P
     status, stderr = signalled(proc, signal.SIGINT, timeout=30)
     assert status == -signal.SIGINT, stderr
     assert _lines(out) == ["ready", "INT"], stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGALRM, signal.SIGPWR, signal.SIGXCPU], ids=lambda s: s.name)
+def test_a_signal_that_would_end_mpvisor_at_once_stops_the_command_as_it_came(tmp_path: pathlib.Path,
+                                                                               signum: signal.Signals) -> None:
+    """A signal mpvisor has no other use for, whose default action ends a process (SIGALRM,
+    SIGPWR, SIGXCPU...), stops the run as SIGTERM does: the command gets it as it came (its trap
+    runs, as bare), the outcome line is said, and mpvisor dies by it. It ended mpvisor at once,
+    with no line, and its launcher killed the command without a grace: the trap never ran."""
+    out = tmp_path / "out"
+    proc = _run(tmp_path, ["--", "bash", "-c", NAMED], F=str(out))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    status, stderr = signalled(proc, signum, timeout=30)
+    assert status == -signum, stderr
+    assert _lines(out) == ["ready", signum.name[3:]], stderr
+    assert "mpvisor: bash: canceled" in stderr, stderr
+
+
+def test_such_a_signal_ignored_as_mpvisor_starts_stays_ignored_and_a_file_run_stops_on_it(tmp_path: pathlib.Path) -> None:
+    """Started with SIGALRM ignored, `mpvisor run` keeps it so, as its command does (a SIGALRM
+    then changes nothing; SIGTERM ends the run). A task file's run stops on SIGPWR as on
+    SIGTERM: each command by its stop signal (SIGTERM here), then it dies by SIGPWR."""
+    out = tmp_path / "out"
+    proc = _run(tmp_path, ["--", "bash", "-c", NAMED], _ignoring(signal.SIGALRM), F=str(out))
+    wait_for(lambda: "ready" in _lines(out), timeout=20)
+    proc.send_signal(signal.SIGALRM)
+    status, stderr = signalled(proc, signal.SIGTERM, timeout=30)
+    assert (status, _lines(out)) == (-signal.SIGTERM, ["ready", "TERM"]), stderr
+    tasks = tmp_path / "services.toml"
+    tasks.write_text(textwrap.dedent(f"""
+        [task.one]
+        command = ["bash", "-c", {NAMED!r}]
+        env = {{ F = "{tmp_path / 'one'}" }}
+    """))
+    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--file", str(tasks)], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=tree_env(XDG_RUNTIME_DIR=str(tmp_path)))
+    wait_for(lambda: "ready" in _lines(tmp_path / "one"), timeout=20)
+    status, stderr = signalled(proc, signal.SIGPWR, timeout=30)
+    assert (status, _lines(tmp_path / "one")) == (-signal.SIGPWR, ["ready", "TERM"]), stderr
 
 
 @pytest.mark.parametrize("argv, words", [
