@@ -46,7 +46,7 @@ TABLE: tuple[tuple[str, str], ...] = (
                           "would (in a task file, and for a limit of the task's, 128+N)"),
     ("1", "any other failure (exit code 0, none or out of range; `FATAL`, `CANCELED`, ...), or what mpvisor meant to write on stdout or stderr could not be written"),
     ("2", "a usage error: one line naming the option and the value, and nothing ran"),
-    ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129)"),
+    ("death by SIGINT / SIGTERM / SIGHUP", "interrupted: the task was shut down gracefully, then `mpvisor` died by the signal that interrupted it (a shell sees 130 / 143 / 129; likewise for SIGALRM, SIGPWR and the other signals whose default action would have ended it at once)"),
     ("3", "`--slot ... --policy drop`: the slot is busy, or its store (the slot server too) did not answer (a drop "
           "does not wait); or, with `--wait-timeout`, it stayed busy that long; or the run is nested in an attempt "
           "of the slot's owner, and would wait for itself; nothing ran"),
