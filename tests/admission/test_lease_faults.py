@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -130,6 +131,67 @@ def test_a_store_down_for_less_than_half_a_ttl_changes_nothing_for_the_owner_or_
         assert "lease lost" not in err
     assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["one", "two"]
     assert shown(tmp_path, url) == []
+
+
+def _until_go(tmp_path: Any) -> list[str]:
+    """A command that makes the file `owning` in `tmp_path`, then owns the slot until the file
+    `go` appears there."""
+    code = (f"import os, time\nopen({str(tmp_path / 'owning')!r}, 'w').close()\n"
+            f"while not os.path.exists({str(tmp_path / 'go')!r}): time.sleep(0.01)")
+    return ["--", sys.executable, "-c", code]
+
+
+def _start_time(log: Any, label: str) -> float:
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith(f"start {label} ")]
+    return float(line.split()[2])
+
+
+def test_an_owner_that_ends_while_the_store_is_down_gives_the_slot_back_once_it_is_up(
+        tmp_path: Any, stoppable_server: Any) -> None:
+    """Host 1's command ends while PostgreSQL is stopped (1 s), host 2 waiting (TTL 20): host 1
+    tries its release again until the store is back, and host 2 runs a moment after, not when
+    host 1's lease expires (it was tried once: host 2 waited out the rest of the TTL, about 15 s
+    more, and nobody said why)."""
+    url = _pg_support.fresh_database(stoppable_server)
+    log = tmp_path / "owners.log"
+    first = start_host(tmp_path, 1, url, "--slot", "s", "--lease-ttl", "20", *_until_go(tmp_path))
+    wait_for(lambda: (tmp_path / "owning").exists(), timeout=30)
+    second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "20", *owner(log, 0.0, "two"))
+    assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+    _pg_support.outage(stoppable_server, 1.0, during=(tmp_path / "go").touch)
+    back = time.time()
+    status, err = finish(first)
+    assert status == 0 and "has not taken the slot back" not in err, err
+    status, err = finish(second)
+    assert status == 0, err
+    assert _start_time(log, "two") - back < 5.0, (_start_time(log, "two") - back, err)
+
+
+def test_an_owner_whose_store_is_cut_off_as_it_ends_says_the_slot_stays_taken_until_its_lease_expires(
+        tmp_path: Any, url: str) -> None:
+    """Host 1's store falls silent (a partitioned proxy) as its command ends: its release cannot
+    get through within `RELEASE_WAIT` (2 s), and host 1 says so, and when the slot will be free
+    at the latest, before its outcome; host 2 runs once the lease expired (TTL 4). (It said
+    nothing: the queue waited out a TTL for no reason anyone was told.)"""
+    from tests._proxy_support import Proxy
+
+    log = tmp_path / "owners.log"
+    with Proxy.for_url(url) as proxy:
+        first = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--lease-ttl", "4", *_until_go(tmp_path))
+        wait_for(lambda: (tmp_path / "owning").exists(), timeout=30)
+        second = start_host(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "4", *owner(log, 0.0, "two"))
+        assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+        proxy.partition()
+        (tmp_path / "go").touch()
+        status, err = finish(first)
+        assert status == 0, err
+        said, outcome = err.splitlines()[-2:]
+        assert said.startswith("mpvisor: slot 's': the lease store at postgresql://") and said.endswith(
+            "has not taken the slot back within 2 s (stopped, or unreachable?); it is free once the store takes it, "
+            "or when the lease expires, within 4 s"), err
+        assert outcome.startswith("mpvisor: python: completed"), err
+        status, err = finish(second)
+        assert status == 0, err
 
 
 def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any, Any, Any, Any]:

@@ -11,7 +11,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 | granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost(why)` (None: it expired), all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`); a store that could not be told (its `withdraw` raised `LeaseError`, or did not return within `RELEASE_WAIT`) is remembered (`_unheard`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided. That `withdrawn` (of a shutdown or a removal, which give no reason of their own) has, once the withdrawal is done, `_unheard`'s words as its `reason` if the store could not be told: it did not leave the store's queue |
-| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread of its own, never blocking the loop; it returns a future on the loop, done once the release is, or after `RELEASE_WAIT` s (a store that does not answer by then lets the lease expire instead): the controller resolves the owner's waiter then |
+| `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread of its own, never blocking the loop; it returns a future on the loop, done once the release is, or after `RELEASE_WAIT` s (a store that does not answer by then is tried again on that thread while this process lives, until the lease would have expired, and, for a lease that expires, `on_silent` says so, `not_given_back_text`): the controller resolves the owner's waiter then |
 
 The loop waits for a thread of the driver's by a future that the thread settles as it ends
 (`_ended`), not by a `join` on a thread of the loop's executor: nothing of the driver's holds
@@ -38,6 +38,7 @@ from mpvisor._admission.leases.store import (
     LeaseRequest,
     LeaseStore,
     Pid,
+    not_given_back_text,
     queued_text,
     silent_text,
 )
@@ -72,6 +73,7 @@ class LeaseDriver:
         self._request: LeaseRequest | None = None
         self._withdrawn = False
         self._released = False
+        self._ttl: float | None = None  # the granted lease's, where it expires (a store across hosts)
         self._lock = threading.Lock()  # `withdraw` may cross the thread that opens the request
         self._preparing: threading.Thread | None = None
         self._unopened: Exception | None = None  # why `prepare`'s thread could not open the request
@@ -115,6 +117,7 @@ class LeaseDriver:
         if decision.granted:
             request = self._request
             assert request is not None
+            self._ttl = decision.ttl
             request.watch(self._revoked, self._renewed, self._lost)
         elif self._withdrawing is not None:  # left the queue (`leave_queue`): its row is deleted before this
             # returns, as a synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
@@ -248,15 +251,24 @@ class LeaseDriver:
         """The owner's tree is gone: give the lease back (once) and close the request, on a
         thread of its own, never on the loop (a store fallen silent must not hold up the loop
         once per owner that ends). Returns a future on the loop for the caller to wait for, done
-        once that is done or `RELEASE_WAIT` s passed (a store that does not answer lets the
-        lease expire instead); None: nothing to wait for."""
+        once that is done or `RELEASE_WAIT` s passed (a store that does not answer by then is
+        still tried on that thread, while this process lives, until the lease expires; a lease
+        that expires is said then, `not_given_back_text`, as the store's silence is); None:
+        nothing to wait for."""
         if self._released:
             return None
         self._released = True
         request = self._request
         if request is None:
             return None
-        return _ended(self.loop, RELEASE_WAIT, f"mpvisor-lease-release-{self.slot}", request.release, request.close)
+        given_back = threading.Event()
+        ended = _ended(self.loop, RELEASE_WAIT, f"mpvisor-lease-release-{self.slot}", request.release, given_back.set,
+                       request.close)
+        ttl = self._ttl
+        if ttl is not None:  # a lease that expires: said when its release is not done by then (still tried)
+            ended.add_done_callback(lambda _: None if given_back.is_set() else self._on_silent(
+                not_given_back_text(self.store, self.slot, RELEASE_WAIT, ttl)))
+        return ended
 
     def close(self) -> None:
         if self._request is not None:

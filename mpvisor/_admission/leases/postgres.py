@@ -956,15 +956,26 @@ class PostgresRequest:
         raise LeaseError(f"{why}; its place lapses within its lease TTL ({self.store.ttl:g} s)")
 
     def release(self) -> None:
+        """Delete this request's row. A store that does not answer is tried again (every
+        `retry`) until it does, the request is closed, or the row would have expired anyway (a
+        TTL from now at the latest): a release the store missed for a moment (a restart as the
+        owner ended) frees the slot once the store is back, not a TTL later. (The driver waits
+        `RELEASE_WAIT` for it, on a thread of its own, and says so when that was not enough.)"""
         self._held = False
-        if self.id is not None:
-            self._delete()
+        if self.id is None:
+            return
+        give_up = time.monotonic() + self.store.ttl
+        while not self._delete() and not self._closed.is_set() and time.monotonic() < give_up:
+            self._closed.wait(self.store.retry)
 
-    def _delete(self) -> None:
+    def _delete(self) -> bool:
+        """Delete this request's row, once; False when the store did not answer (the row then
+        expires by itself), True when it did (or refused: trying again would change nothing)."""
         try:
             self._in_slot(lambda: self.conn.execute("DELETE FROM mpvisor_requests WHERE id = %s", (self.id,)))
-        except Exception:
-            pass  # the store is unreachable: the row expires by itself
+        except Exception as exc:
+            return not unreachable(exc)
+        return True
 
     def close(self) -> None:
         self._closed.set()

@@ -182,6 +182,13 @@ def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
     return f"slot {slot!r} is busy{held}; waiting, position {position} in its queue"
 
 
+def not_given_back_text(store: LeaseStore, slot: str, waited: float, ttl: float) -> str:
+    """What a person is told when the store has not taken an owner's release within `waited`
+    seconds: the slot stays taken until it does, or until the lease expires."""
+    return (f"slot {slot!r}: {store.name} has not taken the slot back within {waited:g} s (stopped, or "
+            f"unreachable?); it is free once the store takes it, or when the lease expires, within {ttl:g} s")
+
+
 def silent_text(store: LeaseStore, slot: str, why: str | None = None) -> str:
     """What a person is told when the store has not answered a lease request (`why`: what it
     said instead, when it is at its connection limit)."""
