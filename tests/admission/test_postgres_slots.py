@@ -260,18 +260,18 @@ def test_a_file_task_that_waited_past_its_wait_timeout_says_so_not_that_it_was_a
     log = tmp_path / "owners.log"
     holder = start(tmp_path, 1, url, "--slot", "held", *owner(log, 30.0, "holder"))
     wait_for(lambda: log.exists() and "start holder" in log.read_text(), timeout=30)
-    (tmp_path / "tasks.toml").write_text('[defaults]\nwait_timeout = 0.5\n[task.filed]\ncommand = ["echo", "never"]\n'
+    (tmp_path / "tasks.toml").write_text('[defaults]\nwait_timeout = 1.5\n[task.filed]\ncommand = ["echo", "never"]\n'
                                          'slot = "held"\n')
     try:
-        # the two wait at once, each for its own half second: neither's answer depends on the other's
+        # the two wait at once, each for its own 1.5 s: neither's answer depends on the other's
         filed = start(tmp_path, 2, url, "--file", "tasks.toml")
-        single = start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "0.5", "--", "echo", "never")
+        single = start(tmp_path, 3, url, "--slot", "held", "--wait-timeout", "1.5", "--", "echo", "never")
         status, err = finish(filed)
         assert status == 3, err
-        assert "mpvisor: filed: rejected reason=\"slot 'held' was still busy after the wait timeout (0.5 s)\"" in err, err
+        assert "mpvisor: filed: rejected reason=\"slot 'held' was still busy after the wait timeout (1.5 s)\"" in err, err
         assert "policy drop" not in err, err
         status, err = finish(single)
-        assert status == 3 and "rejected reason='the slot was still busy after --wait-timeout 0.5 s' slot='held'" in err, err
+        assert status == 3 and "rejected reason='the slot was still busy after --wait-timeout 1.5 s' slot='held'" in err, err
     finally:
         holder.terminate()
         finish(holder)

@@ -52,9 +52,17 @@ def _ended(proc: subprocess.Popen[str], timeout: float = 20) -> tuple[str, str]:
 def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.Signals) -> str:
     """`mpvisor run -- bash -c TRAPPING` (its lines to `tmp_path/out`): each of `signals` sent to
     mpvisor reaches the command, whose trap writes `got-<name>`, and the run goes on until
-    SIGTERM ends it (death by SIGTERM). Its stderr."""
+    SIGTERM ends it (death by SIGTERM). Its stderr. Each signal is sent once mpvisor knows the
+    attempt's pid (its `attempt_starting` event): the command may say it is ready before, on a
+    busy machine, and a signal then is not passed on (no attempt is running yet, as far as
+    mpvisor knows: it says so, but for SIGWINCH)."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", trapping], env=tree_env(F=str(out)))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--events", "json", "--", "bash", "-c", trapping],
+                  env=tree_env(F=str(out)))
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if json.loads(line)["kind"] == "attempt_starting":
+            break
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     for signum in signals:
         proc.send_signal(signum)
