@@ -878,6 +878,33 @@ def test_a_first_run_whose_role_may_not_create_the_tables_says_that_is_what_it_t
     assert "never" not in err and "Traceback" not in err, err
 
 
+def test_a_listing_tries_a_store_that_is_not_there_yet_until_its_wait_is_over(tmp_path: Any, url: str) -> None:
+    """`mpvisor slots --slots URL --wait 4` of a store whose socket appears 3.6 s after the
+    command starts (a server still starting up): it is tried again until the wait is over, and
+    the slots are listed, status 0. (It stopped trying a second before its wait was over, and
+    said the store "did not answer within 4 s" after about 3 s.)"""
+    import pathlib
+    import threading
+    import urllib.parse
+
+    assert MPVISOR is not None
+    real = pathlib.Path(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["host"][0])
+    (socket_file,) = real.glob(".s.PGSQL.*[0-9]")
+    late = tmp_path / "late"
+    late.mkdir()
+    later = url.replace(str(real), str(late))
+    appears = threading.Timer(3.6, lambda: (late / socket_file.name).symlink_to(socket_file))
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "viewer")}
+    appears.start()
+    try:
+        done = subprocess.run([MPVISOR, "slots", "--slots", later, "--wait", "4", "--json"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        appears.cancel()
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert json.loads(done.stdout)["slots"] == [], done.stdout
+
+
 def test_listing_slots_of_a_store_that_does_not_answer_takes_no_longer_than_its_wait(url: str) -> None:
     """A store that accepts connections and never answers (a partitioned proxy): the listing
     (`mpvisor slots --wait 0.5`) gives up after its half second, the connection included (libpq's

@@ -435,39 +435,49 @@ class PostgresStore:
         store does not answer. Only reads: a database without mpvisor's tables holds nothing
         (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
         done: list[Any] = []
+        tried: list[Unreachable] = []  # what the last try that got no connection met
 
         def read() -> None:
             try:
-                done.append(self._read_holdings(timeout))
+                done.append(self._read_holdings(timeout, tried))
             except Exception as exc:  # whatever it was, one line, not a thread's traceback and a wait
                 done.append(LeaseError(f"{self.name}: {_first_line(exc, self.url)}"))
 
         reader = threading.Thread(target=read, name="mpvisor-lease-holdings", daemon=True)
         reader.start()
         reader.join(timeout)
-        if not done:
-            raise LeaseError(f"{self.name} did not answer within {timeout:g} s")
+        if not done:  # (a try still under way: what the one before it met is said)
+            raise LeaseError(self._no_connection_text(timeout, tried[-1] if tried else None))
         if isinstance(done[0], LeaseError):
             raise done[0]
         views: list[dict[str, Any]] = done[0]
         return views
 
-    def _read_holdings(self, timeout: float) -> list[dict[str, Any]] | LeaseError:
+    def _no_connection_text(self, timeout: float, exc: Unreachable | None) -> str:
+        """A listing's words for a store that gave it no connection within `timeout` s, with what
+        the last try met (`exc`; None: no try ended)."""
+        if exc is None:
+            return f"{self.name} did not answer within {timeout:g} s"
+        done = "has let no connection in" if exc.at_capacity else "did not answer"
+        said = "" if exc.unheard else f": {exc}"  # no libpq words for its own timeout, or a closed socket
+        return f"{self.name} {done} within {timeout:g} s{said}"
+
+    def _read_holdings(self, timeout: float, tried: list[Unreachable]) -> list[dict[str, Any]] | LeaseError:
         # A store that does not answer, or lets no connection in (at its connection limit, or
-        # restarting), is tried again within `timeout`, as a run waits for it; a refusal is said at once
+        # restarting), is tried again until `timeout` has passed, as a run waits for it (a short
+        # `--wait` as often, in proportion); what each try met goes into `tried`, which `holdings`
+        # says if its wait ends first; a refusal is said at once
         deadline = time.monotonic() + timeout
         while True:
             try:
                 conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
                 break
             except Unreachable as exc:
-                # said before `holdings` stops waiting; a short `--wait` (less than two retries) is
-                # tried again as often, in proportion (it was said at once, tried once, "within 1 s")
-                if time.monotonic() + min(2 * self.retry, timeout / 4) >= deadline:
-                    done = "has let no connection in" if exc.at_capacity else "did not answer"
-                    said = "" if exc.unheard else f": {exc}"  # no libpq words for its own timeout, or a closed socket
-                    return LeaseError(f"{self.name} {done} within {timeout:g} s{said}")
-                time.sleep(min(self.retry, timeout / 8))
+                tried.append(exc)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return LeaseError(self._no_connection_text(timeout, exc))
+                time.sleep(min(self.retry, timeout / 8, left))
             except LeaseError as exc:  # named as every other message of the listing names it
                 return LeaseError(f"{self.name}: {exc}")
         bound = _Deadline(conn, timeout)
