@@ -319,6 +319,10 @@ class AttemptProcess:
         begins the reason ("launcher died ...", "node lost ..."); `began`: the attempt's code ran,
         though the launcher never reported it started."""
         self.facts.launcher_died = how
+        # past its fence (a launcher stopped with its lease's deadlines, killed by this process's
+        # watch of it): the lease ended the attempt, whichever of the two was first to kill it
+        self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
+        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
         if not isinstance(self.phase, Running) and not began:
             self.facts.could_not_start = f"{how} before the attempt started"
         self._finish()

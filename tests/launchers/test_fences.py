@@ -197,8 +197,9 @@ async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_o
     """The fence is the launcher's to keep: SIGSTOPped before it, the launcher stops and kills
     nothing, so the parent SIGKILLs the stopped launcher `KILL_ANSWER` s after the fence's kill
     time (and says so); the guardian then kills the owner's tree, which a slot's next owner on
-    another host could otherwise overlap once the lease expired. Before, the tree ran on for as
-    long as the launcher stayed stopped. (`KILL_ANSWER` 0.3 s here instead of 1: only a stopped
+    another host could otherwise overlap once the lease expired, and the task ends `lease lost`
+    (FATAL: `mpvisor run` exits 7), not as a launcher's death (FAILED, retryable, exit 1). Before,
+    the tree ran on for as long as the launcher stayed stopped. (`KILL_ANSWER` 0.3 s here instead of 1: only a stopped
     launcher is killed when it is over.)"""
     import os
     import signal
@@ -222,7 +223,9 @@ async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_o
         took = time.monotonic() - begin
         tree = read_records(records)
         assert all_ended(tree), tree
-        assert outcome.kind is OutcomeKind.FAILED and outcome.reason.startswith("launcher died"), outcome
+        # the lease ended it (not a retryable launcher death: the slot may be another's now)
+        assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
+        assert outcome.reason.startswith("lease lost"), outcome
         assert TTL / 2 + TTL / 4 + KILL_ANSWER <= took < TTL / 2 + TTL / 4 + KILL_ANSWER + 5, took
         failure = await seen(events, EventKind.RUNTIME_FAILURE)
         assert f"the launcher (pid {launcher}) is stopped" in (failure.reason or ""), failure
