@@ -323,7 +323,9 @@ async def test_try_removal_forms_fail_fast_on_a_full_queue(form: str) -> None:
     CommandQueueFull, and no refused call publishes TASK_REMOVE_REQUESTED."""
     call = REMOVAL_FORMS[form]
 
-    async with supervised(SupervisorConfig(grace=1, registry_capacity=1)) as (handle, collector):
+    # grace 5: the shutdown comes while the burst's first attempts still start (48 processes on 2
+    # cores), and a loaded CI machine once took more than 1 s to end 11 of them; ending takes ms here
+    async with supervised(SupervisorConfig(grace=5, registry_capacity=1)) as (handle, collector):
         names = [f"target{i}" for i in range(32)]
         ids = await asyncio.gather(*(handle.add(parked(n)) for n in names))
         removals = [call(handle, task_id, name) for task_id, name in zip(ids, names, strict=True)]
