@@ -371,7 +371,9 @@ def _report(args: argparse.Namespace, spec: TaskSpec, outcome: TaskOutcome, one:
             print(outcome_line(spec.name, outcome) + f" replaced_in_slot={args.slot!r}", file=sys.stderr)
         # granted, then replaced before an attempt started: nothing ran, as for one superseded in the queue
         return statuses.REPLACED if outcome.attempts else statuses.SUPERSEDED
-    if not args.quiet:
+    # `--quiet` leaves the status to say how the task ended; but a submission that could not even be
+    # asked for (its slot's store refused: a wrong password, no such database) has a failed task's 1
+    if not args.quiet or outcome.rejection is RejectionKind.ADMISSION_FAILED:
         uncaught = uncaught_traceback(outcome.reason, outcome.traceback) if outcome.kind in FAILURES else None
         if uncaught is not None:
             print(uncaught, file=sys.stderr)  # as `python script.py` would, then the outcome

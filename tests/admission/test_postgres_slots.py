@@ -324,13 +324,15 @@ def test_rows_mpvisor_did_not_write_are_a_clear_error(tmp_path: Any, url: str) -
 def test_a_database_that_refuses_the_run_says_why_on_the_outcome_line(tmp_path: Any, postgres_server: Any) -> None:
     """`--slots` naming a database that does not exist: nothing runs, status 1, and one line, the
     outcome line, whose reason is the store's own error whole (the password masked). (The
-    reason, longer than an outcome line shows, was said first, then the outcome line cut it.)"""
+    reason, longer than an outcome line shows, was said first, then the outcome line cut it.)
+    `--quiet` says it too: its status, 1, is a failed task's, and nothing ran. (It said nothing.)"""
     missing = str(postgres_server.get_uri("mpvisor_no_such_database"))
-    status, err = finish(start(tmp_path, 0, missing, "--slot", "s", "--", "touch", str(tmp_path / "ran")))
-    assert status == 1 and not (tmp_path / "ran").exists(), err
-    (outcome,) = err.splitlines()
-    assert outcome.startswith("mpvisor: touch: rejected reason=") and "the lease store at postgresql://postgres:***@" in outcome, err
-    assert 'database "mpvisor_no_such_database" does not exist' in outcome and "characters)" not in outcome, err
+    for quiet in ((), ("--quiet",)):
+        status, err = finish(start(tmp_path, 0, missing, "--slot", "s", *quiet, "--", "touch", str(tmp_path / "ran")))
+        assert status == 1 and not (tmp_path / "ran").exists(), err
+        (outcome,) = err.splitlines()
+        assert outcome.startswith("mpvisor: touch: rejected reason=") and "the lease store at postgresql://postgres:***@" in outcome, err
+        assert 'database "mpvisor_no_such_database" does not exist' in outcome and "characters)" not in outcome, err
 
 
 def test_a_name_a_latin1_database_cannot_hold_is_said_naming_its_field_its_value_and_the_encoding(
