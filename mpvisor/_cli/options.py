@@ -167,13 +167,17 @@ TIME_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}  # what may follow 
 UNIT_EXAMPLES = "500ms, 30s, 5m, 1h"
 
 
-def seconds(*, allow_zero: bool, hint: str = "", most: float | None = None) -> Callable[[str], float]:
+def seconds(*, allow_zero: bool, hint: str = "", most: float | None = None,
+            least: float | None = None) -> Callable[[str], float]:
     """An argparse `type=`: finite seconds, > 0 (or >= 0 with `allow_zero`), and at most `most`
     where given (a wait that threads, sockets or a server's settings must hold): a number, or a
     number and a unit (`500ms`, `30s`, `5m`, `1h`). Every duration of the command line and of a
-    task file is read here; a text with letters that is not one says which units there are."""
+    task file is read here; a text with letters that is not one says which units there are.
+    `least`: the caller's own lower bound (checked by the caller), which the words then say
+    instead of "> 0"."""
     bound = "" if most is None else f" and <= {most:g}"
-    expected = f"a finite number of seconds {'>= 0' if allow_zero else '> 0'}{hint}{bound}"
+    lowest = f">= {least:g}" if least is not None else ">= 0" if allow_zero else "> 0"
+    expected = f"a finite number of seconds {lowest}{hint}{bound}"
 
     def rule(text: str) -> float | None:
         value = _validate.duration("a duration", in_seconds(text), allow_zero=allow_zero)
@@ -345,7 +349,7 @@ def lease_ttl(text: str) -> float:
     """An argparse `type=`: how long a lease lives past its last renewal (seconds from 2 to a day)."""
     from mpvisor._admission.leases.store import MAX_LEASE_TTL, MIN_LEASE_TTL, lease_ttl_problem
 
-    ttl = seconds(allow_zero=False, hint=f" and >= {MIN_LEASE_TTL:g}", most=MAX_LEASE_TTL)(text)
+    ttl = seconds(allow_zero=False, least=MIN_LEASE_TTL, most=MAX_LEASE_TTL)(text)
     if lease_ttl_problem(ttl) is not None:
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g} and "
                                          f"<= {MAX_LEASE_TTL:g}, got {text!r}")

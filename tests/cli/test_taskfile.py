@@ -147,6 +147,9 @@ def test_every_key_reaches_the_spec():
         ("[defaults]\nslots = 'mysql://db/x'\n[task.a]\ntarget = 'm:f'\n", ["defaults.slots: expected a postgresql:// URL, got 'mysql://db/x'"]),
         ("[defaults]\nslots = 5\n[task.a]\ntarget = 'm:f'\n", ['defaults.slots: expected a string "postgresql://USER@HOST/DB", got an integer: 5']),
         ("[defaults]\nlease_ttl = 1\n[task.a]\ntarget = 'm:f'\n", ["defaults.lease_ttl: expected a finite number of seconds >= 2 and <= 86400, got '1'"]),
+        # the same words whichever bound it misses (over a day, or not > 0, said "> 0 and >= 2 and <= 86400")
+        ("[defaults]\nlease_ttl = 86401\n[task.a]\ntarget = 'm:f'\n", ["defaults.lease_ttl: expected a finite number of seconds >= 2 and <= 86400, got '86401'"]),
+        ("[defaults]\nlease_ttl = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.lease_ttl: expected a finite number of seconds >= 2 and <= 86400, got '0'"]),
         ("[defaults]\nwait_timeout = 0\n[task.a]\ntarget = 'm:f'\n", ["defaults.wait_timeout: expected a finite number of seconds > 0, got '0'"]),
         ("[task.a]\ntarget = 'm:f'\nslots = 'postgresql://db/x'\n", ['task "a".slots: slots is the whole run\'s: set it in [defaults]']),
         ("[defaults]\nmax_concurrent = -2\n[task.a]\ntarget = 'm:f'\n", ["defaults.max_concurrent: expected a whole number >= 1, got '-2'"]),
