@@ -435,7 +435,7 @@ class PostgresStore:
         store does not answer. Only reads: a database without mpvisor's tables holds nothing
         (they are not created); a refusal (no privilege, a newer schema) is a `LeaseError`."""
         done: list[Any] = []
-        tried: list[Unreachable] = []  # what the last try that got no connection met
+        tried: list[Unreachable] = []  # what the last try that got no connection met (one at most)
 
         def read() -> None:
             try:
@@ -465,7 +465,7 @@ class PostgresStore:
     def _read_holdings(self, timeout: float, tried: list[Unreachable]) -> list[dict[str, Any]] | LeaseError:
         # A store that does not answer, or lets no connection in (at its connection limit, or
         # restarting), is tried again until `timeout` has passed, as a run waits for it (a short
-        # `--wait` as often, in proportion); what each try met goes into `tried`, which `holdings`
+        # `--wait` as often, in proportion); what the last try met is `tried`'s one item, which `holdings`
         # says if its wait ends first; a refusal is said at once
         deadline = time.monotonic() + timeout
         while True:
@@ -473,7 +473,7 @@ class PostgresStore:
                 conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
                 break
             except Unreachable as exc:
-                tried.append(exc)
+                tried[:] = [exc]  # the last only (a day's `--wait` tries tens of thousands of times)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return LeaseError(self._no_connection_text(timeout, exc))
