@@ -244,9 +244,10 @@ class _SignalHandlers:
             return self
         loop = self.runtime.loop
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self.stopped_by, *self.passed_on):
-            if signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN:
+            found = signal.getsignal(signum)
+            if signum != signal.SIGTERM and found == signal.SIG_IGN:
                 continue  # as Python itself does: a shell's background job ignores Ctrl-C, nohup hangups
-            if signum in STOPPING_SIGNALS and signal.getsignal(signum) != signal.SIG_DFL:
+            if signum in STOPPING_SIGNALS and found != signal.SIG_DFL:
                 continue  # what runs the command handles it (a profiler's SIGPROF): its handler keeps it
             on_signal = self._pass_on if signum in self.passed_on else self._on_signal
             borrowed = _platform.borrow_signal(loop, signum, on_signal, signum)

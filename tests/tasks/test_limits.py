@@ -358,14 +358,8 @@ async def test_the_watcher_counts_pages_a_fork_pool_shares_once(monkeypatch) -> 
 def _on_disk(tmp_path) -> str:
     """A directory for a file whose pages are the page cache's, not shared memory: `tmp_path`,
     or `/var/tmp` where `tmp_path` is on a tmpfs (a file there is shared memory)."""
-    best, fstype = "", ""
-    with open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            _, point, kind = line.split()[:3]
-            point = point.replace("\\040", " ")
-            if str(tmp_path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
-                best, fstype = point, kind
-    return str(tmp_path) if fstype != "tmpfs" else "/var/tmp"
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True, timeout=10)
+    return "/var/tmp" if kind.stdout.strip() == "tmpfs" else str(tmp_path)
 
 
 @pytest.mark.parametrize("mechanism", [pytest.param("cgroup v1", marks=needs_v1_memory), "watcher"])
