@@ -11,6 +11,7 @@ The process table is checked after each step; nothing is left behind."""
 from __future__ import annotations
 
 import os
+import pty
 import re
 import shutil
 import signal
@@ -415,3 +416,60 @@ def test_a_command_that_dies_by_a_signal_leaves_the_terminal_as_the_bare_command
     out = shell.until(PROMPT)
     assert "ECHO=on" in out and "ECHO=off" not in out, out
     assert shell.run("echo status=$?").strip().endswith("status=0")
+
+
+def _hang_up(shell: Shell) -> None:
+    """Close the terminal's window (the pty's master side), then reap its session's leader."""
+    os.close(shell.fd)
+    os.waitpid(shell.pid, 0)
+
+
+def test_a_closed_terminal_runs_a_foreground_commands_hup_trap_once_as_for_the_bare_command(tmp_path: Any) -> None:
+    """A terminal that hangs up with a command in its foreground: the kernel tells the session's
+    leader, the interactive shell, which passes SIGHUP on to its jobs (mpvisor's group) and
+    exits, and at its exit the kernel sends SIGHUP to the group that held the terminal (the
+    command's). The bare command gets the two within a moment of each other (one HUP trap, as a
+    rule); mpvisor passed the shell's on as well, later, and the command's trap always ran twice.
+    It now leaves the hang-up to the kernel: one trap. But a run that leads its session (`ssh -t
+    host mpvisor run -- CMD`) is the only one the kernel tells: it passes the SIGHUP on, and dies
+    by it. Nothing is left."""
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
+    # the trap does not exit: the script goes on for two more turns, then says END
+    (tmp_path / "hup.sh").write_text('trap "echo HUP >> $1; n=1" HUP\necho up >> $1\nn=0\n'
+                                     'while [ $n -lt 3 ]; do sleep $2; [ $n -gt 0 ] && n=$((n+1)); done\necho END >> $1\n')
+    log, shell = tmp_path / "wrapped", Shell(str(tmp_path), env)
+    try:
+        shell.type("mpvisor run --grace 30 -- sh hup.sh wrapped 0.1\n")
+        wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
+        _hang_up(shell)
+        wait_for(lambda: log.read_text().endswith("END\n"), timeout=10)
+        assert log.read_text() == "up\nHUP\nEND\n", log.read_text()
+    finally:
+        try:
+            os.kill(shell.pid, signal.SIGKILL)
+            os.waitpid(shell.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    wait_for(lambda: not processes("0.1"), timeout=10)
+    log = tmp_path / "leader"
+    pid, fd = pty.fork()
+    if pid == 0:  # mpvisor leads the pty's session, as under `ssh -t host mpvisor run ...`
+        try:
+            os.chdir(tmp_path)
+            os.execve(MPVISOR, ["mpvisor", "run", "--grace", "30", "--", "sh", "hup.sh", str(log), "0.075"], env)
+        finally:
+            os._exit(127)
+    try:
+        wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGHUP, status
+        assert log.read_text() == "up\nHUP\nEND\n", log.read_text()
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    wait_for(lambda: not processes("0.075"), timeout=10)

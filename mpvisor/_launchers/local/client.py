@@ -637,8 +637,11 @@ class LauncherClient:
             self._send(control.Unfence(group))
 
     def signal(self, key: int, signum: int, group: bool) -> None:
-        """Send `signum` to the attempt `key` (its process group if `group`) while it runs."""
+        """Send `signum` to the attempt `key` (its process group if `group`) while it runs; not a
+        hang-up the kernel sends it (`Terminal.hangs_up`)."""
         if self.terminal is not None:
+            if self.terminal.hangs_up(key, signum):
+                return
             self.terminal.signalled(key, signum)
         self._send(control.Signal(key, signum, group))
 

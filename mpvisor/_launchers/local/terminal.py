@@ -32,6 +32,7 @@ stop a command that ignores SIGINT.
 | Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
 | started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
+| the terminal hangs up (its window closed, an SSH connection lost) with the attempt in the foreground | the kernel: SIGHUP to the session's leader (a shell, which passes it on to its jobs, this process's group, and exits), then, at the leader's exit, to the group that held the terminal | `hangs_up`: the run's shutdown does not send the attempt SIGHUP again, which the bare command would not have got twice (a HUP trap ran twice); unless this process leads the session (`ssh -t host mpvisor run ...`), which the kernel alone told |
 | the attempt ends | the client | `ended`: the terminal back to this process's group |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
@@ -43,6 +44,7 @@ session: it shares the terminal's, as the bare command would.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import stat
@@ -117,6 +119,16 @@ def _holds(fd: int, pgid: int) -> bool:
         return False
 
 
+def _hung_up(fd: int) -> bool:
+    """The terminal `fd` has hung up (its window closed, its SSH connection lost): the kernel
+    answers EIO for what was opened of it before."""
+    try:
+        os.tcgetpgrp(fd)
+    except OSError as error:
+        return error.errno == errno.EIO
+    return False
+
+
 def _give(fd: int, pgid: int) -> None:
     """Make `pgid` the foreground group of the terminal `fd` (from the background too)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
@@ -137,6 +149,7 @@ class Terminal:
         self.key: int | None = None  # the attempt that was spawned as the terminal's job
         self.pgid: int | None = None  # its group, once it runs
         self.wants = False  # the attempt takes the terminal whenever this process's group holds it
+        self.holding = False  # the attempt's group holds the terminal, as this process last handed it
         self.sent_sigint = False  # this process sent the attempt SIGINT (an interruption passed on)
         # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
         self._borrowed: dict[int, _platform.Borrowed] = {}
@@ -161,12 +174,23 @@ class Terminal:
         # pager reads it, and in a script's background job the script keeps it, until the
         # attempt reads or sets it itself (`stopped`).
         self.wants = not _is_pipe(1) and not script_background()
-        return control.FOREGROUND if self.wants and foreground(self.fd) else control.BACKGROUND
+        self.holding = self.wants and foreground(self.fd)  # (it takes the terminal as it starts)
+        return control.FOREGROUND if self.holding else control.BACKGROUND
 
     def signalled(self, key: int, signum: int) -> None:
         """This process is sending the attempt `key` the signal `signum`."""
         if key == self.key and signum == signal.SIGINT:
             self.sent_sigint = True
+
+    def hangs_up(self, key: int, signum: int) -> bool:
+        """The kernel sends the attempt `key` the SIGHUP `signum` is: its group held the terminal
+        when the terminal hung up, and the session's leader (an interactive shell, which passed
+        the hang-up on to this process's group as to every job of its) sends that group SIGHUP
+        as it exits. Sent again by this process, a HUP trap would run twice, where the bare
+        command's runs once. Not when this process leads the session (`ssh -t host mpvisor run
+        ...`): the kernel told it alone."""
+        return (signum == signal.SIGHUP and key == self.key and self.holding and os.getsid(0) != os.getpid()
+                and _hung_up(self.fd))
 
     def started(self, key: int, pid: int) -> None:
         if key != self.key:
@@ -195,7 +219,7 @@ class Terminal:
                 self.resumed()
                 return
         if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
-            _give(self.fd, os.getpgrp())
+            self._hand(os.getpgrp())
         self._stop(job_stop(signum), os.killpg, os.getpgrp())  # returns once the shell resumed this process
         self.resumed()
 
@@ -205,13 +229,18 @@ class Terminal:
         bare command would have stopped with the job."""
         if self.pgid is not None:
             if _holds(self.fd, self.pgid):  # a `kill -TSTP` of this process, the attempt in the foreground
-                _give(self.fd, os.getpgrp())
+                self._hand(os.getpgrp())
             try:
                 os.killpg(self.pgid, signal.SIGTSTP)
             except ProcessLookupError:
                 pass
         self._stop(signal.SIGTSTP, os.kill, os.getpid())
         self.resumed()
+
+    def _hand(self, pgid: int) -> None:
+        """Give the terminal to `pgid`: the attempt's group or this process's."""
+        _give(self.fd, pgid)
+        self.holding = pgid == self.pgid
 
     def _stop(self, signum: int, send: Callable[[int, int], None], to: int) -> None:
         """`send(to, signum)` with SIGTSTP's default action (a stop) meanwhile: it returns once
@@ -229,7 +258,7 @@ class Terminal:
             return
         if self.wants:
             if foreground(self.fd):
-                _give(self.fd, self.pgid)
+                self._hand(self.pgid)
             else:
                 self._watch_foreground()
         try:
@@ -251,7 +280,7 @@ class Terminal:
             if self.pgid is None:
                 return
             if foreground(self.fd):
-                _give(self.fd, self.pgid)
+                self._hand(self.pgid)
             else:
                 self._fg_timer = self.loop.call_later(FG_POLL, look)
 
@@ -265,6 +294,7 @@ class Terminal:
         held = self.pgid is not None and _holds(self.fd, self.pgid)
         if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
+        self.holding = False
         os.close(self.fd)
         self.fd, self.key, self.pgid = -1, None, None
         ours, self.sent_sigint = self.sent_sigint, False
