@@ -484,21 +484,58 @@ class _ImportStop:
     bounds start-up, the shutdown after a Ctrl-C) interrupts it, as it would interrupt the target,
     rather than wait for its end (up to the grace, then a kill). Raises `_StoppedImporting` once,
     and only while `open`; a request outside that window is only recorded (`requested`), and
-    the attempt then ends before the target is called, as for a request pending at the call."""
+    the attempt then ends before the target is called, as for a request pending at the call.
+
+    The interpreter runs the handler wherever the import's code is at that moment, and that may
+    be code whose exceptions go nowhere: a weakref's callback (importlib's module locks have
+    one), a `__del__`. There `_StoppedImporting` is swallowed and handed to `sys.unraisablehook`
+    (`on_unraisable`), and the import would go on to its end: so the hook sends this process
+    SIGTERM again, from a thread of its own (sent from here, the handler would run inside the
+    hook, and be swallowed there too), and the handler raises again wherever it runs next."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.open = False
         self.requested = False
+        self.raised = False  # `_StoppedImporting` is on its way (not swallowed)
+        self.unraisable: Callable[[Any], object] = sys.unraisablehook  # the hook this one passes others to
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         if os.getpid() != self.pid:  # a process the module forked as it was imported
             _context.die_by_sigterm()
             return
-        raise_now = self.open and not self.requested
         self.requested = True
-        if raise_now:
-            raise _StoppedImporting()
+        if not self.open or self.raised:
+            return
+        if _in_code(frame, _ImportStop.on_unraisable.__code__):  # (a SIGTERM the user sent meanwhile)
+            self._again()
+            return
+        self.raised = True
+        raise _StoppedImporting()
+
+    def on_unraisable(self, unraisable: Any) -> None:
+        if unraisable.exc_type is _StoppedImporting and self.open:
+            self.raised = False
+            self._again()
+        else:
+            self.unraisable(unraisable)
+
+    def _again(self) -> None:
+        import _thread
+
+        try:
+            _thread.start_new_thread(os.kill, (self.pid, _SIGTERM_NUM))
+        except RuntimeError:
+            pass  # no thread to be had: the import goes on to its end, the request recorded
+
+
+def _in_code(frame: Any, code: types.CodeType) -> bool:
+    """`frame` or a frame it was called from runs `code`."""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
@@ -513,6 +550,7 @@ def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
         return _import_target(start)
     previous = _platform.set_wakeup_fd(wake)
     _platform.set_signal_handler(_SIGTERM_NUM, stop.on_sigterm)
+    sys.unraisablehook = stop.on_unraisable
     try:
         stop.open = True
         _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
@@ -520,6 +558,8 @@ def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
     finally:
         stop.open = False
         _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
+        if sys.unraisablehook == stop.on_unraisable:  # (not one the module put in its place)
+            sys.unraisablehook = stop.unraisable
         _platform.set_wakeup_fd(previous)
         try:
             stop.requested |= bytes((_SIGTERM_NUM,)) in os.read(woken, 512)

@@ -186,6 +186,29 @@ async def test_a_stop_while_the_target_is_imported_interrupts_the_import(tmp_pat
     assert all(pid_gone(pid) for pid in pids.values())
 
 
+async def test_a_stop_that_lands_in_an_imports_weakref_callback_still_interrupts_the_import(tmp_path, capfd):
+    """The stop's handler runs wherever the import's code is; inside a weakref callback (or a
+    `__del__`) the exception it raised was swallowed, printed as "Exception ignored in" with
+    mpvisor's private exception, and the import went on to its end: a cancel then waited for it,
+    up to the grace. The swallowed exception now sends the stop again, which interrupts the
+    import once it lands elsewhere: the cancel ends `CANCELED` within seconds, and nothing is
+    printed. `workers.callback_import` spends about all its import in weakref callbacks, for up
+    to 60 s."""
+    log = tmp_path / "import.log"
+    async with supervised(SupervisorConfig(grace=15, start_timeout=90)) as (handle, _):
+        id, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn(
+            "loading", "workers.callback_import:target", env={"WORKERS_CALLBACK_IMPORT_LOG": str(log)})))
+        pid = int((await async_wait_for(lambda: log.exists() and log.read_text())).split()[1])
+        began = time.monotonic()
+        assert await handle.cancel(id) is True
+        outcome = await waiter.wait()
+        took = time.monotonic() - began
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.CANCELED, "canceled"), outcome
+    assert took < 10, took
+    assert pid_gone(pid)
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
 async def test_shutdown_resolves_pending_waiters_canceled(tmp_path):
     """A graceful shutdown resolves a running watched task's waiter CANCELED."""
     marker = tmp_path / "m"

@@ -38,7 +38,7 @@ from workers._marker import mark
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 IMPORTABLE = [basic, coop, misbehave, overlap]
-IMPORT_TIME_MODULES = ["slow_import", "hanging_import", "own_sigterm_import"]
+IMPORT_TIME_MODULES = ["slow_import", "hanging_import", "own_sigterm_import", "callback_import"]
 
 
 def _public_functions(module: ModuleType) -> list[tuple[str, object]]:
@@ -64,8 +64,8 @@ def test_every_worker_is_module_level_and_takes_a_marker(module: ModuleType) -> 
 
 @pytest.mark.parametrize("name", IMPORT_TIME_MODULES)
 def test_import_time_modules_offer_a_target_with_a_marker(name: str) -> None:
-    """Fixtures: `slow_import`, `hanging_import` and `own_sigterm_import` (read, never imported) define
-    `target(marker=None)`."""
+    """Fixtures: `slow_import`, `hanging_import`, `own_sigterm_import` and `callback_import` (read,
+    never imported) define `target(marker=None)`."""
     tree = ast.parse((ROOT / "workers" / f"{name}.py").read_text())
     targets = [
         node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "target"
