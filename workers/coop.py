@@ -3,13 +3,15 @@
 Owns the workers that see cancellation: they wait on `ctx.wait_cancelled`, shield clean-up,
 and record what they saw in the marker file (`started`, `cancel-seen`, `finally`, ...).
 None of them spins, except `pure_loop`, which exists to prove that a pure-Python loop that
-checks nothing still gets `Canceled`.
+checks nothing still gets `Canceled`, and `callback_loop`, which proves it for a loop that runs
+in weakref callbacks, where a raised exception goes nowhere.
 
 | function | runs until | then |
 |---|---|---|
 | `cooperative(finally_delay=0.0)` | `wait_cancelled(0.05)` is true | `check_cancelled()` raises; `finally` marker after a shielded `finally_delay` |
 | `cooperative_returning()` | cancelled, inside `shield()` | returns `"late"` from inside the block |
 | `pure_loop()` | `Canceled` interrupts `x += 1` | `finally` marker |
+| `callback_loop()` | `Canceled` reaches it, for up to 60 s: its time is spent in weakref callbacks | `finally` marker; returns `"ran out"` after 60 s |
 | `async_cooperative()` | its task is cancelled in `asyncio.sleep` | `cancel-seen` marker, re-raises `CancelledError` |
 | `async_quick(value="async-ok")` | | returns `value` |
 | `async_timing_out()` | `asyncio.wait_for(asyncio.sleep(10), 0.01)` | the `TimeoutError` that `wait_for` raises |
@@ -75,6 +77,33 @@ def pure_loop(marker: str | None = None) -> NoReturn:
         mark(marker, "started")  # inside the `try`: a stop that comes once it is written always reaches `finally`
         while True:
             x += 1
+    finally:
+        mark(marker, "finally")
+
+
+class _Freed:
+    pass
+
+
+def _finalized(ref: object) -> None:
+    total = 0
+    for i in range(2000):  # the time is spent here, where a raised exception is swallowed
+        total += i
+
+
+def callback_loop(marker: str | None = None) -> str:
+    """Free objects whose weakref callbacks do the work, for up to 60 s (spins on purpose: a
+    stop's handler almost always runs inside a callback, where its `Canceled` is swallowed)."""
+    import weakref
+
+    deadline = time.monotonic() + 60
+    try:
+        mark(marker, "started")
+        while time.monotonic() < deadline:
+            freed = _Freed()
+            ref = weakref.ref(freed, _finalized)
+            del freed, ref
+        return "ran out"
     finally:
         mark(marker, "finally")
 

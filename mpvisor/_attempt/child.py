@@ -487,55 +487,34 @@ class _ImportStop:
     the attempt then ends before the target is called, as for a request pending at the call.
 
     The interpreter runs the handler wherever the import's code is at that moment, and that may
-    be code whose exceptions go nowhere: a weakref's callback (importlib's module locks have
-    one), a `__del__`. There `_StoppedImporting` is swallowed and handed to `sys.unraisablehook`
-    (`on_unraisable`), and the import would go on to its end: so the hook sends this process
-    SIGTERM again, from a thread of its own (sent from here, the handler would run inside the
-    hook, and be swallowed there too), and the handler raises again wherever it runs next."""
+    be code whose exceptions go nowhere (a weakref's callback: importlib's module locks have one;
+    a `__del__`): there the exception is swallowed, and `swallowed` lets the attempt's
+    unraisable hook send the request again (`_context.on_unraisable`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.open = False
         self.requested = False
-        self.raised = False  # `_StoppedImporting` is on its way (not swallowed)
-        self.unraisable: Callable[[Any], object] = sys.unraisablehook  # the hook this one passes others to
+        self.raised: _StoppedImporting | None = None  # on its way (not swallowed)
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         if os.getpid() != self.pid:  # a process the module forked as it was imported
             _context.die_by_sigterm()
             return
         self.requested = True
-        if not self.open or self.raised:
+        if not self.open or self.raised is not None:
             return
-        if _in_code(frame, _ImportStop.on_unraisable.__code__):  # (a SIGTERM the user sent meanwhile)
-            self._again()
+        if _context.in_unraisable_hook(frame):  # (a SIGTERM sent meanwhile)
+            _context.resend_sigterm()
             return
-        self.raised = True
-        raise _StoppedImporting()
+        error = self.raised = _StoppedImporting()
+        raise error
 
-    def on_unraisable(self, unraisable: Any) -> None:
-        if unraisable.exc_type is _StoppedImporting and self.open:
-            self.raised = False
-            self._again()
-        else:
-            self.unraisable(unraisable)
-
-    def _again(self) -> None:
-        import _thread
-
-        try:
-            _thread.start_new_thread(os.kill, (self.pid, _SIGTERM_NUM))
-        except RuntimeError:
-            pass  # no thread to be had: the import goes on to its end, the request recorded
-
-
-def _in_code(frame: Any, code: types.CodeType) -> bool:
-    """`frame` or a frame it was called from runs `code`."""
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
+    def swallowed(self, error: BaseException) -> bool:
+        if error is not self.raised or not self.open:
+            return False
+        self.raised = None
+        return True
 
 
 def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
@@ -550,7 +529,8 @@ def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
         return _import_target(start)
     previous = _platform.set_wakeup_fd(wake)
     _platform.set_signal_handler(_SIGTERM_NUM, stop.on_sigterm)
-    sys.unraisablehook = stop.on_unraisable
+    _context.hold_unraisable()
+    _context.swallowed = stop.swallowed
     try:
         stop.open = True
         _platform.signal_mask(_SIG_UNBLOCK, _SIGTERM)
@@ -558,8 +538,7 @@ def _import_stoppably(start: Start, stop: _ImportStop) -> Any:
     finally:
         stop.open = False
         _platform.signal_mask(_SIG_BLOCK, _SIGTERM)
-        if sys.unraisablehook == stop.on_unraisable:  # (not one the module put in its place)
-            sys.unraisablehook = stop.unraisable
+        _context.swallowed = None
         _platform.set_wakeup_fd(previous)
         try:
             stop.requested |= bytes((_SIGTERM_NUM,)) in os.read(woken, 512)
@@ -620,6 +599,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _SIGTERM_NUM in _platform.pending_signals():
         _finish(channel, _STOPPED_BEFORE_THE_CALL)
     _platform.set_signal_handler(_SIGTERM_NUM, ctx._on_sigterm)
+    _context.hold_unraisable()
+    _context.swallowed = ctx._swallowed
     # a process the target forks dies by SIGTERM from its first instruction on, as without mpvisor
     os.register_at_fork(before=ctx._before_fork, after_in_parent=ctx._after_fork_in_parent, after_in_child=ctx._forked)
     ending, die_by = _call(target, args, kwargs, ctx, start.target)

@@ -11,6 +11,7 @@ the target; mpvisor's own code runs with SIGTERM blocked, so a request never spo
 | a sync target runs, inside `shield()` | `cancelled` turns true; `Canceled` is raised when the block exits |
 | an `async def` target runs | its task is cancelled (`CancelledError` counts as `Canceled`) |
 | `wait_cancelled()` waits | it returns `True` (and, outside `shield()`, counts as delivered) |
+| a sync target runs code whose exceptions go nowhere (a weakref's callback, a `__del__`, which the collector may run anywhere) | `Canceled` raised there is swallowed (`sys.unraisablehook`): SIGTERM is sent again, and `Canceled` raised wherever the handler runs next (`on_unraisable`) |
 | the target returned or raised | nothing more: no Python signal handler runs in the child from then on (`child._hold_handlers`), so none of the target's spoils its report |
 """
 
@@ -68,6 +69,7 @@ class TaskContext:
         self._async_cancel: Callable[[], None] | None = None
         self._pid = os.getpid()  # the attempt's process: the children it forks inherit the handler
         self._blocked_over_fork: dict[int, bool] = {}  # by forking thread: SIGTERM was blocked before its fork
+        self._raised: Canceled | None = None  # the `Canceled` the handler raised (`_swallowed`)
 
     def __repr__(self) -> str:
         return (
@@ -210,17 +212,74 @@ class TaskContext:
         self._cancelled = True
         if self._delivered or self._shield_depth > 0:
             return
+        if in_unraisable_hook(frame):  # a SIGTERM sent meanwhile: raised there, it would go nowhere
+            resend_sigterm()
+            return
         self._delivered = True
         if self._async_cancel is not None:
             self._async_cancel()
             return
-        raise Canceled()
+        error = self._raised = Canceled()
+        raise error
+
+    def _swallowed(self, error: BaseException) -> bool:
+        """`error` went nowhere: if it is the `Canceled` the handler raised, it is not delivered."""
+        if error is not self._raised:
+            return False
+        self._raised, self._delivered = None, False
+        return True
 
     def _bind_async(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         def cancel() -> None:
             loop.call_soon_threadsafe(task.cancel)
 
         self._async_cancel = cancel
+
+
+# A stop request's exception, raised by a SIGTERM handler wherever the attempt's code is, may
+# land in code whose exceptions go nowhere: a weakref's callback, a `__del__` (which the
+# collector runs at any allocation). The interpreter then hands it to `sys.unraisablehook`, and
+# the request would be lost: the attempt runs on until the grace ends, then its tree is killed.
+# `on_unraisable` is the hook while an attempt imports its target and calls it: it asks the
+# phase's handler (`swallowed`: `_ImportStop`'s, then `TaskContext._swallowed`) whether the
+# exception is the one it raised, and if so sends SIGTERM again, so that the handler raises
+# again wherever it runs next. Any other exception goes to the hook that was in place before.
+swallowed: Callable[[BaseException], bool] | None = None
+_unraisable_before: Callable[[Any], object] = sys.__unraisablehook__
+
+
+def hold_unraisable() -> None:
+    """Make `on_unraisable` this process's `sys.unraisablehook`."""
+    global _unraisable_before
+    if sys.unraisablehook is not on_unraisable:
+        _unraisable_before = sys.unraisablehook
+        sys.unraisablehook = on_unraisable
+
+
+def on_unraisable(unraisable: Any) -> None:
+    check = swallowed
+    if check is not None and unraisable.exc_value is not None and check(unraisable.exc_value):
+        resend_sigterm()
+    else:
+        _unraisable_before(unraisable)
+
+
+def in_unraisable_hook(frame: FrameType | None) -> bool:
+    """The handler runs inside `on_unraisable` (or what it called)."""
+    while frame is not None:
+        if frame.f_code is on_unraisable.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def resend_sigterm() -> None:
+    """SIGTERM to this process again, from a thread of its own: sent from the hook, the handler
+    would run inside the hook (after the `kill` call returns), and go nowhere there too."""
+    try:
+        _thread.start_new_thread(os.kill, (os.getpid(), _signal.SIGTERM))
+    except RuntimeError:
+        pass  # no thread to be had: the request stays recorded (`cancelled`), not raised
 
 
 def _wait_seconds(timeout: object) -> float | None:

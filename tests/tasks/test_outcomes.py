@@ -186,19 +186,23 @@ async def test_a_stop_while_the_target_is_imported_interrupts_the_import(tmp_pat
     assert all(pid_gone(pid) for pid in pids.values())
 
 
-async def test_a_stop_that_lands_in_an_imports_weakref_callback_still_interrupts_the_import(tmp_path, capfd):
-    """The stop's handler runs wherever the import's code is; inside a weakref callback (or a
-    `__del__`) the exception it raised was swallowed, printed as "Exception ignored in" with
-    mpvisor's private exception, and the import went on to its end: a cancel then waited for it,
-    up to the grace. The swallowed exception now sends the stop again, which interrupts the
-    import once it lands elsewhere: the cancel ends `CANCELED` within seconds, and nothing is
-    printed. `workers.callback_import` spends about all its import in weakref callbacks, for up
-    to 60 s."""
-    log = tmp_path / "import.log"
+@pytest.mark.parametrize("phase", ["import", "call"])
+async def test_a_stop_that_lands_in_a_weakref_callback_still_stops_the_attempt(tmp_path, capfd, phase):
+    """The stop's handler runs wherever the attempt's code is; inside a weakref callback (or a
+    `__del__`, which the collector runs at any allocation) the exception it raised was
+    swallowed, printed as "Exception ignored in", and the attempt ran on: a cancel waited for
+    the import's end or the grace, then killed the tree (`FORCE_ABORTED`). The swallowed
+    exception now sends the stop again, which stops the attempt once it lands elsewhere: the
+    cancel ends `CANCELED` within seconds, a target's `finally` runs, and nothing is printed.
+    `workers.callback_import` spends about all its import in weakref callbacks, and
+    `coop.callback_loop` its call."""
+    log = tmp_path / "started.log"
+    target = ("workers.callback_import:target" if phase == "import" else "workers.coop:callback_loop")
     async with supervised(SupervisorConfig(grace=15, start_timeout=90)) as (handle, _):
         id, waiter = await handle.add_and_watch(TaskSpec.once(TaskFn(
-            "loading", "workers.callback_import:target", env={"WORKERS_CALLBACK_IMPORT_LOG": str(log)})))
-        pid = int((await async_wait_for(lambda: log.exists() and log.read_text())).split()[1])
+            "loading", target, kwargs={} if phase == "import" else {"marker": str(log)},
+            env={"WORKERS_CALLBACK_IMPORT_LOG": str(log)})))
+        pid = int((await async_wait_for(lambda: log.exists() and log.read_text())).split()[-1])
         began = time.monotonic()
         assert await handle.cancel(id) is True
         outcome = await waiter.wait()
@@ -206,6 +210,8 @@ async def test_a_stop_that_lands_in_an_imports_weakref_callback_still_interrupts
     assert (outcome.kind, outcome.reason) == (OutcomeKind.CANCELED, "canceled"), outcome
     assert took < 10, took
     assert pid_gone(pid)
+    if phase == "call":
+        assert words(log, "finally")
     assert "Exception ignored" not in capfd.readouterr().err
 
 
