@@ -460,9 +460,12 @@ class Runtime:
         stuck = [a.name for a in killed]
         at_once = {a.name for a in killed if a.id in self._killed_now}
         grace = max((a.grace for a in killed), default=grace)  # a task's own grace (`TaskSpec.with_grace`) may differ
-        how = None  # each one's, where they were not all killed alike
-        if len({a.grace for a in killed if a.name not in at_once}) > 1 or (at_once and len(at_once) < len(killed)):
+        timed_out = {a.name: a.killed_by_timeout for a in killed if a.killed_by_timeout is not None and a.name not in at_once}
+        how = None  # each one's, where they were not all killed alike, or a timeout killed one
+        if (len({a.grace for a in killed if a.name not in at_once}) > 1 or (at_once and len(at_once) < len(killed))
+                or timed_out):
             how = {a.name: "at once, a SIGINT during the shutdown" if a.name in at_once
+                   else f"by its timeout of {timed_out[a.name]} s, before its grace window was over" if a.name in timed_out
                    else f"after its grace window of {a.grace} s" for a in killed}
         if stuck:
             names = ", ".join(stuck)

@@ -159,8 +159,10 @@ class TaskActor:
         self.phase: ActorPhase = Open()  # Open -> Claimed | StopDecided -> Finished
         # why the tree was killed rather than stopped: `kill_now` cut the grace window short (a
         # SIGINT during the shutdown), or a claim's grace ran out on an attempt that stopped for a
-        # timeout; its outcome is FORCE_ABORTED, whatever the attempt's ending
+        # timeout, or its timeout on one that stopped for a claim; its outcome is FORCE_ABORTED,
+        # whatever the attempt's ending
         self.forced: str | None = None
+        self.killed_by_timeout: float | None = None  # its timeout killed its tree while it stopped (`_cut_short`)
         self.current: AttemptProcess | None = None
         self._stop = asyncio.Event()
         self._rng = self._make_rng()
@@ -364,8 +366,11 @@ class TaskActor:
                 self.on_progress(progress)
             self.host.attempt_started(self, self.pid)
         end = await attempt.end()
-        if attempt.killed_in_grace:  # a stop's grace ran out while it stopped for a timeout (or a check)
-            self.forced = self.forced or self._grace_ran_out()
+        if attempt.cut_short is not None:  # a later stop's wait ran out first (`AttemptProcess.stop`)
+            reason, wait = attempt.cut_short
+            if reason is StopReason.TIMEOUT:
+                self.killed_by_timeout = self.spec.timeout
+            self.forced = self.forced or self._cut_short(reason, wait)
         self._publish_held_progress()  # the latest report comes before the attempt's end
         pid, self.pid, self.current = self.pid, None, None
         if end.killed is not None and pid is not None:
@@ -413,6 +418,13 @@ class TaskActor:
 
     def _grace_ran_out(self) -> str:
         return f"did not stop within the grace window of {self.grace} s; its process tree was killed"
+
+    def _cut_short(self, reason: StopReason, wait: float) -> str:
+        """Why a later stop's wait killed the tree of an attempt that was stopping already."""
+        if reason is StopReason.TIMEOUT:  # while it stopped for a removal or the shutdown
+            return (f"timed out after {self.spec.timeout} s as it stopped; its process tree was killed "
+                    f"timeout_kill_after={wait} s later")
+        return self._grace_ran_out()
 
     def _stop_reason(self) -> str:
         if self.claim and self.claim.by_shutdown:

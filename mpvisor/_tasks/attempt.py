@@ -148,9 +148,11 @@ class AttemptProcess:
         self._started: OneShot[int] = OneShot(self.loop)
         self._done: OneShot[AttemptEnd] = OneShot(self.loop)
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        # its tree was killed by the grace window of a later stop (one that came while it already
-        # stopped for a timeout or a failed check), not by its first stop's own wait
-        self.killed_in_grace = False
+        # its tree was killed by the wait of a later stop, not by its first stop's own: the grace
+        # of a removal or shutdown that came while it stopped for a timeout or a failed check
+        # (CANCEL), or the `timeout_kill_after` of its timeout, run out while it stopped for a
+        # removal or shutdown (TIMEOUT); with that wait, in seconds
+        self.cut_short: tuple[StopReason, float] | None = None
         self._own_stop_signal = request.stop_signal  # a program's own (`CommandTask.stop_signal`)
         self._stop_signal = request.stop_signal  # what a program is asked to stop with (`stop`'s `signum`)
         exec_python = request.exec_python
@@ -190,14 +192,16 @@ class AttemptProcess:
     def stop(self, reason: StopReason, grace: float, signum: signal.Signals | None = None) -> None:
         """Ask the attempt to stop (SIGTERM; a program's group its own stop signal, or `signum`,
         which a run that was interrupted passes on: `ActorHost.stop_signal`); kill its tree if it
-        still runs `grace` s later. A removal's stop while it already stops (for a timeout or a failed check) keeps
-        the first stop's reason, but not a longer wait: its tree is killed `grace` s later at the
-        latest (`killed_in_grace` then says so)."""
+        still runs `grace` s later. A stop while it already stops keeps the first stop's reason,
+        but not a longer wait: a removal's (for a timeout or a failed check) kills its tree
+        `grace` s later at the latest, and so does its timeout (while it stops for a removal or
+        the shutdown: the timeout bounds every attempt), `grace` being its `timeout_kill_after`
+        (`cut_short` then says which)."""
         if isinstance(self.phase, Done):
             return
         if self.facts.stop is not None:
-            if reason is StopReason.CANCEL:
-                self._kill_within(grace)
+            if reason in (StopReason.CANCEL, StopReason.TIMEOUT):
+                self._kill_within(grace, reason)
             return
         self.facts.stop = reason
         self._stop_signal = self._own_stop_signal if signum is None else signum
@@ -217,15 +221,18 @@ class AttemptProcess:
         if self.facts.stop is None:
             self._stop_signal = signum
 
-    def _kill_within(self, grace: float) -> None:
+    def _kill_within(self, grace: float, reason: StopReason) -> None:
         timer = self._timers.get("grace")
         if timer is not None and timer.when() > self.loop.time() + grace:
             timer.cancel()
-            self._timers["grace"] = self.loop.call_later(grace, self._grace_ran_out, grace)
+            self._timers["grace"] = self.loop.call_later(grace, self._cut_short, grace, reason)
 
-    def _grace_ran_out(self, grace: float) -> None:
-        self.killed_in_grace = True
-        self.kill(f"it did not stop within the grace window of {grace} s")
+    def _cut_short(self, grace: float, reason: StopReason) -> None:
+        self.cut_short = (reason, grace)
+        if reason is StopReason.TIMEOUT:
+            self.kill(f"still running timeout_kill_after={grace} s after the timeout")
+        else:
+            self.kill(f"it did not stop within the grace window of {grace} s")
 
     def fail(self, why: str, grace: float) -> None:
         """End the attempt as a retryable failure whose reason is `why` (a readiness or health

@@ -709,6 +709,35 @@ async def test_a_task_already_being_removed_keeps_its_own_deadline(tmp_path) -> 
     assert counts(collector) == (1, 1, 0)
 
 
+@pytest.mark.parametrize("stop", ["shutdown", "remove"])
+async def test_a_timeout_that_runs_out_while_its_attempt_stops_still_bounds_it(tmp_path, stop: str) -> None:
+    """The mirror of the test above: a SIGTERM-deaf tree (`stubborn_tree`) with a 1 s timeout,
+    stopped 0.5 s in by a shutdown or a removal whose grace is 30 s, is killed when its timeout
+    and `timeout_kill_after` (0.3 s) run out, not 30 s later: its timeout ran on, and was then
+    ignored, since the attempt was stopping already. FORCE_ABORTED, saying so; the shutdown's
+    `GraceExceeded` says how it was killed."""
+    records = str(tmp_path / "records")
+    config = SupervisorConfig(grace=30, timeout_kill_after=0.3)
+    async with supervised(config, expect_grace_exceeded=stop == "shutdown") as (handle, collector):
+        task_id, waiter = await handle.add_and_watch(once("deaf", misbehave.stubborn_tree, records).with_timeout(1.0))
+        await async_wait_for(lambda: len(read_records(records)) == 4)
+        began = time.monotonic()
+        if stop == "shutdown":
+            with pytest.raises(GraceExceeded) as raised:
+                await handle.shutdown()
+            assert raised.value.how == {"deaf": "by its timeout of 1.0 s, before its grace window was over"}
+        else:
+            assert await handle.remove(task_id)
+        outcome = await waiter.wait()
+        assert time.monotonic() - began < 5
+        assert all_gone(read_records(records))
+        assert outcome.kind is OutcomeKind.FORCE_ABORTED, outcome
+        assert outcome.reason == ("timed out after 1.0 s as it stopped; its process tree was killed "
+                                  "timeout_kill_after=0.3 s later"), outcome
+        (killed,) = await async_wait_for(lambda: collector.of(K.ATTEMPT_KILLED, id=task_id))
+        assert "timeout_kill_after=0.3 s after the timeout" in killed.reason
+
+
 async def test_no_process_survives_shutdown(tmp_path) -> None:
     """After shutdown of cooperative, stubborn and stubborn+tree tasks (grace 0.3), the
     parent has no child process and no recorded descendant exists."""
