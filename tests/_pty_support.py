@@ -30,6 +30,7 @@ class Shell:
             finally:
                 os._exit(127)
         self.seen = ""
+        self.raw = b""  # every byte the terminal showed, as it came (line ends and escapes kept)
         self.until(PROMPT)
 
     def _read(self, deadline: float) -> bool:
@@ -40,6 +41,7 @@ class Shell:
             data = os.read(self.fd, 65536)
         except OSError:  # the shell has gone (EIO)
             return False
+        self.raw += data
         self.seen += _ANSI.sub("", data.decode(errors="replace"))
         return bool(data)
 

@@ -418,6 +418,21 @@ def test_a_command_that_dies_by_a_signal_leaves_the_terminal_as_the_bare_command
     assert shell.run("echo status=$?").strip().endswith("status=0")
 
 
+def test_the_outcome_line_after_a_full_screen_program_a_signal_killed_starts_each_line_at_the_left(
+        shell: Shell) -> None:
+    """A program that set the terminal raw (no echo, no line ends: a full-screen program) and
+    was killed by a signal left it so when mpvisor wrote its outcome line: the line went down
+    without going back to the left (a staircase), until the shell restored the modes after
+    mpvisor ended. mpvisor now restores the modes the terminal had as the command became its
+    job, as the shell does, before it writes: each line it writes ends with a carriage return."""
+    shell.raw = b""
+    shell.type("mpvisor run -- sh -c 'stty raw -echo; kill -KILL $$'\n")
+    shell.until(PROMPT)
+    line = shell.raw[shell.raw.index(b"mpvisor: sh: failed"):]
+    assert line.split(b"\n")[0].endswith(b"attempts=1\r"), shell.raw
+    assert shell.run("echo status=$?").strip().endswith("status=137")
+
+
 def _hang_up(shell: Shell) -> None:
     """Close the terminal's window (the pty's master side), then reap its session's leader."""
     os.close(shell.fd)

@@ -33,7 +33,7 @@ stop a command that ignores SIGINT.
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
 | started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the terminal hangs up (its window closed, an SSH connection lost) with the attempt in the foreground | the kernel: SIGHUP to the session's leader (a shell, which passes it on to its jobs, this process's group, and exits), then, at the leader's exit, to the group that held the terminal | `hangs_up`: the run's shutdown does not send the attempt SIGHUP again, which the bare command would not have got twice (a HUP trap ran twice); unless this process leads the session (`ssh -t host mpvisor run ...`), which the kernel alone told |
-| the attempt ends | the client | `ended`: the terminal back to this process's group |
+| the attempt ends | the client | `ended`: the terminal back to this process's group; after a death by a signal, with the modes it had as the attempt became its job (what a full-screen program set, no echo, no line ends, it could not put back), as a shell restores them for its job, before this process writes there |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
 group (signalled only while its leader is unreaped), its launcher is still its parent and
@@ -50,6 +50,7 @@ import signal
 import stat
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from mpvisor import _platform
 from mpvisor._launchers.local import control
@@ -129,6 +130,25 @@ def _hung_up(fd: int) -> bool:
     return False
 
 
+def _modes(fd: int) -> list[Any] | None:
+    """The terminal `fd`'s modes (`termios.tcgetattr`), None if they cannot be read."""
+    import termios
+
+    try:
+        return termios.tcgetattr(fd)
+    except termios.error:
+        return None
+
+
+def _set_modes(fd: int, modes: list[Any]) -> None:
+    import termios
+
+    try:
+        termios.tcsetattr(fd, termios.TCSADRAIN, modes)
+    except termios.error:
+        pass  # the terminal hung up
+
+
 def _give(fd: int, pgid: int) -> None:
     """Make `pgid` the foreground group of the terminal `fd` (from the background too)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
@@ -150,6 +170,7 @@ class Terminal:
         self.pgid: int | None = None  # its group, once it runs
         self.wants = False  # the attempt takes the terminal whenever this process's group holds it
         self.holding = False  # the attempt's group holds the terminal, as this process last handed it
+        self.modes: list[Any] | None = None  # the terminal's modes as the attempt became its job (`termios`)
         self.sent_sigint = False  # this process sent the attempt SIGINT (an interruption passed on)
         # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
         self._borrowed: dict[int, _platform.Borrowed] = {}
@@ -170,6 +191,7 @@ class Terminal:
         if fd < 0:
             return control.NO_TERMINAL
         self.fd, self.key = fd, key
+        self.modes = _modes(fd)
         # In a pipeline (its stdout a pipe) the terminal stays with the pipeline's group, where a
         # pager reads it, and in a script's background job the script keeps it, until the
         # attempt reads or sets it itself (`stopped`).
@@ -294,7 +316,13 @@ class Terminal:
         held = self.pgid is not None and _holds(self.fd, self.pgid)
         if held:  # it held the terminal: it comes back
             _give(self.fd, os.getpgrp())
+            if how == "signal" and self.modes is not None:
+                # A program a signal killed had no chance to put back the modes it set (a full-
+                # screen program: no echo, no line ends): they are put back, as a shell does for
+                # its job, before this process writes its outcome line there.
+                _set_modes(self.fd, self.modes)
         self.holding = False
+        self.modes = None
         os.close(self.fd)
         self.fd, self.key, self.pgid = -1, None, None
         ours, self.sent_sigint = self.sent_sigint, False
