@@ -194,13 +194,13 @@ class AttemptProcess:
         which a run that was interrupted passes on: `ActorHost.stop_signal`); kill its tree if it
         still runs `grace` s later. A stop while it already stops keeps the first stop's reason,
         but not a longer wait: a removal's (for a timeout or a failed check) kills its tree
-        `grace` s later at the latest, and so does its timeout (while it stops for a removal or
-        the shutdown: the timeout bounds every attempt), `grace` being its `timeout_kill_after`
-        (`cut_short` then says which)."""
+        `grace` s later at the latest, and so does its timeout while it stops for a removal or
+        the shutdown (the timeout bounds every attempt), `grace` being its `timeout_kill_after`
+        (`cut_short` then says which: the task's outcome is then FORCE_ABORTED)."""
         if isinstance(self.phase, Done):
             return
         if self.facts.stop is not None:
-            if reason in (StopReason.CANCEL, StopReason.TIMEOUT):
+            if reason is StopReason.CANCEL or (reason is StopReason.TIMEOUT and self.facts.stop is StopReason.CANCEL):
                 self._kill_within(grace, reason)
             return
         self.facts.stop = reason
