@@ -463,6 +463,16 @@ def _in_group_alive(pid: int, pgid: int) -> bool:
     return fields is not None and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
 
 
+def process_table() -> dict[int, tuple[int, int]]:
+    """Every live process's parent and process group: `{pid: (ppid, pgid)}` (zombies left out)."""
+    table: dict[int, tuple[int, int]] = {}
+    for pid in _pids():
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in (b"Z", b"X"):
+            table[pid] = (int(fields[1]), int(fields[2]))
+    return table
+
+
 def _stat_fields(pid: int) -> list[bytes] | None:
     """`pid`'s /proc stat fields after its command name (state first), or None if it is gone.
     The name may hold spaces and parentheses: the fields resume after the last ')'."""

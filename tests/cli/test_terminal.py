@@ -205,7 +205,9 @@ def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_res
 def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str) -> None:
     """The shell's job is more than mpvisor (a script's bash, the rest of a pipeline), which the
     bare command's Ctrl-Z would have stopped too: mpvisor stops its whole process group, and the
-    prompt comes back at the first Ctrl-Z; `fg` resumes it all, and Ctrl-C then ends the job."""
+    prompt comes back at the first Ctrl-Z; `fg` resumes it all, and Ctrl-C then ends the job.
+    After `fg` the script's command holds the terminal again; a pipeline's other command runs
+    beside mpvisor's, so the job's group keeps it, where the Ctrl-C reaches both, as bare."""
     shell.type(line + "\n")
     wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=30)
     shell.press("\x1a")
@@ -216,10 +218,12 @@ def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(
     wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=10)
     wait_for(lambda: all(p.status() != psutil.STATUS_STOPPED for p in job), timeout=10)
     (command,) = [p for p in processes("46.25") if p.info["cmdline"][0] == "sleep"]
-    wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
+    holder = command.pid if line.startswith("bash") else os.getpgid(job[0].pid)
+    wait_for(lambda: os.tcgetpgrp(shell.fd) == holder, timeout=10)
     shell.press("\x03")
     out = shell.until("MPV-PROMPT> ")
-    assert "AFTER-42" not in out and "SIGINT" in out, out
+    # the script's command died by the Ctrl-C; in the pipeline mpvisor got it, and stopped the run
+    assert "AFTER-42" not in out and ("SIGINT" if line.startswith("bash") else ": canceled ") in out, out
     wait_for(lambda: not processes("46.25"), timeout=10)
 
 
@@ -431,6 +435,37 @@ def test_the_outcome_line_after_a_full_screen_program_a_signal_killed_starts_eac
     line = shell.raw[shell.raw.index(b"mpvisor: sh: failed"):]
     assert line.split(b"\n")[0].endswith(b"attempts=1\r"), shell.raw
     assert shell.run("echo status=$?").strip().endswith("status=137")
+
+
+def test_ctrl_c_reaches_every_run_of_a_job_that_runs_several_at_once(shell: Shell, tmp_path: Any) -> None:
+    """`xargs -P3` (or `make -j3`) runs three `mpvisor run`s in one job. Each handed the terminal
+    to its own command's group, so a Ctrl-C reached only the command that took it last: the
+    others, and xargs, never got it, and the prompt never came back. A run that has another
+    command beside it in its job now leaves the terminal to the job's group, as the bare
+    commands share it: the Ctrl-C reaches xargs and every mpvisor, which pass it on, and each
+    command's INT trap runs. Nothing is left."""
+    (tmp_path / "traps.sh").write_text('trap "echo INT >> $1; exit 130" INT\necho up >> $1\nsleep $2 & wait\n')
+    logs = [tmp_path / f"log{i}" for i in (1, 2, 3)]
+    shell.type("seq 1 3 | xargs -P3 -I{} mpvisor run -- sh traps.sh log{} 62.5\n")
+    wait_for(lambda: all(log.exists() and log.read_text() == "up\n" for log in logs), timeout=30)
+    shell.press("\x03")
+    shell.until(PROMPT, timeout=20)  # (xargs dies by the Ctrl-C at once, and the runs end after it)
+    wait_for(lambda: not processes("62.5"), timeout=10)
+    assert [log.read_text() for log in logs] == ["up\nINT\n"] * 3
+
+
+def test_several_runs_of_one_job_that_set_the_terminal_take_turns_and_all_finish(shell: Shell, tmp_path: Any) -> None:
+    """Three runs of one job (`xargs -P3`) whose commands set the terminal's modes (`stty`, a
+    password prompt): the second to touch it, while the first's command held it, took that for
+    a stop of the job, and stopped xargs with it (status 150, or a hang). A command of this job
+    that holds the terminal is now waited for: each command gets the terminal in turn, and all
+    finish, status 0, as bare."""
+    (tmp_path / "stty.sh").write_text("stty -echo </dev/tty; sleep $2; stty echo </dev/tty; echo done-$1-$((6*7))\n")
+    shell.type("seq 3 | xargs -P3 -I{} mpvisor run -- sh stty.sh {} 0.2; echo \"statuses=${PIPESTATUS[*]}\"\n")
+    out = shell.until(PROMPT, timeout=60)  # (a line this long is echoed scrolled: not waited for)
+    assert sorted(line for line in out.split() if line.startswith("done-")) == ["done-1-42", "done-2-42", "done-3-42"]
+    assert "statuses=0 0" in out, out
+    wait_for(lambda: not processes("0.2"), timeout=10)
 
 
 def _hang_up(shell: Shell) -> None:

@@ -25,10 +25,10 @@ stop a command that ignores SIGINT.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe and it is not a script's background job (SIGINT and SIGQUIT ignored) |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: a pipeline's other commands, the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`) |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
-| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it |
+| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it, and one while another command of this job holds it waits for this group to have it back (`_watch_foreground`), then does the same |
 | Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
 | started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
@@ -93,6 +93,48 @@ def job_stop(signum: int) -> int:
     was sent) becomes SIGTSTP, the signal of Ctrl-Z, which the processes that must never stop with
     a job (an interactive shell) ignore. Pure."""
     return signal.SIGTSTP if signum == signal.SIGSTOP else signum
+
+
+def _lineage(pid: int, table: dict[int, tuple[int, int]]) -> list[int]:
+    """`pid` and its ancestors, nearest first, as far as `table` (`{pid: (ppid, pgid)}`) knows. Pure."""
+    chain: list[int] = []
+    while pid in table and pid not in chain:
+        chain.append(pid)
+        pid = table[pid][0]
+    return chain
+
+
+def shares_its_job(me: int, table: dict[int, tuple[int, int]]) -> bool:
+    """Another command runs beside `me` in its process group, the shell's job (`make -j`, `xargs
+    -P`): a member that is neither `me`, nor an ancestor of `me` (the script or the tool that
+    started it), nor a descendant. The job's group must then keep the terminal, where a Ctrl-C
+    reaches every command of the job, as it would bare. Pure."""
+    group = table[me][1]
+    ancestors = set(_lineage(me, table))
+    return any(pgid == group and pid not in ancestors and me not in _lineage(pid, table)
+               for pid, (_, pgid) in table.items())
+
+
+def of_this_job(pgid: int, me: int, table: dict[int, tuple[int, int]]) -> bool:
+    """The group `pgid` (which holds the terminal) is not `me`'s, but was started by a member of
+    it: a command of `me`'s job that was handed the terminal (another `mpvisor run`'s attempt
+    beside it), not the shell, nor another job. Pure."""
+    group = table[me][1]
+    return pgid != group and any(table[p][1] == group for p in _lineage(pgid, table)[1:])
+
+
+def _beside_others() -> bool:
+    """This process is one of several commands of its job (`shares_its_job`); never when it leads its group."""
+    return os.getpgrp() != os.getpid() and shares_its_job(os.getpid(), _platform.process_table())
+
+
+def _held_by_this_job(fd: int) -> bool:
+    """The terminal `fd` is held by another command's group of this process's job (`of_this_job`)."""
+    try:
+        holder = os.tcgetpgrp(fd)
+    except OSError:
+        return False
+    return holder != os.getpgrp() and of_this_job(holder, os.getpid(), _platform.process_table())
 
 
 def script_background() -> bool:
@@ -195,7 +237,11 @@ class Terminal:
         # In a pipeline (its stdout a pipe) the terminal stays with the pipeline's group, where a
         # pager reads it, and in a script's background job the script keeps it, until the
         # attempt reads or sets it itself (`stopped`).
-        self.wants = not _is_pipe(1) and not script_background()
+        self.wants = not _is_pipe(1) and not script_background() and not _beside_others()
+        if not self.wants and _held_by_this_job(fd):
+            # another command of this job (an `mpvisor run` beside this one, that was alone when it
+            # started) took the terminal from the job: the job's group takes it back
+            _give(fd, os.getpgrp())
         self.holding = self.wants and foreground(self.fd)  # (it takes the terminal as it starts)
         return control.FOREGROUND if self.holding else control.BACKGROUND
 
@@ -239,6 +285,9 @@ class Terminal:
             self.wants = True  # it uses the terminal: from now on it takes it whenever this group has it
             if foreground(self.fd):
                 self.resumed()
+                return
+            if _held_by_this_job(self.fd):  # another command of this job uses it: this one's turn comes when it is back
+                self._watch_foreground()
                 return
         if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
             self._hand(os.getpgrp())
@@ -293,7 +342,8 @@ class Terminal:
         gives this process's group the terminal, with no signal to say so; so, while the attempt
         is a job of the terminal and this group is not the foreground, look every FG_POLL
         seconds, and hand the terminal on to the attempt's group once it is (a Ctrl-C typed
-        within that moment reaches this process, as an interruption)."""
+        within that moment reaches this process, as an interruption), and continue it (stopped
+        for its turn at a terminal another command of this job held)."""
         if self._fg_timer is not None:
             return
 
@@ -302,7 +352,7 @@ class Terminal:
             if self.pgid is None:
                 return
             if foreground(self.fd):
-                self._hand(self.pgid)
+                self.resumed()  # (a SIGCONT too: an attempt stopped for its turn at the terminal)
             else:
                 self._fg_timer = self.loop.call_later(FG_POLL, look)
 
