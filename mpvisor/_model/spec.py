@@ -276,7 +276,7 @@ class ResolvedSpec:
     restart_intensity: RestartIntensity | None = None  # None = no bound
     limits: Limits | None = None  # None = no limit
     start_timeout: float | None = None  # None = the supervisor's `start_timeout`
-    timeout_includes_start: bool = False  # the timeout runs from the start request, not from the call
+    timeout_includes_start: bool = False  # the timeout runs from the process's start, not from the call
     grace: float | None = None  # None = the supervisor's `grace`
 
     @property
@@ -296,7 +296,7 @@ class TaskSpec:
     `with_backoff(None)` a `TypeError`). `resources` (`with_resources`) is what
     each attempt needs where a cluster launcher places it. `timeout` runs from the call of the
     target, or, with `timeout_includes_start` (`with_timeout(..., include_start=True)`, what
-    `mpvisor run --timeout` means), from the start request, bounding the whole attempt;
+    `mpvisor run --timeout` means), from its process's start, bounding the whole attempt;
     `start_timeout` (`with_start_timeout`) bounds its start-up alone (`None`: the supervisor's);
     `grace` (`with_grace`) is how long its attempt has to stop once asked, before its tree is
     killed (`None`: the supervisor's).
@@ -366,9 +366,10 @@ class TaskSpec:
 
     def with_timeout(self, timeout: float | timedelta | None, *, include_start: bool = False) -> TaskSpec:
         """The same spec with a per-attempt timeout (`None` or 0: none). It runs from the call of
-        the target, or with `include_start` from the start request (the whole attempt: process
-        start, handshake and import included, as `mpvisor run --timeout`); past it the attempt
-        is stopped and is a retryable failure, `timed out`."""
+        the target, or with `include_start` from its process's start (the whole attempt: process
+        start, handshake and import included, as `mpvisor run --timeout`; not the time its start
+        request waited for the launcher, behind a burst of others, which `start_timeout`
+        bounds); past it the attempt is stopped and is a retryable failure, `timed out`."""
         seconds = _validate.duration("timeout", timeout, allow_none=True)
         if not isinstance(include_start, bool):
             raise TypeError(f"include_start must be a bool, got {include_start!r}")

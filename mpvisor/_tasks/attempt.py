@@ -85,7 +85,7 @@ class AttemptRequest:
     start_timeout: float  # > 0: process start, handshake and import
     timeout_kill_after: float  # after the timeout's SIGTERM, how long before the tree is killed
     resources: Resources | None = None  # what it needs where it is placed (a launcher that places nothing ignores it)
-    timeout_from_start: bool = False  # the timeout runs from the start request: it bounds start-up too
+    timeout_from_start: bool = False  # the timeout runs from the process's start (`on_started`): it bounds start-up too
     fence: Fence | None = None  # its owner's lease deadlines, kept by the launcher (`_launchers/seam.py`)
     stop_signal: signal.Signals = signal.SIGTERM  # what a program's group is asked to stop with (`CommandTask`'s)
 
@@ -168,8 +168,6 @@ class AttemptProcess:
                                 tree=TreeLimits.of(start.limits))
         limit = request.start_timeout
         self._timers["start"] = self.loop.call_later(limit, self._on_start_timeout, limit)
-        if self._timeout and self._timeout_from_start:
-            self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
 
     def __repr__(self) -> str:
         return f"<AttemptProcess {self.start_msg.task!r}#{self.start_msg.attempt} {self.phase!r}>"
@@ -270,6 +268,9 @@ class AttemptProcess:
         waiting, self.phase = self.phase, Running(pid)
         self.facts.pid = pid
         self._started.set_result(pid)
+        if self._timeout and self._timeout_from_start:  # from its process's start: not the wait
+            # its request had, behind a burst of others, for the launcher to fork it
+            self._timers["timeout"] = self.loop.call_later(self._timeout, self._on_timeout)
         if waiting.sigterm:
             self._request_sigterm()
         if waiting.kill is not None:

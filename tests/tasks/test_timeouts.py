@@ -304,3 +304,30 @@ async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_u
     want = OutcomeKind.CANCELED if how == "remove" else OutcomeKind.FAILED
     assert outcome.kind is want and (how == "remove" or "timed out" in outcome.reason), outcome
     assert took < 2.5, took  # its handler ran at once, not the kill at the end of the grace (3 s)
+
+
+async def test_a_timeout_that_includes_start_up_does_not_count_the_wait_for_the_launcher():
+    """A timeout that bounds start-up too (`include_start`: `mpvisor run --timeout`, a task
+    file's `timeout`) ran from the start request, so in a burst of starts a request still
+    waiting for the launcher to fork it spent its time there: programs that take a millisecond
+    ended `timed out` (a task file of 100 `true`s with `timeout = 0.5` exited 124), some never
+    started at all. It now runs from the attempt's process start. Here the launcher is stopped
+    for 1.5 s while three starts wait for it, each with 0.5 s: all three complete."""
+    import asyncio
+    import os
+    import signal
+
+    from mpvisor import CommandTask
+
+    async with supervised(SupervisorConfig(grace=1)) as (handle, events):
+        await finished(handle, events, TaskSpec.once(TaskFn("warm", basic.quick, ("ok",))))  # the launcher runs
+        launcher = handle._rt.launcher.pids()[0]
+        os.kill(launcher, signal.SIGSTOP)
+        try:
+            waiters = [(await handle.add_and_watch(TaskSpec.once(CommandTask(f"t{i}", ["true"]))
+                                                   .with_timeout(0.5, include_start=True)))[1] for i in range(3)]
+            await asyncio.sleep(1.5)  # the behaviour: a launcher that forks nothing for 1.5 s
+        finally:
+            os.kill(launcher, signal.SIGCONT)
+        outcomes = [await waiter.wait() for waiter in waiters]
+    assert [o.kind for o in outcomes] == [OutcomeKind.COMPLETED] * 3, outcomes
