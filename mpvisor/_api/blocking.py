@@ -3,7 +3,10 @@
 `Supervisor.serve_blocking()` runs the runtime on a background thread with its own event loop
 and returns a `BlockingHandle`: the same methods as `SupervisorHandle`, each one blocking until
 the runtime answers. The handle is a context manager: leaving the `with` block (or `close()`)
-shuts the runtime down, stops the loop and joins its thread. The loop stops only once the
+shuts the runtime down, stops the loop and joins its thread. A handle the program never closed
+is closed as the program exits (`atexit`: its loop thread is a daemon, which the interpreter
+would stop mid-work, and the tasks running then die with the parent, unsaid): the same graceful
+shutdown, after one line on stderr that names the tasks it stops. The loop stops only once the
 shutdown is over: a `close()` interrupted while the shutdown waits out its grace window (Ctrl-C)
 kills every tree at once and waits for the shutdown's end before the interruption propagates.
 
@@ -31,8 +34,10 @@ every waiter before it returns, so no waiter is left unresolved once the loop is
 from __future__ import annotations
 
 import asyncio
+import atexit
 import builtins
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -147,6 +152,7 @@ class BlockingHandle:
         self._in_flight: set[Future[Any]] = set()  # calls handed to the loop, not yet answered
         self._pid = os.getpid()  # the process whose thread runs the loop (a fork has a copy, no thread)
         self._interrupted_at: float | None = None  # when a KeyboardInterrupt ended the `with` block (monotonic)
+        _hold_until_exit(self)
 
     def __repr__(self) -> str:
         state = "over" if self._over else "serving"
@@ -175,6 +181,7 @@ class BlockingHandle:
         for a runtime thread it does not have)."""
         if os.getpid() != self._pid:
             return
+        _unclosed.discard(self)
         try:
             if not self._over:
                 self._shut_down()
@@ -422,6 +429,44 @@ class BlockingPreparedSubmission:
     def try_submit_and_watch(self) -> tuple[int, BlockingWaiter]:
         """`PreparedSubmission.try_submit_and_watch`, blocking; the waiter blocks too."""
         return self._handle._call(_with_blocking_waiter(self._prepared.try_submit_and_watch()))
+
+
+_unclosed: set[BlockingHandle] = set()  # the handles of this process not closed yet (`close_at_exit`)
+
+
+def _hold_until_exit(handle: BlockingHandle) -> None:
+    if not _unclosed:
+        atexit.unregister(_close_at_exit)  # (registered once)
+        atexit.register(_close_at_exit)
+    _unclosed.add(handle)
+
+
+def _close_at_exit() -> None:
+    """The program exits with handles it never closed: each is closed, as its `with` block would
+    have, after a line on stderr naming the tasks still running that the shutdown stops."""
+    for handle in list(_unclosed):
+        if os.getpid() != handle._pid:
+            continue  # (a forked child's copy: the supervisor is the parent's)
+        try:
+            running = handle.alive_snapshot()
+        except ShuttingDown:  # (a loop already over: nothing runs)
+            running = []
+        if running:
+            names = ", ".join(running)
+            try:
+                sys.stderr.write(f"mpvisor: the program is exiting with its supervisor still serving (no `with` "
+                                 f"block, no close()): stopping {len(running)} running task(s), as close() "
+                                 f"would: {names}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass  # no stderr left to say it on
+        try:
+            handle.close()
+        except GraceExceeded as grace:
+            try:
+                sys.stderr.write(f"mpvisor: {grace}\n")
+            except (OSError, ValueError):
+                pass
 
 
 def serve_blocking(serve: Callable[[], SupervisorHandle]) -> BlockingHandle:

@@ -33,6 +33,7 @@ from tests._support import (
     child_pids_of_self,
     kill_group_if_running,
     pid_gone,
+    read_markers,
     wait_for,
     words,
 )
@@ -320,6 +321,40 @@ def test_a_ctrl_c_delivered_twice_is_one_interruption_of_the_with_block(tmp_path
     assert stdout == "cleaned\n" and "killed at once" not in stderr, (stdout, stderr)
     assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr
     wait_for(lambda: all(pid_gone(pid, created) for pid, created in tree), timeout=5)
+
+
+UNCLOSED = """
+import os, sys, time
+from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+if __name__ == "__main__":
+    marker = sys.argv[1]
+    handle = Supervisor(SupervisorConfig(grace=10)).serve_blocking()  # no `with`, no close()
+    handle.add(TaskSpec.once(TaskFn("job", "workers.coop:cooperative", kwargs={"marker": marker})))
+    while not (os.path.exists(marker) and open(marker).read()):  # its attempt runs
+        time.sleep(0.02)
+    print("leaving", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_program_that_exits_without_closing_its_blocking_handle_stops_its_tasks_gracefully_and_says_so(tmp_path):
+    """A program that never closes its `serve_blocking()` handle (no `with`, no `close()`) and
+    ends with a task running: its daemon loop thread was stopped mid-work by the interpreter's
+    exit, and the task died with the parent, its `finally` never run, and nothing said. The
+    handle is now closed at exit, as its `with` block would have: the task is asked to stop and
+    cleans up, and one line on stderr names it. Nothing is left."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "app.py").write_text(UNCLOSED)
+    marker = tmp_path / "marker"
+    done = subprocess.run([sys.executable, "app.py", str(marker)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": root},
+                          capture_output=True, text=True, timeout=40)
+    assert (done.returncode, done.stdout) == (0, "leaving\n"), done
+    assert done.stderr == ("mpvisor: the program is exiting with its supervisor still serving (no `with` block, no "
+                           "close()): stopping 1 running task(s), as close() would: job\n"), done.stderr
+    assert [line[0] for line in read_markers(marker)] == ["started", "finally"]
+    pid = read_markers(marker)[0][3]
+    wait_for(lambda: pid_gone(pid), timeout=5)
 
 
 @pytest.mark.timeout(90)
