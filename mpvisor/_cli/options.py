@@ -476,6 +476,11 @@ def run_target(text: str) -> str:
             raise
         if text.lower().endswith(".toml"):
             raise argparse.ArgumentTypeError(f"{exc} (a task file? mpvisor run --file {shlex.quote(text)})") from None
+        if text.endswith(".py"):  # a Python file: a function of its module, or the file run as a script
+            module = os.path.basename(text)[:-3] or "MODULE"
+            raise argparse.ArgumentTypeError(
+                f"{exc} (a Python file? a function of it: '{module}:FUNCTION', from its directory; or the file as a "
+                f"program: mpvisor run -- python3 {shlex.quote(text)} ...)") from None
         raise argparse.ArgumentTypeError(f"{exc} ({LIKELY_PROGRAM}: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 

@@ -144,6 +144,10 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         # a task file's name: how to run the file, not a program (it said `put -- before it`)
         (["run", "tasks.toml"], ["argument TARGET", "'tasks.toml' (a task file? mpvisor run --file tasks.toml)"]),
         (["run", "my Tasks.TOML", "--grace", "5"], ["(a task file? mpvisor run --file 'my Tasks.TOML')"]),
+        # a Python file's path for a target: its module's name, or the file run as a program (not `-- ./jobs.py`,
+        # which a file without its executable bit refuses, 126)
+        (["run", "./jobs.py"], ["'./jobs.py' (a Python file? a function of it: 'jobs:FUNCTION', from its directory; "
+                                "or the file as a program: mpvisor run -- python3 ./jobs.py ...)"]),
         # a program given without `--`: its options are its own, not misspelt ones of mpvisor's
         (["run", "ls", "-la"], ["argument TARGET", "'ls'", "(a program? put -- before it: mpvisor run -- ls ...)"]),
         (["run", "git", "log", "--oneline"], ["argument TARGET", "'git'", "put -- before it: mpvisor run -- git ..."]),
@@ -221,7 +225,8 @@ def test_a_bad_target_or_shape_is_one_usage_line_naming_it(argv, words, capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert "error: " in line and all(word in line for word in words), line
     assert ("a program?" in line) == (argv[:1] == ["run"] and len(argv) > 1 and ":" not in argv[1]
-                                      and not argv[1].startswith("-") and not argv[1].lower().endswith(".toml")), line
+                                      and not argv[1].startswith("-") and not argv[1].lower().endswith(".toml")
+                                      and not argv[1].endswith(".py")), line
 
 
 @pytest.mark.parametrize(("argv", "variable", "said"), [
