@@ -53,7 +53,7 @@ from collections.abc import Callable
 from mpvisor import _platform
 from mpvisor._attempt import context as _context
 from mpvisor._attempt import prepared as _prepared
-from mpvisor._model.errors import READER_GONE, Canceled, Fail, Fatal
+from mpvisor._model.errors import READER_GONE, Canceled, Fail, Fatal, file_name_hint
 from mpvisor._model.payloads import check_value
 from mpvisor._model.wire import (
     HEADER,
@@ -613,10 +613,9 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
 def _file_name_hint(target: str, exc: BaseException) -> str:
     """What an import of `jobs.py:run` that found no module `jobs.py` says besides: the module's
     name it likely meant (`jobs:run`): a file's name given for its module's."""
-    module, _, qualname = target.partition(":")
-    if not isinstance(exc, ModuleNotFoundError) or exc.name != module or not module.endswith(".py"):
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != target.partition(":")[0]:
         return ""
-    return f" (a file's name? a target names its module, as import does: '{module[:-3]}:{qualname}')"
+    return file_name_hint(target)
 
 
 def _import_target(start: Start) -> Any:

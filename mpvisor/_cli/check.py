@@ -23,6 +23,7 @@ import sys
 from mpvisor import _platform
 from mpvisor._cli.statuses import OK, USAGE_ERROR
 from mpvisor._cli.taskfile import TaskFile, _task_where, load, report_errors, summary
+from mpvisor._model.errors import file_name_hint
 from mpvisor._model.events import printable
 from mpvisor._model.work import CommandTask, TaskFn
 
@@ -89,7 +90,7 @@ def _unfound_target(name: str, work: TaskFn, here: str | None) -> str | None:
             if work.env is not None and work.env.get("PYTHONPATH") else "")
     looked = f"looked in {', '.join(places)}, then on sys.path" if places else "looked on sys.path"
     return (f"{_task_where(name)}.target: warning: no module named {missing!r} ({looked}): {work.target!r} cannot be imported, unless the run starts in a directory that "
-            f"has it{hint}")
+            f"has it{hint}{file_name_hint(work.target) if missing == module else ''}")
 
 
 def _unfound_program(name: str, work: CommandTask, here: str | None) -> str | None:

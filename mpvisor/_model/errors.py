@@ -214,3 +214,13 @@ class Canceled(BaseException):
     """Raised inside an attempt that was asked to stop (or by a target that cancels itself).
 
     A `BaseException`, so that `except Exception:` does not swallow it."""
+
+
+def file_name_hint(target: str) -> str:
+    """What a target whose module is a file's name (`jobs.py:run`) is told besides, by the
+    attempt that found no such module and by `mpvisor check`: the module's name it likely meant
+    (`jobs:run`); "" for any other target."""
+    module, _, qualname = target.partition(":")
+    if not module.endswith(".py"):
+        return ""
+    return f" (a file's name? a target names its module, as import does: '{module[:-3]}:{qualname}')"

@@ -282,6 +282,24 @@ def test_check_warns_of_a_cmd_check_whose_program_is_not_there(tmp_path: pathlib
         "them its attempts, unless the run starts in a directory that has it"]), checked.stderr
 
 
+def test_check_tells_a_targets_file_name_its_modules_as_the_run_does(tmp_path: pathlib.Path) -> None:
+    """`target = "jobs.py:run"` (the file's name for its module's): check warned that no module
+    `jobs.py` was found in the very directory that has `jobs.py`, without the hint the run
+    gives; it now says the same words as the run's outcome: `(a file's name? ... 'jobs:run')`."""
+    (tmp_path / "jobs.py").write_text("def run():\n    return 1\n")
+    write(tmp_path / "tasks.toml", """
+        [task.d]
+        target = "jobs.py:run"
+    """)
+    hint = "(a file's name? a target names its module, as import does: 'jobs:run')"
+    checked = mpvisor(tmp_path, "check", "tasks.toml")
+    assert (checked.returncode, checked.stderr.splitlines()) == (0, [
+        f"tasks.toml: task \"d\".target: warning: no module named 'jobs.py' (looked in {tmp_path}, then on sys.path): "
+        f"'jobs.py:run' cannot be imported, unless the run starts in a directory that has it {hint}"]), checked.stderr
+    ran = mpvisor(tmp_path, "run", "--file", "tasks.toml")
+    assert ran.returncode != 0 and hint in ran.stderr, ran.stderr
+
+
 def test_check_says_that_a_targets_env_pythonpath_is_not_where_it_is_imported_from(tmp_path: pathlib.Path) -> None:
     """`env = {PYTHONPATH = "src"}` reaches a program, not the import of a Python target (its
     interpreter is already running): the run fails that target, and check's warning says why
