@@ -68,7 +68,7 @@ from typing import Any
 from mpvisor import _platform
 from mpvisor._cli import options as _options
 from mpvisor._cli.shell import closest_choice
-from mpvisor._model.checks import quoted
+from mpvisor._model.checks import quoted, shown
 from mpvisor._model.events import printable
 from mpvisor._model.records import record
 from mpvisor._model.spec import TaskSpec
@@ -613,10 +613,14 @@ def _shared_log_files(tasks: list[FileTask], errors: _Errors) -> None:
 
 def _syntax_error(message: str, text: str) -> tuple[str, str]:
     """Where a TOML syntax error is (`line L, column C`, also for one at the end of the text,
-    which `tomllib` says without them) and what it is."""
+    which `tomllib` says without them) and what it is, with the line it is on (`tomllib` names
+    no key: `Cannot overwrite a value` is a key given twice)."""
     found = re.fullmatch(r"(?s)(.*) \(at line (\d+), column (\d+)\)", message)
     if found:
-        return f"line {found[2]}, column {found[3]}", found[1]
+        lines = text.splitlines()
+        number = int(found[2])
+        line = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+        return f"line {found[2]}, column {found[3]}", f"{found[1]}: {shown(line, 80)}" if line else found[1]
     found = re.fullmatch(r"(?s)(.*) \(at end of document\)", message)
     if found:
         line = text.count("\n") + 1

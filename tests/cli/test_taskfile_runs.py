@@ -166,7 +166,7 @@ def test_a_file_saved_with_a_byte_order_mark_and_crlf_line_ends_checks_and_runs(
     assert ran.returncode == 0 and "hi" in ran.stderr.splitlines(), ran.stderr
     (tmp_path / "bad.toml").write_bytes(b'\xef\xbb\xbf[task.hello]\r\ncommand "sh"\r\n')
     bad = mpvisor(tmp_path, "check", "bad.toml")
-    assert (bad.returncode, bad.stderr) == (2, "bad.toml: line 2, column 9: Expected '=' after a key in a key/value pair\n")
+    assert (bad.returncode, bad.stderr) == (2, "bad.toml: line 2, column 9: Expected '=' after a key in a key/value pair: 'command \"sh\"'\n")
 
 
 def test_check_warns_of_a_target_whose_module_cannot_be_found_and_runs_none_of_them(tmp_path: pathlib.Path) -> None:
