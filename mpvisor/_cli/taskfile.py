@@ -617,10 +617,9 @@ def _syntax_error(message: str, text: str) -> tuple[str, str]:
     no key: `Cannot overwrite a value` is a key given twice)."""
     found = re.fullmatch(r"(?s)(.*) \(at line (\d+), column (\d+)\)", message)
     if found:
-        lines = text.splitlines()
-        number = int(found[2])
-        line = lines[number - 1].strip() if 0 < number <= len(lines) else ""
-        return f"line {found[2]}, column {found[3]}", f"{found[1]}: {shown(line, 80)}" if line else found[1]
+        lines, number = text.splitlines(), int(found[2])
+        there = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+        return f"line {found[2]}, column {found[3]}", f"{found[1]}: {shown(there, 80)}" if there else found[1]
     found = re.fullmatch(r"(?s)(.*) \(at end of document\)", message)
     if found:
         line = text.count("\n") + 1
