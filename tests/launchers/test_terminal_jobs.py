@@ -59,6 +59,7 @@ def test_the_shell_and_another_job_are_not_this_jobs() -> None:
     assert not of_this_job(500, 200, rows)
     assert not of_this_job(200, 200, rows)  # its own group
     assert not of_this_job(999, 200, rows)  # a group whose leader is gone: not known to be this job's
+    assert not shares_its_job(201, rows) and not of_this_job(400, 201, rows)  # not in the table (`/proc` hides it)
 
 
 @settings(max_examples=300, deadline=None)

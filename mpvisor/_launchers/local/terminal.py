@@ -108,7 +108,10 @@ def shares_its_job(me: int, table: dict[int, tuple[int, int]]) -> bool:
     """Another command runs beside `me` in its process group, the shell's job (`make -j`, `xargs
     -P`): a member that is neither `me`, nor an ancestor of `me` (the script or the tool that
     started it), nor a descendant. The job's group must then keep the terminal, where a Ctrl-C
-    reaches every command of the job, as it would bare. Pure."""
+    reaches every command of the job, as it would bare. False where `me` is not in the table
+    (a `/proc` that hides it). Pure."""
+    if me not in table:
+        return False
     group = table[me][1]
     ancestors = set(_lineage(me, table))
     return any(pgid == group and pid not in ancestors and me not in _lineage(pid, table)
@@ -119,6 +122,8 @@ def of_this_job(pgid: int, me: int, table: dict[int, tuple[int, int]]) -> bool:
     """The group `pgid` (which holds the terminal) is not `me`'s, but was started by a member of
     it: a command of `me`'s job that was handed the terminal (another `mpvisor run`'s attempt
     beside it), not the shell, nor another job. Pure."""
+    if me not in table:
+        return False
     group = table[me][1]
     return pgid != group and any(table[p][1] == group for p in _lineage(pgid, table)[1:])
 
