@@ -104,7 +104,7 @@ class CommandTask:
     def __init__(
         self,
         name: str,
-        argv: list[str] | tuple[str, ...],
+        argv: list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
         env: Mapping[str, str | None] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         *,
@@ -343,15 +343,17 @@ def _encoded_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
 
 
 def _checked_argv(argv: object) -> tuple[str, ...]:
+    """The program and its arguments as str: a path (`pathlib.Path`) as its text, as `subprocess` takes it."""
     if not isinstance(argv, (list, tuple)) or not argv:
         raise TypeError(f"argv must be a non-empty list or tuple of str, got {argv!r}")
-    for i, arg in enumerate(argv):
+    texts = [os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in argv]
+    for i, arg in enumerate(texts):
         if not isinstance(arg, str):
-            raise TypeError(f"argv[{i}] must be a str, got {arg!r}")
+            raise TypeError(f"argv[{i}] must be a str (or a path), got {argv[i]!r}")
         _check_os_text(arg, f"argv[{i}]")
-    if not argv[0]:
+    if not texts[0]:
         raise ValueError(f"argv[0] must be a non-empty program name, got {argv[0]!r}")
-    return tuple(argv)
+    return tuple(texts)
 
 
 def _checked_env(env: Mapping[str, str | None] | None) -> dict[str, str | None] | None:

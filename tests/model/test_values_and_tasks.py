@@ -425,6 +425,15 @@ def test_command_task_stores_argv_env_and_cwd() -> None:
     assert "CommandTask('c', ['sh', '-c', 'exit 0']" in repr(task)
 
 
+def test_a_commands_program_and_arguments_may_be_paths_as_subprocess_takes_them() -> None:
+    """`CommandTask("a", [Path("/bin/echo"), Path("x")])` was refused (`argv[0] must be a str`),
+    where its `cwd` and `subprocess` take a path: each is its text; a bytes path is still refused."""
+    task = CommandTask("a", [pathlib.Path("/bin/echo"), "-n", pathlib.Path("rel/x")])
+    assert task.argv == ("/bin/echo", "-n", "rel/x")
+    with pytest.raises(TypeError, match=r"argv\[0\] must be a str \(or a path\), got b'/bin/echo'"):
+        CommandTask("a", [b"/bin/echo"])  # type: ignore[list-item]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "named"),
     [
