@@ -214,6 +214,11 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "--restart", "on_failure", "--", "true"], ["argument --restart: expected one of never, on-failure, "
                                                             "always, got 'on_failure' (did you mean on-failure?)"]),
         (["run", "--events", "xml", "--", "true"], ["argument --events: expected one of json, log, none, got 'xml' (see"]),
+        # a jitter's name as every other choice's: as given (it was upper-cased, so FULL passed where JSON did not)
+        (["run", "--restart", "on-failure", "--jitter", "FULL", "--", "true"],
+         ["argument --jitter: expected one of none, full, equal, randomized-band, got 'FULL' (did you mean full?)"]),
+        (["run", "--restart", "on-failure", "--jitter", "randomized_band", "--", "true"],
+         ["got 'randomized_band' (did you mean randomized-band?)"]),
         (["zzz"], ["invalid choice: 'zzz' (choose from 'run', "]),
     ],
 )
