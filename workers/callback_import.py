@@ -15,29 +15,13 @@ the test process.
 from __future__ import annotations
 
 import os
-import time
-import weakref
 
 from ._marker import append_line, mark
-
-
-class _Loaded:
-    pass
-
-
-def _finalized(ref: object) -> None:
-    total = 0
-    for i in range(2000):  # the time is spent here, where a raised exception is swallowed
-        total += i
-
+from .coop import _in_weakref_callbacks
 
 if os.environ.get("WORKERS_CALLBACK_IMPORT_LOG"):
     append_line(os.environ["WORKERS_CALLBACK_IMPORT_LOG"], f"importing {os.getpid()}")
-_deadline = time.monotonic() + 60
-while time.monotonic() < _deadline:
-    _loaded = _Loaded()
-    _ref = weakref.ref(_loaded, _finalized)
-    del _loaded
+_in_weakref_callbacks(60)
 
 
 def target(marker: str | None = None) -> str:

@@ -91,18 +91,23 @@ def _finalized(ref: object) -> None:
         total += i
 
 
-def callback_loop(marker: str | None = None) -> str:
-    """Free objects whose weakref callbacks do the work, for up to 60 s (spins on purpose: a
-    stop's handler almost always runs inside a callback, where its `Canceled` is swallowed)."""
+def _in_weakref_callbacks(seconds: float) -> None:
+    """Free objects whose weakref callbacks do the work, for `seconds` (also `callback_import`'s import)."""
     import weakref
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        freed = _Freed()
+        ref = weakref.ref(freed, _finalized)
+        del freed, ref
+
+
+def callback_loop(marker: str | None = None) -> str:
+    """Spend up to 60 s in weakref callbacks (spins on purpose: a stop's handler almost always
+    runs inside a callback, where its `Canceled` is swallowed)."""
     try:
         mark(marker, "started")
-        while time.monotonic() < deadline:
-            freed = _Freed()
-            ref = weakref.ref(freed, _finalized)
-            del freed, ref
+        _in_weakref_callbacks(60)
         return "ran out"
     finally:
         mark(marker, "finally")
