@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from mpvisor._cli.shell import LIKELY_PROGRAM, closest_choice
+from mpvisor._cli.shell import LIKELY_PROGRAM, closest_choice, file_meant
 from mpvisor._model import checks as _validate
 from mpvisor._model.backoff import BackoffPolicy, JitterPolicy
 from mpvisor._model.events import REASON_MAX, json_line, printable
@@ -474,13 +474,9 @@ def run_target(text: str) -> str:
     except argparse.ArgumentTypeError as exc:
         if ":" in text:
             raise
-        if text.lower().endswith(".toml"):
-            raise argparse.ArgumentTypeError(f"{exc} (a task file? mpvisor run --file {shlex.quote(text)})") from None
-        if text.endswith(".py"):  # a Python file: a function of its module, or the file run as a script
-            module = os.path.basename(text)[:-3] or "MODULE"
-            raise argparse.ArgumentTypeError(
-                f"{exc} (a Python file? a function of it: '{module}:FUNCTION', from its directory; or the file as a "
-                f"program: mpvisor run -- python3 {shlex.quote(text)} ...)") from None
+        meant = file_meant(text)  # a task file's name, a Python file's path
+        if meant is not None:
+            raise argparse.ArgumentTypeError(f"{exc} ({meant})") from None
         raise argparse.ArgumentTypeError(f"{exc} ({LIKELY_PROGRAM}: mpvisor run -- {shlex.quote(text)} ...)") from None
 
 

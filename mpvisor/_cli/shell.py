@@ -31,6 +31,7 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import signal
 import stat
 import sys
@@ -118,6 +119,19 @@ def hints(words: list[str], known: list[str], outer: list[str]) -> str:
 # What a positional's error says when the word looks like a program's name given without `--`
 # (`mpvisor run ls -la`): the words after it are then the program's, not misspelt options.
 LIKELY_PROGRAM = "a program? put -- before it"
+
+
+def file_meant(word: str) -> str | None:
+    """What a file's name given where a command's or a target's is expected likely meant: a task
+    file's run (`mpvisor tasks.toml`, `mpvisor run tasks.toml`), or a Python file's function or
+    the file as a program (`mpvisor run ./jobs.py`); None for any other word. Pure."""
+    if word.lower().endswith(".toml"):
+        return f"a task file? mpvisor run --file {shlex.quote(word)}"
+    if word.endswith(".py"):
+        module = word.rpartition("/")[2][:-3] or "MODULE"
+        return (f"a Python file? a function of it: mpvisor run {module}:FUNCTION, from its directory; or the file "
+                f"as a program: mpvisor run -- python3 {shlex.quote(word)} ...")
+    return None
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -209,6 +223,8 @@ class UsageParser(argparse.ArgumentParser):
         meant = closest_choice(value, names)
         listed = ", ".join(repr(name) for name in names)
         hint = f"did you mean {meant}? " if meant is not None else ""
+        if "run" in names and file_meant(value) is not None:  # `mpvisor tasks.toml`: a command's name expected
+            hint = f"{file_meant(value)}; "
         raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from {listed})")
 
     def _match_argument(self, action: argparse.Action, arg_strings_pattern: str) -> int:

@@ -146,8 +146,12 @@ def test_a_bad_option_value_is_one_usage_line_naming_option_and_value(argv, opti
         (["run", "my Tasks.TOML", "--grace", "5"], ["(a task file? mpvisor run --file 'my Tasks.TOML')"]),
         # a Python file's path for a target: its module's name, or the file run as a program (not `-- ./jobs.py`,
         # which a file without its executable bit refuses, 126)
-        (["run", "./jobs.py"], ["'./jobs.py' (a Python file? a function of it: 'jobs:FUNCTION', from its directory; "
-                                "or the file as a program: mpvisor run -- python3 ./jobs.py ...)"]),
+        (["run", "./jobs.py"], ["'./jobs.py' (a Python file? a function of it: mpvisor run jobs:FUNCTION, from its "
+                                "directory; or the file as a program: mpvisor run -- python3 ./jobs.py ...)"]),
+        # a file's name where a command's is expected: what `mpvisor run` would say of it
+        (["tasks.toml"], ["invalid choice: 'tasks.toml' (a task file? mpvisor run --file tasks.toml; choose from 'run'"]),
+        (["jobs.py"], ["invalid choice: 'jobs.py' (a Python file? a function of it: mpvisor run jobs:FUNCTION, from its "
+                       "directory; or the file as a program: mpvisor run -- python3 jobs.py ...; choose from 'run'"]),
         # a program given without `--`: its options are its own, not misspelt ones of mpvisor's
         (["run", "ls", "-la"], ["argument TARGET", "'ls'", "(a program? put -- before it: mpvisor run -- ls ...)"]),
         (["run", "git", "log", "--oneline"], ["argument TARGET", "'git'", "put -- before it: mpvisor run -- git ..."]),
