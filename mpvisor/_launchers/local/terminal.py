@@ -25,9 +25,9 @@ stop a command that ignores SIGINT.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: a pipeline's other commands, the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`) |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too; not a pipeline's neighbour on its stdin or stdout, whose Ctrl-C must reach the command before its input ends); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`) |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
-| Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it, `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
+| Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it (or, beside other commands of its job, exited 130), `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it, and one while another command of this job holds it waits for this group to have it back (`_watch_foreground`), then does the same |
 | Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
@@ -104,17 +104,19 @@ def _lineage(pid: int, table: dict[int, tuple[int, int]]) -> list[int]:
     return chain
 
 
-def shares_its_job(me: int, table: dict[int, tuple[int, int]]) -> bool:
+def shares_its_job(me: int, table: dict[int, tuple[int, int]], neighbours: frozenset[int] = frozenset()) -> bool:
     """Another command runs beside `me` in its process group, the shell's job (`make -j`, `xargs
     -P`): a member that is neither `me`, nor an ancestor of `me` (the script or the tool that
-    started it), nor a descendant. The job's group must then keep the terminal, where a Ctrl-C
-    reaches every command of the job, as it would bare. False where `me` is not in the table
-    (a `/proc` that hides it). Pure."""
+    started it), nor a descendant, nor one of its `neighbours` in a pipeline (a process on the
+    other end of its stdin or stdout: `producer | mpvisor run -- sort`, where the command takes
+    the terminal as before, so that a Ctrl-C reaches it at once, before its input ends). The
+    job's group must then keep the terminal, where a Ctrl-C reaches every command of the job,
+    as it would bare. False where `me` is not in the table (a `/proc` that hides it). Pure."""
     if me not in table:
         return False
     group = table[me][1]
     ancestors = set(_lineage(me, table))
-    return any(pgid == group and pid not in ancestors and me not in _lineage(pid, table)
+    return any(pgid == group and pid not in ancestors and pid not in neighbours and me not in _lineage(pid, table)
                for pid, (_, pgid) in table.items())
 
 
@@ -130,7 +132,42 @@ def of_this_job(pgid: int, me: int, table: dict[int, tuple[int, int]]) -> bool:
 
 def _beside_others() -> bool:
     """This process is one of several commands of its job (`shares_its_job`); never when it leads its group."""
-    return os.getpgrp() != os.getpid() and shares_its_job(os.getpid(), _platform.process_table())
+    if os.getpgrp() == os.getpid():
+        return False
+    table = _platform.process_table()
+    pipes = _pipe_ends()
+    group = os.getpgrp()
+    neighbours = frozenset(pid for pid, (_, pgid) in table.items()
+                           if pipes and pgid == group and pid != os.getpid() and _holds_a_pipe(pid, pipes))
+    return shares_its_job(os.getpid(), table, neighbours)
+
+
+def _pipe_ends() -> frozenset[str]:
+    """The pipes this process's stdin and stdout are, as `/proc/PID/fd` names them (`pipe:[N]`)."""
+    ends = set()
+    for fd in (0, 1):
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(info.st_mode):
+            ends.add(f"pipe:[{info.st_ino}]")
+    return frozenset(ends)
+
+
+def _holds_a_pipe(pid: int, pipes: frozenset[str]) -> bool:
+    """Process `pid` has one of `pipes` open (it cannot be looked at: no)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in pipes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _held_by_this_job(fd: int) -> bool:
@@ -196,6 +233,13 @@ def _set_modes(fd: int, modes: list[Any]) -> None:
         pass  # the terminal hung up
 
 
+def _continue(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass  # it has ended meanwhile: the launcher reports that
+
+
 def _give(fd: int, pgid: int) -> None:
     """Make `pgid` the foreground group of the terminal `fd` (from the background too)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
@@ -217,6 +261,7 @@ class Terminal:
         self.pgid: int | None = None  # its group, once it runs
         self.wants = False  # the attempt takes the terminal whenever this process's group holds it
         self.holding = False  # the attempt's group holds the terminal, as this process last handed it
+        self.shared = False  # other commands run beside this process in its job (`shares_its_job`)
         self.modes: list[Any] | None = None  # the terminal's modes as the attempt became its job (`termios`)
         self.sent_sigint = False  # this process sent the attempt SIGINT (an interruption passed on)
         # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
@@ -242,7 +287,8 @@ class Terminal:
         # In a pipeline (its stdout a pipe) the terminal stays with the pipeline's group, where a
         # pager reads it, and in a script's background job the script keeps it, until the
         # attempt reads or sets it itself (`stopped`).
-        self.wants = not _is_pipe(1) and not script_background() and not _beside_others()
+        self.shared = _beside_others()
+        self.wants = not _is_pipe(1) and not script_background() and not self.shared
         if not self.wants and _held_by_this_job(fd):
             # another command of this job (an `mpvisor run` beside this one, that was alone when it
             # started) took the terminal from the job: the job's group takes it back
@@ -337,10 +383,7 @@ class Terminal:
                 self._hand(self.pgid)
             else:
                 self._watch_foreground()
-        try:
-            os.killpg(self.pgid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass  # it has ended meanwhile: the launcher reports that
+        _continue(self.pgid)
 
     def _watch_foreground(self) -> None:
         """Started or continued in the background (`&`, `bg`): a later `fg` of a running job only
@@ -357,7 +400,9 @@ class Terminal:
             if self.pgid is None:
                 return
             if foreground(self.fd):
-                self.resumed()  # (a SIGCONT too: an attempt stopped for its turn at the terminal)
+                self._hand(self.pgid)
+                if _platform.is_stopped(self.pgid):  # stopped for its turn at a terminal another command of this job held
+                    _continue(self.pgid)
             else:
                 self._fg_timer = self.loop.call_later(FG_POLL, look)
 
@@ -381,13 +426,19 @@ class Terminal:
         os.close(self.fd)
         self.fd, self.key, self.pgid = -1, None, None
         ours, self.sent_sigint = self.sent_sigint, False
+        shared, self.shared = self.shared, False
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
         for signum, borrowed in self._borrowed.items():  # the program's handlers come back
             _platform.give_back_signal(self.loop, signum, borrowed)
         self._borrowed.clear()
-        if (how, value) == ("signal", signal.SIGINT) and not ours:
+        # Beside other commands of its job (`make -j`, `xargs -P`), the attempt holds the terminal
+        # only while it was handed it, to read or set it: a Ctrl-C then reached it alone, where bare
+        # it reaches every command of the job; one that ended with the status of a death by
+        # SIGINT (130: an INT trap that cleans up and exits) sends it on to them too.
+        interrupted = (how, value) == ("signal", signal.SIGINT) or (shared and held and (how, value) == ("exit", 130))
+        if interrupted and not ours:
             # A Ctrl-C in the foreground went to the attempt's group alone: it goes on to this
             # process's group too, the job the shell made, as it would have with the bare command
             # (a script that runs `mpvisor run` is in that job, and stops only if it gets SIGINT).
