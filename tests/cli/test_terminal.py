@@ -10,6 +10,7 @@ The process table is checked after each step; nothing is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -532,13 +533,9 @@ def test_a_run_stopped_by_ctrl_z_whose_terminal_closes_gets_the_hang_up_as_the_b
     once, then SIGCONT. The bare command's HUP trap runs; mpvisor took the SIGTERM first, asked
     the command to stop with it and let the SIGHUP go, and the command's HUP trap never ran. A
     later interruption is now passed on as it came: the trap runs, and the command ends."""
-    assert MPVISOR is not None
-    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
-    (tmp_path / "hup.sh").write_text('trap "echo HUP >> $1; n=1" HUP\ntrap "echo TERM >> $1" TERM\necho up >> $1\n'
-                                     'n=0\nwhile [ $n -lt 3 ]; do sleep $2; [ $n -gt 0 ] && n=$((n+1)); done\n'
-                                     'echo END >> $1\n')
-    log, shell = tmp_path / "stopped", Shell(str(tmp_path), env)
-    try:
+    (tmp_path / "hup.sh").write_text(HUP_SCRIPT)
+    log = tmp_path / "stopped"
+    with _own_shell(tmp_path) as shell:
         shell.type("mpvisor run --grace 30 -- sh hup.sh stopped 0.1\n")
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
         shell.press("\x1a")
@@ -546,13 +543,28 @@ def test_a_run_stopped_by_ctrl_z_whose_terminal_closes_gets_the_hang_up_as_the_b
         _hang_up(shell)
         wait_for(lambda: log.read_text().endswith("END\n"), timeout=10)
         assert "HUP" in log.read_text().split(), log.read_text()
+    wait_for(lambda: not processes("0.1"), timeout=10)
+
+
+# logs its HUP and TERM traps; a HUP's does not exit: the script goes on for two more turns, then says END
+HUP_SCRIPT = ('trap "echo HUP >> $1; n=1" HUP\ntrap "echo TERM >> $1" TERM\necho up >> $1\nn=0\n'
+              'while [ $n -lt 3 ]; do sleep $2; [ $n -gt 0 ] && n=$((n+1)); done\necho END >> $1\n')
+
+
+@contextlib.contextmanager
+def _own_shell(tmp_path: Any) -> Iterator[Shell]:
+    """An interactive shell of the test's own, whose terminal it may close (`_hang_up`); killed at the end."""
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
+    shell = Shell(str(tmp_path), env)
+    try:
+        yield shell
     finally:
         try:
             os.kill(shell.pid, signal.SIGKILL)
             os.waitpid(shell.pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-    wait_for(lambda: not processes("0.1"), timeout=10)
 
 
 def _hang_up(shell: Shell) -> None:
@@ -570,25 +582,17 @@ def test_a_closed_terminal_runs_a_foreground_commands_hup_trap_once_as_for_the_b
     It now leaves the hang-up to the kernel: one trap. But a run that leads its session (`ssh -t
     host mpvisor run -- CMD`) is the only one the kernel tells: it passes the SIGHUP on, and dies
     by it. Nothing is left."""
-    assert MPVISOR is not None
-    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
-    # the trap does not exit: the script goes on for two more turns, then says END
-    (tmp_path / "hup.sh").write_text('trap "echo HUP >> $1; n=1" HUP\necho up >> $1\nn=0\n'
-                                     'while [ $n -lt 3 ]; do sleep $2; [ $n -gt 0 ] && n=$((n+1)); done\necho END >> $1\n')
-    log, shell = tmp_path / "wrapped", Shell(str(tmp_path), env)
-    try:
+    (tmp_path / "hup.sh").write_text(HUP_SCRIPT)
+    log = tmp_path / "wrapped"
+    with _own_shell(tmp_path) as shell:
         shell.type("mpvisor run --grace 30 -- sh hup.sh wrapped 0.1\n")
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
         _hang_up(shell)
         wait_for(lambda: log.read_text().endswith("END\n"), timeout=10)
         assert log.read_text() == "up\nHUP\nEND\n", log.read_text()
-    finally:
-        try:
-            os.kill(shell.pid, signal.SIGKILL)
-            os.waitpid(shell.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
     wait_for(lambda: not processes("0.1"), timeout=10)
+    assert MPVISOR is not None
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
     log = tmp_path / "leader"
     pid, fd = pty.fork()
     if pid == 0:  # mpvisor leads the pty's session, as under `ssh -t host mpvisor run ...`
