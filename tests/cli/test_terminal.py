@@ -486,26 +486,26 @@ def test_a_pipelines_last_command_under_mpvisor_takes_the_ctrl_c_before_its_inpu
 
 
 def test_a_ctrl_c_that_one_run_of_a_job_took_at_the_terminal_reaches_the_others(shell: Shell, tmp_path: Any) -> None:
-    """`xargs -P3` of runs whose commands set the terminal's modes: the first to do so holds the
-    terminal, and the others wait for their turn at it, so a Ctrl-C reached the first alone; its
-    INT trap exited 130, and the others then took their turns and ran on (xargs waited for them,
-    and the prompt did not come back). Its end with the status of a death by SIGINT now sends
-    the SIGINT on to the job, as bare every command of it got the Ctrl-C: each trap runs."""
+    """`xargs -P2` of two runs, one of whose commands set the terminal's modes: it holds the
+    terminal from then on, so a Ctrl-C reached it alone; its INT trap exited 130, and the other
+    run went on (xargs waited for it, and the prompt did not come back). Its end with the status
+    of a death by SIGINT now sends the SIGINT on to the job, as bare every command of it got the
+    Ctrl-C: both traps run."""
     (tmp_path / "stty.sh").write_text('trap "echo INT >> $1; exit 130" INT\necho up >> $1\n'
                                       "stty -echo </dev/tty; stty echo </dev/tty\necho set >> $1\nsleep $2 & wait\n")
-    logs = [tmp_path / f"log{i}" for i in (1, 2, 3)]
-    shell.type("seq 1 3 | xargs -P3 -I{} mpvisor run -- sh stty.sh log{} 64.5\n")
+    (tmp_path / "plain.sh").write_text('trap "echo INT >> $1; exit 130" INT\necho up >> $1\nsleep $2 & wait\n')
+    (tmp_path / "jobs").write_text("stty.sh held 64.5\nplain.sh beside 64.5\n")
+    held, beside = tmp_path / "held", tmp_path / "beside"
+    shell.type("xargs -P2 -L1 mpvisor run -- sh < jobs\n")
     try:
-        # one holds the terminal (it set its modes); any still to set them wait their turn
-        wait_for(lambda: all(log.exists() for log in logs) and "up\nset\n" in [log.read_text() for log in logs],
-                 timeout=30)
+        wait_for(lambda: held.exists() and held.read_text() == "up\nset\n" and beside.exists(), timeout=30)
         shell.press("\x03")
         shell.until(PROMPT, timeout=20)
         wait_for(lambda: not processes("64.5"), timeout=10)
     finally:
         for process in processes("64.5"):  # (what a failure left)
             process.kill()
-    assert all(log.read_text().endswith("INT\n") for log in logs), [log.read_text() for log in logs]
+    assert (held.read_text(), beside.read_text()) == ("up\nset\nINT\n", "up\nINT\n")
 
 
 def test_a_run_started_with_ampersand_gets_no_sigcont_at_fg_as_the_bare_command(shell: Shell, tmp_path: Any) -> None:
