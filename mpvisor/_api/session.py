@@ -272,10 +272,12 @@ class _SignalHandlers:
         received.append(signal.Signals(signum))
         if signum == signal.SIGINT and (len(received) > 1 or self.runtime.shutdown_started):  # a Ctrl-C while it waits
             self.runtime.kill_all_now(INTERRUPTED_AGAIN)
-        elif len(received) > 1 and signum in self.runtime.passes_on_interruption:
-            # a later interruption that the command gets as it came (`mpvisor run`): it would have
-            # got it too, bare (a shell that hangs up sends its stopped job SIGHUP and SIGTERM at
-            # once; the run's stop went out with the first one it took)
+        elif len(received) > 1 and signum in self.runtime.passes_on_interruption and signum not in received[:-1]:
+            # a later interruption of another kind, that the command gets as it came (`mpvisor
+            # run`): it would have got it too, bare (a shell that hangs up sends its stopped job
+            # SIGHUP and SIGTERM at once; the run's stop went out with the first one it took). The
+            # same one again is not sent again: the shell's SIGHUP and then the kernel's, as the
+            # shell exits, reach a bare command's group at once, one HUP trap as a rule
             self.runtime.pass_on(signum)
         elif self.notice is None and not self.runtime.shutdown_started:
             self.notice = self.runtime.loop.call_later(NOTICE_AFTER, self._say_what_it_waits_for)
