@@ -173,8 +173,7 @@ def seconds(*, allow_zero: bool, hint: str = "", most: float | None = None,
     where given (a wait that threads, sockets or a server's settings must hold): a number, or a
     number and a unit (`500ms`, `30s`, `5m`, `1h`). Every duration of the command line and of a
     task file is read here; a text with letters that is not one says which units there are.
-    `least`: the caller's own lower bound (checked by the caller), which the words then say
-    instead of "> 0"."""
+    `least`: a lower bound above 0 (a lease's TTL), which the words then say instead of "> 0"."""
     bound = "" if most is None else f" and <= {most:g}"
     lowest = f">= {least:g}" if least is not None else ">= 0" if allow_zero else "> 0"
     expected = f"a finite number of seconds {lowest}{hint}{bound}"
@@ -183,6 +182,8 @@ def seconds(*, allow_zero: bool, hint: str = "", most: float | None = None,
         value = _validate.duration("a duration", in_seconds(text), allow_zero=allow_zero)
         if value is not None and most is not None and value > most:
             raise ValueError(f"more than {most:g} seconds")
+        if value is not None and least is not None and value < least:
+            raise ValueError(f"less than {least:g} seconds")
         return value
 
     def parse(text: str) -> float:
@@ -346,14 +347,11 @@ def controller_config(slots: str | None, ttl: float | None, wait_timeout: float 
 
 
 def lease_ttl(text: str) -> float:
-    """An argparse `type=`: how long a lease lives past its last renewal (seconds from 2 to a day)."""
-    from mpvisor._admission.leases.store import MAX_LEASE_TTL, MIN_LEASE_TTL, lease_ttl_problem
+    """An argparse `type=`: how long a lease lives past its last renewal (seconds from 2 to a day:
+    the range of `leases/store.py`'s `lease_ttl_problem`, the library's one rule)."""
+    from mpvisor._admission.leases.store import MAX_LEASE_TTL, MIN_LEASE_TTL
 
-    ttl = seconds(allow_zero=False, least=MIN_LEASE_TTL, most=MAX_LEASE_TTL)(text)
-    if lease_ttl_problem(ttl) is not None:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= {MIN_LEASE_TTL:g} and "
-                                         f"<= {MAX_LEASE_TTL:g}, got {text!r}")
-    return ttl
+    return seconds(allow_zero=False, least=MIN_LEASE_TTL, most=MAX_LEASE_TTL)(text)
 
 
 def slot_name(text: str) -> str:
