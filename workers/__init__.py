@@ -17,11 +17,12 @@ module says), so tests read runs, order and overlap from files, never from logs.
 | `hanging_import` | a module whose import never finishes (never import it in the test process) |
 | `own_sigterm_import` | a module that puts its own SIGTERM handler in place as it is imported, then waits for a SIGTERM (never import it in the test process) |
 | `callback_import` | a module whose import spends its time in weakref callbacks, where a raised exception is swallowed, for up to 60 s (never import it in the test process) |
+| `exits_on_import`, `exits_on_import_saying` | modules that call `sys.exit(9)` / `sys.exit("no config: ...")` as they are imported (never import them in the test process) |
 | `cli_probes` | for the command line's tests: a task that logs its interval (a task file's bound on attempts), a long reason |
 | `imports` | how the attempt imported it (the launcher's prepared import, or a normal one); logs each import to `$WORKERS_IMPORT_LOG` |
 
-Only `slow_import`, `hanging_import`, `own_sigterm_import`, `callback_import` and `imports` (which
-appends a line to a log file, if asked) do anything at import time. No worker spins except
+Only `slow_import`, `hanging_import`, `own_sigterm_import`, `callback_import`, the `exits_on_import`
+modules and `imports` (which appends a line to a log file, if asked) do anything at import time. No worker spins except
 `coop.pure_loop`, which exists to prove that a pure-Python loop still gets `Canceled`, and
 `callback_import`'s import, which must spin in callbacks.
 """

@@ -17,9 +17,10 @@ returns: every path ends in `os._exit`.
 | raises anything else | `Failure("error", "Type: message", traceback)` | 0 |
 | raises `BrokenPipeError` while its stdout or stderr is a pipe whose reader is gone (a pipeline whose `head -1` ended) | `Failure("fatal", "BrokenPipeError: ...: the pipe it wrote its output to has no reader left; not retried", traceback)`: no retry could write there | 0 |
 | raises an exception whose `str()` raises | `Failure("error", "<Type: str() raised Other>", traceback)` | 0 |
-| calls `sys.exit(n)` (or its module does, as it is imported) | nothing | the status the interpreter gives: n's low byte (255 for an int beyond 64 bits), 0 for `None`, 1 for anything else (printed) |
-| calls `sys.exit()` or `sys.exit(0)` (a status 0: the target itself, not its module) | `Failure("error", "the target called sys.exit(0) instead of returning: ...", 0)` | 0 |
-| calls `sys.exit("message")` (a code neither None nor an int; the target itself, not its module) | `Failure("error", "SystemExit: message", 1)`, the message printed too | 1 |
+| calls `sys.exit(n)` (n a nonzero int) | `Failure("error", "the target called sys.exit(n): its process exited with status S", S)` | S, the status the interpreter gives: n's low byte (255 for an int beyond 64 bits) |
+| calls `sys.exit()` or `sys.exit(0)` | `Failure("error", "the target called sys.exit(0) instead of returning: ...", 0)` | 0 |
+| calls `sys.exit("message")` (a code neither None nor an int) | `Failure("error", "SystemExit: message", 1)`, the message printed too, as the interpreter prints it | 1 |
+| has a module that calls `sys.exit(...)` as it is imported | `Failure("error", "cannot import target ...: its module called sys.exit(...) as it was imported", S)`, a message printed | S, as above |
 | cannot be imported | `Failure("fatal", "cannot import target ...")` | 0 |
 | is asked to stop (SIGTERM) while its module is imported, or before it is called | the import interrupted, `Failure("canceled", "canceled before the target was called", -15)` | 0 |
 | cannot be imported for want of memory or file descriptors | `Failure("error", "cannot import target ...")`: not a fault of the target, so retryable | 0 |
@@ -559,8 +560,10 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
         _finish(channel, _STOPPED_BEFORE_THE_CALL)
     except _context.UnguardedMainScript:
         _finish(channel, Failure("fatal", _unguarded_reason(start)))
-    except SystemExit as exc:  # the module ended the program as it was imported: as Python ends it
-        _exit_like_sys_exit(exc)
+    except SystemExit as exc:  # the module ended the program as it was imported: said, then ended as Python ends it
+        status = _sys_exit_status(exc)
+        reason = f"cannot import target {start.target!r}: its module called {_exit_call(exc)} as it was imported"
+        _finish(channel, Failure("error", reason, status), status=status)
     except BaseException as exc:
         _release_frames(exc)
         if stop.requested:  # what the import raised once a stop interrupted it: the stop's
@@ -607,7 +610,7 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by,
-            status=1 if isinstance(ending, _ExitSaid) else 0)
+            status=ending.status if isinstance(ending, _Exited) else 0)
 
 
 def _file_name_hint(target: str, exc: BaseException) -> str:
@@ -765,13 +768,15 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
     except (Fail, Fatal) as exc:
         return _verdict(exc), 0
     except SystemExit as exc:
+        status = _sys_exit_status(exc)  # a message printed, as the interpreter prints it
         said = _exit_message(exc)
-        if said is None and _sys_exit_status(exc) == 0:
-            return _ExitedZero("error", _exited_zero_reason(exc), 0), 0
-        if said is None:
-            _exit_like_sys_exit(exc)
-        _guarded(lambda: print(said, file=sys.stderr), lambda _: None)  # as the interpreter prints it
-        return _ExitSaid("error", f"SystemExit: {said}", 1), 0
+        if said is not None:
+            reason = f"SystemExit: {said}"
+        elif status == 0:
+            reason = f"the target called {_exit_call(exc)} instead of returning: its process exited with status 0 and no result"
+        else:
+            reason = f"the target called {_exit_call(exc)}: its process exited with status {status}"
+        return _Exited("error", reason, status), 0
     except KeyboardInterrupt as exc:
         _release_frames(exc)
         return Failure("error", _describe(exc), -_signal.SIGINT, _traceback(exc, _MPVISOR)), _signal.SIGINT
@@ -1002,9 +1007,15 @@ def _exit_code(code: object) -> int | None:
     return code if type(code) is int and -(2**63) <= code < 2**63 else None
 
 
-class _ExitSaid(Failure):
-    """The report of a target's `sys.exit("message")`: a failure whose reason says the message,
-    exit code 1, after which the attempt exits 1, as the interpreter does."""
+class _Exited(Failure):
+    """The report of a target's own `sys.exit(...)`: a failure (no result came) whose reason says
+    what the target called, after which the attempt exits with its `exit_code`, the status the
+    interpreter gives (`_sys_exit_status`), what the interpreter prints for it printed already.
+    Without it the parent, seeing a status and no report, could only guess at `os._exit`."""
+
+    @property
+    def status(self) -> int:
+        return self.exit_code or 0
 
 
 def _exit_message(exc: SystemExit) -> str | None:
@@ -1016,24 +1027,28 @@ def _exit_message(exc: SystemExit) -> str | None:
     return _guarded(lambda: _text(code), lambda _: None)
 
 
-class _ExitedZero(Failure):
-    """The report of a target's own `sys.exit()` or `sys.exit(0)` (any code whose status is 0):
-    a failure (no result came) whose reason says so, exit code 0, after which the attempt exits
-    0, as the interpreter does. Without it the parent, seeing status 0 and no report, could
-    only guess at `os._exit(0)`."""
-
-
-def _exited_zero_reason(exc: SystemExit) -> str:
+def _exit_call(exc: SystemExit) -> str:
+    """The call that raised `exc`, as written: `sys.exit()`, `sys.exit(3)`, `sys.exit('message')`
+    (a long one cut); `sys.exit(...)` for a code whose `repr()` raises."""
     code = exc.code
-    call = "sys.exit()" if code is None else _guarded(lambda: f"sys.exit({int.__repr__(code)})",
-                                                       lambda _: "sys.exit(0)")
-    return f"the target called {call} instead of returning: its process exited with status 0 and no result"
+
+    def written() -> str:
+        if code is None:
+            return "sys.exit()"
+        if isinstance(code, int):
+            return f"sys.exit({int.__repr__(code)})"
+        return f"sys.exit({_cut(_text(repr(code)), _EXIT_CODE_TEXT)})"
+
+    return _guarded(written, lambda _: "sys.exit(...)")
 
 
-def _sys_exit_status(exc: SystemExit, *, say: bool = False) -> int:
+_EXIT_CODE_TEXT = 200  # characters of a sys.exit's code that a reason names (the message is printed whole)
+
+
+def _sys_exit_status(exc: SystemExit) -> int:
     """The status the interpreter ends with on an uncaught `SystemExit`: `None` is 0, an int its
-    low byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else 1
-    (with `say`, printed to stderr first, as the interpreter prints it)."""
+    low byte (one beyond 64 bits, which the interpreter cannot read, -1: 255), anything else 1,
+    printed to stderr first, as the interpreter prints it."""
     code = exc.code
 
     def status() -> int:
@@ -1042,18 +1057,10 @@ def _sys_exit_status(exc: SystemExit, *, say: bool = False) -> int:
         if isinstance(code, int):
             value = int.__int__(code)
             return (value if -(2**63) <= value < 2**63 else -1) & 0xFF
-        if say:
-            print(_text(code), file=sys.stderr)
+        print(_text(code), file=sys.stderr)
         return 1
 
     return _guarded(status, lambda _: 1)
-
-
-def _exit_like_sys_exit(exc: SystemExit) -> NoReturn:
-    """End as the interpreter ends on an uncaught `SystemExit` (`_sys_exit_status`)."""
-    exit_status = _sys_exit_status(exc, say=True)
-    _flush_std()
-    _exit(exit_status)
 
 
 def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
@@ -1076,11 +1083,12 @@ def _leave_forked(ending: Message, die_by: int) -> NoReturn:
     attempt's own lost), and it ends as a Python program does: 0 after a return; after an
     exception, its traceback on stderr and 1 (by SIGINT after a `KeyboardInterrupt`)."""
     status = 0
-    if isinstance(ending, Failure) and not isinstance(ending, _ExitedZero):  # (its sys.exit(0): status 0)
+    if isinstance(ending, _Exited):  # its sys.exit: the interpreter's status, what it prints printed
+        status = ending.status
+    elif isinstance(ending, Failure):
         status = 1
         text = ending.traceback or ending.reason
-        if not isinstance(ending, _ExitSaid):  # (its message is printed already)
-            _guarded(lambda: sys.stderr.write(text if text.endswith("\n") else text + "\n"), lambda _: 0)
+        _guarded(lambda: sys.stderr.write(text if text.endswith("\n") else text + "\n"), lambda _: 0)
     _end(status, die_by)
 
 

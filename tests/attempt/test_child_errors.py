@@ -248,6 +248,33 @@ async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_g
     for code, interpreter, (outcome, ends) in zip(EXIT_CODES, statuses, ended, strict=True):
         assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (code, outcome, interpreter)
         assert [e.exit_code for e in ends] == [interpreter, interpreter], (code, ends)
+        # what the target called, not a guess from the status (`os._exit`?): its report says so
+        call = f"the target called sys.exit({int.__repr__(eval(code, {}))})"
+        said = (f"{call}: its process exited with status {interpreter}" if interpreter else
+                f"{call} instead of returning: its process exited with status 0 and no result")  # 256
+        assert [e.reason for e in ends] == [said, said], (code, ends)
+
+
+async def test_a_module_that_calls_sys_exit_as_it_is_imported_says_so(capfd):
+    """A target whose module calls `sys.exit(9)` or `sys.exit("message")` at its top (a script
+    written to be run, which checks its arguments and exits): the attempt ends with the
+    interpreter's status, as before, but its reason was a guess from that status, `attempt
+    process pid N exited with status 9 before reporting a result`, which `os._exit(9)` gives too.
+    The reason now names the call and when it came; a message is still printed, as the bare
+    program prints it."""
+    capfd.readouterr()
+    async with supervised(CONFIG) as (handle, collector):
+        (status, status_ends), (message, message_ends) = await asyncio.gather(
+            _outcome_and_ends(handle, collector, _spec("status", "workers.exits_on_import:target")),
+            _outcome_and_ends(handle, collector, _spec("message", "workers.exits_on_import_saying:target")))
+    said = "cannot import target 'workers.exits_on_import:target': its module called sys.exit(9) as it was imported"
+    assert (status.kind, status.exit_code, status.attempts) == (OutcomeKind.FAILED, 9, 2), status
+    assert [(e.exit_code, e.reason) for e in status_ends] == [(9, said)] * 2, status_ends
+    said = ("cannot import target 'workers.exits_on_import_saying:target': its module called "
+            "sys.exit('no config: set APP_CONFIG') as it was imported")
+    assert (message.kind, message.exit_code) == (OutcomeKind.FAILED, 1), message
+    assert [(e.exit_code, e.reason) for e in message_ends] == [(1, said)] * 2, message_ends
+    assert capfd.readouterr().err.count("no config: set APP_CONFIG\n") == 2
 
 
 async def test_sys_exit_with_a_message_says_it_in_the_reason(capfd):
