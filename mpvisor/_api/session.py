@@ -38,10 +38,13 @@ from mpvisor import _platform
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._attempt import context as _context
 from mpvisor._model.errors import ShuttingDown
+from mpvisor._model.identity import next_id
+from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
 from mpvisor._runtime.bus import Subscriber
 from mpvisor._runtime.config import SupervisorConfig
 from mpvisor._runtime.runtime import Runtime
+from mpvisor._tasks.oneshot import OneShot
 from mpvisor._tasks.registry import TaskWaiter
 
 if TYPE_CHECKING:
@@ -102,8 +105,27 @@ class RunSession:
         return f"<RunSession {self.runtime!r}>"
 
     async def add_batch(self, specs: Iterable[TaskSpec]) -> list[TaskWaiter]:
-        """Register `specs` at once (all or none: `TaskAlreadyExists` rejects the batch); their waiters."""
-        return await self.runtime.add(specs, wait=True)
+        """Register `specs` at once (all or none: `TaskAlreadyExists` rejects the batch); their
+        waiters. A shutdown that begins while the batch waits for the launcher (a signal just as
+        the run starts) ends the batch as it ends registered tasks that have not started: each
+        waiter resolves CANCELED, `canceled by shutdown`, no attempt made, and the run returns
+        their outcomes (`ShuttingDown` escaped the run instead). A batch added once the shutdown
+        has begun is refused (`ShuttingDown`)."""
+        specs = list(specs)
+        if self.runtime.shutdown_started:
+            return await self.runtime.add(specs, wait=True)  # refused
+        began = time.monotonic()
+        try:
+            return await self.runtime.add(specs, wait=True)
+        except ShuttingDown:
+            pass
+        outcome = TaskOutcome(OutcomeKind.CANCELED, "canceled by shutdown", duration=time.monotonic() - began)
+        waiters = []
+        for _ in specs:
+            ended: OneShot[TaskOutcome] = OneShot(self.runtime.loop)
+            ended.set_result(outcome)
+            waiters.append(TaskWaiter(next_id(), ended))
+        return waiters
 
     def last_seq(self) -> int:
         """The `seq` of the last event published so far."""

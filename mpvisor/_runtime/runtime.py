@@ -136,10 +136,15 @@ class Runtime:
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
             await asyncio.wait([ready, stopping], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not ready.done():  # shutdown began first: it stops the launcher, nobody waits for it
-            ready.cancel()
+        finally:  # what is still waiting (`ready`: shutdown began first, and stops the launcher,
+            # nobody waits for it; or this call was canceled) ends here, not left pending to a
+            # loop that may end first ("Task was destroyed but it is pending!")
+            pending = [task for task in (ready, stopping) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        if ready.cancelled():
             raise ShuttingDown("the supervisor is shutting down")
         ready.result()
 

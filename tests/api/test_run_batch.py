@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 import uvloop
 
@@ -28,7 +29,7 @@ from mpvisor import (
     TaskFn,
     TaskSpec,
 )
-from tests._support import Collector, Gate, LoopSignals, async_wait_for, once, words
+from tests._support import Collector, Gate, LoopSignals, async_wait_for, once, wait_for, words
 from workers import coop
 
 
@@ -409,3 +410,70 @@ def test_where_python_is_embedded_without_an_interpreter_the_error_says_how_to_n
     with pytest.raises(ConfigError, match=r"cannot start the launcher \(sys.executable '/bin/false'\): .* embeds "
                                           r"Python, and its environment has no Python .* set MPVISOR_PYTHON"):
         mpvisor.run([_QUICK], SupervisorConfig(grace=1))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["handled", "ignored"])
+def test_a_sigterm_while_the_launcher_starts_ends_the_run_with_its_outcomes(tmp_path, monkeypatch, how):
+    """A SIGTERM that comes while `run`'s launcher still starts (here its preload never ends; a
+    `systemctl stop` just after the start), in a program that handles SIGTERM itself or ignores
+    it: `run` raised `ShuttingDown` from mpvisor's internals, where the docs promise the
+    outcomes. The batch, which never reached the registry, now ends as tasks that had not
+    started end at a shutdown: CANCELED, `canceled by shutdown`, no attempt; the launcher is
+    stopped, and the program's handler hears the signal once."""
+    log = tmp_path / "importing"
+    monkeypatch.setenv("WORKERS_HANGING_IMPORT_LOG", str(log))
+    heard: list[int] = []
+    mine = (lambda signum, frame: heard.append(signum)) if how == "handled" else signal.SIG_IGN
+
+    async def program() -> tuple[dict[str, mpvisor.TaskOutcome], tuple[signal.Signals, ...]]:
+        supervisor = Supervisor(SupervisorConfig(grace=1, preload=("workers.hanging_import",)))
+        run = asyncio.ensure_future(supervisor.run([_QUICK, once("second", coop.cooperative)]))
+        # the launcher preloads (for ever), and the run holds SIGTERM
+        await async_wait_for(lambda: log.exists() and signal.getsignal(signal.SIGTERM) is not mine)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(run, 20), supervisor.interrupts
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        outcomes, interrupts = asyncio.run(program())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ended = {name: (o.kind, o.reason, o.attempts) for name, o in outcomes.items()}
+    assert ended == dict.fromkeys(["q", "second"], (OutcomeKind.CANCELED, "canceled by shutdown", 0)), outcomes
+    assert interrupts == (signal.SIGTERM,)
+    assert heard == ([signal.SIGTERM] if how == "handled" else [])
+    preloading = int(log.read_text().split()[1])
+    assert wait_for(lambda: not psutil.pid_exists(preloading) or psutil.Process(preloading).status() == "zombie")
+
+
+BLOCKING_CTRL_C_PROGRAM = """
+import os, signal, sys, threading, time
+from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+def interrupt_once_preloading():
+    while not os.path.exists(sys.argv[1]):  # the launcher preloads (for ever): the add waits for it
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_once_preloading, daemon=True).start()
+with Supervisor(SupervisorConfig(grace=1, preload=("workers.hanging_import",))).serve_blocking() as handle:
+    handle.add_and_watch(TaskSpec.once(TaskFn("q", "workers.basic:quick")))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_a_blocking_handle_waits_for_its_launcher_leaves_no_pending_task(tmp_path):
+    """Ctrl-C while a `serve_blocking()` handle's first call waits for the launcher: the program
+    ended by the `KeyboardInterrupt`, as it should, but then printed asyncio's `Task was destroyed
+    but it is pending!` about mpvisor's wait for the launcher, which the interrupted call left
+    behind. That wait now ends with the call."""
+    log = tmp_path / "importing"
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = {**os.environ, "WORKERS_HANGING_IMPORT_LOG": str(log), "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", BLOCKING_CTRL_C_PROGRAM, str(log)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=45)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert "KeyboardInterrupt" in done.stderr and "Task was destroyed" not in done.stderr, done.stderr
+    preloading = int(log.read_text().split()[1])
+    assert wait_for(lambda: not psutil.pid_exists(preloading) or psutil.Process(preloading).status() == "zombie")
