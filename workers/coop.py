@@ -143,6 +143,17 @@ async def async_timing_out(marker: str | None = None) -> None:
     await asyncio.wait_for(asyncio.sleep(10), 0.01)
 
 
+async def async_awaits_a_canceled_future(marker: str | None = None) -> None:
+    """Await a future that other code canceled (a library's inner task): its `CancelledError`
+    escapes, though nobody asked the task to stop."""
+    import asyncio
+
+    mark(marker, "started")
+    future = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await future
+
+
 def _choose(field: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{field} must be one of {allowed}, got {value!r}")

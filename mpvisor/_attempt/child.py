@@ -800,7 +800,10 @@ def _output_has_no_reader() -> bool:
 
 
 def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
-    """Run an `async def` target's coroutine to completion; its cancellation is `Canceled`."""
+    """Run an `async def` target's coroutine to completion; its cancellation by a stop request
+    is `Canceled`. A `CancelledError` nobody here asked for (a future the target awaited was
+    canceled by other code) is an error of the target's, as a sync target's
+    `concurrent.futures.CancelledError` is: it says where it came from, and may be retried."""
     import asyncio
 
     async def awaiting_the_target() -> Any:  # its frame ends the head a traceback leaves out (`_traceback`)
@@ -812,6 +815,8 @@ def _run_async(coro: Any, ctx: _context.TaskContext) -> Any:
     try:
         return asyncio.run(awaiting_the_target())  # on the policy's loop: uvloop's, where the program set it
     except asyncio.CancelledError:
+        if not ctx.cancelled:
+            raise
         raise Canceled() from None
 
 

@@ -131,6 +131,24 @@ async def test_an_async_targets_traceback_starts_at_its_own_frame():
         assert len(frames) > 1 and all(f"{os.sep}asyncio{os.sep}" in file for file, _ in frames[1:]), frames
 
 
+async def test_a_cancelled_error_nobody_asked_for_is_an_error_of_the_target():
+    """An `async def` target that awaits a future other code canceled lets `CancelledError`
+    escape, though nobody asked the task to stop: it ended CANCELED (`the attempt was
+    canceled`), never retried and without a traceback, as if someone had stopped it. A sync
+    target's `concurrent.futures.CancelledError` was a retryable failure. Now so is this one,
+    with the target's frame in its traceback; a stop request still ends an async target
+    CANCELED (`test_processes.py`)."""
+
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(restartable("awaits", coop.async_awaits_a_canceled_future)
+                                               .with_max_retries(1))
+        outcome = await waiter.wait()
+    assert (outcome.kind, outcome.attempts) == (OutcomeKind.FAILED, 2), outcome
+    assert outcome.reason == "retry limit reached after 1 of 1 retries: CancelledError", outcome
+    frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', outcome.traceback or "", re.MULTILINE)
+    assert frames == [(coop.__file__, "async_awaits_a_canceled_future")], outcome.traceback
+
+
 async def test_an_unprompted_canceled_resolves_canceled():
     """A restartable worker raising Canceled by itself ends CANCELED after one attempt."""
 
