@@ -18,6 +18,7 @@ module says), so tests read runs, order and overlap from files, never from logs.
 | `own_sigterm_import` | a module that puts its own SIGTERM handler in place as it is imported, then waits for a SIGTERM (never import it in the test process) |
 | `callback_import` | a module whose import spends its time in weakref callbacks, where a raised exception is swallowed, for up to 60 s (never import it in the test process) |
 | `exits_on_import`, `exits_on_import_saying` | modules that call `sys.exit(9)` / `sys.exit("no config: ...")` as they are imported (never import them in the test process) |
+| `threads` | targets that return while threads they started still run: a non-daemon thread held until a file exists, an idle thread pool never shut down |
 | `cli_probes` | for the command line's tests: a task that logs its interval (a task file's bound on attempts), a long reason |
 | `imports` | how the attempt imported it (the launcher's prepared import, or a normal one); logs each import to `$WORKERS_IMPORT_LOG` |
 

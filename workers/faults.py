@@ -309,15 +309,15 @@ def install() -> None:
             strike(_channel_fd, fault)
         return original_import_target(start)
 
-    def finish(channel: Any, message: Any, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
+    def finish(channel: Any, message: Any, **options: Any) -> NoReturn:
         from mpvisor._attempt import context as _context
 
         ctx = _context._current
         fault = _named_fault(ctx.task_name, ctx.attempt, "result") if ctx is not None else None
         if fault is not None and isinstance(message, Result):
-            payload = _child._encode_report(message, max_frame)
+            payload = _child._encode_report(message, options.get("max_frame", 0))
             strike_result(channel.fd, _HEADER.pack(len(payload)) + payload, fault)
-        original_finish(channel, message, max_frame=max_frame, status=status, die_by=die_by)
+        original_finish(channel, message, **options)
 
     _child.run = run  # type: ignore[assignment]
     _child._Channel.read_start = read_start  # type: ignore[method-assign]

@@ -5,8 +5,9 @@ parent-death signal, subreaper, oom score, fds) and with SIGTERM blocked (but wh
 is imported, `_ImportStop`, and while the target runs, `_call`). It owns the child's
 half of the protocol: say hello, read the start message, adopt the parent's environment, import
 the target (from what the fork server prepared, `_attempt/prepared.py`, when it could), report that it
-is about to call it, call it, and report how it ended. It never
-returns: every path ends in `os._exit`.
+is about to call it, call it, report how it ended, and (after an ending of the target's own)
+wait for the non-daemon threads it left running, as a program does (`_wait_for_threads`). It
+never returns: every path ends in `os._exit`.
 
 | the target ... | the child sends | then exits with |
 |---|---|---|
@@ -610,7 +611,8 @@ def _run_target(channel: _Channel, start: Start) -> NoReturn:
     if _getpid() != attempt:  # (bound before any user code: a target may leave `os` patched)
         _leave_forked(ending, die_by)
     _finish(channel, ending, max_frame=start.max_frame, die_by=die_by,
-            status=ending.status if isinstance(ending, _Exited) else 0)
+            status=ending.status if isinstance(ending, _Exited) else 0,
+            threads=not ctx.cancelled and not die_by)  # ended of its own accord: as a program ends
 
 
 def _file_name_hint(target: str, exc: BaseException) -> str:
@@ -1068,17 +1070,43 @@ def _sys_exit_status(exc: SystemExit) -> int:
     return _guarded(status, lambda _: 1)
 
 
-def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0) -> NoReturn:
+def _finish(channel: _Channel, message: Message, *, max_frame: int = 0, status: int = 0, die_by: int = 0,
+            threads: bool = False) -> NoReturn:
     """Send the attempt's one report, flush the user's streams, and end with `os._exit` (or,
-    with `die_by`, by that signal: the report stands whatever the status). No signal handler of
-    the target's (one its module set as it was imported, too) runs meanwhile: `_hold_handlers`."""
+    with `die_by`, by that signal: the report stands whatever the status); with `threads`, once
+    the target's threads have ended (`_wait_for_threads`). No signal handler of the target's
+    (one its module set as it was imported, too) runs meanwhile: `_hold_handlers`."""
     _hold_handlers()
     payload = _encode_report(message, max_frame)
     try:
         channel.last_frame(payload)
     except BaseException:
         pass  # the channel is gone (the parent, or the target closed it): the status speaks
+    if threads:
+        _wait_for_threads()
     _end(status, die_by)
+
+
+def _wait_for_threads() -> None:
+    """Wait, as the interpreter does before a program ends (and `multiprocessing`'s processes
+    too), for every non-daemon thread the target or its module started that still runs: it
+    ended with `os._exit` at once, and a thread's work (an upload it had queued) was lost under
+    an outcome that said COMPLETED. The interpreter's own wait (`threading._shutdown`, which
+    `multiprocessing` calls as its processes end) first tells idle pools to end (an executor
+    never shut down), then joins. The report is sent first: the parent has it however long the
+    threads take (the attempt's timeout still bounds them). A SIGTERM or SIGINT meanwhile ends
+    the process at once, by its default action, as it would end the program's wait."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return
+    me = threading.current_thread()
+    others = _guarded(lambda: [t for t in threading.enumerate() if t is not me and not t.daemon], lambda _: [])
+    if not others:
+        return
+    for signum in (_SIGTERM_NUM, _signal.SIGINT):
+        _platform.set_signal_handler(signum, _signal.SIG_DFL)
+    _platform.signal_mask(_SIG_UNBLOCK, (_SIGTERM_NUM, _signal.SIGINT))
+    _guarded(threading._shutdown, lambda _: None)
 
 
 def _leave_forked(ending: Message, die_by: int) -> NoReturn:

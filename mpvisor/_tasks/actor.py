@@ -221,9 +221,15 @@ class TaskActor:
 
     def refuse(self, claim: Claim) -> None:
         """A claim that found it not claimable: kept while its stop is only decided by a report
-        (`StopDecided`), which the attempt's ending may still overturn."""
-        if isinstance(self.phase, StopDecided) and self.phase.refused is None:
-            self.phase = StopDecided(claim)
+        (`StopDecided`), which the attempt's ending may still overturn. The attempt whose report
+        decided it, if its process still runs (it waits for threads its target left running, as
+        a program does), is asked to stop all the same, then killed after the grace window: its
+        report stands, and the removal or the shutdown does not wait on those threads."""
+        if isinstance(self.phase, StopDecided):
+            if self.phase.refused is None:
+                self.phase = StopDecided(claim)
+            if self.current is not None:
+                self.current.stop(StopReason.CANCEL, self.grace, self.host.stop_signal)
 
     def end_streak(self) -> None:
         """Its current attempt started well (a service's readiness): the failure streak ends, as

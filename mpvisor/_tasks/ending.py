@@ -8,7 +8,7 @@ first match wins (the reason a stop was requested decides over how the child end
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` (`timed_out`) if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
 | 1a | its fence was reached (its slot's lease could not be renewed in time, or the store said it ended before it could expire: `lease_ended`): the launcher stopped it or refused to start it, or the launcher died past it (a stopped launcher this process killed for it), and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now), saying `lease_ended` when there is one |
-| 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
+| 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested before its report (one asked of a process still running after its report, which waits for its target's threads, does not count) | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
 | 3a | a stop was requested because a readiness or health check failed (`AttemptProcess.fail`) | FAILED with the check's reason (retryable) |
@@ -151,7 +151,7 @@ def _decide(f: Facts) -> AttemptEnd:
             return AttemptEnd(AttemptResult.FAILED, reason, start_timed_out=True)
         kind = AttemptResult.FATAL if f.could_not_start_fatal else AttemptResult.FAILED
         return AttemptEnd(kind, f.could_not_start, None if f.status is None else f.status.exit_code)
-    if f.stop is None and f.status is not None and (f.status.memory or f.status.cpu):
+    if (f.stop is None or f.report_before_stop) and f.status is not None and (f.status.memory or f.status.cpu):
         return AttemptEnd(AttemptResult.FAILED, _past_a_limit(f.status), -TREE_KILLED, killed=f.killed)
     if f.report is not None and f.report_before_stop:
         return from_report(f.report, f.killed)

@@ -101,9 +101,12 @@ async def test_a_cancel_asks_first_and_kills_after_the_grace(target, kind, reque
 async def test_a_task_whose_report_is_overturned_by_a_limit_kill_can_still_be_removed_and_shut_down():
     """A value read, then the tree killed past its memory limit: the attempt fails after all,
     and the task retries. A removal, and shutdown's own claim, that came between the report and
-    that ending (when the report said the task was done) still stop it, without another attempt."""
+    that ending (when the report said the task was done) still stop it, without another attempt.
+    (Each asks the attempt, which still runs after its report, to stop: its tree is killed past
+    its limit within the grace window, which is the ending; after the grace, the kill would be
+    the removal's, and the report would stand.)"""
     limited = TaskSpec.restartable(TaskFn("removed", "fake:value_then_limit")).with_backoff(BackoffPolicy.constant(60))
-    async with Fake() as (handle, collector, _log):
+    async with Fake(dataclasses.replace(CONFIG, grace=5)) as (handle, collector, _log):
         task_id, removed = await handle.add_and_watch(limited)
         _, shut = await handle.add_and_watch(dataclasses.replace(limited, task=TaskFn("shut", "fake:value_then_limit")))
         for name in ("removed", "shut"):  # its progress comes with its value: the report is read

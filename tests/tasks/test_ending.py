@@ -210,12 +210,15 @@ def test_a_failure_is_named_after_a_limit_only_with_its_evidence(facts, limit, h
         Facts(pid=7, report=Result(1), report_before_stop=True, status=ExitStatus("exit", 0, oom=True, memory="cgroup v1")),
         Facts(pid=7, report=Failure("error", "OSError: [Errno 12]"), report_before_stop=True,
               status=ExitStatus("exit", 1, oom=True, memory="cgroup v1")),
+        Facts(pid=7, report=Result(1), report_before_stop=True, stop=StopReason.CANCEL,
+              status=ExitStatus("signal", signal.SIGKILL, oom=True, memory="cgroup v1")),
     ],
 )
 def test_a_tree_past_its_memory_limit_fails_however_its_main_process_ended(facts) -> None:
     """The launcher's word that the tree's memory cgroup counted an OOM kill (`ExitStatus.memory`,
     read while the tree ran or at reap) gives one ending whether the main process was killed
-    with the tree, exited 0 first, or reported first: FAILED, -9, the same words."""
+    with the tree, exited 0 first, or reported first, a stop asked of it after its report (as it
+    waited for its target's threads) included: FAILED, -9, the same words."""
     end = decide(replace(facts, limits={"memory": 2**28}))
     assert (end.kind, end.exit_code, end.limit) == (AttemptResult.FAILED, -9, "memory"), end
     assert end.reason == "memory limit exceeded (256 MiB, cgroup v1): the OOM killer killed a process of its tree; the tree was killed"

@@ -37,7 +37,7 @@ from tests._support import (
     supervised,
     words,
 )
-from workers import basic, coop, misbehave
+from workers import basic, coop, misbehave, threads
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_start_methods(spawn="slow")]  # the parent decides these: spawn in -m slow
 
@@ -129,6 +129,50 @@ async def test_an_async_targets_traceback_starts_at_its_own_frame():
         frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', last, re.MULTILINE)
         assert frames[0] == (coop.__file__, "async_timing_out"), outcome.traceback
         assert len(frames) > 1 and all(f"{os.sep}asyncio{os.sep}" in file for file, _ in frames[1:]), frames
+
+
+async def test_an_attempt_ends_once_the_threads_its_target_left_running_have_ended(tmp_path):
+    """A target that hands work to a non-daemon thread and returns (an upload queued): Python,
+    and `multiprocessing`'s processes, wait for such threads before the program ends; the
+    attempt ended with `os._exit` at once, and the thread's work was lost under an outcome that
+    said COMPLETED. The attempt now waits for them, its report sent first, so the outcome comes
+    once the thread is done. An idle thread pool the target never shut down is told to end,
+    as the interpreter tells it: its attempt does not wait for ever."""
+    gate = Gate(tmp_path)
+    async with supervised(CONFIG) as (handle, _):
+        _, handed = await handle.add_and_watch(once("hands-off", threads.hands_off, gate.release_path, marker=gate.marker))
+        _, pooled = await handle.add_and_watch(once("pool", threads.idle_pool))
+        await gate.reached("returned")
+        gate.open()
+        outcome = await asyncio.wait_for(handed.wait(), 20)
+        assert (outcome.kind, outcome.value) == (OutcomeKind.COMPLETED, "handed off"), outcome
+        assert gate.has("thread-done")  # before the outcome: the attempt's process outlived its target for it
+        pool = await asyncio.wait_for(pooled.wait(), 20)
+        assert (pool.kind, pool.value) == (OutcomeKind.COMPLETED, 7), pool
+
+
+@pytest.mark.parametrize("how", ["remove", "shutdown", "timeout"])
+async def test_an_attempt_that_waits_for_its_threads_still_ends_when_stopped(tmp_path, how):
+    """An attempt whose target returned waits for a thread that never ends. Its report decided
+    its task's stop, so a removal or the shutdown found nothing to claim, and nothing asked the
+    process to stop: the shutdown waited out its whole grace window, then killed the tree. A
+    removal, the shutdown and its timeout now ask it to stop as they would a running one; it
+    ends at once (a SIGTERM ends a program that waits for its threads), its report standing
+    (CANCELED when the stop came before the report was read)."""
+    gate = Gate(tmp_path)  # never opened: the thread waits for ever
+    spec = once("forever", threads.hands_off, gate.release_path, marker=gate.marker)
+    async with supervised(SupervisorConfig(grace=30)) as (handle, _):
+        task_id, waiter = await handle.add_and_watch(spec.with_timeout(1) if how == "timeout" else spec)
+        await gate.reached("returned")
+        stopped = time.monotonic()
+        if how == "remove":
+            await handle.remove(task_id)
+        if how != "shutdown":
+            await asyncio.wait_for(waiter.wait(), 20)
+    outcome = await waiter.wait()
+    assert time.monotonic() - stopped < 10, outcome  # not the grace window's 30 s
+    kinds = (OutcomeKind.COMPLETED,) if how == "timeout" else (OutcomeKind.COMPLETED, OutcomeKind.CANCELED)
+    assert outcome.kind in kinds and not gate.has("thread-done"), outcome
 
 
 async def test_a_cancelled_error_nobody_asked_for_is_an_error_of_the_target():
