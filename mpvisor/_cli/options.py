@@ -113,6 +113,9 @@ def parse_arg(text: str) -> Any:
     string."""
     import json  # here: a run without such an argument does not import it
 
+    if any("\udc80" <= char <= "\udcff" for char in text):  # what os.fsdecode made of a byte that is not UTF-8
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text (a byte that is not UTF-8 is shown as \\xNN), "
+                                         f"got {_validate.shown(text)}")
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except RecursionError:  # thousands of `[`: deeper than any argument may nest (511 containers)

@@ -328,15 +328,20 @@ def _checked_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _encoded_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     """`[args, kwargs]` as msgpack; a value `check_value` passed can still fail to encode (a str
-    with a lone surrogate, a subclass whose hooks raise): then `TypeError` names the argument."""
+    with a lone surrogate, a subclass whose hooks raise): then `TypeError` names the argument.
+    Running out of memory is no fault of the arguments: the `MemoryError` goes on as it is."""
     try:
         return pack_call(args, kwargs)
+    except MemoryError:
+        raise
     except Exception as exc:
         problem = exc
     places = [(f"args[{i}]", v) for i, v in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
     for where, value in places:
         try:
             pack(value)
+        except MemoryError:
+            raise
         except Exception as exc:
             raise TypeError(f"{where} cannot be encoded as msgpack: {type(exc).__name__}: {exc}") from None
     raise TypeError(f"the arguments cannot be encoded as msgpack: {type(problem).__name__}: {problem}")

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import pathlib
+import subprocess
 import sys
 
 import msgpack  # type: ignore[import-untyped]
@@ -67,6 +70,34 @@ def test_the_encoded_arguments_are_kept_on_the_task():
     assert len(task.call) < 20
     with pytest.raises(TypeError, match=r"args\[1\] cannot be encoded as msgpack"):
         TaskFn("t", payloads.sizes, ("fine", "lone \udc80 surrogate"))
+
+
+OUT_OF_MEMORY_WHILE_ENCODING = """
+import resource, sys
+from mpvisor import TaskFn
+data = b"x" * (64 << 20)
+with open("/proc/self/status") as status:  # what the process maps now, and 16 MiB more: not 64 MiB
+    mapped = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (16 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    TaskFn("t", "workers.payloads:sizes", (data,))
+except MemoryError:
+    print("MemoryError")
+except TypeError as exc:
+    print("TypeError:", exc)
+"""
+
+
+def test_running_out_of_memory_while_arguments_are_encoded_is_no_fault_of_the_arguments(tmp_path):
+    """`TaskFn` encodes its arguments at once; running out of memory there (`ulimit -v`, a big
+    argument) was a `TypeError` naming the argument, which `mpvisor run` turned into a usage
+    error blaming it (status 2, `args[0] cannot be encoded as msgpack: MemoryError`). The
+    `MemoryError` now goes on as it is (the command line says, in one line, that it ran out of
+    memory, status 1)."""
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY_WHILE_ENCODING], cwd=tmp_path, timeout=60,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "MemoryError\n"), (done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize("via", ["add", "add_and_watch", "try_add", "submit"])

@@ -167,6 +167,7 @@ def test_a_module_that_exits_as_it_is_imported_ends_the_run_as_python_ends(tmp_p
         (["run", "--grace", "-1", "workers.basic:quick"], ["argument --grace", "'-1'"]),
         (["run", "--every", "0", "workers.basic:quick"], ["argument --every", "'0'"]),
         (["run", "workers.basic:echo", "{bad json"], ["argument ARG", "'{bad json'"]),
+        (["run", "workers.basic:echo", "a\udcffb"], ["argument ARG", "UTF-8", "'a\\xffb'"]),  # a byte not UTF-8 (LANG=C)
         (["run", "--backoff=--", "workers.basic:quick"], ["argument --backoff", "'--'"]),  # argparse 3.11 dropped it
         (["run", "--intensity=--", "workers.basic:quick"], ["argument --intensity", "'--'"]),
         (["slots", "serve", "--idle-exit", "nan"], ["argument --idle-exit", "'nan'"]),
