@@ -76,9 +76,9 @@ from mpvisor._cli.options import (
     value_line,
 )
 from mpvisor._cli.shell import (
-    account_output,
     lose_output,
     redraws,
+    settled_status,
     take_stdout,
     watch_reader,
     when_reader_gone,
@@ -416,9 +416,11 @@ def run_file(args: argparse.Namespace) -> int:
     values = {r.name: r.outcome.value for r in ordered if r.completed and r.name in targets}
     if values and args.events != "json":
         write_line(machine, value_line(values))
-    status = account_output(status)  # a JSON line (or an event, a line) that could not be written is no success
-    print(summary_line(path, ordered, status, len(missing), removed), file=stderr)
-    return -ending if ending is not None else status
+    # a JSON line (or an event, a line) that could not be written is no success, and a stdout whose
+    # reader went away ends the run by SIGPIPE: the summary says the status the run ends with
+    final = settled_status(-ending if ending is not None else status)
+    print(summary_line(path, ordered, 128 - final if final < 0 else final, len(missing), removed), file=stderr)
+    return final
 
 
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,

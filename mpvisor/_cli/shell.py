@@ -535,6 +535,15 @@ def account_output(status: int) -> int:
     return FAILED if status == 0 and _LOST.why else status
 
 
+def settled_status(status: int) -> int:
+    """What `settle_output` ends the command with, without a word: `account_output`'s status, or
+    `-SIGPIPE` once a stream's reader went away (a status already a death by a signal stays)."""
+    status = account_output(status)
+    if _LOST.gone:
+        return status if status < 0 else -signal.SIGPIPE
+    return status
+
+
 def settle_output(status: int) -> int:
     """`account_output`, and one line on stderr for each other stream that could not be
     written (none when stderr itself cannot be); or, for a command whose stdout or stderr lost
@@ -543,9 +552,9 @@ def settle_output(status: int) -> int:
     there would, as `ps | head -1` ends, so that the shell says nothing and a pipeline under
     `set -o pipefail` fails as it would with `ps` (one already dying by a signal, a Ctrl-C, dies
     by that one)."""
-    status = account_output(status)
+    status = settled_status(status)
     if _LOST.gone:
-        return status if status < 0 else -signal.SIGPIPE
+        return status
     if "stderr" not in _LOST.why:
         for label, why in _LOST.why.items():
             sys.stderr.write(f"mpvisor: cannot write to {label}: {why}\n")

@@ -180,7 +180,9 @@ def test_a_reader_that_went_away_ends_the_run_by_sigpipe_without_a_word(place: p
     """`mpvisor run ... | head -0`, made certain: the pipe's read end is closed before mpvisor
     starts. The task runs (nothing was written before it ended), then the value line meets the
     pipe without a reader: mpvisor dies by SIGPIPE, as `yes | head -0` does, without a line
-    about it (it said `mpvisor: cannot write to stdout: Broken pipe` and exited 1)."""
+    about it (it said `mpvisor: cannot write to stdout: Broken pipe` and exited 1). A file run's
+    summary says the status the shell sees, 141 (it said `exit status 1`, the status before the
+    lost reader was accounted)."""
     read, write = os.pipe()
     os.close(read)
     try:
@@ -190,6 +192,8 @@ def test_a_reader_that_went_away_ends_the_run_by_sigpipe_without_a_word(place: p
     assert "Traceback" not in done.stderr and "cannot write" not in done.stderr, done.stderr
     assert ran(place, name), done.stderr
     assert done.returncode == -signal.SIGPIPE, done.stderr
+    if name == "run --file":
+        assert done.stderr.splitlines()[-1].endswith("; exit status 141"), done.stderr
 
 
 # commands that only answer (a listing, a summary, a line), and need no run to ask
