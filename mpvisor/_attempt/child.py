@@ -783,13 +783,30 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ctx: _context.Ta
         _release_frames(exc)
         return Failure("error", _describe(exc), -_signal.SIGINT, _traceback(exc, _MPVISOR)), _signal.SIGINT
     except BaseException as exc:
-        refused = isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
+        refused = (isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None
+                   and not _binds(target, args, kwargs))
         _release_frames(exc)
         if refused:  # raised by the call in this frame: no frame of the target's ever ran
             return Failure("fatal", f"target {name!r} cannot take the arguments given: {_describe(exc)}"), 0
         if isinstance(exc, BrokenPipeError) and _output_has_no_reader():
             return Failure("fatal", f"{_describe(exc)}: {READER_GONE}", None, _traceback(exc, _MPVISOR)), 0
         return Failure("error", _describe(exc), None, _traceback(exc, _MPVISOR)), 0
+
+
+def _binds(target: Any, args: list[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the arguments fit `target`'s signature, asked of a call whose `TypeError` came
+    with no frame of the target's: a Python function's frame would be there had it run, but a
+    builtin's body has none (`len(5)`: `object of type 'int' has no len()`), so its signature
+    decides. False when it cannot be read (then the frameless `TypeError` is the call's own)."""
+    if hasattr(target, "__code__"):  # a Python function: the missing frame says enough
+        return False
+    import inspect  # here: only a failed call of a callable without Python code pays for it
+
+    try:
+        inspect.signature(target).bind(*args, **kwargs)
+    except BaseException:
+        return False
+    return True
 
 
 def _output_has_no_reader() -> bool:

@@ -323,3 +323,19 @@ def test_a_target_that_leaves_os_patched_still_reports_and_ends(what):
                           capture_output=True, text=True, timeout=30)
     assert "Traceback" not in done.stderr, done.stderr
     assert (done.returncode, done.stdout) == (0, '"patched"\n'), done
+
+
+async def test_a_type_error_inside_a_builtin_target_is_its_own_not_the_calls():
+    """A builtin target (`builtins:len`) runs no Python frame: a `TypeError` its body raised
+    (`len(5)`) came, as the call's own does, with no frame of the target's, and was taken for
+    arguments the target cannot take: FATAL, never retried. Its signature now decides: `len(5)`
+    is a retryable failure; `len(1, 2)` still cannot take its arguments."""
+    async with supervised(CONFIG) as (handle, collector):
+        (body, _), (call, _) = await asyncio.gather(
+            _outcome_and_ends(handle, collector, _spec("body", "builtins:len", 5)),
+            _outcome_and_ends(handle, collector, _spec("call", "builtins:len", 1, 2)))
+    assert (body.kind, body.attempts) == (OutcomeKind.FAILED, 2), body
+    assert body.reason == "retry limit reached after 1 of 1 retries: TypeError: object of type 'int' has no len()", body
+    assert (call.kind, call.attempts) == (OutcomeKind.FATAL, 1), call
+    assert call.reason == ("target 'builtins:len' cannot take the arguments given: "
+                           "TypeError: len() takes exactly one argument (2 given)"), call
