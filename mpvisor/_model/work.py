@@ -239,10 +239,14 @@ def _callable_path(target: Callable[..., Any]) -> str:
             f"name, and no instance goes with it; make it a module-level function (or a staticmethod) that takes "
             f"what it needs of the instance as arguments"
         )
-    if inspect.isbuiltin(target) and not _builtin_is_module_level(target):
-        raise TypeError(f"target cannot be a method of a built-in object, got {target!r}")
+    if (inspect.isbuiltin(target) and not _builtin_is_module_level(target)) or inspect.ismethoddescriptor(target):
+        raise TypeError(f"target cannot be a method of a built-in object or type, got {target!r}: an attempt "
+                        f"imports its target by name; make it a module-level function that calls the method")
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
+    if inspect.ismethod(target) and isinstance(target.__self__, type):  # a classmethod, reached through its class
+        owner = target.__self__  # (`Child.make`, defined on `Base`: `Child.make`, which `Base.make` is not)
+        module, qualname = getattr(owner, "__module__", None), f"{owner.__qualname__}.{target.__name__}"
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise TypeError(f"target must be reachable as 'module:qualname', got {target!r} (an instance of "
                         f"{type(target).__qualname__}: a callable object bound to a module-level name can be given "

@@ -189,6 +189,30 @@ def test_class_and_static_methods_are_recorded_by_qualname() -> None:
     assert target_path(Holder) == f"{__name__}:Holder"
 
 
+class HoldersChild(Holder):
+    """A class that inherits `Holder.class_method`."""
+
+
+def test_an_inherited_class_method_is_recorded_through_the_class_it_was_taken_from() -> None:
+    """`HoldersChild.class_method`, defined on `Holder`: its qualname says `Holder.class_method`,
+    which is `Holder`'s method, not the child's, so it was refused (`not reachable as ...`) and
+    the error did not say what to give. It is reached through the class it was taken from, and
+    the attempt calls it with that class."""
+    assert target_path(HoldersChild.class_method) == f"{__name__}:HoldersChild.class_method"
+    assert target_path(Holder.class_method) == f"{__name__}:Holder.class_method"
+
+
+def test_a_method_of_a_built_in_type_is_refused_saying_what_to_give() -> None:
+    """`str.upper` (a method descriptor: it takes its object as first argument) was refused as
+    `a callable object bound to a module-level name can be given as 'module:name'`, which it is
+    not; the error now names what it is and what to give."""
+    with pytest.raises(TypeError) as caught:
+        TaskFn("t", str.upper)
+    assert str(caught.value) == ("target cannot be a method of a built-in object or type, got <method 'upper' of "
+                                 "'str' objects>: an attempt imports its target by name; make it a module-level "
+                                 "function that calls the method"), caught.value
+
+
 def test_a_module_level_builtin_is_reachable() -> None:
     """A built-in function of a module is recorded with that module."""
     assert target_path(len) == "builtins:len"
