@@ -279,13 +279,16 @@ def _named(what: str, text: str) -> str:
 
 
 def slots_url(text: str) -> str:
-    """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)."""
-    from mpvisor._admission.leases.stores import is_store_url
+    """An argparse `type=`: where slots are kept, a URL of a lease store (`postgresql://...`)
+    that reads as written (`stores.url_problem`: a password's `@` not percent-encoded)."""
+    from mpvisor._admission.leases.stores import is_store_url, url_problem
 
     if not is_store_url(text):  # said without its password, if it has one
         from mpvisor._admission.leases.postgres import concealed
 
         raise argparse.ArgumentTypeError(f"expected a postgresql:// URL, got {concealed(text)!r}")
+    if (problem := url_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -1338,6 +1338,75 @@ def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_p
     assert not (tmp_path / "ran").exists()
 
 
+# URLs whose password holds what ends a user part early for libpq (the first '@' before any '/'),
+# not percent-encoded: libpq took the rest for the host or the port, and every message showed it
+_MISREAD_URLS = ["postgresql://deploy:Hunter2@leaked@127.0.0.1:1/deploys",
+                 "postgresql://deploy:Hunter2/leaked@127.0.0.1:1/deploys",
+                 "postgresql://deploy:Hunter2?leaked@127.0.0.1:1/deploys"]
+
+
+@pytest.mark.unit
+def test_only_a_url_that_libpq_reads_as_written_is_taken() -> None:
+    """`url_problem` (pure): a URL with one user part, where libpq ends it, passes, its '@'s
+    elsewhere percent-encoded or in the query after the path; one whose password holds an
+    unencoded '@', '/' or '?' does not, and its words show the URL with the password masked
+    whole and say how to write it."""
+    from mpvisor._admission.leases.postgres import url_problem
+
+    for good in ("postgresql://deploy:Hunter2%40leaked@127.0.0.1:1/deploys", "postgresql://deploy@db/ops",
+                 "postgresql://postgres:@/db?host=/tmp/x", "postgresql://db/ops?password=a@b&options=c@d",
+                 "postgresql://deploy:p%2Fq%3Fr@db:5/ops?application_name=x@y", "postgresql://db"):
+        assert url_problem(good) is None, good
+    for bad in (*_MISREAD_URLS, "postgresql://db?password=Hunter2@leaked"):
+        said = url_problem(bad)
+        assert said is not None and "Hunter2" not in said and "leaked" not in said, (bad, said)
+        assert "'@' as %40, '/' as %2F" in said, said
+    assert "'postgresql://deploy:***@127.0.0.1:1/deploys'" in (url_problem(_MISREAD_URLS[0]) or "")
+
+
+@pytest.mark.parametrize("bad", [_MISREAD_URLS[0], pytest.param(_MISREAD_URLS[1], marks=pytest.mark.slow)])
+def test_a_slots_url_whose_password_libpq_would_misread_is_refused_without_any_of_it(tmp_path: Any, bad: str) -> None:
+    """A `--slots`, `$MPVISOR_SLOTS`, file `slots` or `leases=` URL whose password holds an '@'
+    or a '/' that is not percent-encoded is a usage error (status 2) naming the option, the URL
+    with its password masked, and the encoding to use; nothing runs and nothing connects. (libpq
+    ends the password at the first '@': the run said `failed to resolve host 'leaked@127.0.0.1'`,
+    status 1, in every line, while the masked URL looked right; or, for a '/', `failed to
+    resolve host 'deploy'`.) A store made by hand refuses it likewise, before connecting."""
+    from mpvisor import ConfigError, ControllerConfig
+    from mpvisor._admission.leases.postgres import PostgresStore
+    from mpvisor._admission.leases.store import LeaseError
+
+    assert MPVISOR is not None
+    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
+    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
+                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
+                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
+    runs = {argv: subprocess.Popen(
+        [MPVISOR, *argv], cwd=tmp_path, env={**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, named in commands.items()}
+    try:
+        for argv, run in runs.items():
+            _, err = run.communicate(timeout=30)
+            assert run.returncode == 2 and commands[argv] in err and len(err.strip().splitlines()) == 1, (argv, err)
+            assert "'postgresql://deploy:***@127.0.0.1:1/deploys'" in err and "'@' as %40, '/' as %2F" in err, (argv, err)
+            assert "Hunter2" not in err and "leaked" not in err, (argv, err)
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    with pytest.raises(ConfigError) as refused:
+        ControllerConfig(leases=bad)
+    assert str(refused.value).startswith("leases: the URL 'postgresql://deploy:***@127.0.0.1:1/deploys'"), refused.value
+    assert "Hunter2" not in str(refused.value) and "leaked" not in str(refused.value), refused.value
+    request = PostgresStore(bad).request()
+    with pytest.raises(LeaseError) as unused:
+        request.acquire("s", "queue", "by-hand", [])
+    request.close()
+    assert "%40" in str(unused.value) and "Hunter2" not in str(unused.value) and "leaked" not in str(unused.value)
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_waiter_killed_while_queued_is_not_listed_and_its_slot_shows_free(tmp_path: Any, url: str) -> None:
     """A queued run SIGKILLed (its row stays until it expires, its liveness lock goes with its
     connections): `mpvisor slots --slots URL` no longer lists it, as admission skips it, and once

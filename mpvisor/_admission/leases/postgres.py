@@ -143,6 +143,8 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
     except ImportError:
         raise LeaseError("a postgresql:// lease store needs psycopg: install the `postgres` extra "
                          "(`pip install '.[postgres]'` in a checkout) or `pip install 'psycopg[binary]'`") from None
+    if (problem := url_problem(url)) is not None:  # (a store made by hand: the settings were checked)
+        raise LeaseError(f"cannot connect: {problem}")
     try:
         # libpq's connect timeout is whole seconds (at least 2): rounded down, never past `timeout`
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=max(2, int(timeout)))
@@ -211,21 +213,54 @@ def _first_line(exc: BaseException, url: str) -> str:
     return masked((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
 
 
+def _user_end(rest: str) -> int:
+    """Where the user part of a URL's `rest` (what follows `://`) ends, its `@` (-1: it has
+    none): where libpq ends it, its first `@` before any `/`, or the last `@` before the query
+    (`?`), whichever comes later. They are one `@` in a URL that `url_problem` lets through; in
+    one it refuses (an `@`, `/` or `?` in a password, not percent-encoded), everything up to the
+    later one is taken for the user part, so no piece of the password is shown as a host, port
+    or database."""
+    return max(_libpq_user_end(rest), rest.partition("?")[0].rfind("@"))
+
+
+def _libpq_user_end(rest: str) -> int:
+    """Where libpq ends the user part of a URL's `rest`: its first `@` before any `/` (-1: none)."""
+    slash = rest.find("/")
+    return rest.find("@", 0, len(rest) if slash < 0 else slash)
+
+
+def url_problem(url: str) -> str | None:
+    """What makes the `postgresql://` URL `url` read otherwise by libpq than as written, or None:
+    libpq ends the user name and password at the URL's first `@`, looked for only before the
+    first `/`, so an `@`, `/` or `?` in a password (or a user name) that is not percent-encoded
+    makes part of it the host, the port or the database, and every message of libpq's would
+    show that part. The URL, with its password masked, and how to write it. Pure."""
+    rest = url.partition("://")[2]
+    head = rest.partition("?")[0]
+    if head.count("@") <= 1 and _libpq_user_end(rest) == head.rfind("@"):
+        return None
+    return (f"the URL {masked(url, url)!r} does not read as written: libpq ends its user name and password at "
+            f"the first '@' (and looks for it only before the first '/'), so an '@', '/' or '?' in them must be "
+            f"percent-encoded: '@' as %40, '/' as %2F, '?' as %3F")
+
+
 def _redacted(url: str) -> str:
-    """`url` without its password, in the user part or as a `password=` parameter (nothing is
-    logged or shown with one)."""
+    """`url` without its password, in the user part (up to `_user_end`) or as a `password=`
+    parameter (nothing is logged or shown with one)."""
     scheme, sep, rest = url.partition("://")
-    credentials, at, place = rest.rpartition("@")
-    if at and ":" in credentials:
+    rest = re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)  # first: an `@` of its value is no user part's
+    end = _user_end(rest)
+    credentials, place = rest[:max(end, 0)], rest[end + 1:]
+    if end >= 0 and ":" in credentials:
         rest = f"{credentials.partition(':')[0]}:***@{place}"
-    return scheme + sep + re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", rest)
+    return scheme + sep + rest
 
 
 def _passwords(url: str) -> set[str]:
-    """Every form in which `url` gives a password: in its user part (up to the first `@`, as
-    libpq reads it, or the last) or as `password=` parameters, each as written and percent-decoded."""
+    """Every form in which `url` gives a password: in its user part (up to `_user_end`, or up to
+    the first `@`, as libpq reads it) or as `password=` parameters, each as written and percent-decoded."""
     rest = url.partition("://")[2]
-    given = {credentials.partition(":")[2] for credentials in (rest.partition("@")[0], rest.rpartition("@")[0])
+    given = {credentials.partition(":")[2] for credentials in (rest.partition("@")[0], rest[:max(_user_end(rest), 0)])
              if "@" in rest and ":" in credentials}
     given.update(re.findall(r"(?i)[?&]password=([^&]*)", rest))
     forms = given | {urllib.parse.unquote(word) for word in given} | {urllib.parse.unquote_plus(word) for word in given}

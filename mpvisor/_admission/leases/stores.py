@@ -53,6 +53,18 @@ def is_store_url(setting: str) -> bool:
     return "://" in setting and _name(setting) in STORES
 
 
+def url_problem(setting: str) -> str | None:
+    """What makes a store's URL `setting` read otherwise than as written (`postgres.url_problem`:
+    an `@`, `/` or `?` of a password not percent-encoded), shown without its password; None
+    when there is nothing (or `setting` names no store of a URL). The one check of `--slots`,
+    `$MPVISOR_SLOTS`, a file's `slots` and `leases=`, before anything connects."""
+    if _name(setting) not in ("postgresql://", "postgres://"):
+        return None
+    from mpvisor._admission.leases.postgres import url_problem as problem
+
+    return problem(setting)
+
+
 def shown(value: object) -> str:
     """`repr(value)`, as a message or a repr shows a setting: a URL without its password (in
     any form it was given, or in a keyword/value string or a malformed URL: `postgres.concealed`)."""
@@ -64,7 +76,10 @@ def shown(value: object) -> str:
 
 
 def checked(value: object) -> str | LeaseStore | None:
-    """`value` if it names a store (or is one), else `ConfigError` naming it (`shown`)."""
+    """`value` if it names a store (or is one), else `ConfigError` naming it (`shown`); a URL
+    that would read otherwise than as written too (`url_problem`)."""
+    if isinstance(value, str) and (problem := url_problem(value)) is not None:
+        raise ConfigError(f"leases: {problem}")
     if value is None or (isinstance(value, str) and _name(value) in STORES):
         return value
     if not isinstance(value, str) and all(callable(getattr(value, m, None)) for m in ("request", "holdings")):
