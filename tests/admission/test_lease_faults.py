@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -192,6 +193,83 @@ def test_an_owner_whose_store_is_cut_off_as_it_ends_says_the_slot_stays_taken_un
         assert outcome.startswith("mpvisor: python: completed"), err
         status, err = finish(second)
         assert status == 0, err
+
+
+_RESOLVER = """\
+import os, socket
+_real = socket.getaddrinfo
+
+
+def getaddrinfo(host, *args, **kwargs):  # the test's name: unknown while {flag} exists, else 127.0.0.1
+    if host == {name!r}:
+        if os.path.exists({flag!r}):
+            with open({refusals!r}, "a") as said:
+                said.write("refused\\n")
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        host = "127.0.0.1"
+    return _real(host, *args, **kwargs)
+
+
+socket.getaddrinfo = getaddrinfo
+"""
+
+
+def test_a_name_that_stops_resolving_for_a_moment_is_waited_through_once_the_store_was_reached(
+        tmp_path: Any, url: str) -> None:
+    """The store's host name stops resolving for a moment (NXDOMAIN, `Name or service not
+    known`, as a DNS record being replaced says), and every connection of the owner and its
+    waiter is reset: both reconnect, meet the failure, and keep trying as for any other network
+    fault; the waiter keeps its place and runs after the owner. (The waiter gave up at once,
+    status 1, `rejected ... cannot connect: failed to resolve host`, while the owner retried.)
+    A run whose name never resolved is still refused at once, status 1, saying so. The name
+    resolves in each run's own process (a `sitecustomize` of the test's: no resolver of the host
+    is touched)."""
+    from tests._proxy_support import Proxy
+
+    name, flag, refusals = "pgdb.mpvisor.test", tmp_path / "nxdomain", tmp_path / "refusals"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_RESOLVER.format(name=name, flag=str(flag), refusals=str(refusals)))
+    log = tmp_path / "owners.log"
+    env = {**os.environ, "PYTHONPATH": f"{site}:{_pg_support.ROOT}"}
+
+    def run(host: int, named: str, *argv: str) -> Any:
+        runtime = tmp_path / f"host-{host}"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        assert _pg_support.MPVISOR is not None
+        return subprocess.Popen([_pg_support.MPVISOR, "run", *argv], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**env, "MPVISOR_SLOTS_DIR": str(runtime), "MPVISOR_SLOTS": named})
+
+    with Proxy.for_url(url) as proxy:
+        named = proxy.url_for(url).replace("@127.0.0.1:", f"@{name}:")
+        first = run(1, named, "--slot", "s", *_until_go(tmp_path))
+        runs = [first]
+        try:
+            wait_for(lambda: (tmp_path / "owning").exists(), timeout=30)
+            second = run(2, named, "--slot", "s", *owner(log, 0.0, "two"))
+            runs.append(second)
+            assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
+            flag.touch()
+            proxy.cut()
+            # both met the failure, the waiter more than once (it tries again), or the waiter gave up
+            wait_for(lambda: second.poll() is not None or (refusals.exists() and refusals.read_text().count("\n") >= 4),
+                     timeout=30, interval=0.02)
+            flag.unlink()
+            (tmp_path / "go").touch()
+            status, err = finish(first)
+            assert status == 0 and "lease lost" not in err, err
+            status, err = finish(second)
+            assert status == 0, err
+            assert shown(tmp_path, url) == []
+            flag.touch()  # a name that never resolved in the run: a setting that is wrong, refused at once
+            status, err = finish(run(3, named, "--slot", "s", *owner(log, 0.0, "three")), timeout=30)
+            assert status == 1 and f"cannot connect: failed to resolve host '{name}'" in err, err
+        finally:
+            for proc in runs:
+                proc.kill()
+                proc.wait()
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["two"]
 
 
 def _a_waiter_killed_in_an_outage(tmp_path: Any, server: Any) -> tuple[str, Any, Any, Any, Any]:

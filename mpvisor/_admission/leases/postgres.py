@@ -132,12 +132,19 @@ _NOT_ANSWERED = (
     "host is unreachable", "temporary failure in name resolution", "connection reset", "server closed the connection",
     "could not receive data", "could not send data", "ssl syscall error", "the database system is",
 )
+# ... and, once the store was reached in this process (its name resolved then), a name that does not
+# resolve now: a resolver or a DNS record that fails for a moment, as a network does. A name that
+# never resolved is a setting that is wrong (a typo in the host): said at once.
+_NOT_RESOLVED = ("failed to resolve host", "could not translate host name")
 _AT_CAPACITY = ("too many clients already", "too many connections for", "remaining connection slots are reserved")
 # ... of which, those that say only that nothing came back in time (`Unreachable.unheard`)
 _UNHEARD = ("timeout expired", "timed out", "server closed the connection unexpectedly")
 
 
-def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
+def _connect(url: str, timeout: float, autocommit: bool = False, reached: bool = False) -> Any:
+    """A connection to `url`, or: `Unreachable` when the server did not answer (`_not_answered`;
+    a name that does not resolve too, once the store was `reached` in this process), else
+    `LeaseError`, in libpq's words without the password."""
     try:
         import psycopg
     except ImportError:
@@ -156,7 +163,7 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         text = f"{where[2]} ({where[1]})" if where else text
         if any(words in str(exc).lower() for words in _AT_CAPACITY):
             raise Unreachable(f"cannot connect: {text}", at_capacity=True) from None
-        if _not_answered(str(exc)):
+        if _not_answered(str(exc), reached):
             unheard = isinstance(exc, psycopg.errors.ConnectionTimeout) or any(
                 words in str(exc).lower() for words in _UNHEARD)
             raise Unreachable(f"cannot connect: {text}", unheard=unheard) from None
@@ -166,11 +173,13 @@ def _connect(url: str, timeout: float, autocommit: bool = False) -> Any:
         raise LeaseError(f"cannot connect: {why}{_first_line(exc, url)}") from None
 
 
-def _not_answered(message: str) -> bool:
+def _not_answered(message: str, reached: bool = False) -> bool:
     """libpq's `message` at connecting says the server did not answer (`_NOT_ANSWERED`; a Unix
-    socket that is not there: the server is not running), not that it refused or that a setting is wrong."""
+    socket that is not there: the server is not running; a name that does not resolve, when the
+    store was `reached` before in this process, `_NOT_RESOLVED`), not that it refused or that a
+    setting is wrong. Pure."""
     lowered = message.lower()
-    return (any(words in lowered for words in _NOT_ANSWERED)
+    return (any(words in lowered for words in _NOT_ANSWERED + (_NOT_RESOLVED if reached else ()))
             or ("on socket" in lowered and "no such file or directory" in lowered))
 
 
@@ -356,6 +365,8 @@ class PostgresStore:
                        f"SET LOCAL statement_timeout = {ms}")
         self.name = f"the lease store at {masked(url, url)}"
         self._ready = False
+        # a connection was made in this process: a name that does not resolve now is a passing fault (`_NOT_RESOLVED`)
+        self._reached = False
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._spare: Any = None  # the connection `warm` opened, until a request takes it
@@ -418,7 +429,8 @@ class PostgresStore:
                 return spare
             if spare is not None:
                 spare.close()
-        conn = _connect(self.url, self.op_timeout, autocommit)
+        conn = _connect(self.url, self.op_timeout, autocommit, reached=self._reached)
+        self._reached = True
         with self._lock:
             if not self._ready:
                 try:
@@ -505,7 +517,7 @@ class PostgresStore:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                conn = _connect(self.url, deadline - time.monotonic(), autocommit=True)
+                conn = _connect(self.url, deadline - time.monotonic(), autocommit=True, reached=self._reached)
                 break
             except Unreachable as exc:
                 tried[:] = [exc]  # the last only (a day's `--wait` tries tens of thousands of times)
