@@ -461,6 +461,32 @@ def test_a_drop_run_whose_store_does_not_answer_ends_at_once_as_busy(tmp_path: A
     assert not log.exists()
 
 
+def test_a_queued_run_whose_store_does_not_answer_says_what_its_last_try_met(tmp_path: Any) -> None:
+    """A queued run whose store refuses connections (nobody listens at its port) says, after
+    2 s, that the store has not answered, and what its last try met: libpq's `Connection
+    refused`, with where, as `--policy drop` and `mpvisor slots` say it. (It said only
+    "(stopped, or stuck?)": a wrong port looked like a stuck server.)"""
+    import socket
+
+    log = tmp_path / "owners.log"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = closed.getsockname()[1]
+        waiting = start_host(tmp_path, 1, f"postgresql://nobody@127.0.0.1:{port}/none", "--slot", "s",
+                             *owner(log, 0.0, "one"))
+        try:
+            assert waiting.stderr is not None
+            said = waiting.stderr.readline()
+            assert waiting.poll() is None, said
+        finally:
+            waiting.terminate()
+            finish(waiting, timeout=20)
+    assert said.startswith("mpvisor: slot 's': the lease store at postgresql://nobody@127.0.0.1") and said.endswith(
+        f"has not answered for 2 s (last try: cannot connect: Connection refused (connection to server at "
+        f"\"127.0.0.1\", port {port})); still waiting\n"), said
+    assert not log.exists()
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return list(psutil.Process(pid).cmdline())

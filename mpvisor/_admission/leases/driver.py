@@ -66,7 +66,7 @@ class LeaseDriver:
         self._waited_out = False
         self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
         self._heard = False  # the store answered this request (it queued it)
-        self._full = False  # the store said it is at its connection limit (`on_silent` with a why)
+        self._full = False  # the store said it is at its connection limit (`on_silent` with `full`)
         self._withdrawing: asyncio.Future[None] | None = None  # `_wait_out`'s withdrawal, done once it is
         self._left = False  # the store took the withdrawal (or there was nothing to withdraw)
         self._unheard: str | None = None  # why the store could not be told of the withdrawal
@@ -195,9 +195,9 @@ class LeaseDriver:
                 return
             loop.call_soon_threadsafe(self._on_queued, queued_text(slot, position, owner))
 
-        def silent(why: str | None) -> None:
-            self._full = why is not None
-            loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot, why))
+        def silent(why: str | None, full: bool = False) -> None:
+            self._full = full
+            loop.call_soon_threadsafe(self._on_silent, silent_text(self.store, slot, why, full))
 
         try:
             if self._preparing is not None:

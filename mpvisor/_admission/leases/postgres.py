@@ -47,6 +47,7 @@ from mpvisor._admission.leases.store import (
     SILENT_AFTER,
     Decision,
     LeaseError,
+    OnSilent,
     Pid,
     Policy,
     retry_every,
@@ -171,6 +172,16 @@ def _connect(url: str, timeout: float, autocommit: bool = False, reached: bool =
     except ValueError as exc:  # psycopg's own check of the URL (a `%FF` that decodes to no UTF-8): as bad a URL
         why = "the URL is not UTF-8 once percent-decoded: " if isinstance(exc, UnicodeError) else ""
         raise LeaseError(f"cannot connect: {why}{_first_line(exc, url)}") from None
+
+
+def _said(exc: BaseException, url: str) -> str | None:
+    """What `exc`, a store's failure to answer, tells a person of why (its first line, no
+    password), or None when it says only that nothing came back in time (`Unreachable.unheard`,
+    `_UNHEARD`: a timeout, or a socket that a statement's deadline shut). Pure."""
+    if isinstance(exc, Unreachable) and exc.unheard:
+        return None
+    text = _first_line(exc, url)
+    return None if any(words in text.lower() for words in _UNHEARD) else text
 
 
 def _not_answered(message: str, reached: bool = False) -> bool:
@@ -700,12 +711,12 @@ class PostgresRequest:
             raise _Withdrawn()
         return conn
 
-    def _patiently(self, work: Callable[[], Any], on_silent: Callable[[str | None], None] | None) -> Any:
+    def _patiently(self, work: Callable[[], Any], on_silent: OnSilent | None) -> Any:
         """`work()` until the store answers it: while it is unreachable, tries again (every
         `retry`), until the request is withdrawn (`_Withdrawn`); once it has not answered for
         `SILENT_AFTER` s (counted from the first try it did not answer, `prepare`'s included),
-        `on_silent(why)`, once per request, before it tries again (`why`: the server's words when
-        it is at its connection limit, else None). (Counted from this call's own first try, the
+        `on_silent(why, full)`, once per request, before it tries again (`why`: what the last try
+        met, `_said`; `full`: the server is at its connection limit). (Counted from this call's own first try, the
         line came a whole try later than that, or never under a short `--wait-timeout`.)"""
         silent_since, last = self._unanswered_since, self._unanswered
         self._unanswered_since = None  # `prepare`'s silence is counted once
@@ -726,14 +737,17 @@ class PostgresRequest:
                 self._tell_silent(silent_since, exc, on_silent)
                 self._closed.wait(self.store.retry)
 
-    def _tell_silent(self, since: float, exc: Exception, on_silent: Callable[[str | None], None] | None) -> None:
+    def _tell_silent(self, since: float, exc: Exception, on_silent: OnSilent | None) -> None:
         if not self._told_silent and on_silent is not None and time.monotonic() - since >= SILENT_AFTER:
             self._told_silent = True
-            on_silent(str(exc) if isinstance(exc, Unreachable) and exc.at_capacity else None)
+            if isinstance(exc, Unreachable) and exc.at_capacity:
+                on_silent(str(exc), full=True)
+            else:
+                on_silent(_said(exc, self.store.url))
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[str | None], None] | None = None) -> Decision:
+                on_silent: OnSilent | None = None) -> Decision:
         self.slot = slot
         pid = pids[0].pid if pids else os.getpid()
         def submit(as_policy: Policy) -> Callable[[], Decision | None]:
@@ -815,7 +829,7 @@ class PostgresRequest:
         return None
 
     def _wait(self, on_queued: Callable[[int, dict[str, Any] | None], None] | None,
-              on_silent: Callable[[str | None], None] | None, again: Callable[[], Decision | None]) -> Decision:
+              on_silent: OnSilent | None, again: Callable[[], Decision | None]) -> Decision:
         """Until this request is granted or refused: woken by the slot's notifications, and at
         least every `interval` (to renew its own row, and to see an owner's lease expire). While
         the store is unreachable it keeps waiting (`_patiently`); a request whose row expired

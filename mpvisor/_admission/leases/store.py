@@ -16,7 +16,7 @@ The contract, as two small interfaces:
 | `close_idle()` (optional) | `LeaseStore` | as the controller ends: what `warm` opened that no request took goes (the store stays usable); never raises |
 | `holdings(timeout)` | `LeaseStore` | who holds what: one `{slot, status, owner: {pid, name, since}, queue: [{pid, name}]}` per busy slot; `[]` when nothing is held; `LeaseError` if the store does not answer within `timeout` s |
 | `prepare()` (optional) | `LeaseRequest` | what `acquire` will need opened ahead of it (a connection), while the owner's launcher starts; nothing for a store that needs nothing; never raises |
-| `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`; any other answer is withdrawn and the submission rejected `admission_failed`, saying what it was); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`why`: the server's words when it is at its connection limit, else None) |
+| `acquire(slot, policy, name, pids, on_queued, on_silent)` | `LeaseRequest` | blocks until decided: `Decision(True)` (granted: run), or `Decision(False, kind)` (`slot_busy`, `queue_full`, `superseded_by_replace`, or `withdrawn` after `withdraw()`; any other answer is withdrawn and the submission rejected `admission_failed`, saying what it was); while it waits, `on_queued(position, owner)` at each queued answer and `on_silent(why)` once if the store said nothing at all for `SILENT_AFTER` s, or let no connection in for as long (`OnSilent`: `why`, what the store's last try met when that says more than that nothing came back, such as a refused connection, else None; `full=True` when that is the server's connection limit) |
 | `watch(on_revoke, on_renewed, on_lost)` | `LeaseRequest` | after a grant, from any thread: `on_revoke()` when a replacement asks this owner to retire; for a store whose leases expire, `on_renewed(at, ttl)` after each renewal (the lease lives at least `ttl` s past `at`, a `time.monotonic()` taken before the renewal was sent) and `on_lost(why)` when the store says the lease is gone: it expired (`why` None), or it was ended before it could expire (`why` says how, as words that follow "its slot's lease": `was freed by someone else, ...`) |
 | `add_pids(pids)` | `LeaseRequest` | more processes of the owner |
 | `withdraw()` | `LeaseRequest` | leave the queue (a pending `acquire` returns `withdrawn`; a grant that crossed it is given back); `LeaseError` if the store could not be told, its words saying why and what becomes of the place (a store whose rows expire: when it lapses) |
@@ -118,12 +118,21 @@ class Decision:
         return REJECTIONS.get(self.kind or "", RejectionKind.ADMISSION_FAILED)
 
 
+class OnSilent(Protocol):
+    """`acquire`'s `on_silent(why, full=False)`: the store has not answered for `SILENT_AFTER`
+    s; `why`, what its last try met (`cannot connect: Connection refused (...)`), when that says
+    more than that nothing came back in time, else None; `full`: that was the server's connection
+    limit (it lets no connection in). A store that knows no more calls `on_silent(None)`."""
+
+    def __call__(self, why: str | None, full: bool = False) -> None: ...
+
+
 class LeaseRequest(Protocol):
     """One owner's request for one slot's lease, from `acquire` to `release` (module docstring)."""
 
     def acquire(self, slot: str, policy: Policy, name: str, pids: list[Pid],
                 on_queued: Callable[[int, dict[str, Any] | None], None] | None = None,
-                on_silent: Callable[[str | None], None] | None = None) -> Decision: ...
+                on_silent: OnSilent | None = None) -> Decision: ...
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
               on_lost: Callable[[str | None], None] | None = None) -> object: ...
     def add_pids(self, pids: list[Pid]) -> None: ...
@@ -189,9 +198,10 @@ def not_given_back_text(store: LeaseStore, slot: str, waited: float, ttl: float)
             f"unreachable?); it is free once the store takes it, or when the lease expires, within {ttl:g} s")
 
 
-def silent_text(store: LeaseStore, slot: str, why: str | None = None) -> str:
-    """What a person is told when the store has not answered a lease request (`why`: what it
-    said instead, when it is at its connection limit)."""
-    if why:
+def silent_text(store: LeaseStore, slot: str, why: str | None = None, full: bool = False) -> str:
+    """What a person is told when the store has not answered a lease request (`OnSilent`: `why`,
+    what its last try met, when known; `full`, that it is at its connection limit)."""
+    if full:
         return f"slot {slot!r}: {store.name} has let no connection in for {SILENT_AFTER:g} s ({why}); still waiting"
-    return f"slot {slot!r}: {store.name} has not answered for {SILENT_AFTER:g} s (stopped, or stuck?); still waiting"
+    said = f"last try: {why}" if why else "stopped, or stuck?"
+    return f"slot {slot!r}: {store.name} has not answered for {SILENT_AFTER:g} s ({said}); still waiting"
