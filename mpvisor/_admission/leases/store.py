@@ -193,9 +193,11 @@ def queued_text(slot: str, position: int, owner: dict[str, Any] | None) -> str:
 
 def not_given_back_text(store: LeaseStore, slot: str, waited: float, ttl: float) -> str:
     """What a person is told when the store has not taken an owner's release within `waited`
-    seconds: the slot stays taken until it does, or until the lease expires."""
+    seconds: the release is tried again only while this process lives (`mpvisor run` ends right
+    after its outcome), and the slot stays taken until it gets through, or the lease expires."""
     return (f"slot {slot!r}: {store.name} has not taken the slot back within {waited:g} s (stopped, or "
-            f"unreachable?); it is free once the store takes it, or when the lease expires, within {ttl:g} s")
+            f"unreachable?); it is tried again while this process lives; else the slot is free when the lease "
+            f"expires, within {ttl:g} s")
 
 
 def silent_text(store: LeaseStore, slot: str, why: str | None = None, full: bool = False) -> str:
