@@ -57,8 +57,10 @@ SCHEMA_VERSION = 1
 MAX_QUEUE = 1000  # pending requests per slot, as the slot server allows
 CHANNEL = "mpvisor_slot"
 MIN_OP_TIMEOUT, MAX_OP_TIMEOUT = 2.0, 10.0  # seconds: the bounds of a statement timeout (a quarter TTL)
-# how a lease whose row was deleted before it could expire ended (`on_lost`'s `why`)
-FREED = "was freed by someone else: its row in the store was gone before its expiry"
+# how a lease whose row was gone before it could expire, by this host's count, ended (`on_lost`'s
+# `why`): deleted (the guide's `free.sql`), or expired by a database clock that stepped forward
+FREED = ("was freed by someone else: its row in the store was gone before its expiry (or the database's clock "
+         "stepped forward)")
 # seconds a withdraw waits for the store to take it before it says it could not tell it: less
 # than the driver's `RELEASE_WAIT` (2 s), so that its words (with the TTL) are what is said
 WITHDRAW_WAIT = 1.5
