@@ -22,7 +22,16 @@ import pytest
 
 from mpvisor import CommandTask, EventKind, OutcomeKind, SupervisorConfig, TaskDefaults, TaskSpec
 from mpvisor._launchers.local import cgroups
-from tests._support import SPAWN_IN_SLOW, all_ended, all_gone, fn, read_records, seen, supervised
+from tests._support import (
+    SPAWN_IN_SLOW,
+    all_ended,
+    all_gone,
+    fn,
+    read_records,
+    seen,
+    supervised,
+    wait_for,
+)
 from workers import limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,6 +196,45 @@ def test_an_oom_kill_for_a_limit_above_the_attempts_own_is_not_blamed_on_its_lim
     assert done.returncode == -9, done.stderr
     assert "memory limit exceeded" not in done.stderr, done.stderr
     assert "killed by the OOM killer with signal SIGKILL" in done.stderr, done.stderr
+
+
+@needs_v1_memory
+def test_an_oom_kill_for_a_limit_above_is_not_blamed_on_the_attempts_limit_its_page_cache_reached(tmp_path) -> None:
+    """`mpvisor run --memory 200M` in a memory cgroup of 300 MiB (a container's limit above the
+    task's): the attempt first writes and deletes a 400 MB file, whose page cache takes its
+    cgroup to its own limit (its peak; the kernel reclaims the cache there, no OOM), then holds
+    150 MiB, and a process beside mpvisor in the container takes 200 MiB. The container's limit
+    runs out, and the kernel kills the attempt (its OOM score is raised), counting the kill in
+    the attempt's cgroup: the outcome says the OOM killer, not the attempt's own limit, which
+    no OOM ran into."""
+    outer = _memory_cgroup(f"mpvisor-oom-outer-{os.getpid()}", 300 * 2**20)
+    ready = tmp_path / "ready"
+    hold = f"import time; b = b'x' * (150 * 2**20); open({str(ready)!r}, 'w').close(); time.sleep(40)"
+    attempt = (f"dd if=/dev/zero of={tmp_path}/cache bs=1M count=400 status=none && rm {tmp_path}/cache "
+               "&& echo peak $(cat /sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | cut -d: -f3)"
+               f"/memory.max_usage_in_bytes) >&2 && exec {sys.executable} -c \"{hold}\"")
+    script = f'echo $$ > {outer}/cgroup.procs && exec "$MPVISOR" run --memory 200M -- bash -c "$ATTEMPT"'
+    env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT, "ATTEMPT": attempt}
+    try:
+        run = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: ready.exists() or run.poll() is not None, timeout=40)
+            assert ready.exists(), run.communicate(timeout=10)
+            beside = f"echo $$ > {outer}/cgroup.procs && exec {sys.executable} -c \"b = b'x' * (200 * 2**20)\""
+            subprocess.run(["bash", "-c", beside], timeout=30, check=False)
+            _, stderr = run.communicate(timeout=30)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=10)
+    finally:
+        os.rmdir(outer)  # empty again: every process of the run has exited
+    peak = re.search(r"^peak (\d+)$", stderr, re.M)
+    assert peak and int(peak.group(1)) >= 196 * 2**20, stderr  # its page cache took its cgroup to its own limit
+    assert run.returncode == -9, stderr
+    assert "memory limit exceeded" not in stderr, stderr
+    assert "failed reason='program killed by the OOM killer with signal SIGKILL (9)'" in stderr, stderr
 
 
 @needs_v1_memory

@@ -111,18 +111,18 @@ STOP_LIMIT = 4.0  # seconds it spends killing and reaping trees then, at most
 
 class _Attempt:
     __slots__ = ("adopted", "cgroups", "cpu", "cpu_hit", "fence", "fenced", "key", "killcg", "killed", "memcg", "memory",
-                 "memory_hit", "oom", "oom_events", "oom_invoked", "pid", "reported_start", "status", "used")
+                 "memory_hit", "oom", "oom_events", "oom_told", "pid", "reported_start", "status", "used")
 
     def __init__(self, key: int, pid: int, fence: int = 0, memory: int = 0, memcg: str = "", killcg: str = "",
-                 cpu: float = 0.0, cgroups: tuple[str, ...] = ()) -> None:
+                 cpu: float = 0.0, cgroups: tuple[str, ...] = (), oom_events: tuple[int, int] = (-1, -1)) -> None:
         self.key = key
         self.pid = pid
         self.cgroups = cgroups  # the cgroups made for it (memcg, killcg and its CPU cgroup among them), removed at its end
         self.memory = memory  # bytes its tree may keep resident (0: no limit)
         self.memcg = memcg  # its own memory cgroup's directory ("": its tree is watched instead)
         self.memory_hit = ""  # it exceeded `memory`: how that was seen ("cgroup v1", "watcher")
-        self.oom_events = _watch_ooms(memcg) if memcg else -1  # v1: an eventfd told of each OOM of its own limit
-        self.oom_invoked = 0  # the OOMs of its own limit read from `oom_events` so far
+        self.oom_events = oom_events  # v1: eventfds told of OOMs in its memory cgroup and its parent (`_watch_ooms`)
+        self.oom_told = [0, 0]  # what each of `oom_events` was told so far (its own cgroup's, its parent's)
         self.killcg = killcg  # its own v2 cgroup, whose `cgroup.kill` ends its whole tree ("": none)
         self.cpu = cpu  # seconds of CPU its tree may use (0: no limit)
         self.cpu_hit = ""  # it used them up: how they were counted
@@ -272,11 +272,13 @@ class Launcher:
     def _spawn(self, spawn: control.Spawn, fds: list[int]) -> None:
         own, kill, cpus, refused = self._make_cgroups(spawn)
         self._joining = tuple(dict.fromkeys(path for path in (own, kill, cpus) if path))
+        oom_events = _watch_ooms(own) if own else (-1, -1)  # before it joins: a limit too small to start under OOMs then
         try:
             pid = os.fork()
         except OSError as exc:
-            for fd in fds:
-                os.close(fd)
+            for fd in (*fds, *oom_events):
+                if fd >= 0:
+                    os.close(fd)
             for path in self._joining:
                 _remove_cgroup(path)
             self._send(control.StartFailed(spawn.key, f"could not start: {_platform.start_error(exc)}"))
@@ -290,7 +292,7 @@ class Launcher:
         for fd in fds:
             os.close(fd)
         memory, cpu = spawn.memory, spawn.cpu
-        attempt = _Attempt(spawn.key, pid, spawn.fence, memory, own, kill, cpu, self._joining)
+        attempt = _Attempt(spawn.key, pid, spawn.fence, memory, own, kill, cpu, self._joining, oom_events)
         self.attempts[pid] = attempt
         self.by_key[spawn.key] = attempt
         if spawn.terminal:
@@ -422,7 +424,7 @@ class Launcher:
                 continue
             if attempt.memory:
                 if attempt.memcg:
-                    over = _oom_of_its_own(attempt) and _reached_its_limit(attempt.memcg)
+                    over = _own_limits_ooms(attempt) > 0
                 else:
                     measured = _tree_memory(attempt.pid, attempt.memory)
                     over = measured > attempt.memory
@@ -498,10 +500,10 @@ class Launcher:
             if attempt is not None and attempt.status is None:
                 attempt.status = _status(info)
                 if attempt.memcg:  # its own cgroup's evidence alone says whether the OOM killer ended it
-                    if not attempt.memory_hit and _oom_of_its_own(attempt) and _reached_its_limit(attempt.memcg):
+                    if not attempt.memory_hit and _own_limits_ooms(attempt) > 0:
                         attempt.memory_hit = _cgroup_kind(attempt.memcg)
                     elif not attempt.memory_hit and _oom_kills(attempt.memcg) > 0:
-                        # a limit above its own (a container's): the OOM killer's, not its limit's doing
+                        # a limit above its own (a container's) ran out: the OOM killer's, not its limit's doing
                         attempt.oom = attempt.status == ("signal", _signal.SIGKILL) and not attempt.killed
                 elif attempt.status == ("signal", _signal.SIGKILL) and not attempt.killed:
                     attempt.oom = self.oom_kills.explains_a_kill()  # a count shared with others
@@ -556,8 +558,9 @@ class Launcher:
             del self.by_key[attempt.key]
             if attempt.memory or attempt.cpu:
                 self.limited.discard(attempt)
-            if attempt.oom_events >= 0:
-                os.close(attempt.oom_events)  # before its cgroup goes: a v1 cgroup's removal signals it
+            for events in attempt.oom_events:
+                if events >= 0:
+                    os.close(events)  # before its cgroup goes: a v1 cgroup's removal signals it
             for path in attempt.cgroups:
                 _remove_cgroup(path)  # its tree is reaped: the cgroup is empty
             assert attempt.status is not None
@@ -738,31 +741,67 @@ def _oom_kills(path: str) -> int:
     return 0
 
 
-def _oom_of_its_own(attempt: _Attempt) -> bool:
-    """Whether the OOM killer was at work in the attempt's memory cgroup: a kill counted there,
-    or (v1) an OOM its eventfd was told of. A v1 cgroup counts a kill only where its victim
-    was, which may be a cgroup below the attempt's own (a nested mpvisor's attempt, made and
-    removed by it), while an OOM is told to the cgroup whose limit ran out and to those below
-    it. Either may be a limit above its own: the caller asks `_reached_its_limit` too."""
-    if _oom_kills(attempt.memcg) > 0:
-        return True
-    if attempt.oom_events >= 0:
+def _own_limits_ooms(attempt: _Attempt) -> int:
+    """How many OOMs the attempt's own memory limit ran into (0: none, or an OOM kill counted in
+    its cgroup was a limit above its own running out: its supervisor's container). The kernel
+    counts a kill in its victim's cgroup, whichever limit ran out, and a cgroup's peak or
+    `failcnt` at its limit says only that the kernel reclaimed there (page cache a job wrote,
+    which it drops at the limit harmlessly), so neither is this evidence. v2 counts the OOMs of
+    each cgroup's own limit in `oom` of `memory.events.local` (Linux 5.2 and later; before, its
+    `memory.events` was local too); its `memory.events` adds those of the cgroups below it (a
+    nested mpvisor's attempt, over its own limit). v1 counts none, but tells an OOM to the cgroup
+    whose limit ran out and to every cgroup below it: those of the attempt's own limit are the
+    ones its eventfd was told of less its parent's (`_watch_ooms`). Where they could not be made,
+    none is counted: the outcome is the OOM killer's, never a limit's without its evidence."""
+    own, parent = attempt.oom_events
+    if own >= 0:  # v1: its own first; an OOM above it is told to its parent before it (a walk from the top)
+        attempt.oom_told[0] += _told(own)
+        attempt.oom_told[1] += _told(parent)
+        return attempt.oom_told[0] - attempt.oom_told[1]
+    for name in ("memory.events.local", "memory.events"):
         try:
-            attempt.oom_invoked += os.eventfd_read(attempt.oom_events)
-        except OSError:  # BlockingIOError: none since the last read
-            pass
-    return attempt.oom_invoked > 0
+            text = read_small_file(f"{attempt.memcg}/{name}")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(b"oom "):
+                return int(line.split()[1])
+        return 0
+    return 0
 
 
-def _watch_ooms(path: str) -> int:
-    """A non-blocking eventfd the kernel signals at each OOM of the v1 memory cgroup `path`'s
-    limit or of a limit above it (`cgroup.event_control` with `memory.oom_control`), or -1
-    (a v2 cgroup, whose `memory.events` counts the kills below it too; or none could be made)."""
+def _told(events: int) -> int:
+    """What the non-blocking eventfd `events` was told since it was last read."""
+    try:
+        return os.eventfd_read(events)
+    except OSError:  # BlockingIOError: nothing since
+        return 0
+
+
+def _watch_ooms(path: str) -> tuple[int, int]:
+    """Two non-blocking eventfds the kernel signals at each OOM in the v1 memory cgroup `path`
+    (`cgroup.event_control` with `memory.oom_control`), and in its parent: an OOM is told to the
+    cgroup whose limit ran out and to every cgroup below it, so one of `path`'s own limit is told
+    to the first alone, one of a limit above it to both (one below it to neither). (-1, -1): a v2
+    cgroup (its `memory.events.local` counts its own limit's OOMs), or they could not be made.
+    The parent's is made first: an OOM between the two is told to it alone, never taken for
+    `path`'s own."""
     if not os.path.exists(f"{path}/cgroup.event_control"):
-        return -1
+        return -1, -1
+    parent = _watch_oom_control(os.path.dirname(path))
+    own = _watch_oom_control(path) if parent >= 0 else -1
+    if own < 0:
+        if parent >= 0:
+            os.close(parent)
+        return -1, -1
+    return own, parent
+
+
+def _watch_oom_control(path: str) -> int:
+    """A non-blocking eventfd told of each OOM in the v1 memory cgroup `path`, or -1."""
     try:
         events = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    except OSError:  # EMFILE: its own kill count alone, as on a kernel without event_control
+    except OSError:  # EMFILE
         return -1
     try:
         control = os.open(f"{path}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
@@ -774,31 +813,6 @@ def _watch_ooms(path: str) -> int:
         os.close(events)
         return -1
     return events
-
-
-def _reached_its_limit(path: str) -> bool:
-    """Whether the memory cgroup `path` ever reached its own limit: v2 `memory.events` `max`; v1
-    its peak, `memory.max_usage_in_bytes`, within `PEAK_SLACK` of `memory.limit_in_bytes` (its
-    `memory.failcnt` stays 0 where the swap counter, limited too, is charged first). An OOM kill
-    counted there while it never did was a limit above it running out (its supervisor's
-    container, a nested mpvisor's attempt): the kernel counts a kill in the victim's cgroup,
-    whichever limit was reached. Where it cannot be read: reached, as its own count says."""
-    try:
-        for line in read_small_file(f"{path}/memory.events").splitlines():
-            if line.startswith(b"max "):
-                return int(line.split()[1]) > 0
-        return True
-    except OSError:
-        pass
-    try:
-        peak = int(read_small_file(f"{path}/memory.max_usage_in_bytes"))
-        limit = int(read_small_file(f"{path}/memory.limit_in_bytes"))
-    except (OSError, ValueError):
-        return True
-    return peak + PEAK_SLACK >= limit
-
-
-PEAK_SLACK = 4 * 2**20  # a v1 cgroup at its limit peaks within a few charge batches (64 pages each) of it
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
