@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from mpvisor._launchers.local import cgroups
+from mpvisor._launchers.local import cgroups, leftovers
 from mpvisor._launchers.local.cgroups import (
     Capabilities,
     Layout,
@@ -552,6 +552,22 @@ def test_a_left_over_attempt_cgroup_is_one_whose_fork_server_of_this_pid_namespa
     ours; one of another PID namespace is never (its pid names another process here); an older
     mpvisor's name, without its namespace, is judged as before."""
     names = ["mpvisor-4-100-1-n7", "mpvisor-4-100-2-n8", "mpvisor-5-200-1", "mpvisor-leaf", "mpvisor-probe-9", "other"]
-    assert cgroups.left_over(names, lambda pid, start: False, namespace=7) == ["mpvisor-4-100-1-n7", "mpvisor-5-200-1"]
-    assert cgroups.left_over(names, lambda pid, start: pid == 4, namespace=7) == ["mpvisor-5-200-1"]
-    assert cgroups.left_over(names, lambda pid, start: False, namespace=8) == ["mpvisor-4-100-2-n8", "mpvisor-5-200-1"]
+    assert leftovers.left_over(names, lambda pid, start: False, namespace=7) == ["mpvisor-4-100-1-n7", "mpvisor-5-200-1"]
+    assert leftovers.left_over(names, lambda pid, start: pid == 4, namespace=7) == ["mpvisor-5-200-1"]
+    assert leftovers.left_over(names, lambda pid, start: False, namespace=8) == ["mpvisor-4-100-2-n8", "mpvisor-5-200-1"]
+
+
+@pytest.mark.parametrize(("proc", "mounts"), [
+    (V2_DELEGATED_CGROUP, V2_MOUNTINFO), ("0::/\n", V2_READ_ONLY_MOUNTINFO), (V1_PROC_CGROUP, V1_MOUNTINFO),
+    (HYBRID_PROC_CGROUP, HYBRID_MOUNTINFO), ("0::/\n", OTHER_MOUNTS), ("", ""),
+    # a container's own cgroup bound over the hierarchy's mount point: the later mount hides the earlier
+    ("4:memory:/c\n0::/c\n", HYBRID_MOUNTINFO + "50 35 0:32 /c /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"),
+])
+def test_where_a_run_that_never_probed_looks_for_left_over_cgroups_is_where_the_probe_would_find_ours(proc, mounts):
+    """`leftovers.attempt_dirs`, read at every launcher's start without the probe (and without
+    importing `cgroups`), names the directories `locate` finds for our v2 cgroup and our v1
+    memory and cpu cgroups: where attempts' cgroups are made."""
+    layout = locate(proc, mounts)
+    expected = {layout.v2_dir, layout.v1_dirs.get("memory"), layout.v1_dirs.get("cpu")} - {None}
+    found = leftovers.attempt_dirs(proc, mounts)
+    assert sorted(found) == sorted(expected) and len(found) == len(set(found)), (found, layout)

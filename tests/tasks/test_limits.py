@@ -667,6 +667,50 @@ def _held_run(prefix: list[str], cwd: object) -> subprocess.Popen[str]:
 
 
 @needs_v1_memory
+def test_what_a_run_killed_whole_left_in_cgroups_ends_when_the_next_run_starts_even_without_limits(tmp_path) -> None:
+    """`mpvisor run --memory 100M` whose command started a `setsid` double-forked process, and
+    all of whose processes (the run, its guardian, its fork server) are SIGKILLed together:
+    nobody is left to kill that process or remove the attempt's cgroups. The next `mpvisor run`
+    in the same cgroups, one without any limit (which never probes the cgroups), kills it and
+    removes them as its launcher starts."""
+    import psutil
+
+    from mpvisor._launchers.local import leftovers
+
+    mpvisor = shutil.which("mpvisor") or "mpvisor"
+    escaped = "setsid sh -c 'echo $$ > escaped.pid; exec sleep 60' & exec sleep 60"
+    run = subprocess.Popen([mpvisor, "run", "--memory", "100M", "--", "sh", "-c", escaped], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    pid_file = tmp_path / "escaped.pid"
+    escapee: psutil.Process | None = None
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=40)
+        escapee = psutil.Process(int(pid_file.read_text()))
+        guardian = psutil.Process(run.pid).children()[0]
+        launcher = guardian.children()[0]
+        for process in (run.pid, guardian.pid, launcher.pid):
+            os.kill(process, signal.SIGSTOP)  # none of them may clean up
+        for process in (run.pid, guardian.pid, launcher.pid):
+            os.kill(process, signal.SIGKILL)
+        run.wait(timeout=10)
+        made = [f"{d}/{name}" for d in leftovers.dirs_here() for name in os.listdir(d)
+                if name.startswith(f"mpvisor-{launcher.pid}-")]
+        assert len(made) == 2 and escapee.is_running(), made  # its v1 memory and v2 cgroups, its escaped process
+        plain = subprocess.run([mpvisor, "run", "--", "true"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
+                               capture_output=True, text=True, timeout=40)
+        assert plain.returncode == 0, plain.stderr
+        assert [path for path in made if os.path.exists(path)] == []
+        assert not escapee.is_running() or escapee.status() == psutil.STATUS_ZOMBIE  # killed, perhaps not yet reaped
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=10)
+        if escapee is not None and escapee.is_running():
+            escapee.kill()
+
+
+@needs_v1_memory
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
 @pytest.mark.parametrize("held_in", ["a pid namespace", "this one"])
 def test_a_fork_server_of_another_pid_namespace_keeps_its_attempts_cgroups(held_in, tmp_path) -> None:

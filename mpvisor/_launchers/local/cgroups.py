@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import sys
-import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import field
 from typing import Literal
 
@@ -348,62 +346,6 @@ def kill_cgroups(caps: Capabilities) -> str | None:
     `cgroup.kill`, where the kernel has one, ends the whole tree at once; its `cpu.stat` counts
     the tree's CPU time. None: the tree is killed, and its CPU counted, by walking it."""
     return caps.v2_cgroup if caps.v2_writable else None
-
-
-# mpvisor-<fork server pid>-<its start time>-<key>-n<its PID namespace> (without -n...: an older mpvisor's)
-_ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)(?:-n(\d+))?")
-
-
-def left_over(names: Collection[str], alive: Callable[[int, int], bool], namespace: int = 0) -> list[str]:
-    """The attempt cgroups among `names` whose fork server is gone (pure): named
-    `mpvisor-<pid>-<start time>-<key>-n<namespace>` by a fork server for which `alive(pid,
-    start)` is false. One made in another PID namespace than `namespace` (ours) is never among
-    them: its pid names another process here (a fork server in a container or a sandbox that
-    shares this cgroup, `unshare --pid`, is pid 4 there), so whether it is gone cannot be told."""
-    found = []
-    for name in sorted(names):
-        match = _ATTEMPT_CGROUP.fullmatch(name)
-        if match and (match[4] is None or int(match[4]) == namespace) and not alive(int(match[1]), int(match[2])):
-            found.append(name)
-    return found
-
-
-def kill_left_over(directory: str, wait: float = 2.0) -> list[str]:
-    """Kill the members of every attempt cgroup under `directory` that a fork server killed with
-    its guardian left behind, and remove those cgroups (I/O): `cgroup.kill` where there is one,
-    else a SIGKILL to each member (a pidfd opened first, its membership checked). Returns the
-    cgroups removed."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-
-    def alive(pid: int, start: int) -> bool:  # a zombie is not (a killed fork server may wait long to be reaped)
-        stat = _read(f"/proc/{pid}/stat") or ""
-        return _platform.start_time(pid) == start and stat[stat.rfind(")") + 2:][:1] not in ("Z", "X", "")
-
-    removed = []
-    for name in left_over(names, alive, _platform.pid_namespace()):
-        path = f"{directory}/{name}"
-        deadline = time.monotonic() + wait
-        while True:
-            members = (_read(f"{path}/cgroup.procs") or "").split()
-            if not members:
-                break
-            if os.path.exists(f"{path}/cgroup.kill"):
-                try:
-                    _write(f"{path}/cgroup.kill", "1")
-                except OSError:
-                    pass
-            else:
-                for member in members:
-                    _platform.kill_cgroup_member(int(member), name)
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)  # the kernel delivers the kills; look again
-        if _platform.remove_cgroup(path):
-            removed.append(name)
-    return removed
 
 
 LEAF = "mpvisor-leaf"  # (v2) where our cgroup's processes move, so that it may enable controllers for children

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mpvisor import _platform
-from mpvisor._launchers.local import control, early
+from mpvisor._launchers.local import control, early, leftovers
 from mpvisor._launchers.local.channel import Channel
 from mpvisor._launchers.local.terminal import Terminal
 from mpvisor._launchers.seam import NO_TREE_LIMITS, ExitStatus, Fence, TreeLimits
@@ -612,15 +612,16 @@ class LauncherClient:
         return self._cgroups
 
     def _clean_cgroups(self) -> None:
-        """Kill and remove the attempt cgroups a killed fork server left (emptied by its guardian,
-        or, when the guardian was killed with it, by nobody)."""
-        if self._cgroups is None:
+        """Kill and remove the attempt cgroups a killed fork server left (emptied by its guardian;
+        when the guardian was killed with it, by nobody; when every process of an earlier run was
+        killed at once, by nobody until now): under the directories the probe chose, or, before
+        any probe, under this process's own cgroups (`leftovers.dirs_here`). None with
+        `MPVISOR_CGROUPS=off`."""
+        if self._cgroups_off:
             return
-        from mpvisor._launchers.local import cgroups
-
-        for directory in sorted(set(self._cgroups)):
+        for directory in sorted(set(self._cgroups if self._cgroups is not None else leftovers.dirs_here())):
             if directory:
-                cgroups.kill_left_over(directory)
+                leftovers.kill_left_over(directory)
 
     def fence(self, fence: Fence) -> None:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""

@@ -14,7 +14,8 @@ launcher.
 | the launcher is killed (SIGKILL, a crash) | the guardian kills whatever re-parents to it, until nothing does; the parent's client then removes the attempts' cgroups the launcher left (empty now), before it reports the attempts' end |
 | the guardian is killed | the launcher sees its parent go (SIGUSR1), kills every tree and exits |
 | the parent dies | the guardian dies with it (SIGKILL as parent-death signal), then as above |
-| guardian and launcher are killed at the same moment | the parent's client, before it reports the attempts' end: it kills what is left of each attempt's process group (`Channel.kill_group_left`) and kills and removes the cgroups their fork server left (`cgroups.kill_left_over`, as every later launcher's start does too); what an attempt without a cgroup started outside its group may survive (the one case in which something survives) |
+| guardian and launcher are killed at the same moment | the parent's client, before it reports the attempts' end: it kills what is left of each attempt's process group (`Channel.kill_group_left`) and kills and removes the cgroups their fork server left (`leftovers.kill_left_over`, as every later launcher's start does too); what an attempt without a cgroup started outside its group may survive (the one case in which something survives) |
+| every process of the run is killed at the same moment, the parent too | nobody, until the next run started in the same cgroups: its launcher's start, a run without limits too, kills what is left in the attempt cgroups whose fork server is gone and removes them (`leftovers`); what an attempt without a cgroup started outside its group survives, as above |
 
 The guardian only kills its own unreaped children, so a pid it signals cannot have been reused.
 It forks before the launcher imports `preload` modules, so it stays small.
