@@ -17,7 +17,7 @@ reading the file is the shell's (`_cli/filerun.py`).
 | `every`, `timeout`, `start_timeout`, `cpu` | seconds: a number, or a string with a unit (`"500ms"`, `"30s"`, `"5m"`, `"1h"`), as every duration here | `--every`, `--timeout`, `--start-timeout`, `--cpu` |
 | `max_retries`, `open_files` | integer | `--max-retries`, `--open-files` |
 | `cpus` | a number of CPUs (`0.5`, `2`) | `--cpus` |
-| `memory`, `address_space` | integer (bytes) or string (`"512M"`) | `--memory`, `--address-space` |
+| `memory`, `address_space` | number of bytes (an integer, or a float with no fraction) or string (`"512M"`) | `--memory`, `--address-space` |
 | `intensity` | string `"N/SECONDS"` | `--intensity` |
 | `backoff` | string `"FIRST[:MAX[:FACTOR]]"` or a number (FIRST) | `--backoff` |
 | `jitter` | string | `--jitter` |

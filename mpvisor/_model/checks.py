@@ -7,7 +7,7 @@ field and the value, so that bad input never reaches the runtime.
 |---|---|---|
 | `duration` | a finite real number >= 0 (> 0 without `allow_zero`; `real`), a `timedelta` (and `None` where allowed) | negative (and 0 without `allow_zero`), NaN, inf, bool, other types; the message states the field's rule |
 | `positive_int` | an integer >= 1 (`whole`), and <= `most` where given (`MOST_LIMIT`, 2**63 - 1, for a limit's count) (and `None` where allowed) | 0, negatives, more than `most`, bool, other types |
-| `size` | a number of bytes, an integer from 1 to `MOST_LIMIT` (2**63 - 1) (and `None` where allowed) | 0, negatives, more, bool, other types |
+| `size` | a whole number of bytes from 1 to `MOST_LIMIT` (2**63 - 1): an integer (`whole`), or a real number with no fraction (`integral`: `1e9`, `1024.0`, `Decimal("1E+9")`), as `mpvisor run --memory 1e9` and a task file's `memory = 1e9` take it (and `None` where allowed) | a fraction of a byte (`1.5`), 0, negatives, more, NaN, inf, bool, other types |
 | `non_negative_int` | an integer >= 0 (`whole`) (and `None` where allowed) | negatives, bool, other types |
 | `cpus` | a finite real number from 0.01 to `MOST_CPUS` (100000) (`real`) (and `None` where allowed) | less (below the kernel's least CPU quota: 1 ms per 100 ms), more, NaN, inf, bool, other types |
 | `name` | a non-empty `str` | anything else |
@@ -15,9 +15,11 @@ field and the value, so that bad input never reaches the runtime.
 | `cgroups_off` | a value of `$MPVISOR_CGROUPS`: unset or empty (False), `off`, `0`, `no`, `false`, `none` in any case (True) | any other value, `on` and `1` too (the variable only turns cgroups off) |
 
 Numbers come as users have them: an integer setting takes any integer type (`whole`: one with
-`__index__`, numpy's too), a number of seconds or CPUs any real number (`real`: a `Fraction`, a
-`Decimal`, numpy's floats); what is stored is a plain `int` or `float`, so nothing downstream
-(the wire, a `repr`, a comparison) meets another type.
+`__index__`, numpy's too), a size any whole number (`integral`), a number of seconds or CPUs any
+real number (`real`: a `Fraction`, a `Decimal`, numpy's floats); what is stored is a plain `int`
+or `float`, so nothing downstream (the wire, a `repr`, a comparison) meets another type. A
+message shows a refused value shortened (`shown`: a 401-digit integer is not echoed whole), and
+a finite number too large for a float (`10**400` seconds) is said to be too large, not infinite.
 """
 
 from __future__ import annotations
@@ -61,6 +63,33 @@ def real(value: object) -> float | None:
         return math.nan
 
 
+def integral(value: object) -> int | None:
+    """`value` as a plain `int` if it is a whole number of any type: an integer (`whole`), or a
+    real number with no fraction (`1e9`, `1024.0`, `Decimal("1E+9")`, `Fraction(4, 2)`: read
+    exactly, by its `as_integer_ratio`, once `real` says it is within 2**64, so that no huge
+    `Decimal` is ever expanded), else None: `1.5`, NaN, an infinity, one past 2**64, a bool, a str."""
+    number = whole(value)
+    if number is not None or isinstance(value, bool):
+        return number
+    approximately = real(value)
+    if approximately is None or not abs(approximately) <= 2**64:  # NaN too
+        return None
+    try:
+        numerator, denominator = value.as_integer_ratio()  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError, OverflowError, ArithmeticError):
+        return None
+    return int(numerator) if denominator == 1 else None
+
+
+def _too_large(value: object, number: float) -> bool:
+    """Whether `number`, `real(value)`, is infinite only because `value` is a finite number past
+    a float's range (`10**400`, `Decimal("1e400")`), not an infinity."""
+    try:
+        return math.isinf(number) and bool(value > 0) and bool(value != math.inf)  # type: ignore[operator]
+    except (TypeError, ArithmeticError):
+        return False
+
+
 def duration(field: str, value: object, *, allow_none: bool = False, allow_zero: bool = True) -> float | None:
     """Return `value` as seconds, or raise `ConfigError` naming `field` and `value`."""
     if value is None and allow_none:
@@ -70,10 +99,11 @@ def duration(field: str, value: object, *, allow_none: bool = False, allow_zero:
     elif (number := real(value)) is not None:
         seconds = number
     else:
-        raise ConfigError(f"{field} must be a number of seconds or a timedelta, got {value!r}")
+        raise ConfigError(f"{field} must be a number of seconds or a timedelta, got {shown(value)}")
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         rule = ">= 0" if allow_zero else "> 0"  # one message, the field's own rule, for every refused value
-        raise ConfigError(f"{field} must be a finite number of seconds {rule}, got {value!r}")
+        got = f"a number too large: {shown(value)}" if _too_large(value, seconds) else shown(value)
+        raise ConfigError(f"{field} must be a finite number of seconds {rule}, got {got}")
     return seconds
 
 
@@ -85,7 +115,7 @@ def positive_int(field: str, value: object, *, allow_none: bool = False, most: i
     number = whole(value)
     if number is None or number < 1 or (most is not None and number > most):
         rule = "a positive integer" if most is None else f"an integer from 1 to {most}"
-        raise ConfigError(f"{field} must be {rule}, got {value!r}")
+        raise ConfigError(f"{field} must be {rule}, got {shown(value)}")
     return number
 
 
@@ -97,9 +127,14 @@ MOST_LIMIT = 2**63 - 1
 
 
 def size(field: str, value: object, *, allow_none: bool = False) -> int | None:
-    """Return `value` as an int if it is a number of bytes, an integer from 1 to `MOST_LIMIT` (or an allowed
-    `None`), else raise `ConfigError` naming `field` and `value`."""
-    return positive_int(field, value, allow_none=allow_none, most=MOST_LIMIT)
+    """Return `value` as an int if it is a whole number of bytes (`integral`) from 1 to
+    `MOST_LIMIT` (or an allowed `None`), else raise `ConfigError` naming `field` and `value`."""
+    if value is None and allow_none:
+        return None
+    number = integral(value)
+    if number is None or not 1 <= number <= MOST_LIMIT:
+        raise ConfigError(f"{field} must be a whole number of bytes from 1 to 2**63 - 1, got {shown(value)}")
+    return number
 
 
 def non_negative_int(field: str, value: object, *, allow_none: bool = False) -> int | None:
@@ -129,7 +164,7 @@ def cpus(field: str, value: object, *, allow_none: bool = False) -> float | None
     if number is None:
         raise ConfigError(f"{field} must be a number of CPUs, got {value!r}")
     if not math.isfinite(number) or not LEAST_CPUS <= number <= MOST_CPUS:
-        raise ConfigError(f"{field} must be a number of CPUs from {LEAST_CPUS} to {MOST_CPUS}, got {value!r}")
+        raise ConfigError(f"{field} must be a number of CPUs from {LEAST_CPUS} to {MOST_CPUS}, got {shown(value)}")
     return number
 
 

@@ -124,7 +124,8 @@ class RestartIntensity:
 class Limits:
     """Resource limits of each attempt, each `None` when not limited:
 
-    - `memory`: bytes (an int from 1 to 2**63 - 1) of *resident* memory of the attempt's whole
+    - `memory`: bytes (a whole number from 1 to 2**63 - 1: an int, or a number with no
+      fraction, `1e9` or `Decimal("1E+9")`, stored as the int; `1.5` is refused) of *resident* memory of the attempt's whole
       tree, kept by the launcher with the strongest mechanism the host allows (a memory cgroup
       per attempt, else a watcher of the tree's proportional sets, which is soft: `mpvisor
       doctor` says which);

@@ -606,3 +606,37 @@ def test_the_slots_help_says_what_it_shows_and_waits_for_with_a_store_across_hos
     (wait,) = [a for a in parsers["slots"]._actions if "--wait" in a.option_strings]
     assert "the slot server, or the --slots store, may take to answer" in (wait.help or "")
     assert "with --slots URL: every slot of that database" in (parsers["slots"].description or "")
+
+
+@pytest.mark.parametrize("value", [1e9, 1024.0, 2.0**52, 1.5, 0.5, 1e-3, 0.0, -1024.0, 2.0**63, math.nan, math.inf])
+def test_a_size_is_one_rule_in_the_library_on_the_command_line_and_in_a_task_file(value):
+    """A float given as a size: `with_limits(memory=1e9)`, `mpvisor run --memory 1e9` and a task
+    file's `memory = 1e9` all take a whole number of bytes (1e9, 1024.0: the `int`), and all
+    refuse a fraction of a byte (1.5), 0, a negative, more than 2**63 - 1, NaN and inf, each
+    naming the field or option and the value (the library took 1e9 nowhere, while the command
+    line and the file did)."""
+    import contextlib
+    import io
+
+    from mpvisor import ConfigError, TaskSpec
+    from mpvisor._cli.taskfile import parse_text
+    from tests._support import fn
+
+    try:
+        api: int | None = TaskSpec.once(fn("t", "workers.basic:quick")).with_limits(memory=value).limits.memory
+    except ConfigError as exc:
+        api = None
+        assert str(exc) == f"memory must be a whole number of bytes from 1 to 2**63 - 1, got {value!r}", exc
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            _, spec = parse(["run", f"--memory={value!r}", "workers.basic:quick"])
+        cli: int | None = spec.limits.memory
+    except SystemExit:
+        cli = None
+        assert "argument --memory: expected a size in bytes" in err.getvalue() and repr(value) in err.getvalue(), err.getvalue()
+    found = parse_text(f"[task.a]\ntarget = 'workers.basic:quick'\nmemory = {value!r}\n")
+    in_file = found.tasks[0].spec.limits.memory if not found.errors else None
+    assert found.errors == () or 'task "a".memory: expected a size in bytes' in found.errors[0], found.errors
+    assert api == cli == in_file and (api is None or type(api) is int), (api, cli, in_file)
+    assert (api is not None) == (value in (1e9, 1024.0, 2.0**52)), api

@@ -207,6 +207,29 @@ def test_a_refused_duration_states_its_fields_own_rule(build: Any, said: str) ->
     assert said in str(caught.value)
 
 
+@pytest.mark.timeout(10)
+def test_a_size_is_any_whole_number_and_a_value_too_large_is_said_so_shortened() -> None:
+    """A size takes a whole number of any type, stored as a plain int (`Decimal("1E+9")`,
+    `Fraction(2048, 2)`, as it takes `1e9`), and refuses a fraction of a byte naming the field;
+    a number of seconds past a float's range (`10**400`) is said to be too large, not shown
+    whole (401 digits) and not called infinite; nor is a size's."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    limits = Limits(memory=Decimal("1E+9"), address_space=Fraction(2048, 2))  # type: ignore[arg-type]
+    assert (type(limits.memory), limits.memory, type(limits.address_space), limits.address_space) == (int, 10**9, int, 1024)
+    with pytest.raises(ConfigError) as fraction:
+        Limits(memory=Decimal("0.5"))  # type: ignore[arg-type]
+    assert str(fraction.value) == "memory must be a whole number of bytes from 1 to 2**63 - 1, got Decimal('0.5')"
+    with pytest.raises(ConfigError) as huge:
+        TaskSpec.once(TASK).with_limits(cpu_seconds=10**400)
+    assert str(huge.value) == ("cpu_seconds must be a finite number of seconds > 0, got a number too large: "
+                               f"{'1' + '0' * 59}… (401 characters)"), huge.value
+    with pytest.raises(ConfigError) as big:
+        TaskSpec.once(TASK).with_limits(memory=10**400)
+    assert str(big.value) == f"memory must be a whole number of bytes from 1 to 2**63 - 1, got {'1' + '0' * 59}… (401 characters)"
+
+
 def test_a_zero_max_slot_queue_is_valid() -> None:
     """A `max_slot_queue` of 0 is accepted."""
     assert ControllerConfig(max_slot_queue=0).max_slot_queue == 0
