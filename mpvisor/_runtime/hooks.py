@@ -9,7 +9,7 @@ for every attempt of every task, and lets it act back through `Runtime.mark_read
 
 | the runtime calls | when | the hook may |
 |---|---|---|
-| `environment(id, name, attempt)` | an attempt's start message is built | add variables to its environment (`NOTIFY_SOCKET`); raise `OSError` when what the attempt needs cannot be made: it fails to start, `could not start: ` and the error |
+| `environment(id, name, attempt)` | an attempt's start message is built | add variables to its environment (`NOTIFY_SOCKET`), note what its checks compare with (before its process is made: what a `file` check's path holds); raise `OSError` when what the attempt needs cannot be made: it fails to start, `could not start: ` and the error |
 | `captures(name)` | likewise | say its stdout and stderr lines come to `output` (not the parent's streams) |
 | `started(id, name, attempt, pid)` | it leads its session (after `ATTEMPT_STARTING`) | start probing it |
 | `ready(id, name, attempt, how)` | `mark_ready` was called for it (its `ready()`, a `READY=1`, a probe) | say whether that makes it ready (its readiness check decides; `ATTEMPT_READY` is published only then), and start what comes after it |

@@ -64,7 +64,7 @@ from mpvisor._services.notify import (
     sd_notify,
     watchdog_interval,
 )
-from mpvisor._services.probes import probe
+from mpvisor._services.probes import Stamp, probe, stamp
 from mpvisor._services.settings import ServiceSettings, log_paths
 from mpvisor._tasks.ending import AttemptEnd
 from mpvisor._tasks.registry import TaskWaiter
@@ -121,6 +121,7 @@ class Service:
         self.last: str | None = None
         self.stopped = False  # stopped from another shell: its end is not a failure of its dependents'
         self.checks: list[asyncio.Task[None]] = []  # the readiness or health check of the current attempt
+        self.file_before: Stamp | None = None  # what its `file` check's path held before its current attempt started
         self.settling: asyncio.Task[None] | None = None  # is an attempt that succeeded unready ready? (`_ready_at_end`)
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.notify: NotifySocket | None = None
@@ -407,7 +408,12 @@ class ServiceRun:
 
     def environment(self, id: int, name: str, attempt: int) -> dict[str, str] | None:
         service = self._instance(id, name)
-        if service is None or not service.settings.notify:
+        if service is None:
+            return None
+        check = service.settings.ready
+        if check is not None and check.kind == "file":  # before its process is made: what it writes comes after
+            service.file_before = stamp(check, getattr(service.task.spec.task, "cwd", None))
+        if not service.settings.notify:
             return None
         if service.notify is not None:
             service.notify.close()
@@ -504,7 +510,7 @@ class ServiceRun:
         service.last = f"attempt {attempt} {end.kind.name.lower()}" + (f": {end.reason}" if end.reason else "")
         check = service.settings.ready
         if end.kind is AttemptResult.SUCCEEDED and not service.was_ready and check is not None and check.kind != "notify":
-            service.settling = self.loop.create_task(self._ready_at_end(service, id))
+            service.settling = self.loop.create_task(self._ready_at_end(service, id, service.file_before))
         uncaught = uncaught_traceback(end.reason, end.traceback) if failed else None
         log = self._files.get(name, {}).get("stderr")
         if uncaught is not None and log is not None:  # into its stderr log, as Python prints it (else the display does)
@@ -553,22 +559,23 @@ class ServiceRun:
                 why = f"not ready within ready_timeout={service.settings.ready_timeout:g} s ({check}: {last})"
                 self.runtime.fail_attempt(id, attempt, why)
                 return
-            failed = await probe(check, min(PROBE_TIMEOUT, left), cwd=cwd)
+            failed = await probe(check, min(PROBE_TIMEOUT, left), cwd=cwd, before=service.file_before)
             if failed is None:
                 self.runtime.mark_ready(id, attempt, str(check))
                 return
             last = failed
             await asyncio.sleep(min(READY_POLL, max(deadline - self.loop.time(), 0)))
 
-    async def _ready_at_end(self, service: Service, id: int) -> None:
+    async def _ready_at_end(self, service: Service, id: int, before: Stamp | None) -> None:
         """An attempt succeeded before its instance was ready: with `ready = "completed"` that
         makes it ready; a probe is checked once more (a one-shot task may create its file and
-        exit between two polls), and its pass makes it ready. Its dependents start then; the
-        task's outcome is acted on once this is done (`_reported`)."""
+        exit between two polls; `before`: what that file's path held as the attempt started),
+        and its pass makes it ready. Its dependents start then; the task's outcome is acted on
+        once this is done (`_reported`)."""
         check = service.settings.ready
         assert check is not None
         cwd = getattr(service.task.spec.task, "cwd", None)
-        if check.kind != "completed" and await probe(check, PROBE_TIMEOUT, cwd=cwd) is not None:
+        if check.kind != "completed" and await probe(check, PROBE_TIMEOUT, cwd=cwd, before=before) is not None:
             return
         if service.id == id and not service.was_ready:
             service.was_ready = True

@@ -8,7 +8,16 @@ check, which is no probe).
 |---|---|---|
 | `tcp` | a connection to HOST:PORT opens (closed at once); each address the name resolves to is tried | `connection refused`, `cannot resolve NAME: ...`, `timed out after 2 s` |
 | `cmd` | PROGRAM ARGS, run without a shell, exits with status 0 | `exited with status 1: <its last output line>`, `killed by SIGSEGV`, `cannot run: ...`, `timed out after 2 s` |
-| `file` | the path exists | `no such file`, `permission denied` |
+| `file` | the path exists, and is not the file `before` describes (`stamp`: what was there as the attempt started) | `no such file`, `permission denied`, `not written since the attempt started (the file left from before it)` |
+
+A `file` check is given what was at its path as the attempt started (`stamp`, taken before its
+process is made): a file there then counts only once it is another file (removed and made
+again, replaced by a rename) or was written since (its size, modification or change time
+differ), so a file an earlier attempt or run left behind does not pass for this attempt's. The
+identity is the device, the inode, the size and both times to the nanosecond the filesystem
+keeps: a filesystem that keeps whole seconds only can take a file rewritten within the second
+in which the old one was last written, at the same inode and size, for the old one (the check
+then waits for the next change, or fails at its `ready_timeout`).
 
 A command runs in a session of its own, stdin `/dev/null`, stdout and stderr in one pipe of
 which the last `OUTPUT_KEPT` bytes are kept. When it exits, at the timeout, or when the probe
@@ -41,21 +50,43 @@ LINE_MAX = 200  # characters of that line in a reason
 _CHUNK = 65536
 _FINAL_READS = 16  # reads of what is left in the pipe once the group is killed
 _follow: Callable[[], None] | None = None  # a command's parent-death signal (`_platform.follower_of_this_thread`)
+LEFT_FROM_BEFORE = "not written since the attempt started (the file left from before it)"
+
+Stamp = tuple[int, int, int, int, int]  # a file's (device, inode, size, mtime_ns, ctime_ns)
 
 
 async def probe(
-    check: Check, timeout: float, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    check: Check, timeout: float, *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+    before: Stamp | None = None,
 ) -> str | None:
     """None when `check` passes now; else a short reason (module docstring). `timeout` bounds a
     `tcp` or `cmd` probe; `cwd` and `env` are a command's (None: this process's), `cwd` also
-    the base of a relative `file` path. `ValueError` for a `notify` check."""
+    the base of a relative `file` path; `before` is what a `file` check's path held as the
+    attempt started (`stamp`; None: nothing), which does not pass. `ValueError` for a `notify`
+    check."""
     if check.kind == "tcp":
         return await _within(timeout, _tcp(check.host, check.port))
     if check.kind == "cmd":
         return await _cmd(check.argv, timeout, cwd, env)
     if check.kind == "file":
-        return _file(os.path.join(cwd or "", check.path))
+        return _file(os.path.join(cwd or "", check.path), before)
     raise ValueError(f"{check.text!r} is not a probe (a {check.kind!r} check)")
+
+
+def stamp(check: Check, cwd: str | None = None) -> Stamp | None:
+    """What is at a `file` check's path now, for `probe`'s `before`: None when nothing is (or
+    it cannot be seen, or `check` is not a `file` check)."""
+    if check.kind != "file":
+        return None
+    try:
+        info = os.stat(os.path.join(cwd or "", check.path))
+    except (OSError, ValueError):
+        return None
+    return _stamp_of(info)
+
+
+def _stamp_of(info: os.stat_result) -> Stamp:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _timed_out(timeout: float) -> str:
@@ -114,15 +145,17 @@ async def _connect(
 # file
 
 
-def _file(path: str) -> str | None:
+def _file(path: str, before: Stamp | None) -> str | None:
     try:
-        os.stat(path)
+        info = os.stat(path)
     except FileNotFoundError:
         return "no such file"
     except OSError as exc:
         return _os_reason(exc)
     except ValueError as exc:  # a NUL in the path
         return str(exc)
+    if before is not None and _stamp_of(info) == before:
+        return LEFT_FROM_BEFORE
     return None
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from mpvisor._services.probes import LINE_MAX, probe
+from mpvisor._services.probes import LEFT_FROM_BEFORE, LINE_MAX, probe, stamp
 from mpvisor._services.settings import Check
 from tests._support import all_ended, async_wait_for, exited, pid_gone, wait_for
 
@@ -205,6 +205,36 @@ async def test_a_file_check_passes_once_the_file_exists(tmp_path: pathlib.Path) 
     (tmp_path / "ready").touch()
     assert await probe(check, 5) is None
     assert await probe(Check.parse(f"file:{tmp_path}"), 5) is None
+
+
+async def test_a_file_check_does_not_pass_on_the_file_that_was_there_before_the_attempt(tmp_path: pathlib.Path) -> None:
+    """file, given what was at its path as the attempt started (`stamp`): that same file does not
+    pass (one an earlier attempt or run left); the file written again, removed and made anew,
+    or replaced by a rename does. (Each new content has another size: the test does not hang on
+    how fine the filesystem's clock is.)"""
+    check = Check.parse("file:ready", str(tmp_path))
+    ready = tmp_path / "ready"
+    assert stamp(check) is None
+    assert await probe(check, 5, before=None) == "no such file"
+    ready.write_text("")
+    os.utime(ready, (time.time() - 3600, time.time() - 3600))  # left an hour ago
+    before = stamp(check)
+    assert before is not None
+    assert await probe(check, 5, before=before) == LEFT_FROM_BEFORE
+    assert await probe(check, 5) is None  # (no `before`: any file passes)
+    ready.write_text("1")  # written again in place
+    assert await probe(check, 5, before=before) is None
+    for change in ("remove and make", "rename over"):
+        before = stamp(check)
+        assert await probe(check, 5, before=before) == LEFT_FROM_BEFORE
+        if change == "remove and make":
+            ready.unlink()
+            ready.write_text("22")
+        else:
+            (tmp_path / "new").write_text("333")
+            os.rename(tmp_path / "new", ready)
+        assert await probe(check, 5, before=before) is None, change
+    assert stamp(Check.parse("tcp:127.0.0.1:1")) is None  # only a file check has one
 
 
 async def test_a_notify_check_is_not_a_probe() -> None:

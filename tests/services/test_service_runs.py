@@ -211,6 +211,42 @@ def test_dependents_start_only_once_what_they_come_after_is_ready_and_stop_first
     assert run.first("stopped", "last") < min(run.first("stopped", "checked"), run.first("stopped", "toucher"))
 
 
+def test_a_ready_file_left_from_before_the_attempt_does_not_make_it_ready(run: Run) -> None:
+    """A `file` check passed on a file an earlier run (killed before it could remove it) or an
+    earlier attempt (killed) left: the check ran as the attempt started, so the attempt was
+    ready at once, before its program had even begun, and what comes after it started then. The
+    file there as the attempt starts now counts only once the attempt writes it anew: `client`
+    starts after `web` wrote its file (not before), and web's next attempt, after its process
+    was killed, is ready only once it wrote the file again (its uptime then is past its 0.6 s
+    warm-up; it was ready at once)."""
+    flag = run.directory / "web.ready"
+    flag.write_text("")  # left by an earlier run
+    os.utime(flag, (time.time() - 60, time.time() - 60))
+    run.write(f"""
+        [task.web]
+        target = "workers.services:touch"
+        kwargs = {{ path = {json.dumps(str(flag))}, after = 0.6, marker = MARKER }}
+        ready = "file:web.ready"
+        restart = "always"
+        backoff = 0.1
+
+        [task.client]
+        target = "workers.services:serve"
+        kwargs = {{ marker = MARKER }}
+        after = ["web"]
+    """)
+    run.start()
+    wait_for(lambda: ("started", "client") in {(w, t) for w, t, *_ in run.markers()}, timeout=30)
+    assert run.first("started", "client") >= run.first("ready", "web"), run.markers()
+    first = run.status()["web"]["pid"]
+    assert isinstance(first, int)
+    os.kill(first, signal.SIGKILL)  # its file stays
+    rows = run.wait_status(lambda rows: rows["web"]["pid"] not in (None, first) and rows["web"]["ready"] is True)
+    assert float(rows["web"]["uptime"]) >= 0.6, rows  # type: ignore[arg-type]
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
 def test_a_dependency_that_ends_for_good_leaves_its_dependents_not_started(run: Run) -> None:
     """The dependency fails FATAL before it is ready: its dependents (also through another) never
     start, each with an outcome line naming the dependency, and the run ends on its own."""
@@ -571,8 +607,9 @@ def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_
         command = ["sleep", "30"]
         after = ["db"]
     """)
-    (run.directory / "db.ready").touch()
     run.start()
+    run.wait_status(lambda rows: rows["db"]["state"] == "starting")
+    (run.directory / "db.ready").touch()  # made while its attempt runs (one there before would not count)
     run.wait_status(lambda rows: rows["api"]["state"] == "running")
     assert run.ctl("stop", "api").returncode == 0
     (run.directory / "db.ready").unlink()
@@ -960,10 +997,9 @@ def test_the_ready_events_of_a_file_run_are_the_ones_the_docs_list(run: Run) -> 
     task without `ready` is ready at its start, which its `attempt_starting` says: no
     `attempt_ready` (the docs promised one with the reason `started`), unless its target calls
     `ready()`."""
-    (run.directory / "here").touch()
     run.write("""
         [task.probed]
-        command = ["sleep", "0.5"]
+        command = ["sh", "-c", "touch here; exec sleep 0.5"]
         ready = "file:here"
 
         [task.plain]
@@ -1287,7 +1323,7 @@ def test_a_reload_that_fixes_a_failed_dependency_starts_exactly_what_it_had_left
         grace = 1
 
         [task.db]
-        command = ["sh", "-c", "test -e ok || exit 4; exec sleep 30"]
+        command = ["sh", "-c", "test -e go || exit 4; touch ok; exec sleep 30"]
         ready = "file:ok"
 
         [task.api]
@@ -1313,7 +1349,7 @@ def test_a_reload_that_fixes_a_failed_dependency_starts_exactly_what_it_had_left
     run.start()
     run.wait_status(lambda rows: all(rows[t]["state"] == "not started" for t in ("api", "web", "stuck"))
                     and rows["other"]["pid"])
-    (run.directory / "ok").touch()
+    (run.directory / "go").touch()
     run.write(text.replace("exit 4", "exit 5") + '\n[task.new]\ncommand = ["sleep", "30"]\nafter = ["db"]\n')
     reloaded = run.ctl("reload")
     assert reloaded.returncode == 0 and "added: new; changed: db" in reloaded.stdout, reloaded
