@@ -12,7 +12,7 @@ times from files, never from logs.
 | `touch(path, after=0.0, marker=None)` | creates `path` after `after` s | by a `file:` probe |
 | `chatter(lines, stream="stdout", every=0.0, marker=None)` | prints `line 1` ... `line N` to `stream`, then waits to be canceled | at once |
 | `fail_after(seconds, marker=None)` | raises `Fatal` after `seconds` | never |
-| `ready_twice_then_fail(fail_until=1, marker=None)` | `ready("first")`, `ready("second")`; `Fail` while its attempt <= `fail_until`, then waits to be canceled | at once |
+| `ready_twice_then_fail(fail_until=1, after=0.0, marker=None)` | `ready("first")`, `ready("second")`; `Fail` `after` s later while its attempt <= `fail_until`, then waits to be canceled | at once |
 
 Every marker line is `<word> <task> <attempt> <pid> <time.time()>`: `started`, `ready`, and
 `stopped` once it was asked to stop.
@@ -107,14 +107,16 @@ def fail_after(seconds: float, marker: str | None = None) -> None:
     raise Fatal(f"gave up after {seconds} s")
 
 
-def ready_twice_then_fail(fail_until: int = 1, marker: str | None = None) -> None:
-    """Calls `ready("first")`, then `ready("second")`; fails while its attempt <= `fail_until`,
-    then waits to be canceled."""
+def ready_twice_then_fail(fail_until: int = 1, after: float = 0.0, marker: str | None = None) -> None:
+    """Calls `ready("first")`, then `ready("second")`; fails `after` s later while its attempt <=
+    `fail_until`, then waits to be canceled."""
     from mpvisor import Fail
 
     _mark(marker, "started")
     context().ready("first")
     context().ready("second")
     if context().attempt <= fail_until:
+        if after and context().wait_cancelled(after):
+            return
         raise Fail("failing after ready")
     _wait_canceled(marker)

@@ -232,8 +232,9 @@ class Runtime:
         return True
 
     def end_failure_streak(self, id: int, attempt: int) -> None:
-        """Attempt `attempt` of task `id` passed its readiness check: its task's failure streak
-        ends there (`TaskActor.end_streak`). Nothing when that attempt no longer runs."""
+        """Attempt `attempt` of task `id` started well (a service run's: it passed its readiness
+        check and stayed up `STARTED_AFTER` more): its task's failure streak ends there
+        (`TaskActor.end_streak`). Nothing when that attempt no longer runs."""
         actor = self.registry.by_id.get(id)
         if actor is not None and actor.attempt == attempt and actor.current is not None:
             actor.end_streak()

@@ -70,6 +70,7 @@ from mpvisor._tasks.ending import AttemptEnd
 from mpvisor._tasks.registry import TaskWaiter
 
 READY_POLL = 0.2  # seconds between two readiness probes
+STARTED_AFTER = 1.0  # seconds an attempt stays up once ready before it counts as started well (ends the failure streak)
 RUN_KEYS = ("grace", "max_concurrent", "slots", "lease_ttl", "wait_timeout")  # [defaults] keys read at start only
 PROBE_TIMEOUT = 5.0  # seconds one probe may take, at most
 
@@ -472,8 +473,10 @@ class ServiceRun:
             return True
         service.ready, service.was_ready = True, True
         service.state = "ready" if service.settings.ready is not None else "running"
-        if check is not None:  # it passed its check: it started well, and a failure after it starts a new streak
-            self.runtime.end_failure_streak(id, attempt)
+        if check is not None:  # it passed its check: once it stayed up STARTED_AFTER s more, it started well, and a
+            # failure after that starts a new streak (a probe may pass on another process's port or file: such an
+            # attempt fails soon after, and its failures count in a row, as supervisord's startsecs counts them)
+            service.timers["started"] = self.loop.call_later(STARTED_AFTER, self.runtime.end_failure_streak, id, attempt)
         for probing in service.checks:
             probing.cancel()
         service.checks.clear()

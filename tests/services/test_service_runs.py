@@ -314,12 +314,14 @@ def test_a_failing_check_fails_the_attempt_and_the_restart_policy_restarts_it(ru
 
 def test_an_attempt_that_was_ready_ends_the_failure_streak_and_one_that_never_was_does_not(run: Run) -> None:
     """`max_retries` counts failures in a row. A service that passed its readiness check and
-    failed later (hours later, or here at once) counted against it as if it had never started:
+    failed later (hours later, or here 1.2 s later) counted against it as if it had never started:
     with `max_retries = 1` its second failure ever ended it for good, `retry limit reached`,
-    and its backoff grew with every crash of its life. An attempt that was ready now ends the
-    streak, as supervisord's RUNNING state resets its start retries: `up` fails after being
-    ready in attempts 1 to 3 and serves from attempt 4. `down`, never ready, still ends after
-    its retry."""
+    and its backoff grew with every crash of its life. An attempt that was ready, and stayed up
+    1 s more, now ends the streak, as supervisord's RUNNING state (after `startsecs`) resets its
+    start retries: `up` fails after being ready in attempts 1 to 3 and serves from attempt 4.
+    `down`, never ready, still ends after its retry, and so does `brief`, ready but failing 0.1 s
+    later each time (a probe that passed on another process's port: an attempt that was ready
+    ended the streak at once, and such a task restarted forever, ignoring `max_retries`)."""
     run.write("""
         [defaults]
         restart = "always"
@@ -328,21 +330,54 @@ def test_an_attempt_that_was_ready_ends_the_failure_streak_and_one_that_never_wa
 
         [task.up]
         target = "workers.services:ready_twice_then_fail"
-        kwargs = {fail_until = 3, marker = MARKER}
+        kwargs = {fail_until = 3, after = 1.2, marker = MARKER}
         ready = "notify"
 
         [task.down]
         command = ["sh", "-c", "exit 3"]
         ready = "notify"
+
+        [task.brief]
+        target = "workers.services:ready_twice_then_fail"
+        kwargs = {fail_until = 1000, after = 0.1}
+        ready = "notify"
     """)
     run.start()
-    rows = run.wait_status(lambda rows: (rows["up"]["state"], rows["up"]["restarts"], rows["down"]["state"])
-                           == ("ready", 3, "ended"))
+    rows = run.wait_status(lambda rows: (rows["up"]["state"], rows["up"]["restarts"], rows["down"]["state"],
+                                         rows["brief"]["state"]) == ("ready", 3, "ended", "ended"), timeout=40)
     assert [a for w, t, a, *_ in run.markers() if (w, t) == ("started", "up")] == [1, 2, 3, 4], run.markers()
     assert str(rows["down"]["last"]).startswith("failed: retry limit reached after 1 of 1 retries: "), rows
+    assert str(rows["brief"]["last"]).startswith("failed: retry limit reached after 1 of 1 retries: "), rows
     status, _, err = run.stop()
     assert status == -signal.SIGTERM, err
     assert "mpvisor: up: canceled reason='canceled by shutdown' exit_code=None attempts=4" in err, err
+
+
+def test_a_server_whose_port_another_process_holds_gives_up_after_max_retries(run: Run) -> None:
+    """A server that cannot bind its port, which another process listens on, exits at once; its
+    tcp check passed on the other listener, so each attempt was ready, ended the failure streak,
+    and the task restarted forever at the backoff's first delay (21 restarts in 10 s with
+    `max_retries = 3`). Now such an attempt, failing within 1 s of its readiness, counts in the
+    streak: the backoff grows, and after `max_retries` the task fails for good and the run ends
+    on its own."""
+    with socket.create_server(("127.0.0.1", 0)) as holder:  # another process's server, as the run sees it
+        port = holder.getsockname()[1]
+        run.write(f"""
+            [task.web]
+            command = ["{PYTHON}", "-c", "import socket; socket.create_server(('127.0.0.1', {port}))"]
+            restart = "on-failure"
+            max_retries = 3
+            backoff = "0.05:30"
+            jitter = "none"
+            ready = "tcp:127.0.0.1:{port}"
+        """)
+        proc = run.start()
+        _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 1, err
+    assert "mpvisor: web: failed reason='retry limit reached after 3 of 3 retries: " in err, err
+    assert "attempts=4" in err, err
+    delays = [float(line.rsplit(" ", 1)[1].rstrip("s")) for line in err.splitlines() if "web: next attempt in " in line]
+    assert len(delays) == 3 and delays == sorted(delays) and delays[-1] > delays[0], err
 
 
 def test_log_files_rotate_compress_reopen_on_sigusr1_and_logs_reads_them(run: Run) -> None:
