@@ -918,6 +918,11 @@ def private_dir(path: str, what: str, env: str = "") -> str | None:
         _make_private_dirs(os.path.abspath(path))
         info = os.lstat(path)
     except OSError as exc:
+        closed = _closed_ancestor(os.path.abspath(path)) if exc.errno == errno.EACCES else None
+        if closed is not None:  # it may well be there: what is wrong is that this user cannot reach it
+            owner = os.lstat(closed)
+            return (f"{what} {path!r} cannot be reached: {closed!r} is uid {owner.st_uid}'s (mode "
+                    f"{owner.st_mode & 0o777:o}), which uid {os.getuid()} may not enter{elsewhere}")
         return f"cannot create {what} {path!r}: {exc.strerror or exc}{elsewhere}"
     if not stat.S_ISDIR(info.st_mode):
         return f"{what} {path!r} is not a directory"
@@ -951,6 +956,20 @@ def long_socket_path(path: str, what: str, env: str) -> str | None:
         return None
     return (f"the path of {what}, {path!r}, is longer than a Unix socket's may be ({SUN_PATH_MAX} "
             f"bytes): set {env} to a shorter directory")
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The first directory above `path` (an absolute path) that this user may not enter (no
+    search permission), another user's, say; None when each one there is may be entered."""
+    parts = path.split(os.sep)[1:-1]
+    at = os.sep
+    for part in parts:
+        at = os.path.join(at, part)
+        if not os.path.isdir(at):
+            return None
+        if not os.access(at, os.X_OK):
+            return at
+    return None
 
 
 def _make_private_dirs(path: str) -> None:

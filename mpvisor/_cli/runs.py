@@ -10,7 +10,8 @@ that is live but does not answer (stopped by SIGSTOP, say) is a refusal naming i
 limit). While it looks for the only live run, or for a FILE's run among others, each run has
 `--wait` (default `LIST_WAIT`) to describe itself. When no run of FILE is live but a run of
 another file of its name is (FILE is relative to another directory than that run's), the line
-that says so names those runs.
+that says so names those runs. Each user's runs serve in a control directory of the user's: a
+line that says no run is live says it is this user's (a run of another user's is not seen).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from mpvisor._services.control import (
 ASK_WAIT = 10.0  # seconds a run may take to answer a question (`status`, `logs`), or to take an operation
 MAX_WAIT = 86400.0  # seconds (a day): the most `--wait` takes (a socket's timeout holds it)
 CWD_REMOVED = "the working directory was removed, so a relative path names no file"
-NONE_LIVE = "no run of a task file is live (start one with mpvisor run --file FILE)"
+UNSEEN = "a run of another user's is not seen from here"  # each user's runs serve in a control directory of the user's
+NONE_LIVE = f"no run of a task file is live for this user (start one with mpvisor run --file FILE; {UNSEEN})"
 
 
 class Refusal(Exception):
@@ -168,10 +170,10 @@ def _run_of(file: str, directory: str, wait: float) -> str:
 
 def _not_live(args: argparse.Namespace) -> str:
     if args.name is not None:
-        return f"no run named {args.name!r} is live"
+        return f"no run named {args.name!r} is live for this user ({UNSEEN})"
     if args.file is not None:
-        return (f"no run of {printable(args.file)} is live (start one with mpvisor run --file {printable(args.file)})"
-                + _same_name_elsewhere(args.file, _list_wait(args)))
+        return (f"no run of {printable(args.file)} is live for this user (start one with mpvisor run --file "
+                f"{printable(args.file)}; {UNSEEN})" + _same_name_elsewhere(args.file, _list_wait(args)))
     return NONE_LIVE
 
 

@@ -1010,8 +1010,9 @@ def test_a_task_files_path_with_a_byte_that_is_not_utf8_shows_the_byte(tmp_path)
     assert (checked.returncode, checked.stdout) == (0, b"caf\\xe9/tasks.toml: valid, 1 task: t\n"), checked
     asked = subprocess.run([sys.executable, "-m", "mpvisor", "status", file], cwd=tmp_path, env=env,
                            capture_output=True, timeout=30)
-    assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live (start one with "
-                                                    b"mpvisor run --file caf\\xe9/tasks.toml)\n"), asked
+    assert (asked.returncode, asked.stderr) == (10, b"mpvisor: no run of caf\\xe9/tasks.toml is live for this user (start "
+                                                    b"one with mpvisor run --file caf\\xe9/tasks.toml; a run of another "
+                                                    b"user's is not seen from here)\n"), asked
     missing = subprocess.run([sys.executable, "-m", "mpvisor", "run", "--", os.path.join(directory.name, "nope")],
                              cwd=tmp_path, env=env, capture_output=True, timeout=30)
     assert (missing.returncode, missing.stderr) == (127, b"mpvisor: nope: fatal reason=\"cannot execute 'caf\\xe9/nope': "
@@ -1399,7 +1400,9 @@ def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_var
     """The slot server's and the control sockets' directories live in /tmp by default, where any
     user may make `/tmp/mpvisor-<uid>` first: a run of the user whose name it has is refused
     naming the owner and the variable to set (it said only "is not a directory of uid N's"), and
-    a control directory below it, which it cannot make, says the same variable. (As root, the
+    a control directory below it says the same variable: as root, that it cannot be reached, the
+    directory above it being one 65534 may not enter (it said `cannot create ...: Permission
+    denied`, as if nothing were there); as an ordinary user, below `/`, that it cannot be made. (As root, the
     run is uid 65534's and the directory this process's; as an ordinary user, the directory is
     root's `/`.)"""
     import tempfile
@@ -1418,8 +1421,12 @@ def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_var
                            capture_output=True, text=True, timeout=30)
     if os.geteuid() == 0:
         theirs.rmdir()
-    assert (asked.returncode, asked.stderr) == (1, f"mpvisor: cannot create the control directory {str(theirs / 'runs')!r}: "
-                                                   "Permission denied: set $MPVISOR_CONTROL_DIR to a directory of yours\n")
+    if os.geteuid() == 0:  # theirs is 0700: the directory below it may be there, but 65534 cannot reach it
+        said = (f"the control directory {str(theirs / 'runs')!r} cannot be reached: {str(theirs)!r} is uid 0's "
+                "(mode 700), which uid 65534 may not enter")
+    else:  # / may be entered: the directory is not there, and cannot be made
+        said = f"cannot create the control directory {str(theirs / 'runs')!r}: Permission denied"
+    assert (asked.returncode, asked.stderr) == (1, f"mpvisor: {said}: set $MPVISOR_CONTROL_DIR to a directory of yours\n")
 
 
 def test_a_read_only_tmp_is_named_with_the_variable_that_moves_the_slot_servers_directory(tmp_path):

@@ -367,13 +367,19 @@ async def test_logs_follows_a_file_across_rotation_and_dies_by_sigint(runs_dir: 
 
 
 async def test_no_run_live_says_so_with_status_10(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    """No run at all, none by that name, none of that FILE: one line each, status 10."""
-    assert await cli("status") == (10, "", "mpvisor: no run of a task file is live "
-                                           "(start one with mpvisor run --file FILE)\n")
-    assert await cli("stop", "web", "--name", "gone") == (10, "", "mpvisor: no run named 'gone' is live\n")
+    """No run at all, none by that name, none of that FILE: one line each, status 10. Each says
+    that no run of this user's is live, and that another user's is not seen (each user's runs
+    serve in a control directory of the user's: `no run ... is live` alone invited another user
+    to start a second run of a file whose run was live)."""
+    assert await cli("status") == (10, "", "mpvisor: no run of a task file is live for this user "
+                                           "(start one with mpvisor run --file FILE; a run of another user's is "
+                                           "not seen from here)\n")
+    assert await cli("stop", "web", "--name", "gone") == (
+        10, "", "mpvisor: no run named 'gone' is live for this user (a run of another user's is not seen from here)\n")
     file = str(tmp_path / "svc.toml")
-    assert await cli("logs", "web", file) == (10, "", f"mpvisor: no run of {file} is live "
-                                                      f"(start one with mpvisor run --file {file})\n")
+    assert await cli("logs", "web", file) == (10, "", f"mpvisor: no run of {file} is live for this user "
+                                                      f"(start one with mpvisor run --file {file}; a run of another "
+                                                      "user's is not seen from here)\n")
 
 
 async def test_several_runs_live_and_none_named_are_listed_with_status_11(runs_dir: pathlib.Path) -> None:
@@ -639,6 +645,48 @@ def test_a_control_directory_open_to_others_or_of_another_user_is_refused(
         monkeypatch.setenv("MPVISOR_CONTROL_DIR", str(theirs))
         with pytest.raises(ControlError, match="is uid 65534's, not uid 0's \\(another user made it\\): set \\$MPVISOR_CONTROL_DIR"):
             control_dir()
+
+
+def test_a_control_directory_below_one_this_user_may_not_enter_says_so() -> None:
+    """`MPVISOR_CONTROL_DIR` naming another user's control directory (`/tmp/mpvisor-0/runs`, in a
+    0700 directory of root's) said `cannot create the control directory ...: Permission denied`,
+    though it is there: what is wrong is that this user cannot reach it, and the line now says
+    so, naming the directory that may not be entered and its owner. As root, the asking process
+    is a child of this one turned uid 65534, the directory root's; as another user, the
+    directory is this user's own with no search permission (mode 600)."""
+    closed = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-closed-"))  # under /tmp: pytest's own tmp dirs are 0700
+    wanted = closed / "runs"
+    root = os.getuid() == 0
+    try:
+        wanted.mkdir(mode=0o700)  # there, as another user's runs are
+        if not root:
+            closed.chmod(0o600)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the asking user: what control_dir() says, on the pipe
+            try:
+                os.close(read)
+                if root:
+                    os.setgid(NOBODY)
+                    os.setuid(NOBODY)
+                os.environ["MPVISOR_CONTROL_DIR"] = str(wanted)
+                try:
+                    said = f"no error: {control_dir()}"
+                except ControlError as exc:
+                    said = str(exc)
+                os.write(write, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        os.waitpid(pid, 0)
+    finally:
+        closed.chmod(0o700)
+        shutil.rmtree(closed, ignore_errors=True)
+    owner, mode, me = (0, "700", NOBODY) if root else (os.getuid(), "600", os.getuid())
+    assert said == (f"the control directory {str(wanted)!r} cannot be reached: {str(closed)!r} is uid {owner}'s (mode "
+                    f"{mode}), which uid {me} may not enter: set $MPVISOR_CONTROL_DIR to a directory of yours"), said
 
 
 async def test_live_runs_lists_who_answers_and_removes_stale_sockets(runs_dir: pathlib.Path) -> None:

@@ -1300,7 +1300,8 @@ def test_a_file_of_a_live_runs_name_asked_from_another_directory_names_that_run(
         by_name = sorted([(control_run_name(first_path), first_path, run), (control_run_name(second_path), second_path, second)])
         runs = ", ".join(f"{path} (pid {each.proc.pid}, --name {name})"  # in the order of their names, as listed
                          for name, path, each in by_name if each.proc is not None)
-        expected = ("mpvisor: no run of services.toml is live (start one with mpvisor run --file services.toml); "
+        expected = ("mpvisor: no run of services.toml is live for this user (start one with mpvisor run --file "
+                    "services.toml; a run of another user's is not seen from here); "
                     f"runs of other services.toml files are live: {runs}")
         for present in (False, True):  # elsewhere's own services.toml: not there, then there
             if present:
@@ -1311,8 +1312,9 @@ def test_a_file_of_a_live_runs_name_asked_from_another_directory_names_that_run(
         assert second.stop()[0] == -signal.SIGTERM
         asked = subprocess.run([MPVISOR or "mpvisor", "stop", "web", "services.toml"], cwd=elsewhere, env=run.env,
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-        assert (asked.returncode, asked.stderr) == (10, "mpvisor: no run of services.toml is live (start one with mpvisor "
-                                                        "run --file services.toml); a run of another services.toml is live: "
+        assert (asked.returncode, asked.stderr) == (10, "mpvisor: no run of services.toml is live for this user (start one "
+                                                        "with mpvisor run --file services.toml; a run of another user's is "
+                                                        "not seen from here); a run of another services.toml is live: "
                                                         f"{first_path} (pid {run.proc.pid if run.proc else None}, --name "
                                                         f"{control_run_name(first_path)})\n"), asked
         mine = run.ctl("status", "services.toml")  # from the run's own directory: its run, as always
