@@ -4,8 +4,11 @@ Asks the run (`runs`) where the task's log files are (`{"t": "logs"}`: its stdou
 stderr's, perhaps one file); when no run of the `FILE` it was given is live (it ended, or
 crashed, which is when logs matter most), or its run does not answer (stopped, stuck), the file
 says where they are (a line on stderr says so). It reads them itself: the last `-n` lines of each, under a header
-`==> stdout: PATH <==` when there are two files; a file not there yet is said on stderr (the task
-wrote nothing there yet, or the run cannot create it), status 0. With `-f` it then follows them as `tail -F`
+`==> stdout: PATH <==` when there are two files; a file not there is said on stderr, status 0:
+with a live run, that the task may have written nothing there yet, or the run cannot create it,
+or it was removed or moved while the run writes it (SIGUSR1 to the run's pid, which its answer
+gives, makes the run open it again); with none, that the task wrote nothing there, or it was
+removed or moved. With `-f` it then follows them as `tail -F`
 does, looking every `POLL` s: a path whose file changed (another inode: rotated) is read to its
 end in the old file, then from the start in the new one; a file that shrank (truncated) is read
 again from its start; a file not there yet is waited for. Ctrl-C ends it: it dies by SIGINT; a
@@ -54,9 +57,13 @@ check = runs.check
 
 
 def run(args: argparse.Namespace) -> int:
+    live: int | bool = True  # the live run's pid (True: it did not say it), or False: the file said where
     try:
-        paths = runs.ask(args, {"t": "logs", "task": args.task}).get("paths") or {}
+        answer = runs.ask(args, {"t": "logs", "task": args.task})
+        paths = answer.get("paths") or {}
+        live = answer["pid"] if isinstance(answer.get("pid"), int) else True
     except runs.Refusal as refusal:
+        live = False
         if not (refusal.status == NO_RUN or refusal.unanswered) or args.file is None or not os.path.isfile(args.file):
             return runs.refused(refusal)
         try:  # no run of FILE is live (it ended, or crashed), or it does not answer: the file says where its logs are
@@ -69,14 +76,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"mpvisor: {last.rstrip(':')}; the log files {printable(args.file)} names:", file=sys.stderr)
     files = [Followed(label, path) for label, path in _files(paths)]
     try:
-        return _show(files, args)
+        return _show(files, args, live)
     finally:
         for followed in files:
             followed.close()
 
 
-def _show(files: list[Followed], args: argparse.Namespace) -> int:
-    """Print the last lines of `files`, then, with `-f`, what is written to them."""
+def _show(files: list[Followed], args: argparse.Namespace, live: int | bool) -> int:
+    """Print the last lines of `files`, then, with `-f`, what is written to them; `live`: the
+    pid of the live run that writes them (True: not known), False if none is."""
     headers = len(files) > 1
     for index, followed in enumerate(files):
         try:
@@ -84,8 +92,7 @@ def _show(files: list[Followed], args: argparse.Namespace) -> int:
         except OSError as exc:
             return runs.refused(runs.Refusal(FAILED, f"cannot read {printable(followed.path)}: {exc.strerror or exc}"))
         if followed.file is None:  # as `tail -F` says it, on stderr: what is printed stays the log's own
-            print(f"mpvisor: {followed.label}: no file at {printable(followed.path)} yet (the task has written nothing "
-                  f"there yet, or the run cannot create it: the run's stderr says why)", file=sys.stderr)
+            print(f"mpvisor: {followed.label}: no file at {printable(followed.path)} {_why_none(live)}", file=sys.stderr)
         if headers:
             _write(f"{chr(10) if index else ''}==> {followed.label}: {printable(followed.path)} <==\n")
         _write(text)
@@ -96,6 +103,16 @@ def _show(files: list[Followed], args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return -signal.SIGINT
     return OK
+
+
+def _why_none(live: int | bool) -> str:
+    """Why a log file may not be there, for `no file at PATH ...`."""
+    if live is False:  # no run writes it now
+        return "(the task wrote nothing there, or it was removed or moved)"
+    # (True is an int: the bool is tested first)
+    pid = "the run's pid" if isinstance(live, bool) else str(live)
+    return (f"(the task has written nothing there yet, or the run cannot create it: the run's stderr says why; or it "
+            f"was removed or moved while the run writes it: kill -USR1 {pid} makes the run open its log files again)")
 
 
 def _paths_in_file(file: str, task: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ older mpvisor, which answers an operation only once it is done: its client waits
 | `status` | - | `name`, `file`, `pid`, `tasks`: one row per task (`ControlTarget.status`) |
 | `stop`, `start`, `restart` | `task` | `message`: one line |
 | `reload` | - | `message`: one line |
-| `logs` | `task` | `paths`: `{"stdout": path, "stderr": path}` (one or both) |
+| `logs` | `task` | `paths`: `{"stdout": path, "stderr": path}` (one or both); `pid`: the run's (as `describe`'s: a file removed under it is opened again on SIGUSR1) |
 
 Any request can be answered `{"ok": false, "error": str}`: a request the run refuses
 (`ControlError`: an unknown task, a reload refused, with one error per line), a malformed one
@@ -633,7 +633,7 @@ class ControlServer:
             return {**target.describe(), "tasks": list(target.status())}
         if kind == "logs":
             assert task is not None
-            return {"paths": dict(target.log_paths(task))}
+            return {"paths": dict(target.log_paths(task)), "pid": target.describe().get("pid")}  # its pid: for SIGUSR1
         if kind == "reload":
             return {"message": await self._operation(kind, target.reload())}
         assert task is not None

@@ -241,16 +241,20 @@ async def test_logs_closes_the_files_it_read(runs_dir: pathlib.Path, tmp_path: p
 
 
 async def test_logs_says_a_log_file_that_is_not_there_yet(runs_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    """A log file the task has not written yet, or that the run cannot create (a directory it may
-    not write, a path under /proc), is said on stderr, naming the path, as `tail -F` says it; the
-    lines of the file that is there are printed as they are, and the status is 0."""
+    """A log file the task has not written yet, that the run cannot create (a directory it may
+    not write, a path under /proc), or that was removed or moved while the run writes it (it
+    said only the first two: the task "has written nothing there yet"), is said on stderr,
+    naming the path, as `tail -F` says it, with the run's pid for the SIGUSR1 that makes the run
+    open the file again; the lines of the file that is there are printed as they are, and the
+    status is 0."""
     out_log, missing = tmp_path / "web.log", tmp_path / "not-yet.err"
     out_log.write_text("out 1\n")
     target = FakeTarget("svc", "/srv/svc.toml", {"web": str(out_log), "web.err": str(missing)})
     async with serving(target):
         assert await cli("logs", "web") == (0, f"==> stdout: {out_log} <==\nout 1\n\n==> stderr: {missing} <==\n", (
-            f"mpvisor: stderr: no file at {missing} yet (the task has written nothing there yet, or the run cannot "
-            "create it: the run's stderr says why)\n"))
+            f"mpvisor: stderr: no file at {missing} (the task has written nothing there yet, or the run cannot "
+            "create it: the run's stderr says why; or it was removed or moved while the run writes it: kill -USR1 "
+            f"{os.getpid()} makes the run open its log files again)\n"))
 
 
 async def test_logs_shows_log_paths_with_a_newline_or_an_escape_code_escaped(runs_dir: pathlib.Path,

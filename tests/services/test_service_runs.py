@@ -380,6 +380,31 @@ def test_a_server_whose_port_another_process_holds_gives_up_after_max_retries(ru
     assert len(delays) == 3 and delays == sorted(delays) and delays[-1] > delays[0], err
 
 
+def test_logs_of_a_file_removed_under_the_run_names_the_sigusr1_that_opens_it_again(run: Run) -> None:
+    """A log file removed while the run writes it (the run writes on into the file it has open):
+    `mpvisor logs` said the task "has written nothing there yet". It now says the file may have
+    been removed or moved, and names the SIGUSR1 to the run's pid that opens it again; that
+    signal brings the file back, and `mpvisor logs` shows its lines."""
+    run.write("""
+        [task.clock]
+        command = ["sh", "-c", "while :; do echo tick; sleep 0.05; done"]
+        log = "logs/{task}.log"
+    """)
+    proc = run.start()
+    log = run.directory / "logs" / "clock.log"
+    wait_for(lambda: log.exists() and log.stat().st_size > 0, timeout=20)
+    log.unlink()
+    shown = run.ctl("logs", "clock")
+    assert (shown.returncode, shown.stdout) == (0, ""), shown
+    assert shown.stderr == (f"mpvisor: stdout and stderr: no file at {log} (the task has written nothing there yet, or "
+                            "the run cannot create it: the run's stderr says why; or it was removed or moved while the "
+                            f"run writes it: kill -USR1 {proc.pid} makes the run open its log files again)\n"), shown
+    os.kill(proc.pid, signal.SIGUSR1)
+    wait_for(lambda: "tick" in run.ctl("logs", "clock", "-n", "1").stdout, timeout=20)
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+
+
 def test_log_files_rotate_compress_reopen_on_sigusr1_and_logs_reads_them(run: Run) -> None:
     """Lines go to the task's file, whole; past log_max_bytes the file rotates, keeping
     log_backups gzipped files; SIGUSR1 reopens a file moved away; `mpvisor logs` prints the tail."""
