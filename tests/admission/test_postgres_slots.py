@@ -1303,6 +1303,33 @@ def test_a_setting_that_is_not_a_url_is_shown_without_its_password(bad: str) -> 
     assert concealed(bad) == _NOT_URLS[bad]
 
 
+def _refused_by_every_entry_point(tmp_path: Any, bad: str) -> list[tuple[str, str]]:
+    """Give `bad` as the slots setting of every command that takes one (`--slots`,
+    `$MPVISOR_SLOTS`, a task file's `defaults.slots`), all at once, each a process of its own;
+    each must be refused as a usage error (status 2). Each one's stderr and the name its error
+    must give the setting."""
+    assert MPVISOR is not None
+    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
+    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
+    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
+                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
+                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
+    runs = {argv: subprocess.Popen(
+        [MPVISOR, *argv], cwd=tmp_path, env={**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, named in commands.items()}
+    said = []
+    try:
+        for argv, run in runs.items():
+            _, err = run.communicate(timeout=30)
+            assert run.returncode == 2, (argv, err)
+            said.append((err, commands[argv]))
+    finally:
+        for run in runs.values():
+            run.kill()
+            run.wait()
+    return said
+
+
 # Every command and entry point, for two of the forms (each form's masking is checked above)
 @pytest.mark.parametrize("bad", [bad if bad in ("host=127.0.0.1 user=deploy password=Hunter2leaked dbname=deploys",
                                                 "postgresql//deploy:Hunter2leaked@db/ops")
@@ -1314,25 +1341,9 @@ def test_a_slots_setting_that_is_not_a_url_is_refused_without_its_password(tmp_p
     only a well-formed URL's password was masked). Nothing runs."""
     from mpvisor import ConfigError, ControllerConfig
 
-    assert MPVISOR is not None
-    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
-    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
-    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
-                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
-                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
-    runs = {argv: subprocess.Popen(  # all at once: each a process of its own, refused on its own
-        [MPVISOR, *argv], cwd=tmp_path, env={**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, named in commands.items()}
-    try:
-        for argv, run in runs.items():
-            _, err = run.communicate(timeout=30)
-            named = commands[argv]
-            assert run.returncode == 2 and named in err and "expected a postgresql:// URL, got" in err, (argv, err)
-            assert "Hunter2" not in err and "leaked" not in err and "***" in err, (argv, err)
-    finally:
-        for run in runs.values():
-            run.kill()
-            run.wait()
+    for err, named in _refused_by_every_entry_point(tmp_path, bad):
+        assert named in err and "expected a postgresql:// URL, got" in err, err
+        assert "Hunter2" not in err and "leaked" not in err and "***" in err, err
     with pytest.raises(ConfigError) as refused:
         ControllerConfig(leases=bad)
     assert "leases must be" in str(refused.value) and "Hunter2" not in str(refused.value), refused.value
@@ -1377,25 +1388,10 @@ def test_a_slots_url_whose_password_libpq_would_misread_is_refused_without_any_o
     from mpvisor._admission.leases.postgres import PostgresStore
     from mpvisor._admission.leases.store import LeaseError
 
-    assert MPVISOR is not None
-    (tmp_path / "f.toml").write_text('[defaults]\nslots = """' + bad + '"""\n[task.a]\ncommand = ["touch", "ran"]\nslot = "s"\n')
-    env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path / "runtime")}
-    commands = {("run", "--slot", "s", "--slots", bad, "--", "touch", "ran"): "argument --slots",
-                ("slots", "--slots", bad): "argument --slots", ("run", "--slot", "s", "--", "touch", "ran"): "$MPVISOR_SLOTS",
-                ("slots",): "$MPVISOR_SLOTS", ("check", "f.toml"): "defaults.slots", ("run", "--file", "f.toml"): "defaults.slots"}
-    runs = {argv: subprocess.Popen(
-        [MPVISOR, *argv], cwd=tmp_path, env={**env, "MPVISOR_SLOTS": bad} if named == "$MPVISOR_SLOTS" else env,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, named in commands.items()}
-    try:
-        for argv, run in runs.items():
-            _, err = run.communicate(timeout=30)
-            assert run.returncode == 2 and commands[argv] in err and len(err.strip().splitlines()) == 1, (argv, err)
-            assert "'postgresql://deploy:***@127.0.0.1:1/deploys'" in err and "'@' as %40, '/' as %2F" in err, (argv, err)
-            assert "Hunter2" not in err and "leaked" not in err, (argv, err)
-    finally:
-        for run in runs.values():
-            run.kill()
-            run.wait()
+    for err, named in _refused_by_every_entry_point(tmp_path, bad):
+        assert named in err and len(err.strip().splitlines()) == 1, err
+        assert "'postgresql://deploy:***@127.0.0.1:1/deploys'" in err and "'@' as %40, '/' as %2F" in err, err
+        assert "Hunter2" not in err and "leaked" not in err, err
     with pytest.raises(ConfigError) as refused:
         ControllerConfig(leases=bad)
     assert str(refused.value).startswith("leases: the URL 'postgresql://deploy:***@127.0.0.1:1/deploys'"), refused.value
