@@ -142,6 +142,7 @@ class ControllerHost(Protocol):
     def grace(self) -> float: ...  # what a stopped attempt is given before its tree is killed
     # A shared slot's lease that expires: the task's attempts must not outlive it (`Runtime.fence`).
     def fence(self, id: int, stop_at: float, kill_at: float, lost: str | None = None) -> None: ...
+    def fence_unrenewed(self, id: int, why: str) -> None: ...  # what the lease's last failed renewal met
     def unfence(self, id: int) -> None: ...
 
 
@@ -420,6 +421,10 @@ class Controller:
             if item.id in self.leases:
                 self.host.fence(item.id, *fence_times(at, ttl, _grace_of(item, self.host.grace)))
 
+        def unrenewed(why: str) -> None:  # a lease lost for want of renewals says what they met
+            if item.id in self.leases:
+                self.host.fence_unrenewed(item.id, why)
+
         def lost(why: str | None) -> None:  # the store says the lease is gone: its trees go now, and it runs no more
             if item.id in self.leases:  # as for a lease last renewed when its fence stops it: stopped now
                 ttl = self.config.lease_ttl
@@ -431,7 +436,8 @@ class Controller:
 
         lease = LeaseDriver(self.store, self.host.loop, item.slot, item.admission, item.name,
                             on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
-                            on_renewed=renewed, on_lost=lost, wait_timeout=self.config.wait_timeout)
+                            on_renewed=renewed, on_lost=lost, on_unrenewed=unrenewed,
+                            wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
         return lease
 

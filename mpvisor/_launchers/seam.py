@@ -134,6 +134,9 @@ class Fence:
     # the parent's alone (a launcher ignores it): how the lease ended before it could expire, when the
     # store said (words that follow "its slot's lease": freed by someone else); None: not renewed in time
     lost: str | None = None
+    # the parent's alone too: what the last renewal that did not get through met (a lease lost for
+    # want of renewals says it); None: none failed, or one got through since
+    unrenewed: str | None = None
 
     def reached(self, now: float) -> bool:
         return now >= self.stop_at

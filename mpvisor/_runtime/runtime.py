@@ -291,9 +291,17 @@ class Runtime:
         elif fence.reached(time.monotonic()):
             return
         else:
-            fence.stop_at, fence.kill_at, fence.lost = stop_at, kill_at, lost
+            fence.stop_at, fence.kill_at, fence.lost, fence.unrenewed = stop_at, kill_at, lost, None
         if self.launcher is not None:  # else the launcher that starts next is given it
             self.launcher.fence(fence)
+
+    def fence_unrenewed(self, id: int, why: str) -> None:
+        """A renewal of the task `id`'s lease did not get through, and met `why`: kept on its fence
+        (this process's alone: the launcher keeps the deadlines only), so that attempts its fence
+        stops say why the lease was lost. A later renewal that gets through forgets it."""
+        fence = self.fences.get(id)
+        if fence is not None and not fence.reached(time.monotonic()):
+            fence.unrenewed = why
 
     def unfence(self, id: int) -> None:
         """The task `id` is done with its lease."""

@@ -283,7 +283,7 @@ class AttemptProcess:
         self.facts.could_not_start_fatal = fatal
         self.facts.status = ended
         self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
-        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
+        self.facts.lease_ended, self.facts.unrenewed = _lease_words(self._fence)
         self._finish()
 
     def on_data(self, data: bytes) -> None:
@@ -315,7 +315,7 @@ class AttemptProcess:
             return
         self.facts.status = status
         self.facts.fenced = status.fenced
-        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
+        self.facts.lease_ended, self.facts.unrenewed = _lease_words(self._fence)
         if not killed:
             self.facts.killed = None
         elif self.facts.killed is None:  # the launcher killed it on its own, while it ran
@@ -330,7 +330,7 @@ class AttemptProcess:
         # past its fence (a launcher stopped with its lease's deadlines, killed by this process's
         # watch of it): the lease ended the attempt, whichever of the two was first to kill it
         self.facts.fenced = self._fence is not None and self._fence.reached(time.monotonic())
-        self.facts.lease_ended = self._fence.lost if self._fence is not None else None
+        self.facts.lease_ended, self.facts.unrenewed = _lease_words(self._fence)
         if not isinstance(self.phase, Running) and not began:
             self.facts.could_not_start = f"{how} before the attempt started"
         self._finish()
@@ -416,3 +416,8 @@ class AttemptProcess:
 
 class _NotStarted(Exception):
     """The attempt never got a pid (`end()` says why)."""
+
+
+def _lease_words(fence: Fence | None) -> tuple[str | None, str | None]:
+    """What an attempt's fence says of how its lease ended: `Fence.lost`, `Fence.unrenewed`."""
+    return (None, None) if fence is None else (fence.lost, fence.unrenewed)

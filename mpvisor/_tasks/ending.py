@@ -7,7 +7,7 @@ first match wins (the reason a stop was requested decides over how the child end
 | # | fact | ending |
 |---|---|---|
 | 1 | the process could not be started | CANCELED if a stop was asked first; TIMED_OUT if a timeout that bounds start-up ran out first; FAILED `start-up timed out ...` (`timed_out`) if the start-up limit ended it; else FAILED `could not start: ...` (no pid; the exit code of the process made for it, if one ended, and named after the limit it ran into) |
-| 1a | its fence was reached (its slot's lease could not be renewed in time, or the store said it ended before it could expire: `lease_ended`): the launcher stopped it or refused to start it, or the launcher died past it (a stopped launcher this process killed for it), and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now), saying `lease_ended` when there is one |
+| 1a | its fence was reached (its slot's lease could not be renewed in time, or the store said it ended before it could expire: `lease_ended`): the launcher stopped it or refused to start it, or the launcher died past it (a stopped launcher this process killed for it), and it reported no result | FATAL `lease lost: ...` (no restart: the slot may be another's now), saying `lease_ended` when there is one, else what its last renewal that did not get through met (`unrenewed`: `(last try: ...)`) |
 | 1b | the launcher's word that its tree ran past its memory or CPU limit (`ExitStatus.memory`, `.cpu`), no stop requested before its report (one asked of a process still running after its report, which waits for its target's threads, does not count) | FAILED, exit_code -9 (the tree was killed), whatever its main process reported or how it ended: `the OOM killer killed a process of its tree; the tree was killed` (its memory cgroup counted an OOM kill), else `the tree used M; the tree was killed` (M: what the launcher measured, `ExitStatus.used`: the watcher's bytes, the CPU seconds) or, not measured, `the tree was killed`; then named after the limit |
 | 2 | a report (result/failure) was read before any stop request | the report stands |
 | 3 | a stop was requested for a timeout | TIMED_OUT `timed out after T s` |
@@ -67,6 +67,7 @@ class Facts:
     launcher_died: str | None = None  # how: "launcher died ...", "node lost ..."
     fenced: bool = False  # its fence was reached: the launcher stopped its tree, or did not start it
     lease_ended: str | None = None  # how its lease ended before it could expire, when the store said (`Fence.lost`)
+    unrenewed: str | None = None  # what the lease's last renewal that did not get through met (`Fence.unrenewed`)
 
 
 @record(frozen=True, slots=True)
@@ -139,7 +140,8 @@ LEASE_LOST = "lease lost: its slot's lease could not be renewed before it could 
 def _decide(f: Facts) -> AttemptEnd:
     if f.fenced and not isinstance(f.report, Result):  # a result it reported stands; a cancel was the fence's
         how = "not started" if f.could_not_start is not None else f"attempt pid {f.pid} stopped"
-        lost = f"lease lost: its slot's lease {f.lease_ended}" if f.lease_ended else LEASE_LOST
+        lost = (f"lease lost: its slot's lease {f.lease_ended}" if f.lease_ended else
+                f"{LEASE_LOST} (last try: {f.unrenewed})" if f.unrenewed else LEASE_LOST)
         return AttemptEnd(AttemptResult.FATAL, f"{lost} ({how})", killed=f.killed, lease_lost=True)
     if f.could_not_start is not None:
         if f.stop is StopReason.CANCEL:

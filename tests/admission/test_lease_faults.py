@@ -215,6 +215,26 @@ socket.getaddrinfo = getaddrinfo
 """
 
 
+def test_an_owner_whose_store_refuses_connections_says_so_when_its_lease_is_lost(tmp_path: Any, url: str) -> None:
+    """Host 1's store stops taking connections (the proxy to it closed: `Connection refused`)
+    while its command runs: its renewals fail, its fence stops the tree, and it exits 7, `lease
+    lost: its slot's lease could not be renewed before it could expire`, which said nothing of
+    why (a refused connection, a read-only database, a partition all read alike). It now adds
+    what the last renewal met."""
+    from tests._proxy_support import Proxy
+
+    with Proxy.for_url(url) as proxy:
+        first = start_host(tmp_path, 1, proxy.url_for(url), "--slot", "s", "--lease-ttl", "6", *_until_go(tmp_path))
+        try:
+            wait_for(lambda: (tmp_path / "owning").exists(), timeout=30)
+            proxy.close()
+            status, err = finish(first, timeout=60)
+        finally:
+            (tmp_path / "go").touch()
+    assert status == 7, err
+    assert "could not be renewed before it could expire (last try: cannot connect: Connection refused" in err, err
+
+
 def test_a_name_that_stops_resolving_for_a_moment_is_waited_through_once_the_store_was_reached(
         tmp_path: Any, url: str) -> None:
     """The store's host name stops resolving for a moment (NXDOMAIN, `Name or service not

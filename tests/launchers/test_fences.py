@@ -8,7 +8,7 @@ lives, and it renews (or does not) as the test says, so only the fence's mechani
 
 | what happens | the owner's task |
 |---|---|
-| no renewal after the grant | its attempt is stopped (SIGTERM) two thirds of a TTL after the grant, and ends by it (no kill): `FATAL`, `lease_lost`, "lease lost" |
+| no renewal after the grant | its attempt is stopped (SIGTERM) two thirds of a TTL after the grant, and ends by it (no kill): `FATAL`, `lease_lost`, "lease lost" (with what the renewals met, when the store says) |
 | a SIGTERM-deaf attempt, no renewal | killed a twelfth of a TTL after that (its grace, if shorter), its whole tree gone, a quarter TTL before the lease could expire |
 | renewals every TTL / 6 | runs past the TTL (a quarter of it past) and completes |
 | the store says the lease is gone | stopped at once |
@@ -44,12 +44,15 @@ TTL = 2.0
 
 class Expiring:
     """A lease store whose leases expire: every request is granted at once for `ttl` s, renewed
-    every `ttl` / 6 (or `every` s) while `renewing`, lost (`on_lost`) when `lose` is set."""
+    every `ttl` / 6 (or `every` s) while `renewing`, lost (`on_lost`) when `lose` is set; while
+    not renewing, each renewal that does not get through says `failing` (`on_unrenewed`), if set."""
 
     name = "the test's expiring store"
 
-    def __init__(self, renewing: bool = False, ttl: float = TTL, every: float | None = None) -> None:
+    def __init__(self, renewing: bool = False, ttl: float = TTL, every: float | None = None,
+                 failing: str | None = None) -> None:
         self.renewing = renewing
+        self.failing = failing
         self.ttl = ttl
         self.every = ttl / 6 if every is None else every
         self.lose = threading.Event()
@@ -71,7 +74,7 @@ class _Request:
         return Decision(True, token=1, renewed=time.monotonic(), ttl=self.store.ttl)
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-              on_lost: Callable[[], None] | None = None) -> None:
+              on_lost: Callable[[], None] | None = None, on_unrenewed: Callable[[str], None] | None = None) -> None:
         def renew() -> None:
             while not self.closed.wait(self.store.every):
                 if self.store.lose.is_set():
@@ -80,6 +83,8 @@ class _Request:
                     return
                 if self.store.renewing and on_renewed is not None:
                     on_renewed(time.monotonic(), self.store.ttl)
+                elif self.store.failing is not None and on_unrenewed is not None:
+                    on_unrenewed(self.store.failing)
 
         threading.Thread(target=renew, daemon=True).start()
 
@@ -144,6 +149,22 @@ async def test_an_unrenewed_lease_stops_its_owner_two_thirds_of_a_ttl_after_the_
     assert outcome.attempts == 1
     assert took < TTL, took  # stopped at 2/3 of the TTL, before the lease could expire
     assert events.of(EventKind.ATTEMPT_KILLED) == []  # it ended by the fence's SIGTERM, not by its kill a twelfth of a TTL later
+
+
+async def test_a_lease_lost_for_want_of_renewals_says_what_they_met() -> None:
+    """Renewals that do not get through (a store refusing connections, a read-only database,
+    a partition) ended the owner `lease lost: its slot's lease could not be renewed before it
+    could expire`, never saying why: its reason now adds what the last one met, as a queued
+    run's waiting line does (`last try: ...`); unsaid, the reason stays as it was."""
+    failing = "cannot connect: Connection refused (connection to server at \"127.0.0.1\", port 1)"
+    spec = TaskSpec.once(TaskFn("held", "workers.basic:sleeper", [30]))
+    outcome, _, _ = await owned("local", Expiring(failing=failing, every=0.1), spec)
+    assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FATAL, True), outcome
+    assert outcome.reason is not None and outcome.reason.startswith(
+        f"lease lost: its slot's lease could not be renewed before it could expire (last try: {failing}) (attempt pid "), outcome
+    outcome, _, _ = await owned("local", Expiring(), spec)
+    assert outcome.reason is not None and outcome.reason.startswith(
+        "lease lost: its slot's lease could not be renewed before it could expire (attempt pid "), outcome
 
 
 async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(launcher: str, tmp_path: Any) -> None:

@@ -8,7 +8,7 @@ thread of its own (a queued request may wait long), its reports brought to the l
 |---|---|
 | `prepare()` | opens the request (and, for a store across hosts, its connection) on a thread, while the owner's launcher starts; `acquire` then uses it |
 | `await acquire(pids)` | opens a request, asks for the lease with the owner's pids; the store's queued and silent reports call `on_queued(text)` / `on_silent(text)` on the loop (but a queued answer whose owner's launcher processes include an ancestor of this process, on this host, or, for a store across hosts, whose owner on this host is an ancestor and has this process's fencing token, makes `acquire` return busy at once, `held_by_an_ancestor`'s words its reason: a run in the owner's own attempt would wait for itself); returns the `Decision`. A store that refuses (or, for one that does not wait, cannot be reached), or answers anything but a `Decision`, is `Decision(False, "admission_failed")` with the error as its `reason`; with `wait_timeout`, a request still waiting then is withdrawn on a thread of its own and `acquire` returns once that is done, or `WAITED_OUT_WAIT` s passed: `Decision(False, "slot_busy")`, whose `reason` says so (`waited_out`), or that the store never answered |
-| granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, its loss `on_lost(why)` (None: it expired), all on the loop |
+| granted | watches the lease: a revoke calls `on_revoke()`, each renewal of a lease that expires `on_renewed(at, ttl)`, each renewal that did not get through `on_unrenewed(why)`, its loss `on_lost(why)` (None: it expired), all on the loop |
 | `withdraw()` | leaves the queue (a pending `acquire` returns `withdrawn`); a store that could not be told (its `withdraw` raised `LeaseError`, or did not return within `RELEASE_WAIT`) is remembered (`_unheard`) |
 | `leave_queue()` | on the loop, for a removal of the waiting submission: an `acquire` not decided yet returns `withdrawn` at once (or asks nothing), the request withdrawn on a thread; False once decided. That `withdrawn` (of a shutdown or a removal, which give no reason of their own) has, once the withdrawal is done, `_unheard`'s words as its `reason` if the store could not be told: it did not leave the store's queue |
 | `release()` | once the owner's tree is reaped (at most once; a refused request gives nothing back), on a thread of its own, never blocking the loop; it returns a future on the loop, done once the release is, or after `RELEASE_WAIT` s (a store that does not answer by then is tried again on that thread while this process lives, until the lease would have expired, and, for a lease that expires, `on_silent` says so, `not_given_back_text`): the controller resolves the owner's waiter then |
@@ -58,10 +58,11 @@ class LeaseDriver:
     def __init__(self, store: LeaseStore, loop: asyncio.AbstractEventLoop, slot: str, policy: AdmissionPolicy,
                  name: str, *, on_queued: Callable[[str], None], on_silent: Callable[[str], None],
                  on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-                 on_lost: Callable[[str | None], None] | None = None, wait_timeout: float | None = None) -> None:
+                 on_lost: Callable[[str | None], None] | None = None,
+                 on_unrenewed: Callable[[str], None] | None = None, wait_timeout: float | None = None) -> None:
         self.store, self.loop, self.slot, self.policy, self.name = store, loop, slot, policy, name
         self._on_queued, self._on_silent, self._on_revoke = on_queued, on_silent, on_revoke
-        self._on_renewed, self._on_lost = on_renewed, on_lost
+        self._on_renewed, self._on_lost, self._on_unrenewed = on_renewed, on_lost, on_unrenewed
         self.wait_timeout = wait_timeout
         self._waited_out = False
         self._decision: asyncio.Future[Decision] | None = None  # `acquire`'s, while it waits
@@ -118,7 +119,7 @@ class LeaseDriver:
             request = self._request
             assert request is not None
             self._ttl = decision.ttl
-            request.watch(self._revoked, self._renewed, self._lost)
+            request.watch(self._revoked, self._renewed, self._lost, self._unrenewed)
         elif self._withdrawing is not None:  # left the queue (`leave_queue`): its row is deleted before this
             # returns, as a synchronous withdraw would (a run that exits next must not leave it queued), within RELEASE_WAIT
             await self._withdrawing
@@ -182,6 +183,10 @@ class LeaseDriver:
     def _lost(self, why: str | None = None) -> None:  # on the store's thread
         if self._on_lost is not None:
             self.loop.call_soon_threadsafe(self._on_lost, why)
+
+    def _unrenewed(self, why: str) -> None:  # on the store's thread
+        if self._on_unrenewed is not None:
+            self.loop.call_soon_threadsafe(self._on_unrenewed, why)
 
     def _ask(self, pids: list[Pid], decided: asyncio.Future[Decision]) -> None:
         """On its own thread: open the request and wait for the store's decision."""

@@ -461,7 +461,8 @@ class LeaseClient:
         self.send({"t": "release", "req": self._req})
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-              on_lost: Callable[[str | None], None] | None = None) -> threading.Thread:
+              on_lost: Callable[[str | None], None] | None = None,
+              on_unrenewed: Callable[[str], None] | None = None) -> threading.Thread:
         """Read the server's messages on a daemon thread while the lease is held (a lease here
         never expires: it is held while its owner's pids live, so it is never renewed or lost)."""
         thread = threading.Thread(target=self._watch, args=(on_revoke,), name="mpvisor-lease", daemon=True)

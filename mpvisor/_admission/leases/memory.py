@@ -148,7 +148,8 @@ class MemoryRequest:
             self._on_revoke()
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-              on_lost: Callable[[str | None], None] | None = None) -> None:
+              on_lost: Callable[[str | None], None] | None = None,
+              on_unrenewed: Callable[[str], None] | None = None) -> None:
         """A lease here never expires (it is held until released), so it is never renewed or lost."""
         with self.store.lock:
             self._on_revoke = on_revoke

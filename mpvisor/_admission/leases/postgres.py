@@ -64,6 +64,7 @@ FREED = ("was freed by someone else: its row in the store was gone before its ex
 # seconds a withdraw waits for the store to take it before it says it could not tell it: less
 # than the driver's `RELEASE_WAIT` (2 s), so that its words (with the TTL) are what is said
 WITHDRAW_WAIT = 1.5
+UNANSWERED = "no answer in time"  # what a renewal met that only says nothing came back (`_said` None)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mpvisor_meta (key text PRIMARY KEY, value text NOT NULL);
@@ -896,12 +897,13 @@ class PostgresRequest:
         return result
 
     def watch(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None = None,
-              on_lost: Callable[[str | None], None] | None = None) -> None:
-        threading.Thread(target=self._renew, args=(on_revoke, on_renewed, on_lost), name="mpvisor-lease-renew",
-                         daemon=True).start()
+              on_lost: Callable[[str | None], None] | None = None,
+              on_unrenewed: Callable[[str], None] | None = None) -> None:
+        threading.Thread(target=self._renew, args=(on_revoke, on_renewed, on_lost, on_unrenewed),
+                         name="mpvisor-lease-renew", daemon=True).start()
 
     def _renew(self, on_revoke: Callable[[], None], on_renewed: Callable[[float, float], None] | None,
-               on_lost: Callable[[str | None], None] | None) -> None:
+               on_lost: Callable[[str | None], None] | None, on_unrenewed: Callable[[str], None] | None) -> None:
         """While held: move the expiry every `renew_every`, and at once when the slot's channel
         says something changed, each success told (`on_renewed`, with the time before the
         transaction that got through); while the store does not answer, try again every `retry`
@@ -909,7 +911,9 @@ class PostgresRequest:
         (`on_lost`, then no more renewals: it cannot come back): expired (`why` None), or, when
         its row was gone before it could have expired (the renewal's answer came, suspended sleep counted, within a TTL of
         the last renewal's start, before which its expiry cannot be), deleted by someone else
-        (the guide's `free.sql`), `FREED`. Only that owner's own release deletes a live row."""
+        (the guide's `free.sql`), `FREED`. Only that owner's own release deletes a live row. A
+        renewal that did not get through is told (`on_unrenewed`, what it met: `_said`, or that
+        nothing came back in time), so that a lease lost for want of renewals can say why."""
         ttl = self.store.ttl
         revoked = False
         listener: Any = None
@@ -919,9 +923,11 @@ class PostgresRequest:
                     renewed, row = self._transaction(lambda: self.conn.execute(
                         "UPDATE mpvisor_requests SET expires = now() + make_interval(secs => %s) WHERE id = %s "
                         "AND state = 'granted' AND expires > now() RETURNING revoke", (ttl, self.id)).fetchone())
-                except Exception:
+                except Exception as exc:
                     if self._closed.is_set():
                         return
+                    if on_unrenewed is not None:
+                        on_unrenewed(_said(exc, self.store.url) or UNANSWERED)
                     self._closed.wait(self.store.retry)  # not reachable this time: the fence's deadline comes closer
                     continue
                 if row is None:
