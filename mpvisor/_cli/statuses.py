@@ -32,7 +32,9 @@ TIMED_OUT = 124  # as timeout(1)
 
 TABLE: tuple[tuple[str, str], ...] = (
     ("0", "the outcome is `COMPLETED`"),
-    ("7", "`--slot ... --slots URL`: the slot's lease could not be renewed in time (the store unreachable for half of `--lease-ttl`, or `mpvisor` paused), so the task's tree was stopped before the lease could expire (the outcome is `FATAL`, `lease lost: ...`)"),
+    ("7", "`--slot ... --slots URL`: the slot's lease could not be renewed in time (the store unreachable for half of `--lease-ttl`, or `mpvisor` paused), so the task's tree was stopped before the lease could expire (the outcome is `FATAL`, `lease lost: ...`, "
+     "with what the last renewal that did not get through met: `(last try: cannot connect: Connection refused ...)`, "
+     "`(last try: no answer in time)`)"),
     ("124", "the last attempt timed out (`--timeout`), or its start-up did (`--start-timeout`: `start-up timed out "
             "...`), as `timeout(1)` does"),
     ("1", "`--slot`: the task's exit code was one of 3..9, the statuses that say the slot's answer (a deploy that "
