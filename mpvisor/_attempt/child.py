@@ -132,8 +132,9 @@ class _Channel:
 
     A frame is written whole under `sending`: a target may report progress from any of its
     threads, and a frame written in parts (a large one, or one that meets a full socket buffer)
-    must not be cut into by another thread's, nor by the final report. The final report
-    (`last_frame`) keeps the lock, so that nothing follows it on the channel.
+    must not be cut into by another thread's, nor by the final report. Nothing follows the final
+    report (`last_frame`) on the channel: a report a thread of the target sends afterwards (the
+    attempt waits for its threads as it ends, `_wait_for_threads`) is dropped, at once.
 
     Nor may a signal cut into it. A report the main thread sends runs with the target's signal
     handlers live: a stop request's `Canceled` (or a Ctrl-C's `KeyboardInterrupt`, an alarm's
@@ -150,6 +151,7 @@ class _Channel:
         self.fd = fd
         # (its `with` is never left with it held by a handler that raises: `interrupt_safe_lock`)
         self.sending = _platform.interrupt_safe_lock()
+        self.ended = False  # the final report is sent: every later one is dropped
         os.register_at_fork(after_in_child=self._forked)  # a process the target forks has its own lock
 
     def _forked(self) -> None:
@@ -161,6 +163,8 @@ class _Channel:
     def send_frame(self, payload: bytes) -> None:
         data = frame(payload)
         with self.sending:
+            if self.ended:
+                return
             if len(data) <= ONE_PIECE:
                 self._write(data)
                 return
@@ -171,11 +175,13 @@ class _Channel:
                 _release_handlers(held)
 
     def last_frame(self, payload: bytes) -> None:
-        """Send the attempt's final report and keep the lock: a thread of the target that
-        reports afterwards waits until the process ends."""
+        """Send the attempt's final report, once a frame another thread is writing is whole; a
+        thread of the target that reports afterwards sends nothing (it waited until the process
+        ended, which, now that the attempt waits for its threads, would be for ever)."""
         data = frame(payload)
-        self.sending.acquire()
-        self._write(data)
+        with self.sending:
+            self.ended = True
+            self._write(data)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -1110,9 +1116,12 @@ def _wait_for_threads() -> None:
     ended with `os._exit` at once, and a thread's work (an upload it had queued) was lost under
     an outcome that said COMPLETED. The interpreter's own wait (`threading._shutdown`, which
     `multiprocessing` calls as its processes end) first tells idle pools to end (an executor
-    never shut down), then joins. The report is sent first: the parent has it however long the
-    threads take (the attempt's timeout still bounds them). A SIGTERM or SIGINT meanwhile ends
-    the process at once, by its default action, as it would end the program's wait."""
+    never shut down), then joins. Processes the target left running are not waited for (a
+    `multiprocessing.Process` it did not join, as a program's exit would): the tree's cleanup
+    ends them once this process has ended. The report is sent first: the parent has it however
+    long the threads take (the attempt's timeout still bounds them). A SIGTERM or SIGINT
+    meanwhile ends the process at once, by its default action, as it would end the program's
+    wait."""
     threading = sys.modules.get("threading")
     if threading is None:
         return

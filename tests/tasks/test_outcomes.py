@@ -151,6 +151,20 @@ async def test_an_attempt_ends_once_the_threads_its_target_left_running_have_end
         assert (pool.kind, pool.value) == (OutcomeKind.COMPLETED, 7), pool
 
 
+@pytest.mark.parametrize("how", ["progress", "ready"])
+async def test_a_thread_that_reports_after_its_target_returned_does_not_hold_the_attempt(tmp_path, how):
+    """A thread the target left running reports progress (or readiness) after the target
+    returned: the attempt, which now waits for its threads, waited for ever, that thread
+    blocked on the channel the final report keeps for itself. Such a report is dropped at
+    once, as documented (none after the attempt's result): the attempt ends with its thread."""
+    gate = Gate(tmp_path)
+    async with supervised(CONFIG) as (handle, _):
+        _, waiter = await handle.add_and_watch(once("late", threads.reports_after_return, how, marker=gate.marker))
+        outcome = await asyncio.wait_for(waiter.wait(), 20)
+    assert (outcome.kind, outcome.value) == (OutcomeKind.COMPLETED, "returned"), outcome
+    assert gate.has("thread-done")
+
+
 @pytest.mark.parametrize("how", ["remove", "shutdown", "timeout"])
 async def test_an_attempt_that_waits_for_its_threads_still_ends_when_stopped(tmp_path, how):
     """An attempt whose target returned waits for a thread that never ends. Its report decided
