@@ -1066,7 +1066,7 @@ def _exit_call(exc: SystemExit) -> str:
         if code is None:
             return "sys.exit()"
         if isinstance(code, int):
-            return f"sys.exit({int.__repr__(code)})"
+            return f"sys.exit({code!r})" if type(code) is bool else f"sys.exit({int.__repr__(code)})"
         return f"sys.exit({_cut(_text(repr(code)), _EXIT_CODE_TEXT)})"
 
     return _guarded(written, lambda _: "sys.exit(...)")

@@ -15,7 +15,8 @@ process is made): a file there then counts only once it is another file (removed
 again, replaced by a rename) or was written since (its size, modification or change time
 differ), so a file an earlier attempt or run left behind does not pass for this attempt's. The
 identity is the device, the inode, the size and both times to the nanosecond the filesystem
-keeps: a filesystem that keeps whole seconds only can take a file rewritten within the second
+keeps, and the path's own entry (a symlink renamed over it is a new one, the file it points to
+unchanged): a filesystem that keeps whole seconds only can take a file rewritten within the second
 in which the old one was last written, at the same inode and size, for the old one (the check
 then waits for the next change, or fails at its `ready_timeout`).
 
@@ -52,7 +53,9 @@ _FINAL_READS = 16  # reads of what is left in the pipe once the group is killed
 _follow: Callable[[], None] | None = None  # a command's parent-death signal (`_platform.follower_of_this_thread`)
 LEFT_FROM_BEFORE = "not written since the attempt started (the file left from before it)"
 
-Stamp = tuple[int, int, int, int, int]  # a file's (device, inode, size, mtime_ns, ctime_ns)
+# a file's (device, inode, size, mtime_ns, ctime_ns), then its path's own (inode, ctime_ns): a
+# symlink replaced by a rename is another path's entry though the file it points to is the same
+Stamp = tuple[int, int, int, int, int, int, int]
 
 
 async def probe(
@@ -79,14 +82,15 @@ def stamp(check: Check, cwd: str | None = None) -> Stamp | None:
     if check.kind != "file":
         return None
     try:
-        info = os.stat(os.path.join(cwd or "", check.path))
+        return _stamp_of(os.path.join(cwd or "", check.path))
     except (OSError, ValueError):
         return None
-    return _stamp_of(info)
 
 
-def _stamp_of(info: os.stat_result) -> Stamp:
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+def _stamp_of(path: str) -> Stamp:
+    """`stamp`'s identity of what is at `path` (`OSError`, `ValueError` as `os.stat` raises them)."""
+    info, entry = os.stat(path), os.lstat(path)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, entry.st_ino, entry.st_ctime_ns)
 
 
 def _timed_out(timeout: float) -> str:
@@ -147,14 +151,14 @@ async def _connect(
 
 def _file(path: str, before: Stamp | None) -> str | None:
     try:
-        info = os.stat(path)
+        now = _stamp_of(path)
     except FileNotFoundError:
         return "no such file"
     except OSError as exc:
         return _os_reason(exc)
     except ValueError as exc:  # a NUL in the path
         return str(exc)
-    if before is not None and _stamp_of(info) == before:
+    if before is not None and now == before:
         return LEFT_FROM_BEFORE
     return None
 

@@ -249,7 +249,8 @@ async def test_sys_exit_ends_the_attempt_with_the_status_the_interpreter_would_g
         assert outcome.kind is OutcomeKind.FAILED and outcome.exit_code == interpreter, (code, outcome, interpreter)
         assert [e.exit_code for e in ends] == [interpreter, interpreter], (code, ends)
         # what the target called, not a guess from the status (`os._exit`?): its report says so
-        call = f"the target called sys.exit({int.__repr__(eval(code, {}))})"
+        value = eval(code, {})
+        call = f"the target called sys.exit({value!r})" if type(value) is bool else f"the target called sys.exit({int.__repr__(value)})"
         said = (f"{call}: its process exited with status {interpreter}" if interpreter else
                 f"{call} instead of returning: its process exited with status 0 and no result")  # 256
         assert [e.reason for e in ends] == [said, said], (code, ends)

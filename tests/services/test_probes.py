@@ -237,6 +237,21 @@ async def test_a_file_check_does_not_pass_on_the_file_that_was_there_before_the_
     assert stamp(Check.parse("tcp:127.0.0.1:1")) is None  # only a file check has one
 
 
+async def test_a_file_check_on_a_symlink_passes_once_the_link_is_replaced(tmp_path: pathlib.Path) -> None:
+    """A service that marks itself ready by renaming a new symlink over the path
+    (`ln -s target tmp; mv -T tmp ready`), the file it points to unchanged: only the file was
+    compared, so the new link was taken for the one left from before, and the check never
+    passed. The path's own entry counts too."""
+    check = Check.parse("file:ready", str(tmp_path))
+    (tmp_path / "target").write_text("x")
+    (tmp_path / "ready").symlink_to("target")
+    before = stamp(check)
+    assert await probe(check, 5, before=before) == LEFT_FROM_BEFORE
+    (tmp_path / "tmp").symlink_to("target")
+    os.rename(tmp_path / "tmp", tmp_path / "ready")
+    assert await probe(check, 5, before=before) is None
+
+
 async def test_a_notify_check_is_not_a_probe() -> None:
     """notify: `probe` refuses it with `ValueError` (the program says it is ready itself)."""
     with pytest.raises(ValueError, match="not a probe"):
