@@ -12,20 +12,22 @@ import pathlib
 import pytest
 
 from mpvisor._launchers.local import cgroups, leftovers
-from mpvisor._launchers.local.cgroups import (
-    Capabilities,
-    Layout,
+from mpvisor._launchers.local.cgroupfs import (
     Membership,
     Mount,
-    OomSource,
-    V2Seen,
     cgroup_dir,
-    decide,
-    locate,
-    mechanisms,
     parse_controllers,
     parse_mounts,
     parse_proc_cgroup,
+)
+from mpvisor._launchers.local.cgroups import (
+    Capabilities,
+    Layout,
+    OomSource,
+    V2Seen,
+    decide,
+    locate,
+    mechanisms,
     stronger,
     try_child,
     weak,

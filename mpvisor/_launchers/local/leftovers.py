@@ -10,8 +10,8 @@ never probes), under this process's own cgroups (`dirs_here`). So what a run kil
 parent too, every process at once) left is removed by the next run started in the same cgroups,
 with or without limits.
 
-Light on purpose (`os`, `re`, `time`, `_platform`): every run imports it at start-up, and
-`cgroups` (dataclasses, for the probe) would take it 5 to 15 ms longer; `dirs_here` and a look
+Light on purpose (`os`, `re`, `time`, `_platform`, `cgroupfs`): every run imports it at
+start-up, and `cgroups` (ctypes and records, for the probe) would take it 5 to 15 ms longer; `dirs_here` and a look
 where nothing was left take a fraction of a millisecond.
 """
 
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Collection
 
 from mpvisor import _platform
+from mpvisor._launchers.local import cgroupfs
 
 # mpvisor-<fork server pid>-<its start time>-<key>-n<its PID namespace> (without -n...: an older mpvisor's)
 _ATTEMPT_CGROUP = re.compile(r"mpvisor-(\d+)-(\d+)-(\d+)(?:-n(\d+))?")
@@ -45,33 +46,14 @@ def left_over(names: Collection[str], alive: Callable[[int, int], bool], namespa
 def attempt_dirs(proc_cgroup: str, mountinfo: str) -> list[str]:
     """Where a fork server started in the cgroups a `/proc/self/cgroup` text names makes its
     attempts' cgroups (pure): the directories of its v2 cgroup and of its v1 memory and cpu
-    cgroups, found through the mount table `mountinfo` as `cgroups.locate` finds them (under the
-    first mount of the hierarchy whose root holds the cgroup, of those no later mount at the
-    same point hides)."""
-    mounts: dict[str, tuple[str, frozenset[str]]] = {}  # point: (root, "cgroup2" or a v1 mount's options)
-    for line in mountinfo.splitlines():
-        before, dash, after = line.partition(" - ")
-        head, tail = before.split(), after.split()
-        if not dash or len(head) < 6 or len(tail) < 3:
-            continue
-        point = _platform.unescape_mount_field(head[4])
-        mounts.pop(point, None)  # a later mount at a point hides the earlier
-        if tail[0] == "cgroup2":
-            mounts[point] = (_platform.unescape_mount_field(head[3]), frozenset({"cgroup2"}))
-        elif tail[0] == "cgroup":
-            mounts[point] = (_platform.unescape_mount_field(head[3]), frozenset(f"{head[5]},{tail[2]}".split(",")))
+    cgroups, found through the mount table `mountinfo` as `cgroups.locate` finds them."""
+    table = cgroupfs.parse_mounts(mountinfo)
+    member = cgroupfs.parse_proc_cgroup(proc_cgroup)
     found: list[str] = []
-    for line in proc_cgroup.splitlines():
-        _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if not path.startswith("/"):
-            continue
-        wanted = {"cgroup2"} if controllers == "" else {"memory", "cpu"} & set(controllers.split(","))
-        for point, (root, options) in mounts.items():
-            where = _platform.dir_under_mount(point, root, path) if wanted & options else None
-            if where is not None:
-                if where not in found:
-                    found.append(where)
-                break
+    for where in (cgroupfs.cgroup_dir(table, member.v2), cgroupfs.cgroup_dir(table, member.v1.get("memory"), "memory"),
+                  cgroupfs.cgroup_dir(table, member.v1.get("cpu"), "cpu")):
+        if where is not None and where not in found:
+            found.append(where)
     return found
 
 
