@@ -423,6 +423,15 @@ def is_stopped(pid: int) -> bool:
     return fields is not None and fields[0] in (b"T", b"t")
 
 
+def group_stopped(pgid: int) -> bool:
+    """Whether a process of group `pgid` is stopped by a signal (state T) or traced (t)."""
+    for pid in _pids():
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] in (b"T", b"t") and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def is_gone(pid: int) -> bool:
     """Whether `pid` has ended: no such process, or a zombie not reaped yet (state Z or X)."""
     fields = _stat_fields(pid)

@@ -16,6 +16,7 @@ import pty
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -458,11 +459,11 @@ def test_several_runs_of_one_job_that_set_the_terminal_take_turns_and_all_finish
     that holds the terminal is now waited for: each command gets the terminal in turn, and all
     finish, status 0, as bare."""
     (tmp_path / "stty.sh").write_text("stty -echo </dev/tty; sleep $2; stty echo </dev/tty; echo done-$1-$((6*7))\n")
-    shell.type("seq 3 | xargs -P3 -I{} mpvisor run -- sh stty.sh {} 0.2; echo \"statuses=${PIPESTATUS[*]}\"\n")
+    shell.type("seq 3 | xargs -P3 -I{} mpvisor run -- sh stty.sh {} 0.205; echo \"statuses=${PIPESTATUS[*]}\"\n")
     out = shell.until(PROMPT, timeout=60)  # (a line this long is echoed scrolled: not waited for)
     assert sorted(line for line in out.split() if line.startswith("done-")) == ["done-1-42", "done-2-42", "done-3-42"]
     assert "statuses=0 0" in out, out
-    wait_for(lambda: not processes("0.2"), timeout=10)
+    wait_for(lambda: not processes("0.205"), timeout=10)
 
 
 def test_a_pipelines_last_command_under_mpvisor_takes_the_ctrl_c_before_its_input_ends(shell: Shell,
@@ -532,18 +533,44 @@ def test_a_run_stopped_by_ctrl_z_whose_terminal_closes_gets_the_hang_up_as_the_b
     """Ctrl-Z, then the terminal closes: the shell sends its stopped job SIGHUP and SIGTERM at
     once, then SIGCONT. The bare command's HUP trap runs; mpvisor took the SIGTERM first, asked
     the command to stop with it and let the SIGHUP go, and the command's HUP trap never ran. A
-    later interruption is now passed on as it came: the trap runs, and the command ends."""
+    later interruption is now passed on as it came: the trap runs, and the command ends. The
+    script runs in bash, not `sh` (dash): a Ctrl-Z that lands while dash is blocked in `vfork`
+    stops only its child, and the job, bare or not, never stops
+    (test_a_command_left_half_stopped_by_ctrl_z_ends_when_its_shell_dies_as_the_bare_command)."""
     (tmp_path / "hup.sh").write_text(HUP_SCRIPT)
     log = tmp_path / "stopped"
     with _own_shell(tmp_path) as shell:
-        shell.type("mpvisor run --grace 30 -- sh hup.sh stopped 0.1\n")
+        shell.type("mpvisor run --grace 30 -- bash hup.sh stopped 0.105\n")
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
         shell.press("\x1a")
         shell.until(PROMPT)
         _hang_up(shell)
         wait_for(lambda: log.read_text().endswith("END\n"), timeout=10)
         assert "HUP" in log.read_text().split(), log.read_text()
-    wait_for(lambda: not processes("0.1"), timeout=10)
+    wait_for(lambda: not processes("0.105"), timeout=10)
+
+
+@pytest.mark.parametrize("how", ["bare", "mpvisor"])
+def test_a_command_left_half_stopped_by_ctrl_z_ends_when_its_shell_dies_as_the_bare_command(tmp_path: Any, how: str) -> None:
+    """Ctrl-Z stops only part of a command (a `dash` caught in `vfork` until its child execs: the
+    child stops, the blocked parent cannot), so the job never stops and the prompt never comes
+    back; then the shell is killed (`kill -9`, a crashed terminal). The bare command's group is
+    then orphaned with a stopped process in it, and the kernel sends it SIGHUP and SIGCONT: the
+    child ends, and with it the command. The attempt's group is never orphaned (its parent, the
+    launcher, is in the session), so nothing told it: mpvisor and the command stayed, stopped,
+    for ever. mpvisor now does what the kernel does for the bare command once its own shell is
+    gone. Nothing is left."""
+    log = tmp_path / "log"
+    script = os.path.join(ROOT, "workers", "scripts", "stops_in_part.py")
+    prefix = "" if how == "bare" else "mpvisor run -- "
+    with _own_shell(tmp_path) as shell:
+        shell.type(f"{prefix}{sys.executable} {script} {log}\n")
+        wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
+        shell.press("\x1a")
+        wait_for(lambda: [p for p in processes(str(log)) if p.status() == psutil.STATUS_STOPPED], timeout=10)
+        assert log.read_text() == "up\n"  # (the shell is killed as the block ends)
+    wait_for(lambda: log.read_text() == "up\nEND\n", timeout=10)
+    wait_for(lambda: not processes(str(log)), timeout=10)
 
 
 # logs its HUP and TERM traps; a HUP's does not exit: the script goes on for two more turns, then says END
@@ -585,12 +612,12 @@ def test_a_closed_terminal_runs_a_foreground_commands_hup_trap_once_as_for_the_b
     (tmp_path / "hup.sh").write_text(HUP_SCRIPT)
     log = tmp_path / "wrapped"
     with _own_shell(tmp_path) as shell:
-        shell.type("mpvisor run --grace 30 -- sh hup.sh wrapped 0.1\n")
+        shell.type("mpvisor run --grace 30 -- sh hup.sh wrapped 0.115\n")
         wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
         _hang_up(shell)
         wait_for(lambda: log.read_text().endswith("END\n"), timeout=10)
         assert log.read_text() == "up\nHUP\nEND\n", log.read_text()
-    wait_for(lambda: not processes("0.1"), timeout=10)
+    wait_for(lambda: not processes("0.115"), timeout=10)
     assert MPVISOR is not None
     env = {**os.environ, "PYTHONPATH": ROOT, "PATH": f"{os.path.dirname(MPVISOR)}:{os.environ['PATH']}"}
     log = tmp_path / "leader"

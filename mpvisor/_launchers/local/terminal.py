@@ -33,6 +33,7 @@ stop a command that ignores SIGINT.
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
 | started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
 | the terminal hangs up (its window closed, an SSH connection lost) with the attempt in the foreground | the kernel: SIGHUP to the session's leader (a shell, which passes it on to its jobs, this process's group, and exits), then, at the leader's exit, to the group that held the terminal | `hangs_up`: the run's shutdown does not send the attempt SIGHUP again, which the bare command would not have got twice (a HUP trap ran twice); unless this process leads the session (`ssh -t host mpvisor run ...`), which the kernel alone told |
+| this process's parent (the shell whose job it is) dies, `kill -9`, a crash, while part of the attempt's group is stopped (a Ctrl-Z that stopped a child but not its parent, a shell blocked in `vfork`, so the job never stopped) | the kernel: SIGHUP and SIGCONT to an orphaned group with a stopped process, the bare command's; the attempt's group is not orphaned (its parent, the launcher, is in the session) | `_orphaned` (a pidfd of the parent, read by the loop): SIGHUP then SIGCONT to the attempt's group, if a process of it is stopped, as the kernel would send the bare command's |
 | the attempt ends | the client | `ended`: the terminal back to this process's group; after a death by a signal, with the modes it had as the attempt became its job (what a full-screen program set, no echo, no line ends, it could not put back), as a shell restores them for its job, before this process writes there |
 
 Tree kills, reaping and parent-death signals are unchanged: the attempt still leads its own
@@ -267,6 +268,7 @@ class Terminal:
         # SIGCONT and SIGTSTP while an attempt is its job: what handled them before (the program's)
         self._borrowed: dict[int, _platform.Borrowed] = {}
         self._fg_timer: asyncio.TimerHandle | None = None  # looking for a `fg` after a `bg`
+        self._parent_fd = -1  # a pidfd of this process's parent (the shell whose job it is): `_orphaned`
 
     def __repr__(self) -> str:
         return f"<Terminal fd={self.fd} key={self.key} pgid={self.pgid}>"
@@ -322,6 +324,48 @@ class Terminal:
                     self._borrowed[signum] = borrowed
         if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
             self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
+        self._watch_parent()
+
+    def _watch_parent(self) -> None:
+        """Call `_orphaned` once this process's parent has gone (a pidfd of it, read by the loop)."""
+        if self._parent_fd >= 0:
+            return
+        parent = os.getppid()
+        try:
+            fd = os.pidfd_open(parent)
+        except OSError:
+            return  # a kernel before 5.3: no pidfd, and no such rule
+        if os.getppid() != parent:  # gone before its pidfd was open: that was another process's
+            os.close(fd)
+            self.loop.call_soon(self._orphaned)
+            return
+        self._parent_fd = fd
+        self.loop.add_reader(fd, self._orphaned)
+
+    def _unwatch_parent(self) -> None:
+        if self._parent_fd >= 0:
+            self.loop.remove_reader(self._parent_fd)
+            os.close(self._parent_fd)
+            self._parent_fd = -1
+
+    def _orphaned(self) -> None:
+        """This process's parent, the shell whose job it is, has gone (`kill -9`, a crash): this
+        process's group is orphaned, and the kernel sends a group so orphaned SIGHUP, then
+        SIGCONT, when a process of it is stopped (POSIX's rule, which ends the bare command a
+        Ctrl-Z stopped). The attempt's group is never orphaned while its parent, the launcher,
+        is in this session: a process of it that a Ctrl-Z stopped while the rest ran on (a shell
+        blocked in `vfork` until its stopped child execs) stayed stopped for ever, and the run
+        with it. So this process does for the attempt's group what the kernel does for the bare
+        command's. (A run that was stopped with its attempt was continued first: the kernel's
+        rule reached its own group, and `resumed` continued the attempt's.)"""
+        self._unwatch_parent()
+        if self.pgid is None or not _platform.group_stopped(self.pgid):
+            return
+        for signum in (signal.SIGHUP, signal.SIGCONT):
+            try:
+                os.killpg(self.pgid, signum)
+            except ProcessLookupError:
+                return  # it has ended meanwhile: the launcher reports that
 
     def stopped(self, key: int, signum: int) -> None:
         """The attempt was stopped, by any signal: this process's group (the shell's job: a script
@@ -430,6 +474,7 @@ class Terminal:
         if self._fg_timer is not None:
             self._fg_timer.cancel()
             self._fg_timer = None
+        self._unwatch_parent()
         for signum, borrowed in self._borrowed.items():  # the program's handlers come back
             _platform.give_back_signal(self.loop, signum, borrowed)
         self._borrowed.clear()
