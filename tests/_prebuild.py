@@ -19,6 +19,13 @@ the test process is gone, and `finish` (the session's end) kills what is left of
 its directory. Without a builder (a run that collected none of those tests, a builder that died),
 `take` builds in the test process, as before.
 
+Under pytest-xdist (the default run: `-n 2`), the workers share one builder: the controller
+names a directory (`SHARED`, in the workers' environment) and its own pid (`OWNER`), the first
+worker whose collection needs a build claims the directory (`started`, made with `mkdir`, which
+one process alone can make) and starts the builder, and every worker takes what it wrote. The
+controller kills the builder and removes the directory at the session's end (`finish_shared`):
+a worker that finishes first must not remove venvs the other still runs.
+
     python -m tests._prebuild DIRECTORY TEST_PID NAME...    # the builder (`start` runs it)
 """
 
@@ -41,6 +48,8 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 APP_SOURCE = ROOT / "workers" / "frozen"  # the program the freezers' tests freeze (`app.py`, `jobs.py`)
 WAIT = 900.0  # s a fixture waits for a build the builder has not finished (each pip step has 180 s)
+SHARED = "MPVISOR_TESTS_BUILDS"  # the builds' directory the xdist controller names for its workers
+OWNER = "MPVISOR_TESTS_OWNER"  # the controller's pid: the builder gives up once it is gone
 
 
 def build_installs(base: pathlib.Path) -> Any:
@@ -89,14 +98,38 @@ def start(names: Iterable[str]) -> None:
         order.extend(n for n in NEEDS.get(name, (name,)) if n not in order)
     if not order or _builder is not None:
         return
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-tests-builds-"))
-    _directories.append(directory)
-    argv = [sys.executable, "-m", "tests._prebuild", str(directory), str(os.getpid()), *order]
+    if os.environ.get(SHARED):  # an xdist worker: the first to claim the directory starts the builder
+        directory = pathlib.Path(os.environ[SHARED])
+        try:
+            (directory / "started").mkdir()
+        except FileExistsError:
+            _builder = _started_by_another(directory)
+            return
+        owner = os.environ[OWNER]
+    else:
+        directory = pathlib.Path(tempfile.mkdtemp(prefix="mpvisor-tests-builds-"))
+        _directories.append(directory)
+        owner = str(os.getpid())
+    argv = [sys.executable, "-m", "tests._prebuild", str(directory), owner, *order]
     log = shlex.quote(str(directory / "log"))
     shell = subprocess.run(["sh", "-c", f"{shlex.join(argv)} </dev/null >{log} 2>&1 & echo $!"], cwd=ROOT,
                            capture_output=True, text=True, timeout=30)
     if shell.returncode == 0 and shell.stdout.strip().isdigit():
         _builder = int(shell.stdout.strip()), directory
+    (directory / "pid.part").write_text(str(_builder[0]) if _builder is not None else "")
+    (directory / "pid.part").rename(directory / "pid")
+
+
+def _started_by_another(directory: pathlib.Path) -> tuple[int, pathlib.Path] | None:
+    """The builder another worker started in `directory`, once it wrote its pid (None: it could
+    not start one, and `take` builds here)."""
+    deadline = time.monotonic() + 60.0
+    while not (directory / "pid").exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)  # the other worker starts it: bounded by `deadline`
+    text = (directory / "pid").read_text()
+    return (int(text), directory) if text.isdigit() else None
 
 
 def take(name: str, build: Callable[[pathlib.Path], Any]) -> Any:
@@ -124,14 +157,28 @@ def take(name: str, build: Callable[[pathlib.Path], Any]) -> Any:
 
 
 def finish() -> None:
-    """The session's end: the builder (and its pip) killed if still running, the directories removed."""
-    if _builder is not None and _is_builder(_builder[0]):
-        try:
-            os.killpg(_builder[0], signal.SIGKILL)  # (its own session: `main`)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """The session's end: the builder (and its pip) killed if still running, the directories removed
+    (an xdist worker's shared builder and its directory are left to the controller: `finish_shared`)."""
+    if _builder is not None and not os.environ.get(SHARED):
+        _kill(_builder[0])
     for directory in _directories:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def finish_shared(directory: pathlib.Path) -> None:
+    """The xdist controller's session end: the workers' shared builder killed, its directory removed."""
+    pid = directory / "pid"
+    if pid.exists() and pid.read_text().isdigit():
+        _kill(int(pid.read_text()))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    if _is_builder(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # (its own session: `main`)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _alive(pid: int) -> bool:

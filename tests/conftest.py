@@ -15,6 +15,16 @@ leaves the spawn runs to `-m slow`.
 The autouse fixture `no_leftover_processes` fails a test that leaves a descendant of the test
 process running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills
 those processes by pid first, so that one leaking test does not make every later test fail.
+
+The default run is spread over two processes by pytest-xdist (`-n 2 --dist loadgroup` in
+pyproject.toml; `-n 0` runs it in this process alone). What two tests running at once could
+share is kept apart (`pytest_configure`): each test process has slot and control directories of
+its own (`$MPVISOR_SLOTS_DIR`, `$MPVISOR_CONTROL_DIR`: a test of the defaults removes them from
+the environment it gives), the temporary directories are short (a Unix socket's path has 107
+bytes), and the venvs are built once for both (tests/_prebuild.py). The Ray tests run in one
+process, which starts the session's one Ray cluster, and so do the tests of the tools venv,
+which look for their processes by its path, and the limits' tests, which look for the attempt
+cgroups they left (tests/_groups.py).
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import pathlib
 import sys
+import tempfile
 
 import pytest
 
@@ -34,6 +46,57 @@ from tests import _prebuild, _support  # noqa: E402
 from tests._support import kill_leftovers  # noqa: E402
 
 LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test ends
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep apart what two test processes could share (module docstring). On the xdist
+    controller: a short base for the temporary directories, and the directory of the workers'
+    shared builds. In every test process (a worker, or a run without xdist): slot and control
+    directories of its own."""
+    global _own_dirs
+    worker = hasattr(config, "workerinput")
+    if not worker and getattr(config.option, "numprocesses", None):
+        if not config.option.basetemp:
+            # /tmp/pytest-of-<user>/pytest-<n>/popen-gw0/<test>0/: a socket's path under a test's
+            # directory would pass 107 bytes where a run without xdist stays under them
+            config.option.basetemp = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
+            config.stash[_BASETEMP] = config.option.basetemp
+        os.environ[_prebuild.SHARED] = tempfile.mkdtemp(prefix="mpvisor-tests-builds-")
+        os.environ[_prebuild.OWNER] = str(os.getpid())
+        config.pluginmanager.register(_Scheduler(), "mpvisor-groups")
+        return
+    _own_dirs = tempfile.mkdtemp(prefix="mpvisor-t-", dir="/tmp")
+    os.environ["MPVISOR_SLOTS_DIR"] = os.path.join(_own_dirs, "slots")
+    os.environ["MPVISOR_CONTROL_DIR"] = os.path.join(_own_dirs, "runs")
+
+
+class _Scheduler:
+    """The xdist controller's scheduler: `--dist loadgroup` with the groups of tests/_groups.py."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object:
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from tests import _groups
+
+        return _groups.GroupScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if _own_dirs is not None:
+        shutil.rmtree(_own_dirs, ignore_errors=True)
+    if not hasattr(config, "workerinput") and os.environ.get(_prebuild.SHARED):
+        _prebuild.finish_shared(pathlib.Path(os.environ[_prebuild.SHARED]))
+    if config.stash.get(_BASETEMP, None) and config.stash.get(_PASSED, False):
+        shutil.rmtree(config.stash[_BASETEMP], ignore_errors=True)  # kept, for a look, when a test failed
+
+
+_own_dirs: str | None = None
+_BASETEMP = pytest.StashKey[str]()
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -129,8 +192,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _prebuild.start(names)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _prebuild.finish()
+    session.config.stash[_PASSED] = exitstatus == 0
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -155,8 +219,20 @@ def each_start_method(request):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The Ray tests (marked `ray`) run last, in their own order: the session's one Ray cluster
-    starts at the first of them, so no other test shares the machine with it."""
+    """The Ray tests (marked `ray`, or using the cluster) run in one process, in their own
+    order, after the others of a run without xdist: the session's one Ray cluster starts at the
+    first of them. Under xdist, a worker writes which tests must share a process
+    (tests/_groups.py), as the tools venv's and the limits' must too."""
+    if hasattr(config, "workerinput") and os.environ.get(_prebuild.SHARED):
+        from tests import _groups
+
+        groups = {}
+        for item in items:
+            group = _groups.group_of(item.nodeid, getattr(item, "fixturenames", ()),
+                                     item.get_closest_marker("ray") is not None)
+            if group is not None:
+                groups[item.nodeid] = group
+        _groups.write(pathlib.Path(os.environ[_prebuild.SHARED]), groups, config.workerinput["workerid"])
     items.sort(key=lambda item: item.get_closest_marker("ray") is not None)
 
 
@@ -172,12 +248,34 @@ def postgres_server():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The session's local Ray cluster (tests/_ray_support.py), started on first use."""
+    """The session's local Ray cluster (tests/_ray_support.py), started on first use, and stopped
+    once the last test that uses it is done (`pytest_runtest_teardown`), or at the session's end."""
     from tests import _ray_support
 
-    cluster = _ray_support.start_cluster()
+    cluster = _ray_cluster.append(_ray_support.start_cluster()) or _ray_cluster[-1]
     yield cluster
-    _ray_support.stop_cluster(cluster)
+    _stop_ray()
+
+
+_ray_cluster: list[object] = []  # the session's cluster, while it runs
+
+
+def _stop_ray() -> None:
+    from tests import _ray_support
+
+    while _ray_cluster:
+        _ray_support.stop_cluster(_ray_cluster.pop())
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures' teardown (`on_ray` looks at the cluster)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The Ray tests run one after the other (last without xdist; under xdist first in the
+    process that runs them, which then runs other tests): once the next test does not use the
+    cluster, it goes, so that no later test of this process shares the machine with it nor sees
+    its processes among its own. (No test that uses it comes after: it is not started again.)"""
+    if _ray_cluster and "ray_cluster" in getattr(item, "fixturenames", ()) and (
+            nextitem is None or "ray_cluster" not in getattr(nextitem, "fixturenames", ())):
+        _stop_ray()
 
 
 @pytest.fixture
@@ -194,3 +292,4 @@ def on_ray(ray_cluster):
         left = _ray_support.mpvisor_leftovers()
         _ray_support.kill_mpvisor_leftovers()
         pytest.fail(f"mpvisor processes left on the Ray cluster (killed now): {left}")
+

@@ -359,7 +359,25 @@ def _own_memory_cgroup() -> str | None:
 
 def _attempt_cgroups() -> list[str]:
     own = _own_memory_cgroup()
-    return [] if own is None else [name for name in os.listdir(own) if name.startswith("mpvisor-")]
+    return [] if own is None else _not_others(os.listdir(own))
+
+
+def _not_others(names: list[str]) -> list[str]:
+    """The attempt cgroups among `names` (`mpvisor-<fork server pid>-<its start time>-...`) that
+    are this test process's: made by a fork server that descends from it, or by one that is gone
+    (left over). Another test process's, whose fork server lives (the suite's other xdist worker,
+    a second suite), are not; nor is a probe's."""
+    import psutil
+
+    from mpvisor import _platform
+
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    found = []
+    for name in names:
+        match = re.match(r"mpvisor-(\d+)-(\d+)-", name)
+        if match and (int(match[1]) in mine or _platform.start_time(int(match[1])) != int(match[2])):
+            found.append(name)
+    return found
 
 
 @pytest.mark.parametrize("mechanism", [pytest.param("cgroup v1", marks=needs_v1_memory), "watcher"])
@@ -572,7 +590,7 @@ async def test_isolated_attempts_are_killed_whole_by_their_cgroup(mechanism, tmp
         from tests._support import wait_for as _wait_for
 
         _wait_for(lambda: records.exists() and len(read_records(records)) >= 3, timeout=20)
-        ours = [name for name in os.listdir(directory) if name.startswith("mpvisor-") and name not in others]
+        ours = [name for name in _not_others(os.listdir(directory)) if name not in others]
         assert ours, os.listdir(directory)
         await handle.remove(id)
         await waiter.wait()
@@ -597,8 +615,7 @@ def test_what_a_killed_launcher_and_guardian_left_in_cgroups_ends_before_the_att
     others = set(os.listdir(directory))  # another mpvisor's on this host (a second suite's) are not this test's
 
     def left() -> list[str]:
-        return [name for name in os.listdir(directory) if name.startswith("mpvisor-") and "probe" not in name
-                and name not in others]
+        return [name for name in _not_others(os.listdir(directory)) if name not in others]
 
     async def scenario() -> None:
         async with supervised(SupervisorConfig(grace=0.5, isolation="cgroup")) as (handle, _):
@@ -843,7 +860,7 @@ async def test_cpus_slows_the_whole_tree_to_its_share(start_method) -> None:
     assert used <= 0.5 * wall * 1.2 + 0.1, (used, wall)  # unlimited, it would be up to 2 * wall
     assert used >= 0.5 * wall * 0.5, (used, wall)  # it did run
     for controller in ("cpu", "memory"):
-        left = [n for n in os.listdir(_own_cgroup(controller)) if n.startswith("mpvisor-") and "probe" not in n]
+        left = _not_others(os.listdir(_own_cgroup(controller)))
         assert left == [], (controller, left)
 
 
