@@ -233,7 +233,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if group is not None:
                 groups[item.nodeid] = group
         _groups.write(pathlib.Path(os.environ[_prebuild.SHARED]), groups, config.workerinput["workerid"])
-    items.sort(key=lambda item: item.get_closest_marker("ray") is not None)
+    items.sort(key=_uses_ray)
 
 
 @pytest.fixture(scope="session")
@@ -273,9 +273,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     process that runs them, which then runs other tests): once the next test does not use the
     cluster, it goes, so that no later test of this process shares the machine with it nor sees
     its processes among its own. (No test that uses it comes after: it is not started again.)"""
-    if _ray_cluster and "ray_cluster" in getattr(item, "fixturenames", ()) and (
-            nextitem is None or "ray_cluster" not in getattr(nextitem, "fixturenames", ())):
+    if _ray_cluster and _uses_ray(item) and (nextitem is None or not _uses_ray(nextitem)):
         _stop_ray()
+
+
+def _uses_ray(item: pytest.Item) -> bool:
+    """Whether the test uses the session's Ray cluster: marked `ray` (a parameter's mark, whose
+    fixture asks for the cluster as it runs), or asking for it by name."""
+    return item.get_closest_marker("ray") is not None or "ray_cluster" in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture

@@ -210,7 +210,12 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     out = tmp_path / "out"
     out.unlink()
     plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", plain], env=tree_env(F=str(out)))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--events", "json", "--", "bash", "-c", plain],
+                  env=tree_env(F=str(out)))
+    assert proc.stdout is not None
+    for line in proc.stdout:  # once mpvisor knows the command's pid (as `_handled_and_run_on` waits)
+        if json.loads(line)["kind"] == "attempt_starting":
+            break
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGQUIT)
     _, stderr = _ended(proc, 15)
@@ -331,3 +336,4 @@ def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_
     status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     assert "SIGWINCH" not in stderr, stderr
+
