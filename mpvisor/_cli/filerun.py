@@ -468,9 +468,11 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
         service_run = ServiceRun(session, path, name, tasks, report=report, not_started=not_started, say=display.print,
                                  load=load, added=display.again, systemd=systemd, started_with=parsed)
         services.append(service_run)
+        # a SIGUSR2 that came as the run started up came before any command did: said not passed
+        # on now, before the services start (after, one whose pid mpvisor knew by then got it)
+        startup_signals.replay(signal.SIGUSR2)
         await service_run.begin()
-        for signum in (signal.SIGUSR2, signal.SIGQUIT):  # one that came as the run started up: now
-            startup_signals.replay(signum)
+        startup_signals.replay(signal.SIGQUIT)  # one that came as the run started up: it quits now
 
     problem = None
     try:

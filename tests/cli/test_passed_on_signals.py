@@ -49,6 +49,20 @@ def _ended(proc: subprocess.Popen[str], timeout: float = 20) -> tuple[str, str]:
 
 
 
+def _until_started(proc: subprocess.Popen[str], attempts: int = 1) -> None:
+    """Read `proc`'s `--events json` until `attempts` `attempt_starting` events: mpvisor then
+    knows each command's pid. A command may say it is ready before, on a busy machine, and a
+    signal then is not passed on (no attempt is running yet, as far as mpvisor knows: it says
+    so, but for SIGWINCH)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if json.loads(line)["kind"] == "attempt_starting":
+            attempts -= 1
+            if attempts == 0:
+                return
+    raise AssertionError("the run ended before its attempts started")
+
+
 def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.Signals) -> str:
     """`mpvisor run -- bash -c TRAPPING` (its lines to `tmp_path/out`): each of `signals` sent to
     mpvisor reaches the command, whose trap writes `got-<name>`, and the run goes on until
@@ -59,10 +73,7 @@ def _handled_and_run_on(tmp_path: pathlib.Path, trapping: str, *signals: signal.
     out = tmp_path / "out"
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--events", "json", "--", "bash", "-c", trapping],
                   env=tree_env(F=str(out)))
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if json.loads(line)["kind"] == "attempt_starting":
-            break
+    _until_started(proc)
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     for signum in signals:
         proc.send_signal(signum)
@@ -95,8 +106,9 @@ def test_a_file_run_passes_usr2_to_every_service_and_keeps_usr1_for_its_logs(tmp
         env = {{ F = "{tmp_path / 'two'}" }}
     """))
     env = tree_env(XDG_RUNTIME_DIR=str(tmp_path))
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--file", str(tasks), "--grace", "2"], env=env)
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--file", str(tasks), "--grace", "2", "--events", "json"], env=env)
     files = (tmp_path / "one", tmp_path / "two")
+    _until_started(proc, 2)
     wait_for(lambda: all("ready" in _lines(f) for f in files), timeout=20)
     proc.send_signal(signal.SIGUSR1)
     proc.send_signal(signal.SIGUSR2)
@@ -140,8 +152,9 @@ def test_an_inherited_ignore_of_usr1_stays_and_the_command_inherits_it(tmp_path:
     """Started with SIGUSR1 ignored, mpvisor keeps it ignored (a SIGUSR1 does nothing) and the
     command starts with it ignored too; SIGUSR2 is still passed on."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--", "bash", "-c", TRAPPING], env=tree_env(F=str(out)),
-                  preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    proc = _start(tmp_path, ["-m", "mpvisor", "run", "--events", "json", "--", "bash", "-c", TRAPPING],
+                  env=tree_env(F=str(out)), preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    _until_started(proc)
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGUSR1)
     proc.send_signal(signal.SIGUSR2)  # after the first was discarded: once it arrives, both were taken
@@ -212,10 +225,7 @@ def test_sigquit_reaches_the_command_which_decides_how_the_run_ends(tmp_path: pa
     plain = 'echo ready >> $F; exec sleep 60'  # sleep has no handler: SIGQUIT ends it
     proc = _start(tmp_path, ["-m", "mpvisor", "run", "--events", "json", "--", "bash", "-c", plain],
                   env=tree_env(F=str(out)))
-    assert proc.stdout is not None
-    for line in proc.stdout:  # once mpvisor knows the command's pid (as `_handled_and_run_on` waits)
-        if json.loads(line)["kind"] == "attempt_starting":
-            break
+    _until_started(proc)
     wait_for(lambda: "ready" in _lines(out), timeout=20)
     proc.send_signal(signal.SIGQUIT)
     _, stderr = _ended(proc, 15)

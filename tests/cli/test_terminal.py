@@ -155,7 +155,7 @@ def test_ctrl_c_of_a_python_target_ends_the_run_by_sigint_and_is_never_retried(s
     else:
         assert ": canceled " in out and "retry in" not in out, out  # no retry was promised, none came
     assert shell.run("echo status=$?").strip().endswith("status=130")
-    wait_for(lambda: not processes("workers.basic:sleeper"), timeout=10)
+    wait_for(lambda: not processes(str(marker)), timeout=10)
 
     importing = tmp_path / "importing"
     shell.type(f"WORKERS_HANGING_IMPORT_LOG={importing} mpvisor run --restart {restart} "
@@ -202,27 +202,27 @@ def test_a_command_that_stops_itself_by_sigstop_gives_the_prompt_back_and_fg_res
     wait_for(lambda: not processes("45.25"), timeout=10)
 
 
-@pytest.mark.parametrize("line", ["bash -c 'mpvisor run -- sleep 46.25; echo AFTER-$((6*7))'",
-                                  "sleep 46.75 | mpvisor run -- sleep 46.25"])
-def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str) -> None:
+@pytest.mark.parametrize("line, word", [("bash -c 'mpvisor run -- sleep 46.25; echo AFTER-$((6*7))'", "46.25"),
+                                        ("sleep 46.75 | mpvisor run -- sleep 46.5", "46.5")])
+def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(shell: Shell, line: str, word: str) -> None:
     """The shell's job is more than mpvisor (a script's bash, the rest of a pipeline), which the
     bare command's Ctrl-Z would have stopped too: mpvisor stops its whole process group, and the
     prompt comes back at the first Ctrl-Z; `fg` resumes it all, and Ctrl-C then ends the job."""
     shell.type(line + "\n")
-    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=30)
+    wait_for(lambda: all_are(word, psutil.STATUS_SLEEPING), timeout=30)
     shell.press("\x1a")
     assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
     job = [p for p in psutil.Process(shell.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
     assert job and all(p.status() == psutil.STATUS_STOPPED for p in job), [(p.cmdline(), p.status()) for p in job]
     shell.type("fg\n")
-    wait_for(lambda: all_are("46.25", psutil.STATUS_SLEEPING), timeout=10)
+    wait_for(lambda: all_are(word, psutil.STATUS_SLEEPING), timeout=10)
     wait_for(lambda: all(p.status() != psutil.STATUS_STOPPED for p in job), timeout=10)
-    (command,) = [p for p in processes("46.25") if p.info["cmdline"][0] == "sleep"]
+    (command,) = [p for p in processes(word) if p.info["cmdline"][0] == "sleep"]
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
     shell.press("\x03")
     out = shell.until("MPV-PROMPT> ")
     assert "AFTER-42" not in out and "SIGINT" in out, out
-    wait_for(lambda: not processes("46.25"), timeout=10)
+    wait_for(lambda: not processes(word), timeout=10)
 
 
 def test_the_command_is_a_job_of_the_terminal_whatever_its_stdin(shell: Shell) -> None:
