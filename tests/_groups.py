@@ -24,13 +24,17 @@ from xdist.scheduler import LoadScopeScheduling
 # tools venv, whose tests look for the processes they left by its path
 BY_FIXTURE = {"ray_cluster": "ray", "on_ray": "ray", "tools_venv": "tools", "frozen_app": "tools"}
 # and by module: the limits' tests kill fork servers and look for the attempt cgroups they left,
-# in cgroups every test process shares
-BY_MODULE = {"tests/tasks/test_limits.py": "cgroups"}
+# in cgroups every test process shares; the docs' tests share a module fixture that runs every
+# block of the docs (about 14 s of both cores), which each process would run again
+BY_MODULE = {"tests/tasks/test_limits.py": "cgroups", "tests/whole/test_docs.py": "docs"}
 
 
 def group_of(nodeid: str, fixtures: Iterable[str], ray_marked: bool) -> str | None:
-    """The group of the test `nodeid`, which uses `fixtures` (marked `ray` or not), or None."""
+    """The group of the test `nodeid`, which uses `fixtures` (marked `ray` or not), or None. A
+    test that uses the Ray cluster is Ray's whatever else it is: the cluster is started once."""
     names = {BY_FIXTURE[f] for f in fixtures if f in BY_FIXTURE} | ({"ray"} if ray_marked else set())
+    if "ray" in names:
+        return "ray"
     if nodeid.split("::", 1)[0] in BY_MODULE:
         names.add(BY_MODULE[nodeid.split("::", 1)[0]])
     return "+".join(sorted(names)) or None
