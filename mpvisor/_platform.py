@@ -424,10 +424,11 @@ def is_stopped(pid: int) -> bool:
 
 
 def group_stopped(pgid: int) -> bool:
-    """Whether a process of group `pgid` is stopped by a signal (state T) or traced (t)."""
+    """Whether a process of group `pgid` is stopped by a signal (state T: job control's stop,
+    what the kernel's rule for orphaned groups looks for; not one a debugger holds, t)."""
     for pid in _pids():
         fields = _stat_fields(pid)
-        if fields is not None and fields[0] in (b"T", b"t") and int(fields[2]) == pgid:
+        if fields is not None and fields[0] == b"T" and int(fields[2]) == pgid:
             return True
     return False
 

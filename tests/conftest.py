@@ -23,8 +23,8 @@ its own (`$MPVISOR_SLOTS_DIR`, `$MPVISOR_CONTROL_DIR`: a test of the defaults re
 the environment it gives), the temporary directories are short (a Unix socket's path has 107
 bytes), and the venvs are built once for both (tests/_prebuild.py). The Ray tests run in one
 process, which starts the session's one Ray cluster, and so do the tests of the tools venv,
-which look for their processes by its path, and the limits' tests, which look for the attempt
-cgroups they left (tests/_groups.py).
+which look for their processes by its path, the limits' tests, which look for the attempt
+cgroups they left, and the docs' tests, which share a costly module fixture (tests/_groups.py).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The Ray tests (marked `ray`, or using the cluster) run in one process, in their own
     order, after the others of a run without xdist: the session's one Ray cluster starts at the
     first of them. Under xdist, a worker writes which tests must share a process
-    (tests/_groups.py), as the tools venv's and the limits' must too."""
+    (tests/_groups.py), as the tools venv's, the limits' and the docs' must too."""
     if hasattr(config, "workerinput") and os.environ.get(_prebuild.SHARED):
         from tests import _groups
 
@@ -252,7 +252,8 @@ def ray_cluster():
     once the last test that uses it is done (`pytest_runtest_teardown`), or at the session's end."""
     from tests import _ray_support
 
-    cluster = _ray_cluster.append(_ray_support.start_cluster()) or _ray_cluster[-1]
+    cluster = _ray_support.start_cluster()
+    _ray_cluster.append(cluster)
     yield cluster
     _stop_ray()
 
