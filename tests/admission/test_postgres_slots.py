@@ -645,7 +645,7 @@ def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(
     finally:
         listener.close()
     assert done.returncode == 1 and "did not answer within 1 s" in done.stderr, done.stderr
-    assert len(accepted) >= 3, accepted  # tried again, not once
+    assert len(accepted) >= 2, accepted  # tried again, not once (a third try within the second, unless the machine is busy)
     assert accepted[-1] - accepted[0] >= 0.5, accepted  # over the wait, not at once
 
 
