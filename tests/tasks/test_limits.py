@@ -9,6 +9,7 @@ names it; one that stays within its limits is unaffected. The mapping itself is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -142,30 +144,42 @@ async def test_a_commands_own_error_under_an_rlimit_is_its_exit_not_the_limit() 
 def _run_in_a_memory_cgroup(name: str, limit: int, mpvisor_args: str, cwd: object) -> subprocess.CompletedProcess[str]:
     """`mpvisor ARGS` run by a bash moved first into a memory cgroup of its own (`name`-pid, `limit`
     bytes), as in a container; the cgroup is removed once every process of the run has exited."""
-    cgroup = _memory_cgroup(f"{name}-{os.getpid()}", limit)
-    try:
+    with _memory_cgroup(f"{name}-{os.getpid()}", limit) as cgroup:
         script = f'echo $$ > {cgroup}/cgroup.procs && exec "$MPVISOR" {mpvisor_args}'
         env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT}
         return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
-    finally:
-        os.rmdir(cgroup)  # empty again: every process of the run has exited
 
-def _memory_cgroup(name: str, limit: int) -> str:
-    """A new memory cgroup below this process's own, limited to `limit` bytes (v1 or v2)."""
+@contextlib.contextmanager
+def _memory_cgroup(name: str, limit: int) -> Iterator[str]:
+    """A new memory cgroup below this process's own, limited to `limit` bytes (v1 or v2),
+    removed at the end of the block (empty again by then: every process put in it has exited)."""
     with open("/proc/self/cgroup", encoding="utf-8") as file:
         own = file.read()
     for line in own.splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # v1
-            made = f"/sys/fs/cgroup/memory{path.rstrip('/')}/{name}"
-            os.mkdir(made)
-            _write(f"{made}/memory.limit_in_bytes", limit)
-            return made
-    path = next(line.split(":", 2)[2] for line in own.splitlines() if line.startswith("0::"))
-    made = f"/sys/fs/cgroup{path.rstrip('/')}/{name}"
+            made, limit_file = f"/sys/fs/cgroup/memory{path.rstrip('/')}/{name}", "memory.limit_in_bytes"
+            break
+    else:
+        path = next(line.split(":", 2)[2] for line in own.splitlines() if line.startswith("0::"))
+        made, limit_file = f"/sys/fs/cgroup{path.rstrip('/')}/{name}", "memory.max"
     os.mkdir(made)
-    _write(f"{made}/memory.max", limit)
-    return made
+    try:
+        _write(f"{made}/{limit_file}", limit)
+        yield made
+    finally:
+        os.rmdir(made)
+
+
+@contextlib.contextmanager
+def _killed_if_running(run: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """`run`, SIGKILLed and reaped at the end of the block if it still runs (an assertion failed)."""
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=10)
 
 
 def _write(path: str, value: int) -> None:
@@ -207,29 +221,21 @@ def test_an_oom_kill_for_a_limit_above_is_not_blamed_on_the_attempts_limit_its_p
     runs out, and the kernel kills the attempt (its OOM score is raised), counting the kill in
     the attempt's cgroup: the outcome says the OOM killer, not the attempt's own limit, which
     no OOM ran into."""
-    outer = _memory_cgroup(f"mpvisor-oom-outer-{os.getpid()}", 300 * 2**20)
     ready = tmp_path / "ready"
     hold = f"import time; b = b'x' * (150 * 2**20); open({str(ready)!r}, 'w').close(); time.sleep(40)"
     attempt = (f"dd if=/dev/zero of={tmp_path}/cache bs=1M count=400 status=none && rm {tmp_path}/cache "
                "&& echo peak $(cat /sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | cut -d: -f3)"
                f"/memory.max_usage_in_bytes) >&2 && exec {sys.executable} -c \"{hold}\"")
-    script = f'echo $$ > {outer}/cgroup.procs && exec "$MPVISOR" run --memory 200M -- bash -c "$ATTEMPT"'
     env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT, "ATTEMPT": attempt}
-    try:
-        run = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-        try:
+    with _memory_cgroup(f"mpvisor-oom-outer-{os.getpid()}", 300 * 2**20) as outer:
+        script = f'echo $$ > {outer}/cgroup.procs && exec "$MPVISOR" run --memory 200M -- bash -c "$ATTEMPT"'
+        with _killed_if_running(subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True)) as run:
             wait_for(lambda: ready.exists() or run.poll() is not None, timeout=40)
             assert ready.exists(), run.communicate(timeout=10)
             beside = f"echo $$ > {outer}/cgroup.procs && exec {sys.executable} -c \"b = b'x' * (200 * 2**20)\""
             subprocess.run(["bash", "-c", beside], timeout=30, check=False)
             _, stderr = run.communicate(timeout=30)
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait(timeout=10)
-    finally:
-        os.rmdir(outer)  # empty again: every process of the run has exited
     peak = re.search(r"^peak (\d+)$", stderr, re.M)
     assert peak and int(peak.group(1)) >= 196 * 2**20, stderr  # its page cache took its cgroup to its own limit
     assert run.returncode == -9, stderr
@@ -262,8 +268,7 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
     killed by the OOM killer, and neither is named after a limit: the limited one's ending
     reads its own cgroup's count, the other's the count of the cgroup it is in. (The
     system-wide count, /proc/vmstat, rose.)"""
-    other = _memory_cgroup(f"oom-elsewhere-{os.getpid()}", 64 * 2**20)
-    try:
+    with _memory_cgroup(f"oom-elsewhere-{os.getpid()}", 64 * 2**20) as other:
         async with supervised(SupervisorConfig(grace=1.0)) as (handle, collector):
             limited_id, limited = await handle.add_and_watch(
                 TaskSpec.once(fn("limited", limits.touch, 16)).with_limits(memory=256 * 2**20))
@@ -277,8 +282,6 @@ async def test_an_oom_kill_in_another_cgroup_is_never_blamed_on_an_attempt(tmp_p
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             outcomes = [await limited.wait(), await plain.wait()]
-    finally:
-        os.rmdir(other)
     for outcome in outcomes:
         assert (outcome.kind, outcome.limit) == (OutcomeKind.FAILED, None), outcome
         assert "killed by signal SIGKILL" in outcome.reason and "OOM" not in outcome.reason, outcome.reason
@@ -296,18 +299,17 @@ def test_in_a_container_whose_memory_hierarchy_is_mounted_at_its_own_cgroup_an_o
     OOM-kills a process in another memory cgroup and the attempt is then SIGKILLed by someone
     else (itself), its outcome says `killed by signal SIGKILL`, not the OOM killer; and `mpvisor
     doctor` there names the container's count."""
-    container = _memory_cgroup(f"mpvisor-container-{os.getpid()}", 2**62)
-    other = _memory_cgroup(f"oom-beside-{os.getpid()}", 64 * 2**20)
-    script = (f'echo $$ > {container}/cgroup.procs && mount -t tmpfs tmpfs "$HERE/mnt" && mkdir "$HERE/mnt/x" '
-              f'&& mount --bind {container} "$HERE/mnt/x" && umount /sys/fs/cgroup/memory '
-              '&& mount --move "$HERE/mnt/x" /sys/fs/cgroup/memory && "$MPVISOR" doctor --json >&2 '
-              '&& exec "$MPVISOR" run -- sh -c \'echo started; read go; kill -KILL $$\'')
     (tmp_path / "mnt").mkdir()
     env = {**os.environ, "MPVISOR": shutil.which("mpvisor") or "mpvisor", "PYTHONPATH": ROOT, "HERE": str(tmp_path)}
-    try:
-        run = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], cwd=tmp_path,
-                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+    with (_memory_cgroup(f"mpvisor-container-{os.getpid()}", 2**62) as container,
+          _memory_cgroup(f"oom-beside-{os.getpid()}", 64 * 2**20) as other):
+        script = (f'echo $$ > {container}/cgroup.procs && mount -t tmpfs tmpfs "$HERE/mnt" && mkdir "$HERE/mnt/x" '
+                  f'&& mount --bind {container} "$HERE/mnt/x" && umount /sys/fs/cgroup/memory '
+                  '&& mount --move "$HERE/mnt/x" /sys/fs/cgroup/memory && "$MPVISOR" doctor --json >&2 '
+                  '&& exec "$MPVISOR" run -- sh -c \'echo started; read go; kill -KILL $$\'')
+        with _killed_if_running(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                                                 cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True)) as run:
             assert run.stdout is not None and run.stdin is not None
             ready, _, _ = select.select([run.stdout], [], [], 40)
             assert ready and run.stdout.readline() == "started\n"  # the attempt runs: its launcher counted already
@@ -317,13 +319,6 @@ def test_in_a_container_whose_memory_hierarchy_is_mounted_at_its_own_cgroup_an_o
             run.stdin.write("go\n")
             run.stdin.flush()
             _, stderr = run.communicate(timeout=40)
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait(timeout=10)
-    finally:
-        os.rmdir(other)
-        os.rmdir(container)
     assert run.returncode == -9, stderr  # the command died by SIGKILL: so does the run
     assert "mpvisor: sh: failed reason='program killed by signal SIGKILL (9)'" in stderr and "OOM killer" not in stderr, stderr
     facts = json.loads(stderr.splitlines()[0])
