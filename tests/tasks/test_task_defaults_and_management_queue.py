@@ -392,8 +392,10 @@ async def test_an_add_abandoned_while_waiting_for_capacity_never_registers(tmp_p
 
 @pytest.mark.timeout(90)
 async def test_abandoned_adds_are_never_half_registered() -> None:
-    """100 adds cancelled at random points: each name is never registered, or is
-    registered and ends with one TASK_FINISHED then one TASK_REMOVED."""
+    """100 adds, 90 of them cancelled at random points: each name is never registered, or is
+    registered and ends with one TASK_FINISHED then one TASK_REMOVED. (Every tenth add is left
+    alone, so that some are registered however slowly a busy machine runs the loop: with every
+    add cancelled within 50 ms, a loop that slow registered none, and the test proved nothing.)"""
     rng = random.Random(11)
 
     async with supervised(SupervisorConfig(grace=5, registry_capacity=4)) as (handle, collector):
@@ -402,7 +404,8 @@ async def test_abandoned_adds_are_never_half_registered() -> None:
         adds = []
         for i in range(100):
             task = asyncio.create_task(handle.add(parked(f"a{i}")))
-            loop.call_later(rng.uniform(0, 0.05), task.cancel)
+            if i % 10:
+                loop.call_later(rng.uniform(0, 0.05), task.cancel)
             adds.append(task)
         results = await asyncio.gather(*adds, return_exceptions=True)
     assert any(isinstance(r, asyncio.CancelledError) for r in results)
