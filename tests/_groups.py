@@ -7,7 +7,7 @@ worker writes them, as it collects, to `groups.json` in the session's shared dir
 (`tests/_prebuild.py`'s `SHARED`), and the controller's scheduler reads them when it splits the
 collection into units of work. A group is one unit; every other test is a unit of its own. The
 largest unit goes first (xdist's `loadscope` order), so the Ray tests start at once in one
-process while the other runs the rest.
+process while the others run the rest.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from xdist.scheduler import LoadScopeScheduling
 BY_FIXTURE = {"ray_cluster": "ray", "on_ray": "ray", "tools_venv": "tools", "frozen_app": "tools"}
 # and by module: the limits' tests kill fork servers and look for the attempt cgroups they left,
 # in cgroups every test process shares; the docs' tests share a module fixture that runs every
-# block of the docs (about 14 s of both cores), which each process would run again
+# block of the docs (about 14 s of both cores here), which each process would run again
 BY_MODULE = {"tests/tasks/test_limits.py": "cgroups", "tests/whole/test_docs.py": "docs"}
 
 

@@ -19,12 +19,12 @@ the test process is gone, and `finish` (the session's end) kills what is left of
 its directory. Without a builder (a run that collected none of those tests, a builder that died),
 `take` builds in the test process, as before.
 
-Under pytest-xdist (the default run: `-n 2`), the workers share one builder: the controller
+Under pytest-xdist (the default run: `-n 3`), the workers share one builder: the controller
 names a directory (`SHARED`, in the workers' environment) and its own pid (`OWNER`), the first
 worker whose collection needs a build claims the directory (`started`, made with `mkdir`, which
 one process alone can make) and starts the builder, and every worker takes what it wrote. The
 controller kills the builder and removes the directory at the session's end (`finish_shared`):
-a worker that finishes first must not remove venvs the other still runs.
+a worker that finishes first must not remove venvs another still runs.
 
     python -m tests._prebuild DIRECTORY TEST_PID NAME...    # the builder (`start` runs it)
 """

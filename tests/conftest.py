@@ -16,12 +16,12 @@ The autouse fixture `no_leftover_processes` fails a test that leaves a descendan
 process running (a launcher, an attempt, a descendant) once its own shutdown is done; it kills
 those processes by pid first, so that one leaking test does not make every later test fail.
 
-The default run is spread over two processes by pytest-xdist (`-n 2 --dist loadgroup` in
-pyproject.toml; `-n 0` runs it in this process alone). What two tests running at once could
+The default run is spread over three processes by pytest-xdist (`-n 3 --dist loadgroup` in
+pyproject.toml; `-n 0` runs it in this process alone). What tests running at once could
 share is kept apart (`pytest_configure`): each test process has slot and control directories of
 its own (`$MPVISOR_SLOTS_DIR`, `$MPVISOR_CONTROL_DIR`: a test of the defaults removes them from
 the environment it gives), the temporary directories are short (a Unix socket's path has 107
-bytes), and the venvs are built once for both (tests/_prebuild.py). The Ray tests run in one
+bytes), and the venvs are built once for all of them (tests/_prebuild.py). The Ray tests run in one
 process, which starts the session's one Ray cluster, and so do the tests of the tools venv,
 which look for their processes by its path, the limits' tests, which look for the attempt
 cgroups they left, and the docs' tests, which share a costly module fixture (tests/_groups.py).
@@ -50,7 +50,7 @@ LEFTOVER_WAIT = 3.0  # seconds a test's processes may take to go after the test 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Keep apart what two test processes could share (module docstring). On the xdist
+    """Keep apart what test processes running at once could share (module docstring). On the xdist
     controller: a short base for the temporary directories, and the directory of the workers'
     shared builds. In every test process (a worker, or a run without xdist): slot and control
     directories of its own."""
