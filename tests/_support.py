@@ -77,6 +77,22 @@ def _describe(predicate: Callable[[], object]) -> str:
     return getattr(predicate, "__qualname__", repr(predicate))
 
 
+MARK = "MPVISOR_TEST_MARK"  # an environment variable a test gives the processes it starts
+
+
+def marked(mark: str) -> list[psutil.Process]:
+    """Every live process whose environment carries `MARK` = `mark`: what a test started, and all
+    those started, had or left, whoever is their parent now, and nothing another test started."""
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get(MARK) == mark:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01) -> T:
     """Poll `predicate` until it returns a truthy value and return that value."""
     deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ import uuid
 import psutil  # type: ignore[import-untyped]
 import pytest
 
+from tests._support import MARK, marked
 from tests._venv import Venv
 
 pytestmark = pytest.mark.timeout(120)  # the shared venv takes ~20 s to build; each case ~3 s
@@ -90,18 +91,6 @@ def _get(url: str, deadline: float) -> dict:
             time.sleep(0.05)  # polls for the server's start, bounded by `deadline`
 
 
-def _marked(mark: str) -> list[psutil.Process]:
-    """Every live process whose environment carries `mark` (uWSGI's and all it started)."""
-    found = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("UWSGI_TEST_MARK") == mark:
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.mark.parametrize("own_executable", [False, True], ids=["pyuwsgi", "py-sys-executable"])
 def test_uwsgi_runs_mpvisor_in_a_request_and_stops_at_once(tools_venv: Venv, tmp_path: pathlib.Path,
                                                            own_executable: bool) -> None:
@@ -111,7 +100,7 @@ def test_uwsgi_runs_mpvisor_in_a_request_and_stops_at_once(tools_venv: Venv, tmp
     uwsgi = str(tools_venv.bin / "uwsgi")
     argv = [uwsgi, "--http", f"127.0.0.1:{port}", "--wsgi-file", "app.py", "--master", "--processes", "2",
             "--chdir", str(tmp_path), *(["--py-sys-executable", uwsgi] if own_executable else [])]
-    env = tools_venv.env(UWSGI_TEST_MARK=mark, MPVISOR_SLOTS_DIR=str(tmp_path / "slots"))
+    env = tools_venv.env(**{MARK: mark}, MPVISOR_SLOTS_DIR=str(tmp_path / "slots"))
     with open(tmp_path / "uwsgi.log", "wb") as log:
         server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                   start_new_session=True)
@@ -135,10 +124,10 @@ def test_uwsgi_runs_mpvisor_in_a_request_and_stops_at_once(tools_venv: Venv, tmp
             pytest.fail(f"uWSGI did not stop within {STOP_WITHIN} s of its SIGINT: "
                         + (tmp_path / "uwsgi.log").read_text(errors="replace")[-2000:])
         assert status == 0
-        _, alive = psutil.wait_procs(_marked(mark), timeout=10)
+        _, alive = psutil.wait_procs(marked(mark), timeout=10)
         assert not alive, [(p.pid, p.cmdline()) for p in alive]
     finally:
-        for proc in [*_marked(mark), psutil.Process(server.pid)] if server.poll() is None else _marked(mark):
+        for proc in [*marked(mark), psutil.Process(server.pid)] if server.poll() is None else marked(mark):
             try:
                 proc.kill()
             except psutil.Error:
