@@ -149,12 +149,13 @@ async def test_placement_follows_the_tasks_resources() -> None:
     """A task asking for a custom resource runs where it exists (the head node's `victim`); one
     asking for what no node has never starts: FAILED `start-up timed out` at `start_timeout`,
     saying what no node has (it said only `killed before it was placed`). The one placed has the
-    supervisor's 3 s to start (a new Ray worker); the one never placed its own 1 s (what no node has is
-    learned at once, by one look at the cluster's nodes)."""
+    supervisor's 15 s to start (a new Ray worker: 3 s, which a machine loaded three times over
+    passed); the one never placed its own 1 s (what no node has is learned at once, by one look
+    at the cluster's nodes)."""
     placed = TaskSpec.once(fn("placed", basic.quick, "here")).with_resources(num_cpus=0.5, resources={"victim": 1})
     nowhere = (TaskSpec.once(fn("nowhere", basic.quick, "never")).with_resources(resources={"absent": 1})
                .with_start_timeout(1.0))
-    async with supervised(on_ray(start_timeout=3.0)) as (handle, _):
+    async with supervised(on_ray(start_timeout=15.0)) as (handle, _):
         _, placed_waiter = await handle.add_and_watch(placed)
         _, nowhere_waiter = await handle.add_and_watch(nowhere)
         done, never = await placed_waiter.wait(), await nowhere_waiter.wait()
@@ -747,21 +748,22 @@ OUTPUT_AFTER_A_CANCEL = 512 * 1024
 async def test_an_attempt_that_floods_its_output_on_ray_is_stopped_at_once(capfd: pytest.CaptureFixture[str]) -> None:
     """`yes` on Ray, its output echoed to this process's stdout, canceled once 128 KiB of it came:
     CANCELED, with less than `OUTPUT_AFTER_A_CANCEL` of output after the cancel, and before the
-    grace ran out. The agent held every line it read for the parent to fetch, without bound: its
-    loop, busy reading them, took the SIGTERM late, and the end waited for the lines read
-    meanwhile to be sent (and the agent's memory grew with the output). It now stops reading
-    (`OUTPUT_HELD`) until the parent fetched what it holds, and the attempt waits at its pipe, as a
-    local one does for a slow reader. Measured here: 192 KiB after the cancel, which took 1.0-1.2
-    s; with `OUTPUT_HELD` made unbounded, 0.9-1.1 MiB and 2.5-3.0 s. The bound is on bytes, not
-    on time: a loaded machine slows the cancel (CI met 1.2 s), not what the agent holds. (128 KiB,
-    more than the first piece of it that reaches stdout here, 64 KiB.)"""
+    grace ran out (15 s: a machine loaded three times over passed 5 s). The agent held every line
+    it read for the parent to fetch, without bound: its loop, busy reading them, took the SIGTERM
+    late, and the end waited for the lines read meanwhile to be sent (and the agent's memory grew
+    with the output). It now stops reading (`OUTPUT_HELD`) until the parent fetched what it holds,
+    and the attempt waits at its pipe, as a local one does for a slow reader. Measured here: 192
+    KiB after the cancel, which took 1.0-1.2 s; with `OUTPUT_HELD` made unbounded, 0.9-1.1 MiB and
+    2.5-3.0 s. The bound is on bytes, not on time: a loaded machine slows the cancel (CI met 1.2
+    s), not what the agent holds. (128 KiB, more than the first piece of it that reaches stdout
+    here, 64 KiB.)"""
     seen_out: list[int] = []
 
     def came() -> int:
         seen_out.append(len(capfd.readouterr().out))
         return sum(seen_out) >= 128 * 1024
 
-    grace = 5.0
+    grace = 15.0
     async with supervised(on_ray(grace=grace)) as (handle, _):
         task_id, waiter = await handle.add_and_watch(TaskSpec.once(CommandTask("yes", ["yes"])))
         await async_wait_for(came, timeout=30.0)

@@ -271,7 +271,9 @@ async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_u
     """An attempt stopped by SIGSTOP (its program's whole group, or a Python target's process)
     and then asked to stop, by a removal or by its timeout: the launcher sends SIGCONT right after
     the SIGTERM, so its handler runs (a shell's trap, a target's `finally`) well within the grace
-    of 3 s: CANCELED or TIMED_OUT, its tree never killed (no ATTEMPT_KILLED)."""
+    of 10 s: CANCELED or TIMED_OUT, its tree never killed (no ATTEMPT_KILLED). (Without the
+    SIGCONT it stays stopped until the grace's kill. The grace was 3 s, which a machine loaded
+    three times over passed.)"""
     import os
     import signal
 
@@ -288,7 +290,7 @@ async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_u
         cleaned = lambda: [m[0] for m in read_markers(out)] == ["started", "finally"]  # noqa: E731
         started = lambda: [m[0] for m in read_markers(out)] == ["started"]  # noqa: E731
     spec = TaskSpec.once(target).with_timeout(1.0 if how == "timeout" else None)
-    config = SupervisorConfig(grace=3.0, timeout_kill_after=3.0)
+    config = SupervisorConfig(grace=10.0, timeout_kill_after=10.0)
     async with supervised(config) as (handle, events):
         task_id, waiter = await handle.add_and_watch(spec)
         pid = (await seen(events, EventKind.ATTEMPT_STARTING, id=task_id)).pid
@@ -303,7 +305,7 @@ async def test_a_stopped_attempt_is_continued_after_its_stop_signal_and_cleans_u
     assert cleaned(), out.read_text()
     want = OutcomeKind.CANCELED if how == "remove" else OutcomeKind.FAILED
     assert outcome.kind is want and (how == "remove" or "timed out" in outcome.reason), outcome
-    assert took < 2.5, took  # its handler ran at once, not the kill at the end of the grace (3 s)
+    assert took < 6.0, took  # its handler ran at once, not the kill at the end of the grace (10 s)
 
 
 async def test_a_timeout_that_includes_start_up_does_not_count_the_wait_for_the_launcher():
