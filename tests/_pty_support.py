@@ -13,6 +13,8 @@ import select
 import signal
 import time
 
+import psutil  # type: ignore[import-untyped]
+
 PROMPT = "MPV-PROMPT> "
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
@@ -67,9 +69,25 @@ class Shell:
         os.write(self.fd, char.encode())
 
     def close(self) -> None:
+        """Kill the shell, then whatever is still in its session: a job a test left running (a
+        failed test's background `mpvisor run`, say) would outlive the killed shell, as a bare
+        command would, and meet every later run's look for its processes."""
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         os.waitpid(self.pid, 0)
         os.close(self.fd)
+        left = []
+        for pid in psutil.pids():
+            try:
+                if os.getsid(pid) == self.pid:  # the shell led its session: its id stays its pid's
+                    left.append(psutil.Process(pid))
+            except (ProcessLookupError, psutil.Error):
+                pass
+        for process in left:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)

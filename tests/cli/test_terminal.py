@@ -50,6 +50,16 @@ def processes(word: str) -> list[psutil.Process]:
     return found
 
 
+def the_program(word: str, program: str) -> psutil.Process:
+    """The one live process running `program` whose command line has `word`. A shell that runs
+    another program forks first: until the child execs, it is a second `program` with the same
+    command line, whose parent is the first. The first is the one."""
+    found = [p for p in processes(word) if p.info["cmdline"][0] == program]
+    pids = {p.pid for p in found}
+    (first,) = [p for p in found if p.ppid() not in pids]
+    return first
+
+
 def states(word: str) -> dict[str, str]:
     """`{"mpvisor": status, "command": status}` of the run whose command has `word`."""
     shown: dict[str, str] = {}
@@ -280,7 +290,7 @@ def test_a_command_in_a_pipeline_that_reads_the_terminal_is_handed_it_and_ctrl_z
     (no stop), reads what is typed, and the run completes."""
     shell.type("mpvisor run -- bash -c 'sleep 0.5; read -r x; echo \"read=$x\"' _ 49.5 | cat\n")
     wait_for(lambda: any(p.info["cmdline"][0] == "bash" for p in processes("49.5")), timeout=30)
-    (command,) = [p for p in processes("49.5") if p.info["cmdline"][0] == "bash"]
+    command = the_program("49.5", "bash")
     shell.press("\x1a")
     assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
     wait_for(lambda: command.status() == psutil.STATUS_STOPPED, timeout=10)
@@ -518,7 +528,7 @@ def test_a_run_started_with_ampersand_gets_no_sigcont_at_fg_as_the_bare_command(
     log, ticks = tmp_path / "conts", tmp_path / "conts.ticks"
     shell.run("mpvisor run -- sh cont.sh conts 65.5 &")
     wait_for(lambda: log.exists() and log.read_text() == "up\n", timeout=30)
-    (command,) = [p for p in processes("65.5") if p.info["cmdline"][0] == "sh"]
+    command = the_program("65.5", "sh")
     shell.type("fg\n")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
     handed = len(ticks.read_text().split())
