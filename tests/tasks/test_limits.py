@@ -684,7 +684,8 @@ def test_what_a_run_killed_whole_left_in_cgroups_ends_when_the_next_run_starts_e
     all of whose processes (the run, its guardian, its fork server) are SIGKILLed together:
     nobody is left to kill that process or remove the attempt's cgroups. The next `mpvisor run`
     in the same cgroups, one without any limit (which never probes the cgroups), kills it and
-    removes them as its launcher starts."""
+    removes them as its launcher starts (unless a launcher another test process started did so
+    first: the same clean-up)."""
     import psutil
 
     from mpvisor._launchers.local import leftovers
@@ -703,12 +704,14 @@ def test_what_a_run_killed_whole_left_in_cgroups_ends_when_the_next_run_starts_e
         launcher = guardian.children()[0]
         for process in (run.pid, guardian.pid, launcher.pid):
             os.kill(process, signal.SIGSTOP)  # none of them may clean up
-        for process in (run.pid, guardian.pid, launcher.pid):
-            os.kill(process, signal.SIGKILL)
-        run.wait(timeout=10)
+        # looked at while its launcher lives (stopped): once it is dead, any launcher that starts
+        # here may clear them first (another test process's, under xdist), as this test's next run would
         made = [f"{d}/{name}" for d in leftovers.dirs_here() for name in os.listdir(d)
                 if name.startswith(f"mpvisor-{launcher.pid}-")]
         assert len(made) == 2 and escapee.is_running(), made  # its v1 memory and v2 cgroups, its escaped process
+        for process in (run.pid, guardian.pid, launcher.pid):
+            os.kill(process, signal.SIGKILL)
+        run.wait(timeout=10)
         plain = subprocess.run([mpvisor, "run", "--", "true"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
                                capture_output=True, text=True, timeout=40)
         assert plain.returncode == 0, plain.stderr
