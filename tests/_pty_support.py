@@ -15,6 +15,8 @@ import time
 
 import psutil  # type: ignore[import-untyped]
 
+from tests._support import kill_all
+
 PROMPT = "MPV-PROMPT> "
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
@@ -85,9 +87,4 @@ class Shell:
                     left.append(psutil.Process(pid))
             except (ProcessLookupError, psutil.Error):
                 pass
-        for process in left:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        kill_all(left, timeout=10)

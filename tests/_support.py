@@ -295,13 +295,18 @@ def kill_leftovers(timeout: float = 3.0) -> list[str]:
             described.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
         except psutil.Error:
             described.append(f"{process.pid} ?")
-    for process in left:
+    kill_all(left)
+    return described
+
+
+def kill_all(processes: list[psutil.Process], timeout: float = 5.0) -> None:
+    """SIGKILL each of `processes` still there, and wait up to `timeout` s for them to go."""
+    for process in processes:
         try:
             process.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
-    psutil.wait_procs(left, timeout=5.0)
-    return described
+    psutil.wait_procs(processes, timeout=timeout)
 
 
 def attempt_processes() -> list[int]:
