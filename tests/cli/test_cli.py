@@ -1499,7 +1499,8 @@ def test_a_slot_run_under_a_process_limit_ends_naming_it_and_never_hangs(tmp_pat
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)  # what the test failed on, if anything lived on
         # a detached process's zombie (the slot server's) keeps the cgroup busy until init reaps
-        # it, which this VM's init does late: seen past 10 s under three test processes
+        # it, which this VM's init does late: likely what kept it busy past 10 s once, under
+        # three test processes (the cgroup was empty minutes later)
         wait_for(lambda: _removed(cgroup), timeout=60)
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done
     if done.returncode == 1:
