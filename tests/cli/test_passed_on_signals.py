@@ -48,7 +48,6 @@ def _ended(proc: subprocess.Popen[str], timeout: float = 20) -> tuple[str, str]:
 
 
 
-
 def _until_started(proc: subprocess.Popen[str], attempts: int = 1) -> None:
     """Read `proc`'s `--events json` until `attempts` `attempt_starting` events: mpvisor then
     knows each command's pid. A command may say it is ready before, on a busy machine, and a
@@ -346,4 +345,3 @@ def test_sigwinch_reaches_the_command_and_between_attempts_is_dropped_without_a_
     status, stderr = signalled(proc, signal.SIGTERM)
     assert status == -signal.SIGTERM, stderr
     assert "SIGWINCH" not in stderr, stderr
-

@@ -137,7 +137,7 @@ def test_bg_resumes_both_in_the_background_and_fg_brings_the_command_back(shell:
     shell.type("fg\n")
     shell.until("sleep 42.25")  # bash names the job it brings back
     wait_for(lambda: all_are("42.25", psutil.STATUS_SLEEPING), timeout=10)
-    (command,) = [p for p in processes("42.25") if p.info["cmdline"][0] == "sleep"]
+    command = the_program("42.25", "sleep")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)  # `fg` sends no SIGCONT
     shell.press("\x03")
     out = shell.until("MPV-PROMPT> ")
@@ -227,7 +227,7 @@ def test_ctrl_z_stops_the_whole_job_when_mpvisor_runs_in_a_script_or_a_pipeline(
     shell.type("fg\n")
     wait_for(lambda: all_are(word, psutil.STATUS_SLEEPING), timeout=10)
     wait_for(lambda: all(p.status() != psutil.STATUS_STOPPED for p in job), timeout=10)
-    (command,) = [p for p in processes(word) if p.info["cmdline"][0] == "sleep"]
+    command = the_program(word, "sleep")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
     shell.press("\x03")
     out = shell.until("MPV-PROMPT> ")
@@ -246,7 +246,7 @@ def test_the_command_is_a_job_of_the_terminal_whatever_its_stdin(shell: Shell) -
     assert "got=secret" in out and ": completed " in out, out
     shell.type("echo data | mpvisor run -- sleep 47.5\n")
     wait_for(lambda: all_are("47.5", psutil.STATUS_SLEEPING), timeout=30)
-    (command,) = [p for p in processes("47.5") if p.info["cmdline"][0] == "sleep"]
+    command = the_program("47.5", "sleep")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
     shell.press("\x03")
     out = shell.until("MPV-PROMPT> ")
@@ -261,7 +261,7 @@ def test_a_run_started_in_the_background_gets_the_terminal_at_fg(shell: Shell) -
     reaches as SIGINT, as the bare command."""
     shell.run("mpvisor run -- sleep 48.25 &")
     wait_for(lambda: all_are("48.25", psutil.STATUS_SLEEPING), timeout=30)
-    (command,) = [p for p in processes("48.25") if p.info["cmdline"][0] == "sleep"]
+    command = the_program("48.25", "sleep")
     shell.type("fg\n")
     shell.until("sleep 48.25")  # bash names the job it brings back
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
@@ -324,7 +324,7 @@ def test_a_tstp_to_mpvisor_in_the_foreground_stops_the_command_too(shell: Shell)
     shell.type("mpvisor run -- sleep 51.25\n")
     wait_for(lambda: all_are("51.25", psutil.STATUS_SLEEPING), timeout=30)
     (mpvisor,) = [p for p in processes("51.25") if p.info["cmdline"][0] != "sleep"]
-    (command,) = [p for p in processes("51.25") if p.info["cmdline"][0] == "sleep"]
+    command = the_program("51.25", "sleep")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(command.pid), timeout=10)
     mpvisor.send_signal(signal.SIGTSTP)
     assert "Stopped" in shell.until("MPV-PROMPT> ", timeout=10)
@@ -487,7 +487,7 @@ def test_a_pipelines_last_command_under_mpvisor_takes_the_ctrl_c_before_its_inpu
     out = tmp_path / "sorted"
     shell.type(f"sh prod.sh | mpvisor run -- sort --buffer-size=63500 > {out}\n")
     wait_for(lambda: [p for p in processes("--buffer-size=63500") if p.info["cmdline"][0] == "sort"], timeout=30)
-    (sort,) = [p for p in processes("--buffer-size=63500") if p.info["cmdline"][0] == "sort"]
+    sort = the_program("--buffer-size=63500", "sort")
     wait_for(lambda: os.tcgetpgrp(shell.fd) == os.getpgid(sort.pid), timeout=10)
     shell.press("\x03")
     shell.until(PROMPT)
