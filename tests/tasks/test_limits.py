@@ -891,7 +891,7 @@ async def test_a_limit_that_cannot_be_kept_is_refused_for_good_naming_it(monkeyp
 
 def test_the_cpus_option_of_the_installed_command(tmp_path) -> None:
     """`mpvisor run --cpus 0.5` from a directory outside the repository: a program spinning two
-    processes for 1 s gets about 0.5 s of CPU (unlimited, up to 2 s), or, where no CPU controller
+    processes for 1 s gets at most about 0.5 s of CPU (unlimited, up to 2 s), or, where no CPU controller
     may be used (an ordinary user's here), is refused, status 1, saying what would give one;
     `--cpus 0` is a usage error (exit 2) naming it."""
     mpvisor = shutil.which("mpvisor") or "mpvisor"
@@ -911,7 +911,9 @@ def test_the_cpus_option_of_the_installed_command(tmp_path) -> None:
                 "one)'") in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr
-        assert 0.25 <= float(done.stdout) <= 0.65, done.stdout
+        # at most its share (unlimited, up to 2 s); at least enough to show it ran, which is all a loaded
+        # machine promises (three test processes beside busy loops gave it 0.2 s)
+        assert 0.05 <= float(done.stdout) <= 0.65, done.stdout
     usage = subprocess.run([mpvisor, "run", "--cpus", "0", "--", "true"], cwd=tmp_path, capture_output=True, text=True,
                            timeout=60)
     assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and "--cpus" in usage.stderr, usage.stderr
