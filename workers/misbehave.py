@@ -185,10 +185,15 @@ def _record(record_path: str, pids: dict[str, int]) -> None:
     append_line(record_path, "\n".join(lines))
 
 
-def stubborn_tree(record_path: str, marker: str | None = None) -> NoReturn:
+def stubborn_tree(record_path: str, marker: str | None = None, witness: str | None = None) -> NoReturn:
     """Start four SIGTERM-ignoring descendants (one escaping by `setsid`, one orphaned by a
-    double fork), record them in `record_path`, then behave like `stubborn`."""
+    double fork), record them in `record_path`, then behave like `stubborn`. `witness`: a FIFO
+    that the attempt opens for writing first, so that every process of the tree holds it; its
+    reader reads EOF the moment the last of them is dead (a process's files close as it dies, before
+    anyone reaps it), however long the news of the kill takes to reach the supervisor."""
     with context().shield():
+        if witness is not None:
+            os.open(witness, os.O_WRONLY)  # kept open (inherited by every fork) until the process dies
         mark(marker, "started")
         read_fd, write_fd = os.pipe()
         _fork(_child(write_fd))
