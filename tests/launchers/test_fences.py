@@ -192,9 +192,8 @@ async def test_a_sigterm_deaf_owner_is_killed_before_its_lease_could_expire(laun
     (killed,) = events.of(EventKind.ATTEMPT_KILLED)  # its launcher killed it at the fence's kill time: says the event
     assert killed.reason.endswith(": its fence's kill time passed (its slot's lease could not be renewed in time)")
     # the whole tree dead at 2/3 of the TTL + min(grace, TTL / 12) after the grant, which came after
-    # the submission. Timed where it happens (the FIFO every process held), not when the event
-    # reached the supervisor: on Ray, the agent's report of the kill comes through Ray, which a loaded
-    # machine has delayed past the TTL after a kill in time
+    # the submission. Timed where it happens (the FIFO every process held), not when the supervisor
+    # heard of it: on Ray the agent's report comes back through Ray, which a loaded machine can delay
     (submitted,) = events.of(EventKind.CONTROLLER_SUBMITTED)
     assert dead_at, "the tree is still alive 10 s after its outcome"
     assert dead_at[0] - submitted.at < TTL, dead_at[0] - submitted.at
