@@ -32,13 +32,15 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `LogRecords` | a `logging.Handler` that keeps every record (thread-safe) |
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
 | `SPAWN_IN_SLOW` | the same, with the spawn run left to `-m slow`: for a test of what the launcher does to a tree, which the start method does not change |
-| `pids_cgroup(name, most)`, `pids_cgroup_problem()` | a pids cgroup letting `most` processes and threads exist; why one cannot be made here (None: it can), a test's skip reason |
+| `pids_cgroup(name, most)`, `pids_cgroup_problem()` | `with`: a pids cgroup letting `most` processes and threads exist, its processes waited for and the cgroup removed at the block's end; why one cannot be made here (None: it can), a test's skip reason |
 | `run(coro)`, `supervised(config, ...)` | a coroutine on a fresh loop, for a sync test (an `async def test_` needs none: conftest runs it); `async with` a served supervisor and its `Collector` |
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import json
 import logging
@@ -49,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import psutil  # type: ignore[import-untyped]
@@ -613,14 +615,50 @@ def ordinary_user_problem() -> str | None:
             "and a venv that every user can reach")
 
 
-def pids_cgroup(name: str, most: int) -> str:
+@contextlib.contextmanager
+def pids_cgroup(name: str, most: int) -> Iterator[str]:
     """A pids cgroup beside this process's own that lets at most `most` processes (and threads)
-    exist in it (cgroup v1's pids hierarchy, else v2)."""
+    exist in it (cgroup v1's pids hierarchy, else v2), for the block. At its end, every process
+    the test put in it must have ended within 30 s (or the test fails); whatever lived on is then
+    killed, and the cgroup removed once nothing is in it. A detached process's zombie (a slot
+    server's) keeps it busy until init reaps it, which this VM's init does late: once, under three
+    test processes, past 10 s."""
     made = f"{_pids_parent().rstrip('/')}/{name}"
     os.mkdir(made)
-    with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
-        file.write(str(most))
-    return made
+    try:
+        with open(f"{made}/pids.max", "w", encoding="utf-8") as file:
+            file.write(str(most))
+        yield made
+        wait_for(lambda: not _live_members(made), timeout=30)
+    finally:
+        kill_all(_live_members(made))
+        wait_for(lambda: _removed(made), timeout=60)
+
+
+def _live_members(cgroup: str) -> list[psutil.Process]:
+    """The processes of `cgroup` that are running (zombies waiting to be reaped aside)."""
+    live = []
+    for pid in pathlib.Path(cgroup, "cgroup.procs").read_text(encoding="utf-8").split():
+        try:
+            process = psutil.Process(int(pid))
+            if process.status() != psutil.STATUS_ZOMBIE:
+                live.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return live
+
+
+def _removed(cgroup: str) -> bool:
+    """`cgroup` removed now, or already gone; False while a process (a zombie) is still in it."""
+    try:
+        os.rmdir(cgroup)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno == errno.EBUSY:
+            return False
+        raise
+    return True
 
 
 class LoopSignals:
