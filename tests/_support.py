@@ -33,6 +33,7 @@ that keeps every event. Polling lives only here, on conditions outside the test'
 | `START_METHODS` | `("launcher", "spawn")`, for parametrizing over both start methods |
 | `SPAWN_IN_SLOW` | the same, with the spawn run left to `-m slow`: for a test of what the launcher does to a tree, which the start method does not change |
 | `pids_cgroup(name, most)`, `pids_cgroup_problem()` | `with`: a pids cgroup letting `most` processes and threads exist, its processes waited for and the cgroup removed at the block's end; why one cannot be made here (None: it can), a test's skip reason |
+| `sigint_twice(pid, group)`, `held_fifo(path)` | `timeout -s INT`'s two SIGINTs, the second once the first was delivered; `with`: a FIFO the test holds open, whose readers wait for its `release()` (a run kept stopping until both were sent) |
 | `run(coro)`, `supervised(config, ...)` | a coroutine on a fresh loop, for a sync test (an `async def test_` needs none: conftest runs it); `async with` a served supervisor and its `Collector` |
 """
 
@@ -42,6 +43,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import json
 import logging
 import os
@@ -58,6 +60,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import BackoffPolicy, EventKind, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor._api.session import SAME_INTERRUPTION
 from workers import coop
 
 T = TypeVar("T")
@@ -196,17 +199,54 @@ def pid_gone(pid: int, create_time: float | None = None) -> bool:
 def sigint_twice(pid: int, group: int, timeout: float = 5.0) -> None:
     """What `timeout -s INT` does: SIGINT to `pid`, then to the process `group` it is in. The
     second is sent as soon as the kernel has delivered the first (no longer pending in
-    /proc/PID/status), so the two are not merged: two deliveries, microseconds apart."""
-    os.kill(pid, signal.SIGINT)
-    bit, deadline = 1 << (signal.SIGINT - 1), time.monotonic() + timeout
-    while time.monotonic() < deadline:  # no sleep: the second comes as soon as `timeout`'s would
-        try:
-            with open(f"/proc/{pid}/status") as status:
-                if not any(int(line.split()[1], 16) & bit for line in status if line.startswith(("SigPnd:", "ShdPnd:"))):
-                    break
-        except FileNotFoundError:
-            break  # delivered, acted on, and reaped already (a run that stops at once)
-    os.killpg(group, signal.SIGINT)
+    /proc/PID/status), so the two are not merged: two deliveries, microseconds apart. The test
+    must keep the run from ending before the second is sent (`held_fifo`), and this fails if the
+    second went out too late to be the same interruption (`SAME_INTERRUPTION`): then the test
+    could not make what it tests. The collector is off meanwhile: a full collection of a test
+    process's heap, which the polling's allocations may start, has taken longer than that."""
+    bit, status_path = 1 << (signal.SIGINT - 1), f"/proc/{pid}/status"
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        os.kill(pid, signal.SIGINT)
+        sent = time.monotonic()
+        deadline = sent + timeout
+        while time.monotonic() < deadline:  # no sleep: the second comes as soon as `timeout`'s would
+            try:
+                with open(status_path) as status:
+                    if not any(int(line.split()[1], 16) & bit for line in status if line.startswith(("SigPnd:", "ShdPnd:"))):
+                        break
+            except FileNotFoundError:
+                break  # delivered, acted on, and reaped already (a run that stops at once)
+        os.killpg(group, signal.SIGINT)
+        late = time.monotonic() - sent
+    finally:
+        if collecting:
+            gc.enable()
+    assert late < SAME_INTERRUPTION, f"the second SIGINT went out {late * 1000:.1f} ms after the first: too late to test"
+
+
+@contextlib.contextmanager
+def held_fifo(path: str | os.PathLike[str]) -> Iterator[Callable[[], None]]:
+    """A FIFO at `path` that this process holds open for writing (read-write, so that opening
+    it blocks neither side), for processes that read it to wait on the test: whatever opened it
+    for reading gets EOF once the test calls the `release` yielded, or leaves the block, and not
+    before. A reader that opens it only after that waits for a writer: a process meant to be held
+    must open it before the test lets go (`workers/shell/sleeper.sh ... held GATE` opens it as it
+    starts)."""
+    os.mkfifo(path)
+    fd = os.open(path, os.O_RDWR)  # not inherited by the processes the test starts (PEP 446)
+
+    def release() -> None:
+        nonlocal fd
+        if fd >= 0:
+            os.close(fd)
+            fd = -1
+
+    try:
+        yield release
+    finally:
+        release()
 
 
 def exited(process: psutil.Process) -> bool:

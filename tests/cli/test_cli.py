@@ -24,6 +24,7 @@ import pytest
 from tests._slot_support import stop_servers
 from tests._support import (
     as_an_ordinary_user,
+    held_fifo,
     ordinary_user_problem,
     pid_gone,
     pids_cgroup,
@@ -416,21 +417,26 @@ def test_a_sigint_delivered_twice_is_one_interruption(tmp_path):
     in: once the first was delivered (the kernel merges them only while it is pending), that is
     two SIGINTs microseconds apart for one interruption. The command still gets its grace: it is
     asked once, cleans up and ends `canceled`, and mpvisor dies by SIGINT (the second used to be
-    taken for a second Ctrl-C: `force_aborted ... interrupted again`, its clean-up cut short)."""
-    command = "trap 'sleep 0.2; echo cleaned; exit 0' INT; echo ready; while :; do sleep 0.05; done"
-    proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--grace", "10", "--", "sh", "-c", command],
-                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()
-        assert ready == "ready\n", ready
-        tree = descendants(proc.pid)
-        sigint_twice(proc.pid, proc.pid)
-        stdout, stderr = proc.communicate(timeout=10)
-    finally:
-        proc.kill()
-        proc.communicate()
+    taken for a second Ctrl-C: `force_aborted ... interrupted again`, its clean-up cut short).
+    The clean-up lasts until the test has sent both (a gate the command holds)."""
+    gate = tmp_path / "gate"
+    command = (f"exec 3< {gate}; trap 'read _ <&3; echo cleaned; exit 0' INT; echo ready; "
+               "while :; do sleep 0.05; done")
+    with held_fifo(gate) as release:
+        proc = subprocess.Popen([sys.executable, "-m", "mpvisor", "run", "--grace", "10", "--", "sh", "-c", command],
+                                cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            ready = proc.stdout.readline()
+            assert ready == "ready\n", ready
+            tree = descendants(proc.pid)
+            sigint_twice(proc.pid, proc.pid)
+            release()  # the command's clean-up may end now
+            stdout, stderr = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == -signal.SIGINT, stderr
     assert stdout == "cleaned\n", (stdout, stderr)
     assert outcome_line(stderr) == "mpvisor: sh: canceled reason='canceled by shutdown' exit_code=None attempts=1", stderr

@@ -29,7 +29,7 @@ import pytest
 
 from mpvisor._admission.leases import local as _leases
 from tests._slot_support import intervals, stop_servers
-from tests._support import kill_group_if_running, pid_gone, sigint_twice, wait_for
+from tests._support import held_fifo, kill_group_if_running, pid_gone, sigint_twice, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -829,34 +829,37 @@ def test_a_script_running_a_task_file_is_stopped_as_for_one_task(tmp_path: pathl
     before its next step. So for a SIGINT to mpvisor and then to the group (`timeout -s INT`'s
     way), which mpvisor gets twice: one interruption, not a second Ctrl-C that kills at once.
     SIGTERM to mpvisor alone: the same stop, and the script sees 143 and goes on. Nothing of the
-    script's tree is left."""
-    marker, p1, p2 = tmp_path / "marker", tmp_path / "p1", tmp_path / "p2"
+    script's tree is left. The programs' stop lasts until the test has sent every signal (a gate),
+    so the second SIGINT always comes while the run stops, as `timeout`'s does."""
+    marker, p1, p2, gate = tmp_path / "marker", tmp_path / "p1", tmp_path / "p2", tmp_path / "gate"
     write(tmp_path / "tasks.toml", f"""
         [defaults]
         grace = 5
         [task.one]
-        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p1}", "{marker}"]
+        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p1}", "{marker}", "held", "{gate}"]
         [task.two]
-        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p2}", "{marker}"]
+        command = ["sh", "{SHELL / 'sleeper.sh'}", "{p2}", "{marker}", "held", "{gate}"]
     """)
     assert MPVISOR is not None
     env = {**env_for(), "PATH": os.pathsep.join([os.path.dirname(MPVISOR), os.environ.get("PATH", "")])}
-    script = subprocess.Popen(["bash", str(SHELL / "file_steps.sh"), str(marker), "tasks.toml"], cwd=tmp_path, env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    try:
-        wait_for(lambda: p1.exists() and p2.exists(), timeout=20)
-        seen = _tree(script.pid)
-        (step,) = [p for p in psutil.Process(script.pid).children() if any("mpvisor" in a for a in p.cmdline())]
-        if how == "ctrl-c":
-            os.killpg(script.pid, signal.SIGINT)
-        elif how == "sigint-twice":
-            sigint_twice(step.pid, script.pid)
-        else:
-            step.send_signal(signal.SIGTERM)
-        _, err = script.communicate(timeout=20)
-    finally:
-        kill_group_if_running(script)
+    with held_fifo(gate) as release:
+        script = subprocess.Popen(["bash", str(SHELL / "file_steps.sh"), str(marker), "tasks.toml"], cwd=tmp_path,
+                                  env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        try:
+            wait_for(lambda: p1.exists() and p2.exists(), timeout=20)  # each holds the gate
+            seen = _tree(script.pid)
+            (step,) = [p for p in psutil.Process(script.pid).children() if any("mpvisor" in a for a in p.cmdline())]
+            if how == "ctrl-c":
+                os.killpg(script.pid, signal.SIGINT)
+            elif how == "sigint-twice":
+                sigint_twice(step.pid, script.pid)
+            else:
+                step.send_signal(signal.SIGTERM)
+            release()  # the programs' stop may end now
+            _, err = script.communicate(timeout=20)
+        finally:
+            kill_group_if_running(script)
     lines = marker.read_text().splitlines()
     if how != "sigterm":
         assert script.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
