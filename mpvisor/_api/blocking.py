@@ -178,10 +178,17 @@ class BlockingHandle:
         thread. Idempotent; `shutdown()`'s error, if any, propagates after the loop stopped. In a
         forked child of the supervisor's process it does nothing: the supervisor is the
         parent's, and goes on there (a child leaving the parent's `with` block must not wait
-        for a runtime thread it does not have)."""
+        for a runtime thread it does not have).
+
+        A subscriber that closed it from its `on_event` delivers the shutdown's events and calls
+        its own `close()` on its thread once this returns to it: the program's close waits for
+        that (its `with` block, or the program's end, when only the subscriber closed it), for at
+        most `subscriber_shutdown_timeout`, as the end of the program would cut it short."""
         if os.getpid() != self._pid:
             return
-        _unclosed.discard(self)
+        bus = self._handle._rt.bus
+        if not bus.on_a_subscribers_thread():  # (one is closed again at the program's end, for the wait)
+            _unclosed.discard(self)
         try:
             if not self._over:
                 self._shut_down()
@@ -197,6 +204,7 @@ class BlockingHandle:
                     future.set_exception(ShuttingDown("the supervisor's loop stopped during the call"))
                 except InvalidStateError:
                     pass  # it was answered after all
+            bus.finish_late_drains(self._handle._rt.config.subscriber_shutdown_timeout)
 
     def _shut_down(self) -> None:
         """`shutdown()`, for `close()`. Interrupted in this thread while the shutdown still runs (a

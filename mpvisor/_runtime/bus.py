@@ -29,6 +29,7 @@ last one, and reporting early would break the once-a-second promise. A panic is 
 | a subscriber still busy when `close`'s `timeout` ends | its undelivered events (the queued ones and the one in `on_event`) are dropped: a WARNING on `mpvisor.bus` counts them |
 | the end of `close`, for a subscriber that lost events (to a full queue during the run, or undelivered at the deadline) | its `abandoned(count)` (if any) is called once with all of them, on the loop's thread |
 | a subscriber's own thread waits for the shutdown (its `on_event` closed a blocking handle: `waits_for_close`) | the drain does not wait for it (it could never drain while it waits for the drain); once the shutdown returns to it, its thread delivers what is queued and calls its `close()`, after the loop's end |
+| the program's own close of that handle (its `with` block, `close()`, or the program's end: `finish_late_drains`) | waits for that subscriber's thread, for at most `subscriber_shutdown_timeout`: the program's end would cut it short; one still busy then gets a WARNING on `mpvisor.bus` counting the events it has not delivered |
 
 One module on purpose: the queue, its thread and the throttle exist only for the bus.
 """
@@ -224,9 +225,17 @@ class _Mailbox:
             self._cond.notify()
             return count
 
-    def join(self) -> None:
-        """Wait for a thread that has signalled `done` to return (it has nothing left to do)."""
-        self._thread.join(timeout=1.0)
+    def join(self, timeout: float = 1.0) -> bool:
+        """Wait at most `timeout` s for its thread to end (the default: one that has signalled
+        `done`, which has nothing left to do); whether it has."""
+        if self._thread.ident is not None:  # (one that could not start never ran)
+            self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
+
+    def undelivered(self) -> int:
+        """The events still queued, and the one `on_event` is busy with, if any."""
+        with self._cond:
+            return len(self._items) + self._delivering
 
     def _next(self) -> Event | None:
         with self._cond:
@@ -450,6 +459,25 @@ class Bus:
                 if self._loop is not None and box.done is not None:
                     _call_soon(self._loop, _resolve, box.done)  # a drain under way stops waiting for it
                 return
+
+    def finish_late_drains(self, timeout: float) -> None:
+        """Called on a thread that closed a blocking handle, once its loop is over: wait at most
+        `timeout` s in total for each subscriber that shut the supervisor down from its `on_event`
+        (`waits_for_close`) to deliver the rest of its events and call its `close()` on its own
+        thread, which the program's end would cut short (a daemon thread). Not on a subscriber's
+        own thread: two such subscribers would wait for each other."""
+        if self.on_a_subscribers_thread():
+            return
+        deadline = time.monotonic() + timeout
+        for box in self._mailboxes:
+            if box.waits_for_close and not box.join(max(0.0, deadline - time.monotonic())):
+                _log.warning("subscriber %r: %d events not delivered and its close() not returned when "
+                             "subscriber_shutdown_timeout (%g s) ended; it goes on on its own thread, which the end "
+                             "of the program cuts short", box.name, box.undelivered(), timeout)
+
+    def on_a_subscribers_thread(self) -> bool:
+        """Whether the calling thread is one of this bus's subscribers' own."""
+        return any(box.owns_current_thread() for box in self._mailboxes)
 
     async def close(self, timeout: float) -> None:
         """Stop intake, end iterators, drain subscribers for at most `timeout` s in total."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 
 from mpvisor import (
+    BlockingHandle,
     ConfigError,
     ControllerClosed,
     ControllerConfig,
@@ -355,6 +357,97 @@ def test_a_program_that_exits_without_closing_its_blocking_handle_stops_its_task
     assert [line[0] for line in read_markers(marker)] == ["started", "finally"]
     pid = read_markers(marker)[0][3]
     wait_for(lambda: pid_gone(pid), timeout=5)
+
+
+STOP_AT_FIRST_FAILURE = """
+import sys, time
+from mpvisor import EventKind, OutcomeKind, Supervisor, SupervisorConfig, TaskFn, TaskSpec
+
+class StopAtFirstFailure:  # events.md's pattern: shut it all down at the first failure
+    name = "stopper"
+
+    def __init__(self, path):
+        self.handle, self.log = None, open(path, "w", buffering=1)
+
+    def on_event(self, event):
+        self.log.write(event.kind.name + "\\n")
+        time.sleep(0.02)  # a subscriber that does something with each event (a database write)
+        if event.kind is EventKind.TASK_FINISHED and event.outcome_kind is OutcomeKind.FAILED:
+            self.handle.close()
+
+    def close(self):
+        self.log.write("closed\\n")
+        self.log.close()
+
+if __name__ == "__main__":
+    how, stopper = sys.argv[1], StopAtFirstFailure(sys.argv[2])
+    handle = Supervisor(SupervisorConfig(grace=5), [stopper]).serve_blocking()
+    stopper.handle = handle
+    _, failing = handle.add_and_watch(TaskSpec.once(TaskFn("bad", "workers.basic:failing", (3,))))
+    _, long = handle.add_and_watch(TaskSpec.once(TaskFn("long", "workers.coop:cooperative")))
+    print(failing.wait().kind.name, long.wait().kind.name, flush=True)
+    if how == "with":
+        handle.close()  # what leaving a `with` block does
+    # "exit": the program ends; the handle was closed by the subscriber only
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["with", "exit"])
+def test_a_subscriber_that_shut_the_supervisor_down_gets_its_last_events_before_the_program_ends(tmp_path, how):
+    """A subscriber whose `on_event` closes the blocking handle at the first failure, in a
+    program that ends once its outcomes are in (leaving its `with` block, or with nothing more
+    to do): the subscriber still gets every event of the shutdown and its `close()`, as the
+    program's own close (or its end) waits for it. The subscriber's thread, which delivers them
+    once the shutdown returns to it, was cut short by the program's end, without a word: its
+    last events and its `close()` were lost."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "app.py").write_text(STOP_AT_FIRST_FAILURE)
+    log = tmp_path / "events.log"
+    done = subprocess.run([sys.executable, "app.py", how, str(log)], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=40)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "FAILED CANCELED\n", ""), done
+    kinds = log.read_text().splitlines()
+    assert kinds.count("TASK_FINISHED") == 2 and kinds.count("TASK_REMOVED") == 2, kinds
+    assert kinds[-2:] == ["ALL_STOPPED_WITHIN_GRACE", "closed"], kinds
+
+
+@pytest.mark.timeout(60)
+def test_the_programs_close_waits_for_a_subscriber_that_closed_it_no_longer_than_its_timeout(caplog):
+    """A subscriber that closed the handle from `on_event` and whose own `close()` then does
+    not return: the program's close waits for it `subscriber_shutdown_timeout`, no longer, and
+    a WARNING on `mpvisor.bus` says it goes on, cut short by the program's end."""
+    closing, release = threading.Event(), threading.Event()
+
+    class Stuck:
+        name = "stuck"
+        handle: BlockingHandle | None = None
+
+        def on_event(self, event):
+            if event.kind is EventKind.TASK_FINISHED:
+                closing.set()
+                assert self.handle is not None
+                self.handle.close()
+
+        def close(self):
+            release.wait(30)
+
+    stuck = Stuck()
+    handle = Supervisor(SupervisorConfig(grace=5, subscriber_shutdown_timeout=0.5), [stuck]).serve_blocking()
+    stuck.handle = handle
+    try:
+        handle.add(TaskSpec.once(TaskFn("quick", "workers.basic:quick")))
+        assert closing.wait(30)
+        with caplog.at_level(logging.WARNING, logger="mpvisor.bus"):
+            started = time.monotonic()
+            handle.close()
+            took = time.monotonic() - started
+    finally:
+        release.set()
+    assert 0.5 <= took < 5, took
+    assert ("subscriber 'stuck': 0 events not delivered and its close() not returned when subscriber_shutdown_timeout "
+            "(0.5 s) ended") in caplog.text, caplog.text
+    assert child_pids_of_self() == []
 
 
 @pytest.mark.timeout(90)
