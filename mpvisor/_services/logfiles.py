@@ -33,8 +33,9 @@ per `REPORT_EVERY` seconds.
 | `reopen()` (`logrotate` moved the file away, then sent SIGUSR1) | close and open the path again: the next lines go to a new file there |
 | `close()` | write what is queued, finish the compressions, join the threads |
 
-`dropped` counts every line lost (also those that no written line followed before `close`, so
-never reported with a count); `flush()` waits, off the loop, until what was queued is handled.
+`dropped` counts every line lost (those that no written line followed before `close` are
+said at the close, "closed, not writing again"); `flush()` waits, off the loop, until what was
+queued is handled.
 
 The decisions are pure (`rotation_due`, `batch_end`, `backup_names`, `shift_plan`,
 `to_compress`, `DropReport`); the threads only act on them.
@@ -127,7 +128,8 @@ class DropReport:
 
     An episode begins with the first line lost: said at once, as is each other cause of loss
     within it. It ends once a line was written after its last loss and at least `every` seconds
-    passed since it began (at once at `close`), with "writing again" and every line lost in it.
+    passed since it began (at once at `close`), with "writing again" and every line lost in it
+    (at `close` with none written since the last loss: "closed, not writing again", the count).
     So a writer that keeps falling behind and catching up says at most one pair per `every`
     seconds, and "writing again" is true when it is said."""
 
@@ -167,9 +169,15 @@ class DropReport:
         return self.began + self.every
 
     def tick(self, now: float, closing: bool = False) -> list[str]:
-        """The end of the episode, if it is due at `now` (or `closing`, and a line was written
-        after the last loss)."""
+        """The end of the episode, if it is due at `now`, or `closing`: "writing again" if a line
+        was written after the last loss, else "closed, not writing again" (the count is said
+        either way: it is not lost with the file)."""
         due = self.due()
+        if closing and self.began is not None and not self.recovered:
+            message = f"mpvisor: log file {self.path}: closed, not writing again; {_plural(self.lost, 'line')} dropped"
+            self.began, self.lost = None, 0
+            self.causes.clear()
+            return [message]
         if due is None or (now < due and not closing):
             return []
         message = f"mpvisor: log file {self.path}: writing again; {_plural(self.lost, 'line')} dropped"

@@ -429,7 +429,7 @@ class TaskActor:
         """Why a later stop's wait killed the tree of an attempt that was stopping already."""
         if reason is StopReason.TIMEOUT:  # while it stopped for a removal or the shutdown
             return (f"timed out after {self.spec.timeout} s as it stopped; its process tree was killed "
-                    f"timeout_kill_after={wait} s later")
+                    f"{wait} s later (timeout_kill_after)")
         return self._grace_ran_out()
 
     def _stop_reason(self) -> str:

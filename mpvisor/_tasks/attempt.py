@@ -204,7 +204,7 @@ class AttemptProcess:
         self.facts.stop = reason
         self._stop_signal = self._own_stop_signal if signum is None else signum
         if reason is StopReason.TIMEOUT:
-            why = f"still running timeout_kill_after={grace} s after the timeout"
+            why = f"still running {grace} s after the timeout (timeout_kill_after)"
         elif reason is StopReason.UNHEALTHY:
             why = f"still running {grace} s after it was stopped ({self.facts.unhealthy})"
         else:
@@ -228,7 +228,7 @@ class AttemptProcess:
     def _cut_short(self, grace: float, reason: StopReason) -> None:
         self.cut_short = (reason, grace)
         if reason is StopReason.TIMEOUT:
-            self.kill(f"still running timeout_kill_after={grace} s after the timeout")
+            self.kill(f"still running {grace} s after the timeout (timeout_kill_after)")
         else:
             self.kill(f"it did not stop within the grace window of {grace} s")
 

@@ -303,14 +303,22 @@ def test_a_writer_that_keeps_falling_behind_says_one_pair_per_interval_with_the_
 
 @pytest.mark.unit
 def test_writing_again_is_said_only_after_a_line_written_and_each_cause_once() -> None:
-    """No written line since the last loss: nothing at the interval nor at close. Another cause
-    within the episode is said once; `due` tells the writer when to look again."""
+    """No written line since the last loss: nothing at the interval, and at close the count
+    without "writing again" (it used to be said nowhere: a file never writable lost every line
+    with one line said). Another cause within the episode is said once; `due` tells the writer
+    when to look again."""
+    closed = DropReport("F", every=10.0)
+    assert closed.lost_lines(3, "open", "Not a directory", 0.0) == [
+        "mpvisor: log file F: cannot open (Not a directory): dropping lines until it can"]
+    assert closed.tick(50.0) == [] and closed.due() is None
+    assert closed.tick(50.0, closing=True) == ["mpvisor: log file F: closed, not writing again; 3 lines dropped"]
+    assert closed.tick(51.0, closing=True) == []
     report = DropReport("F", every=10.0)
     assert report.lost_lines(1, "write", "No space left on device", 0.0) == [FULL_SAID]
     assert report.lost_lines(2, "write", "No space left on device", 1.0) == []
     assert report.lost_lines(3, BEHIND, None, 2.0) == [BEHIND_SAID]
     assert report.due() is None
-    assert report.tick(50.0) == [] and report.tick(50.0, closing=True) == []
+    assert report.tick(50.0) == []
     assert report.written(51.0) == ["mpvisor: log file F: writing again; 6 lines dropped"]  # 51 >= 0 + 10
     assert report.written(52.0) == [] and report.lost_lines(1, "write", "x", 53.0) != []
     assert report.written(54.0) == [] and report.due() == 63.0
@@ -602,14 +610,15 @@ FULL_MESSAGE = (
 
 def test_a_full_disk_drops_lines_without_blocking_and_reports_once(tmp_path: Path) -> None:
     """/dev/full fails every write with ENOSPC: 5000 writes return at once, every line is
-    counted as dropped, on_problem is called exactly once, and /dev/full is never rotated."""
+    counted as dropped, on_problem is called once as the loss begins and once, with the count,
+    at the close, and /dev/full is never rotated."""
     problems = Problems()
     log = LogFile("/dev/full", LogSettings(max_bytes=100, backups=2), on_problem=problems)
     started = time.monotonic()
     write_all(log, numbered(5000))
     assert time.monotonic() - started < 2.0
     log.close()
-    assert problems.messages == [FULL_MESSAGE]
+    assert problems.messages == [FULL_MESSAGE, "mpvisor: log file /dev/full: closed, not writing again; 5000 lines dropped"]
     assert log.dropped == 5000
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and not os.path.exists("/dev/full.1")
 
