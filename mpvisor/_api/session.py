@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from mpvisor import _platform
 from mpvisor._api.handle import SupervisorHandle
 from mpvisor._attempt import context as _context
-from mpvisor._model.errors import ShuttingDown
+from mpvisor._model.errors import GraceExceeded, ShuttingDown
 from mpvisor._model.identity import next_id
 from mpvisor._model.outcome import OutcomeKind, TaskOutcome
 from mpvisor._model.spec import TaskDefaults, TaskSpec
@@ -172,8 +172,10 @@ async def run_session(runtime: Runtime, start: Callable[[RunSession], Awaitable[
     with _SignalHandlers(runtime, passed_on, stopped_by, hands_on=hands_on, dies_by_it=dies_by_it):
         try:
             await _until_done(runtime, session, start)
-        except asyncio.CancelledError:
-            await _shut_down_canceled(runtime)
+        except asyncio.CancelledError as canceled:
+            grace = await _shut_down_canceled(runtime)
+            if grace is not None:  # said as an `async with` block's end says it
+                canceled.add_note(f"mpvisor: shutdown after this error also failed: {grace}")
             raise
         await runtime.shutdown()
 
@@ -192,17 +194,20 @@ async def _until_done(runtime: Runtime, session: RunSession, start: Callable[[Ru
         await runtime.wait_for_change()
 
 
-async def _shut_down_canceled(runtime: Runtime) -> None:
+async def _shut_down_canceled(runtime: Runtime) -> GraceExceeded | None:
     """The run's caller canceled it (a timeout around it, a server's canceled request, a notebook's
     interrupted cell): its work is shut down as at the end of an `async with` block, gracefully,
     before the cancellation goes on (it used to go on at once, and the run's attempts with it, until
     the loop's end: a server's or a notebook kernel's loop never ends). What the shutdown raises
-    (`GraceExceeded`: each killed task's outcome says so) gives way to the cancellation; another
-    cancellation stops the wait, not the shutdown."""
+    (`GraceExceeded`: each killed task's outcome says so) gives way to the cancellation, which
+    notes it (it is returned); another cancellation stops the wait, not the shutdown."""
     try:
         await runtime.shutdown()
+    except GraceExceeded as grace:
+        return grace
     except Exception:
         pass
+    return None
 
 
 def _holds_no_work(runtime: Runtime) -> bool:

@@ -48,17 +48,22 @@ async def test_a_canceled_run_shuts_its_work_down_before_the_cancellation_goes_o
     request's task (uvicorn's `--timeout-graceful-shutdown`) and a notebook kernel an interrupted
     cell's: the run's tasks are stopped as at the end of an `async with` block (the cooperative
     one cleans up, the stubborn one is killed past its grace), and only then is `TimeoutError`
-    raised; the loop goes on with nothing of the run left. The attempts used to run on until the
-    loop's end, which a server's or a kernel's never reaches."""
+    raised, the cancellation noting the killed tree as an `async with` block's end notes it (it
+    said nothing); the loop goes on with nothing of the run left. The attempts used to run on
+    until the loop's end, which a server's or a kernel's never reaches."""
     marker = str(tmp_path / "marker")
     supervisor = Supervisor(SupervisorConfig(grace=0.3))
     running = asyncio.ensure_future(supervisor.run([once("polite", coop.cooperative, marker=marker),
                                                     once("stubborn", misbehave.stubborn, marker=marker)]))
     await asyncio.get_running_loop().run_in_executor(None, lambda: wait_for(
         lambda: len(words(marker, "started")) == 2))
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError) as timed_out:
         await asyncio.wait_for(running, 0.01)
     assert [m[1] for m in words(marker, "finally")] == ["polite"]
+    assert isinstance(timed_out.value.__context__, asyncio.CancelledError)
+    assert timed_out.value.__context__.__notes__ == [
+        "mpvisor: shutdown after this error also failed: 1 task(s) did not stop within the grace window of 0.3 s "
+        "and were killed: stubborn"], timed_out.value.__context__.__notes__
     assert child_pids_of_self() == []
     handle = supervisor.serve()
     assert {info.name for info in await handle.list()} == set()
