@@ -92,10 +92,10 @@ class TaskOutcome:
     |---|---|
     | `kind` | the `OutcomeKind` |
     | `reason` | why it ended, for anything but `COMPLETED` (the last attempt's error) |
-    | `exit_code` | the last attempt's exit code (`-N` for a death by signal N), if any |
+    | `exit_code` | `FAILED`, `FATAL`: the last attempt's exit code (`-N` for a death by signal N), if any |
     | `rejection` | the `RejectionKind`, set exactly when `kind` is `REJECTED` |
     | `value` | the final successful attempt's result, for `COMPLETED` |
-    | `traceback` | the last attempt's traceback, as text, if it raised |
+    | `traceback` | `FAILED`, `FATAL`: the last attempt's traceback, as text, if it raised |
     | `attempts` | attempts started (0 if none) |
     | `duration` | seconds from registration to terminal cleanup (monotonic); `None` for `REJECTED` |
     | `timed_out` | true when it `FAILED` because its last attempt ran past a time limit of its own: the task's timeout, or its start-up limit (`start_timeout`) |
