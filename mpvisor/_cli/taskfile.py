@@ -321,7 +321,7 @@ def _env_file_in(base_dir: str, read_text: Callable[[str], str] | None) -> Calla
         try:
             text = read_text(path) if read_text is not None else _read_text(path)
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _not_utf8(path, exc)
             raise _Invalid(f"cannot read {quoted(path)}: {reason}") from None
         try:
             return parse_dotenv(text)
@@ -813,11 +813,30 @@ def load(path: str) -> TaskFile:
         with open(path, encoding="utf-8-sig") as file:
             text = file.read()
     except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _not_utf8(path, exc)
         if isinstance(exc, FileNotFoundError) and not os.path.isabs(path) and _platform.current_dir() is None:
             reason = "the working directory was removed, so a relative path names no file; give its absolute path"
         return TaskFile((), None, (f"cannot read the file: {reason}",))
     return parse_text(text, os.path.dirname(os.path.abspath(path)), os.path.isdir)
+
+
+def _not_utf8(path: str, error: Exception) -> str:
+    """Where the file at `path` stops being UTF-8, as a person finds it in an editor (line and
+    column, the byte), for the `UnicodeDecodeError` reading it met; the error's own words for
+    anything else. Read again whole: the error of a text read is about one chunk of it."""
+    if not isinstance(error, UnicodeDecodeError):
+        return str(error)
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+        data.decode("utf-8-sig")
+    except UnicodeDecodeError as whole:
+        before = data[:whole.start]
+        line, column = before.count(b"\n") + 1, whole.start - (before.rfind(b"\n") + 1) + 1
+        return f"not UTF-8 text: line {line}, column {column}: byte 0x{data[whole.start]:02x} (save it as UTF-8)"
+    except OSError:
+        pass
+    return str(error)
 
 
 def report_errors(path: str, parsed: TaskFile) -> None:

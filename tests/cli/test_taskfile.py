@@ -396,9 +396,9 @@ def test_loading_a_file_checks_its_cwd_and_reports_what_cannot_be_read(tmp_path)
     assert loaded.tasks[0].spec.task.cwd == str(tmp_path / "work")
     assert loaded.errors == (f'task "b".cwd: no such directory: {str(tmp_path / "missing")!r}',)
     assert load(str(tmp_path / "none.toml")).errors == ("cannot read the file: No such file or directory",)
-    (tmp_path / "bad.toml").write_bytes(b"a = '\xff'\n")
+    (tmp_path / "bad.toml").write_bytes(b"[task.a]\ncommand = ['true']\n" * 600 + b"# caf\xe9\n")  # latin-1, past a chunk
     (error,) = load(str(tmp_path / "bad.toml")).errors
-    assert error.startswith("cannot read the file: 'utf-8' codec can't decode byte 0xff"), error
+    assert error == "cannot read the file: not UTF-8 text: line 1201, column 6: byte 0xe9 (save it as UTF-8)", error
     valid = tmp_path / "ok.toml"
     valid.write_text(ISSUE_EXAMPLE)
     assert summary("ok.toml", load(str(valid))) == "ok.toml: valid, 2 tasks: build, deploy (slot 'deploy-prod', queue)"
@@ -523,6 +523,17 @@ def test_an_env_file_goes_under_the_env_tables_and_a_tasks_own_replaces_the_defa
         "task \"b\".env_file: cannot read '/base/gone.env': No such file or directory",
         'task "c".env_file: expected a file name (a non-empty string), got an integer: 3',
     )
+
+
+def test_a_file_that_is_not_utf8_is_an_error_at_its_line_and_column_not_a_codecs_offset(tmp_path):
+    """A task file or an env file saved in Latin-1 (an editor's default elsewhere): the error
+    names the line and column of the first byte that is not UTF-8, as a syntax error does (it
+    gave the codec's message, a byte offset into whatever chunk was being read)."""
+    (tmp_path / "latin.env").write_bytes(b"NAME=ok\nCITY=Montr\xe9al\n")
+    (tmp_path / "tasks.toml").write_text("[task.a]\ncommand = ['true']\nenv_file = 'latin.env'\n")
+    assert load(str(tmp_path / "tasks.toml")).errors == (
+        f"task \"a\".env_file: cannot read {str(tmp_path / 'latin.env')!r}: not UTF-8 text: line 2, column 11: "
+        "byte 0xe9 (save it as UTF-8)",)
 
 
 # --- the keys of services -----------------------------------------------------------------------------
