@@ -387,12 +387,13 @@ def run_file(args: argparse.Namespace) -> int:
     bound = args.max_concurrent if getattr(args, "max_concurrent", None) is not None else parsed.max_concurrent
     config = SupervisorConfig(grace=grace, max_concurrent=bound, launcher=launcher_for(args))
     interrupts: list[signal.Signals] = []
+    stopped_waiting: set[str] = set()  # tasks `mpvisor stop` stopped while they waited to start
     if isinstance(display, LiveTable):
         display.start()
     try:
         results, problem, last = asyncio.run(_run(config, subscribers, controller, parsed, display, interrupts,
                                                   path, args.name or run_name(path), systemd,
-                                                  machine if args.events == "json" else None))
+                                                  machine if args.events == "json" else None, stopped_waiting))
     finally:
         display.finish()
         account_events(writers, machine, config.subscriber_shutdown_timeout)
@@ -403,8 +404,9 @@ def run_file(args: argparse.Namespace) -> int:
         return -ending if ending is not None else FAILED
     names = [task.name for task in last]  # the file's tasks as last read (a reload's too)
     missing = [name for name in names if name not in results]
-    for name in missing:  # the run stopped before it was handed over: say so
-        print(f"mpvisor: {name}: not run (the run stopped before it started)", file=stderr)
+    for name in missing:  # the run (or `mpvisor stop`) stopped it before it was handed over: say so
+        why = "stopped by `mpvisor stop` before it started" if name in stopped_waiting else "the run stopped before it started"
+        print(f"mpvisor: {name}: not run ({why})", file=stderr)
     # The file's tasks in its order, as last read. A task a reload removed left the run: its
     # outcome line was said as it ended, and it counts no more (as a changed task's old instance).
     ordered = [results[name] for name in names if name in results]
@@ -426,13 +428,15 @@ def run_file(args: argparse.Namespace) -> int:
 async def _run(config: SupervisorConfig, subscribers: list[Any], controller: ControllerConfig | None,
                parsed: TaskFile, display: LiveTable | PlainLines, interrupts: list[signal.Signals],
                path: str, name: str, systemd: dict[str, str],
-               events: IO[str] | None = None) -> tuple[dict[str, Result], str | None, list[FileTask]]:
+               events: IO[str] | None = None, stopped_waiting: set[str] | None = None,
+               ) -> tuple[dict[str, Result], str | None, list[FileTask]]:
     """Run every task; each one's `Result` by name as it ends (its outcome line printed then; none
     for a task whose last instance, started anew, was still waiting when the run stopped),
     the line telling why the run could not finish normally, if it could not, and the file's
     tasks as the run last read it (a reload adds, changes and removes some). The signals that
     interrupted the run are added to `interrupts`. `events`: the kept stdout `--events json`
-    writes to, whose reader's end is watched (`watch_reader`)."""
+    writes to, whose reader's end is watched (`watch_reader`). The tasks `mpvisor stop` stopped
+    while they waited to start, which never ran, are added to `stopped_waiting`."""
     tasks = parsed.tasks
     results: dict[str, Result] = {}
     replaced: set[int] = set()
@@ -488,4 +492,6 @@ async def _run(config: SupervisorConfig, subscribers: list[Any], controller: Con
     for task_name, service in services[-1].services.items() if services else ():
         if service.state == "waiting":  # started anew (`mpvisor start`, a reload), never run: its earlier
             results.pop(task_name, None)  # outcome was said when it came; now it is one not run
+        elif service.state == "stopped" and task_name not in results and stopped_waiting is not None:
+            stopped_waiting.add(task_name)
     return results, problem, [s.task for s in services[-1].services.values()] if services else list(tasks)

@@ -682,6 +682,33 @@ def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_
     assert "services.toml: 2 tasks: 1 canceled, 1 not run; exit status 143" in err, err
 
 
+def test_a_task_stopped_while_it_waits_to_start_is_said_stopped_so_not_stopped_by_the_run(run: Run) -> None:
+    """`mpvisor stop api` while api waits for db to be ready: it is stopped at once ("it had not
+    started") and never starts, even once db is ready; at the run's end it is said not run
+    because of that stop (it said "the run stopped before it started", which the run had not)."""
+    run.write("""
+        [task.db]
+        command = ["sleep", "30"]
+        ready = "file:db.ready"
+        ready_timeout = 60
+
+        [task.api]
+        command = ["sleep", "30"]
+        after = ["db"]
+    """)
+    run.start()
+    run.wait_status(lambda rows: rows["db"]["state"] == "starting")
+    stopped = run.ctl("stop", "api")
+    assert (stopped.returncode, stopped.stdout) == (0, "api: stopped (it had not started)\n"), stopped
+    (run.directory / "db.ready").touch()
+    rows = run.wait_status(lambda rows: rows["db"]["ready"] is True)
+    assert (rows["api"]["pid"], rows["api"]["state"]) == (None, "stopped"), rows
+    status, _, err = run.stop()
+    assert status == -signal.SIGTERM, err
+    assert "mpvisor: api: not run (stopped by `mpvisor stop` before it started)" in err, err
+    assert "services.toml: 2 tasks: 1 canceled, 1 not run; exit status 143" in err, err
+
+
 def test_a_dependent_left_not_started_again_by_a_new_failure_is_said_so_again(run: Run) -> None:
     """db fails for good, which leaves api not started (one line). A start of api meanwhile is
     refused and says nothing more; a new instance of db (`mpvisor start db`) that fails again
