@@ -716,8 +716,13 @@ def _task(name: str, table: dict[str, Any], file: _File, errors: _Errors) -> Fil
     if "policy" in own and "slot" not in settings:
         errors.add(f"{where}.policy", "needs slot (the slot whose admission the policy decides)")
     if "every" in settings and settings.get("restart") in ("never", "on-failure"):
-        errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
-                                     f"or no restart, got restart = {toml_text(settings['restart'])}")
+        if "every" in own or "restart" not in own:
+            errors.add(f"{where}.every", f"makes the task run again after each success: it needs restart = \"always\" "
+                                         f"or no restart, got restart = {toml_text(settings['restart'])}")
+        else:  # said where the task's own key is, naming where the other comes from
+            errors.add(f"{where}.restart", f"{toml_text(settings['restart'])} cannot go with the every of [defaults] "
+                                           f"({toml_text(defaults['every'])} s), which makes the task run again after each "
+                                           "success: give it restart = \"always\", or give every only to the tasks that repeat")
     said_how = not any(key in table and key not in own for key in ("every", "restart"))  # (else: their errors)
     if said_how and "every" not in settings and settings.get("restart", "never") == "never":
         for key in _options.RETRY_OPTIONS:

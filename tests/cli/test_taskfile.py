@@ -178,6 +178,10 @@ def test_every_key_reaches_the_spec():
         ('[task."a\\nb"]\ntarget = \'m:f\'\n', ['task "a\\nb": name must be printable (no control characters or line breaks), got \'a\\nb\'']),
         ("[task.a]\ntarget = 'm:f'\nevery = 5\nrestart = 'never'\n",
          ['task "a".every: makes the task run again after each success: it needs restart = "always" or no restart, got restart = "never"']),
+        # every from [defaults], the task's own restart: said at the key the task has, naming the other's origin
+        ("[defaults]\nevery = 30\nrestart = 'always'\n[task.a]\ntarget = 'm:f'\nrestart = 'never'\n",
+         ['task "a".restart: "never" cannot go with the every of [defaults] (30.0 s), which makes the task run again after '
+          'each success: give it restart = "always", or give every only to the tasks that repeat']),
         ("[task.a]\ntarget = 'nope'\n", ["task \"a\".target: target must have the form 'package.module:attr' (dotted identifiers, exactly one colon), got 'nope'"]),
         ("[task.a]\ntarget = 'm:f'\ncommand = ['x']\n", ['task "a": give either target (a Python function) or command (a program), not both']),
         ("[task.a]\ntimeout = 1\n", ['task "a": give either target (a Python function) or command (a program)']),
