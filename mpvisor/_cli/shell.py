@@ -77,17 +77,28 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 def guess(word: str, known: list[str], outer: list[str]) -> str | None:
     """The option `word` (an unknown one) was likely meant as (pure): one it begins, first of
     the command's `known` options, then of `mpvisor`'s own (`outer`: `--ver` is `--version`'s
-    start, not `--every` misspelt), else the closest by spelling; None for none close enough."""
+    start, not `--every` misspelt), else one it adds words to (`stem`), else the closest by
+    spelling; None for none close enough."""
     name = word.partition("=")[0]
     if not name.startswith("--"):
         return None
     begun = [option for option in (*known, *outer) if option.startswith(name)]
     if begun:
         return begun[0]
+    if (stemmed := stem(name, [*known, *outer])) is not None:
+        return stemmed
     from difflib import get_close_matches  # on this error's path only
 
     close = get_close_matches(name, [*known, *outer], n=1, cutoff=0.8)
     return close[0] if close else None
+
+
+def stem(word: str, names: list[str]) -> str | None:
+    """The longest of `names` that `word` adds words to, after a `-` or `_` (pure):
+    `--cpu-time` meant `--cpu`, a task file's `cpu_seconds` its `cpu` (the Python API's name
+    for that limit); None for none."""
+    found = [name for name in names if word.startswith((f"{name}-", f"{name}_"))]
+    return max(found, key=len) if found else None
 
 
 def closest_choice(word: str, choices: list[str]) -> str | None:

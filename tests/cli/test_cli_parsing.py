@@ -278,6 +278,21 @@ def test_an_unknown_option_is_guessed_first_as_the_start_of_one_then_by_spelling
     assert hints(["--zzz", "-t"], known, outer) == ""
 
 
+def test_an_unknown_option_or_key_that_adds_words_to_one_is_guessed_as_that_one(tmp_path):
+    """`--cpu-time` and `--cpu-seconds` add words to `--cpu` (the Python API calls that limit
+    `cpu_seconds`), which no spelling rule found: the hint names `--cpu`; so a task file's
+    `cpu_seconds` names `cpu`. The longest stem wins; a word that only shares a start gets none."""
+    from mpvisor._cli.shell import hints, stem
+    from mpvisor._cli.taskfile import load
+
+    known = ["--cpu", "--cpus", "--memory", "--slot", "--slots"]
+    assert hints(["--cpu-time", "--cpu-seconds=1"], known, []) == "did you mean --cpu?"
+    assert stem("--slots-url", known) == "--slots" and stem("--cputime", known) is None
+    (tmp_path / "t.toml").write_text("[task.a]\ncommand = ['true']\ncpu_seconds = 3\nmemory_limit = '1G'\n")
+    assert load(str(tmp_path / "t.toml")).errors == ('task "a".cpu_seconds: unknown key (did you mean cpu?)',
+                                                    'task "a".memory_limit: unknown key (did you mean memory?)')
+
+
 def test_an_option_left_without_a_value_hints_at_the_equals_form_only_when_an_option_like_word_followed(capsys):
     with pytest.raises(SystemExit):
         parse(["run", "workers.basic:quick", "--slot"])
