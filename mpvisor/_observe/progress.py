@@ -46,6 +46,7 @@ from mpvisor._model.tuples import NamedTuple
 WINDOW = 10.0  # seconds of recent reports a rate is measured over
 PLAIN_INTERVAL = 2.0  # seconds between two plain progress lines of one task
 BAR_WIDTH = 30
+MIN_BAR = 5  # columns: a narrower bar tells nothing, and is left out
 _MAX_SAMPLES = 512  # reports kept per task, whatever the window holds
 
 
@@ -286,18 +287,31 @@ class ProgressBar:
     def _show(self, report: ProgressReport) -> None:
         if self.live:
             self._drawn = True
-            self._write(f"\r{self._fit(f'{report.task}: {describe(report, width=BAR_WIDTH)}')}\x1b[K")
+            self._write(f"\r{self._fit(self._bar_line(report))}\x1b[K")
         elif plain_due(self._printed_at.get(report.task), report, self.interval):
             self._held.pop(report.task, None)
             self._print(report)
         else:
             self._held[report.task] = report
 
+    def _bar_line(self, report: ProgressReport) -> str:
+        """`task: [###...] figures: message`, the bar as wide as the terminal leaves it beside the
+        figures, `BAR_WIDTH` at most, none narrower than `MIN_BAR`: the figures go before the bar
+        (a narrow terminal showed `job: [######…`, the bar alone), the message is cut first."""
+        most = self._columns_left()
+        figures = columns_of(f"{report.task}: {describe(report, message=False)}")
+        # its brackets and a space; and a message's start, `: …`, when one follows
+        width = min(BAR_WIDTH, most - figures - 3 - (3 if report.message else 0))
+        return f"{report.task}: {describe(report, width=width if width >= MIN_BAR else None)}"
+
+    def _columns_left(self) -> int:
+        return max((self.columns() or 80) - 1, 1)
+
     def _fit(self, line: str) -> str:
         """`line` cut to the terminal's width (less one column): a longer one would wrap, and each
         redraw (`\\r`) would then go back to its last row only, leaving a row behind every time
         (on a terminal however narrow: a split pane of 12 columns shows `job: [####…`)."""
-        return fit(line, max((self.columns() or 80) - 1, 1))
+        return fit(line, self._columns_left())
 
     def _terminal_columns(self) -> int | None:
         try:

@@ -226,11 +226,12 @@ def test_the_bars_end_and_a_log_line_written_by_another_thread_at_once_leave_no_
 
 def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one_line():
     """A long message would wrap the bar's line, and each redraw (`\\r`) would leave a row behind:
-    the line is cut to the terminal's width, less one column."""
+    the line is cut to the terminal's width, less one column; the bar narrows so that the
+    figures stay whole (they were cut away, the bar alone shown), the message is cut."""
     stream = io.StringIO()
     feed(ProgressBar(stream, live=True, columns=lambda: 40), [progress("job", 1, 2, 10, 0.0, "copying " + "x" * 100)])
     (drawn,) = stream.getvalue().split("\r")[1:]
-    assert drawn == "job: [######........................] …\x1b[K"
+    assert drawn == "job: [##........] 2/10 20% attempt 1: …\x1b[K"
     assert len(drawn.removesuffix("\x1b[K")) == 39
     stream = io.StringIO()  # wide characters take two columns each
     feed(ProgressBar(stream, live=True, columns=lambda: 70), [progress("job", 1, 2, 10, 0.0, "写入" * 30)])
@@ -240,8 +241,10 @@ def test_the_bar_on_a_terminal_is_cut_to_its_width_so_that_a_redraw_stays_on_one
 
 def test_the_bar_on_a_terminal_narrower_than_twenty_columns_still_fits_it():
     """A split pane of 12 columns: the line is cut to 11 (it was cut to 20 at the least, so each
-    redraw wrapped and left a row behind); a terminal of one column gets the ellipsis alone."""
-    for columns, expected in ((12, "job: [####…"), (1, "…")):
+    redraw wrapped and left a row behind), the figures first, with no room for a bar; 40
+    columns: a bar as wide as the figures leave it (it was 30 wide, and hid them); a terminal
+    of one column gets the ellipsis alone."""
+    for columns, expected in ((12, "job: 2/10 …"), (40, "job: [##........] 2/10 20% attempt 1: …"), (1, "…")):
         stream = io.StringIO()
         feed(ProgressBar(stream, live=True, columns=lambda columns=columns: columns),
              [progress("job", 1, 2, 10, 0.0, "copying")])
