@@ -11,13 +11,14 @@ target defined in the running script).
 | the task | `kind` | what travels |
 |---|---|---|
 | `TaskFn` | `"fn"` | `target` (a `__main__` target renamed to what the child can import), `call`, `main_path` (the script's file, or a zipapp's `ARCHIVE/__main__.py`, for a `__main__` target), `sys_argv` (the parent's `sys.argv`, which the attempt's `sys.argv` becomes before the import: a script that parses its arguments at its top level reads them again there, as under multiprocessing's spawn) |
-| `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's, `cwd` |
+| `CommandTask` | `"cmd"` | `argv`, `env` merged over the parent's (on Ray, runtime_env's env_vars over it), `cwd` |
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from mpvisor._model.spec import Limits
@@ -30,15 +31,18 @@ _NO_CALL = pack_call((), {})
 def start_message(task: TaskFn | CommandTask, name: str, id: int, attempt: int, max_frame: int,
                   env: Any, cwd: str | None, path: list[str] | None, limits: Limits | None = None) -> Start:
     """The start message of one attempt (`env`, `cwd`, `path`: None when unchanged since the
-    launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built."""
+    launcher started). A `TaskFn`'s arguments travel as the bytes it encoded when it was built.
+    A task's own `env` goes over `env` (the launcher's environment: on Ray, runtime_env's
+    env_vars over this process's), or over this process's environment when that is None."""
     common = dict(task=name, id=id, attempt=attempt, max_frame=max_frame)
     own_cwd = _own_cwd(task.cwd) or cwd
+    base = os.environ if env is None else env
     if isinstance(task, CommandTask):
-        start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env),
+        start = Start(kind="cmd", target="", call=_NO_CALL, argv=list(task.argv), env=_merged_env(task.env, base),
                       cwd=own_cwd, path=path, stop_signal=int(task.stop_signal), **common)  # type: ignore[arg-type]
     else:
         target, main_path = _resolve_main(task.target, task.main_file)
-        own_env = env if task.env is None else _merged_env(task.env)
+        own_env = env if task.env is None else _merged_env(task.env, base)
         start = Start(kind="fn", target=target, call=task.call, argv=[], env=own_env, cwd=own_cwd,
                       path=path, main_path=main_path, sys_argv=list(sys.argv), **common)  # type: ignore[arg-type]
     return start if limits is None else start._replace(limits=limits.to_wire())
@@ -67,9 +71,9 @@ def _own_cwd(cwd: str | None) -> str | None:
         return cwd
 
 
-def _merged_env(env: dict[str, str | None] | None) -> dict[str, str]:
-    """A task's `env` merged over the parent's environment (a `None` value removes a variable)."""
-    merged = dict(os.environ)
+def _merged_env(env: dict[str, str | None] | None, base: Mapping[str, str]) -> dict[str, str]:
+    """A task's `env` merged over `base` (a `None` value removes a variable)."""
+    merged = dict(base)
     for key, value in (env or {}).items():
         if value is None:
             merged.pop(key, None)

@@ -29,6 +29,7 @@ from mpvisor import (
     Resources,
     Supervisor,
     SupervisorConfig,
+    TaskFn,
     TaskSpec,
 )
 from mpvisor.ray import RayLauncher
@@ -236,18 +237,28 @@ async def test_a_stop_before_the_agent_is_placed_ends_the_start_at_once(tmp_path
 
 
 async def test_the_supervisors_environment_travels_to_the_attempt(tmp_path: Any) -> None:
-    """The attempt sees the supervisor's environ (and runtime_env's env_vars over it) and cwd."""
-    config = SupervisorConfig(grace=1.0, launcher=RayLauncher(runtime_env={"env_vars": {"FROM_RAY": "yes"}}))
+    """The attempt sees the supervisor's environ (and runtime_env's env_vars over it) and cwd;
+    so does a command, and a target with an `env` of its own, that `env` over both (the
+    env_vars were lost for them: their environment was made from the supervisor's alone)."""
+    config = SupervisorConfig(grace=1.0, launcher=RayLauncher(runtime_env={"env_vars": {"FROM_RAY": "yes", "B": "ray"}}))
     os.environ["MPVISOR_RAY_PROBE"] = "travelled"
+    written = tmp_path / "command-env"
+    command = CommandTask("cmd", ["sh", "-c", f'printf "%s %s %s" "$MPVISOR_RAY_PROBE" "$FROM_RAY" "$B" > {written}'],
+                          env={"B": "task"})
     try:
         async with supervised(config) as (handle, _):
             _, waiter = await handle.add_and_watch(once("env", basic.env_probe))
-            outcome = await waiter.wait()
+            _, own_waiter = await handle.add_and_watch(TaskSpec.once(TaskFn("own", basic.env_probe, env={"B": "task"})))
+            _, command_waiter = await handle.add_and_watch(TaskSpec.once(command))
+            outcome, own, ran = await waiter.wait(), await own_waiter.wait(), await command_waiter.wait()
     finally:
         del os.environ["MPVISOR_RAY_PROBE"]
+    assert (own.kind, ran.kind) == (OutcomeKind.COMPLETED, OutcomeKind.COMPLETED), (own, ran)
+    assert [own.value["env"].get(k) for k in ("MPVISOR_RAY_PROBE", "FROM_RAY", "B")] == ["travelled", "yes", "task"]
+    assert written.read_text() == "travelled yes task"
     assert outcome.kind is OutcomeKind.COMPLETED, outcome
     env = outcome.value["env"]
-    assert (env.get("MPVISOR_RAY_PROBE"), env.get("FROM_RAY")) == ("travelled", "yes"), env
+    assert (env.get("MPVISOR_RAY_PROBE"), env.get("FROM_RAY"), env.get("B")) == ("travelled", "yes", "ray"), env
     assert outcome.value["cwd"] == os.getcwd()
     assert outcome.value["sid"] == outcome.value["pgid"]  # it leads its own session there too
     ours = [p for p in sys.path if p == "" or os.path.exists(p)]  # what exists on the node (here: all that exists)

@@ -226,8 +226,15 @@ class RayClient:
         return []
 
     def environment(self) -> tuple[dict[str, str] | None, str | None, list[str] | None]:
-        """Always `None`s: each agent starts its local launcher in the environment `spawn` takes."""
-        return None, None, None
+        """The environment an attempt gets, runtime_env's env_vars over this process's (a task's
+        own `env` goes over it, as over this process's on this machine); `None` for the rest:
+        each agent starts its local launcher in the cwd and path `spawn` takes."""
+        return self._environ(), None, None
+
+    def _environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update((self.settings.runtime_env or {}).get("env_vars", {}))
+        return env
 
     def spawn(self, sink: AttemptSink, start: tuple[bytes, bytes], *, exec_python: bool, capture_output: bool,
               resources: Resources | None = None, module: str = "", fence: Fence | None = None,
@@ -240,9 +247,7 @@ class RayClient:
             self.loop.call_soon(sink.on_start_failed, "lease lost: its slot's lease could not be renewed in time")
             return remote.key
         self._attempts[remote.key] = remote
-        env = dict(os.environ)
-        env.update((self.settings.runtime_env or {}).get("env_vars", {}))
-        environment = (env, os.getcwd(), list(sys.path))
+        environment = (self._environ(), os.getcwd(), list(sys.path))
         remote.task = self.loop.create_task(
             self._guarded(remote, start, exec_python, capture_output, resources, environment, tree),
             name=f"mpvisor-ray-attempt-{remote.key}",
