@@ -247,6 +247,22 @@ def is_ray_address(text: str) -> bool:
     return bool(host) and "/" not in host and not any(c.isspace() for c in host)
 
 
+RAY_CLIENT_PORT = 10001  # Ray's client server's default port (`ray start --ray-client-server-port`)
+
+
+def with_client_port(address: str | None) -> str | None:
+    """A `ray://HOST` address with the client server's default port added, `ray://HOST:10001`
+    (Ray's client adds none, and waits for nobody at HOST until the start timeout); any other
+    address as given."""
+    if address is None or not address.startswith("ray://"):
+        return address
+    rest = address.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":")
+    if colon and host.count("[") == host.count("]") and port.isdigit():
+        return address
+    return f"{address}:{RAY_CLIENT_PORT}"
+
+
 def ray_address(field: str, value: object) -> str:
     """Return `value` if it is a Ray address (`is_ray_address`), else raise `ConfigError` naming `field`."""
     if not isinstance(value, str) or not is_ray_address(value):

@@ -259,6 +259,21 @@ def test_module_objects_in_py_modules_go_to_ray_as_their_paths() -> None:
     assert isinstance(env["py_modules"][0], types.ModuleType)  # the caller's mapping is left alone
 
 
+@pytest.mark.unit
+def test_a_ray_client_address_without_a_port_gets_the_client_servers_default():
+    """`ray://HOST` (the documented `ray://HOST[:PORT]`) is connected to at the client server's
+    default port, 10001: Ray's client adds none, and a run waited for nobody at HOST until its
+    start timeout. An address with a port, or of another form, is used as given."""
+    from mpvisor._model.checks import is_ray_address, with_client_port
+
+    for given, used in [("ray://head", "ray://head:10001"), ("ray://10.0.0.5", "ray://10.0.0.5:10001"),
+                        ("ray://[::1]", "ray://[::1]:10001"), ("ray://head:20001", "ray://head:20001"),
+                        ("ray://[::1]:20001", "ray://[::1]:20001"), ("head:6379", "head:6379"), ("auto", "auto"),
+                        ("local", "local"), (None, None)]:
+        assert with_client_port(given) == used, given
+        assert given is None or (is_ray_address(given) and is_ray_address(used or "")), given
+
+
 INTERRUPTED_DRIVER = """
 import signal
 import sys

@@ -18,6 +18,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mpvisor._model.checks import with_client_port
 from mpvisor._model.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def connect(address: str | None, output: RayOutput, runtime_env: Mapping[str, An
             output.start(ray)
             restore = _print_on_stderr(ray)
             try:
-                ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False,
+                ray.init(address=with_client_port(address), include_dashboard=False, configure_logging=False, log_to_driver=False,
                          runtime_env=_modules_as_paths(runtime_env) if runtime_env is not None else None)
             except BaseException:
                 restore()
