@@ -275,3 +275,33 @@ async def test_a_stopped_launcher_past_its_fences_kill_time_is_killed_with_the_o
         assert TTL / 2 + TTL / 4 + KILL_ANSWER <= took < TTL / 2 + TTL / 4 + KILL_ANSWER + 5, took
         failure = await seen(events, EventKind.RUNTIME_FAILURE)
         assert f"the launcher (pid {launcher}) is stopped" in (failure.reason or ""), failure
+
+
+async def test_a_stopped_launcher_whose_fence_was_renewed_is_killed_but_the_lease_was_not_lost(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same stop while the lease is renewed: the renewals wait unread in the stopped
+    launcher, whose last deadlines pass, so the parent kills it as above (saying that the
+    deadlines it had passed, their renewal unread), and the owner's tree with it. But the lease
+    still holds: the task ends as for a launcher's death (FAILED, retryable: `mpvisor run` exits
+    1, and runs again under `--restart on-failure`), not `lease lost`, which the store never said."""
+    import signal
+
+    from mpvisor._launchers.local import client
+    from tests._support import all_ended, async_wait_for, read_records, seen
+
+    monkeypatch.setattr(client, "KILL_ANSWER", 0.3)
+    records = tmp_path / "tree.jsonl"
+    spec = TaskSpec.once(TaskFn("deaf", "workers.misbehave:stubborn_tree", [str(records)]))
+    store = Expiring(renewing=True, every=0.1)
+    async with supervised(SupervisorConfig(grace=5.0), controller=ControllerConfig(leases=store)) as (handle, events):
+        _, waiter = await handle.submit_and_watch(ControllerSpec.queue(spec).with_slot("s"))
+        await async_wait_for(lambda: records.exists() and len(read_records(records)) == 4, timeout=TTL)
+        launcher = handle._rt.launcher.pids()[0]
+        os.kill(launcher, signal.SIGSTOP)
+        outcome = await waiter.wait()
+        assert all_ended(read_records(records))
+        assert (outcome.kind, outcome.lease_lost) == (OutcomeKind.FAILED, False), outcome
+        assert outcome.reason.startswith("launcher died"), outcome
+        failure = await seen(events, EventKind.RUNTIME_FAILURE)
+        assert (f"the launcher (pid {launcher}) is stopped (SIGSTOP or SIGTSTP) and the kill time it was given by a "
+                "fence passed 0.3 s ago, its renewal unread: killed") in (failure.reason or ""), failure

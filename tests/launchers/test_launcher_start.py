@@ -57,7 +57,7 @@ def test_restart_delay_is_zero_after_a_launcher_that_lived_then_doubles_up_to_tw
 @pytest.mark.parametrize(
     ("returncode", "text"),
     [(0, "exited with status 0"), (3, "exited with status 3"), (128 + 11, "killed by SIGSEGV"),
-     (128 + 9, "killed by SIGKILL"), (-9, "was stopped: its guardian was killed by SIGKILL"), (128 + 99, "killed by signal 99")],
+     (128 + 9, "killed by SIGKILL"), (-9, "ended: its guardian was killed by SIGKILL"), (128 + 99, "killed by signal 99")],
 )
 def test_a_launcher_end_is_described_from_its_guardian_status(returncode, text):
     """The guardian mirrors the launcher's status; 128 + N is a death by signal N."""

@@ -90,7 +90,7 @@ def describe_guardian_status(returncode: int) -> str:
     """How the launcher ended, from its guardian's exit status (which mirrors the launcher's:
     128 + N for a death by signal N; negative if the guardian itself was killed). Pure."""
     if returncode < 0:
-        return f"was stopped: its guardian was killed by {_signal_name(-returncode)}"
+        return f"ended: its guardian was killed by {_signal_name(-returncode)}"
     if returncode > 128:
         return f"killed by {_signal_name(returncode - 128)}"
     return f"exited with status {returncode}"
@@ -627,11 +627,20 @@ class LauncherClient:
         """The fork server keeps `fence`'s deadlines (and so does each one started after it)."""
         self._fences[fence.group] = fence
         self._send(_fence_control(fence))
-        self.loop.call_later(max(0.0, fence.kill_at - time.monotonic()) + KILL_ANSWER, self._check_fence, fence)
+        self.loop.call_later(max(0.0, fence.kill_at - time.monotonic()) + KILL_ANSWER, self._check_fence, fence,
+                             fence.kill_at)
 
-    def _check_fence(self, fence: Fence) -> None:
-        if self._fences.get(fence.group) is fence:  # not renewed (moved) nor lifted since
+    def _check_fence(self, fence: Fence, kill_at: float) -> None:
+        """`KILL_ANSWER` s after the kill time `kill_at` the launcher was given for `fence`: a
+        launcher stopped since could keep neither it nor a renewal sent after it, which waits
+        unread (the fence object is the runtime's, moved in place by each renewal)."""
+        if self._fences.get(fence.group) is not fence:  # lifted since
+            return
+        if fence.kill_at <= kill_at:  # not renewed since: the lease's own deadline
             self._unless_stopped(f"a fence's kill time passed {KILL_ANSWER:g} s ago")
+        else:
+            self._unless_stopped(f"the kill time it was given by a fence passed {KILL_ANSWER:g} s ago, "
+                                 "its renewal unread")
 
     def unfence(self, group: int) -> None:
         if self._fences.pop(group, None) is not None:
