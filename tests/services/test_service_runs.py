@@ -653,10 +653,9 @@ def test_sigquit_stops_a_file_run_as_sigterm_does_and_it_dies_by_sigquit_without
     assert stops == ["web", "db"], run.markers()  # each asked, dependents first
 
 
-def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_so(run: Run) -> None:
-    """`api` ran and was stopped, then started anew while db (restarted) is not ready: at the
-    shutdown it is said not run and counted so, not with its first instance's outcome (which
-    was said when it came)."""
+def _start_db_then_api(run: Run) -> None:
+    """A run of `db`, ready once the file db.ready is made while it runs, and `api` after it;
+    returns once db's attempt runs (not ready yet: api waits)."""
     run.write("""
         [task.db]
         command = ["sleep", "30"]
@@ -669,6 +668,13 @@ def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_
     """)
     run.start()
     run.wait_status(lambda rows: rows["db"]["state"] == "starting")
+
+
+def test_a_task_started_anew_that_waits_at_shutdown_is_said_not_run_and_counted_so(run: Run) -> None:
+    """`api` ran and was stopped, then started anew while db (restarted) is not ready: at the
+    shutdown it is said not run and counted so, not with its first instance's outcome (which
+    was said when it came)."""
+    _start_db_then_api(run)
     (run.directory / "db.ready").touch()  # made while its attempt runs (one there before would not count)
     run.wait_status(lambda rows: rows["api"]["state"] == "running")
     assert run.ctl("stop", "api").returncode == 0
@@ -686,18 +692,7 @@ def test_a_task_stopped_while_it_waits_to_start_is_said_stopped_so_not_stopped_b
     """`mpvisor stop api` while api waits for db to be ready: it is stopped at once ("it had not
     started") and never starts, even once db is ready; at the run's end it is said not run
     because of that stop (it said "the run stopped before it started", which the run had not)."""
-    run.write("""
-        [task.db]
-        command = ["sleep", "30"]
-        ready = "file:db.ready"
-        ready_timeout = 60
-
-        [task.api]
-        command = ["sleep", "30"]
-        after = ["db"]
-    """)
-    run.start()
-    run.wait_status(lambda rows: rows["db"]["state"] == "starting")
+    _start_db_then_api(run)
     stopped = run.ctl("stop", "api")
     assert (stopped.returncode, stopped.stdout) == (0, "api: stopped (it had not started)\n"), stopped
     (run.directory / "db.ready").touch()
