@@ -917,13 +917,27 @@ def user_runtime_dir() -> str:
     return os.path.join("/tmp", f"mpvisor-{os.getuid()}")
 
 
+_ELSEWHERE_ERRNOS = frozenset((errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT))
+
+
+def elsewhere(exc: OSError, env: str) -> str:
+    """`: set $ENV to a directory of yours` after an error that a directory elsewhere would not
+    meet (a read-only filesystem, no permission, a full disk: `_ELSEWHERE_ERRNOS`), naming the
+    variable `env` that moves it; empty for any other error, or no `env`. Pure."""
+    return _set_elsewhere(env) if exc.errno in _ELSEWHERE_ERRNOS else ""
+
+
+def _set_elsewhere(env: str) -> str:
+    return f": set ${env} to a directory of yours" if env else ""
+
+
 def private_dir(path: str, what: str, env: str = "") -> str | None:
     """Make `path` (and its missing parents) 0700 directories of this user's; None when it is
     one, else why it cannot be used, naming it as `what` ("the slot server's directory"), and,
     where it cannot be made (no permission, a read-only filesystem, a container's read-only
     root, a full disk) or another user's directory is in the way, the variable `env` that moves
     it. The caller raises its own error with that text."""
-    elsewhere = f": set ${env} to a directory of yours" if env else ""
+    elsewhere = _set_elsewhere(env)
     try:
         _make_private_dirs(os.path.abspath(path))
         info = os.lstat(path)

@@ -700,7 +700,8 @@ def _lock_or_refuse(path: str) -> int | None:
     try:
         return _try_lock(path + LOCK_SUFFIX)
     except OSError as exc:
-        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}") from None
+        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}"
+                           f"{_platform.elsewhere(exc, DIR_ENV)}") from None
 
 
 def _listen(path: str) -> socket.socket:
@@ -719,7 +720,8 @@ def _listen(path: str) -> socket.socket:
         sock.close()
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}") from None
+        raise ControlError(f"cannot serve the control socket {quoted(path)}: {exc.strerror or exc}"
+                           f"{_platform.elsewhere(exc, DIR_ENV)}") from None
     return sock
 
 

@@ -1431,6 +1431,31 @@ def test_a_directory_another_user_made_first_is_named_with_its_owner_and_the_var
     assert (asked.returncode, asked.stderr) == (1, f"mpvisor: {said}: set $MPVISOR_CONTROL_DIR to a directory of yours\n")
 
 
+def test_a_read_only_tmp_whose_directories_are_there_is_named_with_the_variables_that_move_them(tmp_path):
+    """The same, with the slot server's and the control sockets' directories made before /tmp
+    went read-only (by an earlier run, or the image's build): the server's log and a file run's
+    control socket cannot be made in them, and each says which variable moves it (they said only
+    `Read-only file system`). The file's run goes on, unreachable by `mpvisor status`, as it
+    does wherever its socket cannot be served."""
+    user_ns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    slots, runs = tmp_path / "slots", tmp_path / "runs"
+    slots.mkdir(mode=0o700)
+    runs.mkdir(mode=0o700)
+    (tmp_path / "t.toml").write_text("[task.a]\ncommand = ['true']\n")
+    script = ('mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && cd / && "$0" -m mpvisor run --slot s -- true; '
+              'echo "status $?" >&2; "$0" -m mpvisor run --file "$1"; echo "status $?" >&2')
+    ran = subprocess.run(["unshare", *user_ns, "--mount", "sh", "-c", script, sys.executable, str(tmp_path / "t.toml")],
+                         env={**cli_env(), "MPVISOR_SLOTS_DIR": str(slots), "MPVISOR_CONTROL_DIR": str(runs)},
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    lines = ran.stderr.splitlines()
+    assert (f"cannot write the slot server's log {str(slots / 'server.log')!r}: Read-only file system: set "
+            "$MPVISOR_SLOTS_DIR to a directory of yours") in lines[0] and lines[1] == "status 1", ran.stderr
+    assert lines[2].startswith(f"mpvisor: no control socket for this run (mpvisor status cannot reach it): cannot serve "
+                               f"the control socket '{runs}/"), ran.stderr
+    assert lines[2].endswith(": Read-only file system: set $MPVISOR_CONTROL_DIR to a directory of yours"), ran.stderr
+    assert lines[-1] == "status 0", ran.stderr
+
+
 def test_a_read_only_tmp_is_named_with_the_variable_that_moves_the_slot_servers_directory(tmp_path):
     """A container with a read-only root and no writable /tmp (`docker run --read-only` without a
     tmpfs there): the slot server's directory cannot be made, and a run with a slot, and

@@ -249,7 +249,11 @@ def _start_server(directory: str) -> tuple[subprocess.Popen[bytes], bool]:
     with contextlib.suppress(OSError):
         if os.stat(path).st_size > LOG_MAX:
             flags |= os.O_TRUNC
-    log = os.open(path, flags, 0o600)
+    try:
+        log = os.open(path, flags, 0o600)
+    except OSError as exc:  # its directory is there, but cannot be written now (a read-only /tmp)
+        raise LeaseError(f"cannot write the slot server's log {path!r}: {exc.strerror or exc}"
+                         f"{_platform.elsewhere(exc, DIR_ENV)}") from None
     with contextlib.suppress(OSError):
         os.fchmod(log, 0o600)  # a log made by someone else's hand is the server's now
     detached = not _platform.adopts_orphans()
