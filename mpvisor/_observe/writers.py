@@ -112,7 +112,8 @@ class JsonLinesWriter:
     the file in one unbuffered write, so a line the file refused (a full disk: `on_event`
     raises, and the line is counted in `unwritten`) is not kept to be written later, torn, or
     again at `close()`, which never raises for it. Given a stream, it writes to it and leaves
-    closing it to its owner.
+    closing it to its owner; a line the stream refused (a pipe whose reader is gone, a stream
+    closed already) raises, and is counted in `unwritten` too.
     """
 
     queue_capacity = 1024
@@ -151,13 +152,13 @@ class JsonLinesWriter:
         with self._lock:
             if self._closed:
                 return
-            if self._stream is not None:
-                self._stream.write(line)
-                self._stream.flush()
-                return
             try:
-                self._write(line.encode("utf-8"))
-            except OSError:
+                if self._stream is not None:
+                    self._stream.write(line)
+                    self._stream.flush()
+                else:
+                    self._write(line.encode("utf-8"))
+            except (OSError, ValueError):  # refused (a reader gone, a full disk), or a stream closed by its owner
                 self.unwritten += 1
                 raise
 

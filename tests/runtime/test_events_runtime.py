@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -465,6 +467,30 @@ def test_a_json_lines_writer_whose_file_is_full_counts_its_lines_and_closes_quie
     assert writer.unwritten == len(collector.events) - len(about_it) > 0
     assert [r.exc_info for r in handler.records] == [None] * len(handler.records), [r.getMessage() for r in handler.records]
     assert all("No space left on device" in (e.reason or "") for e in about_it), about_it
+
+
+def test_a_json_lines_writer_whose_stream_refuses_its_lines_counts_them() -> None:
+    """`JsonLinesWriter(stream)` on a pipe whose reader has gone (a program's stdout into
+    `head -2`): each refused line is a panic, and is counted in `unwritten`, as a file's are (a
+    stream's were not: the program was told 0 events lost)."""
+    import signal
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = os.fdopen(write_end, "w", encoding="utf-8")
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # (Python's own: EPIPE, not a death)
+    try:
+        collector = Collector()
+        writer = JsonLinesWriter(stream)
+        outcomes = mpvisor.run([once("ok", basic.quick)], CONFIG, subscribers=[collector, writer])
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+        with contextlib.suppress(OSError):
+            stream.close()
+    assert outcomes["ok"].kind is OutcomeKind.COMPLETED
+    about_it = collector.of(EventKind.SUBSCRIBER_PANICKED)
+    assert writer.unwritten == len(collector.events) - len(about_it) > 0, (writer.unwritten, len(collector.events))
+    assert all("Broken pipe" in (e.reason or "") for e in about_it), about_it
 
 
 def expected_level(event: Any) -> int:
