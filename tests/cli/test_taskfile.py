@@ -176,6 +176,8 @@ def test_every_key_reaches_the_spec():
         ("[task.a]\ntarget = 'm:f'\npolicy = 'queue'\n", ['task "a".policy: needs slot (the slot whose admission the policy decides)']),
         ("[task.a]\ntarget = 'm:f'\nslot = ''\n", ['task "a".slot: expected a non-empty slot name, got \'\'']),
         ('[task."a\\nb"]\ntarget = \'m:f\'\n', ['task "a\\nb": name must be printable (no control characters or line breaks), got \'a\\nb\'']),
+        # a line break that is no control character (U+2028) is escaped where the error is, as in what it got
+        ('[task."a\\u2028b"]\ntarget = \'m:f\'\n', ['task "a\\u2028b": name must be printable (no control characters or line breaks), got \'a\\u2028b\'']),
         ("[task.a]\ntarget = 'm:f'\nevery = 5\nrestart = 'never'\n",
          ['task "a".every: makes the task run again after each success: it needs restart = "always" or no restart, got restart = "never"']),
         # every from [defaults], the task's own restart: said at the key the task has, naming the other's origin
