@@ -452,7 +452,9 @@ import os, signal, sys, threading, time
 from mpvisor import Supervisor, SupervisorConfig, TaskFn, TaskSpec
 
 def interrupt_once_preloading():
-    while not os.path.exists(sys.argv[1]):  # the launcher preloads (for ever): the add waits for it
+    # the launcher preloads (for ever): the add waits for it. Its line whole, not the file alone,
+    # which exists from the open before the write (a SIGINT then ended the launcher unsaid)
+    while not (os.path.exists(sys.argv[1]) and open(sys.argv[1]).read().endswith("\\n")):
         time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGINT)
 
