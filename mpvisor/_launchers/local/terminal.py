@@ -25,7 +25,7 @@ stop a command that ignores SIGINT.
 
 | when | who | what |
 |---|---|---|
-| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too; not a pipeline's neighbour on its stdin or stdout, whose Ctrl-C must reach the command before its input ends); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`) |
+| spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too; not a pipeline's neighbour on its stdin or stdout, whose Ctrl-C must reach the command before its input ends); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`); a job that became the foreground between the spawn and the start (a shell gives a pipeline the terminal as one of its commands starts, maybe after this one) hands the attempt the terminal once it has started |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it (or, beside other commands of its job, exited 130), `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
 | any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it, and one while another command of this job holds it waits for this group to have it back (`_watch_foreground`), then does the same |
@@ -322,8 +322,11 @@ class Terminal:
                 borrowed = _platform.borrow_signal(self.loop, signum, callback)
                 if borrowed is not None:  # None: the program's own handler on the loop keeps it
                     self._borrowed[signum] = borrowed
-        if self.wants and not foreground(self.fd) and not _holds(self.fd, pid):
-            self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
+        if self.wants and not _holds(self.fd, pid):
+            if foreground(self.fd):  # the job became the foreground since the claim (a shell gives a pipeline
+                self._hand(pid)      # the terminal as one of its commands starts, which may come after this one)
+            else:
+                self._watch_foreground()  # a background job (`mpvisor run ... &`): a later `fg` hands it the terminal
         self._watch_parent()
 
     def _watch_parent(self) -> None:
