@@ -507,12 +507,10 @@ class _Errors:
 
 
 def _task_where(name: str) -> str:
-    """`task "NAME"`, where an error is: a character that is not printable (U+2028, U+0085, a
-    zero-width one, as well as a control character) escaped as JSON would, so that the error
+    """`task "NAME"`, where an error is: a character JSON leaves as it is but that is not
+    printable (U+2028, U+0085, a zero-width one) escaped too (`printable`), so that the error
     stays one line that shows what is there, as its `got ...` part does."""
-    quoted = json.dumps(name, ensure_ascii=False)
-    return "task " + "".join(c if c.isprintable() else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else
-                             json.dumps(c)[1:-1] for c in quoted)
+    return f"task {printable(json.dumps(name, ensure_ascii=False))}"
 
 
 def _unknown(key: str, known: list[str], misplaced: dict[str, str]) -> str:

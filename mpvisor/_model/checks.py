@@ -237,14 +237,21 @@ def is_ray_address(text: str) -> bool:
     once. A port is from 1 to 65535; a host has no `/` and no whitespace (`[...]` for IPv6)."""
     if text in ("auto", "local"):
         return True
+    client, host, port = _ray_parts(text)
+    if not (client and port is None) and not (port is not None and port.isdigit() and 0 < int(port) < 65536):
+        return False
+    return bool(host) and "/" not in host and not any(c.isspace() for c in host)
+
+
+def _ray_parts(text: str) -> tuple[bool, str, str | None]:
+    """Whether `text` is a `ray://` address, its host and its port (None: a `ray://` address
+    without one, the client server's default); the one reading of both rules here."""
     client = text.startswith("ray://")
     rest = text.removeprefix("ray://")
     host, colon, port = rest.rpartition(":")
-    if client and (not colon or host.count("[") != host.count("]")):  # no port: the client server's default
-        host, port = rest, ""
-    elif not (port.isdigit() and 0 < int(port) < 65536):
-        return False
-    return bool(host) and "/" not in host and not any(c.isspace() for c in host)
+    if client and (not colon or host.count("[") != host.count("]")):  # no port ([::1] alone has colons)
+        return True, rest, None
+    return client, host, port
 
 
 RAY_CLIENT_PORT = 10001  # Ray's client server's default port (`ray start --ray-client-server-port`)
@@ -254,13 +261,10 @@ def with_client_port(address: str | None) -> str | None:
     """A `ray://HOST` address with the client server's default port added, `ray://HOST:10001`
     (Ray's client adds none, and waits for nobody at HOST until the start timeout); any other
     address as given."""
-    if address is None or not address.startswith("ray://"):
-        return address
-    rest = address.removeprefix("ray://")
-    host, colon, port = rest.rpartition(":")
-    if colon and host.count("[") == host.count("]") and port.isdigit():
-        return address
-    return f"{address}:{RAY_CLIENT_PORT}"
+    if address is None:
+        return None
+    client, _, port = _ray_parts(address)
+    return f"{address}:{RAY_CLIENT_PORT}" if client and port is None else address
 
 
 def ray_address(field: str, value: object) -> str:
