@@ -1066,7 +1066,7 @@ def _wait_out_a_grant(url: str, pid: int, log: Any, then: str) -> None:
 
 @pytest.mark.slow  # the replace variant below takes the same way back into the queue after an unused grant
 def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any, url: str) -> None:
-    """A queued run (TTL 3) is paused (SIGSTOP); the owner ends, the slot is granted to the
+    """A queued run (TTL 3) is paused (SIGSTOP) once a later run C queued behind it; the owner ends, the slot is granted to the
     paused run, and that grant expires unused; a later run C owns the slot. The paused run,
     resumed, queues again behind C and runs as soon as C ends. (Its new row kept the liveness
     lock of its first one, so it was taken for a dead waiter: skipped for good, and a run queued
@@ -1082,11 +1082,12 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
         paused = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 0.0, "b"))
         runs.append(paused)
         assert paused.stderr is not None and "waiting, position 1" in paused.stderr.readline()
+        later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "c"))
+        runs.append(later)
+        # paused once c queued behind it: c's start may take longer than b's TTL, by which time a paused b's row is gone
+        assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
         os.kill(paused.pid, signal.SIGSTOP)
         try:
-            later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "c"))
-            runs.append(later)
-            assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
             first.terminate()
             assert finish(first)[0] == -15
             _wait_out_a_grant(url, paused.pid, log, "c")  # the paused one's grant expired
@@ -1105,8 +1106,8 @@ def test_a_waiter_paused_past_its_grant_queues_again_and_runs_next(tmp_path: Any
 
 
 def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_later_run(tmp_path: Any, url: str) -> None:
-    """A `--policy replace` run C (TTL 3) retires the owner A, and is paused (SIGSTOP) while A
-    takes its grace; B queues behind C. A ends, the slot is granted to the paused C, that grant
+    """A `--policy replace` run C (TTL 3) retires the owner A; B queues behind C, and C is
+    paused (SIGSTOP) while A takes its grace. A ends, the slot is granted to the paused C, that grant
     expires unused, and B owns the slot. C, resumed, queues again behind B, as any run whose
     grant expired does, and runs once B ends. (It submitted again as a replace: it stopped B, a
     run that came after it, exit 6, and ran in its place: an older deploy replaced a newer one.)"""
@@ -1124,11 +1125,12 @@ def test_a_replace_whose_grant_expired_while_paused_queues_again_and_stops_no_la
         paused = start(tmp_path, 2, url, "--slot", "s", "--lease-ttl", "3", "--policy", "replace", *owner(log, 0.0, "c"))
         runs.append(paused)
         assert paused.stderr is not None and "waiting, position 1" in paused.stderr.readline()  # A retires
-        os.kill(paused.pid, signal.SIGSTOP)
+        later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "b"))
+        runs.append(later)
+        # C paused once B queued behind it: B's start may take longer than C's TTL, by which time a paused C's row is gone
+        assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
+        os.kill(paused.pid, signal.SIGSTOP)  # if mid-transaction, the server ends that one (idle_in_transaction_session_timeout)
         try:
-            later = start(tmp_path, 3, url, "--slot", "s", "--lease-ttl", "3", *owner(log, 60.0, "b"))
-            runs.append(later)
-            assert later.stderr is not None and "waiting, position 2" in later.stderr.readline()
             release.touch()
             assert finish(first)[0] == 6  # replaced
             _wait_out_a_grant(url, paused.pid, log, "b")  # C's expired
