@@ -614,11 +614,13 @@ def test_a_listing_wait_past_a_day_is_a_usage_error_not_a_traceback(tmp_path: An
 
 
 def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(tmp_path: Any) -> None:
-    """`mpvisor slots --slots URL --wait 1` of a store that lets nobody in (here a port that
+    """`mpvisor slots --slots URL --wait 1.2` of a store that lets nobody in (here a port that
     accepts each connection and closes it, as a restarting server does): it tries again within
-    the second, as the default wait does, and then says it did not answer within 1 s, status 1.
+    the wait, as the default wait does, and then says it did not answer within 1.2 s, status 1.
     (A wait shorter than two retries, 1.25 s at the default TTL, tried once and said at once
-    "did not answer within 1 s", about 0.1 s in: a server back half a second later was never seen.)"""
+    "did not answer within 1 s", about 0.1 s in: a server back half a second later was never seen.)
+    The wait counts from before psycopg's import, which took 0.6 s of a 1 s wait on a busy CI
+    machine: what is left of 1.2 s still holds three tries at its pace (an eighth of the wait)."""
     import socket
     import threading
 
@@ -640,13 +642,13 @@ def test_a_listing_with_a_short_wait_tries_a_store_that_refuses_again_within_it(
     store = f"postgresql://deploy@127.0.0.1:{port}/ops?sslmode=disable&gssencmode=disable"
     env = {**os.environ, "PYTHONPATH": _pg_support.ROOT, "MPVISOR_SLOTS_DIR": str(tmp_path)}
     try:
-        done = subprocess.run([MPVISOR, "slots", "--slots", store, "--wait", "1"], cwd=tmp_path, env=env,
+        done = subprocess.run([MPVISOR, "slots", "--slots", store, "--wait", "1.2"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=30)
     finally:
         listener.close()
-    assert done.returncode == 1 and "did not answer within 1 s" in done.stderr, done.stderr
-    assert len(accepted) >= 2, accepted  # tried again, not once (a third try within the second, unless the machine is busy)
-    assert accepted[-1] - accepted[0] >= 0.5, accepted  # over the wait, not at once
+    assert done.returncode == 1 and "did not answer within 1.2 s" in done.stderr, done.stderr
+    assert len(accepted) >= 3, accepted  # tried again, not once
+    assert accepted[-1] - accepted[0] >= 0.25, accepted  # paced over the wait, not at once
 
 
 @pytest.mark.slow  # an edge of the store's start, 3.6 s: what the run says while it waits
