@@ -312,3 +312,44 @@ def test_a_program_interrupted_after_a_connection_was_given_up_dies_by_sigint(tm
     assert "no answer within start_timeout=0.05 s" in done.stderr, done.stderr
     assert done.stdout == "ray: imported\n", done.stdout
     assert done.returncode == -signal.SIGINT, (done.returncode, done.stderr)
+
+
+SLOW_EXIT_DRIVER = """
+import atexit
+import sys
+import time
+
+import mpvisor
+from mpvisor import ConfigError, SupervisorConfig, TaskFn, TaskSpec
+from mpvisor.ray import RayLauncher
+
+atexit.register(time.sleep, float(sys.argv[2]))  # the program's own exit handlers take a while (they run last)
+try:
+    mpvisor.run([TaskSpec.once(TaskFn("t", "workers.basic:quick", ("x",)))],
+                SupervisorConfig(start_timeout=1.5, launcher=RayLauncher(address=sys.argv[1])))
+except ConfigError as exc:
+    print(exc, file=sys.stderr)
+print("program: done", file=sys.stderr, flush=True)
+"""
+
+
+def test_what_ray_says_while_a_given_up_connection_goes_on_trying_stays_off_stderr_to_the_end(tmp_path: Any) -> None:
+    """A connection given up at its `start_timeout` (1.5 s) leaves `ray.init` trying on its
+    thread until the process is gone, and Ray's core goes on writing to fd 2: made to give up
+    on the GCS after 1 s, it says so at about 1 s and again, of its pubsub, at about 2 s. A
+    program whose exit handlers keep it alive past 2 s (here 3 s of them) shows none of those
+    lines: its stderr is mpvisor's error and the program's own line. (The diversion ended at the
+    interpreter's exit handlers, before the program's own ran, and the second line reached the
+    terminal; with `mpvisor run --ray`, Ray's own shutdown at exit did the same under load.)"""
+    (tmp_path / "driver.py").write_text(SLOW_EXIT_DRIVER)
+    with socket.socket() as unused:  # a port nobody listens at
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+    env = {**os.environ, "PYTHONPATH": ROOT, "RAY_gcs_rpc_server_connect_timeout_s": "1"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "driver.py", address, "3"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and "no answer within start_timeout=1.5 s" in lines[0] and lines[1] == "program: done", \
+        done.stderr

@@ -45,8 +45,8 @@ class RayOutput:
     """What Ray says while `ray.init` runs, kept off the terminal (the last `KEEP` lines in
     `lines`; each logged at DEBUG on `mpvisor.ray` once the call returned).
 
-    Ray says it three ways, each diverted from `start()` to `stop()` (or to the interpreter's
-    exit, if `ray.init` is still trying then): its C++ core writes lines to the process's fd 2,
+    Ray says it three ways, each diverted from `start()` to `stop()` (or to the process's end,
+    if `ray.init` is still trying as the interpreter exits: `_at_exit`): its C++ core writes lines to the process's fd 2,
     which meanwhile is a pipe whose reader keeps those lines and passes every other byte on to
     the real stderr at once (what the program itself writes meanwhile still shows, in order);
     its Python logging (the records of the `ray` loggers, stopped by a filter on each handler
@@ -93,14 +93,14 @@ class RayOutput:
             self._showwarning = warnings.showwarning
             warnings.showwarning = self._warning
             self._divert()
-            atexit.register(self.stop)
+            atexit.register(self._at_exit)
 
     def stop(self) -> None:
         with self._lock:
             if not self._active:
                 return
             self._active = False
-            atexit.unregister(self.stop)
+            atexit.unregister(self._at_exit)
             if self._saved is not None:
                 _flush_stderr()
                 os.dup2(self._saved, 2)
@@ -114,6 +114,30 @@ class RayOutput:
                 warnings.showwarning = self._showwarning  # type: ignore[assignment]
         for line in list(self.lines):
             _log.debug("Ray, while connecting: %s", line)
+
+    def _at_exit(self) -> None:
+        """The interpreter exits while `ray.init` still tries (a connection given up at its
+        `start_timeout`): Ray's core goes on writing to fd 2 until the process is gone, from its
+        connecting threads and from Ray's own shutdown, which runs after this exit handler, as
+        do the program's handlers registered before the connection. So the diversion stays to
+        the end: what was written so far is passed on now (a program that ends by `os._exit`
+        right after its exit handlers, as `mpvisor` does, would lose what the reader had not
+        read yet), the reader goes on keeping Ray's lines and passing the rest on for as long
+        as it runs (the interpreter stops it once every exit handler has run: what is written
+        after that is dropped with the pipe), and the pipe no longer blocks a writer, so that a
+        full one cannot hold up the exit. (Restoring fd 2 here let Ray's next line reach the
+        terminal.)"""
+        with self._lock:
+            if self._active and self._saved is not None:
+                _flush_stderr()
+                self._drain()
+                if self._pending:  # (a partial line: Ray writes each of its own whole)
+                    _write_all(self._saved, self._pending)
+                    self._pending = b""
+                try:
+                    os.set_blocking(2, False)
+                except OSError:
+                    pass  # fd 2 closed meanwhile: nothing is written to the pipe
 
     def _warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
                  file: Any = None, line: str | None = None) -> None:
