@@ -6,6 +6,11 @@ sent for the old attempt (a SIGTERM to its group, a SIGKILL to it, a tree kill) 
 control socket is ordered, so a second attempt spawned after those requests and seen to end
 proves the fork server has handled them; the impostor must still be alive. The fork server only
 signals unreaped children, or processes through a pidfd checked against their start time.
+
+The check runs in a PID namespace of its own (`unshare --pid`): the kernel's next pid is one
+counter per namespace, and setting it back in the host's made every process that other tests
+started meanwhile take recently freed pids (a test of another test process saw two attempts of
+one task with one pid).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -26,6 +32,8 @@ from tests._support import RecordingSink
 from workers import basic
 
 pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _spawn(client: LauncherClient, name: str) -> tuple[int, RecordingSink]:
@@ -49,7 +57,16 @@ def _process_with_pid(pid: int) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
-async def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalled() -> None:
+def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalled() -> None:
+    check = "import asyncio; from tests.launchers.test_pid_reuse import reused_pid_check; asyncio.run(reused_pid_check())"
+    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", check],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0 and done.stdout == "checked\n", done.stdout + done.stderr
+
+
+async def reused_pid_check() -> None:
+    """The check, run as pid 1 of a new PID namespace (its /proc mounted: `ns_last_pid` is the namespace's)."""
+    assert os.getpid() == 1, "not in a PID namespace of its own"
     loop = asyncio.get_running_loop()
     client = LauncherClient(loop, (), lambda reason: None)
     try:
@@ -70,6 +87,7 @@ async def test_a_reaped_attempts_pid_reused_by_another_process_is_never_signalle
             impostor.wait()
     finally:
         await client.close()
+    print("checked")
 
 
 def test_pidfds_without_the_interpreters_wrappers():
