@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -471,9 +472,50 @@ def test_several_runs_of_one_job_that_set_the_terminal_take_turns_and_all_finish
     (tmp_path / "stty.sh").write_text("stty -echo </dev/tty; sleep $2; stty echo </dev/tty; echo done-$1-$((6*7))\n")
     shell.type("seq 3 | xargs -P3 -I{} mpvisor run -- sh stty.sh {} 0.205; echo \"statuses=${PIPESTATUS[*]}\"\n")
     out = shell.until(PROMPT, timeout=60)  # (a line this long is echoed scrolled: not waited for)
-    assert sorted(line for line in out.split() if line.startswith("done-")) == ["done-1-42", "done-2-42", "done-3-42"]
+    assert sorted(line for line in out.split() if line.startswith("done-")) == ["done-1-42", "done-2-42", "done-3-42"], out
     assert "statuses=0 0" in out, out
     wait_for(lambda: not processes("0.205"), timeout=10)
+
+
+def test_a_command_that_sets_the_terminal_as_another_of_its_job_has_just_ended_waits_for_it_back(shell: Shell,
+                                                                                                  tmp_path: Any) -> None:
+    """`xargs -P2` runs A and B; A's command sets the terminal (so its run hands it the terminal)
+    and ends while A's `mpvisor` is stopped (SIGSTOP), before it could take the terminal back:
+    the terminal's group then has nobody in it. B's command now sets the terminal too: B's run
+    looks again until A's run has taken the terminal back, then hands it to B's command; both
+    finish, status 0, and xargs never stops. (B's run took a group with nobody in it for another
+    job's, and stopped its own job, xargs with it: a suite run under load met it with three runs.)"""
+    (tmp_path / "turns.sh").write_text(
+        'if [ "$1" = a ]; then until [ -e b-up ]; do sleep 0.01; done\n'  # (B's run, starting, takes the terminal back)
+        '  stty -echo </dev/tty; touch a-holds; until [ -e a-go ]; do sleep 0.01; done\n'
+        'else touch b-up; until [ -e b-go ]; do sleep 0.01; done; stty -echo </dev/tty; fi\n'
+        'stty echo </dev/tty; echo "done-$1-$((6*7))"\n')
+    shell.type(f"cd {tmp_path}; printf 'a\\nb\\n' | xargs -P2 -I{{}} mpvisor run -- sh turns.sh {{}} 0.719; "
+               'echo "statuses=${PIPESTATUS[*]}"\n')
+    wait_for(lambda: (tmp_path / "a-holds").exists(), timeout=30)
+
+    def of(label: str, program: str) -> list[psutil.Process]:
+        return [p for p in processes("0.719") if label in p.info["cmdline"] and program in p.info["cmdline"][:2]]
+
+    (command_a,) = [p for p in of("a", "sh") if p.ppid() not in {q.pid for q in of("a", "sh")}]
+    run_a = next(p for p in processes("0.719") if "a" in p.info["cmdline"] and "run" in p.info["cmdline"])
+    xargs = next(p for p in psutil.process_iter(["name"]) if p.info["name"] == "xargs" and p.ppid() == shell.pid)
+    run_a.send_signal(signal.SIGSTOP)
+    try:
+        (tmp_path / "a-go").touch()
+        wait_for(lambda: not command_a.is_running() or command_a.status() == psutil.STATUS_ZOMBIE, timeout=30)
+        (tmp_path / "b-go").touch()
+        wait_for(lambda: any(p.status() == psutil.STATUS_STOPPED for p in of("b", "sh")), timeout=30)  # by its SIGTTOU
+        window = time.monotonic() + 0.5  # B's run, told of that stop, would stop the job at once: xargs with it
+        while time.monotonic() < window:
+            assert xargs.status() != psutil.STATUS_STOPPED, "B's run stopped its job"
+            time.sleep(0.01)
+    finally:
+        run_a.send_signal(signal.SIGCONT)
+    out = shell.until(PROMPT, timeout=60)
+    assert sorted(line for line in out.split() if line.startswith("done-")) == ["done-a-42", "done-b-42"], out
+    assert "statuses=0 0" in out, out
+    wait_for(lambda: not processes("0.719"), timeout=10)
 
 
 def test_a_pipelines_last_command_under_mpvisor_takes_the_ctrl_c_before_its_input_ends(shell: Shell,

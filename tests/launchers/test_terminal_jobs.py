@@ -2,7 +2,9 @@
 over process tables (`{pid: (ppid, pgid)}`), as `_platform.process_table` reads them: a run takes
 the terminal for its command only when no other command runs beside it in its job
 (`shares_its_job`), and a group that holds the terminal is another command of its job when a
-member of its job started it (`of_this_job`). The runs they describe are in tests/cli/test_terminal.py."""
+member of its job started it (`of_this_job`); a run whose command read or set the terminal
+without holding it takes it, waits for its turn, looks again or stops with its job by who holds
+it (`turn`). The runs they describe are in tests/cli/test_terminal.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpvisor import _platform
-from mpvisor._launchers.local.terminal import of_this_job, shares_its_job
+from mpvisor._launchers.local.terminal import of_this_job, shares_its_job, turn
 
 SHELL = 100  # an interactive shell: the session's leader, its own group
 
@@ -62,6 +64,18 @@ def test_the_shell_and_another_job_are_not_this_jobs() -> None:
     assert not shares_its_job(201, rows) and not of_this_job(400, 201, rows)  # not in the table (`/proc` hides it)
 
 
+def test_a_command_that_touched_the_terminal_takes_it_waits_looks_again_or_stops_by_who_holds_it() -> None:
+    """`xargs -P2` (group 200) runs 201 and 202; 201's command (group 400) holds the terminal."""
+    rows = table((SHELL, 1, SHELL), (200, SHELL, 200), (201, 200, 200), (202, 200, 200), (500, SHELL, 500),
+                 *run(201, 200, launcher=300, attempt=400), *run(202, 200, launcher=310, attempt=410))
+    assert turn(200, 200, 202, rows) == "take"  # the job's group has it
+    assert turn(400, 200, 202, rows) == "wait"  # 201's command has it: 202's turn comes after
+    assert turn(SHELL, 200, 202, rows) == "stop" and turn(500, 200, 202, rows) == "stop"  # the shell, another job
+    assert turn(-1, 200, 202, rows) == "stop"  # no terminal to speak of
+    ended = {pid: row for pid, row in rows.items() if row[1] != 400}  # 201's command has just ended, its run not told yet
+    assert turn(400, 200, 202, ended) == "again"  # (it was "stop": the job stopped, xargs with it)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), min_size=1, max_size=30))
 def test_the_rules_hold_over_any_table(rows: list[tuple[int, int]]) -> None:
@@ -82,6 +96,8 @@ def test_the_rules_hold_over_any_table(rows: list[tuple[int, int]]) -> None:
     assert shares_its_job(1, procs) == bool(others)
     for group in {g for _, g in procs.values()}:
         assert not (group == 0 and of_this_job(group, 1, procs))
+        assert turn(group, 0, 1, procs) == ("take" if group == 0 else "wait" if of_this_job(group, 1, procs) else "stop")
+    assert turn(99, 0, 1, procs) == "again"  # a group with nobody in it
 
 
 def test_the_process_table_has_this_process_its_parent_and_its_group() -> None:

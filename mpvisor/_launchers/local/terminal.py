@@ -28,7 +28,7 @@ stop a command that ignores SIGINT.
 | spawn | the client (`client.py`) | this session has a terminal (`/dev/tty`, whatever stdin is): the spawn asks for a job of the terminal (one at a time), in the foreground if this process's group is, its stdout is not a pipe, it is not a script's background job (SIGINT and SIGQUIT ignored) and no other command runs beside it in its group (`shares_its_job`: the other runs of `make -j` or `xargs -P`, which a Ctrl-C must reach too; not a pipeline's neighbour on its stdin or stdout, whose Ctrl-C must reach the command before its input ends); one beside it that took the terminal as it started alone gives it back to the job (`of_this_job`); a job that became the foreground between the spawn and the start (a shell gives a pipeline the terminal as one of its commands starts, maybe after this one) hands the attempt the terminal once it has started |
 | the attempt starts | the attempt (`forkserver._take_terminal`, through `/dev/tty`) | its own process group in this session (not a session of its own), made the terminal's foreground before anything runs when it is a foreground job; a background one (`mpvisor run ... &`) is stopped by SIGTTIN at its first read of the terminal, as the bare command would be, and this process stops with it |
 | Ctrl-C | the terminal | SIGINT to the attempt's group only; once the attempt has died by it (or, beside other commands of its job, exited 130), `ended` sends SIGINT on to this process's group (the shell's job: a script that runs `mpvisor run`, the rest of a pipeline), which the bare command's Ctrl-C would have reached too, so a run shuts down (the tree reaped, the outcome reported) and dies by SIGINT, and a calling script stops; not when this process had sent the attempt that SIGINT itself (`signalled`: an interruption passed on, a `kill -INT` of this process), which interrupts this process alone. A death by a SIGINT nobody typed (the command's own `kill -INT $$`) cannot be told from a Ctrl-C: a process's status does not say who signalled it, so it too is sent on, as bash with job control does for its foreground job |
-| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it, and one while another command of this job holds it waits for this group to have it back (`_watch_foreground`), then does the same |
+| any stop of the attempt: Ctrl-Z, a read from the background, a SIGSTOP (procps `top` meets Ctrl-Z by raising one) | the launcher (`stopped`: it reports every stop it sees with WUNTRACED, as a shell's wait does) | `stopped`: the terminal back to this process's group, and that whole group stops by the same signal (`job_stop`: a SIGSTOP becomes SIGTSTP), as the terminal's signal would have stopped it with the bare command (a script that runs `mpvisor run`, the rest of a pipeline), so the shell sees its job stopped and prints its prompt; but a read or a mode change of the terminal (SIGTTIN, SIGTTOU) while this group holds it hands the attempt the terminal and continues it, and one while another command of this job holds it waits for this group to have it back (`_watch_foreground`), then does the same; decided on one look at who holds it (`turn`), and a group with nobody left in it (a command of this job that has just ended, whose run has yet to take the terminal back) is looked at again, every `FG_POLL` s for up to `TURN_WAIT` s, before the job is stopped |
 | Ctrl-Z while this group holds the terminal (a pipeline), a `kill -TSTP` of this process | the terminal, or a user | `_suspend`: SIGTSTP to the attempt's group, then this process stops (a stop this caused is not passed on again: `stopped` ignores an attempt no longer stopped) |
 | `fg` | the shell: this group gets the terminal, then SIGCONT | `resumed`: the terminal to the attempt's group (unless it has not wanted it yet, in a pipeline), SIGCONT to it |
 | started in the background (`&`), or `bg` (the shell: SIGCONT alone) | the client | `started`, `resumed` (after SIGCONT to the attempt's group, which runs in the background): a look every `FG_POLL` s for a later `fg`, which gives this group the terminal without a signal: the terminal goes on to the attempt's group |
@@ -57,6 +57,7 @@ from mpvisor import _platform
 from mpvisor._launchers.local import control
 
 FG_POLL = 0.1  # seconds between two looks for a `fg` that brought a backgrounded run back
+TURN_WAIT = 2.0  # seconds a terminal held by a group with nobody left in it is looked at again (`turn`)
 
 
 def foreground(fd: int) -> bool:
@@ -129,6 +130,24 @@ def of_this_job(pgid: int, me: int, table: dict[int, tuple[int, int]]) -> bool:
         return False
     group = table[me][1]
     return pgid != group and any(table[p][1] == group for p in _lineage(pgid, table)[1:])
+
+
+def turn(holder: int, group: int, me: int, table: dict[int, tuple[int, int]]) -> str:
+    """What `me`, whose attempt read or set the terminal without holding it (SIGTTIN, SIGTTOU:
+    it is stopped), does, by who holds it: `holder` (the terminal's foreground group; -1 unknown),
+    `group` (`me`'s own). "take": its group holds it, the attempt is handed it. "wait": another
+    command of its job holds it (`of_this_job`): the attempt's turn comes once the group has it
+    back. "again": a group with nobody left in it holds it, a command of this job that has just
+    ended, whose run hands the terminal back only as it hears of that end: look again. "stop":
+    the shell or another job holds it: the job stops with the attempt, as the bare command's
+    would. Pure."""
+    if holder == group:
+        return "take"
+    if holder <= 0:
+        return "stop"
+    if of_this_job(holder, me, table):
+        return "wait"
+    return "again" if all(pgid != holder for _, pgid in table.values()) else "stop"
 
 
 def _beside_others() -> bool:
@@ -381,12 +400,39 @@ class Terminal:
             return  # a stop already over: this process stopped it with the job (`_suspend`) and continued it
         if signum in (signal.SIGTTIN, signal.SIGTTOU):
             self.wants = True  # it uses the terminal: from now on it takes it whenever this group has it
-            if foreground(self.fd):
-                self.resumed()
-                return
-            if _held_by_this_job(self.fd):  # another command of this job uses it: this one's turn comes when it is back
-                self._watch_foreground()
-                return
+            self._take_turn(signum, round(TURN_WAIT / FG_POLL))
+            return
+        self._stop_with_the_job(signum)
+
+    def _take_turn(self, signum: int, looks: int) -> None:
+        """The attempt, stopped by `signum` for a read or a mode change of the terminal, is handed
+        it, waits for its turn, or stops with the job (`turn`), on one look at who holds it (a look
+        at it, then at the process table, saw a command of this job end in between, and stopped
+        the job); a holder with nobody left in it is looked at again, FG_POLL s later, `looks` times."""
+        if self._fg_timer is not None:  # (a look for a `fg` is this one's to make now)
+            self._fg_timer.cancel()
+            self._fg_timer = None
+        if self.pgid is None or not _platform.is_stopped(self.pgid):
+            return
+        try:
+            holder = os.tcgetpgrp(self.fd)
+        except OSError:
+            holder = -1
+        what = turn(holder, os.getpgrp(), os.getpid(), _platform.process_table()) if holder != os.getpgrp() else "take"
+        if what == "take":
+            self.resumed()
+        elif what == "wait":
+            self._watch_foreground()
+        elif what == "again" and looks > 0:
+            self._fg_timer = self.loop.call_later(FG_POLL, self._take_turn, signum, looks - 1)
+        else:
+            self._stop_with_the_job(signum)
+
+    def _stop_with_the_job(self, signum: int) -> None:
+        """The attempt was stopped by `signum`: this process's group (the shell's job) stops
+        with it, and this process carries on once it is resumed."""
+        if self.pgid is None:
+            return
         if _holds(self.fd, self.pgid):  # stopped in the foreground (Ctrl-Z): the terminal comes back first
             self._hand(os.getpgrp())
         self._stop(job_stop(signum), os.killpg, os.getpgrp())  # returns once the shell resumed this process
