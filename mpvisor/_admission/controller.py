@@ -29,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -185,7 +186,7 @@ class Controller:
         # Called on the loop with an owner's id when a replacement (local, or from another
         # process through a shared slot) claimed its removal; `mpvisor run --file` exits 6 for it.
         self._on_replaced: list[Callable[[int], None]] = []
-        self._on_said: list[Callable[[int, str], None]] = []  # the store's words for a person (`on_said`)
+        self._on_said: list[Callable[[int, str, bool], None]] = []  # the store's words for a person (`on_said`)
 
     def __repr__(self) -> str:
         return (
@@ -401,10 +402,10 @@ class Controller:
         assert self.store is not None
         publish = self._publish
 
-        def said(text: str) -> None:  # the store's queued or silent answer, for a person
+        def said(text: str, queued: bool = False) -> None:  # the store's queued or silent answer, for a person
             publish(EventKind.CONTROLLER_SLOT_TRANSITION, task=item.name, id=item.id, slot=item.slot, reason=text)
             for callback in self._on_said:
-                callback(item.id, text)
+                callback(item.id, text, queued)
 
         def revoked() -> None:
             actor = self.registry.actor(item.id)
@@ -435,7 +436,8 @@ class Controller:
                 said(f"slot {item.slot!r}: the lease of {item.name!r} {ended}; its tree is stopped")
 
         lease = LeaseDriver(self.store, self.host.loop, item.slot, item.admission, item.name,
-                            on_queued=said, on_silent=said, on_revoke=lambda: self._post(revoked),
+                            on_queued=functools.partial(said, queued=True), on_silent=said,
+                            on_revoke=lambda: self._post(revoked),
                             on_renewed=renewed, on_lost=lost, on_unrenewed=unrenewed,
                             wait_timeout=self.config.wait_timeout)
         self.leases[item.id] = lease
@@ -509,11 +511,12 @@ class Controller:
         """Call `callback(id)` on the loop whenever a replacement claims the owner `id`'s removal."""
         self._on_replaced.append(callback)
 
-    def on_said(self, callback: Callable[[int, str], None]) -> None:
-        """Call `callback(id, text)` on the loop whenever the store answers the submission `id`,
-        still waiting for its slot's lease, with words for a person (queued behind an owner, or
-        silent): what its `CONTROLLER_SLOT_TRANSITION` event's `reason` says, without a
-        subscriber's thread (`mpvisor run --slot` prints them)."""
+    def on_said(self, callback: Callable[[int, str, bool], None]) -> None:
+        """Call `callback(id, text, queued)` on the loop whenever the store answers the submission
+        `id`, still waiting for its slot's lease, with words for a person (queued behind an owner:
+        `queued`, a note; or silent, or its lease lost: a warning): what its
+        `CONTROLLER_SLOT_TRANSITION` event's `reason` says, without a subscriber's thread
+        (`mpvisor run --slot` prints them, but for the notes under `--quiet`)."""
         self._on_said.append(callback)
 
     def _replaced(self, id: int) -> None:

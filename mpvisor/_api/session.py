@@ -136,9 +136,9 @@ class RunSession:
         if self.runtime.controller is not None:
             self.runtime.controller.on_replaced(callback)
 
-    def on_said(self, callback: Callable[[int, str], None]) -> None:
-        """Call `callback(id, text)` when a shared slot's store answers the waiting submission
-        `id` with words for a person (queued, silent; needs a controller)."""
+    def on_said(self, callback: Callable[[int, str, bool], None]) -> None:
+        """Call `callback(id, text, queued)` when a shared slot's store answers the waiting
+        submission `id` with words for a person (queued: a note; silent: a warning; needs a controller)."""
         if self.runtime.controller is not None:
             self.runtime.controller.on_said(callback)
 

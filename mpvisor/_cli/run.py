@@ -330,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     start = {"start_timeout": args.start_timeout} if args.start_timeout is not None else {}  # the launcher's (and Ray's connection) too
     config = SupervisorConfig(grace=args.grace, launcher=launcher_for(args), stdin="inherit", **start)
     controller = controller_config(args.slots, args.lease_ttl, args.wait_timeout) if args.slot is not None else None
-    one = _OneTask(spec, args.slot, args.policy or "queue", machine if args.events == "json" else None)
+    one = _OneTask(spec, args.slot, args.policy or "queue", machine if args.events == "json" else None, args.quiet)
     try:
         try:
             outcome = asyncio.run(one.run(config, subscribers, controller))
@@ -392,8 +392,9 @@ def _ended(interrupts: list[signal.Signals], otherwise: int) -> int:
 class _OneTask:
     """One task's run: added at once, or, with a slot, submitted to a controller with shared slots."""
 
-    def __init__(self, spec: TaskSpec, slot: str | None, policy: str, events: IO[str] | None = None) -> None:
-        self.spec, self.slot, self.policy = spec, slot, policy
+    def __init__(self, spec: TaskSpec, slot: str | None, policy: str, events: IO[str] | None = None,
+                 quiet: bool = False) -> None:
+        self.spec, self.slot, self.policy, self.quiet = spec, slot, policy, quiet
         self.events = events  # the kept stdout that `--events json` writes to
         self.runtime: Runtime | None = None
         self.replaced = False  # a replacement claimed it (never decided from an event)
@@ -437,10 +438,13 @@ class _OneTask:
     def _resolved(self, outcome: TaskOutcome) -> None:
         self.outcome = outcome  # kept for when the shutdown raises (GraceExceeded) instead of returning it
 
-    def _on_said(self, id: int, text: str) -> None:
+    def _on_said(self, id: int, text: str, queued: bool) -> None:
         """The slot's store answered this run's one submission with words for a person (queued
         behind an owner, or silent): said at once, on the loop, as `_on_replaced` says its line
-        (no subscriber's thread for lines that a run whose slot is free never has)."""
+        (no subscriber's thread for lines that a run whose slot is free never has); `--quiet`
+        says no "busy; waiting" note, only what is wrong (a store that does not answer)."""
+        if queued and self.quiet:
+            return
         write_line(sys.stderr, f"mpvisor: {text}")  # one write: a line a subscriber's thread writes stays whole
 
     def _on_replaced(self, id: int) -> None:

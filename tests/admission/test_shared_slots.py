@@ -220,6 +220,32 @@ def test_twelve_queued_runs_own_the_slot_one_at_a_time_in_fifo_order(slots: Any,
     assert stat.S_IMODE(os.stat(slots).st_mode) == 0o700 and stat.S_IMODE(os.stat(slots / "slots.sock").st_mode) == 0o600
 
 
+def test_a_quiet_run_waits_in_its_slots_queue_without_a_word(slots: Any, tmp_path: Any) -> None:
+    """`mpvisor run --slot s --quiet` behind an owner waits in the queue (as `mpvisor slots
+    --json` shows), then runs; its stderr stays empty, status 0: the "busy; waiting" note is a
+    note, which `--quiet` leaves out as it does the outcome line (a cron job mailed it)."""
+    log = tmp_path / "owners.log"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    holder = start(slots, tmp_path, "--slot", "s", "--", "bash", "-c",
+                   f'echo "start held $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end held $EPOCHREALTIME" >> {log}')
+    wait_for(lambda: log.exists() and "start held" in log.read_text(), timeout=30)
+    quiet = start(slots, tmp_path, "--slot", "s", "--quiet", *owner(log, 0.02, "quiet"))
+
+    def queue() -> list[Any]:
+        done = subprocess.run([MPVISOR or "mpvisor", "slots", "--json"], env=env_for(slots), capture_output=True,
+                              text=True, timeout=30)
+        views = json.loads(done.stdout)["slots"]
+        return list(views[0]["queue"]) if views else []
+
+    wait_for(lambda: [q["pid"] for q in queue()] == [quiet.pid], timeout=30)
+    with open(gate, "w") as release:
+        release.write("go\n")
+    assert finish(holder)[0] == 0
+    assert finish(quiet) == (0, "")
+    assert [label for _, _, label in assert_one_owner_at_a_time(log)] == ["held", "quiet"]
+
+
 def test_twelve_concurrent_drops_are_refused_while_the_slot_is_busy(slots: Any, tmp_path: Any) -> None:
     """While an owner runs, 12 concurrent `--policy drop` runs exit SLOT_BUSY (3): none ran."""
     log = tmp_path / "owners.log"
