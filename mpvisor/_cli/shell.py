@@ -101,6 +101,18 @@ def stem(word: str, names: list[str]) -> str | None:
     return max(found, key=len) if found else None
 
 
+def abbreviated(word: str, names: list[str]) -> str | None:
+    """The one of `names` that `word` shortens by leaving letters out, its first kept (pure): a
+    task file's `cmd` meant `command`, not `cwd`, the closest by spelling; None for none, or
+    for more than one."""
+    def leaves_out(name: str) -> bool:
+        letters = iter(name)
+        return all(letter in letters for letter in word)
+
+    found = [name for name in names if len(word) > 1 and len(name) > len(word) and name[0] == word[0] and leaves_out(name)]
+    return found[0] if len(found) == 1 else None
+
+
 def closest_choice(word: str, choices: list[str]) -> str | None:
     """The choice a misspelt `word` likely meant (pure): one that differs only in case, else the
     closest by spelling, case aside (`webservr` meant `WebServer`); None for none close enough.

@@ -67,7 +67,7 @@ from typing import Any
 
 from mpvisor import _platform
 from mpvisor._cli import options as _options
-from mpvisor._cli.shell import closest_choice, stem
+from mpvisor._cli.shell import abbreviated, closest_choice, stem
 from mpvisor._model.checks import quoted, shown
 from mpvisor._model.events import printable
 from mpvisor._model.records import record
@@ -518,7 +518,7 @@ def _unknown(key: str, known: list[str], misplaced: dict[str, str]) -> str:
         return misplaced[key]
     if key in RUN_OPTIONS:
         return f"unknown key: {key} is an option of `mpvisor run`, not of a task file"
-    close = stem(key, known) or closest_choice(key, known)
+    close = stem(key, known) or abbreviated(key, known) or closest_choice(key, known)
     return f"unknown key{f' (did you mean {close}?)' if close else ''}"
 
 

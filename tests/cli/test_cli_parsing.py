@@ -293,6 +293,22 @@ def test_an_unknown_option_or_key_that_adds_words_to_one_is_guessed_as_that_one(
                                                     'task "a".memory_limit: unknown key (did you mean memory?)')
 
 
+def test_a_task_files_key_that_leaves_letters_out_of_one_is_guessed_as_that_one(tmp_path):
+    """`cmd` leaves letters out of `command`: the hint names `command`, not `cwd`, which is closer
+    by spelling; a word that could shorten two keys, or whose first letter differs, gets the
+    spelling rule's guess."""
+    from mpvisor._cli.shell import abbreviated
+    from mpvisor._cli.taskfile import load
+
+    assert abbreviated("cmd", ["cwd", "command", "cpu"]) == "command"
+    assert abbreviated("md", ["command"]) is None and abbreviated("c", ["command"]) is None
+    assert abbreviated("cm", ["command", "comment"]) is None  # either
+    assert abbreviated("cwd", ["cwd", "command"]) is None  # itself, not a shortening
+    (tmp_path / "t.toml").write_text("[task.a]\ncmd = ['true']\n")
+    errors = load(str(tmp_path / "t.toml")).errors
+    assert 'task "a".cmd: unknown key (did you mean command?)' in errors, errors
+
+
 def test_an_option_left_without_a_value_hints_at_the_equals_form_only_when_an_option_like_word_followed(capsys):
     with pytest.raises(SystemExit):
         parse(["run", "workers.basic:quick", "--slot"])
