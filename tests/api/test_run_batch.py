@@ -429,8 +429,10 @@ def test_a_sigterm_while_the_launcher_starts_ends_the_run_with_its_outcomes(tmp_
     async def program() -> tuple[dict[str, mpvisor.TaskOutcome], tuple[signal.Signals, ...]]:
         supervisor = Supervisor(SupervisorConfig(grace=1, preload=("workers.hanging_import",)))
         run = asyncio.ensure_future(supervisor.run([_QUICK, once("second", coop.cooperative)]))
-        # the launcher preloads (for ever), and the run holds SIGTERM
-        await async_wait_for(lambda: log.exists() and signal.getsignal(signal.SIGTERM) is not mine)
+        # the launcher preloads (for ever: its line whole, not the file alone, which its open makes
+        # first), and the run holds SIGTERM
+        await async_wait_for(lambda: log.exists() and log.read_text().endswith("\n")
+                             and signal.getsignal(signal.SIGTERM) is not mine)
         os.kill(os.getpid(), signal.SIGTERM)
         return await asyncio.wait_for(run, 20), supervisor.interrupts
 

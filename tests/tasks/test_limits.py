@@ -709,7 +709,7 @@ def test_what_a_run_killed_whole_left_in_cgroups_ends_when_the_next_run_starts_e
         made = [f"{d}/{name}" for d in leftovers.dirs_here() for name in os.listdir(d)
                 if name.startswith(f"mpvisor-{launcher.pid}-")]
         assert len(made) == 2 and escapee.is_running(), made  # its v1 memory and v2 cgroups, its escaped process
-        for process in (run.pid, guardian.pid, launcher.pid):
+        for process in (launcher.pid, guardian.pid, run.pid):  # (a guardian dies with its run, and may be reaped at once)
             os.kill(process, signal.SIGKILL)
         run.wait(timeout=10)
         plain = subprocess.run([mpvisor, "run", "--", "true"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT},
