@@ -156,7 +156,11 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
     import psycopg
 
     log = tmp_path / "owners.log"
-    first = start(tmp_path, 1, url, "--slot", "k", *owner(log, 1.5, "one"))  # held past the terminations by a second
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the first owner holds the slot until the test writes to it (a hold of 1.5 s ended
+    # before the second run, slow to start on CI, had queued)
+    first = start(tmp_path, 1, url, "--slot", "k", "--", "bash", "-c",
+                  f'echo "start one $EPOCHREALTIME" >> {log}; read line < {gate}; echo "end one $EPOCHREALTIME" >> {log}')
     wait_for(lambda: log.exists() and "start one" in log.read_text(), timeout=30)
     second = start(tmp_path, 2, url, "--slot", "k", *owner(log, 0.0, "two"))
     assert second.stderr is not None and "waiting, position 1" in second.stderr.readline()
@@ -165,6 +169,9 @@ def test_connections_the_server_terminates_are_opened_again(tmp_path: Any, url: 
         ended = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s "
                               "AND pid <> pg_backend_pid()", (database,)).fetchone()
     assert ended is not None and ended[0] >= 2, ended
+    wait_for(lambda: _connections_to(url, postgres_server) >= 2, timeout=30)  # both connected again, the owner still owning
+    with open(gate, "w") as release:
+        release.write("go\n")
     for run in (first, second):
         status, err = finish(run)
         assert status == 0, err
