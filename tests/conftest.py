@@ -159,8 +159,24 @@ def no_leftover_processes():
     process of the test running (a bug the test reports), kill it by pid after a short wait, so
     that later tests do not inherit it, and fail the test with its pids."""
     yield
-    if left := kill_leftovers(LEFTOVER_WAIT):
+    left = kill_leftovers(LEFTOVER_WAIT)
+    _reap_ended_children()
+    if left:
         pytest.fail(f"processes left running after the test (killed now): {left}")
+
+
+def _reap_ended_children() -> None:
+    """Reap the test process's children that ended unwaited: a test that failed before it waited
+    for the processes it started (its `Popen`s) left them as zombies, which the next test's
+    checks of the test process's children (`child_pids_of_self`: psutil lists zombies) took for
+    its own, and failed on."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 @pytest.fixture(scope="session")
