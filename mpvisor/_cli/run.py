@@ -226,7 +226,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--events", type=choice(*EVENTS), metavar="|".join(EVENTS), default="none",
                      help="every event as a JSON line on stdout (json), as log lines on stderr (log), or none (default)")
     run.add_argument("--quiet", action="store_true",
-                     help="print neither a failed Python target's traceback nor the outcome line (the status says how it ended)")
+                     help="print neither a failed Python target's traceback nor the outcome line, nor a --slot run's "
+                          "'busy; waiting' note (the status says how it ended)")
     run.add_argument("--progress", action="store_true",
                      help="show done/total, rate, ETA and attempt (a bar on a terminal, periodic lines otherwise)")
     run.add_argument("target", nargs="?", type=run_target, metavar="TARGET", help='"package.module:function"')
