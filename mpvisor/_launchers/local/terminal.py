@@ -418,7 +418,8 @@ class Terminal:
             holder = os.tcgetpgrp(self.fd)
         except OSError:
             holder = -1
-        what = turn(holder, os.getpgrp(), os.getpid(), _platform.process_table()) if holder != os.getpgrp() else "take"
+        group = os.getpgrp()
+        what = "take" if holder == group else turn(holder, group, os.getpid(), _platform.process_table())  # (no table read then)
         if what == "take":
             self.resumed()
         elif what == "wait":

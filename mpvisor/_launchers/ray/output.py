@@ -104,10 +104,7 @@ class RayOutput:
             if self._saved is not None:
                 _flush_stderr()
                 os.dup2(self._saved, 2)
-                self._drain()  # what was written before: kept or passed on, before anything after
-                if self._pending:
-                    _write_all(self._saved, self._pending)
-                    self._pending = b""
+                self._pass_on_what_was_written()  # before anything written after
             for handler in self._handlers:
                 handler.removeFilter(self._records)
             if warnings.showwarning == self._warning:
@@ -130,10 +127,7 @@ class RayOutput:
         with self._lock:
             if self._active and self._saved is not None:
                 _flush_stderr()
-                self._drain()
-                if self._pending:  # (a partial line: Ray writes each of its own whole)
-                    _write_all(self._saved, self._pending)
-                    self._pending = b""
+                self._pass_on_what_was_written()
                 try:
                     os.set_blocking(2, False)
                 except OSError:
@@ -183,6 +177,15 @@ class RayOutput:
                 if self._read == read:
                     self._read = self._saved = None  # fd 2 was closed meanwhile: nothing to restore
                 return
+
+    def _pass_on_what_was_written(self) -> None:
+        """What the pipe holds now, Ray's lines kept and the rest passed on, and then a partial
+        line held back (Ray writes each of its own whole: it is the program's). Under the lock."""
+        assert self._saved is not None
+        self._drain()
+        if self._pending:
+            _write_all(self._saved, self._pending)
+            self._pending = b""
 
     def _drain(self) -> None:
         assert self._read is not None and self._saved is not None
